@@ -1,0 +1,30 @@
+# Two commands do all set-up and run: `make demo` and `make test`. Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The dev environment pins torch to the CPU build that lies on this machine's disk, so no CUDA build is pulled.
+TORCH_PIN ?= torch==2.13.0
+OUT ?= out/demo
+
+.PHONY: setup demo test bench clean
+
+$(BIN)/opmap: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_PIN)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(BIN)/opmap
+
+setup: $(BIN)/opmap
+
+demo: setup
+	$(BIN)/opmap analyze gpt2 --hardware h100-sxm --batch 1 --seq 1024 --dtype bf16 --out $(OUT)
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/bench_capture.py
+	$(BIN)/python benchmarks/bench_large.py
+
+clean:
+	rm -rf $(VENV) out build src/*.egg-info
