@@ -1,0 +1,217 @@
+"""HardwareSpec: one device's ceilings, every value carrying its source and kind.
+
+The catalog is one TOML file per device under ``catalog/``. Each numeric field is a table::
+
+    [memory_bandwidth_bytes_per_s]
+    value = 3.35e12
+    kind = "datasheet"
+    source = "NVIDIA H100 datasheet (2023), SXM5: 3.35 TB/s HBM3"
+
+Kinds (see DESIGN.md, "Hardware values carry their source and kind"):
+
+- ``datasheet_dense``  a dense (no structured sparsity) peak taken from the vendor datasheet, or the
+  datasheet's sparse figure divided by the sparsity factor the datasheet's footnote gives (the source says so);
+- ``datasheet_sparse`` a peak that counts 2:4 structured sparsity (never used by predictions);
+- ``datasheet``        a non-rate datasheet figure (capacity, bandwidth, clock, power);
+- ``derived``          computed from datasheet figures (for example cores x FLOPs per cycle x clock); the
+  source gives the formula;
+- ``measured``         measured on a real device (calibration or a cited measurement);
+- ``assumed``          a typical value where no datasheet gives one (launch overhead); the source says why.
+
+Dense peaks are what every prediction uses.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opmap.errors import OpmapError
+
+KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed")
+
+# Dtype names opmap uses everywhere (CLI, catalog keys, assumptions).
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class Value:
+    """A number with provenance. ``value`` may be None where the vendor publishes nothing."""
+
+    value: float | None
+    kind: str
+    source: str
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"value": self.value, "kind": self.kind, "source": self.source}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+# Scalar fields of a spec, in display order, with their unit for rendering.
+SCALAR_FIELDS: dict[str, str] = {
+    "sparsity_factor": "x",
+    "memory_bytes": "B",
+    "memory_bandwidth_bytes_per_s": "B/s",
+    "l2_bytes": "B",
+    "sram_per_unit_bytes": "B",
+    "compute_units": "",
+    "clock_hz": "Hz",
+    "tdp_w": "W",
+    "scale_up_bandwidth_bytes_per_s": "B/s",
+    "scale_out_bandwidth_bytes_per_s": "B/s",
+    "launch_overhead_s": "s",
+}
+REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One device. Peaks are per dtype; ``matrix_peak`` is the matrix engine (tensor core, MXU, MME, AMX),
+    ``vector_peak`` the vector / CUDA-core / TPC rate used for pointwise and reduction work."""
+
+    name: str
+    display_name: str
+    vendor: str
+    device_type: str  # gpu | cpu | tpu | accelerator
+    matrix_peak_flops_per_s: dict[str, Value]
+    vector_peak_flops_per_s: dict[str, Value]
+    fields: dict[str, Value]
+    sparse_matrix_peak_flops_per_s: dict[str, Value] = field(default_factory=dict)
+    compute_unit_name: str = "compute unit"
+    notes: str = ""
+
+    # -- accessors -----------------------------------------------------------------------------------
+    def get(self, key: str) -> float | None:
+        v = self.fields.get(key)
+        return None if v is None else v.value
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return float(self.fields["memory_bandwidth_bytes_per_s"].value)
+
+    @property
+    def launch_overhead_s(self) -> float:
+        return float(self.fields["launch_overhead_s"].value)
+
+    def matrix_dtypes(self) -> list[str]:
+        return [d for d in DTYPES if (v := self.matrix_peak_flops_per_s.get(d)) and v.value]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "display_name": self.display_name,
+            "vendor": self.vendor,
+            "device_type": self.device_type,
+            "compute_unit_name": self.compute_unit_name,
+            "matrix_peak_flops_per_s": {k: v.to_dict() for k, v in self.matrix_peak_flops_per_s.items()},
+            "sparse_matrix_peak_flops_per_s": {
+                k: v.to_dict() for k, v in self.sparse_matrix_peak_flops_per_s.items()
+            },
+            "vector_peak_flops_per_s": {k: v.to_dict() for k, v in self.vector_peak_flops_per_s.items()},
+            **{k: v.to_dict() for k, v in self.fields.items()},
+            "notes": self.notes,
+        }
+
+
+def _value(raw: Any, where: str) -> Value:
+    if not isinstance(raw, dict):
+        raise OpmapError(f"{where}: expected a table with value, kind and source, got {raw!r}")
+    missing = [k for k in ("value", "kind", "source") if k not in raw]
+    if missing:
+        raise OpmapError(f"{where}: missing {', '.join(missing)} (every value needs value, kind and source)")
+    kind = raw["kind"]
+    if kind not in KINDS:
+        raise OpmapError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    val = raw["value"]
+    if val is not None and (not isinstance(val, (int, float)) or isinstance(val, bool) or val < 0):
+        raise OpmapError(f"{where}: value must be a non-negative number or absent, got {val!r}")
+    if not str(raw["source"]).strip():
+        raise OpmapError(f"{where}: source is empty")
+    return Value(None if val is None else float(val), kind, str(raw["source"]), str(raw.get("note", "")))
+
+
+def _peaks(raw: dict[str, Any], where: str) -> dict[str, Value]:
+    out = {}
+    for dtype, v in raw.items():
+        if dtype not in DTYPES:
+            raise OpmapError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        out[dtype] = _value(v, f"{where}.{dtype}")
+    return out
+
+
+def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
+    """Build and validate a spec from parsed TOML. ``origin`` names the file in error messages."""
+    for key in ("name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
+                "vector_peak_flops_per_s"):
+        if key not in raw:
+            raise OpmapError(f"{origin}: missing {key!r}")
+    fields = {}
+    for key in SCALAR_FIELDS:
+        if key in raw:
+            fields[key] = _value(raw[key], f"{origin}: {key}")
+    for key in REQUIRED_FIELDS:
+        if key not in fields or fields[key].value is None:
+            raise OpmapError(f"{origin}: {key} needs a value")
+    unknown = set(raw) - set(SCALAR_FIELDS) - {
+        "name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
+        "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "compute_unit_name", "notes"}
+    if unknown:
+        raise OpmapError(f"{origin}: unknown field(s) {', '.join(sorted(unknown))}")
+    spec = HardwareSpec(
+        name=str(raw["name"]),
+        display_name=str(raw["display_name"]),
+        vendor=str(raw["vendor"]),
+        device_type=str(raw["device_type"]),
+        matrix_peak_flops_per_s=_peaks(raw["matrix_peak_flops_per_s"], f"{origin}: matrix_peak_flops_per_s"),
+        vector_peak_flops_per_s=_peaks(raw["vector_peak_flops_per_s"], f"{origin}: vector_peak_flops_per_s"),
+        sparse_matrix_peak_flops_per_s=_peaks(
+            raw.get("sparse_matrix_peak_flops_per_s", {}), f"{origin}: sparse_matrix_peak_flops_per_s"),
+        fields=fields,
+        compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
+        notes=str(raw.get("notes", "")),
+    )
+    for d, v in spec.matrix_peak_flops_per_s.items():
+        if v.kind == "datasheet_sparse":
+            raise OpmapError(f"{origin}: matrix_peak_flops_per_s.{d} is sparse; dense peaks only there "
+                             "(sparse figures go under sparse_matrix_peak_flops_per_s)")
+    if not spec.vector_peak_flops_per_s.get("fp32") or spec.vector_peak_flops_per_s["fp32"].value is None:
+        raise OpmapError(f"{origin}: vector_peak_flops_per_s.fp32 needs a value")
+    return spec
+
+
+CATALOG_DIR = Path(__file__).with_name("catalog")
+
+
+def load_spec_file(path: Path) -> HardwareSpec:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise OpmapError(f"cannot read hardware file {path}: {e}") from None
+    return spec_from_dict(raw, str(path))
+
+
+def catalog() -> dict[str, HardwareSpec]:
+    """All catalog devices by name."""
+    specs = {}
+    for path in sorted(CATALOG_DIR.glob("*.toml")):
+        spec = load_spec_file(path)
+        if spec.name != path.stem:
+            raise OpmapError(f"{path}: name {spec.name!r} does not match the file name {path.stem!r}")
+        specs[spec.name] = spec
+    return specs
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    """A catalog device by name, or a TOML file path in the same schema."""
+    p = Path(name)
+    if p.suffix == ".toml" and p.exists():
+        return load_spec_file(p)
+    specs = catalog()
+    if name not in specs:
+        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)} (or a .toml file)")
+    return specs[name]
