@@ -1,0 +1,6 @@
+"""Capture: turn a workload into an OpGraph (torch dispatch tracer; ONNX importer later)."""
+
+from opmap.capture.layer_types import LAYER_TYPES, classify, parse_overrides
+from opmap.capture.tracer import MetaCaptureError, capture
+
+__all__ = ["LAYER_TYPES", "MetaCaptureError", "capture", "classify", "parse_overrides"]

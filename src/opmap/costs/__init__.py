@@ -1,0 +1,42 @@
+"""Costs: one rule per op family (see base.py for the registry and OpCost).
+
+``cost_node`` looks up a node's rule by its aten overload packet (in-place variants fall back to the
+out-of-place rule); a view costs nothing; an op with no rule gets ``OpCost(counted=False)`` and is listed
+as uncounted by name, never a silent zero.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from opmap.costs import attention, matmul, movement, pointwise, vector  # noqa: F401  (registers rules)
+from opmap.costs.base import RULES, OpCost, rule
+from opmap.costs.movement import view_cost
+from opmap.costs.pointwise import base_name
+from opmap.graph import Node, OpGraph
+
+
+def rule_for(node: Node):
+    if node.is_view:
+        return view_cost
+    return RULES.get(node.packet) or RULES.get(base_name(node.packet))
+
+
+def cost_node(node: Node) -> OpCost:
+    fn = rule_for(node)
+    if fn is None:
+        return OpCost(counted=False)
+    return fn(node)
+
+
+def cost_graph(graph: OpGraph) -> list[OpCost]:
+    """Costs of every node, in node order."""
+    return [cost_node(n) for n in graph.nodes]
+
+
+def uncounted(graph: OpGraph, costs: list[OpCost]) -> dict[str, int]:
+    """Op name -> count for the ops that have no rule."""
+    return dict(Counter(n.op for n, c in zip(graph.nodes, costs) if not c.counted))
+
+
+__all__ = ["RULES", "OpCost", "cost_graph", "cost_node", "rule", "rule_for", "uncounted"]

@@ -1,0 +1,67 @@
+"""Scaled dot product attention, every CPU and CUDA variant, as one fused kernel.
+
+For queries (B, H, Sq, D), keys (B, Hkv, Sk, D) and values (B, Hkv, Sk, Dv), over P query-key pairs per
+head: matrix FLOPs = 2*B*H*P*D (Q K^T) + 2*B*H*P*Dv (P V); vector work on the P scores per head: scale,
+running max, subtract, sum, divide (5 per score) plus one exp (transcendental). Dense P = Sq*Sk, the count
+torch.utils.flop_counter uses.
+
+Causal (``is_causal``; ``custom_mask_type`` 1 or 2 in the xformers-style kernels): the fused kernels skip
+masked blocks, so P counts only the unmasked pairs, sum over queries i of min(i + 1, Sk) for PyTorch's
+top-left-aligned mask (Sq*(Sq+1)/2 when Sq == Sk); the skipped half goes to ``skipped_flops`` and the
+node says so. An explicit ``attn_mask`` is dense work: the kernel computes every score and then masks.
+
+Bytes: a fused kernel reads Q, K, V (and the mask, if any) once and writes the output (plus the
+log-sum-exp where the variant returns it); the S x S scores never reach device memory.
+
+Layouts: the ``_scaled_dot_product_*`` ops and ``scaled_dot_product_attention`` take (B, H, S, D);
+``_flash_attention_forward`` and ``_efficient_attention_forward`` take (B, S, H, D).
+"""
+
+from __future__ import annotations
+
+from opmap.costs.base import OpCost, io_cost, prod, rule
+from opmap.graph import Node
+
+BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fused_attention_overrideable")
+BSHD = ("_flash_attention_forward", "_efficient_attention_forward")
+VECTOR_PER_SCORE = 5  # scale, max, subtract, sum, divide
+EXP_PER_SCORE = 1
+
+
+def causal_pairs(sq: int, sk: int) -> int:
+    """Unmasked (query, key) pairs under PyTorch's causal mask (top-left aligned: key j <= query i)."""
+    if sq <= sk:
+        return sq * (sq + 1) // 2
+    return sk * (sk + 1) // 2 + (sq - sk) * sk
+
+
+def is_causal(node: Node) -> bool:
+    if node.args.get("is_causal"):
+        return True
+    return node.args.get("custom_mask_type") in (1, 2)
+
+
+@rule(*BHSD, *BSHD)
+def sdpa_cost(node: Node) -> OpCost:
+    """Fused attention: products on the matrix engine, softmax on the vector unit, Q/K/V/O traffic."""
+    q, k, v = node.input("query"), node.input("key"), node.input("value")
+    if node.packet in BSHD:  # (B, S, H, D)
+        b, sq, h, d = q.shape
+        sk, dv = k.shape[1], v.shape[3]
+    else:  # (..., H, S, D); leading dims multiply into the batch
+        *lead, h, sq, d = q.shape if len(q.shape) >= 3 else (1, *q.shape)
+        b = prod(lead)
+        sk, dv = k.shape[-2], v.shape[-1]
+    dense = sq * sk
+    causal = is_causal(node) and not any(n in ("attn_mask", "attn_bias", "bias") for n in node.input_names)
+    pairs = causal_pairs(sq, sk) if causal else dense
+    per_pair = 2 * d + 2 * dv
+    matrix = float(b * h * pairs * per_pair)
+    skipped = float(b * h * (dense - pairs) * per_pair)
+    # outputs beyond the attention result (logsumexp, rng state, debug mask) are small; the first output is O
+    written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4) or node.outputs[0].nbytes
+    return io_cost(node, written=written, matrix_flops=matrix, macs=matrix / 2,
+                   vector_flops=float(b * h * pairs * VECTOR_PER_SCORE),
+                   transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped)

@@ -1,0 +1,154 @@
+"""OpGraph: the captured operator graph. Immutable values, serialisable to plain dicts.
+
+A node is one aten operator call (or one fused torch-level call that opmap records whole, such as
+``scaled_dot_product_attention``). Edges run producer -> consumer through tensor identity: each input
+records the node that produced it (None for graph inputs, parameters and buffers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+# Bytes per element by torch dtype name (torch.float32 -> "float32").
+DTYPE_BYTES: dict[str, float] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+}
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape, dtype and layout of one tensor argument or result.
+
+    ``producer`` is the id of the node whose output this is (None: graph input, parameter, buffer or
+    constant); ``param`` names the parameter or buffer when the tensor is one, or a view of one.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, ...]
+    producer: int | None = None
+    param: str | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> float:
+        return DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes of the logical tensor (every element once)."""
+        return self.numel * self.itemsize
+
+    @property
+    def storage_bytes(self) -> float:
+        """Bytes a kernel must read at least: broadcast (stride-0) dimensions are read once."""
+        if self.numel == 0:
+            return 0
+        n = 1
+        for size, st in zip(self.shape, self.stride):
+            if st != 0:
+                n *= size
+        return n * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "stride": list(self.stride)}
+        if self.producer is not None:
+            d["producer"] = self.producer
+        if self.param is not None:
+            d["param"] = self.param
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "TensorMeta":
+        return TensorMeta(tuple(d["shape"]), d["dtype"], tuple(d["stride"]), d.get("producer"), d.get("param"))
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator call.
+
+    ``args`` holds the non-tensor arguments the cost rules need (scalars, int lists, flags) by schema
+    name, ``inputs``/``outputs`` the tensor arguments in schema order (lists of tensors are flattened).
+    ``input_names`` gives the schema argument name of each input.
+    """
+
+    id: int
+    op: str  # e.g. "aten.addmm.default"
+    module: str  # module path, e.g. "h.3.attn.c_attn"; "" at the top level
+    module_class: str
+    layer_type: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    input_names: tuple[str, ...] = ()
+    args: dict[str, Any] = field(default_factory=dict)
+    is_view: bool = False
+    is_inplace: bool = False
+
+    @property
+    def packet(self) -> str:
+        """The overload packet: "aten.addmm.default" -> "addmm"."""
+        parts = self.op.split(".")
+        return parts[1] if len(parts) >= 2 else parts[0]
+
+    @property
+    def producers(self) -> tuple[int, ...]:
+        return tuple(sorted({t.producer for t in self.inputs if t.producer is not None}))
+
+    def input(self, name: str) -> TensorMeta | None:
+        for n, t in zip(self.input_names, self.inputs):
+            if n == name:
+                return t
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "op": self.op, "module": self.module, "module_class": self.module_class,
+            "layer_type": self.layer_type,
+            "inputs": [dict(t.to_dict(), name=n) for t, n in zip(self.inputs, self.input_names)],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "args": self.args, "is_view": self.is_view, "is_inplace": self.is_inplace,
+        }
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """The captured graph: nodes in execution order plus the model's parameter count and inputs."""
+
+    nodes: tuple[Node, ...]
+    params: int  # parameter elements, each shared parameter counted once
+    param_bytes: float
+    buffers: int
+    inputs: tuple[TensorMeta, ...]
+    device: str
+    notes: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def consumers(self) -> dict[int, list[int]]:
+        """Node id -> ids of the nodes that read one of its outputs."""
+        out: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for p in n.producers:
+                out[p].append(n.id)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": self.params, "param_bytes": self.param_bytes, "buffers": self.buffers,
+            "device": self.device, "inputs": [t.to_dict() for t in self.inputs],
+            "notes": list(self.notes), "nodes": [n.to_dict() for n in self.nodes],
+        }
