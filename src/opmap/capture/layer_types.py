@@ -38,7 +38,7 @@ RULES: tuple[tuple[str | None, str | None, str], ...] = (
     (r"(?i)norm$|^LayerNorm|^RMSNorm|^GroupNorm|^BatchNorm|^InstanceNorm|^LocalResponseNorm",
      r"(?i)^(ln_?\w*|.*norm.*|bn\d*)$", "norm"),
     (r"^Conv(Transpose)?[123]d$|^LazyConv", None, "conv"),
-    (r"(?i)pool", r"(?i)^(avg|max)?pool$", "pooling"),
+    (r"(?i)pool(ing)?(\dd)?$", r"(?i)^(avg|max)?pool$", "pooling"),
     (r"(?i)attention|^MultiheadAttention$|attn$", r"(?i)^(self_)?attn$|^attention$|^self_attention$|^mha$",
      "attention"),
     (r"(?i)mlp|feedforward|^FFN|swiglu", r"(?i)^(mlp|ffn|feed_forward|ff|intermediate)$", "mlp"),
