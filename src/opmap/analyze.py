@@ -1,0 +1,186 @@
+"""The analyze pipeline: workload -> OpGraph -> OpCost per node -> Prediction per node -> Analysis.
+
+Each stage is a pure function of its inputs plus the explicit assumptions recorded here. ``Analysis``
+renders to analysis.json (``to_dict``), the public contract documented in the README.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from opmap import __version__
+from opmap.capture import capture
+from opmap.costs import cost_graph, uncounted
+from opmap.costs.base import OpCost
+from opmap.graph import Node, OpGraph
+from opmap.hardware.spec import HardwareSpec
+from opmap.predict import TRANSCENDENTAL_SLOTS, Precision, Prediction, mfu, predict_cost, resolve_precision, \
+    ridge_point
+from opmap.workloads.zoo import Workload
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    node: Node
+    cost: OpCost
+    pred: Prediction
+
+
+@dataclass(frozen=True)
+class LayerSummary:
+    layer_type: str
+    nodes: int
+    flops: float
+    matrix_flops: float
+    bytes: float
+    predicted_s: float
+    bound: str  # the bound holding the most predicted time within this layer type
+
+
+@dataclass(frozen=True)
+class Analysis:
+    workload: str
+    graph: OpGraph
+    results: tuple[NodeResult, ...]
+    hardware: HardwareSpec
+    precision: Precision
+    assumptions: dict[str, Any]
+
+    # -- totals ---------------------------------------------------------------------------------------
+    @property
+    def total(self) -> OpCost:
+        t = OpCost()
+        for r in self.results:
+            t = t + r.cost if r.cost.counted else t
+        return t
+
+    @property
+    def predicted_latency_s(self) -> float:
+        return sum(r.pred.predicted_s for r in self.results)
+
+    @property
+    def kernels(self) -> int:
+        return sum(1 for r in self.results if r.pred.bound != "view")
+
+    @property
+    def predicted_mfu(self) -> float:
+        return mfu(self.total.matrix_flops, self.predicted_latency_s, self.precision)
+
+    @property
+    def uncounted(self) -> dict[str, int]:
+        return uncounted(self.graph, [r.cost for r in self.results])
+
+    def layer_types(self) -> list[LayerSummary]:
+        groups: dict[str, list[NodeResult]] = defaultdict(list)
+        for r in self.results:
+            groups[r.node.layer_type].append(r)
+        out = []
+        for lt, rs in groups.items():
+            by_bound: dict[str, float] = defaultdict(float)
+            for r in rs:
+                by_bound[r.pred.bound] += r.pred.predicted_s
+            real = {b: t for b, t in by_bound.items() if b != "view"}
+            bound = max(real, key=real.get) if real else "view"
+            out.append(LayerSummary(
+                lt, len(rs), sum(r.cost.flops for r in rs), sum(r.cost.matrix_flops for r in rs),
+                sum(r.cost.bytes for r in rs), sum(r.pred.predicted_s for r in rs), bound))
+        return sorted(out, key=lambda s: -s.predicted_s)
+
+    # -- the JSON contract ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        total = self.total
+        lat = self.predicted_latency_s
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "assumptions": self.assumptions,
+            "totals": {
+                "params": self.graph.params,
+                "param_bytes": self.graph.param_bytes,
+                "flops": total.flops,
+                "matrix_flops": total.matrix_flops,
+                "vector_flops": total.vector_flops,
+                "transcendental_flops": total.transcendental_flops,
+                "macs": total.macs,
+                "skipped_flops": total.skipped_flops,
+                "bytes": total.bytes,
+                "bytes_read": total.bytes_read,
+                "param_bytes_read": total.param_bytes_read,
+                "bytes_written": total.bytes_written,
+                "nodes": len(self.results),
+                "kernels": self.kernels,
+                "predicted_latency_s": lat,
+                "predicted_mfu": self.predicted_mfu,
+                "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
+            },
+            "layer_types": {
+                s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
+                               "bytes": s.bytes, "predicted_s": s.predicted_s,
+                               "share_of_time": s.predicted_s / lat if lat else 0.0, "bound": s.bound}
+                for s in self.layer_types()
+            },
+            "nodes": [self._node_dict(r) for r in self.results],
+            "uncounted": self.uncounted,
+        }
+
+    @staticmethod
+    def _node_dict(r: NodeResult) -> dict[str, Any]:
+        n, c, p = r.node, r.cost, r.pred
+        d = n.to_dict()
+        d.update(c.to_dict())
+        d.update(p.to_dict())
+        d["counted"] = c.counted
+        return d
+
+
+def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
+                      overrides: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    mp = hw.matrix_peak_flops_per_s[prec.matrix]
+    return {
+        "workload": workload.name,
+        "hardware": hw.name,
+        "hardware_display_name": hw.display_name,
+        "dtype": prec.requested,
+        "matrix_dtype": prec.matrix,
+        "precision_note": prec.note,
+        "weights_dtype": prec.requested, "activations_dtype": prec.requested,
+        "accumulate_dtype": "fp32" if prec.requested in ("bf16", "fp16", "tf32") else prec.requested,
+        "batch": workload.batch,
+        "seq": workload.seq,
+        "capture_device": graph.device,
+        "fusion_policy": "eager: one kernel per non-view aten op; SDPA as one fused kernel",
+        "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},
+        "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
+        "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
+        "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
+        "transcendental_slots": TRANSCENDENTAL_SLOTS,
+        "time_model": "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node",
+        "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
+        "workload_notes": list(workload.assumptions),
+        "torch_version": torch.__version__,
+        "opmap_version": __version__,
+        "python_version": platform.python_version(),
+    }
+
+
+def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
+                  overrides: Sequence[tuple[str, str]] = ()) -> Analysis:
+    prec = resolve_precision(hw, dtype)
+    costs = cost_graph(graph)
+    results = tuple(NodeResult(n, c, predict_cost(c, hw, prec)) for n, c in zip(graph.nodes, costs))
+    return Analysis(workload.name, graph, results, hw, prec,
+                    build_assumptions(workload, hw, prec, graph, overrides))
+
+
+def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
+            overrides: Sequence[tuple[str, str]] = ()) -> Analysis:
+    """Capture, cost and predict ``workload`` on ``hw`` at ``dtype``."""
+    resolve_precision(hw, dtype)  # fail on a bad dtype before the capture runs
+    graph = capture(workload.module, workload.inputs, overrides=overrides)
+    return analyze_graph(graph, workload, hw, dtype, overrides)

@@ -1,0 +1,183 @@
+"""The opmap command line. Thin: parses, calls library functions, renders.
+
+Bad input ends with one line on stderr naming the problem and what is accepted, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from opmap.errors import OpmapError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Map a neural-network workload onto hardware: operators, costs, predicted time.")
+models_app = typer.Typer(help="The built-in model zoo.", no_args_is_help=True)
+hardware_app = typer.Typer(help="The hardware catalog.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(hardware_app, name="hardware")
+# Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
+console = Console(width=None if sys.stdout.isatty() else 180)
+
+
+@app.command()
+def analyze(
+    model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    batch: int = typer.Option(1, help="Batch size."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
+    image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
+    dtype: str = typer.Option("bf16", help="Precision: fp32, tf32, bf16, fp16."),
+    out: Optional[Path] = typer.Option(None, help="Write sheet.csv, sheet.md and analysis.json here."),
+    device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
+    layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
+    rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
+) -> None:
+    """Capture MODEL, cost every operator, predict each one's time on HARDWARE."""
+    from opmap.analyze import analyze as run_analyze
+    from opmap.capture import parse_overrides
+    from opmap.hardware import get_hardware
+    from opmap.predict import resolve_precision
+    from opmap.report.sheet import print_report, write_outputs
+    from opmap.workloads import MODELS, load_workload
+
+    hw = get_hardware(hardware)
+    resolve_precision(hw, dtype)
+    overrides = parse_overrides(layer_type)
+    if device not in ("meta", "cpu", "cuda"):
+        raise OpmapError(f"unknown capture device {device!r}; accepted: meta, cpu, cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise OpmapError("--device cuda: no CUDA device is available here; accepted: meta, cpu")
+    spec = MODELS.get(model)
+    if spec is not None and spec.kind == "vision" and seq is not None:
+        raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")
+    if spec is not None and spec.kind == "text" and image_size is not None:
+        raise OpmapError(f"{model} is a text model: it takes --seq, not --image-size")
+    if spec is not None and device != "meta":
+        _check_memory(spec.published_params, dtype, device)
+    with console.status(f"building {model} on {device}"):
+        w = load_workload(model, batch, seq if seq is not None else image_size, dtype, device)
+    with console.status(f"capturing {w.name} and predicting on {hw.name}"):
+        a = run_analyze(w, hw, dtype, overrides)
+    print_report(a, console, rows)
+    if out is not None:
+        paths = write_outputs(a, out)
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _check_memory(params: int, dtype: str, device: str) -> None:
+    """Refuse a real-tensor build that cannot fit, before allocating anything."""
+    import os
+
+    need = params * (4 if dtype in ("fp32", "tf32") else 2)
+    if device == "cpu":
+        have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:
+        import torch
+
+        have = torch.cuda.mem_get_info()[0]
+    if need > 0.8 * have:
+        raise OpmapError(f"the weights need {need / 1e9:.1f} GB on {device}, {have / 1e9:.1f} GB is free; "
+                         "use --device meta (no weights allocated)")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The zoo: names, published parameter counts and shape knobs."""
+    from opmap.workloads import MODELS
+
+    t = Table(title="opmap model zoo (random weights; parameter counts match the published figures)")
+    for col in ("name", "description", "params", "knob", "default", "max", "source"):
+        t.add_column(col, overflow="fold")
+    for m in MODELS.values():
+        t.add_row(m.name, m.description, f"{m.published_params:,}", "seq" if m.kind == "text" else "image-size",
+                  str(m.default_seq), str(m.max_seq), m.params_source)
+    console.print(t)
+
+
+@hardware_app.command("list")
+def hardware_list() -> None:
+    """Every catalog device with its headline dense peaks and bandwidth."""
+    from opmap.hardware import catalog
+    from opmap.report.sheet import si
+
+    t = Table(title="opmap hardware catalog (dense peaks)")
+    for col in ("name", "device", "bf16", "fp8", "fp32", "memory", "bandwidth", "TDP"):
+        t.add_column(col, justify="left" if col in ("name", "device") else "right")
+    for h in catalog().values():
+        def peak(d):
+            v = h.matrix_peak_flops_per_s.get(d)
+            return si(v.value, "FLOP/s") if v and v.value else "-"
+        tdp = h.get("tdp_w")
+        t.add_row(h.name, h.display_name, peak("bf16"), peak("fp8"), peak("fp32"),
+                  si(h.get("memory_bytes"), "B"), si(h.memory_bandwidth_bytes_per_s, "B/s"),
+                  f"{tdp:.0f} W" if tdp else "-")
+    console.print(t)
+
+
+@hardware_app.command("show")
+def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml file.")) -> None:
+    """Every value of one device with its kind and source."""
+    from opmap.hardware import get_hardware
+    from opmap.hardware.spec import SCALAR_FIELDS
+    from opmap.report.sheet import si
+
+    h = get_hardware(name)
+    t = Table(title=f"{h.name}: {h.display_name} ({h.vendor}, {h.device_type})")
+    for col in ("field", "value", "kind", "source"):
+        t.add_column(col, overflow="fold")
+    for label, peaks in (("matrix", h.matrix_peak_flops_per_s), ("sparse matrix", h.sparse_matrix_peak_flops_per_s),
+                         ("vector", h.vector_peak_flops_per_s)):
+        for d, v in peaks.items():
+            t.add_row(f"{label} peak {d}", si(v.value, "FLOP/s") if v.value else "-", v.kind, v.source)
+    for key, unit in SCALAR_FIELDS.items():
+        v = h.fields.get(key)
+        if v is not None:
+            val = "-" if v.value is None else (f"{v.value:g}" if unit in ("", "x") else si(v.value, unit))
+            t.add_row(key, val, v.kind, v.source + (f" ({v.note})" if v.note else ""))
+    console.print(t)
+    if h.notes:
+        console.print(h.notes)
+
+
+def _usage_error(e: Exception) -> bool:
+    """A click/typer usage error (typer vendors click from 0.20 on, so match by shape, not by class)."""
+    return callable(getattr(e, "format_message", None)) and getattr(e, "exit_code", None) == 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    err = Console(stderr=True)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=args, prog_name="opmap", standalone_mode=False)
+    except OpmapError as e:
+        err.print(f"opmap: error: {e}", highlight=False, soft_wrap=True, markup=False)
+        return 2
+    except Exception as e:
+        kind = type(e).__name__
+        if kind == "NoArgsIsHelpError":  # a group called bare: show its help, as click does
+            return main([*args, "--help"])
+        if kind == "Exit":
+            return int(getattr(e, "exit_code", 0))
+        if kind == "Abort":
+            err.print("opmap: aborted")
+            return 130
+        if _usage_error(e):
+            ctx = getattr(e, "ctx", None)
+            where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            err.print(f"opmap: error: {e.format_message()}{where}", highlight=False, soft_wrap=True, markup=False)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Roofline-plus-overhead time model and bottleneck classes.
+
+Per kernel (today: per non-view aten node, the eager policy)::
+
+    matrix_s = matrix FLOPs / dense matrix peak at the compute precision
+    vector_s = (vector FLOPs + TRANSCENDENTAL_SLOTS * transcendental ops) / vector peak
+    memory_s = minimum bytes / memory bandwidth
+    predicted_s = max(matrix_s, vector_s, memory_s) + launch overhead
+
+The bound is the class of the largest term: ``compute`` (matrix or vector; ``limiter`` says which),
+``memory``, or ``overhead`` where the launch overhead exceeds all three.
+Views cost nothing (no kernel). An op with no cost rule gets the launch overhead and the bound
+``uncounted``, so it shows in every total instead of vanishing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opmap.costs.base import OpCost
+from opmap.errors import OpmapError
+from opmap.hardware.spec import HardwareSpec
+
+# A transcendental takes this many vector-op slots: NVIDIA SMs issue 16 SFU ops per clock beside 128 FP32
+# lanes (Hopper / Ampere SM diagrams), CPUs evaluate exp/tanh as ~10-20-instruction polynomials. 4 is a
+# middle value; calibration (opmap calibrate) replaces it with a measured rate.
+TRANSCENDENTAL_SLOTS = 4.0
+
+# The matrix precision actually used when the device lacks the one asked for, nearest first.
+FALLBACK = {
+    "fp32": ("fp32", "tf32", "bf16"),
+    "tf32": ("tf32", "fp32", "bf16"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "fp8": ("fp8", "int8", "bf16", "fp16"),
+    "int8": ("int8", "fp8", "bf16"),
+}
+BOUNDS = ("compute", "memory", "overhead", "view", "uncounted")
+
+
+@dataclass(frozen=True)
+class Precision:
+    requested: str
+    matrix: str  # the dtype whose matrix peak is used
+    matrix_peak_flops_per_s: float
+    vector_peak_flops_per_s: float
+    note: str = ""
+
+
+def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
+    """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format."""
+    if dtype not in FALLBACK:
+        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(FALLBACK)}")
+    chosen = next((d for d in FALLBACK[dtype] if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
+    if chosen is None:
+        raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
+                         f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
+    vec = hw.vector_peak_flops_per_s.get(dtype) or hw.vector_peak_flops_per_s["fp32"]
+    note = "" if chosen == dtype else f"{hw.name} has no {dtype} matrix peak: used {chosen} ({FALLBACK[dtype]})"
+    return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    matrix_s: float
+    vector_s: float
+    memory_s: float
+    overhead_s: float
+    predicted_s: float
+    bound: str  # compute | memory | overhead | view | uncounted
+    limiter: str  # matrix | vector | memory | overhead | none: the term behind the bound
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {"matrix_s": self.matrix_s, "vector_s": self.vector_s, "memory_s": self.memory_s,
+                "overhead_s": self.overhead_s, "predicted_s": self.predicted_s, "bound": self.bound,
+                "limiter": self.limiter}
+
+
+def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision) -> Prediction:
+    if cost.is_view:
+        return Prediction(0.0, 0.0, 0.0, 0.0, 0.0, "view", "none")
+    overhead = hw.launch_overhead_s
+    if not cost.counted:
+        return Prediction(0.0, 0.0, 0.0, overhead, overhead, "uncounted", "overhead")
+    matrix_s = cost.matrix_flops / prec.matrix_peak_flops_per_s
+    vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
+    memory_s = cost.bytes / hw.memory_bandwidth_bytes_per_s
+    terms = {"matrix": matrix_s, "vector": vector_s, "memory": memory_s}
+    limiter = max(terms, key=terms.get)
+    if overhead > terms[limiter]:
+        limiter = "overhead"
+    bound = {"matrix": "compute", "vector": "compute"}.get(limiter, limiter)
+    return Prediction(matrix_s, vector_s, memory_s, overhead, max(terms.values()) + overhead, bound, limiter)
+
+
+def ridge_point(prec: Precision, hw: HardwareSpec) -> float:
+    """FLOPs per byte above which a matrix kernel is compute-bound on this device and precision."""
+    return prec.matrix_peak_flops_per_s / hw.memory_bandwidth_bytes_per_s
+
+
+def mfu(matrix_flops: float, latency_s: float, prec: Precision) -> float:
+    """Model FLOPs utilisation: matrix FLOPs / (latency x dense matrix peak)."""
+    return matrix_flops / (latency_s * prec.matrix_peak_flops_per_s) if latency_s > 0 else 0.0

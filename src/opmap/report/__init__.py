@@ -1,0 +1,1 @@
+"""Reports: terminal tables, CSV, Markdown and JSON renderings of an Analysis."""

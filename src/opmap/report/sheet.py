@@ -1,0 +1,216 @@
+"""The mapping sheet: rich tables in the terminal; sheet.csv, sheet.md and analysis.json on disk.
+
+Files are written to a temporary name and renamed into place, all three together after every one of them
+rendered, so a failure never leaves a half-written or mixed set behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from opmap.analyze import Analysis, NodeResult
+from opmap.errors import OpmapError
+
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+
+
+def si(x: float, unit: str = "", digits: int = 3) -> str:
+    """SI rendering: 38.65e9 -> '38.7 G'. Seconds go down to ns."""
+    if x == 0:
+        return f"0 {unit}".strip()
+    if unit == "s":
+        for scale, p in ((1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")):
+            if abs(x) >= scale:
+                return f"{x / scale:.{digits}g} {p}s"
+        return f"{x / 1e-9:.{digits}g} ns"
+    for scale, p in _PREFIXES:
+        if abs(x) >= scale:
+            return f"{x / scale:.{digits}g} {p}{unit}".strip()
+    return f"{x:.{digits}g} {unit}".strip()
+
+
+def shapes(r: NodeResult) -> str:
+    ins = ",".join("x".join(map(str, t.shape)) or "scalar" for t in r.node.inputs)
+    outs = ",".join("x".join(map(str, t.shape)) or "scalar" for t in r.node.outputs)
+    return f"{ins} -> {outs}"
+
+
+def op_label(op: str) -> str:
+    """'aten.addmm.default' -> 'addmm'; other overloads stay ('add.Tensor')."""
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+SHEET_COLUMNS = ("id", "op", "module", "layer_type", "shapes", "dtype", "flops", "matrix_flops", "bytes",
+                 "intensity", "predicted_s", "bound", "limiter")
+
+
+def sheet_rows(a: Analysis) -> list[dict]:
+    rows = []
+    for r in a.results:
+        dt = r.node.outputs[0].dtype if r.node.outputs else ""
+        rows.append({
+            "id": r.node.id, "op": r.node.op.removeprefix("aten."), "module": r.node.module,
+            "layer_type": r.node.layer_type, "shapes": shapes(r), "dtype": dt, "flops": r.cost.flops,
+            "matrix_flops": r.cost.matrix_flops, "bytes": r.cost.bytes, "intensity": r.cost.intensity,
+            "predicted_s": r.pred.predicted_s, "bound": r.pred.bound, "limiter": r.pred.limiter,
+        })
+    return rows
+
+
+def render_csv(a: Analysis) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=SHEET_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(sheet_rows(a))
+    return buf.getvalue()
+
+
+def _assumption_lines(a: Analysis) -> list[str]:
+    s = a.assumptions
+    mp = s["matrix_peak_flops_per_s"]
+    bw = s["memory_bandwidth_bytes_per_s"]
+    lines = [
+        f"workload {s['workload']}  batch {s['batch']}  seq {s['seq']}  dtype {s['dtype']} "
+        f"(weights {s['weights_dtype']}, activations {s['activations_dtype']}, accumulate {s['accumulate_dtype']})",
+        f"hardware {s['hardware']} ({s['hardware_display_name']}): matrix peak {si(mp['value'], 'FLOP/s')} "
+        f"[{s['matrix_dtype']}, {mp['kind']}], bandwidth {si(bw['value'], 'B/s')} [{bw['kind']}], "
+        f"launch overhead {si(s['launch_overhead_s']['value'], 's')} [{s['launch_overhead_s']['kind']}]",
+        f"time model: {s['time_model']}; transcendental = {s['transcendental_slots']:g} vector slots",
+        f"fusion: {s['fusion_policy']}; captured on {s['capture_device']}",
+        f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
+    ]
+    if s["precision_note"]:
+        lines.append("precision: " + s["precision_note"])
+    lines += [f"note: {n}" for n in s["workload_notes"]]
+    if s["layer_type_overrides"]:
+        lines.append("layer-type overrides: " + ", ".join(s["layer_type_overrides"]))
+    return lines
+
+
+def render_markdown(a: Analysis) -> str:
+    d = a.to_dict()
+    t = d["totals"]
+    out = [f"# opmap analysis: {a.workload} on {a.hardware.name}", "", "## Assumptions", ""]
+    out += [f"- {line}" for line in _assumption_lines(a)]
+    out += ["", "## Totals", "", "| params | FLOPs | matrix FLOPs | bytes | kernels | predicted latency | "
+            "predicted MFU |", "|---|---|---|---|---|---|---|",
+            f"| {si(t['params'])} | {si(t['flops'])} | {si(t['matrix_flops'])} | {si(t['bytes'], 'B')} | "
+            f"{t['kernels']} | {si(t['predicted_latency_s'], 's')} | {t['predicted_mfu']:.1%} |", ""]
+    out += ["## Layer types", "", "| layer type | nodes | FLOPs share | bytes share | time share | bound |",
+            "|---|---|---|---|---|---|"]
+    for lt, s in d["layer_types"].items():
+        out.append(f"| {lt} | {s['nodes']} | {_share(s['flops'], t['flops'])} | {_share(s['bytes'], t['bytes'])} | "
+                   f"{s['share_of_time']:.1%} | {s['bound']} |")
+    if d["uncounted"]:
+        out += ["", "## Uncounted ops (no cost rule)", ""] + [f"- {op}: {n}" for op, n in d["uncounted"].items()]
+    out += ["", "## Mapping sheet", "", "| " + " | ".join(SHEET_COLUMNS) + " |",
+            "|" + "---|" * len(SHEET_COLUMNS)]
+    for row in sheet_rows(a):
+        cells = [_cell(k, v) for k, v in row.items()]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _share(x: float, total: float) -> str:
+    return f"{x / total:.1%}" if total else "-"
+
+
+def _cell(key: str, v) -> str:
+    if key in ("flops", "matrix_flops"):
+        return si(v)
+    if key == "bytes":
+        return si(v, "B")
+    if key == "predicted_s":
+        return si(v, "s")
+    if key == "intensity":
+        return f"{v:.3g}"
+    return str(v).replace("|", "\\|")
+
+
+def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
+    d = a.to_dict()
+    t = d["totals"]
+    console.print(f"[bold]opmap analyze[/bold] {a.workload} on {a.hardware.display_name}")
+    for line in _assumption_lines(a):
+        console.print(f"  {line}", highlight=False, markup=False)
+
+    ranked = sorted((r for r in a.results if r.pred.bound != "view"), key=lambda r: -r.pred.predicted_s)
+    shown = ranked if rows <= 0 else ranked[:rows]
+    sheet = Table(title=f"Mapping sheet: {len(shown)} of {a.kernels} kernels by predicted time "
+                        f"({len(a.results) - a.kernels} views; all rows in sheet.csv)", title_justify="left")
+    for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
+                      ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
+                      ("predicted", "right"), ("bound", "left")):
+        sheet.add_column(col, justify=just, overflow="fold")
+    for r in shown:
+        sheet.add_row(str(r.node.id), op_label(r.node.op), r.node.module or "-", r.node.layer_type,
+                      shapes(r), si(r.cost.flops), si(r.cost.bytes, "B"), f"{r.cost.intensity:.3g}",
+                      si(r.pred.predicted_s, "s"), r.pred.bound)
+    console.print(sheet)
+
+    lt = Table(title="Layer types", title_justify="left")
+    for col in ("layer type", "nodes", "FLOPs", "share", "bytes", "share", "predicted", "share", "bound"):
+        lt.add_column(col, justify="left" if col in ("layer type", "bound") else "right")
+    for name, s in d["layer_types"].items():
+        lt.add_row(name, str(s["nodes"]), si(s["flops"]), _share(s["flops"], t["flops"]), si(s["bytes"], "B"),
+                   _share(s["bytes"], t["bytes"]), si(s["predicted_s"], "s"), f"{s['share_of_time']:.1%}",
+                   s["bound"])
+    console.print(lt)
+
+    tot = Table(title="Totals", title_justify="left", show_header=False)
+    tot.add_column("what")
+    tot.add_column("value", justify="right")
+    for k, v in (("parameters", si(t["params"])), ("FLOPs", si(t["flops"])),
+                 ("matrix FLOPs", si(t["matrix_flops"])),
+                 ("vector / transcendental FLOPs", f"{si(t['vector_flops'])} / {si(t['transcendental_flops'])}"),
+                 ("MACs", si(t["macs"])),
+                 ("bytes (min)", si(t["bytes"], "B")),
+                 ("kernels / nodes", f"{t['kernels']} / {t['nodes']}"),
+                 ("predicted latency", si(t["predicted_latency_s"], "s")),
+                 ("predicted MFU", f"{t['predicted_mfu']:.1%}"),
+                 ("ridge point", f"{t['ridge_point_flops_per_byte']:.0f} FLOP/B")):
+        tot.add_row(k, v)
+    if t["skipped_flops"]:
+        tot.add_row("causal attention FLOPs skipped", si(t["skipped_flops"]))
+    console.print(tot)
+    if d["uncounted"]:
+        console.print("[yellow]uncounted ops (no cost rule, launch overhead only):[/yellow] "
+                      + ", ".join(f"{op} x{n}" for op, n in d["uncounted"].items()))
+    else:
+        console.print("every op has a cost rule (0 uncounted)")
+
+
+def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
+    """Write sheet.csv, sheet.md and analysis.json into ``out_dir``, atomically per file and as a set."""
+    out_dir = Path(out_dir)
+    contents = {
+        "analysis.json": json.dumps(a.to_dict(), indent=1, allow_nan=False) + "\n",
+        "sheet.csv": render_csv(a),
+        "sheet.md": render_markdown(a),
+    }
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OpmapError(f"cannot create output folder {out_dir}: {e.strerror}") from None
+    tmps = []
+    try:
+        for name, text in contents.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            tmps.append((tmp, out_dir / name))
+        for tmp, final in tmps:
+            os.replace(tmp, final)
+    except OSError as e:
+        for tmp, _ in tmps:
+            Path(tmp).unlink(missing_ok=True)
+        raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
+    return [final for _, final in tmps]

@@ -1,0 +1,173 @@
+"""The shipped hardware catalog: every device loads, carries dense peaks, and matches its datasheet."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import opmap.hardware
+from opmap.errors import OpmapError
+from opmap.hardware import KINDS, catalog, load_spec_file
+
+NAMES = {
+    "h100-sxm", "h100-pcie", "h200", "b200", "a100-sxm-80gb", "a100-pcie-40gb", "l4", "l40s",
+    "mi300x", "mi250x", "tpu-v5e", "tpu-v5p", "gaudi2", "gaudi3", "xeon-8480", "epyc-9654",
+}
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return catalog()
+
+
+def test_all_devices_present(specs):
+    assert NAMES <= set(specs), f"missing: {sorted(NAMES - set(specs))}"
+
+
+def test_every_spec_has_bf16_or_fp32_matrix_peak(specs):
+    for name, spec in specs.items():
+        dtypes = spec.matrix_dtypes()
+        assert "bf16" in dtypes or "fp32" in dtypes, name
+
+
+def test_required_values_and_vector_fp32(specs):
+    for name, spec in specs.items():
+        assert spec.memory_bandwidth_bytes_per_s > 0, name
+        assert spec.launch_overhead_s > 0, name
+        assert spec.get("memory_bytes") and spec.get("memory_bytes") > 0, name
+        assert spec.vector_peak_flops_per_s["fp32"].value > 0, name
+        assert spec.device_type in {"gpu", "cpu", "tpu", "accelerator"}, name
+
+
+def test_every_value_has_kind_and_source(specs):
+    for name, spec in specs.items():
+        tables = [spec.matrix_peak_flops_per_s, spec.sparse_matrix_peak_flops_per_s,
+                  spec.vector_peak_flops_per_s, spec.fields]
+        for table in tables:
+            for key, v in table.items():
+                assert v.kind in KINDS, (name, key)
+                assert v.source.strip(), (name, key)
+                assert v.value is not None, (name, key)
+
+
+# (device, accessor, expected, source of the expected figure)
+SPOT_CHECKS = [
+    # NVIDIA H100 datasheet (2023), H100 SXM: BF16 1,979 TFLOPS with sparsity -> 989.4 dense (whitepaper)
+    ("h100-sxm", ("matrix", "bf16"), 989.4e12),
+    # NVIDIA H100 datasheet, H100 SXM: FP8 3,958 TFLOPS with sparsity -> 1978.9 dense
+    ("h100-sxm", ("matrix", "fp8"), 1978.9e12),
+    # NVIDIA H100 datasheet, H100 SXM: GPU memory bandwidth 3.35 TB/s
+    ("h100-sxm", ("field", "memory_bandwidth_bytes_per_s"), 3.35e12),
+    # NVIDIA H100 datasheet, H100 SXM: NVLink 900 GB/s
+    ("h100-sxm", ("field", "scale_up_bandwidth_bytes_per_s"), 900e9),
+    # NVIDIA H100 datasheet, H100 PCIe: BF16 1,513 TFLOPS with sparsity -> 756.5 dense
+    ("h100-pcie", ("matrix", "bf16"), 756.5e12),
+    # NVIDIA H200 datasheet (2024): GPU memory 141 GB
+    ("h200", ("field", "memory_bytes"), 141e9),
+    # NVIDIA H200 datasheet (2024): GPU memory bandwidth 4.8 TB/s
+    ("h200", ("field", "memory_bandwidth_bytes_per_s"), 4.8e12),
+    # NVIDIA HGX B200 per-GPU: FP16/BF16 Tensor Core 4.5 PFLOPS with sparsity -> 2.25 dense
+    ("b200", ("matrix", "bf16"), 2.25e15),
+    # NVIDIA A100 datasheet, 80GB SXM: BFLOAT16 Tensor Core 312 TFLOPS (dense)
+    ("a100-sxm-80gb", ("matrix", "bf16"), 312e12),
+    # NVIDIA A100 datasheet, 80GB SXM: GPU memory bandwidth 2,039 GB/s
+    ("a100-sxm-80gb", ("field", "memory_bandwidth_bytes_per_s"), 2.039e12),
+    # NVIDIA A100 datasheet, 80GB SXM: FP32 19.5 TFLOPS (CUDA cores)
+    ("a100-sxm-80gb", ("vector", "fp32"), 19.5e12),
+    # NVIDIA A100 datasheet, 40GB PCIe: GPU memory bandwidth 1,555 GB/s
+    ("a100-pcie-40gb", ("field", "memory_bandwidth_bytes_per_s"), 1.555e12),
+    # NVIDIA L4 datasheet (2023): max TDP 72 W
+    ("l4", ("field", "tdp_w"), 72),
+    # NVIDIA L4 datasheet (2023): memory bandwidth 300 GB/s
+    ("l4", ("field", "memory_bandwidth_bytes_per_s"), 300e9),
+    # NVIDIA L40S datasheet (2023): FP8 Tensor Core 733 | 1,466* TFLOPS
+    ("l40s", ("matrix", "fp8"), 733e12),
+    # AMD Instinct MI300X datasheet: peak memory bandwidth 5.3 TB/s
+    ("mi300x", ("field", "memory_bandwidth_bytes_per_s"), 5.3e12),
+    # AMD Instinct MI300X datasheet: peak bfloat16 1307.4 TFLOPs (dense)
+    ("mi300x", ("matrix", "bf16"), 1307.4e12),
+    # AMD Instinct MI300X datasheet: 304 compute units
+    ("mi300x", ("field", "compute_units"), 304),
+    # AMD Instinct MI250X datasheet: peak FP16 383 TFLOPs
+    ("mi250x", ("matrix", "fp16"), 383e12),
+    # Google Cloud TPU v5e docs: peak compute per chip (bf16) 197 TFLOPs; HBM bandwidth 819 GBps
+    ("tpu-v5e", ("matrix", "bf16"), 197e12),
+    ("tpu-v5e", ("field", "memory_bandwidth_bytes_per_s"), 819e9),
+    # Google Cloud TPU v5p docs: peak compute per chip (BF16) 459 TFLOPs; HBM bandwidth 2765 GBps
+    ("tpu-v5p", ("matrix", "bf16"), 459e12),
+    ("tpu-v5p", ("field", "memory_bandwidth_bytes_per_s"), 2765e9),
+    # Intel Gaudi 3 (Hot Chips 2024): BF16 matrix 1835 TFLOPs; HBM bandwidth 3.67 TB/s
+    ("gaudi3", ("matrix", "bf16"), 1835e12),
+    ("gaudi3", ("field", "memory_bandwidth_bytes_per_s"), 3.67e12),
+    # Intel Gaudi 2: BF16 MME 432 TFLOPs (Gaudi 3 white paper comparison)
+    ("gaudi2", ("matrix", "bf16"), 432e12),
+    # Xeon 8480+: 56 cores x 1024 AMX BF16 FLOP/cycle x 2.0 GHz base (derived)
+    ("xeon-8480", ("matrix", "bf16"), 56 * 1024 * 2.0e9),
+    # EPYC 9654 spec: 12 x DDR5-4800 = 460.8 GB/s per socket
+    ("epyc-9654", ("field", "memory_bandwidth_bytes_per_s"), 460.8e9),
+]
+
+
+def _lookup(spec, accessor):
+    table, key = accessor
+    if table == "matrix":
+        return spec.matrix_peak_flops_per_s[key].value
+    if table == "vector":
+        return spec.vector_peak_flops_per_s[key].value
+    return spec.get(key)
+
+
+@pytest.mark.parametrize(("name", "accessor", "expected"), SPOT_CHECKS,
+                         ids=[f"{n}-{a[1]}" for n, a, _ in SPOT_CHECKS])
+def test_datasheet_spot_checks(specs, name, accessor, expected):
+    got = _lookup(specs[name], accessor)
+    assert got is not None, (name, accessor)
+    assert math.isclose(got, expected, rel_tol=0.01), (name, accessor, got, expected)
+
+
+def test_matrix_peaks_are_dense(specs):
+    for name, spec in specs.items():
+        for dtype, v in spec.matrix_peak_flops_per_s.items():
+            assert v.kind != "datasheet_sparse", (name, dtype)
+        for dtype, v in spec.sparse_matrix_peak_flops_per_s.items():
+            assert v.kind == "datasheet_sparse", (name, dtype)
+
+
+def test_sparse_over_dense_equals_sparsity_factor(specs):
+    checked = 0
+    for name, spec in specs.items():
+        factor = spec.get("sparsity_factor")
+        if spec.sparse_matrix_peak_flops_per_s:
+            assert factor, f"{name}: sparse peaks without a sparsity_factor"
+        for dtype, sparse in spec.sparse_matrix_peak_flops_per_s.items():
+            dense = spec.matrix_peak_flops_per_s.get(dtype)
+            if dense is None or not dense.value:
+                continue
+            assert math.isclose(sparse.value / dense.value, factor, rel_tol=0.01), (name, dtype)
+            checked += 1
+    assert checked >= 20
+
+
+def test_validator_rejects_bad_kind(tmp_path):
+    good = (opmap.hardware.spec.CATALOG_DIR / "h100-sxm.toml").read_text()
+    bad = good.replace('kind = "datasheet"', 'kind = "guess"', 1)
+    assert bad != good
+    path = tmp_path / "bad.toml"
+    path.write_text(bad)
+    with pytest.raises(OpmapError, match="guess"):
+        load_spec_file(path)
+
+
+def test_validator_rejects_minimal_bad_file(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(
+        'name = "tiny"\ndisplay_name = "Tiny"\nvendor = "x"\ndevice_type = "gpu"\n'
+        '[matrix_peak_flops_per_s.bf16]\nvalue = 1e12\nkind = "guess"\nsource = "made up"\n'
+        '[vector_peak_flops_per_s.fp32]\nvalue = 1e11\nkind = "datasheet"\nsource = "x"\n'
+        '[memory_bytes]\nvalue = 1e9\nkind = "datasheet"\nsource = "x"\n'
+        '[memory_bandwidth_bytes_per_s]\nvalue = 1e11\nkind = "datasheet"\nsource = "x"\n'
+        '[launch_overhead_s]\nvalue = 1e-6\nkind = "assumed"\nsource = "x"\n'
+    )
+    with pytest.raises(OpmapError):
+        load_spec_file(path)
