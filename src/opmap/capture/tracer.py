@@ -186,11 +186,12 @@ class _DispatchRecorder(TorchDispatchMode):
         except (NotImplementedError, RuntimeError) as e:
             flat, _ = tree_flatten((args, kwargs))
             if any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in flat):
-                module = t.stack[-1][0] if t.stack else "<top level>"
+                path, cls = t.stack[-1] if t.stack else ("", "")
+                where = f"module {path!r} ({cls})" if path else f"the top-level module ({cls or 'none'})"
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise MetaCaptureError(
-                    f"op {func} in module {module!r} cannot run on the meta device ({first[:160]}); "
-                    "capture with real tensors instead (--real, or capture(..., device='cpu'))") from None
+                    f"op {func} in {where} cannot run on the meta device ({first[:120]}); "
+                    "capture with real tensors instead: --device cpu (or build the model and inputs on the CPU)") from None
             raise
         if t.suppress:
             t.suppressed_ops.append(str(func))
@@ -234,15 +235,20 @@ class _FunctionRecorder(TorchFunctionMode):
         del t.suppressed_ops[start:]
         fused = [o for o in ran if "attention" in o]
         if not fused and isinstance(out, torch.Tensor) and out.device.type == "meta" and out.dim() == 4:
-            # The fused CPU and CUDA kernels return (B, H, S, D) laid out as (B, S, H, D) in memory, so a
-            # following transpose(1, 2).reshape is a view; give the meta result the same layout.
-            b, h, s, d = out.shape
+            # The fused CPU kernel lays its output out like the query (the CUDA ones as (B, S, H, D)), so
+            # the usual transpose(1, 2).reshape after attention is a view there; give the meta result the
+            # query's layout too instead of the math path's contiguous one.
+            q = args[0] if args else kwargs.get("query")
             t.suppress += 1
             try:
-                out = torch.empty((b, s, h, d), dtype=out.dtype, device=out.device).transpose(1, 2)
+                if isinstance(q, torch.Tensor) and q.shape == out.shape:
+                    out = torch.empty_like(q)
+                else:
+                    b, h, s, d = out.shape
+                    out = torch.empty((b, s, h, d), dtype=out.dtype, device=out.device).transpose(1, 2)
             finally:
                 t.suppress -= 1
-            t.suppressed_ops.clear()
+            del t.suppressed_ops[start:]
         scalars["backend_op"] = fused[0] if fused else "math (decomposed: no fused kernel on this device)"
         scalars.setdefault("is_causal", False)
         scalars.setdefault("dropout_p", 0.0)

@@ -1,0 +1,46 @@
+"""The layer-type rule (see opmap.capture.layer_types): module stack innermost first, then the op."""
+
+from __future__ import annotations
+
+import pytest
+
+from opmap.capture import LAYER_TYPES, classify, parse_overrides
+from opmap.errors import OpmapError
+
+
+@pytest.mark.parametrize("stack,kind,expected", [
+    ([("h.3", "GPT2Block"), ("h.3.attn", "CausalSelfAttention"), ("h.3.attn.c_attn", "Linear")], "other",
+     "attention"),
+    ([("h.3", "GPT2Block"), ("h.3.mlp", "GPT2MLP"), ("h.3.mlp.c_fc", "Linear")], "other", "mlp"),
+    ([("h.3", "GPT2Block"), ("h.3.ln_1", "LayerNorm")], "other", "norm"),
+    ([("lm_head", "Linear")], "other", "head"),
+    ([("fc", "Linear")], "other", "head"),
+    ([("wte", "Embedding")], "data_movement", "embedding"),
+    ([("layer1.0", "Bottleneck"), ("layer1.0.conv2", "Conv2d")], "other", "conv"),
+    ([("layer1.0", "Bottleneck"), ("layer1.0.bn2", "BatchNorm2d")], "other", "norm"),
+    ([("maxpool", "MaxPool2d")], "other", "pooling"),
+    ([("pooler", "BertPooler"), ("pooler.dense", "Linear")], "other", "head"),
+    ([("layers.0.mlp", "SparseMoeBlock"), ("layers.0.mlp.gate", "Linear")], "other", "moe_router"),
+    ([("layers.0.mlp", "SparseMoeBlock"), ("layers.0.mlp.experts", "ModuleList"),
+      ("layers.0.mlp.experts.3", "Expert"), ("layers.0.mlp.experts.3.up_proj", "Linear")], "other", "moe_expert"),
+    ([("layers.0.mlp", "LlamaMLP"), ("layers.0.mlp.gate_proj", "Linear")], "other", "mlp"),
+    ([("h.3", "GPT2Block")], "elementwise", "elementwise"),  # residual add: no module decides
+    ([], "data_movement", "data_movement"),
+])
+def test_rule(stack, kind, expected):
+    assert expected in LAYER_TYPES
+    assert classify(stack, kind) == expected
+
+
+def test_overrides_win_and_match_globs():
+    ov = parse_overrides(["h.*.attn.c_proj=mlp", "lm_head=other"])
+    assert classify([("h.2.attn", "CausalSelfAttention"), ("h.2.attn.c_proj", "Linear")], "other", ov) == "mlp"
+    assert classify([("h.2.attn", "CausalSelfAttention"), ("h.2.attn.c_attn", "Linear")], "other", ov) == \
+        "attention"
+    assert classify([("lm_head", "Linear")], "other", ov) == "other"
+
+
+@pytest.mark.parametrize("bad", ["attn", "=mlp", "h.*=fancy"])
+def test_bad_override(bad):
+    with pytest.raises(OpmapError, match="PATTERN=TYPE"):
+        parse_overrides([bad])

@@ -1,0 +1,96 @@
+"""The dispatch tracer: nodes, edges through tensor identity, parameters, module paths, meta errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from opmap.capture import MetaCaptureError, capture
+from opmap.errors import OpmapError
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        y = self.proj(x)
+        v = y.view(-1)  # a view of y
+        v.mul_(2.0)  # in-place through the view: later readers of y depend on the mul_
+        return self.norm(y) + y
+
+
+def _ops(g):
+    return [n.op for n in g.nodes]
+
+
+def test_edges_views_and_inplace():
+    with torch.device("meta"):
+        m, x = Tiny(), torch.empty(4, 8)
+    g = capture(m, (x,))
+    ops = _ops(g)
+    addmm = ops.index("aten.addmm.default")
+    mul = ops.index("aten.mul_.Tensor") if "aten.mul_.Tensor" in ops else ops.index("aten.mul_.Scalar")
+    ln = ops.index("aten.native_layer_norm.default")
+    add = ops.index("aten.add.Tensor")
+    # addmm reads x (a graph input, no producer), the bias, and the weight through aten.t (a view)
+    (t_node,) = g.nodes[addmm].producers
+    assert g.nodes[t_node].op == "aten.t.default" and g.nodes[t_node].inputs[0].param == "proj.weight"
+    view = g.nodes[mul].inputs[0].producer
+    assert g.nodes[view].is_view and g.nodes[view].inputs[0].producer == addmm
+    # the layer norm reads y, whose storage the in-place mul_ wrote last
+    assert g.nodes[ln].inputs[0].producer == mul
+    assert set(g.nodes[add].producers) == {ln, mul}
+    assert g.nodes[mul].is_inplace
+
+
+def test_parameters_flagged_through_views_and_module_paths():
+    with torch.device("meta"):
+        m, x = Tiny(), torch.empty(4, 8)
+    g = capture(m, (x,))
+    addmm = next(n for n in g.nodes if n.op == "aten.addmm.default")
+    params = {t.param for t in addmm.inputs if t.param}
+    assert params == {"proj.weight", "proj.bias"}  # the weight arrives through aten.t, a view
+    assert addmm.module == "proj" and addmm.module_class == "Linear"
+    assert g.params == 8 * 16 + 16 + 16 * 2
+    assert g.param_bytes == g.params * 4
+
+
+def test_meta_and_cpu_capture_agree_on_costly_ops():
+    torch.manual_seed(0)
+    m, x = Tiny(), torch.randn(4, 8)
+    cpu = capture(m, (x,))
+    meta = capture(m.to("meta"), (x.to("meta"),))
+    assert [n.op for n in cpu.nodes if not n.is_view] == [n.op for n in meta.nodes if not n.is_view]
+    assert cpu.device == "cpu" and meta.device == "meta"
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.inner(x)[torch.nonzero(x[:, 0] > 0).flatten()]
+
+
+def test_data_dependent_op_on_meta_names_op_module_and_fix():
+    with torch.device("meta"):
+        m, x = DataDependent(), torch.empty(3, 4)
+    with pytest.raises(MetaCaptureError) as e:
+        capture(m, (x,))
+    msg = str(e.value)
+    assert "nonzero" in msg and "meta" in msg and "--device cpu" in msg
+    assert isinstance(e.value, OpmapError)
+    g = capture(DataDependent(), (torch.randn(3, 4),))  # real tensors work
+    assert any("nonzero" in n.op for n in g.nodes)
+
+
+def test_kwargs_inputs_and_training_flag_restored():
+    m = Tiny().train()
+    g = capture(m, {"x": torch.randn(2, 8)})
+    assert m.training  # capture runs eval and restores the mode
+    assert g.inputs[0].shape == (2, 8)
