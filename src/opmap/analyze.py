@@ -67,7 +67,7 @@ class Analysis:
 
     @property
     def kernels(self) -> int:
-        return sum(1 for r in self.results if r.pred.bound != "view")
+        return sum(1 for r in self.results if r.cost.kernel)
 
     @property
     def predicted_mfu(self) -> float:
@@ -86,7 +86,7 @@ class Analysis:
             by_bound: dict[str, float] = defaultdict(float)
             for r in rs:
                 by_bound[r.pred.bound] += r.pred.predicted_s
-            real = {b: t for b, t in by_bound.items() if b != "view"}
+            real = {b: t for b, t in by_bound.items() if b not in ("view", "alloc")}
             bound = max(real, key=real.get) if real else "view"
             out.append(LayerSummary(
                 lt, len(rs), sum(r.cost.flops for r in rs), sum(r.cost.matrix_flops for r in rs),

@@ -9,7 +9,7 @@ Per kernel (today: per non-view aten node, the eager policy)::
 
 The bound is the class of the largest term: ``compute`` (matrix or vector; ``limiter`` says which),
 ``memory``, or ``overhead`` where the launch overhead exceeds all three.
-Views cost nothing (no kernel). An op with no cost rule gets the launch overhead and the bound
+Views and allocations cost nothing (no kernel runs; bound ``view`` or ``alloc``). An op with no cost rule gets the launch overhead and the bound
 ``uncounted``, so it shows in every total instead of vanishing.
 """
 
@@ -35,7 +35,7 @@ FALLBACK = {
     "fp8": ("fp8", "int8", "bf16", "fp16"),
     "int8": ("int8", "fp8", "bf16"),
 }
-BOUNDS = ("compute", "memory", "overhead", "view", "uncounted")
+BOUNDS = ("compute", "memory", "overhead", "view", "alloc", "uncounted")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Prediction:
     memory_s: float
     overhead_s: float
     predicted_s: float
-    bound: str  # compute | memory | overhead | view | uncounted
+    bound: str  # compute | memory | overhead | view | alloc | uncounted
     limiter: str  # matrix | vector | memory | overhead | none: the term behind the bound
 
     def to_dict(self) -> dict[str, float | str]:
@@ -77,8 +77,8 @@ class Prediction:
 
 
 def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision) -> Prediction:
-    if cost.is_view:
-        return Prediction(0.0, 0.0, 0.0, 0.0, 0.0, "view", "none")
+    if not cost.kernel:
+        return Prediction(0.0, 0.0, 0.0, 0.0, 0.0, "view" if cost.is_view else "alloc", "none")
     overhead = hw.launch_overhead_s
     if not cost.counted:
         return Prediction(0.0, 0.0, 0.0, overhead, overhead, "uncounted", "overhead")

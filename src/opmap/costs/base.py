@@ -29,6 +29,7 @@ class OpCost:
     skipped_flops: float = 0.0  # matrix FLOPs a causal kernel skips (masked half); not in matrix_flops
     counted: bool = True  # False: no rule for this op (listed as uncounted, never a silent zero)
     is_view: bool = False  # a view: no kernel, no cost
+    kernel: bool = True  # False: no kernel runs (views, allocations, metadata)
 
     @property
     def flops(self) -> float:
@@ -45,8 +46,9 @@ class OpCost:
 
     def __add__(self, other: "OpCost") -> "OpCost":
         kw = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-              if f.name not in ("counted", "is_view")}
-        return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view)
+              if f.name not in ("counted", "is_view", "kernel")}
+        return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view,
+                      kernel=self.kernel or other.kernel)
 
     def to_dict(self) -> dict[str, float]:
         return {

@@ -92,11 +92,11 @@ def generator_cost(node: Node) -> OpCost:
       "record_stream")
 def no_traffic_cost(node: Node) -> OpCost:
     """Allocation or metadata only: no kernel moves data."""
-    return OpCost()
+    return OpCost(kernel=False)
 
 
 def view_cost(node: Node) -> OpCost:
     """A view aliases its input: no kernel, no traffic."""
-    return OpCost(is_view=True)
+    return OpCost(is_view=True, kernel=False)
 
 

@@ -142,10 +142,10 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     for line in _assumption_lines(a):
         console.print(f"  {line}", highlight=False, markup=False)
 
-    ranked = sorted((r for r in a.results if r.pred.bound != "view"), key=lambda r: -r.pred.predicted_s)
+    ranked = sorted((r for r in a.results if r.cost.kernel), key=lambda r: -r.pred.predicted_s)
     shown = ranked if rows <= 0 else ranked[:rows]
     sheet = Table(title=f"Mapping sheet: {len(shown)} of {a.kernels} kernels by predicted time "
-                        f"({len(a.results) - a.kernels} views; all rows in sheet.csv)", title_justify="left")
+                        f"({len(a.results) - a.kernels} views and allocations; all rows in sheet.csv)", title_justify="left")
     for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
                       ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
                       ("predicted", "right"), ("bound", "left")):
