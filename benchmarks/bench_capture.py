@@ -128,7 +128,7 @@ def main() -> int:
     table = Table(title=f"{MODEL} seq {args.seq} {DTYPE}: opmap vs FlopCounterMode "
                         f"({args.rounds} interleaved rounds, {threads} threads)")
     table.add_column("case", no_wrap=True)
-    for col in ("warm-up s", "median s", "min s", "GFLOPs", "matrix GFLOPs", "SDPA GFLOPs"):
+    for col in ("1st s", "median s", "min s", "GFLOPs", "matrix GFLOPs", "SDPA GFLOPs"):
         table.add_column(col, justify="right")
     rows = []
     for k in keys:

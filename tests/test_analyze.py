@@ -1,0 +1,85 @@
+"""End-to-end analysis of zoo models against closed-form FLOP formulas and published figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opmap.analyze import SCHEMA_VERSION
+
+
+def test_gpt2_matrix_flops_closed_form(analysis_of):
+    """Forward FLOPs of GPT-2 (Kaplan et al. 2020, table 1 form): per layer 24*T*d^2 for the four GEMMs
+    (QKV 6Td^2, out 2Td^2, MLP 16Td^2), attention 4*T*S*d dense (causal: S(S+1)/2 pairs), LM head 2*T*d*V."""
+    b, s, d, L, V = 2, 128, 768, 12, 50257
+    t = b * s
+    a = analysis_of("gpt2", b, s)
+    tot = a.to_dict()["totals"]
+    gemm = L * 24 * t * d * d + 2 * t * d * V
+    attn_causal = L * 4 * b * d * (s * (s + 1) // 2)
+    assert tot["matrix_flops"] == gemm + attn_causal
+    assert tot["skipped_flops"] == L * 4 * b * d * (s * s - s * (s + 1) // 2)
+    assert tot["params"] == 124_439_808
+
+
+def test_llama3_8b_matrix_flops_closed_form(analysis_of):
+    b, s, d, L, V, kv, ffn = 1, 64, 4096, 32, 128256, 1024, 14336
+    t = b * s
+    a = analysis_of("llama-3-8b", b, s, "bf16")
+    per_layer = 2 * t * (d * d + 2 * d * kv + d * d) + 2 * t * 3 * d * ffn + 4 * d * (s * (s + 1) // 2)
+    assert a.total.matrix_flops == L * per_layer + 2 * t * d * V
+
+
+def test_mixtral_expert_flops_balanced(analysis_of):
+    """Top-2 of 8: T*k token-expert pairs, each a SwiGLU of 3 GEMMs; router 2*T*d*E."""
+    b, s, d, ffn, E, k = 1, 32, 4096, 14336, 8, 2
+    t = b * s
+    a = analysis_of("mixtral-8x7b", b, s, "bf16")
+    expert = sum(r.cost.matrix_flops for r in a.results if r.node.layer_type == "moe_expert")
+    router = sum(r.cost.matrix_flops for r in a.results if r.node.layer_type == "moe_router")
+    assert expert == 32 * 2 * t * k * 3 * d * ffn
+    assert router == 32 * 2 * t * d * E
+
+
+@pytest.mark.parametrize("name,macs", [
+    # torchvision model cards, "GFLOPS" column (multiply-adds, fvcore convention): resnet50 4.09, vit_b_16 17.56
+    ("resnet50", 4.09e9),
+    ("vit-b16", 17.56e9),
+])
+def test_vision_macs_match_torchvision_cards(analysis_of, name, macs):
+    a = analysis_of(name, 1, 224)
+    assert a.total.macs == pytest.approx(macs, rel=0.005)
+
+
+def test_analysis_json_contract(analysis_of):
+    a = analysis_of("bert-base", 1, 32)
+    d = json.loads(json.dumps(a.to_dict()))
+    assert d["schema_version"] == SCHEMA_VERSION
+    for k in ("hardware", "dtype", "batch", "seq", "torch_version", "opmap_version"):
+        assert k in d["assumptions"]
+    for k in ("params", "flops", "matrix_flops", "bytes", "predicted_latency_s", "predicted_mfu"):
+        assert k in d["totals"]
+    for lt in d["layer_types"].values():
+        assert set(lt) >= {"flops", "bytes", "predicted_s", "bound"}
+    ids = [n["id"] for n in d["nodes"]]
+    assert ids == list(range(len(ids)))
+    for n in d["nodes"]:
+        assert set(n) >= {"id", "op", "module", "layer_type", "flops", "matrix_flops", "bytes", "intensity",
+                          "predicted_s", "bound", "inputs", "outputs"}
+        for t in n["inputs"]:
+            assert t.get("producer") is None or t["producer"] < n["id"]  # edges point backwards
+    assert d["uncounted"] == {}
+    tot = d["totals"]
+    assert tot["predicted_latency_s"] == pytest.approx(sum(n["predicted_s"] for n in d["nodes"]))
+    assert tot["flops"] == pytest.approx(sum(lt["flops"] for lt in d["layer_types"].values()))
+
+
+def test_layer_types_of_gpt2(analysis_of):
+    d = analysis_of("gpt2", 1, 64).to_dict()
+    lts = d["layer_types"]
+    assert {"attention", "mlp", "norm", "head", "embedding", "elementwise"} <= set(lts)
+    # mlp GEMMs are 16Td^2 of the 24Td^2 per layer
+    t, dm = 64, 768
+    assert lts["mlp"]["matrix_flops"] == 12 * 16 * t * dm * dm
+    assert lts["head"]["matrix_flops"] == 2 * t * dm * 50257

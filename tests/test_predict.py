@@ -1,0 +1,64 @@
+"""The roofline-plus-overhead model against hand calculation with datasheet numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from opmap.costs.base import OpCost
+from opmap.errors import OpmapError
+from opmap.hardware import get_hardware
+from opmap.predict import TRANSCENDENTAL_SLOTS, mfu, predict_cost, resolve_precision, ridge_point
+
+H100 = get_hardware("h100-sxm")
+
+
+def test_large_gemm_is_compute_bound_at_datasheet_peak():
+    # 8192^3 bf16 GEMM: 2*8192^3 FLOPs at 989.4 TFLOP/s dense (H100 SXM datasheet) = 1.111 ms
+    prec = resolve_precision(H100, "bf16")
+    n = 8192
+    c = OpCost(matrix_flops=2.0 * n ** 3, bytes_read=2 * n * n * 2, bytes_written=n * n * 2)
+    p = predict_cost(c, H100, prec)
+    assert p.bound == "compute" and p.limiter == "matrix"
+    assert p.predicted_s == pytest.approx(2 * n ** 3 / 989.4e12 + H100.launch_overhead_s, rel=1e-9)
+
+
+def test_elementwise_is_memory_bound_and_tiny_ops_overhead_bound():
+    prec = resolve_precision(H100, "bf16")
+    n = 64 * 2 ** 20  # 64M bf16 elements: read 2 inputs, write 1 -> 384 MiB at 3.35 TB/s
+    c = OpCost(vector_flops=n, bytes_read=2 * n * 2, bytes_written=n * 2)
+    p = predict_cost(c, H100, prec)
+    assert p.bound == "memory"
+    assert p.memory_s == pytest.approx(3 * n * 2 / 3.35e12)
+    tiny = predict_cost(OpCost(vector_flops=10, bytes_read=40, bytes_written=40), H100, prec)
+    assert tiny.bound == "overhead" and tiny.predicted_s == pytest.approx(H100.launch_overhead_s, rel=1e-3)
+
+
+def test_transcendentals_take_vector_slots():
+    prec = resolve_precision(H100, "fp32")
+    c = OpCost(vector_flops=1e9, transcendental_flops=1e9)
+    p = predict_cost(c, H100, prec)
+    assert p.vector_s == pytest.approx((1e9 + TRANSCENDENTAL_SLOTS * 1e9) / prec.vector_peak_flops_per_s)
+    assert p.bound == "compute" and p.limiter == "vector"
+
+
+def test_views_allocations_and_uncounted():
+    prec = resolve_precision(H100, "bf16")
+    assert predict_cost(OpCost(is_view=True, kernel=False), H100, prec).predicted_s == 0
+    assert predict_cost(OpCost(kernel=False), H100, prec).bound == "alloc"
+    u = predict_cost(OpCost(counted=False), H100, prec)
+    assert u.bound == "uncounted" and u.predicted_s == H100.launch_overhead_s
+
+
+def test_ridge_point_and_mfu():
+    prec = resolve_precision(H100, "bf16")
+    assert ridge_point(prec, H100) == pytest.approx(989.4e12 / 3.35e12, rel=1e-3)  # ~295 FLOP/B
+    assert mfu(989.4e12 * 0.5, 1.0, prec) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_precision_fallback_is_stated():
+    tpu = get_hardware("tpu-v5e")
+    prec = resolve_precision(tpu, "fp32")  # the MXU lists no fp32 peak
+    assert prec.matrix == "bf16" and "no fp32 matrix peak" in prec.note
+    assert resolve_precision(H100, "bf16").note == ""
+    with pytest.raises(OpmapError, match="accepted"):
+        resolve_precision(H100, "fp12")

@@ -1,0 +1,141 @@
+"""The zoo: parameter counts against the published figures, worked from each architecture's formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opmap.errors import OpmapError
+from opmap.workloads import MODELS, build_zoo, load_user, load_workload
+
+
+def _block(d: int, ffn: int, bias: bool = True) -> int:
+    """Pre/post-LN transformer block with biases: QKV + out proj + two-layer MLP + two LayerNorms."""
+    return (3 * d * d + 3 * d) + (d * d + d) + (d * ffn + ffn) + (ffn * d + d) + 2 * 2 * d
+
+
+def _llama(vocab: int, d: int, layers: int, heads: int, kv: int, ffn: int, experts: int = 0) -> int:
+    hd = d // heads
+    attn = d * d + 2 * d * kv * hd + d * d
+    mlp = 3 * d * ffn
+    moe = experts * mlp + d * experts if experts else mlp
+    return vocab * d * 2 + layers * (attn + moe + 2 * d) + d  # untied embedding and head, final norm
+
+
+PUBLISHED = {
+    # GPT-2 small: HF gpt2 num_parameters() = 124,439,808 (tied head counted once)
+    "gpt2": (124_439_808, 50257 * 768 + 1024 * 768 + 12 * _block(768, 3072) + 2 * 768),
+    # BERT-base uncased with pooler: HF BertModel = 109,482,240
+    "bert-base": (109_482_240, 30522 * 768 + 512 * 768 + 2 * 768 + 2 * 768 + 12 * _block(768, 3072)
+                  + 768 * 768 + 768),
+    # ViT-B/16: torchvision vit_b_16 = 86,567,656 (patch conv, class token, positions, head)
+    "vit-b16": (86_567_656, 3 * 16 * 16 * 768 + 768 + 768 + 197 * 768 + 12 * _block(768, 3072) + 2 * 768
+                + 768 * 1000 + 1000),
+    # ResNet-50: torchvision resnet50 = 25,557,032 (He et al. 2016; torchvision model card)
+    "resnet50": (25_557_032, None),
+    # Llama 3 8B / 70B: Meta model card, 8.03B and 70.6B
+    "llama-3-8b": (8_030_261_248, _llama(128256, 4096, 32, 32, 8, 14336)),
+    "llama-3-70b": (70_553_706_496, _llama(128256, 8192, 80, 64, 8, 28672)),
+    # Mixtral 8x7B: Jiang et al. 2024, 46.7B total
+    "mixtral-8x7b": (46_702_792_704, _llama(32000, 4096, 32, 32, 8, 14336, experts=8)),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parameter_count_matches_published(name):
+    published, formula = PUBLISHED[name]
+    if formula is not None:
+        assert formula == published  # the formula reproduces the published figure
+    w = build_zoo(name, 1, 32 if MODELS[name].kind == "text" else 224)  # ViT positions depend on the image
+    n = sum(p.numel() for p in w.module.parameters())
+    assert n == published == MODELS[name].published_params
+    assert next(w.module.parameters()).device.type == "meta"
+
+
+def test_mixtral_active_parameters():
+    """12.9B active per token (Jiang et al. 2024): everything but 6 of the 8 experts in each layer."""
+    total = PUBLISHED["mixtral-8x7b"][0]
+    active = total - 32 * 6 * 3 * 4096 * 14336
+    assert abs(active - 12.9e9) / 12.9e9 < 0.01
+
+
+def test_gpt2_head_is_tied():
+    w = build_zoo("gpt2", 1, 8)
+    assert w.module.lm_head.weight is w.module.wte.weight
+
+
+def test_dtype_casts_module_and_float_inputs():
+    w = build_zoo("vit-b16", 2, 32, "bf16")
+    assert next(w.module.parameters()).dtype == torch.bfloat16
+    assert w.inputs[0].dtype == torch.bfloat16 and w.inputs[0].shape == (2, 3, 32, 32)
+    t = build_zoo("gpt2", 1, 8, "fp16")
+    assert t.inputs[0].dtype == torch.long
+
+
+def test_moe_balanced_assumption_is_stated():
+    w = build_zoo("mixtral-8x7b", 1, 16)
+    assert any("balanced" in a for a in w.assumptions)
+
+
+def test_moe_routing_runs_real_on_cpu():
+    """On real tensors the experts get the router's choices (uneven), and the result equals a dense
+    per-token reference computation."""
+    from opmap.workloads.transformers import LlamaConfig, SparseMoeBlock
+
+    torch.manual_seed(0)
+    blk = SparseMoeBlock(LlamaConfig(dim=16, ffn_dim=24, n_experts=4, top_k=2))
+    x = torch.randn(1, 12, 16)
+    y = blk(x)
+    xf = x.reshape(12, 16)
+    probs = torch.softmax(blk.gate(xf), -1)
+    w, idx = probs.topk(2, -1)
+    w = w / w.sum(-1, keepdim=True)
+    ref = torch.stack([sum(w[t, j] * blk.experts[int(idx[t, j])](xf[t]) for j in range(2)) for t in range(12)])
+    assert torch.allclose(y.reshape(12, 16), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,batch,seq,msg", [
+    ("gpt2", 1, 2048, "from 1 to 1024"),
+    ("bert-base", 0, 16, "batch must be at least 1"),
+    ("vit-b16", 1, 100, "multiple of its 16-pixel patch"),
+    ("nope", 1, 16, "accepted: gpt2"),
+])
+def test_bad_shapes_and_names(name, batch, seq, msg):
+    with pytest.raises(OpmapError, match=msg):
+        load_workload(name, batch, seq)
+
+
+def test_bad_dtype():
+    with pytest.raises(OpmapError, match="accepted: fp32, tf32, bf16, fp16"):
+        build_zoo("gpt2", 1, 8, "fp64")
+
+
+USER = '''
+import torch, torch.nn as nn
+
+def make():
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    return m, (torch.randn(4, 32),)
+
+def not_a_pair():
+    return 3
+'''
+
+
+def test_user_file_factory_runs_on_meta(tmp_path):
+    f = tmp_path / "mine.py"
+    f.write_text(USER)
+    w = load_user(f"{f}:make", dtype="bf16")
+    assert next(w.module.parameters()).device.type == "meta"
+    assert w.inputs[0].device.type == "meta" and w.inputs[0].dtype == torch.bfloat16
+    assert w.batch == 4
+    with pytest.raises(OpmapError, match="must return"):
+        load_user(f"{f}:not_a_pair")
+    with pytest.raises(OpmapError, match="no callable"):
+        load_user(f"{f}:missing")
+    with pytest.raises(OpmapError, match="does not exist"):
+        load_user(f"{tmp_path}/nope.py:make")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import nonexistent_module_xyz\n")
+    with pytest.raises(OpmapError, match="importing .* failed: ModuleNotFoundError"):
+        load_user(f"{bad}:make")
