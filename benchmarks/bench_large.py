@@ -1,0 +1,184 @@
+"""opmap on large models on the meta device: wall time and peak RSS, each run in a fresh process.
+
+Claim under test: llama-3-70b at seq 2048 (bf16, h100-sxm) on meta analyses in under 20 s and under
+2 GB peak RSS. mixtral-8x7b at seq 2048 and llama-3-8b at seq 8192 are extra rows (no threshold).
+
+Each measured run is a fresh child process (this script with ``--child MODEL SEQ``), so its peak RSS
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux) is that run's own, including the Python
+interpreter and the torch import. The child times build_zoo(device="meta") + analyze + to_dict and
+prints one JSON line; the parent also records the child process's whole wall time (start-up + import).
+
+Run:  .venv/bin/python benchmarks/bench_large.py [--repeats 3]
+Writes benchmarks/results/bench_large.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HARDWARE = "h100-sxm"
+DTYPE = "bf16"
+CASES = [("llama-3-70b", 2048), ("mixtral-8x7b", 2048), ("llama-3-8b", 8192)]
+GATED = ("llama-3-70b", 2048)
+MAX_WALL_S = 20.0
+MAX_RSS_BYTES = 2_000_000_000  # 2 GB, decimal (the stricter reading)
+CHILD_TIMEOUT_S = 300
+
+
+def child(name: str, seq: int) -> int:
+    t_import = time.perf_counter()
+    import resource
+
+    import torch
+
+    from opmap.analyze import analyze
+    from opmap.hardware import get_hardware
+    from opmap.workloads import build_zoo
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    import_s = time.perf_counter() - t_import
+    hw = get_hardware(HARDWARE)
+
+    t0 = time.perf_counter()
+    w = build_zoo(name, 1, seq, DTYPE, device="meta")
+    t1 = time.perf_counter()
+    a = analyze(w, hw, DTYPE)
+    t2 = time.perf_counter()
+    d = a.to_dict()
+    t3 = time.perf_counter()
+    tot = d["totals"]
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({
+        "model": name, "seq": seq, "dtype": DTYPE, "hardware": HARDWARE,
+        "wall_s": t3 - t0, "build_s": t1 - t0, "analyze_s": t2 - t1, "to_dict_s": t3 - t2,
+        "import_s": import_s, "peak_rss_bytes": rss_kib * 1024,
+        "nodes": tot["nodes"], "kernels": tot["kernels"], "params": tot["params"],
+        "flops": tot["flops"], "matrix_flops": tot["matrix_flops"],
+        "predicted_latency_s": tot["predicted_latency_s"], "torch_threads": torch.get_num_threads(),
+    }))
+    return 0
+
+
+def run_child(name: str, seq: int) -> dict:
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", name, str(seq)],
+                           capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {CHILD_TIMEOUT_S} s", "process_wall_s": time.perf_counter() - t0}
+    proc_s = time.perf_counter() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+        return {"error": f"rc={p.returncode}: " + " | ".join(tail), "process_wall_s": proc_s}
+    res = json.loads(lines[-1])
+    res["process_wall_s"] = proc_s
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per case")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "SEQ"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child[0], int(args.child[1]))
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rich.console import Console
+    from rich.table import Table
+
+    from _common import SCHEMA_VERSION, machine, now_iso, write_json
+
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    console = Console()
+
+    runs: dict[tuple[str, int], list[dict]] = {c: [] for c in CASES}
+    with console.status("running") as status:
+        for r in range(args.repeats):  # interleave cases across repeats
+            for name, seq in CASES:
+                status.update(f"repeat {r + 1}/{args.repeats}: {name} seq {seq}")
+                runs[(name, seq)].append(run_child(name, seq))
+
+    rows = []
+    gate_pass = None
+    table = Table(title=f"opmap on meta, {DTYPE}, {HARDWARE}: fresh process per run "
+                        f"({args.repeats} runs/case, median wall, max RSS)")
+    table.add_column("model", no_wrap=True)
+    for col in ("seq", "nodes", "TFLOPs", "wall s", "proc s", "peak RSS", "verdict"):
+        table.add_column(col, justify="right")
+    for name, seq in CASES:
+        rs = runs[(name, seq)]
+        ok = [x for x in rs if "error" not in x]
+        errors = [x["error"] for x in rs if "error" in x]
+        gated = (name, seq) == GATED
+        if not ok:
+            row = {"model": name, "seq": seq, "errors": errors, "pass": False if gated else None}
+            table.add_row(name, str(seq), "-", "-", "-", "-", "-", "[red]ERROR[/]")
+            if gated:
+                gate_pass = False
+            rows.append(row)
+            continue
+        walls = [x["wall_s"] for x in ok]
+        procs = [x["process_wall_s"] for x in ok]
+        rss = [x["peak_rss_bytes"] for x in ok]
+        first = ok[0]
+        row = {
+            "model": name, "seq": seq, "dtype": DTYPE, "hardware": HARDWARE,
+            "nodes": first["nodes"], "kernels": first["kernels"], "params": first["params"],
+            "flops": first["flops"], "matrix_flops": first["matrix_flops"],
+            "predicted_latency_s": first["predicted_latency_s"],
+            "wall_s": statistics.median(walls), "wall_s_min": min(walls), "wall_s_max": max(walls),
+            "process_wall_s": statistics.median(procs),
+            "peak_rss_bytes": max(rss), "peak_rss_bytes_min": min(rss),
+            "runs": rs, "errors": errors,
+        }
+        if gated:
+            passed = (not errors and max(walls) < MAX_WALL_S and max(rss) < MAX_RSS_BYTES)
+            row.update({"max_wall_s": MAX_WALL_S, "max_rss_bytes": MAX_RSS_BYTES, "pass": passed})
+            gate_pass = passed
+            verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
+        else:
+            row["pass"] = None
+            verdict = "[red]ERROR[/]" if errors else "-"
+        table.add_row(name, str(seq), str(row["nodes"]), f"{row['flops'] / 1e12:.1f}", f"{row['wall_s']:.2f}",
+                      f"{row['process_wall_s']:.2f}", f"{row['peak_rss_bytes'] / 1e9:.2f} GB", verdict)
+        rows.append(row)
+    console.print(table)
+    console.print("wall s: build_zoo(meta) + analyze + to_dict inside the child (median); proc s: the child "
+                  "process end to end, incl. interpreter start and torch import (median); peak RSS: max "
+                  "ru_maxrss over the runs.")
+    console.print(f"gate ({GATED[0]} seq {GATED[1]}): every run wall < {MAX_WALL_S:g} s and peak RSS < "
+                  f"{MAX_RSS_BYTES / 1e9:g} GB -> {'PASS' if gate_pass else 'FAIL'}")
+    for row in rows:
+        for e in row.get("errors", []):
+            console.print(f"[red]{row['model']} seq {row['seq']}: {e}[/]")
+
+    payload = {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "bench_large",
+        "claim": "llama-3-70b at seq 2048 on meta: under 20 s and under 2 GB peak RSS.",
+        "created": now_iso(),
+        "machine": machine(),
+        "config": {"dtype": DTYPE, "hardware": HARDWARE, "batch": 1, "repeats": args.repeats,
+                   "device": "meta", "cases": [list(c) for c in CASES], "gated": list(GATED),
+                   "max_wall_s": MAX_WALL_S, "max_rss_bytes": MAX_RSS_BYTES,
+                   "timed": "build_zoo + analyze + to_dict, in a fresh child process"},
+        "rows": rows,
+        "pass": bool(gate_pass),
+    }
+    out = write_json(Path(__file__).stem, payload)
+    console.print(f"wrote {out}")
+    return 0 if gate_pass else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
