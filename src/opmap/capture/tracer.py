@@ -173,6 +173,14 @@ def _split(bound: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, torch.Tens
     return tensors, scalars
 
 
+def _is_view_op(func) -> bool:
+    """An op whose result aliases an input without writing it (``OpOverload.is_view`` where torch has it)."""
+    flag = getattr(func, "is_view", None)
+    if flag is not None:
+        return bool(flag)
+    return any(a.alias_info is not None and not a.alias_info.is_write for a in func._schema.arguments)
+
+
 class _DispatchRecorder(TorchDispatchMode):
     def __init__(self, tracker: _Tracker):
         super().__init__()
@@ -200,7 +208,7 @@ class _DispatchRecorder(TorchDispatchMode):
         tensors, scalars = _split(_bind(schema.arguments, args, kwargs))
         outs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         packet = func.overloadpacket.__name__
-        is_view = bool(func.is_view) or packet in EXTRA_VIEW_OPS
+        is_view = _is_view_op(func) or packet in EXTRA_VIEW_OPS
         is_inplace = bool(schema.is_mutable)
         t.add_node(str(func), packet, tensors, scalars, outs, is_view, is_inplace)
         return out
