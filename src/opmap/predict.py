@@ -56,7 +56,8 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
         raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
                          f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
     vec = hw.vector_peak_flops_per_s.get(dtype) or hw.vector_peak_flops_per_s["fp32"]
-    note = "" if chosen == dtype else f"{hw.name} has no {dtype} matrix peak: used {chosen} ({FALLBACK[dtype]})"
+    note = "" if chosen == dtype else \
+        f"{hw.name} has no {dtype} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
     return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note)
 
 
