@@ -89,6 +89,43 @@ def _check_memory(params: int, dtype: str, device: str) -> None:
                          "use --device meta (no weights allocated)")
 
 
+@app.command()
+def calibrate(
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    quick: bool = typer.Option(False, help="A small grid (seconds): a smoke test, not a profile to trust."),
+    out: Optional[Path] = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
+) -> None:
+    """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opmap.hardware.calibrate import FULL_GRID, FULL_SIZES, QUICK_GRID, QUICK_SIZES, calibrate as run
+    from opmap.hardware.calibrate import write_profile
+    from opmap.report.sheet import si
+
+    steps = 3 * len(QUICK_GRID if quick else FULL_GRID) + len(QUICK_SIZES if quick else FULL_SIZES) + 3
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("calibrating", total=steps)
+        cal = run(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg))
+    path = write_profile(cal, out)
+    t = Table(title=f"measured on {cal.fingerprint['model']} ({cal.fingerprint['threads']} threads)")
+    for col in ("what", "shape / size", "median", "spread (min-max)"):
+        t.add_column(col)
+    for r in cal.matmul:
+        lo, hi = 2.0 * r["m"] * r["n"] * r["k"] / r["max_s"], 2.0 * r["m"] * r["n"] * r["k"] / r["min_s"]
+        t.add_row(f"matmul {r['dtype']}", f"{r['m']}x{r['n']}x{r['k']}", si(r["flops_per_s"], "FLOP/s"),
+                  f"{si(lo, 'FLOP/s')} - {si(hi, 'FLOP/s')}")
+    for r in cal.bandwidth:
+        t.add_row(f"{r['kind']} bandwidth", si(r["bytes"], "B"), si(r["bytes_per_s"], "B/s"), "")
+    lo = cal.launch_overhead
+    t.add_row("dispatch overhead", "1 element", si(lo.median_s, "s"),
+              f"{si(lo.spread()['min_s'], 's')} - {si(lo.spread()['max_s'], 's')}")
+    for dt, r in cal.vector.items():
+        t.add_row(f"vector {dt}", "addcmul, 64k elements", si(r, "FLOP/s"), "")
+    console.print(t)
+    console.print(f"wrote {path}; use it with --hardware local")
+
+
 @models_app.command("list")
 def models_list() -> None:
     """The zoo: names, published parameter counts and shape knobs."""

@@ -84,6 +84,7 @@ class HardwareSpec:
     sparse_matrix_peak_flops_per_s: dict[str, Value] = field(default_factory=dict)
     compute_unit_name: str = "compute unit"
     notes: str = ""
+    calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
 
     # -- accessors -----------------------------------------------------------------------------------
     def get(self, key: str) -> float | None:
@@ -159,7 +160,8 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
             raise OpmapError(f"{origin}: {key} needs a value")
     unknown = set(raw) - set(SCALAR_FIELDS) - {
         "name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
-        "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "compute_unit_name", "notes"}
+        "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "compute_unit_name", "notes",
+        "calibration"}
     if unknown:
         raise OpmapError(f"{origin}: unknown field(s) {', '.join(sorted(unknown))}")
     spec = HardwareSpec(
@@ -174,6 +176,7 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         fields=fields,
         compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
         notes=str(raw.get("notes", "")),
+        calibration=dict(raw.get("calibration", {})),
     )
     for d, v in spec.matrix_peak_flops_per_s.items():
         if v.kind == "datasheet_sparse":
@@ -207,11 +210,19 @@ def catalog() -> dict[str, HardwareSpec]:
 
 
 def get_hardware(name: str) -> HardwareSpec:
-    """A catalog device by name, or a TOML file path in the same schema."""
+    """A catalog device by name, ``local`` (the profile ``opmap calibrate`` wrote), or a TOML file path."""
+    if name == "local":
+        from opmap.hardware.calibrate import cache_path
+
+        path = cache_path()
+        if not path.exists():
+            raise OpmapError(f"no local hardware profile at {path}; run `opmap calibrate` first")
+        return load_spec_file(path)
     p = Path(name)
     if p.suffix == ".toml" and p.exists():
         return load_spec_file(p)
     specs = catalog()
     if name not in specs:
-        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)} (or a .toml file)")
+        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)}, local (after opmap "
+                         "calibrate), or a .toml file")
     return specs[name]

@@ -1,0 +1,60 @@
+"""Local calibration: the quick grid end to end, the profile through the catalog loader, --hardware local."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from opmap.cli import main
+from opmap.errors import OpmapError
+from opmap.hardware import get_hardware
+from opmap.hardware.calibrate import QUICK_GRID, calibrate, time_op, to_toml, write_profile
+
+
+def test_time_op_measures_a_known_duration():
+    # time.sleep(2 ms) takes at least 2 ms of wall time per call; scheduling only adds to it
+    s = time_op(lambda: time.sleep(0.002), torch.device("cpu"), warmup=1, repeats=3, min_time_s=0.004)
+    assert 0.002 <= s.median_s < 0.02
+    assert s.spread()["min_s"] <= s.median_s <= s.spread()["max_s"]
+
+
+@pytest.fixture(scope="module")
+def quick():
+    return calibrate("cpu", quick=True)
+
+
+def test_quick_calibration_rows(quick):
+    fp32 = [r for r in quick.matmul if r["dtype"] == "fp32"]
+    assert [(r["m"], r["n"], r["k"]) for r in fp32] == list(QUICK_GRID)
+    for r in quick.matmul:
+        assert r["min_s"] <= r["max_s"] and r["flops_per_s"] > 0
+    kinds = {r["kind"] for r in quick.bandwidth}
+    assert kinds == {"copy", "read", "write"}
+    assert quick.launch_overhead.median_s > 0
+    assert quick.fingerprint["threads"] == torch.get_num_threads()
+
+
+def test_profile_loads_as_hardware_local(quick, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(OpmapError, match="run `opmap calibrate` first"):
+        get_hardware("local")
+    path = write_profile(quick)
+    assert path == tmp_path / "opmap" / "local.toml"
+    hw = get_hardware("local")
+    assert all(v.kind == "measured" for v in hw.matrix_peak_flops_per_s.values())
+    assert hw.matrix_peak_flops_per_s["fp32"].value == max(
+        r["flops_per_s"] for r in quick.matmul if r["dtype"] == "fp32")
+    copy_rows = [r for r in quick.bandwidth if r["kind"] == "copy"]
+    assert hw.memory_bandwidth_bytes_per_s == max(copy_rows, key=lambda r: r["bytes"])["bytes_per_s"]
+    assert hw.calibration["fingerprint"]["model"]
+    assert main(["analyze", "gpt2", "--seq", "16", "--dtype", "fp32", "--hardware", "local"]) == 0
+    assert "local cpu" in capsys.readouterr().out
+
+
+def test_toml_writer_round_trips():
+    import tomllib
+
+    d = {"a": 1, "t": {"x": 1.5, "s": 'q"uote', "l": ["p", "q"], "rows": [{"m": 1}, {"m": 2}], "sub": {"y": 2}}}
+    assert tomllib.loads(to_toml(d)) == d
