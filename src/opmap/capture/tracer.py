@@ -67,7 +67,7 @@ def _jsonable(v: Any) -> Any:
 class _Tracker:
     """State shared by the dispatch and function modes during one capture."""
 
-    def __init__(self, params: dict[int, str], overrides: Sequence[tuple[str, str]]):
+    def __init__(self, overrides: Sequence[tuple[str, str]]):
         self.nodes: list[Node] = []
         self.producer = WeakIdKeyDictionary()  # tensor -> node id that produced it
         self.param_of = WeakIdKeyDictionary()  # tensor -> parameter / buffer name (views included)
@@ -76,7 +76,6 @@ class _Tracker:
         self.overrides = overrides
         self.suppress = 0  # >0 while a whole-recorded call runs its own aten ops
         self.suppressed_ops: list[str] = []
-        self._params_by_id = params
 
     # -- tensors -------------------------------------------------------------------------------------
     def register_params(self, module: torch.nn.Module) -> None:
@@ -315,7 +314,7 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
         args, kwargs = tuple(inputs), dict(kwargs or {})
     else:
         args, kwargs = (inputs,), dict(kwargs or {})
-    tracker = _Tracker({}, overrides)
+    tracker = _Tracker(overrides)
     tracker.register_params(model)
     flat_in = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
     in_meta = tuple(tracker.meta(x) for x in flat_in)
