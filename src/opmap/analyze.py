@@ -18,6 +18,7 @@ from opmap.capture import capture
 from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
 from opmap.graph import Node, OpGraph
+from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.predict import TRANSCENDENTAL_SLOTS, Precision, Prediction, mfu, predict_cost, resolve_precision, \
     ridge_point
@@ -139,6 +140,17 @@ class Analysis:
         return d
 
 
+def time_model_line(hw: HardwareSpec) -> str:
+    curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    if curves.empty:
+        return "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node (datasheet peaks)"
+    fams = sorted({f"{fam} {dt} ({len(t.points)} shapes)" for (fam, dt), t in curves.tables.items()})
+    return ("max(matrix/rate at shape, vector/peak + transcendental/rate, bytes/bandwidth at size) + launch "
+            f"overhead, per node; measured curves: {', '.join(fams)}, bandwidth over "
+            f"{len(curves.bandwidth_points)} sizes" + (f"; views cost {curves.view_overhead_s * 1e6:.2g} us of host "
+                                                      "dispatch" if hw.device_type == "cpu" else ""))
+
+
 def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
                       overrides: Sequence[tuple[str, str]]) -> dict[str, Any]:
     mp = hw.matrix_peak_flops_per_s[prec.matrix]
@@ -160,7 +172,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
         "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
         "transcendental_slots": TRANSCENDENTAL_SLOTS,
-        "time_model": "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node",
+        "time_model": time_model_line(hw),
         "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
         "workload_notes": list(workload.assumptions),
         "torch_version": torch.__version__,
@@ -173,7 +185,8 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
                   overrides: Sequence[tuple[str, str]] = ()) -> Analysis:
     prec = resolve_precision(hw, dtype)
     costs = cost_graph(graph)
-    results = tuple(NodeResult(n, c, predict_cost(c, hw, prec)) for n, c in zip(graph.nodes, costs))
+    curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    results = tuple(NodeResult(n, c, predict_cost(c, hw, prec, curves)) for n, c in zip(graph.nodes, costs))
     return Analysis(workload.name, graph, results, hw, prec,
                     build_assumptions(workload, hw, prec, graph, overrides))
 

@@ -44,7 +44,6 @@ def analyze(
     from opmap.hardware import get_hardware
     from opmap.predict import resolve_precision
     from opmap.report.sheet import print_report, write_outputs
-    from opmap.workloads import MODELS, load_workload
 
     hw = get_hardware(hardware)
     resolve_precision(hw, dtype)
@@ -56,6 +55,19 @@ def analyze(
 
         if not torch.cuda.is_available():
             raise OpmapError("--device cuda: no CUDA device is available here; accepted: meta, cpu")
+    w = _build(model, batch, seq, image_size, dtype, device)
+    with console.status(f"capturing {w.name} and predicting on {hw.name}"):
+        a = run_analyze(w, hw, dtype, overrides)
+    print_report(a, console, rows)
+    if out is not None:
+        paths = write_outputs(a, out)
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _build(model: str, batch: int, seq: Optional[int], image_size: Optional[int], dtype: str, device: str):
+    """Validate the shape knobs against the model's kind, check memory for a real build, then build."""
+    from opmap.workloads import MODELS, load_workload
+
     spec = MODELS.get(model)
     if spec is not None and spec.kind == "vision" and seq is not None:
         raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")
@@ -64,13 +76,7 @@ def analyze(
     if spec is not None and device != "meta":
         _check_memory(spec.published_params, dtype, device)
     with console.status(f"building {model} on {device}"):
-        w = load_workload(model, batch, seq if seq is not None else image_size, dtype, device)
-    with console.status(f"capturing {w.name} and predicting on {hw.name}"):
-        a = run_analyze(w, hw, dtype, overrides)
-    print_report(a, console, rows)
-    if out is not None:
-        paths = write_outputs(a, out)
-        console.print("wrote " + ", ".join(str(p) for p in paths))
+        return load_workload(model, batch, seq if seq is not None else image_size, dtype, device)
 
 
 def _check_memory(params: int, dtype: str, device: str) -> None:
@@ -90,6 +96,67 @@ def _check_memory(params: int, dtype: str, device: str) -> None:
 
 
 @app.command()
+def profile(
+    model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
+    device: str = typer.Option("cpu", help="Where it runs: cpu or cuda."),
+    hardware: str = typer.Option("local", "--hardware", "-H",
+                                 help="Profile the prediction uses: local (calibrated; made on first use), "
+                                      "local-cuda, a catalog name or a .toml file."),
+    datasheet: Optional[str] = typer.Option(None, help="Catalog entry for the datasheet MFU (CUDA: matched "
+                                                       "by device name)."),
+    batch: int = typer.Option(1, help="Batch size."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
+    image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
+    dtype: str = typer.Option("fp32", help="Precision: fp32, tf32, bf16, fp16."),
+    warmup: int = typer.Option(3, help="Untimed iterations first."),
+    iters: int = typer.Option(20, help="Timed iterations (the latency distribution)."),
+    profile_iters: int = typer.Option(5, help="Iterations under torch.profiler (the attribution)."),
+    out: Optional[Path] = typer.Option(None, help="Write profile.json, sheet.csv, sheet.md, trace.json, "
+                                                  "torch_trace.json here."),
+    layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
+    rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
+) -> None:
+    """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opmap.capture import parse_overrides
+    from opmap.hardware import get_hardware
+    from opmap.hardware.calibrate import cache_path
+    from opmap.measure import run_profile
+    from opmap.predict import resolve_precision
+    from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
+
+    if device not in ("cpu", "cuda"):
+        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise OpmapError("--device cuda: no CUDA device is available here; accepted: cpu")
+    if hardware == "local" and device == "cuda":
+        hardware = "local-cuda"
+    if hardware in ("local", "local-cuda") and not cache_path(device).exists():
+        console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
+        calibrate(device=device, quick=False, out=None)
+    hw = get_hardware(hardware)
+    resolve_precision(hw, dtype)
+    ds = get_hardware(datasheet) if datasheet else None
+    overrides = parse_overrides(layer_type)
+    w = _build(model, batch, seq, image_size, dtype, device)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("starting", total=warmup + iters + profile_iters)
+        p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
+                        overrides=overrides, datasheet=ds,
+                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+    d = p.to_dict()
+    print_profile_report(p, console, rows, d)
+    if out is not None:
+        paths = write_profile_outputs(p, out, d)
+        console.print("wrote " + ", ".join(str(x) for x in paths))
+
+
+@app.command()
 def calibrate(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     quick: bool = typer.Option(False, help="A small grid (seconds): a smoke test, not a profile to trust."),
@@ -98,11 +165,12 @@ def calibrate(
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from opmap.hardware.calibrate import FULL_GRID, FULL_SIZES, QUICK_GRID, QUICK_SIZES, calibrate as run
+    from opmap.hardware.calibrate import MAX_CALL_S, calibrate as run
+    from opmap.hardware.calibrate import steps as count_steps
     from opmap.hardware.calibrate import write_profile
     from opmap.report.sheet import si
 
-    steps = 3 * len(QUICK_GRID if quick else FULL_GRID) + len(QUICK_SIZES if quick else FULL_SIZES) + 3
+    steps = count_steps(quick)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("calibrating", total=steps)
@@ -115,14 +183,25 @@ def calibrate(
         lo, hi = 2.0 * r["m"] * r["n"] * r["k"] / r["max_s"], 2.0 * r["m"] * r["n"] * r["k"] / r["min_s"]
         t.add_row(f"matmul {r['dtype']}", f"{r['m']}x{r['n']}x{r['k']}", si(r["flops_per_s"], "FLOP/s"),
                   f"{si(lo, 'FLOP/s')} - {si(hi, 'FLOP/s')}")
+    for r in cal.conv:
+        t.add_row(f"conv {r['dtype']}", f"b{r['batch']} {r['cin']}->{r['cout']} {r['side']}px k{r['kernel']}",
+                  si(r["flops_per_s"], "FLOP/s"), "")
+    for r in cal.attention:
+        t.add_row(f"attention {r['dtype']}", f"{r['bh']}x{r['sq']}x{r['d']}{' causal' if r['causal'] else ''}",
+                  si(r["flops_per_s"], "FLOP/s"), "")
     for r in cal.bandwidth:
         t.add_row(f"{r['kind']} bandwidth", si(r["bytes"], "B"), si(r["bytes_per_s"], "B/s"), "")
     lo = cal.launch_overhead
     t.add_row("dispatch overhead", "1 element", si(lo.median_s, "s"),
               f"{si(lo.spread()['min_s'], 's')} - {si(lo.spread()['max_s'], 's')}")
+    t.add_row("view overhead", "view of 64x64", si(cal.view_overhead_s, "s"), "")
     for dt, r in cal.vector.items():
-        t.add_row(f"vector {dt}", "addcmul, 64k elements", si(r, "FLOP/s"), "")
+        t.add_row(f"vector {dt}", "addcmul, 128k elements", si(r, "FLOP/s"), "")
+    t.add_row("transcendental fp32", "exp, tanh, erf, 128k elements", si(cal.transcendental_per_s, "/s"), "")
     console.print(t)
+    if cal.skipped:
+        console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s): "
+                      + "; ".join(cal.skipped[:3]) + (" ..." if len(cal.skipped) > 3 else ""))
     console.print(f"wrote {path}; use it with --hardware local")
 
 

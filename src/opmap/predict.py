@@ -2,10 +2,18 @@
 
 Per kernel (today: per non-view aten node, the eager policy)::
 
-    matrix_s = matrix FLOPs / dense matrix peak at the compute precision
-    vector_s = (vector FLOPs + TRANSCENDENTAL_SLOTS * transcendental ops) / vector peak
-    memory_s = minimum bytes / memory bandwidth
+    matrix_s = matrix FLOPs / matrix rate for this problem shape at the compute precision
+    vector_s = vector FLOPs / vector peak + transcendental ops / transcendental rate
+    memory_s = minimum bytes / bandwidth at this transfer size
     predicted_s = max(matrix_s, vector_s, memory_s) + launch overhead
+
+With a calibrated profile (``opmap calibrate``, hardware/curves.py) the matrix rate comes from the measured
+curve of the op's family (GEMM, conv as implicit GEMM, fused attention) at its shape, the bandwidth from
+the measured copy curve at the kernel's size (so cache-resident kernels run at cache bandwidth), the
+transcendental rate is measured, and on a CPU each view op costs its measured host dispatch time (eager
+PyTorch runs every view through the dispatcher). Without one (a catalog device) the matrix rate is the
+dense datasheet peak, the bandwidth the datasheet figure, and a transcendental takes
+TRANSCENDENTAL_SLOTS vector slots.
 
 The bound is the class of the largest term: ``compute`` (matrix or vector; ``limiter`` says which),
 ``memory``, or ``overhead`` where the launch overhead exceeds all three.
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
+from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 
 # A transcendental takes this many vector-op slots: NVIDIA SMs issue 16 SFU ops per clock beside 128 FP32
@@ -77,15 +86,24 @@ class Prediction:
                 "limiter": self.limiter}
 
 
-def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision) -> Prediction:
+NO_CURVES = Curves()
+
+
+def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves = NO_CURVES) -> Prediction:
     if not cost.kernel:
-        return Prediction(0.0, 0.0, 0.0, 0.0, 0.0, "view" if cost.is_view else "alloc", "none")
+        host = curves.view_overhead_s if hw.device_type == "cpu" else 0.0
+        return Prediction(0.0, 0.0, 0.0, host, host, "view" if cost.is_view else "alloc", "none")
     overhead = hw.launch_overhead_s
     if not cost.counted:
         return Prediction(0.0, 0.0, 0.0, overhead, overhead, "uncounted", "overhead")
-    matrix_s = cost.matrix_flops / prec.matrix_peak_flops_per_s
-    vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
-    memory_s = cost.bytes / hw.memory_bandwidth_bytes_per_s
+    rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops else None
+    matrix_s = cost.matrix_flops / (rate or prec.matrix_peak_flops_per_s)
+    if curves.transcendental_per_s:
+        vector_s = (cost.vector_flops / prec.vector_peak_flops_per_s
+                    + cost.transcendental_flops / curves.transcendental_per_s)
+    else:
+        vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
+    memory_s = cost.bytes / (curves.bandwidth(cost.bytes) or hw.memory_bandwidth_bytes_per_s)
     terms = {"matrix": matrix_s, "vector": vector_s, "memory": memory_s}
     limiter = max(terms, key=terms.get)
     if overhead > terms[limiter]:

@@ -27,7 +27,14 @@ def quick():
 
 def test_quick_calibration_rows(quick):
     fp32 = [r for r in quick.matmul if r["dtype"] == "fp32"]
-    assert [(r["m"], r["n"], r["k"]) for r in fp32] == list(QUICK_GRID)
+    assert sorted((r["m"], r["n"], r["k"]) for r in fp32) == sorted(QUICK_GRID)
+    assert all(r["layout"] == "nt" for r in fp32)  # nn.Linear's layout: x @ W.T
+    (conv,) = [r for r in quick.conv if r["dtype"] == "fp32"]
+    # QUICK_CONV (1, 16, 16, 16, 3, 1): 3x3, stride 1, padding 1 keeps 16x16: implicit GEMM M = 1*16*16,
+    # N = Cout = 16, K = Cin*3*3 = 144
+    assert (conv["m"], conv["n"], conv["k"]) == (256, 16, 144)
+    assert {r["causal"] for r in quick.attention if r["dtype"] == "fp32"} == {False, True}
+    assert quick.transcendental_per_s > 0 and quick.view_overhead_s > 0
     for r in quick.matmul:
         assert r["min_s"] <= r["max_s"] and r["flops_per_s"] > 0
     kinds = {r["kind"] for r in quick.bandwidth}

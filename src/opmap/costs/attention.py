@@ -64,4 +64,5 @@ def sdpa_cost(node: Node) -> OpCost:
     written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4) or node.outputs[0].nbytes
     return io_cost(node, written=written, matrix_flops=matrix, macs=matrix / 2,
                    vector_flops=float(b * h * pairs * VECTOR_PER_SCORE),
-                   transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped)
+                   transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
+                   problem=("attention_causal" if causal else "attention", int(b * h), int(sq), int(sk), int(d)))

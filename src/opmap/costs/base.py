@@ -30,6 +30,10 @@ class OpCost:
     counted: bool = True  # False: no rule for this op (listed as uncounted, never a silent zero)
     is_view: bool = False  # a view: no kernel, no cost
     kernel: bool = True  # False: no kernel runs (views, allocations, metadata)
+    # The matrix-engine problem, for shape-dependent efficiency: (family, batch, m, n, k) with family
+    # "gemm" (batch x [m,k]@[k,n]), "conv" (implicit GEMM: m = N*out pixels, n = Cout, k = Cin/groups*kernel)
+    # or "attention" (batch = B*H, m = Sq, n = Sk, k = head dim; causal adds "_causal"). None elsewhere.
+    problem: tuple[str, int, int, int, int] | None = None
 
     @property
     def flops(self) -> float:
@@ -46,7 +50,7 @@ class OpCost:
 
     def __add__(self, other: "OpCost") -> "OpCost":
         kw = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-              if f.name not in ("counted", "is_view", "kernel")}
+              if f.name not in ("counted", "is_view", "kernel", "problem")}
         return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view,
                       kernel=self.kernel or other.kernel)
 

@@ -10,13 +10,16 @@ for a transposed one the roles of input and output swap: 2 * N * Cin * prod(inpu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
 
 
 def _gemm(node: Node, m: int, n: int, k: int, batch: int = 1, bias_elems: int = 0) -> OpCost:
     mac = batch * m * n * k
-    return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems))
+    return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems),
+                   problem=("gemm", int(batch), int(m), int(n), int(k)))
 
 
 @rule("mm")
@@ -132,7 +135,7 @@ def einsum_cost(node: Node) -> OpCost:
         cur = both & keep
     if len(specs) == 1:  # a single-operand einsum is a reduction or a permutation
         return io_cost(node, vector_flops=float(prod(shapes[0])))
-    return io_cost(node, matrix_flops=2.0 * total, macs=float(total))
+    return io_cost(node, matrix_flops=2.0 * total, macs=float(total))  # no single GEMM shape: peak rate
 
 
 _CONV = ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
@@ -156,5 +159,11 @@ def conv_cost(node: Node) -> OpCost:
         # weight is [Cout, Cin/groups, *k]; each output pixel gathers Cin/groups * prod(k) inputs
         mac = n * prod(out.shape[2:]) * prod(w.shape)
     bias = out.numel if node.input("bias") is not None else 0
-    return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias))
+    groups = int(node.args.get("groups", 1) or 1)
+    if transposed:  # per group: X[N*in pixels, Cin/g] @ W[Cin/g, Cout/g * kernel], then col2im
+        gm, gn, gk = n * prod(x.shape[2:]), w.shape[1] * prod(w.shape[2:]), w.shape[0] // groups
+    else:  # per group: im2col(X)[N*out pixels, Cin/g * kernel] @ W^T[Cin/g * kernel, Cout/g]
+        gm, gn, gk = n * prod(out.shape[2:]), w.shape[0] // groups, prod(w.shape[1:])
+    return replace(io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias)),
+                   problem=("conv", groups, int(gm), int(gn), int(gk)))
 

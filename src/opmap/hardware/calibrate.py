@@ -2,13 +2,16 @@
 
 Microbenchmarks, each with warm-up, repeats, the median and the spread (min, max, interquartile range):
 
-- matmul rate per dtype (fp32, bf16, fp16 where the device runs them) over a grid of shapes: square sizes
-  and skinny / wide aspects, so the profile carries an efficiency curve by size and aspect, not one number;
-  the matrix peak is the best median over the grid;
+- matmul rate per dtype (fp32, bf16, fp16 where the device runs them) over a grid of shapes in nn.Linear's
+  layout (m from 16 to 4096, n and k from 256 to 4096), so the profile carries an efficiency curve by size
+  and aspect, not one number; the matrix peak is the best median over the grid;
+- convolutions (ResNet and ViT layer shapes, batch 1 and 8) stored as implicit GEMMs, and fused attention
+  (scaled_dot_product_attention over sequence lengths, causal and not): their own curves;
 - copy, read and write bandwidth over sizes that cross the cache levels (copy counts read + write bytes);
   the memory bandwidth is the copy rate at the largest size (past the last-level cache);
-- per-op dispatch / launch overhead: the median time of a one-element add;
-- vector (pointwise) rate: a fused-free multiply-add chain on a cache-resident tensor.
+- per-op dispatch / launch overhead: the median time of a one-element add; the host cost of a view op;
+- vector (pointwise) rate: addcmul on a cache-resident tensor, and the transcendental rate (exp, tanh,
+  erf), each with the dispatch overhead taken out.
 
 Timing: ``time.perf_counter`` around ``reps`` back-to-back calls on the CPU; CUDA events with a
 synchronize on a GPU. The profile uses the catalog schema, every value of kind ``measured``, with the
@@ -32,18 +35,31 @@ from opmap import __version__
 from opmap.errors import OpmapError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# (m, n, k): squares that cross the cache sizes, then skinny-M (decode-like) and wide-K shapes
-FULL_GRID = ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
-             (16, 4096, 4096), (128, 4096, 4096), (4096, 4096, 256), (4096, 256, 4096))
+# GEMM (m, n, k) in nn.Linear's layout (x[m,k] @ W[n,k].T): m from decode-like to large batches, n and k
+# across the weight sizes of the zoo; the time model interpolates between these points (hardware/curves.py).
+FULL_GRID = tuple((m, n, k) for m in (16, 64, 256, 1024, 4096) for n in (256, 1024, 4096)
+                  for k in (256, 1024, 4096))
 QUICK_GRID = ((128, 128, 128), (256, 256, 256), (16, 512, 512))
+# Convolutions (batch, Cin, Cout, image side, kernel, stride): ResNet's stem, 3x3 and 1x1 layers at each
+# stage, and ViT's 16x16 patch embedding, at batch 1 and 8; each is stored as its implicit GEMM.
+FULL_CONV = tuple((b, *c) for b in (1, 8) for c in (
+    (3, 64, 224, 7, 2), (64, 64, 56, 3, 1), (64, 256, 56, 1, 1), (256, 64, 56, 1, 1), (128, 128, 28, 3, 1),
+    (512, 128, 28, 1, 1), (256, 256, 14, 3, 1), (1024, 256, 14, 1, 1), (512, 512, 7, 3, 1),
+    (2048, 512, 7, 1, 1), (3, 768, 224, 16, 16)))
+QUICK_CONV = ((1, 16, 16, 16, 3, 1),)
+# Fused attention (batch * heads, sequence, head dim), causal and not.
+FULL_ATTN = tuple((12, s, 64) for s in (64, 128, 256, 512, 1024, 2048))
+QUICK_ATTN = ((2, 32, 16),)
 FULL_SIZES = tuple(2 ** p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB per buffer
 QUICK_SIZES = (2 ** 16, 2 ** 20)
-MAX_CALL_S = 0.25  # a shape whose one call would take longer (slow dtype on this device) is skipped, and said
+MAX_CALL_S = 0.1  # a shape whose one call would take longer (slow dtype on this device) is skipped, and said
+VECTOR_ELEMS = 2 ** 17  # 512 KiB of fp32: inside a per-core L2, so the vector rate is not a bandwidth
 
 
-def cache_path() -> Path:
+def cache_path(device: str = "cpu") -> Path:
+    """Where ``--hardware local`` (CPU) and ``--hardware local-cuda`` find their profiles."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "opmap" / "local.toml"
+    return base / "opmap" / ("local-cuda.toml" if device.startswith("cuda") else "local.toml")
 
 
 @dataclass(frozen=True)
@@ -78,7 +94,7 @@ def time_op(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, 
     _sync(device)
     once = max(time.perf_counter() - t0, 1e-7)
     calls = max(1, int(min_time_s / once))
-    repeats = max(3, min(repeats, int(1.0 / (once * calls)) or 3))  # about 1 s per microbenchmark at most
+    repeats = max(3, min(repeats, int(0.4 / (once * calls)) or 3))  # about 0.4 s per microbenchmark at most
     out = []
     for _ in range(repeats):
         if device.type == "cuda":
@@ -101,10 +117,14 @@ def time_op(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, 
 class Calibration:
     device: str
     fingerprint: dict[str, object]
-    matmul: list[dict] = field(default_factory=list)  # m, n, k, dtype, flops_per_s, spread
+    matmul: list[dict] = field(default_factory=list)  # m, n, k, dtype, layout, flops_per_s, spread
+    conv: list[dict] = field(default_factory=list)  # the conv shape, its implicit GEMM m, n, k, flops_per_s
+    attention: list[dict] = field(default_factory=list)  # bh, sq, sk, d, causal, dtype, flops_per_s
     bandwidth: list[dict] = field(default_factory=list)  # kind, bytes, bytes_per_s, spread
     launch_overhead: Sample | None = None
     vector: dict[str, float] = field(default_factory=dict)  # dtype -> flops_per_s
+    transcendental_per_s: float = 0.0  # exp / tanh / erf evaluations per second, fp32
+    view_overhead_s: float = 0.0  # one view op (host dispatch, no kernel)
     skipped: list[str] = field(default_factory=list)  # shapes left out, with the reason
 
     def peak(self, dtype: str) -> dict | None:
@@ -146,8 +166,17 @@ def _supported(dtype: torch.dtype, device: torch.device) -> bool:
         return False
 
 
+def steps(quick: bool) -> int:
+    """How many progress steps ``calibrate`` reports (for a progress bar's total)."""
+    g, c, t, z = (QUICK_GRID, QUICK_CONV, QUICK_ATTN, QUICK_SIZES) if quick else (FULL_GRID, FULL_CONV, FULL_ATTN,
+                                                                                  FULL_SIZES)
+    return len(DTYPES) * (len(g) + len(c) + 2 * len(t)) + len(z) + 5
+
+
 def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
     """Run every microbenchmark on ``device``. ``quick`` shrinks the grid (tests, smoke runs)."""
+    import torch.nn.functional as F
+
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OpmapError("calibrate --device cuda: no CUDA device here; accepted: cpu")
@@ -155,28 +184,65 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
         raise OpmapError(f"calibrate cannot run on {device!r}; accepted: cpu, cuda")
     step = progress or (lambda _msg: None)
     cal = Calibration(str(dev), fingerprint(dev))
-    grid = QUICK_GRID if quick else FULL_GRID
+    grid, convs, attns = (QUICK_GRID, QUICK_CONV, QUICK_ATTN) if quick else (FULL_GRID, FULL_CONV, FULL_ATTN)
     sizes = QUICK_SIZES if quick else FULL_SIZES
-    reps = 3 if quick else 7
-    min_time = 0.002 if quick else 0.02
+    reps = 3 if quick else 5
+    min_time = 0.002 if quick else 0.01
+
+    def bench(label: str, flops: float, make: Callable[[], Callable[[], object]], rates: dict[str, float],
+              family: str) -> Sample | None:
+        """Time one shape unless the best rate so far (this family's, else any family's at this dtype) says
+        one call would take over MAX_CALL_S."""
+        best = rates.get(family) or max(rates.values(), default=0.0)
+        if best and flops / best > MAX_CALL_S:
+            cal.skipped.append(f"{label}: one call would take {flops / best:.2g} s at {best / 1e9:.3g} GFLOP/s")
+            step(f"{label} skipped")
+            return None
+        s = time_op(make(), dev, repeats=reps, min_time_s=min_time)
+        rates[family] = max(rates.get(family, 0.0), flops / s.median_s)
+        step(label)
+        return s
+
     with torch.no_grad():
         for name, dt in DTYPES.items():
             if not _supported(dt, dev):
+                step(f"{name} not supported")
                 continue
-            rate = None  # the best rate so far for this dtype, to skip shapes that would take too long
-            for m, n, k in grid:
-                if rate is not None and 2.0 * m * n * k / rate > MAX_CALL_S:
-                    cal.skipped.append(f"matmul {name} {m}x{n}x{k}: one call would take "
-                                       f"{2.0 * m * n * k / rate:.2g} s at {rate / 1e9:.3g} GFLOP/s")
-                    step(f"matmul {name} {m}x{n}x{k} skipped")
-                    continue
-                a = torch.randn(m, k, device=dev).to(dt)
-                b = torch.randn(k, n, device=dev).to(dt)
-                s = time_op(lambda: torch.mm(a, b), dev, repeats=reps, min_time_s=min_time)
-                cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name,
-                                   "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
-                rate = max(rate or 0.0, 2.0 * m * n * k / s.median_s)
-                step(f"matmul {name} {m}x{n}x{k}")
+            rate: dict[str, float] = {}  # best rate so far per family at this dtype, to skip slow shapes
+            for m, n, k in sorted(grid, key=lambda s: s[0] * s[1] * s[2]):
+                def mk(m=m, n=n, k=k):
+                    a = torch.randn(m, k, device=dev).to(dt)
+                    w = torch.randn(n, k, device=dev).to(dt)
+                    return lambda: torch.mm(a, w.t())
+                s = bench(f"matmul {name} {m}x{n}x{k}", 2.0 * m * n * k, mk, rate, "gemm")
+                if s is not None:
+                    cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": "nt",
+                                       "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
+            for b, cin, cout, side, ks, stride in convs:
+                pad = ks // 2 if stride == 1 else (3 if ks == 7 else 0)
+                out = (side + 2 * pad - ks) // stride + 1
+                gm, gn, gk = b * out * out, cout, cin * ks * ks
+                def mk(b=b, cin=cin, cout=cout, side=side, ks=ks, stride=stride, pad=pad):
+                    x = torch.randn(b, cin, side, side, device=dev).to(dt)
+                    w = torch.randn(cout, cin, ks, ks, device=dev).to(dt)
+                    return lambda: F.conv2d(x, w, stride=stride, padding=pad)
+                s = bench(f"conv {name} b{b} {cin}->{cout} {side}px k{ks}", 2.0 * gm * gn * gk, mk, rate, "conv")
+                if s is not None:
+                    cal.conv.append({"batch": b, "cin": cin, "cout": cout, "side": side, "kernel": ks,
+                                     "stride": stride, "m": gm, "n": gn, "k": gk, "dtype": name,
+                                     "flops_per_s": 2.0 * gm * gn * gk / s.median_s, **s.spread()})
+            for bh, sq, d in attns:
+                for causal in (False, True):
+                    pairs = sq * (sq + 1) // 2 if causal else sq * sq
+                    flops = 4.0 * bh * pairs * d
+                    def mk(bh=bh, sq=sq, d=d, causal=causal):
+                        q = torch.randn(1, bh, sq, d, device=dev).to(dt)
+                        return lambda: F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+                    s = bench(f"attention {name} {bh}x{sq}x{d}{' causal' if causal else ''}", flops, mk, rate,
+                              "attention")
+                    if s is not None:
+                        cal.attention.append({"bh": bh, "sq": sq, "sk": sq, "d": d, "causal": causal,
+                                              "dtype": name, "flops_per_s": flops / s.median_s, **s.spread()})
         for nbytes in sizes:
             n = nbytes // 4
             src = torch.randn(n, device=dev)
@@ -190,13 +256,24 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
             step(f"bandwidth {nbytes} B")
         one = torch.ones(1, device=dev)
         cal.launch_overhead = time_op(lambda: torch.add(one, one), dev, repeats=reps, min_time_s=min_time)
+        lo = cal.launch_overhead.median_s
         step("dispatch overhead")
+        big = torch.ones(64, 64, device=dev)
+        cal.view_overhead_s = time_op(lambda: big.view(4096), dev, repeats=reps, min_time_s=min_time).median_s
+        step("view overhead")
         for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            x = torch.randn(2 ** 16, device=dev).to(dt)  # 256 KiB fp32: stays in L2
+            x = torch.randn(VECTOR_ELEMS, device=dev).to(dt)
             y = torch.empty_like(x)
             s = time_op(lambda: torch.addcmul(x, x, x, out=y), dev, repeats=reps, min_time_s=min_time)
-            cal.vector[name] = 2.0 * x.numel() / s.median_s
+            cal.vector[name] = 2.0 * x.numel() / max(s.median_s - lo, s.median_s * 0.1)
             step(f"vector {name}")
+        x = torch.rand(VECTOR_ELEMS, device=dev)
+        y = torch.empty_like(x)
+        per = [time_op(lambda f=f: f(x, out=y), dev, repeats=reps, min_time_s=min_time).median_s
+               for f in (torch.exp, torch.tanh, torch.erf)]
+        t = statistics.mean(per)
+        cal.transcendental_per_s = x.numel() / max(t - lo, t * 0.1)
+        step("transcendental rate")
     return cal
 
 
@@ -218,22 +295,27 @@ def to_spec_dict(cal: Calibration) -> dict:
     bw = cal.copy_bandwidth()
     lo = cal.launch_overhead
     return {
-        "name": "local",
+        "name": "local-cuda" if cal.device.startswith("cuda") else "local",
         "display_name": f"local {cal.device}: {fp['model']}",
         "vendor": "measured",
         "device_type": "gpu" if cal.device.startswith("cuda") else "cpu",
         "compute_unit_name": "SM" if cal.device.startswith("cuda") else "thread",
         "notes": "measured by opmap calibrate; curves under [calibration]",
         "matrix_peak_flops_per_s": matrix,
-        "vector_peak_flops_per_s": {dt: _v(r, f"{src}: addcmul on a cache-resident tensor")
+        "vector_peak_flops_per_s": {dt: _v(r, f"{src}: addcmul on a cache-resident tensor, dispatch "
+                                                    "overhead taken out")
                                     for dt, r in cal.vector.items()},
         "memory_bandwidth_bytes_per_s": _v(bw["bytes_per_s"], f"{src}: copy (read + write) of "
                                                               f"{bw['bytes']} bytes"),
         "launch_overhead_s": _v(lo.median_s, f"{src}: median one-element add"),
         "compute_units": _v(float(fp.get("compute_units", fp["threads"])), src),
         "memory_bytes": _v(float(fp["memory_bytes"]), f"{src}: device memory as the OS / driver reports it"),
-        "calibration": {"device": cal.device, "fingerprint": fp, "matmul": cal.matmul,
-                        "bandwidth": cal.bandwidth, "launch_overhead": lo.spread(), "skipped": cal.skipped},
+        "calibration": {"device": cal.device, "fingerprint": fp, "matmul": cal.matmul, "conv": cal.conv,
+                        "attention": cal.attention, "bandwidth": cal.bandwidth, "launch_overhead": lo.spread(),
+                        "view_overhead_s": cal.view_overhead_s,
+                        "vector_rates": {"transcendental_per_s": cal.transcendental_per_s,
+                                         **{f"{k}_flops_per_s": v for k, v in cal.vector.items()}},
+                        "skipped": cal.skipped},
     }
 
 
@@ -282,7 +364,7 @@ def write_profile(cal: Calibration, path: Path | None = None) -> Path:
 
     d = to_spec_dict(cal)
     spec_from_dict(d, "calibration")  # refuse to write a profile the loader would reject
-    path = path or cache_path()
+    path = path or cache_path(cal.device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(to_toml(d))

@@ -211,18 +211,19 @@ def catalog() -> dict[str, HardwareSpec]:
 
 def get_hardware(name: str) -> HardwareSpec:
     """A catalog device by name, ``local`` (the profile ``opmap calibrate`` wrote), or a TOML file path."""
-    if name == "local":
+    if name in ("local", "local-cuda"):
         from opmap.hardware.calibrate import cache_path
 
-        path = cache_path()
+        path = cache_path("cuda" if name == "local-cuda" else "cpu")
         if not path.exists():
-            raise OpmapError(f"no local hardware profile at {path}; run `opmap calibrate` first")
+            flag = " --device cuda" if name == "local-cuda" else ""
+            raise OpmapError(f"no {name} hardware profile at {path}; run `opmap calibrate{flag}` first")
         return load_spec_file(path)
     p = Path(name)
     if p.suffix == ".toml" and p.exists():
         return load_spec_file(p)
     specs = catalog()
     if name not in specs:
-        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)}, local (after opmap "
-                         "calibrate), or a .toml file")
+        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)}, local / local-cuda "
+                         "(after opmap calibrate), or a .toml file")
     return specs[name]

@@ -83,7 +83,8 @@ def _assumption_lines(a: Analysis) -> list[str]:
         f"hardware {s['hardware']} ({s['hardware_display_name']}): matrix peak {si(mp['value'], 'FLOP/s')} "
         f"[{s['matrix_dtype']}, {mp['kind']}], bandwidth {si(bw['value'], 'B/s')} [{bw['kind']}], "
         f"launch overhead {si(s['launch_overhead_s']['value'], 's')} [{s['launch_overhead_s']['kind']}]",
-        f"time model: {s['time_model']}; transcendental = {s['transcendental_slots']:g} vector slots",
+        f"time model: {s['time_model']}" + ("" if "transcendental/rate" in s["time_model"] else
+                                            f"; transcendental = {s['transcendental_slots']:g} vector slots"),
         f"fusion: {s['fusion_policy']}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
@@ -190,12 +191,17 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
 
 def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
     """Write sheet.csv, sheet.md and analysis.json into ``out_dir``, atomically per file and as a set."""
-    out_dir = Path(out_dir)
-    contents = {
+    return write_set(out_dir, {
         "analysis.json": json.dumps(a.to_dict(), indent=1, allow_nan=False) + "\n",
         "sheet.csv": render_csv(a),
         "sheet.md": render_markdown(a),
-    }
+    })
+
+
+def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
+    """Write every file to a temporary name first, then rename them all into place: a failure (full disk,
+    no permission) leaves the folder as it was, never a half-written or mixed set."""
+    out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -204,9 +210,9 @@ def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
     try:
         for name, text in contents.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+            tmps.append((tmp, out_dir / name))
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-            tmps.append((tmp, out_dir / name))
         for tmp, final in tmps:
             os.replace(tmp, final)
     except OSError as e:

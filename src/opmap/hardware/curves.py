@@ -1,0 +1,109 @@
+"""Measured efficiency curves from a calibration, as the time model reads them.
+
+A calibrated hardware profile carries, under ``[calibration]``, rates measured at many problem shapes:
+GEMMs in the layout ``nn.Linear`` runs (``x @ W.T``), convolutions as implicit GEMMs, fused attention,
+bandwidth over transfer sizes. ``Curves`` turns them into lookups:
+
+- ``matrix_rate(problem, dtype)``: inverse-distance weighting (power 2) over the 4 nearest measured shapes
+  in log2 (m, n, k) space; an exact hit returns that shape's rate; outside the grid the nearest shapes
+  decide (no extrapolated growth). A batched GEMM is looked up as (batch * m, n, k).
+- ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
+  taken out of each measured point (the time model adds it back once per kernel); the last point holds
+  beyond the grid.
+- ``transcendental_per_s``: evaluations per second of exp / tanh / erf, measured, replacing the assumed
+  TRANSCENDENTAL_SLOTS; ``view_overhead_s``: the host cost of one view op (eager dispatch on the CPU).
+
+A catalog device without a calibration has no curves: the time model uses its datasheet peaks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+NEAREST = 4
+
+
+@dataclass(frozen=True)
+class RateTable:
+    points: tuple[tuple[float, float, float, float], ...]  # log2 m, log2 n, log2 k, rate
+
+    @staticmethod
+    def build(rows: list[tuple[int, int, int, float]]) -> "RateTable":
+        return RateTable(tuple((math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)), r)
+                               for m, n, k, r in rows if r > 0))
+
+    def rate(self, m: int, n: int, k: int) -> float | None:
+        if not self.points:
+            return None
+        q = (math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
+        dist = sorted((math.dist(q, p[:3]), p[3]) for p in self.points)[:NEAREST]
+        if dist[0][0] < 1e-9:
+            return dist[0][1]
+        w = [1.0 / d ** 2 for d, _ in dist]
+        return sum(wi * r for wi, (_, r) in zip(w, dist)) / sum(w)
+
+
+@dataclass(frozen=True)
+class Curves:
+    tables: dict[tuple[str, str], RateTable] = field(default_factory=dict)  # (family, dtype) -> table
+    bandwidth_points: tuple[tuple[float, float], ...] = ()  # (log2 bytes moved, bytes/s), sorted
+    transcendental_per_s: float | None = None
+    view_overhead_s: float = 0.0
+    source: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not self.tables and not self.bandwidth_points
+
+    def matrix_rate(self, problem: tuple[str, int, int, int, int] | None, dtype: str) -> float | None:
+        if problem is None:
+            return None
+        family, batch, m, n, k = problem
+        table = self.tables.get((family, dtype))
+        if table is None and family == "attention_causal":
+            table = self.tables.get(("attention", dtype))
+        if table is None:
+            return None
+        if family == "gemm":
+            m = batch * m
+        return table.rate(m, n, k)
+
+    def bandwidth(self, nbytes: float) -> float | None:
+        pts = self.bandwidth_points
+        if not pts:
+            return None
+        x = math.log2(max(nbytes, 1.0))
+        if x <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return pts[-1][1]
+
+    @staticmethod
+    def from_calibration(cal: dict[str, Any], launch_overhead_s: float) -> "Curves":
+        if not cal:
+            return Curves()
+        rows: dict[tuple[str, str], list] = {}
+        for r in cal.get("matmul", []):
+            if r.get("layout", "nt") == "nt":
+                rows.setdefault(("gemm", r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
+        for r in cal.get("conv", []):
+            rows.setdefault(("conv", r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
+        for r in cal.get("attention", []):
+            fam = "attention_causal" if r.get("causal") else "attention"
+            rows.setdefault((fam, r["dtype"]), []).append((r["sq"], r["sk"], r["d"], r["flops_per_s"]))
+        bw = []
+        for r in cal.get("bandwidth", []):
+            if r["kind"] != "copy":
+                continue
+            moved = 2.0 * r["bytes"]
+            t = moved / r["bytes_per_s"] - launch_overhead_s
+            if t > 0:
+                bw.append((math.log2(moved), moved / t))
+        vec = cal.get("vector_rates", {})
+        return Curves({k: RateTable.build(v) for k, v in rows.items()}, tuple(sorted(bw)),
+                      vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
+                      str(cal.get("fingerprint", {}).get("model", "")))

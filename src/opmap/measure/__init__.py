@@ -1,0 +1,5 @@
+"""Measurement: real runs, profiler attribution to graph nodes, latency distributions, energy counters."""
+
+from opmap.measure.profile import Profile, run_profile
+
+__all__ = ["Profile", "run_profile"]

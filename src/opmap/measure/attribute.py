@@ -1,0 +1,135 @@
+"""Attribute measured time to graph nodes.
+
+The profiler records every dispatcher call of an iteration, composite ops included (``aten::linear``
+around ``aten::t`` and ``aten::addmm``), nested by time. The capture saw the same forward pass at the level
+below composite decomposition, in the same order. So one walk in start order matches them:
+
+- an event whose name is the next unmatched node's op is that node; its whole subtree (children such as
+  the ``aten::copy_`` inside ``aten::_to_copy``, or the backend kernel inside
+  ``aten::scaled_dot_product_attention``) belongs to it and is not matched again;
+- any other event is a container (a composite op) or an op the capture did not see; the walk goes into it.
+
+A node's measured time is the inclusive duration of its event: CPU wall time on the CPU, the summed
+duration of the device kernels launched under it on CUDA (the profiler links kernels to ops through
+correlation ids). Time the walk cannot place (Python between ops, unmatched events) is reported as
+``unattributed``, never spread over nodes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Event:
+    """One profiler event of one iteration (microsecond times, as the profiler gives them)."""
+
+    name: str
+    start_us: float
+    end_us: float
+    device_us: float = 0.0  # kernel time launched under this op and its children (CUDA); 0 on the CPU
+    kernels: tuple[str, ...] = ()  # names of those kernels
+
+    @property
+    def cpu_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+def profiler_name(op: str) -> str:
+    """'aten.addmm.default' -> 'aten::addmm' (the profiler's spelling of the overload packet)."""
+    ns, _, rest = op.partition(".")
+    return f"{ns}::{rest.split('.')[0]}" if rest else op
+
+
+@dataclass(frozen=True)
+class Match:
+    node: int  # index into the node list
+    event: Event
+
+
+def match_iteration(ops: Sequence[str], events: Iterable[Event]) -> list[Match]:
+    """Match one iteration's events to the nodes' op sequence (see the module docstring)."""
+    names = [profiler_name(op) for op in ops]
+    ordered = sorted(events, key=lambda e: (e.start_us, -e.end_us))
+    out: list[Match] = []
+    j = 0
+    inside_until = float("-inf")  # end of the last matched event: its subtree is taken
+    for ev in ordered:
+        if j >= len(names):
+            break
+        if ev.start_us < inside_until:
+            continue
+        if ev.name == names[j]:
+            out.append(Match(j, ev))
+            j += 1
+            inside_until = ev.end_us
+    return out
+
+
+@dataclass(frozen=True)
+class NodeTiming:
+    """A node's measured time over the profiled iterations."""
+
+    median_s: float
+    min_s: float
+    max_s: float
+    samples: int
+    kernels: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = {"measured_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s, "samples": self.samples}
+        if self.kernels:
+            d["kernels"] = list(self.kernels)
+        return d
+
+
+@dataclass(frozen=True)
+class Attribution:
+    timings: dict[int, NodeTiming]  # node index -> timing (absent: the node was never matched)
+    coverage: float  # matched nodes over nodes that launch a kernel, worst iteration
+    iteration_s: float  # median profiled iteration (the marker's span)
+    attributed_s: float  # median over iterations of the summed node times
+    timebase: str  # "cpu" (wall time of the op) or "device" (kernel time)
+    matches: tuple[tuple[Match, ...], ...] = ()  # per iteration, for the trace
+
+    @property
+    def unattributed_s(self) -> float:
+        return max(0.0, self.iteration_s - self.attributed_s)
+
+
+def attribute(ops: Sequence[str], kernel_nodes: Sequence[int], iterations: Sequence[tuple[float, Sequence[Event]]],
+              use_device_time: bool = False) -> Attribution:
+    """Join ``iterations`` (each: its span in seconds and its events) to the nodes named by ``ops``.
+
+    ``kernel_nodes`` are the indices of nodes that launch a kernel; coverage is measured over them (views
+    are matched too when the profiler shows them, but nothing is lost when it does not).
+    """
+    per_node: dict[int, list[float]] = {}
+    kernels: dict[int, tuple[str, ...]] = {}
+    sums, coverage = [], 1.0
+    want = set(kernel_nodes)
+    all_matches = []
+    for _span, events in iterations:
+        matches = match_iteration(ops, events)
+        all_matches.append(tuple(matches))
+        got = {m.node for m in matches}
+        if want:
+            coverage = min(coverage, len(got & want) / len(want))
+        total = 0.0
+        for m in matches:
+            t = (m.event.device_us if use_device_time else m.event.cpu_us) / 1e6
+            per_node.setdefault(m.node, []).append(t)
+            if m.event.kernels:
+                kernels[m.node] = m.event.kernels
+            total += t
+        sums.append(total)
+    if not iterations:
+        coverage = 0.0
+    timings = {i: NodeTiming(statistics.median(ts), min(ts), max(ts), len(ts), kernels.get(i, ()))
+               for i, ts in per_node.items()}
+    return Attribution(timings, coverage,
+                       statistics.median(s for s, _ in iterations) if iterations else 0.0,
+                       statistics.median(sums) if sums else 0.0,
+                       "device" if use_device_time else "cpu", tuple(all_matches))

@@ -1,0 +1,145 @@
+"""Run a workload for real: a plain timed loop for the latency distribution, then profiled iterations.
+
+The latency figures come from the plain loop (no profiler attached), so they are what a user sees; the
+profiler's iterations only serve attribution, and their wall time is compared with the plain loop's to
+state the profiler's overhead. Timing is ``time.perf_counter`` around one iteration, with a device
+synchronize on CUDA before the clock is read (so queued kernels count).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from opmap.measure.attribute import Event
+
+ITER_MARK = "opmap.iter."
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """A latency distribution, seconds per iteration."""
+
+    times_s: tuple[float, ...]
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation between closest ranks (numpy's default, 'inclusive' in statistics)."""
+        ts = sorted(self.times_s)
+        if len(ts) == 1:
+            return ts[0]
+        pos = q * (len(ts) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ts) - 1)
+        return ts[lo] + (ts[hi] - ts[lo]) * (pos - lo)
+
+    @property
+    def p50_s(self) -> float:
+        return self.quantile(0.50)
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(self.times_s)
+
+    def to_dict(self) -> dict[str, float | int]:
+        ts = self.times_s
+        return {"p50_s": self.p50_s, "p95_s": self.quantile(0.95), "p99_s": self.quantile(0.99),
+                "mean_s": self.mean_s, "std_s": statistics.stdev(ts) if len(ts) > 1 else 0.0,
+                "min_s": min(ts), "max_s": max(ts),
+                "iqr_s": self.quantile(0.75) - self.quantile(0.25), "n": len(ts)}
+
+
+def make_call(module: torch.nn.Module, inputs: Any, kwargs: dict | None = None) -> Callable[[], Any]:
+    """The forward pass as a no-argument function, inputs as the workload gives them."""
+    kwargs = kwargs or {}
+    if isinstance(inputs, dict):
+        return lambda: module(**inputs, **kwargs)
+    if isinstance(inputs, (tuple, list)):
+        return lambda: module(*inputs, **kwargs)
+    return lambda: module(inputs, **kwargs)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_iterations(call: Callable[[], Any], device: torch.device, n: int,
+                    progress: Callable[[], None] | None = None) -> LatencyStats:
+    out = []
+    for _ in range(n):
+        _sync(device)
+        t0 = time.perf_counter()
+        call()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+        if progress:
+            progress()
+    return LatencyStats(tuple(out))
+
+
+def _subtree_kernels(e) -> tuple[str, ...]:
+    names = [k.name for k in getattr(e, "kernels", ())]
+    for c in e.cpu_children:
+        names.extend(_subtree_kernels(c))
+    return tuple(names)
+
+
+def _device_us(e) -> float:
+    if hasattr(e, "device_time_total"):  # torch >= 2.4; cuda_time_total before
+        return float(e.device_time_total or 0.0)
+    return float(getattr(e, "cuda_time_total", 0.0) or 0.0)
+
+
+@dataclass
+class ProfiledRun:
+    iterations: list[tuple[float, list[Event]]]  # per iteration: marker span (s), the events inside it
+    wall: LatencyStats  # perf_counter per profiled iteration, comparable with the plain loop
+    trace: dict | None  # the profiler's own Chrome trace, parsed (None when not asked for)
+
+
+def profile_iterations(call: Callable[[], Any], device: torch.device, n: int, *, record_shapes: bool = True,
+                       keep_trace: bool = True, progress: Callable[[], None] | None = None) -> ProfiledRun:
+    """``n`` iterations under torch.profiler (CPU ops; CUDA kernels too on a GPU), each in its own marker."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    walls = []
+    with profile(activities=acts, record_shapes=record_shapes) as prof:
+        for i in range(n):
+            _sync(device)
+            t0 = time.perf_counter()
+            with record_function(f"{ITER_MARK}{i}"):
+                call()
+                _sync(device)
+            walls.append(time.perf_counter() - t0)
+            if progress:
+                progress()
+    events = list(prof.events())
+    marks = sorted((e for e in events if e.name.startswith(ITER_MARK)), key=lambda e: e.time_range.start)
+    iterations = []
+    for m in marks:
+        s, t = m.time_range.start, m.time_range.end
+        inside = [Event(e.name, float(e.time_range.start), float(e.time_range.end), _device_us(e),
+                        _subtree_kernels(e) if device.type == "cuda" else ())
+                  for e in events
+                  if e is not m and e.thread == m.thread and s <= e.time_range.start and e.time_range.end <= t]
+        iterations.append(((t - s) / 1e6, inside))
+    trace = None
+    if keep_trace:
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            with open(tmp) as f:
+                trace = json.load(f)
+        finally:
+            os.unlink(tmp)
+    return ProfiledRun(iterations, LatencyStats(tuple(walls)), trace)
