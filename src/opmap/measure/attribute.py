@@ -7,7 +7,9 @@ below composite decomposition, in the same order. So one walk in start order mat
 - an event whose name is the next unmatched node's op is that node; its whole subtree (children such as
   the ``aten::copy_`` inside ``aten::_to_copy``, or the backend kernel inside
   ``aten::scaled_dot_product_attention``) belongs to it and is not matched again;
-- any other event is a container (a composite op) or an op the capture did not see; the walk goes into it.
+- any other event is a container (a composite op) or an op the capture did not see; the walk goes into it;
+- a node that launches no kernel (a view, an allocation) may be missing from the profile: the walk may step
+  over such nodes, never over a kernel.
 
 A node's measured time is the inclusive duration of its event: CPU wall time on the CPU, the summed
 duration of the device kernels launched under it on CUDA (the profiler links kernels to ops through
@@ -49,9 +51,14 @@ class Match:
     event: Event
 
 
-def match_iteration(ops: Sequence[str], events: Iterable[Event]) -> list[Match]:
-    """Match one iteration's events to the nodes' op sequence (see the module docstring)."""
+def match_iteration(ops: Sequence[str], events: Iterable[Event], skippable: Iterable[int] = ()) -> list[Match]:
+    """Match one iteration's events to the nodes' op sequence (see the module docstring).
+
+    Nodes in ``skippable`` (views, allocations: no kernel) may be absent from the profile; an event that
+    matches the first node after a run of them matches there, and the skipped ones stay unmatched.
+    """
     names = [profiler_name(op) for op in ops]
+    skip = set(skippable)
     ordered = sorted(events, key=lambda e: (e.start_us, -e.end_us))
     out: list[Match] = []
     j = 0
@@ -61,9 +68,12 @@ def match_iteration(ops: Sequence[str], events: Iterable[Event]) -> list[Match]:
             break
         if ev.start_us < inside_until:
             continue
-        if ev.name == names[j]:
-            out.append(Match(j, ev))
-            j += 1
+        k = j
+        while k < len(names) and names[k] != ev.name and k in skip:
+            k += 1
+        if k < len(names) and names[k] == ev.name:
+            out.append(Match(k, ev))
+            j = k + 1
             inside_until = ev.end_us
     return out
 
@@ -112,7 +122,7 @@ def attribute(ops: Sequence[str], kernel_nodes: Sequence[int], iterations: Seque
     want = set(kernel_nodes)
     all_matches = []
     for _span, events in iterations:
-        matches = match_iteration(ops, events)
+        matches = match_iteration(ops, events, skippable=[i for i in range(len(ops)) if i not in want])
         all_matches.append(tuple(matches))
         got = {m.node for m in matches}
         if want:

@@ -1,0 +1,162 @@
+"""Prediction accuracy on this machine: predicted latency over measured, per model and per layer type.
+
+Steps, all in one run so the ratios are side by side:
+
+1. ``opmap calibrate`` (the full grid) into a temporary profile; two of its figures are checked against an
+   independent measurement with ``torch.utils.benchmark.Timer`` (a 1024^3 fp32 GEMM in nn.Linear's layout
+   and a 256 MiB copy).
+2. For each case: ``run_profile`` (plain timed loop, then profiled iterations) with the prediction on the
+   calibrated profile; the same forward pass is timed independently with ``torch.utils.benchmark.Timer``.
+3. Targets (issue 3): every model within 0.8-1.25 end to end; each layer type holding more than 10% of the
+   measured time within 0.67-1.5; the profiled iterations within 10% of the plain loop.
+
+Run:  .venv/bin/python benchmarks/accuracy.py [--iters 10] [--only gpt2-128,resnet50-b1]
+Writes benchmarks/results/accuracy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, now_iso, write_json  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+# (label, model, batch, seq or image size); the last two are outside the zoo (benchmarks/models/outside.py)
+CASES = [
+    ("gpt2-seq128", "gpt2", 1, 128),
+    ("gpt2-seq1024", "gpt2", 1, 1024),
+    ("bert-base-seq128", "bert-base", 1, 128),
+    ("resnet50-b1", "resnet50", 1, None),
+    ("resnet50-b8", "resnet50", 8, None),
+    ("vit-b16", "vit-b16", 1, None),
+    ("mixer-s16 (outside zoo)", f"{HERE}/models/outside.py:mixer_s16", 1, None),
+    ("vgg-style convnet b4 (outside zoo)", f"{HERE}/models/outside.py:convnet", 4, None),
+]
+END_TO_END = (0.8, 1.25)
+LAYER = (0.67, 1.5)
+LAYER_SHARE = 0.10
+MAX_OVERHEAD = 0.10
+
+
+def independent_calibration_check(cal) -> list[dict]:
+    """Two calibrated figures against torch.utils.benchmark.Timer on the same operation."""
+    from torch.utils.benchmark import Timer
+
+    rows = []
+    a, w = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    t = Timer("torch.mm(a, w.t())", globals={"torch": torch, "a": a, "w": w},
+              num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=1.0)
+    mine = next(r["flops_per_s"] for r in cal.matmul if (r["m"], r["n"], r["k"], r["dtype"]) == (1024, 1024, 1024, "fp32"))
+    rows.append({"what": "matmul fp32 1024^3 (x @ W.T)", "calibrated": mine, "timer": 2 * 1024 ** 3 / t.median,
+                 "unit": "FLOP/s"})
+    n = 2 ** 28 // 4
+    src, dst = torch.randn(n), torch.empty(n)
+    t = Timer("dst.copy_(src)", globals={"src": src, "dst": dst}, num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=1.0)
+    mine = next(r["bytes_per_s"] for r in cal.bandwidth if r["kind"] == "copy" and r["bytes"] == 2 ** 28)
+    rows.append({"what": "copy 256 MiB (read + write)", "calibrated": mine, "timer": 2 * 2 ** 28 / t.median,
+                 "unit": "B/s"})
+    for r in rows:
+        r["ratio"] = r["calibrated"] / r["timer"]
+    return rows
+
+
+def timer_p50(w) -> float:
+    from torch.utils.benchmark import Timer
+
+    from opmap.measure.runner import make_call
+
+    call = make_call(w.module.eval(), w.inputs)
+    with torch.no_grad():
+        return Timer("call()", globals={"call": call}, num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=2.0).median
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--profile-iters", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated case labels (prefix match)")
+    args = ap.parse_args()
+
+    from opmap.hardware.calibrate import calibrate, write_profile
+    from opmap.hardware.spec import load_spec_file
+    from opmap.measure import run_profile
+    from opmap.report.sheet import si
+    from opmap.workloads import load_workload
+
+    con = Console(width=170)
+    t0 = time.perf_counter()
+    with con.status("calibrating (full grid)"):
+        cal = calibrate("cpu")
+    cal_s = time.perf_counter() - t0
+    tmp = Path(tempfile.mkdtemp()) / "local.toml"
+    hw = load_spec_file(write_profile(cal, tmp))
+    checks = independent_calibration_check(cal)
+
+    results = []
+    only = [s for s in args.only.split(",") if s]
+    for label, model, batch, size in CASES:
+        if only and not any(label.startswith(o) for o in only):
+            continue
+        with con.status(f"{label}: building, profiling"):
+            w = load_workload(model, batch, size, "fp32", "cpu")
+            p = run_profile(w, hw, "fp32", "cpu", warmup=2, iters=args.iters, profile_iters=args.profile_iters)
+            d = p.to_dict()
+            indep = timer_p50(w)
+        lts = {lt: s["measured"] for lt, s in d["layer_types"].items() if s.get("measured")}
+        big = {lt: m["predicted_over_measured"] for lt, m in lts.items() if m["share_of_measured"] > LAYER_SHARE}
+        e2e = d["accuracy"]["predicted_over_measured"]
+        ok_e2e = END_TO_END[0] <= e2e <= END_TO_END[1]
+        ok_lt = all(LAYER[0] <= r <= LAYER[1] for r in big.values())
+        ovh = d["profiler"]["overhead"]
+        results.append({
+            "case": label, "model": model, "batch": batch, "size": size,
+            "measured_p50_s": d["latency"]["p50_s"], "timer_p50_s": indep,
+            "measured_over_timer": d["latency"]["p50_s"] / indep, "predicted_s": d["accuracy"]["predicted_s"],
+            "predicted_over_measured": e2e, "layer_types": {lt: {"share": m["share_of_measured"],
+                                                                 "predicted_over_measured": m["predicted_over_measured"]}
+                                                          for lt, m in lts.items()},
+            "big_layer_types": big, "profiler_overhead": ovh, "coverage": d["profiler"]["coverage"],
+            "mfu_calibrated": d["mfu"]["calibrated"]["mfu"],
+            "pass_end_to_end": ok_e2e, "pass_layer_types": ok_lt, "pass_overhead": abs(ovh) <= MAX_OVERHEAD,
+        })
+        con.print(f"{label}: predicted/measured {e2e:.2f}, layer types {', '.join(f'{k} {v:.2f}' for k, v in big.items())}")
+
+    t = Table(title=f"Calibration vs an independent measurement (torch.utils.benchmark.Timer); calibrate took {cal_s:.0f} s")
+    for c in ("what", "calibrated", "Timer", "ratio"):
+        t.add_column(c)
+    for r in checks:
+        t.add_row(r["what"], si(r["calibrated"], r["unit"]), si(r["timer"], r["unit"]), f"{r['ratio']:.2f}")
+    con.print(t)
+    t = Table(title=f"Predicted over measured on {cal.fingerprint['model']} ({cal.fingerprint['threads']} threads), fp32, "
+                    f"targets: end to end {END_TO_END}, layer types >{LAYER_SHARE:.0%} of time {LAYER}, profiler "
+                    f"overhead <= {MAX_OVERHEAD:.0%}")
+    for c in ("case", "measured p50", "Timer p50", "predicted", "pred/meas", "layer types > 10% (pred/meas)",
+              "profiler overhead", "MFU", "pass"):
+        t.add_column(c, overflow="fold")
+    for r in results:
+        ok = r["pass_end_to_end"] and r["pass_layer_types"] and r["pass_overhead"]
+        t.add_row(r["case"], si(r["measured_p50_s"], "s"), si(r["timer_p50_s"], "s"), si(r["predicted_s"], "s"),
+                  f"{r['predicted_over_measured']:.2f}",
+                  ", ".join(f"{k} {v:.2f}" for k, v in r["big_layer_types"].items()),
+                  f"{r['profiler_overhead']:+.1%}", f"{r['mfu_calibrated']:.0%}", "PASS" if ok else "FAIL")
+    con.print(t)
+    out = write_json("accuracy", {"schema_version": 1, "when": now_iso(), "machine": machine(),
+                                  "calibrate_s": cal_s, "calibration_checks": checks, "iters": args.iters,
+                                  "profile_iters": args.profile_iters, "targets": {
+                                      "end_to_end": END_TO_END, "layer_types": LAYER, "layer_share": LAYER_SHARE,
+                                      "profiler_overhead": MAX_OVERHEAD}, "results": results})
+    con.print(f"wrote {out}")
+    return 0 if all(r["pass_end_to_end"] and r["pass_layer_types"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Efficiency curves: interpolation by hand, and the time model reading them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from opmap.costs.base import OpCost
+from opmap.hardware.curves import Curves, RateTable
+from opmap.hardware.spec import spec_from_dict
+from opmap.predict import predict_cost, resolve_precision
+
+
+def test_exact_hit_and_midpoint():
+    t = RateTable.build([(256, 256, 256, 100.0), (1024, 256, 256, 300.0)])
+    assert t.rate(256, 256, 256) == 100.0
+    # (512, 256, 256) is one octave from each point in log2 space: equal weights, the mean
+    assert t.rate(512, 256, 256) == pytest.approx(200.0)
+    # outside the grid the nearest points decide: no extrapolated growth beyond the largest rate
+    assert 100.0 < t.rate(1 << 20, 256, 256) < 300.0
+
+
+def test_inverse_distance_weighting_by_hand():
+    t = RateTable.build([(256, 256, 256, 100.0), (4096, 256, 256, 500.0)])
+    # 1024 is 2 octaves from 256 and 2 from 4096: equal; 512 is 1 and 3: weights 1 and 1/9
+    assert t.rate(1024, 256, 256) == pytest.approx(300.0)
+    assert t.rate(512, 256, 256) == pytest.approx((100.0 + 500.0 / 9) / (1 + 1 / 9))
+
+
+def test_bandwidth_curve_takes_dispatch_out_and_interpolates():
+    # copy of B bytes moves 2B; measured rate includes a 1 us dispatch: t = 2B/rate
+    cal = {"bandwidth": [{"kind": "copy", "bytes": 2 ** 20, "bytes_per_s": 2 * 2 ** 20 / 11e-6},
+                         {"kind": "copy", "bytes": 2 ** 22, "bytes_per_s": 2 * 2 ** 22 / 201e-6},
+                         {"kind": "read", "bytes": 2 ** 20, "bytes_per_s": 1.0}]}
+    c = Curves.from_calibration(cal, launch_overhead_s=1e-6)
+    lo, hi = 2 * 2 ** 20 / 10e-6, 2 * 2 ** 22 / 200e-6
+    assert c.bandwidth(2 * 2 ** 20) == pytest.approx(lo)
+    assert c.bandwidth(2 * 2 ** 22) == pytest.approx(hi)
+    assert c.bandwidth(2 * 2 ** 21) == pytest.approx((lo + hi) / 2)  # halfway in log2(size)
+    assert c.bandwidth(2 ** 40) == pytest.approx(hi) and c.bandwidth(1) == pytest.approx(lo)
+
+
+def _spec(calibration):
+    v = lambda x: {"value": x, "kind": "measured", "source": "test"}  # noqa: E731
+    return spec_from_dict({"name": "t", "display_name": "t", "vendor": "t", "device_type": "cpu",
+                           "matrix_peak_flops_per_s": {"fp32": v(100e9)},
+                           "vector_peak_flops_per_s": {"fp32": v(10e9)},
+                           "memory_bytes": v(1e9), "memory_bandwidth_bytes_per_s": v(10e9),
+                           "launch_overhead_s": v(2e-6), "calibration": calibration}, "test")
+
+
+def test_time_model_uses_the_gemm_curve_at_the_shape():
+    cal = {"matmul": [{"m": 128, "n": 768, "k": 768, "dtype": "fp32", "layout": "nt", "flops_per_s": 50e9}],
+           "vector_rates": {"transcendental_per_s": 1e9}, "view_overhead_s": 3e-6}
+    hw = _spec(cal)
+    prec = resolve_precision(hw, "fp32")
+    curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    flops = 2.0 * 128 * 768 * 768
+    cost = OpCost(matrix_flops=flops, problem=("gemm", 1, 128, 768, 768))
+    p = predict_cost(cost, hw, prec, curves)
+    assert p.matrix_s == pytest.approx(flops / 50e9)  # the curve, not the 100 GFLOP/s peak
+    assert p.predicted_s == pytest.approx(flops / 50e9 + 2e-6)
+    # a GEMM without a shape (einsum chain) falls back to the peak
+    assert predict_cost(OpCost(matrix_flops=flops), hw, prec, curves).matrix_s == pytest.approx(flops / 100e9)
+    # the measured transcendental rate replaces the assumed slots
+    t = predict_cost(OpCost(transcendental_flops=1e6), hw, prec, curves)
+    assert t.vector_s == pytest.approx(1e6 / 1e9)
+    # on a CPU a view costs its measured host dispatch
+    assert predict_cost(OpCost(is_view=True, kernel=False), hw, prec, curves).predicted_s == pytest.approx(3e-6)
+
+
+def test_no_calibration_means_datasheet_behaviour():
+    hw = _spec({})
+    c = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    assert c.empty and c.bandwidth(1e6) is None
+    assert c.matrix_rate(("gemm", 1, 8, 8, 8), "fp32") is None
+    assert math.isclose(predict_cost(OpCost(is_view=True, kernel=False), hw, resolve_precision(hw, "fp32"),
+                                     c).predicted_s, 0.0)

@@ -1,0 +1,145 @@
+"""The profile pipeline end to end on a tiny CPU model, and `opmap profile` on the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from opmap.cli import main
+from opmap.hardware.calibrate import to_toml
+from opmap.hardware.spec import spec_from_dict
+from opmap.measure import run_profile
+from opmap.measure.profile import match_datasheet
+from opmap.workloads.zoo import Workload
+
+TINY = '''
+import torch
+from torch import nn
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 256)
+        self.act = nn.GELU()
+        self.norm = nn.LayerNorm(256)
+        self.down = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return x + self.down(self.norm(self.act(self.up(x))))
+
+def tiny():
+    return Tiny(), (torch.randn(32, 64),)
+'''
+
+PEAK = 50e9
+
+
+def _spec_dict():
+    v = lambda x: {"value": x, "kind": "measured", "source": "test profile"}  # noqa: E731
+    return {"name": "testcpu", "display_name": "test cpu", "vendor": "test", "device_type": "cpu",
+            "matrix_peak_flops_per_s": {"fp32": v(PEAK)}, "vector_peak_flops_per_s": {"fp32": v(5e9)},
+            "memory_bytes": v(8e9), "memory_bandwidth_bytes_per_s": v(10e9), "launch_overhead_s": v(3e-6)}
+
+
+@pytest.fixture(scope="module")
+def prof(tmp_path_factory):
+    from opmap.workloads import load_workload
+
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "tiny.py").write_text(TINY)
+    w = load_workload(f"{d / 'tiny.py'}:tiny", dtype="fp32", device="cpu")
+    return run_profile(w, spec_from_dict(_spec_dict(), "test"), "fp32", "cpu", warmup=1, iters=5, profile_iters=2)
+
+
+def test_every_kernel_is_measured_and_joined(prof):
+    d = prof.to_dict()
+    assert d["kind"] == "profile" and d["profiler"]["coverage"] == 1.0
+    kernels = [n for n in d["nodes"] if n["bound"] not in ("view", "alloc")]
+    assert kernels and all(n["measured"] is not None for n in kernels)
+    for n in kernels:
+        m = n["measured"]
+        assert m["measured_s"] > 0
+        assert m["predicted_over_measured"] == pytest.approx(n["predicted_s"] / m["measured_s"])
+        assert m["achieved_flops_per_s"] == pytest.approx(n["flops"] / m["measured_s"])
+        assert m["compute_busy_s"] + m["memory_stall_s"] + m["other_s"] == pytest.approx(m["measured_s"])
+        assert min(m["compute_busy_s"], m["memory_stall_s"], m["other_s"]) >= 0
+
+
+def test_mfu_is_the_stated_formula(prof):
+    d = prof.to_dict()
+    # matrix FLOPs by hand: up 2*32*64*256, down 2*32*256*64
+    flops = 2 * 32 * 64 * 256 * 2
+    assert d["mfu"]["model_matrix_flops"] == flops
+    p50 = d["latency"]["p50_s"]
+    assert d["mfu"]["calibrated"]["mfu"] == pytest.approx(flops / (p50 * PEAK))
+    assert d["mfu"]["datasheet"]["mfu"] is None and "datasheet" in d["mfu"]["datasheet"]["why"]
+    assert "p50 latency" in d["mfu"]["formula"]
+
+
+def test_latency_stall_energy_and_tags(prof):
+    d = prof.to_dict()
+    lat = d["latency"]
+    assert lat["n"] == 5 and lat["min_s"] <= lat["p50_s"] <= lat["p95_s"] <= lat["p99_s"] <= lat["max_s"]
+    for lt, s in d["stall_fraction"]["layer_types"].items():
+        assert s["compute_busy"] + s["memory_stall"] + s["other"] == pytest.approx(1.0)
+    assert "roofline-estimated" in d["stall_fraction"]["method"]
+    assert d["energy"]["joules"] is None or d["energy"]["joules"] > 0
+    assert d["energy"]["method"]
+    assert d["tags"]["tags_version"] == 1 and d["tags"]["workload"] == "tiny.py:tiny"
+    total = sum(s["measured"]["measured_s"] for s in d["layer_types"].values() if s["measured"])
+    assert total == pytest.approx(prof.attribution.attributed_s, rel=0.5)
+
+
+def test_bad_iteration_counts_are_refused():
+    from opmap.errors import OpmapError
+
+    w = Workload("x", torch.nn.Linear(2, 2), (torch.ones(1, 2),), 1, None)
+    with pytest.raises(OpmapError, match="iterations must be positive"):
+        run_profile(w, spec_from_dict(_spec_dict(), "t"), "fp32", "cpu", iters=0)
+    with pytest.raises(OpmapError, match="accepted: cpu, cuda"):
+        run_profile(w, spec_from_dict(_spec_dict(), "t"), "fp32", "meta")
+
+
+def test_datasheet_matching_of_cuda_names():
+    assert match_datasheet("NVIDIA H200") == "h200"
+    assert match_datasheet("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert match_datasheet("NVIDIA H100 PCIe") == "h100-pcie"
+    assert match_datasheet("NVIDIA A100-SXM4-80GB") == "a100-sxm-80gb"
+    assert match_datasheet("NVIDIA L4") == "l4" and match_datasheet("NVIDIA L40S") == "l40s"
+    assert match_datasheet("AMD EPYC") is None
+
+
+def test_cli_profile_writes_the_set(tmp_path, capsys):
+    (tmp_path / "tiny.py").write_text(TINY)
+    hw = tmp_path / "hw.toml"
+    hw.write_text(to_toml(_spec_dict()))
+    out = tmp_path / "out"
+    rc = main(["profile", f"{tmp_path / 'tiny.py'}:tiny", "--hardware", str(hw), "--iters", "3",
+               "--profile-iters", "1", "--warmup", "1", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "p50" in text and "MFU" in text and "memory-stall" in text
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["profile.json", "sheet.csv", "sheet.md", "torch_trace.json", "trace.json"]
+    d = json.loads((out / "profile.json").read_text())
+    assert d["schema_version"] == 1 and d["latency"]["n"] == 3
+    trace = json.loads((out / "trace.json").read_text())
+    tids = {e.get("tid") for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {1, 2} <= tids and trace["otherData"]["opmap_tags"]["run_id"] == d["tags"]["run_id"]
+    raw = json.loads((out / "torch_trace.json").read_text())
+    assert raw["otherData"]["opmap_tags"]["workload"] == "tiny.py:tiny"
+    header = (out / "sheet.csv").read_text().splitlines()[0]
+    assert "measured_s" in header and "predicted_over_measured" in header
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["profile", "gpt2", "--device", "meta"], "accepted: cpu, cuda"),
+    (["profile", "no-such-model", "--hardware", "h100-sxm"], "unknown model"),
+    (["profile", "gpt2", "--hardware", "nope"], "unknown hardware"),
+])
+def test_cli_profile_bad_input(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
