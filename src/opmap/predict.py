@@ -10,7 +10,7 @@ Per kernel (today: per non-view aten node, the eager policy)::
 With a calibrated profile (``opmap calibrate``, hardware/curves.py) the matrix rate comes from the measured
 curve of the op's family (GEMM, conv as implicit GEMM, fused attention) at its shape, the bandwidth from
 the measured copy curve at the kernel's size (so cache-resident kernels run at cache bandwidth), the
-transcendental rate is measured, and on a CPU each view op costs its measured host dispatch time (eager
+transcendental rate is measured, softmax / norms / pooling / reductions run at their family's measured rate, and on a CPU each view op costs its measured host dispatch time (eager
 PyTorch runs every view through the dispatcher). Without one (a catalog device) the matrix rate is the
 dense datasheet peak, the bandwidth the datasheet figure, and a transcendental takes
 TRANSCENDENTAL_SLOTS vector slots.
@@ -98,7 +98,10 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         return Prediction(0.0, 0.0, 0.0, overhead, overhead, "uncounted", "overhead")
     rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops else None
     matrix_s = cost.matrix_flops / (rate or prec.matrix_peak_flops_per_s)
-    if curves.transcendental_per_s:
+    kind_rate = curves.vector_kinds.get(cost.vector_kind) if cost.vector_kind else None
+    if kind_rate:  # measured on this family's own op: its transcendentals are inside the rate
+        vector_s = cost.vector_flops / kind_rate
+    elif curves.transcendental_per_s:
         vector_s = (cost.vector_flops / prec.vector_peak_flops_per_s
                     + cost.transcendental_flops / curves.transcendental_per_s)
     else:

@@ -65,3 +65,13 @@ def test_toml_writer_round_trips():
 
     d = {"a": 1, "t": {"x": 1.5, "s": 'q"uote', "l": ["p", "q"], "rows": [{"m": 1}, {"m": 2}], "sub": {"y": 2}}}
     assert tomllib.loads(to_toml(d)) == d
+
+
+def test_vector_family_rates_are_in_the_rules_units(quick):
+    from opmap.hardware.calibrate import _rule_vector_flops, _vector_kind_benchmarks
+
+    assert set(quick.vector_kinds) == {"softmax", "layer_norm", "batch_norm", "pool", "reduce"}
+    assert all(r > 0 for r in quick.vector_kinds.values())
+    fn, args = _vector_kind_benchmarks(torch.device("cpu"))["pool"]
+    # max_pool2d 3x3 stride 2 padding 1 on 4x64x56x56 -> 4x64x28x28; the pool rule: one op per output per tap
+    assert _rule_vector_flops(fn, args) == 4 * 64 * 28 * 28 * 9

@@ -77,3 +77,13 @@ def test_no_calibration_means_datasheet_behaviour():
     assert c.matrix_rate(("gemm", 1, 8, 8, 8), "fp32") is None
     assert math.isclose(predict_cost(OpCost(is_view=True, kernel=False), hw, resolve_precision(hw, "fp32"),
                                      c).predicted_s, 0.0)
+
+
+def test_vector_family_rate_replaces_the_pointwise_rate():
+    hw = _spec({"vector_kinds": {"pool": 1e8}})
+    c = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    prec = resolve_precision(hw, "fp32")
+    pool = OpCost(vector_flops=1e6, transcendental_flops=10.0, vector_kind="pool")
+    assert predict_cost(pool, hw, prec, c).vector_s == pytest.approx(1e6 / 1e8)
+    plain = OpCost(vector_flops=1e6)
+    assert predict_cost(plain, hw, prec, c).vector_s == pytest.approx(1e6 / 10e9)

@@ -61,3 +61,17 @@ def test_device_timebase_uses_kernel_time():
     assert a.timebase == "device"
     assert a.timings[0].median_s == pytest.approx(120e-6)
     assert a.timings[0].kernels == ("sm90_xmma_gemm",)
+
+
+def test_resynchronises_on_name_and_shape_after_a_divergence():
+    # the capture saw linear as t + mm + add; the run took addmm. The walk steps over the missing nodes
+    # and picks up at gelu (same first input shape); the run's addmm is not taken for the later addmm node,
+    # whose bias has another shape, which matches the later addmm event.
+    ops = ["aten.t.default", "aten.mm.default", "aten.add.Tensor", "aten.gelu.default", "aten.addmm.default"]
+    shapes = [(64, 32), (8, 32), (8, 64), (8, 64), (128,)]
+    evs = [Event("aten::addmm", 0, 5, first_shape=(64,)), Event("aten::gelu", 6, 7, first_shape=(8, 64)),
+           Event("aten::addmm", 8, 12, first_shape=(128,))]
+    m = match_iteration(ops, evs, skippable=[0], first_shapes=shapes)
+    assert [(x.node, x.event.start_us) for x in m] == [(3, 6), (4, 8)]
+    a = attribute(ops, [1, 2, 3, 4], [(2e-5, evs)], first_shapes=shapes)
+    assert a.coverage == 0.5

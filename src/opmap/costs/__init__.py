@@ -8,12 +8,24 @@ as uncounted by name, never a silent zero.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from opmap.costs import attention, matmul, movement, pointwise, vector  # noqa: F401  (registers rules)
 from opmap.costs.base import RULES, OpCost, rule
 from opmap.costs.movement import view_cost
 from opmap.costs.pointwise import base_name
 from opmap.graph import Node, OpGraph
+
+
+# Vector families with a rate of their own in a calibrated profile (hardware/calibrate.py measures each).
+VECTOR_KINDS = {
+    vector.softmax_cost: "softmax", vector.log_softmax_cost: "softmax",
+    vector.layer_norm_cost: "layer_norm", vector.group_norm_cost: "layer_norm", vector.rms_norm_cost: "layer_norm",
+    vector.batch_norm_cost: "batch_norm",
+    vector.pool_cost: "pool",
+    vector.adaptive_pool_cost: "reduce", vector.reduction_cost: "reduce", vector.variance_cost: "reduce",
+    vector.logsumexp_cost: "reduce",
+}
 
 
 def rule_for(node: Node):
@@ -26,7 +38,8 @@ def cost_node(node: Node) -> OpCost:
     fn = rule_for(node)
     if fn is None:
         return OpCost(counted=False)
-    return fn(node)
+    kind = VECTOR_KINDS.get(fn)
+    return replace(fn(node), vector_kind=kind) if kind else fn(node)
 
 
 def cost_graph(graph: OpGraph) -> list[OpCost]:

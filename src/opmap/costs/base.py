@@ -34,6 +34,9 @@ class OpCost:
     # "gemm" (batch x [m,k]@[k,n]), "conv" (implicit GEMM: m = N*out pixels, n = Cout, k = Cin/groups*kernel)
     # or "attention" (batch = B*H, m = Sq, n = Sk, k = head dim; causal adds "_causal"). None elsewhere.
     problem: tuple[str, int, int, int, int] | None = None
+    # The vector family whose measured rate applies (softmax, layer_norm, batch_norm, pool, reduce); ""
+    # for plain pointwise work. Set by cost_node from the rule that costed the node.
+    vector_kind: str = ""
 
     @property
     def flops(self) -> float:
@@ -50,7 +53,7 @@ class OpCost:
 
     def __add__(self, other: "OpCost") -> "OpCost":
         kw = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-              if f.name not in ("counted", "is_view", "kernel", "problem")}
+              if f.name not in ("counted", "is_view", "kernel", "problem", "vector_kind")}
         return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view,
                       kernel=self.kernel or other.kernel)
 

@@ -11,7 +11,9 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.
 - ``transcendental_per_s``: evaluations per second of exp / tanh / erf, measured, replacing the assumed
-  TRANSCENDENTAL_SLOTS; ``view_overhead_s``: the host cost of one view op (eager dispatch on the CPU).
+  TRANSCENDENTAL_SLOTS; ``vector_kinds``: per vector family (softmax, layer_norm, batch_norm, pool,
+  reduce) the cost rule's FLOPs per second measured on a representative op, transcendentals included in
+  the time (max pooling with indices, for one, runs far below the pointwise rate on CPUs); ``view_overhead_s``: the host cost of one view op (eager dispatch on the CPU).
 
 A catalog device without a calibration has no curves: the time model uses its datasheet peaks.
 """
@@ -52,6 +54,7 @@ class Curves:
     transcendental_per_s: float | None = None
     view_overhead_s: float = 0.0
     source: str = ""
+    vector_kinds: dict[str, float] = field(default_factory=dict)  # family -> rule FLOPs per second
 
     @property
     def empty(self) -> bool:
@@ -106,4 +109,5 @@ class Curves:
         vec = cal.get("vector_rates", {})
         return Curves({k: RateTable.build(v) for k, v in rows.items()}, tuple(sorted(bw)),
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
-                      str(cal.get("fingerprint", {}).get("model", "")))
+                      str(cal.get("fingerprint", {}).get("model", "")),
+                      {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0})

@@ -8,8 +8,9 @@ below composite decomposition, in the same order. So one walk in start order mat
   the ``aten::copy_`` inside ``aten::_to_copy``, or the backend kernel inside
   ``aten::scaled_dot_product_attention``) belongs to it and is not matched again;
 - any other event is a container (a composite op) or an op the capture did not see; the walk goes into it;
-- a node that launches no kernel (a view, an allocation) may be missing from the profile: the walk may step
-  over such nodes, never over a kernel.
+- where the run and the capture diverge (a composite op that decomposed differently, a view the profiler
+  did not record) the walk resynchronises on the nearest later node with the same name and first input
+  shape; the nodes it steps over stay unmatched and lower the coverage, which is reported.
 
 A node's measured time is the inclusive duration of its event: CPU wall time on the CPU, the summed
 duration of the device kernels launched under it on CUDA (the profiler links kernels to ops through
@@ -33,6 +34,7 @@ class Event:
     end_us: float
     device_us: float = 0.0  # kernel time launched under this op and its children (CUDA); 0 on the CPU
     kernels: tuple[str, ...] = ()  # names of those kernels
+    first_shape: tuple[int, ...] | None = None  # the first non-scalar input's shape (record_shapes); None: unknown
 
     @property
     def cpu_us(self) -> float:
@@ -51,14 +53,21 @@ class Match:
     event: Event
 
 
-def match_iteration(ops: Sequence[str], events: Iterable[Event], skippable: Iterable[int] = ()) -> list[Match]:
+LOOKAHEAD = 48  # nodes the walk may step over to resynchronise after the run and the capture diverge
+
+
+def match_iteration(ops: Sequence[str], events: Iterable[Event], skippable: Iterable[int] = (),
+                    first_shapes: Sequence[tuple[int, ...] | None] | None = None) -> list[Match]:
     """Match one iteration's events to the nodes' op sequence (see the module docstring).
 
-    Nodes in ``skippable`` (views, allocations: no kernel) may be absent from the profile; an event that
-    matches the first node after a run of them matches there, and the skipped ones stay unmatched.
+    An event matches the next unmatched node with its name, or, where the run and the capture diverge
+    (a composite op that took another path, a view the profiler did not record), the nearest node within
+    LOOKAHEAD with its name and the same first input shape; the nodes stepped over stay unmatched. Nodes in
+    ``skippable`` (no kernel) may be stepped over on a name match alone.
     """
     names = [profiler_name(op) for op in ops]
     skip = set(skippable)
+    shapes = list(first_shapes) if first_shapes is not None else [None] * len(names)
     ordered = sorted(events, key=lambda e: (e.start_us, -e.end_us))
     out: list[Match] = []
     j = 0
@@ -68,12 +77,18 @@ def match_iteration(ops: Sequence[str], events: Iterable[Event], skippable: Iter
             break
         if ev.start_us < inside_until:
             continue
-        k = j
-        while k < len(names) and names[k] != ev.name and k in skip:
-            k += 1
-        if k < len(names) and names[k] == ev.name:
-            out.append(Match(k, ev))
-            j = k + 1
+        hit = None
+        only_skippable = True
+        for k in range(j, min(len(names), j + LOOKAHEAD)):
+            if names[k] == ev.name:
+                same = ev.first_shape is None or shapes[k] is None or ev.first_shape == shapes[k]
+                if (k == j or only_skippable) and same or same and ev.first_shape is not None:
+                    hit = k
+                    break
+            only_skippable = only_skippable and k in skip
+        if hit is not None:
+            out.append(Match(hit, ev))
+            j = hit + 1
             inside_until = ev.end_us
     return out
 
@@ -110,7 +125,7 @@ class Attribution:
 
 
 def attribute(ops: Sequence[str], kernel_nodes: Sequence[int], iterations: Sequence[tuple[float, Sequence[Event]]],
-              use_device_time: bool = False) -> Attribution:
+              use_device_time: bool = False, first_shapes: Sequence[tuple[int, ...] | None] | None = None) -> Attribution:
     """Join ``iterations`` (each: its span in seconds and its events) to the nodes named by ``ops``.
 
     ``kernel_nodes`` are the indices of nodes that launch a kernel; coverage is measured over them (views
@@ -122,7 +137,7 @@ def attribute(ops: Sequence[str], kernel_nodes: Sequence[int], iterations: Seque
     want = set(kernel_nodes)
     all_matches = []
     for _span, events in iterations:
-        matches = match_iteration(ops, events, skippable=[i for i in range(len(ops)) if i not in want])
+        matches = match_iteration(ops, events, [i for i in range(len(ops)) if i not in want], first_shapes)
         all_matches.append(tuple(matches))
         got = {m.node for m in matches}
         if want:

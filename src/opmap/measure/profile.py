@@ -222,6 +222,11 @@ def device_name(dev: torch.device) -> str:
     return str(fingerprint(dev)["model"])
 
 
+def first_shape(node) -> tuple[int, ...]:
+    """The node's first non-scalar input shape, as the profiler's record_shapes would show it."""
+    return next((tuple(t.shape) for t in node.inputs if len(t.shape)), ())
+
+
 def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3, iters: int = 20,
                 profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (), datasheet: HardwareSpec | None = None,
                 progress: Callable[[str, int], None] | None = None) -> Profile:
@@ -270,7 +275,8 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         profiled = profile_iterations(call, dev, profile_iters, progress=lambda: step("profiled iterations", 1))
     ops = [n.op for n in graph.nodes]
     kernel_nodes = [i for i, r in enumerate(analysis.results) if r.cost.kernel]
-    att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda")
+    att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
+                    first_shapes=[first_shape(n) for n in graph.nodes])
     p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why)
     p.tags = telemetry_tags(workload, analysis, device, name, p.mode)
     return p

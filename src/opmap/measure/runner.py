@@ -94,6 +94,15 @@ def _device_us(e) -> float:
     return float(getattr(e, "cuda_time_total", 0.0) or 0.0)
 
 
+def _first_shape(e, recorded: bool) -> tuple[int, ...] | None:
+    if not recorded:
+        return None
+    for shp in getattr(e, "input_shapes", None) or ():
+        if shp and all(isinstance(x, int) for x in shp):
+            return tuple(shp)
+    return ()
+
+
 @dataclass
 class ProfiledRun:
     iterations: list[tuple[float, list[Event]]]  # per iteration: marker span (s), the events inside it
@@ -128,7 +137,7 @@ def profile_iterations(call: Callable[[], Any], device: torch.device, n: int, *,
     for m in marks:
         s, t = m.time_range.start, m.time_range.end
         inside = [Event(e.name, float(e.time_range.start), float(e.time_range.end), _device_us(e),
-                        _subtree_kernels(e) if device.type == "cuda" else ())
+                        _subtree_kernels(e) if device.type == "cuda" else (), _first_shape(e, record_shapes))
                   for e in events
                   if e is not m and e.thread == m.thread and s <= e.time_range.start and e.time_range.end <= t]
         iterations.append(((t - s) / 1e6, inside))
