@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 OUT ?= out/demo
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench accuracy clean
 
 $(BIN)/opmap: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,9 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_capture.py
 	$(BIN)/python benchmarks/bench_large.py
+
+accuracy: setup
+	$(BIN)/python benchmarks/accuracy.py
 
 clean:
 	rm -rf $(VENV) out build src/*.egg-info

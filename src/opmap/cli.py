@@ -161,6 +161,8 @@ def calibrate(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     quick: bool = typer.Option(False, help="A small grid (seconds): a smoke test, not a profile to trust."),
     out: Optional[Path] = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
+    datasheet: Optional[str] = typer.Option(None, help="Catalog entry to compare with (CUDA: matched by device "
+                                                       "name)."),
 ) -> None:
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -199,10 +201,35 @@ def calibrate(
         t.add_row(f"vector {dt}", "addcmul, 128k elements", si(r, "FLOP/s"), "")
     t.add_row("transcendental fp32", "exp, tanh, erf, 128k elements", si(cal.transcendental_per_s, "/s"), "")
     console.print(t)
+    _datasheet_table(cal, datasheet)
     if cal.skipped:
         console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s): "
                       + "; ".join(cal.skipped[:3]) + (" ..." if len(cal.skipped) > 3 else ""))
     console.print(f"wrote {path}; use it with --hardware local")
+
+
+def _datasheet_table(cal, datasheet: Optional[str]) -> None:
+    """Measured over datasheet, per matrix dtype and for the memory bandwidth."""
+    from opmap.hardware import get_hardware
+    from opmap.measure.profile import match_datasheet
+    from opmap.report.sheet import si
+
+    name = datasheet or (match_datasheet(str(cal.fingerprint["model"])) if cal.device.startswith("cuda") else None)
+    if name is None:
+        return
+    ds = get_hardware(name)
+    t = Table(title=f"measured over datasheet ({ds.name}: {ds.display_name})")
+    for col in ("what", "measured", "datasheet", "measured / datasheet"):
+        t.add_column(col)
+    for dt in ("fp32", "tf32", "bf16", "fp16"):
+        best, v = cal.peak(dt), ds.matrix_peak_flops_per_s.get(dt)
+        if best and v is not None and v.value:
+            t.add_row(f"matrix {dt} ({v.kind})", si(best["flops_per_s"], "FLOP/s"), si(v.value, "FLOP/s"),
+                      f"{best['flops_per_s'] / v.value:.2f}")
+    bw = cal.copy_bandwidth()["bytes_per_s"]
+    t.add_row("memory bandwidth (copy, largest size)", si(bw, "B/s"), si(ds.memory_bandwidth_bytes_per_s, "B/s"),
+              f"{bw / ds.memory_bandwidth_bytes_per_s:.2f}")
+    console.print(t)
 
 
 @models_app.command("list")

@@ -72,6 +72,7 @@ class Profile:
     datasheet_why: str
     mode: str = "inference"
     tags: dict[str, Any] = field(default_factory=dict)
+    around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
 
     # -- per node ---------------------------------------------------------------------------------------
     def stall_split(self, i: int) -> tuple[float, float, float]:
@@ -173,10 +174,12 @@ class Profile:
         d["latency"] = {**self.latency.to_dict(), "warmup": self.warmup, "mode": self.mode,
                         "method": "perf_counter around each iteration, no profiler attached"
                                   + ("; torch.cuda.synchronize before each clock read" if self.device.startswith("cuda") else "")}
-        plain, prof = self.latency.p50_s, self.profiled.wall.p50_s
+        plain = (self.around or self.latency).p50_s
+        prof = self.profiled.wall.p50_s
         d["profiler"] = {
             "iterations": len(self.profiled.iterations), "record_shapes": True, "timebase": att.timebase,
-            "wall_p50_s": prof, "overhead": prof / plain - 1.0 if plain else None,
+            "wall_p50_s": prof, "adjacent_plain_p50_s": plain, "overhead": prof / plain - 1.0 if plain else None,
+            "overhead_method": "p50 of the profiled iterations over p50 of the plain iterations adjacent to them",
             "coverage": att.coverage, "iteration_s": att.iteration_s, "attributed_s": att.attributed_s,
             "unattributed_s": att.unattributed_s,
             "method": "profiler events matched to graph nodes in execution order by aten op name; a matched "
@@ -273,10 +276,15 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         _, energy = measure_energy(timed, device)
         step("profiled iterations", 0)
         profiled = profile_iterations(call, dev, profile_iters, progress=lambda: step("profiled iterations", 1))
+        # plain iterations right after the profiled ones: the overhead compares profiled iterations with the
+        # plain ones around them (the last of the timed loop and these), so slow drift on a shared machine
+        # does not read as profiler overhead
+        after = time_iterations(call, dev, profile_iters)
     ops = [n.op for n in graph.nodes]
     kernel_nodes = [i for i, r in enumerate(analysis.results) if r.cost.kernel]
     att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
                     first_shapes=[first_shape(n) for n in graph.nodes])
-    p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why)
+    around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
+    p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why, around=around)
     p.tags = telemetry_tags(workload, analysis, device, name, p.mode)
     return p
