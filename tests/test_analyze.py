@@ -71,7 +71,13 @@ def test_analysis_json_contract(analysis_of):
             assert t.get("producer") is None or t["producer"] < n["id"]  # edges point backwards
     assert d["uncounted"] == {}
     tot = d["totals"]
-    assert tot["predicted_latency_s"] == pytest.approx(sum(n["predicted_s"] for n in d["nodes"]))
+    # the total is the fusion plan's kernels plus the non-kernel nodes (views, allocations)
+    assert tot["predicted_latency_s"] == pytest.approx(
+        sum(k["predicted_s"] for k in d["kernels"])
+        + sum(n["predicted_s"] for n in d["nodes"] if n["bound"] in ("view", "alloc")))
+    assert sorted(i for k in d["kernels"] for i in k["nodes"]) == [
+        n["id"] for n in d["nodes"] if n["bound"] not in ("view", "alloc")]
+    assert d["fusion"]["policy"] == "eager" and d["fusion"]["kernels"] == tot["kernels"]
     assert tot["flops"] == pytest.approx(sum(lt["flops"] for lt in d["layer_types"].values()))
 
 

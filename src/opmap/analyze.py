@@ -17,8 +17,11 @@ from opmap import __version__
 from opmap.capture import capture
 from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
+from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.hardware.curves import Curves
+from opmap.mapping.fusion import FusionPlan, plan_fusion
+from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.hardware.spec import HardwareSpec
 from opmap.predict import TRANSCENDENTAL_SLOTS, Precision, Prediction, mfu, predict_cost, resolve_precision, \
     ridge_point
@@ -53,6 +56,8 @@ class Analysis:
     hardware: HardwareSpec
     precision: Precision
     assumptions: dict[str, Any]
+    plan: FusionPlan | None = None
+    kernel_results: tuple[KernelResult, ...] = ()
 
     # -- totals ---------------------------------------------------------------------------------------
     @property
@@ -64,11 +69,15 @@ class Analysis:
 
     @property
     def predicted_latency_s(self) -> float:
-        return sum(r.pred.predicted_s for r in self.results)
+        """Kernel times (the fusion plan's kernels) plus what non-kernel nodes cost (host dispatch of views)."""
+        if not self.kernel_results:
+            return sum(r.pred.predicted_s for r in self.results)
+        return (sum(k.predicted_s for k in self.kernel_results)
+                + sum(r.pred.predicted_s for r in self.results if not r.cost.kernel))
 
     @property
     def kernels(self) -> int:
-        return sum(1 for r in self.results if r.cost.kernel)
+        return len(self.kernel_results) if self.kernel_results else sum(1 for r in self.results if r.cost.kernel)
 
     @property
     def predicted_mfu(self) -> float:
@@ -79,19 +88,30 @@ class Analysis:
         return uncounted(self.graph, [r.cost for r in self.results])
 
     def layer_types(self) -> list[LayerSummary]:
+        """Per layer type; a fused kernel's time counts under its anchor node's layer type."""
         groups: dict[str, list[NodeResult]] = defaultdict(list)
         for r in self.results:
             groups[r.node.layer_type].append(r)
+        kernel_time: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for k in self.kernel_results:
+            kernel_time[self.results[k.kernel.anchor].node.layer_type][k.bound] += k.predicted_s
         out = []
         for lt, rs in groups.items():
             by_bound: dict[str, float] = defaultdict(float)
-            for r in rs:
-                by_bound[r.pred.bound] += r.pred.predicted_s
+            if self.kernel_results:
+                for b, t in kernel_time[lt].items():
+                    by_bound[b] += t
+                for r in rs:
+                    if not r.cost.kernel:
+                        by_bound[r.pred.bound] += r.pred.predicted_s
+            else:
+                for r in rs:
+                    by_bound[r.pred.bound] += r.pred.predicted_s
             real = {b: t for b, t in by_bound.items() if b not in ("view", "alloc")}
             bound = max(real, key=real.get) if real else "view"
             out.append(LayerSummary(
                 lt, len(rs), sum(r.cost.flops for r in rs), sum(r.cost.matrix_flops for r in rs),
-                sum(r.cost.bytes for r in rs), sum(r.pred.predicted_s for r in rs), bound))
+                sum(r.cost.bytes for r in rs), sum(by_bound.values()), bound))
         return sorted(out, key=lambda s: -s.predicted_s)
 
     # -- the JSON contract ----------------------------------------------------------------------------
@@ -127,6 +147,8 @@ class Analysis:
                 for s in self.layer_types()
             },
             "nodes": [self._node_dict(r) for r in self.results],
+            "kernels": [k.to_dict() for k in self.kernel_results],
+            "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
         }
 
@@ -138,6 +160,10 @@ class Analysis:
         d.update(p.to_dict())
         d["counted"] = c.counted
         return d
+
+    def kernel_of(self) -> dict[int, int]:
+        """Node id -> kernel id."""
+        return dict(self.plan.group_of) if self.plan else {}
 
 
 def time_model_line(hw: HardwareSpec) -> str:
@@ -151,8 +177,15 @@ def time_model_line(hw: HardwareSpec) -> str:
                                                       "dispatch" if hw.device_type == "cpu" else ""))
 
 
+FUSION_TEXT = {
+    "eager": "eager: one kernel per non-view aten op; SDPA as one fused kernel",
+    "compiler": "compiler: pointwise chains, GEMM / conv epilogues and reductions with their pointwise "
+                "neighbours fused (legal-only, at most 16 nodes a kernel); SDPA as one fused kernel",
+}
+
+
 def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
-                      overrides: Sequence[tuple[str, str]]) -> dict[str, Any]:
+                      overrides: Sequence[tuple[str, str]], fusion: str = "eager") -> dict[str, Any]:
     mp = hw.matrix_peak_flops_per_s[prec.matrix]
     return {
         "workload": workload.name,
@@ -166,7 +199,11 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "batch": workload.batch,
         "seq": workload.seq,
         "capture_device": graph.device,
-        "fusion_policy": "eager: one kernel per non-view aten op; SDPA as one fused kernel",
+        "fusion_policy": FUSION_TEXT.get(fusion, fusion),
+        "tiling": ("GEMM / conv tile search against shared memory per compute unit, tile and wave quantization"
+                   if hw.device_type != "cpu" and hw.get("sram_per_unit_bytes") else
+                   "none (CPU: the BLAS library blocks for the caches; measured shape curves stand for it)"
+                   if hw.device_type == "cpu" else "none (the device lists no shared memory per compute unit)"),
         "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},
         "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
         "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
@@ -182,18 +219,25 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
 
 
 def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
-                  overrides: Sequence[tuple[str, str]] = ()) -> Analysis:
+                  overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None) -> Analysis:
     prec = resolve_precision(hw, dtype)
     costs = cost_graph(graph)
     curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
-    results = tuple(NodeResult(n, c, predict_cost(c, hw, prec, curves)) for n, c in zip(graph.nodes, costs))
+    preds = [predict_cost(c, hw, prec, curves) for c in costs]
+    results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
+    plan = plan_fusion(graph, costs, fusion, plan_file)
+    kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves))
     return Analysis(workload.name, graph, results, hw, prec,
-                    build_assumptions(workload, hw, prec, graph, overrides))
+                    build_assumptions(workload, hw, prec, graph, overrides, plan.policy), plan, kernels)
 
 
 def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
-            overrides: Sequence[tuple[str, str]] = ()) -> Analysis:
-    """Capture, cost and predict ``workload`` on ``hw`` at ``dtype``."""
+            overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None) -> Analysis:
+    """Capture, cost, map and predict ``workload`` on ``hw`` at ``dtype`` under the ``fusion`` policy."""
     resolve_precision(hw, dtype)  # fail on a bad dtype before the capture runs
+    from opmap.mapping.fusion import POLICIES
+
+    if plan_file is None and fusion not in POLICIES:
+        raise OpmapError(f"unknown fusion policy {fusion!r}; accepted: {', '.join(POLICIES)}, or --fusion-plan FILE")
     graph = capture(workload.module, workload.inputs, overrides=overrides)
-    return analyze_graph(graph, workload, hw, dtype, overrides)
+    return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file)

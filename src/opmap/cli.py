@@ -37,17 +37,25 @@ def analyze(
     device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
     layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
+    fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
+    fusion_plan: Optional[Path] = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
 ) -> None:
-    """Capture MODEL, cost every operator, predict each one's time on HARDWARE."""
+    """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
     from opmap.capture import parse_overrides
     from opmap.hardware import get_hardware
     from opmap.predict import resolve_precision
     from opmap.report.sheet import print_report, write_outputs
 
+    from opmap.mapping.fusion import POLICIES
+
     hw = get_hardware(hardware)
     resolve_precision(hw, dtype)
     overrides = parse_overrides(layer_type)
+    if fusion not in POLICIES and fusion_plan is None:
+        raise OpmapError(f"unknown fusion policy {fusion!r}; accepted: {', '.join(POLICIES)}, or --fusion-plan FILE")
+    if fusion_plan is not None and not fusion_plan.is_file():
+        raise OpmapError(f"fusion plan {fusion_plan} does not exist")
     if device not in ("meta", "cpu", "cuda"):
         raise OpmapError(f"unknown capture device {device!r}; accepted: meta, cpu, cuda")
     if device == "cuda":
@@ -57,7 +65,7 @@ def analyze(
             raise OpmapError("--device cuda: no CUDA device is available here; accepted: meta, cpu")
     w = _build(model, batch, seq, image_size, dtype, device)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):
-        a = run_analyze(w, hw, dtype, overrides)
+        a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan)
     print_report(a, console, rows)
     if out is not None:
         paths = write_outputs(a, out)

@@ -65,6 +65,31 @@ def sheet_rows(a: Analysis) -> list[dict]:
     return rows
 
 
+KERNEL_COLUMNS = ("id", "nodes", "ops", "kernel_class", "tile", "runner_up_tile", "sram_bytes", "tiles", "waves",
+                  "tile_efficiency", "wave_efficiency", "format", "layout", "min_bytes", "traffic_bytes",
+                  "predicted_s", "bound", "why")
+
+
+def kernel_rows(a: Analysis) -> list[dict]:
+    rows = []
+    for k in a.kernel_results:
+        d = k.to_dict()
+        d["ops"] = "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes)
+        d["nodes"] = " ".join(map(str, k.kernel.nodes))
+        d["tile"] = k.tile.label() if k.tile else ""
+        d["runner_up_tile"] = k.runner_up.label() if k.runner_up else ""
+        rows.append({c: ("" if d.get(c) is None else d.get(c)) for c in KERNEL_COLUMNS})
+    return rows
+
+
+def render_kernels_csv(a: Analysis) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=KERNEL_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(kernel_rows(a))
+    return buf.getvalue()
+
+
 def render_csv(a: Analysis) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=SHEET_COLUMNS, lineterminator="\n")
@@ -85,7 +110,7 @@ def _assumption_lines(a: Analysis) -> list[str]:
         f"launch overhead {si(s['launch_overhead_s']['value'], 's')} [{s['launch_overhead_s']['kind']}]",
         f"time model: {s['time_model']}" + ("" if "transcendental/rate" in s["time_model"] else
                                             f"; transcendental = {s['transcendental_slots']:g} vector slots"),
-        f"fusion: {s['fusion_policy']}; captured on {s['capture_device']}",
+        f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
     if s["precision_note"]:
@@ -112,12 +137,31 @@ def render_markdown(a: Analysis) -> str:
                    f"{s['share_of_time']:.1%} | {s['bound']} |")
     if d["uncounted"]:
         out += ["", "## Uncounted ops (no cost rule)", ""] + [f"- {op}: {n}" for op, n in d["uncounted"].items()]
-    out += ["", "## Mapping sheet", "", "| " + " | ".join(SHEET_COLUMNS) + " |",
+    if a.plan is not None:
+        f = a.plan.to_dict()
+        out += ["", "## Kernels", "", f"{f['kernels']} kernels under {f['policy']} ({f['eager_kernels']} eager); "
+                f"{si(f['bytes_saved'], 'B')} and {f['launches_saved']} launches saved", "",
+                "| " + " | ".join(KERNEL_COLUMNS) + " |", "|" + "---|" * len(KERNEL_COLUMNS)]
+        for row in kernel_rows(a):
+            out.append("| " + " | ".join(_kcell(k, v) for k, v in row.items()) + " |")
+    out += ["", "## Operators", "", "| " + " | ".join(SHEET_COLUMNS) + " |",
             "|" + "---|" * len(SHEET_COLUMNS)]
     for row in sheet_rows(a):
         cells = [_cell(k, v) for k, v in row.items()]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+def _kcell(key: str, v) -> str:
+    if v == "":
+        return ""
+    if key in ("min_bytes", "traffic_bytes", "sram_bytes"):
+        return si(v, "B")
+    if key == "predicted_s":
+        return si(v, "s")
+    if key in ("tile_efficiency", "wave_efficiency"):
+        return f"{v:.0%}"
+    return str(v).replace("|", "\\|")
 
 
 def _share(x: float, total: float) -> str:
@@ -143,9 +187,26 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     for line in _assumption_lines(a):
         console.print(f"  {line}", highlight=False, markup=False)
 
+    if a.kernel_results:
+        ks = sorted(a.kernel_results, key=lambda k: -k.predicted_s)
+        kshown = ks if rows <= 0 else ks[:rows]
+        f = a.plan.to_dict()
+        kt = Table(title=f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
+                         f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} launches "
+                         "saved (all rows in kernels.csv)", title_justify="left")
+        for col in ("id", "ops", "class", "tile", "SRAM", "waves", "format", "layout", "bytes", "traffic",
+                    "predicted", "bound", "why"):
+            kt.add_column(col, overflow="fold", justify="right" if col in ("id", "bytes", "traffic", "predicted") else "left")
+        for k in kshown:
+            t = k.tile
+            kt.add_row(str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
+                       k.kernel.kernel_class, t.label() if t else "-", si(t.sram_bytes, "B") if t else "-",
+                       f"{t.waves} ({t.wave_efficiency:.0%})" if t else "-", k.format, k.layout,
+                       si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"), k.bound, k.why)
+        console.print(kt)
     ranked = sorted((r for r in a.results if r.cost.kernel), key=lambda r: -r.pred.predicted_s)
     shown = ranked if rows <= 0 else ranked[:rows]
-    sheet = Table(title=f"Mapping sheet: {len(shown)} of {a.kernels} kernels by predicted time "
+    sheet = Table(title=f"Operators: {len(shown)} of {sum(1 for r in a.results if r.cost.kernel)} by predicted time "
                         f"({len(a.results) - a.kernels} views and allocations; all rows in sheet.csv)", title_justify="left")
     for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
                       ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
@@ -195,6 +256,7 @@ def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
         "analysis.json": json.dumps(a.to_dict(), indent=1, allow_nan=False) + "\n",
         "sheet.csv": render_csv(a),
         "sheet.md": render_markdown(a),
+        "kernels.csv": render_kernels_csv(a),
     })
 
 

@@ -1,0 +1,272 @@
+"""The fusion plan: which nodes run as one kernel.
+
+Policies (recorded in the assumptions):
+
+- ``eager``: each non-view aten op is a kernel, as PyTorch eager runs it (SDPA is one fused kernel already).
+- ``compiler``: what an optimising compiler (Inductor, XLA) fuses, legal-only:
+  * pointwise chains: a pointwise op joins the kernel of its producer when that kernel is pointwise, a
+    reduction's epilogue, or a GEMM / conv epilogue (bias, activation, residual add);
+  * reductions with their pointwise neighbours: a norm / softmax / reduction takes a pointwise-only
+    producer kernel as its prologue, and pointwise consumers as its epilogue;
+  * never across a consumer that needs the whole tensor first: a reduction does not join a GEMM kernel
+    (its row is not complete until the GEMM's K loop ends), and nothing joins a kernel as a prologue of a
+    GEMM; fused attention (SDPA) is one kernel already, so its S x S scores never reach memory;
+  * a node joins a kernel only when every other input it reads was produced before that kernel started
+    (no cycles, no waiting inside a kernel), and a kernel holds at most MAX_KERNEL_NODES nodes;
+  * fusion never raises peak memory: it only removes intermediate writes (an intermediate that other
+    kernels still read is written as before).
+- a plan file (JSON ``{"kernels": [[node ids], ...]}``): the user's groups, checked for the same legality.
+
+A kernel's bytes are its nodes' eager bytes (each cost rule's minimum traffic) less what fusion removes:
+reads of tensors produced inside the kernel, writes of tensors no node outside it reads (a graph output
+is still written), and repeated reads of one outside tensor. Bytes saved and launches saved are against
+eager.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from opmap.costs.base import OpCost
+from opmap.costs.pointwise import POINTWISE_WEIGHTS, base_name
+from opmap.errors import OpmapError
+from opmap.graph import Node, OpGraph
+
+POLICIES = ("eager", "compiler")
+MAX_KERNEL_NODES = 16  # larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice)
+REDUCTION_KINDS = ("softmax", "layer_norm", "batch_norm", "reduce", "pool")
+
+
+def kernel_class(node: Node, cost: OpCost) -> str:
+    """matrix (matrix engine), reduction, vector (pointwise), data_movement or collective."""
+    if "c10d" in node.op or "all_reduce" in node.op or "all_gather" in node.op:
+        return "collective"
+    if cost.matrix_flops > 0:
+        return "matrix"
+    if cost.vector_kind in REDUCTION_KINDS:
+        return "reduction"
+    if is_pointwise(node):
+        return "vector"
+    return "data_movement" if cost.flops == 0 else "vector"
+
+
+def is_pointwise(node: Node) -> bool:
+    parts = node.op.split(".")
+    return len(parts) > 1 and base_name(parts[1]) in POINTWISE_WEIGHTS
+
+
+@dataclass
+class Kernel:
+    id: int
+    nodes: list[int]  # node ids, in execution order
+    kernel_class: str  # of the anchor: matrix, reduction, vector, data_movement, collective
+    anchor: int  # the node that defines the kernel (its GEMM, its reduction, else its first node)
+    min_bytes: float = 0.0  # what crosses the kernel boundary (each tensor once)
+    eager_bytes: float = 0.0  # the same nodes run one kernel each
+    fused_classes: set[str] = field(default_factory=set)
+
+    @property
+    def launches_saved(self) -> int:
+        return len(self.nodes) - 1
+
+
+@dataclass
+class FusionPlan:
+    policy: str
+    kernels: list[Kernel]
+    group_of: dict[int, int]  # node id -> kernel id (kernel nodes only)
+
+    @property
+    def eager_kernels(self) -> int:
+        return sum(len(k.nodes) for k in self.kernels)
+
+    @property
+    def bytes_saved(self) -> float:
+        return sum(k.eager_bytes - k.min_bytes for k in self.kernels)
+
+    @property
+    def launches_saved(self) -> int:
+        return sum(k.launches_saved for k in self.kernels)
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "kernels": len(self.kernels), "eager_kernels": self.eager_kernels,
+                "bytes_saved": self.bytes_saved, "launches_saved": self.launches_saved,
+                "max_kernel_nodes": MAX_KERNEL_NODES}
+
+
+def _real_producers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]]:
+    """Per node, the kernel nodes whose outputs it reads, looking through views."""
+    memo: dict[int, list[int]] = {}
+
+    def through(pid: int) -> list[int]:
+        if pid in memo:
+            return memo[pid]
+        if is_kernel[pid]:
+            memo[pid] = [pid]
+        else:
+            memo[pid] = sorted({q for p in graph.nodes[pid].producers for q in through(p)})
+        return memo[pid]
+
+    return [sorted({q for p in n.producers for q in through(p)}) for n in graph.nodes]
+
+
+def _real_consumers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]]:
+    direct = graph.consumers()
+    memo: dict[int, list[int]] = {}
+
+    def through(cid: int) -> list[int]:
+        if cid in memo:
+            return memo[cid]
+        memo[cid] = [cid] if is_kernel[cid] else sorted({q for c in direct[cid] for q in through(c)})
+        return memo[cid]
+
+    return [sorted({q for c in direct[n.id] for q in through(c)}) for n in graph.nodes]
+
+
+def _saved_bytes(graph: OpGraph, members: set[int], consumers: list[list[int]], is_kernel) -> float:
+    """Traffic the eager kernels of ``members`` move that one fused kernel does not: reads of tensors made
+    inside it, writes of tensors nobody outside reads, and repeated reads of the same outside tensor."""
+    if len(members) == 1:
+        return 0.0
+    saved = 0.0
+    outside_reads: dict[tuple, int] = {}
+    for nid in members:
+        n = graph.nodes[nid]
+        for t in n.inputs:
+            if t.producer is not None and _root(graph, t.producer, is_kernel) & members:
+                saved += t.storage_bytes
+            else:
+                key = ("param", t.param) if t.param else ("t", t.producer, t.shape, t.dtype, t.stride)
+                if key in outside_reads:
+                    saved += t.storage_bytes
+                outside_reads[key] = 1
+        if consumers[nid] and all(c in members for c in consumers[nid]):
+            saved += sum(t.nbytes for t in n.outputs)
+    return saved
+
+
+def _root(graph: OpGraph, nid: int, is_kernel) -> set[int]:
+    """The kernel nodes behind ``nid`` (itself, or through a view chain)."""
+    if is_kernel[nid]:
+        return {nid}
+    out: set[int] = set()
+    for p in graph.nodes[nid].producers:
+        out |= _root(graph, p, is_kernel)
+    return out
+
+
+def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
+                plan_file: Path | None = None) -> FusionPlan:
+    """Group the graph's kernel nodes into kernels under ``policy`` (or the groups of ``plan_file``)."""
+    if policy not in POLICIES and plan_file is None:
+        raise OpmapError(f"unknown fusion policy {policy!r}; accepted: {', '.join(POLICIES)}, or a plan file")
+    is_kernel = [c.kernel for c in costs]
+    classes = [kernel_class(n, c) if c.kernel else "none" for n, c in zip(graph.nodes, costs)]
+    producers = _real_producers(graph, is_kernel)
+    consumers = _real_consumers(graph, is_kernel)
+    groups: list[list[int]] = []
+    group_of: dict[int, int] = {}
+
+    if plan_file is not None:
+        groups = _read_plan(plan_file, graph, is_kernel)
+        for g, members in enumerate(groups):
+            for nid in members:
+                group_of[nid] = g
+        _check_plan(groups, group_of, producers)
+        policy = f"plan file {plan_file}"
+    else:
+        for n in graph.nodes:
+            if not is_kernel[n.id]:
+                continue
+            target = _fuse_target(n.id, classes, producers, groups, group_of) if policy == "compiler" else None
+            if target is None:
+                group_of[n.id] = len(groups)
+                groups.append([n.id])
+            else:
+                group_of[n.id] = target
+                groups[target].append(n.id)
+
+    kernels = []
+    for g, members in enumerate(groups):
+        anchor = next((m for m in members if classes[m] == "matrix"), None)
+        if anchor is None:
+            anchor = next((m for m in members if classes[m] == "reduction"), members[0])
+        eager = sum(costs[m].bytes for m in members)
+        saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel))
+        kernels.append(Kernel(g, members, classes[anchor], anchor, eager - saved, eager,
+                              {classes[m] for m in members}))
+    return FusionPlan(policy, kernels, group_of)
+
+
+def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], groups: list[list[int]],
+                 group_of: dict[int, int]) -> int | None:
+    """The kernel ``nid`` may legally join under the compiler policy, or None."""
+    cls = classes[nid]
+    if cls not in ("vector", "reduction"):
+        return None
+    candidates = sorted({group_of[p] for p in producers[nid] if p in group_of}, reverse=True)
+    for g in candidates:
+        members = groups[g]
+        if len(members) >= MAX_KERNEL_NODES:
+            continue
+        gclasses = {classes[m] for m in members}
+        if cls == "vector":
+            ok = True  # epilogue of a GEMM, a reduction or a pointwise chain
+        else:  # a reduction takes only a pointwise-only kernel as its prologue (no GEMM: rows incomplete)
+            ok = gclasses == {"vector"}
+        if not ok:
+            continue
+        # every other input must come from a kernel that started before this one (or from inside it)
+        start = min(members)
+        if all(group_of.get(p) == g or (p in group_of and max(groups[group_of[p]]) < start)
+               for p in producers[nid]):
+            return g
+    return None
+
+
+def _read_plan(path: Path, graph: OpGraph, is_kernel) -> list[list[int]]:
+    try:
+        raw = json.loads(Path(path).read_text())
+        groups = [[int(x) for x in g] for g in raw["kernels"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OpmapError(f"cannot read fusion plan {path}: expected JSON {{\"kernels\": [[node ids], ...]}} "
+                         f"({type(e).__name__}: {e})") from None
+    seen: set[int] = set()
+    for g in groups:
+        for nid in g:
+            if not 0 <= nid < len(graph.nodes):
+                raise OpmapError(f"fusion plan {path}: node {nid} does not exist (the graph has "
+                                 f"{len(graph.nodes)} nodes)")
+            if not is_kernel[nid]:
+                raise OpmapError(f"fusion plan {path}: node {nid} ({graph.nodes[nid].op}) is a view or allocation, "
+                                 "not a kernel")
+            if nid in seen:
+                raise OpmapError(f"fusion plan {path}: node {nid} is in two kernels")
+            seen.add(nid)
+    missing = [i for i, k in enumerate(is_kernel) if k and i not in seen]
+    groups += [[i] for i in missing]  # nodes the plan leaves out run alone
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
+
+
+def _check_plan(groups: list[list[int]], group_of: dict[int, int], producers: list[list[int]]) -> None:
+    """A kernel may not need an output of a kernel that needs one of its own (a cycle)."""
+    deps = {g: {group_of[p] for m in members for p in producers[m] if group_of.get(p, g) != g}
+            for g, members in enumerate(groups)}
+    state: dict[int, int] = {}
+
+    def visit(g: int, path: list[int]) -> None:
+        if state.get(g) == 2:
+            return
+        if state.get(g) == 1:
+            cyc = " -> ".join(str(groups[x][0]) for x in path[path.index(g):] + [g])
+            raise OpmapError(f"fusion plan is illegal: kernels (named by first node) form a cycle {cyc}")
+        state[g] = 1
+        for d in deps[g]:
+            visit(d, path + [g])
+        state[g] = 2
+
+    for g in range(len(groups)):
+        visit(g, [])

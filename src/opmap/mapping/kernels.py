@@ -1,0 +1,139 @@
+"""Kernels with their tile, format, layout, bytes and predicted time: the rows of the mapping sheet.
+
+A kernel's prediction combines its nodes' per-node terms (predict.py):
+``max(sum of matrix times, sum of vector times, kernel bytes / bandwidth) + one launch overhead``, where the
+kernel bytes are the fused boundary traffic (fusion.py). A GEMM-like kernel (GEMM, or conv as implicit
+GEMM) on a device with shared memory per compute unit gets a tile search (tiling.py): its matrix time
+becomes the tiled compute time (tile and wave quantization included) and its bytes the tiled traffic plus
+the epilogue's. CPUs keep their measured shape curves (the BLAS library does its own cache blocking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from opmap.errors import OpmapError
+from opmap.graph import Node
+from opmap.hardware.curves import Curves
+from opmap.hardware.spec import HardwareSpec
+from opmap.mapping.fusion import FusionPlan, Kernel
+from opmap.mapping.tiling import ELEM_BYTES, Tile, tile_candidates
+from opmap.predict import Precision
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    kernel: Kernel
+    matrix_s: float
+    vector_s: float
+    memory_s: float
+    overhead_s: float
+    predicted_s: float
+    bound: str
+    traffic_bytes: float
+    tile: Tile | None
+    runner_up: Tile | None
+    format: str
+    layout: str
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        k, t = self.kernel, self.tile
+        return {
+            "id": k.id, "nodes": k.nodes, "kernel_class": k.kernel_class, "anchor": k.anchor,
+            "tile": t.to_dict() if t else None, "runner_up_tile": self.runner_up.to_dict() if self.runner_up else None,
+            "sram_bytes": t.sram_bytes if t else None, "tiles": t.tiles if t else None,
+            "waves": t.waves if t else None, "tile_efficiency": t.tile_efficiency if t else None,
+            "wave_efficiency": t.wave_efficiency if t else None, "format": self.format, "layout": self.layout,
+            "min_bytes": k.min_bytes, "eager_bytes": k.eager_bytes, "traffic_bytes": self.traffic_bytes,
+            "matrix_s": self.matrix_s, "vector_s": self.vector_s, "memory_s": self.memory_s,
+            "overhead_s": self.overhead_s, "predicted_s": self.predicted_s, "bound": self.bound, "why": self.why,
+        }
+
+
+def layout_of(node: Node) -> str:
+    """Data layout of the anchor's operands, from their strides."""
+    ins = [t for t in node.inputs if len(t.shape) >= 2]
+    if not ins:
+        return "contiguous"
+    if node.packet in ("convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution"):
+        x = ins[0]
+        cl = len(x.stride) == 4 and x.stride[1] == 1 and x.shape[1] > 1
+        return "channels_last (NHWC)" if cl else "NCHW"
+    if node.packet in ("mm", "addmm", "bmm", "baddbmm"):
+        a, b = (node.input("mat1"), node.input("mat2")) if node.packet == "addmm" else (ins[0], ins[-1])
+        if a is None or b is None:
+            return "row-major"
+        def major(t):
+            st = t.stride[-2:]
+            return "T" if st[0] == 1 and t.shape[-1] > 1 else "N"
+        return f"A {major(a)}, B {major(b)}" + (" (x @ W.T)" if major(b) == "T" and b.param else "")
+    strided = any(not _contiguous(t.shape, t.stride) for t in ins)
+    return "strided input" if strided else "contiguous"
+
+
+def _contiguous(shape, stride) -> bool:
+    expect = 1
+    for sz, st in zip(reversed(shape), reversed(stride)):
+        if sz != 1 and st != expect:
+            return False
+        expect *= sz
+    return True
+
+
+def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: HardwareSpec, prec: Precision,
+                curves: Curves) -> list[KernelResult]:
+    gpu_like = hw.device_type != "cpu" and hw.get("sram_per_unit_bytes") and hw.get("compute_units")
+    out = []
+    for k in plan.kernels:
+        anchor, ac = nodes[k.anchor], costs[k.anchor]
+        matrix_s = sum(preds[m].matrix_s for m in k.nodes)
+        vector_s = sum(preds[m].vector_s for m in k.nodes)
+        traffic = k.min_bytes
+        tile = runner = None
+        why_tile = ""
+        if gpu_like and ac.problem and ac.problem[0] in ("gemm", "conv") and ac.matrix_flops:
+            _, batch, m, n, kk = ac.problem
+            try:
+                cands = tile_candidates(batch, m, n, kk, prec.matrix, sram_per_unit=hw.get("sram_per_unit_bytes"),
+                                        units=int(hw.get("compute_units")), l2_bytes=hw.get("l2_bytes") or 0.0,
+                                        peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                        bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                tile = cands[0]
+                runner = cands[1] if len(cands) > 1 else None
+                matrix_s += tile.compute_s - preds[k.anchor].matrix_s
+                traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # epilogue bytes beside the GEMM
+                if tile.k_padded != kk:
+                    why_tile = f"; K {kk} padded to {tile.k_padded} for the matrix engine's alignment"
+            except OpmapError as e:
+                why_tile = f"; untiled: {e}"
+        bw = curves.bandwidth(traffic) or hw.memory_bandwidth_bytes_per_s
+        memory_s = traffic / bw
+        overhead = hw.launch_overhead_s
+        terms = {"matrix": matrix_s, "vector": vector_s, "memory": memory_s}
+        lim = max(terms, key=terms.get)
+        bound = "overhead" if overhead > terms[lim] else ("compute" if lim in ("matrix", "vector") else "memory")
+        if not ac.counted:
+            bound = "uncounted"
+        why = _why(bound, lim, terms, overhead, tile) + why_tile
+        if len(k.nodes) > 1:
+            why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
+        fmt = prec.matrix if k.kernel_class == "matrix" else (
+            "fp32 (accumulate)" if k.kernel_class == "reduction" else prec.requested)
+        out.append(KernelResult(k, matrix_s, vector_s, memory_s, overhead, max(terms.values()) + overhead, bound,
+                                traffic, tile, runner, fmt, layout_of(anchor), why))
+    return out
+
+
+def _why(bound: str, lim: str, terms: dict, overhead: float, tile: Tile | None) -> str:
+    def f(x):
+        return f"{x * 1e6:.3g} us"
+    order = sorted(terms.items(), key=lambda kv: -kv[1])
+    s = f"{bound}: {lim} {f(terms[lim])}" + "".join(f" > {n} {f(v)}" for n, v in order if n != lim)
+    if bound == "overhead":
+        s = f"overhead: launch {f(overhead)} > {lim} {f(terms[lim])}"
+    if tile is not None:
+        s += (f"; tile {tile.label()} ({tile.sram_bytes / 1024:.0f} KB SRAM), {tile.tiles} tiles in {tile.waves} "
+              f"waves (tile eff {tile.tile_efficiency:.0%}, wave eff {tile.wave_efficiency:.0%})")
+    return s

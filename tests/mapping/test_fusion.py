@@ -1,0 +1,87 @@
+"""Fusion plans: kernel counts, bytes and launches saved by hand, legality, plan files, the zoo."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from opmap.capture import capture
+from opmap.costs import cost_graph
+from opmap.errors import OpmapError
+from opmap.mapping import plan_fusion
+from opmap.workloads import build_zoo
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.norm, self.fc2 = nn.Linear(64, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.fc2(self.norm(self.act(self.fc1(x)) + x))
+
+
+@pytest.fixture(scope="module")
+def block():
+    with torch.device("meta"):
+        m = Block()
+        x = torch.randn(8, 64)
+    g = capture(m, (x,))
+    return g, cost_graph(g)
+
+
+def _ops(g, k):
+    return [g.nodes[i].op.split(".")[1] for i in k.nodes]
+
+
+def test_eager_is_one_kernel_per_op(block):
+    g, c = block
+    p = plan_fusion(g, c, "eager")
+    assert [_ops(g, k) for k in p.kernels] == [["addmm"], ["gelu"], ["add"], ["native_layer_norm"], ["addmm"]]
+    assert p.bytes_saved == 0 and p.launches_saved == 0
+
+
+def test_compiler_fuses_the_gemm_epilogue_not_the_norm(block):
+    g, c = block
+    p = plan_fusion(g, c, "compiler")
+    # GELU and the residual add are the first GEMM's epilogue; the layer norm needs whole rows of the GEMM's
+    # output, so it does not join the GEMM kernel
+    assert [_ops(g, k) for k in p.kernels] == [["addmm", "gelu", "add"], ["native_layer_norm"], ["addmm"]]
+    assert p.launches_saved == 2 and p.eager_kernels == 5
+    assert p.kernels[0].kernel_class == "matrix"
+    # by hand, 8x64 fp32 = 2048 B per activation: gelu's read of the GEMM output and the GEMM's write of it,
+    # add's read of gelu's output and gelu's write of it, and add's second read of x (the GEMM read x already)
+    assert p.bytes_saved == 5 * 2048
+
+
+def test_resnet50_compiler_counts():
+    # ResNet-50: 53 conv, 53 batch norm, 49 ReLU after a norm, 16 residual adds (each followed by a ReLU),
+    # max pool, mean, the classifier GEMM. Eager: 174 kernels. Compiler: each norm takes its ReLU (or
+    # add + ReLU) as epilogue: 53 + 53 + 3 = 109 kernels, 49 + 16 launches saved.
+    w = build_zoo("resnet50", 1, None, "fp32")
+    g = capture(w.module, w.inputs)
+    c = cost_graph(g)
+    assert len(plan_fusion(g, c, "eager").kernels) == 174
+    p = plan_fusion(g, c, "compiler")
+    assert len(p.kernels) == 109 and p.launches_saved == 65
+    assert p.bytes_saved > 0
+
+
+def test_plan_file_groups_and_cycles(block, tmp_path):
+    g, c = block
+    ids = [n.id for n in g.nodes if c[n.id].kernel]
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({"kernels": [ids[1:3]]}))
+    p = plan_fusion(g, c, plan_file=f)
+    assert len(p.kernels) == 4 and p.launches_saved == 1
+    f.write_text(json.dumps({"kernels": [[ids[0], ids[2]]]}))  # addmm + add around gelu: a cycle
+    with pytest.raises(OpmapError, match="cycle"):
+        plan_fusion(g, c, plan_file=f)
+    f.write_text("{not json")
+    with pytest.raises(OpmapError, match="cannot read fusion plan"):
+        plan_fusion(g, c, plan_file=f)
+    with pytest.raises(OpmapError, match="accepted: eager, compiler"):
+        plan_fusion(g, c, "xla")
