@@ -198,10 +198,10 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
                     "predicted", "bound", "why"):
             kt.add_column(col, overflow="fold", justify="right" if col in ("id", "bytes", "traffic", "predicted") else "left")
         for k in kshown:
-            t = k.tile
+            tl = k.tile
             kt.add_row(str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
-                       k.kernel.kernel_class, t.label() if t else "-", si(t.sram_bytes, "B") if t else "-",
-                       f"{t.waves} ({t.wave_efficiency:.0%})" if t else "-", k.format, k.layout,
+                       k.kernel.kernel_class, tl.label() if tl else "-", si(tl.sram_bytes, "B") if tl else "-",
+                       f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-", k.format, k.layout,
                        si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"), k.bound, k.why)
         console.print(kt)
     ranked = sorted((r for r in a.results if r.cost.kernel), key=lambda r: -r.pred.predicted_s)
