@@ -20,14 +20,16 @@ def test_analyze_writes_three_files(tmp_path, capsys):
     rc, out, err = run(capsys, "analyze", "gpt2", "--hardware", "h100-sxm", "--seq", "64", "--dtype", "bf16",
                        "--out", str(tmp_path))
     assert rc == 0, err
-    assert {p.name for p in tmp_path.iterdir()} == {"analysis.json", "sheet.csv", "sheet.md"}
+    assert {p.name for p in tmp_path.iterdir()} == {"analysis.json", "sheet.csv", "sheet.md", "kernels.csv"}
+    krows = list(csv.DictReader((tmp_path / "kernels.csv").open()))
+    assert len(krows) == json.loads((tmp_path / "analysis.json").read_text())["fusion"]["kernels"]
     d = json.loads((tmp_path / "analysis.json").read_text())
     rows = list(csv.DictReader((tmp_path / "sheet.csv").open()))
     assert len(rows) == len(d["nodes"]) == d["totals"]["nodes"]
     assert d["assumptions"]["hardware"] == "h100-sxm" and d["assumptions"]["seq"] == 64
     md = (tmp_path / "sheet.md").read_text()
     assert md.startswith("# opmap analysis: gpt2 on h100-sxm") and "## Assumptions" in md
-    assert "Mapping sheet" in out and "predicted MFU" in out and "Layer types" in out
+    assert "Kernels (eager)" in out and "Operators" in out and "predicted MFU" in out and "Layer types" in out
 
 
 @pytest.mark.parametrize("args,needle", [
