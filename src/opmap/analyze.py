@@ -185,7 +185,8 @@ FUSION_TEXT = {
 
 
 def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
-                      overrides: Sequence[tuple[str, str]], fusion: str = "eager") -> dict[str, Any]:
+                      overrides: Sequence[tuple[str, str]], fusion: str = "eager",
+                      evidence: str = "") -> dict[str, Any]:
     mp = hw.matrix_peak_flops_per_s[prec.matrix]
     return {
         "workload": workload.name,
@@ -194,8 +195,10 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "dtype": prec.requested,
         "matrix_dtype": prec.matrix,
         "precision_note": prec.note,
-        "weights_dtype": prec.requested, "activations_dtype": prec.requested,
-        "accumulate_dtype": "fp32" if prec.requested in ("bf16", "fp16", "tf32") else prec.requested,
+        "weights_dtype": prec.policy["weights"], "activations_dtype": prec.policy["activations"],
+        "accumulate_dtype": prec.policy["accumulate"],
+        "precision_policy": prec.policy,
+        "precision_evidence": evidence,
         "batch": workload.batch,
         "seq": workload.seq,
         "capture_device": graph.device,

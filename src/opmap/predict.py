@@ -43,7 +43,29 @@ FALLBACK = {
     "fp16": ("fp16", "bf16", "fp32"),
     "fp8": ("fp8", "int8", "bf16", "fp16"),
     "int8": ("int8", "fp8", "bf16"),
+    "int4": ("bf16", "fp16", "fp32"),  # weight-only: the kernel dequantizes to bf16 and runs a bf16 GEMM
 }
+
+# Precision policy per op family (the assumptions block and each kernel row state it). GEMM / conv /
+# attention run in the matrix format; softmax and norms compute in fp32 whatever the storage; the other
+# vector ops run in the activation format. Weights are stored in ``weights``; the graph is captured at
+# ``capture`` (the torch dtype the model is built in), so weight bytes scale by the formats' sizes.
+# int4 stores a 16-bit scale per group of 128 weights (GPTQ / AWQ-style group quantization).
+POLICY = {
+    "fp32": {"capture": "fp32", "weights": "fp32", "activations": "fp32", "accumulate": "fp32"},
+    "tf32": {"capture": "fp32", "weights": "fp32", "activations": "fp32", "accumulate": "fp32"},
+    "bf16": {"capture": "bf16", "weights": "bf16", "activations": "bf16", "accumulate": "fp32"},
+    "fp16": {"capture": "fp16", "weights": "fp16", "activations": "fp16", "accumulate": "fp32"},
+    "fp8": {"capture": "bf16", "weights": "fp8 (e4m3)", "activations": "bf16 (fp8 e4m3 at GEMM inputs)",
+            "accumulate": "fp32"},
+    "int8": {"capture": "bf16", "weights": "int8 (per channel)", "activations": "bf16 (int8 at GEMM inputs)",
+             "accumulate": "int32"},
+    "int4": {"capture": "bf16", "weights": "int4 (groups of 128, fp16 scales)", "activations": "bf16",
+             "accumulate": "fp32"},
+}
+WEIGHT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0 + 2.0 / 4096,
+                "int4": 0.5 + 2.0 / 128}
+CAPTURE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 BOUNDS = ("compute", "memory", "overhead", "view", "alloc", "uncounted")
 
 
@@ -54,6 +76,11 @@ class Precision:
     matrix_peak_flops_per_s: float
     vector_peak_flops_per_s: float
     note: str = ""
+    weight_scale: float = 1.0  # stored weight bytes over the captured weight bytes
+
+    @property
+    def policy(self) -> dict[str, str]:
+        return {**POLICY[self.requested], "matrix": self.matrix, "softmax_norm": "fp32 compute"}
 
 
 def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
@@ -64,10 +91,14 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     if chosen is None:
         raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
                          f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
-    vec = hw.vector_peak_flops_per_s.get(dtype) or hw.vector_peak_flops_per_s["fp32"]
-    note = "" if chosen == dtype else \
-        f"{hw.name} has no {dtype} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
-    return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note)
+    act = POLICY[dtype]["capture"]
+    vec = hw.vector_peak_flops_per_s.get(act) or hw.vector_peak_flops_per_s["fp32"]
+    note = "" if chosen == FALLBACK[dtype][0] else \
+        f"{hw.name} has no {FALLBACK[dtype][0]} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
+    if dtype == "int4":
+        note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
+    scale = WEIGHT_BYTES[dtype] / CAPTURE_BYTES[POLICY[dtype]["capture"]]
+    return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note, scale)
 
 
 @dataclass(frozen=True)
@@ -106,7 +137,8 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
                     + cost.transcendental_flops / curves.transcendental_per_s)
     else:
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
-    memory_s = cost.bytes / (curves.bandwidth(cost.bytes) or hw.memory_bandwidth_bytes_per_s)
+    nbytes = cost.bytes - cost.param_bytes_read * (1.0 - prec.weight_scale)
+    memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_bandwidth_bytes_per_s)
     terms = {"matrix": matrix_s, "vector": vector_s, "memory": memory_s}
     limiter = max(terms, key=terms.get)
     if overhead > terms[limiter]:

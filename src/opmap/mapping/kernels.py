@@ -19,7 +19,7 @@ from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, Kernel
 from opmap.mapping.tiling import ELEM_BYTES, Tile, tile_candidates
-from opmap.predict import Precision
+from opmap.predict import WEIGHT_BYTES, Precision
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,18 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         anchor, ac = nodes[k.anchor], costs[k.anchor]
         matrix_s = sum(preds[m].matrix_s for m in k.nodes)
         vector_s = sum(preds[m].vector_s for m in k.nodes)
-        traffic = k.min_bytes
+        param = sum(costs[m].param_bytes_read for m in k.nodes)
+        traffic = k.min_bytes - param * (1.0 - prec.weight_scale)
         tile = runner = None
         why_tile = ""
         if gpu_like and ac.problem and ac.problem[0] in ("gemm", "conv") and ac.matrix_flops:
             _, batch, m, n, kk = ac.problem
             try:
-                cands = tile_candidates(batch, m, n, kk, prec.matrix, sram_per_unit=hw.get("sram_per_unit_bytes"),
+                cands = tile_candidates(batch, m, n, kk, "fp8" if prec.requested in ("fp8", "int8") else prec.matrix, sram_per_unit=hw.get("sram_per_unit_bytes"),
                                         units=int(hw.get("compute_units")), l2_bytes=hw.get("l2_bytes") or 0.0,
                                         peak_flops_per_s=prec.matrix_peak_flops_per_s,
-                                        bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                                        bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
+                                        b_elem_bytes=WEIGHT_BYTES["int4"] if prec.requested == "int4" else None)
                 tile = cands[0]
                 runner = cands[1] if len(cands) > 1 else None
                 matrix_s += tile.compute_s - preds[k.anchor].matrix_s
@@ -119,8 +121,14 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         why = _why(bound, lim, terms, overhead, tile) + why_tile
         if len(k.nodes) > 1:
             why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
-        fmt = prec.matrix if k.kernel_class == "matrix" else (
-            "fp32 (accumulate)" if k.kernel_class == "reduction" else prec.requested)
+        pol = prec.policy
+        if k.kernel_class == "matrix":
+            fmt = f"{prec.matrix} compute, weights {pol['weights']}, accumulate {pol['accumulate']}" \
+                if prec.requested in ("fp8", "int8", "int4") else prec.matrix
+        elif k.kernel_class == "reduction":
+            fmt = f"{pol['capture']} storage, fp32 compute"
+        else:
+            fmt = pol["capture"]
         out.append(KernelResult(k, matrix_s, vector_s, memory_s, overhead, max(terms.values()) + overhead, bound,
                                 traffic, tile, runner, fmt, layout_of(anchor), why))
     return out

@@ -66,14 +66,15 @@ class Tile:
 
 def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_unit: float, units: int,
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
-                    out_dtype_bytes: float | None = None) -> list[Tile]:
+                    out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None) -> list[Tile]:
     """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal."""
     e = ELEM_BYTES.get(dtype, 2)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
     align = max(1, int(16 / e))
     k_pad = math.ceil(k / align) * align
     flops = 2.0 * batch * m * n * k
-    a_bytes, b_bytes, c_bytes = m * k_pad * e, k_pad * n * e, m * n * out_e
+    # b_elem_bytes: B stored narrower than the compute format (int4 weight-only: dequantized in the kernel)
+    a_bytes, b_bytes, c_bytes = m * k_pad * e, k_pad * n * (b_elem_bytes or e), m * n * out_e
     out = []
     smallest = None
     for bm, bn, bk, st, sk in product(BM_CHOICES, BN_CHOICES, BK_CHOICES, STAGES, SPLIT_K):

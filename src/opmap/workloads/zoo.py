@@ -19,7 +19,9 @@ from opmap.errors import OpmapError
 from opmap.workloads.resnet import ResNet
 from opmap.workloads.transformers import GPT2, Bert, BertConfig, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
 
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                # quantized formats are built in bf16; the format is a mapping decision (predict.POLICY)
+                "fp8": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
 
 
 @dataclass
