@@ -62,3 +62,20 @@ def test_precision_fallback_is_stated():
     assert resolve_precision(H100, "bf16").note == ""
     with pytest.raises(OpmapError, match="accepted"):
         resolve_precision(H100, "fp12")
+
+
+def test_int4_weight_only_reads_a_quarter_of_the_weights():
+    # a GEMM captured in bf16 reading P parameter bytes: int4 stores 0.5 B + a 2-byte scale per 128 weights
+    P, act = 2.0 * 4096 * 4096, 2.0 * 16 * 4096 * 2
+    cost = OpCost(matrix_flops=2.0 * 16 * 4096 * 4096, bytes_read=act, param_bytes_read=P)
+    prec = resolve_precision(H100, "int4")
+    assert prec.matrix == "bf16" and "weight-only" in prec.note
+    p = predict_cost(cost, H100, prec)
+    assert p.memory_s == pytest.approx((act + P * (0.5 + 2 / 128) / 2) / H100.memory_bandwidth_bytes_per_s)
+
+
+def test_fp8_falls_back_where_the_device_has_none():
+    a100 = get_hardware("a100-sxm-80gb")  # Ampere: no fp8 tensor cores; int8 is listed
+    prec = resolve_precision(a100, "fp8")
+    assert prec.matrix == "int8" and "no fp8 matrix peak" in prec.note
+    assert resolve_precision(H100, "fp8").matrix == "fp8"

@@ -222,7 +222,8 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
 
 
 def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
-                  overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None) -> Analysis:
+                  overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
+                  evidence: str = "") -> Analysis:
     prec = resolve_precision(hw, dtype)
     costs = cost_graph(graph)
     curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
@@ -231,11 +232,14 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     plan = plan_fusion(graph, costs, fusion, plan_file)
     kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves))
     return Analysis(workload.name, graph, results, hw, prec,
-                    build_assumptions(workload, hw, prec, graph, overrides, plan.policy), plan, kernels)
+                    build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
+                        "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence")),
+                    plan, kernels)
 
 
 def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
-            overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None) -> Analysis:
+            overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
+            evidence: str = "") -> Analysis:
     """Capture, cost, map and predict ``workload`` on ``hw`` at ``dtype`` under the ``fusion`` policy."""
     resolve_precision(hw, dtype)  # fail on a bad dtype before the capture runs
     from opmap.mapping.fusion import POLICIES
@@ -243,4 +247,4 @@ def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
     if plan_file is None and fusion not in POLICIES:
         raise OpmapError(f"unknown fusion policy {fusion!r}; accepted: {', '.join(POLICIES)}, or --fusion-plan FILE")
     graph = capture(workload.module, workload.inputs, overrides=overrides)
-    return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file)
+    return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)

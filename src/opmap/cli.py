@@ -32,13 +32,14 @@ def analyze(
     batch: int = typer.Option(1, help="Batch size."),
     seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
     image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
-    dtype: str = typer.Option("bf16", help="Precision: fp32, tf32, bf16, fp16."),
-    out: Optional[Path] = typer.Option(None, help="Write sheet.csv, sheet.md and analysis.json here."),
+    dtype: str = typer.Option("bf16", help="Precision: fp32, tf32, bf16, fp16, fp8, int8, int4 (weight-only)."),
+    out: Optional[Path] = typer.Option(None, help="Write sheet.csv, kernels.csv, sheet.md and analysis.json here."),
     device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
     layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
     fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
     fusion_plan: Optional[Path] = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
+    quality: Optional[Path] = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -65,7 +66,7 @@ def analyze(
             raise OpmapError("--device cuda: no CUDA device is available here; accepted: meta, cpu")
     w = _build(model, batch, seq, image_size, dtype, device)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):
-        a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan)
+        a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=_evidence(quality, w.name, dtype))
     print_report(a, console, rows)
     if out is not None:
         paths = write_outputs(a, out)
@@ -101,6 +102,61 @@ def _check_memory(params: int, dtype: str, device: str) -> None:
     if need > 0.8 * have:
         raise OpmapError(f"the weights need {need / 1e9:.1f} GB on {device}, {have / 1e9:.1f} GB is free; "
                          "use --device meta (no weights allocated)")
+
+
+@app.command("quality")
+def quality_cmd(
+    model: str = typer.Argument(..., help="A zoo name or path/to/file.py:factory."),
+    dtype: str = typer.Option(..., help="Reduced precision: bf16, fp16, fp8, int8, int4."),
+    batch: int = typer.Option(2, help="Batch size."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default 64)."),
+    image_size: Optional[int] = typer.Option(None, help="Image side for vision models."),
+    seed: int = typer.Option(0, help="Seed of the random inputs."),
+    out: Optional[Path] = typer.Option(None, help="Write quality.json here."),
+) -> None:
+    """Run MODEL in a reduced precision against fp32 on the same inputs; report the output error."""
+    import json
+
+    from opmap.measure.quality import QUALITY_DTYPES, measure_quality
+    from opmap.report.sheet import write_set
+    from opmap.workloads import MODELS
+
+    if dtype not in QUALITY_DTYPES:
+        raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(QUALITY_DTYPES)} (got {dtype!r})")
+    spec = MODELS.get(model)
+    if spec is not None and spec.kind == "text" and seq is None:
+        seq = 64
+    w = _build(model, batch, seq, image_size, "fp32", "cpu")
+    with console.status(f"running {w.name} in fp32 and in {dtype}"):
+        q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed)
+    t = Table(title=f"{w.name}: {dtype} against fp32 on the same inputs (seed {seed})", title_justify="left")
+    for col in ("relative error", "max abs error", q.agreement_kind, "positions", "method"):
+        t.add_column(col, overflow="fold")
+    t.add_row(f"{q.rel_error:.3g}", f"{q.max_abs_error:.3g}", f"{q.agreement:.1%}", str(q.positions), q.method)
+    console.print(t)
+    if out is not None:
+        paths = write_set(out, {"quality.json": json.dumps(q.to_dict(), indent=1) + "\n"})
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _evidence(path: Optional[Path], workload: str, dtype: str) -> str:
+    """The precision evidence line of the assumptions: verified by a matching quality.json, or unverified."""
+    import json
+
+    if dtype in ("fp32", "tf32"):
+        return "reference precision (fp32 storage)"
+    if path is None:
+        return (f"unverified: no quality evidence for {dtype} (run `opmap quality {workload} --dtype {dtype} "
+                "--out DIR`, then pass --quality DIR/quality.json)")
+    try:
+        q = json.loads(Path(path).read_text())
+        got = (q["workload"], q["dtype"], q["rel_error"], q["agreement"], q["agreement_kind"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OpmapError(f"cannot read quality file {path}: expected quality.json from opmap quality "
+                         f"({type(e).__name__})") from None
+    if got[0] != workload or got[1] != dtype:
+        raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")
+    return f"verified by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"
 
 
 @app.command()

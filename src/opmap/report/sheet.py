@@ -115,6 +115,8 @@ def _assumption_lines(a: Analysis) -> list[str]:
     ]
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])
+    if s.get("precision_evidence"):
+        lines.append("precision evidence: " + s["precision_evidence"])
     lines += [f"note: {n}" for n in s["workload_notes"]]
     if s["layer_type_overrides"]:
         lines.append("layer-type overrides: " + ", ".join(s["layer_type_overrides"]))

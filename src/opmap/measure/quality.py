@@ -1,0 +1,185 @@
+"""Quality evidence for a reduced precision: the model in that format against an fp32 reference.
+
+Both runs use the same random weights and the same random inputs (seeded), on the CPU:
+
+- ``bf16`` / ``fp16``: a real cast of the module and its floating-point inputs;
+- ``fp8``: fake quantization to float8 e4m3 (per-tensor scale amax / 448) of every Linear and Conv weight
+  and, dynamically, of their inputs (W8A8 as fp8 GEMMs run); compute in fp32;
+- ``int8``: symmetric fake quantization, weights per output channel (amax / 127), activations per tensor
+  at the GEMM / conv inputs;
+- ``int4``: weight-only, symmetric, groups of 128 along the input dimension (amax / 7, values -8..7), as
+  GPTQ / AWQ-style kernels store it; activations stay fp32.
+
+A tied weight (GPT-2's embedding and LM head) is quantized once, as the shared tensor it is.
+
+Reported: relative error ||y - y_ref|| / ||y_ref|| (Frobenius, float64), max absolute error, and argmax
+agreement over the last dimension: top-1 agreement for a classifier, next-token agreement over every
+position for a language model.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from opmap.errors import OpmapError
+
+QUALITY_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
+INT4_GROUP = 128
+
+
+@dataclass(frozen=True)
+class Quality:
+    workload: str
+    dtype: str
+    rel_error: float
+    max_abs_error: float
+    agreement: float
+    agreement_kind: str
+    positions: int
+    method: str
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": 1, "workload": self.workload, "dtype": self.dtype, "reference_dtype": "fp32",
+                "rel_error": self.rel_error, "max_abs_error": self.max_abs_error, "agreement": self.agreement,
+                "agreement_kind": self.agreement_kind, "positions": self.positions, "method": self.method,
+                "seed": self.seed, "torch_version": torch.__version__}
+
+
+def fake_fp8(x: torch.Tensor) -> torch.Tensor:
+    s = x.detach().abs().amax().clamp(min=1e-12) / FP8_MAX
+    return (x / s).to(torch.float8_e4m3fn).to(x.dtype) * s
+
+
+def fake_int8(x: torch.Tensor, per_channel: bool) -> torch.Tensor:
+    a = x.detach().abs()
+    amax = a.flatten(1).amax(1).view(-1, *([1] * (x.dim() - 1))) if per_channel and x.dim() > 1 else a.amax()
+    s = amax.clamp(min=1e-12) / 127.0
+    return torch.round(x / s).clamp(-127, 127) * s
+
+
+def fake_int4(w: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    flat = w.detach().reshape(w.shape[0], -1)
+    cols = flat.shape[1]
+    pad = (-cols) % group
+    g = torch.nn.functional.pad(flat, (0, pad)).reshape(flat.shape[0], -1, group)
+    s = g.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 7.0
+    q = (torch.round(g / s).clamp(-8, 7) * s).reshape(flat.shape[0], -1)[:, :cols]
+    return q.reshape(w.shape)
+
+
+def _quantize(model: nn.Module, dtype: str) -> list:
+    """Fake-quantize ``model`` in place; returns the hook handles."""
+    handles, done = [], set()
+    for m in model.modules():
+        if not isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            continue
+        w = m.weight
+        if id(w) not in done:
+            done.add(id(w))
+            with torch.no_grad():
+                w.copy_({"fp8": fake_fp8, "int8": lambda t: fake_int8(t, True), "int4": fake_int4}[dtype](w))
+        if dtype in ("fp8", "int8"):
+            fq = fake_fp8 if dtype == "fp8" else (lambda t: fake_int8(t, False))
+            handles.append(m.register_forward_pre_hook(
+                lambda _m, args, fq=fq: tuple(fq(a) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                                              else a for a in args)))
+    return handles
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        out = list(out.values())
+    for x in out:
+        if isinstance(x, torch.Tensor):
+            return x
+    raise OpmapError("the model's output holds no tensor to compare")
+
+
+def random_inputs(module: nn.Module, inputs: Any, seed: int) -> Any:
+    """Inputs of the same shapes, random: floats N(0, 1); the first integer input uniform token ids over the
+    first embedding's vocabulary (other integer inputs, such as token types, stay as given)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = next((m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)), 2)
+    first_int = [True]
+
+    def fill(x):
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point():
+                return torch.randn(x.shape, generator=g, dtype=torch.float32).to(x.dtype)
+            if first_int[0]:
+                first_int[0] = False
+                return torch.randint(0, vocab, x.shape, generator=g, dtype=x.dtype)
+            return x
+        if isinstance(x, (list, tuple)):
+            return type(x)(fill(y) for y in x)
+        if isinstance(x, dict):
+            return {k: fill(v) for k, v in x.items()}
+        return x
+
+    return fill(inputs)
+
+
+def _call(module, inputs):
+    if isinstance(inputs, dict):
+        return module(**inputs)
+    return module(*inputs) if isinstance(inputs, (tuple, list)) else module(inputs)
+
+
+def _cast(x, dt):
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.to(dt)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cast(y, dt) for y in x)
+    if isinstance(x, dict):
+        return {k: _cast(v, dt) for k, v in x.items()}
+    return x
+
+
+def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0) -> Quality:
+    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare."""
+    if dtype not in QUALITY_DTYPES:
+        raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(QUALITY_DTYPES)} (got {dtype!r})")
+    ref_model = module.float().eval()
+    x = random_inputs(ref_model, _cast(inputs, torch.float32), seed)
+    with torch.no_grad():
+        ref = _first_tensor(_call(ref_model, x)).double()
+        low = copy.deepcopy(ref_model)
+        if dtype in ("bf16", "fp16"):
+            dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+            try:
+                y = _first_tensor(_call(low.to(dt), _cast(x, dt)))
+            except (RuntimeError, NotImplementedError) as e:
+                raise OpmapError(f"{name} does not run in {dtype} on the CPU ({str(e).splitlines()[0]}); "
+                                 "accepted here: bf16, fp8, int8, int4") from None
+            method = f"real cast of the module and inputs to {dtype}"
+        else:
+            handles = _quantize(low, dtype)
+            y = _first_tensor(_call(low, x))
+            for h in handles:
+                h.remove()
+            method = {"fp8": "fake quantization to fp8 e4m3, per-tensor scales, weights and GEMM / conv inputs",
+                      "int8": "fake quantization to int8: weights per output channel, GEMM / conv inputs per "
+                              "tensor (dynamic)",
+                      "int4": f"weight-only fake quantization to int4, groups of {INT4_GROUP}"}[dtype]
+    y = y.double()
+    if y.shape != ref.shape:
+        raise OpmapError(f"output shapes differ: {tuple(y.shape)} in {dtype}, {tuple(ref.shape)} in fp32")
+    diff = y - ref
+    rel = float(diff.norm() / ref.norm().clamp(min=1e-300))
+    agree = (y.argmax(-1) == ref.argmax(-1)).double()
+    akind = ("next-token agreement" if kind == "text" and ref.dim() == 3 else
+             "top-1 agreement" if ref.dim() == 2 else "argmax agreement over the last dimension")
+    if not math.isfinite(rel):
+        raise OpmapError(f"{name} in {dtype} produced non-finite outputs (overflow); the format cannot hold it")
+    return Quality(name, dtype, rel, float(diff.abs().max()), float(agree.mean()), akind, int(agree.numel()),
+                   method, seed)

@@ -1,0 +1,79 @@
+"""Quality evidence: the fake quantizers by hand, error ordering across formats, quality.json, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from opmap.cli import main
+from opmap.errors import OpmapError
+from opmap.measure.quality import fake_fp8, fake_int4, fake_int8, measure_quality
+
+
+def test_int8_per_channel_by_hand():
+    w = torch.tensor([[1.0, -0.5, 0.3], [0.2, 0.1, -0.05]])
+    q = fake_int8(w, per_channel=True)
+    # row 0: scale 1/127; row 1: scale 0.2/127; each value rounds to the nearest multiple of its row's scale
+    s = torch.tensor([[1 / 127], [0.2 / 127]])
+    assert torch.allclose(q, torch.round(w / s) * s)
+    assert q[0, 0] == pytest.approx(1.0) and q[1, 0] == pytest.approx(0.2)
+
+
+def test_int4_groups_have_at_most_16_levels():
+    torch.manual_seed(0)
+    w = torch.randn(4, 256)
+    q = fake_int4(w)
+    for row in range(4):
+        for g in range(2):
+            grp = q[row, g * 128:(g + 1) * 128]
+            scale = w[row, g * 128:(g + 1) * 128].abs().max() / 7
+            assert len(torch.unique(torch.round(grp / scale))) <= 16
+            assert (grp.abs() <= 8 * scale + 1e-6).all()
+
+
+def test_fp8_keeps_representable_values():
+    x = torch.tensor([448.0, 0.5, -2.0, 1.0])  # amax 448 -> scale 1; all four are e4m3 values
+    assert torch.equal(fake_fp8(x), x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_error_grows_as_the_format_narrows():
+    torch.manual_seed(0)
+    net, x = Net(), (torch.randn(16, 256),)
+    q = {d: measure_quality("net", net, x, d) for d in ("bf16", "int8", "int4")}
+    assert 0 < q["bf16"].rel_error < 1e-2
+    # int4 steps are 127/7 (18x) coarser than int8's: the error must be larger
+    assert q["int8"].rel_error < q["int4"].rel_error
+    assert q["int8"].agreement_kind == "top-1 agreement" and q["int8"].positions == 16
+    d = q["int4"].to_dict()
+    assert set(d) >= {"dtype", "rel_error", "max_abs_error", "agreement", "reference_dtype"}
+    assert d["reference_dtype"] == "fp32"
+    with pytest.raises(OpmapError, match="accepted: bf16, fp16, fp8, int8, int4"):
+        measure_quality("net", net, x, "fp32")
+
+
+def test_cli_quality_then_verified_analysis(tmp_path, capsys):
+    f = tmp_path / "m.py"
+    f.write_text("import torch\nfrom torch import nn\n"
+                 "def make():\n    return nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)), (torch.randn(4, 64),)\n")
+    assert main(["quality", f"{f}:make", "--dtype", "int8", "--out", str(tmp_path / "q")]) == 0
+    q = json.loads((tmp_path / "q" / "quality.json").read_text())
+    assert q["dtype"] == "int8" and q["workload"] == "m.py:make"
+    capsys.readouterr()
+    assert main(["analyze", f"{f}:make", "--dtype", "int8", "--quality", str(tmp_path / "q" / "quality.json")]) == 0
+    assert "precision evidence: verified" in capsys.readouterr().out
+    assert main(["analyze", f"{f}:make", "--dtype", "int8"]) == 0
+    assert "precision evidence: unverified" in capsys.readouterr().out
+    assert main(["analyze", f"{f}:make", "--dtype", "fp8", "--quality", str(tmp_path / "q" / "quality.json")]) == 2
+    assert "not m.py:make at fp8" in capsys.readouterr().err
