@@ -85,3 +85,22 @@ def test_plan_file_groups_and_cycles(block, tmp_path):
         plan_fusion(g, c, plan_file=f)
     with pytest.raises(OpmapError, match="accepted: eager, compiler"):
         plan_fusion(g, c, "xla")
+
+
+def test_gpt2_kernel_counts_by_formula():
+    # Per layer, eager: ln_1, c_attn, SDPA, attn c_proj, residual add, ln_2, c_fc, gelu, mlp c_proj, residual
+    # add = 10 kernels; plus arange, wte and wpe gathers, their add, ln_f, LM head = 6: 12 * 10 + 6 = 126.
+    # Compiler: each residual add joins its c_proj GEMM, gelu joins c_fc: 7 a layer; the embedding add joins
+    # a gather: 12 * 7 + 5 = 89, 37 launches saved.
+    w = build_zoo("gpt2", 1, 32, "bf16")
+    g = capture(w.module, w.inputs)
+    c = cost_graph(g)
+    assert len(plan_fusion(g, c, "eager").kernels) == 126
+    p = plan_fusion(g, c, "compiler")
+    assert len(p.kernels) == 89 and p.launches_saved == 37
+    # no kernel mixes a norm into a GEMM, and SDPA stays alone
+    for k in p.kernels:
+        ops = _ops(g, k)
+        assert not ("native_layer_norm" in ops and k.kernel_class == "matrix")
+        if "scaled_dot_product_attention" in ops:
+            assert ops == ["scaled_dot_product_attention"]

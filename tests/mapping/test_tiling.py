@@ -26,9 +26,15 @@ def test_square_gemm_tile_and_wave_quantization():
     assert t.wave_efficiency == pytest.approx(1024 / (8 * 132))
     assert t.tile_efficiency == 1.0
     assert t.sram_bytes == 3 * (128 * 64 + 64 * 128) * 2  # 96 KiB
-    # A and B (32 MiB each) exceed half the L2: A is read once per column of tiles, B once per row
+    # A and B (32 MiB each) exceed half the L2. A wave holds 132 tiles; grouped rasterisation in
+    # G = sqrt(132 * 1 MiB / 1 MiB) = 11 tile rows touches 11 A panels (128x4096x2 B = 1 MiB each) and
+    # ceil(132 / 11) = 12 B panels: 23 MiB, inside the 50 MiB L2, read once per wave; 8 waves
+    panel = 128 * 4096 * 2
     operand = 4096 * 4096 * 2
-    assert t.traffic_bytes == operand * 32 + operand * 32 + operand
+    assert t.traffic_bytes == 8 * (11 + 12) * panel + operand  # + C written once
+    # with a 16 MiB L2 one wave's panels do not fit: A re-read per column of tiles, B per row
+    t2 = _pick(tile_candidates(1, 4096, 4096, 4096, "bf16", **{**H100, "l2_bytes": 16 * 2 ** 20}), 128, 128, 64, 3)
+    assert t2.traffic_bytes == operand * 32 + operand * 32 + operand
     assert t.compute_s == pytest.approx(2 * 4096 ** 3 / (989e12 * 1024 / 1056))
     assert c[0].time_s <= t.time_s
 
@@ -58,3 +64,27 @@ def test_k_alignment_padding():
 def test_illegal_plan_names_the_limit():
     with pytest.raises(OpmapError, match=r"needs 6 KB of shared memory, the device has 4 KB"):
         tile_candidates(1, 128, 128, 128, "bf16", **{**H100, "sram_per_unit": 4096})
+
+
+def test_flash_attention_traffic_and_decode():
+    from opmap.mapping.tiling import attention_candidates
+
+    # GPT-2-like prefill: 12 heads, 2048 queries and keys, head dim 64, bf16; K and V of all heads
+    # (2 * 12 * 2048 * 64 * 2 B = 6 MiB) fit in half of a 16 MiB L2: read once
+    small_l2 = {**H100, "l2_bytes": 16 * 2 ** 20}
+    t = next(x for x in attention_candidates(12, 2048, 2048, 64, "bf16", causal=False, **small_l2)
+             if (x.bm, x.bn) == (128, 64))
+    qo = kv = 2 * 12 * 2048 * 64 * 2
+    assert t.traffic_bytes == qo + kv
+    assert t.sram_bytes == (128 * 64 + 4 * 64 * 64) * 2
+    assert t.tiles == 12 * 16  # ceil(2048 / 128) query blocks per head
+    # with K and V outside the L2 they are re-read once per query block: 16 times
+    tiny_l2 = {**H100, "l2_bytes": 1 * 2 ** 20}
+    t = next(x for x in attention_candidates(12, 2048, 2048, 64, "bf16", causal=False, **tiny_l2)
+             if (x.bm, x.bn) == (128, 64))
+    assert t.traffic_bytes == qo + 16 * kv
+    # decode: one query per head over a 4096-token KV cache (32 heads, d 128): the cache read dominates
+    d = attention_candidates(32, 1, 4096, 128, "bf16", causal=False, **H100)[0]
+    cache = 2 * 32 * 4096 * 128 * 2
+    assert d.split_k == 4096 // 256 and d.memory_s > d.compute_s
+    assert d.traffic_bytes >= cache

@@ -18,7 +18,7 @@ from opmap.graph import Node
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, Kernel
-from opmap.mapping.tiling import ELEM_BYTES, Tile, tile_candidates
+from opmap.mapping.tiling import ELEM_BYTES, Tile, attention_candidates, tile_candidates
 from opmap.predict import WEIGHT_BYTES, Precision
 
 
@@ -108,6 +108,24 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                 traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # epilogue bytes beside the GEMM
                 if tile.k_padded != kk:
                     why_tile = f"; K {kk} padded to {tile.k_padded} for the matrix engine's alignment"
+            except OpmapError as e:
+                why_tile = f"; untiled: {e}"
+        elif gpu_like and ac.problem and ac.problem[0].startswith("attention") and ac.matrix_flops:
+            fam, bh, sq, sk, d = ac.problem
+            try:
+                cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=fam.endswith("causal"),
+                                             sram_per_unit=hw.get("sram_per_unit_bytes"),
+                                             units=int(hw.get("compute_units")), l2_bytes=hw.get("l2_bytes") or 0.0,
+                                             peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                             bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                tile = cands[0]
+                runner = cands[1] if len(cands) > 1 else None
+                matrix_s += tile.compute_s - preds[k.anchor].matrix_s
+                traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
+                why_tile = (f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits" if sq <= 16 else
+                            f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read "
+                            f"{(tile.traffic_bytes - 2.0 * bh * sq * d * ELEM_BYTES.get(prec.matrix, 2)) / (2.0 * bh * sk * d * ELEM_BYTES.get(prec.matrix, 2)):.3g} times, "
+                            "scores stay on chip")
             except OpmapError as e:
                 why_tile = f"; untiled: {e}"
         bw = curves.bandwidth(traffic) or hw.memory_bandwidth_bytes_per_s

@@ -8,9 +8,9 @@ For C[M,N] = A[M,K] @ B[K,N] (batch of them), element size e bytes at the matrix
   waves = ceil(tiles / compute units); the S fp32 partial sums are written and read back (2*S*M*N*4 bytes);
 - tile-quantization efficiency = M*N / (ceil(M/BM)*BM * ceil(N/BN)*BN) (the padded edge tiles' waste);
 - wave-quantization efficiency = tiles / (waves * compute units) (the idle units of the last wave);
-- device-memory traffic with reuse: A is re-read once per column of tiles (ceil(N/BN) times) and B once per
-  row of tiles (ceil(M/BM) times), unless the operand fits in half the L2, when it is read once; C is
-  written once;
+- device-memory traffic with reuse (``operand_traffic``): A is re-read once per column of tiles and B once
+  per row of tiles, unless the L2 holds them: both operands in half the L2 are read once; otherwise a
+  wave's panels (grouped rasterisation) held in the L2 are read once per wave; C is written once;
 - time = max(2*M*N*K / (peak * tile eff * wave eff), traffic / bandwidth). Ties go to the deeper pipeline
   (more stages hide more memory latency), then to the larger tile.
 
@@ -64,6 +64,30 @@ class Tile:
         return f"{self.bm}x{self.bn}x{self.bk}/{self.stages}" + (f" split-K {self.split_k}" if self.split_k > 1 else "")
 
 
+def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, k: int, e: float, eb: float, units: int,
+                    l2_bytes: float) -> float:
+    """Device-memory bytes of A and B for one GEMM of tm x tn tiles (split-K sk), with L2 reuse.
+
+    - Both operands fit in half the L2: each is read once.
+    - Otherwise tiles run a wave at a time (W = min(tiles, units) resident), rasterised in groups of G
+      tile rows (CUTLASS-style swizzle, G = sqrt(W * B panel / A panel), the G that minimises the wave's
+      footprint). A wave touches G A panels (BM x K) and ceil(W / G) B panels (K x BN); when that fits in
+      the L2 each panel comes from DRAM once per wave that uses it.
+    - When even one wave's panels exceed the L2, A is re-read once per column of tiles and B once per row.
+    """
+    a_bytes, b_bytes = tm * bm * k * e, k * tn * bn * eb
+    if a_bytes + b_bytes <= l2_bytes / 2:
+        return a_bytes + b_bytes
+    tiles = tm * tn * sk
+    w = min(tiles, units)
+    pa, pb = bm * k * e / sk, k * bn * eb / sk  # a split-K tile reads its K slice of each panel
+    g = max(1, min(tm, round(math.sqrt(w * pb / pa))))
+    per_wave = g * pa + math.ceil(w / g) * pb
+    if per_wave <= l2_bytes:
+        return max(a_bytes + b_bytes, math.ceil(tiles / w) * per_wave)
+    return a_bytes * tn + b_bytes * tm
+
+
 def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_unit: float, units: int,
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
                     out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None) -> list[Tile]:
@@ -90,10 +114,9 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
         waves = math.ceil(tiles / units)
         tile_eff = (m * n) / (tm * bm * tn * bn)
         wave_eff = tiles / (waves * units)
-        a_reads = 1 if a_bytes <= l2_bytes / 2 else tn
-        b_reads = 1 if b_bytes <= l2_bytes / 2 else tm
         partials = 2 * sk * m * n * 4 if sk > 1 else 0  # fp32 partial sums written, then read to reduce
-        traffic = batch * (a_bytes * a_reads + b_bytes * b_reads + c_bytes + partials)
+        traffic = batch * (operand_traffic(tm, tn, sk, bm, bn, k_pad, e, b_elem_bytes or e, units, l2_bytes)
+                           + c_bytes + partials)
         compute = flops * (k_pad / k) / (peak_flops_per_s * tile_eff * wave_eff)
         out.append(Tile(bm, bn, bk, st, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
                         traffic / bandwidth_bytes_per_s, k_pad, sk))
@@ -102,3 +125,53 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
         raise OpmapError(f"no legal GEMM tile: the smallest ({bm}x{bn}x{bk}, {st} stages) needs "
                          f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
     return sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, -t.stages, -(t.bm * t.bn), -t.bk))
+
+
+BR_CHOICES = (64, 128)  # query rows per block (FlashAttention-2 uses 64 / 128 on Ampere / Hopper)
+BC_CHOICES = (32, 64, 128)  # key / value rows per block
+DECODE_MAX_Q = 16  # at most this many queries per head: decode, split over the KV sequence (flash-decoding)
+DECODE_SPLIT = 256  # keys per split in decode
+
+
+def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causal: bool, sram_per_unit: float,
+                         units: int, l2_bytes: float, peak_flops_per_s: float,
+                         bandwidth_bytes_per_s: float) -> list[Tile]:
+    """Flash-style attention tiles, best first. Per block of Br queries the kernel streams all (causal: the
+    unmasked) K and V blocks of Bc rows through SRAM; the S x S scores stay on chip.
+
+    SRAM = (Br*d + 2 stages * 2 * Bc*d) * e. Traffic = Q and O once + K and V once per query block
+    (ceil(Sq/Br) times; causal: the unmasked share of them), or once when K and V fit in half the L2.
+    Decode (Sq <= DECODE_MAX_Q): one query block, the KV sequence split in DECODE_SPLIT-key chunks across
+    the compute units; the KV cache read bounds it.
+    """
+    e = ELEM_BYTES.get(dtype, 2)
+    pairs = (sq * (sq + 1) // 2 if sq <= sk else sk * (sk + 1) // 2 + (sq - sk) * sk) if causal else sq * sk
+    flops = 4.0 * bh * pairs * d
+    kv = 2.0 * bh * sk * d * e
+    qo = 2.0 * bh * sq * d * e
+    out = []
+    smallest = None
+    brs = (DECODE_MAX_Q,) if sq <= DECODE_MAX_Q else BR_CHOICES
+    for br, bc in product(brs, BC_CHOICES):
+        sram = (br * d + 2 * 2 * bc * d) * e
+        if smallest is None or sram < smallest[0]:
+            smallest = (sram, br, bc)
+        if sram > sram_per_unit:
+            continue
+        tq = math.ceil(sq / br)
+        splits = math.ceil(sk / DECODE_SPLIT) if sq <= DECODE_MAX_Q else 1
+        tiles = bh * tq * splits
+        waves = math.ceil(tiles / units)
+        tile_eff = sq / (tq * br) if sq > DECODE_MAX_Q else 1.0
+        wave_eff = tiles / (waves * units)
+        share = pairs / (sq * sk)
+        kv_reads = 1 if kv <= l2_bytes / 2 or tq == 1 else max(1.0, tq * share)
+        traffic = qo + kv * kv_reads + (2 * bh * sq * splits * d * 4 if splits > 1 else 0)  # split partials
+        compute = flops / (peak_flops_per_s * tile_eff * wave_eff)
+        out.append(Tile(br, bc, d, 2, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
+                        traffic / bandwidth_bytes_per_s, d, splits))
+    if not out:
+        sram, br, bc = smallest
+        raise OpmapError(f"no legal attention tile: the smallest ({br} queries x {bc} keys, head dim {d}) needs "
+                         f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
+    return sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn)))
