@@ -43,6 +43,12 @@ def test_analyze_writes_three_files(tmp_path, capsys):
     (("analyze", "gpt2", "--batch", "many"), "--batch"),
     (("analyze", "llama-3-70b", "--device", "cpu"), "use --device meta"),
     (("hardware", "show", "h1000"), "unknown hardware"),
+    (("analyze", "gpt2", "--fusion", "xla"), "unknown fusion policy 'xla'; accepted: eager, compiler"),
+    (("analyze", "gpt2", "--fusion-plan", "/no/such/plan.json"), "does not exist"),
+    (("analyze", "resnet50", "--layout", "nhwc8"), "unknown layout 'nhwc8'; accepted: nchw, channels_last"),
+    (("analyze", "gpt2", "--quality", "/no/such/quality.json", "--dtype", "int8"), "cannot read quality file"),
+    (("quality", "gpt2", "--dtype", "fp32"), "accepted: bf16, fp16, fp8, int8, int4"),
+    (("profile", "gpt2", "--dtype", "int8", "--hardware", "h100-sxm"), "profile runs torch dtypes"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, capsys, args, needle):
     out_dir = tmp_path / "out"

@@ -40,6 +40,7 @@ def analyze(
     fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
     fusion_plan: Optional[Path] = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
     quality: Optional[Path] = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
+    layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -64,7 +65,9 @@ def analyze(
 
         if not torch.cuda.is_available():
             raise OpmapError("--device cuda: no CUDA device is available here; accepted: meta, cpu")
-    w = _build(model, batch, seq, image_size, dtype, device)
+    from opmap.workloads.zoo import with_layout
+
+    w = with_layout(_build(model, batch, seq, image_size, dtype, device), layout)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):
         a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=_evidence(quality, w.name, dtype))
     print_report(a, console, rows)
@@ -192,6 +195,9 @@ def profile(
 
     if device not in ("cpu", "cuda"):
         raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    if dtype not in ("fp32", "tf32", "bf16", "fp16"):
+        raise OpmapError(f"profile runs torch dtypes; accepted: fp32, tf32, bf16, fp16 (got {dtype!r}; "
+                         "quantized formats: opmap analyze for the prediction, opmap quality for the error)")
     if device == "cuda":
         import torch
 

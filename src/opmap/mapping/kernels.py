@@ -73,6 +73,27 @@ def layout_of(node: Node) -> str:
     return "strided input" if strided else "contiguous"
 
 
+COPY_OPS = ("clone", "_to_copy", "copy_", "copy", "contiguous")
+
+
+def _order(t) -> str:
+    if len(t.shape) == 4 and t.stride[1] == 1 and t.shape[1] > 1:
+        return "NHWC"
+    return "NCHW" if len(t.shape) == 4 and _contiguous(t.shape, t.stride) else (
+        "contiguous" if _contiguous(t.shape, t.stride) else "strided")
+
+
+def layout_transform(node: Node) -> str:
+    """'NCHW -> NHWC' when a copy changes the memory order of its tensor; '' otherwise."""
+    if node.packet not in COPY_OPS or not node.inputs or not node.outputs:
+        return ""
+    src, dst = node.inputs[-1] if node.packet == "copy_" else node.inputs[0], node.outputs[0]
+    if tuple(src.shape) != tuple(dst.shape) or tuple(src.stride) == tuple(dst.stride):
+        return ""
+    a, b = _order(src), _order(dst)
+    return f"{a} -> {b}" if a != b else f"restride {a}"
+
+
 def _contiguous(shape, stride) -> bool:
     expect = 1
     for sz, st in zip(reversed(shape), reversed(stride)):
@@ -137,6 +158,9 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         if not ac.counted:
             bound = "uncounted"
         why = _why(bound, lim, terms, overhead, tile) + why_tile
+        transform = layout_transform(anchor)
+        if transform:
+            why = f"layout transform {transform}; " + why
         if len(k.nodes) > 1:
             why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
         pol = prec.policy

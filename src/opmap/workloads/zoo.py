@@ -199,3 +199,33 @@ def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: st
     if ":" in target and target.rpartition(":")[0].endswith(".py"):
         return load_user(target, dtype, device)
     raise OpmapError(f"unknown model {target!r}; accepted: {', '.join(MODELS)} (or path/to/file.py:factory)")
+
+
+LAYOUTS = ("nchw", "channels_last")
+
+
+class _ChannelsLast(torch.nn.Module):
+    """Runs ``inner`` with 4-D activations in channels-last (NHWC) memory order. The conversion of the
+    inputs is part of the forward pass, so it shows in the graph as the layout-transform kernel it is; the
+    weights are converted once, ahead of time, as a deployment would store them."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner.to(memory_format=torch.channels_last)
+
+    def forward(self, *args, **kwargs):
+        def conv(x):
+            if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
+                return x.contiguous(memory_format=torch.channels_last)
+            return x
+        return self.inner(*[conv(a) for a in args], **{k: conv(v) for k, v in kwargs.items()})
+
+
+def with_layout(w: Workload, layout: str) -> Workload:
+    """The workload in ``layout``: nchw as built, or channels_last (NHWC) for convolutional models."""
+    if layout not in LAYOUTS:
+        raise OpmapError(f"unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
+    if layout == "nchw":
+        return w
+    return Workload(w.name, _ChannelsLast(w.module), w.inputs, w.batch, w.seq,
+                    [*w.assumptions, "layout: channels_last (NHWC) activations, weights stored channels-last"])
