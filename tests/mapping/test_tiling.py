@@ -88,3 +88,20 @@ def test_flash_attention_traffic_and_decode():
     cache = 2 * 32 * 4096 * 128 * 2
     assert d.split_k == 4096 // 256 and d.memory_s > d.compute_s
     assert d.traffic_bytes >= cache
+
+
+def test_cpu_cache_blocking_by_hand():
+    from opmap.mapping.tiling import cpu_tile_candidates
+
+    # a 56-core Xeon 8480+: 2 MiB L2 per core, 105 MiB LLC (Intel ARK); bf16 GEMM 128 x 768 x 768
+    xeon = dict(l2_per_core=2 * 2 ** 20, llc_bytes=105 * 2 ** 20, cores=56, peak_flops_per_s=229e12,
+                bandwidth_bytes_per_s=307e9)
+    c = cpu_tile_candidates(1, 128, 768, 768, "bf16", **xeon)
+    t = next(x for x in c if (x.bm, x.bn, x.bk) == (64, 256, 512))
+    assert t.tiles == 2 * 3 and t.waves == 1 and t.wave_efficiency == pytest.approx(6 / 56)
+    assert t.sram_bytes == 64 * 512 * 2 + 512 * 16 * 2  # A block + B micro-panel
+    # B (768 x 768 x 2 B) fits half the LLC: read once; A re-read once per column block of C
+    assert t.traffic_bytes == 128 * 768 * 2 * 3 + 768 * 768 * 2 + 128 * 768 * 2
+    assert c[0].wave_efficiency > t.wave_efficiency  # the search balances the cores better
+    with pytest.raises(OpmapError, match="half the core's L2"):
+        cpu_tile_candidates(1, 128, 768, 768, "bf16", **{**xeon, "l2_per_core": 2048})

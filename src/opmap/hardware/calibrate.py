@@ -165,7 +165,25 @@ def fingerprint(device: torch.device) -> dict[str, object]:
         except OSError:
             pass
         fp["model"] = model or "unknown CPU"
+        fp.update(cpu_caches())
     return fp
+
+
+def cpu_caches(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[str, int]:
+    """Per-core L1d and L2 and the last-level cache, in bytes, as the OS reports them (sysfs)."""
+    out: dict[str, int] = {}
+    try:
+        for idx in sorted(root.glob("index*")):
+            level = int((idx / "level").read_text())
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip()
+            mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(size[-1], 1)
+            nbytes = int(size.rstrip("KMG")) * mult
+            if kind in ("Data", "Unified"):
+                out[{1: "l1d_bytes", 2: "l2_per_core_bytes"}.get(level, "llc_bytes")] = nbytes
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 def _supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -355,6 +373,10 @@ def to_spec_dict(cal: Calibration) -> dict:
         "launch_overhead_s": _v(lo.median_s, f"{src}: median one-element add"),
         "compute_units": _v(float(fp.get("compute_units", fp["threads"])), src),
         "memory_bytes": _v(float(fp["memory_bytes"]), f"{src}: device memory as the OS / driver reports it"),
+        **({"sram_per_unit_bytes": _v(float(fp["l2_per_core_bytes"]), f"{src}: per-core L2 from sysfs")}
+           if fp.get("l2_per_core_bytes") else {}),
+        **({"l2_bytes": _v(float(fp["llc_bytes"]), f"{src}: last-level cache from sysfs (the catalog's l2_bytes "
+                                                   "holds a CPU's LLC)")} if fp.get("llc_bytes") else {}),
         "calibration": {"device": cal.device, "fingerprint": fp, "matmul": cal.matmul, "conv": cal.conv,
                         "attention": cal.attention, "bandwidth": cal.bandwidth, "launch_overhead": lo.spread(),
                         "view_overhead_s": cal.view_overhead_s,

@@ -5,7 +5,9 @@ A kernel's prediction combines its nodes' per-node terms (predict.py):
 kernel bytes are the fused boundary traffic (fusion.py). A GEMM-like kernel (GEMM, or conv as implicit
 GEMM) on a device with shared memory per compute unit gets a tile search (tiling.py): its matrix time
 becomes the tiled compute time (tile and wave quantization included) and its bytes the tiled traffic plus
-the epilogue's. CPUs keep their measured shape curves (the BLAS library does its own cache blocking).
+the epilogue's; fused attention gets flash tiles. On a CPU the search is cache blocking against L1 / L2 per
+core with work balance over the cores; a catalog CPU takes its time from it, a calibrated one keeps the
+measured shape curve (measurement beats the model) and shows the blocking beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from opmap.graph import Node
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, Kernel
-from opmap.mapping.tiling import ELEM_BYTES, Tile, attention_candidates, tile_candidates
+from opmap.mapping.tiling import ELEM_BYTES, Tile, attention_candidates, cpu_tile_candidates, tile_candidates
 from opmap.predict import WEIGHT_BYTES, Precision
 
 
@@ -131,6 +133,23 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                     why_tile = f"; K {kk} padded to {tile.k_padded} for the matrix engine's alignment"
             except OpmapError as e:
                 why_tile = f"; untiled: {e}"
+        elif (hw.device_type == "cpu" and ac.problem and ac.problem[0] in ("gemm", "conv") and ac.matrix_flops
+              and hw.get("sram_per_unit_bytes") and hw.get("compute_units")):
+            _, batch, m, n, kk = ac.problem
+            try:
+                cands = cpu_tile_candidates(batch, m, n, kk, prec.matrix, l2_per_core=hw.get("sram_per_unit_bytes"),
+                                            llc_bytes=hw.get("l2_bytes") or hw.get("sram_per_unit_bytes"),
+                                            cores=int(hw.get("compute_units")),
+                                            peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                            bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                tile, runner = cands[0], (cands[1] if len(cands) > 1 else None)
+                if curves.empty:  # a catalog CPU: the blocking model gives the time
+                    matrix_s += tile.compute_s - preds[k.anchor].matrix_s
+                    traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
+                else:
+                    why_tile = "; cache blocking shown, time from the measured shape curve"
+            except OpmapError as e:
+                why_tile = f"; unblocked: {e}"
         elif gpu_like and ac.problem and ac.problem[0].startswith("attention") and ac.matrix_flops:
             fam, bh, sq, sk, d = ac.problem
             try:

@@ -175,3 +175,46 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
         raise OpmapError(f"no legal attention tile: the smallest ({br} queries x {bc} keys, head dim {d}) needs "
                          f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
     return sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn)))
+
+
+# CPU cache blocking (Goto / BLIS): an mc x kc block of A stays in a core's L2, a kc x nr micro-panel of B in
+# L1, a kc x nc panel of B in the shared last-level cache; blocks of C (mc x nc) are shared out over cores.
+MC_CHOICES = (16, 32, 64, 128, 256, 512)
+NC_CHOICES = (64, 128, 256, 512, 1024, 2048, 4096)
+KC_CHOICES = (128, 256, 384, 512)
+NR = 16  # micro-kernel width: one 512-bit register of fp32 (AVX-512) or two of AVX2
+L1_BYTES = 32 * 1024  # per core, where the hardware profile does not say (x86 server cores: 32-48 KiB)
+
+
+def cpu_tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, l2_per_core: float, llc_bytes: float,
+                        cores: int, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
+                        l1_bytes: float = L1_BYTES) -> list[Tile]:
+    """Cache-blocking candidates, best first, in the GPU tiles' columns: ``sram_bytes`` is the per-core
+    footprint (A block + B micro-panel), tiles are C blocks, waves are rounds of them over the cores.
+
+    Legal when the A block fits half the L2, the B micro-panel half the L1 and the B panel half the LLC.
+    Traffic: A re-read once per column block of C (ceil(N/nc)), B once per row block (ceil(M/mc)) unless
+    B fits in half the LLC (then once); C written once.
+    """
+    e = ELEM_BYTES.get(dtype, 4)
+    flops = 2.0 * batch * m * n * k
+    out = []
+    for mc, nc, kc in product(MC_CHOICES, NC_CHOICES, KC_CHOICES):
+        a_blk, b_micro, b_panel = mc * kc * e, kc * NR * e, kc * nc * e
+        if a_blk > l2_per_core / 2 or b_micro > l1_bytes / 2 or b_panel > llc_bytes / 2:
+            continue
+        tm, tn = math.ceil(m / mc), math.ceil(n / nc)
+        tiles = batch * tm * tn
+        waves = math.ceil(tiles / cores)
+        tile_eff = (m * n) / (tm * mc * tn * nc)
+        wave_eff = tiles / (waves * cores)
+        b_reads = 1 if k * n * e <= llc_bytes / 2 else tm
+        traffic = batch * (m * k * e * tn + k * n * e * b_reads + m * n * e)
+        compute = flops / (peak_flops_per_s * tile_eff * wave_eff)
+        out.append(Tile(mc, nc, kc, 1, a_blk + b_micro, tiles, waves, tile_eff, wave_eff, traffic, compute,
+                        traffic / bandwidth_bytes_per_s, k))
+    if not out:
+        raise OpmapError(f"no legal CPU blocking: the smallest A block ({MC_CHOICES[0]}x{KC_CHOICES[0]}) needs "
+                         f"{MC_CHOICES[0] * KC_CHOICES[0] * e / 1024:.0f} KB, half the core's L2 is "
+                         f"{l2_per_core / 2048:.0f} KB")
+    return sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn * t.bk)))
