@@ -20,6 +20,7 @@ byte), else the kernel pads K and the sheet says so.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from itertools import product
@@ -88,9 +89,10 @@ def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, k: int, e: floa
     return a_bytes * tn + b_bytes * tm
 
 
+@functools.lru_cache(maxsize=4096)  # repeated layers repeat their shapes
 def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_unit: float, units: int,
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
-                    out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None) -> list[Tile]:
+                    out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None) -> tuple[Tile, ...]:
     """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal."""
     e = ELEM_BYTES.get(dtype, 2)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
@@ -124,7 +126,7 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
         sram, bm, bn, bk, st = smallest
         raise OpmapError(f"no legal GEMM tile: the smallest ({bm}x{bn}x{bk}, {st} stages) needs "
                          f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
-    return sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, -t.stages, -(t.bm * t.bn), -t.bk))
+    return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, -t.stages, -(t.bm * t.bn), -t.bk)))
 
 
 BR_CHOICES = (64, 128)  # query rows per block (FlashAttention-2 uses 64 / 128 on Ampere / Hopper)
@@ -133,9 +135,10 @@ DECODE_MAX_Q = 16  # at most this many queries per head: decode, split over the 
 DECODE_SPLIT = 256  # keys per split in decode
 
 
+@functools.lru_cache(maxsize=4096)  # repeated layers repeat their shapes
 def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causal: bool, sram_per_unit: float,
                          units: int, l2_bytes: float, peak_flops_per_s: float,
-                         bandwidth_bytes_per_s: float) -> list[Tile]:
+                         bandwidth_bytes_per_s: float) -> tuple[Tile, ...]:
     """Flash-style attention tiles, best first. Per block of Br queries the kernel streams all (causal: the
     unmasked) K and V blocks of Bc rows through SRAM; the S x S scores stay on chip.
 
@@ -174,7 +177,7 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
         sram, br, bc = smallest
         raise OpmapError(f"no legal attention tile: the smallest ({br} queries x {bc} keys, head dim {d}) needs "
                          f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
-    return sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn)))
+    return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn))))
 
 
 # CPU cache blocking (Goto / BLIS): an mc x kc block of A stays in a core's L2, a kc x nr micro-panel of B in
@@ -186,9 +189,10 @@ NR = 16  # micro-kernel width: one 512-bit register of fp32 (AVX-512) or two of 
 L1_BYTES = 32 * 1024  # per core, where the hardware profile does not say (x86 server cores: 32-48 KiB)
 
 
+@functools.lru_cache(maxsize=4096)  # repeated layers repeat their shapes
 def cpu_tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, l2_per_core: float, llc_bytes: float,
                         cores: int, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
-                        l1_bytes: float = L1_BYTES) -> list[Tile]:
+                        l1_bytes: float = L1_BYTES) -> tuple[Tile, ...]:
     """Cache-blocking candidates, best first, in the GPU tiles' columns: ``sram_bytes`` is the per-core
     footprint (A block + B micro-panel), tiles are C blocks, waves are rounds of them over the cores.
 
@@ -217,4 +221,4 @@ def cpu_tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, l2_pe
         raise OpmapError(f"no legal CPU blocking: the smallest A block ({MC_CHOICES[0]}x{KC_CHOICES[0]}) needs "
                          f"{MC_CHOICES[0] * KC_CHOICES[0] * e / 1024:.0f} KB, half the core's L2 is "
                          f"{l2_per_core / 2048:.0f} KB")
-    return sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn * t.bk)))
+    return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn * t.bk))))
