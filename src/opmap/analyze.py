@@ -202,6 +202,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "batch": workload.batch,
         "seq": workload.seq,
         "capture_device": graph.device,
+        "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
         "fusion_policy": FUSION_TEXT.get(fusion, fusion),
         "tiling": ("GEMM / conv tile search against shared memory per compute unit, tile and wave quantization"
                    if hw.device_type != "cpu" and hw.get("sram_per_unit_bytes") else

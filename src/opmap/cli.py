@@ -182,6 +182,7 @@ def profile(
                                                   "torch_trace.json here."),
     layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
+    train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
 ) -> None:
     """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -217,7 +218,7 @@ def profile(
                   console=console, transient=True) as bar:
         task = bar.add_task("starting", total=warmup + iters + profile_iters)
         p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
-                        overrides=overrides, datasheet=ds,
+                        overrides=overrides, datasheet=ds, train=train,
                         progress=lambda stage, n: bar.update(task, advance=n, description=stage))
     d = p.to_dict()
     print_profile_report(p, console, rows, d)

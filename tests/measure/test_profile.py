@@ -143,3 +143,20 @@ def test_cli_profile_bad_input(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_training_step_profile(tmp_path):
+    from opmap.workloads import load_workload
+
+    (tmp_path / "tiny.py").write_text(TINY)
+    w = load_workload(f"{tmp_path / 'tiny.py'}:tiny", dtype="fp32", device="cpu")
+    p = run_profile(w, spec_from_dict(_spec_dict(), "test"), "fp32", "cpu", warmup=1, iters=3, profile_iters=2,
+                    train=True)
+    d = p.to_dict()
+    assert d["latency"]["mode"].startswith("training step") and d["tags"]["mode"] == "train"
+    assert d["assumptions"]["mode"] == "training step"
+    back = [n for n in d["nodes"] if n["args"].get("phase") == "backward" and n["bound"] not in ("view", "alloc")]
+    assert back and sum(1 for n in back if n["measured"]) >= 0.9 * len(back)
+    # forward + backward GEMMs: the forward's two, then grad input and grad weight of each (the first
+    # layer's input needs no gradient): 2 + 2 + 1 GEMMs of 2*32*64*256
+    assert d["mfu"]["model_matrix_flops"] == pytest.approx(5 * 2 * 32 * 64 * 256)

@@ -76,6 +76,22 @@ class _Tracker:
         self.overrides = overrides
         self.suppress = 0  # >0 while a whole-recorded call runs its own aten ops
         self.suppressed_ops: list[str] = []
+        self.train = False
+        self.phase = "forward"  # forward | backward | optimizer (training captures)
+        self.grad_fn_stack: dict[Any, list[tuple[str, str]]] = {}  # autograd node -> forward module stack
+
+    def remember_grad_fns(self, out: Any) -> None:
+        """Forward, training: the autograd node of each result remembers the module that made it, so the
+        backward ops it runs get that module's path and layer type."""
+        todo = [x.grad_fn for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor) and x.grad_fn is not None]
+        # the result's own node and the nodes behind it that no earlier op claimed (a composite op such as
+        # linear on 3-D input leaves AddmmBackward behind a ViewBackward): all belong to this module
+        while todo:
+            fn = todo.pop()
+            if fn is None or fn in self.grad_fn_stack or type(fn).__name__ == "AccumulateGrad":
+                continue
+            self.grad_fn_stack[fn] = list(self.stack)
+            todo.extend(nxt for nxt, _ in fn.next_functions)
 
     # -- tensors -------------------------------------------------------------------------------------
     def register_params(self, module: torch.nn.Module) -> None:
@@ -130,10 +146,17 @@ class _Tracker:
             stride = tuple(int(s) for s in t.stride()) if t.layout == torch.strided else ()
             out_meta.append(TensorMeta(tuple(int(s) for s in t.shape), _dtype_name(t.dtype), stride,
                                        None, self.param_of.get(t)))
-        module, cls = self.stack[-1] if self.stack else ("", "")
+        stack = self.stack
+        if self.phase == "backward":
+            cur = torch._C._current_autograd_node()
+            stack = self.grad_fn_stack.get(cur, []) if cur is not None else []
+            args = {**args, "phase": "backward"}
+        elif self.phase == "optimizer":
+            args = {**args, "phase": "optimizer"}
+        module, cls = stack[-1] if stack else ("", "")
         node = Node(
             id=nid, op=op, module=module, module_class=cls,
-            layer_type=classify(self.stack, kind, self.overrides),
+            layer_type=classify(stack, kind, self.overrides),
             inputs=in_meta, outputs=tuple(out_meta), input_names=tuple(n for n, _ in inputs), args=args,
             is_view=is_view, is_inplace=is_inplace,
         )
@@ -227,7 +250,10 @@ class _FunctionRecorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "__name__", "") != SDPA_NAME or self.t.suppress:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if self.t.train and self.t.stack:
+                self.t.remember_grad_fns(out)
+            return out
         t = self.t
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         bound = list(zip(names, args)) + [(k, v) for k, v in kwargs.items()]
@@ -261,6 +287,8 @@ class _FunctionRecorder(TorchFunctionMode):
         scalars.setdefault("dropout_p", 0.0)
         t.add_node("aten.scaled_dot_product_attention.default", SDPA_NAME, tensors, scalars,
                    [out], is_view=False, is_inplace=False)
+        if t.train:
+            t.remember_grad_fns(out)
         return out
 
 
@@ -303,11 +331,35 @@ def _param_count(model: torch.nn.Module) -> tuple[int, float, int]:
     return n, nbytes, buffers
 
 
+def training_loss(out: Any) -> torch.Tensor:
+    """The training step's loss: the mean of the first floating-point output, in fp32. A stand-in for a
+    task loss (cross-entropy adds a softmax over the output, small beside the model), the same on every
+    run so measured and captured steps match."""
+    first = next((x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
+    if first is None:
+        raise OpmapError("the model's output holds no floating-point tensor to train on")
+    return first.float().mean()
+
+
+def sgd_step(params: Sequence[torch.Tensor], lr: float = 1e-3) -> None:
+    """Plain SGD, one in-place update per parameter (what torch.optim.SGD(foreach=False) runs)."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
+
+
 def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None, *,
-            overrides: Sequence[tuple[str, str]] = (), forward: Callable | None = None) -> OpGraph:
+            overrides: Sequence[tuple[str, str]] = (), forward: Callable | None = None,
+            train: bool = False) -> OpGraph:
     """Run ``model`` once on ``inputs`` (a tensor, a tuple of positional args, or a dict of kwargs) and
     return the graph of aten ops it executed. Runs under ``torch.no_grad()``; the device is whatever the
-    model and inputs are on (meta by default in the zoo and the CLI)."""
+    model and inputs are on (meta by default in the zoo and the CLI).
+
+    ``train``: one training step instead, in train mode: forward, the loss (``training_loss``), backward
+    and an SGD update. Backward ops carry ``args["phase"] = "backward"`` and the module path and layer type
+    of the forward op whose autograd node ran them; the update's ops carry ``"optimizer"``."""
     if isinstance(inputs, dict):
         args, kwargs = (), {**inputs, **(kwargs or {})}
     elif isinstance(inputs, (tuple, list)):
@@ -322,12 +374,26 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
     dev = next((str(x.device) for x in flat_in), None) or next(
         (str(p.device) for p in model.parameters()), "cpu")
     was_training = model.training
-    model.eval()
+    model.train(train)
     fn = forward or model
+    tracker.train = train
     try:
-        with torch.no_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
-                _DispatchRecorder(tracker):
-            fn(*args, **kwargs)
+        if train:
+            params = [p for p in model.parameters() if p.is_floating_point()]
+            for p in params:
+                p.requires_grad_(True)
+                p.grad = None
+            with torch.enable_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
+                    _DispatchRecorder(tracker):
+                loss = training_loss(fn(*args, **kwargs))
+                tracker.phase = "backward"
+                loss.backward()
+                tracker.phase = "optimizer"
+                sgd_step(params)
+        else:
+            with torch.no_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
+                    _DispatchRecorder(tracker):
+                fn(*args, **kwargs)
     finally:
         model.train(was_training)
     return OpGraph(nodes=tuple(tracker.nodes), params=params, param_bytes=pbytes, buffers=buffers,

@@ -230,10 +230,30 @@ def first_shape(node) -> tuple[int, ...]:
     return next((tuple(t.shape) for t in node.inputs if len(t.shape)), ())
 
 
+def train_step_fn(module, inputs) -> Callable[[], Any]:
+    """One training step as the capture records it: forward, training_loss, backward, SGD update."""
+    from opmap.capture.tracer import sgd_step, training_loss
+
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    for p in params:
+        p.requires_grad_(True)
+    fwd = make_call(module, inputs)
+
+    def step():
+        loss = training_loss(fwd())
+        loss.backward()
+        sgd_step(params)
+
+    return step
+
+
 def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3, iters: int = 20,
                 profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (), datasheet: HardwareSpec | None = None,
-                progress: Callable[[str, int], None] | None = None) -> Profile:
+                progress: Callable[[str, int], None] | None = None, train: bool = False) -> Profile:
     """Measure ``workload`` (built on ``device``) and join it to its prediction on ``hw``.
+
+    ``train``: a training step per iteration (train mode; forward, loss, backward, SGD update) instead of
+    an inference forward (eval, no grad).
 
     ``progress(stage, advance)`` is called once per iteration (``advance`` 1) and at stage changes (0).
     """
@@ -244,8 +264,8 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
     if dev.type not in ("cpu", "cuda"):
         raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
     step = progress or (lambda _s, _n: None)
-    module = workload.module.eval()
-    call = make_call(module, workload.inputs)
+    module = workload.module.train(train)
+    call = train_step_fn(module, workload.inputs) if train else make_call(module, workload.inputs)
     name = device_name(dev)
     why = ""
     if datasheet is None:
@@ -258,9 +278,10 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         else:
             why = ("CPUs are not matched to a datasheet automatically (a datasheet peak is for the whole socket); "
                    "pass --datasheet NAME")
-    with torch.no_grad():
+    with torch.enable_grad() if train else torch.no_grad():
         step("capturing the graph on the device", 0)
-        graph = capture(module, workload.inputs, overrides=overrides)
+        graph = capture(module, workload.inputs, overrides=overrides, train=train)
+        module.train(train)
         analysis = analyze_graph(graph, workload, hw, dtype, overrides)
         step("warm-up", 0)
         for _ in range(warmup):
@@ -285,6 +306,7 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
     att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
                     first_shapes=[first_shape(n) for n in graph.nodes])
     around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
-    p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why, around=around)
-    p.tags = telemetry_tags(workload, analysis, device, name, p.mode)
+    p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why,
+                mode="training step (forward, loss, backward, SGD update)" if train else "inference", around=around)
+    p.tags = telemetry_tags(workload, analysis, device, name, "train" if train else "inference")
     return p

@@ -1,0 +1,55 @@
+"""Training-step capture: backward ops with their forward module, matrix FLOPs against FlopCounterMode."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from opmap.capture import capture
+from opmap.capture.tracer import training_loss
+from opmap.costs import cost_graph, uncounted
+from opmap.workloads import build_zoo
+
+
+def _fc_total(name, batch, seq):
+    w = build_zoo(name, batch, seq, "fp32", "cpu")
+    m = w.module.train()
+    with FlopCounterMode(display=False) as fc:
+        training_loss(m(*w.inputs)).backward()
+    return fc.get_total_flops(), {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+
+
+def test_resnet50_training_step_matches_flop_counter():
+    w = build_zoo("resnet50", 1, 64, "fp32")
+    g = capture(w.module, w.inputs, train=True)
+    c = cost_graph(g)
+    assert uncounted(g, c) == {}
+    total, _ = _fc_total("resnet50", 1, 64)
+    assert sum(x.matrix_flops for x in c) == total  # forward convs + convolution_backward + the head's mms
+    phases = Counter(n.args.get("phase", "forward") for n in g.nodes)
+    # the SGD update is one in-place add per parameter tensor
+    assert phases["optimizer"] == sum(1 for _ in w.module.parameters())
+    conv_bwd = [n for n in g.nodes if n.op.startswith("aten.convolution_backward")]
+    assert len(conv_bwd) == 53 and all(n.layer_type == "conv" and n.module for n in conv_bwd)
+
+
+def test_gpt2_training_step_gemms_and_attention_backward():
+    w = build_zoo("gpt2", 1, 32, "fp32", "cpu")
+    g = capture(w.module, w.inputs, train=True)
+    c = cost_graph(g)
+    assert uncounted(g, c) == {}
+    by = Counter()
+    for n, x in zip(g.nodes, c):
+        by[n.op.split(".")[1]] += x.matrix_flops
+    _, fc = _fc_total("gpt2", 1, 32)
+    # FlopCounterMode counts the GEMMs (and 0 for the CPU flash attention, forward and backward)
+    assert by["addmm"] == fc["aten.addmm"] and by["mm"] == fc["aten.mm"]
+    # the fused attention backward is five GEMMs of the forward's two: 2.5x
+    assert by["_scaled_dot_product_flash_attention_for_cpu_backward"] == pytest.approx(
+        2.5 * by["scaled_dot_product_attention"])
+    mlp_bwd = [n for n in g.nodes if n.args.get("phase") == "backward" and n.op == "aten.mm.default"
+               and n.module.endswith("mlp.c_fc")]
+    assert mlp_bwd and all(n.layer_type == "mlp" for n in mlp_bwd)
