@@ -10,7 +10,7 @@ import torch
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.hardware.calibrate import QUICK_GRID, calibrate, time_op, to_toml, write_profile
+from opmap.hardware.calibrate import QUICK_GRID, QUICK_GRID_TA, calibrate, time_op, to_toml, write_profile
 
 
 def test_time_op_measures_a_known_duration():
@@ -26,9 +26,10 @@ def quick():
 
 
 def test_quick_calibration_rows(quick):
-    fp32 = [r for r in quick.matmul if r["dtype"] == "fp32"]
+    fp32 = [r for r in quick.matmul if r["dtype"] == "fp32" and r["layout"] == "nt"]  # nn.Linear's: x @ W.T
     assert sorted((r["m"], r["n"], r["k"]) for r in fp32) == sorted(QUICK_GRID)
-    assert all(r["layout"] == "nt" for r in fp32)  # nn.Linear's layout: x @ W.T
+    ta = [r for r in quick.matmul if r["dtype"] == "fp32" and r["layout"] == "tt"]  # x.t() @ W.T
+    assert sorted((r["m"], r["n"], r["k"]) for r in ta) == sorted(QUICK_GRID_TA)
     (conv,) = [r for r in quick.conv if r["dtype"] == "fp32"]
     # QUICK_CONV (1, 16, 16, 16, 3, 1): 3x3, stride 1, padding 1 keeps 16x16: implicit GEMM M = 1*16*16,
     # N = Cout = 16, K = Cin*3*3 = 144

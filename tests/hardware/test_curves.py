@@ -87,3 +87,23 @@ def test_vector_family_rate_replaces_the_pointwise_rate():
     assert predict_cost(pool, hw, prec, c).vector_s == pytest.approx(1e6 / 1e8)
     plain = OpCost(vector_flops=1e6)
     assert predict_cost(plain, hw, prec, c).vector_s == pytest.approx(1e6 / 10e9)
+
+
+def test_transposed_left_operand_has_its_own_curve():
+    from opmap.costs import cost_node
+    from opmap.graph import Node, TensorMeta
+
+    cal = {"matmul": [{"m": 512, "n": 196, "k": 256, "dtype": "fp32", "layout": "nt", "flops_per_s": 100e9},
+                      {"m": 512, "n": 196, "k": 256, "dtype": "fp32", "layout": "tt", "flops_per_s": 20e9}]}
+    c = Curves.from_calibration(cal, 1e-6)
+    assert c.matrix_rate(("gemm_ta", 1, 512, 196, 256), "fp32") == 20e9
+    assert c.matrix_rate(("gemm", 1, 512, 196, 256), "fp32") == 100e9
+    assert Curves.from_calibration({"matmul": cal["matmul"][:1]}, 1e-6).matrix_rate(
+        ("gemm_ta", 1, 512, 196, 256), "fp32") == 100e9  # no transposed points: the plain curve
+    # the mm rule marks a transposed left operand (stride (1, 512) on a 512 x 256 view)
+    a = TensorMeta((512, 256), "float32", (1, 512))
+    b = TensorMeta((256, 196), "float32", (1, 256))
+    node = Node(id=0, op="aten.mm.default", module="", module_class="", layer_type="other", inputs=(a, b),
+                outputs=(TensorMeta((512, 196), "float32", (196, 1)),), input_names=("self", "mat2"), args={},
+                is_view=False, is_inplace=False)
+    assert cost_node(node).problem == ("gemm_ta", 1, 512, 196, 256)

@@ -16,10 +16,19 @@ from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
 
 
+def _a_transposed(node: Node) -> bool:
+    """The left operand is a transposed view (column-major [M, K]): BLAS libraries run it on another path."""
+    a = node.input("mat1") or node.input("batch1") or (node.inputs[0] if node.inputs else None)
+    if a is None or len(a.shape) < 2 or len(a.stride) < 2:
+        return False
+    return a.stride[-2] == 1 and a.shape[-2] > 1 and a.shape[-1] > 1 and a.stride[-1] != 1
+
+
 def _gemm(node: Node, m: int, n: int, k: int, batch: int = 1, bias_elems: int = 0) -> OpCost:
     mac = batch * m * n * k
+    family = "gemm_ta" if _a_transposed(node) else "gemm"  # rate curves by operand layout (hardware/curves.py)
     return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems),
-                   problem=("gemm", int(batch), int(m), int(n), int(k)))
+                   problem=(family, int(batch), int(m), int(n), int(k)))
 
 
 @rule("mm")

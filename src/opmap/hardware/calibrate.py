@@ -41,6 +41,9 @@ FULL_GRID = tuple((m, n, k) for m in (16, 64, 256, 1024, 4096) for n in (256, 10
                   for k in (256, 1024, 4096)) + (
     (16, 32768, 1024), (128, 32768, 512), (512, 32768, 256))  # vocabulary-wide heads (LM heads: 30k-150k)
 QUICK_GRID = ((128, 128, 128), (256, 256, 256), (16, 512, 512))
+# The same GEMM with the left operand a transposed view (x.t() @ W.T): BLAS takes another path for it.
+FULL_GRID_TA = tuple((m, n, k) for m in (64, 256, 1024) for n in (256, 1024) for k in (256, 1024))
+QUICK_GRID_TA = ((128, 128, 128),)
 # Convolutions (batch, Cin, Cout, image side, kernel, stride): ResNet's stem, 3x3 and 1x1 layers at each
 # stage, and ViT's 16x16 patch embedding, at batch 1 and 8; each is stored as its implicit GEMM.
 FULL_CONV = tuple((b, *c) for b in (1, 8) for c in (
@@ -228,7 +231,8 @@ def steps(quick: bool) -> int:
     """How many progress steps ``calibrate`` reports (for a progress bar's total)."""
     g, c, t, z = (QUICK_GRID, QUICK_CONV, QUICK_ATTN, QUICK_SIZES) if quick else (FULL_GRID, FULL_CONV, FULL_ATTN,
                                                                                   FULL_SIZES)
-    return len(DTYPES) * (len(g) + len(c) + 2 * len(t)) + len(z) + 6
+    ta = QUICK_GRID_TA if quick else FULL_GRID_TA
+    return len(DTYPES) * (len(g) + len(ta) + len(c) + 2 * len(t)) + len(z) + 6
 
 
 def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
@@ -275,6 +279,15 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
                 s = bench(f"matmul {name} {m}x{n}x{k}", 2.0 * m * n * k, mk, rate, "gemm")
                 if s is not None:
                     cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": "nt",
+                                       "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
+            for m, n, k in (QUICK_GRID_TA if quick else FULL_GRID_TA):
+                def mk(m=m, n=n, k=k):
+                    a = torch.randn(k, m, device=dev).to(dt)
+                    w = torch.randn(n, k, device=dev).to(dt)
+                    return lambda: torch.mm(a.t(), w.t())
+                s = bench(f"matmul {name} {m}x{n}x{k} (A transposed)", 2.0 * m * n * k, mk, rate, "gemm")
+                if s is not None:
+                    cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": "tt",
                                        "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
             for b, cin, cout, side, ks, stride in convs:
                 pad = ks // 2 if stride == 1 else (3 if ks == 7 else 0)

@@ -4,7 +4,8 @@ A calibrated hardware profile carries, under ``[calibration]``, rates measured a
 GEMMs in the layout ``nn.Linear`` runs (``x @ W.T``), convolutions as implicit GEMMs, fused attention,
 bandwidth over transfer sizes. ``Curves`` turns them into lookups:
 
-- ``matrix_rate(problem, dtype)``: inverse-distance weighting (power 2) over the 4 nearest measured shapes
+- ``matrix_rate(problem, dtype)``: per family (``gemm``: x @ W.T; ``gemm_ta``: the left operand a
+  transposed view, as in MLP-Mixer's token mixing; ``conv``; ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes
   in log2 (m, n, k) space; an exact hit returns that shape's rate; outside the grid the nearest shapes
   decide (no extrapolated growth). A batched GEMM is looked up as (batch * m, n, k).
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
@@ -65,11 +66,11 @@ class Curves:
             return None
         family, batch, m, n, k = problem
         table = self.tables.get((family, dtype))
-        if table is None and family == "attention_causal":
-            table = self.tables.get(("attention", dtype))
+        if table is None and family in ("attention_causal", "gemm_ta"):
+            table = self.tables.get((family.rsplit("_", 1)[0] if family == "attention_causal" else "gemm", dtype))
         if table is None:
             return None
-        if family == "gemm":
+        if family in ("gemm", "gemm_ta"):
             m = batch * m
         return table.rate(m, n, k)
 
@@ -91,8 +92,9 @@ class Curves:
             return Curves()
         rows: dict[tuple[str, str], list] = {}
         for r in cal.get("matmul", []):
-            if r.get("layout", "nt") == "nt":
-                rows.setdefault(("gemm", r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
+            fam = {"nt": "gemm", "tt": "gemm_ta"}.get(r.get("layout", "nt"))
+            if fam:
+                rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("conv", []):
             rows.setdefault(("conv", r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("attention", []):
