@@ -147,9 +147,12 @@ def main() -> int:
             "big_layer_types": big, "profiler_overhead": ovh, "profile_json_overhead": d["profiler"]["overhead"],
             "coverage": d["profiler"]["coverage"],
             "mfu_calibrated": d["mfu"]["calibrated"]["mfu"],
+            "calibration_check": d["calibration_check"],
             "pass_end_to_end": ok_e2e, "pass_layer_types": ok_lt, "pass_overhead": abs(ovh) <= MAX_OVERHEAD,
         })
-        con.print(f"{label}: predicted/measured {e2e:.2f}, layer types {', '.join(f'{k} {v:.2f}' for k, v in big.items())}")
+        chk = d["calibration_check"] or {}
+        con.print(f"{label}: predicted/measured {e2e:.2f}, layer types {', '.join(f'{k} {v:.2f}' for k, v in big.items())}; "
+                  f"calibration check {chk.get('ratio', float('nan')):.2f}")
 
     t = Table(title=f"Calibration vs an independent measurement (torch.utils.benchmark.Timer); calibrate took {cal_s:.0f} s")
     for c in ("what", "calibrated", "Timer", "ratio"):

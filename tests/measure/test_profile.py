@@ -160,3 +160,15 @@ def test_training_step_profile(tmp_path):
     # forward + backward GEMMs: the forward's two, then grad input and grad weight of each (the first
     # layer's input needs no gradient): 2 + 2 + 1 GEMMs of 2*32*64*256
     assert d["mfu"]["model_matrix_flops"] == pytest.approx(5 * 2 * 32 * 64 * 256)
+
+
+def test_calibration_check_compares_with_the_profile(prof):
+    from opmap.measure.profile import calibration_check
+
+    # the test profile has no calibration: nothing to compare
+    assert prof.to_dict()["calibration_check"] is None
+    d = {**_spec_dict(), "calibration": {"device": "cpu", "matmul": [
+        {"m": 256, "n": 256, "k": 256, "dtype": "fp32", "layout": "nt", "flops_per_s": 1e30}]}}
+    chk = calibration_check(spec_from_dict(d, "t"), torch.device("cpu"))
+    # a calibrated rate no CPU reaches: the check reads far below 1 and says so
+    assert chk["ratio"] < 1e-9 and chk["within_tolerance"] is False and "256x256x256" in chk["what"]

@@ -73,6 +73,7 @@ class Profile:
     mode: str = "inference"
     tags: dict[str, Any] = field(default_factory=dict)
     around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
+    drift: dict[str, Any] | None = None  # calibration_check at profile time
 
     # -- per node ---------------------------------------------------------------------------------------
     def stall_split(self, i: int) -> tuple[float, float, float]:
@@ -200,6 +201,7 @@ class Profile:
             "predicted_s": pred, "measured_p50_s": p50, "predicted_over_measured": pred / p50 if p50 else None,
             "layer_types": {lt: s["predicted_over_measured"] for lt, s in lts.items()},
         }
+        d["calibration_check"] = self.drift
         d["tags"] = self.tags
         return d
 
@@ -228,6 +230,35 @@ def device_name(dev: torch.device) -> str:
 def first_shape(node) -> tuple[int, ...]:
     """The node's first non-scalar input shape, as the profiler's record_shapes would show it."""
     return next((tuple(t.shape) for t in node.inputs if len(t.shape)), ())
+
+
+DRIFT_TOLERANCE = 0.10  # beyond this, the device is not in the state it was calibrated in: say so
+
+
+def calibration_check(hw: HardwareSpec, dev: torch.device) -> dict[str, Any] | None:
+    """Re-time one calibrated GEMM (the one nearest 1024^3 in log2 m, n, k, in nn.Linear's layout) now, beside the profile's
+    figure: a loaded or throttled device shows as a ratio away from 1, which explains a prediction that
+    drifted with it. None for a profile without a calibration, or for a calibration of another device."""
+    from opmap.hardware.calibrate import DTYPES, time_op
+
+    cal = hw.calibration or {}
+    if not str(cal.get("device", "")).startswith(dev.type):
+        return None
+    rows = [r for r in cal.get("matmul", []) if r.get("layout", "nt") == "nt" and r["dtype"] == "fp32"]
+    if not rows:
+        return None
+    import math
+
+    r = min(rows, key=lambda r: sum(abs(math.log2(r[x]) - 10) for x in ("m", "n", "k")))
+    a = torch.randn(r["m"], r["k"], device=dev, dtype=DTYPES["fp32"])
+    w = torch.randn(r["n"], r["k"], device=dev, dtype=DTYPES["fp32"])
+    with torch.no_grad():
+        s = time_op(lambda: torch.mm(a, w.t()), dev, repeats=5, min_time_s=0.01)
+    now = 2.0 * r["m"] * r["n"] * r["k"] / s.median_s
+    ratio = now / r["flops_per_s"]
+    return {"what": f"matmul fp32 {r['m']}x{r['n']}x{r['k']} (x @ W.T)", "calibrated_flops_per_s": r["flops_per_s"],
+            "now_flops_per_s": now, "ratio": ratio, "within_tolerance": abs(ratio - 1.0) <= DRIFT_TOLERANCE,
+            "tolerance": DRIFT_TOLERANCE}
 
 
 def train_step_fn(module, inputs) -> Callable[[], Any]:
@@ -301,12 +332,15 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         # plain ones around them (the last of the timed loop and these), so slow drift on a shared machine
         # does not read as profiler overhead
         after = time_iterations(call, dev, profile_iters)
+        step("calibration check", 0)
+        drift = calibration_check(hw, dev)
     ops = [n.op for n in graph.nodes]
     kernel_nodes = [i for i, r in enumerate(analysis.results) if r.cost.kernel]
     att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
                     first_shapes=[first_shape(n) for n in graph.nodes])
     around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
     p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why,
-                mode="training step (forward, loss, backward, SGD update)" if train else "inference", around=around)
+                mode="training step (forward, loss, backward, SGD update)" if train else "inference", around=around,
+                drift=drift)
     p.tags = telemetry_tags(workload, analysis, device, name, "train" if train else "inference")
     return p

@@ -70,6 +70,12 @@ def run_lines(p: Profile, d: dict) -> list[str]:
     else:
         lines.append(f"energy: {en['method']}")
     lines.append(f"stall fractions: {d['stall_fraction']['method']}")
+    chk = d.get("calibration_check")
+    if chk:
+        lines.append(f"calibration check: {chk['what']} runs at {chk['ratio']:.2f}x its calibrated rate now"
+                     + ("" if chk["within_tolerance"] else
+                        f" (beyond ±{chk['tolerance']:.0%}: the device is loaded or throttled, or changed since "
+                        "calibration; predictions scale with it: recalibrate on a quiet device)"))
     return lines
 
 
