@@ -111,7 +111,7 @@ def _check_memory(params: int, dtype: str, device: str) -> None:
 def quality_cmd(
     model: str = typer.Argument(..., help="A zoo name or path/to/file.py:factory."),
     dtype: str = typer.Option(..., help="Reduced precision: bf16, fp16, fp8, int8, int4."),
-    batch: int = typer.Option(2, help="Batch size."),
+    batch: Optional[int] = typer.Option(None, help="Batch size (default: 8 images, 2 sequences)."),
     seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default 64)."),
     image_size: Optional[int] = typer.Option(None, help="Image side for vision models."),
     seed: int = typer.Option(0, help="Seed of the random inputs."),
@@ -129,6 +129,8 @@ def quality_cmd(
     spec = MODELS.get(model)
     if spec is not None and spec.kind == "text" and seq is None:
         seq = 64
+    if batch is None:
+        batch = 2 if spec is None or spec.kind == "text" else 8
     w = _build(model, batch, seq, image_size, "fp32", "cpu")
     with console.status(f"running {w.name} in fp32 and in {dtype}"):
         q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed)

@@ -177,8 +177,10 @@ def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind:
     diff = y - ref
     rel = float(diff.norm() / ref.norm().clamp(min=1e-300))
     agree = (y.argmax(-1) == ref.argmax(-1)).double()
-    akind = ("next-token agreement" if kind == "text" and ref.dim() == 3 else
-             "top-1 agreement" if ref.dim() == 2 else "argmax agreement over the last dimension")
+    vocab = next((m.num_embeddings for m in ref_model.modules() if isinstance(m, nn.Embedding)), None)
+    akind = ("next-token agreement" if ref.dim() == 3 and ref.shape[-1] == vocab else
+             "top-1 agreement" if ref.dim() == 2 else
+             "argmax agreement over the last dimension (hidden states: weak evidence)")
     if not math.isfinite(rel):
         raise OpmapError(f"{name} in {dtype} produced non-finite outputs (overflow); the format cannot hold it")
     return Quality(name, dtype, rel, float(diff.abs().max()), float(agree.mean()), akind, int(agree.numel()),
