@@ -166,6 +166,10 @@ class Profile:
         d["kind"] = "profile"
         for i, nd in enumerate(d["nodes"]):
             nd["measured"] = self.measured_block(i)
+        for kd in d.get("kernels", []):  # eager runs one kernel per node: a kernel's time is its nodes'
+            ts = [self.attribution.timings.get(i) for i in kd["nodes"]]
+            kd["measured_s"] = sum(t.median_s for t in ts) if ts and all(ts) else None
+            kd["predicted_over_measured"] = (kd["predicted_s"] / kd["measured_s"]) if kd["measured_s"] else None
         lts = self.layer_types()
         for lt, s in d["layer_types"].items():
             s["measured"] = lts.get(lt)
