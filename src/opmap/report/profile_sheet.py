@@ -133,10 +133,10 @@ def print_profile_report(p: Profile, console: Console, rows: int = 25, d: dict |
                title_justify="left")
     for col in ("layer type", "measured", "share", "predicted", "pred/meas", "compute-busy", "memory-stall", "other"):
         lt.add_column(col, justify="left" if col == "layer type" else "right")
-    for name, s in d["layer_types"].items():
-        m = s.get("measured")
-        if not m:
-            continue
+    by_measured = sorted(((n, s) for n, s in d["layer_types"].items() if s.get("measured")),
+                         key=lambda kv: -kv[1]["measured"]["measured_s"])
+    for name, s in by_measured:
+        m = s["measured"]
         lt.add_row(name, si(m["measured_s"], "s"), f"{m['share_of_measured']:.1%}", si(m["predicted_s"], "s"),
                    _ratio(m["predicted_over_measured"]), f"{m['compute_busy']:.0%}", f"{m['memory_stall']:.0%}",
                    f"{m['other']:.0%}")
