@@ -104,3 +104,29 @@ def test_gpt2_kernel_counts_by_formula():
         assert not ("native_layer_norm" in ops and k.kernel_class == "matrix")
         if "scaled_dot_product_attention" in ops:
             assert ops == ["scaled_dot_product_attention"]
+
+
+class HandAttention(nn.Module):
+    """Attention written out: (q @ k^T) * scale, softmax, @ v (no SDPA)."""
+
+    def forward(self, q, k, v):
+        return torch.softmax((q @ k.transpose(-2, -1)) * 0.125, dim=-1) @ v
+
+
+def test_hand_written_attention_fuses_into_one_kernel():
+    with torch.device("meta"):
+        b, h, s, d = 2, 4, 128, 64
+        q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    g = capture(HandAttention(), (q, k, v))
+    c = cost_graph(g)
+    eager = plan_fusion(g, c, "eager")
+    fused = plan_fusion(g, c, "compiler")
+    attn = [k for k in fused.kernels if "_softmax" in _ops(g, k)]
+    assert len(attn) == 1
+    ops = _ops(g, attn[0])
+    assert ops.count("bmm") == 2 and "mul" in ops
+    # the scores (b*h*s*s fp32) are written and read three times in eager (bmm -> mul -> softmax -> bmm):
+    # all six transfers are gone
+    x = b * h * s * s * 4
+    assert eager.bytes_saved == 0 and fused.bytes_saved >= 6 * x
+    assert fused.bytes_saved == pytest.approx(6 * x, rel=0.05)

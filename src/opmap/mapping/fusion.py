@@ -10,7 +10,9 @@ Policies (recorded in the assumptions):
     producer kernel as its prologue, and pointwise consumers as its epilogue;
   * never across a consumer that needs the whole tensor first: a reduction does not join a GEMM kernel
     (its row is not complete until the GEMM's K loop ends), and nothing joins a kernel as a prologue of a
-    GEMM; fused attention (SDPA) is one kernel already, so its S x S scores never reach memory;
+    GEMM; the exception is attention written out by hand (batched Q @ K^T, pointwise scale / mask,
+    softmax, batched @ V): it becomes one fused-attention kernel, softmax computed online as flash
+    attention does, so the S x S scores never reach memory; SDPA is one such kernel already;
   * a node joins a kernel only when every other input it reads was produced before that kernel started
     (no cycles, no waiting inside a kernel), and a kernel holds at most MAX_KERNEL_NODES nodes;
   * fusion never raises peak memory: it only removes intermediate writes (an intermediate that other
@@ -167,6 +169,17 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     classes = [kernel_class(n, c) if c.kernel else "none" for n, c in zip(graph.nodes, costs)]
     producers = _real_producers(graph, is_kernel)
     consumers = _real_consumers(graph, is_kernel)
+    kinds = [c.vector_kind for c in costs]
+    problems = [c.problem for c in costs]
+
+    def first_inside(nid: int):
+        """Whether the node's first tensor operand was made inside a given set of nodes (through views)."""
+        n = graph.nodes[nid]
+        src = n.inputs[0].producer if n.inputs else None
+        roots = _root(graph, src, is_kernel) if src is not None else set()
+        return lambda members: bool(roots) and roots <= members
+
+    first_inside_of = {n.id: first_inside(n.id) for n in graph.nodes if is_kernel[n.id] and classes[n.id] == "matrix"}
     groups: list[list[int]] = []
     group_of: dict[int, int] = {}
 
@@ -181,7 +194,8 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         for n in graph.nodes:
             if not is_kernel[n.id]:
                 continue
-            target = _fuse_target(n.id, classes, producers, groups, group_of) if policy == "compiler" else None
+            target = (_fuse_target(n.id, classes, producers, groups, group_of, kinds, problems, first_inside_of)
+                      if policy == "compiler" else None)
             if target is None:
                 group_of[n.id] = len(groups)
                 groups.append([n.id])
@@ -201,11 +215,22 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     return FusionPlan(policy, kernels, group_of)
 
 
+def _is_batched_gemm(problem) -> bool:
+    return bool(problem) and problem[0] in ("gemm", "gemm_ta") and problem[1] > 1
+
+
+def _scores_kernel(members: list[int], classes: list[str], kinds: list[str], problems: list) -> bool:
+    """A kernel holding one batched GEMM (Q @ K^T) and only pointwise work after it (scale, mask)."""
+    mats = [m for m in members if classes[m] == "matrix"]
+    return (len(mats) == 1 and _is_batched_gemm(problems[mats[0]])
+            and all(classes[m] in ("matrix", "vector") for m in members) and "softmax" not in {kinds[m] for m in members})
+
+
 def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], groups: list[list[int]],
-                 group_of: dict[int, int]) -> int | None:
+                 group_of: dict[int, int], kinds: list[str], problems: list, first_input_inside) -> int | None:
     """The kernel ``nid`` may legally join under the compiler policy, or None."""
     cls = classes[nid]
-    if cls not in ("vector", "reduction"):
+    if cls not in ("vector", "reduction", "matrix"):
         return None
     candidates = sorted({group_of[p] for p in producers[nid] if p in group_of}, reverse=True)
     for g in candidates:
@@ -215,8 +240,14 @@ def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], group
         gclasses = {classes[m] for m in members}
         if cls == "vector":
             ok = True  # epilogue of a GEMM, a reduction or a pointwise chain
-        else:  # a reduction takes only a pointwise-only kernel as its prologue (no GEMM: rows incomplete)
-            ok = gclasses == {"vector"}
+        elif cls == "reduction":
+            # a reduction takes a pointwise-only kernel as its prologue (not a GEMM: its rows are incomplete
+            # until the K loop ends), except softmax over the scores of a batched GEMM: an attention kernel
+            # computes it online, block by block, as flash attention does
+            ok = gclasses == {"vector"} or (kinds[nid] == "softmax" and _scores_kernel(members, classes, kinds, problems))
+        else:  # a batched GEMM on the softmax of a scores kernel closes it: P @ V of a fused attention
+            ok = (_is_batched_gemm(problems[nid]) and "softmax" in {kinds[m] for m in members}
+                  and sum(classes[m] == "matrix" for m in members) == 1 and nid in first_input_inside and first_input_inside[nid](set(members)))
         if not ok:
             continue
         # every other input must come from a kernel that started before this one (or from inside it)

@@ -180,6 +180,9 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         transform = layout_transform(anchor)
         if transform:
             why = f"layout transform {transform}; " + why
+        if k.kernel_class == "matrix" and sum(costs[m].matrix_flops > 0 for m in k.nodes) > 1 and any(
+                costs[m].vector_kind == "softmax" for m in k.nodes):
+            why += "; fused attention: the scores and their softmax stay on chip"
         if len(k.nodes) > 1:
             why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
         pol = prec.policy
