@@ -148,7 +148,8 @@ class _Tracker:
                                        None, self.param_of.get(t)))
         stack = self.stack
         if self.phase == "backward":
-            cur = torch._C._current_autograd_node()
+            current = getattr(torch._C, "_current_autograd_node", None)  # private; absent in old releases
+            cur = current() if current is not None else None
             stack = self.grad_fn_stack.get(cur, []) if cur is not None else []
             args = {**args, "phase": "backward"}
         elif self.phase == "optimizer":
