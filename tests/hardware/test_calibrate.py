@@ -30,7 +30,9 @@ def test_quick_calibration_rows(quick):
     assert sorted((r["m"], r["n"], r["k"]) for r in fp32) == sorted(QUICK_GRID)
     ta = [r for r in quick.matmul if r["dtype"] == "fp32" and r["layout"] == "tt"]  # x.t() @ W.T
     assert sorted((r["m"], r["n"], r["k"]) for r in ta) == sorted(QUICK_GRID_TA)
-    (conv,) = [r for r in quick.conv if r["dtype"] == "fp32"]
+    (conv,) = [r for r in quick.conv if r["dtype"] == "fp32" and r["pass"] == "forward"]
+    (bwd,) = [r for r in quick.conv if r["pass"] == "backward"]  # fp32 only: grad input + grad weight
+    assert (bwd["m"], bwd["n"], bwd["k"]) == (256, 16, 144) and bwd["flops_per_s"] > 0
     # QUICK_CONV (1, 16, 16, 16, 3, 1): 3x3, stride 1, padding 1 keeps 16x16: implicit GEMM M = 1*16*16,
     # N = Cout = 16, K = Cin*3*3 = 144
     assert (conv["m"], conv["n"], conv["k"]) == (256, 16, 144)

@@ -71,7 +71,7 @@ def convolution_backward_cost(node: Node) -> OpCost:
     groups = int(node.args.get("groups", 1) or 1)
     gm, gn, gk = n * prod(go.shape[2:]), w.shape[0] // groups, prod(w.shape[1:])
     return io_cost(node, matrix_flops=2.0 * fwd_mac * grads, macs=float(fwd_mac * grads), vector_flops=bias,
-                   problem=("conv", groups, int(gm), int(gn), int(gk)))
+                   problem=("conv_bwd", groups, int(gm), int(gn), int(gk)))
 
 
 SDPA_BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",

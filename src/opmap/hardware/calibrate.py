@@ -5,7 +5,8 @@ Microbenchmarks, each with warm-up, repeats, the median and the spread (min, max
 - matmul rate per dtype (fp32, bf16, fp16 where the device runs them) over a grid of shapes in nn.Linear's
   layout (m from 16 to 4096, n and k from 256 to 4096), so the profile carries an efficiency curve by size
   and aspect, not one number; the matrix peak is the best median over the grid;
-- convolutions (ResNet and ViT layer shapes, batch 1 and 8) stored as implicit GEMMs, and fused attention
+- convolutions (ResNet and ViT layer shapes, batch 1 and 8) stored as implicit GEMMs, forward and (fp32)
+  backward (convolution_backward for the input and weight gradients), and fused attention
   (scaled_dot_product_attention over sequence lengths, causal and not): their own curves;
 - copy, read and write bandwidth over sizes that cross the cache levels (copy counts read + write bytes);
   the memory bandwidth is the copy rate at the largest size (past the last-level cache);
@@ -232,7 +233,8 @@ def steps(quick: bool) -> int:
     g, c, t, z = (QUICK_GRID, QUICK_CONV, QUICK_ATTN, QUICK_SIZES) if quick else (FULL_GRID, FULL_CONV, FULL_ATTN,
                                                                                   FULL_SIZES)
     ta = QUICK_GRID_TA if quick else FULL_GRID_TA
-    return len(DTYPES) * (len(g) + len(ta) + len(c) + 2 * len(t)) + len(z) + 6
+    backward = sum(1 for x in c if x[1] != 3)
+    return len(DTYPES) * (len(g) + len(ta) + len(c) + 2 * len(t)) + backward + len(z) + 6
 
 
 def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
@@ -300,8 +302,24 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
                 s = bench(f"conv {name} b{b} {cin}->{cout} {side}px k{ks}", 2.0 * gm * gn * gk, mk, rate, "conv")
                 if s is not None:
                     cal.conv.append({"batch": b, "cin": cin, "cout": cout, "side": side, "kernel": ks,
-                                     "stride": stride, "m": gm, "n": gn, "k": gk, "dtype": name,
+                                     "stride": stride, "m": gm, "n": gn, "k": gk, "dtype": name, "pass": "forward",
                                      "flops_per_s": 2.0 * gm * gn * gk / s.median_s, **s.spread()})
+                if name != "fp32" or cin == 3:  # training runs fp32 here; the stem's input needs no gradient
+                    continue
+
+                def mkb(b=b, cin=cin, cout=cout, side=side, ks=ks, stride=stride, pad=pad, out=out):
+                    x = torch.randn(b, cin, side, side, device=dev)
+                    w = torch.randn(cout, cin, ks, ks, device=dev)
+                    go = torch.randn(b, cout, out, out, device=dev)
+                    return lambda: torch.ops.aten.convolution_backward(
+                        go, x, w, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], 1, [True, True, False])
+                # grad input + grad weight: two forward-sized implicit GEMMs
+                s = bench(f"conv backward {name} b{b} {cin}->{cout} {side}px k{ks}", 4.0 * gm * gn * gk, mkb, rate,
+                          "conv")
+                if s is not None:
+                    cal.conv.append({"batch": b, "cin": cin, "cout": cout, "side": side, "kernel": ks,
+                                     "stride": stride, "m": gm, "n": gn, "k": gk, "dtype": name, "pass": "backward",
+                                     "flops_per_s": 4.0 * gm * gn * gk / s.median_s, **s.spread()})
             for bh, sq, d in attns:
                 for causal in (False, True):
                     pairs = sq * (sq + 1) // 2 if causal else sq * sq

@@ -5,7 +5,7 @@ GEMMs in the layout ``nn.Linear`` runs (``x @ W.T``), convolutions as implicit G
 bandwidth over transfer sizes. ``Curves`` turns them into lookups:
 
 - ``matrix_rate(problem, dtype)``: per family (``gemm``: x @ W.T; ``gemm_ta``: the left operand a
-  transposed view, as in MLP-Mixer's token mixing; ``conv``; ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes
+  transposed view, as in MLP-Mixer's token mixing; ``conv``; ``conv_bwd``: convolution_backward; ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes
   in log2 (m, n, k) space; an exact hit returns that shape's rate; outside the grid the nearest shapes
   decide (no extrapolated growth). A batched GEMM is looked up as (batch * m, n, k).
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
@@ -66,8 +66,9 @@ class Curves:
             return None
         family, batch, m, n, k = problem
         table = self.tables.get((family, dtype))
-        if table is None and family in ("attention_causal", "gemm_ta"):
-            table = self.tables.get((family.rsplit("_", 1)[0] if family == "attention_causal" else "gemm", dtype))
+        if table is None and family in ("attention_causal", "gemm_ta", "conv_bwd"):
+            table = self.tables.get(({"attention_causal": "attention", "gemm_ta": "gemm", "conv_bwd": "conv"}[family],
+                                     dtype))
         if table is None:
             return None
         if family in ("gemm", "gemm_ta"):
@@ -96,7 +97,8 @@ class Curves:
             if fam:
                 rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("conv", []):
-            rows.setdefault(("conv", r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
+            fam = "conv_bwd" if r.get("pass") == "backward" else "conv"
+            rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("attention", []):
             fam = "attention_causal" if r.get("causal") else "attention"
             rows.setdefault((fam, r["dtype"]), []).append((r["sq"], r["sk"], r["d"], r["flops_per_s"]))

@@ -117,7 +117,11 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         traffic = k.min_bytes - param * (1.0 - prec.weight_scale)
         tile = runner = None
         why_tile = ""
-        if gpu_like and ac.problem and ac.problem[0] in ("gemm", "conv") and ac.matrix_flops:
+        gemm_like = ("gemm", "gemm_ta", "conv", "conv_bwd")
+        # GEMMs per problem: convolution_backward runs one forward-sized implicit GEMM per gradient it makes
+        reps = (ac.matrix_flops / (2.0 * ac.problem[1] * ac.problem[2] * ac.problem[3] * ac.problem[4])
+                if ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops else 1.0)
+        if gpu_like and ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops:
             _, batch, m, n, kk = ac.problem
             try:
                 cands = tile_candidates(batch, m, n, kk, "fp8" if prec.requested in ("fp8", "int8") else prec.matrix, sram_per_unit=hw.get("sram_per_unit_bytes"),
@@ -127,13 +131,13 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                                         b_elem_bytes=WEIGHT_BYTES["int4"] if prec.requested == "int4" else None)
                 tile = cands[0]
                 runner = cands[1] if len(cands) > 1 else None
-                matrix_s += tile.compute_s - preds[k.anchor].matrix_s
-                traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # epilogue bytes beside the GEMM
+                matrix_s += reps * tile.compute_s - preds[k.anchor].matrix_s
+                traffic = reps * tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
                 if tile.k_padded != kk:
                     why_tile = f"; K {kk} padded to {tile.k_padded} for the matrix engine's alignment"
             except OpmapError as e:
                 why_tile = f"; untiled: {e}"
-        elif (hw.device_type == "cpu" and ac.problem and ac.problem[0] in ("gemm", "conv") and ac.matrix_flops
+        elif (hw.device_type == "cpu" and ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops
               and hw.get("sram_per_unit_bytes") and hw.get("compute_units")):
             _, batch, m, n, kk = ac.problem
             try:
@@ -144,8 +148,8 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                                             bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
                 tile, runner = cands[0], (cands[1] if len(cands) > 1 else None)
                 if curves.empty:  # a catalog CPU: the blocking model gives the time
-                    matrix_s += tile.compute_s - preds[k.anchor].matrix_s
-                    traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
+                    matrix_s += reps * tile.compute_s - preds[k.anchor].matrix_s
+                    traffic = reps * tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
                 else:
                     why_tile = "; cache blocking shown, time from the measured shape curve"
             except OpmapError as e:
