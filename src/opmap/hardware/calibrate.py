@@ -282,12 +282,12 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
                 if s is not None:
                     cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": "nt",
                                        "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
-            for m, n, k in (QUICK_GRID_TA if quick else FULL_GRID_TA):
+            for m, n, k in sorted(QUICK_GRID_TA if quick else FULL_GRID_TA, key=lambda s: s[0] * s[1] * s[2]):
                 def mk(m=m, n=n, k=k):
                     a = torch.randn(k, m, device=dev).to(dt)
                     w = torch.randn(n, k, device=dev).to(dt)
                     return lambda: torch.mm(a.t(), w.t())
-                s = bench(f"matmul {name} {m}x{n}x{k} (A transposed)", 2.0 * m * n * k, mk, rate, "gemm")
+                s = bench(f"matmul {name} {m}x{n}x{k} (A transposed)", 2.0 * m * n * k, mk, rate, "gemm_ta")
                 if s is not None:
                     cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": "tt",
                                        "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
@@ -315,7 +315,7 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
                         go, x, w, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], 1, [True, True, False])
                 # grad input + grad weight: two forward-sized implicit GEMMs
                 s = bench(f"conv backward {name} b{b} {cin}->{cout} {side}px k{ks}", 4.0 * gm * gn * gk, mkb, rate,
-                          "conv")
+                          "conv_bwd")
                 if s is not None:
                     cal.conv.append({"batch": b, "cin": cin, "cout": cout, "side": side, "kernel": ks,
                                      "stride": stride, "m": gm, "n": gn, "k": gk, "dtype": name, "pass": "backward",
