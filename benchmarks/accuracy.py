@@ -83,7 +83,8 @@ def timer_p50(w) -> float:
 
 def interleaved_overhead(w, rounds: int = 3, per: int = 3) -> float:
     """Profiler overhead measured side by side: rounds of plain iterations and profiled ones (torch.profiler
-    with record_shapes, as opmap profile runs it), alternating, so drift on a shared machine hits both."""
+    without record_shapes, as opmap profile times them), alternating, so drift on a shared machine hits
+    both."""
     import statistics
 
     from opmap.measure.runner import make_call, profile_iterations, time_iterations
@@ -94,7 +95,7 @@ def interleaved_overhead(w, rounds: int = 3, per: int = 3) -> float:
     with torch.no_grad():
         for _ in range(rounds):
             plain += time_iterations(call, dev, per).times_s
-            prof += profile_iterations(call, dev, per, keep_trace=False).wall.times_s
+            prof += profile_iterations(call, dev, per, record_shapes=False, keep_trace=False).wall.times_s
     return statistics.median(prof) / statistics.median(plain) - 1.0
 
 

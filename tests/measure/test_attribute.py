@@ -75,3 +75,27 @@ def test_resynchronises_on_name_and_shape_after_a_divergence():
     assert [(x.node, x.event.start_us) for x in m] == [(3, 6), (4, 8)]
     a = attribute(ops, [1, 2, 3, 4], [(2e-5, evs)], first_shapes=shapes)
     assert a.coverage == 0.5
+
+
+def test_template_walk_replays_on_shapeless_iterations():
+    from opmap.measure.attribute import match_with_template
+
+    ops = ["aten.t.default", "aten.mm.default", "aten.add.Tensor", "aten.gelu.default", "aten.addmm.default"]
+    shapes = [(64, 32), (8, 32), (8, 64), (8, 64), (128,)]
+    shaped = [Event("aten::addmm", 0, 5, first_shape=(64,)), Event("aten::gelu", 6, 7, first_shape=(8, 64)),
+              Event("aten::addmm", 8, 12, first_shape=(128,))]
+    bare = [Event("aten::addmm", 100, 104), Event("aten::gelu", 105, 108), Event("aten::addmm", 109, 115)]
+    # by name alone the bare iteration would take its first addmm for the last node; the template knows better
+    assert [(x.node, x.event.start_us) for x in match_with_template(bare, _template(ops, shaped, shapes))] == [
+        (3, 105), (4, 109)]
+    a = attribute(ops, [1, 2, 3, 4], [(2e-5, bare)], first_shapes=shapes, template_events=shaped)
+    assert a.timings[4].median_s == pytest.approx(6e-6) and a.coverage == 0.5
+    # an iteration that does not follow the template falls back to the walk by name
+    other = [Event("aten::relu", 0, 1)]
+    assert match_with_template(other, _template(ops, shaped, shapes)) is None
+
+
+def _template(ops, events, shapes):
+    from opmap.measure.attribute import _walk
+
+    return _walk(ops, events, [0], shapes)[1]

@@ -65,11 +65,17 @@ def match_iteration(ops: Sequence[str], events: Iterable[Event], skippable: Iter
     LOOKAHEAD with its name and the same first input shape; the nodes stepped over stay unmatched. Nodes in
     ``skippable`` (no kernel) may be stepped over on a name match alone.
     """
+    return _walk(ops, events, skippable, first_shapes)[0]
+
+
+def _walk(ops, events, skippable=(), first_shapes=None) -> tuple[list[Match], list[tuple[str, int | None]]]:
+    """The matches, and the template: every event the walk looked at, with the node it matched or None."""
     names = [profiler_name(op) for op in ops]
     skip = set(skippable)
     shapes = list(first_shapes) if first_shapes is not None else [None] * len(names)
     ordered = sorted(events, key=lambda e: (e.start_us, -e.end_us))
     out: list[Match] = []
+    template: list[tuple[str, int | None]] = []
     j = 0
     inside_until = float("-inf")  # end of the last matched event: its subtree is taken
     for ev in ordered:
@@ -86,11 +92,34 @@ def match_iteration(ops: Sequence[str], events: Iterable[Event], skippable: Iter
                     hit = k
                     break
             only_skippable = only_skippable and k in skip
+        template.append((ev.name, hit))
         if hit is not None:
             out.append(Match(hit, ev))
             j = hit + 1
             inside_until = ev.end_us
-    return out
+    return out, template
+
+
+def match_with_template(events: Iterable[Event], template: Sequence[tuple[str, int | None]]) -> list[Match] | None:
+    """Replay a template walk on another iteration of the same program (recorded without shapes): the
+    events it visits must carry the template's names in the template's order; None where they do not."""
+    ordered = sorted(events, key=lambda e: (e.start_us, -e.end_us))
+    out: list[Match] = []
+    t = 0
+    inside_until = float("-inf")
+    for ev in ordered:
+        if t >= len(template):
+            break
+        if ev.start_us < inside_until:
+            continue
+        name, hit = template[t]
+        if name != ev.name:
+            return None
+        t += 1
+        if hit is not None:
+            out.append(Match(hit, ev))
+            inside_until = ev.end_us
+    return out if t == len(template) else None
 
 
 @dataclass(frozen=True)
@@ -125,19 +154,27 @@ class Attribution:
 
 
 def attribute(ops: Sequence[str], kernel_nodes: Sequence[int], iterations: Sequence[tuple[float, Sequence[Event]]],
-              use_device_time: bool = False, first_shapes: Sequence[tuple[int, ...] | None] | None = None) -> Attribution:
+              use_device_time: bool = False, first_shapes: Sequence[tuple[int, ...] | None] | None = None,
+              template_events: Sequence[Event] | None = None) -> Attribution:
     """Join ``iterations`` (each: its span in seconds and its events) to the nodes named by ``ops``.
 
     ``kernel_nodes`` are the indices of nodes that launch a kernel; coverage is measured over them (views
     are matched too when the profiler shows them, but nothing is lost when it does not).
+    ``template_events``: one iteration recorded with shapes; its walk (name and shape matching) is
+    replayed on the timed iterations, recorded without shapes (record_shapes costs time), falling back to a
+    walk by name where an iteration does not follow the template.
     """
+    skippable = [i for i in range(len(ops)) if i not in set(kernel_nodes)]
+    template = _walk(ops, template_events, skippable, first_shapes)[1] if template_events is not None else None
     per_node: dict[int, list[float]] = {}
     kernels: dict[int, tuple[str, ...]] = {}
     sums, coverage = [], 1.0
     want = set(kernel_nodes)
     all_matches = []
     for _span, events in iterations:
-        matches = match_iteration(ops, events, [i for i in range(len(ops)) if i not in want], first_shapes)
+        matches = match_with_template(events, template) if template is not None else None
+        if matches is None:
+            matches = match_iteration(ops, events, skippable, first_shapes)
         all_matches.append(tuple(matches))
         got = {m.node for m in matches}
         if want:

@@ -182,7 +182,8 @@ class Profile:
         plain = (self.around or self.latency).p50_s
         prof = self.profiled.wall.p50_s
         d["profiler"] = {
-            "iterations": len(self.profiled.iterations), "record_shapes": True, "timebase": att.timebase,
+            "iterations": len(self.profiled.iterations), "record_shapes": "one extra iteration (the matching)",
+            "timebase": att.timebase,
             "wall_p50_s": prof, "adjacent_plain_p50_s": plain, "overhead": prof / plain - 1.0 if plain else None,
             "overhead_method": "p50 of the profiled iterations over p50 of the plain iterations adjacent to them",
             "coverage": att.coverage, "iteration_s": att.iteration_s, "attributed_s": att.attributed_s,
@@ -331,7 +332,11 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         step("timed iterations", 0)
         _, energy = measure_energy(timed, device)
         step("profiled iterations", 0)
-        profiled = profile_iterations(call, dev, profile_iters, progress=lambda: step("profiled iterations", 1))
+        # one iteration with record_shapes fixes how events map to nodes (names and input shapes); the timed
+        # profiled iterations run without it, since recording shapes slows a long iteration measurably
+        shaped = profile_iterations(call, dev, 1, record_shapes=True, keep_trace=False)
+        profiled = profile_iterations(call, dev, profile_iters, record_shapes=False,
+                                      progress=lambda: step("profiled iterations", 1))
         # plain iterations right after the profiled ones: the overhead compares profiled iterations with the
         # plain ones around them (the last of the timed loop and these), so slow drift on a shared machine
         # does not read as profiler overhead
@@ -341,7 +346,8 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
     ops = [n.op for n in graph.nodes]
     kernel_nodes = [i for i, r in enumerate(analysis.results) if r.cost.kernel]
     att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
-                    first_shapes=[first_shape(n) for n in graph.nodes])
+                    first_shapes=[first_shape(n) for n in graph.nodes],
+                    template_events=shaped.iterations[0][1] if shaped.iterations else None)
     around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
     p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why,
                 mode="training step (forward, loss, backward, SGD update)" if train else "inference", around=around,
