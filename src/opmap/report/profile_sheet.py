@@ -7,8 +7,6 @@ profiler's own trace with the telemetry tags), written together as one set.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -16,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from opmap.measure.profile import Profile
-from opmap.report.sheet import SHEET_COLUMNS, _assumption_lines, _cell, op_label, sheet_rows, shapes, si, write_set
+from opmap.report.sheet import (SHEET_COLUMNS, _assumption_lines, _cell, op_label, sheet_rows, shapes, si, to_csv,
+                                write_set)
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
                     "compute_busy_s", "memory_stall_s", "other_s")
@@ -32,11 +31,7 @@ def profile_rows(p: Profile) -> list[dict]:
 
 
 def render_profile_csv(p: Profile) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=SHEET_COLUMNS + MEASURED_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(profile_rows(p))
-    return buf.getvalue()
+    return to_csv(SHEET_COLUMNS + MEASURED_COLUMNS, profile_rows(p))
 
 
 def _ratio(x) -> str:

@@ -82,20 +82,21 @@ def kernel_rows(a: Analysis) -> list[dict]:
     return rows
 
 
-def render_kernels_csv(a: Analysis) -> str:
+def to_csv(columns, rows: list[dict]) -> str:
+    """Rows as CSV text with a header, in the order of ``columns``."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=KERNEL_COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
-    w.writerows(kernel_rows(a))
+    w.writerows(rows)
     return buf.getvalue()
+
+
+def render_kernels_csv(a: Analysis) -> str:
+    return to_csv(KERNEL_COLUMNS, kernel_rows(a))
 
 
 def render_csv(a: Analysis) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=SHEET_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(sheet_rows(a))
-    return buf.getvalue()
+    return to_csv(SHEET_COLUMNS, sheet_rows(a))
 
 
 def _assumption_lines(a: Analysis) -> list[str]:
