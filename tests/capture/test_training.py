@@ -53,3 +53,18 @@ def test_gpt2_training_step_gemms_and_attention_backward():
     mlp_bwd = [n for n in g.nodes if n.args.get("phase") == "backward" and n.op == "aten.mm.default"
                and n.module.endswith("mlp.c_fc")]
     assert mlp_bwd and all(n.layer_type == "mlp" for n in mlp_bwd)
+
+
+def test_training_capture_counts_parameters_like_inference():
+    """A training capture reports the model's parameter count (resnet50: 25,557,032, torchvision), and its
+    analysis serialises: the trainable-parameter list once shadowed the count."""
+    import json
+
+    from opmap.analyze import analyze_graph
+    from opmap.hardware import get_hardware
+
+    w = build_zoo("resnet50", 1, 64, "fp32")
+    g = capture(w.module, w.inputs, train=True)
+    assert g.params == 25_557_032
+    d = analyze_graph(g, w, get_hardware("h100-sxm"), "fp32").to_dict()
+    assert json.loads(json.dumps(d))["totals"]["params"] == 25_557_032

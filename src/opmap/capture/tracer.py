@@ -380,8 +380,8 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
     tracker.train = train
     try:
         if train:
-            params = [p for p in model.parameters() if p.is_floating_point()]
-            for p in params:
+            trainable = [p for p in model.parameters() if p.is_floating_point()]
+            for p in trainable:
                 p.requires_grad_(True)
                 p.grad = None
             with torch.enable_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
@@ -390,7 +390,7 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
                 tracker.phase = "backward"
                 loss.backward()
                 tracker.phase = "optimizer"
-                sgd_step(params)
+                sgd_step(trainable)
         else:
             with torch.no_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
                     _DispatchRecorder(tracker):
