@@ -7,7 +7,8 @@ import pytest
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.predict import TRANSCENDENTAL_SLOTS, mfu, predict_cost, resolve_precision, ridge_point
+from opmap.precision import resolve_precision
+from opmap.predict import TRANSCENDENTAL_SLOTS, mfu, predict_cost, ridge_point
 
 H100 = get_hardware("h100-sxm")
 

@@ -23,8 +23,8 @@ from opmap.hardware.curves import Curves
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.hardware.spec import HardwareSpec
-from opmap.predict import TRANSCENDENTAL_SLOTS, Precision, Prediction, mfu, predict_cost, resolve_precision, \
-    ridge_point
+from opmap.precision import Precision, resolve_precision
+from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload
 
 SCHEMA_VERSION = 1

@@ -46,7 +46,7 @@ def analyze(
     from opmap.analyze import analyze as run_analyze
     from opmap.capture import parse_overrides
     from opmap.hardware import get_hardware
-    from opmap.predict import resolve_precision
+    from opmap.precision import resolve_precision
     from opmap.report.sheet import print_report, write_outputs
 
     from opmap.mapping.fusion import POLICIES
@@ -193,7 +193,7 @@ def profile(
     from opmap.hardware import get_hardware
     from opmap.hardware.calibrate import cache_path
     from opmap.measure import run_profile
-    from opmap.predict import resolve_precision
+    from opmap.precision import resolve_precision
     from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
 
     if device not in ("cpu", "cuda"):

@@ -10,14 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-# Bytes per element by torch dtype name (torch.float32 -> "float32").
-DTYPE_BYTES: dict[str, float] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8,
-}
-
+from opmap.precision import dtype_bytes
 
 @dataclass(frozen=True)
 class TensorMeta:
@@ -42,7 +35,7 @@ class TensorMeta:
 
     @property
     def itemsize(self) -> float:
-        return DTYPE_BYTES.get(self.dtype, 4)
+        return dtype_bytes(self.dtype)
 
     @property
     def nbytes(self) -> float:

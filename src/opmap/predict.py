@@ -26,80 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opmap.costs.base import OpCost
-from opmap.errors import OpmapError
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
+from opmap.precision import Precision
 
 # A transcendental takes this many vector-op slots: NVIDIA SMs issue 16 SFU ops per clock beside 128 FP32
 # lanes (Hopper / Ampere SM diagrams), CPUs evaluate exp/tanh as ~10-20-instruction polynomials. 4 is a
 # middle value; calibration (opmap calibrate) replaces it with a measured rate.
 TRANSCENDENTAL_SLOTS = 4.0
-
-# The matrix precision actually used when the device lacks the one asked for, nearest first.
-FALLBACK = {
-    "fp32": ("fp32", "tf32", "bf16"),
-    "tf32": ("tf32", "fp32", "bf16"),
-    "bf16": ("bf16", "fp16", "fp32"),
-    "fp16": ("fp16", "bf16", "fp32"),
-    "fp8": ("fp8", "int8", "bf16", "fp16"),
-    "int8": ("int8", "fp8", "bf16"),
-    "int4": ("bf16", "fp16", "fp32"),  # weight-only: the kernel dequantizes to bf16 and runs a bf16 GEMM
-}
-
-# Precision policy per op family (the assumptions block and each kernel row state it). GEMM / conv /
-# attention run in the matrix format; softmax and norms compute in fp32 whatever the storage; the other
-# vector ops run in the activation format. Weights are stored in ``weights``; the graph is captured at
-# ``capture`` (the torch dtype the model is built in), so weight bytes scale by the formats' sizes.
-# int4 stores a 16-bit scale per group of 128 weights (GPTQ / AWQ-style group quantization).
-POLICY = {
-    "fp32": {"capture": "fp32", "weights": "fp32", "activations": "fp32", "accumulate": "fp32"},
-    "tf32": {"capture": "fp32", "weights": "fp32", "activations": "fp32", "accumulate": "fp32"},
-    "bf16": {"capture": "bf16", "weights": "bf16", "activations": "bf16", "accumulate": "fp32"},
-    "fp16": {"capture": "fp16", "weights": "fp16", "activations": "fp16", "accumulate": "fp32"},
-    "fp8": {"capture": "bf16", "weights": "fp8 (e4m3)", "activations": "bf16 (fp8 e4m3 at GEMM inputs)",
-            "accumulate": "fp32"},
-    "int8": {"capture": "bf16", "weights": "int8 (per channel)", "activations": "bf16 (int8 at GEMM inputs)",
-             "accumulate": "int32"},
-    "int4": {"capture": "bf16", "weights": "int4 (groups of 128, fp16 scales)", "activations": "bf16",
-             "accumulate": "fp32"},
-}
-WEIGHT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0 + 2.0 / 4096,
-                "int4": 0.5 + 2.0 / 128}
-CAPTURE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
-BOUNDS = ("compute", "memory", "overhead", "view", "alloc", "uncounted")
-
-
-@dataclass(frozen=True)
-class Precision:
-    requested: str
-    matrix: str  # the dtype whose matrix peak is used
-    matrix_peak_flops_per_s: float
-    vector_peak_flops_per_s: float
-    note: str = ""
-    weight_scale: float = 1.0  # stored weight bytes over the captured weight bytes
-
-    @property
-    def policy(self) -> dict[str, str]:
-        return {**POLICY[self.requested], "matrix": self.matrix, "softmax_norm": "fp32 compute"}
-
-
-def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
-    """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format."""
-    if dtype not in FALLBACK:
-        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(FALLBACK)}")
-    chosen = next((d for d in FALLBACK[dtype] if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
-    if chosen is None:
-        raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
-                         f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
-    act = POLICY[dtype]["capture"]
-    vec = hw.vector_peak_flops_per_s.get(act) or hw.vector_peak_flops_per_s["fp32"]
-    note = "" if chosen == FALLBACK[dtype][0] else \
-        f"{hw.name} has no {FALLBACK[dtype][0]} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
-    if dtype == "int4":
-        note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
-    scale = WEIGHT_BYTES[dtype] / CAPTURE_BYTES[POLICY[dtype]["capture"]]
-    return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note, scale)
-
 
 @dataclass(frozen=True)
 class Prediction:

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from opmap.capture import capture
 from opmap.costs import cost_node
-from opmap.costs.attention import causal_pairs
+from opmap.ops import causal_pairs
 
 
 class SDPA(torch.nn.Module):

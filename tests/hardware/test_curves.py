@@ -9,7 +9,8 @@ import pytest
 from opmap.costs.base import OpCost
 from opmap.hardware.curves import Curves, RateTable
 from opmap.hardware.spec import spec_from_dict
-from opmap.predict import predict_cost, resolve_precision
+from opmap.precision import resolve_precision
+from opmap.predict import predict_cost
 
 
 def test_exact_hit_and_midpoint():

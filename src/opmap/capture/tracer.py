@@ -28,20 +28,10 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from opmap.capture.layer_types import classify
-from opmap.costs.pointwise import POINTWISE_WEIGHTS, base_name
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph, TensorMeta
+from opmap.ops import DATA_MOVEMENT_OPS, EXTRA_VIEW_OPS, is_pointwise
 
-# Ops that alias their input but whose schema does not say so.
-EXTRA_VIEW_OPS = {"_unsafe_view", "lift_fresh", "_reshape_alias", "_unsafe_view_copy"}
-# Op families that fall back to these layer types when no module decides (see layer_types.classify).
-DATA_MOVEMENT_OPS = {
-    "cat", "stack", "copy", "copy_", "clone", "_to_copy", "contiguous", "index_select", "gather", "scatter",
-    "scatter_", "index", "index_put", "index_put_", "repeat", "repeat_interleave", "roll", "flip", "pad",
-    "constant_pad_nd", "narrow_copy", "split_with_sizes_copy", "permute_copy", "embedding", "fill_", "zero_",
-    "zeros", "ones", "full", "empty", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
-    "new_zeros", "new_empty", "new_ones", "new_full", "empty_strided", "scalar_tensor", "lift_fresh_copy",
-}
 SDPA_NAME = "scaled_dot_product_attention"
 
 
@@ -129,7 +119,7 @@ class _Tracker:
             kind = "data_movement"
         elif packet in DATA_MOVEMENT_OPS:
             kind = "data_movement"
-        elif _is_pointwise(op):
+        elif is_pointwise(op):
             kind = "elementwise"
         else:
             kind = "other"
@@ -163,10 +153,6 @@ class _Tracker:
         )
         self.nodes.append(node)
         return node
-
-
-def _is_pointwise(op: str) -> bool:
-    return "." in op and base_name(op.split(".")[1]) in POINTWISE_WEIGHTS
 
 
 def _bind(schema_args: Sequence[Any], args: tuple, kwargs: dict) -> list[tuple[str, Any]]:

@@ -13,8 +13,8 @@ from dataclasses import replace
 from opmap.costs import attention, backward, matmul, movement, pointwise, vector  # noqa: F401  (registers rules)
 from opmap.costs.base import RULES, OpCost, rule
 from opmap.costs.movement import view_cost
-from opmap.costs.pointwise import base_name
 from opmap.graph import Node, OpGraph
+from opmap.ops import base_name
 
 
 # Vector families with a rate of their own in a calibrated profile (hardware/calibrate.py measures each).

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
+from opmap.ops import causal_pairs
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
@@ -28,13 +29,6 @@ BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
 BSHD = ("_flash_attention_forward", "_efficient_attention_forward")
 VECTOR_PER_SCORE = 5  # scale, max, subtract, sum, divide
 EXP_PER_SCORE = 1
-
-
-def causal_pairs(sq: int, sk: int) -> int:
-    """Unmasked (query, key) pairs under PyTorch's causal mask (top-left aligned: key j <= query i)."""
-    if sq <= sk:
-        return sq * (sq + 1) // 2
-    return sk * (sk + 1) // 2 + (sq - sk) * sk
 
 
 def is_causal(node: Node) -> bool:

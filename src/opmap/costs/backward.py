@@ -16,9 +16,9 @@ Bytes are the usual minimum: each input read once, each output written once.
 
 from __future__ import annotations
 
-from opmap.costs.attention import causal_pairs
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
+from opmap.ops import causal_pairs
 
 
 @rule("threshold_backward")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, rule
 from opmap.graph import Node
+from opmap.ops import base_name
 
 POINTWISE_WEIGHTS: dict[str, tuple[float, float]] = {
     # binary arithmetic
@@ -47,11 +48,6 @@ POINTWISE_WEIGHTS: dict[str, tuple[float, float]] = {
     "tril": (1, 0), "triu": (1, 0),  # one select per element
 }
 GELU_TANH = (7.0, 1.0)
-
-
-def base_name(packet: str) -> str:
-    """``add_`` -> ``add``: in-place variants share the rule of their out-of-place op."""
-    return packet[:-1] if packet.endswith("_") and not packet.startswith("_") else packet
 
 
 def _weights(node: Node) -> tuple[float, float]:

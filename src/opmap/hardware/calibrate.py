@@ -34,8 +34,10 @@ import torch
 
 from opmap import __version__
 from opmap.errors import OpmapError
+from opmap.precision import torch_dtype
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The formats calibrated, with the torch dtype each runs in.
+DTYPES = {f: torch_dtype(f) for f in ("fp32", "bf16", "fp16")}
 # GEMM (m, n, k) in nn.Linear's layout (x[m,k] @ W[n,k].T): m from decode-like to large batches, n and k
 # across the weight sizes of the zoo; the time model interpolates between these points (hardware/curves.py).
 FULL_GRID = tuple((m, n, k) for m in (16, 64, 256, 1024, 4096) for n in (256, 1024, 4096)

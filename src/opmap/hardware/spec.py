@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.precision import FORMATS
 
 KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed")
 
-# Dtype names opmap uses everywhere (CLI, catalog keys, assumptions).
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+# Format names opmap uses everywhere (CLI, catalog keys, assumptions): the precision module's.
+DTYPES = FORMATS
 
 
 @dataclass(frozen=True)

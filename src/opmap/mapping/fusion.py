@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Sequence
 
 from opmap.costs.base import OpCost
-from opmap.costs.pointwise import POINTWISE_WEIGHTS, base_name
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
+from opmap.ops import is_pointwise as _op_is_pointwise
 
 POLICIES = ("eager", "compiler")
 MAX_KERNEL_NODES = 16  # larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice)
@@ -56,8 +56,7 @@ def kernel_class(node: Node, cost: OpCost) -> str:
 
 
 def is_pointwise(node: Node) -> bool:
-    parts = node.op.split(".")
-    return len(parts) > 1 and base_name(parts[1]) in POINTWISE_WEIGHTS
+    return _op_is_pointwise(node.op)
 
 
 @dataclass

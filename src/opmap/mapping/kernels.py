@@ -20,8 +20,9 @@ from opmap.graph import Node
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, Kernel
-from opmap.mapping.tiling import ELEM_BYTES, Tile, attention_candidates, cpu_tile_candidates, tile_candidates
-from opmap.predict import WEIGHT_BYTES, Precision
+from opmap.mapping.tiling import Tile, attention_candidates, cpu_tile_candidates, tile_candidates
+from opmap.ops import CONV_OPS, COPY_OPS, GEMM_OPS
+from opmap.precision import Precision, format_bytes
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,11 @@ def layout_of(node: Node) -> str:
     ins = [t for t in node.inputs if len(t.shape) >= 2]
     if not ins:
         return "contiguous"
-    if node.packet in ("convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution"):
+    if node.packet in CONV_OPS:
         x = ins[0]
         cl = len(x.stride) == 4 and x.stride[1] == 1 and x.shape[1] > 1
         return "channels_last (NHWC)" if cl else "NCHW"
-    if node.packet in ("mm", "addmm", "bmm", "baddbmm"):
+    if node.packet in GEMM_OPS:
         a, b = (node.input("mat1"), node.input("mat2")) if node.packet == "addmm" else (ins[0], ins[-1])
         if a is None or b is None:
             return "row-major"
@@ -73,9 +74,6 @@ def layout_of(node: Node) -> str:
         return f"A {major(a)}, B {major(b)}" + (" (x @ W.T)" if major(b) == "T" and b.param else "")
     strided = any(not _contiguous(t.shape, t.stride) for t in ins)
     return "strided input" if strided else "contiguous"
-
-
-COPY_OPS = ("clone", "_to_copy", "copy_", "copy", "contiguous")
 
 
 def _order(t) -> str:
@@ -124,11 +122,11 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         if gpu_like and ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops:
             _, batch, m, n, kk = ac.problem
             try:
-                cands = tile_candidates(batch, m, n, kk, "fp8" if prec.requested in ("fp8", "int8") else prec.matrix, sram_per_unit=hw.get("sram_per_unit_bytes"),
+                cands = tile_candidates(batch, m, n, kk, prec.operand_format, sram_per_unit=hw.get("sram_per_unit_bytes"),
                                         units=int(hw.get("compute_units")), l2_bytes=hw.get("l2_bytes") or 0.0,
                                         peak_flops_per_s=prec.matrix_peak_flops_per_s,
                                         bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
-                                        b_elem_bytes=WEIGHT_BYTES["int4"] if prec.requested == "int4" else None)
+                                        b_elem_bytes=prec.weight_operand_bytes)
                 tile = cands[0]
                 runner = cands[1] if len(cands) > 1 else None
                 matrix_s += reps * tile.compute_s - preds[k.anchor].matrix_s
@@ -168,7 +166,7 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                 traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
                 why_tile = (f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits" if sq <= 16 else
                             f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read "
-                            f"{(tile.traffic_bytes - 2.0 * bh * sq * d * ELEM_BYTES.get(prec.matrix, 2)) / (2.0 * bh * sk * d * ELEM_BYTES.get(prec.matrix, 2)):.3g} times, "
+                            f"{(tile.traffic_bytes - 2.0 * bh * sq * d * format_bytes(prec.matrix)) / (2.0 * bh * sk * d * format_bytes(prec.matrix)):.3g} times, "
                             "scores stay on chip")
             except OpmapError as e:
                 why_tile = f"; untiled: {e}"
@@ -189,14 +187,7 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
             why += "; fused attention: the scores and their softmax stay on chip"
         if len(k.nodes) > 1:
             why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
-        pol = prec.policy
-        if k.kernel_class == "matrix":
-            fmt = f"{prec.matrix} compute, weights {pol['weights']}, accumulate {pol['accumulate']}" \
-                if prec.requested in ("fp8", "int8", "int4") else prec.matrix
-        elif k.kernel_class == "reduction":
-            fmt = f"{pol['capture']} storage, fp32 compute"
-        else:
-            fmt = pol["capture"]
+        fmt = prec.kernel_format(k.kernel_class)
         out.append(KernelResult(k, matrix_s, vector_s, memory_s, overhead, max(terms.values()) + overhead, bound,
                                 traffic, tile, runner, fmt, layout_of(anchor), why))
     return out

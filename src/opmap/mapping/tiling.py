@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from itertools import product
 
 from opmap.errors import OpmapError
+from opmap.ops import causal_pairs
+from opmap.precision import format_bytes
 
 BM_CHOICES = (16, 32, 64, 128, 256)
 BN_CHOICES = (32, 64, 128, 256)
@@ -34,7 +36,6 @@ BK_CHOICES = (32, 64, 128)
 STAGES = (2, 3, 4, 5)
 REGISTER_FILE_BYTES = 65536 * 4  # per SM: 64K 32-bit registers (NVIDIA Ampere / Hopper SM)
 ACCUMULATOR_SHARE = 0.5  # the fp32 accumulators may take half the registers; the rest hold addresses, operands
-ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
                     out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None) -> tuple[Tile, ...]:
     """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal."""
-    e = ELEM_BYTES.get(dtype, 2)
+    e = format_bytes(dtype)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
     align = max(1, int(16 / e))
     k_pad = math.ceil(k / align) * align
@@ -147,8 +148,8 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
     Decode (Sq <= DECODE_MAX_Q): one query block, the KV sequence split in DECODE_SPLIT-key chunks across
     the compute units; the KV cache read bounds it.
     """
-    e = ELEM_BYTES.get(dtype, 2)
-    pairs = (sq * (sq + 1) // 2 if sq <= sk else sk * (sk + 1) // 2 + (sq - sk) * sk) if causal else sq * sk
+    e = format_bytes(dtype)
+    pairs = causal_pairs(sq, sk) if causal else sq * sk
     flops = 4.0 * bh * pairs * d
     kv = 2.0 * bh * sk * d * e
     qo = 2.0 * bh * sq * d * e
@@ -200,7 +201,7 @@ def cpu_tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, l2_pe
     Traffic: A re-read once per column block of C (ceil(N/nc)), B once per row block (ceil(M/mc)) unless
     B fits in half the LLC (then once); C written once.
     """
-    e = ELEM_BYTES.get(dtype, 4)
+    e = format_bytes(dtype)
     flops = 2.0 * batch * m * n * k
     out = []
     for mc, nc, kc in product(MC_CHOICES, NC_CHOICES, KC_CHOICES):

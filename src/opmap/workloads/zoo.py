@@ -16,12 +16,10 @@ from typing import Any, Callable
 import torch
 
 from opmap.errors import OpmapError
+from opmap.precision import torch_dtype
 from opmap.workloads.resnet import ResNet
 from opmap.workloads.transformers import GPT2, Bert, BertConfig, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
 
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                # quantized formats are built in bf16; the format is a mapping decision (predict.POLICY)
-                "fp8": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
 
 
 @dataclass
@@ -95,9 +93,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 
 
 def parse_dtype(dtype: str) -> torch.dtype:
-    if dtype not in TORCH_DTYPES:
-        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(TORCH_DTYPES)}")
-    return TORCH_DTYPES[dtype]
+    """The torch dtype to build in for an opmap format (quantized formats build in bf16: precision.POLICY)."""
+    return torch_dtype(dtype)
 
 
 def _cast(module: torch.nn.Module, inputs: Any, dtype: torch.dtype):

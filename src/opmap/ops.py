@@ -1,0 +1,70 @@
+"""The op taxonomy: which aten ops are pointwise, which alias, which move data; causal pair counting.
+
+Capture (layer types), costs (rules), mapping (fusion, layouts) and calibration all classify ops the same
+way, so the sets live here once. Names are aten overload packets (``aten.add.Tensor`` -> ``add``);
+in-place variants (``add_``) share their out-of-place op's class.
+"""
+
+from __future__ import annotations
+
+# Elementwise ops (unary, binary, ternary): each output element depends on the same-index input elements.
+# costs/pointwise.py weighs each one in FLOPs; a test checks the two lists agree.
+POINTWISE_OPS = frozenset({
+    # binary arithmetic
+    "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "maximum", "minimum",
+    "fmax", "fmin", "pow", "atan2", "hypot", "xlogy", "copysign",
+    # comparisons and logic
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor",
+    "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor", "isnan", "isinf",
+    # ternary
+    "where", "masked_fill", "addcmul", "addcdiv", "lerp", "clamp", "clip", "hardtanh",
+    # unary
+    "neg", "abs", "sign", "sgn", "reciprocal", "square", "floor", "ceil", "round", "trunc", "frac",
+    "clamp_min", "clamp_max", "relu", "relu6", "threshold", "leaky_relu", "hardswish", "hardsigmoid", "nan_to_num",
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
+    "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfc", "erfinv", "sigmoid", "silu",
+    "softplus", "mish", "elu", "selu", "celu", "logit", "gelu", "glu", "tril", "triu",
+})
+
+# Ops that alias their input but whose schema does not say so.
+EXTRA_VIEW_OPS = frozenset({"_unsafe_view", "lift_fresh", "_reshape_alias", "_unsafe_view_copy"})
+
+# Ops that move or materialise data without arithmetic: the data_movement layer type when no module decides.
+DATA_MOVEMENT_OPS = frozenset({
+    "cat", "stack", "copy", "copy_", "clone", "_to_copy", "contiguous", "index_select", "gather", "scatter",
+    "scatter_", "index", "index_put", "index_put_", "repeat", "repeat_interleave", "roll", "flip", "pad",
+    "constant_pad_nd", "narrow_copy", "split_with_sizes_copy", "permute_copy", "embedding", "fill_", "zero_",
+    "zeros", "ones", "full", "empty", "empty_like", "zeros_like", "ones_like", "full_like", "arange",
+    "new_zeros", "new_empty", "new_ones", "new_full", "empty_strided", "scalar_tensor", "lift_fresh_copy",
+})
+
+# Copies that may change a tensor's memory order (a layout transform when they do).
+COPY_OPS = frozenset({"clone", "_to_copy", "copy_", "copy", "contiguous"})
+
+# Convolution and GEMM overload packets whose operand layout a kernel row names.
+CONV_OPS = frozenset({"convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution"})
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+
+
+def packet(op: str) -> str:
+    """``aten.addmm.default`` -> ``addmm``."""
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 2 else parts[0]
+
+
+def base_name(name: str) -> str:
+    """``add_`` -> ``add``: in-place variants share the class (and the cost rule) of their out-of-place op."""
+    return name[:-1] if name.endswith("_") and not name.startswith("_") else name
+
+
+def is_pointwise(op: str) -> bool:
+    """Whether a full aten op name (``aten.add_.Tensor``) is an elementwise op."""
+    return "." in op and base_name(op.split(".")[1]) in POINTWISE_OPS
+
+
+def causal_pairs(sq: int, sk: int) -> int:
+    """Unmasked (query, key) pairs under PyTorch's causal mask (top-left aligned: key j <= query i):
+    the sum over queries i of min(i + 1, Sk); Sq * (Sq + 1) / 2 when Sq == Sk."""
+    if sq <= sk:
+        return sq * (sq + 1) // 2
+    return sk * (sk + 1) // 2 + (sq - sk) * sk

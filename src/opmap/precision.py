@@ -1,0 +1,187 @@
+"""Precision: the one dtype table and the one precision policy.
+
+Two kinds of names meet here:
+
+- torch dtype names as the capture records them (``"float32"``, ``"bfloat16"``, ``"float8_e4m3fn"``):
+  ``dtype_bytes`` gives their size per element;
+- opmap format names (``fp32 tf32 bf16 fp16 fp8 int8 int4``, plus ``fp64`` in the catalog): what a user asks
+  for with ``--dtype``, what the catalog lists peaks for, what a kernel computes in. ``format_bytes`` gives
+  their size per element at the matrix engine (int4: half a byte).
+
+An unknown name is refused with the accepted ones, never given a default size.
+
+The policy (``POLICY``) says, per requested format, what each op family runs in: GEMM / conv / attention
+run in the matrix format (falling back to the nearest one the device has, ``FALLBACK``); softmax and norms
+compute in fp32 whatever the storage; the other vector ops run in the activation format. The graph is
+captured at ``capture`` (the torch dtype the model is built in), weights are stored at ``weights``, so
+weight bytes scale by the formats' sizes. int4 stores a 16-bit scale per group of 128 weights (GPTQ /
+AWQ-style group quantization); int8 a 16-bit scale per output channel of 4096.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from opmap.errors import OpmapError
+
+if TYPE_CHECKING:
+    from opmap.hardware.spec import HardwareSpec
+
+# Bytes per element by torch dtype name (str(torch.float32) without "torch."): every dtype torch 2.13 defines.
+# Sub-byte integer and bit types are stored one element per byte by torch; packed types (float4_e2m1fn_x2,
+# quint4x2, quint2x4, bits4x2, bits2x4, bits1x8) hold several values in the byte counted here.
+DTYPE_BYTES: dict[str, float] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "int1": 1, "int2": 1, "int3": 1, "int4": 1, "int5": 1, "int6": 1, "int7": 1,
+    "uint1": 1, "uint2": 1, "uint3": 1, "uint4": 1, "uint5": 1, "uint6": 1, "uint7": 1,
+    "qint32": 4, "qint8": 1, "quint8": 1, "quint4x2": 1, "quint2x4": 1,
+    "bits16": 2, "bits8": 1, "bits4x2": 1, "bits2x4": 1, "bits1x8": 1,
+}
+
+# Bytes per element of an opmap format at the matrix engine.
+FORMAT_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1,
+                                  "int4": 0.5}
+FORMATS = tuple(FORMAT_BYTES)  # the catalog's peak keys, in display order
+
+# The torch dtype a model is built in for each requestable format. Quantized formats are built in bf16:
+# the stored format is a mapping decision (POLICY), not a torch dtype.
+BUILD_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
+               "fp8": "bfloat16", "int8": "bfloat16", "int4": "bfloat16"}
+# Formats that are torch dtypes a real run can execute in (profile); the rest are modelled, not run.
+RUNNABLE = ("fp32", "tf32", "bf16", "fp16")
+
+# The matrix precision actually used when the device lacks the one asked for, nearest first.
+FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp32": ("fp32", "tf32", "bf16"),
+    "tf32": ("tf32", "fp32", "bf16"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "fp8": ("fp8", "int8", "bf16", "fp16"),
+    "int8": ("int8", "fp8", "bf16"),
+    "int4": ("bf16", "fp16", "fp32"),  # weight-only: the kernel dequantizes to bf16 and runs a bf16 GEMM
+}
+REQUESTABLE = tuple(FALLBACK)  # what --dtype accepts
+
+
+@dataclass(frozen=True)
+class FormatPolicy:
+    """What one requested format means for each op family. The four strings are the assumptions block's."""
+
+    capture: str  # the format the graph is captured in (the model's torch dtype)
+    weights: str
+    activations: str
+    accumulate: str
+    weight_bytes: float  # stored bytes per weight element, scales included
+    quantized: bool = False  # weights stored narrower than the capture: kernel rows name the formats
+    one_byte_operands: bool = False  # GEMM operands reach the matrix engine as 1-byte values (fp8, int8)
+    weight_only: bool = False  # B (the weights) stored narrow, dequantized inside the GEMM (int4)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"capture": self.capture, "weights": self.weights, "activations": self.activations,
+                "accumulate": self.accumulate}
+
+
+POLICY: dict[str, FormatPolicy] = {
+    "fp32": FormatPolicy("fp32", "fp32", "fp32", "fp32", 4.0),
+    "tf32": FormatPolicy("fp32", "fp32", "fp32", "fp32", 4.0),
+    "bf16": FormatPolicy("bf16", "bf16", "bf16", "fp32", 2.0),
+    "fp16": FormatPolicy("fp16", "fp16", "fp16", "fp32", 2.0),
+    "fp8": FormatPolicy("bf16", "fp8 (e4m3)", "bf16 (fp8 e4m3 at GEMM inputs)", "fp32", 1.0, quantized=True,
+                        one_byte_operands=True),
+    "int8": FormatPolicy("bf16", "int8 (per channel)", "bf16 (int8 at GEMM inputs)", "int32", 1.0 + 2.0 / 4096,
+                         quantized=True, one_byte_operands=True),
+    "int4": FormatPolicy("bf16", "int4 (groups of 128, fp16 scales)", "bf16", "fp32", 0.5 + 2.0 / 128,
+                         quantized=True, weight_only=True),
+}
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a torch dtype name; an unknown name is refused."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise OpmapError(f"unknown tensor dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
+
+def format_bytes(fmt: str) -> float:
+    """Bytes per element of an opmap format name; an unknown name is refused."""
+    try:
+        return FORMAT_BYTES[fmt]
+    except KeyError:
+        raise OpmapError(f"unknown format {fmt!r}; accepted: {', '.join(FORMAT_BYTES)}") from None
+
+
+def check_requestable(dtype: str) -> str:
+    if dtype not in FALLBACK:
+        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(REQUESTABLE)}")
+    return dtype
+
+
+def torch_dtype(fmt: str):
+    """The torch dtype a model is built in for ``fmt`` (quantized formats: bfloat16)."""
+    import torch
+
+    return getattr(torch, BUILD_DTYPE[check_requestable(fmt)])
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A requested format resolved on one device: the matrix format used (after fallback) and its peaks."""
+
+    requested: str
+    matrix: str  # the dtype whose matrix peak is used
+    matrix_peak_flops_per_s: float
+    vector_peak_flops_per_s: float
+    note: str = ""
+    weight_scale: float = 1.0  # stored weight bytes over the captured weight bytes
+
+    @property
+    def format_policy(self) -> FormatPolicy:
+        return POLICY[self.requested]
+
+    @property
+    def policy(self) -> dict[str, str]:
+        return {**self.format_policy.to_dict(), "matrix": self.matrix, "softmax_norm": "fp32 compute"}
+
+    @property
+    def operand_format(self) -> str:
+        """The format of a GEMM's operands at the matrix engine (fp8 / int8: one byte each)."""
+        return "fp8" if self.format_policy.one_byte_operands else self.matrix
+
+    @property
+    def weight_operand_bytes(self) -> float | None:
+        """Bytes per element of a weight-only-quantized B operand (int4), None when B is at the operand format."""
+        return self.format_policy.weight_bytes if self.format_policy.weight_only else None
+
+    def kernel_format(self, kernel_class: str) -> str:
+        """The format line of a kernel row: matrix kernels in the matrix format (and, quantized, the stored
+        weights and accumulator), reductions at fp32 compute, the rest at the capture format."""
+        pol = self.format_policy
+        if kernel_class == "matrix":
+            return (f"{self.matrix} compute, weights {pol.weights}, accumulate {pol.accumulate}"
+                    if pol.quantized else self.matrix)
+        if kernel_class == "reduction":
+            return f"{pol.capture} storage, fp32 compute"
+        return pol.capture
+
+
+def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
+    """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format."""
+    check_requestable(dtype)
+    chosen = next((d for d in FALLBACK[dtype] if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
+    if chosen is None:
+        raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
+                         f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
+    pol = POLICY[dtype]
+    vec = hw.vector_peak_flops_per_s.get(pol.capture) or hw.vector_peak_flops_per_s["fp32"]
+    note = "" if chosen == FALLBACK[dtype][0] else \
+        f"{hw.name} has no {FALLBACK[dtype][0]} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
+    if pol.weight_only:
+        note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
+    scale = pol.weight_bytes / format_bytes(pol.capture)
+    return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note, scale)
