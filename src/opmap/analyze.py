@@ -205,7 +205,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
         "fusion_policy": FUSION_TEXT.get(fusion, fusion),
         "tiling": ("GEMM / conv tile search against shared memory per compute unit, tile and wave quantization"
-                   if hw.device_type != "cpu" and hw.get("sram_per_unit_bytes") else
+                   if hw.device_type != "cpu" and hw.sram_per_unit_bytes else
                    "none (CPU: the BLAS library blocks for the caches; measured shape curves stand for it)"
                    if hw.device_type == "cpu" else "none (the device lists no shared memory per compute unit)"),
         "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},

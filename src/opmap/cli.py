@@ -332,9 +332,9 @@ def hardware_list() -> None:
         def peak(d):
             v = h.matrix_peak_flops_per_s.get(d)
             return si(v.value, "FLOP/s") if v and v.value else "-"
-        tdp = h.get("tdp_w")
+        tdp = h.tdp_w
         t.add_row(h.name, h.display_name, peak("bf16"), peak("fp8"), peak("fp32"),
-                  si(h.get("memory_bytes"), "B"), si(h.memory_bandwidth_bytes_per_s, "B/s"),
+                  si(h.memory_bytes, "B"), si(h.memory_bandwidth_bytes_per_s, "B/s"),
                   f"{tdp:.0f} W" if tdp else "-")
     console.print(t)
 

@@ -7,6 +7,9 @@ in-place variants (``add_``) share their out-of-place op's class.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
+
 # Elementwise ops (unary, binary, ternary): each output element depends on the same-index input elements.
 # costs/pointwise.py weighs each one in FLOPs; a test checks the two lists agree.
 POINTWISE_OPS = frozenset({
@@ -68,3 +71,52 @@ def causal_pairs(sq: int, sk: int) -> int:
     if sq <= sk:
         return sq * (sq + 1) // 2
     return sk * (sk + 1) // 2 + (sq - sk) * sk
+
+
+class MatrixFamily(StrEnum):
+    """The matrix-engine problem families, each with its own efficiency curve in a calibrated profile."""
+
+    GEMM = "gemm"  # batch x [m, k] @ [k, n], right operand as nn.Linear stores it (x @ W.T)
+    GEMM_TA = "gemm_ta"  # the same with the left operand a transposed view (MLP-Mixer's token mixing)
+    CONV = "conv"  # convolution as an implicit GEMM: m = N * output pixels, n = Cout, k = Cin / groups * kernel
+    CONV_BWD = "conv_bwd"  # convolution_backward: one forward-sized implicit GEMM per gradient it makes
+    ATTENTION = "attention"  # fused attention: m = Sq, n = Sk, k = head dim
+    ATTENTION_CAUSAL = "attention_causal"
+
+    @property
+    def gemm_like(self) -> bool:
+        """Tiled as a GEMM (conv as implicit GEMM); attention gets flash tiles instead."""
+        return self in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.CONV, MatrixFamily.CONV_BWD)
+
+    @property
+    def attention(self) -> bool:
+        return self in (MatrixFamily.ATTENTION, MatrixFamily.ATTENTION_CAUSAL)
+
+    @property
+    def parent(self) -> "MatrixFamily | None":
+        """The family whose curve stands in when this one was not measured."""
+        return {MatrixFamily.ATTENTION_CAUSAL: MatrixFamily.ATTENTION, MatrixFamily.GEMM_TA: MatrixFamily.GEMM,
+                MatrixFamily.CONV_BWD: MatrixFamily.CONV}.get(self)
+
+
+@dataclass(frozen=True)
+class MatrixProblem:
+    """The matrix-engine work of one op, for shape-dependent efficiency and tiling.
+
+    ``batch`` counts independent problems of m x n x k: the batch of a bmm, the groups of a grouped
+    convolution, batch x heads of attention."""
+
+    family: MatrixFamily
+    batch: int
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        """2 x batch x m x n x k: one GEMM of this shape (a multiply-add is 2 FLOPs)."""
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+    @property
+    def batched_gemm(self) -> bool:
+        return self.family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA) and self.batch > 1

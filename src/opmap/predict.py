@@ -1,6 +1,6 @@
-"""Roofline-plus-overhead time model and bottleneck classes.
+"""Per-node prediction: the terms of the roofline time model (roofline.py) at each node's shape and precision.
 
-Per kernel (today: per non-view aten node, the eager policy)::
+Per node (mapping/kernels.py combines them per fused kernel)::
 
     matrix_s = matrix FLOPs / matrix rate for this problem shape at the compute precision
     vector_s = vector FLOPs / vector peak + transcendental ops / transcendental rate
@@ -15,52 +15,41 @@ PyTorch runs every view through the dispatcher). Without one (a catalog device) 
 dense datasheet peak, the bandwidth the datasheet figure, and a transcendental takes
 TRANSCENDENTAL_SLOTS vector slots.
 
-The bound is the class of the largest term: ``compute`` (matrix or vector; ``limiter`` says which),
-``memory``, or ``overhead`` where the launch overhead exceeds all three.
+The time, bound and limiter come from roofline.roofline: ``compute`` (matrix or vector; ``limiter`` says
+which), ``memory``, or ``overhead`` where the launch overhead exceeds all three.
 Views and allocations cost nothing (no kernel runs; bound ``view`` or ``alloc``). An op with no cost rule gets the launch overhead and the bound
 ``uncounted``, so it shows in every total instead of vanishing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from opmap.costs.base import OpCost
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.precision import Precision
+from opmap.roofline import Bound, Roofline, no_kernel, roofline, uncounted
 
 # A transcendental takes this many vector-op slots: NVIDIA SMs issue 16 SFU ops per clock beside 128 FP32
 # lanes (Hopper / Ampere SM diagrams), CPUs evaluate exp/tanh as ~10-20-instruction polynomials. 4 is a
 # middle value; calibration (opmap calibrate) replaces it with a measured rate.
 TRANSCENDENTAL_SLOTS = 4.0
 
-@dataclass(frozen=True)
-class Prediction:
-    matrix_s: float
-    vector_s: float
-    memory_s: float
-    overhead_s: float
-    predicted_s: float
-    bound: str  # compute | memory | overhead | view | alloc | uncounted
-    limiter: str  # matrix | vector | memory | overhead | none: the term behind the bound
-
-    def to_dict(self) -> dict[str, float | str]:
-        return {"matrix_s": self.matrix_s, "vector_s": self.vector_s, "memory_s": self.memory_s,
-                "overhead_s": self.overhead_s, "predicted_s": self.predicted_s, "bound": self.bound,
-                "limiter": self.limiter}
+# A node's prediction is a Roofline value: terms, time, bound and limiter (roofline.py).
+Prediction = Roofline
 
 
 NO_CURVES = Curves()
 
 
 def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves = NO_CURVES) -> Prediction:
+    """The node's terms at its shape and precision on ``hw`` (``curves`` where calibrated), through the roofline."""
     if not cost.kernel:
         host = curves.view_overhead_s if hw.device_type == "cpu" else 0.0
-        return Prediction(0.0, 0.0, 0.0, host, host, "view" if cost.is_view else "alloc", "none")
+        return no_kernel(Bound.VIEW if cost.is_view else Bound.ALLOC, host)
     overhead = hw.launch_overhead_s
     if not cost.counted:
-        return Prediction(0.0, 0.0, 0.0, overhead, overhead, "uncounted", "overhead")
+        return uncounted(overhead)
     rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops else None
     matrix_s = cost.matrix_flops / (rate or prec.matrix_peak_flops_per_s)
     kind_rate = curves.vector_kinds.get(cost.vector_kind) if cost.vector_kind else None
@@ -73,12 +62,7 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
     nbytes = cost.bytes - cost.param_bytes_read * (1.0 - prec.weight_scale)
     memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_bandwidth_bytes_per_s)
-    terms = {"matrix": matrix_s, "vector": vector_s, "memory": memory_s}
-    limiter = max(terms, key=terms.get)
-    if overhead > terms[limiter]:
-        limiter = "overhead"
-    bound = {"matrix": "compute", "vector": "compute"}.get(limiter, limiter)
-    return Prediction(matrix_s, vector_s, memory_s, overhead, max(terms.values()) + overhead, bound, limiter)
+    return roofline(matrix_s, vector_s, memory_s, overhead)
 
 
 def ridge_point(prec: Precision, hw: HardwareSpec) -> float:

@@ -35,7 +35,7 @@ def test_required_values_and_vector_fp32(specs):
     for name, spec in specs.items():
         assert spec.memory_bandwidth_bytes_per_s > 0, name
         assert spec.launch_overhead_s > 0, name
-        assert spec.get("memory_bytes") and spec.get("memory_bytes") > 0, name
+        assert spec.memory_bytes > 0, name
         assert spec.vector_peak_flops_per_s["fp32"].value > 0, name
         assert spec.device_type in {"gpu", "cpu", "tpu", "accelerator"}, name
 
@@ -115,7 +115,7 @@ def _lookup(spec, accessor):
         return spec.matrix_peak_flops_per_s[key].value
     if table == "vector":
         return spec.vector_peak_flops_per_s[key].value
-    return spec.get(key)
+    return getattr(spec, key)
 
 
 @pytest.mark.parametrize(("name", "accessor", "expected"), SPOT_CHECKS,
@@ -137,7 +137,7 @@ def test_matrix_peaks_are_dense(specs):
 def test_sparse_over_dense_equals_sparsity_factor(specs):
     checked = 0
     for name, spec in specs.items():
-        factor = spec.get("sparsity_factor")
+        factor = spec.sparsity_factor
         if spec.sparse_matrix_peak_flops_per_s:
             assert factor, f"{name}: sparse peaks without a sparsity_factor"
         for dtype, sparse in spec.sparse_matrix_peak_flops_per_s.items():

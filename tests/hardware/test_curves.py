@@ -9,6 +9,7 @@ import pytest
 from opmap.costs.base import OpCost
 from opmap.hardware.curves import Curves, RateTable
 from opmap.hardware.spec import spec_from_dict
+from opmap.ops import MatrixFamily, MatrixProblem
 from opmap.precision import resolve_precision
 from opmap.predict import predict_cost
 
@@ -58,7 +59,7 @@ def test_time_model_uses_the_gemm_curve_at_the_shape():
     prec = resolve_precision(hw, "fp32")
     curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
     flops = 2.0 * 128 * 768 * 768
-    cost = OpCost(matrix_flops=flops, problem=("gemm", 1, 128, 768, 768))
+    cost = OpCost(matrix_flops=flops, problem=MatrixProblem(MatrixFamily.GEMM, 1, 128, 768, 768))
     p = predict_cost(cost, hw, prec, curves)
     assert p.matrix_s == pytest.approx(flops / 50e9)  # the curve, not the 100 GFLOP/s peak
     assert p.predicted_s == pytest.approx(flops / 50e9 + 2e-6)
@@ -75,7 +76,7 @@ def test_no_calibration_means_datasheet_behaviour():
     hw = _spec({})
     c = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
     assert c.empty and c.bandwidth(1e6) is None
-    assert c.matrix_rate(("gemm", 1, 8, 8, 8), "fp32") is None
+    assert c.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 8, 8, 8), "fp32") is None
     assert math.isclose(predict_cost(OpCost(is_view=True, kernel=False), hw, resolve_precision(hw, "fp32"),
                                      c).predicted_s, 0.0)
 
@@ -97,14 +98,14 @@ def test_transposed_left_operand_has_its_own_curve():
     cal = {"matmul": [{"m": 512, "n": 196, "k": 256, "dtype": "fp32", "layout": "nt", "flops_per_s": 100e9},
                       {"m": 512, "n": 196, "k": 256, "dtype": "fp32", "layout": "tt", "flops_per_s": 20e9}]}
     c = Curves.from_calibration(cal, 1e-6)
-    assert c.matrix_rate(("gemm_ta", 1, 512, 196, 256), "fp32") == 20e9
-    assert c.matrix_rate(("gemm", 1, 512, 196, 256), "fp32") == 100e9
+    assert c.matrix_rate(MatrixProblem(MatrixFamily.GEMM_TA, 1, 512, 196, 256), "fp32") == 20e9
+    assert c.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 512, 196, 256), "fp32") == 100e9
     assert Curves.from_calibration({"matmul": cal["matmul"][:1]}, 1e-6).matrix_rate(
-        ("gemm_ta", 1, 512, 196, 256), "fp32") == 100e9  # no transposed points: the plain curve
+        MatrixProblem(MatrixFamily.GEMM_TA, 1, 512, 196, 256), "fp32") == 100e9  # no transposed points: the plain curve
     # the mm rule marks a transposed left operand (stride (1, 512) on a 512 x 256 view)
     a = TensorMeta((512, 256), "float32", (1, 512))
     b = TensorMeta((256, 196), "float32", (1, 256))
     node = Node(id=0, op="aten.mm.default", module="", module_class="", layer_type="other", inputs=(a, b),
                 outputs=(TensorMeta((512, 196), "float32", (196, 1)),), input_names=("self", "mat2"), args={},
                 is_view=False, is_inplace=False)
-    assert cost_node(node).problem == ("gemm_ta", 1, 512, 196, 256)
+    assert cost_node(node).problem == MatrixProblem(MatrixFamily.GEMM_TA, 1, 512, 196, 256)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
-from opmap.ops import causal_pairs
+from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
@@ -59,4 +59,5 @@ def sdpa_cost(node: Node) -> OpCost:
     return io_cost(node, written=written, matrix_flops=matrix, macs=matrix / 2,
                    vector_flops=float(b * h * pairs * VECTOR_PER_SCORE),
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
-                   problem=("attention_causal" if causal else "attention", int(b * h), int(sq), int(sk), int(d)))
+                   problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION, int(b * h), int(sq),
+                                         int(sk), int(d)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
-from opmap.ops import causal_pairs
+from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs
 
 
 @rule("threshold_backward")
@@ -71,7 +71,7 @@ def convolution_backward_cost(node: Node) -> OpCost:
     groups = int(node.args.get("groups", 1) or 1)
     gm, gn, gk = n * prod(go.shape[2:]), w.shape[0] // groups, prod(w.shape[1:])
     return io_cost(node, matrix_flops=2.0 * fwd_mac * grads, macs=float(fwd_mac * grads), vector_flops=bias,
-                   problem=("conv_bwd", groups, int(gm), int(gn), int(gk)))
+                   problem=MatrixProblem(MatrixFamily.CONV_BWD, groups, int(gm), int(gn), int(gk)))
 
 
 SDPA_BACKWARD = ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
@@ -97,4 +97,5 @@ def sdpa_backward_cost(node: Node) -> OpCost:
     written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4)
     return io_cost(node, written=written, matrix_flops=2.0 * mac, macs=float(mac),
                    vector_flops=float(b * h * pairs * 4), transcendental_flops=float(b * h * pairs),
-                   problem=("attention_causal" if causal else "attention", int(b * h), int(sq), int(sk), int(d)))
+                   problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION, int(b * h), int(sq),
+                                         int(sk), int(d)))

@@ -2,17 +2,18 @@
 
 A rule is one small function per op family, registered by decorator under the aten overload packet
 names it covers (``@rule("mm", "addmm")``). It takes a Node and returns an OpCost. Conventions
-(DESIGN.md): a multiply-add is 2 FLOPs; matrix-engine FLOPs are kept apart from vector FLOPs and
+(README, "Conventions"): a multiply-add is 2 FLOPs; matrix-engine FLOPs are kept apart from vector FLOPs and
 transcendental ops; bytes are the minimum a kernel must move through device memory, each input read
 once and each output written once, parameters apart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from opmap.graph import Node, TensorMeta
+from opmap.ops import MatrixProblem
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,8 @@ class OpCost:
     counted: bool = True  # False: no rule for this op (listed as uncounted, never a silent zero)
     is_view: bool = False  # a view: no kernel, no cost
     kernel: bool = True  # False: no kernel runs (views, allocations, metadata)
-    # The matrix-engine problem, for shape-dependent efficiency: (family, batch, m, n, k) with family
-    # "gemm" (batch x [m,k]@[k,n]), "conv" (implicit GEMM: m = N*out pixels, n = Cout, k = Cin/groups*kernel)
-    # or "attention" (batch = B*H, m = Sq, n = Sk, k = head dim; causal adds "_causal"). None elsewhere.
-    problem: tuple[str, int, int, int, int] | None = None
+    # The matrix-engine problem (family and shape), for shape-dependent efficiency and tiling; None elsewhere.
+    problem: MatrixProblem | None = None
     # The vector family whose measured rate applies (softmax, layer_norm, batch_norm, pool, reduce); ""
     # for plain pointwise work. Set by cost_node from the rule that costed the node.
     vector_kind: str = ""
@@ -111,6 +110,3 @@ def io_cost(node: Node, *, reads: list[TensorMeta] | None = None, written: float
     w = sum(t.nbytes for t in node.outputs) if written is None else written
     return OpCost(bytes_read=act, param_bytes_read=par, bytes_written=w, **flops)
 
-
-def with_flops(cost: OpCost, **kw: float) -> OpCost:
-    return replace(cost, **kw)

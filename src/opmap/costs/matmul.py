@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
+from opmap.ops import MatrixFamily, MatrixProblem
 
 
 def _a_transposed(node: Node) -> bool:
@@ -26,9 +27,9 @@ def _a_transposed(node: Node) -> bool:
 
 def _gemm(node: Node, m: int, n: int, k: int, batch: int = 1, bias_elems: int = 0) -> OpCost:
     mac = batch * m * n * k
-    family = "gemm_ta" if _a_transposed(node) else "gemm"  # rate curves by operand layout (hardware/curves.py)
+    family = MatrixFamily.GEMM_TA if _a_transposed(node) else MatrixFamily.GEMM  # curves by operand layout
     return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems),
-                   problem=(family, int(batch), int(m), int(n), int(k)))
+                   problem=MatrixProblem(family, int(batch), int(m), int(n), int(k)))
 
 
 @rule("mm")
@@ -174,5 +175,5 @@ def conv_cost(node: Node) -> OpCost:
     else:  # per group: im2col(X)[N*out pixels, Cin/g * kernel] @ W^T[Cin/g * kernel, Cout/g]
         gm, gn, gk = n * prod(out.shape[2:]), w.shape[0] // groups, prod(w.shape[1:])
     return replace(io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias)),
-                   problem=("conv", groups, int(gm), int(gn), int(gk)))
+                   problem=MatrixProblem(MatrixFamily.CONV, groups, int(gm), int(gn), int(gk)))
 

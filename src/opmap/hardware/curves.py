@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from opmap.ops import MatrixFamily, MatrixProblem
+
 NEAREST = 4
 
 
@@ -50,7 +52,7 @@ class RateTable:
 
 @dataclass(frozen=True)
 class Curves:
-    tables: dict[tuple[str, str], RateTable] = field(default_factory=dict)  # (family, dtype) -> table
+    tables: dict[tuple[MatrixFamily, str], RateTable] = field(default_factory=dict)  # (family, dtype) -> table
     bandwidth_points: tuple[tuple[float, float], ...] = ()  # (log2 bytes moved, bytes/s), sorted
     transcendental_per_s: float | None = None
     view_overhead_s: float = 0.0
@@ -61,19 +63,17 @@ class Curves:
     def empty(self) -> bool:
         return not self.tables and not self.bandwidth_points
 
-    def matrix_rate(self, problem: tuple[str, int, int, int, int] | None, dtype: str) -> float | None:
+    def matrix_rate(self, problem: MatrixProblem | None, dtype: str) -> float | None:
         if problem is None:
             return None
-        family, batch, m, n, k = problem
+        family = problem.family
         table = self.tables.get((family, dtype))
-        if table is None and family in ("attention_causal", "gemm_ta", "conv_bwd"):
-            table = self.tables.get(({"attention_causal": "attention", "gemm_ta": "gemm", "conv_bwd": "conv"}[family],
-                                     dtype))
+        if table is None and family.parent is not None:
+            table = self.tables.get((family.parent, dtype))
         if table is None:
             return None
-        if family in ("gemm", "gemm_ta"):
-            m = batch * m
-        return table.rate(m, n, k)
+        m = problem.batch * problem.m if family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA) else problem.m
+        return table.rate(m, problem.n, problem.k)
 
     def bandwidth(self, nbytes: float) -> float | None:
         pts = self.bandwidth_points
@@ -91,16 +91,16 @@ class Curves:
     def from_calibration(cal: dict[str, Any], launch_overhead_s: float) -> "Curves":
         if not cal:
             return Curves()
-        rows: dict[tuple[str, str], list] = {}
+        rows: dict[tuple[MatrixFamily, str], list] = {}
         for r in cal.get("matmul", []):
-            fam = {"nt": "gemm", "tt": "gemm_ta"}.get(r.get("layout", "nt"))
+            fam = {"nt": MatrixFamily.GEMM, "tt": MatrixFamily.GEMM_TA}.get(r.get("layout", "nt"))
             if fam:
                 rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("conv", []):
-            fam = "conv_bwd" if r.get("pass") == "backward" else "conv"
+            fam = MatrixFamily.CONV_BWD if r.get("pass") == "backward" else MatrixFamily.CONV
             rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("attention", []):
-            fam = "attention_causal" if r.get("causal") else "attention"
+            fam = MatrixFamily.ATTENTION_CAUSAL if r.get("causal") else MatrixFamily.ATTENTION
             rows.setdefault((fam, r["dtype"]), []).append((r["sq"], r["sk"], r["d"], r["flops_per_s"]))
         bw = []
         for r in cal.get("bandwidth", []):

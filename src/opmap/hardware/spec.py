@@ -7,7 +7,7 @@ The catalog is one TOML file per device under ``catalog/``. Each numeric field i
     kind = "datasheet"
     source = "NVIDIA H100 datasheet (2023), SXM5: 3.35 TB/s HBM3"
 
-Kinds (see DESIGN.md, "Hardware values carry their source and kind"):
+Kinds (the README's "Hardware" section; every value carries its source and kind):
 
 - ``datasheet_dense``  a dense (no structured sparsity) peak taken from the vendor datasheet, or the
   datasheet's sparse figure divided by the sparsity factor the datasheet's footnote gives (the source says so);
@@ -87,11 +87,12 @@ class HardwareSpec:
     notes: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
 
-    # -- accessors -----------------------------------------------------------------------------------
-    def get(self, key: str) -> float | None:
+    # -- accessors: typed, one per field (``fields`` keeps each value's kind and source) ------------------
+    def _opt(self, key: str) -> float | None:
         v = self.fields.get(key)
-        return None if v is None else v.value
+        return None if v is None or v.value is None else float(v.value)
 
+    # required fields (the loader refuses a spec without them)
     @property
     def memory_bandwidth_bytes_per_s(self) -> float:
         return float(self.fields["memory_bandwidth_bytes_per_s"].value)
@@ -99,6 +100,57 @@ class HardwareSpec:
     @property
     def launch_overhead_s(self) -> float:
         return float(self.fields["launch_overhead_s"].value)
+
+    @property
+    def memory_bytes(self) -> float:
+        return float(self.fields["memory_bytes"].value)
+
+    # optional fields: None where the vendor publishes nothing
+    @property
+    def sram_per_unit_bytes(self) -> float | None:
+        """Shared memory (GPU) or per-core L2 (CPU) per compute unit."""
+        return self._opt("sram_per_unit_bytes")
+
+    @property
+    def compute_units(self) -> int | None:
+        v = self._opt("compute_units")
+        return None if v is None else int(v)
+
+    @property
+    def l2_bytes(self) -> float | None:
+        """The last on-chip cache before device memory (a CPU's LLC)."""
+        return self._opt("l2_bytes")
+
+    @property
+    def sparsity_factor(self) -> float | None:
+        """The datasheet's sparse-over-dense factor (2 for 2:4 structured sparsity)."""
+        return self._opt("sparsity_factor")
+
+    @property
+    def clock_hz(self) -> float | None:
+        return self._opt("clock_hz")
+
+    @property
+    def tdp_w(self) -> float | None:
+        return self._opt("tdp_w")
+
+    @property
+    def scale_up_bandwidth_bytes_per_s(self) -> float | None:
+        return self._opt("scale_up_bandwidth_bytes_per_s")
+
+    @property
+    def scale_out_bandwidth_bytes_per_s(self) -> float | None:
+        return self._opt("scale_out_bandwidth_bytes_per_s")
+
+    @property
+    def tiled(self) -> bool:
+        """A GPU-like device whose GEMMs get a tile search: it lists shared memory and compute units."""
+        return self.device_type != "cpu" and bool(self.sram_per_unit_bytes) and bool(self.compute_units)
+
+    @property
+    def cache_blocked(self) -> bool:
+        """A CPU whose GEMMs get cache blocking: it lists its per-core L2 and its cores."""
+        return self.device_type == "cpu" and bool(self.sram_per_unit_bytes) and bool(self.compute_units)
 
     def matrix_dtypes(self) -> list[str]:
         return [d for d in DTYPES if (v := self.matrix_peak_flops_per_s.get(d)) and v.value]

@@ -35,6 +35,7 @@ from typing import Sequence
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
+from opmap.ops import MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
 
 POLICIES = ("eager", "compiler")
@@ -214,8 +215,8 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     return FusionPlan(policy, kernels, group_of)
 
 
-def _is_batched_gemm(problem) -> bool:
-    return bool(problem) and problem[0] in ("gemm", "gemm_ta") and problem[1] > 1
+def _is_batched_gemm(problem: MatrixProblem | None) -> bool:
+    return problem is not None and problem.batched_gemm
 
 
 def _scores_kernel(members: list[int], classes: list[str], kinds: list[str], problems: list) -> bool:

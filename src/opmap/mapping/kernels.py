@@ -12,17 +12,18 @@ measured shape curve (measurement beats the model) and shows the blocking beside
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from opmap.errors import OpmapError
 from opmap.graph import Node
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, Kernel
-from opmap.mapping.tiling import Tile, attention_candidates, cpu_tile_candidates, tile_candidates
+from opmap.mapping.tilers import NoTile, TileChoice, choose_tile
+from opmap.mapping.tiling import Tile
 from opmap.ops import CONV_OPS, COPY_OPS, GEMM_OPS
-from opmap.precision import Precision, format_bytes
+from opmap.precision import Precision
+from opmap.roofline import Bound, Roofline, roofline
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class KernelResult:
     memory_s: float
     overhead_s: float
     predicted_s: float
-    bound: str
+    bound: Bound
     traffic_bytes: float
     tile: Tile | None
     runner_up: Tile | None
@@ -105,7 +106,6 @@ def _contiguous(shape, stride) -> bool:
 
 def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: HardwareSpec, prec: Precision,
                 curves: Curves) -> list[KernelResult]:
-    gpu_like = hw.device_type != "cpu" and hw.get("sram_per_unit_bytes") and hw.get("compute_units")
     out = []
     for k in plan.kernels:
         anchor, ac = nodes[k.anchor], costs[k.anchor]
@@ -115,70 +115,20 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         traffic = k.min_bytes - param * (1.0 - prec.weight_scale)
         tile = runner = None
         why_tile = ""
-        gemm_like = ("gemm", "gemm_ta", "conv", "conv_bwd")
-        # GEMMs per problem: convolution_backward runs one forward-sized implicit GEMM per gradient it makes
-        reps = (ac.matrix_flops / (2.0 * ac.problem[1] * ac.problem[2] * ac.problem[3] * ac.problem[4])
-                if ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops else 1.0)
-        if gpu_like and ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops:
-            _, batch, m, n, kk = ac.problem
-            try:
-                cands = tile_candidates(batch, m, n, kk, prec.operand_format, sram_per_unit=hw.get("sram_per_unit_bytes"),
-                                        units=int(hw.get("compute_units")), l2_bytes=hw.get("l2_bytes") or 0.0,
-                                        peak_flops_per_s=prec.matrix_peak_flops_per_s,
-                                        bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
-                                        b_elem_bytes=prec.weight_operand_bytes)
-                tile = cands[0]
-                runner = cands[1] if len(cands) > 1 else None
-                matrix_s += reps * tile.compute_s - preds[k.anchor].matrix_s
-                traffic = reps * tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
-                if tile.k_padded != kk:
-                    why_tile = f"; K {kk} padded to {tile.k_padded} for the matrix engine's alignment"
-            except OpmapError as e:
-                why_tile = f"; untiled: {e}"
-        elif (hw.device_type == "cpu" and ac.problem and ac.problem[0] in gemm_like and ac.matrix_flops
-              and hw.get("sram_per_unit_bytes") and hw.get("compute_units")):
-            _, batch, m, n, kk = ac.problem
-            try:
-                cands = cpu_tile_candidates(batch, m, n, kk, prec.matrix, l2_per_core=hw.get("sram_per_unit_bytes"),
-                                            llc_bytes=hw.get("l2_bytes") or hw.get("sram_per_unit_bytes"),
-                                            cores=int(hw.get("compute_units")),
-                                            peak_flops_per_s=prec.matrix_peak_flops_per_s,
-                                            bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
-                tile, runner = cands[0], (cands[1] if len(cands) > 1 else None)
-                if curves.empty:  # a catalog CPU: the blocking model gives the time
-                    matrix_s += reps * tile.compute_s - preds[k.anchor].matrix_s
-                    traffic = reps * tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
-                else:
-                    why_tile = "; cache blocking shown, time from the measured shape curve"
-            except OpmapError as e:
-                why_tile = f"; unblocked: {e}"
-        elif gpu_like and ac.problem and ac.problem[0].startswith("attention") and ac.matrix_flops:
-            fam, bh, sq, sk, d = ac.problem
-            try:
-                cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=fam.endswith("causal"),
-                                             sram_per_unit=hw.get("sram_per_unit_bytes"),
-                                             units=int(hw.get("compute_units")), l2_bytes=hw.get("l2_bytes") or 0.0,
-                                             peak_flops_per_s=prec.matrix_peak_flops_per_s,
-                                             bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
-                tile = cands[0]
-                runner = cands[1] if len(cands) > 1 else None
-                matrix_s += tile.compute_s - preds[k.anchor].matrix_s
-                traffic = tile.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)
-                why_tile = (f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits" if sq <= 16 else
-                            f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read "
-                            f"{(tile.traffic_bytes - 2.0 * bh * sq * d * format_bytes(prec.matrix)) / (2.0 * bh * sk * d * format_bytes(prec.matrix)):.3g} times, "
-                            "scores stay on chip")
-            except OpmapError as e:
-                why_tile = f"; untiled: {e}"
+        choice = choose_tile(ac, hw, prec, curves)
+        if isinstance(choice, NoTile):
+            why_tile = choice.reason
+        elif isinstance(choice, TileChoice):
+            tile, runner, why_tile = choice.tile, choice.runner_up, choice.note
+            if choice.compute_s is not None:
+                matrix_s += choice.compute_s - preds[k.anchor].matrix_s
+            if choice.traffic_bytes is not None:
+                traffic = choice.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
         bw = curves.bandwidth(traffic) or hw.memory_bandwidth_bytes_per_s
-        memory_s = traffic / bw
-        overhead = hw.launch_overhead_s
-        terms = {"matrix": matrix_s, "vector": vector_s, "memory": memory_s}
-        lim = max(terms, key=terms.get)
-        bound = "overhead" if overhead > terms[lim] else ("compute" if lim in ("matrix", "vector") else "memory")
+        r = roofline(matrix_s, vector_s, traffic / bw, hw.launch_overhead_s)
         if not ac.counted:
-            bound = "uncounted"
-        why = _why(bound, lim, terms, overhead, tile) + why_tile
+            r = replace(r, bound=Bound.UNCOUNTED)
+        why = _why(r, tile) + why_tile
         transform = layout_transform(anchor)
         if transform:
             why = f"layout transform {transform}; " + why
@@ -187,19 +137,21 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
             why += "; fused attention: the scores and their softmax stay on chip"
         if len(k.nodes) > 1:
             why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
-        fmt = prec.kernel_format(k.kernel_class)
-        out.append(KernelResult(k, matrix_s, vector_s, memory_s, overhead, max(terms.values()) + overhead, bound,
-                                traffic, tile, runner, fmt, layout_of(anchor), why))
+        out.append(KernelResult(k, r.matrix_s, r.vector_s, r.memory_s, r.overhead_s, r.predicted_s, r.bound,
+                                traffic, tile, runner, prec.kernel_format(k.kernel_class), layout_of(anchor), why))
     return out
 
 
-def _why(bound: str, lim: str, terms: dict, overhead: float, tile: Tile | None) -> str:
+def _why(r: Roofline, tile: Tile | None) -> str:
+    """'compute: matrix 1.2 us > memory 0.8 us > vector 0.1 us', or the launch against the largest term."""
     def f(x):
         return f"{x * 1e6:.3g} us"
+    terms = {n: v for n, v in r.terms().items() if n != "interconnect" or v}
+    lim = max(terms, key=terms.get)
     order = sorted(terms.items(), key=lambda kv: -kv[1])
-    s = f"{bound}: {lim} {f(terms[lim])}" + "".join(f" > {n} {f(v)}" for n, v in order if n != lim)
-    if bound == "overhead":
-        s = f"overhead: launch {f(overhead)} > {lim} {f(terms[lim])}"
+    s = f"{r.bound}: {lim} {f(terms[lim])}" + "".join(f" > {n} {f(v)}" for n, v in order if n != lim)
+    if r.bound == Bound.OVERHEAD:
+        s = f"overhead: launch {f(r.overhead_s)} > {lim} {f(terms[lim])}"
     if tile is not None:
         s += (f"; tile {tile.label()} ({tile.sram_bytes / 1024:.0f} KB SRAM), {tile.tiles} tiles in {tile.waves} "
               f"waves (tile eff {tile.tile_efficiency:.0%}, wave eff {tile.wave_efficiency:.0%})")

@@ -4,11 +4,12 @@
 node and the run-level blocks ``latency``, ``profiler``, ``mfu``, ``stall_fraction``, ``energy``,
 ``accuracy`` and ``tags``. The method of each figure travels beside it.
 
-Memory-stall fraction, roofline-estimated (no hardware counters are read on this path). Per node, with
-the calibrated ceilings of the hardware profile the prediction used::
+Memory-stall fraction, roofline-estimated (no hardware counters are read on this path). Per node, from the
+terms its prediction used (the calibrated shape curves, bandwidth curve and vector rates where the hardware
+profile has them; roofline.stall_split)::
 
-    compute_busy = min(measured, matrix FLOPs / matrix peak + vector work / vector peak)
-    memory_stall = min(measured - compute_busy, max(0, bytes / bandwidth - compute_busy))
+    compute_busy = min(measured, matrix_s + vector_s)
+    memory_stall = min(measured - compute_busy, max(0, memory_s - compute_busy))
     other        = measured - compute_busy - memory_stall      (dispatch, inefficiency, unexplained)
 
 A layer type's fractions are its sums over its nodes divided by its measured time.
@@ -34,13 +35,15 @@ from opmap.hardware.spec import HardwareSpec
 from opmap.measure.attribute import Attribution, attribute
 from opmap.measure.energy import EnergyReading, measure_energy
 from opmap.measure.runner import LatencyStats, ProfiledRun, make_call, profile_iterations, time_iterations
-from opmap.predict import TRANSCENDENTAL_SLOTS, mfu
+from opmap.predict import mfu
+from opmap.roofline import stall_split
 from opmap.workloads.zoo import Workload
 
 TAGS_VERSION = 1
 MFU_FORMULA = "MFU = model matrix FLOPs / (p50 latency x dense matrix peak at the compute dtype)"
-STALL_METHOD = ("roofline-estimated: per node, compute-busy = FLOPs at the calibrated peaks, memory-stall = "
-                "time beyond that which the bytes at the calibrated bandwidth explain, other = the rest")
+STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matrix and vector time (calibrated "
+                "curves at its shape), memory-stall = time beyond that which its bytes at the bandwidth curve "
+                "explain, other = the rest")
 
 # Catalog entries a CUDA device name maps to (torch.cuda.get_device_name spellings). CPUs are not matched
 # automatically: a datasheet peak is for a whole socket, a VM or a thread-limited run has a slice of it.
@@ -77,19 +80,12 @@ class Profile:
 
     # -- per node ---------------------------------------------------------------------------------------
     def stall_split(self, i: int) -> tuple[float, float, float]:
-        """(compute-busy, memory-stall, other) seconds of node ``i`` (roofline-estimated)."""
+        """(compute-busy, memory-stall, other) seconds of node ``i``: roofline.stall_split of its measured time
+        against the terms its prediction used."""
         t = self.attribution.timings.get(i)
         if t is None:
             return 0.0, 0.0, 0.0
-        r = self.analysis.results[i]
-        hw, prec = self.analysis.hardware, self.analysis.precision
-        m = t.median_s
-        compute = (r.cost.matrix_flops / prec.matrix_peak_flops_per_s
-                   + (r.cost.vector_flops + TRANSCENDENTAL_SLOTS * r.cost.transcendental_flops)
-                   / prec.vector_peak_flops_per_s)
-        busy = min(m, compute)
-        stall = min(m - busy, max(0.0, r.cost.bytes / hw.memory_bandwidth_bytes_per_s - busy))
-        return busy, stall, m - busy - stall
+        return stall_split(t.median_s, self.analysis.results[i].pred)
 
     def measured_block(self, i: int) -> dict[str, Any] | None:
         t = self.attribution.timings.get(i)

@@ -1,0 +1,128 @@
+"""Tilers: one per kind of kernel and device, registered by decorator; each returns a tile or a reason.
+
+A tiler says whether it applies to a kernel's anchor (its matrix problem on this device) and, when it
+does, searches tiles (tiling.py) and returns a ``TileChoice``: the best tile and the runner-up, and, where
+the tile model gives the time (a GPU, a catalog CPU), the anchor's tiled compute time and operand traffic
+replacing the per-node figures. A search with no legal tile returns a ``NoTile`` whose reason names the
+limit in numbers ("needs 6 KB of shared memory, the device has 4 KB").
+
+Registered, in the order they are tried:
+
+- ``gpu_gemm``: GEMM and conv (as implicit GEMM) on a device that lists shared memory per compute unit;
+- ``cpu_blocking``: the same problems on a CPU (cache blocking against L1 / L2 per core and the LLC); a
+  calibrated CPU keeps its measured shape curve for the time and shows the blocking beside it;
+- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from opmap.costs.base import OpCost
+from opmap.errors import OpmapError
+from opmap.hardware.curves import Curves
+from opmap.hardware.spec import HardwareSpec
+from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, cpu_tile_candidates, tile_candidates
+from opmap.precision import Precision, format_bytes
+
+
+@dataclass(frozen=True)
+class TileChoice:
+    tile: Tile
+    runner_up: Tile | None
+    compute_s: float | None  # the anchor's matrix time under this tile (None: keep the per-node figure)
+    traffic_bytes: float | None  # the anchor's device-memory traffic under this tile (None: keep)
+    note: str = ""  # appended to the kernel row's why
+
+
+@dataclass(frozen=True)
+class NoTile:
+    reason: str  # appended to the kernel row's why
+
+
+Tiler = Callable[[OpCost, HardwareSpec, Precision, Curves], "TileChoice | NoTile"]
+Applies = Callable[[OpCost, HardwareSpec], bool]
+TILERS: list[tuple[str, Applies, Tiler]] = []
+
+
+def tiler(name: str, applies: Applies) -> Callable[[Tiler], Tiler]:
+    """Register ``fn`` as the tiler for the kernels ``applies`` accepts."""
+
+    def deco(fn: Tiler) -> Tiler:
+        if any(n == name for n, _, _ in TILERS):
+            raise ValueError(f"two tilers named {name}")
+        TILERS.append((name, applies, fn))
+        return fn
+
+    return deco
+
+
+def choose_tile(anchor: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> TileChoice | NoTile | None:
+    """The first registered tiler that applies to the kernel's anchor, or None when none does."""
+    if anchor.problem is None or not anchor.matrix_flops:
+        return None
+    for _, applies, fn in TILERS:
+        if applies(anchor, hw):
+            return fn(anchor, hw, prec, curves)
+    return None
+
+
+def _reps(c: OpCost) -> float:
+    """GEMMs per problem: convolution_backward runs one forward-sized implicit GEMM per gradient it makes."""
+    return c.matrix_flops / c.problem.flops
+
+
+@tiler("gpu_gemm", lambda c, hw: hw.tiled and c.problem.family.gemm_like)
+def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> TileChoice | NoTile:
+    p = c.problem
+    try:
+        cands = tile_candidates(p.batch, p.m, p.n, p.k, prec.operand_format, sram_per_unit=hw.sram_per_unit_bytes,
+                                units=hw.compute_units, l2_bytes=hw.l2_bytes or 0.0,
+                                peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
+                                b_elem_bytes=prec.weight_operand_bytes)
+    except OpmapError as e:
+        return NoTile(f"; untiled: {e}")
+    tile, reps = cands[0], _reps(c)
+    note = f"; K {p.k} padded to {tile.k_padded} for the matrix engine's alignment" if tile.k_padded != p.k else ""
+    return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s, reps * tile.traffic_bytes,
+                      note)
+
+
+@tiler("cpu_blocking", lambda c, hw: hw.cache_blocked and c.problem.family.gemm_like)
+def cpu_blocking(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> TileChoice | NoTile:
+    p = c.problem
+    try:
+        cands = cpu_tile_candidates(p.batch, p.m, p.n, p.k, prec.matrix, l2_per_core=hw.sram_per_unit_bytes,
+                                    llc_bytes=hw.l2_bytes or hw.sram_per_unit_bytes, cores=hw.compute_units,
+                                    peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                    bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+    except OpmapError as e:
+        return NoTile(f"; unblocked: {e}")
+    tile, runner = cands[0], (cands[1] if len(cands) > 1 else None)
+    if curves.empty:  # a catalog CPU: the blocking model gives the time
+        reps = _reps(c)
+        return TileChoice(tile, runner, reps * tile.compute_s, reps * tile.traffic_bytes)
+    return TileChoice(tile, runner, None, None, "; cache blocking shown, time from the measured shape curve")
+
+
+@tiler("flash_attention", lambda c, hw: hw.tiled and c.problem.family.attention)
+def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> TileChoice | NoTile:
+    p = c.problem
+    bh, sq, sk, d = p.batch, p.m, p.n, p.k
+    try:
+        cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=p.family == "attention_causal",
+                                     sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units,
+                                     l2_bytes=hw.l2_bytes or 0.0, peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                     bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+    except OpmapError as e:
+        return NoTile(f"; untiled: {e}")
+    tile = cands[0]
+    e = format_bytes(prec.matrix)
+    if sq <= DECODE_MAX_Q:
+        note = f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits"
+    else:
+        kv_reads = (tile.traffic_bytes - 2.0 * bh * sq * d * e) / (2.0 * bh * sk * d * e)
+        note = f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, scores stay on chip"
+    return TileChoice(tile, cands[1] if len(cands) > 1 else None, tile.compute_s, tile.traffic_bytes, note)
