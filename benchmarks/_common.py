@@ -14,23 +14,14 @@ SCHEMA_VERSION = 1
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def machine() -> dict[str, Any]:
     import torch
 
+    from opmap.hardware.host import cpu_model
+
     return {
         "processor": platform.processor(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "machine": platform.machine(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

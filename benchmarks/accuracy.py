@@ -87,7 +87,8 @@ def interleaved_overhead(w, rounds: int = 3, per: int = 3) -> float:
     both."""
     import statistics
 
-    from opmap.measure.runner import make_call, profile_iterations, time_iterations
+    from opmap.measure.runner import make_call, profile_iterations
+    from opmap.timing import time_iterations
 
     call = make_call(w.module.eval(), w.inputs)
     dev = torch.device("cpu")
@@ -106,7 +107,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated case labels (prefix match)")
     args = ap.parse_args()
 
-    from opmap.hardware.calibrate import calibrate, write_profile
+    from opmap.calibrate import calibrate, write_profile
     from opmap.hardware.spec import load_spec_file
     from opmap.measure import run_profile
     from opmap.report.sheet import si

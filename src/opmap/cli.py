@@ -191,7 +191,7 @@ def profile(
 
     from opmap.capture import parse_overrides
     from opmap.hardware import get_hardware
-    from opmap.hardware.calibrate import cache_path
+    from opmap.hardware.local import cache_path
     from opmap.measure import run_profile
     from opmap.precision import resolve_precision
     from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
@@ -240,9 +240,9 @@ def calibrate(
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from opmap.hardware.calibrate import MAX_CALL_S, calibrate as run
-    from opmap.hardware.calibrate import steps as count_steps
-    from opmap.hardware.calibrate import write_profile
+    from opmap.calibrate import MAX_CALL_S, write_profile
+    from opmap.calibrate import calibrate as run
+    from opmap.calibrate import steps as count_steps
     from opmap.report.sheet import si
 
     steps = count_steps(quick)
@@ -284,7 +284,7 @@ def calibrate(
 def _datasheet_table(cal, datasheet: Optional[str]) -> None:
     """Measured over datasheet, per matrix dtype and for the memory bandwidth."""
     from opmap.hardware import get_hardware
-    from opmap.measure.profile import match_datasheet
+    from opmap.hardware.match import match_datasheet
     from opmap.report.sheet import si
 
     name = datasheet or (match_datasheet(str(cal.fingerprint["model"])) if cal.device.startswith("cuda") else None)

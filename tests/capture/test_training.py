@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from opmap.capture import capture
-from opmap.capture.tracer import training_loss
+from opmap.capture.training import training_loss
 from opmap.costs import cost_graph, uncounted
 from opmap.workloads import build_zoo
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from opmap.cli import main
-from opmap.hardware.calibrate import to_toml
+from opmap.calibrate import to_toml
 from opmap.hardware.spec import spec_from_dict
 from opmap.measure import run_profile
-from opmap.measure.profile import match_datasheet
+from opmap.hardware.match import match_datasheet
 from opmap.workloads.zoo import Workload
 
 TINY = '''
@@ -163,7 +163,7 @@ def test_training_step_profile(tmp_path):
 
 
 def test_calibration_check_compares_with_the_profile(prof):
-    from opmap.measure.profile import calibration_check
+    from opmap.calibrate import calibration_check
 
     # the test profile has no calibration: nothing to compare
     assert prof.to_dict()["calibration_check"] is None

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from opmap.measure.attribute import attribute
-from opmap.measure.runner import ITER_MARK, LatencyStats, make_call, profile_iterations, time_iterations
+from opmap.measure.runner import ITER_MARK, make_call, profile_iterations
+from opmap.timing import LatencyStats, time_iterations
 
 
 def test_quantiles_match_numpy():

@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from opmap.capture.layer_types import classify
+from opmap.capture.training import sgd_step, training_loss
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph, TensorMeta
 from opmap.ops import DATA_MOVEMENT_OPS, EXTRA_VIEW_OPS, is_pointwise
@@ -316,25 +317,6 @@ def _param_count(model: torch.nn.Module) -> tuple[int, float, int]:
         nbytes += p.numel() * p.element_size()
     buffers = sum(b.numel() for b in model.buffers())
     return n, nbytes, buffers
-
-
-def training_loss(out: Any) -> torch.Tensor:
-    """The training step's loss: the mean of the first floating-point output, in fp32. A stand-in for a
-    task loss (cross-entropy adds a softmax over the output, small beside the model), the same on every
-    run so measured and captured steps match."""
-    first = next((x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
-    if first is None:
-        raise OpmapError("the model's output holds no floating-point tensor to train on")
-    return first.float().mean()
-
-
-def sgd_step(params: Sequence[torch.Tensor], lr: float = 1e-3) -> None:
-    """Plain SGD, one in-place update per parameter (what torch.optim.SGD(foreach=False) runs)."""
-    with torch.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p.add_(p.grad, alpha=-lr)
-                p.grad = None
 
 
 def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None, *,

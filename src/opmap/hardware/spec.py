@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.hardware.local import cache_path
 from opmap.precision import FORMATS
 
 KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed")
@@ -265,8 +266,6 @@ def catalog() -> dict[str, HardwareSpec]:
 def get_hardware(name: str) -> HardwareSpec:
     """A catalog device by name, ``local`` (the profile ``opmap calibrate`` wrote), or a TOML file path."""
     if name in ("local", "local-cuda"):
-        from opmap.hardware.calibrate import cache_path
-
         path = cache_path("cuda" if name == "local-cuda" else "cpu")
         if not path.exists():
             flag = " --device cuda" if name == "local-cuda" else ""

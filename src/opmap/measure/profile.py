@@ -1,4 +1,4 @@
-"""The profile pipeline: run the workload for real, attribute measured time to nodes, join to the prediction.
+"""A profile: a measured run joined to its prediction, and its JSON (profile.json); run.py makes one.
 
 ``Profile.to_dict`` is profile.json: analysis.json (same nodes, same ids) plus a ``measured`` block on every
 node and the run-level blocks ``latency``, ``profiler``, ``mfu``, ``stall_fraction``, ``energy``,
@@ -17,51 +17,25 @@ A layer type's fractions are its sums over its nodes divided by its measured tim
 
 from __future__ import annotations
 
-import platform
-import re
-import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-import torch
-
-from opmap import __version__
-from opmap.analyze import Analysis, analyze_graph
-from opmap.capture import capture
-from opmap.errors import OpmapError
+from opmap.analyze import Analysis
 from opmap.hardware.spec import HardwareSpec
-from opmap.measure.attribute import Attribution, attribute
-from opmap.measure.energy import EnergyReading, measure_energy
-from opmap.measure.runner import LatencyStats, ProfiledRun, make_call, profile_iterations, time_iterations
+from opmap.measure.attribute import Attribution
+from opmap.measure.energy import EnergyReading
+from opmap.measure.runner import ProfiledRun
 from opmap.predict import mfu
 from opmap.roofline import stall_split
-from opmap.workloads.zoo import Workload
+from opmap.timing import LatencyStats
 
-TAGS_VERSION = 1
 MFU_FORMULA = "MFU = model matrix FLOPs / (p50 latency x dense matrix peak at the compute dtype)"
 STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matrix and vector time (calibrated "
                 "curves at its shape), memory-stall = time beyond that which its bytes at the bandwidth curve "
                 "explain, other = the rest")
 
-# Catalog entries a CUDA device name maps to (torch.cuda.get_device_name spellings). CPUs are not matched
-# automatically: a datasheet peak is for a whole socket, a VM or a thread-limited run has a slice of it.
-DATASHEET_MATCH = (
-    ("h200", r"\bH200\b"), ("h100-pcie", r"\bH100\b.*PCIe"), ("h100-sxm", r"\bH100\b"), ("b200", r"\bB200\b"),
-    ("a100-pcie-40gb", r"\bA100\b.*PCIE.*40GB"), ("a100-sxm-80gb", r"\bA100\b"), ("l40s", r"\bL40S\b"),
-    ("l4", r"\bL4\b"), ("mi300x", r"MI300X"), ("mi250x", r"MI250X"),
-)
-
-
-def match_datasheet(device_name: str) -> str | None:
-    for name, pattern in DATASHEET_MATCH:
-        if re.search(pattern, device_name, re.IGNORECASE):
-            return name
-    return None
-
-
-@dataclass
+@dataclass(frozen=True)
 class Profile:
     analysis: Analysis
     device: str
@@ -205,148 +179,3 @@ class Profile:
         d["calibration_check"] = self.drift
         d["tags"] = self.tags
         return d
-
-
-def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
-    """Stable, versioned tags: the keys and their meaning only change with ``tags_version``."""
-    return {
-        "tags_version": TAGS_VERSION, "run_id": uuid.uuid4().hex,
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "workload": w.name, "batch": w.batch, "seq": w.seq, "dtype": a.precision.requested, "mode": mode,
-        "device": device, "device_name": device_name, "hardware_profile": a.hardware.name,
-        "host": platform.node(), "threads": torch.get_num_threads(),
-        "torch_version": torch.__version__, "opmap_version": __version__,
-        "python_version": platform.python_version(),
-    }
-
-
-def device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    from opmap.hardware.calibrate import fingerprint
-
-    return str(fingerprint(dev)["model"])
-
-
-def first_shape(node) -> tuple[int, ...]:
-    """The node's first non-scalar input shape, as the profiler's record_shapes would show it."""
-    return next((tuple(t.shape) for t in node.inputs if len(t.shape)), ())
-
-
-DRIFT_TOLERANCE = 0.10  # beyond this, the device is not in the state it was calibrated in: say so
-
-
-def calibration_check(hw: HardwareSpec, dev: torch.device) -> dict[str, Any] | None:
-    """Re-time one calibrated GEMM (the one nearest 1024^3 in log2 m, n, k, in nn.Linear's layout) now, beside the profile's
-    figure: a loaded or throttled device shows as a ratio away from 1, which explains a prediction that
-    drifted with it. None for a profile without a calibration, or for a calibration of another device."""
-    from opmap.hardware.calibrate import DTYPES, time_op
-
-    cal = hw.calibration or {}
-    if not str(cal.get("device", "")).startswith(dev.type):
-        return None
-    rows = [r for r in cal.get("matmul", []) if r.get("layout", "nt") == "nt" and r["dtype"] == "fp32"]
-    if not rows:
-        return None
-    import math
-
-    r = min(rows, key=lambda r: sum(abs(math.log2(r[x]) - 10) for x in ("m", "n", "k")))
-    a = torch.randn(r["m"], r["k"], device=dev, dtype=DTYPES["fp32"])
-    w = torch.randn(r["n"], r["k"], device=dev, dtype=DTYPES["fp32"])
-    with torch.no_grad():
-        s = time_op(lambda: torch.mm(a, w.t()), dev, repeats=5, min_time_s=0.01)
-    now = 2.0 * r["m"] * r["n"] * r["k"] / s.median_s
-    ratio = now / r["flops_per_s"]
-    return {"what": f"matmul fp32 {r['m']}x{r['n']}x{r['k']} (x @ W.T)", "calibrated_flops_per_s": r["flops_per_s"],
-            "now_flops_per_s": now, "ratio": ratio, "within_tolerance": abs(ratio - 1.0) <= DRIFT_TOLERANCE,
-            "tolerance": DRIFT_TOLERANCE}
-
-
-def train_step_fn(module, inputs) -> Callable[[], Any]:
-    """One training step as the capture records it: forward, training_loss, backward, SGD update."""
-    from opmap.capture.tracer import sgd_step, training_loss
-
-    params = [p for p in module.parameters() if p.is_floating_point()]
-    for p in params:
-        p.requires_grad_(True)
-    fwd = make_call(module, inputs)
-
-    def step():
-        loss = training_loss(fwd())
-        loss.backward()
-        sgd_step(params)
-
-    return step
-
-
-def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3, iters: int = 20,
-                profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (), datasheet: HardwareSpec | None = None,
-                progress: Callable[[str, int], None] | None = None, train: bool = False) -> Profile:
-    """Measure ``workload`` (built on ``device``) and join it to its prediction on ``hw``.
-
-    ``train``: a training step per iteration (train mode; forward, loss, backward, SGD update) instead of
-    an inference forward (eval, no grad).
-
-    ``progress(stage, advance)`` is called once per iteration (``advance`` 1) and at stage changes (0).
-    """
-    if iters < 1 or profile_iters < 1 or warmup < 0:
-        raise OpmapError(f"iterations must be positive (got --iters {iters}, --profile-iters {profile_iters}, "
-                         f"--warmup {warmup})")
-    dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
-    step = progress or (lambda _s, _n: None)
-    module = workload.module.train(train)
-    call = train_step_fn(module, workload.inputs) if train else make_call(module, workload.inputs)
-    name = device_name(dev)
-    why = ""
-    if datasheet is None:
-        if dev.type == "cuda":
-            from opmap.hardware.spec import catalog
-
-            match = match_datasheet(name)
-            datasheet = catalog()[match] if match else None
-            why = "" if match else f"no catalog entry matches {name!r}; pass --datasheet NAME"
-        else:
-            why = ("CPUs are not matched to a datasheet automatically (a datasheet peak is for the whole socket); "
-                   "pass --datasheet NAME")
-    with torch.enable_grad() if train else torch.no_grad():
-        step("capturing the graph on the device", 0)
-        graph = capture(module, workload.inputs, overrides=overrides, train=train)
-        module.train(train)
-        analysis = analyze_graph(graph, workload, hw, dtype, overrides)
-        step("warm-up", 0)
-        for _ in range(warmup):
-            call()
-            step("warm-up", 1)
-        holder: dict[str, LatencyStats] = {}
-
-        def timed() -> float:
-            holder["lat"] = time_iterations(call, dev, iters, lambda: step("timed iterations", 1))
-            return sum(holder["lat"].times_s)
-
-        step("timed iterations", 0)
-        _, energy = measure_energy(timed, device)
-        step("profiled iterations", 0)
-        # one iteration with record_shapes fixes how events map to nodes (names and input shapes); the timed
-        # profiled iterations run without it, since recording shapes slows a long iteration measurably
-        shaped = profile_iterations(call, dev, 1, record_shapes=True, keep_trace=False)
-        profiled = profile_iterations(call, dev, profile_iters, record_shapes=False,
-                                      progress=lambda: step("profiled iterations", 1))
-        # plain iterations right after the profiled ones: the overhead compares profiled iterations with the
-        # plain ones around them (the last of the timed loop and these), so slow drift on a shared machine
-        # does not read as profiler overhead
-        after = time_iterations(call, dev, profile_iters)
-        step("calibration check", 0)
-        drift = calibration_check(hw, dev)
-    ops = [n.op for n in graph.nodes]
-    kernel_nodes = [i for i, r in enumerate(analysis.results) if r.cost.kernel]
-    att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
-                    first_shapes=[first_shape(n) for n in graph.nodes],
-                    template_events=shaped.iterations[0][1] if shaped.iterations else None)
-    around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
-    p = Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why,
-                mode="training step (forward, loss, backward, SGD update)" if train else "inference", around=around,
-                drift=drift)
-    p.tags = telemetry_tags(workload, analysis, device, name, "train" if train else "inference")
-    return p

@@ -1,14 +1,12 @@
 """Run a workload for real: a plain timed loop for the latency distribution, then profiled iterations.
 
-The latency figures come from the plain loop (no profiler attached), so they are what a user sees; the
-profiler's iterations only serve attribution, and their wall time is compared with the plain loop's to
-state the profiler's overhead. Timing is ``time.perf_counter`` around one iteration, with a device
-synchronize on CUDA before the clock is read (so queued kernels count).
+The latency figures come from the plain loop (no profiler attached; opmap.timing.time_iterations), so they
+are what a user sees; the profiler's iterations only serve attribution, and their wall time is compared
+with the plain loop's to state the profiler's overhead.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -16,40 +14,9 @@ from typing import Any, Callable
 import torch
 
 from opmap.measure.attribute import Event
+from opmap.timing import LatencyStats, sync
 
 ITER_MARK = "opmap.iter."
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """A latency distribution, seconds per iteration."""
-
-    times_s: tuple[float, ...]
-
-    def quantile(self, q: float) -> float:
-        """Linear interpolation between closest ranks (numpy's default, 'inclusive' in statistics)."""
-        ts = sorted(self.times_s)
-        if len(ts) == 1:
-            return ts[0]
-        pos = q * (len(ts) - 1)
-        lo = int(pos)
-        hi = min(lo + 1, len(ts) - 1)
-        return ts[lo] + (ts[hi] - ts[lo]) * (pos - lo)
-
-    @property
-    def p50_s(self) -> float:
-        return self.quantile(0.50)
-
-    @property
-    def mean_s(self) -> float:
-        return statistics.fmean(self.times_s)
-
-    def to_dict(self) -> dict[str, float | int]:
-        ts = self.times_s
-        return {"p50_s": self.p50_s, "p95_s": self.quantile(0.95), "p99_s": self.quantile(0.99),
-                "mean_s": self.mean_s, "std_s": statistics.stdev(ts) if len(ts) > 1 else 0.0,
-                "min_s": min(ts), "max_s": max(ts),
-                "iqr_s": self.quantile(0.75) - self.quantile(0.25), "n": len(ts)}
 
 
 def make_call(module: torch.nn.Module, inputs: Any, kwargs: dict | None = None) -> Callable[[], Any]:
@@ -60,25 +27,6 @@ def make_call(module: torch.nn.Module, inputs: Any, kwargs: dict | None = None) 
     if isinstance(inputs, (tuple, list)):
         return lambda: module(*inputs, **kwargs)
     return lambda: module(inputs, **kwargs)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_iterations(call: Callable[[], Any], device: torch.device, n: int,
-                    progress: Callable[[], None] | None = None) -> LatencyStats:
-    out = []
-    for _ in range(n):
-        _sync(device)
-        t0 = time.perf_counter()
-        call()
-        _sync(device)
-        out.append(time.perf_counter() - t0)
-        if progress:
-            progress()
-    return LatencyStats(tuple(out))
 
 
 def _subtree_kernels(e) -> tuple[str, ...]:
@@ -123,13 +71,13 @@ def profile_iterations(call: Callable[[], Any], device: torch.device, n: int, *,
     walls = []
     with profile(activities=acts, record_shapes=record_shapes) as prof:
         call()  # the profiler's first iteration pays its own set-up: run one outside the markers
-        _sync(device)
+        sync(device)
         for i in range(n):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             with record_function(f"{ITER_MARK}{i}"):
                 call()
-                _sync(device)
+                sync(device)
             walls.append(time.perf_counter() - t0)
             if progress:
                 progress()

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opmap.measure.profile import Profile
-from opmap.report.sheet import (SHEET_COLUMNS, _assumption_lines, _cell, op_label, sheet_rows, shapes, si, to_csv,
+from opmap.report.sheet import (SHEET_COLUMNS, assumption_lines, cell, op_label, sheet_rows, shapes, si, to_csv,
                                 write_set)
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
@@ -76,7 +76,7 @@ def run_lines(p: Profile, d: dict) -> list[str]:
 
 def render_profile_markdown(p: Profile, d: dict) -> str:
     out = [f"# opmap profile: {p.analysis.workload} on {p.device_name}", "", "## Assumptions", ""]
-    out += [f"- {line}" for line in _assumption_lines(p.analysis)]
+    out += [f"- {line}" for line in assumption_lines(p.analysis)]
     out += ["", "## Run", ""] + [f"- {line.strip()}" for line in run_lines(p, d)]
     out += ["", "## Layer types", "", "| layer type | measured | share | predicted | predicted / measured | "
             "compute-busy | memory-stall | other |", "|---|---|---|---|---|---|---|---|"]
@@ -97,7 +97,7 @@ def render_profile_markdown(p: Profile, d: dict) -> str:
                                                  si(v, "s") if k.endswith("_s") else si(v, "B/s" if "bytes" in k
                                                                                        else "FLOP/s")))
             else:
-                cells.append(_cell(k, v))
+                cells.append(cell(k, v))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -107,7 +107,7 @@ def print_profile_report(p: Profile, console: Console, rows: int = 25, d: dict |
     a = p.analysis
     console.print(f"[bold]opmap profile[/bold] {a.workload} on {p.device_name} ({p.device}), predicted with "
                   f"{a.hardware.name}")
-    for line in _assumption_lines(a) + run_lines(p, d):
+    for line in assumption_lines(a) + run_lines(p, d):
         console.print(f"  {line}", highlight=False, markup=False)
     measured = sorted(((i, t) for i, t in p.attribution.timings.items()), key=lambda it: -it[1].median_s)
     shown = measured if rows <= 0 else measured[:rows]
@@ -139,7 +139,7 @@ def print_profile_report(p: Profile, console: Console, rows: int = 25, d: dict |
 
 
 def write_profile_outputs(p: Profile, out_dir: Path, d: dict | None = None) -> list[Path]:
-    from opmap.measure.trace import chrome_trace, tagged_torch_trace
+    from opmap.report.trace import chrome_trace, tagged_torch_trace
 
     d = d or p.to_dict()
     contents = {

@@ -99,7 +99,7 @@ def render_csv(a: Analysis) -> str:
     return to_csv(SHEET_COLUMNS, sheet_rows(a))
 
 
-def _assumption_lines(a: Analysis) -> list[str]:
+def assumption_lines(a: Analysis) -> list[str]:
     s = a.assumptions
     mp = s["matrix_peak_flops_per_s"]
     bw = s["memory_bandwidth_bytes_per_s"]
@@ -128,7 +128,7 @@ def render_markdown(a: Analysis) -> str:
     d = a.to_dict()
     t = d["totals"]
     out = [f"# opmap analysis: {a.workload} on {a.hardware.name}", "", "## Assumptions", ""]
-    out += [f"- {line}" for line in _assumption_lines(a)]
+    out += [f"- {line}" for line in assumption_lines(a)]
     out += ["", "## Totals", "", "| params | FLOPs | matrix FLOPs | bytes | kernels | predicted latency | "
             "predicted MFU |", "|---|---|---|---|---|---|---|",
             f"| {si(t['params'])} | {si(t['flops'])} | {si(t['matrix_flops'])} | {si(t['bytes'], 'B')} | "
@@ -150,7 +150,7 @@ def render_markdown(a: Analysis) -> str:
     out += ["", "## Operators", "", "| " + " | ".join(SHEET_COLUMNS) + " |",
             "|" + "---|" * len(SHEET_COLUMNS)]
     for row in sheet_rows(a):
-        cells = [_cell(k, v) for k, v in row.items()]
+        cells = [cell(k, v) for k, v in row.items()]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -171,7 +171,7 @@ def _share(x: float, total: float) -> str:
     return f"{x / total:.1%}" if total else "-"
 
 
-def _cell(key: str, v) -> str:
+def cell(key: str, v) -> str:
     if key in ("flops", "matrix_flops"):
         return si(v)
     if key == "bytes":
@@ -187,7 +187,7 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     d = a.to_dict()
     t = d["totals"]
     console.print(f"[bold]opmap analyze[/bold] {a.workload} on {a.hardware.display_name}")
-    for line in _assumption_lines(a):
+    for line in assumption_lines(a):
         console.print(f"  {line}", highlight=False, markup=False)
 
     if a.kernel_results:

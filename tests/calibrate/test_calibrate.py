@@ -10,7 +10,9 @@ import torch
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.hardware.calibrate import QUICK_GRID, QUICK_GRID_TA, calibrate, time_op, to_toml, write_profile
+from opmap.calibrate import calibrate, to_toml, write_profile
+from opmap.calibrate.grids import QUICK_GRID, QUICK_GRID_TA
+from opmap.timing import time_op
 
 
 def test_time_op_measures_a_known_duration():
@@ -71,7 +73,7 @@ def test_toml_writer_round_trips():
 
 
 def test_vector_family_rates_are_in_the_rules_units(quick):
-    from opmap.hardware.calibrate import _rule_vector_flops, _vector_kind_benchmarks
+    from opmap.calibrate.run import _rule_vector_flops, _vector_kind_benchmarks
 
     assert set(quick.vector_kinds) == {"softmax", "layer_norm", "batch_norm", "pool", "reduce"}
     assert all(r > 0 for r in quick.vector_kinds.values())

@@ -1,0 +1,78 @@
+"""A calibration as a hardware profile: the catalog schema (every value ``measured``) plus the raw curves."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from opmap.calibrate.grids import FORMATS
+from opmap.calibrate.run import Calibration
+from opmap.hardware.local import cache_path
+from opmap.hardware.spec import spec_from_dict
+
+
+def _v(value: float, source: str) -> dict:
+    return {"value": float(value), "kind": "measured", "source": source}
+
+
+def to_spec_dict(cal: Calibration) -> dict:
+    """The calibration as a catalog-schema dict (every value measured) plus the raw curves."""
+    fp = cal.fingerprint
+    when = time.strftime("%Y-%m-%d")
+    src = f"opmap calibrate {when} on {fp['model']} ({fp['threads']} threads, torch {fp['torch_version']})"
+    matrix = {}
+    for dt in FORMATS:
+        best = cal.peak(dt)
+        if best:
+            matrix[dt] = _v(best["flops_per_s"], f"{src}: best median over the matmul grid, "
+                                                   f"at {best['m']}x{best['n']}x{best['k']}")
+    bw = cal.copy_bandwidth()
+    lo = cal.launch_overhead
+    return {
+        "name": "local-cuda" if cal.device.startswith("cuda") else "local",
+        "display_name": f"local {cal.device}: {fp['model']}",
+        "vendor": "measured",
+        "device_type": "gpu" if cal.device.startswith("cuda") else "cpu",
+        "compute_unit_name": "SM" if cal.device.startswith("cuda") else "thread",
+        "notes": "measured by opmap calibrate; curves under [calibration]",
+        "matrix_peak_flops_per_s": matrix,
+        "vector_peak_flops_per_s": {dt: _v(r, f"{src}: addcmul on a cache-resident tensor, dispatch "
+                                                    "overhead taken out")
+                                    for dt, r in cal.vector.items()},
+        "memory_bandwidth_bytes_per_s": _v(bw["bytes_per_s"], f"{src}: copy (read + write) of "
+                                                              f"{bw['bytes']} bytes"),
+        "launch_overhead_s": _v(lo.median_s, f"{src}: median one-element add"),
+        "compute_units": _v(float(fp.get("compute_units", fp["threads"])), src),
+        "memory_bytes": _v(float(fp["memory_bytes"]), f"{src}: device memory as the OS / driver reports it"),
+        **({"sram_per_unit_bytes": _v(float(fp["l2_per_core_bytes"]), f"{src}: per-core L2 from sysfs")}
+           if fp.get("l2_per_core_bytes") else {}),
+        **({"l2_bytes": _v(float(fp["llc_bytes"]), f"{src}: last-level cache from sysfs (the catalog's l2_bytes "
+                                                   "holds a CPU's LLC)")} if fp.get("llc_bytes") else {}),
+        "calibration": {"device": cal.device, "fingerprint": fp, "matmul": cal.matmul, "conv": cal.conv,
+                        "attention": cal.attention, "bandwidth": cal.bandwidth, "launch_overhead": lo.spread(),
+                        "view_overhead_s": cal.view_overhead_s,
+                        "vector_kinds": cal.vector_kinds,
+                        "vector_rates": {"transcendental_per_s": cal.transcendental_per_s,
+                                         **{f"{k}_flops_per_s": v for k, v in cal.vector.items()}},
+                        "skipped": cal.skipped},
+    }
+
+
+def to_toml(d: dict) -> str:
+    """The profile as TOML (tomli_w)."""
+    import tomli_w
+
+    return tomli_w.dumps(d)
+
+
+def write_profile(cal: Calibration, path: Path | None = None) -> Path:
+    """Write the profile atomically; validate it through the catalog loader first."""
+    d = to_spec_dict(cal)
+    spec_from_dict(d, "calibration")  # refuse to write a profile the loader would reject
+    path = path or cache_path(cal.device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(to_toml(d))
+    os.replace(tmp, path)
+    return path

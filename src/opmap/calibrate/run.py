@@ -1,0 +1,248 @@
+"""Local calibration: measure this device's real ceilings (the microbenchmarks of calibrate/__init__).
+
+``calibrate`` runs, per calibrated format, the GEMM grid (nn.Linear's layout, then a transposed left
+operand), the convolutions (forward; fp32 backward) and fused attention; then bandwidth over sizes, the
+dispatch and view overheads, the vector and transcendental rates and one rate per vector family. A shape
+whose one call would take over MAX_CALL_S at the best rate seen so far is skipped and listed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from opmap.calibrate.fingerprint import fingerprint
+from opmap.calibrate.grids import FORMATS, MAX_CALL_S, VECTOR_ELEMS, grid
+from opmap.errors import OpmapError
+from opmap.ops import causal_pairs
+from opmap.precision import torch_dtype
+from opmap.timing import Sample, time_op
+
+
+@dataclass
+class Calibration:
+    """Everything one run measured (built up as the microbenchmarks run)."""
+
+    device: str
+    fingerprint: dict[str, object]
+    matmul: list[dict] = field(default_factory=list)  # m, n, k, dtype, layout, flops_per_s, spread
+    conv: list[dict] = field(default_factory=list)  # the conv shape, its implicit GEMM m, n, k, flops_per_s
+    attention: list[dict] = field(default_factory=list)  # bh, sq, sk, d, causal, dtype, flops_per_s
+    bandwidth: list[dict] = field(default_factory=list)  # kind, bytes, bytes_per_s, spread
+    launch_overhead: Sample | None = None
+    vector: dict[str, float] = field(default_factory=dict)  # dtype -> flops_per_s
+    transcendental_per_s: float = 0.0  # exp / tanh / erf evaluations per second, fp32
+    vector_kinds: dict[str, float] = field(default_factory=dict)  # family -> the cost rule's FLOPs per second
+    view_overhead_s: float = 0.0  # one view op (host dispatch, no kernel)
+    skipped: list[str] = field(default_factory=list)  # shapes left out, with the reason
+
+    def peak(self, dtype: str) -> dict | None:
+        rows = [r for r in self.matmul if r["dtype"] == dtype]
+        return max(rows, key=lambda r: r["flops_per_s"]) if rows else None
+
+    def copy_bandwidth(self) -> dict:
+        rows = [r for r in self.bandwidth if r["kind"] == "copy"]
+        return max(rows, key=lambda r: r["bytes"])
+
+
+def _supported(dtype: torch.dtype, device: torch.device) -> bool:
+    try:
+        a = torch.ones(8, 8, dtype=dtype, device=device)
+        (a @ a).sum().item()
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _vector_kind_benchmarks(dev: torch.device) -> dict:
+    """One representative op per vector family, on cache-resident fp32 activations of typical shapes."""
+    import torch.nn.functional as F
+
+    rows = torch.randn(256, 768, device=dev)
+    img = torch.randn(4, 64, 56, 56, device=dev)
+    ch = torch.ones(64, device=dev)
+    return {
+        "softmax": (lambda x: torch.softmax(x, -1), (rows,)),
+        "layer_norm": (lambda x: F.layer_norm(x, (768,)), (rows,)),
+        "batch_norm": (lambda x: F.batch_norm(x, ch, ch, ch, ch, training=False), (img,)),
+        "pool": (lambda x: F.max_pool2d(x, 3, 2, 1), (img,)),
+        "reduce": (lambda x: x.mean((2, 3)), (img,)),
+    }
+
+
+def _rule_vector_flops(fn: Callable, args: tuple) -> float:
+    """The vector FLOPs opmap's own cost rules give this op, so the measured rate is in the rules' units."""
+    from opmap.capture import capture
+    from opmap.costs import cost_graph
+
+    class _Op(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    g = capture(_Op(), args)
+    return sum(c.vector_flops for c in cost_graph(g)) or 1.0
+
+
+class _Bench:
+    """Times shapes for one calibration, skipping those the best rate so far says would take too long."""
+
+    def __init__(self, cal: Calibration, dev: torch.device, quick: bool, step: Callable[[str], None]):
+        self.cal, self.dev, self.step = cal, dev, step
+        self.reps = 3 if quick else 5
+        self.min_time = 0.002 if quick else 0.01
+
+    def time(self, fn: Callable[[], object]) -> Sample:
+        return time_op(fn, self.dev, repeats=self.reps, min_time_s=self.min_time)
+
+    def shape(self, label: str, flops: float, make: Callable[[], Callable[[], object]], rates: dict[str, float],
+              family: str) -> Sample | None:
+        """Time one shape unless the best rate so far (this family's, else any family's at this dtype) says
+        one call would take over MAX_CALL_S."""
+        best = rates.get(family) or max(rates.values(), default=0.0)
+        if best and flops / best > MAX_CALL_S:
+            self.cal.skipped.append(f"{label}: one call would take {flops / best:.2g} s at {best / 1e9:.3g} GFLOP/s")
+            self.step(f"{label} skipped")
+            return None
+        s = self.time(make())
+        rates[family] = max(rates.get(family, 0.0), flops / s.median_s)
+        self.step(label)
+        return s
+
+
+def _matmuls(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
+    dev, cal = b.dev, b.cal
+    for layout, family, key in (("nt", "gemm", "gemm"), ("tt", "gemm_ta", "gemm_ta")):
+        for m, n, k in sorted(shapes[key], key=lambda s: s[0] * s[1] * s[2]):
+            def mk(m=m, n=n, k=k, layout=layout):
+                w = torch.randn(n, k, device=dev).to(dt)
+                if layout == "nt":
+                    a = torch.randn(m, k, device=dev).to(dt)
+                    return lambda: torch.mm(a, w.t())
+                at = torch.randn(k, m, device=dev).to(dt)
+                return lambda: torch.mm(at.t(), w.t())
+            label = f"matmul {name} {m}x{n}x{k}" + (" (A transposed)" if layout == "tt" else "")
+            s = b.shape(label, 2.0 * m * n * k, mk, rate, family)
+            if s is not None:
+                cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": layout,
+                                   "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
+
+
+def _convs(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
+    import torch.nn.functional as F
+
+    dev, cal = b.dev, b.cal
+    for bs, cin, cout, side, ks, stride in shapes["conv"]:
+        pad = ks // 2 if stride == 1 else (3 if ks == 7 else 0)
+        out = (side + 2 * pad - ks) // stride + 1
+        gm, gn, gk = bs * out * out, cout, cin * ks * ks
+        shape = {"batch": bs, "cin": cin, "cout": cout, "side": side, "kernel": ks, "stride": stride,
+                 "m": gm, "n": gn, "k": gk, "dtype": name}
+
+        def mk(bs=bs, cin=cin, cout=cout, side=side, ks=ks, stride=stride, pad=pad):
+            x = torch.randn(bs, cin, side, side, device=dev).to(dt)
+            w = torch.randn(cout, cin, ks, ks, device=dev).to(dt)
+            return lambda: F.conv2d(x, w, stride=stride, padding=pad)
+        s = b.shape(f"conv {name} b{bs} {cin}->{cout} {side}px k{ks}", 2.0 * gm * gn * gk, mk, rate, "conv")
+        if s is not None:
+            cal.conv.append({**shape, "pass": "forward", "flops_per_s": 2.0 * gm * gn * gk / s.median_s,
+                             **s.spread()})
+        if name != "fp32" or cin == 3:  # training runs fp32 here; the stem's input needs no gradient
+            continue
+
+        def mkb(bs=bs, cin=cin, cout=cout, side=side, ks=ks, stride=stride, pad=pad, out=out):
+            x = torch.randn(bs, cin, side, side, device=dev)
+            w = torch.randn(cout, cin, ks, ks, device=dev)
+            go = torch.randn(bs, cout, out, out, device=dev)
+            return lambda: torch.ops.aten.convolution_backward(
+                go, x, w, None, [stride, stride], [pad, pad], [1, 1], False, [0, 0], 1, [True, True, False])
+        # grad input + grad weight: two forward-sized implicit GEMMs
+        s = b.shape(f"conv backward {name} b{bs} {cin}->{cout} {side}px k{ks}", 4.0 * gm * gn * gk, mkb, rate,
+                    "conv_bwd")
+        if s is not None:
+            cal.conv.append({**shape, "pass": "backward", "flops_per_s": 4.0 * gm * gn * gk / s.median_s,
+                             **s.spread()})
+
+
+def _attention(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
+    import torch.nn.functional as F
+
+    for bh, sq, d in shapes["attention"]:
+        for causal in (False, True):
+            flops = 4.0 * bh * (causal_pairs(sq, sq) if causal else sq * sq) * d
+
+            def mk(bh=bh, sq=sq, d=d, causal=causal):
+                q = torch.randn(1, bh, sq, d, device=b.dev).to(dt)
+                return lambda: F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+            s = b.shape(f"attention {name} {bh}x{sq}x{d}{' causal' if causal else ''}", flops, mk, rate, "attention")
+            if s is not None:
+                b.cal.attention.append({"bh": bh, "sq": sq, "sk": sq, "d": d, "causal": causal, "dtype": name,
+                                        "flops_per_s": flops / s.median_s, **s.spread()})
+
+
+def _bandwidth(b: _Bench, sizes: tuple[int, ...]) -> None:
+    for nbytes in sizes:
+        src = torch.randn(nbytes // 4, device=b.dev)
+        dst = torch.empty_like(src)
+        for kind, fn, moved in (("copy", lambda: dst.copy_(src), 2 * nbytes),
+                                ("read", lambda: src.sum(), nbytes),
+                                ("write", lambda: dst.fill_(1.0), nbytes)):
+            s = b.time(fn)
+            b.cal.bandwidth.append({"kind": kind, "bytes": nbytes, "bytes_per_s": moved / s.median_s, **s.spread()})
+        b.step(f"bandwidth {nbytes} B")
+
+
+def _vector(b: _Bench) -> None:
+    """Dispatch and view overheads, the pointwise and transcendental rates, one rate per vector family; each
+    rate with the dispatch overhead taken out."""
+    dev, cal = b.dev, b.cal
+    one = torch.ones(1, device=dev)
+    cal.launch_overhead = b.time(lambda: torch.add(one, one))
+    lo = cal.launch_overhead.median_s
+    b.step("dispatch overhead")
+    big = torch.ones(64, 64, device=dev)
+    cal.view_overhead_s = b.time(lambda: big.view(4096)).median_s
+    b.step("view overhead")
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        x = torch.randn(VECTOR_ELEMS, device=dev).to(dt)
+        y = torch.empty_like(x)
+        s = b.time(lambda: torch.addcmul(x, x, x, out=y))
+        cal.vector[name] = 2.0 * x.numel() / max(s.median_s - lo, s.median_s * 0.1)
+        b.step(f"vector {name}")
+    x = torch.rand(VECTOR_ELEMS, device=dev)
+    y = torch.empty_like(x)
+    t = statistics.mean(b.time(lambda f=f: f(x, out=y)).median_s for f in (torch.exp, torch.tanh, torch.erf))
+    cal.transcendental_per_s = x.numel() / max(t - lo, t * 0.1)
+    b.step("transcendental rate")
+    for kind, (fn, args) in _vector_kind_benchmarks(dev).items():
+        flops = _rule_vector_flops(fn, args)
+        t = b.time(lambda fn=fn, args=args: fn(*args)).median_s
+        cal.vector_kinds[kind] = flops / max(t - lo, t * 0.1)
+    b.step("vector families")
+
+
+def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
+    """Run every microbenchmark on ``device``. ``quick`` shrinks the grid (tests, smoke runs)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OpmapError("calibrate --device cuda: no CUDA device here; accepted: cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise OpmapError(f"calibrate cannot run on {device!r}; accepted: cpu, cuda")
+    cal = Calibration(str(dev), fingerprint(dev))
+    b = _Bench(cal, dev, quick, progress or (lambda _msg: None))
+    shapes = grid(quick)
+    with torch.no_grad():
+        for name in FORMATS:
+            dt = torch_dtype(name)
+            if not _supported(dt, dev):
+                b.step(f"{name} not supported")
+                continue
+            rate: dict[str, float] = {}  # best rate so far per family at this dtype, to skip slow shapes
+            _matmuls(b, name, dt, shapes, rate)
+            _convs(b, name, dt, shapes, rate)
+            _attention(b, name, dt, shapes, rate)
+        _bandwidth(b, shapes["sizes"])
+        _vector(b)
+    return cal

@@ -1,0 +1,137 @@
+"""Measure a workload and join it to its prediction: the orchestration of ``opmap profile``.
+
+``run_profile`` builds nothing itself: it takes a built workload, captures its graph on the device it runs
+on (so the graph is the one that runs), predicts it, runs warm-up, a plain timed loop (the latency
+distribution), one profiled iteration with shapes (the matching), the profiled iterations, plain ones
+after them (the overhead's reference), and a calibration check; then attributes the events to nodes and
+returns a ``Profile`` (profile.py).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+import torch
+
+from opmap import __version__
+from opmap.analyze import Analysis, analyze_graph
+from opmap.calibrate import calibration_check, device_name
+from opmap.capture import capture
+from opmap.capture.training import sgd_step, training_loss
+from opmap.errors import OpmapError
+from opmap.hardware.match import match_datasheet
+from opmap.hardware.spec import HardwareSpec, get_hardware
+from opmap.measure.attribute import attribute
+from opmap.measure.energy import measure_energy
+from opmap.measure.profile import Profile
+from opmap.measure.runner import make_call, profile_iterations
+from opmap.timing import LatencyStats, time_iterations
+from opmap.workloads.zoo import Workload
+
+TAGS_VERSION = 1
+
+
+def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
+    """Stable, versioned tags: the keys and their meaning only change with ``tags_version``."""
+    return {
+        "tags_version": TAGS_VERSION, "run_id": uuid.uuid4().hex,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "workload": w.name, "batch": w.batch, "seq": w.seq, "dtype": a.precision.requested, "mode": mode,
+        "device": device, "device_name": device_name, "hardware_profile": a.hardware.name,
+        "host": platform.node(), "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__, "opmap_version": __version__,
+        "python_version": platform.python_version(),
+    }
+
+
+def first_shape(node) -> tuple[int, ...]:
+    """The node's first non-scalar input shape, as the profiler's record_shapes would show it."""
+    return next((tuple(t.shape) for t in node.inputs if len(t.shape)), ())
+
+
+def train_step_fn(module, inputs) -> Callable[[], Any]:
+    """One training step as the capture records it: forward, training_loss, backward, SGD update."""
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    for p in params:
+        p.requires_grad_(True)
+    fwd = make_call(module, inputs)
+
+    def step():
+        loss = training_loss(fwd())
+        loss.backward()
+        sgd_step(params)
+
+    return step
+
+
+def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3, iters: int = 20,
+                profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (), datasheet: HardwareSpec | None = None,
+                progress: Callable[[str, int], None] | None = None, train: bool = False) -> Profile:
+    """Measure ``workload`` (built on ``device``) and join it to its prediction on ``hw``.
+
+    ``train``: a training step per iteration (train mode; forward, loss, backward, SGD update) instead of
+    an inference forward (eval, no grad).
+
+    ``progress(stage, advance)`` is called once per iteration (``advance`` 1) and at stage changes (0).
+    """
+    if iters < 1 or profile_iters < 1 or warmup < 0:
+        raise OpmapError(f"iterations must be positive (got --iters {iters}, --profile-iters {profile_iters}, "
+                         f"--warmup {warmup})")
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    step = progress or (lambda _s, _n: None)
+    module = workload.module.train(train)
+    call = train_step_fn(module, workload.inputs) if train else make_call(module, workload.inputs)
+    name = device_name(dev)
+    why = ""
+    if datasheet is None:
+        if dev.type == "cuda":
+            match = match_datasheet(name)
+            datasheet = get_hardware(match) if match else None
+            why = "" if match else f"no catalog entry matches {name!r}; pass --datasheet NAME"
+        else:
+            why = ("CPUs are not matched to a datasheet automatically (a datasheet peak is for the whole socket); "
+                   "pass --datasheet NAME")
+    with torch.enable_grad() if train else torch.no_grad():
+        step("capturing the graph on the device", 0)
+        graph = capture(module, workload.inputs, overrides=overrides, train=train)
+        module.train(train)
+        analysis = analyze_graph(graph, workload, hw, dtype, overrides)
+        step("warm-up", 0)
+        for _ in range(warmup):
+            call()
+            step("warm-up", 1)
+        holder: dict[str, LatencyStats] = {}
+
+        def timed() -> float:
+            holder["lat"] = time_iterations(call, dev, iters, lambda: step("timed iterations", 1))
+            return sum(holder["lat"].times_s)
+
+        step("timed iterations", 0)
+        _, energy = measure_energy(timed, device)
+        step("profiled iterations", 0)
+        # one iteration with record_shapes fixes how events map to nodes (names and input shapes); the timed
+        # profiled iterations run without it, since recording shapes slows a long iteration measurably
+        shaped = profile_iterations(call, dev, 1, record_shapes=True, keep_trace=False)
+        profiled = profile_iterations(call, dev, profile_iters, record_shapes=False,
+                                      progress=lambda: step("profiled iterations", 1))
+        # plain iterations right after the profiled ones: the overhead compares profiled iterations with the
+        # plain ones around them (the last of the timed loop and these), so slow drift on a shared machine
+        # does not read as profiler overhead
+        after = time_iterations(call, dev, profile_iters)
+        step("calibration check", 0)
+        drift = calibration_check(hw, dev)
+    ops = [n.op for n in graph.nodes]
+    kernel_nodes = [i for i, r in enumerate(analysis.results) if r.cost.kernel]
+    att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
+                    first_shapes=[first_shape(n) for n in graph.nodes],
+                    template_events=shaped.iterations[0][1] if shaped.iterations else None)
+    around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
+    return Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why,
+                   mode="training step (forward, loss, backward, SGD update)" if train else "inference",
+                   tags=telemetry_tags(workload, analysis, device, name, "train" if train else "inference"),
+                   around=around, drift=drift)
