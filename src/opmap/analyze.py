@@ -19,7 +19,6 @@ from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
-from opmap.hardware.curves import Curves
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.hardware.spec import HardwareSpec
@@ -161,13 +160,9 @@ class Analysis:
         d["counted"] = c.counted
         return d
 
-    def kernel_of(self) -> dict[int, int]:
-        """Node id -> kernel id."""
-        return dict(self.plan.group_of) if self.plan else {}
-
 
 def time_model_line(hw: HardwareSpec) -> str:
-    curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    curves = hw.curves
     if curves.empty:
         return "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node (datasheet peaks)"
     fams = sorted({f"{fam} {dt} ({len(t.points)} shapes)" for (fam, dt), t in curves.tables.items()})
@@ -227,7 +222,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
                   evidence: str = "") -> Analysis:
     prec = resolve_precision(hw, dtype)
     costs = cost_graph(graph)
-    curves = Curves.from_calibration(hw.calibration, hw.launch_overhead_s)
+    curves = hw.curves
     preds = [predict_cost(c, hw, prec, curves) for c in costs]
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     plan = plan_fusion(graph, costs, fusion, plan_file)

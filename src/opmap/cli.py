@@ -65,7 +65,7 @@ def analyze(
 
         if not torch.cuda.is_available():
             raise OpmapError("--device cuda: no CUDA device is available here; accepted: meta, cpu")
-    from opmap.workloads.zoo import with_layout
+    from opmap.workloads import with_layout
 
     w = with_layout(_build(model, batch, seq, image_size, dtype, device), layout)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):

@@ -80,7 +80,7 @@ def test_moe_balanced_assumption_is_stated():
 def test_moe_routing_runs_real_on_cpu():
     """On real tensors the experts get the router's choices (uneven), and the result equals a dense
     per-token reference computation."""
-    from opmap.workloads.transformers import LlamaConfig, SparseMoeBlock
+    from opmap.workloads.llama import LlamaConfig, SparseMoeBlock
 
     torch.manual_seed(0)
     blk = SparseMoeBlock(LlamaConfig(dim=16, ffn_dim=24, n_experts=4, top_k=2))

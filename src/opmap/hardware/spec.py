@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.hardware.curves import Curves
 from opmap.hardware.local import cache_path
 from opmap.precision import FORMATS
 
@@ -142,6 +144,11 @@ class HardwareSpec:
     @property
     def scale_out_bandwidth_bytes_per_s(self) -> float | None:
         return self._opt("scale_out_bandwidth_bytes_per_s")
+
+    @cached_property
+    def curves(self) -> Curves:
+        """The measured efficiency curves of a calibrated profile (empty for a catalog device), built once."""
+        return Curves.from_calibration(self.calibration, self.launch_overhead_s)
 
     @property
     def tiled(self) -> bool:

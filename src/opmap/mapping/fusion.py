@@ -28,7 +28,7 @@ eager.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -60,25 +60,24 @@ def is_pointwise(node: Node) -> bool:
     return _op_is_pointwise(node.op)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
     id: int
-    nodes: list[int]  # node ids, in execution order
+    nodes: tuple[int, ...]  # node ids, in execution order
     kernel_class: str  # of the anchor: matrix, reduction, vector, data_movement, collective
     anchor: int  # the node that defines the kernel (its GEMM, its reduction, else its first node)
     min_bytes: float = 0.0  # what crosses the kernel boundary (each tensor once)
     eager_bytes: float = 0.0  # the same nodes run one kernel each
-    fused_classes: set[str] = field(default_factory=set)
 
     @property
     def launches_saved(self) -> int:
         return len(self.nodes) - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class FusionPlan:
     policy: str
-    kernels: list[Kernel]
+    kernels: tuple[Kernel, ...]
     group_of: dict[int, int]  # node id -> kernel id (kernel nodes only)
 
     @property
@@ -210,9 +209,8 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
             anchor = next((m for m in members if classes[m] == "reduction"), members[0])
         eager = sum(costs[m].bytes for m in members)
         saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel))
-        kernels.append(Kernel(g, members, classes[anchor], anchor, eager - saved, eager,
-                              {classes[m] for m in members}))
-    return FusionPlan(policy, kernels, group_of)
+        kernels.append(Kernel(g, tuple(members), classes[anchor], anchor, eager - saved, eager))
+    return FusionPlan(policy, tuple(kernels), group_of)
 
 
 def _is_batched_gemm(problem: MatrixProblem | None) -> bool:

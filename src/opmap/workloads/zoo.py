@@ -18,18 +18,23 @@ import torch
 from opmap.errors import OpmapError
 from opmap.precision import torch_dtype
 from opmap.workloads.resnet import ResNet
-from opmap.workloads.transformers import GPT2, Bert, BertConfig, GPT2Config, Llama, LlamaConfig, ViT, ViTConfig
+from opmap.workloads.bert import Bert, BertConfig
+from opmap.workloads.gpt2 import GPT2, GPT2Config
+from opmap.workloads.llama import Llama, LlamaConfig
+from opmap.workloads.vit import ViT, ViTConfig
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class Workload:
+    """A module, its example inputs, and the assumptions that came with building it."""
+
     name: str
     module: torch.nn.Module
     inputs: Any  # tuple of positional args, or a dict of keyword args
     batch: int
     seq: int | None
-    assumptions: list[str] = field(default_factory=list)
+    assumptions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,8 @@ class ModelSpec:
     notes: str = ""
 
 
-def _ids(vocab: int):
-    def make(batch: int, seq: int, dtype: torch.dtype):
-        return (torch.zeros(batch, seq, dtype=torch.long),)
-
-    return make
+def _token_ids(batch: int, seq: int, dtype: torch.dtype):
+    return (torch.zeros(batch, seq, dtype=torch.long),)
 
 
 def _bert_inputs(batch: int, seq: int, dtype: torch.dtype):
@@ -69,7 +71,7 @@ MIXTRAL_8X7B = LlamaConfig(vocab_size=32000, dim=4096, n_layer=32, n_head=32, n_
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec("gpt2", "GPT-2 small, 12 layers, d 768, tied LM head", "text", 124_439_808,
               "Radford et al. 2019; HF gpt2 num_parameters() = 124,439,808", 1024, 1024,
-              lambda: GPT2(GPT2Config()), _ids(50257)),
+              lambda: GPT2(GPT2Config()), _token_ids),
     ModelSpec("bert-base", "BERT-base uncased encoder with pooler", "text", 109_482_240,
               "Devlin et al. 2019 (110M); HF bert-base-uncased BertModel = 109,482,240", 128, 512,
               lambda: Bert(BertConfig()), _bert_inputs),
@@ -81,13 +83,13 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
               lambda: ResNet((3, 4, 6, 3)), _images),
     ModelSpec("llama-3-8b", "Llama 3 8B: 32 layers, d 4096, GQA 32/8 heads, SwiGLU 14336", "text",
               8_030_261_248, "Meta Llama 3 model card: 8.03B (8,030,261,248)", 2048, 8192,
-              lambda: Llama(LLAMA3_8B), _ids(128256)),
+              lambda: Llama(LLAMA3_8B), _token_ids),
     ModelSpec("llama-3-70b", "Llama 3 70B: 80 layers, d 8192, GQA 64/8 heads, SwiGLU 28672", "text",
               70_553_706_496, "Meta Llama 3 model card: 70.6B (70,553,706,496)", 2048, 8192,
-              lambda: Llama(LLAMA3_70B), _ids(128256)),
+              lambda: Llama(LLAMA3_70B), _token_ids),
     ModelSpec("mixtral-8x7b", "Mixtral-style MoE: 32 layers, d 4096, top-2 of 8 SwiGLU experts", "text",
               46_702_792_704, "Jiang et al. 2024, Mixtral of Experts: 46.7B total, 12.9B active", 2048, 32768,
-              lambda: Llama(MIXTRAL_8X7B), _ids(32000),
+              lambda: Llama(MIXTRAL_8X7B), _token_ids,
               notes="balanced expert load on the meta device"),
 )}
 
@@ -97,7 +99,7 @@ def parse_dtype(dtype: str) -> torch.dtype:
     return torch_dtype(dtype)
 
 
-def _cast(module: torch.nn.Module, inputs: Any, dtype: torch.dtype):
+def cast_to(module: torch.nn.Module, inputs: Any, dtype: torch.dtype):
     module = module.to(dtype)
 
     def cast(x):
@@ -139,90 +141,8 @@ def build_zoo(name: str, batch: int = 1, seq: int | None = None, dtype: str = "f
         else:
             module = spec.build()
         inputs = spec.make_inputs(batch, seq, tdt)
-    module, inputs = _cast(module, inputs, tdt)
-    assumptions = ["random weights built from the published config"]
+    module, inputs = cast_to(module, inputs, tdt)
+    assumptions = ("random weights built from the published config",)
     if spec.notes and device == "meta":
-        assumptions.append(f"{spec.name}: {spec.notes} (each expert gets batch*seq*top_k/experts tokens)")
+        assumptions += (f"{spec.name}: {spec.notes} (each expert gets batch*seq*top_k/experts tokens)",)
     return Workload(name, module, inputs, batch, seq if spec.kind == "text" else None, assumptions)
-
-
-def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workload:
-    """``path/to/file.py:factory``: factory() returns (module, example inputs), called under
-    ``torch.device(device)`` so the tensors it makes land there; ``dtype`` casts the module and the
-    floating-point inputs."""
-    path_s, sep, factory = target.rpartition(":")
-    if not sep or not path_s.endswith(".py") or not factory.isidentifier():
-        raise OpmapError(f"bad model target {target!r}: expected a zoo name ({', '.join(MODELS)}) "
-                         "or path/to/file.py:factory")
-    path = Path(path_s)
-    if not path.is_file():
-        raise OpmapError(f"model file {path} does not exist")
-    mod_name = f"opmap_user_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: report its error in one line
-        raise OpmapError(f"importing {path} failed: {type(e).__name__}: {e}") from None
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise OpmapError(f"{path} has no callable {factory!r}")
-    tdt = parse_dtype(dtype)
-    try:
-        with torch.device(device):
-            result = fn()
-    except OpmapError:
-        raise
-    except Exception as e:
-        raise OpmapError(f"{path}:{factory}() failed on device {device!r}: {type(e).__name__}: {e}") from None
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
-        raise OpmapError(f"{path}:{factory}() must return (module, example inputs), got {type(result).__name__}")
-    net, inputs = result
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    net, inputs = _cast(net, inputs, tdt)
-    first = next((x for x in (inputs.values() if isinstance(inputs, dict) else inputs)
-                  if isinstance(x, torch.Tensor)), None)
-    batch = int(first.shape[0]) if first is not None and first.dim() else 1
-    seq = int(first.shape[1]) if first is not None and first.dim() > 1 and not first.is_floating_point() else None
-    return Workload(f"{path.name}:{factory}", net, inputs, batch, seq, ["user model: " + target])
-
-
-def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-                  device: str = "meta") -> Workload:
-    if target in MODELS:
-        return build_zoo(target, batch, seq, dtype, device)
-    if ":" in target and target.rpartition(":")[0].endswith(".py"):
-        return load_user(target, dtype, device)
-    raise OpmapError(f"unknown model {target!r}; accepted: {', '.join(MODELS)} (or path/to/file.py:factory)")
-
-
-LAYOUTS = ("nchw", "channels_last")
-
-
-class _ChannelsLast(torch.nn.Module):
-    """Runs ``inner`` with 4-D activations in channels-last (NHWC) memory order. The conversion of the
-    inputs is part of the forward pass, so it shows in the graph as the layout-transform kernel it is; the
-    weights are converted once, ahead of time, as a deployment would store them."""
-
-    def __init__(self, inner: torch.nn.Module):
-        super().__init__()
-        self.inner = inner.to(memory_format=torch.channels_last)
-
-    def forward(self, *args, **kwargs):
-        def conv(x):
-            if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
-                return x.contiguous(memory_format=torch.channels_last)
-            return x
-        return self.inner(*[conv(a) for a in args], **{k: conv(v) for k, v in kwargs.items()})
-
-
-def with_layout(w: Workload, layout: str) -> Workload:
-    """The workload in ``layout``: nchw as built, or channels_last (NHWC) for convolutional models."""
-    if layout not in LAYOUTS:
-        raise OpmapError(f"unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
-    if layout == "nchw":
-        return w
-    return Workload(w.name, _ChannelsLast(w.module), w.inputs, w.batch, w.seq,
-                    [*w.assumptions, "layout: channels_last (NHWC) activations, weights stored channels-last"])
