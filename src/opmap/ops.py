@@ -120,3 +120,24 @@ class MatrixProblem:
     @property
     def batched_gemm(self) -> bool:
         return self.family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA) and self.batch > 1
+
+
+class VectorKind(StrEnum):
+    """Vector families with a measured rate of their own in a calibrated profile; each is a reduction (a
+    kernel class of its own in the mapping). Plain pointwise work has no kind."""
+
+    SOFTMAX = "softmax"
+    LAYER_NORM = "layer_norm"
+    BATCH_NORM = "batch_norm"
+    POOL = "pool"
+    REDUCE = "reduce"
+
+
+class KernelClass(StrEnum):
+    """What a kernel mostly is, from its anchor node."""
+
+    MATRIX = "matrix"  # runs on the matrix engine
+    REDUCTION = "reduction"  # a vector family that reduces (softmax, norms, pooling, reductions)
+    VECTOR = "vector"  # pointwise
+    DATA_MOVEMENT = "data_movement"  # copies, gathers, layout transforms
+    COLLECTIVE = "collective"  # communication between devices

@@ -158,7 +158,7 @@ class Precision:
         """Bytes per element of a weight-only-quantized B operand (int4), None when B is at the operand format."""
         return self.format_policy.weight_bytes if self.format_policy.weight_only else None
 
-    def kernel_format(self, kernel_class: str) -> str:
+    def kernel_format(self, kernel_class: str) -> str:  # a mapping KernelClass (a str enum)
         """The format line of a kernel row: matrix kernels in the matrix format (and, quantized, the stored
         weights and accumulator), reductions at fp32 compute, the rest at the capture format."""
         pol = self.format_policy

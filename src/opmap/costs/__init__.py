@@ -14,17 +14,18 @@ from opmap.costs import attention, backward, matmul, movement, pointwise, vector
 from opmap.costs.base import RULES, OpCost, rule
 from opmap.costs.movement import view_cost
 from opmap.graph import Node, OpGraph
-from opmap.ops import base_name
+from opmap.ops import VectorKind, base_name
 
 
-# Vector families with a rate of their own in a calibrated profile (hardware/calibrate.py measures each).
+# Vector families with a rate of their own in a calibrated profile (calibrate/run.py measures each).
 VECTOR_KINDS = {
-    vector.softmax_cost: "softmax", vector.log_softmax_cost: "softmax",
-    vector.layer_norm_cost: "layer_norm", vector.group_norm_cost: "layer_norm", vector.rms_norm_cost: "layer_norm",
-    vector.batch_norm_cost: "batch_norm",
-    vector.pool_cost: "pool",
-    vector.adaptive_pool_cost: "reduce", vector.reduction_cost: "reduce", vector.variance_cost: "reduce",
-    vector.logsumexp_cost: "reduce",
+    vector.softmax_cost: VectorKind.SOFTMAX, vector.log_softmax_cost: VectorKind.SOFTMAX,
+    vector.layer_norm_cost: VectorKind.LAYER_NORM, vector.group_norm_cost: VectorKind.LAYER_NORM,
+    vector.rms_norm_cost: VectorKind.LAYER_NORM,
+    vector.batch_norm_cost: VectorKind.BATCH_NORM,
+    vector.pool_cost: VectorKind.POOL,
+    vector.adaptive_pool_cost: VectorKind.REDUCE, vector.reduction_cost: VectorKind.REDUCE,
+    vector.variance_cost: VectorKind.REDUCE, vector.logsumexp_cost: VectorKind.REDUCE,
 }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from opmap.graph import Node, TensorMeta
-from opmap.ops import MatrixProblem
+from opmap.ops import MatrixProblem, VectorKind
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class OpCost:
     kernel: bool = True  # False: no kernel runs (views, allocations, metadata)
     # The matrix-engine problem (family and shape), for shape-dependent efficiency and tiling; None elsewhere.
     problem: MatrixProblem | None = None
-    # The vector family whose measured rate applies (softmax, layer_norm, batch_norm, pool, reduce); ""
+    # The vector family whose measured rate applies (softmax, layer_norm, batch_norm, pool, reduce); None
     # for plain pointwise work. Set by cost_node from the rule that costed the node.
-    vector_kind: str = ""
+    vector_kind: VectorKind | None = None
 
     @property
     def flops(self) -> float:

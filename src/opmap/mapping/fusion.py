@@ -35,25 +35,24 @@ from typing import Sequence
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
-from opmap.ops import MatrixProblem
+from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
 
 POLICIES = ("eager", "compiler")
 MAX_KERNEL_NODES = 16  # larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice)
-REDUCTION_KINDS = ("softmax", "layer_norm", "batch_norm", "reduce", "pool")
 
 
-def kernel_class(node: Node, cost: OpCost) -> str:
+def kernel_class(node: Node, cost: OpCost) -> KernelClass:
     """matrix (matrix engine), reduction, vector (pointwise), data_movement or collective."""
     if "c10d" in node.op or "all_reduce" in node.op or "all_gather" in node.op:
-        return "collective"
+        return KernelClass.COLLECTIVE
     if cost.matrix_flops > 0:
-        return "matrix"
-    if cost.vector_kind in REDUCTION_KINDS:
-        return "reduction"
+        return KernelClass.MATRIX
+    if cost.vector_kind is not None:  # every vector family is a reduction
+        return KernelClass.REDUCTION
     if is_pointwise(node):
-        return "vector"
-    return "data_movement" if cost.flops == 0 else "vector"
+        return KernelClass.VECTOR
+    return KernelClass.DATA_MOVEMENT if cost.flops == 0 else KernelClass.VECTOR
 
 
 def is_pointwise(node: Node) -> bool:
@@ -64,7 +63,7 @@ def is_pointwise(node: Node) -> bool:
 class Kernel:
     id: int
     nodes: tuple[int, ...]  # node ids, in execution order
-    kernel_class: str  # of the anchor: matrix, reduction, vector, data_movement, collective
+    kernel_class: KernelClass  # of the anchor
     anchor: int  # the node that defines the kernel (its GEMM, its reduction, else its first node)
     min_bytes: float = 0.0  # what crosses the kernel boundary (each tensor once)
     eager_bytes: float = 0.0  # the same nodes run one kernel each
