@@ -62,7 +62,8 @@ def independent_calibration_check(cal) -> list[dict]:
                  "unit": "FLOP/s"})
     n = 2 ** 28 // 4
     src, dst = torch.randn(n), torch.empty(n)
-    t = Timer("dst.copy_(src)", globals={"src": src, "dst": dst}, num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=1.0)
+    t = Timer("dst.copy_(src)", globals={"src": src, "dst": dst},
+              num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=1.0)
     mine = next(r["bytes_per_s"] for r in cal.bandwidth if r["kind"] == "copy" and r["bytes"] == 2 ** 28)
     rows.append({"what": "copy 256 MiB (read + write)", "calibrated": mine, "timer": 2 * 2 ** 28 / t.median,
                  "unit": "B/s"})
@@ -78,7 +79,8 @@ def timer_p50(w) -> float:
 
     call = make_call(w.module.eval(), w.inputs)
     with torch.no_grad():
-        return Timer("call()", globals={"call": call}, num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=2.0).median
+        timer = Timer("call()", globals={"call": call}, num_threads=torch.get_num_threads())
+        return timer.blocked_autorange(min_run_time=2.0).median
 
 
 def interleaved_overhead(w, rounds: int = 3, per: int = 3) -> float:
@@ -143,9 +145,9 @@ def main() -> int:
             "case": label, "model": model, "batch": batch, "size": size,
             "measured_p50_s": d["latency"]["p50_s"], "timer_p50_s": indep,
             "measured_over_timer": d["latency"]["p50_s"] / indep, "predicted_s": d["accuracy"]["predicted_s"],
-            "predicted_over_measured": e2e, "layer_types": {lt: {"share": m["share_of_measured"],
-                                                                 "predicted_over_measured": m["predicted_over_measured"]}
-                                                          for lt, m in lts.items()},
+            "predicted_over_measured": e2e,
+            "layer_types": {lt: {"share": m["share_of_measured"],
+                                 "predicted_over_measured": m["predicted_over_measured"]} for lt, m in lts.items()},
             "big_layer_types": big, "profiler_overhead": ovh, "profile_json_overhead": d["profiler"]["overhead"],
             "coverage": d["profiler"]["coverage"],
             "mfu_calibrated": d["mfu"]["calibrated"]["mfu"],
@@ -153,16 +155,19 @@ def main() -> int:
             "pass_end_to_end": ok_e2e, "pass_layer_types": ok_lt, "pass_overhead": abs(ovh) <= MAX_OVERHEAD,
         })
         chk = d["calibration_check"] or {}
-        con.print(f"{label}: predicted/measured {e2e:.2f}, layer types {', '.join(f'{k} {v:.2f}' for k, v in big.items())}; "
+        lt_text = ", ".join(f"{k} {v:.2f}" for k, v in big.items())
+        con.print(f"{label}: predicted/measured {e2e:.2f}, layer types {lt_text}; "
                   f"calibration check {chk.get('ratio', float('nan')):.2f}")
 
-    t = Table(title=f"Calibration vs an independent measurement (torch.utils.benchmark.Timer); calibrate took {cal_s:.0f} s")
+    t = Table(title="Calibration vs an independent measurement (torch.utils.benchmark.Timer); "
+                    f"calibrate took {cal_s:.0f} s")
     for c in ("what", "calibrated", "Timer", "ratio"):
         t.add_column(c)
     for r in checks:
         t.add_row(r["what"], si(r["calibrated"], r["unit"]), si(r["timer"], r["unit"]), f"{r['ratio']:.2f}")
     con.print(t)
-    t = Table(title=f"Predicted over measured on {cal.fingerprint['model']} ({cal.fingerprint['threads']} threads), fp32, "
+    t = Table(title=f"Predicted over measured on {cal.fingerprint['model']} "
+                    f"({cal.fingerprint['threads']} threads), fp32, "
                     f"targets: end to end {END_TO_END}, layer types >{LAYER_SHARE:.0%} of time {LAYER}, profiler "
                     f"overhead <= {MAX_OVERHEAD:.0%}")
     for c in ("case", "measured p50", "Timer p50", "predicted", "pred/meas", "layer types > 10% (pred/meas)",

@@ -92,12 +92,11 @@ def main() -> int:
         return child(args.child[0], int(args.child[1]))
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
     from rich.console import Console
     from rich.table import Table
 
     from _common import SCHEMA_VERSION, machine, now_iso, write_json
-
-    import torch
     torch.set_num_threads(os.cpu_count() or 1)
     console = Console()
 

@@ -11,7 +11,7 @@ from opmap.hardware import get_hardware
 from opmap.workloads import build_zoo
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def analysis(name: str, batch: int, seq: int, dtype: str = "fp32", hw: str = "h100-sxm"):
     return analyze(build_zoo(name, batch, seq, dtype), get_hardware(hw), dtype)
 

@@ -23,7 +23,7 @@ def test_unknown_dtype_is_refused_not_defaulted():
     with pytest.raises(OpmapError, match="unknown tensor dtype 'float12'"):
         dtype_bytes("float12")
     with pytest.raises(OpmapError, match="unknown tensor dtype"):
-        TensorMeta((4,), "float12", (1,)).nbytes
+        _ = TensorMeta((4,), "float12", (1,)).nbytes
     with pytest.raises(OpmapError, match="accepted: fp64, fp32"):
         format_bytes("fp6")
     with pytest.raises(OpmapError, match="unknown dtype 'fp6'"):

@@ -93,7 +93,7 @@ class MatrixFamily(StrEnum):
         return self in (MatrixFamily.ATTENTION, MatrixFamily.ATTENTION_CAUSAL)
 
     @property
-    def parent(self) -> "MatrixFamily | None":
+    def parent(self) -> MatrixFamily | None:
         """The family whose curve stands in when this one was not measured."""
         return {MatrixFamily.ATTENTION_CAUSAL: MatrixFamily.ATTENTION, MatrixFamily.GEMM_TA: MatrixFamily.GEMM,
                 MatrixFamily.CONV_BWD: MatrixFamily.CONV}.get(self)

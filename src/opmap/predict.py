@@ -10,19 +10,19 @@ Per node (mapping/kernels.py combines them per fused kernel)::
 With a calibrated profile (``opmap calibrate``, hardware/curves.py) the matrix rate comes from the measured
 curve of the op's family (GEMM, conv as implicit GEMM, fused attention) at its shape, the bandwidth from
 the measured copy curve at the kernel's size (so cache-resident kernels run at cache bandwidth), the
-transcendental rate is measured, softmax / norms / pooling / reductions run at their family's measured rate, and on a CPU each view op costs its measured host dispatch time (eager
-PyTorch runs every view through the dispatcher). Without one (a catalog device) the matrix rate is the
+transcendental rate is measured, softmax / norms / pooling / reductions run at their family's measured
+rate, and on a CPU each view op costs its measured host dispatch time (eager PyTorch runs every view
+through the dispatcher). Without one (a catalog device) the matrix rate is the
 dense datasheet peak, the bandwidth the datasheet figure, and a transcendental takes
 TRANSCENDENTAL_SLOTS vector slots.
 
 The time, bound and limiter come from roofline.roofline: ``compute`` (matrix or vector; ``limiter`` says
 which), ``memory``, or ``overhead`` where the launch overhead exceeds all three.
-Views and allocations cost nothing (no kernel runs; bound ``view`` or ``alloc``). An op with no cost rule gets the launch overhead and the bound
-``uncounted``, so it shows in every total instead of vanishing.
+Views and allocations cost nothing (no kernel runs; bound ``view`` or ``alloc``). An op with no cost rule
+gets the launch overhead and the bound ``uncounted``, so it shows in every total instead of vanishing.
 """
 
 from __future__ import annotations
-
 
 from opmap.costs.base import OpCost
 from opmap.hardware.curves import Curves

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
+from opmap.calibrate import calibrate, to_toml, write_profile
+from opmap.calibrate.grids import QUICK_GRID, QUICK_GRID_TA
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.calibrate import calibrate, to_toml, write_profile
-from opmap.calibrate.grids import QUICK_GRID, QUICK_GRID_TA
 from opmap.timing import time_op
 
 

@@ -6,8 +6,7 @@ import pytest
 
 from opmap.analyze import analyze
 from opmap.hardware import get_hardware
-from opmap.workloads import build_zoo
-from opmap.workloads import with_layout
+from opmap.workloads import build_zoo, with_layout
 
 
 @pytest.fixture(scope="module")

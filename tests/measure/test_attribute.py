@@ -33,7 +33,7 @@ def test_unmatched_events_do_not_derail_the_walk():
 def test_attribute_medians_coverage_and_unattributed():
     ops = ["aten.mm.default", "aten.view.default", "aten.relu.default"]
     its = []
-    for k, (mm, relu) in enumerate(((4.0, 1.0), (6.0, 1.0), (5.0, 3.0))):
+    for _k, (mm, relu) in enumerate(((4.0, 1.0), (6.0, 1.0), (5.0, 3.0))):
         evs = [Event("aten::mm", 0, mm), Event("aten::relu", mm + 1, mm + 1 + relu)]
         its.append(((mm + relu + 2) / 1e6, evs))
     a = attribute(ops, kernel_nodes=[0, 2], iterations=its)

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from opmap.cli import main
 from opmap.calibrate import to_toml
+from opmap.cli import main
+from opmap.hardware.match import match_datasheet
 from opmap.hardware.spec import spec_from_dict
 from opmap.measure import run_profile
-from opmap.hardware.match import match_datasheet
 from opmap.workloads.zoo import Workload
 
 TINY = '''
@@ -82,7 +82,7 @@ def test_latency_stall_energy_and_tags(prof):
     d = prof.to_dict()
     lat = d["latency"]
     assert lat["n"] == 5 and lat["min_s"] <= lat["p50_s"] <= lat["p95_s"] <= lat["p99_s"] <= lat["max_s"]
-    for lt, s in d["stall_fraction"]["layer_types"].items():
+    for _lt, s in d["stall_fraction"]["layer_types"].items():
         assert s["compute_busy"] + s["memory_stall"] + s["other"] == pytest.approx(1.0)
     assert "roofline-estimated" in d["stall_fraction"]["method"]
     assert d["energy"]["joules"] is None or d["energy"]["joules"] > 0

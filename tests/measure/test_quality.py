@@ -66,7 +66,8 @@ def test_error_grows_as_the_format_narrows():
 def test_cli_quality_then_verified_analysis(tmp_path, capsys):
     f = tmp_path / "m.py"
     f.write_text("import torch\nfrom torch import nn\n"
-                 "def make():\n    return nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)), (torch.randn(4, 64),)\n")
+                 "def make():\n"
+                 "    return nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)), (torch.randn(4, 64),)\n")
     assert main(["quality", f"{f}:make", "--dtype", "int8", "--out", str(tmp_path / "q")]) == 0
     q = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert q["dtype"] == "int8" and q["workload"] == "m.py:make"

@@ -9,8 +9,8 @@ whose one call would take over MAX_CALL_S at the best rate seen so far is skippe
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

@@ -7,7 +7,8 @@ The rule, in order (first that applies wins):
 2. The module stack, innermost module first. Each module is looked up by its class name, then by its
    attribute name (the last part of its path), in ``RULES``. A *decisive* match gives the type. Generic
    containers and layers that take their meaning from where they sit (Linear, Dropout, Sequential,
-   activation modules) decide by attribute name only (``lm_head``, ``fc``), so ``h.3.attn.c_attn`` (a Linear) is attention because of ``attn``.
+   activation modules) decide by attribute name only (``lm_head``, ``fc``), so ``h.3.attn.c_attn`` (a Linear)
+   is attention because of ``attn``.
    Names are matched as whole words separated by ``.``/``_`` or by case (``SelfAttention`` has ``attention``).
 3. No module decides: the operator decides. Pointwise ops are ``elementwise``, copies, concatenations and
    views are ``data_movement``, anything else is ``other``.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from opmap.errors import OpmapError
 
@@ -69,10 +70,10 @@ def parse_overrides(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
 
 def _module_type(cls_name: str, attr: str) -> str | None:
     if not GENERIC_CLASSES.match(cls_name):
-        for cre, are, typ in _COMPILED:
+        for cre, _are, typ in _COMPILED:
             if cre is not None and cre.search(cls_name):
                 return typ
-    for cre, are, typ in _COMPILED:
+    for _cre, are, typ in _COMPILED:
         if are is not None and are.match(attr):
             return typ
     return None

@@ -6,7 +6,8 @@ the captured step and the measured step are the same work.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten

@@ -16,7 +16,6 @@ from opmap.costs.movement import view_cost
 from opmap.graph import Node, OpGraph
 from opmap.ops import VectorKind, base_name
 
-
 # Vector families with a rate of their own in a calibrated profile (calibrate/run.py measures each).
 VECTOR_KINDS = {
     vector.softmax_cost: VectorKind.SOFTMAX, vector.log_softmax_cost: VectorKind.SOFTMAX,

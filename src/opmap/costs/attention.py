@@ -59,5 +59,5 @@ def sdpa_cost(node: Node) -> OpCost:
     return io_cost(node, written=written, matrix_flops=matrix, macs=matrix / 2,
                    vector_flops=float(b * h * pairs * VECTOR_PER_SCORE),
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
-                   problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION, int(b * h), int(sq),
-                                         int(sk), int(d)))
+                   problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
+                                         int(b * h), int(sq), int(sk), int(d)))

@@ -9,8 +9,8 @@ once and each output written once, parameters apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
 from opmap.graph import Node, TensorMeta
 from opmap.ops import MatrixProblem, VectorKind
@@ -50,7 +50,7 @@ class OpCost:
         """FLOPs per byte of minimum traffic (0 where nothing moves)."""
         return self.flops / self.bytes if self.bytes else 0.0
 
-    def __add__(self, other: "OpCost") -> "OpCost":
+    def __add__(self, other: OpCost) -> OpCost:
         kw = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
               if f.name not in ("counted", "is_view", "kernel", "problem", "vector_kind")}
         return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view,

@@ -5,16 +5,17 @@ GEMMs in the layout ``nn.Linear`` runs (``x @ W.T``), convolutions as implicit G
 bandwidth over transfer sizes. ``Curves`` turns them into lookups:
 
 - ``matrix_rate(problem, dtype)``: per family (``gemm``: x @ W.T; ``gemm_ta``: the left operand a
-  transposed view, as in MLP-Mixer's token mixing; ``conv``; ``conv_bwd``: convolution_backward; ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes
-  in log2 (m, n, k) space; an exact hit returns that shape's rate; outside the grid the nearest shapes
-  decide (no extrapolated growth). A batched GEMM is looked up as (batch * m, n, k).
+  transposed view, as in MLP-Mixer's token mixing; ``conv``; ``conv_bwd``: convolution_backward;
+  ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes in log2 (m, n, k)
+  space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated growth). A batched GEMM is looked up as (batch * m, n, k).
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.
 - ``transcendental_per_s``: evaluations per second of exp / tanh / erf, measured, replacing the assumed
   TRANSCENDENTAL_SLOTS; ``vector_kinds``: per vector family (softmax, layer_norm, batch_norm, pool,
   reduce) the cost rule's FLOPs per second measured on a representative op, transcendentals included in
-  the time (max pooling with indices, for one, runs far below the pointwise rate on CPUs); ``view_overhead_s``: the host cost of one view op (eager dispatch on the CPU).
+  the time (max pooling with indices, for one, runs far below the pointwise rate on CPUs);
+  ``view_overhead_s``: the host cost of one view op (eager dispatch on the CPU).
 
 A catalog device without a calibration has no curves: the time model uses its datasheet peaks.
 """
@@ -35,7 +36,7 @@ class RateTable:
     points: tuple[tuple[float, float, float, float], ...]  # log2 m, log2 n, log2 k, rate
 
     @staticmethod
-    def build(rows: list[tuple[int, int, int, float]]) -> "RateTable":
+    def build(rows: list[tuple[int, int, int, float]]) -> RateTable:
         return RateTable(tuple((math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)), r)
                                for m, n, k, r in rows if r > 0))
 
@@ -88,7 +89,7 @@ class Curves:
         return pts[-1][1]
 
     @staticmethod
-    def from_calibration(cal: dict[str, Any], launch_overhead_s: float) -> "Curves":
+    def from_calibration(cal: dict[str, Any], launch_overhead_s: float) -> Curves:
         if not cal:
             return Curves()
         rows: dict[tuple[MatrixFamily, str], list] = {}

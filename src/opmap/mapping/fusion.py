@@ -28,9 +28,9 @@ eager.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
@@ -39,7 +39,8 @@ from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
 
 POLICIES = ("eager", "compiler")
-MAX_KERNEL_NODES = 16  # larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice)
+# Larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice).
+MAX_KERNEL_NODES = 16
 
 
 def kernel_class(node: Node, cost: OpCost) -> KernelClass:
@@ -220,7 +221,8 @@ def _scores_kernel(members: list[int], classes: list[str], kinds: list[str], pro
     """A kernel holding one batched GEMM (Q @ K^T) and only pointwise work after it (scale, mask)."""
     mats = [m for m in members if classes[m] == "matrix"]
     return (len(mats) == 1 and _is_batched_gemm(problems[mats[0]])
-            and all(classes[m] in ("matrix", "vector") for m in members) and "softmax" not in {kinds[m] for m in members})
+            and all(classes[m] in ("matrix", "vector") for m in members)
+            and "softmax" not in {kinds[m] for m in members})
 
 
 def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], groups: list[list[int]],
@@ -241,10 +243,12 @@ def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], group
             # a reduction takes a pointwise-only kernel as its prologue (not a GEMM: its rows are incomplete
             # until the K loop ends), except softmax over the scores of a batched GEMM: an attention kernel
             # computes it online, block by block, as flash attention does
-            ok = gclasses == {"vector"} or (kinds[nid] == "softmax" and _scores_kernel(members, classes, kinds, problems))
+            ok = gclasses == {"vector"} or (
+                kinds[nid] == "softmax" and _scores_kernel(members, classes, kinds, problems))
         else:  # a batched GEMM on the softmax of a scores kernel closes it: P @ V of a fused attention
             ok = (_is_batched_gemm(problems[nid]) and "softmax" in {kinds[m] for m in members}
-                  and sum(classes[m] == "matrix" for m in members) == 1 and nid in first_input_inside and first_input_inside[nid](set(members)))
+                  and sum(classes[m] == "matrix" for m in members) == 1
+                  and nid in first_input_inside and first_input_inside[nid](set(members)))
         if not ok:
             continue
         # every other input must come from a kernel that started before this one (or from inside it)

@@ -12,8 +12,9 @@ measured shape curve (measurement beats the model) and shows the blocking beside
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 from opmap.graph import Node
 from opmap.hardware.curves import Curves
@@ -136,7 +137,8 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                 costs[m].vector_kind == "softmax" for m in k.nodes):
             why += "; fused attention: the scores and their softmax stay on chip"
         if len(k.nodes) > 1:
-            why += f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and {k.launches_saved} launches"
+            why += (f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and "
+                    f"{k.launches_saved} launches")
         out.append(KernelResult(k, r.matrix_s, r.vector_s, r.memory_s, r.overhead_s, r.predicted_s, r.bound,
                                 traffic, tile, runner, prec.kernel_format(k.kernel_class), layout_of(anchor), why))
     return out

@@ -16,8 +16,8 @@ Registered, in the order they are tried:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
@@ -124,5 +124,6 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         note = f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits"
     else:
         kv_reads = (tile.traffic_bytes - 2.0 * bh * sq * d * e) / (2.0 * bh * sk * d * e)
-        note = f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, scores stay on chip"
+        note = (f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, "
+                "scores stay on chip")
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, tile.compute_s, tile.traffic_bytes, note)

@@ -3,7 +3,8 @@
 For C[M,N] = A[M,K] @ B[K,N] (batch of them), element size e bytes at the matrix dtype:
 
 - SRAM per thread block = stages * (BM*BK + BK*BN) * e; legal when it fits the device's shared memory per
-  compute unit, and the fp32 accumulator BM*BN*4 bytes fits half the register file (REGISTER_FILE_BYTES * ACCUMULATOR_SHARE);
+  compute unit, and the fp32 accumulator BM*BN*4 bytes fits half the register file
+  (REGISTER_FILE_BYTES * ACCUMULATOR_SHARE);
 - split-K S (1 to 16, each slice at least two BK steps): tiles = batch * ceil(M/BM) * ceil(N/BN) * S;
   waves = ceil(tiles / compute units); the S fp32 partial sums are written and read back (2*S*M*N*4 bytes);
 - tile-quantization efficiency = M*N / (ceil(M/BM)*BM * ceil(N/BN)*BN) (the padded edge tiles' waste);
@@ -101,7 +102,7 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
     k_pad = math.ceil(k / align) * align
     flops = 2.0 * batch * m * n * k
     # b_elem_bytes: B stored narrower than the compute format (int4 weight-only: dequantized in the kernel)
-    a_bytes, b_bytes, c_bytes = m * k_pad * e, k_pad * n * (b_elem_bytes or e), m * n * out_e
+    _a_bytes, _b_bytes, c_bytes = m * k_pad * e, k_pad * n * (b_elem_bytes or e), m * n * out_e
     out = []
     smallest = None
     for bm, bn, bk, st, sk in product(BM_CHOICES, BN_CHOICES, BK_CHOICES, STAGES, SPLIT_K):

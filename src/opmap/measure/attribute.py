@@ -21,8 +21,8 @@ correlation ids). Time the walk cannot place (Python between ops, unmatched even
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True)

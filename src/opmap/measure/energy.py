@@ -7,9 +7,9 @@ counter says why, and the result carries ``joules: null``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 RAPL_ROOT = Path("/sys/class/powercap")
 

@@ -148,7 +148,8 @@ class Profile:
         att = self.attribution
         d["latency"] = {**self.latency.to_dict(), "warmup": self.warmup, "mode": self.mode,
                         "method": "perf_counter around each iteration, no profiler attached"
-                                  + ("; torch.cuda.synchronize before each clock read" if self.device.startswith("cuda") else "")}
+                                  + ("; torch.cuda.synchronize before each clock read"
+                                     if self.device.startswith("cuda") else "")}
         plain = (self.around or self.latency).p50_s
         prof = self.profiled.wall.p50_s
         d["profiler"] = {

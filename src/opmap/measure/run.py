@@ -12,7 +12,8 @@ from __future__ import annotations
 import platform
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -67,9 +68,10 @@ def train_step_fn(module, inputs) -> Callable[[], Any]:
     return step
 
 
-def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3, iters: int = 20,
-                profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (), datasheet: HardwareSpec | None = None,
-                progress: Callable[[str, int], None] | None = None, train: bool = False) -> Profile:
+def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3,
+                iters: int = 20, profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (),
+                datasheet: HardwareSpec | None = None, progress: Callable[[str, int], None] | None = None,
+                train: bool = False) -> Profile:
     """Measure ``workload`` (built on ``device``) and join it to its prediction on ``hw``.
 
     ``train``: a training step per iteration (train mode; forward, loss, backward, SGD update) instead of

@@ -8,8 +8,9 @@ with the plain loop's to state the profiler's overhead.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -14,8 +14,17 @@ from rich.console import Console
 from rich.table import Table
 
 from opmap.measure.profile import Profile
-from opmap.report.sheet import (SHEET_COLUMNS, assumption_lines, cell, op_label, sheet_rows, shapes, si, to_csv,
-                                write_set)
+from opmap.report.sheet import (
+    SHEET_COLUMNS,
+    assumption_lines,
+    cell,
+    op_label,
+    shapes,
+    sheet_rows,
+    si,
+    to_csv,
+    write_set,
+)
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
                     "compute_busy_s", "memory_stall_s", "other_s")

@@ -199,7 +199,8 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
                          "saved (all rows in kernels.csv)", title_justify="left")
         for col in ("id", "ops", "class", "tile", "SRAM", "waves", "format", "layout", "bytes", "traffic",
                     "predicted", "bound", "why"):
-            kt.add_column(col, overflow="fold", justify="right" if col in ("id", "bytes", "traffic", "predicted") else "left")
+            right = col in ("id", "bytes", "traffic", "predicted")
+            kt.add_column(col, overflow="fold", justify="right" if right else "left")
         for k in kshown:
             tl = k.tile
             kt.add_row(str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
@@ -209,8 +210,10 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
         console.print(kt)
     ranked = sorted((r for r in a.results if r.cost.kernel), key=lambda r: -r.pred.predicted_s)
     shown = ranked if rows <= 0 else ranked[:rows]
-    sheet = Table(title=f"Operators: {len(shown)} of {sum(1 for r in a.results if r.cost.kernel)} by predicted time "
-                        f"({len(a.results) - a.kernels} views and allocations; all rows in sheet.csv)", title_justify="left")
+    n_kernel_nodes = sum(1 for r in a.results if r.cost.kernel)
+    sheet = Table(title=f"Operators: {len(shown)} of {n_kernel_nodes} by predicted time "
+                        f"({len(a.results) - a.kernels} views and allocations; all rows in sheet.csv)",
+                  title_justify="left")
     for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
                       ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
                       ("predicted", "right"), ("bound", "left")):

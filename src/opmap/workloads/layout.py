@@ -9,7 +9,6 @@ import torch
 from opmap.errors import OpmapError
 from opmap.workloads.zoo import Workload
 
-
 LAYOUTS = ("nchw", "channels_last")
 
 
@@ -37,4 +36,5 @@ def with_layout(w: Workload, layout: str) -> Workload:
     if layout == "nchw":
         return w
     return replace(w, module=_ChannelsLast(w.module),
-                   assumptions=(*w.assumptions, "layout: channels_last (NHWC) activations, weights stored channels-last"))
+                   assumptions=(*w.assumptions,
+                                "layout: channels_last (NHWC) activations, weights stored channels-last"))
