@@ -1,0 +1,78 @@
+"""The tiler registry: which tiler takes which kernel, what it returns, and a reason in numbers when none fits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from opmap.costs.base import OpCost
+from opmap.hardware import get_hardware
+from opmap.hardware.spec import Value
+from opmap.mapping.tilers import TILERS, NoTile, TileChoice, choose_tile
+from opmap.mapping.tiling import attention_candidates, tile_candidates
+from opmap.ops import MatrixFamily, MatrixProblem
+from opmap.precision import resolve_precision
+
+
+def _gemm(m, n, k, family=MatrixFamily.GEMM, reps=1):
+    p = MatrixProblem(family, 1, m, n, k)
+    return OpCost(matrix_flops=reps * p.flops, problem=p)
+
+
+def _dev(hw, prec):
+    return dict(sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units, l2_bytes=hw.l2_bytes,
+                peak_flops_per_s=prec.matrix_peak_flops_per_s, bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+
+
+def test_registered_in_order():
+    assert [name for name, _, _ in TILERS] == ["gpu_gemm", "cpu_blocking", "flash_attention"]
+
+
+def test_gpu_gemm_takes_the_best_candidate_and_counts_conv_backward_twice():
+    h100 = get_hardware("h100-sxm")
+    prec = resolve_precision(h100, "bf16")
+    c = choose_tile(_gemm(4096, 4096, 4096), h100, prec, h100.curves)
+    assert isinstance(c, TileChoice)
+    best = tile_candidates(1, 4096, 4096, 4096, "bf16", **_dev(h100, prec))[0]
+    assert (c.tile.bm, c.tile.bn, c.tile.bk) == (best.bm, best.bn, best.bk)
+    assert c.compute_s == pytest.approx(best.compute_s)
+    # convolution_backward makes two gradients: two forward-sized implicit GEMMs
+    b = choose_tile(_gemm(3136, 64, 576, MatrixFamily.CONV_BWD, reps=2), h100, prec, h100.curves)
+    f = choose_tile(_gemm(3136, 64, 576, MatrixFamily.CONV), h100, prec, h100.curves)
+    assert b.compute_s == pytest.approx(2 * f.compute_s) and b.traffic_bytes == pytest.approx(2 * f.traffic_bytes)
+
+
+def test_flash_attention_and_decode():
+    h100 = get_hardware("h100-sxm")
+    prec = resolve_precision(h100, "bf16")
+    p = MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 12, 1024, 1024, 64)
+    c = choose_tile(OpCost(matrix_flops=1.0, problem=p), h100, prec, h100.curves)
+    best = attention_candidates(12, 1024, 1024, 64, "bf16", causal=True, **_dev(h100, prec))[0]
+    assert c.tile == best and "flash tiling" in c.note
+    d = choose_tile(OpCost(matrix_flops=1.0, problem=MatrixProblem(MatrixFamily.ATTENTION, 64, 1, 4096, 128)),
+                    h100, prec, h100.curves)
+    # flash-decoding splits the 4096-key cache in 256-key chunks: 16 splits
+    assert "flash-decoding" in d.note and d.tile.split_k == 4096 // 256
+
+
+def test_cpu_blocking_times_a_catalog_cpu_only():
+    xeon = get_hardware("xeon-8480")
+    prec = resolve_precision(xeon, "bf16")
+    c = choose_tile(_gemm(1024, 1024, 1024), xeon, prec, xeon.curves)
+    assert isinstance(c, TileChoice) and c.compute_s is not None
+    assert choose_tile(OpCost(matrix_flops=1.0, problem=MatrixProblem(MatrixFamily.ATTENTION, 1, 8, 8, 8)),
+                       xeon, prec, xeon.curves) is None  # no flash tiler on a CPU
+
+
+def test_no_legal_tile_says_why_in_numbers():
+    h100 = get_hardware("h100-sxm")
+    tiny = replace(h100, fields={**h100.fields, "sram_per_unit_bytes": Value(4096.0, "assumed", "test")})
+    c = choose_tile(_gemm(512, 512, 512), tiny, resolve_precision(tiny, "bf16"), tiny.curves)
+    # the smallest candidate, 16x32x32 at 2 stages in bf16: 2 * (16*32 + 32*32) * 2 B = 6 KB > 4 KB
+    assert isinstance(c, NoTile) and "needs 6 KB of shared memory, the device has 4 KB" in c.reason
+
+
+def test_no_problem_no_tile():
+    h100 = get_hardware("h100-sxm")
+    assert choose_tile(OpCost(vector_flops=10.0), h100, resolve_precision(h100, "bf16"), h100.curves) is None
