@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import torch
@@ -59,7 +60,7 @@ class Analysis:
     kernel_results: tuple[KernelResult, ...] = ()
 
     # -- totals ---------------------------------------------------------------------------------------
-    @property
+    @cached_property
     def total(self) -> OpCost:
         t = OpCost()
         for r in self.results:

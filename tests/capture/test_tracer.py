@@ -94,3 +94,27 @@ def test_kwargs_inputs_and_training_flag_restored():
     g = capture(m, {"x": torch.randn(2, 8)})
     assert m.training  # capture runs eval and restores the mode
     assert g.inputs[0].shape == (2, 8)
+
+
+def _nodes(g):
+    return [n.to_dict() for n in g.nodes]
+
+
+@pytest.mark.parametrize("name,seq", [("gpt2", 32), ("bert-base", 16), ("resnet50", 32), ("vit-b16", 32)])
+def test_memoised_capture_is_the_same_graph(name, seq):
+    """Replaying repeated calls from their signature must give exactly the graph running every meta kernel
+    gives: every node's op, module, inputs (shapes, strides, dtypes, producers), outputs and args."""
+    from opmap.workloads import build_zoo
+
+    w = build_zoo(name, 2, seq, "bf16")
+    fast, slow = capture(w.module, w.inputs), capture(w.module, w.inputs, memoize=False)
+    assert _nodes(fast) == _nodes(slow)
+
+
+def test_memoised_capture_of_a_small_llama_with_moe_and_gqa():
+    from opmap.workloads.llama import Llama, LlamaConfig
+
+    with torch.device("meta"):
+        m = Llama(LlamaConfig(vocab_size=64, dim=64, n_layer=3, n_head=4, n_kv_head=2, ffn_dim=96, n_experts=4))
+        ids = torch.zeros(1, 16, dtype=torch.long)
+    assert _nodes(capture(m, (ids,))) == _nodes(capture(m, (ids,), memoize=False))

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from opmap.capture.layer_types import classify
@@ -36,8 +36,14 @@ from opmap.ops import DATA_MOVEMENT_OPS, EXTRA_VIEW_OPS, is_pointwise
 SDPA_NAME = "scaled_dot_product_attention"
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt).removeprefix("torch.")
+    return name
 
 
 def _jsonable(v: Any) -> Any:
@@ -70,6 +76,7 @@ class _Tracker:
         self.train = False
         self.phase = "forward"  # forward | backward | optimizer (training captures)
         self.grad_fn_stack: dict[Any, list[tuple[str, str]]] = {}  # autograd node -> forward module stack
+        self.layer_types: dict[tuple, str] = {}  # (module stack, op kind) -> layer type, classified once
 
     def remember_grad_fns(self, out: Any) -> None:
         """Forward, training: the autograd node of each result remembers the module that made it, so the
@@ -105,11 +112,10 @@ class _Tracker:
         if w is not None and (prod is None or w > prod):
             prod = w
         try:
-            stride = tuple(int(s) for s in t.stride())
+            stride = tuple(map(int, t.stride()))
         except RuntimeError:  # sparse or nested layouts
             stride = ()
-        return TensorMeta(tuple(int(s) for s in t.shape), _dtype_name(t.dtype), stride, prod,
-                          self.param_of.get(t))
+        return TensorMeta(tuple(map(int, t.shape)), _dtype_name(t.dtype), stride, prod, self.param_of.get(t))
 
     # -- nodes ---------------------------------------------------------------------------------------
     def add_node(self, op: str, packet: str, inputs: list[tuple[str, torch.Tensor]], args: dict[str, Any],
@@ -134,8 +140,8 @@ class _Tracker:
             sid = self._storage_id(t)
             if sid is not None and (is_inplace or not is_view):
                 self.storage_writer[sid] = nid
-            stride = tuple(int(s) for s in t.stride()) if t.layout == torch.strided else ()
-            out_meta.append(TensorMeta(tuple(int(s) for s in t.shape), _dtype_name(t.dtype), stride,
+            stride = tuple(map(int, t.stride())) if t.layout == torch.strided else ()
+            out_meta.append(TensorMeta(tuple(map(int, t.shape)), _dtype_name(t.dtype), stride,
                                        None, self.param_of.get(t)))
         stack = self.stack
         if self.phase == "backward":
@@ -146,9 +152,12 @@ class _Tracker:
         elif self.phase == "optimizer":
             args = {**args, "phase": "optimizer"}
         module, cls = stack[-1] if stack else ("", "")
+        where = (tuple(stack), kind)
+        layer_type = self.layer_types.get(where)
+        if layer_type is None:
+            layer_type = self.layer_types[where] = classify(stack, kind, self.overrides)
         node = Node(
-            id=nid, op=op, module=module, module_class=cls,
-            layer_type=classify(stack, kind, self.overrides),
+            id=nid, op=op, module=module, module_class=cls, layer_type=layer_type,
             inputs=in_meta, outputs=tuple(out_meta), input_names=tuple(n for n, _ in inputs), args=args,
             is_view=is_view, is_inplace=is_inplace,
         )
@@ -191,17 +200,89 @@ def _is_view_op(func) -> bool:
     return any(a.alias_info is not None and not a.alias_info.is_write for a in func._schema.arguments)
 
 
+class _NoMemo(Exception):
+    """This call's result cannot be replayed from its signature."""
+
+
+_SCALARS = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+# 0-dim tensors of these dtypes may be wrapped Python numbers, which promote differently from real tensors
+_WRAPPED_DTYPES = (torch.float64, torch.int64, torch.complex128, torch.bool)
+
+
+def _freeze(v: Any) -> Any:
+    """A hashable signature of one argument: a tensor's metadata, a scalar with its type (1 and 1.0 and True
+    promote differently), lists and tuples element by element."""
+    if isinstance(v, torch.Tensor):
+        if (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter) or v.device.type != "meta" \
+                or v.layout != torch.strided or (v.dim() == 0 and v.dtype in _WRAPPED_DTYPES):
+            raise _NoMemo
+        return (tuple(v.shape), v.stride(), v.dtype, v.storage_offset(), v.requires_grad)
+    if isinstance(v, (list, tuple)):
+        return (type(v) is list, tuple(_freeze(x) for x in v))
+    if v is None or isinstance(v, _SCALARS):
+        return (type(v), v)
+    raise _NoMemo
+
+
+def _storage_ids(xs) -> list[int]:
+    return [x.untyped_storage()._cdata for x in xs if isinstance(x, torch.Tensor)]
+
+
 class _DispatchRecorder(TorchDispatchMode):
-    def __init__(self, tracker: _Tracker):
+    """Records every aten call. On the meta device, a functional op called again with the same signature (80
+    identical layers repeat every call) gets fresh outputs of the recorded shapes, strides and dtypes instead
+    of running torch's Python meta kernel again: the output metadata of a functional op is a function of its
+    inputs' metadata and its other arguments. Views, in-place ops, outputs that alias an input or carry a
+    storage offset, and training captures always run the op."""
+
+    def __init__(self, tracker: _Tracker, memoize: bool = True):
         super().__init__()
         self.t = tracker
+        self.memoize = memoize and not tracker.train
+        self.memo: dict[Any, Any] = {}  # signature -> (output leaves' metadata, output tree spec), or None
+        self.ops: dict[Any, tuple[str, str, bool, bool]] = {}  # func -> (name, packet, is_view, is_inplace)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        t = self.t
+    def _op(self, func) -> tuple[str, str, bool, bool]:
+        info = self.ops.get(func)
+        if info is None:
+            packet = func.overloadpacket.__name__
+            info = (str(func), packet, _is_view_op(func) or packet in EXTRA_VIEW_OPS, bool(func._schema.is_mutable))
+            self.ops[func] = info
+        return info
+
+    def _run(self, func, args, kwargs, functional: bool):
+        key = None
+        if self.memoize and functional:
+            try:
+                key = (func, _freeze(args), _freeze(tuple(sorted(kwargs.items()))))
+            except _NoMemo:
+                key = None
+            if key is not None:
+                entry = self.memo.get(key)
+                if entry is not None:
+                    metas, spec = entry
+                    leaves = [torch.empty_strided(m[0], m[1], dtype=m[2], device="meta") if m is not None else v
+                              for m, v in metas]
+                    return tree_unflatten(leaves, spec)
+        out = self._call(func, args, kwargs)
+        if key is not None and key not in self.memo:
+            leaves, spec = tree_flatten(out)
+            outs = [x for x in leaves if isinstance(x, torch.Tensor)]
+            out_ids = _storage_ids(outs)
+            fresh = (all(type(x) is torch.Tensor and x.storage_offset() == 0 and x.layout == torch.strided
+                         for x in outs)
+                     and len(set(out_ids)) == len(out_ids)
+                     and not set(out_ids) & set(_storage_ids(tree_flatten((args, kwargs))[0])))
+            if fresh:
+                self.memo[key] = ([((tuple(x.shape), x.stride(), x.dtype), None) if isinstance(x, torch.Tensor)
+                                   else (None, x) for x in leaves], spec)
+        return out
+
+    def _call(self, func, args, kwargs):
         try:
-            out = func(*args, **kwargs)
+            return func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as e:
+            t = self.t
             flat, _ = tree_flatten((args, kwargs))
             if any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in flat):
                 path, cls = t.stack[-1] if t.stack else ("", "")
@@ -209,18 +290,21 @@ class _DispatchRecorder(TorchDispatchMode):
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise MetaCaptureError(
                     f"op {func} in {where} cannot run on the meta device ({first[:120]}); "
-                    "capture with real tensors instead: --device cpu (or build the model and inputs on the CPU)") from None
+                    "capture with real tensors instead: --device cpu (or build the model and inputs on the CPU)"
+                ) from None
             raise
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = self.t
+        name, packet, is_view, is_inplace = self._op(func)
+        out = self._run(func, args, kwargs, functional=not is_view and not is_inplace)
         if t.suppress:
-            t.suppressed_ops.append(str(func))
+            t.suppressed_ops.append(name)
             return out
-        schema = func._schema
-        tensors, scalars = _split(_bind(schema.arguments, args, kwargs))
+        tensors, scalars = _split(_bind(func._schema.arguments, args, kwargs))
         outs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-        packet = func.overloadpacket.__name__
-        is_view = _is_view_op(func) or packet in EXTRA_VIEW_OPS
-        is_inplace = bool(schema.is_mutable)
-        t.add_node(str(func), packet, tensors, scalars, outs, is_view, is_inplace)
+        t.add_node(name, packet, tensors, scalars, outs, is_view, is_inplace)
         return out
 
 
@@ -229,11 +313,15 @@ class MetaCaptureError(OpmapError):
 
 
 class _FunctionRecorder(TorchFunctionMode):
-    """Records calls that opmap costs whole (fused SDPA) instead of by their decomposition."""
+    """Records calls that opmap costs whole (fused SDPA) instead of by their decomposition. On meta, a repeat
+    of an SDPA signature reuses the first call's output layout and backend instead of running the decomposed
+    math path again (outside training captures)."""
 
-    def __init__(self, tracker: _Tracker):
+    def __init__(self, tracker: _Tracker, memoize: bool = True):
         super().__init__()
         self.t = tracker
+        self.memoize = memoize and not tracker.train
+        self.memo: dict[Any, tuple[tuple, str]] = {}  # signature -> ((shape, stride, dtype), backend_op)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -246,6 +334,22 @@ class _FunctionRecorder(TorchFunctionMode):
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         bound = list(zip(names, args)) + [(k, v) for k, v in kwargs.items()]
         tensors, scalars = _split(bound)
+        key = None
+        if self.memoize:
+            try:
+                key = (_freeze(args), _freeze(tuple(sorted(kwargs.items()))))
+            except _NoMemo:
+                key = None
+        if key is not None and key in self.memo:
+            (shape, stride, dtype), backend = self.memo[key]
+            start = len(t.suppressed_ops)
+            t.suppress += 1
+            try:
+                out = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            finally:
+                t.suppress -= 1
+            del t.suppressed_ops[start:]
+            return self._record(tensors, scalars, backend, out)
         t.suppress += 1
         start = len(t.suppressed_ops)
         try:
@@ -270,7 +374,14 @@ class _FunctionRecorder(TorchFunctionMode):
             finally:
                 t.suppress -= 1
             del t.suppressed_ops[start:]
-        scalars["backend_op"] = fused[0] if fused else "math (decomposed: no fused kernel on this device)"
+        backend = fused[0] if fused else "math (decomposed: no fused kernel on this device)"
+        if key is not None and isinstance(out, torch.Tensor) and out.device.type == "meta":
+            self.memo[key] = ((tuple(out.shape), out.stride(), out.dtype), backend)
+        return self._record(tensors, scalars, backend, out)
+
+    def _record(self, tensors, scalars, backend: str, out):
+        t = self.t
+        scalars["backend_op"] = backend
         scalars.setdefault("is_causal", False)
         scalars.setdefault("dropout_p", 0.0)
         t.add_node("aten.scaled_dot_product_attention.default", SDPA_NAME, tensors, scalars,
@@ -321,14 +432,17 @@ def _param_count(model: torch.nn.Module) -> tuple[int, float, int]:
 
 def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None, *,
             overrides: Sequence[tuple[str, str]] = (), forward: Callable | None = None,
-            train: bool = False) -> OpGraph:
+            train: bool = False, memoize: bool = True) -> OpGraph:
     """Run ``model`` once on ``inputs`` (a tensor, a tuple of positional args, or a dict of kwargs) and
     return the graph of aten ops it executed. Runs under ``torch.no_grad()``; the device is whatever the
     model and inputs are on (meta by default in the zoo and the CLI).
 
     ``train``: one training step instead, in train mode: forward, the loss (``training_loss``), backward
     and an SGD update. Backward ops carry ``args["phase"] = "backward"`` and the module path and layer type
-    of the forward op whose autograd node ran them; the update's ops carry ``"optimizer"``."""
+    of the forward op whose autograd node ran them; the update's ops carry ``"optimizer"``.
+
+    ``memoize``: on meta, replay repeated functional calls from their signature (the same graph, faster;
+    see _DispatchRecorder). Off: every call runs torch's meta kernel."""
     if isinstance(inputs, dict):
         args, kwargs = (), {**inputs, **(kwargs or {})}
     elif isinstance(inputs, (tuple, list)):
@@ -360,8 +474,8 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
                 tracker.phase = "optimizer"
                 sgd_step(trainable)
         else:
-            with torch.no_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
-                    _DispatchRecorder(tracker):
+            with torch.no_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker, memoize), \
+                    _DispatchRecorder(tracker, memoize):
                 fn(*args, **kwargs)
     finally:
         model.train(was_training)

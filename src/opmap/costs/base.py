@@ -51,8 +51,7 @@ class OpCost:
         return self.flops / self.bytes if self.bytes else 0.0
 
     def __add__(self, other: OpCost) -> OpCost:
-        kw = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-              if f.name not in ("counted", "is_view", "kernel", "problem", "vector_kind")}
+        kw = {f: getattr(self, f) + getattr(other, f) for f in _ADDITIVE}
         return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view,
                       kernel=self.kernel or other.kernel)
 
@@ -66,6 +65,8 @@ class OpCost:
         }
 
 
+_ADDITIVE = tuple(f.name for f in fields(OpCost)
+                  if f.name not in ("counted", "is_view", "kernel", "problem", "vector_kind"))
 Rule = Callable[[Node], OpCost]
 RULES: dict[str, Rule] = {}
 
