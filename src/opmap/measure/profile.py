@@ -34,8 +34,8 @@ from opmap.hardware.spec import HardwareSpec
 from opmap.measure.attribute import Attribution, attribute
 from opmap.measure.energy import EnergyReading, measure_energy
 from opmap.measure.runner import LatencyStats, ProfiledRun, make_call, profile_iterations, time_iterations
-from opmap.predict import TRANSCENDENTAL_SLOTS, mfu
-from opmap.workloads.zoo import Workload
+from opmap.predict import TRANSCENDENTAL_SLOTS, mfu, resolve_precision
+from opmap.workloads.zoo import Workload, check_device
 
 TAGS_VERSION = 1
 MFU_FORMULA = "MFU = model matrix FLOPs / (p50 latency x dense matrix peak at the compute dtype)"
@@ -283,6 +283,20 @@ def train_step_fn(module, inputs) -> Callable[[], Any]:
     return step
 
 
+PROFILE_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+
+def check_profile(device: str, dtype: str) -> None:
+    """What a profile can run, checked before anything is calibrated, built or captured: a real device that
+    is present here (cpu, cuda) and a torch dtype."""
+    if device not in ("cpu", "cuda"):
+        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    if dtype not in PROFILE_DTYPES:
+        raise OpmapError(f"profile runs torch dtypes; accepted: {', '.join(PROFILE_DTYPES)} (got {dtype!r}; "
+                         "quantized formats: opmap analyze for the prediction, opmap quality for the error)")
+    check_device(device, ("cpu", "cuda"))
+
+
 def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3, iters: int = 20,
                 profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (), datasheet: HardwareSpec | None = None,
                 progress: Callable[[str, int], None] | None = None, train: bool = False) -> Profile:
@@ -297,8 +311,8 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         raise OpmapError(f"iterations must be positive (got --iters {iters}, --profile-iters {profile_iters}, "
                          f"--warmup {warmup})")
     dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    check_profile(dev.type, dtype)
+    resolve_precision(hw, dtype)  # a dtype the hardware lacks fails before the capture runs
     step = progress or (lambda _s, _n: None)
     module = workload.module.train(train)
     call = train_step_fn(module, workload.inputs) if train else make_call(module, workload.inputs)

@@ -160,6 +160,7 @@ def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workloa
     path = Path(path_s)
     if not path.is_file():
         raise OpmapError(f"model file {path} does not exist")
+    tdt = parse_dtype(dtype)
     mod_name = f"opmap_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -171,7 +172,6 @@ def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workloa
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise OpmapError(f"{path} has no callable {factory!r}")
-    tdt = parse_dtype(dtype)
     try:
         with torch.device(device):
             result = fn()
@@ -192,8 +192,22 @@ def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workloa
     return Workload(f"{path.name}:{factory}", net, inputs, batch, seq, ["user model: " + target])
 
 
+CAPTURE_DEVICES = ("meta", "cpu", "cuda")
+
+
+def check_device(device: str, accepted: tuple[str, ...] = CAPTURE_DEVICES) -> None:
+    """Refuse a device a workload cannot be built on here (unknown, or CUDA without a CUDA device), before
+    anything is built."""
+    if device not in accepted:
+        raise OpmapError(f"unknown capture device {device!r}; accepted: {', '.join(accepted)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise OpmapError("--device cuda: no CUDA device is available here; accepted: "
+                         + ", ".join(d for d in accepted if d != "cuda"))
+
+
 def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
                   device: str = "meta") -> Workload:
+    check_device(device)
     if target in MODELS:
         return build_zoo(target, batch, seq, dtype, device)
     if ":" in target and target.rpartition(":")[0].endswith(".py"):
