@@ -89,3 +89,19 @@ def test_layer_types_of_gpt2(analysis_of):
     t, dm = 64, 768
     assert lts["mlp"]["matrix_flops"] == 12 * 16 * t * dm * dm
     assert lts["head"]["matrix_flops"] == 2 * t * dm * 50257
+
+
+def test_bad_options_fail_before_the_capture(monkeypatch):
+    from opmap.analyze import analyze
+    from opmap.errors import OpmapError
+    from opmap.hardware import get_hardware
+    from opmap.workloads import build_zoo
+
+    monkeypatch.setattr("opmap.analyze.capture", lambda *a, **k: pytest.fail("captured"))
+    w, hw = build_zoo("gpt2", 1, 8), get_hardware("h100-sxm")
+    with pytest.raises(OpmapError, match="unknown fusion policy 'xla'"):
+        analyze(w, hw, "bf16", fusion="xla")
+    with pytest.raises(OpmapError, match="fusion plan /no/plan.json does not exist"):
+        analyze(w, hw, "bf16", plan_file="/no/plan.json")
+    with pytest.raises(OpmapError, match="unknown dtype 'fp4'"):
+        analyze(w, hw, "fp4")

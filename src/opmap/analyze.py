@@ -10,6 +10,7 @@ import platform
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -243,5 +244,7 @@ def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
 
     if plan_file is None and fusion not in POLICIES:
         raise OpmapError(f"unknown fusion policy {fusion!r}; accepted: {', '.join(POLICIES)}, or --fusion-plan FILE")
+    if plan_file is not None and not Path(plan_file).is_file():
+        raise OpmapError(f"fusion plan {plan_file} does not exist")
     graph = capture(workload.module, workload.inputs, overrides=overrides)
     return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)

@@ -80,3 +80,8 @@ def test_vector_family_rates_are_in_the_rules_units(quick):
     fn, args = _vector_kind_benchmarks(torch.device("cpu"))["pool"]
     # max_pool2d 3x3 stride 2 padding 1 on 4x64x56x56 -> 4x64x28x28; the pool rule: one op per output per tap
     assert _rule_vector_flops(fn, args) == 4 * 64 * 28 * 28 * 9
+
+
+def test_unknown_device_is_one_line_exit_2(capsys):
+    assert main(["calibrate", "--device", "tpu"]) == 2
+    assert "calibrate cannot run on 'tpu'; accepted: cpu, cuda" in capsys.readouterr().err

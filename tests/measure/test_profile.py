@@ -100,6 +100,8 @@ def test_bad_iteration_counts_are_refused():
         run_profile(w, spec_from_dict(_spec_dict(), "t"), "fp32", "cpu", iters=0)
     with pytest.raises(OpmapError, match="accepted: cpu, cuda"):
         run_profile(w, spec_from_dict(_spec_dict(), "t"), "fp32", "meta")
+    with pytest.raises(OpmapError, match="profile runs torch dtypes"):
+        run_profile(w, spec_from_dict(_spec_dict(), "t"), "int8", "cpu")
 
 
 def test_datasheet_matching_of_cuda_names():

@@ -139,3 +139,19 @@ def test_user_file_factory_runs_on_meta(tmp_path):
     bad.write_text("import nonexistent_module_xyz\n")
     with pytest.raises(OpmapError, match="importing .* failed: ModuleNotFoundError"):
         load_user(f"{bad}:make")
+
+
+def test_load_workload_refuses_a_device_before_building(monkeypatch):
+    monkeypatch.setattr("opmap.workloads.zoo.build_zoo", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(OpmapError, match="unknown capture device 'tpu'; accepted: meta, cpu, cuda"):
+        load_workload("gpt2", 1, 8, "fp32", "tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(OpmapError, match="no CUDA device is available here; accepted: meta, cpu"):
+            load_workload("gpt2", 1, 8, "fp32", "cuda")
+
+
+def test_load_user_checks_the_dtype_before_running_the_file(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("raise RuntimeError('imported')\n")
+    with pytest.raises(OpmapError, match="unknown dtype 'fp64'"):
+        load_user(f"{f}:make", dtype="fp64")

@@ -225,11 +225,11 @@ def _vector(b: _Bench) -> None:
 
 def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
     """Run every microbenchmark on ``device``. ``quick`` shrinks the grid (tests, smoke runs)."""
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise OpmapError(f"calibrate cannot run on {device!r}; accepted: cpu, cuda")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OpmapError("calibrate --device cuda: no CUDA device here; accepted: cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise OpmapError(f"calibrate cannot run on {device!r}; accepted: cpu, cuda")
     cal = Calibration(str(dev), fingerprint(dev))
     b = _Bench(cal, dev, quick, progress or (lambda _msg: None))
     shapes = grid(quick)

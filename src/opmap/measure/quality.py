@@ -145,10 +145,15 @@ def _cast(x, dt):
     return x
 
 
-def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0) -> Quality:
-    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare."""
+def check_dtype(dtype: str) -> None:
+    """Refuse a dtype quality cannot compare with fp32 (checked before the model is built)."""
     if dtype not in QUALITY_DTYPES:
         raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(QUALITY_DTYPES)} (got {dtype!r})")
+
+
+def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0) -> Quality:
+    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare."""
+    check_dtype(dtype)
     ref_model = module.float().eval()
     x = random_inputs(ref_model, _cast(inputs, torch.float32), seed)
     with torch.no_grad():

@@ -23,6 +23,7 @@ from opmap.calibrate import calibration_check, device_name
 from opmap.capture import capture
 from opmap.capture.training import sgd_step, training_loss
 from opmap.errors import OpmapError
+from opmap.precision import RUNNABLE, resolve_precision
 from opmap.hardware.match import match_datasheet
 from opmap.hardware.spec import HardwareSpec, get_hardware
 from opmap.measure.attribute import attribute
@@ -30,9 +31,21 @@ from opmap.measure.energy import measure_energy
 from opmap.measure.profile import Profile
 from opmap.measure.runner import make_call, profile_iterations
 from opmap.timing import LatencyStats, time_iterations
-from opmap.workloads.zoo import Workload
+from opmap.workloads.zoo import Workload, check_device
 
 TAGS_VERSION = 1
+PROFILE_DTYPES = RUNNABLE  # torch dtypes a real run executes in
+
+
+def check_profile(device: str, dtype: str) -> None:
+    """What a profile can run, checked before anything is calibrated, built or captured: a real device that
+    is present here (cpu, cuda) and a torch dtype."""
+    if device not in ("cpu", "cuda"):
+        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    if dtype not in PROFILE_DTYPES:
+        raise OpmapError(f"profile runs torch dtypes; accepted: {', '.join(PROFILE_DTYPES)} (got {dtype!r}; "
+                         "quantized formats: opmap analyze for the prediction, opmap quality for the error)")
+    check_device(device, ("cpu", "cuda"))
 
 
 def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
@@ -83,8 +96,8 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         raise OpmapError(f"iterations must be positive (got --iters {iters}, --profile-iters {profile_iters}, "
                          f"--warmup {warmup})")
     dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise OpmapError(f"profile runs on a real device; accepted: cpu, cuda (got {device!r})")
+    check_profile(dev.type, dtype)
+    resolve_precision(hw, dtype)  # a dtype the hardware lacks fails before the capture runs
     step = progress or (lambda _s, _n: None)
     module = workload.module.train(train)
     call = train_step_fn(module, workload.inputs) if train else make_call(module, workload.inputs)

@@ -23,6 +23,7 @@ def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workloa
     path = Path(path_s)
     if not path.is_file():
         raise OpmapError(f"model file {path} does not exist")
+    tdt = parse_dtype(dtype)  # a bad dtype fails before the user's file is imported
     mod_name = f"opmap_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -34,7 +35,6 @@ def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workloa
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise OpmapError(f"{path} has no callable {factory!r}")
-    tdt = parse_dtype(dtype)
     try:
         with torch.device(device):
             result = fn()

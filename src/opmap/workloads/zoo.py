@@ -94,6 +94,19 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 )}
 
 
+CAPTURE_DEVICES = ("meta", "cpu", "cuda")
+
+
+def check_device(device: str, accepted: tuple[str, ...] = CAPTURE_DEVICES) -> None:
+    """Refuse a device a workload cannot be built on here (unknown, or CUDA without a CUDA device), before
+    anything is built."""
+    if device not in accepted:
+        raise OpmapError(f"unknown capture device {device!r}; accepted: {', '.join(accepted)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise OpmapError("--device cuda: no CUDA device is available here; accepted: "
+                         + ", ".join(d for d in accepted if d != "cuda"))
+
+
 def parse_dtype(dtype: str) -> torch.dtype:
     """The torch dtype to build in for an opmap format (quantized formats build in bf16: precision.POLICY)."""
     return torch_dtype(dtype)

@@ -1,0 +1,64 @@
+"""The opmap command line: one module per command group, each parsing its options, calling the library and
+rendering the result (``analyze``, ``quality``, ``profile``, ``calibrate``; ``catalog``: models and hardware
+listings). Shared helpers live in ``common``.
+
+Bad input ends with one line on stderr naming the problem and what is accepted, and exit status 2. The
+library checks its own input, before its expensive work; the commands do not repeat those checks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from opmap.cli import analyze as _analyze
+from opmap.cli import calibrate as _calibrate
+from opmap.cli import catalog as _catalog
+from opmap.cli import profile as _profile
+from opmap.cli import quality as _quality
+from opmap.cli.common import console
+from opmap.errors import OpmapError
+
+__all__ = ["app", "console", "main"]
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Map a neural-network workload onto hardware: operators, costs, predicted time.")
+app.add_typer(_catalog.models_app, name="models")
+app.add_typer(_catalog.hardware_app, name="hardware")
+app.command("analyze")(_analyze.analyze)
+app.command("quality")(_quality.quality)
+app.command("profile")(_profile.profile)
+app.command("calibrate")(_calibrate.calibrate)
+
+
+def _usage_error(e: Exception) -> bool:
+    """A click/typer usage error (typer vendors click from 0.20 on, so match by shape, not by class)."""
+    return callable(getattr(e, "format_message", None)) and getattr(e, "exit_code", None) == 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    err = Console(stderr=True)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=args, prog_name="opmap", standalone_mode=False)
+    except OpmapError as e:
+        err.print(f"opmap: error: {e}", highlight=False, soft_wrap=True, markup=False)
+        return 2
+    except Exception as e:
+        kind = type(e).__name__
+        if kind == "NoArgsIsHelpError":  # a group called bare: show its help, as click does
+            return main([*args, "--help"])
+        if kind == "Exit":
+            return int(getattr(e, "exit_code", 0))
+        if kind == "Abort":
+            err.print("opmap: aborted")
+            return 130
+        if _usage_error(e):
+            ctx = getattr(e, "ctx", None)
+            where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            err.print(f"opmap: error: {e.format_message()}{where}", highlight=False, soft_wrap=True, markup=False)
+            return 2
+        raise
+    return 0

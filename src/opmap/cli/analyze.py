@@ -1,0 +1,68 @@
+"""``opmap analyze``: capture a model, cost and map it, predict its time on a catalog device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from opmap.cli.common import build_workload, console, print_wrote
+from opmap.errors import OpmapError
+
+
+def analyze(
+    model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    batch: int = typer.Option(1, help="Batch size."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
+    image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
+    dtype: str = typer.Option("bf16", help="Precision: fp32, tf32, bf16, fp16, fp8, int8, int4 (weight-only)."),
+    out: Optional[Path] = typer.Option(None, help="Write sheet.csv, kernels.csv, sheet.md and analysis.json here."),
+    device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
+    layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
+    rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
+    fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
+    fusion_plan: Optional[Path] = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
+    quality: Optional[Path] = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
+    layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
+) -> None:
+    """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
+    from opmap.analyze import analyze as run_analyze
+    from opmap.capture import parse_overrides
+    from opmap.hardware import get_hardware
+    from opmap.report.sheet import print_report, write_outputs
+    from opmap.workloads import with_layout
+
+    # Checked in this order, each before the work it guards: the hardware name and the overrides here; the
+    # device, model, shape and dtype by the loader before it builds; the dtype on this hardware, the fusion
+    # policy and the plan file by opmap.analyze.analyze before it captures.
+    hw = get_hardware(hardware)
+    overrides = parse_overrides(layer_type)
+    w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
+    evidence = _evidence(quality, w.name, dtype)
+    with console.status(f"capturing {w.name} and predicting on {hw.name}"):
+        a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+    print_report(a, console, rows)
+    if out is not None:
+        print_wrote(write_outputs(a, out))
+
+
+def _evidence(path: Optional[Path], workload: str, dtype: str) -> str:
+    """The precision evidence line of the assumptions: verified by a matching quality.json, or unverified."""
+    import json
+
+    if dtype in ("fp32", "tf32"):
+        return "reference precision (fp32 storage)"
+    if path is None:
+        return (f"unverified: no quality evidence for {dtype} (run `opmap quality {workload} --dtype {dtype} "
+                "--out DIR`, then pass --quality DIR/quality.json)")
+    try:
+        q = json.loads(Path(path).read_text())
+        got = (q["workload"], q["dtype"], q["rel_error"], q["agreement"], q["agreement_kind"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OpmapError(f"cannot read quality file {path}: expected quality.json from opmap quality "
+                         f"({type(e).__name__})") from None
+    if got[0] != workload or got[1] != dtype:
+        raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")
+    return f"verified by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"

@@ -1,0 +1,104 @@
+"""``opmap calibrate``: measure this device and write the profile that ``--hardware local`` reads.
+
+``run_calibration`` is the whole run (measure with a progress bar, write, show); ``opmap profile`` calls it
+too when --hardware local has no profile yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from opmap.cli.common import console
+
+
+def calibrate(
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    quick: bool = typer.Option(False, help="A small grid (seconds): a smoke test, not a profile to trust."),
+    out: Optional[Path] = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
+    datasheet: Optional[str] = typer.Option(None, help="Catalog entry to compare with (CUDA: matched by device "
+                                                       "name)."),
+) -> None:
+    """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
+    run_calibration(device, quick, out, datasheet)
+
+
+def run_calibration(device: str, quick: bool = False, out: Optional[Path] = None,
+                    datasheet: Optional[str] = None) -> Path:
+    """Calibrate ``device``, write the profile (``out``, default the cache), show the measured rates and,
+    where a datasheet is named or matched, measured over datasheet. Returns the profile's path."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opmap.hardware import get_hardware
+    from opmap.calibrate import MAX_CALL_S, steps, write_profile
+    from opmap.calibrate import calibrate as measure
+
+    ds = get_hardware(datasheet) if datasheet else None  # a bad name fails before the measuring, not after
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("calibrating", total=steps(quick))
+        cal = measure(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg))
+    path = write_profile(cal, out)
+    console.print(_measured_table(cal))
+    if ds is None and cal.device.startswith("cuda"):
+        from opmap.hardware.match import match_datasheet
+
+        match = match_datasheet(str(cal.fingerprint["model"]))
+        ds = get_hardware(match) if match else None
+    if ds is not None:
+        console.print(_datasheet_table(cal, ds))
+    if cal.skipped:
+        console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s): "
+                      + "; ".join(cal.skipped[:3]) + (" ..." if len(cal.skipped) > 3 else ""))
+    console.print(f"wrote {path}; use it with --hardware local")
+    return path
+
+
+def _measured_table(cal) -> Table:
+    """Every measured rate with its shape, median and spread."""
+    from opmap.report.sheet import si
+
+    t = Table(title=f"measured on {cal.fingerprint['model']} ({cal.fingerprint['threads']} threads)")
+    for col in ("what", "shape / size", "median", "spread (min-max)"):
+        t.add_column(col)
+    for r in cal.matmul:
+        lo, hi = 2.0 * r["m"] * r["n"] * r["k"] / r["max_s"], 2.0 * r["m"] * r["n"] * r["k"] / r["min_s"]
+        t.add_row(f"matmul {r['dtype']}", f"{r['m']}x{r['n']}x{r['k']}", si(r["flops_per_s"], "FLOP/s"),
+                  f"{si(lo, 'FLOP/s')} - {si(hi, 'FLOP/s')}")
+    for r in cal.conv:
+        t.add_row(f"conv {r['dtype']}", f"b{r['batch']} {r['cin']}->{r['cout']} {r['side']}px k{r['kernel']}",
+                  si(r["flops_per_s"], "FLOP/s"), "")
+    for r in cal.attention:
+        t.add_row(f"attention {r['dtype']}", f"{r['bh']}x{r['sq']}x{r['d']}{' causal' if r['causal'] else ''}",
+                  si(r["flops_per_s"], "FLOP/s"), "")
+    for r in cal.bandwidth:
+        t.add_row(f"{r['kind']} bandwidth", si(r["bytes"], "B"), si(r["bytes_per_s"], "B/s"), "")
+    lo = cal.launch_overhead
+    t.add_row("dispatch overhead", "1 element", si(lo.median_s, "s"),
+              f"{si(lo.spread()['min_s'], 's')} - {si(lo.spread()['max_s'], 's')}")
+    t.add_row("view overhead", "view of 64x64", si(cal.view_overhead_s, "s"), "")
+    for dt, r in cal.vector.items():
+        t.add_row(f"vector {dt}", "addcmul, 128k elements", si(r, "FLOP/s"), "")
+    t.add_row("transcendental fp32", "exp, tanh, erf, 128k elements", si(cal.transcendental_per_s, "/s"), "")
+    return t
+
+
+def _datasheet_table(cal, ds) -> Table:
+    """Measured over datasheet, per matrix dtype and for the memory bandwidth."""
+    from opmap.report.sheet import si
+
+    t = Table(title=f"measured over datasheet ({ds.name}: {ds.display_name})")
+    for col in ("what", "measured", "datasheet", "measured / datasheet"):
+        t.add_column(col)
+    for dt in ("fp32", "tf32", "bf16", "fp16"):
+        best, v = cal.peak(dt), ds.matrix_peak_flops_per_s.get(dt)
+        if best and v is not None and v.value:
+            t.add_row(f"matrix {dt} ({v.kind})", si(best["flops_per_s"], "FLOP/s"), si(v.value, "FLOP/s"),
+                      f"{best['flops_per_s'] / v.value:.2f}")
+    bw = cal.copy_bandwidth()["bytes_per_s"]
+    t.add_row("memory bandwidth (copy, largest size)", si(bw, "B/s"), si(ds.memory_bandwidth_bytes_per_s, "B/s"),
+              f"{bw / ds.memory_bandwidth_bytes_per_s:.2f}")
+    return t

@@ -1,0 +1,81 @@
+"""``opmap models list``, ``opmap hardware list``, ``opmap hardware show``: the zoo and the hardware catalog."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from opmap.cli.common import console
+
+models_app = typer.Typer(help="The built-in model zoo.", no_args_is_help=True)
+hardware_app = typer.Typer(help="The hardware catalog.", no_args_is_help=True)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The zoo: names, published parameter counts and shape knobs."""
+    from opmap.workloads import MODELS
+
+    t = Table(title="opmap model zoo (random weights; parameter counts match the published figures)")
+    for col in ("name", "description", "params", "knob", "default", "max", "source"):
+        t.add_column(col, overflow="fold")
+    for m in MODELS.values():
+        t.add_row(m.name, m.description, f"{m.published_params:,}", "seq" if m.kind == "text" else "image-size",
+                  str(m.default_seq), str(m.max_seq), m.params_source)
+    console.print(t)
+
+
+@hardware_app.command("list")
+def hardware_list() -> None:
+    """Every catalog device with its headline dense peaks and bandwidth."""
+    from opmap.hardware import catalog
+
+    t = Table(title="opmap hardware catalog (dense peaks)")
+    for col in ("name", "device", "bf16", "fp8", "fp32", "memory", "bandwidth", "TDP"):
+        t.add_column(col, justify="left" if col in ("name", "device") else "right")
+    for h in catalog().values():
+        t.add_row(*_catalog_row(h))
+    console.print(t)
+
+
+def _catalog_row(h) -> list[str]:
+    from opmap.report.sheet import si
+
+    def peak(d):
+        v = h.matrix_peak_flops_per_s.get(d)
+        return si(v.value, "FLOP/s") if v and v.value else "-"
+
+    tdp = h.tdp_w
+    return [h.name, h.display_name, peak("bf16"), peak("fp8"), peak("fp32"), si(h.memory_bytes, "B"),
+            si(h.memory_bandwidth_bytes_per_s, "B/s"), f"{tdp:.0f} W" if tdp else "-"]
+
+
+@hardware_app.command("show")
+def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml file.")) -> None:
+    """Every value of one device with its kind and source."""
+    from opmap.hardware import get_hardware
+
+    h = get_hardware(name)
+    console.print(_spec_table(h))
+    if h.notes:
+        console.print(h.notes)
+
+
+def _spec_table(h) -> Table:
+    """Every peak and scalar field of ``h`` with its value, kind and source."""
+    from opmap.hardware.spec import SCALAR_FIELDS
+    from opmap.report.sheet import si
+
+    t = Table(title=f"{h.name}: {h.display_name} ({h.vendor}, {h.device_type})")
+    for col in ("field", "value", "kind", "source"):
+        t.add_column(col, overflow="fold")
+    for label, peaks in (("matrix", h.matrix_peak_flops_per_s), ("sparse matrix", h.sparse_matrix_peak_flops_per_s),
+                         ("vector", h.vector_peak_flops_per_s)):
+        for d, v in peaks.items():
+            t.add_row(f"{label} peak {d}", si(v.value, "FLOP/s") if v.value else "-", v.kind, v.source)
+    for key, unit in SCALAR_FIELDS.items():
+        v = h.fields.get(key)
+        if v is not None:
+            val = "-" if v.value is None else (f"{v.value:g}" if unit in ("", "x") else si(v.value, unit))
+            t.add_row(key, val, v.kind, v.source + (f" ({v.note})" if v.note else ""))
+    return t

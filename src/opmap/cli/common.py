@@ -1,0 +1,55 @@
+"""What the commands share: the console, building a workload from the shape options, the "wrote" line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+from rich.console import Console
+
+from opmap.errors import OpmapError
+
+# Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
+console = Console(width=None if sys.stdout.isatty() else 180)
+
+
+def build_workload(model: str, batch: int, seq: Optional[int], image_size: Optional[int], dtype: str,
+                   device: str):
+    """Build MODEL from the shape options: --seq for text models, --image-size for vision ones (one knob
+    in the library). A real-tensor build is refused first if the weights cannot fit. The loader checks the
+    rest (model, shape, dtype, device) before it builds anything."""
+    from opmap.workloads import MODELS, load_workload
+
+    spec = MODELS.get(model)
+    if spec is not None and spec.kind == "vision" and seq is not None:
+        raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")
+    if spec is not None and spec.kind == "text" and image_size is not None:
+        raise OpmapError(f"{model} is a text model: it takes --seq, not --image-size")
+    if spec is not None and device != "meta":
+        check_memory(spec.published_params, dtype, device)
+    with console.status(f"building {model} on {device}"):
+        return load_workload(model, batch, seq if seq is not None else image_size, dtype, device)
+
+
+def check_memory(params: int, dtype: str, device: str) -> None:
+    """Refuse a real-tensor build that cannot fit, before allocating anything. Only a device that can be
+    asked is checked (cpu, an available cuda); the loader refuses the others."""
+    import os
+
+    need = params * (4 if dtype in ("fp32", "tf32") else 2)
+    if device == "cpu":
+        have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:
+        import torch
+
+        if device != "cuda" or not torch.cuda.is_available():
+            return
+        have = torch.cuda.mem_get_info()[0]
+    if need > 0.8 * have:
+        raise OpmapError(f"the weights need {need / 1e9:.1f} GB on {device}, {have / 1e9:.1f} GB is free; "
+                         "use --device meta (no weights allocated)")
+
+
+def print_wrote(paths: Iterable[Path]) -> None:
+    console.print("wrote " + ", ".join(str(p) for p in paths))

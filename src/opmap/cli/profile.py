@@ -1,0 +1,66 @@
+"""``opmap profile``: run a model for real, attribute the measured time to its nodes, join the prediction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from opmap.cli.common import build_workload, console, print_wrote
+
+
+def profile(
+    model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
+    device: str = typer.Option("cpu", help="Where it runs: cpu or cuda."),
+    hardware: str = typer.Option("local", "--hardware", "-H",
+                                 help="Profile the prediction uses: local (calibrated; made on first use), "
+                                      "local-cuda, a catalog name or a .toml file."),
+    datasheet: Optional[str] = typer.Option(None, help="Catalog entry for the datasheet MFU (CUDA: matched "
+                                                       "by device name)."),
+    batch: int = typer.Option(1, help="Batch size."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
+    image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
+    dtype: str = typer.Option("fp32", help="Precision: fp32, tf32, bf16, fp16."),
+    warmup: int = typer.Option(3, help="Untimed iterations first."),
+    iters: int = typer.Option(20, help="Timed iterations (the latency distribution)."),
+    profile_iters: int = typer.Option(5, help="Iterations under torch.profiler (the attribution)."),
+    out: Optional[Path] = typer.Option(None, help="Write profile.json, sheet.csv, sheet.md, trace.json, "
+                                                  "torch_trace.json here."),
+    layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
+    rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
+    train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
+) -> None:
+    """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opmap.capture import parse_overrides
+    from opmap.cli.calibrate import run_calibration
+    from opmap.hardware import get_hardware
+    from opmap.hardware.local import cache_path
+    from opmap.measure import run_profile
+    from opmap.measure.run import check_profile
+    from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
+
+    # The device and dtype (run_profile's own check) and a named datasheet fail before a first-use
+    # calibration or the build; the loader checks model and shape before it builds.
+    check_profile(device, dtype)
+    ds = get_hardware(datasheet) if datasheet else None
+    if hardware == "local" and device == "cuda":
+        hardware = "local-cuda"
+    if hardware in ("local", "local-cuda") and not cache_path(device).exists():
+        console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
+        run_calibration(device)
+    hw = get_hardware(hardware)
+    overrides = parse_overrides(layer_type)
+    w = build_workload(model, batch, seq, image_size, dtype, device)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("starting", total=warmup + iters + profile_iters)
+        p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
+                        overrides=overrides, datasheet=ds, train=train,
+                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+    d = p.to_dict()
+    print_profile_report(p, console, rows, d)
+    if out is not None:
+        print_wrote(write_profile_outputs(p, out, d))

@@ -1,0 +1,49 @@
+"""``opmap quality``: the output error of a reduced precision against fp32 on the same inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from opmap.cli.common import build_workload, console, print_wrote
+
+
+def quality(
+    model: str = typer.Argument(..., help="A zoo name or path/to/file.py:factory."),
+    dtype: str = typer.Option(..., help="Reduced precision: bf16, fp16, fp8, int8, int4."),
+    batch: Optional[int] = typer.Option(None, help="Batch size (default: 8 images, 2 sequences)."),
+    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default 64)."),
+    image_size: Optional[int] = typer.Option(None, help="Image side for vision models."),
+    seed: int = typer.Option(0, help="Seed of the random inputs."),
+    out: Optional[Path] = typer.Option(None, help="Write quality.json here."),
+) -> None:
+    """Run MODEL in a reduced precision against fp32 on the same inputs; report the output error."""
+    import json
+
+    from opmap.measure.quality import check_dtype, measure_quality
+    from opmap.report.sheet import write_set
+    from opmap.workloads import MODELS
+
+    check_dtype(dtype)  # before the fp32 build on the CPU, the expensive part
+    spec = MODELS.get(model)
+    if spec is not None and spec.kind == "text" and seq is None:
+        seq = 64
+    if batch is None:
+        batch = 2 if spec is None or spec.kind == "text" else 8
+    w = build_workload(model, batch, seq, image_size, "fp32", "cpu")
+    with console.status(f"running {w.name} in fp32 and in {dtype}"):
+        q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed)
+    console.print(_quality_table(q, w.name, dtype, seed))
+    if out is not None:
+        print_wrote(write_set(out, {"quality.json": json.dumps(q.to_dict(), indent=1) + "\n"}))
+
+
+def _quality_table(q, workload: str, dtype: str, seed: int) -> Table:
+    t = Table(title=f"{workload}: {dtype} against fp32 on the same inputs (seed {seed})", title_justify="left")
+    for col in ("relative error", "max abs error", q.agreement_kind, "positions", "method"):
+        t.add_column(col, overflow="fold")
+    t.add_row(f"{q.rel_error:.3g}", f"{q.max_abs_error:.3g}", f"{q.agreement:.1%}", str(q.positions), q.method)
+    return t

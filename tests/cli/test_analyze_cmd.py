@@ -1,0 +1,117 @@
+"""opmap analyze: outputs written, bad input answered in one line with exit status 2, before the work."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+
+def test_analyze_writes_three_files(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--hardware", "h100-sxm", "--seq", "64", "--dtype", "bf16",
+                       "--out", tmp_path)
+    assert rc == 0, err
+    assert {p.name for p in tmp_path.iterdir()} == {"analysis.json", "sheet.csv", "sheet.md", "kernels.csv"}
+    krows = list(csv.DictReader((tmp_path / "kernels.csv").open()))
+    assert len(krows) == json.loads((tmp_path / "analysis.json").read_text())["fusion"]["kernels"]
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    rows = list(csv.DictReader((tmp_path / "sheet.csv").open()))
+    assert len(rows) == len(d["nodes"]) == d["totals"]["nodes"]
+    assert d["assumptions"]["hardware"] == "h100-sxm" and d["assumptions"]["seq"] == 64
+    md = (tmp_path / "sheet.md").read_text()
+    assert md.startswith("# opmap analysis: gpt2 on h100-sxm") and "## Assumptions" in md
+    assert "Kernels (eager)" in out and "Operators" in out and "predicted MFU" in out and "Layer types" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("gpt3",), "unknown model 'gpt3'; accepted: gpt2"),
+    (("gpt2", "--hardware", "h1000"), "unknown hardware 'h1000'; accepted:"),
+    (("gpt2", "--dtype", "fp4"), "unknown dtype 'fp4'; accepted: fp32, tf32, bf16, fp16, fp8, int8, int4"),
+    (("gpt2", "--seq", "4096"), "gpt2 takes --seq from 1 to 1024"),
+    (("resnet50", "--seq", "128"), "takes --image-size, not --seq"),
+    (("gpt2", "--image-size", "128"), "takes --seq, not --image-size"),
+    (("gpt2", "--device", "tpu"), "unknown capture device 'tpu'; accepted: meta, cpu, cuda"),
+    (("gpt2", "--layer-type", "h.*=blob"), "PATTERN=TYPE"),
+    (("gpt2", "--batch", "many"), "--batch"),
+    (("llama-3-70b", "--device", "cpu"), "use --device meta"),
+    (("gpt2", "--fusion", "xla"), "unknown fusion policy 'xla'; accepted: eager, compiler"),
+    (("gpt2", "--fusion-plan", "/no/such/plan.json"), "fusion plan /no/such/plan.json does not exist"),
+    (("resnet50", "--layout", "nhwc8"), "unknown layout 'nhwc8'; accepted: nchw, channels_last"),
+    (("gpt2", "--quality", "/no/such/quality.json", "--dtype", "int8"), "cannot read quality file"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, refused, args, needle):
+    out_dir = tmp_path / "out"
+    refused("analyze", *args, "--out", out_dir, needle=needle)
+    assert not out_dir.exists()  # nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_device(refused):
+    refused("analyze", "gpt2", "--device", "cuda", needle="no CUDA device is available here; accepted: meta, cpu")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--fusion", "xla"), "unknown fusion policy"),
+    (("--fusion", "xla", "--device", "cpu"), "unknown fusion policy"),
+    (("--fusion-plan", "/no/such/plan.json"), "does not exist"),
+    (("--dtype", "int8", "--quality", "/no/such/quality.json"), "cannot read quality file"),
+])
+def test_bad_options_fail_before_the_capture(refused, fail_if_called, args, needle):
+    fail_if_called("opmap.analyze.capture")
+    refused("analyze", "gpt2", "--seq", "8", *args, needle=needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("gpt2", "--hardware", "h1000"), "unknown hardware"),
+    (("gpt2", "--layer-type", "x=blob"), "PATTERN=TYPE"),
+    (("resnet50", "--seq", "64"), "takes --image-size"),
+    (("llama-3-70b", "--device", "cpu"), "use --device meta"),
+])
+def test_bad_options_fail_before_the_build(refused, fail_if_called, args, needle):
+    fail_if_called("opmap.workloads.load_workload")
+    refused("analyze", *args, needle=needle)
+
+
+def test_failed_run_keeps_earlier_outputs(tmp_path, cli):
+    assert cli("analyze", "bert-base", "--seq", "16", "--out", tmp_path)[0] == 0
+    before = (tmp_path / "analysis.json").read_text()
+    rc, _, _ = cli("analyze", "bert-base", "--seq", "9999", "--out", tmp_path)
+    assert rc == 2 and (tmp_path / "analysis.json").read_text() == before
+
+
+def test_unwritable_out_is_one_line(tmp_path, cli):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc, _, err = cli("analyze", "gpt2", "--seq", "8", "--out", blocker / "sub")
+    assert rc == 2 and "cannot create output folder" in err
+    assert blocker.read_text() == "x"
+
+
+def test_user_model_file(tmp_path, cli):
+    f = tmp_path / "net.py"
+    f.write_text("import torch\n"
+                 "def build():\n"
+                 "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())\n"
+                 "    return m, torch.randn(2, 3, 16, 16)\n")
+    rc, _, err = cli("analyze", f"{f}:build", "--hardware", "l4", "--dtype", "fp16", "--out", tmp_path / "o")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "o" / "analysis.json").read_text())
+    conv = [n for n in d["nodes"] if n["layer_type"] == "conv"]
+    assert conv and conv[0]["matrix_flops"] == 2 * 2 * 8 * 14 * 14 * 3 * 9
+
+
+def test_user_model_bad_dtype_fails_before_its_file_runs(tmp_path, refused):
+    f = tmp_path / "net.py"
+    f.write_text("raise SystemExit('imported')\n")
+    refused("analyze", f"{f}:build", "--dtype", "fp4", needle="unknown dtype 'fp4'")
+
+
+def test_layout_and_fusion_reach_the_analysis(tmp_path, cli):
+    rc, _, err = cli("analyze", "resnet50", "--image-size", "64", "--layout", "channels_last", "--fusion", "compiler",
+                     "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    assert d["assumptions"]["fusion_policy"].startswith("compiler")
+    assert any("channels_last" in n for n in d["assumptions"]["workload_notes"])

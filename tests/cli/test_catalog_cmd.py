@@ -1,0 +1,16 @@
+"""opmap models list, hardware list, hardware show."""
+
+from __future__ import annotations
+
+
+def test_models_and_hardware_listings(cli):
+    rc, out, _ = cli("models", "list")
+    assert rc == 0 and "124,439,808" in out and "mixtral-8x7b" in out
+    rc, out, _ = cli("hardware", "list")
+    assert rc == 0 and "h100-sxm" in out and "tpu-v5p" in out
+    rc, out, _ = cli("hardware", "show", "h100-sxm")
+    assert rc == 0 and "datasheet_dense" in out and "memory_bandwidth_bytes_per_s" in out
+
+
+def test_unknown_hardware(refused):
+    refused("hardware", "show", "h1000", needle="unknown hardware 'h1000'; accepted:")

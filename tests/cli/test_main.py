@@ -1,0 +1,30 @@
+"""The entry point: registration of the command groups, usage errors, ``python -m opmap.cli``, lazy imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_bare_calls_show_help(cli):
+    rc, out, _ = cli()
+    assert rc == 0 and all(c in out for c in ("analyze", "quality", "profile", "calibrate", "models", "hardware"))
+    rc, out, _ = cli("hardware")
+    assert rc == 0 and "list" in out and "show" in out
+
+
+def test_usage_errors_are_one_line_exit_2(refused):
+    refused("analyze", needle="Missing argument 'model'. (see: opmap analyze --help)")
+    refused("analyze", "gpt2", "--bogus", needle="No such option: --bogus")
+    refused("nope", needle="No such command")
+
+
+def test_python_dash_m_and_no_heavy_imports_for_help():
+    code = ("import sys, runpy; sys.argv = ['opmap', '--help']\n"
+            "try:\n    runpy.run_module('opmap.cli', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "heavy = [m for m in ('torch', 'opmap.analyze', 'opmap.measure') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "Usage: opmap" in r.stdout and "calibrate" in r.stdout
