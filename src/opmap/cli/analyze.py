@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,16 +14,16 @@ def analyze(
     model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
     hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
     batch: int = typer.Option(1, help="Batch size."),
-    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
-    image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
+    seq: int | None = typer.Option(None, help="Sequence length for text models (default: the model's)."),
+    image_size: int | None = typer.Option(None, help="Image side in pixels for vision models."),
     dtype: str = typer.Option("bf16", help="Precision: fp32, tf32, bf16, fp16, fp8, int8, int4 (weight-only)."),
-    out: Optional[Path] = typer.Option(None, help="Write sheet.csv, kernels.csv, sheet.md and analysis.json here."),
+    out: Path | None = typer.Option(None, help="Write sheet.csv, kernels.csv, sheet.md and analysis.json here."),
     device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
-    layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
+    layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
     fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
-    fusion_plan: Optional[Path] = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
-    quality: Optional[Path] = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
+    fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
+    quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
     layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
@@ -48,7 +47,7 @@ def analyze(
         print_wrote(write_outputs(a, out))
 
 
-def _evidence(path: Optional[Path], workload: str, dtype: str) -> str:
+def _evidence(path: Path | None, workload: str, dtype: str) -> str:
     """The precision evidence line of the assumptions: verified by a matching quality.json, or unverified."""
     import json
 

@@ -7,7 +7,6 @@ too when --hardware local has no profile yet.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -18,23 +17,23 @@ from opmap.cli.common import console
 def calibrate(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     quick: bool = typer.Option(False, help="A small grid (seconds): a smoke test, not a profile to trust."),
-    out: Optional[Path] = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
-    datasheet: Optional[str] = typer.Option(None, help="Catalog entry to compare with (CUDA: matched by device "
+    out: Path | None = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
+    datasheet: str | None = typer.Option(None, help="Catalog entry to compare with (CUDA: matched by device "
                                                        "name)."),
 ) -> None:
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
     run_calibration(device, quick, out, datasheet)
 
 
-def run_calibration(device: str, quick: bool = False, out: Optional[Path] = None,
-                    datasheet: Optional[str] = None) -> Path:
+def run_calibration(device: str, quick: bool = False, out: Path | None = None,
+                    datasheet: str | None = None) -> Path:
     """Calibrate ``device``, write the profile (``out``, default the cache), show the measured rates and,
     where a datasheet is named or matched, measured over datasheet. Returns the profile's path."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from opmap.hardware import get_hardware
     from opmap.calibrate import MAX_CALL_S, steps, write_profile
     from opmap.calibrate import calibrate as measure
+    from opmap.hardware import get_hardware
 
     ds = get_hardware(datasheet) if datasheet else None  # a bad name fails before the measuring, not after
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from rich.console import Console
 
@@ -14,7 +14,7 @@ from opmap.errors import OpmapError
 console = Console(width=None if sys.stdout.isatty() else 180)
 
 
-def build_workload(model: str, batch: int, seq: Optional[int], image_size: Optional[int], dtype: str,
+def build_workload(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str,
                    device: str):
     """Build MODEL from the shape options: --seq for text models, --image-size for vision ones (one knob
     in the library). A real-tensor build is refused first if the weights cannot fit. The loader checks the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -16,18 +15,18 @@ def profile(
     hardware: str = typer.Option("local", "--hardware", "-H",
                                  help="Profile the prediction uses: local (calibrated; made on first use), "
                                       "local-cuda, a catalog name or a .toml file."),
-    datasheet: Optional[str] = typer.Option(None, help="Catalog entry for the datasheet MFU (CUDA: matched "
+    datasheet: str | None = typer.Option(None, help="Catalog entry for the datasheet MFU (CUDA: matched "
                                                        "by device name)."),
     batch: int = typer.Option(1, help="Batch size."),
-    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default: the model's)."),
-    image_size: Optional[int] = typer.Option(None, help="Image side in pixels for vision models."),
+    seq: int | None = typer.Option(None, help="Sequence length for text models (default: the model's)."),
+    image_size: int | None = typer.Option(None, help="Image side in pixels for vision models."),
     dtype: str = typer.Option("fp32", help="Precision: fp32, tf32, bf16, fp16."),
     warmup: int = typer.Option(3, help="Untimed iterations first."),
     iters: int = typer.Option(20, help="Timed iterations (the latency distribution)."),
     profile_iters: int = typer.Option(5, help="Iterations under torch.profiler (the attribution)."),
-    out: Optional[Path] = typer.Option(None, help="Write profile.json, sheet.csv, sheet.md, trace.json, "
+    out: Path | None = typer.Option(None, help="Write profile.json, sheet.csv, sheet.md, trace.json, "
                                                   "torch_trace.json here."),
-    layer_type: List[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
+    layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
     train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
 ) -> None:

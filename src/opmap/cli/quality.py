@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -14,11 +13,11 @@ from opmap.cli.common import build_workload, console, print_wrote
 def quality(
     model: str = typer.Argument(..., help="A zoo name or path/to/file.py:factory."),
     dtype: str = typer.Option(..., help="Reduced precision: bf16, fp16, fp8, int8, int4."),
-    batch: Optional[int] = typer.Option(None, help="Batch size (default: 8 images, 2 sequences)."),
-    seq: Optional[int] = typer.Option(None, help="Sequence length for text models (default 64)."),
-    image_size: Optional[int] = typer.Option(None, help="Image side for vision models."),
+    batch: int | None = typer.Option(None, help="Batch size (default: 8 images, 2 sequences)."),
+    seq: int | None = typer.Option(None, help="Sequence length for text models (default 64)."),
+    image_size: int | None = typer.Option(None, help="Image side for vision models."),
     seed: int = typer.Option(0, help="Seed of the random inputs."),
-    out: Optional[Path] = typer.Option(None, help="Write quality.json here."),
+    out: Path | None = typer.Option(None, help="Write quality.json here."),
 ) -> None:
     """Run MODEL in a reduced precision against fp32 on the same inputs; report the output error."""
     import json

@@ -7,7 +7,8 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
 - ``matrix_rate(problem, dtype)``: per family (``gemm``: x @ W.T; ``gemm_ta``: the left operand a
   transposed view, as in MLP-Mixer's token mixing; ``conv``; ``conv_bwd``: convolution_backward;
   ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes in log2 (m, n, k)
-  space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated growth). A batched GEMM is looked up as (batch * m, n, k).
+  space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated
+  growth). A batched GEMM is looked up as (batch * m, n, k).
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.

@@ -23,13 +23,13 @@ from opmap.calibrate import calibration_check, device_name
 from opmap.capture import capture
 from opmap.capture.training import sgd_step, training_loss
 from opmap.errors import OpmapError
-from opmap.precision import RUNNABLE, resolve_precision
 from opmap.hardware.match import match_datasheet
 from opmap.hardware.spec import HardwareSpec, get_hardware
 from opmap.measure.attribute import attribute
 from opmap.measure.energy import measure_energy
 from opmap.measure.profile import Profile
 from opmap.measure.runner import make_call, profile_iterations
+from opmap.precision import RUNNABLE, resolve_precision
 from opmap.timing import LatencyStats, time_iterations
 from opmap.workloads.zoo import Workload, check_device
 
