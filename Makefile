@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 OUT ?= out/demo
 
-.PHONY: setup demo test bench accuracy clean
+.PHONY: setup demo test lint bench accuracy clean
 
 $(BIN)/opmap: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,8 +19,11 @@ setup: $(BIN)/opmap
 demo: setup
 	$(BIN)/opmap analyze gpt2 --hardware h100-sxm --batch 1 --seq 1024 --dtype bf16 --out $(OUT)
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/bench_capture.py

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import platform
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -21,9 +22,9 @@ from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
+from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
-from opmap.hardware.spec import HardwareSpec
 from opmap.precision import Precision, resolve_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload

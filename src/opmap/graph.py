@@ -7,10 +7,12 @@ records the node that produced it (None for graph inputs, parameters and buffers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from opmap.precision import dtype_bytes
+
 
 @dataclass(frozen=True)
 class TensorMeta:
@@ -62,7 +64,7 @@ class TensorMeta:
         return d
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "TensorMeta":
+    def from_dict(d: dict[str, Any]) -> TensorMeta:
         return TensorMeta(tuple(d["shape"]), d["dtype"], tuple(d["stride"]), d.get("producer"), d.get("param"))
 
 

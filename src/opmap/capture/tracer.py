@@ -19,7 +19,8 @@ Mechanism:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode

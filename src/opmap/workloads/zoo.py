@@ -7,22 +7,19 @@ and cast to the dtype asked for.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from opmap.errors import OpmapError
 from opmap.precision import torch_dtype
-from opmap.workloads.resnet import ResNet
 from opmap.workloads.bert import Bert, BertConfig
 from opmap.workloads.gpt2 import GPT2, GPT2Config
 from opmap.workloads.llama import Llama, LlamaConfig
+from opmap.workloads.resnet import ResNet
 from opmap.workloads.vit import ViT, ViTConfig
-
 
 
 @dataclass(frozen=True)
