@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import typer
@@ -33,6 +34,9 @@ def analyze(
     from opmap.report.sheet import print_report, write_outputs
     from opmap.workloads import with_layout
 
+    # torch's import leaves a large heap that every garbage collection during capture would walk again: move
+    # it to the permanent generation (the 70B analysis: 3.5 s to 2.9 s whole process, benchmarks/README.md)
+    gc.freeze()
     # Checked in this order, each before the work it guards: the hardware name and the overrides here; the
     # device, model, shape and dtype by the loader before it builds; the dtype on this hardware, the fusion
     # policy and the plan file by opmap.analyze.analyze before it captures.
