@@ -1,7 +1,8 @@
 """opmap on large models on the meta device: wall time and peak RSS, each run in a fresh process.
 
-Claim under test: llama-3-70b at seq 2048 (bf16, h100-sxm) on meta analyses in under 20 s and under
-2 GB peak RSS. mixtral-8x7b at seq 2048 and llama-3-8b at seq 8192 are extra rows (no threshold).
+Claim under test (issue 9): llama-3-70b at seq 2048 (bf16, h100-sxm) on meta analyses in under 2 s (median
+over the runs) and under 0.5 GB peak RSS (every run). The first claim (issue 2) was 20 s and 2 GB.
+mixtral-8x7b at seq 2048 and llama-3-8b at seq 8192 are extra rows (no threshold).
 
 Each measured run is a fresh child process (this script with ``--child MODEL SEQ``), so its peak RSS
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux) is that run's own, including the Python
@@ -27,8 +28,8 @@ HARDWARE = "h100-sxm"
 DTYPE = "bf16"
 CASES = [("llama-3-70b", 2048), ("mixtral-8x7b", 2048), ("llama-3-8b", 8192)]
 GATED = ("llama-3-70b", 2048)
-MAX_WALL_S = 20.0
-MAX_RSS_BYTES = 2_000_000_000  # 2 GB, decimal (the stricter reading)
+MAX_WALL_S = 2.0  # median over the runs: one disturbed run on a shared machine must not decide
+MAX_RSS_BYTES = 500_000_000  # 0.5 GB, decimal (the stricter reading), every run
 CHILD_TIMEOUT_S = 300
 
 
@@ -141,7 +142,7 @@ def main() -> int:
             "runs": rs, "errors": errors,
         }
         if gated:
-            passed = (not errors and max(walls) < MAX_WALL_S and max(rss) < MAX_RSS_BYTES)
+            passed = (not errors and statistics.median(walls) < MAX_WALL_S and max(rss) < MAX_RSS_BYTES)
             row.update({"max_wall_s": MAX_WALL_S, "max_rss_bytes": MAX_RSS_BYTES, "pass": passed})
             gate_pass = passed
             verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
@@ -155,7 +156,7 @@ def main() -> int:
     console.print("wall s: build_zoo(meta) + analyze + to_dict inside the child (median); proc s: the child "
                   "process end to end, incl. interpreter start and torch import (median); peak RSS: max "
                   "ru_maxrss over the runs.")
-    console.print(f"gate ({GATED[0]} seq {GATED[1]}): every run wall < {MAX_WALL_S:g} s and peak RSS < "
+    console.print(f"gate ({GATED[0]} seq {GATED[1]}): median wall < {MAX_WALL_S:g} s and every run's peak RSS < "
                   f"{MAX_RSS_BYTES / 1e9:g} GB -> {'PASS' if gate_pass else 'FAIL'}")
     for row in rows:
         for e in row.get("errors", []):
@@ -164,7 +165,7 @@ def main() -> int:
     payload = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": "bench_large",
-        "claim": "llama-3-70b at seq 2048 on meta: under 20 s and under 2 GB peak RSS.",
+        "claim": "llama-3-70b at seq 2048 on meta: median wall under 2 s, every run under 0.5 GB peak RSS.",
         "created": now_iso(),
         "machine": machine(),
         "config": {"dtype": DTYPE, "hardware": HARDWARE, "batch": 1, "repeats": args.repeats,
