@@ -30,12 +30,7 @@ from opmap.roofline import Bound, Roofline, roofline
 @dataclass(frozen=True)
 class KernelResult:
     kernel: Kernel
-    matrix_s: float
-    vector_s: float
-    memory_s: float
-    overhead_s: float
-    predicted_s: float
-    bound: Bound
+    time: Roofline  # the kernel's terms, predicted time, bound and limiter
     traffic_bytes: float
     tile: Tile | None
     runner_up: Tile | None
@@ -43,8 +38,17 @@ class KernelResult:
     layout: str
     why: str
 
+    @property
+    def predicted_s(self) -> float:
+        return self.time.predicted_s
+
+    @property
+    def bound(self) -> Bound:
+        return self.time.bound
+
     def to_dict(self) -> dict[str, Any]:
         k, t = self.kernel, self.tile
+        terms = {key: v for key, v in self.time.to_dict().items() if key not in ("bound", "limiter")}
         return {
             "id": k.id, "nodes": k.nodes, "kernel_class": k.kernel_class, "anchor": k.anchor,
             "tile": t.to_dict() if t else None, "runner_up_tile": self.runner_up.to_dict() if self.runner_up else None,
@@ -52,8 +56,7 @@ class KernelResult:
             "waves": t.waves if t else None, "tile_efficiency": t.tile_efficiency if t else None,
             "wave_efficiency": t.wave_efficiency if t else None, "format": self.format, "layout": self.layout,
             "min_bytes": k.min_bytes, "eager_bytes": k.eager_bytes, "traffic_bytes": self.traffic_bytes,
-            "matrix_s": self.matrix_s, "vector_s": self.vector_s, "memory_s": self.memory_s,
-            "overhead_s": self.overhead_s, "predicted_s": self.predicted_s, "bound": self.bound, "why": self.why,
+            **terms, "bound": self.bound, "why": self.why,
         }
 
 
@@ -139,8 +142,8 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         if len(k.nodes) > 1:
             why += (f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and "
                     f"{k.launches_saved} launches")
-        out.append(KernelResult(k, r.matrix_s, r.vector_s, r.memory_s, r.overhead_s, r.predicted_s, r.bound,
-                                traffic, tile, runner, prec.kernel_format(k.kernel_class), layout_of(anchor), why))
+        out.append(KernelResult(k, r, traffic, tile, runner, prec.kernel_format(k.kernel_class), layout_of(anchor),
+                                why))
     return out
 
 
