@@ -69,10 +69,26 @@ def test_no_legal_tile_says_why_in_numbers():
     h100 = get_hardware("h100-sxm")
     tiny = replace(h100, fields={**h100.fields, "sram_per_unit_bytes": Value(4096.0, "assumed", "test")})
     c = choose_tile(_gemm(512, 512, 512), tiny, resolve_precision(tiny, "bf16"), tiny.curves)
-    # the smallest candidate, 16x32x32 at 2 stages in bf16: 2 * (16*32 + 32*32) * 2 B = 6 KB > 4 KB
-    assert isinstance(c, NoTile) and "needs 6 KB of shared memory, the device has 4 KB" in c.reason
+    # Hopper's warpgroup MMA is m64, so the smallest candidate is 64x32x32 at 2 stages in bf16:
+    # 2 * (64*32 + 32*32) * 2 B = 12 KB > 4 KB
+    assert isinstance(c, NoTile) and "(64x32x32, 2 stages) needs 12 KB of shared memory, the device has 4 KB" in c.reason
 
 
 def test_no_problem_no_tile():
     h100 = get_hardware("h100-sxm")
     assert choose_tile(OpCost(vector_flops=10.0), h100, resolve_precision(h100, "bf16"), h100.curves) is None
+
+
+@pytest.mark.parametrize("name", [n for n, h in __import__("opmap.hardware", fromlist=["catalog"]).catalog().items()
+                                  if h.tiled])
+def test_a_big_square_gemm_is_compute_bound_on_every_catalog_gpu(name):
+    """8192^3 in bf16: 2 * 8192^3 FLOPs over 3 * 8192^2 * 2 B of operands and result, about 2,730 FLOP/B, far
+    above five times every device's ridge point (peak / bandwidth, at most about 400), so it is compute-bound
+    everywhere and runs near the matrix rate the model uses."""
+    hw = get_hardware(name)
+    prec = resolve_precision(hw, "bf16")
+    c = choose_tile(_gemm(8192, 8192, 8192), hw, prec, hw.curves)
+    memory_s = c.traffic_bytes / hw.memory_bandwidth_bytes_per_s
+    assert 2 * 8192 ** 3 / (3 * 8192 ** 2 * 2) > 5 * prec.matrix_peak_flops_per_s / hw.memory_bandwidth_bytes_per_s
+    assert c.compute_s > memory_s, f"{name}: {c.traffic_bytes / 1e9:.2f} GB of traffic"
+    assert 2 * 8192 ** 3 / c.compute_s >= 0.9 * prec.matrix_peak_flops_per_s

@@ -32,9 +32,14 @@ def test_square_gemm_tile_and_wave_quantization():
     panel = 128 * 4096 * 2
     operand = 4096 * 4096 * 2
     assert t.traffic_bytes == 8 * (11 + 12) * panel + operand  # + C written once
-    # with a 16 MiB L2 one wave's panels do not fit: A re-read per column of tiles, B per row
+    # with a 16 MiB L2 one wave's whole panels (23 MiB) do not fit, but its tiles walk K in lockstep: the L2
+    # holds only the slices in flight, 3 stages x (11 x 128 + 12 x 128) x 64 x 2 B = 1.08 MiB, so each panel
+    # still comes from DRAM once per wave
     t2 = _pick(tile_candidates(1, 4096, 4096, 4096, "bf16", **{**H100, "l2_bytes": 16 * 2 ** 20}), 128, 128, 64, 3)
-    assert t2.traffic_bytes == operand * 32 + operand * 32 + operand
+    assert t2.traffic_bytes == t.traffic_bytes
+    # with 2 MiB of L2 not even those fit in half of it: A re-read per column of tiles, B per row
+    t3 = _pick(tile_candidates(1, 4096, 4096, 4096, "bf16", **{**H100, "l2_bytes": 2 * 2 ** 20}), 128, 128, 64, 3)
+    assert t3.traffic_bytes == operand * 32 + operand * 32 + operand
     assert t.compute_s == pytest.approx(2 * 4096 ** 3 / (989e12 * 1024 / 1056))
     assert c[0].time_s <= t.time_s
 
@@ -105,3 +110,47 @@ def test_cpu_cache_blocking_by_hand():
     assert c[0].wave_efficiency > t.wave_efficiency  # the search balances the cores better
     with pytest.raises(OpmapError, match="half the core's L2"):
         cpu_tile_candidates(1, 128, 768, 768, "bf16", **{**xeon, "l2_per_core": 2048})
+
+
+# A100 SXM: 108 SMs at 1.41 GHz, 312 TFLOP/s dense fp16 (A100 whitepaper); shared memory 32 banks x 4 B per clock
+# (CUDA Programming Guide) = 128 B/clk/SM
+A100 = dict(sram_per_unit=167936, units=108, l2_bytes=40 * 2 ** 20, peak_flops_per_s=312e12,
+            bandwidth_bytes_per_s=2.039e12, sram_bytes_per_s=128 * 1.41e9)
+
+
+def test_operand_feed_efficiency_by_hand():
+    from opmap.mapping.tiling import feed_efficiency
+
+    # F = 312e12 / (2 * 108) multiply-adds per second per SM; S = 128 * 1.41e9 B/s; fed when
+    # h = BM*BN/(BM+BN) >= 2 * F * 2 B / S = 32.0
+    f, s = 312e12 / 216, 128 * 1.41e9
+    need = 2 * f * 2 / s
+    assert need == pytest.approx(32.0, rel=0.01)
+    assert feed_efficiency(16, 32, 2, f, s) == pytest.approx((16 * 32 / 48) / need)  # about a third
+    assert feed_efficiency(128, 128, 2, f, s) == 1.0
+    assert feed_efficiency(16, 32, 2, f, None) == 1.0  # bandwidth unknown: not modelled
+
+
+def test_nvidia_guide_example_1792_on_a100():
+    """The NVIDIA Matrix Multiplication Background guide's example: 1792^2 fp16 on an A100 runs 256x128 tiles,
+    98 tiles on 108 SMs, one wave at about 91% (98 / 108)."""
+    best = tile_candidates(1, 1792, 1792, 1792, "fp16", **A100)[0]
+    assert {best.bm, best.bn} == {256, 128} and best.split_k == 1
+    assert best.tiles == 98 and best.waves == 1
+    assert best.wave_efficiency == pytest.approx(98 / 108)
+    assert best.feed_efficiency == 1.0
+
+
+def test_warpgroup_mma_sets_the_smallest_tile_rows():
+    c = tile_candidates(1, 8192, 8192, 8192, "bf16", **{**H100, "min_bm": 64})
+    assert min(t.bm for t in c) == 64
+
+
+def test_a_split_k_pays_its_reduction_after_the_k_loop():
+    # 1792^3 split 2 ways: partials 2 * 2 * 1792^2 * 4 B are written and read back before the result exists
+    c = tile_candidates(1, 1792, 1792, 1792, "fp16", **A100)
+    t1 = _pick(c, 128, 128, 64, 3, 1)
+    t2 = _pick(c, 128, 128, 64, 3, 2)
+    partials = 2 * 2 * 1792 * 1792 * 4
+    assert t2.compute_s - t1.compute_s * (t1.wave_efficiency / t2.wave_efficiency) == pytest.approx(
+        partials / A100["bandwidth_bytes_per_s"], rel=1e-6)

@@ -69,6 +69,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "scale_up_bandwidth_bytes_per_s": "B/s",
     "scale_out_bandwidth_bytes_per_s": "B/s",
     "launch_overhead_s": "s",
+    "sram_bandwidth_bytes_per_clk": "B/clk",  # shared memory (LDS) bandwidth per compute unit per clock
+    "mma_min_m": "",  # rows of the smallest matrix instruction (a tile's BM is at least this)
 }
 REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
 
@@ -132,6 +134,18 @@ class HardwareSpec:
     @property
     def clock_hz(self) -> float | None:
         return self._opt("clock_hz")
+
+    @property
+    def sram_bytes_per_s(self) -> float | None:
+        """Shared-memory bandwidth per compute unit (bytes per clock x clock); None where either is unknown."""
+        per_clk, clock = self._opt("sram_bandwidth_bytes_per_clk"), self.clock_hz
+        return per_clk * clock if per_clk and clock else None
+
+    @property
+    def mma_min_m(self) -> int:
+        """Rows of the smallest matrix instruction: 64 for warpgroup MMA (Hopper, Blackwell), else 16."""
+        v = self._opt("mma_min_m")
+        return int(v) if v else 16
 
     @property
     def tdp_w(self) -> float | None:

@@ -54,7 +54,8 @@ class KernelResult:
             "tile": t.to_dict() if t else None, "runner_up_tile": self.runner_up.to_dict() if self.runner_up else None,
             "sram_bytes": t.sram_bytes if t else None, "tiles": t.tiles if t else None,
             "waves": t.waves if t else None, "tile_efficiency": t.tile_efficiency if t else None,
-            "wave_efficiency": t.wave_efficiency if t else None, "format": self.format, "layout": self.layout,
+            "wave_efficiency": t.wave_efficiency if t else None,
+            "feed_efficiency": t.feed_efficiency if t else None, "format": self.format, "layout": self.layout,
             "min_bytes": k.min_bytes, "eager_bytes": k.eager_bytes, "traffic_bytes": self.traffic_bytes,
             **terms, "bound": self.bound, "why": self.why,
         }
@@ -159,5 +160,6 @@ def _why(r: Roofline, tile: Tile | None) -> str:
         s = f"overhead: launch {f(r.overhead_s)} > {lim} {f(terms[lim])}"
     if tile is not None:
         s += (f"; tile {tile.label()} ({tile.sram_bytes / 1024:.0f} KB SRAM), {tile.tiles} tiles in {tile.waves} "
-              f"waves (tile eff {tile.tile_efficiency:.0%}, wave eff {tile.wave_efficiency:.0%})")
+              f"waves (tile eff {tile.tile_efficiency:.0%}, wave eff {tile.wave_efficiency:.0%}, "
+              f"feed eff {tile.feed_efficiency:.0%})")
     return s

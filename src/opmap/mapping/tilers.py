@@ -81,11 +81,14 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
                                 units=hw.compute_units, l2_bytes=hw.l2_bytes or 0.0,
                                 peak_flops_per_s=prec.matrix_peak_flops_per_s,
                                 bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
-                                b_elem_bytes=prec.weight_operand_bytes)
+                                b_elem_bytes=prec.weight_operand_bytes, sram_bytes_per_s=hw.sram_bytes_per_s,
+                                min_bm=hw.mma_min_m)
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile, reps = cands[0], _reps(c)
     note = f"; K {p.k} padded to {tile.k_padded} for the matrix engine's alignment" if tile.k_padded != p.k else ""
+    if not hw.sram_bytes_per_s:
+        note += "; operand feed not modelled (the spec lists no shared-memory bandwidth or clock)"
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s, reps * tile.traffic_bytes,
                       note)
 

@@ -1,19 +1,29 @@
-"""GEMM tiling on a GPU-like device: search (BM, BN, BK, stages) legal for the device, keep the best.
+"""GEMM tiling on a GPU-like device: search (BM, BN, BK, stages, split-K) legal for the device, keep the best.
 
-For C[M,N] = A[M,K] @ B[K,N] (batch of them), element size e bytes at the matrix dtype:
+For C[M,N] = A[M,K] @ B[K,N] (batch of them), element size e bytes at the operand format:
 
 - SRAM per thread block = stages * (BM*BK + BK*BN) * e; legal when it fits the device's shared memory per
-  compute unit, and the fp32 accumulator BM*BN*4 bytes fits half the register file
-  (REGISTER_FILE_BYTES * ACCUMULATOR_SHARE);
+  compute unit, the fp32 accumulator BM*BN*4 bytes fits half the register file (REGISTER_FILE_BYTES *
+  ACCUMULATOR_SHARE), and BM is at least the matrix instruction's row count (``min_bm``: Hopper's and
+  Blackwell's warpgroup MMA is m64; Ampere / Ada mma.sync and CDNA MFMA take m16);
 - split-K S (1 to 16, each slice at least two BK steps): tiles = batch * ceil(M/BM) * ceil(N/BN) * S;
-  waves = ceil(tiles / compute units); the S fp32 partial sums are written and read back (2*S*M*N*4 bytes);
+  waves = ceil(tiles / compute units); the S fp32 partial sums are written and read back (2*S*M*N*4 bytes)
+  after the K loop, so their time adds to the compute time instead of overlapping it;
 - tile-quantization efficiency = M*N / (ceil(M/BM)*BM * ceil(N/BN)*BN) (the padded edge tiles' waste);
 - wave-quantization efficiency = tiles / (waves * compute units) (the idle units of the last wave);
-- device-memory traffic with reuse (``operand_traffic``): A is re-read once per column of tiles and B once
-  per row of tiles, unless the L2 holds them: both operands in half the L2 are read once; otherwise a
-  wave's panels (grouped rasterisation) held in the L2 are read once per wave; C is written once;
-- time = max(2*M*N*K / (peak * tile eff * wave eff), traffic / bandwidth). Ties go to the deeper pipeline
-  (more stages hide more memory latency), then to the larger tile.
+- operand-feed efficiency (``feed_efficiency``): each K step writes (BM + BN) x BK operands into shared
+  memory and reads them back into the matrix units for BM x BN x BK multiply-adds, so at a shared-memory
+  bandwidth of S bytes per second per unit and a matrix rate of F multiply-adds per second per unit the
+  tile is fed at min(1, h * S / (2 * F * e)) with h = BM*BN / (BM + BN). A small tile starves the tensor
+  cores (A100 fp16: h >= 32 feeds them, a 16x32 tile reaches 0.33); without the bandwidth in the hardware
+  spec the efficiency is 1 and the tile's why says so;
+- device-memory traffic with reuse (``operand_traffic``): both operands in half the L2 are read once;
+  otherwise a wave's tiles walk K in lockstep, so the L2 only holds the K slices in flight and each A and B
+  panel of the wave comes from DRAM once per wave; without room even for those, A is re-read once per column
+  of tiles and B once per row; C is written once;
+- time = max(2*M*N*K / (rate * tile eff * wave eff * feed eff), traffic / bandwidth), where ``rate`` is the
+  achievable matrix rate (a published or measured sustained figure; the dense datasheet peak where none is
+  known). Ties go to fewer split-K slices, the deeper pipeline, then the larger tile.
 
 The matrix engines' operand alignment: K a multiple of 16 bytes worth of elements (8 at 2 bytes, 16 at 1
 byte), else the kernel pads K and the sheet says so.
@@ -55,6 +65,7 @@ class Tile:
     memory_s: float
     k_padded: int
     split_k: int = 1
+    feed_efficiency: float = 1.0  # shared-memory operand feed of the matrix units (1: fully fed, or not modelled)
 
     @property
     def time_s(self) -> float:
@@ -67,16 +78,18 @@ class Tile:
         return f"{self.bm}x{self.bn}x{self.bk}/{self.stages}" + (f" split-K {self.split_k}" if self.split_k > 1 else "")
 
 
-def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, k: int, e: float, eb: float, units: int,
-                    l2_bytes: float) -> float:
+def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, bk: int, stages: int, k: int, e: float, eb: float,
+                    units: int, l2_bytes: float) -> float:
     """Device-memory bytes of A and B for one GEMM of tm x tn tiles (split-K sk), with L2 reuse.
 
     - Both operands fit in half the L2: each is read once.
     - Otherwise tiles run a wave at a time (W = min(tiles, units) resident), rasterised in groups of G
       tile rows (CUTLASS-style swizzle, G = sqrt(W * B panel / A panel), the G that minimises the wave's
-      footprint). A wave touches G A panels (BM x K) and ceil(W / G) B panels (K x BN); when that fits in
-      the L2 each panel comes from DRAM once per wave that uses it.
-    - When even one wave's panels exceed the L2, A is re-read once per column of tiles and B once per row.
+      footprint). A wave touches G A panels (BM x K) and ceil(W / G) B panels (K x BN). Its tiles walk K
+      in lockstep, so the L2 only needs the K slices in flight: ``stages`` BK-deep slices of those panels.
+      When they fit in half the L2, each panel comes from DRAM once per wave that uses it.
+    - When even the slices in flight exceed half the L2, A is re-read once per column of tiles and B once
+      per row.
     """
     a_bytes, b_bytes = tm * bm * k * e, k * tn * bn * eb
     if a_bytes + b_bytes <= l2_bytes / 2:
@@ -86,16 +99,34 @@ def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, k: int, e: floa
     pa, pb = bm * k * e / sk, k * bn * eb / sk  # a split-K tile reads its K slice of each panel
     g = max(1, min(tm, round(math.sqrt(w * pb / pa))))
     per_wave = g * pa + math.ceil(w / g) * pb
-    if per_wave <= l2_bytes:
+    in_flight = (g * bm * e + math.ceil(w / g) * bn * eb) * bk * stages
+    if in_flight <= l2_bytes / 2:
         return max(a_bytes + b_bytes, math.ceil(tiles / w) * per_wave)
     return a_bytes * tn + b_bytes * tm
+
+
+def feed_efficiency(bm: int, bn: int, e: float, macs_per_s_per_unit: float,
+                    sram_bytes_per_s_per_unit: float | None) -> float:
+    """How fully shared memory feeds the matrix units a BM x BN tile: min(1, h * S / (2 * F * e)) with
+    h = BM*BN / (BM + BN) multiply-adds per operand element per K step, S the shared-memory bandwidth and F
+    the multiply-add rate per unit; each operand byte is written into shared memory and read out once (2x).
+    1 where the bandwidth is unknown."""
+    if not sram_bytes_per_s_per_unit:
+        return 1.0
+    h = bm * bn / (bm + bn)
+    return min(1.0, h * sram_bytes_per_s_per_unit / (2.0 * macs_per_s_per_unit * e))
 
 
 @functools.lru_cache(maxsize=4096)  # repeated layers repeat their shapes
 def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_unit: float, units: int,
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
-                    out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None) -> tuple[Tile, ...]:
-    """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal."""
+                    out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None,
+                    sram_bytes_per_s: float | None = None, min_bm: int = 16) -> tuple[Tile, ...]:
+    """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal.
+
+    ``peak_flops_per_s`` is the rate the matrix units sustain (achievable, else the dense peak);
+    ``sram_bytes_per_s`` the shared-memory bandwidth per unit (None: feed not modelled); ``min_bm`` the
+    matrix instruction's row count."""
     e = format_bytes(dtype)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
     align = max(1, int(16 / e))
@@ -105,7 +136,10 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
     _a_bytes, _b_bytes, c_bytes = m * k_pad * e, k_pad * n * (b_elem_bytes or e), m * n * out_e
     out = []
     smallest = None
+    macs_per_unit = peak_flops_per_s / (2.0 * units)
     for bm, bn, bk, st, sk in product(BM_CHOICES, BN_CHOICES, BK_CHOICES, STAGES, SPLIT_K):
+        if bm < min_bm:
+            continue
         sram = st * (bm * bk + bk * bn) * e
         if smallest is None or sram < smallest[0]:
             smallest = (sram, bm, bn, bk, st)
@@ -119,11 +153,14 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
         tile_eff = (m * n) / (tm * bm * tn * bn)
         wave_eff = tiles / (waves * units)
         partials = 2 * sk * m * n * 4 if sk > 1 else 0  # fp32 partial sums written, then read to reduce
-        traffic = batch * (operand_traffic(tm, tn, sk, bm, bn, k_pad, e, b_elem_bytes or e, units, l2_bytes)
+        traffic = batch * (operand_traffic(tm, tn, sk, bm, bn, bk, st, k_pad, e, b_elem_bytes or e, units, l2_bytes)
                            + c_bytes + partials)
-        compute = flops * (k_pad / k) / (peak_flops_per_s * tile_eff * wave_eff)
+        feed = feed_efficiency(bm, bn, e, macs_per_unit, sram_bytes_per_s)
+        # the split-K partial sums are reduced after the K loop, serially: the matrix units wait for them
+        compute = (flops * (k_pad / k) / (peak_flops_per_s * tile_eff * wave_eff * feed)
+                   + batch * partials / bandwidth_bytes_per_s)
         out.append(Tile(bm, bn, bk, st, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
-                        traffic / bandwidth_bytes_per_s, k_pad, sk))
+                        traffic / bandwidth_bytes_per_s, k_pad, sk, feed))
     if not out:
         sram, bm, bn, bk, st = smallest
         raise OpmapError(f"no legal GEMM tile: the smallest ({bm}x{bn}x{bk}, {st} stages) needs "

@@ -66,7 +66,7 @@ def sheet_rows(a: Analysis) -> list[dict]:
 
 
 KERNEL_COLUMNS = ("id", "nodes", "ops", "kernel_class", "tile", "runner_up_tile", "sram_bytes", "tiles", "waves",
-                  "tile_efficiency", "wave_efficiency", "format", "layout", "min_bytes", "traffic_bytes",
+                  "tile_efficiency", "wave_efficiency", "feed_efficiency", "format", "layout", "min_bytes", "traffic_bytes",
                   "predicted_s", "bound", "why")
 
 
