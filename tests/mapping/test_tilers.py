@@ -71,7 +71,8 @@ def test_no_legal_tile_says_why_in_numbers():
     c = choose_tile(_gemm(512, 512, 512), tiny, resolve_precision(tiny, "bf16"), tiny.curves)
     # Hopper's warpgroup MMA is m64, so the smallest candidate is 64x32x32 at 2 stages in bf16:
     # 2 * (64*32 + 32*32) * 2 B = 12 KB > 4 KB
-    assert isinstance(c, NoTile) and "(64x32x32, 2 stages) needs 12 KB of shared memory, the device has 4 KB" in c.reason
+    assert isinstance(c, NoTile)
+    assert "(64x32x32, 2 stages) needs 12 KB of shared memory, the device has 4 KB" in c.reason
 
 
 def test_no_problem_no_tile():

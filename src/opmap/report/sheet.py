@@ -66,8 +66,8 @@ def sheet_rows(a: Analysis) -> list[dict]:
 
 
 KERNEL_COLUMNS = ("id", "nodes", "ops", "kernel_class", "tile", "runner_up_tile", "sram_bytes", "tiles", "waves",
-                  "tile_efficiency", "wave_efficiency", "feed_efficiency", "format", "layout", "min_bytes", "traffic_bytes",
-                  "predicted_s", "bound", "why")
+                  "tile_efficiency", "wave_efficiency", "feed_efficiency", "format", "layout", "min_bytes",
+                  "traffic_bytes", "predicted_s", "bound", "why")
 
 
 def kernel_rows(a: Analysis) -> list[dict]:
@@ -162,7 +162,7 @@ def _kcell(key: str, v) -> str:
         return si(v, "B")
     if key == "predicted_s":
         return si(v, "s")
-    if key in ("tile_efficiency", "wave_efficiency"):
+    if key in ("tile_efficiency", "wave_efficiency", "feed_efficiency"):
         return f"{v:.0%}"
     return str(v).replace("|", "\\|")
 
