@@ -164,6 +164,16 @@ class Analysis:
         return d
 
 
+def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
+    """The matrix rate the time model runs at, with its provenance (the achievable rate, else the peak)."""
+    v = hw.achievable_matrix_flops_per_s.get(prec.matrix)
+    if v is not None and v.value:
+        return {"value": v.value, "kind": v.kind, "source": v.source, "of_peak": v.value / prec.matrix_peak_flops_per_s}
+    return {"value": prec.matrix_peak_flops_per_s, "kind": "dense peak",
+            "source": f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it",
+            "of_peak": 1.0}
+
+
 def time_model_line(hw: HardwareSpec) -> str:
     curves = hw.curves
     if curves.empty:
@@ -207,6 +217,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
                    "none (CPU: the BLAS library blocks for the caches; measured shape curves stand for it)"
                    if hw.device_type == "cpu" else "none (the device lists no shared memory per compute unit)"),
         "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},
+        "matrix_rate_flops_per_s": _rate(hw, prec),
         "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
         "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
         "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),

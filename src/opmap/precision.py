@@ -139,6 +139,13 @@ class Precision:
     vector_peak_flops_per_s: float
     note: str = ""
     weight_scale: float = 1.0  # stored weight bytes over the captured weight bytes
+    # the rate the time model runs the matrix units at: the achievable (measured, sustained) rate where the
+    # spec has one, else the dense peak; the peak stays the MFU denominator
+    matrix_rate_flops_per_s: float = 0.0
+
+    def __post_init__(self):
+        if not self.matrix_rate_flops_per_s:
+            object.__setattr__(self, "matrix_rate_flops_per_s", self.matrix_peak_flops_per_s)
 
     @property
     def format_policy(self) -> FormatPolicy:
@@ -184,4 +191,7 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     if pol.weight_only:
         note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
     scale = pol.weight_bytes / format_bytes(pol.capture)
-    return Precision(dtype, chosen, float(hw.matrix_peak_flops_per_s[chosen].value), float(vec.value), note, scale)
+    peak = float(hw.matrix_peak_flops_per_s[chosen].value)
+    achievable = hw.achievable_matrix_flops_per_s.get(chosen)
+    rate = float(achievable.value) if achievable is not None and achievable.value else peak
+    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate)

@@ -12,8 +12,9 @@ curve of the op's family (GEMM, conv as implicit GEMM, fused attention) at its s
 the measured copy curve at the kernel's size (so cache-resident kernels run at cache bandwidth), the
 transcendental rate is measured, softmax / norms / pooling / reductions run at their family's measured
 rate, and on a CPU each view op costs its measured host dispatch time (eager PyTorch runs every view
-through the dispatcher). Without one (a catalog device) the matrix rate is the
-dense datasheet peak, the bandwidth the datasheet figure, and a transcendental takes
+through the dispatcher). Without one (a catalog device) the matrix rate is the achievable rate the
+catalog lists (a published measurement of what the matrix units sustain under a long GEMM), else the
+dense datasheet peak; the bandwidth is the datasheet figure, and a transcendental takes
 TRANSCENDENTAL_SLOTS vector slots.
 
 The time, bound and limiter come from roofline.roofline: ``compute`` (matrix or vector; ``limiter`` says
@@ -51,7 +52,7 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     if not cost.counted:
         return uncounted(overhead)
     rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops else None
-    matrix_s = cost.matrix_flops / (rate or prec.matrix_peak_flops_per_s)
+    matrix_s = cost.matrix_flops / (rate or prec.matrix_rate_flops_per_s)
     kind_rate = curves.vector_kinds.get(cost.vector_kind) if cost.vector_kind else None
     if kind_rate:  # measured on this family's own op: its transcendentals are inside the rate
         vector_s = cost.vector_flops / kind_rate

@@ -88,6 +88,9 @@ class HardwareSpec:
     vector_peak_flops_per_s: dict[str, Value]
     fields: dict[str, Value]
     sparse_matrix_peak_flops_per_s: dict[str, Value] = field(default_factory=dict)
+    # what the matrix engine sustains under a long GEMM (clock and power limits), measured and published;
+    # the time model runs at it, MFU keeps the dense peak as its denominator
+    achievable_matrix_flops_per_s: dict[str, Value] = field(default_factory=dict)
     compute_unit_name: str = "compute unit"
     notes: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
@@ -188,6 +191,9 @@ class HardwareSpec:
             "sparse_matrix_peak_flops_per_s": {
                 k: v.to_dict() for k, v in self.sparse_matrix_peak_flops_per_s.items()
             },
+            "achievable_matrix_flops_per_s": {
+                k: v.to_dict() for k, v in self.achievable_matrix_flops_per_s.items()
+            },
             "vector_peak_flops_per_s": {k: v.to_dict() for k, v in self.vector_peak_flops_per_s.items()},
             **{k: v.to_dict() for k, v in self.fields.items()},
             "notes": self.notes,
@@ -235,8 +241,8 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
             raise OpmapError(f"{origin}: {key} needs a value")
     unknown = set(raw) - set(SCALAR_FIELDS) - {
         "name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
-        "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "compute_unit_name", "notes",
-        "calibration"}
+        "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s",
+        "compute_unit_name", "notes", "calibration"}
     if unknown:
         raise OpmapError(f"{origin}: unknown field(s) {', '.join(sorted(unknown))}")
     spec = HardwareSpec(
@@ -248,6 +254,8 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         vector_peak_flops_per_s=_peaks(raw["vector_peak_flops_per_s"], f"{origin}: vector_peak_flops_per_s"),
         sparse_matrix_peak_flops_per_s=_peaks(
             raw.get("sparse_matrix_peak_flops_per_s", {}), f"{origin}: sparse_matrix_peak_flops_per_s"),
+        achievable_matrix_flops_per_s=_peaks(
+            raw.get("achievable_matrix_flops_per_s", {}), f"{origin}: achievable_matrix_flops_per_s"),
         fields=fields,
         compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
         notes=str(raw.get("notes", "")),
@@ -257,6 +265,14 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         if v.kind == "datasheet_sparse":
             raise OpmapError(f"{origin}: matrix_peak_flops_per_s.{d} is sparse; dense peaks only there "
                              "(sparse figures go under sparse_matrix_peak_flops_per_s)")
+    for d, v in spec.achievable_matrix_flops_per_s.items():
+        peak = spec.matrix_peak_flops_per_s.get(d)
+        if v.kind != "measured":
+            raise OpmapError(f"{origin}: achievable_matrix_flops_per_s.{d} must be kind measured (a sustained rate "
+                             f"someone measured), got {v.kind}")
+        if peak is None or peak.value is None or v.value is None or v.value > peak.value:
+            raise OpmapError(f"{origin}: achievable_matrix_flops_per_s.{d} needs a value at or below the dense peak "
+                             f"({None if peak is None else peak.value})")
     if not spec.vector_peak_flops_per_s.get("fp32") or spec.vector_peak_flops_per_s["fp32"].value is None:
         raise OpmapError(f"{origin}: vector_peak_flops_per_s.fp32 needs a value")
     return spec

@@ -79,7 +79,7 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
     try:
         cands = tile_candidates(p.batch, p.m, p.n, p.k, prec.operand_format, sram_per_unit=hw.sram_per_unit_bytes,
                                 units=hw.compute_units, l2_bytes=hw.l2_bytes or 0.0,
-                                peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                peak_flops_per_s=prec.matrix_rate_flops_per_s,
                                 bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
                                 b_elem_bytes=prec.weight_operand_bytes, sram_bytes_per_s=hw.sram_bytes_per_s,
                                 min_bm=hw.mma_min_m)
@@ -99,7 +99,7 @@ def cpu_blocking(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -
     try:
         cands = cpu_tile_candidates(p.batch, p.m, p.n, p.k, prec.matrix, l2_per_core=hw.sram_per_unit_bytes,
                                     llc_bytes=hw.l2_bytes or hw.sram_per_unit_bytes, cores=hw.compute_units,
-                                    peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                    peak_flops_per_s=prec.matrix_rate_flops_per_s,
                                     bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
     except OpmapError as e:
         return NoTile(f"; unblocked: {e}")
@@ -117,7 +117,7 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     try:
         cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=p.family == "attention_causal",
                                      sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units,
-                                     l2_bytes=hw.l2_bytes or 0.0, peak_flops_per_s=prec.matrix_peak_flops_per_s,
+                                     l2_bytes=hw.l2_bytes or 0.0, peak_flops_per_s=prec.matrix_rate_flops_per_s,
                                      bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
