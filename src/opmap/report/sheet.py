@@ -114,7 +114,8 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"workload {s['workload']}  batch {s['batch']}  seq {s['seq']}  dtype {s['dtype']} "
         f"(weights {s['weights_dtype']}, activations {s['activations_dtype']}, accumulate {s['accumulate_dtype']})",
         f"hardware {s['hardware']} ({s['hardware_display_name']}): matrix peak {si(mp['value'], 'FLOP/s')} "
-        f"[{s['matrix_dtype']}, {mp['kind']}]" + _rate_text(s) + ", bandwidth {si(bw['value'], 'B/s')} [{bw['kind']}], "
+        f"[{s['matrix_dtype']}, {mp['kind']}]" + _rate_text(s)
+        + f", bandwidth {si(bw['value'], 'B/s')} [{bw['kind']}], "
         f"launch overhead {si(s['launch_overhead_s']['value'], 's')} [{s['launch_overhead_s']['kind']}]",
         f"time model: {s['time_model']}" + ("" if "transcendental/rate" in s["time_model"] else
                                             f"; transcendental = {s['transcendental_slots']:g} vector slots"),
