@@ -83,8 +83,15 @@ def test_flash_attention_traffic_and_decode():
     assert t.traffic_bytes == qo + kv
     assert t.sram_bytes == (128 * 64 + 4 * 64 * 64) * 2
     assert t.tiles == 12 * 16  # ceil(2048 / 128) query blocks per head
-    # with K and V outside the L2 they are re-read once per query block: 16 times
-    tiny_l2 = {**H100, "l2_bytes": 1 * 2 ** 20}
+    # with K and V outside a 1 MiB L2, a wave's query blocks walk their heads' keys in lockstep: 132 blocks
+    # span ceil(132 / 16) = 9 heads, whose K / V blocks in flight take 9 x 2 stages x 2 x 64 x 64 x 2 B =
+    # 288 KiB, inside half the L2, and the 16 blocks of a head fit in one wave: each head's K and V once
+    one_mib = {**H100, "l2_bytes": 1 * 2 ** 20}
+    t = next(x for x in attention_candidates(12, 2048, 2048, 64, "bf16", causal=False, **one_mib)
+             if (x.bm, x.bn) == (128, 64))
+    assert t.traffic_bytes == qo + kv
+    # with 256 KiB not even those fit in half of it: K and V re-read once per query block, 16 times
+    tiny_l2 = {**H100, "l2_bytes": 256 * 2 ** 10}
     t = next(x for x in attention_candidates(12, 2048, 2048, 64, "bf16", causal=False, **tiny_l2)
              if (x.bm, x.bn) == (128, 64))
     assert t.traffic_bytes == qo + 16 * kv

@@ -181,8 +181,11 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
     """Flash-style attention tiles, best first. Per block of Br queries the kernel streams all (causal: the
     unmasked) K and V blocks of Bc rows through SRAM; the S x S scores stay on chip.
 
-    SRAM = (Br*d + 2 stages * 2 * Bc*d) * e. Traffic = Q and O once + K and V once per query block
-    (ceil(Sq/Br) times; causal: the unmasked share of them), or once when K and V fit in half the L2.
+    SRAM = (Br*d + 2 stages * 2 * Bc*d) * e. Traffic = Q and O once + K and V: once when they fit in half
+    the L2; otherwise the query blocks of a head run side by side (the grid is ordered by head) and walk its
+    keys in lockstep, so the L2 holds only the K / V blocks in flight (2 stages x 2 x Bc x d per head in the
+    wave) and each head's K and V come from DRAM once per wave its query blocks span (ceil(blocks / units)
+    times); when not even those fit, once per query block (ceil(Sq/Br) times; causal: the unmasked share).
     Decode (Sq <= DECODE_MAX_Q): one query block, the KV sequence split in DECODE_SPLIT-key chunks across
     the compute units; the KV cache read bounds it.
     """
@@ -207,7 +210,14 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
         tile_eff = sq / (tq * br) if sq > DECODE_MAX_Q else 1.0
         wave_eff = tiles / (waves * units)
         share = pairs / (sq * sk)
-        kv_reads = 1 if kv <= l2_bytes / 2 or tq == 1 else max(1.0, tq * share)
+        heads_in_wave = math.ceil(min(tiles, units) / (tq * splits))
+        in_flight = heads_in_wave * 2 * 2 * bc * d * e
+        if kv <= l2_bytes / 2 or tq == 1:
+            kv_reads = 1.0
+        elif in_flight <= l2_bytes / 2:
+            kv_reads = float(math.ceil(tq / units))
+        else:
+            kv_reads = max(1.0, tq * share)
         traffic = qo + kv * kv_reads + (2 * bh * sq * splits * d * 4 if splits > 1 else 0)  # split partials
         compute = flops / (peak_flops_per_s * tile_eff * wave_eff)
         out.append(Tile(br, bc, d, 2, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
