@@ -225,6 +225,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "time_model": time_model_line(hw),
         "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
         "workload_notes": list(workload.assumptions),
+        "capture_notes": list(graph.notes),
         "torch_version": torch.__version__,
         "opmap_version": __version__,
         "python_version": platform.python_version(),

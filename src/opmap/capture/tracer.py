@@ -431,6 +431,28 @@ def _param_count(model: torch.nn.Module) -> tuple[int, float, int]:
     return n, nbytes, buffers
 
 
+FAST_PATH_MODULES = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerEncoder, torch.nn.MultiheadAttention)
+
+
+def fast_path_notes(model: torch.nn.Module, train: bool) -> tuple[str, ...]:
+    """The modules eager PyTorch may run through its fused inference fast path on CPU and CUDA (in eval, under
+    no_grad, with the fast path enabled), which a capture cannot take: an active dispatch or function mode
+    turns it off, and meta has no fused kernel. Named, with what to do, since their captured ops are the
+    unfused path's."""
+    if train or not torch.backends.mha.get_fastpath_enabled():
+        return ()
+    found = [(path, type(m).__name__) for path, m in model.named_modules()
+             if isinstance(m, FAST_PATH_MODULES) and not m.training]
+    if not found:
+        return ()
+    top = [f for f in found if not any(f[0].startswith(o[0] + ".") for o in found if o[0] and o is not f)]
+    names = ", ".join(f"{p or '(top)'} ({c})" for p, c in top[:4]) + (f" and {len(top) - 4} more" if len(top) > 4 else "")
+    return (f"fast path: {names} may run PyTorch's fused inference kernels on CPU and CUDA "
+            "(aten._transformer_encoder_layer_fwd / _native_multi_head_attention); the capture recorded the "
+            "unfused ops, so the prediction is of the unfused path. To measure what is predicted, run with "
+            "torch.backends.mha.set_fastpath_enabled(False) (opmap profile does so for these modules).",)
+
+
 def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None, *,
             overrides: Sequence[tuple[str, str]] = (), forward: Callable | None = None,
             train: bool = False, memoize: bool = True) -> OpGraph:
@@ -481,4 +503,4 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
     finally:
         model.train(was_training)
     return OpGraph(nodes=tuple(tracker.nodes), params=params, param_bytes=pbytes, buffers=buffers,
-                   inputs=in_meta, device=dev)
+                   inputs=in_meta, device=dev, notes=fast_path_notes(model, train))

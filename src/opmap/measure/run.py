@@ -9,6 +9,7 @@ returns a ``Profile`` (profile.py).
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 import uuid
@@ -46,6 +47,18 @@ def check_profile(device: str, dtype: str) -> None:
         raise OpmapError(f"profile runs torch dtypes; accepted: {', '.join(PROFILE_DTYPES)} (got {dtype!r}; "
                          "quantized formats: opmap analyze for the prediction, opmap quality for the error)")
     check_device(device, ("cpu", "cuda"))
+
+
+@contextlib.contextmanager
+def fast_path(enabled: bool):
+    """PyTorch's fused inference fast path for transformer encoder layers and multi-head attention, set for
+    the duration (restored after)."""
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
 
 
 def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
@@ -111,11 +124,14 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         else:
             why = ("CPUs are not matched to a datasheet automatically (a datasheet peak is for the whole socket); "
                    "pass --datasheet NAME")
-    with torch.enable_grad() if train else torch.no_grad():
+    with torch.enable_grad() if train else torch.no_grad(), contextlib.ExitStack() as stack:
         step("capturing the graph on the device", 0)
         graph = capture(module, workload.inputs, overrides=overrides, train=train)
         module.train(train)
         analysis = analyze_graph(graph, workload, hw, dtype, overrides)
+        if any(n.startswith("fast path:") for n in graph.notes):
+            # the capture could only record the unfused path: measure that path, so the join is like for like
+            stack.enter_context(fast_path(False))
         step("warm-up", 0)
         for _ in range(warmup):
             call()

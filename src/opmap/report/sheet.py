@@ -126,7 +126,7 @@ def assumption_lines(a: Analysis) -> list[str]:
         lines.append("precision: " + s["precision_note"])
     if s.get("precision_evidence"):
         lines.append("precision evidence: " + s["precision_evidence"])
-    lines += [f"note: {n}" for n in s["workload_notes"]]
+    lines += [f"note: {n}" for n in s["workload_notes"] + s.get("capture_notes", [])]
     if s["layer_type_overrides"]:
         lines.append("layer-type overrides: " + ", ".join(s["layer_type_overrides"]))
     return lines
