@@ -446,7 +446,8 @@ def fast_path_notes(model: torch.nn.Module, train: bool) -> tuple[str, ...]:
     if not found:
         return ()
     top = [f for f in found if not any(f[0].startswith(o[0] + ".") for o in found if o[0] and o is not f)]
-    names = ", ".join(f"{p or '(top)'} ({c})" for p, c in top[:4]) + (f" and {len(top) - 4} more" if len(top) > 4 else "")
+    names = ", ".join(f"{p or '(top)'} ({c})" for p, c in top[:4])
+    names += f" and {len(top) - 4} more" if len(top) > 4 else ""
     return (f"fast path: {names} may run PyTorch's fused inference kernels on CPU and CUDA "
             "(aten._transformer_encoder_layer_fwd / _native_multi_head_attention); the capture recorded the "
             "unfused ops, so the prediction is of the unfused path. To measure what is predicted, run with "
