@@ -115,3 +115,11 @@ def test_layout_and_fusion_reach_the_analysis(tmp_path, cli):
     d = json.loads((tmp_path / "analysis.json").read_text())
     assert d["assumptions"]["fusion_policy"].startswith("compiler")
     assert any("channels_last" in n for n in d["assumptions"]["workload_notes"])
+
+
+def test_hardware_name_any_case_and_alias(cli, tiny_model):
+    rc, out, err = cli("analyze", tiny_model, "--hardware", "H200")
+    assert rc == 0 and "hardware h200 " in out, err
+    rc, out, err = cli("analyze", tiny_model, "--hardware", "h100")
+    assert rc == 0 and "note: hardware 'h100' taken as catalog entry 'h100-sxm'" in out, err
+    assert "hardware h100-sxm " in out

@@ -8,12 +8,14 @@ from pathlib import Path
 import typer
 
 from opmap.cli.common import build_workload, console, print_wrote
+from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 
 
 def analyze(
     model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
-    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H",
+                                 help="Catalog name, any case, or an alias such as h100 (opmap hardware list)."),
     batch: int = typer.Option(1, help="Batch size."),
     seq: int | None = typer.Option(None, help="Sequence length for text models (default: the model's)."),
     image_size: int | None = typer.Option(None, help="Image side in pixels for vision models."),
@@ -30,7 +32,6 @@ def analyze(
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
     from opmap.capture import parse_overrides
-    from opmap.hardware import get_hardware
     from opmap.report.sheet import print_report, write_outputs
     from opmap.workloads import with_layout
 

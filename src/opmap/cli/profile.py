@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from opmap.cli.common import build_workload, console, print_wrote
+from opmap.cli.common import hardware as get_hardware
 
 
 def profile(
@@ -35,7 +36,6 @@ def profile(
 
     from opmap.capture import parse_overrides
     from opmap.cli.calibrate import run_calibration
-    from opmap.hardware import get_hardware
     from opmap.hardware.local import cache_path
     from opmap.measure import run_profile
     from opmap.measure.run import check_profile
@@ -45,9 +45,9 @@ def profile(
     # calibration or the build; the loader checks model and shape before it builds.
     check_profile(device, dtype)
     ds = get_hardware(datasheet) if datasheet else None
-    if hardware == "local" and device == "cuda":
+    if hardware.strip().lower() == "local" and device == "cuda":
         hardware = "local-cuda"
-    if hardware in ("local", "local-cuda") and not cache_path(device).exists():
+    if hardware.strip().lower() in ("local", "local-cuda") and not cache_path(device).exists():
         console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
         run_calibration(device)
     hw = get_hardware(hardware)
