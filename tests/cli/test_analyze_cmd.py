@@ -123,3 +123,13 @@ def test_hardware_name_any_case_and_alias(cli, tiny_model):
     rc, out, err = cli("analyze", tiny_model, "--hardware", "h100")
     assert rc == 0 and "note: hardware 'h100' taken as catalog entry 'h100-sxm'" in out, err
     assert "hardware h100-sxm " in out
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_model_shape_error_one_paragraph_exit_2(tmp_path, refused, device):
+    f = tmp_path / "bad.py"
+    f.write_text("import torch\n"
+                 "def bad():\n"
+                 "    return torch.nn.Sequential(torch.nn.Linear(4, 8)), (torch.randn(2, 5),)\n")
+    line = refused("analyze", f"{f}:bad", "--device", device, needle="the model's forward fails")
+    assert "module '0' (Linear)" in line and "addmm" in line and "2x5" in line
