@@ -28,6 +28,9 @@ from opmap.report.sheet import (
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
                     "compute_busy_s", "memory_stall_s", "other_s")
+# The unit each measured column renders with (rates are per second, not seconds).
+MEASURED_UNITS = {"measured_s": "s", "achieved_flops_per_s": "FLOP/s", "achieved_bytes_per_s": "B/s",
+                  "compute_busy_s": "s", "memory_stall_s": "s", "other_s": "s"}
 
 
 def profile_rows(p: Profile) -> list[dict]:
@@ -102,9 +105,8 @@ def render_profile_markdown(p: Profile, d: dict) -> str:
         cells = []
         for k, v in row.items():
             if k in MEASURED_COLUMNS:
-                cells.append("" if v == "" else (f"{v:.2f}" if k == "predicted_over_measured" else
-                                                 si(v, "s") if k.endswith("_s") else si(v, "B/s" if "bytes" in k
-                                                                                       else "FLOP/s")))
+                cells.append("" if v == "" else f"{v:.2f}" if k == "predicted_over_measured" else
+                             si(v, MEASURED_UNITS[k]))
             else:
                 cells.append(cell(k, v))
         out.append("| " + " | ".join(cells) + " |")
