@@ -275,10 +275,12 @@ def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
     except OSError as e:
         raise OpmapError(f"cannot create output folder {out_dir}: {e.strerror}") from None
     tmps = []
+    mode = 0o666 & ~_umask()  # what open() would give: mkstemp's own files are private (0600)
     try:
         for name, text in contents.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
             tmps.append((tmp, out_dir / name))
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         for tmp, final in tmps:
@@ -288,3 +290,10 @@ def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
             Path(tmp).unlink(missing_ok=True)
         raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
     return [final for _, final in tmps]
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
