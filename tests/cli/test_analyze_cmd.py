@@ -133,3 +133,4 @@ def test_model_shape_error_one_paragraph_exit_2(tmp_path, refused, device):
                  "    return torch.nn.Sequential(torch.nn.Linear(4, 8)), (torch.randn(2, 5),)\n")
     line = refused("analyze", f"{f}:bad", "--device", device, needle="the model's forward fails")
     assert "module '0' (Linear)" in line and "addmm" in line and "2x5" in line
+

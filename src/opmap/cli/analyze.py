@@ -32,17 +32,19 @@ def analyze(
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
     from opmap.capture import parse_overrides
-    from opmap.report.sheet import print_report, write_outputs
+    from opmap.report.sheet import check_out_dir, print_report, write_outputs
     from opmap.workloads import with_layout
 
     # torch's import leaves a large heap that every garbage collection during capture would walk again: move
     # it to the permanent generation (the 70B analysis: 3.5 s to 2.9 s whole process, benchmarks/README.md)
     gc.freeze()
-    # Checked in this order, each before the work it guards: the hardware name and the overrides here; the
-    # device, model, shape and dtype by the loader before it builds; the dtype on this hardware, the fusion
-    # policy and the plan file by opmap.analyze.analyze before it captures.
+    # Checked in this order, each before the work it guards: the hardware name, the overrides and the output
+    # folder here; the device, model, shape and dtype by the loader before it builds; the dtype on this
+    # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
     hw = get_hardware(hardware)
     overrides = parse_overrides(layer_type)
+    if out is not None:
+        check_out_dir(out)
     w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
     evidence = _evidence(quality, w.name, dtype)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):

@@ -40,10 +40,13 @@ def profile(
     from opmap.measure import run_profile
     from opmap.measure.run import check_profile
     from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
+    from opmap.report.sheet import check_out_dir
 
-    # The device and dtype (run_profile's own check) and a named datasheet fail before a first-use
-    # calibration or the build; the loader checks model and shape before it builds.
+    # The device and dtype (run_profile's own check), the output folder and a named datasheet fail before a
+    # first-use calibration or the build; the loader checks model and shape before it builds.
     check_profile(device, dtype)
+    if out is not None:
+        check_out_dir(out)
     ds = get_hardware(datasheet) if datasheet else None
     if hardware.strip().lower() == "local" and device == "cuda":
         hardware = "local-cuda"

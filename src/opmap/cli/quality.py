@@ -23,10 +23,12 @@ def quality(
     import json
 
     from opmap.measure.quality import check_dtype, measure_quality
-    from opmap.report.sheet import write_set
+    from opmap.report.sheet import check_out_dir, write_set
     from opmap.workloads import MODELS
 
     check_dtype(dtype)  # before the fp32 build on the CPU, the expensive part
+    if out is not None:
+        check_out_dir(out)
     spec = MODELS.get(model)
     if spec is not None and spec.kind == "text" and seq is None:
         seq = 64

@@ -266,6 +266,25 @@ def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
     })
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an output folder that could not be created or written, before the long work that fills it; the
+    folder itself is not created here (a refused run leaves nothing behind)."""
+    p = Path(out_dir)
+    if p.exists():
+        if not p.is_dir():
+            raise OpmapError(f"cannot write into {p}: it exists and is not a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise OpmapError(f"cannot write into {p}: permission denied")
+        return
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OpmapError(f"cannot create output folder {p}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OpmapError(f"cannot create output folder {p}: permission denied in {parent}")
+
+
 def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
     """Write every file to a temporary name first, then rename them all into place: a failure (full disk,
     no permission) leaves the folder as it was, never a half-written or mixed set."""
