@@ -68,8 +68,10 @@ def run_lines(p: Profile, d: dict) -> list[str]:
     else:
         lines.append(f"  datasheet MFU: not computed ({ds['why']})")
     lines.append(f"  HFU: {mfu['hfu']['why']}")
+    noise = (" (within noise: profiled iterations ran faster than the plain ones)" if prof["overhead"] < 0
+             else "")
     lines.append(f"profiler: {prof['iterations']} iterations, overhead {prof['overhead']:+.1%} against the plain "
-                 f"loop, {prof['coverage']:.0%} of kernels matched, {si(prof['unattributed_s'], 's')} per "
+                 f"loop{noise}, {prof['coverage']:.0%} of kernels matched, {si(prof['unattributed_s'], 's')} per "
                  f"iteration between ops (unattributed)")
     if en["joules"] is not None:
         lines.append(f"energy: {en['joules']:.3g} J over {en['seconds']:.3g} s, {en['average_w']:.3g} W average, "
