@@ -134,3 +134,10 @@ def test_model_shape_error_one_paragraph_exit_2(tmp_path, refused, device):
     line = refused("analyze", f"{f}:bad", "--device", device, needle="the model's forward fails")
     assert "module '0' (Linear)" in line and "addmm" in line and "2x5" in line
 
+
+
+def test_layer_type_override_matching_nothing_warns(cli, tiny_model):
+    rc, out, err = cli("analyze", tiny_model, "--layer-type", "blocks.*=mlp", "--layer-type", "1=elementwise")
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 0 and len(lines) == 1, err
+    assert lines[0].startswith("opmap: warning: --layer-type blocks.*=mlp matched no module")

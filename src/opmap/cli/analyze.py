@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote
+from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 
@@ -49,6 +49,7 @@ def analyze(
     evidence = _evidence(quality, w.name, dtype)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):
         a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+    warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:
         print_wrote(write_outputs(a, out))

@@ -63,5 +63,16 @@ def hardware(name: str):
     return spec
 
 
+def warn_unmatched_overrides(overrides, graph) -> None:
+    """One warning line on stderr per --layer-type override whose pattern matched no module of ``graph``."""
+    from opmap.capture import unmatched_overrides
+
+    paths = sorted({n.module for n in graph.nodes if n.module}, key=lambda m: (m.count("."), m))
+    example = f" (module paths look like {paths[-1]!r})" if paths else " (the model has no submodules)"
+    for item in unmatched_overrides(overrides, paths):
+        Console(stderr=True).print(f"opmap: warning: --layer-type {item} matched no module{example}",
+                                   highlight=False, markup=False, soft_wrap=True)
+
+
 def print_wrote(paths: Iterable[Path]) -> None:
     console.print("wrote " + ", ".join(str(p) for p in paths))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote
+from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
 
 
@@ -62,6 +62,7 @@ def profile(
         p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
                         overrides=overrides, datasheet=ds, train=train,
                         progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+    warn_unmatched_overrides(overrides, p.analysis.graph)
     d = p.to_dict()
     print_profile_report(p, console, rows, d)
     if out is not None:
