@@ -40,3 +40,10 @@ def test_unwritable_out_fails_before_the_build(tmp_path, refused, fail_if_called
     blocker.write_text("x")
     refused(*command, "--out", blocker / "out", needle=f"cannot create output folder {blocker / 'out'}")
     refused(*command, "--out", blocker, needle=f"cannot write into {blocker}: it exists and is not a folder")
+
+
+def test_help_texts_survive_rich_markup(cli):
+    """Square brackets in a help text are rich markup unless escaped: --fusion-plan's JSON example shows."""
+    rc, out, _ = cli("analyze", "--help")
+    flat = " ".join(x.strip("│ ").strip() for x in out.splitlines())
+    assert rc == 0 and '{"kernels": [[node ids], ...]}' in " ".join(flat.split()), out

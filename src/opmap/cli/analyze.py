@@ -25,7 +25,8 @@ def analyze(
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
     fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
-    fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
+    # rich reads [...] as markup: the brackets are escaped
+    fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": \\[\\[node ids], ...]}.'),
     quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
     layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
 ) -> None:
