@@ -47,3 +47,15 @@ def test_help_texts_survive_rich_markup(cli):
     rc, out, _ = cli("analyze", "--help")
     flat = " ".join(x.strip("│ ").strip() for x in out.splitlines())
     assert rc == 0 and '{"kernels": [[node ids], ...]}' in " ".join(flat.split()), out
+
+
+def test_version(cli):
+    import platform
+
+    import torch
+
+    from opmap import __version__
+
+    rc, out, err = cli("--version")
+    assert rc == 0 and not err
+    assert out.strip() == f"opmap {__version__}, torch {torch.__version__}, python {platform.python_version()}"
