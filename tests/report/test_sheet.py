@@ -22,3 +22,22 @@ def test_written_files_are_readable_by_others_modulo_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(paths[0].stat().st_mode) == 0o600
+
+
+def test_kernel_table_names_the_anchor_module(analysis_of):
+    import io
+
+    from rich.console import Console
+
+    from opmap.report.sheet import print_report
+
+    a = analysis_of("gpt2", 1, 8)
+    buf = io.StringIO()
+    print_report(a, Console(file=buf, width=400), rows=0)
+    text = buf.getvalue()
+    kernels = text[text.index("Kernels ("):text.index("Operators:")]
+    header = next(x for x in kernels.splitlines() if "┃" in x and " ops " in x)
+    assert [c.strip() for c in header.strip("┃│ ").split("┃")][:3] == ["id", "ops", "module"], header
+    lm = next(k for k in a.kernel_results if a.results[k.kernel.anchor].node.module == "h.3.attn.c_attn")
+    row = next(x for x in kernels.splitlines() if x.strip("│ ").startswith(f"{lm.kernel.id} "))
+    assert "h.3.attn.c_attn" in row, row

@@ -197,14 +197,15 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
         kt = Table(title=f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
                          f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} launches "
                          "saved (all rows in kernels.csv)", title_justify="left")
-        for col in ("id", "ops", "class", "tile", "SRAM", "waves", "format", "layout", "bytes", "traffic",
-                    "predicted", "bound", "why"):
+        for col in ("id", "ops", "module", "class", "tile", "SRAM", "waves", "format", "layout", "bytes",
+                    "traffic", "predicted", "bound", "why"):
             right = col in ("id", "bytes", "traffic", "predicted")
             kt.add_column(col, overflow="fold", justify="right" if right else "left")
         for k in kshown:
             tl = k.tile
             kt.add_row(str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
-                       k.kernel.kernel_class, tl.label() if tl else "-", si(tl.sram_bytes, "B") if tl else "-",
+                       a.results[k.kernel.anchor].node.module or "-", k.kernel.kernel_class,
+                       tl.label() if tl else "-", si(tl.sram_bytes, "B") if tl else "-",
                        f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-", k.format, k.layout,
                        si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"), k.bound, k.why)
         console.print(kt)
