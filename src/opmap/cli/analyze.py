@@ -73,4 +73,7 @@ def _evidence(path: Path | None, workload: str, dtype: str) -> str:
                          f"({type(e).__name__})") from None
     if got[0] != workload or got[1] != dtype:
         raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")
-    return f"verified by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"
+    # quality.json before the "weights" key: the zoo's weights were random, a model file's its own
+    weights = q.get("weights", "random" if ":" not in workload else "as the model file builds them")
+    on = "on random weights" if weights == "random" else f"on weights {weights}"
+    return f"verified {on} by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"
