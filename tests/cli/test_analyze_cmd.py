@@ -141,3 +141,9 @@ def test_layer_type_override_matching_nothing_warns(cli, tiny_model):
     lines = [x for x in err.splitlines() if x.strip()]
     assert rc == 0 and len(lines) == 1, err
     assert lines[0].startswith("opmap: warning: --layer-type blocks.*=mlp matched no module")
+
+
+def test_70b_on_one_h200_does_not_fit_and_says_so(cli):
+    rc, out, err = cli("analyze", "llama-3-70b", "--hardware", "h200", "--seq", "8", "--rows", "1")
+    assert rc == 0, err
+    assert "memory: does not fit: the weights need 141.1 GB at bf16, the device has 141 GB" in out

@@ -114,6 +114,7 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
+    lines.append("memory: " + a.memory_fit["text"])
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])
     if s.get("precision_evidence"):
