@@ -105,3 +105,15 @@ def test_bad_options_fail_before_the_capture(monkeypatch):
         analyze(w, hw, "bf16", plan_file="/no/plan.json")
     with pytest.raises(OpmapError, match="unknown dtype 'fp4'"):
         analyze(w, hw, "fp4")
+
+
+@pytest.mark.parametrize("dtype,hw,fits", [("fp32", "l4", False), ("bf16", "l4", True), ("int4", "l4", True),
+                                           ("fp32", "h200", True)])
+def test_memory_fit_of_the_weights_at_their_stored_format(analysis_of, dtype, hw, fits):
+    a = analysis_of("llama-3-8b", 1, 8, dtype, hw)
+    m = json.loads(json.dumps(a.to_dict()))["totals"]["memory_fit"]
+    stored = {"fp32": 4, "bf16": 2, "int4": 0.5 + 2 / 128}[dtype]
+    assert m["weights_bytes"] == pytest.approx(a.graph.params * stored, rel=1e-9)
+    assert m["device_memory_bytes"] == a.hardware.memory_bytes and m["fits"] is fits
+    assert m["text"].startswith("fits: " if fits else "does not fit: ")
+

@@ -86,6 +86,21 @@ class Analysis:
         return mfu(self.total.matrix_flops, self.predicted_latency_s, self.precision)
 
     @property
+    def memory_fit(self) -> dict[str, Any]:
+        """Whether the weights, at their stored format, fit in the device's memory (activations, KV cache
+        and workspace not counted): the bytes, the verdict and its sentence."""
+        need = self.graph.param_bytes * self.precision.weight_scale
+        have = self.hardware.memory_bytes
+        fmt = self.precision.policy["weights"]
+        fits = need <= have
+        text = (f"fits: the weights take {_bytes(need)} at {fmt}, the device has {_bytes(have)} (activations "
+                "and KV cache not counted)" if fits else
+                f"does not fit: the weights need {_bytes(need)} at {fmt}, the device has {_bytes(have)} "
+                f"({need / have:.2f}x its memory: shard across devices or store the weights narrower)")
+        return {"weights_bytes": need, "weights_format": fmt, "device_memory_bytes": have, "fits": fits,
+                "text": text}
+
+    @property
     def uncounted(self) -> dict[str, int]:
         return uncounted(self.graph, [r.cost for r in self.results])
 
@@ -141,6 +156,7 @@ class Analysis:
                 "predicted_latency_s": lat,
                 "predicted_mfu": self.predicted_mfu,
                 "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
+                "memory_fit": self.memory_fit,
             },
             "layer_types": {
                 s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
@@ -172,6 +188,14 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     return {"value": prec.matrix_peak_flops_per_s, "kind": "dense peak",
             "source": f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it",
             "of_peak": 1.0}
+
+
+def _bytes(x: float) -> str:
+    """Decimal units, four significant digits (141.1 GB against 141 GB must not read as equal)."""
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if x >= scale:
+            return f"{x / scale:.4g} {unit}"
+    return f"{x:.4g} B"
 
 
 def time_model_line(hw: HardwareSpec) -> str:

@@ -44,3 +44,11 @@ def test_overrides_win_and_match_globs():
 def test_bad_override(bad):
     with pytest.raises(OpmapError, match="PATTERN=TYPE"):
         parse_overrides([bad])
+
+
+def test_unmatched_overrides_are_named():
+    from opmap.capture import unmatched_overrides
+
+    paths = ["h.0.attn.c_attn", "h.0.mlp.c_fc", "lm_head"]
+    assert unmatched_overrides((("h.*.attn.*", "attention"), ("h.*.ffn.*", "mlp"), ("lm_head", "lm_head")),
+                               paths) == ["h.*.ffn.*=mlp"]

@@ -118,3 +118,37 @@ def test_memoised_capture_of_a_small_llama_with_moe_and_gqa():
         m = Llama(LlamaConfig(vocab_size=64, dim=64, n_layer=3, n_head=4, n_kv_head=2, ffn_dim=96, n_experts=4))
         ids = torch.zeros(1, 16, dtype=torch.long)
     assert _nodes(capture(m, (ids,))) == _nodes(capture(m, (ids,), memoize=False))
+
+
+class ShapeError(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_shape_error_in_the_model_is_the_models_not_metas(device):
+    """A forward that fails on its own (Linear(4, 8) fed 2x5) is reported as the model's error, naming the
+    module, the op and the input shapes, on meta as on the CPU: never blamed on the meta device."""
+    with torch.device(device):
+        m, x = ShapeError(), torch.empty(2, 5)
+    with pytest.raises(OpmapError) as e:
+        capture(m, (x,))
+    msg = str(e.value)
+    assert not isinstance(e.value, MetaCaptureError)
+    assert "the model's forward fails" in msg and "addmm" in msg and "'proj' (Linear)" in msg
+    assert "2x5 float32" in msg and "4x8 float32" in msg and "\n" not in msg
+    assert ("not a limit of the meta device" in msg) == (device == "meta") and "--device cpu" not in msg
+
+
+def test_meta_limitation_tells_shape_errors_apart():
+    from opmap.capture.tracer import meta_limitation
+
+    assert meta_limitation(NotImplementedError("Could not run 'aten::foo' with arguments from the 'Meta' backend"))
+    assert meta_limitation(RuntimeError("Tensor.item() cannot be called on meta tensors"))
+    assert meta_limitation(RuntimeError("Cannot copy out of meta tensor; no data!"))
+    assert not meta_limitation(RuntimeError("a and b must have same reduction dim, but got [2, 5] X [4, 8]."))
+    assert not meta_limitation(RuntimeError("shape '[3, 7]' is invalid for input of size 10"))

@@ -115,3 +115,35 @@ def test_layout_and_fusion_reach_the_analysis(tmp_path, cli):
     d = json.loads((tmp_path / "analysis.json").read_text())
     assert d["assumptions"]["fusion_policy"].startswith("compiler")
     assert any("channels_last" in n for n in d["assumptions"]["workload_notes"])
+
+
+def test_hardware_name_any_case_and_alias(cli, tiny_model):
+    rc, out, err = cli("analyze", tiny_model, "--hardware", "H200")
+    assert rc == 0 and "hardware h200 " in out, err
+    rc, out, err = cli("analyze", tiny_model, "--hardware", "h100")
+    assert rc == 0 and "note: hardware 'h100' taken as catalog entry 'h100-sxm'" in out, err
+    assert "hardware h100-sxm " in out
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_model_shape_error_one_paragraph_exit_2(tmp_path, refused, device):
+    f = tmp_path / "bad.py"
+    f.write_text("import torch\n"
+                 "def bad():\n"
+                 "    return torch.nn.Sequential(torch.nn.Linear(4, 8)), (torch.randn(2, 5),)\n")
+    line = refused("analyze", f"{f}:bad", "--device", device, needle="the model's forward fails")
+    assert "module '0' (Linear)" in line and "addmm" in line and "2x5" in line
+
+
+
+def test_layer_type_override_matching_nothing_warns(cli, tiny_model):
+    rc, out, err = cli("analyze", tiny_model, "--layer-type", "blocks.*=mlp", "--layer-type", "1=elementwise")
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 0 and len(lines) == 1, err
+    assert lines[0].startswith("opmap: warning: --layer-type blocks.*=mlp matched no module")
+
+
+def test_70b_on_one_h200_does_not_fit_and_says_so(cli):
+    rc, out, err = cli("analyze", "llama-3-70b", "--hardware", "h200", "--seq", "8", "--rows", "1")
+    assert rc == 0, err
+    assert "memory: does not fit: the weights need 141.1 GB at bf16, the device has 141 GB" in out

@@ -14,3 +14,10 @@ def test_models_and_hardware_listings(cli):
 
 def test_unknown_hardware(refused):
     refused("hardware", "show", "h1000", needle="unknown hardware 'h1000'; accepted:")
+
+
+def test_hardware_any_case_and_alias_note(cli):
+    rc, out, err = cli("hardware", "show", "H200")
+    assert rc == 0 and "h200:" in out and "taken as catalog entry" not in out, err
+    rc, out, err = cli("hardware", "show", "mi300")
+    assert rc == 0 and "note: hardware 'mi300' taken as catalog entry 'mi300x'" in out, err

@@ -171,3 +171,19 @@ def test_validator_rejects_minimal_bad_file(tmp_path):
     )
     with pytest.raises(OpmapError):
         load_spec_file(path)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("H200", "h200"), ("h200", "h200"), ("B200", "b200"), ("H100-SXM", "h100-sxm"), (" l40s ", "l40s"),
+    ("h100", "h100-sxm"), ("H100", "h100-sxm"), ("a100", "a100-sxm-80gb"), ("MI300", "mi300x"),
+    ("mi250", "mi250x"),
+])
+def test_names_any_case_and_aliases(name, expected):
+    assert opmap.hardware.get_hardware(name).name == expected
+    assert bool(opmap.hardware.alias_note(name)) == (name.strip().lower() in opmap.hardware.ALIASES)
+
+
+def test_l40_is_not_an_alias_of_l40s():
+    with pytest.raises(OpmapError, match="unknown hardware 'l40'"):
+        opmap.hardware.get_hardware("l40")
+    assert opmap.hardware.alias_note("l40") == ""

@@ -1,8 +1,47 @@
-"""The assumption lines head every report: values rendered, the rate the time model ran at named."""
+"""The analysis sheet: files written as a set with ordinary permissions; the assumption lines."""
 
 from __future__ import annotations
 
-from opmap.report.sheet import assumption_lines
+import os
+import stat
+
+from opmap.report.sheet import assumption_lines, write_set
+
+
+def test_written_files_are_readable_by_others_modulo_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        paths = write_set(tmp_path / "out", {"a.json": "{}\n", "b.csv": "x\n"})
+    finally:
+        os.umask(old)
+    for p in paths:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, (p, oct(p.stat().st_mode))
+    old = os.umask(0o077)
+    try:
+        paths = write_set(tmp_path / "private", {"a.json": "{}\n"})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(paths[0].stat().st_mode) == 0o600
+
+
+def test_kernel_table_names_the_anchor_module(analysis_of):
+    import io
+
+    from rich.console import Console
+
+    from opmap.report.sheet import print_report
+
+    a = analysis_of("gpt2", 1, 8)
+    buf = io.StringIO()
+    print_report(a, Console(file=buf, width=400), rows=0)
+    text = buf.getvalue()
+    kernels = text[text.index("Kernels ("):text.index("Operators:")]
+    header = next(x for x in kernels.splitlines() if "┃" in x and " ops " in x)
+    assert [c.strip() for c in header.strip("┃│ ").split("┃")][:3] == ["id", "ops", "module"], header
+    lm = next(k for k in a.kernel_results if a.results[k.kernel.anchor].node.module == "h.3.attn.c_attn")
+    row = next(x for x in kernels.splitlines() if x.strip("│ ").startswith(f"{lm.kernel.id} "))
+    assert "h.3.attn.c_attn" in row, row
+
 
 
 def test_assumption_lines_render_the_hardware_values(analysis_of):

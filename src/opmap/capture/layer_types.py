@@ -68,6 +68,13 @@ def parse_overrides(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def unmatched_overrides(overrides: Sequence[tuple[str, str]], module_paths: Iterable[str]) -> list[str]:
+    """The ``PATTERN=TYPE`` overrides whose pattern matches none of ``module_paths`` (the innermost module
+    paths of a capture's ops, which is what ``classify`` matches)."""
+    paths = set(module_paths)
+    return [f"{pat}={typ}" for pat, typ in overrides if not any(fnmatch.fnmatchcase(m, pat) for m in paths)]
+
+
 def _module_type(cls_name: str, attr: str) -> str | None:
     if not GENERIC_CLASSES.match(cls_name):
         for cre, _are, typ in _COMPILED:

@@ -283,17 +283,30 @@ class _DispatchRecorder(TorchDispatchMode):
         try:
             return func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
             t = self.t
             flat, _ = tree_flatten((args, kwargs))
-            if any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in flat):
-                path, cls = t.stack[-1] if t.stack else ("", "")
-                where = f"module {path!r} ({cls})" if path else f"the top-level module ({cls or 'none'})"
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            path, cls = t.stack[-1] if t.stack else ("", "")
+            where = f"module {path!r} ({cls})" if path else f"the top-level module ({cls or 'none'})"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            on_meta = any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in flat)
+            if on_meta and meta_limitation(e):
                 raise MetaCaptureError(
                     f"op {func} in {where} cannot run on the meta device ({first[:120]}); "
                     "capture with real tensors instead: --device cpu (or build the model and inputs on the CPU)"
                 ) from None
-            raise
+            ins = ", ".join(f"{'x'.join(map(str, x.shape)) or 'scalar'} {_dtype_name(x.dtype)}"
+                            for x in flat if isinstance(x, torch.Tensor))
+            if not on_meta and (isinstance(e, NotImplementedError) or "not implemented for" in first):
+                dev = next((x.device for x in flat if isinstance(x, torch.Tensor)), "this device")
+                raise OpmapError(f"op {func} in {where} has no kernel on {dev} for its inputs ({ins}): "
+                                 f"{first[:300]}; try another --dtype or --device") from None
+            raise ModelForwardError(
+                f"the model's forward fails: op {func} in {where} rejects its inputs ({ins or 'no tensors'}): "
+                f"{first[:300].rstrip('.')}. This is an error in the model or its example inputs"
+                + (", not a limit of the meta device (the same call fails with real tensors)" if on_meta else "")
+                + "; fix the model file or the inputs it returns") from None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -311,6 +324,27 @@ class _DispatchRecorder(TorchDispatchMode):
 
 class MetaCaptureError(OpmapError):
     """An op has no meta implementation (data-dependent shapes, .item(), nonzero)."""
+
+
+class ModelForwardError(OpmapError):
+    """An op of the model's forward rejects its inputs (a shape or dtype mismatch): the model's own error, on
+    any device."""
+
+
+# Words in the errors torch raises where the meta device, not the model, is the limit: no meta kernel, no
+# data to read (.item(), .tolist(), a copy to the CPU), an output shape that depends on the data.
+_META_WORDS = ("meta", "data-dependent", "data dependent", "no data", "unimplemented", "not implemented",
+               "symbolic", "guard")
+
+
+def meta_limitation(e: BaseException) -> bool:
+    """Whether an op's error on meta tensors is the meta device's limit rather than the model's own error: a
+    NotImplementedError, or a RuntimeError naming a missing meta kernel or data. A meta kernel that checks
+    shapes raises the same RuntimeError the real kernel would (a shape message): that is the model's error."""
+    if isinstance(e, NotImplementedError):
+        return True
+    text = str(e).lower()
+    return any(w in text for w in _META_WORDS)
 
 
 class _FunctionRecorder(TorchFunctionMode):

@@ -25,6 +25,34 @@ __all__ = ["app", "console", "main"]
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Map a neural-network workload onto hardware: operators, costs, predicted time.")
+
+
+def version_line() -> str:
+    """opmap's, torch's and python's versions, in one line (torch's read from its metadata: no import)."""
+    import platform
+    from importlib import metadata
+
+    from opmap import __version__
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"opmap {__version__}, torch {torch_version}, python {platform.python_version()}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        console.print(version_line(), highlight=False, markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                          help="Show the opmap, torch and python versions and exit.")) -> None:
+    """Map a neural-network workload onto hardware: operators, costs, predicted time."""
+
+
 app.add_typer(_catalog.models_app, name="models")
 app.add_typer(_catalog.hardware_app, name="hardware")
 app.command("analyze")(_analyze.analyze)

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote
+from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
+from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 
 
 def analyze(
     model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
-    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H",
+                                 help="Catalog name, any case, or an alias such as h100 (opmap hardware list)."),
     batch: int = typer.Option(1, help="Batch size."),
     seq: int | None = typer.Option(None, help="Sequence length for text models (default: the model's)."),
     image_size: int | None = typer.Option(None, help="Image side in pixels for vision models."),
@@ -23,29 +25,32 @@ def analyze(
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
     fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
-    fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": [[node ids], ...]}.'),
+    # rich reads [...] as markup: the brackets are escaped
+    fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": \\[\\[node ids], ...]}.'),
     quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
     layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
     from opmap.capture import parse_overrides
-    from opmap.hardware import get_hardware
-    from opmap.report.sheet import print_report, write_outputs
+    from opmap.report.sheet import check_out_dir, print_report, write_outputs
     from opmap.workloads import with_layout
 
     # torch's import leaves a large heap that every garbage collection during capture would walk again: move
     # it to the permanent generation (the 70B analysis: 3.5 s to 2.9 s whole process, benchmarks/README.md)
     gc.freeze()
-    # Checked in this order, each before the work it guards: the hardware name and the overrides here; the
-    # device, model, shape and dtype by the loader before it builds; the dtype on this hardware, the fusion
-    # policy and the plan file by opmap.analyze.analyze before it captures.
+    # Checked in this order, each before the work it guards: the hardware name, the overrides and the output
+    # folder here; the device, model, shape and dtype by the loader before it builds; the dtype on this
+    # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
     hw = get_hardware(hardware)
     overrides = parse_overrides(layer_type)
+    if out is not None:
+        check_out_dir(out)
     w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
     evidence = _evidence(quality, w.name, dtype)
     with console.status(f"capturing {w.name} and predicting on {hw.name}"):
         a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+    warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:
         print_wrote(write_outputs(a, out))
@@ -68,4 +73,7 @@ def _evidence(path: Path | None, workload: str, dtype: str) -> str:
                          f"({type(e).__name__})") from None
     if got[0] != workload or got[1] != dtype:
         raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")
-    return f"verified by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"
+    # quality.json before the "weights" key: the zoo's weights were random, a model file's its own
+    weights = q.get("weights", "random" if ":" not in workload else "as the model file builds them")
+    on = "on random weights" if weights == "random" else f"on weights {weights}"
+    return f"verified {on} by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"

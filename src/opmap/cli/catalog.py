@@ -53,9 +53,9 @@ def _catalog_row(h) -> list[str]:
 @hardware_app.command("show")
 def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml file.")) -> None:
     """Every value of one device with its kind and source."""
-    from opmap.hardware import get_hardware
+    from opmap.cli.common import hardware
 
-    h = get_hardware(name)
+    h = hardware(name)
     console.print(_spec_table(h))
     if h.notes:
         console.print(h.notes)

@@ -1,4 +1,5 @@
-"""What the commands share: the console, building a workload from the shape options, the "wrote" line."""
+"""What the commands share: the console, building a workload from the shape options, the hardware by name,
+the "wrote" line."""
 
 from __future__ import annotations
 
@@ -49,6 +50,28 @@ def check_memory(params: int, dtype: str, device: str) -> None:
     if need > 0.8 * have:
         raise OpmapError(f"the weights need {need / 1e9:.1f} GB on {device}, {have / 1e9:.1f} GB is free; "
                          "use --device meta (no weights allocated)")
+
+
+def hardware(name: str):
+    """The device ``name`` names (opmap.hardware.get_hardware), with a note line when it was an alias."""
+    from opmap.hardware import alias_note, get_hardware
+
+    spec = get_hardware(name)
+    note = alias_note(name)
+    if note:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    return spec
+
+
+def warn_unmatched_overrides(overrides, graph) -> None:
+    """One warning line on stderr per --layer-type override whose pattern matched no module of ``graph``."""
+    from opmap.capture import unmatched_overrides
+
+    paths = sorted({n.module for n in graph.nodes if n.module}, key=lambda m: (m.count("."), m))
+    example = f" (module paths look like {paths[-1]!r})" if paths else " (the model has no submodules)"
+    for item in unmatched_overrides(overrides, paths):
+        Console(stderr=True).print(f"opmap: warning: --layer-type {item} matched no module{example}",
+                                   highlight=False, markup=False, soft_wrap=True)
 
 
 def print_wrote(paths: Iterable[Path]) -> None:

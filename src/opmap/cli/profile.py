@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote
+from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
+from opmap.cli.common import hardware as get_hardware
 
 
 def profile(
@@ -35,19 +36,21 @@ def profile(
 
     from opmap.capture import parse_overrides
     from opmap.cli.calibrate import run_calibration
-    from opmap.hardware import get_hardware
     from opmap.hardware.local import cache_path
     from opmap.measure import run_profile
     from opmap.measure.run import check_profile
     from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
+    from opmap.report.sheet import check_out_dir
 
-    # The device and dtype (run_profile's own check) and a named datasheet fail before a first-use
-    # calibration or the build; the loader checks model and shape before it builds.
+    # The device and dtype (run_profile's own check), the output folder and a named datasheet fail before a
+    # first-use calibration or the build; the loader checks model and shape before it builds.
     check_profile(device, dtype)
+    if out is not None:
+        check_out_dir(out)
     ds = get_hardware(datasheet) if datasheet else None
-    if hardware == "local" and device == "cuda":
+    if hardware.strip().lower() == "local" and device == "cuda":
         hardware = "local-cuda"
-    if hardware in ("local", "local-cuda") and not cache_path(device).exists():
+    if hardware.strip().lower() in ("local", "local-cuda") and not cache_path(device).exists():
         console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
         run_calibration(device)
     hw = get_hardware(hardware)
@@ -59,6 +62,7 @@ def profile(
         p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
                         overrides=overrides, datasheet=ds, train=train,
                         progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+    warn_unmatched_overrides(overrides, p.analysis.graph)
     d = p.to_dict()
     print_profile_report(p, console, rows, d)
     if out is not None:

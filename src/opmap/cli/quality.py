@@ -9,6 +9,10 @@ from rich.table import Table
 
 from opmap.cli.common import build_workload, console, print_wrote
 
+# quality.json's "weights": the zoo builds random weights (no checkpoint); a model file builds its own
+RANDOM_WEIGHTS = "random"
+USER_WEIGHTS = "as the model file builds them (random unless it loads a checkpoint)"
+
 
 def quality(
     model: str = typer.Argument(..., help="A zoo name or path/to/file.py:factory."),
@@ -23,25 +27,30 @@ def quality(
     import json
 
     from opmap.measure.quality import check_dtype, measure_quality
-    from opmap.report.sheet import write_set
+    from opmap.report.sheet import check_out_dir, write_set
     from opmap.workloads import MODELS
 
     check_dtype(dtype)  # before the fp32 build on the CPU, the expensive part
+    if out is not None:
+        check_out_dir(out)
     spec = MODELS.get(model)
     if spec is not None and spec.kind == "text" and seq is None:
         seq = 64
     if batch is None:
         batch = 2 if spec is None or spec.kind == "text" else 8
     w = build_workload(model, batch, seq, image_size, "fp32", "cpu")
+    weights = RANDOM_WEIGHTS if spec is not None else USER_WEIGHTS
     with console.status(f"running {w.name} in fp32 and in {dtype}"):
-        q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed)
+        q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed, weights)
     console.print(_quality_table(q, w.name, dtype, seed))
     if out is not None:
         print_wrote(write_set(out, {"quality.json": json.dumps(q.to_dict(), indent=1) + "\n"}))
 
 
 def _quality_table(q, workload: str, dtype: str, seed: int) -> Table:
-    t = Table(title=f"{workload}: {dtype} against fp32 on the same inputs (seed {seed})", title_justify="left")
+    what = "random weights" if q.weights == RANDOM_WEIGHTS else f"weights {q.weights}"
+    t = Table(title=f"{workload}: {dtype} against fp32 on the same inputs (seed {seed}), {what}",
+              title_justify="left")
     for col in ("relative error", "max abs error", q.agreement_kind, "positions", "method"):
         t.add_column(col, overflow="fold")
     t.add_row(f"{q.rel_error:.3g}", f"{q.max_abs_error:.3g}", f"{q.agreement:.1%}", str(q.positions), q.method)

@@ -300,19 +300,39 @@ def catalog() -> dict[str, HardwareSpec]:
     return specs
 
 
+# Common short names of catalog devices, lower case. A name that could mean another card stays out (l40 is
+# not an l40s).
+ALIASES: dict[str, str] = {
+    "h100": "h100-sxm",
+    "a100": "a100-sxm-80gb",
+    "mi300": "mi300x",
+    "mi250": "mi250x",
+}
+
+
+def alias_note(name: str) -> str:
+    """The line to show when ``name`` is an alias of a catalog device ("" when it is not one)."""
+    target = ALIASES.get(name.strip().lower())
+    return f"hardware {name!r} taken as catalog entry {target!r} (opmap hardware list)" if target else ""
+
+
 def get_hardware(name: str) -> HardwareSpec:
-    """A catalog device by name, ``local`` (the profile ``opmap calibrate`` wrote), or a TOML file path."""
-    if name in ("local", "local-cuda"):
-        path = cache_path("cuda" if name == "local-cuda" else "cpu")
+    """A catalog device by name (any case; ``ALIASES`` resolve: ``alias_note`` says so), ``local`` (the
+    profile ``opmap calibrate`` wrote), or a TOML file path."""
+    key = name.strip().lower()
+    if key in ("local", "local-cuda"):
+        path = cache_path("cuda" if key == "local-cuda" else "cpu")
         if not path.exists():
-            flag = " --device cuda" if name == "local-cuda" else ""
-            raise OpmapError(f"no {name} hardware profile at {path}; run `opmap calibrate{flag}` first")
+            flag = " --device cuda" if key == "local-cuda" else ""
+            raise OpmapError(f"no {key} hardware profile at {path}; run `opmap calibrate{flag}` first")
         return load_spec_file(path)
     p = Path(name)
     if p.suffix == ".toml" and p.exists():
         return load_spec_file(p)
     specs = catalog()
-    if name not in specs:
-        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)}, local / local-cuda "
-                         "(after opmap calibrate), or a .toml file")
-    return specs[name]
+    key = ALIASES.get(key, key)
+    if key not in specs:
+        aliases = ", ".join(f"{a} ({t})" for a, t in ALIASES.items())
+        raise OpmapError(f"unknown hardware {name!r}; accepted: {', '.join(specs)} (any case; aliases: {aliases}), "
+                         "local / local-cuda (after opmap calibrate), or a .toml file")
+    return specs[key]

@@ -1,6 +1,7 @@
 """Quality evidence for a reduced precision: the model in that format against an fp32 reference.
 
-Both runs use the same random weights and the same random inputs (seeded), on the CPU:
+Both runs use the same weights (random for zoo models: the evidence says so) and the same random inputs
+(seeded), on the CPU:
 
 - ``bf16`` / ``fp16``: a real cast of the module and its floating-point inputs;
 - ``fp8``: fake quantization to float8 e4m3 (per-tensor scale amax / 448) of every Linear and Conv weight
@@ -45,12 +46,13 @@ class Quality:
     positions: int
     method: str
     seed: int
+    weights: str = "random"  # where the compared weights came from: "random" (the zoo) or a user file's
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": 1, "workload": self.workload, "dtype": self.dtype, "reference_dtype": "fp32",
                 "rel_error": self.rel_error, "max_abs_error": self.max_abs_error, "agreement": self.agreement,
                 "agreement_kind": self.agreement_kind, "positions": self.positions, "method": self.method,
-                "seed": self.seed, "torch_version": torch.__version__}
+                "seed": self.seed, "weights": self.weights, "torch_version": torch.__version__}
 
 
 def fake_fp8(x: torch.Tensor) -> torch.Tensor:
@@ -151,8 +153,10 @@ def check_dtype(dtype: str) -> None:
         raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(QUALITY_DTYPES)} (got {dtype!r})")
 
 
-def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0) -> Quality:
-    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare."""
+def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0,
+                    weights: str = "random") -> Quality:
+    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare.
+    ``weights`` says where the module's weights came from ("random": the zoo builds no checkpoint)."""
     check_dtype(dtype)
     ref_model = module.float().eval()
     x = random_inputs(ref_model, _cast(inputs, torch.float32), seed)
@@ -189,4 +193,4 @@ def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind:
     if not math.isfinite(rel):
         raise OpmapError(f"{name} in {dtype} produced non-finite outputs (overflow); the format cannot hold it")
     return Quality(name, dtype, rel, float(diff.abs().max()), float(agree.mean()), akind, int(agree.numel()),
-                   method, seed)
+                   method, seed, weights)

@@ -7,8 +7,13 @@ with the plain loop's to state the profiler's overhead.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +23,38 @@ from opmap.measure.attribute import Event
 from opmap.timing import LatencyStats, sync
 
 ITER_MARK = "opmap.iter."
+# The progress lines kineto (torch.profiler's C++ side) writes to stderr at each profiler start and stop:
+# "USDT:2026-01-01 08:00:00 123:123 SyncActivityProfilerHandler.cpp:52] profiler_start" (STAGE, INFO and
+# VERBOSE lines where its log level lets them through). Its WARNING and ERROR lines are kept.
+KINETO_PROGRESS = re.compile(rb"^(USDT|STAGE|INFO|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \S+\.\w+:\d+\] ")
+
+
+@contextlib.contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """Hold what is written to the process's stderr (file descriptor 2, where kineto's C++ logger writes)
+    while the profiler runs, then pass every line but kineto's progress lines on: real errors and warnings
+    still reach stderr, after the profiled iterations. (KINETO_LOG_LEVEL cannot do it: the level that hides
+    the progress lines hides the errors too, and kineto reads it once per process.)"""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held.read().splitlines(keepends=True)
+                            if not KINETO_PROGRESS.match(line))
+            if kept:
+                os.write(2, kept)
 
 
 def make_call(module: torch.nn.Module, inputs: Any, kwargs: dict | None = None) -> Callable[[], Any]:
@@ -63,14 +100,12 @@ def profile_iterations(call: Callable[[], Any], device: torch.device, n: int, *,
                        keep_trace: bool = True, progress: Callable[[], None] | None = None) -> ProfiledRun:
     """``n`` iterations under torch.profiler (CPU ops; CUDA kernels too on a GPU), each in its own marker."""
     import json
-    import os
-    import tempfile
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     walls = []
-    with profile(activities=acts, record_shapes=record_shapes) as prof:
+    with quiet_profiler(), profile(activities=acts, record_shapes=record_shapes) as prof:
         call()  # the profiler's first iteration pays its own set-up: run one outside the markers
         sync(device)
         for i in range(n):

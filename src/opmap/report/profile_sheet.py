@@ -28,6 +28,9 @@ from opmap.report.sheet import (
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
                     "compute_busy_s", "memory_stall_s", "other_s")
+# The unit each measured column renders with (rates are per second, not seconds).
+MEASURED_UNITS = {"measured_s": "s", "achieved_flops_per_s": "FLOP/s", "achieved_bytes_per_s": "B/s",
+                  "compute_busy_s": "s", "memory_stall_s": "s", "other_s": "s"}
 
 
 def profile_rows(p: Profile) -> list[dict]:
@@ -65,8 +68,10 @@ def run_lines(p: Profile, d: dict) -> list[str]:
     else:
         lines.append(f"  datasheet MFU: not computed ({ds['why']})")
     lines.append(f"  HFU: {mfu['hfu']['why']}")
+    noise = (" (within noise: profiled iterations ran faster than the plain ones)" if prof["overhead"] < 0
+             else "")
     lines.append(f"profiler: {prof['iterations']} iterations, overhead {prof['overhead']:+.1%} against the plain "
-                 f"loop, {prof['coverage']:.0%} of kernels matched, {si(prof['unattributed_s'], 's')} per "
+                 f"loop{noise}, {prof['coverage']:.0%} of kernels matched, {si(prof['unattributed_s'], 's')} per "
                  f"iteration between ops (unattributed)")
     if en["joules"] is not None:
         lines.append(f"energy: {en['joules']:.3g} J over {en['seconds']:.3g} s, {en['average_w']:.3g} W average, "
@@ -102,9 +107,8 @@ def render_profile_markdown(p: Profile, d: dict) -> str:
         cells = []
         for k, v in row.items():
             if k in MEASURED_COLUMNS:
-                cells.append("" if v == "" else (f"{v:.2f}" if k == "predicted_over_measured" else
-                                                 si(v, "s") if k.endswith("_s") else si(v, "B/s" if "bytes" in k
-                                                                                       else "FLOP/s")))
+                cells.append("" if v == "" else f"{v:.2f}" if k == "predicted_over_measured" else
+                             si(v, MEASURED_UNITS[k]))
             else:
                 cells.append(cell(k, v))
         out.append("| " + " | ".join(cells) + " |")

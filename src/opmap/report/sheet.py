@@ -122,6 +122,7 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
+    lines.append("memory: " + a.memory_fit["text"])
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])
     if s.get("precision_evidence"):
@@ -205,14 +206,15 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
         kt = Table(title=f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
                          f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} launches "
                          "saved (all rows in kernels.csv)", title_justify="left")
-        for col in ("id", "ops", "class", "tile", "SRAM", "waves", "format", "layout", "bytes", "traffic",
-                    "predicted", "bound", "why"):
+        for col in ("id", "ops", "module", "class", "tile", "SRAM", "waves", "format", "layout", "bytes",
+                    "traffic", "predicted", "bound", "why"):
             right = col in ("id", "bytes", "traffic", "predicted")
             kt.add_column(col, overflow="fold", justify="right" if right else "left")
         for k in kshown:
             tl = k.tile
             kt.add_row(str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
-                       k.kernel.kernel_class, tl.label() if tl else "-", si(tl.sram_bytes, "B") if tl else "-",
+                       a.results[k.kernel.anchor].node.module or "-", k.kernel.kernel_class,
+                       tl.label() if tl else "-", si(tl.sram_bytes, "B") if tl else "-",
                        f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-", k.format, k.layout,
                        si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"), k.bound, k.why)
         console.print(kt)
@@ -274,6 +276,25 @@ def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
     })
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an output folder that could not be created or written, before the long work that fills it; the
+    folder itself is not created here (a refused run leaves nothing behind)."""
+    p = Path(out_dir)
+    if p.exists():
+        if not p.is_dir():
+            raise OpmapError(f"cannot write into {p}: it exists and is not a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise OpmapError(f"cannot write into {p}: permission denied")
+        return
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OpmapError(f"cannot create output folder {p}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OpmapError(f"cannot create output folder {p}: permission denied in {parent}")
+
+
 def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
     """Write every file to a temporary name first, then rename them all into place: a failure (full disk,
     no permission) leaves the folder as it was, never a half-written or mixed set."""
@@ -283,10 +304,12 @@ def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
     except OSError as e:
         raise OpmapError(f"cannot create output folder {out_dir}: {e.strerror}") from None
     tmps = []
+    mode = 0o666 & ~_umask()  # what open() would give: mkstemp's own files are private (0600)
     try:
         for name, text in contents.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
             tmps.append((tmp, out_dir / name))
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
         for tmp, final in tmps:
@@ -296,3 +319,10 @@ def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
             Path(tmp).unlink(missing_ok=True)
         raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
     return [final for _, final in tmps]
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
