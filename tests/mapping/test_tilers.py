@@ -71,9 +71,9 @@ def test_no_legal_tile_says_why_in_numbers():
     tiny = replace(h100, fields={**h100.fields, "sram_per_unit_bytes": Value(4096.0, "assumed", "test")})
     c = choose_tile(_gemm(512, 512, 512), tiny, resolve_precision(tiny, "bf16"), tiny.curves)
     # Hopper's warpgroup MMA is m64, so the smallest candidate is 64x32x32 at 2 stages in bf16:
-    # 2 * (64*32 + 32*32) * 2 B = 12 KB > 4 KB
+    # 2 * (64*32 + 32*32) * 2 B = 12,288 B = 12.3 kB > 4,096 B = 4.1 kB
     assert isinstance(c, NoTile)
-    assert "(64x32x32, 2 stages) needs 12 KB of shared memory, the device has 4 KB" in c.reason
+    assert "(64x32x32, 2 stages) needs 12.3 kB of shared memory, the device has 4.1 kB" in c.reason
 
 
 def test_no_problem_no_tile():

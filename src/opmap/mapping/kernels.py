@@ -159,7 +159,7 @@ def _why(r: Roofline, tile: Tile | None) -> str:
     if r.bound == Bound.OVERHEAD:
         s = f"overhead: launch {f(r.overhead_s)} > {lim} {f(terms[lim])}"
     if tile is not None:
-        s += (f"; tile {tile.label()} ({tile.sram_bytes / 1024:.0f} KB SRAM), {tile.tiles} tiles in {tile.waves} "
+        s += (f"; tile {tile.label()} ({tile.sram_bytes / 1e3:.3g} kB SRAM), {tile.tiles} tiles in {tile.waves} "
               f"waves (tile eff {tile.tile_efficiency:.0%}, wave eff {tile.wave_efficiency:.0%}, "
               f"feed eff {tile.feed_efficiency:.0%})")
     return s

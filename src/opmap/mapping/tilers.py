@@ -4,7 +4,7 @@ A tiler says whether it applies to a kernel's anchor (its matrix problem on this
 does, searches tiles (tiling.py) and returns a ``TileChoice``: the best tile and the runner-up, and, where
 the tile model gives the time (a GPU, a catalog CPU), the anchor's tiled compute time and operand traffic
 replacing the per-node figures. A search with no legal tile returns a ``NoTile`` whose reason names the
-limit in numbers ("needs 6 KB of shared memory, the device has 4 KB").
+limit in numbers ("needs 6.14 kB of shared memory, the device has 4.1 kB"; decimal units, as everywhere).
 
 Registered, in the order they are tried:
 

@@ -164,7 +164,7 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
     if not out:
         sram, bm, bn, bk, st = smallest
         raise OpmapError(f"no legal GEMM tile: the smallest ({bm}x{bn}x{bk}, {st} stages) needs "
-                         f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
+                         f"{sram / 1e3:.3g} kB of shared memory, the device has {sram_per_unit / 1e3:.3g} kB")
     return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, -t.stages, -(t.bm * t.bn), -t.bk)))
 
 
@@ -225,7 +225,7 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
     if not out:
         sram, br, bc = smallest
         raise OpmapError(f"no legal attention tile: the smallest ({br} queries x {bc} keys, head dim {d}) needs "
-                         f"{sram / 1024:.0f} KB of shared memory, the device has {sram_per_unit / 1024:.0f} KB")
+                         f"{sram / 1e3:.3g} kB of shared memory, the device has {sram_per_unit / 1e3:.3g} kB")
     return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn))))
 
 
@@ -268,6 +268,6 @@ def cpu_tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, l2_pe
                         traffic / bandwidth_bytes_per_s, k))
     if not out:
         raise OpmapError(f"no legal CPU blocking: the smallest A block ({MC_CHOICES[0]}x{KC_CHOICES[0]}) needs "
-                         f"{MC_CHOICES[0] * KC_CHOICES[0] * e / 1024:.0f} KB, half the core's L2 is "
-                         f"{l2_per_core / 2048:.0f} KB")
+                         f"{MC_CHOICES[0] * KC_CHOICES[0] * e / 1e3:.3g} kB, half the core's L2 is "
+                         f"{l2_per_core / 2e3:.3g} kB")
     return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), -(t.bm * t.bn * t.bk))))
