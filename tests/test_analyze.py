@@ -117,3 +117,19 @@ def test_memory_fit_of_the_weights_at_their_stored_format(analysis_of, dtype, hw
     assert m["device_memory_bytes"] == a.hardware.memory_bytes and m["fits"] is fits
     assert m["text"].startswith("fits: " if fits else "does not fit: ")
 
+
+
+def test_quantized_weights_count_at_their_stored_size_everywhere(analysis_of):
+    """int4 stores 0.5 B per weight plus a 2-byte scale per 128 (GPTQ / AWQ groups): the node rows, the totals and
+    every kernel's traffic count the weights at that size, so the rows add up to the totals and no kernel moves
+    fewer bytes than its weights occupy."""
+    a = analysis_of("gpt2", 1, 32, "int4", "h100-sxm")
+    ref = analysis_of("gpt2", 1, 32, "bf16", "h100-sxm")
+    d = a.to_dict()
+    scale = (0.5 + 2 / 128) / 2
+    assert d["totals"]["param_bytes_read"] == pytest.approx(sum(n["param_bytes_read"] for n in d["nodes"]))
+    assert d["totals"]["param_bytes_read"] == pytest.approx(ref.to_dict()["totals"]["param_bytes_read"] * scale)
+    assert d["totals"]["param_bytes"] == pytest.approx(ref.graph.param_bytes * scale)
+    for k in a.kernel_results:
+        weights = sum(a.results[i].cost.param_bytes_read for i in k.kernel.nodes)
+        assert k.traffic_bytes >= weights * (1 - 1e-9), k.kernel.id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from opmap.analyze import stored_weights
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
@@ -82,7 +83,9 @@ def test_int4_weight_only_reads_a_quarter_of_the_weights():
     cost = OpCost(matrix_flops=2.0 * 16 * 4096 * 4096, bytes_read=act, param_bytes_read=P)
     prec = resolve_precision(H100, "int4")
     assert prec.matrix == "bf16" and "weight-only" in prec.note
-    p = predict_cost(cost, H100, prec)
+    (stored,) = stored_weights([cost], prec)  # the pipeline rescales parameter reads once, before predicting
+    assert stored.param_bytes_read == pytest.approx(P * (0.5 + 2 / 128) / 2)
+    p = predict_cost(stored, H100, prec)
     assert p.memory_s == pytest.approx((act + P * (0.5 + 2 / 128) / 2) / H100.memory_bandwidth_bytes_per_s)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -140,7 +140,7 @@ class Analysis:
             "assumptions": self.assumptions,
             "totals": {
                 "params": self.graph.params,
-                "param_bytes": self.graph.param_bytes,
+                "param_bytes": self.graph.param_bytes * self.precision.weight_scale,
                 "flops": total.flops,
                 "matrix_flops": total.matrix_flops,
                 "vector_flops": total.vector_flops,
@@ -256,11 +256,21 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
     }
 
 
+def stored_weights(costs: Sequence[OpCost], prec: Precision) -> list[OpCost]:
+    """The costs with parameter reads at the stored weight format (int8, int4, fp8 store weights narrower than
+    the graph was captured in): one rescaling, so node rows, kernels, totals and times all count the same
+    bytes."""
+    if prec.weight_scale == 1.0:
+        return list(costs)
+    return [replace(c, param_bytes_read=c.param_bytes_read * prec.weight_scale) if c.param_bytes_read else c
+            for c in costs]
+
+
 def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
                   overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
                   evidence: str = "") -> Analysis:
     prec = resolve_precision(hw, dtype)
-    costs = cost_graph(graph)
+    costs = stored_weights(cost_graph(graph), prec)
     curves = hw.curves
     preds = [predict_cost(c, hw, prec, curves) for c in costs]
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))

@@ -61,7 +61,7 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
                     + cost.transcendental_flops / curves.transcendental_per_s)
     else:
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
-    nbytes = cost.bytes - cost.param_bytes_read * (1.0 - prec.weight_scale)
+    nbytes = cost.bytes  # parameters at their stored format (analyze.stored_weights)
     memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_bandwidth_bytes_per_s)
     return roofline(matrix_s, vector_s, memory_s, overhead)
 

@@ -116,8 +116,7 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         anchor, ac = nodes[k.anchor], costs[k.anchor]
         matrix_s = sum(preds[m].matrix_s for m in k.nodes)
         vector_s = sum(preds[m].vector_s for m in k.nodes)
-        param = sum(costs[m].param_bytes_read for m in k.nodes)
-        traffic = k.min_bytes - param * (1.0 - prec.weight_scale)
+        traffic = k.min_bytes  # parameters at their stored format (analyze.stored_weights)
         tile = runner = None
         why_tile = ""
         choice = choose_tile(ac, hw, prec, curves)
