@@ -94,3 +94,18 @@ def test_a_big_square_gemm_is_compute_bound_on_every_catalog_gpu(name):
     assert 2 * 8192 ** 3 / (3 * 8192 ** 2 * 2) > 5 * prec.matrix_peak_flops_per_s / hw.memory_bandwidth_bytes_per_s
     assert c.compute_s > memory_s, f"{name}: {c.traffic_bytes / 1e9:.2f} GB of traffic"
     assert 2 * 8192 ** 3 / c.compute_s >= 0.9 * prec.matrix_rate_flops_per_s
+
+
+def test_implicit_gemm_conv_reads_its_input_not_the_unfolded_matrix():
+    """A 3x3 convolution, 8 x 64 x 56 x 56 fp16 in and out, on an L4: the unfolded A would be (8*56*56) x (64*9)
+    x 2 B = 28.9 MB, nine times the 3.2 MB input. Implicit GEMM gathers overlapping windows through the caches,
+    so device memory sees about the input, the weights and the output once each."""
+    l4 = get_hardware("l4")
+    prec = resolve_precision(l4, "fp16")
+    m, n, k = 8 * 56 * 56, 64, 64 * 9
+    x, w, y = 8 * 64 * 56 * 56 * 2, 64 * 64 * 9 * 2, 8 * 64 * 56 * 56 * 2
+    p = MatrixProblem(MatrixFamily.CONV, 1, m, n, k)
+    c = choose_tile(OpCost(matrix_flops=p.flops, bytes_read=x, param_bytes_read=w, bytes_written=y, problem=p),
+                    l4, prec, l4.curves)
+    assert m * k * 2 == pytest.approx(9 * x)
+    assert 0.999 * (x + w + y) <= c.traffic_bytes <= 1.5 * (x + w + y)

@@ -79,7 +79,7 @@ class Tile:
 
 
 def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, bk: int, stages: int, k: int, e: float, eb: float,
-                    units: int, l2_bytes: float) -> float:
+                    units: int, l2_bytes: float, a_unique: float = 1.0) -> float:
     """Device-memory bytes of A and B for one GEMM of tm x tn tiles (split-K sk), with L2 reuse.
 
     - Both operands fit in half the L2: each is read once.
@@ -90,13 +90,17 @@ def operand_traffic(tm: int, tn: int, sk: int, bm: int, bn: int, bk: int, stages
       When they fit in half the L2, each panel comes from DRAM once per wave that uses it.
     - When even the slices in flight exceed half the L2, A is re-read once per column of tiles and B once
       per row.
+
+    ``a_unique``: the share of A's bytes that are distinct in memory. An implicit-GEMM convolution never
+    writes the unfolded (im2col) matrix: its A tiles gather overlapping windows of the input through the
+    caches, so DRAM sees the input (input bytes / im2col bytes of it), not the unfolded matrix.
     """
-    a_bytes, b_bytes = tm * bm * k * e, k * tn * bn * eb
+    a_bytes, b_bytes = tm * bm * k * e * a_unique, k * tn * bn * eb
     if a_bytes + b_bytes <= l2_bytes / 2:
         return a_bytes + b_bytes
     tiles = tm * tn * sk
     w = min(tiles, units)
-    pa, pb = bm * k * e / sk, k * bn * eb / sk  # a split-K tile reads its K slice of each panel
+    pa, pb = bm * k * e * a_unique / sk, k * bn * eb / sk  # a split-K tile reads its K slice of each panel
     g = max(1, min(tm, round(math.sqrt(w * pb / pa))))
     per_wave = g * pa + math.ceil(w / g) * pb
     in_flight = (g * bm * e + math.ceil(w / g) * bn * eb) * bk * stages
@@ -121,12 +125,14 @@ def feed_efficiency(bm: int, bn: int, e: float, macs_per_s_per_unit: float,
 def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_unit: float, units: int,
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
                     out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None,
-                    sram_bytes_per_s: float | None = None, min_bm: int = 16) -> tuple[Tile, ...]:
+                    sram_bytes_per_s: float | None = None, min_bm: int = 16,
+                    a_unique: float = 1.0, dense_peak_flops_per_s: float | None = None) -> tuple[Tile, ...]:
     """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal.
 
     ``peak_flops_per_s`` is the rate the matrix units sustain (achievable, else the dense peak);
-    ``sram_bytes_per_s`` the shared-memory bandwidth per unit (None: feed not modelled); ``min_bm`` the
-    matrix instruction's row count."""
+    ``sram_bytes_per_s`` the shared-memory bandwidth per unit (None: feed not modelled), weighed against the
+    ``dense_peak_flops_per_s`` (the instruction rate at the same clock; default ``peak_flops_per_s``);
+    ``min_bm`` the matrix instruction's row count; ``a_unique`` see operand_traffic."""
     e = format_bytes(dtype)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
     align = max(1, int(16 / e))
@@ -136,7 +142,7 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
     _a_bytes, _b_bytes, c_bytes = m * k_pad * e, k_pad * n * (b_elem_bytes or e), m * n * out_e
     out = []
     smallest = None
-    macs_per_unit = peak_flops_per_s / (2.0 * units)
+    macs_per_unit = (dense_peak_flops_per_s or peak_flops_per_s) / (2.0 * units)
     for bm, bn, bk, st, sk in product(BM_CHOICES, BN_CHOICES, BK_CHOICES, STAGES, SPLIT_K):
         if bm < min_bm:
             continue
@@ -153,8 +159,8 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
         tile_eff = (m * n) / (tm * bm * tn * bn)
         wave_eff = tiles / (waves * units)
         partials = 2 * sk * m * n * 4 if sk > 1 else 0  # fp32 partial sums written, then read to reduce
-        traffic = batch * (operand_traffic(tm, tn, sk, bm, bn, bk, st, k_pad, e, b_elem_bytes or e, units, l2_bytes)
-                           + c_bytes + partials)
+        traffic = batch * (operand_traffic(tm, tn, sk, bm, bn, bk, st, k_pad, e, b_elem_bytes or e, units, l2_bytes,
+                                           a_unique) + c_bytes + partials)
         feed = feed_efficiency(bm, bn, e, macs_per_unit, sram_bytes_per_s)
         # the split-K partial sums are reduced after the K loop, serially: the matrix units wait for them
         compute = (flops * (k_pad / k) / (peak_flops_per_s * tile_eff * wave_eff * feed)
