@@ -63,6 +63,8 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
     nbytes = cost.bytes  # parameters at their stored format (analyze.stored_weights)
     memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_bandwidth_bytes_per_s)
+    if hw.device_type == "cpu":  # fresh output pages fault in on first touch (calibrated; 0 without a curve)
+        memory_s += curves.fresh_page_s(cost.allocated_bytes)
     return roofline(matrix_s, vector_s, memory_s, overhead)
 
 

@@ -109,3 +109,40 @@ def test_transposed_left_operand_has_its_own_curve():
                 outputs=(TensorMeta((512, 196), "float32", (196, 1)),), input_names=("self", "mat2"), args={},
                 is_view=False, is_inplace=False)
     assert cost_node(node).problem == MatrixProblem(MatrixFamily.GEMM_TA, 1, 512, 196, 256)
+
+
+def test_fresh_output_pages_by_hand():
+    """A fresh write costs its reused write's time plus the faults: 1 MiB reused in 100 us and fresh in 301 us
+    leaves 200 us of faults after 1 us of dispatch; 64 MiB reused in 6.4 ms and fresh in 6.4 ms + 64 MiB x
+    1.9e-10 s/B + 1 us. The per-byte cost is interpolated in log2(size)."""
+    mib = 2 ** 20
+    p1, p2 = 200e-6 / mib, 1.9e-10
+    cal = {"bandwidth": [
+        {"kind": "write", "bytes": mib, "bytes_per_s": mib / 100e-6},
+        {"kind": "fresh_write", "bytes": mib, "bytes_per_s": mib / 301e-6},
+        {"kind": "write", "bytes": 64 * mib, "bytes_per_s": 64 * mib / 6.4e-3},
+        {"kind": "fresh_write", "bytes": 64 * mib, "bytes_per_s": 64 * mib / (6.4e-3 + 64 * mib * p2 + 1e-6)},
+    ]}
+    c = Curves.from_calibration(cal, 1e-6)
+    assert c.fresh_page_s(mib) == pytest.approx(200e-6)
+    assert c.fresh_page_s(64 * mib) == pytest.approx(64 * mib * p2)
+    assert c.fresh_page_s(8 * mib) == pytest.approx(8 * mib * (p1 + (p2 - p1) * (23 - 20) / (26 - 20)))
+    assert c.fresh_page_s(1024 * mib) == pytest.approx(1024 * mib * p2)  # the largest point holds beyond
+    assert c.fresh_page_s(mib // 2) == 0.0  # below the smallest measured size: recycled by the allocator
+    assert Curves().fresh_page_s(64 * mib) == 0.0
+
+
+def test_fresh_pages_are_charged_to_out_of_place_cpu_ops_only():
+    import torch
+
+    from opmap.capture import capture
+    from opmap.costs import cost_graph
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            y = torch.relu(x)  # out of place: a fresh 1 MiB output
+            return y.relu_()  # in place: no allocation
+
+    g = capture(M(), (torch.empty(2 ** 18, device="meta"),))
+    relu, relu_ = cost_graph(g)
+    assert relu.allocated_bytes == 2 ** 20 and relu_.allocated_bytes == 0.0

@@ -25,6 +25,7 @@ FULL_ATTN = tuple((12, s, 64) for s in (64, 128, 256, 512, 1024, 2048))
 QUICK_ATTN = ((2, 32, 16),)
 FULL_SIZES = tuple(2 ** p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB per buffer
 QUICK_SIZES = (2 ** 16, 2 ** 20)
+FRESH_MIN_BYTES = 2 ** 20  # fresh-output writes are timed from 1 MiB up (smaller blocks are recycled by malloc)
 MAX_CALL_S = 0.1  # a shape whose one call would take longer (slow dtype on this device) is skipped, and said
 VECTOR_ELEMS = 2 ** 17  # 512 KiB of fp32: inside a per-core L2, so the vector rate is not a bandwidth
 

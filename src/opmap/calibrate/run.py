@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from opmap.calibrate.fingerprint import fingerprint
-from opmap.calibrate.grids import FORMATS, MAX_CALL_S, VECTOR_ELEMS, grid
+from opmap.calibrate.grids import FORMATS, FRESH_MIN_BYTES, MAX_CALL_S, VECTOR_ELEMS, grid
 from opmap.errors import OpmapError
 from opmap.ops import causal_pairs
 from opmap.precision import torch_dtype
@@ -186,9 +186,14 @@ def _bandwidth(b: _Bench, sizes: tuple[int, ...]) -> None:
     for nbytes in sizes:
         src = torch.randn(nbytes // 4, device=b.dev)
         dst = torch.empty_like(src)
-        for kind, fn, moved in (("copy", lambda: dst.copy_(src), 2 * nbytes),
-                                ("read", lambda: src.sum(), nbytes),
-                                ("write", lambda: dst.fill_(1.0), nbytes)):
+        n = nbytes // 4
+        kinds = [("copy", lambda: dst.copy_(src), 2 * nbytes), ("read", lambda: src.sum(), nbytes),
+                 ("write", lambda: dst.fill_(1.0), nbytes)]
+        if b.dev.type == "cpu" and nbytes >= FRESH_MIN_BYTES:
+            # the same write into a buffer allocated for it: eager PyTorch's out-of-place output. Large blocks go
+            # back to the OS when freed, so every first touch of a fresh one faults its pages in
+            kinds.append(("fresh_write", lambda n=n: torch.empty(n, device=b.dev).fill_(1.0), nbytes))
+        for kind, fn, moved in kinds:
             s = b.time(fn)
             b.cal.bandwidth.append({"kind": kind, "bytes": nbytes, "bytes_per_s": moved / s.median_s, **s.spread()})
         b.step(f"bandwidth {nbytes} B")

@@ -38,8 +38,10 @@ def cost_node(node: Node) -> OpCost:
     fn = rule_for(node)
     if fn is None:
         return OpCost(counted=False)
+    cost = fn(node)
     kind = VECTOR_KINDS.get(fn)
-    return replace(fn(node), vector_kind=kind) if kind else fn(node)
+    fresh = sum(t.nbytes for t in node.outputs) if cost.kernel and not node.is_inplace else 0.0
+    return replace(cost, vector_kind=kind, allocated_bytes=fresh) if kind or fresh else cost
 
 
 def cost_graph(graph: OpGraph) -> list[OpCost]:

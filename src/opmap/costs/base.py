@@ -36,6 +36,9 @@ class OpCost:
     # The vector family whose measured rate applies (softmax, layer_norm, batch_norm, pool, reduce); None
     # for plain pointwise work. Set by cost_node from the rule that costed the node.
     vector_kind: VectorKind | None = None
+    # bytes of outputs the op allocates fresh (an eager out-of-place op; 0 for in-place and views): on a CPU
+    # large fresh outputs cost first-touch page faults beyond their write. Set by cost_node.
+    allocated_bytes: float = 0.0
 
     @property
     def flops(self) -> float:

@@ -60,6 +60,8 @@ class Curves:
     view_overhead_s: float = 0.0
     source: str = ""
     vector_kinds: dict[str, float] = field(default_factory=dict)  # family -> rule FLOPs per second
+    # (log2 bytes, extra seconds per byte) of writing into a freshly allocated output instead of a reused one
+    fresh_page_points: tuple[tuple[float, float], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -76,6 +78,21 @@ class Curves:
             return None
         m = problem.batch * problem.m if family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA) else problem.m
         return table.rate(m, problem.n, problem.k)
+
+    def fresh_page_s(self, nbytes: float) -> float:
+        """Extra seconds to write ``nbytes`` into a freshly allocated output (first-touch page faults), from the
+        calibration's fresh-write curve: per-byte cost interpolated in log2(size), the largest point's beyond
+        the grid, 0 below the smallest measured size (small blocks come back from the allocator warm)."""
+        pts = self.fresh_page_points
+        if not pts or nbytes <= 0:
+            return 0.0
+        x = math.log2(nbytes)
+        if x < pts[0][0]:
+            return 0.0
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return nbytes * (y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+        return nbytes * pts[-1][1]
 
     def bandwidth(self, nbytes: float) -> float | None:
         pts = self.bandwidth_points
@@ -112,8 +129,15 @@ class Curves:
             t = moved / r["bytes_per_s"] - launch_overhead_s
             if t > 0:
                 bw.append((math.log2(moved), moved / t))
+        writes = {r["bytes"]: r["bytes"] / r["bytes_per_s"] for r in cal.get("bandwidth", []) if r["kind"] == "write"}
+        fresh = []
+        for r in cal.get("bandwidth", []):
+            if r["kind"] == "fresh_write" and r["bytes"] in writes:
+                # the fresh write's time beyond the reused write's and the extra allocation call's dispatch
+                extra = r["bytes"] / r["bytes_per_s"] - writes[r["bytes"]] - launch_overhead_s
+                fresh.append((math.log2(r["bytes"]), max(0.0, extra) / r["bytes"]))
         vec = cal.get("vector_rates", {})
         return Curves({k: RateTable.build(v) for k, v in rows.items()}, tuple(sorted(bw)),
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
                       str(cal.get("fingerprint", {}).get("model", "")),
-                      {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0})
+                      {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0}, tuple(sorted(fresh)))

@@ -129,10 +129,16 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
             if choice.traffic_bytes is not None:
                 traffic = choice.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
         bw = curves.bandwidth(traffic) or hw.memory_bandwidth_bytes_per_s
-        r = roofline(matrix_s, vector_s, traffic / bw, hw.launch_overhead_s)
+        # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
+        # pages that fault in on first touch
+        fresh_s = curves.fresh_page_s(costs[k.nodes[-1]].allocated_bytes) if hw.device_type == "cpu" else 0.0
+        r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s)
         if not ac.counted:
             r = replace(r, bound=Bound.UNCOUNTED)
         why = _why(r, tile) + why_tile
+        if fresh_s > 0.25 * r.memory_s:
+            why += (f"; {fresh_s * 1e6:.3g} us of the memory time is first-touch page faults of its fresh "
+                    f"{costs[k.nodes[-1]].allocated_bytes / 1e6:.3g} MB output")
         transform = layout_transform(anchor)
         if transform:
             why = f"layout transform {transform}; " + why
