@@ -41,6 +41,10 @@ CASES = [
     ("vit-b16", "vit-b16", 1, None),
     ("mixer-s16 (outside zoo)", f"{HERE}/models/outside.py:mixer_s16", 1, None),
     ("vgg-style convnet b4 (outside zoo)", f"{HERE}/models/outside.py:convnet", 4, None),
+    # held-out styles of issue 10: a memory stream (fresh 1 GiB output), a TransformerEncoder, a training step
+    ("stream relu 2^28 (outside zoo)", f"{HERE}/models/outside.py:stream", 1, None),
+    ("transformer encoder b8 (outside zoo)", f"{HERE}/models/outside.py:encoder", 8, None),
+    ("resnet50-b2 training step", "resnet50", 2, None, "train"),
 ]
 END_TO_END = (0.8, 1.25)
 LAYER = (0.67, 1.5)
@@ -72,30 +76,40 @@ def independent_calibration_check(cal) -> list[dict]:
     return rows
 
 
-def timer_p50(w) -> float:
-    from torch.utils.benchmark import Timer
-
+def _call(w, train: bool):
+    """The iteration opmap profile times: a training step, or an eval forward (PyTorch's fused fast path off, as
+    profile runs a model whose capture could not take it)."""
+    from opmap.measure.run import train_step_fn
     from opmap.measure.runner import make_call
 
-    call = make_call(w.module.eval(), w.inputs)
-    with torch.no_grad():
+    return train_step_fn(w.module.train(), w.inputs) if train else make_call(w.module.eval(), w.inputs)
+
+
+def timer_p50(w, train: bool = False) -> float:
+    from torch.utils.benchmark import Timer
+
+    from opmap.measure.run import fast_path
+
+    call = _call(w, train)
+    with (torch.enable_grad() if train else torch.no_grad()), fast_path(False):
         timer = Timer("call()", globals={"call": call}, num_threads=torch.get_num_threads())
         return timer.blocked_autorange(min_run_time=2.0).median
 
 
-def interleaved_overhead(w, rounds: int = 3, per: int = 3) -> float:
+def interleaved_overhead(w, rounds: int = 3, per: int = 3, train: bool = False) -> float:
     """Profiler overhead measured side by side: rounds of plain iterations and profiled ones (torch.profiler
     without record_shapes, as opmap profile times them), alternating, so drift on a shared machine hits
     both."""
     import statistics
 
-    from opmap.measure.runner import make_call, profile_iterations
+    from opmap.measure.run import fast_path
+    from opmap.measure.runner import profile_iterations
     from opmap.timing import time_iterations
 
-    call = make_call(w.module.eval(), w.inputs)
+    call = _call(w, train)
     dev = torch.device("cpu")
     plain, prof = [], []
-    with torch.no_grad():
+    with (torch.enable_grad() if train else torch.no_grad()), fast_path(False):
         for _ in range(rounds):
             plain += time_iterations(call, dev, per).times_s
             prof += profile_iterations(call, dev, per, record_shapes=False, keep_trace=False).wall.times_s
@@ -126,15 +140,17 @@ def main() -> int:
 
     results = []
     only = [s for s in args.only.split(",") if s]
-    for label, model, batch, size in CASES:
+    for label, model, batch, size, *mode in CASES:
+        train = mode == ["train"]
         if only and not any(label.startswith(o) for o in only):
             continue
         with con.status(f"{label}: building, profiling"):
             w = load_workload(model, batch, size, "fp32", "cpu")
-            p = run_profile(w, hw, "fp32", "cpu", warmup=2, iters=args.iters, profile_iters=args.profile_iters)
+            p = run_profile(w, hw, "fp32", "cpu", warmup=2, iters=args.iters, profile_iters=args.profile_iters,
+                            train=train)
             d = p.to_dict()
-            indep = timer_p50(w)
-            ovh_il = interleaved_overhead(w)
+            indep = timer_p50(w, train)
+            ovh_il = interleaved_overhead(w, train=train)
         lts = {lt: s["measured"] for lt, s in d["layer_types"].items() if s.get("measured")}
         big = {lt: m["predicted_over_measured"] for lt, m in lts.items() if m["share_of_measured"] > LAYER_SHARE}
         e2e = d["accuracy"]["predicted_over_measured"]

@@ -59,3 +59,21 @@ class ConvNet(nn.Module):
 
 def convnet():
     return ConvNet(), (torch.randn(4, 3, 128, 128),)
+
+
+class Stream(nn.Module):
+    """A memory stream: an out-of-place ReLU over 2^28 fp32 elements (1 GiB in, a fresh 1 GiB out)."""
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def stream():
+    return Stream(), (torch.randn(2 ** 28),)
+
+
+def encoder():
+    """nn.TransformerEncoder, 6 layers of d 512, 8 heads, FFN 2048, batch 8 x 128 tokens, in eval: the module PyTorch
+    runs through its fused fast path (opmap profile measures the unfused path it captured, and says so)."""
+    layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+    return nn.TransformerEncoder(layer, 6, enable_nested_tensor=False), (torch.randn(8, 128, 512),)
