@@ -128,7 +128,9 @@ class VectorKind(StrEnum):
 
     SOFTMAX = "softmax"
     LAYER_NORM = "layer_norm"
-    BATCH_NORM = "batch_norm"
+    BATCH_NORM = "batch_norm"  # inference: normalise with the running statistics
+    BATCH_NORM_TRAIN = "batch_norm_train"  # training forward: batch statistics first (a reduction), then normalise
+    BATCH_NORM_BACKWARD = "batch_norm_backward"
     POOL = "pool"
     REDUCE = "reduce"
 

@@ -75,11 +75,17 @@ def test_toml_writer_round_trips():
 def test_vector_family_rates_are_in_the_rules_units(quick):
     from opmap.calibrate.run import _rule_vector_flops, _vector_kind_benchmarks
 
-    assert set(quick.vector_kinds) == {"softmax", "layer_norm", "batch_norm", "pool", "reduce"}
+    assert set(quick.vector_kinds) == {"softmax", "layer_norm", "batch_norm", "batch_norm_train",
+                                       "batch_norm_backward", "pool", "reduce"}
     assert all(r > 0 for r in quick.vector_kinds.values())
     fn, args = _vector_kind_benchmarks(torch.device("cpu"))["pool"]
     # max_pool2d 3x3 stride 2 padding 1 on 4x64x56x56 -> 4x64x28x28; the pool rule: one op per output per tap
     assert _rule_vector_flops(fn, args) == 4 * 64 * 28 * 28 * 9
+    # training batch norm and its backward on 4x64x56x56: 8 vector ops per element each (costs/vector.py and
+    # costs/backward.py: batch statistics, normalise, scale and shift; the gradients of x, weight and bias)
+    for kind in ("batch_norm_train", "batch_norm_backward"):
+        fn, args = _vector_kind_benchmarks(torch.device("cpu"))[kind]
+        assert _rule_vector_flops(fn, args) == 8 * 4 * 64 * 56 * 56
 
 
 def test_unknown_device_is_one_line_exit_2(capsys):

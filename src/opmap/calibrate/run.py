@@ -68,6 +68,10 @@ def _vector_kind_benchmarks(dev: torch.device) -> dict:
         "softmax": (lambda x: torch.softmax(x, -1), (rows,)),
         "layer_norm": (lambda x: F.layer_norm(x, (768,)), (rows,)),
         "batch_norm": (lambda x: F.batch_norm(x, ch, ch, ch, ch, training=False), (img,)),
+        "batch_norm_train": (lambda x: torch.ops.aten.native_batch_norm(x, ch, ch, ch.clone(), ch.clone(), True, 0.1,
+                                                                         1e-5), (img,)),
+        "batch_norm_backward": (lambda g, x: torch.ops.aten.native_batch_norm_backward(
+            g, x, ch, ch, ch, ch, ch, True, 1e-5, [True, True, True]), (img, img.clone())),
         "pool": (lambda x: F.max_pool2d(x, 3, 2, 1), (img,)),
         "reduce": (lambda x: x.mean((2, 3)), (img,)),
     }

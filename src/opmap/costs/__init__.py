@@ -22,6 +22,7 @@ VECTOR_KINDS = {
     vector.layer_norm_cost: VectorKind.LAYER_NORM, vector.group_norm_cost: VectorKind.LAYER_NORM,
     vector.rms_norm_cost: VectorKind.LAYER_NORM,
     vector.batch_norm_cost: VectorKind.BATCH_NORM,
+    backward.batch_norm_backward_cost: VectorKind.BATCH_NORM_BACKWARD,
     vector.pool_cost: VectorKind.POOL,
     vector.adaptive_pool_cost: VectorKind.REDUCE, vector.reduction_cost: VectorKind.REDUCE,
     vector.variance_cost: VectorKind.REDUCE, vector.logsumexp_cost: VectorKind.REDUCE,
@@ -40,6 +41,8 @@ def cost_node(node: Node) -> OpCost:
         return OpCost(counted=False)
     cost = fn(node)
     kind = VECTOR_KINDS.get(fn)
+    if kind == VectorKind.BATCH_NORM and node.args.get("training"):
+        kind = VectorKind.BATCH_NORM_TRAIN
     fresh = sum(t.nbytes for t in node.outputs) if cost.kernel and not node.is_inplace else 0.0
     return replace(cost, vector_kind=kind, allocated_bytes=fresh) if kind or fresh else cost
 
