@@ -26,7 +26,6 @@ def main() -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_reference import _predict
-
     from opmap.hardware import get_hardware
     from opmap.hardware.match import match_datasheet
     from opmap.precision import torch_dtype
