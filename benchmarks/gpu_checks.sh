@@ -6,7 +6,7 @@
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh
 #
 # The GPU image has torch (2.11, Python 3.12) but maybe not opmap's small pure-Python dependencies, and no
-# network: prepare them here with `.venv/bin/pip install --target gpu_deps typer rich` and carry
+# network: prepare them here with `.venv/bin/pip install --target gpu_deps typer rich tomli-w` and carry
 # gpu_deps (the device tool's `carry`); this script puts src/ and gpu_deps/ on PYTHONPATH.
 set -uo pipefail
 export PYTHONPATH="src:gpu_deps:${PYTHONPATH:-}"
