@@ -78,6 +78,7 @@ class MatrixFamily(StrEnum):
 
     GEMM = "gemm"  # batch x [m, k] @ [k, n], right operand as nn.Linear stores it (x @ W.T)
     GEMM_TA = "gemm_ta"  # the same with the left operand a transposed view (MLP-Mixer's token mixing)
+    GEMM_WGRAD = "gemm_wgrad"  # left operand transposed, right row-major: a weight gradient, x.T @ dy
     CONV = "conv"  # convolution as an implicit GEMM: m = N * output pixels, n = Cout, k = Cin / groups * kernel
     CONV_BWD = "conv_bwd"  # convolution_backward: one forward-sized implicit GEMM per gradient it makes
     ATTENTION = "attention"  # fused attention: m = Sq, n = Sk, k = head dim
@@ -86,7 +87,8 @@ class MatrixFamily(StrEnum):
     @property
     def gemm_like(self) -> bool:
         """Tiled as a GEMM (conv as implicit GEMM); attention gets flash tiles instead."""
-        return self in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.CONV, MatrixFamily.CONV_BWD)
+        return self in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.GEMM_WGRAD, MatrixFamily.CONV,
+                        MatrixFamily.CONV_BWD)
 
     @property
     def attention(self) -> bool:
@@ -96,6 +98,7 @@ class MatrixFamily(StrEnum):
     def parent(self) -> MatrixFamily | None:
         """The family whose curve stands in when this one was not measured."""
         return {MatrixFamily.ATTENTION_CAUSAL: MatrixFamily.ATTENTION, MatrixFamily.GEMM_TA: MatrixFamily.GEMM,
+                MatrixFamily.GEMM_WGRAD: MatrixFamily.GEMM_TA,
                 MatrixFamily.CONV_BWD: MatrixFamily.CONV}.get(self)
 
 
@@ -119,7 +122,7 @@ class MatrixProblem:
 
     @property
     def batched_gemm(self) -> bool:
-        return self.family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA) and self.batch > 1
+        return self.family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.GEMM_WGRAD) and self.batch > 1
 
 
 class VectorKind(StrEnum):

@@ -13,6 +13,10 @@ QUICK_GRID = ((128, 128, 128), (256, 256, 256), (16, 512, 512))
 # The same GEMM with the left operand a transposed view (x.t() @ W.T): BLAS takes another path for it.
 FULL_GRID_TA = tuple((m, n, k) for m in (64, 256, 1024) for n in (256, 1024) for k in (256, 1024))
 QUICK_GRID_TA = ((128, 128, 128),)
+# A weight gradient, x.T @ dy (left operand transposed, right row-major): m and n the layer's features, k the
+# tokens of the step, so wide m, n and short k.
+FULL_GRID_WGRAD = tuple((m, n, k) for m in (256, 1024, 4096) for n in (256, 1024, 4096) for k in (64, 256, 1024))
+QUICK_GRID_WGRAD = ((128, 128, 64),)
 # Convolutions (batch, Cin, Cout, image side, kernel, stride): ResNet's stem, 3x3 and 1x1 layers at each
 # stage, and ViT's 16x16 patch embedding, at batch 1 and 8; each is stored as its implicit GEMM.
 FULL_CONV = tuple((b, *c) for b in (1, 8) for c in (
@@ -33,15 +37,16 @@ VECTOR_ELEMS = 2 ** 17  # 512 KiB of fp32: inside a per-core L2, so the vector r
 def grid(quick: bool) -> dict[str, tuple]:
     """The shape sets of one run, by family."""
     if quick:
-        return {"gemm": QUICK_GRID, "gemm_ta": QUICK_GRID_TA, "conv": QUICK_CONV, "attention": QUICK_ATTN,
+        return {"gemm": QUICK_GRID, "gemm_ta": QUICK_GRID_TA, "gemm_wgrad": QUICK_GRID_WGRAD,
+                "conv": QUICK_CONV, "attention": QUICK_ATTN,
                 "sizes": QUICK_SIZES}
-    return {"gemm": FULL_GRID, "gemm_ta": FULL_GRID_TA, "conv": FULL_CONV, "attention": FULL_ATTN,
-            "sizes": FULL_SIZES}
+    return {"gemm": FULL_GRID, "gemm_ta": FULL_GRID_TA, "gemm_wgrad": FULL_GRID_WGRAD, "conv": FULL_CONV,
+            "attention": FULL_ATTN, "sizes": FULL_SIZES}
 
 
 def steps(quick: bool) -> int:
     """How many progress steps ``calibrate`` reports (for a progress bar's total)."""
     g = grid(quick)
     backward = sum(1 for x in g["conv"] if x[1] != 3)
-    per_format = len(g["gemm"]) + len(g["gemm_ta"]) + len(g["conv"]) + 2 * len(g["attention"])
+    per_format = len(g["gemm"]) + len(g["gemm_ta"]) + len(g["gemm_wgrad"]) + len(g["conv"]) + 2 * len(g["attention"])
     return len(FORMATS) * per_format + backward + len(g["sizes"]) + 6

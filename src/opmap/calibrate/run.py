@@ -118,16 +118,21 @@ class _Bench:
 
 def _matmuls(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
     dev, cal = b.dev, b.cal
-    for layout, family, key in (("nt", "gemm", "gemm"), ("tt", "gemm_ta", "gemm_ta")):
+    layouts = (("nt", "gemm", "gemm"), ("tt", "gemm_ta", "gemm_ta"), ("tn", "gemm_wgrad", "gemm_wgrad"))
+    for layout, family, key in layouts:
         for m, n, k in sorted(shapes[key], key=lambda s: s[0] * s[1] * s[2]):
             def mk(m=m, n=n, k=k, layout=layout):
+                if layout == "tn":  # a weight gradient: x.T @ dy, dy row-major
+                    xt, dy = torch.randn(k, m, device=dev).to(dt), torch.randn(k, n, device=dev).to(dt)
+                    return lambda: torch.mm(xt.t(), dy)
                 w = torch.randn(n, k, device=dev).to(dt)
                 if layout == "nt":
                     a = torch.randn(m, k, device=dev).to(dt)
                     return lambda: torch.mm(a, w.t())
                 at = torch.randn(k, m, device=dev).to(dt)
                 return lambda: torch.mm(at.t(), w.t())
-            label = f"matmul {name} {m}x{n}x{k}" + (" (A transposed)" if layout == "tt" else "")
+            label = f"matmul {name} {m}x{n}x{k}" + {"nt": "", "tt": " (A transposed)",
+                                                     "tn": " (weight gradient)"}[layout]
             s = b.shape(label, 2.0 * m * n * k, mk, rate, family)
             if s is not None:
                 cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": layout,

@@ -25,9 +25,20 @@ def _a_transposed(node: Node) -> bool:
     return a.stride[-2] == 1 and a.shape[-2] > 1 and a.shape[-1] > 1 and a.stride[-1] != 1
 
 
+def _b_row_major(node: Node) -> bool:
+    """The right operand is row-major [K, N] (not a transposed weight view): with a transposed left operand
+    this is a weight gradient's layout, x.T @ dy."""
+    b = node.input("mat2") or node.input("batch2") or (node.inputs[1] if len(node.inputs) > 1 else None)
+    if b is None or len(b.shape) < 2 or len(b.stride) < 2:
+        return False
+    return b.stride[-1] == 1 and b.shape[-1] > 1
+
+
 def _gemm(node: Node, m: int, n: int, k: int, batch: int = 1, bias_elems: int = 0) -> OpCost:
     mac = batch * m * n * k
-    family = MatrixFamily.GEMM_TA if _a_transposed(node) else MatrixFamily.GEMM  # curves by operand layout
+    family = MatrixFamily.GEMM  # curves by operand layout (hardware/curves.py)
+    if _a_transposed(node):
+        family = MatrixFamily.GEMM_WGRAD if _b_row_major(node) else MatrixFamily.GEMM_TA
     return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems),
                    problem=MatrixProblem(family, int(batch), int(m), int(n), int(k)))
 

@@ -76,7 +76,8 @@ class Curves:
             table = self.tables.get((family.parent, dtype))
         if table is None:
             return None
-        m = problem.batch * problem.m if family in (MatrixFamily.GEMM, MatrixFamily.GEMM_TA) else problem.m
+        batched = (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.GEMM_WGRAD)
+        m = problem.batch * problem.m if family in batched else problem.m
         return table.rate(m, problem.n, problem.k)
 
     def fresh_page_s(self, nbytes: float) -> float:
@@ -112,7 +113,8 @@ class Curves:
             return Curves()
         rows: dict[tuple[MatrixFamily, str], list] = {}
         for r in cal.get("matmul", []):
-            fam = {"nt": MatrixFamily.GEMM, "tt": MatrixFamily.GEMM_TA}.get(r.get("layout", "nt"))
+            fam = {"nt": MatrixFamily.GEMM, "tt": MatrixFamily.GEMM_TA,
+                   "tn": MatrixFamily.GEMM_WGRAD}.get(r.get("layout", "nt"))
             if fam:
                 rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("conv", []):
