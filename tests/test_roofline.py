@@ -46,3 +46,13 @@ def test_stall_split_by_hand():
     assert stall_split(10e-6, r) == pytest.approx((3e-6, 2e-6, 5e-6))
     # measured faster than the compute terms: all compute-busy
     assert stall_split(2e-6, r) == pytest.approx((2e-6, 0.0, 0.0))
+
+
+def test_serial_memory_time_adds_after_the_overlap():
+    # a CPU op computing for 10 ms whose fresh output faults in for 8 ms: the faults stall the thread, 18 ms
+    r = roofline(matrix_s=10e-3, memory_s=5e-3 + 8e-3, serial_memory_s=8e-3)
+    assert r.predicted_s == pytest.approx(18e-3) and r.limiter == Limiter.MEMORY
+    # memory-bound already: the faults are inside the memory term, counted once
+    r = roofline(matrix_s=1e-3, memory_s=20e-3 + 8e-3, serial_memory_s=8e-3)
+    assert r.predicted_s == pytest.approx(28e-3)
+    assert roofline(matrix_s=10e-3, memory_s=5e-3).predicted_s == pytest.approx(10e-3)

@@ -63,9 +63,10 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
     nbytes = cost.bytes  # parameters at their stored format (analyze.stored_weights)
     memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_bandwidth_bytes_per_s)
-    if hw.device_type == "cpu":  # fresh output pages fault in on first touch (calibrated; 0 without a curve)
-        memory_s += curves.fresh_page_s(cost.allocated_bytes)
-    return roofline(matrix_s, vector_s, memory_s, overhead)
+    # on a CPU fresh output pages fault in on first touch (calibrated; 0 without a curve): the faulting thread
+    # stalls, so that time adds to the op's instead of overlapping its compute
+    fresh = curves.fresh_page_s(cost.allocated_bytes) if hw.device_type == "cpu" else 0.0
+    return roofline(matrix_s, vector_s, memory_s + fresh, overhead, serial_memory_s=fresh)
 
 
 def ridge_point(prec: Precision, hw: HardwareSpec) -> float:

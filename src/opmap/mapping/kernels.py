@@ -132,7 +132,7 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
         # pages that fault in on first touch
         fresh_s = curves.fresh_page_s(costs[k.nodes[-1]].allocated_bytes) if hw.device_type == "cpu" else 0.0
-        r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s)
+        r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s)
         if not ac.counted:
             r = replace(r, bound=Bound.UNCOUNTED)
         why = _why(r, tile) + why_tile
