@@ -5,7 +5,8 @@ GEMMs in the layout ``nn.Linear`` runs (``x @ W.T``), convolutions as implicit G
 bandwidth over transfer sizes. ``Curves`` turns them into lookups:
 
 - ``matrix_rate(problem, dtype)``: per family (``gemm``: x @ W.T; ``gemm_ta``: the left operand a
-  transposed view, as in MLP-Mixer's token mixing; ``conv``; ``conv_bwd``: convolution_backward;
+  transposed view, as in MLP-Mixer's token mixing; ``gemm_wgrad``: a weight gradient, x.T @ dy, falling back
+  to gemm_ta; ``conv``; ``conv_bwd``: convolution_backward;
   ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes in log2 (m, n, k)
   space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated
   growth). A batched GEMM is looked up as (batch * m, n, k).
