@@ -1,10 +1,16 @@
-"""Shared fixtures: small zoo captures on the meta device (no weights allocated)."""
+"""Shared fixtures: small zoo captures on the meta device (no weights allocated).
+
+The capture cache stays off in tests (a user's cache must not answer for the code under test);
+tests/capture/test_cache.py turns it on in a temporary folder."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+os.environ["OPMAP_GRAPH_CACHE"] = "0"
 
 from opmap.analyze import analyze
 from opmap.hardware import get_hardware

@@ -282,16 +282,22 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
                     plan, kernels)
 
 
-def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
-            overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
-            evidence: str = "") -> Analysis:
-    """Capture, cost, map and predict ``workload`` on ``hw`` at ``dtype`` under the ``fusion`` policy."""
-    resolve_precision(hw, dtype)  # fail on a bad dtype before the capture runs
+def check_analysis_inputs(hw: HardwareSpec, dtype: str, fusion: str, plan_file=None) -> None:
+    """What an analysis refuses before any capture runs: a dtype the hardware lacks, an unknown fusion policy,
+    a plan file that does not exist."""
+    resolve_precision(hw, dtype)
     from opmap.mapping.fusion import POLICIES
 
     if plan_file is None and fusion not in POLICIES:
         raise OpmapError(f"unknown fusion policy {fusion!r}; accepted: {', '.join(POLICIES)}, or --fusion-plan FILE")
     if plan_file is not None and not Path(plan_file).is_file():
         raise OpmapError(f"fusion plan {plan_file} does not exist")
+
+
+def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
+            overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
+            evidence: str = "") -> Analysis:
+    """Capture, cost, map and predict ``workload`` on ``hw`` at ``dtype`` under the ``fusion`` policy."""
+    check_analysis_inputs(hw, dtype, fusion, plan_file)
     graph = capture(workload.module, workload.inputs, overrides=overrides)
     return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -32,6 +33,8 @@ def analyze(
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
+    from opmap.analyze import analyze_graph, check_analysis_inputs
+    from opmap.capture import cache as graph_cache
     from opmap.capture import parse_overrides
     from opmap.report.sheet import check_out_dir, print_report, write_outputs
     from opmap.workloads import with_layout
@@ -46,14 +49,41 @@ def analyze(
     overrides = parse_overrides(layer_type)
     if out is not None:
         check_out_dir(out)
-    w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
-    evidence = _evidence(quality, w.name, dtype)
-    with console.status(f"capturing {w.name} and predicting on {hw.name}"):
-        a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+    # a zoo model captured on meta before, at these shapes and this build dtype, is not built or captured again
+    # (opmap.capture.cache: keyed by the inputs, the opmap and torch versions and the model and tracer sources)
+    key = _graph_key(model, batch, seq, image_size, dtype, device, layout, overrides)
+    hit = graph_cache.load(key) if key else None
+    if hit is not None:
+        graph, w = hit
+        evidence = _evidence(quality, w.name, dtype)
+        check_analysis_inputs(hw, dtype, fusion, fusion_plan)
+        with console.status(f"predicting {w.name} on {hw.name} (graph from the capture cache)"):
+            a = analyze_graph(graph, w, hw, dtype, overrides, fusion, fusion_plan, evidence)
+    else:
+        w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
+        evidence = _evidence(quality, w.name, dtype)
+        with console.status(f"capturing {w.name} and predicting on {hw.name}"):
+            a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+        if key:
+            graph_cache.store(key, (a.graph, replace(w, module=None, inputs=None)))
     warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:
         print_wrote(write_outputs(a, out))
+
+
+def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str, device: str,
+               layout: str, overrides) -> str | None:
+    """The capture-cache key of a zoo model on meta (None: not cacheable, such as a user's file or a real
+    device)."""
+    from opmap.capture import cache as graph_cache
+    from opmap.precision import BUILD_DTYPE
+    from opmap.workloads import MODELS
+
+    if device != "meta" or model not in MODELS or dtype not in BUILD_DTYPE or not graph_cache.enabled():
+        return None
+    return graph_cache.key({"model": model, "batch": batch, "seq": seq, "image_size": image_size,
+                            "build_dtype": BUILD_DTYPE[dtype], "layout": layout, "overrides": list(overrides)})
 
 
 def _evidence(path: Path | None, workload: str, dtype: str) -> str:
