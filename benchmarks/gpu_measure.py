@@ -25,7 +25,7 @@ def main() -> int:
     import torch.nn.functional as F
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_reference import _predict
+    from gpu_reference import predict_attention, predict_gemm
     from opmap.hardware import get_hardware
     from opmap.hardware.match import match_datasheet
     from opmap.precision import torch_dtype
@@ -46,14 +46,7 @@ def main() -> int:
         tdt = torch_dtype(dt)
         a, b = torch.randn(m, k, device=dev, dtype=tdt), torch.randn(k, n, device=dev, dtype=tdt)
         s = time_op(lambda a=a, b=b: a @ b, dev, repeats=10, min_time_s=0.05)
-
-        class MM(torch.nn.Module):
-            def forward(self, x, y):
-                return x @ y
-
-        with torch.device("meta"):
-            ins = (torch.empty(m, k, dtype=tdt), torch.empty(k, n, dtype=tdt))
-        pred, bound, _ = _predict(MM(), ins, hw, dt)
+        pred, bound = predict_gemm(m, n, k, dt, hw)
         rows.append({"kind": "gemm", "shape": f"{m}x{n}x{k}", "dtype": dt, "measured_s": s.median_s,
                      "predicted_s": pred, "ratio": pred / s.median_s, "bound": str(bound),
                      "measured_flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
@@ -61,14 +54,7 @@ def main() -> int:
         q = torch.randn(1, bh, sq, d, device=dev, dtype=torch.float16)
         s = time_op(lambda q=q, c=causal: F.scaled_dot_product_attention(q, q, q, is_causal=c), dev, repeats=10,
                     min_time_s=0.05)
-
-        class Attn(torch.nn.Module):
-            def forward(self, x, y, z, c=causal):
-                return F.scaled_dot_product_attention(x, y, z, is_causal=c)
-
-        with torch.device("meta"):
-            qm = torch.empty(1, bh, sq, d, dtype=torch.float16)
-        pred, bound, _ = _predict(Attn(), (qm, qm.clone(), qm.clone()), hw, "fp16")
+        pred, bound = predict_attention(bh, sq, d, causal, "fp16", hw)
         rows.append({"kind": "attention_fwd", "shape": f"bh {bh} s {sq} d {d}{' causal' if causal else ''}",
                      "dtype": "fp16", "measured_s": s.median_s, "predicted_s": pred, "ratio": pred / s.median_s,
                      "bound": str(bound), **s.spread()})

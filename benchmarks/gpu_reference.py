@@ -47,13 +47,45 @@ def _predict(module, inputs, hw, dtype: str):
     return a.predicted_latency_s, (ks[0].bound if len(ks) == 1 else "mixed"), a
 
 
-def predict_row(r: dict):
-    """(predicted s, measured s, bound, what) for one CSV row, or None with the reason it is skipped."""
+def predict_gemm(m: int, n: int, k: int, dtype: str, hw):
+    """(predicted s, bound) of a @ b, [m, k] @ [k, n] at ``dtype`` on ``hw``, through the whole pipeline."""
+    import torch
+
+    from opmap.precision import torch_dtype
+
+    class MM(torch.nn.Module):
+        def forward(self, a, b):
+            return a @ b
+
+    tdt = torch_dtype(dtype)
+    with torch.device("meta"):
+        ins = (torch.empty(m, k, dtype=tdt), torch.empty(k, n, dtype=tdt))
+    pred, bound, _ = _predict(MM(), ins, hw, dtype)
+    return pred, bound
+
+
+def predict_attention(bh: int, s: int, d: int, causal: bool, dtype: str, hw):
+    """(predicted s, bound) of scaled_dot_product_attention over (1, bh, s, d) queries, keys and values."""
     import torch
     import torch.nn.functional as F
 
-    from opmap.hardware import get_hardware
     from opmap.precision import torch_dtype
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    with torch.device("meta"):
+        q = torch.empty(1, bh, s, d, dtype=torch_dtype(dtype))
+    pred, bound, _ = _predict(Attn(), (q, q.clone(), q.clone()), hw, dtype)
+    return pred, bound
+
+
+def predict_row(r: dict):
+    """(predicted s, measured s, bound, what) for one CSV row, or None with the reason it is skipped."""
+    import torch
+
+    from opmap.hardware import get_hardware
 
     hw = get_hardware(r["device"])
     kind, dt = r["kind"], r["dtype"]
@@ -61,28 +93,12 @@ def predict_row(r: dict):
         if not r["m"]:
             return None, "no shape stated"
         m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
-        tdt = torch_dtype(dt)
-
-        class MM(torch.nn.Module):
-            def forward(self, a, b):
-                return a @ b
-
-        with torch.device("meta"):
-            ins = (torch.empty(m, k, dtype=tdt), torch.empty(k, n, dtype=tdt))
-        pred, bound, _ = _predict(MM(), ins, hw, dt)
+        pred, bound = predict_gemm(m, n, k, dt, hw)
         return (pred, 2.0 * m * n * k / float(r["measured_flops_per_s"]), bound, f"{m}x{n}x{k}"), ""
     if kind == "attention_fwd":
         bh, s, d = int(r["batch_heads"]), int(r["seq_q"]), int(r["head_dim"])
         causal = r["causal"].strip().lower() == "true"
-        tdt = torch_dtype(dt)
-
-        class Attn(torch.nn.Module):
-            def forward(self, q, k, v):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-        with torch.device("meta"):
-            q = torch.empty(1, bh, s, d, dtype=tdt)
-        pred, bound, _ = _predict(Attn(), (q, q.clone(), q.clone()), hw, dt)
+        pred, bound = predict_attention(bh, s, d, causal, dt, hw)
         # the FlashAttention authors' count: 4 * b * h * s^2 * d, halved for causal
         flops = 4.0 * bh * s * s * d * (0.5 if causal else 1.0)
         return (pred, flops / float(r["measured_flops_per_s"]), bound,
