@@ -8,7 +8,8 @@ from opmap.analyze import stored_weights
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.precision import resolve_precision
+from opmap.ops import MatrixFamily, MatrixProblem
+from opmap.precision import power_limited, resolve_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, mfu, predict_cost, ridge_point
 
 H100 = get_hardware("h100-sxm")
@@ -29,19 +30,59 @@ def test_large_gemm_is_compute_bound_at_the_achievable_rate():
 
 
 def test_without_a_measured_rate_the_dense_peak_stands_for_it():
-    # the catalog lists no sustained bf16 rate for the H200: the 989.4 TFLOP/s dense peak (H200 datasheet)
+    # the catalog lists no measured matrix rate at all for the MI250X: the 383 TFLOP/s dense bf16 peak stands
+    mi250x = get_hardware("mi250x")
+    prec = resolve_precision(mi250x, "bf16")
+    assert prec.matrix_rate_flops_per_s == prec.matrix_peak_flops_per_s and prec.rate_basis.startswith("dense peak")
+
+
+def test_a_format_without_a_measured_rate_takes_another_formats_measured_fraction():
+    # H200: fp8 measured at 1,522.6 TFLOP/s of its 1,978.9 dense peak (catalog, Bekman's MAMF table); bf16 has no
+    # figure of its own, so it runs at 989.4 x 1522.6 / 1978.9
     h200 = get_hardware("h200")
+    fp8 = h200.achievable_matrix_flops_per_s["fp8"].value
     prec = resolve_precision(h200, "bf16")
-    assert prec.matrix_rate_flops_per_s == prec.matrix_peak_flops_per_s == 989.4e12
+    assert prec.matrix_rate_flops_per_s == pytest.approx(989.4e12 * fp8 / 1978.9e12)
+    assert "fp8 fraction" in prec.rate_basis
+
+
+def test_power_limited_cards_blend_boost_and_sustained_rates():
+    # L4: boost bf16 70.89 TFLOP/s (a 2048^3 loop), sustained 56.90 (10240^3), power window 30 ms (catalog).
+    # A run of boost-time B past the window takes tau + (B - tau) r_b / r_s: for B = 1 s,
+    # r_eff = 70.89 * 1 / (0.03 + 0.97 * 70.89 / 56.90)
+    l4 = get_hardware("l4")
+    prec = resolve_precision(l4, "bf16")
+    assert prec.matrix_rate_flops_per_s == 70.89e12
+    assert power_limited(prec, l4, 0.02) is prec  # inside the window: boost
+    long = power_limited(prec, l4, 1.0)
+    assert long.matrix_rate_flops_per_s == pytest.approx(70.89e12 / (0.03 + 0.97 * 70.89 / 56.90))
+    assert long.sustained and prec.matrix_peak_flops_per_s == long.matrix_peak_flops_per_s  # MFU keeps the peak
+    assert power_limited(resolve_precision(H100, "bf16"), H100, 10.0).matrix_rate_flops_per_s == 794.5e12
+
+
+def test_fused_attention_softmax_on_the_special_function_units():
+    # H100 SXM: 16 exp per clock per SM (CUDA programming guide) x 132 SMs x 1.98 GHz; the softmax's 5 other
+    # ops per score at the 66.9 TFLOP/s fp32 vector peak; half the shorter of matrix and vector time exposed
+    prec = resolve_precision(H100, "bf16")
+    scores = 16 * 16384 ** 2
+    c = OpCost(matrix_flops=4.0 * scores * 128, vector_flops=5.0 * scores, transcendental_flops=scores,
+               problem=MatrixProblem(MatrixFamily.ATTENTION, 16, 16384, 16384, 128))
+    p = predict_cost(c, H100, prec)
+    vec = 5.0 * scores / 66.9e12 + scores / (16 * 132 * 1.98e9)
+    mat = 4.0 * scores * 128 / 794.5e12
+    assert p.vector_s == pytest.approx(vec) and p.matrix_s == pytest.approx(mat)
+    assert p.predicted_s == pytest.approx(mat + 0.5 * vec + H100.launch_overhead_s)
 
 
 def test_elementwise_is_memory_bound_and_tiny_ops_overhead_bound():
     prec = resolve_precision(H100, "bf16")
-    n = 64 * 2 ** 20  # 64M bf16 elements: read 2 inputs, write 1 -> 384 MiB at 3.35 TB/s
+    # 64M bf16 elements: read 2 inputs, write 1 -> 384 MiB at 3.35 TB/s x 3000/3350 (FlashMLA's measured H800 SXM5
+    # streaming rate, the DRAM efficiency of a device without a measured figure of its own)
+    n = 64 * 2 ** 20
     c = OpCost(vector_flops=n, bytes_read=2 * n * 2, bytes_written=n * 2)
     p = predict_cost(c, H100, prec)
     assert p.bound == "memory"
-    assert p.memory_s == pytest.approx(3 * n * 2 / 3.35e12)
+    assert p.memory_s == pytest.approx(3 * n * 2 / 3.0e12)
     tiny = predict_cost(OpCost(vector_flops=10, bytes_read=40, bytes_written=40), H100, prec)
     assert tiny.bound == "overhead" and tiny.predicted_s == pytest.approx(H100.launch_overhead_s, rel=1e-3)
 
@@ -86,7 +127,7 @@ def test_int4_weight_only_reads_a_quarter_of_the_weights():
     (stored,) = stored_weights([cost], prec)  # the pipeline rescales parameter reads once, before predicting
     assert stored.param_bytes_read == pytest.approx(P * (0.5 + 2 / 128) / 2)
     p = predict_cost(stored, H100, prec)
-    assert p.memory_s == pytest.approx((act + P * (0.5 + 2 / 128) / 2) / H100.memory_bandwidth_bytes_per_s)
+    assert p.memory_s == pytest.approx((act + P * (0.5 + 2 / 128) / 2) / 3.0e12)
 
 
 def test_fp8_falls_back_where_the_device_has_none():

@@ -25,7 +25,7 @@ from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
-from opmap.precision import Precision, resolve_precision
+from opmap.precision import Precision, power_limited, resolve_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload
 
@@ -181,13 +181,23 @@ class Analysis:
 
 
 def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
-    """The matrix rate the time model runs at, with its provenance (the achievable rate, else the peak)."""
+    """The matrix rate the time model runs at, with its provenance: a measured achievable figure, another
+    format's measured fraction of peak, else the peak; on a power-limited card past its power window, the blend
+    of boost and sustained rates (``precision.power_limited``)."""
     v = hw.achievable_matrix_flops_per_s.get(prec.matrix)
-    if v is not None and v.value:
-        return {"value": v.value, "kind": v.kind, "source": v.source, "of_peak": v.value / prec.matrix_peak_flops_per_s}
-    return {"value": prec.matrix_peak_flops_per_s, "kind": "dense peak",
-            "source": f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it",
-            "of_peak": 1.0}
+    measured = v is not None and bool(v.value) and prec.rate_basis.startswith("measured")
+    out = {"value": prec.matrix_rate_flops_per_s, "kind": "measured" if measured else "derived",
+           "basis": prec.rate_basis, "source": v.source if measured else prec.rate_basis,
+           "of_peak": prec.matrix_rate_flops_per_s / prec.matrix_peak_flops_per_s,
+           "power_state": "power-limited" if prec.sustained else "boost"}
+    if prec.sustained:
+        out["kind"] = "derived"
+    if prec.rate_basis.startswith("dense peak"):
+        out.update(kind="dense peak",
+                   source=f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it")
+    if hw.power_window_s is not None:
+        out["power_window_s"] = hw.power_window_s
+    return out
 
 
 def _bytes(x: float) -> str:
@@ -244,6 +254,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "matrix_rate_flops_per_s": _rate(hw, prec),
         "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
         "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
+        "memory_rate_bytes_per_s": {"value": hw.memory_rate_bytes_per_s, "basis": hw.memory_rate_basis},
         "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
         "transcendental_slots": TRANSCENDENTAL_SLOTS,
         "time_model": time_model_line(hw),
@@ -268,14 +279,25 @@ def stored_weights(costs: Sequence[OpCost], prec: Precision) -> list[OpCost]:
 
 def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
                   overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
-                  evidence: str = "") -> Analysis:
+                  evidence: str = "", repeats: int = 1) -> Analysis:
+    """Cost, map and predict a captured graph. ``repeats``: how many times the step runs back to back (a
+    benchmark loop, a serving run). On a power-limited card with sustained rates in the catalog, a run busy past
+    its power window drops from its boost to its sustained matrix rate (``precision.power_limited``)."""
     prec = resolve_precision(hw, dtype)
     costs = stored_weights(cost_graph(graph), prec)
     curves = hw.curves
-    preds = [predict_cost(c, hw, prec, curves) for c in costs]
-    results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     plan = plan_fusion(graph, costs, fusion, plan_file)
-    kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves))
+
+    def predict(prec: Precision):
+        preds = [predict_cost(c, hw, prec, curves) for c in costs]
+        return preds, tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves))
+
+    preds, kernels = predict(prec)
+    limited = power_limited(prec, hw, repeats * sum(k.predicted_s for k in kernels))
+    if limited is not prec:
+        prec = limited
+        preds, kernels = predict(prec)
+    results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     return Analysis(workload.name, graph, results, hw, prec,
                     build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
                         "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence")),

@@ -20,7 +20,7 @@ AWQ-style group quantization); int8 a 16-bit scale per output channel of 4096.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from opmap.errors import OpmapError
@@ -142,6 +142,8 @@ class Precision:
     # the rate the time model runs the matrix units at: the achievable (measured, sustained) rate where the
     # spec has one, else the dense peak; the peak stays the MFU denominator
     matrix_rate_flops_per_s: float = 0.0
+    rate_basis: str = "dense peak"  # where matrix_rate_flops_per_s came from, for the assumptions
+    sustained: bool = False  # a long run on a power-limited card: the rate blends boost and sustained
 
     def __post_init__(self):
         if not self.matrix_rate_flops_per_s:
@@ -177,8 +179,59 @@ class Precision:
         return pol.capture
 
 
+# the formats whose measured fraction of peak stands in for a format with no measured rate of its own, in order
+_FRACTION_DONORS = ("bf16", "fp16", "fp8", "int8", "tf32", "fp32")
+
+
+def matrix_rate(hw: HardwareSpec, fmt: str, sustained: bool = False) -> tuple[float, str]:
+    """The rate the matrix units run ``fmt`` at on ``hw``, and where it came from.
+
+    A measured figure for ``fmt`` wins (the sustained table when ``sustained``, else the achievable one). Without
+    one, the device's measured fraction of peak for another format (bf16 first) scales ``fmt``'s dense peak: the
+    clock and power limits that hold one format below its peak hold the others too (crowd-sourced torch.mm runs
+    show it: H100 SXM tf32 402 of 495 TFLOP/s and bf16 798 of 989, 0.81 both). No measured figure at all: the
+    dense peak."""
+    peak = float(hw.matrix_peak_flops_per_s[fmt].value)
+    tables = ((hw.sustained_matrix_flops_per_s, "sustained"),) if sustained else ()
+    tables += ((hw.achievable_matrix_flops_per_s, "achievable"),)
+    for table, what in tables:
+        v = table.get(fmt)
+        if v is not None and v.value:
+            return float(v.value), f"measured {what} {fmt} rate"
+        for donor in _FRACTION_DONORS:
+            d, p = table.get(donor), hw.matrix_peak_flops_per_s.get(donor)
+            if d is not None and d.value and p is not None and p.value:
+                frac = float(d.value) / float(p.value)
+                return peak * frac, f"{fmt} dense peak x the measured {what} {donor} fraction {frac:.2f}"
+    return peak, "dense peak (no measured rate)"
+
+
+def power_limited(prec: Precision, hw: HardwareSpec, busy_s: float) -> Precision:
+    """``prec`` on a run that keeps ``hw`` busy for ``busy_s`` seconds at its boost rates.
+
+    A power-limited card (a catalog entry with sustained rates) holds its boost clocks while its power budget,
+    averaged over ``power_window_s``, allows, then settles at the rate its power limit sustains. Work done in
+    the first window runs at the boost rate r_b, the rest at the sustained rate r_s, so a run of boost-time B
+    takes tau + (B - tau) r_b / r_s and its matrix units average r_b B / (tau + (B - tau) r_b / r_s). The whole
+    busy time is taken as matrix work (the power-hungry part): a first-order model, stated in the assumptions.
+    Returns ``prec`` itself where nothing changes."""
+    tau = hw.power_window_s
+    if not hw.sustained_matrix_flops_per_s or tau is None or busy_s <= tau:
+        return prec
+    r_b = prec.matrix_rate_flops_per_s
+    r_s, basis = matrix_rate(hw, prec.matrix, sustained=True)
+    if r_s >= r_b:
+        return prec
+    r_eff = r_b * busy_s / (tau + (busy_s - tau) * r_b / r_s)
+    return replace(prec, matrix_rate_flops_per_s=r_eff, sustained=True,
+                   rate_basis=(f"power-limited: {busy_s * 1e3:.3g} ms busy at boost, past the {tau * 1e3:.3g} ms "
+                               f"power window; the first window at the boost rate ({prec.rate_basis}), the rest at "
+                               f"the sustained rate ({basis})"))
+
+
 def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
-    """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format."""
+    """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format. The
+    matrix rate is the boost-clock one (achievable); ``power_limited`` lowers it for long runs."""
     check_requestable(dtype)
     chosen = next((d for d in FALLBACK[dtype] if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
     if chosen is None:
@@ -192,6 +245,5 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
         note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
     scale = pol.weight_bytes / format_bytes(pol.capture)
     peak = float(hw.matrix_peak_flops_per_s[chosen].value)
-    achievable = hw.achievable_matrix_flops_per_s.get(chosen)
-    rate = float(achievable.value) if achievable is not None and achievable.value else peak
-    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate)
+    rate, basis = matrix_rate(hw, chosen)
+    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate, basis)

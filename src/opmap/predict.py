@@ -35,6 +35,19 @@ from opmap.roofline import Bound, Roofline, no_kernel, roofline, uncounted
 # lanes (Hopper / Ampere SM diagrams), CPUs evaluate exp/tanh as ~10-20-instruction polynomials. 4 is a
 # middle value; calibration (opmap calibrate) replaces it with a measured rate.
 TRANSCENDENTAL_SLOTS = 4.0
+# Fused attention on a GPU: the softmax of a block sits between its two GEMMs (S = Q K^T, then P V). FlashAttention-3
+# overlaps one warpgroup's softmax with another's GEMMs (ping-pong), which hides part of it: the FA3 paper (Shah et al.
+# 2024, section 3.1) notes that at head dim 128 the exponentials alone take half the matmul cycle time. Half of the
+# shorter term stays exposed: the one value fitted here, on FA3's H100 forward at head dim 128, sequence 16k
+# (benchmarks/gpu_reference.py; the other head dims and lengths are held out).
+ATTENTION_SOFTMAX_EXPOSED = 0.5
+
+
+def attention_exposed_s(cost: OpCost, hw: HardwareSpec, matrix_s: float, vector_s: float) -> float:
+    """The part of a fused attention kernel's compute that its schedule cannot overlap (GPU, uncalibrated)."""
+    if hw.device_type != "gpu" or cost.problem is None or not cost.problem.family.attention:
+        return 0.0
+    return ATTENTION_SOFTMAX_EXPOSED * min(matrix_s, vector_s)
 
 # A node's prediction is a Roofline value: terms, time, bound and limiter (roofline.py).
 Prediction = Roofline
@@ -54,19 +67,25 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops else None
     matrix_s = cost.matrix_flops / (rate or prec.matrix_rate_flops_per_s)
     kind_rate = curves.vector_kinds.get(cost.vector_kind) if cost.vector_kind else None
+    calibrated = bool(kind_rate or curves.transcendental_per_s)
     if kind_rate:  # measured on this family's own op: its transcendentals are inside the rate
         vector_s = cost.vector_flops / kind_rate
     elif curves.transcendental_per_s:
         vector_s = (cost.vector_flops / prec.vector_peak_flops_per_s
                     + cost.transcendental_flops / curves.transcendental_per_s)
+    elif cost.problem is not None and cost.problem.family.attention and hw.transcendental_ops_per_s:
+        # fused attention: the softmax runs in fp32 registers, its exponentials on the special-function units
+        vector_s = (cost.vector_flops / float(hw.vector_peak_flops_per_s["fp32"].value)
+                    + cost.transcendental_flops / hw.transcendental_ops_per_s)
     else:
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
     nbytes = cost.bytes  # parameters at their stored format (analyze.stored_weights)
-    memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_bandwidth_bytes_per_s)
+    memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_rate_bytes_per_s)
     # on a CPU fresh output pages fault in on first touch (calibrated; 0 without a curve): the faulting thread
     # stalls, so that time adds to the op's instead of overlapping its compute
     fresh = curves.fresh_page_s(cost.allocated_bytes) if hw.device_type == "cpu" else 0.0
-    return roofline(matrix_s, vector_s, memory_s + fresh, overhead, serial_memory_s=fresh)
+    return roofline(matrix_s, vector_s, memory_s + fresh, overhead, serial_memory_s=fresh,
+                    exposed_s=attention_exposed_s(cost, hw, matrix_s, vector_s) if not calibrated else 0.0)
 
 
 def ridge_point(prec: Precision, hw: HardwareSpec) -> float:

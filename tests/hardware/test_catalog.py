@@ -187,3 +187,26 @@ def test_l40_is_not_an_alias_of_l40s():
     with pytest.raises(OpmapError, match="unknown hardware 'l40'"):
         opmap.hardware.get_hardware("l40")
     assert opmap.hardware.alias_note("l40") == ""
+
+
+def test_sustained_rates_need_a_power_window_and_a_measurement(tmp_path):
+    good = (opmap.hardware.spec.CATALOG_DIR / "l4.toml").read_text()
+    start = good.index("[power_window_s]")
+    no_window = good[:start] + good[good.index("\n\n", start) + 2:]
+    path = tmp_path / "l4.toml"
+    path.write_text(no_window)
+    with pytest.raises(OpmapError, match="power_window_s"):
+        load_spec_file(path)
+    path.write_text(good.replace('[sustained_matrix_flops_per_s.fp16]\nvalue = 52470000000000.0\nkind = "measured"',
+                                 '[sustained_matrix_flops_per_s.fp16]\nvalue = 52470000000000.0\nkind = "assumed"'))
+    with pytest.raises(OpmapError, match="sustained_matrix_flops_per_s.fp16 must be kind measured"):
+        load_spec_file(path)
+
+
+def test_power_limited_cards_sustain_less_than_they_boost(specs):
+    # a sustained rate above the boost (achievable) one would make a long run faster than a short one
+    for s in specs.values():
+        for dt, v in s.sustained_matrix_flops_per_s.items():
+            boost = s.achievable_matrix_flops_per_s.get(dt)
+            if boost is not None:
+                assert v.value <= boost.value, (s.name, dt)

@@ -22,7 +22,7 @@ def _gemm(m, n, k, family=MatrixFamily.GEMM, reps=1):
 
 def _dev(hw, prec):
     return dict(sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units, l2_bytes=hw.l2_bytes,
-                peak_flops_per_s=prec.matrix_rate_flops_per_s, bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                peak_flops_per_s=prec.matrix_rate_flops_per_s, bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s)
 
 
 def test_registered_in_order():

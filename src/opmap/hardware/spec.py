@@ -61,6 +61,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "sparsity_factor": "x",
     "memory_bytes": "B",
     "memory_bandwidth_bytes_per_s": "B/s",
+    # what a streaming kernel sustains from device memory (measured); absent: DRAM_EFFICIENCY of the datasheet
+    "achievable_memory_bandwidth_bytes_per_s": "B/s",
     "l2_bytes": "B",
     "sram_per_unit_bytes": "B",
     "compute_units": "",
@@ -71,7 +73,15 @@ SCALAR_FIELDS: dict[str, str] = {
     "launch_overhead_s": "s",
     "sram_bandwidth_bytes_per_clk": "B/clk",  # shared memory (LDS) bandwidth per compute unit per clock
     "mma_min_m": "",  # rows of the smallest matrix instruction (a tile's BM is at least this)
+    "sfu_ops_per_clk": "/clk",  # transcendental (exp2, log2, rsqrt, sin) results per clock per compute unit
+    # busy time after which a power-limited card leaves its boost clocks for the sustained rates
+    "power_window_s": "s",
 }
+# The fraction of its datasheet bandwidth an HBM / GDDR device sustains on a streaming kernel, for devices without
+# a measured figure of their own: DeepSeek's FlashMLA README (deepseek-ai/FlashMLA) reports "up to 3000 GB/s in
+# memory-bound configuration" on an H800 SXM5, whose memory system is the H100 SXM's (80 GB HBM3, 3.35 TB/s).
+DRAM_EFFICIENCY = 3000e9 / 3.35e12
+DRAM_EFFICIENCY_SOURCE = "FlashMLA README: up to 3000 GB/s memory-bound on an H800 SXM5 of 3.35 TB/s, 0.896"
 REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
 
 
@@ -91,6 +101,9 @@ class HardwareSpec:
     # what the matrix engine sustains under a long GEMM (clock and power limits), measured and published;
     # the time model runs at it, MFU keeps the dense peak as its denominator
     achievable_matrix_flops_per_s: dict[str, Value] = field(default_factory=dict)
+    # what a power-limited card (L4, PCIe parts) sustains once a run has been busy past ``power_window_s``:
+    # its power limit, not its boost clock, then sets the rate (measured on long runs of large GEMMs)
+    sustained_matrix_flops_per_s: dict[str, Value] = field(default_factory=dict)
     compute_unit_name: str = "compute unit"
     notes: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
@@ -106,6 +119,27 @@ class HardwareSpec:
         return float(self.fields["memory_bandwidth_bytes_per_s"].value)
 
     @property
+    def memory_rate_bytes_per_s(self) -> float:
+        """The bandwidth the time model streams device memory at: a measured achievable figure where the catalog
+        has one; on an accelerator without one, DRAM_EFFICIENCY of the datasheet pin rate (refresh, bank and
+        read/write turnaround keep every DRAM below it); on a CPU the datasheet figure (its measured curves take
+        over once calibrated)."""
+        v = self._opt("achievable_memory_bandwidth_bytes_per_s")
+        if v is not None:
+            return v
+        if self.device_type == "cpu":
+            return self.memory_bandwidth_bytes_per_s
+        return self.memory_bandwidth_bytes_per_s * DRAM_EFFICIENCY
+
+    @property
+    def memory_rate_basis(self) -> str:
+        if self._opt("achievable_memory_bandwidth_bytes_per_s") is not None:
+            return self.fields["achievable_memory_bandwidth_bytes_per_s"].source
+        if self.device_type == "cpu":
+            return "datasheet memory bandwidth"
+        return f"datasheet memory bandwidth x {DRAM_EFFICIENCY:.3f} ({DRAM_EFFICIENCY_SOURCE})"
+
+    @property
     def launch_overhead_s(self) -> float:
         return float(self.fields["launch_overhead_s"].value)
 
@@ -114,6 +148,17 @@ class HardwareSpec:
         return float(self.fields["memory_bytes"].value)
 
     # optional fields: None where the vendor publishes nothing
+    @property
+    def transcendental_ops_per_s(self) -> float | None:
+        """Special-function-unit rate (exp, log, rsqrt per second) where the catalog lists it per compute unit."""
+        per_clk, units, clock = self._opt("sfu_ops_per_clk"), self._opt("compute_units"), self._opt("clock_hz")
+        return per_clk * units * clock if per_clk and units and clock else None
+
+    @property
+    def power_window_s(self) -> float | None:
+        """Busy time after which a power-limited card runs at its sustained, not its boost, matrix rates."""
+        return self._opt("power_window_s")
+
     @property
     def sram_per_unit_bytes(self) -> float | None:
         """Shared memory (GPU) or per-core L2 (CPU) per compute unit."""
@@ -194,6 +239,9 @@ class HardwareSpec:
             "achievable_matrix_flops_per_s": {
                 k: v.to_dict() for k, v in self.achievable_matrix_flops_per_s.items()
             },
+            "sustained_matrix_flops_per_s": {
+                k: v.to_dict() for k, v in self.sustained_matrix_flops_per_s.items()
+            },
             "vector_peak_flops_per_s": {k: v.to_dict() for k, v in self.vector_peak_flops_per_s.items()},
             **{k: v.to_dict() for k, v in self.fields.items()},
             "notes": self.notes,
@@ -242,7 +290,7 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
     unknown = set(raw) - set(SCALAR_FIELDS) - {
         "name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
         "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s",
-        "compute_unit_name", "notes", "calibration"}
+        "sustained_matrix_flops_per_s", "compute_unit_name", "notes", "calibration"}
     if unknown:
         raise OpmapError(f"{origin}: unknown field(s) {', '.join(sorted(unknown))}")
     spec = HardwareSpec(
@@ -256,6 +304,8 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
             raw.get("sparse_matrix_peak_flops_per_s", {}), f"{origin}: sparse_matrix_peak_flops_per_s"),
         achievable_matrix_flops_per_s=_peaks(
             raw.get("achievable_matrix_flops_per_s", {}), f"{origin}: achievable_matrix_flops_per_s"),
+        sustained_matrix_flops_per_s=_peaks(
+            raw.get("sustained_matrix_flops_per_s", {}), f"{origin}: sustained_matrix_flops_per_s"),
         fields=fields,
         compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
         notes=str(raw.get("notes", "")),
@@ -265,14 +315,18 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         if v.kind == "datasheet_sparse":
             raise OpmapError(f"{origin}: matrix_peak_flops_per_s.{d} is sparse; dense peaks only there "
                              "(sparse figures go under sparse_matrix_peak_flops_per_s)")
-    for d, v in spec.achievable_matrix_flops_per_s.items():
-        peak = spec.matrix_peak_flops_per_s.get(d)
-        if v.kind != "measured":
-            raise OpmapError(f"{origin}: achievable_matrix_flops_per_s.{d} must be kind measured (a sustained rate "
-                             f"someone measured), got {v.kind}")
-        if peak is None or peak.value is None or v.value is None or v.value > peak.value:
-            raise OpmapError(f"{origin}: achievable_matrix_flops_per_s.{d} needs a value at or below the dense peak "
-                             f"({None if peak is None else peak.value})")
+    for table in ("achievable_matrix_flops_per_s", "sustained_matrix_flops_per_s"):
+        for d, v in getattr(spec, table).items():
+            peak = spec.matrix_peak_flops_per_s.get(d)
+            if v.kind != "measured":
+                raise OpmapError(f"{origin}: {table}.{d} must be kind measured (a rate someone measured), "
+                                 f"got {v.kind}")
+            if peak is None or peak.value is None or v.value is None or v.value > peak.value:
+                raise OpmapError(f"{origin}: {table}.{d} needs a value at or below the dense peak "
+                                 f"({None if peak is None else peak.value})")
+    if spec.sustained_matrix_flops_per_s and spec.power_window_s is None:
+        raise OpmapError(f"{origin}: sustained_matrix_flops_per_s needs power_window_s (the busy time after "
+                         "which the sustained rates hold)")
     if not spec.vector_peak_flops_per_s.get("fp32") or spec.vector_peak_flops_per_s["fp32"].value is None:
         raise OpmapError(f"{origin}: vector_peak_flops_per_s.fp32 needs a value")
     return spec

@@ -24,6 +24,7 @@ from opmap.mapping.tilers import NoTile, TileChoice, choose_tile
 from opmap.mapping.tiling import Tile
 from opmap.ops import CONV_OPS, COPY_OPS, GEMM_OPS
 from opmap.precision import Precision
+from opmap.predict import attention_exposed_s
 from opmap.roofline import Bound, Roofline, roofline
 
 
@@ -128,11 +129,13 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                 matrix_s += choice.compute_s - preds[k.anchor].matrix_s
             if choice.traffic_bytes is not None:
                 traffic = choice.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
-        bw = curves.bandwidth(traffic) or hw.memory_bandwidth_bytes_per_s
+        bw = curves.bandwidth(traffic) or hw.memory_rate_bytes_per_s
         # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
         # pages that fault in on first touch
         fresh_s = curves.fresh_page_s(costs[k.nodes[-1]].allocated_bytes) if hw.device_type == "cpu" else 0.0
-        r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s)
+        exposed = attention_exposed_s(ac, hw, matrix_s, vector_s) if not curves.transcendental_per_s else 0.0
+        r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
+                     exposed_s=exposed)
         if not ac.counted:
             r = replace(r, bound=Bound.UNCOUNTED)
         why = _why(r, tile) + why_tile

@@ -84,7 +84,7 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
         cands = tile_candidates(p.batch, p.m, p.n, p.k, prec.operand_format, sram_per_unit=hw.sram_per_unit_bytes,
                                 units=hw.compute_units, l2_bytes=hw.l2_bytes or 0.0,
                                 peak_flops_per_s=prec.matrix_rate_flops_per_s,
-                                bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s,
+                                bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s,
                                 b_elem_bytes=prec.weight_operand_bytes, sram_bytes_per_s=hw.sram_bytes_per_s,
                                 min_bm=hw.mma_min_m, a_unique=round(a_unique, 6),
                                 dense_peak_flops_per_s=prec.matrix_peak_flops_per_s)
@@ -105,7 +105,7 @@ def cpu_blocking(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -
         cands = cpu_tile_candidates(p.batch, p.m, p.n, p.k, prec.matrix, l2_per_core=hw.sram_per_unit_bytes,
                                     llc_bytes=hw.l2_bytes or hw.sram_per_unit_bytes, cores=hw.compute_units,
                                     peak_flops_per_s=prec.matrix_rate_flops_per_s,
-                                    bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                                    bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s)
     except OpmapError as e:
         return NoTile(f"; unblocked: {e}")
     tile, runner = cands[0], (cands[1] if len(cands) > 1 else None)
@@ -123,7 +123,7 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=p.family == "attention_causal",
                                      sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units,
                                      l2_bytes=hw.l2_bytes or 0.0, peak_flops_per_s=prec.matrix_rate_flops_per_s,
-                                     bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+                                     bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s)
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile = cands[0]
