@@ -210,3 +210,57 @@ def test_power_limited_cards_sustain_less_than_they_boost(specs):
             boost = s.achievable_matrix_flops_per_s.get(dt)
             if boost is not None:
                 assert v.value <= boost.value, (s.name, dt)
+
+# Collective fields (mapping/collectives.py): node sizes and topologies from the platform datasheets
+COLLECTIVE_CHECKS = [
+    # NVIDIA DGX H100 / H200 / B200 / A100 datasheets: 8 GPUs per system, NVSwitch
+    ("h100-sxm", 8, "switch", True), ("h200", 8, "switch", True), ("b200", 8, "switch", True),
+    ("a100-sxm-80gb", 8, "switch", False),  # NVSwitch 2: no SHARP
+    # AMD Instinct MI300X Platform: 8 GPUs, each with a link to every other
+    ("mi300x", 8, "full_mesh", False),
+    # HLS-Gaudi2 / HLS-3: 8 devices, all-to-all RoCE ports
+    ("gaudi2", 8, "full_mesh", False), ("gaudi3", 8, "full_mesh", False),
+    # Google Cloud TPU docs: v5e pod 256 chips (2D torus), v5p pod 8960 chips (3D torus)
+    ("tpu-v5e", 256, "torus", False), ("tpu-v5p", 8960, "torus", False),
+    # PCIe cards: 8 per server assumed (kind "assumed")
+    ("l4", 8, "pcie", False), ("h100-pcie", 8, "bridge_pairs", False),
+]
+
+
+@pytest.mark.parametrize(("name", "per_node", "topology", "sharp"), COLLECTIVE_CHECKS,
+                         ids=[c[0] for c in COLLECTIVE_CHECKS])
+def test_collective_fields(specs, name, per_node, topology, sharp):
+    s = specs[name]
+    assert s.devices_per_node == per_node
+    assert s.scale_up_topology == topology
+    assert s.in_switch_reduction is sharp
+    if sharp:
+        assert s.in_switch_bandwidth_bytes_per_s > 0
+
+
+def test_pcie_node_sizes_are_marked_assumed(specs):
+    for name in ("l4", "l40s", "h100-pcie", "a100-pcie-40gb"):
+        assert specs[name].fields["devices_per_node"].kind == "assumed", name
+
+
+def test_nvlink_hop_latency_is_nccls(specs):
+    # NVIDIA/nccl src/graph/tuning.cc: hwLat NVLINK Ring LL 0.6 us, NET Ring LL 2.7 us
+    assert math.isclose(specs["h100-sxm"].scale_up_latency_s, 0.6e-6)
+    assert math.isclose(specs["h100-sxm"].scale_out_latency_s, 2.7e-6)
+
+
+def test_in_switch_rate_below_the_link(specs):
+    """An in-switch all-reduce moves S each way per device: its rate cannot pass the per-direction link rate."""
+    for name, s in specs.items():
+        if s.in_switch_bandwidth_bytes_per_s:
+            assert s.in_switch_bandwidth_bytes_per_s <= s.scale_up_bandwidth_bytes_per_s / 2, name
+
+
+def test_validator_rejects_an_unknown_topology(tmp_path):
+    good = (opmap.hardware.spec.CATALOG_DIR / "h100-sxm.toml").read_text()
+    bad = good.replace('value = "switch"', 'value = "hypercube"', 1)
+    assert bad != good
+    path = tmp_path / "bad.toml"
+    path.write_text(bad)
+    with pytest.raises(OpmapError, match="hypercube.*switch, full_mesh"):
+        load_spec_file(path)

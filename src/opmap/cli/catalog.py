@@ -63,7 +63,7 @@ def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml 
 
 def _spec_table(h) -> Table:
     """Every peak and scalar field of ``h`` with its value, kind and source."""
-    from opmap.hardware.spec import SCALAR_FIELDS
+    from opmap.hardware.spec import SCALAR_FIELDS, TEXT_FIELDS
     from opmap.report.sheet import si
 
     t = Table(title=f"{h.name}: {h.display_name} ({h.vendor}, {h.device_type})")
@@ -78,4 +78,7 @@ def _spec_table(h) -> Table:
         if v is not None:
             val = "-" if v.value is None else (f"{v.value:g}" if unit in ("", "x") else si(v.value, unit))
             t.add_row(key, val, v.kind, v.source + (f" ({v.note})" if v.note else ""))
+    for key in TEXT_FIELDS:
+        if (v := h.fields.get(key)) is not None:
+            t.add_row(key, str(v.value), v.kind, v.source + (f" ({v.note})" if v.note else ""))
     return t

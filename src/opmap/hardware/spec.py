@@ -42,9 +42,10 @@ DTYPES = FORMATS
 
 @dataclass(frozen=True)
 class Value:
-    """A number with provenance. ``value`` may be None where the vendor publishes nothing."""
+    """A number with provenance. ``value`` may be None where the vendor publishes nothing; a text field
+    (``TEXT_FIELDS``: the scale-up topology) holds one of its accepted words instead."""
 
-    value: float | None
+    value: float | str | None
     kind: str
     source: str
     note: str = ""
@@ -76,6 +77,19 @@ SCALAR_FIELDS: dict[str, str] = {
     "sfu_ops_per_clk": "/clk",  # transcendental (exp2, log2, rsqrt, sin) results per clock per compute unit
     # busy time after which a power-limited card leaves its boost clocks for the sustained rates
     "power_window_s": "s",
+    # collectives (mapping/collectives.py). A "node" is one scale-up domain: the devices its scale-up links join
+    "devices_per_node": "",
+    "scale_up_latency_s": "s",  # per-step (hop) latency of the scale-up path, lowest-latency protocol
+    "scale_out_latency_s": "s",  # the same across nodes (NIC, network, remote GPU)
+    "in_switch_reduction": "",  # 1 where the scale-up switch reduces in the network (NVLink SHARP), else 0
+    "in_switch_bandwidth_bytes_per_s": "B/s",  # per-device rate of an in-switch all-reduce (bytes of S per s)
+}
+# Text fields: the accepted words of each. ``switch``: every device has its whole scale-up bandwidth to a
+# switch (NVSwitch); ``full_mesh``: a direct link to each peer (xGMI, Gaudi RoCE), a pair gets one link's share;
+# ``torus``: chip-to-chip links in a 2D / 3D torus (TPU ICI); ``pcie``: the host's PCIe lanes;
+# ``bridge_pairs``: an NVLink bridge joins two cards, larger groups go over PCIe.
+TEXT_FIELDS: dict[str, tuple[str, ...]] = {
+    "scale_up_topology": ("switch", "full_mesh", "torus", "pcie", "bridge_pairs"),
 }
 # The fraction of its datasheet bandwidth an HBM / GDDR device sustains on a streaming kernel, for devices without
 # a measured figure of their own: DeepSeek's FlashMLA README (deepseek-ai/FlashMLA) reports "up to 3000 GB/s in
@@ -207,6 +221,35 @@ class HardwareSpec:
     def scale_out_bandwidth_bytes_per_s(self) -> float | None:
         return self._opt("scale_out_bandwidth_bytes_per_s")
 
+    @property
+    def devices_per_node(self) -> int | None:
+        """Devices in one scale-up domain (a DGX / HGX board, a TPU pod's ICI domain)."""
+        v = self._opt("devices_per_node")
+        return None if v is None else int(v)
+
+    @property
+    def scale_up_topology(self) -> str | None:
+        """One of ``TEXT_FIELDS["scale_up_topology"]``; None where the catalog does not say."""
+        v = self.fields.get("scale_up_topology")
+        return None if v is None or v.value is None else str(v.value)
+
+    @property
+    def scale_up_latency_s(self) -> float | None:
+        return self._opt("scale_up_latency_s")
+
+    @property
+    def scale_out_latency_s(self) -> float | None:
+        return self._opt("scale_out_latency_s")
+
+    @property
+    def in_switch_reduction(self) -> bool:
+        """The scale-up switch reduces in the network (NVLink SHARP on NVSwitch 3 and later)."""
+        return bool(self._opt("in_switch_reduction"))
+
+    @property
+    def in_switch_bandwidth_bytes_per_s(self) -> float | None:
+        return self._opt("in_switch_bandwidth_bytes_per_s")
+
     @cached_property
     def curves(self) -> Curves:
         """The measured efficiency curves of a calibrated profile (empty for a catalog device), built once."""
@@ -265,6 +308,15 @@ def _value(raw: Any, where: str) -> Value:
     return Value(None if val is None else float(val), kind, str(raw["source"]), str(raw.get("note", "")))
 
 
+def _text_value(raw: Any, where: str, accepted: tuple[str, ...]) -> Value:
+    if not isinstance(raw, dict) or "value" not in raw:
+        raise OpmapError(f"{where}: expected a table with value, kind and source, got {raw!r}")
+    if raw["value"] not in accepted:
+        raise OpmapError(f"{where}: value {raw['value']!r} is not one of {', '.join(accepted)}")
+    v = _value({**raw, "value": None}, where)
+    return Value(str(raw["value"]), v.kind, v.source, v.note)
+
+
 def _peaks(raw: dict[str, Any], where: str) -> dict[str, Value]:
     out = {}
     for dtype, v in raw.items():
@@ -284,10 +336,13 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
     for key in SCALAR_FIELDS:
         if key in raw:
             fields[key] = _value(raw[key], f"{origin}: {key}")
+    for key, accepted in TEXT_FIELDS.items():
+        if key in raw:
+            fields[key] = _text_value(raw[key], f"{origin}: {key}", accepted)
     for key in REQUIRED_FIELDS:
         if key not in fields or fields[key].value is None:
             raise OpmapError(f"{origin}: {key} needs a value")
-    unknown = set(raw) - set(SCALAR_FIELDS) - {
+    unknown = set(raw) - set(SCALAR_FIELDS) - set(TEXT_FIELDS) - {
         "name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
         "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s",
         "sustained_matrix_flops_per_s", "compute_unit_name", "notes", "calibration"}

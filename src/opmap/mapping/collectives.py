@@ -1,0 +1,269 @@
+"""Collectives priced from first principles: ring, double binary tree, in-switch reduction, hierarchical.
+
+A collective is a kernel of its own (class ``collective``, bound ``interconnect``). Its time is the
+alpha-beta model NCCL's own tuner uses (NVIDIA/nccl ``src/graph/tuning.cc``), per algorithm and protocol::
+
+    t = base_s + hops x alpha x hop_factor + wire_bytes / (bandwidth x efficiency)
+
+and, as NCCL does, the fastest legal (algorithm, protocol) pair is taken and named.
+
+Units. ``message_bytes`` S is what nccl-tests calls the size: the all-reduce buffer, the all-gather *output*,
+the reduce-scatter *input*, the all-to-all buffer, the send / recv payload, per device. Bandwidths are bytes
+per second **per device, per direction**: the catalog's ``scale_up_bandwidth_bytes_per_s`` is the
+bidirectional total (H100: 900 GB/s = 18 NVLink 4 links x 25 GB/s each way), so one direction is half of it
+(450 GB/s); ``scale_out_bandwidth_bytes_per_s`` is already per direction (one 400 Gb/s NIC per GPU = 50 GB/s).
+nccl-tests reports algbw = S / t and busbw = algbw x factor (``bus_factor``): 2(n-1)/n for all-reduce,
+(n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send / recv. A ring all-reduce's busbw cannot
+pass the per-direction link rate; an in-switch all-reduce's can (each device sends S once and receives S
+once, the switch does the reduction), which is why a DGX H100 shows busbw 480 GB/s against a 450 GB/s link.
+
+Wire bytes per device, per direction (n devices):
+
+- ring all-reduce (reduce-scatter then all-gather): 2(n-1)/n x S over 2(n-1) steps;
+- ring all-gather / reduce-scatter: (n-1)/n x S over n-1 steps;
+- double binary tree all-reduce: 2 S (an interior node of one tree takes S/2 from each of two children and
+  sends S/2 up, then takes S/2 down and sends it to both children; it is a leaf of the other tree), with
+  2 x (depth) steps: a chain of n_local - 1 hops inside a node and log2(nodes) hops across nodes;
+- in-switch all-reduce (NVLink SHARP, NCCL's NVLS): S each way at the catalog's measured in-switch rate;
+- all-to-all: (n-1)/n x S, the in-node share over the scale-up link and the rest over the NIC, concurrently;
+- send / recv: S over one link (on a full mesh a pair has one link's share of the device's bandwidth).
+
+Across nodes (``devices_per_node`` from the catalog) a ring runs one ring per GPU, each crossing nodes through
+its own NIC, so its bandwidth is min(scale-up per direction, devices per node x NIC rate); the hierarchical
+all-reduce runs reduce-scatter in the node, all-reduce of S / n_local across nodes over the NICs, all-gather
+in the node, in sequence.
+
+Message-size-dependent bandwidth comes from two places, both first principles: the alpha terms (latency
+dominates small messages) and NCCL's three protocols, which trade wire efficiency for latency:
+
+- LL: 8-byte stores carrying 4 bytes of data and a 4-byte flag (efficiency 1/2), the lowest latency;
+- LL128: 128-byte lines carrying 120 bytes of data and an 8-byte flag (efficiency 120/128);
+- Simple: bulk copies, then a memory fence and a flag per chunk (efficiency 1), the highest latency.
+
+The protocol constants (base latency per collective, hop latency relative to LL) are NCCL's tuner's; the
+per-hop alpha of each link is the catalog's (``scale_up_latency_s``, ``scale_out_latency_s``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from opmap.errors import OpmapError
+from opmap.hardware.spec import HardwareSpec
+from opmap.roofline import Roofline, roofline
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+# auto: the group fills nodes of devices_per_node; scale_up: the group is inside one node; scale_out: one
+# member per node (every hop crosses a NIC)
+LINKS = ("auto", "scale_up", "scale_out")
+KERNEL_CLASS = "collective"
+
+NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (commit b6475625)"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One of NCCL's wire protocols. ``efficiency``: data bytes per wire byte (first principles);
+    ``base_s``: the per-collective latency NCCL's tuner charges (baseLat, Ring); ``hop_factor``: its per-hop
+    latency over LL's (hwLat NVLINK Ring: LL 0.6, LL128 1.9, Simple 3.4 us)."""
+
+    name: str
+    efficiency: float
+    base_s: float
+    hop_factor: float
+
+
+PROTOCOLS: tuple[Protocol, ...] = (
+    Protocol("LL", 4 / 8, 6.6e-6, 1.0),  # 4 B data + 4 B flag per 8-byte store
+    Protocol("LL128", 120 / 128, 14.0e-6, 1.9 / 0.6),  # 8 B flag per 128-byte line
+    Protocol("Simple", 1.0, 8.4e-6, 3.4 / 0.6),  # fence + flag per chunk, no per-line overhead
+)
+SIMPLE = PROTOCOLS[-1]
+# NCCL's tuner: an NVLS (in-switch) all-reduce costs hwLat NVLINK NVLS Simple = 23 us, base 0
+IN_SWITCH_LATENCY_S = 23e-6
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective. ``message_bytes``: S per device as nccl-tests counts it (module docstring);
+    ``group_size``: the devices taking part; ``link``: one of ``LINKS``."""
+
+    kind: str
+    message_bytes: float
+    group_size: int
+    link: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise OpmapError(f"collective kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.link not in LINKS:
+            raise OpmapError(f"collective link {self.link!r} is not one of {', '.join(LINKS)}")
+        b = self.message_bytes
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b <= 0:
+            raise OpmapError(f"collective message_bytes must be a positive finite number, got {b!r}")
+        g = self.group_size
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise OpmapError(f"collective group_size must be an integer of at least 1, got {g!r}")
+        if self.kind == "send_recv" and g > 2:
+            raise OpmapError(f"a send_recv is between two devices; group_size {g} given (accepted: 1 or 2)")
+
+
+class CollectiveTime(NamedTuple):
+    """``seconds``: predicted time; ``algorithm``: the fastest legal one (``ring``, ``tree``, ``in_switch``,
+    ``hierarchical``, ``direct`` for all-to-all and send / recv, ``none`` for a group of one); ``detail``:
+    protocol, nodes, bandwidths used (bytes/s, per device, per direction), algbw / busbw and every
+    candidate's time."""
+
+    seconds: float
+    algorithm: str
+    detail: dict[str, Any]
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests ``doc/PERFORMANCE.md``: busbw = algbw x this factor."""
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _need(value: float | None, hw: HardwareSpec, field: str, why: str) -> float:
+    if not value:
+        raise OpmapError(f"{hw.name}: the catalog has no {field}, needed for {why}")
+    return value
+
+
+@dataclass(frozen=True)
+class _Fabric:
+    """The links one collective uses. Bandwidths per device, per direction."""
+
+    nodes: int
+    per_node: int
+    up_bytes_per_s: float
+    up_alpha_s: float
+    out_bytes_per_s: float
+    out_alpha_s: float
+
+
+def _fabric(hw: HardwareSpec, c: Collective) -> _Fabric:
+    n, what = c.group_size, f"a {c.kind} over {c.group_size} devices"
+    per_node = hw.devices_per_node
+    if c.link == "scale_out":
+        nodes, local = n, 1
+    elif c.link == "scale_up" or (per_node and n <= per_node):
+        if c.link == "scale_up" and per_node and n > per_node:
+            raise OpmapError(f"{hw.name}: a scale_up group of {n} does not fit one node of {per_node} devices "
+                             "(use link 'auto' or 'scale_out')")
+        nodes, local = 1, n
+    else:
+        per_node = int(_need(per_node, hw, "devices_per_node", what))
+        if n % per_node:
+            raise OpmapError(f"{hw.name}: a group of {n} spanning nodes must fill whole nodes of {per_node} "
+                             "devices (accepted: a multiple of devices_per_node, or link 'scale_out')")
+        nodes, local = n // per_node, per_node
+    up = up_alpha = 0.0
+    if local > 1:
+        topo = hw.scale_up_topology
+        if topo is None:
+            raise OpmapError(f"{hw.name}: the catalog has no scale_up_topology, needed for {what}")
+        if topo == "bridge_pairs" and local > 2:
+            raise OpmapError(f"{hw.name}: an NVLink bridge joins two cards; a group of {local} in one node goes "
+                             "over PCIe, whose peer bandwidth the catalog does not give (accepted: 2 per node)")
+        up = _need(hw.scale_up_bandwidth_bytes_per_s, hw, "scale_up_bandwidth_bytes_per_s", what) / 2
+        up_alpha = _need(hw.scale_up_latency_s, hw, "scale_up_latency_s", what)
+    out = out_alpha = 0.0
+    if nodes > 1:
+        out = _need(hw.scale_out_bandwidth_bytes_per_s, hw, "scale_out_bandwidth_bytes_per_s", what)
+        out_alpha = _need(hw.scale_out_latency_s, hw, "scale_out_latency_s", what)
+    return _Fabric(nodes, local, up, up_alpha, out, out_alpha)
+
+
+def _ring_bandwidth(f: _Fabric) -> float:
+    """A ring's per-device bandwidth: the scale-up link inside one node; across nodes one ring per GPU, each
+    through its own NIC, so min(scale-up, devices per node x NIC)."""
+    if f.nodes == 1:
+        return f.up_bytes_per_s
+    if f.per_node == 1:
+        return f.out_bytes_per_s
+    return min(f.up_bytes_per_s, f.per_node * f.out_bytes_per_s)
+
+
+def _ring(kind: str, s: float, f: _Fabric, p: Protocol) -> float:
+    n = f.nodes * f.per_node
+    steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
+    inter = 0 if f.nodes == 1 else min(steps, 2 * f.nodes if kind == "all_reduce" else f.nodes - 1)
+    lat = p.base_s + ((steps - inter) * f.up_alpha_s + inter * f.out_alpha_s) * p.hop_factor
+    wire = (2 if kind == "all_reduce" else 1) * (n - 1) / n * s
+    return lat + wire / (_ring_bandwidth(f) * p.efficiency)
+
+
+def _tree(s: float, f: _Fabric, p: Protocol) -> float:
+    """Double binary tree all-reduce: a chain inside the node, binary trees across nodes."""
+    depth_up = (f.per_node - 1) * f.up_alpha_s + math.ceil(math.log2(f.nodes)) * f.out_alpha_s
+    return p.base_s + 2 * depth_up * p.hop_factor + 2 * s / (_ring_bandwidth(f) * p.efficiency)
+
+
+def _best(cands: dict[str, float]) -> tuple[str, float]:
+    key = min(cands, key=cands.__getitem__)
+    return key, cands[key]
+
+
+def collective_time(hw: HardwareSpec, c: Collective) -> CollectiveTime:
+    """Predicted seconds of ``c`` on ``hw``, the algorithm NCCL would pick (the fastest legal one), and the
+    detail behind it (see the module docstring for every formula and unit)."""
+    n, s = c.group_size, float(c.message_bytes)
+    if n == 1:
+        return CollectiveTime(0.0, "none", {"why": "a group of one device moves nothing"})
+    f = _fabric(hw, c)
+    cands: dict[str, float] = {}
+    if c.kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        for p in PROTOCOLS:
+            cands[f"ring/{p.name}"] = _ring(c.kind, s, f, p)
+    if c.kind == "all_reduce":
+        for p in PROTOCOLS:
+            cands[f"tree/{p.name}"] = _tree(s, f, p)
+        if f.nodes == 1 and hw.in_switch_reduction and hw.scale_up_topology == "switch":
+            rate = hw.in_switch_bandwidth_bytes_per_s or f.up_bytes_per_s
+            cands["in_switch/Simple"] = IN_SWITCH_LATENCY_S + s / rate
+        if f.nodes > 1 and f.per_node > 1:
+            intra = _Fabric(1, f.per_node, f.up_bytes_per_s, f.up_alpha_s, 0.0, 0.0)
+            inter = _Fabric(f.nodes, 1, 0.0, 0.0, f.out_bytes_per_s, f.out_alpha_s)
+            for p in PROTOCOLS:
+                across = min(_ring("all_reduce", s / f.per_node, inter, p), _tree(s / f.per_node, inter, p))
+                cands[f"hierarchical/{p.name}"] = (_ring("reduce_scatter", s, intra, p) + across
+                                                   + _ring("all_gather", s, intra, p))
+    if c.kind == "all_to_all":
+        in_node, across = (f.per_node - 1) / n * s, (n - f.per_node) / n * s
+        for p in PROTOCOLS:
+            alpha = max(f.up_alpha_s, f.out_alpha_s)
+            wire = max(in_node / f.up_bytes_per_s if in_node else 0.0,
+                       across / f.out_bytes_per_s if across else 0.0)
+            cands[f"direct/{p.name}"] = p.base_s + alpha * p.hop_factor + wire / p.efficiency
+    if c.kind == "send_recv":
+        if f.nodes > 1:
+            link, alpha = f.out_bytes_per_s, f.out_alpha_s
+        else:
+            link, alpha = f.up_bytes_per_s, f.up_alpha_s
+            if hw.scale_up_topology == "full_mesh" and hw.devices_per_node:
+                link /= hw.devices_per_node - 1  # a pair has one of the n - 1 direct links
+        for p in PROTOCOLS:
+            cands[f"direct/{p.name}"] = p.base_s + alpha * p.hop_factor + s / (link * p.efficiency)
+    key, t = _best(cands)
+    algorithm, protocol = key.split("/")
+    algbw = s / t
+    detail = {
+        "protocol": protocol, "nodes": f.nodes, "devices_per_node": f.per_node,
+        "scale_up_bytes_per_s": f.up_bytes_per_s, "scale_out_bytes_per_s": f.out_bytes_per_s,
+        "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * bus_factor(c.kind, n),
+        "candidates_s": dict(sorted(cands.items(), key=lambda kv: kv[1])),
+    }
+    return CollectiveTime(t, algorithm, detail)
+
+
+def collective_roofline(hw: HardwareSpec, c: Collective) -> Roofline:
+    """The collective as a kernel of the one time model: its whole time is the interconnect term (bound
+    ``interconnect``); the launch is inside the protocol's base latency, so no separate overhead."""
+    return roofline(interconnect_s=collective_time(hw, c).seconds)
