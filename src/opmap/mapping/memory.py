@@ -54,7 +54,7 @@ class Assumed:
 
 
 WORKSPACE = Assumed(
-    1 << 30, "assumed",
+    float(1 << 30), "assumed",
     "CUDA context and library handles (cuBLAS, cuDNN: about 0.5 GiB of device memory for a PyTorch process, as "
     "nvidia-smi shows it), cuBLAS workspace (32 MiB per handle on Hopper, PyTorch's default) and caching-allocator "
     "slack; 1 GiB in all, not measured")
@@ -561,3 +561,16 @@ def activation_model(measure: Callable[[int, int], float], batch: int, seq: int)
     c = (m2 - 2 * m1) / (2 * seq * seq)
     a = (m1 - c * seq * seq) / seq
     return lambda b, s: max(0.0, (a * s + c * s * s) * b / batch)
+
+
+def inflight_activation_bytes(graph: OpGraph) -> float:
+    """Activations in flight for inference, read off the graph: the largest single op's activation inputs and
+    outputs (parameters and views left out). A lower bound on what is live at once (one layer's working set
+    in an eager run frees each intermediate after its last use)."""
+    best = 0.0
+    for n in graph.nodes:
+        if n.is_view:
+            continue
+        need = sum(t.storage_bytes for t in n.inputs if t.param is None) + sum(t.nbytes for t in n.outputs)
+        best = max(best, need)
+    return best
