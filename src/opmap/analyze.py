@@ -99,8 +99,8 @@ class Analysis:
         KV cache of the captured batch and sequence (read off the graph's causal attention calls), the
         activations in flight (the largest op's working set, scaled with batch x sequence) and the assumed
         workspace; the largest batch and longest context that fit. A training graph adds AdamW state at ZeRO
-        stage 0 on one device; its saved activations are not counted here (saved_activation_bytes measures
-        them from the module)."""
+        stage 0 on one device and no KV cache; its saved activations are not counted here (saved_activation_bytes
+        measures them from the module)."""
         weights = self.graph.param_bytes * self.precision.weight_scale
         geo = kv_geometry(self.graph)
         batch = int(self.assumptions.get("batch") or 1)
@@ -115,6 +115,7 @@ class Analysis:
         if training and self.precision.requested in TRAIN_BYTES:
             st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
             fit = replace(fit, gradients_bytes=st.gradients_bytes, optimizer_bytes=st.optimizer_bytes,
+                          kv_cache_bytes=0.0,
                           phase="training (saved activations not counted)", max_batch=None, max_context=None,
                           assumptions=fit.assumptions + (st.note,))
         return fit
