@@ -118,6 +118,22 @@ def test_memory_fit_of_the_weights_at_their_stored_format(analysis_of, dtype, hw
     assert m["text"].startswith("fits: " if fits else "does not fit: ")
 
 
+def test_memory_fit_counts_the_kv_cache_and_finds_the_largest_batch_and_context(analysis_of):
+    """Inference on one L4 (24 GB): weights 2 B x 8.03 B, KV cache 131,072 B per token (2 x 32 layers x 8 KV
+    heads x 128 x 2 B, read off the graph), activations in flight scaled with batch x seq, 1 GiB workspace.
+    The largest batch at seq 8 and the longest context at batch 1 are the hand-computed floors."""
+    a = analysis_of("llama-3-8b", 1, 8, "bf16", "l4")
+    m = json.loads(json.dumps(a.to_dict()))["totals"]["memory_fit"]
+    pd = m["per_device"]
+    assert pd["kv_cache_bytes"] == 8 * 131072 and pd["workspace_bytes"] == 2 ** 30
+    assert pd["gradients_bytes"] == pd["optimizer_bytes"] == 0
+    assert pd["total_bytes"] == pytest.approx(sum(v for k, v in pd.items() if k != "total_bytes"))
+    free = 24e9 - pd["weights_bytes"] - pd["workspace_bytes"]
+    per_token = 131072 + pd["activations_bytes"] / 8
+    assert m["max_batch"] == int(free // (8 * per_token)) and m["max_context"] == int(free // per_token)
+    assert m["capacity_bytes"] == 24e9 and m["fits"] and m["reason"] == ""
+
+
 
 def test_quantized_weights_count_at_their_stored_size_everywhere(analysis_of):
     """int4 stores 0.5 B per weight plus a 2-byte scale per 128 (GPTQ / AWQ groups): the node rows, the totals and

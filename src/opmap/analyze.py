@@ -25,6 +25,14 @@ from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
+from opmap.mapping.memory import (
+    TRAIN_BYTES,
+    MemoryFit,
+    fit_inference,
+    inflight_activation_bytes,
+    kv_geometry,
+    training_state_bytes,
+)
 from opmap.precision import Precision, power_limited, resolve_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload
@@ -85,20 +93,56 @@ class Analysis:
     def predicted_mfu(self) -> float:
         return mfu(self.total.matrix_flops, self.predicted_latency_s, self.precision)
 
+    @cached_property
+    def memory(self) -> MemoryFit:
+        """Inference on one device (opmap.mapping.memory.fit_inference): the weights at their stored format, the
+        KV cache of the captured batch and sequence (read off the graph's causal attention calls), the
+        activations in flight (the largest op's working set, scaled with batch x sequence) and the assumed
+        workspace; the largest batch and longest context that fit. A training graph adds AdamW state at ZeRO
+        stage 0 on one device and no KV cache; its saved activations are not counted here (saved_activation_bytes
+        measures them from the module)."""
+        weights = self.graph.param_bytes * self.precision.weight_scale
+        geo = kv_geometry(self.graph)
+        batch = int(self.assumptions.get("batch") or 1)
+        seq = self.assumptions.get("seq")
+        tokens = batch * (seq or 1)
+        inflight = inflight_activation_bytes(self.graph)
+        fit = fit_inference(weights, geo.bytes_per_token, self.hardware.memory_bytes, batch, seq or 1,
+                            activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24)
+        if seq is None:
+            fit = replace(fit, max_context=None)
+        training = self.assumptions.get("mode") == "training step"
+        if training and self.precision.requested in TRAIN_BYTES:
+            st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
+            fit = replace(fit, gradients_bytes=st.gradients_bytes, optimizer_bytes=st.optimizer_bytes,
+                          kv_cache_bytes=0.0,
+                          phase="training (saved activations not counted)", max_batch=None, max_context=None,
+                          assumptions=fit.assumptions + (st.note,))
+        return fit
+
     @property
     def memory_fit(self) -> dict[str, Any]:
-        """Whether the weights, at their stored format, fit in the device's memory (activations, KV cache
-        and workspace not counted): the bytes, the verdict and its sentence."""
-        need = self.graph.param_bytes * self.precision.weight_scale
-        have = self.hardware.memory_bytes
+        """The memory fit (``memory``) as analysis.json's ``totals.memory_fit``: the per-device bytes, the verdict
+        and its sentence, the largest batch and longest context that fit."""
+        m = self.memory
         fmt = self.precision.policy["weights"]
-        fits = need <= have
-        text = (f"fits: the weights take {_bytes(need)} at {fmt}, the device has {_bytes(have)} (activations "
-                "and KV cache not counted)" if fits else
-                f"does not fit: the weights need {_bytes(need)} at {fmt}, the device has {_bytes(have)} "
-                f"({need / have:.2f}x its memory: shard across devices or store the weights narrower)")
-        return {"weights_bytes": need, "weights_format": fmt, "device_memory_bytes": have, "fits": fits,
-                "text": text}
+        have = m.capacity_bytes
+        w, total = m.weights_bytes, m.total_bytes
+        if m.fits:
+            text = (f"fits: the weights take {_bytes(w)} at {fmt}; with KV cache, activations in flight and "
+                    f"workspace {_bytes(total)} of {_bytes(have)}")
+        elif w > have:
+            text = (f"does not fit: the weights need {_bytes(w)} at {fmt}, the device has {_bytes(have)} "
+                    f"({w / have:.2f}x its memory: shard across devices or store the weights narrower)")
+        else:
+            text = (f"does not fit: the weights take {_bytes(w)} at {fmt}, with KV cache, activations in flight "
+                    f"and workspace {_bytes(total)}; the device has {_bytes(have)} ({total / have:.2f}x: "
+                    f"{m.reason.split('; ')[-1]}; shard, store narrower or shorten the batch / context)")
+        if m.max_batch is not None:
+            text += f"; largest batch {m.max_batch}" + (
+                f", longest context {m.max_context}" if m.max_context is not None else "")
+        return {"weights_bytes": m.weights_bytes, "weights_format": fmt, "device_memory_bytes": have,
+                "fits": m.fits, "text": text, **m.to_dict()}
 
     @property
     def uncounted(self) -> dict[str, int]:

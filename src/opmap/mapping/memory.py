@@ -1,0 +1,576 @@
+"""Memory fit: what one device holds for a training step or an inference phase, and whether it fits.
+
+Per device: weights, gradients, optimizer state (by ZeRO stage), activations, KV cache, workspace.
+
+- Activations kept for backward are *measured*: the forward runs on the meta device under
+  ``torch.autograd.graph.saved_tensors_hooks`` and the bytes of the storages autograd saves are summed, each
+  storage once; parameters and buffers (module state, not per-batch activations) are left out by storage
+  identity. ``saved_activation_bytes``.
+- Weights / gradients / optimizer state follow the ZeRO paper's accounting (Rajbhandari et al. 2020, sec. 3.1
+  and Fig. 1): mixed-precision AdamW keeps 2 B weights, 2 B gradients and K = 12 B of fp32 optimizer state
+  (master weights, momentum, variance) per parameter; stage 1 shards the optimizer state over data
+  parallelism, stage 2 the gradients too, stage 3 the weights too. ``training_state_bytes``.
+- KV cache: 2 (K and V) x layers x KV heads x head dim x tokens x bytes (vLLM, Kwon et al. 2023, sec. 3;
+  ``cache_engine.py``), read off the graph's causal attention calls so GQA is what the model does.
+- Workspace: an assumed constant (``WORKSPACE``), named with what it stands for.
+
+``fit_inference`` and ``fit_training`` put the terms together against the device's ``memory_bytes`` and find
+the largest batch and the longest context that fit (an out-of-memory plan is a result with a reason).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from opmap.errors import OpmapError
+
+if TYPE_CHECKING:
+    from opmap.graph import OpGraph
+
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("fused", "math")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """A value the model assumes rather than measures or reads off a datasheet, with what it stands for."""
+
+    value: float
+    kind: str
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "kind": self.kind, "source": self.source}
+
+
+WORKSPACE = Assumed(
+    float(1 << 30), "assumed",
+    "CUDA context and library handles (cuBLAS, cuDNN: about 0.5 GiB of device memory for a PyTorch process, as "
+    "nvidia-smi shows it), cuBLAS workspace (32 MiB per handle on Hopper, PyTorch's default) and caching-allocator "
+    "slack; 1 GiB in all, not measured")
+
+
+# -- activations saved for backward (measured) -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """Bytes autograd keeps from one forward for the backward, each storage once.
+
+    ``by_block``: bytes by repeated block (the children of the model's largest ``nn.ModuleList`` of one
+    class: the transformer layers), ``""`` for what is saved outside every block (embeddings, final norm,
+    head). ``per_block_bytes``: the mean over blocks."""
+
+    total_bytes: float
+    by_block: dict[str, float]
+    recompute: str
+    attention: str
+    tensors: int  # distinct storages counted
+    notes: tuple[str, ...] = ()
+
+    @property
+    def blocks(self) -> list[str]:
+        return [k for k in self.by_block if k]
+
+    @property
+    def per_block_bytes(self) -> float:
+        b = self.blocks
+        return sum(self.by_block[k] for k in b) / len(b) if b else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total_bytes": self.total_bytes, "per_block_bytes": self.per_block_bytes,
+                "by_block": self.by_block, "recompute": self.recompute, "attention": self.attention,
+                "tensors": self.tensors, "notes": list(self.notes)}
+
+
+def _sid(t: torch.Tensor) -> int:
+    """The identity of a tensor's storage (its StorageImpl; on meta every data pointer is 0)."""
+    return t.untyped_storage()._cdata
+
+
+def find_blocks(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The repeated blocks: the children of the largest ``nn.ModuleList`` whose children share one class (the
+    transformer layers), with their paths; [] when the model has none."""
+    best: list[tuple[str, torch.nn.Module]] = []
+    for path, m in module.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) > len(best) and len({type(c) for c in m}) == 1:
+            best = [(f"{path}.{i}" if path else str(i), c) for i, c in enumerate(m)]
+    return best
+
+
+_MATMULS = {torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default}
+
+
+class _ScoreTaint(TorchDispatchMode):
+    """Marks the attention core's tensors (Megatron's selective recomputation, Korthikanti et al. 2022 sec. 5):
+    a batched matmul of two activations neither of which is marked makes the scores (Q K^T) and starts the
+    core; whatever is computed from a marked tensor is marked (scale, mask, softmax, dropout), until a matmul
+    that takes a marked tensor (the probabilities times V) ends it."""
+
+    def __init__(self, state: set[int], keep: list):
+        super().__init__()
+        self.marked = state
+        self.keep = keep  # holds the marked storages alive so no identity is reused
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        hit = any(_sid(x) in self.marked for x in ins)
+        if func in _MATMULS:
+            mats = ins[-2:]
+            mark = not hit and len(mats) == 2 and not any(getattr(x, "_opmap_state", False) for x in mats)
+        else:
+            mark = hit
+        if mark:
+            for o in tree_flatten(out)[0]:
+                if isinstance(o, torch.Tensor):
+                    self.marked.add(_sid(o))
+                    self.keep.append(o)
+        return out
+
+
+class _Attention(TorchFunctionMode):
+    """SDPA as a fused (flash) kernel saves only q, k, v, the output and the fp32 log-sum-exp (B, H, S_q): the
+    tensors its math path saves on meta are dropped and those five stand for them. ``math``: SDPA is
+    decomposed here, in the input dtype (scores, softmax, dropout with a 1-byte mask, times V), as the
+    unfused attention the Korthikanti formula assumes. Dropout takes CUDA's fused path (native_dropout: a
+    1-byte mask) instead of CPU's (a mask in the input's dtype)."""
+
+    def __init__(self, rec: _Recorder, attention: str):
+        super().__init__()
+        self.rec, self.attention = rec, attention
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "dropout" and func in (torch.nn.functional.dropout, torch.dropout):
+            bound = dict(zip(("input", "p", "training", "inplace"), args), **kwargs)
+            x, p, train = bound["input"], float(bound.get("p", 0.5)), bound.get("training", True)
+            if train and 0.0 < p < 1.0 and torch.is_grad_enabled():
+                return torch.native_dropout(x, p, True)[0]
+            return func(*args, **kwargs)
+        if name != "scaled_dot_product_attention":
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        b = dict(zip(names, args), **kwargs)
+        if self.attention == "math":
+            return _math_sdpa(**b)
+        self.rec.paused += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.rec.paused -= 1
+        if torch.is_grad_enabled() and out.requires_grad:
+            q = b["query"]
+            for t in (q, b["key"], b["value"], b.get("attn_mask"), out):
+                if isinstance(t, torch.Tensor):
+                    self.rec.pack(t)
+            lse = q.shape[:-1]  # (B, H, S_q) in fp32
+            self.rec.add_synthetic(4.0 * math.prod(lse))
+        return out
+
+
+def _math_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Unfused attention in the inputs' dtype: softmax(Q K^T * scale + mask) (dropout) V."""
+    hq, hk = query.shape[-3], key.shape[-3]
+    if enable_gqa and hq != hk:
+        key = key.repeat_interleave(hq // hk, dim=-3)
+        value = value.repeat_interleave(hq // hk, dim=-3)
+    s = (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    scores = torch.matmul(query, key.transpose(-2, -1)) * s
+    sq, sk = scores.shape[-2:]
+    if is_causal:
+        with torch.no_grad():
+            bias = torch.full((sq, sk), float("-inf"), dtype=scores.dtype, device=scores.device).triu(1)
+        scores = scores + bias  # an additive bias not requiring grad: nothing saved (a fused mask in Megatron)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask
+    p = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        p = torch.native_dropout(p, dropout_p, True)[0]
+    return torch.matmul(p, value)
+
+
+class _Recorder:
+    """The pack hook's state: storages counted, by block; what selective and full recomputation drop."""
+
+    def __init__(self, exclude: set[int], recompute: str, marked: set[int]):
+        self.exclude, self.recompute, self.marked = exclude, recompute, marked
+        self.seen: set[int] = set()
+        self.keep: list[torch.Tensor] = []
+        self.by_block: dict[str, float] = {}
+        self.block = ""  # the block the forward is in ("" outside every block)
+        self.paused = 0
+        self.notes: list[str] = []
+
+    def add_bytes(self, n: float) -> None:
+        self.by_block[self.block] = self.by_block.get(self.block, 0.0) + n
+
+    def add_synthetic(self, n: float) -> None:
+        """Bytes a fused kernel saves that the meta run does not make (flash attention's log-sum-exp)."""
+        if not (self.recompute == "full" and self.block):
+            self.add_bytes(n)
+
+    def pack(self, t: torch.Tensor, force: bool = False) -> None:
+        sid = _sid(t)
+        if sid in self.seen or sid in self.exclude:
+            return
+        if not force:
+            if self.recompute == "full" and self.block:
+                return  # inside a checkpointed layer: recomputed, only the layer's input is kept
+            if self.recompute == "selective" and sid in self.marked:
+                return  # the attention core: recomputed
+        self.seen.add(sid)
+        self.keep.append(t)
+        self.add_bytes(float(t.untyped_storage().nbytes()))
+
+    def hook(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.paused:
+            self.pack(t)
+        return t
+
+
+def _to_meta(module: torch.nn.Module, inputs: Any) -> tuple[torch.nn.Module, Any]:
+    if any(p.device.type != "meta" for p in module.parameters()):
+        module = copy.deepcopy(module).to("meta")
+    return module, tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, inputs)
+
+
+def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str = "none",
+                           attention: str = "fused", forward: Callable | None = None) -> SavedActivations:
+    """Bytes of the activations one forward in training mode keeps for the backward, measured on meta.
+
+    ``inputs``: a tensor, a tuple of positional args or a dict of keyword args (moved to meta; a model not on
+    meta is copied there). Every storage autograd saves counts once, at its full size (a view keeps its whole
+    storage alive); parameters and buffers never count.
+
+    ``recompute``: ``none``; ``selective`` (Megatron, Korthikanti et al. 2022): the attention core between Q K^T
+    and the probabilities times V is recomputed, so the S x S scores, probabilities and dropout mask are not
+    kept (with fused SDPA there is nothing S x S to drop: selective equals none); ``full``: each block (see
+    ``find_blocks``) keeps only its input, everything saved inside it is recomputed.
+
+    ``attention``: ``fused`` (SDPA as a flash kernel runs it: q, k, v, output, fp32 log-sum-exp) or ``math``
+    (SDPA decomposed: the S x S probabilities and dropout mask kept). Explicit matmul / softmax attention is
+    measured as written either way."""
+    if recompute not in RECOMPUTE:
+        raise OpmapError(f"unknown recompute {recompute!r}; accepted: {', '.join(RECOMPUTE)}")
+    if attention not in ATTENTION:
+        raise OpmapError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTION)}")
+    module, inputs = _to_meta(module, inputs)
+    if isinstance(inputs, dict):
+        args, kwargs = (), inputs
+    elif isinstance(inputs, (tuple, list)):
+        args, kwargs = tuple(inputs), {}
+    else:
+        args, kwargs = (inputs,), {}
+    state = list(module.parameters()) + list(module.buffers())
+    exclude = {_sid(p) for p in state}
+    marked: set[int] = set()
+    rec = _Recorder(exclude, recompute, marked)
+    blocks = find_blocks(module)
+    if recompute == "full" and not blocks:
+        raise OpmapError("recompute 'full' checkpoints each repeated block, and the model has no nn.ModuleList "
+                         "of one block class; accepted for it: none, selective")
+    handles = []
+    for path, blk in blocks:
+        def pre(m, a, kw, path=path):
+            rec.block = path
+            if recompute == "full":  # the checkpoint keeps the layer's tensor inputs
+                for x in tree_flatten((a, kw))[0]:
+                    if isinstance(x, torch.Tensor):
+                        rec.pack(x, force=True)
+
+        def post(m, a, kw, o):
+            rec.block = ""
+        handles.append(blk.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(blk.register_forward_hook(post, with_kwargs=True))
+    grads = [(p, p.requires_grad) for p in module.parameters()]
+    for p in state:
+        p._opmap_state = True
+    was_training = module.training
+    module.train(True)
+    keep: list = []
+    try:
+        for p, _ in grads:
+            if p.is_floating_point():
+                p.requires_grad_(True)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(rec.hook, lambda t: t), \
+                _Attention(rec, attention), _ScoreTaint(marked, keep):
+            out = (forward or module)(*args, **kwargs)
+        del out
+    finally:
+        for h in handles:
+            h.remove()
+        for p, rg in grads:
+            p.requires_grad_(rg)
+        for p in state:
+            del p._opmap_state
+        module.train(was_training)
+    notes = []
+    if attention == "fused" and recompute == "selective":
+        notes.append("fused attention (SDPA as flash) saves nothing S x S: selective recomputation drops only "
+                     "what explicit attention math saves")
+    return SavedActivations(sum(rec.by_block.values()), dict(rec.by_block), recompute, attention,
+                            len(rec.seen), tuple(notes))
+
+
+# -- the activation formula (for checking) ---------------------------------------------------------------
+
+def korthikanti_bytes(s: int, b: int, h: int, a: int, recompute: str = "none", t: int = 1) -> float:
+    """Activation bytes per transformer layer, Korthikanti et al. 2022 (arXiv 2205.05198) Eq. 1 and sec. 5:
+    fp16, FFN 4h, dropout masks of 1 byte, unfused attention; tensor + sequence parallel size ``t``.
+    none: s b h (34 + 5 a s / h) / t; selective: 34 s b h / t; full: 2 s b h (the layer input)."""
+    if recompute == "none":
+        return s * b * h * (34 + 5 * a * s / h) / t
+    if recompute == "selective":
+        return 34 * s * b * h / t
+    if recompute == "full":
+        return 2 * s * b * h
+    raise OpmapError(f"unknown recompute {recompute!r}; accepted: {', '.join(RECOMPUTE)}")
+
+
+# -- weights, gradients, optimizer state --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainingState:
+    """Per-device bytes of the model state under mixed-precision AdamW and a ZeRO stage."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    zero: int
+    dp: int
+    note: str = ""
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+
+# Bytes per parameter by training format: (weights, gradients, optimizer state).
+# bf16 / fp16: the ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, sec. 3.1): 2 + 2 + K, K = 12
+# (fp32 master weights, momentum, variance). Megatron-LM keeps fp32 main gradients instead (4 B: its
+# docs/source/distrib_optimizer.md lists 18 B per parameter for bf16 params with fp32 grads): pass
+# grad_bytes=4 for that. fp32 training: no master copy, K = 8 (two fp32 moments).
+TRAIN_BYTES: dict[str, tuple[float, float, float]] = {
+    "bf16": (2.0, 2.0, 12.0), "fp16": (2.0, 2.0, 12.0), "fp32": (4.0, 4.0, 8.0), "tf32": (4.0, 4.0, 8.0),
+}
+
+
+def training_state_bytes(params: float, zero: int = 0, dp: int = 1, fmt: str = "bf16",
+                         grad_bytes: float | None = None) -> TrainingState:
+    """Weights, gradients and AdamW state per device for ``params`` parameters trained in ``fmt`` with ZeRO
+    stage ``zero`` over ``dp`` data-parallel ranks (Rajbhandari et al. 2020, Fig. 1: stage 0
+    (2 + 2 + K) P; 1: 2P + 2P + K P / N; 2: 2P + (2 + K) P / N; 3: (2 + 2 + K) P / N)."""
+    if zero not in ZERO_STAGES:
+        raise OpmapError(f"unknown ZeRO stage {zero!r}; accepted: 0, 1, 2, 3")
+    if dp < 1:
+        raise OpmapError(f"data-parallel size must be at least 1, got {dp}")
+    if fmt not in TRAIN_BYTES:
+        raise OpmapError(f"training in {fmt!r} is not modelled; accepted: {', '.join(TRAIN_BYTES)}")
+    w, g, k = TRAIN_BYTES[fmt]
+    g = g if grad_bytes is None else grad_bytes
+    return TrainingState(params * w / (dp if zero >= 3 else 1), params * g / (dp if zero >= 2 else 1),
+                         params * k / (dp if zero >= 1 else 1), zero, dp,
+                         f"AdamW, {fmt} weights {w:g} B, gradients {g:g} B, optimizer state {k:g} B per parameter; "
+                         f"ZeRO stage {zero} over {dp} ranks")
+
+
+# -- KV cache ---------------------------------------------------------------------------------------------
+
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, dtype_bytes: float = 2.0,
+                   batch: int = 1, window: int | None = None) -> float:
+    """2 (K and V) x layers x KV heads x head dim x tokens x bytes x batch; a sliding window caps the tokens
+    kept at the window (vLLM, Kwon et al. 2023, sec. 3)."""
+    kept = min(tokens, window) if window else tokens
+    return 2.0 * layers * kv_heads * head_dim * kept * dtype_bytes * batch
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """The KV cache one token adds, read off the graph: one entry per causal attention call."""
+
+    layers: int
+    bytes_per_token: float  # K and V of every layer, one sequence
+    heads: tuple[int, ...] = ()  # KV heads per layer
+    head_dim: int = 0
+
+
+def kv_geometry(graph: OpGraph) -> KVGeometry:
+    """K and V bytes per token from the graph's causal ``scaled_dot_product_attention`` calls (K (B, H_kv, S, D)
+    at its dtype): GQA and the capture dtype are what the model did. No causal attention (an encoder, a
+    CNN): no KV cache."""
+    per_tok = 0.0
+    heads = []
+    dim = 0
+    for n in graph.nodes:
+        if n.op != "aten.scaled_dot_product_attention.default" or not n.args.get("is_causal"):
+            continue
+        named = dict(zip(n.input_names, n.inputs))
+        for name in ("key", "value"):
+            k = named[name]
+            per_tok += k.shape[-3] * k.shape[-1] * k.itemsize
+        heads.append(named["key"].shape[-3])
+        dim = named["key"].shape[-1]
+    return KVGeometry(len(heads), per_tok, tuple(heads), dim)
+
+
+# -- the fit ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Per-device bytes by kind, the device's capacity, the verdict (with its reason when it does not fit),
+    and the largest batch and longest context that fit (None: not searched; 0: not even one)."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    kv_cache_bytes: float
+    workspace_bytes: float
+    capacity_bytes: float
+    phase: str
+    max_batch: int | None = None
+    max_context: int | None = None
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.kv_cache_bytes + self.workspace_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def per_device(self) -> dict[str, float]:
+        return {"weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
+                "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
+                "kv_cache_bytes": self.kv_cache_bytes, "workspace_bytes": self.workspace_bytes,
+                "total_bytes": self.total_bytes}
+
+    @property
+    def reason(self) -> str:
+        """Empty when it fits; else what is needed against what the device has, and the largest term."""
+        if self.fits:
+            return ""
+        terms = {k[:-6]: v for k, v in self.per_device.items() if k != "total_bytes"}
+        big = max(terms, key=terms.get)
+        return (f"needs {_gb(self.total_bytes)} per device, the device has {_gb(self.capacity_bytes)} "
+                f"({self.total_bytes / self.capacity_bytes:.2f}x); the largest term is {big.replace('_', ' ')} "
+                f"at {_gb(terms[big])}")
+
+    @property
+    def text(self) -> str:
+        parts = ", ".join(f"{k[:-6].replace('_', ' ')} {_gb(v)}" for k, v in self.per_device.items()
+                          if v and k != "total_bytes")
+        head = "fits" if self.fits else "does not fit"
+        return f"{head}: {parts}; total {_gb(self.total_bytes)} of {_gb(self.capacity_bytes)}" + (
+            "" if self.fits else f" ({self.reason})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"per_device": self.per_device, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
+                "reason": self.reason, "max_batch": self.max_batch, "max_context": self.max_context,
+                "phase": self.phase, "assumptions": list(self.assumptions)}
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.4g} GB"
+
+
+def largest(fits: Callable[[int], bool], hi: int) -> int:
+    """The largest n in [1, hi] with ``fits(n)`` (``fits`` monotone: true then false), 0 if none."""
+    if hi < 1 or not fits(1):
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def fit_inference(weights_bytes: float, kv_bytes_per_token: float, capacity_bytes: float, batch: int,
+                  context: int, activations: Callable[[int, int], float] | None = None,
+                  workspace: Assumed = WORKSPACE, window: int | None = None, max_context: int = 1 << 20,
+                  max_batch: int = 1 << 20) -> MemoryFit:
+    """Inference (prefill or decode) on one device: weights at their stored format, the KV cache of
+    ``batch`` sequences of ``context`` tokens (capped at ``window``), activations in flight
+    (``activations(batch, context)`` bytes; 0 if not given) and the workspace.
+
+    max_batch: the largest batch at ``context`` that fits; max_context: the longest context at ``batch``
+    (searched up to ``max_context``), with the weights and workspace fixed."""
+    act = activations or (lambda b, s: 0.0)
+
+    def make(b: int, s: int, **kw) -> MemoryFit:
+        kept = min(s, window) if window else s
+        return MemoryFit(weights_bytes, 0.0, 0.0, act(b, s), kv_bytes_per_token * kept * b, workspace.value,
+                         capacity_bytes, "inference", **kw)
+
+    mb = largest(lambda b: make(b, context).fits, max_batch)
+    mc = largest(lambda s: make(batch, s).fits, max_context)
+    notes = (f"workspace {workspace.value / 2**30:g} GiB ({workspace.kind}): {workspace.source}",
+             f"KV cache {kv_bytes_per_token:g} B per token" + (f", capped at a {window}-token window" if window
+                                                                   else ""))
+    return make(batch, context, max_batch=mb, max_context=mc, assumptions=notes)
+
+
+def fit_training(state: TrainingState, capacity_bytes: float, batch: int, seq: int,
+                 activations: Callable[[int, int], float], workspace: Assumed = WORKSPACE,
+                 max_context: int = 1 << 20, max_batch: int = 1 << 20) -> MemoryFit:
+    """A training step on one device: the model state (``training_state_bytes``), the activations kept for
+    backward at (``batch``, ``seq``) (``activations(batch, seq)``, e.g. ``activation_model``) and the workspace;
+    the largest micro-batch and longest sequence that fit."""
+    def make(b: int, s: int, **kw) -> MemoryFit:
+        return MemoryFit(state.weights_bytes, state.gradients_bytes, state.optimizer_bytes, act_cache(b, s), 0.0,
+                         workspace.value, capacity_bytes, "training", **kw)
+
+    cache: dict[tuple[int, int], float] = {}
+
+    def act_cache(b: int, s: int) -> float:
+        if (b, s) not in cache:
+            cache[(b, s)] = activations(b, s)
+        return cache[(b, s)]
+
+    mb = largest(lambda b: make(b, seq).fits, max_batch)
+    mc = largest(lambda s: make(batch, s).fits, max_context)
+    notes = (state.note, f"workspace {workspace.value / 2**30:g} GiB ({workspace.kind}): {workspace.source}")
+    return make(batch, seq, max_batch=mb, max_context=mc, assumptions=notes)
+
+
+def activation_model(measure: Callable[[int, int], float], batch: int, seq: int) -> Callable[[int, int], float]:
+    """Activations at any (batch, seq) from three measurements: linear in batch; in seq a s + c s^2 fitted
+    through (seq, 2 seq) at ``batch`` (the S^2 term is the unfused attention's; 0 with fused attention), so a
+    sweep does not rerun the forward. ``measure(b, s)`` -> bytes."""
+    m1, m2 = measure(batch, seq), measure(batch, 2 * seq)
+    # m(s) = a s + c s^2: m2 - 2 m1 = 2 c s^2
+    c = (m2 - 2 * m1) / (2 * seq * seq)
+    a = (m1 - c * seq * seq) / seq
+    return lambda b, s: max(0.0, (a * s + c * s * s) * b / batch)
+
+
+def inflight_activation_bytes(graph: OpGraph) -> float:
+    """Activations in flight for inference, read off the graph: the largest single op's activation inputs and
+    outputs (parameters and views left out). A lower bound on what is live at once (one layer's working set
+    in an eager run frees each intermediate after its last use)."""
+    best = 0.0
+    for n in graph.nodes:
+        if n.is_view:
+            continue
+        need = sum(t.storage_bytes for t in n.inputs if t.param is None) + sum(t.nbytes for t in n.outputs)
+        best = max(best, need)
+    return best

@@ -1,0 +1,247 @@
+"""Memory fit: measured saved activations against Korthikanti et al. 2022, the KV cache against vLLM's figure,
+model state against the ZeRO paper, and the fit / largest batch / longest context against hand computations.
+
+Goldens are closed forms from the papers, written out beside each test."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from opmap.capture import capture
+from opmap.errors import OpmapError
+from opmap.mapping.memory import (
+    Assumed,
+    activation_model,
+    find_blocks,
+    fit_inference,
+    fit_training,
+    korthikanti_bytes,
+    kv_cache_bytes,
+    kv_geometry,
+    saved_activation_bytes,
+    training_state_bytes,
+)
+from opmap.workloads import build_zoo
+
+
+class MegatronLayer(nn.Module):
+    """A GPT layer written as Megatron-LM runs it unfused (Korthikanti et al. 2022, sec. 4.1 and Fig. 2): pre-LN,
+    one QKV projection, scores by baddbmm (scale as alpha), softmax, dropout, times V, output projection,
+    dropout, residual; LN, 4h GeLU MLP, dropout, residual."""
+
+    def __init__(self, h: int, a: int, p: float = 0.1):
+        super().__init__()
+        self.a, self.p = a, p
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.dense = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        a, d = self.a, h // self.a
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = (t.view(b, s, a, d).transpose(1, 2).reshape(b * a, s, d) for t in (q, k, v))
+        empty = torch.empty(b * a, s, s, dtype=x.dtype, device=x.device)
+        scores = torch.baddbmm(empty, q, k.transpose(1, 2), beta=0.0, alpha=1 / math.sqrt(d))
+        probs = F.dropout(torch.softmax(scores, dim=-1), self.p, self.training)
+        ctx = torch.bmm(probs, v).view(b, a, s, d).transpose(1, 2).reshape(b, s, h)
+        x = x + F.dropout(self.dense(ctx), self.p, self.training)
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, self.training)
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int, h: int, a: int):
+        super().__init__()
+        self.layers = nn.ModuleList(MegatronLayer(h, a) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _stack(b, s, h, a, n=3):
+    with torch.device("meta"):
+        m = Stack(n, h, a).half()
+    return m, (torch.empty(b, s, h, device="meta", dtype=torch.float16),)
+
+
+# Korthikanti Eq. 1 counts, per layer in fp16 (bytes): attention 11 s b h + 5 a s^2 b (QKV input 2, Q and K 4,
+# V 2, output-projection input 2, dropout mask 1; softmax output 2 a s^2 b, its dropout mask a s^2 b, the
+# dropped probabilities 2 a s^2 b), MLP 19 s b h (input 2, GeLU input 8, GeLU output 8, mask 1), the two
+# LayerNorm inputs 4 s b h. It leaves out LayerNorm's statistics: mean and 1/std in fp32 per token, two per
+# LN, two LNs: 16 s b bytes, the one exact difference.
+@pytest.mark.parametrize("b,s,h,a", [(2, 64, 128, 4), (1, 128, 256, 8), (3, 32, 64, 2)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_saved_activations_per_layer_are_korthikanti_eq1(b, s, h, a, recompute):
+    m, x = _stack(b, s, h, a)
+    sa = saved_activation_bytes(m, x, recompute=recompute)
+    assert sa.blocks == ["layers.0", "layers.1", "layers.2"]
+    ln_stats = 0 if recompute == "full" else 16 * s * b  # full keeps only the layer input: 2 s b h exactly
+    golden = {"none": s * b * h * (34 + 5 * a * s / h), "selective": 34 * s * b * h, "full": 2 * s * b * h}
+    for blk in sa.blocks:
+        assert sa.by_block[blk] == golden[recompute] + ln_stats
+    assert korthikanti_bytes(s, b, h, a, recompute) == golden[recompute]
+    assert sa.by_block.get("", 0.0) == 0.0  # nothing is saved outside the layers of this stack
+    assert sa.total_bytes == 3 * (golden[recompute] + ln_stats)
+
+
+def test_selective_drops_exactly_the_s_squared_terms():
+    """none - selective = 5 a s^2 b per layer (the softmax output, its mask and the dropped probabilities)."""
+    b, s, h, a = 2, 64, 128, 4
+    m, x = _stack(b, s, h, a)
+    none, sel = (saved_activation_bytes(m, x, recompute=r).per_block_bytes for r in ("none", "selective"))
+    assert none - sel == 5 * a * s * s * b
+
+
+def test_the_same_storage_saved_twice_counts_once_and_weights_never():
+    with torch.device("meta"):
+        lin = nn.Linear(64, 64, bias=False)
+    x = torch.empty(4, 64, device="meta")
+    # x is saved by the first matmul and by the mul; lin.weight (saved by both matmuls as weight.t()) is not
+    # an activation. Saved: x (1 KiB) and lin(x) (1 KiB, saved by the second matmul).
+    sa = saved_activation_bytes(lin, (x,), forward=lambda x: lin(lin(x)) * x)
+    assert sa.total_bytes == 2 * 4 * 64 * 4
+    assert sa.tensors == 2
+
+
+def test_fused_sdpa_saves_nothing_s_by_s_and_selective_says_so():
+    """GPT-2 small, fused (flash) SDPA: per block 34 s b h (LN inputs 2+2, QKV input 2, the QKV output storage
+    6 (q, k, v are views of it), the attention output 2 and its transposed copy 2, MLP input 2, GeLU input 8,
+    GeLU output 8; no dropout) + the fp32 log-sum-exp 4 a s b + LN statistics 16 s b."""
+    b, s, h, a = 2, 64, 768, 12
+    w = build_zoo("gpt2", b, s, "bf16")
+    none = saved_activation_bytes(w.module, w.inputs)
+    sel = saved_activation_bytes(w.module, w.inputs, recompute="selective")
+    assert none.per_block_bytes == 34 * s * b * h + 4 * a * s * b + 16 * s * b
+    assert sel.per_block_bytes == none.per_block_bytes and "nothing S x S" in sel.notes[0]
+    # math attention: q, k, v copies 6 s b h replace the QKV storage and the output 2 s b h; the softmax output
+    # (no dropout: the same storage the matmul with V saves) adds 2 a s^2 b, which selective drops
+    math_ = saved_activation_bytes(w.module, w.inputs, attention="math")
+    assert math_.per_block_bytes == 32 * s * b * h + 2 * a * s * s * b + 16 * s * b
+    msel = saved_activation_bytes(w.module, w.inputs, attention="math", recompute="selective")
+    assert msel.per_block_bytes == 32 * s * b * h + 16 * s * b
+    full = saved_activation_bytes(w.module, w.inputs, recompute="full")
+    assert full.per_block_bytes == 2 * s * b * h
+
+
+def test_blocks_are_found_by_module_structure():
+    w = build_zoo("llama-3-8b", 1, 8, "bf16")
+    blocks = find_blocks(w.module)
+    assert len(blocks) == 32 and blocks[0][0] == "layers.0"
+    with pytest.raises(OpmapError, match="no nn.ModuleList"):
+        saved_activation_bytes(nn.Linear(4, 4, device="meta"), (torch.empty(2, 4, device="meta"),),
+                               recompute="full")
+    with pytest.raises(OpmapError, match="accepted: none, selective, full"):
+        saved_activation_bytes(nn.Linear(4, 4, device="meta"), (torch.empty(2, 4, device="meta"),),
+                               recompute="some")
+
+
+def test_activation_model_scales_batch_and_sequence_like_the_measurement():
+    b, s, h, a = 1, 32, 64, 2
+    model = activation_model(lambda bb, ss: saved_activation_bytes(*_stack(bb, ss, h, a)).total_bytes, b, s)
+    for bb, ss in ((3, 32), (2, 96)):
+        assert model(bb, ss) == pytest.approx(saved_activation_bytes(*_stack(bb, ss, h, a)).total_bytes)
+
+
+# -- KV cache --------------------------------------------------------------------------------------------
+
+def test_kv_cache_per_token_goldens():
+    # Llama 3 8B, bf16: 2 x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B per token (GQA)
+    assert kv_cache_bytes(32, 8, 128, 1, 2) == 131072
+    # OPT-13B, fp16: 2 x 5120 x 40 x 2 B = 800 KB per token (vLLM, Kwon et al. 2023, sec. 3); 2048 tokens 1.6 GB
+    assert kv_cache_bytes(40, 40, 128, 1, 2) == 800 * 1024
+    assert kv_cache_bytes(40, 40, 128, 2048, 2) == pytest.approx(1.6e9, rel=0.05)
+    # a sliding window keeps at most the window's tokens
+    assert kv_cache_bytes(32, 8, 128, 32768, 2, batch=2, window=4096) == 2 * 4096 * 131072
+
+
+def test_kv_geometry_read_off_the_graph():
+    g = capture(*(lambda w: (w.module, w.inputs))(build_zoo("llama-3-8b", 1, 8, "bf16")))
+    geo = kv_geometry(g)
+    assert (geo.layers, geo.heads[0], geo.head_dim, geo.bytes_per_token) == (32, 8, 128, 131072)
+    g2 = capture(*(lambda w: (w.module, w.inputs))(build_zoo("gpt2", 1, 8, "fp16")))
+    assert kv_geometry(g2).bytes_per_token == 2 * 12 * 12 * 64 * 2  # no GQA: every head cached
+    g3 = capture(*(lambda w: (w.module, w.inputs))(build_zoo("bert-base", 1, 8, "fp16")))
+    assert kv_geometry(g3).bytes_per_token == 0  # an encoder keeps no cache
+
+
+# -- model state (ZeRO paper, Rajbhandari et al. 2020, Fig. 1: K = 12, N = 8) ------------------------------
+
+@pytest.mark.parametrize("zero,golden", [
+    (0, (2 + 2 + 12)),            # baseline: (2 + 2 + K) psi
+    (1, 2 + 2 + 12 / 8),          # P_os: 2 psi + 2 psi + K psi / N
+    (2, 2 + (2 + 12) / 8),        # P_os+g: 2 psi + (2 + K) psi / N
+    (3, (2 + 2 + 12) / 8),        # P_os+g+p: (2 + 2 + K) psi / N
+])
+def test_model_state_by_zero_stage(zero, golden):
+    psi = 7.5e9  # the paper's example: 7.5B parameters, 120 GB at stage 0, 1.9 GB at stage 3 over 64
+    st = training_state_bytes(psi, zero=zero, dp=8, fmt="bf16")
+    assert st.total_bytes == pytest.approx(golden * psi)
+    assert training_state_bytes(psi, 0).total_bytes == 120e9
+    assert training_state_bytes(psi, 3, 64).total_bytes == pytest.approx(1.875e9)
+
+
+def test_model_state_with_fp32_main_gradients_and_refusals():
+    # Megatron-LM distrib_optimizer.md: bf16 params with fp32 grads, 18 B per parameter undistributed
+    assert training_state_bytes(1e9, 0, grad_bytes=4).total_bytes == 18e9
+    with pytest.raises(OpmapError, match="accepted: 0, 1, 2, 3"):
+        training_state_bytes(1e9, zero=4)
+    with pytest.raises(OpmapError, match="at least 1"):
+        training_state_bytes(1e9, dp=0)
+
+
+# -- the fit ------------------------------------------------------------------------------------------------
+
+def test_inference_fit_max_batch_and_context_by_hand():
+    """Capacity 10 GB, weights 4 GB, workspace 1 GB: 5 GB for the KV cache at 1 MB per token.
+    At context 1000: 5 sequences fit (1 GB each), so batch 5 fits and batch 6 does not; at batch 2: 2500 tokens."""
+    ws = Assumed(1e9, "assumed", "test")
+    ok = fit_inference(4e9, 1e6, 10e9, batch=5, context=1000, workspace=ws)
+    assert ok.fits and ok.reason == "" and ok.max_batch == 5 and ok.max_context == 1000
+    assert ok.per_device["total_bytes"] == 10e9 and ok.per_device["kv_cache_bytes"] == 5e9
+    bad = fit_inference(4e9, 1e6, 10e9, batch=6, context=1000, workspace=ws)
+    assert not bad.fits and bad.max_batch == 5 and bad.max_context == 833
+    assert bad.reason.startswith("needs 11 GB per device, the device has 10 GB (1.10x)")
+    assert "kv cache" in bad.reason and bad.text.startswith("does not fit")
+    d = bad.to_dict()
+    assert set(d["per_device"]) == {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+                                    "kv_cache_bytes", "workspace_bytes", "total_bytes"}
+    assert d["capacity_bytes"] == 10e9 and d["fits"] is False
+    # a 500-token window caps the cache: any context fits at batch 6 (3 GB of cache)
+    assert fit_inference(4e9, 1e6, 10e9, 6, 1000, workspace=ws, window=500, max_context=10**6).max_context == 10**6
+    # weights alone too large: nothing fits, as a result with a reason
+    none = fit_inference(12e9, 1e6, 10e9, 1, 1, workspace=ws)
+    assert not none.fits and none.max_batch == 0 and none.max_context == 0 and "weights" in none.reason
+
+
+def test_training_fit_on_a_small_model_by_hand():
+    """The 3-layer Megatron stack (h 128, a 4) in bf16 AdamW, ZeRO 0: 16 B per parameter; activations measured
+    (3 layers x (s b h (34 + 5 a s / h) + 16 s b)). The largest batch is the hand-computed floor."""
+    h, a, s = 128, 4, 64
+    m, _ = _stack(1, s, h, a)
+    params = sum(p.numel() for p in m.parameters())
+    assert params == 3 * (12 * h * h + 13 * h)
+    st = training_state_bytes(params, 0)
+    ws = Assumed(0.0, "assumed", "test")
+
+    def act(b, ss):
+        return saved_activation_bytes(*_stack(b, ss, h, a)).total_bytes
+
+    per_seq = 3 * (s * h * (34 + 5 * a * s / h) + 16 * s)
+    cap = 16 * params + 7.5 * per_seq
+    f = fit_training(st, cap, 4, s, act, workspace=ws, max_batch=64, max_context=512)
+    assert f.fits and f.max_batch == 7 and f.activations_bytes == 4 * per_seq
+    assert f.per_device["optimizer_bytes"] == 12 * params and f.kv_cache_bytes == 0
+    bigger = fit_training(st, cap, 8, s, act, workspace=ws, max_batch=64, max_context=512)
+    assert not bigger.fits and "activations" in bigger.reason and bigger.max_batch == 7
+    # the longest sequence that fits at batch b is the largest s with b * 3 * (34 s h + 5 a s^2 + 16 s) <=
+    # 7.5 per_seq; a larger batch fits a shorter one
+    def longest(b):
+        return max(ss for ss in range(1, 513) if b * 3 * (34 * ss * h + 5 * a * ss * ss + 16 * ss) <= 7.5 * per_seq)
+    assert (f.max_context, bigger.max_context) == (longest(4), longest(8)) == (104, 60)
