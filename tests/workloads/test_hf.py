@@ -228,3 +228,28 @@ def test_hf_name_from_the_local_cache_through_the_cli(tmp_path):
     assert a["totals"]["matrix_flops"] == 2 * 32 * matmul_params_by_hand("llama") + attention_flops_by_hand(
         "llama", 1, 32)
     assert "hf:opmap-test/tiny-llama" in r.stdout
+
+
+# Llama-2-7b-hf's config.json as published on the Hugging Face hub (meta-llama/Llama-2-7b-hf), written here
+LLAMA2_7B_CONFIG = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+                    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+                    "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32,
+                    "num_hidden_layers": 32, "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+                    "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000}
+
+
+def test_llama2_7b_config_matches_the_zoo_preset(tmp_path):
+    """The published Llama-2-7b-hf config, built by transformers, has HF's 6,738,415,616 parameters and does
+    the same matrix work as the zoo's own llama-2-7b."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(LLAMA2_7B_CONFIG))
+    hf = load_workload(str(p), 1, 32, "bf16")
+    zoo = load_workload("llama-2-7b", 1, 32, "bf16")
+    assert hf.module.num_parameters() == 6_738_415_616
+    g_hf, g_zoo = capture(hf.module, hf.inputs), capture(zoo.module, zoo.inputs)
+    assert g_hf.params == g_zoo.params == 6_738_415_616
+
+    def matrix(g):
+        return sum(c.matrix_flops for c in cost_graph(g))
+
+    assert matrix(g_hf) == matrix(g_zoo)
