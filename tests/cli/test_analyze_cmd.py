@@ -147,3 +147,18 @@ def test_70b_on_one_h200_does_not_fit_and_says_so(cli):
     rc, out, err = cli("analyze", "llama-3-70b", "--hardware", "h200", "--seq", "8", "--rows", "1")
     assert rc == 0, err
     assert "memory: does not fit: the weights need 141.1 GB at bf16, the device has 141 GB" in out
+
+
+def test_analyze_a_config_json(tmp_path, cli, refused):
+    """path/to/config.json: built by transformers on meta and analysed; a bad one is refused in one line."""
+    pytest.importorskip("transformers")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}))
+    rc, out, err = cli("analyze", cfg, "--seq", "16", "--rows", "3")
+    assert rc == 0, err
+    assert "Hugging Face llama built by transformers" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model_type": "no-such-arch"}')
+    refused("analyze", bad, needle="model_type 'no-such-arch' is unknown to transformers")
+    refused("analyze", tmp_path / "missing.json", needle="does not exist; accepted: path/to/config.json or hf:NAME")

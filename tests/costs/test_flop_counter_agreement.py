@@ -17,7 +17,7 @@ from opmap.costs import cost_graph
 from opmap.workloads import MODELS, build_zoo
 
 SHAPES = {"gpt2": 64, "bert-base": 64, "vit-b16": 64, "resnet50": 64, "llama-3-8b": 32, "llama-3-70b": 16,
-          "mixtral-8x7b": 32}
+          "mixtral-8x7b": 32, "llama-2-7b": 32, "llama-2-70b": 16, "llama-3.1-405b": 8}
 
 
 def flop_counter(w) -> tuple[int, dict[str, int]]:

@@ -36,6 +36,12 @@ PUBLISHED = {
     # Llama 3 8B / 70B: Meta model card, 8.03B and 70.6B
     "llama-3-8b": (8_030_261_248, _llama(128256, 4096, 32, 32, 8, 14336)),
     "llama-3-70b": (70_553_706_496, _llama(128256, 8192, 80, 64, 8, 28672)),
+    # Llama 2 7B / 70B (Touvron et al. 2023): HF Llama-2-7b-hf / -70b-hf num_parameters(); 7B is multi-head
+    # (32 KV heads), both have a 32000-token vocabulary
+    "llama-2-7b": (6_738_415_616, _llama(32000, 4096, 32, 32, 32, 11008)),
+    "llama-2-70b": (68_976_648_192, _llama(32000, 8192, 80, 64, 8, 28672)),
+    # Llama 3.1 405B: Meta model card 405B; "The Llama 3 Herd of Models" table 3 (126 layers, d 16384, FFN 53248)
+    "llama-3.1-405b": (405_853_388_800, _llama(128256, 16384, 126, 128, 8, 53248)),
     # Mixtral 8x7B: Jiang et al. 2024, 46.7B total
     "mixtral-8x7b": (46_702_792_704, _llama(32000, 4096, 32, 32, 8, 14336, experts=8)),
 }
@@ -155,3 +161,16 @@ def test_load_user_checks_the_dtype_before_running_the_file(tmp_path):
     f.write_text("raise RuntimeError('imported')\n")
     with pytest.raises(OpmapError, match="unknown dtype 'fp64'"):
         load_user(f"{f}:make", dtype="fp64")
+
+
+@pytest.mark.parametrize("name,kv,theta,vocab", [
+    ("llama-2-7b", 32, 10000.0, 32000), ("llama-2-70b", 8, 10000.0, 32000), ("llama-3.1-405b", 8, 500000.0, 128256)])
+def test_llama_presets_heads_rope_and_vocab(name, kv, theta, vocab):
+    """Llama 2 7B is multi-head (K and V as wide as Q), 70B and 405B group 8 KV heads; Llama 2's rope theta is
+    10000, Llama 3's 500000 (the inverse frequencies' second entry is theta ** (-2 / head_dim))."""
+    w = build_zoo(name, 1, 16)
+    attn = w.module.layers[0].self_attn
+    assert attn.kv == kv and attn.k_proj.out_features == kv * attn.hd == attn.v_proj.out_features
+    assert attn.hd == 128 and w.module.embed_tokens.num_embeddings == vocab
+    c = w.module.config
+    assert c.rope_theta == theta and c.max_seq == MODELS[name].max_seq

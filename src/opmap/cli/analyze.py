@@ -14,7 +14,8 @@ from opmap.errors import OpmapError
 
 
 def analyze(
-    model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
+    model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/file.py:factory, "
+                                          "path/to/config.json or hf:NAME."),
     hardware: str = typer.Option("h100-sxm", "--hardware", "-H",
                                  help="Catalog name, any case, or an alias such as h100 (opmap hardware list)."),
     batch: int = typer.Option(1, help="Batch size."),

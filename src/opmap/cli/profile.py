@@ -11,7 +11,8 @@ from opmap.cli.common import hardware as get_hardware
 
 
 def profile(
-    model: str = typer.Argument(..., help="A zoo name (opmap models list) or path/to/file.py:factory."),
+    model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/file.py:factory, "
+                                          "path/to/config.json or hf:NAME."),
     device: str = typer.Option("cpu", help="Where it runs: cpu or cuda."),
     hardware: str = typer.Option("local", "--hardware", "-H",
                                  help="Profile the prediction uses: local (calibrated; made on first use), "

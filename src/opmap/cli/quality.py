@@ -15,7 +15,7 @@ USER_WEIGHTS = "as the model file builds them (random unless it loads a checkpoi
 
 
 def quality(
-    model: str = typer.Argument(..., help="A zoo name or path/to/file.py:factory."),
+    model: str = typer.Argument(..., help="A zoo name, path/to/file.py:factory, path/to/config.json or hf:NAME."),
     dtype: str = typer.Option(..., help="Reduced precision: bf16, fp16, fp8, int8, int4."),
     batch: int | None = typer.Option(None, help="Batch size (default: 8 images, 2 sequences)."),
     seq: int | None = typer.Option(None, help="Sequence length for text models (default 64)."),

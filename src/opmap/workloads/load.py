@@ -1,10 +1,14 @@
-"""Any workload by name: a zoo model, or a user's ``path/to/file.py:factory``."""
+"""Any workload by name: a zoo model, a user's ``path/to/file.py:factory``, or a Hugging Face config
+(``path/to/config.json`` or ``hf:NAME`` from the local cache)."""
 
 from __future__ import annotations
 
 from opmap.errors import OpmapError
+from opmap.workloads.hf import build_hf, is_hf_target
 from opmap.workloads.user import load_user
 from opmap.workloads.zoo import MODELS, Workload, build_zoo, check_device
+
+ACCEPTED = "path/to/file.py:factory, path/to/config.json or hf:NAME"
 
 
 def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
@@ -12,6 +16,8 @@ def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: st
     check_device(device)
     if target in MODELS:
         return build_zoo(target, batch, seq, dtype, device)
+    if is_hf_target(target):
+        return build_hf(target, batch, seq, dtype, device)
     if ":" in target and target.rpartition(":")[0].endswith(".py"):
         return load_user(target, dtype, device)
-    raise OpmapError(f"unknown model {target!r}; accepted: {', '.join(MODELS)} (or path/to/file.py:factory)")
+    raise OpmapError(f"unknown model {target!r}; accepted: {', '.join(MODELS)} (or {ACCEPTED})")

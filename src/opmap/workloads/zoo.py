@@ -62,6 +62,15 @@ def _images(batch: int, size: int, dtype: torch.dtype):
 
 LLAMA3_8B = LlamaConfig()
 LLAMA3_70B = LlamaConfig(dim=8192, n_layer=80, n_head=64, n_kv_head=8, ffn_dim=28672)
+# Llama 2 (Touvron et al. 2023): 32000-token vocabulary, rope theta 10000, 4096 context; 7B is plain
+# multi-head attention (32 KV heads), 70B groups 64 query heads over 8 KV heads
+LLAMA2_7B = LlamaConfig(vocab_size=32000, dim=4096, n_layer=32, n_head=32, n_kv_head=32, ffn_dim=11008,
+                        rope_theta=10000.0, max_seq=4096)
+LLAMA2_70B = LlamaConfig(vocab_size=32000, dim=8192, n_layer=80, n_head=64, n_kv_head=8, ffn_dim=28672,
+                         rope_theta=10000.0, max_seq=4096)
+# Llama 3.1 405B (Meta, "The Llama 3 Herd of Models", 2024, table 3): 126 layers, d 16384, 128 heads over 8 KV heads,
+# FFN 53248, rope theta 500000, 128K context (its rope frequency scaling changes values, not shapes or costs)
+LLAMA31_405B = LlamaConfig(dim=16384, n_layer=126, n_head=128, n_kv_head=8, ffn_dim=53248, max_seq=131072)
 MIXTRAL_8X7B = LlamaConfig(vocab_size=32000, dim=4096, n_layer=32, n_head=32, n_kv_head=8, ffn_dim=14336,
                            rope_theta=1e6, max_seq=32768, n_experts=8, top_k=2)
 
@@ -84,6 +93,15 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec("llama-3-70b", "Llama 3 70B: 80 layers, d 8192, GQA 64/8 heads, SwiGLU 28672", "text",
               70_553_706_496, "Meta Llama 3 model card: 70.6B (70,553,706,496)", 2048, 8192,
               lambda: Llama(LLAMA3_70B), _token_ids),
+    ModelSpec("llama-2-7b", "Llama 2 7B: 32 layers, d 4096, 32 heads (MHA), SwiGLU 11008, vocab 32000", "text",
+              6_738_415_616, "Touvron et al. 2023, Llama 2 (7B); HF Llama-2-7b-hf num_parameters() = 6,738,415,616",
+              2048, 4096, lambda: Llama(LLAMA2_7B), _token_ids),
+    ModelSpec("llama-2-70b", "Llama 2 70B: 80 layers, d 8192, GQA 64/8 heads, SwiGLU 28672, vocab 32000", "text",
+              68_976_648_192, "Touvron et al. 2023, Llama 2 (70B); HF Llama-2-70b-hf num_parameters() = 68,976,648,192",
+              2048, 4096, lambda: Llama(LLAMA2_70B), _token_ids),
+    ModelSpec("llama-3.1-405b", "Llama 3.1 405B: 126 layers, d 16384, GQA 128/8 heads, SwiGLU 53248", "text",
+              405_853_388_800, "Meta Llama 3.1 model card: 405B; HF Llama-3.1-405B num_parameters() = 405,853,388,800",
+              2048, 131072, lambda: Llama(LLAMA31_405B), _token_ids),
     ModelSpec("mixtral-8x7b", "Mixtral-style MoE: 32 layers, d 4096, top-2 of 8 SwiGLU experts", "text",
               46_702_792_704, "Jiang et al. 2024, Mixtral of Experts: 46.7B total, 12.9B active", 2048, 32768,
               lambda: Llama(MIXTRAL_8X7B), _token_ids,

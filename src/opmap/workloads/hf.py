@@ -1,0 +1,256 @@
+"""A model named by its Hugging Face config: ``path/to/config.json`` or ``hf:NAME`` (a config already in the
+local Hugging Face cache; nothing is ever downloaded).
+
+``transformers`` builds the model from the config alone, on ``torch.device(device)`` (meta by default: random
+weights, none allocated, never the real ones), with ``attn_implementation="sdpa"`` so each attention is one
+``scaled_dot_product_attention`` node, and the KV cache off (``use_cache=False``: a prefill). The inputs are
+``input_ids`` of shape (batch, seq): one unpadded, unpacked sequence per row.
+
+Two places where transformers reads a tensor's value, which the meta device does not have, are answered as
+transformers itself answers them for these inputs (each recorded in the workload's assumptions):
+
+- the packed-sequence probe of the mask builder (``masking_utils.find_packed_sequence_indices``, which calls
+  ``.all()`` on the position ids): the positions are 0..seq-1 in every row, so there is no packing and the
+  answer is None; attention then runs as SDPA with ``is_causal=True``, as on real tensors;
+- the experts of a mixture-of-experts block (``MixtralExperts`` and its kin) loop over the experts the router
+  hit (``nonzero``, ``torch.where``): on meta each expert gets an equal share of the batch*seq*top_k
+  assignments (the balanced load the zoo's own Mixtral assumes), dispatched as the eager loop does it.
+
+torch's FakeTensorMode is no substitute here: transformers treats a fake tensor as a trace, so it builds an
+explicit (batch, 1, seq, seq) mask and repeats the KV heads (the graph then shows dense, masked attention that
+an eager run does not do), and the expert loop still fails on ``nonzero``. ``transformers`` is imported only
+inside these functions (the optional ``hf`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opmap.errors import OpmapError
+from opmap.workloads.zoo import Workload, cast_to, parse_dtype
+
+# the model types tested end to end (tests/workloads/test_hf.py); others are tried and refused in one line if
+# transformers cannot build or run them on meta
+TESTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "opt")
+DEFAULT_SEQ = 2048  # capped at the config's own maximum
+ACCEPTED = "path/to/config.json or hf:NAME (a config in the local Hugging Face cache)"
+
+
+def is_hf_target(target: str) -> bool:
+    return target.endswith(".json") or target.startswith("hf:")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise OpmapError("a Hugging Face config needs transformers: pip install 'opmap[hf]' "
+                         "(or pip install 'transformers>=4.45')") from None
+    return transformers
+
+
+def _tested() -> str:
+    return f"model_type {', '.join(TESTED)} (tested), or another that transformers can build"
+
+
+def load_config(target: str):
+    """The transformers config ``target`` names: a config.json file, or ``hf:NAME`` from the local cache."""
+    tf = _transformers()
+    from transformers import CONFIG_MAPPING
+
+    if target.startswith("hf:"):
+        name = target[3:]
+        if not name:
+            raise OpmapError(f"bad model target {target!r}: expected hf:NAME, such as hf:meta-llama/Llama-2-7b-hf")
+        try:
+            return tf.AutoConfig.from_pretrained(name, local_files_only=True)
+        except (OSError, ValueError, KeyError) as e:
+            if isinstance(e, OSError) or "local_files_only" in str(e) or "cache" in str(e):
+                raise OpmapError(f"{target}: no config.json for {name!r} in the local Hugging Face cache (opmap "
+                                 "never downloads; fetch it first with `hf download " + name + " config.json`, or "
+                                 f"pass path/to/config.json); accepted: {ACCEPTED}") from None
+            raise OpmapError(f"{target}: transformers cannot read its config ({_first_line(e)}); accepted: "
+                             f"{_tested()}") from None
+    path = Path(target)
+    if not path.is_file():
+        raise OpmapError(f"config file {path} does not exist; accepted: {ACCEPTED}")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise OpmapError(f"config file {path} is not valid JSON ({_first_line(e)}); expected a Hugging Face "
+                         "config.json") from None
+    if not isinstance(d, dict) or "model_type" not in d:
+        raise OpmapError(f"config file {path} has no \"model_type\"; expected a Hugging Face config.json with "
+                         f"{_tested()}")
+    mt = d["model_type"]
+    if mt not in CONFIG_MAPPING:
+        raise OpmapError(f"config file {path}: model_type {mt!r} is unknown to transformers {tf.__version__}; "
+                         f"accepted: {_tested()}")
+    try:
+        return CONFIG_MAPPING[mt].from_dict(d)
+    except Exception as e:  # a config class's own checks: report them in one line
+        raise OpmapError(f"config file {path}: transformers rejects it as {mt} ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
+
+
+def max_positions(config) -> int | None:
+    for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        v = getattr(config, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
+             device: str = "meta") -> Workload:
+    """Build the model ``target`` names from its config alone (random weights) with example inputs."""
+    config = load_config(target)
+    tdt = parse_dtype(dtype)  # a bad dtype fails before anything is built
+    mt = config.model_type
+    limit = max_positions(config)
+    seq = min(DEFAULT_SEQ, limit or DEFAULT_SEQ) if seq is None else seq
+    if batch < 1:
+        raise OpmapError(f"batch must be at least 1, got {batch}")
+    if seq < 1 or (limit is not None and seq > limit):
+        raise OpmapError(f"{target} ({mt}) takes --seq from 1 to {limit or 'any'}, got {seq}")
+    config.use_cache = False
+    model = _build(config, target, device)
+    model.eval()
+    notes: list[str] = [f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: "
+                        "random weights, attention as SDPA, no KV cache (prefill)"]
+    if device == "meta":
+        n = _balance_experts(model)
+        if n:
+            k = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k", "top_k")
+            notes.append(f"{mt}: balanced expert load on the meta device: each of the {n} MoE blocks' experts gets "
+                         f"batch*seq*{k}/experts tokens (transformers' routing loop replaced by opmap's dispatch)")
+        if _answer_packing_probe(model):
+            notes.append("unpadded, unpacked inputs (positions 0..seq-1 in every row): transformers' "
+                         "packed-sequence probe answered 'none' on meta, as it answers on real tensors")
+    window = getattr(config, "sliding_window", None)
+    if isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False and seq > window:
+        notes.append(f"sliding window {window} < seq {seq}: transformers passes an explicit mask to SDPA, "
+                     "so attention is counted dense")
+    with torch.device(device):
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+    model, _ = cast_to(model, (), tdt)
+    inputs = {"input_ids": ids, "use_cache": False}
+    name = target if target.startswith("hf:") else Path(target).name
+    return Workload(name, model, inputs, batch, seq, tuple(notes))
+
+
+def _build(config, target: str, device: str) -> torch.nn.Module:
+    tf = _transformers()
+    mt = config.model_type
+    # experts_implementation (transformers 5): the per-expert loop, not grouped_mm (whose CPU and meta kernels
+    # take bf16 only); a transformers that does not know the argument builds without it
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "experts_implementation": "eager"}
+    auto = tf.AutoModelForCausalLM
+    if type(config) not in auto._model_mapping:
+        auto = tf.AutoModel  # an encoder or another head: the bare model
+    try:
+        with torch.device(device):
+            try:
+                return auto.from_config(config, **kwargs)
+            except (TypeError, ValueError) as e:
+                if "experts_implementation" not in str(e):
+                    raise
+                kwargs.pop("experts_implementation")
+                return auto.from_config(config, **kwargs)
+    except OpmapError:
+        raise
+    except Exception as e:
+        raise OpmapError(f"transformers cannot build {target} ({mt}) on {device}: {_first_line(e)}; "
+                         f"accepted: {_tested()}") from None
+
+
+def _is_stacked_experts(m: torch.nn.Module) -> bool:
+    """transformers 5's experts module: all experts' weights as 3-D parameters, called with
+    (hidden_states, top_k_index, top_k_weights)."""
+    gu, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+    return (type(m).__name__.endswith("Experts") and isinstance(gu, torch.nn.Parameter) and gu.dim() == 3
+            and isinstance(down, torch.nn.Parameter) and down.dim() == 3)
+
+
+def _balance_experts(model: torch.nn.Module) -> int:
+    """Replace each stacked-experts module's data-dependent routing loop by a balanced dispatch; the count."""
+    n = 0
+    for path, m in model.named_modules():
+        if not _is_stacked_experts(m):
+            continue
+        if getattr(m, "is_transposed", False) or getattr(m, "has_bias", False) \
+                or not getattr(m, "has_gate", True) or not getattr(m, "is_concatenated", True):
+            raise OpmapError(f"{path} ({type(m).__name__}): opmap's balanced expert dispatch handles concatenated "
+                             "[gate; up] experts without bias (Mixtral's layout), not this one")
+        m.forward = types.MethodType(_balanced_experts_forward, m)
+        n += 1
+    return n
+
+
+def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                              top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The eager expert loop with each expert's share fixed in advance: the T*k (token, choice) pairs sorted
+    by expert, split into equal slices, each expert's SwiGLU run on its slice, the weighted results added back
+    to their tokens (the same dispatch as opmap.workloads.llama.SparseMoeBlock on meta)."""
+    e = self.gate_up_proj.shape[0]
+    k = top_k_index.shape[-1]
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    routed = hidden_states.index_select(0, token)
+    n = flat.numel()
+    sizes = [n // e + (1 if i < n % e else 0) for i in range(e)]
+    outs = []
+    for i, chunk in enumerate(routed.split(sizes)):
+        h = self._apply_gate(torch.nn.functional.linear(chunk, self.gate_up_proj[i]))
+        outs.append(torch.nn.functional.linear(h, self.down_proj[i]))
+    y = torch.cat(outs) * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(hidden_states.dtype)
+    return torch.zeros_like(hidden_states).index_add_(0, token, y)
+
+
+def _answer_packing_probe(model: torch.nn.Module) -> bool:
+    """Wrap the model's forward so that, for meta position ids, the mask builder's packed-sequence probe gets
+    the answer transformers gives for one unpacked sequence per row (None). False where this transformers has
+    no such probe."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        return False
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        with _packing_probe_answered(masking_utils):
+            return forward(*args, **kwargs)
+
+    model.forward = wrapped
+    return True
+
+
+@contextlib.contextmanager
+def _packing_probe_answered(masking_utils):
+    original = masking_utils.find_packed_sequence_indices
+
+    def probe(position_ids, *args, **kwargs):
+        if isinstance(position_ids, torch.Tensor) and position_ids.device.type == "meta":
+            return None
+        return original(position_ids, *args, **kwargs)
+
+    masking_utils.find_packed_sequence_indices = probe
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original

@@ -1,0 +1,255 @@
+"""Models named by a Hugging Face config (opmap.workloads.hf): built by transformers on meta, captured, and
+checked against counts worked by hand from each config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from opmap.capture import capture  # noqa: E402
+from opmap.costs import cost_graph, uncounted  # noqa: E402
+from opmap.errors import OpmapError  # noqa: E402
+from opmap.workloads import load_workload  # noqa: E402
+
+V, H, F, L, NH, KV, P = 128, 64, 96, 2, 4, 2, 256  # vocab, hidden, FFN, layers, heads, KV heads, positions
+HD = H // NH
+E, K = 4, 2  # mixtral: experts, experts per token
+WINDOW = 8  # mistral's sliding window
+_LLAMA_LIKE = dict(vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=L, num_attention_heads=NH,
+                   num_key_value_heads=KV, max_position_embeddings=P, tie_word_embeddings=False)
+CONFIGS = {
+    "llama": _LLAMA_LIKE,
+    "mistral": {**_LLAMA_LIKE, "sliding_window": WINDOW},
+    "mixtral": {**_LLAMA_LIKE, "num_local_experts": E, "num_experts_per_tok": K},
+    "qwen2": _LLAMA_LIKE,
+    "gpt2": dict(vocab_size=V, n_embd=H, n_layer=L, n_head=NH, n_positions=P, bos_token_id=0, eos_token_id=0),
+    "opt": dict(vocab_size=V, hidden_size=H, ffn_dim=F, num_hidden_layers=L, num_attention_heads=NH,
+                max_position_embeddings=P, word_embed_proj_dim=H, bos_token_id=0, eos_token_id=0, pad_token_id=1),
+}
+
+
+def _attn_params(kv: int = KV) -> int:
+    """q, k, v, o projections without bias: q and o are h x h, k and v h x (kv * head_dim)."""
+    return 2 * H * H + 2 * H * kv * HD
+
+
+def params_by_hand(mt: str) -> int:
+    """Parameter count from the config, by hand (embeddings, blocks, final norm, head)."""
+    if mt in ("llama", "mistral", "qwen2"):
+        bias = (H + 2 * KV * HD) if mt == "qwen2" else 0  # Qwen2: biases on q, k, v
+        return V * H * 2 + L * (_attn_params() + bias + 3 * H * F + 2 * H) + H  # untied head, RMSNorm weights
+    if mt == "mixtral":
+        return V * H * 2 + L * (_attn_params() + H * E + E * 3 * H * F + 2 * H) + H  # router + E experts
+    if mt == "gpt2":  # tied head; c_attn 3h^2, c_proj h^2, MLP 4h each way, biases, two LayerNorms per block
+        block = (3 * H * H + 3 * H) + (H * H + H) + (H * 4 * H + 4 * H) + (4 * H * H + H) + 2 * 2 * H
+        return V * H + P * H + L * block + 2 * H
+    if mt == "opt":  # tied head; learned positions offset by 2 (OPTLearnedPositionalEmbedding); biased linears
+        block = 4 * (H * H + H) + (H * F + F) + (F * H + H) + 2 * 2 * H
+        return V * H + (P + 2) * H + L * block + 2 * H
+    raise AssertionError(mt)
+
+
+def matmul_params_by_hand(mt: str) -> int:
+    """Weights each token multiplies once (all linear layers and the LM head; for mixtral the active
+    experts: top-k of them, plus the router)."""
+    if mt in ("llama", "mistral", "qwen2"):
+        return L * (_attn_params() + 3 * H * F) + H * V
+    if mt == "mixtral":
+        return L * (_attn_params() + H * E + K * 3 * H * F) + H * V
+    if mt == "gpt2":
+        return L * 12 * H * H + H * V
+    if mt == "opt":
+        return L * (4 * H * H + 2 * H * F) + H * V
+    raise AssertionError(mt)
+
+
+def attention_flops_by_hand(mt: str, b: int, s: int) -> int:
+    """Q K^T and P V: 2 * head_dim FLOPs each per (query, key) pair per head. Causal SDPA counts the
+    s(s+1)/2 computed pairs; mistral with s > its window gets an explicit mask from transformers, dense s*s."""
+    pairs = s * s if (mt == "mistral" and s >= WINDOW) else s * (s + 1) // 2
+    return L * b * NH * pairs * 4 * HD
+
+
+def write_config(tmp_path: Path, mt: str, **extra) -> Path:
+    p = tmp_path / f"{mt}.json"
+    p.write_text(json.dumps({"model_type": mt, **CONFIGS[mt], **extra}))
+    return p
+
+
+def sdpa_nodes(g):
+    return [n for n in g.nodes if n.op.startswith("aten.scaled_dot_product_attention")]
+
+
+@pytest.mark.parametrize("mt", list(CONFIGS))
+def test_build_and_capture_on_meta(tmp_path, mt):
+    b, s = 2, 16
+    w = load_workload(str(write_config(tmp_path, mt)), b, s)
+    assert next(w.module.parameters()).device.type == "meta"
+    assert w.batch == b and w.seq == s and w.inputs["input_ids"].shape == (b, s)
+    assert w.inputs["use_cache"] is False
+    assert w.module.num_parameters() == params_by_hand(mt)
+    g = capture(w.module, w.inputs)
+    assert g.params == params_by_hand(mt)
+    assert len(sdpa_nodes(g)) == L  # attention recorded whole, once per layer
+    costs = cost_graph(g)
+    matrix = sum(c.matrix_flops for c in costs)
+    assert matrix == 2 * b * s * matmul_params_by_hand(mt) + attention_flops_by_hand(mt, b, s)
+    assert uncounted(g, costs) == {}
+
+
+def test_gqa_reaches_sdpa(tmp_path):
+    """Llama with 4 query heads over 2 KV heads: SDPA gets K and V with 2 heads and enable_gqa (no repeat)."""
+    w = load_workload(str(write_config(tmp_path, "llama")), 1, 8)
+    node = sdpa_nodes(capture(w.module, w.inputs))[0]
+    assert node.inputs[0].shape == (1, NH, 8, HD) and node.inputs[1].shape == (1, KV, 8, HD)
+    assert node.args["enable_gqa"] and node.args["is_causal"]
+
+
+def test_sliding_window_gives_a_mask_beyond_the_window(tmp_path):
+    """Mistral: within the window transformers lets SDPA apply the causal mask itself; from the window on it
+    passes an explicit banded mask (dense work), and the workload says so."""
+    cfg = str(write_config(tmp_path, "mistral"))
+    short = load_workload(cfg, 1, WINDOW // 2)
+    node = sdpa_nodes(capture(short.module, short.inputs))[0]
+    assert node.args["is_causal"] and "attn_mask" not in node.input_names
+    assert not any("sliding window" in a for a in short.assumptions)
+    long = load_workload(cfg, 1, 2 * WINDOW)
+    node = sdpa_nodes(capture(long.module, long.inputs))[0]
+    assert not node.args["is_causal"] and "attn_mask" in node.input_names
+    assert node.inputs[node.input_names.index("attn_mask")].shape[-2:] == (2 * WINDOW, 2 * WINDOW)
+    assert any(f"sliding window {WINDOW}" in a for a in long.assumptions)
+
+
+def test_mixtral_experts_balanced(tmp_path):
+    """Each expert's two GEMMs (gate+up, down) see batch*seq*top_k/experts tokens; the assumption is stated."""
+    b, s = 2, 16
+    w = load_workload(str(write_config(tmp_path, "mixtral")), b, s)
+    assert any("balanced expert load" in a for a in w.assumptions)
+    g = capture(w.module, w.inputs)
+    expert_mms = [n for n in g.nodes if n.module.endswith("mlp.experts") and n.op == "aten.mm.default"]
+    assert len(expert_mms) == L * E * 2
+    assert {n.inputs[0].shape[0] for n in expert_mms} == {b * s * K // E}
+    assert {n.outputs[0].shape[1] for n in expert_mms} == {2 * F, H}
+
+
+@pytest.mark.parametrize("mt", list(CONFIGS))
+def test_fake_tensor_mode_agrees_on_the_linear_work(tmp_path, mt):
+    """The same model under torch's FakeTensorMode (no opmap patches but the balanced experts) runs too, and
+    its linear layers do the same FLOPs as the meta capture. transformers treats a fake tensor as a trace, so
+    there the attention of the decoder-only rope models gets an explicit mask: why opmap captures on meta."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
+
+    from opmap.workloads.hf import _balance_experts, load_config
+
+    b, s = 1, 8
+    path = str(write_config(tmp_path, mt))
+    w = load_workload(path, b, s)
+    meta = capture(w.module, w.inputs)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        m = AutoModelForCausalLM.from_config(load_config(path), attn_implementation="sdpa",
+                                             experts_implementation="eager")
+        _balance_experts(m)
+        fake = capture(m, {"input_ids": torch.zeros(b, s, dtype=torch.long), "use_cache": False}, memoize=False)
+
+    def linear_flops(g):
+        return sum(c.matrix_flops for n, c in zip(g.nodes, cost_graph(g)) if "scaled_dot" not in n.op)
+
+    assert linear_flops(fake) == linear_flops(meta) == 2 * b * s * matmul_params_by_hand(mt)
+    assert fake.params == meta.params
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "is not valid JSON"),
+    ('{"hidden_size": 8}', 'has no "model_type"'),
+    ('{"model_type": "no-such-arch"}', "model_type 'no-such-arch' is unknown to transformers"),
+    ('[1, 2]', 'has no "model_type"'),
+])
+def test_bad_config_files(tmp_path, content, needle):
+    p = tmp_path / "config.json"
+    p.write_text(content)
+    with pytest.raises(OpmapError, match=needle) as e:
+        load_workload(str(p))
+    assert "\n" not in str(e.value)
+    if "model_type" in needle:
+        assert "llama, mistral, mixtral, qwen2, gpt2, opt" in str(e.value)
+
+
+def test_missing_file_and_uncached_name(tmp_path):
+    with pytest.raises(OpmapError, match="does not exist; accepted: path/to/config.json or hf:NAME"):
+        load_workload(str(tmp_path / "nope.json"))
+    with pytest.raises(OpmapError, match="no config.json for 'opmap-test/not-cached' in the local Hugging Face "
+                                         "cache .*never downloads"):
+        load_workload("hf:opmap-test/not-cached")
+
+
+def test_seq_beyond_the_config_positions(tmp_path):
+    with pytest.raises(OpmapError, match=r"takes --seq from 1 to 256, got 257"):
+        load_workload(str(write_config(tmp_path, "gpt2")), 1, P + 1)
+
+
+def test_an_architecture_that_cannot_be_built_is_one_line(tmp_path, monkeypatch):
+    import transformers
+
+    def boom(*a, **k):
+        raise RuntimeError("needs a kernel this machine lacks\nsecond line")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", boom)
+    with pytest.raises(OpmapError, match="transformers cannot build .*llama.json \\(llama\\) on meta: "
+                                         "RuntimeError: needs a kernel this machine lacks; accepted") as e:
+        load_workload(str(write_config(tmp_path, "llama")))
+    assert "\n" not in str(e.value)
+
+
+def test_hf_name_from_the_local_cache_through_the_cli(tmp_path):
+    """``opmap analyze hf:NAME`` with the config laid out as huggingface_hub caches it, offline."""
+    snap = tmp_path / "hub" / "models--opmap-test--tiny-llama" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"model_type": "llama", **CONFIGS["llama"]}))
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "OPMAP_GRAPH_CACHE": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    r = subprocess.run([sys.executable, "-m", "opmap.cli", "analyze", "hf:opmap-test/tiny-llama", "--seq", "32",
+                        "--rows", "3", "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    a = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert a["totals"]["params"] == params_by_hand("llama")
+    assert a["totals"]["matrix_flops"] == 2 * 32 * matmul_params_by_hand("llama") + attention_flops_by_hand(
+        "llama", 1, 32)
+    assert "hf:opmap-test/tiny-llama" in r.stdout
+
+
+# Llama-2-7b-hf's config.json as published on the Hugging Face hub (meta-llama/Llama-2-7b-hf), written here
+LLAMA2_7B_CONFIG = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+                    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+                    "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32,
+                    "num_hidden_layers": 32, "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+                    "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000}
+
+
+def test_llama2_7b_config_matches_the_zoo_preset(tmp_path):
+    """The published Llama-2-7b-hf config, built by transformers, has HF's 6,738,415,616 parameters and does
+    the same matrix work as the zoo's own llama-2-7b."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(LLAMA2_7B_CONFIG))
+    hf = load_workload(str(p), 1, 32, "bf16")
+    zoo = load_workload("llama-2-7b", 1, 32, "bf16")
+    assert hf.module.num_parameters() == 6_738_415_616
+    g_hf, g_zoo = capture(hf.module, hf.inputs), capture(zoo.module, zoo.inputs)
+    assert g_hf.params == g_zoo.params == 6_738_415_616
+
+    def matrix(g):
+        return sum(c.matrix_flops for c in cost_graph(g))
+
+    assert matrix(g_hf) == matrix(g_zoo)
