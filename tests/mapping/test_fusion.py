@@ -130,3 +130,27 @@ def test_hand_written_attention_fuses_into_one_kernel():
     x = b * h * s * s * 4
     assert eager.bytes_saved == 0 and fused.bytes_saved >= 6 * x
     assert fused.bytes_saved == pytest.approx(6 * x, rel=0.05)
+
+
+class TwoBranches(nn.Module):
+    def forward(self, x):
+        a = torch.relu(x)  # A
+        b = torch.sigmoid(x)  # B
+        return a + b  # D: needs A and B
+
+
+def test_plan_file_kernels_run_in_execution_order(tmp_path):
+    # a kernel fusing A with D cannot launch before B, whose output D reads: the plan lists B first, though
+    # A (the fused kernel's first node) comes before B in the graph
+    with torch.device("meta"):
+        x = torch.empty(1024)
+    g = capture(TwoBranches(), (x,))
+    c = cost_graph(g)
+    ops = ("aten.relu.default", "aten.sigmoid.default", "aten.add.Tensor")
+    a, b, d = (next(n.id for n in g.nodes if n.op == op) for op in ops)
+    assert a < b < d
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({"kernels": [[a, d]]}))
+    p = plan_fusion(g, c, plan_file=f)
+    assert [k.nodes for k in p.kernels] == [(b,), (a, d)]
+    assert p.group_of[b] == 0 and p.group_of[a] == p.group_of[d] == 1

@@ -188,6 +188,8 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
             for nid in members:
                 group_of[nid] = g
         _check_plan(groups, group_of, producers)
+        groups = _execution_order(groups, group_of, producers)
+        group_of = {nid: g for g, members in enumerate(groups) for nid in members}
         policy = f"plan file {plan_file}"
     else:
         for n in graph.nodes:
@@ -281,6 +283,32 @@ def _read_plan(path: Path, graph: OpGraph, is_kernel) -> list[list[int]]:
     missing = [i for i, k in enumerate(is_kernel) if k and i not in seen]
     groups += [[i] for i in missing]  # nodes the plan leaves out run alone
     return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
+
+
+def _execution_order(groups: list[list[int]], group_of: dict[int, int], producers: list[list[int]]) -> list[list[int]]:
+    """The kernels in the order they can run: a fused kernel launches once every kernel it reads from is done,
+    so it follows all of them even where one of its own nodes comes first in the graph (Kahn's algorithm; among
+    the ready kernels, the one whose first node comes first)."""
+    import heapq
+
+    deps = [{group_of[p] for m in members for p in producers[m] if group_of.get(p, g) != g}
+            for g, members in enumerate(groups)]
+    users: list[list[int]] = [[] for _ in groups]
+    for g, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(g)
+    waiting = [len(ds) for ds in deps]
+    ready = [(groups[g][0], g) for g in range(len(groups)) if not waiting[g]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, g = heapq.heappop(ready)
+        order.append(groups[g])
+        for u in users[g]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, (groups[u][0], u))
+    return order  # _check_plan has refused cycles, so every kernel is placed
 
 
 def _check_plan(groups: list[list[int]], group_of: dict[int, int], producers: list[list[int]]) -> None:
