@@ -14,8 +14,9 @@ H100 = dict(sram_per_unit=233472, units=132, l2_bytes=50 * 2 ** 20, peak_flops_p
             bandwidth_bytes_per_s=3.35e12)
 
 
-def _pick(cands, bm, bn, bk, st, sk=1):
-    return next(t for t in cands if (t.bm, t.bn, t.bk, t.stages, t.split_k) == (bm, bn, bk, st, sk))
+def _pick(cands, bm, bn, bk, st, sk=1, stream_k=False):
+    return next(t for t in cands if (t.bm, t.bn, t.bk, t.stages, t.split_k, t.stream_k) == (bm, bn, bk, st, sk,
+                                                                                             stream_k))
 
 
 def test_square_gemm_tile_and_wave_quantization():
@@ -161,3 +162,23 @@ def test_a_split_k_pays_its_reduction_after_the_k_loop():
     partials = 2 * 2 * 1792 * 1792 * 4
     assert t2.compute_s - t1.compute_s * (t1.wave_efficiency / t2.wave_efficiency) == pytest.approx(
         partials / A100["bandwidth_bytes_per_s"], rel=1e-6)
+
+
+def test_stream_k_deals_k_iterations_evenly_and_pays_a_fixup():
+    # 1280 x 4096 bf16 on 132 SMs in 128x256 tiles: 10 x 16 = 160 tiles, two waves at 160 / 264 = 0.61. Stream-K
+    # (Osama et al. 2023) deals the 160 x ceil(12032 / 64) = 30,080 K iterations to the 132 units, 227 or 228
+    # each: 30080 / (228 * 132) = 0.995; each unit leaves at most one tile split, whose fp32 128x256
+    # accumulator is written and read back: 2 * 132 * 128 * 256 * 4 B
+    c = tile_candidates(1, 1280, 4096, 12032, "bf16", **H100, stream_k=True)
+    dp = _pick(c, 128, 256, 64, 3)
+    sk = _pick(c, 128, 256, 64, 3, stream_k=True)
+    assert dp.wave_efficiency == pytest.approx(160 / 264)
+    assert sk.wave_efficiency == pytest.approx(30080 / (228 * 132))
+    fixup = 2 * 132 * 128 * 256 * 4
+    assert sk.traffic_bytes - dp.traffic_bytes == fixup
+    assert sk.compute_s == pytest.approx(2 * 1280 * 4096 * 12032 / (989e12 * sk.wave_efficiency)
+                                         + fixup / 3.35e12)
+    assert c[0].stream_k  # here dealing the K loop beats both a second, mostly idle wave and split-K
+    # a shape that fills its waves exactly has no stream-K variant: there is nothing to even out
+    assert not any(t.stream_k for t in tile_candidates(1, 128 * 12, 128 * 11, 4096, "bf16", **H100, stream_k=True)
+                   if (t.bm, t.bn, t.split_k) == (128, 128, 1))

@@ -74,6 +74,7 @@ SCALAR_FIELDS: dict[str, str] = {
     "launch_overhead_s": "s",
     "sram_bandwidth_bytes_per_clk": "B/clk",  # shared memory (LDS) bandwidth per compute unit per clock
     "mma_min_m": "",  # rows of the smallest matrix instruction (a tile's BM is at least this)
+    "stream_k_gemm": "",  # 1 where the device's GEMM library schedules Stream-K (persistent tile schedulers)
     "sfu_ops_per_clk": "/clk",  # transcendental (exp2, log2, rsqrt, sin) results per clock per compute unit
     # busy time after which a power-limited card leaves its boost clocks for the sustained rates
     "power_window_s": "s",
@@ -167,6 +168,11 @@ class HardwareSpec:
         """Special-function-unit rate (exp, log, rsqrt per second) where the catalog lists it per compute unit."""
         per_clk, units, clock = self._opt("sfu_ops_per_clk"), self._opt("compute_units"), self._opt("clock_hz")
         return per_clk * units * clock if per_clk and units and clock else None
+
+    @property
+    def stream_k_gemm(self) -> bool:
+        """Whether the device's GEMM library deals K iterations evenly to the units (Stream-K) for a partial wave."""
+        return bool(self._opt("stream_k_gemm"))
 
     @property
     def power_window_s(self) -> float | None:

@@ -87,13 +87,17 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
                                 bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s,
                                 b_elem_bytes=prec.weight_operand_bytes, sram_bytes_per_s=hw.sram_bytes_per_s,
                                 min_bm=hw.mma_min_m, a_unique=round(a_unique, 6),
-                                dense_peak_flops_per_s=prec.matrix_peak_flops_per_s)
+                                dense_peak_flops_per_s=prec.matrix_peak_flops_per_s, stream_k=hw.stream_k_gemm)
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile, reps = cands[0], _reps(c)
     note = f"; K {p.k} padded to {tile.k_padded} for the matrix engine's alignment" if tile.k_padded != p.k else ""
     if not hw.sram_bytes_per_s:
         note += "; operand feed not modelled (the spec lists no shared-memory bandwidth or clock)"
+    if tile.stream_k:
+        note += (f"; Stream-K: the K loop dealt evenly to the units ({tile.wave_efficiency:.0%} busy), "
+                 f"a data-parallel last wave would have run {tile.tiles % hw.compute_units or hw.compute_units} "
+                 f"of {hw.compute_units} units")
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s, reps * tile.traffic_bytes,
                       note)
 

@@ -66,13 +66,15 @@ class Tile:
     k_padded: int
     split_k: int = 1
     feed_efficiency: float = 1.0  # shared-memory operand feed of the matrix units (1: fully fed, or not modelled)
+    stream_k: bool = False  # K-loop iterations spread evenly over the units (Stream-K), not whole tiles per wave
 
     @property
     def time_s(self) -> float:
         return max(self.compute_s, self.memory_s)
 
     def to_dict(self) -> dict:
-        return {"m": self.bm, "n": self.bn, "k": self.bk, "stages": self.stages, "split_k": self.split_k}
+        return {"m": self.bm, "n": self.bn, "k": self.bk, "stages": self.stages, "split_k": self.split_k,
+                "schedule": "stream-k" if self.stream_k else "data-parallel"}
 
     def label(self) -> str:
         return f"{self.bm}x{self.bn}x{self.bk}/{self.stages}" + (f" split-K {self.split_k}" if self.split_k > 1 else "")
@@ -126,13 +128,15 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
                     l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
                     out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None,
                     sram_bytes_per_s: float | None = None, min_bm: int = 16,
-                    a_unique: float = 1.0, dense_peak_flops_per_s: float | None = None) -> tuple[Tile, ...]:
+                    a_unique: float = 1.0, dense_peak_flops_per_s: float | None = None,
+                    stream_k: bool = False) -> tuple[Tile, ...]:
     """Every legal candidate, best first. Raises OpmapError naming the limit when none is legal.
 
     ``peak_flops_per_s`` is the rate the matrix units sustain (achievable, else the dense peak);
     ``sram_bytes_per_s`` the shared-memory bandwidth per unit (None: feed not modelled), weighed against the
     ``dense_peak_flops_per_s`` (the instruction rate at the same clock; default ``peak_flops_per_s``);
-    ``min_bm`` the matrix instruction's row count; ``a_unique`` see operand_traffic."""
+    ``min_bm`` the matrix instruction's row count; ``a_unique`` see operand_traffic; ``stream_k``: the device's
+    GEMM library also schedules Stream-K (a candidate beside each tile whose last wave is partial)."""
     e = format_bytes(dtype)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
     align = max(1, int(16 / e))
@@ -167,11 +171,25 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
                    + batch * partials / bandwidth_bytes_per_s)
         out.append(Tile(bm, bn, bk, st, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
                         traffic / bandwidth_bytes_per_s, k_pad, sk, feed))
+        if stream_k and sk == 1 and wave_eff < 1.0:
+            # Stream-K (Osama et al., PPoPP 2023; the persistent tile schedulers of CUTLASS 3 / cuBLAS on
+            # Hopper and Blackwell): the tiles' K iterations are dealt evenly to the units, so the last wave's
+            # idle units vanish; where a unit's share ends inside a tile, that tile's fp32 partial accumulator
+            # is written and read back (at most one per unit), serially after the K loop like split-K's partials
+            iters = tiles * math.ceil(k_pad / bk)
+            sk_eff = iters / (math.ceil(iters / units) * units)
+            fixup = 2 * min(units, iters) * bm * bn * 4
+            sk_compute = (flops * (k_pad / k) / (peak_flops_per_s * tile_eff * sk_eff * feed)
+                          + batch * fixup / bandwidth_bytes_per_s)
+            sk_traffic = traffic + batch * fixup
+            out.append(Tile(bm, bn, bk, st, sram, tiles, waves, tile_eff, sk_eff, sk_traffic, sk_compute,
+                            sk_traffic / bandwidth_bytes_per_s, k_pad, 1, feed, True))
     if not out:
         sram, bm, bn, bk, st = smallest
         raise OpmapError(f"no legal GEMM tile: the smallest ({bm}x{bn}x{bk}, {st} stages) needs "
                          f"{sram / 1e3:.3g} kB of shared memory, the device has {sram_per_unit / 1e3:.3g} kB")
-    return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, -t.stages, -(t.bm * t.bn), -t.bk)))
+    return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, t.stream_k, -t.stages, -(t.bm * t.bn),
+                                            -t.bk)))
 
 
 BR_CHOICES = (64, 128)  # query rows per block (FlashAttention-2 uses 64 / 128 on Ampere / Hopper)
