@@ -292,6 +292,8 @@ def infer_roles(graph: OpGraph) -> Roles:
                         expert_params[t.param] = t.numel
                 if not x_split and x is not None:
                     routed_keys[b].add((_expert_of(n.module, b), x.producer, x.nbytes))
+                if x_split:
+                    continue  # an expert's row-parallel output is whole
             elif experts.get(b) and n.outputs and n.outputs[0].shape[-1] == len(experts[b]):
                 role[n.id] = "router"
                 continue
