@@ -162,8 +162,8 @@ def render_markdown(a: Analysis) -> str:
                 "|---|---|---|---|---|---|---|---|---|"]
         for c in a.sharded.collectives:
             out.append(f"| {c.collective.kind} | {c.purpose} | {c.stage} | {c.count} | "
-                       f"{si(c.collective.message_bytes, 'B')} | {c.collective.group_size} | {c.link} | {c.algorithm} | "
-                       f"{si(c.predicted_s, 's')} |")
+                       f"{si(c.collective.message_bytes, 'B')} | {c.collective.group_size} | {c.link} | "
+                       f"{c.algorithm} | {si(c.predicted_s, 's')} |")
     out += ["", "## Operators", "", "| " + " | ".join(SHEET_COLUMNS) + " |",
             "|" + "---|" * len(SHEET_COLUMNS)]
     for row in sheet_rows(a):
