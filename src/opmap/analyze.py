@@ -68,6 +68,8 @@ class Analysis:
     assumptions: dict[str, Any]
     plan: FusionPlan | None = None
     kernel_results: tuple[KernelResult, ...] = ()
+    # a layout over several devices (opmap.mapping.sharding.Sharded); None: one device, today's output
+    sharded: Any = None
 
     # -- totals ---------------------------------------------------------------------------------------
     @cached_property
@@ -209,10 +211,19 @@ class Analysis:
                 for s in self.layer_types()
             },
             "nodes": [self._node_dict(r) for r in self.results],
-            "kernels": [k.to_dict() for k in self.kernel_results],
+            "kernels": [k.to_dict() for k in self.kernel_results] + (
+                [c.to_dict() for c in self.sharded.collectives] if self.sharded is not None else []),
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
-        }
+        } | self._parallelism_dict()
+
+    def _parallelism_dict(self) -> dict[str, Any]:
+        """The ``parallelism`` block and the collective kernel rows, only for a layout over several devices."""
+        s = self.sharded
+        if s is None:
+            return {}
+        return {"parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
+                "collectives": [c.to_dict() for c in s.collectives]}
 
     @staticmethod
     def _node_dict(r: NodeResult) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from rich.console import Console
 from opmap.cli import analyze as _analyze
 from opmap.cli import calibrate as _calibrate
 from opmap.cli import catalog as _catalog
+from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
 from opmap.cli import quality as _quality
 from opmap.cli.common import console
@@ -59,6 +60,7 @@ app.command("analyze")(_analyze.analyze)
 app.command("quality")(_quality.quality)
 app.command("profile")(_profile.profile)
 app.command("calibrate")(_calibrate.calibrate)
+app.command("plan")(_plan.plan)
 
 
 def _usage_error(e: Exception) -> bool:

@@ -31,6 +31,13 @@ def analyze(
     fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": \\[\\[node ids], ...]}.'),
     quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
     layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size (Megatron column / row splits)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel replicas."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel size (MoE; taken from inside dp)."),
+    sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp above 1)."),
+    vp: int = typer.Option(1, "--vp", help="Virtual stages per device (interleaved 1F1B)."),
+    devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x pp x dp."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -46,7 +53,11 @@ def analyze(
     # Checked in this order, each before the work it guards: the hardware name, the overrides and the output
     # folder here; the device, model, shape and dtype by the loader before it builds; the dtype on this
     # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
+    from opmap.mapping.sharding import Parallelism
+
     hw = get_hardware(hardware)
+    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=batch,
+                      global_batch=batch * dp)
     overrides = parse_overrides(layer_type)
     if out is not None:
         check_out_dir(out)
@@ -67,6 +78,10 @@ def analyze(
             a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, (a.graph, replace(w, module=None, inputs=None)))
+    if par.devices > 1 or par.ep > 1:
+        from opmap.mapping.sharding import shard
+
+        a = replace(a, sharded=shard(a, par))
     warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:

@@ -156,6 +156,14 @@ def render_markdown(a: Analysis) -> str:
                 "| " + " | ".join(KERNEL_COLUMNS) + " |", "|" + "---|" * len(KERNEL_COLUMNS)]
         for row in kernel_rows(a):
             out.append("| " + " | ".join(_kcell(k, v) for k, v in row.items()) + " |")
+    if a.sharded is not None:
+        out += ["", "## Parallelism and collectives", "", parallelism_line(a.sharded), "",
+                "| collective | purpose | phase | count | message | group | link | algorithm | predicted (one) |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for c in a.sharded.collectives:
+            out.append(f"| {c.collective.kind} | {c.purpose} | {c.stage} | {c.count} | "
+                       f"{si(c.collective.message_bytes, 'B')} | {c.collective.group_size} | {c.link} | "
+                       f"{c.algorithm} | {si(c.predicted_s, 's')} |")
     out += ["", "## Operators", "", "| " + " | ".join(SHEET_COLUMNS) + " |",
             "|" + "---|" * len(SHEET_COLUMNS)]
     for row in sheet_rows(a):
@@ -192,6 +200,25 @@ def cell(key: str, v) -> str:
     return str(v).replace("|", "\\|")
 
 
+def parallelism_line(s) -> str:
+    p = s.parallelism
+    what = "iteration" if s.training else "batch"
+    return (f"{p.label()} on {p.devices} devices: {p.microbatches} microbatches, bubble {s.bubble_fraction:.1%}, "
+            f"slowest stage {si(s.microbatch_s, 's')} per microbatch, {what} {si(s.step_s, 's')}, "
+            f"{si(s.tokens_per_s)} tokens/s")
+
+
+def collective_table(s) -> Table:
+    """The collective kernels of a layout (class collective, bound interconnect)."""
+    t = Table(title="Collectives (class collective, bound interconnect): " + parallelism_line(s), title_justify="left")
+    for col in ("collective", "purpose", "phase", "count", "message", "group", "link", "algorithm", "predicted"):
+        t.add_column(col, justify="right" if col in ("count", "message", "group", "predicted") else "left")
+    for c in s.collectives:
+        t.add_row(c.collective.kind, c.purpose, c.stage, str(c.count), si(c.collective.message_bytes, "B"),
+                  str(c.collective.group_size), c.link, c.algorithm, si(c.predicted_s, "s"))
+    return t
+
+
 def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     d = a.to_dict()
     t = d["totals"]
@@ -218,6 +245,8 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
                        f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-", k.format, k.layout,
                        si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"), k.bound, k.why)
         console.print(kt)
+    if a.sharded is not None:
+        console.print(collective_table(a.sharded))
     ranked = sorted((r for r in a.results if r.cost.kernel), key=lambda r: -r.pred.predicted_s)
     shown = ranked if rows <= 0 else ranked[:rows]
     n_kernel_nodes = sum(1 for r in a.results if r.cost.kernel)

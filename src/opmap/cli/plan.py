@@ -1,0 +1,73 @@
+"""``opmap plan``: rank every legal parallel layout of a model on N devices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console, print_wrote
+from opmap.cli.common import hardware as get_hardware
+
+
+def plan(
+    model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/file.py:factory or hf:NAME."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    devices: int = typer.Option(8, "--devices", help="Devices to lay the model over."),
+    phase: str = typer.Option("train", help="train (a training step) or prefill (a forward pass)."),
+    objective: str = typer.Option("throughput", help="Rank by throughput (tokens/s) or latency."),
+    seq: int | None = typer.Option(None, help="Sequence length (default: the model's)."),
+    global_batch: int | None = typer.Option(None, "--global-batch", "--batch",
+                                            help="Sequences per step over all replicas (default 2 x devices)."),
+    dtype: str = typer.Option("bf16", help="Precision."),
+    rows: int = typer.Option(15, help="Layouts shown (0: all)."),
+    out: Path | None = typer.Option(None, help="Write plan.json and plan.md here."),
+) -> None:
+    """Rank every legal (tp, pp, dp, ep, sp, vp, microbatch, recompute, zero) layout by predicted throughput or
+    latency; layouts that do not fit memory are rejected with the numbers."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from opmap.explore.plan import plan as run_plan
+    from opmap.report.sheet import check_out_dir, si, write_set
+    from opmap.workloads import load_workload
+
+    hw = get_hardware(hardware)
+    if out is not None:
+        check_out_dir(out)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("planning", total=1)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=max(1, total))
+
+        result = run_plan(lambda mb: load_workload(model, mb, seq, dtype, "meta"), hw, devices, phase, dtype,
+                          global_batch, objective, progress=progress)
+    ranked = result["ranked"]
+    t = Table(title=f"opmap plan {model} on {devices} x {hw.name} ({phase}, by {objective}): "
+                    f"{result['legal_fitting']} of {result['layouts']} layouts legal and fitting",
+              title_justify="left")
+    for col in ("rank", "layout", "tokens/s", "step", "latency", "bubble", "MFU", "memory"):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for i, c in enumerate(ranked if rows <= 0 else ranked[:rows]):
+        t.add_row(str(i + 1), c["layout"], si(c["tokens_per_s"]), si(c["step_s"], "s"), si(c["latency_s"], "s"),
+                  f"{c['bubble_fraction']:.1%}", f"{c['mfu']:.1%}", si(c["memory_bytes"], "B"))
+    console.print(t)
+    rej = result["rejected"]
+    if rej:
+        console.print(f"{len(rej)} rejected, e.g.:")
+        for c in rej[:5]:
+            console.print(f"  {c['layout']}: {c['reason']}", highlight=False, markup=False)
+    if not ranked:
+        console.print("no layout is legal and fits: more devices, a shorter sequence or a smaller batch")
+    if out is not None:
+        md = [f"# opmap plan: {model} on {devices} x {hw.name}", "", *[f"- {a}" for a in result["assumptions"]], "",
+              "| rank | layout | tokens/s | step (s) | latency (s) | bubble | MFU | memory (GB) |",
+              "|---|---|---|---|---|---|---|---|"]
+        md += [f"| {i + 1} | {c['layout']} | {c['tokens_per_s']:.4g} | {c['step_s']:.4g} | {c['latency_s']:.4g} | "
+               f"{c['bubble_fraction']:.1%} | {c['mfu']:.1%} | {c['memory_bytes'] / 1e9:.3g} |"
+               for i, c in enumerate(ranked)]
+        md += ["", "## Rejected", ""] + [f"- {c['layout']}: {c['reason']}" for c in rej]
+        print_wrote(write_set(out, {"plan.json": json.dumps(result, indent=1), "plan.md": "\n".join(md) + "\n"}))

@@ -1,0 +1,1 @@
+"""Searches over layouts, sweeps and platforms, built on the analyze pipeline."""

@@ -1,0 +1,610 @@
+"""Sharding a captured graph over tensor, pipeline, data and expert parallelism (Megatron-LM's splits).
+
+Input: an ``Analysis`` (a forward graph, or a training graph whose backward nodes carry
+``args["phase"] == "backward"``) and a ``Parallelism``. Output: a ``Sharded`` per-device result: every kernel's
+time on one device, the collectives the layout implies as kernels of their own (class ``collective``, bound
+``interconnect``), the pipeline schedule and its bubble, the per-device memory.
+
+Roles come from graph edges and module structure, never from the model's name:
+
+- repeated blocks: the module path's first numeric part (``h.3``, ``layers.17``): a ModuleList child;
+- a weight GEMM (a GEMM reading a parameter) inside a block whose activation input is *not* in the block's
+  tensor-parallel region is **column-parallel** (q / k / v or fused qkv, MLP up / gate / fc: they read the
+  norm's output); one whose input *is* in that region is **row-parallel** (attention out, MLP down / fc2: their
+  output goes to the residual add). The region starts at column-parallel outputs and spreads along edges to
+  every op that reads a split tensor (reshapes, RoPE, SDPA, the activation function) until a row GEMM;
+- GEMMs of a ModuleList inside a block (``mlp.experts.3``) are **expert** GEMMs, split over EP (and each expert
+  over TP, Megatron-core's expert tensor parallelism = tp); the block's other GEMM whose width is the expert
+  count is the **router** (replicated);
+- embedding gathers and the last weight GEMM outside the blocks (the head) are **vocabulary-parallel**;
+- everything else (norms, residual adds) is **replicated** over TP, or split over the sequence with SP
+  (Korthikanti et al. 2022, sec. 4.2.2).
+
+Backward nodes take the role of the forward nodes of their module (autograd keeps the module path).
+
+Per device, a split kernel's terms (matrix, vector, memory) are divided by its split; the launch overhead is
+not. Tiles are not searched again at the sharded shape (the terms scale linearly: stated in the assumptions).
+
+Device placement (Megatron-LM's default order): TP innermost, then DP (with EP taken from inside DP, as
+Megatron-core and DeepSpeed-MoE do: ep divides dp), then PP outermost: rank = tp_rank + tp (dp_rank + dp
+pp_rank). A group whose span of consecutive ranks fits in one node (devices_per_node) runs over the scale-up
+link; otherwise it is priced as scale-out (each hop through the NIC: conservative for a group that has
+several members in a node).
+
+Collectives (per microbatch unless said): TP all-reduce of the activation (b s h bytes) after each row-parallel
+group in forward and for each column-parallel group's input gradient in backward (Shoeybi et al. 2019: two
+per layer each way); with SP each becomes a reduce-scatter plus an all-gather of the same bytes (Korthikanti
+2022); EP all-to-all before and after the experts (dispatch and combine), again in backward; PP send / recv of
+the activation between stages (b s h / tp bytes: Narayanan et al. 2021's scatter / gather), and of its gradient
+in backward, vp times per microbatch with interleaving; DP gradient reduction once per iteration: all-reduce
+of the gradient bytes at ZeRO 0 / 1, reduce-scatter of the gradients plus all-gather of the updated parameters
+at ZeRO 2, and at ZeRO 3 a further all-gather of the parameters in forward and in backward (Rajbhandari et al.
+2020, sec. 7).
+
+Pipeline (Narayanan et al. 2021, sec. 2.2): m = global_batch / (dp x microbatch) microbatches; 1F1B bubble
+fraction (pp - 1) / m; interleaved (pp - 1) / (m vp); iteration = (m + (pp - 1) / vp) x the slowest stage's
+time per microbatch + the exposed DP reduction + the optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from opmap.errors import OpmapError
+from opmap.graph import Node, OpGraph
+from opmap.hardware.spec import HardwareSpec
+from opmap.mapping.collectives import KERNEL_CLASS, Collective, collective_time
+from opmap.ops import GEMM_OPS
+from opmap.roofline import Bound, roofline
+
+RECOMPUTE = ("none", "selective", "full")
+ROLES = ("column", "row", "vocab", "expert_column", "expert_row", "router", "split", "replicated", "optimizer")
+SPLIT_ROLES = frozenset({"column", "row", "vocab", "expert_column", "expert_row", "split"})
+# Fraction of the DP gradient reduction hidden behind backward: bucketed reduction starts when a bucket's
+# gradients are ready (Megatron --overlap-grad-reduce, PyTorch DDP buckets); the last bucket cannot overlap.
+DP_OVERLAP = 0.8
+# TP, SP, EP and PP collectives sit on the critical path of each layer: not overlapped.
+TP_OVERLAP = 0.0
+
+ASSUMPTIONS = (
+    "placement: TP innermost, then DP (EP inside DP: ep divides dp), then PP outermost (Megatron-LM order)",
+    "a group whose consecutive-rank span fits one node runs on the scale-up link, else priced as scale-out",
+    f"DP gradient reduction overlapped with backward: up to {DP_OVERLAP:.0%} of the backward time hides it",
+    f"TP / SP / EP / PP collectives not overlapped with compute (overlap {TP_OVERLAP:.0%})",
+    "sharded kernels: matrix, vector and memory terms divided by the split, launch overhead kept; tiles not "
+    "searched again at the sharded shape",
+    "K / V projections replicated over tp / kv_heads ranks when tp exceeds the KV heads (Megatron-LM GQA)",
+    "experts: E / ep per device, each tensor-parallel over tp; balanced load (each device's expert FLOPs equal "
+    "the unsharded per-token work)",
+    "PP send / recv carries b s h / tp bytes (Narayanan et al. 2021 scatter / gather optimisation)",
+)
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise OpmapError(msg)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """A layout. ``devices`` = tp x pp x dp (checked); ep is drawn from inside dp; ``global_batch`` defaults to
+    dp x microbatch (one microbatch per data-parallel rank)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    sp: bool = False
+    vp: int = 1
+    microbatch: int = 1
+    global_batch: int | None = None
+    recompute: str = "none"
+    zero: int = 0
+    devices: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "ep", "vp", "microbatch"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                   f"--{name} must be a positive integer, got {v!r}")
+        n = self.tp * self.pp * self.dp
+        if self.devices is None:
+            object.__setattr__(self, "devices", n)
+        _check(self.devices == n, f"--devices {self.devices} is not tp x pp x dp = {self.tp} x {self.pp} x "
+                                  f"{self.dp} = {n}")
+        _check(not self.sp or self.tp > 1, "--sp (sequence parallelism) needs --tp above 1")
+        _check(self.dp % self.ep == 0, f"--ep {self.ep} must divide --dp {self.dp} (experts are spread over "
+                                       "data-parallel ranks, as Megatron-core and DeepSpeed-MoE do)")
+        _check(self.vp == 1 or self.pp > 1, f"--vp {self.vp} (interleaved stages) needs --pp above 1")
+        _check(self.recompute in RECOMPUTE, f"unknown recompute {self.recompute!r}; accepted: "
+                                            f"{', '.join(RECOMPUTE)}")
+        _check(self.zero in (0, 1, 2, 3), f"unknown ZeRO stage {self.zero!r}; accepted: 0, 1, 2, 3")
+        if self.global_batch is None:
+            object.__setattr__(self, "global_batch", self.dp * self.microbatch)
+        gb = self.global_batch
+        _check(gb % (self.dp * self.microbatch) == 0,
+               f"global batch {gb} is not a multiple of dp x microbatch = {self.dp} x {self.microbatch}")
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.microbatch)
+
+    @property
+    def trivial(self) -> bool:
+        return self.devices == 1 and self.ep == 1
+
+    def check(self, geo: Geometry) -> None:
+        """The layout against the model: tp divides the heads (KV heads: tp divides them, or they divide tp and
+        are replicated), pp divides the layers, vp divides layers / pp, ep divides the experts."""
+        if geo.heads:
+            _check(geo.heads % self.tp == 0, f"--tp {self.tp} does not divide the {geo.heads} attention heads")
+            kv = geo.kv_heads
+            _check(kv % self.tp == 0 or self.tp % kv == 0,
+                   f"--tp {self.tp} and the {kv} KV heads: one must divide the other (tp > kv heads replicates "
+                   "each KV head over tp / kv ranks)")
+        _check(geo.layers % self.pp == 0, f"--pp {self.pp} does not divide the {geo.layers} layers")
+        _check((geo.layers // self.pp) % self.vp == 0,
+               f"--vp {self.vp} does not divide the {geo.layers // self.pp} layers per pipeline stage")
+        if self.ep > 1:
+            _check(geo.experts > 0, f"--ep {self.ep} needs a mixture-of-experts model (this one has no experts)")
+            _check(geo.experts % self.ep == 0, f"--ep {self.ep} does not divide the {geo.experts} experts")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "sp": self.sp, "vp": self.vp,
+                "microbatch": self.microbatch, "global_batch": self.global_batch, "recompute": self.recompute,
+                "zero": self.zero, "devices": self.devices}
+
+    def label(self) -> str:
+        s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
+        s += f" ep{self.ep}" if self.ep > 1 else ""
+        s += " sp" if self.sp else ""
+        s += f" vp{self.vp}" if self.vp > 1 else ""
+        return s + f" mb{self.microbatch}" + (f" rc-{self.recompute}" if self.recompute != "none" else "") + (
+            f" z{self.zero}" if self.zero else "")
+
+
+# -- roles --------------------------------------------------------------------------------------------------
+
+_NUM = re.compile(r"^\d+$")
+
+
+def block_of(module: str) -> str | None:
+    """The repeated block a module path sits in: the path up to its first numeric part (a ModuleList child)."""
+    parts = module.split(".")
+    for i, p in enumerate(parts):
+        if _NUM.match(p):
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def _expert_of(module: str, block: str) -> str | None:
+    """The expert (a ModuleList child inside the block) a module path sits in, if any."""
+    rest = module[len(block) + 1:].split(".") if module.startswith(block + ".") else []
+    for i, p in enumerate(rest):
+        if _NUM.match(p):
+            return block + "." + ".".join(rest[: i + 1])
+    return None
+
+
+def is_weight_gemm(n: Node) -> bool:
+    return n.packet in GEMM_OPS and any(t.param is not None for t in n.inputs)
+
+
+def _activation_input(n: Node):
+    ins = [t for t in n.inputs if t.param is None and len(t.shape) >= 2]
+    return ins[0] if ins else None
+
+
+def _source(nodes, producer: int | None) -> int | None:
+    """The first non-view node behind a tensor (q / k / v each reshape the norm's output through a view)."""
+    while producer is not None and nodes[producer].is_view and nodes[producer].inputs:
+        producer = nodes[producer].inputs[0].producer
+    return producer
+
+
+def _phase(n: Node) -> str:
+    return n.args.get("phase") or "forward"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the layout checks need, read off the graph."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    experts: int
+    act_bytes: float  # bytes of one residual-stream activation (b s h at its dtype), 0 without blocks
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Per node: its role (``ROLES``), its block (None: outside the repeated blocks) and the block order."""
+
+    role: dict[int, str]
+    block: dict[int, str | None]
+    blocks: tuple[str, ...]
+    geometry: Geometry
+    # per block, the forward TP groups: row-parallel groups (one all-reduce each) and column groups (one input
+    # gradient all-reduce each in backward); expert routed bytes (the all-to-all message)
+    row_groups: int = 0
+    column_groups: int = 0
+    routed_bytes: float = 0.0
+    expert_params: float = 0.0
+    kv_width: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def counts(self, block: str, role: str) -> int:
+        return sum(1 for i, r in self.role.items() if r == role and self.block[i] == block)
+
+
+def infer_roles(graph: OpGraph) -> Roles:
+    """Roles of every node from graph edges and module structure (module docstring)."""
+    nodes = graph.nodes
+    block = {n.id: block_of(n.module) for n in nodes}
+    order: list[str] = []
+    for n in nodes:
+        b = block[n.id]
+        if b is not None and b not in order:
+            order.append(b)
+    role: dict[int, str] = {}
+    fwd = [n for n in nodes if _phase(n) == "forward"]
+    split: set[int] = set()
+    # experts per block: ModuleList children inside the block that hold weight GEMMs
+    experts: dict[str, set[str]] = defaultdict(set)
+    for n in fwd:
+        b = block[n.id]
+        if b is not None and is_weight_gemm(n):
+            e = _expert_of(n.module, b)
+            if e is not None:
+                experts[b].add(e)
+    gemms_out = [n for n in fwd if is_weight_gemm(n) and block[n.id] is None]
+    head = gemms_out[-1].id if gemms_out and order and gemms_out[-1].id > max(
+        n.id for n in fwd if block[n.id] == order[-1]) else None
+    sdpa = None
+    row_parents: dict[str, set[str]] = defaultdict(set)
+    col_inputs: dict[str, set[int | None]] = defaultdict(set)
+    routed_keys: dict[str, set] = defaultdict(set)
+    expert_params: dict[str, float] = {}
+    for n in fwd:
+        b = block[n.id]
+        if n.packet == "embedding":
+            role[n.id] = "vocab"
+            continue
+        if is_weight_gemm(n):
+            if b is None:
+                role[n.id] = "vocab" if n.id == head else "replicated"
+                if n.id == head:
+                    split.add(n.id)
+                continue
+            x = _activation_input(n)
+            x_split = x is not None and x.producer in split
+            if _expert_of(n.module, b) is not None:
+                role[n.id] = "expert_row" if x_split else "expert_column"
+                for t in n.inputs:
+                    if t.param is not None:
+                        expert_params[t.param] = t.numel
+                if not x_split and x is not None:
+                    routed_keys[b].add((_expert_of(n.module, b), x.producer, x.nbytes))
+                if x_split:
+                    continue  # an expert's row-parallel output is whole
+            elif experts.get(b) and n.outputs and n.outputs[0].shape[-1] == len(experts[b]):
+                role[n.id] = "router"
+                continue
+            elif x_split:
+                role[n.id] = "row"
+                row_parents[b].add(n.module.rsplit(".", 1)[0])
+                continue  # its output is whole (after the all-reduce)
+            else:
+                role[n.id] = "column"
+                col_inputs[b].add(_source(nodes, x.producer) if x is not None else None)
+            split.add(n.id)
+            continue
+        if any(t.producer in split for t in n.inputs):
+            role[n.id] = "split"
+            split.add(n.id)
+            if n.op == "aten.scaled_dot_product_attention.default" and sdpa is None:
+                sdpa = n
+        else:
+            role[n.id] = "replicated"
+    # an MoE block's experts end in one combine: one all-reduce for the block's MoE output
+    for b, e in experts.items():
+        if e:  # the experts end in one combine, and their inputs' gradients in one reduction
+            row_parents[b].add("<experts>")
+            col_inputs[b].add(-1)
+    # backward and optimizer nodes: the role of the forward nodes of their module
+    by_module: dict[str, list[str]] = defaultdict(list)
+    for n in fwd:
+        by_module[n.module].append(role[n.id])
+    for n in nodes:
+        if n.id in role:
+            continue
+        if _phase(n) == "optimizer":
+            role[n.id] = "optimizer"
+            continue
+        rs = by_module.get(n.module, [])
+        gem = [r for r in rs if r in ("column", "row", "vocab", "expert_column", "expert_row", "router")]
+        if n.packet in GEMM_OPS and gem:
+            role[n.id] = gem[0]
+        elif rs:
+            s = sum(r in SPLIT_ROLES for r in rs)
+            role[n.id] = "split" if s * 2 > len(rs) else "replicated"
+        else:
+            role[n.id] = "replicated"
+    # geometry
+    heads = kv = hd = 0
+    if sdpa is not None:
+        named = dict(zip(sdpa.input_names, sdpa.inputs))
+        q, k = named.get("query", sdpa.inputs[0]), named.get("key", sdpa.inputs[1])
+        heads, kv, hd = q.shape[-3], k.shape[-3], q.shape[-1]
+    hidden = 0
+    act = 0.0
+    if order:
+        first_row = next((n for n in fwd if role.get(n.id) == "row"), None)
+        if first_row is not None and first_row.outputs:
+            hidden = first_row.outputs[0].shape[-1]
+            act = first_row.outputs[0].nbytes
+    b0 = order[0] if order else None
+    geo = Geometry(len(order), heads, kv, hd, hidden, len(experts.get(b0, ())) if b0 else 0, act)
+    return Roles(role, block, tuple(order), geo,
+                 len(row_parents.get(b0, ())) if b0 else 0, len(col_inputs.get(b0, ())) if b0 else 0,
+                 float(sum(k[2] for k in routed_keys.get(b0, ()))) if b0 else 0.0, float(sum(expert_params.values())),
+                 kv * hd if kv < heads else 0)
+
+
+# -- per-device kernels -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CollectiveKernel:
+    """A collective as a kernel row: class ``collective``, bound ``interconnect``."""
+
+    id: str
+    collective: Collective
+    purpose: str
+    stage: str  # forward | backward | iteration
+    count: int  # how many per microbatch (per iteration for the DP reduction) on the slowest stage
+    predicted_s: float  # one call
+    algorithm: str
+    link: str
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.collective
+        r = roofline(interconnect_s=self.predicted_s)
+        return {"id": self.id, "kernel_class": KERNEL_CLASS, "collective": c.kind, "message_bytes": c.message_bytes,
+                "group_size": c.group_size, "link": self.link, "predicted_s": self.predicted_s,
+                "interconnect_s": self.predicted_s, "matrix_s": 0.0, "vector_s": 0.0, "memory_s": 0.0,
+                "overhead_s": 0.0, "bound": str(r.bound), "algorithm": self.algorithm, "purpose": self.purpose,
+                "phase": self.stage, "count": self.count, "total_s": self.predicted_s * self.count}
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """The per-device result of a layout: the kernels' per-device times (``kernel_s``, in the analysis's kernel
+    order), the collectives, the pipeline and the iteration (or batch) time."""
+
+    parallelism: Parallelism
+    kernel_s: tuple[float, ...]
+    stage_compute_s: tuple[float, ...]  # per stage, per microbatch (forward + backward + recompute)
+    collectives: tuple[CollectiveKernel, ...]
+    microbatch_s: float  # the slowest stage's time per microbatch, collectives included
+    bubble_fraction: float
+    step_s: float  # iteration (training) or the global batch (inference)
+    latency_s: float  # one microbatch through every stage
+    training: bool
+    tokens: int  # tokens per step, all replicas
+    matrix_flops_per_device: float
+    notes: tuple[str, ...]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s if self.step_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.parallelism.to_dict(), "stage_compute_s": list(self.stage_compute_s),
+                "microbatch_s": self.microbatch_s, "microbatches": self.parallelism.microbatches,
+                "bubble_fraction": self.bubble_fraction,
+                "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
+                "step_s": self.step_s, "latency_s": self.latency_s, "tokens_per_s": self.tokens_per_s,
+                "matrix_flops_per_device": self.matrix_flops_per_device,
+                "assumptions": list(ASSUMPTIONS) + list(self.notes)}
+
+
+def link_for(hw: HardwareSpec, span: int) -> str:
+    """scale_up when ``span`` consecutive ranks fit one node, else scale_out (module docstring)."""
+    per = hw.devices_per_node or 1
+    return "scale_up" if span <= per else "scale_out"
+
+
+class Sharder:
+    """Prices layouts of one analysis: the roles and per-kernel terms are computed once; each layout is then
+    arithmetic (``shard``). Identical blocks are priced once: a block's kernels sum to its time, and a stage
+    is the sum of its blocks."""
+
+    def __init__(self, analysis):
+        self.a = analysis
+        g = analysis.graph
+        self.roles = infer_roles(g)
+        self.geo = self.roles.geometry
+        self.training = any(_phase(n) == "backward" for n in g.nodes)
+        blocks = {b: i for i, b in enumerate(self.roles.blocks)}
+        L = max(1, len(blocks))
+        first_id: dict[str, int] = {}
+        for n in g.nodes:
+            if self.roles.block[n.id] is not None:
+                first_id.setdefault(_phase(n), n.id)
+        rows = []
+        for k in analysis.kernel_results:
+            anchor = g.nodes[k.kernel.anchor]
+            role = self.roles.role.get(anchor.id, "replicated")
+            b = self.roles.block[anchor.id]
+            # position: -1 before the blocks, L after them, else the block index
+            if b in blocks:
+                pos = blocks[b]
+            elif _phase(anchor) == "backward":  # backward runs the head's gradient first, the embedding's last
+                pos = L if anchor.id < first_id.get("backward", 0) else -1
+            else:
+                pos = -1 if anchor.id < first_id.get("forward", 0) else L
+            t = k.time
+            busy = max(t.matrix_s, t.vector_s, t.memory_s)
+            extra = max(0.0, t.predicted_s - busy - t.overhead_s)
+            params = sum(analysis.results[m].cost.param_bytes_read for m in k.kernel.nodes)
+            wfrac = min(1.0, params / k.traffic_bytes) if k.traffic_bytes else 0.0
+            kv_narrow = (role == "column" and self.roles.kv_width and anchor.outputs
+                         and anchor.outputs[0].shape[-1] == self.roles.kv_width)
+            mflops = sum(analysis.results[m].cost.matrix_flops for m in k.kernel.nodes)
+            rows.append((role, pos, _phase(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
+                         wfrac, bool(kv_narrow), anchor.op == "aten.scaled_dot_product_attention.default", mflops))
+        self.rows = rows
+        self.L = L
+
+    def _kernel_time(self, row, p: Parallelism) -> float:
+        role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, _sdpa, _f = row
+        d = 1.0
+        if role in SPLIT_ROLES:
+            d = min(p.tp, self.geo.kv_heads) if kv_narrow else p.tp
+        elif role == "replicated" and p.sp:
+            d = p.tp
+        elif role == "optimizer":
+            d = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
+        if role in ("expert_column", "expert_row") and p.ep > 1:
+            # E / ep experts on ep times the tokens: matrix and activation traffic unchanged, weights / ep
+            mem = mem * ((1 - wfrac) + wfrac / p.ep)
+            o = o / p.ep
+        return max(m, v, mem) / d + extra / d + o
+
+    def shard(self, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:
+        hw = hw or self.a.hardware
+        if p.trivial is False or p.devices > 1:
+            p.check(self.geo)
+        per_k = [self._kernel_time(r, p) for r in self.rows]
+        L, pp, vp = self.L, p.pp, p.vp
+        per_stage_blocks = L // pp if L % pp == 0 else math.ceil(L / pp)
+        stage = [0.0] * pp
+        fwd_block = [0.0] * pp
+        sdpa_fwd = [0.0] * pp
+        mflops = [0.0] * pp
+        for r, t in zip(self.rows, per_k):
+            pos = r[1]
+            s = 0 if pos < 0 else pp - 1 if pos >= L else min(pp - 1, pos // per_stage_blocks)
+            if r[0] == "optimizer":
+                continue
+            stage[s] += t
+            if r[2] == "forward" and 0 <= pos < L:
+                fwd_block[s] += t
+                if r[10]:
+                    sdpa_fwd[s] += t
+            d = p.tp if r[0] in SPLIT_ROLES else 1
+            mflops[s] += r[11] / d
+        if self.training and p.recompute == "full":
+            stage = [a + b for a, b in zip(stage, fwd_block)]
+        elif self.training and p.recompute == "selective":
+            stage = [a + b for a, b in zip(stage, sdpa_fwd)]
+        opt_s = sum(t for r, t in zip(self.rows, per_k) if r[0] == "optimizer")
+        colls = self._collectives(p, hw, per_stage_blocks)
+        per_mb_coll = sum(c.predicted_s * c.count for c in colls if c.stage != "iteration")
+        slow = max(range(pp), key=lambda i: stage[i])
+        mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
+        m = p.microbatches
+        bubble = (pp - 1) / (m * vp)
+        dp_s = sum(c.predicted_s * c.count for c in colls if c.stage == "iteration")
+        bwd_s = sum(t for r, t in zip(self.rows, per_k) if r[2] == "backward") / pp
+        exposed_dp = max(0.0, dp_s - DP_OVERLAP * bwd_s * m) if self.training else 0.0
+        step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
+        p2p = sum(c.predicted_s for c in colls if c.collective.kind == "send_recv" and c.stage == "forward")
+        latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
+        tokens = p.global_batch * (self.a.assumptions.get("seq") or 1)
+        notes = []
+        if self.geo.kv_heads and p.tp > self.geo.kv_heads:
+            notes.append(f"tp {p.tp} > {self.geo.kv_heads} KV heads: each KV head replicated on "
+                         f"{p.tp // self.geo.kv_heads} ranks")
+        if self.training and p.recompute != "none":
+            notes.append(f"recompute {p.recompute}: " + ("each block's forward runs again in backward"
+                                                         if p.recompute == "full" else
+                                                         "the attention core (SDPA) runs again in backward"))
+        return Sharded(p, tuple(per_k), tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
+                       tokens, mflops[slow], tuple(notes))
+
+    def _collectives(self, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int) -> list[CollectiveKernel]:
+        out: list[CollectiveKernel] = []
+        r, geo = self.roles, self.geo
+        act = geo.act_bytes
+        # the activation the captured graph ran at is one microbatch already
+        bwd = self.training
+
+        def add(kind, msg, group, span, purpose, stage, count):
+            if group <= 1 or count <= 0 or msg <= 0:
+                return
+            link = link_for(hw, span)
+            c = Collective(kind, float(msg), group, link)
+            t = collective_time(hw, c)
+            out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t.seconds, t.algorithm, link))
+
+        n_blocks = blocks_per_stage
+        if p.tp > 1 and act:
+            fwd_n = r.row_groups * n_blocks
+            bwd_n = r.column_groups * n_blocks if bwd else 0
+            if p.sp:
+                add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter after row-parallel", "forward", fwd_n)
+                add("all_gather", act, p.tp, p.tp, "SP all-gather before column-parallel", "forward", fwd_n)
+                add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter of column-parallel input gradients",
+                    "backward", bwd_n)
+                add("all_gather", act, p.tp, p.tp, "SP all-gather of row-parallel output gradients", "backward",
+                    bwd_n)
+            else:
+                add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
+                add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
+                    "backward", bwd_n)
+        if p.ep > 1 and r.routed_bytes:
+            msg = r.routed_bytes / (p.tp if p.sp else 1)
+            add("all_to_all", msg, p.ep, p.tp * p.ep, "EP dispatch and combine", "forward", 2 * n_blocks)
+            add("all_to_all", msg, p.ep, p.tp * p.ep, "EP dispatch and combine (gradients)", "backward",
+                2 * n_blocks if bwd else 0)
+        if p.pp > 1 and act:
+            span = 2 * p.tp * p.dp
+            add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)
+            add("send_recv", act / p.tp, 2, span, "PP gradient to the previous stage", "backward",
+                p.vp if bwd else 0)
+        if bwd and p.dp > 1:
+            params = self.params_per_device(p)
+            itemsize = self.a.graph.param_bytes / max(1, self.a.graph.params)
+            grad = params * itemsize
+            span = p.tp * p.dp
+            if p.zero <= 1:
+                add("all_reduce", grad, p.dp, span, "DP gradient all-reduce", "iteration", 1)
+            else:
+                add("reduce_scatter", grad, p.dp, span, "DP gradient reduce-scatter", "iteration", 1)
+                add("all_gather", grad, p.dp, span, "DP all-gather of updated parameters", "iteration", 1)
+                if p.zero == 3:
+                    add("all_gather", grad, p.dp, span, "ZeRO-3 parameter all-gather (forward and backward)",
+                        "iteration", 2 * p.microbatches)
+        return out
+
+    def params_per_device(self, p: Parallelism) -> float:
+        """Parameters one device holds: dense / (tp pp), experts / (tp pp ep) (ZeRO shards come on top)."""
+        total = float(self.a.graph.params)
+        experts = self.roles.expert_params
+        return (total - experts) / (p.tp * p.pp) + experts / (p.tp * p.pp * p.ep)
+
+
+def shard(analysis, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:
+    """One layout of one analysis (``Sharder`` prices many)."""
+    return Sharder(analysis).shard(p, hw)
+
+
+def bubble_fraction(pp: int, microbatches: int, vp: int = 1) -> float:
+    """Narayanan et al. 2021: 1F1B (pp - 1) / m; interleaved (pp - 1) / (m vp)."""
+    return (pp - 1) / (microbatches * vp)
+
+
+def collective_rows(s: Sharded) -> list[dict[str, Any]]:
+    return [c.to_dict() for c in s.collectives]
+
+
+def bound_of_collective() -> Bound:
+    return Bound.INTERCONNECT

@@ -1,0 +1,49 @@
+"""opmap plan and the parallel flags of opmap analyze."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_plan_gpt2_ranks(tmp_path, cli):
+    rc, out, err = cli("plan", "gpt2", "--hardware", "h100-sxm", "--devices", 8, "--seq", 64, "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "plan.json").read_text())
+    assert d["legal_fitting"] > 0 and d["ranked"]
+    tps = [c["tokens_per_s"] for c in d["ranked"]]
+    assert tps == sorted(tps, reverse=True)
+    assert all(c["tp"] * c["pp"] * c["dp"] == 8 for c in d["ranked"])
+    assert all(c["reason"] for c in d["rejected"])
+    assert (tmp_path / "plan.md").is_file()
+
+
+def test_plan_rejects_with_numbers(tmp_path, cli):
+    rc, out, err = cli("plan", "llama-3-8b", "--devices", 1, "--seq", 128, "--global-batch", 1, "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "plan.json").read_text())
+    assert d["ranked"] == []  # 8B training state alone is 128 GB (16 B per parameter)
+    assert all("GB per device of" in c["reason"] for c in d["rejected"])
+
+
+def test_analyze_parallel_block(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", 64, "--tp", 2, "--dp", 2, "--out", tmp_path, "--rows", 1)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    assert d["parallelism"]["tp"] == 2 and d["parallelism"]["devices"] == 4
+    coll = [k for k in d["kernels"] if k["kernel_class"] == "collective"]
+    assert coll and all(k["bound"] == "interconnect" for k in coll)
+    assert {"collective", "message_bytes", "group_size", "link", "predicted_s"} <= set(coll[0])
+
+
+def test_analyze_default_has_no_parallel_block(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", 64, "--out", tmp_path, "--rows", 1)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    assert "parallelism" not in d
+    assert all(k["kernel_class"] != "collective" for k in d["kernels"])
+
+
+def test_bad_layouts_exit_2(refused):
+    refused("analyze", "gpt2", "--tp", 5, needle="does not divide the 12 attention heads")
+    refused("analyze", "gpt2", "--tp", 2, "--devices", 4, needle="is not tp x pp x dp")
+    refused("analyze", "gpt2", "--sp", needle="needs --tp above 1")

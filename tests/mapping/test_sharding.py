@@ -1,0 +1,188 @@
+"""Sharding: roles from graph edges, per-device kernels, collectives, pipeline bubble. Golden values from the
+Megatron papers' formulas (Shoeybi et al. 2019, Narayanan et al. 2021, Korthikanti et al. 2022), not the code."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from opmap.analyze import analyze_graph
+from opmap.capture import capture
+from opmap.errors import OpmapError
+from opmap.hardware import get_hardware
+from opmap.mapping.sharding import (
+    Parallelism,
+    Sharder,
+    bubble_fraction,
+    infer_roles,
+    is_weight_gemm,
+    link_for,
+)
+from opmap.workloads import build_zoo
+
+B, S = 2, 32
+
+
+@functools.cache
+def sharder(name: str, train: bool = False) -> Sharder:
+    w = build_zoo(name, B, S, "bf16")
+    g = capture(w.module, w.inputs, train=train)
+    return Sharder(analyze_graph(g, w, get_hardware("h100-sxm"), "bf16"))
+
+
+def _forward_roles(s: Sharder, block: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in s.a.graph.nodes:
+        if is_weight_gemm(n) and s.roles.block[n.id] == block and not n.args.get("phase"):
+            r = s.roles.role[n.id]
+            out[r] = out.get(r, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("name, want", [
+    ("gpt2", {"column": 2, "row": 2}),  # fused c_attn + c_fc column; attn c_proj + mlp c_proj row
+    ("llama-3-8b", {"column": 5, "row": 2}),  # q, k, v, gate, up; o, down
+    ("mixtral-8x7b", {"column": 3, "row": 1, "router": 1, "expert_column": 16, "expert_row": 8}),  # 8 experts x 3
+])
+def test_roles_per_layer(name, want):
+    s = sharder(name)
+    for b in s.roles.blocks[:3]:
+        assert _forward_roles(s, b) == want
+
+
+def test_roles_do_not_use_module_names():
+    """Renaming every module leaves the roles as they were: they come from edges and structure."""
+    import torch
+
+    class Blk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.a, self.b = torch.nn.LayerNorm(64), torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+        def forward(self, x):
+            return x + self.b(torch.relu(self.a(self.n1(x))))
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.zz = torch.nn.ModuleList(Blk() for _ in range(3))
+
+        def forward(self, x):
+            for m in self.zz:
+                x = m(x)
+            return x
+
+    with torch.device("meta"):
+        g = capture(M(), (torch.zeros(2, 8, 64),))
+    r = infer_roles(g)
+    got = [r.role[n.id] for n in g.nodes if is_weight_gemm(n)]
+    assert got == ["column", "row"] * 3
+    assert r.geometry.layers == 3
+
+
+def test_embedding_and_head_vocab_parallel():
+    s = sharder("llama-3-8b")
+    g = s.a.graph
+    assert all(s.roles.role[n.id] == "vocab" for n in g.nodes if n.packet == "embedding")
+    head = [n for n in g.nodes if is_weight_gemm(n) and s.roles.block[n.id] is None]
+    assert [s.roles.role[n.id] for n in head] == ["vocab"]
+
+
+@pytest.mark.parametrize("t", [2, 3, 4])
+def test_split_gemm_flops_divide_by_tp(t):
+    s = sharder("gpt2")
+    r1 = s.shard(Parallelism())
+    rt = s.shard(Parallelism(tp=t))
+    total = s.a.total.matrix_flops
+    assert r1.matrix_flops_per_device == pytest.approx(total)
+    # every matrix FLOP of gpt2 sits in a split kernel (column, row, SDPA by heads, vocab head)
+    assert rt.matrix_flops_per_device == pytest.approx(total / t)
+
+
+def test_tp_all_reduce_two_per_layer_forward():
+    """Shoeybi et al. 2019: one all-reduce after attention, one after the MLP, of the b s h activation."""
+    s = sharder("llama-3-8b")
+    r = s.shard(Parallelism(tp=4))
+    ar = [c for c in r.collectives if c.collective.kind == "all_reduce" and c.stage == "forward"]
+    assert sum(c.count for c in ar) == 2 * 32
+    assert all(c.collective.message_bytes == B * S * 4096 * 2 for c in ar)
+    assert all(c.collective.group_size == 4 and c.link == "scale_up" for c in ar)
+
+
+def test_training_adds_backward_all_reduces():
+    s = sharder("gpt2", train=True)
+    r = s.shard(Parallelism(tp=2))
+    fwd = sum(c.count for c in r.collectives if c.stage == "forward" and c.collective.kind == "all_reduce")
+    bwd = sum(c.count for c in r.collectives if c.stage == "backward" and c.collective.kind == "all_reduce")
+    assert fwd == bwd == 2 * 12
+
+
+def test_sp_replaces_all_reduce_with_reduce_scatter_and_all_gather():
+    """Korthikanti et al. 2022: each all-reduce becomes a reduce-scatter + all-gather of the same bytes."""
+    s = sharder("llama-3-8b")
+    kinds = {c.collective.kind: c for c in s.shard(Parallelism(tp=4, sp=True)).collectives}
+    assert "all_reduce" not in kinds
+    assert kinds["reduce_scatter"].count == kinds["all_gather"].count == 2 * 32
+    assert kinds["reduce_scatter"].collective.message_bytes == B * S * 4096 * 2
+
+
+def test_dp_reduction_is_gradient_bytes():
+    s = sharder("gpt2", train=True)
+    p = Parallelism(tp=2, dp=4)
+    dp = [c for c in s.shard(p).collectives if c.stage == "iteration"]
+    assert [c.collective.kind for c in dp] == ["all_reduce"]
+    assert dp[0].collective.message_bytes == pytest.approx(124_439_808 * 2 / 2)  # bf16 gradients / tp
+    z2 = [c.collective.kind for c in s.shard(Parallelism(tp=2, dp=4, zero=2)).collectives if c.stage == "iteration"]
+    assert z2 == ["reduce_scatter", "all_gather"]
+
+
+def test_ep_all_to_all():
+    s = sharder("mixtral-8x7b")
+    a2a = [c for c in s.shard(Parallelism(dp=4, ep=4)).collectives if c.collective.kind == "all_to_all"]
+    assert sum(c.count for c in a2a) == 2 * 32
+    assert a2a[0].collective.message_bytes == B * S * 2 * 4096 * 2  # top-2 routed tokens x h x bf16
+
+
+@pytest.mark.parametrize("pp, m, vp, want", [(4, 8, 1, 3 / 8), (8, 32, 1, 7 / 32), (4, 8, 2, 3 / 16),
+                                             (1, 4, 1, 0.0)])
+def test_bubble(pp, m, vp, want):
+    assert bubble_fraction(pp, m, vp) == pytest.approx(want)
+
+
+def test_pipeline_iteration_formula():
+    s = sharder("gpt2", train=True)
+    p = Parallelism(pp=4, dp=1, global_batch=8 * B, microbatch=B)
+    r = s.shard(p)
+    assert r.bubble_fraction == pytest.approx(3 / 8)
+    opt = sum(t for row, t in zip(s.rows, r.kernel_s) if row[0] == "optimizer")
+    assert r.step_s == pytest.approx((8 + 3) * r.microbatch_s + opt)
+    assert [c.collective.kind for c in r.collectives] == ["send_recv", "send_recv"]
+
+
+def test_link_scale_out_past_one_node():
+    hw = get_hardware("h100-sxm")
+    assert hw.devices_per_node == 8
+    assert link_for(hw, 8) == "scale_up" and link_for(hw, 16) == "scale_out"
+    s = sharder("gpt2", train=True)
+    dp = [c for c in s.shard(Parallelism(tp=4, dp=4)).collectives if c.stage == "iteration"]
+    assert dp[0].link == "scale_out"  # the DP group spans tp x dp = 16 ranks
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"tp": 2, "devices": 4}, "is not tp x pp x dp"),
+    ({"sp": True}, "needs --tp above 1"),
+    ({"dp": 2, "ep": 4}, "must divide --dp"),
+    ({"recompute": "some"}, "unknown recompute"),
+])
+def test_bad_parallelism(kw, needle):
+    with pytest.raises(OpmapError, match=needle):
+        Parallelism(**kw)
+
+
+def test_bad_layout_for_model():
+    s = sharder("gpt2")
+    with pytest.raises(OpmapError, match="does not divide the 12 attention heads"):
+        s.shard(Parallelism(tp=5))
+    with pytest.raises(OpmapError, match="does not divide the 12 layers"):
+        s.shard(Parallelism(pp=5))
