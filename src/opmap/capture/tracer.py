@@ -543,7 +543,8 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
 
     ``train``: one training step instead, in train mode: forward, the loss (``training_loss``), backward
     and the ``optimizer``'s update (``sgd``: plain SGD; ``adamw``: AdamW with fp32 master weights and moments,
-    opmap.capture.training.AdamW, its state made before the capture). Backward ops carry ``args["phase"] = "backward"`` and the module path and layer type
+    opmap.capture.training.AdamW, its state made before the capture). Backward ops carry
+    ``args["phase"] = "backward"`` and the module path and layer type
     of the forward op whose autograd node ran them; the update's ops carry ``"optimizer"``.
 
     ``memoize``: on meta, replay repeated functional calls from their signature (the same graph, faster;
