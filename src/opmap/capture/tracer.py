@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from opmap.capture.layer_types import classify
-from opmap.capture.training import sgd_step, training_loss
+from opmap.capture.training import OPTIMIZERS, AdamW, sgd_step, training_loss
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph, TensorMeta
 from opmap.ops import DATA_MOVEMENT_OPS, EXTRA_VIEW_OPS, is_pointwise
@@ -409,6 +409,11 @@ class _FunctionRecorder(TorchFunctionMode):
             finally:
                 t.suppress -= 1
             del t.suppressed_ops[start:]
+            if t.train and torch.is_grad_enabled():
+                # the fresh output has no autograd history: give it the fused kernel's backward
+                b = dict(zip(names, args), **kwargs)
+                out = _MetaFlashAttention.apply(out, t, b["query"], b["key"], b["value"], b.get("attn_mask"),
+                                                bool(b.get("is_causal", False)), b.get("scale"))
         backend = fused[0] if fused else "math (decomposed: no fused kernel on this device)"
         if key is not None and isinstance(out, torch.Tensor) and out.device.type == "meta":
             self.memo[key] = ((tuple(out.shape), out.stride(), out.dtype), backend)
@@ -424,6 +429,47 @@ class _FunctionRecorder(TorchFunctionMode):
         if t.train:
             t.remember_grad_fns(out)
         return out
+
+
+class _MetaFlashAttention(torch.autograd.Function):
+    """Training capture on meta, where SDPA has no fused kernel: the attention output (laid out as the fused kernel
+    lays it) joined to q, k and v through a flash-attention backward, recorded as one
+    ``_scaled_dot_product_flash_attention_backward`` node (its five GEMMs cost by costs.backward), as CUDA runs
+    it, instead of a cut in the autograd graph or the math path's S x S backward."""
+
+    @staticmethod
+    def forward(ctx, out, tracker, q, k, v, mask, is_causal, scale):
+        ctx.tracker, ctx.is_causal, ctx.scale, ctx.mask = tracker, is_causal, scale, mask
+        ctx.save_for_backward(q, k, v)
+        start = len(tracker.suppressed_ops)
+        tracker.suppress += 1
+        try:
+            res = out.detach().as_strided(out.shape, out.stride())
+        finally:
+            tracker.suppress -= 1
+        del tracker.suppressed_ops[start:]
+        ctx.out = res
+        return res
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        t = ctx.tracker
+        q, k, v = ctx.saved_tensors
+        start = len(t.suppressed_ops)
+        t.suppress += 1
+        try:
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        finally:
+            t.suppress -= 1
+        del t.suppressed_ops[start:]
+        ins = [("grad_out", grad_out), ("query", q), ("key", k), ("value", v), ("out", ctx.out)]
+        if isinstance(ctx.mask, torch.Tensor):
+            ins.append(("attn_mask", ctx.mask))
+        t.add_node("aten._scaled_dot_product_flash_attention_backward.default",
+                   "_scaled_dot_product_flash_attention_backward", ins,
+                   {"is_causal": ctx.is_causal, "scale": ctx.scale, "backend_op": "flash (meta stand-in)"},
+                   [dq, dk, dv], is_view=False, is_inplace=False)
+        return None, None, dq, dk, dv, None, None, None
 
 
 @contextlib.contextmanager
@@ -490,13 +536,15 @@ def fast_path_notes(model: torch.nn.Module, train: bool) -> tuple[str, ...]:
 
 def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None, *,
             overrides: Sequence[tuple[str, str]] = (), forward: Callable | None = None,
-            train: bool = False, memoize: bool = True) -> OpGraph:
+            train: bool = False, memoize: bool = True, optimizer: str = "sgd") -> OpGraph:
     """Run ``model`` once on ``inputs`` (a tensor, a tuple of positional args, or a dict of kwargs) and
     return the graph of aten ops it executed. Runs under ``torch.no_grad()``; the device is whatever the
     model and inputs are on (meta by default in the zoo and the CLI).
 
     ``train``: one training step instead, in train mode: forward, the loss (``training_loss``), backward
-    and an SGD update. Backward ops carry ``args["phase"] = "backward"`` and the module path and layer type
+    and the ``optimizer``'s update (``sgd``: plain SGD; ``adamw``: AdamW with fp32 master weights and moments,
+    opmap.capture.training.AdamW, its state made before the capture). Backward ops carry
+    ``args["phase"] = "backward"`` and the module path and layer type
     of the forward op whose autograd node ran them; the update's ops carry ``"optimizer"``.
 
     ``memoize``: on meta, replay repeated functional calls from their signature (the same graph, faster;
@@ -507,6 +555,8 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
         args, kwargs = tuple(inputs), dict(kwargs or {})
     else:
         args, kwargs = (inputs,), dict(kwargs or {})
+    if optimizer not in OPTIMIZERS:
+        raise OpmapError(f"unknown optimizer {optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
     tracker = _Tracker(overrides)
     tracker.register_params(model)
     flat_in = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
@@ -524,13 +574,17 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
             for p in trainable:
                 p.requires_grad_(True)
                 p.grad = None
+            opt = AdamW(trainable) if optimizer == "adamw" else None
             with torch.enable_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
                     _DispatchRecorder(tracker):
                 loss = training_loss(fn(*args, **kwargs))
                 tracker.phase = "backward"
                 loss.backward()
                 tracker.phase = "optimizer"
-                sgd_step(trainable)
+                if opt is not None:
+                    opt.step()
+                else:
+                    sgd_step(trainable)
         else:
             with torch.no_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker, memoize), \
                     _DispatchRecorder(tracker, memoize):

@@ -32,3 +32,44 @@ def sgd_step(params: Sequence[torch.Tensor], lr: float = 1e-3) -> None:
             if p.grad is not None:
                 p.add_(p.grad, alpha=-lr)
                 p.grad = None
+
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+class AdamW:
+    """AdamW (Loshchilov & Hutter 2019) as torch.optim.AdamW(foreach=False) runs it per parameter, with fp32
+    master weights under mixed precision (a bf16 / fp16 model: the update runs on an fp32 copy of each weight,
+    then the weight is cast back), the moments in fp32. The state is made when the optimizer is made (outside a
+    capture); ``step`` runs, per parameter: grad to fp32, decoupled weight decay, the first moment (lerp), the
+    second (mul, addcmul), sqrt, divide by the bias correction, add eps, addcdiv into the master weight, copy
+    back: about ten elementwise ops, memory-bound. Bias corrections are host scalars (capturable=False)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2):
+        self.params = list(params)
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        self.t = 0
+        with torch.no_grad():
+            self.master = [p.detach().float() if p.dtype != torch.float32 else None for p in self.params]
+            self.m = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+            self.v = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.betas
+        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        with torch.no_grad():
+            for p, w, m, v in zip(self.params, self.master, self.m, self.v):
+                if p.grad is None:
+                    continue
+                g = p.grad.float() if p.grad.dtype != torch.float32 else p.grad
+                w32 = p if w is None else w
+                w32.mul_(1 - self.lr * self.wd)
+                m.lerp_(g, 1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v.sqrt() / bc2 ** 0.5).add_(self.eps)
+                w32.addcdiv_(m, denom, value=-self.lr / bc1)
+                if w is not None:
+                    p.copy_(w32)
+                p.grad = None

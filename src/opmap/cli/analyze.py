@@ -31,6 +31,17 @@ def analyze(
     fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": \\[\\[node ids], ...]}.'),
     quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
     layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
+    phase: str = typer.Option("prefill", help="prefill (time to first token), decode (one token per sequence "
+                                              "against a KV cache: time per output token) or train (forward, "
+                                              "backward, AdamW: iteration time, MFU, HFU)."),
+    kv_len: int | None = typer.Option(None, help="Decode: tokens in each sequence's KV cache (default: the "
+                                                 "model's default --seq)."),
+    recompute: str = typer.Option("none", help="Train: activation recomputation, none, selective (Megatron's "
+                                               "attention core) or full (each block's forward again)."),
+    microbatch: int | None = typer.Option(None, help="Train: sequences per forward + backward (default --batch)."),
+    global_batch: int | None = typer.Option(None, help="Train: sequences per optimizer step (a multiple of "
+                                                       "--microbatch; default: the microbatch)."),
+    zero: int = typer.Option(0, help="Train: ZeRO stage 0-3 for the memory fit (over 1 data-parallel rank here)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size (Megatron column / row splits)."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel replicas."),
@@ -56,11 +67,20 @@ def analyze(
     from opmap.mapping.sharding import Parallelism
 
     hw = get_hardware(hardware)
-    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=batch,
-                      global_batch=batch * dp)
     overrides = parse_overrides(layer_type)
     if out is not None:
         check_out_dir(out)
+    from opmap.workloads.phases import PhaseSpec, check_phase
+
+    spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp), model, batch)
+    mb = spec.microbatch or batch if spec.train else batch
+    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
+                      global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
+                      recompute=spec.recompute if spec.train else "none", zero=spec.zero)
+    if spec.name != "prefill":
+        _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
+                       fusion_plan, quality, layout, par)
+        return
     # a zoo model captured on meta before, at these shapes and this build dtype, is not built or captured again
     # (opmap.capture.cache: keyed by the inputs, the opmap and torch versions and the model and tracer sources)
     key = _graph_key(model, batch, seq, image_size, dtype, device, layout, overrides)
@@ -79,9 +99,71 @@ def analyze(
         if key:
             graph_cache.store(key, (a.graph, replace(w, module=None, inputs=None)))
     if par.devices > 1 or par.ep > 1:
+        from opmap.analyze import sharded_phase_figures
         from opmap.mapping.sharding import shard
 
-        a = replace(a, sharded=shard(a, par))
+        sh = shard(a, par)
+        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a))
+    warn_unmatched_overrides(overrides, a.graph)
+    print_report(a, console, rows)
+    if out is not None:
+        print_wrote(write_outputs(a, out))
+
+
+def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion, fusion_plan,
+                   quality, layout, par=None) -> None:
+    """Decode or train: build the phase's workload (or take its graph from the capture cache), capture, predict,
+    add the phase's figures and memory fit, report."""
+    from opmap.analyze import analyze_phase, capture_phase, check_analysis_inputs, train_activations
+    from opmap.capture import cache as graph_cache
+    from opmap.report.sheet import print_report, write_outputs
+    from opmap.workloads import MODELS, with_layout
+    from opmap.workloads.phases import phase_workload
+
+    check_analysis_inputs(hw, dtype, fusion, fusion_plan)
+    spec_model = MODELS.get(model)
+    if spec_model is not None and spec_model.kind == "vision" and seq is not None:
+        raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")
+    if spec_model is not None and spec_model.kind == "text" and image_size is not None:
+        raise OpmapError(f"{model} is a text model: it takes --seq, not --image-size")
+    if spec.decode and seq is not None:
+        raise OpmapError("--phase decode takes --kv-len (tokens cached), not --seq (one new token per sequence)")
+    step_batch = spec.microbatch if spec.train else batch
+    key = _graph_key(model, step_batch, seq, image_size, dtype, device, layout, overrides,
+                     phase={"name": spec.name, "kv_len": spec.kv_len, "optimizer": spec.optimizer,
+                            "recompute": spec.recompute if spec.train else None})
+    hit = graph_cache.load(key) if key else None
+    saved = act = None
+    if hit is not None:
+        graph, w, saved = hit
+    else:
+        if spec_model is not None and device != "meta":
+            from opmap.cli.common import check_memory
+
+            check_memory(spec_model.published_params, dtype, device)
+        with console.status(f"building {model} for {spec.name} on {device}"):
+            w = with_layout(phase_workload(model, spec, batch, seq if seq is not None else image_size, dtype, device),
+                            layout)
+        with console.status(f"capturing {w.name} ({spec.name})"):
+            graph = capture_phase(w, spec, overrides)
+            if spec.train:
+                saved, _ = train_activations(w, spec.recompute)
+        if key:
+            graph_cache.store(key, (graph, replace(w, module=None, inputs=None), saved))
+    if spec.train:
+        per = saved.total_bytes / (w.batch * (w.seq or 1))
+        act = lambda b, s: per * b * s  # noqa: E731 (linear in batch x sequence: fused attention)
+    evidence = _evidence(quality, w.name, dtype)
+    with console.status(f"predicting {w.name} ({spec.name}) on {hw.name}"):
+        pa = analyze_phase(graph, w, hw, dtype, spec, overrides, fusion, fusion_plan, evidence, saved=saved,
+                           activations=act)
+    a = pa.analysis
+    if par is not None and (par.devices > 1 or par.ep > 1):
+        from opmap.analyze import sharded_phase_figures
+        from opmap.mapping.sharding import shard
+
+        sh = shard(a, par)
+        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a))
     warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:
@@ -89,7 +171,7 @@ def analyze(
 
 
 def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str, device: str,
-               layout: str, overrides) -> str | None:
+               layout: str, overrides, phase: dict | None = None) -> str | None:
     """The capture-cache key of a zoo model on meta (None: not cacheable, such as a user's file or a real
     device)."""
     from opmap.capture import cache as graph_cache
@@ -98,8 +180,11 @@ def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, 
 
     if device != "meta" or model not in MODELS or dtype not in BUILD_DTYPE or not graph_cache.enabled():
         return None
-    return graph_cache.key({"model": model, "batch": batch, "seq": seq, "image_size": image_size,
-                            "build_dtype": BUILD_DTYPE[dtype], "layout": layout, "overrides": list(overrides)})
+    fields = {"model": model, "batch": batch, "seq": seq, "image_size": image_size,
+              "build_dtype": BUILD_DTYPE[dtype], "layout": layout, "overrides": list(overrides)}
+    if phase is not None:  # prefill keeps its key (the graphs cached before phases existed stay valid)
+        fields["phase"] = phase
+    return graph_cache.key(fields)
 
 
 def _evidence(path: Path | None, workload: str, dtype: str) -> str:

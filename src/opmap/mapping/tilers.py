@@ -17,7 +17,7 @@ Registered, in the order they are tried:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
@@ -134,6 +134,14 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     e = format_bytes(prec.matrix)
     if sq <= DECODE_MAX_Q:
         note = f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits"
+        # grouped-query attention: the query heads of a group share one query block (FlashInfer, FlashAttention's
+        # pack-GQA), so each KV head is read once, not once per query head (the candidates count per query head)
+        kv_per_q_head = 2.0 * bh * sk * d * e
+        kv_read = c.bytes_read - bh * sq * d * e  # K and V (and a mask) as the node reads them: KV heads
+        if 0 < kv_read < kv_per_q_head:
+            traffic = tile.traffic_bytes - kv_per_q_head + kv_read
+            tile = replace(tile, traffic_bytes=traffic, memory_s=traffic / hw.memory_rate_bytes_per_s)
+            note += f", each KV head read once for its {kv_per_q_head / kv_read:.3g} query heads"
     else:
         kv_reads = (tile.traffic_bytes - 2.0 * bh * sq * d * e) / (2.0 * bh * sk * d * e)
         note = (f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, "

@@ -30,6 +30,8 @@ from opmap.predict import mfu
 from opmap.roofline import stall_split
 from opmap.timing import LatencyStats
 
+PROFILE_SCHEMA_VERSION = 1
+
 MFU_FORMULA = "MFU = model matrix FLOPs / (p50 latency x dense matrix peak at the compute dtype)"
 STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matrix and vector time (calibrated "
                 "curves at its shape), memory-stall = time beyond that which its bytes at the bandwidth curve "
@@ -133,6 +135,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         d = self.analysis.to_dict()
+        # profile.json versions on its own: analysis.json's version 2 only added keys profile.json carries along
+        d["schema_version"] = PROFILE_SCHEMA_VERSION
         d["kind"] = "profile"
         for i, nd in enumerate(d["nodes"]):
             nd["measured"] = self.measured_block(i)

@@ -122,6 +122,12 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
+    ph = a.phase
+    lines.append("phase: " + ph["text"])
+    if ph.get("mfu_definition"):
+        lines.append("phase: " + ph["mfu_definition"])
+    if ph.get("recompute_note"):
+        lines.append("phase: recompute " + ph["recompute_note"])
     lines.append("memory: " + a.memory_fit["text"])
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])

@@ -28,12 +28,18 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd)
         self.c_proj = nn.Linear(c.n_embd, c.n_embd)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
         b, t, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=2)
         hd = d // self.n_head
         q, k, v = (z.view(b, t, self.n_head, hd).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cache is not None:  # decode: write the new K and V into the cache, attend over all of it
+            from opmap.workloads.llama import write_cache
+
+            k, v = write_cache(cache, k, v)
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -55,8 +61,8 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(c.n_embd)
         self.mlp = GPT2MLP(c)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -73,10 +79,12 @@ class GPT2(nn.Module):
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
 
-    def forward(self, idx):
+    def forward(self, idx, kv_cache=None):
+        """``kv_cache``: decode, one (K, V) pair of (B, H, L, D) per block; the new tokens take its last slots."""
         t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
+        start = kv_cache[0][0].shape[-2] - t if kv_cache is not None else 0
+        pos = torch.arange(start, start + t, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
-        for block in self.h:
-            x = block(x)
+        for i, block in enumerate(self.h):
+            x = block(x, kv_cache[i] if kv_cache is not None else None)
         return self.lm_head(self.ln_f(x))

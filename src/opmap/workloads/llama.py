@@ -54,8 +54,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim),
                              persistent=False)
 
-    def forward(self, seq: int, dtype):
-        t = torch.arange(seq, device=self.inv_freq.device, dtype=torch.float32)
+    def forward(self, seq: int, dtype, start: int = 0):
+        t = torch.arange(start, start + seq, device=self.inv_freq.device, dtype=torch.float32)
         freqs = torch.outer(t, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -71,14 +71,28 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(c.dim, c.n_kv_head * self.hd, bias=False)
         self.o_proj = nn.Linear(c.n_head * self.hd, c.dim, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, cache=None):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.h != self.kv)
+        if cache is not None:  # decode: the new token's K and V go into the cache's last slots, in place
+            k, v = write_cache(cache, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.h != self.kv)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.h != self.kv)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.h * self.hd))
+
+
+def write_cache(cache, k, v):
+    """Decode with a preallocated KV cache (B, H_kv, L, D): the step's t new keys and values are written into
+    the last t slots in place (as vLLM and HF's static cache do) and attention reads all L cached tokens."""
+    kc, vc = cache
+    t = k.shape[-2]
+    kc[:, :, -t:].copy_(k)
+    vc[:, :, -t:].copy_(v)
+    return kc, vc
 
 
 class LlamaMLP(nn.Module):
@@ -129,7 +143,8 @@ class SparseMoeBlock(nn.Module):
             sizes = [n // e + (1 if i < n % e else 0) for i in range(e)]  # balanced load
         else:
             sizes = torch.bincount(flat, minlength=e).tolist()
-        outs = [expert(chunk) for expert, chunk in zip(self.experts, routed.split(sizes))]
+        # an expert with no tokens launches nothing (its weights are not read)
+        outs = [expert(chunk) for expert, chunk in zip(self.experts, routed.split(sizes)) if chunk.shape[0]]
         y = torch.cat(outs) * weights.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros_like(xf).index_add_(0, token, y).view(b, t, d)
 
@@ -142,8 +157,8 @@ class LlamaBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.dim, c.eps)
         self.mlp = SparseMoeBlock(c) if c.n_experts else LlamaMLP(c.dim, c.ffn_dim)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -161,9 +176,13 @@ class Llama(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, kv_cache=None):
+        """``kv_cache``: decode, one (K, V) pair of (B, H_kv, L, D) per layer holding L tokens, the last
+        ``input_ids.shape[1]`` of them the new tokens' (positions L - t .. L - 1)."""
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(input_ids.shape[1], x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        t = input_ids.shape[1]
+        start = kv_cache[0][0].shape[-2] - t if kv_cache is not None else 0
+        cos, sin = self.rotary(t, x.dtype, start)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None)
         return self.lm_head(self.norm(x))

@@ -1,0 +1,170 @@
+"""Phases of a language model's life: prefill, decode with a KV cache, a training step.
+
+``PhaseSpec`` names the phase and its knobs; ``phase_workload`` turns (target, phase, batch, seq) into the
+Workload to capture:
+
+- prefill: today's workload, ``batch`` sequences of ``seq`` tokens, causal attention, no cache;
+- decode: one new token for each of ``batch`` sequences against a KV cache of ``kv_len`` tokens, the cache
+  built on meta as inputs, one (K, V) pair of (batch, KV heads, cached tokens, head dim) per layer. The new
+  token's K and V are written into the cache's last slot in place and attention reads all of it: a sliding
+  window caps the cached tokens at the window, GQA caches the KV heads only, a mixture of experts routes the
+  ``batch`` tokens top-k with balanced load (an expert with no token launches nothing);
+- train: ``microbatch`` sequences of ``seq`` tokens, captured as forward, loss, backward and the optimizer
+  step (``opmap.capture.capture(train=True, optimizer=...)``). An iteration is global_batch / (microbatch x dp)
+  such microsteps and one optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from opmap.capture.training import OPTIMIZERS
+from opmap.errors import OpmapError
+from opmap.precision import torch_dtype
+from opmap.workloads.zoo import MODELS, Workload
+
+PHASES = ("prefill", "decode", "train")
+RECOMPUTE = ("none", "selective", "full")  # as opmap.mapping.memory.RECOMPUTE
+ZERO_STAGES = (0, 1, 2, 3)
+DECODE_MODELS = ("gpt2", "llama")  # zoo families with a KV-cache decode path
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """The phase and its knobs. ``kv_len``: decode, tokens in each sequence's KV cache (the new one included).
+    ``microbatch``: train, sequences per captured step (default: the batch); ``global_batch``: sequences per
+    iteration (default: microbatch x dp); ``dp``: data-parallel ranks (1 here; sharding passes its own)."""
+
+    name: str = "prefill"
+    kv_len: int | None = None
+    recompute: str = "none"
+    microbatch: int | None = None
+    global_batch: int | None = None
+    zero: int = 0
+    dp: int = 1
+    optimizer: str = "adamw"  # AdamW: what large models train with; fp32 master weights under mixed precision
+
+    @property
+    def train(self) -> bool:
+        return self.name == "train"
+
+    @property
+    def decode(self) -> bool:
+        return self.name == "decode"
+
+    def microsteps(self, batch: int) -> int:
+        """Forward + backward microsteps per iteration per data-parallel rank."""
+        mb = self.microbatch or batch
+        gb = self.global_batch or mb * self.dp
+        return gb // (mb * self.dp)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kv_len": self.kv_len, "recompute": self.recompute,
+                "microbatch": self.microbatch, "global_batch": self.global_batch, "zero": self.zero, "dp": self.dp,
+                "optimizer": self.optimizer}
+
+
+def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool | None = None) -> PhaseSpec:
+    """Refuse a bad combination with one line (before anything is built); the spec with its defaults filled."""
+    if spec.name not in PHASES:
+        raise OpmapError(f"unknown phase {spec.name!r}; accepted: {', '.join(PHASES)}")
+    if spec.recompute not in RECOMPUTE:
+        raise OpmapError(f"unknown recompute {spec.recompute!r}; accepted: {', '.join(RECOMPUTE)}")
+    if spec.zero not in ZERO_STAGES:
+        raise OpmapError(f"unknown ZeRO stage {spec.zero!r}; accepted: 0, 1, 2, 3")
+    if spec.optimizer not in OPTIMIZERS:
+        raise OpmapError(f"unknown optimizer {spec.optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
+    if spec.dp < 1:
+        raise OpmapError(f"data-parallel size must be at least 1, got {spec.dp}")
+    if spec.name != "decode" and spec.kv_len is not None:
+        raise OpmapError(f"--kv-len is for --phase decode, not {spec.name} (prefill attends over --seq tokens)")
+    if spec.name != "train":
+        if spec.recompute != "none":
+            raise OpmapError(f"--recompute is for --phase train, not {spec.name} (inference keeps no activations "
+                             "for a backward)")
+        if spec.microbatch is not None or spec.global_batch is not None:
+            raise OpmapError(f"--microbatch and --global-batch are for --phase train, not {spec.name} "
+                             "(use --batch)")
+        if spec.zero:
+            raise OpmapError(f"--zero is for --phase train, not {spec.name}")
+    spec_model = MODELS.get(target)
+    if spec.name == "decode":
+        if spec_model is not None and spec_model.kind == "vision":
+            raise OpmapError(f"{target} is a vision model: it has no decode phase; accepted phases: prefill, train")
+        if spec_model is not None and spec_model.name == "bert-base":
+            raise OpmapError(f"{target} is an encoder: it has no decode phase; accepted phases: prefill, train")
+        if spec_model is None:
+            raise OpmapError(f"--phase decode needs a zoo decoder ({', '.join(_decoders())}); {target} is not one")
+        kv = spec.kv_len if spec.kv_len is not None else spec_model.default_seq
+        if kv < 1 or kv > spec_model.max_seq:
+            raise OpmapError(f"{target} takes --kv-len from 1 to {spec_model.max_seq}, got {kv}")
+        spec = replace(spec, kv_len=kv)
+    if spec.name == "train":
+        mb = spec.microbatch if spec.microbatch is not None else batch
+        if mb < 1:
+            raise OpmapError(f"--microbatch must be at least 1, got {mb}")
+        gb = spec.global_batch if spec.global_batch is not None else mb * spec.dp
+        if gb < 1 or gb % (mb * spec.dp):
+            raise OpmapError(f"--global-batch {gb} is not a multiple of microbatch x data-parallel ranks "
+                             f"({mb} x {spec.dp} = {mb * spec.dp})")
+        spec = replace(spec, microbatch=mb, global_batch=gb)
+    return spec
+
+
+def _decoders() -> list[str]:
+    return [n for n, m in MODELS.items() if m.kind == "text" and n != "bert-base"]
+
+
+def window_of(module: torch.nn.Module) -> int | None:
+    """The sliding attention window, where the model's config names one (Mistral-style); None: full causal."""
+    cfg = getattr(module, "config", None)
+    w = getattr(cfg, "sliding_window", None)
+    return w if isinstance(w, int) and w > 0 else None
+
+
+def kv_layout(module: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a zoo decoder."""
+    c = getattr(module, "config", None)
+    if hasattr(c, "n_kv_head"):  # Llama / Mixtral
+        return c.n_layer, c.n_kv_head, c.dim // c.n_head
+    if hasattr(c, "n_embd"):  # GPT-2
+        return c.n_layer, c.n_head, c.n_embd // c.n_head
+    raise OpmapError(f"{type(module).__name__} has no KV-cache decode path; accepted: {', '.join(_decoders())}")
+
+
+def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
+    """The decode step of a built zoo decoder ``w``: ``w.batch`` new tokens (one per sequence) against a KV cache
+    of ``kv_len`` tokens (capped at a sliding window), the cache made on ``device`` as inputs."""
+    layers, kv_heads, head_dim = kv_layout(w.module)
+    window = window_of(w.module)
+    cached = min(kv_len, window) if window else kv_len
+    dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
+    with torch.device(device):
+        ids = torch.zeros(w.batch, 1, dtype=torch.long)
+        cache = tuple((torch.zeros(w.batch, kv_heads, cached, head_dim, dtype=dt),
+                       torch.zeros(w.batch, kv_heads, cached, head_dim, dtype=dt)) for _ in range(layers))
+    note = (f"decode: one new token for each of {w.batch} sequences against a KV cache of {kv_len} tokens"
+            + (f" ({cached} kept: sliding window {window})" if cached != kv_len else "")
+            + f" ({layers} layers x {kv_heads} KV heads x head dim {head_dim}); the new K and V are written into "
+              "the cache in place, attention reads all of it (flash-decoding)")
+    return Workload(w.name, w.module, (ids, cache), w.batch, 1, w.assumptions + (note,))
+
+
+def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dtype: str,
+                   device: str = "meta") -> Workload:
+    """Build ``target`` for ``spec`` (checked by ``check_phase``): prefill as today, decode against its KV cache,
+    train at the microbatch."""
+    from opmap.workloads.load import load_workload
+
+    if spec.decode:
+        w = load_workload(target, batch, 1, dtype, device)
+        return decode_workload(w, spec.kv_len, device)
+    if spec.train:
+        return load_workload(target, spec.microbatch or batch, seq, dtype, device)
+    return load_workload(target, batch, seq, dtype, device)
+
+
+def build_dtype(dtype: str) -> torch.dtype:
+    return torch_dtype(dtype)

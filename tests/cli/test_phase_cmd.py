@@ -1,0 +1,60 @@
+"""opmap analyze --phase: decode and train outputs, the phase line and memory verdict, bad combinations in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_prefill_default_carries_phase_and_memory(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", "32", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    assert d["schema_version"] == 2
+    assert d["phase"]["name"] == "prefill" and d["phase"]["ttft_s"] == d["totals"]["predicted_latency_s"]
+    assert set(d["memory"]["per_device"]) == {"weights_bytes", "gradients_bytes", "optimizer_bytes",
+                                              "activations_bytes", "kv_cache_bytes", "workspace_bytes",
+                                              "total_bytes"}
+    assert {"capacity_bytes", "fits", "max_batch", "max_context"} <= set(d["memory"])
+    assert "phase: prefill: time to first token" in out
+
+
+def test_decode_writes_tpot_and_tokens_per_s(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--phase", "decode", "--kv-len", "256", "--batch", "4", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    p = d["phase"]
+    assert p["name"] == "decode" and p["tokens_per_s"] == pytest.approx(4 / p["tpot_s"])
+    # GPT-2: 2 x 12 layers x 12 heads x 64 x 2 B = 36,864 B per token, 256 tokens, 4 sequences
+    assert d["memory"]["per_device"]["kv_cache_bytes"] == 36_864 * 256 * 4
+    assert "time per output token" in out and "memory: fits" in out
+
+
+def test_train_writes_mfu_and_hfu(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--phase", "train", "--seq", "64", "--recompute", "full",
+                       "--microbatch", "1", "--global-batch", "4", "--zero", "1", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    p = d["phase"]
+    for k in ("iteration_s", "tokens_per_s", "model_flops", "hardware_flops", "model_flops_per_s_per_device",
+              "mfu", "hfu"):
+        assert p[k] > 0, k
+    assert p["microsteps"] == 4 and p["hardware_flops"] > p["model_flops"] * 0.9
+    m = d["memory"]["per_device"]
+    assert m["optimizer_bytes"] == pytest.approx(12 * d["totals"]["params"]) and m["activations_bytes"] > 0
+    assert "MFU" in out and "HFU" in out and "PaLM" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("gpt2", "--kv-len", "128"), "--kv-len is for --phase decode"),
+    (("gpt2", "--phase", "decode", "--recompute", "full"), "--recompute is for --phase train"),
+    (("gpt2", "--phase", "train", "--microbatch", "3", "--global-batch", "8"), "not a multiple"),
+    (("resnet50", "--phase", "decode"), "vision model"),
+    (("gpt2", "--phase", "decode", "--seq", "64"), "takes --kv-len"),
+    (("gpt2", "--phase", "sample"), "unknown phase 'sample'"),
+])
+def test_bad_phase_combinations_one_line(cli, args, needle):
+    rc, out, err = cli("analyze", *args)
+    assert rc == 2
+    assert needle in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,181 @@
+"""Phases: decode against a KV cache, a training iteration with AdamW, recomputation, MFU and HFU.
+
+Golden values come from closed forms: the KV cache 2 x layers x KV heads x head dim x tokens x bytes x batch
+(vLLM), the decode floor (weights + KV cache read once at the bandwidth), PaLM's 6N + 12LHQT (appendix B)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from opmap.analyze import analyze_phase, capture_phase, decode_kv_read_bytes, recomputed_nodes, train_activations
+from opmap.errors import OpmapError
+from opmap.hardware import get_hardware
+from opmap.workloads.llama import Llama, LlamaConfig
+from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
+from opmap.workloads.zoo import Workload
+
+H100 = get_hardware("h100-sxm")
+SMALL = LlamaConfig(vocab_size=1000, dim=128, n_layer=2, n_head=4, n_kv_head=2, ffn_dim=256, max_seq=512)
+
+
+def _run(target, spec, batch=1, seq=None, fusion="eager"):
+    spec = check_phase(spec, target, batch)
+    w = phase_workload(target, spec, batch, seq, "bf16")
+    g = capture_phase(w, spec)
+    kw = {}
+    if spec.train:
+        saved, act = train_activations(w, spec.recompute)
+        kw = {"saved": saved, "activations": act}
+    return analyze_phase(g, w, H100, "bf16", spec, fusion=fusion, **kw)
+
+
+@functools.cache
+def _small_train(recompute="none", microbatch=2, global_batch=2, seq=64):
+    with torch.device("meta"):
+        m = Llama(SMALL).to(torch.bfloat16)
+        ids = torch.zeros(microbatch, seq, dtype=torch.long)
+    w = Workload("small-llama", m, (ids,), microbatch, seq)
+    spec = check_phase(PhaseSpec("train", recompute=recompute, microbatch=microbatch, global_batch=global_batch),
+                       "small-llama", microbatch)
+    g = capture_phase(w, spec)
+    saved, act = train_activations(w, recompute)
+    return analyze_phase(g, w, H100, "bf16", spec, saved=saved, activations=act)
+
+
+@functools.cache
+def _llama8b_decode(batch, kv_len):
+    return _run("llama-3-8b", PhaseSpec("decode", kv_len=kv_len), batch)
+
+
+def test_decode_reads_the_kv_cache_of_the_closed_form():
+    pa = _llama8b_decode(2, 4096)
+    a = pa.analysis
+    per_token = 2 * 32 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bf16 bytes: 131,072 B
+    assert per_token == 131_072
+    assert decode_kv_read_bytes(a.graph) == per_token * 4096 * 2
+    assert pa.memory.kv_cache_bytes == per_token * 4096 * 2
+    f = pa.figures
+    assert f["name"] == "decode" and f["kv_len"] == 4096
+    assert f["tokens_per_s"] == pytest.approx(2 / f["tpot_s"])
+    # one new token per sequence: every SDPA has 1 query and 4096 keys over the 8 KV heads (GQA)
+    sdpa = [r.node for r in a.results if r.node.op == "aten.scaled_dot_product_attention.default"]
+    assert len(sdpa) == 32
+    assert all(n.input("query").shape == (2, 32, 1, 128) and n.input("key").shape == (2, 8, 4096, 128)
+               for n in sdpa)
+
+
+def test_decode_attention_reads_each_kv_head_once():
+    """Flash-decoding with GQA: the kernel's traffic is the KV cache once (8 KV heads), not once per query
+    head (32)."""
+    a = _llama8b_decode(2, 4096).analysis
+    kv_layer = 2 * 2 * 8 * 4096 * 128 * 2
+    ks = [k for k in a.kernel_results
+          if a.results[k.kernel.anchor].node.op == "aten.scaled_dot_product_attention.default"]
+    assert ks and all(kv_layer <= k.traffic_bytes < 1.05 * kv_layer for k in ks)
+
+
+def test_llama3_8b_decode_is_memory_bound_near_the_weights_floor():
+    pa = _llama8b_decode(1, 1024)
+    a, f = pa.analysis, pa.figures
+    weights = a.graph.param_bytes  # bf16, as built
+    floor = weights / H100.memory_bandwidth_bytes_per_s
+    assert f["bound"] == "memory"
+    assert f["tpot_s"] >= floor
+    # the kernels' roofline time, launch overhead aside, within 1.3x of the floor (the rest is the eager launches
+    # of ~1300 small kernels at batch 1, which --fusion compiler or CUDA graphs cut)
+    work = sum(max(0.0, k.predicted_s - H100.launch_overhead_s) for k in a.kernel_results)
+    assert floor <= work <= 1.3 * floor
+
+
+def test_moe_decode_routes_the_batch_tokens_only():
+    """Mixtral at batch 1: top-2 of 8 experts, balanced: two experts per layer run (three GEMMs each); the idle
+    experts launch nothing, so their weights are not read."""
+    a = _run("mixtral-8x7b", PhaseSpec("decode", kv_len=256), 1).analysis
+    expert_mm = [r for r in a.results if ".experts." in r.node.module and r.node.op == "aten.mm.default"]
+    assert len(expert_mm) == 32 * 2 * 3
+
+
+def test_train_model_flops_are_three_forwards_and_palm_agrees():
+    pa = _small_train()
+    a, f = pa.analysis, pa.figures
+    fwd = [r for r in a.results if r.node.args.get("phase") is None and r.cost.counted]
+    dense = sum(r.cost.matrix_flops + r.cost.skipped_flops for r in fwd)
+    assert f["model_flops"] == pytest.approx(3 * dense)
+    # PaLM: 6N + 12 L H Q T per token, N = parameters less the (untied) embedding table
+    n = sum(p.numel() for p in Llama(SMALL).parameters()) - SMALL.vocab_size * SMALL.dim
+    palm = 6 * n + 12 * SMALL.n_layer * SMALL.n_head * (SMALL.dim // SMALL.n_head) * 64
+    assert f["palm_flops_per_token"]["value"] == palm
+    # the norms' weights are in N but not in a matrix product: agreement within 1%
+    assert f["model_flops_per_token"] == pytest.approx(palm, rel=0.01)
+    # the executed matrix FLOPs: forward + backward (2x the linears, the flash backward 2.5x attention's half)
+    assert f["hardware_flops"] == pytest.approx(sum(r.cost.matrix_flops for r in a.results if r.cost.counted))
+
+
+def test_train_iteration_mfu_and_hfu_by_hand():
+    pa = _small_train("none", 2, 8)
+    f = pa.figures
+    assert f["microsteps"] == 4
+    assert f["iteration_s"] == pytest.approx(4 * (f["microstep_s"] + f["recompute_s"]) + f["optimizer_s"])
+    assert f["optimizer_s"] > 0 and f["recompute_s"] == 0
+    peak = H100.matrix_peak_flops_per_s["bf16"].value
+    assert f["model_flops_per_s_per_device"] == pytest.approx(f["model_flops"] / f["iteration_s"])
+    assert f["mfu"] == pytest.approx(f["model_flops"] / f["iteration_s"] / peak)
+    assert f["hfu"] == pytest.approx(f["hardware_flops"] / f["iteration_s"] / peak)
+    assert f["tokens_per_s"] == pytest.approx(8 * 64 / f["iteration_s"])
+    one = _small_train("none", 2, 2).figures
+    assert f["model_flops"] == pytest.approx(4 * one["model_flops"])
+    assert "PaLM" in f["mfu_definition"]
+
+
+def test_adamw_step_is_about_ten_elementwise_ops_per_parameter():
+    a = _small_train().analysis
+    opt = [r for r in a.results if r.node.args.get("phase") == "optimizer"]
+    tensors = sum(1 for _ in Llama(SMALL).parameters())
+    assert 9 * tensors <= len(opt) <= 12 * tensors
+    assert all(r.cost.matrix_flops == 0 for r in opt)
+    assert all(r.pred.bound in ("memory", "overhead") for r in opt if r.cost.kernel)
+
+
+def test_recompute_full_adds_one_forward_of_the_blocks():
+    none, full = _small_train("none").figures, _small_train("full").figures
+    a = _small_train("full").analysis
+    blocks = sum(r.cost.matrix_flops for r in a.results
+                 if r.node.args.get("phase") is None and r.node.module.startswith("layers.") and r.cost.counted)
+    assert blocks > 0
+    assert full["hardware_flops"] - none["hardware_flops"] == pytest.approx(blocks)
+    assert full["model_flops"] == pytest.approx(none["model_flops"])
+    assert full["hfu"] > full["mfu"] * (none["hfu"] / none["mfu"])
+    assert full["iteration_s"] > none["iteration_s"]
+    # the activations kept shrink to each block's input
+    assert _small_train("full").memory.activations_bytes < _small_train("none").memory.activations_bytes
+
+
+def test_selective_with_fused_attention_adds_nothing_and_says_why():
+    ids, text = recomputed_nodes(_small_train().analysis.graph, "selective")
+    assert ids == set() and "flash backward recomputes the scores" in text
+
+
+def test_train_memory_has_state_and_activations():
+    m = _small_train().memory
+    params = sum(p.numel() for p in Llama(SMALL).parameters())
+    assert m.weights_bytes == 2 * params and m.gradients_bytes == 2 * params
+    assert m.optimizer_bytes == 12 * params  # fp32 master weights, momentum, variance
+    assert m.activations_bytes > 0 and m.kv_cache_bytes == 0
+
+
+@pytest.mark.parametrize(("spec", "target", "words"), [
+    (PhaseSpec("prefill", kv_len=128), "gpt2", "--kv-len is for --phase decode"),
+    (PhaseSpec("decode", recompute="full"), "gpt2", "--recompute is for --phase train"),
+    (PhaseSpec("train", microbatch=3, global_batch=8), "gpt2", "not a multiple"),
+    (PhaseSpec("decode"), "resnet50", "vision model"),
+    (PhaseSpec("decode"), "bert-base", "encoder"),
+    (PhaseSpec("decode", kv_len=5000), "gpt2", "--kv-len from 1 to 1024"),
+    (PhaseSpec("serve"), "gpt2", "unknown phase"),
+    (PhaseSpec("train", zero=4), "gpt2", "ZeRO"),
+])
+def test_bad_phase_combinations(spec, target, words):
+    with pytest.raises(OpmapError, match=words):
+        check_phase(spec, target)
