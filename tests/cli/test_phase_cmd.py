@@ -58,3 +58,21 @@ def test_bad_phase_combinations_one_line(cli, args, needle):
     rc, out, err = cli("analyze", *args)
     assert rc == 2
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_over_several_devices_takes_the_sharded_iteration(tmp_path, cli):
+    # gpt2, tp 2 x dp 2, microbatch 2, global batch 8: each data-parallel rank runs 8 / (2 x 2) = 2 microbatches;
+    # the iteration is the sharded one (parallelism.step_s); tokens per iteration = 8 x 64; model FLOPs are the
+    # whole global batch's, spread over the 4 devices for MFU
+    rc, out, err = cli("analyze", "gpt2", "--phase", "train", "--seq", "64", "--tp", "2", "--dp", "2",
+                       "--microbatch", "2", "--global-batch", "8", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    p, par = d["phase"], d["parallelism"]
+    assert par["tp"] == 2 and par["dp"] == 2 and par["microbatches"] == 2
+    assert p["iteration_s"] == pytest.approx(par["step_s"])
+    assert p["tokens_per_s"] == pytest.approx(8 * 64 / p["iteration_s"])
+    peak = p["dense_peak_flops_per_s"]
+    assert p["mfu"] == pytest.approx(p["model_flops"] / (p["iteration_s"] * 4) / peak)
+    assert any(c["collective"] == "all_reduce" for c in d["collectives"])
+    assert "train on 4 devices" in out
