@@ -109,3 +109,15 @@ def test_implicit_gemm_conv_reads_its_input_not_the_unfolded_matrix():
                     l4, prec, l4.curves)
     assert m * k * 2 == pytest.approx(9 * x)
     assert 0.999 * (x + w + y) <= c.traffic_bytes <= 1.5 * (x + w + y)
+
+
+def test_flash_attention_backward_runs_its_matrix_work_on_the_forward_tiles():
+    # a flash-attention backward runs five GEMMs over the pairs (S, dP, dV, dQ, dK): 2 x pairs x (3d + 2d) MACs
+    # = 2.5x the forward's 4 x pairs x d FLOPs (FlashAttention-2, section 3.2); its tiles are the forward's
+    h100 = get_hardware("h100-sxm")
+    prec = resolve_precision(h100, "bf16")
+    p = MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 16, 2048, 2048, 128)
+    pairs = 2048 * 2049 // 2
+    fwd = choose_tile(OpCost(matrix_flops=4.0 * 16 * pairs * 128, problem=p), h100, prec, h100.curves)
+    bwd = choose_tile(OpCost(matrix_flops=10.0 * 16 * pairs * 128, problem=p), h100, prec, h100.curves)
+    assert bwd.compute_s == pytest.approx(2.5 * fwd.compute_s) and "backward" in bwd.note

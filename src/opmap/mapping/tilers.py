@@ -24,7 +24,7 @@ from opmap.errors import OpmapError
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, cpu_tile_candidates, tile_candidates
-from opmap.ops import MatrixFamily
+from opmap.ops import MatrixFamily, causal_pairs
 from opmap.precision import Precision, format_bytes
 
 
@@ -146,4 +146,11 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         kv_reads = (tile.traffic_bytes - 2.0 * bh * sq * d * e) / (2.0 * bh * sk * d * e)
         note = (f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, "
                 "scores stay on chip")
-    return TileChoice(tile, cands[1] if len(cands) > 1 else None, tile.compute_s, tile.traffic_bytes, note)
+    # the tiles price one forward pass (QK^T and PV over the pairs); a backward runs 2.5x its matrix work (five
+    # GEMMs over the same pairs, FlashAttention-2 section 3.2) through the same tiling
+    fwd = 4.0 * bh * (causal_pairs(sq, sk) if p.family == "attention_causal" else sq * sk) * d
+    reps = c.matrix_flops / fwd if fwd and c.matrix_flops > fwd else 1.0
+    if reps > 1.0:
+        note += f"; backward: {reps:.3g}x the forward's matrix work on the same tiles"
+    return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s,
+                      max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes, note)
