@@ -27,6 +27,8 @@ POINTWISE_OPS = frozenset({
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
     "asin", "acos", "atan", "sinh", "cosh", "tanh", "erf", "erfc", "erfinv", "sigmoid", "silu",
     "softplus", "mish", "elu", "selu", "celu", "logit", "gelu", "glu", "tril", "triu",
+    # dropout as CUDA runs it (one fused kernel: draw, compare, scale; the mask written beside the output)
+    "native_dropout", "native_dropout_backward",
 })
 
 # Ops that alias their input but whose schema does not say so.

@@ -152,3 +152,26 @@ def test_meta_limitation_tells_shape_errors_apart():
     assert meta_limitation(RuntimeError("Cannot copy out of meta tensor; no data!"))
     assert not meta_limitation(RuntimeError("a and b must have same reduction dim, but got [2, 5] X [4, 8]."))
     assert not meta_limitation(RuntimeError("shape '[3, 7]' is invalid for input of size 10"))
+
+
+def test_training_dropout_is_the_fused_kernel_cuda_runs():
+    # CUDA runs training dropout as aten.native_dropout (output + bool mask: read 2 B, write 2 B + 1 B per fp16
+    # element) and its backward as native_dropout_backward; meta alone would decompose it into three kernels
+    import torch.nn.functional as F
+
+    from opmap.costs import cost_graph
+
+    class Drop(torch.nn.Module):
+        def forward(self, x):
+            return F.dropout(x, 0.1, self.training) * 2
+
+    with torch.device("meta"):
+        x = torch.empty(4, 1024, dtype=torch.float16, requires_grad=True)
+    g = capture(Drop(), (x,), train=True)
+    ops = [n.op for n in g.nodes]
+    assert "aten.native_dropout.default" in ops and "aten.native_dropout_backward.default" in ops
+    assert not any("bernoulli" in o for o in ops)
+    (fwd,) = [c for n, c in zip(g.nodes, cost_graph(g)) if n.op == "aten.native_dropout.default"]
+    assert fwd.bytes == 4096 * (2 + 2 + 1)
+    # eval: the identity, no kernel at all
+    assert not any("dropout" in n.op for n in capture(Drop().eval(), (x.detach(),)).nodes)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -360,6 +361,19 @@ class _FunctionRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is F.dropout and not self.t.suppress:
+            # CUDA runs training dropout as one fused kernel (aten.native_dropout: the output and a bool mask);
+            # meta and CPU take the composite path (bernoulli_, div_, mul: three kernels and a mask the input's
+            # size). Record what the GPU runs; in eval (or p 0) dropout is the identity either way.
+            x = args[0] if args else kwargs.get("input")
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            training = args[2] if len(args) > 2 else kwargs.get("training", True)
+            inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+            if isinstance(x, torch.Tensor) and x.device.type == "meta" and training and 0 < p < 1 and not inplace:
+                out = torch.native_dropout(x, p, True)[0]
+                if self.t.train and self.t.stack:
+                    self.t.remember_grad_fns(out)
+                return out
         if getattr(func, "__name__", "") != SDPA_NAME or self.t.suppress:
             out = func(*args, **kwargs)
             if self.t.train and self.t.stack:

@@ -46,6 +46,9 @@ POINTWISE_WEIGHTS: dict[str, tuple[float, float]] = {
     "gelu": (4, 1),  # erf form; the tanh form is weighted in gelu_weights
     "glu": (3, 1),  # a * sigmoid(b) on half the input
     "tril": (1, 0), "triu": (1, 0),  # one select per element
+    # dropout: a random draw, a compare and a scale per element (the Philox draw counted as one op); the
+    # backward multiplies the gradient by the mask and the scale
+    "native_dropout": (3, 0), "native_dropout_backward": (2, 0),
 }
 GELU_TANH = (7.0, 1.0)
 
