@@ -174,3 +174,27 @@ def test_llama_presets_heads_rope_and_vocab(name, kv, theta, vocab):
     assert attn.hd == 128 and w.module.embed_tokens.num_embeddings == vocab
     c = w.module.config
     assert c.rope_theta == theta and c.max_seq == MODELS[name].max_seq
+
+
+def test_megatron_style_gpt_saves_korthikanti_activations():
+    # GPT2Config(attention="unfused", dropout=0.1) is Megatron-LM's 2021 layer: scores in memory (baddbmm with
+    # the scale, softmax, dropout, bmm) and hidden dropouts. Korthikanti et al. 2022, eq. 1: a layer keeps
+    # s b h (34 + 5 a s / h) bytes in fp16; + 16 s b for the two LayerNorms' fp32 mean and rstd, which the
+    # formula leaves out. Selective recomputation drops the 5 a s^2 b term: 34 s b h (+ 16 s b).
+    import torch
+
+    from opmap.capture import capture
+    from opmap.mapping.memory import saved_activation_bytes
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+
+    s, b, h, a = 32, 2, 64, 4
+    cfg = GPT2Config(vocab_size=128, block_size=s, n_layer=2, n_head=a, n_embd=h, attention="unfused", dropout=0.1)
+    with torch.device("meta"):
+        m, x = GPT2(cfg).to(torch.float16), torch.zeros(b, s, dtype=torch.long)
+    full = saved_activation_bytes(m, (x,))
+    assert full.by_block["h.0"] == full.by_block["h.1"] == s * b * h * (34 + 5 * a * s / h) + 16 * s * b
+    sel = saved_activation_bytes(m, (x,), recompute="selective")
+    assert sel.by_block["h.0"] == 34 * s * b * h + 16 * s * b
+    ops = [n.op for n in capture(m, (x,), train=True).nodes]
+    assert ops.count("aten.baddbmm.default") == 2 and "aten.scaled_dot_product_attention.default" not in ops
+    assert ops.count("aten.native_dropout.default") == 2 * 3  # attention probabilities, attention out, MLP out

@@ -588,7 +588,7 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
             for p in trainable:
                 p.requires_grad_(True)
                 p.grad = None
-            opt = AdamW(trainable) if optimizer == "adamw" else None
+            opt = AdamW(trainable, fused=optimizer == "adamw-fused") if optimizer.startswith("adamw") else None
             with torch.enable_grad(), _module_hooks(model, tracker), _FunctionRecorder(tracker), \
                     _DispatchRecorder(tracker):
                 loss = training_loss(fn(*args, **kwargs))

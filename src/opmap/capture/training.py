@@ -34,7 +34,7 @@ def sgd_step(params: Sequence[torch.Tensor], lr: float = 1e-3) -> None:
                 p.grad = None
 
 
-OPTIMIZERS = ("adamw", "sgd")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd")
 
 
 class AdamW:
@@ -46,8 +46,9 @@ class AdamW:
     back: about ten elementwise ops, memory-bound. Bias corrections are host scalars (capturable=False)."""
 
     def __init__(self, params: Sequence[torch.Tensor], lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2):
+                 weight_decay: float = 1e-2, fused: bool = False):
         self.params = list(params)
+        self.fused = fused
         self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
         self.t = 0
         with torch.no_grad():
@@ -57,6 +58,8 @@ class AdamW:
 
     def step(self) -> None:
         self.t += 1
+        if self.fused:
+            return self._fused_step()
         b1, b2 = self.betas
         bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
         with torch.no_grad():
@@ -72,4 +75,25 @@ class AdamW:
                 w32.addcdiv_(m, denom, value=-self.lr / bc1)
                 if w is not None:
                     p.copy_(w32)
+                p.grad = None
+
+    def _fused_step(self) -> None:
+        """The fused update (torch.optim.AdamW(fused=True), apex / Megatron FusedAdam): one multi-tensor kernel
+        (aten._fused_adamw_) reads each fp32 master weight, gradient and both moments once and writes the weight
+        and the moments back. Under mixed precision the gradients are cast to fp32 first and the updated master
+        weights cast back into the model's weights (Megatron keeps fp32 main gradients and copies main params
+        to model params the same way)."""
+        with torch.no_grad():
+            live = [(p, w, m, v) for p, w, m, v in zip(self.params, self.master, self.m, self.v) if p.grad is not None]
+            if not live:
+                return
+            w32 = [p if w is None else w for p, w, _, _ in live]
+            grads = [p.grad.float() if p.grad.dtype != torch.float32 else p.grad for p, _, _, _ in live]
+            steps = [torch.tensor(float(self.t), device=p.device) for p, _, _, _ in live]
+            torch._fused_adamw_(w32, grads, [m for _, _, m, _ in live], [v for _, _, _, v in live], [], steps,
+                                lr=self.lr, beta1=self.betas[0], beta2=self.betas[1], weight_decay=self.wd,
+                                eps=self.eps, amsgrad=False, maximize=False)
+            for p, w, _, _ in live:
+                if w is not None:
+                    p.copy_(w)
                 p.grad = None

@@ -39,7 +39,12 @@ def _gemm(node: Node, m: int, n: int, k: int, batch: int = 1, bias_elems: int = 
     family = MatrixFamily.GEMM  # curves by operand layout (hardware/curves.py)
     if _a_transposed(node):
         family = MatrixFamily.GEMM_WGRAD if _b_row_major(node) else MatrixFamily.GEMM_TA
-    return io_cost(node, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems),
+    reads = None
+    if bias_elems and node.args.get("beta") == 0:
+        # beta = 0 (Megatron's baddbmm for the attention scores): BLAS neither reads C nor adds it
+        reads = [t for name, t in zip(node.input_names, node.inputs) if name != "self"]
+        bias_elems = 0
+    return io_cost(node, reads=reads, matrix_flops=2.0 * mac, macs=float(mac), vector_flops=float(bias_elems),
                    problem=MatrixProblem(family, int(batch), int(m), int(n), int(k)))
 
 

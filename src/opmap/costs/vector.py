@@ -140,3 +140,18 @@ def pool_cost(node: Node) -> OpCost:
 def adaptive_pool_cost(node: Node) -> OpCost:
     """Adaptive pooling covers the input once: one op per input element, plus a divide per output."""
     return io_cost(node, vector_flops=float(node.inputs[0].numel + node.outputs[0].numel))
+
+
+@rule("_fused_adamw_", "_fused_adam_")
+def fused_adam_cost(node: Node) -> OpCost:
+    """One multi-tensor AdamW update over lists of weights, gradients and both moments (all fp32 here): each
+    read once, the weights and moments written back in place. Per element: decoupled decay, the two moment
+    updates, the bias corrections, the step (about 12 vector FLOPs) and one sqrt."""
+    tensors = [t for t in node.inputs if len(t.shape) > 0]  # the 0-d step counters are host-side scalars here
+    groups = 4  # params, grads, exp_avgs, exp_avg_sqs (amsgrad's max_exp_avg_sqs is empty here)
+    per = len(tensors) // groups if len(tensors) >= groups else 0
+    params = tensors[:per]
+    elems = sum(prod(t.shape) for t in params)
+    written = 3 * sum(t.nbytes for t in params)  # weights and both moments, in place
+    return io_cost(node, reads=tensors[:groups * per], written=written, vector_flops=12.0 * elems,
+                   transcendental_flops=float(elems))

@@ -73,7 +73,6 @@ TP_OVERLAP = 0.0
 ASSUMPTIONS = (
     "placement: TP innermost, then DP (EP inside DP: ep divides dp), then PP outermost (Megatron-LM order)",
     "a group whose consecutive-rank span fits one node runs on the scale-up link, else priced as scale-out",
-    f"DP gradient reduction overlapped with backward: up to {DP_OVERLAP:.0%} of the backward time hides it",
     f"TP / SP / EP / PP collectives not overlapped with compute (overlap {TP_OVERLAP:.0%})",
     "sharded kernels: matrix, vector and memory terms divided by the split, launch overhead kept; tiles not "
     "searched again at the sharded shape",
@@ -105,6 +104,9 @@ class Parallelism:
     recompute: str = "none"
     zero: int = 0
     devices: int | None = None
+    # share of the backward time that hides the DP gradient reduction (0: reduced after backward, as Megatron-LM
+    # did before --overlap-grad-reduce; DP_OVERLAP: bucketed reduction)
+    dp_overlap: float = DP_OVERLAP
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep", "vp", "microbatch"):
@@ -123,6 +125,7 @@ class Parallelism:
         _check(self.recompute in RECOMPUTE, f"unknown recompute {self.recompute!r}; accepted: "
                                             f"{', '.join(RECOMPUTE)}")
         _check(self.zero in (0, 1, 2, 3), f"unknown ZeRO stage {self.zero!r}; accepted: 0, 1, 2, 3")
+        _check(0.0 <= self.dp_overlap <= 1.0, f"dp overlap must be within 0 and 1, got {self.dp_overlap!r}")
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.dp * self.microbatch)
         gb = self.global_batch
@@ -156,7 +159,7 @@ class Parallelism:
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "sp": self.sp, "vp": self.vp,
                 "microbatch": self.microbatch, "global_batch": self.global_batch, "recompute": self.recompute,
-                "zero": self.zero, "devices": self.devices}
+                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap}
 
     def label(self) -> str:
         s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
@@ -412,7 +415,9 @@ class Sharded:
                 "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
                 "step_s": self.step_s, "latency_s": self.latency_s, "tokens_per_s": self.tokens_per_s,
                 "matrix_flops_per_device": self.matrix_flops_per_device,
-                "assumptions": list(ASSUMPTIONS) + list(self.notes)}
+                "assumptions": list(ASSUMPTIONS) + [
+                    f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
+                    "the backward time hides it"] + list(self.notes)}
 
 
 def link_for(hw: HardwareSpec, span: int) -> str:
@@ -514,7 +519,7 @@ class Sharder:
         bubble = (pp - 1) / (m * vp)
         dp_s = sum(c.predicted_s * c.count for c in colls if c.stage == "iteration")
         bwd_s = sum(t for r, t in zip(self.rows, per_k) if r[2] == "backward") / pp
-        exposed_dp = max(0.0, dp_s - DP_OVERLAP * bwd_s * m) if self.training else 0.0
+        exposed_dp = max(0.0, dp_s - p.dp_overlap * bwd_s * m) if self.training else 0.0
         step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
         p2p = sum(c.predicted_s for c in colls if c.collective.kind == "send_recv" and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)

@@ -19,6 +19,10 @@ class GPT2Config:
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
+    # "sdpa": one fused attention kernel (what eager PyTorch runs); "unfused": Megatron-LM's 2021 path, the
+    # scores materialised (baddbmm with the scale, a fused causal-mask softmax, dropout, bmm with V)
+    attention: str = "sdpa"
+    dropout: float = 0.0  # attention-probability and hidden dropout (Megatron-LM's GPT runs used 0.1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -27,12 +31,29 @@ class CausalSelfAttention(nn.Module):
         self.n_head = c.n_head
         self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd)
         self.c_proj = nn.Linear(c.n_embd, c.n_embd)
+        if c.attention not in ("sdpa", "unfused"):
+            raise ValueError(f"attention must be sdpa or unfused, got {c.attention!r}")
+        self.unfused, self.dropout = c.attention == "unfused", c.dropout
+
+    def _unfused(self, q, k, v):
+        """Megatron-LM's attention core: scores = Q K^T / sqrt(d) (baddbmm), the causal mask and softmax in one
+        fused kernel (its scaled_upper_triang_masked_softmax), dropout, probabilities @ V (bmm)."""
+        b, h, t, hd = q.shape
+        q2, k2, v2 = (z.reshape(b * h, t, hd) for z in (q, k, v))
+        scores = torch.baddbmm(torch.empty(b * h, t, t, dtype=q.dtype, device=q.device), q2, k2.transpose(1, 2),
+                               beta=0.0, alpha=hd ** -0.5)
+        probs = torch.softmax(scores, dim=-1)  # the fused kernel reads the scores once and writes probabilities
+        probs = F.dropout(probs, self.dropout, self.training)
+        return torch.bmm(probs, v2).view(b, h, t, hd)
 
     def forward(self, x, cache=None):
         b, t, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=2)
         hd = d // self.n_head
         q, k, v = (z.view(b, t, self.n_head, hd).transpose(1, 2) for z in (q, k, v))
+        if self.unfused and cache is None:
+            y = self._unfused(q, k, v)
+            return F.dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, d)), self.dropout, self.training)
         if cache is not None:  # decode: write the new K and V into the cache, attend over all of it
             from opmap.workloads.llama import write_cache
 
@@ -40,7 +61,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, d))
+        return F.dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, d)), self.dropout, self.training)
 
 
 class GPT2MLP(nn.Module):
@@ -48,9 +69,11 @@ class GPT2MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd)
         self.c_proj = nn.Linear(4 * c.n_embd, c.n_embd)
+        self.dropout = c.dropout
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2 uses the tanh form
+        y = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2 uses the tanh form
+        return F.dropout(y, self.dropout, self.training)
 
 
 class GPT2Block(nn.Module):
