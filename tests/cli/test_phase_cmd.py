@@ -76,3 +76,17 @@ def test_train_over_several_devices_takes_the_sharded_iteration(tmp_path, cli):
     assert p["mfu"] == pytest.approx(p["model_flops"] / (p["iteration_s"] * 4) / peak)
     assert any(c["collective"] == "all_reduce" for c in d["collectives"])
     assert "train on 4 devices" in out
+
+
+def test_fused_adamw_is_one_kernel_per_step(tmp_path, cli):
+    # --optimizer adamw-fused: one aten._fused_adamw_ over every fp32 master weight, gradient and both moments
+    # (read 4 x 4 B, write 3 x 4 B per parameter) instead of about ten kernels per parameter
+    rc, out, err = cli("analyze", "gpt2", "--phase", "train", "--seq", "32", "--optimizer", "adamw-fused",
+                       "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    (fused,) = [n for n in d["nodes"] if n["op"] == "aten._fused_adamw_.default"]
+    params = d["totals"]["params"]
+    assert fused["bytes_read"] == 4 * 4 * params and fused["bytes_written"] == 3 * 4 * params
+    rc, out, err = cli("analyze", "gpt2", "--optimizer", "adamw-fused")
+    assert rc == 2 and "--optimizer is for --phase train" in err

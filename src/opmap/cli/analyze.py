@@ -42,6 +42,9 @@ def analyze(
     global_batch: int | None = typer.Option(None, help="Train: sequences per optimizer step (a multiple of "
                                                        "--microbatch; default: the microbatch)."),
     zero: int = typer.Option(0, help="Train: ZeRO stage 0-3 for the memory fit (over 1 data-parallel rank here)."),
+    optimizer: str = typer.Option("adamw", help="Train: adamw (torch.optim.AdamW, foreach=False: a kernel per op "
+                                                "per parameter), adamw-fused (one multi-tensor kernel, fused=True, "
+                                                "as apex / Megatron-LM FusedAdam) or sgd."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size (Megatron column / row splits)."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel replicas."),
@@ -72,7 +75,8 @@ def analyze(
         check_out_dir(out)
     from opmap.workloads.phases import PhaseSpec, check_phase
 
-    spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp), model, batch)
+    spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
+                                 optimizer=optimizer), model, batch)
     mb = spec.microbatch or batch if spec.train else batch
     par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,

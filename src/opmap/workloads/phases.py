@@ -89,6 +89,8 @@ def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool
                              "(use --batch)")
         if spec.zero:
             raise OpmapError(f"--zero is for --phase train, not {spec.name}")
+        if spec.optimizer != "adamw":
+            raise OpmapError(f"--optimizer is for --phase train, not {spec.name}")
     spec_model = MODELS.get(target)
     if spec.name == "decode":
         if spec_model is not None and spec_model.kind == "vision":
