@@ -90,3 +90,18 @@ def test_fused_adamw_is_one_kernel_per_step(tmp_path, cli):
     assert fused["bytes_read"] == 4 * 4 * params and fused["bytes_written"] == 3 * 4 * params
     rc, out, err = cli("analyze", "gpt2", "--optimizer", "adamw-fused")
     assert rc == 2 and "--optimizer is for --phase train" in err
+
+
+def test_memory_is_per_device_under_a_layout(tmp_path, cli):
+    # tp 2 x pp 2: each device holds about a quarter of the parameters (dense / (tp x pp)), so its weights,
+    # gradients and AdamW state are about a quarter of one device's; the reason names the layout
+    rc, _, err = cli("analyze", "gpt2", "--phase", "train", "--seq", "64", "--out", tmp_path / "one")
+    assert rc == 0, err
+    rc, _, err = cli("analyze", "gpt2", "--phase", "train", "--seq", "64", "--tp", "2", "--pp", "2",
+                     "--global-batch", "4", "--out", tmp_path / "four")
+    assert rc == 0, err
+    one = json.loads((tmp_path / "one" / "analysis.json").read_text())["memory"]["per_device"]
+    four = json.loads((tmp_path / "four" / "analysis.json").read_text())["memory"]
+    for k in ("weights_bytes", "optimizer_bytes"):
+        assert 0.2 < four["per_device"][k] / one[k] < 0.3
+    assert any("tp2 pp2" in s for s in four["assumptions"])

@@ -184,5 +184,16 @@ def test_bad_layout_for_model():
     s = sharder("gpt2")
     with pytest.raises(OpmapError, match="does not divide the 12 attention heads"):
         s.shard(Parallelism(tp=5))
-    with pytest.raises(OpmapError, match="does not divide the 12 layers"):
-        s.shard(Parallelism(pp=5))
+    with pytest.raises(OpmapError, match="exceeds the 12 layers"):
+        s.shard(Parallelism(pp=13))
+    with pytest.raises(OpmapError, match="--vp 2 does not divide the 3 layers per pipeline stage"):
+        s.shard(Parallelism(pp=5, vp=2))
+
+
+def test_uneven_pipeline_stages_take_ceil_layers():
+    # 12 layers on 5 stages (as Llama 3 405B's 126 on 16): stages of ceil(12 / 5) = 3 layers, the last two
+    # with 2 and 1; the slowest stage (3 layers) sets the pace, so pp 5 runs no faster per microbatch than pp 4
+    s = sharder("gpt2")
+    five, four = s.shard(Parallelism(pp=5)), s.shard(Parallelism(pp=4))
+    assert max(five.stage_compute_s) == pytest.approx(max(four.stage_compute_s), rel=0.2)
+    assert len(five.stage_compute_s) == 5

@@ -107,11 +107,25 @@ def analyze(
         from opmap.mapping.sharding import shard
 
         sh = shard(a, par)
-        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a))
+        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a), fit=_sharded_fit(a, par))
     warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:
         print_wrote(write_outputs(a, out))
+
+
+def _sharded_fit(a, par):
+    """The memory fit per device under the layout (opmap.mapping.sharding.sharded_memory); the largest batch and
+    longest context are not searched under sharding (plan does that, layout by layout)."""
+    from opmap.mapping.sharding import SavedPerBlock, Sharder, saved_per_block, sharded_memory
+
+    s = Sharder(a)
+    training = a.assumptions.get("mode") == "training step"
+    seq = int(a.assumptions.get("seq") or 1)
+    saved = saved_per_block(a.graph, s.roles, seq) if training else SavedPerBlock(0.0, 0.0, 0.0, 0.0)
+    if not training and a.phase_figures and a.phase_figures.get("name") == "decode":
+        seq = int(a.phase_figures.get("kv_len") or seq)
+    return sharded_memory(par, s, saved, a.precision.requested, training, seq)
 
 
 def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion, fusion_plan,
@@ -167,7 +181,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
         from opmap.mapping.sharding import shard
 
         sh = shard(a, par)
-        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a))
+        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a), fit=_sharded_fit(a, par))
     warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:

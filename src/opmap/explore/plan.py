@@ -22,53 +22,13 @@ from typing import Any
 from opmap.analyze import analyze_graph
 from opmap.capture import capture
 from opmap.errors import OpmapError
-from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
-from opmap.mapping.memory import TRAIN_BYTES, WORKSPACE, kv_geometry, training_state_bytes
-from opmap.mapping.sharding import SPLIT_ROLES, Parallelism, Roles, Sharder
+from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, saved_per_block, sharded_memory
 
 MICROBATCHES = (1, 2, 4, 8)
 RECOMPUTES = ("none", "selective", "full")
 OBJECTIVES = ("throughput", "latency")
 PHASES = ("train", "prefill")
-
-
-@dataclass(frozen=True)
-class SavedPerBlock:
-    split_bytes: float
-    replicated_bytes: float
-    scores_bytes: float  # of the split ones, those of S x S shape (selective recomputation drops them)
-    input_bytes: float  # the block's input (full recomputation keeps only this)
-
-
-def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
-    """Forward outputs of the first block that backward nodes read (each tensor once), by role."""
-    if not roles.blocks:
-        return SavedPerBlock(0.0, 0.0, 0.0, 0.0)
-    b0 = roles.blocks[0]
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    split = rep = ss = 0.0
-    for n in graph.nodes:
-        if (n.args.get("phase") or "forward") != "backward":
-            continue
-        for t in n.inputs:
-            p = t.producer
-            if p is None or t.param is not None or roles.block.get(p) != b0:
-                continue
-            src = graph.nodes[p]
-            if (src.args.get("phase") or "forward") != "forward" or src.is_view:
-                continue
-            key = (p, tuple(t.shape))
-            if key in seen:
-                continue
-            seen.add(key)
-            if roles.role.get(p) in SPLIT_ROLES:
-                split += t.nbytes
-                if len(t.shape) >= 2 and t.shape[-1] == seq and t.shape[-2] == seq:
-                    ss += t.nbytes
-            else:
-                rep += t.nbytes
-    return SavedPerBlock(split, rep, ss, roles.geometry.act_bytes)
 
 
 @dataclass(frozen=True)
@@ -120,25 +80,7 @@ def layouts(devices: int, per_node: int, geo, global_batch: int, training: bool,
 
 def memory_bytes(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: str, training: bool,
                  seq: int) -> float:
-    geo = sharder.geo
-    params = sharder.params_per_device(p)
-    blocks = max(1, geo.layers) // p.pp
-    if training:
-        state = training_state_bytes(params, p.zero, p.dp, fmt if fmt in TRAIN_BYTES else "bf16").total_bytes
-        rep_div = p.tp if p.sp else 1
-        if p.recompute == "full":
-            per_block = saved.input_bytes / rep_div
-        else:
-            split = saved.split_bytes - (saved.scores_bytes if p.recompute == "selective" else 0.0)
-            per_block = split / p.tp + saved.replicated_bytes / rep_div
-        inflight = min(p.microbatches, p.pp) * (1 + (p.pp - 1) / (p.pp * p.vp) if p.vp > 1 else 1)
-        return state + per_block * blocks * inflight + WORKSPACE.value
-    itemsize = sharder.a.graph.param_bytes / max(1, sharder.a.graph.params)
-    weights = params * itemsize * sharder.a.precision.weight_scale
-    kv = kv_geometry(sharder.a.graph)
-    kv_div = min(p.tp, geo.kv_heads) if geo.kv_heads else p.tp
-    kv_bytes = kv.bytes_per_token * seq * p.microbatch / kv_div / p.pp
-    return weights + kv_bytes + WORKSPACE.value
+    return sharded_memory(p, sharder, saved, fmt, training, seq).total_bytes
 
 
 def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str = "train", dtype: str = "bf16",
@@ -169,7 +111,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
     geo = next(iter(sharders.values()))[0].geo
     cands = list(layouts(devices, per_node, geo, gb, training, mbs))
     out: list[Candidate] = []
-    peak = next(iter(sharders.values()))[0].a.precision.matrix_rate_flops_per_s
+    peak = next(iter(sharders.values()))[0].a.precision.matrix_peak_flops_per_s  # MFU: the dense peak
     for i, p in enumerate(cands):
         if progress and i % 50 == 0:
             progress("pricing layouts", i, len(cands))

@@ -58,6 +58,7 @@ from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.collectives import KERNEL_CLASS, Collective, collective_time
+from opmap.mapping.memory import MemoryFit
 from opmap.ops import GEMM_OPS
 from opmap.roofline import Bound, roofline
 
@@ -149,9 +150,12 @@ class Parallelism:
             _check(kv % self.tp == 0 or self.tp % kv == 0,
                    f"--tp {self.tp} and the {kv} KV heads: one must divide the other (tp > kv heads replicates "
                    "each KV head over tp / kv ranks)")
-        _check(geo.layers % self.pp == 0, f"--pp {self.pp} does not divide the {geo.layers} layers")
-        _check((geo.layers // self.pp) % self.vp == 0,
-               f"--vp {self.vp} does not divide the {geo.layers // self.pp} layers per pipeline stage")
+        # stages need not hold equal layer counts: Llama 3 405B's 126 layers ran on 16 stages, the first and last
+        # one layer short (Llama 3 paper, section 3.3.2); each stage holds ceil(layers / pp) or fewer here, and
+        # the slowest stage sets the pace
+        _check(geo.layers >= self.pp, f"--pp {self.pp} exceeds the {geo.layers} layers")
+        per = -(-geo.layers // self.pp)
+        _check(per % self.vp == 0, f"--vp {self.vp} does not divide the {per} layers per pipeline stage")
         if self.ep > 1:
             _check(geo.experts > 0, f"--ep {self.ep} needs a mixture-of-experts model (this one has no experts)")
             _check(geo.experts % self.ep == 0, f"--ep {self.ep} does not divide the {geo.experts} experts")
@@ -595,6 +599,79 @@ class Sharder:
         total = float(self.a.graph.params)
         experts = self.roles.expert_params
         return (total - experts) / (p.tp * p.pp) + experts / (p.tp * p.pp * p.ep)
+
+
+@dataclass(frozen=True)
+class SavedPerBlock:
+    split_bytes: float
+    replicated_bytes: float
+    scores_bytes: float  # of the split ones, those of S x S shape (selective recomputation drops them)
+    input_bytes: float  # the block's input (full recomputation keeps only this)
+
+
+def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
+    """Forward outputs of the first block that backward nodes read (each tensor once), by role."""
+    if not roles.blocks:
+        return SavedPerBlock(0.0, 0.0, 0.0, 0.0)
+    b0 = roles.blocks[0]
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    split = rep = ss = 0.0
+    for n in graph.nodes:
+        if (n.args.get("phase") or "forward") != "backward":
+            continue
+        for t in n.inputs:
+            p = t.producer
+            if p is None or t.param is not None or roles.block.get(p) != b0:
+                continue
+            src = graph.nodes[p]
+            if (src.args.get("phase") or "forward") != "forward" or src.is_view:
+                continue
+            key = (p, tuple(t.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+            if roles.role.get(p) in SPLIT_ROLES:
+                split += t.nbytes
+                if len(t.shape) >= 2 and t.shape[-1] == seq and t.shape[-2] == seq:
+                    ss += t.nbytes
+            else:
+                rep += t.nbytes
+    return SavedPerBlock(split, rep, ss, roles.geometry.act_bytes)
+
+
+def sharded_memory(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: str, training: bool,
+                   seq: int, capacity_bytes: float | None = None) -> MemoryFit:
+    """Per-device memory of a layout: the model state of the parameters this device holds (dense / (tp x pp),
+    experts also / ep) under mixed-precision AdamW and the ZeRO stage over dp (training), the activations saved
+    for backward by the blocks of one stage for the microbatches in flight on the first stage (min(m, pp), more
+    with interleaving), split over tp where the layer splits them (all of them with SP), the KV cache over tp
+    (KV heads) and pp (inference), and the assumed workspace."""
+    from opmap.mapping.memory import TRAIN_BYTES, WORKSPACE, kv_geometry, training_state_bytes
+
+    geo = sharder.geo
+    cap = sharder.a.hardware.memory_bytes if capacity_bytes is None else capacity_bytes
+    params = sharder.params_per_device(p)
+    blocks = -(-max(1, geo.layers) // p.pp)
+    notes = (f"per device under {p.label()}: {params:.4g} parameters held",)
+    if training:
+        st = training_state_bytes(params, p.zero, p.dp, fmt if fmt in TRAIN_BYTES else "bf16")
+        rep_div = p.tp if p.sp else 1
+        if p.recompute == "full":
+            per_block = saved.input_bytes / rep_div
+        else:
+            split = saved.split_bytes - (saved.scores_bytes if p.recompute == "selective" else 0.0)
+            per_block = split / p.tp + saved.replicated_bytes / rep_div
+        inflight = min(p.microbatches, p.pp) * (1 + (p.pp - 1) / (p.pp * p.vp) if p.vp > 1 else 1)
+        return MemoryFit(st.weights_bytes, st.gradients_bytes, st.optimizer_bytes, per_block * blocks * inflight,
+                         0.0, WORKSPACE.value, cap, "training",
+                         assumptions=notes + (f"activations: {blocks} blocks x {inflight:.3g} microbatches in flight "
+                                              "on the first stage", st.note))
+    itemsize = sharder.a.graph.param_bytes / max(1, sharder.a.graph.params)
+    weights = params * itemsize * sharder.a.precision.weight_scale
+    kv = kv_geometry(sharder.a.graph)
+    kv_div = min(p.tp, geo.kv_heads) if geo.kv_heads else p.tp
+    kv_bytes = kv.bytes_per_token * seq * p.microbatch / kv_div / p.pp
+    return MemoryFit(weights, 0.0, 0.0, 0.0, kv_bytes, WORKSPACE.value, cap, "inference", assumptions=notes)
 
 
 def shard(analysis, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:
