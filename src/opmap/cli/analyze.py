@@ -58,7 +58,7 @@ def analyze(
     from opmap.analyze import analyze_graph, check_analysis_inputs
     from opmap.capture import cache as graph_cache
     from opmap.capture import parse_overrides
-    from opmap.report.sheet import check_out_dir, print_report, write_outputs
+    from opmap.report.sheet import check_out_dir
     from opmap.workloads import with_layout
 
     # torch's import leaves a large heap that every garbage collection during capture would walk again: move
@@ -102,7 +102,14 @@ def analyze(
             a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, (a.graph, replace(w, module=None, inputs=None)))
-    if par.devices > 1 or par.ep > 1:
+    _report(a, par, overrides, rows, out)
+
+
+def _report(a, par, overrides, rows: int, out: Path | None) -> None:
+    """Lay the analysis out over the devices of ``par`` (when there are several), then print and write it."""
+    from opmap.report.sheet import print_report, write_outputs
+
+    if par is not None and (par.devices > 1 or par.ep > 1):
         from opmap.analyze import sharded_phase_figures
         from opmap.mapping.sharding import shard
 
@@ -134,7 +141,6 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     add the phase's figures and memory fit, report."""
     from opmap.analyze import analyze_phase, capture_phase, check_analysis_inputs, train_activations
     from opmap.capture import cache as graph_cache
-    from opmap.report.sheet import print_report, write_outputs
     from opmap.workloads import MODELS, with_layout
     from opmap.workloads.phases import phase_workload
 
@@ -175,17 +181,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     with console.status(f"predicting {w.name} ({spec.name}) on {hw.name}"):
         pa = analyze_phase(graph, w, hw, dtype, spec, overrides, fusion, fusion_plan, evidence, saved=saved,
                            activations=act)
-    a = pa.analysis
-    if par is not None and (par.devices > 1 or par.ep > 1):
-        from opmap.analyze import sharded_phase_figures
-        from opmap.mapping.sharding import shard
-
-        sh = shard(a, par)
-        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a), fit=_sharded_fit(a, par))
-    warn_unmatched_overrides(overrides, a.graph)
-    print_report(a, console, rows)
-    if out is not None:
-        print_wrote(write_outputs(a, out))
+    _report(pa.analysis, par, overrides, rows, out)
 
 
 def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str, device: str,
