@@ -253,3 +253,26 @@ def test_llama2_7b_config_matches_the_zoo_preset(tmp_path):
         return sum(c.matrix_flops for c in cost_graph(g))
 
     assert matrix(g_hf) == matrix(g_zoo)
+
+
+@pytest.mark.parametrize("mt", ["llama", "mistral", "mixtral", "gpt2", "opt"])
+def test_decode_reads_the_kv_cache_of_its_heads_and_window(mt, tmp_path):
+    # one new token per sequence against a transformers DynamicCache of kv_len - 1 tokens: the attention reads
+    # 2 (K, V) x layers x KV heads x head dim x cached tokens x 2 B (bf16) x batch, the KV heads being GQA's
+    # (llama, mistral, mixtral: 2 of 4) and the cached tokens capped at mistral's sliding window
+    from opmap.analyze import decode_kv_read_bytes
+    from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": mt, **CONFIGS[mt]}))
+    kv_len, batch = 64, 3
+    spec = check_phase(PhaseSpec("decode", kv_len), str(path), batch)
+    w = phase_workload(str(path), spec, batch, None, "bf16")
+    g = capture(w.module, (), w.inputs)
+    kv_heads = NH if mt in ("gpt2", "opt") else KV
+    tokens = min(kv_len, WINDOW) if mt == "mistral" else kv_len
+    assert decode_kv_read_bytes(g) == 2 * L * kv_heads * HD * tokens * 2 * batch
+    q = [n.inputs[0].shape for n in g.nodes if n.op == "aten.scaled_dot_product_attention.default"]
+    # one query per head per sequence (mistral's windowed path folds the query heads of a KV group into the
+    # query-length axis: (batch, KV heads, heads / KV heads, head dim))
+    assert len(q) == L and all(s[0] == batch and s[1] * s[2] == NH for s in q)

@@ -97,11 +97,19 @@ def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool
             raise OpmapError(f"{target} is a vision model: it has no decode phase; accepted phases: prefill, train")
         if spec_model is not None and spec_model.name == "bert-base":
             raise OpmapError(f"{target} is an encoder: it has no decode phase; accepted phases: prefill, train")
-        if spec_model is None:
-            raise OpmapError(f"--phase decode needs a zoo decoder ({', '.join(_decoders())}); {target} is not one")
-        kv = spec.kv_len if spec.kv_len is not None else spec_model.default_seq
-        if kv < 1 or kv > spec_model.max_seq:
-            raise OpmapError(f"{target} takes --kv-len from 1 to {spec_model.max_seq}, got {kv}")
+        from opmap.workloads.hf import is_hf_target
+
+        if spec_model is None and not is_hf_target(target):
+            raise OpmapError(f"--phase decode needs a zoo decoder ({', '.join(_decoders())}) or a Hugging Face "
+                             f"config (path/to/config.json, hf:NAME); {target} is neither")
+        if spec_model is None:  # a Hugging Face config: its own position limit, checked when built
+            kv = spec.kv_len if spec.kv_len is not None else 2048
+            if kv < 1:
+                raise OpmapError(f"--kv-len must be at least 1, got {kv}")
+        else:
+            kv = spec.kv_len if spec.kv_len is not None else spec_model.default_seq
+            if kv < 1 or kv > spec_model.max_seq:
+                raise OpmapError(f"{target} takes --kv-len from 1 to {spec_model.max_seq}, got {kv}")
         spec = replace(spec, kv_len=kv)
     if spec.name == "train":
         mb = spec.microbatch if spec.microbatch is not None else batch
@@ -136,6 +144,44 @@ def kv_layout(module: torch.nn.Module) -> tuple[int, int, int]:
     raise OpmapError(f"{type(module).__name__} has no KV-cache decode path; accepted: {', '.join(_decoders())}")
 
 
+def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
+    """The decode step of a Hugging Face model: one new token per sequence against a ``DynamicCache`` that
+    already holds ``kv_len - 1`` tokens per layer (meta tensors; a sliding-window layer keeps only its window, as
+    transformers' cache does), positions continuing after them. transformers' eager cache appends with
+    ``torch.cat``, so each step copies every layer's K and V once: that copy is in the graph, as it runs."""
+    from opmap.workloads.hf import _transformers, max_positions
+
+    tf = _transformers()
+    cfg = w.module.config
+    limit = max_positions(cfg)
+    if limit is not None and kv_len > limit:
+        raise OpmapError(f"{w.name} takes --kv-len from 1 to {limit}, got {kv_len}")
+    cfg.use_cache = True
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    layers = cfg.num_hidden_layers
+    dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
+    try:
+        cache = tf.DynamicCache(config=cfg)
+    except TypeError:  # an older transformers: a cache without per-layer types
+        cache = tf.DynamicCache()
+    past = kv_len - 1
+    with torch.device(device):
+        for i in range(layers):
+            k = torch.zeros(w.batch, kv_heads, past, head_dim, dtype=dt)
+            cache.update(k, torch.zeros_like(k), i)
+        ids = torch.zeros(w.batch, 1, dtype=torch.long)
+        pos = torch.full((w.batch, 1), past, dtype=torch.long)
+    window = window_of(w.module)
+    note = (f"decode: one new token for each of {w.batch} sequences against a transformers DynamicCache of {past} "
+            f"tokens ({layers} layers x {kv_heads} KV heads x head dim {head_dim})"
+            + (f", sliding-window layers keeping {window}" if window and window < kv_len else "")
+            + "; the cache appends by torch.cat (a copy of K and V per layer per step), as transformers runs it")
+    inputs = {"input_ids": ids, "past_key_values": cache, "position_ids": pos, "use_cache": True}
+    return Workload(w.name, w.module, inputs, w.batch, 1, w.assumptions + (note,))
+
+
 def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
     """The decode step of a built zoo decoder ``w``: ``w.batch`` new tokens (one per sequence) against a KV cache
     of ``kv_len`` tokens (capped at a sliding window), the cache made on ``device`` as inputs."""
@@ -161,7 +207,11 @@ def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dt
     from opmap.workloads.load import load_workload
 
     if spec.decode:
+        from opmap.workloads.hf import is_hf_target
+
         w = load_workload(target, batch, 1, dtype, device)
+        if is_hf_target(target):
+            return hf_decode_workload(w, spec.kv_len, device)
         return decode_workload(w, spec.kv_len, device)
     if spec.train:
         return load_workload(target, spec.microbatch or batch, seq, dtype, device)
