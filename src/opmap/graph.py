@@ -126,6 +126,9 @@ class OpGraph:
     inputs: tuple[TensorMeta, ...]
     device: str
     notes: tuple[str, ...] = ()
+    # every parameter's name and element count (shared ones once): what the model holds, whether or not a node
+    # read it (a decode step's idle experts launch nothing, yet their weights sit in memory)
+    param_sizes: tuple[tuple[str, int], ...] = ()
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)

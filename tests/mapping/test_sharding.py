@@ -197,3 +197,20 @@ def test_uneven_pipeline_stages_take_ceil_layers():
     five, four = s.shard(Parallelism(pp=5)), s.shard(Parallelism(pp=4))
     assert max(five.stage_compute_s) == pytest.approx(max(four.stage_compute_s), rel=0.2)
     assert len(five.stage_compute_s) == 5
+
+
+def test_a_decode_step_counts_every_expert_it_holds():
+    # a batch-1 decode step of mixtral-8x7b runs 2 of the 8 experts per layer, yet each device holds all of its
+    # experts: 32 layers x 8 experts x 3 x 4096 x 14336 weights (the zoo's config), split over ep
+    from opmap.analyze import analyze_phase, capture_phase
+    from opmap.mapping.sharding import Sharder
+    from opmap.workloads.phases import PhaseSpec, phase_workload
+
+    spec = PhaseSpec("decode", kv_len=64)
+    w = phase_workload("mixtral-8x7b", spec, 1, None, "bf16")
+    a = analyze_phase(capture_phase(w, spec), w, get_hardware("h100-sxm"), "bf16", spec).analysis
+    s = Sharder(a)
+    experts = 32 * 8 * 3 * 4096 * 14336
+    assert s.geo.experts == 8 and s.roles.expert_params == experts
+    total = a.graph.params
+    assert s.params_per_device(Parallelism(dp=2, ep=2)) == (total - experts) + experts / 2

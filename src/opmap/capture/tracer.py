@@ -606,4 +606,5 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
     finally:
         model.train(was_training)
     return OpGraph(nodes=tuple(tracker.nodes), params=params, param_bytes=pbytes, buffers=buffers,
-                   inputs=in_meta, device=dev, notes=fast_path_notes(model, train))
+                   inputs=in_meta, device=dev, notes=fast_path_notes(model, train),
+                   param_sizes=tuple((name, p.numel()) for name, p in model.named_parameters()))

@@ -358,7 +358,19 @@ def infer_roles(graph: OpGraph) -> Roles:
             hidden = first_row.outputs[0].shape[-1]
             act = first_row.outputs[0].nbytes
     b0 = order[0] if order else None
-    geo = Geometry(len(order), heads, kv, hd, hidden, len(experts.get(b0, ())) if b0 else 0, act)
+    n_experts = len(experts.get(b0, ())) if b0 else 0
+    # the experts the model holds, not only those a (decode) step ran: every parameter under the expert
+    # containers the graph saw, read off the model's parameter list where the capture kept it
+    containers = {e.rsplit(".", 1)[0] + "." for es in experts.values() for e in es if e.rsplit(".", 1)[-1].isdigit()}
+    if containers and graph.param_sizes:
+        held = {name: n for name, n in graph.param_sizes if any(name.startswith(c) for c in containers)}
+        if held:
+            expert_params = held
+            c0 = next((c for c in containers if b0 and c.startswith(b0 + ".")), None)
+            if c0 is not None:
+                n_experts = max(n_experts, len({name[len(c0):].split(".", 1)[0] for name in held if
+                                                name.startswith(c0)}))
+    geo = Geometry(len(order), heads, kv, hd, hidden, n_experts, act)
     return Roles(role, block, tuple(order), geo,
                  len(row_parents.get(b0, ())) if b0 else 0, len(col_inputs.get(b0, ())) if b0 else 0,
                  float(sum(k[2] for k in routed_keys.get(b0, ()))) if b0 else 0.0, float(sum(expert_params.values())),
