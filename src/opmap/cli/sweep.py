@@ -1,0 +1,85 @@
+"""``opmap sweep``: latency against throughput over batch and sequence, predicted or measured here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console, print_wrote
+from opmap.cli.common import hardware as get_hardware
+from opmap.errors import OpmapError
+
+ENGINES = ("local",)
+
+
+def sweep(
+    model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/config.json or hf:NAME."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    batch: str = typer.Option("1,2,4,8,16,32", help="Batch sizes, comma-separated."),
+    seq: str = typer.Option("512", help="Sequence lengths (prefill) or KV-cache lengths (decode), comma-separated."),
+    phase: str = typer.Option("prefill", help="prefill (latency: time to first token) or decode (time per "
+                                              "output token)."),
+    dtype: str = typer.Option("bf16", help="Precision."),
+    measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99."),
+    repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
+    engine: str = typer.Option("local", help="Where points run: local (this process)."),
+    out: Path | None = typer.Option(None, help="Write sweep.json and sweep.md here."),
+) -> None:
+    """Price every (batch, seq) point: latency, requests and tokens per second, bound mix, MFU, memory fit; the
+    knee and the Pareto front marked."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from opmap.explore.sweep import parse_ints
+    from opmap.explore.sweep import sweep as run_sweep
+    from opmap.report.sheet import check_out_dir, si, write_set
+
+    hw = get_hardware(hardware)
+    batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
+    if engine not in ENGINES:
+        raise OpmapError(f"unknown engine {engine!r}; accepted: {', '.join(ENGINES)} (Ray is not wired in yet)")
+    if repeats < 1:
+        raise OpmapError(f"--repeats must be at least 1, got {repeats}")
+    if out is not None:
+        check_out_dir(out)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("sweeping", total=1)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=max(1, total))
+
+        r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress)
+    knee = {(k["batch"], k["seq"]) for k in r["knee"]}
+    front = {(k["batch"], k["seq"]) for k in r["pareto"]}
+    t = Table(title=f"opmap sweep {model} on {r['hardware']} ({phase}, {dtype}): {len(r['points'])} points, "
+                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s", title_justify="left")
+    for c in ("batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"):
+        t.add_column(c, justify="right")
+    for p in r["points"]:
+        mark = " ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
+                                        ("pareto", (p["batch"], p["seq"]) in front)) if on)
+        top = next(iter(p["bound_mix"]), "-")
+        t.add_row(str(p["batch"]), str(p["seq"]), si(p["latency_s"], "s"),
+                  si(p["latency_p99_s"], "s") if p["latency_p99_s"] is not None else "-",
+                  si(p["throughput_per_s"]), si(p["tokens_per_s"]), "-" if p["mfu"] is None else f"{p['mfu']:.1%}",
+                  f"{top} {p['bound_mix'].get(top, 0):.0%}" if p["bound_mix"] else "-", "yes" if p["fits"] else "no",
+                  mark)
+    console.print(t)
+    for a in r["assumptions"]:
+        console.print(f"  {a}", highlight=False, markup=False)
+    if out is not None:
+        md = [f"# opmap sweep: {model} on {r['hardware']} ({phase})", "", *[f"- {a}" for a in r["assumptions"]], "",
+              "| batch | seq | latency (s) | p99 (s) | req/s | tokens/s | MFU | fits | method | mark |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for p in r["points"]:
+            mark = ", ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
+                                             ("pareto", (p["batch"], p["seq"]) in front)) if on)
+            p99 = f"{p['latency_p99_s']:.4g}" if p["latency_p99_s"] is not None else "-"
+            md.append(f"| {p['batch']} | {p['seq']} | {p['latency_s']:.4g} | {p99} | {p['throughput_per_s']:.4g} | "
+                      f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
+                      f"{'yes' if p['fits'] else 'no'} | "
+                      f"{p['method']} | {mark} |")
+        print_wrote(write_set(out, {"sweep.json": json.dumps(r, indent=1), "sweep.md": "\n".join(md) + "\n"}))

@@ -1,0 +1,183 @@
+"""Latency-throughput sweeps over batch and sequence: predicted on a catalog device, or measured here.
+
+``sweep`` prices every (batch, seq) point of a model for a phase (prefill: the whole prompt, latency = time to
+first token; decode: one token per sequence against a KV cache of ``seq`` tokens, latency = time per output
+token). Each sequence length is captured as a shape family over the batch (``opmap.explore.shapes``): four
+small captures prove the graph's integers polynomial in the batch, and every requested batch is then written
+from the fit and re-priced with no capture of its own; a model whose graph changes with the batch is captured
+point by point, and the point says so (``method``).
+
+Per point: latency, requests and tokens per second, the bound mix (share of predicted time by bound class),
+MFU, the memory fit. Predicted points carry no percentiles (one prediction is not a distribution); with
+``measure=True`` each point is built on the local CPU and timed over repeats: p50 / p95 / p99 from those runs.
+
+The Pareto front: points no other point beats on both latency (lower) and tokens per second (higher). The knee,
+per sequence length along the batch: the point farthest above the chord from the smallest to the largest batch
+in normalised (latency, tokens per second) space (Satopaa et al. 2011, "Kneedle"), the batch past which more
+batch buys little throughput for its latency.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from opmap.analyze import analyze_graph
+from opmap.capture import capture
+from opmap.errors import OpmapError
+from opmap.explore.shapes import FIT_POINTS, NotAFamily, ShapeFamily
+from opmap.hardware.spec import HardwareSpec
+
+SCHEMA_VERSION = 1
+PHASES = ("prefill", "decode")
+FAMILY_VALUES = (1, 2, 3, 4)  # FIT_POINTS fit batches and one to check
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; one line naming the problem otherwise."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OpmapError(f"--{what} takes comma-separated positive integers such as 1,2,4, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise OpmapError(f"--{what} takes comma-separated positive integers such as 1,2,4, got {text!r}")
+    return sorted(set(vals))
+
+
+def _bound_mix(a) -> dict[str, float]:
+    tot: dict[str, float] = defaultdict(float)
+    for k in a.kernel_results:
+        tot[str(k.bound)] += k.predicted_s
+    s = sum(tot.values()) or 1.0
+    return {b: t / s for b, t in sorted(tot.items(), key=lambda x: -x[1])}
+
+
+def _workload(target: str, phase: str, batch: int, seq: int, dtype: str, device: str = "meta"):
+    from opmap.workloads.phases import PhaseSpec, phase_workload
+
+    spec = PhaseSpec(phase, kv_len=seq if phase == "decode" else None)
+    return phase_workload(target, spec, batch, None if phase == "decode" else seq, dtype, device)
+
+
+def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[int], phase: str = "prefill",
+          dtype: str = "bf16", measure: bool = False, repeats: int = 10,
+          progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    if phase not in PHASES:
+        raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
+    from opmap.workloads.phases import PhaseSpec, check_phase
+
+    for s in seqs:  # the phase's own checks (decoder, KV length, shape limits) before any capture
+        check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
+        _workload(target, phase, 1, s, dtype)
+    t0 = time.perf_counter()
+    points: list[dict[str, Any]] = []
+    captures = 0
+    total = len(batches) * len(seqs)
+    for s in seqs:
+        def capture_at(b: int, s=s):
+            w = _workload(target, phase, b, s, dtype)
+            return capture(w.module, (), w.inputs) if isinstance(w.inputs, dict) else capture(w.module, w.inputs)
+
+        family, why = None, ""
+        if len(batches) > 1:
+            try:
+                family = ShapeFamily(capture_at, FAMILY_VALUES)
+                captures += family.captures
+            except NotAFamily as e:
+                why = str(e)
+        proxy = _workload(target, phase, 1, s, dtype)
+        for b in batches:
+            if progress:
+                progress(f"seq {s}, batch {b}", len(points), total)
+            if family is not None:
+                g, method = family.graph_at(b), f"predicted (re-priced from the batch family of seq {s})"
+            else:
+                g, method = capture_at(b), "predicted (captured)" + (f": {why}" if why else "")
+                captures += 1
+            w = replace(proxy, module=None, inputs=None, batch=b, seq=None if phase == "decode" else s)
+            a = analyze_graph(g, w, hw, dtype)
+            lat = a.predicted_latency_s
+            tokens = b * (1 if phase == "decode" else s)
+            pt = {"batch": b, "seq": s, "phase": phase, "latency_s": lat, "latency_p50_s": None,
+                  "latency_p95_s": None, "latency_p99_s": None, "throughput_per_s": b / lat if lat else 0.0,
+                  "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
+                  "mfu": a.predicted_mfu, "fits": a.memory.fits, "memory_bytes": a.memory.total_bytes,
+                  "method": method}
+            if measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
+                pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name}
+                pt.update(_measure(target, phase, b, s, repeats), mfu=None, bound_mix={})
+            points.append(pt)
+    if progress:
+        progress("done", total, total)
+    wall = time.perf_counter() - t0
+    return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name if not measure else "local",
+            "phase": phase, "dtype": dtype, "points": points, "knee": knees(points), "pareto": pareto(points),
+            "points_per_s": len(points) / wall if wall else 0.0, "captures": captures, "wall_s": wall,
+            "assumptions": [
+                "latency: prefill = time to first token of the batch; decode = time per output token at the KV "
+                "length given as seq",
+                "predicted points carry no percentiles; measured points: p50 / p95 / p99 over the repeats",
+                "knee: Kneedle (Satopaa et al. 2011) along the batch per seq, in normalised latency / tokens per s",
+                "pareto: no other point has lower latency and higher tokens per second"]}
+
+
+def _measure(target: str, phase: str, batch: int, seq: int, repeats: int) -> dict[str, Any]:
+    """The point built on the local CPU in fp32 and timed: ``repeats`` runs after two warm-ups."""
+    import torch
+
+    from opmap.timing import time_iterations
+
+    w = _workload(target, phase, batch, seq, "fp32", device="cpu")
+    m = w.module.eval()
+
+    def call():
+        with torch.inference_mode():
+            return m(**w.inputs) if isinstance(w.inputs, dict) else m(*w.inputs)
+
+    dev = torch.device("cpu")
+    time_iterations(call, dev, 2)
+    st = time_iterations(call, dev, repeats)
+    return {"latency_s": st.p50_s, "latency_p50_s": st.p50_s, "latency_p95_s": st.quantile(0.95),
+            "latency_p99_s": st.quantile(0.99), "throughput_per_s": batch / st.p50_s,
+            "tokens_per_s": batch * (1 if phase == "decode" else seq) / st.p50_s,
+            "method": f"measured on this CPU (fp32, {repeats} runs after 2 warm-ups)"}
+
+
+def pareto(points: Sequence[dict[str, Any]]) -> list[dict[str, int]]:
+    """(batch, seq) of the points no other point beats on both latency and tokens per second."""
+    out = []
+    for p in points:
+        if not any(q is not p and q["latency_s"] <= p["latency_s"] and q["tokens_per_s"] >= p["tokens_per_s"]
+                   and (q["latency_s"] < p["latency_s"] or q["tokens_per_s"] > p["tokens_per_s"]) for q in points):
+            out.append({"batch": p["batch"], "seq": p["seq"]})
+    return out
+
+
+def knees(points: Sequence[dict[str, Any]]) -> list[dict[str, int]]:
+    """Per seq, along the batch: the point farthest above the chord from the first to the last point in
+    normalised (latency, tokens per second); none with fewer than three batches or a straight curve."""
+    by_seq: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for p in points:
+        by_seq[p["seq"]].append(p)
+    out = []
+    for s, ps in sorted(by_seq.items()):
+        ps = sorted(ps, key=lambda p: p["batch"])
+        if len(ps) < FIT_POINTS:
+            continue
+        xs = [p["latency_s"] for p in ps]
+        ys = [p["tokens_per_s"] for p in ps]
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        if x1 == x0 or y1 == y0:
+            continue
+        nx = [(x - x0) / (x1 - x0) for x in xs]
+        ny = [(y - y0) / (y1 - y0) for y in ys]
+        # distance above the chord from the first point to the last (normalised)
+        ax, ay, bx, by = nx[0], ny[0], nx[-1], ny[-1]
+        dist = [((bx - ax) * (y - ay) - (by - ay) * (x - ax)) for x, y in zip(nx, ny)]
+        i = max(range(len(ps)), key=lambda k: dist[k])
+        if dist[i] > 0:
+            out.append({"batch": ps[i]["batch"], "seq": s})
+    return out

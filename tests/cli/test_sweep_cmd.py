@@ -1,0 +1,27 @@
+"""opmap sweep: the sweep.json contract, the knee and Pareto marks, bad input in one line."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_sweep_writes_the_contract(tmp_path, cli):
+    rc, out, err = cli("sweep", "gpt2", "--batch", "1,2,8", "--seq", "32,64", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(d["points"]) == 6 and d["points_per_s"] > 0 and {"knee", "pareto"} <= set(d)
+    keys = {"batch", "seq", "phase", "latency_s", "latency_p50_s", "latency_p95_s", "latency_p99_s",
+            "throughput_per_s", "tokens_per_s", "bound_mix", "mfu", "fits", "method"}
+    assert all(keys <= set(p) for p in d["points"])
+    # a larger batch at one sequence length is never faster in latency and never lower in throughput here
+    for s in (32, 64):
+        ps = sorted((p for p in d["points"] if p["seq"] == s), key=lambda p: p["batch"])
+        assert all(a["latency_s"] <= b["latency_s"] for a, b in zip(ps, ps[1:]))
+    assert "pareto" in out and (tmp_path / "sweep.md").exists()
+
+
+def test_sweep_refuses_bad_input(refused):
+    refused("sweep", "gpt2", "--batch", "1,x", needle="--batch takes comma-separated positive integers")
+    refused("sweep", "gpt2", "--engine", "spark", needle="unknown engine 'spark'; accepted: local")
+    refused("sweep", "resnet50", "--phase", "decode", "--batch", "1", "--seq", "8",
+            needle="vision model: it has no decode phase")
