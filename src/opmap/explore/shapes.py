@@ -17,9 +17,11 @@ fit points and a fourth to check.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
+from itertools import islice
 from typing import Any
 
 from opmap.graph import Node, OpGraph, TensorMeta
@@ -79,17 +81,45 @@ def _skeleton(g: OpGraph) -> tuple:
                    tuple(t_key(t) for t in n.outputs), a_key(n.args), n.is_view, n.is_inplace) for n in g.nodes))
 
 
-def _lagrange(xs: Sequence[int], ys: Sequence[int]) -> Callable[[int], Fraction]:
-    def f(x: int) -> Fraction:
-        total = Fraction(0)
-        for i, (xi, yi) in enumerate(zip(xs, ys)):
-            term = Fraction(yi)
-            for j, xj in enumerate(xs):
-                if j != i:
-                    term *= Fraction(x - xj, xi - xj)
-            total += term
-        return total
-    return f
+@functools.lru_cache(maxsize=65536)  # a graph repeats the same integer series (b s, h, 3 h, ...) many times
+def _coefficients(xs: tuple[int, ...], ys: tuple[int, ...]) -> tuple[Fraction, ...]:
+    """The polynomial through the points (xs, ys), degree len(xs) - 1, as exact coefficients c0, c1, ... (the
+    Lagrange basis expanded once, so evaluating is a few integer operations per value)."""
+    n = len(xs)
+    coeffs = [Fraction(0)] * n
+    for i, (xi, yi) in enumerate(zip(xs, ys)):
+        basis = [Fraction(1)]  # prod over j != i of (x - xj) / (xi - xj), as coefficients
+        for j, xj in enumerate(xs):
+            if j == i:
+                continue
+            d = Fraction(1, xi - xj)
+            nxt = [Fraction(0)] * (len(basis) + 1)
+            for k, c in enumerate(basis):
+                nxt[k] -= c * xj * d
+                nxt[k + 1] += c * d
+            basis = nxt
+        for k, c in enumerate(basis):
+            coeffs[k] += yi * c
+    return tuple(coeffs)
+
+
+@functools.lru_cache(maxsize=65536)
+def _poly(xs: tuple[int, ...], ys: tuple[int, ...]) -> _Poly:
+    return _Poly(_coefficients(xs, ys))
+
+
+class _Poly:
+    __slots__ = ("c", "whole")
+
+    def __init__(self, c: tuple[Fraction, ...]):
+        self.whole = all(x.denominator == 1 for x in c)
+        self.c = tuple(int(x) for x in c) if self.whole else c
+
+    def __call__(self, x: int) -> Fraction | int:
+        acc = 0
+        for c in reversed(self.c):
+            acc = acc * x + c
+        return acc
 
 
 class ShapeFamily:
@@ -112,13 +142,13 @@ class ShapeFamily:
                                  "or argument structure differ)")
         series = {v: _ints(g) for v, g in graphs.items()}
         n = len(series[self.fit_values[0]])
-        self._fits: list[Callable[[int], Fraction] | int] = []
+        self._fits: list[_Poly | int] = []
         for i in range(n):
             ys = [series[v][i] for v in self.fit_values]
             if ys.count(ys[0]) == len(ys):
                 self._fits.append(ys[0])
                 continue
-            f = _lagrange(self.fit_values, ys)
+            f = _poly(tuple(self.fit_values), tuple(ys))
             for v in self.check_values:
                 if f(v) != series[v][i]:
                     raise NotAFamily(f"integer {i} of the graph is not polynomial in the parameter: "
@@ -134,23 +164,25 @@ class ShapeFamily:
                 vals.append(f)
                 continue
             x = f(v)
-            if x.denominator != 1 or x < 0:
+            if (not f.whole and Fraction(x).denominator != 1) or x < 0:
                 raise NotAFamily(f"the fitted graph has a non-integer or negative size ({x}) at {v}")
             vals.append(int(x))
         it = iter(vals)
         g = self.template
 
         def tm(t: TensorMeta) -> TensorMeta:
-            shape = tuple(next(it) for _ in t.shape)
-            stride = tuple(next(it) for _ in t.stride)
-            return replace(t, shape=shape, stride=stride)
+            r = len(t.shape)
+            shape = tuple(islice(it, r))
+            stride = tuple(islice(it, len(t.stride)))
+            return TensorMeta(shape, t.dtype, stride, t.producer, t.param)
 
         inputs = tuple(tm(t) for t in g.inputs)
         nodes: list[Node] = []
         for n in g.nodes:
             ins = tuple(tm(t) for t in n.inputs)
             outs = tuple(tm(t) for t in n.outputs)
-            nodes.append(replace(n, inputs=ins, outputs=outs, args=_fill(n.args, it)))
+            nodes.append(Node(n.id, n.op, n.module, n.module_class, n.layer_type, ins, outs, n.input_names,
+                              _fill(n.args, it) if n.args else n.args, n.is_view, n.is_inplace))
         return replace(g, nodes=tuple(nodes), inputs=inputs)
 
 

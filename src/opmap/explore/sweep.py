@@ -69,16 +69,17 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
         raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
     from opmap.workloads.phases import PhaseSpec, check_phase
 
-    for s in seqs:  # the phase's own checks (decoder, KV length, shape limits) before any capture
+    for s in seqs:  # the phase's own checks (decoder, KV length) before any capture; shapes when built
         check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
-        _workload(target, phase, 1, s, dtype)
     t0 = time.perf_counter()
     points: list[dict[str, Any]] = []
     captures = 0
     total = len(batches) * len(seqs)
     for s in seqs:
+        built: dict[int, Any] = {}
+
         def capture_at(b: int, s=s):
-            w = _workload(target, phase, b, s, dtype)
+            w = built[b] = _workload(target, phase, b, s, dtype)
             return capture(w.module, (), w.inputs) if isinstance(w.inputs, dict) else capture(w.module, w.inputs)
 
         family, why = None, ""
@@ -88,7 +89,7 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
                 captures += family.captures
             except NotAFamily as e:
                 why = str(e)
-        proxy = _workload(target, phase, 1, s, dtype)
+        proxy = None
         for b in batches:
             if progress:
                 progress(f"seq {s}, batch {b}", len(points), total)
@@ -97,6 +98,7 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
             else:
                 g, method = capture_at(b), "predicted (captured)" + (f": {why}" if why else "")
                 captures += 1
+            proxy = proxy or next(iter(built.values()), None) or _workload(target, phase, 1, s, dtype)
             w = replace(proxy, module=None, inputs=None, batch=b, seq=None if phase == "decode" else s)
             a = analyze_graph(g, w, hw, dtype)
             lat = a.predicted_latency_s
