@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 
 from opmap.errors import OpmapError
-from opmap.serve import (Requests, TableCost, make_requests, parse_arrival, parse_length, parse_policy,
-                         parse_service_time, simulate, summarize)
+from opmap.serve import (
+    Requests,
+    TableCost,
+    make_requests,
+    parse_arrival,
+    parse_length,
+    parse_policy,
+    parse_service_time,
+    simulate,
+    summarize,
+)
 from opmap.serve.policies import Chunked, Continuous, Dynamic, NoBatching, Static
 
 
