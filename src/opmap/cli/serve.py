@@ -40,8 +40,16 @@ def serve(
     batch actually formed, admission limited by the KV cache that fits; TTFT, TPOT, ITL, goodput, MLPerf-style
     validity."""
     from opmap.report.sheet import check_out_dir, write_set
-    from opmap.serve import (Slo, make_requests, parse_arrival, parse_length, parse_policy, parse_service_time,
-                             simulate, summarize)
+    from opmap.serve import (
+        Slo,
+        make_requests,
+        parse_arrival,
+        parse_length,
+        parse_policy,
+        parse_service_time,
+        simulate,
+        summarize,
+    )
     from opmap.serve import find_capacity as bisect_capacity
 
     # every input checked before the pricing and the simulation
