@@ -19,6 +19,7 @@ from opmap.cli import catalog as _catalog
 from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
 from opmap.cli import quality as _quality
+from opmap.cli import serve as _serve
 from opmap.cli import sweep as _sweep
 from opmap.cli.common import console
 from opmap.errors import OpmapError
@@ -63,6 +64,7 @@ app.command("profile")(_profile.profile)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("plan")(_plan.plan)
 app.command("sweep")(_sweep.sweep)
+app.command("serve")(_serve.serve)
 
 
 def _usage_error(e: Exception) -> bool:

@@ -1,0 +1,179 @@
+"""``opmap serve``: simulate serving a model under an arrival process and a batching policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console, print_wrote
+from opmap.errors import OpmapError
+
+
+def serve(
+    model: str = typer.Argument(..., help="A zoo text decoder (opmap models list)."),
+    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices per replica."),
+    arrival: str = typer.Option("poisson:10", help="poisson:RATE, gamma:RATE,CV, offline or trace:FILE."),
+    requests: int = typer.Option(1000, "--requests", help="Requests to simulate (a trace: at most this many)."),
+    input_len: str = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
+                                                             "lognormal:MEDIAN,SIGMA or trace."),
+    output_len: str = typer.Option("128", "--output-len", help="As --input-len."),
+    policy: str = typer.Option("continuous", help="none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], "
+                                                  "chunked:CHUNK."),
+    replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
+    router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
+    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="TTFT limit at p99, ms (default 2000)."),
+    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="TPOT limit at p99, ms (default 200)."),
+    slo_p99: float | None = typer.Option(None, "--slo-p99", help="End-to-end latency limit at p99, ms "
+                                                                 "(instead of TTFT and TPOT)."),
+    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect for the highest arrival rate "
+                                                                      "meeting the SLO."),
+    seed: int = typer.Option(0, "--seed", help="Seeds arrivals, lengths and service times."),
+    service_time: str | None = typer.Option(None, "--service-time", help="fixed:MS or exp:MS: a per-request "
+                                                                         "service time instead of the cost model."),
+    dtype: str = typer.Option("bf16", help="Precision of the priced model."),
+    out: Path | None = typer.Option(None, help="Write serve.json (and latency_cdf.png with matplotlib) here."),
+) -> None:
+    """A discrete-event simulation of serving: prefill and decode steps priced by opmap's cost model for the
+    batch actually formed, admission limited by the KV cache that fits; TTFT, TPOT, ITL, goodput, MLPerf-style
+    validity."""
+    from opmap.report.sheet import check_out_dir, write_set
+    from opmap.serve import (
+        Slo,
+        make_requests,
+        parse_arrival,
+        parse_length,
+        parse_policy,
+        parse_service_time,
+        simulate,
+        summarize,
+    )
+    from opmap.serve import find_capacity as bisect_capacity
+
+    # every input checked before the pricing and the simulation
+    arr = parse_arrival(arrival)
+    ilen, olen = parse_length(input_len), parse_length(output_len)
+    pol = parse_policy(policy)
+    if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
+        raise OpmapError("--slo-p99 replaces --slo-ttft and --slo-tpot: give one or the other")
+    for name, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99)):
+        if v is not None and not v > 0:
+            raise OpmapError(f"{name} must be > 0 ms (got {v:g})")
+    if slo_p99 is not None:
+        slo = Slo(None, None, slo_p99 / 1e3)
+    else:
+        slo = Slo(2.0 if slo_ttft is None else slo_ttft / 1e3, 0.2 if slo_tpot is None else slo_tpot / 1e3)
+    if find_capacity and arr.kind not in ("poisson", "gamma"):
+        raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
+    if out is not None:
+        check_out_dir(out)
+    reqs = make_requests(arr, ilen, olen, requests, seed)
+    if service_time is not None:
+        cost = parse_service_time(service_time)
+        simulate(_empty(reqs), pol, cost, replicas, router)  # checks policy and router
+    else:
+        simulate(_empty(reqs), pol, _NoCost(), replicas, router)
+        from opmap.hardware import get_hardware
+
+        get_hardware(hardware)
+        from opmap.serve.model_cost import model_table_cost
+
+        with console.status(f"pricing {model} on {hardware}") as st:
+            cost = model_table_cost(model, hardware, dtype, tp, progress=lambda s: st.update(s))
+    with console.status(f"simulating {len(reqs)} requests ({pol.spec()}, {arr.spec()})"):
+        res = simulate(reqs, pol, cost, replicas, router, seed)
+        report = summarize(res, slo)
+    capacity = None
+    if find_capacity:
+        with console.status("finding capacity") as st:
+            def run(rate: float):
+                st.update(f"finding capacity: {rate:.4g} requests/s")
+                r = make_requests(arr.with_rate(rate), ilen, olen, requests, seed)
+                return summarize(simulate(r, pol, cost, replicas, router, seed), slo)
+
+            capacity = bisect_capacity(run, arr.rate_per_s)
+        report["capacity"] = capacity
+    report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
+                             "router": router, "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
+                             "cost": "service time " + service_time if service_time else "opmap cost model",
+                             "kv_cache": "reserved in full (input + output) at admission, no preemption"}
+    _print(report, model, hardware)
+    if out is not None:
+        paths = write_set(out, {"serve.json": json.dumps(report, indent=2) + "\n"})
+        png = _cdf_png(res, out)
+        print_wrote(paths + ([png] if png else []))
+
+
+class _NoCost:
+    kv_capacity_tokens = None
+
+    def prefill_s(self, tokens: int, seqs: int) -> float:
+        return 0.0
+
+    def decode_s(self, seqs: int, kv_tokens: int) -> float:
+        return 0.0
+
+
+def _empty(reqs):
+    from opmap.serve import Requests
+
+    return Requests(reqs.arrival_s[:0], reqs.input_len[:0], reqs.output_len[:0], reqs.arrival)
+
+
+def _print(r: dict, model: str, hardware: str) -> None:
+    from rich.table import Table
+
+    from opmap.report.sheet import si
+
+    a = r["assumptions"]
+    t = Table(title=f"opmap serve {model} on {a['replicas']} x {a['tp']} {hardware}: {r['policy']['spec']}, "
+                    f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']})", title_justify="left")
+    for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
+        t.add_column(col, justify="left" if col == "latency" else "right")
+    for k in ("e2e", "ttft", "queue", "tpot", "itl"):
+        s = r["latency"][k]
+        t.add_row(k, *[si(s[f], "s") if s[f] is not None else "-" for f in
+                       ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
+    console.print(t)
+    th, g = r["throughput"], r["goodput"]
+    console.print(f"throughput {th['requests_per_s']:.4g} req/s, {si(th['tokens_per_s'], 'tok/s')} "
+                  f"({si(th['output_tokens_per_s'], 'tok/s')} out); goodput {g['requests_per_s']:.4g} req/s; "
+                  f"SLO attainment {r['slo_attainment']:.1%}; queueing share {r['queueing_share']:.1%}",
+                  highlight=False)
+    v = r["validity"]
+    console.print(f"MLPerf-style validity: {v['verdict']} ({v['reason']})", highlight=False)
+    if "capacity" in r:
+        c = r["capacity"]
+        console.print(f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO "
+                      f"({len(c['runs'])} runs{'' if c['converged'] else ', not converged'})", highlight=False)
+
+
+def _cdf_png(res, out: Path) -> Path | None:
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("matplotlib") is None:
+        console.print("note: matplotlib is not installed, latency_cdf.png skipped", highlight=False)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, x in (("e2e", res.finish_s - res.arrival_s), ("ttft", res.first_s - res.arrival_s),
+                    ("queue", res.start_s - res.arrival_s)):
+        xs = np.sort(x)
+        ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=name)
+    ax.set_xlabel("latency (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.legend()
+    path = Path(out) / "latency_cdf.png"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,138 @@
+"""What a step of the server costs. The simulator asks a ``StepCost`` for the time of each step it forms:
+
+- ``prefill_s(tokens, seqs)``: one forward pass over ``tokens`` prompt tokens from ``seqs`` sequences (s);
+- ``decode_s(seqs, kv_tokens)``: one decode iteration, one new token for each of ``seqs`` sequences that
+  together hold ``kv_tokens`` tokens of KV cache (s);
+- ``kv_capacity_tokens``: how many tokens of KV cache fit beside the weights (None: unlimited).
+
+``TableCost`` interpolates a few priced points (built from opmap's phase analyses in model_cost.py, or by
+hand in tests). ``ServiceTime`` replaces the cost model by a per-request service time (``fixed:MS`` or
+``exp:MS``, the mean), so the simulator can be checked against queueing theory.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from opmap.errors import OpmapError
+
+SERVICE_ACCEPTED = "fixed:MS, exp:MS (MS the mean service time in milliseconds, > 0)"
+
+
+@runtime_checkable
+class StepCost(Protocol):
+    kv_capacity_tokens: int | None
+
+    def prefill_s(self, tokens: int, seqs: int) -> float: ...
+
+    def decode_s(self, seqs: int, kv_tokens: int) -> float: ...
+
+
+def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs: int, kv_tokens: int) -> float:
+    """One iteration carrying prompt chunks and decodes together (chunked prefill): the weights are read once
+    for all ``prefill_tokens + decode_seqs`` tokens, plus the decodes' reading of their KV cache."""
+    if decode_seqs == 0:
+        return cost.prefill_s(prefill_tokens, prefill_seqs)
+    if prefill_tokens == 0:
+        return cost.decode_s(decode_seqs, kv_tokens)
+    kv_read = max(0.0, cost.decode_s(decode_seqs, kv_tokens) - cost.decode_s(decode_seqs, 0))
+    return cost.prefill_s(prefill_tokens + decode_seqs, prefill_seqs + decode_seqs) + kv_read
+
+
+def _seg(xs: Sequence[float], x: float) -> tuple[int, float]:
+    """Index i and weight w with x = xs[i] + w (xs[i+1] - xs[i]); linear extrapolation past either end."""
+    n = len(xs)
+    if n == 1:
+        return 0, 0.0
+    i = min(max(bisect_right(xs, x) - 1, 0), n - 2)
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+@dataclass
+class TableCost:
+    """Step times interpolated from priced points. ``prefill_tokens``/``prefill_time_s``: prefill time over
+    total prompt tokens in the step (piecewise linear, extrapolated linearly, floored at the smallest point's
+    time per token times the tokens). ``decode_batch`` x ``decode_kv``: a grid of decode times
+    ``decode_time_s[i][j]`` for batch ``decode_batch[i]`` holding ``decode_kv[j]`` KV tokens in all
+    (bilinear, extrapolated linearly). Times never go below 0."""
+
+    prefill_tokens: Sequence[float]
+    prefill_time_s: Sequence[float]
+    decode_batch: Sequence[float]
+    decode_kv: Sequence[float]
+    decode_time_s: Sequence[Sequence[float]]
+    kv_capacity_tokens: int | None = None
+    source: str = "table"
+
+    def __post_init__(self) -> None:
+        self.prefill_tokens = [float(x) for x in self.prefill_tokens]
+        self.prefill_time_s = [float(x) for x in self.prefill_time_s]
+        self.decode_batch = [float(x) for x in self.decode_batch]
+        self.decode_kv = [float(x) for x in self.decode_kv]
+        self.decode_time_s = [[float(x) for x in row] for row in self.decode_time_s]
+        ok = (len(self.prefill_tokens) == len(self.prefill_time_s) >= 1
+              and len(self.decode_time_s) == len(self.decode_batch) >= 1
+              and all(len(r) == len(self.decode_kv) >= 1 for r in self.decode_time_s)
+              and all(np.all(np.diff(v) > 0) for v in (self.prefill_tokens, self.decode_batch, self.decode_kv)))
+        if not ok:
+            raise OpmapError("TableCost needs increasing prefill_tokens, decode_batch and decode_kv and a "
+                             "decode_time_s grid of len(decode_batch) rows by len(decode_kv) columns")
+
+    def prefill_s(self, tokens: int, seqs: int = 1) -> float:
+        xs, ys = self.prefill_tokens, self.prefill_time_s
+        i, w = _seg(xs, tokens)
+        if len(xs) == 1:
+            return ys[0] * tokens / xs[0]
+        return max(0.0, ys[i] + w * (ys[i + 1] - ys[i]))
+
+    def decode_s(self, seqs: int, kv_tokens: int) -> float:
+        i, u = _seg(self.decode_batch, seqs)
+        j, v = _seg(self.decode_kv, kv_tokens)
+        g = self.decode_time_s
+        i1 = i + 1 if len(self.decode_batch) > 1 else i
+        j1 = j + 1 if len(self.decode_kv) > 1 else j
+        a = g[i][j] + v * (g[i][j1] - g[i][j])
+        b = g[i1][j] + v * (g[i1][j1] - g[i1][j])
+        return max(0.0, a + u * (b - a))
+
+    def to_dict(self) -> dict:
+        return {"kind": "table", "source": self.source, "kv_capacity_tokens": self.kv_capacity_tokens,
+                "prefill": {"tokens": self.prefill_tokens, "time_s": self.prefill_time_s},
+                "decode": {"batch": self.decode_batch, "kv_tokens": self.decode_kv, "time_s": self.decode_time_s}}
+
+
+@dataclass(frozen=True)
+class ServiceTime:
+    """A per-request service time: ``fixed`` (every request takes mean_s) or ``exp`` (exponential, mean
+    mean_s). A batch of requests takes as long as its longest member."""
+
+    kind: str
+    mean_s: float
+    kv_capacity_tokens: int | None = None
+
+    def spec(self) -> str:
+        return f"{self.kind}:{self.mean_s * 1e3:g}"
+
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, self.mean_s)
+        return rng.exponential(self.mean_s, n)
+
+    def to_dict(self) -> dict:
+        return {"kind": "service_time", "spec": self.spec(), "distribution": self.kind, "mean_s": self.mean_s}
+
+
+def parse_service_time(spec: str) -> ServiceTime:
+    kind, _, body = spec.strip().partition(":")
+    try:
+        ms = float(body)
+    except ValueError:
+        ms = float("nan")
+    if kind in ("fixed", "exp") and ms > 0 and np.isfinite(ms):
+        return ServiceTime(kind, ms / 1e3)
+    raise OpmapError(f"bad service time {spec!r}: accepted: {SERVICE_ACCEPTED}")

@@ -1,0 +1,172 @@
+"""Serving metrics from a SimResult, named as vLLM's benchmark_serving and MLPerf LoadGen name them.
+
+- e2e: finish - arrival; ttft: first token - arrival (queueing included; ``queue`` = start - arrival shown
+  apart); tpot: (e2e - ttft) / (output_len - 1), requests with more than one output token (MLPerf's TPOT);
+  itl: the gap between consecutive tokens of a request, pooled over all tokens (vLLM's ITL).
+  Each as mean / p50 / p90 / p95 / p99 in seconds (linear-interpolated percentiles).
+- throughput over the run's span (first arrival to last finish): requests, all tokens, output tokens per s.
+- SLO: per request, ttft <= ttft_s and tpot <= tpot_s (LLM Server), or e2e <= p99_s (--slo-p99).
+  slo_attainment: the fraction of requests meeting it; goodput: those requests per second (DistServe).
+- queueing_share: mean queueing / mean e2e.
+- validity (MLPerf Server style): VALID when p99 TTFT <= the TTFT limit and p99 TPOT <= the TPOT limit
+  (or p99 e2e <= the latency limit). MLPerf v4 llama2-70b Server: TTFT 2 s, TPOT 200 ms, both at p99.
+  The real rule also asks for a 600 s minimum run and a minimum query count, which a simulation is not
+  checked against; the verdict says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from opmap.errors import OpmapError
+from opmap.serve.sim import SimResult
+
+SCHEMA_VERSION = 1
+PCTS = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency limits (s). Default: MLPerf Inference v4 llama2-70b Server, TTFT 2 s and TPOT 200 ms at p99."""
+
+    ttft_s: float | None = 2.0
+    tpot_s: float | None = 0.2
+    p99_s: float | None = None  # an end-to-end p99 limit instead (MLPerf's non-LLM Server scenarios)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.p99_s is not None:
+            return {"kind": "e2e_p99", "p99_s": self.p99_s}
+        return {"kind": "ttft_tpot_p99", "ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
+
+
+def stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
+    """mean and p50/p90/p95/p99 (s) of x, weighted by w (each x[k] counted w[k] times) when given."""
+    keys = ["mean_s"] + [f"p{p}_s" for p in PCTS]
+    if x.size == 0 or (w is not None and w.sum() <= 0):
+        return dict.fromkeys(keys)
+    if w is None:
+        vals = [float(x.mean())] + [float(v) for v in np.percentile(x, PCTS)]
+    else:
+        order = np.argsort(x, kind="stable")
+        xs, ws = x[order], w[order]
+        cum = np.cumsum(ws)
+        tot = cum[-1]
+        # the k-th smallest token (0-based rank r) has value xs[searchsorted(cum, r, 'right')]
+        def pick(p: float) -> float:
+            r = p / 100 * (tot - 1)
+            lo, hi = int(np.floor(r)), int(np.ceil(r))
+            a = xs[np.searchsorted(cum, lo, side="right")]
+            b = xs[np.searchsorted(cum, hi, side="right")]
+            return float(a + (r - lo) * (b - a))
+        vals = [float((xs * ws).sum() / tot)] + [pick(p) for p in PCTS]
+    return dict(zip(keys, vals, strict=True))
+
+
+def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
+    """The serve.json body (without the command's assumptions)."""
+    slo = slo or Slo()
+    n = len(res.arrival_s)
+    e2e = res.finish_s - res.arrival_s
+    ttft = res.first_s - res.arrival_s
+    queue = res.start_s - res.arrival_s
+    multi = res.output_len > 1
+    tpot = (e2e - ttft)[multi] / (res.output_len[multi] - 1) if res.streams_tokens else np.empty(0)
+    span = float(res.finish_s.max() - res.arrival_s.min()) if n else 0.0
+    rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
+    out_tok = int(res.output_len.sum())
+    in_tok = int(res.input_len.sum())
+    if slo.p99_s is not None:
+        ok = e2e <= slo.p99_s
+        p99 = float(np.percentile(e2e, 99))
+        valid = p99 <= slo.p99_s
+        reason = f"p99 e2e {p99 * 1e3:.1f} ms {'<=' if valid else '>'} limit {slo.p99_s * 1e3:g} ms"
+    else:
+        ok = np.ones(n, dtype=bool)
+        parts, valid = [], True
+        if slo.ttft_s is not None:
+            ok &= ttft <= slo.ttft_s
+            p = float(np.percentile(ttft, 99))
+            valid &= p <= slo.ttft_s
+            parts.append(f"p99 TTFT {p * 1e3:.1f} ms {'<=' if p <= slo.ttft_s else '>'} {slo.ttft_s * 1e3:g} ms")
+        if slo.tpot_s is not None and tpot.size:
+            tp_all = np.zeros(n)
+            tp_all[multi] = tpot
+            ok &= tp_all <= slo.tpot_s
+            p = float(np.percentile(tpot, 99))
+            valid &= p <= slo.tpot_s
+            parts.append(f"p99 TPOT {p * 1e3:.1f} ms {'<=' if p <= slo.tpot_s else '>'} {slo.tpot_s * 1e3:g} ms")
+        reason = "; ".join(parts) or "no latency limit"
+    met = int(ok.sum())
+    mean_e2e = float(e2e.mean()) if n else 0.0
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "policy": res.policy,
+        "arrival": res.arrival,
+        "router": res.router,
+        "replicas": res.replicas,
+        "cost": res.cost,
+        "requests": {"count": n, "input_tokens": in_tok, "output_tokens": out_tok, "span_s": span,
+                     "steps": res.steps},
+        "throughput": {"requests_per_s": rate(n), "tokens_per_s": rate(in_tok + out_tok),
+                       "output_tokens_per_s": rate(out_tok)},
+        "latency": {"e2e": stats(e2e), "ttft": stats(ttft), "tpot": stats(tpot),
+                    "itl": stats(res.itl_gap_s, res.itl_weight), "queue": stats(queue)},
+        "goodput": {"requests_per_s": rate(met), "output_tokens_per_s": rate(int(res.output_len[ok].sum()))},
+        "slo": slo.to_dict(),
+        "slo_attainment": met / n if n else 0.0,
+        "queueing_share": float(queue.mean()) / mean_e2e if mean_e2e > 0 else 0.0,
+        "utilization": [b / span if span > 0 else 0.0 for b in res.busy_s],
+        "validity": {"valid": bool(valid), "verdict": "VALID" if valid else "INVALID", "reason": reason,
+                     "rule": "MLPerf Server: the latency limits hold at p99 (LLM: TTFT and TPOT; "
+                             "llama2-70b 2 s and 200 ms); the 600 s minimum duration and minimum query count "
+                             "are not checked in simulation"},
+    }
+
+
+def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
+                  max_runs: int = 40) -> dict[str, Any]:
+    """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID, by bisection: double or
+    halve from ``rate0`` to bracket the edge, then halve the bracket until it is within ``rel_tol``. Each
+    run uses the same seed (common random numbers), so validity is near-monotone in the rate."""
+    if not rate0 > 0:
+        raise OpmapError("--find-capacity needs a starting rate > 0 (poisson:RATE or gamma:RATE,CV)")
+    tried: list[dict[str, Any]] = []
+
+    def ok(rate: float) -> bool:
+        s = run(rate)
+        v = s["validity"]["valid"]
+        tried.append({"rate_per_s": rate, "valid": v, "reason": s["validity"]["reason"]})
+        return v
+
+    lo, hi = None, None
+    r = rate0
+    if ok(r):
+        lo = r
+        while hi is None and len(tried) < max_runs // 2:
+            r *= 2
+            if ok(r):
+                lo = r
+            else:
+                hi = r
+    else:
+        hi = r
+        while lo is None and len(tried) < max_runs // 2:
+            r /= 2
+            if ok(r):
+                lo = r
+            else:
+                hi = r
+    if lo is None or hi is None:
+        return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "runs": tried}
+    while hi - lo > rel_tol * lo and len(tried) < max_runs:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
+            "rel_tol": rel_tol, "runs": tried}

@@ -1,0 +1,120 @@
+"""Batching policies: named, versioned, immutable values. Every result records ``policy.to_dict()``.
+
+``none``                one request at a time (request-level, no batching)
+``static:B``            wait for B requests, run them as one batch to the end (slots stay held until the
+                        longest finishes, as padded request-level batching does); a short batch is sent only
+                        when no more requests will arrive
+``dynamic:B,WAIT_MS``   Triton-style dynamic batching: send when B are queued or the oldest has waited WAIT_MS
+``continuous[:TOKEN_BUDGET]``  iteration-level scheduling (Orca, vLLM v0): new requests are admitted at
+                        every iteration boundary while their prompt tokens fit the budget (default 8192,
+                        vLLM's max_num_batched_tokens) and the KV cache has room; a prefill iteration runs
+                        on its own, decodes wait for it
+``chunked:CHUNK``       Sarathi-Serve chunked prefill: every iteration carries all running decodes (one
+                        token each) and fills the rest of a CHUNK-token budget with prompt chunks (stall-free)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from opmap.errors import OpmapError
+
+ACCEPTED = "none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK"
+MAX_SEQS = 256  # vLLM's default max_num_seqs: the most sequences in one iteration
+
+
+@dataclass(frozen=True)
+class Policy:
+    name = "policy"
+    version = 1
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def spec(self) -> str:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "spec": self.spec(), "params": self.params}
+
+
+@dataclass(frozen=True)
+class NoBatching(Policy):
+    name = "none"
+
+    def spec(self) -> str:
+        return "none"
+
+
+@dataclass(frozen=True)
+class Static(Policy):
+    batch: int
+    name = "static"
+
+    def spec(self) -> str:
+        return f"static:{self.batch}"
+
+
+@dataclass(frozen=True)
+class Dynamic(Policy):
+    batch: int
+    wait_s: float
+    name = "dynamic"
+
+    def spec(self) -> str:
+        return f"dynamic:{self.batch},{self.wait_s * 1e3:g}"
+
+
+@dataclass(frozen=True)
+class Continuous(Policy):
+    token_budget: int = 8192
+    max_seqs: int = MAX_SEQS
+    name = "continuous"
+
+    def spec(self) -> str:
+        return f"continuous:{self.token_budget}"
+
+
+@dataclass(frozen=True)
+class Chunked(Policy):
+    chunk: int = 512  # Sarathi-Serve's usual chunk sizes are 256-2048 tokens
+    max_seqs: int = MAX_SEQS
+    name = "chunked"
+
+    def spec(self) -> str:
+        return f"chunked:{self.chunk}"
+
+
+def _bad(spec: str, why: str = "") -> OpmapError:
+    return OpmapError(f"bad policy {spec!r}{' (' + why + ')' if why else ''}: accepted: {ACCEPTED}")
+
+
+def _ints(spec: str, body: str) -> int:
+    if not body.strip().isdigit() or int(body) < 1:
+        raise _bad(spec, "sizes are integers >= 1")
+    return int(body)
+
+
+def parse_policy(spec: str) -> Policy:
+    s = spec.strip()
+    kind, _, body = s.partition(":")
+    if kind == "none" and not body:
+        return NoBatching()
+    if kind == "static" and body:
+        return Static(_ints(spec, body))
+    if kind == "dynamic" and body:
+        b, _, w = body.partition(",")
+        try:
+            wait_ms = float(w)
+        except ValueError:
+            raise _bad(spec, "WAIT_MS is a number of milliseconds") from None
+        if not wait_ms >= 0:
+            raise _bad(spec, "WAIT_MS must be >= 0")
+        return Dynamic(_ints(spec, b), wait_ms / 1e3)
+    if kind == "continuous":
+        return Continuous(_ints(spec, body)) if body else Continuous()
+    if kind == "chunked" and body:
+        return Chunked(_ints(spec, body))
+    raise _bad(spec)

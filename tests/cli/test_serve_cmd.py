@@ -1,0 +1,59 @@
+"""opmap serve."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+
+def test_serve_service_time_writes_the_contract(tmp_path, cli):
+    rc, out, err = cli("serve", "gpt2", "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
+                       "--requests", 2000, "--seed", 3, "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "serve.json").read_text())
+    for k in ("policy", "arrival", "requests", "throughput", "latency", "goodput", "slo_attainment",
+              "queueing_share", "validity"):
+        assert k in d
+    assert set(d["latency"]) == {"e2e", "ttft", "tpot", "itl", "queue"}
+    assert set(d["latency"]["queue"]) == {"mean_s", "p50_s", "p90_s", "p95_s", "p99_s"}
+    assert set(d["throughput"]) == {"requests_per_s", "tokens_per_s", "output_tokens_per_s"}
+    assert d["policy"]["name"] == "none" and d["policy"]["version"] == 1
+    assert d["throughput"]["requests_per_s"] == pytest.approx(5, rel=0.1)
+    assert "MLPerf-style validity" in out
+
+
+def test_find_capacity_mm1_p99(tmp_path, cli):
+    """M/M/1 sojourn time is exponential with rate mu - lambda (Kleinrock 1975 sec. 3.2): a p99 limit L is met
+    up to lambda* = mu - ln(100) / L = 10 - 4.605 / 2 = 7.70 requests/s (p99 over 100,000 requests: 10%)."""
+    rc, out, err = cli("serve", "gpt2", "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
+                       "--requests", 100_000, "--slo-p99", 2000, "--find-capacity", "--out", tmp_path)
+    assert rc == 0, err
+    cap = json.loads((tmp_path / "serve.json").read_text())["capacity"]
+    assert cap["rate_per_s"] == pytest.approx(10 - math.log(100) / 2, rel=0.1)
+
+
+def test_serve_gpt2_continuous(tmp_path, cli):
+    rc, out, err = cli("serve", "gpt2", "--hardware", "h100-sxm", "--arrival", "poisson:50", "--requests", 200,
+                       "--input-len", "uniform:32,256", "--output-len", 32, "--policy", "chunked:256",
+                       "--replicas", 2, "--router", "least_loaded", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "serve.json").read_text())
+    assert d["cost"]["kind"] == "table" and d["cost"]["kv_capacity_tokens"] > 1_000_000
+    assert d["validity"]["verdict"] == "VALID"
+    assert 0 < d["latency"]["ttft"]["p50_s"] < d["latency"]["e2e"]["p50_s"]
+    assert d["latency"]["itl"]["mean_s"] > 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--arrival", "poisson"), "accepted: poisson:RATE"),
+    (("--policy", "batch:4"), "accepted: none, static:B"),
+    (("--service-time", "exp:100", "--policy", "continuous"), "use none, static:B"),
+    (("--slo-p99", 100, "--slo-ttft", 100), "--slo-p99 replaces"),
+    (("--router", "random"), "accepted: round_robin"),
+    (("--arrival", "offline", "--find-capacity"), "varies the arrival rate"),
+    (("--input-len", "normal:5"), "accepted: N, uniform"),
+])
+def test_serve_refuses_bad_input(refused, args, needle):
+    refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)
