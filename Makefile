@@ -28,6 +28,10 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_capture.py
 	$(BIN)/python benchmarks/bench_large.py
+	$(BIN)/python benchmarks/bench_train_large.py
+	$(BIN)/python benchmarks/bench_plan.py
+	$(BIN)/python benchmarks/bench_sweep.py
+	$(BIN)/python benchmarks/bench_serve.py
 
 accuracy: setup
 	$(BIN)/python benchmarks/accuracy.py
