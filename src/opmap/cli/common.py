@@ -3,6 +3,7 @@ the "wrote" line."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -76,3 +77,18 @@ def warn_unmatched_overrides(overrides, graph) -> None:
 
 def print_wrote(paths: Iterable[Path]) -> None:
     console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+@contextlib.contextmanager
+def step_progress(first: str):
+    """A transient progress bar; yields ``progress(what, done, total)`` for the library's long loops."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(first, total=1)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=max(1, total))
+
+        yield progress

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, print_wrote
+from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 
 
@@ -26,7 +26,6 @@ def plan(
 ) -> None:
     """Rank every legal (tp, pp, dp, ep, sp, vp, microbatch, recompute, zero) layout by predicted throughput or
     latency; layouts that do not fit memory are rejected with the numbers."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from opmap.explore.plan import plan as run_plan
@@ -36,13 +35,7 @@ def plan(
     hw = get_hardware(hardware)
     if out is not None:
         check_out_dir(out)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("planning", total=1)
-
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=max(1, total))
-
+    with step_progress("planning") as progress:
         result = run_plan(lambda mb: load_workload(model, mb, seq, dtype, "meta"), hw, devices, phase, dtype,
                           global_batch, objective, progress=progress)
     ranked = result["ranked"]

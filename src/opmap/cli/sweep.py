@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, print_wrote
+from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 
@@ -29,7 +29,6 @@ def sweep(
 ) -> None:
     """Price every (batch, seq) point: latency, requests and tokens per second, bound mix, MFU, memory fit; the
     knee and the Pareto front marked."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from opmap.explore.sweep import parse_ints
@@ -44,13 +43,7 @@ def sweep(
         raise OpmapError(f"--repeats must be at least 1, got {repeats}")
     if out is not None:
         check_out_dir(out)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("sweeping", total=1)
-
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=max(1, total))
-
+    with step_progress("sweeping") as progress:
         r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress)
     knee = {(k["batch"], k["seq"]) for k in r["knee"]}
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
