@@ -24,8 +24,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("calibrate", ("opmap.calibrate",)),  # times the families of capture and costs
     ("analyze", ("opmap.analyze",)),  # the pipeline
     ("measure", ("opmap.measure",)),  # real runs joined to predictions
-    ("explore", ("opmap.explore",)),  # sweeps, fit matrix (to come)
-    ("serve", ("opmap.serve",)),  # serving simulator (to come)
+    ("serve", ("opmap.serve",)),  # serving simulator (the fit matrix runs it: below explore)
+    ("explore", ("opmap.explore",)),  # plans, sweeps, the fit matrix
     ("store", ("opmap.store",)),  # run store (to come)
     ("report", ("opmap.report",)),
     ("cli", ("opmap.cli",)),

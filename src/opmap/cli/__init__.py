@@ -16,6 +16,7 @@ from rich.console import Console
 from opmap.cli import analyze as _analyze
 from opmap.cli import calibrate as _calibrate
 from opmap.cli import catalog as _catalog
+from opmap.cli import fit as _fit
 from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
 from opmap.cli import quality as _quality
@@ -64,6 +65,7 @@ app.command("profile")(_profile.profile)
 app.command("calibrate")(_calibrate.calibrate)
 app.command("plan")(_plan.plan)
 app.command("sweep")(_sweep.sweep)
+app.command("fit")(_fit.fit)
 app.command("serve")(_serve.serve)
 
 

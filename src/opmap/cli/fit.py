@@ -1,0 +1,107 @@
+"""``opmap fit``: the workload fit matrix across platforms, served under an SLO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console, print_wrote
+from opmap.errors import OpmapError
+
+
+def _prices(items: list[str]) -> dict[str, float]:
+    from opmap.hardware import get_hardware
+
+    out = {}
+    for it in items:
+        name, _, usd = it.partition("=")
+        try:
+            out[get_hardware(name.strip()).name] = float(usd)
+        except ValueError:
+            raise OpmapError(f"--price takes NAME=USD_PER_HOUR (per device), got {it!r}") from None
+    return out
+
+
+def fit(
+    models: str = typer.Option(..., "--models", help="Zoo decoders, comma-separated (opmap models list)."),
+    hardware: str = typer.Option(..., "--hardware", "-H", help="Catalog names, comma-separated."),
+    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="p99 time to first token limit, ms."),
+    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="p99 time per output token limit, ms."),
+    slo_p99: float | None = typer.Option(None, "--slo-p99", help="p99 end-to-end limit, ms (instead of TTFT/TPOT)."),
+    power_budget: float | None = typer.Option(None, "--power-budget", help="Watts a cell may draw at its SLO rate."),
+    price: list[str] = typer.Option([], "--price", help="NAME=USD per device-hour (repeatable): perf per dollar."),
+    input_len: str = typer.Option("512", help="Prompt tokens: N or a distribution (uniform:A,B, normal:M,S)."),
+    output_len: str = typer.Option("128", help="Generated tokens: N or a distribution."),
+    requests: int = typer.Option(500, help="Requests per simulated run."),
+    devices: int | None = typer.Option(None, help="Devices per replica (default: the smallest that fits)."),
+    dtype: str = typer.Option("bf16", help="Precision."),
+    engine: str = typer.Option("local", help="Where cells run: local (this process)."),
+    out: Path | None = typer.Option(None, help="Write fit.json and fit.md here."),
+) -> None:
+    """Rows workloads, columns platforms: throughput at the SLO, p99 latency, memory fit, perf per watt, energy
+    per token, perf per dollar, bottleneck; platforms that break a constraint kept, struck out, with the
+    reason; ranked per workload."""
+    from rich.table import Table
+
+    from opmap.cli.common import step_progress
+    from opmap.explore.fit import fit_matrix
+    from opmap.explore.sweep import parse_ints
+    from opmap.report.sheet import check_out_dir, si, write_set
+    from opmap.serve.metrics import Slo
+
+    ms = [m.strip() for m in models.split(",") if m.strip()]
+    hws = [h.strip() for h in hardware.split(",") if h.strip()]
+    if not ms or not hws:
+        raise OpmapError("--models and --hardware each take at least one name, comma-separated")
+    if engine != "local":
+        raise OpmapError(f"unknown engine {engine!r}; accepted: local (Ray is not wired in yet)")
+    if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
+        raise OpmapError("give --slo-p99, or --slo-ttft and --slo-tpot, not both")
+    if requests < 10:
+        raise OpmapError(f"--requests must be at least 10 for a p99, got {requests}")
+    if devices is not None:
+        parse_ints(str(devices), "devices")
+    slo = Slo(None, None, slo_p99 / 1e3) if slo_p99 is not None else Slo(
+        (slo_ttft if slo_ttft is not None else 2000.0) / 1e3, (slo_tpot if slo_tpot is not None else 200.0) / 1e3)
+    prices = _prices(price)
+    if out is not None:
+        check_out_dir(out)
+    with step_progress("fitting") as progress:
+        r = fit_matrix(ms, hws, slo, input_len, output_len, requests, dtype, devices, power_budget, prices,
+                       progress=lambda what: progress(what, 0, 1))
+    slo_text = (f"p99 end to end {slo.p99_s * 1e3:g} ms" if slo.p99_s is not None else
+                f"p99 TTFT {slo.ttft_s * 1e3:g} ms, p99 TPOT {slo.tpot_s * 1e3:g} ms")
+    t = Table(title=f"opmap fit: output tokens/s at the SLO ({slo_text})", title_justify="left")
+    t.add_column("workload")
+    for h in r["hardware"]:
+        t.add_column(h, justify="right")
+    for m in ms:
+        row = [m]
+        for h in r["hardware"]:
+            c = next(c for c in r["cells"] if c["model"] == m and c["hardware"] == h)
+            if c["throughput_at_slo"] is None:
+                row.append(f"[strike]-[/strike] {c['excluded_reason'][:40]}")
+                continue
+            text = (f"#{c['rank']} " if c["rank"] else "") + f"{si(c['throughput_at_slo'])} on {c['devices']}"
+            text += f"\np99 {si(c['latency_p99_s'], 's')}, {c['perf_per_watt']:.3g} tok/J, {c['bound']}"
+            row.append(f"[strike]{text}[/strike]\n{c['excluded_reason']}" if c["excluded_reason"] else text)
+        t.add_row(*row)
+    console.print(t)
+    for a in r["assumptions"]:
+        console.print(f"  {a}", highlight=False, markup=False)
+    console.print("  trade-curve plot: not drawn (matplotlib is not installed); fit.json holds its data",
+                  highlight=False, markup=False)
+    if out is not None:
+        md = [f"# opmap fit ({slo_text})", "", *[f"- {a}" for a in r["assumptions"]], "",
+              "| workload | platform | devices | tok/s at SLO | p99 e2e (s) | W | tok/J | J/tok | tok/$ | bound | "
+              "risk | rank | excluded |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in r["cells"]:
+            def f(x, fmt=".4g"):
+                return "-" if x is None else format(x, fmt)
+            md.append(f"| {c['model']} | {c['hardware']} | {f(c['devices'], 'd')} | {f(c['throughput_at_slo'])} | "
+                      f"{f(c['latency_p99_s'])} | {f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | "
+                      f"{f(c['energy_per_token_j'])} | {f(c['perf_per_dollar'])} | {c['bound'] or '-'} | {c['risk']} | "
+                      f"{f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
+        print_wrote(write_set(out, {"fit.json": json.dumps(r, indent=1), "fit.md": "\n".join(md) + "\n"}))

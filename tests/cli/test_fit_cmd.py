@@ -1,0 +1,26 @@
+"""opmap fit: the fit.json contract, bad input in one line."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_fit_writes_the_contract(tmp_path, cli):
+    rc, out, err = cli("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", "100",
+                       "--input-len", "128", "--output-len", "16", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "fit.json").read_text())
+    (c,) = d["cells"]
+    keys = {"model", "hardware", "devices", "fits", "throughput_at_slo", "latency_p99_s", "perf_per_watt",
+            "energy_per_token_j", "power_method", "perf_per_dollar", "bound", "risk", "rank", "excluded_reason"}
+    assert keys <= set(c) and c["power_method"] == "modelled" and c["latency_p99_s"] <= 3.0
+    assert "3000 ms" in out and "p99 end to end 3000 ms" in (tmp_path / "fit.md").read_text()
+
+
+def test_fit_refuses_bad_input(refused):
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", "l4=cheap",
+            needle="--price takes NAME=USD_PER_HOUR")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "100", "--slo-ttft", "50",
+            needle="give --slo-p99, or --slo-ttft and --slo-tpot, not both")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", "h100-sxm=2",
+            needle="--price names h100-sxm, not among --hardware")
