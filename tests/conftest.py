@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 import pytest
 
 os.environ["OPMAP_GRAPH_CACHE"] = "0"
+# the run store of the whole test session lives in a temporary folder, never in the user's data directory
+os.environ["OPMAP_STORE"] = os.path.join(tempfile.mkdtemp(prefix="opmap-store-"), "runs.duckdb")
 
 from opmap.analyze import analyze
 from opmap.hardware import get_hardware

@@ -20,6 +20,7 @@ from opmap.cli import fit as _fit
 from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
 from opmap.cli import quality as _quality
+from opmap.cli import runs as _runs
 from opmap.cli import serve as _serve
 from opmap.cli import sweep as _sweep
 from opmap.cli.common import console
@@ -59,6 +60,7 @@ def _options(version: bool = typer.Option(False, "--version", is_eager=True, cal
 
 app.add_typer(_catalog.models_app, name="models")
 app.add_typer(_catalog.hardware_app, name="hardware")
+app.add_typer(_runs.runs_app, name="runs")
 app.command("analyze")(_analyze.analyze)
 app.command("quality")(_quality.quality)
 app.command("profile")(_profile.profile)

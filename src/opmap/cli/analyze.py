@@ -31,6 +31,9 @@ def analyze(
     fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": \\[\\[node ids], ...]}.'),
     quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
     layout: str = typer.Option("nchw", help="Activation layout of conv models: nchw or channels_last."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE, else the "
+                                                              "user's data directory)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
     phase: str = typer.Option("prefill", help="prefill (time to first token), decode (one token per sequence "
                                               "against a KV cache: time per output token) or train (forward, "
                                               "backward, AdamW: iteration time, MFU, HFU)."),
@@ -83,7 +86,7 @@ def analyze(
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
     if spec.name != "prefill":
         _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
-                       fusion_plan, quality, layout, par)
+                       fusion_plan, quality, layout, par, store, no_store)
         return
     # a zoo model captured on meta before, at these shapes and this build dtype, is not built or captured again
     # (opmap.capture.cache: keyed by the inputs, the opmap and torch versions and the model and tracer sources)
@@ -102,10 +105,11 @@ def analyze(
             a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, (a.graph, replace(w, module=None, inputs=None)))
-    _report(a, par, overrides, rows, out)
+    _report(a, par, overrides, rows, out, store, no_store)
 
 
-def _report(a, par, overrides, rows: int, out: Path | None) -> None:
+def _report(a, par, overrides, rows: int, out: Path | None, store: Path | None = None,
+            no_store: bool = False) -> None:
     """Lay the analysis out over the devices of ``par`` (when there are several), then print and write it."""
     from opmap.report.sheet import print_report, write_outputs
 
@@ -119,6 +123,12 @@ def _report(a, par, overrides, rows: int, out: Path | None) -> None:
     print_report(a, console, rows)
     if out is not None:
         print_wrote(write_outputs(a, out))
+    if not no_store:
+        from opmap.cli.common import record_run
+        from opmap.store.db import analysis_tags
+
+        d = a.to_dict()
+        record_run("analyze", d, analysis_tags(d), store, no_store)
 
 
 def _sharded_fit(a, par):
@@ -136,7 +146,7 @@ def _sharded_fit(a, par):
 
 
 def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion, fusion_plan,
-                   quality, layout, par=None) -> None:
+                   quality, layout, par=None, store=None, no_store=False) -> None:
     """Decode or train: build the phase's workload (or take its graph from the capture cache), capture, predict,
     add the phase's figures and memory fit, report."""
     from opmap.analyze import analyze_phase, capture_phase, check_analysis_inputs, train_activations
@@ -181,7 +191,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     with console.status(f"predicting {w.name} ({spec.name}) on {hw.name}"):
         pa = analyze_phase(graph, w, hw, dtype, spec, overrides, fusion, fusion_plan, evidence, saved=saved,
                            activations=act)
-    _report(pa.analysis, par, overrides, rows, out)
+    _report(pa.analysis, par, overrides, rows, out, store, no_store)
 
 
 def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str, device: str,

@@ -92,3 +92,22 @@ def step_progress(first: str):
             bar.update(task, description=what, completed=done, total=max(1, total))
 
         yield progress
+
+
+def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_store: bool) -> None:
+    """Record a finished run in the run store (opmap.store); a store that cannot take it costs one line, never
+    the user's result."""
+    if no_store:
+        return
+    from opmap.store import StoreUnavailable, record
+
+    try:
+        rid = record(kind, payload, tags, store)
+    except StoreUnavailable as e:
+        if "duckdb" in str(e):
+            console.print(f"[dim]run not recorded: {e}[/dim]")
+        return
+    except (OpmapError, OSError) as e:
+        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {e}")
+        return
+    console.print(f"[dim]recorded as run {rid} (opmap runs show {rid})[/dim]")

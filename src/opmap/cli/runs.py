@@ -1,0 +1,63 @@
+"""``opmap runs``: the recorded runs (opmap.store)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console
+from opmap.errors import OpmapError
+
+runs_app = typer.Typer(help="Runs recorded in the run store: list and show.", no_args_is_help=True)
+
+
+def _where(items: list[str]) -> dict[str, str]:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or not k.strip():
+            raise OpmapError(f"--where takes TAG=VALUE, got {it!r}")
+        out[k.strip()] = v.strip()
+    return out
+
+
+@runs_app.command("list")
+def list_cmd(where: list[str] = typer.Option([], "--where", help="TAG=VALUE (repeatable): keep matching runs."),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON: [{id, kind, time_utc, tags}]."),
+             store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
+    """The recorded runs, oldest first."""
+    from rich.table import Table
+
+    from opmap.store import list_runs
+
+    runs = list_runs(_where(where), store)
+    if as_json:
+        print(json.dumps(runs, indent=1))
+        return
+    t = Table(title=f"{len(runs)} runs", title_justify="left")
+    for c in ("id", "kind", "time (UTC)", "workload", "hardware", "phase", "precision", "batch", "seq"):
+        t.add_column(c)
+    for r in runs:
+        g = r["tags"]
+        t.add_row(r["id"], r["kind"], r["time_utc"], *(str(g.get(k, "")) for k in ("workload", "hardware", "phase",
+                                                                                   "precision", "batch", "seq")))
+    console.print(t)
+
+
+@runs_app.command("show")
+def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list)."),
+             as_json: bool = typer.Option(False, "--json", help="Print the run as JSON."),
+             store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
+    """One run: its tags, its figures and how many kernel rows and samples it holds."""
+    from opmap.store import show_run
+
+    r = show_run(run_id, store)
+    if as_json:
+        print(json.dumps(r, indent=1))
+        return
+    console.print(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, {r['samples']} samples",
+                  highlight=False)
+    for k, v in r["tags"].items():
+        console.print(f"  {k}: {v}", highlight=False, markup=False)

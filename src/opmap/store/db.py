@@ -1,0 +1,267 @@
+"""The DuckDB run store: spool, lock, ingest, query (see the package docstring for the design)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from opmap import __version__
+from opmap.errors import OpmapError
+
+SCHEMA_VERSION = 1
+TAGS_VERSION = 1  # the tag names below; a new tag may be added, a renamed one bumps this
+LOCK_TIMEOUT_S = 60.0
+TAG_COLUMNS = ("workload", "hardware", "phase", "precision", "batch", "seq", "fusion", "parallelism",
+               "graph_hash", "opmap_version", "torch_version", "git_commit", "command")
+
+
+class StoreUnavailable(OpmapError):
+    """The store cannot be used here (no duckdb, or recording turned off)."""
+
+
+def default_path() -> Path | None:
+    """The store file: ``$OPMAP_STORE`` (``off``: none), else under the user's data directory."""
+    env = os.environ.get("OPMAP_STORE")
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "none") else Path(env).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "opmap" / "runs.duckdb"
+
+
+def _duckdb():
+    try:
+        import duckdb
+    except ImportError:
+        raise StoreUnavailable("the run store needs duckdb: pip install 'opmap[store]' (or pip install duckdb)") \
+            from None
+    return duckdb
+
+
+def _git_commit() -> str | None:
+    try:
+        p = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() or None if p.returncode == 0 else None
+
+
+def graph_hash(nodes: list[dict[str, Any]]) -> str:
+    """A stable hash of a graph's operators and tensor shapes (analysis.json ``nodes``), order included."""
+    h = hashlib.sha256()
+    for n in nodes:
+        h.update(n.get("op", "").encode())
+        for t in n.get("inputs", []) + n.get("outputs", []):
+            h.update(repr(tuple(t.get("shape", ()))).encode())
+    return h.hexdigest()[:16]
+
+
+def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
+    """The telemetry tags of an analysis.json (or profile.json) body."""
+    a = d.get("assumptions", {})
+    par = d.get("parallelism")
+    phase = d.get("phase") or {}
+    return {
+        "tags_version": TAGS_VERSION,
+        "workload": a.get("workload"), "hardware": a.get("hardware"), "phase": phase.get("name", "prefill"),
+        "precision": a.get("dtype"), "batch": a.get("batch"), "seq": a.get("seq"), "fusion": a.get("fusion_policy"),
+        "parallelism": (f"tp{par['tp']} pp{par['pp']} dp{par['dp']} ep{par['ep']}" if par else "single device"),
+        "graph_hash": graph_hash(d.get("nodes", [])), "opmap_version": a.get("opmap_version", __version__),
+        "torch_version": a.get("torch_version"),
+    }
+
+
+def _common_tags(tags: dict[str, Any]) -> dict[str, Any]:
+    return {"opmap_version": __version__, "git_commit": _git_commit(),
+            "command": shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None, **tags}
+
+
+def _rows(payload: dict[str, Any]) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """(kernels, layer_types, samples) rows of an analysis.json / profile.json body."""
+    kernels = []
+    nodes = {n["id"]: n for n in payload.get("nodes", []) if "id" in n}
+    for i, k in enumerate(payload.get("kernels", [])):
+        anchor = nodes.get(k.get("anchor"), {})
+        # a kernel's name: its anchor op at its module path (the op signature compare matches on)
+        name = (f"{anchor.get('op', '')}@{anchor.get('module', '')}" if anchor else
+                str(k.get("op") or k.get("collective") or ""))
+        flops = sum(nodes.get(n, {}).get("flops") or 0.0 for n in k.get("nodes", ())) if nodes else k.get("flops")
+        kernels.append((i, name, anchor.get("layer_type") or k.get("layer_type"), k.get("predicted_s"),
+                        k.get("measured_s"), flops,
+                        k.get("bytes") if k.get("bytes") is not None else k.get("traffic_bytes"), k.get("bound")))
+    lts = [(lt, v.get("predicted_s"), v.get("measured_s"), v.get("share_of_time"))
+           for lt, v in (payload.get("layer_types") or {}).items()]
+    samples = []
+    for metric, values in (payload.get("samples") or {}).items():
+        samples += [(metric, i, float(x)) for i, x in enumerate(values)]
+    return kernels, lts, samples
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS runs (id VARCHAR PRIMARY KEY, kind VARCHAR, time_utc VARCHAR, workload VARCHAR,
+  hardware VARCHAR, phase VARCHAR, precision VARCHAR, batch BIGINT, seq BIGINT, fusion VARCHAR,
+  parallelism VARCHAR, graph_hash VARCHAR, opmap_version VARCHAR, torch_version VARCHAR, git_commit VARCHAR,
+  command VARCHAR, tags JSON, payload JSON);
+CREATE TABLE IF NOT EXISTS kernels (run_id VARCHAR, idx INTEGER, name VARCHAR, layer_type VARCHAR,
+  predicted_s DOUBLE, measured_s DOUBLE, flops DOUBLE, bytes DOUBLE, bound VARCHAR);
+CREATE TABLE IF NOT EXISTS layer_types (run_id VARCHAR, layer_type VARCHAR, predicted_s DOUBLE,
+  measured_s DOUBLE, share DOUBLE);
+CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR, metric VARCHAR, i INTEGER, value_s DOUBLE);
+"""
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout_s: float = LOCK_TIMEOUT_S):
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "a") as f:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OpmapError(f"the run store {path} stayed locked for {timeout_s:.0f} s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _spool(path: Path) -> Path:
+    return path.with_name(path.name + ".spool")
+
+
+def _ingest_all(path: Path) -> int:
+    """Ingest every complete spool file into the store (the caller holds the lock). Returns runs added."""
+    duckdb = _duckdb()
+    con = duckdb.connect(str(path))
+    added = 0
+    try:
+        con.execute(SCHEMA)
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        for f in sorted(_spool(path).glob("*.json")):
+            try:
+                run = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue  # not ours to judge: left for a person to look at
+            if con.execute("SELECT 1 FROM runs WHERE id = ?", [run["id"]]).fetchone():
+                f.unlink(missing_ok=True)  # committed before, deleted not (a writer killed in between)
+                continue
+            tags = run["tags"]
+            rows = run.get("rows") or {}
+            kernels, lts, samples = rows.get("kernels", []), rows.get("layer_types", []), rows.get("samples", [])
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute("INSERT INTO runs VALUES (" + ", ".join(["?"] * 18) + ")",
+                            [run["id"], run["kind"], run["time_utc"], *[_col(tags.get(c)) for c in TAG_COLUMNS],
+                             json.dumps(tags), json.dumps(run["payload"])])
+                for table, rows in (("kernels", kernels), ("layer_types", lts), ("samples", samples)):
+                    _insert_columns(con, table, run["id"], rows)
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+            f.unlink(missing_ok=True)
+            added += 1
+    finally:
+        con.close()
+    return added
+
+
+def _insert_columns(con, table: str, run_id: str, rows: list) -> None:
+    """All of a run's rows of one table in one statement, column by column (DuckDB unnests the lists in step):
+    a row-by-row executemany of a 70B model's 3,000 kernels took 1.7 s."""
+    if not rows:
+        return
+    cols = [list(c) for c in zip(*rows)]
+    sel = ", ".join(f"unnest(?::{t}[])" for t in _TYPES[table])
+    con.execute(f"INSERT INTO {table} SELECT ?, {sel}", [run_id, *cols])
+
+
+_TYPES = {"kernels": ("INTEGER", "VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE", "VARCHAR"),
+          "layer_types": ("VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE"),
+          "samples": ("VARCHAR", "INTEGER", "DOUBLE")}
+
+
+def _col(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str)) else str(v)
+
+
+def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path | None = None) -> str:
+    """Record one run; returns its id. Raises StoreUnavailable where recording is off or duckdb is missing."""
+    path = path if path is not None else default_path()
+    if path is None:
+        raise StoreUnavailable("recording is off (--no-store or OPMAP_STORE=off)")
+    _duckdb()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spool = _spool(path)
+    spool.mkdir(exist_ok=True)
+    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    body = {"id": run_id, "kind": kind, "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+            "tags": _common_tags(tags), "payload": payload}
+    kernels, lts, samples = _rows(payload)
+    # the per-node list stays in the run's own files (analysis.json); kernels, layer types and samples are rows
+    body["payload"] = {k: v for k, v in payload.items() if k not in ("nodes", "kernels", "samples")}
+    body["rows"] = {"kernels": kernels, "layer_types": lts, "samples": samples}
+    tmp = spool / f".{run_id}.tmp"
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, spool / f"{run_id}.json")
+    with _locked(path):
+        _ingest_all(path)
+    return run_id
+
+
+def _read(path: Path | None):
+    path = path if path is not None else default_path()
+    if path is None:
+        raise StoreUnavailable("recording is off (OPMAP_STORE=off): no store to read")
+    duckdb = _duckdb()
+    if not path.exists():
+        raise OpmapError(f"no run store at {path} (opmap records a run there on each analyze)")
+    with _locked(path):  # land any waiting runs first
+        _ingest_all(path)
+    return duckdb.connect(str(path), read_only=True)
+
+
+def list_runs(where: dict[str, str] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
+    """Runs as [{id, kind, time_utc, tags}], oldest first, filtered by tag equality."""
+    where = where or {}
+    bad = sorted(set(where) - set(TAG_COLUMNS) - {"kind", "id"})
+    if bad:
+        raise OpmapError(f"unknown tag {', '.join(bad)}; accepted: kind, id, {', '.join(TAG_COLUMNS)}")
+    con = _read(path)
+    try:
+        sql = "SELECT id, kind, time_utc, tags FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(f"CAST({k} AS VARCHAR) = ?" for k in where)
+        rows = con.execute(sql + " ORDER BY time_utc, id", list(where.values())).fetchall()
+    finally:
+        con.close()
+    return [{"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3])} for r in rows]
+
+
+def show_run(run_id: str, path: Path | None = None) -> dict[str, Any]:
+    con = _read(path)
+    try:
+        r = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE id = ?", [run_id]).fetchone()
+        if r is None:
+            raise OpmapError(f"no run {run_id!r} in the store (opmap runs list shows the ids)")
+        kernels = con.execute("SELECT count(*) FROM kernels WHERE run_id = ?", [run_id]).fetchone()[0]
+        samples = con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [run_id]).fetchone()[0]
+    finally:
+        con.close()
+    return {"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3]), "kernels": kernels,
+            "samples": samples, "payload": json.loads(r[4])}

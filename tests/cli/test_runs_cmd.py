@@ -1,0 +1,29 @@
+"""opmap runs: analyze records a run; list --json and show --json; bad input in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("duckdb")
+
+
+def test_analyze_records_and_runs_lists(tmp_path, cli, capsys):
+    store = tmp_path / "runs.duckdb"
+    rc, out, err = cli("analyze", "gpt2", "--seq", "16", "--rows", "1", "--store", store)
+    assert rc == 0, err
+    assert "recorded as run" in out
+    rc, out, err = cli("analyze", "gpt2", "--seq", "16", "--rows", "1", "--store", store, "--no-store")
+    assert rc == 0 and "recorded" not in out
+    rc, out, _ = cli("runs", "list", "--json", "--store", store)
+    runs = json.loads(out)
+    assert len(runs) == 1 and runs[0]["tags"]["workload"] == "gpt2" and runs[0]["tags"]["seq"] == 16
+    rc, out, _ = cli("runs", "show", runs[0]["id"], "--json", "--store", store)
+    assert json.loads(out)["kernels"] > 0
+
+
+def test_runs_refuses_bad_input(tmp_path, refused):
+    store = tmp_path / "none.duckdb"
+    refused("runs", "list", "--store", store, needle="no run store at")
+    refused("runs", "list", "--where", "batch", needle="--where takes TAG=VALUE")

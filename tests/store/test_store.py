@@ -1,0 +1,88 @@
+"""The run store: round trip, the runs JSON contract, concurrent writers, a killed writer, filters."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import pytest
+
+pytest.importorskip("duckdb")
+
+from opmap.errors import OpmapError  # noqa: E402
+from opmap.store import list_runs, record, show_run  # noqa: E402
+
+PAYLOAD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16", "batch": 1, "seq": 8},
+           "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": 1e-3, "traffic_bytes": 10.0, "bound": "memory"}],
+           "nodes": [{"id": 0, "op": "aten.mm.default", "module": "fc", "layer_type": "mlp", "flops": 2.0}],
+           "layer_types": {"mlp": {"predicted_s": 1e-3, "share_of_time": 1.0}},
+           "samples": {"latency_s": [1.0, 1.1, 0.9]}}
+
+
+def _tags(**kw):
+    return {"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw}
+
+
+def test_round_trip_and_the_json_contract(tmp_path):
+    path = tmp_path / "runs.duckdb"
+    rid = record("analyze", PAYLOAD, _tags(batch=1), path)
+    runs = list_runs(path=path)
+    assert [r["id"] for r in runs] == [rid]
+    r = runs[0]
+    assert set(r) == {"id", "kind", "time_utc", "tags"} and r["kind"] == "analyze"
+    assert r["tags"]["workload"] == "w" and "command" in r["tags"] and "opmap_version" in r["tags"]
+    shown = show_run(rid, path)
+    assert shown["kernels"] == 1 and shown["samples"] == 3 and "nodes" not in shown["payload"]
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True)
+    assert con.execute("SELECT name, layer_type, flops FROM kernels").fetchall() == [("aten.mm.default@fc", "mlp", 2.0)]
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
+
+
+def test_where_filters_and_bad_tags(tmp_path):
+    path = tmp_path / "runs.duckdb"
+    record("analyze", PAYLOAD, _tags(batch=1), path)
+    record("analyze", PAYLOAD, _tags(batch=8), path)
+    assert [r["tags"]["batch"] for r in list_runs({"batch": "8"}, path)] == [8]
+    with pytest.raises(OpmapError, match="unknown tag colour"):
+        list_runs({"colour": "red"}, path)
+    with pytest.raises(OpmapError, match="no run 'nope'"):
+        show_run("nope", path)
+
+
+def _writer(path: str, i: int) -> None:
+    from pathlib import Path
+
+    record("analyze", PAYLOAD, _tags(batch=i), Path(path))
+
+
+def test_concurrent_writers_all_land(tmp_path):
+    # six processes finishing at once: each spools its run, then waits its turn for the lock
+    path = tmp_path / "runs.duckdb"
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=_writer, args=(str(path), i)) for i in range(6)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(60)
+        assert p.exitcode == 0
+    assert sorted(r["tags"]["batch"] for r in list_runs(path=path)) == list(range(6))
+
+
+def test_a_killed_writer_loses_nothing_earlier(tmp_path):
+    path = tmp_path / "runs.duckdb"
+    first = record("analyze", PAYLOAD, _tags(batch=1), path)
+    spool = path.with_name(path.name + ".spool")
+    # killed before its os.replace: a half-written temporary file, never ingested
+    (spool / ".20990101T000000-dead.tmp").write_text('{"id": "half')
+    # killed after its os.replace, before the ingest: a complete spool file, ingested by the next writer
+    waiting = {"id": "20990101T000000-wait", "kind": "analyze", "time_utc": "2099-01-01T00:00:00+00:00",
+               "tags": _tags(batch=2), "payload": {}, "rows": {}}
+    (spool / "20990101T000000-wait.json").write_text(json.dumps(waiting))
+    # killed between the commit and the delete: a spool file of a run already in the store, not ingested twice
+    (spool / f"{first}.json").write_text(json.dumps({**waiting, "id": first}))
+    third = record("analyze", PAYLOAD, _tags(batch=3), path)
+    ids = [r["id"] for r in list_runs(path=path)]
+    assert sorted(ids) == sorted([first, "20990101T000000-wait", third])
+    assert not list(spool.glob("*.json"))
