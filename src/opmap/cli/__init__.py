@@ -16,6 +16,7 @@ from rich.console import Console
 from opmap.cli import analyze as _analyze
 from opmap.cli import calibrate as _calibrate
 from opmap.cli import catalog as _catalog
+from opmap.cli import compare as _compare
 from opmap.cli import fit as _fit
 from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
@@ -68,6 +69,7 @@ app.command("calibrate")(_calibrate.calibrate)
 app.command("plan")(_plan.plan)
 app.command("sweep")(_sweep.sweep)
 app.command("fit")(_fit.fit)
+app.command("compare")(_compare.compare)
 app.command("serve")(_serve.serve)
 
 
@@ -80,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=args, prog_name="opmap", standalone_mode=False)
+        rc = app(args=args, prog_name="opmap", standalone_mode=False)
+        if isinstance(rc, int) and rc:  # click returns a typer.Exit's code when not standalone
+            return rc
     except OpmapError as e:
         err.print(f"opmap: error: {e}", highlight=False, soft_wrap=True, markup=False)
         return 2

@@ -31,6 +31,8 @@ def profile(
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
     train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -68,3 +70,10 @@ def profile(
     print_profile_report(p, console, rows, d)
     if out is not None:
         print_wrote(write_profile_outputs(p, out, d))
+    if not no_store:
+        from opmap.cli.common import record_run
+        from opmap.store.db import analysis_tags
+
+        # the raw per-iteration latencies go with the run: opmap compare's rank test reads them
+        record_run("profile", {**d, "samples": {"latency_s": list(p.latency.times_s)}}, analysis_tags(d), store,
+                   no_store)
