@@ -86,3 +86,33 @@ def test_a_killed_writer_loses_nothing_earlier(tmp_path):
     ids = [r["id"] for r in list_runs(path=path)]
     assert sorted(ids) == sorted([first, "20990101T000000-wait", third])
     assert not list(spool.glob("*.json"))
+
+
+def test_parquet_export_and_import_round_trip(tmp_path):
+    from opmap.store.db import export_parquet, import_path
+
+    a = tmp_path / "a.duckdb"
+    ids = {record("analyze", PAYLOAD, _tags(batch=b), a) for b in (1, 2)}
+    files = export_parquet(tmp_path / "pq", a)
+    assert {f.name for f in files} == {"meta.parquet", "runs.parquet", "kernels.parquet", "layer_types.parquet",
+                                      "samples.parquet"}
+    b = tmp_path / "b.duckdb"
+    assert import_path(tmp_path / "pq", b) == (2, 0)
+    assert import_path(tmp_path / "pq", b) == (0, 2)  # each run once
+    assert {r["id"] for r in list_runs(path=b)} == ids
+    assert show_run(sorted(ids)[0], b)["samples"] == 3
+
+
+def test_importing_a_profile_json_keeps_its_samples_once(tmp_path):
+    from opmap.store.db import import_path
+
+    body = {**PAYLOAD, "kind": "profile", "latency": {"p50_s": 1.0, "samples_s": [1.0, 1.2, 0.8, 1.1]}}
+    body.pop("samples")
+    f = tmp_path / "profile.json"
+    f.write_text(json.dumps(body))
+    path = tmp_path / "runs.duckdb"
+    assert import_path(f, path) == (1, 0) and import_path(f, path) == (0, 1)
+    (run,) = list_runs(path=path)
+    assert run["kind"] == "profile" and show_run(run["id"], path)["samples"] == 4
+    with pytest.raises(OpmapError, match="nothing to import"):
+        import_path(tmp_path / "empty-dir-that-is-missing", path)

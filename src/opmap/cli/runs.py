@@ -61,3 +61,24 @@ def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list).
                   highlight=False)
     for k, v in r["tags"].items():
         console.print(f"  {k}: {v}", highlight=False, markup=False)
+
+
+@runs_app.command("export")
+def export_cmd(parquet: Path = typer.Option(..., "--parquet", help="Folder to write each table's .parquet into."),
+               store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
+    """Every table of the store as Parquet files (meta, runs, kernels, layer_types, samples)."""
+    from opmap.cli.common import print_wrote
+    from opmap.store.db import export_parquet
+
+    print_wrote(export_parquet(parquet, store))
+
+
+@runs_app.command("import")
+def import_cmd(src: Path = typer.Argument(..., help="profile.json, analysis.json, a folder of them, or a folder "
+                                                    "written by opmap runs export --parquet."),
+               store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
+    """Runs from other hosts into this store (each run once, however often it is imported)."""
+    from opmap.store.db import import_path
+
+    added, known = import_path(src, store)
+    console.print(f"imported {added} run(s); {known} already in the store", highlight=False)

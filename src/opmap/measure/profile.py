@@ -150,7 +150,8 @@ class Profile:
         pred = self.analysis.predicted_latency_s
         p50 = self.latency.p50_s
         att = self.attribution
-        d["latency"] = {**self.latency.to_dict(), "warmup": self.warmup, "mode": self.mode,
+        d["latency"] = {**self.latency.to_dict(), "samples_s": list(self.latency.times_s), "warmup": self.warmup,
+                        "mode": self.mode,
                         "method": "perf_counter around each iteration, no profiler attached"
                                   + ("; torch.cuda.synchronize before each clock read"
                                      if self.device.startswith("cuda") else "")}

@@ -200,8 +200,10 @@ def _col(v: Any) -> Any:
     return v if v is None or isinstance(v, (int, float, str)) else str(v)
 
 
-def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path | None = None) -> str:
-    """Record one run; returns its id. Raises StoreUnavailable where recording is off or duckdb is missing."""
+def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path | None = None,
+           run_id: str | None = None) -> str:
+    """Record one run; returns its id. Raises StoreUnavailable where recording is off or duckdb is missing.
+    ``run_id``: a stable id (an import names a file's run by its content, so importing it twice adds it once)."""
     path = path if path is not None else default_path()
     if path is None:
         raise StoreUnavailable("recording is off (--no-store or OPMAP_STORE=off)")
@@ -209,7 +211,7 @@ def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path 
     path.parent.mkdir(parents=True, exist_ok=True)
     spool = _spool(path)
     spool.mkdir(exist_ok=True)
-    run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     body = {"id": run_id, "kind": kind, "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
             "tags": _common_tags(tags), "payload": payload}
     kernels, lts, samples = _rows(payload)
@@ -265,3 +267,86 @@ def show_run(run_id: str, path: Path | None = None) -> dict[str, Any]:
         con.close()
     return {"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3]), "kernels": kernels,
             "samples": samples, "payload": json.loads(r[4])}
+
+
+TABLES = ("meta", "runs", "kernels", "layer_types", "samples")
+
+
+def _sql_path(p: Path) -> str:
+    return str(p).replace("'", "''")
+
+
+def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
+    """Every table as ``out_dir/TABLE.parquet`` (DuckDB's COPY): a store any host can import."""
+    con = _read(path)
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = []
+        for t in TABLES:
+            f = out_dir / f"{t}.parquet"
+            con.execute(f"COPY {t} TO '{_sql_path(f)}' (FORMAT parquet)")
+            written.append(f)
+    finally:
+        con.close()
+    return written
+
+
+def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
+    """Runs from another host: an exported folder (runs.parquet ...), a profile.json / analysis.json, or a folder
+    of them. Returns (runs added, runs already in the store)."""
+    src = Path(src)
+    path = path if path is not None else default_path()
+    if path is None:
+        raise StoreUnavailable("recording is off (OPMAP_STORE=off): no store to import into")
+    if src.is_dir() and (src / "runs.parquet").exists():
+        return _import_parquet(src, path)
+    files = sorted(src.rglob("*.json")) if src.is_dir() else [src]
+    files = [f for f in files if f.name in ("profile.json", "analysis.json") or not src.is_dir()]
+    if not files or not all(f.is_file() for f in files):
+        raise OpmapError(f"nothing to import at {src}: accepted: profile.json, analysis.json, a folder of them, "
+                         "or a folder from opmap runs export --parquet")
+    added = known = 0
+    existing = {r["id"] for r in list_runs(path=path)} if path.exists() else set()
+    for f in files:
+        try:
+            d = json.loads(f.read_text())
+            tags = analysis_tags(d)
+        except (OSError, ValueError, AttributeError) as e:
+            raise OpmapError(f"cannot import {f}: expected a profile.json or analysis.json ({type(e).__name__})") \
+                from None
+        rid = "import-" + hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+        if rid in existing:
+            known += 1
+            continue
+        samples = (d.get("latency") or {}).get("samples_s")
+        payload = {**d, "samples": {"latency_s": samples}} if samples else d
+        record(d.get("kind", "analyze"), payload, {**tags, "imported_from": str(f)}, path, run_id=rid)
+        added += 1
+    return added, known
+
+
+def _import_parquet(src: Path, path: Path) -> tuple[int, int]:
+    duckdb = _duckdb()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        _ingest_all(path) if _spool(path).exists() else None
+        con = duckdb.connect(str(path))
+        try:
+            con.execute(SCHEMA)
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+            runs = f"read_parquet('{_sql_path(src / 'runs.parquet')}')"
+            total = con.execute(f"SELECT count(*) FROM {runs}").fetchone()[0]
+            con.execute("BEGIN TRANSACTION")
+            con.execute(f"CREATE TEMP TABLE new_ids AS SELECT id FROM {runs} WHERE id NOT IN (SELECT id FROM runs)")
+            added = con.execute("SELECT count(*) FROM new_ids").fetchone()[0]
+            con.execute(f"INSERT INTO runs SELECT * FROM {runs} WHERE id IN (SELECT id FROM new_ids)")
+            for t in ("kernels", "layer_types", "samples"):
+                f = src / f"{t}.parquet"
+                if f.exists():
+                    con.execute(f"INSERT INTO {t} SELECT * FROM read_parquet('{_sql_path(f)}') "
+                                "WHERE run_id IN (SELECT id FROM new_ids)")
+            con.execute("COMMIT")
+        finally:
+            con.close()
+    return added, total - added
