@@ -27,3 +27,16 @@ def test_runs_refuses_bad_input(tmp_path, refused):
     store = tmp_path / "none.duckdb"
     refused("runs", "list", "--store", store, needle="no run store at")
     refused("runs", "list", "--where", "batch", needle="--where takes TAG=VALUE")
+
+
+def test_memo_of_a_recorded_analysis(tmp_path, cli):
+    store = tmp_path / "runs.duckdb"
+    rc, _, err = cli("analyze", "gpt2", "--seq", "16", "--rows", "1", "--store", store)
+    assert rc == 0, err
+    rc, out, _ = cli("runs", "list", "--json", "--store", store)
+    rid = json.loads(out)[0]["id"]
+    rc, out, err = cli("memo", rid, "--store", store, "--out", tmp_path / "m")
+    assert rc == 0, err
+    md = (tmp_path / "m" / "memo.md").read_text()
+    assert md.startswith("# Closure memo: gpt2") and "| finding | owner |" in md and rid in md
+    assert "averages without p95 / p99: flag" in md  # a predicted run has no distribution

@@ -18,6 +18,7 @@ from opmap.cli import calibrate as _calibrate
 from opmap.cli import catalog as _catalog
 from opmap.cli import compare as _compare
 from opmap.cli import fit as _fit
+from opmap.cli import memo as _memo
 from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
 from opmap.cli import quality as _quality
@@ -70,6 +71,7 @@ app.command("plan")(_plan.plan)
 app.command("sweep")(_sweep.sweep)
 app.command("fit")(_fit.fit)
 app.command("compare")(_compare.compare)
+app.command("memo")(_memo.memo)
 app.command("serve")(_serve.serve)
 
 

@@ -1,0 +1,57 @@
+"""``opmap memo RUN``: the closure memo of a recorded run (owners, evidence, fixes, risks, pitfall checks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console, print_wrote
+
+
+def memo(
+    run_id: str = typer.Argument(..., help="A run id (opmap runs list)."),
+    out: Path | None = typer.Option(None, help="Write memo.md (and memo.json) into this folder."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file."),
+) -> None:
+    """Each finding assigned to an owner layer (ML compiler, runtime, performance modelling) with its evidence,
+    the command that reproduces it, a bounded fix with its expected gain from the model, a rollback boundary and
+    a risk; the field's pitfalls as checks."""
+    import json
+
+    from opmap.report.memo import findings, memo_markdown, pitfalls
+    from opmap.report.sheet import check_out_dir, write_set
+    from opmap.store import list_runs, show_run
+
+    run = show_run(run_id, store)
+    if out is not None:
+        check_out_dir(out)
+    gain = _fusion_gain(run)
+    others = [r for r in list_runs({"workload": str(run["tags"].get("workload"))}, store) if r["id"] != run_id]
+    fs, pits = findings(run, gain), pitfalls(run, bool(others))
+    text = memo_markdown(run, fs, pits, f"opmap memo {run_id}")
+    console.print(text, markup=False, highlight=False)
+    if out is not None:
+        body = json.dumps({"schema_version": 1, "run": run_id, "findings": fs, "pitfalls": pits}, indent=1)
+        print_wrote(write_set(out, {"memo.md": text, "memo.json": body}))
+
+
+def _fusion_gain(run) -> float | None:
+    """The model's own estimate of the compiler fix: the same zoo workload analysed eager and under --fusion
+    compiler on the run's hardware, predicted latency saved (None where the run cannot be rebuilt here)."""
+    from opmap.analyze import analyze
+    from opmap.errors import OpmapError
+    from opmap.hardware import get_hardware
+    from opmap.workloads import MODELS, build_zoo
+
+    t = run["tags"]
+    if t.get("workload") not in MODELS or t.get("phase") not in (None, "prefill"):
+        return None
+    try:
+        hw = get_hardware(str(t["hardware"]))
+        w = build_zoo(t["workload"], int(t.get("batch") or 1), t.get("seq"), str(t.get("precision") or "fp32"))
+        eager = analyze(w, hw, str(t.get("precision") or "fp32")).predicted_latency_s
+        fused = analyze(w, hw, str(t.get("precision") or "fp32"), fusion="compiler").predicted_latency_s
+    except (OpmapError, KeyError, ValueError):
+        return None
+    return max(0.0, eager - fused)

@@ -1,0 +1,50 @@
+"""The closure memo: owners by bottleneck class, gains from the model, pitfall checks."""
+
+from __future__ import annotations
+
+from opmap.report.memo import findings, memo_markdown, pitfalls
+
+
+def _run(layer_types, kind="analyze", **payload):
+    return {"id": "r1", "kind": kind, "time_utc": "2026-12-03T00:00:00+00:00",
+            "tags": {"workload": "gpt2", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16",
+                     "command": "opmap analyze gpt2"},
+            "payload": {"layer_types": layer_types, **payload}}
+
+
+def test_owners_follow_the_bound_and_gains_come_from_the_model():
+    lts = {"elementwise": {"share_of_time": 0.5, "bound": "memory", "predicted_s": 2e-3},
+           "attention": {"share_of_time": 0.3, "bound": "overhead", "predicted_s": 1e-3},
+           "mlp": {"share_of_time": 0.15, "bound": "compute", "predicted_s": 5e-4},
+           "norm": {"share_of_time": 0.05, "bound": "memory", "predicted_s": 1e-4}}
+    fs = findings(_run(lts), fusion_gain_s=4e-4)
+    by = {f["finding"].split(" ")[0]: f for f in fs}
+    assert set(by) == {"elementwise", "attention", "mlp"}  # norm holds under 10%: no finding
+    assert by["elementwise"]["owner"] == "ML compiler" and by["elementwise"]["expected_gain_s"] == 4e-4
+    assert by["attention"]["owner"] == "runtime" and by["attention"]["expected_gain_s"] == 1e-3
+    assert by["mlp"]["owner"] == "ML compiler" and by["mlp"]["expected_gain_s"] is None
+    assert all("r1" in f["rollback"] for f in fs)
+
+
+def test_a_prediction_outside_the_band_goes_to_performance_modelling():
+    lts = {"mlp": {"share_of_time": 0.9, "bound": "compute", "measured": {"share_of_measured": 0.9,
+                                                                        "measured_s": 1e-2,
+                                                                        "predicted_over_measured": 0.6}}}
+    fs = findings(_run(lts, kind="profile"))
+    assert [f["owner"] for f in fs] == ["ML compiler", "performance modelling"]
+    assert "0.60" in fs[1]["finding"]
+
+
+def test_pitfalls_flag_what_a_reviewer_would():
+    run = _run({}, assumptions={"precision_evidence": "unverified: no quality evidence for int8"})
+    checks = {c["check"]: c["verdict"] for c in pitfalls(run, production_compared=False)}
+    assert checks["averages without p95 / p99"].startswith("flag")
+    assert checks["precision without quality evidence"].startswith("flag")
+    assert checks["synthetic shapes without production-shape validation"].startswith("flag")
+    prof = _run({}, kind="profile", latency={"p99_s": 1.0, "n": 30},
+                calibration_check={"what": "matmul", "ratio": 1.3})
+    checks = {c["check"]: c["verdict"] for c in pitfalls(prof, production_compared=True)}
+    assert checks["averages without p95 / p99"].startswith("ok")
+    assert checks["calibration older than the runtime or drifted"].startswith("flag")
+    md = memo_markdown(prof, [], pitfalls(prof, True), "opmap memo r1")
+    assert md.startswith("# Closure memo: gpt2 on h100-sxm") and "opmap analyze gpt2" in md
