@@ -187,7 +187,9 @@ class Analysis:
         return sorted(out, key=lambda s: -s.predicted_s)
 
     # -- the JSON contract ----------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, nodes: bool = True) -> dict[str, Any]:
+        """analysis.json. ``nodes=False``: each node as its id, op, module, layer type and FLOPs only (what the
+        run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large."""
         total = self.total
         lat = self.predicted_latency_s
         return {
@@ -219,7 +221,9 @@ class Analysis:
                                "share_of_time": s.predicted_s / lat if lat else 0.0, "bound": s.bound}
                 for s in self.layer_types()
             },
-            "nodes": [self._node_dict(r) for r in self.results],
+            "nodes": [self._node_dict(r) for r in self.results] if nodes else [
+                {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
+                 "flops": r.cost.flops} for r in self.results],
             "kernels": [k.to_dict() for k in self.kernel_results] + (
                 [c.to_dict() for c in self.sharded.collectives] if self.sharded is not None else []),
             "fusion": self.plan.to_dict() if self.plan else None,

@@ -127,8 +127,21 @@ def _report(a, par, overrides, rows: int, out: Path | None, store: Path | None =
         from opmap.cli.common import record_run
         from opmap.store.db import analysis_tags
 
-        d = a.to_dict()
+        d = a.to_dict(nodes=False)
+        d["graph_hash"] = _graph_hash(a)
         record_run("analyze", d, analysis_tags(d), store, no_store)
+
+
+def _graph_hash(a) -> str:
+    """The run store's graph hash (operators and tensor shapes, in order) from the analysis itself."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for n in a.graph.nodes:
+        h.update(n.op.encode())
+        for t in (*n.inputs, *n.outputs):
+            h.update(repr(tuple(t.shape)).encode())
+    return h.hexdigest()[:16]
 
 
 def _sharded_fit(a, par):

@@ -76,7 +76,8 @@ def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
         "workload": a.get("workload"), "hardware": a.get("hardware"), "phase": phase.get("name", "prefill"),
         "precision": a.get("dtype"), "batch": a.get("batch"), "seq": a.get("seq"), "fusion": a.get("fusion_policy"),
         "parallelism": (f"tp{par['tp']} pp{par['pp']} dp{par['dp']} ep{par['ep']}" if par else "single device"),
-        "graph_hash": graph_hash(d.get("nodes", [])), "opmap_version": a.get("opmap_version", __version__),
+        "graph_hash": d.get("graph_hash") or graph_hash(d.get("nodes", [])),
+        "opmap_version": a.get("opmap_version", __version__),
         "torch_version": a.get("torch_version"),
     }
 
