@@ -40,3 +40,17 @@ def test_memo_of_a_recorded_analysis(tmp_path, cli):
     md = (tmp_path / "m" / "memo.md").read_text()
     assert md.startswith("# Closure memo: gpt2") and "| finding | owner |" in md and rid in md
     assert "averages without p95 / p99: flag" in md  # a predicted run has no distribution
+
+
+def test_sweeps_and_serving_runs_are_recorded(tmp_path, cli):
+    store = tmp_path / "runs.duckdb"
+    rc, _, err = cli("sweep", "gpt2", "--batch", "1,2", "--seq", "16", "--store", store)
+    assert rc == 0, err
+    rc, _, err = cli("serve", "gpt2", "--service-time", "fixed:10", "--arrival", "poisson:5", "--requests", "50",
+                     "--policy", "none", "--store", store)
+    assert rc == 0, err
+    rc, out, _ = cli("runs", "list", "--json", "--store", store)
+    kinds = [r["kind"] for r in json.loads(out)]
+    assert sorted(kinds) == ["serve", "sweep"]
+    rc, out, _ = cli("runs", "list", "--json", "--where", "kind=serve", "--store", store)
+    assert json.loads(out)[0]["tags"]["phase"] == "serve"

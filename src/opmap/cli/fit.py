@@ -39,6 +39,8 @@ def fit(
     dtype: str = typer.Option("bf16", help="Precision."),
     engine: str = typer.Option("local", help="Where cells run: local (this process)."),
     out: Path | None = typer.Option(None, help="Write fit.json and fit.md here."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Rows workloads, columns platforms: throughput at the SLO, p99 latency, memory fit, perf per watt, energy
     per token, perf per dollar, bottleneck; platforms that break a constraint kept, struck out, with the
@@ -105,3 +107,7 @@ def fit(
                       f"{f(c['energy_per_token_j'])} | {f(c['perf_per_dollar'])} | {c['bound'] or '-'} | {c['risk']} | "
                       f"{f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
         print_wrote(write_set(out, {"fit.json": json.dumps(r, indent=1), "fit.md": "\n".join(md) + "\n"}))
+    from opmap.cli.common import record_run
+
+    record_run("fit", r, {"workload": ",".join(ms), "hardware": ",".join(r["hardware"]), "phase": "serve",
+                          "precision": dtype}, store, no_store)

@@ -23,6 +23,8 @@ def plan(
     dtype: str = typer.Option("bf16", help="Precision."),
     rows: int = typer.Option(15, help="Layouts shown (0: all)."),
     out: Path | None = typer.Option(None, help="Write plan.json and plan.md here."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Rank every legal (tp, pp, dp, ep, sp, vp, microbatch, recompute, zero) layout by predicted throughput or
     latency; layouts that do not fit memory are rejected with the numbers."""
@@ -64,3 +66,7 @@ def plan(
                for i, c in enumerate(ranked)]
         md += ["", "## Rejected", ""] + [f"- {c['layout']}: {c['reason']}" for c in rej]
         print_wrote(write_set(out, {"plan.json": json.dumps(result, indent=1), "plan.md": "\n".join(md) + "\n"}))
+    from opmap.cli.common import record_run
+
+    record_run("plan", result, {"workload": model, "hardware": hw.name, "phase": phase, "precision": dtype,
+                                "parallelism": f"{devices} devices"}, store, no_store)

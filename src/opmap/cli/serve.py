@@ -35,6 +35,8 @@ def serve(
                                                                          "service time instead of the cost model."),
     dtype: str = typer.Option("bf16", help="Precision of the priced model."),
     out: Path | None = typer.Option(None, help="Write serve.json (and latency_cdf.png with matplotlib) here."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """A discrete-event simulation of serving: prefill and decode steps priced by opmap's cost model for the
     batch actually formed, admission limited by the KV cache that fits; TTFT, TPOT, ITL, goodput, MLPerf-style
@@ -104,6 +106,10 @@ def serve(
         paths = write_set(out, {"serve.json": json.dumps(report, indent=2) + "\n"})
         png = _cdf_png(res, out)
         print_wrote(paths + ([png] if png else []))
+    from opmap.cli.common import record_run
+
+    record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
+                                 "parallelism": f"tp{tp} x {replicas} replicas"}, store, no_store)
 
 
 class _NoCost:

@@ -26,6 +26,8 @@ def sweep(
     repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
     engine: str = typer.Option("local", help="Where points run: local (this process)."),
     out: Path | None = typer.Option(None, help="Write sweep.json and sweep.md here."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Price every (batch, seq) point: latency, requests and tokens per second, bound mix, MFU, memory fit; the
     knee and the Pareto front marked."""
@@ -76,3 +78,7 @@ def sweep(
                       f"{'yes' if p['fits'] else 'no'} | "
                       f"{p['method']} | {mark} |")
         print_wrote(write_set(out, {"sweep.json": json.dumps(r, indent=1), "sweep.md": "\n".join(md) + "\n"}))
+    from opmap.cli.common import record_run
+
+    record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},
+               store, no_store)

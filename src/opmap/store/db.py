@@ -213,7 +213,7 @@ def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path 
     spool = _spool(path)
     spool.mkdir(exist_ok=True)
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-    body = {"id": run_id, "kind": kind, "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+    body = {"id": run_id, "kind": kind, "time_utc": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "tags": _common_tags(tags), "payload": payload}
     kernels, lts, samples = _rows(payload)
     # the per-node list stays in the run's own files (analysis.json); kernels, layer types and samples are rows
