@@ -37,7 +37,7 @@ def test_round_trip_and_the_json_contract(tmp_path):
 
     con = duckdb.connect(str(path), read_only=True)
     assert con.execute("SELECT name, layer_type, flops FROM kernels").fetchall() == [("aten.mm.default@fc", "mlp", 2.0)]
-    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
+    assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
 
 
 def test_where_filters_and_bad_tags(tmp_path):

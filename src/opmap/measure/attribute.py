@@ -131,6 +131,7 @@ class NodeTiming:
     max_s: float
     samples: int
     kernels: tuple[str, ...] = ()
+    values: tuple[float, ...] = ()  # the time of each profiled iteration (the run store's per-kernel samples)
 
     def to_dict(self) -> dict:
         d = {"measured_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s, "samples": self.samples}
@@ -189,7 +190,7 @@ def attribute(ops: Sequence[str], kernel_nodes: Sequence[int], iterations: Seque
         sums.append(total)
     if not iterations:
         coverage = 0.0
-    timings = {i: NodeTiming(statistics.median(ts), min(ts), max(ts), len(ts), kernels.get(i, ()))
+    timings = {i: NodeTiming(statistics.median(ts), min(ts), max(ts), len(ts), kernels.get(i, ()), tuple(ts))
                for i, ts in per_node.items()}
     return Attribution(timings, coverage,
                        statistics.median(s for s, _ in iterations) if iterations else 0.0,

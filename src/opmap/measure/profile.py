@@ -144,6 +144,12 @@ class Profile:
             ts = [self.attribution.timings.get(i) for i in kd["nodes"]]
             kd["measured_s"] = sum(t.median_s for t in ts) if ts and all(ts) else None
             kd["predicted_over_measured"] = (kd["predicted_s"] / kd["measured_s"]) if kd["measured_s"] else None
+            # per profiled iteration, the kernel's nodes summed (opmap compare's per-kernel rank test reads them)
+            vs = [t.values for t in ts] if ts and all(ts) else []
+            kd["measured_samples_s"] = ([sum(x) for x in zip(*vs)] if vs and len({len(v) for v in vs}) == 1
+                                        else None)
+            busy = [self.stall_split(i) for i in kd["nodes"]] if kd["measured_s"] else []
+            kd["memory_stall_s"] = sum(b[1] for b in busy) if busy else None
         lts = self.layer_types()
         for lt, s in d["layer_types"].items():
             s["measured"] = lts.get(lt)

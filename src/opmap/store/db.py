@@ -19,7 +19,7 @@ from typing import Any
 from opmap import __version__
 from opmap.errors import OpmapError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: kernels gained node_ids, signature, mfu, stall_fraction; layer_types mfu, stall, bytes
 TAGS_VERSION = 1  # the tag names below; a new tag may be added, a renamed one bumps this
 LOCK_TIMEOUT_S = 60.0
 TAG_COLUMNS = ("workload", "hardware", "phase", "precision", "batch", "seq", "fusion", "parallelism",
@@ -87,24 +87,60 @@ def _common_tags(tags: dict[str, Any]) -> dict[str, Any]:
             "command": shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None, **tags}
 
 
+def _signature(node: dict[str, Any]) -> str | None:
+    """A node's op signature: its op with its inputs' dtypes and shapes (None where the payload has no tensors)."""
+    ins = node.get("inputs")
+    if ins is None:
+        return None
+    return f"{node.get('op', '')}(" + ", ".join(f"{t.get('dtype', '')}{list(t.get('shape', ()))}" for t in ins) + ")"
+
+
+def _matrix_peak(payload: dict[str, Any]) -> float | None:
+    """The dense matrix peak the run's MFU is over, recovered from its totals (MFU = matrix FLOPs / (latency x
+    peak)); None where the payload has no predicted MFU."""
+    t = payload.get("totals") or {}
+    mf, lat, m = t.get("matrix_flops"), t.get("predicted_latency_s"), t.get("predicted_mfu")
+    return mf / (lat * m) if mf and lat and m else None
+
+
 def _rows(payload: dict[str, Any]) -> tuple[list[tuple], list[tuple], list[tuple]]:
-    """(kernels, layer_types, samples) rows of an analysis.json / profile.json body."""
+    """(kernels, layer_types, samples) rows of an analysis.json / profile.json body.
+
+    A kernel's MFU is its FLOPs over its time (measured where there is one, else predicted) times the run's dense
+    matrix peak; its stall fraction is the roofline-estimated memory stall of a measured kernel over its measured
+    time (profile runs only); a layer type's MFU is its matrix FLOPs over the same."""
     kernels = []
     nodes = {n["id"]: n for n in payload.get("nodes", []) if "id" in n}
+    peak = _matrix_peak(payload)
+    samples = []
     for i, k in enumerate(payload.get("kernels", [])):
         anchor = nodes.get(k.get("anchor"), {})
-        # a kernel's name: its anchor op at its module path (the op signature compare matches on)
+        # a kernel's name: its anchor op at its module path (the last matching step of compare)
         name = (f"{anchor.get('op', '')}@{anchor.get('module', '')}" if anchor else
                 str(k.get("op") or k.get("collective") or ""))
         flops = sum(nodes.get(n, {}).get("flops") or 0.0 for n in k.get("nodes", ())) if nodes else k.get("flops")
+        sigs = [_signature(nodes[n]) for n in k.get("nodes", ()) if n in nodes]
+        sig = " | ".join(sigs) if sigs and None not in sigs else None
+        t = k.get("measured_s") or k.get("predicted_s")
+        mfu = flops / (t * peak) if flops and t and peak else None
+        stall = (k["memory_stall_s"] / k["measured_s"] if k.get("memory_stall_s") is not None and k.get("measured_s")
+                 else None)
+        node_ids = ",".join(str(n) for n in k.get("nodes", ())) or None
         kernels.append((i, name, anchor.get("layer_type") or k.get("layer_type"), k.get("predicted_s"),
                         k.get("measured_s"), flops,
-                        k.get("bytes") if k.get("bytes") is not None else k.get("traffic_bytes"), k.get("bound")))
-    lts = [(lt, v.get("predicted_s"), v.get("measured_s"), v.get("share_of_time"))
-           for lt, v in (payload.get("layer_types") or {}).items()]
-    samples = []
+                        k.get("bytes") if k.get("bytes") is not None else k.get("traffic_bytes"), k.get("bound"),
+                        node_ids, sig, mfu, stall))
+        if k.get("measured_samples_s"):
+            samples += [(f"kernel:{i}", j, float(x)) for j, x in enumerate(k["measured_samples_s"])]
+    lts = []
+    for lt, v in (payload.get("layer_types") or {}).items():
+        m = (v.get("measured") or {})
+        t = m.get("measured_s") or v.get("predicted_s")
+        mfu = v["matrix_flops"] / (t * peak) if v.get("matrix_flops") and t and peak else None
+        lts.append((lt, v.get("predicted_s"), m.get("measured_s"), v.get("share_of_time"), mfu,
+                    m.get("memory_stall"), v.get("bytes")))
     for metric, values in (payload.get("samples") or {}).items():
-        samples += [(metric, i, float(x)) for i, x in enumerate(values)]
+        samples += [(metric, i, float(x)) for i, x in enumerate(values or ())]
     return kernels, lts, samples
 
 
@@ -115,11 +151,53 @@ CREATE TABLE IF NOT EXISTS runs (id VARCHAR PRIMARY KEY, kind VARCHAR, time_utc 
   parallelism VARCHAR, graph_hash VARCHAR, opmap_version VARCHAR, torch_version VARCHAR, git_commit VARCHAR,
   command VARCHAR, tags JSON, payload JSON);
 CREATE TABLE IF NOT EXISTS kernels (run_id VARCHAR, idx INTEGER, name VARCHAR, layer_type VARCHAR,
-  predicted_s DOUBLE, measured_s DOUBLE, flops DOUBLE, bytes DOUBLE, bound VARCHAR);
+  predicted_s DOUBLE, measured_s DOUBLE, flops DOUBLE, bytes DOUBLE, bound VARCHAR, node_ids VARCHAR,
+  signature VARCHAR, mfu DOUBLE, stall_fraction DOUBLE);
 CREATE TABLE IF NOT EXISTS layer_types (run_id VARCHAR, layer_type VARCHAR, predicted_s DOUBLE,
-  measured_s DOUBLE, share DOUBLE);
+  measured_s DOUBLE, share DOUBLE, mfu DOUBLE, stall_fraction DOUBLE, bytes DOUBLE);
 CREATE TABLE IF NOT EXISTS samples (run_id VARCHAR, metric VARCHAR, i INTEGER, value_s DOUBLE);
 """
+# what each older schema lacks, added in place (new columns go last, so positional inserts stay valid)
+MIGRATIONS = {1: ["ALTER TABLE kernels ADD COLUMN node_ids VARCHAR", "ALTER TABLE kernels ADD COLUMN signature VARCHAR",
+                  "ALTER TABLE kernels ADD COLUMN mfu DOUBLE", "ALTER TABLE kernels ADD COLUMN stall_fraction DOUBLE",
+                  "ALTER TABLE layer_types ADD COLUMN mfu DOUBLE",
+                  "ALTER TABLE layer_types ADD COLUMN stall_fraction DOUBLE",
+                  "ALTER TABLE layer_types ADD COLUMN bytes DOUBLE"]}
+
+
+def _stored_version(con) -> int | None:
+    try:
+        r = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except Exception:  # no meta table: a new file
+        return None
+    return int(r[0]) if r else None
+
+
+def _check_version(con, path: Path) -> int | None:
+    v = _stored_version(con)
+    if v is not None and v > SCHEMA_VERSION:
+        raise OpmapError(f"the run store {path} has schema version {v}, newer than this opmap's {SCHEMA_VERSION}: "
+                         "upgrade opmap (or use another --store)")
+    return v
+
+
+def _open_for_write(path: Path):
+    """The store read-write (the caller holds the lock), created or migrated to SCHEMA_VERSION in one transaction."""
+    con = _duckdb().connect(str(path))
+    try:
+        v = _check_version(con, path)
+        con.execute("BEGIN TRANSACTION")
+        if v is not None:
+            for old in range(v, SCHEMA_VERSION):
+                for stmt in MIGRATIONS.get(old, ()):
+                    con.execute(stmt)
+        con.execute(SCHEMA)
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        con.execute("COMMIT")
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 @contextlib.contextmanager
@@ -147,12 +225,9 @@ def _spool(path: Path) -> Path:
 
 def _ingest_all(path: Path) -> int:
     """Ingest every complete spool file into the store (the caller holds the lock). Returns runs added."""
-    duckdb = _duckdb()
-    con = duckdb.connect(str(path))
+    con = _open_for_write(path)
     added = 0
     try:
-        con.execute(SCHEMA)
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         for f in sorted(_spool(path).glob("*.json")):
             try:
                 run = json.loads(f.read_text())
@@ -192,8 +267,9 @@ def _insert_columns(con, table: str, run_id: str, rows: list) -> None:
     con.execute(f"INSERT INTO {table} SELECT ?, {sel}", [run_id, *cols])
 
 
-_TYPES = {"kernels": ("INTEGER", "VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE", "VARCHAR"),
-          "layer_types": ("VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE"),
+_TYPES = {"kernels": ("INTEGER", "VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE", "VARCHAR", "VARCHAR",
+                      "VARCHAR", "DOUBLE", "DOUBLE"),
+          "layer_types": ("VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE"),
           "samples": ("VARCHAR", "INTEGER", "DOUBLE")}
 
 
@@ -236,7 +312,13 @@ def _read(path: Path | None):
         raise OpmapError(f"no run store at {path} (opmap records a run there on each analyze)")
     with _locked(path):  # land any waiting runs first
         _ingest_all(path)
-    return duckdb.connect(str(path), read_only=True)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        _check_version(con, path)
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def list_runs(where: dict[str, str] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
@@ -328,24 +410,23 @@ def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
 
 
 def _import_parquet(src: Path, path: Path) -> tuple[int, int]:
-    duckdb = _duckdb()
+    _duckdb()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
         _ingest_all(path) if _spool(path).exists() else None
-        con = duckdb.connect(str(path))
+        con = _open_for_write(path)
         try:
-            con.execute(SCHEMA)
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
             runs = f"read_parquet('{_sql_path(src / 'runs.parquet')}')"
             total = con.execute(f"SELECT count(*) FROM {runs}").fetchone()[0]
             con.execute("BEGIN TRANSACTION")
             con.execute(f"CREATE TEMP TABLE new_ids AS SELECT id FROM {runs} WHERE id NOT IN (SELECT id FROM runs)")
             added = con.execute("SELECT count(*) FROM new_ids").fetchone()[0]
-            con.execute(f"INSERT INTO runs SELECT * FROM {runs} WHERE id IN (SELECT id FROM new_ids)")
+            con.execute(f"INSERT INTO runs BY NAME SELECT * FROM {runs} WHERE id IN (SELECT id FROM new_ids)")
             for t in ("kernels", "layer_types", "samples"):
                 f = src / f"{t}.parquet"
                 if f.exists():
-                    con.execute(f"INSERT INTO {t} SELECT * FROM read_parquet('{_sql_path(f)}') "
+                    # by name: an export of an older schema lacks the newer columns (they stay NULL)
+                    con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM read_parquet('{_sql_path(f)}') "
                                 "WHERE run_id IN (SELECT id FROM new_ids)")
             con.execute("COMMIT")
         finally:
