@@ -31,19 +31,24 @@ def compare(
     if as_json:
         print(json.dumps(r, indent=1))
     else:
-        t = Table(title=f"{b} against {a}: {r['times']} times, kernels matched by {r['matched_by']}",
-                  title_justify="left")
-        for c in ("layer type", "A", "B", "change"):
-            t.add_column(c, justify="right" if c != "layer type" else "left")
+        how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
+        t = Table(title=f"{b} against {a}: {r['times']} times; kernels matched: {how}", title_justify="left")
+        for c in ("layer type", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
+            t.add_column(c, justify="left" if c in ("layer type", "verdict") else "right")
         for lt, v in r["layer_types"].items():
-            t.add_row(lt, si(v["a_s"], "s"), si(v["b_s"], "s"), "-" if v["rel"] is None else f"{v['rel']:+.1%}")
+            t.add_row(lt, si(v["a_s"], "s"), si(v["b_s"], "s"), _pct(v["rel"]), _pts(v["mfu_delta"]),
+                      _pts(v["stall_delta"]), _bytes(v["bytes_delta"]), _verdict(v))
         console.print(t)
         k = Table(title="kernels, largest changes first", title_justify="left")
-        for c in ("kernel", "A", "B", "change"):
-            k.add_column(c, justify="right" if c != "kernel" else "left")
+        for c in ("kernel", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
+            k.add_column(c, justify="left" if c in ("kernel", "verdict") else "right")
         for x in r["kernels"][:rows]:
-            k.add_row(x["name"], si(x["a_s"], "s"), si(x["b_s"], "s"), "-" if x["rel"] is None else f"{x['rel']:+.1%}")
+            k.add_row(x["name"], si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
+                      _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), _verdict(x))
         console.print(k)
+        if r["unmatched"]:
+            console.print(f"{len(r['unmatched'])} kernels without a match (in the JSON's unmatched)",
+                          highlight=False)
         test = r["test"]
         line = (f"{r['verdict']}: median {r['effect']:+.1%}, {test['name']} p = {test['p']:.3g} "
                 f"(alpha {alpha}, minimum effect {min_effect:.0%})" if test else
@@ -51,3 +56,22 @@ def compare(
         console.print(line, highlight=False, markup=False)
     if r["verdict"] == "regression":
         raise typer.Exit(1)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _pts(x: float | None) -> str:
+    """A change of a fraction (MFU, stall) in percentage points."""
+    return "-" if x is None else f"{100 * x:+.1f} pt"
+
+
+def _bytes(x: float | None) -> str:
+    from opmap.report.sheet import si
+
+    return "-" if x is None else ("+" if x > 0 else "") + si(x, "B") if x else "0"
+
+
+def _verdict(v: dict) -> str:
+    return v["verdict"] + (f" (p {v['p']:.2g})" if v.get("p") is not None else "")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,20 +58,85 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     return u, min(1.0, p)
 
 
+_KCOLS = ("idx", "name", "layer_type", "predicted_s", "measured_s", "bytes", "node_ids", "signature", "mfu",
+          "stall_fraction")
+
+
 def _kernels(con, run_id: str) -> list[dict[str, Any]]:
-    rows = con.execute("SELECT idx, name, layer_type, predicted_s, measured_s, bytes FROM kernels WHERE run_id = ? "
-                       "ORDER BY idx", [run_id]).fetchall()
-    return [dict(zip(("idx", "name", "layer_type", "predicted_s", "measured_s", "bytes"), r)) for r in rows]
+    rows = con.execute(f"SELECT {', '.join(_KCOLS)} FROM kernels WHERE run_id = ? ORDER BY idx", [run_id]).fetchall()
+    return [dict(zip(_KCOLS, r)) for r in rows]
+
+
+def _samples(con, run_id: str) -> tuple[list[float], dict[int, list[float]]]:
+    """(the run's latency samples, each kernel's per-iteration samples by kernel index)."""
+    lat: list[float] = []
+    per: dict[int, list[float]] = defaultdict(list)
+    for metric, v in con.execute("SELECT metric, value_s FROM samples WHERE run_id = ? ORDER BY metric, i",
+                                 [run_id]).fetchall():
+        if metric == "latency_s":
+            lat.append(v)
+        elif metric.startswith("kernel:"):
+            per[int(metric[7:])].append(v)
+    return lat, per
 
 
 def _time(k: dict[str, Any], measured: bool) -> float:
     return (k["measured_s"] if measured else k["predicted_s"]) or 0.0
 
 
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def bh_reject(ps: list[float | None], alpha: float) -> list[bool]:
+    """Benjamini-Hochberg (1995) at false-discovery rate ``alpha``: reject the k smallest p-values, k the largest
+    rank with p_(k) <= k alpha / m (None: no test, never rejected)."""
+    tested = sorted((p, i) for i, p in enumerate(ps) if p is not None)
+    m, k = len(tested), 0
+    for rank, (p, _) in enumerate(tested, 1):
+        if p <= rank * alpha / m:
+            k = rank
+    out = [False] * len(ps)
+    for _, i in tested[:k]:
+        out[i] = True
+    return out
+
+
+def _verdicts(items: list[dict[str, Any]], alpha: float, min_effect: float) -> None:
+    """Each item's ``verdict`` from its rank test (p, BH-corrected over the family) and its median ``effect``."""
+    for it, rej in zip(items, bh_reject([it.get("p") for it in items], alpha)):
+        if it.get("p") is None:
+            e = it.get("rel")
+            it["verdict"] = ("no test" if it.get("measured") else
+                             "predicted change" if e is not None and abs(e) > min_effect else "no change")
+        else:
+            e = it["effect"]
+            it["verdict"] = ("regression" if rej and e > min_effect else "improvement" if rej and e < -min_effect
+                             else "no significant change")
+
+
+def _test(xa: list[float], xb: list[float]) -> dict[str, Any]:
+    if len(xa) < 2 or len(xb) < 2:
+        return {}
+    _, p = mann_whitney(xa, xb)
+    ma = statistics.median(xa)
+    return {"p": p, "effect": statistics.median(xb) / ma - 1 if ma else 0.0, "n_a": len(xa), "n_b": len(xb)}
+
+
+def _iter_sums(per: dict[int, list[float]], idxs: list[int]) -> list[float]:
+    """Per-iteration sums over kernels (empty unless every kernel has samples of one length)."""
+    vs = [per.get(i) for i in idxs]
+    if not vs or not all(vs) or len({len(v) for v in vs}) != 1:
+        return []
+    return [sum(x) for x in zip(*vs)]
+
+
 def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False, min_effect: float = 0.05,
             alpha: float = 0.05) -> dict[str, Any]:
     from opmap.store.db import _read, show_run
 
+    if not (0 < alpha < 1) or min_effect < 0:
+        raise OpmapError(f"--alpha takes a value in (0, 1) and --min-effect one >= 0, got {alpha} and {min_effect}")
     a, b = show_run(a_id, path), show_run(b_id, path)
     differ = [t for t in MUST_MATCH if a["tags"].get(t) != b["tags"].get(t)]
     if differ and not force:
@@ -80,31 +145,49 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
     con = _read(path)
     try:
         ka, kb = _kernels(con, a_id), _kernels(con, b_id)
-        sa = [r[0] for r in con.execute("SELECT value_s FROM samples WHERE run_id = ? AND metric = 'latency_s' "
-                                        "ORDER BY i", [a_id]).fetchall()]
-        sb = [r[0] for r in con.execute("SELECT value_s FROM samples WHERE run_id = ? AND metric = 'latency_s' "
-                                        "ORDER BY i", [b_id]).fetchall()]
+        (sa, pa), (sb, pb) = _samples(con, a_id), _samples(con, b_id)
+        lts_a, lts_b = _layer_rows(con, a_id), _layer_rows(con, b_id)
     finally:
         con.close()
     measured = all(k["measured_s"] is not None for k in ka + kb) and bool(ka) and bool(kb)
-    same_graph = a["tags"].get("graph_hash") == b["tags"].get("graph_hash")
-    pairs, unmatched = _match(ka, kb, same_graph)
+    pairs, unmatched, how = _match(ka, kb)
     kernels = []
-    for x, y in pairs:
+    for (x, y), by in zip(pairs, how):
         ta, tb = _time(x, measured), _time(y, measured)
         kernels.append({"a_idx": x["idx"], "b_idx": y["idx"], "name": x["name"], "layer_type": x["layer_type"],
-                        "a_s": ta, "b_s": tb, "delta_s": tb - ta, "rel": (tb - ta) / ta if ta else None,
-                        "bytes_delta": (y["bytes"] or 0.0) - (x["bytes"] or 0.0)})
-    by_lt: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+                        "matched_by": by, "a_s": ta, "b_s": tb, "delta_s": tb - ta,
+                        "rel": (tb - ta) / ta if ta else None, "measured": measured,
+                        "mfu_a": x["mfu"], "mfu_b": y["mfu"], "mfu_delta": _delta(x["mfu"], y["mfu"]),
+                        "stall_a": x["stall_fraction"], "stall_b": y["stall_fraction"],
+                        "stall_delta": _delta(x["stall_fraction"], y["stall_fraction"]),
+                        "bytes_a": x["bytes"], "bytes_b": y["bytes"], "bytes_delta": _delta(x["bytes"], y["bytes"]),
+                        **_test(pa.get(x["idx"], []), pb.get(y["idx"], []))})
+    _verdicts(kernels, alpha, min_effect)
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for k in kernels:
-        by_lt[k["layer_type"] or "-"][0] += k["a_s"]
-        by_lt[k["layer_type"] or "-"][1] += k["b_s"]
-    layer_types = {lt: {"a_s": v[0], "b_s": v[1], "rel": (v[1] - v[0]) / v[0] if v[0] else None}
-                   for lt, v in sorted(by_lt.items(), key=lambda kv: -abs(kv[1][1] - kv[1][0]))}
-    out: dict[str, Any] = {"a": a_id, "b": b_id, "forced_tags": differ, "matched_by": "node identity" if same_graph
-                           else "op signature", "times": "measured" if measured else "predicted",
+        groups[k["layer_type"] or "-"].append(k)
+    layer_types = []
+    for lt, ks in groups.items():
+        ta, tb = sum(k["a_s"] for k in ks), sum(k["b_s"] for k in ks)
+        ra, rb = lts_a.get(lt, {}), lts_b.get(lt, {})
+        layer_types.append({"layer_type": lt, "kernels": len(ks), "a_s": ta, "b_s": tb, "delta_s": tb - ta,
+                            "rel": (tb - ta) / ta if ta else None, "measured": measured,
+                            "mfu_delta": _delta(ra.get("mfu"), rb.get("mfu")),
+                            "stall_delta": _delta(ra.get("stall_fraction"), rb.get("stall_fraction")),
+                            "bytes_delta": _delta(ra.get("bytes"), rb.get("bytes")),
+                            **_test(_iter_sums(pa, [k["a_idx"] for k in ks]),
+                                    _iter_sums(pb, [k["b_idx"] for k in ks]))})
+    _verdicts(layer_types, alpha, min_effect)
+    layer_types.sort(key=lambda v: -abs(v["delta_s"]))
+    by_lt = {v.pop("layer_type"): v for v in layer_types}
+    out: dict[str, Any] = {"a": a_id, "b": b_id, "forced_tags": differ,
+                           "matched_by": dict(sorted(Counter(how).items())),
+                           "times": "measured" if measured else "predicted",
                            "kernels": sorted(kernels, key=lambda k: -abs(k["delta_s"])), "unmatched": unmatched,
-                           "layer_types": layer_types, "min_effect": min_effect, "alpha": alpha}
+                           "layer_types": by_lt, "min_effect": min_effect, "alpha": alpha,
+                           "per_kernel_test": "Mann-Whitney U on the profiled iterations of each kernel (and of each "
+                                              "layer type's kernels summed), Benjamini-Hochberg over the family; "
+                                              "the run's verdict rests on its latency samples alone"}
     if len(sa) >= 2 and len(sb) >= 2:
         u, p = mann_whitney(sa, sb)
         effect = statistics.median(sb) / statistics.median(sa) - 1
@@ -122,19 +205,40 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
     return out
 
 
-def _match(ka: list[dict], kb: list[dict], same_graph: bool):
-    if same_graph and len(ka) == len(kb):
-        return list(zip(ka, kb)), []
-    queues: dict[str, list[dict]] = defaultdict(list)
-    for k in kb:
-        queues[k["name"]].append(k)
-    pairs, unmatched = [], []
-    for k in ka:
-        q = queues.get(k["name"])
-        if q:
-            pairs.append((k, q.pop(0)))
-        else:
-            unmatched.append({"side": "a", "idx": k["idx"], "name": k["name"]})
-    for name, q in queues.items():
-        unmatched += [{"side": "b", "idx": k["idx"], "name": name} for k in q]
-    return pairs, unmatched
+def _layer_rows(con, run_id: str) -> dict[str, dict[str, Any]]:
+    """A run's layer-type rows (MFU, stall fraction, bytes) as the store holds them."""
+    rows = con.execute("SELECT layer_type, mfu, stall_fraction, bytes FROM layer_types WHERE run_id = ?",
+                       [run_id]).fetchall()
+    return {r[0]: {"mfu": r[1], "stall_fraction": r[2], "bytes": r[3]} for r in rows}
+
+
+def _match(ka: list[dict], kb: list[dict]) -> tuple[list[tuple[dict, dict]], list[dict], list[str]]:
+    """Kernel pairs: by node identity (the same node ids, op and module), then by op signature (op with its input
+    dtypes and shapes, in order of appearance) among the rest, then by op at module path (in order) among the rest:
+    the last step pairs the same layer's kernels across batch or sequence lengths."""
+    left_a, left_b = list(ka), list(kb)
+    pairs: list[tuple[dict, dict]] = []
+    how: list[str] = []
+    steps = (("node identity", lambda k: (k["node_ids"], k["name"]) if k["node_ids"] else None),
+             ("op signature", lambda k: k["signature"]),
+             ("op at module", lambda k: k["name"] or None))
+    for label, key in steps:
+        queues: dict[Any, list[dict]] = defaultdict(list)
+        for k in left_b:
+            if key(k) is not None:
+                queues[key(k)].append(k)
+        rest_a = []
+        taken = set()
+        for k in left_a:
+            q = queues.get(key(k)) if key(k) is not None else None
+            if q:
+                y = q.pop(0)
+                taken.add(id(y))
+                pairs.append((k, y))
+                how.append(label)
+            else:
+                rest_a.append(k)
+        left_a, left_b = rest_a, [k for k in left_b if id(k) not in taken]
+    unmatched = ([{"side": "a", "idx": k["idx"], "name": k["name"]} for k in left_a]
+                 + [{"side": "b", "idx": k["idx"], "name": k["name"]} for k in left_b])
+    return pairs, unmatched, how
