@@ -26,3 +26,20 @@ def test_bad_datasheet_fails_before_measuring(tmp_path, refused, fail_if_called)
     fail_if_called("opmap.calibrate.calibrate")
     refused("calibrate", "--out", tmp_path / "cal.toml", "--datasheet", "nope", needle="unknown hardware 'nope'")
     assert not (tmp_path / "cal.toml").exists()
+
+
+def test_calibrate_is_recorded(tmp_path, cli, stand_in_calibration):
+    import json
+
+    import pytest
+
+    pytest.importorskip("duckdb")
+    store = tmp_path / "runs.duckdb"
+    rc, out, err = cli("calibrate", "--quick", "--out", tmp_path / "cal.toml", "--store", store)
+    assert rc == 0 and "recorded as run" in out, err
+    rc, out, _ = cli("runs", "list", "--json", "--where", "kind=calibrate", "--store", store)
+    (run,) = json.loads(out)
+    assert run["tags"]["phase"] == "calibrate" and run["tags"]["hardware"].startswith("local: ")
+    assert run["tags"]["fingerprint"]["threads"]
+    rc, out, _ = cli("calibrate", "--quick", "--out", tmp_path / "cal.toml", "--store", store, "--no-store")
+    assert rc == 0 and "recorded as run" not in out

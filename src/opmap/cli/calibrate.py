@@ -20,9 +20,17 @@ def calibrate(
     out: Path | None = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
     datasheet: str | None = typer.Option(None, help="Catalog entry to compare with (CUDA: matched by device "
                                                        "name)."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
-    run_calibration(device, quick, out, datasheet)
+    path = run_calibration(device, quick, out, datasheet)
+    if not no_store:
+        from opmap.cli.common import record_run
+        from opmap.store.db import calibration_tags, read_profile
+
+        d = read_profile(path)
+        record_run("calibrate", d, calibration_tags(d, quick), store, no_store)
 
 
 def run_calibration(device: str, quick: bool = False, out: Path | None = None,

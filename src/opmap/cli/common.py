@@ -107,7 +107,8 @@ def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_stor
         if "duckdb" in str(e):
             console.print(f"[dim]run not recorded: {e}[/dim]")
         return
-    except (OpmapError, OSError) as e:
-        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {e}")
+    except Exception as e:  # the store's own failure (a locked, corrupt or foreign file) never costs the result
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {msg}", highlight=False)
         return
     console.print(f"[dim]recorded as run {rid} (opmap runs show {rid})[/dim]")

@@ -82,6 +82,23 @@ def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def read_profile(path: Path) -> dict[str, Any]:
+    """A calibration profile (TOML) as the payload of a calibrate run."""
+    import tomllib
+
+    return tomllib.loads(Path(path).read_text())
+
+
+def calibration_tags(d: dict[str, Any], quick: bool = False) -> dict[str, Any]:
+    """The telemetry tags of a calibration profile: the hardware is the local fingerprint (device and model)."""
+    cal = d.get("calibration") or {}
+    fp = cal.get("fingerprint") or {}
+    return {"tags_version": TAGS_VERSION, "workload": "calibration" + (" (quick)" if quick else ""),
+            "hardware": f"{d.get('name', 'local')}: {fp.get('model', '?')}", "phase": "calibrate",
+            "precision": None, "torch_version": fp.get("torch_version"),
+            "fingerprint": {k: fp.get(k) for k in ("model", "machine", "threads", "cores", "memory_bytes")}}
+
+
 def _common_tags(tags: dict[str, Any]) -> dict[str, Any]:
     return {"opmap_version": __version__, "git_commit": _git_commit(),
             "command": shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None, **tags}
