@@ -29,3 +29,39 @@ def test_exit_codes(tmp_path, cli, refused):
     rc, out, _ = cli("compare", a, c, "--store", store)
     assert rc == 1 and "regression" in out
     refused("compare", a, "nope", "--store", store, needle="no run 'nope'")
+
+
+SLEEPY = ("import os, time, torch\n"
+          "class M(torch.nn.Module):\n"
+          "    def __init__(self):\n"
+          "        super().__init__()\n"
+          "        self.fc = torch.nn.Linear(16, 16)\n"
+          "    def forward(self, x):\n"
+          "        if x.device.type == 'cpu':  # the real run, not the capture on meta\n"
+          "            time.sleep(0.002 * (1 + float(os.environ.get('SLOWDOWN', '0'))))\n"
+          "        return self.fc(x)\n"
+          "def sleepy():\n"
+          "    return M(), (torch.randn(2, 16),)\n")
+
+
+def test_real_profile_runs_regression_only_where_injected(tmp_path, cli, monkeypatch):
+    # three real opmap profile runs of one model (a 2 ms sleep in its forward makes the latency steady); the
+    # third doubles the sleep: compare finds that regression and none between the first two
+    import json
+
+    f = tmp_path / "sleepy.py"
+    f.write_text(SLEEPY)
+    store = tmp_path / "runs.duckdb"
+    args = ("profile", f"{f}:sleepy", "--hardware", "h100-sxm", "--iters", "15", "--profile-iters", "2",
+            "--warmup", "2", "--rows", "1", "--store", store)
+    for slow in ("0", "0", "1"):
+        monkeypatch.setenv("SLOWDOWN", slow)
+        rc, _, err = cli(*args)
+        assert rc == 0, err
+    rc, out, _ = cli("runs", "list", "--json", "--store", store)
+    a, b, c = (r["id"] for r in json.loads(out))
+    rc, out, _ = cli("compare", a, b, "--min-effect", "0.2", "--store", store)
+    assert rc == 0 and "no significant change" in out, out
+    rc, out, _ = cli("compare", a, c, "--store", store, "--json")
+    r = json.loads(out)
+    assert rc == 1 and r["verdict"] == "regression" and r["effect"] > 0.5 and r["test"]["n_a"] == 15
