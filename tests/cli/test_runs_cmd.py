@@ -54,3 +54,14 @@ def test_sweeps_and_serving_runs_are_recorded(tmp_path, cli):
     assert sorted(kinds) == ["serve", "sweep"]
     rc, out, _ = cli("runs", "list", "--json", "--where", "kind=serve", "--store", store)
     assert json.loads(out)[0]["tags"]["phase"] == "serve"
+
+
+def test_a_command_spools_its_run_and_the_next_reader_lands_it(tmp_path, cli):
+    # the commands only spool (a JSON file renamed into place: durable, no DuckDB open on the hot path)
+    store = tmp_path / "runs.duckdb"
+    rc, _, err = cli("analyze", "gpt2", "--seq", "16", "--rows", "1", "--store", store)
+    assert rc == 0, err
+    spool = store.with_name(store.name + ".spool")
+    assert len(list(spool.glob("*.json"))) == 1 and not store.exists()
+    rc, out, _ = cli("runs", "list", "--json", "--store", store)
+    assert rc == 0 and len(json.loads(out)) == 1 and not list(spool.glob("*.json")) and store.exists()

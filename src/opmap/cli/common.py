@@ -102,7 +102,7 @@ def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_stor
     from opmap.store import StoreUnavailable, record
 
     try:
-        rid = record(kind, payload, tags, store)
+        rid = record(kind, payload, tags, store, ingest=False)  # spooled; the next reader ingests it
     except StoreUnavailable as e:
         if "duckdb" in str(e):
             console.print(f"[dim]run not recorded: {e}[/dim]")
