@@ -65,3 +65,21 @@ def test_real_profile_runs_regression_only_where_injected(tmp_path, cli, monkeyp
     rc, out, _ = cli("compare", a, c, "--store", store, "--json")
     r = json.loads(out)
     assert rc == 1 and r["verdict"] == "regression" and r["effect"] > 0.5 and r["test"]["n_a"] == 15
+
+
+def test_production_shape_check_is_printed_recorded_and_read_by_the_memo(tmp_path, cli, refused):
+    store = tmp_path / "runs.duckdb"
+    tags = {"hardware": "h100-sxm", "precision": "bf16", "phase": "prefill"}
+
+    def body(intensity_flops, t):  # one GEMM of 1e6 bytes at the given FLOPs (intensity = FLOPs / 1e6)
+        return {"nodes": [{"id": 0, "op": "aten.mm.default", "module": "fc", "layer_type": "mlp",
+                           "flops": intensity_flops}],
+                "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": t, "traffic_bytes": 1e6, "bound": "compute"}]}
+
+    s = record("analyze", body(1e9, 1e-4), {**tags, "workload": "gemm.py:g"}, store)  # 1000 FLOP/B
+    p = record("analyze", body(3e9, 1e-4), {**tags, "workload": "m"}, store)  # 3000 FLOP/B: beyond x2
+    rc, out, _ = cli("compare", s, "--production", p, "--store", store)
+    assert rc == 0 and "does not carry over" in out and "recorded as run" in out
+    rc, out, _ = cli("memo", s, "--store", store)
+    assert rc == 0 and "flag: shape check" in out and "gemm does not carry over" in out
+    refused("compare", s, "--store", store, needle="one run with --production")

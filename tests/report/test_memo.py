@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from opmap.report.memo import findings, memo_markdown, pitfalls
 
 
@@ -48,3 +50,34 @@ def test_pitfalls_flag_what_a_reviewer_would():
     assert checks["calibration older than the runtime or drifted"].startswith("flag")
     md = memo_markdown(prof, [], pitfalls(prof, True), "opmap memo r1")
     assert md.startswith("# Closure memo: gpt2 on h100-sxm") and "opmap analyze gpt2" in md
+
+
+def test_collectives_go_to_the_runtime_and_a_narrower_format_bounds_the_compute_gain():
+    lts = {"collective": {"share_of_time": 0.4, "bound": "interconnect", "predicted_s": 2e-3},
+           "mlp": {"share_of_time": 0.6, "bound": "compute", "predicted_s": 3e-3}}
+    # H100 SXM dense peaks (datasheet): bf16 989.4 TFLOP/s, fp8 1978.9: x2.0001; the gain bound is t (1 - 1/x)
+    fs = findings(_run(lts), format_step=("fp8", 1978.9 / 989.4))
+    by = {f["finding"].split(" ")[0]: f for f in fs}
+    assert by["collective"]["owner"] == "runtime" and by["collective"]["expected_gain_s"] == 2e-3
+    assert "overlap" in by["collective"]["fix"]
+    assert by["mlp"]["owner"] == "ML compiler" and "fp8" in by["mlp"]["fix"]
+    assert by["mlp"]["expected_gain_s"] == pytest.approx(3e-3 * (1 - 989.4 / 1978.9))
+
+
+def _shape_verdict(run, check):
+    checks = {c["check"]: c["verdict"] for c in pitfalls(run, check)}
+    return checks["synthetic shapes without production-shape validation"]
+
+
+def test_a_synthetic_slice_is_flagged_until_its_shape_check_carries_over():
+    run = _run({})
+    run["tags"]["workload"] = "gemm.py:square"
+    checks = {c["check"]: c["verdict"] for c in pitfalls(run, production_compared=True)}
+    assert checks["synthetic shapes without production-shape validation"].startswith("flag: a synthetic slice")
+    partly = {"run": "s1", "production": "p1", "classes": [
+        {"class": "gemm", "production_kernels": 2, "verdict": "partly", "represented_share_of_class": 0.75}]}
+    v = _shape_verdict(run, partly)
+    assert v.startswith("flag") and "gemm partly (75%" in v
+    partly["classes"][0].update(verdict="carries over", represented_share_of_class=0.9)
+    v = _shape_verdict(run, partly)
+    assert v.startswith("ok")

@@ -12,24 +12,45 @@ from opmap.cli.common import console
 
 def compare(
     a: str = typer.Argument(..., help="The baseline run id (opmap runs list)."),
-    b: str = typer.Argument(..., help="The run to judge against it."),
+    b: str | None = typer.Argument(None, help="The run to judge against it (omit with --production to check A's "
+                                             "shapes alone)."),
     force: bool = typer.Option(False, help="Compare runs whose hardware, precision, phase or workload differ."),
     min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative change that counts."),
     alpha: float = typer.Option(0.05, help="Significance level of the rank test."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     rows: int = typer.Option(10, help="Kernels shown (largest changes first)."),
+    production: str | None = typer.Option(None, "--production", help="A production run of the workload that A "
+                                          "(a synthetic slice) stands for: which of its kernels A represents, and "
+                                          "what A -> B's change would buy there."),
     store: Path | None = typer.Option(None, "--store", help="Run store file."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record the shape check in the run store."),
 ) -> None:
     """Per layer type and per kernel deltas; a regression only where a rank test on the raw samples and the
-    minimum effect agree."""
+    minimum effect agree. With --production, whether the synthetic run A's kernels stand for the production
+    run's kernels of the same class (production-shape validation)."""
     from rich.table import Table
 
+    from opmap.errors import OpmapError
     from opmap.report.sheet import si
     from opmap.store.compare import compare as run_compare
+    from opmap.store.shapes import class_changes, production_check
 
-    r = run_compare(a, b, store, force, min_effect, alpha)
+    if b is None and production is None:
+        raise OpmapError("compare takes two runs (A B), or one run with --production RUN")
+    r = run_compare(a, b, store, force, min_effect, alpha) if b is not None else None
+    shapes = (production_check(a, production, store, force, class_changes(r) if r is not None else None)
+              if production is not None else None)
+    if shapes is not None:
+        from opmap.cli.common import record_run
+
+        tags = {"workload": f"shape-check {a} -> {production}", "command": "opmap compare " + " ".join(
+            x for x in (a, b or "", f"--production {production}") if x)}
+        record_run("shape-check", shapes, tags, store, no_store)
     if as_json:
-        print(json.dumps(r, indent=1))
+        print(json.dumps(r if shapes is None else {**(r or {}), "production_check": shapes}, indent=1))
+    elif r is None:
+        _print_shapes(shapes)
+        return
     else:
         how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
         t = Table(title=f"{b} against {a}: {r['times']} times; kernels matched: {how}", title_justify="left")
@@ -54,8 +75,33 @@ def compare(
                 f"(alpha {alpha}, minimum effect {min_effect:.0%})" if test else
                 f"{r['verdict']}: predicted total {r['effect']:+.1%} ({r['note']})")
         console.print(line, highlight=False, markup=False)
-    if r["verdict"] == "regression":
+        if shapes is not None:
+            _print_shapes(shapes)
+    if r is not None and r["verdict"] == "regression":
         raise typer.Exit(1)
+
+
+def _print_shapes(v: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"production-shape check: does {v['synthetic']} stand for {v['production']}? ({v['rule']})",
+              title_justify="left")
+    for c in ("class", "synthetic FLOP/B", "production FLOP/B p10/p50/p90", "prod. share", "represented",
+              "bound mix", "change carried", "verdict"):
+        t.add_column(c, justify="left" if c in ("class", "bound mix", "verdict") else "right")
+    for c in v["classes"]:
+        si_ = c["synthetic_intensity"]
+        q = c["production_intensity_p10_p50_p90"]
+        mix = ", ".join(f"{k} {w:.0%}" for k, w in c["production_bound_mix"].items())
+        carried = c.get("expected_production_change")
+        t.add_row(c["class"], "-" if not si_ else f"{si_[0]:.3g}" + ("" if si_[0] == si_[1] else f"-{si_[1]:.3g}"),
+                  "/".join("-" if x is None else f"{x:.3g}" for x in q), f"{c['production_share']:.1%}",
+                  f"{c['represented_share_of_class']:.0%} of class", mix or "-",
+                  "-" if carried is None else f"{c['synthetic_change']:+.1%} -> {carried:+.1%}", c["verdict"])
+    console.print(t)
+    if "expected_production_change" in v:
+        console.print(f"the synthetic change, carried over the represented kernels only: "
+                      f"{v['expected_production_change']:+.1%} of the production total", highlight=False)
 
 
 def _pct(x: float | None) -> str:

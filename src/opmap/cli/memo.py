@@ -28,12 +28,47 @@ def memo(
         check_out_dir(out)
     gain = _fusion_gain(run)
     others = [r for r in list_runs({"workload": str(run["tags"].get("workload"))}, store) if r["id"] != run_id]
-    fs, pits = findings(run, gain), pitfalls(run, bool(others))
+    checked = _shape_check(run_id, store)
+    fs, pits = findings(run, gain, _format_step(run)), pitfalls(run, checked or bool(others))
     text = memo_markdown(run, fs, pits, f"opmap memo {run_id}")
     console.print(text, markup=False, highlight=False)
     if out is not None:
         body = json.dumps({"schema_version": 1, "run": run_id, "findings": fs, "pitfalls": pits}, indent=1)
         print_wrote(write_set(out, {"memo.md": text, "memo.json": body}))
+
+
+def _shape_check(run_id: str, store) -> dict | None:
+    """The newest production-shape check of this run in the store (its payload, with its ``run`` id)."""
+    from opmap.store import list_runs, show_run
+
+    for r in reversed(list_runs({"kind": "shape-check"}, store)):
+        body = show_run(r["id"], store)["payload"]
+        if body.get("synthetic") == run_id:
+            return {**body, "run": r["id"]}
+    return None
+
+
+NARROWER = {"fp32": "bf16", "tf32": "bf16", "bf16": "fp8", "fp16": "fp8", "fp8": "fp4"}
+
+
+def _format_step(run) -> tuple[str, float] | None:
+    """(the next narrower matrix format, its dense peak over the run's format's) on the run's catalog device."""
+    from opmap.errors import OpmapError
+    from opmap.hardware import get_hardware
+
+    t = run["tags"]
+    now = str(t.get("precision") or "")
+    nxt = NARROWER.get(now)
+    if nxt is None:
+        return None
+    try:
+        peaks = get_hardware(str(t.get("hardware"))).matrix_peak_flops_per_s
+    except (OpmapError, KeyError, ValueError):
+        return None
+    a, b = peaks.get(now), peaks.get(nxt)
+    if a is None or b is None or not a.value or not b.value:
+        return None
+    return nxt, float(b.value) / float(a.value)
 
 
 def _fusion_gain(run) -> float | None:

@@ -8,8 +8,12 @@ predicted) is a finding, assigned by its bottleneck class to the layer that owns
   the bytes it moves;
 - ``overhead`` bound (launch and dispatch, or a measured "other" share above a half): the **runtime** owner
   (batching, CUDA graphs, fewer launches); the fix removes launches, bounded by the layer type's time;
-- ``compute`` bound: the **ML compiler** owner (tiling, precision of the matrix engine); the fix is a faster
-  format or a better tile, bounded by the distance to the achievable rate;
+- ``compute`` bound: the **ML compiler** owner (tiling, precision of the matrix engine); the fix is the next
+  narrower matrix format, its gain bounded by the ratio of the device's dense peaks (the layer type's time x
+  (1 - peak(now) / peak(narrower))), and high-risk until ``opmap quality`` shows the format holds;
+- ``interconnect`` bound (collectives of a sharded run): the **runtime** owner (overlap the collective with
+  compute, bucket it, or change the parallel layout: ``opmap plan``); the gain is bounded by the layer type's
+  time, all of which an ideal overlap would hide;
 - a predicted / measured ratio outside 0.75-1.33 for the layer type: the **performance modelling** owner.
 
 The expected gain comes from the model itself: ``opmap analyze`` of the same workload under ``--fusion compiler``
@@ -32,7 +36,10 @@ def _share(lt: dict[str, Any]) -> float:
     return m.get("share_of_measured") if m.get("share_of_measured") is not None else lt.get("share_of_time", 0.0)
 
 
-def findings(run: dict[str, Any], fusion_gain_s: float | None = None) -> list[dict[str, Any]]:
+def findings(run: dict[str, Any], fusion_gain_s: float | None = None,
+             format_step: tuple[str, float] | None = None) -> list[dict[str, Any]]:
+    """The findings of a run. ``format_step``: (the next narrower matrix format, the ratio of its dense peak to
+    the run's format's) on the run's hardware, where there is one."""
     p = run["payload"]
     stall = ((p.get("stall_fraction") or {}).get("layer_types") or {})
     out = []
@@ -48,13 +55,21 @@ def findings(run: dict[str, Any], fusion_gain_s: float | None = None) -> list[di
             owner, fix = "ML compiler", "fuse the layer type's elementwise work into its producers (--fusion compiler)"
             gain = fusion_gain_s
             risk = "low: numerics unchanged by fusion; watch compile time"
+        elif bound == "interconnect":
+            owner, fix = "runtime", "overlap the collective with compute or change the parallel layout (opmap plan)"
+            gain = t
+            risk = "medium: overlap needs spare memory bandwidth and streams; a new layout moves memory per device"
         elif st.get("other", 0.0) > 0.5 or bound == "overhead":
             owner, fix = "runtime", "remove launches: capture the step in a CUDA graph or batch more work per launch"
             gain = t
             risk = "medium: graph capture fixes shapes; dynamic shapes need buckets"
         else:
-            owner, fix = "ML compiler", "a narrower matrix format or a better tile for its GEMMs"
-            gain = None
+            owner = "ML compiler"
+            if format_step is not None and format_step[1] > 1:
+                fix = f"its GEMMs in {format_step[0]} (the matrix peak x{format_step[1]:.3g}), or a better tile"
+                gain = t * (1 - 1 / format_step[1])
+            else:
+                fix, gain = "a better tile for its GEMMs (no narrower matrix format on this device)", None
             risk = "high without quality evidence for the narrower format (opmap quality)"
         text = (f"{name} holds {share:.0%} of the time, {bound}-bound"
                 + (f", stall fraction {st['memory_stall']:.2f}" if "memory_stall" in st else ""))
@@ -69,7 +84,10 @@ def findings(run: dict[str, Any], fusion_gain_s: float | None = None) -> list[di
     return out
 
 
-def pitfalls(run: dict[str, Any], production_compared: bool) -> list[dict[str, str]]:
+def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) -> list[dict[str, str]]:
+    """The field's pitfalls as checks. ``production_compared``: the newest production-shape check of this run
+    (``opmap compare RUN --production P``: its payload with its ``run`` id), else True where another shape of the
+    workload is in the store, False where neither is."""
     p = run["payload"]
     a = p.get("assumptions", {})
     lat = p.get("latency") or {}
@@ -88,9 +106,22 @@ def pitfalls(run: dict[str, Any], production_compared: bool) -> list[dict[str, s
         verdict = (("flag: " if drifted else "ok: ") + f"{cal.get('what', 'the calibration check')}: now / calibrated "
                    + (f"{ratio:.2f}" if ratio is not None else "-") + " (a drift beyond 10% flags)")
     out.append({"check": "calibration older than the runtime or drifted", "verdict": verdict})
-    out.append({"check": "synthetic shapes without production-shape validation",
-                "verdict": "ok: compared with another run of the workload" if production_compared else
-                "flag: no other run of this workload in the store to validate the shapes against"})
+    synthetic = ".py:" in str(run["tags"].get("workload", ""))  # a user's file: a slice, not the product
+    if isinstance(production_compared, dict):
+        c = production_compared
+        cls = [x for x in c.get("classes", []) if x.get("production_kernels")]
+        text = (f"shape check {c.get('run')} against production run {c.get('production')}: "
+                + (", ".join(f"{x['class']} {x['verdict']} ({x['represented_share_of_class']:.0%} of the class's "
+                             "production time represented)" for x in cls) or "no kernel class in common"))
+        verdict = ("ok: " if cls and all(x["verdict"] == "carries over" for x in cls) else "flag: ") + text
+    elif synthetic:
+        verdict = ("flag: a synthetic slice never checked against the production workload's kernels (opmap "
+                   "compare RUN --production PROD)")
+    else:
+        verdict = ("ok: the workload itself, and another of its shapes is in the store" if production_compared else
+                   "flag: one shape of the workload only; sweep the production range (opmap sweep) before "
+                   "generalising")
+    out.append({"check": "synthetic shapes without production-shape validation", "verdict": verdict})
     return out
 
 
