@@ -46,6 +46,21 @@ def test_serve_gpt2_continuous(tmp_path, cli):
     assert d["latency"]["itl"]["mean_s"] > 0
 
 
+def test_serve_gpt2_disaggregated(tmp_path, cli):
+    """gpt2's KV cache: 12 layers x (K + V) x 768 x 2 bytes (bf16) = 36,864 bytes per token; a 1:1 split of
+    two H100 SXM stays inside one DGX node and moves it over NVLink at 450 GB/s per direction (datasheet)."""
+    rc, out, err = cli("serve", "gpt2", "--hardware", "h100-sxm", "--arrival", "poisson:50", "--requests", 200,
+                       "--input-len", 256, "--output-len", 32, "--disaggregate", "1:1", "--out", tmp_path)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "serve.json").read_text())
+    k = d["disaggregation"]["kv_transfer"]
+    assert k["bytes_per_token"] == pytest.approx(12 * 2 * 768 * 2)
+    assert k["bandwidth_bytes_per_s"] == pytest.approx(450e9)
+    assert d["disaggregation"]["kv_transfer_s"]["mean_s"] >= 256 * 36864 / 450e9
+    assert d["replicas"] == 2 and d["assumptions"]["disaggregate"] == "1:1"
+    assert d["validity"]["verdict"] == "VALID" and "disaggregated 1:1" in out
+
+
 @pytest.mark.parametrize("args,needle", [
     (("--arrival", "poisson"), "accepted: poisson:RATE"),
     (("--policy", "batch:4"), "accepted: none, static:B"),
@@ -54,6 +69,9 @@ def test_serve_gpt2_continuous(tmp_path, cli):
     (("--router", "random"), "accepted: round_robin"),
     (("--arrival", "offline", "--find-capacity"), "varies the arrival rate"),
     (("--input-len", "normal:5"), "accepted: N, uniform"),
+    (("--disaggregate", "1:0"), "accepted: P:D"),
+    (("--disaggregate", "1:1"), "drop --service-time"),
+    (("--disaggregate", "1:1", "--replicas", 3), "drop --replicas"),
 ])
 def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)

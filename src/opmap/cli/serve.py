@@ -24,6 +24,9 @@ def serve(
                                                   "chunked:CHUNK."),
     replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
     router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
+    disaggregate: str | None = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
+                                            "(DistServe-style), each of --tp devices, the KV cache moved "
+                                            "between them over the device's links; instead of --replicas."),
     slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="TTFT limit at p99, ms (default 2000)."),
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="TPOT limit at p99, ms (default 200)."),
     slo_p99: float | None = typer.Option(None, "--slo-p99", help="End-to-end latency limit at p99, ms "
@@ -69,6 +72,23 @@ def serve(
         slo = Slo(2.0 if slo_ttft is None else slo_ttft / 1e3, 0.2 if slo_tpot is None else slo_tpot / 1e3)
     if find_capacity and arr.kind not in ("poisson", "gamma"):
         raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
+    pd = None
+    if disaggregate is not None:
+        from opmap.serve.disagg import parse_disaggregate
+
+        pd = parse_disaggregate(disaggregate)
+        if replicas != 1:
+            raise OpmapError("--disaggregate P:D sets the replicas (P prefill + D decode): drop --replicas")
+        if service_time is not None:
+            raise OpmapError("--disaggregate splits a request into prefill and decode steps, which a service "
+                             "time does not have: drop --service-time")
+        if router == "shared":
+            raise OpmapError("--disaggregate routes to prefill replicas with round_robin or least_loaded, "
+                             "not shared")
+        if pol.name != "continuous":
+            raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
+                             f"continuous[:TOKEN_BUDGET], got {pol.spec()!r}")
+        replicas = pd[0] + pd[1]
     if out is not None:
         check_out_dir(out)
     reqs = make_requests(arr, ilen, olen, requests, seed)
@@ -84,8 +104,18 @@ def serve(
 
         with console.status(f"pricing {model} on {hardware}") as st:
             cost = model_table_cost(model, hardware, dtype, tp, progress=lambda s: st.update(s))
+    if pd is not None:
+        from opmap.serve.disagg import kv_transfer_for, simulate_disaggregated
+
+        transfer = kv_transfer_for(get_hardware(hardware), cost.kv_bytes_per_token, tp, replicas)
+
+        def sim(r):
+            return simulate_disaggregated(r, pol, cost, pd[0], pd[1], transfer, router, seed)
+    else:
+        def sim(r):
+            return simulate(r, pol, cost, replicas, router, seed)
     with console.status(f"simulating {len(reqs)} requests ({pol.spec()}, {arr.spec()})"):
-        res = simulate(reqs, pol, cost, replicas, router, seed)
+        res = sim(reqs)
         report = summarize(res, slo)
     capacity = None
     if find_capacity:
@@ -93,12 +123,13 @@ def serve(
             def run(rate: float):
                 st.update(f"finding capacity: {rate:.4g} requests/s")
                 r = make_requests(arr.with_rate(rate), ilen, olen, requests, seed)
-                return summarize(simulate(r, pol, cost, replicas, router, seed), slo)
+                return summarize(sim(r), slo)
 
             capacity = bisect_capacity(run, arr.rate_per_s)
         report["capacity"] = capacity
     report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
-                             "router": router, "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
+                             "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
+                             "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
                              "cost": "service time " + service_time if service_time else "opmap cost model",
                              "kv_cache": "reserved in full (input + output) at admission, no preemption"}
     _print(report, model, hardware)
@@ -109,7 +140,9 @@ def serve(
     from opmap.cli.common import record_run
 
     record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
-                                 "parallelism": f"tp{tp} x {replicas} replicas"}, store, no_store)
+                                 "parallelism": f"tp{tp} x {replicas} replicas"
+                                                + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
+                store, no_store)
 
 
 class _NoCost:
@@ -150,6 +183,14 @@ def _print(r: dict, model: str, hardware: str) -> None:
                   highlight=False)
     v = r["validity"]
     console.print(f"MLPerf-style validity: {v['verdict']} ({v['reason']})", highlight=False)
+    if "disaggregation" in r:
+        d = r["disaggregation"]
+        k = d["kv_transfer"]
+        console.print(f"disaggregated {d['prefill_replicas']}:{d['decode_replicas']} (prefill:decode): KV moved "
+                      f"over {k['link']} at {si(k['bandwidth_bytes_per_s'], 'B/s')}, "
+                      f"{si(k['bytes_per_token'], 'B')}/token/device, mean {si(d['kv_transfer_s']['mean_s'], 's')}; "
+                      f"wait for a decode slot mean {si(d['decode_admission_wait_s']['mean_s'], 's')}",
+                      highlight=False)
     if "capacity" in r:
         c = r["capacity"]
         console.print(f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO "

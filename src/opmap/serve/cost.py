@@ -68,6 +68,7 @@ class TableCost:
     decode_time_s: Sequence[Sequence[float]]
     kv_capacity_tokens: int | None = None
     source: str = "table"
+    kv_bytes_per_token: float | None = None  # per device: what a token's KV cache costs to hold and to move
 
     def __post_init__(self) -> None:
         self.prefill_tokens = [float(x) for x in self.prefill_tokens]
@@ -102,6 +103,7 @@ class TableCost:
 
     def to_dict(self) -> dict:
         return {"kind": "table", "source": self.source, "kv_capacity_tokens": self.kv_capacity_tokens,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
                 "prefill": {"tokens": self.prefill_tokens, "time_s": self.prefill_time_s},
                 "decode": {"batch": self.decode_batch, "kv_tokens": self.decode_kv, "time_s": self.decode_time_s}}
 

@@ -124,6 +124,7 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
                      "rule": "MLPerf Server: the latency limits hold at p99 (LLM: TTFT and TPOT; "
                              "llama2-70b 2 s and 200 ms); the 600 s minimum duration and minimum query count "
                              "are not checked in simulation"},
+        **res.extra,
     }
 
 

@@ -90,4 +90,5 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                          f"{fit.weights_bytes / tp / 1e9:.1f} GB per device of {fit.capacity_bytes / 1e9:.1f} GB; "
                          "raise --tp")
     return TableCost(seqs, pre_t, sorted(set(decode_batches)), KV_GRID, rows, kv_capacity_tokens=cap,
-                     source=f"opmap phase analyses of {model} on {hw.name} ({dtype}, tp {tp})")
+                     source=f"opmap phase analyses of {model} on {hw.name} ({dtype}, tp {tp})",
+                     kv_bytes_per_token=per_tok)

@@ -73,15 +73,23 @@ class _Rep:
 
 
 def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int = 1,
-             router: str = "round_robin", seed: int = 0) -> SimResult:
+             router: str = "round_robin", seed: int = 0, prefilled_first_s: np.ndarray | None = None) -> SimResult:
     """Run ``reqs`` through ``replicas`` servers under ``policy``, each step priced by ``cost`` (or each
-    request served for a drawn ``ServiceTime``, from ``np.random.default_rng([seed, 1])``)."""
+    request served for a drawn ``ServiceTime``, from ``np.random.default_rng([seed, 1])``).
+
+    ``prefilled_first_s`` (a decode pool, see disagg.py): every request arrives with its prompt already
+    processed elsewhere and its first token out at ``prefilled_first_s[i]``; admission (continuous policy
+    only, KV cache permitting) costs no prefill step, the request joins the next decode iteration, and its
+    first inter-token gap runs from ``prefilled_first_s[i]``."""
     if router not in ROUTERS:
         raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
     if replicas < 1:
         raise OpmapError(f"--replicas must be >= 1 (got {replicas})")
     service = isinstance(cost, ServiceTime)
     iterative = isinstance(policy, (Continuous, Chunked))
+    decode_only = prefilled_first_s is not None
+    if decode_only and not isinstance(policy, Continuous):
+        raise OpmapError(f"a decode pool schedules iterations: it needs policy continuous, got {policy.spec()!r}")
     if service and iterative:
         raise OpmapError(f"policy {policy.spec()!r} schedules iterations, which a service time does not have: "
                          "use none, static:B or dynamic:B,WAIT_MS with --service-time")
@@ -206,7 +214,15 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
         """continuous / chunked: form the next iteration at a boundary."""
         nonlocal steps
         if isinstance(policy, Continuous):
-            got = admit(rep, now, policy.token_budget, rep.n_dec) if rep.q else []
+            if decode_only:  # the prompts were processed elsewhere: admit by KV cache, then decode at once
+                got = admit(rep, now, 1 << 62, rep.n_dec) if rep.q else []
+                if got:
+                    join_decoders(rep, got, now)
+                if not rep.n_dec:
+                    return
+                got = []
+            else:
+                got = admit(rep, now, policy.token_budget, rep.n_dec) if rep.q else []
             if got:
                 d = cost.prefill_s(sum(inp[r] for r in got), len(got))
                 rep.pending = (got, None)
@@ -247,12 +263,19 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
         rep.busy_s += d
         push(now + d, 0, rep.idx)
 
+    origin = prefilled_first_s.tolist() if decode_only else None
+
     def join_decoders(rep: _Rep, rids: list[int], now: float) -> None:
         c = 0
         for rid in rids:
-            first[rid] = now
+            if origin is not None:  # its first token came out of the prefill pool; its gap starts there
+                first[rid] = origin[rid]
+                if out[rid] > 1:
+                    rep.groups.append((origin[rid], 1))
+            else:
+                first[rid] = now
             if out[rid] == 1:
-                finish[rid] = now
+                finish[rid] = first[rid]
                 rep.kv_res -= inp[rid] + out[rid]
                 rep.outstanding -= 1
             else:
@@ -261,7 +284,8 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                 c += 1
         if c:
             rep.n_dec += c
-            rep.groups.append((now, c))
+            if origin is None:
+                rep.groups.append((now, c))
 
     def decode_done(rep: _Rep, now: float) -> None:
         rep.D += 1

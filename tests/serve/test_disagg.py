@@ -1,0 +1,103 @@
+"""Disaggregated prefill / decode serving (DistServe, Zhong et al. OSDI 2024; Splitwise, Patel et al. ISCA 2024).
+
+Expected times are written out by hand from the step costs: prefill of L tokens takes ``PRE_S_PER_TOKEN * L``,
+a decode iteration takes ``DEC_S`` whatever its batch, and moving a prompt's KV takes
+``LAT + L * BYTES / BW``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opmap.errors import OpmapError
+from opmap.hardware import get_hardware
+from opmap.serve import Requests, Slo, TableCost, simulate, summarize
+from opmap.serve.disagg import KvTransfer, kv_transfer_for, parse_disaggregate, simulate_disaggregated
+from opmap.serve.policies import Continuous, Static
+
+PRE_S_PER_TOKEN = 1e-3  # prefill: 1 ms per prompt token
+DEC_S = 0.01  # decode: 10 ms per iteration, flat in batch and KV
+COST = TableCost([1000], [1000 * PRE_S_PER_TOKEN], [1], [0], [[DEC_S]])
+XFER = KvTransfer(bytes_per_token=1e6, bandwidth_bytes_per_s=1e9, latency_s=0.002)  # 1 ms per token + 2 ms
+
+
+def _reqs(arr, inp, out):
+    return Requests(np.asarray(arr, float), np.asarray(inp), np.asarray(out), "trace:hand")
+
+
+def test_one_request_by_hand():
+    """TTFT = prefill(100) = 0.1 s; KV moved in 0.002 + 100 x 1e6 / 1e9 = 0.102 s; then 9 decode iterations:
+    finish = 0.1 + 0.102 + 9 x 0.01 = 0.292 s. The first inter-token gap carries the transfer: 0.112 s."""
+    res = simulate_disaggregated(_reqs([0.0], [100], [10]), Continuous(), COST, 1, 1, XFER)
+    assert res.first_s[0] == pytest.approx(0.1)
+    assert res.finish_s[0] == pytest.approx(0.1 + 0.102 + 9 * DEC_S)
+    gaps = np.repeat(res.itl_gap_s, res.itl_weight.astype(int))
+    assert sorted(gaps) == pytest.approx(sorted([0.102 + DEC_S] + [DEC_S] * 8))
+    s = summarize(res, Slo())
+    assert s["disaggregation"]["kv_transfer_s"]["mean_s"] == pytest.approx(0.102)
+    assert s["replicas"] == 2 and len(s["utilization"]) == 2
+
+
+def test_decode_pool_kv_capacity_makes_the_second_request_wait():
+    """Two prompts of 50 arrive together; the prefill replica holds both (50 + 1 tokens each in 110) and
+    prefills them in one step of 100 tokens (0.1 s); both are ready at 0.1 + 0.002 + 50 x 1e-3 = 0.152 s. The
+    decode replica holds one whole request (50 + 60 = 110 tokens) at a time: the first finishes at
+    0.152 + 59 x 0.01 = 0.742 s, the second is admitted then (a 0.59 s wait) and finishes at 1.332 s."""
+    cost = TableCost([1000], [1.0], [1], [0], [[DEC_S]], kv_capacity_tokens=110)
+    res = simulate_disaggregated(_reqs([0.0, 0.0], [50, 50], [60, 60]), Continuous(), cost, 1, 1, XFER)
+    assert res.first_s == pytest.approx([0.1, 0.1])
+    assert sorted(res.finish_s) == pytest.approx([0.742, 1.332])
+    s = summarize(res)
+    assert s["disaggregation"]["decode_admission_wait_s"]["max_s"] == pytest.approx(0.59)
+
+
+def test_decodes_no_longer_wait_for_prefills():
+    """Colocated continuous batching runs a prefill iteration on its own, so a running decode stalls for the
+    whole prefill of a newcomer (here 0.5 s); with a separate prefill pool no gap after a request's first
+    decode exceeds one decode iteration."""
+    reqs = _reqs([0.0, 0.05], [10, 500], [40, 2])
+    colo = simulate(reqs, Continuous(), COST, 1)
+    assert colo.itl_gap_s.max() >= 500 * PRE_S_PER_TOKEN
+    dis = simulate_disaggregated(reqs, Continuous(), COST, 1, 1, XFER)
+    first_gap = {0: 0.002 + 10e-3 + DEC_S, 1: 0.002 + 500e-3 + DEC_S}  # transfer + one iteration, at most
+    assert dis.itl_gap_s.max() <= max(first_gap.values()) + 1e-9
+    long_tail = dis.itl_gap_s[np.isclose(dis.itl_gap_s, DEC_S)]
+    assert long_tail.size > 0
+    assert dis.finish_s[0] < colo.finish_s[0]
+
+
+def test_every_request_finishes_in_arrival_order_mixups():
+    """Ready times come out of order (short prompts overtake long ones); each request keeps its own times."""
+    rng = np.random.default_rng(0)
+    n = 300
+    arr = np.sort(rng.uniform(0, 5, n))
+    inp = rng.integers(10, 800, n)
+    out = rng.integers(1, 60, n)
+    res = simulate_disaggregated(_reqs(arr, inp, out), Continuous(), COST, 2, 3, XFER)
+    assert np.all(res.first_s >= arr + inp * PRE_S_PER_TOKEN - 1e-9)
+    xfer = 0.002 + inp * 1e-3
+    want = res.first_s + xfer + (out - 1) * DEC_S  # no waiting is the lower bound
+    assert np.all(res.finish_s >= np.where(out > 1, want, res.first_s) - 1e-9)
+    assert np.all(res.finish_s[out == 1] == res.first_s[out == 1])
+    # tokens: every output token after the first is one inter-token gap
+    assert res.itl_weight.sum() == pytest.approx(int((out - 1).sum()))
+
+
+def test_kv_transfer_link_from_the_catalog():
+    """H100 SXM (NVIDIA DGX H100 datasheet): 8 GPUs per node on NVSwitch, NVLink 900 GB/s bidirectional
+    (450 GB/s each way); one 400 Gb/s NIC per GPU (50 GB/s). 1:1 at tp 1 stays in the node; 8:8 leaves it."""
+    hw = get_hardware("h100-sxm")
+    assert kv_transfer_for(hw, 1.0, 1, 2).bandwidth_bytes_per_s == pytest.approx(450e9)
+    far = kv_transfer_for(hw, 1.0, 1, 16)
+    assert far.bandwidth_bytes_per_s == pytest.approx(50e9) and "exceed a node of 8" in far.link
+
+
+@pytest.mark.parametrize("spec", ["1", "0:1", "a:b", "1:0", "1:2:3"])
+def test_bad_split(spec):
+    with pytest.raises(OpmapError, match="accepted: P:D"):
+        parse_disaggregate(spec)
+
+
+def test_needs_iteration_batching():
+    with pytest.raises(OpmapError, match="continuous"):
+        simulate_disaggregated(_reqs([0.0], [10], [2]), Static(2), COST, 1, 1, XFER)
