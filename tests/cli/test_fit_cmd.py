@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 
@@ -15,6 +16,11 @@ def test_fit_writes_the_contract(tmp_path, cli):
             "energy_per_token_j", "power_method", "perf_per_dollar", "bound", "risk", "rank", "excluded_reason"}
     assert keys <= set(c) and c["power_method"] == "modelled" and c["latency_p99_s"] <= 3.0
     assert "3000 ms" in out and "p99 end to end 3000 ms" in (tmp_path / "fit.md").read_text()
+    png = tmp_path / "trade_curve.png"
+    if importlib.util.find_spec("matplotlib"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not png.exists() and "matplotlib is not installed" in out
 
 
 def test_fit_refuses_bad_input(refused):

@@ -93,8 +93,6 @@ def fit(
     console.print(t)
     for a in r["assumptions"]:
         console.print(f"  {a}", highlight=False, markup=False)
-    console.print("  trade-curve plot: not drawn (matplotlib is not installed); fit.json holds its data",
-                  highlight=False, markup=False)
     if out is not None:
         md = [f"# opmap fit ({slo_text})", "", *[f"- {a}" for a in r["assumptions"]], "",
               "| workload | platform | devices | tok/s at SLO | p99 e2e (s) | W | tok/J | J/tok | tok/$ | bound | "
@@ -106,7 +104,15 @@ def fit(
                       f"{f(c['latency_p99_s'])} | {f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | "
                       f"{f(c['energy_per_token_j'])} | {f(c['perf_per_dollar'])} | {c['bound'] or '-'} | {c['risk']} | "
                       f"{f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
-        print_wrote(write_set(out, {"fit.json": json.dumps(r, indent=1), "fit.md": "\n".join(md) + "\n"}))
+        from opmap.report.trade_curve import draw_trade_curve, have_matplotlib
+
+        paths = write_set(out, {"fit.json": json.dumps(r, indent=1), "fit.md": "\n".join(md) + "\n"})
+        png = draw_trade_curve(r, out / "trade_curve.png")
+        print_wrote(paths + ([png] if png else []))
+        if png is None:
+            console.print("  trade_curve.png not drawn: " + ("no platform has a throughput at the SLO"
+                          if have_matplotlib() else "matplotlib is not installed (pip install 'opmap[report]')"),
+                          highlight=False, markup=False)
     from opmap.cli.common import record_run
 
     record_run("fit", r, {"workload": ",".join(ms), "hardware": ",".join(r["hardware"]), "phase": "serve",

@@ -1,0 +1,50 @@
+"""The fit matrix's trade curve: the Pareto front by hand, the PNG drawn whole."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from opmap.report.trade_curve import draw_trade_curve, pareto, risk_level
+
+
+def _cell(hw, lat, tok, excluded="", energy=0.5, risk="low (source)"):
+    return {"model": "m", "hardware": hw, "devices": 1, "latency_p99_s": lat, "throughput_at_slo": tok,
+            "energy_per_token_j": energy, "excluded_reason": excluded, "risk": risk}
+
+
+CELLS = [
+    _cell("a", 1.0, 100.0),   # on the front: the fastest
+    _cell("b", 2.0, 300.0),   # on the front: more throughput for more latency
+    _cell("c", 2.5, 250.0),   # dominated by b (faster and more throughput)
+    _cell("d", 3.0, 300.0),   # dominated by b (same throughput, slower)
+    _cell("e", 4.0, 500.0),   # on the front
+    _cell("f", 0.5, 900.0, excluded="over the power budget"),  # struck out: not on the front
+    _cell("g", None, None, excluded="does not fit"),
+]
+
+
+def test_pareto_front_by_hand():
+    assert [c["hardware"] for c in pareto(CELLS)] == ["a", "b", "e"]
+
+
+@pytest.mark.parametrize("risk,level", [("low (CUDA, vLLM mainline)", "low"), ({"level": "high", "source": "x"},
+                                        "high"), ("not in the catalog", "unknown"), ("medium: ROCm", "medium")])
+def test_risk_level(risk, level):
+    assert risk_level(risk) == level
+
+
+def test_png_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    fit = {"models": ["m"], "cells": CELLS}
+    p = draw_trade_curve(fit, tmp_path / "trade_curve.png")
+    head = p.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", head[16:24])  # IHDR width and height
+    assert (w, h) == (round(6.2 * 110), round(4.6 * 110))  # figsize (in) x dpi
+    assert [x.name for x in tmp_path.iterdir()] == ["trade_curve.png"]  # no temporary file left
+
+
+def test_nothing_to_draw(tmp_path):
+    assert draw_trade_curve({"models": ["m"], "cells": [CELLS[-1]]}, tmp_path / "t.png") is None
