@@ -57,17 +57,22 @@ def draw_trade_curve(fit: dict[str, Any], path: Path) -> Path | None:
     from matplotlib.lines import Line2D
 
     models = [m for m in fit["models"] if any(c["model"] == m for c in cells)]
+    from matplotlib.ticker import NullFormatter
+
     fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.6), squeeze=False)
     energies = [c["energy_per_token_j"] for c in cells if c.get("energy_per_token_j")]
     e_max = max(energies) if energies else 1.0
     for ax, m in zip(axes[0], models, strict=True):
         mine = [c for c in cells if c["model"] == m]
+        front = pareto(mine)
         for c in mine:
             colour = RISK_COLOURS.get(risk_level(c.get("risk")), "#757575")
             size = 40 + 400 * (c.get("energy_per_token_j") or 0.0) / e_max
             struck = bool(c.get("excluded_reason"))
+            on_front = any(f is c for f in front)
             ax.scatter([c["latency_p99_s"]], [c["throughput_at_slo"]], s=size,
-                       facecolors="none" if struck else colour, edgecolors=colour, linewidths=1.5, zorder=3)
+                       facecolors="none" if struck else colour, edgecolors="black" if on_front else colour,
+                       linewidths=1.5, zorder=3)
             label = f"{c['hardware']} x{c['devices']}"
             if c.get("energy_per_token_j"):
                 label += f", {c['energy_per_token_j']:.3g} J/tok"
@@ -75,24 +80,28 @@ def draw_trade_curve(fit: dict[str, Any], path: Path) -> Path | None:
                 label += " (struck: " + c["excluded_reason"][:48] + ")"
             ax.annotate(label, (c["latency_p99_s"], c["throughput_at_slo"]), textcoords="offset points",
                         xytext=(6, 4), fontsize=7)
-        front = pareto(mine)
         if len(front) > 1:
             ax.plot([c["latency_p99_s"] for c in front], [c["throughput_at_slo"] for c in front], "--",
                     color="#424242", linewidth=1, zorder=2)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.margins(0.15)
         ax.set_xlabel("p99 end-to-end latency at the SLO rate (s)")
         ax.set_ylabel("output tokens/s at the SLO")
         ax.set_title(m)
         ax.grid(True, which="both", alpha=0.3)
     handles = [Line2D([], [], marker="o", linestyle="", color=col, label=f"software risk {lvl}")
                for lvl, col in RISK_COLOURS.items()]
+    handles.append(Line2D([], [], marker="o", linestyle="", color="#757575", label="risk not in the catalog"))
     handles += [Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="#757575",
                        label="struck out by a constraint"),
-                Line2D([], [], linestyle="--", color="#424242", label="Pareto front (latency, throughput)")]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
-    fig.text(0.01, 0.005, "marker area grows with energy per token (J)", fontsize=7)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+                Line2D([], [], marker="o", linestyle="--", color="#424242", markerfacecolor="none",
+                       markeredgecolor="black", label="Pareto front (black edge)")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False,
+               title="marker area grows with energy per token (J)", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     path = Path(path)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.png")
     fig.savefig(tmp, dpi=110)
