@@ -3,8 +3,9 @@ cluster, or a local Ray instance), behind one call::
 
     results = get_engine("local").map(fn, items, progress=progress)   # fn(item) for each item, in input order
 
-Both return ``[fn(item) for item in items]``: the same values in the same order, whichever engine ran them.
-That holds because a task is a pure function of its item: ``fn`` is a module-level function (pickled by
+Use an engine as a context manager (``with get_engine("local") as eng:``) so a local pool is shut down after
+the last map. Both return ``[fn(item) for item in items]``: the same values in the same order, whichever
+engine ran them. That holds because a task is a pure function of its item: ``fn`` is a module-level function (pickled by
 reference, imported by the worker), the item carries everything it needs (seeds included), and no task reads
 or writes state another task sets.
 
@@ -55,15 +56,41 @@ def _note(progress: Progress | None, label: Callable[[Any], str] | None, item: A
 
 
 class LocalEngine:
-    """A process pool on this machine; inline for one item or one worker."""
+    """A process pool on this machine; inline for one item or one worker. The pool is started by the first
+    map that needs it and kept for the next ones (a capacity search maps several rounds) until ``close``."""
 
     name = "local"
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = workers
+        self._pool = None
+        self._pool_workers = 0
 
     def workers_for(self, n: int) -> int:
         return max(1, min(n, self.workers or os.cpu_count() or 1))
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._pool_workers = None, 0
+
+    def _executor(self, workers: int):
+        if self._pool is not None and self._pool_workers >= workers:
+            return self._pool
+        self.close()
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        # forkserver: workers forked from a clean server process, never from this (threaded, torch) one
+        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        self._pool, self._pool_workers = ProcessPoolExecutor(max_workers=workers, mp_context=ctx), workers
+        return self._pool
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Progress | None = None,
             label: Callable[[Any], str] | None = None) -> list[Any]:
@@ -76,23 +103,20 @@ class LocalEngine:
                 out.append(fn(it))
                 _note(progress, label, it, i + 1, n)
             return out
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
-        # forkserver: workers forked from a clean single-threaded server, never from this (threaded, torch) one
-        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-        out: list[Any] = [None] * n
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
-            try:
-                for done, f in enumerate(as_completed(futures), 1):
-                    i = futures[f]
-                    out[i] = f.result()
-                    _note(progress, label, items[i], done, n)
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        pool = self._executor(workers)
+        out = [None] * n
+        futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
+        try:
+            for done, f in enumerate(as_completed(futures), 1):
+                i = futures[f]
+                out[i] = f.result()
+                _note(progress, label, items[i], done, n)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
         return out
 
 
@@ -129,9 +153,18 @@ def _ray_init(ray) -> None:
 
 
 class RayEngine:
-    """One ``ray.remote`` task per item on a Ray cluster or a local instance."""
+    """One ``ray.remote`` task per item on a Ray cluster or a local instance (kept for the process)."""
 
     name = "ray"
+
+    def __enter__(self) -> RayEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release per map: the Ray connection lasts for the process (Ray shuts it down at exit)."""
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Progress | None = None,
             label: Callable[[Any], str] | None = None) -> list[Any]:
