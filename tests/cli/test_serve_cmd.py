@@ -54,6 +54,7 @@ def test_serve_gpt2_continuous(tmp_path, cli):
     (("--router", "random"), "accepted: round_robin"),
     (("--arrival", "offline", "--find-capacity"), "varies the arrival rate"),
     (("--input-len", "normal:5"), "accepted: N, uniform"),
+    (("--engine", "spark", "--find-capacity"), "unknown engine 'spark'; accepted: local, ray"),
 ])
 def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)

@@ -133,14 +133,21 @@ def _ray_module():
     return ray
 
 
-def _ray_init(ray) -> None:
-    """Connect to the cluster in RAY_ADDRESS, or start a local instance; an initialised Ray is kept."""
+def ray_init(num_cpus: int | None = None) -> None:
+    """Connect to the cluster in RAY_ADDRESS, or start a local instance (of ``num_cpus`` CPUs, default all);
+    a Ray already initialised in this process is kept as it is."""
     import logging
 
+    ray = _ray_module()
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address="auto", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            ray.init(address="auto", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        except ConnectionError as e:
+            raise OpmapError(f"--engine ray could not reach the Ray cluster at RAY_ADDRESS={address}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         return
     # a local instance's workers import the tasks' functions by module: opmap from where this process has it
     import opmap
@@ -148,7 +155,7 @@ def _ray_init(ray) -> None:
     here = os.path.dirname(os.path.dirname(os.path.abspath(opmap.__file__)))
     path = [here] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
              runtime_env={"env_vars": env})
 
 
@@ -172,7 +179,7 @@ class RayEngine:
         items = list(items)
         if not items:
             return []
-        _ray_init(ray)
+        ray_init()
         remote = ray.remote(_apply)
         fn_ref = ray.put(fn)
         refs = [remote.remote(fn_ref, it) for it in items]
