@@ -5,9 +5,9 @@ cluster, or a local Ray instance), behind one call::
 
 Use an engine as a context manager (``with get_engine("local") as eng:``) so a local pool is shut down after
 the last map. Both return ``[fn(item) for item in items]``: the same values in the same order, whichever
-engine ran them. That holds because a task is a pure function of its item: ``fn`` is a module-level function (pickled by
-reference, imported by the worker), the item carries everything it needs (seeds included), and no task reads
-or writes state another task sets.
+engine ran them. That holds because a task is a pure function of its item: ``fn`` is a module-level function
+(pickled by reference, imported by the worker), the item carries everything it needs (seeds included), and no
+task reads or writes state another task sets.
 
 - ``local``: ``concurrent.futures.ProcessPoolExecutor`` in a ``forkserver`` context (``spawn`` where there is
   none): torch in a forked child of a threaded parent can deadlock, so workers start from a clean interpreter.
@@ -43,7 +43,7 @@ def check_engine(name: str) -> str:
 
 def get_engine(name: str = "local", workers: int | None = None) -> LocalEngine | RayEngine:
     """The engine called ``name`` (``local`` or ``ray``). ``workers`` caps the local pool (default: the CPU
-    count); ``workers=1`` runs every task inline."""
+    count); ``workers=1`` runs every task inline. Ray schedules on the cluster's CPUs and ignores it."""
     check_engine(name)
     if workers is not None and workers < 1:
         raise OpmapError(f"an engine needs at least one worker, got {workers}")
@@ -104,6 +104,7 @@ class LocalEngine:
                 _note(progress, label, it, i + 1, n)
             return out
         from concurrent.futures import as_completed
+        from concurrent.futures.process import BrokenProcessPool
 
         pool = self._executor(workers)
         out = [None] * n
@@ -113,6 +114,10 @@ class LocalEngine:
                 i = futures[f]
                 out[i] = f.result()
                 _note(progress, label, items[i], done, n)
+        except BrokenProcessPool:
+            self.close()
+            raise OpmapError(f"a worker of the local pool ({workers} processes) died (out of memory?): nothing was "
+                             "written; rerun with fewer tasks at once or on a larger machine") from None
         except BaseException:
             for f in futures:
                 f.cancel()
@@ -209,4 +214,7 @@ def _ray_get(ray, ref) -> Any:
         cause = getattr(e, "cause", None)
         if isinstance(cause, OpmapError):
             raise OpmapError(str(cause)) from None
+        if isinstance(cause, ModuleNotFoundError):
+            raise OpmapError(f"a Ray worker could not import {cause.name or 'a module'}: install opmap (and its "
+                             "extras) on every node of the Ray cluster") from None
         raise
