@@ -32,6 +32,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_plan.py
 	$(BIN)/python benchmarks/bench_sweep.py
 	$(BIN)/python benchmarks/bench_serve.py
+	$(BIN)/python benchmarks/bench_engine.py
 
 accuracy: setup
 	$(BIN)/python benchmarks/accuracy.py

@@ -30,3 +30,5 @@ def test_fit_refuses_bad_input(refused):
             needle="give --slo-p99, or --slo-ttft and --slo-tpot, not both")
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", "h100-sxm=2",
             needle="--price names h100-sxm, not among --hardware")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--engine", "spark",
+            needle="unknown engine 'spark'; accepted: local, ray")

@@ -72,6 +72,7 @@ def test_serve_gpt2_disaggregated(tmp_path, cli):
     (("--disaggregate", "1:0"), "accepted: P:D"),
     (("--disaggregate", "1:1"), "drop --service-time"),
     (("--disaggregate", "1:1", "--replicas", 3), "drop --replicas"),
+    (("--engine", "spark", "--find-capacity"), "unknown engine 'spark'; accepted: local, ray"),
 ])
 def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)

@@ -22,6 +22,6 @@ def test_sweep_writes_the_contract(tmp_path, cli):
 
 def test_sweep_refuses_bad_input(refused):
     refused("sweep", "gpt2", "--batch", "1,x", needle="--batch takes comma-separated positive integers")
-    refused("sweep", "gpt2", "--engine", "spark", needle="unknown engine 'spark'; accepted: local")
+    refused("sweep", "gpt2", "--engine", "spark", needle="unknown engine 'spark'; accepted: local, ray")
     refused("sweep", "resnet50", "--phase", "decode", "--batch", "1", "--seq", "8",
             needle="vision model: it has no decode phase")

@@ -37,7 +37,8 @@ def fit(
     requests: int = typer.Option(500, help="Requests per simulated run."),
     devices: int | None = typer.Option(None, help="Devices per replica (default: the smallest that fits)."),
     dtype: str = typer.Option("bf16", help="Precision."),
-    engine: str = typer.Option("local", help="Where cells run: local (this process)."),
+    engine: str = typer.Option("local", help="Where the cells run, one task each: local (a process pool here) or "
+                                             "ray (a Ray cluster, the ray extra)."),
     out: Path | None = typer.Option(None, help="Write fit.json and fit.md here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
@@ -48,6 +49,7 @@ def fit(
     from rich.table import Table
 
     from opmap.cli.common import step_progress
+    from opmap.explore.engine import check_engine
     from opmap.explore.fit import fit_matrix
     from opmap.explore.sweep import parse_ints
     from opmap.report.sheet import check_out_dir, si, write_set
@@ -57,8 +59,7 @@ def fit(
     hws = [h.strip() for h in hardware.split(",") if h.strip()]
     if not ms or not hws:
         raise OpmapError("--models and --hardware each take at least one name, comma-separated")
-    if engine != "local":
-        raise OpmapError(f"unknown engine {engine!r}; accepted: local (Ray is not wired in yet)")
+    check_engine(engine)
     if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
         raise OpmapError("give --slo-p99, or --slo-ttft and --slo-tpot, not both")
     if requests < 10:
@@ -72,7 +73,7 @@ def fit(
         check_out_dir(out)
     with step_progress("fitting") as progress:
         r = fit_matrix(ms, hws, slo, input_len, output_len, requests, dtype, devices, power_budget, prices,
-                       progress=lambda what: progress(what, 0, 1))
+                       progress=progress, engine=engine)
     slo_text = (f"p99 end to end {slo.p99_s * 1e3:g} ms" if slo.p99_s is not None else
                 f"p99 TTFT {slo.ttft_s * 1e3:g} ms, p99 TPOT {slo.tpot_s * 1e3:g} ms")
     t = Table(title=f"opmap fit: output tokens/s at the SLO ({slo_text})", title_justify="left")

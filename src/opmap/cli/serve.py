@@ -31,8 +31,10 @@ def serve(
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="TPOT limit at p99, ms (default 200)."),
     slo_p99: float | None = typer.Option(None, "--slo-p99", help="End-to-end latency limit at p99, ms "
                                                                  "(instead of TTFT and TPOT)."),
-    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect for the highest arrival rate "
-                                                                      "meeting the SLO."),
+    find_capacity: bool = typer.Option(False, "--find-capacity", help="Search for the highest arrival rate "
+                                                                      "meeting the SLO (probes run in parallel)."),
+    engine: str = typer.Option("local", help="Where --find-capacity's probes run: local (a process pool here) or "
+                                             "ray (a Ray cluster, the ray extra); the same capacity either way."),
     seed: int = typer.Option(0, "--seed", help="Seeds arrivals, lengths and service times."),
     service_time: str | None = typer.Option(None, "--service-time", help="fixed:MS or exp:MS: a per-request "
                                                                          "service time instead of the cost model."),
@@ -70,6 +72,9 @@ def serve(
         slo = Slo(None, None, slo_p99 / 1e3)
     else:
         slo = Slo(2.0 if slo_ttft is None else slo_ttft / 1e3, 0.2 if slo_tpot is None else slo_tpot / 1e3)
+    from opmap.explore.engine import check_engine
+
+    check_engine(engine)
     if find_capacity and arr.kind not in ("poisson", "gamma"):
         raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
     pd = None
@@ -119,13 +124,18 @@ def serve(
         report = summarize(res, slo)
     capacity = None
     if find_capacity:
-        with console.status("finding capacity") as st:
-            def run(rate: float):
-                st.update(f"finding capacity: {rate:.4g} requests/s")
-                r = make_requests(arr.with_rate(rate), ilen, olen, requests, seed)
-                return summarize(sim(r), slo)
+        from opmap.cli.common import step_progress
+        from opmap.explore.engine import get_engine
+        from opmap.serve.metrics import RateProbe
 
-            capacity = bisect_capacity(run, arr.rate_per_s)
+        probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd,
+                          transfer if pd is not None else None)
+        with step_progress("finding capacity") as progress, get_engine(engine) as eng:
+            def map_fn(fn, rates):
+                return eng.map(fn, rates, progress=progress, label=lambda r: f"finding capacity: {r:.4g} requests/s")
+
+            capacity = bisect_capacity(probe, arr.rate_per_s, map_fn=map_fn)
+            capacity["engine"] = engine
         report["capacity"] = capacity
     report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
                              "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,

@@ -11,8 +11,6 @@ from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 
-ENGINES = ("local",)
-
 
 def sweep(
     model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/config.json or hf:NAME."),
@@ -24,7 +22,9 @@ def sweep(
     dtype: str = typer.Option("bf16", help="Precision."),
     measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99."),
     repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
-    engine: str = typer.Option("local", help="Where points run: local (this process)."),
+    engine: str = typer.Option("local", help="Where the predicted points run, one task per sequence length: local "
+                                             "(a process pool here) or ray (a Ray cluster, the ray extra). "
+                                             "--measure always runs here, one point at a time."),
     out: Path | None = typer.Option(None, help="Write sweep.json and sweep.md here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
@@ -33,24 +33,24 @@ def sweep(
     knee and the Pareto front marked."""
     from rich.table import Table
 
+    from opmap.explore.engine import check_engine
     from opmap.explore.sweep import parse_ints
     from opmap.explore.sweep import sweep as run_sweep
     from opmap.report.sheet import check_out_dir, si, write_set
 
     hw = get_hardware(hardware)
     batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
-    if engine not in ENGINES:
-        raise OpmapError(f"unknown engine {engine!r}; accepted: {', '.join(ENGINES)} (Ray is not wired in yet)")
+    check_engine(engine)
     if repeats < 1:
         raise OpmapError(f"--repeats must be at least 1, got {repeats}")
     if out is not None:
         check_out_dir(out)
     with step_progress("sweeping") as progress:
-        r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress)
+        r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine)
     knee = {(k["batch"], k["seq"]) for k in r["knee"]}
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
     t = Table(title=f"opmap sweep {model} on {r['hardware']} ({phase}, {dtype}): {len(r['points'])} points, "
-                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s", title_justify="left")
+                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})", title_justify="left")
     for c in ("batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"):
         t.add_column(c, justify="right")
     for p in r["points"]:

@@ -23,6 +23,7 @@ in ``excluded_reason``; the others are ranked per workload by throughput at the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from opmap.errors import OpmapError
@@ -116,16 +117,49 @@ def _risk(hw) -> str:
     return str(v.value) if v is not None else "not in the catalog"
 
 
+@dataclass(frozen=True)
+class CellJob:
+    """One (model, platform) cell's inputs: a task for the engine, self-contained (the seed included)."""
+
+    model: str
+    hardware: str
+    slo: Any
+    input_len: str
+    output_len: str
+    requests: int
+    dtype: str
+    devices: int | None
+    power_budget_w: float | None
+    price_per_hour: float | None
+    seed: int
+
+
+def cell_task(job: CellJob) -> dict[str, Any]:
+    """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it)."""
+    return fit_cell(job.model, job.hardware, job.slo, job.input_len, job.output_len, job.requests, job.dtype,
+                    job.devices, job.power_budget_w, job.price_per_hour, job.seed)
+
+
 def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: str = "512",
                output_len: str = "128", requests: int = 500, dtype: str = "bf16", devices: int | None = None,
                power_budget_w: float | None = None, prices: dict[str, float] | None = None, seed: int = 0,
-               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+               progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
+               workers: int | None = None) -> dict[str, Any]:
+    """Every (model, platform) cell, one task each on ``engine`` (``opmap.explore.engine``: a local process pool
+    or Ray; the same cells either way), then ranked per workload."""
+    from opmap.explore.engine import check_engine, get_engine
+
+    check_engine(engine)
     prices = prices or {}
     unknown = sorted(set(prices) - {get_hardware(h).name for h in hardware})
     if unknown:
         raise OpmapError(f"--price names {', '.join(unknown)}, not among --hardware {', '.join(hardware)}")
-    cells = [fit_cell(m, h, slo, input_len, output_len, requests, dtype, devices, power_budget_w,
-                      prices.get(get_hardware(h).name), seed, progress) for m in models for h in hardware]
+    jobs = [CellJob(m, h, slo, input_len, output_len, requests, dtype, devices, power_budget_w,
+                    prices.get(get_hardware(h).name), seed) for m in models for h in hardware]
+    if progress:
+        progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
+    with get_engine(engine, workers) as eng:
+        cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}")
     for m in models:
         ok = sorted((c for c in cells if c["model"] == m and not c["excluded_reason"]),
                     key=lambda c: -c["throughput_at_slo"])
@@ -134,10 +168,12 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     return {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name
                                                                                  for h in hardware],
             "slo": slo.to_dict(), "input_len": input_len, "output_len": output_len, "requests": requests,
-            "dtype": dtype, "cells": cells,
+            "dtype": dtype, "cells": cells, "engine": engine,
             "assumptions": [
                 "policy continuous (vLLM-style, token budget 8192), one tensor-parallel group per replica, Poisson "
-                "arrivals; throughput at the SLO = the highest valid rate's output tokens per second (bisection)",
+                "arrivals; throughput at the SLO = the highest valid rate's output tokens per second (a fixed "
+                "geometric grid of rates, then rounds of evenly spaced probes inside the valid / invalid bracket)",
                 f"power modelled: devices x (idle + (TDP - idle) x busy fraction), idle = {IDLE_FRACTION:.0%} of "
                 "TDP (assumed); no device's draw is measured here",
-                "devices: the smallest tensor-parallel group in one node whose weights leave room for a KV cache"]}
+                "devices: the smallest tensor-parallel group in one node whose weights leave room for a KV cache",
+                "one task per cell on the engine (local process pool or Ray): the same cells either way"]}

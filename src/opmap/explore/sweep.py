@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.analyze import analyze_graph
@@ -64,66 +64,114 @@ def _workload(target: str, phase: str, batch: int, seq: int, dtype: str, device:
 
 def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[int], phase: str = "prefill",
           dtype: str = "bf16", measure: bool = False, repeats: int = 10,
-          progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
+          workers: int | None = None) -> dict[str, Any]:
+    """Every (batch, seq) point. Predicted: one task per sequence length (its batch family's captures and all
+    its batch points, re-priced), run on ``engine`` (``opmap.explore.engine``: ``local`` process pool or
+    ``ray``); the points come back in the same order with the same values either way. Measured: every point in
+    this process, one after another, whatever the engine (a timing run must have the machine to itself)."""
     if phase not in PHASES:
         raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
+    from opmap.explore.engine import check_engine, get_engine
     from opmap.workloads.phases import PhaseSpec, check_phase
 
+    check_engine(engine)
     for s in seqs:  # the phase's own checks (decoder, KV length) before any capture; shapes when built
         check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
     t0 = time.perf_counter()
-    points: list[dict[str, Any]] = []
-    captures = 0
+    jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats) for s in seqs]
     total = len(batches) * len(seqs)
-    for s in seqs:
-        built: dict[int, Any] = {}
-
-        def capture_at(b: int, s=s):
-            w = built[b] = _workload(target, phase, b, s, dtype)
-            return capture(w.module, (), w.inputs) if isinstance(w.inputs, dict) else capture(w.module, w.inputs)
-
-        family, why = None, ""
-        if len(batches) > 1:
-            try:
-                family = ShapeFamily(capture_at, FAMILY_VALUES)
-                captures += family.captures
-            except NotAFamily as e:
-                why = str(e)
-        proxy = None
-        for b in batches:
-            if progress:
-                progress(f"seq {s}, batch {b}", len(points), total)
-            if family is not None:
-                g, method = family.graph_at(b), f"predicted (re-priced from the batch family of seq {s})"
-            else:
-                g, method = capture_at(b), "predicted (captured)" + (f": {why}" if why else "")
-                captures += 1
-            proxy = proxy or next(iter(built.values()), None) or _workload(target, phase, 1, s, dtype)
-            w = replace(proxy, module=None, inputs=None, batch=b, seq=None if phase == "decode" else s)
-            a = analyze_graph(g, w, hw, dtype)
-            lat = a.predicted_latency_s
-            tokens = b * (1 if phase == "decode" else s)
-            pt = {"batch": b, "seq": s, "phase": phase, "latency_s": lat, "latency_p50_s": None,
-                  "latency_p95_s": None, "latency_p99_s": None, "throughput_per_s": b / lat if lat else 0.0,
-                  "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
-                  "mfu": a.predicted_mfu, "fits": a.memory.fits, "memory_bytes": a.memory.total_bytes,
-                  "method": method}
-            if measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
-                pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name}
-                pt.update(_measure(target, phase, b, s, repeats), mfu=None, bound_mix={})
-            points.append(pt)
+    if measure:  # sequential, in this process: progress per point
+        results = []
+        for j in jobs:
+            done0 = sum(len(r["points"]) for r in results)
+            results.append(seq_points(j, None if progress is None else
+                                      (lambda what, i, d=done0: progress(what, d + i, total))))
+        ran_on = "this process, one point at a time (measured)"
+    else:
+        if progress:
+            progress(f"{len(jobs)} sequence lengths on {engine}", 0, len(jobs))
+        with get_engine(engine, workers) as eng:
+            results = eng.map(seq_points, jobs, progress=progress,
+                              label=lambda j: f"seq {j.seq}: {len(j.batches)} points")
+        ran_on = engine
+    points = [p for r in results for p in r["points"]]
+    captures = sum(r["captures"] for r in results)
     if progress:
         progress("done", total, total)
     wall = time.perf_counter() - t0
     return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name if not measure else "local",
             "phase": phase, "dtype": dtype, "points": points, "knee": knees(points), "pareto": pareto(points),
             "points_per_s": len(points) / wall if wall else 0.0, "captures": captures, "wall_s": wall,
+            "engine": ran_on,
             "assumptions": [
                 "latency: prefill = time to first token of the batch; decode = time per output token at the KV "
                 "length given as seq",
                 "predicted points carry no percentiles; measured points: p50 / p95 / p99 over the repeats",
                 "knee: Kneedle (Satopaa et al. 2011) along the batch per seq, in normalised latency / tokens per s",
-                "pareto: no other point has lower latency and higher tokens per second"]}
+                "pareto: no other point has lower latency and higher tokens per second",
+                "predicted: one task per sequence length on the engine (local process pool or Ray), same values "
+                "either way; measured: one point at a time in this process, whatever the engine"]}
+
+
+@dataclass(frozen=True)
+class SeqJob:
+    """One sequence length's work: everything a worker needs, nothing it must look up elsewhere."""
+
+    target: str
+    hw: HardwareSpec
+    batches: tuple[int, ...]
+    seq: int
+    phase: str
+    dtype: str
+    measure: bool = False
+    repeats: int = 10
+
+
+def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """One sequence length: its batch family (four captures) and every batch point re-priced from it, or a
+    capture per point where the graph is not a family. ``{"points": [...], "captures": n}``."""
+    target, hw, phase, dtype, s = job.target, job.hw, job.phase, job.dtype, job.seq
+    batches = job.batches
+    points: list[dict[str, Any]] = []
+    captures = 0
+    built: dict[int, Any] = {}
+
+    def capture_at(b: int):
+        w = built[b] = _workload(target, phase, b, s, dtype)
+        return capture(w.module, (), w.inputs) if isinstance(w.inputs, dict) else capture(w.module, w.inputs)
+
+    family, why = None, ""
+    if len(batches) > 1:
+        try:
+            family = ShapeFamily(capture_at, FAMILY_VALUES)
+            captures += family.captures
+        except NotAFamily as e:
+            why = str(e)
+    proxy = None
+    for b in batches:
+        if progress:
+            progress(f"seq {s}, batch {b}", len(points))
+        if family is not None:
+            g, method = family.graph_at(b), f"predicted (re-priced from the batch family of seq {s})"
+        else:
+            g, method = capture_at(b), "predicted (captured)" + (f": {why}" if why else "")
+            captures += 1
+        proxy = proxy or next(iter(built.values()), None) or _workload(target, phase, 1, s, dtype)
+        w = replace(proxy, module=None, inputs=None, batch=b, seq=None if phase == "decode" else s)
+        a = analyze_graph(g, w, hw, dtype)
+        lat = a.predicted_latency_s
+        tokens = b * (1 if phase == "decode" else s)
+        pt = {"batch": b, "seq": s, "phase": phase, "latency_s": lat, "latency_p50_s": None,
+              "latency_p95_s": None, "latency_p99_s": None, "throughput_per_s": b / lat if lat else 0.0,
+              "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
+              "mfu": a.predicted_mfu, "fits": a.memory.fits, "memory_bytes": a.memory.total_bytes,
+              "method": method}
+        if job.measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
+            pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name}
+            pt.update(_measure(target, phase, b, s, job.repeats), mfu=None, bound_mix={})
+        points.append(pt)
+    return {"points": points, "captures": captures}
 
 
 def _measure(target: str, phase: str, batch: int, seq: int, repeats: int) -> dict[str, Any]:

@@ -128,46 +128,101 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
     }
 
 
+GRID_EXPONENTS = tuple(range(-3, 5))  # the first grid: rate0 x 2^-3 .. rate0 x 2^4, eight rates probed at once
+GRID_SHIFTS = 3  # the grid moves by its own width at most this often up (all valid) or down (all invalid)
+PROBES = 4  # evenly spaced rates per refinement round: the bracket shrinks 5x a round
+
+
+def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
+    return [fn(r) for r in rates]
+
+
 def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
-                  max_runs: int = 40) -> dict[str, Any]:
-    """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID, by bisection: double or
-    halve from ``rate0`` to bracket the edge, then halve the bracket until it is within ``rel_tol``. Each
-    run uses the same seed (common random numbers), so validity is near-monotone in the rate."""
+                  max_runs: int = 64,
+                  map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]], list[dict[str, Any]]] | None
+                  = None) -> dict[str, Any]:
+    """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
+
+    The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
+    (``map_fn(run, rates) -> [run(r) for r in rates]``, in order: inline by default, or a process pool / Ray
+    engine's map) gives the same answer. First a geometric grid, rate0 x 2^k for k in ``GRID_EXPONENTS``,
+    probed together; all valid, the grid moves up by its width, all invalid, down (``GRID_SHIFTS`` times at
+    most). The bracket is the last valid grid rate below the first invalid one. Then rounds of ``PROBES``
+    evenly spaced rates inside the bracket, probed together, each round keeping the last valid probe below the
+    first invalid one, until the bracket is within ``rel_tol`` of its low end. Each run uses the same seed
+    (common random numbers), so validity is near-monotone in the rate; where it is not, the lowest invalid
+    probe of a round decides."""
     if not rate0 > 0:
         raise OpmapError("--find-capacity needs a starting rate > 0 (poisson:RATE or gamma:RATE,CV)")
+    map_fn = map_fn or _inline
     tried: list[dict[str, Any]] = []
 
-    def ok(rate: float) -> bool:
-        s = run(rate)
-        v = s["validity"]["valid"]
-        tried.append({"rate_per_s": rate, "valid": v, "reason": s["validity"]["reason"]})
-        return v
+    def probe(rates: list[float]) -> list[bool]:
+        out = map_fn(run, rates)
+        for r, s in zip(rates, out, strict=True):
+            tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
+        return [s["validity"]["valid"] for s in out]
 
-    lo, hi = None, None
-    r = rate0
-    if ok(r):
-        lo = r
-        while hi is None and len(tried) < max_runs // 2:
-            r *= 2
-            if ok(r):
-                lo = r
-            else:
-                hi = r
-    else:
-        hi = r
-        while lo is None and len(tried) < max_runs // 2:
-            r /= 2
-            if ok(r):
-                lo = r
-            else:
-                hi = r
+    def split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | None]:
+        """(last valid rate below the first invalid one, the first invalid one); None where there is none."""
+        first_bad = next((i for i, v in enumerate(ok) if not v), None)
+        if first_bad is None:
+            return rates[-1], None
+        return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
+
+    width = len(GRID_EXPONENTS)
+    lo = hi = None
+    for shift in range(GRID_SHIFTS + 1):
+        rates = [rate0 * 2.0 ** k for k in GRID_EXPONENTS]
+        ok = probe(rates)
+        lo, hi = split(rates, ok)
+        if lo is not None and hi is not None:
+            break
+        direction = 1 if hi is None else -1  # all valid: look higher; the lowest invalid: look lower
+        if shift < GRID_SHIFTS:
+            rate0 = rate0 * 2.0 ** (direction * width)
     if lo is None or hi is None:
-        return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "runs": tried}
-    while hi - lo > rel_tol * lo and len(tried) < max_runs:
-        mid = (lo + hi) / 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
+        return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
+                "runs": tried}
+    while hi - lo > rel_tol * lo and len(tried) + PROBES <= max_runs:
+        rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
+        ok = probe(rates)
+        new_lo, new_hi = split(rates, ok)
+        lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
     return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
             "rel_tol": rel_tol, "runs": tried}
+
+
+@dataclass(frozen=True)
+class RateProbe:
+    """``probe(rate)``: the summary of a simulated run with the arrival process at ``rate`` and everything else
+    (lengths, policy, cost, replicas, router, seed, SLO) fixed. A module-level value, so that a worker process
+    or a Ray task can run it for ``find_capacity``."""
+
+    arrival: Any  # opmap.serve.arrivals.Arrival (poisson or gamma)
+    input_len: Any
+    output_len: Any
+    requests: int
+    policy: Any
+    cost: Any
+    replicas: int = 1
+    router: str = "round_robin"
+    seed: int = 0
+    slo: Slo | None = None
+    disaggregate: tuple[int, int] | None = None  # (prefill, decode) replicas: serve.disagg instead of replicas
+    transfer: Any = None  # opmap.serve.disagg.KvTransfer, with disaggregate
+
+    def __call__(self, rate: float) -> dict[str, Any]:
+        from opmap.serve.arrivals import make_requests
+        from opmap.serve.sim import simulate
+
+        reqs = make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, self.requests,
+                             self.seed)
+        if self.disaggregate is not None:
+            from opmap.serve.disagg import simulate_disaggregated
+
+            p, d = self.disaggregate
+            res = simulate_disaggregated(reqs, self.policy, self.cost, p, d, self.transfer, self.router, self.seed)
+        else:
+            res = simulate(reqs, self.policy, self.cost, self.replicas, self.router, self.seed)
+        return summarize(res, self.slo)

@@ -1,0 +1,220 @@
+"""Where independent tasks run: ``local`` (a process pool on this machine, the default) or ``ray`` (a Ray
+cluster, or a local Ray instance), behind one call::
+
+    results = get_engine("local").map(fn, items, progress=progress)   # fn(item) for each item, in input order
+
+Use an engine as a context manager (``with get_engine("local") as eng:``) so a local pool is shut down after
+the last map. Both return ``[fn(item) for item in items]``: the same values in the same order, whichever
+engine ran them. That holds because a task is a pure function of its item: ``fn`` is a module-level function
+(pickled by reference, imported by the worker), the item carries everything it needs (seeds included), and no
+task reads or writes state another task sets.
+
+- ``local``: ``concurrent.futures.ProcessPoolExecutor`` in a ``forkserver`` context (``spawn`` where there is
+  none): torch in a forked child of a threaded parent can deadlock, so workers start from a clean interpreter.
+  Workers: min(items, os.cpu_count()); with one item or one worker the tasks run inline, in this process.
+- ``ray``: ``ray.init(address="auto")`` when ``RAY_ADDRESS`` is set (an existing cluster: opmap must be
+  installed on its nodes), otherwise a local instance (no dashboard, worker logs not forwarded), started
+  once and kept for the rest of the process; one ``ray.remote`` task per item, gathered in input order. A Ray
+  instance already initialised by the caller is used as it is. Ray is imported only here.
+
+``progress(what, done, total)`` is called in this process as each task completes (in completion order).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opmap.errors import OpmapError
+
+ENGINES = ("local", "ray")
+RAY_MISSING = "--engine ray needs the ray extra: pip install 'opmap[ray]'"
+
+Progress = Callable[[str, int, int], None]
+
+
+def check_engine(name: str) -> str:
+    """``name`` if it is an engine; one line naming the accepted ones otherwise."""
+    if name not in ENGINES:
+        raise OpmapError(f"unknown engine {name!r}; accepted: {', '.join(ENGINES)}")
+    return name
+
+
+def get_engine(name: str = "local", workers: int | None = None) -> LocalEngine | RayEngine:
+    """The engine called ``name`` (``local`` or ``ray``). ``workers`` caps the local pool (default: the CPU
+    count); ``workers=1`` runs every task inline. Ray schedules on the cluster's CPUs and ignores it."""
+    check_engine(name)
+    if workers is not None and workers < 1:
+        raise OpmapError(f"an engine needs at least one worker, got {workers}")
+    return LocalEngine(workers) if name == "local" else RayEngine()
+
+
+def _note(progress: Progress | None, label: Callable[[Any], str] | None, item: Any, done: int, total: int) -> None:
+    if progress is not None:
+        progress(label(item) if label else f"{done}/{total} tasks", done, total)
+
+
+class LocalEngine:
+    """A process pool on this machine; inline for one item or one worker. The pool is started by the first
+    map that needs it and kept for the next ones (a capacity search maps several rounds) until ``close``."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+        self._pool = None
+        self._pool_workers = 0
+
+    def workers_for(self, n: int) -> int:
+        return max(1, min(n, self.workers or os.cpu_count() or 1))
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._pool_workers = None, 0
+
+    def _executor(self, workers: int):
+        if self._pool is not None and self._pool_workers >= workers:
+            return self._pool
+        self.close()
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        # forkserver: workers forked from a clean server process, never from this (threaded, torch) one
+        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        self._pool, self._pool_workers = ProcessPoolExecutor(max_workers=workers, mp_context=ctx), workers
+        return self._pool
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Progress | None = None,
+            label: Callable[[Any], str] | None = None) -> list[Any]:
+        items = list(items)
+        n = len(items)
+        workers = self.workers_for(n)
+        if workers == 1:
+            out = []
+            for i, it in enumerate(items):
+                out.append(fn(it))
+                _note(progress, label, it, i + 1, n)
+            return out
+        from concurrent.futures import as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
+        pool = self._executor(workers)
+        out = [None] * n
+        futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
+        try:
+            for done, f in enumerate(as_completed(futures), 1):
+                i = futures[f]
+                out[i] = f.result()
+                _note(progress, label, items[i], done, n)
+        except BrokenProcessPool:
+            self.close()
+            raise OpmapError(f"a worker of the local pool ({workers} processes) died (out of memory?): nothing was "
+                             "written; rerun with fewer tasks at once or on a larger machine") from None
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        return out
+
+
+def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
+    """The body of every Ray task: ``fn(item)`` (one remote function for all maps)."""
+    return fn(item)
+
+
+def _ray_module():
+    try:
+        import ray
+    except ImportError:
+        raise OpmapError(RAY_MISSING) from None
+    return ray
+
+
+def ray_init(num_cpus: int | None = None) -> None:
+    """Connect to the cluster in RAY_ADDRESS, or start a local instance (of ``num_cpus`` CPUs, default all);
+    a Ray already initialised in this process is kept as it is."""
+    import logging
+
+    ray = _ray_module()
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            ray.init(address="auto", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        except ConnectionError as e:
+            raise OpmapError(f"--engine ray could not reach the Ray cluster at RAY_ADDRESS={address}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        return
+    # a local instance's workers import the tasks' functions by module: opmap from where this process has it
+    import opmap
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(opmap.__file__)))
+    path = [here] + [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             runtime_env={"env_vars": env})
+
+
+class RayEngine:
+    """One ``ray.remote`` task per item on a Ray cluster or a local instance (kept for the process)."""
+
+    name = "ray"
+
+    def __enter__(self) -> RayEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release per map: the Ray connection lasts for the process (Ray shuts it down at exit)."""
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Progress | None = None,
+            label: Callable[[Any], str] | None = None) -> list[Any]:
+        ray = _ray_module()
+        items = list(items)
+        if not items:
+            return []
+        ray_init()
+        remote = ray.remote(_apply)
+        fn_ref = ray.put(fn)
+        refs = [remote.remote(fn_ref, it) for it in items]
+        index = {r: i for i, r in enumerate(refs)}
+        out: list[Any] = [None] * len(items)
+        pending, done = list(refs), 0
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for r in ready:
+                    i = index[r]
+                    out[i] = _ray_get(ray, r)
+                    done += 1
+                    _note(progress, label, items[i], done, len(items))
+        except BaseException:
+            for r in pending:
+                ray.cancel(r)
+            raise
+        return out
+
+
+def _ray_get(ray, ref) -> Any:
+    """ray.get, with a task's own OpmapError raised as itself (Ray wraps it with the worker's traceback)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, OpmapError):
+            raise OpmapError(str(cause)) from None
+        if isinstance(cause, ModuleNotFoundError):
+            raise OpmapError(f"a Ray worker could not import {cause.name or 'a module'}: install opmap (and its "
+                             "extras) on every node of the Ray cluster") from None
+        raise
