@@ -10,6 +10,9 @@ def test_models_and_hardware_listings(cli):
     assert rc == 0 and "h100-sxm" in out and "tpu-v5p" in out
     rc, out, _ = cli("hardware", "show", "h100-sxm")
     assert rc == 0 and "datasheet_dense" in out and "memory_bandwidth_bytes_per_s" in out
+    # the idle draw and the software risk with their kinds (an estimate says so) and sources
+    assert "idle_power_w" in out and "estimate" in out and "software_risk" in out and "assessed" in out
+    assert "TensorRT-LLM" in out
 
 
 def test_unknown_hardware(refused):

@@ -11,13 +11,23 @@ def test_sweep_writes_the_contract(tmp_path, cli):
     d = json.loads((tmp_path / "sweep.json").read_text())
     assert len(d["points"]) == 6 and d["points_per_s"] > 0 and {"knee", "pareto"} <= set(d)
     keys = {"batch", "seq", "phase", "latency_s", "latency_p50_s", "latency_p95_s", "latency_p99_s",
-            "throughput_per_s", "tokens_per_s", "bound_mix", "mfu", "fits", "method"}
+            "throughput_per_s", "tokens_per_s", "bound_mix", "mfu", "fits", "method", "energy_j", "energy_window_s",
+            "power_w", "energy_per_token_j", "tokens_per_j", "power_method"}
     assert all(keys <= set(p) for p in d["points"])
     # a larger batch at one sequence length is never faster in latency and never lower in throughput here
     for s in (32, 64):
         ps = sorted((p for p in d["points"] if p["seq"] == s), key=lambda p: p["batch"])
         assert all(a["latency_s"] <= b["latency_s"] for a, b in zip(ps, ps[1:]))
     assert "pareto" in out and (tmp_path / "sweep.md").exists()
+
+
+def test_measured_sweep_reports_its_energy_or_why_not(tmp_path, cli):
+    rc, out, err = cli("sweep", "gpt2", "--batch", "1", "--seq", "8", "--measure", "--repeats", "2", "--out", tmp_path)
+    assert rc == 0, err
+    (p,) = json.loads((tmp_path / "sweep.json").read_text())["points"]
+    assert p["power_method"].startswith(("measured (RAPL", "modelled: ", "not measured: "))
+    assert (p["energy_j"] is None) == p["power_method"].startswith("not measured")
+    assert "energy: " in out and "J/token" in out
 
 
 def test_sweep_refuses_bad_input(refused):

@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from opmap.explore.fit import IDLE_FRACTION, _power_w, fit_matrix
+from opmap.explore.fit import IDLE_FRACTION, _power_w, fit_matrix, power_method
 from opmap.hardware import get_hardware
 from opmap.serve.metrics import Slo
 
 
-def test_power_model_by_hand():
-    # H100 SXM TDP 700 W (datasheet): 2 devices at a 50% busy fraction draw 2 x (0.15 x 700 + 0.85 x 700 x 0.5)
+def test_power_model_by_hand_from_the_catalog_idle():
+    # H200: TDP 700 W (NVIDIA H200 datasheet), idle 80.3 W (measured, ALICE GPU Energy Benchmark, in the catalog).
+    # 2 devices at a 50% busy fraction: 2 x (80.3 + (700 - 80.3) x 0.5) = 2 x (80.3 + 309.85) = 780.3 W
+    h200 = get_hardware("h200")
+    assert _power_w(h200, 2, [0.5]) == pytest.approx(780.3)
+    assert _power_w(h200, 1, [0.0]) == pytest.approx(80.3)  # idle alone
+    assert _power_w(h200, 1, [1.0]) == pytest.approx(700.0)  # busy all the time: the TDP
+    # the busy fraction is the mean over replicas: (0.2 + 0.6) / 2 = 0.4 -> 80.3 + 619.7 x 0.4 = 328.18 W
+    assert _power_w(h200, 1, [0.2, 0.6]) == pytest.approx(328.18)
+    m = power_method(h200)
+    assert m.startswith("modelled: idle + (TDP - idle) x busy fraction") and "80.3 W, measured" in m
+    assert "ALICE" in m
+
+
+def test_power_model_falls_back_only_without_an_idle_field():
     h100 = get_hardware("h100-sxm")
-    assert _power_w(h100, 2, [0.5]) == pytest.approx(2 * (IDLE_FRACTION * 700 + (1 - IDLE_FRACTION) * 700 * 0.5))
-    assert _power_w(h100, 1, [0.0]) == pytest.approx(IDLE_FRACTION * 700)
+    bare = dataclasses.replace(h100, fields={k: v for k, v in h100.fields.items() if k != "idle_power_w"})
+    # the stated fallback: idle = 15% of the 700 W TDP = 105 W; 105 + 595 x 0.5 = 402.5 W
+    assert _power_w(bare, 1, [0.5]) == pytest.approx(IDLE_FRACTION * 700 + (1 - IDLE_FRACTION) * 700 * 0.5)
+    assert "assumed" in power_method(bare) and "lists no idle_power_w" in power_method(bare)
+    assert "estimate" in power_method(h100)  # the catalog's H100 idle is an estimate and says so
+    assert power_method(get_hardware("tpu-v5e")).startswith("not modelled: tpu-v5e lists no TDP")
 
 
 def test_a_served_cell_and_a_struck_one():
@@ -26,7 +45,13 @@ def test_a_served_cell_and_a_struck_one():
     assert h100["energy_per_token_j"] == pytest.approx(h100["power_w"] / h100["throughput_at_slo"])
     assert h100["perf_per_watt"] == pytest.approx(1 / h100["energy_per_token_j"])
     assert h100["perf_per_dollar"] == pytest.approx(h100["throughput_at_slo"] * 3600 / 2.0)
-    # the H100 idles at 105 W (15% of 700) alone: over a 100 W budget it is kept, struck, with the numbers
+    # the power lies between the catalog idle (80.3 W) and the TDP (700 W)
+    assert 80.3 <= h100["power_w"] <= 700.0
+    # busy at its SLO rate the H100 draws over a 100 W budget: kept, struck, with the numbers
     assert "over the 100 W budget" in h100["excluded_reason"] and h100["rank"] is None
-    assert l4["excluded_reason"] == "" and l4["rank"] == 1  # 72 W TDP: inside the budget
-    assert l4["bound"] in ("memory", "compute", "overhead") and l4["risk"] == "not in the catalog"
+    assert l4["excluded_reason"] == "" and l4["rank"] == 1  # 72 W TDP: inside the budget whatever it does
+    assert l4["bound"] in ("memory", "compute", "overhead")
+    # the sourced risk: level and source from the catalog
+    assert h100["risk"] == "low" and "TensorRT-LLM" in h100["risk_source"]
+    assert l4["risk"] == "medium" and l4["risk_source"]
+    assert "idle 8.3 W, estimate" in l4["power_method"]

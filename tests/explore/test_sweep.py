@@ -38,3 +38,58 @@ def test_predicted_sweep_matches_single_analyses_with_fewer_captures():
         assert p["tokens_per_s"] == pytest.approx(p["batch"] * 32 / p["latency_s"])
         assert p["latency_p99_s"] is None and p["method"].startswith("predicted")
         assert sum(p["bound_mix"].values()) == pytest.approx(1.0)
+
+
+def _rapl(root, max_uj):
+    d = root / "intel-rapl:0"
+    d.mkdir(parents=True)
+    (d / "energy_uj").write_text("0\n")
+    (d / "max_energy_range_uj").write_text(f"{max_uj}\n")
+
+
+def test_measured_sweep_energy_from_the_rapl_counter_with_wraparound(tmp_path, monkeypatch):
+    from opmap.measure.energy import RaplMeter
+
+    # a common Intel package range (max_energy_range_uj = 262143328850); only the counter reads are faked: the
+    # counter wraps between them. Energy = (max - before) + after = 328850 + 1500000 uJ = 1.82885 J
+    _rapl(tmp_path / "powercap", 262_143_328_850)
+    reads = iter([[262_143_000_000], [1_500_000]])
+    monkeypatch.setattr(RaplMeter, "read_uj", lambda self: next(reads))
+    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "bf16", measure=True, repeats=3,
+              rapl_root=tmp_path / "powercap")
+    (p,) = r["points"]
+    assert p["energy_j"] == pytest.approx(1.82885)
+    assert p["power_method"].startswith("measured (RAPL package domain, 1 package(s)")
+    # W = J / s over the timed window; per token = J / (3 repeats x 1 x 8 tokens); tokens per J its inverse
+    assert p["energy_window_s"] > 0 and p["power_w"] == pytest.approx(1.82885 / p["energy_window_s"])
+    assert p["energy_per_token_j"] == pytest.approx(1.82885 / 24)
+    assert p["tokens_per_j"] == pytest.approx(24 / 1.82885)
+    # the window holds the timed repeats: at least their summed latency
+    assert p["energy_window_s"] >= 3 * p["latency_p50_s"] * 0.5
+
+
+def test_measured_sweep_without_a_meter_is_null_or_modelled_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no local profile
+    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "bf16", measure=True, repeats=2,
+              rapl_root=tmp_path / "absent")
+    (p,) = r["points"]
+    assert p["energy_j"] is None and p["power_w"] is None and p["energy_per_token_j"] is None
+    assert p["power_method"].startswith("not measured: no RAPL package domain under")
+    assert "not modelled either: the local profile lists no tdp_w" in p["power_method"]
+    # a local profile with a TDP (here the Xeon 8480+ catalog entry, 350 W datasheet) models the busy loop at it
+    (tmp_path / "cache" / "opmap").mkdir(parents=True)
+    src = get_hardware("xeon-8480")
+    from opmap.hardware.spec import CATALOG_DIR
+
+    (tmp_path / "cache" / "opmap" / "local.toml").write_text((CATALOG_DIR / f"{src.name}.toml").read_text())
+    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "bf16", measure=True, repeats=2,
+              rapl_root=tmp_path / "absent")
+    (p,) = r["points"]
+    assert p["power_w"] == pytest.approx(350.0) and p["energy_j"] == pytest.approx(350.0 * p["energy_window_s"])
+    assert p["power_method"].startswith("modelled: the local profile's TDP 350 W")
+
+
+def test_predicted_points_carry_null_energy():
+    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [16], "prefill", "bf16")
+    (p,) = r["points"]
+    assert p["energy_j"] is None and p["tokens_per_j"] is None and p["power_method"].startswith("not measured")

@@ -48,6 +48,8 @@ def test_every_value_has_kind_and_source(specs):
             for key, v in table.items():
                 assert v.kind in KINDS, (name, key)
                 assert v.source.strip(), (name, key)
+                if key == "idle_power_w" and spec.tdp_w is None:
+                    continue  # no TDP and no published idle (TPUs): empty, the source says why
                 assert v.value is not None, (name, key)
 
 
@@ -263,4 +265,51 @@ def test_validator_rejects_an_unknown_topology(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text(bad)
     with pytest.raises(OpmapError, match="hypercube.*switch, full_mesh"):
+        load_spec_file(path)
+
+
+def test_every_device_has_sourced_idle_power_and_risk(specs):
+    from opmap.hardware.spec import RISK_LEVELS
+
+    for name, s in specs.items():
+        idle, risk = s.fields.get("idle_power_w"), s.fields.get("software_risk")
+        assert idle is not None and idle.kind in ("measured", "datasheet", "estimate"), name
+        assert risk is not None and s.software_risk in RISK_LEVELS and len(risk.source) > 40, name
+        if idle.kind == "estimate":  # never silent: the source says how the figure was reached
+            assert "no published" in idle.source or "publishes neither" in idle.source, name
+        if s.tdp_w is not None:
+            assert s.idle_power_w is not None and 0 < s.idle_power_w < s.tdp_w, name
+
+
+def test_h200_idle_is_the_published_measurement(specs):
+    # ALICE GPU Energy Benchmark (api.serialalice.pt/alice-benchmark): H200 SXM, 80.3 W idle vs 592.8 W at load
+    h200 = specs["h200"].fields["idle_power_w"]
+    assert h200.value == 80.3 and h200.kind == "measured"
+    # the H100 SXM shares the GH100 die and 700 W board: the H200's idle share (80.3 / 700) x 700 W
+    assert specs["h100-sxm"].idle_power_w == pytest.approx(80.3 / 700 * 700, abs=0.05)
+    # L4: 80.3 / 700 x 72 W TDP (NVIDIA L4 datasheet) = 8.26 W
+    assert specs["l4"].idle_power_w == pytest.approx(80.3 / 700 * 72, abs=0.05)
+
+
+def test_scalar_field_names_carry_their_units():
+    from opmap.hardware.spec import SCALAR_FIELDS
+
+    suffix = {"W": "_w", "s": "_s", "B": "_bytes", "B/s": "_bytes_per_s", "Hz": "_hz", "B/clk": "_per_clk",
+              "/clk": "_per_clk"}
+    for key, unit in SCALAR_FIELDS.items():
+        if unit in suffix:
+            assert key.endswith(suffix[unit]), (key, unit)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (('[software_risk]\nvalue = "low"', '[software_risk]\nvalue = "none"'), "'none' is not one of low, medium, high"),
+    (('[idle_power_w]\nvalue = 80.3', '[idle_power_w]\nvalue = 900.0'), "idle_power_w 900 W must be below tdp_w 700 W"),
+])
+def test_validator_rejects_bad_risk_and_idle_over_tdp(tmp_path, edit, match):
+    good = (opmap.hardware.spec.CATALOG_DIR / "h200.toml").read_text()
+    bad = good.replace(*edit)
+    assert bad != good
+    path = tmp_path / "h200.toml"
+    path.write_text(bad)
+    with pytest.raises(OpmapError, match=match):
         load_spec_file(path)

@@ -47,3 +47,16 @@ def test_rapl_unreadable_says_why(tmp_path):
 def test_nvml_without_pynvml_or_gpu_says_why():
     why = NvmlMeter().why_not()
     assert why is None or "pynvml" in why or "NVML" in why
+
+
+def test_energy_figures_units_by_hand():
+    from opmap.measure.energy import EnergyReading, energy_figures
+
+    # 12 J over 3 s for 48 tokens: 4 W, 0.25 J per token, 4 tokens per J
+    f = energy_figures(EnergyReading(12.0, 3.0, "measured (RAPL package domain, 1 package(s))"), 48)
+    assert (f["energy_j"], f["power_w"], f["energy_per_token_j"], f["tokens_per_j"]) == (12.0, 4.0, 0.25, 4.0)
+    # no joules: modelled at 100 W over the 3 s window when a model is given (300 J), else all None with the reason
+    m = energy_figures(EnergyReading(None, 3.0, "not measured: no RAPL"), 48, (100.0, "a 100 W TDP"))
+    assert m["energy_j"] == 300.0 and m["power_w"] == 100.0 and m["power_method"].startswith("modelled: a 100 W TDP")
+    n = energy_figures(EnergyReading(None, 3.0, "not measured: no RAPL"), 48)
+    assert n["energy_j"] is None and n["power_w"] is None and n["power_method"] == "not measured: no RAPL"

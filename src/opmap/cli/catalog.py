@@ -31,7 +31,7 @@ def hardware_list() -> None:
     from opmap.hardware import catalog
 
     t = Table(title="opmap hardware catalog (dense peaks)")
-    for col in ("name", "device", "bf16", "fp8", "fp32", "memory", "bandwidth", "TDP"):
+    for col in ("name", "device", "bf16", "fp8", "fp32", "memory", "bandwidth", "TDP", "idle", "sw risk"):
         t.add_column(col, justify="left" if col in ("name", "device") else "right")
     for h in catalog().values():
         t.add_row(*_catalog_row(h))
@@ -45,9 +45,11 @@ def _catalog_row(h) -> list[str]:
         v = h.matrix_peak_flops_per_s.get(d)
         return si(v.value, "FLOP/s") if v and v.value else "-"
 
-    tdp = h.tdp_w
+    tdp, idle = h.tdp_w, h.idle_power_w
+    idle_kind = h.fields["idle_power_w"].kind if idle is not None else ""
     return [h.name, h.display_name, peak("bf16"), peak("fp8"), peak("fp32"), si(h.memory_bytes, "B"),
-            si(h.memory_bandwidth_bytes_per_s, "B/s"), f"{tdp:.0f} W" if tdp else "-"]
+            si(h.memory_bandwidth_bytes_per_s, "B/s"), f"{tdp:.0f} W" if tdp else "-",
+            f"{idle:.0f} W ({idle_kind})" if idle is not None else "-", h.software_risk or "-"]
 
 
 @hardware_app.command("show")

@@ -88,7 +88,8 @@ def fit(
                 row.append(f"[strike]-[/strike] {c['excluded_reason'][:40]}")
                 continue
             text = (f"#{c['rank']} " if c["rank"] else "") + f"{si(c['throughput_at_slo'])} on {c['devices']}"
-            text += f"\np99 {si(c['latency_p99_s'], 's')}, {c['perf_per_watt']:.3g} tok/J, {c['bound']}"
+            ppw = "power not modelled" if c["perf_per_watt"] is None else f"{c['perf_per_watt']:.3g} tok/J"
+            text += f"\np99 {si(c['latency_p99_s'], 's')}, {ppw}, {c['bound']}, risk {c['risk']}"
             row.append(f"[strike]{text}[/strike]\n{c['excluded_reason']}" if c["excluded_reason"] else text)
         t.add_row(*row)
     console.print(t)

@@ -20,7 +20,8 @@ def sweep(
     phase: str = typer.Option("prefill", help="prefill (latency: time to first token) or decode (time per "
                                               "output token)."),
     dtype: str = typer.Option("bf16", help="Precision."),
-    measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99."),
+    measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99, and "
+                                             "its energy from the RAPL package counter where readable."),
     repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
     engine: str = typer.Option("local", help="Where the predicted points run, one task per sequence length: local "
                                              "(a process pool here) or ray (a Ray cluster, the ray extra). "
@@ -51,32 +52,44 @@ def sweep(
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
     t = Table(title=f"opmap sweep {model} on {r['hardware']} ({phase}, {dtype}): {len(r['points'])} points, "
                     f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})", title_justify="left")
-    for c in ("batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"):
+    cols = ["batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"]
+    if measure:
+        cols[7:7] = ["W", "J/token"]
+    for c in cols:
         t.add_column(c, justify="right")
     for p in r["points"]:
         mark = " ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
                                         ("pareto", (p["batch"], p["seq"]) in front)) if on)
         top = next(iter(p["bound_mix"]), "-")
-        t.add_row(str(p["batch"]), str(p["seq"]), si(p["latency_s"], "s"),
-                  si(p["latency_p99_s"], "s") if p["latency_p99_s"] is not None else "-",
-                  si(p["throughput_per_s"]), si(p["tokens_per_s"]), "-" if p["mfu"] is None else f"{p['mfu']:.1%}",
-                  f"{top} {p['bound_mix'].get(top, 0):.0%}" if p["bound_mix"] else "-", "yes" if p["fits"] else "no",
-                  mark)
+        cells = [str(p["batch"]), str(p["seq"]), si(p["latency_s"], "s"),
+                 si(p["latency_p99_s"], "s") if p["latency_p99_s"] is not None else "-",
+                 si(p["throughput_per_s"]), si(p["tokens_per_s"]), "-" if p["mfu"] is None else f"{p['mfu']:.1%}",
+                 f"{top} {p['bound_mix'].get(top, 0):.0%}" if p["bound_mix"] else "-", "yes" if p["fits"] else "no",
+                 mark]
+        if measure:
+            cells[7:7] = [si(p["power_w"], "W") if p["power_w"] is not None else "-",
+                          si(p["energy_per_token_j"], "J") if p["energy_per_token_j"] is not None else "-"]
+        t.add_row(*cells)
     console.print(t)
+    if measure and r["points"]:
+        methods = sorted({p["power_method"] for p in r["points"]})
+        console.print(f"  energy: {'; '.join(methods)}", highlight=False, markup=False)
     for a in r["assumptions"]:
         console.print(f"  {a}", highlight=False, markup=False)
     if out is not None:
         md = [f"# opmap sweep: {model} on {r['hardware']} ({phase})", "", *[f"- {a}" for a in r["assumptions"]], "",
-              "| batch | seq | latency (s) | p99 (s) | req/s | tokens/s | MFU | fits | method | mark |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| batch | seq | latency (s) | p99 (s) | req/s | tokens/s | MFU | fits | W | J/token | method | power "
+              "method | mark |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in r["points"]:
             mark = ", ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
                                              ("pareto", (p["batch"], p["seq"]) in front)) if on)
             p99 = f"{p['latency_p99_s']:.4g}" if p["latency_p99_s"] is not None else "-"
+            w = "-" if p["power_w"] is None else f"{p['power_w']:.4g}"
+            jt = "-" if p["energy_per_token_j"] is None else f"{p['energy_per_token_j']:.4g}"
             md.append(f"| {p['batch']} | {p['seq']} | {p['latency_s']:.4g} | {p99} | {p['throughput_per_s']:.4g} | "
                       f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
-                      f"{'yes' if p['fits'] else 'no'} | "
-                      f"{p['method']} | {mark} |")
+                      f"{'yes' if p['fits'] else 'no'} | {w} | {jt} | "
+                      f"{p['method']} | {p['power_method']} | {mark} |")
         print_wrote(write_set(out, {"sweep.json": json.dumps(r, indent=1), "sweep.md": "\n".join(md) + "\n"}))
     from opmap.cli.common import record_run
 

@@ -9,12 +9,15 @@ Per (model, platform) cell:
   batching, steps priced by the model's prefill and decode analyses on that platform) is VALID under the SLO
   (p99 TTFT and TPOT, or p99 end to end), found by bisection; reported as output tokens per second, with the
   run's p99 end-to-end latency;
-- **power**, modelled: each device draws idle + (TDP - idle) x its simulated busy fraction, idle taken as
-  ``IDLE_FRACTION`` of the TDP (an assumption, stated; no catalog device lists an idle figure yet); perf per
-  watt = output tokens per second / watts, energy per token = watts / output tokens per second (J);
+- **power**, modelled: each device draws idle + (TDP - idle) x its simulated busy fraction, idle the catalog's
+  ``idle_power_w`` (its kind and source carried into ``power_method``); only a device without that field falls
+  back to ``IDLE_FRACTION`` of the TDP, and says so; a device without a TDP gets no power figure, with the
+  reason; perf per watt = output tokens per second / watts, energy per token = watts / output tokens per second
+  (J = W x s per token);
 - **perf per dollar** where a price per device-hour is given: output tokens per dollar;
 - **bound**: the bound class holding most of a decode step's predicted time at batch 16;
-- **risk**: the software-stack risk the catalog records for the device, or "not in the catalog".
+- **risk**: the software-stack risk level the catalog records for the device (low / medium / high), with its
+  source in ``risk_source``; "not in the catalog" where the device has none.
 
 Cells that break a constraint (no fit within a node, no valid rate, the power budget) are kept with the reason
 in ``excluded_reason``; the others are ranked per workload by throughput at the SLO.
@@ -30,17 +33,40 @@ from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
 
 SCHEMA_VERSION = 1
-IDLE_FRACTION = 0.15  # of the TDP, assumed: the draw of an idle device with its memory powered
+# of the TDP, assumed, only for a device whose catalog entry has no idle_power_w: the draw of an idle device with
+# its memory powered (the catalog's sourced figures run 11-28% of TDP; 0.15 sits among them)
+IDLE_FRACTION = 0.15
 DEVICE_STEPS = (1, 2, 4, 8)
+POWER_MODEL = "modelled: idle + (TDP - idle) x busy fraction"
+
+
+def idle_w(hw) -> tuple[float, str]:
+    """The idle draw (W) the power model uses for ``hw`` and where it comes from."""
+    tdp = hw.tdp_w
+    if tdp is None:
+        raise OpmapError(f"{hw.name} lists no TDP (tdp_w): its power cannot be modelled")
+    v = hw.fields.get("idle_power_w")
+    if v is not None and v.value is not None:
+        return float(v.value), f"idle {float(v.value):g} W, {v.kind}: {v.source}"
+    return IDLE_FRACTION * tdp, (f"idle {IDLE_FRACTION * tdp:g} W = {IDLE_FRACTION:.0%} of the {tdp:g} W TDP "
+                                 f"(assumed: {hw.name} lists no idle_power_w)")
+
+
+def power_method(hw) -> str:
+    """``POWER_MODEL`` with the device's TDP and idle source, or why no power is modelled."""
+    try:
+        _, basis = idle_w(hw)
+    except OpmapError as e:
+        return f"not modelled: {e}"
+    return f"{POWER_MODEL}; TDP {hw.tdp_w:g} W ({hw.fields['tdp_w'].kind}); {basis}"
 
 
 def _power_w(hw, devices: int, busy: Sequence[float]) -> float:
-    tdp = hw.fields.get("tdp_w")
-    if tdp is None or tdp.value is None:
-        raise OpmapError(f"{hw.name} lists no TDP: its power cannot be modelled")
-    idle = IDLE_FRACTION * float(tdp.value)
+    """devices x (idle + (TDP - idle) x mean busy fraction), in W."""
+    idle, _ = idle_w(hw)
+    tdp = float(hw.tdp_w)
     u = sum(busy) / len(busy) if busy else 0.0  # each replica is one tensor-parallel group of ``devices``
-    return devices * (idle + (float(tdp.value) - idle) * u)
+    return devices * (idle + (tdp - idle) * u)
 
 
 def _decode_bound(model: str, hw, dtype: str) -> str:
@@ -64,9 +90,9 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     hw = get_hardware(hardware)
     cell: dict[str, Any] = {"model": model, "hardware": hw.name, "devices": None, "fits": False,
                             "throughput_at_slo": None, "latency_p99_s": None, "perf_per_watt": None,
-                            "energy_per_token_j": None, "power_w": None, "power_method": "modelled",
-                            "perf_per_dollar": None, "bound": None, "risk": _risk(hw), "rank": None,
-                            "excluded_reason": ""}
+                            "energy_per_token_j": None, "power_w": None, "power_method": power_method(hw),
+                            "perf_per_dollar": None, "bound": None, "risk": _risk(hw), "risk_source": _risk_source(hw),
+                            "rank": None, "excluded_reason": ""}
     per_node = hw.devices_per_node or 8
     steps = [devices] if devices else [n for n in DEVICE_STEPS if n <= per_node]
     cost = None
@@ -101,20 +127,28 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     cap = find_capacity(run, 1.0)
     s = run(cap["rate_per_s"])
     tok_s = s["throughput"]["output_tokens_per_s"]
-    watts = _power_w(hw, cell["devices"], s.get("utilization", []))
+    watts = _power_w(hw, cell["devices"], s.get("utilization", [])) if hw.tdp_w is not None else None
     cell.update(throughput_at_slo=tok_s, rate_at_slo_per_s=cap["rate_per_s"],
                 latency_p99_s=s["latency"]["e2e"]["p99_s"], power_w=watts,
-                perf_per_watt=tok_s / watts if watts else None, energy_per_token_j=watts / tok_s if tok_s else None)
+                perf_per_watt=tok_s / watts if watts else None,
+                energy_per_token_j=watts / tok_s if watts is not None and tok_s else None)
     if price_per_hour:
         cell["perf_per_dollar"] = tok_s * 3600.0 / (cell["devices"] * price_per_hour)
-    if power_budget_w is not None and watts > power_budget_w:
-        cell["excluded_reason"] = f"draws {watts:.0f} W at the SLO rate, over the {power_budget_w:.0f} W budget"
+    if power_budget_w is not None:
+        if watts is None:
+            cell["excluded_reason"] = f"power budget not checkable: {cell['power_method']}"
+        elif watts > power_budget_w:
+            cell["excluded_reason"] = f"draws {watts:.0f} W at the SLO rate, over the {power_budget_w:.0f} W budget"
     return cell
 
 
 def _risk(hw) -> str:
+    return hw.software_risk or "not in the catalog"
+
+
+def _risk_source(hw) -> str:
     v = hw.fields.get("software_risk")
-    return str(v.value) if v is not None else "not in the catalog"
+    return v.source if v is not None else ""
 
 
 @dataclass(frozen=True)
@@ -173,7 +207,8 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                 "policy continuous (vLLM-style, token budget 8192), one tensor-parallel group per replica, Poisson "
                 "arrivals; throughput at the SLO = the highest valid rate's output tokens per second (a fixed "
                 "geometric grid of rates, then rounds of evenly spaced probes inside the valid / invalid bracket)",
-                f"power modelled: devices x (idle + (TDP - idle) x busy fraction), idle = {IDLE_FRACTION:.0%} of "
-                "TDP (assumed); no device's draw is measured here",
+                "power modelled: devices x (idle + (TDP - idle) x busy fraction), idle the catalog's idle_power_w "
+                f"(measured or estimated, each cell's power_method says which and why; {IDLE_FRACTION:.0%} of TDP, "
+                "assumed, only where a device has none); no device's draw is measured here",
                 "devices: the smallest tensor-parallel group in one node whose weights leave room for a KV cache",
                 "one task per cell on the engine (local process pool or Ray): the same cells either way"]}

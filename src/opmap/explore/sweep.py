@@ -9,7 +9,12 @@ point by point, and the point says so (``method``).
 
 Per point: latency, requests and tokens per second, the bound mix (share of predicted time by bound class),
 MFU, the memory fit. Predicted points carry no percentiles (one prediction is not a distribution); with
-``measure=True`` each point is built on the local CPU and timed over repeats: p50 / p95 / p99 from those runs.
+``measure=True`` each point is built on the local CPU and timed over repeats: p50 / p95 / p99 from those runs,
+and the energy of the timed repeats read from the package's RAPL counter before and after them
+(``opmap.measure.energy``): ``energy_j`` over ``energy_window_s``, ``power_w`` = J / s, ``energy_per_token_j``,
+``tokens_per_j``, ``power_method``. Where no counter can be read, the local profile's TDP (``opmap calibrate``'s
+local.toml, where a ``tdp_w`` was added to it) models the draw of the busy loop, said so; without one every
+energy figure is null with the reason. Predicted points carry the same keys, null.
 
 The Pareto front: points no other point beats on both latency (lower) and tokens per second (higher). The knee,
 per sequence length along the batch: the point farthest above the chord from the smallest to the largest batch
@@ -23,6 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from opmap.analyze import analyze_graph
@@ -30,6 +36,7 @@ from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.explore.shapes import FIT_POINTS, NotAFamily, ShapeFamily
 from opmap.hardware.spec import HardwareSpec
+from opmap.measure.energy import RAPL_ROOT
 
 SCHEMA_VERSION = 1
 PHASES = ("prefill", "decode")
@@ -62,10 +69,13 @@ def _workload(target: str, phase: str, batch: int, seq: int, dtype: str, device:
     return phase_workload(target, spec, batch, None if phase == "decode" else seq, dtype, device)
 
 
+ENERGY_KEYS = ("energy_j", "energy_window_s", "power_w", "energy_per_token_j", "tokens_per_j")
+
+
 def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[int], phase: str = "prefill",
           dtype: str = "bf16", measure: bool = False, repeats: int = 10,
           progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
-          workers: int | None = None) -> dict[str, Any]:
+          workers: int | None = None, rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
     """Every (batch, seq) point. Predicted: one task per sequence length (its batch family's captures and all
     its batch points, re-priced), run on ``engine`` (``opmap.explore.engine``: ``local`` process pool or
     ``ray``); the points come back in the same order with the same values either way. Measured: every point in
@@ -79,7 +89,7 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
     for s in seqs:  # the phase's own checks (decoder, KV length) before any capture; shapes when built
         check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
     t0 = time.perf_counter()
-    jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats) for s in seqs]
+    jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats, rapl_root) for s in seqs]
     total = len(batches) * len(seqs)
     if measure:  # sequential, in this process: progress per point
         results = []
@@ -108,6 +118,8 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
                 "latency: prefill = time to first token of the batch; decode = time per output token at the KV "
                 "length given as seq",
                 "predicted points carry no percentiles; measured points: p50 / p95 / p99 over the repeats",
+                "energy (measured points): counter delta over the timed repeats, J; power = J / s of that window; "
+                "per token = J / (repeats x tokens per run); each point's power_method says what was read",
                 "knee: Kneedle (Satopaa et al. 2011) along the batch per seq, in normalised latency / tokens per s",
                 "pareto: no other point has lower latency and higher tokens per second",
                 "predicted: one task per sequence length on the engine (local process pool or Ray), same values "
@@ -126,6 +138,7 @@ class SeqJob:
     dtype: str
     measure: bool = False
     repeats: int = 10
+    rapl_root: Path = RAPL_ROOT
 
 
 def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
@@ -166,18 +179,39 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
               "latency_p95_s": None, "latency_p99_s": None, "throughput_per_s": b / lat if lat else 0.0,
               "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
               "mfu": a.predicted_mfu, "fits": a.memory.fits, "memory_bytes": a.memory.total_bytes,
-              "method": method}
+              "method": method, **dict.fromkeys(ENERGY_KEYS),
+              "power_method": "not measured: a predicted point (opmap fit models power under load)"}
         if job.measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
             pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name}
-            pt.update(_measure(target, phase, b, s, job.repeats), mfu=None, bound_mix={})
+            pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root), mfu=None, bound_mix={})
         points.append(pt)
     return {"points": points, "captures": captures}
 
 
-def _measure(target: str, phase: str, batch: int, seq: int, repeats: int) -> dict[str, Any]:
-    """The point built on the local CPU in fp32 and timed: ``repeats`` runs after two warm-ups."""
+def _local_tdp() -> tuple[float, str] | None:
+    """(W, how) from the local profile's ``tdp_w`` where ``opmap calibrate`` wrote one and it lists a TDP."""
+    from opmap.hardware.local import cache_path
+    from opmap.hardware.spec import load_spec_file
+
+    path = cache_path("cpu")
+    if not path.exists():
+        return None
+    try:
+        tdp = load_spec_file(path).tdp_w
+    except OpmapError:
+        return None
+    if tdp is None:
+        return None
+    return tdp, f"the local profile's TDP {tdp:g} W x busy fraction 1 over the timed loop (an upper bound)"
+
+
+def _measure(target: str, phase: str, batch: int, seq: int, repeats: int,
+             rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
+    """The point built on the local CPU in fp32 and timed: ``repeats`` runs after two warm-ups, the energy
+    counter read before and after the timed runs."""
     import torch
 
+    from opmap.measure.energy import energy_figures, measure_energy
     from opmap.timing import time_iterations
 
     w = _workload(target, phase, batch, seq, "fp32", device="cpu")
@@ -189,8 +223,22 @@ def _measure(target: str, phase: str, batch: int, seq: int, repeats: int) -> dic
 
     dev = torch.device("cpu")
     time_iterations(call, dev, 2)
-    st = time_iterations(call, dev, repeats)
-    return {"latency_s": st.p50_s, "latency_p50_s": st.p50_s, "latency_p95_s": st.quantile(0.95),
+    timed: dict[str, Any] = {}
+
+    def loop() -> float:
+        t0 = time.perf_counter()
+        timed["st"] = time_iterations(call, dev, repeats)
+        return time.perf_counter() - t0
+
+    _, reading = measure_energy(loop, "cpu", rapl_root)
+    st = timed["st"]
+    tokens = batch * (1 if phase == "decode" else seq)
+    modelled = None if reading.joules is not None else _local_tdp()
+    energy = energy_figures(reading, tokens * repeats, modelled)
+    if reading.joules is None and modelled is None:
+        energy["power_method"] += ("; not modelled either: the local profile lists no tdp_w (opmap calibrate's "
+                                   "local.toml; add a sourced tdp_w there to model the draw)")
+    return {**energy, "latency_s": st.p50_s, "latency_p50_s": st.p50_s, "latency_p95_s": st.quantile(0.95),
             "latency_p99_s": st.quantile(0.99), "throughput_per_s": batch / st.p50_s,
             "tokens_per_s": batch * (1 if phase == "decode" else seq) / st.p50_s,
             "method": f"measured on this CPU (fp32, {repeats} runs after 2 warm-ups)"}

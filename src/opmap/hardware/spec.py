@@ -16,7 +16,11 @@ Kinds (the README's "Hardware" section; every value carries its source and kind)
 - ``derived``          computed from datasheet figures (for example cores x FLOPs per cycle x clock); the
   source gives the formula;
 - ``measured``         measured on a real device (calibration or a cited measurement);
-- ``assumed``          a typical value where no datasheet gives one (launch overhead); the source says why.
+- ``assumed``          a typical value where no datasheet gives one (launch overhead); the source says why;
+- ``estimate``         a figure reasoned from related published ones where the device has none of its own (an idle
+  draw scaled from a sibling's measurement); the source gives the reasoning and the figures it starts from;
+- ``assessed``         a judgement read off cited vendor or project pages (the software-stack risk); the source cites
+  the pages and says what they show.
 
 Dense peaks are what every prediction uses.
 """
@@ -34,7 +38,7 @@ from opmap.hardware.curves import Curves
 from opmap.hardware.local import cache_path
 from opmap.precision import FORMATS
 
-KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed")
+KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed", "estimate", "assessed")
 
 # Format names opmap uses everywhere (CLI, catalog keys, assumptions): the precision module's.
 DTYPES = FORMATS
@@ -69,6 +73,8 @@ SCALAR_FIELDS: dict[str, str] = {
     "compute_units": "",
     "clock_hz": "Hz",
     "tdp_w": "W",
+    # the board's (or a CPU package's) draw when powered, clocked down and doing nothing; below tdp_w
+    "idle_power_w": "W",
     "scale_up_bandwidth_bytes_per_s": "B/s",
     "scale_out_bandwidth_bytes_per_s": "B/s",
     "launch_overhead_s": "s",
@@ -91,13 +97,21 @@ SCALAR_FIELDS: dict[str, str] = {
 # ``bridge_pairs``: an NVLink bridge joins two cards, larger groups go over PCIe.
 TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "scale_up_topology": ("switch", "full_mesh", "torus", "pcie", "bridge_pairs"),
+    # how far the serving stack on this device is from the mainline path (explore/fit.py carries it into a cell):
+    # ``low`` mainline vLLM / TensorRT-LLM-class support from the vendor and the project; ``medium`` mainline
+    # support with gaps, or a vendor-maintained plugin; ``high`` an out-of-tree fork or plugin, or a stack that
+    # serves LLMs only through a general framework
+    "software_risk": ("low", "medium", "high"),
 }
+RISK_LEVELS = TEXT_FIELDS["software_risk"]
 # The fraction of its datasheet bandwidth an HBM / GDDR device sustains on a streaming kernel, for devices without
 # a measured figure of their own: DeepSeek's FlashMLA README (deepseek-ai/FlashMLA) reports "up to 3000 GB/s in
 # memory-bound configuration" on an H800 SXM5, whose memory system is the H100 SXM's (80 GB HBM3, 3.35 TB/s).
 DRAM_EFFICIENCY = 3000e9 / 3.35e12
 DRAM_EFFICIENCY_SOURCE = "FlashMLA README: up to 3000 GB/s memory-bound on an H800 SXM5 of 3.35 TB/s, 0.896"
 REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
+# Fields whose table may leave ``value`` out (TOML has no null): the source then says why there is no figure
+EMPTY_ALLOWED = ("idle_power_w",)
 
 
 @dataclass(frozen=True)
@@ -218,6 +232,17 @@ class HardwareSpec:
     @property
     def tdp_w(self) -> float | None:
         return self._opt("tdp_w")
+
+    @property
+    def idle_power_w(self) -> float | None:
+        """The draw of the powered, idle device (W); None where the catalog gives no figure."""
+        return self._opt("idle_power_w")
+
+    @property
+    def software_risk(self) -> str | None:
+        """One of ``RISK_LEVELS``; None where the catalog does not say."""
+        v = self.fields.get("software_risk")
+        return None if v is None or v.value is None else str(v.value)
 
     @property
     def scale_up_bandwidth_bytes_per_s(self) -> float | None:
@@ -341,7 +366,10 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
     fields = {}
     for key in SCALAR_FIELDS:
         if key in raw:
-            fields[key] = _value(raw[key], f"{origin}: {key}")
+            r = raw[key]
+            if key in EMPTY_ALLOWED and isinstance(r, dict) and "value" not in r:
+                r = {**r, "value": None}
+            fields[key] = _value(r, f"{origin}: {key}")
     for key, accepted in TEXT_FIELDS.items():
         if key in raw:
             fields[key] = _text_value(raw[key], f"{origin}: {key}", accepted)
@@ -388,6 +416,9 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
     if spec.sustained_matrix_flops_per_s and spec.power_window_s is None:
         raise OpmapError(f"{origin}: sustained_matrix_flops_per_s needs power_window_s (the busy time after "
                          "which the sustained rates hold)")
+    idle, tdp = spec.idle_power_w, spec.tdp_w
+    if idle is not None and tdp is not None and not idle < tdp:
+        raise OpmapError(f"{origin}: idle_power_w {idle:g} W must be below tdp_w {tdp:g} W")
     if not spec.vector_peak_flops_per_s.get("fp32") or spec.vector_peak_flops_per_s["fp32"].value is None:
         raise OpmapError(f"{origin}: vector_peak_flops_per_s.fp32 needs a value")
     return spec

@@ -32,6 +32,7 @@ class RaplMeter:
     """Sum of the package domains under /sys/class/powercap (intel-rapl:N, also used by AMD), wrap-safe."""
 
     def __init__(self, root: Path = RAPL_ROOT):
+        self.root = root
         self.domains = []
         if root.is_dir():
             for d in sorted(root.glob("intel-rapl:*")):
@@ -40,7 +41,7 @@ class RaplMeter:
 
     def why_not(self) -> str | None:
         if not self.domains:
-            return f"no RAPL package domain under {RAPL_ROOT}"
+            return f"no RAPL package domain under {self.root}"
         try:
             for d in self.domains:
                 int((d / "energy_uj").read_text())
@@ -52,6 +53,9 @@ class RaplMeter:
         return [int((d / "energy_uj").read_text()) for d in self.domains]
 
     def delta_j(self, before: list[int], after: list[int]) -> float:
+        """Joules between two reads: per package the counter delta in microjoules; a counter that went down wrapped
+        once at its ``max_energy_range_uj`` (the kernel's powercap ABI: energy_uj counts 0 .. max_energy_range_uj),
+        so the delta is (max - before) + after."""
         total = 0
         for d, b, a in zip(self.domains, before, after):
             if a < b:  # the counter wrapped
@@ -95,7 +99,8 @@ def measure_energy(fn: Callable[[], float], device: str, rapl_root: Path = RAPL_
         if why is None:
             a = meter.read_mj()
             secs = fn()
-            return secs, EnergyReading((meter.read_mj() - a) / 1e3, secs, "NVML total energy counter")
+            return secs, EnergyReading((meter.read_mj() - a) / 1e3, secs,
+                                       "measured (NVML total energy counter, the whole board)")
         secs = fn()
         return secs, EnergyReading(None, secs, f"not measured: {why}")
     rapl = RaplMeter(rapl_root)
@@ -104,7 +109,28 @@ def measure_energy(fn: Callable[[], float], device: str, rapl_root: Path = RAPL_
         b = rapl.read_uj()
         secs = fn()
         return secs, EnergyReading(rapl.delta_j(b, rapl.read_uj()), secs,
-                                   f"RAPL package energy ({len(rapl.domains)} domain(s)); the whole package, "
-                                   "not only this process")
+                                   f"measured (RAPL package domain, {len(rapl.domains)} package(s); the whole "
+                                   "package, not only this process)")
     secs = fn()
     return secs, EnergyReading(None, secs, f"not measured: {why}")
+
+
+def energy_figures(reading: EnergyReading, tokens: int, modelled_w: tuple[float, str] | None = None) -> dict:
+    """A run's energy as J, W and per token: ``energy_j`` over ``energy_window_s`` (s), ``power_w`` = J / s,
+    ``energy_per_token_j`` = J / ``tokens``, ``tokens_per_j`` its inverse, and ``power_method``.
+
+    A reading with no joules takes ``modelled_w`` (watts, how they were modelled) where one is given: energy =
+    W x s, the method says "modelled"; otherwise every figure is None and the method keeps the meter's reason."""
+    secs = reading.seconds
+    joules, method = reading.joules, reading.method
+    if joules is None and modelled_w is not None and secs > 0:
+        watts, how = modelled_w
+        joules, method = watts * secs, f"modelled: {how} ({method})"
+    out = {"energy_j": joules, "energy_window_s": secs, "power_w": None, "energy_per_token_j": None,
+           "tokens_per_j": None, "power_method": method}
+    if joules is not None and secs > 0:
+        out["power_w"] = joules / secs
+    if joules is not None and tokens > 0:
+        out["energy_per_token_j"] = joules / tokens
+        out["tokens_per_j"] = tokens / joules if joules > 0 else None
+    return out
