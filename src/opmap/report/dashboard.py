@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.report.sheet import si
 
 FILES = ("profile.json", "analysis.json", "sweep.json", "serve.json", "fit.json")
 KINDS = ("analyze", "profile", "sweep", "serve", "fit")
@@ -274,8 +275,10 @@ def serve_cdf(sv: dict[str, Any] | None) -> dict[str, Any] | None:
     for i, m in enumerate(("e2e", "ttft", "queue", "tpot")):
         colour = PALETTE[i]
         if cdf and cdf.get(f"{m}_s"):
-            data.append({"type": "scatter", "mode": "lines", "name": m, "x": cdf[f"{m}_s"], "y": cdf["quantiles"],
-                         "line": {"color": colour, "dash": "solid"}})
+            # a log axis: zero latencies (requests that never queued) sit at the left edge, not drawn
+            pts = [(x, q) for x, q in zip(cdf[f"{m}_s"], cdf["quantiles"]) if x > 0]
+            data.append({"type": "scatter", "mode": "lines", "name": m, "x": [x for x, _ in pts],
+                         "y": [q for _, q in pts], "line": {"color": colour, "dash": "solid"}})
         else:
             st = (sv["latency"].get(m) or {})
             qs = [q for q in (50, 90, 95, 99) if st.get(f"p{q}_s") is not None]
@@ -288,7 +291,8 @@ def serve_cdf(sv: dict[str, Any] | None) -> dict[str, Any] | None:
     a = sv.get("assumptions") or {}
     title = (f"serving latency CDFs: {a.get('model')} on {a.get('hardware')}, "
              f"{(sv.get('policy') or {}).get('spec')}, {sv.get('arrival')}")
-    return {"data": data, "layout": {"title": {"text": title}, "xaxis": {"title": {"text": "latency (s)"}},
+    return {"data": data, "layout": {"title": {"text": title},
+                                     "xaxis": {"type": "log", "title": {"text": "latency (s)"}},
                                      "yaxis": {"title": {"text": "fraction of requests"}, "range": [0, 1.02]}}}
 
 
@@ -307,7 +311,7 @@ def fit_heatmap(ft: dict[str, Any] | None) -> dict[str, Any] | None:
             if c.get("throughput_at_slo") is None or c.get("excluded_reason"):
                 row.append(f"excluded: {c.get('excluded_reason') or 'no valid rate'}")
             else:
-                row.append(f"#{c.get('rank')}: {c['throughput_at_slo']:.4g} tok/s on {c.get('devices')}")
+                row.append(f"#{c.get('rank')}: {si(c['throughput_at_slo'], 'tok/s')} on {c.get('devices')}")
         text.append(row)
     return {"data": [{"type": "heatmap", "x": hws, "y": models, "z": z, "text": text, "colorscale": "Viridis",
                       "colorbar": {"title": {"text": "tok/s"}}, "hovertemplate": "%{y} on %{x}<br>%{text}"
