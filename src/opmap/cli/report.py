@@ -32,6 +32,8 @@ def report(
     if folder.is_dir():
         src = from_dir(folder)
         out = out if out is not None else folder / "report.html"
+    elif folder.is_file():
+        raise OpmapError(f"{source} is a file; accepted: a run id (opmap runs list) or the folder that holds it")
     elif "/" in source or source.startswith("."):
         raise OpmapError(f"no folder {source}; accepted: a run id (opmap runs list) or an output folder")
     else:
