@@ -61,6 +61,7 @@ def test_report_refuses_bad_input(refused, tmp_path):
     refused("report", tmp_path / "missing", needle="no folder")
     (tmp_path / "empty" / "profile.json").write_text("{}")
     refused("report", tmp_path / "empty" / "profile.json", needle="is a file; accepted: a run id")
+    refused("report", tmp_path / "empty", needle="profile.json is not opmap's profile.json (no 'assumptions')")
 
 
 def test_report_refuses_unknown_run_and_bad_out(cli, refused, tmp_path):

@@ -53,13 +53,20 @@ class Sources:
         return any(k.get("measured_s") for k in self.kernels)
 
 
+# the field each file cannot be without (a file lacking it is not opmap's)
+REQUIRED = {"profile.json": "assumptions", "analysis.json": "assumptions", "sweep.json": "points",
+            "serve.json": "latency", "fit.json": "cells"}
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise OpmapError(f"cannot read {path}: {type(e).__name__}: expected the JSON opmap wrote there") from None
-    if not isinstance(d, dict):
-        raise OpmapError(f"cannot read {path}: expected a JSON object, as opmap writes it")
+    need = REQUIRED.get(path.name)
+    if not isinstance(d, dict) or (need and not d.get(need)):
+        raise OpmapError(f"{path} is not opmap's {path.name} (no {need!r}); accepted: the file opmap "
+                         f"{path.stem.replace('analysis', 'analyze')} --out writes")
     return d
 
 
