@@ -117,12 +117,25 @@ def test_dashboard_in_headless_chromium(report_page, browser, tmp_path):
     assert tags == json.loads((report_page.parent / "profile.json").read_text())["tags"]
 
     shot = tmp_path / "report.png"
-    browser.save_screenshot(str(shot))
+    _full_page_png(browser, shot)
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, ARTIFACT)
 
     errors, requested, failed = _logs(browser)
     assert errors == [] and requested == {url} and failed == []
+
+
+def _full_page_png(browser, path: Path) -> None:
+    """The whole page (not only the window) at half scale, through CDP's captureBeyondViewport."""
+    import base64
+
+    browser.execute_script("window.scrollTo(0, 0)")
+    h = browser.execute_script("return document.documentElement.scrollHeight")
+    w = browser.execute_script("return document.documentElement.scrollWidth")
+    shot = browser.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True, "clip": {"x": 0, "y": 0, "width": w, "height": h,
+                                                                  "scale": 0.5}})
+    path.write_bytes(base64.b64decode(shot["data"]))
 
 
 def _logs(browser) -> tuple[list, set[str], list]:

@@ -168,7 +168,7 @@ def headline(src: Sources) -> list[str]:
                        + (f"; measured MFU {mfu:.2%}" if mfu is not None else ""))
         en = b.get("energy")
         if en and en.get("joules") is None:
-            out.append(f"energy: not measured ({en.get('method')})")
+            out.append(f"energy: {en.get('method')}")
         elif en:
             out.append(f"energy: {_fmt(en.get('joules'), 'J')} over {_fmt(en.get('seconds'), 's')}, average "
                        f"{_fmt(en.get('average_w'), 'W')} ({en.get('method')})")
