@@ -1,6 +1,6 @@
 """The opmap command line: one module per command group, each parsing its options, calling the library and
 rendering the result (``analyze``, ``quality``, ``profile``, ``calibrate``; ``catalog``: models and hardware
-listings). Shared helpers live in ``common``.
+listings; ``report``: the HTML dashboard). Shared helpers live in ``common``.
 
 Bad input ends with one line on stderr naming the problem and what is accepted, and exit status 2. The
 library checks its own input, before its expensive work; the commands do not repeat those checks.
