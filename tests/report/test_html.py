@@ -147,3 +147,21 @@ def test_without_plotly_one_line_names_the_extra(monkeypatch, profile_dir, tmp_p
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
     with pytest.raises(OpmapError, match=r"pip install 'opmap\[report\]'"):
         write_report(from_dir(profile_dir), tmp_path / "r.html")
+
+
+def test_sweep_curves_measured_percentiles_and_prediction():
+    """A measured sweep point (the shape opmap sweep --measure writes): p50 / p95 / p99 drawn at its measured
+    throughput; its prediction at the same tokens per batch, x = tokens/s x measured latency / predicted
+    latency (here 64 tokens: 1,000 tok/s x 0.064 s / 0.001 s = 64,000 tok/s)."""
+    from opmap.report.dashboard import sweep_curves
+
+    pt = {"batch": 2, "seq": 32, "latency_s": 0.064, "latency_p50_s": 0.064, "latency_p95_s": 0.07,
+          "latency_p99_s": 0.08, "tokens_per_s": 1000.0, "predicted": {"latency_s": 0.001, "hardware": "h100-sxm"}}
+    fig = sweep_curves({"model": "m", "hardware": "h", "phase": "prefill", "points": [pt]})
+    by = {t["name"]: t for t in fig["data"]}
+    assert by["seq 32 p95 measured"]["y"] == [0.07] and by["seq 32 p99 measured"]["x"] == [1000.0]
+    assert by["seq 32 predicted on h100-sxm"]["y"] == [0.001]
+    assert by["seq 32 predicted on h100-sxm"]["x"][0] == pytest.approx(64_000)
+    predicted_only = sweep_curves({"points": [{**pt, "latency_p50_s": None, "latency_p95_s": None,
+                                               "latency_p99_s": None, "predicted": None}]})
+    assert [t["name"] for t in predicted_only["data"]] == ["seq 32 predicted"]

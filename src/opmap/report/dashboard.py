@@ -248,7 +248,9 @@ def layer_stall(src: Sources) -> dict[str, Any] | None:
 
 
 def sweep_curves(sw: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Latency against throughput over the sweep's points, a curve per sequence length through its batches."""
+    """Latency against throughput over the sweep's points, a curve per sequence length through its batches:
+    the model's prediction, and p50 / p95 / p99 where the sweep measured them (--measure; its predicted
+    latency then sits in each point's ``predicted``, at the same tokens per batch: tokens/s x latency)."""
     if not sw or not sw.get("points"):
         return None
     data = []
@@ -256,16 +258,27 @@ def sweep_curves(sw: dict[str, Any] | None) -> dict[str, Any] | None:
     for i, s in enumerate(seqs):
         ps = sorted((p for p in sw["points"] if p.get("seq") == s), key=lambda p: p.get("batch") or 0)
         colour = PALETTE[i % len(PALETTE)]
-        label = f"seq {s}"
+        text = [f"batch {p.get('batch')}" for p in ps]
         x = [p.get("tokens_per_s") or p.get("throughput_per_s") for p in ps]
-        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{label} (model)", "x": x,
-                     "y": [p.get("latency_s") for p in ps], "text": [f"batch {p.get('batch')}" for p in ps],
-                     "line": {"color": colour, "dash": "solid"}, "marker": {"color": colour, "symbol": "circle"}})
+        measured = any(p.get("latency_p50_s") is not None for p in ps)
+        if measured:
+            pred = [(p.get("predicted") or {}).get("latency_s") for p in ps]
+            px = [None if not (t and xx and p.get("latency_s")) else xx * p["latency_s"] / t
+                  for t, xx, p in zip(pred, x, ps)]
+        else:
+            pred, px = [p.get("latency_s") for p in ps], x
+        hws = [(p.get("predicted") or {}).get("hardware") for p in ps] if measured else []
+        on = next((h for h in hws if h), None)
+        if any(t is not None for t in pred):
+            data.append({"type": "scatter", "mode": "lines+markers",
+                         "name": f"seq {s} predicted" + (f" on {on}" if on else ""), "x": px,
+                         "y": pred, "text": text, "line": {"color": colour, "dash": "solid"},
+                         "marker": {"color": colour, "symbol": "circle"}})
         for pct, dash in (("p50", "dot"), ("p95", "dash"), ("p99", "longdash")):
             ys = [p.get(f"latency_{pct}_s") for p in ps]
             if any(y is not None for y in ys):
-                data.append({"type": "scatter", "mode": "lines+markers", "name": f"{label} {pct} (measured)",
-                             "x": x, "y": ys, "line": {"color": colour, "dash": dash},
+                data.append({"type": "scatter", "mode": "lines+markers", "name": f"seq {s} {pct} measured",
+                             "x": x, "y": ys, "text": text, "line": {"color": colour, "dash": dash},
                              "marker": {"color": colour, "symbol": "x"}})
     title = f"sweep: latency against throughput ({sw.get('model')} on {sw.get('hardware')}, {sw.get('phase')})"
     return {"data": data, "layout": {"title": {"text": title},
