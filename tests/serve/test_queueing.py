@@ -67,3 +67,17 @@ def test_join_shortest_queue_waits_less_than_round_robin_and_more_than_shared():
     w = {r: _run(21.0, "exp:100", 3, r)[1]["latency"]["queue"]["mean_s"]
          for r in ("shared", "least_loaded", "round_robin")}
     assert w["shared"] < w["least_loaded"] < w["round_robin"]
+
+
+def test_mm1_sojourn_cdf_is_exponential():
+    """serve.json's compact CDF against M/M/1 theory (Kleinrock 1975 sec. 3.2): the sojourn time is
+    exponential with rate mu - lambda, so its q-quantile is -ln(1 - q) / (mu - lambda)."""
+    lam, mu = 7.0, 10.0
+    _, s = _run(lam, "exp:100")
+    c = s["cdf"]
+    assert len(c["quantiles"]) == 101 and c["quantiles"][0] == 0.0 and c["quantiles"][-1] == 1.0
+    for i in (10, 50, 90):  # quantiles 0.1, 0.5, 0.9
+        q = c["quantiles"][i]
+        assert c["e2e_s"][i] == pytest.approx(-math.log(1 - q) / (mu - lam), rel=0.05)
+    assert all(a <= b for a, b in zip(c["e2e_s"], c["e2e_s"][1:]))  # a CDF never decreases
+    assert c["tpot_s"] is None  # one output token per request: no time per output token

@@ -1,6 +1,6 @@
 """The opmap command line: one module per command group, each parsing its options, calling the library and
 rendering the result (``analyze``, ``quality``, ``profile``, ``calibrate``; ``catalog``: models and hardware
-listings). Shared helpers live in ``common``.
+listings; ``report``: the HTML dashboard). Shared helpers live in ``common``.
 
 Bad input ends with one line on stderr naming the problem and what is accepted, and exit status 2. The
 library checks its own input, before its expensive work; the commands do not repeat those checks.
@@ -22,6 +22,7 @@ from opmap.cli import memo as _memo
 from opmap.cli import plan as _plan
 from opmap.cli import profile as _profile
 from opmap.cli import quality as _quality
+from opmap.cli import report as _report
 from opmap.cli import runs as _runs
 from opmap.cli import serve as _serve
 from opmap.cli import sweep as _sweep
@@ -72,6 +73,7 @@ app.command("sweep")(_sweep.sweep)
 app.command("fit")(_fit.fit)
 app.command("compare")(_compare.compare)
 app.command("memo")(_memo.memo)
+app.command("report")(_report.report)
 app.command("serve")(_serve.serve)
 
 

@@ -330,9 +330,9 @@ def check_out_dir(out_dir: Path) -> None:
         raise OpmapError(f"cannot create output folder {p}: permission denied in {parent}")
 
 
-def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
-    """Write every file to a temporary name first, then rename them all into place: a failure (full disk,
-    no permission) leaves the folder as it was, never a half-written or mixed set."""
+def write_set(out_dir: Path, contents: dict[str, str | bytes]) -> list[Path]:
+    """Write every file (text, or bytes such as a PNG) to a temporary name first, then rename them all into
+    place: a failure (full disk, no permission) leaves the folder as it was, never a half-written or mixed set."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -345,7 +345,7 @@ def write_set(out_dir: Path, contents: dict[str, str]) -> list[Path]:
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
             tmps.append((tmp, out_dir / name))
             os.fchmod(fd, mode)
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
                 f.write(text)
         for tmp, final in tmps:
             os.replace(tmp, final)

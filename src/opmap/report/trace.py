@@ -60,3 +60,29 @@ def tagged_torch_trace(p: Profile) -> dict[str, Any] | None:
     other["opmap_tags"] = p.tags
     t["otherData"] = other
     return t
+
+
+def kernel_trace(kernels: list[dict[str, Any]], tags: dict[str, Any], title: str) -> dict[str, Any]:
+    """A Chrome trace of a run's kernel rows (the run store's, or an analysis.json's): track "predicted" lays
+    the kernels end to end at their predicted times and, where measured, track "measured" at their measured
+    times (one profiled iteration's per-kernel time, laid end to end: the real start times are in the profile's
+    own trace.json). Each event's args carry the kernel's layer type, bound, FLOPs, bytes and both times."""
+    pid = 1
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": title}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "measured (end to end)"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "predicted"}},
+    ]
+    cursor = {1: 0.0, 2: 0.0}
+    for k in kernels:
+        args = {"kernel": k.get("idx"), "layer_type": k.get("layer_type"), "bound": k.get("bound"),
+                "flops": k.get("flops"), "bytes": k.get("bytes"), "predicted_us": (k.get("predicted_s") or 0) * 1e6,
+                "measured_us": None if k.get("measured_s") is None else k["measured_s"] * 1e6}
+        for tid, key in ((1, "measured_s"), (2, "predicted_s")):
+            t = k.get(key)
+            if t:
+                events.append({"name": str(k.get("name")), "ph": "X", "pid": pid, "tid": tid, "ts": cursor[tid],
+                               "dur": t * 1e6, "args": args})
+                cursor[tid] += t * 1e6
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"opmap_tags": tags, "schema": "opmap kernel trace 1"}}

@@ -8,6 +8,9 @@
 - SLO: per request, ttft <= ttft_s and tpot <= tpot_s (LLM Server), or e2e <= p99_s (--slo-p99).
   slo_attainment: the fraction of requests meeting it; goodput: those requests per second (DistServe).
 - queueing_share: mean queueing / mean e2e.
+- cdf: the latency distributions in compact form, each metric's value (s) at the quantiles 0, 0.01, ..., 1
+  (101 points, linear interpolation; e2e, ttft, queue per request, tpot per multi-token request): the
+  dashboard's CDFs (opmap report) without the raw samples.
 - validity (MLPerf Server style): VALID when p99 TTFT <= the TTFT limit and p99 TPOT <= the TPOT limit
   (or p99 e2e <= the latency limit). MLPerf v4 llama2-70b Server: TTFT 2 s, TPOT 200 ms, both at p99.
   The real rule also asks for a 600 s minimum run and a minimum query count, which a simulation is not
@@ -27,6 +30,7 @@ from opmap.serve.sim import SimResult
 
 SCHEMA_VERSION = 1
 PCTS = (50, 90, 95, 99)
+CDF_POINTS = 101  # quantiles 0, 0.01, ..., 1: a CDF drawn at 1% steps, about 4 kB per metric in serve.json
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,15 @@ def stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]
             return float(a + (r - lo) * (b - a))
         vals = [float((xs * ws).sum() / tot)] + [pick(p) for p in PCTS]
     return dict(zip(keys, vals, strict=True))
+
+
+def cdf(values: dict[str, np.ndarray], points: int = CDF_POINTS) -> dict[str, Any]:
+    """Each metric's value at ``points`` evenly spaced quantiles (None for an empty one)."""
+    qs = np.linspace(0.0, 1.0, points)
+    out: dict[str, Any] = {"quantiles": [round(float(q), 6) for q in qs]}
+    for name, x in values.items():
+        out[name] = [float(v) for v in np.quantile(x, qs)] if x.size else None
+    return out
 
 
 def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
@@ -115,6 +128,7 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
                        "output_tokens_per_s": rate(out_tok)},
         "latency": {"e2e": stats(e2e), "ttft": stats(ttft), "tpot": stats(tpot),
                     "itl": stats(res.itl_gap_s, res.itl_weight), "queue": stats(queue)},
+        "cdf": cdf({"e2e_s": e2e, "ttft_s": ttft, "queue_s": queue, "tpot_s": tpot}),
         "goodput": {"requests_per_s": rate(met), "output_tokens_per_s": rate(int(res.output_len[ok].sum()))},
         "slo": slo.to_dict(),
         "slo_attainment": met / n if n else 0.0,

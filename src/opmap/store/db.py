@@ -161,6 +161,30 @@ def _rows(payload: dict[str, Any]) -> tuple[list[tuple], list[tuple], list[tuple
     return kernels, lts, samples
 
 
+KERNEL_COLUMNS = ("idx", "name", "layer_type", "predicted_s", "measured_s", "flops", "bytes", "bound", "node_ids",
+                  "signature", "mfu", "stall_fraction")
+LAYER_COLUMNS = ("layer_type", "predicted_s", "measured_s", "share", "mfu", "stall_fraction", "bytes")
+
+
+def payload_rows(payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(kernels, layer types) of an analysis.json / profile.json body as dicts, exactly as the store would hold
+    them (see _rows: one MFU and stall formula for the store, compare and the dashboard)."""
+    kernels, lts, _ = _rows(payload)
+    return [dict(zip(KERNEL_COLUMNS, r)) for r in kernels], [dict(zip(LAYER_COLUMNS, r)) for r in lts]
+
+
+def run_rows(run_id: str, path: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(kernels, layer types) of a recorded run, from the store's tables, as payload_rows gives them."""
+    con = _read(path)
+    try:
+        k = con.execute(f"SELECT {', '.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ? ORDER BY idx",
+                        [run_id]).fetchall()
+        lt = con.execute(f"SELECT {', '.join(LAYER_COLUMNS)} FROM layer_types WHERE run_id = ?", [run_id]).fetchall()
+    finally:
+        con.close()
+    return [dict(zip(KERNEL_COLUMNS, r)) for r in k], [dict(zip(LAYER_COLUMNS, r)) for r in lt]
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS runs (id VARCHAR PRIMARY KEY, kind VARCHAR, time_utc VARCHAR, workload VARCHAR,

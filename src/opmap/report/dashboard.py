@@ -1,0 +1,371 @@
+"""What the dashboard shows, as data: a run's sources (an output folder or a recorded run) and its figures as
+plain Plotly figure dicts (``{"data": [...], "layout": {...}}``), rendered by report.html (inlined Plotly) and
+report.figures (matplotlib PNGs). Nothing here imports plotly or matplotlib.
+
+Figures, each present when its source is:
+- roofline: each kernel at (FLOPs / bytes, FLOPs / time), one colour per layer type, predicted points as
+  circles and measured points (profile runs) as crosses; the device's ceilings: the memory slope
+  (bandwidth x intensity) up to the matrix peak, the matrix peak at the run's matrix format and the vector
+  peak (the values the run's assumptions carry; the catalog's where they are missing).
+- time, MFU and memory-stall fraction by layer type (predicted; measured where profiled).
+- sweep latency against throughput, one curve per sequence length; p50 / p95 / p99 where measured.
+- serving latency CDFs (serve.json ``cdf``; an older serve.json without it: its percentiles as points).
+- the fit matrix as a heatmap of throughput at the SLO; perf per watt of its cells.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opmap.errors import OpmapError
+from opmap.report.sheet import si
+
+FILES = ("profile.json", "analysis.json", "sweep.json", "serve.json", "fit.json")
+KINDS = ("analyze", "profile", "sweep", "serve", "fit")
+SIG_DIGITS = 4  # data in the page is rounded to 4 significant digits: 0.1% is below any figure's resolution
+# one colour per layer type, the same in the HTML and the PNGs (Plotly's default qualitative palette, D3's)
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+
+
+@dataclass
+class Sources:
+    """Everything one report shows. ``body``: the analysis.json / profile.json body (None for a sweep, serve
+    or fit alone); ``kernels`` and ``layer_types``: its rows as the run store holds them."""
+
+    title: str
+    origin: str  # "run ID" or the folder
+    tags: dict[str, Any]
+    body: dict[str, Any] | None = None
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    layer_types: list[dict[str, Any]] = field(default_factory=list)
+    sweep: dict[str, Any] | None = None
+    serve: dict[str, Any] | None = None
+    fit: dict[str, Any] | None = None
+    trace: Path | None = None  # a Chrome trace already written (a profile's trace.json)
+
+    @property
+    def measured(self) -> bool:
+        return any(k.get("measured_s") for k in self.kernels)
+
+
+# the field each file cannot be without (a file lacking it is not opmap's)
+REQUIRED = {"profile.json": "assumptions", "analysis.json": "assumptions", "sweep.json": "points",
+            "serve.json": "latency", "fit.json": "cells"}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise OpmapError(f"cannot read {path}: {type(e).__name__}: expected the JSON opmap wrote there") from None
+    need = REQUIRED.get(path.name)
+    if not isinstance(d, dict) or (need and not d.get(need)):
+        raise OpmapError(f"{path} is not opmap's {path.name} (no {need!r}); accepted: the file opmap "
+                         f"{path.stem.replace('analysis', 'analyze')} --out writes")
+    return d
+
+
+def _other_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
+    """The tags the sweep / serve / fit commands record their runs under (cli/sweep.py, serve.py, fit.py)."""
+    if kind == "sweep":
+        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
+                "precision": d.get("dtype")}
+    if kind == "serve":
+        a = d.get("assumptions") or {}
+        return {"workload": a.get("model"), "hardware": a.get("hardware"), "phase": "serve",
+                "precision": a.get("dtype"), "parallelism": f"tp{a.get('tp')} x {a.get('replicas')} replicas"}
+    return {"workload": ",".join(d.get("models") or ()), "hardware": ",".join(d.get("hardware") or ()),
+            "phase": "serve", "precision": d.get("dtype")}
+
+
+def from_dir(folder: Path) -> Sources:
+    """The outputs of analyze / profile / sweep / serve / fit found in ``folder`` (profile.json is preferred to
+    analysis.json: it is the same analysis with the measurement joined)."""
+    from opmap.store.db import analysis_tags, payload_rows
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise OpmapError(f"{folder} is neither a run id in the store nor a folder")
+    found = {f: folder / f for f in FILES if (folder / f).is_file()}
+    if not found:
+        raise OpmapError(f"nothing to report in {folder}: accepted: a folder holding analysis.json, profile.json, "
+                         "sweep.json, serve.json or fit.json (opmap analyze/profile/sweep/serve/fit --out), "
+                         "or a run id")
+    src = Sources(title=f"opmap report: {folder}", origin=str(folder), tags={})
+    main = found.get("profile.json") or found.get("analysis.json")
+    if main is not None:
+        src.body = _read_json(main)
+        src.kernels, src.layer_types = payload_rows(src.body)
+        src.tags = dict(src.body.get("tags") or analysis_tags(src.body))
+        if (folder / "trace.json").is_file():
+            src.trace = folder / "trace.json"
+    for kind in ("sweep", "serve", "fit"):
+        if f"{kind}.json" in found:
+            d = _read_json(found[f"{kind}.json"])
+            setattr(src, kind, d)
+            if not src.tags:
+                src.tags = _other_tags(kind, d)
+    return src
+
+
+def from_run(run_id: str, store: Path | None = None) -> Sources:
+    """A recorded run (opmap runs list): its payload, tags and the store's kernel and layer-type rows."""
+    from opmap.store import show_run
+    from opmap.store.db import run_rows
+
+    run = show_run(run_id, store)
+    kind = run["kind"]
+    if kind not in KINDS:
+        raise OpmapError(f"run {run_id} is a {kind} run; opmap report renders {', '.join(KINDS)} runs")
+    src = Sources(title=f"opmap report: {kind} run {run_id}", origin=f"run {run_id}", tags=run["tags"])
+    if kind in ("analyze", "profile"):
+        src.body = run["payload"]
+        src.kernels, src.layer_types = run_rows(run_id, store)
+    else:
+        setattr(src, kind, run["payload"])
+    return src
+
+
+def sig(x: Any, digits: int = SIG_DIGITS) -> Any:
+    """``x`` with every float rounded to ``digits`` significant digits (lists and dicts walked); NaN and
+    infinities become None (JSON has neither)."""
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return None
+        return float(f"{x:.{digits - 1}e}") if x else 0.0
+    if isinstance(x, dict):
+        return {k: sig(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [sig(v, digits) for v in x]
+    return x
+
+
+def _colours(names: list[str]) -> dict[str, str]:
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(sorted(set(names)))}
+
+
+def _value(v: Any) -> float | None:
+    """A spec value as the assumptions carry it: a number or {"value": number, ...}."""
+    if isinstance(v, dict):
+        v = v.get("value")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def ceilings(body: dict[str, Any]) -> dict[str, Any]:
+    """The device's roofline ceilings: matrix peak at the run's matrix format, vector peak, memory bandwidth
+    (FLOP/s, FLOP/s, bytes/s), from the run's assumptions; the catalog entry fills what they lack."""
+    a = body.get("assumptions") or {}
+    c = {"hardware": a.get("hardware_display_name") or a.get("hardware"), "format": a.get("matrix_dtype") or
+         a.get("dtype"), "matrix": _value(a.get("matrix_peak_flops_per_s")),
+         "vector": _value(a.get("vector_peak_flops_per_s")), "memory": _value(a.get("memory_bandwidth_bytes_per_s"))}
+    if None in (c["matrix"], c["vector"], c["memory"]) and a.get("hardware"):
+        from opmap.hardware import get_hardware
+
+        try:
+            hw = get_hardware(str(a["hardware"]))
+        except (OpmapError, OSError, ValueError):
+            return c
+        peak = hw.matrix_peak_flops_per_s.get(str(c["format"]))
+        c["matrix"] = c["matrix"] or (float(peak.value) if peak is not None and peak.value else None)
+        vec = hw.vector_peak_flops_per_s.get("fp32")
+        c["vector"] = c["vector"] or (float(vec.value) if vec is not None and vec.value else None)
+        c["memory"] = c["memory"] or hw.memory_bandwidth_bytes_per_s
+    return c
+
+
+def roofline(src: Sources) -> dict[str, Any] | None:
+    """Kernels on the device's roofline: x = FLOPs / bytes, y = FLOPs / time (FLOP/s), log-log."""
+    if src.body is None or not src.kernels:
+        return None
+    pts = [k for k in src.kernels if (k.get("flops") or 0) > 0 and (k.get("bytes") or 0) > 0]
+    colours = _colours([k.get("layer_type") or "other" for k in pts])
+    data: list[dict[str, Any]] = []
+    for lt, colour in colours.items():
+        mine = [k for k in pts if (k.get("layer_type") or "other") == lt]
+        for what, key, symbol in (("predicted", "predicted_s", "circle"), ("measured", "measured_s", "x")):
+            ks = [k for k in mine if k.get(key)]
+            if not ks:
+                continue
+            data.append({"type": "scatter", "mode": "markers", "name": f"{lt} ({what})", "legendgroup": lt,
+                         "x": [k["flops"] / k["bytes"] for k in ks], "y": [k["flops"] / k[key] for k in ks],
+                         "text": [f"{k.get('name')}<br>{k.get('bound') or ''}" for k in ks],
+                         "marker": {"color": colour, "symbol": symbol, "size": 7}})
+    c = ceilings(src.body)
+    xs = [d for t in data for d in t["x"]]
+    if xs and c["memory"]:
+        lo, hi = min(xs) / 4, max(xs) * 4
+        top = max(v for v in (c["matrix"], c["vector"]) if v) if (c["matrix"] or c["vector"]) else None
+        if top:
+            lo, hi = min(lo, top / c["memory"] / 4), max(hi, top / c["memory"] * 4)
+        ridge = top / c["memory"] if top else hi
+        data.append({"type": "scatter", "mode": "lines", "name": f"memory {c['memory'] / 1e9:.4g} GB/s",
+                     "x": [lo, min(ridge, hi)], "y": [c["memory"] * lo, c["memory"] * min(ridge, hi)],
+                     "line": {"color": "#000000", "dash": "solid"}})
+        for key, label, dash in (("matrix", f"matrix peak ({c['format']})", "dash"), ("vector", "vector peak", "dot")):
+            if c[key]:
+                x0 = c[key] / c["memory"]
+                data.append({"type": "scatter", "mode": "lines", "name": f"{label} {c[key] / 1e12:.4g} TFLOP/s",
+                             "x": [max(x0, lo), hi], "y": [c[key], c[key]], "line": {"color": "#444444", "dash": dash}})
+    title = f"roofline on {c['hardware']}" + (" (predicted and measured)" if src.measured else " (predicted)")
+    return {"data": data, "layout": {"title": {"text": title},
+                                     "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
+                                     "yaxis": {"type": "log", "title": {"text": "attained FLOP/s"}}}}
+
+
+def _layer_bars(src: Sources, title: str, ytitle: str, series: list[tuple[str, str]],
+                scale: float = 1.0) -> dict[str, Any] | None:
+    rows = sorted(src.layer_types, key=lambda r: -((r.get("measured_s") or r.get("predicted_s")) or 0))
+    data = []
+    for name, key in series:
+        ys = [r.get(key) for r in rows]
+        if any(y is not None for y in ys):
+            data.append({"type": "bar", "name": name, "x": [r["layer_type"] for r in rows],
+                         "y": [None if y is None else y * scale for y in ys]})
+    if not data:
+        return None
+    return {"data": data, "layout": {"title": {"text": title}, "barmode": "group", "yaxis": {"title": {"text": ytitle}},
+                                     "xaxis": {"title": {"text": "layer type"}}}}
+
+
+def layer_time(src: Sources) -> dict[str, Any] | None:
+    return _layer_bars(src, "time by layer type", "time (s)", [("predicted", "predicted_s"),
+                                                               ("measured", "measured_s")])
+
+
+def layer_mfu(src: Sources) -> dict[str, Any] | None:
+    t = "MFU by layer type (matrix FLOPs / (time x dense matrix peak); measured time where profiled)"
+    return _layer_bars(src, t, "MFU (%)", [("MFU", "mfu")], 100.0)
+
+
+def layer_stall(src: Sources) -> dict[str, Any] | None:
+    return _layer_bars(src, "memory-stall fraction by layer type (measured, roofline-estimated)",
+                       "stall fraction (%)", [("memory stall", "stall_fraction")], 100.0)
+
+
+def sweep_curves(sw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Latency against throughput over the sweep's points, a curve per sequence length through its batches:
+    the model's prediction, and p50 / p95 / p99 where the sweep measured them (--measure; its predicted
+    latency then sits in each point's ``predicted``, at the same tokens per batch: tokens/s x latency)."""
+    if not sw or not sw.get("points"):
+        return None
+    data = []
+    seqs = sorted({p.get("seq") for p in sw["points"]}, key=lambda s: (s is None, s or 0))
+    for i, s in enumerate(seqs):
+        ps = sorted((p for p in sw["points"] if p.get("seq") == s), key=lambda p: p.get("batch") or 0)
+        colour = PALETTE[i % len(PALETTE)]
+        text = [f"batch {p.get('batch')}" for p in ps]
+        x = [p.get("tokens_per_s") or p.get("throughput_per_s") for p in ps]
+        measured = any(p.get("latency_p50_s") is not None for p in ps)
+        if measured:
+            pred = [(p.get("predicted") or {}).get("latency_s") for p in ps]
+            px = [None if not (t and xx and p.get("latency_s")) else xx * p["latency_s"] / t
+                  for t, xx, p in zip(pred, x, ps)]
+        else:
+            pred, px = [p.get("latency_s") for p in ps], x
+        hws = [(p.get("predicted") or {}).get("hardware") for p in ps] if measured else []
+        on = next((h for h in hws if h), None)
+        if any(t is not None for t in pred):
+            data.append({"type": "scatter", "mode": "lines+markers",
+                         "name": f"seq {s} predicted" + (f" on {on}" if on else ""), "x": px,
+                         "y": pred, "text": text, "line": {"color": colour, "dash": "solid"},
+                         "marker": {"color": colour, "symbol": "circle"}})
+        for pct, dash in (("p50", "dot"), ("p95", "dash"), ("p99", "longdash")):
+            ys = [p.get(f"latency_{pct}_s") for p in ps]
+            if any(y is not None for y in ys):
+                data.append({"type": "scatter", "mode": "lines+markers", "name": f"seq {s} {pct} measured",
+                             "x": x, "y": ys, "text": text, "line": {"color": colour, "dash": dash},
+                             "marker": {"color": colour, "symbol": "x"}})
+    title = f"sweep: latency against throughput ({sw.get('model')} on {sw.get('hardware')}, {sw.get('phase')})"
+    return {"data": data, "layout": {"title": {"text": title},
+                                     "xaxis": {"type": "log", "title": {"text": "throughput (tokens/s)"}},
+                                     "yaxis": {"type": "log", "title": {"text": "latency (s)"}}}}
+
+
+def serve_cdf(sv: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The serving simulation's latency CDFs (quantile against latency) per metric."""
+    if not sv or not sv.get("latency"):
+        return None
+    data = []
+    cdf = sv.get("cdf")
+    for i, m in enumerate(("e2e", "ttft", "queue", "tpot")):
+        colour = PALETTE[i]
+        if cdf and cdf.get(f"{m}_s"):
+            # a log axis: zero latencies (requests that never queued) sit at the left edge, not drawn
+            pts = [(x, q) for x, q in zip(cdf[f"{m}_s"], cdf["quantiles"]) if x > 0]
+            data.append({"type": "scatter", "mode": "lines", "name": m, "x": [x for x, _ in pts],
+                         "y": [q for _, q in pts], "line": {"color": colour, "dash": "solid"}})
+        else:
+            st = (sv["latency"].get(m) or {})
+            qs = [q for q in (50, 90, 95, 99) if st.get(f"p{q}_s") is not None]
+            if qs:
+                data.append({"type": "scatter", "mode": "markers", "name": f"{m} (percentiles only)",
+                             "x": [st[f"p{q}_s"] for q in qs], "y": [q / 100 for q in qs],
+                             "marker": {"color": colour, "symbol": "circle"}})
+    if not data:
+        return None
+    a = sv.get("assumptions") or {}
+    title = (f"serving latency CDFs: {a.get('model')} on {a.get('hardware')}, "
+             f"{(sv.get('policy') or {}).get('spec')}, {sv.get('arrival')}")
+    return {"data": data, "layout": {"title": {"text": title},
+                                     "xaxis": {"type": "log", "title": {"text": "latency (s)"}},
+                                     "yaxis": {"title": {"text": "fraction of requests"}, "range": [0, 1.02]}}}
+
+
+def fit_heatmap(ft: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Throughput at the SLO for each workload (rows) on each platform (columns); excluded cells say why."""
+    if not ft or not ft.get("cells"):
+        return None
+    models, hws = list(ft.get("models") or []), list(ft.get("hardware") or [])
+    cell = {(c["model"], c["hardware"]): c for c in ft["cells"]}
+    z, text = [], []
+    for m in models:
+        z.append([(cell.get((m, h)) or {}).get("throughput_at_slo") for h in hws])
+        row = []
+        for h in hws:
+            c = cell.get((m, h)) or {}
+            if c.get("throughput_at_slo") is None or c.get("excluded_reason"):
+                row.append(f"excluded: {c.get('excluded_reason') or 'no valid rate'}")
+            else:
+                row.append(f"#{c.get('rank')}: {si(c['throughput_at_slo'], 'tok/s')} on {c.get('devices')}")
+        text.append(row)
+    return {"data": [{"type": "heatmap", "x": hws, "y": models, "z": z, "text": text, "colorscale": "Viridis",
+                      "colorbar": {"title": {"text": "tok/s"}}, "hovertemplate": "%{y} on %{x}<br>%{text}"
+                      "<extra></extra>"}],
+            "layout": {"title": {"text": "fit matrix: output tokens/s at the SLO"},
+                       "xaxis": {"title": {"text": "platform"}}, "yaxis": {"title": {"text": "workload"}}}}
+
+
+def perf_per_watt(ft: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Output tokens per joule of each fit cell (its throughput at the SLO over its power)."""
+    if not ft or not ft.get("cells"):
+        return None
+    cells = [c for c in ft["cells"] if c.get("perf_per_watt")]
+    if not cells:
+        return None
+    return {"data": [{"type": "bar", "name": "tokens per joule",
+                      "x": [f"{c['model']} on {c['hardware']}" for c in cells],
+                      "y": [c["perf_per_watt"] for c in cells],
+                      "text": [f"{c.get('power_w') or 0:.0f} W ({c.get('power_method')})" for c in cells]}],
+            "layout": {"title": {"text": "perf per watt: output tokens per joule at the SLO"},
+                       "yaxis": {"title": {"text": "tokens / J"}}, "xaxis": {"title": {"text": "cell"}}}}
+
+
+FIGURES = (("roofline", roofline), ("layer_time", layer_time), ("layer_mfu", layer_mfu),
+           ("layer_stall", layer_stall))
+
+
+def figures(src: Sources) -> dict[str, dict[str, Any]]:
+    """Every figure the sources allow, by name (the PNGs are report_NAME.png), data rounded."""
+    out: dict[str, Any] = {}
+    for name, fn in FIGURES:
+        out[name] = fn(src)
+    out["sweep"] = sweep_curves(src.sweep)
+    out["serve_cdf"] = serve_cdf(src.serve)
+    out["fit"] = fit_heatmap(src.fit)
+    out["perf_per_watt"] = perf_per_watt(src.fit)
+    return {k: sig(v) for k, v in out.items() if v is not None}
