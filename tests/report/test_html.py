@@ -165,3 +165,16 @@ def test_sweep_curves_measured_percentiles_and_prediction():
     predicted_only = sweep_curves({"points": [{**pt, "latency_p50_s": None, "latency_p95_s": None,
                                                "latency_p99_s": None, "predicted": None}]})
     assert [t["name"] for t in predicted_only["data"]] == ["seq 32 predicted"]
+
+
+def test_perf_per_watt_takes_a_measured_sweeps_energy():
+    """A measured point's tokens per joule is tokens / J over its timed repeats: 3 repeats of batch 2 x seq 16
+    (96 tokens) over 4.8 J is 20 tokens/J; predicted points (energy null) are left out."""
+    from opmap.report.dashboard import perf_per_watt
+
+    sw = {"points": [{"batch": 2, "seq": 16, "tokens_per_j": 96 / 4.8, "power_w": 12.0, "power_method": "measured"},
+                     {"batch": 4, "seq": 16, "tokens_per_j": None, "power_w": None, "power_method": "predicted"}]}
+    fig = perf_per_watt(None, sw)
+    (bar,) = fig["data"]
+    assert bar["x"] == ["batch 2 seq 16"] and bar["y"] == [pytest.approx(20.0)]
+    assert perf_per_watt(None, {"points": sw["points"][1:]}) is None

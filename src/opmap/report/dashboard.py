@@ -340,19 +340,26 @@ def fit_heatmap(ft: dict[str, Any] | None) -> dict[str, Any] | None:
                        "xaxis": {"title": {"text": "platform"}}, "yaxis": {"title": {"text": "workload"}}}}
 
 
-def perf_per_watt(ft: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Output tokens per joule of each fit cell (its throughput at the SLO over its power)."""
-    if not ft or not ft.get("cells"):
+def perf_per_watt(ft: dict[str, Any] | None, sw: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Output tokens per joule of each fit cell (its throughput at the SLO over its modelled power) and of each
+    measured sweep point with an energy reading (tokens per joule over its timed repeats)."""
+    data = []
+    cells = [c for c in (ft or {}).get("cells") or [] if c.get("perf_per_watt")]
+    if cells:
+        data.append({"type": "bar", "name": "fit: output tokens per joule at the SLO",
+                     "x": [f"{c['model']} on {c['hardware']}" for c in cells],
+                     "y": [c["perf_per_watt"] for c in cells],
+                     "text": [f"{c.get('power_w') or 0:.0f} W ({c.get('power_method')})" for c in cells]})
+    pts = [p for p in (sw or {}).get("points") or [] if p.get("tokens_per_j")]
+    if pts:
+        data.append({"type": "bar", "name": "sweep: tokens per joule (measured)",
+                     "x": [f"batch {p['batch']} seq {p['seq']}" for p in pts], "y": [p["tokens_per_j"] for p in pts],
+                     "text": [f"{p.get('power_w') or 0:.0f} W ({p.get('power_method')})" for p in pts]})
+    if not data:
         return None
-    cells = [c for c in ft["cells"] if c.get("perf_per_watt")]
-    if not cells:
-        return None
-    return {"data": [{"type": "bar", "name": "tokens per joule",
-                      "x": [f"{c['model']} on {c['hardware']}" for c in cells],
-                      "y": [c["perf_per_watt"] for c in cells],
-                      "text": [f"{c.get('power_w') or 0:.0f} W ({c.get('power_method')})" for c in cells]}],
-            "layout": {"title": {"text": "perf per watt: output tokens per joule at the SLO"},
-                       "yaxis": {"title": {"text": "tokens / J"}}, "xaxis": {"title": {"text": "cell"}}}}
+    return {"data": data,
+            "layout": {"title": {"text": "perf per watt: tokens per joule"},
+                       "yaxis": {"title": {"text": "tokens / J"}}, "xaxis": {"title": {"text": "cell or point"}}}}
 
 
 FIGURES = (("roofline", roofline), ("layer_time", layer_time), ("layer_mfu", layer_mfu),
@@ -367,5 +374,5 @@ def figures(src: Sources) -> dict[str, dict[str, Any]]:
     out["sweep"] = sweep_curves(src.sweep)
     out["serve_cdf"] = serve_cdf(src.serve)
     out["fit"] = fit_heatmap(src.fit)
-    out["perf_per_watt"] = perf_per_watt(src.fit)
+    out["perf_per_watt"] = perf_per_watt(src.fit, src.sweep)
     return {k: sig(v) for k, v in out.items() if v is not None}

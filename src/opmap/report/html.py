@@ -178,8 +178,8 @@ def headline(src: Sources) -> list[str]:
         out.append(f"serving: {(th.get('requests_per_s') or 0):.4g} req/s, {_fmt(th.get('tokens_per_s'), 'tok/s')}; "
                    f"SLO attainment {(s.get('slo_attainment') or 0):.1%}; {v.get('verdict')} ({v.get('reason')})")
     if src.sweep and not any(p.get("latency_p50_s") is not None for p in src.sweep.get("points") or []):
-        out.append("sweep: predicted points only (no measured percentiles); sweep.json carries no energy, so perf "
-                   "per watt comes from the fit matrix")
+        out.append("sweep: predicted points only (no measured percentiles, no energy: a predicted point's energy "
+                   "is null; opmap fit models power under load)")
     return out
 
 
