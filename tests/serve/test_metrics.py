@@ -38,6 +38,16 @@ def test_capacity_search_moves_its_grid_and_stays_within_tolerance():
     assert low["converged"] and 0.001 - low["rate_per_s"] <= 0.01 * low["rate_per_s"]
 
 
+def test_capacity_search_brackets_an_edge_between_two_grids():
+    """Edge at 20 from rate0 = 1: the first grid (1/8 .. 16) is all valid and the next (32 .. 4096) all invalid,
+    so the edge lies between the grids: bracket [16, 32], then rounds of four probes: 19.2 22.4 -> [19.2, 22.4];
+    19.84 20.48 -> [19.84, 20.48]; ... down to 1%. (Judging each grid alone, it would swing back and forth.)"""
+    c = find_capacity(_step(20.0), 1.0)
+    assert c["converged"] and c["rate_per_s"] <= 20.0 < c["bracket"][1]
+    assert 20.0 - c["rate_per_s"] <= 0.01 * c["rate_per_s"]
+    assert [r["rate_per_s"] for r in c["runs"][16:20]] == pytest.approx([19.2, 22.4, 25.6, 28.8])
+
+
 def test_capacity_search_does_not_depend_on_the_order_probes_finish():
     def backwards(fn, rates):  # evaluates last to first, as a pool might finish them, returns in input order
         return list(reversed([fn(r) for r in reversed(rates)]))

@@ -125,6 +125,12 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
             cell["excluded_reason"] = f"misses the SLO even at 0.05 requests/s: {low['validity']['reason']}"
             return cell
     cap = find_capacity(run, 1.0)
+    if not cap["rate_per_s"] > 0:  # validity not monotone in the rate here: no grid rate was valid
+        runs = cap["runs"]
+        cell["excluded_reason"] = (f"no valid rate found by the capacity search ({len(runs)} probes from "
+                                   f"{min(r['rate_per_s'] for r in runs):.3g} to "
+                                   f"{max(r['rate_per_s'] for r in runs):.3g} requests/s): {runs[-1]['reason']}")
+        return cell
     s = run(cap["rate_per_s"])
     tok_s = s["throughput"]["output_tokens_per_s"]
     watts = _power_w(hw, cell["devices"], s.get("utilization", [])) if hw.tdp_w is not None else None

@@ -184,15 +184,23 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
             return rates[-1], None
         return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
 
+    def bracket() -> tuple[float | None, float | None]:
+        """Over every grid probed so far: (the highest valid rate below the lowest invalid one, that invalid
+        one). A grid all valid followed by one all invalid brackets the edge between the two grids."""
+        bad = [t["rate_per_s"] for t in tried if not t["valid"]]
+        first_bad = min(bad) if bad else None
+        good = [t["rate_per_s"] for t in tried if t["valid"] and (first_bad is None or t["rate_per_s"] < first_bad)]
+        return (max(good) if good else None), first_bad
+
     width = len(GRID_EXPONENTS)
     lo = hi = None
     for shift in range(GRID_SHIFTS + 1):
         rates = [rate0 * 2.0 ** k for k in GRID_EXPONENTS]
-        ok = probe(rates)
-        lo, hi = split(rates, ok)
+        probe(rates)
+        lo, hi = bracket()
         if lo is not None and hi is not None:
             break
-        direction = 1 if hi is None else -1  # all valid: look higher; the lowest invalid: look lower
+        direction = 1 if hi is None else -1  # all valid: look higher; nothing valid below the lowest invalid: lower
         if shift < GRID_SHIFTS:
             rate0 = rate0 * 2.0 ** (direction * width)
     if lo is None or hi is None:
