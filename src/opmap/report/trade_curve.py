@@ -60,11 +60,10 @@ def draw_trade_curve(fit: dict[str, Any], path: Path) -> Path | None:
     from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.6), squeeze=False)
-    energies = [c["energy_per_token_j"] for c in cells if c.get("energy_per_token_j")]
-    e_max = max(energies) if energies else 1.0
     for ax, m in zip(axes[0], models, strict=True):
         mine = [c for c in cells if c["model"] == m]
         front = pareto(mine)
+        e_max = max([c["energy_per_token_j"] for c in mine if c.get("energy_per_token_j")] or [1.0])
         for c in mine:
             colour = RISK_COLOURS.get(risk_level(c.get("risk")), "#757575")
             size = 40 + 400 * (c.get("energy_per_token_j") or 0.0) / e_max
@@ -100,7 +99,7 @@ def draw_trade_curve(fit: dict[str, Any], path: Path) -> Path | None:
                 Line2D([], [], marker="o", linestyle="--", color="#424242", markerfacecolor="none",
                        markeredgecolor="black", label="Pareto front (black edge)")]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False,
-               title="marker area grows with energy per token (J)", title_fontsize=7)
+               title="marker area grows with energy per token (J), per workload", title_fontsize=7)
     fig.tight_layout(rect=(0, 0.16, 1, 1))
     path = Path(path)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.png")
