@@ -33,5 +33,7 @@ def test_fit_refuses_bad_input(refused):
             needle="give --slo-p99, or --slo-ttft and --slo-tpot, not both")
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", "h100-sxm=2",
             needle="--price names h100-sxm, not among --hardware")
+    refused("fit", "--models", "nosuch,gpt2", "--hardware", "l4", needle="not one: nosuch (accepted: ")
+    refused("fit", "--models", "resnet50", "--hardware", "l4", needle="not one: resnet50")
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--engine", "spark",
             needle="unknown engine 'spark'; accepted: local, ray")

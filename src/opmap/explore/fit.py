@@ -190,6 +190,13 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     from opmap.explore.engine import check_engine, get_engine
 
     check_engine(engine)
+    from opmap.workloads import MODELS
+
+    bad = [m for m in models if MODELS.get(m) is None or MODELS.get(m).kind != "text"]
+    if bad:
+        texts = sorted(n for n, sp in MODELS.items() if sp.kind == "text")
+        raise OpmapError(f"opmap fit serves zoo text models (decoders: it simulates serving); not one: "
+                         f"{', '.join(bad)} (accepted: {', '.join(texts)})")
     prices = prices or {}
     unknown = sorted(set(prices) - {get_hardware(h).name for h in hardware})
     if unknown:
