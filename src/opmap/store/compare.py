@@ -41,7 +41,7 @@ from opmap.store.noise import (
     repeat_key,
     run_time,
 )
-from opmap.store.source import Run, Series, kernel_rows, load, series, stored_like
+from opmap.store.source import Run, Series, is_run_id, kernel_rows, load, reading, series, stored_like
 
 MUST_MATCH = ("workload", "hardware", "precision", "phase")
 COMPARABLE = ("analyze", "profile")
@@ -123,14 +123,14 @@ def _check(a: Run, b: Run, force: bool) -> list[str]:
     return [t for t, _, _ in differ]
 
 
-def _sides(a: Run, b: Run, new_a: list[str], new_b: list[str], path: Path | None) -> tuple[list[Run], list[Run]]:
+def _sides(a: Run, b: Run, new_a: list[str], new_b: list[str], con) -> tuple[list[Run], list[Run]]:
     """Side A: A, its fresh re-runs and its stored repeats; side B likewise (B's repeats only where B's key
     differs from A's: else the stored repeats are A's). A folder run has no stored repeats."""
     if not (a.stored and b.stored):
         return [a], [b]
     ka, kb = repeat_key(a.kind, a.tags, a.payload), repeat_key(b.kind, b.tags, b.payload)
     fresh = set(new_a) | set(new_b)
-    like = {r.id: r for r in stored_like(a, path) + (stored_like(b, path) if kb[1] != ka[1] else [])}
+    like = {r.id: r for r in stored_like(a, con) + (stored_like(b, con) if kb[1] != ka[1] else [])}
     rest = [r for r in like.values() if r.id not in fresh | {a.id, b.id}]
     side_a = [a] + [like[i] for i in new_a if i in like] + [r for r in rest
                                                             if repeat_key(r.kind, r.tags, r.payload) == ka]
@@ -165,16 +165,19 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
         raise OpmapError(f"--alpha takes a value in (0, 1) and --min-effect one >= 0, got {alpha} and {min_effect}")
     if rerun < 0:
         raise OpmapError(f"--rerun takes a number of re-runs >= 1, got {rerun}")
-    a, b = load(a_id, path), load(b_id, path)
+    stored = is_run_id(a_id) or is_run_id(b_id)
+    with reading(path, stored) as con:  # closed before the re-runs: their runs land when it opens again
+        a, b = load(a_id, path, con), load(b_id, path, con)
     differ = _check(a, b, force)
     new_a, new_b = [], []
     if rerun:
         from opmap.store.rerun import rerun as run_again
 
         new_a, new_b = run_again(a, b, rerun, path, progress)
-    (ka, lts_a), (kb, lts_b) = kernel_rows(a, path), kernel_rows(b, path)
-    side_a, side_b = _sides(a, b, new_a, new_b, path)
-    ser = series(side_a + side_b, path)
+    with reading(path, stored) as con:
+        (ka, lts_a), (kb, lts_b) = kernel_rows(a, con), kernel_rows(b, con)
+        side_a, side_b = _sides(a, b, new_a, new_b, con)
+        ser = series(side_a + side_b, con)
     (sa, pa), (sb, pb) = ser[a.id], ser[b.id]
     measured = all(k["measured_s"] is not None for k in ka + kb) and bool(ka) and bool(kb)
     kfloor = _kernel_floor(side_a, side_b, ser)

@@ -7,6 +7,7 @@ without. A folder carries no git commit or command, so it has no repeats in the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import defaultdict
@@ -44,8 +45,29 @@ class Run:
                 "payload": self.payload}
 
 
-def load(source: str, path: Path | None = None) -> Run:
-    """A run id or an output folder (an existing folder wins over a run id of the same name)."""
+def is_run_id(source: str) -> bool:
+    """Whether ``source`` names a stored run rather than a folder (it is checked when it is loaded)."""
+    return not Path(source).exists() and "/" not in source and not source.startswith(".")
+
+
+@contextlib.contextmanager
+def reading(path: Path | None, needed: bool = True):
+    """One read-only connection to the store for several reads (None where ``needed`` is false)."""
+    if not needed:
+        yield None
+        return
+    from opmap.store.db import _read
+
+    con = _read(path)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def load(source: str, path: Path | None = None, con=None) -> Run:
+    """A run id or an output folder (an existing folder wins over a run id of the same name); ``con``: an open
+    store connection to read a run id through (else one is opened)."""
     p = Path(source)
     if p.is_dir():
         return from_folder(p)
@@ -53,10 +75,15 @@ def load(source: str, path: Path | None = None) -> Run:
         raise OpmapError(f"{source} is a file; accepted: {ACCEPTED}")
     if "/" in source or source.startswith("."):
         raise OpmapError(f"no folder {source}; accepted: {ACCEPTED}")
-    from opmap.store.db import show_run
+    if con is None:
+        from opmap.store.db import show_run
 
-    r = show_run(source, path)
-    return Run(r["id"], r["kind"], r["time_utc"], r["tags"], r["payload"], True)
+        r = show_run(source, path)
+        return Run(r["id"], r["kind"], r["time_utc"], r["tags"], r["payload"], True)
+    r = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE id = ?", [source]).fetchone()
+    if r is None:
+        raise OpmapError(f"no run {source!r} in the store (opmap runs list shows the ids)")
+    return Run(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), True)
 
 
 def _read_json(f: Path, kind: str) -> dict[str, Any]:
@@ -120,11 +147,18 @@ KCOLS = ("idx", "name", "layer_type", "predicted_s", "measured_s", "bytes", "nod
          "stall_fraction")
 
 
-def kernel_rows(run: Run, path: Path | None = None) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """(kernels with KCOLS, layer types {name: {mfu, stall_fraction, bytes}}) as the store holds them."""
-    from opmap.store.db import payload_rows, run_rows
+def kernel_rows(run: Run, con=None) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(kernels with KCOLS, layer types {name: {mfu, stall_fraction, bytes}}) as the store holds them (``con``:
+    the store's connection, for a stored run)."""
+    from opmap.store.db import KERNEL_COLUMNS, LAYER_COLUMNS, payload_rows
 
-    ks, lts = run_rows(run.id, path) if run.stored else payload_rows(run.payload)
+    if run.stored:
+        ks = [dict(zip(KERNEL_COLUMNS, r)) for r in con.execute(
+            f"SELECT {', '.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ? ORDER BY idx", [run.id]).fetchall()]
+        lts = [dict(zip(LAYER_COLUMNS, r)) for r in con.execute(
+            f"SELECT {', '.join(LAYER_COLUMNS)} FROM layer_types WHERE run_id = ?", [run.id]).fetchall()]
+    else:
+        ks, lts = payload_rows(run.payload)
     return ([{c: k.get(c) for c in KCOLS} for k in ks],
             {r["layer_type"]: {"mfu": r.get("mfu"), "stall_fraction": r.get("stall_fraction"),
                                "bytes": r.get("bytes")} for r in lts})
@@ -133,12 +167,12 @@ def kernel_rows(run: Run, path: Path | None = None) -> tuple[list[dict[str, Any]
 Series = tuple[list[float], dict[int, list[float]]]
 
 
-def series(runs: list[Run], path: Path | None = None) -> dict[str, Series]:
+def series(runs: list[Run], con=None) -> dict[str, Series]:
     """Each run's (latency samples, each kernel's per-iteration samples by kernel index), s, in order."""
     out: dict[str, Series] = {}
     stored = [r.id for r in runs if r.stored]
     if stored:
-        out.update(stored_series(stored, path))
+        out.update(stored_series(stored, con))
     for r in runs:
         if not r.stored:
             lat = (r.payload.get("latency") or {}).get("samples_s")
@@ -148,16 +182,10 @@ def series(runs: list[Run], path: Path | None = None) -> dict[str, Series]:
     return out
 
 
-def stored_series(ids: list[str], path: Path | None = None) -> dict[str, Series]:
+def stored_series(ids: list[str], con) -> dict[str, Series]:
     """Samples of stored runs, one query for all of them."""
-    from opmap.store.db import _read
-
-    con = _read(path)
-    try:
-        rows = con.execute("SELECT run_id, metric, value_s FROM samples WHERE run_id IN (SELECT unnest(?)) "
-                           "ORDER BY run_id, metric, i", [ids]).fetchall()
-    finally:
-        con.close()
+    rows = con.execute("SELECT run_id, metric, value_s FROM samples WHERE run_id IN (SELECT unnest(?)) "
+                       "ORDER BY run_id, metric, i", [ids]).fetchall()
     lat: dict[str, list[float]] = defaultdict(list)
     per: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rid, metric, v in rows:
@@ -168,17 +196,11 @@ def stored_series(ids: list[str], path: Path | None = None) -> dict[str, Series]
     return {i: (lat.get(i, []), dict(per.get(i, {}))) for i in ids}
 
 
-def stored_like(run: Run, path: Path | None = None) -> list[Run]:
+def stored_like(run: Run, con) -> list[Run]:
     """Stored runs of the same kind and workload as ``run`` (oldest first), itself excluded: the candidates for
     its repeats."""
-    from opmap.store.db import _read
-
-    con = _read(path)
-    try:
-        rows = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE kind = ? AND "
-                           "CAST(workload AS VARCHAR) IS NOT DISTINCT FROM ? ORDER BY time_utc, id",
-                           [run.kind, None if run.tags.get("workload") is None else str(run.tags["workload"])]
-                           ).fetchall()
-    finally:
-        con.close()
+    rows = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE kind = ? AND "
+                       "CAST(workload AS VARCHAR) IS NOT DISTINCT FROM ? ORDER BY time_utc, id",
+                       [run.kind, None if run.tags.get("workload") is None else str(run.tags["workload"])]
+                       ).fetchall()
     return [Run(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), True) for r in rows if r[0] != run.id]
