@@ -231,7 +231,8 @@ def sweep_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     for k in _dicts(p.get("knee")):
         kp = at.get((k.get("batch"), k.get("seq")))
         if kp is not None:
-            out += _knee(run, kp, [c for c in points if c.get("seq") == kp.get("seq")], len(_dicts(p.get("pareto"))))
+            line = sorted((c for c in points if c.get("seq") == kp.get("seq")), key=lambda c: _num(c.get("batch")) or 0)
+            out += _knee(run, kp, line, len(_dicts(p.get("pareto"))))
     unfit = [c for c in points if c.get("fits") is False]
     if unfit:
         out.append(_finding(f"{len(unfit)} of {len(points)} points do not fit memory, from batch "
