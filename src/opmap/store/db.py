@@ -327,16 +327,21 @@ def _create(path: Path) -> None:
 def _recover(path: Path, why: str) -> None:
     """An unreadable store (the caller holds the lock): rebuilt from the journal where it holds every run (a
     0-byte file held none), else refused with what to do."""
-    if path.stat().st_size and not _complete_mark(path).exists():
+    size = path.stat().st_size
+    why = "0 bytes" if not size else "not a DuckDB database" if "not a valid duckdb" in why.lower() else why
+    if size and not _complete_mark(path).exists():
         raise OpmapError(f"the run store {path} is not a readable DuckDB database ({why}) and its spool does not "
                          f"hold all its runs: move it aside (mv {path} {path}.bad) to start a new store, or restore "
                          "it from a backup or an export (opmap runs import)")
     aside = path.with_name(f"{path.name}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
-    moved = [os.replace(f, aside.with_name(aside.name + f.name[len(path.name):])) or f
-             for f in (path, path.with_name(path.name + ".wal")) if f.exists()]
+    for f in (path, path.with_name(path.name + ".wal")):
+        if f.exists() and f.stat().st_size:  # kept for a person to look at; an empty file held nothing
+            os.replace(f, aside.with_name(aside.name + f.name[len(path.name):]))
+        f.unlink(missing_ok=True)
     _create(path)
+    kept = f" (the unreadable file kept as {aside})" if size else ""
     print(f"opmap: warning: the run store {path} was not a readable DuckDB database ({why}); rebuilt from its "
-          f"spool (the unreadable file{'s' if len(moved) > 1 else ''} kept as {aside}*)", file=sys.stderr)
+          f"spool{kept}", file=sys.stderr)
 
 
 def _open_for_write(path: Path):
@@ -534,7 +539,7 @@ def _read(path: Path | None) -> _Reader:
     creating, migrating or rebuilding, under the exclusive lock; else straight to a shared, read-only open)."""
     path = _resolve(path, "read")
     _duckdb()
-    if not path.exists() and not _pending(path):
+    if not path.exists() and not _pending(path) and not any(_journal(path).glob("*.json")):
         raise OpmapError(f"no run store at {path} (opmap records a run there on each analyze)")
     for attempt in range(3):
         if (attempt or _pending(path) or not path.exists()) and not locks.holds_shared(path):

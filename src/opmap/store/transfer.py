@@ -36,7 +36,9 @@ def _first_line(e: BaseException) -> str:
 def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
     """Every table as ``out_dir/TABLE.parquet`` (DuckDB's COPY): a store any host can import."""
     out = Path(out_dir)
-    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+    if out.is_symlink():
+        raise OpmapError(f"{out} is a symlink; opmap runs export writes a new folder (never through a link)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OpmapError(f"{out} exists; opmap runs export writes a new folder (or an empty one): choose another")
     con = db._read(path)
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
@@ -61,7 +63,11 @@ def _from_file(f: Path) -> dict[str, Any]:
 
     try:
         raw = f.read_bytes()
-        d = json.loads(raw)
+        try:
+            d = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise OpmapError(f"not JSON ({_first_line(e)}); expected the profile.json / analysis.json opmap wrote") \
+                from None
         validate_run(d)
         kind = d.get("kind", "analyze")
         tags = db.analysis_tags(d) if kind in ("analyze", "profile") else folder_tags(kind, d)
