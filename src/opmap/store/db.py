@@ -290,11 +290,18 @@ def _connect(path: Path, read_only: bool):
     """A DuckDB connection; an unreadable file raises _Unreadable, any other DuckDB failure a one-line error."""
     duckdb = _duckdb()
     try:
-        return duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as e:
         if _unreadable(e):
             raise _Unreadable(str(e).splitlines()[0]) from None
         raise OpmapError(f"cannot open the run store {path}: {str(e).splitlines()[0]}") from None
+    return _quiet(con)
+
+
+def _quiet(con):
+    """``con`` without DuckDB's progress bar (drawn on stdout for a query over 2 s: into --json output)."""
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 class _Unreadable(Exception):
@@ -306,7 +313,7 @@ def _create(path: Path) -> None:
     so a failure (a full disk) leaves no store, never a 0-byte or half-built one. The caller holds the lock."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.new")
     try:
-        con = _duckdb().connect(str(tmp))
+        con = _quiet(_duckdb().connect(str(tmp)))
         try:
             con.execute(SCHEMA)
             con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
@@ -458,7 +465,11 @@ def ingest_spool(path: Path) -> int:
     if locks.holds_shared(path):
         return 0
     with locks.exclusive(path):
-        return _ingest_all(path)
+        try:
+            return _ingest_all(path)
+        except (OSError, _duckdb().Error) as e:  # a full disk, a read-only folder: the runs stay spooled
+            raise OpmapError(f"cannot write the run store {path}: {(str(e).splitlines() or [type(e).__name__])[0]}"
+                             " (its runs wait in its spool)") from None
 
 
 def entry(kind: str, payload: dict[str, Any], tags: dict[str, Any], run_id: str | None = None,

@@ -100,7 +100,7 @@ def _from_parquet(src: Path) -> list[dict[str, Any]]:
     """The spool entries of a folder ``opmap runs export --parquet`` wrote, checked."""
     from opmap.store.validate import check_entry
 
-    con = db._duckdb().connect()
+    con = db._quiet(db._duckdb().connect())
     try:
         cur = con.execute(f"SELECT * FROM read_parquet('{_sql_path(src / 'runs.parquet')}')")
         names = [c[0] for c in cur.description]
