@@ -89,7 +89,7 @@ def test_a_killed_writer_loses_nothing_earlier(tmp_path):
 
 
 def test_parquet_export_and_import_round_trip(tmp_path):
-    from opmap.store.db import export_parquet, import_path
+    from opmap.store.transfer import export_parquet, import_path
 
     a = tmp_path / "a.duckdb"
     ids = {record("analyze", PAYLOAD, _tags(batch=b), a) for b in (1, 2)}
@@ -104,7 +104,7 @@ def test_parquet_export_and_import_round_trip(tmp_path):
 
 
 def test_importing_a_profile_json_keeps_its_samples_once(tmp_path):
-    from opmap.store.db import import_path
+    from opmap.store.transfer import import_path
 
     body = {**PAYLOAD, "kind": "profile", "latency": {"p50_s": 1.0, "samples_s": [1.0, 1.2, 0.8, 1.1]}}
     body.pop("samples")

@@ -70,7 +70,7 @@ def export_cmd(parquet: Path = typer.Option(..., "--parquet", help="Folder to wr
                store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
     """Every table of the store as Parquet files (meta, runs, kernels, layer_types, samples), in a new folder."""
     from opmap.cli.common import print_wrote
-    from opmap.store.db import export_parquet
+    from opmap.store.transfer import export_parquet
 
     print_wrote(export_parquet(parquet, store))
 
@@ -80,7 +80,7 @@ def import_cmd(src: Path = typer.Argument(..., help="profile.json, analysis.json
                                                     "written by opmap runs export --parquet."),
                store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
     """Runs from other hosts into this store, all or none (each run once, however often it is imported)."""
-    from opmap.store.db import import_path
+    from opmap.store.transfer import import_path
 
     added, known = import_path(src, store)
     console.print(f"imported {added} run(s); {known} already in the store", highlight=False)

@@ -490,17 +490,3 @@ def show_run(run_id: str, path: Path | None = None) -> dict[str, Any]:
         con.close()
     return {"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3]), "kernels": kernels,
             "samples": samples, "payload": json.loads(r[4])}
-
-
-def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
-    """Every table as ``out_dir/TABLE.parquet`` (opmap.store.transfer)."""
-    from opmap.store.transfer import export_parquet as export
-
-    return export(out_dir, path)
-
-
-def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
-    """Runs from another host, all or none (opmap.store.transfer). Returns (runs added, runs already there)."""
-    from opmap.store.transfer import import_path as import_
-
-    return import_(src, path)
