@@ -182,3 +182,10 @@ def test_an_import_is_all_or_nothing(tmp_path):
     with pytest.raises(OpmapError, match=r"b/profile.json.*nothing imported"):
         import_path(tmp_path / "in", path)
     assert not path.exists() and not list(path.with_name(path.name + ".spool").glob("*.json"))
+
+
+def test_a_commands_run_with_an_infinite_figure_is_still_recorded(tmp_path):
+    # a command's own result may hold inf (an overloaded queue's wait); DuckDB's JSON keeps it: not refused
+    path = tmp_path / "runs.duckdb"
+    rid = record("serve", {"latency": {"p99_s": float("inf")}}, _tags(), path)
+    assert show_run(rid, path)["payload"]["latency"]["p99_s"] == float("inf")

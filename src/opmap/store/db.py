@@ -142,7 +142,7 @@ def _spool_entry(path: Path, body: dict[str, Any]) -> Path:
     """A run's entry in the spool: written whole under a temporary name, then renamed into place."""
     spool = _dir(_spool(path))
     tmp = spool / f".{body['id']}.{uuid.uuid4().hex[:8]}.tmp"
-    _write_new(tmp, json.dumps(body, allow_nan=False))
+    _write_new(tmp, json.dumps(body))
     dest = spool / f"{body['id']}.json"
     os.replace(tmp, dest)  # replaces a symlink there, never writes through it
     return dest

@@ -98,7 +98,7 @@ def _table(con, f: Path, columns: tuple[str, ...]) -> dict[str, list[list]]:
 
 def _from_parquet(src: Path) -> list[dict[str, Any]]:
     """The spool entries of a folder ``opmap runs export --parquet`` wrote, checked."""
-    from opmap.store.validate import check_entry
+    from opmap.store.validate import check_entry, finite
 
     con = db._quiet(db._duckdb().connect())
     try:
@@ -119,6 +119,7 @@ def _from_parquet(src: Path) -> list[dict[str, Any]]:
                  "rows": {t: rows[t].get(r["id"], []) for t in rows}}
             try:
                 check_entry(e)
+                finite(e, "run")  # an import is user data: no NaN or infinity
             except OpmapError as err:
                 raise OpmapError(f"run {str(r['id'])[:40]!r}: {err}") from None
             entries.append(e)

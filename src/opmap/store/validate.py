@@ -159,7 +159,9 @@ def validate_run(d: Any) -> None:
 
 
 def check_entry(e: Any) -> None:
-    """A spool entry (db.record's body: id, kind, time_utc, tags, payload, rows) as the ingest inserts it."""
+    """A spool entry (db.record's body: id, kind, time_utc, tags, payload, rows) as the ingest inserts it: the
+    types its columns take (a command's own run may carry an infinite figure, which DuckDB stores; an import is
+    checked for finite numbers as well, by validate_run or the caller)."""
     if not isinstance(e, dict):
         raise OpmapError("a spool entry must be a JSON object")
     if not isinstance(e.get("id"), str) or not ID.fullmatch(e["id"]):
@@ -190,4 +192,5 @@ def check_entry(e: Any) -> None:
             for v, t in zip(r, types):
                 if v is not None and not {"int": _is_int, "num": _is_num, "str": lambda x: isinstance(x, str)}[t](v):
                     raise _fail(f"rows.{table}[{i}]", f"{v!r:.40} is not {'a string' if t == 'str' else 'a number'}")
-    finite(e, "entry")
+    if not all(_is_int(tags.get(k)) and abs(tags[k]) < 2 ** 63 for k in INT_TAGS if tags.get(k) is not None):
+        raise _fail("tags", "batch and seq must fit a 64-bit integer")
