@@ -9,6 +9,7 @@ import typer
 
 from opmap.cli.common import console
 from opmap.errors import OpmapError
+from opmap.report.text import clean, plain
 
 runs_app = typer.Typer(help="Runs recorded in the run store: list and show.", no_args_is_help=True)
 
@@ -41,8 +42,9 @@ def list_cmd(where: list[str] = typer.Option([], "--where", help="TAG=VALUE (rep
         t.add_column(c)
     for r in runs:
         g = r["tags"]
-        t.add_row(r["id"], r["kind"], r["time_utc"], *(str(g.get(k, "")) for k in ("workload", "hardware", "phase",
-                                                                                   "precision", "batch", "seq")))
+        cells = (r["id"], r["kind"], r["time_utc"],
+                 *(g.get(k, "") for k in ("workload", "hardware", "phase", "precision", "batch", "seq")))
+        t.add_row(*map(plain, cells))
     console.print(t)
 
 
@@ -57,10 +59,10 @@ def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list).
     if as_json:
         print(json.dumps(r, indent=1))
         return
-    console.print(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, {r['samples']} samples",
-                  highlight=False)
+    console.print(clean(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, "
+                        f"{r['samples']} samples"), highlight=False, markup=False)
     for k, v in r["tags"].items():
-        console.print(f"  {k}: {v}", highlight=False, markup=False)
+        console.print(clean(f"  {k}: {v}"), highlight=False, markup=False)
 
 
 @runs_app.command("export")
