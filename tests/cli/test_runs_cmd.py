@@ -65,3 +65,20 @@ def test_a_command_spools_its_run_and_the_next_reader_lands_it(tmp_path, cli):
     assert len(list(spool.glob("*.json"))) == 1 and not store.exists()
     rc, out, _ = cli("runs", "list", "--json", "--store", store)
     assert rc == 0 and len(json.loads(out)) == 1 and not list(spool.glob("*.json")) and store.exists()
+
+
+def test_runs_list_and_show_print_tags_as_text(tmp_path, cli):
+    """A run whose workload tag (serve's model name: only a label with --service-time) holds unbalanced markup,
+    a clear-screen CSI and an OSC 8 hyperlink is listed and shown literally, no escape byte printed."""
+    store = tmp_path / "runs.duckdb"
+    evil = "m[/b]\x1b[2J\x1b]8;;http://evil\x1b\\x"
+    rc, _, err = cli("serve", evil, "--service-time", "fixed:10", "--arrival", "poisson:5", "--requests", "50",
+                     "--policy", "none", "--store", store)
+    assert rc == 0, err
+    rc, out, err = cli("runs", "list", "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "m[/b]x" in out
+    rid = json.loads(cli("runs", "list", "--json", "--store", store)[1])[0]["id"]
+    rc, out, err = cli("runs", "show", rid, "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "workload: m[/b]x" in out
