@@ -125,6 +125,13 @@ def test_report_replaces_only_its_own_files_unless_forced(cli, refused, tmp_path
     (d / "report_serve_cdf.png").write_bytes(b"\x89PNG\r\n\x1a\n not opmap's")
     refused("report", d, needle="report_serve_cdf.png exists and opmap report did not write it")
     assert (d / "report_serve_cdf.png").read_bytes().endswith(b"not opmap's")
+    victim = tmp_path / "victim.html"
+    victim.write_text(mine)
+    (d / "mine.html").symlink_to(victim)  # a link is never opmap's, and --force replaces it, not its target
+    refused("report", d, "--out", d / "mine.html", needle="mine.html exists and opmap report did not write it")
+    rc, _, err = cli("report", d, "--out", d / "mine.html", "--force")
+    assert rc == 0, err
+    assert victim.read_text() == mine and not (d / "mine.html").is_symlink()
 
 
 def test_report_leaves_no_earlier_png_beside_a_new_page(cli, tmp_path):

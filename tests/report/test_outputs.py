@@ -100,3 +100,17 @@ def test_inputs_are_read_only_as_regular_files(tmp_path):
         read_input(tmp_path / "profile.json")
     (tmp_path / "ok.json").write_text("{}")
     assert read_input(tmp_path / "ok.json") == "{}"
+
+
+def test_a_failed_set_leaves_no_folder_it_created(tmp_path, monkeypatch):
+    real = os.open
+
+    def full(path, flags, mode=0o777, **kw):
+        if str(path).endswith("a.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, flags, mode, **kw)
+
+    monkeypatch.setattr("opmap.report.outputs.os.open", full)
+    with pytest.raises(OpmapError, match=r"cannot write into .*new: No space left on device"):
+        write_set(tmp_path / "new", {"a.json": "{}"})
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ folder the user named, and everything inside it is created fresh.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -76,6 +77,7 @@ def write_set(out_dir: Path, contents: dict[str, str | bytes], remove: Iterable[
     Returns the paths written, in the order of ``contents``."""
     out_dir = Path(out_dir)
     gone = [n for n in dict.fromkeys(remove) if n not in contents]
+    created = not out_dir.exists() and not out_dir.is_symlink()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -85,20 +87,26 @@ def write_set(out_dir: Path, contents: dict[str, str | bytes], remove: Iterable[
         tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out_dir))
     except OSError as e:
         raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
-    keep_old = False
+    done = keep_old = False
+    why = ""
     try:
         (tmp / "new").mkdir()
         (tmp / "old").mkdir()
         for name, data in contents.items():
             _write_new(tmp / "new" / name, data)
         _swap(out_dir, tmp, list(contents), gone)
+        done = True
     except _NotPutBack as e:
-        keep_old = True
-        raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
+        keep_old, why = True, str(e.strerror)
     except OSError as e:
-        raise OpmapError(f"cannot write into {out_dir}: {e.strerror or e}") from None
+        why = str(e.strerror or e)
     finally:
         shutil.rmtree(tmp / "new" if keep_old else tmp, ignore_errors=True)
+        if not done and created:  # the folder this call made goes too (only the last level, only if empty)
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+    if not done:
+        raise OpmapError(f"cannot write into {out_dir}: {why}")
     return [out_dir / n for n in contents]
 
 

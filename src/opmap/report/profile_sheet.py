@@ -165,4 +165,4 @@ def write_profile_outputs(p: Profile, out_dir: Path, d: dict | None = None) -> l
     raw = tagged_torch_trace(p)
     if raw is not None:
         contents["torch_trace.json"] = json.dumps(raw) + "\n"
-    return write_set(out_dir, contents)
+    return write_set(out_dir, contents, remove=["torch_trace.json"])  # an earlier run's trace never stays
