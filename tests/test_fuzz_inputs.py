@@ -169,8 +169,158 @@ def check_reader(name: str, read: Callable[[Path], object], seeds: list[bytes], 
     return {"accepted": accepted, "refused": refused, "failures": failures}
 
 
-def _nan_free(x) -> bool:
-    return not (isinstance(x, float) and not math.isfinite(x))
+# -- the formats: each a reader (path -> anything, or OpmapError), seeds, and how to parse and write a seed -----
+
+N_PER_FORMAT = 600  # x formats: thousands of inputs in all, about a second per format here
 
 
-__all__ = ["check_reader", "dump_json", "dump_toml", "mutate_bytes", "mutate_tree", "tomllib", "pytest"]
+def _trace_seeds() -> list[bytes]:
+    jsonl = "\n".join(json.dumps({"arrival_s": 0.1 * i, "input_len": 128 + i, "output_len": 32}) for i in range(8))
+    csv = "arrival_s,input_len,output_len\n" + "\n".join(f"{0.2 * i},{64 + i},16" for i in range(8))
+    return [jsonl.encode(), csv.encode()]
+
+
+def _trace_parse(b: bytes):
+    text = b.decode()
+    if text.startswith("{"):
+        return [json.loads(x) for x in text.splitlines()]
+    lines = text.splitlines()
+    return [lines[0].split(",")] + [[float(v) for v in x.split(",")] for x in lines[1:]]
+
+
+def _trace_dump(tree) -> bytes:
+    if isinstance(tree, list) and tree and isinstance(tree[0], list):  # CSV rows (the header may be damaged too)
+        return "\n".join(",".join(str(v) for v in row) if isinstance(row, list) else str(row)
+                         for row in tree).encode()
+    if isinstance(tree, list):
+        return "\n".join(dump_json(x).decode() for x in tree).encode()
+    return dump_json(tree)
+
+
+def _toml_seeds() -> list[bytes]:
+    from opmap.hardware.spec import CATALOG_DIR
+
+    return [(CATALOG_DIR / f"{n}.toml").read_bytes() for n in ("h100-sxm", "l4", "xeon-8480")]
+
+
+def _cache_seed(tmp: Path) -> bytes:
+    import torch
+    from torch import nn
+
+    from opmap.capture import capture
+    from opmap.capture import cache as graph_cache
+
+    g = capture(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).to("meta"),
+                (torch.empty(4, 8, device="meta"),))
+    graph_cache.store("seed", g, {"name": "mlp", "batch": 4, "seq": None, "assumptions": ["a"]})
+    return (graph_cache.cache_dir() / "seed.json").read_bytes()
+
+
+def _cache_parse(b: bytes):
+    return json.loads(b.split(b"\n", 1)[1])
+
+
+def _cache_dump(tree) -> bytes:
+    """A mutated payload under a header whose hash matches it: the reader's type checks, not its hash, must
+    refuse it."""
+    import hashlib
+
+    from opmap.capture import cache as graph_cache
+
+    payload = dump_json(tree)
+    header = {"cache_version": graph_cache.CACHE_VERSION, "key": "x", "bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    return json.dumps(header).encode() + b"\n" + payload
+
+
+def _cache_read(path: Path):
+    """The cache reads an entry by key from its folder: the mutated file is put there under key x. A cache miss
+    is None; the reader must never raise (not even OpmapError) and never hang."""
+    from opmap.capture import cache as graph_cache
+
+    target = graph_cache.cache_dir() / "x.json"
+    target.write_bytes(path.read_bytes())
+    got = graph_cache.load("x")
+    assert got is None or (len(got) in (2, 3) and got[0].nodes is not None)
+
+
+def _run_seeds(tmp: Path) -> list[bytes]:
+    """An analysis.json of a small user model and a serving run's serve.json, both written by opmap itself."""
+    from opmap.cli import main
+
+    model = tmp / "tiny.py"
+    model.write_text("import torch\nfrom torch import nn\n\ndef tiny():\n"
+                     "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU()), (torch.randn(4, 16),)\n")
+    out = tmp / "runs"
+    assert main(["analyze", f"{model}:tiny", "--out", str(out), "--no-store", "--rows", "1"]) == 0
+    assert main(["serve", "gpt2", "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
+                 "--requests", "50", "--out", str(out), "--no-store"]) == 0
+    return [(out / "analysis.json").read_bytes(), (out / "serve.json").read_bytes()]
+
+
+def _run_read(path: Path):
+    from opmap.store import validate_run
+
+    validate_run(json.loads(path.read_bytes()))
+
+
+def _json_read(read):
+    """A reader of parsed JSON, given a file: bytes that are not JSON are the file reader's refusal, which the
+    command makes before calling it (runs import: 'cannot import F: expected ... (JSONDecodeError)')."""
+    def run(path: Path):
+        try:
+            d = json.loads(path.read_bytes())
+        except (ValueError, RecursionError):
+            return None
+        return read(d)
+    return run
+
+
+def _formats(tmp: Path) -> dict[str, tuple]:
+    from opmap.hardware.spec import load_spec_file
+    from opmap.serve.arrivals import read_trace
+
+    return {
+        "trace": (read_trace, _trace_seeds(), _trace_parse, _trace_dump),
+        "hardware-toml": (load_spec_file, _toml_seeds(), lambda b: tomllib.loads(b.decode()), dump_toml),
+        "graph-cache": (_cache_read, [_cache_seed(tmp)], _cache_parse, _cache_dump),
+        "run-export": (_json_read(lambda d: _run_read_dict(d)), _run_seeds(tmp), json.loads, dump_json),
+    }
+
+
+def _run_read_dict(d):
+    from opmap.store import validate_run
+
+    validate_run(d)
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory):
+    import os
+
+    tmp = tmp_path_factory.mktemp("fuzz")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg")
+    os.environ["OPMAP_GRAPH_CACHE"] = "1"
+    try:
+        yield tmp, _formats(tmp)
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.mark.parametrize("name", ["trace", "hardware-toml", "graph-cache", "run-export"])
+def test_mutated_inputs_are_read_or_refused_in_one_line(formats, name):
+    tmp, table = formats
+    read, seeds, parse, dump = table[name]
+    for seed in seeds:  # the seeds themselves are good input
+        p = tmp / f"{name}-seed"
+        p.write_bytes(seed)
+        read(p)
+    r = check_reader(name, read, seeds, parse, dump, N_PER_FORMAT, tmp)
+    assert r["failures"] == [], "\n".join(r["failures"][:10])
+    # the mutations reach the checks: a good share is refused, and some survive (a mutation that changes nothing
+    # the reader uses, such as a dropped optional key)
+    assert r["refused"] >= N_PER_FORMAT // 5, r

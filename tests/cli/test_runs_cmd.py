@@ -96,3 +96,20 @@ def test_runs_list_prints_tags_as_plain_text(tmp_path, cli):
     rc, out, err = cli("runs", "list", "--store", store)
     assert rc == 0, err
     assert "[/oops]" in out and "[bold]h[/bold]" in out
+
+
+def test_runs_list_and_show_print_tags_as_text(tmp_path, cli):
+    """A run whose workload tag (serve's model name: only a label with --service-time) holds unbalanced markup,
+    a clear-screen CSI and an OSC 8 hyperlink is listed and shown literally, no escape byte printed."""
+    store = tmp_path / "runs.duckdb"
+    evil = "m[/b]\x1b[2J\x1b]8;;http://evil\x1b\\x"
+    rc, _, err = cli("serve", evil, "--service-time", "fixed:10", "--arrival", "poisson:5", "--requests", "50",
+                     "--policy", "none", "--store", store)
+    assert rc == 0, err
+    rc, out, err = cli("runs", "list", "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "m[/b]x" in out
+    rid = json.loads(cli("runs", "list", "--json", "--store", store)[1])[0]["id"]
+    rc, out, err = cli("runs", "show", rid, "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "workload: m[/b]x" in out

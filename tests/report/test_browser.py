@@ -193,3 +193,31 @@ def test_the_checks_catch_an_external_request(report_page, browser, tmp_path):
             break
         time.sleep(0.2)
     assert "https://example.com/x.png" in requested and failed and errors
+
+
+def test_a_name_that_closes_the_script_still_loads_and_draws(browser, tmp_path):
+    """A serving run whose workload's name holds </script>, <!--<script> and an alert: the page loads with its
+    five script elements, no alert, no console error, the serving CDF drawn and the name read back intact."""
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from opmap.cli import main
+
+    evil = "</script><script>alert(1)</script><!--<script>"
+    out = tmp_path / "out"
+    assert main(["serve", evil, "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
+                 "--requests", "200", "--out", str(out), "--no-store"]) == 0
+    assert main(["report", str(out), "--no-png"]) == 0
+    _logs(browser)  # drop what an earlier test left
+    browser.get((out / "report.html").as_uri())
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script(
+        "return Array.from(document.querySelectorAll('div.plot')).every("
+        "e => e.classList.contains('js-plotly-plot') && e.querySelector('.main-svg') !== null)"))
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018 (reading it is the check)
+    assert browser.execute_script("return document.querySelectorAll('script').length") == 5
+    assert browser.execute_script("return document.querySelectorAll('div.plot').length") == 1
+    tags = browser.execute_script("return JSON.parse(document.getElementById('opmap-tags').textContent)")
+    assert tags["workload"] == evil
+    errors, _, failed = _logs(browser)
+    assert errors == [] and failed == []

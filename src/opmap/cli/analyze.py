@@ -11,6 +11,7 @@ import typer
 from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
+from opmap.report.text import safe
 
 
 def analyze(
@@ -96,12 +97,12 @@ def analyze(
         graph, w = hit[0], _cached_workload(hit[1])
         evidence = _evidence(quality, w.name, dtype)
         check_analysis_inputs(hw, dtype, fusion, fusion_plan)
-        with console.status(f"predicting {w.name} on {hw.name} (graph from the capture cache)"):
+        with console.status(f"predicting {safe(w.name)} on {hw.name} (graph from the capture cache)"):
             a = analyze_graph(graph, w, hw, dtype, overrides, fusion, fusion_plan, evidence)
     else:
         w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
         evidence = _evidence(quality, w.name, dtype)
-        with console.status(f"capturing {w.name} and predicting on {hw.name}"):
+        with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
             a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, a.graph, _workload_fields(w))
@@ -188,10 +189,10 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
             from opmap.cli.common import check_memory
 
             check_memory(spec_model.published_params, dtype, device)
-        with console.status(f"building {model} for {spec.name} on {device}"):
+        with console.status(f"building {safe(model)} for {spec.name} on {safe(device)}"):
             w = with_layout(phase_workload(model, spec, batch, seq if seq is not None else image_size, dtype, device),
                             layout)
-        with console.status(f"capturing {w.name} ({spec.name})"):
+        with console.status(f"capturing {safe(w.name)} ({spec.name})"):
             graph = capture_phase(w, spec, overrides)
             if spec.train:
                 saved, _ = train_activations(w, spec.recompute)
@@ -201,7 +202,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
         per = saved.total_bytes / (w.batch * (w.seq or 1))
         act = lambda b, s: per * b * s  # noqa: E731 (linear in batch x sequence: fused attention)
     evidence = _evidence(quality, w.name, dtype)
-    with console.status(f"predicting {w.name} ({spec.name}) on {hw.name}"):
+    with console.status(f"predicting {safe(w.name)} ({spec.name}) on {hw.name}"):
         pa = analyze_phase(graph, w, hw, dtype, spec, overrides, fusion, fusion_plan, evidence, saved=saved,
                            activations=act)
     _report(pa.analysis, par, overrides, rows, out, store, no_store)

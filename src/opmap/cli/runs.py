@@ -9,6 +9,7 @@ import typer
 
 from opmap.cli.common import console
 from opmap.errors import OpmapError
+from opmap.report.text import clean, plain
 
 runs_app = typer.Typer(help="Runs recorded in the run store: list and show.", no_args_is_help=True)
 
@@ -29,7 +30,6 @@ def list_cmd(where: list[str] = typer.Option([], "--where", help="TAG=VALUE (rep
              store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
     """The recorded runs, oldest first."""
     from rich.table import Table
-    from rich.text import Text
 
     from opmap.store import list_runs
 
@@ -42,9 +42,9 @@ def list_cmd(where: list[str] = typer.Option([], "--where", help="TAG=VALUE (rep
         t.add_column(c)
     for r in runs:  # tags are the user's strings: plain text, never rich markup
         g = r["tags"]
-        t.add_row(*(Text(str(v)) for v in (r["id"], r["kind"], r["time_utc"],
-                                           *(g.get(k, "") for k in ("workload", "hardware", "phase", "precision",
-                                                                    "batch", "seq")))))
+        cells = (r["id"], r["kind"], r["time_utc"],
+                 *(g.get(k, "") for k in ("workload", "hardware", "phase", "precision", "batch", "seq")))
+        t.add_row(*map(plain, cells))
     console.print(t)
 
 
@@ -59,10 +59,10 @@ def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list).
     if as_json:
         print(json.dumps(r, indent=1))
         return
-    console.print(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, {r['samples']} samples",
-                  highlight=False, markup=False)
+    console.print(clean(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, "
+                        f"{r['samples']} samples"), highlight=False, markup=False)
     for k, v in r["tags"].items():
-        console.print(f"  {k}: {v}", highlight=False, markup=False)
+        console.print(clean(f"  {k}: {v}"), highlight=False, markup=False)
 
 
 @runs_app.command("export")
