@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
 
 def serve(
@@ -60,14 +60,14 @@ def serve(
     from opmap.serve import find_capacity as bisect_capacity
 
     # every input checked before the pricing and the simulation
+    options({"--tp": (tp, INT_GE1), "--requests": (requests, INT_GE1), "--replicas": (replicas, INT_GE1),
+             "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
+                 ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
     arr = parse_arrival(arrival)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     pol = parse_policy(policy)
     if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
         raise OpmapError("--slo-p99 replaces --slo-ttft and --slo-tpot: give one or the other")
-    for name, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99)):
-        if v is not None and not v > 0:
-            raise OpmapError(f"{name} must be > 0 ms (got {v:g})")
     if slo_p99 is not None:
         slo = Slo(None, None, slo_p99 / 1e3)
     else:
@@ -144,7 +144,7 @@ def serve(
                              "kv_cache": "reserved in full (input + output) at admission, no preemption"}
     _print(report, model, hardware)
     if out is not None:
-        paths = write_set(out, {"serve.json": json.dumps(report, indent=2) + "\n"})
+        paths = write_set(out, {"serve.json": json_text(report, indent=2) + "\n"})
         png = _cdf_png(res, out)
         print_wrote(paths + ([png] if png else []))
     from opmap.cli.common import record_run
