@@ -172,7 +172,8 @@ def _rows(lines: list[str], origin: str) -> tuple[list[dict], bool]:
         try:
             r = json.loads(ln)
         except (ValueError, RecursionError) as e:
-            raise OpmapError(f"trace file {origin}: row {i + 1} is not JSON ({str(e)[:80]}): {TRACE_ACCEPTED}") from None
+            raise OpmapError(f"trace file {origin}: row {i + 1} is not JSON ({str(e)[:80]}): "
+                             f"{TRACE_ACCEPTED}") from None
         if not isinstance(r, dict):
             raise OpmapError(f"trace file {origin}: row {i + 1} is not a JSON object (got {shown(r)}): "
                              f"{TRACE_ACCEPTED}")
