@@ -17,11 +17,10 @@ def memo(
     """Each finding assigned to an owner layer (ML compiler, runtime, performance modelling) with its evidence,
     the command that reproduces it, a bounded fix with its expected gain from the model, a rollback boundary and
     a risk; the field's pitfalls as checks."""
-    import json
-
     from opmap.report.memo import findings, memo_markdown, pitfalls
     from opmap.report.sheet import check_out_dir, write_set
     from opmap.store import list_runs, show_run
+    from opmap.validate import json_text
 
     run = show_run(run_id, store)
     if out is not None:
@@ -33,7 +32,7 @@ def memo(
     text = memo_markdown(run, fs, pits, f"opmap memo {run_id}")
     console.print(text, markup=False, highlight=False)
     if out is not None:
-        body = json.dumps({"schema_version": 1, "run": run_id, "findings": fs, "pitfalls": pits}, indent=1)
+        body = json_text({"schema_version": 1, "run": run_id, "findings": fs, "pitfalls": pits}, indent=1)
         print_wrote(write_set(out, {"memo.md": text, "memo.json": body}))
 
 

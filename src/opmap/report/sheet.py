@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.table import Table
 
 from opmap.analyze import Analysis, NodeResult
 from opmap.errors import OpmapError
+from opmap.validate import json_text
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
 
@@ -304,7 +304,7 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
 def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
     """Write sheet.csv, sheet.md and analysis.json into ``out_dir``, atomically per file and as a set."""
     return write_set(out_dir, {
-        "analysis.json": json.dumps(a.to_dict(), indent=1, allow_nan=False) + "\n",
+        "analysis.json": json_text(a.to_dict(), indent=1) + "\n",
         "sheet.csv": render_csv(a),
         "sheet.md": render_markdown(a),
         "kernels.csv": render_kernels_csv(a),

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.validate import count, finite_number, positive, shown
+from opmap.validate import count, finite_number, shown
 
 ARRIVALS_ACCEPTED = "poisson:RATE, gamma:RATE,CV, offline, trace:FILE"
 LENGTHS_ACCEPTED = "N, uniform:A,B, normal:MEAN,STD, lognormal:MEDIAN,SIGMA, trace"
@@ -109,6 +109,14 @@ def _floats(spec: str, body: str, n: int, what: str) -> list[float]:
     return vals
 
 
+def _spec_number(value: float, field: str, accepted: str, **rule) -> float:
+    """``finite_number`` for a number inside a one-line spec: its message ends with the accepted forms."""
+    try:
+        return finite_number(value, field, **rule)
+    except OpmapError as e:
+        raise OpmapError(f"{e}; accepted: {accepted}") from None
+
+
 def parse_arrival(spec: str) -> Arrival:
     """``poisson:RATE``, ``gamma:RATE,CV``, ``offline`` or ``trace:FILE``; RATE a finite number > 0 (requests/s),
     CV within CV_RANGE."""
@@ -118,13 +126,14 @@ def parse_arrival(spec: str) -> Arrival:
         return Arrival("offline")
     if kind == "trace" and body:
         return Arrival("trace", path=body)
+    rate_rule = {"lo": 0, "lo_open": True, "unit": "requests/s"}
     if kind == "poisson":
         (rate,) = _floats(spec, body, 1, "arrival")
-        return Arrival("poisson", positive(rate, f"arrival {spec!r}: RATE", unit="requests/s"))
+        return Arrival("poisson", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, **rate_rule))
     if kind == "gamma":
         rate, cv = _floats(spec, body, 2, "arrival")
-        return Arrival("gamma", positive(rate, f"arrival {spec!r}: RATE", unit="requests/s"),
-                       finite_number(cv, f"arrival {spec!r}: CV", lo=CV_RANGE[0], hi=CV_RANGE[1]))
+        return Arrival("gamma", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, **rate_rule),
+                       _spec_number(cv, f"arrival {spec!r}: CV", ARRIVALS_ACCEPTED, lo=CV_RANGE[0], hi=CV_RANGE[1]))
     raise OpmapError(f"bad arrival {spec!r}: accepted: {ARRIVALS_ACCEPTED}")
 
 
@@ -133,18 +142,17 @@ def parse_length(spec: str | int) -> Length:
     MEAN and MEDIAN from 1 to MAX_TOKENS (A, B integers, A <= B), STD and SIGMA finite and >= 0."""
     s = str(spec).strip()
     if s.isdigit():
-        return Length("fixed", count(int(s), f"length {s}", hi=MAX_TOKENS))
+        return Length("fixed", _spec_number(int(s), f"length {s}", LENGTHS_ACCEPTED, **LENGTH_RULE))
     kind, _, body = s.partition(":")
     if kind == "trace" and not body:
         return Length("trace")
     if kind in ("uniform", "normal", "lognormal") and body:
         a, b = _floats(spec, body, 2, "length")
         names = {"uniform": ("A", "B"), "normal": ("MEAN", "STD"), "lognormal": ("MEDIAN", "SIGMA")}[kind]
-        a = finite_number(a, f"length {spec!r}: {names[0]}", lo=1, hi=MAX_TOKENS, integer=kind == "uniform")
-        if kind == "uniform":
-            b = finite_number(b, f"length {spec!r}: B", lo=a, hi=MAX_TOKENS, integer=True)
-        else:
-            b = finite_number(b, f"length {spec!r}: {names[1]}", lo=0)
+        a = _spec_number(a, f"length {spec!r}: {names[0]}", LENGTHS_ACCEPTED, lo=1, hi=MAX_TOKENS,
+                         integer=kind == "uniform")
+        b_rule = {"lo": a, "hi": MAX_TOKENS, "integer": True} if kind == "uniform" else {"lo": 0}
+        b = _spec_number(b, f"length {spec!r}: {names[1]}", LENGTHS_ACCEPTED, **b_rule)
         return Length(kind, a, b)
     raise OpmapError(f"bad length {spec!r} (tokens must be >= 1): accepted: {LENGTHS_ACCEPTED}")
 

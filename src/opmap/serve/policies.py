@@ -95,7 +95,7 @@ def _bad(spec: str, why: str = "") -> OpmapError:
 
 def _ints(spec: str, body: str) -> int:
     if not body.strip().isdigit() or not 1 <= int(body) <= INT_MAX:
-        raise _bad(spec, f"sizes are integers from 1 to {INT_MAX}")
+        raise _bad(spec, f"sizes are integers >= 1, at most {INT_MAX}")
     return int(body)
 
 
