@@ -19,6 +19,7 @@ from opmap.errors import OpmapError
 
 # Seeds: numpy's and torch's generators both take 0 .. 2**32 - 1 everywhere (the legacy numpy API stops there).
 SEED_MAX = 2**32 - 1
+_FLOAT_MAX = 1.7976931348623157e308
 
 
 def shown(value: Any) -> str:
@@ -28,7 +29,8 @@ def shown(value: Any) -> str:
     if isinstance(value, float):
         return format(value, "g")
     if isinstance(value, int):
-        return str(value)
+        digits = str(value)
+        return digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits.lstrip('-'))} digits)"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -63,9 +65,11 @@ def finite_number(value: Any, field: str, *, lo: float | None = None, hi: float 
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if ok and isinstance(value, float):
         ok = math.isfinite(value) and (not integer or value.is_integer())
-    if ok:
-        v = float(value)
-        ok = ((lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi)))
+    if ok:  # an int is compared as it is (exact, and 10**400 does not overflow a float on the way)
+        ok = ((lo is None or (value > lo if lo_open else value >= lo))
+              and (hi is None or (value < hi if hi_open else value <= hi)))
+    if ok and not integer:
+        ok = abs(value) <= _FLOAT_MAX  # an int past the largest float has no float value
     if not ok:
         rng = accepted(lo, hi, lo_open=lo_open, hi_open=hi_open, integer=integer, unit=unit)
         raise OpmapError(f"{field} must be {rng} (got {shown(value)})")
