@@ -56,7 +56,7 @@ ARRIVAL_RANGE = "arrival_s must be a number from 0 to 31536000 s (one year at mo
     ("1e30", "1e+30"), ("true", "true"), ('"0.5"', "'0.5'"),
 ])
 def test_jsonl_arrival_times_must_be_numbers_within_a_year(value, got):
-    text = '{"arrival_s": 0.1}\n{"arrival_s": %s}\n' % value
+    text = '{"arrival_s": 0.1}\n{"arrival_s": ' + value + "}\n"
     assert _trace_refused(text) == f"trace file t.jsonl: row 2: {ARRIVAL_RANGE} (got {got})"
 
 
@@ -68,7 +68,7 @@ def test_csv_arrival_times_are_read_as_numbers_and_checked(value, got):
 @pytest.mark.parametrize("value,got", [("0", "0"), ("-3", "-3"), ("2.5", "2.5"), ("1e30", "1e+30"),
                                        ("true", "true"), ('"7"', "'7'")])
 def test_lengths_in_a_trace_are_integers_from_1_to_10m_tokens(value, got):
-    text = '{"arrival_s": 0.1, "input_len": %s, "output_len": 3}\n' % value
+    text = '{"arrival_s": 0.1, "input_len": ' + value + ', "output_len": 3}\n'
     assert _trace_refused(text) == (f"trace file t.jsonl: row 1: input_len must be an integer from 1 to 10000000 "
                                     f"(got {got})")
 
