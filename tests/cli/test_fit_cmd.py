@@ -37,3 +37,11 @@ def test_fit_refuses_bad_input(refused):
     refused("fit", "--models", "resnet50", "--hardware", "l4", needle="not one: resnet50")
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--engine", "spark",
             needle="unknown engine 'spark'; accepted: local, ray")
+
+
+def test_fit_refuses_a_price_that_is_not_a_positive_number(refused, fail_if_called):
+    """Before: --price l4=nan was taken and fit.json held a bare NaN perf per dollar (not JSON)."""
+    fail_if_called("opmap.explore.fit.fit_matrix")
+    for usd in ("nan", "inf", "0", "-2"):
+        line = refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", f"l4={usd}", needle="--price l4")
+        assert line.endswith(f"--price l4 must be a number > 0 USD per hour (got {float(usd):g})")
