@@ -54,11 +54,12 @@ def fit(
     from opmap.explore.fit import fit_matrix
     from opmap.explore.sweep import parse_ints
     from opmap.report.sheet import check_out_dir, si, write_set
+    from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.metrics import Slo
 
     options({"--slo-ttft": (slo_ttft, positive_in("ms")), "--slo-tpot": (slo_tpot, positive_in("ms")),
              "--slo-p99": (slo_p99, positive_in("ms")), "--power-budget": (power_budget, positive_in("W")),
-             "--requests": (requests, {**INT_GE1, "lo": 10}), "--devices": (devices, INT_GE1)})
+             "--requests": (requests, {**INT_GE1, "lo": 10, "hi": MAX_REQUESTS}), "--devices": (devices, INT_GE1)})
     ms = [m.strip() for m in models.split(",") if m.strip()]
     hws = [h.strip() for h in hardware.split(",") if h.strip()]
     if not ms or not hws:

@@ -60,7 +60,11 @@ def serve(
     from opmap.serve import find_capacity as bisect_capacity
 
     # every input checked before the pricing and the simulation
-    options({"--tp": (tp, INT_GE1), "--requests": (requests, INT_GE1), "--replicas": (replicas, INT_GE1),
+    from opmap.serve.arrivals import MAX_REQUESTS
+    from opmap.serve.sim import MAX_REPLICAS
+
+    options({"--tp": (tp, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+             "--replicas": (replicas, {**INT_GE1, "hi": MAX_REPLICAS}),
              "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
                  ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
     arr = parse_arrival(arrival)

@@ -41,6 +41,10 @@ MAX_TOKENS = 10_000_000
 # A gamma process's coefficient of variation: below 1e-3 the gaps are constant to 6 digits (the shape 1/CV^2
 # passes 1e6), above 1e3 nearly every request arrives at once; outside, the gamma draw under- or overflows.
 CV_RANGE = (1e-3, 1e3)
+# The most requests one run simulates: 10M (a day of a busy endpoint at ~100 requests/s is 8.6M; the simulator
+# does 100k in ~0.5 s, so 10M in about a minute). Past it the arrays alone outgrow memory (2e9 requests: 16 GB
+# per column).
+MAX_REQUESTS = 10_000_000
 ARRIVAL_RULE = {"lo": 0, "hi": MAX_ARRIVAL_S, "unit": "s (one year at most)"}
 LENGTH_RULE = {"lo": 1, "hi": MAX_TOKENS, "integer": True}
 
@@ -286,7 +290,7 @@ def make_requests(arrival: Arrival | str, input_len: Length | str | int, output_
     rng = np.random.default_rng(seed)
     trace = None
     if n is not None or arrival.kind != "trace":
-        count(n, "--requests")
+        count(n, "--requests", hi=MAX_REQUESTS)
     if arrival.kind == "trace":
         trace = read_trace(arrival.path or "")
         m = len(trace["arrival_s"]) if n is None else min(n, len(trace["arrival_s"]))
