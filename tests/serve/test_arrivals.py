@@ -99,7 +99,7 @@ def test_parse_trace_sorts_and_takes_bytes():
 def test_requests_zero_with_a_trace_is_refused(tmp_path):
     f = tmp_path / "t.jsonl"
     f.write_text('{"arrival_s": 0.5}\n')
-    with pytest.raises(OpmapError, match=r"^--requests must be an integer >= 1 \(got 0\)$"):
+    with pytest.raises(OpmapError, match=r"^--requests must be an integer from 1 to 10000000 \(got 0\)$"):
         make_requests(f"trace:{f}", "4", "4", n=0)
 
 
