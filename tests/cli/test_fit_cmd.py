@@ -57,3 +57,11 @@ def test_an_earlier_trade_curve_never_stays_beside_a_new_fit_json(tmp_path, cli)
     assert "trade_curve.png not drawn: no platform has a throughput at the SLO" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.json", "fit.md"]
     assert json.loads((tmp_path / "fit.json").read_text())["cells"][0]["throughput_at_slo"] is None
+
+
+def test_fit_refuses_a_price_that_is_not_a_positive_number(refused, fail_if_called):
+    """Before: --price l4=nan was taken and fit.json held a bare NaN perf per dollar (not JSON)."""
+    fail_if_called("opmap.explore.fit.fit_matrix")
+    for usd in ("nan", "inf", "0", "-2"):
+        line = refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", f"l4={usd}", needle="--price l4")
+        assert line.endswith(f"--price l4 must be a number > 0 USD per hour (got {float(usd):g})")

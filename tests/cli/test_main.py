@@ -59,3 +59,63 @@ def test_version(cli):
     rc, out, err = cli("--version")
     assert rc == 0 and not err
     assert out.strip() == f"opmap {__version__}, torch {torch.__version__}, python {platform.python_version()}"
+
+
+# -- every numeric option of every command: NaN, infinities, negatives and absurd sizes refused in one line ------
+
+# What each command needs before its options are read (the option checks come first, so nothing is built).
+REQUIRED = {"analyze": ["gpt2"], "profile": ["gpt2"], "quality": ["gpt2", "--dtype", "int8"], "plan": ["gpt2"],
+            "sweep": ["gpt2"], "serve": ["gpt2"], "fit": ["--models", "gpt2", "-H", "h100-sxm"],
+            "compare": ["a", "b"], "report": ["no-such-folder"]}
+
+
+def _numeric_options():
+    """(command path, option, 'int' | 'float') for every int or float option of every registered command, read
+    from the command functions' signatures: a new option is covered the day it is added."""
+    import inspect
+    import typing
+
+    from opmap.cli import app
+
+    def commands(typer_app, prefix):
+        for c in typer_app.registered_commands:
+            yield [*prefix, c.name or c.callback.__name__], c.callback
+        for g in typer_app.registered_groups:
+            yield from commands(g.typer_instance, [*prefix, g.name])
+
+    out = []
+    for path, fn in commands(app, []):
+        hints = typing.get_type_hints(fn)
+        for name, default in inspect.signature(fn).parameters.items():
+            kind = {int: "int", float: "float"}.get(next((t for t in typing.get_args(hints[name]) if t is not
+                                                          type(None)), hints[name]))
+            decls = [d for d in getattr(default.default, "param_decls", None) or () if d.startswith("--")]
+            if kind:
+                out.append((" ".join(path), decls[0] if decls else "--" + name.replace("_", "-"), kind))
+    return out
+
+
+NUMERIC = _numeric_options()
+
+
+def test_the_numeric_options_are_found():
+    # a floor, so that a broken introspection cannot pass the test below by finding nothing
+    assert len(NUMERIC) >= 45 and ("serve", "--slo-ttft", "float") in NUMERIC and ("analyze", "--tp", "int") in NUMERIC
+
+
+@pytest.mark.parametrize("command,option,kind", NUMERIC)
+def test_every_numeric_option_refuses_nan_inf_negative_and_absurd(refused, command, option, kind):
+    bad = ["nan", "inf", "-inf", "-1"] if kind == "float" else ["-1", str(2**63)]
+    for value in bad:
+        line = refused(*command.split(), *REQUIRED[command], f"{option}={value}", needle=option)
+        assert "must be" in line and ("got" in line), line
+
+
+@pytest.mark.parametrize("command,option", [
+    ("analyze", "--batch"), ("analyze", "--seq"), ("analyze", "--tp"), ("analyze", "--kv-len"),
+    ("profile", "--iters"), ("plan", "--devices"), ("sweep", "--repeats"), ("serve", "--requests"),
+    ("serve", "--slo-tpot"), ("fit", "--slo-p99"), ("fit", "--power-budget"), ("report", "--max-mb"),
+    ("compare", "--alpha"), ("quality", "--batch"),
+])
+def test_zero_is_refused_where_it_means_nothing(refused, command, option):
+    assert refused(command, *REQUIRED[command], f"{option}=0", needle=option).endswith("(got 0)")

@@ -133,3 +133,48 @@ def test_an_earlier_latency_cdf_never_stays_beside_a_new_serve_json(tmp_path, cl
     assert "latency_cdf.png skipped" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["serve.json"]
     assert json.loads((tmp_path / "serve.json").read_text())["arrival"] == "poisson:7"
+
+
+# -- traces a newcomer writes by hand: one line, exit 2, never a hang or a traceback -----------------------------
+
+def test_a_nan_arrival_time_is_refused_not_simulated_forever(tmp_path):
+    """Before: NaN sorted into the arrivals and the event loop never advanced (``serve`` hung). Run as a real
+    process under a timeout, so that a regression fails here instead of hanging the suite."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import opmap
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": NaN, "input_len": 8, "output_len": 4}\n{"arrival_s": 1.0}\n')
+    env = {**os.environ, "PYTHONPATH": str(Path(opmap.__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-m", "opmap.cli", "serve", "gpt2", "--arrival", f"trace:{trace}",
+                        "--no-store"], capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+                       check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (f"opmap: error: trace file '{trace}': row 1: arrival_s must be a number from 0 to "
+                                "31536000 s (one year at most) (got nan)")
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not UTF-8 text (byte 0)"),  # before: UnicodeDecodeError
+    (b"", "holds no requests (empty, or only comments)"),
+    (b'{"arrival_s": 1e30}\n{"arrival_s": 2e30}\n',  # before: accepted, every latency reported as 0 s
+     "row 1: arrival_s must be a number from 0 to 31536000 s (one year at most) (got 1e+30)"),
+    (b'{"arrival_s": -5}\n', "row 1: arrival_s must be a number from 0 to 31536000 s (one year at most) (got -5)"),
+])
+def test_serve_refuses_bad_traces_in_one_line(tmp_path, refused, fail_if_called, content, needle):
+    fail_if_called("opmap.serve.simulate")
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(content)
+    refused("serve", "gpt2", "--arrival", f"trace:{trace}", "--no-store", needle=needle)
+
+
+def test_requests_zero_with_a_trace_is_refused(tmp_path, refused):
+    """Before: the trace was cut to 0 rows and the summary failed with an IndexError traceback."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0.5}\n')
+    refused("serve", "gpt2", "--arrival", f"trace:{trace}", "--requests", "0", "--service-time", "fixed:10",
+            "--policy", "none", "--no-store", needle="--requests must be an integer from 1 to 2147483647 (got 0)")

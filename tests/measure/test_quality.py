@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -78,3 +79,52 @@ def test_cli_quality_then_verified_analysis(tmp_path, capsys):
     assert "precision evidence: unverified" in capsys.readouterr().out
     assert main(["analyze", f"{f}:make", "--dtype", "fp8", "--quality", str(tmp_path / "q" / "quality.json")]) == 2
     assert "not m.py:make at fp8" in capsys.readouterr().err
+
+
+# -- quality.json read from text (parse_quality): numbers finite and in range, text fields text ---------------------
+
+GOOD_Q = {"schema_version": 1, "workload": "gpt2", "dtype": "int8", "rel_error": 0.01, "max_abs_error": 0.2,
+          "agreement": 0.97, "agreement_kind": "next-token agreement", "positions": 128, "seed": 0}
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("rel_error", "NaN", "rel_error must be a number >= 0 (got nan)"),
+    ("rel_error", "Infinity", "rel_error must be a number >= 0 (got inf)"),
+    ("rel_error", '"0.01"', "rel_error must be a number >= 0 (got '0.01')"),
+    ("rel_error", "-0.5", "rel_error must be a number >= 0 (got -0.5)"),
+    ("agreement", "1.5", "agreement must be a number from 0 to 1 (got 1.5)"),
+    ("agreement", "true", "agreement must be a number from 0 to 1 (got true)"),
+    ("max_abs_error", "1e400", "max_abs_error must be a number >= 0 (got inf)"),
+    ("positions", "0", "positions must be an integer >= 1 (got 0)"),
+    ("workload", "7", "workload must be a string (got 7)"),
+    ("agreement_kind", "null", "agreement_kind must be a string (got null)"),
+])
+def test_quality_json_fields_are_checked(field, value, expected):
+    from opmap.measure.quality import parse_quality
+
+    text = json.dumps({**GOOD_Q, field: "@"}).replace('"@"', value)
+    with pytest.raises(OpmapError) as e:
+        parse_quality(text, "q.json")
+    assert str(e.value) == f"quality file q.json: {expected}"
+
+
+def test_quality_json_shape_is_checked():
+    from opmap.measure.quality import parse_quality
+
+    for text, expected in (("[1]", "expected a JSON object from opmap quality (got [1])"),
+                           ('{"workload": "gpt2"}', "missing dtype"), (b"\xff\xfe\x00", "cannot read quality")):
+        with pytest.raises(OpmapError, match=re.escape(expected)):
+            parse_quality(text, "q.json")
+    assert parse_quality(json.dumps(GOOD_Q).encode())["agreement"] == 0.97
+
+
+def test_analyze_refuses_a_nan_quality_file_in_one_line(tmp_path, capsys):
+    """Before: 'verified ... relative error nan' printed as evidence."""
+    f = tmp_path / "m.py"
+    f.write_text("import torch\nfrom torch import nn\n"
+                 "def make():\n    return nn.Sequential(nn.Linear(8, 8)), (torch.randn(2, 8),)\n")
+    q = tmp_path / "quality.json"
+    q.write_text(json.dumps({**GOOD_Q, "workload": "m.py:make", "rel_error": "@"}).replace('"@"', "NaN"))
+    assert main(["analyze", f"{f}:make", "--dtype", "int8", "--quality", str(q), "--no-store"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"opmap: error: quality file {q}: rel_error must be a number >= 0 (got nan)"

@@ -35,3 +35,115 @@ def test_trace_jsonl_and_csv(tmp_path):
         make_requests(f"trace:{c}", "trace", "trace")
     with pytest.raises(OpmapError, match="not found"):
         make_requests(f"trace:{tmp_path / 'nope.csv'}", "1", "1")
+
+
+# -- traces read from text (parse_trace): every value a number in range, one line naming the row and field ------
+
+def _trace_refused(data: str | bytes) -> str:
+    from opmap.serve.arrivals import parse_trace
+
+    with pytest.raises(OpmapError) as e:
+        parse_trace(data, "t.jsonl")
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+ARRIVAL_RANGE = "arrival_s must be a number from 0 to 31536000 s (one year at most)"
+
+
+@pytest.mark.parametrize("value,got", [
+    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("1e400", "inf"), ("-1", "-1"),
+    ("1e30", "1e+30"), ("true", "true"), ('"0.5"', "'0.5'"),
+])
+def test_jsonl_arrival_times_must_be_numbers_within_a_year(value, got):
+    text = '{"arrival_s": 0.1}\n{"arrival_s": ' + value + "}\n"
+    assert _trace_refused(text) == f"trace file t.jsonl: row 2: {ARRIVAL_RANGE} (got {got})"
+
+
+@pytest.mark.parametrize("value,got", [("nan", "nan"), ("inf", "inf"), ("-0.5", "-0.5"), ("soon", "'soon'")])
+def test_csv_arrival_times_are_read_as_numbers_and_checked(value, got):
+    assert _trace_refused(f"arrival_s\n0.1\n{value}\n") == f"trace file t.jsonl: row 2: {ARRIVAL_RANGE} (got {got})"
+
+
+@pytest.mark.parametrize("value,got", [("0", "0"), ("-3", "-3"), ("2.5", "2.5"), ("1e30", "1e+30"),
+                                       ("true", "true"), ('"7"', "'7'")])
+def test_lengths_in_a_trace_are_integers_from_1_to_10m_tokens(value, got):
+    text = '{"arrival_s": 0.1, "input_len": ' + value + ', "output_len": 3}\n'
+    assert _trace_refused(text) == (f"trace file t.jsonl: row 1: input_len must be an integer from 1 to 10000000 "
+                                    f"(got {got})")
+
+
+def test_binary_empty_and_headless_traces_are_one_line():
+    assert _trace_refused(b"\x89PNG\r\n\x1a\n\x00\xff").startswith("trace file t.jsonl is not UTF-8 text (byte 0)")
+    assert _trace_refused("").startswith("trace file t.jsonl holds no requests")
+    assert _trace_refused("# only a comment\n\n").startswith("trace file t.jsonl holds no requests")
+    assert _trace_refused("arrival_s,input_len\n").startswith("trace file t.jsonl holds a header row and no requests")
+    assert _trace_refused("time,len\n1,2\n").startswith("trace file t.jsonl: no arrival_s column")
+    assert _trace_refused('{"arrival_s": 1}\n[1, 2]\n').startswith("trace file t.jsonl: row 2 is not a JSON object")
+    assert _trace_refused('{"input_len": 3}\n').startswith("trace file t.jsonl: row 1 has no arrival_s")
+
+
+def test_a_length_column_on_some_rows_only_is_refused():
+    text = '{"arrival_s": 0.1, "input_len": 4}\n{"arrival_s": 0.2}\n'
+    assert _trace_refused(text) == ("trace file t.jsonl: input_len is given on 1 of 2 rows: give it on every row or "
+                                    "on none")
+
+
+def test_parse_trace_sorts_and_takes_bytes():
+    from opmap.serve.arrivals import parse_trace
+
+    t = parse_trace(b'\xef\xbb\xbfarrival_s,input_len,output_len\n2,5,1\n0.5,6,2\n')  # a BOM, as Excel writes
+    assert t["arrival_s"].tolist() == [0.5, 2.0] and t["input_len"].tolist() == [6, 5]
+
+
+def test_requests_zero_with_a_trace_is_refused(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"arrival_s": 0.5}\n')
+    with pytest.raises(OpmapError, match=r"^--requests must be an integer from 1 to 10000000 \(got 0\)$"):
+        make_requests(f"trace:{f}", "4", "4", n=0)
+
+
+# -- arrival and length specs ---------------------------------------------------------------------------------
+
+def test_a_rate_too_low_for_the_requests_is_refused_not_simulated_at_1e10_s():
+    # 10 requests at 1e-9 requests/s arrive over ~1e10 s: past a year, float64 times lose the latencies
+    with pytest.raises(OpmapError, match=r"arrive over 1\.\d+e\+10 s; arrival times must stay within 31536000 s"):
+        make_requests("poisson:1e-9", "4", "4", 10)
+    r = make_requests("poisson:1e-9", "4", "4", 10, max_span_s=None)  # a capacity search may go there
+    assert r.arrival_s[-1] > 1e9
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("poisson:nan", "arrival 'poisson:nan': RATE must be a number > 0 requests/s (got nan)"),
+    ("poisson:inf", "arrival 'poisson:inf': RATE must be a number > 0 requests/s (got inf)"),
+    ("poisson:0", "arrival 'poisson:0': RATE must be a number > 0 requests/s (got 0)"),
+    ("gamma:1,1e-200", "arrival 'gamma:1,1e-200': CV must be a number from 0.001 to 1000 (got 1e-200)"),
+    ("gamma:1,nan", "arrival 'gamma:1,nan': CV must be a number from 0.001 to 1000 (got nan)"),
+])
+def test_arrival_specs_refuse_nan_inf_zero_and_absurd_cv(spec, expected):
+    from opmap.serve.arrivals import parse_arrival
+
+    with pytest.raises(OpmapError) as e:
+        parse_arrival(spec)
+    assert str(e.value).startswith(expected + "; accepted: poisson:RATE")
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("99999999999999999999", "length 99999999999999999999 must be an integer from 1 to 10000000"),
+    ("normal:nan,1", "length 'normal:nan,1': MEAN must be a number from 1 to 10000000 (got nan)"),
+    ("lognormal:100,inf", "length 'lognormal:100,inf': SIGMA must be a number >= 0 (got inf)"),
+    ("uniform:1.5,4", "length 'uniform:1.5,4': A must be an integer from 1 to 10000000 (got 1.5)"),
+])
+def test_length_specs_refuse_nan_inf_and_absurd_sizes(spec, expected):
+    from opmap.serve.arrivals import parse_length
+
+    with pytest.raises(OpmapError) as e:
+        parse_length(spec)
+    assert str(e.value).startswith(expected)
+
+
+def test_a_wide_lognormal_is_clipped_to_10m_tokens_not_wrapped_negative():
+    # sigma 50: exp(ln 100 + 50 z) overflows float64 to inf for z > ~14 and passes 2**63 for z > ~0.8, where a
+    # cast to int64 wraps to a negative length; clipped, every length stays within 1 .. 10M
+    r = make_requests("offline", "lognormal:100,50", "1", 2000, seed=0)
+    assert r.input_len.min() >= 1 and r.input_len.max() == 10_000_000

@@ -101,3 +101,17 @@ def test_bad_split(spec):
 def test_needs_iteration_batching():
     with pytest.raises(OpmapError, match="continuous"):
         simulate_disaggregated(_reqs([0.0], [10], [2]), Static(2), COST, 1, 1, XFER)
+
+
+def test_absurd_replica_counts_are_refused_before_simulating():
+    """Before: 10M prefill replicas were taken and the routers, which look at every replica per request, ran
+    for minutes; the cap is sim.MAX_REPLICAS (10k) over both pools."""
+    with pytest.raises(OpmapError, match=r"^--disaggregate '10000000:1': P \+ D must be at most 10000 replicas$"):
+        parse_disaggregate("10000000:1")
+    assert parse_disaggregate("9999:1") == (9999, 1)
+    from opmap.serve import parse_service_time
+    from opmap.serve.policies import NoBatching
+
+    reqs = Requests(np.zeros(1), np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64))
+    with pytest.raises(OpmapError, match=r"^--replicas must be an integer from 1 to 10000 \(got 10001\)$"):
+        simulate(reqs, NoBatching(), parse_service_time("fixed:1"), replicas=10_001)

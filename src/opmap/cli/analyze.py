@@ -12,6 +12,7 @@ from opmap.cli.common import build_workload, console, print_wrote, warn_unmatche
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 from opmap.report.text import safe
+from opmap.validate import INT_GE0, INT_GE1, options
 
 
 def analyze(
@@ -68,6 +69,11 @@ def analyze(
     # torch's import leaves a large heap that every garbage collection during capture would walk again: move
     # it to the permanent generation (the 70B analysis: 3.5 s to 2.9 s whole process, benchmarks/README.md)
     gc.freeze()
+    options({**{k: (v, INT_GE1) for k, v in (("--batch", batch), ("--seq", seq), ("--image-size", image_size),
+                                             ("--kv-len", kv_len), ("--microbatch", microbatch),
+                                             ("--global-batch", global_batch), ("--tp", tp), ("--pp", pp),
+                                             ("--dp", dp), ("--ep", ep), ("--vp", vp), ("--devices", devices))},
+             "--rows": (rows, INT_GE0), "--zero": (zero, {"lo": 0, "hi": 3, "integer": True})})
     # Checked in this order, each before the work it guards: the hardware name, the overrides and the output
     # folder here; the device, model, shape and dtype by the loader before it builds; the dtype on this
     # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
@@ -250,19 +256,19 @@ def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, 
 
 def _evidence(path: Path | None, workload: str, dtype: str) -> str:
     """The precision evidence line of the assumptions: verified by a matching quality.json, or unverified."""
-    import json
-
     if dtype in ("fp32", "tf32"):
         return "reference precision (fp32 storage)"
     if path is None:
         return (f"unverified: no quality evidence for {dtype} (run `opmap quality {workload} --dtype {dtype} "
                 "--out DIR`, then pass --quality DIR/quality.json)")
+    from opmap.measure.quality import parse_quality
+
     try:
-        q = json.loads(Path(path).read_text())
-        got = (q["workload"], q["dtype"], q["rel_error"], q["agreement"], q["agreement_kind"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OpmapError(f"cannot read quality file {path}: expected quality.json from opmap quality "
-                         f"({type(e).__name__})") from None
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise OpmapError(f"cannot read quality file {path}: {e.strerror or e}") from None
+    q = parse_quality(data, str(path))
+    got = (q["workload"], q["dtype"], q["rel_error"], q["agreement"], q["agreement_kind"])
     if got[0] != workload or got[1] != dtype:
         raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")
     # quality.json before the "weights" key: the zoo's weights were random, a model file's its own

@@ -3,12 +3,12 @@ between runs; exit 0 no regression, 1 regression, 2 bad input."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from opmap.cli.common import console
+from opmap.validate import INT_GE0, POSITIVE, json_text, options
 
 
 def compare(
@@ -42,6 +42,8 @@ def compare(
     from opmap.store.compare import compare as run_compare
     from opmap.store.shapes import class_changes, production_check
 
+    options({"--min-effect": (min_effect, {"lo": 0}), "--alpha": (alpha, {**POSITIVE, "hi": 1, "hi_open": True}),
+             "--rows": (rows, INT_GE0)})
     if b is None and production is None:
         raise OpmapError("compare takes two runs (A B), or one run with --production RUN")
     r = None
@@ -57,7 +59,7 @@ def compare(
             x for x in (a, b or "", f"--production {production}") if x)}
         record_run("shape-check", shapes, tags, store, no_store)
     if as_json:
-        print(json.dumps(r if shapes is None else {**(r or {}), "production_check": shapes}, indent=1))
+        print(json_text(r if shapes is None else {**(r or {}), "production_check": shapes}, indent=1))
     elif r is None:
         _print_shapes(shapes)
         return

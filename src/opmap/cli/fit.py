@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.validate import INT_GE1, json_text, options, positive, positive_in
 
 
 def _prices(items: list[str]) -> dict[str, float]:
@@ -18,9 +18,10 @@ def _prices(items: list[str]) -> dict[str, float]:
     for it in items:
         name, _, usd = it.partition("=")
         try:
-            out[get_hardware(name.strip()).name] = float(usd)
+            price = float(usd)
         except ValueError:
             raise OpmapError(f"--price takes NAME=USD_PER_HOUR (per device), got {it!r}") from None
+        out[get_hardware(name.strip()).name] = positive(price, f"--price {name.strip()}", unit="USD per hour")
     return out
 
 
@@ -53,8 +54,12 @@ def fit(
     from opmap.explore.fit import fit_matrix
     from opmap.explore.sweep import parse_ints
     from opmap.report.sheet import check_out_dir, si, write_set
+    from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.metrics import Slo
 
+    options({"--slo-ttft": (slo_ttft, positive_in("ms")), "--slo-tpot": (slo_tpot, positive_in("ms")),
+             "--slo-p99": (slo_p99, positive_in("ms")), "--power-budget": (power_budget, positive_in("W")),
+             "--requests": (requests, {**INT_GE1, "lo": 10, "hi": MAX_REQUESTS}), "--devices": (devices, INT_GE1)})
     ms = [m.strip() for m in models.split(",") if m.strip()]
     hws = [h.strip() for h in hardware.split(",") if h.strip()]
     if not ms or not hws:
@@ -62,8 +67,6 @@ def fit(
     check_engine(engine)
     if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
         raise OpmapError("give --slo-p99, or --slo-ttft and --slo-tpot, not both")
-    if requests < 10:
-        raise OpmapError(f"--requests must be at least 10 for a p99, got {requests}")
     if devices is not None:
         parse_ints(str(devices), "devices")
     slo = Slo(None, None, slo_p99 / 1e3) if slo_p99 is not None else Slo(
@@ -108,7 +111,7 @@ def fit(
                       f"{f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
         from opmap.report.trade_curve import have_matplotlib, trade_curve_png
 
-        files: dict[str, str | bytes] = {"fit.json": json.dumps(r, indent=1), "fit.md": "\n".join(md) + "\n"}
+        files: dict[str, str | bytes] = {"fit.json": json_text(r, indent=1), "fit.md": "\n".join(md) + "\n"}
         png = trade_curve_png(r)
         if png is not None:
             files["trade_curve.png"] = png

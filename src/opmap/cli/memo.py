@@ -20,11 +20,10 @@ def memo(
     a risk; the field's pitfalls as checks. Every run kind: analyze and profile (per layer type), fit (the
     ranking, struck cells, the SLO), plan (the best layout and why), sweep (the knee), serve (the SLO verdict and
     the tail), shape-check and calibrate."""
-    import json
-
     from opmap.report.memo import KERNEL_KINDS, memo_markdown, memo_parts
     from opmap.report.sheet import check_out_dir, write_set
     from opmap.store.source import load
+    from opmap.validate import json_text
 
     run = load(source, store)
     if out is not None:
@@ -39,7 +38,7 @@ def memo(
     text = memo_markdown(d, fs, pits, f"opmap memo {source}", folder=not run.stored)
     console.print(text, markup=False, highlight=False)
     if out is not None:
-        body = json.dumps({"schema_version": 1, "run": run.id, "kind": run.kind, "findings": fs, "pitfalls": pits},
+        body = json_text({"schema_version": 1, "run": run.id, "kind": run.kind, "findings": fs, "pitfalls": pits},
                           indent=1)
         print_wrote(write_set(out, {"memo.md": text, "memo.json": body}))
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
+from opmap.validate import INT_GE0, INT_GE1, json_text, options
 
 
 def plan(
@@ -34,6 +34,8 @@ def plan(
     from opmap.report.sheet import check_out_dir, si, write_set
     from opmap.workloads import load_workload
 
+    options({"--devices": (devices, INT_GE1), "--seq": (seq, INT_GE1), "--global-batch": (global_batch, INT_GE1),
+             "--rows": (rows, INT_GE0)})
     hw = get_hardware(hardware)
     if out is not None:
         check_out_dir(out)
@@ -65,7 +67,7 @@ def plan(
                f"{c['bubble_fraction']:.1%} | {c['mfu']:.1%} | {c['memory_bytes'] / 1e9:.3g} |"
                for i, c in enumerate(ranked)]
         md += ["", "## Rejected", ""] + [f"- {c['layout']}: {c['reason']}" for c in rej]
-        print_wrote(write_set(out, {"plan.json": json.dumps(result, indent=1), "plan.md": "\n".join(md) + "\n"}))
+        print_wrote(write_set(out, {"plan.json": json_text(result, indent=1), "plan.md": "\n".join(md) + "\n"}))
     from opmap.cli.common import record_run
 
     record_run("plan", result, {"workload": model, "hardware": hw.name, "phase": phase, "precision": dtype,

@@ -9,6 +9,7 @@ import typer
 from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
+from opmap.validate import INT_GE0, INT_GE1, options
 
 
 def profile(
@@ -49,6 +50,9 @@ def profile(
 
     # The device and dtype (run_profile's own check), the output folder and a named datasheet fail before a
     # first-use calibration or the build; the loader checks model and shape before it builds.
+    options({**{k: (v, INT_GE1) for k, v in (("--batch", batch), ("--seq", seq), ("--image-size", image_size),
+                                             ("--iters", iters), ("--profile-iters", profile_iters))},
+             "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
     check_profile(device, dtype)
     for name, value, least in (("--iters", iters, 1), ("--warmup", warmup, 0), ("--profile-iters", profile_iters, 1),
                                ("--batch", batch, 1)):

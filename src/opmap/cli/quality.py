@@ -9,6 +9,7 @@ from rich.table import Table
 
 from opmap.cli.common import build_workload, console, print_wrote
 from opmap.report.text import plain, safe
+from opmap.validate import INT_GE1, SEED, json_text, options
 
 # quality.json's "weights": the zoo builds random weights (no checkpoint); a model file builds its own
 RANDOM_WEIGHTS = "random"
@@ -25,12 +26,12 @@ def quality(
     out: Path | None = typer.Option(None, help="Write quality.json here."),
 ) -> None:
     """Run MODEL in a reduced precision against fp32 on the same inputs; report the output error."""
-    import json
-
     from opmap.measure.quality import check_dtype, measure_quality
     from opmap.report.sheet import check_out_dir, write_set
     from opmap.workloads import MODELS
 
+    options({"--batch": (batch, INT_GE1), "--seq": (seq, INT_GE1), "--image-size": (image_size, INT_GE1),
+             "--seed": (seed, SEED)})
     check_dtype(dtype)  # before the fp32 build on the CPU, the expensive part
     if out is not None:
         check_out_dir(out)
@@ -45,7 +46,7 @@ def quality(
         q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed, weights)
     console.print(_quality_table(q, w.name, dtype, seed))
     if out is not None:
-        print_wrote(write_set(out, {"quality.json": json.dumps(q.to_dict(), indent=1) + "\n"}))
+        print_wrote(write_set(out, {"quality.json": json_text(q.to_dict(), indent=1) + "\n"}))
 
 
 def _quality_table(q, workload: str, dtype: str, seed: int) -> Table:

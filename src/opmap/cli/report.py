@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from opmap.cli.common import console, print_wrote
+from opmap.validate import options, positive_in
 
 
 def report(
@@ -27,9 +28,8 @@ def report(
     from opmap.report.dashboard import from_dir, from_run
     from opmap.report.html import require_plotly, write_report
 
+    options({"--max-mb": (max_mb, positive_in("MB"))})
     require_plotly()
-    if max_mb <= 0:
-        raise OpmapError(f"--max-mb must be positive (got {max_mb})")
     folder = Path(source)
     if folder.is_dir():
         src = from_dir(folder)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -10,6 +9,7 @@ import typer
 from opmap.cli.common import console
 from opmap.errors import OpmapError
 from opmap.report.text import clean, plain
+from opmap.validate import json_text
 
 runs_app = typer.Typer(help="Runs recorded in the run store: list and show.", no_args_is_help=True)
 
@@ -35,7 +35,7 @@ def list_cmd(where: list[str] = typer.Option([], "--where", help="TAG=VALUE (rep
 
     runs = list_runs(_where(where), store)
     if as_json:
-        print(json.dumps(runs, indent=1))
+        print(json_text(runs, indent=1))
         return
     t = Table(title=f"{len(runs)} runs", title_justify="left")
     for c in ("id", "kind", "time (UTC)", "workload", "hardware", "phase", "precision", "batch", "seq"):
@@ -57,7 +57,7 @@ def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list).
 
     r = show_run(run_id, store)
     if as_json:
-        print(json.dumps(r, indent=1))
+        print(json_text(r, indent=1))
         return
     console.print(clean(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, "
                         f"{r['samples']} samples"), highlight=False, markup=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -10,6 +9,7 @@ import typer
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
+from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
 
 def serve(
@@ -61,14 +61,18 @@ def serve(
     from opmap.serve import find_capacity as bisect_capacity
 
     # every input checked before the pricing and the simulation
+    from opmap.serve.arrivals import MAX_REQUESTS
+    from opmap.serve.sim import MAX_REPLICAS
+
+    options({"--tp": (tp, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+             "--replicas": (replicas, {**INT_GE1, "hi": MAX_REPLICAS}),
+             "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
+                 ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
     arr = parse_arrival(arrival)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     pol = parse_policy(policy)
     if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
         raise OpmapError("--slo-p99 replaces --slo-ttft and --slo-tpot: give one or the other")
-    for name, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99)):
-        if v is not None and not v > 0:
-            raise OpmapError(f"{name} must be > 0 ms (got {v:g})")
     if slo_p99 is not None:
         slo = Slo(None, None, slo_p99 / 1e3)
     else:
@@ -145,7 +149,7 @@ def serve(
                              "kv_cache": "reserved in full (input + output) at admission, no preemption"}
     _print(report, model, hardware)
     if out is not None:
-        files = {"serve.json": json.dumps(report, indent=2) + "\n"}
+        files = {"serve.json": json_text(report, indent=2) + "\n"}
         png = _cdf_png(res)
         if png is not None:
             files["latency_cdf.png"] = png

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
-from opmap.errors import OpmapError
+from opmap.validate import INT_GE1, json_text, options
 
 
 def sweep(
@@ -39,11 +38,10 @@ def sweep(
     from opmap.explore.sweep import sweep as run_sweep
     from opmap.report.sheet import check_out_dir, si, write_set
 
+    options({"--repeats": (repeats, INT_GE1)})
     hw = get_hardware(hardware)
     batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
     check_engine(engine)
-    if repeats < 1:
-        raise OpmapError(f"--repeats must be at least 1, got {repeats}")
     if out is not None:
         check_out_dir(out)
     with step_progress("sweeping") as progress:
@@ -90,7 +88,7 @@ def sweep(
                       f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
                       f"{'yes' if p['fits'] else 'no'} | {w} | {jt} | "
                       f"{p['method']} | {p['power_method']} | {mark} |")
-        print_wrote(write_set(out, {"sweep.json": json.dumps(r, indent=1), "sweep.md": "\n".join(md) + "\n"}))
+        print_wrote(write_set(out, {"sweep.json": json_text(r, indent=1), "sweep.md": "\n".join(md) + "\n"}))
     from opmap.cli.common import record_run
 
     record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},

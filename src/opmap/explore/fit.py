@@ -113,7 +113,7 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     cell["bound"] = _decode_bound(model, hw, dtype)
 
     def run(rate: float) -> dict[str, Any]:
-        reqs = make_requests(f"poisson:{rate}", input_len, output_len, n=requests, seed=seed)
+        reqs = make_requests(f"poisson:{rate}", input_len, output_len, n=requests, seed=seed, max_span_s=None)
         return summarize(simulate(reqs, Continuous(), cost, seed=seed), slo)
 
     if progress:

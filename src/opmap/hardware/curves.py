@@ -28,9 +28,63 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from opmap.errors import OpmapError
 from opmap.ops import MatrixFamily, MatrixProblem
+from opmap.validate import finite_number, shown
 
 NEAREST = 4
+
+# The rows of a calibration's curves: table -> (shape keys, integers >= 1; text keys; rate key, finite >= 0)
+ROWS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
+    "matmul": (("m", "n", "k"), ("dtype",), "flops_per_s"),
+    "conv": (("m", "n", "k"), ("dtype",), "flops_per_s"),
+    "attention": (("sq", "sk", "d"), ("dtype",), "flops_per_s"),
+    "bandwidth": (("bytes",), ("kind",), "bytes_per_s"),
+}
+
+
+def _finite_everywhere(x: Any, where: str) -> None:
+    if isinstance(x, float):
+        finite_number(x, where)
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            _finite_everywhere(v, f"{where}.{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            _finite_everywhere(v, f"{where}[{i}]")
+
+
+def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
+    """Refuse a ``[calibration]`` table the curves cannot be built from, in one line naming the field: a row
+    without its shape, dtype or rate, a shape that is not a positive integer, a rate that is negative, NaN or
+    infinite (any float in the table must be finite)."""
+    _finite_everywhere(cal, where)
+    for table, (dims, texts, rate) in ROWS.items():
+        rows = cal.get(table, [])
+        if not isinstance(rows, list):
+            raise OpmapError(f"{where}.{table} must be an array of tables (got {shown(rows)})")
+        for i, r in enumerate(rows):
+            at = f"{where}.{table}[{i}]"
+            if not isinstance(r, dict):
+                raise OpmapError(f"{at} must be a table (got {shown(r)})")
+            for k in (*dims, *texts, rate):
+                if k not in r:
+                    raise OpmapError(f"{at}: missing {k} (a row needs {', '.join((*dims, *texts, rate))})")
+            for k in dims:
+                finite_number(r[k], f"{at}.{k}", lo=1, integer=True)
+            for k in texts:
+                if not isinstance(r[k], str):
+                    raise OpmapError(f"{at}.{k} must be a string (got {shown(r[k])})")
+            # a copy's time is bytes / rate: a zero rate means nothing there; elsewhere 0 marks a failed shape
+            finite_number(r[rate], f"{at}.{rate}", lo=0, lo_open=table == "bandwidth")
+    for key in ("vector_rates", "vector_kinds"):
+        rates = cal.get(key, {})
+        if not isinstance(rates, dict):
+            raise OpmapError(f"{where}.{key} must be a table (got {shown(rates)})")
+        for k, v in rates.items():
+            finite_number(v, f"{where}.{key}.{k}", lo=0)
+    if "view_overhead_s" in cal:
+        finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, unit="s")
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.hardware.curves import Curves
+from opmap.hardware.curves import Curves, check_calibration
 from opmap.hardware.local import cache_path
 from opmap.precision import FORMATS
+from opmap.validate import finite_number, shown
 
 KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed", "estimate", "assessed")
 
 # Format names opmap uses everywhere (CLI, catalog keys, assumptions): the precision module's.
 DTYPES = FORMATS
+DEVICE_TYPES = ("gpu", "cpu", "tpu", "accelerator")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,18 @@ RISK_LEVELS = TEXT_FIELDS["software_risk"]
 DRAM_EFFICIENCY = 3000e9 / 3.35e12
 DRAM_EFFICIENCY_SOURCE = "FlashMLA README: up to 3000 GB/s memory-bound on an H800 SXM5 of 3.35 TB/s, 0.896"
 REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
+# What a field's value may be (opmap.validate.finite_number's keywords); a field not listed: RATE. Every value is
+# finite (TOML spells nan and inf, and 1e400 reads as inf); zero or a negative means nothing for a rate, a size,
+# a time or a power.
+RATE = {"lo": 0, "lo_open": True}
+FIELD_RULES: dict[str, dict[str, Any]] = {
+    "sparsity_factor": {"lo": 1},  # sparse over dense: 2 for 2:4
+    "compute_units": {"lo": 1, "integer": True},
+    "devices_per_node": {"lo": 1, "integer": True},
+    "mma_min_m": {"lo": 1, "integer": True},
+    "stream_k_gemm": {"lo": 0, "hi": 1, "integer": True},  # a flag: 0 or 1
+    "in_switch_reduction": {"lo": 0, "hi": 1, "integer": True},
+}
 # Fields whose table may leave ``value`` out (TOML has no null): the source then says why there is no figure
 EMPTY_ALLOWED = ("idle_power_w",)
 
@@ -322,33 +336,36 @@ class HardwareSpec:
         }
 
 
-def _value(raw: Any, where: str) -> Value:
+def _value(raw: Any, where: str, rule: dict[str, Any] = RATE) -> Value:
+    """One ``{value, kind, source[, note]}`` table; ``value`` checked by ``rule`` (finite, in range)."""
     if not isinstance(raw, dict):
-        raise OpmapError(f"{where}: expected a table with value, kind and source, got {raw!r}")
+        raise OpmapError(f"{where}: expected a table with value, kind and source, got {shown(raw)}")
     missing = [k for k in ("value", "kind", "source") if k not in raw]
     if missing:
         raise OpmapError(f"{where}: missing {', '.join(missing)} (every value needs value, kind and source)")
     kind = raw["kind"]
-    if kind not in KINDS:
-        raise OpmapError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise OpmapError(f"{where}: kind {shown(kind)} is not one of {', '.join(KINDS)}")
     val = raw["value"]
-    if val is not None and (not isinstance(val, (int, float)) or isinstance(val, bool) or val < 0):
-        raise OpmapError(f"{where}: value must be a non-negative number or absent, got {val!r}")
-    if not str(raw["source"]).strip():
-        raise OpmapError(f"{where}: source is empty")
-    return Value(None if val is None else float(val), kind, str(raw["source"]), str(raw.get("note", "")))
+    if val is not None:
+        val = finite_number(val, f"{where}.value", **rule)
+    if not isinstance(raw["source"], str) or not raw["source"].strip():
+        raise OpmapError(f"{where}: source must be a non-empty string (got {shown(raw['source'])})")
+    return Value(None if val is None else float(val), kind, raw["source"], str(raw.get("note", "")))
 
 
 def _text_value(raw: Any, where: str, accepted: tuple[str, ...]) -> Value:
     if not isinstance(raw, dict) or "value" not in raw:
-        raise OpmapError(f"{where}: expected a table with value, kind and source, got {raw!r}")
-    if raw["value"] not in accepted:
-        raise OpmapError(f"{where}: value {raw['value']!r} is not one of {', '.join(accepted)}")
-    v = _value({**raw, "value": None}, where)
+        raise OpmapError(f"{where}: expected a table with value, kind and source, got {shown(raw)}")
+    if not isinstance(raw["value"], str) or raw["value"] not in accepted:
+        raise OpmapError(f"{where}: value {shown(raw['value'])} is not one of {', '.join(accepted)}")
+    v = _value({**raw, "value": None}, where, {})
     return Value(str(raw["value"]), v.kind, v.source, v.note)
 
 
-def _peaks(raw: dict[str, Any], where: str) -> dict[str, Value]:
+def _peaks(raw: Any, where: str) -> dict[str, Value]:
+    if not isinstance(raw, dict):
+        raise OpmapError(f"{where}: expected a table of dtype = {{value, kind, source}} (got {shown(raw)})")
     out = {}
     for dtype, v in raw.items():
         if dtype not in DTYPES:
@@ -363,13 +380,21 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
                 "vector_peak_flops_per_s"):
         if key not in raw:
             raise OpmapError(f"{origin}: missing {key!r}")
+    for key in ("name", "display_name", "vendor", "compute_unit_name", "notes"):
+        if key in raw and not isinstance(raw[key], str):
+            raise OpmapError(f"{origin}: {key} must be a string (got {shown(raw[key])})")
+    if raw["device_type"] not in DEVICE_TYPES:
+        raise OpmapError(f"{origin}: device_type {shown(raw['device_type'])} is not one of {', '.join(DEVICE_TYPES)}")
+    if not isinstance(raw.get("calibration", {}), dict):
+        raise OpmapError(f"{origin}: calibration must be a table (got {shown(raw['calibration'])})")
+    check_calibration(raw.get("calibration", {}), f"{origin}: calibration")
     fields = {}
     for key in SCALAR_FIELDS:
         if key in raw:
             r = raw[key]
             if key in EMPTY_ALLOWED and isinstance(r, dict) and "value" not in r:
                 r = {**r, "value": None}
-            fields[key] = _value(r, f"{origin}: {key}")
+            fields[key] = _value(r, f"{origin}: {key}", FIELD_RULES.get(key, RATE))
     for key, accepted in TEXT_FIELDS.items():
         if key in raw:
             fields[key] = _text_value(raw[key], f"{origin}: {key}", accepted)
@@ -427,12 +452,28 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
 CATALOG_DIR = Path(__file__).with_name("catalog")
 
 
+def parse_spec_toml(text: str | bytes, origin: str = "hardware TOML") -> HardwareSpec:
+    """A spec from the text of a hardware TOML file (no file read, nothing written); OpmapError on bad input.
+    ``origin`` names the source in error messages."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise OpmapError(f"cannot read hardware file {origin}: not UTF-8 text (byte {e.start}); "
+                             "expected a TOML file") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise OpmapError(f"cannot read hardware file {origin}: {' '.join(str(e).split())}") from None
+    return spec_from_dict(raw, origin)
+
+
 def load_spec_file(path: Path) -> HardwareSpec:
     try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise OpmapError(f"cannot read hardware file {path}: {e}") from None
-    return spec_from_dict(raw, str(path))
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise OpmapError(f"cannot read hardware file {path}: {e.strerror or e}") from None
+    return parse_spec_toml(data, str(path))
 
 
 def catalog() -> dict[str, HardwareSpec]:

@@ -37,6 +37,7 @@ from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
+from opmap.validate import count, shown
 
 POLICIES = ("eager", "compiler")
 # Larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice).
@@ -261,13 +262,37 @@ def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], group
     return None
 
 
+PLAN_ACCEPTED = 'expected JSON {"kernels": [[node ids], ...]}, node ids integers >= 0'
+
+
+def parse_fusion_plan(text: str | bytes, origin: str = "<plan>") -> list[list[int]]:
+    """The kernels of a fusion plan file's text, as lists of node ids, unchecked against any graph (no file
+    read). OpmapError on anything but JSON ``{"kernels": [[id, ...], ...]}`` with integer ids >= 0: a bool
+    (``true`` is not node 1), a string (``"1"``), a fraction (1.9) or an overflow (1e400 reads as inf) is
+    refused, naming the kernel and the position."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise OpmapError(f"cannot read fusion plan {origin}: {PLAN_ACCEPTED} ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:80]})") from None
+    kernels = raw.get("kernels") if isinstance(raw, dict) else None
+    if not isinstance(kernels, list):
+        raise OpmapError(f"fusion plan {origin}: no \"kernels\" list at the top level: {PLAN_ACCEPTED}")
+    groups = []
+    for i, g in enumerate(kernels):
+        if not isinstance(g, list):
+            raise OpmapError(f"fusion plan {origin}: kernels[{i}] must be a list of node ids (got {shown(g)})")
+        groups.append([count(x, f"fusion plan {origin}: kernels[{i}][{j}] (a node id)", lo=0)
+                       for j, x in enumerate(g)])
+    return groups
+
+
 def _read_plan(path: Path, graph: OpGraph, is_kernel) -> list[list[int]]:
     try:
-        raw = json.loads(Path(path).read_text())
-        groups = [[int(x) for x in g] for g in raw["kernels"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OpmapError(f"cannot read fusion plan {path}: expected JSON {{\"kernels\": [[node ids], ...]}} "
-                         f"({type(e).__name__}: {e})") from None
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise OpmapError(f"cannot read fusion plan {path}: {e.strerror or e}") from None
+    groups = parse_fusion_plan(data, str(path))
     seen: set[int] = set()
     for g in groups:
         for nid in g:

@@ -21,6 +21,7 @@ position for a language model.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from opmap.errors import OpmapError
+from opmap.validate import finite_number, shown
 
 QUALITY_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
 FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
@@ -53,6 +55,41 @@ class Quality:
                 "rel_error": self.rel_error, "max_abs_error": self.max_abs_error, "agreement": self.agreement,
                 "agreement_kind": self.agreement_kind, "positions": self.positions, "method": self.method,
                 "seed": self.seed, "weights": self.weights, "torch_version": torch.__version__}
+
+
+# quality.json's fields as ``parse_quality`` checks them: text fields, and numbers with their ranges
+QUALITY_TEXT = ("workload", "dtype", "agreement_kind")
+QUALITY_NUMBERS: dict[str, dict[str, Any]] = {
+    "rel_error": {"lo": 0},  # ||y - y_ref|| / ||y_ref||: 0 is exact agreement, any finite size possible
+    "agreement": {"lo": 0, "hi": 1},  # a fraction of positions
+    "max_abs_error": {"lo": 0},
+    "positions": {"lo": 1, "integer": True},
+    "seed": {"lo": 0, "integer": True},
+}
+
+
+def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, Any]:
+    """quality.json (``Quality.to_dict``) read from its text, nothing else touched: the dict, or OpmapError naming
+    the field when it is not JSON, not an object, lacks workload / dtype / rel_error / agreement /
+    agreement_kind, holds a non-string where text belongs (``weights`` too, where present), or a number that is
+    a bool, a string, NaN, infinite or out of range (rel_error >= 0, agreement from 0 to 1)."""
+    try:
+        q = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise OpmapError(f"cannot read quality file {origin}: expected quality.json from opmap quality "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:80]})") from None
+    if not isinstance(q, dict):
+        raise OpmapError(f"quality file {origin}: expected a JSON object from opmap quality (got {shown(q)})")
+    for key in (*QUALITY_TEXT, "rel_error", "agreement"):
+        if key not in q:
+            raise OpmapError(f"quality file {origin}: missing {key} (expected quality.json from opmap quality)")
+    for key in (*QUALITY_TEXT, "weights"):
+        if key in q and not isinstance(q[key], str):
+            raise OpmapError(f"quality file {origin}: {key} must be a string (got {shown(q[key])})")
+    for key, rule in QUALITY_NUMBERS.items():
+        if key in q:
+            q[key] = finite_number(q[key], f"quality file {origin}: {key}", **rule)
+    return q
 
 
 def fake_fp8(x: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.report.dashboard import Sources, figures, sig
 from opmap.report.sheet import si
+from opmap.validate import json_text
 
 BUDGET_BYTES = 8_000_000
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -336,7 +337,7 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
             files["trace.json"] = read_input(src.trace)
     elif src.kernels:
         trace_name = "trace.json"
-        files["trace.json"] = json.dumps(kernel_trace(src.kernels, src.tags, src.title))
+        files["trace.json"] = json_text(kernel_trace(src.kernels, src.tags, src.title))
     pngs: dict[str, bytes] = {}
     if png and importlib.util.find_spec("matplotlib") is not None:
         from opmap.report.figures import png_bytes

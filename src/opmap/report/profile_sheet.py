@@ -7,7 +7,6 @@ profiler's own trace with the telemetry tags), written together as one set.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -26,6 +25,7 @@ from opmap.report.sheet import (
     write_set,
 )
 from opmap.report.text import clean, safe
+from opmap.validate import json_text
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
                     "compute_busy_s", "memory_stall_s", "other_s")
@@ -157,12 +157,12 @@ def write_profile_outputs(p: Profile, out_dir: Path, d: dict | None = None) -> l
 
     d = d or p.to_dict()
     contents = {
-        "profile.json": json.dumps(d, indent=1, allow_nan=False) + "\n",
+        "profile.json": json_text(d, indent=1) + "\n",
         "sheet.csv": render_profile_csv(p),
         "sheet.md": render_profile_markdown(p, d),
-        "trace.json": json.dumps(chrome_trace(p)) + "\n",
+        "trace.json": json_text(chrome_trace(p)) + "\n",
     }
     raw = tagged_torch_trace(p)
     if raw is not None:
-        contents["torch_trace.json"] = json.dumps(raw) + "\n"
+        contents["torch_trace.json"] = json_text(raw) + "\n"
     return write_set(out_dir, contents, remove=["torch_trace.json"])  # an earlier run's trace never stays

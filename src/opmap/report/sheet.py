@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -19,6 +18,7 @@ from opmap.analyze import Analysis, NodeResult
 from opmap.report.outputs import check_out_dir as check_out_dir  # re-exported: the commands import them here
 from opmap.report.outputs import write_set as write_set
 from opmap.report.text import clean, plain, safe
+from opmap.validate import json_text
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
 
@@ -306,7 +306,7 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
 def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
     """Write sheet.csv, sheet.md and analysis.json into ``out_dir``, atomically per file and as a set."""
     return write_set(out_dir, {
-        "analysis.json": json.dumps(a.to_dict(), indent=1, allow_nan=False) + "\n",
+        "analysis.json": json_text(a.to_dict(), indent=1) + "\n",
         "sheet.csv": render_csv(a),
         "sheet.md": render_markdown(a),
         "kernels.csv": render_kernels_csv(a),

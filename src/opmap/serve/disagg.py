@@ -25,14 +25,16 @@ from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
 from opmap.serve.cost import StepCost
 from opmap.serve.policies import Continuous, Policy
-from opmap.serve.sim import SimResult, simulate
+from opmap.serve.sim import MAX_REPLICAS, SimResult, simulate
 
 ACCEPTED = "P:D, the prefill and decode replica counts, integers >= 1 (e.g. 1:3)"
 
 
 def parse_disaggregate(spec: str) -> tuple[int, int]:
     p, sep, d = spec.strip().partition(":")
-    if sep and p.strip().isdigit() and d.strip().isdigit() and int(p) >= 1 and int(d) >= 1:
+    if sep and p.strip().isdigit() and d.strip().isdigit() and 1 <= int(p) and 1 <= int(d):
+        if int(p) + int(d) > MAX_REPLICAS:
+            raise OpmapError(f"--disaggregate {spec!r}: P + D must be at most {MAX_REPLICAS} replicas")
         return int(p), int(d)
     raise OpmapError(f"bad --disaggregate {spec!r}: accepted: {ACCEPTED}")
 

@@ -239,7 +239,7 @@ class RateProbe:
         from opmap.serve.sim import simulate
 
         reqs = make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, self.requests,
-                             self.seed)
+                             self.seed, max_span_s=None)  # the search moves the rate, down to very low ones
         if self.disaggregate is not None:
             from opmap.serve.disagg import simulate_disaggregated
 

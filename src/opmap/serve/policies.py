@@ -15,10 +15,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.validate import INT_MAX
 
 ACCEPTED = "none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK"
 MAX_SEQS = 256  # vLLM's default max_num_seqs: the most sequences in one iteration
@@ -92,8 +94,8 @@ def _bad(spec: str, why: str = "") -> OpmapError:
 
 
 def _ints(spec: str, body: str) -> int:
-    if not body.strip().isdigit() or int(body) < 1:
-        raise _bad(spec, "sizes are integers >= 1")
+    if not body.strip().isdigit() or not 1 <= int(body) <= INT_MAX:
+        raise _bad(spec, f"sizes are integers >= 1, at most {INT_MAX}")
     return int(body)
 
 
@@ -110,8 +112,8 @@ def parse_policy(spec: str) -> Policy:
             wait_ms = float(w)
         except ValueError:
             raise _bad(spec, "WAIT_MS is a number of milliseconds") from None
-        if not wait_ms >= 0:
-            raise _bad(spec, "WAIT_MS must be >= 0")
+        if not (wait_ms >= 0 and math.isfinite(wait_ms)):
+            raise _bad(spec, "WAIT_MS must be a finite number >= 0")
         return Dynamic(_ints(spec, b), wait_ms / 1e3)
     if kind == "continuous":
         return Continuous(_ints(spec, body)) if body else Continuous()

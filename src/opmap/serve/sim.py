@@ -27,6 +27,12 @@ from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
 from opmap.serve.cost import ServiceTime, StepCost, mixed_s
 from opmap.serve.policies import Chunked, Continuous, Dynamic, NoBatching, Policy, Static
+from opmap.validate import count
+
+# The most replicas one simulation runs: 10k, a fleet beyond any one deployment a capacity plan is made for; the
+# routers look at every replica per request, so time grows as requests x replicas (10M replicas: minutes, not
+# seconds).
+MAX_REPLICAS = 10_000
 
 ROUTERS = ("round_robin", "least_loaded", "shared")
 _EPS = 1e-12
@@ -83,8 +89,7 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
     first inter-token gap runs from ``prefilled_first_s[i]``."""
     if router not in ROUTERS:
         raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
-    if replicas < 1:
-        raise OpmapError(f"--replicas must be >= 1 (got {replicas})")
+    count(replicas, "--replicas", hi=MAX_REPLICAS)
     service = isinstance(cost, ServiceTime)
     iterative = isinstance(policy, (Continuous, Chunked))
     decode_only = prefilled_first_s is not None
