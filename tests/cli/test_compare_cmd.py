@@ -64,7 +64,8 @@ def test_real_profile_runs_regression_only_where_injected(tmp_path, cli, monkeyp
     assert rc == 0 and "no significant change" in out, out
     rc, out, _ = cli("compare", a, c, "--store", store, "--json")
     r = json.loads(out)
-    assert rc == 1 and r["verdict"] == "regression" and r["effect"] > 0.5 and r["test"]["n_a"] == 15
+    # n_a: the 15 samples less the warm-up outliers the rule drops (at most half)
+    assert rc == 1 and r["verdict"] == "regression" and r["effect"] > 0.5 and 8 <= r["test"]["n_a"] <= 15
 
 
 def test_production_shape_check_is_printed_recorded_and_read_by_the_memo(tmp_path, cli, refused):
