@@ -177,4 +177,4 @@ def test_requests_zero_with_a_trace_is_refused(tmp_path, refused):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival_s": 0.5}\n')
     refused("serve", "gpt2", "--arrival", f"trace:{trace}", "--requests", "0", "--service-time", "fixed:10",
-            "--policy", "none", "--no-store", needle="--requests must be an integer from 1 to 2147483647 (got 0)")
+            "--policy", "none", "--no-store", needle="--requests must be an integer from 1 to 10000000 (got 0)")
