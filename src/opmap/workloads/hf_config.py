@@ -18,8 +18,8 @@ from typing import Any
 
 from opmap.errors import OpmapError
 
-ACCEPTED = ("path/to/config.json, path/to/folder (holding config.json) or hf:ORG/NAME (a config in the local "
-            "Hugging Face cache)")
+ACCEPTED = ("path/to/config.json or hf:NAME (a hub id, ORG/NAME, in the local Hugging Face cache), or a folder "
+            "holding config.json, given as a path")
 TESTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "opt")
 MAX_CONFIG_BYTES = 16 * 2 ** 20  # published config.json files are a few KB (a 21k-label id2label: ~1 MB)
 MAX_DEPTH = 32  # published configs nest 3 or 4 deep (config -> text_config -> rope_parameters -> layer type)
