@@ -58,8 +58,9 @@ class Limit:
     def describe(self) -> str:
         if self.integer:
             return f"an integer from {int(self.lo):,} to {int(self.hi):,}"
-        low = f"above {self.lo:g}" if self.lo_open else f"from {self.lo:g}"
-        return f"a number {low} to {self.hi:g}"
+        if self.lo_open:
+            return f"a number above {self.lo:g} and at most {self.hi:g}"
+        return f"a number from {self.lo:g} to {self.hi:g}"
 
     def accepts(self, v: Any) -> bool:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
