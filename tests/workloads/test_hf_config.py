@@ -119,6 +119,15 @@ def test_validate_config_takes_any_value():
     assert validate_config(LLAMA, "w") is LLAMA
     with pytest.raises(OpmapError, match="^w: rope_theta must be"):
         validate_config({**LLAMA, "rope_theta": float("nan")}, "w")
+    # a key with a newline, an integer of 5,000 digits (repr refuses it), a deep self-reference: still one line
+    for d in ({**LLAMA, "x": {"a\nb": float("nan")}}, {**LLAMA, "vocab_size": 10 ** 5000}):
+        with pytest.raises(OpmapError) as e:
+            validate_config(d, "w")
+        assert "\n" not in str(e.value) and len(str(e.value)) < 400
+    loop: dict = {**LLAMA}
+    loop["self"] = loop
+    with pytest.raises(OpmapError, match="nests deeper than 32 levels"):
+        validate_config(loop, "w")
 
 
 @pytest.mark.parametrize("d", [

@@ -90,7 +90,7 @@ def _read(target: str) -> tuple[Any, str, str | None]:
     mt = d["model_type"]
     if mt not in CONFIG_MAPPING:
         _refuse_remote_code(d, where, ("AutoConfig", *_MODEL_CLASSES))
-        raise OpmapError(f"{where}: model_type {mt!r} is unknown to transformers {tf.__version__}; accepted: "
+        raise OpmapError(f"{where}: model_type {mt!r:.80} is unknown to transformers {tf.__version__}; accepted: "
                          f"{_tested()}")
     cls = CONFIG_MAPPING[mt]
     if _auto_class(cls) is None:
@@ -128,7 +128,7 @@ def _refuse_remote_code(d: dict, where: str, keys: tuple[str, ...]) -> None:
     """A model transformers has no code of its own for, whose config names a repository's Python: refused."""
     entry = _auto_map_entry(d, keys)
     if entry is not None:
-        raise OpmapError(f"{where}: model_type {d['model_type']!r} needs the repository's own Python ({entry}); "
+        raise OpmapError(f"{where}: model_type {d['model_type']!r:.80} needs the repository's own Python ({entry}); "
                          "opmap reads configs and never runs their code (trust_remote_code=False); accepted: "
                          f"{families()}")
 

@@ -134,8 +134,22 @@ def _check_field(where: str, path: str, v: Any, limit: Limit, depth: int = 0) ->
         for i, x in (v.items() if isinstance(v, dict) else enumerate(v)):
             _check_field(where, f"{path}[{i!r}]", x, limit, depth + 1)
         return
-    shown = f"{v!r}" if isinstance(v, (bool, int, float, str)) else f"a JSON {_json_kind(v)}"
-    raise OpmapError(f"{where}: {path} must be {limit.describe()} ({limit.why}), got {shown[:80]}")
+    raise OpmapError(f"{where}: {path} must be {limit.describe()} ({limit.why}), got {_shown(v)}")
+
+
+def _shown(v: Any) -> str:
+    """``v`` for a one-line message: its repr, cut short (an integer of thousands of digits by its size)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** 30:
+        return f"an integer of about 10^{int(v.bit_length() * math.log10(2))}"
+    return f"{v!r}"[:80] if isinstance(v, (bool, int, float, str)) else f"a JSON {_json_kind(v)}"
+
+
+def _child(path: str, key: Any) -> str:
+    """The path of ``key`` under ``path``: dotted where the key is a plain name, else bracketed and quoted (a
+    key holding a newline cannot break the message's one line)."""
+    if isinstance(key, str) and key.isprintable() and 0 < len(key) <= 64 and "." not in key:
+        return f"{path}.{key}" if path else key
+    return f"{path}[{f'{key!r}'[:64]}]"
 
 
 def _json_kind(v: Any) -> str:
@@ -160,12 +174,12 @@ def _walk(d: dict, where: str) -> None:
             continue
         table = ROPE_FIELDS if rope else FIELDS
         for key, x in v.items():
-            sub = f"{path}.{key}" if path else key
+            sub = _child(path, key)
             if key in table:
                 _check_field(where, sub, x, table[key])
             if key in _LABEL_MAPS and isinstance(x, dict):
-                stack.extend((f"{sub}.{k}", y, depth + 2, False) for k, y in x.items() if not isinstance(y, dict))
-                continue  # labels and other free-form maps: only finiteness, not the field table
+                stack.extend((_child(sub, k), y, depth + 2, False) for k, y in x.items() if not isinstance(y, dict))
+                continue  # labels and other free-form maps: only NaN is looked for, not the field table
             stack.append((sub, x, depth + 1, rope or key in _ROPE_DICTS))
 
 
@@ -193,7 +207,7 @@ def validate_config(d: Any, where: str) -> dict:
     Raises OpmapError (one line, starting with ``where``) for: not an object; a ``model_type`` missing or not a
     string; an encoder-decoder model; a numeric field opmap builds from (layers, hidden size, heads, KV heads,
     intermediate size, vocab, positions, experts, head_dim, norm epsilon, rope values) that is a bool, a string,
-    NaN, inf, not an integer where one is meant, or outside its Limit; NaN or inf anywhere; KV heads that do not
+    NaN, inf, not an integer where one is meant, or outside its Limit; NaN anywhere; KV heads that do not
     divide the heads; more experts per token than experts. ``auto_map`` (a repository's own code) is judged by
     opmap.workloads.hf.load_config, which knows what transformers has.
     """
@@ -205,7 +219,7 @@ def validate_config(d: Any, where: str) -> dict:
     mt = d["model_type"]
     if not isinstance(mt, str) or not mt.strip():
         raise OpmapError(f"{where}: model_type must be a string naming the architecture (such as \"llama\"), got "
-                         f"{f'{mt!r}'[:60] if isinstance(mt, (bool, int, float, str)) else 'a JSON ' + _json_kind(mt)}")
+                         f"{_shown(mt)}")
     if mt in ENCODER_DECODER or d.get("is_encoder_decoder") is True:
         raise OpmapError(f"{where}: model_type {mt!r} is an encoder-decoder; opmap builds {families()}")
     am = d.get("auto_map")
