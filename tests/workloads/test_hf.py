@@ -172,7 +172,7 @@ def test_fake_tensor_mode_agrees_on_the_linear_work(tmp_path, mt):
     ("{not json", "is not valid JSON"),
     ('{"hidden_size": 8}', 'has no "model_type"'),
     ('{"model_type": "no-such-arch"}', "model_type 'no-such-arch' is unknown to transformers"),
-    ('[1, 2]', 'has no "model_type"'),
+    ('[1, 2]', "is not a JSON object"),
 ])
 def test_bad_config_files(tmp_path, content, needle):
     p = tmp_path / "config.json"
@@ -184,11 +184,12 @@ def test_bad_config_files(tmp_path, content, needle):
         assert "llama, mistral, mixtral, qwen2, gpt2, opt" in str(e.value)
 
 
-def test_missing_file_and_uncached_name(tmp_path):
+def test_missing_file_and_uncached_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(OpmapError, match="does not exist; accepted: path/to/config.json or hf:NAME"):
         load_workload(str(tmp_path / "nope.json"))
-    with pytest.raises(OpmapError, match="no config.json for 'opmap-test/not-cached' in the local Hugging Face "
-                                         "cache .*never downloads"):
+    with pytest.raises(OpmapError, match="'opmap-test/not-cached' is not in the local Hugging Face cache .*never "
+                                         "downloads"):
         load_workload("hf:opmap-test/not-cached")
 
 
@@ -276,3 +277,163 @@ def test_decode_reads_the_kv_cache_of_its_heads_and_window(mt, tmp_path):
     # one query per head per sequence (mistral's windowed path folds the query heads of a KV group into the
     # query-length axis: (batch, KV heads, heads / KV heads, head dim))
     assert len(q) == L and all(s[0] == batch and s[1] * s[2] == NH for s in q)
+
+
+# ---- a config is data, never code -------------------------------------------------------------------------------
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+PROMPT_WORDS = ("custom code", "[y/N]", "trust_remote_code=True")  # transformers' remote-code prompt
+
+
+def planted_code(folder: Path, marker: Path) -> None:
+    """evil.py: a module that writes ``marker`` the moment it is imported (what answering the prompt `y` ran)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                    "from transformers import PretrainedConfig, PreTrainedModel\n"
+                                    "class EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n"
+                                    "class EvilModel(PreTrainedModel):\n    config_class = EvilConfig\n")
+
+
+def run_cli(tmp_path: Path, *args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 120):
+    """``opmap ARGS`` in a subprocess with an empty Hugging Face cache under tmp_path; stdin closed, or ``stdin``."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "HF_HUB_OFFLINE": "1", "OPMAP_GRAPH_CACHE": "0", "PYTHONPATH": SRC}
+    return subprocess.run([sys.executable, "-m", "opmap.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or tmp_path,
+                          **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}))
+
+
+def cache_entry(tmp_path: Path, repo: str, config: dict, rev: str = "a" * 40) -> Path:
+    """``repo``'s config.json laid out as huggingface_hub caches it: models--ORG--NAME/snapshots/REV, refs/main."""
+    root = tmp_path / "hub" / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(config))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(rev)
+    return snap
+
+
+@pytest.mark.parametrize("route", ["config.json", "folder", "hf:"])
+def test_remote_code_is_refused_never_run(tmp_path, route):
+    """A config whose model needs the repository's Python (auto_map) is refused in one line naming the config and
+    the auto_map entry, without a prompt and without running it: with stdin closed, and with `y` waiting on stdin
+    (what ran the planted code before). Two ways in: a model_type transformers knows without an auto model class
+    (siglip_text_model: a part of SigLIP), given as a file or a folder; a custom model_type, from the hub cache."""
+    marker = tmp_path / "MARKER"
+    if route == "hf:":
+        snap = cache_entry(tmp_path, "someorg/evil", {"model_type": "evil",
+                                                       "auto_map": {"AutoConfig": "evil.EvilConfig",
+                                                                    "AutoModel": "evil.EvilModel"}})
+        planted_code(snap, marker)
+        target, entry, stdin = "hf:someorg/evil", "auto_map['AutoConfig'] = 'evil.EvilConfig'", "y\n"
+    else:
+        folder = tmp_path / "model"
+        planted_code(folder, marker)
+        (folder / "config.json").write_text(json.dumps({"model_type": "siglip_text_model",
+                                                        "auto_map": {"AutoModel": "evil.EvilModel"}}))
+        target = str(folder / "config.json") if route == "config.json" else str(folder)
+        entry, stdin = "auto_map['AutoModel'] = 'evil.EvilModel'", (None if route == "config.json" else "y\n")
+    r = run_cli(tmp_path, "analyze", target, "--seq", "8", "--out", str(tmp_path / "out"), stdin=stdin)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    named = target if route == "hf:" else str(folder / "config.json")
+    assert lines[0].startswith(f"opmap: error: {named}") or named in lines[0]
+    assert entry in lines[0] and "never runs their code" in lines[0]
+    assert not marker.exists()
+    assert not any(w in r.stdout + r.stderr for w in PROMPT_WORDS)
+    assert not (tmp_path / "out").exists()
+
+
+def test_auto_map_beside_transformers_own_class_is_ignored_not_run(tmp_path):
+    """A llama config that also names repository code (as many hub configs do): transformers' own LlamaForCausalLM
+    is built, the planted module is never imported, and the workload says so."""
+    marker = tmp_path / "MARKER"
+    planted_code(tmp_path, marker)
+    p = write_config(tmp_path, "llama", auto_map={"AutoModelForCausalLM": "evil.EvilModel"})
+    w = load_workload(str(p), 1, 8)
+    assert type(w.module).__name__ == "LlamaForCausalLM" and w.module.num_parameters() == params_by_hand("llama")
+    assert any("auto_map['AutoModelForCausalLM'] = 'evil.EvilModel' ignored" in a for a in w.assumptions)
+    assert not marker.exists()
+
+
+def test_hf_name_never_reads_a_folder_under_the_current_directory(tmp_path, monkeypatch):
+    """hf:someorg/somemodel is a hub id looked up in the cache only: ./someorg/somemodel/config.json is not read
+    (it was), and the refusal says the name is not cached and that a folder is given as a path; given as a path,
+    the same folder builds."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder = tmp_path / "someorg" / "somemodel"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **CONFIGS["llama"]}))
+    with pytest.raises(OpmapError) as e:
+        load_workload("hf:someorg/somemodel", 1, 8)
+    msg = str(e.value)
+    assert "'someorg/somemodel' is not in the local Hugging Face cache" in msg
+    assert "a folder is given as a path" in msg and "\n" not in msg
+    w = load_workload("someorg/somemodel", 1, 8)
+    assert w.name == "somemodel" and w.module.num_parameters() == params_by_hand("llama")
+
+
+@pytest.mark.parametrize("name", ["/etc", "./someorg/somemodel", "../x", "a/b/c", "~/models/x", "a--b/c", ""])
+def test_hf_takes_a_hub_id_not_a_path(tmp_path, monkeypatch, name):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(OpmapError, match=r"hf: takes a Hugging Face hub id \(ORG/NAME.*a folder or a config.json is "
+                                         r"given as a path"):
+        load_workload(f"hf:{name}")
+
+
+def test_hf_home_locates_the_cache(tmp_path, monkeypatch):
+    """Without HF_HUB_CACHE the cache is HF_HOME/hub, as huggingface_hub has it, read when the name is looked up
+    (not when a module was imported)."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    cache_entry(tmp_path, "opmap-test/home-llama", {"model_type": "llama", **CONFIGS["llama"]})
+    w = load_workload("hf:opmap-test/home-llama", 1, 8)
+    assert w.name == "hf:opmap-test/home-llama" and w.module.num_parameters() == params_by_hand("llama")
+
+
+def test_a_cached_config_that_is_not_an_object_is_one_line(tmp_path, monkeypatch):
+    """Through hf: a config.json holding a JSON array was a traceback (transformers read it as an object)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    snap = cache_entry(tmp_path, "opmap-test/list", {})
+    (snap / "config.json").write_text("[1, 2]")
+    with pytest.raises(OpmapError, match=r"^hf:opmap-test/list is not a JSON object \(got a JSON array\)"):
+        load_workload("hf:opmap-test/list")
+
+
+def test_a_billion_layers_is_refused_in_milliseconds(tmp_path):
+    """num_hidden_layers 1,000,000,000 took minutes and 8 GB to build; it is refused before transformers is
+    imported. Timed inside a subprocess (so a regression cannot hang this session): under 10 s, generously."""
+    p = write_config(tmp_path, "llama", num_hidden_layers=1_000_000_000)
+    code = ("import sys, time\nfrom opmap.errors import OpmapError\nfrom opmap.workloads import load_workload\n"
+            "t = time.perf_counter()\ntry:\n    load_workload(sys.argv[1], 1, 8)\nexcept OpmapError as e:\n"
+            "    print(time.perf_counter() - t, 'transformers' in sys.modules)\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(p)], env={**os.environ, "PYTHONPATH": SRC},
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    seconds, imported = r.stdout.splitlines()[0].split()
+    assert float(seconds) < 10 and imported == "False"
+    assert "num_hidden_layers must be an integer from 1 to 1,024" in r.stdout and "got 1000000000" in r.stdout
+
+
+@pytest.mark.parametrize("content,needle", [
+    ({"model_type": "t5", "vocab_size": 128, "d_model": 64, "d_ff": 96, "num_layers": 2, "num_heads": 4},
+     "model_type 't5' is an encoder-decoder; opmap builds decoder-only models (tested: llama"),
+    ({"model_type": "llama", **CONFIGS["llama"], "num_key_value_heads": 3},
+     "num_key_value_heads 3 does not divide num_attention_heads 4; accepted: a divisor of 4"),
+    ({"model_type": ["llama"]}, "model_type must be a string naming the architecture"),
+    ({"model_type": 5}, "model_type must be a string naming the architecture"),
+])
+def test_newcomer_faults_are_one_line_through_the_cli(tmp_path, capsys, content, needle):
+    """Each was a traceback (a T5 config, a list model_type, KV heads that do not divide the heads) or a wrong
+    message (a number model_type: 'unknown to transformers')."""
+    from opmap.cli import main
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(content))
+    rc = main(["analyze", str(p), "--seq", "8", "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 2 and len(lines) == 1 and needle in lines[0], err
+    assert lines[0].startswith(f"opmap: error: config file {p}") and "Traceback" not in out + err

@@ -1,5 +1,10 @@
-"""A model named by its Hugging Face config: ``path/to/config.json`` or ``hf:NAME`` (a config already in the
-local Hugging Face cache; nothing is ever downloaded).
+"""A model named by its Hugging Face config: ``path/to/config.json``, ``path/to/folder`` (holding config.json) or
+``hf:ORG/NAME`` (a config already in the local Hugging Face cache, never a folder; nothing is ever downloaded).
+
+The config is data, never code: it is parsed as JSON and checked field by field (opmap.workloads.hf_config) before
+transformers is imported, built by transformers' own config class, and a model whose ``auto_map`` names the
+repository's Python (a ``model_type`` transformers has no model class for) is refused in one line; transformers is
+always called with ``trust_remote_code=False``, so it never prompts on stdin.
 
 ``transformers`` builds the model from the config alone, on ``torch.device(device)`` (meta by default: random
 weights, none allocated, never the real ones), with ``attn_implementation="sdpa"`` so each attention is one
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import types
 from pathlib import Path
 from typing import Any
@@ -34,17 +38,26 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
+from opmap.workloads.hf_config import (
+    ACCEPTED,
+    TESTED,
+    cached_config,
+    config_source,
+    families,
+    read_config_file,
+    validate_config,
+)
 from opmap.workloads.zoo import Workload, cast_to, parse_dtype
 
-# the model types tested end to end (tests/workloads/test_hf.py); others are tried and refused in one line if
-# transformers cannot build or run them on meta
-TESTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "opt")
+__all__ = ["ACCEPTED", "TESTED", "build_hf", "cached_config", "is_hf_target", "load_config", "max_positions",
+           "validate_config"]
 DEFAULT_SEQ = 2048  # capped at the config's own maximum
-ACCEPTED = "path/to/config.json or hf:NAME (a config in the local Hugging Face cache)"
+_MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModel")  # tried in this order: a causal LM head, else the bare model
 
 
 def is_hf_target(target: str) -> bool:
-    return target.endswith(".json") or target.startswith("hf:")
+    """A config.json, a folder (holding one) or hf:ORG/NAME."""
+    return target.endswith(".json") or target.startswith("hf:") or Path(target).is_dir()
 
 
 def _transformers():
@@ -61,42 +74,63 @@ def _tested() -> str:
 
 
 def load_config(target: str):
-    """The transformers config ``target`` names: a config.json file, or ``hf:NAME`` from the local cache."""
+    """The transformers config ``target`` names (a config.json, a folder holding one, or ``hf:ORG/NAME`` from the
+    local cache), read as JSON and validated (opmap.workloads.hf_config.validate_config) before transformers is
+    imported; a config whose model needs the repository's own Python (``auto_map``) is refused, never run."""
+    return _read(target)[0]
+
+
+def _read(target: str) -> tuple[Any, str, str | None]:
+    """(config, how errors name it, the auto_map entry transformers' own class replaces, if any)."""
+    path, where = config_source(target)
+    d = read_config_file(path, where)
     tf = _transformers()
     from transformers import CONFIG_MAPPING
 
-    if target.startswith("hf:"):
-        name = target[3:]
-        if not name:
-            raise OpmapError(f"bad model target {target!r}: expected hf:NAME, such as hf:meta-llama/Llama-2-7b-hf")
-        try:
-            return tf.AutoConfig.from_pretrained(name, local_files_only=True)
-        except (OSError, ValueError, KeyError) as e:
-            if isinstance(e, OSError) or "local_files_only" in str(e) or "cache" in str(e):
-                raise OpmapError(f"{target}: no config.json for {name!r} in the local Hugging Face cache (opmap "
-                                 "never downloads; fetch it first with `hf download " + name + " config.json`, or "
-                                 f"pass path/to/config.json); accepted: {ACCEPTED}") from None
-            raise OpmapError(f"{target}: transformers cannot read its config ({_first_line(e)}); accepted: "
-                             f"{_tested()}") from None
-    path = Path(target)
-    if not path.is_file():
-        raise OpmapError(f"config file {path} does not exist; accepted: {ACCEPTED}")
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise OpmapError(f"config file {path} is not valid JSON ({_first_line(e)}); expected a Hugging Face "
-                         "config.json") from None
-    if not isinstance(d, dict) or "model_type" not in d:
-        raise OpmapError(f"config file {path} has no \"model_type\"; expected a Hugging Face config.json with "
-                         f"{_tested()}")
     mt = d["model_type"]
     if mt not in CONFIG_MAPPING:
-        raise OpmapError(f"config file {path}: model_type {mt!r} is unknown to transformers {tf.__version__}; "
-                         f"accepted: {_tested()}")
+        _refuse_remote_code(d, where, ("AutoConfig", *_MODEL_CLASSES))
+        raise OpmapError(f"{where}: model_type {mt!r:.80} is unknown to transformers {tf.__version__}; accepted: "
+                         f"{_tested()}")
+    cls = CONFIG_MAPPING[mt]
+    if _auto_class(cls) is None:
+        _refuse_remote_code(d, where, _MODEL_CLASSES)
+        raise OpmapError(f"{where}: transformers {tf.__version__} has no model class for model_type {mt!r} (a part "
+                         f"of a larger model?); accepted: {_tested()}")
+    ignored = _auto_map_entry(d, _MODEL_CLASSES)
     try:
-        return CONFIG_MAPPING[mt].from_dict(d)
+        config = cls.from_dict({k: v for k, v in d.items() if k != "auto_map"})
     except Exception as e:  # a config class's own checks: report them in one line
-        raise OpmapError(f"config file {path}: transformers rejects it as {mt} ({_first_line(e)})") from None
+        raise OpmapError(f"{where}: transformers rejects it as {mt} ({_first_line(e)})") from None
+    if getattr(config, "is_encoder_decoder", False) is True:
+        raise OpmapError(f"{where}: model_type {mt!r} is an encoder-decoder; opmap builds {families()}")
+    return config, where, ignored
+
+
+def _auto_class(config_cls):
+    """The transformers auto class that builds ``config_cls`` with transformers' own code; None if none does."""
+    tf = _transformers()
+    for name in _MODEL_CLASSES:
+        auto = getattr(tf, name)
+        if config_cls in auto._model_mapping:
+            return auto
+    return None
+
+
+def _auto_map_entry(d: dict, keys: tuple[str, ...]) -> str | None:
+    """The config's first ``auto_map`` entry among ``keys`` (else its first entry), as ``auto_map["K"] = V``."""
+    am = d.get("auto_map") or {}
+    key = next((k for k in keys if k in am), next(iter(am), None))
+    return None if key is None else f"auto_map[{key!r}] = {am[key]!r}"[:200]
+
+
+def _refuse_remote_code(d: dict, where: str, keys: tuple[str, ...]) -> None:
+    """A model transformers has no code of its own for, whose config names a repository's Python: refused."""
+    entry = _auto_map_entry(d, keys)
+    if entry is not None:
+        raise OpmapError(f"{where}: model_type {d['model_type']!r:.80} needs the repository's own Python ({entry}); "
+                         "opmap reads configs and never runs their code (trust_remote_code=False); accepted: "
+                         f"{families()}")
 
 
 def _first_line(e: BaseException) -> str:
@@ -115,7 +149,7 @@ def max_positions(config) -> int | None:
 def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
              device: str = "meta") -> Workload:
     """Build the model ``target`` names from its config alone (random weights) with example inputs."""
-    config = load_config(target)
+    config, _, ignored = _read(target)
     tdt = parse_dtype(dtype)  # a bad dtype fails before anything is built
     mt = config.model_type
     limit = max_positions(config)
@@ -129,6 +163,9 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
     model.eval()
     notes: list[str] = [f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: "
                         "random weights, attention as SDPA, no KV cache (prefill)"]
+    if ignored:
+        notes.append(f"{ignored} ignored: transformers' own {type(model).__name__} built, the repository's code "
+                     "never run")
     if device == "meta":
         n = _balance_experts(model)
         if n:
@@ -155,10 +192,9 @@ def _build(config, target: str, device: str) -> torch.nn.Module:
     mt = config.model_type
     # experts_implementation (transformers 5): the per-expert loop, not grouped_mm (whose CPU and meta kernels
     # take bf16 only); a transformers that does not know the argument builds without it
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "experts_implementation": "eager"}
-    auto = tf.AutoModelForCausalLM
-    if type(config) not in auto._model_mapping:
-        auto = tf.AutoModel  # an encoder or another head: the bare model
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "experts_implementation": "eager",
+                              "trust_remote_code": False}  # never a repository's code, never a prompt on stdin
+    auto = _auto_class(type(config)) or tf.AutoModel  # a causal LM; an encoder or another head: the bare model
     try:
         with torch.device(device):
             try:

@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from opmap.errors import OpmapError
 from opmap.workloads.zoo import MODELS, Workload, cast_to, parse_dtype
+
+
+def _run_user_code(what: str, run: Callable[[], Any]) -> Any:
+    """``run()``, the user's code: whatever it raises (an error, ``sys.exit(...)``, any other BaseException but
+    Ctrl-C) becomes one OpmapError naming ``what``; a model file that exits, even with status 0, has failed."""
+    try:
+        return run()
+    except (OpmapError, KeyboardInterrupt):
+        raise
+    except SystemExit as e:
+        raise OpmapError(f"{what} called sys.exit({e.code!r}); a model file must define its factory and a factory "
+                         "must return (module, example inputs), not exit") from None
+    except BaseException as e:  # noqa: BLE001 - the user's code: report whatever it raised in one line
+        text = str(e).strip()
+        raise OpmapError(f"{what} failed: {type(e).__name__}" + (f": {text.splitlines()[0][:300]}" if text else "")) \
+            from None
 
 
 def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workload:
@@ -29,19 +47,19 @@ def load_user(target: str, dtype: str = "fp32", device: str = "meta") -> Workloa
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # the user's file: report its error in one line
-        raise OpmapError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+        _run_user_code(f"importing {path}", lambda: spec.loader.exec_module(module))
+    except OpmapError:
+        sys.modules.pop(mod_name, None)
+        raise
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise OpmapError(f"{path} has no callable {factory!r}")
-    try:
+
+    def call():
         with torch.device(device):
-            result = fn()
-    except OpmapError:
-        raise
-    except Exception as e:
-        raise OpmapError(f"{path}:{factory}() failed on device {device!r}: {type(e).__name__}: {e}") from None
+            return fn()
+
+    result = _run_user_code(f"{path}:{factory}() on device {device!r}", call)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise OpmapError(f"{path}:{factory}() must return (module, example inputs), got {type(result).__name__}")
     net, inputs = result

@@ -1,0 +1,163 @@
+"""Hugging Face configs read as data (opmap.workloads.hf_config): every field opmap builds from is checked before
+transformers is imported, and a bad one is refused in one line naming the field and the accepted range."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from opmap.errors import OpmapError
+from opmap.workloads import load_workload
+from opmap.workloads.hf import validate_config
+
+# a tiny llama (the shapes of tests/workloads/test_hf.py) that builds
+LLAMA = {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 256, "tie_word_embeddings": False}
+MIXTRAL = {**LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+MISTRAL = {**LLAMA, "model_type": "mistral", "sliding_window": 8}
+# Llama-3.1-405B's config.json as published on the hub (meta-llama/Llama-3.1-405B), the largest dense model
+# published with a transformers config: every limit must let it through
+LLAMA_405B = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+              "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 16384,
+              "initializer_range": 0.02, "intermediate_size": 53248, "max_position_embeddings": 131072,
+              "mlp_bias": False, "model_type": "llama", "num_attention_heads": 128, "num_hidden_layers": 126,
+              "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+              "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+              "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256}
+
+LAYERS, HIDDEN, HEADS = "an integer from 1 to 1,024", "an integer from 1 to 131,072", "an integer from 1 to 1,024"
+FFN, VOCAB = "an integer from 1 to 1,048,576", "an integer from 1 to 4,194,304"
+POSITIONS, EXPERTS = "an integer from 1 to 67,108,864", "an integer from 1 to 262,144"
+THETA, EPS = "a number above 0 and at most 1e+12", "a number above 0 and at most 1"
+
+
+def write(tmp_path: Path, d: dict) -> str:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(d))  # NaN and inf are written as JSON's NaN / Infinity, which json.loads reads back
+    return str(p)
+
+
+@pytest.mark.parametrize("base,field,value,accepted", [
+    (LLAMA, "num_hidden_layers", -3, LAYERS),
+    (LLAMA, "num_hidden_layers", 0, LAYERS),
+    (LLAMA, "num_hidden_layers", 1025, LAYERS),
+    (LLAMA, "num_hidden_layers", True, LAYERS),
+    (LLAMA, "num_hidden_layers", "2", LAYERS),
+    (LLAMA, "num_hidden_layers", 2.5, LAYERS),
+    (LLAMA, "hidden_size", 0, HIDDEN),
+    (LLAMA, "hidden_size", 262_144, HIDDEN),
+    (LLAMA, "num_attention_heads", -4, HEADS),
+    (LLAMA, "num_key_value_heads", 0, HEADS),
+    (LLAMA, "intermediate_size", 2 ** 21, FFN),
+    (LLAMA, "vocab_size", 10 ** 9, VOCAB),
+    (LLAMA, "max_position_embeddings", 2 ** 27, POSITIONS),
+    (LLAMA, "max_position_embeddings", math.inf, POSITIONS),
+    (LLAMA, "head_dim", -16, "an integer from 0 to 4,096"),
+    (LLAMA, "rope_theta", math.nan, THETA),
+    (LLAMA, "rope_theta", 0, THETA),
+    (LLAMA, "rope_theta", "10000", THETA),
+    (LLAMA, "rms_norm_eps", -1e-6, EPS),
+    (MIXTRAL, "num_local_experts", 0, EXPERTS),
+    (MIXTRAL, "num_experts_per_tok", -1, EXPERTS),
+    (MISTRAL, "sliding_window", -1, "an integer from 0 to 67,108,864"),
+])
+def test_a_bad_field_is_refused_naming_itself_and_its_range(tmp_path, base, field, value, accepted):
+    """Each was built (or crashed inside transformers) before: -3 layers, NaN rope_theta, a bool layer count..."""
+    with pytest.raises(OpmapError) as e:
+        load_workload(write(tmp_path, {**base, field: value}), 1, 8)
+    msg = str(e.value)
+    assert f"config.json: {field} must be {accepted} (" in msg and msg.endswith(f"got {value!r}") and "\n" not in msg
+
+
+@pytest.mark.parametrize("patch,path,accepted", [
+    ({"rope_scaling": {"rope_type": "linear", "factor": math.inf}}, "rope_scaling.factor",
+     "a number above 0 and at most 65536"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_parameters.rope_theta", THETA),
+    ({"text_config": {"num_hidden_layers": 10 ** 9}}, "text_config.num_hidden_layers", LAYERS),
+])
+def test_nested_rope_and_sub_config_fields_are_checked(tmp_path, patch, path, accepted):
+    with pytest.raises(OpmapError, match=re.escape(f"config.json: {path} must be {accepted} (")):
+        load_workload(write(tmp_path, {**LLAMA, **patch}), 1, 8)
+
+
+def test_nan_in_any_field_is_refused(tmp_path):
+    with pytest.raises(OpmapError, match=r"config.json: initializer_range is NaN; accepted: a number"):
+        load_workload(write(tmp_path, {**LLAMA, "initializer_range": math.nan}), 1, 8)
+
+
+def test_more_experts_per_token_than_experts(tmp_path):
+    with pytest.raises(OpmapError, match="num_experts_per_tok 5 is more than the 4 experts \\(num_local_experts\\); "
+                                         "accepted: 1 to 4"):
+        load_workload(write(tmp_path, {**MIXTRAL, "num_experts_per_tok": 5}), 1, 8)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("[" * 100_000 + "]" * 100_000, "is not valid JSON (nested too deep)"),
+    (json.dumps({**LLAMA, "x": json.loads("[" * 40 + "]" * 40)}), "nests deeper than 32 levels"),
+    (json.dumps({**LLAMA, "pad": "x" * (16 * 2 ** 20)}), "accepted: a config.json of at most 16,777,216 bytes"),
+])
+def test_absurd_files_are_one_line(tmp_path, content, needle):
+    """A JSON nested 100,000 deep was a RecursionError traceback; a 16 MB file was read whole."""
+    p = tmp_path / "config.json"
+    p.write_text(content)
+    with pytest.raises(OpmapError, match=f"^{re.escape(f'config file {p}')}.*{re.escape(needle)}"):
+        load_workload(str(p), 1, 8)
+
+
+def test_validate_config_takes_any_value():
+    """The dict-level check (for fuzzing): anything that is not an object is refused in one line, a valid one is
+    returned as is, NaN given as a Python float is refused as it is from JSON."""
+    for bad, kind in (([1], "array"), ("x", "string"), (None, "NoneType"), (3.5, "float")):
+        with pytest.raises(OpmapError, match=f"^w is not a JSON object \\(got a JSON {kind}\\)"):
+            validate_config(bad, "w")
+    assert validate_config(LLAMA, "w") is LLAMA
+    with pytest.raises(OpmapError, match="^w: rope_theta must be"):
+        validate_config({**LLAMA, "rope_theta": float("nan")}, "w")
+    # a key with a newline, an integer of 5,000 digits (repr refuses it), a deep self-reference: still one line
+    for d in ({**LLAMA, "x": {"a\nb": float("nan")}}, {**LLAMA, "vocab_size": 10 ** 5000}):
+        with pytest.raises(OpmapError) as e:
+            validate_config(d, "w")
+        assert "\n" not in str(e.value) and len(str(e.value)) < 400
+    loop: dict = {**LLAMA}
+    loop["self"] = loop
+    with pytest.raises(OpmapError, match="nests deeper than 32 levels"):
+        validate_config(loop, "w")
+
+
+@pytest.mark.parametrize("d", [
+    LLAMA_405B,
+    {**LLAMA, "head_dim": None, "sliding_window": None, "rope_scaling": None},  # null: transformers' default
+    {**LLAMA, "num_hidden_layers": 2.0},  # an integral float, as some configs write integers
+    {**LLAMA, "intermediate_size": [96, 128]},  # per layer (Gemma 3n)
+    {**LLAMA, "time_step_limit": [0.0, math.inf]},  # an infinity that means something (Mamba 2)
+    {**MISTRAL, "sliding_window": 0},  # 0: no window (Qwen2-MoE's default)
+])
+def test_published_shapes_pass(d):
+    assert validate_config(d, "w") is d
+
+
+def test_every_transformers_causal_lm_default_config_passes():
+    """Every causal-LM config class transformers ships (what opmap builds), at its defaults, passes (the
+    encoder-decoders aside): the limits refuse no shape transformers itself sets up."""
+    pytest.importorskip("transformers")
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    checked = 0
+    for mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        try:
+            d = CONFIG_MAPPING[mt]().to_dict()
+        except Exception:  # a config class that needs arguments, or an entry this transformers lacks
+            continue
+        try:
+            validate_config(json.loads(json.dumps(d, default=str)), mt)
+        except OpmapError as e:
+            assert "encoder-decoder" in str(e), str(e)
+        checked += 1
+    assert checked > 150
