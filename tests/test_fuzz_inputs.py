@@ -132,7 +132,7 @@ def dump_toml(tree) -> bytes:
 
 
 def check_reader(name: str, read: Callable[[Path], object], seeds: list[bytes], parse: Callable[[bytes], object],
-                 dump: Callable[[object], bytes], n: int, tmp: Path) -> dict:
+                 dump: Callable[[object], bytes], n: int, tmp: Path, suffix: str = "") -> dict:
     """Feed ``n`` mutated inputs to ``read``; returns counts and the first failures (tracebacks and hangs)."""
     rng = random.Random(f"{SEED}:{name}")
     accepted = refused = 0
@@ -145,7 +145,7 @@ def check_reader(name: str, read: Callable[[Path], object], seeds: list[bytes], 
                 data = dump(mutate_tree(parse(seed), rng))
             else:
                 data = mutate_bytes(seed, rng)
-            path = tmp / f"{name}-{i}"
+            path = tmp / f"{name}-{i}{suffix}"
             path.write_bytes(data)
             signal.setitimer(signal.ITIMER_REAL, HANG_S)
             try:
@@ -278,11 +278,42 @@ def _json_read(read):
     return run
 
 
+_QUALITY = {"schema_version": 1, "workload": "gpt2", "dtype": "int8", "reference_dtype": "fp32",
+            "rel_error": 0.0123, "max_abs_error": 0.5, "agreement": 0.97, "agreement_kind": "top-1 token agreement",
+            "positions": 1024, "seed": 0, "weights": "random"}
+# Hugging Face configs in the shapes of published ones (Llama 3 8B, GPT-2, Mixtral 8x7B), the fields opmap reads
+_HF = [{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "torch_dtype": "bfloat16"},
+       {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257,
+        "layer_norm_epsilon": 1e-05},
+       {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "vocab_size": 32000, "max_position_embeddings": 32768, "sliding_window": None}]
+
+
+def _hf_read(path: Path):
+    """The reader `opmap analyze path/config.json` uses: the file read and checked, transformers' config class
+    built from it (trust_remote_code off; nothing built on any device)."""
+    from opmap.workloads.hf import load_config
+
+    load_config(str(path))
+
+
 def _formats(tmp: Path) -> dict[str, tuple]:
     from opmap.hardware.spec import load_spec_file
+    from opmap.mapping.fusion import parse_fusion_plan
+    from opmap.measure.quality import parse_quality
     from opmap.serve.arrivals import read_trace
 
+    plan = {"kernels": [[0, 1, 2], [3], [4, 5]]}
     return {
+        "hf-config": (_hf_read, [json.dumps(c).encode() for c in _HF], json.loads, dump_json),
+        "fusion-plan": (lambda p: parse_fusion_plan(p.read_bytes(), str(p)), [json.dumps(plan).encode()],
+                        json.loads, dump_json),
+        "quality-json": (lambda p: parse_quality(p.read_bytes(), str(p)), [json.dumps(_QUALITY).encode()],
+                         json.loads, dump_json),
         "trace": (read_trace, _trace_seeds(), _trace_parse, _trace_dump),
         "hardware-toml": (load_spec_file, _toml_seeds(), lambda b: tomllib.loads(b.decode()), dump_toml),
         "graph-cache": (_cache_read, [_cache_seed(tmp)], _cache_parse, _cache_dump),
@@ -301,6 +332,8 @@ def formats(tmp_path_factory):
     import os
 
     tmp = tmp_path_factory.mktemp("fuzz")
+    (tmp / "tiny.py").write_text("import torch\nfrom torch import nn\n\ndef tiny():\n    return nn.Sequential("
+                                 "nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), (torch.randn(4, 16),)\n")
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg")
     os.environ["OPMAP_GRAPH_CACHE"] = "1"
@@ -313,16 +346,65 @@ def formats(tmp_path_factory):
             os.environ["XDG_CACHE_HOME"] = old
 
 
-@pytest.mark.parametrize("name", ["trace", "hardware-toml", "graph-cache", "run-export"])
+@pytest.mark.parametrize("name", ["hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json",
+                                  "run-export", "graph-cache"])
 def test_mutated_inputs_are_read_or_refused_in_one_line(formats, name):
     tmp, table = formats
     read, seeds, parse, dump = table[name]
-    for seed in seeds:  # the seeds themselves are good input
-        p = tmp / f"{name}-seed"
+    suffix = ".json" if name == "hf-config" else ""  # a config is named by its path: path/to/config.json
+    for seed in seeds:
+        p = tmp / f"{name}-seed{suffix}"
         p.write_bytes(seed)
         read(p)
-    r = check_reader(name, read, seeds, parse, dump, N_PER_FORMAT, tmp)
+    r = check_reader(name, read, seeds, parse, dump, N_PER_FORMAT, tmp, suffix)
     assert r["failures"] == [], "\n".join(r["failures"][:10])
     # the mutations reach the checks: a good share is refused, and some survive (a mutation that changes nothing
     # the reader uses, such as a dropped optional key)
     assert r["refused"] >= N_PER_FORMAT // 5, r
+
+
+def _cli_cases(tmp: Path) -> dict[str, Callable[[Path], list[str]]]:
+    """The command that reads each format, given the file (small, quick targets)."""
+    model = tmp / "tiny.py"
+    return {
+        "hf-config": lambda f: ["analyze", str(f), "--seq", "16", "--rows", "1"],
+        "hardware-toml": lambda f: ["analyze", f"{model}:tiny", "--hardware", str(f), "--rows", "1"],
+        "trace": lambda f: ["serve", "gpt2", "--service-time", "exp:100", "--policy", "none",
+                            "--arrival", f"trace:{f}"],
+        "fusion-plan": lambda f: ["analyze", f"{model}:tiny", "--fusion-plan", str(f), "--rows", "1"],
+        "quality-json": lambda f: ["analyze", f"{model}:tiny", "--dtype", "int8", "--quality", str(f), "--rows", "1"],
+        "run-export": lambda f: ["runs", "import", str(f), "--store", str(tmp / "store" / "runs.duckdb")],
+    }
+
+
+SUFFIX = {"hf-config": ".json", "hardware-toml": ".toml", "run-export": ".json"}
+
+
+@pytest.mark.parametrize("name", ["hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json", "run-export"])
+def test_a_sample_through_the_cli(formats, name, capsys):
+    """Eight refused mutations of each format through the command that reads it: exit status 2 and one line on
+    stderr, no traceback (the commands print the readers' refusals as they are)."""
+    from opmap.cli import main
+
+    tmp, table = formats
+    read, seeds, parse, dump = table[name]
+    rng = random.Random(f"{SEED}:cli:{name}")
+    cmd = _cli_cases(tmp)[name]
+    tried = 0
+    while tried < 8:
+        data = dump(mutate_tree(parse(rng.choice(seeds)), rng)) if rng.random() < 0.75 else \
+            mutate_bytes(rng.choice(seeds), rng)
+        f = tmp / f"cli-{name}-{tried}{SUFFIX.get(name, '')}"
+        f.write_bytes(data)
+        try:
+            read(f)
+            continue  # accepted by the reader: not a refusal to check here
+        except OpmapError:
+            pass
+        capsys.readouterr()
+        rc = main([*cmd(f), "--no-store"] if name != "run-export" else cmd(f))
+        out, err = capsys.readouterr()
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("opmap: error:"), (name, data[:200], err)
+        assert "Traceback" not in out + err
+        tried += 1
