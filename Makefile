@@ -22,12 +22,22 @@ demo: setup
 test: setup lint browser
 	$(BIN)/python -m pytest
 
-# The dashboard's browser test drives Debian's chromium and chromedriver: installed where sudo needs no
-# password; never fails the build (the test skips with its reason where they are absent).
+# The dashboard's browser test drives Debian's chromium and chromedriver. As root they are installed with
+# apt-get directly (package lists fetched first when missing or stale), else with `sudo -n`; a machine that could
+# install them and failed fails here, so the browser test never skips where it could have run. Only a
+# non-root user without passwordless sudo gets the skip (with its reason).
+APT_BROWSER = DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver
 browser:
-	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
-	  sudo -n apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
-	  echo "note: chromium/chromedriver not installed (no passwordless sudo): the browser test will skip"
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  echo "installing chromium and chromium-driver with apt-get (root)"; \
+	  $(APT_BROWSER) >/dev/null 2>&1 || { apt-get update -q >/dev/null && $(APT_BROWSER) >/dev/null; }; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
+	  echo "installing chromium and chromium-driver with sudo -n apt-get"; \
+	  sudo -n env $(APT_BROWSER) >/dev/null 2>&1 || { sudo -n apt-get update -q >/dev/null && sudo -n env $(APT_BROWSER) >/dev/null; }; \
+	else \
+	  echo "note: chromium/chromedriver not installed (not root, no passwordless sudo): the browser test will skip"; \
+	fi
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

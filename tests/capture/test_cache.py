@@ -27,7 +27,7 @@ def test_keys_follow_every_input(cache_on):
 def test_a_hit_skips_the_build_and_gives_the_same_analysis(cache_on, tmp_path, monkeypatch):
     args = ["analyze", "gpt2", "--seq", "32", "--hardware", "h100-sxm", "--rows", "1"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
-    assert len(list(cache_on.glob("*.pkl"))) == 1
+    assert len(list(cache_on.glob("*.json"))) == 1 and not list(cache_on.glob("*.pkl"))
 
     def no_build(*a, **k):
         raise AssertionError("a cached zoo model must not be built again")
@@ -43,9 +43,84 @@ def test_a_hit_skips_the_build_and_gives_the_same_analysis(cache_on, tmp_path, m
     assert main([*args, "--fusion", "greedy"]) == 2
 
 
+ARGS = ["analyze", "gpt2", "--seq", "32", "--hardware", "h100-sxm", "--rows", "1"]
+
+
+def _entry(cache_on):
+    (path,) = cache_on.glob("*.json")
+    return path
+
+
+def test_an_entry_is_data_a_planted_pickle_is_never_loaded(cache_on, tmp_path):
+    """The old format (pickle) ran code on load: a .pkl planted where version 1 read its entry is never opened."""
+    import pickle
+
+    assert main([*ARGS, "--out", str(tmp_path / "a")]) == 0
+    path = _entry(cache_on)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    path.with_suffix(".pkl").write_bytes(pickle.dumps(Evil()))
+    path.unlink()  # the JSON entry gone: the old code would have read the .pkl
+    assert main([*ARGS, "--out", str(tmp_path / "b")]) == 0
+    assert not marker.exists()
+    assert json.loads(path.read_text().split("\n", 1)[0])["cache_version"] == cache.CACHE_VERSION
+
+
+def _damage(kind: str, text: str) -> str:
+    header, payload = text.split("\n", 1)
+    h = json.loads(header)
+    if kind == "truncated":
+        return text[: len(text) // 2]
+    if kind == "not json":
+        return "\x80\x81 garbage"
+    if kind == "hash":  # one byte of the payload changed, the header kept: the hash no longer matches
+        return header + "\n" + payload.replace('"aten.', '"aten!', 1)
+    if kind == "version":
+        return json.dumps({**h, "cache_version": 1}) + "\n" + payload
+    # a well-formed entry with a matching hash whose values have the wrong types: still a miss
+    import hashlib
+
+    body = json.loads(payload)
+    body["graph"]["nodes"][3][5][0][0] = ["1", None]  # node 3's first input's shape
+    body["workload"]["batch"] = True
+    p = json.dumps(body, separators=(",", ":")).encode()
+    return json.dumps({**h, "bytes": len(p), "sha256": hashlib.sha256(p).hexdigest()}) + "\n" + p.decode()
+
+
+@pytest.mark.parametrize("kind", ["truncated", "not json", "hash", "version", "types"])
+def test_a_damaged_entry_is_rebuilt_never_trusted(cache_on, tmp_path, kind):
+    assert main([*ARGS, "--out", str(tmp_path / "a")]) == 0
+    path = _entry(cache_on)
+    good = path.read_text()
+    path.write_text(_damage(kind, good))
+    key = path.stem
+    assert cache.load(key) is None
+    assert main([*ARGS, "--out", str(tmp_path / "b")]) == 0  # captured again, same figures
+    assert json.loads((tmp_path / "a" / "analysis.json").read_text()) == \
+        json.loads((tmp_path / "b" / "analysis.json").read_text())
+    assert path.read_text() == good  # and the entry rewritten whole
+
+
+def test_a_training_step_round_trips_its_saved_activations(cache_on, tmp_path):
+    args = ["analyze", "gpt2", "--seq", "32", "--phase", "train", "--microbatch", "1", "--global-batch", "2",
+            "--recompute", "selective", "--rows", "1"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0  # from the cache
+    first = json.loads((tmp_path / "a" / "analysis.json").read_text())
+    again = json.loads((tmp_path / "b" / "analysis.json").read_text())
+    assert first == again and first["phase"]["name"] == "train"
+
+
 def test_an_unreadable_entry_is_a_miss(cache_on):
+    from opmap.graph import OpGraph
+
     cache_on.mkdir(parents=True)
-    (cache_on / "abc.pkl").write_bytes(b"not a pickle")
+    (cache_on / "abc.json").write_bytes(b"not json")
     assert cache.load("abc") is None
-    cache.store("abc", ("x", 1))
-    assert cache.load("abc") == ("x", 1)
+    g = OpGraph((), 0, 0.0, 0, (), "meta")
+    cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
+    assert cache.load("abc") == (g, {"name": "x", "batch": 1, "seq": None, "assumptions": ()})

@@ -162,3 +162,34 @@ def test_analyze_a_config_json(tmp_path, cli, refused):
     bad.write_text('{"model_type": "no-such-arch"}')
     refused("analyze", bad, needle="model_type 'no-such-arch' is unknown to transformers")
     refused("analyze", tmp_path / "missing.json", needle="does not exist; accepted: path/to/config.json or hf:NAME")
+
+
+# unbalanced rich markup, a clear-screen CSI and an OSC 8 hyperlink in a module's name (add_module refuses only
+# "." and ""), in its class's name and in the file's name
+EVIL_MODULE = "l[/b]\x1b[2J\x1b]8;;http://evil\x1b\\y"
+EVIL_MODEL = f'''
+import torch
+from torch import nn
+
+Block = type({"Blk[/b]" + chr(27) + "[2J"!r}, (nn.Module,), {{"forward": lambda self, x: self.inner(x)}})
+
+
+def tiny():
+    inner = nn.Sequential()
+    inner.add_module({EVIL_MODULE!r}, nn.Linear(16, 16))
+    b = Block()
+    b.inner = inner
+    return b, (torch.randn(2, 16),)
+'''
+
+
+def test_user_strings_are_printed_as_text(tmp_path, cli):
+    f = tmp_path / "ev[red]il\x1b[2J.py"
+    f.write_text(EVIL_MODEL)
+    rc, out, err = cli("analyze", f"{f}:tiny", "--hardware", "h100-sxm", "--out", tmp_path / "out", "--no-store")
+    assert rc == 0, err
+    assert "\x1b" not in out + err
+    assert "opmap analyze ev[red]il.py:tiny on" in out
+    assert "inner.l[/b]y" in out  # the module path in the kernel and operator tables, literally
+    d = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert any(n["module"] == "inner." + EVIL_MODULE for n in d["nodes"])  # the files keep the name as it is

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import pytest
+
 
 def test_fit_writes_the_contract(tmp_path, cli):
     rc, out, err = cli("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", "100",
@@ -37,6 +39,24 @@ def test_fit_refuses_bad_input(refused):
     refused("fit", "--models", "resnet50", "--hardware", "l4", needle="not one: resnet50")
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--engine", "spark",
             needle="unknown engine 'spark'; accepted: local, ray")
+
+
+def test_an_earlier_trade_curve_never_stays_beside_a_new_fit_json(tmp_path, cli):
+    """A second fit into the same folder whose SLO no platform meets has no curve to draw: the first run's
+    trade_curve.png goes in the same step as the new fit.json lands. (p99 end to end under 1 ms: the prefill and
+    3 decode steps of a 4-token answer each read gpt2's 124M bf16 weights, 248 MB, at the L4's 300 GB/s, so
+    at least 4 x 0.83 ms = 3.3 ms.)"""
+    pytest.importorskip("matplotlib")
+    args = ("fit", "--models", "gpt2", "--hardware", "l4", "--requests", "20", "--input-len", "128",
+            "--output-len", "4", "--out", tmp_path, "--no-store")
+    rc, _, err = cli(*args, "--slo-p99", "3000")
+    assert rc == 0, err
+    assert (tmp_path / "trade_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, out, err = cli(*args, "--slo-p99", "1")
+    assert rc == 0, err
+    assert "trade_curve.png not drawn: no platform has a throughput at the SLO" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.json", "fit.md"]
+    assert json.loads((tmp_path / "fit.json").read_text())["cells"][0]["throughput_at_slo"] is None
 
 
 def test_fit_refuses_a_price_that_is_not_a_positive_number(refused, fail_if_called):

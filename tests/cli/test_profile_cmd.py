@@ -54,3 +54,21 @@ def test_first_use_of_local_calibrates_then_profiles(empty_cache, cli, stand_in_
     rc, out, err = cli("profile", tiny_model, "--iters", "1", "--profile-iters", "1", "--warmup", "0")
     assert rc == 0, err
     assert stand_in_calibration == [("cpu", False)] and "no calibration" not in out
+
+
+@pytest.mark.parametrize("args,needle", [(["--iters", "0"], "--iters must be an integer >= 1 (got 0)"),
+                                         (["--warmup", "-1"], "--warmup must be an integer >= 0 (got -1)"),
+                                         (["--profile-iters", "0"], "--profile-iters must be an integer >= 1"),
+                                         (["--batch", "0"], "--batch must be an integer >= 1")])
+def test_counts_are_refused_before_calibrating(refused, fail_if_called, args, needle):
+    fail_if_called("opmap.cli.calibrate.run_calibration")
+    fail_if_called("opmap.cli.common.build_workload")
+    refused("profile", "gpt2", *args, needle=needle)
+
+
+def test_a_batch_beyond_memory_is_the_users_batch_not_the_models_error(refused, fail_if_called):
+    """gpt2 at batch 100000 x seq 512: the embedding's output alone is 100000 x 512 x 768 x 4 B = 157 GB, which
+    the CPU allocator refuses at once (the ids, 410 MB, and the weights, 0.5 GB, are all that is allocated)."""
+    fail_if_called("opmap.cli.calibrate.run_calibration")
+    refused("profile", "gpt2", "--batch", "100000", "--seq", "512", "--hardware", "xeon-8480", "--iters", "1",
+            "--warmup", "0", "--profile-iters", "1", needle="profile of gpt2 at batch 100000 x seq 512 does not fit")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 
 def _tags(page: str):
     return json.loads(re.search(r'<script type="application/json" id="opmap-tags">(.*?)</script>', page, re.S)
@@ -83,3 +85,87 @@ def test_report_without_plotly(refused, monkeypatch, tmp_path, fail_if_called):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
     fail_if_called("opmap.report.dashboard.from_dir")
     refused("report", tmp_path, needle="pip install 'opmap[report]'")
+
+
+def _serve_folder(cli, d, model="gpt2"):
+    rc, _, err = cli("serve", model, "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
+                     "--requests", 200, "--out", d, "--no-store")
+    assert rc == 0, err
+    return d
+
+
+def test_report_refuses_a_linked_input(cli, refused, tmp_path):
+    """A run folder's trace.json (or profile.json, serve.json, ...) that is a link to another file is refused
+    whole: before, the linked file was copied beside the report, readable by all (0644)."""
+    d = tmp_path / "run"
+    rc, _, err = cli("analyze", "gpt2", "--seq", 16, "--rows", 1, "--out", d, "--no-store")
+    assert rc == 0, err
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"traceEvents": [], "token": "hunter2"}')
+    (d / "trace.json").symlink_to(secret)
+    refused("report", d, "--out", tmp_path / "r" / "report.html", needle="trace.json is a symbolic link")
+    assert not (tmp_path / "r").exists()
+    (d / "trace.json").unlink()
+    (d / "serve.json").symlink_to(secret)
+    refused("report", d, needle="serve.json is a symbolic link")
+    assert not (d / "report.html").exists()
+
+
+def test_report_replaces_only_its_own_files_unless_forced(cli, refused, tmp_path):
+    d = _serve_folder(cli, tmp_path / "out")
+    mine = "<!DOCTYPE html><title>my notes</title>\n"
+    (d / "report.html").write_text(mine)
+    refused("report", d, needle="report.html exists and opmap report did not write it; accepted: --force")
+    assert (d / "report.html").read_text() == mine
+    rc, _, err = cli("report", d, "--force")
+    assert rc == 0, err
+    assert '<meta name="generator" content="opmap ' in (d / "report.html").read_text()[:500]
+    rc, _, err = cli("report", d)  # its own page, and its own PNGs, are replaced without --force
+    assert rc == 0, err
+    (d / "report_serve_cdf.png").write_bytes(b"\x89PNG\r\n\x1a\n not opmap's")
+    refused("report", d, needle="report_serve_cdf.png exists and opmap report did not write it")
+    assert (d / "report_serve_cdf.png").read_bytes().endswith(b"not opmap's")
+    victim = tmp_path / "victim.html"
+    victim.write_text(mine)
+    (d / "mine.html").symlink_to(victim)  # a link is never opmap's, and --force replaces it, not its target
+    refused("report", d, "--out", d / "mine.html", needle="mine.html exists and opmap report did not write it")
+    rc, _, err = cli("report", d, "--out", d / "mine.html", "--force")
+    assert rc == 0, err
+    assert victim.read_text() == mine and not (d / "mine.html").is_symlink()
+
+
+def test_report_leaves_no_earlier_png_beside_a_new_page(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    d = _serve_folder(cli, tmp_path / "out")
+    assert cli("report", d)[0] == 0
+    assert (d / "report_serve_cdf.png").is_file()
+    rc, out, err = cli("report", d, "--no-png")
+    assert rc == 0, err
+    assert sorted(p.name for p in d.iterdir()) == ["latency_cdf.png", "report.html", "serve.json"]
+
+
+def test_a_name_that_closes_the_script_cannot_break_the_page(cli, tmp_path):
+    """The workload's name (serve's model: a label with --service-time) holds </script>, <!-- and <script>:
+    no JSON block of the page holds a "<" (each is \\u003c), the page still has its five script elements (plotly,
+    tags, figures, plotly config, the page's own), and the names read back as given."""
+    from html.parser import HTMLParser
+
+    evil = "</script><script>alert(1)</script><!--<script>"
+    d = _serve_folder(cli, tmp_path / "out", evil)
+    rc, _, err = cli("report", d, "--no-png")
+    assert rc == 0, err
+    page = (d / "report.html").read_text()
+    blocks = re.findall(r'<script type="application/json" id="[\w-]+">(.*?)</script>', page, re.S)
+    assert len(blocks) == 3 and not any(c in b for b in blocks for c in "<>&")
+    assert _tags(page)["workload"] == evil
+    assert evil in json.dumps(json.loads(blocks[1]))  # the figures' titles name it, intact
+
+    class Scripts(HTMLParser):
+        n = 0
+
+        def handle_starttag(self, tag, attrs):
+            self.n += tag == "script"
+
+    p = Scripts()
+    p.feed(page)
+    assert p.n == 5

@@ -65,3 +65,51 @@ def test_a_command_spools_its_run_and_the_next_reader_lands_it(tmp_path, cli):
     assert len(list(spool.glob("*.json"))) == 1 and not store.exists()
     rc, out, _ = cli("runs", "list", "--json", "--store", store)
     assert rc == 0 and len(json.loads(out)) == 1 and not list(spool.glob("*.json")) and store.exists()
+
+
+def test_import_and_export_refuse_bad_input_in_one_line(tmp_path, cli, refused):
+    store = tmp_path / "runs.duckdb"
+    rc, _, err = cli("analyze", "gpt2", "--seq", "16", "--rows", "1", "--store", store)
+    assert rc == 0, err
+    (tmp_path / "bad.json").write_text("{not json")
+    refused("runs", "import", tmp_path / "bad.json", "--store", store, needle="not JSON")
+    (tmp_path / "empty.json").write_text("{}")
+    refused("runs", "import", tmp_path / "empty.json", "--store", store, needle="non-empty JSON object")
+    (tmp_path / "pq").mkdir()
+    (tmp_path / "pq" / "runs.parquet").write_bytes(b"PAR1 not really")
+    refused("runs", "import", tmp_path / "pq", "--store", store, needle="not a readable opmap export")
+    refused("runs", "import", tmp_path / "missing", "--store", store, needle="nothing to import")
+    (tmp_path / "afile").write_text("x")
+    refused("runs", "export", "--parquet", tmp_path / "afile", "--store", store, needle="exists")
+    refused("runs", "export", "--parquet", tmp_path / "pq", "--store", store, needle="exists")
+    refused("runs", "export", "--parquet", tmp_path / "afile" / "out", "--store", store, needle="cannot write")
+    assert (tmp_path / "pq" / "runs.parquet").read_bytes() == b"PAR1 not really"  # nothing written over
+    rc, out, _ = cli("runs", "list", "--json", "--store", store)
+    assert rc == 0 and len(json.loads(out)) == 1  # and nothing taken
+
+
+def test_runs_list_prints_tags_as_plain_text(tmp_path, cli):
+    from opmap.store import record
+
+    store = tmp_path / "runs.duckdb"
+    record("analyze", {}, {"workload": "[/oops]", "hardware": "[bold]h[/bold]"}, store)
+    rc, out, err = cli("runs", "list", "--store", store)
+    assert rc == 0, err
+    assert "[/oops]" in out and "[bold]h[/bold]" in out
+
+
+def test_runs_list_and_show_print_tags_as_text(tmp_path, cli):
+    """A run whose workload tag (serve's model name: only a label with --service-time) holds unbalanced markup,
+    a clear-screen CSI and an OSC 8 hyperlink is listed and shown literally, no escape byte printed."""
+    store = tmp_path / "runs.duckdb"
+    evil = "m[/b]\x1b[2J\x1b]8;;http://evil\x1b\\x"
+    rc, _, err = cli("serve", evil, "--service-time", "fixed:10", "--arrival", "poisson:5", "--requests", "50",
+                     "--policy", "none", "--store", store)
+    assert rc == 0, err
+    rc, out, err = cli("runs", "list", "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "m[/b]x" in out
+    rid = json.loads(cli("runs", "list", "--json", "--store", store)[1])[0]["id"]
+    rc, out, err = cli("runs", "show", rid, "--store", store)
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "workload: m[/b]x" in out

@@ -78,6 +78,63 @@ def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)
 
 
+# rich markup that does not balance, a clear-screen CSI, an OSC 8 hyperlink: each crashed or reached the terminal
+EVIL = "m[/b]\x1b[2J\x1b]8;;http://evil\x1b\\x"
+
+
+def test_serve_prints_user_strings_as_text(tmp_path, cli):
+    """The model name (with --service-time it is only a label) and a trace file's path ("[" / "b]..." is a
+    path holding "[/b]") are printed literally, with no escape byte reaching the terminal."""
+    d = tmp_path / "[" / "b]\x1b[2J"
+    d.mkdir(parents=True)
+    trace = d / "t.jsonl"
+    trace.write_text("".join(f'{{"arrival_s": {i * 0.1}, "input_len": 16, "output_len": 4}}\n' for i in range(20)))
+    rc, out, err = cli("serve", EVIL, "--service-time", "fixed:10", "--policy", "none", "--arrival", f"trace:{trace}",
+                       "--out", d / "out", "--no-store")
+    assert rc == 0, err
+    assert "\x1b" not in out + err
+    assert "opmap serve m[/b]x on" in out and "trace:" in out and "/[/b]/out/serve.json" in out
+    assert json.loads((d / "out" / "serve.json").read_text())["assumptions"]["model"] == EVIL  # kept as given
+
+
+def test_serve_never_writes_through_a_link(tmp_path, cli):
+    """Links at the final names and at the temporary name the PNG was once drawn to (latency_cdf.PID.tmp.png):
+    every target is left as it was, the outputs are new regular files."""
+    import os
+
+    victims = {n: tmp_path / f"victim-{n}" for n in ("serve.json", "latency_cdf.png",
+                                                     f"latency_cdf.{os.getpid()}.tmp.png")}
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, v in victims.items():
+        v.write_text("secret\n")
+        (out / name).symlink_to(v)
+    rc, _, err = cli("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", "--requests", 50,
+                     "--out", out, "--no-store")
+    assert rc == 0, err
+    assert all(v.read_bytes() == b"secret\n" for v in victims.values())
+    assert not (out / "serve.json").is_symlink() and json.loads((out / "serve.json").read_text())["latency"]
+
+
+def test_an_earlier_latency_cdf_never_stays_beside_a_new_serve_json(tmp_path, cli, monkeypatch):
+    """The second run draws no PNG (matplotlib made unavailable, the failure imitated): the first run's
+    latency_cdf.png goes in the same step as the new serve.json lands."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+
+    args = ("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", "--requests", 50, "--out", tmp_path,
+            "--no-store")
+    assert cli(*args, "--arrival", "poisson:5")[0] == 0
+    assert (tmp_path / "latency_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a))
+    rc, out, err = cli(*args, "--arrival", "poisson:7")
+    assert rc == 0, err
+    assert "latency_cdf.png skipped" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["serve.json"]
+    assert json.loads((tmp_path / "serve.json").read_text())["arrival"] == "poisson:7"
+
+
 # -- traces a newcomer writes by hand: one line, exit 2, never a hang or a traceback -----------------------------
 
 def test_a_nan_arrival_time_is_refused_not_simulated_forever(tmp_path):

@@ -35,3 +35,11 @@ def test_sweep_refuses_bad_input(refused):
     refused("sweep", "gpt2", "--engine", "spark", needle="unknown engine 'spark'; accepted: local, ray")
     refused("sweep", "resnet50", "--phase", "decode", "--batch", "1", "--seq", "8",
             needle="vision model: it has no decode phase")
+
+
+def test_a_measured_batch_beyond_memory_is_refused_before_it_is_built(refused, fail_if_called):
+    """gpt2 at batch 100000 x seq 64: the logits alone are 100000 x 64 x 50257 x 4 B = 1.29 TB; refused from the
+    meta capture's sizes, before a real tensor is allocated (it was killed by the OOM killer)."""
+    fail_if_called("opmap.explore.sweep._measure")
+    refused("sweep", "gpt2", "--measure", "--batch", "100000", "--seq", "64", "--repeats", "2",
+            needle="sweep --measure at batch 100000 x seq 64 needs at least")

@@ -178,3 +178,12 @@ def test_perf_per_watt_takes_a_measured_sweeps_energy():
     (bar,) = fig["data"]
     assert bar["x"] == ["batch 2 seq 16"] and bar["y"] == [pytest.approx(20.0)]
     assert perf_per_watt(None, {"points": sw["points"][1:]}) is None
+
+
+def test_script_json_has_no_markup_characters_and_reads_back():
+    from opmap.report.html import script_json
+
+    x = {"workload": "</script><!--<script>a && b > c", "é": "\u2028"}
+    text = script_json(x)
+    assert not any(c in text for c in "<>&") and text.isascii()
+    assert json.loads(text) == x

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from opmap.report.trade_curve import draw_trade_curve, pareto, risk_level
+from opmap.report.trade_curve import pareto, risk_level, trade_curve_png
 
 
 def _cell(hw, lat, tok, excluded="", energy=0.5, risk="low (source)"):
@@ -35,16 +35,16 @@ def test_risk_level(risk, level):
     assert risk_level(risk) == level
 
 
-def test_png_written(tmp_path):
+def test_png_drawn_whole():
     pytest.importorskip("matplotlib")
-    fit = {"models": ["m"], "cells": CELLS}
-    p = draw_trade_curve(fit, tmp_path / "trade_curve.png")
-    head = p.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n"
-    w, h = struct.unpack(">II", head[16:24])  # IHDR width and height
+    from opmap.report.figures import png_software
+
+    data = trade_curve_png({"models": ["m"], "cells": CELLS})
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", data[16:24])  # IHDR width and height
     assert (w, h) == (round(6.2 * 110), round(4.6 * 110))  # figsize (in) x dpi
-    assert [x.name for x in tmp_path.iterdir()] == ["trade_curve.png"]  # no temporary file left
+    assert png_software(data).startswith("opmap ")  # known as opmap's by opmap report
 
 
-def test_nothing_to_draw(tmp_path):
-    assert draw_trade_curve({"models": ["m"], "cells": [CELLS[-1]]}, tmp_path / "t.png") is None
+def test_nothing_to_draw():
+    assert trade_curve_png({"models": ["m"], "cells": [CELLS[-1]]}) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -102,10 +103,14 @@ def _kernel_run(rng, slow_kernel=None, factor=1.2, n=20, nk=4, **node_extra):
 
 
 def test_per_kernel_verdicts_find_only_the_injected_kernel(tmp_path):
+    # one of four kernels 50% slower moves the run by 12.5%: below the assumed floor of two lone runs (15%), so
+    # two repeats of A measure this host's noise (tight here: kernels with 3% spread over 20 iterations)
     path = tmp_path / "runs.duckdb"
     rng = random.Random(3)
     a = record("profile", _kernel_run(rng), _tags(), path)
     b = record("profile", _kernel_run(rng), _tags(), path)
+    for _ in range(2):
+        record("profile", _kernel_run(rng), _tags(), path)
     c = record("profile", _kernel_run(rng, slow_kernel=3, factor=1.5), _tags(), path)
     same = compare(a, b, path)
     assert same["verdict"] == "no significant change"
@@ -113,6 +118,7 @@ def test_per_kernel_verdicts_find_only_the_injected_kernel(tmp_path):
     assert {v["verdict"] for v in same["layer_types"].values()} == {"no significant change"}
     r = compare(a, c, path)
     assert r["matched_by"] == {"node identity": 4} and r["verdict"] == "regression"
+    assert r["noise"]["measured"] and len(r["noise"]["runs_a"]) == 4 and r["noise"]["runs_b"] == [c]
     verdicts = {k["a_idx"]: k["verdict"] for k in r["kernels"]}
     assert verdicts == {0: "no significant change", 1: "no significant change", 2: "no significant change",
                         3: "regression"}
@@ -136,3 +142,105 @@ def test_kernels_match_by_signature_then_by_module_where_graphs_differ(tmp_path)
     got = {(x["idx"], y["idx"]): h for (x, y), h in zip(pairs, how)}
     assert got == {(0, 1): "op signature", (2, 3): "op signature", (1, 2): "op at module"}
     assert unmatched == [{"side": "b", "idx": 0, "name": "add@z"}]
+
+
+HOST = {"device_name": "AMD EPYC", "device": "cpu", "threads": 2, "host": "ci-1"}
+CMD_A, CMD_B = "opmap profile main/m.py:m --iters 20", "opmap profile branch/m.py:m --iters 20"
+
+
+def _step_run(rng, stall_s=0.0, n=20, host=HOST):
+    """A profile of a ~200 ms step: each run's level lognormal(0, 3%) about 200 ms (the noise between runs),
+    each step lognormal(0, 10%) about its run's level, plus ``stall_s``; the first step a warm-up outlier at
+    x18.5 (+1750%, as the issue measured). Single same-code runs then differ by up to 9-13% over ten pairs."""
+    level = 0.200 * math.exp(rng.gauss(0, 0.03))
+    lat = [level * math.exp(rng.gauss(0, 0.10)) + stall_s for _ in range(n)]
+    lat[0] *= 18.5
+    nodes = [{"id": 0, "op": "aten.mm.default", "module": "step", "layer_type": "mlp", "flops": 1.0}]
+    kernels = [{"anchor": 0, "nodes": [0], "predicted_s": 0.2, "measured_s": statistics.median(lat[-5:]),
+                "measured_samples_s": lat[-5:], "traffic_bytes": 1.0}]
+    return {"nodes": nodes, "kernels": kernels, "samples": {"latency_s": lat}, "tags": host}
+
+
+def _pairs(path, rng, stall_s, runs, first=0):
+    """Ten comparisons, each of its own workload: A and runs - 1 repeats of it, B and runs - 1 repeats."""
+    out = []
+    for i in range(first, first + 10):
+        a = [record("profile", _step_run(rng), _tags(workload=f"m{i}", command=CMD_A), path, ingest=False)
+             for _ in range(runs)]
+        b = [record("profile", _step_run(rng, stall_s), _tags(workload=f"m{i}", command=CMD_B), path, ingest=False)
+             for _ in range(runs)]
+        out.append((a[0], b[0]))
+    return [compare(a, b, path) for a, b in out]
+
+
+def test_same_code_pairs_never_regress_and_a_40ms_stall_is_caught_10_of_10(tmp_path):
+    # the issue's check, 5 runs a side (repeats in the store, or --rerun 4): same code gives no regression in 10
+    # pairs; a 40 ms stall in the ~200 ms step (+20%) is a regression in 10 of 10
+    path = tmp_path / "runs.duckdb"
+    rng = random.Random(19)
+    same, stalled = _pairs(path, rng, 0.0, 5), _pairs(path, rng, 0.040, 5, first=10)
+    assert [r["verdict"] for r in same].count("regression") == 0
+    assert [r["verdict"] for r in stalled] == ["regression"] * 10
+    for r in same + stalled:
+        n = r["noise"]
+        assert n["measured"] and len(n["runs_a"]) == 5 and len(n["runs_b"]) == 5 and n["dof"] == 8
+        assert r["warmup"]["dropped_a"] == [1] * 5  # every run's x18.5 first step, by the rule
+        assert r["min_effect_used"] == max(0.05, n["noise"]) and "max(--min-effect 5.0%" in n["minimum_effect"]
+    # the stall's effect, +40 ms on 200 ms: +20%, within the noise of five runs a side
+    assert all(0.12 < r["effect"] < 0.28 for r in stalled)
+    assert max(r["noise"]["noise"] for r in stalled) < 0.15
+
+
+def test_lone_same_code_pairs_are_not_called_regressions_within_the_assumed_floor(tmp_path):
+    # without repeats the floor is assumed (15%, above the 9-13% the issue measured between same-code runs): the
+    # old 5% minimum effect called these pairs regressions and improvements at p < 0.05
+    path = tmp_path / "runs.duckdb"
+    rs = _pairs(path, random.Random(5), 0.0, 1)
+    assert [r["verdict"] for r in rs] == ["no significant change"] * 10
+    assert all(not r["noise"]["measured"] and r["min_effect_used"] == 0.15 for r in rs)
+    beyond_old = [r for r in rs if r["test"]["p"] < 0.05 and abs(r["effect"]) > 0.05]
+    assert beyond_old and all("not significant at this host's noise (15.0%, assumed)" in r["verdict_line"]
+                              for r in beyond_old)
+
+
+def test_a_warmup_outlier_does_not_move_a_kernel(tmp_path):
+    # --profile-iters 2: the stored kernel time is the median of two iterations, their mean; a first iteration at
+    # x18.5 made it +870%. The rule drops that iteration: the kernel's time is the one left (0.202 ms)
+    path = tmp_path / "runs.duckdb"
+
+    def run(kernel_samples):
+        nodes = [{"id": 0, "op": "aten.mm.default", "module": "fc", "layer_type": "mlp", "flops": 1.0}]
+        kernels = [{"anchor": 0, "nodes": [0], "predicted_s": 1e-4, "measured_s": statistics.median(kernel_samples),
+                    "measured_samples_s": kernel_samples, "traffic_bytes": 1.0}]
+        return {"nodes": nodes, "kernels": kernels, "samples": {"latency_s": [1e-3 + 1e-6 * i for i in range(10)]}}
+
+    a = record("profile", run([0.200e-3, 0.201e-3]), _tags(), path)
+    b = record("profile", run([3.700e-3, 0.202e-3]), _tags(), path)
+    k = compare(a, b, path)["kernels"][0]
+    assert k["b_s"] == pytest.approx(0.202e-3) and k["a_s"] == pytest.approx(0.2005e-3)
+    assert k["rel"] == pytest.approx(0.202 / 0.2005 - 1) and k["verdict"] == "no test"
+
+
+def test_repeats_on_another_host_do_not_count_and_a_host_change_is_refused(tmp_path):
+    path = tmp_path / "runs.duckdb"
+    rng = random.Random(2)
+    other = {**HOST, "host": "ci-2"}
+    a = record("profile", _step_run(rng), _tags(command=CMD_A), path)
+    for _ in range(3):
+        record("profile", _step_run(rng, host=other), _tags(command=CMD_A), path)
+    b = record("profile", _step_run(rng), _tags(command=CMD_B), path)
+    r = compare(a, b, path)
+    assert r["noise"]["runs_a"] == [a] and not r["noise"]["measured"]
+    assert r["host"] == "AMD EPYC (cpu, 2 threads) on ci-1"
+    c = record("profile", _step_run(rng, host=other), _tags(command=CMD_B), path)
+    with pytest.raises(OpmapError, match=r"differ in host \(AMD EPYC \(cpu, 2 threads\) on ci-1 vs"):
+        compare(a, c, path)
+    assert compare(a, c, path, force=True)["forced_tags"] == ["host"]
+
+
+def test_compare_refuses_runs_without_kernels(tmp_path):
+    path = tmp_path / "runs.duckdb"
+    s = record("sweep", {"points": [{"batch": 1}]}, _tags(), path)
+    a = record("analyze", _profile([], [1e-3]) | {"samples": {}}, _tags(), path)
+    with pytest.raises(OpmapError, match=f"{s} is a sweep run"):
+        compare(a, s, path)

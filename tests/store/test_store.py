@@ -89,7 +89,7 @@ def test_a_killed_writer_loses_nothing_earlier(tmp_path):
 
 
 def test_parquet_export_and_import_round_trip(tmp_path):
-    from opmap.store.db import export_parquet, import_path
+    from opmap.store.transfer import export_parquet, import_path
 
     a = tmp_path / "a.duckdb"
     ids = {record("analyze", PAYLOAD, _tags(batch=b), a) for b in (1, 2)}
@@ -104,7 +104,7 @@ def test_parquet_export_and_import_round_trip(tmp_path):
 
 
 def test_importing_a_profile_json_keeps_its_samples_once(tmp_path):
-    from opmap.store.db import import_path
+    from opmap.store.transfer import import_path
 
     body = {**PAYLOAD, "kind": "profile", "latency": {"p50_s": 1.0, "samples_s": [1.0, 1.2, 0.8, 1.1]}}
     body.pop("samples")
@@ -116,3 +116,76 @@ def test_importing_a_profile_json_keeps_its_samples_once(tmp_path):
     assert run["kind"] == "profile" and show_run(run["id"], path)["samples"] == 4
     with pytest.raises(OpmapError, match="nothing to import"):
         import_path(tmp_path / "empty-dir-that-is-missing", path)
+
+
+GOOD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16", "batch": 1, "seq": 8},
+        "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": 1e-3}], "nodes": [{"id": 0, "op": "aten.mm.default"}]}
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({}, "non-empty JSON object"),
+    ([GOOD], "non-empty JSON object"),
+    ({**GOOD, "assumptions": {**GOOD["assumptions"], "batch": "abc"}}, "assumptions.batch"),
+    ({**GOOD, "assumptions": {**GOOD["assumptions"], "batch": True}}, "assumptions.batch"),
+    ({**GOOD, "assumptions": {"hardware": "h100-sxm"}}, "assumptions.workload"),
+    ({**GOOD, "kernels": [{"predicted_s": float("nan")}]}, "predicted_s"),
+    ({**GOOD, "kernels": [{"predicted_s": -1.0}]}, "kernels[0].predicted_s"),
+    ({**GOOD, "kernels": "many"}, "run.kernels"),
+    ({**GOOD, "nodes": [{"id": 0, "inputs": [{"shape": [2, -1]}]}]}, "nodes[0].inputs[0].shape"),
+    ({**GOOD, "latency": {"samples_s": [1.0, "x"]}}, "latency.samples_s"),
+    ({**GOOD, "kind": "nonsense"}, "kind"),
+    ({"kind": "sweep"}, "points"),
+])
+def test_validate_run_names_the_bad_field_in_one_line_and_touches_no_store(bad, field, tmp_path, monkeypatch):
+    from opmap.store import validate_run
+
+    monkeypatch.setenv("OPMAP_STORE", str(tmp_path / "runs.duckdb"))
+    validate_run(GOOD)  # the good run passes
+    with pytest.raises(OpmapError) as e:
+        validate_run(bad)
+    assert field in str(e.value) and len(str(e.value).splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_malformed_run_is_refused_before_anything_is_written(tmp_path):
+    path = tmp_path / "runs.duckdb"
+    with pytest.raises(OpmapError, match="tags.batch"):
+        record("analyze", PAYLOAD, _tags(batch="abc"), path)
+    assert not path.exists() and not list(path.with_name(path.name + ".spool").glob("*.json"))
+
+
+def test_writes_never_go_through_a_symlink(tmp_path):
+    from opmap.store.transfer import export_parquet
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path = tmp_path / "runs.duckdb"
+    path.with_name(path.name + ".spool").symlink_to(elsewhere)  # a spool that points somewhere else
+    with pytest.raises(OpmapError, match="symlink"):
+        record("analyze", PAYLOAD, _tags(), path)
+    assert list(elsewhere.iterdir()) == []
+    good = tmp_path / "good.duckdb"
+    record("analyze", PAYLOAD, _tags(), good)
+    (tmp_path / "out").symlink_to(elsewhere)  # an export folder that is a link
+    with pytest.raises(OpmapError, match="symlink"):
+        export_parquet(tmp_path / "out", good)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_import_is_all_or_nothing(tmp_path):
+    from opmap.store.transfer import import_path
+
+    path = tmp_path / "runs.duckdb"
+    for name, body in (("a", GOOD), ("b", {**GOOD, "kernels": [{"measured_s": float("inf")}]})):
+        (tmp_path / "in" / name).mkdir(parents=True)
+        (tmp_path / "in" / name / "profile.json").write_text(json.dumps(body))
+    with pytest.raises(OpmapError, match=r"b/profile.json.*nothing imported"):
+        import_path(tmp_path / "in", path)
+    assert not path.exists() and not list(path.with_name(path.name + ".spool").glob("*.json"))
+
+
+def test_a_commands_run_with_an_infinite_figure_is_still_recorded(tmp_path):
+    # a command's own result may hold inf (an overloaded queue's wait); DuckDB's JSON keeps it: not refused
+    path = tmp_path / "runs.duckdb"
+    rid = record("serve", {"latency": {"p99_s": float("inf")}}, _tags(), path)
+    assert show_run(rid, path)["payload"]["latency"]["p99_s"] == float("inf")

@@ -284,8 +284,8 @@ class _DispatchRecorder(TorchDispatchMode):
         try:
             return func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as e:
-            if isinstance(e, torch.OutOfMemoryError):
-                raise
+            if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
+                raise  # the allocator's refusal: the size asked for, not the model's error (opmap.measure.oom)
             t = self.t
             flat, _ = tree_flatten((args, kwargs))
             path, cls = t.stack[-1] if t.stack else ("", "")

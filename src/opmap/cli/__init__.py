@@ -28,6 +28,7 @@ from opmap.cli import serve as _serve
 from opmap.cli import sweep as _sweep
 from opmap.cli.common import console
 from opmap.errors import OpmapError
+from opmap.report.text import clean
 
 __all__ = ["app", "console", "main"]
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(rc, int) and rc:  # click returns a typer.Exit's code when not standalone
             return rc
     except OpmapError as e:
-        err.print(f"opmap: error: {e}", highlight=False, soft_wrap=True, markup=False)
+        err.print(f"opmap: error: {clean(str(e))}", highlight=False, soft_wrap=True, markup=False)
         return 2
     except Exception as e:
         kind = type(e).__name__
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if _usage_error(e):
             ctx = getattr(e, "ctx", None)
             where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-            err.print(f"opmap: error: {e.format_message()}{where}", highlight=False, soft_wrap=True, markup=False)
+            err.print(clean(f"opmap: error: {e.format_message()}{where}"), highlight=False, soft_wrap=True,
+                      markup=False)
             return 2
         raise
     return 0

@@ -11,6 +11,7 @@ import typer
 from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
+from opmap.report.text import safe
 from opmap.validate import INT_GE0, INT_GE1, options
 
 
@@ -99,18 +100,18 @@ def analyze(
     key = _graph_key(model, batch, seq, image_size, dtype, device, layout, overrides)
     hit = graph_cache.load(key) if key else None
     if hit is not None:
-        graph, w = hit
+        graph, w = hit[0], _cached_workload(hit[1])
         evidence = _evidence(quality, w.name, dtype)
         check_analysis_inputs(hw, dtype, fusion, fusion_plan)
-        with console.status(f"predicting {w.name} on {hw.name} (graph from the capture cache)"):
+        with console.status(f"predicting {safe(w.name)} on {hw.name} (graph from the capture cache)"):
             a = analyze_graph(graph, w, hw, dtype, overrides, fusion, fusion_plan, evidence)
     else:
         w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
         evidence = _evidence(quality, w.name, dtype)
-        with console.status(f"capturing {w.name} and predicting on {hw.name}"):
+        with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
             a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
-            graph_cache.store(key, (a.graph, replace(w, module=None, inputs=None)))
+            graph_cache.store(key, a.graph, _workload_fields(w))
     _report(a, par, overrides, rows, out, store, no_store)
 
 
@@ -187,30 +188,53 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
                             "recompute": spec.recompute if spec.train else None})
     hit = graph_cache.load(key) if key else None
     saved = act = None
-    if hit is not None:
-        graph, w, saved = hit
+    if hit is not None and len(hit) == 3:
+        graph, w, saved = hit[0], _cached_workload(hit[1]), _cached_saved(hit[2])
     else:
         if spec_model is not None and device != "meta":
             from opmap.cli.common import check_memory
 
             check_memory(spec_model.published_params, dtype, device)
-        with console.status(f"building {model} for {spec.name} on {device}"):
+        with console.status(f"building {safe(model)} for {spec.name} on {safe(device)}"):
             w = with_layout(phase_workload(model, spec, batch, seq if seq is not None else image_size, dtype, device),
                             layout)
-        with console.status(f"capturing {w.name} ({spec.name})"):
+        with console.status(f"capturing {safe(w.name)} ({spec.name})"):
             graph = capture_phase(w, spec, overrides)
             if spec.train:
                 saved, _ = train_activations(w, spec.recompute)
         if key:
-            graph_cache.store(key, (graph, replace(w, module=None, inputs=None), saved))
+            graph_cache.store(key, graph, _workload_fields(w), _saved_fields(saved))
     if spec.train:
         per = saved.total_bytes / (w.batch * (w.seq or 1))
         act = lambda b, s: per * b * s  # noqa: E731 (linear in batch x sequence: fused attention)
     evidence = _evidence(quality, w.name, dtype)
-    with console.status(f"predicting {w.name} ({spec.name}) on {hw.name}"):
+    with console.status(f"predicting {safe(w.name)} ({spec.name}) on {hw.name}"):
         pa = analyze_phase(graph, w, hw, dtype, spec, overrides, fusion, fusion_plan, evidence, saved=saved,
                            activations=act)
     _report(pa.analysis, par, overrides, rows, out, store, no_store)
+
+
+def _workload_fields(w) -> dict:
+    """What the capture cache keeps of a workload: not its module or inputs (a cached graph needs neither)."""
+    return {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)}
+
+
+def _cached_workload(fields: dict):
+    from opmap.workloads.zoo import Workload
+
+    return Workload(fields["name"], None, None, fields["batch"], fields["seq"], fields["assumptions"])
+
+
+def _saved_fields(saved) -> dict | None:
+    from dataclasses import asdict
+
+    return None if saved is None else {**asdict(saved), "notes": list(saved.notes)}
+
+
+def _cached_saved(fields: dict | None):
+    from opmap.mapping.memory import SavedActivations
+
+    return None if fields is None else SavedActivations(**fields)
 
 
 def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str, device: str,

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from opmap.errors import OpmapError
+from opmap.report.text import clean, safe
 
 # Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -30,7 +31,7 @@ def build_workload(model: str, batch: int, seq: int | None, image_size: int | No
         raise OpmapError(f"{model} is a text model: it takes --seq, not --image-size")
     if spec is not None and device != "meta":
         check_memory(spec.published_params, dtype, device)
-    with console.status(f"building {model} on {device}"):
+    with console.status(f"building {safe(model)} on {safe(device)}"):
         return load_workload(model, batch, seq if seq is not None else image_size, dtype, device)
 
 
@@ -60,7 +61,7 @@ def hardware(name: str):
     spec = get_hardware(name)
     note = alias_note(name)
     if note:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        console.print(f"note: {clean(note)}", highlight=False, markup=False)
     return spec
 
 
@@ -71,12 +72,12 @@ def warn_unmatched_overrides(overrides, graph) -> None:
     paths = sorted({n.module for n in graph.nodes if n.module}, key=lambda m: (m.count("."), m))
     example = f" (module paths look like {paths[-1]!r})" if paths else " (the model has no submodules)"
     for item in unmatched_overrides(overrides, paths):
-        Console(stderr=True).print(f"opmap: warning: --layer-type {item} matched no module{example}",
+        Console(stderr=True).print(clean(f"opmap: warning: --layer-type {item} matched no module{example}"),
                                    highlight=False, markup=False, soft_wrap=True)
 
 
 def print_wrote(paths: Iterable[Path]) -> None:
-    console.print("wrote " + ", ".join(str(p) for p in paths))
+    console.print(clean("wrote " + ", ".join(str(p) for p in paths)), markup=False)
 
 
 @contextlib.contextmanager
@@ -89,7 +90,7 @@ def step_progress(first: str):
         task = bar.add_task(first, total=1)
 
         def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=max(1, total))
+            bar.update(task, description=safe(what), completed=done, total=max(1, total))
 
         yield progress
 
@@ -105,10 +106,10 @@ def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_stor
         rid = record(kind, payload, tags, store, ingest=False)  # spooled; the next reader ingests it
     except StoreUnavailable as e:
         if "duckdb" in str(e):
-            console.print(f"[dim]run not recorded: {e}[/dim]")
+            console.print(f"[dim]run not recorded: {safe(e)}[/dim]")
         return
     except Exception as e:  # the store's own failure (a locked, corrupt or foreign file) never costs the result
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {msg}", highlight=False)
+        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {safe(msg)}", highlight=False)
         return
     console.print(f"[dim]recorded as run {rid} (opmap runs show {rid})[/dim]")

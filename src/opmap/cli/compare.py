@@ -1,4 +1,5 @@
-"""``opmap compare A B``: two recorded runs, kernel by kernel; exit 0 no regression, 1 regression, 2 bad input."""
+"""``opmap compare A B``: two runs (run ids or output folders), kernel by kernel, judged against this host's noise
+between runs; exit 0 no regression, 1 regression, 2 bad input."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from opmap.validate import INT_GE0, POSITIVE, json_text, options
 
 
 def compare(
-    a: str = typer.Argument(..., help="The baseline run id (opmap runs list)."),
-    b: str | None = typer.Argument(None, help="The run to judge against it (omit with --production to check A's "
-                                             "shapes alone)."),
+    a: str = typer.Argument(..., help="The baseline: a run id (opmap runs list) or a run's output folder."),
+    b: str | None = typer.Argument(None, help="The run to judge against it, a run id or a folder (omit with "
+                                             "--production to check A's shapes alone)."),
     force: bool = typer.Option(False, help="Compare runs whose hardware, precision, phase or workload differ."),
-    min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative change that counts."),
+    min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative change that counts; the "
+                                     "verdict uses the larger of this and the host's noise floor between runs."),
+    rerun: int = typer.Option(0, "--rerun", help="Re-run A's and B's recorded profile commands N more times each, "
+                                                 "interleaved A B A B in fresh processes: the noise floor measured "
+                                                 "now (5 runs a side, --rerun 4, tell +20% from same-code noise)."),
     alpha: float = typer.Option(0.05, help="Significance level of the rank test."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     rows: int = typer.Option(10, help="Kernels shown (largest changes first)."),
@@ -26,8 +31,10 @@ def compare(
     no_store: bool = typer.Option(False, "--no-store", help="Do not record the shape check in the run store."),
 ) -> None:
     """Per layer type and per kernel deltas; a regression only where a rank test on the raw samples and the
-    minimum effect agree. With --production, whether the synthetic run A's kernels stand for the production
-    run's kernels of the same class (production-shape validation)."""
+    minimum effect agree, the minimum effect raised to this host's noise between runs (repeats of A and B in the
+    store with the same tags, code and host, or --rerun); warm-up outliers dropped by a stated rule. With
+    --production, whether the synthetic run A's kernels stand for the production run's kernels of the same class
+    (production-shape validation)."""
     from rich.table import Table
 
     from opmap.errors import OpmapError
@@ -39,7 +46,10 @@ def compare(
              "--rows": (rows, INT_GE0)})
     if b is None and production is None:
         raise OpmapError("compare takes two runs (A B), or one run with --production RUN")
-    r = run_compare(a, b, store, force, min_effect, alpha) if b is not None else None
+    r = None
+    if b is not None:
+        with console.status("comparing") as st:
+            r = run_compare(a, b, store, force, min_effect, alpha, rerun, progress=lambda s: st.update(s))
     shapes = (production_check(a, production, store, force, class_changes(r) if r is not None else None)
               if production is not None else None)
     if shapes is not None:
@@ -72,15 +82,30 @@ def compare(
         if r["unmatched"]:
             console.print(f"{len(r['unmatched'])} kernels without a match (in the JSON's unmatched)",
                           highlight=False)
-        test = r["test"]
-        line = (f"{r['verdict']}: median {r['effect']:+.1%}, {test['name']} p = {test['p']:.3g} "
-                f"(alpha {alpha}, minimum effect {min_effect:.0%})" if test else
-                f"{r['verdict']}: predicted total {r['effect']:+.1%} ({r['note']})")
-        console.print(line, highlight=False, markup=False)
+        _print_verdict(r)
         if shapes is not None:
             _print_shapes(shapes)
     if r is not None and r["verdict"] == "regression":
         raise typer.Exit(1)
+
+
+def _print_verdict(r: dict) -> None:
+    """The verdict line, then how it was reached: the minimum effect and the noise floor, the runs on each side,
+    the warm-up rule."""
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False)
+
+    say(r["verdict_line"])
+    if r["test"] is None:
+        say(f"  {r['note']}")
+        return
+    n = r["noise"]
+    say(f"  minimum effect {n['minimum_effect']}; noise floor between runs: {n['rule']}")
+    say(f"  host: {r.get('host') or 'not recorded'}; side A: {', '.join(n['runs_a'])}; "
+        f"side B: {', '.join(n['runs_b'])}")
+    w = r["warmup"]
+    say(f"  {w['rule']}: dropped {sum(w['dropped_a'])} leading samples on side A, {sum(w['dropped_b'])} on B")
+    say(f"  kernels: minimum effect max(--min-effect, {r['kernel_floor']['rule']})")
 
 
 def _print_shapes(v: dict) -> None:

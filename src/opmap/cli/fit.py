@@ -109,11 +109,13 @@ def fit(
                       f"{f(c['latency_p99_s'])} | {f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | "
                       f"{f(c['energy_per_token_j'])} | {f(c['perf_per_dollar'])} | {c['bound'] or '-'} | {c['risk']} | "
                       f"{f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
-        from opmap.report.trade_curve import draw_trade_curve, have_matplotlib
+        from opmap.report.trade_curve import have_matplotlib, trade_curve_png
 
-        paths = write_set(out, {"fit.json": json_text(r, indent=1), "fit.md": "\n".join(md) + "\n"})
-        png = draw_trade_curve(r, out / "trade_curve.png")
-        print_wrote(paths + ([png] if png else []))
+        files: dict[str, str | bytes] = {"fit.json": json_text(r, indent=1), "fit.md": "\n".join(md) + "\n"}
+        png = trade_curve_png(r)
+        if png is not None:
+            files["trade_curve.png"] = png
+        print_wrote(write_set(out, files, remove=["trade_curve.png"]))  # an earlier run's PNG never stays
         if png is None:
             console.print("  trade_curve.png not drawn: " + ("no platform has a throughput at the SLO"
                           if have_matplotlib() else "matplotlib is not installed (pip install 'opmap[report]')"),

@@ -10,30 +10,50 @@ from opmap.cli.common import console, print_wrote
 
 
 def memo(
-    run_id: str = typer.Argument(..., help="A run id (opmap runs list)."),
+    source: str = typer.Argument(..., help="A run id (opmap runs list) or a run's output folder (opmap analyze, "
+                                           "profile, plan, sweep, serve or fit --out)."),
     out: Path | None = typer.Option(None, help="Write memo.md (and memo.json) into this folder."),
     store: Path | None = typer.Option(None, "--store", help="Run store file."),
 ) -> None:
     """Each finding assigned to an owner layer (ML compiler, runtime, performance modelling) with its evidence,
     the command that reproduces it, a bounded fix with its expected gain from the model, a rollback boundary and
-    a risk; the field's pitfalls as checks."""
-    from opmap.report.memo import findings, memo_markdown, pitfalls
+    a risk; the field's pitfalls as checks. Every run kind: analyze and profile (per layer type), fit (the
+    ranking, struck cells, the SLO), plan (the best layout and why), sweep (the knee), serve (the SLO verdict and
+    the tail), shape-check and calibrate."""
+    from opmap.report.memo import KERNEL_KINDS, memo_markdown, memo_parts
     from opmap.report.sheet import check_out_dir, write_set
-    from opmap.store import list_runs, show_run
+    from opmap.store.source import load
     from opmap.validate import json_text
 
-    run = show_run(run_id, store)
+    run = load(source, store)
     if out is not None:
         check_out_dir(out)
-    gain = _fusion_gain(run)
-    others = [r for r in list_runs({"workload": str(run["tags"].get("workload"))}, store) if r["id"] != run_id]
-    checked = _shape_check(run_id, store)
-    fs, pits = findings(run, gain, _format_step(run)), pitfalls(run, checked or bool(others))
-    text = memo_markdown(run, fs, pits, f"opmap memo {run_id}")
+    d = run.as_dict()
+    extra = {}
+    if run.kind in KERNEL_KINDS:
+        checked = _shape_check(run.id, store) if run.stored else None
+        extra = {"production_compared": checked or bool(_others(run, store)), "fusion_gain_s": _fusion_gain(d),
+                 "format_step": _format_step(d)}
+    fs, pits = memo_parts(d, **extra)
+    text = memo_markdown(d, fs, pits, f"opmap memo {source}", folder=not run.stored)
     console.print(text, markup=False, highlight=False)
     if out is not None:
-        body = json_text({"schema_version": 1, "run": run_id, "findings": fs, "pitfalls": pits}, indent=1)
+        body = json_text({"schema_version": 1, "run": run.id, "kind": run.kind, "findings": fs, "pitfalls": pits},
+                          indent=1)
         print_wrote(write_set(out, {"memo.md": text, "memo.json": body}))
+
+
+def _others(run, store) -> list[dict]:
+    """Other stored runs of the run's workload (another shape of it); a folder's run without a store has none."""
+    from opmap.errors import OpmapError
+    from opmap.store import list_runs
+
+    try:
+        return [r for r in list_runs({"workload": str(run.tags.get("workload"))}, store) if r["id"] != run.id]
+    except OpmapError:
+        if run.stored:
+            raise
+        return []
 
 
 def _shape_check(run_id: str, store) -> dict | None:

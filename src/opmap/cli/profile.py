@@ -8,6 +8,7 @@ import typer
 
 from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
+from opmap.errors import OpmapError
 from opmap.validate import INT_GE0, INT_GE1, options
 
 
@@ -42,6 +43,7 @@ def profile(
     from opmap.cli.calibrate import run_calibration
     from opmap.hardware.local import cache_path
     from opmap.measure import run_profile
+    from opmap.measure.oom import refusal_as_error
     from opmap.measure.run import check_profile
     from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
     from opmap.report.sheet import check_out_dir
@@ -52,6 +54,10 @@ def profile(
                                              ("--iters", iters), ("--profile-iters", profile_iters))},
              "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
     check_profile(device, dtype)
+    for name, value, least in (("--iters", iters, 1), ("--warmup", warmup, 0), ("--profile-iters", profile_iters, 1),
+                               ("--batch", batch, 1)):
+        if value < least:
+            raise OpmapError(f"{name} must be an integer >= {least} (got {value})")
     if out is not None:
         check_out_dir(out)
     ds = get_hardware(datasheet) if datasheet else None
@@ -62,9 +68,13 @@ def profile(
         run_calibration(device)
     hw = get_hardware(hardware)
     overrides = parse_overrides(layer_type)
-    w = build_workload(model, batch, seq, image_size, dtype, device)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+    what = f"profile of {model} at batch {batch}" + (f" x seq {seq}" if seq else "") + \
+        (f" x image {image_size}" if image_size else "")
+    with refusal_as_error(what, device):
+        w = build_workload(model, batch, seq, image_size, dtype, device)
+    with refusal_as_error(what, device), Progress(TextColumn("{task.description}"), BarColumn(),
+                                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                                  transient=True) as bar:
         task = bar.add_task("starting", total=warmup + iters + profile_iters)
         p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
                         overrides=overrides, datasheet=ds, train=train,

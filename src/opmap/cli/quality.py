@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from opmap.cli.common import build_workload, console, print_wrote
+from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options
 
 # quality.json's "weights": the zoo builds random weights (no checkpoint); a model file builds its own
@@ -41,7 +42,7 @@ def quality(
         batch = 2 if spec is None or spec.kind == "text" else 8
     w = build_workload(model, batch, seq, image_size, "fp32", "cpu")
     weights = RANDOM_WEIGHTS if spec is not None else USER_WEIGHTS
-    with console.status(f"running {w.name} in fp32 and in {dtype}"):
+    with console.status(f"running {safe(w.name)} in fp32 and in {dtype}"):
         q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed, weights)
     console.print(_quality_table(q, w.name, dtype, seed))
     if out is not None:
@@ -50,7 +51,7 @@ def quality(
 
 def _quality_table(q, workload: str, dtype: str, seed: int) -> Table:
     what = "random weights" if q.weights == RANDOM_WEIGHTS else f"weights {q.weights}"
-    t = Table(title=f"{workload}: {dtype} against fp32 on the same inputs (seed {seed}), {what}",
+    t = Table(title=plain(f"{workload}: {dtype} against fp32 on the same inputs (seed {seed}), {what}"),
               title_justify="left")
     for col in ("relative error", "max abs error", q.agreement_kind, "positions", "method"):
         t.add_column(col, overflow="fold")

@@ -19,6 +19,8 @@ def report(
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     max_mb: float = typer.Option(8.0, "--max-mb", help="Size budget of the page in MB (plotly.js is ~4.8 MB)."),
     png: bool = typer.Option(True, "--png/--no-png", help="Also write the figures as report_*.png (matplotlib)."),
+    force: bool = typer.Option(False, "--force", help="Replace files at the report's names (the page, trace.json, "
+                                                      "report_*.png) that opmap report did not write."),
 ) -> None:
     """One HTML file that needs no network: assumptions, roofline, time / MFU / stall by layer type, the
     mapping sheet (sortable, filterable), sweep curves, serving CDFs, fit matrix, perf per watt, the tags."""
@@ -39,7 +41,7 @@ def report(
     else:
         src = from_run(source, store)
         out = out if out is not None else Path("report.html")
-    paths = write_report(src, out, int(max_mb * 1e6), png)
+    paths = write_report(src, out, int(max_mb * 1e6), png, force)
     size = paths[0].stat().st_size
     console.print(f"report: {size / 1e6:.2f} MB of {max_mb:g} MB budget, {len(src.kernels)} kernels", highlight=False)
     print_wrote(paths)

@@ -8,6 +8,7 @@ import typer
 
 from opmap.cli.common import console
 from opmap.errors import OpmapError
+from opmap.report.text import clean, plain
 from opmap.validate import json_text
 
 runs_app = typer.Typer(help="Runs recorded in the run store: list and show.", no_args_is_help=True)
@@ -39,10 +40,11 @@ def list_cmd(where: list[str] = typer.Option([], "--where", help="TAG=VALUE (rep
     t = Table(title=f"{len(runs)} runs", title_justify="left")
     for c in ("id", "kind", "time (UTC)", "workload", "hardware", "phase", "precision", "batch", "seq"):
         t.add_column(c)
-    for r in runs:
+    for r in runs:  # tags are the user's strings: plain text, never rich markup
         g = r["tags"]
-        t.add_row(r["id"], r["kind"], r["time_utc"], *(str(g.get(k, "")) for k in ("workload", "hardware", "phase",
-                                                                                   "precision", "batch", "seq")))
+        cells = (r["id"], r["kind"], r["time_utc"],
+                 *(g.get(k, "") for k in ("workload", "hardware", "phase", "precision", "batch", "seq")))
+        t.add_row(*map(plain, cells))
     console.print(t)
 
 
@@ -57,18 +59,18 @@ def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list).
     if as_json:
         print(json_text(r, indent=1))
         return
-    console.print(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, {r['samples']} samples",
-                  highlight=False)
+    console.print(clean(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, "
+                        f"{r['samples']} samples"), highlight=False, markup=False)
     for k, v in r["tags"].items():
-        console.print(f"  {k}: {v}", highlight=False, markup=False)
+        console.print(clean(f"  {k}: {v}"), highlight=False, markup=False)
 
 
 @runs_app.command("export")
 def export_cmd(parquet: Path = typer.Option(..., "--parquet", help="Folder to write each table's .parquet into."),
                store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
-    """Every table of the store as Parquet files (meta, runs, kernels, layer_types, samples)."""
+    """Every table of the store as Parquet files (meta, runs, kernels, layer_types, samples), in a new folder."""
     from opmap.cli.common import print_wrote
-    from opmap.store.db import export_parquet
+    from opmap.store.transfer import export_parquet
 
     print_wrote(export_parquet(parquet, store))
 
@@ -77,8 +79,8 @@ def export_cmd(parquet: Path = typer.Option(..., "--parquet", help="Folder to wr
 def import_cmd(src: Path = typer.Argument(..., help="profile.json, analysis.json, a folder of them, or a folder "
                                                     "written by opmap runs export --parquet."),
                store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
-    """Runs from other hosts into this store (each run once, however often it is imported)."""
-    from opmap.store.db import import_path
+    """Runs from other hosts into this store, all or none (each run once, however often it is imported)."""
+    from opmap.store.transfer import import_path
 
     added, known = import_path(src, store)
     console.print(f"imported {added} run(s); {known} already in the store", highlight=False)

@@ -8,6 +8,7 @@ import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
 
@@ -111,8 +112,8 @@ def serve(
         get_hardware(hardware)
         from opmap.serve.model_cost import model_table_cost
 
-        with console.status(f"pricing {model} on {hardware}") as st:
-            cost = model_table_cost(model, hardware, dtype, tp, progress=lambda s: st.update(s))
+        with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
+            cost = model_table_cost(model, hardware, dtype, tp, progress=lambda s: st.update(safe(s)))
     if pd is not None:
         from opmap.serve.disagg import kv_transfer_for, simulate_disaggregated
 
@@ -123,7 +124,7 @@ def serve(
     else:
         def sim(r):
             return simulate(r, pol, cost, replicas, router, seed)
-    with console.status(f"simulating {len(reqs)} requests ({pol.spec()}, {arr.spec()})"):
+    with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
         res = sim(reqs)
         report = summarize(res, slo)
     capacity = None
@@ -148,9 +149,11 @@ def serve(
                              "kv_cache": "reserved in full (input + output) at admission, no preemption"}
     _print(report, model, hardware)
     if out is not None:
-        paths = write_set(out, {"serve.json": json_text(report, indent=2) + "\n"})
-        png = _cdf_png(res, out)
-        print_wrote(paths + ([png] if png else []))
+        files = {"serve.json": json_text(report, indent=2) + "\n"}
+        png = _cdf_png(res)
+        if png is not None:
+            files["latency_cdf.png"] = png
+        print_wrote(write_set(out, files, remove=["latency_cdf.png"]))  # an earlier run's PNG never stays
     from opmap.cli.common import record_run
 
     record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
@@ -181,8 +184,8 @@ def _print(r: dict, model: str, hardware: str) -> None:
     from opmap.report.sheet import si
 
     a = r["assumptions"]
-    t = Table(title=f"opmap serve {model} on {a['replicas']} x {a['tp']} {hardware}: {r['policy']['spec']}, "
-                    f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']})", title_justify="left")
+    t = Table(title=plain(f"opmap serve {model} on {a['replicas']} x {a['tp']} {hardware}: {r['policy']['spec']}, "
+                          f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']})"), title_justify="left")
     for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
         t.add_column(col, justify="left" if col == "latency" else "right")
     for k in ("e2e", "ttft", "queue", "tpot", "itl"):
@@ -211,9 +214,10 @@ def _print(r: dict, model: str, hardware: str) -> None:
                       f"({len(c['runs'])} runs{'' if c['converged'] else ', not converged'})", highlight=False)
 
 
-def _cdf_png(res, out: Path) -> Path | None:
+def _cdf_png(res) -> bytes | None:
+    """The latency CDFs (e2e, TTFT, queue) as PNG bytes; None, saying so, without matplotlib."""
     import importlib.util
-    import os
+    import io
 
     if importlib.util.find_spec("matplotlib") is None:
         console.print("note: matplotlib is not installed, latency_cdf.png skipped", highlight=False)
@@ -224,6 +228,8 @@ def _cdf_png(res, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from opmap.report.figures import png_metadata
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, x in (("e2e", res.finish_s - res.arrival_s), ("ttft", res.first_s - res.arrival_s),
                     ("queue", res.start_s - res.arrival_s)):
@@ -232,9 +238,7 @@ def _cdf_png(res, out: Path) -> Path | None:
     ax.set_xlabel("latency (s)")
     ax.set_ylabel("fraction of requests")
     ax.legend()
-    path = Path(out) / "latency_cdf.png"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata=png_metadata())
     plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return buf.getvalue()

@@ -37,6 +37,7 @@ from opmap.errors import OpmapError
 from opmap.explore.shapes import FIT_POINTS, NotAFamily, ShapeFamily
 from opmap.hardware.spec import HardwareSpec
 from opmap.measure.energy import RAPL_ROOT
+from opmap.measure.oom import check_fits, refusal_as_error, run_bytes
 from opmap.validate import INT_MAX
 
 SCHEMA_VERSION = 1
@@ -184,7 +185,10 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
               "power_method": "not measured: a predicted point (opmap fit models power under load)"}
         if job.measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
             pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name}
-            pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root), mfu=None, bound_mix={})
+            what = f"sweep --measure at batch {b} x seq {s}"
+            check_fits(run_bytes(g), what)  # in milliseconds, before a build the OOM killer would end
+            with refusal_as_error(what):
+                pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root), mfu=None, bound_mix={})
         points.append(pt)
     return {"points": points, "captures": captures}
 

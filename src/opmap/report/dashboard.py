@@ -59,9 +59,12 @@ REQUIRED = {"profile.json": "assumptions", "analysis.json": "assumptions", "swee
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A run folder's JSON file: a regular file, never read through a symbolic link (report.outputs.read_input)."""
+    from opmap.report.outputs import read_input
+
     try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        d = json.loads(read_input(path))
+    except ValueError as e:
         raise OpmapError(f"cannot read {path}: {type(e).__name__}: expected the JSON opmap wrote there") from None
     need = REQUIRED.get(path.name)
     if not isinstance(d, dict) or (need and not d.get(need)):
@@ -91,6 +94,10 @@ def from_dir(folder: Path) -> Sources:
     folder = Path(folder)
     if not folder.is_dir():
         raise OpmapError(f"{folder} is neither a run id in the store nor a folder")
+    for name in (*FILES, "trace.json"):
+        if (folder / name).is_symlink():  # a link could carry any file of this machine into the report
+            raise OpmapError(f"{folder / name} is a symbolic link: opmap report reads only regular files in the "
+                             "folder (copy the file in, or report the folder it points into)")
     found = {f: folder / f for f in FILES if (folder / f).is_file()}
     if not found:
         raise OpmapError(f"nothing to report in {folder}: accepted: a folder holding analysis.json, profile.json, "

@@ -1,12 +1,42 @@
 """The dashboard's figures as PNGs (matplotlib, Agg backend), drawn from the same Plotly figure dicts the HTML
 page draws (report.dashboard), so the two never disagree: scatter traces (markers, lines or both; dash and
 marker symbol kept), grouped or stacked bars, and heatmaps (cells annotated with their text); log axes and
-titles as the layout gives them. Plotly's HTML line breaks in titles become newlines."""
+titles as the layout gives them. Plotly's HTML line breaks in titles become newlines.
+
+Every PNG opmap draws carries the text chunk Software = "opmap VERSION" (png_metadata): ``opmap report``
+knows by it a PNG it may replace (report.html.made_by_opmap)."""
 
 from __future__ import annotations
 
 import io
 from typing import Any
+
+PNG_SOFTWARE = "opmap"
+
+
+def png_metadata() -> dict[str, str]:
+    """matplotlib's savefig metadata for opmap's PNGs: the Software text chunk names opmap and its version."""
+    from opmap import __version__
+
+    return {"Software": f"{PNG_SOFTWARE} {__version__}"}
+
+
+def png_software(data: bytes) -> str | None:
+    """The Software text of PNG ``data`` (its tEXt chunks before the image data), or None."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    i = 8
+    while i + 8 <= len(data):
+        n, kind = int.from_bytes(data[i:i + 4], "big"), data[i + 4:i + 8]
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        if kind == b"tEXt":
+            key, _, value = data[i + 8:i + 8 + n].partition(b"\x00")
+            if key == b"Software":
+                return value.decode("latin-1")
+        i += 12 + n
+    return None
+
 
 DASH = {"solid": "-", "dash": "--", "dot": ":", "longdash": (0, (8, 3)), "dashdot": "-."}
 SYMBOL = {"circle": "o", "x": "x", "square": "s", "diamond": "D", "cross": "+"}
@@ -94,7 +124,7 @@ def png_bytes(figure: dict[str, Any], width_in: float = 8.0, height_in: float = 
         ax.grid(True, which="major", alpha=0.3)
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi)
+        fig.savefig(buf, format="png", dpi=dpi, metadata=png_metadata())
     finally:
         plt.close(fig)
     return buf.getvalue()

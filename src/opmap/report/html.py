@@ -11,6 +11,13 @@ table (plain JavaScript: click a header to sort, type to filter), the Chrome tra
 (trace.json, linked: Perfetto cannot be embedded in a file), and the run's telemetry tags as JSON in
 ``<script type="application/json" id="opmap-tags">``. The same figures go beside it as PNGs
 (report_NAME.png, report.figures) for Markdown reports.
+
+User strings (workload, module and file names, tags) never leave their element: text is HTML-escaped, and JSON
+inside a <script> element has ``<``, ``>`` and ``&`` written as \\u escapes, so no ``</script>`` or ``<!--``
+can occur in it. The page, trace.json and the PNGs are written as one set (report.outputs.write_set), a
+report_NAME.png of an earlier report that this one does not draw removed with it. A file at one of those names
+that opmap did not write (made_by_opmap: the page's generator meta element, the trace's opmap schema, the PNG's
+Software chunk) is not replaced unless ``force``.
 """
 
 from __future__ import annotations
@@ -87,8 +94,10 @@ FIGURE_TITLES = {"roofline": "Roofline", "layer_time": "Time by layer type", "la
 
 
 def script_json(x: Any) -> str:
-    """JSON safe inside a <script> element ("</" written as "<\\/", which JSON reads back unchanged)."""
-    return json.dumps(x, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON safe inside a <script> element: ``<``, ``>`` and ``&`` (which JSON has only inside strings) written as
+    \\u003c, \\u003e and \\u0026, which JSON.parse reads back unchanged; the rest is ASCII (ensure_ascii)."""
+    text = json.dumps(x, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _e(x: Any) -> str:
@@ -232,7 +241,7 @@ def render(src: Sources, figs: dict[str, dict[str, Any]], trace_name: str | None
     require_plotly()
     from plotly.offline import get_plotlyjs
 
-    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(src.title)}</title>"
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>{generator_meta()}<title>{_e(src.title)}</title>"
              f"<style>{CSS}</style><script>{get_plotlyjs()}</script></head><body>",
              f"<h1>{_e(src.title)}</h1><p class=note>source: {_e(src.origin)}; reproduce: "
              f"<code>{_e(src.tags.get('command') or 'see the tags below')}</code></p>",
@@ -271,10 +280,45 @@ def render(src: Sources, figs: dict[str, dict[str, Any]], trace_name: str | None
     return "".join(parts)
 
 
-def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bool = True) -> list[Path]:
-    """Write ``out`` (the HTML), trace.json and the report_*.png files beside it, all or none; the page is
-    refused before anything is written when it exceeds ``max_bytes``."""
-    from opmap.report.sheet import write_set
+GENERATOR = "opmap"
+
+
+def generator_meta() -> str:
+    """The page's ``<meta name="generator">`` element: how a later report knows the page is opmap's."""
+    from opmap import __version__
+
+    return f'<meta name="generator" content="{GENERATOR} {_e(__version__)}">'
+
+
+def made_by_opmap(path: Path) -> bool:
+    """Whether the file at ``path`` (not followed if a link: a link is never opmap's) is one ``opmap report``
+    wrote and may replace: a page with opmap's generator meta element in its head, a trace whose
+    otherData.schema names opmap, a PNG whose Software chunk names opmap (report.figures.png_metadata)."""
+    from opmap.report.figures import PNG_SOFTWARE, png_software
+    from opmap.report.outputs import read_input
+
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        if path.suffix.lower() == ".png":
+            with path.open("rb") as f:
+                return (png_software(f.read(65536)) or "").startswith(PNG_SOFTWARE + " ")
+        if path.suffix.lower() in (".html", ".htm"):
+            with path.open("rb") as f:
+                return f'<meta name="generator" content="{GENERATOR} '.encode() in f.read(4096)
+        other = json.loads(read_input(path)).get("otherData") or {}
+        return str(other.get("schema", "")).startswith("opmap ")
+    except (OSError, ValueError, AttributeError, OpmapError):
+        return False
+
+
+def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bool = True,
+                 force: bool = False) -> list[Path]:
+    """Write ``out`` (the HTML), trace.json and the report_*.png files beside it, all or none (an earlier
+    report's PNG this one does not draw removed with them); the page is refused before anything is written when
+    it exceeds ``max_bytes``, and a file at one of those names that opmap did not write unless ``force``."""
+    from opmap.report.outputs import read_input, write_set
     from opmap.report.trace import kernel_trace
 
     require_plotly()
@@ -290,7 +334,7 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
     if src.trace is not None:
         trace_name = "trace.json"
         if src.trace.resolve() != (folder / "trace.json").resolve():
-            files["trace.json"] = src.trace.read_text()
+            files["trace.json"] = read_input(src.trace)
     elif src.kernels:
         trace_name = "trace.json"
         files["trace.json"] = json_text(kernel_trace(src.kernels, src.tags, src.title))
@@ -305,4 +349,11 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
         raise OpmapError(f"the report would be {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB budget "
                          "(plotly.js alone is about 4.8 MB); accepted: --max-mb above it")
     files = {out.name: page, **files, **pngs}
-    return write_set(folder, files)
+    stale = [f"report_{name}.png" for name in FIGURE_TITLES if f"report_{name}.png" not in files]
+    if not force:
+        for name in [*files, *stale]:
+            p = folder / name
+            if (p.exists() or p.is_symlink()) and not made_by_opmap(p):
+                raise OpmapError(f"{p} exists and opmap report did not write it; accepted: --force to replace "
+                                 "it, or another --out")
+    return write_set(folder, files, remove=stale)

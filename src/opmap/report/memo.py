@@ -21,6 +21,9 @@ The expected gain comes from the model itself: ``opmap analyze`` of the same wor
 runtime fix. The field's pitfalls are checks with a verdict each: averages without p95 / p99 (a predicted run has
 no distribution), a precision without quality evidence, a calibration older than the runtime or drifted, a
 synthetic shape with no production-shape comparison in the store.
+
+These rules are for runs of one graph's kernels (analyze, profile); fit, plan, sweep, serve, shape-check and
+calibrate runs get the findings their results support (memo_kinds.py), through ``memo_parts``.
 """
 
 from __future__ import annotations
@@ -89,8 +92,8 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
     (``opmap compare RUN --production P``: its payload with its ``run`` id), else True where another shape of the
     workload is in the store, False where neither is."""
     p = run["payload"]
-    a = p.get("assumptions", {})
-    lat = p.get("latency") or {}
+    a = p.get("assumptions") if isinstance(p.get("assumptions"), dict) else {}
+    lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
     out = [{"check": "averages without p95 / p99",
             "verdict": ("ok: p50 / p95 / p99 over " + str(lat.get("n")) + " runs") if "p99_s" in lat else
             "flag: a predicted run has no distribution; measure it (opmap profile) before quoting a latency"}]
@@ -125,17 +128,41 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
     return out
 
 
+KERNEL_KINDS = ("analyze", "profile")
+
+
+def memo_parts(run: dict[str, Any], production_compared: bool | dict[str, Any] = False,
+               fusion_gain_s: float | None = None, format_step: tuple[str, float] | None = None
+               ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(findings, pitfall checks) of a run of any kind; the keyword arguments serve analyze and profile runs."""
+    from opmap.errors import OpmapError
+    from opmap.report.memo_kinds import KINDS
+
+    if run["kind"] in KERNEL_KINDS:
+        return findings(run, fusion_gain_s, format_step), pitfalls(run, production_compared)
+    if run["kind"] not in KINDS:
+        raise OpmapError(f"no memo rules for a {run['kind']} run; accepted kinds: "
+                         + ", ".join((*KERNEL_KINDS, *KINDS)))
+    fs, pits = KINDS[run["kind"]]
+    return fs(run), pits(run)
+
+
 def memo_markdown(run: dict[str, Any], fs: list[dict[str, Any]], pits: list[dict[str, str]],
-                  command: str) -> str:
+                  command: str, folder: bool = False) -> str:
+    """The memo as Markdown; ``folder``: the run is an output folder (its ``id``), not a stored run."""
     t = run["tags"]
+    where = (f"the {run['kind']} output in {run['id']} ({run['time_utc']})" if folder else
+             f"run {run['id']} ({run['kind']}, {run['time_utc']}) in the run store")
     lines = [f"# Closure memo: {t.get('workload')} on {t.get('hardware')} ({t.get('phase')}, {t.get('precision')})",
-             "", f"Evidence: run {run['id']} ({run['kind']}, {run['time_utc']}) in the run store; reproduce with "
-             f"`{t.get('command') or command}`.", "", "## Findings", "",
+             "", f"Evidence: {where}; reproduce with `{t.get('command') or command}`.", "", "## Findings", "",
              "| finding | owner | fix | expected gain | rollback boundary | risk |", "|---|---|---|---|---|---|"]
     for f in fs:
-        g = "-" if f["expected_gain_s"] is None else f"{f['expected_gain_s'] * 1e3:.3g} ms (from the model)"
+        g = f.get("expected_gain") or ("-" if f["expected_gain_s"] is None else
+                                       f"{f['expected_gain_s'] * 1e3:.3g} ms (from the model)")
         lines.append(f"| {f['finding']} | {f['owner']} | {f['fix']} | {g} | {f['rollback']} | {f['risk']} |")
     if not fs:
-        lines.append("| no layer type holds 10% of the time | - | - | - | - | - |")
+        empty = ("no layer type holds 10% of the time" if run["kind"] in KERNEL_KINDS else
+                 f"nothing in this {run['kind']} result calls for a fix")
+        lines.append(f"| {empty} | - | - | - | - | - |")
     lines += ["", "## Pitfall checks", ""] + [f"- {c['check']}: {c['verdict']}" for c in pits]
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ from opmap.report.sheet import (
     to_csv,
     write_set,
 )
+from opmap.report.text import clean, safe
 from opmap.validate import json_text
 
 MEASURED_COLUMNS = ("measured_s", "predicted_over_measured", "achieved_flops_per_s", "achieved_bytes_per_s",
@@ -118,10 +119,10 @@ def render_profile_markdown(p: Profile, d: dict) -> str:
 def print_profile_report(p: Profile, console: Console, rows: int = 25, d: dict | None = None) -> None:
     d = d or p.to_dict()
     a = p.analysis
-    console.print(f"[bold]opmap profile[/bold] {a.workload} on {p.device_name} ({p.device}), predicted with "
-                  f"{a.hardware.name}")
+    console.print(f"[bold]opmap profile[/bold] {safe(a.workload)} on {safe(p.device_name)} ({safe(p.device)}), "
+                  f"predicted with {safe(a.hardware.name)}")
     for line in assumption_lines(a) + run_lines(p, d):
-        console.print(f"  {line}", highlight=False, markup=False)
+        console.print(f"  {clean(line)}", highlight=False, markup=False)
     measured = sorted(((i, t) for i, t in p.attribution.timings.items()), key=lambda it: -it[1].median_s)
     shown = measured if rows <= 0 else measured[:rows]
     t = Table(title=f"Nodes by measured time: {len(shown)} of {len(measured)} matched (all rows in sheet.csv)",
@@ -164,4 +165,4 @@ def write_profile_outputs(p: Profile, out_dir: Path, d: dict | None = None) -> l
     raw = tagged_torch_trace(p)
     if raw is not None:
         contents["torch_trace.json"] = json_text(raw) + "\n"
-    return write_set(out_dir, contents)
+    return write_set(out_dir, contents, remove=["torch_trace.json"])  # an earlier run's trace never stays

@@ -1,22 +1,23 @@
 """The mapping sheet: rich tables in the terminal; sheet.csv, sheet.md and analysis.json on disk.
 
-Files are written to a temporary name and renamed into place, all three together after every one of them
-rendered, so a failure never leaves a half-written or mixed set behind.
+Files are written as one set (report.outputs.write_set: a temporary folder, then renamed into place, never
+through a symbolic link), so a failure never leaves a half-written or mixed set behind. User strings (module
+names, the workload's name) are printed as text (report.text): never read as markup, controls removed.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import os
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from opmap.analyze import Analysis, NodeResult
-from opmap.errors import OpmapError
+from opmap.report.outputs import check_out_dir as check_out_dir  # re-exported: the commands import them here
+from opmap.report.outputs import write_set as write_set
+from opmap.report.text import clean, plain, safe
 from opmap.validate import json_text
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
@@ -228,28 +229,29 @@ def collective_table(s) -> Table:
 def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     d = a.to_dict()
     t = d["totals"]
-    console.print(f"[bold]opmap analyze[/bold] {a.workload} on {a.hardware.display_name}")
+    console.print(f"[bold]opmap analyze[/bold] {safe(a.workload)} on {safe(a.hardware.display_name)}")
     for line in assumption_lines(a):
-        console.print(f"  {line}", highlight=False, markup=False)
+        console.print(f"  {clean(line)}", highlight=False, markup=False)
 
     if a.kernel_results:
         ks = sorted(a.kernel_results, key=lambda k: -k.predicted_s)
         kshown = ks if rows <= 0 else ks[:rows]
         f = a.plan.to_dict()
-        kt = Table(title=f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
-                         f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} launches "
-                         "saved (all rows in kernels.csv)", title_justify="left")
+        kt = Table(title=plain(f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
+                               f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} "
+                               "launches saved (all rows in kernels.csv)"), title_justify="left")
         for col in ("id", "ops", "module", "class", "tile", "SRAM", "waves", "format", "layout", "bytes",
                     "traffic", "predicted", "bound", "why"):
             right = col in ("id", "bytes", "traffic", "predicted")
             kt.add_column(col, overflow="fold", justify="right" if right else "left")
         for k in kshown:
             tl = k.tile
-            kt.add_row(str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
-                       a.results[k.kernel.anchor].node.module or "-", k.kernel.kernel_class,
-                       tl.label() if tl else "-", si(tl.sram_bytes, "B") if tl else "-",
-                       f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-", k.format, k.layout,
-                       si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"), k.bound, k.why)
+            kt.add_row(*map(plain, (
+                str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
+                a.results[k.kernel.anchor].node.module or "-", k.kernel.kernel_class, tl.label() if tl else "-",
+                si(tl.sram_bytes, "B") if tl else "-", f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-",
+                k.format, k.layout, si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"),
+                k.bound, k.why)))
         console.print(kt)
     if a.sharded is not None:
         console.print(collective_table(a.sharded))
@@ -264,16 +266,16 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
                       ("predicted", "right"), ("bound", "left")):
         sheet.add_column(col, justify=just, overflow="fold")
     for r in shown:
-        sheet.add_row(str(r.node.id), op_label(r.node.op), r.node.module or "-", r.node.layer_type,
-                      shapes(r), si(r.cost.flops), si(r.cost.bytes, "B"), f"{r.cost.intensity:.3g}",
-                      si(r.pred.predicted_s, "s"), r.pred.bound)
+        sheet.add_row(*map(plain, (str(r.node.id), op_label(r.node.op), r.node.module or "-", r.node.layer_type,
+                                   shapes(r), si(r.cost.flops), si(r.cost.bytes, "B"), f"{r.cost.intensity:.3g}",
+                                   si(r.pred.predicted_s, "s"), r.pred.bound)))
     console.print(sheet)
 
     lt = Table(title="Layer types", title_justify="left")
     for col in ("layer type", "nodes", "FLOPs", "share", "bytes", "share", "predicted", "share", "bound"):
         lt.add_column(col, justify="left" if col in ("layer type", "bound") else "right")
     for name, s in d["layer_types"].items():
-        lt.add_row(name, str(s["nodes"]), si(s["flops"]), _share(s["flops"], t["flops"]), si(s["bytes"], "B"),
+        lt.add_row(plain(name), str(s["nodes"]), si(s["flops"]), _share(s["flops"], t["flops"]), si(s["bytes"], "B"),
                    _share(s["bytes"], t["bytes"]), si(s["predicted_s"], "s"), f"{s['share_of_time']:.1%}",
                    s["bound"])
     console.print(lt)
@@ -296,7 +298,7 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     console.print(tot)
     if d["uncounted"]:
         console.print("[yellow]uncounted ops (no cost rule, launch overhead only):[/yellow] "
-                      + ", ".join(f"{op} x{n}" for op, n in d["uncounted"].items()))
+                      + ", ".join(f"{safe(op)} x{n}" for op, n in d["uncounted"].items()))
     else:
         console.print("every op has a cost rule (0 uncounted)")
 
@@ -309,55 +311,3 @@ def write_outputs(a: Analysis, out_dir: Path) -> list[Path]:
         "sheet.md": render_markdown(a),
         "kernels.csv": render_kernels_csv(a),
     })
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Refuse an output folder that could not be created or written, before the long work that fills it; the
-    folder itself is not created here (a refused run leaves nothing behind)."""
-    p = Path(out_dir)
-    if p.exists():
-        if not p.is_dir():
-            raise OpmapError(f"cannot write into {p}: it exists and is not a folder")
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise OpmapError(f"cannot write into {p}: permission denied")
-        return
-    parent = p.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OpmapError(f"cannot create output folder {p}: {parent} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OpmapError(f"cannot create output folder {p}: permission denied in {parent}")
-
-
-def write_set(out_dir: Path, contents: dict[str, str | bytes]) -> list[Path]:
-    """Write every file (text, or bytes such as a PNG) to a temporary name first, then rename them all into
-    place: a failure (full disk, no permission) leaves the folder as it was, never a half-written or mixed set."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OpmapError(f"cannot create output folder {out_dir}: {e.strerror}") from None
-    tmps = []
-    mode = 0o666 & ~_umask()  # what open() would give: mkstemp's own files are private (0600)
-    try:
-        for name, text in contents.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
-            tmps.append((tmp, out_dir / name))
-            os.fchmod(fd, mode)
-            with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-                f.write(text)
-        for tmp, final in tmps:
-            os.replace(tmp, final)
-    except OSError as e:
-        for tmp, _ in tmps:
-            Path(tmp).unlink(missing_ok=True)
-        raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
-    return [final for _, final in tmps]
-
-
-def _umask() -> int:
-    """The process's umask (read by setting it and putting it back)."""
-    m = os.umask(0o022)
-    os.umask(m)
-    return m

@@ -2,15 +2,16 @@
 latency (x) against output tokens per second at the SLO (y), its marker's area growing with the energy per token
 and its colour the catalog's software-stack risk; the Pareto front (no other platform both faster and higher in
 throughput) joined by a line; platforms struck out by a constraint drawn hollow, with the reason in the legend.
-Drawn with matplotlib (the ``report`` extra); without it, nothing is drawn and the caller says so.
+Drawn with matplotlib (the ``report`` extra) into PNG bytes; without it, nothing is drawn and the caller says so.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-from pathlib import Path
+import io
 from typing import Any
+
+from opmap.report.figures import png_metadata
 
 RISK_COLOURS = {"low": "#2e7d32", "medium": "#ef6c00", "high": "#c62828"}
 
@@ -42,9 +43,9 @@ def have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def draw_trade_curve(fit: dict[str, Any], path: Path) -> Path | None:
-    """Write the trade curve of ``fit`` (the fit.json body) to ``path`` (PNG, written whole or not at all).
-    Returns the path, or None when matplotlib is not installed or no cell has a throughput to draw."""
+def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
+    """The trade curve of ``fit`` (the fit.json body) as PNG bytes (written with the rest of the set by
+    report.outputs.write_set), or None when matplotlib is not installed or no cell has a throughput to draw."""
     if not have_matplotlib():
         return None
     cells = [c for c in fit["cells"] if c.get("throughput_at_slo") and c.get("latency_p99_s") is not None]
@@ -101,9 +102,7 @@ def draw_trade_curve(fit: dict[str, Any], path: Path) -> Path | None:
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False,
                title="marker area grows with energy per token (J), per workload", title_fontsize=7)
     fig.tight_layout(rect=(0, 0.16, 1, 1))
-    path = Path(path)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata=png_metadata())
     plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return buf.getvalue()

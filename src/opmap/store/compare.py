@@ -1,16 +1,24 @@
-"""Compare two recorded runs: per layer type and per kernel deltas, and a verdict a CI can gate on.
+"""Compare two runs: per layer type and per kernel deltas, and a verdict a CI can gate on.
 
-Kernels are matched by identity where the two runs captured the same graph (same ``graph_hash``: the kernel at
-the same index), else by op signature (the anchor op at its module path, in order of appearance). Times are the
-measured ones where both runs measured, else the predicted ones.
+A run is a run id in the store or an output folder (store/source.py). Kernels are matched by identity where the
+two runs captured the same graph (same ``graph_hash``: the kernel at the same index), else by op signature (the
+anchor op at its module path, in order of appearance). Times are the measured ones where both runs measured,
+else the predicted ones; a measured kernel's time is the median of its profiled iterations after the warm-up
+rule (store/noise.py) where the run kept them.
 
-The verdict on the run: with raw latency samples on both sides (profile runs), a regression is called only when
-a Mann-Whitney U test (Mann & Whitney 1947; two-sided, the normal approximation with the tie correction and a
-continuity correction) rejects "same distribution" at ``alpha`` AND the median moved by more than
-``min_effect``; a significant move the other way is an improvement; anything else is "no significant change".
+The verdict on the run, with raw latency samples on both sides (profile runs): side A is A and its repeats
+(same tags, code and host: store/noise.py; ``rerun`` adds fresh ones, interleaved with B's), side B likewise.
+A regression is called only when a Mann-Whitney U test (Mann & Whitney 1947; two-sided, the normal
+approximation with the tie and continuity corrections) on the two sides' samples rejects "same distribution"
+at ``alpha`` AND the change of the sides' mean log run time exceeds the minimum effect = max(``min_effect``, the
+host's noise floor between runs); a significant move the other way beyond it is an improvement; a significant
+move within the floor is "no significant change", said as not significant at this host's noise. Where fewer
+than three runs measure the floor, the sides are A and B alone and the floor is assumed (noise.py). Kernels and
+layer types get the same test on their profiled iterations (Benjamini-Hochberg over the family), A against B,
+against a kernel floor measured the same way from the repeats' kernel times (else assumed).
 Predicted-only runs (analyze) have no samples, so no test applies: "predicted change" when the predicted total
-moved by more than ``min_effect``, else "no change". Runs whose hardware, precision, phase or workload differ are
-refused, naming the tags that differ, unless ``force``.
+moved by more than ``min_effect``, else "no change". Runs whose hardware, precision, phase, workload or
+measuring host differ are refused, naming what differs, unless ``force``.
 """
 
 from __future__ import annotations
@@ -18,70 +26,28 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.store.noise import (
+    ASSUMED_KERNEL_NOISE,
+    ASSUMED_RUN_NOISE,
+    Floor,
+    drop_warmup,
+    floor,
+    host_fingerprint,
+    repeat_key,
+    run_time,
+)
+from opmap.store.source import Run, Series, is_run_id, kernel_rows, load, reading, series, stored_like
 
 MUST_MATCH = ("workload", "hardware", "precision", "phase")
-
-
-def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """(U of ``a``, two-sided p-value): U = R_a - n_a (n_a + 1) / 2 with average ranks for ties; z from
-    mean n_a n_b / 2 and variance n_a n_b / 12 ((n + 1) - sum(t^3 - t) / (n (n - 1))), continuity-corrected."""
-    na, nb = len(a), len(b)
-    if na < 2 or nb < 2:
-        raise OpmapError(f"a rank test needs at least 2 samples a side, got {na} and {nb}")
-    pooled = sorted([(x, 0) for x in a] + [(x, 1) for x in b])
-    ranks = [0.0] * len(pooled)
-    ties = []
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        avg = (i + j) / 2 + 1
-        for k in range(i, j + 1):
-            ranks[k] = avg
-        ties.append(j - i + 1)
-        i = j + 1
-    ra = sum(r for r, (_, side) in zip(ranks, pooled) if side == 0)
-    u = ra - na * (na + 1) / 2
-    n = na + nb
-    mean = na * nb / 2
-    var = na * nb / 12 * ((n + 1) - sum(t ** 3 - t for t in ties) / (n * (n - 1)))
-    if var <= 0:
-        return u, 1.0
-    z = (abs(u - mean) - 0.5) / math.sqrt(var)
-    p = 2 * (1 - 0.5 * (1 + math.erf(max(z, 0.0) / math.sqrt(2))))
-    return u, min(1.0, p)
-
-
-_KCOLS = ("idx", "name", "layer_type", "predicted_s", "measured_s", "bytes", "node_ids", "signature", "mfu",
-          "stall_fraction")
-
-
-def _kernels(con, run_id: str) -> list[dict[str, Any]]:
-    rows = con.execute(f"SELECT {', '.join(_KCOLS)} FROM kernels WHERE run_id = ? ORDER BY idx", [run_id]).fetchall()
-    return [dict(zip(_KCOLS, r)) for r in rows]
-
-
-def _samples(con, run_id: str) -> tuple[list[float], dict[int, list[float]]]:
-    """(the run's latency samples, each kernel's per-iteration samples by kernel index)."""
-    lat: list[float] = []
-    per: dict[int, list[float]] = defaultdict(list)
-    for metric, v in con.execute("SELECT metric, value_s FROM samples WHERE run_id = ? ORDER BY metric, i",
-                                 [run_id]).fetchall():
-        if metric == "latency_s":
-            lat.append(v)
-        elif metric.startswith("kernel:"):
-            per[int(metric[7:])].append(v)
-    return lat, per
-
-
-def _time(k: dict[str, Any], measured: bool) -> float:
-    return (k["measured_s"] if measured else k["predicted_s"]) or 0.0
+COMPARABLE = ("analyze", "profile")
+WARMUP_RULE = ("warm-up rule: leading samples dropped while each exceeds the median of the later ones by more "
+               "than 3.5 x 1.4826 MAD (Iglewicz-Hoaglin modified z > 3.5; MAD floored at 1% of the median; at "
+               "most half a series)")
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -116,6 +82,8 @@ def _verdicts(items: list[dict[str, Any]], alpha: float, min_effect: float) -> N
 
 
 def _test(xa: list[float], xb: list[float]) -> dict[str, Any]:
+    """The rank test of two sample series after the warm-up rule, and the change of their medians."""
+    xa, xb = drop_warmup(xa)[0], drop_warmup(xb)[0]
     if len(xa) < 2 or len(xb) < 2:
         return {}
     _, p = mann_whitney(xa, xb)
@@ -131,85 +99,220 @@ def _iter_sums(per: dict[int, list[float]], idxs: list[int]) -> list[float]:
     return [sum(x) for x in zip(*vs)]
 
 
-def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False, min_effect: float = 0.05,
-            alpha: float = 0.05) -> dict[str, Any]:
-    from opmap.store.db import _read, show_run
+def _kernel_time(k: dict[str, Any], per: dict[int, list[float]], measured: bool) -> float:
+    """A kernel's time, s: the median of its profiled iterations after the warm-up rule, else as stored."""
+    if measured and len(per.get(k["idx"]) or ()) >= 2:
+        return run_time(per[k["idx"]]) or 0.0
+    return (k["measured_s"] if measured else k["predicted_s"]) or 0.0
 
-    if not (0 < alpha < 1) or min_effect < 0:
-        raise OpmapError(f"--alpha takes a value in (0, 1) and --min-effect one >= 0, got {alpha} and {min_effect}")
-    a, b = show_run(a_id, path), show_run(b_id, path)
-    differ = [t for t in MUST_MATCH if a["tags"].get(t) != b["tags"].get(t)]
+
+def _check(a: Run, b: Run, force: bool) -> list[str]:
+    """What differs between two runs among MUST_MATCH and the measuring host; refused unless ``force``."""
+    for r in (a, b):
+        if r.kind not in COMPARABLE:
+            raise OpmapError(f"compare takes analyze and profile runs (kernels to match); {r.id} is a {r.kind} "
+                             "run (opmap memo reads it)")
+    pairs = [(t, a.tags.get(t), b.tags.get(t)) for t in MUST_MATCH]
+    ha, hb = host_fingerprint(a.payload), host_fingerprint(b.payload)
+    if ha is not None and hb is not None:
+        pairs.append(("host", ha, hb))
+    differ = [(t, x, y) for t, x, y in pairs if x != y]
     if differ and not force:
-        raise OpmapError("the runs differ in " + ", ".join(f"{t} ({a['tags'].get(t)} vs {b['tags'].get(t)})"
-                                                          for t in differ) + ": not comparable (--force to compare)")
-    con = _read(path)
-    try:
-        ka, kb = _kernels(con, a_id), _kernels(con, b_id)
-        (sa, pa), (sb, pb) = _samples(con, a_id), _samples(con, b_id)
-        lts_a, lts_b = _layer_rows(con, a_id), _layer_rows(con, b_id)
-    finally:
-        con.close()
+        raise OpmapError("the runs differ in " + ", ".join(f"{t} ({x} vs {y})" for t, x, y in differ)
+                         + ": not comparable (--force to compare)")
+    return [t for t, _, _ in differ]
+
+
+def _sides(a: Run, b: Run, new_a: list[str], new_b: list[str], con) -> tuple[list[Run], list[Run]]:
+    """Side A: A, its fresh re-runs and its stored repeats; side B likewise (B's repeats only where B's key
+    differs from A's: else the stored repeats are A's). A folder run has no stored repeats."""
+    if not (a.stored and b.stored):
+        return [a], [b]
+    ka, kb = repeat_key(a.kind, a.tags, a.payload), repeat_key(b.kind, b.tags, b.payload)
+    fresh = set(new_a) | set(new_b)
+    like = {r.id: r for r in stored_like(a, con) + (stored_like(b, con) if kb[1] != ka[1] else [])}
+    rest = [r for r in like.values() if r.id not in fresh | {a.id, b.id}]
+    side_a = [a] + [like[i] for i in new_a if i in like] + [r for r in rest
+                                                            if repeat_key(r.kind, r.tags, r.payload) == ka]
+    side_b = [b] + [like[i] for i in new_b if i in like]
+    if kb != ka:
+        side_b += [r for r in rest if repeat_key(r.kind, r.tags, r.payload) == kb]
+    return side_a, side_b
+
+
+def _log_times(side: list[Run], ser: dict[str, Series]) -> list[float]:
+    """The log run times (median latency after the warm-up rule) of a side's runs with 2 samples or more."""
+    return [math.log(t) for r in side if len(ser[r.id][0]) >= 2 and (t := run_time(ser[r.id][0]))]
+
+
+def _kernel_floor(side_a: list[Run], side_b: list[Run], ser: dict[str, Series]) -> Floor:
+    """The floor of one kernel's change A to B: the kernels' log times within each side, pooled over kernels."""
+    groups = []
+    for side in (side_a, side_b):
+        pers = [ser[r.id][1] for r in side]
+        for idx in set.intersection(*(set(p) for p in pers)) if len(pers) > 1 else ():
+            ts = [run_time(p[idx]) for p in pers]
+            if all(ts):
+                groups.append([math.log(t) for t in ts])
+    return floor(groups, 1, 1, ASSUMED_KERNEL_NOISE)
+
+
+def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False, min_effect: float = 0.05,
+            alpha: float = 0.05, rerun: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Compare run B with run A (run ids or output folders); ``rerun``: re-run both recorded commands that many
+    more times each, interleaved, first (store/rerun.py)."""
+    if not (0 < alpha < 1) or not min_effect >= 0 or not math.isfinite(min_effect):
+        raise OpmapError(f"--alpha takes a value in (0, 1) and --min-effect one >= 0, got {alpha} and {min_effect}")
+    if rerun < 0:
+        raise OpmapError(f"--rerun takes a number of re-runs >= 1, got {rerun}")
+    stored = is_run_id(a_id) or is_run_id(b_id)
+    with reading(path, stored) as con:  # closed before the re-runs: their runs land when it opens again
+        a, b = load(a_id, path, con), load(b_id, path, con)
+    differ = _check(a, b, force)
+    new_a, new_b = [], []
+    if rerun:
+        from opmap.store.rerun import rerun as run_again
+
+        new_a, new_b = run_again(a, b, rerun, path, progress)
+    with reading(path, stored) as con:
+        (ka, lts_a), (kb, lts_b) = kernel_rows(a, con), kernel_rows(b, con)
+        side_a, side_b = _sides(a, b, new_a, new_b, con)
+        ser = series(side_a + side_b, con)
+    (sa, pa), (sb, pb) = ser[a.id], ser[b.id]
     measured = all(k["measured_s"] is not None for k in ka + kb) and bool(ka) and bool(kb)
-    pairs, unmatched, how = _match(ka, kb)
-    kernels = []
-    for (x, y), by in zip(pairs, how):
-        ta, tb = _time(x, measured), _time(y, measured)
-        kernels.append({"a_idx": x["idx"], "b_idx": y["idx"], "name": x["name"], "layer_type": x["layer_type"],
-                        "matched_by": by, "a_s": ta, "b_s": tb, "delta_s": tb - ta,
-                        "rel": (tb - ta) / ta if ta else None, "measured": measured,
-                        "mfu_a": x["mfu"], "mfu_b": y["mfu"], "mfu_delta": _delta(x["mfu"], y["mfu"]),
-                        "stall_a": x["stall_fraction"], "stall_b": y["stall_fraction"],
-                        "stall_delta": _delta(x["stall_fraction"], y["stall_fraction"]),
-                        "bytes_a": x["bytes"], "bytes_b": y["bytes"], "bytes_delta": _delta(x["bytes"], y["bytes"]),
-                        **_test(pa.get(x["idx"], []), pb.get(y["idx"], []))})
-    _verdicts(kernels, alpha, min_effect)
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for k in kernels:
-        groups[k["layer_type"] or "-"].append(k)
-    layer_types = []
-    for lt, ks in groups.items():
-        ta, tb = sum(k["a_s"] for k in ks), sum(k["b_s"] for k in ks)
-        ra, rb = lts_a.get(lt, {}), lts_b.get(lt, {})
-        layer_types.append({"layer_type": lt, "kernels": len(ks), "a_s": ta, "b_s": tb, "delta_s": tb - ta,
-                            "rel": (tb - ta) / ta if ta else None, "measured": measured,
-                            "mfu_delta": _delta(ra.get("mfu"), rb.get("mfu")),
-                            "stall_delta": _delta(ra.get("stall_fraction"), rb.get("stall_fraction")),
-                            "bytes_delta": _delta(ra.get("bytes"), rb.get("bytes")),
-                            **_test(_iter_sums(pa, [k["a_idx"] for k in ks]),
-                                    _iter_sums(pb, [k["b_idx"] for k in ks]))})
-    _verdicts(layer_types, alpha, min_effect)
-    layer_types.sort(key=lambda v: -abs(v["delta_s"]))
-    by_lt = {v.pop("layer_type"): v for v in layer_types}
-    out: dict[str, Any] = {"a": a_id, "b": b_id, "forced_tags": differ,
+    kfloor = _kernel_floor(side_a, side_b, ser)
+    kernels, how, unmatched = _kernel_rows(ka, kb, pa, pb, measured)
+    k_effect = max(min_effect, kfloor.noise) if measured else min_effect
+    _verdicts(kernels, alpha, k_effect)
+    by_lt = _layer_type_rows(kernels, lts_a, lts_b, pa, pb, measured)
+    _verdicts(list(by_lt.values()), alpha, k_effect)
+    out: dict[str, Any] = {"a": a.id, "b": b.id, "forced_tags": differ,
                            "matched_by": dict(sorted(Counter(how).items())),
                            "times": "measured" if measured else "predicted",
                            "kernels": sorted(kernels, key=lambda k: -abs(k["delta_s"])), "unmatched": unmatched,
                            "layer_types": by_lt, "min_effect": min_effect, "alpha": alpha,
                            "per_kernel_test": "Mann-Whitney U on the profiled iterations of each kernel (and of each "
-                                              "layer type's kernels summed), Benjamini-Hochberg over the family; "
-                                              "the run's verdict rests on its latency samples alone"}
+                                              "layer type's kernels summed) after the warm-up rule, A against B, "
+                                              "Benjamini-Hochberg over the family; minimum effect max(--min-effect, "
+                                              "the kernel floor: " + kfloor.rule() + "); the run's verdict rests "
+                                              "on its latency samples alone",
+                           "kernel_floor": kfloor.to_dict(), "warmup_rule": WARMUP_RULE}
     if len(sa) >= 2 and len(sb) >= 2:
-        u, p = mann_whitney(sa, sb)
-        effect = statistics.median(sb) / statistics.median(sa) - 1
-        verdict = ("regression" if p < alpha and effect > min_effect else
-                   "improvement" if p < alpha and effect < -min_effect else "no significant change")
-        out.update(test={"name": "Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected)",
-                         "u": u, "p": p, "n_a": len(sa), "n_b": len(sb)},
-                   effect=effect, verdict=verdict)
+        out.update(_run_verdict(side_a, side_b, ser, min_effect, alpha))
+        out["host"] = host_fingerprint(a.payload)
     else:
         ta, tb = sum(k["a_s"] for k in kernels), sum(k["b_s"] for k in kernels)
         effect = tb / ta - 1 if ta else 0.0
-        out.update(test=None, effect=effect,
-                   verdict="predicted change" if abs(effect) > min_effect else "no change",
+        verdict = "predicted change" if abs(effect) > min_effect else "no change"
+        out.update(test=None, effect=effect, verdict=verdict,
+                   verdict_line=f"{verdict}: predicted total {effect:+.1%} (minimum effect {min_effect:.1%})",
                    note="no latency samples on both sides: no significance test applies (deltas only)")
     return out
 
 
-def _layer_rows(con, run_id: str) -> dict[str, dict[str, Any]]:
-    """A run's layer-type rows (MFU, stall fraction, bytes) as the store holds them."""
-    rows = con.execute("SELECT layer_type, mfu, stall_fraction, bytes FROM layer_types WHERE run_id = ?",
-                       [run_id]).fetchall()
-    return {r[0]: {"mfu": r[1], "stall_fraction": r[2], "bytes": r[3]} for r in rows}
+def _kernel_rows(ka: list[dict], kb: list[dict], pa: dict[int, list[float]], pb: dict[int, list[float]],
+                 measured: bool) -> tuple[list[dict[str, Any]], list[str], list[dict]]:
+    """The matched kernel pairs with their times, deltas and rank tests; (rows, how each matched, unmatched)."""
+    pairs, unmatched, how = _match(ka, kb)
+    rows = []
+    for x, y in pairs:
+        ta, tb = _kernel_time(x, pa, measured), _kernel_time(y, pb, measured)
+        rows.append({"a_idx": x["idx"], "b_idx": y["idx"], "name": x["name"], "layer_type": x["layer_type"],
+                     "a_s": ta, "b_s": tb, "delta_s": tb - ta,
+                     "rel": (tb - ta) / ta if ta else None, "measured": measured,
+                     "mfu_a": x["mfu"], "mfu_b": y["mfu"], "mfu_delta": _delta(x["mfu"], y["mfu"]),
+                     "stall_a": x["stall_fraction"], "stall_b": y["stall_fraction"],
+                     "stall_delta": _delta(x["stall_fraction"], y["stall_fraction"]),
+                     "bytes_a": x["bytes"], "bytes_b": y["bytes"], "bytes_delta": _delta(x["bytes"], y["bytes"]),
+                     **_test(pa.get(x["idx"], []), pb.get(y["idx"], []))})
+    for r, by in zip(rows, how):
+        r["matched_by"] = by
+    return rows, how, unmatched
+
+
+def _layer_type_rows(kernels: list[dict[str, Any]], lts_a: dict, lts_b: dict, pa: dict[int, list[float]],
+                     pb: dict[int, list[float]], measured: bool) -> dict[str, dict[str, Any]]:
+    """Per layer type: the kernels' times summed, the store's MFU / stall / bytes deltas, the rank test on the
+    per-iteration sums; largest absolute change first."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for k in kernels:
+        groups[k["layer_type"] or "-"].append(k)
+    rows = {}
+    for lt, ks in groups.items():
+        ta, tb = sum(k["a_s"] for k in ks), sum(k["b_s"] for k in ks)
+        ra, rb = lts_a.get(lt, {}), lts_b.get(lt, {})
+        rows[lt] = {"kernels": len(ks), "a_s": ta, "b_s": tb, "delta_s": tb - ta,
+                    "rel": (tb - ta) / ta if ta else None, "measured": measured,
+                    "mfu_delta": _delta(ra.get("mfu"), rb.get("mfu")),
+                    "stall_delta": _delta(ra.get("stall_fraction"), rb.get("stall_fraction")),
+                    "bytes_delta": _delta(ra.get("bytes"), rb.get("bytes")),
+                    **_test(_iter_sums(pa, [k["a_idx"] for k in ks]), _iter_sums(pb, [k["b_idx"] for k in ks]))}
+    return dict(sorted(rows.items(), key=lambda kv: -abs(kv[1]["delta_s"])))
+
+
+def _run_verdict(side_a: list[Run], side_b: list[Run], ser: dict[str, Series], min_effect: float,
+                 alpha: float) -> dict[str, Any]:
+    """The run's verdict: the rank test on the sides' samples and the change of their mean log run time against
+    max(min_effect, the host's noise floor); the sides shrink to A and B where the floor is not measured."""
+    la, lb = _log_times(side_a, ser), _log_times(side_b, ser)
+    fl = floor([la, lb], len(la), len(lb), ASSUMED_RUN_NOISE)
+    if not fl.measured:
+        side_a, side_b = side_a[:1], side_b[:1]
+        la, lb = _log_times(side_a, ser), _log_times(side_b, ser)
+        fl = Floor(ASSUMED_RUN_NOISE, False, 1, 1)
+    xa = [x for r in side_a for x in drop_warmup(ser[r.id][0])[0]]
+    xb = [x for r in side_b for x in drop_warmup(ser[r.id][0])[0]]
+    u, p = mann_whitney(xa, xb)
+    effect = math.exp(statistics.fmean(lb) - statistics.fmean(la)) - 1
+    need = max(min_effect, fl.noise)
+    verdict = ("regression" if p < alpha and effect > need else
+               "improvement" if p < alpha and effect < -need else "no significant change")
+    where = (f"A's {len(side_a)} runs against B's {len(side_b)}" if len(side_a) + len(side_b) > 2 else "A against B")
+    if verdict != "no significant change":
+        line = f"{verdict}: {effect:+.1%} ({where}; p {p:.2g}), beyond the minimum effect {need:.1%}"
+    elif p < alpha and abs(effect) > min_effect:
+        line = (f"no significant change: {effect:+.1%} ({where}) is not significant at this host's noise "
+                f"({fl.noise:.1%}{'' if fl.measured else ', assumed'})")
+    else:
+        line = f"no significant change: {effect:+.1%} ({where}; p {p:.2g}; minimum effect {need:.1%})"
+    dropped = {s: [drop_warmup(ser[r.id][0])[1] for r in side] for s, side in (("a", side_a), ("b", side_b))}
+    return {"test": {"name": "Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected)",
+                     "u": u, "p": p, "n_a": len(xa), "n_b": len(xb)},
+            "effect": effect, "verdict": verdict, "verdict_line": line, "min_effect_used": need,
+            "noise": {**fl.to_dict(), "runs_a": [r.id for r in side_a], "runs_b": [r.id for r in side_b],
+                      "minimum_effect": f"max(--min-effect {min_effect:.1%}, floor {fl.noise:.1%}) = {need:.1%}"},
+            "warmup": {"rule": WARMUP_RULE, "dropped_a": dropped["a"], "dropped_b": dropped["b"]}}
+
+
+def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """(U of ``a``, two-sided p-value): U = R_a - n_a (n_a + 1) / 2 with average ranks for ties; z from
+    mean n_a n_b / 2 and variance n_a n_b / 12 ((n + 1) - sum(t^3 - t) / (n (n - 1))), continuity-corrected."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        raise OpmapError(f"a rank test needs at least 2 samples a side, got {na} and {nb}")
+    pooled = sorted([(x, 0) for x in a] + [(x, 1) for x in b])
+    ranks = [0.0] * len(pooled)
+    ties = []
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        avg = (i + j) / 2 + 1
+        for k in range(i, j + 1):
+            ranks[k] = avg
+        ties.append(j - i + 1)
+        i = j + 1
+    ra = sum(r for r, (_, side) in zip(ranks, pooled) if side == 0)
+    u = ra - na * (na + 1) / 2
+    n = na + nb
+    mean = na * nb / 2
+    var = na * nb / 12 * ((n + 1) - sum(t ** 3 - t for t in ties) / (n * (n - 1)))
+    if var <= 0:
+        return u, 1.0
+    z = (abs(u - mean) - 0.5) / math.sqrt(var)
+    p = 2 * (1 - 0.5 * (1 + math.erf(max(z, 0.0) / math.sqrt(2))))
+    return u, min(1.0, p)
 
 
 def _match(ka: list[dict], kb: list[dict]) -> tuple[list[tuple[dict, dict]], list[dict], list[str]]:

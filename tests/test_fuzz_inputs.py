@@ -1,0 +1,328 @@
+"""Fuzzing every file format opmap reads: a seeded generator mutates a valid file of each format (values swapped
+for NaN, inf, negatives, huge numbers, wrong types; keys dropped; bytes truncated, flipped or replaced by binary
+junk) and hands it to the reader opmap uses for that format. Each reader must either accept the input or refuse
+it with one OpmapError line; any other exception is a traceback a user would see, and a read that takes longer
+than HANG_S is a hang. Thousands of inputs in all, each under its own timer (SIGALRM).
+
+The readers are the ones the commands call (the same functions, not copies), so a format's refusal here is
+the refusal the command prints as ``opmap: error: ...`` with exit status 2 (checked for a sample through the
+CLI in test_a_sample_through_the_cli)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import signal
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from opmap.errors import OpmapError
+
+HANG_S = 5.0  # a reader that parses a few kB for longer than this is hung (the slowest valid read here: ~50 ms)
+SEED = 20261204
+
+# Values a careless user or an attacker puts where a number or a name belongs.
+NASTY = [float("nan"), float("inf"), float("-inf"), -1, 0, -0.0, 1e30, -1e30, 2**64, 1.9, 1e-300, True, False,
+         None, "", "1", "abc", "nan", "1e400", "[/b]", "\x1b[2J", "</script>", [], [1, 2], {}, {"a": 1}]
+HUGE_TOKEN = "__OPMAP_FUZZ_1E400__"  # written as the bare JSON literal 1e400 (parses to inf in Python)
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(_signum, _frame):
+    raise Hang()
+
+
+def _leaves(tree, path=()):
+    """Every (path, value) of a JSON-like tree, containers included."""
+    yield path, tree
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _leaves(v, (*path, i))
+
+
+def _set(tree, path, value):
+    if not path:
+        return value
+    node = tree
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return tree
+
+
+def _delete(tree, path):
+    node = tree
+    for p in path[:-1]:
+        node = node[p]
+    if isinstance(node, dict):
+        node.pop(path[-1], None)
+    elif isinstance(node, list) and node:
+        node.pop(path[-1])
+    return tree
+
+
+def mutate_tree(tree, rng: random.Random):
+    """One to three structural edits: a value swapped for a nasty one (or 1e400), a key dropped, a list emptied."""
+    t = copy.deepcopy(tree)
+    for _ in range(rng.randint(1, 3)):
+        spots = list(_leaves(t))
+        path, _value = rng.choice(spots)
+        r = rng.random()
+        if r < 0.7 or not path:
+            t = _set(t, path, HUGE_TOKEN if rng.random() < 0.08 else copy.deepcopy(rng.choice(NASTY)))
+        elif r < 0.9:
+            t = _delete(t, path)
+        else:
+            t = _set(t, path, [])
+    return t
+
+
+def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    """Byte-level damage: truncation, flipped bytes, inserted junk, a binary file, an empty file."""
+    r = rng.random()
+    if r < 0.3:
+        return data[: rng.randrange(len(data) + 1)]
+    if r < 0.6:
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            if b:
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        return bytes(b)
+    if r < 0.8:
+        i = rng.randrange(len(data) + 1)
+        return data[:i] + bytes(rng.randrange(256) for _ in range(rng.randint(1, 32))) + data[i:]
+    if r < 0.95:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 512)))
+    return b""
+
+
+def dump_json(tree) -> bytes:
+    return json.dumps(tree, allow_nan=True).replace(f'"{HUGE_TOKEN}"', "1e400").encode()
+
+
+def dump_toml(tree) -> bytes:
+    """TOML text of a mutated tree: values TOML cannot hold (None) are written as strings; nan/inf as TOML's own."""
+    import tomli_w
+
+    def clean(v):
+        if v is None:
+            return "null"
+        if v == HUGE_TOKEN:
+            return float("inf")
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            vs = [clean(x) for x in v]
+            return vs if len({type(x) for x in vs}) <= 1 else [str(x) for x in vs]
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 2**63:
+            return float(v)
+        return v
+
+    return tomli_w.dumps(clean(tree) if isinstance(tree, dict) else {"value": clean(tree)}).encode()
+
+
+def check_reader(name: str, read: Callable[[Path], object], seeds: list[bytes], parse: Callable[[bytes], object],
+                 dump: Callable[[object], bytes], n: int, tmp: Path) -> dict:
+    """Feed ``n`` mutated inputs to ``read``; returns counts and the first failures (tracebacks and hangs)."""
+    rng = random.Random(f"{SEED}:{name}")
+    accepted = refused = 0
+    failures: list[str] = []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        for i in range(n):
+            seed = rng.choice(seeds)
+            if rng.random() < 0.75:
+                data = dump(mutate_tree(parse(seed), rng))
+            else:
+                data = mutate_bytes(seed, rng)
+            path = tmp / f"{name}-{i}"
+            path.write_bytes(data)
+            signal.setitimer(signal.ITIMER_REAL, HANG_S)
+            try:
+                read(path)
+                accepted += 1
+            except OpmapError as e:
+                msg = str(e)
+                if not msg or "\n" in msg or "Traceback" in msg:
+                    failures.append(f"{name}: refusal not one line: {msg!r} for {data[:200]!r}")
+                refused += 1
+            except Hang:
+                failures.append(f"{name}: hang over {HANG_S} s for {data[:200]!r}")
+            except Exception as e:  # noqa: BLE001 - any other exception is the traceback a user would see
+                failures.append(f"{name}: {type(e).__name__}: {e} for {data[:200]!r}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            path.unlink()
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    return {"accepted": accepted, "refused": refused, "failures": failures}
+
+
+# -- the formats: each a reader (path -> anything, or OpmapError), seeds, and how to parse and write a seed -----
+
+N_PER_FORMAT = 600  # x formats: thousands of inputs in all, about a second per format here
+
+
+def _trace_seeds() -> list[bytes]:
+    jsonl = "\n".join(json.dumps({"arrival_s": 0.1 * i, "input_len": 128 + i, "output_len": 32}) for i in range(8))
+    csv = "arrival_s,input_len,output_len\n" + "\n".join(f"{0.2 * i},{64 + i},16" for i in range(8))
+    return [jsonl.encode(), csv.encode()]
+
+
+def _trace_parse(b: bytes):
+    text = b.decode()
+    if text.startswith("{"):
+        return [json.loads(x) for x in text.splitlines()]
+    lines = text.splitlines()
+    return [lines[0].split(",")] + [[float(v) for v in x.split(",")] for x in lines[1:]]
+
+
+def _trace_dump(tree) -> bytes:
+    if isinstance(tree, list) and tree and isinstance(tree[0], list):  # CSV rows (the header may be damaged too)
+        return "\n".join(",".join(str(v) for v in row) if isinstance(row, list) else str(row)
+                         for row in tree).encode()
+    if isinstance(tree, list):
+        return "\n".join(dump_json(x).decode() for x in tree).encode()
+    return dump_json(tree)
+
+
+def _toml_seeds() -> list[bytes]:
+    from opmap.hardware.spec import CATALOG_DIR
+
+    return [(CATALOG_DIR / f"{n}.toml").read_bytes() for n in ("h100-sxm", "l4", "xeon-8480")]
+
+
+def _cache_seed(tmp: Path) -> bytes:
+    import torch
+    from torch import nn
+
+    from opmap.capture import cache as graph_cache
+    from opmap.capture import capture
+
+    g = capture(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).to("meta"),
+                (torch.empty(4, 8, device="meta"),))
+    graph_cache.store("x", g, {"name": "mlp", "batch": 4, "seq": None, "assumptions": ["a"]})
+    return (graph_cache.cache_dir() / "x.json").read_bytes()
+
+
+def _cache_parse(b: bytes):
+    return json.loads(b.split(b"\n", 1)[1])
+
+
+def _cache_dump(tree) -> bytes:
+    """A mutated payload under a header whose hash matches it: the reader's type checks, not its hash, must
+    refuse it."""
+    import hashlib
+
+    from opmap.capture import cache as graph_cache
+
+    payload = dump_json(tree)
+    header = {"cache_version": graph_cache.CACHE_VERSION, "key": "x", "bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    return json.dumps(header).encode() + b"\n" + payload
+
+
+def _cache_read(path: Path):
+    """The cache reads an entry by key from its folder: the mutated file is put there under key x. A cache miss
+    is None; the reader must never raise (not even OpmapError) and never hang."""
+    from opmap.capture import cache as graph_cache
+
+    target = graph_cache.cache_dir() / "x.json"
+    target.write_bytes(path.read_bytes())
+    got = graph_cache.load("x")
+    if got is None:  # a miss: counted as a refusal (the graph is captured again)
+        raise OpmapError("cache miss")
+    assert len(got) in (2, 3) and got[0].nodes is not None
+
+
+def _run_seeds(tmp: Path) -> list[bytes]:
+    """An analysis.json of a small user model and a serving run's serve.json, both written by opmap itself."""
+    from opmap.cli import main
+
+    model = tmp / "tiny.py"
+    model.write_text("import torch\nfrom torch import nn\n\ndef tiny():\n"
+                     "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU()), (torch.randn(4, 16),)\n")
+    out = tmp / "runs"
+    assert main(["analyze", f"{model}:tiny", "--out", str(out), "--no-store", "--rows", "1"]) == 0
+    assert main(["serve", "gpt2", "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
+                 "--requests", "50", "--out", str(out), "--no-store"]) == 0
+    serve = {**json.loads((out / "serve.json").read_text()), "kind": "serve"}  # as runs import names a folder's
+    return [(out / "analysis.json").read_bytes(), json.dumps(serve).encode()]
+
+
+def _run_read(path: Path):
+    from opmap.store import validate_run
+
+    validate_run(json.loads(path.read_bytes()))
+
+
+def _json_read(read):
+    """A reader of parsed JSON, given a file: bytes that are not JSON are the file reader's refusal, which the
+    command makes before calling it (runs import: 'cannot import F: expected ... (JSONDecodeError)')."""
+    def run(path: Path):
+        try:
+            d = json.loads(path.read_bytes())
+        except (ValueError, RecursionError):
+            return None
+        return read(d)
+    return run
+
+
+def _formats(tmp: Path) -> dict[str, tuple]:
+    from opmap.hardware.spec import load_spec_file
+    from opmap.serve.arrivals import read_trace
+
+    return {
+        "trace": (read_trace, _trace_seeds(), _trace_parse, _trace_dump),
+        "hardware-toml": (load_spec_file, _toml_seeds(), lambda b: tomllib.loads(b.decode()), dump_toml),
+        "graph-cache": (_cache_read, [_cache_seed(tmp)], _cache_parse, _cache_dump),
+        "run-export": (_json_read(lambda d: _run_read_dict(d)), _run_seeds(tmp), json.loads, dump_json),
+    }
+
+
+def _run_read_dict(d):
+    from opmap.store import validate_run
+
+    validate_run(d)
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory):
+    import os
+
+    tmp = tmp_path_factory.mktemp("fuzz")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg")
+    os.environ["OPMAP_GRAPH_CACHE"] = "1"
+    try:
+        yield tmp, _formats(tmp)
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.mark.parametrize("name", ["trace", "hardware-toml", "graph-cache", "run-export"])
+def test_mutated_inputs_are_read_or_refused_in_one_line(formats, name):
+    tmp, table = formats
+    read, seeds, parse, dump = table[name]
+    for seed in seeds:  # the seeds themselves are good input
+        p = tmp / f"{name}-seed"
+        p.write_bytes(seed)
+        read(p)
+    r = check_reader(name, read, seeds, parse, dump, N_PER_FORMAT, tmp)
+    assert r["failures"] == [], "\n".join(r["failures"][:10])
+    # the mutations reach the checks: a good share is refused, and some survive (a mutation that changes nothing
+    # the reader uses, such as a dropped optional key)
+    assert r["refused"] >= N_PER_FORMAT // 5, r
