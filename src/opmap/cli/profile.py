@@ -8,7 +8,6 @@ import typer
 
 from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
-from opmap.errors import OpmapError
 from opmap.validate import INT_GE0, INT_GE1, options
 
 
@@ -54,10 +53,6 @@ def profile(
                                              ("--iters", iters), ("--profile-iters", profile_iters))},
              "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
     check_profile(device, dtype)
-    for name, value, least in (("--iters", iters, 1), ("--warmup", warmup, 0), ("--profile-iters", profile_iters, 1),
-                               ("--batch", batch, 1)):
-        if value < least:
-            raise OpmapError(f"{name} must be an integer >= {least} (got {value})")
     if out is not None:
         check_out_dir(out)
     ds = get_hardware(datasheet) if datasheet else None
