@@ -47,3 +47,10 @@ def test_bad_layouts_exit_2(refused):
     refused("analyze", "gpt2", "--tp", 5, needle="does not divide the 12 attention heads")
     refused("analyze", "gpt2", "--tp", 2, "--devices", 4, needle="is not tp x pp x dp")
     refused("analyze", "gpt2", "--sp", needle="needs --tp above 1")
+
+
+def test_plan_refuses_an_absurd_device_count(refused, fail_if_called):
+    """Before: --devices 2**30 was taken and the layout search ran on for minutes."""
+    fail_if_called("opmap.explore.plan.plan")
+    refused("plan", "gpt2", "--devices", 2**30, "--no-store",
+            needle="--devices must be an integer from 1 to 131072 (got 1073741824)")

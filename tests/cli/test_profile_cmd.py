@@ -56,10 +56,11 @@ def test_first_use_of_local_calibrates_then_profiles(empty_cache, cli, stand_in_
     assert stand_in_calibration == [("cpu", False)] and "no calibration" not in out
 
 
-@pytest.mark.parametrize("args,needle", [(["--iters", "0"], "--iters must be an integer from 1 to"),
-                                         (["--warmup", "-1"], "--warmup must be an integer from 0 to"),
-                                         (["--profile-iters", "0"], "--profile-iters must be an integer from 1 to"),
-                                         (["--batch", "0"], "--batch must be an integer from 1 to")])
+@pytest.mark.parametrize("args,needle", [
+    (["--iters", "0"], "--iters must be an integer from 1 to 2147483647 (got 0)"),
+    (["--warmup", "-1"], "--warmup must be an integer from 0 to 2147483647 (got -1)"),
+    (["--profile-iters", "0"], "--profile-iters must be an integer from 1 to"),
+    (["--batch", "0"], "--batch must be an integer from 1 to")])
 def test_counts_are_refused_before_calibrating(refused, fail_if_called, args, needle):
     fail_if_called("opmap.cli.calibrate.run_calibration")
     fail_if_called("opmap.cli.common.build_workload")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opmap.analyze import analyze
+from opmap.errors import OpmapError
 from opmap.explore.sweep import knees, pareto, sweep
 from opmap.hardware import get_hardware
 from opmap.workloads import build_zoo
@@ -93,3 +94,13 @@ def test_predicted_points_carry_null_energy():
     r = sweep("gpt2", get_hardware("h100-sxm"), [1], [16], "prefill", "bf16")
     (p,) = r["points"]
     assert p["energy_j"] is None and p["tokens_per_j"] is None and p["power_method"].startswith("not measured")
+
+
+def test_parse_ints_refuses_sizes_past_int32():
+    """Before: --batch 99999999999999999999 reached torch and died in a traceback (Overflow when unpacking long)."""
+    from opmap.explore.sweep import parse_ints
+
+    assert parse_ints("4,1,2,4", "batch") == [1, 2, 4]
+    with pytest.raises(OpmapError, match=r"^--batch takes comma-separated integers from 1 to 2147483647 such as "
+                                         r"1,2,4, got '1,99999999999999999999'$"):
+        parse_ints("1,99999999999999999999", "batch")

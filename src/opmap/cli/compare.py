@@ -10,6 +10,10 @@ import typer
 from opmap.cli.common import console
 from opmap.validate import INT_GE0, POSITIVE, json_text, options
 
+# Each re-run is a whole profile in a fresh process (seconds to minutes): 100 a side resolves a shift far below any
+# host's run-to-run noise; more is hours of re-profiling, not a finer verdict
+MAX_RERUNS = 100
+
 
 def compare(
     a: str = typer.Argument(..., help="The baseline: a run id (opmap runs list) or a run's output folder."),
@@ -43,7 +47,7 @@ def compare(
     from opmap.store.shapes import class_changes, production_check
 
     options({"--min-effect": (min_effect, {"lo": 0}), "--alpha": (alpha, {**POSITIVE, "hi": 1, "hi_open": True}),
-             "--rows": (rows, INT_GE0)})
+             "--rows": (rows, INT_GE0), "--rerun": (rerun, {**INT_GE0, "hi": MAX_RERUNS})})
     if b is None and production is None:
         raise OpmapError("compare takes two runs (A B), or one run with --production RUN")
     r = None

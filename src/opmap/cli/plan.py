@@ -10,6 +10,10 @@ from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 from opmap.validate import INT_GE0, INT_GE1, json_text, options
 
+# 2**17: above the largest clusters published (~100k GPUs); 131072 devices plan in about a minute, 2**30 ran on
+# for minutes
+MAX_DEVICES = 2**17
+
 
 def plan(
     model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/file.py:factory or hf:NAME."),
@@ -34,8 +38,8 @@ def plan(
     from opmap.report.sheet import check_out_dir, si, write_set
     from opmap.workloads import load_workload
 
-    options({"--devices": (devices, INT_GE1), "--seq": (seq, INT_GE1), "--global-batch": (global_batch, INT_GE1),
-             "--rows": (rows, INT_GE0)})
+    options({"--devices": (devices, {**INT_GE1, "hi": MAX_DEVICES}), "--seq": (seq, INT_GE1),
+             "--global-batch": (global_batch, INT_GE1), "--rows": (rows, INT_GE0)})
     hw = get_hardware(hardware)
     if out is not None:
         check_out_dir(out)

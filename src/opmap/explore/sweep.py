@@ -38,6 +38,7 @@ from opmap.explore.shapes import FIT_POINTS, NotAFamily, ShapeFamily
 from opmap.hardware.spec import HardwareSpec
 from opmap.measure.energy import RAPL_ROOT
 from opmap.measure.oom import check_fits, refusal_as_error, run_bytes
+from opmap.validate import INT_MAX
 
 SCHEMA_VERSION = 1
 PHASES = ("prefill", "decode")
@@ -50,8 +51,8 @@ def parse_ints(text: str, what: str) -> list[int]:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise OpmapError(f"--{what} takes comma-separated positive integers such as 1,2,4, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise OpmapError(f"--{what} takes comma-separated positive integers such as 1,2,4, got {text!r}")
+    if not vals or any(not 1 <= v <= INT_MAX for v in vals):
+        raise OpmapError(f"--{what} takes comma-separated integers from 1 to {INT_MAX} such as 1,2,4, got {text!r}")
     return sorted(set(vals))
 
 
