@@ -74,6 +74,14 @@ def test_binary_and_broken_text_are_one_line():
     assert _refused("name = \n").startswith("cannot read hardware file dev.toml: Invalid value")
 
 
+@pytest.mark.parametrize("text", ["b = " + "[" * 600 + "1" + "]" * 600,
+                                  "b = " + "{c = " * 600 + "1" + "}" * 600])
+def test_deep_nesting_is_one_line_not_a_recursion_error(text):
+    """tomllib recurses once per nested array or inline table: 600 levels raised RecursionError (a traceback)."""
+    assert _refused(text) == ("cannot read hardware file dev.toml: arrays or tables nested too deep; expected a "
+                              "TOML file like the catalog's (tables of value, kind, source)")
+
+
 def test_wrong_types_in_text_fields_are_refused():
     assert _refused(GOOD.replace('device_type = "gpu"', 'device_type = 1')) == (
         "dev.toml: device_type 1 is not one of gpu, cpu, tpu, accelerator")

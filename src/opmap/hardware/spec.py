@@ -465,6 +465,9 @@ def parse_spec_toml(text: str | bytes, origin: str = "hardware TOML") -> Hardwar
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise OpmapError(f"cannot read hardware file {origin}: {' '.join(str(e).split())}") from None
+    except RecursionError:  # tomllib parses arrays and inline tables recursively: ~500 levels exhaust the stack
+        raise OpmapError(f"cannot read hardware file {origin}: arrays or tables nested too deep; expected a TOML "
+                         "file like the catalog's (tables of value, kind, source)") from None
     return spec_from_dict(raw, origin)
 
 
