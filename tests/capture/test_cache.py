@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 
 from opmap.capture import cache
 from opmap.cli import main
+from opmap.cli.analyze import _graph_key
 
 
 @pytest.fixture
@@ -85,7 +87,7 @@ def _damage(kind: str, text: str) -> str:
     import hashlib
 
     body = json.loads(payload)
-    body["graph"]["nodes"][3][5][0][0] = ["1", None]  # node 3's first input's shape
+    body["graph"]["tensors"][3][0] = ["1", None]  # the fourth distinct tensor's shape
     body["workload"]["batch"] = True
     p = json.dumps(body, separators=(",", ":")).encode()
     return json.dumps({**h, "bytes": len(p), "sha256": hashlib.sha256(p).hexdigest()}) + "\n" + p.decode()
@@ -113,6 +115,23 @@ def test_a_training_step_round_trips_its_saved_activations(cache_on, tmp_path):
     first = json.loads((tmp_path / "a" / "analysis.json").read_text())
     again = json.loads((tmp_path / "b" / "analysis.json").read_text())
     assert first == again and first["phase"]["name"] == "train"
+    # a well-formed entry under the training key without its saved activations (a decode entry's shape, its hash
+    # recomputed): a miss, captured again, not a crash on the missing figures
+    path = _entry(cache_on)
+    body = json.loads(path.read_text().split("\n", 1)[1])
+    body["saved"] = None
+    _rewrite(path, body)
+    assert main([*args, "--out", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "analysis.json").read_text()) == first
+
+
+def _rewrite(path, body) -> None:
+    """``path`` holding ``body`` under a header whose length and hash match it (only the type checks are left)."""
+    import hashlib
+
+    h = json.loads(path.read_text().split("\n", 1)[0])
+    p = json.dumps(body, separators=(",", ":")).encode()
+    path.write_bytes(json.dumps({**h, "bytes": len(p), "sha256": hashlib.sha256(p).hexdigest()}).encode() + b"\n" + p)
 
 
 def test_an_unreadable_entry_is_a_miss(cache_on):
@@ -124,3 +143,38 @@ def test_an_unreadable_entry_is_a_miss(cache_on):
     g = OpGraph((), 0, 0.0, 0, (), "meta")
     cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
     assert cache.load("abc") == (g, {"name": "x", "batch": 1, "seq": None, "assumptions": ()})
+
+
+class _Plant:
+    """Unpickling this creates ``path``: the proof that a pickle was opened."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_a_pickle_where_version_1_read_its_entry_is_never_opened(cache_on, tmp_path, monkeypatch):
+    """A malicious KEY.pkl at the exact path opmap's version-1 cache read for these inputs (and one at today's
+    key), beside a torn KEY.json: analyze opens neither pickle, captures again, rewrites the entry, and its
+    analysis equals a fresh capture's."""
+    marker = tmp_path / "executed"
+    args = ("gpt2", 1, 32, None, "bf16", "meta", "nchw", ())
+    k = _graph_key(*args)
+    with monkeypatch.context() as m:  # the key version 1 computed for the same inputs
+        m.setattr(cache, "CACHE_VERSION", 1)
+        k_old = _graph_key(*args)
+    cache_on.mkdir(parents=True)
+    for name in {k_old, k}:
+        (cache_on / f"{name}.pkl").write_bytes(pickle.dumps(_Plant(marker)))
+    (cache_on / f"{k}.json").write_text('{"cache_version": ' + str(cache.CACHE_VERSION) + ', "key": "' + k + '"')
+    cli = ["analyze", "gpt2", "--seq", "32", "--rows", "1", "--no-store"]
+    assert main([*cli, "--out", str(tmp_path / "cached")]) == 0
+    assert not marker.exists()
+    assert cache.load(k) is not None  # the torn entry was replaced by a good one
+    monkeypatch.setenv("OPMAP_GRAPH_CACHE", "0")
+    assert main([*cli, "--out", str(tmp_path / "fresh")]) == 0
+    assert json.loads((tmp_path / "cached" / "analysis.json").read_text()) == \
+        json.loads((tmp_path / "fresh" / "analysis.json").read_text())
+    assert not marker.exists()

@@ -67,9 +67,34 @@ def test_counts_are_refused_before_calibrating(refused, fail_if_called, args, ne
     refused("profile", "gpt2", *args, needle=needle)
 
 
-def test_a_batch_beyond_memory_is_the_users_batch_not_the_models_error(refused, fail_if_called):
-    """gpt2 at batch 100000 x seq 512: the embedding's output alone is 100000 x 512 x 768 x 4 B = 157 GB, which
-    the CPU allocator refuses at once (the ids, 410 MB, and the weights, 0.5 GB, are all that is allocated)."""
+def test_a_batch_beyond_memory_is_refused_before_calibrating_or_building(empty_cache, refused, fail_if_called):
+    """The newcomer's command, gpt2 at batch 100000 x seq 512 with no --hardware (a first use would calibrate):
+    refused from the meta capture's sizes before the calibration and before any real tensor. The floor
+    (opmap.measure.oom.run_bytes, fp32): the weights, 124,439,808 x 4 B = 0.50 GB, plus the largest operator,
+    the lm_head matmul, 100000 x 512 x 768 x 4 B = 157.29 GB in and 100000 x 512 x 50257 x 4 B = 10,292.63 GB
+    out: 10,450.4 GB."""
     fail_if_called("opmap.cli.calibrate.run_calibration")
-    refused("profile", "gpt2", "--batch", "100000", "--seq", "512", "--hardware", "xeon-8480", "--iters", "1",
-            "--warmup", "0", "--profile-iters", "1", needle="profile of gpt2 at batch 100000 x seq 512 does not fit")
+    fail_if_called("opmap.cli.common.check_memory")  # the first step of a real-tensor build
+    refused("profile", "gpt2", "--batch", "100000", "--seq", "512",
+            needle="profile of gpt2 at batch 100000 x seq 512 needs at least 10,450.4 GB on cpu")
+
+
+BIG = ("import torch\n"
+       "class Big(torch.nn.Module):\n"
+       "    def forward(self, x):\n"
+       "        return x.new_empty(2 ** 46)\n"
+       "def big():\n"
+       "    return Big(), (torch.zeros(2),)\n")
+
+
+def test_the_allocators_refusal_is_the_users_request_not_the_models_error(refused, fail_if_called, tmp_path):
+    """A user's model (not sized up front) whose forward asks for 2^46 fp32 elements, 2^48 B = 281,475.0 GB: the
+    CPU allocator refuses at once, and the line names the request and the bytes, not a fault of the model."""
+    f = tmp_path / "big.py"
+    f.write_text(BIG)
+    fail_if_called("opmap.cli.calibrate.run_calibration")
+    line = refused("profile", f"{f}:big", "--hardware", "xeon-8480", "--iters", "1", "--warmup", "0",
+                   "--profile-iters", "1", "--no-store",
+                   needle=f"profile of {f}:big at batch 1 does not fit in cpu memory: one allocation asked for "
+                          "281,475.0 GB")
+    assert "error in the model" not in line

@@ -40,3 +40,14 @@ def test_other_errors_pass_through():
     with pytest.raises(ValueError), refusal_as_error("x"):
         raise ValueError("not memory")
     assert asked_bytes(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == 2 * 2**30
+
+
+def test_a_view_is_not_a_second_allocation():
+    """Linear(64, 256, bias=False) on 32 x 64, then flattened (a view of the 32 x 256 output), fp32: weights
+    64 x 256 x 4 = 65,536 B; the largest operator is the matmul, 32 x 64 x 4 = 8,192 B in and 32 x 256 x 4 =
+    32,768 B out. The flatten reads and 'writes' the same 32,768 B storage: counted as two it would be 65,536 B,
+    larger than the matmul's 40,960, and the floor would not be one."""
+    m = nn.Sequential(nn.Linear(64, 256, bias=False), nn.Flatten(0)).to("meta")
+    g = capture(m, (torch.empty(32, 64, device="meta"),))
+    assert any(n.is_view for n in g.nodes)
+    assert run_bytes(g) == 65_536 + 8_192 + 32_768

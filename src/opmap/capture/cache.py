@@ -9,16 +9,18 @@ build and capture models. ``OPMAP_GRAPH_CACHE=0`` turns it off. A cache that can
 skipped, never an error; entries are written whole (temporary file, then rename).
 
 Entries are data, never code: a JSON header line (cache version, key, the SHA-256 and length of the payload)
-then the payload, a JSON of the graph, the workload's name and assumptions and, for training, the saved
-activations. An entry that does not parse, is of another version or key, fails its hash or holds a value of
-the wrong type is a miss (the graph is captured again and the entry rewritten). The hash guards against a
-torn or damaged file, not against a writer who recomputes it: what makes a planted entry harmless is that it
-is only parsed, each field type-checked, never unpickled or imported (old ``.pkl`` entries are never read).
+then the payload, a JSON of the graph (opmap.capture.codec's columnar layout), the workload's name and
+assumptions and, for training, the saved activations. An entry that does not parse, is of another version or
+key, fails its hash or holds a value of the wrong type is a miss (the graph is captured again and the entry
+rewritten). The hash guards against a torn or damaged file, not against a writer who recomputes it: what makes
+a planted entry harmless is that it is only parsed, each field type-checked, never unpickled or imported (old
+``.pkl`` entries are never read).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -27,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from opmap import __version__
-from opmap.graph import Node, OpGraph, TensorMeta
+from opmap.capture.codec import BadEntry, decode_graph, encode_graph
+from opmap.graph import OpGraph
 
-CACHE_VERSION = 2  # 2: JSON entries with a SHA-256 of the payload (1 was pickle, never read again)
+# 1 was pickle (never read again); 2: JSON with a SHA-256 of the payload, a row per node; 3: the graph columnar
+# (opmap.capture.codec: each distinct string and tensor once), parsed in about half the time
+CACHE_VERSION = 3
 _SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads")  # what a captured graph depends on
 
 
@@ -91,65 +96,6 @@ def _opt(v, f):
     return None if v is None else f(v)
 
 
-def _plain(v, depth: int = 0):
-    """A node argument as the tracer records it: None, bool, int, float, str, or a list of them (nested)."""
-    _check(depth < 8)
-    if v is None or type(v) in (bool, int, float, str):
-        return v
-    _check(type(v) is list)
-    return [_plain(x, depth + 1) for x in v]
-
-
-# Compact rows, not dicts: a tensor is [shape, stride, dtype, producer, param]; a node is [op, module,
-# module_class, layer_type, input names, inputs, outputs, args, is_view, is_inplace] (the 70B graph's entry
-# reads in about half the time of the dict form).
-def _t_row(t: TensorMeta) -> list:
-    return [list(t.shape), list(t.stride), t.dtype, t.producer, t.param]
-
-
-def _tensor(r, n_nodes: int, dtypes: frozenset[str]) -> TensorMeta:
-    _check(type(r) is list and len(r) == 5)
-    shape, stride, dtype, producer, param = r
-    _check(type(shape) is list and type(stride) is list and len(shape) == len(stride) and dtype in dtypes)
-    _check(all(type(x) is int and x >= 0 for x in shape) and all(type(x) is int for x in stride))
-    _check((producer is None or (type(producer) is int and 0 <= producer < n_nodes))
-           and (param is None or type(param) is str))
-    return TensorMeta(tuple(shape), dtype, tuple(stride), producer, param)
-
-
-def _n_row(n: Node) -> list:
-    return [n.op, n.module, n.module_class, n.layer_type, list(n.input_names), [_t_row(t) for t in n.inputs],
-            [_t_row(t) for t in n.outputs], n.args, n.is_view, n.is_inplace]
-
-
-def _node(r, i: int, n_nodes: int, dtypes: frozenset[str]) -> Node:
-    _check(type(r) is list and len(r) == 10)
-    op, module, module_class, layer_type, names, inputs, outputs, args, is_view, is_inplace = r
-    _check(type(names) is list and type(inputs) is list and type(outputs) is list and type(args) is dict
-           and len(names) == len(inputs) and type(is_view) is bool and type(is_inplace) is bool)
-    return Node(i, _str(op), _str(module), _str(module_class), _str(layer_type),
-                tuple(_tensor(t, n_nodes, dtypes) for t in inputs), tuple(_tensor(t, n_nodes, dtypes) for t in outputs),
-                tuple(_str(x) for x in names), {_str(k): _plain(v) for k, v in args.items()}, is_view, is_inplace)
-
-
-def _encode_graph(g: OpGraph) -> dict[str, Any]:
-    return {"nodes": [_n_row(n) for n in g.nodes], "params": g.params, "param_bytes": g.param_bytes,
-            "buffers": g.buffers, "inputs": [_t_row(t) for t in g.inputs], "device": g.device,
-            "notes": list(g.notes), "param_sizes": [[n, c] for n, c in g.param_sizes]}
-
-
-def _decode_graph(d) -> OpGraph:
-    from opmap.precision import DTYPE_BYTES
-
-    _check(type(d) is dict and type(d["nodes"]) is list)
-    n, dtypes = len(d["nodes"]), frozenset(DTYPE_BYTES)
-    nodes = tuple(_node(x, i, n, dtypes) for i, x in enumerate(d["nodes"]))
-    sizes = tuple((_str(p[0]), _int(p[1])) for p in d["param_sizes"])
-    return OpGraph(nodes, _int(d["params"]), _num(d["param_bytes"]), _int(d["buffers"]),
-                   tuple(_tensor(t, n, dtypes) for t in d["inputs"]), _str(d["device"]),
-                   tuple(_str(x) for x in d["notes"]), sizes)
-
-
 def _workload(d) -> dict[str, Any]:
     """The workload's fields a cached graph keeps (its module and inputs are not kept), type-checked."""
     _check(type(d) is dict)
@@ -183,11 +129,17 @@ def load(k: str) -> tuple | None:
             payload = f.read()
         _check(type(header) is dict and header.get("cache_version") == CACHE_VERSION and header.get("key") == k)
         _check(header.get("bytes") == len(payload) and header.get("sha256") == hashlib.sha256(payload).hexdigest())
-        body = json.loads(payload)
-        _check(type(body) is dict)
-        entry = (_decode_graph(body["graph"]), _workload(body["workload"]))
-        return (*entry, _saved(body["saved"])) if "saved" in body else entry
-    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, _Bad):
+        was = gc.isenabled()
+        gc.disable()  # parsing makes ~10^5 containers: each collection would walk torch's heap again
+        try:
+            body = json.loads(payload)
+            _check(type(body) is dict)
+            entry = (decode_graph(body["graph"]), _workload(body["workload"]))
+            return (*entry, _saved(body["saved"])) if "saved" in body else entry
+        finally:
+            if was:
+                gc.enable()
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, _Bad, BadEntry):
         return None  # a miss in every form: missing, truncated, damaged, another version, wrong types
 
 
@@ -196,7 +148,7 @@ def store(k: str, graph: OpGraph, workload: dict[str, Any], *saved: dict[str, An
     the saved activations' fields) whole, or not at all. A link at the entry's name is replaced, not followed."""
     if not enabled():
         return
-    body: dict[str, Any] = {"graph": _encode_graph(graph), "workload": workload}
+    body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload}
     if saved:
         body["saved"] = saved[0]
     payload = json.dumps(body, separators=(",", ":")).encode()

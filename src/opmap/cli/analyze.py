@@ -188,7 +188,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
                             "recompute": spec.recompute if spec.train else None})
     hit = graph_cache.load(key) if key else None
     saved = act = None
-    if hit is not None and len(hit) == 3:
+    if hit is not None and len(hit) == 3 and (hit[2] is not None) == spec.train:  # training needs its activations
         graph, w, saved = hit[0], _cached_workload(hit[1]), _cached_saved(hit[2])
     else:
         if spec_model is not None and device != "meta":

@@ -47,8 +47,9 @@ def profile(
     from opmap.report.profile_sheet import print_profile_report, write_profile_outputs
     from opmap.report.sheet import check_out_dir
 
-    # The device and dtype (run_profile's own check), the output folder and a named datasheet fail before a
-    # first-use calibration or the build; the loader checks model and shape before it builds.
+    # The device and dtype (run_profile's own check), the counts, the output folder, a named datasheet, and a zoo
+    # model's shape and the memory it needs fail before a first-use calibration or the build; the loader checks a
+    # user's model and its shape before it builds.
     options({**{k: (v, INT_GE1) for k, v in (("--batch", batch), ("--seq", seq), ("--image-size", image_size),
                                              ("--iters", iters), ("--profile-iters", profile_iters))},
              "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
@@ -58,13 +59,16 @@ def profile(
     ds = get_hardware(datasheet) if datasheet else None
     if hardware.strip().lower() == "local" and device == "cuda":
         hardware = "local-cuda"
-    if hardware.strip().lower() in ("local", "local-cuda") and not cache_path(device).exists():
-        console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
-        run_calibration(device)
-    hw = get_hardware(hardware)
+    local = hardware.strip().lower() in ("local", "local-cuda")
+    hw = None if local else get_hardware(hardware)  # local is read after its first-use calibration
     overrides = parse_overrides(layer_type)
     what = f"profile of {model} at batch {batch}" + (f" x seq {seq}" if seq else "") + \
         (f" x image {image_size}" if image_size else "")
+    _refuse_what_cannot_fit(model, batch, seq, image_size, dtype, device, what)
+    if local and not cache_path(device).exists():
+        console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
+        run_calibration(device)
+    hw = hw or get_hardware(hardware)
     with refusal_as_error(what, device):
         w = build_workload(model, batch, seq, image_size, dtype, device)
     with refusal_as_error(what, device), Progress(TextColumn("{task.description}"), BarColumn(),
@@ -86,3 +90,31 @@ def profile(
         # the raw per-iteration latencies go with the run: opmap compare's rank test reads them
         record_run("profile", {**d, "samples": {"latency_s": list(p.latency.times_s)}}, analysis_tags(d), store,
                    no_store)
+
+
+def _refuse_what_cannot_fit(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str,
+                            device: str, what: str) -> None:
+    """A zoo model's meta capture at the requested shape (from the capture cache where analyze or an earlier
+    profile made it) gives a floor on the bytes the real run needs (opmap.measure.oom.run_bytes: the weights and
+    the largest operator's tensors), checked against the memory available now. A batch that cannot fit is
+    refused in seconds, before a first-use calibration or the build, and before the OOM killer: a 20 GB
+    allocation on a 24 GB host is granted, then killed as it is written. Other models (a user's file, a Hugging
+    Face config) are not built twice; the allocator's refusal still becomes one line for them."""
+    from opmap.capture import cache as graph_cache
+    from opmap.capture import capture
+    from opmap.cli.analyze import _graph_key, _workload_fields
+    from opmap.measure.oom import check_fits, run_bytes
+    from opmap.workloads import MODELS
+
+    if model not in MODELS:
+        return
+    key = _graph_key(model, batch, seq, image_size, dtype, "meta", "nchw", ())
+    hit = graph_cache.load(key) if key else None
+    if hit is not None:
+        graph = hit[0]
+    else:
+        w = build_workload(model, batch, seq, image_size, dtype, "meta")
+        graph = capture(w.module, w.inputs)
+        if key:
+            graph_cache.store(key, graph, _workload_fields(w))
+    check_fits(run_bytes(graph, 4.0 if dtype in ("fp32", "tf32") else 2.0), what, device)

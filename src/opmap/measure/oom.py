@@ -57,12 +57,16 @@ def available_bytes(device: str = "cpu") -> float | None:
 def run_bytes(graph, itemsize: float = 4.0) -> float:
     """A floor on the memory one forward of ``graph`` needs when run for real with ``itemsize``-byte floating
     tensors (fp32: 4): every parameter, plus the inputs and outputs of its largest operator, all live at once.
-    The real peak is higher (other live activations, the allocator's slack): a point over this cannot run."""
+    The real peak is higher (other live activations, the allocator's slack): a point over this cannot run. A
+    view's or an in-place op's output is its input's storage: only the inputs count there."""
     def nbytes(t) -> float:
         return t.numel * (itemsize if t.dtype.startswith(("float", "bfloat")) else t.itemsize)
 
-    largest = max((sum(nbytes(t) for t in (*n.inputs, *n.outputs) if t.param is None) for n in graph.nodes),
-                  default=0.0)
+    def live(n) -> float:
+        fresh = () if n.is_view or n.is_inplace else n.outputs
+        return sum(nbytes(t) for t in (*n.inputs, *fresh) if t.param is None)
+
+    largest = max((live(n) for n in graph.nodes), default=0.0)
     return graph.params * itemsize + largest
 
 
