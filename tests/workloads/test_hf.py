@@ -437,3 +437,15 @@ def test_newcomer_faults_are_one_line_through_the_cli(tmp_path, capsys, content,
     lines = [x for x in err.splitlines() if x.strip()]
     assert rc == 2 and len(lines) == 1 and needle in lines[0], err
     assert lines[0].startswith(f"opmap: error: config file {p}") and "Traceback" not in out + err
+
+
+def test_transformers_warnings_do_not_break_the_one_line(tmp_path):
+    """A GPT-2 config with a small vocabulary (GPT-2's default bos/eos token 50256 lies outside it: transformers
+    logs two warnings) and an activation transformers lacks: stderr is the one error line, nothing else."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", **CONFIGS["gpt2"], "bos_token_id": 50256,
+                               "eos_token_id": 50256, "activation_function": "no_such_act"}))
+    r = run_cli(tmp_path, "analyze", str(cfg), "--seq", "8")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"opmap: error: transformers cannot build {cfg} (gpt2)") and "no_such_act" in lines[0]

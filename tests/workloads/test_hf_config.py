@@ -161,3 +161,11 @@ def test_every_transformers_causal_lm_default_config_passes():
             assert "encoder-decoder" in str(e), str(e)
         checked += 1
     assert checked > 150
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    """Windows editors start a UTF-8 file with a byte-order mark; the config behind it is read."""
+    p = tmp_path / "config.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(LLAMA).encode())
+    w = load_workload(str(p), 1, 8)
+    assert w.module.config.num_hidden_layers == LLAMA["num_hidden_layers"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +100,30 @@ def _read(target: str) -> tuple[Any, str, str | None]:
                          f"of a larger model?); accepted: {_tested()}")
     ignored = _auto_map_entry(d, _MODEL_CLASSES)
     try:
-        config = cls.from_dict({k: v for k, v in d.items() if k != "auto_map"})
+        with _quiet_transformers():
+            config = cls.from_dict({k: v for k, v in d.items() if k != "auto_map"})
     except Exception as e:  # a config class's own checks: report them in one line
         raise OpmapError(f"{where}: transformers rejects it as {mt} ({_first_line(e)})") from None
     if getattr(config, "is_encoder_decoder", False) is True:
         raise OpmapError(f"{where}: model_type {mt!r} is an encoder-decoder; opmap builds {families()}")
     return config, where, ignored
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own warnings (its logger, such as "bos_token_id must be within the vocabulary", and Python
+    warnings, such as a deprecated key) off while it reads a config or builds a model: an error stays one line
+    on stderr, and what opmap assumes is stated in the workload's assumptions."""
+    from transformers.utils import logging as tf_logging
+
+    level = tf_logging.get_verbosity()
+    tf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tf_logging.set_verbosity(level)
 
 
 def _auto_class(config_cls):
@@ -196,7 +215,7 @@ def _build(config, target: str, device: str) -> torch.nn.Module:
                               "trust_remote_code": False}  # never a repository's code, never a prompt on stdin
     auto = _auto_class(type(config)) or tf.AutoModel  # a causal LM; an encoder or another head: the bare model
     try:
-        with torch.device(device):
+        with torch.device(device), _quiet_transformers():
             try:
                 return auto.from_config(config, **kwargs)
             except (TypeError, ValueError) as e:

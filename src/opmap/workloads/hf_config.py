@@ -241,7 +241,7 @@ def read_config_file(path: Path, where: str | None = None) -> dict:
         if size > MAX_CONFIG_BYTES:
             raise OpmapError(f"{where} is {size:,} bytes; accepted: a config.json of at most {MAX_CONFIG_BYTES:,} "
                              "bytes (published ones are a few KB)")
-        d = json.loads(path.read_bytes().decode("utf-8"))
+        d = json.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) is skipped
     except OpmapError:
         raise
     except RecursionError:
