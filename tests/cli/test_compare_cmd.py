@@ -135,10 +135,11 @@ MODEL = ("import time, torch\n"
 
 
 def test_rerun_measures_the_noise_and_catches_a_stall_in_real_runs(tmp_path, cli, monkeypatch):
-    # the check with real processes, scaled down 10x for CI time: a 20 ms step (a sleep: steady however
-    # loaded the machine) in main/, the same code in copy/, and a 4 ms stall added in branch/ (the 40 ms
-    # in 200 ms: +20%). Each is profiled once by `opmap profile` in its own process; compare --rerun 1 runs A's
-    # and B's recorded commands once more each, interleaved: 2 runs a side, the floor measured (2 dof)
+    # the --rerun machinery with real processes, scaled down for CI time: a 20 ms step (a sleep) in main/, the same
+    # code in copy/, and a 10 ms stall added in branch/ (+50%). Each is profiled once by `opmap profile` in its own
+    # process; compare --rerun 1 runs A's and B's recorded commands once more each, interleaved: 2 runs a side, the
+    # floor measured (2 dof, t = 9.92: a loaded 2-core host's 1-2% spread between runs makes a 10-20% floor, so
+    # the issue's +20% is checked with more runs in tests/store/test_compare.py, and here the stall is +50%)
     import json
     import os
     import subprocess
@@ -149,7 +150,7 @@ def test_rerun_measures_the_noise_and_catches_a_stall_in_real_runs(tmp_path, cli
     monkeypatch.setenv("PYTHONPATH", src)  # the re-runs are processes of the tree under test
     store = tmp_path / "runs.duckdb"
     ids = {}
-    for name, step in (("main", 0.020), ("copy", 0.020), ("branch", 0.024)):
+    for name, step in (("main", 0.020), ("copy", 0.020), ("branch", 0.030)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "m.py").write_text(MODEL.format(step_s=step))
         p = subprocess.run([sys.executable, "-m", "opmap.cli", "profile", f"{tmp_path / name / 'm.py'}:m",
@@ -162,12 +163,12 @@ def test_rerun_measures_the_noise_and_catches_a_stall_in_real_runs(tmp_path, cli
     r = json.loads(out)
     assert rc == 1 and r["verdict"] == "regression", (out, err)
     assert r["noise"]["measured"] and r["noise"]["dof"] == 2 and len(r["noise"]["runs_b"]) == 2
-    assert 0.12 < r["effect"] < 0.3  # 4 ms on ~20 ms
+    assert 0.3 < r["effect"] < 0.8  # 10 ms on ~20 ms
     rc, out, _ = cli("compare", ids["main"], ids["copy"], "--rerun", "1", "--store", store, "--json")
     r = json.loads(out)
     # main's side now holds its earlier re-run too (the same command, code and host): 3 runs against 2
     assert rc == 0 and r["verdict"] == "no significant change" and len(r["noise"]["runs_a"]) == 3
-    assert abs(r["effect"]) < 0.05
+    assert abs(r["effect"]) < 0.15
     # the output folders of the first runs compare as the run ids do (no repeats: the floor is assumed)
     rc, out, _ = cli("compare", tmp_path / "main-out", tmp_path / "branch-out", "--store", store)
     assert rc == 1 and "regression" in out and "assumed" in out
