@@ -122,6 +122,9 @@ def test_runs_import_refuses_text_the_store_cannot_hold_and_a_store_it_cannot_cr
     line = refused("runs", "import", f, "--store", store, needle="assumptions.workload")
     assert "nothing imported" in line
     refused("runs", "list", "--store", store, needle="no run store at")  # nothing was written
+    f.write_text('{"assumptions": {"workload": "w", "hardware": "h100-sxm"}, "kernels": [{"flops": 1'
+                 + "0" * 400 + '}]}')  # an integer no float holds: it crashed the import (OverflowError)
+    refused("runs", "import", f, "--store", store, needle="kernels[0].flops: an integer of 1329 bits is too large")
     f.write_text('{"assumptions": {"workload": "w", "hardware": "h100-sxm"}}')
     (tmp_path / "a-file").write_text("")
     refused("runs", "import", f, "--store", tmp_path / "a-file" / "runs.duckdb",

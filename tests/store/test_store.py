@@ -138,6 +138,7 @@ GOOD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16"
     # JSON's "\ud800" parses to a lone surrogate, which DuckDB cannot store: refused here, not after "imported"
     ({**GOOD, "assumptions": {**GOOD["assumptions"], "workload": "w\ud800"}}, "assumptions.workload"),
     ({**GOOD, "assumptions": {**GOOD["assumptions"], "batch": 2 ** 63}}, "assumptions.batch"),  # BIGINT column
+    ({**GOOD, "totals": {"matrix_flops": 10 ** 400}}, "totals.matrix_flops"),  # a JSON integer no float holds
 ])
 def test_validate_run_names_the_bad_field_in_one_line_and_touches_no_store(bad, field, tmp_path, monkeypatch):
     from opmap.store import validate_run
@@ -194,11 +195,15 @@ def test_a_commands_run_with_an_infinite_figure_is_still_recorded(tmp_path):
     assert show_run(rid, path)["payload"]["latency"]["p99_s"] == float("inf")
 
 
-def test_a_run_with_a_string_duckdb_cannot_store_is_refused_before_anything_is_written(tmp_path):
-    # a lone surrogate (a file name's undecodable byte): it used to be spooled, then quarantined at the next read
+@pytest.mark.parametrize("tags, says", [
+    ({"workload": "model-\udcff"}, "tags.workload: holds a lone surrogate"),  # a file name's undecodable byte
+    ({"hardware": 2 ** 130}, "tags.hardware: an integer of 131 bits is too large"),  # DuckDB binds 128 bits
+])
+def test_a_run_with_a_value_duckdb_cannot_bind_is_refused_before_anything_is_written(tmp_path, tags, says):
+    # it used to be spooled ("recorded as run ..."), then quarantined at the next read
     path = tmp_path / "runs.duckdb"
-    with pytest.raises(OpmapError, match=r"tags.workload: holds a lone surrogate"):
-        record("analyze", PAYLOAD, _tags(workload="model-\udcff"), path)
+    with pytest.raises(OpmapError, match=says):
+        record("analyze", PAYLOAD, _tags(**tags), path)
     assert not path.exists() and not list(path.with_name(path.name + ".spool").glob("*.json"))
 
 

@@ -371,7 +371,7 @@ def entry(kind: str, payload: dict[str, Any], tags: dict[str, Any], run_id: str 
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     try:
         kernels, lts, samples = _rows(payload)
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError, OverflowError) as e:
         raise OpmapError(f"run {run_id}: its kernels or layer types are malformed ({type(e).__name__}: {e})") \
             from None
     # the per-node list stays in the run's own files (analysis.json); kernels, layer types and samples are rows

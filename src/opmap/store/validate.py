@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from opmap.errors import OpmapError
@@ -24,6 +25,7 @@ INT_TAGS = ("batch", "seq")
 ROW_TYPES = {"kernels": ("int", "str", "str", "num", "num", "num", "num", "str", "str", "str", "num", "num"),
              "layer_types": ("str", "num", "num", "num", "num", "num", "num"),
              "samples": ("str", "int", "num")}
+BIND_INT = 2 ** 127  # the largest Python integer DuckDB binds as a parameter (a DOUBLE or VARCHAR cell)
 MAX_DEPTH = 64  # a run's JSON nests a few levels; deeper is not opmap's
 
 
@@ -59,6 +61,9 @@ def finite(v: Any, where: str, depth: int = 0) -> None:
         raise _fail(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(v, float) and not math.isfinite(v):
         raise _fail(where, f"{v} is not a finite number")
+    if _is_int(v) and abs(v) > sys.float_info.max:  # a JSON integer of 400 digits: no float holds it
+        raise _fail(where, f"an integer of {v.bit_length()} bits is too large for a number (at most "
+                          f"{sys.float_info.max:.3e})")
     if isinstance(v, str) and not _utf8(v):
         raise _fail(where, NOT_UTF8)
     if isinstance(v, dict):
@@ -215,6 +220,11 @@ def check_entry(e: Any) -> None:
                     raise _fail(f"rows.{table}[{i}]", f"{v!r:.40} is not {'a string' if t == 'str' else 'a number'}")
                 if t == "int" and v is not None and not -2 ** 31 <= v < 2 ** 31:  # an INTEGER column
                     raise _fail(f"rows.{table}[{i}]", f"{v} does not fit a 32-bit integer")
+                if t == "num" and _is_int(v) and abs(v) >= BIND_INT:
+                    raise _fail(f"rows.{table}[{i}]", f"an integer of {v.bit_length()} bits is too large (at most 127)")
+    for k, v in tags.items():
+        if _is_int(v) and abs(v) >= BIND_INT:
+            raise _fail(f"tags.{k}", f"an integer of {v.bit_length()} bits is too large (at most 127)")
     if not all(_is_int(tags.get(k)) and abs(tags[k]) < 2 ** 63 for k in INT_TAGS if tags.get(k) is not None):
         raise _fail("tags", "batch and seq must fit a 64-bit integer")
     try:  # the whole entry as the insert binds it: one C pass, walked for the field only when it fails
