@@ -113,3 +113,19 @@ def test_runs_list_and_show_print_tags_as_text(tmp_path, cli):
     rc, out, err = cli("runs", "show", rid, "--store", store)
     assert rc == 0, err
     assert "\x1b" not in out + err and "workload: m[/b]x" in out
+
+
+def test_runs_import_refuses_text_the_store_cannot_hold_and_a_store_it_cannot_create(tmp_path, cli, refused):
+    store = tmp_path / "runs.duckdb"
+    f = tmp_path / "analysis.json"  # valid JSON whose workload parses to a lone surrogate
+    f.write_text('{"assumptions": {"workload": "w\\ud800", "hardware": "h100-sxm"}}')
+    line = refused("runs", "import", f, "--store", store, needle="assumptions.workload")
+    assert "nothing imported" in line
+    refused("runs", "list", "--store", store, needle="no run store at")  # nothing was written
+    f.write_text('{"assumptions": {"workload": "w", "hardware": "h100-sxm"}, "kernels": [{"flops": 1'
+                 + "0" * 400 + '}]}')  # an integer no float holds: it crashed the import (OverflowError)
+    refused("runs", "import", f, "--store", store, needle="kernels[0].flops: an integer of 1329 bits is too large")
+    f.write_text('{"assumptions": {"workload": "w", "hardware": "h100-sxm"}}')
+    (tmp_path / "a-file").write_text("")
+    refused("runs", "import", f, "--store", tmp_path / "a-file" / "runs.duckdb",
+            needle="cannot create the folder of the run store")

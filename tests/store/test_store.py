@@ -7,7 +7,7 @@ import multiprocessing as mp
 
 import pytest
 
-pytest.importorskip("duckdb")
+duckdb = pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import list_runs, record, show_run  # noqa: E402
@@ -135,6 +135,10 @@ GOOD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16"
     ({**GOOD, "latency": {"samples_s": [1.0, "x"]}}, "latency.samples_s"),
     ({**GOOD, "kind": "nonsense"}, "kind"),
     ({"kind": "sweep"}, "points"),
+    # JSON's "\ud800" parses to a lone surrogate, which DuckDB cannot store: refused here, not after "imported"
+    ({**GOOD, "assumptions": {**GOOD["assumptions"], "workload": "w\ud800"}}, "assumptions.workload"),
+    ({**GOOD, "assumptions": {**GOOD["assumptions"], "batch": 2 ** 63}}, "assumptions.batch"),  # BIGINT column
+    ({**GOOD, "totals": {"matrix_flops": 10 ** 400}}, "totals.matrix_flops"),  # a JSON integer no float holds
 ])
 def test_validate_run_names_the_bad_field_in_one_line_and_touches_no_store(bad, field, tmp_path, monkeypatch):
     from opmap.store import validate_run
@@ -189,3 +193,33 @@ def test_a_commands_run_with_an_infinite_figure_is_still_recorded(tmp_path):
     path = tmp_path / "runs.duckdb"
     rid = record("serve", {"latency": {"p99_s": float("inf")}}, _tags(), path)
     assert show_run(rid, path)["payload"]["latency"]["p99_s"] == float("inf")
+
+
+@pytest.mark.parametrize("tags, says", [
+    ({"workload": "model-\udcff"}, "tags.workload: holds a lone surrogate"),  # a file name's undecodable byte
+    ({"hardware": 2 ** 130}, "tags.hardware: an integer of 131 bits is too large"),  # DuckDB binds 128 bits
+])
+def test_a_run_with_a_value_duckdb_cannot_bind_is_refused_before_anything_is_written(tmp_path, tags, says):
+    # it used to be spooled ("recorded as run ..."), then quarantined at the next read
+    path = tmp_path / "runs.duckdb"
+    with pytest.raises(OpmapError, match=says):
+        record("analyze", PAYLOAD, _tags(**tags), path)
+    assert not path.exists() and not list(path.with_name(path.name + ".spool").glob("*.json"))
+
+
+def test_an_export_with_a_row_its_table_cannot_hold_imports_nothing(tmp_path):
+    from opmap.store.transfer import export_parquet, import_path
+
+    a = tmp_path / "a.duckdb"
+    record("analyze", PAYLOAD, _tags(), a)
+    export_parquet(tmp_path / "pq", a)
+    kernels = tmp_path / "pq" / "kernels.parquet"
+    con = duckdb.connect()  # the kernel index past the INTEGER column's 2**31 - 1, as a hand-edited export
+    con.execute(f"COPY (SELECT * REPLACE (idx::BIGINT + 2147483648 AS idx) FROM read_parquet('{kernels}')) "
+                f"TO '{tmp_path / 'k.parquet'}' (FORMAT parquet)")
+    con.close()
+    (tmp_path / "k.parquet").replace(kernels)
+    b = tmp_path / "b.duckdb"
+    with pytest.raises(OpmapError, match=r"does not fit a 32-bit integer.*nothing imported"):
+        import_path(tmp_path / "pq", b)
+    assert not b.exists() and not list(b.with_name(b.name + ".spool").rglob("*.json"))

@@ -124,6 +124,15 @@ def _dir(d: Path) -> Path:
     return d
 
 
+def _make_parent(path: Path) -> None:
+    """The store's folder, created if missing; one line where it cannot be (a file in the way, no permission)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OpmapError(f"cannot create the folder of the run store {path}: {e.strerror or type(e).__name__}"
+                         f" ({e.filename})") from None
+
+
 def _pending(path: Path) -> list[Path]:
     spool = _spool(path)
     return sorted(spool.glob("*.json")) if spool.is_dir() else []
@@ -362,7 +371,7 @@ def entry(kind: str, payload: dict[str, Any], tags: dict[str, Any], run_id: str 
     run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     try:
         kernels, lts, samples = _rows(payload)
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError, OverflowError) as e:
         raise OpmapError(f"run {run_id}: its kernels or layer types are malformed ({type(e).__name__}: {e})") \
             from None
     # the per-node list stays in the run's own files (analysis.json); kernels, layer types and samples are rows
@@ -395,7 +404,7 @@ def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path 
     if importlib.util.find_spec("duckdb") is None:
         _duckdb()  # raises the install hint
     body = entry(kind, payload, _common_tags(tags), run_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(path)
     _spool_entry(path, body)
     if ingest:
         ingest_spool(path)

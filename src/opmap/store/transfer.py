@@ -152,7 +152,7 @@ def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
         ids = {e["id"] for e in entries}
         known = {r["id"] for r in db.list_runs(path=path) if r["id"] in ids}
     new = [e for e in entries if e["id"] not in known]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    db._make_parent(path)
     written = []
     try:
         for e in new:

@@ -7,8 +7,10 @@ the ingest would fail the ingest of every later run, so every run is checked who
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from typing import Any
 
 from opmap.errors import OpmapError
@@ -23,6 +25,7 @@ INT_TAGS = ("batch", "seq")
 ROW_TYPES = {"kernels": ("int", "str", "str", "num", "num", "num", "num", "str", "str", "str", "num", "num"),
              "layer_types": ("str", "num", "num", "num", "num", "num", "num"),
              "samples": ("str", "int", "num")}
+BIND_INT = 2 ** 127  # the largest Python integer DuckDB binds as a parameter (a DOUBLE or VARCHAR cell)
 MAX_DEPTH = 64  # a run's JSON nests a few levels; deeper is not opmap's
 
 
@@ -38,14 +41,35 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _utf8(s: str) -> bool:
+    """Whether ``s`` can be stored: a lone surrogate (JSON's "\\ud800", or a file name's undecodable byte) cannot
+    be encoded as UTF-8, and DuckDB refuses it at the insert."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+NOT_UTF8 = "holds a lone surrogate (such as \\ud800), which is not text: only valid UTF-8 is accepted"
+
+
 def finite(v: Any, where: str, depth: int = 0) -> None:
-    """Every number in ``v`` (any JSON) finite, and ``v`` no deeper than MAX_DEPTH."""
+    """Every number in ``v`` (any JSON) finite, every string and key valid UTF-8, and ``v`` no deeper than
+    MAX_DEPTH."""
     if depth > MAX_DEPTH:
         raise _fail(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(v, float) and not math.isfinite(v):
         raise _fail(where, f"{v} is not a finite number")
+    if _is_int(v) and abs(v) > sys.float_info.max:  # a JSON integer of 400 digits: no float holds it
+        raise _fail(where, f"an integer of {v.bit_length()} bits is too large for a number (at most "
+                          f"{sys.float_info.max:.3e})")
+    if isinstance(v, str) and not _utf8(v):
+        raise _fail(where, NOT_UTF8)
     if isinstance(v, dict):
         for k, x in v.items():
+            if isinstance(k, str) and not _utf8(k):
+                raise _fail(f"{where} key {k!r:.40}", NOT_UTF8)
             finite(x, f"{where}.{k}", depth + 1)
     elif isinstance(v, list):
         for i, x in enumerate(v):
@@ -93,6 +117,8 @@ def _analysis(d: dict) -> None:
         _opt(a, k, "str", "assumptions")
     for k in INT_TAGS:
         _opt(a, k, "int", "assumptions", 1)
+        if _is_int(a.get(k)) and a[k] >= 2 ** 63:
+            raise _fail(f"assumptions.{k}", f"{a[k]} does not fit a 64-bit integer")
     _opt(d, "phase", "dict", "run")
     _opt(d.get("phase") or {}, "name", "str", "phase")
     _opt(d, "graph_hash", "str", "run")
@@ -192,5 +218,35 @@ def check_entry(e: Any) -> None:
             for v, t in zip(r, types):
                 if v is not None and not {"int": _is_int, "num": _is_num, "str": lambda x: isinstance(x, str)}[t](v):
                     raise _fail(f"rows.{table}[{i}]", f"{v!r:.40} is not {'a string' if t == 'str' else 'a number'}")
+                if t == "int" and v is not None and not -2 ** 31 <= v < 2 ** 31:  # an INTEGER column
+                    raise _fail(f"rows.{table}[{i}]", f"{v} does not fit a 32-bit integer")
+                if t == "num" and _is_int(v) and abs(v) >= BIND_INT:
+                    raise _fail(f"rows.{table}[{i}]", f"an integer of {v.bit_length()} bits is too large (at most 127)")
+    for k, v in tags.items():
+        if _is_int(v) and abs(v) >= BIND_INT:
+            raise _fail(f"tags.{k}", f"an integer of {v.bit_length()} bits is too large (at most 127)")
     if not all(_is_int(tags.get(k)) and abs(tags[k]) < 2 ** 63 for k in INT_TAGS if tags.get(k) is not None):
         raise _fail("tags", "batch and seq must fit a 64-bit integer")
+    try:  # the whole entry as the insert binds it: one C pass, walked for the field only when it fails
+        json.dumps(e, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(_not_utf8(e, "run") or "run", NOT_UTF8) from None
+    except (TypeError, ValueError, RecursionError) as err:
+        raise _fail("run", f"is not JSON ({type(err).__name__})") from None
+
+
+def _not_utf8(v: Any, where: str) -> str | None:
+    """The first field of ``v`` (any JSON) holding a string or key that is not valid UTF-8, else None."""
+    if isinstance(v, str):
+        return None if _utf8(v) else where
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if isinstance(k, str) and not _utf8(k):
+                return f"{where} key {k!r:.40}"
+            if (found := _not_utf8(x, f"{where}.{k}")) is not None:
+                return found
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            if (found := _not_utf8(x, f"{where}[{i}]")) is not None:
+                return found
+    return None
