@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mapping", ("opmap.mapping",)),  # fusion, tilers, kernels; sharding and collectives later
     ("calibrate", ("opmap.calibrate",)),  # times the families of capture and costs
     ("analyze", ("opmap.analyze",)),  # the pipeline
+    ("phases", ("opmap.phases",)),  # runtime, prefill / decode / train figures built on the pipeline
     ("measure", ("opmap.measure",)),  # real runs joined to predictions
     ("serve", ("opmap.serve",)),  # serving simulator (the fit matrix runs it: below explore)
     ("explore", ("opmap.explore",)),  # plans, sweeps, the fit matrix

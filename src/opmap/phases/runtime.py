@@ -1,0 +1,91 @@
+"""The runtime a step runs under, as a stated assumption with sourced overheads.
+
+- ``eager``: every kernel is a host launch (PyTorch eager, HF generate): each kernel pays the device's
+  ``launch_overhead_s`` (the catalog's).
+- ``graphs``: a decode (or prefill) step is captured once and replayed as one graph (CUDA graphs, HIP graphs,
+  HPU graph mode): one graph launch per step, and inside it each kernel still pays the gap a graph has
+  between dependent kernels (the grid drains, the next one fills).
+- ``engine``: graphs plus the kernels serving engines ship (TensorRT-LLM, vLLM, SGLang): the fusion plan
+  ``engine`` (fused attention including paged decode attention, norm / RoPE / activation fused, GEMM epilogues)
+  and the scheduler's host time per step (batch formation, block tables, sampling bookkeeping) that a graph
+  replay does not hide.
+
+A ``Runtime`` is applied by ``Runtime.apply(hw)``: the device with its per-kernel overhead replaced by the
+runtime's, so the time model, the kernel rows and the sharded layouts (opmap.mapping.sharding) all price the
+same per-kernel cost; ``per_step_s`` is then added once per step by whoever prices steps (prefill, decode,
+serving). The overheads per software stack live in ``opmap/hardware/runtimes.toml`` (typed and sourced like
+the catalog)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from opmap.errors import OpmapError
+from opmap.hardware.spec import HardwareSpec, Value
+
+RUNTIMES = ("eager", "graphs", "engine")
+RUNTIME_HELP = ("eager (a host launch per kernel), graphs (one graph launch per step) or engine (graphs plus a "
+                "serving engine's fused kernels and scheduler)")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime ``name`` on one device: seconds per kernel and per step, each with its source."""
+
+    name: str
+    per_kernel: Value  # what each kernel pays on top of its busy time (launch, or the in-graph gap)
+    graph_launch: Value | None  # one graph replay per step (None under eager)
+    step_host: Value | None  # the engine scheduler's host time per step (None unless engine)
+    fusion: str  # the fusion policy the step's kernels are planned with (opmap.mapping.fusion.POLICIES)
+    stack: str  # the software stack the values come from (cuda-graphs, hip-graphs, ...)
+
+    @property
+    def per_kernel_s(self) -> float:
+        return float(self.per_kernel.value)
+
+    @property
+    def per_step_s(self) -> float:
+        return sum(float(v.value) for v in (self.graph_launch, self.step_host) if v is not None)
+
+    def apply(self, hw: HardwareSpec) -> HardwareSpec:
+        """``hw`` with its per-kernel overhead replaced by this runtime's (every other field as it was)."""
+        if self.name == "eager":
+            return hw
+        return replace(hw, fields={**hw.fields, "launch_overhead_s": self.per_kernel})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "stack": self.stack, "fusion": self.fusion,
+                "per_kernel_s": self.per_kernel.to_dict(), "per_step_s": self.per_step_s,
+                "graph_launch_s": self.graph_launch.to_dict() if self.graph_launch else None,
+                "step_host_s": self.step_host.to_dict() if self.step_host else None}
+
+    def line(self) -> str:
+        """One line for a report header."""
+        if self.name == "eager":
+            return f"runtime eager: a host launch per kernel ({self.per_kernel_s * 1e6:.3g} us)"
+        s = (f"runtime {self.name} ({self.stack}): one graph launch per step, {self.per_kernel_s * 1e6:.3g} us "
+             f"between kernels")
+        if self.step_host is not None:
+            s += f", {float(self.step_host.value) * 1e6:.3g} us scheduler host time per step, fusion {self.fusion}"
+        return s
+
+
+def check_runtime(name: str) -> str:
+    if name not in RUNTIMES:
+        raise OpmapError(f"unknown runtime {name!r}; accepted: {RUNTIME_HELP}")
+    return name
+
+
+def get_runtime(hw: HardwareSpec, name: str) -> Runtime:
+    """The runtime ``name`` on ``hw``, its overheads from the device's software stack
+    (opmap.hardware.runtimes)."""
+    from opmap.hardware.runtimes import stack_for
+
+    check_runtime(name)
+    if name == "eager":
+        return Runtime("eager", hw.fields["launch_overhead_s"], None, None, "eager", "eager")
+    stack = stack_for(hw)
+    return Runtime(name, stack.values["graph_kernel_gap_s"], stack.values["graph_launch_s"],
+                   stack.values["engine_step_host_s"] if name == "engine" else None,
+                   "compiler" if name == "engine" else "eager", stack.name)
