@@ -33,7 +33,9 @@ def serve(
     slo_p99: float | None = typer.Option(None, "--slo-p99", help="End-to-end latency limit at p99, ms "
                                                                  "(instead of TTFT and TPOT)."),
     find_capacity: bool = typer.Option(False, "--find-capacity", help="Search for the highest arrival rate "
-                                                                      "meeting the SLO (probes run in parallel)."),
+                                      "meeting the SLO with a stationary queue, never above the offline "
+                                      "saturation rate; the run printed is the one at that rate (probes run in "
+                                      "parallel)."),
     engine: str = typer.Option("local", help="Where --find-capacity's probes run: local (a process pool here) or "
                                              "ray (a Ray cluster, the ray extra); the same capacity either way."),
     seed: int = typer.Option(0, "--seed", help="Seeds arrivals, lengths and service times."),
@@ -58,8 +60,6 @@ def serve(
         simulate,
         summarize,
     )
-    from opmap.serve import find_capacity as bisect_capacity
-
     # every input checked before the pricing and the simulation
     from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.sim import MAX_REPLICAS
@@ -124,14 +124,11 @@ def serve(
     else:
         def sim(r):
             return simulate(r, pol, cost, replicas, router, seed)
-    with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
-        res = sim(reqs)
-        report = summarize(res, slo)
-    capacity = None
-    if find_capacity:
+    report = capacity = res = None
+    if find_capacity:  # the printed run is the run at the capacity found (warm-up excluded), not another one
         from opmap.cli.common import step_progress
         from opmap.explore.engine import get_engine
-        from opmap.serve.metrics import RateProbe
+        from opmap.serve.metrics import RateProbe, steady_capacity
 
         probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd,
                           transfer if pd is not None else None)
@@ -139,8 +136,16 @@ def serve(
             def map_fn(fn, rates):
                 return eng.map(fn, rates, progress=progress, label=lambda r: f"finding capacity: {r:.4g} requests/s")
 
-            capacity = bisect_capacity(probe, arr.rate_per_s, map_fn=map_fn)
-            capacity["engine"] = engine
+            capacity = steady_capacity(probe, map_fn=map_fn)
+        capacity["engine"] = engine
+        report = capacity.pop("headline")
+        if report is not None and out is not None:
+            res = probe.result(capacity["rate_per_s"])  # the same run again (same seed), for the CDF figure
+    if report is None:
+        with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
+            res = sim(reqs)
+            report = summarize(res, slo)
+    if capacity is not None:
         report["capacity"] = capacity
     report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
                              "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
@@ -150,7 +155,7 @@ def serve(
     _print(report, model, hardware)
     if out is not None:
         files = {"serve.json": json_text(report, indent=2) + "\n"}
-        png = _cdf_png(res)
+        png = _cdf_png(res) if res is not None else None
         if png is not None:
             files["latency_cdf.png"] = png
         print_wrote(write_set(out, files, remove=["latency_cdf.png"]))  # an earlier run's PNG never stays
@@ -209,9 +214,19 @@ def _print(r: dict, model: str, hardware: str) -> None:
                       f"wait for a decode slot mean {si(d['decode_admission_wait_s']['mean_s'], 's')}",
                       highlight=False)
     if "capacity" in r:
-        c = r["capacity"]
-        console.print(f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO "
-                      f"({len(c['runs'])} runs{'' if c['converged'] else ', not converged'})", highlight=False)
+        console.print(capacity_line(r["capacity"]), highlight=False)
+
+
+def capacity_line(c: dict) -> str:
+    """The capacity found, once, with its run length and the saturation rate beside it."""
+    sat = f"saturation {c['saturation_per_s']:.4g} requests/s offline"
+    if c["rate_per_s"] is None:
+        return f"capacity: none ({sat}): {c['reason']}"
+    run = c["run"]
+    return (f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}; limited by {c['limited_by']}); "
+            f"the run above: {run['requests']} requests, the first {run['warmup_requests']} and last {run['cooldown_requests']} excluded (warm-up, cool-down), "
+            f"{run['span_s']:.4g} s measured, queue {run['verdict']}; {len(c['runs'])} runs"
+            + ("" if c["converged"] else ", not converged"))
 
 
 def _cdf_png(res) -> bytes | None:
