@@ -60,6 +60,7 @@ def serve(
         simulate,
         summarize,
     )
+
     # every input checked before the pricing and the simulation
     from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.sim import MAX_REPLICAS
@@ -224,7 +225,8 @@ def capacity_line(c: dict) -> str:
         return f"capacity: none ({sat}): {c['reason']}"
     run = c["run"]
     return (f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}; limited by {c['limited_by']}); "
-            f"the run above: {run['requests']} requests, the first {run['warmup_requests']} and last {run['cooldown_requests']} excluded (warm-up, cool-down), "
+            f"the run above: {run['requests']} requests, the first {run['warmup_requests']} and last "
+            f"{run['cooldown_requests']} excluded (warm-up, cool-down), "
             f"{run['span_s']:.4g} s measured, queue {run['verdict']}; {len(c['runs'])} runs"
             + ("" if c["converged"] else ", not converged"))
 

@@ -463,9 +463,9 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
                      + (f"the first {probe.warmup}" if probe.warmup is not None else
                         f"the first {WARMUP_FRACTION:.0%} or those arriving within one median e2e latency of the "
                         "first, whichever is more, and those within one median e2e of the last")
-                     + " excluded (warm-up, cool-down); a run VALID when the SLO holds at p99 over the rest and its queue is "
-                       "stationary; throughput = departures between the first measured and the last arrival; the "
-                       "rate capped at the offline saturation rate (all requests at t = 0)",
+                     + " excluded (warm-up, cool-down); a run VALID when the SLO holds at p99 over the rest and "
+                       "its queue is stationary; throughput = departures between the first and the last measured "
+                       "arrival; the rate capped at the offline saturation rate (all requests at t = 0)",
            "headline": head}
     if head is None or not cap["rate_per_s"]:
         low = min(cap["runs"], key=lambda r: r["rate_per_s"])
