@@ -8,7 +8,11 @@ import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.phases.runtime import RUNTIME_HELP, check_runtime
+from opmap.serve.metrics import CAPACITY_REQUESTS
 from opmap.validate import INT_GE1, json_text, options, positive, positive_in
+
+MAX_BUDGET = 10_000  # devices a budget may name: the simulator's replica limit (opmap.serve.sim.MAX_REPLICAS)
 
 
 def _prices(items: list[str]) -> dict[str, float]:
@@ -26,7 +30,8 @@ def _prices(items: list[str]) -> dict[str, float]:
 
 
 def fit(
-    models: str = typer.Option(..., "--models", help="Zoo decoders, comma-separated (opmap models list)."),
+    models: str = typer.Option(..., "--models", help="Decoders, comma-separated: zoo names (opmap models list), "
+                                                     "path/to/config.json, hf:NAME or path/to/file.py:factory."),
     hardware: str = typer.Option(..., "--hardware", "-H", help="Catalog names, comma-separated."),
     slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="p99 time to first token limit, ms."),
     slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="p99 time per output token limit, ms."),
@@ -35,8 +40,16 @@ def fit(
     price: list[str] = typer.Option([], "--price", help="NAME=USD per device-hour (repeatable): perf per dollar."),
     input_len: str = typer.Option("512", help="Prompt tokens: N or a distribution (uniform:A,B, normal:M,S)."),
     output_len: str = typer.Option("128", help="Generated tokens: N or a distribution."),
-    requests: int = typer.Option(500, help="Requests per simulated run."),
-    devices: int | None = typer.Option(None, help="Devices per replica (default: the smallest that fits)."),
+    requests: int = typer.Option(CAPACITY_REQUESTS, help="Requests per capacity run (at least; serve's default: "
+                                                          "both search capacity alike)."),
+    devices: int | None = typer.Option(None, help="Devices per replica (default: search 1, 2, 4, 8 in a node, "
+                                                  "each split TP x PP)."),
+    devices_budget: int | None = typer.Option(None, "--devices-budget", help="Devices the replicas fill (default "
+                                                                             "one node of the platform)."),
+    runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "; default engine."),
+    include_datasheet_only: bool = typer.Option(False, "--include-datasheet-only",
+                                                help="Rank devices whose catalog lacks achievable figures with the "
+                                                     "others (by default after them)."),
     dtype: str = typer.Option("bf16", help="Precision."),
     engine: str = typer.Option("local", help="Where the cells run, one task each: local (a process pool here) or "
                                              "ray (a Ray cluster, the ray extra)."),
@@ -52,12 +65,15 @@ def fit(
     from opmap.cli.common import step_progress
     from opmap.explore.engine import check_engine
     from opmap.explore.fit import fit_matrix
+    from opmap.explore.layouts import label
     from opmap.explore.sweep import parse_ints
     from opmap.report.sheet import check_out_dir, si, write_set
     from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.metrics import Slo
 
-    options({"--slo-ttft": (slo_ttft, positive_in("ms")), "--slo-tpot": (slo_tpot, positive_in("ms")),
+    check_runtime(runtime)
+    options({"--devices-budget": (devices_budget, {**INT_GE1, "hi": MAX_BUDGET}),
+             "--slo-ttft": (slo_ttft, positive_in("ms")), "--slo-tpot": (slo_tpot, positive_in("ms")),
              "--slo-p99": (slo_p99, positive_in("ms")), "--power-budget": (power_budget, positive_in("W")),
              "--requests": (requests, {**INT_GE1, "lo": 10, "hi": MAX_REQUESTS}), "--devices": (devices, INT_GE1)})
     ms = [m.strip() for m in models.split(",") if m.strip()]
@@ -76,10 +92,12 @@ def fit(
         check_out_dir(out)
     with step_progress("fitting") as progress:
         r = fit_matrix(ms, hws, slo, input_len, output_len, requests, dtype, devices, power_budget, prices,
-                       progress=progress, engine=engine)
+                       progress=progress, engine=engine, runtime=runtime, devices_budget=devices_budget,
+                       include_datasheet_only=include_datasheet_only)
     slo_text = (f"p99 end to end {slo.p99_s * 1e3:g} ms" if slo.p99_s is not None else
                 f"p99 TTFT {slo.ttft_s * 1e3:g} ms, p99 TPOT {slo.tpot_s * 1e3:g} ms")
-    t = Table(title=f"opmap fit: output tokens/s at the SLO ({slo_text})", title_justify="left")
+    t = Table(title=f"opmap fit: output tokens/s per device at the SLO ({slo_text}; runtime {runtime})",
+              title_justify="left")
     t.add_column("workload")
     for h in r["hardware"]:
         t.add_column(h, justify="right")
@@ -90,7 +108,12 @@ def fit(
             if c["throughput_at_slo"] is None:
                 row.append(f"[strike]-[/strike] {c['excluded_reason'][:40]}")
                 continue
-            text = (f"#{c['rank']} " if c["rank"] else "") + f"{si(c['throughput_at_slo'])} on {c['devices']}"
+            text = ((f"#{c['rank']} " if c["rank"] else "") + f"{si(c['throughput_per_device'])}/device, "
+                    f"{label(c['layout'])}")
+            if c["runner_up"]:
+                text += f"\nrunner-up {label(c['runner_up'])}: {si(c['runner_up']['per_device_tokens_per_s'])}/device"
+            if c["datasheet_only"]:
+                text += "\n[yellow]datasheet only[/yellow]"
             ppw = "power not modelled" if c["perf_per_watt"] is None else f"{c['perf_per_watt']:.3g} tok/J"
             text += f"\np99 {si(c['latency_p99_s'], 's')}, {ppw}, {c['bound']}, risk {c['risk']}"
             row.append(f"[strike]{text}[/strike]\n{c['excluded_reason']}" if c["excluded_reason"] else text)
@@ -100,13 +123,19 @@ def fit(
         console.print(f"  {a}", highlight=False, markup=False)
     if out is not None:
         md = [f"# opmap fit ({slo_text})", "", *[f"- {a}" for a in r["assumptions"]], "",
-              "| workload | platform | devices | tok/s at SLO | p99 e2e (s) | W | tok/J | J/tok | tok/$ | bound | "
-              "risk | rank | excluded |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| workload | platform | layout | runner-up | devices | tok/s at SLO | tok/s per device | p99 e2e (s) | "
+              "W | tok/J | J/tok | tok/$ | bound | risk | rank | excluded |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in r["cells"]:
             def f(x, fmt=".4g"):
                 return "-" if x is None else format(x, fmt)
-            md.append(f"| {c['model']} | {c['hardware']} | {f(c['devices'], 'd')} | {f(c['throughput_at_slo'])} | "
-                      f"{f(c['latency_p99_s'])} | {f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | "
+            lay = label(c["layout"]) if c["layout"] else "-"
+            run = (f"{label(c['runner_up'])} ({c['runner_up']['per_device_tokens_per_s']:.4g}/device)"
+                   if c["runner_up"] else "-")
+            ds = f" (datasheet only: {', '.join(c['datasheet_only'])})" if c["datasheet_only"] else ""
+            md.append(f"| {c['model']} | {c['hardware']}{ds} | {lay} | {run} | {f(c['devices'], 'd')} | "
+                      f"{f(c['throughput_at_slo'])} | {f(c['throughput_per_device'])} | {f(c['latency_p99_s'])} | "
+                      f"{f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | "
                       f"{f(c['energy_per_token_j'])} | {f(c['perf_per_dollar'])} | {c['bound'] or '-'} | {c['risk']} | "
                       f"{f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
         from opmap.report.trade_curve import have_matplotlib, trade_curve_png

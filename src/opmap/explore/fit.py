@@ -1,26 +1,35 @@
 """The workload fit matrix: rows workloads, columns platforms, each cell served under an SLO.
 
-Per (model, platform) cell:
+Per (model, platform) cell (the model anything analyze takes that decodes: a zoo decoder, a Hugging Face
+config, hf:NAME, a model file):
 
-- **devices**: the smallest tensor-parallel group inside one node (1, 2, 4, 8 ...) whose per-device weights
-  leave room for a KV cache (``opmap.serve.model_cost``: device memory - weights / tp - workspace -
-  activations, over the KV bytes per token per device); a fixed ``devices`` is used as given;
-- **throughput at the SLO**: the highest Poisson arrival rate whose simulated run (``opmap.serve``: continuous
-  batching, steps priced by the model's prefill and decode analyses on that platform) is VALID under the SLO
-  (p99 TTFT and TPOT, or p99 end to end), found by bisection; reported as output tokens per second, with the
-  run's p99 end-to-end latency;
+- **layout**: the layout search of ``opmap.explore.layouts`` over a device budget (default one node): devices per
+  replica 1, 2, 4, 8 within the node, each split TP x PP, replicas filling the budget; the chosen layout is the
+  one with the most output tokens per second per device of the budget, and the runner-up is named beside it;
+  ``devices`` is the devices the chosen layout uses (replicas x devices per replica);
+- **throughput at the SLO**: per layout, one replica's steady-state capacity (``opmap.serve.metrics.
+  steady_capacity``, the search serve --find-capacity runs: the highest Poisson rate meeting the SLO with a
+  stationary queue, warm-up and cool-down excluded, never above the offline saturation rate), its run's output
+  tokens per second times the replicas; ``throughput_per_device`` over the budget's devices; the p99 end-to-end
+  latency of that same run;
 - **power**, modelled: each device draws idle + (TDP - idle) x its simulated busy fraction, idle the catalog's
   ``idle_power_w`` (its kind and source carried into ``power_method``); only a device without that field falls
   back to ``IDLE_FRACTION`` of the TDP, and says so; a device without a TDP gets no power figure, with the
   reason; perf per watt = output tokens per second / watts, energy per token = watts / output tokens per second
   (J = W x s per token);
 - **perf per dollar** where a price per device-hour is given: output tokens per dollar;
-- **bound**: the bound class holding most of a decode step's predicted time at batch 16;
+- **bound**: the bound class holding most of a decode step's predicted time at batch 16 under the runtime;
 - **risk**: the software-stack risk level the catalog records for the device (low / medium / high), with its
-  source in ``risk_source``; "not in the catalog" where the device has none.
+  source in ``risk_source``; "not in the catalog" where the device has none;
+- **datasheet_only**: the achievable figures the device's catalog entry lacks (empty when priced like for like).
 
 Cells that break a constraint (no fit within a node, no valid rate, the power budget) are kept with the reason
-in ``excluded_reason``; the others are ranked per workload by throughput at the SLO.
+in ``excluded_reason``; the others are ranked per workload by throughput per device, datasheet-only devices
+after the rest (unless asked to rank them together).
+
+Schema 2 (from 1): ``devices`` is the devices the chosen layout uses and ``throughput_at_slo`` their throughput
+(was one tensor-parallel group's); added ``layout``, ``runner_up``, ``layouts``, ``throughput_per_device``,
+``capacity``, ``runtime``, ``datasheet_only``, ``devices_budget``.
 """
 
 from __future__ import annotations
@@ -32,11 +41,10 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # of the TDP, assumed, only for a device whose catalog entry has no idle_power_w: the draw of an idle device with
 # its memory powered (the catalog's sourced figures run 11-28% of TDP; 0.15 sits among them)
 IDLE_FRACTION = 0.15
-DEVICE_STEPS = (1, 2, 4, 8)
 POWER_MODEL = "modelled: idle + (TDP - idle) x busy fraction"
 
 
@@ -69,82 +77,82 @@ def _power_w(hw, devices: int, busy: Sequence[float]) -> float:
     return devices * (idle + (tdp - idle) * u)
 
 
-def _decode_bound(model: str, hw, dtype: str) -> str:
+def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
+    """The bound class holding most of a decode step's predicted time at batch 16 and 1024 KV tokens, under the
+    runtime's per-kernel overhead and fusion; "-" where the decode step cannot be built here."""
     from opmap.analyze import analyze_phase, capture_phase
+    from opmap.phases.runtime import get_runtime
     from opmap.workloads.phases import PhaseSpec, phase_workload
 
+    rt = get_runtime(hw, runtime)
     spec = PhaseSpec("decode", kv_len=1024)
-    w = phase_workload(model, spec, 16, None, dtype)
-    return analyze_phase(capture_phase(w, spec), w, hw, dtype, spec).analysis.phase.get("bound", "-")
+    try:
+        w = phase_workload(model, spec, 16, None, dtype)
+        a = analyze_phase(capture_phase(w, spec), w, rt.apply(hw), dtype, spec, fusion=rt.fusion).analysis
+    except OpmapError:
+        return "-"
+    return a.phase.get("bound", "-")
+
+
+def default_policy():
+    """The batching policy serve runs by default: ``engine`` where this build has it, else ``continuous``."""
+    from opmap.serve.policies import parse_policy
+
+    try:
+        return parse_policy("engine")
+    except OpmapError:
+        return parse_policy("continuous")
 
 
 def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, requests: int, dtype: str = "bf16",
              devices: int | None = None, power_budget_w: float | None = None, price_per_hour: float | None = None,
-             seed: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    from opmap.serve.arrivals import make_requests
-    from opmap.serve.metrics import find_capacity, summarize
-    from opmap.serve.model_cost import model_table_cost
-    from opmap.serve.policies import Continuous
-    from opmap.serve.sim import simulate
+             seed: int = 0, progress: Callable[[str], None] | None = None, runtime: str = "engine",
+             devices_budget: int | None = None) -> dict[str, Any]:
+    """One (model, platform) cell: the layout search (opmap.explore.layouts) over ``devices_budget`` devices
+    (default one node), its chosen layout's figures, power and price."""
+    from opmap.explore.layouts import brief, search
 
     hw = get_hardware(hardware)
+    budget = devices_budget or hw.devices_per_node or 8
     cell: dict[str, Any] = {"model": model, "hardware": hw.name, "devices": None, "fits": False,
-                            "throughput_at_slo": None, "latency_p99_s": None, "perf_per_watt": None,
-                            "energy_per_token_j": None, "power_w": None, "power_method": power_method(hw),
-                            "perf_per_dollar": None, "bound": None, "risk": _risk(hw), "risk_source": _risk_source(hw),
-                            "rank": None, "excluded_reason": ""}
-    per_node = hw.devices_per_node or 8
-    steps = [devices] if devices else [n for n in DEVICE_STEPS if n <= per_node]
-    cost = None
-    why = ""
-    for n in steps:
-        if progress:
-            progress(f"{model} on {n} x {hw.name}: pricing")
-        try:
-            cost = model_table_cost(model, hw.name, dtype, tp=n)
-            cell["devices"] = n
-            break
-        except OpmapError as e:
-            why = str(e)
-    if cost is None:
-        cell["excluded_reason"] = f"does not fit on up to {steps[-1]} devices in a node: {why}"
+                            "throughput_at_slo": None, "throughput_per_device": None, "latency_p99_s": None,
+                            "perf_per_watt": None, "energy_per_token_j": None, "power_w": None,
+                            "power_method": power_method(hw), "perf_per_dollar": None, "bound": None,
+                            "risk": _risk(hw), "risk_source": _risk_source(hw),
+                            "datasheet_only": list(getattr(hw, "datasheet_only", ())), "devices_budget": budget,
+                            "layout": None, "runner_up": None, "layouts": [], "rank": None, "excluded_reason": ""}
+    found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime, default_policy(), seed,
+                   devices, progress)
+    cell["layouts"], cell["runtime"] = found["tried"], found["runtime"]
+    fitting = [lay for lay in found["tried"] if lay["fits"]]
+    if not fitting:
+        last = found["tried"][-1] if found["tried"] else {"reason": "no layout within the node and the budget"}
+        most = max((lay["devices_per_replica"] for lay in found["tried"]), default=0)
+        cell["excluded_reason"] = f"no layout of up to {most} devices per replica fits: {last['reason']}"
         return cell
     cell["fits"] = True
-    cell["bound"] = _decode_bound(model, hw, dtype)
-
-    def run(rate: float) -> dict[str, Any]:
-        reqs = make_requests(f"poisson:{rate}", input_len, output_len, n=requests, seed=seed, max_span_s=None)
-        return summarize(simulate(reqs, Continuous(), cost, seed=seed), slo)
-
-    if progress:
-        progress(f"{model} on {cell['devices']} x {hw.name}: capacity search")
-    first = run(1.0)
-    if not first["validity"]["valid"]:
-        low = run(0.05)
-        if not low["validity"]["valid"]:
-            cell["excluded_reason"] = f"misses the SLO even at 0.05 requests/s: {low['validity']['reason']}"
-            return cell
-    cap = find_capacity(run, 1.0)
-    if not cap["rate_per_s"] > 0:  # validity not monotone in the rate here: no grid rate was valid
-        runs = cap["runs"]
-        cell["excluded_reason"] = (f"no valid rate found by the capacity search ({len(runs)} probes from "
-                                   f"{min(r['rate_per_s'] for r in runs):.3g} to "
-                                   f"{max(r['rate_per_s'] for r in runs):.3g} requests/s): {runs[-1]['reason']}")
+    cell["bound"] = _decode_bound(model, hw, dtype, runtime)
+    best = found["chosen"]
+    if best is None:
+        low = fitting[0]
+        cell["excluded_reason"] = f"no layout meets the SLO at any rate: {low['reason']}"
         return cell
-    s = run(cap["rate_per_s"])
-    tok_s = s["throughput"]["output_tokens_per_s"]
-    watts = _power_w(hw, cell["devices"], s.get("utilization", [])) if hw.tdp_w is not None else None
-    cell.update(throughput_at_slo=tok_s, rate_at_slo_per_s=cap["rate_per_s"],
-                latency_p99_s=s["latency"]["e2e"]["p99_s"], power_w=watts,
-                perf_per_watt=tok_s / watts if watts else None,
+    cell.update(layout=brief(best), runner_up=brief(found["runner_up"]), devices=best["devices_used"],
+                throughput_at_slo=best["output_tokens_per_s"], throughput_per_device=best["per_device_tokens_per_s"],
+                rate_at_slo_per_s=best["rate_per_s"] * best["replicas"], capacity=best["capacity"],
+                latency_p99_s=best["latency_p99_s"])
+    tok_s = best["output_tokens_per_s"]
+    watts = _power_w(hw, best["devices_used"], best["utilization"]) if hw.tdp_w is not None else None
+    cell.update(power_w=watts, perf_per_watt=tok_s / watts if watts else None,
                 energy_per_token_j=watts / tok_s if watts is not None and tok_s else None)
     if price_per_hour:
-        cell["perf_per_dollar"] = tok_s * 3600.0 / (cell["devices"] * price_per_hour)
+        cell["perf_per_dollar"] = tok_s * 3600.0 / (best["devices_used"] * price_per_hour)
     if power_budget_w is not None:
         if watts is None:
             cell["excluded_reason"] = f"power budget not checkable: {cell['power_method']}"
         elif watts > power_budget_w:
-            cell["excluded_reason"] = f"draws {watts:.0f} W at the SLO rate, over the {power_budget_w:.0f} W budget"
+            cell["excluded_reason"] = (f"draws {watts:.0f} W at the SLO rate on {best['devices_used']} devices, over "
+                                       f"the {power_budget_w:.0f} W budget")
     return cell
 
 
@@ -172,56 +180,101 @@ class CellJob:
     power_budget_w: float | None
     price_per_hour: float | None
     seed: int
+    runtime: str = "engine"
+    devices_budget: int | None = None
 
 
 def cell_task(job: CellJob) -> dict[str, Any]:
     """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it)."""
     return fit_cell(job.model, job.hardware, job.slo, job.input_len, job.output_len, job.requests, job.dtype,
-                    job.devices, job.power_budget_w, job.price_per_hour, job.seed)
+                    job.devices, job.power_budget_w, job.price_per_hour, job.seed, runtime=job.runtime,
+                    devices_budget=job.devices_budget)
+
+
+MODELS_ACCEPTED = "a zoo decoder ({zoo}), path/to/config.json, hf:NAME or path/to/file.py:factory"
+
+
+def check_models(models: Sequence[str]) -> None:
+    """Every model something fit can serve (what analyze takes, decoders only); one line naming the rest."""
+    from pathlib import Path
+
+    from opmap.workloads import MODELS
+    from opmap.workloads.hf import is_hf_target
+
+    def ok(m: str) -> bool:
+        spec = MODELS.get(m)
+        if spec is not None:
+            return spec.kind == "text" and m != "bert-base"
+        if m.startswith("hf:") or is_hf_target(m):
+            return m.startswith("hf:") or Path(m).exists()
+        path = m.rpartition(":")[0]
+        return path.endswith(".py") and Path(path).is_file()
+
+    bad = [m for m in models if not ok(m)]
+    if bad:
+        zoo = ", ".join(sorted(n for n, sp in MODELS.items() if sp.kind == "text" and n != "bert-base"))
+        raise OpmapError(f"opmap fit serves decoders (it simulates serving); not one: {', '.join(bad)} "
+                         f"(accepted: {MODELS_ACCEPTED.format(zoo=zoo)})")
+
+
+def rank(cells: list[dict[str, Any]], models: Sequence[str], include_datasheet_only: bool = False) -> None:
+    """Per workload, rank the cells kept (no excluded reason) by output tokens per second per device, best first.
+    A cell of a device whose catalog entry is datasheet only (``datasheet_only``: the achievable figures it lacks)
+    is ranked after every like-for-like cell, unless ``include_datasheet_only``."""
+    for m in models:
+        ok = [c for c in cells if c["model"] == m and not c["excluded_reason"]]
+        ok.sort(key=lambda c: (bool(c["datasheet_only"]) and not include_datasheet_only,
+                               -c["throughput_per_device"]))
+        for i, c in enumerate(ok):
+            c["rank"] = i + 1
 
 
 def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: str = "512",
-               output_len: str = "128", requests: int = 500, dtype: str = "bf16", devices: int | None = None,
+               output_len: str = "128", requests: int | None = None, dtype: str = "bf16", devices: int | None = None,
                power_budget_w: float | None = None, prices: dict[str, float] | None = None, seed: int = 0,
                progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
-               workers: int | None = None) -> dict[str, Any]:
+               workers: int | None = None, runtime: str = "engine", devices_budget: int | None = None,
+               include_datasheet_only: bool = False) -> dict[str, Any]:
     """Every (model, platform) cell, one task each on ``engine`` (``opmap.explore.engine``: a local process pool
-    or Ray; the same cells either way), then ranked per workload."""
+    or Ray; the same cells either way), then ranked per workload. ``requests``: per capacity run (default
+    ``CAPACITY_REQUESTS``, serve's)."""
     from opmap.explore.engine import check_engine, get_engine
+    from opmap.phases.runtime import check_runtime
+    from opmap.serve.metrics import CAPACITY_REQUESTS
 
     check_engine(engine)
-    from opmap.workloads import MODELS
-
-    bad = [m for m in models if MODELS.get(m) is None or MODELS.get(m).kind != "text"]
-    if bad:
-        texts = sorted(n for n, sp in MODELS.items() if sp.kind == "text")
-        raise OpmapError(f"opmap fit serves zoo text models (decoders: it simulates serving); not one: "
-                         f"{', '.join(bad)} (accepted: {', '.join(texts)})")
+    check_runtime(runtime)
+    check_models(models)
+    requests = requests or CAPACITY_REQUESTS
+    if devices is not None and devices_budget is not None and devices > devices_budget:
+        raise OpmapError(f"--devices {devices} per replica exceeds --devices-budget {devices_budget}")
     prices = prices or {}
     unknown = sorted(set(prices) - {get_hardware(h).name for h in hardware})
     if unknown:
         raise OpmapError(f"--price names {', '.join(unknown)}, not among --hardware {', '.join(hardware)}")
     jobs = [CellJob(m, h, slo, input_len, output_len, requests, dtype, devices, power_budget_w,
-                    prices.get(get_hardware(h).name), seed) for m in models for h in hardware]
+                    prices.get(get_hardware(h).name), seed, runtime, devices_budget) for m in models for h in hardware]
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
     with get_engine(engine, workers) as eng:
         cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}")
-    for m in models:
-        ok = sorted((c for c in cells if c["model"] == m and not c["excluded_reason"]),
-                    key=lambda c: -c["throughput_at_slo"])
-        for i, c in enumerate(ok):
-            c["rank"] = i + 1
+    rank(cells, models, include_datasheet_only)
     return {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name
                                                                                  for h in hardware],
             "slo": slo.to_dict(), "input_len": input_len, "output_len": output_len, "requests": requests,
-            "dtype": dtype, "cells": cells, "engine": engine,
+            "dtype": dtype, "runtime": runtime, "devices_budget": devices_budget,
+            "include_datasheet_only": include_datasheet_only, "cells": cells, "engine": engine,
             "assumptions": [
-                "policy continuous (vLLM-style, token budget 8192), one tensor-parallel group per replica, Poisson "
-                "arrivals; throughput at the SLO = the highest valid rate's output tokens per second (a fixed "
-                "geometric grid of rates, then rounds of evenly spaced probes inside the valid / invalid bracket)",
+                f"policy {default_policy().spec()} (serve's default), Poisson arrivals; capacity per layout: the "
+                "steady-state search serve --find-capacity runs (the highest rate meeting the SLO with a "
+                "stationary queue, warm-up and cool-down excluded, never above the offline saturation rate)",
+                "layouts: devices per replica 1, 2, 4, 8 within one node, each split TP x PP, replicas filling the "
+                "devices budget (default one node), each replica a Poisson share of the traffic; chosen: the most "
+                "output tokens/s per device of the budget, the runner-up beside it",
+                "ranked per workload by output tokens/s per device; a device whose catalog lacks achievable "
+                "figures (datasheet only) ranked after the others"
+                + (" (here ranked with them: --include-datasheet-only)" if include_datasheet_only else ""),
                 "power modelled: devices x (idle + (TDP - idle) x busy fraction), idle the catalog's idle_power_w "
                 f"(measured or estimated, each cell's power_method says which and why; {IDLE_FRACTION:.0%} of TDP, "
                 "assumed, only where a device has none); no device's draw is measured here",
-                "devices: the smallest tensor-parallel group in one node whose weights leave room for a KV cache",
                 "one task per cell on the engine (local process pool or Ray): the same cells either way"]}

@@ -235,12 +235,13 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
 
 CAPACITY_REQUESTS = 1000  # requests per capacity run, serve's and fit's default alike (one search, one answer)
 WARMUP_FRACTION = 0.1  # at least the first 10% of a run's requests (by arrival) are warm-up: not in its figures
-# A run is diverging when the end-to-end latency of the second half of its measured requests grows, fitted by
-# least squares against arrival time, by more than both DIVERGE_Z standard errors of the fitted growth (not
-# noise) and DIVERGE_SLOPE x that half's arrival span: in an overloaded queue the time in system grows at
-# rho - 1 seconds per second, so this is a load more than 1% over the service rate, not an immaterial drift.
-# (The time in system, not the wait alone: under iteration-level batching an overload first grows the batch, and
-# with it every request's decode time, before anything waits in the queue.)
+# A run is diverging when the waiting time (arrival to first scheduled) of the second half of its measured
+# requests grows, fitted by least squares against arrival time, by more than both DIVERGE_Z standard errors of
+# the fitted growth (not noise) and DIVERGE_SLOPE x that half's arrival span: in an overloaded queue the wait
+# grows at rho - 1 seconds per second, so this is a load more than 1% over the service rate. (The wait, not the
+# time in system: under iteration-level batching a rising load first grows the batch and every request's decode
+# time with it, which raises the service rate until the batch is full; only past that does the queue, and the
+# wait, grow without bound. The SLO check catches the slower decode.)
 DIVERGE_Z = 3.0
 DIVERGE_SLOPE = 0.01
 # A run must last RUN_LIFETIMES median end-to-end latencies of arrivals: under iteration-level batching the batch,
@@ -249,6 +250,7 @@ DIVERGE_SLOPE = 0.01
 # to that (the same seed, more requests), up to MAX_STEADY_REQUESTS.
 RUN_LIFETIMES = 20
 MAX_STEADY_REQUESTS = 50_000
+LENGTHEN_PASSES = 3
 TREND_MIN = 8  # fewer requests than this in the second half: the trend is not judged ("too short")
 
 
@@ -300,14 +302,14 @@ def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
 
 def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
     """Is the queue stationary? Over the second half of the requests (by arrival), the least-squares line of their
-    time in system ``time_s`` (s) against arrival time (s): ``growth_s`` = slope x that half's arrival span, with
+    waiting time ``time_s`` (s) against arrival time (s): ``growth_s`` = slope x that half's arrival span, with
     its standard error. ``verdict`` "diverging" when the growth passes both limits above (DIVERGE_*),
     "stationary" otherwise, "too short" with fewer than TREND_MIN requests or no arrival span."""
     order = np.argsort(arrival_s, kind="stable")
     half = order[len(order) // 2:]
     t, w = arrival_s[half], time_s[half]
     out: dict[str, Any] = {"window": "second half of the measured requests", "window_requests": int(t.size),
-                           "rule": f"diverging when the fitted growth of the end-to-end latency over the window "
+                           "rule": f"diverging when the fitted growth of the waiting time over the window "
                                    f"exceeds {DIVERGE_Z:g} standard errors and {DIVERGE_SLOPE:g} x the window's "
                                    "span (s per s)"}
     dt = float(t.max() - t.min()) if t.size else 0.0
@@ -393,15 +395,17 @@ class RateProbe:
         where their arrivals span under RUN_LIFETIMES median e2e latencies (see there; a given ``warmup`` keeps
         the length as given)."""
         res = self._simulate(self._requests(rate))
-        n = len(res.arrival_s)
-        if self.warmup is not None or n < 2:
-            return res
-        span = float(res.arrival_s.max() - res.arrival_s.min())
-        need = RUN_LIFETIMES * float(np.median(res.finish_s - res.arrival_s))
-        if span >= need or n >= MAX_STEADY_REQUESTS:
-            return res
-        more = min(MAX_STEADY_REQUESTS, math.ceil(n * need / max(span, 1e-12) * 1.1))
-        return self._simulate(self._requests(rate, more))
+        for _ in range(LENGTHEN_PASSES):  # a longer run holds a fuller batch, whose requests live longer: re-check
+            n = len(res.arrival_s)
+            if self.warmup is not None or n < 2 or n >= MAX_STEADY_REQUESTS:
+                break
+            span = float(res.arrival_s.max() - res.arrival_s.min())
+            need = RUN_LIFETIMES * float(np.median(res.finish_s - res.arrival_s))
+            if span >= need:
+                break
+            more = min(MAX_STEADY_REQUESTS, math.ceil(n * need / max(span, 1e-12) * 1.1))
+            res = self._simulate(self._requests(rate, more))
+        return res
 
     def __call__(self, rate: float) -> dict[str, Any]:
         res = self.result(rate)
@@ -409,7 +413,7 @@ class RateProbe:
         keep, warm, cool, short = measured_window(res, self.warmup)
         win = steady_window(res, keep)
         s = summarize(win, self.slo)
-        trend = queue_trend(win.arrival_s, win.finish_s - win.arrival_s)
+        trend = queue_trend(win.arrival_s, win.start_s - win.arrival_s)
         if short and trend["verdict"] == "stationary":
             trend["verdict"] = "too short"
         s["steady_state"] = {"requests": n, "warmup_requests": warm, "cooldown_requests": cool,
@@ -419,7 +423,7 @@ class RateProbe:
         v = s["validity"]
         if trend["verdict"] == "diverging":
             s["validity"] = {**v, "valid": False, "verdict": "INVALID",
-                             "reason": f"{DIVERGING}: e2e latency grew {trend['growth_s'] * 1e3:.4g} ms over the "
+                             "reason": f"{DIVERGING}: the wait grew {trend['growth_s'] * 1e3:.4g} ms over the "
                                        f"measured second half (mean {trend['mean_s'] * 1e3:.4g} ms; a longer run, "
                                        f"--requests, settles a queue that is only slow to fill); " + v["reason"]}
         elif trend["verdict"] == "too short":

@@ -1,0 +1,153 @@
+"""The serving layout of one model on one platform: how many devices a replica spans, split how (TP x PP), and
+how many replicas fill a device budget.
+
+- **candidates**: devices per replica in ``DEVICE_STEPS`` (1, 2, 4, 8) within one node (``hw.devices_per_node``)
+  and within the budget, each as every TP x PP split of that count (tensor parallelism first);
+- **each candidate**: priced (``opmap.serve.model_cost.model_table_cost`` at that tp and pp), its steady-state
+  capacity found for one replica (``opmap.serve.metrics.steady_capacity``: the highest Poisson rate meeting the
+  SLO with a stationary queue, never above the offline saturation rate), and ``budget // devices`` replicas
+  filling the budget, each receiving its share of the traffic (a random split: every replica sees a Poisson
+  stream at the per-replica rate);
+- **figure of merit**: output tokens per second per device of the budget (the budget's output tokens per second,
+  replicas x one replica's, over the budget's devices: devices a layout leaves idle count against it);
+- **chosen**: the best figure among the candidates that fit and meet the SLO; ties go to fewer devices per
+  replica, then to more TP (the order tried). The runner-up is the next best.
+
+The pricing adapter (``price_layout``) passes ``pp`` and ``runtime`` to ``model_table_cost`` where that function
+takes them and otherwise refuses pp > 1 in one line, so a build whose pricing has no pipeline stages still
+searches its TP layouts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opmap.errors import OpmapError
+
+DEVICE_STEPS = (1, 2, 4, 8)
+PP_MISSING = "pipeline stages (pp > 1) are not available in this build: its pricing (serve.model_cost) takes no pp"
+
+
+def candidates(per_node: int, budget: int, devices: int | None = None) -> list[tuple[int, int]]:
+    """(tp, pp) of every layout tried: devices per replica ``devices`` when given, else each of DEVICE_STEPS up
+    to the node and the budget; each count split into tp x pp in every way, highest tp first."""
+    counts = [devices] if devices else [d for d in DEVICE_STEPS if d <= per_node and d <= budget]
+    return [(tp, d // tp) for d in counts for tp in range(d, 0, -1) if d % tp == 0]
+
+
+@functools.lru_cache(maxsize=1)
+def _pricing_keywords() -> frozenset[str]:
+    import inspect
+
+    from opmap.serve.model_cost import model_table_cost
+
+    return frozenset(inspect.signature(model_table_cost).parameters)
+
+
+def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
+                 progress: Callable[[str], None] | None = None):
+    """``model_table_cost`` for one layout, passing ``pp`` and ``runtime`` where it takes them; pp > 1 refused in
+    one line (``PP_MISSING``) where it does not, the runtime then left to its default (see ``priced_runtime``)."""
+    from opmap.serve.model_cost import model_table_cost
+
+    kw = _pricing_keywords()
+    extra: dict[str, Any] = {}
+    if "pp" in kw:
+        extra["pp"] = pp
+    elif pp > 1:
+        raise OpmapError(PP_MISSING)
+    if "runtime" in kw:
+        extra["runtime"] = runtime
+    return model_table_cost(model, hardware, dtype, tp, progress=progress, **extra)
+
+
+def priced_runtime(cost, runtime: str) -> dict[str, Any]:
+    """The runtime a cost was priced under: its own record where it carries one, else the requested name with the
+    note that this build's pricing took none (it priced a host launch per kernel)."""
+    got = getattr(cost, "runtime", None)
+    if got:
+        return dict(got)
+    return {"name": "eager", "requested": runtime,
+            "note": "this build's pricing takes no runtime: priced eager (a host launch per kernel)"}
+
+
+def figure_of_merit(layout: dict[str, Any]) -> float:
+    """Output tokens per second per device of the budget (0 for a layout without a rate at the SLO)."""
+    return layout.get("per_device_tokens_per_s") or 0.0
+
+
+def choose(tried: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(chosen, runner-up) among the layouts ``tried`` with a rate at the SLO, by ``figure_of_merit``; ties to the
+    earlier one (fewer devices per replica, then more TP)."""
+    ok = [lay for lay in tried if lay.get("rate_per_s")]
+    ranked = sorted(range(len(ok)), key=lambda i: (-figure_of_merit(ok[i]), i))
+    first = ok[ranked[0]] if ranked else None
+    second = ok[ranked[1]] if len(ranked) > 1 else None
+    return first, second
+
+
+def brief(layout: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A layout's name and figures, without its search record."""
+    if layout is None:
+        return None
+    keys = ("tp", "pp", "devices_per_replica", "replicas", "devices_used", "rate_per_s", "saturation_per_s",
+            "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "limited_by")
+    return {k: layout.get(k) for k in keys}
+
+
+def label(layout: dict[str, Any]) -> str:
+    """'2 x tp4' or '1 x tp2 pp2': replicas x the split of one."""
+    split = f"tp{layout['tp']}" + (f" pp{layout['pp']}" if layout["pp"] > 1 else "")
+    return f"{layout['replicas']} x {split}"
+
+
+def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, requests: int, dtype: str,
+           runtime: str, policy, seed: int = 0, devices: int | None = None,
+           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every candidate layout of ``model`` on ``hw`` priced and served (see the module docstring):
+    ``{"tried": [...], "chosen": ..., "runner_up": ..., "runtime": ...}``; a layout that does not fit or meets
+    the SLO at no rate is kept with its ``reason``."""
+    from opmap.serve.arrivals import Arrival, parse_length
+    from opmap.serve.metrics import RateProbe, steady_capacity
+
+    per_node = hw.devices_per_node or DEVICE_STEPS[-1]
+    tried: list[dict[str, Any]] = []
+    rt: dict[str, Any] | None = None
+    ilen, olen = parse_length(input_len), parse_length(output_len)
+    for tp, pp in candidates(per_node, budget, devices):
+        d = tp * pp
+        lay: dict[str, Any] = {"tp": tp, "pp": pp, "devices_per_replica": d, "replicas": budget // d,
+                               "devices_used": budget // d * d, "fits": False, "rate_per_s": None, "reason": ""}
+        tried.append(lay)
+        if progress:
+            progress(f"{model} on {hw.name}, {label(lay)}: pricing")
+        try:
+            cost = price_layout(model, hw.name, dtype, tp, pp, runtime)
+        except OpmapError as e:
+            lay["reason"] = str(e)
+            continue
+        lay["fits"] = True
+        rt = rt or priced_runtime(cost, runtime)
+        if progress:
+            progress(f"{model} on {hw.name}, {label(lay)}: capacity search")
+        probe = RateProbe(Arrival("poisson", 1.0), ilen, olen, requests, policy, cost, 1, "round_robin", seed, slo)
+        try:
+            cap = steady_capacity(probe)
+        except OpmapError as e:  # a request the KV cache cannot hold, an offline run that completes nothing
+            lay["reason"] = str(e)
+            continue
+        head = cap.pop("headline")
+        lay["capacity"] = cap
+        lay["saturation_per_s"] = cap["saturation_per_s"]
+        if head is None:
+            lay["reason"] = cap["reason"]
+            continue
+        out_tok = head["throughput"]["output_tokens_per_s"]
+        lay.update(rate_per_s=cap["rate_per_s"], limited_by=cap["limited_by"],
+                   output_tokens_per_s=out_tok * lay["replicas"],
+                   per_device_tokens_per_s=out_tok * lay["replicas"] / budget,
+                   latency_p99_s=head["latency"]["e2e"]["p99_s"], utilization=head.get("utilization", []))
+    chosen, runner = choose(tried)
+    return {"tried": tried, "chosen": chosen, "runner_up": runner, "runtime": rt}
