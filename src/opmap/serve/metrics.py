@@ -251,6 +251,7 @@ DIVERGE_SLOPE = 0.01
 RUN_LIFETIMES = 20
 MAX_STEADY_REQUESTS = 50_000
 LENGTHEN_PASSES = 3
+DIVERGE_PLAIN = 0.1
 TREND_MIN = 8  # fewer requests than this in the second half: the trend is not judged ("too short")
 
 
@@ -327,6 +328,13 @@ def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
             "growth_se_s": growth_se, "mean_s": float(w.mean()), "span_s": dt}
 
 
+def _plainly_diverging(res: SimResult) -> bool:
+    """The whole run's wait grows at over DIVERGE_PLAIN s per s (a load over 10% above the service rate): its
+    lifetimes only lengthen with the run, so a longer run would not settle it and is not drawn."""
+    t = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
+    return t["verdict"] == "diverging" and t["growth_s"] > DIVERGE_PLAIN * t["span_s"]
+
+
 DIVERGING = "queue not stationary (diverging)"
 TOO_SHORT = "run too short for a steady state"
 
@@ -401,7 +409,7 @@ class RateProbe:
                 break
             span = float(res.arrival_s.max() - res.arrival_s.min())
             need = RUN_LIFETIMES * float(np.median(res.finish_s - res.arrival_s))
-            if span >= need:
+            if span >= need or _plainly_diverging(res):
                 break
             more = min(MAX_STEADY_REQUESTS, math.ceil(n * need / max(span, 1e-12) * 1.1))
             res = self._simulate(self._requests(rate, more))
@@ -414,8 +422,10 @@ class RateProbe:
         win = steady_window(res, keep)
         s = summarize(win, self.slo)
         trend = queue_trend(win.arrival_s, win.start_s - win.arrival_s)
-        if short and trend["verdict"] == "stationary":
-            trend["verdict"] = "too short"
+        if short:  # no steady window: plainly diverging over the whole run, or too short to tell
+            whole = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
+            trend = ({**whole, "window": "second half of the whole run (too short for a steady window)"}
+                     if _plainly_diverging(res) else {**trend, "verdict": "too short"})
         s["steady_state"] = {"requests": n, "warmup_requests": warm, "cooldown_requests": cool,
                              "measured_requests": len(keep), **trend}
         s["throughput"], s["goodput"] = departure_rates(res, float(win.arrival_s.min()), float(win.arrival_s.max()),
