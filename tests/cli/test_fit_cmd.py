@@ -10,7 +10,7 @@ import pytest
 
 def test_fit_writes_the_contract(tmp_path, cli):
     rc, out, err = cli("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", "100",
-                       "--input-len", "128", "--output-len", "16", "--out", tmp_path)
+                       "--input-len", "128", "--output-len", "16", "--devices-budget", "2", "--out", tmp_path)
     assert rc == 0, err
     d = json.loads((tmp_path / "fit.json").read_text())
     (c,) = d["cells"]
@@ -21,6 +21,11 @@ def test_fit_writes_the_contract(tmp_path, cli):
     assert c["power_method"].startswith("modelled: idle + (TDP - idle) x busy fraction")
     assert "idle 8.3 W" in c["power_method"] and c["risk"] == "medium" and c["risk_source"]
     assert "3000 ms" in out and "p99 end to end 3000 ms" in (tmp_path / "fit.md").read_text()
+    # the layout search on a budget of two: the chosen layout and the runner-up named in the table and fit.md
+    assert d["schema_version"] == 2 and d["runtime"] == "engine" and c["devices_budget"] == 2
+    assert c["layout"]["devices_used"] <= 2 and c["runner_up"] is not None
+    md = (tmp_path / "fit.md").read_text()
+    assert "| layout | runner-up |" in md and "runner-up" in out
     png = tmp_path / "trade_curve.png"
     if importlib.util.find_spec("matplotlib"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -39,6 +44,11 @@ def test_fit_refuses_bad_input(refused):
     refused("fit", "--models", "resnet50", "--hardware", "l4", needle="not one: resnet50")
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--engine", "spark",
             needle="unknown engine 'spark'; accepted: local, ray")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--runtime", "jit",
+            needle="unknown runtime 'jit'; accepted: eager")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--devices-budget", "0", needle="--devices-budget")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", "--devices", "4", "--devices-budget", "2",
+            needle="--devices 4 per replica exceeds --devices-budget 2")
 
 
 def test_an_earlier_trade_curve_never_stays_beside_a_new_fit_json(tmp_path, cli):
@@ -48,7 +58,7 @@ def test_an_earlier_trade_curve_never_stays_beside_a_new_fit_json(tmp_path, cli)
     at least 4 x 0.83 ms = 3.3 ms.)"""
     pytest.importorskip("matplotlib")
     args = ("fit", "--models", "gpt2", "--hardware", "l4", "--requests", "20", "--input-len", "128",
-            "--output-len", "4", "--out", tmp_path, "--no-store")
+            "--output-len", "4", "--devices-budget", "1", "--out", tmp_path, "--no-store")
     rc, _, err = cli(*args, "--slo-p99", "3000")
     assert rc == 0, err
     assert (tmp_path / "trade_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

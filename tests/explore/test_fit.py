@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
-from opmap.explore.fit import IDLE_FRACTION, _power_w, fit_matrix, power_method
+from opmap.errors import OpmapError
+from opmap.explore.fit import IDLE_FRACTION, _power_w, check_models, fit_cell, fit_matrix, power_method, rank
 from opmap.hardware import get_hardware
 from opmap.serve.metrics import Slo
 
@@ -38,9 +40,12 @@ def test_power_model_falls_back_only_without_an_idle_field():
 def test_a_served_cell_and_a_struck_one():
     slo = Slo(0.5, 0.05)
     r = fit_matrix(["gpt2"], ["h100-sxm", "l4"], slo, "256", "32", 150, power_budget_w=100.0,
-                   prices={"h100-sxm": 2.0})
+                   prices={"h100-sxm": 2.0}, devices=1, devices_budget=1, workers=1)
     h100, l4 = (next(c for c in r["cells"] if c["hardware"] == h) for h in ("h100-sxm", "l4"))
     assert h100["fits"] and h100["devices"] == 1 and h100["throughput_at_slo"] > 0
+    assert h100["layout"]["tp"] == 1 and h100["layout"]["replicas"] == 1 and h100["runner_up"] is None
+    # one device in the budget: the throughput per device is the cell's throughput
+    assert h100["throughput_per_device"] == pytest.approx(h100["throughput_at_slo"])
     # energy per token and perf per watt are one figure, two ways; perf per dollar from the price per device-hour
     assert h100["energy_per_token_j"] == pytest.approx(h100["power_w"] / h100["throughput_at_slo"])
     assert h100["perf_per_watt"] == pytest.approx(1 / h100["energy_per_token_j"])
@@ -55,3 +60,52 @@ def test_a_served_cell_and_a_struck_one():
     assert h100["risk"] == "low" and "TensorRT-LLM" in h100["risk_source"]
     assert l4["risk"] == "medium" and l4["risk_source"]
     assert "idle 8.3 W, estimate" in l4["power_method"]
+    # the capacity is the steady search's: never above the saturation rate of the same layout, its run stated
+    cap = h100["capacity"]
+    assert h100["rate_at_slo_per_s"] == cap["rate_per_s"] <= cap["saturation_per_s"]
+    assert cap["run"]["requests"] >= 150 and cap["run"]["verdict"] == "stationary"
+
+
+def test_serve_and_fit_give_the_same_capacity_for_the_same_cell(tmp_path, capsys):
+    """One search, the same defaults: serve --find-capacity on one H100 and fit's one-device layout of the same
+    cell (same lengths, SLO, seed and run length) find the same rate to the last digit (before: fit ran 500
+    requests from a start of 1 request/s, serve 1000 from its --arrival rate, and they disagreed)."""
+    from opmap.cli import main
+
+    rc = main(["serve", "gpt2", "--hardware", "h100-sxm", "--input-len", "128", "--output-len", "16",
+               "--slo-ttft", "500", "--slo-tpot", "50", "--find-capacity", "--arrival", "poisson:3",
+               "--out", str(tmp_path), "--no-store"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    served = json.loads((tmp_path / "serve.json").read_text())
+    cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices=1, devices_budget=1)
+    assert cell["capacity"]["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
+    assert cell["capacity"]["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
+    # serve prints the run at that rate: its arrival and its figures are the capacity run's, the rate once
+    assert served["arrival"] == f"poisson:{served['capacity']['rate_per_s']:g}"
+    assert served["latency"]["e2e"]["p99_s"] == pytest.approx(cell["latency_p99_s"], rel=1e-12)
+    assert out.count("capacity: ") == 1 and "saturation" in out
+
+
+def test_datasheet_only_cells_are_ranked_after_the_rest_unless_asked():
+    """A datasheet-only device (its catalog lacks achievable figures) never ranks first by default, even at
+    twice the throughput per device; --include-datasheet-only ranks it with the others."""
+    cells = [{"model": "m", "hardware": "a", "excluded_reason": "", "datasheet_only": ["achievable_bandwidth"],
+              "throughput_per_device": 200.0, "rank": None},
+             {"model": "m", "hardware": "b", "excluded_reason": "", "datasheet_only": [],
+              "throughput_per_device": 100.0, "rank": None},
+             {"model": "m", "hardware": "c", "excluded_reason": "struck", "datasheet_only": [],
+              "throughput_per_device": 300.0, "rank": None}]
+    rank(cells, ["m"])
+    assert [c["rank"] for c in cells] == [2, 1, None]
+    rank(cells, ["m"], include_datasheet_only=True)
+    assert [c["rank"] for c in cells] == [1, 2, None]
+
+
+def test_fit_takes_what_analyze_takes_and_refuses_the_rest(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text("{}")
+    check_models(["gpt2", str(cfg), "hf:meta-llama/Llama-3.1-8B"])  # accepted (built when priced)
+    for bad in ("nosuch", "resnet50", str(tmp_path / "missing.json"), "nofile.py:make"):
+        with pytest.raises(OpmapError, match=r"opmap fit serves decoders .*not one: .*\(accepted: a zoo decoder"):
+            check_models([bad])

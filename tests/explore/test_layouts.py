@@ -1,0 +1,56 @@
+"""The serving layout search: candidates by hand, the choice by the figure of merit, a real cell's choice at least
+as good as every layout it tried."""
+
+from __future__ import annotations
+
+import pytest
+
+from opmap.errors import OpmapError
+from opmap.explore.layouts import PP_MISSING, _pricing_keywords, candidates, choose, figure_of_merit, price_layout
+
+
+def test_candidates_split_each_device_count_into_tp_x_pp():
+    # 1, 2, 4, 8 devices per replica; each count's divisors as tp, highest first: 1 + 2 + 3 + 4 = 10 layouts
+    assert candidates(8, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4), (8, 1), (4, 2), (2, 4), (1, 8)]
+    assert candidates(4, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]  # a 4-device node
+    assert candidates(8, 2) == [(1, 1), (2, 1), (1, 2)]  # a budget of two devices
+    assert candidates(8, 8, devices=4) == [(4, 1), (2, 2), (1, 4)]
+
+
+def test_choose_ranks_by_tokens_per_device_of_the_budget():
+    tried = [{"tp": 1, "pp": 1, "rate_per_s": 5.0, "per_device_tokens_per_s": 90.0},
+             {"tp": 2, "pp": 1, "rate_per_s": 9.0, "per_device_tokens_per_s": 120.0},
+             {"tp": 1, "pp": 2, "rate_per_s": None, "per_device_tokens_per_s": None},  # no rate: not chosen
+             {"tp": 4, "pp": 1, "rate_per_s": 15.0, "per_device_tokens_per_s": 120.0}]  # a tie: the earlier wins
+    best, second = choose(tried)
+    assert best is tried[1] and second is tried[3]
+    assert choose([tried[2]]) == (None, None)
+
+
+def test_pp_needs_a_pricing_that_takes_it():
+    if "pp" in _pricing_keywords():
+        pytest.skip("this build's pricing takes pp: the layout search prices pipeline stages")
+    with pytest.raises(OpmapError, match="not available in this build"):
+        price_layout("gpt2", "h100-sxm", "bf16", 1, 2)
+    assert PP_MISSING.count("\n") == 0
+
+
+def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
+    """gpt2 on a budget of two H100s: 2 x tp1, 1 x tp2 (and 1 x pp2 where pricing takes pp). Ranked by output
+    tokens per second per device of the budget, the chosen one beats or ties each; the runner-up is the best of
+    the rest; each figure is replicas x one replica's output tokens per second over the 2 devices."""
+    from opmap.explore.fit import fit_cell
+    from opmap.serve.metrics import Slo
+
+    cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices_budget=2)
+    tried = [lay for lay in cell["layouts"] if lay.get("rate_per_s")]
+    assert len(tried) >= 2
+    best = cell["layout"]
+    for lay in tried:
+        assert best["per_device_tokens_per_s"] >= figure_of_merit(lay)
+        assert lay["per_device_tokens_per_s"] == pytest.approx(lay["output_tokens_per_s"] / 2)
+        assert lay["rate_per_s"] <= lay["saturation_per_s"]
+    rest = [lay for lay in tried if (lay["tp"], lay["pp"]) != (best["tp"], best["pp"])]
+    assert cell["runner_up"]["per_device_tokens_per_s"] == max(figure_of_merit(lay) for lay in rest)
+    assert cell["devices"] == best["devices_used"] == 2
+    assert cell["throughput_per_device"] == best["per_device_tokens_per_s"]
