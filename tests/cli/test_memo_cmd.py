@@ -16,7 +16,8 @@ def test_memo_of_every_kind_by_run_id_and_by_folder(tmp_path, cli, refused):
     runs = {"plan": ("plan", "gpt2", "--devices", 2, "--seq", 64, "--rows", 1),
             "sweep": ("sweep", "gpt2", "--batch", "1,4,16", "--seq", 64),
             "serve": ("serve", "gpt2", "--requests", 50),
-            "fit": ("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", 20)}
+            "fit": ("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", 20,
+                    "--devices-budget", 1)}
     expect = {"plan": "ranks first by throughput", "sweep": "knee at batch", "serve": "SLO VALID",
               "fit": "gpt2: l4 ranks first"}
     for kind, args in runs.items():

@@ -43,7 +43,8 @@ def test_report_of_a_folder_with_sweep_serve_and_fit(cli, tmp_path):
     for args in (("sweep", "gpt2", "--batch", "1,4", "--seq", "32,64"),
                  ("serve", "gpt2", "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
                   "--requests", 300),
-                 ("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", 3000, "--requests", 50)):
+                 ("fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", 3000, "--requests", 50,
+                  "--devices-budget", 1)):
         rc, _, err = cli(*args, "--out", d, "--no-store")
         assert rc == 0, err
     rc, out, err = cli("report", d)

@@ -69,7 +69,8 @@ def report_page(tmp_path_factory):
                  ["sweep", "gpt2", "--batch", "1,4", "--seq", "32,64"],
                  ["serve", "gpt2", "--service-time", "exp:100", "--policy", "none", "--arrival", "poisson:5",
                   "--requests", "300"],
-                 ["fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", "50"],
+                 ["fit", "--models", "gpt2", "--hardware", "l4", "--slo-p99", "3000", "--requests", "50",
+                  "--devices-budget", "1"],
                  ["report", str(out)]):
         assert main([*args, "--out", str(out), "--no-store"] if args[0] != "report" else args) == 0, args
     return out / "report.html"
