@@ -43,3 +43,9 @@ def test_a_measured_batch_beyond_memory_is_refused_before_it_is_built(refused, f
     fail_if_called("opmap.explore.sweep._measure")
     refused("sweep", "gpt2", "--measure", "--batch", "100000", "--seq", "64", "--repeats", "2",
             needle="sweep --measure at batch 100000 x seq 64 needs at least")
+
+
+def test_sweep_refuses_a_layout_or_runtime_it_cannot_measure(refused):
+    refused("sweep", "gpt2", "--measure", "--tp", "2", needle="--measure times one local device: --tp 2 x --pp 1")
+    refused("sweep", "gpt2", "--measure", "--runtime", "graphs", needle="--runtime graphs is for predicted sweeps")
+    refused("sweep", "gpt2", "--pp", "0", needle="--pp")

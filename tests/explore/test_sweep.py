@@ -31,7 +31,7 @@ def test_knee_is_farthest_above_the_chord():
 
 def test_predicted_sweep_matches_single_analyses_with_fewer_captures():
     hw = get_hardware("h100-sxm")
-    r = sweep("gpt2", hw, [1, 5, 16], [32], "prefill", "bf16")
+    r = sweep("gpt2", hw, [1, 5, 16], [32], "prefill", "bf16", runtime="eager")
     assert r["captures"] == 4  # the batch family (1, 2, 3, 4); 5 and 16 written from it
     for p in r["points"]:
         a = analyze(build_zoo("gpt2", p["batch"], 32, "bf16"), hw, "bf16")
@@ -39,6 +39,38 @@ def test_predicted_sweep_matches_single_analyses_with_fewer_captures():
         assert p["tokens_per_s"] == pytest.approx(p["batch"] * 32 / p["latency_s"])
         assert p["latency_p99_s"] is None and p["method"].startswith("predicted")
         assert sum(p["bound_mix"].values()) == pytest.approx(1.0)
+
+
+def test_a_predicted_sweep_prices_the_runtime_and_the_layout():
+    """Default (engine): each point is the analysis on the device with the runtime's per-kernel gap and fusion,
+    plus its per-step time (a graph launch and the scheduler's host time) once. --tp 2: the layout's latency
+    (opmap.mapping.sharding), the weights split over two devices' memory."""
+    from opmap.mapping.sharding import Parallelism, shard
+    from opmap.phases.runtime import get_runtime
+
+    hw = get_hardware("h100-sxm")
+    rt = get_runtime(hw, "engine")
+    r = sweep("gpt2", hw, [2], [32], "prefill", "bf16")
+    (p,) = r["points"]
+    a = analyze(build_zoo("gpt2", 2, 32, "bf16"), rt.apply(hw), "bf16", fusion=rt.fusion)
+    assert r["runtime"]["name"] == "engine" and rt.per_step_s > 0
+    assert p["latency_s"] == pytest.approx(a.predicted_latency_s + rt.per_step_s, rel=1e-12)
+    two = sweep("gpt2", hw, [2], [32], "prefill", "bf16", runtime="eager", tp=2)
+    (q,) = two["points"]
+    one = analyze(build_zoo("gpt2", 2, 32, "bf16"), hw, "bf16")
+    assert q["latency_s"] == pytest.approx(shard(one, Parallelism(tp=2, devices=2)).latency_s, rel=1e-12)
+    assert two["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q["mfu"] is None
+    assert q["memory_bytes"] < one.memory.total_bytes  # per device: half the weights
+
+
+def test_sweep_refuses_what_it_cannot_measure():
+    hw = get_hardware("h100-sxm")
+    with pytest.raises(OpmapError, match=r"--measure times one local device: --tp 2 x --pp 1 needs 2"):
+        sweep("gpt2", hw, [1], [8], measure=True, tp=2)
+    with pytest.raises(OpmapError, match=r"--measure times eager PyTorch on this CPU: --runtime engine"):
+        sweep("gpt2", hw, [1], [8], measure=True, runtime="engine")
+    with pytest.raises(OpmapError, match=r"unknown runtime 'jit'"):
+        sweep("gpt2", hw, [1], [8], runtime="jit")
 
 
 def _rapl(root, max_uj):

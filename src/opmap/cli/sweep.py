@@ -8,6 +8,7 @@ import typer
 
 from opmap.cli.common import console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
+from opmap.phases.runtime import RUNTIME_HELP, check_runtime
 from opmap.validate import INT_GE1, json_text, options
 
 
@@ -22,6 +23,10 @@ def sweep(
     measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99, and "
                                              "its energy from the RAPL package counter where readable."),
     repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
+    runtime: str | None = typer.Option(None, "--runtime", help=RUNTIME_HELP + "; default engine for a predicted "
+                                                                "sweep (as serve and fit), eager with --measure."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices each point is laid out on (predicted)."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline stages each point is laid out on (predicted)."),
     engine: str = typer.Option("local", help="Where the predicted points run, one task per sequence length: local "
                                              "(a process pool here) or ray (a Ray cluster, the ray extra). "
                                              "--measure always runs here, one point at a time."),
@@ -38,17 +43,23 @@ def sweep(
     from opmap.explore.sweep import sweep as run_sweep
     from opmap.report.sheet import check_out_dir, si, write_set
 
-    options({"--repeats": (repeats, INT_GE1)})
+    options({"--repeats": (repeats, INT_GE1), "--tp": (tp, INT_GE1), "--pp": (pp, INT_GE1)})
+    if runtime is not None:
+        check_runtime(runtime)
     hw = get_hardware(hardware)
     batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
     check_engine(engine)
     if out is not None:
         check_out_dir(out)
     with step_progress("sweeping") as progress:
-        r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine)
+        r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine,
+                      runtime=runtime, tp=tp, pp=pp)
     knee = {(k["batch"], k["seq"]) for k in r["knee"]}
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
-    t = Table(title=f"opmap sweep {model} on {r['hardware']} ({phase}, {dtype}): {len(r['points'])} points, "
+    lay = r["layout"]
+    where = r["hardware"] + (f" tp{lay['tp']} x pp{lay['pp']}" if lay["devices"] > 1 else "")
+    t = Table(title=f"opmap sweep {model} on {where} ({phase}, {dtype}, runtime {r['runtime']['name']}): "
+                    f"{len(r['points'])} points, "
                     f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})", title_justify="left")
     cols = ["batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"]
     if measure:

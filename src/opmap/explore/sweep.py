@@ -38,6 +38,7 @@ from opmap.explore.shapes import FIT_POINTS, NotAFamily, ShapeFamily
 from opmap.hardware.spec import HardwareSpec
 from opmap.measure.energy import RAPL_ROOT
 from opmap.measure.oom import check_fits, refusal_as_error, run_bytes
+from opmap.phases.runtime import get_runtime
 from opmap.validate import INT_MAX
 
 SCHEMA_VERSION = 1
@@ -77,21 +78,39 @@ ENERGY_KEYS = ("energy_j", "energy_window_s", "power_w", "energy_per_token_j", "
 def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[int], phase: str = "prefill",
           dtype: str = "bf16", measure: bool = False, repeats: int = 10,
           progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
-          workers: int | None = None, rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
+          workers: int | None = None, rapl_root: Path = RAPL_ROOT, runtime: str | None = None, tp: int = 1,
+          pp: int = 1) -> dict[str, Any]:
     """Every (batch, seq) point. Predicted: one task per sequence length (its batch family's captures and all
     its batch points, re-priced), run on ``engine`` (``opmap.explore.engine``: ``local`` process pool or
     ``ray``); the points come back in the same order with the same values either way. Measured: every point in
-    this process, one after another, whatever the engine (a timing run must have the machine to itself)."""
+    this process, one after another, whatever the engine (a timing run must have the machine to itself).
+
+    ``runtime`` (opmap.phases.runtime): the per-kernel overhead, the fusion policy and the per-step host time the
+    predictions assume; default ``engine`` for a predicted sweep (as serve and fit) and ``eager`` for a measured
+    one (it times eager PyTorch here, and its predictions beside it assume the same). ``tp`` x ``pp``: each point
+    priced as that layout (opmap.mapping.sharding: one batch through every stage; memory per device)."""
     if phase not in PHASES:
         raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
     from opmap.explore.engine import check_engine, get_engine
+    from opmap.phases.runtime import check_runtime
     from opmap.workloads.phases import PhaseSpec, check_phase
 
     check_engine(engine)
+    runtime = check_runtime(runtime or ("eager" if measure else "engine"))
+    if measure and runtime != "eager":
+        raise OpmapError(f"--measure times eager PyTorch on this CPU: --runtime {runtime} is for predicted sweeps "
+                         "(drop it, or --runtime eager)")
+    for name, v in (("--tp", tp), ("--pp", pp)):
+        if not (isinstance(v, int) and 1 <= v <= INT_MAX):
+            raise OpmapError(f"{name} must be an integer from 1 to {INT_MAX}, got {v!r}")
+    if measure and tp * pp > 1:
+        raise OpmapError(f"--measure times one local device: --tp {tp} x --pp {pp} needs {tp * pp} (predicted "
+                         "sweeps only)")
     for s in seqs:  # the phase's own checks (decoder, KV length) before any capture; shapes when built
         check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
     t0 = time.perf_counter()
-    jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats, rapl_root) for s in seqs]
+    jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats, rapl_root, runtime, tp, pp)
+            for s in seqs]
     total = len(batches) * len(seqs)
     if measure:  # sequential, in this process: progress per point
         results = []
@@ -113,12 +132,18 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
         progress("done", total, total)
     wall = time.perf_counter() - t0
     return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name if not measure else "local",
-            "phase": phase, "dtype": dtype, "points": points, "knee": knees(points), "pareto": pareto(points),
+            "phase": phase, "dtype": dtype, "runtime": get_runtime(hw, runtime).to_dict() if not measure else
+            {"name": "eager", "note": "measured: eager PyTorch on this CPU"},
+            "layout": {"tp": tp, "pp": pp, "devices": tp * pp}, "points": points, "knee": knees(points),
+            "pareto": pareto(points),
             "points_per_s": len(points) / wall if wall else 0.0, "captures": captures, "wall_s": wall,
             "engine": ran_on,
             "assumptions": [
                 "latency: prefill = time to first token of the batch; decode = time per output token at the KV "
                 "length given as seq",
+                f"predicted under {get_runtime(hw, runtime).line()}" + (
+                    f"; laid out tp {tp} x pp {pp}: one batch through every stage (no pipelining across batches), "
+                    "memory per device" if tp * pp > 1 else ""),
                 "predicted points carry no percentiles; measured points: p50 / p95 / p99 over the repeats",
                 "energy (measured points): counter delta over the timed repeats, J; power = J / s of that window; "
                 "per token = J / (repeats x tokens per run); each point's power_method says what was read",
@@ -141,6 +166,9 @@ class SeqJob:
     measure: bool = False
     repeats: int = 10
     rapl_root: Path = RAPL_ROOT
+    runtime: str = "eager"
+    tp: int = 1
+    pp: int = 1
 
 
 def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
@@ -148,6 +176,8 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
     capture per point where the graph is not a family. ``{"points": [...], "captures": n}``."""
     target, hw, phase, dtype, s = job.target, job.hw, job.phase, job.dtype, job.seq
     batches = job.batches
+    rt = get_runtime(hw, job.runtime)
+    hw_rt = rt.apply(hw)
     points: list[dict[str, Any]] = []
     captures = 0
     built: dict[int, Any] = {}
@@ -174,13 +204,14 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
             captures += 1
         proxy = proxy or next(iter(built.values()), None) or _workload(target, phase, 1, s, dtype)
         w = replace(proxy, module=None, inputs=None, batch=b, seq=None if phase == "decode" else s)
-        a = analyze_graph(g, w, hw, dtype)
-        lat = a.predicted_latency_s
+        a = analyze_graph(g, w, hw_rt, dtype, fusion=rt.fusion)
+        lat, fits, mem_bytes = _layout_figures(a, hw_rt, job.tp, job.pp, s)
+        lat += rt.per_step_s  # one graph launch and the engine's host time per step (0 under eager)
         tokens = b * (1 if phase == "decode" else s)
         pt = {"batch": b, "seq": s, "phase": phase, "latency_s": lat, "latency_p50_s": None,
               "latency_p95_s": None, "latency_p99_s": None, "throughput_per_s": b / lat if lat else 0.0,
               "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
-              "mfu": a.predicted_mfu, "fits": a.memory.fits, "memory_bytes": a.memory.total_bytes,
+              "mfu": a.predicted_mfu if job.tp * job.pp == 1 else None, "fits": fits, "memory_bytes": mem_bytes,
               "method": method, **dict.fromkeys(ENERGY_KEYS),
               "power_method": "not measured: a predicted point (opmap fit models power under load)"}
         if job.measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
@@ -191,6 +222,20 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
                 pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root), mfu=None, bound_mix={})
         points.append(pt)
     return {"points": points, "captures": captures}
+
+
+def _layout_figures(a, hw: HardwareSpec, tp: int, pp: int, seq: int) -> tuple[float, bool, float]:
+    """(latency s, fits, bytes per device) of analysis ``a`` laid out tp x pp on ``hw``: the analysis itself on one
+    device; otherwise opmap.mapping.sharding's layout (one batch through every stage) and its memory per device
+    (weights and KV cache split, ``seq`` tokens of context; no activations kept for a backward)."""
+    if tp * pp == 1:
+        return a.predicted_latency_s, a.memory.fits, a.memory.total_bytes
+    from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, sharded_memory
+
+    par = Parallelism(tp=tp, pp=pp, devices=tp * pp)
+    sharder = Sharder(a)
+    mem = sharded_memory(par, sharder, SavedPerBlock(0.0, 0.0, 0.0, 0.0), a.precision.requested, False, seq)
+    return sharder.shard(par, hw).latency_s, mem.fits, mem.total_bytes
 
 
 def _local_tdp() -> tuple[float, str] | None:
