@@ -2,7 +2,13 @@
 opmap's cost model of gpt2 on an H100 SXM (the pricing is timed apart). Prints a rich table, writes
 benchmarks/results/bench_serve.json.
 
+With ``--fit``: the fit matrix instead, 3 models x 3 devices with the layout search (devices per replica 1, 2, 4, 8
+as TP x PP, replicas filling one node; each layout priced and its steady-state capacity searched), the whole
+matrix timed (goal: under 30 s); per cell the chosen layout and the runner-up. Writes
+benchmarks/results/bench_fit.json.
+
     PYTHONPATH=src python benchmarks/bench_serve.py [--requests 100000]
+    PYTHONPATH=src python benchmarks/bench_serve.py --fit [--models gpt2,llama-3-8b,llama-3-70b]
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, now_iso, write_json  # noqa: E402
 
 GOAL_S = 10.0
+FIT_GOAL_S = 30.0
 
 
 def main() -> None:
@@ -30,7 +37,15 @@ def main() -> None:
     ap.add_argument("--input-len", default="uniform:128,1024")
     ap.add_argument("--output-len", default="uniform:32,256")
     ap.add_argument("--policies", default="continuous,chunked:512,static:16")
+    ap.add_argument("--fit", action="store_true", help="time the fit matrix with the layout search instead")
+    ap.add_argument("--models", default="gpt2,llama-3-8b,llama-3-70b")
+    ap.add_argument("--devices", default="h100-sxm,mi300x,l4")
+    ap.add_argument("--slo-ttft", type=float, default=2000.0)
+    ap.add_argument("--slo-tpot", type=float, default=200.0)
     args = ap.parse_args()
+    if args.fit:
+        fit_bench(args)
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -67,6 +82,51 @@ def main() -> None:
     Console(width=140).print(t)
     path = write_json("bench_serve", {"schema_version": 1, "when": now_iso(), "machine": machine(),
                                       "config": vars(args), "pricing_s": pricing_s, "rows": rows})
+    print(f"wrote {path}")
+
+
+def fit_bench(args) -> None:
+    """The fit matrix over --models x --devices with the layout search, timed whole (pricing included)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from opmap.explore.fit import fit_matrix
+    from opmap.explore.layouts import label
+    from opmap.serve.metrics import Slo
+
+    models, devices = args.models.split(","), args.devices.split(",")
+    t0 = time.perf_counter()
+    r = fit_matrix(models, devices, Slo(args.slo_ttft / 1e3, args.slo_tpot / 1e3), "512", "128")
+    wall = time.perf_counter() - t0
+    rows = []
+    for c in r["cells"]:
+        tried = c["layouts"]
+        rows.append({"model": c["model"], "hardware": c["hardware"], "layouts_tried": len(tried),
+                     "layouts_priced": sum(1 for lay in tried if lay["fits"]),
+                     "chosen": label(c["layout"]) if c["layout"] else None,
+                     "per_device_tokens_per_s": c["throughput_per_device"],
+                     "runner_up": label(c["runner_up"]) if c["runner_up"] else None,
+                     "runner_up_per_device_tokens_per_s": (c["runner_up"] or {}).get("per_device_tokens_per_s"),
+                     "rate_per_s_per_replica": (c.get("capacity") or {}).get("rate_per_s"),
+                     "saturation_per_s_per_replica": (c.get("capacity") or {}).get("saturation_per_s"),
+                     "run_requests": ((c.get("capacity") or {}).get("run") or {}).get("requests"),
+                     "excluded_reason": c["excluded_reason"]})
+    t = Table(title=f"opmap fit speed: {len(models)} models x {len(devices)} devices with the layout search, "
+                    f"{wall:.1f} s ({'met' if wall < FIT_GOAL_S else 'MISSED'} the {FIT_GOAL_S:g} s goal); "
+                    f"runtime {r['runtime']}", title_justify="left")
+    for col in ("model", "device", "priced/tried", "chosen", "tok/s/device", "runner-up", "tok/s/device ",
+                "rate/replica", "saturation", "run"):
+        t.add_column(col, justify="left" if col in ("model", "device", "chosen", "runner-up") else "right")
+    for w in rows:
+        def f(x, fmt=",.0f"):
+            return "-" if x is None else format(x, fmt)
+        t.add_row(w["model"], w["hardware"], f"{w['layouts_priced']}/{w['layouts_tried']}", w["chosen"] or "-",
+                  f(w["per_device_tokens_per_s"]), w["runner_up"] or "-", f(w["runner_up_per_device_tokens_per_s"]),
+                  f(w["rate_per_s_per_replica"], ".4g"), f(w["saturation_per_s_per_replica"], ".4g"),
+                  f(w["run_requests"], "d"))
+    Console(width=160).print(t)
+    path = write_json("bench_fit", {"schema_version": 1, "when": now_iso(), "machine": machine(),
+                                    "config": vars(args), "wall_s": wall, "goal_s": FIT_GOAL_S, "rows": rows})
     print(f"wrote {path}")
 
 
