@@ -9,6 +9,7 @@ import typer
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
+from opmap.report.text import safe
 from opmap.serve.metrics import CAPACITY_REQUESTS
 from opmap.validate import INT_GE1, json_text, options, positive, positive_in
 
@@ -102,11 +103,11 @@ def fit(
     for h in r["hardware"]:
         t.add_column(h, justify="right")
     for m in ms:
-        row = [m]
+        row = [safe(m)]
         for h in r["hardware"]:
             c = next(c for c in r["cells"] if c["model"] == m and c["hardware"] == h)
             if c["throughput_at_slo"] is None:
-                row.append(f"[strike]-[/strike] {c['excluded_reason'][:40]}")
+                row.append(f"[strike]-[/strike] {safe(c['excluded_reason'][:80])}")
                 continue
             text = ((f"#{c['rank']} " if c["rank"] else "") + f"{si(c['throughput_per_device'])}/device, "
                     f"{label(c['layout'])}")
@@ -116,9 +117,12 @@ def fit(
                 text += "\n[yellow]datasheet only[/yellow]"
             ppw = "power not modelled" if c["perf_per_watt"] is None else f"{c['perf_per_watt']:.3g} tok/J"
             text += f"\np99 {si(c['latency_p99_s'], 's')}, {ppw}, {c['bound']}, risk {c['risk']}"
-            row.append(f"[strike]{text}[/strike]\n{c['excluded_reason']}" if c["excluded_reason"] else text)
+            row.append(f"[strike]{text}[/strike]\n{safe(c['excluded_reason'])}" if c["excluded_reason"] else text)
         t.add_row(*row)
     console.print(t)
+    notes = sorted({c["runtime"]["note"] for c in r["cells"] if (c.get("runtime") or {}).get("note")})
+    for n in notes:
+        console.print(f"  runtime: {n}", highlight=False, markup=False)
     for a in r["assumptions"]:
         console.print(f"  {a}", highlight=False, markup=False)
     if out is not None:
