@@ -48,7 +48,7 @@ class EngineReplica:
     """The engine state of one replica: free KV blocks, the decodes (counted), the prompts being prefilled."""
 
     __slots__ = ("free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running", "last_end",
-                 "pending")
+                 "pending", "min_free")
 
     def __init__(self, blocks: int, kv_block: int) -> None:
         self.free = blocks  # KV blocks not held by any request
@@ -62,6 +62,7 @@ class EngineReplica:
         self.running = 0  # decodes + prefilling
         self.last_end = 0.0  # when the last step ended: every running decode's last token came then
         self.pending: Any = None
+        self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
 
 
 class InflightScheduler:
@@ -186,6 +187,8 @@ class InflightScheduler:
             budget = self._admit(e, q, ridx, now, budget, chunks)
         if not chunks and not e.n_dec:
             return None
+        if e.free < e.min_free:
+            e.min_free = e.free
         pt = sum(t for _, t in chunks)
         d = mixed_s(self.cost, pt, len(chunks), e.n_dec, e.kv_sum)
         e.pending = (chunks, d)
@@ -278,9 +281,15 @@ class InflightScheduler:
         self.finish[rid] = now
         e.running -= 1
 
-    def extra(self) -> dict[str, Any]:
-        """SimResult.extra: the preemptions (total and requests preempted at least once) and the KV blocks."""
+    def extra(self, reps: list[EngineReplica]) -> dict[str, Any]:
+        """SimResult.extra: the preemptions (total, requests preempted at least once, most for one request) and
+        the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
         pre = self.preempted
+        limited = self.blocks != _UNLIMITED
         return {"preemptions": {"total": sum(pre), "requests_preempted": sum(1 for x in pre if x),
                                 "max_per_request": max(pre, default=0)},
-                "kv_blocks": None if self.blocks == _UNLIMITED else self.blocks}
+                "kv_cache": {"paged": True, "kv_block": self.B, "blocks": self.blocks if limited else None,
+                             "capacity_tokens": self.cost.kv_capacity_tokens,
+                             "peak_blocks_used": max((self.blocks - e.min_free for e in reps), default=0)
+                             if limited else None,
+                             "preemption": "recompute"}}

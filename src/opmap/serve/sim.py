@@ -412,5 +412,5 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                      np.asarray(itl_w, dtype=np.float64), policy.to_dict(),
                      cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
                      router, replicas, reqs.arrival, steps, [r.busy_s for r in reps], streams_tokens=not service,
-                     extra=sched.extra() if sched else {},
+                     extra=sched.extra([r.eng for r in reps]) if sched else {},
                      preemptions=np.asarray(sched.preempted) if sched else None)
