@@ -58,3 +58,24 @@ def test_capacity_search_does_not_depend_on_the_order_probes_finish():
 def test_capacity_search_refuses_a_zero_start():
     with pytest.raises(OpmapError, match="starting rate > 0"):
         find_capacity(_step(1.0), 0.0)
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("engine:8,64,32", {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_block": 32, "chunked_prefill": True}),
+    ("continuous:1024", {"max_num_seqs": 256, "max_num_batched_tokens": 1024, "kv_block": None,
+                         "chunked_prefill": False}),
+    ("chunked:256", {"max_num_seqs": 256, "max_num_batched_tokens": 256, "kv_block": None, "chunked_prefill": True}),
+    ("static:4", {"max_num_seqs": 4, "max_num_batched_tokens": None, "kv_block": None, "chunked_prefill": False}),
+    ("none", {"max_num_seqs": 1, "max_num_batched_tokens": None, "kv_block": None, "chunked_prefill": False}),
+])
+def test_summary_names_the_step_limits_and_preemptions(spec, want):
+    """serve.json's scheduler block in vLLM's names, from the policy's own parameters (the continuous and chunked
+    policies cap a step at 256 sequences, vLLM's max_num_seqs); policies other than engine never preempt."""
+    import numpy as np
+
+    from opmap.serve import Requests, TableCost, parse_policy, simulate, summarize
+
+    reqs = Requests(np.zeros(3), np.full(3, 10), np.full(3, 2), "offline")
+    s = summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]])))
+    assert s["scheduler"] == want
+    assert s["preemptions"] == {"total": 0, "requests_preempted": 0, "max_per_request": 0}

@@ -20,7 +20,7 @@ from opmap.serve import (
     simulate,
     summarize,
 )
-from opmap.serve.policies import Chunked, Continuous, Dynamic, NoBatching, Static
+from opmap.serve.policies import Chunked, Continuous, Dynamic, Engine, NoBatching, Static
 
 
 def _reqs(arr, inp, out):
@@ -119,7 +119,7 @@ def test_chunked_by_hand():
 @pytest.mark.parametrize("router", ["round_robin", "least_loaded", "shared"])
 def test_every_policy_finishes_every_request(router):
     reqs = make_requests("poisson:50", "uniform:10,300", "normal:40,20", 400, seed=3)
-    for spec in ("none", "static:4", "dynamic:8,20", "continuous:512", "chunked:256"):
+    for spec in ("none", "static:4", "dynamic:8,20", "continuous:512", "chunked:256", "engine:8,256,16"):
         res = simulate(reqs, parse_policy(spec), LINEAR, replicas=2, router=router)
         assert np.all(res.finish_s >= res.first_s) and np.all(res.first_s >= res.start_s)
         assert np.all(res.start_s >= res.arrival_s)
@@ -140,7 +140,23 @@ def test_policies_are_named_and_versioned():
     assert parse_policy("chunked:256").spec() == "chunked:256"
 
 
+def test_engine_is_named_with_vllm_defaults():
+    """vLLM's defaults: max_num_seqs 256, max_num_batched_tokens 8192 (online serving, V1), block size 16."""
+    e = parse_policy("engine")
+    assert e == Engine() and e.spec() == "engine"
+    assert e.to_dict() == {"name": "engine", "version": 1, "spec": "engine",
+                           "params": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "kv_block": 16,
+                                      "chunked_prefill": True}}
+    assert parse_policy("engine:8,64,32") == Engine(8, 64, 32)
+    assert parse_policy("engine:8,64,32").spec() == "engine:8,64,32"
+    assert parse_policy(" engine:nochunk ") == Engine(chunked_prefill=False)
+    assert parse_policy(Engine(4, 16, 1, False).spec()) == Engine(4, 16, 1, False)
+
+
 @pytest.mark.parametrize("fn,spec,match", [
+    (parse_policy, "engine:8,4,16", r"--max-num-batched-tokens \(4\) must be >= --max-num-seqs \(8\)"),
+    (parse_policy, "engine:0,64,16", "integers >= 1"),
+    (parse_policy, "engine:8,64", "engine takes MAX_NUM_SEQS"),
     (parse_policy, "static", "accepted: none, static:B"),
     (parse_policy, "dynamic:8", "WAIT_MS"),
     (parse_policy, "static:0", "integers >= 1"),
