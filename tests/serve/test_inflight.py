@@ -37,6 +37,19 @@ def test_a_long_prompt_is_prefilled_in_budget_sized_chunks():
     assert res.first_s[0] == pytest.approx(10.0)
 
 
+def test_a_chunk_attends_to_the_earlier_chunks_of_its_prompt():
+    """A prompt priced 1 ms/token up to 4096 tokens and 2 ms/token beyond (attention grows with the prefix):
+    P(4096) = 4.096 s, P(8192) = 12.288 s, P(10,000) = 12.288 + 1808 x 2 ms = 15.904 s. Chunked at 4096, the
+    chunk (d, t) costs P(t) + P(d + t) - P(d) - P(t) + P(0) = P(d + t) - P(d) (mixed_s): 4.096, then
+    12.288 - 4.096 = 8.192, then 15.904 - 12.288 = 3.616; TTFT 15.904 s, the prompt's cost in one step
+    (without the prefix term: 4.096 + 4.096 + 1.808 = 10.0 s, chunking made a long prompt 37% cheaper)."""
+    cost = TableCost([0, 4096, 8192], [0.0, 4.096, 12.288], [1], [0], [[0.01]])
+    res = simulate(_reqs([0], [10_000], [1]), Engine(max_num_batched_tokens=4096), cost)
+    assert res.first_s[0] == pytest.approx(15.904)
+    assert mixed_s(cost, 1808, 1, 0, 0, [(8192, 1808)]) == pytest.approx(3.616)
+    assert mixed_s(cost, 1808, 1, 0, 0) == pytest.approx(1.808)
+
+
 def test_running_decodes_take_their_token_of_the_budget_first():
     """Budget 4096; D (16 prompt, 3 out) then A (10,000 prompt, 1 out), both at 0; decode 10 ms + 10 us/KV token.
     step 1: no decodes: D 16 + A 4080 = 4096 tokens, 4.096 s. D's first token at 4.096.
@@ -221,7 +234,8 @@ def _plain(arr, inp, out, pol, cost):
         nd = sum(1 for r in sched if dec[r])
         kv = sum(comp[r] + 1 for r in sched if dec[r])
         pt = sum(v for r, v in sched.items() if not dec[r])
-        t += mixed_s(cost, pt, len(sched) - nd, nd, kv)
+        prefix = [(comp[r], v) for r, v in sched.items() if not dec[r] and comp[r]]
+        t += mixed_s(cost, pt, len(sched) - nd, nd, kv, prefix)
         for r, take in sched.items():
             comp[r] += take
             if comp[r] < target[r] and not dec[r]:
@@ -245,7 +259,7 @@ def _plain(arr, inp, out, pol, cost):
 def test_the_counting_scheduler_is_the_plain_one(seed, cap, pol):
     """Random traces under KV pressure (many preemptions): the same times, preemptions and token gaps."""
     reqs = make_requests("poisson:30", "uniform:1,300", "uniform:1,200", 250, seed=seed)
-    cost = TableCost([100, 4000], [0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]],
+    cost = TableCost([16, 100, 4000], [0.0025, 0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]],
                      kv_capacity_tokens=cap)
     res = simulate(reqs, pol, cost)
     start, first, finish, pre, gaps = _plain(reqs.arrival_s.tolist(), reqs.input_len.tolist(),

@@ -8,7 +8,7 @@ Each step, on each replica:
    first (in admission order), then new requests from the head of the queue, first come first served, while
    fewer than ``max_num_seqs`` requests run (chunked prefill; without it a prompt waits until it fits whole);
 3. the step is priced by ``mixed_s`` (cost.py): the weights read once for all its tokens, plus the decodes'
-   KV reads.
+   KV reads, plus the attention of a chunk that continues a prompt to that prompt's earlier chunks.
 
 Paged KV (vLLM's PagedAttention): the replica's ``kv_capacity_tokens`` is ``floor(capacity / kv_block)``
 blocks. A step that computes a request's KV up to ``t`` tokens needs ``ceil(t / kv_block)`` blocks, taken
@@ -190,7 +190,8 @@ class InflightScheduler:
         if e.free < e.min_free:
             e.min_free = e.free
         pt = sum(t for _, t in chunks)
-        d = mixed_s(self.cost, pt, len(chunks), e.n_dec, e.kv_sum)
+        prefix = [(done[r], t) for r, t in chunks if done[r]]  # chunks continuing a prompt attend to its start
+        d = mixed_s(self.cost, pt, len(chunks), e.n_dec, e.kv_sum, prefix)
         e.pending = (chunks, d)
         return d
 
