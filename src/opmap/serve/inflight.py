@@ -41,7 +41,21 @@ from opmap.serve.cost import StepCost, mixed_s
 from opmap.serve.policies import Engine
 
 _UNLIMITED = 1 << 62  # blocks of a KV cache without a capacity (kv_capacity_tokens None)
-WAITING, PREFILLING, DECODING, DONE = 0, 1, 2, 3
+PREFILLING, DECODING, GONE = 1, 2, 3  # GONE: finished or preempted (its entries in heaps and stacks are stale)
+
+
+class _Run:
+    """One admission of a request, from the first chunk of its (re)prefill to its last token or its preemption.
+    Only running requests have one, so memory follows the running batch, not the trace."""
+
+    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial")
+
+    def __init__(self, rid: int, gen: int, target: int, serial: int) -> None:
+        self.rid, self.state, self.serial = rid, PREFILLING, serial
+        self.gen = gen  # tokens emitted so far (a decode: at its join; see h0, j0)
+        self.done, self.target = 0, target  # KV tokens computed in this (re)prefill, of prompt + tokens emitted
+        self.h0 = self.j0 = self.res = 0  # a decode: KV tokens and the replica's decode step count at its join;
+        # the residue (mod kv_block) of the decode steps at which it needs a new block
 
 
 class EngineReplica:
@@ -56,9 +70,9 @@ class EngineReplica:
         self.n_dec = 0  # running decodes
         self.kv_sum = 0  # KV tokens the running decodes attend to in the next step (their KV + the new token)
         self.cnt = [0] * kv_block  # decodes by the residue (mod kv_block) of the decode steps that need a block
-        self.fin: list[tuple[int, int, int]] = []  # heap of (decode step of the last token, epoch, request)
-        self.prefilling: list[int] = []  # requests admitted whose (re)prefill is not done, in admission order
-        self.stack: list[tuple[int, int]] = []  # (request, epoch) in admission order: the victims from its top
+        self.fin: list[tuple[int, int, _Run]] = []  # heap of (decode step of the last token, serial, run)
+        self.prefilling: list[_Run] = []  # admitted, (re)prefill not done, in admission order
+        self.stack: list[_Run] = []  # in admission order: the victims come from its top
         self.running = 0  # decodes + prefilling
         self.last_end = 0.0  # when the last step ended: every running decode's last token came then
         self.pending: Any = None
@@ -80,17 +94,9 @@ class InflightScheduler:
         self.inp, self.out = inp, out
         self.start, self.first, self.finish, self.where = start, first, finish, where
         self.itl_g, self.itl_w = itl_g, itl_w
-        n = len(inp)
-        self.state = [WAITING] * n
-        self.epoch = [0] * n  # bumped at every admission: older heap and stack entries are stale
-        self.gen = [0] * n  # tokens emitted (for a decode: at its join, see g0 below)
-        self.done = [0] * n  # KV tokens computed in the current (re)prefill
-        self.target = [0] * n  # tokens the current (re)prefill computes: prompt + tokens already emitted
-        self.h0 = [0] * n  # KV tokens at the join to the decodes
-        self.j0 = [0] * n  # the replica's decode step count at the join
-        self.res = [0] * n  # the residue of the decode steps at which this decode needs a new block
-        self.last_tok = [0.0] * n  # when its last token came (kept for preempted requests)
-        self.preempted = [0] * n
+        self.parked: dict[int, tuple[int, float]] = {}  # preempted, waiting: (tokens emitted, last token's time)
+        self.preempted: dict[int, int] = {}  # request -> times preempted
+        self.serial = 0
 
     def check(self) -> None:
         """Refuse, in one line, a request that could never run: its KV at its last token does not fit the
@@ -110,39 +116,47 @@ class InflightScheduler:
     def replica(self) -> EngineReplica:
         return EngineReplica(self.blocks, self.B)
 
+    def preemptions(self, n: int) -> list[int]:
+        """Per request, how often it was preempted."""
+        out = [0] * n
+        for rid, k in self.preempted.items():
+            out[rid] = k
+        return out
+
     # -- eviction ---------------------------------------------------------------------------------------------
 
-    def _victim(self, e: EngineReplica) -> int:
-        """The most recently admitted request still running (stale stack entries dropped on the way)."""
-        stack, state, epoch = e.stack, self.state, self.epoch
+    @staticmethod
+    def _victim(e: EngineReplica) -> _Run:
+        """The most recently admitted request still running (finished or preempted entries dropped on the way)."""
+        stack = e.stack
         while True:
-            rid, ep = stack.pop()
-            if epoch[rid] == ep and state[rid] in (PREFILLING, DECODING):
-                return rid
+            r = stack.pop()
+            if r.state != GONE:
+                return r
 
-    def _evict(self, e: EngineReplica, q: deque, rid: int, step: int, scheduled: bool) -> bool:
-        """Preempt ``rid`` (recompute): free its blocks, put it at the front of the queue. ``scheduled``: the
+    def _evict(self, e: EngineReplica, q: deque, r: _Run, step: int, scheduled: bool) -> bool:
+        """Preempt ``r`` (recompute): free its blocks, put it at the front of the queue. ``scheduled``: the
         decodes of the step ``step`` already hold their new blocks. True when it was a decode of this step."""
         B = self.B
-        if self.state[rid] == PREFILLING:
-            e.free += -(-self.done[rid] // B)
-            e.prefilling.remove(rid)
+        if r.state == PREFILLING:
+            e.free += -(-r.done // B)
+            e.prefilling.remove(r)
+            gen, last = r.gen, self.parked.get(r.rid, (0, 0.0))[1]
             was_decode = False
         else:
-            h = self.h0[rid] + e.D - self.j0[rid]
-            grows = self.res[rid] == step % B  # it needed a new block in this step
+            h = r.h0 + e.D - r.j0
+            grows = r.res == step % B  # it needed a new block in this step
             e.free += -(-h // B) + (1 if scheduled and grows else 0)
             e.n_dec -= 1
             e.kv_sum -= h + 1
-            e.cnt[self.res[rid]] -= 1
-            self.gen[rid] += e.D - self.j0[rid]
-            self.last_tok[rid] = e.last_end
+            e.cnt[r.res] -= 1
+            gen, last = r.gen + e.D - r.j0, e.last_end
             was_decode = True
-        self.state[rid] = WAITING
-        self.epoch[rid] += 1
+        r.state = GONE
         e.running -= 1
-        self.preempted[rid] += 1
-        q.appendleft(rid)
+        self.parked[r.rid] = (gen, last)
+        self.preempted[r.rid] = self.preempted.get(r.rid, 0) + 1
+        q.appendleft(r.rid)
         return was_decode
 
     # -- a step -----------------------------------------------------------------------------------------------
@@ -156,52 +170,51 @@ class InflightScheduler:
         while need > e.free:  # evict from the most recent until the oldest decodes' new blocks fit
             v = self._victim(e)
             evicted = True
-            if self._evict(e, q, v, step, False) and self.res[v] == step % B:
+            if self._evict(e, q, v, step, False) and v.res == step % B:
                 need -= 1
         e.free -= need
         budget = M - e.n_dec
-        chunks: list[tuple[int, int]] = []
-        done, target = self.done, self.target
+        chunks: list[tuple[_Run, int]] = []
         i = 0
         while i < len(e.prefilling) and budget > 0:  # prompts partly prefilled: their next chunk
-            rid = e.prefilling[i]
-            take = min(target[rid] - done[rid], budget)
-            nb = -(-(done[rid] + take) // B) - (-(-done[rid] // B))
-            stop = False
+            r = e.prefilling[i]
+            take = min(r.target - r.done, budget)
+            nb = -(-(r.done + take) // B) - (-(-r.done // B))
             while nb > e.free:
                 v = self._victim(e)
                 evicted = True
-                if v == rid:
-                    self._evict(e, q, v, step, True)
-                    stop = True
-                    break
+                # with decodes scheduled first, a decode is never admitted after a prompt still prefilling:
+                # the victim is this prompt or a later one; a decode's token of the budget comes back all the same
                 if self._evict(e, q, v, step, True):
-                    budget += 1  # a decode of this step evicted: its token of the budget is back
-            if stop:
+                    budget += 1
+                if v is r:
+                    break
+            if r.state == GONE:
                 break
             e.free -= nb
-            chunks.append((rid, take))
+            chunks.append((r, take))
             budget -= take
             i += 1
         if not evicted or (not chunks and not e.n_dec):
-            budget = self._admit(e, q, ridx, now, budget, chunks)
+            self._admit(e, q, ridx, now, budget, chunks)
         if not chunks and not e.n_dec:
             return None
         if e.free < e.min_free:
             e.min_free = e.free
         pt = sum(t for _, t in chunks)
-        prefix = [(done[r], t) for r, t in chunks if done[r]]  # chunks continuing a prompt attend to its start
+        prefix = [(r.done, t) for r, t in chunks if r.done]  # chunks continuing a prompt attend to its start
         d = mixed_s(self.cost, pt, len(chunks), e.n_dec, e.kv_sum, prefix)
         e.pending = (chunks, d)
         return d
 
     def _admit(self, e: EngineReplica, q: deque, ridx: int, now: float, budget: int,
-               chunks: list[tuple[int, int]]) -> int:
+               chunks: list[tuple[_Run, int]]) -> None:
         """New requests from the head of the queue, FCFS, while the budget, max_num_seqs and free blocks allow."""
         B, chunked, S = self.B, self.p.chunked_prefill, self.p.max_num_seqs
         while q and budget > 0 and e.running < S:
             rid = q[0]
-            tot = self.inp[rid] + self.gen[rid]  # a preempted request recomputes its prompt and emitted tokens
+            gen = self.parked[rid][0] if rid in self.parked else 0
+            tot = self.inp[rid] + gen  # a preempted request recomputes its prompt and the tokens it emitted
             take = min(tot, budget) if chunked else tot
             if take > budget:
                 break
@@ -210,18 +223,18 @@ class InflightScheduler:
                 break
             q.popleft()
             e.free -= nb
-            self.state[rid] = PREFILLING
-            self.epoch[rid] += 1
-            self.done[rid], self.target[rid] = 0, tot
-            e.stack.append((rid, self.epoch[rid]))
-            e.prefilling.append(rid)
+            self.serial += 1
+            r = _Run(rid, gen, tot, self.serial)
+            if len(e.stack) > 2 * e.running + 64:  # drop finished and preempted entries now and then
+                e.stack = [x for x in e.stack if x.state != GONE]
+            e.stack.append(r)
+            e.prefilling.append(r)
             e.running += 1
-            if self.start[rid] != self.start[rid]:  # NaN: first scheduled now
+            if gen == 0 and self.start[rid] != self.start[rid]:  # NaN: first scheduled now
                 self.start[rid] = now
             self.where[rid] = ridx
-            chunks.append((rid, take))
+            chunks.append((r, take))
             budget -= take
-        return budget
 
     def end(self, e: EngineReplica, now: float) -> int:
         """Close the step that ends at ``now``: tokens out, finished requests' blocks freed, finished prefills
@@ -238,48 +251,50 @@ class InflightScheduler:
             e.kv_sum += e.n_dec
             fin, D = e.fin, e.D
             while fin and fin[0][0] <= D:
-                _, ep, rid = heapq.heappop(fin)
-                if self.epoch[rid] != ep or self.state[rid] != DECODING:
+                r = heapq.heappop(fin)[2]
+                if r.state != DECODING:
                     continue  # preempted since
-                h = self.h0[rid] + D - self.j0[rid]
+                h = r.h0 + D - r.j0
                 e.free += -(-h // B)
                 e.n_dec -= 1
                 e.kv_sum -= h + 1
-                e.cnt[self.res[rid]] -= 1
-                self._done(e, rid, now)
+                e.cnt[r.res] -= 1
+                self._done(e, r, now)
                 finished += 1
         any_done = False
-        for rid, take in chunks:
-            self.done[rid] += take
-            if self.done[rid] < self.target[rid]:
+        for r, take in chunks:
+            r.done += take
+            if r.done < r.target or r.state == GONE:
                 continue
             any_done = True
-            g = self.gen[rid] = self.gen[rid] + 1
-            if g == 1:
+            rid = r.rid
+            r.gen += 1
+            if r.gen == 1:
                 self.first[rid] = now
+                self.parked.pop(rid, None)  # preempted while prefilling its prompt the first time
             else:  # the token after a recompute
-                self.itl_g.append(now - self.last_tok[rid])
+                self.itl_g.append(now - self.parked.pop(rid)[1])
                 self.itl_w.append(1)
-            if g >= self.out[rid]:
-                e.free += -(-self.done[rid] // B)
-                self._done(e, rid, now)
+            if r.gen >= self.out[rid]:
+                e.free += -(-r.done // B)
+                self._done(e, r, now)
                 finished += 1
                 continue
-            h = self.done[rid]
-            self.state[rid] = DECODING
-            self.h0[rid], self.j0[rid] = h, e.D
-            self.res[rid] = (e.D + 1 - h) % B
-            e.cnt[self.res[rid]] += 1
+            h = r.done
+            r.state = DECODING
+            r.h0, r.j0 = h, e.D
+            r.res = (e.D + 1 - h) % B
+            e.cnt[r.res] += 1
             e.n_dec += 1
             e.kv_sum += h + 1
-            heapq.heappush(e.fin, (e.D + self.out[rid] - g, self.epoch[rid], rid))
+            heapq.heappush(e.fin, (e.D + self.out[rid] - r.gen, r.serial, r))
         if any_done:
-            e.prefilling = [r for r in e.prefilling if self.state[r] == PREFILLING]
+            e.prefilling = [r for r in e.prefilling if r.state == PREFILLING]
         return finished
 
-    def _done(self, e: EngineReplica, rid: int, now: float) -> None:
-        self.state[rid] = DONE
-        self.finish[rid] = now
+    def _done(self, e: EngineReplica, r: _Run, now: float) -> None:
+        r.state = GONE
+        self.finish[r.rid] = now
         e.running -= 1
 
     def extra(self, reps: list[EngineReplica]) -> dict[str, Any]:
@@ -287,8 +302,8 @@ class InflightScheduler:
         the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
         pre = self.preempted
         limited = self.blocks != _UNLIMITED
-        return {"preemptions": {"total": sum(pre), "requests_preempted": sum(1 for x in pre if x),
-                                "max_per_request": max(pre, default=0)},
+        return {"preemptions": {"total": sum(pre.values()), "requests_preempted": len(pre),
+                                "max_per_request": max(pre.values(), default=0)},
                 "kv_cache": {"paged": True, "kv_block": self.B, "blocks": self.blocks if limited else None,
                              "capacity_tokens": self.cost.kv_capacity_tokens,
                              "peak_blocks_used": max((self.blocks - e.min_free for e in reps), default=0)

@@ -413,4 +413,4 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                      cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
                      router, replicas, reqs.arrival, steps, [r.busy_s for r in reps], streams_tokens=not service,
                      extra=sched.extra([r.eng for r in reps]) if sched else {},
-                     preemptions=np.asarray(sched.preempted) if sched else None)
+                     preemptions=np.asarray(sched.preemptions(n)) if sched else None)
