@@ -99,8 +99,11 @@ class Chunked(Policy):
 @dataclass(frozen=True)
 class Engine(Policy):
     """In-flight batching as production engines schedule it (vLLM V1's scheduler, TensorRT-LLM's in-flight
-    batching): vLLM's defaults for max_num_seqs and max_num_batched_tokens in online serving (256 and 8192,
-    vllm/engine/arg_utils.py, V1 with chunked prefill) and its CUDA KV block size (16 tokens)."""
+    batching). Defaults: 256 sequences and 8192 tokens a step, KV blocks of 16 tokens (vLLM's CUDA block size).
+    vLLM's own defaults for its OpenAI server depend on the device (vllm/engine/arg_utils.py,
+    EngineArgs.get_batch_defaults): 8192 tokens and 1024 sequences on devices of 70 GiB or more other than
+    A100, 2048 and 256 otherwise; set them with --max-num-seqs and --max-num-batched-tokens to match a
+    deployment."""
 
     max_num_seqs: int = MAX_SEQS
     max_num_batched_tokens: int = 8192
