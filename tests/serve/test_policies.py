@@ -141,7 +141,8 @@ def test_policies_are_named_and_versioned():
 
 
 def test_engine_is_named_with_vllm_defaults():
-    """vLLM's defaults: max_num_seqs 256, max_num_batched_tokens 8192 (online serving, V1), block size 16."""
+    """The agreed defaults: 256 sequences (vLLM's max_num_seqs below 70 GiB), 8192 tokens a step (vLLM's
+    max_num_batched_tokens for its server on H100-class devices, vllm/engine/arg_utils.py), blocks of 16."""
     e = parse_policy("engine")
     assert e == Engine() and e.spec() == "engine"
     assert e.to_dict() == {"name": "engine", "version": 1, "spec": "engine",
