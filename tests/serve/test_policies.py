@@ -123,6 +123,9 @@ def test_every_policy_finishes_every_request(router):
         res = simulate(reqs, parse_policy(spec), LINEAR, replicas=2, router=router)
         assert np.all(res.finish_s >= res.first_s) and np.all(res.first_s >= res.start_s)
         assert np.all(res.start_s >= res.arrival_s)
+    tight = TableCost([1000], [1.0], [1, 2], [0, 1000], [[0.01, 0.02], [0.015, 0.025]], kv_capacity_tokens=1000)
+    res = simulate(reqs, Engine(8, 256, 16), tight, replicas=2, router=router)  # preempted ones requeued
+    assert res.extra["preemptions"]["total"] > 0 and np.all(res.finish_s >= res.first_s)
 
 
 def test_deterministic_for_a_seed():
