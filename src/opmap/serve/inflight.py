@@ -24,6 +24,11 @@ recompute emits its next token: the gap since its previous token is one inter-to
 preempted admits no new request (as vLLM V1). A request waiting at the head of the queue whose first chunk's
 blocks are not free waits (new requests never preempt).
 
+Left out, as a plain ``vllm serve`` of distinct prompts would run: prefix caching (no prompts shared here),
+speculative decoding, priorities, swapping to host memory. vLLM V1 walks its running list in admission order,
+decodes and partly prefilled prompts interleaved; a prompt still prefilling is always the newest running
+request when decodes come first in the budget, so the two orders schedule the same tokens.
+
 The work per step is independent of the number of running requests: decodes are counted, not visited (a
 decode needs a new block when its KV length is a multiple of the block size, so the decoders are counted by
 the residue of their join step; their finishes sit in a heap keyed by the step count at which they end).
