@@ -352,8 +352,11 @@ ACHIEVABLE = [
     ("h200", 794.5e12, 4.15e12),
     # MAMF A100 SXM 271.2; Azure ND A100 v4 (A100-SXM4-80GB) Triad 1.70 TB/s
     ("a100-sxm-80gb", 271.2e12, 1.70e12),
-    # MAMF A100 PCIe 252.9; bandwidth derived: the SXM part's 1.70 / 2.039 times this card's 1.555 TB/s
-    ("a100-pcie-40gb", 252.9e12, 1.555e12 * 1.70 / 2.039),
+    # MAMF A100 PCIe 252.9; gpu-benches gpu-stream on an A100 40GB, triad at 100% occupancy 1360 GB/s
+    ("a100-pcie-40gb", 252.9e12, 1.36e12),
+    # L40S: crowd-sourced torch.mm 269.15; bandwidth: gpu-benches gpu-stream on an L40 (the same memory system),
+    # triad at 100% occupancy 768 GB/s
+    ("l40s", 269.15e12, 768e9),
     # H100 PCIe: crowd-sourced torch.mm 495.93; bandwidth derived: the SXM part's 2.97 / 3.35 times 2.0 TB/s
     ("h100-pcie", 495.93e12, 2.0e12 * 2.97 / 3.35),
     # MAMF MI300X 668.4; AMD's MI300X acceptance guide, expected BabelStream Triad 3,948,062 MB/s
