@@ -268,9 +268,9 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     format's measured fraction of peak, else the peak; on a power-limited card past its power window, the blend
     of boost and sustained rates (``precision.power_limited``)."""
     v = hw.achievable_matrix_flops_per_s.get(prec.matrix)
-    measured = v is not None and bool(v.value) and prec.rate_basis.startswith("measured")
-    out = {"value": prec.matrix_rate_flops_per_s, "kind": "measured" if measured else "derived",
-           "basis": prec.rate_basis, "source": v.source if measured else prec.rate_basis,
+    own = v is not None and bool(v.value) and prec.rate_basis == f"{v.kind} achievable {prec.matrix} rate"
+    out = {"value": prec.matrix_rate_flops_per_s, "kind": v.kind if own else "derived",
+           "basis": prec.rate_basis, "source": v.source if own else prec.rate_basis,
            "of_peak": prec.matrix_rate_flops_per_s / prec.matrix_peak_flops_per_s,
            "power_state": "power-limited" if prec.sustained else "boost"}
     if prec.sustained:
@@ -338,6 +338,8 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
         "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
         "memory_rate_bytes_per_s": {"value": hw.memory_rate_bytes_per_s, "basis": hw.memory_rate_basis},
+        # achievable figures the catalog lacks for this device: those run on datasheet figures (empty: like for like)
+        "datasheet_only": list(hw.datasheet_only),
         "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
         "transcendental_slots": TRANSCENDENTAL_SLOTS,
         "time_model": time_model_line(hw),
