@@ -306,6 +306,9 @@ FUSION_TEXT = {
     "eager": "eager: one kernel per non-view aten op; SDPA as one fused kernel",
     "compiler": "compiler: pointwise chains, GEMM / conv epilogues and reductions with their pointwise "
                 "neighbours fused (legal-only, at most 16 nodes a kernel); SDPA as one fused kernel",
+    "engine": "engine: compiler's fusion plus what serving engines ship: sibling GEMMs merged (QKV, gate/up), "
+              "fused (residual add +) norm, RoPE and the KV-cache write in the QKV epilogue, gated activation in "
+              "the gate/up epilogue, fused attention (paged decode attention)",
 }
 
 

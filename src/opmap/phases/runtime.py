@@ -88,4 +88,4 @@ def get_runtime(hw: HardwareSpec, name: str) -> Runtime:
     stack = stack_for(hw)
     return Runtime(name, stack.values["graph_kernel_gap_s"], stack.values["graph_launch_s"],
                    stack.values["engine_step_host_s"] if name == "engine" else None,
-                   "compiler" if name == "engine" else "eager", stack.name)
+                   "engine" if name == "engine" else "eager", stack.name)
