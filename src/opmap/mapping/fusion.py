@@ -202,7 +202,7 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     fuse_classes = [("vector" if engine and c == "data_movement" and n.op in ENGINE_ELEMENTWISE else c)
                     for n, c in zip(graph.nodes, classes)]
     sibling_of: dict[tuple, int] = {}  # engine: a GEMM's activation input -> the kernel of the first GEMM reading it
-    prologue = _reduction_prologues(fuse_classes, kinds, consumers) if engine else set()
+    prologue = _reduction_prologues(graph, fuse_classes, kinds, consumers) if engine else set()
 
     if plan_file is not None:
         groups = _read_plan(plan_file, graph, is_kernel)
@@ -243,29 +243,40 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     return FusionPlan(policy, tuple(kernels), group_of)
 
 
-def _reduction_prologues(classes: list[str], kinds: list, consumers: list[list[int]]) -> set[int]:
-    """Engine: the elementwise nodes that lead into a norm-like reduction (directly or through other such nodes)
-    and feed no GEMM: a norm's up-cast and square, and the residual add before it. They stay with the reduction,
-    one fused (add +) norm kernel as engines ship it (vLLM fused_add_rms_norm), instead of joining the GEMM
-    before them as an epilogue. Softmax is left out: hand-written attention keeps its scale and mask in the
-    scores kernel (flash attention)."""
+def _reduction_prologues(graph: OpGraph, classes: list[str], kinds: list, consumers: list[list[int]]) -> set[int]:
+    """Engine: the elementwise nodes that lead into a norm-like reduction and feed no GEMM: a norm's up-cast and
+    square, back to and including the residual add that joins two activations (the walk stops there: the
+    activation before it stays its GEMM's epilogue). They stay with the reduction, one fused (add +) norm kernel
+    as engines ship it (vLLM fused_add_rms_norm), instead of joining the GEMM before them as an epilogue.
+    Softmax is left out: hand-written attention keeps its scale and mask in the scores kernel (flash
+    attention)."""
     out: set[int] = set()
+    through: set[int] = set()  # nodes the walk continues back through: norm reductions and single-input links
     for nid in range(len(classes) - 1, -1, -1):  # node ids are in execution order: consumers come later
         cs = consumers[nid]
+        if classes[nid] == "reduction" and kinds[nid] != "softmax":
+            through.add(nid)
+            continue
         if classes[nid] != "vector" or not cs or any(classes[c] == "matrix" for c in cs):
             continue
-        if any((classes[c] == "reduction" and kinds[c] != "softmax") or c in out for c in cs):
+        if any(c in through for c in cs):
             out.add(nid)
+            if sum(1 for t in graph.nodes[nid].inputs if t.param is None) < 2:
+                through.add(nid)
     return out
 
 
 def _gemm_input_key(graph: OpGraph, nid: int, is_kernel) -> tuple | None:
-    """What identifies a GEMM's activation operand (the first input made by another node): the kernel nodes
-    behind it and its shape; None when every operand is a parameter or a graph input."""
+    """What identifies a GEMM's activation operand (its first input that is not a parameter): the kernel nodes
+    behind it and its shape, or, for a graph input, its shape, dtype and strides (the graph keeps no other
+    identity for an input, as ``_saved_bytes`` reads it); None when every operand is a parameter."""
     for t in graph.nodes[nid].inputs:
-        if t.param is None and t.producer is not None:
-            roots = _root(graph, t.producer, is_kernel)
-            return (frozenset(roots), tuple(t.shape)) if roots else None
+        if t.param is not None:
+            continue
+        if t.producer is None:
+            return ("input", tuple(t.shape), t.dtype, tuple(t.stride))
+        roots = _root(graph, t.producer, is_kernel)
+        return (frozenset(roots), tuple(t.shape)) if roots else ("input", tuple(t.shape), t.dtype, tuple(t.stride))
     return None
 
 
