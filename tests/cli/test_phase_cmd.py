@@ -148,7 +148,8 @@ def test_one_headline_phase_line_totals_and_json_agree(tmp_path, cli, extra):
     assert rc == 0, err
     d = json.loads((tmp_path / "analysis.json").read_text())
     tpot = d["phase"]["tpot_s"]
-    assert d["totals"]["predicted_latency_s"] == tpot and d["totals"]["predicted_latency_name"] == "time per output token"
+    assert d["totals"]["predicted_latency_s"] == tpot
+    assert d["totals"]["predicted_latency_name"] == "time per output token"
     assert f"{tpot * 1e3:.4g} ms per output token" in out  # the phase line
     totals = [line for line in out.splitlines() if "predicted time per output token" in line]
     assert len(totals) == 1 and si(tpot, "s") in totals[0]  # the Totals box

@@ -216,7 +216,7 @@ def test_engine_keeps_the_residual_add_with_the_norm(block):
 class QKV(nn.Module):
     def __init__(self):
         super().__init__()
-        self.q, self.k, self.v = nn.Linear(64, 64, bias=False), nn.Linear(64, 16, bias=False), nn.Linear(64, 16, bias=False)
+        self.q, self.k, self.v = (nn.Linear(64, n, bias=False) for n in (64, 16, 16))
 
     def forward(self, x):
         return self.q(x), self.k(x), self.v(x)

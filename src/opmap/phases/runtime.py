@@ -67,7 +67,8 @@ class Runtime:
         s = (f"runtime {self.name} ({self.stack}): one graph launch per step, {self.per_kernel_s * 1e6:.3g} us "
              f"between kernels")
         if self.step_host is not None:
-            s += f", {float(self.step_host.value) * 1e6:.3g} us scheduler gap per step (what overlapped scheduling leaves exposed), fusion {self.fusion}"
+            s += (f", {float(self.step_host.value) * 1e6:.3g} us scheduler gap per step (what overlapped scheduling "
+                  f"leaves exposed), fusion {self.fusion}")
         return s
 
 
