@@ -154,3 +154,16 @@ def test_one_headline_phase_line_totals_and_json_agree(tmp_path, cli, extra):
     totals = [line for line in out.splitlines() if "predicted time per output token" in line]
     assert len(totals) == 1 and si(tpot, "s") in totals[0]  # the Totals box
     assert d["totals"]["kernel_time_s"] > tpot  # the one-device sum is not the headline under tp 2
+
+
+def test_prefill_under_graphs_adds_one_graph_launch(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", "32", "--runtime", "graphs", "--fusion", "compiler",
+                       "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    p = d["phase"]
+    # one graph launch per step (15 us, ahrefs/ocannl issue 488), nothing else per step under graphs
+    assert p["ttft_s"] == pytest.approx(p["kernel_time_s"] + 15e-6)
+    assert p["ttft_s"] == d["totals"]["predicted_latency_s"]
+    assert d["fusion"]["policy"] == "compiler" and d["assumptions"]["runtime"]["fusion"] == "compiler"
+    assert "runtime graphs (cuda-graphs)" in out

@@ -94,7 +94,9 @@ def analyze(
     spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
                                  optimizer=optimizer), model, batch)
     rt = _runtime(hw, runtime, spec)
-    fusion = fusion if fusion is not None else rt.fusion
+    if fusion is not None and fusion_plan is None:  # the plan the step runs is the one the header names
+        rt = replace(rt, fusion=fusion)
+    fusion = rt.fusion
     mb = spec.microbatch or batch if spec.train else batch
     par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,

@@ -260,7 +260,7 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     shown = ranked if rows <= 0 else ranked[:rows]
     n_kernel_nodes = sum(1 for r in a.results if r.cost.kernel)
     sheet = Table(title=f"Operators: {len(shown)} of {n_kernel_nodes} by predicted time "
-                        f"({len(a.results) - a.kernels} views and allocations; all rows in sheet.csv)",
+                        f"({len(a.results) - n_kernel_nodes} views and allocations; all rows in sheet.csv)",
                   title_justify="left")
     for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
                       ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
