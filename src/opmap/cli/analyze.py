@@ -94,9 +94,13 @@ def analyze(
     spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
                                  optimizer=optimizer), model, batch)
     rt = _runtime(hw, runtime, spec)
-    if fusion is not None and fusion_plan is None:  # the plan the step runs is the one the header names
+    # the kernels the step runs are the ones the header names: a plan file, an explicit --fusion, else the runtime's
+    if fusion_plan is not None:
+        rt, fusion = replace(rt, fusion=f"plan file {fusion_plan}"), fusion or "eager"
+    elif fusion is not None:
         rt = replace(rt, fusion=fusion)
-    fusion = rt.fusion
+    else:
+        fusion = rt.fusion
     mb = spec.microbatch or batch if spec.train else batch
     par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
