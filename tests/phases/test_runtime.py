@@ -43,6 +43,23 @@ def _busy_s(a) -> float:
     return sum(k.time.predicted_s - k.time.overhead_s for k in a.kernel_results)
 
 
+def test_graph_against_eager_for_a_fixed_kernel_list(h100):
+    """Four kernels busy 3, 40, 1 and 250 us: eager pays a launch each, a graph the in-graph gap each and one
+    graph launch for the step."""
+    from opmap.roofline import roofline
+
+    busy = (3e-6, 40e-6, 1e-6, 250e-6)
+
+    def step(name):
+        rt = get_runtime(h100, name)
+        hw = rt.apply(h100)
+        return sum(roofline(memory_s=b, overhead_s=hw.launch_overhead_s).predicted_s for b in busy) + rt.per_step_s
+
+    assert step("eager") == pytest.approx(sum(busy) + 4 * EAGER_LAUNCH_S, rel=1e-12)
+    assert step("graphs") == pytest.approx(sum(busy) + 4 * GRAPH_GAP_S + GRAPH_LAUNCH_S, rel=1e-12)
+    assert step("engine") == pytest.approx(sum(busy) + 4 * GRAPH_GAP_S + GRAPH_LAUNCH_S + ENGINE_GAP_S, rel=1e-12)
+
+
 def test_eager_graphs_engine_step_times_are_the_closed_forms(h100, gpt2_decode):
     eager, graphs, engine = (_step(gpt2_decode, h100, n) for n in RUNTIMES)
     n = eager.kernels
