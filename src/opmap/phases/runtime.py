@@ -64,8 +64,9 @@ class Runtime:
         """One line for a report header."""
         if self.name == "eager":
             return f"runtime eager: a host launch per kernel ({self.per_kernel_s * 1e6:.3g} us)"
-        s = (f"runtime {self.name} ({self.stack}): one graph launch per step, {self.per_kernel_s * 1e6:.3g} us "
-             f"between kernels")
+        launch = float(self.graph_launch.value) if self.graph_launch is not None else 0.0
+        s = (f"runtime {self.name} ({self.stack}): one graph launch per step ({launch * 1e6:.3g} us), "
+             f"{self.per_kernel_s * 1e6:.3g} us between kernels")
         if self.step_host is not None:
             s += (f", {float(self.step_host.value) * 1e6:.3g} us scheduler gap per step (what overlapped scheduling "
                   f"leaves exposed), fusion {self.fusion}")
