@@ -1,5 +1,5 @@
-"""Speed of the serving simulator: 100,000 requests under continuous batching (goal: under 10 s), priced by
-opmap's cost model of gpt2 on an H100 SXM (the pricing is timed apart). Prints a rich table, writes
+"""Speed of the serving simulator: 100,000 requests under in-flight (engine) and continuous batching (goal: under
+10 s), priced by opmap's cost model of gpt2 on an H100 SXM (the pricing is timed apart). Prints a rich table, writes
 benchmarks/results/bench_serve.json.
 
 With ``--fit``: the fit matrix instead, 3 models x 3 devices with the layout search (devices per replica 1, 2, 4, 8
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--arrival", default="poisson:400")
     ap.add_argument("--input-len", default="uniform:128,1024")
     ap.add_argument("--output-len", default="uniform:32,256")
-    ap.add_argument("--policies", default="continuous,chunked:512,static:16")
+    ap.add_argument("--policies", default="engine,continuous,chunked:512,static:16")
     ap.add_argument("--fit", action="store_true", help="time the fit matrix with the layout search instead")
     ap.add_argument("--models", default="gpt2,llama-3-8b,llama-3-70b")
     ap.add_argument("--devices", default="h100-sxm,mi300x,l4")
@@ -68,7 +68,7 @@ def main() -> None:
                      "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
                      "ttft_p99_s": s["latency"]["ttft"]["p99_s"], "tpot_p99_s": s["latency"]["tpot"]["p99_s"],
                      "validity": s["validity"]["verdict"],
-                     "goal_s": GOAL_S if pol.name == "continuous" else None})
+                     "goal_s": GOAL_S if pol.name in ("engine", "continuous") else None})
     t = Table(title=f"opmap serve speed: {args.requests} requests, {args.model} on {args.hardware} "
                     f"({args.arrival}, in {args.input_len}, out {args.output_len}); pricing {pricing_s:.1f} s",
               title_justify="left")

@@ -119,7 +119,7 @@ def test_memory_fit_of_the_weights_at_their_stored_format(analysis_of, dtype, hw
 
 
 def test_memory_fit_counts_the_kv_cache_and_finds_the_largest_batch_and_context(analysis_of):
-    """Inference on one L4 (24 GB): weights 2 B x 8.03 B, KV cache 131,072 B per token (2 x 32 layers x 8 KV
+    """Inference on one L4 (24 GiB): weights 2 B x 8.03 B, KV cache 131,072 B per token (2 x 32 layers x 8 KV
     heads x 128 x 2 B, read off the graph), activations in flight scaled with batch x seq, 1 GiB workspace.
     The largest batch at seq 8 and the longest context at batch 1 are the hand-computed floors."""
     a = analysis_of("llama-3-8b", 1, 8, "bf16", "l4")
@@ -128,10 +128,10 @@ def test_memory_fit_counts_the_kv_cache_and_finds_the_largest_batch_and_context(
     assert pd["kv_cache_bytes"] == 8 * 131072 and pd["workspace_bytes"] == 2 ** 30
     assert pd["gradients_bytes"] == pd["optimizer_bytes"] == 0
     assert pd["total_bytes"] == pytest.approx(sum(v for k, v in pd.items() if k != "total_bytes"))
-    free = 24e9 - pd["weights_bytes"] - pd["workspace_bytes"]
+    free = 24 * 2**30 - pd["weights_bytes"] - pd["workspace_bytes"]  # L4: 24 GiB of GDDR6 (binary, as stated)
     per_token = 131072 + pd["activations_bytes"] / 8
     assert m["max_batch"] == int(free // (8 * per_token)) and m["max_context"] == int(free // per_token)
-    assert m["capacity_bytes"] == 24e9 and m["fits"] and m["reason"] == ""
+    assert m["capacity_bytes"] == 24 * 2**30 and m["fits"] and m["reason"] == ""
 
 
 
@@ -149,3 +149,26 @@ def test_quantized_weights_count_at_their_stored_size_everywhere(analysis_of):
     for k in a.kernel_results:
         weights = sum(a.results[i].cost.param_bytes_read for i in k.kernel.nodes)
         assert k.traffic_bytes >= weights * (1 - 1e-9), k.kernel.id
+
+
+def test_fp8_decode_without_an_fp8_engine_is_weight_only_at_the_bf16_rate():
+    """llama-3-8b decode at fp8 on an A100 SXM (Ampere: no fp8 tensor cores) runs as engines run it there, vLLM's
+    FP8 Marlin W8A16: weights stored at 1 byte, dequantized to bf16 in the GEMM, bf16 compute at the A100 SXM's
+    measured 271.2 TFLOP/s (Bekman's MAMF table), never the 624 TOPS int8 peak. A decode GEMM of K x N weights at
+    batch 1 does 2 K N FLOPs and reads K N bytes of weights over the A100 SXM's 1.70 TB/s (BabelStream Triad)."""
+    from opmap.analyze import analyze, decode_figures
+    from opmap.hardware import get_hardware
+    from opmap.workloads import build_zoo
+    from opmap.workloads.phases import decode_workload
+
+    w = decode_workload(build_zoo("llama-3-8b", 1, 16, "fp8"), 16)
+    a = analyze(w, get_hardware("a100-sxm-80gb"), "fp8")
+    s = a.to_dict()["assumptions"]
+    assert a.precision.matrix == "bf16" and s["matrix_rate_flops_per_s"]["value"] == 271.2e12
+    assert "weight-only" in s["weights_dtype"] and "no fp8 matrix engine" in s["precision_note"]
+    assert decode_figures(a, 16)["weights_bytes"] == a.graph.params * 1.0  # 1-byte weights
+    gemm = next(r for r in a.results if r.node.op == "aten.mm.default" and r.cost.param_bytes_read)
+    kn = gemm.cost.matrix_flops / 2  # weights of the GEMM (batch 1: M = 1)
+    assert gemm.pred.matrix_s == pytest.approx(2 * kn / 271.2e12)
+    assert gemm.cost.param_bytes_read == pytest.approx(kn * 1.0)
+    assert gemm.pred.memory_s >= kn / 1.70e12

@@ -44,11 +44,12 @@ def test_format_sizes_and_weight_scales():
 
 
 def test_kernel_formats_follow_the_policy():
-    a100 = get_hardware("a100-sxm-80gb")  # no fp8 matrix peak: falls back to int8
+    a100 = get_hardware("a100-sxm-80gb")  # no fp8 matrix engine: fp8 weight-only, dequantized to bf16 in the GEMM
     p = resolve_precision(a100, "fp8")
-    assert p.matrix == "int8" and "no fp8 matrix peak" in p.note
-    assert p.operand_format == "fp8"  # one-byte operands either way
-    assert p.kernel_format("matrix") == "int8 compute, weights fp8 (e4m3), accumulate fp32"
+    assert p.matrix == "bf16" and "no fp8 matrix engine" in p.note
+    assert p.operand_format == "bf16"  # activations reach the tensor cores in bf16; only B is stored in fp8
+    assert p.kernel_format("matrix") == ("bf16 compute, weights fp8 (e4m3), weight-only: dequantized to bf16 in the "
+                                         "GEMM (W8A16), accumulate fp32")
     assert p.kernel_format("reduction") == "bf16 storage, fp32 compute"
     assert p.kernel_format("vector") == "bf16"
     b = resolve_precision(a100, "bf16")

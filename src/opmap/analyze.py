@@ -95,6 +95,35 @@ class Analysis:
                 + sum(r.pred.predicted_s for r in self.results if not r.cost.kernel))
 
     @property
+    def runtime_per_step_s(self) -> float:
+        """What the runtime adds once per step (a graph launch, an engine's scheduler gap; 0 under eager), from
+        the runtime recorded in the assumptions (``with_runtime``)."""
+        rt = self.assumptions.get("runtime")
+        return float(rt["per_step_s"]) if isinstance(rt, dict) else 0.0
+
+    @property
+    def headline(self) -> tuple[str, float]:
+        """The one step time this analysis states (the phase line, the Totals box and ``totals.predicted_latency_s``
+        all print it): prefill's time to first token, decode's time per output token, train's iteration; under a
+        layout over several devices, the layout's; the runtime's per-step time included."""
+        ph = self.phase
+        for key, name in (("iteration_s", "iteration"), ("tpot_s", "time per output token"),
+                          ("ttft_s", "time to first token")):
+            if key in ph:
+                return name, float(ph[key])
+        return "latency", self.predicted_latency_s + self.runtime_per_step_s
+
+    @property
+    def headline_mfu(self) -> float:
+        """MFU at the headline time: the phase's (train: PaLM's model FLOPs), else the matrix FLOPs per device over
+        the headline step."""
+        ph = self.phase
+        if "mfu" in ph:
+            return float(ph["mfu"])
+        devices = self.sharded.parallelism.devices if self.sharded is not None else 1
+        return mfu(self.total.matrix_flops / devices, self.headline[1], self.precision)
+
+    @property
     def kernels(self) -> int:
         return len(self.kernel_results) if self.kernel_results else sum(1 for r in self.results if r.cost.kernel)
 
@@ -192,6 +221,7 @@ class Analysis:
         run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large."""
         total = self.total
         lat = self.predicted_latency_s
+        head, head_s = self.headline
         return {
             "schema_version": SCHEMA_VERSION,
             "assumptions": self.assumptions,
@@ -210,8 +240,12 @@ class Analysis:
                 "bytes_written": total.bytes_written,
                 "nodes": len(self.results),
                 "kernels": self.kernels,
-                "predicted_latency_s": lat,
-                "predicted_mfu": self.predicted_mfu,
+                # the headline (``headline``): the phase's step time, which the phase line and the Totals box print
+                "predicted_latency_s": head_s,
+                "predicted_latency_name": head,
+                "predicted_mfu": self.headline_mfu,
+                "kernel_time_s": lat,  # the kernels (and view dispatch) of the captured step on one device
+                "runtime_per_step_s": self.runtime_per_step_s,
                 "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
                 "memory_fit": self.memory_fit,
             },
@@ -268,9 +302,9 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     format's measured fraction of peak, else the peak; on a power-limited card past its power window, the blend
     of boost and sustained rates (``precision.power_limited``)."""
     v = hw.achievable_matrix_flops_per_s.get(prec.matrix)
-    measured = v is not None and bool(v.value) and prec.rate_basis.startswith("measured")
-    out = {"value": prec.matrix_rate_flops_per_s, "kind": "measured" if measured else "derived",
-           "basis": prec.rate_basis, "source": v.source if measured else prec.rate_basis,
+    own = v is not None and bool(v.value) and prec.rate_basis == f"{v.kind} achievable {prec.matrix} rate"
+    out = {"value": prec.matrix_rate_flops_per_s, "kind": v.kind if own else "derived",
+           "basis": prec.rate_basis, "source": v.source if own else prec.rate_basis,
            "of_peak": prec.matrix_rate_flops_per_s / prec.matrix_peak_flops_per_s,
            "power_state": "power-limited" if prec.sustained else "boost"}
     if prec.sustained:
@@ -306,6 +340,9 @@ FUSION_TEXT = {
     "eager": "eager: one kernel per non-view aten op; SDPA as one fused kernel",
     "compiler": "compiler: pointwise chains, GEMM / conv epilogues and reductions with their pointwise "
                 "neighbours fused (legal-only, at most 16 nodes a kernel); SDPA as one fused kernel",
+    "engine": "engine: compiler's fusion plus what serving engines ship: sibling GEMMs merged (QKV, gate/up), "
+              "fused (residual add +) norm, RoPE and the KV-cache write in the QKV epilogue, gated activation in "
+              "the gate/up epilogue, fused attention (paged decode attention)",
 }
 
 
@@ -338,6 +375,8 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
         "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
         "memory_rate_bytes_per_s": {"value": hw.memory_rate_bytes_per_s, "basis": hw.memory_rate_basis},
+        # achievable figures the catalog lacks for this device: those run on datasheet figures (empty: like for like)
+        "datasheet_only": list(hw.datasheet_only),
         "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
         "transcendental_slots": TRANSCENDENTAL_SLOTS,
         "time_model": time_model_line(hw),
@@ -433,17 +472,37 @@ def _kernel_times(a: Analysis) -> list[tuple[int, str, float]]:
     return [(r.node.id, str(r.pred.bound), r.pred.predicted_s) for r in a.results if r.cost.kernel]
 
 
+def with_runtime(a: Analysis, runtime) -> Analysis:
+    """``a`` with the runtime it ran under (an opmap.phases.runtime.Runtime, applied to the device before the
+    analysis: ``Runtime.apply``) in its assumptions: the prefill and decode figures add its per-step time once
+    per step, and the report's header names it."""
+    return replace(a, assumptions=dict(a.assumptions, runtime=runtime.to_dict(), runtime_line=runtime.line()))
+
+
+def _runtime_text(a: Analysis) -> str:
+    step = a.runtime_per_step_s
+    if not step:
+        return ""
+    rt = a.assumptions["runtime"]
+    return f", {a.kernels} kernels + {step * 1e6:.3g} us per step ({rt['name']})"
+
+
 def prefill_figures(a: Analysis) -> dict[str, Any]:
-    lat = a.predicted_latency_s
+    """The prefill pass: time to first token = its kernels (``predicted_latency_s``) + the runtime's per-step
+    time."""
+    step = a.runtime_per_step_s
+    lat = a.predicted_latency_s + step
     bound = _dominant_bound([(b, t) for _, b, t in _kernel_times(a)])
-    return {"name": "prefill", "ttft_s": lat, "bound": bound,
-            "text": f"prefill: time to first token {lat * 1e3:.4g} ms ({bound}-bound)"}
+    return {"name": "prefill", "ttft_s": lat, "bound": bound, "kernel_time_s": a.predicted_latency_s,
+            "runtime_per_step_s": step, "kernels": a.kernels,
+            "text": f"prefill: time to first token {lat * 1e3:.4g} ms ({bound}-bound{_runtime_text(a)})"}
 
 
 def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
     """One decode step: time per output token, tokens per second over the batch, the memory lower bound (every
     weight and the whole KV cache read once at the device's bandwidth) and how far above it the step is."""
-    tpot = a.predicted_latency_s
+    step = a.runtime_per_step_s
+    tpot = a.predicted_latency_s + step
     batch = int(a.assumptions.get("batch") or 1)
     bound = _dominant_bound([(b, t) for _, b, t in _kernel_times(a)])
     weights = a.graph.param_bytes * a.precision.weight_scale
@@ -453,9 +512,10 @@ def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
     return {"name": "decode", "kv_len": kv_len, "tpot_s": tpot, "tokens_per_s": batch / tpot if tpot else 0.0,
             "bound": bound, "weights_bytes": weights, "kv_cache_read_bytes": kv, "lower_bound_s": floor,
             "lower_bound_basis": "weights and KV cache read once at the datasheet bandwidth",
+            "kernel_time_s": a.predicted_latency_s, "runtime_per_step_s": step, "kernels": a.kernels,
             "text": f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
                     f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
-                    f"weights + KV read floor {floor * 1e3:.4g} ms)"}
+                    f"weights + KV read floor {floor * 1e3:.4g} ms{_runtime_text(a)})"}
 
 
 def decode_kv_read_bytes(graph: OpGraph) -> float:
@@ -564,12 +624,15 @@ def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis) -> dict[str, Any
                        f"{sh.bubble_fraction:.1%}")
     elif fig.get("name") == "decode":
         seqs = int(a.assumptions.get("batch") or 1) * p.dp
-        out.update(tpot_s=sh.latency_s, tokens_per_s=seqs / sh.latency_s if sh.latency_s else 0.0)
-        out["text"] = (f"decode on {p.devices} devices ({p.label()}): {sh.latency_s * 1e3:.4g} ms per output token, "
-                       f"{out['tokens_per_s']:.4g} tok/s")
+        lat = sh.latency_s + a.runtime_per_step_s
+        out.update(tpot_s=lat, tokens_per_s=seqs / lat if lat else 0.0, kernel_time_s=sh.latency_s)
+        out["text"] = (f"decode on {p.devices} devices ({p.label()}): {lat * 1e3:.4g} ms per output token, "
+                       f"{out['tokens_per_s']:.4g} tok/s{_runtime_text(a)}")
     else:
-        out.update(ttft_s=sh.latency_s)
-        out["text"] = f"prefill on {p.devices} devices ({p.label()}): time to first token {sh.latency_s * 1e3:.4g} ms"
+        lat = sh.latency_s + a.runtime_per_step_s
+        out.update(ttft_s=lat, kernel_time_s=sh.latency_s)
+        out["text"] = (f"prefill on {p.devices} devices ({p.label()}): time to first token {lat * 1e3:.4g} ms"
+                       f"{_runtime_text(a)}")
     return out
 
 
@@ -665,13 +728,23 @@ class PhaseAnalysis:
 def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str, spec,
                   overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
                   evidence: str = "", saved: SavedActivations | None = None,
-                  activations: Callable[[int, int], float] | None = None) -> PhaseAnalysis:
+                  activations: Callable[[int, int], float] | None = None, runtime=None) -> PhaseAnalysis:
     """Cost, map and predict the captured step of ``spec`` (``capture_phase``) and add the phase's figures and
     memory fit. Train: ``activations(microbatch, seq)``, the bytes kept for backward (``train_activations``: the
     measured saved tensors of the module under the recompute policy); ``saved`` the measurement at the captured
-    shape (for its notes)."""
+    shape (for its notes). ``runtime``: an opmap.phases.runtime.Runtime for ``hw`` (the catalog device, not yet
+    applied): its per-kernel overhead replaces the device's and its per-step time is added once per step (None:
+    the catalog's eager launch, nothing per step); the fusion policy stays the caller's ``fusion``."""
+    if runtime is not None and spec.train and runtime.name != "eager":
+        raise OpmapError(f"runtime {runtime.name} prices serving steps (prefill, decode); a training step runs "
+                         "eager here: use runtime eager")
+    if runtime is not None:
+        hw = runtime.apply(hw)
     a = analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)
+    if runtime is not None:
+        a = with_runtime(a, runtime)
     assumptions = dict(a.assumptions, phase=spec.to_dict())
+    a = replace(a, assumptions=assumptions)
     if spec.decode:
         figures = decode_figures(a, spec.kv_len)
         weights = graph.param_bytes * a.precision.weight_scale

@@ -61,7 +61,8 @@ FALLBACK: dict[str, tuple[str, ...]] = {
     "tf32": ("tf32", "fp32", "bf16"),
     "bf16": ("bf16", "fp16", "fp32"),
     "fp16": ("fp16", "bf16", "fp32"),
-    "fp8": ("fp8", "int8", "bf16", "fp16"),
+    # no fp8 engine: weight-only fp8 at bf16 compute (FP8_WEIGHT_ONLY), never the int8 engine (a different format)
+    "fp8": ("fp8", "bf16", "fp16"),
     "int8": ("int8", "fp8", "bf16"),
     "int4": ("bf16", "fp16", "fp32"),  # weight-only: the kernel dequantizes to bf16 and runs a bf16 GEMM
 }
@@ -98,6 +99,18 @@ POLICY: dict[str, FormatPolicy] = {
     "int4": FormatPolicy("bf16", "int4 (groups of 128, fp16 scales)", "bf16", "fp32", 0.5 + 2.0 / 128,
                          quantized=True, weight_only=True),
 }
+
+
+# fp8 on a device with no fp8 matrix engine (A100, MI250X, TPU v5e): priced as the weight-only fallback engines run
+# there, fp8 (e4m3) weights in memory, dequantized to bf16 inside the GEMM, bf16 compute (W8A16). vLLM's FP8 docs
+# (docs.vllm.ai, Quantization > FP8 W8A8): "FP8 models will run on compute capability >= 7.5 (Turing) as weight-only
+# W8A16, utilizing FP8 Marlin"; vllm-project/vllm PR 5975 (FP8 Marlin, Ampere): "a fast fused dequantization kernel
+# for FP8 to BF16/FP16 conversion". One scale per output channel is negligible beside the weights: 1 byte a weight.
+FP8_WEIGHT_ONLY = FormatPolicy("bf16", "fp8 (e4m3), weight-only: dequantized to bf16 in the GEMM (W8A16)", "bf16",
+                               "fp32", 1.0, quantized=True, weight_only=True)
+FP8_WEIGHT_ONLY_NOTE = ("{hw} has no fp8 matrix engine: fp8 priced as the weight-only fallback (fp8 weights in "
+                        "memory, dequantized to bf16 in the GEMM, {matrix} compute at the {matrix} rate; vLLM's FP8 "
+                        "Marlin W8A16 path)")
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -144,6 +157,8 @@ class Precision:
     matrix_rate_flops_per_s: float = 0.0
     rate_basis: str = "dense peak"  # where matrix_rate_flops_per_s came from, for the assumptions
     sustained: bool = False  # a long run on a power-limited card: the rate blends boost and sustained
+    # the policy actually priced when it differs from POLICY[requested] (fp8 without an fp8 engine: FP8_WEIGHT_ONLY)
+    fallback_policy: FormatPolicy | None = None
 
     def __post_init__(self):
         if not self.matrix_rate_flops_per_s:
@@ -151,7 +166,7 @@ class Precision:
 
     @property
     def format_policy(self) -> FormatPolicy:
-        return POLICY[self.requested]
+        return self.fallback_policy or POLICY[self.requested]
 
     @property
     def policy(self) -> dict[str, str]:
@@ -197,12 +212,12 @@ def matrix_rate(hw: HardwareSpec, fmt: str, sustained: bool = False) -> tuple[fl
     for table, what in tables:
         v = table.get(fmt)
         if v is not None and v.value:
-            return float(v.value), f"measured {what} {fmt} rate"
+            return float(v.value), f"{v.kind} {what} {fmt} rate"
         for donor in _FRACTION_DONORS:
             d, p = table.get(donor), hw.matrix_peak_flops_per_s.get(donor)
             if d is not None and d.value and p is not None and p.value:
                 frac = float(d.value) / float(p.value)
-                return peak * frac, f"{fmt} dense peak x the measured {what} {donor} fraction {frac:.2f}"
+                return peak * frac, f"{fmt} dense peak x the {d.kind} {what} {donor} fraction {frac:.2f}"
     return peak, "dense peak (no measured rate)"
 
 
@@ -238,12 +253,16 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
         raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
                          f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
     pol = POLICY[dtype]
+    fallback = None
     vec = hw.vector_peak_flops_per_s.get(pol.capture) or hw.vector_peak_flops_per_s["fp32"]
     note = "" if chosen == FALLBACK[dtype][0] else \
         f"{hw.name} has no {FALLBACK[dtype][0]} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
-    if pol.weight_only:
+    if dtype == "fp8" and chosen != "fp8":
+        pol = fallback = FP8_WEIGHT_ONLY
+        note = FP8_WEIGHT_ONLY_NOTE.format(hw=hw.name, matrix=chosen)
+    if pol.weight_only and fallback is None:
         note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
     scale = pol.weight_bytes / format_bytes(pol.capture)
     peak = float(hw.matrix_peak_flops_per_s[chosen].value)
     rate, basis = matrix_rate(hw, chosen)
-    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate, basis)
+    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate, basis, fallback_policy=fallback)

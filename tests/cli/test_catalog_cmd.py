@@ -24,3 +24,14 @@ def test_hardware_any_case_and_alias_note(cli):
     assert rc == 0 and "h200:" in out and "taken as catalog entry" not in out, err
     rc, out, err = cli("hardware", "show", "mi300")
     assert rc == 0 and "note: hardware 'mi300' taken as catalog entry 'mi300x'" in out, err
+
+
+def test_hardware_list_and_show_name_the_achievable_figures_or_datasheet_only(cli):
+    rc, out, _ = cli("hardware", "list")
+    assert rc == 0 and "like for like" in out and "datasheet only" in out and "GiB" in out
+    rc, out, _ = cli("hardware", "show", "h100-sxm")
+    # the measured figures the time model runs at, with their sources (Bekman's MAMF table, Azure's BabelStream)
+    assert rc == 0 and "achievable matrix bf16" in out and "mamf-finder" in out
+    assert "achievable_memory_bandwidth_bytes_per_s" in out and "2.97 TB/s" in out and "priced: like for like" in out
+    rc, out, _ = cli("hardware", "show", "mi250x")  # no published achievable figure of either kind
+    assert rc == 0 and "priced: datasheet only: matrix rate, bandwidth" in out and "FlashMLA" in out

@@ -105,3 +105,65 @@ def test_memory_is_per_device_under_a_layout(tmp_path, cli):
     for k in ("weights_bytes", "optimizer_bytes"):
         assert 0.2 < four["per_device"][k] / one[k] < 0.3
     assert any("tp2 pp2" in s for s in four["assumptions"])
+
+
+def test_decode_under_engine_runtime(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--phase", "decode", "--kv-len", "128", "--runtime", "engine",
+                       "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    rt = d["assumptions"]["runtime"]
+    assert rt["name"] == "engine" and rt["stack"] == "cuda-graphs" and d["fusion"]["policy"] == "engine"
+    # one graph launch (15 us, ocannl issue 488) + the scheduler gap (160 us, vLLM PR 11133) per step
+    assert d["phase"]["runtime_per_step_s"] == pytest.approx(175e-6)
+    assert d["phase"]["tpot_s"] == pytest.approx(d["phase"]["kernel_time_s"] + 175e-6)
+    assert d["fusion"]["kernels"] < d["fusion"]["eager_kernels"]
+    assert "runtime engine (cuda-graphs)" in out and d["assumptions"]["launch_overhead_s"]["value"] == 0.5e-6
+
+
+def test_analyze_default_runtime_is_eager(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", "32", "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    assert d["assumptions"]["runtime"]["name"] == "eager" and d["assumptions"]["runtime"]["per_step_s"] == 0
+    assert d["fusion"]["policy"] == "eager" and "runtime eager: a host launch per kernel" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("gpt2", "--phase", "train", "--seq", "32", "--runtime", "graphs"), "--runtime graphs prices serving steps"),
+    (("gpt2", "--runtime", "jit"), "unknown runtime 'jit'"),
+])
+def test_bad_runtime_one_line(refused, args, needle):
+    refused("analyze", *args, "--no-store", needle=needle)
+
+
+@pytest.mark.parametrize("extra", [(), ("--runtime", "engine")])
+def test_one_headline_phase_line_totals_and_json_agree(tmp_path, cli, extra):
+    """llama-3-8b decode over tp 2: the phase line, the Totals box and analysis.json print one step time (the
+    Totals box printed the one-device kernel sum, 10.3 ms, beside a phase line of 8.25 ms)."""
+    from opmap.report.sheet import si
+
+    rc, out, err = cli("analyze", "llama-3-8b", "--phase", "decode", "--kv-len", "1024", "--tp", "2", *extra,
+                       "--rows", "1", "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    tpot = d["phase"]["tpot_s"]
+    assert d["totals"]["predicted_latency_s"] == tpot
+    assert d["totals"]["predicted_latency_name"] == "time per output token"
+    assert f"{tpot * 1e3:.4g} ms per output token" in out  # the phase line
+    totals = [line for line in out.splitlines() if "predicted time per output token" in line]
+    assert len(totals) == 1 and si(tpot, "s") in totals[0]  # the Totals box
+    assert d["totals"]["kernel_time_s"] > tpot  # the one-device sum is not the headline under tp 2
+
+
+def test_prefill_under_graphs_adds_one_graph_launch(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", "32", "--runtime", "graphs", "--fusion", "compiler",
+                       "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    p = d["phase"]
+    # one graph launch per step (15 us, ahrefs/ocannl issue 488), nothing else per step under graphs
+    assert p["ttft_s"] == pytest.approx(p["kernel_time_s"] + 15e-6)
+    assert p["ttft_s"] == d["totals"]["predicted_latency_s"]
+    assert d["fusion"]["policy"] == "compiler" and d["assumptions"]["runtime"]["fusion"] == "compiler"
+    assert "runtime graphs (cuda-graphs)" in out

@@ -46,6 +46,42 @@ def test_serve_gpt2_continuous(tmp_path, cli):
     assert d["latency"]["itl"]["mean_s"] > 0
 
 
+def test_serve_defaults_to_the_engine_policy_with_its_sizes(tmp_path, cli):
+    """No --policy: in-flight batching (engine) with the sizes given; gpt2 on an H100 holds over a million KV
+    tokens, so 200 short requests never run out of blocks (no preemption). The replica's blocks are
+    floor(kv_capacity_tokens / kv_block)."""
+    rc, out, err = cli("serve", "gpt2", "--arrival", "poisson:50", "--requests", 200, "--input-len", 128,
+                       "--output-len", 16, "--max-num-seqs", 64, "--max-num-batched-tokens", 2048, "--kv-block", 32,
+                       "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "serve.json").read_text())
+    assert d["policy"]["name"] == "engine" and d["policy"]["spec"] == "engine:64,2048,32"
+    assert d["scheduler"] == {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_block": 32,
+                              "chunked_prefill": True}
+    assert d["kv_cache"]["blocks"] == d["cost"]["kv_capacity_tokens"] // 32
+    assert d["preemptions"] == {"total": 0, "requests_preempted": 0, "max_per_request": 0}
+    assert d["assumptions"]["kv_cache"].startswith("paged in blocks of 32 tokens")
+    for k in ("ttft", "tpot", "itl", "e2e"):
+        assert set(d["latency"][k]) == {"mean_s", "p50_s", "p90_s", "p95_s", "p99_s"}
+    assert "preemptions 0 (0 requests, recomputed)" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--max-num-seqs", 256, "--max-num-batched-tokens", 100),
+     "--max-num-batched-tokens (100) must be >= --max-num-seqs (256)"),
+    (("--max-num-batched-tokens", 100), "--max-num-batched-tokens (100) must be >= --max-num-seqs (256)"),
+    (("--kv-block", 0), "--kv-block must be an integer from 1 to 2147483647 (got 0)"),
+    (("--max-num-seqs", -3), "--max-num-seqs must be an integer from 1 to 2147483647 (got -3)"),
+    (("--policy", "chunked:256", "--kv-block", 16), "--kv-block set the engine policy's sizes: use --policy engine"),
+    (("--policy", "engine:8,64,16", "--max-num-seqs", 4), "set the engine policy's sizes"),
+    (("--policy", "engine:8,64"), "engine takes MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK"),
+    (("--disaggregate", "1:1", "--kv-block", 16), "use --policy continuous"),
+])
+def test_serve_refuses_bad_engine_sizes_before_pricing(refused, fail_if_called, args, needle):
+    fail_if_called("opmap.serve.model_cost.model_table_cost")
+    refused("serve", "gpt2", "--no-store", *args, needle=needle)
+
+
 def test_serve_gpt2_disaggregated(tmp_path, cli):
     """gpt2's KV cache: 12 layers x (K + V) x 768 x 2 bytes (bf16) = 36,864 bytes per token; a 1:1 split of
     two H100 SXM stays inside one DGX node and moves it over NVLink at 450 GB/s per direction (datasheet)."""

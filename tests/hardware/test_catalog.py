@@ -65,8 +65,13 @@ SPOT_CHECKS = [
     ("h100-sxm", ("field", "scale_up_bandwidth_bytes_per_s"), 900e9),
     # NVIDIA H100 datasheet, H100 PCIe: BF16 1,513 TFLOPS with sparsity -> 756.5 dense
     ("h100-pcie", ("matrix", "bf16"), 756.5e12),
-    # NVIDIA H200 datasheet (2024): GPU memory 141 GB
-    ("h200", ("field", "memory_bytes"), 141e9),
+    # NVIDIA H200 datasheet (2024): GPU memory 141 GB of HBM3e, a binary figure as HBM is: 141 x 2**30 B
+    # (nvidia-smi shows 143771 MiB of it after the driver's reserve)
+    ("h200", ("field", "memory_bytes"), 141 * 2**30),
+    # NVIDIA H100 datasheet: 80GB HBM3 = 80 x 2**30 = 85.9e9 B (nvidia-smi: 81559 MiB usable)
+    ("h100-sxm", ("field", "memory_bytes"), 80 * 2**30),
+    # AMD MI300X datasheet: 192 GB HBM3 = 8 stacks x 24 GiB = 192 x 2**30 B (rocm-smi: 205822885888 B)
+    ("mi300x", ("field", "memory_bytes"), 192 * 2**30),
     # NVIDIA H200 datasheet (2024): GPU memory bandwidth 4.8 TB/s
     ("h200", ("field", "memory_bandwidth_bytes_per_s"), 4.8e12),
     # NVIDIA HGX B200 per-GPU: FP16/BF16 Tensor Core 4.5 PFLOPS with sparsity -> 2.25 dense
@@ -312,4 +317,94 @@ def test_validator_rejects_bad_risk_and_idle_over_tdp(tmp_path, edit, match):
     path = tmp_path / "h200.toml"
     path.write_text(bad)
     with pytest.raises(OpmapError, match=match):
+        load_spec_file(path)
+
+
+# Device memory in the unit vendors state it: HBM (and GDDR) capacity is binary, 2**30 B a GB; the figure a
+# driver reports sits just below it (its reserve), never above. (device, datasheet "GB", what nvidia-smi / rocm-smi /
+# hl-smi report in bytes, from the sources the catalog cites)
+CAPACITIES = [
+    ("h100-sxm", 80, 81559 * 2**20), ("h200", 141, 143771 * 2**20), ("b200", 180, 183359 * 2**20),
+    ("a100-sxm-80gb", 80, 81920 * 2**20), ("a100-pcie-40gb", 40, 40960 * 2**20),
+    ("mi300x", 192, 205822885888), ("mi250x", 128, 2 * 68702699520), ("gaudi2", 96, 98304 * 2**20),
+    ("l4", 24, 23034 * 2**20), ("l40s", 48, 46068 * 2**20),
+]
+
+
+@pytest.mark.parametrize(("name", "gb", "reported"), CAPACITIES, ids=[c[0] for c in CAPACITIES])
+def test_device_memory_is_binary_and_at_least_what_the_driver_reports(specs, name, gb, reported):
+    cap = specs[name].memory_bytes
+    assert cap == gb * 2**30
+    assert reported <= cap < reported * 1.07  # the reserve (or GDDR6's 1/16 ECC) is a few percent at most
+
+
+def test_cpus_keep_their_dimm_capacity_as_stated(specs):
+    # AMD EPYC 9654 spec: max memory 6 TB; Intel ARK Xeon 8480+: 4 TB (decimal, as the vendor states DIMM totals)
+    assert specs["epyc-9654"].memory_bytes == 6e12 and specs["xeon-8480"].memory_bytes == 4e12
+
+
+# Achievable figures (like for like): (device, achievable bf16 FLOP/s or None, achievable B/s or None) with where
+# each comes from. None: no published measurement or defensible derivation; the device is "datasheet only" there.
+ACHIEVABLE = [
+    # Bekman MAMF table: H100 SXM 794.5 TFLOPS; Azure ND H100 v5 BabelStream Triad 2.97 TB/s
+    ("h100-sxm", 794.5e12, 2.97e12),
+    # MAMF: "H200 is the same" as the H100 SXM row; Azure ND H200 v5 Triad 4.15 TB/s
+    ("h200", 794.5e12, 4.15e12),
+    # MAMF A100 SXM 271.2; Azure ND A100 v4 (A100-SXM4-80GB) Triad 1.70 TB/s
+    ("a100-sxm-80gb", 271.2e12, 1.70e12),
+    # MAMF A100 PCIe 252.9; gpu-benches gpu-stream on an A100 40GB, triad at 100% occupancy 1360 GB/s
+    ("a100-pcie-40gb", 252.9e12, 1.36e12),
+    # L40S: crowd-sourced torch.mm 269.15; bandwidth: gpu-benches gpu-stream on an L40 (the same memory system),
+    # triad at 100% occupancy 768 GB/s
+    ("l40s", 269.15e12, 768e9),
+    # H100 PCIe: crowd-sourced torch.mm 495.93; bandwidth derived: the SXM part's 2.97 / 3.35 times 2.0 TB/s
+    ("h100-pcie", 495.93e12, 2.0e12 * 2.97 / 3.35),
+    # MAMF MI300X 668.4; AMD's MI300X acceptance guide, expected BabelStream Triad 3,948,062 MB/s
+    ("mi300x", 668.4e12, 3.948e12),
+    # MAMF Gaudi 2 418.7, Gaudi 3 1243.0, B200 1745.0; no published STREAM-like figure found for them
+    ("gaudi2", 418.7e12, None), ("gaudi3", 1243.0e12, None), ("b200", 1745.0e12, None),
+    # no published achievable matrix rate nor streaming figure found
+    ("mi250x", None, None), ("tpu-v5e", None, None), ("tpu-v5p", None, None),
+]
+
+
+@pytest.mark.parametrize(("name", "matrix", "bandwidth"), ACHIEVABLE, ids=[a[0] for a in ACHIEVABLE])
+def test_achievable_figures_and_datasheet_only(specs, name, matrix, bandwidth):
+    s = specs[name]
+    got = s.achievable_matrix_flops_per_s.get("bf16")
+    assert (got.value if got else None) == (pytest.approx(matrix) if matrix else None)
+    bw = s.fields.get("achievable_memory_bandwidth_bytes_per_s")
+    assert (bw.value if bw else None) == (pytest.approx(bandwidth, rel=1e-4) if bandwidth else None)  # 5 digits
+    missing = {"achievable_matrix_flops_per_s"} if matrix is None else set()
+    missing |= {"achievable_memory_bandwidth_bytes_per_s"} if bandwidth is None else set()
+    assert set(s.datasheet_only) == missing
+    if bandwidth is None and s.device_type != "cpu":
+        # the fallback stays: DRAM_EFFICIENCY (FlashMLA's 3000 of 3350 GB/s) of the datasheet pin rate, and says so
+        assert s.memory_rate_bytes_per_s == pytest.approx(s.memory_bandwidth_bytes_per_s * 3000 / 3350)
+        assert "FlashMLA" in s.memory_rate_basis
+    elif bandwidth is not None:
+        assert s.memory_rate_bytes_per_s == pytest.approx(bandwidth, rel=1e-4)
+        assert s.memory_rate_bytes_per_s < s.memory_bandwidth_bytes_per_s
+
+
+def test_every_achievable_figure_is_sourced_and_below_its_datasheet(specs):
+    for name, s in specs.items():
+        for d, v in s.achievable_matrix_flops_per_s.items():
+            assert v.kind in ("measured", "derived", "estimate") and v.source.strip(), (name, d)
+            assert v.value <= s.matrix_peak_flops_per_s[d].value, (name, d)
+        bw = s.fields.get("achievable_memory_bandwidth_bytes_per_s")
+        if bw is not None:
+            assert bw.kind in ("measured", "derived", "estimate") and bw.source.strip(), name
+            assert bw.value < s.memory_bandwidth_bytes_per_s, name
+
+
+def test_an_achievable_bandwidth_above_the_datasheet_is_refused(tmp_path):
+    good = (opmap.hardware.spec.CATALOG_DIR / "h100-sxm.toml").read_text()
+    path = tmp_path / "h100-sxm.toml"
+    path.write_text(good.replace("[achievable_memory_bandwidth_bytes_per_s]\nvalue = 2.97e+12",
+                                 "[achievable_memory_bandwidth_bytes_per_s]\nvalue = 3.5e+12"))
+    with pytest.raises(OpmapError, match="achievable_memory_bandwidth_bytes_per_s .* is above the datasheet"):
+        load_spec_file(path)
+    path.write_text(good.replace('value = 2.97e+12\nkind = "measured"', 'value = 2.97e+12\nkind = "assumed"'))
+    with pytest.raises(OpmapError, match="achievable_memory_bandwidth_bytes_per_s must be kind"):
         load_spec_file(path)

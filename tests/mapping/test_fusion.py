@@ -197,3 +197,92 @@ def test_a_plan_file_with_true_is_not_read_as_node_1(block, tmp_path):
     f.write_text('{"kernels": [[true, ' + str(ids[2]) + "]]}")
     with pytest.raises(OpmapError, match=r"kernels\[0\]\[0\] \(a node id\) must be an integer >= 0 \(got true\)"):
         plan_fusion(g, c, plan_file=f)
+
+
+# -- engine: what serving engines ship as single kernels -------------------------------------------------------
+
+def test_engine_keeps_the_residual_add_with_the_norm(block):
+    g, c = block
+    p = plan_fusion(g, c, "engine")
+    # GELU is the first GEMM's epilogue; the residual add feeds only the layer norm, so it stays with it: one
+    # fused add + norm kernel (vLLM's fused_add_rms_norm), not a GEMM epilogue
+    assert [_ops(g, k) for k in p.kernels] == [["addmm", "gelu"], ["add", "native_layer_norm"], ["addmm"]]
+    assert p.launches_saved == 2 and p.eager_kernels == 5
+    # by hand, 8x64 fp32 = 2048 B per activation: the GEMM's write of its output and gelu's read of it; add's
+    # write of its sum and the norm's read of it
+    assert p.bytes_saved == 4 * 2048
+
+
+class QKV(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(64, n, bias=False) for n in (64, 16, 16))
+
+    def forward(self, x):
+        return self.q(x), self.k(x), self.v(x)
+
+
+def test_engine_merges_sibling_gemms_reading_one_activation():
+    with torch.device("meta"):
+        m, x = QKV(), torch.randn(8, 64)
+    g = capture(m, (x,))
+    c = cost_graph(g)
+    assert len(plan_fusion(g, c, "compiler").kernels) == 3
+    p = plan_fusion(g, c, "engine")
+    assert [_ops(g, k) for k in p.kernels] == [["mm", "mm", "mm"]]
+    # one GEMM over the concatenated weights reads x (8x64 fp32 = 2048 B) once instead of three times
+    assert p.bytes_saved == 2 * 2048 and p.launches_saved == 2
+
+
+def test_engine_keeps_hand_written_attention_one_kernel():
+    with torch.device("meta"):
+        q, k, v = (torch.randn(2, 4, 128, 64) for _ in range(3))
+    g = capture(HandAttention(), (q, k, v))
+    p = plan_fusion(g, cost_graph(g), "engine")
+    attn = [k for k in p.kernels if "_softmax" in _ops(g, k)]
+    # the scale before the softmax is not a norm's prologue: it stays in the scores kernel (flash attention)
+    assert len(attn) == 1 and _ops(g, attn[0]).count("bmm") == 2 and "mul" in _ops(g, attn[0])
+
+
+@pytest.fixture(scope="module")
+def llama_decode():
+    from opmap.analyze import capture_phase
+    from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
+
+    spec = check_phase(PhaseSpec("decode", 1024), "llama-3-8b", 1)
+    g = capture_phase(phase_workload("llama-3-8b", spec, 1, None, "bf16"), spec)
+    return g, cost_graph(g)
+
+
+def test_engine_llama_decode_layer_is_seven_kernels(llama_decode):
+    """Counted by hand from a Llama decoder layer's ops (HF LlamaDecoderLayer, one new token):
+      1. residual add + RMSNorm (add, fp32 cast, pow, mean, add eps, rsqrt, mul, bf16 cast, mul weight)
+      2. QKV: q_proj, k_proj, v_proj read the same normed x -> one GEMM; RoPE on q and k (neg, cat, mul, mul,
+         add each) and the two KV-cache writes (copy_) are its epilogue
+      3. attention (SDPA: paged decode attention)
+      4. o_proj GEMM (its residual add goes to kernel 5, as 1 for the next layer)
+      5. residual add + RMSNorm (post-attention), as 1
+      6. gate_proj and up_proj read the same x -> one GEMM; SiLU(gate) x up is its epilogue
+      7. down_proj GEMM (its residual add opens the next layer's kernel 1)
+    = 7 per layer (eager: 40; TensorRT-LLM runs the same 7, vLLM 10: separate rotary, cache write and
+    silu_and_mul). Whole step: 32 x 7 + embedding + rotary cos/sin + layer 0's first norm (no residual yet) +
+    lm_head = 228 (the last layer's add + norm is the final norm)."""
+    from opmap.analyze import block_of, block_prefix
+
+    g, c = llama_decode
+    eager = plan_fusion(g, c, "eager")
+    p = plan_fusion(g, c, "engine")
+    prefix = block_prefix(g)
+    per_layer: dict[str, int] = {}
+    for k in p.kernels:
+        b = block_of(g.nodes[k.anchor].module, prefix)
+        if b is not None:
+            per_layer[b] = per_layer.get(b, 0) + 1
+    assert len(per_layer) == 32 and set(per_layer.values()) == {7}
+    assert len(p.kernels) == 32 * 7 + 4
+    assert len(eager.kernels) == 32 * 40 + 17  # eager: the same layer is 40 aten kernels
+    ops = [_ops(g, k) for k in p.kernels if block_of(g.nodes[k.anchor].module, prefix) == f"{prefix}.1"]
+    assert ops[1][:3] == ["mm", "mm", "mm"] and ops[1].count("copy_") == 2 and ops[1].count("cat") == 2
+    assert ops[2] == ["scaled_dot_product_attention"]
+    assert ops[5] == ["mm", "silu", "mm", "mul"]
+    assert ops[0][0] == "add" and "mean" in ops[0] and "rsqrt" in ops[0]

@@ -136,3 +136,24 @@ def test_a_run_over_saturation_is_diverging_and_invalid_below_it_stationary():
     # the second half's span; the p99 TTFT alone (under the 1 s limit in a short run) would have passed it
     ss = high["steady_state"]
     assert ss["growth_s"] == pytest.approx(ss["span_s"], rel=0.25)
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("engine:8,64,32", {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_block": 32, "chunked_prefill": True}),
+    ("continuous:1024", {"max_num_seqs": 256, "max_num_batched_tokens": 1024, "kv_block": None,
+                         "chunked_prefill": False}),
+    ("chunked:256", {"max_num_seqs": 256, "max_num_batched_tokens": 256, "kv_block": None, "chunked_prefill": True}),
+    ("static:4", {"max_num_seqs": 4, "max_num_batched_tokens": None, "kv_block": None, "chunked_prefill": False}),
+    ("none", {"max_num_seqs": 1, "max_num_batched_tokens": None, "kv_block": None, "chunked_prefill": False}),
+])
+def test_summary_names_the_step_limits_and_preemptions(spec, want):
+    """serve.json's scheduler block in vLLM's names, from the policy's own parameters (the continuous and chunked
+    policies cap a step at 256 sequences, vLLM's max_num_seqs); policies other than engine never preempt."""
+    import numpy as np
+
+    from opmap.serve import Requests, TableCost, parse_policy, simulate, summarize
+
+    reqs = Requests(np.zeros(3), np.full(3, 10), np.full(3, 2), "offline")
+    s = summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]])))
+    assert s["scheduler"] == want
+    assert s["preemptions"] == {"total": 0, "requests_preempted": 0, "max_per_request": 0}

@@ -20,7 +20,7 @@ from opmap.serve import (
     simulate,
     summarize,
 )
-from opmap.serve.policies import Chunked, Continuous, Dynamic, NoBatching, Static
+from opmap.serve.policies import Chunked, Continuous, Dynamic, Engine, NoBatching, Static
 
 
 def _reqs(arr, inp, out):
@@ -119,10 +119,13 @@ def test_chunked_by_hand():
 @pytest.mark.parametrize("router", ["round_robin", "least_loaded", "shared"])
 def test_every_policy_finishes_every_request(router):
     reqs = make_requests("poisson:50", "uniform:10,300", "normal:40,20", 400, seed=3)
-    for spec in ("none", "static:4", "dynamic:8,20", "continuous:512", "chunked:256"):
+    for spec in ("none", "static:4", "dynamic:8,20", "continuous:512", "chunked:256", "engine:8,256,16"):
         res = simulate(reqs, parse_policy(spec), LINEAR, replicas=2, router=router)
         assert np.all(res.finish_s >= res.first_s) and np.all(res.first_s >= res.start_s)
         assert np.all(res.start_s >= res.arrival_s)
+    tight = TableCost([1000], [1.0], [1, 2], [0, 1000], [[0.01, 0.02], [0.015, 0.025]], kv_capacity_tokens=1000)
+    res = simulate(reqs, Engine(8, 256, 16), tight, replicas=2, router=router)  # preempted ones requeued
+    assert res.extra["preemptions"]["total"] > 0 and np.all(res.finish_s >= res.first_s)
 
 
 def test_deterministic_for_a_seed():
@@ -140,7 +143,24 @@ def test_policies_are_named_and_versioned():
     assert parse_policy("chunked:256").spec() == "chunked:256"
 
 
+def test_engine_is_named_with_vllm_defaults():
+    """The agreed defaults: 256 sequences (vLLM's max_num_seqs below 70 GiB), 8192 tokens a step (vLLM's
+    max_num_batched_tokens for its server on H100-class devices, vllm/engine/arg_utils.py), blocks of 16."""
+    e = parse_policy("engine")
+    assert e == Engine() and e.spec() == "engine"
+    assert e.to_dict() == {"name": "engine", "version": 1, "spec": "engine",
+                           "params": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "kv_block": 16,
+                                      "chunked_prefill": True}}
+    assert parse_policy("engine:8,64,32") == Engine(8, 64, 32)
+    assert parse_policy("engine:8,64,32").spec() == "engine:8,64,32"
+    assert parse_policy(" engine:nochunk ") == Engine(chunked_prefill=False)
+    assert parse_policy(Engine(4, 16, 1, False).spec()) == Engine(4, 16, 1, False)
+
+
 @pytest.mark.parametrize("fn,spec,match", [
+    (parse_policy, "engine:8,4,16", r"--max-num-batched-tokens \(4\) must be >= --max-num-seqs \(8\)"),
+    (parse_policy, "engine:0,64,16", "integers >= 1"),
+    (parse_policy, "engine:8,64", "engine takes MAX_NUM_SEQS"),
     (parse_policy, "static", "accepted: none, static:B"),
     (parse_policy, "dynamic:8", "WAIT_MS"),
     (parse_policy, "static:0", "integers >= 1"),

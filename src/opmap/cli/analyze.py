@@ -28,7 +28,13 @@ def analyze(
     device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
-    fusion: str = typer.Option("eager", help="Fusion policy: eager (one kernel per op) or compiler."),
+    fusion: str | None = typer.Option(None, help="Fusion policy: eager (one kernel per op), compiler or engine "
+                                                 "(default: the runtime's: eager under eager and graphs, engine "
+                                                 "under engine)."),
+    runtime: str = typer.Option("eager", "--runtime", help="Prefill / decode: eager (a host launch per kernel, "
+                                                          "a PyTorch module as it runs), graphs (one graph launch "
+                                                          "per step) or engine (graphs plus a serving engine's "
+                                                          "fused kernels and scheduler gap); train runs eager."),
     # rich reads [...] as markup: the brackets are escaped
     fusion_plan: Path | None = typer.Option(None, help='A plan file: JSON {"kernels": \\[\\[node ids], ...]}.'),
     quality: Path | None = typer.Option(None, help="quality.json from opmap quality: evidence for --dtype."),
@@ -87,14 +93,25 @@ def analyze(
 
     spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
                                  optimizer=optimizer), model, batch)
+    rt = _runtime(hw, runtime, spec)
+    # the kernels the step runs are the ones the header names: a plan file, an explicit --fusion, else the runtime's
+    if fusion_plan is not None:
+        rt, fusion = replace(rt, fusion=f"plan file {fusion_plan}"), fusion or "eager"
+    elif fusion is not None:
+        rt = replace(rt, fusion=fusion)
+    else:
+        fusion = rt.fusion
     mb = spec.microbatch or batch if spec.train else batch
     par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
     if spec.name != "prefill":
         _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
-                       fusion_plan, quality, layout, par, store, no_store)
+                       fusion_plan, quality, layout, par, store, no_store, rt)
         return
+    from opmap.analyze import with_runtime
+
+    hw_rt = rt.apply(hw)
     # a zoo model captured on meta before, at these shapes and this build dtype, is not built or captured again
     # (opmap.capture.cache: keyed by the inputs, the opmap and torch versions and the model and tracer sources)
     key = _graph_key(model, batch, seq, image_size, dtype, device, layout, overrides)
@@ -104,15 +121,26 @@ def analyze(
         evidence = _evidence(quality, w.name, dtype)
         check_analysis_inputs(hw, dtype, fusion, fusion_plan)
         with console.status(f"predicting {safe(w.name)} on {hw.name} (graph from the capture cache)"):
-            a = analyze_graph(graph, w, hw, dtype, overrides, fusion, fusion_plan, evidence)
+            a = analyze_graph(graph, w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence)
     else:
         w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
         evidence = _evidence(quality, w.name, dtype)
         with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
-            a = run_analyze(w, hw, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+            a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, a.graph, _workload_fields(w))
-    _report(a, par, overrides, rows, out, store, no_store)
+    _report(with_runtime(a, rt), par, overrides, rows, out, store, no_store)
+
+
+def _runtime(hw, name: str, spec):
+    """The runtime the step runs under on ``hw`` (opmap.phases.runtime); a training step only eager."""
+    from opmap.phases.runtime import check_runtime, get_runtime
+
+    check_runtime(name)
+    if spec.train and name != "eager":
+        raise OpmapError(f"--runtime {name} prices serving steps (prefill, decode); --phase train runs eager: "
+                         "drop --runtime or pass --runtime eager")
+    return get_runtime(hw, name)
 
 
 def _report(a, par, overrides, rows: int, out: Path | None, store: Path | None = None,
@@ -166,7 +194,7 @@ def _sharded_fit(a, par):
 
 
 def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion, fusion_plan,
-                   quality, layout, par=None, store=None, no_store=False) -> None:
+                   quality, layout, par=None, store=None, no_store=False, rt=None) -> None:
     """Decode or train: build the phase's workload (or take its graph from the capture cache), capture, predict,
     add the phase's figures and memory fit, report."""
     from opmap.analyze import analyze_phase, capture_phase, check_analysis_inputs, train_activations
@@ -210,7 +238,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     evidence = _evidence(quality, w.name, dtype)
     with console.status(f"predicting {safe(w.name)} ({spec.name}) on {hw.name}"):
         pa = analyze_phase(graph, w, hw, dtype, spec, overrides, fusion, fusion_plan, evidence, saved=saved,
-                           activations=act)
+                           activations=act, runtime=rt)
     _report(pa.analysis, par, overrides, rows, out, store, no_store)
 
 

@@ -30,12 +30,16 @@ def hardware_list() -> None:
     """Every catalog device with its headline dense peaks and bandwidth."""
     from opmap.hardware import catalog
 
-    t = Table(title="opmap hardware catalog (dense peaks)")
-    for col in ("name", "device", "bf16", "fp8", "fp32", "memory", "bandwidth", "TDP", "idle", "sw risk"):
-        t.add_column(col, justify="left" if col in ("name", "device") else "right")
+    t = Table(title="opmap hardware catalog (dense peaks; achievable: what the time model runs at)")
+    for col in ("name", "device", "bf16", "fp8", "fp32", "bf16 achievable", "memory", "bandwidth",
+                "bw achievable", "priced", "TDP", "idle", "sw risk"):
+        t.add_column(col, justify="left" if col in ("name", "device", "priced") else "right")
     for h in catalog().values():
         t.add_row(*_catalog_row(h))
     console.print(t)
+    console.print("priced: 'like for like' where the catalog has an achievable matrix rate and memory bandwidth "
+                  "(measured, or derived from a measurement); 'datasheet only' names what is missing (the time model "
+                  "then runs at the dense peak, and streams at the datasheet bandwidth x DRAM_EFFICIENCY)")
 
 
 def _catalog_row(h) -> list[str]:
@@ -47,9 +51,27 @@ def _catalog_row(h) -> list[str]:
 
     tdp, idle = h.tdp_w, h.idle_power_w
     idle_kind = h.fields["idle_power_w"].kind if idle is not None else ""
-    return [h.name, h.display_name, peak("bf16"), peak("fp8"), peak("fp32"), si(h.memory_bytes, "B"),
-            si(h.memory_bandwidth_bytes_per_s, "B/s"), f"{tdp:.0f} W" if tdp else "-",
+    ach = h.achievable_matrix_flops_per_s.get("bf16")
+    bw = h.fields.get("achievable_memory_bandwidth_bytes_per_s")
+    return [h.name, h.display_name, peak("bf16"), peak("fp8"), peak("fp32"),
+            f"{si(ach.value, 'FLOP/s')} ({ach.kind})" if ach and ach.value else "-", _gib(h.memory_bytes),
+            si(h.memory_bandwidth_bytes_per_s, "B/s"), f"{si(bw.value, 'B/s')} ({bw.kind})" if bw else "-",
+            _priced(h), f"{tdp:.0f} W" if tdp else "-",
             f"{idle:.0f} W ({idle_kind})" if idle is not None else "-", h.software_risk or "-"]
+
+
+def _gib(x: float) -> str:
+    """A capacity in the unit vendors state: binary GiB for device memory (below 1 TiB), else SI."""
+    from opmap.report.sheet import si
+
+    return f"{x / 2**30:.4g} GiB" if x < 2**40 else si(x, "B")
+
+
+def _priced(h) -> str:
+    """'like for like', or 'datasheet only: ...' naming the achievable figures the device lacks."""
+    short = {"achievable_matrix_flops_per_s": "matrix rate", "achievable_memory_bandwidth_bytes_per_s": "bandwidth"}
+    missing = h.datasheet_only
+    return "datasheet only: " + ", ".join(short.get(m, m) for m in missing) if missing else "like for like"
 
 
 @hardware_app.command("show")
@@ -59,6 +81,8 @@ def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml 
 
     h = hardware(name)
     console.print(_spec_table(h))
+    console.print(f"priced: {_priced(h)}; memory rate the time model streams at: "
+                  f"{h.memory_rate_bytes_per_s / 1e12:.4g} TB/s ({h.memory_rate_basis})")
     if h.notes:
         console.print(h.notes)
 
@@ -71,12 +95,20 @@ def _spec_table(h) -> Table:
     t = Table(title=f"{h.name}: {h.display_name} ({h.vendor}, {h.device_type})")
     for col in ("field", "value", "kind", "source"):
         t.add_column(col, overflow="fold")
-    for label, peaks in (("matrix", h.matrix_peak_flops_per_s), ("sparse matrix", h.sparse_matrix_peak_flops_per_s),
-                         ("vector", h.vector_peak_flops_per_s)):
+    for label, peaks in (("matrix peak", h.matrix_peak_flops_per_s),
+                         ("sparse matrix peak", h.sparse_matrix_peak_flops_per_s),
+                         ("vector peak", h.vector_peak_flops_per_s),
+                         ("achievable matrix", h.achievable_matrix_flops_per_s),
+                         ("sustained matrix", h.sustained_matrix_flops_per_s)):
         for d, v in peaks.items():
-            t.add_row(f"{label} peak {d}", si(v.value, "FLOP/s") if v.value else "-", v.kind, v.source)
+            t.add_row(f"{label} {d}", si(v.value, "FLOP/s") if v.value else "-", v.kind, v.source)
+    if not h.achievable_matrix_flops_per_s:
+        t.add_row("achievable matrix", "datasheet only", "-",
+                  "no published achievable matrix rate: the time model runs at the dense peak")
     for key, unit in SCALAR_FIELDS.items():
         v = h.fields.get(key)
+        if v is None and key == "achievable_memory_bandwidth_bytes_per_s":
+            t.add_row(key, "datasheet only", "-", f"no published achievable bandwidth: {h.memory_rate_basis}")
         if v is not None:
             val = "-" if v.value is None else (f"{v.value:g}" if unit in ("", "x") else si(v.value, unit))
             t.add_row(key, val, v.kind, v.source + (f" ({v.note})" if v.note else ""))

@@ -21,8 +21,16 @@ def serve(
     input_len: str = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
                                                              "lognormal:MEDIAN,SIGMA or trace."),
     output_len: str = typer.Option("128", "--output-len", help="As --input-len."),
-    policy: str = typer.Option("continuous", help="none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], "
-                                                  "chunked:CHUNK."),
+    policy: str | None = typer.Option(None, help="engine (in-flight batching as vLLM / TensorRT-LLM: the default; "
+                                                 "continuous with --disaggregate), none, static:B, dynamic:B,WAIT_MS, "
+                                                 "continuous[:TOKEN_BUDGET], chunked:CHUNK."),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="engine: most sequences running in a "
+                                                                          "step (default 256, vLLM's)."),
+    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens",
+                                                      help="engine: tokens per step, decodes first, the rest "
+                                                           "prompt chunks (default 8192)."),
+    kv_block: int | None = typer.Option(None, "--kv-block", help="engine: KV cache block, tokens (default 16); "
+                                                                 "blocks run out: preemption by recompute."),
     replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
     router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
     disaggregate: str | None = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
@@ -55,7 +63,6 @@ def serve(
         make_requests,
         parse_arrival,
         parse_length,
-        parse_policy,
         parse_service_time,
         simulate,
         summarize,
@@ -71,7 +78,7 @@ def serve(
                  ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
     arr = parse_arrival(arrival)
     ilen, olen = parse_length(input_len), parse_length(output_len)
-    pol = parse_policy(policy)
+    pol = _policy(policy, disaggregate is not None, max_num_seqs, max_num_batched_tokens, kv_block)
     if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
         raise OpmapError("--slo-p99 replaces --slo-ttft and --slo-tpot: give one or the other")
     if slo_p99 is not None:
@@ -152,7 +159,7 @@ def serve(
                              "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
                              "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
                              "cost": "service time " + service_time if service_time else "opmap cost model",
-                             "kv_cache": "reserved in full (input + output) at admission, no preemption"}
+                             "kv_cache": _kv_words(pol)}
     _print(report, model, hardware)
     if out is not None:
         files = {"serve.json": json_text(report, indent=2) + "\n"}
@@ -166,6 +173,34 @@ def serve(
                                  "parallelism": f"tp{tp} x {replicas} replicas"
                                                 + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
                 store, no_store)
+
+
+def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+            kv_block: int | None):
+    """--policy (default engine; continuous with --disaggregate) and the engine's sizes from their flags."""
+    from opmap.serve import Engine, parse_policy
+
+    flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
+             "--kv-block": kv_block}
+    given = [k for k, v in flags.items() if v is not None]
+    if spec is None:
+        spec = "continuous" if disaggregate and not given else "engine"
+    pol = parse_policy(spec)
+    if not given:
+        return pol
+    if not isinstance(pol, Engine) or spec.strip() != "engine":
+        raise OpmapError(f"{', '.join(given)} set the engine policy's sizes: use --policy engine (or leave it out), "
+                         f"got {spec!r}")
+    return Engine(*(d if v is None else v for v, d in ((max_num_seqs, pol.max_num_seqs),
+                                                       (max_num_batched_tokens, pol.max_num_batched_tokens),
+                                                       (kv_block, pol.kv_block))))
+
+
+def _kv_words(pol) -> str:
+    if pol.name == "engine":
+        return (f"paged in blocks of {pol.kv_block} tokens, taken as tokens are produced; preemption by "
+                "recompute when blocks run out")
+    return "reserved in full (input + output) at admission, no preemption"
 
 
 class _NoCost:
@@ -204,6 +239,12 @@ def _print(r: dict, model: str, hardware: str) -> None:
                   f"({si(th['output_tokens_per_s'], 'tok/s')} out); goodput {g['requests_per_s']:.4g} req/s; "
                   f"SLO attainment {r['slo_attainment']:.1%}; queueing share {r['queueing_share']:.1%}",
                   highlight=False)
+    if r["policy"]["name"] == "engine":
+        p, kv = r["preemptions"], r.get("kv_cache", {})
+        blocks = (f"KV {kv['peak_blocks_used']} of {kv['blocks']} blocks of {kv['kv_block']} tokens at peak"
+                  if kv.get("blocks") is not None else f"KV unlimited, blocks of {kv.get('kv_block')} tokens")
+        console.print(f"{blocks}; preemptions {p['total']} ({p['requests_preempted']} requests, recomputed)",
+                      highlight=False)
     v = r["validity"]
     console.print(f"MLPerf-style validity: {v['verdict']} ({v['reason']})", highlight=False)
     if "disaggregation" in r:

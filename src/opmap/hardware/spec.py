@@ -111,6 +111,11 @@ RISK_LEVELS = TEXT_FIELDS["software_risk"]
 # memory-bound configuration" on an H800 SXM5, whose memory system is the H100 SXM's (80 GB HBM3, 3.35 TB/s).
 DRAM_EFFICIENCY = 3000e9 / 3.35e12
 DRAM_EFFICIENCY_SOURCE = "FlashMLA README: up to 3000 GB/s memory-bound on an H800 SXM5 of 3.35 TB/s, 0.896"
+# The kinds an achievable figure (matrix rate, memory bandwidth) may carry: a published measurement, or a rate
+# derived / estimated from one (a sibling part's measured fraction of its datasheet); the source says which.
+ACHIEVABLE_KINDS = ("measured", "derived", "estimate")
+# The achievable figures that price a device like for like; ``HardwareSpec.datasheet_only`` names those it lacks
+ACHIEVABLE_FIGURES = ("achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s")
 REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
 # What a field's value may be (opmap.validate.finite_number's keywords); a field not listed: RATE. Every value is
 # finite (TOML spells nan and inf, and 1e400 reads as inf); zero or a negative means nothing for a rate, a size,
@@ -173,6 +178,21 @@ class HardwareSpec:
         if self.device_type == "cpu":
             return self.memory_bandwidth_bytes_per_s
         return self.memory_bandwidth_bytes_per_s * DRAM_EFFICIENCY
+
+    @property
+    def datasheet_only(self) -> tuple[str, ...]:
+        """The achievable figures this device lacks (names from ``ACHIEVABLE_FIGURES``), so that the time model
+        runs it on datasheet figures: no achievable matrix rate at all (every format then runs at its dense
+        peak; one measured format is enough, its fraction of peak scales the others, ``precision.matrix_rate``),
+        and no achievable memory bandwidth (the model then streams at DRAM_EFFICIENCY of the datasheet pin rate,
+        a CPU at its datasheet rate). Empty when the device is priced like for like with the rest of the
+        catalog; fit marks a cell "datasheet only" and ranks it apart otherwise."""
+        missing = []
+        if not any(v.value for v in self.achievable_matrix_flops_per_s.values()):
+            missing.append("achievable_matrix_flops_per_s")
+        if self._opt("achievable_memory_bandwidth_bytes_per_s") is None:
+            missing.append("achievable_memory_bandwidth_bytes_per_s")
+        return tuple(missing)
 
     @property
     def memory_rate_basis(self) -> str:
@@ -430,14 +450,23 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
             raise OpmapError(f"{origin}: matrix_peak_flops_per_s.{d} is sparse; dense peaks only there "
                              "(sparse figures go under sparse_matrix_peak_flops_per_s)")
     for table in ("achievable_matrix_flops_per_s", "sustained_matrix_flops_per_s"):
+        accepted = ACHIEVABLE_KINDS if table == "achievable_matrix_flops_per_s" else ("measured",)
         for d, v in getattr(spec, table).items():
             peak = spec.matrix_peak_flops_per_s.get(d)
-            if v.kind != "measured":
-                raise OpmapError(f"{origin}: {table}.{d} must be kind measured (a rate someone measured), "
-                                 f"got {v.kind}")
+            if v.kind not in accepted:
+                raise OpmapError(f"{origin}: {table}.{d} must be kind {' or '.join(accepted)} (a rate someone "
+                                 f"measured, or one derived from such a rate), got {v.kind}")
             if peak is None or peak.value is None or v.value is None or v.value > peak.value:
                 raise OpmapError(f"{origin}: {table}.{d} needs a value at or below the dense peak "
                                  f"({None if peak is None else peak.value})")
+    bw = spec.fields.get("achievable_memory_bandwidth_bytes_per_s")
+    if bw is not None:
+        if bw.kind not in ACHIEVABLE_KINDS:
+            raise OpmapError(f"{origin}: achievable_memory_bandwidth_bytes_per_s must be kind "
+                             f"{' or '.join(ACHIEVABLE_KINDS)}, got {bw.kind}")
+        if bw.value is not None and bw.value > spec.memory_bandwidth_bytes_per_s:
+            raise OpmapError(f"{origin}: achievable_memory_bandwidth_bytes_per_s {bw.value:g} B/s is above the "
+                             f"datasheet memory_bandwidth_bytes_per_s {spec.memory_bandwidth_bytes_per_s:g} B/s")
     if spec.sustained_matrix_flops_per_s and spec.power_window_s is None:
         raise OpmapError(f"{origin}: sustained_matrix_flops_per_s needs power_window_s (the busy time after "
                          "which the sustained rates hold)")

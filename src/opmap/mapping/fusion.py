@@ -17,6 +17,19 @@ Policies (recorded in the assumptions):
     (no cycles, no waiting inside a kernel), and a kernel holds at most MAX_KERNEL_NODES nodes;
   * fusion never raises peak memory: it only removes intermediate writes (an intermediate that other
     kernels still read is written as before).
+- ``engine``: what ``compiler`` fuses plus what serving engines (TensorRT-LLM, vLLM, SGLang) ship as single
+  kernels, each still legal-only under the rules above:
+  * sibling GEMMs merged: matrix products that read the same activation (Q, K and V projections; an MLP's gate
+    and up projections; the experts of an MoE layer reading one token block) run as one GEMM over their
+    concatenated weights, as engines load them (vLLM QKVParallelLinear / MergedColumnParallelLinear,
+    TensorRT-LLM's fused QKV and gated-MLP GEMMs);
+  * dtype casts, concatenations and cache writes are elementwise: a norm's fp32 up-cast and bf16 down-cast
+    join the norm's kernel (one fused RMSNorm / LayerNorm kernel), RoPE's rotate-half ``cat`` and the KV-cache
+    ``copy_`` join the QKV GEMM's epilogue (TensorRT-LLM applies RoPE and writes the KV cache inside its
+    attention kernel instead: the same launches);
+  * so a gated activation (SiLU x up) is the merged gate/up GEMM's epilogue, and the residual add the epilogue
+    of the GEMM before it (o_proj, down_proj), as under ``compiler``; attention is one fused kernel (SDPA:
+    flash attention in prefill, paged decode attention in decode).
 - a plan file (JSON ``{"kernels": [[node ids], ...]}``): the user's groups, checked for the same legality.
 
 A kernel's bytes are its nodes' eager bytes (each cost rule's minimum traffic) less what fusion removes:
@@ -39,7 +52,9 @@ from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
 from opmap.validate import count, shown
 
-POLICIES = ("eager", "compiler")
+POLICIES = ("eager", "compiler", "engine")
+# Data-movement ops the engine policy fuses as elementwise work (a cast, a concatenation, a store into a cache).
+ENGINE_ELEMENTWISE = frozenset({"aten._to_copy.default", "aten.cat.default", "aten.copy_.default"})
 # Larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice).
 MAX_KERNEL_NODES = 16
 
@@ -182,6 +197,12 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     first_inside_of = {n.id: first_inside(n.id) for n in graph.nodes if is_kernel[n.id] and classes[n.id] == "matrix"}
     groups: list[list[int]] = []
     group_of: dict[int, int] = {}
+    engine = policy == "engine"
+    # the classes fusion decides by: under engine, casts / concatenations / cache writes count as elementwise
+    fuse_classes = [("vector" if engine and c == "data_movement" and n.op in ENGINE_ELEMENTWISE else c)
+                    for n, c in zip(graph.nodes, classes)]
+    sibling_of: dict[tuple, int] = {}  # engine: a GEMM's activation input -> the kernel of the first GEMM reading it
+    prologue = _reduction_prologues(graph, fuse_classes, kinds, consumers) if engine else set()
 
     if plan_file is not None:
         groups = _read_plan(plan_file, graph, is_kernel)
@@ -196,8 +217,14 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         for n in graph.nodes:
             if not is_kernel[n.id]:
                 continue
-            target = (_fuse_target(n.id, classes, producers, groups, group_of, kinds, problems, first_inside_of)
-                      if policy == "compiler" else None)
+            target = (_fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems,
+                                   first_inside_of, n.id in prologue) if policy in ("compiler", "engine") else None)
+            key = _gemm_input_key(graph, n.id, is_kernel) if engine and classes[n.id] == "matrix" \
+                and not _is_batched_gemm(problems[n.id]) else None
+            if target is None and key is not None and key in sibling_of:
+                target = _sibling_target(n.id, sibling_of[key], producers, groups, group_of)
+            if key is not None:
+                sibling_of.setdefault(key, target if target is not None else len(groups))
             if target is None:
                 group_of[n.id] = len(groups)
                 groups.append([n.id])
@@ -216,6 +243,56 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     return FusionPlan(policy, tuple(kernels), group_of)
 
 
+def _reduction_prologues(graph: OpGraph, classes: list[str], kinds: list, consumers: list[list[int]]) -> set[int]:
+    """Engine: the elementwise nodes that lead into a norm-like reduction and feed no GEMM: a norm's up-cast and
+    square, back to and including the residual add that joins two activations (the walk stops there: the
+    activation before it stays its GEMM's epilogue). They stay with the reduction, one fused (add +) norm kernel
+    as engines ship it (vLLM fused_add_rms_norm), instead of joining the GEMM before them as an epilogue.
+    Softmax is left out: hand-written attention keeps its scale and mask in the scores kernel (flash
+    attention)."""
+    out: set[int] = set()
+    through: set[int] = set()  # nodes the walk continues back through: norm reductions and single-input links
+    for nid in range(len(classes) - 1, -1, -1):  # node ids are in execution order: consumers come later
+        cs = consumers[nid]
+        if classes[nid] == "reduction" and kinds[nid] != "softmax":
+            through.add(nid)
+            continue
+        if classes[nid] != "vector" or not cs or any(classes[c] == "matrix" for c in cs):
+            continue
+        if any(c in through for c in cs):
+            out.add(nid)
+            if sum(1 for t in graph.nodes[nid].inputs if t.param is None) < 2:
+                through.add(nid)
+    return out
+
+
+def _gemm_input_key(graph: OpGraph, nid: int, is_kernel) -> tuple | None:
+    """What identifies a GEMM's activation operand (its first input that is not a parameter): the kernel nodes
+    behind it and its shape, or, for a graph input, its shape, dtype and strides (the graph keeps no other
+    identity for an input, as ``_saved_bytes`` reads it); None when every operand is a parameter."""
+    for t in graph.nodes[nid].inputs:
+        if t.param is not None:
+            continue
+        if t.producer is None:
+            return ("input", tuple(t.shape), t.dtype, tuple(t.stride))
+        roots = _root(graph, t.producer, is_kernel)
+        return (frozenset(roots), tuple(t.shape)) if roots else ("input", tuple(t.shape), t.dtype, tuple(t.stride))
+    return None
+
+
+def _sibling_target(nid: int, g: int, producers: list[list[int]], groups: list[list[int]],
+                    group_of: dict[int, int]) -> int | None:
+    """Engine: the kernel ``g`` of a GEMM reading the same activation, when ``nid`` may join it (room left, and
+    every input it reads made by a kernel that ended before ``g`` started)."""
+    members = groups[g]
+    if len(members) >= MAX_KERNEL_NODES:
+        return None
+    start = min(members)
+    if all(p in group_of and max(groups[group_of[p]]) < start for p in producers[nid]):
+        return g
+    return None
+
+
 def _is_batched_gemm(problem: MatrixProblem | None) -> bool:
     return problem is not None and problem.batched_gemm
 
@@ -229,8 +306,10 @@ def _scores_kernel(members: list[int], classes: list[str], kinds: list[str], pro
 
 
 def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], groups: list[list[int]],
-                 group_of: dict[int, int], kinds: list[str], problems: list, first_input_inside) -> int | None:
-    """The kernel ``nid`` may legally join under the compiler policy, or None."""
+                 group_of: dict[int, int], kinds: list[str], problems: list, first_input_inside,
+                 prologue: bool = False) -> int | None:
+    """The kernel ``nid`` may legally join under the compiler policy, or None. ``prologue``: the node feeds a
+    reduction only (engine), so it joins no GEMM's kernel."""
     cls = classes[nid]
     if cls not in ("vector", "reduction", "matrix"):
         return None
@@ -240,6 +319,8 @@ def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], group
         if len(members) >= MAX_KERNEL_NODES:
             continue
         gclasses = {classes[m] for m in members}
+        if prologue and "matrix" in gclasses:
+            continue
         if cls == "vector":
             ok = True  # epilogue of a GEMM, a reduction or a pointwise chain
         elif cls == "reduction":

@@ -64,10 +64,12 @@ class Runtime:
         """One line for a report header."""
         if self.name == "eager":
             return f"runtime eager: a host launch per kernel ({self.per_kernel_s * 1e6:.3g} us)"
-        s = (f"runtime {self.name} ({self.stack}): one graph launch per step, {self.per_kernel_s * 1e6:.3g} us "
-             f"between kernels")
+        launch = float(self.graph_launch.value) if self.graph_launch is not None else 0.0
+        s = (f"runtime {self.name} ({self.stack}): one graph launch per step ({launch * 1e6:.3g} us), "
+             f"{self.per_kernel_s * 1e6:.3g} us between kernels")
         if self.step_host is not None:
-            s += f", {float(self.step_host.value) * 1e6:.3g} us scheduler host time per step, fusion {self.fusion}"
+            s += (f", {float(self.step_host.value) * 1e6:.3g} us scheduler gap per step (what overlapped scheduling "
+                  f"leaves exposed), fusion {self.fusion}")
         return s
 
 
@@ -88,4 +90,4 @@ def get_runtime(hw: HardwareSpec, name: str) -> Runtime:
     stack = stack_for(hw)
     return Runtime(name, stack.values["graph_kernel_gap_s"], stack.values["graph_launch_s"],
                    stack.values["engine_step_host_s"] if name == "engine" else None,
-                   "compiler" if name == "engine" else "eager", stack.name)
+                   "engine" if name == "engine" else "eager", stack.name)

@@ -120,6 +120,7 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"launch overhead {si(s['launch_overhead_s']['value'], 's')} [{s['launch_overhead_s']['kind']}]",
         f"time model: {s['time_model']}" + ("" if "transcendental/rate" in s["time_model"] else
                                             f"; transcendental = {s['transcendental_slots']:g} vector slots"),
+        *([s["runtime_line"]] if s.get("runtime_line") else []),
         f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
@@ -259,7 +260,7 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     shown = ranked if rows <= 0 else ranked[:rows]
     n_kernel_nodes = sum(1 for r in a.results if r.cost.kernel)
     sheet = Table(title=f"Operators: {len(shown)} of {n_kernel_nodes} by predicted time "
-                        f"({len(a.results) - a.kernels} views and allocations; all rows in sheet.csv)",
+                        f"({len(a.results) - n_kernel_nodes} views and allocations; all rows in sheet.csv)",
                   title_justify="left")
     for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
                       ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
@@ -289,7 +290,8 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
                  ("MACs", si(t["macs"])),
                  ("bytes (min)", si(t["bytes"], "B")),
                  ("kernels / nodes", f"{t['kernels']} / {t['nodes']}"),
-                 ("predicted latency", si(t["predicted_latency_s"], "s")),
+                 # the one headline (Analysis.headline): the phase line and analysis.json print the same number
+                 (f"predicted {t['predicted_latency_name']}", si(t["predicted_latency_s"], "s")),
                  ("predicted MFU", f"{t['predicted_mfu']:.1%}"),
                  ("ridge point", f"{t['ridge_point_flops_per_byte']:.0f} FLOP/B")):
         tot.add_row(k, v)

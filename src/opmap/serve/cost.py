@@ -33,15 +33,31 @@ class StepCost(Protocol):
     def decode_s(self, seqs: int, kv_tokens: int) -> float: ...
 
 
-def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs: int, kv_tokens: int) -> float:
+def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs: int, kv_tokens: int,
+            prefix: Sequence[tuple[int, int]] = ()) -> float:
     """One iteration carrying prompt chunks and decodes together (chunked prefill): the weights are read once
-    for all ``prefill_tokens + decode_seqs`` tokens, plus the decodes' reading of their KV cache."""
+    for all ``prefill_tokens + decode_seqs`` tokens, plus the decodes' reading of their KV cache.
+
+    ``prefix``: (tokens already prefilled, tokens in this step) of each chunk that continues a prompt. Such a
+    chunk's queries also attend to the prompt's earlier chunks, which ``prefill_s`` of the chunk alone does not
+    count: with a prompt priced as P(n) = c + a n + b n^2 / 2 (weights, then causal attention), the chunk
+    (d, t) costs P(t) + b d t, and b d t = P(d + t) - P(d) - P(t) + P(0), added here (0 for a P linear in
+    n). Without it a long prompt cut into chunks cost less than the same prompt in one step (a 10,000-token
+    prompt in chunks of 4096 priced as three short prompts); with it a lone prompt's chunks add up to the
+    whole prompt's P(n) plus one c per extra step."""
     if decode_seqs == 0:
-        return cost.prefill_s(prefill_tokens, prefill_seqs)
-    if prefill_tokens == 0:
+        t = cost.prefill_s(prefill_tokens, prefill_seqs)
+    elif prefill_tokens == 0:
         return cost.decode_s(decode_seqs, kv_tokens)
-    kv_read = max(0.0, cost.decode_s(decode_seqs, kv_tokens) - cost.decode_s(decode_seqs, 0))
-    return cost.prefill_s(prefill_tokens + decode_seqs, prefill_seqs + decode_seqs) + kv_read
+    else:
+        kv_read = max(0.0, cost.decode_s(decode_seqs, kv_tokens) - cost.decode_s(decode_seqs, 0))
+        t = cost.prefill_s(prefill_tokens + decode_seqs, prefill_seqs + decode_seqs) + kv_read
+    if prefix:
+        p0 = cost.prefill_s(0, 1)
+        for d, n in prefix:
+            if d > 0:
+                t += max(0.0, cost.prefill_s(d + n, 1) - cost.prefill_s(d, 1) - cost.prefill_s(n, 1) + p0)
+    return t
 
 
 def _seg(xs: Sequence[float], x: float) -> tuple[int, float]:

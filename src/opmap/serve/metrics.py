@@ -11,6 +11,10 @@
 - cdf: the latency distributions in compact form, each metric's value (s) at the quantiles 0, 0.01, ..., 1
   (101 points, linear interpolation; e2e, ttft, queue per request, tpot per multi-token request): the
   dashboard's CDFs (opmap report) without the raw samples.
+- preemptions (policy engine: requests evicted when KV blocks ran out, recomputed later): total, requests
+  preempted at least once, most for one request; zero under the other policies, which never preempt.
+- scheduler: the step limits as engines name them (max_num_seqs, max_num_batched_tokens, kv_block,
+  chunked_prefill), None where the policy has no such limit; kv_cache (engine): the paged KV of a replica.
 - validity (MLPerf Server style): VALID when p99 TTFT <= the TTFT limit and p99 TPOT <= the TPOT limit
   (or p99 e2e <= the latency limit). MLPerf v4 llama2-70b Server: TTFT 2 s, TPOT 200 ms, both at p99.
   The real rule also asks for a 600 s minimum run and a minimum query count, which a simulation is not
@@ -135,12 +139,29 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
         "slo_attainment": met / n if n else 0.0,
         "queueing_share": float(queue.mean()) / mean_e2e if mean_e2e > 0 else 0.0,
         "utilization": [b / span if span > 0 else 0.0 for b in res.busy_s],
+        "preemptions": {"total": 0, "requests_preempted": 0, "max_per_request": 0},
+        "scheduler": scheduler(res),
         "validity": {"valid": bool(valid), "verdict": "VALID" if valid else "INVALID", "reason": reason,
                      "rule": "MLPerf Server: the latency limits hold at p99 (LLM: TTFT and TPOT; "
                              "llama2-70b 2 s and 200 ms); the 600 s minimum duration and minimum query count "
                              "are not checked in simulation"},
         **res.extra,
     }
+
+
+def scheduler(res: SimResult) -> dict[str, Any]:
+    """The run's per-step limits in vLLM's names, from the policy's parameters (None: no such limit)."""
+    pol = res.policy
+    p = pol.get("params", {})
+    name = pol.get("name")
+    seqs = p.get("max_num_seqs", p.get("max_seqs"))
+    tokens = p.get("max_num_batched_tokens", p.get("token_budget", p.get("chunk")))
+    if name in ("static", "dynamic"):
+        seqs = p.get("batch")
+    elif name == "none":
+        seqs = 1
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kv_block": p.get("kv_block"),
+            "chunked_prefill": p.get("chunked_prefill", name == "chunked")}
 
 
 GRID_EXPONENTS = tuple(range(-3, 5))  # the first grid: rate0 x 2^-3 .. rate0 x 2^4, eight rates probed at once
@@ -298,7 +319,8 @@ def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
     scale = part / whole if whole > 0 else 1.0
     return replace(res, arrival_s=res.arrival_s[keep], start_s=res.start_s[keep], first_s=res.first_s[keep],
                    finish_s=res.finish_s[keep], input_len=res.input_len[keep], output_len=res.output_len[keep],
-                   replica=res.replica[keep], busy_s=[b * scale for b in res.busy_s])
+                   replica=res.replica[keep], busy_s=[b * scale for b in res.busy_s],
+                   preemptions=None if res.preemptions is None else res.preemptions[keep])
 
 
 def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:

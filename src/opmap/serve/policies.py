@@ -11,6 +11,12 @@
                         on its own, decodes wait for it
 ``chunked:CHUNK``       Sarathi-Serve chunked prefill: every iteration carries all running decodes (one
                         token each) and fills the rest of a CHUNK-token budget with prompt chunks (stall-free)
+``engine[:SEQS,TOKENS,BLOCK]``  in-flight batching as vLLM V1 and TensorRT-LLM run it (the default of
+                        ``opmap serve``): at most SEQS running sequences (max_num_seqs, 256), a budget of TOKENS
+                        per step (max_num_batched_tokens, 8192) filled with one token per running decode, then
+                        prompt chunks (chunked prefill), the KV cache paged in blocks of BLOCK tokens (16)
+                        allocated as tokens are produced, preemption by recompute when blocks run out
+                        (serve/inflight.py)
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.validate import INT_MAX
+from opmap.validate import INT_GE1, INT_MAX, options
 
-ACCEPTED = "none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK"
+ACCEPTED = ("none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK, "
+            "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK]")
 MAX_SEQS = 256  # vLLM's default max_num_seqs: the most sequences in one iteration
 
 
@@ -89,6 +96,42 @@ class Chunked(Policy):
         return f"chunked:{self.chunk}"
 
 
+@dataclass(frozen=True)
+class Engine(Policy):
+    """In-flight batching as production engines schedule it (vLLM V1's scheduler, TensorRT-LLM's in-flight
+    batching). Defaults: 256 sequences and 8192 tokens a step, KV blocks of 16 tokens (vLLM's CUDA block size).
+    vLLM's own defaults for its OpenAI server depend on the device (vllm/engine/arg_utils.py,
+    EngineArgs.get_batch_defaults): 8192 tokens and 1024 sequences on devices of 70 GiB or more other than
+    A100, 2048 and 256 otherwise; set them with --max-num-seqs and --max-num-batched-tokens to match a
+    deployment."""
+
+    max_num_seqs: int = MAX_SEQS
+    max_num_batched_tokens: int = 8192
+    kv_block: int = 16
+    chunked_prefill: bool = True
+    name = "engine"
+
+    def __post_init__(self) -> None:
+        check_engine(self.max_num_seqs, self.max_num_batched_tokens, self.kv_block)
+
+    def spec(self) -> str:
+        if (self.max_num_seqs, self.max_num_batched_tokens, self.kv_block) == (MAX_SEQS, 8192, 16):
+            body = ""
+        else:
+            body = f":{self.max_num_seqs},{self.max_num_batched_tokens},{self.kv_block}"
+        return f"engine{body}{'' if self.chunked_prefill else ',nochunk'}"
+
+
+def check_engine(max_num_seqs: object, max_num_batched_tokens: object, kv_block: object) -> None:
+    """The engine's sizes, each an integer >= 1, and a step budget that holds every running sequence's token
+    (vLLM refuses max_num_batched_tokens < max_num_seqs at start-up the same way)."""
+    options({"--max-num-seqs": (max_num_seqs, INT_GE1), "--max-num-batched-tokens": (max_num_batched_tokens, INT_GE1),
+             "--kv-block": (kv_block, INT_GE1)})
+    if max_num_batched_tokens < max_num_seqs:
+        raise OpmapError(f"--max-num-batched-tokens ({max_num_batched_tokens}) must be >= --max-num-seqs "
+                         f"({max_num_seqs}): every running sequence needs one token of the step's budget")
+
+
 def _bad(spec: str, why: str = "") -> OpmapError:
     return OpmapError(f"bad policy {spec!r}{' (' + why + ')' if why else ''}: accepted: {ACCEPTED}")
 
@@ -119,4 +162,13 @@ def parse_policy(spec: str) -> Policy:
         return Continuous(_ints(spec, body)) if body else Continuous()
     if kind == "chunked" and body:
         return Chunked(_ints(spec, body))
+    if kind == "engine" and not body:
+        return Engine()
+    if kind == "engine" and body:
+        parts = [p.strip() for p in body.split(",")]
+        chunked = parts[-1] != "nochunk"
+        sizes = parts if chunked else parts[:-1]
+        if len(sizes) not in (0, 3):
+            raise _bad(spec, "engine takes MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk]")
+        return Engine(*[_ints(spec, p) for p in sizes], chunked_prefill=chunked)
     raise _bad(spec)

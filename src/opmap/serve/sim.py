@@ -9,9 +9,10 @@ Time of a request: ``start_s`` when it is first scheduled (its queueing ends), `
 token is out (end of the step that finishes its prompt), ``finish_s`` when its last token is out. Tokens
 stream: each request's tokens come at the end of the iteration that produced them.
 
-KV cache: a request reserves input_len + output_len tokens when admitted and frees them when it finishes (no
-preemption, no paging: vLLM would admit more and preempt on overflow). Admission is first come, first served;
-a request that does not fit waits at the head of its queue.
+KV cache (policies continuous and chunked): a request reserves input_len + output_len tokens when admitted and
+frees them when it finishes (no preemption, no paging). Admission is first come, first served; a request that
+does not fit waits at the head of its queue. Policy ``engine`` pages the KV cache in blocks allocated as tokens
+are produced and preempts by recompute when they run out, as vLLM does (inflight.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
 from opmap.serve.cost import ServiceTime, StepCost, mixed_s
-from opmap.serve.policies import Chunked, Continuous, Dynamic, NoBatching, Policy, Static
+from opmap.serve.inflight import InflightScheduler
+from opmap.serve.policies import Chunked, Continuous, Dynamic, Engine, NoBatching, Policy, Static
 from opmap.validate import count
 
 # The most replicas one simulation runs: 10k, a fleet beyond any one deployment a capacity plan is made for; the
@@ -62,11 +64,12 @@ class SimResult:
     busy_s: list[float]
     streams_tokens: bool = True  # False with a service time: a request is one unit of work, no tokens
     extra: dict[str, Any] = field(default_factory=dict)
+    preemptions: np.ndarray | None = None  # per request, how often it was preempted (policy engine)
 
 
 class _Rep:
     __slots__ = ("idx", "q", "busy", "timer_at", "outstanding", "busy_s", "pending",
-                 "dec", "n_dec", "n_cont", "D", "kv_sum", "kv_res", "groups", "last_dec", "prefilling")
+                 "dec", "n_dec", "n_cont", "D", "kv_sum", "kv_res", "groups", "last_dec", "prefilling", "eng")
 
     def __init__(self, idx: int, q: deque) -> None:
         self.idx, self.q = idx, q
@@ -76,6 +79,7 @@ class _Rep:
         self.groups: list[tuple[float, int]] = []  # (first-token time, count) of decoders new since the last decode
         self.last_dec = 0.0
         self.prefilling: list[list[int]] = []  # [request, prompt tokens left] (chunked)
+        self.eng = None  # the engine policy's state (inflight.EngineReplica)
 
 
 def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int = 1,
@@ -91,7 +95,7 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
         raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
     count(replicas, "--replicas", hi=MAX_REPLICAS)
     service = isinstance(cost, ServiceTime)
-    iterative = isinstance(policy, (Continuous, Chunked))
+    iterative = isinstance(policy, (Continuous, Chunked, Engine))
     decode_only = prefilled_first_s is not None
     if decode_only and not isinstance(policy, Continuous):
         raise OpmapError(f"a decode pool schedules iterations: it needs policy continuous, got {policy.spec()!r}")
@@ -103,7 +107,8 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
     inp = reqs.input_len.tolist()
     out = reqs.output_len.tolist()
     cap = cost.kv_capacity_tokens
-    if cap is not None and n:
+    engine = isinstance(policy, Engine) and not service
+    if cap is not None and n and not engine:
         need = int((reqs.input_len + reqs.output_len).max())
         if need > cap:
             raise OpmapError(f"a request needs {need} tokens of KV cache, the device holds {cap}: "
@@ -116,6 +121,12 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
     itl_w: list[int] = []
     shared = deque() if router == "shared" else None
     reps = [_Rep(r, shared if shared is not None else deque()) for r in range(replicas)]
+    sched = None
+    if engine:
+        sched = InflightScheduler(policy, cost, inp, out, start, first, finish, where, itl_g, itl_w)
+        sched.check()
+        for rep in reps:
+            rep.eng = sched.replica()
     heap: list[tuple[float, int, int, int]] = []  # (time, seq, kind 0 step end / 1 timer, replica)
     seq = 0
     steps = 0
@@ -334,7 +345,24 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
             rep.prefilling = [it for it in rep.prefilling if it[1] > 0]
             join_decoders(rep, done, now)
 
-    begin, finish_step = (start_iter, end_iter) if iterative else (start_batch, end_batch)
+    def start_engine(rep: _Rep, now: float) -> None:
+        """engine: the next step of in-flight batching (inflight.py)."""
+        nonlocal steps
+        d = sched.begin(rep.eng, rep.q, rep.idx, now)
+        if d is None:
+            return
+        steps += 1
+        rep.busy = True
+        rep.busy_s += d
+        push(now + d, 0, rep.idx)
+
+    def end_engine(rep: _Rep, now: float) -> None:
+        rep.outstanding -= sched.end(rep.eng, now)
+
+    if engine:
+        begin, finish_step = start_engine, end_engine
+    else:
+        begin, finish_step = (start_iter, end_iter) if iterative else (start_batch, end_batch)
 
     def kick(now: float) -> None:
         for rep in reps:
@@ -383,4 +411,6 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                      reqs.output_len, np.asarray(where), np.asarray(itl_g, dtype=np.float64),
                      np.asarray(itl_w, dtype=np.float64), policy.to_dict(),
                      cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
-                     router, replicas, reqs.arrival, steps, [r.busy_s for r in reps], streams_tokens=not service)
+                     router, replicas, reqs.arrival, steps, [r.busy_s for r in reps], streams_tokens=not service,
+                     extra=sched.extra([r.eng for r in reps]) if sched else {},
+                     preemptions=np.asarray(sched.preemptions(n)) if sched else None)

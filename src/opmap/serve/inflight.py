@@ -1,0 +1,316 @@
+"""In-flight batching as production engines schedule it (policy ``engine``): vLLM V1's scheduler, which
+TensorRT-LLM's in-flight batching follows in the same terms (max_num_seqs, max_num_tokens, paged KV).
+
+Each step, on each replica:
+
+1. every running decode gets one token (the budget always holds them: max_num_batched_tokens >= max_num_seqs);
+2. the rest of the ``max_num_batched_tokens`` budget goes to prompt chunks: prompts already partly prefilled
+   first (in admission order), then new requests from the head of the queue, first come first served, while
+   fewer than ``max_num_seqs`` requests run (chunked prefill; without it a prompt waits until it fits whole);
+3. the step is priced by ``mixed_s`` (cost.py): the weights read once for all its tokens, plus the decodes'
+   KV reads, plus the attention of a chunk that continues a prompt to that prompt's earlier chunks.
+
+Paged KV (vLLM's PagedAttention): the replica's ``kv_capacity_tokens`` is ``floor(capacity / kv_block)``
+blocks. A step that computes a request's KV up to ``t`` tokens needs ``ceil(t / kv_block)`` blocks, taken
+when the step is scheduled: the step that emits a request's k-th output token computes the KV of its prompt
+plus the k - 1 tokens fed back, so a request of P prompt and O output tokens holds at most P + O - 1 tokens'
+blocks (never a reservation of the whole P + O up front). Blocks are freed when the request finishes.
+
+Preemption by recompute (vLLM's default): when the running decodes (or a prompt chunk already running) need
+blocks that are not free, the most recently admitted running request is evicted, its blocks freed, and it goes
+back to the front of the waiting queue (several evicted in one step: the earliest admitted first). Re-admitted,
+it prefills its prompt plus the tokens it already emitted (they stay emitted), and the step ending that
+recompute emits its next token: the gap since its previous token is one inter-token gap. A step that
+preempted admits no new request (as vLLM V1). A request waiting at the head of the queue whose first chunk's
+blocks are not free waits (new requests never preempt).
+
+Left out, as a plain ``vllm serve`` of distinct prompts would run: prefix caching (no prompts shared here),
+speculative decoding, priorities, swapping to host memory. vLLM V1 walks its running list in admission order,
+decodes and partly prefilled prompts interleaved; a prompt still prefilling is always the newest running
+request when decodes come first in the budget, so the two orders schedule the same tokens.
+
+The work per step is independent of the number of running requests: decodes are counted, not visited (a
+decode needs a new block when its KV length is a multiple of the block size, so the decoders are counted by
+the residue of their join step; their finishes sit in a heap keyed by the step count at which they end).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Any
+
+from opmap.errors import OpmapError
+from opmap.serve.cost import StepCost, mixed_s
+from opmap.serve.policies import Engine
+
+_UNLIMITED = 1 << 62  # blocks of a KV cache without a capacity (kv_capacity_tokens None)
+PREFILLING, DECODING, GONE = 1, 2, 3  # GONE: finished or preempted (its entries in heaps and stacks are stale)
+
+
+class _Run:
+    """One admission of a request, from the first chunk of its (re)prefill to its last token or its preemption.
+    Only running requests have one, so memory follows the running batch, not the trace."""
+
+    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial")
+
+    def __init__(self, rid: int, gen: int, target: int, serial: int) -> None:
+        self.rid, self.state, self.serial = rid, PREFILLING, serial
+        self.gen = gen  # tokens emitted so far (a decode: at its join; see h0, j0)
+        self.done, self.target = 0, target  # KV tokens computed in this (re)prefill, of prompt + tokens emitted
+        self.h0 = self.j0 = self.res = 0  # a decode: KV tokens and the replica's decode step count at its join;
+        # the residue (mod kv_block) of the decode steps at which it needs a new block
+
+
+class EngineReplica:
+    """The engine state of one replica: free KV blocks, the decodes (counted), the prompts being prefilled."""
+
+    __slots__ = ("free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running", "last_end",
+                 "pending", "min_free")
+
+    def __init__(self, blocks: int, kv_block: int) -> None:
+        self.free = blocks  # KV blocks not held by any request
+        self.D = 0  # steps so far that carried decodes
+        self.n_dec = 0  # running decodes
+        self.kv_sum = 0  # KV tokens the running decodes attend to in the next step (their KV + the new token)
+        self.cnt = [0] * kv_block  # decodes by the residue (mod kv_block) of the decode steps that need a block
+        self.fin: list[tuple[int, int, _Run]] = []  # heap of (decode step of the last token, serial, run)
+        self.prefilling: list[_Run] = []  # admitted, (re)prefill not done, in admission order
+        self.stack: list[_Run] = []  # in admission order: the victims come from its top
+        self.running = 0  # decodes + prefilling
+        self.last_end = 0.0  # when the last step ended: every running decode's last token came then
+        self.pending: Any = None
+        self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
+
+
+class InflightScheduler:
+    """Schedules and prices the steps of ``policy`` (an Engine) over ``cost``, writing each request's times into
+    the simulator's lists (``start``, ``first``, ``finish``, ``where``) and the inter-token gaps into
+    ``itl_g`` / ``itl_w`` (gap s, tokens)."""
+
+    def __init__(self, policy: Engine, cost: StepCost, inp: list[int], out: list[int], start: list[float],
+                 first: list[float], finish: list[float], where: list[int], itl_g: list[float],
+                 itl_w: list[float]) -> None:
+        self.p, self.cost = policy, cost
+        self.B = policy.kv_block
+        cap = cost.kv_capacity_tokens
+        self.blocks = _UNLIMITED if cap is None else int(cap) // self.B
+        self.inp, self.out = inp, out
+        self.start, self.first, self.finish, self.where = start, first, finish, where
+        self.itl_g, self.itl_w = itl_g, itl_w
+        self.parked: dict[int, tuple[int, float]] = {}  # preempted, waiting: (tokens emitted, last token's time)
+        self.preempted: dict[int, int] = {}  # request -> times preempted
+        self.serial = 0
+
+    def check(self) -> None:
+        """Refuse, in one line, a request that could never run: its KV at its last token does not fit the
+        replica's blocks even alone, or (without chunked prefill) its recompute exceeds the step budget."""
+        if not self.inp:
+            return
+        need = max(i + o - 1 for i, o in zip(self.inp, self.out, strict=True))
+        if math.ceil(need / self.B) > self.blocks:
+            cap = self.cost.kv_capacity_tokens
+            raise OpmapError(f"a request needs {need} tokens of KV cache ({math.ceil(need / self.B)} blocks of "
+                             f"{self.B}), the device holds {cap} ({self.blocks} blocks): shorten "
+                             "--input-len/--output-len, raise --tp or pick a larger device")
+        if not self.p.chunked_prefill and need > self.p.max_num_batched_tokens:
+            raise OpmapError(f"without chunked prefill a request's prompt (and recompute, {need} tokens) must fit "
+                             f"max_num_batched_tokens ({self.p.max_num_batched_tokens}): raise it or chunk")
+
+    def replica(self) -> EngineReplica:
+        return EngineReplica(self.blocks, self.B)
+
+    def preemptions(self, n: int) -> list[int]:
+        """Per request, how often it was preempted."""
+        out = [0] * n
+        for rid, k in self.preempted.items():
+            out[rid] = k
+        return out
+
+    # -- eviction ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _victim(e: EngineReplica) -> _Run:
+        """The most recently admitted request still running (finished or preempted entries dropped on the way)."""
+        stack = e.stack
+        while True:
+            r = stack.pop()
+            if r.state != GONE:
+                return r
+
+    def _evict(self, e: EngineReplica, q: deque, r: _Run, step: int, scheduled: bool) -> bool:
+        """Preempt ``r`` (recompute): free its blocks, put it at the front of the queue. ``scheduled``: the
+        decodes of the step ``step`` already hold their new blocks. True when it was a decode of this step."""
+        B = self.B
+        if r.state == PREFILLING:
+            e.free += -(-r.done // B)
+            e.prefilling.remove(r)
+            gen, last = r.gen, self.parked.get(r.rid, (0, 0.0))[1]
+            was_decode = False
+        else:
+            h = r.h0 + e.D - r.j0
+            grows = r.res == step % B  # it needed a new block in this step
+            e.free += -(-h // B) + (1 if scheduled and grows else 0)
+            e.n_dec -= 1
+            e.kv_sum -= h + 1
+            e.cnt[r.res] -= 1
+            gen, last = r.gen + e.D - r.j0, e.last_end
+            was_decode = True
+        r.state = GONE
+        e.running -= 1
+        self.parked[r.rid] = (gen, last)
+        self.preempted[r.rid] = self.preempted.get(r.rid, 0) + 1
+        q.appendleft(r.rid)
+        return was_decode
+
+    # -- a step -----------------------------------------------------------------------------------------------
+
+    def begin(self, e: EngineReplica, q: deque, ridx: int, now: float) -> float | None:
+        """Form the next step on a replica at ``now``: its duration (s), or None when there is nothing to run."""
+        B, M = self.B, self.p.max_num_batched_tokens
+        step = e.D + 1
+        evicted = False
+        need = e.cnt[step % B] if e.n_dec else 0  # decodes whose KV length is a multiple of the block size
+        while need > e.free:  # evict from the most recent until the oldest decodes' new blocks fit
+            v = self._victim(e)
+            evicted = True
+            if self._evict(e, q, v, step, False) and v.res == step % B:
+                need -= 1
+        e.free -= need
+        budget = M - e.n_dec
+        chunks: list[tuple[_Run, int]] = []
+        i = 0
+        while i < len(e.prefilling) and budget > 0:  # prompts partly prefilled: their next chunk
+            r = e.prefilling[i]
+            take = min(r.target - r.done, budget)
+            nb = -(-(r.done + take) // B) - (-(-r.done // B))
+            while nb > e.free:
+                v = self._victim(e)
+                evicted = True
+                # with decodes scheduled first, a decode is never admitted after a prompt still prefilling:
+                # the victim is this prompt or a later one; a decode's token of the budget comes back all the same
+                if self._evict(e, q, v, step, True):
+                    budget += 1
+                if v is r:
+                    break
+            if r.state == GONE:
+                break
+            e.free -= nb
+            chunks.append((r, take))
+            budget -= take
+            i += 1
+        if not evicted or (not chunks and not e.n_dec):
+            self._admit(e, q, ridx, now, budget, chunks)
+        if not chunks and not e.n_dec:
+            return None
+        if e.free < e.min_free:
+            e.min_free = e.free
+        pt = sum(t for _, t in chunks)
+        prefix = [(r.done, t) for r, t in chunks if r.done]  # chunks continuing a prompt attend to its start
+        d = mixed_s(self.cost, pt, len(chunks), e.n_dec, e.kv_sum, prefix)
+        e.pending = (chunks, d)
+        return d
+
+    def _admit(self, e: EngineReplica, q: deque, ridx: int, now: float, budget: int,
+               chunks: list[tuple[_Run, int]]) -> None:
+        """New requests from the head of the queue, FCFS, while the budget, max_num_seqs and free blocks allow."""
+        B, chunked, S = self.B, self.p.chunked_prefill, self.p.max_num_seqs
+        while q and budget > 0 and e.running < S:
+            rid = q[0]
+            gen = self.parked[rid][0] if rid in self.parked else 0
+            tot = self.inp[rid] + gen  # a preempted request recomputes its prompt and the tokens it emitted
+            take = min(tot, budget) if chunked else tot
+            if take > budget:
+                break
+            nb = -(-take // B)
+            if nb > e.free:
+                break
+            q.popleft()
+            e.free -= nb
+            self.serial += 1
+            r = _Run(rid, gen, tot, self.serial)
+            if len(e.stack) > 2 * e.running + 64:  # drop finished and preempted entries now and then
+                e.stack = [x for x in e.stack if x.state != GONE]
+            e.stack.append(r)
+            e.prefilling.append(r)
+            e.running += 1
+            if gen == 0 and self.start[rid] != self.start[rid]:  # NaN: first scheduled now
+                self.start[rid] = now
+            self.where[rid] = ridx
+            chunks.append((r, take))
+            budget -= take
+
+    def end(self, e: EngineReplica, now: float) -> int:
+        """Close the step that ends at ``now``: tokens out, finished requests' blocks freed, finished prefills
+        joined to the decodes. Returns how many requests finished."""
+        chunks, d = e.pending
+        e.pending = None
+        e.last_end = now
+        B = self.B
+        finished = 0
+        if e.n_dec:
+            e.D += 1
+            self.itl_g.append(d)
+            self.itl_w.append(e.n_dec)
+            e.kv_sum += e.n_dec
+            fin, D = e.fin, e.D
+            while fin and fin[0][0] <= D:
+                r = heapq.heappop(fin)[2]
+                if r.state != DECODING:
+                    continue  # preempted since
+                h = r.h0 + D - r.j0
+                e.free += -(-h // B)
+                e.n_dec -= 1
+                e.kv_sum -= h + 1
+                e.cnt[r.res] -= 1
+                self._done(e, r, now)
+                finished += 1
+        any_done = False
+        for r, take in chunks:
+            r.done += take
+            if r.done < r.target or r.state == GONE:
+                continue
+            any_done = True
+            rid = r.rid
+            r.gen += 1
+            if r.gen == 1:
+                self.first[rid] = now
+                self.parked.pop(rid, None)  # preempted while prefilling its prompt the first time
+            else:  # the token after a recompute
+                self.itl_g.append(now - self.parked.pop(rid)[1])
+                self.itl_w.append(1)
+            if r.gen >= self.out[rid]:
+                e.free += -(-r.done // B)
+                self._done(e, r, now)
+                finished += 1
+                continue
+            h = r.done
+            r.state = DECODING
+            r.h0, r.j0 = h, e.D
+            r.res = (e.D + 1 - h) % B
+            e.cnt[r.res] += 1
+            e.n_dec += 1
+            e.kv_sum += h + 1
+            heapq.heappush(e.fin, (e.D + self.out[rid] - r.gen, r.serial, r))
+        if any_done:
+            e.prefilling = [r for r in e.prefilling if r.state == PREFILLING]
+        return finished
+
+    def _done(self, e: EngineReplica, r: _Run, now: float) -> None:
+        r.state = GONE
+        self.finish[r.rid] = now
+        e.running -= 1
+
+    def extra(self, reps: list[EngineReplica]) -> dict[str, Any]:
+        """SimResult.extra: the preemptions (total, requests preempted at least once, most for one request) and
+        the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
+        pre = self.preempted
+        limited = self.blocks != _UNLIMITED
+        return {"preemptions": {"total": sum(pre.values()), "requests_preempted": len(pre),
+                                "max_per_request": max(pre.values(), default=0)},
+                "kv_cache": {"paged": True, "kv_block": self.B, "blocks": self.blocks if limited else None,
+                             "capacity_tokens": self.cost.kv_capacity_tokens,
+                             "peak_blocks_used": max((self.blocks - e.min_free for e in reps), default=0)
+                             if limited else None,
+                             "preemption": "recompute"}}

@@ -1,0 +1,285 @@
+"""Policy engine (in-flight batching, paged KV, preemption by recompute) by hand: every time below is worked
+out in the docstring from the hand-built step costs, never read off the code under test. Then the counting
+scheduler against a plain one that visits every request every step, written from vLLM V1's scheduler loop."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+
+from opmap.errors import OpmapError
+from opmap.serve import Requests, TableCost, make_requests, simulate, summarize
+from opmap.serve.cost import mixed_s
+from opmap.serve.policies import Chunked, Engine
+
+
+def _reqs(arr, inp, out):
+    return Requests(np.asarray(arr, float), np.asarray(inp), np.asarray(out), "trace:hand")
+
+
+def _cost(cap=None, kv_s_per_token=0.0):
+    """prefill: 1 ms per prompt token (one point, so prefill_s(n) = n ms exactly); decode: 10 ms whatever the
+    batch, plus ``kv_s_per_token`` per KV token read (two KV points: exact)."""
+    return TableCost([1000], [1.0], [1], [0, 1000], [[0.01, 0.01 + 1000 * kv_s_per_token]], kv_capacity_tokens=cap)
+
+
+# -- (a) the token budget splits a long prompt into chunks ----------------------------------------------------
+
+def test_a_long_prompt_is_prefilled_in_budget_sized_chunks():
+    """max_num_batched_tokens 4096, one prompt of 10,000 tokens: chunks of 4096, 4096 and 10,000 - 8192 = 1808
+    tokens in three steps; TTFT = (4096 + 4096 + 1808) x 1 ms = 10.000 s."""
+    res = simulate(_reqs([0], [10_000], [1]), Engine(max_num_batched_tokens=4096), _cost())
+    assert res.steps == 3
+    assert res.first_s[0] == pytest.approx(10.0)
+
+
+def test_a_chunk_attends_to_the_earlier_chunks_of_its_prompt():
+    """A prompt priced 1 ms/token up to 4096 tokens and 2 ms/token beyond (attention grows with the prefix):
+    P(4096) = 4.096 s, P(8192) = 12.288 s, P(10,000) = 12.288 + 1808 x 2 ms = 15.904 s. Chunked at 4096, the
+    chunk (d, t) costs P(t) + P(d + t) - P(d) - P(t) + P(0) = P(d + t) - P(d) (mixed_s): 4.096, then
+    12.288 - 4.096 = 8.192, then 15.904 - 12.288 = 3.616; TTFT 15.904 s, the prompt's cost in one step
+    (without the prefix term: 4.096 + 4.096 + 1.808 = 10.0 s, chunking made a long prompt 37% cheaper)."""
+    cost = TableCost([0, 4096, 8192], [0.0, 4.096, 12.288], [1], [0], [[0.01]])
+    res = simulate(_reqs([0], [10_000], [1]), Engine(max_num_batched_tokens=4096), cost)
+    assert res.first_s[0] == pytest.approx(15.904)
+    assert mixed_s(cost, 1808, 1, 0, 0, [(8192, 1808)]) == pytest.approx(3.616)
+    assert mixed_s(cost, 1808, 1, 0, 0) == pytest.approx(1.808)
+
+
+def test_running_decodes_take_their_token_of_the_budget_first():
+    """Budget 4096; D (16 prompt, 3 out) then A (10,000 prompt, 1 out), both at 0; decode 10 ms + 10 us/KV token.
+    step 1: no decodes: D 16 + A 4080 = 4096 tokens, 4.096 s. D's first token at 4.096.
+    step 2: D decodes (KV 16 + 1 = 17), A gets 4096 - 1 = 4095: prefill of 4096 tokens (the weights read once,
+            mixed_s) + D's KV read 17 x 10 us = 4.09617 s; ends 8.19217 (D's 2nd token).
+    step 3: D decodes (KV 18), A's last 10,000 - 4080 - 4095 = 1825: prefill of 1826 + 0.18 ms = 1.82618 s;
+            ends 10.01835: A's first (and only) token, D's 3rd and last.
+    """
+    res = simulate(_reqs([0, 0], [16, 10_000], [3, 1]), Engine(max_num_batched_tokens=4096), _cost(None, 1e-5))
+    assert res.steps == 3
+    np.testing.assert_allclose(res.first_s, [4.096, 10.01835])
+    np.testing.assert_allclose(res.finish_s, [10.01835, 10.01835])
+    s = summarize(res)
+    assert s["latency"]["itl"]["mean_s"] == pytest.approx((4.09617 + 1.82618) / 2)  # D's two gaps
+
+
+def test_without_chunked_prefill_a_prompt_waits_to_fit_whole():
+    """engine:nochunk, budget 64: A (40 prompt) and B (40) at 0, 2 tokens out each. Step 1: A alone (B's 40
+    do not fit the 24 left), 40 ms. Step 2: A decodes (1 token), B's 40 fit the 63 left: prefill of 41 tokens,
+    41 ms, ends 0.081: A done, B's first token. Step 3: B decodes, 10 ms: done at 0.091."""
+    res = simulate(_reqs([0, 0], [40, 40], [2, 2]), Engine(4, 64, 16, chunked_prefill=False), _cost())
+    np.testing.assert_allclose(res.first_s, [0.04, 0.081])
+    np.testing.assert_allclose(res.finish_s, [0.081, 0.091])
+    with pytest.raises(OpmapError, match="without chunked prefill"):
+        simulate(_reqs([0], [100], [2]), Engine(4, 64, 16, chunked_prefill=False), _cost())
+
+
+# -- (b) preemption when the KV blocks run out ----------------------------------------------------------------
+
+def test_preemption_by_recompute_when_blocks_run_out():
+    """4 blocks of 16 tokens (capacity 64; 70 gives floor(70 / 16) = 4 as well). A (16 prompt, 40 out) and
+    B (16 prompt, 30 out) at 0; prefill 1 ms/token, decode 10 ms.
+    step 1: both prompts, 32 tokens, 32 ms: one block each (2 free). First tokens at 0.032.
+    The step emitting token k computes KV for 16 + k - 1 tokens: a new block when that passes 16, 32, 48:
+    at token 2 both take their 2nd block (0 free); at token 18 both need a 3rd: none free, B (the most
+    recently admitted) is preempted at the start of that step, t = 0.032 + 16 x 10 ms = 0.192, freeing its 2
+    blocks, and has emitted 17 tokens (its 17th at 0.192). A alone goes on: token k at 0.032 + (k - 1) x 0.01,
+    its 4th block at token 34 (1 free before), done with token 40 at 0.422, freeing 4 blocks.
+    B waits meanwhile (its recompute of 16 + 17 = 33 tokens needs 3 blocks; 1 free). At 0.422 it is
+    re-admitted: prefill of 33 tokens, 33 ms, its 18th token at 0.455 (a gap of 0.263 s), then tokens 19..30
+    at 10 ms each: done at 0.455 + 0.12 = 0.575 (its 3 blocks hold up to 48 tokens; it ends at 45)."""
+    for cap in (64, 70):
+        res = simulate(_reqs([0, 0], [16, 16], [40, 30]), Engine(4, 64, 16), _cost(cap))
+        np.testing.assert_allclose(res.first_s, [0.032, 0.032])
+        np.testing.assert_allclose(res.finish_s, [0.422, 0.575])
+        np.testing.assert_array_equal(res.preemptions, [0, 1])
+        assert res.extra["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
+        assert res.extra["kv_cache"]["blocks"] == 4 and res.extra["kv_cache"]["peak_blocks_used"] == 4
+    s = summarize(res)
+    assert s["preemptions"]["total"] == 1
+    # gaps: A 39 of 10 ms; B 16 of 10 ms (tokens 2..17), 0.263 s, 12 of 10 ms (tokens 19..30)
+    assert s["latency"]["itl"]["mean_s"] == pytest.approx((0.39 + 0.28 + 0.263) / 68)
+    assert s["latency"]["itl"]["p50_s"] == pytest.approx(0.01)
+    # B's TPOT carries its stall: (0.575 - 0.032) / 29
+    assert sorted(s["cdf"]["tpot_s"])[-1] == pytest.approx((0.575 - 0.032) / 29)
+
+
+def test_a_request_that_never_fits_is_refused_in_one_line():
+    """64 tokens of KV (4 blocks of 16): 16 prompt + 49 out holds at most 16 + 48 = 64 tokens, fits; 50 out
+    would hold 65 tokens, 5 blocks."""
+    simulate(_reqs([0], [16], [49]), Engine(4, 64, 16), _cost(64))
+    with pytest.raises(OpmapError, match=r"needs 65 tokens of KV cache \(5 blocks of 16\), the device holds 64 "
+                                         r"\(4 blocks\)") as e:
+        simulate(_reqs([0], [16], [50]), Engine(4, 64, 16), _cost(64))
+    assert "\n" not in str(e.value)
+
+
+# -- (c) max_num_seqs caps the running batch ------------------------------------------------------------------
+
+def test_max_num_seqs_caps_the_running_batch():
+    """max_num_seqs 2: three requests of 10 prompt and 3 output tokens at 0. A and B run (prefill 20 tokens,
+    20 ms; decodes at 0.03, 0.04: done); C is admitted only at 0.04 (prefill 10 ms, first token 0.05, done
+    0.07). With max_num_seqs 3 all three prefill together (30 ms) and finish at 0.05."""
+    res = simulate(_reqs([0, 0, 0], [10, 10, 10], [3, 3, 3]), Engine(2, 64, 16), _cost())
+    np.testing.assert_allclose(res.start_s, [0, 0, 0.04])
+    np.testing.assert_allclose(res.first_s, [0.02, 0.02, 0.05])
+    np.testing.assert_allclose(res.finish_s, [0.04, 0.04, 0.07])
+    assert res.steps == 6
+    res = simulate(_reqs([0, 0, 0], [10, 10, 10], [3, 3, 3]), Engine(3, 64, 16), _cost())
+    np.testing.assert_allclose(res.finish_s, [0.05] * 3)
+
+
+# -- against other schedulers ---------------------------------------------------------------------------------
+
+def test_without_a_kv_limit_engine_is_sarathi_chunked():
+    """No KV capacity: no blocks to run out, so engine is the chunked policy's schedule (decodes first, partial
+    prompts, then new ones under max_num_seqs) step for step."""
+    reqs = make_requests("poisson:40", "uniform:10,3000", "uniform:1,200", 300, seed=5)
+    cost = TableCost([100, 4000], [0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]])
+    a = simulate(reqs, Engine(16, 512, 16), cost)
+    b = simulate(reqs, Chunked(512, max_seqs=16), cost)
+    for k in ("start_s", "first_s", "finish_s"):
+        np.testing.assert_allclose(getattr(a, k), getattr(b, k))
+    sa, sb = summarize(a), summarize(b)
+    assert sa["latency"]["itl"] == pytest.approx(sb["latency"]["itl"])
+
+
+def _plain(arr, inp, out, pol, cost):
+    """vLLM V1's scheduler as written there, one replica, every request visited every step: running decodes in
+    admission order (a block short: preempt running[-1]), then partial prompts, then the waiting queue."""
+    B, M, S = pol.kv_block, pol.max_num_batched_tokens, pol.max_num_seqs
+    free = cost.kv_capacity_tokens // B
+    n = len(arr)
+    comp, blocks, gen, target = [0] * n, [0] * n, [0] * n, [0] * n
+    dec = [False] * n
+    start, first, finish, last = [math.nan] * n, [math.nan] * n, [math.nan] * n, [0.0] * n
+    pre = [0] * n
+    gaps: list[float] = []
+    waiting: deque[int] = deque()
+    running: list[int] = []
+    t, ia = 0.0, 0
+    while True:
+        while ia < n and arr[ia] <= t:
+            waiting.append(ia)
+            ia += 1
+        if not running and not waiting:
+            if ia == n:
+                break
+            t = arr[ia]
+            continue
+        sched: dict[int, int] = {}
+        evicted = False
+
+        def evict(v):
+            nonlocal free
+            free += blocks[v]
+            blocks[v] = comp[v] = 0
+            running.remove(v)
+            sched.pop(v, None)
+            dec[v] = False
+            pre[v] += 1
+            waiting.appendleft(v)
+
+        for r in [r for r in running if dec[r]]:
+            if r not in running:
+                continue
+            while r in running and -(-(comp[r] + 1) // B) - blocks[r] > free:
+                evict(running[-1])
+                evicted = True
+            if r in running:
+                nb = -(-(comp[r] + 1) // B) - blocks[r]
+                free -= nb
+                blocks[r] += nb
+                sched[r] = 1
+        budget = M - len(sched)
+        for r in [r for r in running if not dec[r]]:
+            if r not in running:
+                continue
+            if budget <= 0:
+                break
+            take = min(target[r] - comp[r], budget)
+            while -(-(comp[r] + take) // B) - blocks[r] > free:
+                v = running[-1]
+                if v in sched:  # a decode of this step: its block and token come back
+                    budget += 1
+                evict(v)
+                evicted = True
+                if v == r:
+                    break
+            if r not in running:
+                break
+            nb = -(-(comp[r] + take) // B) - blocks[r]
+            free -= nb
+            blocks[r] += nb
+            sched[r] = take
+            budget -= take
+        if not evicted or not sched:
+            while waiting and budget > 0 and len(running) < S:
+                r = waiting[0]
+                tot = inp[r] + gen[r]
+                take = min(tot, budget)
+                if -(-take // B) > free:
+                    break
+                waiting.popleft()
+                free -= -(-take // B)
+                blocks[r], comp[r], target[r] = -(-take // B), 0, tot
+                running.append(r)
+                if math.isnan(start[r]):
+                    start[r] = t
+                sched[r] = take
+                budget -= take
+        nd = sum(1 for r in sched if dec[r])
+        kv = sum(comp[r] + 1 for r in sched if dec[r])
+        pt = sum(v for r, v in sched.items() if not dec[r])
+        prefix = [(comp[r], v) for r, v in sched.items() if not dec[r] and comp[r]]
+        t += mixed_s(cost, pt, len(sched) - nd, nd, kv, prefix)
+        for r, take in sched.items():
+            comp[r] += take
+            if comp[r] < target[r] and not dec[r]:
+                continue
+            gen[r] += 1
+            if gen[r] == 1:
+                first[r] = t
+            else:
+                gaps.append(t - last[r])
+            last[r] = t
+            dec[r] = True
+            if gen[r] == out[r]:
+                finish[r] = t
+                free += blocks[r]
+                running.remove(r)
+    return start, first, finish, pre, gaps
+
+
+@pytest.mark.parametrize("seed,cap,pol", [(1, 2048, Engine(32, 256, 16)), (2, 1000, Engine(8, 64, 8)),
+                                          (3, 4096, Engine(64, 512, 32)), (4, 600, Engine(4, 16, 1))])
+def test_the_counting_scheduler_is_the_plain_one(seed, cap, pol):
+    """Random traces under KV pressure (many preemptions): the same times, preemptions and token gaps."""
+    reqs = make_requests("poisson:30", "uniform:1,300", "uniform:1,200", 250, seed=seed)
+    cost = TableCost([16, 100, 4000], [0.0025, 0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]],
+                     kv_capacity_tokens=cap)
+    res = simulate(reqs, pol, cost)
+    start, first, finish, pre, gaps = _plain(reqs.arrival_s.tolist(), reqs.input_len.tolist(),
+                                             reqs.output_len.tolist(), pol, cost)
+    assert sum(pre) > 10
+    np.testing.assert_allclose(res.start_s, start)
+    np.testing.assert_allclose(res.first_s, first)
+    np.testing.assert_allclose(res.finish_s, finish)
+    np.testing.assert_array_equal(res.preemptions, pre)
+    assert res.itl_weight.sum() == len(gaps)
+    assert float((res.itl_gap_s * res.itl_weight).sum()) == pytest.approx(sum(gaps))
+
+
+def test_ten_thousand_requests_simulate_fast():
+    """The scheduler counts decodes instead of visiting them: 10,000 requests (about 1.3M tokens) in well under
+    the 3 s a whole serve process may take (a 2-core shared CI box; about 0.3 s on a workstation)."""
+    reqs = make_requests("poisson:100", "uniform:64,1024", "uniform:16,256", 10_000, seed=0)
+    cost = TableCost([128, 2048], [0.01, 0.12], [1, 256], [0, 1 << 22], [[0.006, 0.06], [0.012, 0.07]],
+                     kv_capacity_tokens=400_000)
+    t = time.perf_counter()
+    res = simulate(reqs, Engine(), cost)
+    assert time.perf_counter() - t < 5.0
+    assert np.all(res.finish_s >= res.first_s)
