@@ -26,6 +26,8 @@ def test_fit_writes_the_contract(tmp_path, cli):
     assert c["layout"]["devices_used"] <= 2 and c["runner_up"] is not None
     md = (tmp_path / "fit.md").read_text()
     assert "| layout | runner-up |" in md and "runner-up" in out
+    # the catalog's L4 has no achievable bandwidth: the cell says so (and would rank after like-for-like cells)
+    assert c["datasheet_only"] and "l4 (datasheet only: achievable_" in md and "datasheet only" in out
     png = tmp_path / "trade_curve.png"
     if importlib.util.find_spec("matplotlib"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -88,7 +88,7 @@ def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     spec = PhaseSpec("decode", kv_len=1024)
     try:
         w = phase_workload(model, spec, 16, None, dtype)
-        a = analyze_phase(capture_phase(w, spec), w, rt.apply(hw), dtype, spec, fusion=rt.fusion).analysis
+        a = analyze_phase(capture_phase(w, spec), w, hw, dtype, spec, fusion=rt.fusion, runtime=rt).analysis
     except OpmapError:
         return "-"
     return a.phase.get("bound", "-")
