@@ -54,3 +54,20 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
     assert cell["runner_up"]["per_device_tokens_per_s"] == max(figure_of_merit(lay) for lay in rest)
     assert cell["devices"] == best["devices_used"] == 2
     assert cell["throughput_per_device"] == best["per_device_tokens_per_s"]
+
+
+def test_a_layout_whose_weights_alone_outgrow_memory_is_not_priced():
+    """llama-3-70b: 70,553,706,496 parameters (Meta's model card) x 2 bytes (bf16) = 141.1 GB = 131.4 GiB: over one
+    H100's 80 GiB, 65.7 GiB each over two; the L4's 24 GiB holds it only over eight (16.4 GiB each; 32.9 over four)."""
+    from opmap.explore.layouts import weights_outgrow
+    from opmap.hardware import get_hardware
+    from opmap.workloads import MODELS
+
+    h100, l4 = get_hardware("h100-sxm"), get_hardware("l4")
+    gib = MODELS.get("llama-3-70b").published_params * 2 / 2**30
+    why = weights_outgrow("llama-3-70b", h100, "bf16", 1)
+    assert why is not None and f"{gib:.1f} GiB per device over 1" in why and "80.0 GiB a h100-sxm" in why
+    assert weights_outgrow("llama-3-70b", h100, "bf16", 2) is None
+    assert weights_outgrow("llama-3-70b", l4, "bf16", 4) is not None
+    assert weights_outgrow("llama-3-70b", l4, "bf16", 8) is None
+    assert weights_outgrow("path/to/config.json", h100, "bf16", 1) is None  # not a zoo model: left to the pricing

@@ -3,7 +3,8 @@ how many replicas fill a device budget.
 
 - **candidates**: devices per replica in ``DEVICE_STEPS`` (1, 2, 4, 8) within one node (``hw.devices_per_node``)
   and within the budget, each as every TP x PP split of that count (tensor parallelism first);
-- **each candidate**: priced (``opmap.serve.model_cost.model_table_cost`` at that tp and pp), its steady-state
+- **each candidate**: skipped where the zoo model's published weights alone outgrow the devices' memory, else
+  priced (``opmap.serve.model_cost.model_table_cost`` at that tp and pp), its steady-state
   capacity found for one replica (``opmap.serve.metrics.steady_capacity``: the highest Poisson rate meeting the
   SLO with a stationary queue, never above the offline saturation rate), and ``budget // devices`` replicas
   filling the budget, each receiving its share of the traffic (a random split: every replica sees a Poisson
@@ -61,6 +62,26 @@ def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, ru
     if "runtime" in kw:
         extra["runtime"] = runtime
     return model_table_cost(model, hardware, dtype, tp, progress=progress, **extra)
+
+
+def weights_outgrow(model: str, hw, dtype: str, devices: int) -> str | None:
+    """Why a layout of ``devices`` cannot hold a zoo model, from its published parameter count alone: its weights
+    in ``dtype``, split over the devices, outgrow one device's whole memory (a pre-check that spares pricing a
+    layout that cannot fit; the pricing's own memory fit decides every other one). None where that is not
+    known to fail."""
+    from opmap.precision import format_bytes
+    from opmap.workloads import MODELS
+
+    spec = MODELS.get(model)
+    cap = hw.memory_bytes
+    try:
+        per = spec.published_params * format_bytes(dtype) / devices if spec is not None else None
+    except OpmapError:
+        per = None
+    if per is None or not cap or per <= cap:
+        return None
+    return (f"{model}'s {spec.published_params / 1e9:.3g}B parameters in {dtype} need {per / 2**30:.1f} GiB per "
+            f"device over {devices}, more than the {cap / 2**30:.1f} GiB a {hw.name} holds")
 
 
 def priced_runtime(cost, runtime: str) -> dict[str, Any]:
@@ -123,6 +144,9 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         tried.append(lay)
         if progress:
             progress(f"{model} on {hw.name}, {label(lay)}: pricing")
+        lay["reason"] = weights_outgrow(model, hw, dtype, d) or ""
+        if lay["reason"]:
+            continue
         try:
             cost = price_layout(model, hw.name, dtype, tp, pp, runtime)
         except OpmapError as e:
