@@ -148,7 +148,7 @@ def serve(
         capacity["engine"] = engine
         report = capacity.pop("headline")
         if report is not None and out is not None:
-            res = probe.result(capacity["rate_per_s"])  # the same run again (same seed), for the CDF figure
+            res = probe.measured(capacity["rate_per_s"])  # the same run again (same seed), for the CDF figure
     if report is None:
         with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
             res = sim(reqs)
@@ -261,7 +261,7 @@ def _print(r: dict, model: str, hardware: str) -> None:
 
 def capacity_line(c: dict) -> str:
     """The capacity found, once, with its run length and the saturation rate beside it."""
-    sat = f"saturation {c['saturation_per_s']:.4g} requests/s offline"
+    sat = f"saturation {c['saturation_per_s']:.4g} requests/s offline, {c['saturation']['requests']} requests at t = 0"
     if c["rate_per_s"] is None:
         return f"capacity: none ({sat}): {c['reason']}"
     run = c["run"]

@@ -437,6 +437,12 @@ class RateProbe:
             res = self._simulate(self._requests(rate, more))
         return res
 
+    def measured(self, rate: float) -> SimResult:
+        """The measured requests of the run at ``rate`` (warm-up and cool-down left out): what its summary and
+        its latency CDFs describe."""
+        res = self.result(rate)
+        return steady_window(res, measured_window(res, self.warmup)[0])
+
     def __call__(self, rate: float) -> dict[str, Any]:
         res = self.result(rate)
         n = len(res.arrival_s)
