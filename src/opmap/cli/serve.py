@@ -17,7 +17,9 @@ def serve(
     hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices per replica."),
     arrival: str = typer.Option("poisson:10", help="poisson:RATE, gamma:RATE,CV, offline or trace:FILE."),
-    requests: int = typer.Option(1000, "--requests", help="Requests to simulate (a trace: at most this many)."),
+    requests: int = typer.Option(1000, "--requests", help="Requests to simulate (a trace: at most this many; "
+                                                          "--find-capacity: at least this many a run, more where "
+                                                          "they span under 20 request lifetimes)."),
     input_len: str = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
                                                              "lognormal:MEDIAN,SIGMA or trace."),
     output_len: str = typer.Option("128", "--output-len", help="As --input-len."),
