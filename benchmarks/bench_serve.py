@@ -5,7 +5,7 @@ benchmarks/results/bench_serve.json.
 With ``--fit``: the fit matrix instead, 3 models x 3 devices with the layout search (devices per replica 1, 2, 4, 8
 as TP x PP, replicas filling one node; each layout priced and its steady-state capacity searched), the whole
 matrix timed (goal: under 30 s); per cell the chosen layout and the runner-up. Writes
-benchmarks/results/bench_fit.json.
+benchmarks/results/bench_fit_cache_{fresh,off}.json.
 
     PYTHONPATH=src python benchmarks/bench_serve.py [--requests 100000]
     PYTHONPATH=src python benchmarks/bench_serve.py --fit [--models gpt2,llama-3-8b,llama-3-70b]
@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--devices", default="h100-sxm,mi300x,l4")
     ap.add_argument("--slo-ttft", type=float, default=2000.0)
     ap.add_argument("--slo-tpot", type=float, default=200.0)
+    ap.add_argument("--graph-cache", choices=("fresh", "off"), default="fresh",
+                    help="--fit: the graph cache on and empty at the start (a first fit: layouts and devices of one "
+                         "model share its captures), or off (every layout captured anew)")
     args = ap.parse_args()
     if args.fit:
         fit_bench(args)
@@ -87,6 +90,8 @@ def main() -> None:
 
 def fit_bench(args) -> None:
     """The fit matrix over --models x --devices with the layout search, timed whole (pricing included)."""
+    import tempfile
+
     from rich.console import Console
     from rich.table import Table
 
@@ -95,6 +100,11 @@ def fit_bench(args) -> None:
     from opmap.serve.metrics import Slo
 
     models, devices = args.models.split(","), args.devices.split(",")
+    if args.graph_cache == "fresh":  # read at each capture, inherited by the pool's workers
+        os.environ["OPMAP_GRAPH_CACHE"] = "1"
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="opmap-bench-fit-")
+    else:
+        os.environ["OPMAP_GRAPH_CACHE"] = "0"
     t0 = time.perf_counter()
     r = fit_matrix(models, devices, Slo(args.slo_ttft / 1e3, args.slo_tpot / 1e3), "512", "128")
     wall = time.perf_counter() - t0
@@ -113,7 +123,7 @@ def fit_bench(args) -> None:
                      "excluded_reason": c["excluded_reason"]})
     t = Table(title=f"opmap fit speed: {len(models)} models x {len(devices)} devices with the layout search, "
                     f"{wall:.1f} s ({'met' if wall < FIT_GOAL_S else 'MISSED'} the {FIT_GOAL_S:g} s goal); "
-                    f"runtime {r['runtime']}", title_justify="left")
+                    f"runtime {r['runtime']}, graph cache {args.graph_cache}", title_justify="left")
     for col in ("model", "device", "priced/tried", "chosen", "tok/s/device", "runner-up", "tok/s/device ",
                 "rate/replica", "saturation", "run"):
         t.add_column(col, justify="left" if col in ("model", "device", "chosen", "runner-up") else "right")
@@ -125,8 +135,9 @@ def fit_bench(args) -> None:
                   f(w["rate_per_s_per_replica"], ".4g"), f(w["saturation_per_s_per_replica"], ".4g"),
                   f(w["run_requests"], "d"))
     Console(width=160).print(t)
-    path = write_json("bench_fit", {"schema_version": 1, "when": now_iso(), "machine": machine(),
-                                    "config": vars(args), "wall_s": wall, "goal_s": FIT_GOAL_S, "rows": rows})
+    path = write_json(f"bench_fit_cache_{args.graph_cache}",
+                      {"schema_version": 1, "when": now_iso(), "machine": machine(), "config": vars(args),
+                       "wall_s": wall, "goal_s": FIT_GOAL_S, "rows": rows})
     print(f"wrote {path}")
 
 
