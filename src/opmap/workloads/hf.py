@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
+from opmap.ops import active_experts
 from opmap.workloads.hf_config import (
     ACCEPTED,
     TESTED,
@@ -256,7 +257,8 @@ def _balance_experts(model: torch.nn.Module) -> int:
 def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                               top_k_weights: torch.Tensor) -> torch.Tensor:
     """The eager expert loop with each expert's share fixed in advance: the T*k (token, choice) pairs sorted
-    by expert, split into equal slices, each expert's SwiGLU run on its slice, the weighted results added back
+    by expert, split into equal slices over the experts the T tokens are expected to activate
+    (opmap.ops.active_experts), each expert's SwiGLU run on its slice, the weighted results added back
     to their tokens (the same dispatch as opmap.workloads.llama.SparseMoeBlock on meta)."""
     e = self.gate_up_proj.shape[0]
     k = top_k_index.shape[-1]
@@ -265,9 +267,12 @@ def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: to
     token = order // k
     routed = hidden_states.index_select(0, token)
     n = flat.numel()
-    sizes = [n // e + (1 if i < n % e else 0) for i in range(e)]
+    a = active_experts(e, k, hidden_states.shape[0])  # the experts the tokens are expected to activate
+    sizes = [n // a + (1 if i < n % a else 0) if i < a else 0 for i in range(e)]
     outs = []
     for i, chunk in enumerate(routed.split(sizes)):
+        if not chunk.shape[0]:
+            continue  # an expert with no tokens launches nothing (its weights are not read)
         h = self._apply_gate(torch.nn.functional.linear(chunk, self.gate_up_proj[i]))
         outs.append(torch.nn.functional.linear(h, self.down_proj[i]))
     y = torch.cat(outs) * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(hidden_states.dtype)
