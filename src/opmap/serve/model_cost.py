@@ -1,94 +1,420 @@
-"""A TableCost for a zoo model on a catalog device, priced by opmap's phase analyses (a handful of captures on
-meta, so it takes seconds):
+"""A TableCost for a model on a catalog device: what one step of a serving replica (tp x pp devices) costs under a
+runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
 
-- prefill: one sequence of S tokens for S in ``prefill_seqs`` (capped at the model's context); a step with
-  several prompts is priced at its total tokens (attention's quadratic part is then counted as one long
-  prompt's: an upper bound for many short prompts);
-- decode: batch b against a KV cache of k tokens per sequence for b in ``decode_batches`` and k in
-  ``decode_kv``; time is linear in the KV read, so each batch's two points give a line in total KV tokens,
-  laid on a common grid;
-- with --tp N: each point's time is its tensor-parallel layout's (opmap.mapping.sharding.shard: Megatron
-  splits and their all-reduces on the device's interconnect);
-- KV capacity: (device memory - weights - workspace - activations in flight, per device) / KV bytes per
-  token per device (the KV heads split over tp), from the decode analysis's memory fit and the graph's KV
-  geometry (opmap.mapping.memory.kv_geometry).
+- the model: anything ``opmap analyze`` takes (a zoo text decoder, a Hugging Face config, ``hf:NAME``, a model file
+  whose factory returns a zoo-style decoder or a transformers causal LM), built once by analyze's resolver
+  (``opmap.workloads.load.load_workload``) at batch 1;
+- layers: a homogeneous stack (every block the same parameters and the same attention kind) is captured with 1
+  and 2 layers and each priced point extrapolated linearly in the layer count, t(L) = t(1) + (L - 1)(t(2) - t(1)):
+  exact, since each layer adds the same kernels, all-reduces and fusion boundary (``homogeneous`` says where it
+  is not: alternating sliding-window layers, MoE with dense first layers; those, and power-limited devices whose
+  clock depends on the step's length, are captured whole);
+- prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
+  prompts is priced at its total tokens (attention's quadratic part counted as one long prompt's: an upper bound);
+- decode: batch b against k KV tokens per sequence for b in ``DECODE_BATCHES`` (more for a MoE, whose expert reads
+  are concave in b) and k in ``DECODE_KV``; time is linear in the KV read, so each batch's two points give a line
+  in total KV tokens, laid on a common grid, its slope scaled to the KV format (``--kv-dtype``);
+- runtime (opmap.phases.runtime): every point priced on ``rt.apply(hw)`` with the fusion ``rt.fusion``, plus
+  ``rt.per_step_s`` once per step;
+- layout: each point's time is its tensor-parallel layout's (opmap.mapping.sharding: Megatron splits and their
+  all-reduces); pp stages split the layers (ceil(L / pp) per stage, the embedding on the first, the head on the
+  last); one microbatch passes every stage plus pp - 1 activation sends (latency), and a step of n sequences runs
+  as min(pp, n) microbatches in flight, steady state (TableCost._piped);
+- memory: per device, usable = capacity x utilization - weights - runtime reserve; KV tokens = usable / KV bytes per
+  token per device (opmap.mapping.memory.ServingMemory);
+- floor: the weight and KV bytes one device reads per decode step over its achievable memory rate (DecodeFloor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from opmap.errors import OpmapError
-from opmap.serve.cost import TableCost
+from opmap.serve.cost import DecodeFloor, TableCost
 
 PREFILL_SEQS = (128, 512, 2048)
 DECODE_BATCHES = (1, 16, 64)
+MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64)  # distinct experts grow as E (1 - (1 - k/E)^b): concave, sampled finer
 DECODE_KV = (256, 1024)
 KV_GRID = (0, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
+KV_DTYPES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}  # bytes per element of the KV cache
+KV_DTYPE_HELP = "bf16, fp16, fp8 or int8 (default: the model dtype's activation format)"
 
 
-def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1,
-                     prefill_seqs: Sequence[int] = PREFILL_SEQS, decode_batches: Sequence[int] = DECODE_BATCHES,
-                     decode_kv: Sequence[int] = DECODE_KV,
+@dataclass(frozen=True)
+class Point:
+    """One priced step on the replica: ``latency_s`` one microbatch through every stage, ``stage_s`` the
+    slowest stage with its send; per device, the weight bytes read (``dense_bytes``, ``expert_bytes``)."""
+
+    latency_s: float
+    stage_s: float
+    dense_bytes: float = 0.0
+    expert_bytes: float = 0.0
+
+
+def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
+    """The KV format: ``kv_dtype`` or, by default, the format the model computes activations in."""
+    from opmap.precision import POLICY, check_requestable
+
+    if kv_dtype is None:
+        cap = POLICY[check_requestable(dtype)].capture
+        return cap if cap in KV_DTYPES else "bf16" if cap != "fp32" else "fp32"
+    if kv_dtype not in KV_DTYPES:
+        raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {KV_DTYPE_HELP}")
+    return kv_dtype
+
+
+def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1, *, pp: int = 1,
+                     runtime: str = "engine", kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9,
+                     allow_long_context: bool = False, max_context: int | None = None,
                      progress: Callable[[str], None] | None = None) -> TableCost:
-    from opmap.analyze import analyze_phase, capture_phase
+    """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
+    sequence (prompt + output) the run will hold, refused past the model's position limit unless
+    ``allow_long_context`` (rope scaling)."""
     from opmap.hardware import get_hardware
-    from opmap.mapping.memory import kv_geometry
-    from opmap.workloads import MODELS
-    from opmap.workloads.phases import PhaseSpec, phase_workload
+    from opmap.phases.runtime import get_runtime
 
-    spec = MODELS.get(model)
-    if spec is None or spec.kind != "text":
-        raise OpmapError(f"opmap serve needs a zoo text decoder, got {model!r}: see `opmap models`")
-    if tp < 1:
-        raise OpmapError(f"--tp must be >= 1 (got {tp})")
-    hw = get_hardware(hardware)
+    for name, v in (("--tp", tp), ("--pp", pp)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise OpmapError(f"{name} must be a positive integer, got {v!r}")
+    if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
+        raise OpmapError(f"--gpu-memory-utilization must be above 0 and at most 1, got {gpu_memory_utilization!r}")
+    kvd = check_kv_dtype(kv_dtype, dtype)
+    hw0 = get_hardware(hardware)
+    from opmap.precision import resolve_precision
+
+    resolve_precision(hw0, dtype)  # a dtype the device lacks fails before anything is built
+    rt = get_runtime(hw0, runtime)
+    hw = rt.apply(hw0)
     say = progress or (lambda s: None)
-    max_seq = int(spec.max_seq)
-
-    def price(phase: PhaseSpec, batch: int, seq: int | None):
-        w = phase_workload(model, phase, batch, seq, dtype, "meta")
-        g = capture_phase(w, phase)
-        a = analyze_phase(g, w, hw, dtype, phase).analysis
-        t = a.predicted_latency_s
-        if tp > 1:
-            from opmap.mapping.sharding import Parallelism, shard
-
-            t = shard(a, Parallelism(tp=tp, devices=tp)).latency_s
-        return t, a, g
-
-    seqs = sorted({min(s, max_seq) for s in prefill_seqs})
-    pre_t = []
-    pre_graph = None
+    m = Resolved.build(model, dtype)
+    limit = m.max_positions
+    if max_context is not None and limit is not None and max_context > limit and not allow_long_context:
+        raise OpmapError(f"{model} holds at most {limit} positions (max_position_embeddings) and the run needs "
+                         f"{max_context}; shorten the lengths or pass --allow-long-context (rope scaling)")
+    if pp > m.layers:
+        raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
+    pricer = Pricer(m, hw, dtype, tp, pp, rt)
+    cap = limit or max(PREFILL_SEQS)
+    seqs = sorted({min(s, cap) for s in PREFILL_SEQS})
+    pre = []
     for s in seqs:
         say(f"pricing prefill of {s} tokens")
-        t, _, pre_graph = price(PhaseSpec("prefill"), 1, s)
-        pre_t.append(t)
-    kvs = sorted({min(k, max_seq) for k in decode_kv})
+        pre.append(pricer.prefill(s))
+    kvs = sorted({min(k, cap) for k in DECODE_KV})
     if len(kvs) < 2:
-        raise OpmapError("decode pricing needs two KV lengths")
-    rows = []
-    last = None
-    for b in sorted(set(decode_batches)):
+        raise OpmapError(f"{model} holds {cap} positions: decode pricing needs two KV lengths")
+    batches = MOE_DECODE_BATCHES if pricer.experts else DECODE_BATCHES
+    scale = KV_DTYPES.get(kvd, 4.0) / m.kv_itemsize  # the KV read at --kv-dtype over the captured cache's
+    rows, stage_rows, dense = [], [], []
+    for b in batches:
         pts = []
         for k in kvs[:2]:
             say(f"pricing decode of {b} sequences at {k} KV tokens each")
-            t, a, g = price(PhaseSpec("decode", kv_len=k), b, None)
-            pts.append((b * k, t))
-            last = (a, g)
-        (x0, y0), (x1, y1) = pts
-        slope = max(0.0, (y1 - y0) / (x1 - x0))
-        rows.append([max(1e-9, y0 + slope * (kv - x0)) for kv in KV_GRID])
-    fit = last[0].memory
-    per_tok = kv_geometry(pre_graph).bytes_per_token / tp  # the prefill graph's causal attention calls
-    free = fit.capacity_bytes - fit.weights_bytes / tp - fit.workspace_bytes - fit.activations_bytes / tp
-    if per_tok <= 0:
+            pts.append((b * k, pricer.decode(b, k)))
+        rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
+        stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
+        dense.append(pts[0][1])
+    memory = pricer.memory(kvd, gpu_memory_utilization)
+    if memory.kv_bytes_per_token <= 0:
         raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
-    cap = int(free // per_tok)
-    if cap < 1:
-        raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp}: the weights need "
-                         f"{fit.weights_bytes / tp / 1e9:.1f} GB per device of {fit.capacity_bytes / 1e9:.1f} GB; "
-                         "raise --tp")
-    return TableCost(seqs, pre_t, sorted(set(decode_batches)), KV_GRID, rows, kv_capacity_tokens=cap,
-                     source=f"opmap phase analyses of {model} on {hw.name} ({dtype}, tp {tp})",
-                     kv_bytes_per_token=per_tok)
+    if memory.kv_capacity_tokens < 1:
+        raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp} pp {pp}: the weights need "
+                         f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
+                         f"{memory.reserve_bytes / 2**30:.2f} GiB, of {memory.capacity_bytes / 2**30:.1f} GiB x "
+                         f"{gpu_memory_utilization:g}; raise --tp or --pp")
+    floor = DecodeFloor(dense[0].dense_bytes, memory.kv_bytes_per_token, hw.memory_rate_bytes_per_s,
+                        pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis)
+    how = "extrapolated in the layer count from 1- and 2-layer captures" if pricer.extrapolate else \
+        f"captured whole ({pricer.why_whole})"
+    return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
+                     kv_capacity_tokens=memory.kv_capacity_tokens,
+                     source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, tp {tp}, pp {pp}, runtime "
+                            f"{rt.name}; {how})",
+                     kv_bytes_per_token=memory.kv_bytes_per_token, runtime=rt.to_dict(), memory=memory.to_dict(),
+                     layout={"tp": tp, "pp": pp}, kv_dtype=kvd, pp=pp,
+                     stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
+                     stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor)
+
+
+def _kv_line(pts, f, scale: float) -> list[float]:
+    """A decode row on KV_GRID from two points (total KV tokens, Point): the intercept as priced, the slope (the
+    KV read) times ``scale``."""
+    (x0, p0), (x1, p1) = pts
+    slope = max(0.0, (f(p1) - f(p0)) / (x1 - x0))
+    y0 = f(p0) - slope * x0
+    return [max(1e-9, y0 + slope * scale * kv) for kv in KV_GRID]
+
+
+# -- the model, built once ------------------------------------------------------------------------------------
+
+@dataclass
+class Resolved:
+    """A decoder built by analyze's resolver at batch 1, with its stack of layers (``blocks``) that ``set_layers``
+    shortens in place for the 1- and 2-layer captures."""
+
+    name: str
+    target: str
+    workload: object  # opmap.workloads.zoo.Workload
+    hf: bool
+    parent: object  # the module holding the layer list
+    attr: str
+    blocks: list
+    max_positions: int | None
+    kv_itemsize: float
+
+    @classmethod
+    def build(cls, target: str, dtype: str) -> Resolved:
+        import torch
+
+        from opmap.workloads import MODELS
+        from opmap.workloads.hf import is_hf_target, max_positions
+        from opmap.workloads.load import load_workload
+
+        spec = MODELS.get(target)
+        if spec is not None and (spec.kind != "text" or spec.name == "bert-base"):
+            raise OpmapError(f"opmap serve needs a text decoder, and {target} is "
+                             f"{'an encoder' if spec.kind == 'text' else 'a vision model'}; accepted: a zoo decoder "
+                             "(opmap models list), a Hugging Face decoder config, hf:NAME or a model file")
+        w = load_workload(target, 1, 1 if spec is not None or is_hf_target(target) else None, dtype, "meta")
+        cfg = getattr(w.module, "config", None)
+        hf = is_hf_target(target) or hasattr(cfg, "num_hidden_layers")
+        if not hf and not hasattr(cfg, "n_layer"):
+            raise OpmapError(f"{target}: serve prices decode against a KV cache and needs a decoder it can give one: "
+                             "a zoo text decoder, a Hugging Face decoder config (or a model file returning a "
+                             "transformers causal LM or a zoo Llama / GPT-2)")
+        limit = spec.max_seq if spec is not None else (max_positions(cfg) if hf else getattr(cfg, "max_seq", None))
+        parent, attr, blocks = _layer_list(w.module)
+        dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
+        return cls(w.name, target, w, hf, parent, attr, blocks, limit, float(torch.empty((), dtype=dt).itemsize))
+
+    @property
+    def layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def config(self):
+        return self.workload.module.config
+
+    def homogeneous(self) -> str:
+        """Empty when every layer is the same (parameter shapes and attention kind); else why not."""
+        sig = {tuple((n, tuple(p.shape)) for n, p in b.named_parameters()) for b in self.blocks}
+        if len(sig) > 1:
+            return "layers of different shapes (a MoE with dense layers, or mixed blocks)"
+        types = getattr(self.config, "layer_types", None)
+        if isinstance(types, (list, tuple)) and len(set(types)) > 1:
+            return f"layer types {sorted(set(map(str, types)))} (alternating attention)"
+        mw = getattr(self.config, "max_window_layers", None)
+        if getattr(self.config, "use_sliding_window", False) and isinstance(mw, int) and 0 < mw < self.layers:
+            return f"sliding-window attention on layers past {mw} only"
+        return ""
+
+    def set_layers(self, n: int) -> None:
+        """Keep the first ``n`` layers (the config's layer count follows)."""
+        import torch
+
+        setattr(self.parent, self.attr, torch.nn.ModuleList(self.blocks[:n]))
+        c = self.config
+        if self.hf:
+            c.num_hidden_layers = n
+            if isinstance(getattr(c, "layer_types", None), list):
+                c.layer_types = c.layer_types[:n] if len(c.layer_types) >= n else c.layer_types
+        else:
+            self.workload.module.config = replace(c, n_layer=n)
+
+    def prefill(self, seq: int):
+        import torch
+
+        w = self.workload
+        with torch.device("meta"):
+            ids = torch.zeros(1, seq, dtype=torch.long)
+        inputs = {"input_ids": ids, "use_cache": False} if self.hf else (ids,)
+        return replace(w, inputs=inputs, batch=1, seq=seq)
+
+    def decode(self, batch: int, kv: int):
+        from opmap.workloads.phases import decode_workload, hf_decode_workload
+
+        w = replace(self.workload, batch=batch)
+        return hf_decode_workload(w, kv) if self.hf else decode_workload(w, kv)
+
+
+def _layer_list(module):
+    """(parent, attribute, layers) of the model's largest nn.ModuleList of one block class (the decoder layers)."""
+    import torch
+
+    best = None
+    for path, m in module.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len({type(c) for c in m}) == 1 and (
+                best is None or len(m) > len(best[2])):
+            parent, _, attr = path.rpartition(".")
+            best = (module.get_submodule(parent) if parent else module, attr, list(m))
+    if best is None:
+        raise OpmapError(f"{type(module).__name__} has no stack of layers (an nn.ModuleList of one block class): "
+                         "serve needs a decoder")
+    return best
+
+
+# -- pricing points ----------------------------------------------------------------------------------------------
+
+class Pricer:
+    """Prices prefill and decode points of one resolved model on one device under a layout and runtime."""
+
+    def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt):
+        self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
+        why = m.homogeneous()
+        if not why and hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
+            why = f"{hw.name} is power-limited: its clock depends on how long a step runs"
+        if not why and m.layers < 3:
+            why = f"{m.layers} layers"
+        self.extrapolate = not why
+        self.why_whole = why
+        self.experts = self.top_k = 0
+        self.expert_bytes_per_expert = 0.0
+        self._weights: tuple[float, float] | None = None  # (held bytes per device, captured KV bytes per token)
+        self._kv_heads = 0
+        self._inflight = 0.0
+        self._prefill_seq = 0
+        self._last_graph = None
+
+    # one capture at n layers: (analysis, sharder, per-kernel times under tp)
+    def _analyze(self, w, spec, n: int):
+        from opmap.analyze import analyze_phase, capture_phase
+        from opmap.mapping.sharding import Sharder
+
+        self.m.set_layers(n)
+        g = capture_phase(w, spec)
+        self._last_graph = g
+        a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion).analysis
+        return a, Sharder(a)
+
+    def _terms(self, a, s) -> dict:
+        """Latency under tp (no pp), the time before the first block, weights held and read per device."""
+        from opmap.mapping.sharding import SPLIT_ROLES, Parallelism
+
+        p = Parallelism(tp=self.tp, devices=self.tp)
+        sh = s.shard(p) if self.tp > 1 else None
+        per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
+        lat = sh.latency_s if sh is not None else a.predicted_latency_s
+        pre = sum(t for r, t in zip(s.rows, per_k) if r[1] < 0)
+        dense = expert = 0.0
+        kvh = s.geo.kv_heads
+        for r in a.results:
+            if not r.cost.param_bytes_read:
+                continue
+            role = s.roles.role.get(r.node.id, "replicated")
+            d = 1
+            if role in SPLIT_ROLES or role in ("expert_column", "expert_row"):
+                narrow = role == "column" and s.roles.kv_width and r.node.outputs and \
+                    r.node.outputs[0].shape[-1] == s.roles.kv_width
+                d = min(self.tp, kvh) if narrow and kvh else self.tp
+            if role in ("expert_column", "expert_row"):
+                expert += r.cost.param_bytes_read / d
+            else:
+                dense += r.cost.param_bytes_read / d
+        return {"lat": lat, "pre": pre, "dense": dense, "expert": expert,
+                "held": a.graph.param_bytes * a.precision.weight_scale, "act": s.geo.act_bytes,
+                "expert_params": s.roles.expert_params, "experts": s.geo.experts, "kv_heads": kvh}
+
+    def _point(self, w, spec) -> Point:
+        from opmap.mapping.sharding import Parallelism, shard
+
+        L, pp = self.m.layers, self.pp
+        if not self.extrapolate:
+            a, s = self._analyze(w, spec, L)
+            t = self._terms(a, s)
+            self._note(a, s, t, t)
+            if pp > 1 or self.tp > 1:
+                sh = shard(a, Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp))
+                lat, stage = sh.latency_s, sh.microbatch_s
+            else:
+                lat = stage = t["lat"]
+            step = self.rt.per_step_s
+            return Point(lat + step, stage + step, t["dense"] / pp, t["expert"] / pp)
+        t1 = self._terms(*self._analyze(w, spec, 1))
+        a2, s2 = self._analyze(w, spec, 2)
+        t2 = self._terms(a2, s2)
+        self._note(a2, s2, t1, t2)
+
+        def ext(k):
+            return t1[k] + (L - 1) * (t2[k] - t1[k])
+
+        d = t2["lat"] - t1["lat"]
+        c = t1["lat"] - d  # everything outside the blocks
+        per = math.ceil(L / pp)
+        counts = [0] * pp
+        for i in range(L):
+            counts[min(pp - 1, i // per)] += 1
+        stages = [n * d for n in counts]
+        stages[0] += t1["pre"]
+        stages[-1] += c - t1["pre"]
+        send = self._send(t1["act"]) if pp > 1 else 0.0
+        lat = L * d + c + (pp - 1) * send
+        stage = max(stages) + send
+        step = self.rt.per_step_s
+        return Point(lat + step, stage + step, ext("dense") / pp, ext("expert") / pp)
+
+    def _note(self, a, s, t1, t2) -> None:
+        """The whole model's geometry, from the captures (extrapolated in the layer count)."""
+        from opmap.mapping.memory import kv_geometry
+
+        L = self.m.layers
+        n = len(s.roles.blocks) or 1
+        held = t2["held"] if not self.extrapolate else t1["held"] + (L - 1) * (t2["held"] - t1["held"])
+        self._weights = (held, self._weights[1] if self._weights else 0.0)
+        if t2["experts"]:
+            self.experts = t2["experts"]
+            cfg = self.m.config
+            self.top_k = int(getattr(cfg, "top_k", 0) or getattr(cfg, "num_experts_per_tok", 0) or 0)
+            per_layer_expert = t2["expert_params"] / n / self.experts  # one expert's parameters in one layer
+            itemsize = a.graph.param_bytes / max(1, a.graph.params)
+            self.expert_bytes_per_expert = (per_layer_expert * itemsize * a.precision.weight_scale * L
+                                            / self.tp / self.pp)
+        self._kv_heads = t2["kv_heads"] or self._kv_heads
+        geo = kv_geometry(a.graph)
+        if geo.layers:
+            self._weights = (held, geo.bytes_per_token / geo.layers * L)
+
+    def _send(self, act_bytes: float) -> float:
+        """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send)."""
+        from opmap.mapping.collectives import Collective, collective_time
+        from opmap.mapping.sharding import link_for
+
+        if act_bytes <= 0:
+            return 0.0
+        c = Collective("send_recv", act_bytes / self.tp, 2, link_for(self.hw, 2 * self.tp))
+        return collective_time(self.hw, c).seconds
+
+    def prefill(self, seq: int) -> Point:
+        from opmap.mapping.memory import inflight_activation_bytes
+        from opmap.workloads.phases import PhaseSpec
+
+        w = self.m.prefill(seq)
+        p = self._point(w, PhaseSpec("prefill"))
+        if seq >= self._prefill_seq:  # the activations in flight, read off the longest prefill graph
+            self._prefill_seq = seq
+            self._inflight = inflight_activation_bytes(self._last_graph) / seq
+        return p
+
+    def decode(self, batch: int, kv: int) -> Point:
+        from opmap.workloads.phases import PhaseSpec
+
+        spec = PhaseSpec("decode", kv_len=kv)
+        return self._point(self.m.decode(batch, kv), spec)
+
+    def memory(self, kv_dtype: str, utilization: float):
+        """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""
+        from opmap.mapping.memory import (
+            ACTIVATION_TOKENS,
+            ServingMemory,
+            kv_bytes_per_token_per_device,
+            runtime_reserve,
+        )
+
+        held, kv_captured = self._weights or (0.0, 0.0)
+        per_tok = kv_captured * KV_DTYPES.get(kv_dtype, 4.0) / self.m.kv_itemsize
+        per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
+        act = self._inflight * ACTIVATION_TOKENS / self.tp
+        reserve = runtime_reserve(act, self.rt.name != "eager")
+        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev)
