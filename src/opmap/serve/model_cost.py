@@ -6,9 +6,12 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   (``opmap.workloads.load.load_workload``) at batch 1;
 - layers: a homogeneous stack (every block the same parameters and the same attention kind) is captured with 1
   and 2 layers and each priced point extrapolated linearly in the layer count, t(L) = t(1) + (L - 1)(t(2) - t(1)):
-  exact, since each layer adds the same kernels, all-reduces and fusion boundary (``homogeneous`` says where it
-  is not: alternating sliding-window layers, MoE with dense first layers; those, and power-limited devices whose
-  clock depends on the step's length, are captured whole);
+  exact, since each layer adds the same kernels, all-reduces and fusion boundary. One 2-layer capture per point
+  gives both terms: the kernels of the second block (its TP all-reduces and view dispatch included) are one
+  layer, the rest is t(1) - layer; the first block must price the same, else the model is captured whole.
+  ``homogeneous`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
+  dense first layers); those, and power-limited devices whose clock depends on the step's length, are captured
+  whole;
 - prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
   prompts is priced at its total tokens (attention's quadratic part counted as one long prompt's: an upper bound);
 - decode: batch b against k KV tokens per sequence for b in ``DECODE_BATCHES`` (more for a MoE, whose expert reads
@@ -211,6 +214,13 @@ class Resolved:
             return f"sliding-window attention on layers past {mw} only"
         return ""
 
+    def all_parameters(self):
+        """Every parameter of the whole model (all its layers), each once."""
+        seen = {id(p): p for p in self.workload.module.parameters()}
+        for b in self.blocks:
+            seen.update({id(p): p for p in b.parameters()})
+        return list(seen.values())
+
     def set_layers(self, n: int) -> None:
         """Keep the first ``n`` layers (the config's layer count follows)."""
         import torch
@@ -272,7 +282,8 @@ class Pricer:
         self.why_whole = why
         self.experts = self.top_k = 0
         self.expert_bytes_per_expert = 0.0
-        self._weights: tuple[float, float] | None = None  # (held bytes per device, captured KV bytes per token)
+        self._held: float | None = None  # weight bytes the whole model holds at its stored format
+        self._kv_per_token = 0.0  # KV bytes per token of the whole model, as captured
         self._kv_heads = 0
         self._inflight = 0.0
         self._prefill_seq = 0
@@ -290,17 +301,32 @@ class Pricer:
         return a, Sharder(a)
 
     def _terms(self, a, s) -> dict:
-        """Latency under tp (no pp), the time before the first block, weights held and read per device."""
+        """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
+        each block with its TP all-reduces) and weight bytes read per device; the weights held."""
         from opmap.mapping.sharding import SPLIT_ROLES, Parallelism
 
-        p = Parallelism(tp=self.tp, devices=self.tp)
-        sh = s.shard(p) if self.tp > 1 else None
+        sh = s.shard(Parallelism(tp=self.tp, devices=self.tp)) if self.tp > 1 else None
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
-        lat = sh.latency_s if sh is not None else a.predicted_latency_s
-        pre = sum(t for r, t in zip(s.rows, per_k) if r[1] < 0)
-        dense = expert = 0.0
+        n = len(s.roles.blocks)
+        index = {b: i for i, b in enumerate(s.roles.blocks)}
+        coll = sum(c.predicted_s * c.count for c in sh.collectives) / max(1, n) if sh is not None else 0.0
+        blk = [coll] * n
+        pre = post = 0.0
+        for r, t in zip(s.rows, per_k):
+            if r[1] < 0:
+                pre += t
+            elif r[1] >= n:
+                post += t
+            else:
+                blk[r[1]] += t
+        dense, expert = [0.0] * (n + 1), [0.0] * (n + 1)  # [outside, block 0, block 1, ...]
         kvh = s.geo.kv_heads
         for r in a.results:
+            i = index.get(s.roles.block.get(r.node.id), -1) + 1
+            if sh is None and not r.cost.kernel and 0 < i:  # host dispatch of views (Analysis.predicted_latency_s)
+                blk[i - 1] += r.pred.predicted_s
+            elif sh is None and not r.cost.kernel:
+                post += r.pred.predicted_s
             if not r.cost.param_bytes_read:
                 continue
             role = s.roles.role.get(r.node.id, "replicated")
@@ -309,72 +335,69 @@ class Pricer:
                 narrow = role == "column" and s.roles.kv_width and r.node.outputs and \
                     r.node.outputs[0].shape[-1] == s.roles.kv_width
                 d = min(self.tp, kvh) if narrow and kvh else self.tp
-            if role in ("expert_column", "expert_row"):
-                expert += r.cost.param_bytes_read / d
-            else:
-                dense += r.cost.param_bytes_read / d
-        return {"lat": lat, "pre": pre, "dense": dense, "expert": expert,
-                "held": a.graph.param_bytes * a.precision.weight_scale, "act": s.geo.act_bytes,
-                "expert_params": s.roles.expert_params, "experts": s.geo.experts, "kv_heads": kvh}
+            (expert if role in ("expert_column", "expert_row") else dense)[i] += r.cost.param_bytes_read / d
+        lat = sh.latency_s if sh is not None else a.predicted_latency_s
+        return {"lat": lat, "pre": pre, "post": lat - pre - sum(blk), "blk": blk, "dense": dense,
+                "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
+                "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
 
     def _point(self, w, spec) -> Point:
         from opmap.mapping.sharding import Parallelism, shard
 
-        L, pp = self.m.layers, self.pp
+        L, pp, step = self.m.layers, self.pp, self.rt.per_step_s
+        if self.extrapolate:
+            a, s = self._analyze(w, spec, 2)
+            t = self._terms(a, s)
+            b0, b1 = t["blk"]
+            if abs(b0 - b1) > 1e-9 * max(abs(b1), 1e-30):  # the two blocks priced apart: not one repeated layer
+                self.extrapolate, self.why_whole = False, "its first two layers price differently"
         if not self.extrapolate:
             a, s = self._analyze(w, spec, L)
             t = self._terms(a, s)
-            self._note(a, s, t, t)
+            self._note(a, s, t)
             if pp > 1 or self.tp > 1:
                 sh = shard(a, Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp))
                 lat, stage = sh.latency_s, sh.microbatch_s
             else:
                 lat = stage = t["lat"]
-            step = self.rt.per_step_s
-            return Point(lat + step, stage + step, t["dense"] / pp, t["expert"] / pp)
-        t1 = self._terms(*self._analyze(w, spec, 1))
-        a2, s2 = self._analyze(w, spec, 2)
-        t2 = self._terms(a2, s2)
-        self._note(a2, s2, t1, t2)
-
-        def ext(k):
-            return t1[k] + (L - 1) * (t2[k] - t1[k])
-
-        d = t2["lat"] - t1["lat"]
-        c = t1["lat"] - d  # everything outside the blocks
+            return Point(lat + step, stage + step, sum(t["dense"]) / pp, sum(t["expert"]) / pp)
+        self._note(a, s, t)
+        d = t["blk"][1]  # one layer, its all-reduces and its host dispatch
         per = math.ceil(L / pp)
         counts = [0] * pp
         for i in range(L):
             counts[min(pp - 1, i // per)] += 1
         stages = [n * d for n in counts]
-        stages[0] += t1["pre"]
-        stages[-1] += c - t1["pre"]
-        send = self._send(t1["act"]) if pp > 1 else 0.0
-        lat = L * d + c + (pp - 1) * send
+        stages[0] += t["pre"]
+        stages[-1] += t["post"]
+        send = self._send(t["act"]) if pp > 1 else 0.0
+        lat = t["pre"] + t["post"] + L * d + (pp - 1) * send
         stage = max(stages) + send
-        step = self.rt.per_step_s
-        return Point(lat + step, stage + step, ext("dense") / pp, ext("expert") / pp)
+        dense = t["dense"][0] + L * t["dense"][2]
+        expert = t["expert"][0] + L * t["expert"][2]
+        return Point(lat + step, stage + step, dense / pp, expert / pp)
 
-    def _note(self, a, s, t1, t2) -> None:
-        """The whole model's geometry, from the captures (extrapolated in the layer count)."""
+    def _note(self, a, s, t) -> None:
+        """The whole model's geometry, from a capture (per layer times the layer count)."""
         from opmap.mapping.memory import kv_geometry
 
         L = self.m.layers
-        n = len(s.roles.blocks) or 1
-        held = t2["held"] if not self.extrapolate else t1["held"] + (L - 1) * (t2["held"] - t1["held"])
-        self._weights = (held, self._weights[1] if self._weights else 0.0)
-        if t2["experts"]:
-            self.experts = t2["experts"]
+        n = max(1, t["blocks"])
+        if self._held is None:
+            itemsize = sum(p.numel() * p.element_size() for p in self.m.all_parameters())
+            self._held = itemsize * a.precision.weight_scale
+        if t["experts"]:
+            self.experts = t["experts"]
             cfg = self.m.config
             self.top_k = int(getattr(cfg, "top_k", 0) or getattr(cfg, "num_experts_per_tok", 0) or 0)
-            per_layer_expert = t2["expert_params"] / n / self.experts  # one expert's parameters in one layer
+            per_layer_expert = t["expert_params"] / n / self.experts  # one expert's parameters in one layer
             itemsize = a.graph.param_bytes / max(1, a.graph.params)
             self.expert_bytes_per_expert = (per_layer_expert * itemsize * a.precision.weight_scale * L
                                             / self.tp / self.pp)
-        self._kv_heads = t2["kv_heads"] or self._kv_heads
+        self._kv_heads = t["kv_heads"] or self._kv_heads
         geo = kv_geometry(a.graph)
         if geo.layers:
-            self._weights = (held, geo.bytes_per_token / geo.layers * L)
+            self._kv_per_token = geo.bytes_per_token / geo.layers * L
 
     def _send(self, act_bytes: float) -> float:
         """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send)."""
@@ -412,7 +435,7 @@ class Pricer:
             runtime_reserve,
         )
 
-        held, kv_captured = self._weights or (0.0, 0.0)
+        held, kv_captured = self._held or 0.0, self._kv_per_token
         per_tok = kv_captured * KV_DTYPES.get(kv_dtype, 4.0) / self.m.kv_itemsize
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
