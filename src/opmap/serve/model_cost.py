@@ -8,7 +8,8 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   and 2 layers and each priced point extrapolated linearly in the layer count, t(L) = t(1) + (L - 1)(t(2) - t(1)):
   exact, since each layer adds the same kernels, all-reduces and fusion boundary. One 2-layer capture per point
   gives both terms: the kernels of the second block (its TP all-reduces and view dispatch included) are one
-  layer, the rest is t(1) - layer; the first block must price the same, else the model is captured whole.
+  layer, the rest is t(1) - layer, where the first block prices the same; where a kernel straddles the blocks'
+  boundary (they differ), a 1-layer capture gives the layer as t(2) - t(1).
   ``homogeneous`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
   dense first layers); those, and power-limited devices whose clock depends on the step's length, are captured
   whole;
@@ -290,11 +291,12 @@ class Pricer:
         self._last_graph = None
 
     # one capture at n layers: (analysis, sharder, per-kernel times under tp)
-    def _analyze(self, w, spec, n: int):
+    def _analyze(self, make, spec, n: int):
         from opmap.analyze import analyze_phase, capture_phase
         from opmap.mapping.sharding import Sharder
 
         self.m.set_layers(n)
+        w = make()  # built after the layer count is set (a decode cache holds one (K, V) per layer)
         g = capture_phase(w, spec)
         self._last_graph = g
         a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion).analysis
@@ -341,18 +343,12 @@ class Pricer:
                 "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
                 "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
 
-    def _point(self, w, spec) -> Point:
+    def _point(self, make, spec) -> Point:
         from opmap.mapping.sharding import Parallelism, shard
 
         L, pp, step = self.m.layers, self.pp, self.rt.per_step_s
-        if self.extrapolate:
-            a, s = self._analyze(w, spec, 2)
-            t = self._terms(a, s)
-            b0, b1 = t["blk"]
-            if abs(b0 - b1) > 1e-9 * max(abs(b1), 1e-30):  # the two blocks priced apart: not one repeated layer
-                self.extrapolate, self.why_whole = False, "its first two layers price differently"
         if not self.extrapolate:
-            a, s = self._analyze(w, spec, L)
+            a, s = self._analyze(make, spec, L)
             t = self._terms(a, s)
             self._note(a, s, t)
             if pp > 1 or self.tp > 1:
@@ -361,20 +357,29 @@ class Pricer:
             else:
                 lat = stage = t["lat"]
             return Point(lat + step, stage + step, sum(t["dense"]) / pp, sum(t["expert"]) / pp)
+        a, s = self._analyze(make, spec, 2)
+        t = self._terms(a, s)
         self._note(a, s, t)
-        d = t["blk"][1]  # one layer, its all-reduces and its host dispatch
+        b0, b1 = t["blk"]
+        if abs(b0 - b1) <= 1e-9 * max(abs(b1), 1e-30):
+            d, dense_l, expert_l = b1, t["dense"][2], t["expert"][2]  # the second block is one layer
+        else:  # a kernel straddles the blocks' boundary: one layer is t(2) - t(1)
+            t1 = self._terms(*self._analyze(make, spec, 1))
+            d = t["lat"] - t1["lat"]
+            dense_l, expert_l = sum(t["dense"]) - sum(t1["dense"]), sum(t["expert"]) - sum(t1["expert"])
+        pre, post = t["pre"], t["lat"] - t["pre"] - 2 * d
         per = math.ceil(L / pp)
         counts = [0] * pp
         for i in range(L):
             counts[min(pp - 1, i // per)] += 1
         stages = [n * d for n in counts]
-        stages[0] += t["pre"]
-        stages[-1] += t["post"]
+        stages[0] += pre
+        stages[-1] += post
         send = self._send(t["act"]) if pp > 1 else 0.0
-        lat = t["pre"] + t["post"] + L * d + (pp - 1) * send
+        lat = pre + post + L * d + (pp - 1) * send
         stage = max(stages) + send
-        dense = t["dense"][0] + L * t["dense"][2]
-        expert = t["expert"][0] + L * t["expert"][2]
+        dense = sum(t["dense"]) + (L - 2) * dense_l
+        expert = sum(t["expert"]) + (L - 2) * expert_l
         return Point(lat + step, stage + step, dense / pp, expert / pp)
 
     def _note(self, a, s, t) -> None:
@@ -413,8 +418,7 @@ class Pricer:
         from opmap.mapping.memory import inflight_activation_bytes
         from opmap.workloads.phases import PhaseSpec
 
-        w = self.m.prefill(seq)
-        p = self._point(w, PhaseSpec("prefill"))
+        p = self._point(lambda: self.m.prefill(seq), PhaseSpec("prefill"))
         if seq >= self._prefill_seq:  # the activations in flight, read off the longest prefill graph
             self._prefill_seq = seq
             self._inflight = inflight_activation_bytes(self._last_graph) / seq
@@ -424,7 +428,7 @@ class Pricer:
         from opmap.workloads.phases import PhaseSpec
 
         spec = PhaseSpec("decode", kv_len=kv)
-        return self._point(self.m.decode(batch, kv), spec)
+        return self._point(lambda: self.m.decode(batch, kv), spec)
 
     def memory(self, kv_dtype: str, utilization: float):
         """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""
