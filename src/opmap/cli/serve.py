@@ -84,6 +84,11 @@ def serve(
              "--replicas": (replicas, {**INT_GE1, "hi": MAX_REPLICAS}),
              "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
                  ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
+    from opmap.phases.runtime import check_runtime
+    from opmap.serve.model_cost import check_kv_dtype
+
+    check_runtime(runtime)
+    check_kv_dtype(kv_dtype, dtype)
     arr = parse_arrival(arrival)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     pol = parse_policy(policy)
@@ -126,11 +131,8 @@ def serve(
         from opmap.hardware import get_hardware
 
         get_hardware(hardware)
-        from opmap.phases.runtime import check_runtime
-        from opmap.serve.model_cost import check_kv_dtype, model_table_cost
+        from opmap.serve.model_cost import model_table_cost
 
-        check_runtime(runtime)
-        check_kv_dtype(kv_dtype, dtype)
         longest = int((reqs.input_len + reqs.output_len).max()) if len(reqs.input_len) else None
         with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
             cost = model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, kv_dtype=kv_dtype,
