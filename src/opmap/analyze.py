@@ -30,10 +30,12 @@ from opmap.mapping.memory import (
     TRAIN_BYTES,
     MemoryFit,
     SavedActivations,
+    ServingMemory,
     fit_inference,
     fit_training,
     inflight_activation_bytes,
     kv_geometry,
+    runtime_reserve,
     saved_activation_bytes,
     training_state_bytes,
 )
@@ -441,18 +443,21 @@ def prefill_figures(a: Analysis) -> dict[str, Any]:
 
 
 def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
-    """One decode step: time per output token, tokens per second over the batch, the memory lower bound (every
-    weight and the whole KV cache read once at the device's bandwidth) and how far above it the step is."""
+    """One decode step: time per output token, tokens per second over the batch, the memory lower bound (the
+    weights the step reads, each once: the embedding rows gathered, not the table; the experts the batch runs,
+    not all of them; and the whole KV cache, at the device's achievable memory rate, the rate the time model
+    streams at) and how far above it the step is."""
     tpot = a.predicted_latency_s
     batch = int(a.assumptions.get("batch") or 1)
     bound = _dominant_bound([(b, t) for _, b, t in _kernel_times(a)])
-    weights = a.graph.param_bytes * a.precision.weight_scale
+    weights = sum(r.cost.param_bytes_read for r in a.results if r.cost.counted)
     kv = decode_kv_read_bytes(a.graph)
-    bw = a.hardware.memory_bandwidth_bytes_per_s
+    bw = a.hardware.memory_rate_bytes_per_s
     floor = (weights + kv) / bw
     return {"name": "decode", "kv_len": kv_len, "tpot_s": tpot, "tokens_per_s": batch / tpot if tpot else 0.0,
             "bound": bound, "weights_bytes": weights, "kv_cache_read_bytes": kv, "lower_bound_s": floor,
-            "lower_bound_basis": "weights and KV cache read once at the datasheet bandwidth",
+            "lower_bound_basis": "the weights the step reads (gathered embedding rows, the experts it runs) and "
+                                 f"its KV cache, each once, at {a.hardware.memory_rate_basis}",
             "text": f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
                     f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
                     f"weights + KV read floor {floor * 1e3:.4g} ms)"}
@@ -683,7 +688,12 @@ def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, spec.kv_len,
                             activations=lambda b, s: inflight * b / workload.batch, window=window,
                             max_context=1 << 24)
-        fit = replace(fit, phase="decode")
+        # the KV pool as serve computes it (opmap.mapping.memory.ServingMemory), here at utilization 1, eager
+        serving = ServingMemory(hw.memory_bytes, 1.0, weights,
+                                runtime_reserve(fit.activations_bytes, False,
+                                                basis=f"this step ({workload.batch} sequences)"), per_seq / cached)
+        fit = replace(fit, phase="decode", assumptions=fit.assumptions + (
+            serving.line() + "; opmap serve takes --gpu-memory-utilization and its runtime's reserve",))
     elif spec.train:
         if a.precision.requested not in TRAIN_BYTES:
             raise OpmapError(f"training in {a.precision.requested} is not modelled; accepted: "

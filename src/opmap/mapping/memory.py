@@ -644,13 +644,15 @@ class ServingMemory:
                 f"{max(0.0, self.usable_bytes) / g:.4g} GiB ({self.kv_capacity_tokens:,} tokens)")
 
 
-def runtime_reserve(activations_bytes: float, graphs: bool, workspace: Assumed = WORKSPACE) -> dict[str, Assumed]:
+def runtime_reserve(activations_bytes: float, graphs: bool, workspace: Assumed = WORKSPACE,
+                    basis: str = f"a {ACTIVATION_TOKENS}-token step") -> dict[str, Assumed]:
     """What the runtime keeps beside weights and KV: the workspace, the activations of the largest step in flight
-    (``activations_bytes``, derived from the graph), and the CUDA graph pool when steps replay as graphs."""
+    (``activations_bytes``, derived from the graph at ``basis``), and the CUDA graph pool when steps replay as
+    graphs."""
     out = {"workspace": workspace,
            "activations": Assumed(float(activations_bytes), "derived",
-                                  f"the largest op's working set at a {ACTIVATION_TOKENS}-token step, read off the "
-                                  "prefill graph (opmap.mapping.memory.inflight_activation_bytes)")}
+                                  f"the largest op's working set at {basis}, read off the graph "
+                                  "(opmap.mapping.memory.inflight_activation_bytes)")}
     if graphs:
         out["cuda_graph_pool"] = CUDA_GRAPH_POOL
     return out
