@@ -112,7 +112,8 @@ def test_zoo_mixtral_decode_reads_the_experts_the_formula_gives(batch):
     assert len(ran) == math.ceil(expected_experts(8, 2, batch) - 1e-9)
 
 
-@pytest.mark.parametrize("model,tp", [("llama-3-8b", 1), ("llama-3-70b", 4), ("mixtral-8x7b", 2)])
+@pytest.mark.parametrize("model,tp", [("llama-3-8b", 1), ("llama-3-70b", 4), ("mixtral-8x7b", 2),
+                                      ("llama-3-70b", 16)])
 def test_tpot_never_below_its_floor(model, tp):
     c = _cost(model, tp)
     for b in (1, 2, 3, 5, 8, 12, 16, 33, 64, 100, 256):
