@@ -193,3 +193,15 @@ def test_user_strings_are_printed_as_text(tmp_path, cli):
     assert "inner.l[/b]y" in out  # the module path in the kernel and operator tables, literally
     d = json.loads((tmp_path / "out" / "analysis.json").read_text())
     assert any(n["module"] == "inner." + EVIL_MODULE for n in d["nodes"])  # the files keep the name as it is
+
+
+def test_allow_long_context_goes_past_the_position_limit_for_rotary_models(cli, refused):
+    """llama-2-7b holds 4096 positions (rotary): --seq 8192 is refused with the way past it, then allowed with
+    --allow-long-context; gpt2's learned positions have no rope scaling to allow."""
+    refused("analyze", "llama-2-7b", "--seq", "8192", "--no-store", needle="--allow-long-context goes past it")
+    refused("analyze", "llama-2-7b", "--phase", "decode", "--kv-len", "8192", "--no-store",
+            needle="--allow-long-context goes past it")
+    rc, out, err = cli("analyze", "llama-2-7b", "--phase", "decode", "--kv-len", "8192", "--allow-long-context",
+                       "--no-store", "--rows", "1")
+    assert rc == 0, err
+    refused("analyze", "gpt2", "--seq", "2048", "--allow-long-context", "--no-store", needle="learned positions")

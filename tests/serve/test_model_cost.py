@@ -147,9 +147,12 @@ def test_pp_layout_prices_stages():
 
 
 def test_context_past_the_model_limit_is_refused_unless_allowed():
-    with pytest.raises(OpmapError, match="at most 1024 positions.*--allow-long-context"):
-        model_table_cost("gpt2", "h100-sxm", max_context=1500)
-    assert _cost("gpt2", max_context=1500, allow_long_context=True).kv_capacity_tokens > 0
+    """llama-2-7b (rotary, 4096 positions): refused past 4096 unless allowed; gpt2's learned positions: refused."""
+    with pytest.raises(OpmapError, match="at most 4096 positions.*--allow-long-context"):
+        model_table_cost("llama-2-7b", "h100-sxm", max_context=8192)
+    assert _cost("llama-2-7b", max_context=8192, allow_long_context=True).kv_capacity_tokens > 0
+    with pytest.raises(OpmapError, match="at most 1024 positions.*learned positions"):
+        model_table_cost("gpt2", "h100-sxm", max_context=1500, allow_long_context=True)
 
 
 @pytest.mark.parametrize("model,needle", [("bert-base", "an encoder"), ("resnet50", "a vision model")])

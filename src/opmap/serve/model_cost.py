@@ -95,9 +95,11 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     say = progress or (lambda s: None)
     m = Resolved.build(model, dtype)
     limit = m.max_positions
-    if max_context is not None and limit is not None and max_context > limit and not allow_long_context:
+    if max_context is not None and limit is not None and max_context > limit and not (allow_long_context and m.rope):
+        way = ("shorten the lengths or pass --allow-long-context (rope scaling)" if m.rope else
+               "shorten the lengths (learned positions: no rope scaling)")
         raise OpmapError(f"{model} holds at most {limit} positions (max_position_embeddings) and the run needs "
-                         f"{max_context}; shorten the lengths or pass --allow-long-context (rope scaling)")
+                         f"{max_context} (prompt + output); {way}")
     if pp > m.layers:
         raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
     pricer = Pricer(m, hw, dtype, tp, pp, rt)
@@ -168,13 +170,14 @@ class Resolved:
     blocks: list
     max_positions: int | None
     kv_itemsize: float
+    rope: bool = False  # rotary positions: rope scaling can go past max_positions
 
     @classmethod
     def build(cls, target: str, dtype: str) -> Resolved:
         import torch
 
         from opmap.workloads import MODELS
-        from opmap.workloads.hf import is_hf_target, max_positions
+        from opmap.workloads.hf import has_rope, is_hf_target, max_positions
         from opmap.workloads.load import load_workload
 
         spec = MODELS.get(target)
@@ -192,7 +195,9 @@ class Resolved:
         limit = spec.max_seq if spec is not None else (max_positions(cfg) if hf else getattr(cfg, "max_seq", None))
         parent, attr, blocks = _layer_list(w.module)
         dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
-        return cls(w.name, target, w, hf, parent, attr, blocks, limit, float(torch.empty((), dtype=dt).itemsize))
+        rope = spec.rope if spec is not None else (has_rope(cfg) if hf else hasattr(cfg, "rope_theta"))
+        return cls(w.name, target, w, hf, parent, attr, blocks, limit, float(torch.empty((), dtype=dt).itemsize),
+                   bool(rope))
 
     @property
     def layers(self) -> int:

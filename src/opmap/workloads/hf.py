@@ -158,6 +158,20 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
 
 
+def has_rope(config) -> bool:
+    """Rotary position embeddings (a context past the limit is possible with rope scaling)."""
+    return any(getattr(config, k, None) is not None for k in ("rope_theta", "rope_scaling", "rope_parameters"))
+
+
+def check_positions(config, name: str, what: str, n: int, allow_long_context: bool = False) -> None:
+    """A length past the config's position limit: refused in one line unless allowed for a rotary model."""
+    from opmap.workloads.zoo import positions_limit
+
+    limit = max_positions(config)
+    if limit is not None and n > limit and not (allow_long_context and has_rope(config)):
+        raise positions_limit(name, what, limit, n, has_rope(config))
+
+
 def max_positions(config) -> int | None:
     for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         v = getattr(config, attr, None)
@@ -167,7 +181,7 @@ def max_positions(config) -> int | None:
 
 
 def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-             device: str = "meta") -> Workload:
+             device: str = "meta", allow_long_context: bool = False) -> Workload:
     """Build the model ``target`` names from its config alone (random weights) with example inputs."""
     config, _, ignored = _read(target)
     tdt = parse_dtype(dtype)  # a bad dtype fails before anything is built
@@ -176,8 +190,9 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
     seq = min(DEFAULT_SEQ, limit or DEFAULT_SEQ) if seq is None else seq
     if batch < 1:
         raise OpmapError(f"batch must be at least 1, got {batch}")
-    if seq < 1 or (limit is not None and seq > limit):
+    if seq < 1:
         raise OpmapError(f"{target} ({mt}) takes --seq from 1 to {limit or 'any'}, got {seq}")
+    check_positions(config, f"{target} ({mt})", "--seq", seq, allow_long_context)
     config.use_cache = False
     model = _build(config, target, device)
     model.eval()
