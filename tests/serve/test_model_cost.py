@@ -190,3 +190,37 @@ def test_hf_config_is_priced(tmp_path):
     c = model_table_cost(str(p), "h100-sxm")
     assert "extrapolated" in c.source
     assert c.kv_bytes_per_token == 6 * 2 * 2 * 64 * 2
+
+
+def test_model_file_is_priced(tmp_path):
+    """A model file whose factory returns a zoo-style decoder: priced through analyze's resolver, 4 layers
+    extrapolated from 2; KV per token 4 layers x 2 x 2 KV heads x 32 head dim x 2 bytes."""
+    f = tmp_path / "m.py"
+    f.write_text("import torch\n"
+                 "from opmap.workloads.llama import Llama, LlamaConfig\n"
+                 "def make():\n"
+                 "    c = LlamaConfig(vocab_size=512, dim=128, n_layer=4, n_head=4, n_kv_head=2, ffn_dim=256,"
+                 " max_seq=4096)\n"
+                 "    return Llama(c), torch.zeros(1, 16, dtype=torch.long)\n")
+    c = model_table_cost(f"{f}:make", "h100-sxm")
+    assert "extrapolated" in c.source and c.kv_bytes_per_token == 4 * 2 * 2 * 32 * 2
+
+
+def test_a_module_without_a_kv_cache_is_refused(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import torch\n"
+                 "def make():\n"
+                 "    return torch.nn.Sequential(torch.nn.Linear(8, 8)), torch.zeros(1, 8)\n")
+    with pytest.raises(OpmapError, match="needs a decoder") as e:
+        model_table_cost(f"{f}:make", "h100-sxm")
+    assert "\n" not in str(e.value)
+
+
+def test_an_encoder_config_is_refused_as_not_a_decoder(tmp_path):
+    import json
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "bert", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+                             "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128}))
+    with pytest.raises(OpmapError, match="no causal attention"):
+        model_table_cost(str(p), "h100-sxm")

@@ -109,6 +109,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     for s in seqs:
         say(f"pricing prefill of {s} tokens")
         pre.append(pricer.prefill(s))
+    if pricer._kv_per_token <= 0:
+        raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
     kvs = sorted({min(k, cap) for k in DECODE_KV})
     if len(kvs) < 2:
         raise OpmapError(f"{model} holds {cap} positions: decode pricing needs two KV lengths")
@@ -124,8 +126,6 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
         stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
         dense.append(pts[0][1])
     memory = pricer.memory(kvd, gpu_memory_utilization)
-    if memory.kv_bytes_per_token <= 0:
-        raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
     if memory.kv_capacity_tokens < 1:
         raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp} pp {pp}: the weights need "
                          f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
