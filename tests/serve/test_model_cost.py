@@ -28,12 +28,9 @@ def test_extrapolated_point_equals_the_full_capture_on_llama_3_8b(tp, pp):
     """t(32) from a 2-layer capture equals the 32-layer capture's time (a homogeneous stack: each layer adds the
     same kernels and all-reduces), to 1e-9 relative (float summation order only); under pp the slowest stage
     equals opmap.mapping.sharding's too."""
-    from opmap.workloads.phases import PhaseSpec
-
     ext, full = _pricer("llama-3-8b", tp, pp), _pricer("llama-3-8b", tp, pp)
     full.extrapolate = False
-    for make in (lambda p: p._point(lambda: p.m.decode(16, 1024), PhaseSpec("decode", kv_len=1024)),
-                 lambda p: p._point(lambda: p.m.prefill(256), PhaseSpec("prefill"))):
+    for make in (lambda p: p.decode(16, 1024), lambda p: p.prefill(256)):
         e, f = make(ext), make(full)
         assert ext.extrapolate
         assert e.latency_s == pytest.approx(f.latency_s, rel=1e-9)
@@ -224,3 +221,18 @@ def test_an_encoder_config_is_refused_as_not_a_decoder(tmp_path):
                              "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128}))
     with pytest.raises(OpmapError, match="no causal attention"):
         model_table_cost(str(p), "h100-sxm")
+
+
+def test_a_second_pricing_builds_and_captures_nothing(tmp_path, monkeypatch):
+    """With the capture cache on, the zoo model's summary and its 2-layer graphs are kept: a second pricing builds
+    no module and prices the same table."""
+    monkeypatch.setenv("OPMAP_GRAPH_CACHE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = model_table_cost("gpt2", "h100-sxm", tp=2)
+    r = Resolved.build("gpt2", "bf16")
+    assert r._built is None and r.layers == 12 and r.max_positions == 1024
+    p = Pricer(r, get_hardware("h100-sxm"), "bf16", 2, 1, get_runtime(get_hardware("h100-sxm"), "engine"))
+    p.prefill(128)
+    assert r._built is None  # the graph came from the cache
+    second = model_table_cost("gpt2", "h100-sxm", tp=2)
+    assert second.to_dict() == first.to_dict()

@@ -3,14 +3,15 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
 
 - the model: anything ``opmap analyze`` takes (a zoo text decoder, a Hugging Face config, ``hf:NAME``, a model file
   whose factory returns a zoo-style decoder or a transformers causal LM), built once by analyze's resolver
-  (``opmap.workloads.load.load_workload``) at batch 1;
+  (opmap.serve.resolve); a zoo model's summary and its 2-layer graphs are kept in the capture cache, so a
+  second pricing builds and captures nothing;
 - layers: a homogeneous stack (every block the same parameters and the same attention kind) is captured with 1
   and 2 layers and each priced point extrapolated linearly in the layer count, t(L) = t(1) + (L - 1)(t(2) - t(1)):
   exact, since each layer adds the same kernels, all-reduces and fusion boundary. One 2-layer capture per point
   gives both terms: the kernels of the second block (its TP all-reduces and view dispatch included) are one
   layer, the rest is t(1) - layer, where the first block prices the same; where a kernel straddles the blocks'
   boundary (they differ), a 1-layer capture gives the layer as t(2) - t(1).
-  ``homogeneous`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
+  ``Resolved.uneven`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
   dense first layers); those, and power-limited devices whose clock depends on the step's length, are captured
   whole;
 - prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
@@ -33,10 +34,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from opmap.errors import OpmapError
 from opmap.serve.cost import DecodeFloor, TableCost
+from opmap.serve.resolve import Resolved
 
 PREFILL_SEQS = (128, 512, 2048)
 DECODE_BATCHES = (1, 16, 64)
@@ -154,124 +156,6 @@ def _kv_line(pts, f, scale: float) -> list[float]:
     return [max(1e-9, y0 + slope * scale * kv) for kv in KV_GRID]
 
 
-# -- the model, built once ------------------------------------------------------------------------------------
-
-@dataclass
-class Resolved:
-    """A decoder built by analyze's resolver at batch 1, with its stack of layers (``blocks``) that ``set_layers``
-    shortens in place for the 1- and 2-layer captures."""
-
-    name: str
-    target: str
-    workload: object  # opmap.workloads.zoo.Workload
-    hf: bool
-    parent: object  # the module holding the layer list
-    attr: str
-    blocks: list
-    max_positions: int | None
-    kv_itemsize: float
-    rope: bool = False  # rotary positions: rope scaling can go past max_positions
-
-    @classmethod
-    def build(cls, target: str, dtype: str) -> Resolved:
-        import torch
-
-        from opmap.workloads import MODELS
-        from opmap.workloads.hf import has_rope, is_hf_target, max_positions
-        from opmap.workloads.load import load_workload
-
-        spec = MODELS.get(target)
-        if spec is not None and (spec.kind != "text" or spec.name == "bert-base"):
-            raise OpmapError(f"opmap serve needs a text decoder, and {target} is "
-                             f"{'an encoder' if spec.kind == 'text' else 'a vision model'}; accepted: a zoo decoder "
-                             "(opmap models list), a Hugging Face decoder config, hf:NAME or a model file")
-        w = load_workload(target, 1, 1 if spec is not None or is_hf_target(target) else None, dtype, "meta")
-        cfg = getattr(w.module, "config", None)
-        hf = is_hf_target(target) or hasattr(cfg, "num_hidden_layers")
-        if not hf and not hasattr(cfg, "n_layer"):
-            raise OpmapError(f"{target}: serve prices decode against a KV cache and needs a decoder it can give one: "
-                             "a zoo text decoder, a Hugging Face decoder config (or a model file returning a "
-                             "transformers causal LM or a zoo Llama / GPT-2)")
-        limit = spec.max_seq if spec is not None else (max_positions(cfg) if hf else getattr(cfg, "max_seq", None))
-        parent, attr, blocks = _layer_list(w.module)
-        dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
-        rope = spec.rope if spec is not None else (has_rope(cfg) if hf else hasattr(cfg, "rope_theta"))
-        return cls(w.name, target, w, hf, parent, attr, blocks, limit, float(torch.empty((), dtype=dt).itemsize),
-                   bool(rope))
-
-    @property
-    def layers(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def config(self):
-        return self.workload.module.config
-
-    def homogeneous(self) -> str:
-        """Empty when every layer is the same (parameter shapes and attention kind); else why not."""
-        sig = {tuple((n, tuple(p.shape)) for n, p in b.named_parameters()) for b in self.blocks}
-        if len(sig) > 1:
-            return "layers of different shapes (a MoE with dense layers, or mixed blocks)"
-        types = getattr(self.config, "layer_types", None)
-        if isinstance(types, (list, tuple)) and len(set(types)) > 1:
-            return f"layer types {sorted(set(map(str, types)))} (alternating attention)"
-        mw = getattr(self.config, "max_window_layers", None)
-        if getattr(self.config, "use_sliding_window", False) and isinstance(mw, int) and 0 < mw < self.layers:
-            return f"sliding-window attention on layers past {mw} only"
-        return ""
-
-    def all_parameters(self):
-        """Every parameter of the whole model (all its layers), each once."""
-        seen = {id(p): p for p in self.workload.module.parameters()}
-        for b in self.blocks:
-            seen.update({id(p): p for p in b.parameters()})
-        return list(seen.values())
-
-    def set_layers(self, n: int) -> None:
-        """Keep the first ``n`` layers (the config's layer count follows)."""
-        import torch
-
-        setattr(self.parent, self.attr, torch.nn.ModuleList(self.blocks[:n]))
-        c = self.config
-        if self.hf:
-            c.num_hidden_layers = n
-            if isinstance(getattr(c, "layer_types", None), list):
-                c.layer_types = c.layer_types[:n] if len(c.layer_types) >= n else c.layer_types
-        else:
-            self.workload.module.config = replace(c, n_layer=n)
-
-    def prefill(self, seq: int):
-        import torch
-
-        w = self.workload
-        with torch.device("meta"):
-            ids = torch.zeros(1, seq, dtype=torch.long)
-        inputs = {"input_ids": ids, "use_cache": False} if self.hf else (ids,)
-        return replace(w, inputs=inputs, batch=1, seq=seq)
-
-    def decode(self, batch: int, kv: int):
-        from opmap.workloads.phases import decode_workload, hf_decode_workload
-
-        w = replace(self.workload, batch=batch)
-        return hf_decode_workload(w, kv) if self.hf else decode_workload(w, kv)
-
-
-def _layer_list(module):
-    """(parent, attribute, layers) of the model's largest nn.ModuleList of one block class (the decoder layers)."""
-    import torch
-
-    best = None
-    for path, m in module.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and len({type(c) for c in m}) == 1 and (
-                best is None or len(m) > len(best[2])):
-            parent, _, attr = path.rpartition(".")
-            best = (module.get_submodule(parent) if parent else module, attr, list(m))
-    if best is None:
-        raise OpmapError(f"{type(module).__name__} has no stack of layers (an nn.ModuleList of one block class): "
-                         "serve needs a decoder")
-    return best
-
-
 # -- pricing points ----------------------------------------------------------------------------------------------
 
 class Pricer:
@@ -279,7 +163,7 @@ class Pricer:
 
     def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt):
         self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
-        why = m.homogeneous()
+        why = m.uneven
         if not why and hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
             why = f"{hw.name} is power-limited: its clock depends on how long a step runs"
         if not why and m.layers < 3:
@@ -296,13 +180,25 @@ class Pricer:
         self._last_graph = None
 
     # one capture at n layers: (analysis, sharder, per-kernel times under tp)
-    def _analyze(self, make, spec, n: int):
+    def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
+        """Capture (or take from the capture cache) the step ``make`` builds at ``n`` layers and analyse it.
+        ``at``: (phase, batch, length) for the cache key."""
         from opmap.analyze import analyze_phase, capture_phase
+        from opmap.capture import cache
         from opmap.mapping.sharding import Sharder
+        from opmap.workloads.zoo import Workload
 
-        self.m.set_layers(n)
-        w = make()  # built after the layer count is set (a decode cache holds one (K, V) per layer)
-        g = capture_phase(w, spec)
+        k = self.m.capture_key(n, *at)
+        hit = cache.load(k) if k else None
+        if hit is not None:
+            g, f = hit[0], hit[1]
+            w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"])
+        else:
+            self.m.set_layers(n)
+            w = make()  # built after the layer count is set (a decode cache holds one (K, V) per layer)
+            g = capture_phase(w, spec)
+            if k:
+                cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)})
         self._last_graph = g
         a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion).analysis
         return a, Sharder(a)
@@ -348,12 +244,12 @@ class Pricer:
                 "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
                 "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
 
-    def _point(self, make, spec) -> Point:
+    def _point(self, make, spec, at: tuple[str, int, int]) -> Point:
         from opmap.mapping.sharding import Parallelism, shard
 
         L, pp, step = self.m.layers, self.pp, self.rt.per_step_s
         if not self.extrapolate:
-            a, s = self._analyze(make, spec, L)
+            a, s = self._analyze(make, spec, L, at)
             t = self._terms(a, s)
             self._note(a, s, t)
             if pp > 1 or self.tp > 1:
@@ -362,14 +258,14 @@ class Pricer:
             else:
                 lat = stage = t["lat"]
             return Point(lat + step, stage + step, sum(t["dense"]) / pp, sum(t["expert"]) / pp)
-        a, s = self._analyze(make, spec, 2)
+        a, s = self._analyze(make, spec, 2, at)
         t = self._terms(a, s)
         self._note(a, s, t)
         b0, b1 = t["blk"]
         if abs(b0 - b1) <= 1e-9 * max(abs(b1), 1e-30):
             d, dense_l, expert_l = b1, t["dense"][2], t["expert"][2]  # the second block is one layer
         else:  # a kernel straddles the blocks' boundary: one layer is t(2) - t(1)
-            t1 = self._terms(*self._analyze(make, spec, 1))
+            t1 = self._terms(*self._analyze(make, spec, 1, at))
             d = t["lat"] - t1["lat"]
             dense_l, expert_l = sum(t["dense"]) - sum(t1["dense"]), sum(t["expert"]) - sum(t1["expert"])
         pre, post = t["pre"], t["lat"] - t["pre"] - 2 * d
@@ -394,12 +290,10 @@ class Pricer:
         L = self.m.layers
         n = max(1, t["blocks"])
         if self._held is None:
-            itemsize = sum(p.numel() * p.element_size() for p in self.m.all_parameters())
-            self._held = itemsize * a.precision.weight_scale
+            self._held = self.m.held_bytes * a.precision.weight_scale
         if t["experts"]:
             self.experts = t["experts"]
-            cfg = self.m.config
-            self.top_k = int(getattr(cfg, "top_k", 0) or getattr(cfg, "num_experts_per_tok", 0) or 0)
+            self.top_k = self.m.top_k
             per_layer_expert = t["expert_params"] / n / self.experts  # one expert's parameters in one layer
             itemsize = a.graph.param_bytes / max(1, a.graph.params)
             self.expert_bytes_per_expert = (per_layer_expert * itemsize * a.precision.weight_scale * L
@@ -423,7 +317,7 @@ class Pricer:
         from opmap.mapping.memory import inflight_activation_bytes
         from opmap.workloads.phases import PhaseSpec
 
-        p = self._point(lambda: self.m.prefill(seq), PhaseSpec("prefill"))
+        p = self._point(lambda: self.m.prefill(seq), PhaseSpec("prefill"), ("prefill", 1, seq))
         if seq >= self._prefill_seq:  # the activations in flight, read off the longest prefill graph
             self._prefill_seq = seq
             self._inflight = inflight_activation_bytes(self._last_graph) / seq
@@ -433,7 +327,7 @@ class Pricer:
         from opmap.workloads.phases import PhaseSpec
 
         spec = PhaseSpec("decode", kv_len=kv)
-        return self._point(lambda: self.m.decode(batch, kv), spec)
+        return self._point(lambda: self.m.decode(batch, kv), spec, ("decode", batch, kv))
 
     def memory(self, kv_dtype: str, utilization: float):
         """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""
