@@ -109,10 +109,12 @@ def test_zoo_mixtral_decode_reads_the_experts_the_formula_gives(batch):
     assert len(ran) == math.ceil(expected_experts(8, 2, batch) - 1e-9)
 
 
-@pytest.mark.parametrize("model,tp", [("llama-3-8b", 1), ("llama-3-70b", 4), ("mixtral-8x7b", 2),
-                                      ("llama-3-70b", 16)])
-def test_tpot_never_below_its_floor(model, tp):
-    c = _cost(model, tp)
+@pytest.mark.parametrize("model,tp,pp", [("llama-3-8b", 1, 1), ("llama-3-70b", 4, 1), ("mixtral-8x7b", 2, 1),
+                                         ("llama-3-70b", 16, 1), ("llama-3-70b", 2, 2)])
+def test_tpot_never_below_its_floor(model, tp, pp):
+    """The priced decode step (interpolated between its points) against the weight + KV bytes one device reads
+    over its achievable memory rate, over batches and KV lengths (MoE: the experts the batch activates)."""
+    c = _cost(model, tp, pp)
     for b in (1, 2, 3, 5, 8, 12, 16, 33, 64, 100, 256):
         for per_seq in (0, 128, 1000, 4000):
             assert c.decode_s(b, b * per_seq) >= c.decode_floor_s(b, b * per_seq) > 0, (b, per_seq)
