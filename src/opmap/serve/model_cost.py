@@ -33,6 +33,7 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -196,7 +197,9 @@ class Pricer:
         else:
             self.m.set_layers(n)
             w = make()  # built after the layer count is set (a decode cache holds one (K, V) per layer)
-            g = capture_phase(w, spec)
+            with warnings.catch_warnings():  # transformers' deprecation notes on its cache API: not the user's
+                warnings.simplefilter("ignore", FutureWarning)
+                g = capture_phase(w, spec)
             if k:
                 cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)})
         self._last_graph = g
