@@ -136,7 +136,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                          f"{gpu_memory_utilization:g}; raise --tp or --pp")
     floor = DecodeFloor(dense[0].dense_bytes, memory.kv_bytes_per_token, hw.memory_rate_bytes_per_s,
                         pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis)
-    how = "extrapolated in the layer count from 1- and 2-layer captures" if pricer.extrapolate else \
+    how = "extrapolated in the layer count from 2-layer captures" if pricer.extrapolate else \
         f"captured whole ({pricer.why_whole})"
     return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
                      kv_capacity_tokens=memory.kv_capacity_tokens,
