@@ -28,8 +28,8 @@ def test_extrapolated_point_equals_the_full_capture_on_llama_3_8b(tp, pp):
     """t(32) from a 2-layer capture equals the 32-layer capture's time (a homogeneous stack: each layer adds the
     same kernels and all-reduces), to 1e-9 relative (float summation order only); under pp the slowest stage
     equals opmap.mapping.sharding's too, to 1e-3: the engine fusion folds a layer's closing residual add into the
-    next norm, so at the stage boundary that one add's time lands in the other stage (2e-5 of a decode stage, 3e-4 of a prefill stage measured;
-    1e-9 under the eager runtime, which fuses nothing across layers)."""
+    next norm, so at the stage boundary that one add's time lands in the other stage (measured: 2e-5 of a decode
+    stage, 3e-4 of a prefill stage; 1e-9 under the eager runtime, which fuses nothing across layers)."""
     ext, full = _pricer("llama-3-8b", tp, pp), _pricer("llama-3-8b", tp, pp)
     full.extrapolate = False
     for make in (lambda p: p.decode(16, 1024), lambda p: p.prefill(256)):
