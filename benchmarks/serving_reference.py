@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=None if sys.stdout.isatty() else 200)
     accepted = accepted_flags() if a.drop_missing_flags else None
     with ThreadPoolExecutor(max_workers=max(1, min(a.jobs, 2))) as pool:
         results = list(pool.map(lambda r: run_row(r, accepted), refs))
