@@ -384,6 +384,24 @@ def select(rows_arg: str | None, quick: bool) -> list[Ref]:
     return [by_id[i] for i in QUICK] if quick else list(REFS)
 
 
+def markdown(payload: dict) -> str:
+    """The rows of a results JSON as a Markdown table (for benchmarks/README.md)."""
+    lines = ["| row | workload | system | engine | published | per device | predicted | ratio | band | role |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    for x in payload["rows"]:
+        ref = Ref(**{k: x[k] for k in Ref.__dataclass_fields__})
+        lay = f"tp{ref.tp}" + (f" pp{ref.pp}" if ref.pp > 1 else "")
+        wl = f"{ref.published_model}, {ref.dtype}, {ref.input_len}/{ref.output_len:g}, {ref.scenario}"
+        if ref.rate_per_s:
+            wl += f" @ {ref.rate_per_s:g} QPS"
+        pred = _fmt(ref, x.get("predicted_per_device"))
+        r = f"{x['ratio']:.2f}" if x["status"] == "ok" else x["status"]
+        band = ("in" if x.get("in_band") else "out") if x["status"] == "ok" and x["role"] == "held out" else "-"
+        lines.append(f"| {ref.id} | {wl} | {ref.devices} x {ref.hardware}, {lay} | {ref.engine} | {ref.value:g} "
+                     f"{ref.unit} | {_fmt(ref, ref.published_per_device)} | {pred} | {r} | {band} | {x['role']} |")
+    return "\n".join(lines)
+
+
 def write_results(payload: dict) -> Path:
     sys.path.insert(0, str(REPO / "src"))
     from opmap.validate import json_text
@@ -406,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="run rows without the flags this checkout's CLI lacks (listed per row) instead of "
                          "reporting them not runnable")
     ap.add_argument("--list", action="store_true", help="print the rows and their commands, run nothing")
+    ap.add_argument("--markdown", action="store_true", help="print the last results JSON as a Markdown table")
     a = ap.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads((HERE / "results" / "serving_reference.json").read_text())))
+        return 0
     refs = select(a.rows, a.quick)
     if a.list:
         for r in refs:
