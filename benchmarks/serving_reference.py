@@ -397,7 +397,7 @@ def markdown(payload: dict) -> str:
         pred = _fmt(ref, x.get("predicted_per_device"))
         r = f"{x['ratio']:.2f}" if x["status"] == "ok" else x["status"]
         band = ("in" if x.get("in_band") else "out") if x["status"] == "ok" and x["role"] == "held out" else "-"
-        lines.append(f"| {ref.id} | {wl} | {ref.devices} x {ref.hardware}, {lay} | {ref.engine} | {ref.value:g} "
+        lines.append(f"| {ref.id} | {wl} | {ref.devices} x {ref.hardware}, {lay} | {ref.engine} | {ref.value} "
                      f"{ref.unit} | {_fmt(ref, ref.published_per_device)} | {pred} | {r} | {band} | {x['role']} |")
     return "\n".join(lines)
 
