@@ -23,7 +23,7 @@ Flags the CLI does not accept yet (``--runtime``, ``--kv-dtype``, ``--max-num-se
 reported "not runnable: <opmap's error line>", or, with ``--drop-missing-flags``, run without them (listed per row).
 
 Run:  .venv/bin/python benchmarks/serving_reference.py [--quick | --rows ID,ID] [--jobs 2] [--drop-missing-flags]
-Writes benchmarks/results/serving_reference.json.
+Writes benchmarks/results/serving_reference.json (a --rows / --quick run: serving_reference_subset.json).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BAND = (0.75, 1.33)
 SCHEMA_VERSION = 1
+SERVER_START_RATE = 1.0  # requests/s where --find-capacity's grid starts (it spans x1/8..x16 and moves from there)
 
 # --- sources (each figure below cites one of these, plus its table cell) -------------------------------------
 TRT017 = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ 258c7540c03517def55d9a5aadfa9288af474e1b, "
@@ -127,10 +128,9 @@ class Ref:
             args += ["--arrival", "offline"]
         elif self.scenario == "itl":
             args += ["--arrival", f"poisson:{self.rate_per_s:g}"]
-        else:  # server: start the capacity search at the published per-replica rate's order of magnitude
-            start = max(self.value / self.output_len / (self.devices / self.per_replica), 0.1)
-            args += ["--arrival", f"poisson:{start:.3g}", "--find-capacity", "--slo-ttft", f"{self.slo_ttft_ms:g}",
-                     "--slo-tpot", f"{self.slo_tpot_ms:g}"]
+        else:  # server: the capacity search starts at a fixed rate, never at one taken from the published figure
+            args += ["--arrival", f"poisson:{SERVER_START_RATE:g}", "--find-capacity", "--slo-ttft",
+                     f"{self.slo_ttft_ms:g}", "--slo-tpot", f"{self.slo_tpot_ms:g}"]
         for k, v in self.flags.items():
             args += [k] if v == "" else [k, v]
         return args
@@ -402,13 +402,15 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines)
 
 
-def write_results(payload: dict) -> Path:
+def write_results(payload: dict, subset: bool) -> Path:
+    """results/serving_reference.json for the whole table; a --rows / --quick run writes
+    serving_reference_subset.json instead, so it never replaces the full table's results."""
     sys.path.insert(0, str(REPO / "src"))
     from opmap.validate import json_text
 
     out_dir = HERE / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / "serving_reference.json"
+    out = out_dir / ("serving_reference_subset.json" if subset else "serving_reference.json")
     tmp = out.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json_text(payload, indent=2) + "\n")
     os.replace(tmp, out)
@@ -464,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                           "machine": machine(), "claim": CLAIM, "band": list(BAND),
                           "drop_missing_flags": a.drop_missing_flags, "summary": s,
                           "rows": [{**asdict(ref), "what": ref.what(), **x} for ref, x in zip(refs, results,
-                                                                                              strict=True)]})
+                                                                                              strict=True)]},
+                         subset=bool(a.rows or a.quick))
     con.print(f"wrote {path}")
     return 0 if s["pass"] else 1
 
