@@ -30,10 +30,12 @@ from opmap.mapping.memory import (
     TRAIN_BYTES,
     MemoryFit,
     SavedActivations,
+    ServingMemory,
     fit_inference,
     fit_training,
     inflight_activation_bytes,
     kv_geometry,
+    runtime_reserve,
     saved_activation_bytes,
     training_state_bytes,
 )
@@ -151,6 +153,11 @@ class Analysis:
                             activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24)
         if seq is None:
             fit = replace(fit, max_context=None)
+        limit = _position_limit(self.workload)
+        if limit and fit.max_context and fit.max_context > limit and (seq or 0) <= limit:
+            fit = replace(fit, max_context=limit, assumptions=fit.assumptions + (
+                f"longest context capped at the model's {limit} positions (max_position_embeddings; memory alone "
+                f"holds {fit.max_context}): past it takes rope scaling, --allow-long-context",))
         training = self.assumptions.get("mode") == "training step"
         if training and self.precision.requested in TRAIN_BYTES:
             st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
@@ -179,8 +186,10 @@ class Analysis:
                     f"and workspace {_bytes(total)}; the device has {_bytes(have)} ({total / have:.2f}x: "
                     f"{m.reason.split('; ')[-1]}; shard, store narrower or shorten the batch / context)")
         if m.max_batch is not None:
+            capped = any("capped at the model's" in x for x in m.assumptions)
             text += f"; largest batch {m.max_batch}" + (
-                f", longest context {m.max_context}" if m.max_context is not None else "")
+                f", longest context {m.max_context}" + (" (the model's position limit)" if capped else "")
+                if m.max_context is not None else "")
         return {"weights_bytes": m.weights_bytes, "weights_format": fmt, "device_memory_bytes": have,
                 "fits": m.fits, "text": text, **m.to_dict()}
 
@@ -317,9 +326,18 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     return out
 
 
+def _position_limit(workload: str) -> int | None:
+    """A zoo text model's position limit (max_position_embeddings), None for anything else."""
+    from opmap.workloads import MODELS
+
+    spec = MODELS.get(workload)
+    return int(spec.max_seq) if spec is not None and spec.kind == "text" else None
+
+
 def _bytes(x: float) -> str:
-    """Decimal units, four significant digits (141.1 GB against 141 GB must not read as equal)."""
-    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+    """Binary units, as vendors state device memory (an H100's 80 GB of HBM is 80 GiB), four significant digits
+    (131.4 GiB against 131 GiB must not read as equal)."""
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if x >= scale:
             return f"{x / scale:.4g} {unit}"
     return f"{x:.4g} B"
@@ -499,19 +517,22 @@ def prefill_figures(a: Analysis) -> dict[str, Any]:
 
 
 def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
-    """One decode step: time per output token, tokens per second over the batch, the memory lower bound (every
-    weight and the whole KV cache read once at the device's bandwidth) and how far above it the step is."""
+    """One decode step: time per output token (the kernels plus the runtime's per-step time), tokens per second
+    over the batch, the memory lower bound (the weights the step reads, each once: the embedding rows gathered,
+    not the table; the experts the batch runs, not all of them; and the whole KV cache, at the device's achievable
+    memory rate, the rate the time model streams at) and how far above it the step is."""
     step = a.runtime_per_step_s
     tpot = a.predicted_latency_s + step
     batch = int(a.assumptions.get("batch") or 1)
     bound = _dominant_bound([(b, t) for _, b, t in _kernel_times(a)])
-    weights = a.graph.param_bytes * a.precision.weight_scale
+    weights = sum(r.cost.param_bytes_read for r in a.results if r.cost.counted)
     kv = decode_kv_read_bytes(a.graph)
-    bw = a.hardware.memory_bandwidth_bytes_per_s
+    bw = a.hardware.memory_rate_bytes_per_s
     floor = (weights + kv) / bw
     return {"name": "decode", "kv_len": kv_len, "tpot_s": tpot, "tokens_per_s": batch / tpot if tpot else 0.0,
             "bound": bound, "weights_bytes": weights, "kv_cache_read_bytes": kv, "lower_bound_s": floor,
-            "lower_bound_basis": "weights and KV cache read once at the datasheet bandwidth",
+            "lower_bound_basis": "the weights the step reads (gathered embedding rows, the experts it runs) and "
+                                 f"its KV cache, each once, at {a.hardware.memory_rate_basis}",
             "kernel_time_s": a.predicted_latency_s, "runtime_per_step_s": step, "kernels": a.kernels,
             "text": f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
                     f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
@@ -756,7 +777,12 @@ def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, spec.kv_len,
                             activations=lambda b, s: inflight * b / workload.batch, window=window,
                             max_context=1 << 24)
-        fit = replace(fit, phase="decode")
+        # the KV pool as serve computes it (opmap.mapping.memory.ServingMemory), here at utilization 1, eager
+        serving = ServingMemory(hw.memory_bytes, 1.0, weights,
+                                runtime_reserve(fit.activations_bytes, False,
+                                                basis=f"this step ({workload.batch} sequences)"), per_seq / cached)
+        fit = replace(fit, phase="decode", assumptions=fit.assumptions + (
+            serving.line() + "; opmap serve takes --gpu-memory-utilization and its runtime's reserve",))
     elif spec.train:
         if a.precision.requested not in TRAIN_BYTES:
             raise OpmapError(f"training in {a.precision.requested} is not modelled; accepted: "

@@ -7,6 +7,7 @@ in-place variants (``add_``) share their out-of-place op's class.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -73,6 +74,26 @@ def causal_pairs(sq: int, sk: int) -> int:
     if sq <= sk:
         return sq * (sq + 1) // 2
     return sk * (sk + 1) // 2 + (sq - sk) * sk
+
+
+def expected_experts(experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts that ``tokens`` tokens activate under top-k of E with uniform, independent
+    routing: each token leaves a given expert unchosen with probability 1 - k / E, so E (1 - (1 - k / E)^b)
+    (k at b = 1, E as b grows). A decode step reads each active expert's weights once."""
+    if experts <= 0 or tokens <= 0:
+        return 0.0
+    k = min(top_k, experts)
+    return experts * (1.0 - (1.0 - k / experts) ** tokens)
+
+
+def active_experts(experts: int, top_k: int, tokens: int) -> int:
+    """The experts a meta capture runs for ``tokens`` tokens: the expected distinct count
+    (``expected_experts``) rounded up, never more than the tokens' assignments (tokens x k) nor E; k for
+    one token, E once the batch is large."""
+    if tokens <= 0:
+        return 0
+    e = math.ceil(expected_experts(experts, top_k, tokens) - 1e-9)
+    return max(1, min(experts, tokens * min(top_k, experts), e))
 
 
 class MatrixFamily(StrEnum):

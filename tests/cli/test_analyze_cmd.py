@@ -143,10 +143,14 @@ def test_layer_type_override_matching_nothing_warns(cli, tiny_model):
     assert lines[0].startswith("opmap: warning: --layer-type blocks.*=mlp matched no module")
 
 
-def test_70b_on_one_h200_does_not_fit_and_says_so(cli):
+def test_70b_on_one_h200_fits_in_binary_memory_and_caps_the_context_at_the_model(cli):
+    """Llama-3-70B's 70,553,706,496 bf16 weights are 141.1e9 B = 131.4 GiB; an H200's 141 GB of HBM3e is binary
+    (141 GiB), so the weights fit (in decimal GB they seemed not to); memory alone would hold a longer context than
+    the model's 8192 positions, which is what is offered."""
     rc, out, err = cli("analyze", "llama-3-70b", "--hardware", "h200", "--seq", "8", "--rows", "1")
     assert rc == 0, err
-    assert "memory: does not fit: the weights need 141.1 GB at bf16, the device has 141 GB" in out
+    assert "memory: fits: the weights take 131.4 GiB at bf16" in out and "of 141 GiB" in out
+    assert "longest context 8192 (the model's position limit)" in " ".join(out.split())
 
 
 def test_analyze_a_config_json(tmp_path, cli, refused):
@@ -193,3 +197,15 @@ def test_user_strings_are_printed_as_text(tmp_path, cli):
     assert "inner.l[/b]y" in out  # the module path in the kernel and operator tables, literally
     d = json.loads((tmp_path / "out" / "analysis.json").read_text())
     assert any(n["module"] == "inner." + EVIL_MODULE for n in d["nodes"])  # the files keep the name as it is
+
+
+def test_allow_long_context_goes_past_the_position_limit_for_rotary_models(cli, refused):
+    """llama-2-7b holds 4096 positions (rotary): --seq 8192 is refused with the way past it, then allowed with
+    --allow-long-context; gpt2's learned positions have no rope scaling to allow."""
+    refused("analyze", "llama-2-7b", "--seq", "8192", "--no-store", needle="--allow-long-context goes past it")
+    refused("analyze", "llama-2-7b", "--phase", "decode", "--kv-len", "8192", "--no-store",
+            needle="--allow-long-context goes past it")
+    rc, out, err = cli("analyze", "llama-2-7b", "--phase", "decode", "--kv-len", "8192", "--allow-long-context",
+                       "--no-store", "--rows", "1")
+    assert rc == 0, err
+    refused("analyze", "gpt2", "--seq", "2048", "--allow-long-context", "--no-store", needle="learned positions")

@@ -34,6 +34,26 @@ def test_find_capacity_mm1_p99(tmp_path, cli):
     assert cap["rate_per_s"] == pytest.approx(10 - math.log(100) / 2, rel=0.1)
 
 
+def test_serve_pricing_flags_reach_serve_json(tmp_path, cli):
+    """--pp, --runtime, --kv-dtype, --gpu-memory-utilization: the header names the runtime; serve.json's
+    assumptions carry the runtime, the KV format, the layout and the memory per device."""
+    rc, out, err = cli("serve", "gpt2", "--arrival", "poisson:20", "--requests", 50, "--pp", 2, "--runtime", "graphs",
+                       "--kv-dtype", "fp8", "--gpu-memory-utilization", 0.5, "--out", tmp_path)
+    assert rc == 0, err
+    a = json.loads((tmp_path / "serve.json").read_text())["assumptions"]
+    assert a["runtime"]["name"] == "graphs" and a["kv_dtype"] == "fp8"
+    assert a["layout"] == {"tp": 1, "pp": 2, "replicas": 1}
+    assert a["memory"]["utilization"] == 0.5
+    # gpt2: 12 layers x 2 x 768 x 1 byte (fp8), 6 layers per stage
+    assert a["memory"]["kv_bytes_per_token"] == 12 * 2 * 768 / 2
+    assert "runtime graphs" in out
+
+
+def test_serve_refuses_a_context_past_the_model_limit(refused):
+    refused("serve", "gpt2", "--input-len", 1000, "--output-len", 100, "--requests", 5,
+            needle="at most 1024 positions")
+
+
 def test_serve_gpt2_continuous(tmp_path, cli):
     rc, out, err = cli("serve", "gpt2", "--hardware", "h100-sxm", "--arrival", "poisson:50", "--requests", 200,
                        "--input-len", "uniform:32,256", "--output-len", 32, "--policy", "chunked:256",
@@ -109,6 +129,11 @@ def test_serve_gpt2_disaggregated(tmp_path, cli):
     (("--disaggregate", "1:1"), "drop --service-time"),
     (("--disaggregate", "1:1", "--replicas", 3), "drop --replicas"),
     (("--engine", "spark", "--find-capacity"), "unknown engine 'spark'; accepted: local, ray"),
+    (("--runtime", "jit"), "unknown runtime 'jit'; accepted: eager"),
+    (("--kv-dtype", "fp4"), "unknown --kv-dtype 'fp4'; accepted: bf16"),
+    (("--gpu-memory-utilization", 0), "--gpu-memory-utilization"),
+    (("--gpu-memory-utilization", 1.2), "--gpu-memory-utilization"),
+    (("--pp", 0), "--pp"),
 ])
 def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)

@@ -207,7 +207,8 @@ def test_inference_fit_max_batch_and_context_by_hand():
     assert ok.per_device["total_bytes"] == 10e9 and ok.per_device["kv_cache_bytes"] == 5e9
     bad = fit_inference(4e9, 1e6, 10e9, batch=6, context=1000, workspace=ws)
     assert not bad.fits and bad.max_batch == 5 and bad.max_context == 833
-    assert bad.reason.startswith("needs 11 GB per device, the device has 10 GB (1.10x)")
+    # shown in binary units, as vendors state device memory: 11e9 B = 10.24 GiB, 10e9 B = 9.313 GiB
+    assert bad.reason.startswith("needs 10.24 GiB per device, the device has 9.313 GiB (1.10x)")
     assert "kv cache" in bad.reason and bad.text.startswith("does not fit")
     d = bad.to_dict()
     assert set(d["per_device"]) == {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",

@@ -179,3 +179,15 @@ def test_train_memory_has_state_and_activations():
 def test_bad_phase_combinations(spec, target, words):
     with pytest.raises(OpmapError, match=words):
         check_phase(spec, target)
+
+
+def test_decode_floor_counts_what_the_step_reads_and_tpot_stays_above_it():
+    """The floor reads the gathered embedding rows, not the table (llama-3-8b: 128,256 x 4,096 x 2 bytes less the
+    one row read), at the achievable memory rate; the priced step is never below it."""
+    pa = _run("llama-3-8b", PhaseSpec("decode", kv_len=256), 1)
+    f, a = pa.figures, pa.analysis
+    table = 128256 * 4096 * 2
+    assert f["weights_bytes"] == pytest.approx(a.graph.param_bytes - table + 4096 * 2, rel=1e-6)
+    assert f["lower_bound_s"] == pytest.approx((f["weights_bytes"] + f["kv_cache_read_bytes"])
+                                               / a.hardware.memory_rate_bytes_per_s)
+    assert f["tpot_s"] >= f["lower_bound_s"]

@@ -165,3 +165,46 @@ def store(k: str, graph: OpGraph, workload: dict[str, Any], *saved: dict[str, An
     except OSError:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def _scalar(v):
+    _check(v is None or type(v) in (bool, int, float, str))
+    return v
+
+
+def load_fields(k: str) -> dict[str, Any] | None:
+    """A cached flat record (what a model's build told about it: its layer count, limits, bytes), each value a
+    JSON scalar, or None (absent, damaged, another version or key, a value of another type)."""
+    if not enabled():
+        return None
+    try:
+        with open(_path(k), "rb") as f:
+            header = json.loads(f.readline())
+            payload = f.read()
+        _check(type(header) is dict and header.get("cache_version") == CACHE_VERSION and header.get("key") == k)
+        _check(header.get("bytes") == len(payload) and header.get("sha256") == hashlib.sha256(payload).hexdigest())
+        body = json.loads(payload)
+        _check(type(body) is dict and type(body.get("fields")) is dict)
+        return {_str(n): _scalar(v) for n, v in body["fields"].items()}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, _Bad):
+        return None
+
+
+def store_fields(k: str, fields: dict[str, Any]) -> None:
+    """Write a flat record of JSON scalars for ``k`` whole, or not at all (as ``store``)."""
+    if not enabled():
+        return
+    payload = json.dumps({"fields": fields}, separators=(",", ":")).encode()
+    header = {"cache_version": CACHE_VERSION, "key": k, "bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    d = cache_dir()
+    tmp = None
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{k}.", dir=d)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(header).encode() + b"\n" + payload)
+        os.replace(tmp, _path(k))
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)

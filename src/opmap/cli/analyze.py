@@ -63,6 +63,9 @@ def analyze(
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp above 1)."),
     vp: int = typer.Option(1, "--vp", help="Virtual stages per device (interleaved 1F1B)."),
     devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x pp x dp."),
+    allow_long_context: bool = typer.Option(False, "--allow-long-context",
+                                            help="Allow --seq / --kv-len past the model's max_position_embeddings "
+                                                 "(rotary models: rope scaling)."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -92,7 +95,7 @@ def analyze(
     from opmap.workloads.phases import PhaseSpec, check_phase
 
     spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
-                                 optimizer=optimizer), model, batch)
+                                 optimizer=optimizer), model, batch, allow_long_context=allow_long_context)
     rt = _runtime(hw, runtime, spec)
     # the kernels the step runs are the ones the header names: a plan file, an explicit --fusion, else the runtime's
     if fusion_plan is not None:
@@ -107,7 +110,7 @@ def analyze(
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
     if spec.name != "prefill":
         _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
-                       fusion_plan, quality, layout, par, store, no_store, rt)
+                       fusion_plan, quality, layout, par, store, no_store, rt, allow_long_context)
         return
     from opmap.analyze import with_runtime
 
@@ -123,7 +126,7 @@ def analyze(
         with console.status(f"predicting {safe(w.name)} on {hw.name} (graph from the capture cache)"):
             a = analyze_graph(graph, w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence)
     else:
-        w = with_layout(build_workload(model, batch, seq, image_size, dtype, device), layout)
+        w = with_layout(build_workload(model, batch, seq, image_size, dtype, device, allow_long_context), layout)
         evidence = _evidence(quality, w.name, dtype)
         with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
             a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
@@ -194,7 +197,8 @@ def _sharded_fit(a, par):
 
 
 def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion, fusion_plan,
-                   quality, layout, par=None, store=None, no_store=False, rt=None) -> None:
+                   quality, layout, par=None, store=None, no_store=False, rt=None,
+                   allow_long_context=False) -> None:
     """Decode or train: build the phase's workload (or take its graph from the capture cache), capture, predict,
     add the phase's figures and memory fit, report."""
     from opmap.analyze import analyze_phase, capture_phase, check_analysis_inputs, train_activations
@@ -224,8 +228,8 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
 
             check_memory(spec_model.published_params, dtype, device)
         with console.status(f"building {safe(model)} for {spec.name} on {safe(device)}"):
-            w = with_layout(phase_workload(model, spec, batch, seq if seq is not None else image_size, dtype, device),
-                            layout)
+            w = with_layout(phase_workload(model, spec, batch, seq if seq is not None else image_size, dtype, device,
+                                           allow_long_context), layout)
         with console.status(f"capturing {safe(w.name)} ({spec.name})"):
             graph = capture_phase(w, spec, overrides)
             if spec.train:

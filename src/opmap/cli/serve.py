@@ -13,9 +13,23 @@ from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
 
 def serve(
-    model: str = typer.Argument(..., help="A zoo text decoder (opmap models list)."),
+    model: str = typer.Argument(..., help="A decoder: a zoo name (opmap models list), path/to/config.json, hf:NAME "
+                                          "or path/to/file.py:factory."),
     hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices per replica."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
+                                           "tp x pp devices)."),
+    runtime: str = typer.Option("engine", "--runtime", help="eager (a host launch per kernel), graphs (one graph "
+                                                            "launch per step) or engine (graphs plus a serving "
+                                                            "engine's fused kernels and scheduler)."),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV cache format: bf16, fp16, fp8 or int8 "
+                                                                 "(default: the model dtype's activations')."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization",
+                                                 help="Fraction of each device's memory the engine takes (0 < u "
+                                                      "<= 1): weights, runtime reserve and the KV cache."),
+    allow_long_context: bool = typer.Option(False, "--allow-long-context",
+                                            help="Allow prompt + output past the model's max_position_embeddings "
+                                                 "(rope scaling)."),
     arrival: str = typer.Option("poisson:10", help="poisson:RATE, gamma:RATE,CV, offline or trace:FILE."),
     requests: int = typer.Option(1000, "--requests", help="Requests to simulate (a trace: at most this many; "
                                                           "--find-capacity: at least this many a run, more where "
@@ -74,10 +88,17 @@ def serve(
     from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.sim import MAX_REPLICAS
 
-    options({"--tp": (tp, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+    options({"--tp": (tp, INT_GE1), "--pp": (pp, INT_GE1),
+             "--gpu-memory-utilization": (gpu_memory_utilization, {"lo": 0, "hi": 1, "lo_open": True}),
+             "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
              "--replicas": (replicas, {**INT_GE1, "hi": MAX_REPLICAS}),
              "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
                  ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
+    from opmap.phases.runtime import check_runtime
+    from opmap.serve.model_cost import check_kv_dtype
+
+    check_runtime(runtime)
+    check_kv_dtype(kv_dtype, dtype)
     arr = parse_arrival(arrival)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     pol = _policy(policy, disaggregate is not None, max_num_seqs, max_num_batched_tokens, kv_block)
@@ -122,12 +143,16 @@ def serve(
         get_hardware(hardware)
         from opmap.serve.model_cost import model_table_cost
 
+        longest = int((reqs.input_len + reqs.output_len).max()) if len(reqs.input_len) else None
         with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
-            cost = model_table_cost(model, hardware, dtype, tp, progress=lambda s: st.update(safe(s)))
+            cost = model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, kv_dtype=kv_dtype,
+                                    gpu_memory_utilization=gpu_memory_utilization,
+                                    allow_long_context=allow_long_context, max_context=longest,
+                                    progress=lambda s: st.update(safe(s)))
     if pd is not None:
         from opmap.serve.disagg import kv_transfer_for, simulate_disaggregated
 
-        transfer = kv_transfer_for(get_hardware(hardware), cost.kv_bytes_per_token, tp, replicas)
+        transfer = kv_transfer_for(get_hardware(hardware), cost.kv_bytes_per_token, tp * pp, replicas)
 
         def sim(r):
             return simulate_disaggregated(r, pol, cost, pd[0], pd[1], transfer, router, seed)
@@ -161,7 +186,7 @@ def serve(
                              "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
                              "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
                              "cost": "service time " + service_time if service_time else "opmap cost model",
-                             "kv_cache": _kv_words(pol)}
+                             "kv_cache": _kv_words(pol), **_pricing_assumptions(cost, tp, pp, replicas)}
     _print(report, model, hardware)
     if out is not None:
         files = {"serve.json": json_text(report, indent=2) + "\n"}
@@ -172,7 +197,7 @@ def serve(
     from opmap.cli.common import record_run
 
     record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
-                                 "parallelism": f"tp{tp} x {replicas} replicas"
+                                 "parallelism": f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
                                                 + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
                 store, no_store)
 
@@ -205,6 +230,13 @@ def _kv_words(pol) -> str:
     return "reserved in full (input + output) at admission, no preemption"
 
 
+def _pricing_assumptions(cost, tp: int, pp: int, replicas: int) -> dict:
+    """What the step pricing assumed (opmap.serve.model_cost): runtime, KV format, layout, memory per device."""
+    rt = getattr(cost, "runtime", None)
+    return {"runtime": rt, "kv_dtype": getattr(cost, "kv_dtype", None),
+            "layout": {"tp": tp, "pp": pp, "replicas": replicas}, "memory": getattr(cost, "memory", None)}
+
+
 class _NoCost:
     kv_capacity_tokens = None
 
@@ -227,14 +259,26 @@ def _print(r: dict, model: str, hardware: str) -> None:
     from opmap.report.sheet import si
 
     a = r["assumptions"]
-    t = Table(title=plain(f"opmap serve {model} on {a['replicas']} x {a['tp']} {hardware}: {r['policy']['spec']}, "
-                          f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']})"), title_justify="left")
+    lay = f"{a['tp']} x {a['layout']['pp']}" if a.get("layout") and a["layout"]["pp"] > 1 else f"{a['tp']}"
+    t = Table(title=plain(f"opmap serve {model} on {a['replicas']} x {lay} {hardware}: {r['policy']['spec']}, "
+                          f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']}"
+                          + (f", runtime {a['runtime']['name']})" if a.get("runtime") else ")")), title_justify="left")
     for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
         t.add_column(col, justify="left" if col == "latency" else "right")
     for k in ("e2e", "ttft", "queue", "tpot", "itl"):
         s = r["latency"][k]
         t.add_row(k, *[si(s[f], "s") if s[f] is not None else "-" for f in
                        ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
+    rt = a.get("runtime")
+    if rt:
+        console.print(plain(_runtime_line(rt)), highlight=False)
+    m = a.get("memory")
+    if m:
+        g = 2 ** 30
+        console.print(f"memory per device: {m['capacity_bytes'] / g:.4g} GiB x {m['utilization']:g} - weights "
+                      f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB = KV "
+                      f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {a.get('kv_dtype')})",
+                      highlight=False)
     console.print(t)
     th, g = r["throughput"], r["goodput"]
     console.print(f"throughput {th['requests_per_s']:.4g} req/s, {si(th['tokens_per_s'], 'tok/s')} "
@@ -272,6 +316,15 @@ def capacity_line(c: dict) -> str:
             f"{run['cooldown_requests']} excluded (warm-up, cool-down), "
             f"{run['span_s']:.4g} s measured, queue {run['verdict']}; {len(c['runs'])} runs"
             + ("" if c["converged"] else ", not converged"))
+
+
+def _runtime_line(rt: dict) -> str:
+    """The runtime the steps were priced under, one line (as opmap.phases.runtime.Runtime.line)."""
+    k = float(rt["per_kernel_s"]["value"]) * 1e6
+    if rt["name"] == "eager":
+        return f"runtime eager: a host launch per kernel ({k:.3g} us)"
+    return (f"runtime {rt['name']} ({rt['stack']}): one graph launch per step, {k:.3g} us between kernels, "
+            f"{rt['per_step_s'] * 1e6:.3g} us per step, fusion {rt['fusion']}")
 
 
 def _cdf_png(res) -> bytes | None:

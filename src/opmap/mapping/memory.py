@@ -487,7 +487,8 @@ class MemoryFit:
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:.4g} GB"
+    """Binary GiB, the unit vendors state device memory in (an H100's 80 GB of HBM is 80 GiB)."""
+    return f"{x / 2**30:.4g} GiB"
 
 
 def largest(fits: Callable[[int], bool], hi: int) -> int:
@@ -574,3 +575,85 @@ def inflight_activation_bytes(graph: OpGraph) -> float:
         need = sum(t.storage_bytes for t in n.inputs if t.param is None) + sum(t.nbytes for t in n.outputs)
         best = max(best, need)
     return best
+
+
+# -- serving: what a replica's device holds beside its KV cache -----------------------------------------------
+
+CUDA_GRAPH_POOL = Assumed(
+    float(1 << 29), "estimate",
+    "the memory pool the captured CUDA graphs of the decode batch sizes keep (graphs / engine runtimes): vLLM "
+    "logs 0.21 GiB for Llama-3.2-1B (vllm-project/vllm#11349), 0.36 GiB (gpustack/runner#251) and 1.40 GiB for "
+    "Llama-4 Maverick (sgl-project/sglang#8538); 0.5 GiB taken")
+ACTIVATION_TOKENS = 8192  # the tokens of the largest step the engine profiles (its token budget per step)
+
+
+def kv_bytes_per_token_per_device(bytes_per_token: float, layers: int, kv_heads: int, tp: int = 1,
+                                  pp: int = 1) -> float:
+    """KV bytes one token costs on one device of a tp x pp replica, given ``bytes_per_token`` for the whole
+    model (2 x layers x KV heads x head dim x KV bytes): the device's stage holds ceil(layers / pp) layers and
+    max(1, kv_heads / tp) of each layer's KV heads (a KV head is replicated on tp / kv_heads ranks when tp
+    exceeds the KV heads, as Megatron-LM and vLLM do), so the share is ceil(layers / pp) / layers / min(tp,
+    kv_heads)."""
+    layers = max(1, layers)
+    return bytes_per_token * math.ceil(layers / pp) / layers / max(1, min(tp, kv_heads or tp))
+
+
+@dataclass(frozen=True)
+class ServingMemory:
+    """One device of a serving replica: ``capacity_bytes`` (as the catalog states it), the ``utilization``
+    fraction the engine may take (vLLM's --gpu-memory-utilization), the weights it holds, the runtime reserve
+    (workspace, activations of the largest step in flight, the CUDA graph pool), and the KV cache that fits in
+    the rest: usable = capacity x utilization - weights - reserve; KV tokens = usable / KV bytes per token."""
+
+    capacity_bytes: float
+    utilization: float
+    weights_bytes: float
+    reserve: dict[str, Assumed]
+    kv_bytes_per_token: float
+
+    @property
+    def reserve_bytes(self) -> float:
+        return sum(v.value for v in self.reserve.values())
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity_bytes * self.utilization - self.weights_bytes - self.reserve_bytes
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        if self.kv_bytes_per_token <= 0:
+            return 0
+        return max(0, int(self.usable_bytes // self.kv_bytes_per_token))
+
+    @property
+    def kv_bytes(self) -> float:
+        """The KV cache allocated: whole tokens of the usable bytes."""
+        return self.kv_capacity_tokens * self.kv_bytes_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity_bytes": self.capacity_bytes, "utilization": self.utilization,
+                "usable_bytes": self.usable_bytes, "weights_bytes": self.weights_bytes,
+                "reserve_bytes": self.reserve_bytes, "kv_bytes": self.kv_bytes,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_capacity_tokens": self.kv_capacity_tokens,
+                "reserve": {k: v.to_dict() for k, v in self.reserve.items()},
+                "units": "bytes per device; capacity as the catalog states it (GiB of HBM)"}
+
+    def line(self) -> str:
+        g = 2 ** 30
+        return (f"memory per device: {self.capacity_bytes / g:.4g} GiB x {self.utilization:g} - weights "
+                f"{self.weights_bytes / g:.4g} GiB - reserve {self.reserve_bytes / g:.3g} GiB = KV "
+                f"{max(0.0, self.usable_bytes) / g:.4g} GiB ({self.kv_capacity_tokens:,} tokens)")
+
+
+def runtime_reserve(activations_bytes: float, graphs: bool, workspace: Assumed = WORKSPACE,
+                    basis: str = f"a {ACTIVATION_TOKENS}-token step") -> dict[str, Assumed]:
+    """What the runtime keeps beside weights and KV: the workspace, the activations of the largest step in flight
+    (``activations_bytes``, derived from the graph at ``basis``), and the CUDA graph pool when steps replay as
+    graphs."""
+    out = {"workspace": workspace,
+           "activations": Assumed(float(activations_bytes), "derived",
+                                  f"the largest op's working set at {basis}, read off the graph "
+                                  "(opmap.mapping.memory.inflight_activation_bytes)")}
+    if graphs:
+        out["cuda_graph_pool"] = CUDA_GRAPH_POOL
+    return out

@@ -485,10 +485,15 @@ class Sharder:
         self.L = L
 
     def _kernel_time(self, row, p: Parallelism) -> float:
-        role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, _sdpa, _f = row
+        role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, sdpa, _f = row
         d = 1.0
+        kv = self.geo.kv_heads
+        if role in SPLIT_ROLES and sdpa and kv and p.tp > kv:
+            # attention past the KV heads: each rank reads its (replicated) KV head whole, so the memory term
+            # splits over the KV heads only; the query heads' work over tp
+            return max(m / p.tp, v / p.tp, mem / kv) + extra / p.tp + o
         if role in SPLIT_ROLES:
-            d = min(p.tp, self.geo.kv_heads) if kv_narrow else p.tp
+            d = min(p.tp, kv) if kv_narrow else p.tp
         elif role == "replicated" and p.sp:
             d = p.tp
         elif role == "optimizer":

@@ -85,6 +85,16 @@ class TableCost:
     kv_capacity_tokens: int | None = None
     source: str = "table"
     kv_bytes_per_token: float | None = None  # per device: what a token's KV cache costs to hold and to move
+    runtime: dict | None = None  # opmap.phases.runtime.Runtime.to_dict() of the runtime the steps were priced under
+    memory: dict | None = None  # per device: capacity, utilization, weights, reserve, usable, KV (model_cost)
+    layout: dict | None = None  # {"tp", "pp"}: the devices of one replica
+    kv_dtype: str | None = None
+    # pp > 1: the slowest pipeline stage's time per microbatch (its send included), on the same grids; a step of
+    # n sequences runs as m = min(pp, n) microbatches (``_piped``)
+    pp: int = 1
+    stage_prefill_time_s: Sequence[float] | None = None
+    stage_decode_time_s: Sequence[Sequence[float]] | None = None
+    floor: DecodeFloor | None = None
 
     def __post_init__(self) -> None:
         self.prefill_tokens = [float(x) for x in self.prefill_tokens]
@@ -99,18 +109,52 @@ class TableCost:
         if not ok:
             raise OpmapError("TableCost needs increasing prefill_tokens, decode_batch and decode_kv and a "
                              "decode_time_s grid of len(decode_batch) rows by len(decode_kv) columns")
+        if self.stage_prefill_time_s is not None:
+            self.stage_prefill_time_s = [float(x) for x in self.stage_prefill_time_s]
+        if self.stage_decode_time_s is not None:
+            self.stage_decode_time_s = [[float(x) for x in row] for row in self.stage_decode_time_s]
+        if not (isinstance(self.pp, int) and self.pp >= 1) or (self.pp > 1 and not (
+                self.stage_prefill_time_s is not None and len(self.stage_prefill_time_s) == len(self.prefill_tokens)
+                and self.stage_decode_time_s is not None and len(self.stage_decode_time_s) == len(self.decode_batch)
+                and all(len(r) == len(self.decode_kv) for r in self.stage_decode_time_s))):
+            raise OpmapError("TableCost with pp > 1 needs stage_prefill_time_s and stage_decode_time_s on the "
+                             "prefill and decode grids")
 
-    def prefill_s(self, tokens: int, seqs: int = 1) -> float:
-        xs, ys = self.prefill_tokens, self.prefill_time_s
+    def _prefill(self, ys: Sequence[float], tokens: float) -> float:
+        xs = self.prefill_tokens
         i, w = _seg(xs, tokens)
         if len(xs) == 1:
             return ys[0] * tokens / xs[0]
         return max(0.0, ys[i] + w * (ys[i + 1] - ys[i]))
 
+    def _piped(self, one, stage, n: int) -> float:
+        """A step of ``n`` sequences under pp stages: m = min(pp, n) microbatches of n / m sequences each; the
+        next token of a sequence waits for its microbatch to pass every stage (``one``: the latency) and for the
+        m microbatches to pass the slowest stage (``stage``), whichever is longer (steady state, the pipeline
+        kept full by the engine's pp batches in flight)."""
+        m = max(1, min(self.pp, int(n)))
+        return max(one(m), m * stage(m))
+
+    def prefill_s(self, tokens: int, seqs: int = 1) -> float:
+        if self.pp > 1 and self.stage_prefill_time_s is not None:
+            return self._piped(lambda m: self._prefill(self.prefill_time_s, tokens / m),
+                               lambda m: self._prefill(self.stage_prefill_time_s, tokens / m), seqs)
+        return self._prefill(self.prefill_time_s, tokens)
+
     def decode_s(self, seqs: int, kv_tokens: int) -> float:
+        if self.pp > 1 and self.stage_decode_time_s is not None:
+            return self._piped(lambda m: self._decode(self.decode_time_s, seqs / m, kv_tokens / m),
+                               lambda m: self._decode(self.stage_decode_time_s, seqs / m, kv_tokens / m), seqs)
+        return self._decode(self.decode_time_s, seqs, kv_tokens)
+
+    def decode_floor_s(self, seqs: int, kv_tokens: int) -> float:
+        """The least a decode step of ``seqs`` sequences holding ``kv_tokens`` KV tokens can take: the weights and
+        KV bytes one device reads over its achievable memory rate (``DecodeFloor``); 0 without a floor."""
+        return self.floor.s(seqs, kv_tokens) if self.floor is not None else 0.0
+
+    def _decode(self, g: Sequence[Sequence[float]], seqs: float, kv_tokens: float) -> float:
         i, u = _seg(self.decode_batch, seqs)
         j, v = _seg(self.decode_kv, kv_tokens)
-        g = self.decode_time_s
         i1 = i + 1 if len(self.decode_batch) > 1 else i
         j1 = j + 1 if len(self.decode_kv) > 1 else j
         a = g[i][j] + v * (g[i][j1] - g[i][j])
@@ -118,10 +162,54 @@ class TableCost:
         return max(0.0, a + u * (b - a))
 
     def to_dict(self) -> dict:
-        return {"kind": "table", "source": self.source, "kv_capacity_tokens": self.kv_capacity_tokens,
-                "kv_bytes_per_token": self.kv_bytes_per_token,
-                "prefill": {"tokens": self.prefill_tokens, "time_s": self.prefill_time_s},
-                "decode": {"batch": self.decode_batch, "kv_tokens": self.decode_kv, "time_s": self.decode_time_s}}
+        d = {"kind": "table", "source": self.source, "kv_capacity_tokens": self.kv_capacity_tokens,
+             "kv_bytes_per_token": self.kv_bytes_per_token, "kv_dtype": self.kv_dtype, "runtime": self.runtime,
+             "memory": self.memory, "layout": self.layout or {"tp": 1, "pp": self.pp},
+             "prefill": {"tokens": self.prefill_tokens, "time_s": self.prefill_time_s},
+             "decode": {"batch": self.decode_batch, "kv_tokens": self.decode_kv, "time_s": self.decode_time_s}}
+        if self.stage_prefill_time_s is not None:
+            d["prefill"]["stage_time_s"] = list(self.stage_prefill_time_s)
+        if self.stage_decode_time_s is not None:
+            d["decode"]["stage_time_s"] = [list(r) for r in self.stage_decode_time_s]
+        if self.floor is not None:
+            d["decode_floor"] = self.floor.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class DecodeFloor:
+    """What one device of a replica must read per decode step, per microbatch: ``dense_bytes`` of weights that
+    every step reads (its share under tp and pp: embedding rows gathered, not the table), ``expert_bytes`` per
+    active expert (all its MoE layers' copy of that expert, its share under tp and pp), the experts a batch
+    activates (``opmap.ops.expected_experts``: E (1 - (1 - k/E)^b), uniform routing), and ``kv_bytes_per_token``
+    of KV cache; over ``rate_bytes_per_s`` (the device's achievable memory rate). Under pp a step runs
+    m = min(pp, seqs) microbatches, each reading the device's weights again."""
+
+    dense_bytes: float
+    kv_bytes_per_token: float
+    rate_bytes_per_s: float
+    expert_bytes: float = 0.0
+    experts: int = 0
+    top_k: int = 0
+    pp: int = 1
+    rate_basis: str = ""
+
+    def weight_bytes(self, seqs: float) -> float:
+        """Weight bytes one device reads for one microbatch of ``seqs`` sequences (one token each)."""
+        from opmap.ops import expected_experts
+
+        return self.dense_bytes + self.expert_bytes * expected_experts(self.experts, self.top_k, seqs)
+
+    def s(self, seqs: int, kv_tokens: int) -> float:
+        m = max(1, min(self.pp, int(seqs)))
+        return (m * self.weight_bytes(seqs / m) + kv_tokens * self.kv_bytes_per_token) / self.rate_bytes_per_s
+
+    def to_dict(self) -> dict:
+        return {"dense_bytes": self.dense_bytes, "expert_bytes": self.expert_bytes, "experts": self.experts,
+                "top_k": self.top_k, "kv_bytes_per_token": self.kv_bytes_per_token, "pp": self.pp,
+                "rate_bytes_per_s": self.rate_bytes_per_s, "rate_basis": self.rate_basis,
+                "basis": "weights one device reads per step (active experts: E (1 - (1 - k/E)^b) under uniform "
+                         "top-k routing) + its KV read, over its achievable memory rate"}
 
 
 @dataclass(frozen=True)

@@ -1,94 +1,349 @@
-"""A TableCost for a zoo model on a catalog device, priced by opmap's phase analyses (a handful of captures on
-meta, so it takes seconds):
+"""A TableCost for a model on a catalog device: what one step of a serving replica (tp x pp devices) costs under a
+runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
 
-- prefill: one sequence of S tokens for S in ``prefill_seqs`` (capped at the model's context); a step with
-  several prompts is priced at its total tokens (attention's quadratic part is then counted as one long
-  prompt's: an upper bound for many short prompts);
-- decode: batch b against a KV cache of k tokens per sequence for b in ``decode_batches`` and k in
-  ``decode_kv``; time is linear in the KV read, so each batch's two points give a line in total KV tokens,
-  laid on a common grid;
-- with --tp N: each point's time is its tensor-parallel layout's (opmap.mapping.sharding.shard: Megatron
-  splits and their all-reduces on the device's interconnect);
-- KV capacity: (device memory - weights - workspace - activations in flight, per device) / KV bytes per
-  token per device (the KV heads split over tp), from the decode analysis's memory fit and the graph's KV
-  geometry (opmap.mapping.memory.kv_geometry).
+- the model: anything ``opmap analyze`` takes (a zoo text decoder, a Hugging Face config, ``hf:NAME``, a model file
+  whose factory returns a zoo-style decoder or a transformers causal LM), built once by analyze's resolver
+  (opmap.serve.resolve); a zoo model's summary and its 2-layer graphs are kept in the capture cache, so a
+  second pricing builds and captures nothing;
+- layers: a homogeneous stack (every block the same parameters and the same attention kind) is captured with 1
+  and 2 layers and each priced point extrapolated linearly in the layer count, t(L) = t(1) + (L - 1)(t(2) - t(1)):
+  exact, since each layer adds the same kernels, all-reduces and fusion boundary. One 2-layer capture per point
+  gives both terms: the kernels of the second block (its TP all-reduces and view dispatch included) are one
+  layer, the rest is t(1) - layer, where the first block prices the same; where a kernel straddles the blocks'
+  boundary (they differ), a 1-layer capture gives the layer as t(2) - t(1).
+  ``Resolved.uneven`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
+  dense first layers); those, and power-limited devices whose clock depends on the step's length, are captured
+  whole;
+- prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
+  prompts is priced at its total tokens (attention's quadratic part counted as one long prompt's: an upper bound);
+- decode: batch b against k KV tokens per sequence for b in ``DECODE_BATCHES`` (more for a MoE, whose expert reads
+  are concave in b) and k in ``DECODE_KV``; time is linear in the KV read, so each batch's two points give a line
+  in total KV tokens, laid on a common grid, its slope scaled to the KV format (``--kv-dtype``);
+- runtime (opmap.phases.runtime): every point priced on ``rt.apply(hw)`` with the fusion ``rt.fusion``, plus
+  ``rt.per_step_s`` once per step;
+- layout: each point's time is its tensor-parallel layout's (opmap.mapping.sharding: Megatron splits and their
+  all-reduces); pp stages split the layers (ceil(L / pp) per stage, the embedding on the first, the head on the
+  last); one microbatch passes every stage plus pp - 1 activation sends (latency), and a step of n sequences runs
+  as min(pp, n) microbatches in flight, steady state (TableCost._piped);
+- memory: per device, usable = capacity x utilization - weights - runtime reserve; KV tokens = usable / KV bytes per
+  token per device (opmap.mapping.memory.ServingMemory);
+- floor: the weight and KV bytes one device reads per decode step over its achievable memory rate (DecodeFloor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from opmap.errors import OpmapError
-from opmap.serve.cost import TableCost
+from opmap.serve.cost import DecodeFloor, TableCost
+from opmap.serve.resolve import Resolved
 
 PREFILL_SEQS = (128, 512, 2048)
 DECODE_BATCHES = (1, 16, 64)
+MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64)  # distinct experts grow as E (1 - (1 - k/E)^b): concave, sampled finer
 DECODE_KV = (256, 1024)
 KV_GRID = (0, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
+KV_DTYPES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}  # bytes per element of the KV cache
+KV_DTYPE_HELP = "bf16, fp16, fp8 or int8 (default: the model dtype's activation format)"
 
 
-def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1,
-                     prefill_seqs: Sequence[int] = PREFILL_SEQS, decode_batches: Sequence[int] = DECODE_BATCHES,
-                     decode_kv: Sequence[int] = DECODE_KV,
+@dataclass(frozen=True)
+class Point:
+    """One priced step on the replica: ``latency_s`` one microbatch through every stage, ``stage_s`` the
+    slowest stage with its send; per device, the weight bytes read (``dense_bytes``, ``expert_bytes``)."""
+
+    latency_s: float
+    stage_s: float
+    dense_bytes: float = 0.0
+    expert_bytes: float = 0.0
+
+
+def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
+    """The KV format: ``kv_dtype`` or, by default, the format the model computes activations in."""
+    from opmap.precision import POLICY, check_requestable
+
+    if kv_dtype is None:
+        cap = POLICY[check_requestable(dtype)].capture
+        return cap if cap in KV_DTYPES else "bf16" if cap != "fp32" else "fp32"
+    if kv_dtype not in KV_DTYPES:
+        raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {KV_DTYPE_HELP}")
+    return kv_dtype
+
+
+def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1, *, pp: int = 1,
+                     runtime: str = "engine", kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9,
+                     allow_long_context: bool = False, max_context: int | None = None,
                      progress: Callable[[str], None] | None = None) -> TableCost:
-    from opmap.analyze import analyze_phase, capture_phase
+    """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
+    sequence (prompt + output) the run will hold, refused past the model's position limit unless
+    ``allow_long_context`` (rope scaling)."""
     from opmap.hardware import get_hardware
-    from opmap.mapping.memory import kv_geometry
-    from opmap.workloads import MODELS
-    from opmap.workloads.phases import PhaseSpec, phase_workload
+    from opmap.phases.runtime import get_runtime
 
-    spec = MODELS.get(model)
-    if spec is None or spec.kind != "text":
-        raise OpmapError(f"opmap serve needs a zoo text decoder, got {model!r}: see `opmap models`")
-    if tp < 1:
-        raise OpmapError(f"--tp must be >= 1 (got {tp})")
-    hw = get_hardware(hardware)
+    for name, v in (("--tp", tp), ("--pp", pp)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise OpmapError(f"{name} must be a positive integer, got {v!r}")
+    if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
+        raise OpmapError(f"--gpu-memory-utilization must be above 0 and at most 1, got {gpu_memory_utilization!r}")
+    kvd = check_kv_dtype(kv_dtype, dtype)
+    hw0 = get_hardware(hardware)
+    from opmap.precision import resolve_precision
+
+    resolve_precision(hw0, dtype)  # a dtype the device lacks fails before anything is built
+    rt = get_runtime(hw0, runtime)
+    hw = rt.apply(hw0)
     say = progress or (lambda s: None)
-    max_seq = int(spec.max_seq)
-
-    def price(phase: PhaseSpec, batch: int, seq: int | None):
-        w = phase_workload(model, phase, batch, seq, dtype, "meta")
-        g = capture_phase(w, phase)
-        a = analyze_phase(g, w, hw, dtype, phase).analysis
-        t = a.predicted_latency_s
-        if tp > 1:
-            from opmap.mapping.sharding import Parallelism, shard
-
-            t = shard(a, Parallelism(tp=tp, devices=tp)).latency_s
-        return t, a, g
-
-    seqs = sorted({min(s, max_seq) for s in prefill_seqs})
-    pre_t = []
-    pre_graph = None
+    m = Resolved.build(model, dtype)
+    limit = m.max_positions
+    if max_context is not None and limit is not None and max_context > limit and not (allow_long_context and m.rope):
+        way = ("shorten the lengths or pass --allow-long-context (rope scaling)" if m.rope else
+               "shorten the lengths (learned positions: no rope scaling)")
+        raise OpmapError(f"{model} holds at most {limit} positions (max_position_embeddings) and the run needs "
+                         f"{max_context} (prompt + output); {way}")
+    if pp > m.layers:
+        raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
+    pricer = Pricer(m, hw, dtype, tp, pp, rt)
+    cap = limit or max(PREFILL_SEQS)
+    seqs = sorted({min(s, cap) for s in PREFILL_SEQS})
+    pre = []
     for s in seqs:
         say(f"pricing prefill of {s} tokens")
-        t, _, pre_graph = price(PhaseSpec("prefill"), 1, s)
-        pre_t.append(t)
-    kvs = sorted({min(k, max_seq) for k in decode_kv})
+        pre.append(pricer.prefill(s))
+    if pricer._kv_per_token <= 0:
+        raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
+    kvs = sorted({min(k, cap) for k in DECODE_KV})
     if len(kvs) < 2:
-        raise OpmapError("decode pricing needs two KV lengths")
-    rows = []
-    last = None
-    for b in sorted(set(decode_batches)):
+        raise OpmapError(f"{model} holds {cap} positions: decode pricing needs two KV lengths")
+    batches = MOE_DECODE_BATCHES if pricer.experts else DECODE_BATCHES
+    scale = KV_DTYPES.get(kvd, 4.0) / m.kv_itemsize  # the KV read at --kv-dtype over the captured cache's
+    rows, stage_rows, dense = [], [], []
+    for b in batches:
         pts = []
         for k in kvs[:2]:
             say(f"pricing decode of {b} sequences at {k} KV tokens each")
-            t, a, g = price(PhaseSpec("decode", kv_len=k), b, None)
-            pts.append((b * k, t))
-            last = (a, g)
-        (x0, y0), (x1, y1) = pts
-        slope = max(0.0, (y1 - y0) / (x1 - x0))
-        rows.append([max(1e-9, y0 + slope * (kv - x0)) for kv in KV_GRID])
-    fit = last[0].memory
-    per_tok = kv_geometry(pre_graph).bytes_per_token / tp  # the prefill graph's causal attention calls
-    free = fit.capacity_bytes - fit.weights_bytes / tp - fit.workspace_bytes - fit.activations_bytes / tp
-    if per_tok <= 0:
-        raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
-    cap = int(free // per_tok)
-    if cap < 1:
-        raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp}: the weights need "
-                         f"{fit.weights_bytes / tp / 1e9:.1f} GB per device of {fit.capacity_bytes / 1e9:.1f} GB; "
-                         "raise --tp")
-    return TableCost(seqs, pre_t, sorted(set(decode_batches)), KV_GRID, rows, kv_capacity_tokens=cap,
-                     source=f"opmap phase analyses of {model} on {hw.name} ({dtype}, tp {tp})",
-                     kv_bytes_per_token=per_tok)
+            pts.append((b * k, pricer.decode(b, k)))
+        rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
+        stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
+        dense.append(pts[0][1])
+    memory = pricer.memory(kvd, gpu_memory_utilization)
+    if memory.kv_capacity_tokens < 1:
+        raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp} pp {pp}: the weights need "
+                         f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
+                         f"{memory.reserve_bytes / 2**30:.2f} GiB, of {memory.capacity_bytes / 2**30:.1f} GiB x "
+                         f"{gpu_memory_utilization:g}; raise --tp or --pp")
+    floor = DecodeFloor(dense[0].dense_bytes, memory.kv_bytes_per_token, hw.memory_rate_bytes_per_s,
+                        pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis)
+    how = "extrapolated in the layer count from 2-layer captures" if pricer.extrapolate else \
+        f"captured whole ({pricer.why_whole})"
+    return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
+                     kv_capacity_tokens=memory.kv_capacity_tokens,
+                     source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, tp {tp}, pp {pp}, runtime "
+                            f"{rt.name}; {how})",
+                     kv_bytes_per_token=memory.kv_bytes_per_token, runtime=rt.to_dict(), memory=memory.to_dict(),
+                     layout={"tp": tp, "pp": pp}, kv_dtype=kvd, pp=pp,
+                     stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
+                     stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor)
+
+
+def _kv_line(pts, f, scale: float) -> list[float]:
+    """A decode row on KV_GRID from two points (total KV tokens, Point): the intercept as priced, the slope (the
+    KV read) times ``scale``."""
+    (x0, p0), (x1, p1) = pts
+    slope = max(0.0, (f(p1) - f(p0)) / (x1 - x0))
+    y0 = f(p0) - slope * x0
+    return [max(1e-9, y0 + slope * scale * kv) for kv in KV_GRID]
+
+
+# -- pricing points ----------------------------------------------------------------------------------------------
+
+class Pricer:
+    """Prices prefill and decode points of one resolved model on one device under a layout and runtime."""
+
+    def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt):
+        self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
+        why = m.uneven
+        if not why and hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
+            why = f"{hw.name} is power-limited: its clock depends on how long a step runs"
+        if not why and m.layers < 3:
+            why = f"{m.layers} layers"
+        self.extrapolate = not why
+        self.why_whole = why
+        self.experts = self.top_k = 0
+        self.expert_bytes_per_expert = 0.0
+        self._held: float | None = None  # weight bytes the whole model holds at its stored format
+        self._kv_per_token = 0.0  # KV bytes per token of the whole model, as captured
+        self._kv_heads = 0
+        self._inflight = 0.0
+        self._prefill_seq = 0
+        self._last_graph = None
+
+    # one capture at n layers: (analysis, sharder, per-kernel times under tp)
+    def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
+        """Capture (or take from the capture cache) the step ``make`` builds at ``n`` layers and analyse it.
+        ``at``: (phase, batch, length) for the cache key."""
+        from opmap.analyze import analyze_phase, capture_phase
+        from opmap.capture import cache
+        from opmap.mapping.sharding import Sharder
+        from opmap.workloads.zoo import Workload
+
+        k = self.m.capture_key(n, *at)
+        hit = cache.load(k) if k else None
+        if hit is not None:
+            g, f = hit[0], hit[1]
+            w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"])
+        else:
+            self.m.set_layers(n)
+            w = make()  # built after the layer count is set (a decode cache holds one (K, V) per layer)
+            with warnings.catch_warnings():  # transformers' deprecation notes on its cache API: not the user's
+                warnings.simplefilter("ignore", FutureWarning)
+                g = capture_phase(w, spec)
+            if k:
+                cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)})
+        self._last_graph = g
+        a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion).analysis
+        return a, Sharder(a)
+
+    def _terms(self, a, s) -> dict:
+        """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
+        each block with its TP all-reduces) and weight bytes read per device; the weights held."""
+        from opmap.mapping.sharding import SPLIT_ROLES, Parallelism
+
+        sh = s.shard(Parallelism(tp=self.tp, devices=self.tp)) if self.tp > 1 else None
+        per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
+        n = len(s.roles.blocks)
+        index = {b: i for i, b in enumerate(s.roles.blocks)}
+        coll = sum(c.predicted_s * c.count for c in sh.collectives) / max(1, n) if sh is not None else 0.0
+        blk = [coll] * n
+        pre = post = 0.0
+        for r, t in zip(s.rows, per_k):
+            if r[1] < 0:
+                pre += t
+            elif r[1] >= n:
+                post += t
+            else:
+                blk[r[1]] += t
+        dense, expert = [0.0] * (n + 1), [0.0] * (n + 1)  # [outside, block 0, block 1, ...]
+        kvh = s.geo.kv_heads
+        for r in a.results:
+            i = index.get(s.roles.block.get(r.node.id), -1) + 1
+            if sh is None and not r.cost.kernel and 0 < i:  # host dispatch of views (Analysis.predicted_latency_s)
+                blk[i - 1] += r.pred.predicted_s
+            elif sh is None and not r.cost.kernel:
+                post += r.pred.predicted_s
+            if not r.cost.param_bytes_read:
+                continue
+            role = s.roles.role.get(r.node.id, "replicated")
+            d = 1
+            if role in SPLIT_ROLES or role in ("expert_column", "expert_row"):
+                narrow = role == "column" and s.roles.kv_width and r.node.outputs and \
+                    r.node.outputs[0].shape[-1] == s.roles.kv_width
+                d = min(self.tp, kvh) if narrow and kvh else self.tp
+            (expert if role in ("expert_column", "expert_row") else dense)[i] += r.cost.param_bytes_read / d
+        lat = sh.latency_s if sh is not None else a.predicted_latency_s
+        return {"lat": lat, "pre": pre, "post": lat - pre - sum(blk), "blk": blk, "dense": dense,
+                "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
+                "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
+
+    def _point(self, make, spec, at: tuple[str, int, int]) -> Point:
+        from opmap.mapping.sharding import Parallelism, shard
+
+        L, pp, step = self.m.layers, self.pp, self.rt.per_step_s
+        if not self.extrapolate:
+            a, s = self._analyze(make, spec, L, at)
+            t = self._terms(a, s)
+            self._note(a, s, t)
+            if pp > 1 or self.tp > 1:
+                sh = shard(a, Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp))
+                lat, stage = sh.latency_s, sh.microbatch_s
+            else:
+                lat = stage = t["lat"]
+            return Point(lat + step, stage + step, sum(t["dense"]) / pp, sum(t["expert"]) / pp)
+        a, s = self._analyze(make, spec, 2, at)
+        t = self._terms(a, s)
+        self._note(a, s, t)
+        b0, b1 = t["blk"]
+        if abs(b0 - b1) <= 1e-9 * max(abs(b1), 1e-30):
+            d, dense_l, expert_l = b1, t["dense"][2], t["expert"][2]  # the second block is one layer
+        else:  # a kernel straddles the blocks' boundary: one layer is t(2) - t(1)
+            t1 = self._terms(*self._analyze(make, spec, 1, at))
+            d = t["lat"] - t1["lat"]
+            dense_l, expert_l = sum(t["dense"]) - sum(t1["dense"]), sum(t["expert"]) - sum(t1["expert"])
+        pre, post = t["pre"], t["lat"] - t["pre"] - 2 * d
+        per = math.ceil(L / pp)
+        counts = [0] * pp
+        for i in range(L):
+            counts[min(pp - 1, i // per)] += 1
+        stages = [n * d for n in counts]
+        stages[0] += pre
+        stages[-1] += post
+        send = self._send(t["act"]) if pp > 1 else 0.0
+        lat = pre + post + L * d + (pp - 1) * send
+        stage = max(stages) + send
+        dense = sum(t["dense"]) + (L - 2) * dense_l
+        expert = sum(t["expert"]) + (L - 2) * expert_l
+        return Point(lat + step, stage + step, dense / pp, expert / pp)
+
+    def _note(self, a, s, t) -> None:
+        """The whole model's geometry, from a capture (per layer times the layer count)."""
+        from opmap.mapping.memory import kv_geometry
+
+        L = self.m.layers
+        n = max(1, t["blocks"])
+        if self._held is None:
+            self._held = self.m.held_bytes * a.precision.weight_scale
+        if t["experts"]:
+            self.experts = t["experts"]
+            self.top_k = self.m.top_k
+            per_layer_expert = t["expert_params"] / n / self.experts  # one expert's parameters in one layer
+            itemsize = a.graph.param_bytes / max(1, a.graph.params)
+            self.expert_bytes_per_expert = (per_layer_expert * itemsize * a.precision.weight_scale * L
+                                            / self.tp / self.pp)
+        self._kv_heads = t["kv_heads"] or self._kv_heads
+        geo = kv_geometry(a.graph)
+        if geo.layers:
+            self._kv_per_token = geo.bytes_per_token / geo.layers * L
+
+    def _send(self, act_bytes: float) -> float:
+        """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send)."""
+        from opmap.mapping.collectives import Collective, collective_time
+        from opmap.mapping.sharding import link_for
+
+        if act_bytes <= 0:
+            return 0.0
+        c = Collective("send_recv", act_bytes / self.tp, 2, link_for(self.hw, 2 * self.tp))
+        return collective_time(self.hw, c).seconds
+
+    def prefill(self, seq: int) -> Point:
+        from opmap.mapping.memory import inflight_activation_bytes
+        from opmap.workloads.phases import PhaseSpec
+
+        p = self._point(lambda: self.m.prefill(seq), PhaseSpec("prefill"), ("prefill", 1, seq))
+        if seq >= self._prefill_seq:  # the activations in flight, read off the longest prefill graph
+            self._prefill_seq = seq
+            self._inflight = inflight_activation_bytes(self._last_graph) / seq
+        return p
+
+    def decode(self, batch: int, kv: int) -> Point:
+        from opmap.workloads.phases import PhaseSpec
+
+        spec = PhaseSpec("decode", kv_len=kv)
+        return self._point(lambda: self.m.decode(batch, kv), spec, ("decode", batch, kv))
+
+    def memory(self, kv_dtype: str, utilization: float):
+        """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""
+        from opmap.mapping.memory import (
+            ACTIVATION_TOKENS,
+            ServingMemory,
+            kv_bytes_per_token_per_device,
+            runtime_reserve,
+        )
+
+        held, kv_captured = self._held or 0.0, self._kv_per_token
+        per_tok = kv_captured * KV_DTYPES.get(kv_dtype, 4.0) / self.m.kv_itemsize
+        per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
+        act = self._inflight * ACTIVATION_TOKENS / self.tp
+        reserve = runtime_reserve(act, self.rt.name != "eager")
+        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev)

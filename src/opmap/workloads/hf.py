@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
+from opmap.ops import active_experts
 from opmap.workloads.hf_config import (
     ACCEPTED,
     TESTED,
@@ -157,6 +158,20 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
 
 
+def has_rope(config) -> bool:
+    """Rotary position embeddings (a context past the limit is possible with rope scaling)."""
+    return any(getattr(config, k, None) is not None for k in ("rope_theta", "rope_scaling", "rope_parameters"))
+
+
+def check_positions(config, name: str, what: str, n: int, allow_long_context: bool = False) -> None:
+    """A length past the config's position limit: refused in one line unless allowed for a rotary model."""
+    from opmap.workloads.zoo import positions_limit
+
+    limit = max_positions(config)
+    if limit is not None and n > limit and not (allow_long_context and has_rope(config)):
+        raise positions_limit(name, what, limit, n, has_rope(config))
+
+
 def max_positions(config) -> int | None:
     for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         v = getattr(config, attr, None)
@@ -166,7 +181,7 @@ def max_positions(config) -> int | None:
 
 
 def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-             device: str = "meta") -> Workload:
+             device: str = "meta", allow_long_context: bool = False) -> Workload:
     """Build the model ``target`` names from its config alone (random weights) with example inputs."""
     config, _, ignored = _read(target)
     tdt = parse_dtype(dtype)  # a bad dtype fails before anything is built
@@ -175,8 +190,9 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
     seq = min(DEFAULT_SEQ, limit or DEFAULT_SEQ) if seq is None else seq
     if batch < 1:
         raise OpmapError(f"batch must be at least 1, got {batch}")
-    if seq < 1 or (limit is not None and seq > limit):
+    if seq < 1:
         raise OpmapError(f"{target} ({mt}) takes --seq from 1 to {limit or 'any'}, got {seq}")
+    check_positions(config, f"{target} ({mt})", "--seq", seq, allow_long_context)
     config.use_cache = False
     model = _build(config, target, device)
     model.eval()
@@ -256,7 +272,8 @@ def _balance_experts(model: torch.nn.Module) -> int:
 def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                               top_k_weights: torch.Tensor) -> torch.Tensor:
     """The eager expert loop with each expert's share fixed in advance: the T*k (token, choice) pairs sorted
-    by expert, split into equal slices, each expert's SwiGLU run on its slice, the weighted results added back
+    by expert, split into equal slices over the experts the T tokens are expected to activate
+    (opmap.ops.active_experts), each expert's SwiGLU run on its slice, the weighted results added back
     to their tokens (the same dispatch as opmap.workloads.llama.SparseMoeBlock on meta)."""
     e = self.gate_up_proj.shape[0]
     k = top_k_index.shape[-1]
@@ -265,9 +282,12 @@ def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: to
     token = order // k
     routed = hidden_states.index_select(0, token)
     n = flat.numel()
-    sizes = [n // e + (1 if i < n % e else 0) for i in range(e)]
+    a = active_experts(e, k, hidden_states.shape[0])  # the experts the tokens are expected to activate
+    sizes = [n // a + (1 if i < n % a else 0) if i < a else 0 for i in range(e)]
     outs = []
     for i, chunk in enumerate(routed.split(sizes)):
+        if not chunk.shape[0]:
+            continue  # an expert with no tokens launches nothing (its weights are not read)
         h = self._apply_gate(torch.nn.functional.linear(chunk, self.gate_up_proj[i]))
         outs.append(torch.nn.functional.linear(h, self.down_proj[i]))
     y = torch.cat(outs) * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(hidden_states.dtype)

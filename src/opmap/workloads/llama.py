@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from opmap.ops import active_experts
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -117,8 +119,10 @@ class SparseMoeBlock(nn.Module):
 
     Dispatch sorts the (token, choice) pairs by expert, runs each expert on its contiguous slice and
     adds the weighted results back. The slice sizes come from the router on real tensors. On the meta
-    device, where the router's choices do not exist, each expert gets an equal slice of the T*k
-    assignments: the balanced-load assumption, stated in the workload's assumptions.
+    device, where the router's choices do not exist, the T*k assignments go in equal slices to the experts T
+    tokens are expected to activate under uniform routing (opmap.ops.active_experts: E (1 - (1 - k/E)^T)
+    rounded up; all E for a prefill, k for one decode token): the balanced-load assumption, stated in the
+    workload's assumptions.
     """
 
     def __init__(self, c: LlamaConfig):
@@ -139,8 +143,9 @@ class SparseMoeBlock(nn.Module):
         token = order // self.top_k
         routed = xf.index_select(0, token)
         n = flat.numel()
-        if x.device.type == "meta":
-            sizes = [n // e + (1 if i < n % e else 0) for i in range(e)]  # balanced load
+        if x.device.type == "meta":  # balanced over the experts b*t tokens are expected to activate
+            a = active_experts(e, self.top_k, b * t)
+            sizes = [n // a + (1 if i < n % a else 0) if i < a else 0 for i in range(e)]
         else:
             sizes = torch.bincount(flat, minlength=e).tolist()
         # an expert with no tokens launches nothing (its weights are not read)

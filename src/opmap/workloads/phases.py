@@ -66,7 +66,8 @@ class PhaseSpec:
                 "optimizer": self.optimizer}
 
 
-def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool | None = None) -> PhaseSpec:
+def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool | None = None,
+                allow_long_context: bool = False) -> PhaseSpec:
     """Refuse a bad combination with one line (before anything is built); the spec with its defaults filled."""
     if spec.name not in PHASES:
         raise OpmapError(f"unknown phase {spec.name!r}; accepted: {', '.join(PHASES)}")
@@ -108,8 +109,12 @@ def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool
                 raise OpmapError(f"--kv-len must be at least 1, got {kv}")
         else:
             kv = spec.kv_len if spec.kv_len is not None else spec_model.default_seq
-            if kv < 1 or kv > spec_model.max_seq:
+            if kv < 1:
                 raise OpmapError(f"{target} takes --kv-len from 1 to {spec_model.max_seq}, got {kv}")
+            if kv > spec_model.max_seq and not (allow_long_context and spec_model.rope):
+                from opmap.workloads.zoo import positions_limit
+
+                raise positions_limit(target, "--kv-len", spec_model.max_seq, kv, spec_model.rope)
         spec = replace(spec, kv_len=kv)
     if spec.name == "train":
         mb = spec.microbatch if spec.microbatch is not None else batch
@@ -144,18 +149,16 @@ def kv_layout(module: torch.nn.Module) -> tuple[int, int, int]:
     raise OpmapError(f"{type(module).__name__} has no KV-cache decode path; accepted: {', '.join(_decoders())}")
 
 
-def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
+def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_long_context: bool = False) -> Workload:
     """The decode step of a Hugging Face model: one new token per sequence against a ``DynamicCache`` that
     already holds ``kv_len - 1`` tokens per layer (meta tensors; a sliding-window layer keeps only its window, as
     transformers' cache does), positions continuing after them. transformers' eager cache appends with
     ``torch.cat``, so each step copies every layer's K and V once: that copy is in the graph, as it runs."""
-    from opmap.workloads.hf import _transformers, max_positions
+    from opmap.workloads.hf import _transformers, check_positions
 
     tf = _transformers()
     cfg = w.module.config
-    limit = max_positions(cfg)
-    if limit is not None and kv_len > limit:
-        raise OpmapError(f"{w.name} takes --kv-len from 1 to {limit}, got {kv_len}")
+    check_positions(cfg, w.name, "--kv-len", kv_len, allow_long_context)
     cfg.use_cache = True
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -201,7 +204,7 @@ def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
 
 
 def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dtype: str,
-                   device: str = "meta") -> Workload:
+                   device: str = "meta", allow_long_context: bool = False) -> Workload:
     """Build ``target`` for ``spec`` (checked by ``check_phase``): prefill as today, decode against its KV cache,
     train at the microbatch."""
     from opmap.workloads.load import load_workload
@@ -211,11 +214,11 @@ def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dt
 
         w = load_workload(target, batch, 1, dtype, device)
         if is_hf_target(target):
-            return hf_decode_workload(w, spec.kv_len, device)
+            return hf_decode_workload(w, spec.kv_len, device, allow_long_context)
         return decode_workload(w, spec.kv_len, device)
     if spec.train:
-        return load_workload(target, spec.microbatch or batch, seq, dtype, device)
-    return load_workload(target, batch, seq, dtype, device)
+        return load_workload(target, spec.microbatch or batch, seq, dtype, device, allow_long_context)
+    return load_workload(target, batch, seq, dtype, device, allow_long_context)
 
 
 def build_dtype(dtype: str) -> torch.dtype:

@@ -46,6 +46,17 @@ class ModelSpec:
     build: Callable[[], torch.nn.Module]
     make_inputs: Callable[[int, int, torch.dtype], Any]
     notes: str = ""
+    rope: bool = False  # rotary positions: a context past max_seq is possible with rope scaling
+
+
+LONG_CONTEXT = ("--allow-long-context goes past it (rope scaling: positions beyond the trained context, quality "
+                "not assured)")
+
+
+def positions_limit(name: str, what: str, limit: int, got: int, rope: bool) -> OpmapError:
+    """The one-line refusal of a length past a model's position limit, naming the way past it where there is one."""
+    tail = f"; {LONG_CONTEXT}" if rope else " (learned positions: no rope scaling)"
+    return OpmapError(f"{name} takes {what} from 1 to {limit}, got {got} (its max_position_embeddings){tail}")
 
 
 def _token_ids(batch: int, seq: int, dtype: torch.dtype):
@@ -89,22 +100,23 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
               lambda: ResNet((3, 4, 6, 3)), _images),
     ModelSpec("llama-3-8b", "Llama 3 8B: 32 layers, d 4096, GQA 32/8 heads, SwiGLU 14336", "text",
               8_030_261_248, "Meta Llama 3 model card: 8.03B (8,030,261,248)", 2048, 8192,
-              lambda: Llama(LLAMA3_8B), _token_ids),
+              lambda: Llama(LLAMA3_8B), _token_ids, rope=True),
     ModelSpec("llama-3-70b", "Llama 3 70B: 80 layers, d 8192, GQA 64/8 heads, SwiGLU 28672", "text",
               70_553_706_496, "Meta Llama 3 model card: 70.6B (70,553,706,496)", 2048, 8192,
-              lambda: Llama(LLAMA3_70B), _token_ids),
+              lambda: Llama(LLAMA3_70B), _token_ids, rope=True),
     ModelSpec("llama-2-7b", "Llama 2 7B: 32 layers, d 4096, 32 heads (MHA), SwiGLU 11008, vocab 32000", "text",
               6_738_415_616, "Touvron et al. 2023, Llama 2 (7B); HF Llama-2-7b-hf num_parameters() = 6,738,415,616",
-              2048, 4096, lambda: Llama(LLAMA2_7B), _token_ids),
+              2048, 4096, lambda: Llama(LLAMA2_7B), _token_ids, rope=True),
     ModelSpec("llama-2-70b", "Llama 2 70B: 80 layers, d 8192, GQA 64/8 heads, SwiGLU 28672, vocab 32000", "text",
               68_976_648_192, "Touvron et al. 2023, Llama 2 (70B); HF Llama-2-70b-hf num_parameters() = 68,976,648,192",
-              2048, 4096, lambda: Llama(LLAMA2_70B), _token_ids),
+              2048, 4096, lambda: Llama(LLAMA2_70B), _token_ids, rope=True),
     ModelSpec("llama-3.1-405b", "Llama 3.1 405B: 126 layers, d 16384, GQA 128/8 heads, SwiGLU 53248", "text",
               405_853_388_800, "Meta Llama 3.1 model card: 405B; HF Llama-3.1-405B num_parameters() = 405,853,388,800",
-              2048, 131072, lambda: Llama(LLAMA31_405B), _token_ids),
+              2048, 131072, lambda: Llama(LLAMA31_405B), _token_ids, rope=True),
     ModelSpec("mixtral-8x7b", "Mixtral-style MoE: 32 layers, d 4096, top-2 of 8 SwiGLU experts", "text",
               46_702_792_704, "Jiang et al. 2024, Mixtral of Experts: 46.7B total, 12.9B active", 2048, 32768,
               lambda: Llama(MIXTRAL_8X7B), _token_ids,
+              rope=True,
               notes="balanced expert load on the meta device"),
 )}
 
@@ -142,11 +154,13 @@ def cast_to(module: torch.nn.Module, inputs: Any, dtype: torch.dtype):
     return module, cast(inputs)
 
 
-def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
+def _check_shape(spec: ModelSpec, batch: int, seq: int, allow_long_context: bool = False) -> None:
     if batch < 1:
         raise OpmapError(f"batch must be at least 1, got {batch}")
     what = "--seq" if spec.kind == "text" else "--image-size"
-    if seq < 1 or seq > spec.max_seq:
+    if spec.kind == "text" and seq > spec.max_seq and not (allow_long_context and spec.rope):
+        raise positions_limit(spec.name, what, spec.max_seq, seq, spec.rope)
+    if seq < 1 or (seq > spec.max_seq and spec.kind != "text"):
         raise OpmapError(f"{spec.name} takes {what} from 1 to {spec.max_seq}, got {seq}")
     if spec.kind == "vision" and spec.name == "vit-b16" and seq % 16:
         raise OpmapError(f"vit-b16 takes --image-size as a multiple of its 16-pixel patch, got {seq}")
@@ -155,13 +169,13 @@ def _check_shape(spec: ModelSpec, batch: int, seq: int) -> None:
 
 
 def build_zoo(name: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-              device: str = "meta") -> Workload:
+              device: str = "meta", allow_long_context: bool = False) -> Workload:
     """Build a zoo model with example inputs. ``seq`` is tokens for text models, the image side for vision."""
     if name not in MODELS:
         raise OpmapError(f"unknown model {name!r}; accepted: {', '.join(MODELS)} (or path/to/file.py:factory)")
     spec = MODELS[name]
     seq = spec.default_seq if seq is None else seq
-    _check_shape(spec, batch, seq)
+    _check_shape(spec, batch, seq, allow_long_context)
     tdt = parse_dtype(dtype)
     with torch.device(device):
         if spec.name == "vit-b16":

@@ -1,0 +1,476 @@
+"""Published in-flight-batching serving results beside ``opmap serve``'s predictions (issue 20).
+
+Each ``Ref`` is one published figure, exactly as printed, with its unit, workload (model, precision, lengths,
+scenario, SLO), system (accelerator, count, TP/PP), engine and source (repository + path + commit, or URL).
+The runner turns each into an ``opmap serve`` command, runs it as a subprocess (``python -m opmap.cli`` with this
+checkout's ``src`` first on the path), reads serve.json and prints predicted / published per device.
+
+Kinds of row (``scenario``):
+- ``offline``: output tokens/s under an unbounded queue (trtllm-bench throughput, vLLM benchmark_throughput,
+  MLPerf Offline). Predicted: serve.json ``throughput.output_tokens_per_s`` of one replica (``--arrival
+  offline``) / (tp x pp). Published: the figure / the accelerators that produced it (the TP group for
+  TensorRT-LLM's tables, the whole system for MLPerf).
+- ``server``: MLPerf Server, the highest Poisson rate meeting p99 TTFT / TPOT. Predicted: serve.json
+  ``capacity.rate_per_s`` (``--find-capacity`` with the scenario's SLO) x mean output tokens / (tp x pp).
+- ``itl``: mean inter-token latency at a fixed Poisson rate (TensorRT-LLM's online serving table). Predicted:
+  serve.json ``latency.itl.mean_s``.
+
+ratio = predicted speed / published speed: throughput rows predicted / published, latency rows published /
+predicted; > 1 means opmap predicts faster than was measured. Band (issue 20): 0.75-1.33. A row whose figure set a
+catalog or runtime value is ``fit`` and kept out of the verdict (``ROLES``).
+
+Flags the CLI does not accept yet (``--runtime``, ``--kv-dtype``, ``--max-num-seqs``, ``--pp``, ...): the row is
+reported "not runnable: <opmap's error line>", or, with ``--drop-missing-flags``, run without them (listed per row).
+
+Run:  .venv/bin/python benchmarks/serving_reference.py [--quick | --rows ID,ID] [--jobs 2] [--drop-missing-flags]
+Writes benchmarks/results/serving_reference.json (a --rows / --quick run: serving_reference_subset.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BAND = (0.75, 1.33)
+SCHEMA_VERSION = 1
+SERVER_START_RATE = 1.0  # requests/s where --find-capacity's grid starts (it spans x1/8..x16 and moves from there)
+
+# --- sources (each figure below cites one of these, plus its table cell) -------------------------------------
+TRT017 = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ 258c7540c03517def55d9a5aadfa9288af474e1b, "
+          "'Throughput Measurements' (v0.17, trtllm-bench throughput: in-flight batching, all requests queued at "
+          "once, token-norm-dist lengths with stdev 0; 'Token Throughput (tokens/sec)' = output tokens/s of the TP "
+          "group; FP8 quantization also sets an FP8 KV cache, per the same page)")
+TRT017_ONLINE = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ "
+                 "258c7540c03517def55d9a5aadfa9288af474e1b, 'Online Serving Measurements' (v0.14.0, Triton "
+                 "TensorRT-LLM backend, 500 requests, BF16): Mean ITL (ms) at the given QPS")
+TRT10 = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ 00f37686aa854010d68bcbd0f4ab000221541ca6 "
+         "(v1.0, PyTorch backend, trtllm-bench throughput, CUDA graphs padded; 'Total Output Throughput "
+         "(tokens/sec)' of the TP group; nvidia/*-FP8 ModelOpt checkpoints)")
+MLPERF41 = ("mlcommons/inference_results_v4.1 @ a2f5d66d17e8f75c02fd74dfe810ecca6a046696 "
+            "closed/{path}/performance/run_1/mlperf_log_summary.txt")
+MLPERF41_NV_CFG = ("layout and batch: closed/NVIDIA/configs/llama2-70b/{scenario}/__init__.py (same commit): "
+                   "{cls}, use_fp8, kvcache_free_gpu_mem_frac 0.90")
+MLPERF41_AMD_CFG = ("layout: closed/AMD/code/llama2-70b-99.9/test_VllmFp8/test_VllmFp8_SyncServer_audit.sh (TP=1, "
+                    "DP=8, --quantization fp8, --kv-cache-dtype fp8); vLLM 0.4.3+rocm614 "
+                    "(closed/AMD/systems/8xMI300X_2xEPYC-9374F.json)")
+ORACLE = ("https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-31-405b-model-with-amd-mi300x-gpus "
+          "(2024-10-10), 'Throughput measurements': vLLM benchmark_throughput.py, Llama 3.1 405B FP8, one instance "
+          "on all eight MI300X of BM.GPU.MI300X.8; output throughput tokens/s")
+MLPERF_SLO = "MLPerf llama2-70b Server: p99 TTFT 2000 ms, p99 TPOT 200 ms (the summary's ttft_latency / tpot_latency)"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One published serving figure and the workload that produced it. ``value`` and ``unit`` as published;
+    ``devices`` = the accelerators that produced ``value`` (so per device = value / devices for throughput)."""
+
+    id: str
+    scenario: str  # offline | server | itl
+    published_model: str  # as the source names it
+    model: str  # opmap zoo model with that architecture
+    hardware: str  # opmap catalog name
+    devices: int
+    tp: int
+    dtype: str
+    input_len: int
+    output_len: float  # mean generated tokens (fixed for synthetic rows; tokens / samples for MLPerf)
+    value: float
+    unit: str
+    engine: str
+    source: str
+    pp: int = 1
+    rate_per_s: float | None = None  # itl rows: the offered QPS
+    slo_ttft_ms: float | None = None  # server rows
+    slo_tpot_ms: float | None = None
+    flags: dict[str, str] = field(default_factory=dict)  # extra opmap serve flags
+    requests: int = 1000
+    role: str = "held out"  # held out | fit
+    notes: str = ""  # assumptions the row's prediction rests on
+
+    @property
+    def per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def published_per_device(self) -> float:
+        """Throughput rows: value / devices (tokens/s per accelerator); itl rows: the latency in seconds."""
+        if self.scenario == "itl":
+            return self.value / 1e3  # ms -> s
+        return self.value / self.devices
+
+    def what(self) -> str:
+        lay = f"tp{self.tp}" + (f" pp{self.pp}" if self.pp > 1 else "")
+        sysn = f"{self.devices} x {self.hardware}"
+        extra = f" @ {self.rate_per_s:g} QPS" if self.rate_per_s else ""
+        return (f"{self.published_model} {self.dtype} {self.input_len}/{self.output_len:g} {self.scenario}{extra}, "
+                f"{lay} on {sysn}, {self.engine}")
+
+    def command(self, out: Path) -> list[str]:
+        """The opmap serve argument list (after ``python -m opmap.cli``) that predicts this row."""
+        args = ["serve", self.model, "--hardware", self.hardware, "--tp", str(self.tp), "--dtype", self.dtype,
+                "--requests", str(self.requests), "--input-len", str(self.input_len),
+                "--output-len", str(round(self.output_len)), "--out", str(out), "--no-store"]
+        if self.pp > 1:
+            args += ["--pp", str(self.pp)]
+        if self.scenario == "offline":
+            args += ["--arrival", "offline"]
+        elif self.scenario == "itl":
+            args += ["--arrival", f"poisson:{self.rate_per_s:g}"]
+        else:  # server: the capacity search starts at a fixed rate, never at one taken from the published figure
+            args += ["--arrival", f"poisson:{SERVER_START_RATE:g}", "--find-capacity", "--slo-ttft",
+                     f"{self.slo_ttft_ms:g}", "--slo-tpot", f"{self.slo_tpot_ms:g}"]
+        for k, v in self.flags.items():
+            args += [k] if v == "" else [k, v]
+        return args
+
+
+ENGINE_FLAGS = {"--runtime": "engine"}
+
+
+def _trt017(id_, model, pub, hw, tp, dtype, isl, osl, value, kv=None, **kw) -> Ref:
+    flags = {**ENGINE_FLAGS, **({"--kv-dtype": kv} if kv else {})}
+    gpu = {"h100-sxm": "H100 80GB HBM3", "h200": "H200 141GB HBM3", "a100-sxm-80gb": "A100-SXM4-80GB"}[hw]
+    return Ref(id_, "offline", pub, model, hw, tp, tp, dtype, isl, osl, value, "output tokens/s per TP group",
+               "TensorRT-LLM v0.17 (trtllm-bench)", f"{TRT017}; row {pub}, TP {tp}, {isl}/{osl}, column {gpu}",
+               flags=flags, **kw)
+
+
+def _trt10(id_, model, pub, hw, tp, isl, osl, value, **kw) -> Ref:
+    return Ref(id_, "offline", pub, model, hw, tp, tp, "fp8", isl, osl, value, "output tokens/s per TP group",
+               "TensorRT-LLM v1.0 (trtllm-bench, PyTorch backend)",
+               f"{TRT10}; table '{pub}', column {hw.upper()} TP{tp} (FP8), row {isl}/{osl}", flags=dict(ENGINE_FLAGS),
+               notes="KV cache precision not stated (model dtype assumed)", **kw)
+
+
+def _online(id_, model, pub, hw, tp, isl, osl, qps, itl_ms, ttft_ms, **kw) -> Ref:
+    return Ref(id_, "itl", pub, model, hw, tp, tp, "bf16", isl, osl, itl_ms, "ms mean ITL",
+               "TensorRT-LLM v0.14.0 (Triton backend)",
+               f"{TRT017_ONLINE}; {pub}, {hw}, TP {tp}, {isl}/{osl}, QPS {qps}: Mean TTFT {ttft_ms} ms, "
+               f"Mean ITL {itl_ms} ms", rate_per_s=qps, flags=dict(ENGINE_FLAGS), requests=500, **kw)
+
+
+MLPERF_NOTE = ("input mean assumed 1024 (the dataset's cap, processorca.py --seqlen_limit=1024, "
+               "mlcommons/inference language/llama2-70b/README.md): the mean prompt length is not in the sources read")
+
+
+def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, engine, cfg, flags, **kw) -> Ref:
+    sub = "AMD" if hw == "mi300x" else "NVIDIA"
+    path = f"{sub}/results/{system}/{bench}/{scenario.capitalize()}"
+    unit = "tokens/s per system" if scenario == "offline" else "completed tokens/s per system"
+    slo = {"slo_ttft_ms": 2000.0, "slo_tpot_ms": 200.0} if scenario == "server" else {}
+    src = (f"{MLPERF41.format(path=path)}: '{'Tokens' if scenario == 'offline' else 'Completed tokens'} per second' "
+           f"{tokens_s}, samples per second {samples_s} (mean output = tokens / samples); {cfg}"
+           + (f"; {MLPERF_SLO}" if scenario == "server" else ""))
+    return Ref(id_, scenario, f"Llama 2 70B ({bench}, OpenOrca 24,576 samples)", "llama-2-70b", hw, devices, tp,
+               "fp8", 1024, round(tokens_s / samples_s, 2), tokens_s, unit, engine, src,
+               flags={**ENGINE_FLAGS, "--kv-dtype": "fp8", **flags}, requests=1000, notes=MLPERF_NOTE, **slo, **kw)
+
+
+def _nv_cfg(scenario: str, cls: str) -> str:
+    return MLPERF41_NV_CFG.format(scenario=scenario, cls=cls)
+
+
+L8, L70, L405, MIX = "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "mixtral-8x7b"
+L31_8, L31_70, L31_405, MX = "LLaMA v3.1 8B", "LLaMA v3.1 70B", "LLaMA v3.1 405B", "Mixtral 8x7B"
+
+REFS: list[Ref] = [
+    # TensorRT-LLM v0.17 throughput table: Llama 3.1 8B (architecture of llama-3-8b), TP1
+    _trt017("trt17-8b-h100-128-128", L8, L31_8, "h100-sxm", 1, "fp8", 128, 128, 28836.77, kv="fp8"),
+    _trt017("trt17-8b-h100-128-2048", L8, L31_8, "h100-sxm", 1, "fp8", 128, 2048, 21109.38, kv="fp8"),
+    _trt017("trt17-8b-h100-2048-128", L8, L31_8, "h100-sxm", 1, "fp8", 2048, 128, 3556.73, kv="fp8"),
+    _trt017("trt17-8b-h100-2048-2048", L8, L31_8, "h100-sxm", 1, "fp8", 2048, 2048, 9488.42, kv="fp8"),
+    _trt017("trt17-8b-h200-1000-1000", L8, L31_8, "h200", 1, "fp8", 1000, 1000, 17537.96, kv="fp8"),
+    _trt017("trt17-8b-h200-5000-500", L8, L31_8, "h200", 1, "fp8", 5000, 500, 3987.79, kv="fp8"),
+    _trt017("trt17-8b-a100-128-128", L8, L31_8, "a100-sxm-80gb", 1, "fp16", 128, 128, 6627.27),
+    _trt017("trt17-8b-a100-500-2000", L8, L31_8, "a100-sxm-80gb", 1, "fp16", 500, 2000, 4276.58),
+    _trt017("trt17-8b-a100-2048-128", L8, L31_8, "a100-sxm-80gb", 1, "fp16", 2048, 128, 799.61),
+    # Llama 3.1 70B (architecture of llama-3-70b)
+    _trt017("trt17-70b-h100-tp2-128-128", L70, L31_70, "h100-sxm", 2, "fp8", 128, 128, 6645.12, kv="fp8"),
+    _trt017("trt17-70b-h100-tp2-1000-1000", L70, L31_70, "h100-sxm", 2, "fp8", 1000, 1000, 4390.53, kv="fp8"),
+    _trt017("trt17-70b-h100-tp4-500-2000", L70, L31_70, "h100-sxm", 4, "fp8", 500, 2000, 9836.7, kv="fp8"),
+    _trt017("trt17-70b-h200-tp1-128-128", L70, L31_70, "h200", 1, "fp8", 128, 128, 4020.75, kv="fp8"),
+    _trt017("trt17-70b-h200-tp1-2048-128", L70, L31_70, "h200", 1, "fp8", 2048, 128, 465.99, kv="fp8"),
+    _trt017("trt17-70b-h200-tp2-128-2048", L70, L31_70, "h200", 2, "fp8", 128, 2048, 8290.35, kv="fp8"),
+    _trt017("trt17-70b-h200-tp8-2048-2048", L70, L31_70, "h200", 8, "fp8", 2048, 2048, 11142.47, kv="fp8"),
+    _trt017("trt17-70b-a100-tp4-128-128", L70, L31_70, "a100-sxm-80gb", 4, "fp16", 128, 128, 2733.48),
+    _trt017("trt17-70b-a100-tp8-1000-1000", L70, L31_70, "a100-sxm-80gb", 8, "fp16", 1000, 1000, 3320.41),
+    # Llama 3.1 405B, TP8 on H200
+    _trt017("trt17-405b-h200-tp8-128-2048", L405, L31_405, "h200", 8, "fp8", 128, 2048, 5938.09, kv="fp8"),
+    _trt017("trt17-405b-h200-tp8-1000-1000", L405, L31_405, "h200", 8, "fp8", 1000, 1000, 3399.69, kv="fp8"),
+    # Mixtral 8x7B (MoE, top-2 of 8)
+    _trt017("trt17-mix-h100-tp1-128-128", MIX, MX, "h100-sxm", 1, "fp8", 128, 128, 15962.49, kv="fp8"),
+    _trt017("trt17-mix-h100-tp2-2048-128", MIX, MX, "h100-sxm", 2, "fp8", 2048, 128, 3333.68, kv="fp8"),
+    _trt017("trt17-mix-h200-tp1-1000-1000", MIX, MX, "h200", 1, "fp8", 1000, 1000, 10371.36, kv="fp8"),
+    _trt017("trt17-mix-a100-tp2-128-128", MIX, MX, "a100-sxm-80gb", 2, "fp16", 128, 128, 5541.47),
+    _trt017("trt17-mix-a100-tp4-128-2048", MIX, MX, "a100-sxm-80gb", 4, "fp16", 128, 2048, 10911.86),
+    # TensorRT-LLM v1.0 (PyTorch backend)
+    _trt10("trt10-8b-h100-500-2000", L8, "Llama 3.1 8B", "h100-sxm", 1, 500, 2000, 17660),
+    _trt10("trt10-70b-h100-tp2-1000-2000", L70, "Llama 3.3 70B", "h100-sxm", 2, 1000, 2000, 4146),
+    _trt10("trt10-405b-h100-tp8-128-2048", L405, "Llama 3.1 405B", "h100-sxm", 8, 128, 2048, 4340),
+    _trt10("trt10-405b-h100-tp8-1000-1000", L405, "Llama 3.1 405B", "h100-sxm", 8, 1000, 1000, 2919),
+    # TensorRT-LLM v0.14 online serving (BF16): mean ITL at a fixed request rate
+    _online("trt14-8b-h100-467-256-q16", L8, "LLaMA 3.1 8B", "h100-sxm", 1, 467, 256, 16, 11, 30),
+    _online("trt14-8b-h200-467-256-q16", L8, "LLaMA 3.1 8B", "h200", 1, 467, 256, 16, 9, 27),
+    _online("trt14-70b-h100-tp4-467-256-q8", L70, "LLaMA 3.1 70B", "h100-sxm", 4, 467, 256, 8, 32, 92),
+    _online("trt14-70b-h200-tp4-202-214-q16", L70, "LLaMA 3.1 70B", "h200", 4, 202, 214, 16, 28, 67),
+    # MLPerf Inference v4.1, llama2-70b, Datacenter closed
+    _mlperf("mlperf41-h100x8-offline", "offline", "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b-99.9", "h100-sxm", 8,
+            2, 24524.9, 84.4792, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
+            _nv_cfg("Offline", "H100_SXM_80GB_TP2x4_HighAccuracy: tensor_parallelism 2, gpu_batch_size 896"),
+            {"--max-num-seqs": "896"}),
+    _mlperf("mlperf41-h100x8-server", "server", "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b-99.9", "h100-sxm", 8,
+            2, 21605.79, 74.42, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
+            _nv_cfg("Server", "H100_SXM_80GB_TP2x4_HighAccuracy: tensor_parallelism 2, gpu_batch_size 1024"),
+            {"--max-num-seqs": "1024"}),
+    _mlperf("mlperf41-h200x8-offline", "offline", "H200-SXM-141GBx8_TRT", "llama2-70b-99", "h200", 8, 1, 31302.7,
+            107.477, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
+            _nv_cfg("Offline", "H200_SXM_141GBx8: tensor_parallelism 1, gpu_batch_size 806"),
+            {"--max-num-seqs": "806"}),
+    _mlperf("mlperf41-h200x8-server", "server", "H200-SXM-141GBx8_TRT", "llama2-70b-99", "h200", 8, 1, 29228.22,
+            100.35, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
+            _nv_cfg("Server", "H200_SXM_141GBx8: tensor_parallelism 1, gpu_batch_size 896"),
+            {"--max-num-seqs": "896"}),
+    _mlperf("mlperf41-mi300xx8-offline", "offline", "8xMI300X_2xEPYC-9374F", "llama2-70b-99", "mi300x", 8, 1,
+            23514.8, 80.15, "vLLM 0.4.3 (ROCm 6.1.2)", MLPERF41_AMD_CFG, {}),
+    _mlperf("mlperf41-mi300xx8-server", "server", "8xMI300X_2xEPYC-9374F", "llama2-70b-99", "mi300x", 8, 1,
+            21028.23, 71.74, "vLLM 0.4.3 (ROCm 6.1.2)", MLPERF41_AMD_CFG, {}),
+    _mlperf("mlperf41-mi300xx1-offline", "offline", "1xMI300X_2xEPYC-9374F", "llama2-70b-99.9", "mi300x", 1, 1,
+            3062.72, 10.4445, "vLLM 0.4.3 (ROCm 6.1.2)", MLPERF41_AMD_CFG, {}),
+    _mlperf("mlperf41-mi300xx1-server", "server", "1xMI300X_2xEPYC-9374F", "llama2-70b-99.9", "mi300x", 1, 1,
+            2520.27, 8.59, "vLLM 0.4.3 (ROCm 6.1.2)", MLPERF41_AMD_CFG, {}),
+    # vLLM on MI300X (Oracle Cloud), Llama 3.1 405B FP8, one TP8 instance
+    Ref("oracle-405b-mi300x-128-128", "offline", "Llama 3.1 405B FP8", L405, "mi300x", 8, 8, "fp8", 128, 128, 1993,
+        "output tokens/s per system", "vLLM (benchmark_throughput.py)", f"{ORACLE}: 'Typical chatbot online "
+        "scenario', input 128, output 128, 1993 TPS", flags=dict(ENGINE_FLAGS),
+        notes="KV cache precision not stated (model dtype assumed); vLLM version not stated"),
+    Ref("oracle-405b-mi300x-128-2048", "offline", "Llama 3.1 405B FP8", L405, "mi300x", 8, 8, "fp8", 128, 2048, 2794,
+        "output tokens/s per system", "vLLM (benchmark_throughput.py)", f"{ORACLE}: 'Generation heavy use case', "
+        "input 128, output 2048, 2794 TPS", flags=dict(ENGINE_FLAGS),
+        notes="KV cache precision not stated (model dtype assumed); vLLM version not stated"),
+]
+
+# A row that set a catalog or runtime value goes here (id -> what it set); such rows are listed, not judged.
+FIT: dict[str, str] = {}
+QUICK = ("trt17-8b-h100-128-128", "trt17-70b-h100-tp2-1000-1000", "trt17-mix-h100-tp1-128-128",
+         "trt14-8b-h100-467-256-q16", "mlperf41-h200x8-offline", "oracle-405b-mi300x-128-2048")
+CLAIM = "at least 85% of held-out rows within 0.75-1.33 and mean absolute error under 20%"
+ROW_TIMEOUT_S = 1800
+
+
+def role(ref: Ref) -> str:
+    return "fit" if ref.id in FIT else ref.role
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+           "COLUMNS": "240", "NO_COLOR": "1", "TERM": "dumb"}
+    return env
+
+
+def _opmap(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opmap.cli", *args], env=_env(), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=REPO)
+
+
+def accepted_flags() -> set[str]:
+    """The long options ``opmap serve --help`` lists in this checkout."""
+    p = _opmap(["serve", "--help"], 300)
+    return set(re.findall(r"--[a-z][a-z0-9-]*", p.stdout + p.stderr))
+
+
+def error_line(text: str) -> str:
+    """The one line saying why opmap refused (``opmap: error: ...`` or typer's ``No such option``)."""
+    lines = [ln.strip(" │|\t") for ln in text.splitlines()]
+    for pat in ("opmap: error", "No such option", "Error", "Traceback"):
+        hit = [ln for ln in lines if pat in ln]
+        if hit:
+            return hit[-1] if pat != "Traceback" else next((ln for ln in reversed(lines) if ln), hit[-1])
+    return next((ln for ln in reversed(lines) if ln), "no output")
+
+
+def predicted(ref: Ref, report: dict) -> tuple[float, str]:
+    """(predicted figure in the row's per-device unit, what opmap reported), from serve.json."""
+    if ref.scenario == "offline":
+        out = report["throughput"]["output_tokens_per_s"]
+        return out / ref.per_replica, f"{out:.4g} out tok/s per replica"
+    if ref.scenario == "itl":
+        return report["latency"]["itl"]["mean_s"], f"TPOT mean {report['latency']['tpot']['mean_s'] * 1e3:.3g} ms"
+    cap = report["capacity"]["rate_per_s"]
+    return cap * round(ref.output_len) / ref.per_replica, f"capacity {cap:.4g} req/s per replica"
+
+
+def ratio(ref: Ref, pred: float) -> float:
+    """Predicted speed / published speed (> 1: opmap faster than measured)."""
+    pub = ref.published_per_device
+    return pub / pred if ref.scenario == "itl" else pred / pub
+
+
+def run_row(ref: Ref, accepted: set[str] | None) -> dict:
+    """Run one row's opmap serve command; ``accepted`` = the options to keep (None: keep every row flag)."""
+    res = {"id": ref.id, "role": role(ref), "published_per_device": ref.published_per_device, "dropped_flags": []}
+    with tempfile.TemporaryDirectory(prefix="serving_ref_") as tmp:
+        out = Path(tmp) / "run"
+        args = ref.command(out)
+        if accepted is not None:
+            keep, i = [], 0
+            while i < len(args):
+                a = args[i]
+                takes_value = a in ref.flags and ref.flags[a] != ""
+                if a.startswith("--") and a in ref.flags and a not in accepted:
+                    res["dropped_flags"].append(a)
+                    i += 2 if takes_value else 1
+                    continue
+                keep.append(a)
+                i += 1
+            args = keep
+        res["command"] = "opmap " + " ".join(args).replace(str(out), "OUT")
+        try:
+            p = _opmap(args, ROW_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {**res, "status": f"not runnable: timed out after {ROW_TIMEOUT_S} s"}
+        if p.returncode != 0:
+            return {**res, "status": f"not runnable: {error_line(p.stderr + p.stdout)}"}
+        try:
+            report = json.loads((out / "serve.json").read_text())
+            pred, how = predicted(ref, report)
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            return {**res, "status": f"not runnable: serve.json unreadable ({type(e).__name__}: {e})"}
+    r = ratio(ref, pred)
+    return {**res, "status": "ok", "predicted_per_device": pred, "ratio": r, "how": how,
+            "in_band": BAND[0] <= r <= BAND[1], "runtime": report.get("runtime") or report.get("cost", {}).get(
+                "runtime"), "preemptions": report.get("preemptions")}
+
+
+def summary(results: list[dict]) -> dict:
+    held = [x for x in results if x["role"] == "held out"]
+    ok = [x for x in held if x["status"] == "ok"]
+    ratios = [x["ratio"] for x in ok]
+    mae = statistics.fmean(abs(r - 1) for r in ratios) if ratios else None
+    in_band = sum(1 for x in ok if x["in_band"])
+    return {"held_out": len(held), "runnable": len(ok), "not_runnable": len(held) - len(ok), "in_band": in_band,
+            "in_band_fraction": in_band / len(held) if held else None,
+            "median_ratio": statistics.median(ratios) if ratios else None, "mean_abs_error": mae,
+            "geomean_error": math.exp(statistics.fmean(abs(math.log(r)) for r in ratios)) - 1 if ratios else None,
+            "pass": bool(held) and len(ok) == len(held) and in_band >= 0.85 * len(held) and mae is not None
+            and mae < 0.20}
+
+
+def _fmt(ref: Ref, v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1e3:.3g} ms" if ref.scenario == "itl" else f"{v:,.0f} tok/s/dev"
+
+
+def select(rows_arg: str | None, quick: bool) -> list[Ref]:
+    by_id = {r.id: r for r in REFS}
+    if rows_arg:
+        ids = [s.strip() for s in rows_arg.split(",") if s.strip()]
+        bad = [i for i in ids if i not in by_id]
+        if bad:
+            raise SystemExit(f"serving_reference: unknown row id(s) {', '.join(bad)}; --list prints the ids")
+        return [by_id[i] for i in ids]
+    return [by_id[i] for i in QUICK] if quick else list(REFS)
+
+
+def markdown(payload: dict) -> str:
+    """The rows of a results JSON as a Markdown table (for benchmarks/README.md)."""
+    lines = ["| row | workload | system | engine | published | per device | predicted | ratio | band | role |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---|"]
+    for x in payload["rows"]:
+        ref = Ref(**{k: x[k] for k in Ref.__dataclass_fields__})
+        lay = f"tp{ref.tp}" + (f" pp{ref.pp}" if ref.pp > 1 else "")
+        wl = f"{ref.published_model}, {ref.dtype}, {ref.input_len}/{ref.output_len:g}, {ref.scenario}"
+        if ref.rate_per_s:
+            wl += f" @ {ref.rate_per_s:g} QPS"
+        pred = _fmt(ref, x.get("predicted_per_device"))
+        r = f"{x['ratio']:.2f}" if x["status"] == "ok" else x["status"]
+        band = ("in" if x.get("in_band") else "out") if x["status"] == "ok" and x["role"] == "held out" else "-"
+        lines.append(f"| {ref.id} | {wl} | {ref.devices} x {ref.hardware}, {lay} | {ref.engine} | {ref.value} "
+                     f"{ref.unit} | {_fmt(ref, ref.published_per_device)} | {pred} | {r} | {band} | {x['role']} |")
+    return "\n".join(lines)
+
+
+def write_results(payload: dict, subset: bool) -> Path:
+    """results/serving_reference.json for the whole table; a --rows / --quick run writes
+    serving_reference_subset.json instead, so it never replaces the full table's results."""
+    sys.path.insert(0, str(REPO / "src"))
+    from opmap.validate import json_text
+
+    out_dir = HERE / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / ("serving_reference_subset.json" if subset else "serving_reference.json")
+    tmp = out.with_suffix(f".json.{os.getpid()}.tmp")
+    tmp.write_text(json_text(payload, indent=2) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", help="comma-separated row ids (see --list)")
+    ap.add_argument("--quick", action="store_true", help=f"only {len(QUICK)} rows, one per kind of source")
+    ap.add_argument("--jobs", type=int, default=2, help="rows run at once (at most 2 on a shared host)")
+    ap.add_argument("--drop-missing-flags", action="store_true",
+                    help="run rows without the flags this checkout's CLI lacks (listed per row) instead of "
+                         "reporting them not runnable")
+    ap.add_argument("--list", action="store_true", help="print the rows and their commands, run nothing")
+    ap.add_argument("--markdown", action="store_true", help="print the last results JSON as a Markdown table")
+    a = ap.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads((HERE / "results" / "serving_reference.json").read_text())))
+        return 0
+    refs = select(a.rows, a.quick)
+    if a.list:
+        for r in refs:
+            print(f"{r.id}: {r.what()} = {r.value:g} {r.unit} ({r.published_per_device:.6g} per device)\n"
+                  f"  opmap {' '.join(r.command(Path('OUT')))}")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 200)
+    accepted = accepted_flags() if a.drop_missing_flags else None
+    with ThreadPoolExecutor(max_workers=max(1, min(a.jobs, 2))) as pool:
+        results = list(pool.map(lambda r: run_row(r, accepted), refs))
+    t = Table(title="opmap serve predicted / published, per device (ratio > 1: opmap faster)")
+    for c in ("id", "published", "predicted", "ratio", "band", "role", "opmap", "dropped flags"):
+        t.add_column(c, overflow="fold")
+    for ref, x in zip(refs, results, strict=True):
+        band = "-" if x["role"] != "held out" else ("in" if x.get("in_band") else "out")
+        t.add_row(ref.id, _fmt(ref, ref.published_per_device), _fmt(ref, x.get("predicted_per_device")),
+                  f"{x['ratio']:.2f}" if "ratio" in x else x["status"], band if x["status"] == "ok" else "-",
+                  x["role"], x.get("how", ""), " ".join(x["dropped_flags"]))
+    con.print(t)
+    s = summary(results)
+    mae = "-" if s["mean_abs_error"] is None else f"{s['mean_abs_error']:.1%}"
+    med = "-" if s["median_ratio"] is None else f"{s['median_ratio']:.2f}"
+    con.print(f"held-out rows in {BAND[0]}-{BAND[1]}: {s['in_band']} of {s['held_out']} ({s['not_runnable']} not "
+              f"runnable); median ratio {med}; mean absolute error {mae}; claim ({CLAIM}): "
+              f"{'PASS' if s['pass'] else 'FAIL'}", highlight=False)
+    sys.path.insert(0, str(HERE))
+    from _common import machine, now_iso
+
+    path = write_results({"schema_version": SCHEMA_VERSION, "benchmark": "serving_reference", "created": now_iso(),
+                          "machine": machine(), "claim": CLAIM, "band": list(BAND),
+                          "drop_missing_flags": a.drop_missing_flags, "summary": s,
+                          "rows": [{**asdict(ref), "what": ref.what(), **x} for ref, x in zip(refs, results,
+                                                                                              strict=True)]},
+                         subset=bool(a.rows or a.quick))
+    con.print(f"wrote {path}")
+    return 0 if s["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

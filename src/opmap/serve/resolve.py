@@ -1,0 +1,193 @@
+"""The model a serving replica runs, resolved once for pricing (opmap.serve.model_cost).
+
+``Resolved.build`` takes anything ``opmap analyze`` takes (a zoo text decoder, a Hugging Face config, ``hf:NAME``, a
+model file) through analyze's resolver (``opmap.workloads.load.load_workload``) at batch 1 on meta, and keeps what
+pricing needs of it: its stack of layers (the largest ``nn.ModuleList`` of one block class), the layer count, the
+position limit and whether positions are rotary, the KV dtype's size, the weights the whole model holds, top-k, and
+whether every layer is the same (``uneven``: why not). ``set_layers`` shortens the stack in place (the config's
+layer count follows) for the 2-layer captures.
+
+A zoo model on meta is a pure function of its name, its build dtype and opmap's source: its summary is kept in the
+capture cache (opmap.capture.cache, beside the captured graphs), so a second pricing builds nothing and captures
+nothing when the graphs are cached too (``capture_key``); the module is built on the first capture that misses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from opmap.errors import OpmapError
+
+SUMMARY = ("name", "hf", "layers", "max_positions", "kv_itemsize", "rope", "top_k", "held_bytes", "uneven")
+
+
+@dataclass
+class Resolved:
+    target: str
+    dtype: str
+    name: str
+    hf: bool
+    layers: int
+    max_positions: int | None
+    kv_itemsize: float
+    rope: bool  # rotary positions: rope scaling can go past max_positions
+    top_k: int
+    held_bytes: float  # every parameter of the whole model at its build dtype, each once
+    uneven: str  # empty when every layer is the same; else why not
+    _built: tuple | None = field(default=None, repr=False)  # (workload, parent, attribute, blocks)
+
+    @classmethod
+    def build(cls, target: str, dtype: str) -> Resolved:
+        from opmap.capture import cache
+        from opmap.workloads import MODELS
+
+        spec = MODELS.get(target)
+        if spec is not None and (spec.kind != "text" or spec.name == "bert-base"):
+            raise OpmapError(f"opmap serve needs a text decoder, and {target} is "
+                             f"{'an encoder' if spec.kind == 'text' else 'a vision model'}; accepted: a zoo decoder "
+                             "(opmap models list), a Hugging Face decoder config, hf:NAME or a model file")
+        key = _summary_key(target, dtype)
+        hit = cache.load_fields(key) if key else None
+        if hit is not None and set(hit) == set(SUMMARY):
+            return cls(target, dtype, **hit)
+        built = _build(target, dtype)
+        r = cls(target, dtype, **_summary(target, built), _built=built)
+        if key:
+            cache.store_fields(key, {k: getattr(r, k) for k in SUMMARY})
+        return r
+
+    # -- the module, built on demand ---------------------------------------------------------------------------
+    def _module_parts(self) -> tuple:
+        if self._built is None:
+            self._built = _build(self.target, self.dtype)
+        return self._built
+
+    @property
+    def workload(self):
+        return self._module_parts()[0]
+
+    @property
+    def config(self):
+        return self.workload.module.config
+
+    def set_layers(self, n: int) -> None:
+        """Keep the first ``n`` layers (the config's layer count follows)."""
+        import torch
+
+        w, parent, attr, blocks = self._module_parts()
+        setattr(parent, attr, torch.nn.ModuleList(blocks[:n]))
+        c = w.module.config
+        if self.hf:
+            c.num_hidden_layers = n
+            if isinstance(getattr(c, "layer_types", None), list) and len(c.layer_types) >= n:
+                c.layer_types = c.layer_types[:n]
+        else:
+            w.module.config = replace(c, n_layer=n)
+
+    def prefill(self, seq: int):
+        import torch
+
+        w = self.workload
+        with torch.device("meta"):
+            ids = torch.zeros(1, seq, dtype=torch.long)
+        inputs = {"input_ids": ids, "use_cache": False} if self.hf else (ids,)
+        return replace(w, inputs=inputs, batch=1, seq=seq)
+
+    def decode(self, batch: int, kv: int):
+        from opmap.workloads.phases import decode_workload, hf_decode_workload
+
+        w = replace(self.workload, batch=batch)
+        return hf_decode_workload(w, kv) if self.hf else decode_workload(w, kv)
+
+    def capture_key(self, layers: int, phase: str, batch: int, length: int) -> str | None:
+        """The capture-cache key of this model's graph at ``layers`` layers (None: not cacheable: a model
+        file or a config, whose content the name does not pin)."""
+        from opmap.capture import cache
+
+        base = _summary_key(self.target, self.dtype, parts=True)
+        if base is None:
+            return None
+        return cache.key({**base, "purpose": "serve pricing", "layers": layers, "phase": phase, "batch": batch,
+                          "length": length})
+
+
+def _summary_key(target: str, dtype: str, parts: bool = False) -> Any:
+    from opmap.capture import cache
+    from opmap.precision import BUILD_DTYPE
+    from opmap.workloads import MODELS
+
+    if target not in MODELS or dtype not in BUILD_DTYPE or not cache.enabled():
+        return None
+    fields_ = {"model": target, "build_dtype": BUILD_DTYPE[dtype], "device": "meta", "what": "serve model summary"}
+    return fields_ if parts else cache.key(fields_)
+
+
+def _build(target: str, dtype: str) -> tuple:
+    """(workload, parent module, attribute, layers) of ``target`` built at batch 1 on meta."""
+    from opmap.workloads import MODELS
+    from opmap.workloads.hf import is_hf_target
+    from opmap.workloads.load import load_workload
+
+    spec = MODELS.get(target)
+    w = load_workload(target, 1, 1 if spec is not None or is_hf_target(target) else None, dtype, "meta")
+    cfg = getattr(w.module, "config", None)
+    if not (is_hf_target(target) or hasattr(cfg, "num_hidden_layers") or hasattr(cfg, "n_layer")):
+        raise OpmapError(f"{target}: serve prices decode against a KV cache and needs a decoder it can give one: "
+                         "a zoo text decoder, a Hugging Face decoder config (or a model file returning a "
+                         "transformers causal LM or a zoo Llama / GPT-2)")
+    return (w, *_layer_list(w.module))
+
+
+def _summary(target: str, built: tuple) -> dict[str, Any]:
+    import torch
+
+    from opmap.workloads import MODELS
+    from opmap.workloads.hf import has_rope, is_hf_target, max_positions
+
+    w, _parent, _attr, blocks = built
+    spec = MODELS.get(target)
+    cfg = w.module.config
+    hf = is_hf_target(target) or hasattr(cfg, "num_hidden_layers")
+    limit = spec.max_seq if spec is not None else (max_positions(cfg) if hf else getattr(cfg, "max_seq", None))
+    rope = spec.rope if spec is not None else (has_rope(cfg) if hf else hasattr(cfg, "rope_theta"))
+    dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
+    seen = {id(p): p for p in w.module.parameters()}
+    for b in blocks:
+        seen.update({id(p): p for p in b.parameters()})
+    held = float(sum(p.numel() * p.element_size() for p in seen.values()))
+    top_k = int(getattr(cfg, "top_k", 0) or getattr(cfg, "num_experts_per_tok", 0) or 0)
+    return {"name": w.name, "hf": bool(hf), "layers": len(blocks), "max_positions": limit,
+            "kv_itemsize": float(torch.empty((), dtype=dt).itemsize), "rope": bool(rope), "top_k": top_k,
+            "held_bytes": held, "uneven": _uneven(cfg, blocks)}
+
+
+def _uneven(cfg, blocks) -> str:
+    """Empty when every layer is the same (parameter shapes and attention kind); else why not."""
+    sig = {tuple((n, tuple(p.shape)) for n, p in b.named_parameters()) for b in blocks}
+    if len(sig) > 1:
+        return "layers of different shapes (a MoE with dense layers, or mixed blocks)"
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and len(set(types)) > 1:
+        return f"layer types {sorted(set(map(str, types)))} (alternating attention)"
+    mw = getattr(cfg, "max_window_layers", None)
+    if getattr(cfg, "use_sliding_window", False) and isinstance(mw, int) and 0 < mw < len(blocks):
+        return f"sliding-window attention on layers past {mw} only"
+    return ""
+
+
+def _layer_list(module) -> tuple:
+    """(parent, attribute, layers) of the model's largest nn.ModuleList of one block class (the decoder layers)."""
+    import torch
+
+    best = None
+    for path, m in module.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len({type(c) for c in m}) == 1 and (
+                best is None or len(m) > len(best[2])):
+            parent, _, attr = path.rpartition(".")
+            best = (module.get_submodule(parent) if parent else module, attr, list(m))
+    if best is None:
+        raise OpmapError(f"{type(module).__name__} has no stack of layers (an nn.ModuleList of one block class): "
+                         "serve needs a decoder")
+    return best
+

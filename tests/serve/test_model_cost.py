@@ -1,0 +1,242 @@
+"""Pricing a serving replica's steps (opmap.serve.model_cost): layer extrapolation, layouts, memory, KV format,
+decode floors, context limits."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import pytest
+
+from opmap.errors import OpmapError
+from opmap.hardware import get_hardware
+from opmap.mapping.memory import ServingMemory, kv_bytes_per_token_per_device
+from opmap.ops import active_experts, expected_experts
+from opmap.phases.runtime import get_runtime
+from opmap.serve.cost import DecodeFloor, TableCost
+from opmap.serve.model_cost import Pricer, Resolved, model_table_cost
+
+
+def _pricer(model: str, tp: int = 1, pp: int = 1, runtime: str = "engine") -> Pricer:
+    hw0 = get_hardware("h100-sxm")
+    rt = get_runtime(hw0, runtime)
+    return Pricer(Resolved.build(model, "bf16"), rt.apply(hw0), "bf16", tp, pp, rt)
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
+def test_extrapolated_point_equals_the_full_capture_on_llama_3_8b(tp, pp):
+    """t(32) from a 2-layer capture equals the 32-layer capture's time (a homogeneous stack: each layer adds the
+    same kernels and all-reduces), to 1e-9 relative (float summation order only); under pp the slowest stage
+    equals opmap.mapping.sharding's too, to 1e-3: the engine fusion folds a layer's closing residual add into the
+    next norm, so at the stage boundary that one add's time lands in the other stage (measured: 2e-5 of a decode
+    stage, 3e-4 of a prefill stage; 1e-9 under the eager runtime, which fuses nothing across layers)."""
+    ext, full = _pricer("llama-3-8b", tp, pp), _pricer("llama-3-8b", tp, pp)
+    full.extrapolate = False
+    for make in (lambda p: p.decode(16, 1024), lambda p: p.prefill(256)):
+        e, f = make(ext), make(full)
+        assert ext.extrapolate
+        assert e.latency_s == pytest.approx(f.latency_s, rel=1e-9)
+        assert e.stage_s == pytest.approx(f.stage_s, rel=1e-3)
+        assert e.dense_bytes == pytest.approx(f.dense_bytes, rel=1e-9)
+
+
+def test_kv_per_device_splits_over_tp_and_replicates_past_the_kv_heads():
+    """llama-3-70b: 80 layers x 2 x 8 KV heads x 128 head dim x 2 bytes = 327,680 B per token; tp 8 holds one KV
+    head per device (total / 8), tp 16 replicates each head on 2 devices (still total / 8); pp 4: 20 layers."""
+    total = 80 * 2 * 8 * 128 * 2
+    assert kv_bytes_per_token_per_device(total, 80, 8, tp=8) == total / 8
+    assert kv_bytes_per_token_per_device(total, 80, 8, tp=16) == total / 8
+    assert kv_bytes_per_token_per_device(total, 80, 8, tp=2, pp=4) == total / 2 / 4
+    assert kv_bytes_per_token_per_device(total, 80, 8, pp=3) == total * 27 / 80  # ceil(80 / 3) layers
+
+
+@cache
+def _cost(model: str, tp: int = 1, pp: int = 1, **kw) -> TableCost:
+    return model_table_cost(model, "h100-sxm", "bf16", tp, pp=pp, **kw)
+
+
+def test_llama_3_70b_tp8_kv_and_memory_per_device():
+    c = _cost("llama-3-70b", 8)
+    assert c.kv_bytes_per_token == 80 * 2 * 8 * 128 * 2 / 8
+    m = c.memory
+    hw = get_hardware("h100-sxm")
+    assert m["capacity_bytes"] == hw.memory_bytes  # as the catalog states it
+    # the model card's 70,553,706,496 parameters at 2 bytes, over 8 devices
+    assert m["weights_bytes"] == pytest.approx(70_553_706_496 * 2 / 8, rel=1e-12)
+    assert m["usable_bytes"] == pytest.approx(m["capacity_bytes"] * 0.9 - m["weights_bytes"] - m["reserve_bytes"])
+    assert c.kv_capacity_tokens == int(m["usable_bytes"] // c.kv_bytes_per_token)
+    assert c.layout == {"tp": 8, "pp": 1} and c.to_dict()["runtime"]["name"] == "engine"
+
+
+def test_fp8_kv_doubles_the_tokens_that_fit():
+    p = _pricer("llama-3-8b")
+    p.prefill(128)
+    bf, f8 = p.memory("bf16", 0.9), p.memory("fp8", 0.9)
+    assert bf.kv_bytes_per_token == 32 * 2 * 8 * 128 * 2 and f8.kv_bytes_per_token == 32 * 2 * 8 * 128 * 1
+    assert f8.kv_capacity_tokens in (2 * bf.kv_capacity_tokens, 2 * bf.kv_capacity_tokens + 1)
+
+
+def test_fp8_kv_halves_the_decode_kv_read():
+    bf, f8 = _cost("gpt2"), _cost("gpt2", kv_dtype="fp8")
+    read = bf.decode_s(16, 1 << 20) - bf.decode_s(16, 0)
+    assert f8.decode_s(16, 1 << 20) - f8.decode_s(16, 0) == pytest.approx(read / 2, rel=1e-9)
+    assert f8.decode_s(16, 0) == pytest.approx(bf.decode_s(16, 0), rel=1e-12)
+
+
+def test_usable_memory_and_utilization():
+    from opmap.mapping.memory import Assumed
+
+    m = ServingMemory(80 * 2**30, 0.5, 10 * 2**30, {"w": Assumed(2**30, "assumed", "x")}, 2**20)
+    assert m.usable_bytes == 40 * 2**30 - 11 * 2**30
+    assert m.kv_capacity_tokens == 29 * 2**10
+
+
+def test_expected_experts_top2_of_8():
+    assert expected_experts(8, 2, 1) == pytest.approx(2.0)
+    assert expected_experts(8, 2, 64) == pytest.approx(8 * (1 - 0.75 ** 64), rel=1e-15)
+    assert active_experts(8, 2, 1) == 2 and active_experts(8, 2, 2) == math.ceil(8 * (1 - 0.75 ** 2)) == 4
+    assert active_experts(8, 2, 64) == 8
+
+
+@pytest.mark.parametrize("batch", [1, 2, 64])
+def test_zoo_mixtral_decode_reads_the_experts_the_formula_gives(batch):
+    """The meta capture runs ceil(E (1 - (1 - k/E)^b)) experts per layer (top-2 of 8): their weights are read."""
+    from opmap.analyze import capture_phase
+    from opmap.workloads.phases import PhaseSpec
+
+    r = Resolved.build("mixtral-8x7b", "bf16")
+    r.set_layers(1)
+    g = capture_phase(r.decode(batch, 64), PhaseSpec("decode", kv_len=64))
+    ran = {n.module.split(".experts.")[1].split(".")[0] for n in g.nodes if ".experts." in n.module}
+    assert len(ran) == math.ceil(expected_experts(8, 2, batch) - 1e-9)
+
+
+@pytest.mark.parametrize("model,tp,pp", [("llama-3-8b", 1, 1), ("llama-3-70b", 4, 1), ("mixtral-8x7b", 2, 1),
+                                         ("llama-3-70b", 16, 1), ("llama-3-70b", 2, 2)])
+def test_tpot_never_below_its_floor(model, tp, pp):
+    """The priced decode step (interpolated between its points) against the weight + KV bytes one device reads
+    over its achievable memory rate, over batches and KV lengths (MoE: the experts the batch activates)."""
+    c = _cost(model, tp, pp)
+    for b in (1, 2, 3, 5, 8, 12, 16, 33, 64, 100, 256):
+        for per_seq in (0, 128, 1000, 4000):
+            assert c.decode_s(b, b * per_seq) >= c.decode_floor_s(b, b * per_seq) > 0, (b, per_seq)
+
+
+def test_moe_floor_reads_the_active_experts_once():
+    f = DecodeFloor(dense_bytes=1e9, kv_bytes_per_token=0.0, rate_bytes_per_s=1e12, expert_bytes=1e9, experts=8,
+                    top_k=2)
+    assert f.s(1, 0) == pytest.approx((1e9 + 2 * 1e9) / 1e12)
+    assert f.s(64, 0) == pytest.approx((1e9 + 8 * (1 - 0.75 ** 64) * 1e9) / 1e12)
+
+
+def test_pipeline_step_is_the_longer_of_latency_and_microbatches_on_the_slowest_stage():
+    """pp 2: a step of 4 sequences runs 2 microbatches of 2; lat(2) = 10 ms through both stages, stage(2) = 6 ms:
+    max(10, 2 x 6) = 12 ms. One sequence: one microbatch, its latency."""
+    c = TableCost([100], [1.0], [1, 2], [0, 1000], [[0.008, 0.008], [0.010, 0.010]], pp=2,
+                  stage_prefill_time_s=[0.5], stage_decode_time_s=[[0.004, 0.004], [0.006, 0.006]])
+    assert c.decode_s(4, 0) == pytest.approx(0.012)
+    assert c.decode_s(1, 0) == pytest.approx(0.008)
+    assert c.prefill_s(100, 1) == pytest.approx(1.0)
+
+
+def test_pp_layout_prices_stages():
+    c = _cost("llama-3-8b", 1, 2)
+    assert c.pp == 2 and c.stage_decode_time_s is not None
+    assert c.kv_bytes_per_token == 32 * 2 * 8 * 128 * 2 / 2
+    with pytest.raises(OpmapError, match="--pp 13 exceeds the 12 layers"):
+        model_table_cost("gpt2", "h100-sxm", pp=13)
+
+
+def test_context_past_the_model_limit_is_refused_unless_allowed():
+    """llama-2-7b (rotary, 4096 positions): refused past 4096 unless allowed; gpt2's learned positions: refused."""
+    with pytest.raises(OpmapError, match="at most 4096 positions.*--allow-long-context"):
+        model_table_cost("llama-2-7b", "h100-sxm", max_context=8192)
+    assert _cost("llama-2-7b", max_context=8192, allow_long_context=True).kv_capacity_tokens > 0
+    with pytest.raises(OpmapError, match="at most 1024 positions.*learned positions"):
+        model_table_cost("gpt2", "h100-sxm", max_context=1500, allow_long_context=True)
+
+
+@pytest.mark.parametrize("model,needle", [("bert-base", "an encoder"), ("resnet50", "a vision model")])
+def test_non_decoders_are_refused_in_one_line(model, needle):
+    with pytest.raises(OpmapError, match=needle) as e:
+        model_table_cost(model, "h100-sxm")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw,needle", [({"kv_dtype": "fp4"}, "--kv-dtype"), ({"runtime": "jit"}, "runtime"),
+                                       ({"gpu_memory_utilization": 0.0}, "--gpu-memory-utilization"),
+                                       ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization")])
+def test_bad_pricing_options_are_refused(kw, needle):
+    with pytest.raises(OpmapError, match=needle):
+        model_table_cost("gpt2", "h100-sxm", **kw)
+
+
+def test_runtime_per_step_is_added_once_per_step():
+    """eager vs graphs on gpt2: the same step's time differs by the per-kernel overheads and graphs' per-step
+    launch; graphs' decode step is never below its own per-step time."""
+    g = _cost("gpt2", runtime="graphs")
+    rt = get_runtime(get_hardware("h100-sxm"), "graphs")
+    assert g.runtime["name"] == "graphs" and g.decode_s(1, 0) > rt.per_step_s
+    assert _cost("gpt2", runtime="eager").decode_s(1, 0) > g.decode_s(1, 0)
+
+
+def test_hf_config_is_priced(tmp_path):
+    """A Hugging Face config (analyze's resolver) is priced like a zoo model: extrapolated from 2 layers."""
+    import json
+
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    c = model_table_cost(str(p), "h100-sxm")
+    assert "extrapolated" in c.source
+    assert c.kv_bytes_per_token == 6 * 2 * 2 * 64 * 2
+
+
+def test_model_file_is_priced(tmp_path):
+    """A model file whose factory returns a zoo-style decoder: priced through analyze's resolver, 4 layers
+    extrapolated from 2; KV per token 4 layers x 2 x 2 KV heads x 32 head dim x 2 bytes."""
+    f = tmp_path / "m.py"
+    f.write_text("import torch\n"
+                 "from opmap.workloads.llama import Llama, LlamaConfig\n"
+                 "def make():\n"
+                 "    c = LlamaConfig(vocab_size=512, dim=128, n_layer=4, n_head=4, n_kv_head=2, ffn_dim=256,"
+                 " max_seq=4096)\n"
+                 "    return Llama(c), torch.zeros(1, 16, dtype=torch.long)\n")
+    c = model_table_cost(f"{f}:make", "h100-sxm")
+    assert "extrapolated" in c.source and c.kv_bytes_per_token == 4 * 2 * 2 * 32 * 2
+
+
+def test_a_module_without_a_kv_cache_is_refused(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import torch\n"
+                 "def make():\n"
+                 "    return torch.nn.Sequential(torch.nn.Linear(8, 8)), torch.zeros(1, 8)\n")
+    with pytest.raises(OpmapError, match="needs a decoder") as e:
+        model_table_cost(f"{f}:make", "h100-sxm")
+    assert "\n" not in str(e.value)
+
+
+def test_an_encoder_config_is_refused_as_not_a_decoder(tmp_path):
+    import json
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "bert", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+                             "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128}))
+    with pytest.raises(OpmapError, match="no causal attention"):
+        model_table_cost(str(p), "h100-sxm")
+
+
+def test_a_second_pricing_builds_and_captures_nothing(tmp_path, monkeypatch):
+    """With the capture cache on, the zoo model's summary and its 2-layer graphs are kept: a second pricing builds
+    no module and prices the same table."""
+    monkeypatch.setenv("OPMAP_GRAPH_CACHE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = model_table_cost("gpt2", "h100-sxm", tp=2)
+    r = Resolved.build("gpt2", "bf16")
+    assert r._built is None and r.layers == 12 and r.max_positions == 1024
+    p = Pricer(r, get_hardware("h100-sxm"), "bf16", 2, 1, get_runtime(get_hardware("h100-sxm"), "engine"))
+    p.prefill(128)
+    assert r._built is None  # the graph came from the cache
+    second = model_table_cost("gpt2", "h100-sxm", tp=2)
+    assert second.to_dict() == first.to_dict()

@@ -1,0 +1,105 @@
+"""The published in-flight-batching table (benchmarks/serving_reference.py): every row well formed and sourced,
+and the unit conversions checked by hand. Runs no opmap serve (that is the benchmark's job): seconds."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from opmap.hardware.spec import catalog
+from opmap.workloads.zoo import MODELS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import serving_reference as sr  # noqa: E402
+
+COMMIT = re.compile(r"@ [0-9a-f]{40}\b")
+
+
+def by_id(i: str) -> sr.Ref:
+    return next(r for r in sr.REFS if r.id == i)
+
+
+def test_at_least_30_rows_with_unique_ids():
+    ids = [r.id for r in sr.REFS]
+    assert len(ids) >= 30
+    assert len(set(ids)) == len(ids)
+    assert set(sr.QUICK) <= set(ids)
+    assert set(sr.FIT) <= set(ids)
+
+
+@pytest.mark.parametrize("ref", sr.REFS, ids=lambda r: r.id)
+def test_row_is_sourced_and_runnable_by_opmap(ref: sr.Ref):
+    # a source pinned to a commit (repository rows) or a URL (web pages)
+    assert COMMIT.search(ref.source) or ref.source.startswith("https://")
+    assert ref.value > 0 and ref.unit and ref.engine
+    assert ref.hardware in catalog()
+    assert ref.model in MODELS and MODELS[ref.model].kind == "text"
+    # the prompt plus the generated tokens fit the model's context
+    assert ref.input_len + round(ref.output_len) <= MODELS[ref.model].max_seq
+    assert ref.scenario in ("offline", "server", "itl")
+    assert ref.devices % (ref.tp * ref.pp) == 0  # the system holds whole replicas
+    assert sr.role(ref) in ("held out", "fit")
+    cmd = ref.command(Path("OUT"))
+    assert cmd[:2] == ["serve", ref.model] and cmd[cmd.index("--tp") + 1] == str(ref.tp)
+    if ref.scenario == "server":
+        assert ref.slo_ttft_ms and ref.slo_tpot_ms and "--find-capacity" in cmd
+        assert cmd[cmd.index("--arrival") + 1].startswith("poisson:")
+    elif ref.scenario == "itl":
+        assert cmd[cmd.index("--arrival") + 1] == f"poisson:{ref.rate_per_s:g}"
+    else:
+        assert cmd[cmd.index("--arrival") + 1] == "offline"
+
+
+def test_per_device_conversion_by_hand():
+    # MLPerf v4.1 DGX-H100 llama2-70b-99.9 Offline: 24524.9 tokens/s for the 8-GPU system -> 3065.6125 per GPU;
+    # mean output = 24524.9 tokens/s / 84.4792 samples/s = 290.31 tokens
+    m = by_id("mlperf41-h100x8-offline")
+    assert m.published_per_device == pytest.approx(24524.9 / 8) == pytest.approx(3065.6125)
+    assert m.output_len == pytest.approx(290.31)
+    # TensorRT-LLM v0.17: 70B FP8 on H100 at TP2, 1000/1000: 4390.53 tokens/s for the TP group -> 2195.265 per GPU
+    t = by_id("trt17-70b-h100-tp2-1000-1000")
+    assert t.published_per_device == pytest.approx(2195.265)
+
+
+def test_predicted_per_device_from_serve_json_by_hand():
+    # Offline: one TP2 replica producing 3000 output tok/s is 1500 per GPU; against 2195.265 published: 0.6833
+    t = by_id("trt17-70b-h100-tp2-1000-1000")
+    pred, _ = sr.predicted(t, {"throughput": {"output_tokens_per_s": 3000.0}})
+    assert pred == pytest.approx(1500.0)
+    assert sr.ratio(t, pred) == pytest.approx(1500.0 / 2195.265)
+    # Server: capacity 10 req/s per TP2 replica x 290 output tokens (290.32 rounded) / 2 GPUs = 1450 tok/s per GPU
+    s = by_id("mlperf41-h100x8-server")
+    pred, _ = sr.predicted(s, {"capacity": {"rate_per_s": 10.0}})
+    assert pred == pytest.approx(1450.0)
+    # ITL: published 11 ms mean, predicted 22 ms: opmap twice as slow -> ratio 0.5 (speed, not time)
+    i = by_id("trt14-8b-h100-467-256-q16")
+    pred, _ = sr.predicted(i, {"latency": {"itl": {"mean_s": 0.022}, "tpot": {"mean_s": 0.022}}})
+    assert sr.ratio(i, pred) == pytest.approx(0.5)
+
+
+def test_summary_counts_band_and_mean_absolute_error():
+    rows = [{"role": "held out", "status": "ok", "ratio": r, "in_band": sr.BAND[0] <= r <= sr.BAND[1]}
+            for r in (0.5, 1.0, 1.2)]
+    rows.append({"role": "held out", "status": "not runnable: opmap: error: No such option: --pp"})
+    rows.append({"role": "fit", "status": "ok", "ratio": 3.0, "in_band": False})
+    s = sr.summary(rows)
+    assert (s["held_out"], s["runnable"], s["not_runnable"], s["in_band"]) == (4, 3, 1, 2)
+    assert s["mean_abs_error"] == pytest.approx((0.5 + 0.0 + 0.2) / 3)
+    assert s["pass"] is False
+
+
+def test_error_line_names_the_refused_flag():
+    typer = ("Usage: python -m opmap.cli serve [OPTIONS] MODEL\nTry 'python -m opmap.cli serve --help' for help.\n"
+             "╭─ Error ──────────╮\n│ No such option: --runtime                      │\n╰──────────────────╯\n")
+    assert sr.error_line(typer) == "No such option: --runtime"
+    assert sr.error_line("opmap: error: --kv-dtype takes bf16, fp16, fp8 or int8, got 'x'\n") == (
+        "opmap: error: --kv-dtype takes bf16, fp16, fp8 or int8, got 'x'")
+
+
+def test_rows_option_refuses_unknown_ids():
+    with pytest.raises(SystemExit, match="unknown row id"):
+        sr.select("no-such-row", False)
+    assert [r.id for r in sr.select(None, True)] == list(sr.QUICK)
