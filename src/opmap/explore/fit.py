@@ -128,8 +128,8 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     if not fitting:
         last = found["tried"][-1] if found["tried"] else {"reason": "no layout within the node and the budget"}
         most = max((lay["devices_per_replica"] for lay in found["tried"]), default=0)
-        cell["excluded_reason"] = (f"no layout of up to {most} devices per replica could be priced (fit in memory "
-                                   f"and build): {last['reason']}")
+        cell["excluded_reason"] = (f"{last['reason']} (no layout of up to {most} devices per replica could be "
+                                   "priced: built and fitted in memory)")
         return cell
     cell["fits"] = True
     cell["bound"] = _decode_bound(model, hw, dtype, runtime)

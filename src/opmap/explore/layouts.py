@@ -48,9 +48,10 @@ def _pricing_keywords() -> frozenset[str]:
 
 
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
-                 progress: Callable[[str], None] | None = None):
-    """``model_table_cost`` for one layout, passing ``pp`` and ``runtime`` where it takes them; pp > 1 refused in
-    one line (``PP_MISSING``) where it does not, the runtime then left to its default (see ``priced_runtime``)."""
+                 progress: Callable[[str], None] | None = None, max_context: int | None = None):
+    """``model_table_cost`` for one layout, passing ``pp``, ``runtime`` and ``max_context`` (the longest prompt +
+    output the run holds, refused past the model's positions) where it takes them; pp > 1 refused in one line
+    (``PP_MISSING``) where it does not, the runtime then left to its default (see ``priced_runtime``)."""
     from opmap.serve.model_cost import model_table_cost
 
     kw = _pricing_keywords()
@@ -61,6 +62,8 @@ def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, ru
         raise OpmapError(PP_MISSING)
     if "runtime" in kw:
         extra["runtime"] = runtime
+    if "max_context" in kw and max_context is not None:
+        extra["max_context"] = max_context
     return model_table_cost(model, hardware, dtype, tp, progress=progress, **extra)
 
 
@@ -130,13 +133,15 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     """Every candidate layout of ``model`` on ``hw`` priced and served (see the module docstring):
     ``{"tried": [...], "chosen": ..., "runner_up": ..., "runtime": ...}``; a layout that does not fit or meets
     the SLO at no rate is kept with its ``reason``."""
-    from opmap.serve.arrivals import Arrival, parse_length
+    from opmap.serve.arrivals import Arrival, make_requests, parse_length
     from opmap.serve.metrics import RateProbe, steady_capacity
 
     per_node = hw.devices_per_node or DEVICE_STEPS[-1]
     tried: list[dict[str, Any]] = []
     rt: dict[str, Any] | None = None
     ilen, olen = parse_length(input_len), parse_length(output_len)
+    drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
+    longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
     for tp, pp in candidates(per_node, budget, devices):
         d = tp * pp
         lay: dict[str, Any] = {"tp": tp, "pp": pp, "devices_per_replica": d, "replicas": budget // d,
@@ -148,7 +153,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         if lay["reason"]:
             continue
         try:
-            cost = price_layout(model, hw.name, dtype, tp, pp, runtime)
+            cost = price_layout(model, hw.name, dtype, tp, pp, runtime, max_context=longest)
         except OpmapError as e:
             lay["reason"] = str(e)
             continue
