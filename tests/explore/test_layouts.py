@@ -44,7 +44,7 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
 
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices_budget=2)
     tried = [lay for lay in cell["layouts"] if lay.get("rate_per_s")]
-    assert len(tried) >= 2
+    assert len(tried) == (3 if "pp" in _pricing_keywords() else 2)  # 1 x pp2 where pricing takes pp
     best = cell["layout"]
     for lay in tried:
         assert best["per_device_tokens_per_s"] >= figure_of_merit(lay)
