@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from opmap.errors import OpmapError
-from opmap.explore.layouts import PP_MISSING, _pricing_keywords, candidates, choose, figure_of_merit, price_layout
+from opmap.explore.layouts import (
+    BOUND_SLACK,
+    PP_MISSING,
+    _pricing_keywords,
+    candidates,
+    choose,
+    figure_of_merit,
+    price_layout,
+)
 
 
 def test_candidates_split_each_device_count_into_tp_x_pp():
@@ -44,7 +52,13 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
 
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices_budget=2)
     tried = [lay for lay in cell["layouts"] if lay.get("rate_per_s")]
-    assert len(tried) == (3 if "pp" in _pricing_keywords() else 2)  # 1 x pp2 where pricing takes pp
+    pruned = [lay for lay in cell["layouts"] if lay.get("limited_by") == "pruned"]
+    # 1 x pp2 where pricing takes pp; a layout is searched or pruned by its saturation bound
+    assert len(tried) + len(pruned) == (3 if "pp" in _pricing_keywords() else 2) and len(tried) >= 2
+    for lay in pruned:  # capacity <= saturation, so a bound under the runner-up's figure cannot beat it
+        assert lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < cell["runner_up"]["per_device_tokens_per_s"]
+    for lay in tried:
+        assert lay["per_device_tokens_per_s"] <= lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK)
     best = cell["layout"]
     for lay in tried:
         assert best["per_device_tokens_per_s"] >= figure_of_merit(lay)

@@ -13,6 +13,11 @@ how many replicas fill a device budget.
   replicas x one replica's, over the budget's devices: devices a layout leaves idle count against it);
 - **chosen**: the best figure among the candidates that fit and meet the SLO; ties go to fewer devices per
   replica, then to more TP (the order tried). The runner-up is the next best.
+- **bound and prune**: a layout's capacity never exceeds its offline saturation rate (all requests at t = 0), so
+  each priced layout is first bounded by its saturation run (its output tokens/s per device of the budget), the
+  capacity searches run in order of that bound, and a layout whose bound is below the runner-up found so far
+  is not searched (``limited_by`` "pruned": its capacity cannot beat either): the chosen layout and its
+  runner-up are the ones an exhaustive search finds, at a fraction of the runs.
 
 The pricing adapter (``price_layout``) passes ``pp`` and ``runtime`` to ``model_table_cost`` where that function
 takes them and otherwise refuses pp > 1 in one line, so a build whose pricing has no pipeline stages still
@@ -28,6 +33,9 @@ from typing import Any
 from opmap.errors import OpmapError
 
 DEVICE_STEPS = (1, 2, 4, 8)
+# a capacity run can be longer than the saturation run (lengthened to a stationary span), so its mean output
+# length can differ from the saturation run's by sampling: the bound is loosened by this much before it prunes
+BOUND_SLACK = 0.05
 PP_MISSING = "pipeline stages (pp > 1) are not available in this build: its pricing (serve.model_cost) takes no pp"
 
 
@@ -142,6 +150,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     ilen, olen = parse_length(input_len), parse_length(output_len)
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
     longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
+    bounded: list[tuple[dict[str, Any], Any, dict[str, Any]]] = []
     for tp, pp in candidates(per_node, budget, devices):
         d = tp * pp
         lay: dict[str, Any] = {"tp": tp, "pp": pp, "devices_per_replica": d, "replicas": budget // d,
@@ -160,11 +169,30 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         lay["fits"] = True
         rt = rt or priced_runtime(cost, runtime)
         if progress:
-            progress(f"{model} on {hw.name}, {label(lay)}: capacity search")
+            progress(f"{model} on {hw.name}, {label(lay)}: saturation")
         probe = RateProbe(Arrival("poisson", 1.0), ilen, olen, requests, policy, cost, 1, "round_robin", seed, slo)
         try:
-            cap = steady_capacity(probe)
-        except OpmapError as e:  # a request the KV cache cannot hold, an offline run that completes nothing
+            sat = probe.saturation()
+        except OpmapError as e:  # a request the KV cache cannot hold
+            lay["reason"] = str(e)
+            continue
+        lay["bound_per_device_tokens_per_s"] = sat["throughput"]["output_tokens_per_s"] * lay["replicas"] / budget
+        lay["saturation_per_s"] = float(sat["throughput"]["requests_per_s"])
+        bounded.append((lay, probe, sat))
+    # capacity searches in order of the bound; stop once no unsearched layout can beat the runner-up
+    bounded.sort(key=lambda x: -x[0]["bound_per_device_tokens_per_s"])
+    found: list[float] = []
+    for lay, probe, sat in bounded:
+        if len(found) >= 2 and lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < sorted(found)[-2]:
+            lay.update(limited_by="pruned", reason=(
+                f"not searched: its saturation bound {lay['bound_per_device_tokens_per_s']:.4g} tokens/s per "
+                f"device is below the runner-up's {sorted(found)[-2]:.4g}"))
+            continue
+        if progress:
+            progress(f"{model} on {hw.name}, {label(lay)}: capacity search")
+        try:
+            cap = steady_capacity(probe, saturation=sat)
+        except OpmapError as e:  # an offline run that completes nothing
             lay["reason"] = str(e)
             continue
         head = cap.pop("headline")
@@ -178,5 +206,6 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
                    output_tokens_per_s=out_tok * lay["replicas"],
                    per_device_tokens_per_s=out_tok * lay["replicas"] / budget,
                    latency_p99_s=head["latency"]["e2e"]["p99_s"], utilization=head.get("utilization", []))
+        found.append(lay["per_device_tokens_per_s"])
     chosen, runner = choose(tried)
     return {"tried": tried, "chosen": chosen, "runner_up": runner, "runtime": rt}

@@ -483,14 +483,16 @@ class RateProbe:
 
 def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
                                                         list[dict[str, Any]]] | None = None,
-                    rel_tol: float = 0.01, max_runs: int = 64) -> dict[str, Any]:
+                    rel_tol: float = 0.01, max_runs: int = 64,
+                    saturation: dict[str, Any] | None = None) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
     saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
     completed): ``find_capacity`` with that rate as its ceiling. Returns the search record (``rate_per_s`` None
     where no rate is valid, with ``reason``), ``saturation`` (the offline run's throughput), ``run`` (its length,
     warm-up and steady-state verdict) and ``headline``: the summary of the run at ``rate_per_s``, the very run
-    whose figures are reported (warm-up excluded)."""
-    sat = probe.saturation()
+    whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
+    search bounds each layout by it first), else it is run here."""
+    sat = saturation if saturation is not None else probe.saturation()
     sat_rate = float(sat["throughput"]["requests_per_s"])
     if not sat_rate > 0:
         raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
