@@ -88,7 +88,7 @@ def test_ray_local_instance_sweep_equals_local_pool(monkeypatch):
 
 def test_capacity_search_on_the_pool_equals_inline():
     from opmap.serve import parse_arrival, parse_length, parse_policy, parse_service_time
-    from opmap.serve.metrics import RateProbe, find_capacity
+    from opmap.serve.capacity import RateProbe, find_capacity
 
     probe = RateProbe(parse_arrival("poisson:5"), parse_length("1"), parse_length("1"), 2000, parse_policy("none"),
                       parse_service_time("exp:100"), slo=Slo(None, None, 2.0))

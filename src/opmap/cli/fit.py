@@ -10,7 +10,7 @@ from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
 from opmap.report.text import safe
-from opmap.serve.metrics import CAPACITY_REQUESTS
+from opmap.serve.capacity import CAPACITY_REQUESTS
 from opmap.validate import INT_GE1, json_text, options, positive, positive_in
 
 MAX_BUDGET = 10_000  # devices a budget may name: the simulator's replica limit (opmap.serve.sim.MAX_REPLICAS)

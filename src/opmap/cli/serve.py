@@ -163,7 +163,7 @@ def serve(
     if find_capacity:  # the printed run is the run at the capacity found (warm-up excluded), not another one
         from opmap.cli.common import step_progress
         from opmap.explore.engine import get_engine
-        from opmap.serve.metrics import RateProbe, steady_capacity
+        from opmap.serve.capacity import RateProbe, steady_capacity
 
         probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd,
                           transfer if pd is not None else None)

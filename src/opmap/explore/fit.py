@@ -7,7 +7,7 @@ config, hf:NAME, a model file):
   replica 1, 2, 4, 8 within the node, each split TP x PP, replicas filling the budget; the chosen layout is the
   one with the most output tokens per second per device of the budget, and the runner-up is named beside it;
   ``devices`` is the devices the chosen layout uses (replicas x devices per replica);
-- **throughput at the SLO**: per layout, one replica's steady-state capacity (``opmap.serve.metrics.
+- **throughput at the SLO**: per layout, one replica's steady-state capacity (``opmap.serve.capacity.
   steady_capacity``, the search serve --find-capacity runs: the highest Poisson rate meeting the SLO with a
   stationary queue, warm-up and cool-down excluded, never above the offline saturation rate), its run's output
   tokens per second times the replicas; ``throughput_per_device`` over the budget's devices; the p99 end-to-end
@@ -241,7 +241,7 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     ``CAPACITY_REQUESTS``, serve's)."""
     from opmap.explore.engine import check_engine, get_engine
     from opmap.phases.runtime import check_runtime
-    from opmap.serve.metrics import CAPACITY_REQUESTS
+    from opmap.serve.capacity import CAPACITY_REQUESTS
 
     check_engine(engine)
     check_runtime(runtime)

@@ -5,7 +5,7 @@ how many replicas fill a device budget.
   and within the budget, each as every TP x PP split of that count (tensor parallelism first);
 - **each candidate**: skipped where the zoo model's published weights alone outgrow the devices' memory, else
   priced (``opmap.serve.model_cost.model_table_cost`` at that tp and pp), its steady-state
-  capacity found for one replica (``opmap.serve.metrics.steady_capacity``: the highest Poisson rate meeting the
+  capacity found for one replica (``opmap.serve.capacity.steady_capacity``: the highest Poisson rate meeting the
   SLO with a stationary queue, never above the offline saturation rate), and ``budget // devices`` replicas
   filling the budget, each receiving its share of the traffic (a random split: every replica sees a Poisson
   stream at the per-replica rate);
@@ -142,7 +142,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     ``{"tried": [...], "chosen": ..., "runner_up": ..., "runtime": ...}``; a layout that does not fit or meets
     the SLO at no rate is kept with its ``reason``."""
     from opmap.serve.arrivals import Arrival, make_requests, parse_length
-    from opmap.serve.metrics import RateProbe, steady_capacity
+    from opmap.serve.capacity import RateProbe, steady_capacity
 
     per_node = hw.devices_per_node or DEVICE_STEPS[-1]
     tried: list[dict[str, Any]] = []

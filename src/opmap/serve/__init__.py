@@ -10,8 +10,9 @@ integrator builds a TableCost from opmap's analysis of the model (see cost.py).
 """
 
 from opmap.serve.arrivals import Requests, make_requests, parse_arrival, parse_length
+from opmap.serve.capacity import find_capacity
 from opmap.serve.cost import ServiceTime, StepCost, TableCost, parse_service_time
-from opmap.serve.metrics import Slo, find_capacity, summarize
+from opmap.serve.metrics import Slo, summarize
 from opmap.serve.policies import Chunked, Continuous, Dynamic, Engine, NoBatching, Static, parse_policy
 from opmap.serve.sim import SimResult, simulate
 

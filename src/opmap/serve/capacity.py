@@ -1,0 +1,387 @@
+"""The capacity of a serving configuration: the highest arrival rate meeting the SLO with a stationary queue.
+
+- ``find_capacity``: a geometric grid of rates probed at once, shifted by its width while all valid / all
+  invalid, then rounds of evenly spaced probes inside the valid / invalid bracket, to a relative tolerance; the
+  probes depend only on the starting rate, so every engine (inline, process pool, Ray) gives the same answer;
+- ``RateProbe``: one run at a rate (the same requests' lengths at every rate, seeded), its warm-up and
+  cool-down excluded, lengthened until it spans enough lifetimes to judge its queue stationary or diverging;
+  ``saturation()``: the same requests all at t = 0 (offline), whose completions per second cap the search;
+- ``steady_capacity``: the search serve --find-capacity and fit both run (one search, one answer), never above
+  the saturation rate, with the headline summary of the very run at the rate found.
+
+Summaries come from ``opmap.serve.metrics.summarize``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from opmap.errors import OpmapError
+from opmap.serve.metrics import Slo, summarize
+from opmap.serve.sim import SimResult
+
+GRID_EXPONENTS = tuple(range(-3, 5))  # the first grid: rate0 x 2^-3 .. rate0 x 2^4, eight rates probed at once
+GRID_SHIFTS = 3  # the grid moves by its own width at most this often up (all valid) or down (all invalid)
+PROBES = 4  # evenly spaced rates per refinement round: the bracket shrinks 5x a round
+
+
+def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
+    return [fn(r) for r in rates]
+
+
+def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
+                  max_runs: int = 64,
+                  map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]], list[dict[str, Any]]] | None
+                  = None, ceiling: float | None = None) -> dict[str, Any]:
+    """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
+
+    The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
+    (``map_fn(run, rates) -> [run(r) for r in rates]``, in order: inline by default, or a process pool / Ray
+    engine's map) gives the same answer. First a geometric grid, rate0 x 2^k for k in ``GRID_EXPONENTS``,
+    probed together; all valid, the grid moves up by its width, all invalid, down (``GRID_SHIFTS`` times at
+    most). The bracket is the last valid grid rate below the first invalid one. Then rounds of ``PROBES``
+    evenly spaced rates inside the bracket, probed together, each round keeping the last valid probe below the
+    first invalid one, until the bracket is within ``rel_tol`` of its low end. Each run uses the same seed
+    (common random numbers), so validity is near-monotone in the rate; where it is not, the lowest invalid
+    probe of a round decides.
+
+    ``ceiling`` (requests/s, the saturation rate of ``steady_capacity``): no probe above it. The grid is then
+    ceiling x 2^k for k = -7 .. 0 and moves only down; all of it valid, the answer is the ceiling itself
+    (``limited_by`` "ceiling"). The summary of the run at the answer is returned as ``summary``."""
+    if ceiling is not None:
+        if not ceiling > 0:
+            raise OpmapError(f"the capacity search needs a ceiling > 0 requests/s, got {ceiling!r}")
+        rate0 = ceiling
+    if not rate0 > 0:
+        raise OpmapError("--find-capacity needs a starting rate > 0 (poisson:RATE or gamma:RATE,CV)")
+    map_fn = map_fn or _inline
+    tried: list[dict[str, Any]] = []
+    kept: dict[float, dict[str, Any]] = {}  # the valid runs' summaries, by rate: the answer's is returned
+
+    def probe(rates: list[float]) -> list[bool]:
+        out = map_fn(run, rates)
+        for r, s in zip(rates, out, strict=True):
+            tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
+            if s["validity"]["valid"]:
+                kept[r] = s
+        return [s["validity"]["valid"] for s in out]
+
+    def split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | None]:
+        """(last valid rate below the first invalid one, the first invalid one); None where there is none."""
+        first_bad = next((i for i, v in enumerate(ok) if not v), None)
+        if first_bad is None:
+            return rates[-1], None
+        return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
+
+    def bracket() -> tuple[float | None, float | None]:
+        """Over every grid probed so far: (the highest valid rate below the lowest invalid one, that invalid
+        one). A grid all valid followed by one all invalid brackets the edge between the two grids."""
+        bad = [t["rate_per_s"] for t in tried if not t["valid"]]
+        first_bad = min(bad) if bad else None
+        good = [t["rate_per_s"] for t in tried if t["valid"] and (first_bad is None or t["rate_per_s"] < first_bad)]
+        return (max(good) if good else None), first_bad
+
+    width = len(GRID_EXPONENTS)
+    exps = GRID_EXPONENTS if ceiling is None else tuple(range(1 - width, 1))  # capped: the grid ends at the ceiling
+    lo = hi = None
+    for shift in range(GRID_SHIFTS + 1):
+        rates = [rate0 * 2.0 ** k for k in exps]
+        probe(rates)
+        lo, hi = bracket()
+        if lo is not None and hi is not None:
+            break
+        if hi is None and ceiling is not None:  # valid up to the ceiling: it is the answer, never above it
+            return {"rate_per_s": lo, "bracket": [lo, None], "converged": True, "rel_tol": rel_tol,
+                    "limited_by": "ceiling", "runs": tried, "summary": kept[lo]}
+        direction = 1 if hi is None else -1  # all valid: look higher; nothing valid below the lowest invalid: lower
+        if shift < GRID_SHIFTS:
+            rate0 = rate0 * 2.0 ** (direction * width)
+    if lo is None or hi is None:
+        return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
+                "limited_by": "search range", "runs": tried, "summary": kept.get(lo) if lo else None}
+    while hi - lo > rel_tol * lo and len(tried) + PROBES <= max_runs:
+        rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
+        ok = probe(rates)
+        new_lo, new_hi = split(rates, ok)
+        lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
+    return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
+            "rel_tol": rel_tol, "limited_by": "slo", "runs": tried, "summary": kept[lo]}
+
+
+# The steady-state capacity search (serve --find-capacity and fit use it alike) ------------------------------
+
+CAPACITY_REQUESTS = 1000  # requests per capacity run, serve's and fit's default alike (one search, one answer)
+WARMUP_FRACTION = 0.1  # at least the first 10% of a run's requests (by arrival) are warm-up: not in its figures
+# A run is diverging when the waiting time (arrival to first scheduled) of the second half of its measured
+# requests grows, fitted by least squares against arrival time, by more than both DIVERGE_Z standard errors of
+# the fitted growth (not noise) and DIVERGE_SLOPE x that half's arrival span: in an overloaded queue the wait
+# grows at rho - 1 seconds per second, so this is a load more than 1% over the service rate. (The wait, not the
+# time in system: under iteration-level batching a rising load first grows the batch and every request's decode
+# time with it, which raises the service rate until the batch is full; only past that does the queue, and the
+# wait, grow without bound. The SLO check catches the slower decode.)
+DIVERGE_Z = 3.0
+DIVERGE_SLOPE = 0.01
+# A run must last RUN_LIFETIMES median end-to-end latencies of arrivals: under iteration-level batching the batch,
+# and each request's time with it, grows for several lifetimes before it settles (gpt2 on an H100 at 500 of its
+# ~555 requests/s: 1000 requests, 4 lifetimes, still filling; 4000, 18 lifetimes, flat). A shorter run is lengthened
+# to that (the same seed, more requests), up to MAX_STEADY_REQUESTS.
+RUN_LIFETIMES = 20
+MAX_STEADY_REQUESTS = 50_000
+LENGTHEN_PASSES = 3
+DIVERGE_PLAIN = 0.1
+TREND_MIN = 8  # fewer requests than this in the second half: the trend is not judged ("too short")
+
+
+def warmup_count(n: int, warmup: int | None = None) -> int:
+    """Requests excluded as warm-up from a run of ``n``: ``warmup`` when given, else ceil(WARMUP_FRACTION x n);
+    at most n - 2, so that two requests are always measured."""
+    k = math.ceil(round(n * WARMUP_FRACTION, 9)) if warmup is None else int(warmup)
+    return max(0, min(k, n - 2))
+
+
+def measured_window(res: SimResult, warmup: int | None = None) -> tuple[np.ndarray, int, int, bool]:
+    """(indices of the measured requests, warm-up count, cool-down count, too short) of ``res``. Warm-up: given
+    ``warmup``, that many first arrivals; otherwise the more of ceil(WARMUP_FRACTION x n) and those arriving
+    within one median end-to-end latency of the first (a server fills up over about one request lifetime: by
+    Little's law it then holds rate x latency requests). Cool-down (automatic warm-up only): the requests arriving
+    within one median e2e of the last arrival, which see the server drain. Too short: warm-up and cool-down
+    together would take over half the run (they are then cut to half of it)."""
+    n = len(res.arrival_s)
+    order = np.argsort(res.arrival_s, kind="stable")
+    if warmup is not None or n < 4:
+        k = warmup_count(n, warmup)
+        return np.sort(order[k:]), k, 0, False
+    a = res.arrival_s[order]
+    life = float(np.median(res.finish_s - res.arrival_s))
+    warm = max(warmup_count(n), int(np.searchsorted(a, a[0] + life, side="right")))
+    cool = n - int(np.searchsorted(a, a[-1] - life, side="left"))
+    short = warm + cool > n // 2
+    if short:
+        warm, cool = min(warm, n // 4), min(cool, n // 4)
+    return np.sort(order[warm:n - cool]), warm, cool, short
+
+
+def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
+    """``res`` restricted to the requests ``keep`` (indices): the per-request arrays sliced, the span then running
+    from the first kept arrival to the last kept finish. Busy time is scaled to that span so that utilization
+    stays the whole run's busy fraction; the inter-token gaps stay pooled over the whole run (they carry no
+    request index)."""
+    from dataclasses import replace
+
+    if len(keep) == len(res.arrival_s):
+        return res
+    whole = float(res.finish_s.max() - res.arrival_s.min())
+    part = float(res.finish_s[keep].max() - res.arrival_s[keep].min())
+    scale = part / whole if whole > 0 else 1.0
+    return replace(res, arrival_s=res.arrival_s[keep], start_s=res.start_s[keep], first_s=res.first_s[keep],
+                   finish_s=res.finish_s[keep], input_len=res.input_len[keep], output_len=res.output_len[keep],
+                   replica=res.replica[keep], busy_s=[b * scale for b in res.busy_s],
+                   preemptions=None if res.preemptions is None else res.preemptions[keep])
+
+
+def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
+    """Is the queue stationary? Over the second half of the requests (by arrival), the least-squares line of their
+    waiting time ``time_s`` (s) against arrival time (s): ``growth_s`` = slope x that half's arrival span, with
+    its standard error. ``verdict`` "diverging" when the growth passes both limits above (DIVERGE_*),
+    "stationary" otherwise, "too short" with fewer than TREND_MIN requests or no arrival span."""
+    order = np.argsort(arrival_s, kind="stable")
+    half = order[len(order) // 2:]
+    t, w = arrival_s[half], time_s[half]
+    out: dict[str, Any] = {"window": "second half of the measured requests", "window_requests": int(t.size),
+                           "rule": f"diverging when the fitted growth of the waiting time over the window "
+                                   f"exceeds {DIVERGE_Z:g} standard errors and {DIVERGE_SLOPE:g} x the window's "
+                                   "span (s per s)"}
+    dt = float(t.max() - t.min()) if t.size else 0.0
+    if t.size < TREND_MIN or dt <= 0:
+        return {**out, "verdict": "too short", "growth_s": None, "growth_se_s": None,
+                "mean_s": float(w.mean()) if w.size else None}
+    tc = t - t.mean()
+    sxx = float((tc * tc).sum())
+    slope = float((tc * (w - w.mean())).sum()) / sxx
+    resid = w - w.mean() - slope * tc
+    se = float(np.sqrt((resid * resid).sum() / (t.size - 2) / sxx))
+    growth, growth_se = slope * dt, se * dt
+    diverging = growth > DIVERGE_Z * growth_se and growth > DIVERGE_SLOPE * dt
+    return {**out, "verdict": "diverging" if diverging else "stationary", "growth_s": growth,
+            "growth_se_s": growth_se, "mean_s": float(w.mean()), "span_s": dt}
+
+
+def _plainly_diverging(res: SimResult) -> bool:
+    """The whole run's wait grows at over DIVERGE_PLAIN s per s (a load over 10% above the service rate): its
+    lifetimes only lengthen with the run, so a longer run would not settle it and is not drawn."""
+    t = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
+    return t["verdict"] == "diverging" and t["growth_s"] > DIVERGE_PLAIN * t["span_s"]
+
+
+DIVERGING = "queue not stationary (diverging)"
+TOO_SHORT = "run too short for a steady state"
+
+
+def departure_rates(res: SimResult, t0: float, t1: float,
+                    attainment: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Steady-state throughput of a run measured from ``t0`` to ``t1`` (s, its first and last measured arrivals):
+    the requests (and their tokens) of the whole run finishing in that interval, per second of it (in a
+    stationary queue: the arrival rate; the filling before t0 and the drain after t1 are left out). Goodput:
+    that throughput x the SLO attainment of the measured requests."""
+    win = res
+    if not t1 > t0:
+        return ({"requests_per_s": 0.0, "tokens_per_s": 0.0, "output_tokens_per_s": 0.0},
+                {"requests_per_s": 0.0, "output_tokens_per_s": 0.0})
+    done = (win.finish_s >= t0) & (win.finish_s <= t1)
+    dt = t1 - t0
+    out_tok = float(win.output_len[done].sum())
+    th = {"requests_per_s": float(done.sum()) / dt,
+          "tokens_per_s": (float(win.input_len[done].sum()) + out_tok) / dt, "output_tokens_per_s": out_tok / dt,
+          "window": "departures between the first and the last measured arrival"}
+    return th, {"requests_per_s": th["requests_per_s"] * attainment,
+                "output_tokens_per_s": th["output_tokens_per_s"] * attainment}
+
+
+@dataclass(frozen=True)
+class RateProbe:
+    """``probe(rate)``: the summary of a simulated run with the arrival process at ``rate`` and everything else
+    (lengths, policy, cost, replicas, router, seed, SLO) fixed, its first ``warmup`` requests (default
+    ``warmup_count``) left out of the figures and its queue judged stationary or diverging (``steady_state``; a
+    diverging run is INVALID whatever its percentiles). ``probe.saturation()``: the same requests all at t = 0
+    (the offline run), summarized whole. A module-level value, so that a worker process or a Ray task can run it
+    for ``find_capacity``."""
+
+    arrival: Any  # opmap.serve.arrivals.Arrival (poisson or gamma)
+    input_len: Any
+    output_len: Any
+    requests: int
+    policy: Any
+    cost: Any
+    replicas: int = 1
+    router: str = "round_robin"
+    seed: int = 0
+    slo: Slo | None = None
+    disaggregate: tuple[int, int] | None = None  # (prefill, decode) replicas: serve.disagg instead of replicas
+    transfer: Any = None  # opmap.serve.disagg.KvTransfer, with disaggregate
+    warmup: int | None = None  # requests left out as warm-up (None: WARMUP_FRACTION of them)
+
+    def _requests(self, rate: float, n: int | None = None):
+        from opmap.serve.arrivals import make_requests
+
+        return make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, n or self.requests,
+                             self.seed, max_span_s=None)  # the search moves the rate, down to very low ones
+
+    def _simulate(self, reqs) -> SimResult:
+        from opmap.serve.sim import simulate
+
+        if self.disaggregate is not None:
+            from opmap.serve.disagg import simulate_disaggregated
+
+            p, d = self.disaggregate
+            return simulate_disaggregated(reqs, self.policy, self.cost, p, d, self.transfer, self.router, self.seed)
+        return simulate(reqs, self.policy, self.cost, self.replicas, self.router, self.seed)
+
+    def result(self, rate: float) -> SimResult:
+        """The whole simulated run at ``rate`` (the run ``probe(rate)`` summarizes): ``requests`` of them, or more
+        where their arrivals span under RUN_LIFETIMES median e2e latencies (see there; a given ``warmup`` keeps
+        the length as given)."""
+        res = self._simulate(self._requests(rate))
+        for _ in range(LENGTHEN_PASSES):  # a longer run holds a fuller batch, whose requests live longer: re-check
+            n = len(res.arrival_s)
+            if self.warmup is not None or n < 2 or n >= MAX_STEADY_REQUESTS:
+                break
+            span = float(res.arrival_s.max() - res.arrival_s.min())
+            need = RUN_LIFETIMES * float(np.median(res.finish_s - res.arrival_s))
+            if span >= need or _plainly_diverging(res):
+                break
+            more = min(MAX_STEADY_REQUESTS, math.ceil(n * need / max(span, 1e-12) * 1.1))
+            res = self._simulate(self._requests(rate, more))
+        return res
+
+    def measured(self, rate: float) -> SimResult:
+        """The measured requests of the run at ``rate`` (warm-up and cool-down left out): what its summary and
+        its latency CDFs describe."""
+        res = self.result(rate)
+        return steady_window(res, measured_window(res, self.warmup)[0])
+
+    def __call__(self, rate: float) -> dict[str, Any]:
+        res = self.result(rate)
+        n = len(res.arrival_s)
+        keep, warm, cool, short = measured_window(res, self.warmup)
+        win = steady_window(res, keep)
+        s = summarize(win, self.slo)
+        trend = queue_trend(win.arrival_s, win.start_s - win.arrival_s)
+        if short:  # no steady window: plainly diverging over the whole run, or too short to tell
+            whole = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
+            trend = ({**whole, "window": "second half of the whole run (too short for a steady window)"}
+                     if _plainly_diverging(res) else {**trend, "verdict": "too short"})
+        s["steady_state"] = {"requests": n, "warmup_requests": warm, "cooldown_requests": cool,
+                             "measured_requests": len(keep), **trend}
+        s["throughput"], s["goodput"] = departure_rates(res, float(win.arrival_s.min()), float(win.arrival_s.max()),
+                                                        s["slo_attainment"])
+        v = s["validity"]
+        if trend["verdict"] == "diverging":
+            s["validity"] = {**v, "valid": False, "verdict": "INVALID",
+                             "reason": f"{DIVERGING}: the wait grew {trend['growth_s'] * 1e3:.4g} ms over the "
+                                       f"measured second half (mean {trend['mean_s'] * 1e3:.4g} ms; a longer run, "
+                                       f"--requests, settles a queue that is only slow to fill); " + v["reason"]}
+        elif trend["verdict"] == "too short":
+            s["validity"] = {**v, "valid": False, "verdict": "INVALID",
+                             "reason": f"{TOO_SHORT}: filling and draining the server (one median e2e latency of "
+                                       f"arrivals each) take over half of its {n} requests; raise --requests; "
+                                       + v["reason"]}
+        return s
+
+    def saturation(self) -> dict[str, Any]:
+        """The offline run: the same requests (the same lengths) all arriving at t = 0, summarized whole; its
+        requests per second is the most this configuration completes."""
+        from dataclasses import replace
+
+        reqs = self._requests(1.0)
+        reqs = replace(reqs, arrival_s=np.zeros_like(reqs.arrival_s), arrival="offline")
+        return summarize(self._simulate(reqs), self.slo)
+
+
+def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
+                                                        list[dict[str, Any]]] | None = None,
+                    rel_tol: float = 0.01, max_runs: int = 64,
+                    saturation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
+    saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
+    completed): ``find_capacity`` with that rate as its ceiling. Returns the search record (``rate_per_s`` None
+    where no rate is valid, with ``reason``), ``saturation`` (the offline run's throughput), ``run`` (its length,
+    warm-up and steady-state verdict) and ``headline``: the summary of the run at ``rate_per_s``, the very run
+    whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
+    search bounds each layout by it first), else it is run here."""
+    sat = saturation if saturation is not None else probe.saturation()
+    sat_rate = float(sat["throughput"]["requests_per_s"])
+    if not sat_rate > 0:
+        raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
+                         "under (check the cost model and the lengths)")
+    cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate)
+    head = cap.pop("summary", None)
+    out = {**cap, "saturation_per_s": sat_rate,
+           "saturation": {"arrival": "offline", "requests": sat["requests"]["count"],
+                          "span_s": sat["requests"]["span_s"], **sat["throughput"]},
+           "method": f"steady state: runs of {probe.requests} requests or more (lengthened to span "
+                     f"{RUN_LIFETIMES} median e2e latencies of arrivals, at most {MAX_STEADY_REQUESTS}), "
+                     + (f"the first {probe.warmup}" if probe.warmup is not None else
+                        f"the first {WARMUP_FRACTION:.0%} or those arriving within one median e2e latency of the "
+                        "first, whichever is more, and those within one median e2e of the last")
+                     + " excluded (warm-up, cool-down); a run VALID when the SLO holds at p99 over the rest and "
+                       "its queue is stationary; throughput = departures between the first and the last measured "
+                       "arrival; the rate capped at the offline saturation rate (all requests at t = 0)",
+           "headline": head}
+    if head is None or not cap["rate_per_s"]:
+        low = min(cap["runs"], key=lambda r: r["rate_per_s"])
+        out.update(rate_per_s=None, headline=None,
+                   reason=f"no rate from {low['rate_per_s']:.4g} requests/s up to saturation "
+                          f"({sat_rate:.4g}) meets the SLO: {low['reason']}")
+        return out
+    if cap["limited_by"] == "ceiling":
+        out["limited_by"] = "saturation"
+    elif cap["bracket"][1] is not None:  # what the first invalid rate above the answer broke
+        bad = next(r for r in cap["runs"] if r["rate_per_s"] == cap["bracket"][1])
+        out["limited_by"] = ("stationarity" if bad["reason"].startswith((DIVERGING, TOO_SHORT)) else "slo")
+    out["run"] = {**head["steady_state"], "span_s": head["requests"]["span_s"]}
+    return out
