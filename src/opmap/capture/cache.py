@@ -194,7 +194,10 @@ def store_fields(k: str, fields: dict[str, Any]) -> None:
     """Write a flat record of JSON scalars for ``k`` whole, or not at all (as ``store``)."""
     if not enabled():
         return
-    payload = json.dumps({"fields": fields}, separators=(",", ":")).encode()
+    try:  # a record is plain JSON: a NaN or infinity in it is not cached (the pricing recomputes it)
+        payload = json.dumps({"fields": fields}, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        return
     header = {"cache_version": CACHE_VERSION, "key": k, "bytes": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest()}
     d = cache_dir()
@@ -203,7 +206,7 @@ def store_fields(k: str, fields: dict[str, Any]) -> None:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{k}.", dir=d)
         with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(header).encode() + b"\n" + payload)
+            f.write(json.dumps(header, allow_nan=False).encode() + b"\n" + payload)
         os.replace(tmp, _path(k))
     except OSError:
         if tmp is not None:
