@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from opmap.errors import OpmapError
 from opmap.explore.layouts import (
     BOUND_SLACK,
-    PP_MISSING,
-    _pricing_keywords,
     candidates,
     choose,
     figure_of_merit,
-    price_layout,
 )
 
 
@@ -35,14 +31,6 @@ def test_choose_ranks_by_tokens_per_device_of_the_budget():
     assert choose([tried[2]]) == (None, None)
 
 
-def test_pp_needs_a_pricing_that_takes_it():
-    if "pp" in _pricing_keywords():
-        pytest.skip("this build's pricing takes pp: the layout search prices pipeline stages")
-    with pytest.raises(OpmapError, match="not available in this build"):
-        price_layout("gpt2", "h100-sxm", "bf16", 1, 2)
-    assert PP_MISSING.count("\n") == 0
-
-
 def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
     """gpt2 on a budget of two H100s: 2 x tp1, 1 x tp2 (and 1 x pp2 where pricing takes pp). Ranked by output
     tokens per second per device of the budget, the chosen one beats or ties each; the runner-up is the best of
@@ -53,8 +41,8 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices_budget=2)
     tried = [lay for lay in cell["layouts"] if lay.get("rate_per_s")]
     pruned = [lay for lay in cell["layouts"] if lay.get("limited_by") == "pruned"]
-    # 1 x pp2 where pricing takes pp; a layout is searched or pruned by its saturation bound
-    assert len(tried) + len(pruned) == (3 if "pp" in _pricing_keywords() else 2) and len(tried) >= 2
+    # 2 x tp1, 1 x tp2, 1 x pp2; a layout is searched or pruned by its saturation bound
+    assert len(tried) + len(pruned) == 3 and len(tried) >= 2
     for lay in pruned:  # capacity <= saturation, so a bound under the runner-up's figure cannot beat it
         assert lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < cell["runner_up"]["per_device_tokens_per_s"]
     for lay in tried:

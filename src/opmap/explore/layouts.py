@@ -18,15 +18,10 @@ how many replicas fill a device budget.
   capacity searches run in order of that bound, and a layout whose bound is below the runner-up found so far
   is not searched (``limited_by`` "pruned": its capacity cannot beat either): the chosen layout and its
   runner-up are the ones an exhaustive search finds, at a fraction of the runs.
-
-The pricing adapter (``price_layout``) passes ``pp`` and ``runtime`` to ``model_table_cost`` where that function
-takes them and otherwise refuses pp > 1 in one line, so a build whose pricing has no pipeline stages still
-searches its TP layouts.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +31,6 @@ DEVICE_STEPS = (1, 2, 4, 8)
 # a capacity run can be longer than the saturation run (lengthened to a stationary span), so its mean output
 # length can differ from the saturation run's by sampling: the bound is loosened by this much before it prunes
 BOUND_SLACK = 0.05
-PP_MISSING = "pipeline stages (pp > 1) are not available in this build: its pricing (serve.model_cost) takes no pp"
 
 
 def candidates(per_node: int, budget: int, devices: int | None = None) -> list[tuple[int, int]]:
@@ -46,33 +40,14 @@ def candidates(per_node: int, budget: int, devices: int | None = None) -> list[t
     return [(tp, d // tp) for d in counts for tp in range(d, 0, -1) if d % tp == 0]
 
 
-@functools.lru_cache(maxsize=1)
-def _pricing_keywords() -> frozenset[str]:
-    import inspect
-
-    from opmap.serve.model_cost import model_table_cost
-
-    return frozenset(inspect.signature(model_table_cost).parameters)
-
-
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
                  progress: Callable[[str], None] | None = None, max_context: int | None = None):
-    """``model_table_cost`` for one layout, passing ``pp``, ``runtime`` and ``max_context`` (the longest prompt +
-    output the run holds, refused past the model's positions) where it takes them; pp > 1 refused in one line
-    (``PP_MISSING``) where it does not, the runtime then left to its default (see ``priced_runtime``)."""
+    """``model_table_cost`` for one layout: ``max_context`` is the longest prompt + output the run holds (refused
+    past the model's positions)."""
     from opmap.serve.model_cost import model_table_cost
 
-    kw = _pricing_keywords()
-    extra: dict[str, Any] = {}
-    if "pp" in kw:
-        extra["pp"] = pp
-    elif pp > 1:
-        raise OpmapError(PP_MISSING)
-    if "runtime" in kw:
-        extra["runtime"] = runtime
-    if "max_context" in kw and max_context is not None:
-        extra["max_context"] = max_context
-    return model_table_cost(model, hardware, dtype, tp, progress=progress, **extra)
+    return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
+                            progress=progress)
 
 
 def weights_outgrow(model: str, hw, dtype: str, devices: int) -> str | None:
@@ -93,16 +68,6 @@ def weights_outgrow(model: str, hw, dtype: str, devices: int) -> str | None:
         return None
     return (f"{model}'s {spec.published_params / 1e9:.3g}B parameters in {dtype} need {per / 2**30:.1f} GiB per "
             f"device over {devices}, more than the {cap / 2**30:.1f} GiB a {hw.name} holds")
-
-
-def priced_runtime(cost, runtime: str) -> dict[str, Any]:
-    """The runtime a cost was priced under: its own record where it carries one, else the requested name with the
-    note that this build's pricing took none (it priced a host launch per kernel)."""
-    got = getattr(cost, "runtime", None)
-    if got:
-        return dict(got)
-    return {"name": "eager", "requested": runtime,
-            "note": "this build's pricing takes no runtime: priced eager (a host launch per kernel)"}
 
 
 def figure_of_merit(layout: dict[str, Any]) -> float:
@@ -167,7 +132,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
             lay["reason"] = str(e)
             continue
         lay["fits"] = True
-        rt = rt or priced_runtime(cost, runtime)
+        rt = rt or dict(cost.runtime)
         if progress:
             progress(f"{model} on {hw.name}, {label(lay)}: saturation")
         probe = RateProbe(Arrival("poisson", 1.0), ilen, olen, requests, policy, cost, 1, "round_robin", seed, slo)
