@@ -151,6 +151,9 @@ ENGINE_FLAGS = {"--runtime": "engine"}
 # The KV per token counts max(tp, kv heads) heads (each TP rank holds at least one).
 TRT_TUNING = ("TensorRT-LLM tensorrt_llm/bench/build/tuning.py @ 04cba882084a25665e7f80f5bda71b35b9790b6f "
               "(calc_engine_setting, finetune_setting): trtllm-bench's max_batch_size / max_num_tokens heuristic")
+TRT_BENCH_DEFAULTS = ("tensorrt_llm/bench/benchmark/throughput.py @ 000a01de66f0eab4ab05640711f0253f50f5209c: "
+                      "--scheduler_policy default guaranteed_no_evict, --enable_chunked_context default off")
+TRT_KV_BLOCK = 64  # assumed: TensorRT-LLM's build scripts default tokens_per_block to 64 (32 and 128 in others)
 TRT_FREE_FRACTION = 0.95  # perf-overview (both versions): "--kv_cache_free_gpu_mem_fraction 0.95" in most runs
 # trtllm-bench's requests per ISL/OSL (perf-overview, 'Preparing a Dataset' table, both versions)
 TRT_REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (1000, 2000): 1500, (2048, 128): 3000,
@@ -219,8 +222,12 @@ def _trt_engine(model, hw, tp, dtype, isl, osl, kv_bytes) -> tuple[dict[str, str
     wb = 1.0 if dtype == "fp8" else 2.0
     bs, tok = trtllm_bench_setting(model, hw, tp, 1, isl, osl, wb, kv_bytes)
     u = free_fraction_as_utilization(model, hw, tp, 1, wb, TRT_FREE_FRACTION)
-    flags = {"--max-num-seqs": str(bs), "--max-num-batched-tokens": str(tok), "--gpu-memory-utilization": f"{u:.4f}"}
-    cfg = (f"engine: max_batch_size {bs}, max_num_tokens {tok} ({TRT_TUNING}, at {isl}/{osl}, tp {tp}); KV "
+    flags = {"--policy": f"engine:{bs},{tok},{TRT_KV_BLOCK},noevict", "--gpu-memory-utilization": f"{u:.4f}"}
+    cfg = (f"engine: max_batch_size {bs}, max_num_tokens {tok} ({TRT_TUNING}, at {isl}/{osl}, tp {tp}); "
+           f"scheduler GUARANTEED_NO_EVICT ({TRT_BENCH_DEFAULTS}; chunked context is off by default there, opmap "
+           "chunks: with whole prompts a budget of max_num_tokens close to the prompt, as the heuristic gives at "
+           "2048/2048, would admit a prompt only when no decode runs, which the published rates rule out); KV "
+           f"blocks of {TRT_KV_BLOCK} tokens (assumed: the build scripts' tokens_per_block default); KV "
            f"--kv_cache_free_gpu_mem_fraction {TRT_FREE_FRACTION} of the memory free after the weights = "
            f"--gpu-memory-utilization {u:.4f} of the device; {TRT_REQUESTS[(isl, osl)]} requests (perf-overview's "
            "table for this ISL/OSL)")
