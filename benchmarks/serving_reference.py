@@ -68,6 +68,7 @@ MLPERF41_AMD_CFG = ("layout: closed/AMD/code/llama2-70b-99.9/test_VllmFp8/test_V
 ORACLE = ("https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-31-405b-model-with-amd-mi300x-gpus "
           "(2024-10-10), 'Throughput measurements': vLLM benchmark_throughput.py, Llama 3.1 405B FP8, one instance "
           "on all eight MI300X of BM.GPU.MI300X.8; output throughput tokens/s")
+MLPERF41_NV_FREE_FRACTION = 0.90  # closed/NVIDIA/configs/llama2-70b/{Offline,Server}: kvcache_free_gpu_mem_frac
 MLPERF_SLO = "MLPerf llama2-70b Server: p99 TTFT 2000 ms, p99 TPOT 200 ms (the summary's ttft_latency / tpot_latency)"
 
 
@@ -139,18 +140,116 @@ class Ref:
 ENGINE_FLAGS = {"--runtime": "engine"}
 
 
+# --- engine configuration per row (what the published run's engine was set to) --------------------------------
+# trtllm-bench picks max_batch_size / max_num_tokens from the dataset's ISL/OSL and the KV memory left after the
+# weights (TensorRT-LLM tensorrt_llm/bench/build/tuning.py, calc_engine_setting + finetune_setting; read at
+# 04cba882084a25665e7f80f5bda71b35b9790b6f, the version stored in the index: the v0.17 tag's copy was not):
+#   engine = params x bytes/elem / 2^30; free = device GiB x tp x pp - engine; cache = free x 0.95;
+#   requests = cache / (KV bytes per token x (ISL + OSL)); raw_bs = min(requests, 4096) / pp;
+#   raw_tokens = min(raw_bs x (1 + ISL / OSL), 32768); max_bs rounded up to 32 (< 256, at least 64), 128
+#   (< 1024) or 256; max_tokens rounded up to 256 (< 4096, at least 2048), 512 (< 8192) or 1024.
+# The KV per token counts max(tp, kv heads) heads (each TP rank holds at least one).
+TRT_TUNING = ("TensorRT-LLM tensorrt_llm/bench/build/tuning.py @ 04cba882084a25665e7f80f5bda71b35b9790b6f "
+              "(calc_engine_setting, finetune_setting): trtllm-bench's max_batch_size / max_num_tokens heuristic")
+TRT_BENCH_DEFAULTS = ("tensorrt_llm/bench/benchmark/throughput.py @ 000a01de66f0eab4ab05640711f0253f50f5209c: "
+                      "--scheduler_policy default guaranteed_no_evict, --enable_chunked_context default off")
+TRT_KV_BLOCK = 64  # assumed: TensorRT-LLM's build scripts default tokens_per_block to 64 (32 and 128 in others)
+TRT_FREE_FRACTION = 0.95  # perf-overview (both versions): "--kv_cache_free_gpu_mem_fraction 0.95" in most runs
+# trtllm-bench's requests per ISL/OSL (perf-overview, 'Preparing a Dataset' table, both versions)
+TRT_REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (1000, 2000): 1500, (2048, 128): 3000,
+                (2048, 2048): 1500, (5000, 500): 1500, (1000, 1000): 3000, (500, 2000): 3000, (20000, 2000): 1000}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the engine's sizing reads of a model: parameters, layers, KV heads, head size (the model's published
+    config.json on Hugging Face)."""
+
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+GEOMETRY = {  # meta-llama/* and mistralai/Mixtral-8x7B-v0.1 config.json; parameter counts from the model cards
+    "llama-3-8b": Geometry(8.03e9, 32, 8, 128),
+    "llama-3-70b": Geometry(70.6e9, 80, 8, 128),
+    "llama-3.1-405b": Geometry(405.9e9, 126, 8, 128),
+    "mixtral-8x7b": Geometry(46.7e9, 32, 8, 128),
+    "llama-2-70b": Geometry(69.0e9, 80, 8, 128),
+}
+DEVICE_GIB = {"h100-sxm": 80.0, "h200": 141.0, "a100-sxm-80gb": 80.0, "mi300x": 192.0}  # HBM as vendors state it
+
+
+def trtllm_bench_setting(model: str, hw: str, tp: int, pp: int, isl: int, osl: int, weight_bytes: float,
+                         kv_bytes: float, fraction: float = TRT_FREE_FRACTION) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) as trtllm-bench's heuristic picks them (``TRT_TUNING``)."""
+    g = GEOMETRY[model]
+    per_token_gib = 2 * g.layers * max(tp, g.kv_heads) * g.head_dim * kv_bytes / 2**30
+    engine = g.params * weight_bytes / 2**30
+    cache = (DEVICE_GIB[hw] * tp * pp - engine) * fraction
+    requests = cache / (per_token_gib * (isl + osl))
+    raw_bs = min(requests, 4096) / pp
+    raw_tok = min(raw_bs * (1 + isl / osl), 32768)
+    if raw_bs < 256:
+        bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        bs = 256 * math.ceil(raw_bs / 256)
+    if raw_tok < 4096:
+        tok = max(2048, 256 * math.ceil(raw_tok / 256))
+    elif raw_tok < 8192:
+        tok = 512 * math.ceil(raw_tok / 512)
+    else:
+        tok = 1024 * math.ceil(raw_tok / 1024)
+    return bs, tok
+
+
+def free_fraction_as_utilization(model: str, hw: str, tp: int, pp: int, weight_bytes: float,
+                                 fraction: float) -> float:
+    """TensorRT-LLM's KV fraction is of the memory free after the weights; opmap's --gpu-memory-utilization is
+    vLLM's, of the whole device (usable = capacity x u - weights - reserve). The same KV pool: capacity x u -
+    weights = fraction x (capacity - weights), so u = fraction + (1 - fraction) x weights / capacity, per device
+    (the runtime reserve is left inside the free memory on both sides)."""
+    g = GEOMETRY[model]
+    weights = g.params * weight_bytes / (tp * pp) / 2**30
+    return min(1.0, fraction + (1 - fraction) * weights / DEVICE_GIB[hw])
+
+
+def _trt_engine(model, hw, tp, dtype, isl, osl, kv_bytes) -> tuple[dict[str, str], int, str]:
+    """The engine flags, request count and their citation of a trtllm-bench throughput row."""
+    wb = 1.0 if dtype == "fp8" else 2.0
+    bs, tok = trtllm_bench_setting(model, hw, tp, 1, isl, osl, wb, kv_bytes)
+    u = free_fraction_as_utilization(model, hw, tp, 1, wb, TRT_FREE_FRACTION)
+    flags = {"--policy": f"engine:{bs},{tok},{TRT_KV_BLOCK},noevict", "--gpu-memory-utilization": f"{u:.4f}"}
+    cfg = (f"engine: max_batch_size {bs}, max_num_tokens {tok} ({TRT_TUNING}, at {isl}/{osl}, tp {tp}); "
+           f"scheduler GUARANTEED_NO_EVICT ({TRT_BENCH_DEFAULTS}; chunked context is off by default there, opmap "
+           "chunks: with whole prompts a budget of max_num_tokens close to the prompt, as the heuristic gives at "
+           "2048/2048, would admit a prompt only when no decode runs, which the published rates rule out); KV "
+           f"blocks of {TRT_KV_BLOCK} tokens (assumed: the build scripts' tokens_per_block default); KV "
+           f"--kv_cache_free_gpu_mem_fraction {TRT_FREE_FRACTION} of the memory free after the weights = "
+           f"--gpu-memory-utilization {u:.4f} of the device; {TRT_REQUESTS[(isl, osl)]} requests (perf-overview's "
+           "table for this ISL/OSL)")
+    return flags, TRT_REQUESTS[(isl, osl)], cfg
+
+
 def _trt017(id_, model, pub, hw, tp, dtype, isl, osl, value, kv=None, **kw) -> Ref:
-    flags = {**ENGINE_FLAGS, **({"--kv-dtype": kv} if kv else {})}
+    eng, n, cfg = _trt_engine(model, hw, tp, dtype, isl, osl, 1.0 if kv == "fp8" else 2.0)
+    flags = {**ENGINE_FLAGS, **({"--kv-dtype": kv} if kv else {}), **eng}
     gpu = {"h100-sxm": "H100 80GB HBM3", "h200": "H200 141GB HBM3", "a100-sxm-80gb": "A100-SXM4-80GB"}[hw]
     return Ref(id_, "offline", pub, model, hw, tp, tp, dtype, isl, osl, value, "output tokens/s per TP group",
-               "TensorRT-LLM v0.17 (trtllm-bench)", f"{TRT017}; row {pub}, TP {tp}, {isl}/{osl}, column {gpu}",
-               flags=flags, **kw)
+               "TensorRT-LLM v0.17 (trtllm-bench)", f"{TRT017}; row {pub}, TP {tp}, {isl}/{osl}, column {gpu}; {cfg}",
+               flags=flags, requests=n, **kw)
 
 
 def _trt10(id_, model, pub, hw, tp, isl, osl, value, **kw) -> Ref:
+    eng, n, cfg = _trt_engine(model, hw, tp, "fp8", isl, osl, 2.0)
     return Ref(id_, "offline", pub, model, hw, tp, tp, "fp8", isl, osl, value, "output tokens/s per TP group",
                "TensorRT-LLM v1.0 (trtllm-bench, PyTorch backend)",
-               f"{TRT10}; table '{pub}', column {hw.upper()} TP{tp} (FP8), row {isl}/{osl}", flags=dict(ENGINE_FLAGS),
+               f"{TRT10}; table '{pub}', column {hw.upper()} TP{tp} (FP8), row {isl}/{osl}; {cfg} (the PyTorch flow "
+               "sizes the same way when no max_batch_size is given; CUDA graphs captured up to batch 8192)",
+               flags={**ENGINE_FLAGS, **eng}, requests=n,
                notes="KV cache precision not stated (model dtype assumed)", **kw)
 
 
@@ -173,6 +272,14 @@ def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, 
     src = (f"{MLPERF41.format(path=path)}: '{'Tokens' if scenario == 'offline' else 'Completed tokens'} per second' "
            f"{tokens_s}, samples per second {samples_s} (mean output = tokens / samples); {cfg}"
            + (f"; {MLPERF_SLO}" if scenario == "server" else ""))
+    if sub == "NVIDIA":  # kvcache_free_gpu_mem_frac 0.90 of the memory free after the weights, as opmap's fraction
+        u = free_fraction_as_utilization("llama-2-70b", hw, tp, 1, 1.0, MLPERF41_NV_FREE_FRACTION)
+        flags = {**flags, "--gpu-memory-utilization": f"{u:.4f}"}
+        src += (f"; KV fraction {MLPERF41_NV_FREE_FRACTION} of free memory = --gpu-memory-utilization {u:.4f} of "
+                "the device; max_num_tokens not in the configs read: opmap's default (8192)")
+    else:
+        src += ("; engine arguments not in the files read (the SUT's vLLM arguments are not published): vLLM's "
+                "defaults, max_num_seqs 256, gpu_memory_utilization 0.9")
     return Ref(id_, scenario, f"Llama 2 70B ({bench}, OpenOrca 24,576 samples)", "llama-2-70b", hw, devices, tp,
                "fp8", 1024, round(tokens_s / samples_s, 2), tokens_s, unit, engine, src,
                flags={**ENGINE_FLAGS, "--kv-dtype": "fp8", **flags}, requests=1000, notes=MLPERF_NOTE, **slo, **kw)

@@ -103,3 +103,23 @@ def test_rows_option_refuses_unknown_ids():
     with pytest.raises(SystemExit, match="unknown row id"):
         sr.select("no-such-row", False)
     assert [r.id for r in sr.select(None, True)] == list(sr.QUICK)
+
+
+def test_trtllm_bench_engine_setting_by_hand():
+    """trtllm-bench's heuristic (tensorrt_llm/bench/build/tuning.py), worked by hand.
+    Llama 3.1 8B, FP8 weights and KV, one H100 (80 GiB), 128/128: engine 8.03e9 / 2^30 = 7.4785 GiB; cache
+    (80 - 7.4785) x 0.95 = 68.895 GiB; KV per token 2 x 32 layers x 8 heads x 128 x 1 B = 65536 B; requests
+    68.895 GiB / (65536 B x 256) = 4409 -> raw batch min(4409, 4096) = 4096 -> 256 x ceil(4096 / 256) = 4096;
+    tokens min(4096 x 2, 32768) = 8192 -> 1024 x ceil(8192 / 1024) = 8192.
+    Llama 3.1 70B, FP8, two H200 (141 GiB each), 128/2048: engine 65.75 GiB; cache (282 - 65.75) x 0.95 =
+    205.44 GiB; KV per token 2 x 80 x 8 x 128 = 163840 B; requests 205.44 GiB / (163840 B x 2176) = 618.7 ->
+    128 x ceil(618.7 / 128) = 640; tokens 618.7 x (1 + 128 / 2048) = 657 -> at least 2048."""
+    assert sr.trtllm_bench_setting("llama-3-8b", "h100-sxm", 1, 1, 128, 128, 1.0, 1.0) == (4096, 8192)
+    assert sr.trtllm_bench_setting("llama-3-70b", "h200", 2, 1, 128, 2048, 1.0, 1.0) == (640, 2048)
+    # the KV pool as a fraction of the device: 0.95 of the free memory = 0.95 + 0.05 x 7.4785 / 80 of it
+    u = sr.free_fraction_as_utilization("llama-3-8b", "h100-sxm", 1, 1, 1.0, 0.95)
+    assert u == pytest.approx(0.95 + 0.05 * 8.03e9 / 2**30 / 80) == pytest.approx(0.954674, abs=1e-6)
+    ref = by_id("trt17-8b-h100-128-128")
+    cmd = ref.command(Path("OUT"))
+    assert cmd[cmd.index("--policy") + 1] == "engine:4096,8192,64,noevict"
+    assert ref.requests == 30000

@@ -107,6 +107,21 @@ def test_preemption_by_recompute_when_blocks_run_out():
     assert sorted(s["cdf"]["tpot_s"])[-1] == pytest.approx((0.575 - 0.032) / 29)
 
 
+def test_guaranteed_no_evict_admits_only_what_fits_to_the_last_token():
+    """The preemption case above under TensorRT-LLM's GUARANTEED_NO_EVICT: 4 blocks of 16. A (16 prompt, 40 out)
+    reserves ceil((16 + 40 - 1) / 16) = 4 blocks, all of them, so B (16 + 30 - 1 = 45 tokens, 3 blocks) waits
+    for A to finish. A alone: prefill 16 ms (first token 0.016), 39 decodes of 10 ms: done at 0.406. B: prefill
+    16 ms from 0.406 (first token 0.422), 29 decodes: done at 0.712. No preemption."""
+    res = simulate(_reqs([0, 0], [16, 16], [40, 30]), Engine(4, 64, 16, no_evict=True), _cost(64))
+    np.testing.assert_allclose(res.first_s, [0.016, 0.422])
+    np.testing.assert_allclose(res.finish_s, [0.406, 0.712])
+    np.testing.assert_array_equal(res.preemptions, [0, 0])
+    # with room for both reservations (4 + 3 = 7 blocks) they run together as without no_evict: prefill of
+    # 32 tokens (32 ms), then 10 ms decodes: B done at 0.032 + 29 x 0.01 = 0.322, A at 0.032 + 0.39 = 0.422
+    res = simulate(_reqs([0, 0], [16, 16], [40, 30]), Engine(4, 64, 16, no_evict=True), _cost(7 * 16))
+    np.testing.assert_allclose(res.finish_s, [0.422, 0.322])
+
+
 def test_a_request_that_never_fits_is_refused_in_one_line():
     """64 tokens of KV (4 blocks of 16): 16 prompt + 49 out holds at most 16 + 48 = 64 tokens, fits; 50 out
     would hold 65 tokens, 5 blocks."""

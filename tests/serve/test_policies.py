@@ -150,11 +150,22 @@ def test_engine_is_named_with_vllm_defaults():
     assert e == Engine() and e.spec() == "engine"
     assert e.to_dict() == {"name": "engine", "version": 1, "spec": "engine",
                            "params": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "kv_block": 16,
-                                      "chunked_prefill": True}}
+                                      "chunked_prefill": True, "no_evict": False}}
     assert parse_policy("engine:8,64,32") == Engine(8, 64, 32)
     assert parse_policy("engine:8,64,32").spec() == "engine:8,64,32"
     assert parse_policy(" engine:nochunk ") == Engine(chunked_prefill=False)
     assert parse_policy(Engine(4, 16, 1, False).spec()) == Engine(4, 16, 1, False)
+
+
+def test_engine_takes_tensorrt_llms_guaranteed_no_evict():
+    """``noevict`` (TensorRT-LLM's GUARANTEED_NO_EVICT), alone or after nochunk, with or without sizes; the spec
+    reads back as the same policy."""
+    assert parse_policy("engine:noevict") == Engine(no_evict=True)
+    assert parse_policy("engine:8,64,32,nochunk,noevict") == Engine(8, 64, 32, False, True)
+    for e in (Engine(no_evict=True), Engine(chunked_prefill=False), Engine(8, 64, 32, False, True)):
+        assert parse_policy(e.spec()) == e
+    with pytest.raises(OpmapError, match="engine takes"):
+        parse_policy("engine:8,64,32,noevict,noevict")
 
 
 @pytest.mark.parametrize("fn,spec,match", [

@@ -74,6 +74,7 @@ def _power_w(hw, devices: int, busy: Sequence[float]) -> float:
     idle, _ = idle_w(hw)
     tdp = float(hw.tdp_w)
     u = sum(busy) / len(busy) if busy else 0.0  # each replica is one tensor-parallel group of ``devices``
+    u = min(1.0, u)  # a replica busy the whole run sums its step times to the span, rounding included
     return devices * (idle + (tdp - idle) * u)
 
 

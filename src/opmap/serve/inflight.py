@@ -24,6 +24,11 @@ recompute emits its next token: the gap since its previous token is one inter-to
 preempted admits no new request (as vLLM V1). A request waiting at the head of the queue whose first chunk's
 blocks are not free waits (new requests never preempt).
 
+GUARANTEED_NO_EVICT (``Engine.no_evict``, TensorRT-LLM's default capacity scheduler): a request is admitted only
+when its KV blocks at its last token (prompt + output - 1 tokens), with those reserved by every running request,
+fit the replica's blocks; the blocks are still taken as tokens are produced, but the reservation guarantees they
+are there, so nothing is preempted, at the price of fewer requests running while the reserved blocks sit empty.
+
 Left out, as a plain ``vllm serve`` of distinct prompts would run: prefix caching (no prompts shared here),
 speculative decoding, priorities, swapping to host memory. vLLM V1 walks its running list in admission order,
 decodes and partly prefilled prompts interleaved; a prompt still prefilling is always the newest running
@@ -53,7 +58,7 @@ class _Run:
     """One admission of a request, from the first chunk of its (re)prefill to its last token or its preemption.
     Only running requests have one, so memory follows the running batch, not the trace."""
 
-    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial")
+    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial", "commit")
 
     def __init__(self, rid: int, gen: int, target: int, serial: int) -> None:
         self.rid, self.state, self.serial = rid, PREFILLING, serial
@@ -61,13 +66,14 @@ class _Run:
         self.done, self.target = 0, target  # KV tokens computed in this (re)prefill, of prompt + tokens emitted
         self.h0 = self.j0 = self.res = 0  # a decode: KV tokens and the replica's decode step count at its join;
         # the residue (mod kv_block) of the decode steps at which it needs a new block
+        self.commit = 0  # no_evict: the KV blocks reserved for it, those it holds at its last token
 
 
 class EngineReplica:
     """The engine state of one replica: free KV blocks, the decodes (counted), the prompts being prefilled."""
 
     __slots__ = ("free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running", "last_end",
-                 "pending", "min_free")
+                 "pending", "min_free", "committed")
 
     def __init__(self, blocks: int, kv_block: int) -> None:
         self.free = blocks  # KV blocks not held by any request
@@ -82,6 +88,7 @@ class EngineReplica:
         self.last_end = 0.0  # when the last step ended: every running decode's last token came then
         self.pending: Any = None
         self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
+        self.committed = 0  # no_evict: blocks reserved by the running requests (each its blocks at its last token)
 
 
 class InflightScheduler:
@@ -114,6 +121,8 @@ class InflightScheduler:
             raise OpmapError(f"a request needs {need} tokens of KV cache ({math.ceil(need / self.B)} blocks of "
                              f"{self.B}), the device holds {cap} ({self.blocks} blocks): shorten "
                              "--input-len/--output-len, raise --tp or pick a larger device")
+        if not self.p.chunked_prefill and self.p.no_evict:  # never preempted: only the prompt is ever prefilled
+            need = max(self.inp)
         if not self.p.chunked_prefill and need > self.p.max_num_batched_tokens:
             raise OpmapError(f"without chunked prefill a request's prompt (and recompute, {need} tokens) must fit "
                              f"max_num_batched_tokens ({self.p.max_num_batched_tokens}): raise it or chunk")
@@ -159,6 +168,7 @@ class InflightScheduler:
             was_decode = True
         r.state = GONE
         e.running -= 1
+        e.committed -= r.commit
         self.parked[r.rid] = (gen, last)
         self.preempted[r.rid] = self.preempted.get(r.rid, 0) + 1
         q.appendleft(r.rid)
@@ -226,10 +236,15 @@ class InflightScheduler:
             nb = -(-take // B)
             if nb > e.free:
                 break
+            commit = -(-(self.inp[rid] + self.out[rid] - 1) // B) if self.p.no_evict else 0
+            if commit and e.committed + commit > self.blocks:  # GUARANTEED_NO_EVICT: its whole KV must be free
+                break
             q.popleft()
             e.free -= nb
             self.serial += 1
             r = _Run(rid, gen, tot, self.serial)
+            r.commit = commit
+            e.committed += commit
             if len(e.stack) > 2 * e.running + 64:  # drop finished and preempted entries now and then
                 e.stack = [x for x in e.stack if x.state != GONE]
             e.stack.append(r)
@@ -301,6 +316,7 @@ class InflightScheduler:
         r.state = GONE
         self.finish[r.rid] = now
         e.running -= 1
+        e.committed -= r.commit
 
     def extra(self, reps: list[EngineReplica]) -> dict[str, Any]:
         """SimResult.extra: the preemptions (total, requests preempted at least once, most for one request) and

@@ -42,8 +42,17 @@ from opmap.serve.cost import DecodeFloor, TableCost
 from opmap.serve.resolve import Resolved
 
 PREFILL_SEQS = (128, 512, 2048)
-DECODE_BATCHES = (1, 16, 64)
-MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64)  # distinct experts grow as E (1 - (1 - k/E)^b): concave, sampled finer
+# Engines run decode batches of hundreds to thousands (trtllm-bench sizes max_batch_size up to 4096, vLLM 256-1024):
+# a step turns from weight-read-bound to compute-bound near the device's ridge (an H100 at fp8: about 1.4e15 FLOP/s
+# over 3e12 B/s = 470 FLOP per weight byte, batch ~235 at 1 byte a weight), so a line drawn through batches <= 64
+# and extrapolated misses the compute-bound regime (it priced a 600-sequence step of Llama-3-70B on two H200s at
+# about half of what the same step analyses at). The last segment's slope is what every larger batch pays per
+# sequence, so it must lie past the ridge of every kernel: at 1024 a MoE's experts (M = b k / E = 256 rows each for
+# Mixtral) sit at the ridge still, and a 256-1024 slope, half weight-read-bound, priced Mixtral's marginal sequence
+# at 8.9 us on an H100 against the 18.4 us its FLOPs take (2 x 12.9e9 / 1.4e15); points to 4096, the largest
+# batch trtllm-bench sizes, put the last segment past it
+DECODE_BATCHES = (1, 16, 64, 256, 1024, 4096)
+MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)  # distinct experts grow as E (1 - (1 - k/E)^b): concave
 DECODE_KV = (256, 1024)
 KV_GRID = (0, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
 KV_DTYPES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}  # bytes per element of the KV cache

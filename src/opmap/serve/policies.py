@@ -16,7 +16,8 @@
                         per step (max_num_batched_tokens, 8192) filled with one token per running decode, then
                         prompt chunks (chunked prefill), the KV cache paged in blocks of BLOCK tokens (16)
                         allocated as tokens are produced, preemption by recompute when blocks run out
-                        (serve/inflight.py)
+                        (serve/inflight.py); ``,nochunk``: a prompt runs whole in one step; ``,noevict``:
+                        TensorRT-LLM's GUARANTEED_NO_EVICT admission (a request's KV to its last token reserved)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from opmap.errors import OpmapError
 from opmap.validate import INT_GE1, INT_MAX, options
 
 ACCEPTED = ("none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK, "
-            "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK]")
+            "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict]]")
 MAX_SEQS = 256  # vLLM's default max_num_seqs: the most sequences in one iteration
 
 
@@ -103,12 +104,19 @@ class Engine(Policy):
     vLLM's own defaults for its OpenAI server depend on the device (vllm/engine/arg_utils.py,
     EngineArgs.get_batch_defaults): 8192 tokens and 1024 sequences on devices of 70 GiB or more other than
     A100, 2048 and 256 otherwise; set them with --max-num-seqs and --max-num-batched-tokens to match a
-    deployment."""
+    deployment.
+
+    ``no_evict``: TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (the default of its executor and of
+    ``trtllm-bench throughput``, tensorrt_llm/bench/benchmark/throughput.py ``--scheduler_policy``): a request is
+    admitted only when the KV blocks of every running request at its last token, plus its own, fit the cache,
+    so nothing is ever preempted; the default (False) is vLLM's, blocks taken as tokens are produced and
+    preemption by recompute when they run out (TensorRT-LLM's MAX_UTILIZATION)."""
 
     max_num_seqs: int = MAX_SEQS
     max_num_batched_tokens: int = 8192
     kv_block: int = 16
     chunked_prefill: bool = True
+    no_evict: bool = False
     name = "engine"
 
     def __post_init__(self) -> None:
@@ -119,7 +127,8 @@ class Engine(Policy):
             body = ""
         else:
             body = f":{self.max_num_seqs},{self.max_num_batched_tokens},{self.kv_block}"
-        return f"engine{body}{'' if self.chunked_prefill else ',nochunk'}"
+        words = ("" if self.chunked_prefill else ",nochunk") + (",noevict" if self.no_evict else "")
+        return f"engine{body}{words}" if body or not words else f"engine:{words[1:]}"
 
 
 def check_engine(max_num_seqs: object, max_num_batched_tokens: object, kv_block: object) -> None:
@@ -166,9 +175,12 @@ def parse_policy(spec: str) -> Policy:
         return Engine()
     if kind == "engine" and body:
         parts = [p.strip() for p in body.split(",")]
-        chunked = parts[-1] != "nochunk"
-        sizes = parts if chunked else parts[:-1]
-        if len(sizes) not in (0, 3):
-            raise _bad(spec, "engine takes MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk]")
-        return Engine(*[_ints(spec, p) for p in sizes], chunked_prefill=chunked)
+        n = len(parts)
+        while n and parts[n - 1] in ("nochunk", "noevict"):
+            n -= 1
+        sizes, words = parts[:n], parts[n:]
+        if len(sizes) not in (0, 3) or len(set(words)) != len(words):
+            raise _bad(spec, "engine takes MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict]")
+        return Engine(*[_ints(spec, p) for p in sizes], chunked_prefill="nochunk" not in words,
+                      no_evict="noevict" in words)
     raise _bad(spec)
