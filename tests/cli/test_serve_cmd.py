@@ -239,3 +239,16 @@ def test_requests_zero_with_a_trace_is_refused(tmp_path, refused):
     trace.write_text('{"arrival_s": 0.5}\n')
     refused("serve", "gpt2", "--arrival", f"trace:{trace}", "--requests", "0", "--service-time", "fixed:10",
             "--policy", "none", "--no-store", needle="--requests must be an integer from 1 to 10000000 (got 0)")
+
+
+def test_the_kv_assumption_names_the_engines_admission_rule():
+    """serve.json's kv_cache assumption says what the policy does: engine pages and preempts by recompute;
+    engine ``noevict`` (TensorRT-LLM's GUARANTEED_NO_EVICT) admits only what fits to the last token, so it never
+    preempts; continuous reserves in full."""
+    from opmap.cli.serve import _kv_words
+    from opmap.serve import parse_policy
+
+    assert "preemption by recompute" in _kv_words(parse_policy("engine"))
+    noevict = _kv_words(parse_policy("engine:256,8192,16,noevict"))
+    assert "GUARANTEED_NO_EVICT" in noevict and "no preemption" in noevict and "recompute" not in noevict
+    assert _kv_words(parse_policy("continuous")).startswith("reserved in full")

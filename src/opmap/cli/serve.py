@@ -224,6 +224,9 @@ def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_
 
 
 def _kv_words(pol) -> str:
+    if pol.name == "engine" and getattr(pol, "no_evict", False):
+        return (f"paged in blocks of {pol.kv_block} tokens; a request admitted only when its KV to its last token "
+                "fits beside every running request's (TensorRT-LLM's GUARANTEED_NO_EVICT): no preemption")
     if pol.name == "engine":
         return (f"paged in blocks of {pol.kv_block} tokens, taken as tokens are produced; preemption by "
                 "recompute when blocks run out")
