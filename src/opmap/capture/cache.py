@@ -151,7 +151,12 @@ def store(k: str, graph: OpGraph, workload: dict[str, Any], *saved: dict[str, An
     body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload}
     if saved:
         body["saved"] = saved[0]
-    payload = json.dumps(body, separators=(",", ":")).encode()
+    _write(k, json.dumps(body, separators=(",", ":")).encode())
+
+
+def _write(k: str, payload: bytes) -> None:
+    """The entry for ``k``: a JSON header line (version, key, length and SHA-256 of the payload), then the payload,
+    written to a temporary file and renamed into place (whole or not at all; a link at the name is replaced)."""
     header = {"cache_version": CACHE_VERSION, "key": k, "bytes": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest()}
     d = cache_dir()
@@ -160,7 +165,7 @@ def store(k: str, graph: OpGraph, workload: dict[str, Any], *saved: dict[str, An
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{k}.", dir=d)
         with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(header).encode() + b"\n" + payload)
+            f.write(json.dumps(header, allow_nan=False).encode() + b"\n" + payload)
         os.replace(tmp, _path(k))
     except OSError:
         if tmp is not None:
@@ -198,16 +203,4 @@ def store_fields(k: str, fields: dict[str, Any]) -> None:
         payload = json.dumps({"fields": fields}, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:
         return
-    header = {"cache_version": CACHE_VERSION, "key": k, "bytes": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest()}
-    d = cache_dir()
-    tmp = None
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{k}.", dir=d)
-        with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(header, allow_nan=False).encode() + b"\n" + payload)
-        os.replace(tmp, _path(k))
-    except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    _write(k, payload)
