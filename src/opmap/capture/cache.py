@@ -117,6 +117,17 @@ def _path(k: str) -> Path:
     return cache_dir() / f"{k}.json"
 
 
+def _read(k: str) -> bytes:
+    """The payload of the entry for ``k`` once its header matches (this version, this key, its length and SHA-256);
+    raises (OSError, ValueError, _Bad) otherwise: the callers treat every failure as a miss."""
+    with open(_path(k), "rb") as f:
+        header = json.loads(f.readline())
+        payload = f.read()
+    _check(type(header) is dict and header.get("cache_version") == CACHE_VERSION and header.get("key") == k)
+    _check(header.get("bytes") == len(payload) and header.get("sha256") == hashlib.sha256(payload).hexdigest())
+    return payload
+
+
 def load(k: str) -> tuple | None:
     """The cached (graph, workload fields) or (graph, workload fields, saved-activation fields) for ``k`` (the
     fields as plain dicts, each value type-checked), or None: absent, unreadable, of another version or key,
@@ -124,11 +135,7 @@ def load(k: str) -> tuple | None:
     if not enabled():
         return None
     try:
-        with open(_path(k), "rb") as f:
-            header = json.loads(f.readline())
-            payload = f.read()
-        _check(type(header) is dict and header.get("cache_version") == CACHE_VERSION and header.get("key") == k)
-        _check(header.get("bytes") == len(payload) and header.get("sha256") == hashlib.sha256(payload).hexdigest())
+        payload = _read(k)
         was = gc.isenabled()
         gc.disable()  # parsing makes ~10^5 containers: each collection would walk torch's heap again
         try:
@@ -183,11 +190,7 @@ def load_fields(k: str) -> dict[str, Any] | None:
     if not enabled():
         return None
     try:
-        with open(_path(k), "rb") as f:
-            header = json.loads(f.readline())
-            payload = f.read()
-        _check(type(header) is dict and header.get("cache_version") == CACHE_VERSION and header.get("key") == k)
-        _check(header.get("bytes") == len(payload) and header.get("sha256") == hashlib.sha256(payload).hexdigest())
+        payload = _read(k)
         body = json.loads(payload)
         _check(type(body) is dict and type(body.get("fields")) is dict)
         return {_str(n): _scalar(v) for n, v in body["fields"].items()}
