@@ -85,7 +85,7 @@ class Ref:
     devices: int
     tp: int
     dtype: str
-    input_len: int
+    input_len: int  # mean prompt tokens (fixed for synthetic rows)
     output_len: float  # mean generated tokens (fixed for synthetic rows; tokens / samples for MLPerf)
     value: float
     unit: str
@@ -99,6 +99,7 @@ class Ref:
     requests: int = 1000
     role: str = "held out"  # held out | fit
     notes: str = ""  # assumptions the row's prediction rests on
+    input_spec: str = ""  # an opmap length spec for a dataset's prompt distribution (else input_len, fixed)
 
     @property
     def per_replica(self) -> int:
@@ -121,7 +122,7 @@ class Ref:
     def command(self, out: Path) -> list[str]:
         """The opmap serve argument list (after ``python -m opmap.cli``) that predicts this row."""
         args = ["serve", self.model, "--hardware", self.hardware, "--tp", str(self.tp), "--dtype", self.dtype,
-                "--requests", str(self.requests), "--input-len", str(self.input_len),
+                "--requests", str(self.requests), "--input-len", self.input_spec or str(self.input_len),
                 "--output-len", str(round(self.output_len)), "--out", str(out), "--no-store"]
         if self.pp > 1:
             args += ["--pp", str(self.pp)]
@@ -260,8 +261,18 @@ def _online(id_, model, pub, hw, tp, isl, osl, qps, itl_ms, ttft_ms, **kw) -> Re
                f"Mean ITL {itl_ms} ms", rate_per_s=qps, flags=dict(ENGINE_FLAGS), requests=500, **kw)
 
 
-MLPERF_NOTE = ("input mean assumed 1024 (the dataset's cap, processorca.py --seqlen_limit=1024, "
-               "mlcommons/inference language/llama2-70b/README.md): the mean prompt length is not in the sources read")
+# The prompts of MLPerf's llama2-70b set (OpenOrca, 24,576 samples, Llama-2 tokenizer, chat template included):
+# mean 222.33 tokens, median 152, p90 519, max 1021 (processorca.py keeps prompts under 1024 tokens, it does not
+# truncate them). Computed over every row of openshift-psap/performance-dashboard
+# mlperf-data/summaries/llama2-70b-99.csv @ 7cd1065d (input_length per sample, copied from tok_input_length of the
+# official open_orca_gpt4_tokenized_llama.sampled_24576.pkl by mlperf-data/original/generate_dataset_summaries.py);
+# MLCommons itself publishes only the output mean (294.45 tokens per sample, language/llama2-70b/README.md).
+# As a lognormal: median 152 and mean 222.33 give sigma = sqrt(2 ln(222.33 / 152)) = 0.872.
+MLPERF_ISL_MEAN, MLPERF_ISL_SPEC = 222, "lognormal:152,0.872"
+MLPERF_NOTE = ("prompt lengths: the dataset's distribution as a lognormal (median 152, mean 222.33 tokens; computed "
+               "from the per-sample lengths of the official pickle as extracted in openshift-psap/"
+               "performance-dashboard mlperf-data/summaries/llama2-70b-99.csv @ 7cd1065d); output: the run's own "
+               "tokens / samples, fixed")
 
 
 def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, engine, cfg, flags, **kw) -> Ref:
@@ -281,8 +292,9 @@ def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, 
         src += ("; engine arguments not in the files read (the SUT's vLLM arguments are not published): vLLM's "
                 "defaults, max_num_seqs 256, gpu_memory_utilization 0.9")
     return Ref(id_, scenario, f"Llama 2 70B ({bench}, OpenOrca 24,576 samples)", "llama-2-70b", hw, devices, tp,
-               "fp8", 1024, round(tokens_s / samples_s, 2), tokens_s, unit, engine, src,
-               flags={**ENGINE_FLAGS, "--kv-dtype": "fp8", **flags}, requests=1000, notes=MLPERF_NOTE, **slo, **kw)
+               "fp8", MLPERF_ISL_MEAN, round(tokens_s / samples_s, 2), tokens_s, unit, engine, src,
+               flags={**ENGINE_FLAGS, "--kv-dtype": "fp8", **flags}, requests=1000, notes=MLPERF_NOTE,
+               input_spec=MLPERF_ISL_SPEC, **slo, **kw)
 
 
 def _nv_cfg(scenario: str, cls: str) -> str:
