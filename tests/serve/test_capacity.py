@@ -64,13 +64,21 @@ def test_capacity_search_refuses_a_zero_start():
 def test_a_ceiling_caps_the_search_and_the_answer():
     """With a ceiling (the saturation rate) no probe goes above it: an SLO that holds everywhere (the 2^28
     requests/s fit once printed came from an unbounded grid moving up three times: 2^(3 x 8 + 4)) answers the
-    ceiling itself; an edge below the ceiling is found as before. Grid from 600: 600 x 2^-7 .. 600."""
+    ceiling itself, from one run at the ceiling; an edge below the ceiling is bracketed from the top down,
+    600 x 2^0, then (2^-1, 2^-2), (2^-3, 2^-4), stopping at the first valid rate: 600 / 8 = 75 <= 100 < 150, so
+    no rate under 600 / 16 is run (the lowest rates, a batch of one, cost the most to simulate)."""
     c = find_capacity(_step(1e12), 1.0, ceiling=600.0)
     assert c["rate_per_s"] == 600.0 and c["limited_by"] == "ceiling" and c["converged"]
-    assert max(r["rate_per_s"] for r in c["runs"]) == 600.0 and len(c["runs"]) == 8
+    assert [r["rate_per_s"] for r in c["runs"]] == [600.0]
     c = find_capacity(_step(100.0), 1.0, ceiling=600.0)
     assert c["converged"] and 100.0 - c["rate_per_s"] <= 0.01 * c["rate_per_s"] and c["rate_per_s"] <= 100.0
     assert all(r["rate_per_s"] <= 600.0 for r in c["runs"]) and c["summary"]["validity"]["valid"]
+    assert [r["rate_per_s"] for r in c["runs"][:5]] == [600.0, 300.0, 150.0, 75.0, 37.5]
+    assert min(r["rate_per_s"] for r in c["runs"]) >= 600.0 / 16
+    # an SLO no rate meets: the descent goes as far down as the uncapped grid moves (8 x 4 grid steps), no further
+    c = find_capacity(_step(1e-12), 1.0, ceiling=600.0)
+    assert c["rate_per_s"] == 0.0 and not c["converged"] and len(c["runs"]) == 32
+    assert min(r["rate_per_s"] for r in c["runs"]) == 600.0 * 2.0 ** -31
 
 
 def test_queue_trend_tells_a_stationary_queue_from_a_diverging_one():

@@ -82,14 +82,32 @@ def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     """The bound class holding most of a decode step's predicted time at batch 16 and 1024 KV tokens, under the
     runtime's per-kernel overhead and fusion; "-" where the decode step cannot be built here."""
     from opmap.analyze import analyze_phase, capture_phase
+    from opmap.capture import cache
     from opmap.phases.runtime import get_runtime
+    from opmap.precision import BUILD_DTYPE
+    from opmap.workloads import MODELS
     from opmap.workloads.phases import PhaseSpec, phase_workload
+    from opmap.workloads.zoo import Workload
 
     rt = get_runtime(hw, runtime)
     spec = PhaseSpec("decode", kv_len=1024)
+    # the captured step is the same on every device: a zoo model's is kept in the capture cache, so the other
+    # devices of a fit (other worker processes too) analyse it without building and capturing the model again
+    k = (cache.key({"model": model, "build_dtype": BUILD_DTYPE[dtype], "device": "meta", "phase": "decode",
+                    "batch": 16, "kv_len": 1024, "what": "fit decode bound"})
+         if model in MODELS and dtype in BUILD_DTYPE and cache.enabled() else None)
+    hit = cache.load(k) if k else None
     try:
-        w = phase_workload(model, spec, 16, None, dtype)
-        a = analyze_phase(capture_phase(w, spec), w, hw, dtype, spec, fusion=rt.fusion, runtime=rt).analysis
+        if hit is not None:
+            g, f = hit[0], hit[1]
+            w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"])
+        else:
+            w = phase_workload(model, spec, 16, None, dtype)
+            g = capture_phase(w, spec)
+            if k:
+                cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq,
+                                   "assumptions": list(w.assumptions)})
+        a = analyze_phase(g, w, hw, dtype, spec, fusion=rt.fusion, runtime=rt).analysis
     except OpmapError:
         return "-"
     return a.phase.get("bound", "-")

@@ -28,6 +28,7 @@ from opmap.serve.sim import SimResult
 GRID_EXPONENTS = tuple(range(-3, 5))  # the first grid: rate0 x 2^-3 .. rate0 x 2^4, eight rates probed at once
 GRID_SHIFTS = 3  # the grid moves by its own width at most this often up (all valid) or down (all invalid)
 PROBES = 4  # evenly spaced rates per refinement round: the bracket shrinks 5x a round
+DESCENT = 2  # under a ceiling, rates probed together on the way down (an engine's two workers kept busy)
 
 
 def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
@@ -51,8 +52,12 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     probe of a round decides.
 
     ``ceiling`` (requests/s, the saturation rate of ``steady_capacity``): no probe above it. The grid is then
-    ceiling x 2^k for k = -7 .. 0 and moves only down; all of it valid, the answer is the ceiling itself
-    (``limited_by`` "ceiling"). The summary of the run at the answer is returned as ``summary``."""
+    ceiling x 2^k for k = 0, -1, -2, ..., probed from the top down (the ceiling alone, then ``DESCENT`` rates
+    at a time) and only until a valid rate is found: the ceiling valid, it is the answer (``limited_by``
+    "ceiling"); else the bracket is the first valid rate below it and the invalid one above. Validity falls
+    with the rate (near-monotone, above), so this is the bracket the whole grid gives, without running its low
+    rates, which cost the most to simulate (a batch of one runs a step per token: ceiling / 128 took most of a
+    fit cell's time). The summary of the run at the answer is returned as ``summary``."""
     if ceiling is not None:
         if not ceiling > 0:
             raise OpmapError(f"the capacity search needs a ceiling > 0 requests/s, got {ceiling!r}")
@@ -87,17 +92,26 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
         return (max(good) if good else None), first_bad
 
     width = len(GRID_EXPONENTS)
-    exps = GRID_EXPONENTS if ceiling is None else tuple(range(1 - width, 1))  # capped: the grid ends at the ceiling
     lo = hi = None
-    for shift in range(GRID_SHIFTS + 1):
-        rates = [rate0 * 2.0 ** k for k in exps]
-        probe(rates)
+    if ceiling is not None:  # capped: ceiling x 2^0, 2^-1, ... 2^(1 - width), from the top until one is valid
+        exps = list(range(0, -width * (GRID_SHIFTS + 1), -1))  # as far down as the grid moves uncapped
+        chunks = [exps[:1]] + [exps[i:i + DESCENT] for i in range(1, len(exps), DESCENT)]
+        for chunk in chunks:
+            probe([rate0 * 2.0 ** k for k in chunk])
+            lo, hi = bracket()
+            if lo is not None:
+                break
+        if lo is not None and hi is None:  # the ceiling itself is valid: it is the answer, never above it
+            return {"rate_per_s": lo, "bracket": [lo, None], "converged": True, "rel_tol": rel_tol,
+                    "limited_by": "ceiling", "runs": tried, "summary": kept[lo]}
+        if lo is None:
+            return {"rate_per_s": 0.0, "bracket": [None, hi], "converged": False, "rel_tol": rel_tol,
+                    "limited_by": "search range", "runs": tried, "summary": None}
+    for shift in range(GRID_SHIFTS + 1 if ceiling is None else 0):
+        probe([rate0 * 2.0 ** k for k in GRID_EXPONENTS])
         lo, hi = bracket()
         if lo is not None and hi is not None:
             break
-        if hi is None and ceiling is not None:  # valid up to the ceiling: it is the answer, never above it
-            return {"rate_per_s": lo, "bracket": [lo, None], "converged": True, "rel_tol": rel_tol,
-                    "limited_by": "ceiling", "runs": tried, "summary": kept[lo]}
         direction = 1 if hi is None else -1  # all valid: look higher; nothing valid below the lowest invalid: lower
         if shift < GRID_SHIFTS:
             rate0 = rate0 * 2.0 ** (direction * width)

@@ -59,6 +59,14 @@ KV_DTYPES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}  # bytes per ele
 KV_DTYPE_HELP = "bf16, fp16, fp8 or int8 (default: the model dtype's activation format)"
 
 
+# The analyses of this process, by (capture key, device as priced, dtype, fusion): a layout search prices one model
+# on one device under up to ten layouts, and every layout's points are the same analyses (the graph does not
+# depend on tp or pp; Pricer._terms shards each under its tp, _point splits the layers over pp). Oldest dropped
+# first past ANALYSES_KEPT (a 2-layer analysis of a 70B model holds a few MB).
+ANALYSES_KEPT = 96
+_ANALYSES: dict[tuple, tuple] = {}
+
+
 @dataclass(frozen=True)
 class Point:
     """One priced step on the replica: ``latency_s`` one microbatch through every stage, ``stage_s`` the
@@ -188,6 +196,7 @@ class Pricer:
         self._inflight = 0.0
         self._prefill_seq = 0
         self._last_graph = None
+        self._hw_key = repr(hw)  # the device as priced (runtime applied): part of the analyses' memo key
 
     # one capture at n layers: (analysis, sharder, per-kernel times under tp)
     def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
@@ -199,6 +208,11 @@ class Pricer:
         from opmap.workloads.zoo import Workload
 
         k = self.m.capture_key(n, *at)
+        memo = (k, self._hw_key, self.dtype, self.rt.fusion) if k else None
+        if memo is not None and memo in _ANALYSES:  # another layout of the same model, device and runtime
+            g, a, s = _ANALYSES[memo]
+            self._last_graph = g
+            return a, s
         hit = cache.load(k) if k else None
         if hit is not None:
             g, f = hit[0], hit[1]
@@ -213,7 +227,12 @@ class Pricer:
                 cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)})
         self._last_graph = g
         a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion).analysis
-        return a, Sharder(a)
+        s = Sharder(a)
+        if memo is not None:
+            _ANALYSES[memo] = (g, a, s)
+            while len(_ANALYSES) > ANALYSES_KEPT:
+                _ANALYSES.pop(next(iter(_ANALYSES)))
+        return a, s
 
     def _terms(self, a, s) -> dict:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
