@@ -202,8 +202,8 @@ def test_uneven_pipeline_stages_take_ceil_layers():
 def test_a_decode_step_counts_every_expert_it_holds():
     # a batch-1 decode step of mixtral-8x7b runs 2 of the 8 experts per layer, yet each device holds all of its
     # experts: 32 layers x 8 experts x 3 x 4096 x 14336 weights (the zoo's config), split over ep
-    from opmap.analyze import analyze_phase, capture_phase
     from opmap.mapping.sharding import Sharder
+    from opmap.phases.step import analyze_phase, capture_phase
     from opmap.workloads.phases import PhaseSpec, phase_workload
 
     spec = PhaseSpec("decode", kv_len=64)

@@ -193,9 +193,9 @@ class Pricer:
     def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
         """Capture (or take from the capture cache) the step ``make`` builds at ``n`` layers and analyse it.
         ``at``: (phase, batch, length) for the cache key."""
-        from opmap.analyze import analyze_phase, capture_phase
         from opmap.capture import cache
         from opmap.mapping.sharding import Sharder
+        from opmap.phases.step import analyze_phase, capture_phase
         from opmap.workloads.zoo import Workload
 
         k = self.m.capture_key(n, *at)
