@@ -11,14 +11,8 @@ from opmap.analyze import analyze_graph
 from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.mapping.sharding import (
-    Parallelism,
-    Sharder,
-    bubble_fraction,
-    infer_roles,
-    is_weight_gemm,
-    link_for,
-)
+from opmap.mapping.roles import infer_roles, is_weight_gemm
+from opmap.mapping.sharding import Parallelism, Sharder, bubble_fraction, link_for
 from opmap.workloads import build_zoo
 
 B, S = 2, 32

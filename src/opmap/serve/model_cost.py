@@ -218,7 +218,8 @@ class Pricer:
     def _terms(self, a, s) -> dict:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
         each block with its TP all-reduces) and weight bytes read per device; the weights held."""
-        from opmap.mapping.sharding import SPLIT_ROLES, Parallelism
+        from opmap.mapping.roles import SPLIT_ROLES
+        from opmap.mapping.sharding import Parallelism
 
         sh = s.shard(Parallelism(tp=self.tp, devices=self.tp)) if self.tp > 1 else None
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
