@@ -109,8 +109,9 @@ def _megatron_gpt(h: int, layers: int, heads: int):
 def _train_iteration(w, hw, tp: int, pp: int, dp: int, global_batch: int, recompute: str, sp: bool = False):
     """(iteration s, phase figures, sharded) of a Megatron-style run: microbatch 1, fused AdamW, the DP
     gradient all-reduce after backward (dp_overlap 0: Megatron-LM in 2021-22 did not overlap it)."""
-    from opmap.analyze import analyze_phase, capture_phase, sharded_phase_figures
     from opmap.mapping.sharding import Parallelism, shard
+    from opmap.phases.sharded import sharded_phase_figures
+    from opmap.phases.step import analyze_phase, capture_phase
     from opmap.workloads.phases import PhaseSpec
 
     spec = PhaseSpec("train", None, recompute, 1, global_batch, 0, dp=dp, optimizer="adamw-fused")

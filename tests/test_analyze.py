@@ -158,8 +158,9 @@ def test_fp8_decode_without_an_fp8_engine_is_weight_only_at_the_bf16_rate():
     FP8 Marlin W8A16: weights stored at 1 byte, dequantized to bf16 in the GEMM, bf16 compute at the A100 SXM's
     measured 271.2 TFLOP/s (Bekman's MAMF table), never the 624 TOPS int8 peak. A decode GEMM of K x N weights at
     batch 1 does 2 K N FLOPs and reads K N bytes of weights over the A100 SXM's 1.70 TB/s (BabelStream Triad)."""
-    from opmap.analyze import analyze, decode_figures
+    from opmap.analyze import analyze
     from opmap.hardware import get_hardware
+    from opmap.phases.decode import decode_figures
     from opmap.workloads import build_zoo
     from opmap.workloads.phases import decode_workload
 

@@ -6,10 +6,9 @@ renders to analysis.json (``to_dict``), the public contract documented in the RE
 
 from __future__ import annotations
 
-import math
 import platform
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -29,14 +28,9 @@ from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.mapping.memory import (
     TRAIN_BYTES,
     MemoryFit,
-    SavedActivations,
-    ServingMemory,
     fit_inference,
-    fit_training,
     inflight_activation_bytes,
     kv_geometry,
-    runtime_reserve,
-    saved_activation_bytes,
     training_state_bytes,
 )
 from opmap.precision import Precision, power_limited, resolve_precision
@@ -77,7 +71,7 @@ class Analysis:
     kernel_results: tuple[KernelResult, ...] = ()
     # a layout over several devices (opmap.mapping.sharding.Sharded); None: one device, today's output
     sharded: Any = None
-    phase_figures: dict[str, Any] | None = None  # set by analyze_phase; None: prefill (or a bare training step)
+    phase_figures: dict[str, Any] | None = None  # set by opmap.phases (analyze_phase, with_figures); None: no phase
     fit: MemoryFit | None = None  # set by analyze_phase (decode, train); None: ``memory`` computes inference's
 
     # -- totals ---------------------------------------------------------------------------------------
@@ -285,16 +279,10 @@ class Analysis:
 
     @property
     def phase(self) -> dict[str, Any]:
-        """analysis.json's ``phase``: set by analyze_phase; otherwise prefill's (time to first token = the
-        predicted latency) or, for a training capture, one microstep and one optimizer step."""
-        if self.phase_figures is not None:
-            return self.phase_figures
-        if self.assumptions.get("mode") == "training step":
-            from opmap.workloads.phases import PhaseSpec
-
-            return train_figures(self, PhaseSpec("train"), int(self.assumptions.get("batch") or 1),
-                                 int(self.assumptions.get("seq") or 1))
-        return prefill_figures(self)
+        """analysis.json's ``phase``: the figures a phase set (opmap.phases: prefill, decode, train, or
+        ``opmap.phases.step.with_figures`` for a bare pipeline result); empty until then (the headline is then the
+        pipeline's latency)."""
+        return self.phase_figures if self.phase_figures is not None else {}
 
     @staticmethod
     def _node_dict(r: NodeResult) -> dict[str, Any]:
@@ -463,360 +451,3 @@ def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
     check_analysis_inputs(hw, dtype, fusion, plan_file)
     graph = capture(workload.module, workload.inputs, overrides=overrides)
     return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)
-
-
-# -- phases: prefill, decode, train ------------------------------------------------------------------------
-
-MFU_DEFINITION = (
-    "MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per second per device / dense matrix peak; model "
-    "FLOPs = 3 x the forward's matrix FLOPs with attention counted dense (= 6N + 12LHQT per token: N the weights "
-    "of the matrix products, L layers, H heads, Q head dim, T sequence), recomputation excluded. HFU: the FLOPs "
-    "the plan executes (forward and backward as captured, causal attention's computed half, the flash backward's "
-    "score recomputation, plus --recompute's extra forward) per second / the same peak")
-
-
-def _dominant_bound(kernels: Sequence[tuple[str, float]]) -> str:
-    by: dict[str, float] = defaultdict(float)
-    for b, t in kernels:
-        if b not in ("view", "alloc"):
-            by[str(b)] += t
-    return max(by, key=by.get) if by else "view"
-
-
-def _kernel_times(a: Analysis) -> list[tuple[int, str, float]]:
-    """(anchor node id, bound, predicted s) of every kernel, or of every kernel node without a plan."""
-    if a.kernel_results:
-        return [(k.kernel.anchor, str(k.bound), k.predicted_s) for k in a.kernel_results]
-    return [(r.node.id, str(r.pred.bound), r.pred.predicted_s) for r in a.results if r.cost.kernel]
-
-
-def with_runtime(a: Analysis, runtime) -> Analysis:
-    """``a`` with the runtime it ran under (an opmap.phases.runtime.Runtime, applied to the device before the
-    analysis: ``Runtime.apply``) in its assumptions: the prefill and decode figures add its per-step time once
-    per step, and the report's header names it."""
-    return replace(a, assumptions=dict(a.assumptions, runtime=runtime.to_dict(), runtime_line=runtime.line()))
-
-
-def _runtime_text(a: Analysis) -> str:
-    step = a.runtime_per_step_s
-    if not step:
-        return ""
-    rt = a.assumptions["runtime"]
-    return f", {a.kernels} kernels + {step * 1e6:.3g} us per step ({rt['name']})"
-
-
-def prefill_figures(a: Analysis) -> dict[str, Any]:
-    """The prefill pass: time to first token = its kernels (``predicted_latency_s``) + the runtime's per-step
-    time."""
-    step = a.runtime_per_step_s
-    lat = a.predicted_latency_s + step
-    bound = _dominant_bound([(b, t) for _, b, t in _kernel_times(a)])
-    return {"name": "prefill", "ttft_s": lat, "bound": bound, "kernel_time_s": a.predicted_latency_s,
-            "runtime_per_step_s": step, "kernels": a.kernels,
-            "text": f"prefill: time to first token {lat * 1e3:.4g} ms ({bound}-bound{_runtime_text(a)})"}
-
-
-def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
-    """One decode step: time per output token (the kernels plus the runtime's per-step time), tokens per second
-    over the batch, the memory lower bound (the weights the step reads, each once: the embedding rows gathered,
-    not the table; the experts the batch runs, not all of them; and the whole KV cache, at the device's achievable
-    memory rate, the rate the time model streams at) and how far above it the step is."""
-    step = a.runtime_per_step_s
-    tpot = a.predicted_latency_s + step
-    batch = int(a.assumptions.get("batch") or 1)
-    bound = _dominant_bound([(b, t) for _, b, t in _kernel_times(a)])
-    weights = sum(r.cost.param_bytes_read for r in a.results if r.cost.counted)
-    kv = decode_kv_read_bytes(a.graph)
-    bw = a.hardware.memory_rate_bytes_per_s
-    floor = (weights + kv) / bw
-    return {"name": "decode", "kv_len": kv_len, "tpot_s": tpot, "tokens_per_s": batch / tpot if tpot else 0.0,
-            "bound": bound, "weights_bytes": weights, "kv_cache_read_bytes": kv, "lower_bound_s": floor,
-            "lower_bound_basis": "the weights the step reads (gathered embedding rows, the experts it runs) and "
-                                 f"its KV cache, each once, at {a.hardware.memory_rate_basis}",
-            "kernel_time_s": a.predicted_latency_s, "runtime_per_step_s": step, "kernels": a.kernels,
-            "text": f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
-                    f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
-                    f"weights + KV read floor {floor * 1e3:.4g} ms{_runtime_text(a)})"}
-
-
-def decode_kv_read_bytes(graph: OpGraph) -> float:
-    """Bytes of K and V the decode step's attention calls read (the KV cache: GQA's KV heads, the window)."""
-    total = 0.0
-    for n in graph.nodes:
-        if n.op == "aten.scaled_dot_product_attention.default":
-            total += n.input("key").nbytes + n.input("value").nbytes
-    return total
-
-
-def block_of(module: str, prefix: str) -> str | None:
-    """The repeated block (``prefix.N``) the module path lies in, or None."""
-    if prefix and module.startswith(prefix + "."):
-        rest = module[len(prefix) + 1:].split(".", 1)[0]
-        return f"{prefix}.{rest}" if rest.isdigit() else None
-    return None
-
-
-def block_prefix(graph: OpGraph) -> str:
-    """The module path of the repeated blocks (``layers``, ``h``, ``model.layers``): the prefix before the first
-    numeric path component with the most distinct indices; "" when the model has none."""
-    seen: dict[str, set[str]] = defaultdict(set)
-    for m in {n.module for n in graph.nodes}:
-        parts = m.split(".")
-        for i, p in enumerate(parts):
-            if p.isdigit():
-                seen[".".join(parts[:i])].add(p)
-                break
-    return max(seen, key=lambda k: len(seen[k])) if seen else ""
-
-
-def _forward(n: Node) -> bool:
-    return n.args.get("phase") not in ("backward", "optimizer")
-
-
-_BMM = ("aten.bmm.default", "aten.baddbmm.default", "aten.matmul.default")
-
-
-def recomputed_nodes(graph: OpGraph, recompute: str) -> tuple[set[int], str]:
-    """The forward nodes the backward runs again, with what that means here.
-
-    full: every forward node inside a repeated block (each block keeps only its input). selective (Megatron,
-    Korthikanti et al. 2022 sec. 5): the attention core of explicit attention math, from the Q K^T batched matmul
-    of two activations through scale, mask, softmax and dropout to the product with V; a fused SDPA's backward
-    recomputes its scores already (the flash backward, counted in its cost), so there it adds nothing."""
-    nodes = graph.nodes
-    if recompute == "none":
-        return set(), "none: every activation the backward needs is kept"
-    if recompute == "full":
-        prefix = block_prefix(graph)
-        if not prefix:
-            raise OpmapError("--recompute full checkpoints each repeated block, and the model has no numbered "
-                             "blocks; accepted for it: none, selective")
-        ids = {n.id for n in nodes if _forward(n) and not n.is_view and block_of(n.module, prefix)}
-        return ids, f"full: each block of {prefix}.N runs its forward again in the backward, keeping its input"
-    marked: set[int] = set()
-    core: set[int] = set()
-    for n in nodes:
-        if not _forward(n):
-            continue
-        hit = any(t.producer in marked for t in n.inputs if t.producer is not None)
-        if n.op in _BMM:
-            acts = [t for t in n.inputs if t.param is None]
-            if hit:
-                core.add(n.id)  # probabilities x V: ends the core
-                continue
-            if len(acts) >= 2:
-                marked.add(n.id)
-                core.add(n.id)
-            continue
-        if hit:
-            marked.add(n.id)
-            core.add(n.id)
-    sdpa = sum(1 for n in nodes if _forward(n) and n.op == "aten.scaled_dot_product_attention.default")
-    text = "selective (Megatron): the attention core (Q K^T, softmax, dropout, x V) runs again in the backward"
-    if sdpa:
-        text += (f"; {sdpa} fused SDPA calls: their flash backward recomputes the scores already (counted in "
-                 "its cost), so selective adds nothing for them")
-    return core, text
-
-
-def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis) -> dict[str, Any]:
-    """A phase's figures under a layout over several devices (``opmap.mapping.sharding.Sharded``): the
-    iteration (train) or step (decode, prefill) time is the sharded one, collectives and pipeline bubble
-    included; model FLOPs stay the model's, spread over every device for MFU and HFU."""
-    p = sh.parallelism
-    out = dict(fig, devices=p.devices, layout=p.label())
-    peak = a.precision.matrix_peak_flops_per_s
-    if fig.get("name") == "train":
-        it = sh.step_s
-        # the captured step is one microbatch on one replica: the whole iteration runs global_batch sequences
-        per_micro = fig["model_flops"] / max(1, fig["microsteps"])
-        model = per_micro * (p.global_batch or p.microbatch * p.dp) / fig["microbatch"]
-        hw_flops = fig["hardware_flops"] / max(1, fig["microsteps"]) * (p.global_batch or p.microbatch * p.dp) \
-            / fig["microbatch"]
-        mf = model / (it * p.devices) if it else 0.0
-        hf = hw_flops / (it * p.devices) if it else 0.0
-        tokens = sh.tokens
-        out.update(iteration_s=it, tokens_per_s=tokens / it if it else 0.0, model_flops=model,
-                   hardware_flops=hw_flops, model_flops_per_s_per_device=mf, hardware_flops_per_s_per_device=hf,
-                   mfu=mf / peak, hfu=hf / peak, global_batch=p.global_batch, dp=p.dp,
-                   microsteps=p.microbatches, bubble_fraction=sh.bubble_fraction)
-        out["text"] = (f"train on {p.devices} devices ({p.label()}): iteration {it * 1e3:.4g} ms, "
-                       f"{out['tokens_per_s']:.4g} tok/s, MFU {mf / peak:.1%}, HFU {hf / peak:.1%}, pipeline bubble "
-                       f"{sh.bubble_fraction:.1%}")
-    elif fig.get("name") == "decode":
-        seqs = int(a.assumptions.get("batch") or 1) * p.dp
-        lat = sh.latency_s + a.runtime_per_step_s
-        out.update(tpot_s=lat, tokens_per_s=seqs / lat if lat else 0.0, kernel_time_s=sh.latency_s)
-        out["text"] = (f"decode on {p.devices} devices ({p.label()}): {lat * 1e3:.4g} ms per output token, "
-                       f"{out['tokens_per_s']:.4g} tok/s{_runtime_text(a)}")
-    else:
-        lat = sh.latency_s + a.runtime_per_step_s
-        out.update(ttft_s=lat, kernel_time_s=sh.latency_s)
-        out["text"] = (f"prefill on {p.devices} devices ({p.label()}): time to first token {lat * 1e3:.4g} ms"
-                       f"{_runtime_text(a)}")
-    return out
-
-
-def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any]:
-    """An iteration: microsteps x (forward + backward + recomputation) + one optimizer step; model and hardware
-    FLOPs, MFU and HFU (``MFU_DEFINITION``)."""
-    n_micro = spec.microsteps(microbatch)
-    gb = spec.global_batch or microbatch * spec.dp
-    times = _kernel_times(a)
-    phase_of = {r.node.id: r.node.args.get("phase", "forward") for r in a.results}
-    opt_s = sum(t for i, _, t in times if phase_of[i] == "optimizer")
-    step_s = a.predicted_latency_s - opt_s
-    rec_ids, rec_text = recomputed_nodes(a.graph, spec.recompute)
-    rec_s = sum(t for i, _, t in times if i in rec_ids)
-    # a fused kernel anchored outside the recomputed set but holding recomputed nodes: their share of its time
-    rec_flops = sum(r.cost.matrix_flops for r in a.results if r.node.id in rec_ids and r.cost.counted)
-    fwd = [r for r in a.results if _forward(r.node) and r.cost.counted]
-    fwd_matrix = sum(r.cost.matrix_flops for r in fwd)
-    fwd_dense = fwd_matrix + sum(r.cost.skipped_flops for r in fwd)
-    executed = sum(r.cost.matrix_flops for r in a.results if r.cost.counted)
-    iteration_s = n_micro * (step_s + rec_s) + opt_s
-    model_flops = 3.0 * fwd_dense * n_micro
-    hardware_flops = (executed + rec_flops) * n_micro
-    peak = a.precision.matrix_peak_flops_per_s
-    mf_per_s = model_flops / iteration_s if iteration_s else 0.0
-    hf_per_s = hardware_flops / iteration_s if iteration_s else 0.0
-    bounds = [(b, t * (1 if phase_of[i] == "optimizer" else n_micro)) for i, b, t in times]
-    bounds += [(b, t * n_micro) for i, b, t in times if i in rec_ids]
-    bound = _dominant_bound(bounds)
-    tokens = gb * seq
-    palm = palm_flops_per_token(a.graph, seq)
-    mfu_v, hfu_v = mf_per_s / peak, hf_per_s / peak
-    return {
-        "name": "train", "recompute": spec.recompute, "recompute_note": rec_text, "optimizer": spec.optimizer,
-        "microbatch": microbatch, "global_batch": gb, "dp": spec.dp, "zero": spec.zero, "microsteps": n_micro,
-        "microstep_s": step_s, "recompute_s": rec_s, "optimizer_s": opt_s, "iteration_s": iteration_s,
-        "tokens_per_s": tokens / iteration_s if iteration_s else 0.0,
-        "model_flops": model_flops, "hardware_flops": hardware_flops,
-        "recompute_flops": rec_flops * n_micro,
-        "model_flops_per_s_per_device": mf_per_s, "hardware_flops_per_s_per_device": hf_per_s,
-        "mfu": mfu_v, "hfu": hfu_v, "dense_peak_flops_per_s": peak,
-        "palm_flops_per_token": palm, "model_flops_per_token": 3.0 * fwd_dense / (microbatch * seq),
-        "mfu_definition": MFU_DEFINITION, "bound": bound,
-        "text": f"train: iteration {iteration_s * 1e3:.4g} ms ({n_micro} microsteps of {microbatch} x {seq} tokens "
-                f"+ {spec.optimizer} step {opt_s * 1e3:.3g} ms), {tokens / iteration_s if iteration_s else 0:.4g} "
-                f"tok/s, MFU {mfu_v:.1%}, HFU {hfu_v:.1%} (recompute {spec.recompute}; {bound}-bound)",
-    }
-
-
-def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
-    """PaLM appendix B's closed form, 6N + 12 L H Q T, read off the graph: N the parameters less the embedding
-    tables that are only looked up (an embedding tied to the LM head is a matrix product and stays in N), L H Q
-    from the forward's attention calls (the queries' heads and head dim), T the sequence."""
-    emb: dict[str, int] = {}
-    matmul_params: set[str] = set()
-    attn = []
-    for n in graph.nodes:
-        if not _forward(n):
-            continue
-        for t in n.inputs:
-            if t.param is None:
-                continue
-            if n.packet in ("embedding",):
-                emb[t.param] = math.prod(t.shape)
-            elif not n.is_view:
-                matmul_params.add(t.param)
-        if n.op == "aten.scaled_dot_product_attention.default":
-            q = n.input("query")
-            attn.append((q.shape[-3], q.shape[-1]))
-    n_params = graph.params - sum(v for k, v in emb.items() if k not in matmul_params)
-    attention = sum(12 * h * d * seq for h, d in attn)
-    return {"value": 6.0 * n_params + attention, "n_params": n_params, "layers": len(attn),
-            "attention_flops_per_token": float(attention)}
-
-
-@dataclass(frozen=True)
-class PhaseAnalysis:
-    """A phase's result: the analysis of the captured step (the prefill pass, the decode step, one training
-    microstep with its optimizer step) with the phase figures and the memory fit set on it."""
-
-    spec: Any  # opmap.workloads.phases.PhaseSpec
-    analysis: Analysis
-
-    @property
-    def figures(self) -> dict[str, Any]:
-        return self.analysis.phase
-
-    @property
-    def memory(self) -> MemoryFit:
-        return self.analysis.memory
-
-
-def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str, spec,
-                  overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
-                  evidence: str = "", saved: SavedActivations | None = None,
-                  activations: Callable[[int, int], float] | None = None, runtime=None) -> PhaseAnalysis:
-    """Cost, map and predict the captured step of ``spec`` (``capture_phase``) and add the phase's figures and
-    memory fit. Train: ``activations(microbatch, seq)``, the bytes kept for backward (``train_activations``: the
-    measured saved tensors of the module under the recompute policy); ``saved`` the measurement at the captured
-    shape (for its notes). ``runtime``: an opmap.phases.runtime.Runtime for ``hw`` (the catalog device, not yet
-    applied): its per-kernel overhead replaces the device's and its per-step time is added once per step (None:
-    the catalog's eager launch, nothing per step); the fusion policy stays the caller's ``fusion``."""
-    if runtime is not None and spec.train and runtime.name != "eager":
-        raise OpmapError(f"runtime {runtime.name} prices serving steps (prefill, decode); a training step runs "
-                         "eager here: use runtime eager")
-    if runtime is not None:
-        hw = runtime.apply(hw)
-    a = analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)
-    if runtime is not None:
-        a = with_runtime(a, runtime)
-    assumptions = dict(a.assumptions, phase=spec.to_dict())
-    a = replace(a, assumptions=assumptions)
-    if spec.decode:
-        figures = decode_figures(a, spec.kv_len)
-        weights = graph.param_bytes * a.precision.weight_scale
-        per_seq = decode_kv_read_bytes(graph) / max(workload.batch, 1)
-        cached = max((n.input("key").shape[-2] for n in graph.nodes
-                      if n.op == "aten.scaled_dot_product_attention.default"), default=spec.kv_len)
-        window = cached if cached < spec.kv_len else None
-        inflight = inflight_activation_bytes(graph)
-        fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, spec.kv_len,
-                            activations=lambda b, s: inflight * b / workload.batch, window=window,
-                            max_context=1 << 24)
-        # the KV pool as serve computes it (opmap.mapping.memory.ServingMemory), here at utilization 1, eager
-        serving = ServingMemory(hw.memory_bytes, 1.0, weights,
-                                runtime_reserve(fit.activations_bytes, False,
-                                                basis=f"this step ({workload.batch} sequences)"), per_seq / cached)
-        fit = replace(fit, phase="decode", assumptions=fit.assumptions + (
-            serving.line() + "; opmap serve takes --gpu-memory-utilization and its runtime's reserve",))
-    elif spec.train:
-        if a.precision.requested not in TRAIN_BYTES:
-            raise OpmapError(f"training in {a.precision.requested} is not modelled; accepted: "
-                             f"{', '.join(TRAIN_BYTES)}")
-        mb, seq = workload.batch, workload.seq or 1
-        figures = train_figures(a, spec, mb, seq)
-        st = training_state_bytes(graph.params, spec.zero, spec.dp, a.precision.requested)
-        act = activations or (lambda b, s: 0.0)
-        fit = fit_training(st, hw.memory_bytes, mb, seq, act, max_context=1 << 20)
-        notes = (f"activations kept for backward measured on meta under recompute {spec.recompute}",)
-        notes += tuple(saved.notes) if saved is not None else ()
-        fit = replace(fit, phase=f"training (recompute {spec.recompute}, ZeRO {spec.zero} over {spec.dp})",
-                      assumptions=fit.assumptions + notes)
-    else:
-        figures = prefill_figures(a)
-        fit = None
-    a = replace(a, assumptions=assumptions, phase_figures=figures, fit=fit)
-    return PhaseAnalysis(spec, a)
-
-
-def capture_phase(workload: Workload, spec, overrides: Sequence[tuple[str, str]] = ()) -> OpGraph:
-    """Capture the step ``spec`` names: a training step (forward, loss, backward, optimizer) for train, the
-    forward otherwise (the decode workload carries its KV cache as inputs)."""
-    if spec.train:
-        return capture(workload.module, workload.inputs, overrides=overrides, train=True, optimizer=spec.optimizer)
-    return capture(workload.module, workload.inputs, overrides=overrides)
-
-
-def train_activations(workload: Workload, recompute: str) -> tuple[SavedActivations, Callable[[int, int], float]]:
-    """The activations a training step keeps for backward (opmap.mapping.memory.saved_activation_bytes), measured
-    on meta at the captured shape under ``recompute`` and scaled linearly in batch x sequence for the largest-batch
-    and longest-context search: linear is exact for fused attention (SDPA saves no S x S tensor), the zoo's and
-    Hugging Face's attention; unfused attention's S^2 term is counted at the captured shape only."""
-    b, s = workload.batch, workload.seq or 1
-    saved = saved_activation_bytes(workload.module, workload.inputs, recompute=recompute)
-    m1 = saved.total_bytes
-    return saved, lambda bb, ss: m1 * bb * ss / (b * s)

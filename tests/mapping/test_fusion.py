@@ -246,7 +246,7 @@ def test_engine_keeps_hand_written_attention_one_kernel():
 
 @pytest.fixture(scope="module")
 def llama_decode():
-    from opmap.analyze import capture_phase
+    from opmap.phases.step import capture_phase
     from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 
     spec = check_phase(PhaseSpec("decode", 1024), "llama-3-8b", 1)
@@ -267,7 +267,7 @@ def test_engine_llama_decode_layer_is_seven_kernels(llama_decode):
     = 7 per layer (eager: 40; TensorRT-LLM runs the same 7, vLLM 10: separate rotary, cache write and
     silu_and_mul). Whole step: 32 x 7 + embedding + rotary cos/sin + layer 0's first norm (no residual yet) +
     lm_head = 228 (the last layer's add + norm is the final norm)."""
-    from opmap.analyze import block_of, block_prefix
+    from opmap.phases.train import block_of, block_prefix
 
     g, c = llama_decode
     eager = plan_fusion(g, c, "eager")

@@ -11,14 +11,8 @@ from opmap.analyze import analyze_graph
 from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
-from opmap.mapping.sharding import (
-    Parallelism,
-    Sharder,
-    bubble_fraction,
-    infer_roles,
-    is_weight_gemm,
-    link_for,
-)
+from opmap.mapping.roles import infer_roles, is_weight_gemm
+from opmap.mapping.sharding import Parallelism, Sharder, bubble_fraction, link_for
 from opmap.workloads import build_zoo
 
 B, S = 2, 32
@@ -202,8 +196,8 @@ def test_uneven_pipeline_stages_take_ceil_layers():
 def test_a_decode_step_counts_every_expert_it_holds():
     # a batch-1 decode step of mixtral-8x7b runs 2 of the 8 experts per layer, yet each device holds all of its
     # experts: 32 layers x 8 experts x 3 x 4096 x 14336 weights (the zoo's config), split over ep
-    from opmap.analyze import analyze_phase, capture_phase
     from opmap.mapping.sharding import Sharder
+    from opmap.phases.step import analyze_phase, capture_phase
     from opmap.workloads.phases import PhaseSpec, phase_workload
 
     spec = PhaseSpec("decode", kv_len=64)

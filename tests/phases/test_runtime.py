@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from opmap.analyze import analyze_phase, capture_phase
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
 from opmap.hardware.runtimes import stack_for, stacks
 from opmap.hardware.spec import KINDS
 from opmap.phases.runtime import RUNTIMES, check_runtime, get_runtime
+from opmap.phases.step import analyze_phase, capture_phase
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 
 # The overheads the closed forms use, each from its source (not from the code under test):

@@ -101,7 +101,7 @@ def test_expected_experts_top2_of_8():
 @pytest.mark.parametrize("batch", [1, 2, 64])
 def test_zoo_mixtral_decode_reads_the_experts_the_formula_gives(batch):
     """The meta capture runs ceil(E (1 - (1 - k/E)^b)) experts per layer (top-2 of 8): their weights are read."""
-    from opmap.analyze import capture_phase
+    from opmap.phases.step import capture_phase
     from opmap.workloads.phases import PhaseSpec
 
     r = Resolved.build("mixtral-8x7b", "bf16")

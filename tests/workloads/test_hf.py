@@ -261,7 +261,7 @@ def test_decode_reads_the_kv_cache_of_its_heads_and_window(mt, tmp_path):
     # one new token per sequence against a transformers DynamicCache of kv_len - 1 tokens: the attention reads
     # 2 (K, V) x layers x KV heads x head dim x cached tokens x 2 B (bf16) x batch, the KV heads being GQA's
     # (llama, mistral, mixtral: 2 of 4) and the cached tokens capped at mistral's sliding window
-    from opmap.analyze import decode_kv_read_bytes
+    from opmap.phases.decode import decode_kv_read_bytes
     from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 
     path = tmp_path / "config.json"

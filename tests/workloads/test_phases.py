@@ -10,9 +10,11 @@ import functools
 import pytest
 import torch
 
-from opmap.analyze import analyze_phase, capture_phase, decode_kv_read_bytes, recomputed_nodes, train_activations
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
+from opmap.phases.decode import decode_kv_read_bytes
+from opmap.phases.step import analyze_phase, capture_phase
+from opmap.phases.train import recomputed_nodes, train_activations
 from opmap.workloads.llama import Llama, LlamaConfig
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 from opmap.workloads.zoo import Workload

@@ -112,7 +112,8 @@ def analyze(
         _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
                        fusion_plan, quality, layout, par, store, no_store, rt, allow_long_context)
         return
-    from opmap.analyze import with_runtime
+    from opmap.phases.runtime import with_runtime
+    from opmap.phases.step import with_figures
 
     hw_rt = rt.apply(hw)
     # a zoo model captured on meta before, at these shapes and this build dtype, is not built or captured again
@@ -132,7 +133,7 @@ def analyze(
             a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, a.graph, _workload_fields(w))
-    _report(with_runtime(a, rt), par, overrides, rows, out, store, no_store)
+    _report(with_figures(with_runtime(a, rt)), par, overrides, rows, out, store, no_store)
 
 
 def _runtime(hw, name: str, spec):
@@ -152,8 +153,8 @@ def _report(a, par, overrides, rows: int, out: Path | None, store: Path | None =
     from opmap.report.sheet import print_report, write_outputs
 
     if par is not None and (par.devices > 1 or par.ep > 1):
-        from opmap.analyze import sharded_phase_figures
         from opmap.mapping.sharding import shard
+        from opmap.phases.sharded import sharded_phase_figures
 
         sh = shard(a, par)
         a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a), fit=_sharded_fit(a, par))
@@ -201,8 +202,10 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
                    allow_long_context=False) -> None:
     """Decode or train: build the phase's workload (or take its graph from the capture cache), capture, predict,
     add the phase's figures and memory fit, report."""
-    from opmap.analyze import analyze_phase, capture_phase, check_analysis_inputs, train_activations
+    from opmap.analyze import check_analysis_inputs
     from opmap.capture import cache as graph_cache
+    from opmap.phases.step import analyze_phase, capture_phase
+    from opmap.phases.train import train_activations
     from opmap.workloads import MODELS, with_layout
     from opmap.workloads.phases import phase_workload
 

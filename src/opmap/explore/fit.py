@@ -81,9 +81,9 @@ def _power_w(hw, devices: int, busy: Sequence[float]) -> float:
 def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     """The bound class holding most of a decode step's predicted time at batch 16 and 1024 KV tokens, under the
     runtime's per-kernel overhead and fusion; "-" where the decode step cannot be built here."""
-    from opmap.analyze import analyze_phase, capture_phase
     from opmap.capture import cache
     from opmap.phases.runtime import get_runtime
+    from opmap.phases.step import analyze_phase, capture_phase
     from opmap.precision import BUILD_DTYPE
     from opmap.workloads import MODELS
     from opmap.workloads.phases import PhaseSpec, phase_workload

@@ -30,6 +30,7 @@ from opmap.measure.attribute import attribute
 from opmap.measure.energy import measure_energy
 from opmap.measure.profile import Profile
 from opmap.measure.runner import make_call, profile_iterations
+from opmap.phases.step import with_figures
 from opmap.precision import RUNNABLE, resolve_precision
 from opmap.timing import LatencyStats, time_iterations
 from opmap.workloads.zoo import Workload, check_device
@@ -128,7 +129,7 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         step("capturing the graph on the device", 0)
         graph = capture(module, workload.inputs, overrides=overrides, train=train)
         module.train(train)
-        analysis = analyze_graph(graph, workload, hw, dtype, overrides)
+        analysis = with_figures(analyze_graph(graph, workload, hw, dtype, overrides))
         if any(n.startswith("fast path:") for n in graph.notes):
             # the capture could only record the unfused path: measure that path, so the join is like for like
             stack.enter_context(fast_path(False))

@@ -19,10 +19,13 @@ the catalog)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
 from opmap.hardware.spec import HardwareSpec, Value
+
+if TYPE_CHECKING:
+    from opmap.analyze import Analysis
 
 RUNTIMES = ("eager", "graphs", "engine")
 RUNTIME_HELP = ("eager (a host launch per kernel), graphs (one graph launch per step) or engine (graphs plus a "
@@ -91,3 +94,18 @@ def get_runtime(hw: HardwareSpec, name: str) -> Runtime:
     return Runtime(name, stack.values["graph_kernel_gap_s"], stack.values["graph_launch_s"],
                    stack.values["engine_step_host_s"] if name == "engine" else None,
                    "engine" if name == "engine" else "eager", stack.name)
+
+
+def with_runtime(a: Analysis, runtime) -> Analysis:
+    """``a`` with the runtime it ran under (an opmap.phases.runtime.Runtime, applied to the device before the
+    analysis: ``Runtime.apply``) in its assumptions: the prefill and decode figures add its per-step time once
+    per step, and the report's header names it."""
+    return replace(a, assumptions=dict(a.assumptions, runtime=runtime.to_dict(), runtime_line=runtime.line()))
+
+
+def runtime_text(a: Analysis) -> str:
+    step = a.runtime_per_step_s
+    if not step:
+        return ""
+    rt = a.assumptions["runtime"]
+    return f", {a.kernels} kernels + {step * 1e6:.3g} us per step ({rt['name']})"

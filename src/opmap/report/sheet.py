@@ -125,7 +125,8 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
     ph = a.phase
-    lines.append("phase: " + ph["text"])
+    if ph.get("text"):
+        lines.append("phase: " + ph["text"])
     if ph.get("mfu_definition"):
         lines.append("phase: " + ph["mfu_definition"])
     if ph.get("recompute_note"):

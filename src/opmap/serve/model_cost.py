@@ -202,9 +202,9 @@ class Pricer:
     def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
         """Capture (or take from the capture cache) the step ``make`` builds at ``n`` layers and analyse it.
         ``at``: (phase, batch, length) for the cache key."""
-        from opmap.analyze import analyze_phase, capture_phase
         from opmap.capture import cache
         from opmap.mapping.sharding import Sharder
+        from opmap.phases.step import analyze_phase, capture_phase
         from opmap.workloads.zoo import Workload
 
         k = self.m.capture_key(n, *at)
@@ -237,7 +237,8 @@ class Pricer:
     def _terms(self, a, s) -> dict:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
         each block with its TP all-reduces) and weight bytes read per device; the weights held."""
-        from opmap.mapping.sharding import SPLIT_ROLES, Parallelism
+        from opmap.mapping.roles import SPLIT_ROLES
+        from opmap.mapping.sharding import Parallelism
 
         sh = s.shard(Parallelism(tp=self.tp, devices=self.tp)) if self.tp > 1 else None
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]

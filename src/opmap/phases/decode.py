@@ -1,0 +1,70 @@
+"""Decode: one new token per sequence against a KV cache, priced as time per output token with its memory floor
+(the weights and KV cache read once), and its memory fit (the KV pool as serve computes it)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from opmap.graph import OpGraph
+from opmap.mapping.memory import MemoryFit, ServingMemory, fit_inference, inflight_activation_bytes, runtime_reserve
+from opmap.phases.common import dominant_bound, kernel_times
+from opmap.phases.runtime import runtime_text
+
+if TYPE_CHECKING:
+    from opmap.analyze import Analysis
+    from opmap.workloads.zoo import Workload
+
+
+def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
+    """One decode step: time per output token (the kernels plus the runtime's per-step time), tokens per second
+    over the batch, the memory lower bound (the weights the step reads, each once: the embedding rows gathered,
+    not the table; the experts the batch runs, not all of them; and the whole KV cache, at the device's achievable
+    memory rate, the rate the time model streams at) and how far above it the step is."""
+    step = a.runtime_per_step_s
+    tpot = a.predicted_latency_s + step
+    batch = int(a.assumptions.get("batch") or 1)
+    bound = dominant_bound([(b, t) for _, b, t in kernel_times(a)])
+    weights = sum(r.cost.param_bytes_read for r in a.results if r.cost.counted)
+    kv = decode_kv_read_bytes(a.graph)
+    bw = a.hardware.memory_rate_bytes_per_s
+    floor = (weights + kv) / bw
+    return {"name": "decode", "kv_len": kv_len, "tpot_s": tpot, "tokens_per_s": batch / tpot if tpot else 0.0,
+            "bound": bound, "weights_bytes": weights, "kv_cache_read_bytes": kv, "lower_bound_s": floor,
+            "lower_bound_basis": "the weights the step reads (gathered embedding rows, the experts it runs) and "
+                                 f"its KV cache, each once, at {a.hardware.memory_rate_basis}",
+            "kernel_time_s": a.predicted_latency_s, "runtime_per_step_s": step, "kernels": a.kernels,
+            "text": f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
+                    f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
+                    f"weights + KV read floor {floor * 1e3:.4g} ms{runtime_text(a)})"}
+
+
+def decode_kv_read_bytes(graph: OpGraph) -> float:
+    """Bytes of K and V the decode step's attention calls read (the KV cache: GQA's KV heads, the window)."""
+    total = 0.0
+    for n in graph.nodes:
+        if n.op == "aten.scaled_dot_product_attention.default":
+            total += n.input("key").nbytes + n.input("value").nbytes
+    return total
+
+
+def decode_fit(a: Analysis, workload: Workload, kv_len: int) -> MemoryFit:
+    """The decode step's memory on one device: the weights at their stored format, the KV cache of ``kv_len``
+    tokens per sequence (a sliding window caps what is cached), the activations in flight; with the KV pool serve
+    would size (opmap.mapping.memory.ServingMemory at utilization 1, eager) stated beside it."""
+    graph, hw = a.graph, a.hardware
+    weights = graph.param_bytes * a.precision.weight_scale
+    per_seq = decode_kv_read_bytes(graph) / max(workload.batch, 1)
+    cached = max((n.input("key").shape[-2] for n in graph.nodes
+                  if n.op == "aten.scaled_dot_product_attention.default"), default=kv_len)
+    window = cached if cached < kv_len else None
+    inflight = inflight_activation_bytes(graph)
+    fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, kv_len,
+                        activations=lambda b, s: inflight * b / workload.batch, window=window,
+                        max_context=1 << 24)
+    # the KV pool as serve computes it (opmap.mapping.memory.ServingMemory), here at utilization 1, eager
+    serving = ServingMemory(hw.memory_bytes, 1.0, weights,
+                            runtime_reserve(fit.activations_bytes, False,
+                                            basis=f"this step ({workload.batch} sequences)"), per_seq / cached)
+    return replace(fit, phase="decode", assumptions=fit.assumptions + (
+        serving.line() + "; opmap serve takes --gpu-memory-utilization and its runtime's reserve",))
