@@ -23,7 +23,7 @@ from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
-from opmap.mapping.fp8 import fp8_assumptions, fp8_operand_bytes, plan_fp8_training
+from opmap.mapping.fp8 import cast_formats, fp8_assumptions, fp8_operand_bytes, plan_fp8_training
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.mapping.memory import (
@@ -435,6 +435,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     if limited is not prec:
         prec, other = limited, power_limited(other, hw, busy) if fp8 is not None else limited
         preds, kernels = predict(prec, other)
+    kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
         "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence"))

@@ -206,10 +206,13 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     from opmap.capture import cache as graph_cache
     from opmap.phases.step import analyze_phase, capture_phase
     from opmap.phases.train import train_activations
+    from opmap.precision import resolve_training_precision
     from opmap.workloads import MODELS, with_layout
     from opmap.workloads.phases import phase_workload
 
     check_analysis_inputs(hw, dtype, fusion, fusion_plan)
+    if spec.train:  # fp8 training needs an fp8 matrix engine: refused here, before any capture
+        resolve_training_precision(hw, dtype)
     spec_model = MODELS.get(model)
     if spec_model is not None and spec_model.kind == "vision" and seq is not None:
         raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")

@@ -165,3 +165,16 @@ def fp8_assumptions(plan: Fp8Plan, bf16) -> dict:
                              "overstates that part)",
         "notes": list(plan.notes),
     }
+
+
+def cast_formats(kernels, nodes) -> tuple:
+    """The kernel rows (opmap.mapping.kernels.KernelResult) with each cast's format named: "bf16 -> fp8 e4m3
+    (+ transpose)" for activations and weights, e5m2 for gradients."""
+    fmt = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+    out = []
+    for k in kernels:
+        n = nodes[k.kernel.anchor]
+        if n.op == CAST_OP:
+            k = replace(k, format=f"bf16 -> fp8 {fmt[n.outputs[0].dtype]} (+ transpose)")
+        out.append(k)
+    return tuple(out)
