@@ -66,9 +66,9 @@ def _cast(nid: int, like: Node, x: TensorMeta, fmt: str, phase: str, what: str) 
                 ("input",), {"phase": phase, "fp8": what})
 
 
-def plan_fp8_training(graph: OpGraph, fp8_attention: bool = False) -> Fp8Plan:
-    """The fp8 GEMMs of a captured training step and the graph with their casts appended (module docstring).
-    ``fp8_attention``: not modelled here (the attention core stays bf16); refused by the caller."""
+def plan_fp8_training(graph: OpGraph) -> Fp8Plan:
+    """The fp8 GEMMs of a captured training step and the graph with their casts appended (module docstring). The
+    attention core stays bf16 (TE's default; fp8 attention, TE's NVTE_FP8_DPA, is not modelled)."""
     roles = infer_roles(graph)
     nodes = list(graph.nodes)
     fwd = [n for n in nodes if phase_of(n) == "forward"]
