@@ -285,8 +285,9 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
 
 def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
     """``dtype`` for a training step on ``hw``: as ``resolve_precision``, except fp8, which means Transformer
-    Engine's fp8 training (``FP8_TRAINING``): priced at the device's fp8 matrix rate, and refused on a device
-    without an fp8 matrix engine (no weight-only fallback in training: TE has none)."""
+    Engine's fp8 training (``FP8_TRAINING``): priced at the device's fp8 matrix rate (the same recipe on any device
+    whose catalog entry lists an fp8 matrix peak), and refused on a device without one (no weight-only fallback in
+    training: TE has none)."""
     check_requestable(dtype)
     if dtype != "fp8":
         return resolve_precision(hw, dtype)

@@ -163,6 +163,8 @@ def fp8_assumptions(plan: Fp8Plan, bf16) -> dict:
                    "cached for the iteration (1 + 1 B per parameter)",
         "activations_saved": "counted at bf16 as captured (TE saves a Linear's input as its fp8 copy: this "
                              "overstates that part)",
+        "mfu_denominator": "the fp8 dense matrix peak (the step's matrix format); against the bf16 peak MFU and HFU "
+                           "scale by fp8 peak / bf16 peak",
         "notes": list(plan.notes),
     }
 
