@@ -118,7 +118,8 @@ FP8_WEIGHT_ONLY_NOTE = ("{hw} has no fp8 matrix engine: fp8 priced as the weight
 # dgrad E5M2 gradient x E4M3 weight, wgrad E4M3 input x E5M2 gradient) with per-tensor delayed scaling, accumulate in
 # fp32 and write bf16; the weights stay bf16, with fp32 master weights and AdamW moments in the optimizer (as bf16
 # mixed precision), cast to fp8 once per iteration. weight_bytes 2: the bf16 weights are what the model stores.
-FP8_TRAINING = FormatPolicy("bf16", "bf16 (fp32 master and AdamW state; fp8 e4m3 copy cast once per iteration)",
+FP8_TRAINING = FormatPolicy("bf16", "bf16 + its fp8 e4m3 copy and transpose, cast once per iteration (fp32 master "
+                                    "and AdamW state in the optimizer)",
                             "bf16 (Linear GEMM inputs cast to fp8 e4m3, their gradients to e5m2)", "fp32", 2.0,
                             quantized=True, one_byte_operands=True)
 # What Transformer Engine's fp8 training needs: an fp8 matrix engine (TE's fp8 recipes run on compute capability 8.9
