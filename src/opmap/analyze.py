@@ -23,7 +23,14 @@ from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
-from opmap.mapping.fp8 import cast_formats, fp8_assumptions, fp8_operand_bytes, plan_fp8_training
+from opmap.mapping.fp8 import (
+    FP8_INFERENCE_NOTE,
+    cast_formats,
+    fp8_assumptions,
+    fp8_operand_bytes,
+    inference_bf16_nodes,
+    plan_fp8_training,
+)
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.mapping.memory import (
@@ -417,23 +424,32 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     # fp8 training (Transformer Engine): the Linear GEMMs at the fp8 rate, their casts as kernels, the rest bf16
     fp8 = plan_fp8_training(graph) if training and dtype == "fp8" else None
     graph = fp8.graph if fp8 is not None else graph
-    costs = stored_weights(cost_graph(graph), prec)
+    # fp8 inference (a quantized checkpoint): the LM head and MoE router GEMMs stay bf16, weights and rate
+    keep, kept = (inference_bf16_nodes(graph) if not training and dtype == "fp8" and prec.matrix == "fp8"
+                  else (frozenset(), ()))
+    raw = cost_graph(graph)
+    costs = stored_weights(raw, prec)
+    costs = [raw[i] if i in keep else c for i, c in enumerate(costs)] if keep else costs
     costs = fp8_operand_bytes(costs, fp8.fp8_nodes) if fp8 is not None else costs
     curves = hw.curves
     plan = plan_fusion(graph, costs, fusion, plan_file)
+    mixed = fp8 is not None or bool(keep)
 
     def predict(prec: Precision, other: Precision):
-        precs = [prec if fp8 is None or i in fp8.fp8_nodes else other for i in range(len(costs))]
+        if fp8 is not None:
+            precs = [prec if i in fp8.fp8_nodes else other for i in range(len(costs))]
+        else:
+            precs = [other if i in keep else prec for i in range(len(costs))]
         preds = [predict_cost(c, hw, p, curves) for c, p in zip(costs, precs)]
         return preds, tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
-                                        node_prec=precs if fp8 is not None else None))
+                                        node_prec=precs if mixed else None))
 
-    other = resolve_precision(hw, "bf16") if fp8 is not None else prec
+    other = resolve_precision(hw, "bf16") if mixed else prec
     preds, kernels = predict(prec, other)
     busy = repeats * sum(k.predicted_s for k in kernels)
     limited = power_limited(prec, hw, busy)
     if limited is not prec:
-        prec, other = limited, power_limited(other, hw, busy) if fp8 is not None else limited
+        prec, other = limited, power_limited(other, hw, busy) if mixed else limited
         preds, kernels = predict(prec, other)
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
@@ -441,6 +457,8 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence"))
     if fp8 is not None:
         assumptions["fp8_training"] = fp8_assumptions(fp8, other)
+    if kept:
+        assumptions["fp8_inference"] = FP8_INFERENCE_NOTE.format(what=" and ".join(kept))
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels)
 
 

@@ -48,3 +48,27 @@ def test_fp8_gemms_read_one_byte_operands():
                 c.bytes_read / 2, c.param_bytes_read / 2, c.bytes_written)
         else:
             assert h is c
+
+
+def test_fp8_inference_keeps_the_lm_head_in_bf16():
+    """An fp8 checkpoint as ModelOpt quantizes it (its default config disables *lm_head* and the MoE routers:
+    NVIDIA/TensorRT-Model-Optimizer modelopt/torch/quantization/config.py, _default_disabled_quantizer_cfg): GPT-2's
+    decode step on an H100 prices the LM head at bf16, reading its tied 50257 x 768 weight at 2 bytes an element
+    (77.2 MB), and every block Linear at fp8, 1 byte an element (c_fc: 768 x 3072 weight + 3072 bias = 2.36 MB);
+    on an A100 (no fp8 matrix engine: the weight-only fallback, opmap.precision) nothing is kept apart."""
+    from opmap.hardware import get_hardware
+    from opmap.phases.step import analyze_phase
+
+    spec = PhaseSpec("decode", kv_len=64)
+    with torch.device("meta"):
+        w = phase_workload("gpt2", spec, 4, None, "fp8", "meta")
+    g = capture_phase(w, spec)
+    a = analyze_phase(g, w, get_hardware("h100-sxm"), "fp8", spec).analysis
+    head = [r for r in a.results if r.node.module == "lm_head" and r.cost.param_bytes_read]
+    assert head and head[0].cost.param_bytes_read == 50257 * 768 * 2
+    assert [k.format for k in a.kernel_results if a.graph.nodes[k.kernel.anchor].module == "lm_head"] == ["bf16"]
+    fc = next(r for r in a.results if r.node.module.endswith("h.0.mlp.c_fc") and r.cost.param_bytes_read)
+    assert fc.cost.param_bytes_read == (768 * 3072 + 3072) * 1  # weight and bias, each at the stored 1 byte
+    assert "LM head in bf16" in a.assumptions["fp8_inference"]
+    a100 = analyze_phase(g, w, get_hardware("a100-sxm-80gb"), "fp8", spec).analysis
+    assert "fp8_inference" not in a100.assumptions

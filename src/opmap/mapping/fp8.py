@@ -180,3 +180,23 @@ def cast_formats(kernels, nodes) -> tuple:
             k = replace(k, format=f"bf16 -> fp8 {fmt[n.outputs[0].dtype]} (+ transpose)")
         out.append(k)
     return tuple(out)
+
+
+# fp8 inference as the quantizers ship it: NVIDIA ModelOpt's FP8 configs (the checkpoints TensorRT-LLM builds and
+# vLLM serves, nvidia/*-FP8 among them) quantize every Linear but those its _default_disabled_quantizer_cfg turns off,
+# "*lm_head*" and the MoE routers ("*router*", "*block_sparse_moe.gate*", "*mlp.gate.*")
+# (NVIDIA/TensorRT-Model-Optimizer, modelopt/torch/quantization/config.py): those stay bf16.
+FP8_INFERENCE_BF16_ROLES = ("vocab", "router")
+FP8_INFERENCE_NOTE = ("fp8 inference as ModelOpt quantizes a checkpoint (its default config keeps *lm_head* and the "
+                      "MoE routers out of fp8): {what} in bf16, at the bf16 rate with 2-byte weights; every other "
+                      "Linear in fp8")
+
+
+def inference_bf16_nodes(graph: OpGraph) -> tuple[frozenset[int], tuple[str, ...]]:
+    """The GEMMs an fp8-quantized checkpoint keeps in bf16 (the LM head, the MoE router), and what they are."""
+    roles = infer_roles(graph)
+    keep = {n.id: roles.role.get(n.id) for n in graph.nodes
+            if n.packet in GEMM_OPS and roles.role.get(n.id) in FP8_INFERENCE_BF16_ROLES}
+    names = {"vocab": "the LM head", "router": "the MoE router"}
+    return frozenset(keep), tuple(dict.fromkeys(names[r] for r in keep.values()))
+
