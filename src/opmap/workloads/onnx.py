@@ -1,0 +1,366 @@
+"""ONNX models as workloads: ``opmap analyze model.onnx``. Parsed with ``onnx``, never executed.
+
+The path from file to OpGraph:
+
+1. read and check: the file exists, is at most 2 GiB (protobuf's limit on one message; larger models keep their
+   weights as external data), parses as a ModelProto with a graph, declares ai.onnx opset 13 or later, every
+   external-data file lies inside the model's folder and holds the bytes the tensor names;
+2. bind the dynamic dims (``dim_param``) of the graph inputs: ``--dim NAME=VALUE`` first, then ``--batch`` for a
+   batch-named dim and ``--seq`` for a sequence-named one; any dim left unbound is refused by name;
+3. fold and infer: onnx shape inference (with data propagation) gives every tensor its shape; the shape
+   arithmetic (Shape, Gather, Concat, ... on tensors whose values are then known) is evaluated with numpy on
+   those small integer tensors and replaced by constants, as onnxruntime folds it at session creation, and
+   inference runs again until nothing more folds;
+4. build the graph (onnx_ops.py): each remaining node mapped onto the aten op whose cost rule prices it.
+
+Float tensors are priced at the build dtype of ``--dtype`` (as the zoo casts its module); integer tensors keep
+their own type.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opmap.errors import OpmapError
+from opmap.precision import BUILD_DTYPE, check_requestable
+from opmap.workloads.zoo import Workload
+
+MAX_MODEL_BYTES = 2 * 2**30  # protobuf refuses a message of 2 GiB or more
+MIN_OPSET = 13
+SMALL = 1 << 12  # initializers up to this many elements are read as values (folding, exponents, masks)
+FOLD_LIMIT = 1 << 22  # a folded constant holds at most this many elements (a causal mask at 2048 tokens)
+MAX_PASSES = 8
+
+BATCH_NAMES = re.compile(r"(?i)^(batch|batch_?size|batchsize|bs|b|n|num_?batch(es)?|unk__\d+_batch)$")
+SEQ_NAMES = re.compile(r"(?i)^(seq|seq_?len(gth)?|sequence|sequence_?len(gth)?|num_?tokens|tokens|t|s|l"
+                       r"|total_?sequence_?length)$")
+
+# ONNX element types by their TensorProto number, as opmap (torch) dtype names
+ELEM_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
+               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
+FLOAT_ELEMS = (1, 10, 11, 16)
+
+
+@dataclass
+class OnnxModel:
+    """A checked, bound and shape-inferred ONNX graph: what onnx_ops.build_graph turns into an OpGraph."""
+
+    path: Path
+    model: Any  # onnx.ModelProto (initializer data not loaded where it is external)
+    opset: int
+    dims: dict[str, int]  # the dynamic dims and the values they were bound to
+    shapes: dict[str, tuple[int, ...]]  # tensor name -> shape (every tensor inference or the inputs gave one)
+    elem: dict[str, int]  # tensor name -> ONNX element type
+    consts: dict[str, np.ndarray]  # tensor name -> value, for small initializers, Constants and folded tensors
+    folded: set[str] = field(default_factory=set)  # outputs of nodes folded away (shape arithmetic)
+    initializers: dict[str, Any] = field(default_factory=dict)  # name -> TensorProto (the weights)
+    live: list = field(default_factory=list)  # the nodes left to price, in graph order
+    notes: list[str] = field(default_factory=list)
+
+    def value(self, name: str, limit: int = FOLD_LIMIT) -> np.ndarray | None:
+        """The value of a constant tensor (a folded one, or an initializer up to ``limit`` elements, read from
+        external data if need be), else None."""
+        if name in self.consts:
+            return self.consts[name]
+        t = self.initializers.get(name)
+        if t is None or _numel(t.dims) > limit:
+            return None
+        from onnx import numpy_helper
+
+        try:
+            return numpy_helper.to_array(t, base_dir=str(self.path.parent))
+        except Exception:  # noqa: BLE001 - an unreadable value is one we do not know
+            return None
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+# -- 1. read and check ----------------------------------------------------------------------------------------
+
+def read_model(path: Path):
+    """The ModelProto in ``path``, checked to be one; every failure is one OpmapError line."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not path.is_file():
+        raise OpmapError(f"ONNX model {path} does not exist (or is not a file)")
+    size = path.stat().st_size
+    if size == 0:
+        raise OpmapError(f"ONNX model {path} is empty")
+    if size >= MAX_MODEL_BYTES:
+        raise OpmapError(f"ONNX model {path} is {size / 2**30:.1f} GiB; one ONNX file holds under 2 GiB (protobuf's "
+                         "limit): save larger models with their weights as external data")
+    m = onnx.ModelProto()
+    try:
+        m.ParseFromString(path.read_bytes())
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise OpmapError(f"{path} is not a readable ONNX model (protobuf: {str(e).strip() or type(e).__name__}); "
+                         "the file is truncated, malformed or of another format") from None
+    if not m.HasField("graph") or not m.graph.node or not m.opset_import:
+        raise OpmapError(f"{path} is not an ONNX model: it parses as protobuf but holds no graph with nodes and "
+                         "no opset (another protobuf, or a truncated file)")
+    return m
+
+
+def check_opset(m, path: Path) -> int:
+    version = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), None)
+    if version is None:
+        raise OpmapError(f"{path} declares no ai.onnx opset; opmap reads ai.onnx opset {MIN_OPSET} and later")
+    if version < MIN_OPSET:
+        raise OpmapError(f"{path} uses opset {version}; opmap reads opset {MIN_OPSET} and later (convert it with "
+                         f"onnx.version_converter.convert_version(model, {MIN_OPSET}))")
+    return int(version)
+
+
+def check_external_data(m, path: Path) -> None:
+    """Every external-data tensor's file lies inside the model's folder (no absolute path, no ``..``, no link out)
+    and holds offset + length bytes. The data itself is read only for the small tensors whose values count."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    base = path.parent.resolve()
+    sizes: dict[Path, int] = {}
+    for t in m.graph.initializer:
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        loc = str(info.location or "")
+        where = (base / loc).resolve() if loc else None
+        if where is None or Path(loc).is_absolute() or not where.is_relative_to(base):
+            raise OpmapError(f"{path}: tensor {t.name!r} keeps its data at {loc!r}, outside the model's folder; "
+                             "accepted: a file path relative to the folder, inside it")
+        if where not in sizes:
+            if not where.is_file():
+                raise OpmapError(f"{path}: external data file {loc!r} (tensor {t.name!r}) is missing beside the "
+                                 "model")
+            sizes[where] = where.stat().st_size
+        offset = int(info.offset or 0)
+        need = offset + int(info.length) if info.length else offset + _numel(t.dims) * _elem_bytes(t.data_type)
+        if need > sizes[where]:
+            raise OpmapError(f"{path}: external data file {loc!r} holds {sizes[where]} bytes, tensor {t.name!r} "
+                             f"needs bytes up to {need} (the file is truncated)")
+
+
+def _elem_bytes(elem: int) -> float:
+    from opmap.precision import dtype_bytes
+
+    return dtype_bytes(ELEM_DTYPES.get(elem, "float32"))
+
+
+# -- 2. bind the dynamic dims ---------------------------------------------------------------------------------
+
+def parse_dims(items) -> dict[str, int]:
+    """``--dim NAME=VALUE`` strings -> {name: value}; a bad one is refused naming the form accepted."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = str(item).partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+            raise OpmapError(f"bad --dim {item!r}: expected NAME=VALUE with VALUE a positive integer (NAME a dynamic "
+                             "dim of the model's inputs)")
+        out[name.strip()] = int(value)
+    return out
+
+
+def bind_dims(m, batch: int, seq: int | None, dims: dict[str, int], path: Path) -> dict[str, int]:
+    """Each dynamic dim of the graph inputs -> its value; unbound ones and --dim names the model lacks are
+    refused."""
+    init = {t.name for t in m.graph.initializer}
+    names: list[str] = []
+    for vi in m.graph.input:
+        if vi.name in init:
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            if not d.dim_param:
+                raise OpmapError(f"{path}: input {vi.name!r} axis {axis} has an unnamed dynamic dim; name it in the "
+                                 "model (a dim_param) to bind it with --dim NAME=VALUE")
+            if d.dim_param not in names:
+                names.append(d.dim_param)
+    unknown = [n for n in dims if n not in names]
+    if unknown:
+        raise OpmapError(f"--dim {unknown[0]}: {path.name} has no dynamic dim of that name; its dynamic dims: "
+                         f"{', '.join(names) or 'none'}")
+    bound: dict[str, int] = {}
+    missing = []
+    for n in names:
+        if n in dims:
+            bound[n] = dims[n]
+        elif BATCH_NAMES.match(n):
+            bound[n] = batch
+        elif SEQ_NAMES.match(n) and seq is not None:
+            bound[n] = seq
+        else:
+            missing.append(n)
+    if missing:
+        hint = " (a sequence dim: --seq N binds it)" if any(SEQ_NAMES.match(n) for n in missing) else ""
+        raise OpmapError(f"{path.name}: dynamic dims {', '.join(repr(n) for n in missing)} are unbound{hint}; "
+                         "pass --dim NAME=VALUE for each")
+    return bound
+
+
+# -- 3. fold and infer ----------------------------------------------------------------------------------------
+
+def _concrete_inputs(m, bound: dict[str, int], init: set[str]) -> list:
+    from onnx import helper
+
+    out = []
+    for vi in m.graph.input:
+        if vi.name in init:
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else bound[d.dim_param]
+                 for d in tt.shape.dim]
+        out.append(helper.make_tensor_value_info(vi.name, tt.elem_type, shape))
+    return out
+
+
+def _light_model(m, inputs: list, consts: dict[str, np.ndarray], nodes: list, big: list):
+    """The graph for shape inference: concrete inputs, the big initializers as typed inputs (no data copied), the
+    known constants as initializers, the nodes not yet folded."""
+    from onnx import helper, numpy_helper
+
+    init = []
+    for name, v in consts.items():
+        t = numpy_helper.from_array(np.asarray(v), name)
+        init.append(t)
+    g = helper.make_graph(nodes, m.graph.name or "g", inputs + big, list(m.graph.output), initializer=init)
+    lm = helper.make_model(g, opset_imports=list(m.opset_import), ir_version=m.ir_version)
+    return lm
+
+
+def _shapes_of(inferred) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    elem: dict[str, int] = {}
+    g = inferred.graph
+    for vi in (*g.input, *g.value_info, *g.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        if tt.elem_type:
+            elem[vi.name] = tt.elem_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    for t in g.initializer:
+        shapes[t.name] = tuple(int(d) for d in t.dims)
+        elem[t.name] = t.data_type
+    return shapes, elem
+
+
+def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> OnnxModel:
+    """Bind, then alternate shape inference and folding until no node folds (see the module docstring)."""
+    import onnx
+
+    from opmap.workloads.onnx_fold import fold_node
+
+    opset = check_opset(m, path)
+    check_external_data(m, path)
+    bound = bind_dims(m, batch, seq, dims, path)
+    from onnx.external_data_helper import uses_external_data
+
+    initializers = {t.name: t for t in m.graph.initializer}
+    om = OnnxModel(path, m, opset, bound, {}, {}, {}, initializers=initializers)
+    for name, t in initializers.items():
+        if _numel(t.dims) <= SMALL and not uses_external_data(t):
+            v = om.value(name)
+            if v is not None:
+                om.consts[name] = v
+    big = [onnx.helper.make_tensor_value_info(n, t.data_type, list(t.dims))
+           for n, t in initializers.items() if n not in om.consts]
+    inputs = _concrete_inputs(m, bound, set(initializers))
+    nodes = list(m.graph.node)
+    for node in nodes:  # Constant nodes are values, never kernels
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            v = _constant_value(node)
+            if v is not None:
+                om.consts[node.output[0]] = v
+                om.folded.add(node.output[0])
+    live = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] in om.consts)]
+    for _ in range(MAX_PASSES):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_light_model(m, inputs, om.consts, live, big),
+                                                         strict_mode=False, data_prop=True)
+        except Exception as e:  # noqa: BLE001 - inference errors come as several types; each is one line here
+            text = str(e).strip().splitlines()
+            raise OpmapError(f"{path}: ONNX shape inference failed: {text[0][:300] if text else type(e).__name__}"
+                             ) from None
+        om.shapes, om.elem = _shapes_of(inferred)
+        still = []
+        for node in live:
+            out = fold_node(node, om)
+            if out is None:
+                still.append(node)
+                continue
+            for name, v in zip(node.output, out):
+                om.consts[name] = v
+                om.folded.add(name)
+                om.shapes[name] = tuple(v.shape)
+        if len(still) == len(live):
+            break
+        live = still
+    om.live = _drop_dead(live, {o.name for o in m.graph.output})
+    om.notes.append(f"{len(om.folded)} constant and shape-arithmetic tensors folded (their values are known once "
+                    "the dims are bound; onnxruntime folds them at session creation)")
+    return om
+
+
+def _drop_dead(nodes: list, outputs: set[str]) -> list:
+    """The nodes whose results reach a graph output (what onnxruntime keeps after removing dead nodes)."""
+    needed = set(outputs)
+    keep = []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.output if o):
+            keep.append(n)
+            needed.update(i for i in n.input if i)
+    return keep[::-1]
+
+
+def _constant_value(node) -> np.ndarray | None:
+    from onnx import helper, numpy_helper
+
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if a.name == "value":
+            return numpy_helper.to_array(v)
+        if a.name in ("value_float", "value_int"):
+            return np.asarray(v)
+        if a.name in ("value_floats", "value_ints"):
+            return np.asarray(list(v))
+    return None
+
+
+# -- the workload ---------------------------------------------------------------------------------------------
+
+def is_onnx_target(target: str) -> bool:
+    return target.lower().endswith(".onnx")
+
+
+def load_onnx(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
+              dims: dict[str, int] | None = None, overrides=()) -> Workload:
+    """The ONNX file ``target`` as a Workload carrying its OpGraph (no module: nothing is executed)."""
+    from opmap.workloads.onnx_ops import build_graph
+
+    if batch < 1:
+        raise OpmapError(f"batch must be at least 1, got {batch}")
+    check_requestable(dtype)
+    path = Path(target)
+    m = read_model(path)
+    om = infer(m, path, batch, seq, dict(dims or {}))
+    graph = build_graph(om, BUILD_DTYPE[dtype], overrides)
+    bound = ", ".join(f"{k}={v}" for k, v in om.dims.items()) or "none (static shapes)"
+    notes = (f"ONNX model {path.name} (opset {om.opset}, producer {m.producer_name or '?'} "
+             f"{m.producer_version or ''}".rstrip() + f"); dynamic dims bound: {bound}",
+             f"float tensors priced at {BUILD_DTYPE[dtype]} (--dtype {dtype}); integer tensors at their own type")
+    seq_v = next((v for k, v in om.dims.items() if SEQ_NAMES.match(k)), seq)
+    return Workload(path.name, None, None, batch, seq_v, notes, graph=graph)
