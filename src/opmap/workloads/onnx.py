@@ -340,6 +340,16 @@ def _constant_value(node) -> np.ndarray | None:
     return None
 
 
+def stored_format(m) -> str:
+    """The opmap format the model's float weights are stored in, by elements: fp16, bf16 or fp32."""
+    by: dict[int, int] = {}
+    for t in m.graph.initializer:
+        if t.data_type in FLOAT_ELEMS:
+            by[t.data_type] = by.get(t.data_type, 0) + _numel(t.dims)
+    top = max(by, key=by.get) if by else 1
+    return {10: "fp16", 16: "bf16"}.get(top, "fp32")
+
+
 # -- the workload ---------------------------------------------------------------------------------------------
 
 def is_onnx_target(target: str) -> bool:
@@ -362,5 +372,5 @@ def load_onnx(target: str, batch: int = 1, seq: int | None = None, dtype: str = 
     notes = (f"ONNX model {path.name} (opset {om.opset}, producer {m.producer_name or '?'} "
              f"{m.producer_version or ''}".rstrip() + f"); dynamic dims bound: {bound}",
              f"float tensors priced at {BUILD_DTYPE[dtype]} (--dtype {dtype}); integer tensors at their own type")
-    seq_v = next((v for k, v in om.dims.items() if SEQ_NAMES.match(k)), seq)
+    seq_v = next((v for k, v in om.dims.items() if SEQ_NAMES.match(k)), None)
     return Workload(path.name, None, None, batch, seq_v, notes, graph=graph)

@@ -132,8 +132,15 @@ def module_stack(node) -> list[tuple[str, str]]:
     name = node.name or ""
     if not name.startswith("/"):
         return []
-    parts = [p for p in name.split("/")[1:-1] if p]
-    return [(".".join(parts[:i + 1]), "") for i in range(len(parts))]
+    paths: list[str] = []
+    for part in (p for p in name.split("/")[1:-1] if p):
+        # a scope may repeat its parent's name ("/layer4/layer4.0/conv2"): the longer name replaces it
+        if paths and part.startswith(paths[-1].rsplit(".", 1)[-1] + "."):
+            parent = paths.pop()
+            paths.append(parent.rsplit(".", 1)[0] + "." + part if "." in parent else part)
+        else:
+            paths.append(f"{paths[-1]}.{part}" if paths else part)
+    return [(p, "") for p in paths]
 
 
 # -- the op table ---------------------------------------------------------------------------------------------
