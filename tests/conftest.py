@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import warnings
 
 import pytest
 
@@ -28,3 +29,41 @@ def analysis(name: str, batch: int, seq: int, dtype: str = "fp32", hw: str = "h1
 @pytest.fixture
 def analysis_of():
     return analysis
+
+
+@pytest.fixture(scope="session")
+def onnx_zoo(tmp_path_factory):
+    """Small zoo models exported once per session with torch.onnx.export (the TorchScript exporter, dynamo=False:
+    offline and fast; opset 20, where Gelu is one op): name -> (path, module, example inputs). GPT-2 and BERT at
+    2 layers, d 64, 4 heads, batch 2 x seq 32 with dynamic batch and seq dims; ResNet-50's topology (3, 4, 6, 3
+    bottlenecks) at width 8 on 2 x 3 x 64 x 64 images, exported without constant folding (BatchNormalization
+    kept, as eager PyTorch runs it) and, as ``resnet50-folded``, with it (BN folded into the convolutions)."""
+    import torch
+
+    from opmap.workloads.bert import Bert, BertConfig
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+    from opmap.workloads.resnet import ResNet
+
+    folder = tmp_path_factory.mktemp("onnx-zoo")
+    torch.manual_seed(0)
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    specs = {
+        "gpt2": (GPT2(GPT2Config(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_embd=64)), (ids,),
+                 ["input_ids"], {"input_ids": {0: "batch", 1: "seq"}}, {}),
+        "bert": (Bert(BertConfig(vocab_size=1000, max_position=64, hidden=64, n_layer=2, n_head=4, intermediate=256)),
+                 (ids, ids), ["input_ids", "token_type_ids"],
+                 {"input_ids": {0: "batch", 1: "seq"}, "token_type_ids": {0: "batch", 1: "seq"}}, {}),
+        "resnet50": (ResNet((3, 4, 6, 3), num_classes=10, width=8), (torch.randn(2, 3, 64, 64),), ["images"],
+                     {"images": {0: "batch"}}, {"do_constant_folding": False}),
+    }
+    specs["resnet50-folded"] = (*specs["resnet50"][:4], {})
+    out = {}
+    for name, (module, inputs, names, axes, kw) in specs.items():
+        module = module.eval()
+        path = folder / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, inputs, str(path), dynamo=False, opset_version=20, input_names=names,
+                              dynamic_axes=axes, **kw)
+        out[name] = (path, module, inputs)
+    return out

@@ -226,16 +226,31 @@ def _concrete_inputs(m, bound: dict[str, int], init: set[str]) -> list:
     return out
 
 
-def _light_model(m, inputs: list, consts: dict[str, np.ndarray], nodes: list, big: list):
+def _declared(m, bound: dict[str, int]) -> list:
+    """The model's own value_info (shapes an exporter declared, such as contrib ops' outputs, which ONNX shape
+    inference cannot derive), its dynamic dims bound."""
+    out = []
+    for vi in m.graph.value_info:
+        c = type(vi)()
+        c.CopyFrom(vi)
+        for d in c.type.tensor_type.shape.dim:
+            if d.dim_param in bound:
+                d.dim_value = bound[d.dim_param]
+        out.append(c)
+    return out
+
+
+def _light_model(m, inputs: list, consts: dict[str, np.ndarray], nodes: list, big: list, declared: list):
     """The graph for shape inference: concrete inputs, the big initializers as typed inputs (no data copied), the
-    known constants as initializers, the nodes not yet folded."""
+    known constants as initializers, the nodes not yet folded, the declared shapes."""
     from onnx import helper, numpy_helper
 
     init = []
     for name, v in consts.items():
         t = numpy_helper.from_array(np.asarray(v), name)
         init.append(t)
-    g = helper.make_graph(nodes, m.graph.name or "g", inputs + big, list(m.graph.output), initializer=init)
+    g = helper.make_graph(nodes, m.graph.name or "g", inputs + big, list(m.graph.output), initializer=init,
+                          value_info=[vi for vi in declared if vi.name not in consts])
     lm = helper.make_model(g, opset_imports=list(m.opset_import), ir_version=m.ir_version)
     return lm
 
@@ -279,6 +294,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     big = [onnx.helper.make_tensor_value_info(n, t.data_type, list(t.dims))
            for n, t in initializers.items() if n not in om.consts]
     inputs = _concrete_inputs(m, bound, set(initializers))
+    declared = _declared(m, bound)
     nodes = list(m.graph.node)
     for node in nodes:  # Constant nodes are values, never kernels
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -289,7 +305,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     live = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] in om.consts)]
     for _ in range(MAX_PASSES):
         try:
-            inferred = onnx.shape_inference.infer_shapes(_light_model(m, inputs, om.consts, live, big),
+            inferred = onnx.shape_inference.infer_shapes(_light_model(m, inputs, om.consts, live, big, declared),
                                                          strict_mode=False, data_prop=True)
         except Exception as e:  # noqa: BLE001 - inference errors come as several types; each is one line here
             text = str(e).strip().splitlines()
