@@ -20,72 +20,22 @@ their own type.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.precision import BUILD_DTYPE, check_requestable
+from opmap.workloads.onnx_model import ELEM_DTYPES, FLOAT_ELEMS, SMALL, OnnxModel
+from opmap.workloads.onnx_model import numel as _numel
 from opmap.workloads.zoo import Workload
 
 MAX_MODEL_BYTES = 2 * 2**30  # protobuf refuses a message of 2 GiB or more
+MAX_PASSES = 8  # inference and folding alternate at most this often (each pass folds a further level)
 MIN_OPSET = 13
-SMALL = 1 << 12  # initializers up to this many elements are read as values (folding, exponents, masks)
-FOLD_LIMIT = 1 << 22  # a folded constant holds at most this many elements (a causal mask at 2048 tokens)
-MAX_PASSES = 8
-
 BATCH_NAMES = re.compile(r"(?i)^(batch|batch_?size|batchsize|bs|b|n|num_?batch(es)?|unk__\d+_batch)$")
 SEQ_NAMES = re.compile(r"(?i)^(seq|seq_?len(gth)?|sequence|sequence_?len(gth)?|num_?tokens|tokens|t|s|l"
                        r"|total_?sequence_?length)$")
-
-# ONNX element types by their TensorProto number, as opmap (torch) dtype names
-ELEM_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
-FLOAT_ELEMS = (1, 10, 11, 16)
-
-
-@dataclass
-class OnnxModel:
-    """A checked, bound and shape-inferred ONNX graph: what onnx_ops.build_graph turns into an OpGraph."""
-
-    path: Path
-    model: Any  # onnx.ModelProto (initializer data not loaded where it is external)
-    opset: int
-    dims: dict[str, int]  # the dynamic dims and the values they were bound to
-    shapes: dict[str, tuple[int, ...]]  # tensor name -> shape (every tensor inference or the inputs gave one)
-    elem: dict[str, int]  # tensor name -> ONNX element type
-    consts: dict[str, np.ndarray]  # tensor name -> value, for small initializers, Constants and folded tensors
-    folded: set[str] = field(default_factory=set)  # outputs of nodes folded away (shape arithmetic)
-    initializers: dict[str, Any] = field(default_factory=dict)  # name -> TensorProto (the weights)
-    live: list = field(default_factory=list)  # the nodes left to price, in graph order
-    notes: list[str] = field(default_factory=list)
-
-    def value(self, name: str, limit: int = FOLD_LIMIT) -> np.ndarray | None:
-        """The value of a constant tensor (a folded one, or an initializer up to ``limit`` elements, read from
-        external data if need be), else None."""
-        if name in self.consts:
-            return self.consts[name]
-        t = self.initializers.get(name)
-        if t is None or _numel(t.dims) > limit:
-            return None
-        from onnx import numpy_helper
-
-        try:
-            return numpy_helper.to_array(t, base_dir=str(self.path.parent))
-        except Exception:  # noqa: BLE001 - an unreadable value is one we do not know
-            return None
-
-
-def _numel(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
-
 
 # -- 1. read and check ----------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from opmap.graph import TensorMeta
+from opmap.workloads.onnx_model import attrs, contiguous
 
 MS = "com.microsoft"
 MASKED = -1e4  # an additive mask entry at or below this keeps a score out of the softmax
@@ -130,9 +131,7 @@ def _source(b, name: str, producer, absorbed: list, perm=None, also=()) -> str:
             name = p.input[0]
             continue
         if p.op_type == "Transpose":
-            from opmap.workloads.onnx_ops import _attrs
-
-            got = list(_attrs(p).get("perm", []))
+            got = list(attrs(p).get("perm", []))
             if perm is None or got == perm:
                 absorbed.append(p)
                 name = p.input[0]
@@ -149,9 +148,7 @@ def find_attention(b) -> dict[int, Fused]:
         if sm.op_type != "Softmax" or sm.domain not in ("", "ai.onnx") or not b.known(sm):
             continue
         rank = len(b.om.shapes[sm.input[0]])
-        from opmap.workloads.onnx_ops import _attrs
-
-        if int(_attrs(sm).get("axis", -1)) % rank != rank - 1:
+        if int(attrs(sm).get("axis", -1)) % rank != rank - 1:
             continue
         cons = b.consumers.get(sm.output[0], [])
         if len(cons) != 1 or cons[0].op_type != "MatMul" or cons[0].input[0] != sm.output[0]:
@@ -173,7 +170,7 @@ def find_attention(b) -> dict[int, Fused]:
         out_name = pv.output[0]
         after = b.consumers.get(out_name, [])
         if len(after) == 1 and after[0].op_type == "Transpose" and _only_feeds(b, out_name, after) and \
-                list(_attrs(after[0]).get("perm", [])) == BHSD_FROM_BSHD:
+                list(attrs(after[0]).get("perm", [])) == BHSD_FROM_BSHD:
             absorbed.append(after[0])  # the kernel writes (B, S, H, D) directly, as flash kernels lay O out
             out_name = after[0].output[0]
         causal = keep is not None and _causal_keep(keep, sq, sk)
@@ -210,54 +207,46 @@ def _sdpa(b, node, q: TensorMeta, k: TensorMeta, v: TensorMeta, causal: bool, ma
 
 
 def _reshaped(t: TensorMeta, shape: tuple[int, ...]) -> TensorMeta:
-    from opmap.workloads.onnx_ops import _contiguous
-
-    return TensorMeta(tuple(shape), t.dtype, _contiguous(tuple(shape)), t.producer, t.param)
+    return TensorMeta(tuple(shape), t.dtype, contiguous(tuple(shape)), t.producer, t.param)
 
 
 def onnx_attention(b, node, a) -> None:
     """ai.onnx Attention (opset 23): Q, K, V as (B, H, S, D) or (B, S, hidden) with q_num_heads / kv_num_heads."""
-    from opmap.workloads.onnx_ops import _in
-
-    q, k, v = _in(b, node, 0), _in(b, node, 1), _in(b, node, 2)
+    q, k, v = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     qh, kvh = int(a.get("q_num_heads", 0) or 1), int(a.get("kv_num_heads", 0) or 1)
-    pk = _in(b, node, 4)
+    pk = b.input(node, 4)
     q4, k4, v4 = _heads(q.shape, qh), _heads(k.shape, kvh), _heads(v.shape, kvh)
     if pk is not None:  # the cache holds earlier keys: attention runs over past + new
         k4 = (*k4[:2], k4[2] + pk.shape[2], k4[3])
         v4 = (*v4[:2], v4[2] + pk.shape[2], v4[3])
     _sdpa(b, node, _reshaped(q, q4), _reshaped(k, k4), _reshaped(v, v4), bool(a.get("is_causal", 0)),
-          _in(b, node, 3))
+          b.input(node, 3))
 
 
 def ms_attention(b, node, a) -> None:
     """com.microsoft Attention: input (B, S, Hin) @ weights (Hin, 3 * hidden) + bias, then attention over
     num_heads heads (``unidirectional``: causal; a mask_index or attention_bias: an explicit mask)."""
-    from opmap.workloads.onnx_ops import _contiguous, _in
-
-    x, w, bias = _in(b, node, 0), _in(b, node, 1), _in(b, node, 2)
+    x, w, bias = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     heads = int(a.get("num_heads", 1))
     n3 = w.shape[1]
     wt = TensorMeta((n3, w.shape[0]), w.dtype, (1, n3), w.producer, w.param)  # the weight as linear reads it
     qkv = (*x.shape[:-1], n3)
-    b.add(node, "linear", [("input", x), ("weight", wt), ("bias", bias)], [TensorMeta(qkv, x.dtype, _contiguous(qkv))])
+    b.add(node, "linear", [("input", x), ("weight", wt), ("bias", bias)], [TensorMeta(qkv, x.dtype, contiguous(qkv))])
     sizes = [int(s) for s in a.get("qkv_hidden_sizes", [])] or [n3 // 3] * 3
     bsz, s = x.shape[0], x.shape[1]
-    past = _in(b, node, 4)
+    past = b.input(node, 4)
     sk = s + (past.shape[3] if past is not None and len(past.shape) == 5 else 0)
     q = b.inner((bsz, heads, s, sizes[0] // heads), node.input[0])
     k = b.inner((bsz, heads, sk, sizes[1] // heads), node.input[0])
     v = b.inner((bsz, heads, sk, sizes[2] // heads), node.input[0])
-    mask = _in(b, node, 3) or _in(b, node, 5)
+    mask = b.input(node, 3) or b.input(node, 5)
     _sdpa(b, node, q, k, v, bool(a.get("unidirectional", 0)), mask)
 
 
 def ms_multihead(b, node, a) -> None:
     """com.microsoft MultiHeadAttention: query (B, S, D); key / value (B, Sk, D) or (B, H, Sk, Dh); packed
     QKV in a 5-D query (B, S, H, 3, Dh) when key is absent."""
-    from opmap.workloads.onnx_ops import _in
-
-    q, k, v = _in(b, node, 0), _in(b, node, 1), _in(b, node, 2)
+    q, k, v = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     heads = int(a.get("num_heads", 1))
     if k is None and len(q.shape) == 5:  # packed QKV
         bsz, s, h, _, d = q.shape
@@ -265,20 +254,18 @@ def ms_multihead(b, node, a) -> None:
         k = v = q
     else:
         q4, k4, v4 = _heads(q.shape, heads), _heads(k.shape, heads), _heads(v.shape, heads)
-    pk = _in(b, node, 6)
+    pk = b.input(node, 6)
     if pk is not None:
         k4 = (*k4[:2], k4[2] + pk.shape[2], k4[3])
         v4 = (*v4[:2], v4[2] + pk.shape[2], v4[3])
-    mask = _in(b, node, 4) or _in(b, node, 5)
+    mask = b.input(node, 4) or b.input(node, 5)
     _sdpa(b, node, _reshaped(q, q4), _reshaped(k, k4), _reshaped(v, v4), bool(a.get("unidirectional", 0)), mask)
 
 
 def ms_gqa(b, node, a) -> None:
     """com.microsoft GroupQueryAttention: causal attention of num_heads query heads over kv_num_heads KV heads;
     the keys span the present cache (output 1) where its shape is known."""
-    from opmap.workloads.onnx_ops import _in
-
-    q, k, v = _in(b, node, 0), _in(b, node, 1), _in(b, node, 2)
+    q, k, v = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     qh, kvh = int(a.get("num_heads", 1)), int(a.get("kv_num_heads", 1))
     bsz, s, hidden = q.shape
     if k is None:  # packed QKV: hidden = (qh + 2 kvh) * d

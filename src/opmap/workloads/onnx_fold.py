@@ -1,7 +1,7 @@
 """Constant folding of an ONNX graph's shape arithmetic, with numpy on small tensors whose values are known.
 
 A node folds when its op is one below, every input is a known constant (or, for Shape and Size, its input's
-shape is known), and its result holds at most onnx.FOLD_LIMIT elements: the arithmetic exporters emit to
+shape is known), and its result holds at most onnx_model.FOLD_LIMIT elements: the arithmetic exporters emit to
 compute reshape targets, scales and masks from input shapes (Shape -> Gather -> Unsqueeze -> Concat -> Reshape,
 Expand -> Trilu -> Where for a causal mask). onnxruntime folds the same nodes when it creates a session with
 the shapes fixed. Model weights are never touched (they are not read as values).
@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, numel
 
 WEIGHT_MIN = 64  # a float initializer of more elements is a weight, not a constant of the shape arithmetic
 FoldFn = Callable[[Any, list, dict[str, Any]], list]
@@ -137,23 +139,21 @@ FOLDS: dict[str, Callable] = {
 def _out_elems(node, om, xs) -> int | None:
     """Elements of the node's first output, from inference, or from the requested shape of the ops that make
     large tensors from small ones; None: unknown (not folded)."""
-    from opmap.workloads.onnx import _numel
 
     if node.op_type in ("ConstantOfShape",):
-        return _numel(int(s) for s in xs[0])
+        return numel(int(s) for s in xs[0])
     if node.op_type == "Expand":
-        return max(_numel(int(s) for s in xs[1]), xs[0].size)
+        return max(numel(int(s) for s in xs[1]), xs[0].size)
     if node.op_type == "Range":
         return int(max(0, np.ceil((float(xs[1]) - float(xs[0])) / float(xs[2]))))
     s = om.shapes.get(node.output[0])
     if s is not None:
-        return _numel(s)
+        return numel(s)
     return max((x.size for x in xs if x is not None), default=0)
 
 
 def fold_node(node, om) -> list | None:
     """The node's output values when it folds (see the module docstring), else None."""
-    from opmap.workloads.onnx import FLOAT_ELEMS, FOLD_LIMIT
 
     if node.domain not in ("", "ai.onnx"):
         return None

@@ -32,25 +32,10 @@ import numpy as np
 from opmap.capture.layer_types import classify
 from opmap.graph import Node, OpGraph, TensorMeta
 from opmap.ops import DATA_MOVEMENT_OPS, is_pointwise
-from opmap.workloads.onnx import ELEM_DTYPES, FLOAT_ELEMS, OnnxModel
 from opmap.workloads.onnx_attention import ATTENTION_OPS, find_attention, packed_splits
+from opmap.workloads.onnx_model import ELEM_DTYPES, FLOAT_ELEMS, OnnxModel, attrs, contiguous
 
 MS = "com.microsoft"
-MASKED = -1e4  # an additive mask entry at or below this keeps a score out of the softmax
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(stride))
-
-
-def _attrs(node) -> dict[str, Any]:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 class Builder:
@@ -80,8 +65,12 @@ class Builder:
         if s is None:
             return None
         param = name if (name in self.om.initializers or name in self.om.folded) else None
-        return TensorMeta(tuple(int(x) for x in s), dtype or self.dtype(name), stride or _contiguous(tuple(s)),
+        return TensorMeta(tuple(int(x) for x in s), dtype or self.dtype(name), stride or contiguous(tuple(s)),
                           self.producer.get(name), param)
+
+    def input(self, node, i: int) -> TensorMeta | None:
+        """The TensorMeta of the node's input ``i`` (None where it is absent or has no shape)."""
+        return self.meta(node.input[i]) if len(node.input) > i and node.input[i] else None
 
     def known(self, node) -> bool:
         return all(not n or n in self.om.shapes for n in (*node.input, *node.output))
@@ -114,7 +103,7 @@ class Builder:
 
     def inner(self, shape: tuple[int, ...], like: str) -> TensorMeta:
         """An intermediate tensor of a decomposed node (produced by the node added last)."""
-        return TensorMeta(tuple(shape), self.dtype(like), _contiguous(tuple(shape)), len(self.nodes) - 1)
+        return TensorMeta(tuple(shape), self.dtype(like), contiguous(tuple(shape)), len(self.nodes) - 1)
 
 
 def module_stack(node) -> list[tuple[str, str]]:
@@ -158,7 +147,7 @@ def maps(*op_types: str, domain: str = "") -> Callable[[MapFn], MapFn]:
 
 
 def _in(b: Builder, node, i: int) -> TensorMeta | None:
-    return b.meta(node.input[i]) if len(node.input) > i and node.input[i] else None
+    return b.input(node, i)
 
 
 POINTWISE = {
@@ -452,7 +441,7 @@ def build_graph(om: OnnxModel, float_dtype: str, overrides=()) -> OpGraph:
         elif not b.known(node):
             uncounted(b, node, "shape inference left a tensor of it without a static shape")
         else:
-            fn(b, node, _attrs(node))
+            fn(b, node, attrs(node))
     params = [(n, int(np.prod(t.dims)) if len(t.dims) else 1) for n, t in om.initializers.items()
               if t.data_type in FLOAT_ELEMS]
     from opmap.precision import dtype_bytes
