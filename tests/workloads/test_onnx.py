@@ -130,6 +130,23 @@ def test_bert_attention_is_dense_and_layer_types_come_from_names(onnx_zoo):
     assert {n.layer_type for n in w.graph.nodes if "intermediate" in n.module or ".mlp" in n.module} <= {"mlp"}
 
 
+def test_module_paths_from_either_exporter():
+    """TorchScript names (``/layer4/layer4.0/conv2/Conv``: a scope may repeat its parent) and the dynamo exporter's
+    name scopes and class hierarchy (metadata_props) give the module stack layer types are classified by."""
+    from opmap.workloads.onnx_ops import module_stack
+
+    ts = helper.make_node("Conv", ["x", "w"], ["y"], name="/layer4/layer4.0/conv2/Conv")
+    assert module_stack(ts)[-1] == ("layer4.0.conv2", "")
+    assert module_stack(helper.make_node("MatMul", ["a", "b"], ["c"], name="/h.0/attn/c_attn/MatMul")) == [
+        ("h.0", ""), ("h.0.attn", ""), ("h.0.attn.c_attn", "")]
+    dyn = helper.make_node("MatMul", ["a", "b"], ["c"], name="node_linear")
+    dyn.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'h.0', 'h.0.attn', 'linear']")
+    dyn.metadata_props.add(key="pkg.torch.onnx.class_hierarchy",
+                           value="['m.GPT2', 'm.GPT2Block', 'm.CausalSelfAttention', 'aten.linear.default']")
+    assert module_stack(dyn) == [("h.0", "GPT2Block"), ("h.0.attn", "CausalSelfAttention")]
+    assert module_stack(helper.make_node("Add", ["a", "b"], ["c"], name="Add_3")) == []
+
+
 # -- dims --------------------------------------------------------------------------------------------------------
 
 def test_dims_bind_by_seq_or_by_name(onnx_zoo):
@@ -261,6 +278,9 @@ def test_refusals_are_one_line(onnx_zoo, tmp_path, monkeypatch):
     old = _model([helper.make_node("Relu", ["x"], ["y"])], [_f("x", [2])], [_f("y", [2])], opset=12)
     onnx.save(old, str(tmp_path / "old.onnx"))
     cases.append(("old.onnx", "uses opset 12; opmap reads opset 13 and later"))
+    ghost = _model([helper.make_node("Add", ["x", "ghost"], ["y"], name="add")], [_f("x", [2])], [_f("y", [2])])
+    onnx.save(ghost, str(tmp_path / "ghost.onnx"))
+    cases.append(("ghost.onnx", "node 'add' reads 'ghost', which no input, initializer or earlier node provides"))
     for name, needle in cases:
         with pytest.raises(OpmapError, match=None) as e:
             load_workload(str(tmp_path / name), seq=4)

@@ -74,6 +74,18 @@ def check_opset(m, path: Path) -> int:
     return int(version)
 
 
+def check_references(m, path: Path) -> None:
+    """Every tensor a node reads is a graph input, an initializer or an earlier node's output (nodes in order, as
+    the ONNX spec requires): a file cut at a message boundary still parses, and fails here."""
+    have = {vi.name for vi in m.graph.input} | {t.name for t in m.graph.initializer}
+    for node in m.graph.node:
+        for name in node.input:
+            if name and name not in have:
+                raise OpmapError(f"{path}: node {node.name or node.op_type!r} reads {name!r}, which no input, "
+                                 "initializer or earlier node provides (a truncated or malformed file)")
+        have.update(o for o in node.output if o)
+
+
 def check_external_data(m, path: Path) -> None:
     """Every external-data tensor's file lies inside the model's folder (no absolute path, no ``..``, no link out)
     and holds offset + length bytes. The data itself is read only for the small tensors whose values count."""
@@ -230,6 +242,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     from opmap.workloads.onnx_fold import fold_node
 
     opset = check_opset(m, path)
+    check_references(m, path)
     check_external_data(m, path)
     bound = bind_dims(m, batch, seq, dims, path)
     from onnx.external_data_helper import uses_external_data
