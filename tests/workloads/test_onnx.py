@@ -218,6 +218,19 @@ def test_onnxruntime_contrib_ops_follow_their_formulas(tmp_path):
     assert badd.vector_flops == s * hid and gelu.vector_flops == 7 * s * hid and gelu.transcendental_flops == s * hid
 
 
+def test_weight_only_nodes_run_at_load(tmp_path):
+    """x (B, 4) @ Transpose(W (8, 4)): the transpose reads only a weight, so it runs once at load (onnxruntime's
+    constant folding) and the MatMul reads W^T as a weight: 2 B 4 8 FLOPs, bytes x + W + y, no copy node."""
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0], name="t"),
+             helper.make_node("MatMul", ["x", "wt"], ["y"], name="mm")]
+    m = _model(nodes, [_f("x", ["batch", 4])], [_f("y", ["batch", 8])], [_w("w", 8, 4)])
+    onnx.save(m, str(tmp_path / "t.onnx"))
+    w = load_onnx(str(tmp_path / "t.onnx"), batch=3)
+    (node,), (c,) = w.graph.nodes, cost_graph(w.graph)
+    assert node.packet == "matmul" and c.matrix_flops == 2 * 3 * 4 * 8
+    assert c.param_bytes_read == 4 * 8 * 4 and c.bytes_read == 4 * 3 * 4 and c.bytes_written == 4 * 3 * 8
+
+
 def test_an_op_without_a_rule_is_listed_uncounted(tmp_path):
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("NonZero", ["r"], ["nz"], name="nz"),

@@ -266,6 +266,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
                 om.consts[node.output[0]] = v
                 om.folded.add(node.output[0])
     live = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] in om.consts)]
+    shape_derived: set[str] = set()  # folded values computed from the bound input shapes (not known at load)
     for _ in range(MAX_PASSES):
         try:
             inferred = onnx.shape_inference.infer_shapes(_light_model(m, inputs, om.consts, live, big, declared),
@@ -281,17 +282,47 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
             if out is None:
                 still.append(node)
                 continue
+            from_shapes = node.op_type in ("Shape", "Size") or any(i in shape_derived for i in node.input)
             for name, v in zip(node.output, out):
                 om.consts[name] = v
                 om.folded.add(name)
                 om.shapes[name] = tuple(v.shape)
+                if from_shapes:
+                    shape_derived.add(name)
         if len(still) == len(live):
             break
         live = still
+    live = _at_load(om, live, shape_derived)
     om.live = _drop_dead(live, {o.name for o in m.graph.output})
     om.notes.append(f"{len(om.folded)} constant and shape-arithmetic tensors folded (their values are known once "
                     "the dims are bound; onnxruntime folds them at session creation)")
     return om
+
+
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli", "Dropout"})
+
+
+def _at_load(om: OnnxModel, live: list, shape_derived: set[str]) -> list:
+    """Drop the nodes that compute only on weights and constants (a transposed tied weight, a weight cast): they
+    run once when the model loads (onnxruntime's constant folding), not per inference. Their results stand as
+    weights, values not computed. Nodes reading anything the inputs or their shapes determine stay."""
+    static = set(om.initializers) | {c for c in om.consts if c not in shape_derived}
+    keep = []
+    for n in live:
+        ins = [i for i in n.input if i]
+        if (n.domain in ("", "ai.onnx") and n.op_type not in RANDOM_OPS and ins and all(i in static for i in ins)
+                and not any(a.type in (5, 10) for a in n.attribute)
+                and all(o in om.shapes for o in n.output if o)):
+            outs = [o for o in n.output if o]
+            static.update(outs)
+            om.at_load.update(outs)
+            continue
+        keep.append(n)
+    if om.at_load:
+        om.notes.append(f"{len(om.at_load)} tensors computed from weights alone (such as a transposed tied weight) "
+                        "evaluated once at load, as onnxruntime's constant folding does; they count as weights")
+    return keep
 
 
 def _drop_dead(nodes: list, outputs: set[str]) -> list:

@@ -117,7 +117,7 @@ def _walk_scores(b, sm, producer):
 def _source(b, name: str, producer, absorbed: list, perm=None, also=()) -> str:
     """Walk up from a Q / K / V operand through scalar scalings and (``perm``) a transpose that feed only the
     chain, absorbing them; the tensor the fused kernel reads."""
-    for _ in range(3):
+    for _ in range(6):  # scalings, views and transposes: the dynamo exporter writes K^T as four of them
         p = producer.get(name)
         if p is None or not _only_feeds(b, name, [*absorbed, *also]):
             break

@@ -35,6 +35,7 @@ class OnnxModel:
     folded: set[str] = field(default_factory=set)  # outputs of nodes folded away (shape arithmetic)
     initializers: dict[str, Any] = field(default_factory=dict)  # name -> TensorProto (the weights)
     live: list = field(default_factory=list)  # the nodes left to price, in graph order
+    at_load: set[str] = field(default_factory=set)  # results computed from weights alone, once at load
     notes: list[str] = field(default_factory=list)
 
     def value(self, name: str, limit: int = FOLD_LIMIT) -> np.ndarray | None:

@@ -64,7 +64,7 @@ class Builder:
         s = self.om.shapes.get(name) if shape is None else shape
         if s is None:
             return None
-        param = name if (name in self.om.initializers or name in self.om.folded) else None
+        param = name if (name in self.om.initializers or name in self.om.folded or name in self.om.at_load) else None
         return TensorMeta(tuple(int(x) for x in s), dtype or self.dtype(name), stride or contiguous(tuple(s)),
                           self.producer.get(name), param)
 
