@@ -314,3 +314,12 @@ def test_external_data_refusals(tmp_path):
         load_onnx(str(_external(tmp_path, "w.bin", data=b"\0" * 8)))
     w = load_onnx(str(_external(tmp_path, "w.bin")))
     assert cost_graph(w.graph)[0].macs == 2 * 4 * 4
+
+
+def test_a_missing_onnx_package_is_one_line(monkeypatch, onnx_zoo):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
+    with pytest.raises(OpmapError, match=r"ONNX models need the onnx package: pip install 'opmap\[onnx\]'"):
+        load_onnx(str(onnx_zoo["gpt2"][0]), seq=4)

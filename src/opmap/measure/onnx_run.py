@@ -42,6 +42,9 @@ ITERATION_EVENT = "SequentialExecutor::Execute"
 
 
 def session(path: Path, device: str, profile_dir: str | None = None):
+    from opmap.workloads.onnx import require
+
+    require("onnxruntime")
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -111,7 +114,6 @@ def run_onnx_profile(workload: Workload, path: Path, hw: HardwareSpec, dtype: st
                      warmup: int = 3, iters: int = 20, profile_iters: int = 5, datasheet: HardwareSpec | None = None,
                      progress: Callable[[str, int], None] | None = None) -> Profile:
     """Time ``workload`` (an ONNX file's graph, ``load_onnx``) in onnxruntime and join it to its prediction."""
-    import onnxruntime as ort
     import torch
 
     from opmap.measure.run import telemetry_tags
@@ -122,6 +124,8 @@ def run_onnx_profile(workload: Workload, path: Path, hw: HardwareSpec, dtype: st
     step = progress or (lambda _s, _n: None)
     analysis = analyze_graph(workload.graph, workload, hw, dtype)
     sess = session(path, device)
+    import onnxruntime as ort
+
     x = _feeds(sess, _bound_shapes(sess, workload))
     call = lambda: sess.run(None, x)  # noqa: E731
     dev = torch.device("cpu")  # onnxruntime's run returns when its work is done: no device sync to add

@@ -39,8 +39,17 @@ SEQ_NAMES = re.compile(r"(?i)^(seq|seq_?len(gth)?|sequence|sequence_?len(gth)?|n
 
 # -- 1. read and check ----------------------------------------------------------------------------------------
 
+def require(module: str) -> None:
+    """Refuse in one line when an optional package of the onnx extra is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise OpmapError(f"ONNX models need the {module} package: pip install 'opmap[onnx]' (onnx, onnxruntime)")
+
+
 def read_model(path: Path):
     """The ModelProto in ``path``, checked to be one; every failure is one OpmapError line."""
+    require("onnx")
     import onnx
     from google.protobuf.message import DecodeError
 
