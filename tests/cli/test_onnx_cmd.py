@@ -23,10 +23,13 @@ def test_analyze_onnx_writes_the_usual_outputs(onnx_zoo, cli, tmp_path):
     assert "Kernels (eager)" in out and "Layer types" in out
 
 
-def test_dim_binds_by_name(onnx_zoo, cli, tmp_path):
+def test_dim_binds_by_name_and_the_run_is_stored(onnx_zoo, cli, tmp_path):
+    store = tmp_path / "runs.duckdb"
     rc, _, err = cli("analyze", onnx_zoo["bert"][0], "--dim", "seq=16", "--dim", "batch=3", "-H", "h100-sxm",
-                     "--out", tmp_path, "--no-store")
+                     "--out", tmp_path, "--store", store)
     assert rc == 0, err
+    rc, out, err = cli("runs", "list", "--store", store)
+    assert rc == 0 and "bert.onnx" in out, err
     d = json.loads((tmp_path / "analysis.json").read_text())
     assert [n for n in d["nodes"] if n["op"] == "aten.embedding.default"][0]["outputs"][0]["shape"] == [3, 16, 64]
 

@@ -31,6 +31,7 @@ from opmap.workloads.onnx_model import numel as _numel
 from opmap.workloads.zoo import Workload
 
 MAX_MODEL_BYTES = 2 * 2**30  # protobuf refuses a message of 2 GiB or more
+MAX_DIM = 2**31 - 1  # a bound dim beyond int32 describes no tensor a device holds
 MAX_PASSES = 8  # inference and folding alternate at most this often (each pass folds a further level)
 MIN_OPSET = 13
 BATCH_NAMES = re.compile(r"(?i)^(batch|batch_?size|batchsize|bs|b|n|num_?batch(es)?|unk__\d+_batch)$")
@@ -136,9 +137,9 @@ def parse_dims(items) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         name, sep, value = str(item).partition("=")
-        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
-            raise OpmapError(f"bad --dim {item!r}: expected NAME=VALUE with VALUE a positive integer (NAME a dynamic "
-                             "dim of the model's inputs)")
+        if not sep or not name.strip() or not value.strip().isdigit() or not 1 <= int(value) <= MAX_DIM:
+            raise OpmapError(f"bad --dim {item!r}: expected NAME=VALUE with VALUE an integer from 1 to {MAX_DIM} (NAME "
+                             "a dynamic dim of the model's inputs)")
         out[name.strip()] = int(value)
     return out
 
