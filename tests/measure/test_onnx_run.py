@@ -64,3 +64,24 @@ def test_profile_runs_in_onnxruntime_and_joins_most_nodes(onnx_zoo):
     measured = [n["measured"] for n in d["nodes"] if n["measured"]]
     assert len(measured) >= len(kernels) and all(m["measured_s"] > 0 for m in measured)
     assert d["profiler"]["coverage"] == att.coverage and "onnxruntime" in d["tags"]["device_name"]
+
+
+def test_unnamed_nodes_join_under_the_names_onnxruntime_gives_them(tmp_path):
+    """onnxruntime names an unnamed node OpType_i, i its index among the non-Constant nodes; the reader names them
+    the same way, so every kernel is matched."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    c = numpy_helper.from_array(np.ones((2, 4), np.float32))
+    nodes = [helper.make_node("Constant", [], ["c"], value=c), helper.make_node("MatMul", ["x", "w"], ["y0"]),
+             helper.make_node("Add", ["y0", "c"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2, 4])],
+                          [helper.make_tensor_value_info("z", 1, [2, 4])],
+                          [numpy_helper.from_array(np.ones((4, 4), np.float32), "w")])
+    path = tmp_path / "unnamed.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    w = load_onnx(str(path))
+    assert [n.args["onnx_node"] for n in w.graph.nodes] == ["MatMul_0", "Add_1", "Relu_2"]
+    p = run_onnx_profile(w, path, H100, "fp32", "cpu", warmup=0, iters=1, profile_iters=2)
+    assert p.attribution.coverage == 1.0 and len(p.attribution.timings) == 3

@@ -255,6 +255,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     check_references(m, path)
     check_external_data(m, path)
     bound = bind_dims(m, batch, seq, dims, path)
+    name_nodes(m)
     from onnx.external_data_helper import uses_external_data
 
     initializers = {t.name: t for t in m.graph.initializer}
@@ -344,6 +345,18 @@ def _drop_dead(nodes: list, outputs: set[str]) -> list:
             keep.append(n)
             needed.update(i for i in n.input if i)
     return keep[::-1]
+
+
+def name_nodes(m) -> None:
+    """Name each unnamed node as onnxruntime does (``OpType_i``, i its index among the nodes that are not Constant:
+    onnxruntime turns Constants into initializers as it loads), so a profile joins by name either way."""
+    i = 0
+    for node in m.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            continue
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+        i += 1
 
 
 def _constant_value(node) -> np.ndarray | None:
