@@ -323,3 +323,62 @@ def test_a_missing_onnx_package_is_one_line(monkeypatch, onnx_zoo):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
     with pytest.raises(OpmapError, match=r"ONNX models need the onnx package: pip install 'opmap\[onnx\]'"):
         load_onnx(str(onnx_zoo["gpt2"][0]), seq=4)
+
+
+def test_op_table_prices_each_family_by_its_formula(tmp_path):
+    """One graph through the families the table maps (opset 23: RMSNormalization and Attention exist), each counted
+    and checked against its closed form: Gemm with transA (2 M N K + M N), a grouped conv (2 N Cout Hout Wout
+    Cin/g kh kw), a transposed conv (2 N Cin Hin Win Cout/g kh kw), max / global-average pooling, ReduceMean, RMS
+    norm (4 per element, one rsqrt per row) and opset-23 causal Attention over (B, H, S, D)."""
+    n, c, h = 2, 8, 16
+    nodes = [
+        helper.make_node("Conv", ["x", "wc"], ["c1"], group=2, pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("ConvTranspose", ["c1", "wt"], ["c2"], strides=[2, 2], name="convt"),
+        helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+        helper.make_node("GlobalAveragePool", ["p"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["ft", "wg", "bg"], ["y"], transA=1, name="gemm"),
+        helper.make_node("ReduceMean", ["y"], ["r"], keepdims=1, name="mean"),
+        helper.make_node("RMSNormalization", ["q", "s"], ["qn"], name="rms"),
+        helper.make_node("Attention", ["qn", "k", "v"], ["o"], is_causal=1, name="att"),
+    ]
+    inputs = [_f("x", [n, c, h, h]), _f("ft", [c, n]), _f("q", [1, 2, 8, 4]), _f("k", [1, 2, 8, 4]),
+              _f("v", [1, 2, 8, 4])]
+    m = _model(nodes, inputs, [_f("r", None), _f("o", None), _f("f", None)],
+               [_w("wc", c, c // 2, 3, 3), _w("wt", c, 4, 2, 2), _w("wg", c, 10), _w("bg", 10), _w("s", 4)],
+               opset=23)
+    onnx.save(m, str(tmp_path / "ops.onnx"))
+    w = load_onnx(str(tmp_path / "ops.onnx"))
+    costs = {nd.args["onnx_node"]: (nd, cst) for nd, cst in zip(w.graph.nodes, cost_graph(w.graph))}
+    assert uncounted(w.graph, [cc for _, cc in costs.values()]) == {}
+    assert costs["conv"][1].matrix_flops == 2 * n * c * h * h * (c // 2) * 9
+    assert costs["convt"][1].matrix_flops == 2 * n * c * h * h * 4 * 4 and costs["convt"][0].outputs[0].shape == (
+        n, 4, 2 * h, 2 * h)
+    assert costs["pool"][1].vector_flops == n * 4 * h * h * 4  # output elements x 4 taps
+    assert costs["gap"][1].vector_flops == n * 4 * h * h + n * 4
+    gemm = costs["gemm"][1]
+    assert gemm.matrix_flops == 2 * n * 10 * c and gemm.vector_flops == n * 10
+    assert costs["mean"][1].vector_flops == n * 10
+    assert costs["rms"][1].vector_flops == 4 * 2 * 8 * 4 and costs["rms"][1].transcendental_flops == 2 * 8
+    pairs = 8 * 9 // 2
+    assert costs["att"][1].matrix_flops == 2 * 2 * pairs * (4 + 4) and costs["att"][0].args["is_causal"]
+    assert costs["flat"][1].is_view
+
+
+def test_multihead_and_group_query_attention(tmp_path):
+    """com.microsoft MultiHeadAttention (query 1 x 4 x 16, keys and values 1 x 6 x 16, 2 heads: dense,
+    2 H Sq Sk (D + Dv)) and GroupQueryAttention (4 query heads over 2 KV heads, causal over the 6 cached
+    positions of its present key: query i sees min(i + 1, 6) keys)."""
+    nodes = [helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft", num_heads=2,
+                              name="mha"),
+             helper.make_node("GroupQueryAttention", ["q2", "k2", "v2"], ["o2", "pk", "pv"], domain="com.microsoft",
+                              num_heads=4, kv_num_heads=2, name="gqa")]
+    m = _model(nodes, [_f("q", [1, 4, 16]), _f("k", [1, 6, 16]), _f("v", [1, 6, 16]), _f("q2", [1, 6, 32]),
+                       _f("k2", [1, 6, 16]), _f("v2", [1, 6, 16])],
+               [_f("o", [1, 4, 16]), _f("o2", [1, 6, 32]), _f("pk", [1, 2, 6, 8]), _f("pv", [1, 2, 6, 8])])
+    onnx.save(m, str(tmp_path / "mha.onnx"))
+    w = load_onnx(str(tmp_path / "mha.onnx"))
+    (mha, c1), (gqa, c2) = zip(w.graph.nodes, cost_graph(w.graph))
+    assert c1.matrix_flops == 2 * 2 * 4 * 6 * (8 + 8) and not mha.args["is_causal"]
+    assert gqa.args["is_causal"] and gqa.inputs[1].shape == (1, 2, 6, 8)
+    assert c2.matrix_flops == 2 * 4 * (6 * 7 // 2) * (8 + 8)
