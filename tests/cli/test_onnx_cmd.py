@@ -32,6 +32,7 @@ def test_dim_binds_by_name_and_the_run_is_stored(onnx_zoo, cli, tmp_path):
     assert rc == 0 and "bert.onnx" in out, err
     d = json.loads((tmp_path / "analysis.json").read_text())
     assert [n for n in d["nodes"] if n["op"] == "aten.embedding.default"][0]["outputs"][0]["shape"] == [3, 16, 64]
+    assert d["assumptions"]["batch"] == 3 and d["assumptions"]["seq"] == 16
 
 
 def test_bad_onnx_input_one_line_exit_2(onnx_zoo, refused, tmp_path):

@@ -166,6 +166,11 @@ def test_dims_refused_when_unbound_unknown_or_malformed(onnx_zoo):
     with pytest.raises(OpmapError, match=r"--dim heads: gpt2.onnx has no dynamic dim of that name; its dynamic dims: "
                                          r"batch, seq"):
         load_onnx(path, seq=4, dims={"heads": 2})
+    with pytest.raises(OpmapError, match=r"--seq 8: resnet50.onnx has no sequence-named dynamic dim to bind; its "
+                                         r"dynamic dims: batch"):
+        load_onnx(str(onnx_zoo["resnet50"][0]), seq=8)
+    with pytest.raises(OpmapError, match=r"--batch 4: gpt2.onnx has no batch-named dynamic dim to bind"):
+        load_onnx(path, batch=4, dims={"batch": 2, "seq": 8})
     for bad in ("seq", "seq=0", "seq=x", "=4", f"seq={2**31}"):
         with pytest.raises(OpmapError, match="expected NAME=VALUE"):
             parse_dims([bad])

@@ -152,6 +152,9 @@ def bind_dims(m, batch: int, seq: int | None, dims: dict[str, int], path: Path) 
     for vi in m.graph.input:
         if vi.name in init:
             continue
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            raise OpmapError(f"{path}: input {vi.name!r} is not a tensor of known rank; opmap reads models whose "
+                             "inputs are tensors with a shape (static or named dynamic dims)")
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
@@ -175,6 +178,12 @@ def bind_dims(m, batch: int, seq: int | None, dims: dict[str, int], path: Path) 
             bound[n] = seq
         else:
             missing.append(n)
+    if batch != 1 and not any(BATCH_NAMES.match(n) and n not in dims for n in names):
+        raise OpmapError(f"--batch {batch}: {path.name} has no batch-named dynamic dim to bind; its dynamic dims: "
+                         f"{', '.join(names) or 'none (static shapes)'} (bind them with --dim NAME=VALUE)")
+    if seq is not None and not any(SEQ_NAMES.match(n) and n not in dims for n in names):
+        raise OpmapError(f"--seq {seq}: {path.name} has no sequence-named dynamic dim to bind; its dynamic dims: "
+                         f"{', '.join(names) or 'none (static shapes)'} (bind them with --dim NAME=VALUE)")
     if missing:
         hint = " (a sequence dim: --seq N binds it)" if any(SEQ_NAMES.match(n) for n in missing) else ""
         raise OpmapError(f"{path.name}: dynamic dims {', '.join(repr(n) for n in missing)} are unbound{hint}; "
@@ -406,4 +415,5 @@ def load_onnx(target: str, batch: int = 1, seq: int | None = None, dtype: str = 
              f"{m.producer_version or ''}".rstrip() + f"); dynamic dims bound: {bound}",
              f"float tensors priced at {BUILD_DTYPE[dtype]} (--dtype {dtype}); integer tensors at their own type")
     seq_v = next((v for k, v in om.dims.items() if SEQ_NAMES.match(k)), None)
-    return Workload(path.name, None, None, batch, seq_v, notes, graph=graph)
+    batch_v = next((v for k, v in om.dims.items() if BATCH_NAMES.match(k)), batch)
+    return Workload(path.name, None, None, batch_v, seq_v, notes, graph=graph)
