@@ -23,13 +23,13 @@ from opmap.workloads.onnx import load_onnx, parse_dims
 from opmap.workloads.zoo import Workload
 
 H100 = get_hardware("h100-sxm")
-ZOO = ("gpt2", "bert", "resnet50")
+ZOO = ("gpt2", "bert", "resnet50", "vit")
+TEXT = ("gpt2", "bert", "llama")
 
 
 def _onnx(onnx_zoo, name, **kw):
     path = onnx_zoo[name][0]
-    text = name in ("gpt2", "bert")
-    return load_onnx(str(path), batch=2, seq=32 if text else None, **kw)
+    return load_onnx(str(path), batch=2, seq=32 if name in TEXT else None, **kw)
 
 
 def _nodes_by_onnx(graph):
@@ -53,6 +53,23 @@ def test_flops_and_bytes_match_the_torch_capture(onnx_zoo, name):
     assert o.matrix_flops == pytest.approx(t.matrix_flops, rel=1e-9)  # the same GEMMs, convs and attention
     assert o.bytes == pytest.approx(t.bytes, rel=0.05)
     assert onnx_side.uncounted == {} and torch_side.uncounted == {}
+
+
+def test_llama_from_the_dynamo_exporter_matches_the_torch_capture(onnx_llama):
+    """The dynamo exporter's opset-23 graph: grouped-query attention as one ai.onnx Attention node (causal, 4 query
+    heads over 2 KV heads), RMSNormalization, RoPE as Slice / Neg / Concat / Mul; module paths from its name
+    scopes. Its RoPE slices and transposes are copies in onnxruntime (views in torch): bytes within 5 %."""
+    path, module, inputs = onnx_llama["llama"]
+    torch_side = analyze(Workload("llama", module, inputs, 2, 32), H100, "fp32")
+    w = load_onnx(str(path), batch=2, seq=32)
+    onnx_side = analyze(w, H100, "fp32")
+    assert onnx_side.total.flops == pytest.approx(torch_side.total.flops, rel=0.01)
+    assert onnx_side.total.matrix_flops == pytest.approx(torch_side.total.matrix_flops, rel=1e-9)
+    assert onnx_side.total.bytes == pytest.approx(torch_side.total.bytes, rel=0.05)
+    att = [n for n in w.graph.nodes if n.packet == "scaled_dot_product_attention"]
+    assert len(att) == 2 and all(n.args["is_causal"] and n.inputs[1].shape == (2, 2, 32, 16) for n in att)
+    assert {n.layer_type for n in att} == {"attention"} and onnx_side.uncounted == {}
+    assert {n.layer_type for n in w.graph.nodes if n.packet == "rms_norm"} == {"norm"}
 
 
 def test_constant_folding_exporter_folds_batch_norm_into_conv(onnx_zoo):
@@ -79,7 +96,7 @@ def _onnx_tool_macs(path, feeds):
     return {name: (n.op_type, float(n.macs[0]), len(n.input)) for name, n in m.graph.nodemap.items()}
 
 
-@pytest.mark.parametrize("name", [*ZOO, "resnet50-folded"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "resnet50", "vit", "resnet50-folded"])
 def test_matrix_macs_agree_with_onnx_tool_per_node(onnx_zoo, name):
     """onnx-tool counts a MatMul / Gemm / Conv as output elements x reduction length MACs, plus one "MAC" per output
     element for a bias input (Gemm C, Conv B); opmap counts the bias add as a vector FLOP, never as a MAC (a
@@ -89,7 +106,7 @@ def test_matrix_macs_agree_with_onnx_tool_per_node(onnx_zoo, name):
     path, _, inputs = onnx_zoo[name]
     feeds = {n: x.numpy() for n, x in zip([i.name for i in onnx.load(str(path)).graph.input], inputs)}
     ot = _onnx_tool_macs(path, feeds)
-    w = load_onnx(str(path), batch=2, seq=32 if name in ("gpt2", "bert") else None)
+    w = load_onnx(str(path), batch=2, seq=32 if name in TEXT else None)
     checked = 0
     for n, c in zip(w.graph.nodes, cost_graph(w.graph)):
         if not c.matrix_flops:
@@ -100,8 +117,10 @@ def test_matrix_macs_agree_with_onnx_tool_per_node(onnx_zoo, name):
         assert c.macs + c.skipped_flops / 2 == sum(m for _, m, _ in peer) - bias, n.args
         checked += 1
     # GPT-2: per layer the packed QKV, attention output and two MLP GEMMs, and attention; the LM head. BERT: Q, K, V,
-    # output, two MLP GEMMs and attention per layer; the pooler. ResNet-50: 53 convolutions and the classifier.
-    assert checked == {"gpt2": 2 * 5 + 1, "bert": 2 * 7 + 1, "resnet50": 54, "resnet50-folded": 54}[name]
+    # output, two MLP GEMMs and attention per layer; the pooler. ResNet-50: 53 convolutions and the classifier. ViT:
+    # the patch convolution, per layer QKV, output, two MLP GEMMs and attention, the head.
+    assert checked == {"gpt2": 2 * 5 + 1, "bert": 2 * 7 + 1, "resnet50": 54, "resnet50-folded": 54,
+                       "vit": 1 + 2 * 5 + 1}[name]
 
 
 def test_causal_attention_counts_the_computed_half(onnx_zoo):

@@ -145,8 +145,9 @@ def parse_dims(items) -> dict[str, int]:
 
 
 def bind_dims(m, batch: int, seq: int | None, dims: dict[str, int], path: Path) -> dict[str, int]:
-    """Each dynamic dim of the graph inputs -> its value; unbound ones and --dim names the model lacks are
-    refused."""
+    """Each dynamic dim of the graph inputs -> its value; unbound ones, --dim names the model lacks, and a --batch or
+    --seq that neither binds a dim nor matches the static shape (batch: every input's first dim; seq: an input's
+    second dim) are refused."""
     init = {t.name for t in m.graph.initializer}
     names: list[str] = []
     for vi in m.graph.input:
@@ -178,10 +179,13 @@ def bind_dims(m, batch: int, seq: int | None, dims: dict[str, int], path: Path) 
             bound[n] = seq
         else:
             missing.append(n)
-    if batch != 1 and not any(BATCH_NAMES.match(n) and n not in dims for n in names):
+    static = [[d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in m.graph.input if vi.name not in init]
+    if batch != 1 and not any(BATCH_NAMES.match(n) and n not in dims for n in names) \
+            and not all(s and s[0] == batch for s in static):
         raise OpmapError(f"--batch {batch}: {path.name} has no batch-named dynamic dim to bind; its dynamic dims: "
                          f"{', '.join(names) or 'none (static shapes)'} (bind them with --dim NAME=VALUE)")
-    if seq is not None and not any(SEQ_NAMES.match(n) and n not in dims for n in names):
+    if seq is not None and not any(SEQ_NAMES.match(n) and n not in dims for n in names) \
+            and not any(len(s) > 1 and s[1] == seq for s in static):
         raise OpmapError(f"--seq {seq}: {path.name} has no sequence-named dynamic dim to bind; its dynamic dims: "
                          f"{', '.join(names) or 'none (static shapes)'} (bind them with --dim NAME=VALUE)")
     if missing:

@@ -183,11 +183,17 @@ def find_attention(b) -> dict[int, Fused]:
 
 
 def packed_splits(b, fused: dict[int, Fused]) -> set[int]:
-    """Splits whose every output a fused attention reads (through views): the packed QKV projection the kernel
-    reads in place, so the split is a view, not a copy."""
+    """Splits whose every output a fused attention reads (through views), and a transpose feeding only such a
+    split: the packed QKV projection the kernel reads in place, so they are views, not copies."""
     sources = {t[0] for f in fused.values() for t in (f.q, f.k, f.v)}
-    return {id(n) for n in b.om.live
-            if n.op_type == "Split" and all(o in sources for o in n.output if o)}
+    splits = [n for n in b.om.live if n.op_type == "Split" and all(o in sources for o in n.output if o)]
+    producer = {o: n for n in b.om.live for o in n.output if o}
+    out = {id(n) for n in splits}
+    for n in splits:  # a transpose that only lays out the packed QKV for the split: the kernel reads it strided
+        p = producer.get(n.input[0])
+        if p is not None and p.op_type == "Transpose" and _only_feeds(b, n.input[0], [n]):
+            out.add(id(p))
+    return out
 
 
 # -- attention ops ----------------------------------------------------------------------------------------------

@@ -426,7 +426,8 @@ def build_graph(om: OnnxModel, float_dtype: str, overrides=()) -> OpGraph:
         if id(node) in skipped:
             continue
         if id(node) in split_views:
-            b.add(node, "split", [("self", _in(b, node, 0))], [o for o in node.output if o], is_view=True)
+            b.add(node, "split" if node.op_type == "Split" else "permute", [("self", _in(b, node, 0))],
+                  [o for o in node.output if o], is_view=True)
             continue
         if id(node) in biased:
             linear(b, node, biased[id(node)])
@@ -451,8 +452,8 @@ def build_graph(om: OnnxModel, float_dtype: str, overrides=()) -> OpGraph:
                    if t is not None)
     notes = [*om.notes, *(f.note for f in fused.values() if f.note)]
     if split_views:
-        notes.append(f"{len(split_views)} Split(s) of a packed QKV projection read in place by fused attention "
-                     "(views, not copies)")
+        notes.append(f"{len(split_views)} Split / Transpose node(s) of a packed QKV projection read in place by "
+                     "fused attention (views, not copies)")
     if biased:
         notes.append(f"{len(biased)} MatMul + bias Add pair(s) priced as one GEMM with bias (onnxruntime's "
                      "MatMulAddFusion; torch's linear)")
