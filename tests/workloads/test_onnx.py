@@ -213,8 +213,7 @@ def _w(name, *shape):
 def test_onnxruntime_contrib_ops_follow_their_formulas(tmp_path):
     """com.microsoft Attention (B 1, S 8, hidden 16, 2 heads, unidirectional), SkipLayerNormalization and FastGelu
     (with bias): the QKV projection 2 S hidden (3 hidden) FLOPs + the 3 hidden bias adds; causal attention
-    2 H P (2 D), P = S (S + 1) / 2; the skip add S hidden, the norm 7 per element; the bias add, then the tanh gelu
-    at 7 per element and one tanh."""
+    2 H P (2 D), P = S (S + 1) / 2; each fused kernel reads its inputs once and writes only its output."""
     s, hid, heads = 8, 16, 2
     nodes = [
         helper.make_node("Attention", ["x", "wqkv", "bqkv"], ["a"], domain="com.microsoft", num_heads=heads,
@@ -225,21 +224,23 @@ def test_onnxruntime_contrib_ops_follow_their_formulas(tmp_path):
     ]
     m = _model(nodes, [_f("x", [1, s, hid])], [_f("y", [1, s, hid])],
                [_w("wqkv", hid, 3 * hid), _w("bqkv", 3 * hid), _w("g", hid), _w("beta", hid), _w("fb", hid)])
-    # contrib ops have no ONNX shape-inference functions: declare the outputs' shapes as an exporter does
-    m.graph.value_info.extend([_f("a", [1, s, hid]), _f("n", [1, s, hid])])
+    # contrib ops have no ONNX shape-inference functions: their output shapes come from onnx_shapes.py
     path = tmp_path / "contrib.onnx"
     onnx.save(m, str(path))
     w = load_onnx(str(path))
     costs = cost_graph(w.graph)
     ops = [n.packet for n in w.graph.nodes]
-    assert ops == ["linear", "scaled_dot_product_attention", "add", "native_layer_norm", "add", "gelu"]
+    assert ops == ["linear", "scaled_dot_product_attention", "native_layer_norm", "gelu"]
     assert uncounted(w.graph, costs) == {}
-    lin, att, add, ln, badd, gelu = costs
+    lin, att, ln, gelu = costs
     assert lin.matrix_flops == 2 * s * hid * 3 * hid and lin.vector_flops == s * 3 * hid
     d, pairs = hid // heads, s * (s + 1) // 2
     assert att.matrix_flops == 2 * heads * pairs * 2 * d
-    assert add.vector_flops == s * hid and ln.vector_flops == 7 * s * hid
-    assert badd.vector_flops == s * hid and gelu.vector_flops == 7 * s * hid and gelu.transcendental_flops == s * hid
+    # the fused residual: one add and 7 norm ops per element; a, x, gamma, beta read once, the output written
+    assert ln.vector_flops == (1 + 7) * s * hid and ln.bytes == 4 * (3 * s * hid + 2 * hid)
+    # the fused bias: one add and the tanh form's 7 ops per element, one tanh
+    assert gelu.vector_flops == (1 + 7) * s * hid and gelu.transcendental_flops == s * hid
+    assert gelu.bytes == 4 * (2 * s * hid + hid)
 
 
 def test_weight_only_nodes_run_at_load(tmp_path):
@@ -406,3 +407,25 @@ def test_multihead_and_group_query_attention(tmp_path):
     assert c1.matrix_flops == 2 * 2 * 4 * 6 * (8 + 8) and not mha.args["is_causal"]
     assert gqa.args["is_causal"] and gqa.inputs[1].shape == (1, 2, 6, 8)
     assert c2.matrix_flops == 2 * 4 * (6 * 7 // 2) * (8 + 8)
+
+
+def test_a_file_optimized_by_onnxruntime_keeps_its_flops(onnx_zoo, tmp_path):
+    """onnxruntime's transformer optimizer rewrites the BERT export with contrib ops (SkipLayerNormalization with
+    the residual and bias adds fused in, BiasGelu): their shapes come from onnx_shapes.py, their costs from the same
+    rules; the FLOPs are the export's, the bytes fewer (the fused kernels do not write the sums)."""
+    import warnings
+
+    from onnxruntime.transformers import optimizer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = optimizer.optimize_model(str(onnx_zoo["bert"][0]), model_type="bert", num_heads=4, hidden_size=64)
+    path = tmp_path / "bert_ort.onnx"
+    opt.save_model_to_file(str(path))
+    ops = {(n.domain, n.op_type) for n in onnx.load(str(path)).graph.node}
+    assert ("com.microsoft", "SkipLayerNormalization") in ops and ("com.microsoft", "BiasGelu") in ops
+    fused = cost_graph(load_onnx(str(path), batch=2, seq=32).graph)
+    plain = cost_graph(_onnx(onnx_zoo, "bert").graph)
+    assert all(c.counted for c in fused)
+    assert sum(c.flops for c in fused) == pytest.approx(sum(c.flops for c in plain), rel=1e-9)
+    assert sum(c.bytes for c in fused) < sum(c.bytes for c in plain)

@@ -32,7 +32,9 @@ from opmap.workloads.zoo import Workload
 
 MAX_MODEL_BYTES = 2 * 2**30  # protobuf refuses a message of 2 GiB or more
 MAX_DIM = 2**31 - 1  # a bound dim beyond int32 describes no tensor a device holds
-MAX_PASSES = 8  # inference and folding alternate at most this often (each pass folds a further level)
+# inference, folding and contrib-op shapes alternate at most this often: each pass gets past one more level of
+# folding or one more contrib op on the way (a 48-layer model with two contrib ops a layer needs about 100)
+MAX_PASSES = 256
 MIN_OPSET = 13
 BATCH_NAMES = re.compile(r"(?i)^(batch|batch_?size|batchsize|bs|b|n|num_?batch(es)?|unk__\d+_batch)$")
 SEQ_NAMES = re.compile(r"(?i)^(seq|seq_?len(gth)?|sequence|sequence_?len(gth)?|num_?tokens|tokens|t|s|l"
@@ -234,8 +236,14 @@ def _light_model(m, inputs: list, consts: dict[str, np.ndarray], nodes: list, bi
     for name, v in consts.items():
         t = numpy_helper.from_array(np.asarray(v), name)
         init.append(t)
-    g = helper.make_graph(nodes, m.graph.name or "g", inputs + big, list(m.graph.output), initializer=init,
-                          value_info=[vi for vi in declared if vi.name not in consts])
+    # the outputs without their declared shapes (a declared dynamic dim would win over the inferred static one), or
+    # with a shape derived here (a contrib op's output): inference reads a graph output's type from the output list
+    known = {vi.name: vi for vi in declared}
+    outputs = [known.get(o.name) or helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type or 1, None)
+               for o in m.graph.output]
+    names = {o.name for o in outputs}
+    g = helper.make_graph(nodes, m.graph.name or "g", inputs + big, outputs, initializer=init,
+                          value_info=[vi for vi in declared if vi.name not in consts and vi.name not in names])
     lm = helper.make_model(g, opset_imports=list(m.opset_import), ir_version=m.ir_version)
     return lm
 
@@ -263,6 +271,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     import onnx
 
     from opmap.workloads.onnx_fold import fold_node
+    from opmap.workloads.onnx_shapes import contrib_shapes
 
     opset = check_opset(m, path)
     check_references(m, path)
@@ -300,6 +309,10 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
             raise OpmapError(f"{path}: ONNX shape inference failed: {text[0][:300] if text else type(e).__name__}"
                              ) from None
         om.shapes, om.elem = _shapes_of(inferred)
+        derived = contrib_shapes(live, om.shapes, om.elem)
+        for name, shape, et in derived:  # contrib ops' outputs, declared for the next pass to carry on from
+            om.shapes[name], om.elem[name] = shape, et
+            declared.append(onnx.helper.make_tensor_value_info(name, et, list(shape)))
         still = []
         for node in live:
             out = fold_node(node, om)
@@ -313,7 +326,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
                 om.shapes[name] = tuple(v.shape)
                 if from_shapes:
                     shape_derived.add(name)
-        if len(still) == len(live):
+        if len(still) == len(live) and not derived:
             break
         live = still
     live = _at_load(om, live, shape_derived)

@@ -11,9 +11,9 @@ torch captures and ONNX files), with its inputs named and its attributes transla
   (the QKV projection, then attention), MultiHeadAttention and GroupQueryAttention map onto the same rule.
 - Norms: LayerNormalization -> native_layer_norm, SimplifiedLayerNormalization / RMSNormalization -> rms_norm,
   BatchNormalization -> batch norm (inference), InstanceNormalization, GroupNormalization; com.microsoft
-  SkipLayerNormalization / SkipSimplifiedLayerNormalization -> the residual add, then the norm.
+  SkipLayerNormalization / SkipSimplifiedLayerNormalization -> the norm with its fused residual inputs.
 - Softmax / LogSoftmax; elementwise ops by their aten names (Gelu with its approximation; com.microsoft FastGelu
-  and BiasGelu -> the bias add, then gelu; BiasAdd -> adds).
+  and BiasGelu -> gelu with its fused bias; BiasAdd -> adds).
 - Movement: Reshape, Flatten, Squeeze, Unsqueeze, Identity and inference Dropout alias their input (views, as
   onnxruntime runs them); Transpose, Slice, Expand, Split, Concat, Cast, Pad, Tile, Resize copy; Gather of a
   weight is an embedding lookup, other gathers read what they touch.
@@ -252,16 +252,14 @@ def rms_norm(b: Builder, node, a) -> None:
 
 @maps("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", domain=MS)
 def skip_norm(b: Builder, node, a) -> None:
-    """input + skip (+ bias), then the norm: two nodes (the sum is an output of its own where asked for)."""
-    x, skip, bias = _in(b, node, 0), _in(b, node, 1), _in(b, node, 4 if node.op_type[4] == "L" else 3)
-    total = node.output[3] if len(node.output) > 3 and node.output[3] else None
-    b.add(node, "add", [("self", x), ("other", skip), *([("bias", bias)] if bias else [])],
-          [total] if total else [TensorMeta(x.shape, x.dtype, x.stride)])
-    s = b.meta(total) if total else b.inner(x.shape, node.input[0])
+    """norm(input + skip (+ bias)) as one fused kernel: the norm rule with its residual inputs (one add per element
+    each, read once; the sum written only where the node outputs it, output 3)."""
     rms = node.op_type.startswith("SkipSimplified")
+    x, skip, bias = _in(b, node, 0), _in(b, node, 1), _in(b, node, 3 if rms else 4)
+    outs = [node.output[0]] + ([node.output[3]] if len(node.output) > 3 and node.output[3] else [])
     b.add(node, "rms_norm" if rms else "native_layer_norm",
-          [("input", s), ("weight", _in(b, node, 2)), *([] if rms else [("bias", _in(b, node, 3))])],
-          [node.output[0]], {"normalized_shape": [x.shape[-1]]})
+          [("input", x), ("residual", skip), ("residual_bias", bias), ("weight", _in(b, node, 2)),
+           *([] if rms else [("bias", _in(b, node, 3))])], outs, {"normalized_shape": [x.shape[-1]]})
 
 
 @maps("BatchNormalization")
@@ -286,13 +284,8 @@ def group_norm(b: Builder, node, a) -> None:
 
 @maps("FastGelu", "BiasGelu", domain=MS)
 def bias_gelu(b: Builder, node, a) -> None:
-    """The bias add (when there is a bias), then gelu: tanh form for FastGelu, erf form for BiasGelu."""
-    x, bias = _in(b, node, 0), _in(b, node, 1)
-    src = x
-    if bias is not None:
-        b.add(node, "add", [("self", x), ("other", bias)], [TensorMeta(x.shape, x.dtype, x.stride)])
-        src = b.inner(x.shape, node.input[0])
-    b.add(node, "gelu", [("self", src)], [node.output[0]],
+    """gelu(x + bias) as one kernel: tanh form for FastGelu, erf form for BiasGelu; the bias add fused."""
+    b.add(node, "gelu", [("self", _in(b, node, 0)), ("bias", _in(b, node, 1))], [node.output[0]],
           {"approximate": "tanh"} if node.op_type == "FastGelu" else {})
 
 
