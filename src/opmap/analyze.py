@@ -479,5 +479,6 @@ def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
             evidence: str = "") -> Analysis:
     """Capture, cost, map and predict ``workload`` on ``hw`` at ``dtype`` under the ``fusion`` policy."""
     check_analysis_inputs(hw, dtype, fusion, plan_file)
-    graph = capture(workload.module, workload.inputs, overrides=overrides)
+    graph = workload.graph if workload.graph is not None else capture(workload.module, workload.inputs,
+                                                                      overrides=overrides)
     return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)
