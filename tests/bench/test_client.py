@@ -65,7 +65,7 @@ def test_closed_loop_holds_its_concurrency():
     with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
         res = run_load(f"http://127.0.0.1:{port}/v1", "null", closed(12), concurrency=3)
     assert len(res.records) == 12 and all(r.ok for r in res.records)
-    assert res.options["peak_in_flight"] == 3 and res.options["pool_connections"] == 3
+    assert res.options["peak_in_flight"] == 3 and res.options["connections_opened"] == 3
     assert res.server_models == ("null",) and res.server_header == "opmap-null"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import threading
 from dataclasses import dataclass
@@ -50,7 +51,9 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(ev), ev)
 
 
+@functools.lru_cache(maxsize=256)
 def _token_event(chat: bool, model: str, text: str, finish: str | None) -> bytes:
+    """One token's event, built once per kind (the server's own cost stays out of the client's ceiling)."""
     if chat:
         choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
         obj = "chat.completion.chunk"

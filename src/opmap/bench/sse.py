@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,10 @@ class SSEParser:
                     out.append(Event("\n".join(self._data), self._event or "message"))
                 self._data, self._event = [], ""
                 continue
-            self._field(raw.decode("utf-8", errors="replace"))
+            if raw[:6] == b"data: ":  # the common line, without the general field parsing
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+            else:
+                self._field(raw.decode("utf-8", errors="replace"))
         return out
 
     def _field(self, line: str) -> None:
@@ -83,8 +86,7 @@ class SSEParser:
         return pending
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     """What one OpenAI streaming event carries. ``text``: the generated text in it ("" when none: a role-only
     or finish-only chunk, a usage chunk); ``usage``: the usage object when present; ``finish_reason``: set on
     the chunk that ends a choice; ``error``: the error message of an error chunk (or a chunk that is not a JSON
@@ -103,7 +105,7 @@ DONE = Chunk(done=True)
 def read_chunk(data: str) -> Chunk:
     """The meaning of one event's data: ``[DONE]``, an error, or a completion / chat chunk (text from
     ``choices[0].text`` or ``choices[0].delta.content``, a reasoning model's ``reasoning_content`` included)."""
-    if data.strip() == "[DONE]":
+    if data[:1] != "{" and data.strip() == "[DONE]":
         return DONE
     try:
         d = json.loads(data)
