@@ -25,7 +25,7 @@ def bench(
                                                                        "sent when one ends (default 1 without "
                                                                        "--arrival)."),
     requests: int | None = typer.Option(None, "--requests", help=f"Requests measured (default {DEFAULT_REQUESTS} "
-                                                                 "without --duration)."),
+                                                                 "without --duration; a trace: all its rows)."),
     duration: float | None = typer.Option(None, "--duration", help="Send for this long, s (in-flight requests "
                                                                    "still finish)."),
     warmup: int = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures."),
@@ -64,9 +64,10 @@ def bench(
         raise OpmapError("--arrival (open loop) and --concurrency (closed loop) are two loads: give one")
     root = endpoint_root(url)
     ilen, olen = parse_length(input_len), parse_length(output_len)
-    if requests is None and duration is None:
-        requests = DEFAULT_REQUESTS
+    if requests is None and duration is None and not (arrival or "").strip().startswith("trace:"):
+        requests = DEFAULT_REQUESTS  # a trace without either: all its rows
     plan = load_plan(arrival, concurrency, requests, duration, warmup, ilen, olen, seed)
+    plan.spec.update(api=api, timeout_s=timeout, ignore_eos=ignore_eos, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot)
     if out is not None:
         from opmap.report.outputs import check_out_dir
 
