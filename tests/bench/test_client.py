@@ -101,6 +101,22 @@ def test_an_error_event_mid_stream_is_a_stream_error():
     assert res.records[0].error == "KV cache exhausted"
 
 
+def test_an_sse_error_event_is_a_stream_error():
+    with ThreadServer(FaultServer("sse-error")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1)
+    assert res.records[0].status == "stream_error" and "out of memory" in res.records[0].error
+
+
+def test_a_server_that_refuses_ignore_eos_gets_the_requests_without_it():
+    """transformers serve answers a field it does not know with a 422: the run goes on without the field."""
+    server = FaultServer("strict")
+    with ThreadServer(server) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(6), concurrency=2)
+    assert all(r.ok for r in res.records) and len(res.records) == 6
+    assert "Unexpected fields" in res.options["ignore_eos_refused"] and res.options["ignore_eos"] is False
+    assert 1 <= server.posts <= 2  # the requests in flight when the refusal came, once each
+
+
 def test_a_server_that_never_answers_hits_the_timeout_and_the_run_ends():
     t = time.perf_counter()
     with ThreadServer(FaultServer("hang")) as port:

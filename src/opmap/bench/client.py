@@ -115,6 +115,7 @@ class _Run:
         self.tasks: set[asyncio.Task] = set()
         self.stop: asyncio.Event | None = None  # made on the loop (main)
         self.cancelled = 0
+        self.ignore_eos_refused: str | None = None  # the server's refusal of ignore_eos, when it refused it
         self.interrupted = False
         self.peak_in_flight = 0
         self.in_flight = 0
@@ -147,7 +148,8 @@ class _Run:
         return BenchResult(tuple(self.records), self.root, self.model, self.api,
                            "open" if self.concurrency is None else "closed", self.concurrency, started_unix, wall,
                            self.interrupted, self.cancelled, tuple(models), server,
-                           {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos, "duration_s": self.duration_s,
+                           {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos,
+                            "ignore_eos_refused": self.ignore_eos_refused, "duration_s": self.duration_s,
                             "connections_opened": self.pool.opened, "peak_in_flight": self.peak_in_flight,
                             "extra_body": self.extra_body or {}})
 
@@ -247,13 +249,33 @@ class _Run:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
     async def _one(self, spec: RequestSpec) -> None:
-        """Send one request, read its stream, append its record (also on failure)."""
-        from opmap.bench.http import HTTPClosed, HTTPProtocolError
-
-        body = request_body(spec, self.model, self.api, self.ignore_eos, self.extra_body)
-        st = _Stream(self.t0)
+        """Send one request, read its stream, append its record (also on failure). A server that refuses the
+        ignore_eos field (a 400 or 422 naming it: transformers serve checks every field) gets this request again
+        without it, and so does every later one (the run's options say so)."""
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            for _ in range(2):
+                ignore_eos = self.ignore_eos
+                sent, st, status, error, http_status = await self._exchange(spec, ignore_eos)
+                if not (ignore_eos and status == "http_error" and http_status in (400, 422)
+                        and "ignore_eos" in error):
+                    break
+                self.ignore_eos, self.ignore_eos_refused = False, error[:200]
+        finally:
+            self.in_flight -= 1
+        end = time.perf_counter() - self.t0
+        self.records.append(RequestRecord(
+            spec.index, spec.scheduled_s, sent, st.first, tuple(st.times), end, spec.input_tokens, spec.max_tokens,
+            st.usage_prompt, st.usage_completion, st.events, status, error, http_status, spec.warmup))
+        self._report_progress()
+
+    async def _exchange(self, spec: RequestSpec, ignore_eos: bool):
+        """One request on the wire: (sent_s, its stream, status, error, HTTP status)."""
+        from opmap.bench.http import HTTPClosed, HTTPProtocolError
+
+        body = request_body(spec, self.model, self.api, ignore_eos, self.extra_body)
+        st = _Stream(self.t0)
         sent = time.perf_counter() - self.t0
         error, http_status = "", None
         try:
@@ -266,13 +288,7 @@ class _Run:
             status, error = "dropped", _why(e)
         except OSError as e:
             status, error = "connect_error", _why(e)
-        finally:
-            self.in_flight -= 1
-        end = time.perf_counter() - self.t0
-        self.records.append(RequestRecord(
-            spec.index, spec.scheduled_s, sent, st.first, tuple(st.times), end, spec.input_tokens, spec.max_tokens,
-            st.usage_prompt, st.usage_completion, st.events, status, error, http_status, spec.warmup))
-        self._report_progress()
+        return sent, st, status, error, http_status
 
     def _report_progress(self, force: bool = False) -> None:
         if self.progress is None:
@@ -308,6 +324,9 @@ class _Stream:
         now = t - self.t0
         for ev in self.parser.feed(data):
             self.events += 1
+            if ev.event == "error":  # an SSE error event (TGI), whatever its data holds
+                self.result = ("stream_error", ev.data[:200])
+                return
             c = read_chunk(ev.data)
             if c.done:
                 self.result = ("ok", "")
