@@ -108,7 +108,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="about how long each closed case runs")
     a = ap.parse_args()
-    con = Console()
+    con = Console(width=170)
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     proc, port = start_server()
