@@ -58,7 +58,7 @@ def request_body(spec: RequestSpec, model: str, api: str, ignore_eos: bool,
         body["ignore_eos"] = True
     if extra:
         body.update(extra)
-    return json.dumps(body).encode()
+    return json.dumps(body, allow_nan=False).encode()
 
 
 def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: str = "completions",

@@ -61,7 +61,7 @@ def _token_event(chat: bool, model: str, text: str, finish: str | None) -> bytes
         choice = {"index": 0, "text": text, "finish_reason": finish}
         obj = "text_completion"
     return _chunk(json.dumps({"id": "null", "object": obj, "created": 0, "model": model,
-                              "choices": [choice]}).encode())
+                              "choices": [choice]}, allow_nan=False).encode())
 
 
 def _prompt_words(req: dict) -> int:
@@ -102,7 +102,7 @@ class NullServer:
     async def route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
         if method == "GET" and path.rstrip("/") == "/v1/models":
             writer.write(_response("200 OK", json.dumps(
-                {"object": "list", "data": [{"id": self.cfg.model, "object": "model"}]}).encode()))
+                {"object": "list", "data": [{"id": self.cfg.model, "object": "model"}]}, allow_nan=False).encode()))
             await writer.drain()
             return
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
@@ -138,7 +138,8 @@ class NullServer:
         usage = {"prompt_tokens": _prompt_words(req), "completion_tokens": n,
                  "total_tokens": _prompt_words(req) + n}
         writer.write(_chunk(json.dumps({"id": "null", "object": "text_completion", "created": 0,
-                                        "model": cfg.model, "choices": [], "usage": usage}).encode()))
+                                        "model": cfg.model, "choices": [], "usage": usage},
+                                       allow_nan=False).encode()))
         writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
         await writer.drain()
 
