@@ -61,6 +61,20 @@ def test_open_loop_sends_keep_their_schedule_while_the_server_is_saturated():
     assert res.mode == "open" and res.options["peak_in_flight"] > 5
 
 
+def test_the_figures_match_the_servers_own_pacing():
+    """The null server waits 40 ms before the first token and 10 ms between the 6 tokens: TTFT cannot be under
+    40 ms (the wait starts after the send), TPOT and ITL sit at 10 ms and e2e at 40 + 5 x 10 = 90 ms, plus the
+    loopback and the loops' wake-ups (a few ms on a loaded machine)."""
+    from opmap.bench.metrics import summarize
+
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.04, token_s=0.01))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(10, out=6), concurrency=2)
+    lat = summarize(res.records, min_duration_s=0, min_queries=0)["latency"]
+    assert 0.04 <= lat["ttft"]["p50_s"] < 0.07
+    assert 0.009 <= lat["tpot"]["p50_s"] < 0.016 and 0.008 <= lat["itl"]["p50_s"] < 0.016
+    assert 0.09 <= lat["e2e"]["p50_s"] < 0.13
+
+
 def test_closed_loop_holds_its_concurrency():
     with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
         res = run_load(f"http://127.0.0.1:{port}/v1", "null", closed(12), concurrency=3)
