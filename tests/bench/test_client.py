@@ -75,6 +75,14 @@ def test_the_figures_match_the_servers_own_pacing():
     assert 0.09 <= lat["e2e"]["p50_s"] < 0.13
 
 
+def test_an_api_key_goes_as_a_bearer_token():
+    server = NullServer(NullConfig())
+    with ThreadServer(server) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1, api_key="sk-test")
+    assert res.records[0].ok and "authorization: Bearer sk-test" in server.last_head
+    assert "sk-test" not in repr(res.to_dict())
+
+
 def test_closed_loop_holds_its_concurrency():
     with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
         res = run_load(f"http://127.0.0.1:{port}/v1", "null", closed(12), concurrency=3)

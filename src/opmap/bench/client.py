@@ -65,14 +65,15 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
              concurrency: int | None = None, timeout_s: float = 600.0, ignore_eos: bool = True,
              progress: Callable[[int, int | None], None] | None = None, duration_s: float | None = None,
              total: int | None = None, extra_body: dict[str, Any] | None = None,
-             connect_timeout_s: float = 10.0) -> BenchResult:
+             connect_timeout_s: float = 10.0, api_key: str | None = None) -> BenchResult:
     """Send ``specs`` to ``base_url`` and time them; returns the run's records.
 
     ``concurrency``: closed loop with that many requests in flight; None: open loop, each spec sent at its
     ``scheduled_s``. ``duration_s``: stop sending once that many seconds have passed (open loop: no spec
     scheduled after it is sent); requests in flight still finish. ``timeout_s``: the limit on one request, from
     its send to its stream's end (s). ``progress(done, total)``: called as requests end (at most every 0.1 s,
-    and once at the end). ``total``: the number of specs when ``specs`` is a lazy iterator (for progress)."""
+    and once at the end). ``total``: the number of specs when ``specs`` is a lazy iterator (for progress).
+    ``api_key``: sent as ``Authorization: Bearer`` (never recorded)."""
     if api not in APIS:
         raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
     root = endpoint_root(base_url)
@@ -80,6 +81,8 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
         total = len(specs)  # type: ignore[arg-type]
     run = _Run(root, model, api, concurrency, timeout_s, ignore_eos, progress, duration_s, total, extra_body,
                connect_timeout_s)
+    if api_key:
+        run.headers = {**REQUEST_HEADERS, "authorization": f"Bearer {api_key}"}
     return asyncio.run(run.main(iter(specs)))
 
 
@@ -116,6 +119,7 @@ class _Run:
         self.stop: asyncio.Event | None = None  # made on the loop (main)
         self.cancelled = 0
         self.ignore_eos_refused: str | None = None  # the server's refusal of ignore_eos, when it refused it
+        self.headers = REQUEST_HEADERS
         self.interrupted = False
         self.peak_in_flight = 0
         self.in_flight = 0
@@ -161,8 +165,9 @@ class _Run:
         got: list[bytes] = []
         try:
             async with asyncio.timeout(min(self.connect_timeout_s, self.timeout_s) * 3):
-                status, headers = await self.pool.request("GET", "/v1/models", b"", {"accept": "application/json"},
-                                                          lambda b, t: got.append(b))
+                hdrs = {k: v for k, v in self.headers.items() if k in ("authorization", "user-agent")}
+                status, headers = await self.pool.request("GET", "/v1/models", b"", {**hdrs, "accept":
+                                                          "application/json"}, lambda b, t: got.append(b))
         except (HTTPClosed, HTTPProtocolError, TimeoutError) as e:
             raise OpmapError(f"{self.root}/v1/models did not answer: {_why(e)}") from None
         except OSError as e:
@@ -280,7 +285,7 @@ class _Run:
         error, http_status = "", None
         try:
             async with asyncio.timeout(self.timeout_s):
-                http_status, _ = await self.pool.request("POST", self.path, body, REQUEST_HEADERS, st.feed)
+                http_status, _ = await self.pool.request("POST", self.path, body, self.headers, st.feed)
             status, error = st.outcome(http_status)
         except TimeoutError:
             status, error = "timeout", f"no end of stream within {self.timeout_s:g} s"

@@ -34,6 +34,10 @@ class HTTPClosed(ConnectionError):
         self.got_bytes = got_bytes
 
 
+class ConnectTimeout(OSError):
+    """No connection within the connect timeout (an OSError, as a refused connection is)."""
+
+
 class HTTPProtocolError(ConnectionError):
     """The response is not HTTP/1.x as framed above."""
 
@@ -244,9 +248,12 @@ class Pool:
     async def _open(self) -> _Conn:
         loop = asyncio.get_running_loop()
         o = self.origin
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _Conn(self.clock), o.host, o.port, ssl=self._ssl,
-                                   server_hostname=o.host if self._ssl else None), self.connect_timeout_s)
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(self.clock), o.host, o.port, ssl=self._ssl,
+                                       server_hostname=o.host if self._ssl else None), self.connect_timeout_s)
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection to {o.host}:{o.port} within {self.connect_timeout_s:g} s") from None
         self.opened += 1
         return conn
 
@@ -260,7 +267,7 @@ class Pool:
                       on_data: Callable[[bytes, float], None]) -> tuple[int, dict[str, str]]:
         """Send one request and deliver its body to ``on_data`` as it arrives; (status, headers) at its end.
         A reused connection the server had closed (no byte of the response came back) is retried once on a new
-        one. Raises OSError / asyncio.TimeoutError (connect), HTTPClosed, HTTPProtocolError; a cancelled or
+        one. Raises OSError (connect: refused, ConnectTimeout, DNS), HTTPClosed, HTTPProtocolError; a cancelled or
         failed exchange closes its connection."""
         payload = self._head(method, path, body, headers)
         for attempt in (0, 1):

@@ -77,6 +77,7 @@ class NullServer:
         self.cfg = cfg
         self.lock: asyncio.Lock | None = None
         self.requests = 0
+        self.last_head = ""  # the last request's head (request line and headers), for tests
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -85,7 +86,8 @@ class NullServer:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
-                line, _, rest = head.decode("latin-1").partition("\r\n")
+                self.last_head = head.decode("latin-1")
+                line, _, rest = self.last_head.partition("\r\n")
                 method, path = (line.split(" ") + ["", ""])[:2]
                 length = 0
                 for h in rest.split("\r\n"):

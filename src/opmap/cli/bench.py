@@ -49,7 +49,9 @@ def bench(
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
-    percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity."""
+    percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
+    endpoint that wants a key gets $OPENAI_API_KEY as a bearer token (read from the environment, never written
+    or recorded)."""
     from opmap.bench.client import APIS, endpoint_root
     from opmap.serve.arrivals import MAX_REQUESTS, parse_length
 
@@ -72,7 +74,10 @@ def bench(
         from opmap.report.outputs import check_out_dir
 
         check_out_dir(out)
-    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+    import os
+
+    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos,
+                   api_key=os.environ.get("OPENAI_API_KEY") or None)
     figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
     print_summary(body)
     if out is not None:
