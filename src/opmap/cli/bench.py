@@ -3,7 +3,10 @@ and measure TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (opmap.b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -11,6 +14,9 @@ from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, positive_in
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_REQUESTS = 100
 
@@ -87,13 +93,20 @@ def bench(
         raise typer.Exit(130)  # what was measured is kept (printed, written, recorded); the exit says it stopped
 
 
+@dataclass
 class LoadPlan:
-    """What to send: the specs (lazy), how many (None: until the duration ends), the loop, and the spec as
-    bench.json records it."""
+    """What to send: the specs (lazy), how many (None: until the duration ends), the loop (concurrency None:
+    open), the duration, the spec as bench.json records it; an open loop's schedule too (send times s, input
+    and output lengths: what --predict simulates), None in a closed loop."""
 
-    def __init__(self, specs, total, concurrency, duration_s, spec):
-        self.specs, self.total, self.concurrency, self.duration_s, self.spec = (specs, total, concurrency,
-                                                                                duration_s, spec)
+    specs: Iterator
+    total: int | None
+    concurrency: int | None
+    duration_s: float | None
+    spec: dict
+    times: np.ndarray | None = None
+    input_len: np.ndarray | None = None
+    output_len: np.ndarray | None = None
 
 
 def load_plan(arrival: str | None, concurrency: int | None, requests: int | None, duration: float | None,
@@ -111,7 +124,8 @@ def load_plan(arrival: str | None, concurrency: int | None, requests: int | None
         arr = w.parse_load_arrival(arrival)
         times, ins, outs = w.schedule(arr, ilen, olen, n, duration, seed)
         spec["arrival"] = arr.spec()
-        return LoadPlan(w.open_specs(times, ins, outs, warmup, seed, **kw), len(times), None, duration, spec)
+        return LoadPlan(w.open_specs(times, ins, outs, warmup, seed, **kw), len(times), None, duration, spec, times,
+                        ins, outs)
     c = concurrency or 1
     spec["concurrency"] = c
     return LoadPlan(w.closed_specs(ilen, olen, n, warmup, seed, **kw), n, c, duration, spec)
