@@ -211,7 +211,9 @@ class _Conn(asyncio.Protocol):
                     return
                 pos = eol + 2
                 continue
-            size_text = buf[pos:eol].split(b";", 1)[0].strip()
+            size_text = buf[pos:eol]
+            if b";" in size_text:  # chunk extensions: ignored
+                size_text = size_text.split(b";", 1)[0]
             try:
                 size = int(size_text, 16)
             except ValueError:
@@ -219,6 +221,9 @@ class _Conn(asyncio.Protocol):
             pos = eol + 2
             if size == 0:
                 self._state = "trailers"
+            elif pos + size + 2 <= n and buf[pos + size:pos + size + 2] == b"\r\n":  # the whole chunk is here
+                out.append(buf[pos:pos + size])
+                pos += size + 2
             else:
                 self._left = size
         if out:
