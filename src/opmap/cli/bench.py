@@ -31,7 +31,8 @@ def bench(
                                                                        "sent when one ends (default 1 without "
                                                                        "--arrival)."),
     requests: int | None = typer.Option(None, "--requests", help=f"Requests measured (default {DEFAULT_REQUESTS} "
-                                                                 "without --duration; a trace: all its rows)."),
+                                                                 "without --duration; a trace: at most this "
+                                                                 "many rows, as opmap serve)."),
     duration: float | None = typer.Option(None, "--duration", help="Send for this long, s (in-flight requests "
                                                                    "still finish)."),
     warmup: int = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures."),
@@ -72,18 +73,14 @@ def bench(
         raise OpmapError("--arrival (open loop) and --concurrency (closed loop) are two loads: give one")
     root = endpoint_root(url)
     ilen, olen = parse_length(input_len), parse_length(output_len)
-    if requests is None and duration is None and not (arrival or "").strip().startswith("trace:"):
-        requests = DEFAULT_REQUESTS  # a trace without either: all its rows
+    if requests is None and duration is None:
+        requests = DEFAULT_REQUESTS
     plan = load_plan(arrival, concurrency, requests, duration, warmup, ilen, olen, seed)
-    plan.spec.update(api=api, timeout_s=timeout, ignore_eos=ignore_eos, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot)
     if out is not None:
         from opmap.report.outputs import check_out_dir
 
         check_out_dir(out)
-    import os
-
-    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos,
-                   api_key=os.environ.get("OPENAI_API_KEY") or None)
+    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
     figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
     print_summary(body)
     if out is not None:
@@ -132,7 +129,10 @@ def load_plan(arrival: str | None, concurrency: int | None, requests: int | None
 
 
 def drive(root: str, model: str, plan: LoadPlan, **kw):
-    """Run the load with a progress bar (requests ended / total, elapsed)."""
+    """Run the load with a progress bar (requests ended / total, elapsed); $OPENAI_API_KEY, when set, as the
+    bearer token."""
+    import os
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from opmap.bench.client import run_load
@@ -146,6 +146,7 @@ def drive(root: str, model: str, plan: LoadPlan, **kw):
         def progress(done: int, total: int | None) -> None:
             bar.update(task, completed=done, total=total)
 
+        kw.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or None)
         return run_load(root, model, plan.specs, concurrency=plan.concurrency, duration_s=plan.duration_s,
                         total=plan.total, progress=progress, **kw)
 
@@ -156,6 +157,9 @@ def finish(result, plan: LoadPlan, slo_ttft: float | None, slo_tpot: float | Non
     from opmap.bench.metrics import summarize
     from opmap.bench.outputs import bench_body
 
+    o = result.options
+    plan.spec.update(api=result.api, timeout_s=o.get("timeout_s"), ignore_eos=o.get("ignore_eos"),
+                     slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot)
     figures = summarize(result.records, slo_ttft_s=None if slo_ttft is None else slo_ttft / 1e3,
                         slo_tpot_s=None if slo_tpot is None else slo_tpot / 1e3, min_duration_s=min_duration,
                         min_queries=min_queries, interrupted=result.interrupted)
