@@ -57,7 +57,9 @@ def test_open_loop_sends_keep_their_schedule_while_the_server_is_saturated():
     # queueing theory of this deterministic queue: request k waits k x (service - gap) = 15 ms x k
     assert ttft[-1] > 0.6 * (n - 1) * (service - gap) + service
     assert np.percentile(ttft, 99) > 10 * service
-    assert lag.max() < 0.02 and abs(np.median(lag[-10:]) - np.median(lag[:10])) < 0.01  # no drift
+    # no send waits for the server: the worst lag is a scheduling hiccup (a loaded machine), far under the
+    # queueing TTFT, and the late sends lag no more than the early ones (no drift)
+    assert lag.max() < 0.05 and abs(np.median(lag[-10:]) - np.median(lag[:10])) < 0.01
     assert res.mode == "open" and res.options["peak_in_flight"] > 5
 
 
@@ -170,6 +172,6 @@ def test_ctrl_c_keeps_what_was_measured():
             res = run_load(f"http://127.0.0.1:{port}", "null", scheduled(np.arange(1, 61) * 0.025))
         finally:
             timer.cancel()
-    assert res.interrupted and time.perf_counter() - t < 1.2
+    assert res.interrupted and time.perf_counter() - t < 1.4  # 1.5 s had it run to its end
     assert 5 < len(res.records) < 60 and all(r.ok for r in res.records)
     assert res.in_flight_at_stop >= 1
