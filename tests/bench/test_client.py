@@ -1,0 +1,183 @@
+"""The load client against small local servers: the null streaming server (opmap.bench.nullserver) where a
+test is about the client's own timing, and servers imitating one failure each (bench_servers.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from bench_servers import FaultServer
+
+from opmap.bench.client import endpoint_root, request_body, run_load
+from opmap.bench.nullserver import NullConfig, NullServer, ThreadServer
+from opmap.bench.records import RequestSpec
+from opmap.errors import OpmapError
+
+
+def closed(n: int, out: int = 4) -> list[RequestSpec]:
+    return [RequestSpec(i, None, "one two three", 3, out) for i in range(n)]
+
+
+def scheduled(times, out: int = 4) -> list[RequestSpec]:
+    return [RequestSpec(i, float(t), "one two three", 3, out) for i, t in enumerate(times)]
+
+
+def test_base_url_with_or_without_v1():
+    assert endpoint_root("http://h:8000/v1/") == "http://h:8000"
+    assert endpoint_root("http://h:8000") == "http://h:8000"
+    with pytest.raises(OpmapError, match="http:// or https://"):
+        endpoint_root("h:8000")
+
+
+def test_request_body_streams_with_usage_and_ignore_eos():
+    import json
+
+    b = json.loads(request_body(RequestSpec(0, None, "p", 1, 5), "m", "chat", True))
+    assert b["stream"] and b["stream_options"] == {"include_usage": True} and b["ignore_eos"]
+    assert b["messages"] == [{"role": "user", "content": "p"}] and b["max_tokens"] == 5
+    assert "ignore_eos" not in json.loads(request_body(RequestSpec(0, None, "p", 1, 5), "m", "completions", False))
+
+
+def test_open_loop_sends_keep_their_schedule_while_the_server_is_saturated():
+    """A server that serves one request at a time, 25 ms each, offered one every 10 ms: the queue grows by 15 ms a
+    request, so TTFT grows along the run (p99 far above the service time), while every send stays on its
+    schedule (an open loop does not wait for the server: no coordinated omission)."""
+    n, gap, service = 30, 0.010, 0.025
+    specs = scheduled(np.arange(1, n + 1) * gap, out=1)
+    with ThreadServer(NullServer(NullConfig(first_token_s=service, serialize=True))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", specs)
+        waited = run_load(f"http://127.0.0.1:{port}", "null", specs[:12], concurrency=1)  # sends wait for answers
+    recs = sorted(res.records, key=lambda r: r.index)
+    assert all(r.ok for r in recs) and len(recs) == n
+    ttft = np.array([r.first_token_s - r.sent_s for r in recs])
+    lag = np.array([r.sent_s - r.scheduled_s for r in recs])
+    lag_waited = np.array([r.sent_s - r.scheduled_s for r in sorted(waited.records, key=lambda r: r.index)])
+    # queueing theory of this deterministic queue: request k waits k x (service - gap) = 15 ms x k
+    assert ttft[-1] > 0.6 * (n - 1) * (service - gap) + service
+    assert np.percentile(ttft, 99) > 10 * service
+    # a send that waited for the server (coordinated omission) would lag k x 15 ms at the k-th request; these
+    # sends lag the scheduler's hiccups only (a machine this loaded stalls a process tens of ms now and then)
+    waiting = np.arange(n) * (service - gap)
+    assert np.median(lag) < 0.02 and lag[-10:].mean() < 0.25 * waiting[-10:].mean()
+    # the same check catches a loop that waits: its last sends lag about 11 x 15 ms
+    assert lag_waited[-3:].mean() > 0.5 * waiting[9:12].mean()
+    assert res.mode == "open" and res.options["peak_in_flight"] > 5
+
+
+def test_the_figures_match_the_servers_own_pacing():
+    """The null server waits 40 ms before the first token and 10 ms between the 6 tokens: TTFT cannot be under
+    40 ms (the wait starts after the send), TPOT and ITL sit at 10 ms and e2e at 40 + 5 x 10 = 90 ms, plus the
+    loopback and the loops' wake-ups (a few ms on a loaded machine)."""
+    from opmap.bench.metrics import summarize
+
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.04, token_s=0.01))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(10, out=6), concurrency=2)
+    lat = summarize(res.records, min_duration_s=0, min_queries=0)["latency"]
+    assert 0.04 <= lat["ttft"]["p50_s"] < 0.07
+    assert 0.009 <= lat["tpot"]["p50_s"] < 0.016 and 0.008 <= lat["itl"]["p50_s"] < 0.016
+    assert 0.09 <= lat["e2e"]["p50_s"] < 0.13
+
+
+def test_an_api_key_goes_as_a_bearer_token():
+    server = NullServer(NullConfig())
+    with ThreadServer(server) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1, api_key="sk-test")
+    assert res.records[0].ok and "authorization: Bearer sk-test" in server.last_head
+    assert "sk-test" not in repr(res.to_dict())
+
+
+def test_closed_loop_holds_its_concurrency():
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
+        res = run_load(f"http://127.0.0.1:{port}/v1", "null", closed(12), concurrency=3)
+    assert len(res.records) == 12 and all(r.ok for r in res.records)
+    assert res.options["peak_in_flight"] == 3 and res.options["connections_opened"] == 3
+    assert res.server_models == ("null",) and res.server_header == "opmap-null"
+
+
+def test_merged_events_are_timed_by_event_and_counted_by_usage():
+    with ThreadServer(NullServer(NullConfig(tokens_per_event=4))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(2, out=16), concurrency=1, api="chat")
+    r = res.records[0]
+    assert len(r.token_times_s) == 4 and r.usage_completion_tokens == 16 and r.usage_prompt_tokens == 3
+    assert r.events == 6  # 4 text events, the usage chunk, [DONE]
+
+
+def test_http_500_counted_per_request_and_the_run_goes_on():
+    with ThreadServer(FaultServer("500", every=2)) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(8), concurrency=2)
+    st = sorted(r.status for r in res.records)
+    assert st == ["http_error"] * 4 + ["ok"] * 4
+    bad = next(r for r in res.records if r.status == "http_error")
+    assert bad.http_status == 500 and "internal error" in bad.error and bad.first_token_s is None
+
+
+def test_a_stream_dropped_mid_way_is_counted_with_what_arrived():
+    with ThreadServer(FaultServer("drop", every=3)) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(6), concurrency=1)
+    dropped = [r for r in res.records if r.status == "dropped"]
+    assert len(dropped) == 2 and sum(r.ok for r in res.records) == 4
+    assert all(len(r.token_times_s) == 2 and r.usage_completion_tokens is None for r in dropped)
+
+
+def test_an_error_event_mid_stream_is_a_stream_error():
+    with ThreadServer(FaultServer("error")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(2), concurrency=1)
+    assert [r.status for r in res.records] == ["stream_error"] * 2
+    assert res.records[0].error == "KV cache exhausted"
+
+
+def test_an_sse_error_event_is_a_stream_error():
+    with ThreadServer(FaultServer("sse-error")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1)
+    assert res.records[0].status == "stream_error" and "out of memory" in res.records[0].error
+
+
+def test_a_server_that_refuses_ignore_eos_gets_the_requests_without_it():
+    """transformers serve answers a field it does not know with a 422: the run goes on without the field."""
+    server = FaultServer("strict")
+    with ThreadServer(server) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(6), concurrency=2)
+    assert all(r.ok for r in res.records) and len(res.records) == 6
+    assert "Unexpected fields" in res.options["ignore_eos_refused"] and res.options["ignore_eos"] is False
+    assert 1 <= server.posts <= 2  # the requests in flight when the refusal came, once each
+
+
+def test_a_server_that_never_answers_hits_the_timeout_and_the_run_ends():
+    t = time.perf_counter()
+    with ThreadServer(FaultServer("hang")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(3), concurrency=3, timeout_s=0.5)
+    assert [r.status for r in res.records] == ["timeout"] * 3
+    assert all(0.45 < r.end_s - r.sent_s < 1.5 for r in res.records)
+    assert time.perf_counter() - t < 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_dead_endpoint_is_one_error_before_anything_is_sent():
+    with pytest.raises(OpmapError, match="cannot reach http://127.0.0.1"):
+        run_load(f"http://127.0.0.1:{_free_port()}", "m", closed(1), concurrency=1)
+
+
+def test_ctrl_c_keeps_what_was_measured():
+    """SIGINT a third of the way through a 1.5 s open loop: the run stops at once, marked interrupted, with the
+    requests that ended kept and the ones in flight counted."""
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.05))) as port:
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        t = time.perf_counter()
+        try:
+            res = run_load(f"http://127.0.0.1:{port}", "null", scheduled(np.arange(1, 61) * 0.025))
+        finally:
+            timer.cancel()
+    assert res.interrupted and time.perf_counter() - t < 1.4  # 1.5 s had it run to its end
+    assert 5 < len(res.records) < 60 and all(r.ok for r in res.records)
+    assert res.in_flight_at_stop >= 1
