@@ -45,7 +45,7 @@ from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
 from opmap.mapping.collectives import KERNEL_CLASS, Collective, collective_time
 from opmap.mapping.memory import MemoryFit
-from opmap.mapping.roles import SPLIT_ROLES, Geometry, Roles, infer_roles, phase_of
+from opmap.mapping.roles import SPLIT_ROLES, Geometry, Roles, block_of, infer_roles, phase_of
 from opmap.roofline import Bound, roofline
 
 RECOMPUTE = ("none", "selective", "full")
@@ -279,6 +279,7 @@ class Sharder:
             if self.roles.block[n.id] is not None:
                 first_id.setdefault(phase_of(n), n.id)
         rows = []
+        opt_block: list[int | None] = []  # per optimizer kernel: the block whose parameters it updates (-1 none)
         for k in analysis.kernel_results:
             anchor = g.nodes[k.kernel.anchor]
             role = self.roles.role.get(anchor.id, "replicated")
@@ -298,6 +299,10 @@ class Sharder:
             kv_narrow = (role == "column" and self.roles.kv_width and anchor.outputs
                          and anchor.outputs[0].shape[-1] == self.roles.kv_width)
             mflops = sum(analysis.results[m].cost.matrix_flops for m in k.kernel.nodes)
+            if role == "optimizer" and depth is not None:
+                owners = {block_of(t.param) for m in k.kernel.nodes for t in g.nodes[m].inputs if t.param}
+                one = next(iter(owners)) if len(owners) == 1 else "<several>"
+                opt_block.append(-1 if one is None else blocks.get(one))
             rows.append((role, pos, phase_of(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
                          wfrac, bool(kv_narrow), anchor.op == "aten.scaled_dot_product_attention.default", mflops,
                          "scaled_dot_product" in anchor.op and phase_of(anchor) == "backward"))
@@ -313,13 +318,31 @@ class Sharder:
         self.params = float(depth.params if depth is not None else g.params)
         self.itemsize = (depth.param_bytes / max(1, depth.params)) if depth is not None else \
             g.param_bytes / max(1, g.params)
-        scale = self.params / max(1, g.params) if depth is not None else 1.0
-        opt = [r for r in rows if r[0] == "optimizer"]
-        # optimizer work is per parameter: a shallow capture's optimizer scales to the whole model
-        self._opt = (scale * sum(max(r[3], r[4], r[5]) + r[7] for r in opt), scale * sum(r[6] for r in opt))
+        self._opt = self._optimizer_sums(rows, opt_block, g.params)
         self.kv = context.kv_shape(g)
         self._tables: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
-        self._ctimes: dict[tuple, tuple[float, str]] = {}
+        self._ctimes: dict[tuple, tuple[Collective, float, str]] = {}
+        extra = self.layers - L
+        rep = sum(r[11] for r in rows if r[1] == L - 1 and r[0] != "optimizer") if extra else 0.0
+        self._model_mflops = analysis.total.matrix_flops + extra * rep
+
+    def _optimizer_sums(self, rows, opt_block: list[int | None], captured_params: int) -> tuple[float, float]:
+        """The optimizer kernels' (work, launch) sums for the whole model. A shallow capture: each kernel that
+        updates one block's parameters counts once per layer that block stands for; when a kernel spans blocks
+        (a multi-tensor kernel), the work scales with the parameters and the launches stay as captured."""
+        opt = [r for r in rows if r[0] == "optimizer"]
+        work = [max(r[3], r[4], r[5]) + r[7] for r in opt]
+        launch = [r[6] for r in opt]
+        if self.depth is None:
+            return sum(work), sum(launch)
+        if any(b is None for b in opt_block):
+            return sum(work) * self.params / max(1, captured_params), sum(launch)
+        weight = [1.0] * len(opt)
+        per_block = [self.layer_block.count(i) for i in range(self.L)]
+        for j, b in enumerate(opt_block):
+            if b is not None and b >= 0:
+                weight[j] = per_block[b]
+        return sum(w * x for w, x in zip(weight, work)), sum(w * x for w, x in zip(weight, launch))
 
     @property
     def expert_params(self) -> float:
@@ -329,9 +352,7 @@ class Sharder:
     @property
     def model_matrix_flops(self) -> float:
         """Matrix FLOPs of the whole captured step at the model's depth (a shallow capture's last block repeated)."""
-        extra = self.layers - self.L
-        rep = sum(r[11] for r in self.rows if r[1] == self.L - 1 and r[0] != "optimizer") if extra else 0.0
-        return self.a.total.matrix_flops + extra * rep
+        return self._model_mflops
 
     def kv_bytes_per_token(self) -> float:
         """K and V bytes one token adds over every layer (inference), at the model's depth."""
@@ -456,20 +477,19 @@ class Sharder:
         if p.cp > 1:
             notes.append(f"cp {p.cp}: {context.CP_SOURCE}; each ring step's send overlapped with the attention "
                          "of the chunk in hand, only the excess exposed; weights read whole on every cp rank")
-        if self.depth is not None:
-            notes.append(f"priced from a capture of {self.L} identical blocks standing for {self.layers} "
-                         "(opmap.explore.depth)")
         per_k = tuple(self._kernel_time(r, p) for r in self.rows) if per_kernel else ()
         return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
                        tokens, mflops[slow], tuple(notes), sum(c.predicted_s * c.count for c in ring),
                        sum(c.exposed * c.count for c in ring))
 
-    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str) -> tuple[float, str]:
+    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str) -> tuple[Collective, float, str]:
+        """The collective, its time and algorithm (kept: a layout search asks for the same ones again)."""
         key = (hw.name, kind, msg, group, link)
         hit = self._ctimes.get(key)
         if hit is None:
-            t = collective_time(hw, Collective(kind, float(msg), group, link))
-            hit = self._ctimes[key] = (t.seconds, t.algorithm)
+            c = Collective(kind, float(msg), group, link)
+            t = collective_time(hw, c)
+            hit = self._ctimes[key] = (c, t.seconds, t.algorithm)
         return hit
 
     def _collectives(self, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
@@ -486,8 +506,7 @@ class Sharder:
             if group <= 1 or count <= 0 or msg <= 0:
                 return
             link = link_for(hw, span)
-            t, alg = self._time(hw, kind, msg, group, link)
-            c = Collective(kind, float(msg), group, link)
+            c, t, alg = self._time(hw, kind, msg, group, link)
             ex = None if hide is None else context.exposed(t, hide)
             out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
 
