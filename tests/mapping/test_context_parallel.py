@@ -123,3 +123,21 @@ def test_sequence_must_split_into_2cp_chunks():
         s.shard(Parallelism(cp=3))
     with pytest.raises(OpmapError, match="divide into 128 chunks"):
         s.shard(Parallelism(cp=64))
+
+
+def test_all_gather_variant_gathers_kv_once_per_layer_exposed():
+    """Llama 3's context parallelism (arXiv 2407.21783 sec. 3.3.2): K / V all-gathered per layer (the gathered
+    output: 2 x b s h_kv d x 2 bytes over the heads a rank holds), not overlapped; the backward gathers again and
+    reduce-scatters dK / dV."""
+    s = gpt2_train()
+    r = s.shard(Parallelism(cp=4, cp_comm="all_gather"))
+    cp = [c for c in r.collectives if c.purpose.startswith("CP")]
+    assert sorted((c.stage, c.collective.kind) for c in cp) == [
+        ("backward", "all_gather"), ("backward", "reduce_scatter"), ("forward", "all_gather")]
+    whole = 2 * B * S * HEADS * HEAD_DIM * BF16
+    assert all(c.count == LAYERS and c.collective.group_size == 4 for c in cp)
+    assert all(c.collective.message_bytes == pytest.approx(whole) for c in cp)
+    assert all(c.exposed == c.predicted_s for c in cp)  # the gather sits on the critical path
+    assert r.cp_exposed_s == pytest.approx(r.cp_exchange_s) and "cp4 ag" in r.parallelism.label()
+    with pytest.raises(OpmapError, match="unknown --cp-comm 'a2a'; accepted: p2p, all_gather"):
+        Parallelism(cp=2, cp_comm="a2a")

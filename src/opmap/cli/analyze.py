@@ -64,6 +64,8 @@ def analyze(
     vp: int = typer.Option(1, "--vp", help="Virtual stages per device (interleaved 1F1B)."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel size: each sequence split over cp devices per TP "
                                            "group, attention as a K/V ring (Megatron-Core / TransformerEngine)."),
+    cp_comm: str = typer.Option("p2p", "--cp-comm", help="Context parallelism's exchange: p2p (K/V ring overlapped "
+                                                         "with attention, Megatron-Core) or all_gather (Llama 3)."),
     devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x cp x pp x dp."),
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow --seq / --kv-len past the model's max_position_embeddings "
@@ -108,7 +110,8 @@ def analyze(
     else:
         fusion = rt.fusion
     mb = spec.microbatch or batch if spec.train else batch
-    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, cp=cp, devices=devices, microbatch=mb,
+    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, cp=cp, cp_comm=cp_comm, devices=devices,
+                      microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
     if spec.name != "prefill":

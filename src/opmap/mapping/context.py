@@ -19,6 +19,9 @@ exchange (``AttnFuncWithCPAndKVP2P``, transformer_engine/pytorch/attention: ``cp
 - memory: each rank keeps the activations of its s / cp tokens (saved activations / cp) plus the exchange's
   buffers: K / V double-buffered in forward, K / V and dK / dV in backward (4 chunks, one layer at a time).
 
+The all-gather variant (``cp_comm="all_gather"``, Llama 3's): one all-gather of K / V per layer before the
+attention, exposed (not overlapped); memory holds the gathered K / V and dK / dV of one layer.
+
 Placement (Megatron's default order tp-cp-ep-dp-pp): a CP ring's neighbours are tp ranks apart, so a ring spans
 tp x cp consecutive ranks; the link is ``link_for`` of that span.
 """
@@ -31,6 +34,12 @@ CP_SOURCE = ("Megatron-Core context parallelism over TransformerEngine AttnFuncW
              "causal load balancing: 2 cp chunks, rank r holds r and 2 cp - 1 - r)")
 # K / V double-buffered in forward, K / V and dK / dV in backward (one layer's exchange at a time)
 CP_BUFFER_CHUNKS = 4
+# p2p: the ring above; all_gather: Llama 3's (paper sec. 3.3.2): K / V all-gathered, then the local queries'
+# attention, the gather exposed; in backward K / V gathered again and dK / dV reduce-scattered
+CP_COMMS = ("p2p", "all_gather")
+CP_ALL_GATHER_SOURCE = ("all-gather context parallelism as Llama 3 ran it (arXiv 2407.21783 sec. 3.3.2: K / V "
+                        "all-gathered, the local query chunk's attention computed; backward re-gathers K / V and "
+                        "reduce-scatters dK / dV)")
 
 
 @dataclass(frozen=True)

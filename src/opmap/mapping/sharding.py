@@ -95,6 +95,7 @@ class Parallelism:
     # did before --overlap-grad-reduce; DP_OVERLAP: bucketed reduction)
     dp_overlap: float = DP_OVERLAP
     cp: int = 1
+    cp_comm: str = "p2p"  # context.CP_COMMS: the K/V ring (Megatron-Core's default) or one all-gather (Llama 3)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep", "vp", "microbatch", "cp"):
@@ -110,6 +111,8 @@ class Parallelism:
         _check(self.devices == n, f"--devices {self.devices} is not tp x cp x pp x dp = {self.tp} x {self.cp} x "
                                   f"{self.pp} x {self.dp} = {n}")
         _check(not self.sp or self.tp > 1, "--sp (sequence parallelism) needs --tp above 1")
+        _check(self.cp_comm in context.CP_COMMS, f"unknown --cp-comm {self.cp_comm!r}; accepted: "
+                                                 f"{', '.join(context.CP_COMMS)}")
         _check(self.dp % self.ep == 0, f"--ep {self.ep} must divide --dp {self.dp} (experts are spread over "
                                        "data-parallel ranks, as Megatron-core and DeepSpeed-MoE do)")
         _check(self.vp == 1 or self.pp > 1, f"--vp {self.vp} (interleaved stages) needs --pp above 1")
@@ -153,10 +156,12 @@ class Parallelism:
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "sp": self.sp, "vp": self.vp,
                 "microbatch": self.microbatch, "global_batch": self.global_batch, "recompute": self.recompute,
-                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap, "cp": self.cp}
+                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap, "cp": self.cp,
+                "cp_comm": self.cp_comm}
 
     def label(self) -> str:
-        s = f"tp{self.tp}" + (f" cp{self.cp}" if self.cp > 1 else "") + f" pp{self.pp} dp{self.dp}"
+        cp = f" cp{self.cp}" + (" ag" if self.cp_comm == "all_gather" else "") if self.cp > 1 else ""
+        s = f"tp{self.tp}{cp} pp{self.pp} dp{self.dp}"
         s += f" ep{self.ep}" if self.ep > 1 else ""
         s += " sp" if self.sp else ""
         s += f" vp{self.vp}" if self.vp > 1 else ""
@@ -465,7 +470,7 @@ class Sharder:
         p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
         tokens = p.global_batch * (seq if self.a.assumptions.get("seq") else 1)
-        ring = [c for c in colls if c.purpose.startswith("CP")]
+        ring = [c for c in colls if c.purpose.startswith("CP")]  # the ring's sends or the all-gathers
         notes = []
         if self.geo.kv_heads and p.tp > self.geo.kv_heads:
             notes.append(f"tp {p.tp} > {self.geo.kv_heads} KV heads: each KV head replicated on "
@@ -474,9 +479,12 @@ class Sharder:
             notes.append(f"recompute {p.recompute}: " + ("each block's forward runs again in backward"
                                                          if p.recompute == "full" else
                                                          "the attention core (SDPA) runs again in backward"))
-        if p.cp > 1:
+        if p.cp > 1 and p.cp_comm == "p2p":
             notes.append(f"cp {p.cp}: {context.CP_SOURCE}; each ring step's send overlapped with the attention "
                          "of the chunk in hand, only the excess exposed; weights read whole on every cp rank")
+        elif p.cp > 1:
+            notes.append(f"cp {p.cp}: {context.CP_ALL_GATHER_SOURCE}; not overlapped; weights read whole on every "
+                         "cp rank")
         per_k = tuple(self._kernel_time(r, p) for r in self.rows) if per_kernel else ()
         return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
                        tokens, mflops[slow], tuple(notes), sum(c.predicted_s * c.count for c in ring),
@@ -525,7 +533,17 @@ class Sharder:
                 add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
                 add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
                     "backward", bwd_n)
-        if p.cp > 1 and self.kv is not None:
+        if p.cp > 1 and self.kv is not None and p.cp_comm == "all_gather":
+            # Llama 3 (paper sec. 3.3.2): K / V all-gathered before the local queries' attention, exposed; the
+            # backward gathers them again and reduce-scatters dK / dV (message: the gathered K / V per rank)
+            whole = context.chunk_bytes(self.kv, p.tp, p.cp) * p.cp
+            span = p.tp * p.cp
+            add("all_gather", whole, p.cp, span, "CP K/V all-gather", "forward", n_blocks)
+            if bwd:
+                times = 2 if p.recompute != "none" else 1
+                add("all_gather", whole, p.cp, span, "CP K/V all-gather (backward)", "backward", times * n_blocks)
+                add("reduce_scatter", whole, p.cp, span, "CP dK/dV reduce-scatter", "backward", n_blocks)
+        elif p.cp > 1 and self.kv is not None:
             chunk = context.chunk_bytes(self.kv, p.tp, p.cp)
             steps = (p.cp - 1) * n_blocks
             span = p.tp * p.cp
@@ -634,7 +652,8 @@ def sharded_memory(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: 
         act = per_block * blocks * inflight
         cp_note: tuple[str, ...] = ()
         if p.cp > 1 and sharder.kv is not None:
-            buffers = context.CP_BUFFER_CHUNKS * context.chunk_bytes(sharder.kv, p.tp, p.cp)
+            chunks = context.CP_BUFFER_CHUNKS if p.cp_comm == "p2p" else 2 * p.cp  # gathered K / V and dK / dV
+            buffers = chunks * context.chunk_bytes(sharder.kv, p.tp, p.cp)
             act = act / p.cp + buffers
             cp_note = (f"cp {p.cp}: activations of s / {p.cp} tokens per rank, plus {buffers / 2**20:.4g} MiB of "
                        "ring buffers (K / V double-buffered, dK / dV in backward)",)
