@@ -73,3 +73,33 @@ def test_a_model_too_shallow_is_captured_whole():
     w.module.h = torch.nn.ModuleList(list(lst)[:2])
     short, why = shallow(w)
     assert short is None and "captured whole" in why
+
+
+class _Counting(torch.nn.Module):
+    """A model whose forward needs all its blocks: cut short, it refuses to run."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Module()
+        self.inner.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+        self.head = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if len(self.inner.layers) != 4:
+            raise RuntimeError("expects 4 layers")
+        for layer in self.inner.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_plan_captures_whole_a_model_that_counts_its_blocks():
+    from opmap.explore.plan import plan
+    from opmap.workloads.zoo import Workload
+
+    def build(mb):
+        with torch.device("meta"):
+            return Workload("counting", _Counting(), (torch.zeros(mb, 16, 8),), mb, 16)
+
+    r = plan(build, get_hardware("h100-sxm"), 1, "train", microbatches=(1,))
+    assert r["capture"] == "whole model captured (the model does not run with 4 blocks cut short: RuntimeError)"
+    assert r["ranked"] and r["cp_searched"] == [1]  # no fused attention: no context parallelism

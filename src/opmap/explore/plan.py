@@ -195,11 +195,15 @@ def _sharder(build, mb: int, hw: HardwareSpec, dtype: str, training: bool, note:
     if not note.startswith("whole"):
         short, depth = shallow(w)  # depth: what the short capture stands for, or why there is none
         if short is not None:
-            g = capture(short.module, short.inputs, train=training)
-            a = analyze_graph(g, replace(short, module=None, inputs=None), hw, dtype)
-            s = Sharder(a, depth)
-            why = captured_blocks_match(s)
-            if not why:
+            try:
+                g = capture(short.module, short.inputs, train=training)
+            except Exception as e:  # noqa: BLE001 (a forward that counts its blocks: capture it whole instead)
+                g, why = None, f"the model does not run with {depth.layers} blocks cut short: {type(e).__name__}"
+            if g is not None:
+                a = analyze_graph(g, replace(short, module=None, inputs=None), hw, dtype)
+                s = Sharder(a, depth)
+                why = captured_blocks_match(s)
+            if g is not None and not why:
                 return s, g, short.seq or 1, (f"captured {s.L} of {depth.layers} identical blocks, the last standing "
                                               "for the rest (opmap.explore.depth)")
             w = build(mb)
