@@ -69,7 +69,13 @@ def test_plan_ranks_cp_layouts(gpt2_plan):
     assert tps == {8 * 64}
 
 
-def test_plan_refuses_a_cp_the_sequence_does_not_split_over():
+def test_plan_refuses_a_cp_the_sequence_does_not_split_over(fail_if_called=None):
     hw = get_hardware("h100-sxm")
+
+    def never(mb):
+        raise AssertionError("built before the layout was checked")
+
+    with pytest.raises(OpmapError, match="--cp 3 does not divide the 8 devices"):
+        plan(never, hw, 8, "train", cp=3)
     with pytest.raises(OpmapError, match="--cp 3 is not one of"):
         plan(lambda mb: load_workload("gpt2", mb, 64, "bf16", "meta"), hw, 3, "train", microbatches=(1,), cp=3)

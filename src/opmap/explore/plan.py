@@ -122,6 +122,8 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
         raise OpmapError(f"unknown objective {objective!r}; accepted: {', '.join(OBJECTIVES)}")
     if devices < 1:
         raise OpmapError(f"--devices must be at least 1, got {devices}")
+    if cp is not None and (cp < 1 or devices % cp):
+        raise OpmapError(f"--cp {cp} does not divide the {devices} devices (tp x cp x pp x dp = devices)")
     training = phase == "train"
     gb = global_batch or 2 * devices
     per_node = hw.devices_per_node or 1
