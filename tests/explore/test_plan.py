@@ -69,7 +69,7 @@ def test_plan_ranks_cp_layouts(gpt2_plan):
     assert tps == {8 * 64}
 
 
-def test_plan_refuses_a_cp_the_sequence_does_not_split_over(fail_if_called=None):
+def test_plan_refuses_a_cp_the_sequence_does_not_split_over():
     hw = get_hardware("h100-sxm")
 
     def never(mb):
