@@ -6,7 +6,8 @@ time on one device, the collectives the layout implies as kernels of their own (
 ``interconnect``), the pipeline schedule and its bubble, the per-device memory.
 
 Roles (which GEMM is column- or row-parallel, vocabulary-parallel, an expert's, replicated) are read off the
-graph by opmap.mapping.roles.
+graph by opmap.mapping.roles; the layout's collectives are built by opmap.mapping.layout_collectives and its
+per-device memory by opmap.mapping.sharded_memory (both re-exported here).
 
 Per device, a split kernel's terms (matrix, vector, memory) are divided by its split; the launch overhead is
 not. Tiles are not searched again at the sharded shape (the terms scale linearly: stated in the assumptions).
@@ -40,13 +41,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
-from opmap.mapping.collectives import KERNEL_CLASS, Collective, collective_time
-from opmap.mapping.memory import MemoryFit
-from opmap.mapping.roles import SPLIT_ROLES, Geometry, Roles, block_of, infer_roles, phase_of
-from opmap.roofline import Bound, roofline
+from opmap.mapping.collectives import Collective, collective_time
+from opmap.mapping.layout_collectives import CollectiveKernel, layout_collectives, link_for  # noqa: F401 (re-exported)
+from opmap.mapping.roles import SPLIT_ROLES, Geometry, block_of, infer_roles, phase_of
+from opmap.mapping.sharded_memory import SavedPerBlock, saved_per_block, sharded_memory  # noqa: F401 (re-exported)
+from opmap.roofline import Bound
 
 RECOMPUTE = ("none", "selective", "full")
 # Fraction of the DP gradient reduction hidden behind backward: bucketed reduction starts when a bucket's
@@ -176,35 +177,6 @@ class Parallelism:
 # -- per-device kernels -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class CollectiveKernel:
-    """A collective as a kernel row: class ``collective``, bound ``interconnect``."""
-
-    id: str
-    collective: Collective
-    purpose: str
-    stage: str  # forward | backward | iteration
-    count: int  # how many per microbatch (per iteration for the DP reduction) on the slowest stage
-    predicted_s: float  # one call
-    algorithm: str
-    link: str
-    exposed_s: float | None = None  # one call's time not hidden behind compute (None: all of it)
-
-    @property
-    def exposed(self) -> float:
-        return self.predicted_s if self.exposed_s is None else self.exposed_s
-
-    def to_dict(self) -> dict[str, Any]:
-        c = self.collective
-        r = roofline(interconnect_s=self.predicted_s)
-        return {"id": self.id, "kernel_class": KERNEL_CLASS, "collective": c.kind, "message_bytes": c.message_bytes,
-                "group_size": c.group_size, "link": self.link, "predicted_s": self.predicted_s,
-                "interconnect_s": self.predicted_s, "matrix_s": 0.0, "vector_s": 0.0, "memory_s": 0.0,
-                "overhead_s": 0.0, "bound": str(r.bound), "algorithm": self.algorithm, "purpose": self.purpose,
-                "phase": self.stage, "count": self.count, "total_s": self.predicted_s * self.count,
-                "exposed_s": self.exposed, "exposed_total_s": self.exposed * self.count}
-
-
-@dataclass(frozen=True)
 class Sharded:
     """The per-device result of a layout: the kernels' per-device times (``kernel_s``, in the analysis's kernel
     order), the collectives, the pipeline and the iteration (or batch) time."""
@@ -239,12 +211,6 @@ class Sharded:
                 "assumptions": list(ASSUMPTIONS) + [
                     f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
                     "the backward time hides it"] + list(self.notes)}
-
-
-def link_for(hw: HardwareSpec, span: int) -> str:
-    """scale_up when ``span`` consecutive ranks fit one node, else scale_out (module docstring)."""
-    per = hw.devices_per_node or 1
-    return "scale_up" if span <= per else "scale_out"
 
 
 @dataclass(frozen=True)
@@ -457,7 +423,7 @@ class Sharder:
         opt_s = opt_base / d_opt + opt_o
         total = prefix[-1]
         attn = (total[_SDPA_FWD] / L, total[_ATTN_BWD] / L) if L else (0.0, 0.0)
-        colls = self._collectives(p, hw, per, attn)
+        colls = layout_collectives(self, p, hw, per, attn)
         per_mb_coll = sum(c.exposed * c.count for c in colls if c.stage != "iteration")
         slow = max(range(pp), key=lambda i: stage[i])
         mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
@@ -500,171 +466,11 @@ class Sharder:
             hit = self._ctimes[key] = (c, t.seconds, t.algorithm)
         return hit
 
-    def _collectives(self, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
-                     attn: tuple[float, float] = (0.0, 0.0)) -> list[CollectiveKernel]:
-        """The layout's collectives; ``attn``: one layer's attention forward and backward time on one device (the
-        compute a CP ring step hides its send behind)."""
-        out: list[CollectiveKernel] = []
-        r, geo = self.roles, self.geo
-        # the activation the captured graph ran at is one microbatch already; with cp each rank holds s / cp
-        act = geo.act_bytes / p.cp
-        bwd = self.training
-
-        def add(kind, msg, group, span, purpose, stage, count, hide=None):
-            if group <= 1 or count <= 0 or msg <= 0:
-                return
-            link = link_for(hw, span)
-            c, t, alg = self._time(hw, kind, msg, group, link)
-            ex = None if hide is None else context.exposed(t, hide)
-            out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
-
-        n_blocks = blocks_per_stage
-        if p.tp > 1 and act:
-            fwd_n = r.row_groups * n_blocks
-            bwd_n = r.column_groups * n_blocks if bwd else 0
-            if p.sp:
-                add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter after row-parallel", "forward", fwd_n)
-                add("all_gather", act, p.tp, p.tp, "SP all-gather before column-parallel", "forward", fwd_n)
-                add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter of column-parallel input gradients",
-                    "backward", bwd_n)
-                add("all_gather", act, p.tp, p.tp, "SP all-gather of row-parallel output gradients", "backward",
-                    bwd_n)
-            else:
-                add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
-                add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
-                    "backward", bwd_n)
-        if p.cp > 1 and self.kv is not None and p.cp_comm == "all_gather":
-            # Llama 3 (paper sec. 3.3.2): K / V all-gathered before the local queries' attention, exposed; the
-            # backward gathers them again and reduce-scatters dK / dV (message: the gathered K / V per rank)
-            whole = context.chunk_bytes(self.kv, p.tp, p.cp) * p.cp
-            span = p.tp * p.cp
-            add("all_gather", whole, p.cp, span, "CP K/V all-gather", "forward", n_blocks)
-            if bwd:
-                times = 2 if p.recompute != "none" else 1
-                add("all_gather", whole, p.cp, span, "CP K/V all-gather (backward)", "backward", times * n_blocks)
-                add("reduce_scatter", whole, p.cp, span, "CP dK/dV reduce-scatter", "backward", n_blocks)
-        elif p.cp > 1 and self.kv is not None:
-            chunk = context.chunk_bytes(self.kv, p.tp, p.cp)
-            steps = (p.cp - 1) * n_blocks
-            span = p.tp * p.cp
-            f_step, b_step = attn[0] / p.cp, attn[1] / p.cp
-            add("send_recv", chunk, 2, span, "CP K/V ring step (forward)", "forward", steps, f_step)
-            if bwd:
-                add("send_recv", 2 * chunk, 2, span, "CP K/V and dK/dV ring step (backward)", "backward", steps,
-                    b_step)
-                if p.recompute != "none":
-                    add("send_recv", chunk, 2, span, "CP K/V ring step (recomputed forward)", "backward", steps,
-                        f_step)
-        if p.ep > 1 and r.routed_bytes:
-            msg = r.routed_bytes / (p.tp if p.sp else 1) / p.cp
-            add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * n_blocks)
-            add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine (gradients)", "backward",
-                2 * n_blocks if bwd else 0)
-        if p.pp > 1 and act:
-            span = 2 * p.tp * p.cp * p.dp
-            add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)
-            add("send_recv", act / p.tp, 2, span, "PP gradient to the previous stage", "backward",
-                p.vp if bwd else 0)
-        group = p.dp * p.cp
-        if bwd and group > 1:
-            grad = self.params_per_device(p) * self.itemsize
-            span = p.tp * p.cp * p.dp
-            over = f" (over dp x cp = {p.dp} x {p.cp})" if p.cp > 1 else ""
-            if p.zero <= 1:
-                add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1)
-            else:
-                add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1)
-                add("all_gather", grad, group, span, "DP all-gather of updated parameters" + over, "iteration", 1)
-                if p.zero == 3:
-                    add("all_gather", grad, group, span, "ZeRO-3 parameter all-gather (forward and backward)",
-                        "iteration", 2 * p.microbatches)
-        return out
-
     def params_per_device(self, p: Parallelism) -> float:
         """Parameters one device holds: dense / (tp pp), experts / (tp pp ep) (ZeRO shards come on top; cp ranks
         hold the same parameters)."""
         experts = self.expert_params
         return (self.params - experts) / (p.tp * p.pp) + experts / (p.tp * p.pp * p.ep)
-
-
-@dataclass(frozen=True)
-class SavedPerBlock:
-    split_bytes: float
-    replicated_bytes: float
-    scores_bytes: float  # of the split ones, those of S x S shape (selective recomputation drops them)
-    input_bytes: float  # the block's input (full recomputation keeps only this)
-
-
-def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
-    """Forward outputs of the first block that backward nodes read (each tensor once), by role."""
-    if not roles.blocks:
-        return SavedPerBlock(0.0, 0.0, 0.0, 0.0)
-    b0 = roles.blocks[0]
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    split = rep = ss = 0.0
-    for n in graph.nodes:
-        if (n.args.get("phase") or "forward") != "backward":
-            continue
-        for t in n.inputs:
-            p = t.producer
-            if p is None or t.param is not None or roles.block.get(p) != b0:
-                continue
-            src = graph.nodes[p]
-            if (src.args.get("phase") or "forward") != "forward" or src.is_view:
-                continue
-            key = (p, tuple(t.shape))
-            if key in seen:
-                continue
-            seen.add(key)
-            if roles.role.get(p) in SPLIT_ROLES:
-                split += t.nbytes
-                if len(t.shape) >= 2 and t.shape[-1] == seq and t.shape[-2] == seq:
-                    ss += t.nbytes
-            else:
-                rep += t.nbytes
-    return SavedPerBlock(split, rep, ss, roles.geometry.act_bytes)
-
-
-def sharded_memory(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: str, training: bool,
-                   seq: int, capacity_bytes: float | None = None) -> MemoryFit:
-    """Per-device memory of a layout: the model state of the parameters this device holds (dense / (tp x pp),
-    experts also / ep) under mixed-precision AdamW and the ZeRO stage over dp (training), the activations saved
-    for backward by the blocks of one stage for the microbatches in flight on the first stage (min(m, pp), more
-    with interleaving), split over tp where the layer splits them (all of them with SP) and over cp (each rank keeps
-    its s / cp tokens' activations, plus the ring's K / V and dK / dV buffers, ``context.CP_BUFFER_CHUNKS``
-    chunks), the KV cache over tp (KV heads), pp and cp (inference), and the assumed workspace."""
-    from opmap.mapping.memory import TRAIN_BYTES, WORKSPACE, training_state_bytes
-
-    geo = sharder.geo
-    cap = sharder.a.hardware.memory_bytes if capacity_bytes is None else capacity_bytes
-    params = sharder.params_per_device(p)
-    blocks = -(-max(1, geo.layers) // p.pp)
-    notes = (f"per device under {p.label()}: {params:.4g} parameters held",)
-    if training:
-        st = training_state_bytes(params, p.zero, p.dp, fmt if fmt in TRAIN_BYTES else "bf16")
-        rep_div = p.tp if p.sp else 1
-        if p.recompute == "full":
-            per_block = saved.input_bytes / rep_div
-        else:
-            split = saved.split_bytes - (saved.scores_bytes if p.recompute == "selective" else 0.0)
-            per_block = split / p.tp + saved.replicated_bytes / rep_div
-        inflight = min(p.microbatches, p.pp) * (1 + (p.pp - 1) / (p.pp * p.vp) if p.vp > 1 else 1)
-        act = per_block * blocks * inflight
-        cp_note: tuple[str, ...] = ()
-        if p.cp > 1 and sharder.kv is not None:
-            chunks = context.CP_BUFFER_CHUNKS if p.cp_comm == "p2p" else 2 * p.cp  # gathered K / V and dK / dV
-            buffers = chunks * context.chunk_bytes(sharder.kv, p.tp, p.cp)
-            act = act / p.cp + buffers
-            cp_note = (f"cp {p.cp}: activations of s / {p.cp} tokens per rank, plus {buffers / 2**20:.4g} MiB of "
-                       "ring buffers (K / V double-buffered, dK / dV in backward)",)
-        return MemoryFit(st.weights_bytes, st.gradients_bytes, st.optimizer_bytes, act,
-                         0.0, WORKSPACE.value, cap, "training",
-                         assumptions=notes + (f"activations: {blocks} blocks x {inflight:.3g} microbatches in flight "
-                                              "on the first stage", st.note) + cp_note)
-    weights = params * sharder.itemsize * sharder.a.precision.weight_scale
-    kv_div = min(p.tp, geo.kv_heads) if geo.kv_heads else p.tp
-    kv_bytes = sharder.kv_bytes_per_token() * seq * p.microbatch / kv_div / p.pp / p.cp
-    return MemoryFit(weights, 0.0, 0.0, 0.0, kv_bytes, WORKSPACE.value, cap, "inference", assumptions=notes)
 
 
 def shard(analysis, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:
