@@ -1,0 +1,265 @@
+"""A measured load run joined to opmap's prediction of the same workload (``opmap bench --predict``).
+
+The workload is taken from the run's records, not from its spec: each request's send time and the token counts
+the server reported (``usage``; the asked counts where it sent none). It runs through opmap's serving simulator
+(opmap.serve.sim.simulate) with steps priced by opmap's cost model (opmap.serve.model_cost.model_table_cost) for
+the hardware the server runs on, under the batching policy the server runs:
+
+- transformers serve ``--continuous-batching`` (transformers 5.25, generation/continuous_batching/scheduler.py,
+  FIFOScheduler): every step carries all running decodes first, then fills the rest of ``max_batch_tokens``
+  with prompt chunks, new requests admitted in arrival order while KV blocks last; that is the simulator's
+  ``engine`` policy with max_num_seqs = min(1024, max_batch_tokens) (transformers' FALLBACK_DEFAULTS
+  max_requests_per_batch), max_num_batched_tokens = max_batch_tokens, KV blocks of PAGE_TOKENS, chunked prefill.
+- open loop: the simulator's arrivals are the send times; closed loop (``--concurrency C``): a request is sent
+  when the one whose client slot it took ended (plus the client's own measured turnaround), so the simulated
+  sends follow the simulated ends: solved by iterating the simulation until the send times stop moving (causal:
+  at most one pass per request in a slot, plus one).
+- server overhead (optional, ``ServerOverhead``): what the model's kernels do not account for, measured on the
+  server by a probe of sequential requests before the run: ``step_s`` per engine step (the batching loop's
+  Python, eager dispatch, the hand-off of each token to the web process) added to every priced step, and
+  ``request_s`` per request (HTTP, tokenizing, the queue into the engine, SSE out) added to its arrival. The
+  prediction is printed with and without it, so the model's own error and the server's overhead stay apart.
+
+Figures on both sides use one formula (``figures``): TTFT = first token - send, e2e = last token - send, TPOT =
+(e2e - TTFT) / (output tokens - 1), ITL = the gaps between a request's token events (the simulator's per token),
+output tokens/s = output tokens / (last end - first send); warm-up requests are simulated (they load the server)
+but kept out of the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from opmap.errors import OpmapError
+
+SCHEMA_VERSION = 1
+PCTS = (50, 90, 99)
+METRICS = ("ttft", "tpot", "itl", "e2e")
+MAX_REQUESTS_PER_BATCH = 1024  # transformers' continuous batching FALLBACK_DEFAULTS["max_requests_per_batch"]
+MAX_PASSES = 10_000  # closed-loop fixed point: one pass per request in a slot at worst
+
+
+@dataclass(frozen=True)
+class ServerOverhead:
+    """Measured server time outside the model's kernels (s): ``step_s`` per engine step, ``request_s`` per
+    request; ``basis`` says how each was measured."""
+
+    step_s: float
+    request_s: float
+    basis: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "request_s": self.request_s, "basis": self.basis}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The run as the simulator takes it, in send order: send time (s), token counts, warm-up flags, and in a
+    closed loop each request's predecessor in its client slot (-1: the slot's first) and the client's turnaround
+    (s from that predecessor's end to this send)."""
+
+    sent_s: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    warmup: np.ndarray
+    pred: np.ndarray
+    turnaround_s: np.ndarray
+    closed: bool
+
+
+def engine_policy(max_batch_tokens: int, page_tokens: int):
+    """The simulator's policy for transformers' FIFO continuous batching (module docstring)."""
+    from opmap.serve.policies import Engine
+
+    return Engine(max_num_seqs=min(MAX_REQUESTS_PER_BATCH, max_batch_tokens), max_num_batched_tokens=max_batch_tokens,
+                  kv_block=page_tokens)
+
+
+def workload(records, mode: str, concurrency: int | None) -> Workload:
+    """The requests that got an answer, in send order, with their reported token counts (module docstring)."""
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.sent_s)
+    if not ok:
+        raise OpmapError("--predict needs at least one answered request: the run has none")
+    sent = np.array([r.sent_s for r in ok])
+    ends = np.array([r.end_s for r in ok])
+    inp = np.array([r.usage_prompt_tokens or r.input_tokens_asked for r in ok], dtype=np.int64)
+    out = np.array([r.usage_completion_tokens or r.output_tokens_asked for r in ok], dtype=np.int64)
+    warm = np.array([bool(r.warmup) for r in ok])
+    pred = np.full(len(ok), -1, dtype=np.int64)
+    turn = np.zeros(len(ok))
+    closed = mode == "closed" and bool(concurrency)
+    if closed:
+        busy: list[int] = []  # requests holding a client slot
+        for k in range(len(ok)):
+            if len(busy) >= concurrency:  # the slot freed first is the one this send took
+                j = min(busy, key=lambda i: ends[i])
+                busy.remove(j)
+                pred[k], turn[k] = j, max(0.0, sent[k] - ends[j])
+            busy.append(k)
+    return Workload(sent, np.maximum(inp, 1), np.maximum(out, 1), warm, pred, turn, closed)
+
+
+def with_step_overhead(cost, step_s: float):
+    """``cost`` (a TableCost) with ``step_s`` added to every priced prefill and decode step."""
+    if step_s <= 0:
+        return cost
+    return replace(cost, prefill_time_s=[t + step_s for t in cost.prefill_time_s],
+                   decode_time_s=[[t + step_s for t in row] for row in cost.decode_time_s], floor=None,
+                   source=f"{cost.source} + {step_s * 1e3:.3g} ms measured server step overhead")
+
+
+def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
+    """Simulate requests arriving at ``arr_s`` (send order); per-request (first, finish) in send order and the
+    pooled inter-token gaps."""
+    from opmap.serve.arrivals import Requests
+    from opmap.serve.sim import simulate
+
+    order = np.argsort(arr_s, kind="stable")
+    reqs = Requests(arr_s[order], w.input_len[order], w.output_len[order], "bench records")
+    res = simulate(reqs, policy, cost, 1, "round_robin", seed)
+    first, finish = np.empty(len(arr_s)), np.empty(len(arr_s))
+    first[order], finish[order] = res.first_s, res.finish_s
+    return first, finish, res
+
+
+def simulate_workload(w: Workload, policy, cost, overhead: ServerOverhead | None = None, seed: int = 0):
+    """(first token s, last token s, SimResult) per request in send order, sends as the run made them (open
+    loop) or as the simulated ends let them (closed loop); ``overhead.request_s`` delays each arrival at the
+    engine (the request's HTTP and tokenizing)."""
+    lag = overhead.request_s if overhead is not None else 0.0
+    sent = w.sent_s.copy()
+    for _ in range(MAX_PASSES if w.closed else 1):
+        first, finish, res = _simulate_once(sent + lag, w, policy, cost, seed)
+        if not w.closed:
+            break
+        new = sent.copy()
+        has = w.pred >= 0
+        new[has] = finish[w.pred[has]] + w.turnaround_s[has]
+        if np.allclose(new, sent, rtol=0, atol=1e-9):
+            break
+        sent = new
+    return sent, first, finish, res
+
+
+def _stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
+    from opmap.serve.metrics import stats
+
+    s = stats(np.asarray(x, dtype=float), w)
+    return {k: s[k] for k in ("mean_s", *(f"p{p}_s" for p in PCTS))}
+
+
+def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> dict[str, Any]:
+    """Latency (s) at mean / p50 / p90 / p99 and throughput, one formula for the measured and the predicted side
+    (module docstring)."""
+    sent_s, first_s, finish_s = (np.asarray(a, dtype=float) for a in (sent_s, first_s, finish_s))
+    out = np.asarray(output_len, dtype=float)
+    ttft, e2e = first_s - sent_s, finish_s - sent_s
+    multi = out > 1
+    tpot = (e2e - ttft)[multi] / (out[multi] - 1)
+    span = float(finish_s.max() - sent_s.min()) if len(sent_s) else 0.0
+    rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
+    return {"latency": {"ttft": _stats(ttft), "tpot": _stats(tpot), "itl": _stats(np.asarray(itl_gap_s), itl_weight),
+                        "e2e": _stats(e2e)},
+            "throughput": {"requests_per_s": rate(len(sent_s)), "output_tokens_per_s": rate(float(out.sum()))},
+            "requests": int(len(sent_s)), "output_tokens": int(out.sum()), "span_s": span}
+
+
+def measured_figures(records) -> dict[str, Any]:
+    """``figures`` of the run's answered, non-warm-up requests: times from the client's clock, ITL from the
+    gaps between token events (an event that merged tokens is one gap), output tokens from usage."""
+    ok = [r for r in records if r.status == "ok" and not r.warmup and r.first_token_s is not None]
+    if not ok:
+        raise OpmapError("--predict needs at least one answered request past the warm-up: the run has none")
+    gaps = np.concatenate([np.diff(np.asarray(r.token_times_s, dtype=float)) for r in ok]) if ok else np.empty(0)
+    return figures([r.sent_s for r in ok], [r.first_token_s for r in ok],
+                   [r.token_times_s[-1] if r.token_times_s else r.end_s for r in ok],
+                   [r.usage_completion_tokens or r.output_tokens_asked for r in ok], gaps)
+
+
+def predicted_figures(w: Workload, sent, first, finish, res) -> dict[str, Any]:
+    keep = ~w.warmup
+    if not keep.any():
+        raise OpmapError("--predict needs at least one request past the warm-up")
+    return figures(sent[keep], first[keep], finish[keep], w.output_len[keep], res.itl_gap_s, res.itl_weight)
+
+
+def join(measured: dict[str, Any], predicted: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of (metric, statistic, measured, predicted, predicted / measured): latencies at p50 / p90 / p99 and
+    mean (s), then output tokens/s and requests/s."""
+    rows = []
+    for m in METRICS:
+        for k in (*(f"p{p}_s" for p in PCTS), "mean_s"):
+            a, b = measured["latency"][m][k], predicted["latency"][m][k]
+            rows.append({"metric": m, "stat": k.removesuffix("_s"), "unit": "s", "measured": a, "predicted": b,
+                         "ratio": _ratio(b, a)})
+    for k in ("output_tokens_per_s", "requests_per_s"):
+        a, b = measured["throughput"][k], predicted["throughput"][k]
+        rows.append({"metric": k.removesuffix("_per_s"), "stat": "per_s", "unit": "1/s", "measured": a,
+                     "predicted": b, "ratio": _ratio(b, a)})
+    return rows
+
+
+def _ratio(p: float | None, m: float | None) -> float | None:
+    if p is None or m is None or not m or not math.isfinite(p / m):
+        return None
+    return p / m
+
+
+def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, seed: int = 0) -> dict[str, Any]:
+    """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
+    server's measured overhead where given. A dict with schema_version (bench_predict.json)."""
+    w = workload(result.records, result.mode, result.concurrency)
+    measured = measured_figures(result.records)
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": measured,
+                           "workload": {"requests": int(len(w.sent_s)), "warmup": int(w.warmup.sum()),
+                                        "mode": result.mode, "concurrency": result.concurrency,
+                                        "closed_loop_sends": "simulated" if w.closed else "as measured"},
+                           "policy": policy.to_dict(), "cost": cost.to_dict(), "predictions": {}}
+    variants = [("model", cost, None)]
+    if overhead is not None:
+        variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s), overhead))
+        out["overhead"] = overhead.to_dict()
+    for name, c, ov in variants:
+        sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
+        pred = predicted_figures(w, sent, first, finish, res)
+        out["predictions"][name] = {"figures": pred, "rows": join(measured, pred), "steps": res.steps}
+    return out
+
+
+def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
+    """The probe's requests (opmap.bench.records.RequestSpec), sequential: ``reps`` answers of 1 token, then
+    ``reps`` of ``long_out`` tokens, all on an ``n_in``-token prompt."""
+    from opmap.bench.records import RequestSpec
+
+    specs = [RequestSpec(i, None, prompt_1, n_in, 1) for i in range(reps)]
+    specs += [RequestSpec(reps + i, None, prompt_1, n_in, long_out) for i in range(reps)]
+    return specs
+
+
+def overhead_from_probe(records, cost, n_in: int, long_out: int) -> ServerOverhead:
+    """Server overhead from the probe's records (``probe_specs``), against the model's own step times:
+    step_s = median measured time per token after the first (e2e - TTFT) / (n - 1) of the long answers - the
+    priced decode step of one sequence; request_s = median e2e of the 1-token answers - the priced prefill of
+    the prompt - step_s (a 1-token answer is one prefill step). Each floored at 0."""
+    ok = [r for r in records if r.status == "ok" and r.first_token_s is not None]
+    one = [r.end_s - r.sent_s for r in ok if r.output_tokens_asked == 1]
+    per_tok = [((r.token_times_s[-1] if r.token_times_s else r.end_s) - r.first_token_s)
+               / max(1, (r.usage_completion_tokens or long_out) - 1)
+               for r in ok if r.output_tokens_asked == long_out and long_out > 1]
+    if not one or not per_tok:
+        raise OpmapError("the overhead probe got no answer from the server: --predict cannot measure its overhead")
+    decode_model = cost.decode_s(1, n_in + long_out // 2)
+    prefill_model = cost.prefill_s(n_in, 1)
+    step = max(0.0, float(np.median(per_tok)) - decode_model)
+    request = max(0.0, float(np.median(one)) - prefill_model - step)
+    return ServerOverhead(step, request, {
+        "probe": f"{len(one)} requests of {n_in} prompt tokens -> 1 token, {len(per_tok)} -> {long_out} tokens, "
+                 "sequential",
+        "measured_e2e_1_token_s": float(np.median(one)), "measured_s_per_token": float(np.median(per_tok)),
+        "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
+        "spread_e2e_1_token_s": [float(min(one)), float(max(one))],
+        "spread_s_per_token": [float(min(per_tok)), float(max(per_tok))]})
