@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measure", ("opmap.measure",)),  # real runs joined to predictions
     ("serve", ("opmap.serve",)),  # serving simulator (the fit matrix runs it: below explore)
     ("explore", ("opmap.explore",)),  # plans, sweeps, the fit matrix
+    ("bench", ("opmap.bench",)),  # load against a real endpoint (its --predict runs serve)
     ("store", ("opmap.store",)),  # run store (to come)
     ("report", ("opmap.report",)),
     ("cli", ("opmap.cli",)),

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from opmap.cli import analyze as _analyze
+from opmap.cli import bench as _bench
 from opmap.cli import calibrate as _calibrate
 from opmap.cli import catalog as _catalog
 from opmap.cli import compare as _compare
@@ -76,6 +77,7 @@ app.command("compare")(_compare.compare)
 app.command("memo")(_memo.memo)
 app.command("report")(_report.report)
 app.command("serve")(_serve.serve)
+app.command("bench")(_bench.bench)
 
 
 def _usage_error(e: Exception) -> bool:

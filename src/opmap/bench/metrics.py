@@ -1,0 +1,180 @@
+"""The figures of a load run, from its records, named and computed as ``opmap serve`` computes them
+(opmap.serve.metrics: the same ``stats``, linear-interpolated percentiles), so a measured run and its simulation
+compare like for like.
+
+Per request (warm-up requests excluded; latencies from the actual send, s):
+- ttft: first event carrying text - send; e2e: end of stream - send;
+- tpot: (e2e - ttft) / (output tokens - 1), requests with more than one output token (MLPerf's TPOT); output
+  tokens from the server's usage (the stream's text events where it sent none: an event may merge tokens);
+- itl: the gap between consecutive text events of a request, pooled over all requests (vLLM's ITL: an event
+  that merges k tokens is one gap, so ITL and TPOT differ on such a server and both are shown).
+Each as mean / p50 / p90 / p95 / p99. Latency figures use the requests that ended ok.
+
+Rates over the measured window (first measured send to last measured end): requests/s (ok requests), output
+tokens/s, total tokens/s (prompt + output, usage counts where sent). Offered rate (open loop): the measured
+requests over the span of their scheduled times; achieved: ok requests over the window.
+
+Goodput (DistServe): requests that ended ok with ttft <= slo_ttft_s and tpot <= slo_tpot_s, per second.
+
+Scheduler lag (open loop): actual send - scheduled send, s; the run "fell behind" when its p99 exceeds
+LAG_LIMIT_S.
+
+Validity in the MLPerf LoadGen spirit: the run is VALID when it lasted at least ``min_duration_s`` (mlperf.conf
+``*.*.min_duration = 600000`` ms), measured at least ``min_queries`` requests (24,576 for llama2-70b, its
+dataset size: loadgen's min_query_count for the LLM tests), every measured request ended ok, the open loop kept
+its schedule and the run was not interrupted; otherwise INVALID with every reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from opmap.bench.records import STATUSES, RequestRecord
+from opmap.serve.metrics import cdf, stats
+
+SCHEMA_VERSION = 1
+# A scheduler whose p99 send lag exceeds 10 ms has fallen behind: the TTFT figures a run reports are tens of
+# ms and up, so a client late by more than that would shift them; a healthy asyncio loop lags well under 1 ms.
+LAG_LIMIT_S = 0.010
+MLPERF_MIN_DURATION_S = 600.0  # mlperf.conf: *.*.min_duration = 600000 (ms)
+MLPERF_MIN_QUERIES = 24576  # llama2-70b's dataset size, LoadGen's min_query_count for the LLM Server tests
+
+
+def output_tokens(r: RequestRecord) -> int:
+    """A request's output tokens: the server's usage count, else its text events."""
+    return r.usage_completion_tokens if r.usage_completion_tokens is not None else len(r.token_times_s)
+
+
+def input_tokens(r: RequestRecord) -> int:
+    """A request's prompt tokens: the server's usage count, else the count asked."""
+    return r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.input_tokens_asked
+
+
+def per_request(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
+    """The per-request latency arrays (s) of the ok records, and the pooled ITL gaps."""
+    ok = [r for r in records if r.ok and r.first_token_s is not None]
+    ttft = np.array([r.first_token_s - r.sent_s for r in ok])
+    e2e = np.array([r.end_s - r.sent_s for r in ok])
+    n_out = np.array([output_tokens(r) for r in ok], dtype=np.int64)
+    multi = n_out > 1
+    tpot = (e2e - ttft)[multi] / (n_out[multi] - 1) if ok else np.empty(0)
+    gaps = [np.diff(r.token_times_s) for r in ok if len(r.token_times_s) > 1]
+    itl = np.concatenate(gaps) if gaps else np.empty(0)
+    tpot_all = np.full(len(ok), 0.0)
+    if ok:
+        tpot_all[multi] = tpot
+    return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tpot_per_request": tpot_all}
+
+
+def _usage(measured: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The server's usage counts against what was asked (ok requests): mismatches and the differences."""
+    ok = [r for r in measured if r.ok]
+    no_usage = sum(1 for r in ok if r.usage_completion_tokens is None or r.usage_prompt_tokens is None)
+    out_diff = [r.usage_completion_tokens - r.output_tokens_asked for r in ok if r.usage_completion_tokens is not None]
+    in_diff = [r.usage_prompt_tokens - r.input_tokens_asked for r in ok if r.usage_prompt_tokens is not None]
+    return {"requests_without_usage": no_usage,
+            "output_mismatches": sum(1 for d in out_diff if d != 0),
+            "input_mismatches": sum(1 for d in in_diff if d != 0),
+            "output_diff_mean": float(np.mean(out_diff)) if out_diff else None,
+            "input_diff_mean": float(np.mean(in_diff)) if in_diff else None,
+            "input_diff_max_abs": int(np.max(np.abs(in_diff))) if in_diff else None,
+            "output_diff_max_abs": int(np.max(np.abs(out_diff))) if out_diff else None}
+
+
+def _lag(measured: Sequence[RequestRecord]) -> dict[str, Any]:
+    lag = np.array([r.sent_s - r.scheduled_s for r in measured if r.scheduled_s is not None])
+    if lag.size == 0:
+        return {"open_loop": False, "behind": False}
+    s = stats(lag)
+    behind = s["p99_s"] > LAG_LIMIT_S
+    return {"open_loop": True, **s, "max_s": float(lag.max()), "limit_s": LAG_LIMIT_S, "behind": bool(behind)}
+
+
+def _offered(measured: Sequence[RequestRecord]) -> float | None:
+    """Measured requests over the span of their scheduled send times (requests/s); None in a closed loop."""
+    t = sorted(r.scheduled_s for r in measured if r.scheduled_s is not None)
+    if len(t) < 2 or t[-1] <= t[0]:
+        return None
+    return (len(t) - 1) / (t[-1] - t[0])
+
+
+def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = None,
+              slo_tpot_s: float | None = None, min_duration_s: float = MLPERF_MIN_DURATION_S,
+              min_queries: int = MLPERF_MIN_QUERIES, interrupted: bool = False) -> dict[str, Any]:
+    """The figures of a run (see the module docstring): requests, latency, throughput, goodput, errors, usage
+    check, scheduler lag, rates, validity. Warm-up records are left out of every figure but the count."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    lat = per_request(measured)
+    window = ((min(r.sent_s for r in measured), max(r.end_s for r in measured)) if measured else (0.0, 0.0))
+    span = window[1] - window[0]
+    rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
+    out_tok = sum(output_tokens(r) for r in ok)
+    in_tok = sum(input_tokens(r) for r in ok)
+    kinds = Counter(r.status for r in measured)
+    good = _good(ok, lat, slo_ttft_s, slo_tpot_s)
+    lag = _lag(measured)
+    offered = _offered(measured)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "requests": {"measured": len(measured), "warmup": len(records) - len(measured), "ok": len(ok),
+                     "failed": len(measured) - len(ok), "input_tokens": in_tok, "output_tokens": out_tok,
+                     "window_s": span, "window_start_s": window[0], "window_end_s": window[1]},
+        "latency": {"ttft": stats(lat["ttft"]), "tpot": stats(lat["tpot"]), "itl": stats(lat["itl"]),
+                    "e2e": stats(lat["e2e"])},
+        "cdf": cdf({"e2e_s": lat["e2e"], "ttft_s": lat["ttft"], "tpot_s": lat["tpot"]}),
+        "throughput": {"requests_per_s": rate(len(ok)), "output_tokens_per_s": rate(out_tok),
+                       "tokens_per_s": rate(in_tok + out_tok)},
+        "rate": {"offered_per_s": offered, "achieved_per_s": rate(len(ok)),
+                 "sent_per_s": rate(len(measured))},
+        "goodput": {"requests_per_s": rate(good["met"]), "output_tokens_per_s": rate(good["tokens"]),
+                    "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+                    "attainment": good["met"] / len(measured) if measured else 0.0},
+        "errors": {k: kinds.get(k, 0) for k in STATUSES if k != "ok"},
+        "usage_check": _usage(measured),
+        "scheduler_lag": lag,
+        "validity": validity(span, len(measured), len(ok), lag["behind"], interrupted, min_duration_s,
+                             min_queries),
+        # raw per-request samples (s) for the store: compare's rank test runs on them
+        "samples": {"ttft_s": [float(x) for x in lat["ttft"]], "tpot_s": [float(x) for x in lat["tpot"]],
+                    "e2e_s": [float(x) for x in lat["e2e"]]},
+    }
+
+
+def _good(ok: list[RequestRecord], lat: dict[str, np.ndarray], slo_ttft_s: float | None,
+          slo_tpot_s: float | None) -> dict[str, int]:
+    """Requests (and their output tokens) that ended ok within both limits; without limits, every ok one."""
+    timed = [r for r in ok if r.first_token_s is not None]
+    met = np.ones(len(timed), dtype=bool)
+    if slo_ttft_s is not None:
+        met &= lat["ttft"] <= slo_ttft_s
+    if slo_tpot_s is not None:
+        met &= lat["tpot_per_request"] <= slo_tpot_s
+    return {"met": int(met.sum()), "tokens": int(sum(output_tokens(r) for r, m in zip(timed, met) if m))}
+
+
+def validity(span_s: float, measured: int, ok: int, behind: bool, interrupted: bool, min_duration_s: float,
+             min_queries: int) -> dict[str, Any]:
+    """VALID or INVALID with every reason (see the module docstring)."""
+    reasons = []
+    if span_s < min_duration_s:
+        reasons.append(f"ran {span_s:.3g} s, under the minimum {min_duration_s:g} s")
+    if measured < min_queries:
+        reasons.append(f"{measured} requests measured, under the minimum {min_queries}")
+    if ok < measured:
+        reasons.append(f"{measured - ok} of {measured} requests failed")
+    if behind:
+        reasons.append(f"the sends fell behind schedule (p99 lag over {LAG_LIMIT_S * 1e3:g} ms)")
+    if interrupted:
+        reasons.append("interrupted")
+    valid = not reasons
+    return {"valid": valid, "verdict": "VALID" if valid else "INVALID",
+            "reason": "; ".join(reasons) if reasons else (f"{measured} requests over {span_s:.3g} s, all ok, on "
+                                                          "schedule"),
+            "min_duration_s": min_duration_s, "min_queries": min_queries,
+            "rule": "MLPerf LoadGen: minimum duration (600 s) and query count met, every query answered; here "
+                    "also the open loop on schedule and the run not interrupted"}

@@ -1,0 +1,85 @@
+"""A run's files: bench.json (the spec, the endpoint, the figures) and requests.parquet (one row per request),
+built in memory so the command writes them as one atomic set (opmap.report.outputs.write_set).
+
+requests.parquet columns (times in s from the run's start): idx, warmup, status, error, http_status,
+scheduled_s (null in a closed loop), sent_s, first_token_s, end_s, token_times_s (a list: every text event's
+arrival), input_tokens_asked, output_tokens_asked, usage_prompt_tokens, usage_completion_tokens, events. DuckDB
+writes it (no pyarrow needed): the rows go through a JSON Lines file into ``COPY ... (FORMAT parquet)``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from opmap.bench.records import BenchResult
+
+SCHEMA_VERSION = 1
+PARQUET_COLUMNS = {
+    "idx": "BIGINT", "warmup": "BOOLEAN", "status": "VARCHAR", "error": "VARCHAR", "http_status": "INTEGER",
+    "scheduled_s": "DOUBLE", "sent_s": "DOUBLE", "first_token_s": "DOUBLE", "end_s": "DOUBLE",
+    "token_times_s": "DOUBLE[]", "input_tokens_asked": "BIGINT", "output_tokens_asked": "BIGINT",
+    "usage_prompt_tokens": "BIGINT", "usage_completion_tokens": "BIGINT", "events": "BIGINT"}
+
+
+def client_version() -> dict[str, str]:
+    """opmap's and httpx's versions (the client that measured)."""
+    from importlib import metadata
+
+    from opmap import __version__
+
+    try:
+        hx = metadata.version("httpx")
+    except metadata.PackageNotFoundError:
+        hx = "not installed"
+    return {"opmap": __version__, "httpx": hx}
+
+
+def bench_body(result: BenchResult, figures: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """bench.json: schema_version, kind, the workload spec, the endpoint (as /v1/models reports it), the client,
+    how the run went, and the figures (opmap.bench.metrics.summarize)."""
+    return {"schema_version": SCHEMA_VERSION, "kind": "bench", "spec": spec,
+            "endpoint": {"base_url": result.base_url, "api": result.api, "model": result.model,
+                         "server_models": list(result.server_models), "server_header": result.server_header},
+            "client": {**client_version(), "mode": result.mode, "concurrency": result.concurrency,
+                       **result.options},
+            "run": {"started_unix_s": result.started_unix_s, "wall_s": result.wall_s,
+                    "interrupted": result.interrupted, "in_flight_at_stop": result.in_flight_at_stop,
+                    "recorded": len(result.records)},
+            **figures}
+
+
+def _row(r) -> dict[str, Any]:
+    return {"idx": r.index, "warmup": r.warmup, "status": r.status, "error": r.error, "http_status": r.http_status,
+            "scheduled_s": r.scheduled_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s, "end_s": r.end_s,
+            "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
+            "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
+            "usage_completion_tokens": r.usage_completion_tokens, "events": r.events}
+
+
+def requests_parquet(result: BenchResult) -> bytes:
+    """requests.parquet's bytes: the records sorted by index (see the module docstring)."""
+    import duckdb
+
+    with tempfile.TemporaryDirectory(prefix="opmap-bench-") as d:
+        src, dst = Path(d) / "rows.jsonl", Path(d) / "requests.parquet"  # SQL literals below: quotes doubled
+        with open(src, "w") as f:
+            for r in sorted(result.records, key=lambda r: r.index):
+                f.write(json.dumps(_row(r), allow_nan=False))
+                f.write("\n")
+        s_src, s_dst = str(src).replace("'", "''"), str(dst).replace("'", "''")
+        cols = ", ".join(f"'{k}': '{v}'" for k, v in PARQUET_COLUMNS.items())
+        con = duckdb.connect(":memory:")
+        try:
+            if result.records:
+                con.execute(f"COPY (SELECT * FROM read_json('{s_src}', format='newline_delimited', "
+                            f"columns={{{cols}}})) TO '{s_dst}' (FORMAT parquet)")
+            else:  # no request recorded: an empty table with the columns
+                decl = ", ".join(f"{k} {v}" for k, v in PARQUET_COLUMNS.items())
+                con.execute(f"CREATE TABLE t ({decl})")
+                con.execute(f"COPY t TO '{s_dst}' (FORMAT parquet)")
+        finally:
+            con.close()
+        return dst.read_bytes()

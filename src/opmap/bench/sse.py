@@ -1,0 +1,127 @@
+"""Server-sent events (the WHATWG HTML "event stream" format) parsed incrementally, and the OpenAI streaming
+chunks they carry read into what a load client needs.
+
+The format (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation): lines
+end with CRLF, LF or CR; a line starting with ':' is a comment; ``field: value`` (one space after the colon
+dropped); several ``data`` lines of one event are joined with LF; an empty line dispatches the event; an event
+with no data field is not dispatched; a partial event at the end of the stream is discarded; ``event``, ``id``
+and ``retry`` are read and kept (event) or ignored.
+
+OpenAI streams (/v1/completions and /v1/chat/completions with ``stream: true``): each event's data is a JSON
+chunk, the last is the literal ``[DONE]``; with ``stream_options.include_usage`` a chunk with ``usage`` (and
+usually ``choices: []``) precedes it. An error may arrive mid-stream as ``{"error": {...}}`` (vLLM, OpenAI) or
+``{"object": "error", "message": ...}``. One chunk may carry several tokens' text (a server that merges
+tokens): the client times chunks, and counts tokens from usage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Event:
+    """One dispatched event: its ``data`` (the data lines joined with LF) and its ``event`` type ("message"
+    when none was given)."""
+
+    data: str
+    event: str = "message"
+
+
+class SSEParser:
+    """Feed bytes as they arrive (``feed``); get back the events they complete. UTF-8 is decoded per line, so
+    a multi-byte character split across reads is whole when decoded."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._skip_lf = False  # the last read ended with CR: an LF starting the next read belongs to it
+        self._data: list[str] = []
+        self._event = ""
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = False
+        buf = self._buf + chunk
+        if b"\r" in buf:
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        return self._lines(lines)
+
+    def _lines(self, lines: list[bytes]) -> list[Event]:
+        out: list[Event] = []
+        for raw in lines:
+            if not raw:
+                if self._data:
+                    out.append(Event("\n".join(self._data), self._event or "message"))
+                self._data, self._event = [], ""
+                continue
+            self._field(raw.decode("utf-8", errors="replace"))
+        return out
+
+    def _field(self, line: str) -> None:
+        if line[0] == ":":
+            return  # a comment (servers send ': ping' to keep a connection open)
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        # id and retry: not needed by a load client; other fields: ignored, as the format says
+
+    def close(self) -> bool:
+        """The stream ended: a partial event (data lines without their closing empty line, or a line without
+        its end) is discarded, as the format says. Returns whether anything was discarded."""
+        pending = bool(self._buf) or bool(self._data)
+        self._buf, self._skip_lf, self._data, self._event = b"", False, [], ""
+        return pending
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one OpenAI streaming event carries. ``text``: the generated text in it ("" when none: a role-only
+    or finish-only chunk, a usage chunk); ``usage``: the usage object when present; ``finish_reason``: set on
+    the chunk that ends a choice; ``error``: the error message of an error chunk (or a chunk that is not a JSON
+    object); ``done``: the ``[DONE]`` sentinel."""
+
+    text: str = ""
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False
+
+
+DONE = Chunk(done=True)
+
+
+def read_chunk(data: str) -> Chunk:
+    """The meaning of one event's data: ``[DONE]``, an error, or a completion / chat chunk (text from
+    ``choices[0].text`` or ``choices[0].delta.content``, a reasoning model's ``reasoning_content`` included)."""
+    if data.strip() == "[DONE]":
+        return DONE
+    try:
+        d = json.loads(data)
+    except ValueError:
+        return Chunk(error=f"a stream event that is not JSON: {data[:80]!r}")
+    if not isinstance(d, dict):
+        return Chunk(error=f"a stream event that is not a JSON object: {data[:80]!r}")
+    if d.get("error") is not None or d.get("object") == "error":
+        e = d.get("error")
+        msg = e.get("message") if isinstance(e, dict) else (e if isinstance(e, str) else d.get("message"))
+        return Chunk(error=str(msg or d)[:200])
+    usage = d.get("usage") if isinstance(d.get("usage"), dict) else None
+    choices = d.get("choices")
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+        return Chunk(usage=usage)
+    c = choices[0]
+    text = c.get("text")
+    if text is None:
+        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+        text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+    return Chunk(text=text if isinstance(text, str) else "", usage=usage, finish_reason=c.get("finish_reason"))

@@ -1,0 +1,214 @@
+"""``opmap bench URL --model NAME``: drive a real OpenAI-compatible endpoint under an open- or closed-loop load
+and measure TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (opmap.bench)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from opmap.cli.common import console, print_wrote
+from opmap.errors import OpmapError
+from opmap.report.text import plain, safe
+from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, positive_in
+
+DEFAULT_REQUESTS = 100
+
+
+def bench(
+    url: str = typer.Argument(..., help="The server's base URL, with or without /v1 (http://localhost:8000)."),
+    model: str = typer.Option(..., "--model", help="The model name the server serves (as /v1/models lists it)."),
+    arrival: str | None = typer.Option(None, help="Open loop: poisson:RATE, constant:RATE, gamma:RATE,CV, offline "
+                                                  "or trace:FILE (as opmap serve); sends keep this schedule "
+                                                  "whatever the server does."),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="Closed loop: C requests in flight, each "
+                                                                       "sent when one ends (default 1 without "
+                                                                       "--arrival)."),
+    requests: int | None = typer.Option(None, "--requests", help=f"Requests measured (default {DEFAULT_REQUESTS} "
+                                                                 "without --duration)."),
+    duration: float | None = typer.Option(None, "--duration", help="Send for this long, s (in-flight requests "
+                                                                   "still finish)."),
+    warmup: int = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures."),
+    input_len: str = typer.Option("128", "--input-len", help="Prompt tokens: N, uniform:A,B, normal:MEAN,STD, "
+                                                             "lognormal:MEDIAN,SIGMA or trace."),
+    output_len: str = typer.Option("128", "--output-len", help="Output tokens (max_tokens), as --input-len."),
+    api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat "
+                                                         "(/v1/chat/completions)."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Limit on one request, send to end of stream, s."),
+    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos",
+                                    help="Send ignore_eos (vLLM, SGLang) so outputs run to max_tokens."),
+    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="Goodput: TTFT limit per request, ms."),
+    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="Goodput: TPOT limit per request, ms."),
+    min_duration: float = typer.Option(600.0, "--min-duration", help="Validity: the shortest valid run, s "
+                                                                     "(MLPerf: 600)."),
+    min_queries: int = typer.Option(24576, "--min-queries", help="Validity: the fewest measured requests "
+                                                                 "(MLPerf LLM: 24576)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds arrivals, lengths and prompts."),
+    out: Path | None = typer.Option(None, help="Write bench.json and requests.parquet here."),
+    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
+    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+) -> None:
+    """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
+    percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity."""
+    from opmap.bench.client import APIS, endpoint_root
+    from opmap.serve.arrivals import MAX_REQUESTS, parse_length
+
+    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+             "--warmup": (warmup, INT_GE0), "--seed": (seed, SEED), "--min-queries": (min_queries, INT_GE0),
+             "--duration": (duration, positive_in("s")), "--timeout": (timeout, positive_in("s")),
+             "--min-duration": (min_duration, {"lo": 0, "unit": "s"}),
+             **{k: (v, positive_in("ms")) for k, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot))}})
+    if api not in APIS:
+        raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
+    if arrival is not None and concurrency is not None:
+        raise OpmapError("--arrival (open loop) and --concurrency (closed loop) are two loads: give one")
+    root = endpoint_root(url)
+    ilen, olen = parse_length(input_len), parse_length(output_len)
+    if requests is None and duration is None:
+        requests = DEFAULT_REQUESTS
+    plan = load_plan(arrival, concurrency, requests, duration, warmup, ilen, olen, seed)
+    if out is not None:
+        from opmap.report.outputs import check_out_dir
+
+        check_out_dir(out)
+    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+    figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
+    print_summary(body)
+    if out is not None:
+        write_outputs(out, body, result)
+    record(body, store, no_store)
+    if result.interrupted:
+        raise typer.Exit(130)  # what was measured is kept (printed, written, recorded); the exit says it stopped
+
+
+class LoadPlan:
+    """What to send: the specs (lazy), how many (None: until the duration ends), the loop, and the spec as
+    bench.json records it."""
+
+    def __init__(self, specs, total, concurrency, duration_s, spec):
+        self.specs, self.total, self.concurrency, self.duration_s, self.spec = (specs, total, concurrency,
+                                                                                duration_s, spec)
+
+
+def load_plan(arrival: str | None, concurrency: int | None, requests: int | None, duration: float | None,
+              warmup: int, ilen, olen, seed: int, prompt=None) -> LoadPlan:
+    """The load of the options: open loop on ``arrival``'s schedule, else closed loop at ``concurrency``
+    (default 1). ``prompt``: a prompt builder (index, tokens, rng) -> str (default: opmap.bench.workload's
+    word prompts)."""
+    from opmap.bench import workload as w
+
+    kw = {"prompt": prompt} if prompt is not None else {}
+    n = None if requests is None else requests + warmup
+    spec = {"arrival": None, "concurrency": None, "requests": requests, "duration_s": duration, "warmup": warmup,
+            "input_len": ilen.spec(), "output_len": olen.spec(), "seed": seed}
+    if arrival is not None:
+        arr = w.parse_load_arrival(arrival)
+        times, ins, outs = w.schedule(arr, ilen, olen, n, duration, seed)
+        spec["arrival"] = arr.spec()
+        return LoadPlan(w.open_specs(times, ins, outs, warmup, seed, **kw), len(times), None, duration, spec)
+    c = concurrency or 1
+    spec["concurrency"] = c
+    return LoadPlan(w.closed_specs(ilen, olen, n, warmup, seed, **kw), n, c, duration, spec)
+
+
+def drive(root: str, model: str, plan: LoadPlan, **kw):
+    """Run the load with a progress bar (requests ended / total, elapsed)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opmap.bench.client import run_load
+
+    what = (f"open loop {plan.spec['arrival']}" if plan.concurrency is None
+            else f"closed loop, concurrency {plan.concurrency}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(safe(f"bench {root}: {what}"), total=plan.total)
+
+        def progress(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return run_load(root, model, plan.specs, concurrency=plan.concurrency, duration_s=plan.duration_s,
+                        total=plan.total, progress=progress, **kw)
+
+
+def finish(result, plan: LoadPlan, slo_ttft: float | None, slo_tpot: float | None, min_duration: float,
+           min_queries: int):
+    """(figures, bench.json body) of a run."""
+    from opmap.bench.metrics import summarize
+    from opmap.bench.outputs import bench_body
+
+    figures = summarize(result.records, slo_ttft_s=None if slo_ttft is None else slo_ttft / 1e3,
+                        slo_tpot_s=None if slo_tpot is None else slo_tpot / 1e3, min_duration_s=min_duration,
+                        min_queries=min_queries, interrupted=result.interrupted)
+    return figures, bench_body(result, figures, plan.spec)
+
+
+def write_outputs(out: Path, body: dict, result) -> None:
+    from opmap.bench.outputs import requests_parquet
+    from opmap.report.outputs import write_set
+
+    print_wrote(write_set(out, {"bench.json": json_text(body, indent=2) + "\n",
+                                "requests.parquet": requests_parquet(result)}))
+
+
+def record(body: dict, store: Path | None, no_store: bool) -> None:
+    """The run into the store, tagged: endpoint, server and model as /v1/models reports them, workload spec,
+    client version."""
+    from opmap.cli.common import record_run
+
+    e, s = body["endpoint"], body["spec"]
+    load = f"open loop {s['arrival']}" if s["arrival"] else f"closed loop c={s['concurrency']}"
+    served = e["server_models"][0] if len(e["server_models"]) == 1 else e["model"]
+    record_run("bench", body, {"workload": served, "hardware": e["base_url"], "phase": "bench", "precision": None,
+                               "parallelism": load, "endpoint": e["base_url"], "server": e["server_header"],
+                               "model": e["model"], "served_models": e["server_models"], "api": e["api"],
+                               "workload_spec": f"{load}, input {s['input_len']}, output {s['output_len']}, "
+                                                f"seed {s['seed']}",
+                               "client_version": body["client"]["opmap"]}, store, no_store)
+
+
+def print_summary(body: dict) -> None:
+    """The figures as a terminal table, and the lines under it (rates, errors, usage, lag, validity)."""
+    from rich.table import Table
+
+    from opmap.report.sheet import si
+
+    e, s, r = body["endpoint"], body["spec"], body["requests"]
+    load = f"open loop {s['arrival']}" if s["arrival"] else f"closed loop, concurrency {s['concurrency']}"
+    t = Table(title=plain(f"opmap bench {e['base_url']} {e['model']} ({e['api']}): {load}, {r['ok']} of "
+                          f"{r['measured']} requests ok over {r['window_s']:.3g} s"), title_justify="left")
+    for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
+        t.add_column(col, justify="left" if col == "latency" else "right")
+    for k in ("ttft", "tpot", "itl", "e2e"):
+        x = body["latency"][k]
+        t.add_row(k, *[si(x[f], "s") if x[f] is not None else "-" for f in ("mean_s", "p50_s", "p90_s", "p95_s",
+                                                                            "p99_s")])
+    console.print(t)
+    th, g, rate = body["throughput"], body["goodput"], body["rate"]
+    offered = f"offered {rate['offered_per_s']:.4g} req/s, " if rate["offered_per_s"] else ""
+    console.print(f"throughput {th['requests_per_s']:.4g} req/s ({offered}achieved {rate['achieved_per_s']:.4g}), "
+                  f"{si(th['output_tokens_per_s'], 'tok/s')} out, {si(th['tokens_per_s'], 'tok/s')} total; "
+                  f"goodput {g['requests_per_s']:.4g} req/s ({g['attainment']:.1%} of requests)", highlight=False)
+    errs = {k: v for k, v in body["errors"].items() if v}
+    if errs:
+        console.print("errors: " + ", ".join(f"{k} {v}" for k, v in errs.items()), highlight=False)
+    u = body["usage_check"]
+    if u["output_mismatches"] or u["input_mismatches"] or u["requests_without_usage"]:
+        console.print(f"usage check: output tokens differ from max_tokens on {u['output_mismatches']} requests "
+                      f"(mean {_signed(u['output_diff_mean'])}), prompt tokens from the asked length on "
+                      f"{u['input_mismatches']} (mean {_signed(u['input_diff_mean'])}); "
+                      f"{u['requests_without_usage']} without usage", highlight=False)
+    lag = body["scheduler_lag"]
+    if lag["open_loop"]:
+        console.print(f"send lag behind schedule: p50 {si(lag['p50_s'], 's')}, p99 {si(lag['p99_s'], 's')}, max "
+                      f"{si(lag['max_s'], 's')}" + (" [bold red]: the sends fell behind schedule[/]" if lag["behind"]
+                                                    else ""), highlight=False)
+    run = body["run"]
+    if run["interrupted"]:
+        console.print(f"interrupted: {run['recorded']} requests kept, {run['in_flight_at_stop']} in flight "
+                      "cancelled", highlight=False)
+    v = body["validity"]
+    console.print(f"MLPerf-style validity: {v['verdict']} ({safe(v['reason'])})", highlight=False)
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.3g}"
