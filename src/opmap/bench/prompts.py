@@ -91,21 +91,34 @@ def _fit(tok, count: Callable[[str], int], n: int, pool: np.ndarray, rng: np.ran
                      f"across word boundaries); try another --input-len")
 
 
+class ExactPrompts:
+    """Prompts of exact token counts under one tokenizer and api: ``fit(n, rng)``, or called as the bench's prompt
+    builder ``(index, tokens, rng) -> str`` (opmap.bench.workload.PromptFn)."""
+
+    def __init__(self, tokenizer_dir: str | Path, api: str = "completions") -> None:
+        self.tok = load_tokenizer(tokenizer_dir)
+        self.api = api
+        self.count = counter(self.tok, api)
+        self.overhead = self.count("")
+        self.pool = _ordinary_ids(self.tok)
+
+    def fit(self, n: int, rng: np.random.Generator) -> str:
+        """A prompt the server counts as exactly ``n`` tokens. Lengths below the template's own tokens (a BOS,
+        a chat template's role markers) are refused: the server adds them whatever the prompt."""
+        n = int(n)
+        if n < max(1, self.overhead) or n > MAX_PROMPT_TOKENS:
+            raise OpmapError(f"input length {n}: the server adds {self.overhead} tokens of its own to every prompt "
+                             f"({self.api}); accepted: {max(1, self.overhead)} to {MAX_PROMPT_TOKENS:,} tokens")
+        return _fit(self.tok, self.count, n, self.pool, rng, self.overhead)
+
+    def __call__(self, index: int, tokens: int, rng: np.random.Generator) -> str:
+        return self.fit(tokens, rng)
+
+
 def build_prompts(tokenizer_dir: str | Path, input_lens: Sequence[int], *, seed: int = 0,
                   api: str = "completions") -> list[str]:
     """One prompt per entry of ``input_lens`` whose token count, as the server counts it under ``api``, is exactly
-    that length (round-trip checked). Lengths below the template's own tokens (a BOS, a chat template's role
-    markers) are refused: the server adds them whatever the prompt."""
-    tok = load_tokenizer(tokenizer_dir)
-    count = counter(tok, api)
-    overhead = count("")
-    pool = _ordinary_ids(tok)
+    that length (round-trip checked; ``ExactPrompts.fit``)."""
+    ep = ExactPrompts(tokenizer_dir, api)
     rng = np.random.default_rng(seed)
-    out = []
-    for n in input_lens:
-        n = int(n)
-        if n < max(1, overhead) or n > MAX_PROMPT_TOKENS:
-            raise OpmapError(f"input length {n}: the server adds {overhead} tokens of its own to every prompt "
-                             f"({api}); accepted: {max(1, overhead)} to {MAX_PROMPT_TOKENS:,} tokens")
-        out.append(_fit(tok, count, n, pool, rng, overhead))
-    return out
+    return [ep.fit(n, rng) for n in input_lens]
