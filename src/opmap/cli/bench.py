@@ -207,18 +207,12 @@ def write_outputs(out: Path, body: dict, result) -> None:
 
 
 def record(body: dict, store: Path | None, no_store: bool) -> dict:
-    """The run into the store, tagged: endpoint, server and model as /v1/models reports them, workload spec,
-    client version."""
+    """The run into the store, tagged (opmap.bench.outputs.bench_tags): endpoint, server and model as
+    /v1/models reports them, workload spec, client version."""
+    from opmap.bench.outputs import bench_tags
     from opmap.cli.common import record_run
 
-    e, s = body["endpoint"], body["spec"]
-    load = f"open loop {s['arrival']}" if s["arrival"] else f"closed loop c={s['concurrency']}"
-    served = e["server_models"][0] if len(e["server_models"]) == 1 else e["model"]
-    tags = {"workload": served, "hardware": e["base_url"], "phase": "bench", "precision": None,
-            "parallelism": load, "endpoint": e["base_url"], "server": e["server_header"],
-            "model": e["model"], "served_models": e["server_models"], "api": e["api"],
-            "workload_spec": f"{load}, input {s['input_len']}, output {s['output_len']}, seed {s['seed']}",
-            "client_version": body["client"]["opmap"]}
+    tags = bench_tags(body)
     record_run("bench", body, tags, store, no_store)
     return tags
 

@@ -67,6 +67,8 @@ def compare(
     elif r is None:
         _print_shapes(shapes)
         return
+    elif r.get("kind") == "bench":
+        _print_bench(r, a, b)
     else:
         how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
         t = Table(title=f"{b} against {a}: {r['times']} times; kernels matched: {how}", title_justify="left")
@@ -110,6 +112,32 @@ def _print_verdict(r: dict) -> None:
     w = r["warmup"]
     say(f"  {w['rule']}: dropped {sum(w['dropped_a'])} leading samples on side A, {sum(w['dropped_b'])} on B")
     say(f"  kernels: minimum effect max(--min-effect, {r['kernel_floor']['rule']})")
+
+
+def _print_bench(r: dict, a: str, b: str) -> None:
+    """Two bench runs: each latency metric's p50 and p99 on both sides with its rank test, throughput, the
+    verdict."""
+    from rich.table import Table
+
+    from opmap.report.sheet import si
+    from opmap.report.text import plain
+
+    t = Table(title=plain(f"{b} against {a}: measured load, per-request samples"), title_justify="left")
+    for c in ("metric", "A p50", "B p50", "change", "A p99", "B p99", "n A/B", "verdict"):
+        t.add_column(c, justify="left" if c in ("metric", "verdict") else "right")
+    for m in r["metrics"]:
+        def s_(x):
+            return "-" if x is None else si(x, "s")
+        t.add_row(m["metric"], s_(m["a_p50_s"]), s_(m["b_p50_s"]), _pct(m["rel"]), s_(m["a_p99_s"]),
+                  s_(m["b_p99_s"]), f"{m['n_a']}/{m['n_b']}", _verdict(m))
+    for k, v in r["throughput"].items():
+        if v["a"] is not None and v["b"] is not None:
+            t.add_row(k.replace("_per_s", "/s"), f"{v['a']:.4g}", f"{v['b']:.4g}", _pct(v["rel"]), "", "", "",
+                      "one value a run: not tested")
+    console.print(t)
+    console.print(plain(r["verdict_line"]), highlight=False)
+    console.print(plain(f"  {r['test']['name']}; validity A {r['validity']['a']}, B {r['validity']['b']}"),
+                  highlight=False)
 
 
 def _print_shapes(v: dict) -> None:

@@ -9,7 +9,8 @@ Figures, each present when its source is:
   peak (the values the run's assumptions carry; the catalog's where they are missing).
 - time, MFU and memory-stall fraction by layer type (predicted; measured where profiled).
 - sweep latency against throughput, one curve per sequence length; p50 / p95 / p99 where measured.
-- serving latency CDFs (serve.json ``cdf``; an older serve.json without it: its percentiles as points).
+- serving latency CDFs (serve.json ``cdf``; an older serve.json without it: its percentiles as points); a
+  measured load run's (bench.json ``cdf``) the same way.
 - the fit matrix as a heatmap of throughput at the SLO; perf per watt of its cells.
 """
 
@@ -24,8 +25,8 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.report.sheet import si
 
-FILES = ("profile.json", "analysis.json", "sweep.json", "serve.json", "fit.json")
-KINDS = ("analyze", "profile", "sweep", "serve", "fit")
+FILES = ("profile.json", "analysis.json", "sweep.json", "serve.json", "fit.json", "bench.json")
+KINDS = ("analyze", "profile", "sweep", "serve", "fit", "bench")
 SIG_DIGITS = 4  # data in the page is rounded to 4 significant digits: 0.1% is below any figure's resolution
 # one colour per layer type, the same in the HTML and the PNGs (Plotly's default qualitative palette, D3's)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -46,6 +47,7 @@ class Sources:
     sweep: dict[str, Any] | None = None
     serve: dict[str, Any] | None = None
     fit: dict[str, Any] | None = None
+    bench: dict[str, Any] | None = None  # a measured load run (opmap bench)
     trace: Path | None = None  # a Chrome trace already written (a profile's trace.json)
 
     @property
@@ -55,7 +57,7 @@ class Sources:
 
 # the field each file cannot be without (a file lacking it is not opmap's)
 REQUIRED = {"profile.json": "assumptions", "analysis.json": "assumptions", "sweep.json": "points",
-            "serve.json": "latency", "fit.json": "cells"}
+            "serve.json": "latency", "fit.json": "cells", "bench.json": "latency"}
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -74,7 +76,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _other_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
-    """The tags the sweep / serve / fit commands record their runs under (cli/sweep.py, serve.py, fit.py)."""
+    """The tags the sweep / serve / fit / bench commands record their runs under (cli/sweep.py, serve.py, fit.py,
+    bench.py)."""
+    if kind == "bench":
+        from opmap.bench.outputs import bench_tags
+
+        return bench_tags(d)
     if kind == "sweep":
         return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
                 "precision": d.get("dtype")}
@@ -101,7 +108,8 @@ def from_dir(folder: Path) -> Sources:
     found = {f: folder / f for f in FILES if (folder / f).is_file()}
     if not found:
         raise OpmapError(f"nothing to report in {folder}: accepted: a folder holding analysis.json, profile.json, "
-                         "sweep.json, serve.json or fit.json (opmap analyze/profile/sweep/serve/fit --out), "
+                         "sweep.json, serve.json, fit.json or bench.json (opmap analyze/profile/sweep/serve/fit/"
+                         "bench --out), "
                          "or a run id")
     src = Sources(title=f"opmap report: {folder}", origin=str(folder), tags={})
     main = found.get("profile.json") or found.get("analysis.json")
@@ -111,7 +119,7 @@ def from_dir(folder: Path) -> Sources:
         src.tags = dict(src.body.get("tags") or analysis_tags(src.body))
         if (folder / "trace.json").is_file():
             src.trace = folder / "trace.json"
-    for kind in ("sweep", "serve", "fit"):
+    for kind in ("sweep", "serve", "fit", "bench"):
         if f"{kind}.json" in found:
             d = _read_json(found[f"{kind}.json"])
             setattr(src, kind, d)
@@ -318,6 +326,10 @@ def serve_cdf(sv: dict[str, Any] | None) -> dict[str, Any] | None:
     a = sv.get("assumptions") or {}
     title = (f"serving latency CDFs: {a.get('model')} on {a.get('hardware')}, "
              f"{(sv.get('policy') or {}).get('spec')}, {sv.get('arrival')}")
+    if sv.get("kind") == "bench":
+        e, sp = sv.get("endpoint") or {}, sv.get("spec") or {}
+        load = f"open loop {sp.get('arrival')}" if sp.get("arrival") else f"concurrency {sp.get('concurrency')}"
+        title = f"measured latency CDFs: {e.get('model')} at {e.get('base_url')}, {load}"
     return {"data": data, "layout": {"title": {"text": title},
                                      "xaxis": {"type": "log", "title": {"text": "latency (s)"}},
                                      "yaxis": {"title": {"text": "fraction of requests"}, "range": [0, 1.02]}}}
@@ -380,6 +392,7 @@ def figures(src: Sources) -> dict[str, dict[str, Any]]:
         out[name] = fn(src)
     out["sweep"] = sweep_curves(src.sweep)
     out["serve_cdf"] = serve_cdf(src.serve)
+    out["bench_cdf"] = serve_cdf(src.bench)
     out["fit"] = fit_heatmap(src.fit)
     out["perf_per_watt"] = perf_per_watt(src.fit, src.sweep)
     return {k: sig(v) for k, v in out.items() if v is not None}

@@ -90,7 +90,8 @@ JS = """
 
 FIGURE_TITLES = {"roofline": "Roofline", "layer_time": "Time by layer type", "layer_mfu": "MFU by layer type",
                  "layer_stall": "Memory-stall fraction by layer type", "sweep": "Sweep: latency against throughput",
-                 "serve_cdf": "Serving latency CDFs", "fit": "Fit matrix", "perf_per_watt": "Perf per watt"}
+                 "serve_cdf": "Serving latency CDFs",
+                 "bench_cdf": "Measured latency CDFs", "fit": "Fit matrix", "perf_per_watt": "Perf per watt"}
 
 
 def script_json(x: Any) -> str:
@@ -149,6 +150,16 @@ def assumption_items(src: Sources) -> list[tuple[str, str]]:
                                   f"{(s.get('requests') or {}).get('count')} requests"))
         items.append(("serving cost", f"{a.get('cost')}; KV cache {a.get('kv_cache')}"))
         items.append(("SLO", ", ".join(f"{k} {v}" for k, v in (s.get("slo") or {}).items())))
+    if src.bench:
+        s = src.bench
+        e, sp, c = s.get("endpoint") or {}, s.get("spec") or {}, s.get("client") or {}
+        served = ", ".join(map(str, e.get("server_models") or []))
+        items.append(("endpoint", f"{e.get('base_url')} ({e.get('api')}), model {e.get('model')}, served "
+                                  f"{served}, server {e.get('server_header')}"))
+        items.append(("load", f"arrival {sp.get('arrival')}, concurrency {sp.get('concurrency')}, requests "
+                              f"{sp.get('requests')}, duration {sp.get('duration_s')} s, warm-up {sp.get('warmup')}, "
+                              f"input {sp.get('input_len')}, output {sp.get('output_len')}, seed {sp.get('seed')}"))
+        items.append(("client", f"opmap {c.get('opmap')}, httpx {c.get('httpx')}, {c.get('mode')} loop"))
     if src.fit:
         f = src.fit
         items.append(("fit matrix", f"{', '.join(f.get('models') or [])} on {', '.join(f.get('hardware') or [])}, "
@@ -187,6 +198,13 @@ def headline(src: Sources) -> list[str]:
         th, v = s.get("throughput") or {}, s.get("validity") or {}
         out.append(f"serving: {(th.get('requests_per_s') or 0):.4g} req/s, {_fmt(th.get('tokens_per_s'), 'tok/s')}; "
                    f"SLO attainment {(s.get('slo_attainment') or 0):.1%}; {v.get('verdict')} ({v.get('reason')})")
+    if src.bench:
+        s = src.bench
+        th, v, lt = s.get("throughput") or {}, s.get("validity") or {}, s.get("latency") or {}
+        out.append(f"measured load: TTFT p50 {_fmt((lt.get('ttft') or {}).get('p50_s'), 's')}, p99 "
+                   f"{_fmt((lt.get('ttft') or {}).get('p99_s'), 's')}; TPOT p50 "
+                   f"{_fmt((lt.get('tpot') or {}).get('p50_s'), 's')}; {(th.get('requests_per_s') or 0):.4g} req/s, "
+                   f"{_fmt(th.get('output_tokens_per_s'), 'tok/s')} out; {v.get('verdict')} ({v.get('reason')})")
     if src.sweep and not any(p.get("latency_p50_s") is not None for p in src.sweep.get("points") or []):
         out.append("sweep: predicted points only (no measured percentiles, no energy: a predicted point's energy "
                    "is null; opmap fit models power under load)")

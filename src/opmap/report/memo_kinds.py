@@ -11,6 +11,8 @@ runtime owner; a prediction that disagrees with a measurement: the performance m
   memory), a pipeline bubble worth a finding, the layouts memory rejected;
 - **sweep**: the knee (latency against throughput along the batch), the bound there, points that do not fit;
 - **serve**: the SLO verdict, and the tail (p99 over p50, the queueing share of it, utilisation);
+- **bench** (a measured load run): validity, failed requests by kind, a client that fell behind its schedule,
+  a saturated server (achieved under offered), the TTFT tail, usage counts that differ from what was asked;
 - **shape-check**: each kernel class whose synthetic shape does not stand for production.
 
 Every value is read from the run's own result; nothing is re-run. A field the result lacks gives no finding
@@ -364,7 +366,58 @@ def calibrate_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
              "verdict": "flag: --quick is a smoke test, not a profile to trust" if quick else "ok: the full grid"}]
 
 
-KINDS = {"fit": (fit_findings, fit_pitfalls), "plan": (plan_findings, plan_pitfalls),
+def bench_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+    p = run["payload"]
+    val = p.get("validity") if isinstance(p.get("validity"), dict) else {}
+    errs = {k: v for k, v in (p.get("errors") or {}).items() if _num(v)} if isinstance(p.get("errors"), dict) else {}
+    lag = p.get("scheduler_lag") if isinstance(p.get("scheduler_lag"), dict) else {}
+    rate = p.get("rate") if isinstance(p.get("rate"), dict) else {}
+    ttft = (p.get("latency") or {}).get("ttft") if isinstance(p.get("latency"), dict) else None
+    use = p.get("usage_check") if isinstance(p.get("usage_check"), dict) else {}
+    rb = _rollback(run)
+    out = [_finding(f"measured load {val.get('verdict', '-')}: {val.get('reason', '')}", "performance modelling",
+                    "run long enough for the rule (--duration 600, --requests past --min-queries)",
+                    "low: the benchmark only", rb)]
+    if errs:
+        out.append(_finding("failed requests: " + ", ".join(f"{k} {v}" for k, v in errs.items()), "runtime",
+                            "the server's log: an HTTP 400 is a prompt past the context, timeouts a load past "
+                            "capacity, dropped streams a crash or a proxy limit", "low: diagnosis", rb))
+    if lag.get("behind"):
+        out.append(_finding(f"the client fell behind its schedule (send lag p99 {_si(_num(lag.get('p99_s')), 's')}): "
+                            "the figures measure the client as well as the server", "performance modelling",
+                            "a lower rate, or the client on a machine of its own (benchmarks/bench_loadgen.py "
+                            "gives the client's ceiling)", "low: the benchmark only", rb))
+    off, ach = _num(rate.get("offered_per_s")), _num(rate.get("achieved_per_s"))
+    if off and ach is not None and ach < 0.95 * off:
+        out.append(_finding(f"saturated: {ach:.4g} requests/s achieved of {off:.4g} offered", "runtime",
+                            "more replicas or a larger batch budget on the server; or take the achieved rate as "
+                            "its capacity", "medium: replicas cost devices", rb))
+    if isinstance(ttft, dict) and _num(ttft.get("p50_s")) and _num(ttft.get("p99_s")) is not None:
+        r = ttft["p99_s"] / ttft["p50_s"]
+        out.append(_finding(f"TTFT tail: p99 {_si(ttft['p99_s'], 's')}, x{r:.3g} the p50", "runtime",
+                            "queueing at admission: chunked prefill, a token budget, or more replicas" if r > 3 else
+                            "a tight tail: no action", "low: a serving setting", rb))
+    if _num(use.get("output_mismatches")):
+        out.append(_finding(f"output tokens differ from max_tokens on {use['output_mismatches']} requests (mean "
+                            f"{use.get('output_diff_mean')}): the server stopped early (EOS) or ignores ignore_eos",
+                            "performance modelling", "send ignore_eos where the server takes it, or compare "
+                            "per output token (TPOT)", "low: the benchmark only", rb))
+    return out
+
+
+def bench_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+    p = run["payload"]
+    reqs = p.get("requests") if isinstance(p.get("requests"), dict) else {}
+    use = p.get("usage_check") if isinstance(p.get("usage_check"), dict) else {}
+    missing = _num(use.get("requests_without_usage"))
+    return [_p99_check(_num(reqs.get("ok"))),
+            {"check": "token counts from the server's usage",
+             "verdict": (f"flag: {missing:.0f} requests without usage: their tokens counted from stream events, "
+                         "which may merge tokens") if missing else "ok: every request's usage reported"}]
+
+
+KINDS = {"bench": (bench_findings, bench_pitfalls), "fit": (fit_findings, fit_pitfalls),
+         "plan": (plan_findings, plan_pitfalls),
          "sweep": (sweep_findings, sweep_pitfalls), "serve": (serve_findings, serve_pitfalls),
          "shape-check": (shape_check_findings, lambda run: []),
          "calibrate": (calibrate_findings, calibrate_pitfalls)}

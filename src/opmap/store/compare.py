@@ -168,6 +168,12 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
     stored = is_run_id(a_id) or is_run_id(b_id)
     with reading(path, stored) as con:  # closed before the re-runs: their runs land when it opens again
         a, b = load(a_id, path, con), load(b_id, path, con)
+        if "bench" in (a.kind, b.kind):  # measured load runs: per-request samples, no kernels
+            from opmap.store.bench_compare import compare_bench
+
+            if rerun:
+                raise OpmapError("--rerun re-runs profile commands; a bench run is compared on its requests")
+            return compare_bench(a, b, con, force, min_effect, alpha)
     differ = _check(a, b, force)
     new_a, new_b = [], []
     if rerun:

@@ -20,12 +20,12 @@ from opmap.errors import OpmapError
 
 # a folder's files, in the order one is chosen where it holds several; each with its run kind
 FOLDER_FILES = (("profile.json", "profile"), ("analysis.json", "analyze"), ("plan.json", "plan"),
-                ("sweep.json", "sweep"), ("serve.json", "serve"), ("fit.json", "fit"))
+                ("sweep.json", "sweep"), ("serve.json", "serve"), ("fit.json", "fit"), ("bench.json", "bench"))
 # the field each file cannot be without (a file lacking it is not opmap's)
 REQUIRED = {"profile": "assumptions", "analyze": "assumptions", "plan": "ranked", "sweep": "points",
-            "serve": "latency", "fit": "cells"}
+            "serve": "latency", "fit": "cells", "bench": "latency"}
 ACCEPTED = ("a run id (opmap runs list) or an output folder holding profile.json, analysis.json, plan.json, "
-            "sweep.json, serve.json or fit.json")
+            "sweep.json, serve.json, fit.json or bench.json")
 
 
 @dataclass
@@ -109,6 +109,10 @@ def folder_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
     if kind == "sweep":
         return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
                 "precision": d.get("dtype")}
+    if kind == "bench":
+        from opmap.bench.outputs import bench_tags
+
+        return bench_tags(d)
     if kind == "serve":
         a = d.get("assumptions") if isinstance(d.get("assumptions"), dict) else {}
         return {"workload": a.get("model"), "hardware": a.get("hardware"), "phase": "serve",

@@ -1,0 +1,104 @@
+"""Compare two measured load runs (``opmap bench``): per latency metric, a rank test on the per-request
+samples, and a verdict a CI can gate on.
+
+For each of TTFT, TPOT and end-to-end latency, the two runs' per-request values (s; warm-up requests excluded,
+ok requests only) go through compare's Mann-Whitney U test (store/compare.py ``mann_whitney``: two-sided,
+normal approximation, tie and continuity corrected), Benjamini-Hochberg over the three metrics at ``alpha``.
+A metric regressed when its test rejects "same distribution" AND its median rose by more than ``min_effect``;
+improved when significant and it fell by more than that. The run is a regression when any metric regressed.
+Throughput (requests/s, output tokens/s) is one number per run: its change is shown, untested.
+
+Runs are comparable when they served the same model under the same workload spec (load, lengths, seed):
+different endpoints, servers or versions are what a comparison is for; a different load is refused, naming it,
+unless ``force``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from opmap.errors import OpmapError
+
+METRICS = ("ttft_s", "tpot_s", "e2e_s")
+MUST_MATCH = ("workload", "workload_spec")
+
+
+def _samples(run, con) -> dict[str, list[float]]:
+    """The run's per-request samples by metric: from the store's samples table, or a folder's bench.json."""
+    if run.stored:
+        rows = con.execute("SELECT metric, value_s FROM samples WHERE run_id = ? AND metric IN (SELECT unnest(?)) "
+                           "ORDER BY metric, i", [run.id, list(METRICS)]).fetchall()
+        out: dict[str, list[float]] = {m: [] for m in METRICS}
+        for m, v in rows:
+            out[m].append(float(v))
+        return out
+    s = run.payload.get("samples") if isinstance(run.payload.get("samples"), dict) else {}
+    return {m: [float(x) for x in (s.get(m) or []) if isinstance(x, (int, float))] for m in METRICS}
+
+
+def check(a, b, force: bool) -> list[str]:
+    """The tags among MUST_MATCH that differ; refused unless ``force``."""
+    for r in (a, b):
+        if r.kind != "bench":
+            raise OpmapError(f"a bench run is compared with another bench run; {r.id} is a {r.kind} run")
+    differ = [(t, a.tags.get(t), b.tags.get(t)) for t in MUST_MATCH if a.tags.get(t) != b.tags.get(t)]
+    if differ and not force:
+        raise OpmapError("the bench runs differ in " + ", ".join(f"{t} ({x} vs {y})" for t, x, y in differ)
+                         + ": not the same load (--force to compare)")
+    return [t for t, _, _ in differ]
+
+
+def compare_bench(a, b, con, force: bool = False, min_effect: float = 0.05, alpha: float = 0.05) -> dict[str, Any]:
+    """Run B against run A (store/source.py Runs of kind bench); ``con``: the store's connection where either is
+    stored."""
+    from opmap.store.compare import bh_reject, mann_whitney
+
+    differ = check(a, b, force)
+    sa, sb = _samples(a, con), _samples(b, con)
+    rows, ps = [], []
+    for m in METRICS:
+        xa, xb = sa[m], sb[m]
+        row: dict[str, Any] = {"metric": m[:-2], "n_a": len(xa), "n_b": len(xb), "p": None, "u": None,
+                               "a_p50_s": statistics.median(xa) if xa else None,
+                               "b_p50_s": statistics.median(xb) if xb else None,
+                               "a_p99_s": _p99(xa), "b_p99_s": _p99(xb)}
+        row["rel"] = (row["b_p50_s"] / row["a_p50_s"] - 1 if row["a_p50_s"] and row["b_p50_s"] is not None
+                      else None)
+        if len(xa) >= 2 and len(xb) >= 2:
+            row["u"], row["p"] = mann_whitney(xa, xb)
+        rows.append(row)
+        ps.append(row["p"])
+    for row, rejected in zip(rows, bh_reject(ps, alpha)):
+        rel = row["rel"]
+        row["verdict"] = ("no test (fewer than 2 samples a side)" if row["p"] is None else
+                          "regression" if rejected and rel is not None and rel > min_effect else
+                          "improvement" if rejected and rel is not None and rel < -min_effect else
+                          "no significant change")
+    verdicts = [r["verdict"] for r in rows]
+    verdict = ("regression" if "regression" in verdicts else "improvement" if "improvement" in verdicts
+               else "no significant change")
+    moved = [r for r in rows if r["verdict"] == verdict] if verdict != "no significant change" else []
+    line = (f"{verdict}: " + ", ".join(f"{r['metric']} p50 {r['rel']:+.1%} (p {r['p']:.2g})" for r in moved)
+            + f", beyond the minimum effect {min_effect:.1%}" if moved else
+            f"no significant change in TTFT, TPOT or e2e (minimum effect {min_effect:.1%}, alpha {alpha:g})")
+    ta, tb = a.payload.get("throughput") or {}, b.payload.get("throughput") or {}
+    throughput = {k: {"a": ta.get(k), "b": tb.get(k),
+                      "rel": tb[k] / ta[k] - 1 if ta.get(k) and tb.get(k) is not None else None}
+                  for k in ("requests_per_s", "output_tokens_per_s", "tokens_per_s")}
+    return {"kind": "bench", "a": a.id, "b": b.id, "forced_tags": differ, "metrics": rows,
+            "throughput": throughput, "verdict": verdict, "verdict_line": line, "min_effect": min_effect,
+            "alpha": alpha,
+            "test": {"name": "Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected) on "
+                             "per-request samples, Benjamini-Hochberg over TTFT, TPOT and e2e"},
+            "endpoints": {"a": a.tags.get("endpoint"), "b": b.tags.get("endpoint")},
+            "validity": {"a": (a.payload.get("validity") or {}).get("verdict"),
+                         "b": (b.payload.get("validity") or {}).get("verdict")}}
+
+
+def _p99(x: list[float]) -> float | None:
+    if not x:
+        return None
+    import numpy as np
+
+    return float(np.percentile(x, 99))
