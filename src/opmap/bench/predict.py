@@ -20,10 +20,10 @@ the hardware the server runs on, under the batching policy the server runs:
   ``request_s`` per request (HTTP, tokenizing, the queue into the engine, SSE out) added to its arrival. The
   prediction is printed with and without it, so the model's own error and the server's overhead stay apart.
 
-Figures on both sides use one formula (``figures``): TTFT = first token - send, e2e = last token - send, TPOT =
-(e2e - TTFT) / (output tokens - 1), ITL = the gaps between a request's token events (the simulator's per token),
-output tokens/s = output tokens / (last end - first send); warm-up requests are simulated (they load the server)
-but kept out of the figures.
+The predicted figures are named and computed as the measured ones (opmap.bench.metrics): TTFT = first token -
+send, e2e = last token - send, TPOT = (e2e - TTFT) / (output tokens - 1), ITL = the gaps between a request's
+tokens (measured: between its token events), output tokens/s = output tokens / (last end - first send);
+warm-up requests are simulated (they load the server) but kept out of the figures.
 """
 
 from __future__ import annotations
@@ -168,18 +168,6 @@ def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -
             "requests": int(len(sent_s)), "output_tokens": int(out.sum()), "span_s": span}
 
 
-def measured_figures(records) -> dict[str, Any]:
-    """``figures`` of the run's answered, non-warm-up requests: times from the client's clock, ITL from the
-    gaps between token events (an event that merged tokens is one gap), output tokens from usage."""
-    ok = [r for r in records if r.status == "ok" and not r.warmup and r.first_token_s is not None]
-    if not ok:
-        raise OpmapError("--predict needs at least one answered request past the warm-up: the run has none")
-    gaps = np.concatenate([np.diff(np.asarray(r.token_times_s, dtype=float)) for r in ok]) if ok else np.empty(0)
-    return figures([r.sent_s for r in ok], [r.first_token_s for r in ok],
-                   [r.token_times_s[-1] if r.token_times_s else r.end_s for r in ok],
-                   [r.usage_completion_tokens or r.output_tokens_asked for r in ok], gaps)
-
-
 def predicted_figures(w: Workload, sent, first, finish, res) -> dict[str, Any]:
     keep = ~w.warmup
     if not keep.any():
@@ -209,12 +197,18 @@ def _ratio(p: float | None, m: float | None) -> float | None:
     return p / m
 
 
-def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, seed: int = 0) -> dict[str, Any]:
+def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, measured: dict | None = None,
+                seed: int = 0) -> dict[str, Any]:
     """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
-    server's measured overhead where given. A dict with schema_version (bench_predict.json)."""
+    server's measured overhead where given. ``measured``: the run's figures (default: opmap.bench.metrics.summarize
+    of its records, as ``opmap bench`` prints and records them). A dict with schema_version (bench_predict.json)."""
+    if measured is None:
+        from opmap.bench.metrics import summarize
+
+        measured = summarize(result.records)
     w = workload(result.records, result.mode, result.concurrency)
-    measured = measured_figures(result.records)
-    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": measured,
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION,
+                           "measured": {"latency": measured["latency"], "throughput": measured["throughput"]},
                            "workload": {"requests": int(len(w.sent_s)), "warmup": int(w.warmup.sum()),
                                         "mode": result.mode, "concurrency": result.concurrency,
                                         "closed_loop_sends": "simulated" if w.closed else "as measured"},
@@ -230,6 +224,17 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
     return out
 
 
+def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,
+                     api: str = "completions", ignore_eos: bool = False, timeout_s: float = 60.0) -> ServerOverhead:
+    """Probe the server (``probe_specs``: ``reps`` sequential 1-token and ``long_out``-token answers on
+    ``prompt``, ``n_in`` tokens) with the bench's own client and derive its overhead (``overhead_from_probe``)."""
+    from opmap.bench.client import run_load
+
+    res = run_load(base_url, model, probe_specs(prompt, n_in, reps, long_out), api=api, concurrency=1,
+                   timeout_s=timeout_s, ignore_eos=ignore_eos)
+    return overhead_from_probe(res.records, cost, n_in, long_out)
+
+
 def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
     """The probe's requests (opmap.bench.records.RequestSpec), sequential: ``reps`` answers of 1 token, then
     ``reps`` of ``long_out`` tokens, all on an ``n_in``-token prompt."""
@@ -242,24 +247,25 @@ def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
 
 def overhead_from_probe(records, cost, n_in: int, long_out: int) -> ServerOverhead:
     """Server overhead from the probe's records (``probe_specs``), against the model's own step times:
-    step_s = median measured time per token after the first (e2e - TTFT) / (n - 1) of the long answers - the
-    priced decode step of one sequence; request_s = median e2e of the 1-token answers - the priced prefill of
-    the prompt - step_s (a 1-token answer is one prefill step). Each floored at 0."""
+    step_s = the median measured time per token after the first, (last token - first token) / (n - 1) of the
+    long answers, less the priced decode step of one sequence; request_s = the median TTFT of all the probe's
+    answers (send to first token: one prefill step) less the priced prefill of the prompt and one step_s. Each
+    floored at 0."""
     ok = [r for r in records if r.status == "ok" and r.first_token_s is not None]
-    one = [r.end_s - r.sent_s for r in ok if r.output_tokens_asked == 1]
+    ttft = [r.first_token_s - r.sent_s for r in ok]
     per_tok = [((r.token_times_s[-1] if r.token_times_s else r.end_s) - r.first_token_s)
                / max(1, (r.usage_completion_tokens or long_out) - 1)
                for r in ok if r.output_tokens_asked == long_out and long_out > 1]
-    if not one or not per_tok:
+    if not ttft or not per_tok:
         raise OpmapError("the overhead probe got no answer from the server: --predict cannot measure its overhead")
     decode_model = cost.decode_s(1, n_in + long_out // 2)
     prefill_model = cost.prefill_s(n_in, 1)
     step = max(0.0, float(np.median(per_tok)) - decode_model)
-    request = max(0.0, float(np.median(one)) - prefill_model - step)
+    request = max(0.0, float(np.median(ttft)) - prefill_model - step)
     return ServerOverhead(step, request, {
-        "probe": f"{len(one)} requests of {n_in} prompt tokens -> 1 token, {len(per_tok)} -> {long_out} tokens, "
-                 "sequential",
-        "measured_e2e_1_token_s": float(np.median(one)), "measured_s_per_token": float(np.median(per_tok)),
+        "probe": f"{sum(r.output_tokens_asked == 1 for r in ok)} requests of {n_in} prompt tokens -> 1 token, "
+                 f"{len(per_tok)} -> {long_out} tokens, sequential",
+        "measured_ttft_s": float(np.median(ttft)), "measured_s_per_token": float(np.median(per_tok)),
         "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
-        "spread_e2e_1_token_s": [float(min(one)), float(max(one))],
+        "spread_ttft_s": [float(min(ttft)), float(max(ttft))],
         "spread_s_per_token": [float(min(per_tok)), float(max(per_tok))]})

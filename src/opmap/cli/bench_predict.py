@@ -14,7 +14,7 @@ from opmap.report.text import plain, safe
 
 PROBE_INPUT = 32  # the overhead probe's prompt, tokens: a short prefill, so the step overhead dominates its TTFT
 PROBE_OUTPUT = 32  # its long answers, tokens: enough steps for a per-token median
-PROBE_REPS = 5  # answers of each length; the median of 5 is what the overhead uses, the spread is recorded
+PROBE_REPS = 10  # answers of each length: the overhead is their median (the spread is recorded)
 
 
 def check_target(url: str | None, model: str | None, launch: str | None, predict: bool, hardware: str | None,
@@ -75,34 +75,29 @@ def launched_dtype(config: str) -> str:
 
 
 def probe_overhead(root: str, model: str, cost, prompt, *, api: str, ignore_eos: bool, timeout_s: float):
-    """The server's overhead outside the model's kernels (opmap.bench.predict.overhead_from_probe), from
-    PROBE_REPS sequential 1-token and PROBE_OUTPUT-token answers on a PROBE_INPUT-token prompt."""
+    """The server's overhead outside the model's kernels (opmap.bench.predict.measure_overhead): PROBE_REPS
+    sequential 1-token and PROBE_OUTPUT-token answers on a PROBE_INPUT-token prompt."""
     import numpy as np
 
-    from opmap.bench.client import run_load
-    from opmap.bench.predict import overhead_from_probe, probe_specs
+    from opmap.bench.predict import measure_overhead
     from opmap.bench.workload import word_prompt
 
     text = (prompt or word_prompt)(0, PROBE_INPUT, np.random.default_rng(12345))
     with console.status("measuring the server's overhead (probe)"):
-        res = run_load(root, model, probe_specs(text, PROBE_INPUT, PROBE_REPS, PROBE_OUTPUT), api=api,
-                       concurrency=1, timeout_s=timeout_s, ignore_eos=ignore_eos)
-    return overhead_from_probe(res.records, cost, PROBE_INPUT, PROBE_OUTPUT)
+        return measure_overhead(root, model, cost, text, PROBE_INPUT, reps=PROBE_REPS, long_out=PROBE_OUTPUT,
+                                api=api, ignore_eos=ignore_eos, timeout_s=timeout_s)
 
 
 def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: dict,
                        out: Path | None, store: Path | None, no_store: bool) -> dict[str, Any]:
     """Simulate the run's workload, print measured / predicted, write bench_predict.json, record the prediction
     as a serve run (the figures of the last variant: with the overhead where measured)."""
-    from opmap.bench.predict import join, predict_run
+    from opmap.bench.predict import predict_run
     from opmap.cli.common import record_run
 
     with console.status("simulating the same workload"):
-        rep = predict_run(result, cost, policy, overhead=overhead)
-    # the measured side is the bench run's own figures (opmap.bench.metrics), as compare will read them
-    for v in rep["predictions"].values():
-        v["rows"] = join(body, v["figures"])
-    rep["measured"] = {"latency": body["latency"], "throughput": body["throughput"]}
+        # the measured side is the bench run's own figures (opmap.bench.metrics), as compare will read them
+        rep = predict_run(result, cost, policy, overhead=overhead, measured=body)
     rep["assumptions"] = assumptions
     print_join(rep)
     if out is not None:
@@ -166,8 +161,8 @@ def print_join(rep: dict) -> None:
         b = ov["basis"]
         console.print(f"server overhead (probe: {b['probe']}): {ov['step_s'] * 1e3:.3g} ms a step (measured "
                       f"{b['measured_s_per_token'] * 1e3:.3g} ms a token vs the model's decode step "
-                      f"{b['model_decode_step_s'] * 1e3:.3g} ms), {ov['request_s'] * 1e3:.3g} ms a request (1-token "
-                      f"answer {b['measured_e2e_1_token_s'] * 1e3:.3g} ms vs the model's prefill "
+                      f"{b['model_decode_step_s'] * 1e3:.3g} ms), {ov['request_s'] * 1e3:.3g} ms a request (TTFT "
+                      f"{b['measured_ttft_s'] * 1e3:.3g} ms vs the model's prefill "
                       f"{b['model_prefill_s'] * 1e3:.3g} ms)", highlight=False)
 
 
