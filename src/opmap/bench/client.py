@@ -307,15 +307,20 @@ class _Stream:
         an error event, dropped at an end before either."""
         parser = SSEParser()
         finished = False
+        outcome = None
         async for raw in resp.aiter_raw():
+            if outcome is not None:
+                continue  # read to the body's end, so the connection goes back to the pool (keep-alive)
             now = clock() - t0
             for ev in parser.feed(raw):
                 self.events += 1
                 c = read_chunk(ev.data)
                 if c.done:
-                    return "ok", ""
+                    outcome = ("ok", "")
+                    break
                 if c.error is not None:
-                    return "stream_error", c.error
+                    outcome = ("stream_error", c.error)
+                    break
                 if c.usage is not None:
                     self._usage(c.usage)
                 if c.text:
@@ -324,6 +329,8 @@ class _Stream:
                     self.times.append(now)
                 if c.finish_reason is not None:
                     finished = True
+        if outcome is not None:
+            return outcome
         parser.close()
         if finished:
             return "ok", ""

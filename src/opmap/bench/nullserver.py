@@ -167,12 +167,17 @@ class ThreadServer:
 
         def run() -> None:
             self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)  # this thread's own
             self._task = self._loop.create_task(self.server.serve(self.host, 0, ready))
             try:
                 self._loop.run_until_complete(self._task)
             except (asyncio.CancelledError, Exception):
                 pass
-            finally:
+            finally:  # the connections' handlers too, so none is left pending on a closed loop
+                pending = asyncio.all_tasks(self._loop)
+                for t in pending:
+                    t.cancel()
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 self._loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True)

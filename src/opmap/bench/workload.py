@@ -52,6 +52,13 @@ def word_prompt(index: int, tokens: int, rng: np.random.Generator) -> str:
     return " ".join(WORDS[i] for i in pick)
 
 
+class Constant(Arrival):
+    """serve's Arrival with kind "constant": a send every 1/rate_per_s s."""
+
+    def spec(self) -> str:
+        return f"constant:{self.rate_per_s:g}"
+
+
 def parse_load_arrival(spec: str) -> Arrival:
     """serve's arrival specs (``parse_arrival``) and ``constant:RATE`` (RATE a number > 0, requests/s)."""
     s = spec.strip()
@@ -64,7 +71,7 @@ def parse_load_arrival(spec: str) -> Arrival:
         if not math.isfinite(rate) or rate <= 0:
             raise OpmapError(f"bad arrival {spec!r}: RATE must be a number > 0 requests/s; accepted: "
                              f"{ARRIVALS_ACCEPTED}")
-        return Arrival("constant", rate)
+        return Constant("constant", rate)
     try:
         return parse_arrival(s)
     except OpmapError as e:

@@ -49,11 +49,11 @@ def check(a, b, force: bool) -> list[str]:
     return [t for t, _, _ in differ]
 
 
-def compare_bench(a, b, con, force: bool = False, min_effect: float = 0.05, alpha: float = 0.05) -> dict[str, Any]:
+def compare_bench(a, b, con, rank_test, bh_reject, force: bool = False, min_effect: float = 0.05,
+                  alpha: float = 0.05) -> dict[str, Any]:
     """Run B against run A (store/source.py Runs of kind bench); ``con``: the store's connection where either is
-    stored."""
-    from opmap.store.compare import bh_reject, mann_whitney
-
+    stored. ``rank_test`` and ``bh_reject``: compare's Mann-Whitney U and Benjamini-Hochberg (store/compare.py
+    passes its own: it imports this module, so this one cannot import it)."""
     differ = check(a, b, force)
     sa, sb = _samples(a, con), _samples(b, con)
     rows, ps = [], []
@@ -66,7 +66,7 @@ def compare_bench(a, b, con, force: bool = False, min_effect: float = 0.05, alph
         row["rel"] = (row["b_p50_s"] / row["a_p50_s"] - 1 if row["a_p50_s"] and row["b_p50_s"] is not None
                       else None)
         if len(xa) >= 2 and len(xb) >= 2:
-            row["u"], row["p"] = mann_whitney(xa, xb)
+            row["u"], row["p"] = rank_test(xa, xb)
         rows.append(row)
         ps.append(row["p"])
     for row, rejected in zip(rows, bh_reject(ps, alpha)):

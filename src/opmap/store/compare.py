@@ -173,7 +173,7 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
 
             if rerun:
                 raise OpmapError("--rerun re-runs profile commands; a bench run is compared on its requests")
-            return compare_bench(a, b, con, force, min_effect, alpha)
+            return compare_bench(a, b, con, mann_whitney, bh_reject, force, min_effect, alpha)
     differ = _check(a, b, force)
     new_a, new_b = [], []
     if rerun:

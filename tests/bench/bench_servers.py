@@ -1,0 +1,47 @@
+"""Servers that imitate exactly one failure each, for the client's error handling (a real endpoint cannot be
+made to fail on cue): an HTTP 500, a connection dropped mid-stream, an error object mid-stream, a server that
+never answers. Each answers /v1/models as a healthy server would; ``every``: only every k-th request fails
+(the others stream normally), so a test sees failures counted per request while the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from opmap.bench.nullserver import STREAM_HEAD, NullConfig, NullServer, _chunk, _token_event
+
+
+class FaultServer(NullServer):
+    """``mode``: "500", "drop" (two tokens, then the connection closes), "error" (two tokens, then an error
+    event, then [DONE]) or "hang" (the request is read and never answered)."""
+
+    def __init__(self, mode: str, every: int = 1, cfg: NullConfig | None = None) -> None:
+        super().__init__(cfg or NullConfig())
+        self.mode, self.every, self.posts = mode, every, 0
+
+    async def route(self, method, path, body, writer):
+        if method == "POST" and path.startswith("/v1/"):
+            self.posts += 1
+            if self.posts % self.every == 0:
+                return await self.fail(writer)
+        return await super().route(method, path, body, writer)
+
+    async def fail(self, writer):
+        if self.mode == "500":
+            body = b'{"error": {"message": "internal error", "type": "server_error"}}'
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        elif self.mode in ("drop", "error"):
+            writer.write(STREAM_HEAD)
+            for _ in range(2):
+                writer.write(_token_event(False, "null", " tok", None))
+            await writer.drain()
+            if self.mode == "drop":
+                writer.transport.abort()  # no terminating chunk: the stream is cut
+                raise ConnectionResetError("dropped on purpose")
+            writer.write(_chunk(json.dumps({"error": {"message": "KV cache exhausted", "code": 500}}).encode()))
+            writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
+            await writer.drain()
+        elif self.mode == "hang":
+            await asyncio.sleep(3600)

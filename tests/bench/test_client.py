@@ -1,0 +1,137 @@
+"""The load client against small local servers: the null streaming server (opmap.bench.nullserver) where a
+test is about the client's own timing, and servers imitating one failure each (bench_servers.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from bench_servers import FaultServer
+
+from opmap.bench.client import endpoint_root, request_body, run_load
+from opmap.bench.nullserver import NullConfig, NullServer, ThreadServer
+from opmap.bench.records import RequestSpec
+from opmap.errors import OpmapError
+
+
+def closed(n: int, out: int = 4) -> list[RequestSpec]:
+    return [RequestSpec(i, None, "one two three", 3, out) for i in range(n)]
+
+
+def scheduled(times, out: int = 4) -> list[RequestSpec]:
+    return [RequestSpec(i, float(t), "one two three", 3, out) for i, t in enumerate(times)]
+
+
+def test_base_url_with_or_without_v1():
+    assert endpoint_root("http://h:8000/v1/") == "http://h:8000"
+    assert endpoint_root("http://h:8000") == "http://h:8000"
+    with pytest.raises(OpmapError, match="http:// or https://"):
+        endpoint_root("h:8000")
+
+
+def test_request_body_streams_with_usage_and_ignore_eos():
+    import json
+
+    b = json.loads(request_body(RequestSpec(0, None, "p", 1, 5), "m", "chat", True))
+    assert b["stream"] and b["stream_options"] == {"include_usage": True} and b["ignore_eos"]
+    assert b["messages"] == [{"role": "user", "content": "p"}] and b["max_tokens"] == 5
+    assert "ignore_eos" not in json.loads(request_body(RequestSpec(0, None, "p", 1, 5), "m", "completions", False))
+
+
+def test_open_loop_sends_keep_their_schedule_while_the_server_is_saturated():
+    """A server that serves one request at a time, 25 ms each, offered one every 10 ms: the queue grows by 15 ms a
+    request, so TTFT grows along the run (p99 far above the service time), while every send stays on its
+    schedule (an open loop does not wait for the server: no coordinated omission)."""
+    n, gap, service = 30, 0.010, 0.025
+    with ThreadServer(NullServer(NullConfig(first_token_s=service, serialize=True))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", scheduled(np.arange(1, n + 1) * gap, out=1))
+    recs = sorted(res.records, key=lambda r: r.index)
+    assert all(r.ok for r in recs) and len(recs) == n
+    ttft = np.array([r.first_token_s - r.sent_s for r in recs])
+    lag = np.array([r.sent_s - r.scheduled_s for r in recs])
+    # queueing theory of this deterministic queue: request k waits k x (service - gap) = 15 ms x k
+    assert ttft[-1] > 0.6 * (n - 1) * (service - gap) + service
+    assert np.percentile(ttft, 99) > 10 * service
+    assert lag.max() < 0.02 and abs(np.median(lag[-10:]) - np.median(lag[:10])) < 0.01  # no drift
+    assert res.mode == "open" and res.options["peak_in_flight"] > 5
+
+
+def test_closed_loop_holds_its_concurrency():
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
+        res = run_load(f"http://127.0.0.1:{port}/v1", "null", closed(12), concurrency=3)
+    assert len(res.records) == 12 and all(r.ok for r in res.records)
+    assert res.options["peak_in_flight"] == 3 and res.options["pool_connections"] == 3
+    assert res.server_models == ("null",) and res.server_header == "opmap-null"
+
+
+def test_merged_events_are_timed_by_event_and_counted_by_usage():
+    with ThreadServer(NullServer(NullConfig(tokens_per_event=4))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(2, out=16), concurrency=1, api="chat")
+    r = res.records[0]
+    assert len(r.token_times_s) == 4 and r.usage_completion_tokens == 16 and r.usage_prompt_tokens == 3
+    assert r.events == 6  # 4 text events, the usage chunk, [DONE]
+
+
+def test_http_500_counted_per_request_and_the_run_goes_on():
+    with ThreadServer(FaultServer("500", every=2)) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(8), concurrency=2)
+    st = sorted(r.status for r in res.records)
+    assert st == ["http_error"] * 4 + ["ok"] * 4
+    bad = next(r for r in res.records if r.status == "http_error")
+    assert bad.http_status == 500 and "internal error" in bad.error and bad.first_token_s is None
+
+
+def test_a_stream_dropped_mid_way_is_counted_with_what_arrived():
+    with ThreadServer(FaultServer("drop", every=3)) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(6), concurrency=1)
+    dropped = [r for r in res.records if r.status == "dropped"]
+    assert len(dropped) == 2 and sum(r.ok for r in res.records) == 4
+    assert all(len(r.token_times_s) == 2 and r.usage_completion_tokens is None for r in dropped)
+
+
+def test_an_error_event_mid_stream_is_a_stream_error():
+    with ThreadServer(FaultServer("error")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(2), concurrency=1)
+    assert [r.status for r in res.records] == ["stream_error"] * 2
+    assert res.records[0].error == "KV cache exhausted"
+
+
+def test_a_server_that_never_answers_hits_the_timeout_and_the_run_ends():
+    t = time.perf_counter()
+    with ThreadServer(FaultServer("hang")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(3), concurrency=3, timeout_s=0.5)
+    assert [r.status for r in res.records] == ["timeout"] * 3
+    assert all(0.45 < r.end_s - r.sent_s < 1.5 for r in res.records)
+    assert time.perf_counter() - t < 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_dead_endpoint_is_one_error_before_anything_is_sent():
+    with pytest.raises(OpmapError, match="cannot reach http://127.0.0.1"):
+        run_load(f"http://127.0.0.1:{_free_port()}", "m", closed(1), concurrency=1)
+
+
+def test_ctrl_c_keeps_what_was_measured():
+    """SIGINT a third of the way through a 1.5 s open loop: the run stops at once, marked interrupted, with the
+    requests that ended kept and the ones in flight counted."""
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.05))) as port:
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        t = time.perf_counter()
+        try:
+            res = run_load(f"http://127.0.0.1:{port}", "null", scheduled(np.arange(1, 61) * 0.025))
+        finally:
+            timer.cancel()
+    assert res.interrupted and time.perf_counter() - t < 1.2
+    assert 5 < len(res.records) < 60 and all(r.ok for r in res.records)
+    assert res.in_flight_at_stop >= 1

@@ -1,0 +1,104 @@
+"""opmap bench against the null streaming server (opmap.bench.nullserver: the client's behaviour, not a
+model's figures), and against nothing at all; its run in the store, compare, memo and report."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import pytest
+
+from opmap.bench.nullserver import NullConfig, NullServer, ThreadServer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_id(out: str) -> str:
+    return re.search(r"recorded as run (\S+)", out).group(1)
+
+
+def test_bench_writes_bench_json_and_parquet_and_records_the_run(tmp_path, cli):
+    import duckdb
+
+    store = tmp_path / "runs.duckdb"
+    with ThreadServer(NullServer(NullConfig(token_s=0.001))) as port:
+        rc, out, err = cli("bench", f"http://127.0.0.1:{port}/v1", "--model", "null", "--arrival", "constant:200",
+                           "--requests", 30, "--warmup", 3, "--input-len", 12, "--output-len", 5, "--out",
+                           tmp_path / "o", "--store", store)
+    assert rc == 0, err
+    assert "ttft" in out and "MLPerf-style validity: INVALID" in out and "send lag" in out
+    d = json.loads((tmp_path / "o" / "bench.json").read_text())
+    assert d["schema_version"] == 1 and d["kind"] == "bench" and d["spec"]["arrival"] == "constant:200"
+    assert d["endpoint"]["server_models"] == ["null"] and d["endpoint"]["server_header"] == "opmap-null"
+    assert (d["requests"]["measured"], d["requests"]["warmup"], d["requests"]["ok"]) == (30, 3, 30)
+    assert d["usage_check"]["output_mismatches"] == 0 and d["usage_check"]["input_mismatches"] == 0
+    assert d["rate"]["offered_per_s"] == pytest.approx(200)  # 30 sends 5 ms apart
+    con = duckdb.connect()
+    rows = con.execute("SELECT count(*), count(scheduled_s), sum(warmup::INT), min(len(token_times_s)), "
+                       "max(len(token_times_s)), bool_and(status = 'ok'), sum(usage_completion_tokens) "
+                       f"FROM read_parquet('{tmp_path / 'o' / 'requests.parquet'}')").fetchone()
+    assert rows == (33, 33, 3, 5, 5, True, 165)
+    from opmap.store import show_run
+
+    run = show_run(_run_id(out), store)
+    assert run["kind"] == "bench"
+    t = run["tags"]
+    assert t["endpoint"] == f"http://127.0.0.1:{port}" and t["served_models"] == ["null"]
+    assert "open loop constant:200" in t["workload_spec"] and t["client_version"]
+    n = duckdb.connect(str(store), read_only=True).execute(
+        "SELECT count(*) FROM samples WHERE run_id = ? AND metric = 'ttft_s'", [run["id"]]).fetchone()[0]
+    assert n == 30
+
+
+def test_a_dead_endpoint_is_one_line_exit_2_and_nothing_written(tmp_path, refused):
+    refused("bench", f"http://127.0.0.1:{_free_port()}", "--model", "m", "--out", tmp_path / "o", "--no-store",
+            needle="cannot reach http://127.0.0.1")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--arrival", "poisson:1", "--concurrency", "2"], "give one"),
+    (["--arrival", "burst:1"], "constant:RATE"),
+    (["--api", "embeddings"], "accepted: completions, chat"),
+    (["--requests", "0"], "--requests must be an integer"),
+    (["--slo-ttft", "-5"], "--slo-ttft must be a number > 0 ms"),
+    (["--output-len", "uniform:5,2"], "length"),
+])
+def test_bad_input_is_refused_before_any_request(refused, args, needle):
+    refused("bench", f"http://127.0.0.1:{_free_port()}", "--model", "m", "--no-store", *args, needle=needle)
+
+
+def test_a_url_that_is_not_http_is_refused(refused):
+    refused("bench", "localhost:8000", "--model", "m", "--no-store", needle="not an http:// or https:// URL")
+
+
+def test_compare_memo_and_report_on_bench_runs(tmp_path, cli):
+    store = tmp_path / "runs.duckdb"
+    common = ("--model", "null", "--concurrency", 2, "--requests", 24, "--output-len", 4, "--store", store)
+    ids = {}
+    for name, first in (("fast", 0.002), ("slow", 0.03)):
+        with ThreadServer(NullServer(NullConfig(first_token_s=first))) as port:
+            rc, out, err = cli("bench", f"http://127.0.0.1:{port}", *common)
+            assert rc == 0, err
+            ids[name] = _run_id(out)
+    rc, out, err = cli("compare", ids["fast"], ids["slow"], "--store", store)
+    assert rc == 1, err  # a regression: TTFT 2 ms -> 30 ms, 24 requests a side
+    assert "regression" in out and "ttft" in out
+    rc, out, err = cli("compare", ids["fast"], ids["slow"], "--store", store, "--json")
+    r = json.loads(out)
+    ttft = next(m for m in r["metrics"] if m["metric"] == "ttft")
+    assert ttft["verdict"] == "regression" and ttft["p"] < 1e-6 and ttft["rel"] > 2
+    with ThreadServer(NullServer(NullConfig())) as port:
+        rc, out, err = cli("bench", f"http://127.0.0.1:{port}", *common[:-4], "--output-len", 6, "--store", store)
+    other = _run_id(out)
+    rc, out, err = cli("compare", ids["fast"], other, "--store", store)
+    assert rc == 2 and "not the same load" in err
+    rc, out, err = cli("memo", ids["slow"], "--store", store)
+    assert rc == 0 and "measured load INVALID" in out, err
+    rc, out, err = cli("report", ids["slow"], "--store", store, "--out", tmp_path / "r.html")
+    assert rc == 0 and "Measured latency CDFs" in (tmp_path / "r.html").read_text(), err
