@@ -15,10 +15,12 @@ the hardware the server runs on, under the batching policy the server runs:
   sends follow the simulated ends: solved by iterating the simulation until the send times stop moving (causal:
   at most one pass per request in a slot, plus one).
 - server overhead (optional, ``ServerOverhead``): what the model's kernels do not account for, measured on the
-  server by a probe of sequential requests before the run: ``step_s`` per engine step (the batching loop's
-  Python, eager dispatch, the hand-off of each token to the web process) added to every priced step, and
-  ``request_s`` per request (HTTP, tokenizing, the queue into the engine, SSE out) added to its arrival. The
-  prediction is printed with and without it, so the model's own error and the server's overhead stay apart.
+  server by a probe before the run (sequential requests, then one batch of concurrent ones): ``step_s`` per
+  engine step (the batching loop's Python, eager dispatch) plus ``per_seq_s`` per sequence in a decode step
+  (each token's hand-off, detokenizing and SSE event: transformers serve runs its batching thread and its web
+  event loop in one process, under one GIL, so that work lengthens the step) added to every priced step, and
+  ``request_s`` per request (HTTP, tokenizing, the queue into the engine) added to its arrival. The prediction
+  is printed with and without it, so the model's own error and the server's overhead stay apart.
 
 The predicted figures are named and computed as the measured ones (opmap.bench.metrics): TTFT = first token -
 send, e2e = last token - send, TPOT = (e2e - TTFT) / (output tokens - 1), ITL = the gaps between a request's
@@ -45,15 +47,17 @@ MAX_PASSES = 10_000  # closed-loop fixed point: one pass per request in a slot a
 
 @dataclass(frozen=True)
 class ServerOverhead:
-    """Measured server time outside the model's kernels (s): ``step_s`` per engine step, ``request_s`` per
-    request; ``basis`` says how each was measured."""
+    """Measured server time outside the model's kernels (s): ``step_s`` per engine step, ``per_seq_s`` per
+    sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured."""
 
     step_s: float
     request_s: float
     basis: dict[str, Any]
+    per_seq_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_s": self.step_s, "request_s": self.request_s, "basis": self.basis}
+        return {"step_s": self.step_s, "per_seq_s": self.per_seq_s, "request_s": self.request_s,
+                "basis": self.basis}
 
 
 @dataclass(frozen=True)
@@ -103,13 +107,16 @@ def workload(records, mode: str, concurrency: int | None) -> Workload:
     return Workload(sent, np.maximum(inp, 1), np.maximum(out, 1), warm, pred, turn, closed)
 
 
-def with_step_overhead(cost, step_s: float):
-    """``cost`` (a TableCost) with ``step_s`` added to every priced prefill and decode step."""
-    if step_s <= 0:
+def with_step_overhead(cost, step_s: float, per_seq_s: float = 0.0):
+    """``cost`` (a TableCost) with ``step_s`` added to every priced prefill and decode step, and ``per_seq_s``
+    per sequence to every decode step (exact under the table's linear interpolation in the batch)."""
+    if step_s <= 0 and per_seq_s <= 0:
         return cost
     return replace(cost, prefill_time_s=[t + step_s for t in cost.prefill_time_s],
-                   decode_time_s=[[t + step_s for t in row] for row in cost.decode_time_s], floor=None,
-                   source=f"{cost.source} + {step_s * 1e3:.3g} ms measured server step overhead")
+                   decode_time_s=[[t + step_s + per_seq_s * b for t in row]
+                                  for b, row in zip(cost.decode_batch, cost.decode_time_s)], floor=None,
+                   source=f"{cost.source} + measured server overhead ({step_s * 1e3:.3g} ms a step, "
+                          f"{per_seq_s * 1e3:.3g} ms a decoding sequence)")
 
 
 def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
@@ -215,7 +222,8 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
                            "policy": policy.to_dict(), "cost": cost.to_dict(), "predictions": {}}
     variants = [("model", cost, None)]
     if overhead is not None:
-        variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s), overhead))
+        variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
+                         overhead))
         out["overhead"] = overhead.to_dict()
     for name, c, ov in variants:
         sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
@@ -225,14 +233,22 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
 
 
 def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,
-                     api: str = "completions", ignore_eos: bool = False, timeout_s: float = 60.0) -> ServerOverhead:
-    """Probe the server (``probe_specs``: ``reps`` sequential 1-token and ``long_out``-token answers on
-    ``prompt``, ``n_in`` tokens) with the bench's own client and derive its overhead (``overhead_from_probe``)."""
+                     batch: int = 1, api: str = "completions", ignore_eos: bool = False,
+                     timeout_s: float = 60.0) -> ServerOverhead:
+    """Probe the server with the bench's own client and derive its overhead (``overhead_from_probe``): ``reps``
+    sequential 1-token and ``long_out``-token answers on ``prompt`` (``n_in`` tokens), then, where ``batch`` > 1,
+    ``batch`` long answers sent together (one decode batch of that many sequences)."""
     from opmap.bench.client import run_load
 
-    res = run_load(base_url, model, probe_specs(prompt, n_in, reps, long_out), api=api, concurrency=1,
-                   timeout_s=timeout_s, ignore_eos=ignore_eos)
-    return overhead_from_probe(res.records, cost, n_in, long_out)
+    seq = run_load(base_url, model, probe_specs(prompt, n_in, reps, long_out), api=api, concurrency=1,
+                   timeout_s=timeout_s, ignore_eos=ignore_eos).records
+    together = ()
+    if batch > 1:
+        from opmap.bench.records import RequestSpec
+
+        specs = [RequestSpec(i, 0.0, prompt, n_in, long_out) for i in range(batch)]
+        together = run_load(base_url, model, specs, api=api, timeout_s=timeout_s, ignore_eos=ignore_eos).records
+    return overhead_from_probe(seq, cost, n_in, long_out, together)
 
 
 def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
@@ -245,27 +261,43 @@ def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
     return specs
 
 
-def overhead_from_probe(records, cost, n_in: int, long_out: int) -> ServerOverhead:
-    """Server overhead from the probe's records (``probe_specs``), against the model's own step times:
-    step_s = the median measured time per token after the first, (last token - first token) / (n - 1) of the
-    long answers, less the priced decode step of one sequence; request_s = the median TTFT of all the probe's
-    answers (send to first token: one prefill step) less the priced prefill of the prompt and one step_s. Each
-    floored at 0."""
+def _per_token(records, long_out: int) -> list[float]:
+    """(last token - first token) / (n - 1) of each answered ``long_out``-token request (s)."""
+    return [((r.token_times_s[-1] if r.token_times_s else r.end_s) - r.first_token_s)
+            / max(1, (r.usage_completion_tokens or long_out) - 1)
+            for r in records if r.status == "ok" and r.first_token_s is not None
+            and r.output_tokens_asked == long_out and long_out > 1]
+
+
+def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) -> ServerOverhead:
+    """Server overhead from the probe's records (``measure_overhead``), against the model's own step times:
+    step_s = the median time per token after the first of the sequential long answers, less the priced decode
+    step of one sequence; per_seq_s (with ``together``, b answers decoded as one batch) = (their median time
+    per token - the priced decode step of b sequences - step_s) / (b - 1); request_s = the median TTFT of the
+    sequential answers (send to first token: one prefill step) less the priced prefill of the prompt and one
+    step_s. Each floored at 0."""
     ok = [r for r in records if r.status == "ok" and r.first_token_s is not None]
     ttft = [r.first_token_s - r.sent_s for r in ok]
-    per_tok = [((r.token_times_s[-1] if r.token_times_s else r.end_s) - r.first_token_s)
-               / max(1, (r.usage_completion_tokens or long_out) - 1)
-               for r in ok if r.output_tokens_asked == long_out and long_out > 1]
+    per_tok = _per_token(ok, long_out)
     if not ttft or not per_tok:
         raise OpmapError("the overhead probe got no answer from the server: --predict cannot measure its overhead")
-    decode_model = cost.decode_s(1, n_in + long_out // 2)
+    kv = n_in + long_out // 2
+    decode_model = cost.decode_s(1, kv)
     prefill_model = cost.prefill_s(n_in, 1)
     step = max(0.0, float(np.median(per_tok)) - decode_model)
     request = max(0.0, float(np.median(ttft)) - prefill_model - step)
-    return ServerOverhead(step, request, {
-        "probe": f"{sum(r.output_tokens_asked == 1 for r in ok)} requests of {n_in} prompt tokens -> 1 token, "
-                 f"{len(per_tok)} -> {long_out} tokens, sequential",
-        "measured_ttft_s": float(np.median(ttft)), "measured_s_per_token": float(np.median(per_tok)),
-        "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
-        "spread_ttft_s": [float(min(ttft)), float(max(ttft))],
-        "spread_s_per_token": [float(min(per_tok)), float(max(per_tok))]})
+    basis = {"probe": f"{sum(r.output_tokens_asked == 1 for r in ok)} requests of {n_in} prompt tokens -> 1 "
+                      f"token, {len(per_tok)} -> {long_out} tokens, sequential",
+             "measured_ttft_s": float(np.median(ttft)), "measured_s_per_token": float(np.median(per_tok)),
+             "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
+             "spread_ttft_s": [float(min(ttft)), float(max(ttft))],
+             "spread_s_per_token": [float(min(per_tok)), float(max(per_tok))]}
+    per_seq = 0.0
+    batch_tok = _per_token(together, long_out)
+    b = len(batch_tok)
+    if b > 1:
+        model_b = cost.decode_s(b, b * kv)
+        per_seq = max(0.0, (float(np.median(batch_tok)) - model_b - step) / (b - 1))
+        basis.update({"batch_probe": f"{b} requests -> {long_out} tokens sent together",
+                      "measured_s_per_token_batch": float(np.median(batch_tok)), "model_decode_step_batch_s": model_b})
+    return ServerOverhead(step, request, basis, per_seq)

@@ -117,7 +117,7 @@ def bench(
             from opmap.bench.predict import engine_policy
 
             overhead = bp.probe_overhead(root, model, cost, prompt, api=api, ignore_eos=ignore_eos,
-                                         timeout_s=timeout)
+                                         timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
             s = srv.settings if srv is not None else {}
             policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
         result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)

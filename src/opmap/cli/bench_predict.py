@@ -15,6 +15,8 @@ from opmap.report.text import plain, safe
 PROBE_INPUT = 32  # the overhead probe's prompt, tokens: a short prefill, so the step overhead dominates its TTFT
 PROBE_OUTPUT = 32  # its long answers, tokens: enough steps for a per-token median
 PROBE_REPS = 10  # answers of each length: the overhead is their median (the spread is recorded)
+PROBE_BATCH = 4  # sequences decoded together for the per-sequence overhead, open loop (closed: the concurrency)
+PROBE_MAX_BATCH = 32
 
 
 def check_target(url: str | None, model: str | None, launch: str | None, predict: bool, hardware: str | None,
@@ -74,9 +76,11 @@ def launched_dtype(config: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(d, "fp32")
 
 
-def probe_overhead(root: str, model: str, cost, prompt, *, api: str, ignore_eos: bool, timeout_s: float):
+def probe_overhead(root: str, model: str, cost, prompt, *, api: str, ignore_eos: bool, timeout_s: float,
+                   batch: int):
     """The server's overhead outside the model's kernels (opmap.bench.predict.measure_overhead): PROBE_REPS
-    sequential 1-token and PROBE_OUTPUT-token answers on a PROBE_INPUT-token prompt."""
+    sequential 1-token and PROBE_OUTPUT-token answers on a PROBE_INPUT-token prompt, then ``batch`` long answers
+    together (the run's concurrency; PROBE_BATCH for an open loop)."""
     import numpy as np
 
     from opmap.bench.predict import measure_overhead
@@ -85,7 +89,8 @@ def probe_overhead(root: str, model: str, cost, prompt, *, api: str, ignore_eos:
     text = (prompt or word_prompt)(0, PROBE_INPUT, np.random.default_rng(12345))
     with console.status("measuring the server's overhead (probe)"):
         return measure_overhead(root, model, cost, text, PROBE_INPUT, reps=PROBE_REPS, long_out=PROBE_OUTPUT,
-                                api=api, ignore_eos=ignore_eos, timeout_s=timeout_s)
+                                batch=min(batch, PROBE_MAX_BATCH), api=api, ignore_eos=ignore_eos,
+                                timeout_s=timeout_s)
 
 
 def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: dict,
@@ -159,7 +164,9 @@ def print_join(rep: dict) -> None:
     ov = rep.get("overhead")
     if ov:
         b = ov["basis"]
-        console.print(f"server overhead (probe: {b['probe']}): {ov['step_s'] * 1e3:.3g} ms a step (measured "
+        console.print(f"server overhead (probe: {b['probe']}; {b.get('batch_probe', 'no batch probe')}): "
+                      f"{ov['step_s'] * 1e3:.3g} ms a step + {ov['per_seq_s'] * 1e3:.3g} ms a decoding sequence "
+                      f"(measured "
                       f"{b['measured_s_per_token'] * 1e3:.3g} ms a token vs the model's decode step "
                       f"{b['model_decode_step_s'] * 1e3:.3g} ms), {ov['request_s'] * 1e3:.3g} ms a request (TTFT "
                       f"{b['measured_ttft_s'] * 1e3:.3g} ms vs the model's prefill "
