@@ -261,43 +261,47 @@ def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
     return specs
 
 
-def _per_token(records, long_out: int) -> list[float]:
-    """(last token - first token) / (n - 1) of each answered ``long_out``-token request (s)."""
-    return [((r.token_times_s[-1] if r.token_times_s else r.end_s) - r.first_token_s)
-            / max(1, (r.usage_completion_tokens or long_out) - 1)
-            for r in records if r.status == "ok" and r.first_token_s is not None
-            and r.output_tokens_asked == long_out and long_out > 1]
+def _e2e(records, out: int) -> list[float]:
+    """End-to-end times (s) of the answered requests that asked ``out`` tokens and got them."""
+    return [r.end_s - r.sent_s for r in records if r.status == "ok" and r.output_tokens_asked == out
+            and (r.usage_completion_tokens or out) == out]
 
 
 def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) -> ServerOverhead:
-    """Server overhead from the probe's records (``measure_overhead``), against the model's own step times:
-    step_s = the median time per token after the first of the sequential long answers, less the priced decode
-    step of one sequence; per_seq_s (with ``together``, b answers decoded as one batch) = (their median time
-    per token - the priced decode step of b sequences - step_s) / (b - 1); request_s = the median TTFT of the
-    sequential answers (send to first token: one prefill step) less the priced prefill of the prompt and one
-    step_s. Each floored at 0."""
-    ok = [r for r in records if r.status == "ok" and r.first_token_s is not None]
-    ttft = [r.first_token_s - r.sent_s for r in ok]
-    per_tok = _per_token(ok, long_out)
-    if not ttft or not per_tok:
+    """Server overhead from the probe's records (``measure_overhead``), against the model's own step times. The
+    probe is timed by end-to-end times, which a starved web process cannot blur (it may deliver many tokens in
+    one event; the last token still ends the stream after it was made):
+
+    - per token at batch 1 = (median e2e of the long answers - median e2e of the 1-token answers) / (n - 1);
+      step_s = that less the priced decode step of one sequence;
+    - per token at batch b (``together``: b long answers sent at once) = (their median e2e - median 1-token
+      e2e) / (n - 1); per_seq_s = (that - the priced decode step of b sequences - step_s) / (b - 1);
+    - request_s = the median e2e of the 1-token answers (one prefill step) less the priced prefill and step_s.
+
+    Each floored at 0."""
+    one, long = _e2e(records, 1), _e2e(records, long_out)
+    if not one or not long or long_out < 2:
         raise OpmapError("the overhead probe got no answer from the server: --predict cannot measure its overhead")
+    e1 = float(np.median(one))
     kv = n_in + long_out // 2
     decode_model = cost.decode_s(1, kv)
     prefill_model = cost.prefill_s(n_in, 1)
-    step = max(0.0, float(np.median(per_tok)) - decode_model)
-    request = max(0.0, float(np.median(ttft)) - prefill_model - step)
-    basis = {"probe": f"{sum(r.output_tokens_asked == 1 for r in ok)} requests of {n_in} prompt tokens -> 1 "
-                      f"token, {len(per_tok)} -> {long_out} tokens, sequential",
-             "measured_ttft_s": float(np.median(ttft)), "measured_s_per_token": float(np.median(per_tok)),
+    per_tok = (float(np.median(long)) - e1) / (long_out - 1)
+    step = max(0.0, per_tok - decode_model)
+    request = max(0.0, e1 - prefill_model - step)
+    basis = {"probe": f"{len(one)} requests of {n_in} prompt tokens -> 1 token, {len(long)} -> {long_out} tokens, "
+                      "sequential",
+             "measured_e2e_1_token_s": e1, "measured_s_per_token": per_tok,
              "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
-             "spread_ttft_s": [float(min(ttft)), float(max(ttft))],
-             "spread_s_per_token": [float(min(per_tok)), float(max(per_tok))]}
+             "spread_e2e_1_token_s": [float(min(one)), float(max(one))],
+             "spread_e2e_long_s": [float(min(long)), float(max(long))]}
     per_seq = 0.0
-    batch_tok = _per_token(together, long_out)
-    b = len(batch_tok)
+    batch = _e2e(together, long_out)
+    b = len(batch)
     if b > 1:
+        tok_b = (float(np.median(batch)) - e1) / (long_out - 1)
         model_b = cost.decode_s(b, b * kv)
-        per_seq = max(0.0, (float(np.median(batch_tok)) - model_b - step) / (b - 1))
+        per_seq = max(0.0, (tok_b - model_b - step) / (b - 1))
         basis.update({"batch_probe": f"{b} requests -> {long_out} tokens sent together",
-                      "measured_s_per_token_batch": float(np.median(batch_tok)), "model_decode_step_batch_s": model_b})
+                      "measured_s_per_token_batch": tok_b, "model_decode_step_batch_s": model_b})
     return ServerOverhead(step, request, basis, per_seq)
