@@ -227,3 +227,17 @@ def test_predicted_throughput_of_the_cpu_server(server, priced, concurrency):
     if busy and not (ok_tps and ok_ttft):
         pytest.skip(f"{busy}; predicted / measured (TTFT p50, output tokens/s) seen: {seen}")
     assert ok_tps and ok_ttft, seen
+
+
+def test_a_request_overhead_measured_under_load_applies_to_a_closed_loop_by_its_concurrency():
+    """request_s 3 ms alone, 23 ms among 8 decoding: a closed loop of 5 clients (4 others decoding) gets 3 + 4/8
+    x 20 = 13 ms of lag, one of 1 client 3 ms, an open loop 3 ms (no concurrency to read the load from)."""
+    from opmap.bench.predict import ServerOverhead
+
+    ov = ServerOverhead(0.0, 0.003, {}, 0.0, 0.023, 8)
+    assert ov.lag_s(4) == pytest.approx(0.013) and ov.lag_s(0) == 0.003 and ov.lag_s(20) == pytest.approx(0.023)
+    recs = [_rec(k, 0.0, 0.02, 0.05) for k in range(5)]
+    for mode, c, lag in (("closed", 5, 0.013), ("closed", 1, 0.003), ("open", None, 0.003)):
+        w = workload(recs if c != 1 else recs[:1], mode, c)
+        sent, first, _, _ = simulate_workload(w, engine_policy(1024, 256), _flat_cost(), ov)
+        assert (first - sent).min() == pytest.approx(lag + 0.010)

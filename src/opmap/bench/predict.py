@@ -43,6 +43,7 @@ PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")
 MAX_REQUESTS_PER_BATCH = 1024  # transformers' continuous batching FALLBACK_DEFAULTS["max_requests_per_batch"]
 MAX_PASSES = 10_000  # closed-loop fixed point: one pass per request in a slot at worst
+LOAD_GAP_S = 0.01  # the load probe's 1-token requests, 10 ms apart: all inside the batch's decode (>= 32 steps)
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,20 @@ class ServerOverhead:
     request_s: float
     basis: dict[str, Any]
     per_seq_s: float = 0.0
+    request_load_s: float | None = None  # request_s with ``load_batch`` other sequences decoding
+    load_batch: int = 1
+
+    def lag_s(self, running: float) -> float:
+        """A request's own overhead (s) with ``running`` other sequences decoding: request_s, growing linearly to
+        request_load_s at load_batch (held there past it)."""
+        if self.request_load_s is None or self.load_batch <= 0:
+            return self.request_s
+        f = min(1.0, max(0.0, running / self.load_batch))
+        return self.request_s + f * (self.request_load_s - self.request_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_s": self.step_s, "per_seq_s": self.per_seq_s, "request_s": self.request_s,
-                "basis": self.basis}
+                "request_load_s": self.request_load_s, "load_batch": self.load_batch, "basis": self.basis}
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class Workload:
     pred: np.ndarray
     turnaround_s: np.ndarray
     closed: bool
+    concurrency: int | None = None
 
 
 def engine_policy(max_batch_tokens: int, page_tokens: int):
@@ -104,7 +116,8 @@ def workload(records, mode: str, concurrency: int | None) -> Workload:
                 busy.remove(j)
                 pred[k], turn[k] = j, max(0.0, sent[k] - ends[j])
             busy.append(k)
-    return Workload(sent, np.maximum(inp, 1), np.maximum(out, 1), warm, pred, turn, closed)
+    return Workload(sent, np.maximum(inp, 1), np.maximum(out, 1), warm, pred, turn, closed,
+                    concurrency if closed else None)
 
 
 def with_step_overhead(cost, step_s: float, per_seq_s: float = 0.0):
@@ -135,9 +148,11 @@ def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
 
 def simulate_workload(w: Workload, policy, cost, overhead: ServerOverhead | None = None, seed: int = 0):
     """(first token s, last token s, SimResult) per request in send order, sends as the run made them (open
-    loop) or as the simulated ends let them (closed loop); ``overhead.request_s`` delays each arrival at the
-    engine (the request's HTTP and tokenizing)."""
-    lag = overhead.request_s if overhead is not None else 0.0
+    loop) or as the simulated ends let them (closed loop); the overhead's per-request time delays each arrival
+    at the engine (the request's HTTP and tokenizing): in a closed loop of C clients with C - 1 others decoding
+    (``ServerOverhead.lag_s``), in an open loop with none (the probe's sequential figure)."""
+    running = (w.concurrency - 1) if w.closed and w.concurrency else 0
+    lag = overhead.lag_s(running) if overhead is not None else 0.0
     sent = w.sent_s.copy()
     for _ in range(MAX_PASSES if w.closed else 1):
         first, finish, res = _simulate_once(sent + lag, w, policy, cost, seed)
@@ -237,7 +252,8 @@ def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *,
                      timeout_s: float = 60.0) -> ServerOverhead:
     """Probe the server with the bench's own client and derive its overhead (``overhead_from_probe``): ``reps``
     sequential 1-token and ``long_out``-token answers on ``prompt`` (``n_in`` tokens), then, where ``batch`` > 1,
-    ``batch`` long answers sent together (one decode batch of that many sequences)."""
+    ``batch`` long answers sent together (one decode batch of that many sequences) with ``reps`` 1-token
+    requests sent among them, LOAD_GAP_S apart (a request's own overhead while others decode)."""
     from opmap.bench.client import run_load
 
     seq = run_load(base_url, model, probe_specs(prompt, n_in, reps, long_out), api=api, concurrency=1,
@@ -247,8 +263,9 @@ def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *,
         from opmap.bench.records import RequestSpec
 
         specs = [RequestSpec(i, 0.0, prompt, n_in, long_out) for i in range(batch)]
+        specs += [RequestSpec(batch + k, LOAD_GAP_S * (k + 1), prompt, n_in, 1) for k in range(reps)]
         together = run_load(base_url, model, specs, api=api, timeout_s=timeout_s, ignore_eos=ignore_eos).records
-    return overhead_from_probe(seq, cost, n_in, long_out, together)
+    return overhead_from_probe(seq, cost, n_in, long_out, together, batch)
 
 
 def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
@@ -267,7 +284,7 @@ def _e2e(records, out: int) -> list[float]:
             and (r.usage_completion_tokens or out) == out]
 
 
-def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) -> ServerOverhead:
+def overhead_from_probe(records, cost, n_in: int, long_out: int, together=(), batch: int = 1) -> ServerOverhead:
     """Server overhead from the probe's records (``measure_overhead``), against the model's own step times. The
     probe is timed by end-to-end times, which a starved web process cannot blur (it may deliver many tokens in
     one event; the last token still ends the stream after it was made):
@@ -276,7 +293,9 @@ def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) ->
       step_s = that less the priced decode step of one sequence;
     - per token at batch b (``together``: b long answers sent at once) = (their median e2e - median 1-token
       e2e) / (n - 1); per_seq_s = (that - the priced decode step of b sequences - step_s) / (b - 1);
-    - request_s = the median e2e of the 1-token answers (one prefill step) less the priced prefill and step_s.
+    - request_s = the median e2e of the 1-token answers (one prefill step) less the priced prefill and step_s;
+    - request_load_s (1-token requests sent while the b answers decode) = their median e2e less the priced
+      mixed step (their prompt beside b decodes) and its overheads.
 
     Each floored at 0."""
     one, long = _e2e(records, 1), _e2e(records, long_out)
@@ -295,13 +314,19 @@ def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) ->
              "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
              "spread_e2e_1_token_s": [float(min(one)), float(max(one))],
              "spread_e2e_long_s": [float(min(long)), float(max(long))]}
-    per_seq = 0.0
-    batch = _e2e(together, long_out)
-    b = len(batch)
+    per_seq, load_req = 0.0, None
+    batch_e2e = _e2e(together, long_out)
+    b = len(batch_e2e)
     if b > 1:
-        tok_b = (float(np.median(batch)) - e1) / (long_out - 1)
+        tok_b = (float(np.median(batch_e2e)) - e1) / (long_out - 1)
         model_b = cost.decode_s(b, b * kv)
         per_seq = max(0.0, (tok_b - model_b - step) / (b - 1))
         basis.update({"batch_probe": f"{b} requests -> {long_out} tokens sent together",
                       "measured_s_per_token_batch": tok_b, "model_decode_step_batch_s": model_b})
-    return ServerOverhead(step, request, basis, per_seq)
+        under = _e2e(together, 1)
+        if under:  # a 1-token request joins a step of b decodes: that mixed step, priced, and its overheads
+            mixed = cost.prefill_s(n_in + b, 1 + b) + step + per_seq * b
+            load_req = max(0.0, float(np.median(under)) - mixed)
+            basis.update({"load_probe": f"{len(under)} requests -> 1 token sent among them",
+                          "measured_e2e_1_token_load_s": float(np.median(under)), "model_mixed_step_s": mixed})
+    return ServerOverhead(step, request, basis, per_seq, load_req, b if load_req is not None else 1)

@@ -170,7 +170,11 @@ def print_join(rep: dict) -> None:
                       f"{b['measured_s_per_token'] * 1e3:.3g} ms a token vs the model's decode step "
                       f"{b['model_decode_step_s'] * 1e3:.3g} ms), {ov['request_s'] * 1e3:.3g} ms a request (1-token "
                       f"answer {b['measured_e2e_1_token_s'] * 1e3:.3g} ms vs the model's prefill "
-                      f"{b['model_prefill_s'] * 1e3:.3g} ms)", highlight=False)
+                      f"{b['model_prefill_s'] * 1e3:.3g} ms)" + (
+                          f", {ov['request_load_s'] * 1e3:.3g} ms a request among {ov['load_batch']} decoding "
+                          f"(1-token answer {b['measured_e2e_1_token_load_s'] * 1e3:.3g} ms vs the model's mixed "
+                          f"step {b['model_mixed_step_s'] * 1e3:.3g} ms)" if ov.get("request_load_s") is not None
+                          else ""), highlight=False)
 
 
 def bench_vs_serve(a: str, b: str, store: Path | None, as_json: bool) -> bool:
