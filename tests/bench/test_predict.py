@@ -187,18 +187,25 @@ def priced(tiny_config, local_hw):
 
 
 def _run_and_predict(server, cost, concurrency: int, requests: int, seed: int):
-    """The probe, then a closed-loop run of 32-token prompts and 32-token answers, then its prediction."""
+    """A closed-loop run of 32-token prompts and 32-token answers bracketed by two probes of the server's
+    overhead (as opmap bench --predict runs them), then its prediction."""
     from opmap.bench.client import run_load
-    from opmap.bench.predict import measure_overhead
+    from opmap.bench.predict import overhead_from_probe, probe_records
     from opmap.bench.prompts import ExactPrompts
     from opmap.bench.workload import closed_specs
     from opmap.serve.arrivals import parse_length
 
     ep = ExactPrompts(server.tokenizer_dir)
-    ov = measure_overhead(server.base_url, server.model_id, cost, ep.fit(32, np.random.default_rng(seed)), 32,
-                          batch=concurrency)
+    text = ep.fit(32, np.random.default_rng(seed))
+
+    def probe():
+        return probe_records(server.base_url, server.model_id, text, 32, batch=concurrency)
+
+    before = probe()
     specs = list(closed_specs(parse_length("32"), parse_length("32"), requests + 4, 4, seed, prompt=ep))
     res = run_load(server.base_url, server.model_id, specs, concurrency=concurrency, ignore_eos=False)
+    after = probe()
+    ov = overhead_from_probe(before[0] + after[0], cost, 32, 32, before[1] + after[1])
     pol = engine_policy(server.settings["max_batch_tokens"], server.settings["page_tokens"])
     rep = predict_run(res, cost, pol, overhead=ov)
     rows = {(r["metric"], r["stat"]): r for r in rep["predictions"]["model+overhead"]["rows"]}

@@ -247,13 +247,12 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
     return out
 
 
-def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,
-                     batch: int = 1, api: str = "completions", ignore_eos: bool = False,
-                     timeout_s: float = 60.0) -> ServerOverhead:
-    """Probe the server with the bench's own client and derive its overhead (``overhead_from_probe``): ``reps``
-    sequential 1-token and ``long_out``-token answers on ``prompt`` (``n_in`` tokens), then, where ``batch`` > 1,
-    ``batch`` long answers sent together (one decode batch of that many sequences) with ``reps`` 1-token
-    requests sent among them, LOAD_GAP_S apart (a request's own overhead while others decode)."""
+def probe_records(base_url: str, model: str, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,
+                  batch: int = 1, api: str = "completions", ignore_eos: bool = False,
+                  timeout_s: float = 60.0) -> tuple[tuple, tuple]:
+    """Probe the server with the bench's own client: (``reps`` sequential 1-token and ``long_out``-token answers
+    on ``prompt`` of ``n_in`` tokens; where ``batch`` > 1, ``batch`` long answers sent together with ``reps``
+    1-token requests sent among them, LOAD_GAP_S apart). The records, for ``overhead_from_probe``."""
     from opmap.bench.client import run_load
 
     seq = run_load(base_url, model, probe_specs(prompt, n_in, reps, long_out), api=api, concurrency=1,
@@ -265,7 +264,14 @@ def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *,
         specs = [RequestSpec(i, 0.0, prompt, n_in, long_out) for i in range(batch)]
         specs += [RequestSpec(batch + k, LOAD_GAP_S * (k + 1), prompt, n_in, 1) for k in range(reps)]
         together = run_load(base_url, model, specs, api=api, timeout_s=timeout_s, ignore_eos=ignore_eos).records
-    return overhead_from_probe(seq, cost, n_in, long_out, together, batch)
+    return tuple(seq), tuple(together)
+
+
+def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *, long_out: int = 32, **kw
+                     ) -> ServerOverhead:
+    """One probe (``probe_records``) and the overhead it gives (``overhead_from_probe``)."""
+    seq, together = probe_records(base_url, model, prompt, n_in, long_out=long_out, **kw)
+    return overhead_from_probe(seq, cost, n_in, long_out, together)
 
 
 def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
@@ -284,7 +290,7 @@ def _e2e(records, out: int) -> list[float]:
             and (r.usage_completion_tokens or out) == out]
 
 
-def overhead_from_probe(records, cost, n_in: int, long_out: int, together=(), batch: int = 1) -> ServerOverhead:
+def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) -> ServerOverhead:
     """Server overhead from the probe's records (``measure_overhead``), against the model's own step times. The
     probe is timed by end-to-end times, which a starved web process cannot blur (it may deliver many tokens in
     one event; the last token still ends the stream after it was made):

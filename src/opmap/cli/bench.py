@@ -116,11 +116,14 @@ def bench(
         if predict:
             from opmap.bench.predict import engine_policy
 
-            overhead = bp.probe_overhead(root, model, cost, prompt, api=api, ignore_eos=ignore_eos,
-                                         timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
+            probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
+            before = bp.probe(root, model, prompt, when="before", **probe)
             s = srv.settings if srv is not None else {}
             policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
         result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+        if predict:  # an interrupted run keeps the probe before it
+            after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
+            overhead = bp.overhead(cost, before, after)
     figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
     if srv is not None:
         body["launched"] = srv.to_dict()

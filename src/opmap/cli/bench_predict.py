@@ -76,21 +76,29 @@ def launched_dtype(config: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(d, "fp32")
 
 
-def probe_overhead(root: str, model: str, cost, prompt, *, api: str, ignore_eos: bool, timeout_s: float,
-                   batch: int):
-    """The server's overhead outside the model's kernels (opmap.bench.predict.measure_overhead): PROBE_REPS
+def probe(root: str, model: str, prompt, *, api: str, ignore_eos: bool, timeout_s: float, batch: int,
+          when: str) -> tuple[tuple, tuple]:
+    """The records of one probe of the server's overhead (opmap.bench.predict.probe_records): PROBE_REPS
     sequential 1-token and PROBE_OUTPUT-token answers on a PROBE_INPUT-token prompt, then ``batch`` long answers
-    together (the run's concurrency; PROBE_BATCH for an open loop)."""
+    together (the run's concurrency; PROBE_BATCH for an open loop) with 1-token requests among them. The bench
+    probes before and after its run and pools both, so the overhead brackets the run on a machine whose load
+    moves."""
     import numpy as np
 
-    from opmap.bench.predict import measure_overhead
+    from opmap.bench.predict import probe_records
     from opmap.bench.workload import word_prompt
 
     text = (prompt or word_prompt)(0, PROBE_INPUT, np.random.default_rng(12345))
-    with console.status("measuring the server's overhead (probe)"):
-        return measure_overhead(root, model, cost, text, PROBE_INPUT, reps=PROBE_REPS, long_out=PROBE_OUTPUT,
-                                batch=min(batch, PROBE_MAX_BATCH), api=api, ignore_eos=ignore_eos,
-                                timeout_s=timeout_s)
+    with console.status(f"measuring the server's overhead ({when} the run)"):
+        return probe_records(root, model, text, PROBE_INPUT, reps=PROBE_REPS, long_out=PROBE_OUTPUT,
+                             batch=min(batch, PROBE_MAX_BATCH), api=api, ignore_eos=ignore_eos, timeout_s=timeout_s)
+
+
+def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple]):
+    """The server's overhead from the probes before and after the run, pooled."""
+    from opmap.bench.predict import overhead_from_probe
+
+    return overhead_from_probe(before[0] + after[0], cost, PROBE_INPUT, PROBE_OUTPUT, before[1] + after[1])
 
 
 def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: dict,
