@@ -205,7 +205,7 @@ def _run_and_predict(server, cost, concurrency: int, requests: int, seed: int):
     specs = list(closed_specs(parse_length("32"), parse_length("32"), requests + 4, 4, seed, prompt=ep))
     res = run_load(server.base_url, server.model_id, specs, concurrency=concurrency, ignore_eos=False)
     after = probe()
-    ov = overhead_from_probe(before[0] + after[0], cost, 32, 32, before[1] + after[1])
+    ov = overhead_from_probe(before[0] + after[0], cost, 32, 32, before[1] + after[1], concurrency)
     pol = engine_policy(server.settings["max_batch_tokens"], server.settings["page_tokens"])
     rep = predict_run(res, cost, pol, overhead=ov)
     rows = {(r["metric"], r["stat"]): r for r in rep["predictions"]["model+overhead"]["rows"]}

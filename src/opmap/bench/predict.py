@@ -271,7 +271,7 @@ def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *,
                      ) -> ServerOverhead:
     """One probe (``probe_records``) and the overhead it gives (``overhead_from_probe``)."""
     seq, together = probe_records(base_url, model, prompt, n_in, long_out=long_out, **kw)
-    return overhead_from_probe(seq, cost, n_in, long_out, together)
+    return overhead_from_probe(seq, cost, n_in, long_out, together, kw.get("batch", 1))
 
 
 def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
@@ -290,14 +290,16 @@ def _e2e(records, out: int) -> list[float]:
             and (r.usage_completion_tokens or out) == out]
 
 
-def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) -> ServerOverhead:
+def overhead_from_probe(records, cost, n_in: int, long_out: int, together=(), batch: int | None = None
+                        ) -> ServerOverhead:
     """Server overhead from the probe's records (``measure_overhead``), against the model's own step times. The
     probe is timed by end-to-end times, which a starved web process cannot blur (it may deliver many tokens in
     one event; the last token still ends the stream after it was made):
 
     - per token at batch 1 = (median e2e of the long answers - median e2e of the 1-token answers) / (n - 1);
       step_s = that less the priced decode step of one sequence;
-    - per token at batch b (``together``: b long answers sent at once) = (their median e2e - median 1-token
+    - per token at batch b (``together``: b = ``batch`` long answers sent at once, in each of the pooled
+      probes) = (their median e2e - median 1-token
       e2e) / (n - 1); per_seq_s = (that - the priced decode step of b sequences - step_s) / (b - 1);
     - request_s = the median e2e of the 1-token answers (one prefill step) less the priced prefill and step_s;
     - request_load_s (1-token requests sent while the b answers decode) = their median e2e less the priced
@@ -322,8 +324,8 @@ def overhead_from_probe(records, cost, n_in: int, long_out: int, together=()) ->
              "spread_e2e_long_s": [float(min(long)), float(max(long))]}
     per_seq, load_req = 0.0, None
     batch_e2e = _e2e(together, long_out)
-    b = len(batch_e2e)
-    if b > 1:
+    b = batch or len(batch_e2e)  # probes pooled: each sent ``batch`` together
+    if b > 1 and batch_e2e:
         tok_b = (float(np.median(batch_e2e)) - e1) / (long_out - 1)
         model_b = cost.decode_s(b, b * kv)
         per_seq = max(0.0, (tok_b - model_b - step) / (b - 1))

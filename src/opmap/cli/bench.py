@@ -123,7 +123,7 @@ def bench(
         result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
         if predict:  # an interrupted run keeps the probe before it
             after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
-            overhead = bp.overhead(cost, before, after)
+            overhead = bp.overhead(cost, before, after, probe["batch"])
     figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
     if srv is not None:
         body["launched"] = srv.to_dict()

@@ -94,11 +94,12 @@ def probe(root: str, model: str, prompt, *, api: str, ignore_eos: bool, timeout_
                              batch=min(batch, PROBE_MAX_BATCH), api=api, ignore_eos=ignore_eos, timeout_s=timeout_s)
 
 
-def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple]):
-    """The server's overhead from the probes before and after the run, pooled."""
+def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple], batch: int):
+    """The server's overhead from the probes before and after the run, pooled (``batch``: as ``probe``'s)."""
     from opmap.bench.predict import overhead_from_probe
 
-    return overhead_from_probe(before[0] + after[0], cost, PROBE_INPUT, PROBE_OUTPUT, before[1] + after[1])
+    return overhead_from_probe(before[0] + after[0], cost, PROBE_INPUT, PROBE_OUTPUT, before[1] + after[1],
+                               min(batch, PROBE_MAX_BATCH))
 
 
 def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: dict,
