@@ -10,16 +10,28 @@ import json
 
 from opmap.bench.nullserver import STREAM_HEAD, NullConfig, NullServer, _chunk, _token_event
 
+SSE_ERROR = b"event: error\ndata: Request failed during generation: out of memory\n\n"
+
 
 class FaultServer(NullServer):
     """``mode``: "500", "drop" (two tokens, then the connection closes), "error" (two tokens, then an error
-    event, then [DONE]) or "hang" (the request is read and never answered)."""
+    event, then [DONE]), "sse-error" (an ``event: error`` SSE event, as TGI sends), "hang" (the request is read
+    and never answered) or "strict" (a field it does not know, ignore_eos, refused with a 422 as transformers
+    serve refuses it: "Unexpected fields in the request"; a request without it streams normally)."""
 
     def __init__(self, mode: str, every: int = 1, cfg: NullConfig | None = None) -> None:
         super().__init__(cfg or NullConfig())
         self.mode, self.every, self.posts = mode, every, 0
 
     async def route(self, method, path, body, writer):
+        if method == "POST" and path.startswith("/v1/") and self.mode == "strict":
+            if "ignore_eos" not in json.loads(body):
+                return await super().route(method, path, body, writer)
+            self.posts += 1
+            detail = json.dumps({"detail": "Unexpected fields in the request: {'ignore_eos'}"}).encode()
+            writer.write(b"HTTP/1.1 422 Unprocessable Entity\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(detail), detail))
+            return await writer.drain()
         if method == "POST" and path.startswith("/v1/"):
             self.posts += 1
             if self.posts % self.every == 0:
@@ -42,6 +54,9 @@ class FaultServer(NullServer):
                 raise ConnectionResetError("dropped on purpose")
             writer.write(_chunk(json.dumps({"error": {"message": "KV cache exhausted", "code": 500}}).encode()))
             writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
+            await writer.drain()
+        elif self.mode == "sse-error":
+            writer.write(STREAM_HEAD + b"%x\r\n%s\r\n" % (len(SSE_ERROR), SSE_ERROR) + b"0\r\n\r\n")
             await writer.drain()
         elif self.mode == "hang":
             await asyncio.sleep(3600)

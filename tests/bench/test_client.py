@@ -61,11 +61,33 @@ def test_open_loop_sends_keep_their_schedule_while_the_server_is_saturated():
     assert res.mode == "open" and res.options["peak_in_flight"] > 5
 
 
+def test_the_figures_match_the_servers_own_pacing():
+    """The null server waits 40 ms before the first token and 10 ms between the 6 tokens: TTFT cannot be under
+    40 ms (the wait starts after the send), TPOT and ITL sit at 10 ms and e2e at 40 + 5 x 10 = 90 ms, plus the
+    loopback and the loops' wake-ups (a few ms on a loaded machine)."""
+    from opmap.bench.metrics import summarize
+
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.04, token_s=0.01))) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(10, out=6), concurrency=2)
+    lat = summarize(res.records, min_duration_s=0, min_queries=0)["latency"]
+    assert 0.04 <= lat["ttft"]["p50_s"] < 0.07
+    assert 0.009 <= lat["tpot"]["p50_s"] < 0.016 and 0.008 <= lat["itl"]["p50_s"] < 0.016
+    assert 0.09 <= lat["e2e"]["p50_s"] < 0.13
+
+
+def test_an_api_key_goes_as_a_bearer_token():
+    server = NullServer(NullConfig())
+    with ThreadServer(server) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1, api_key="sk-test")
+    assert res.records[0].ok and "authorization: Bearer sk-test" in server.last_head
+    assert "sk-test" not in repr(res.to_dict())
+
+
 def test_closed_loop_holds_its_concurrency():
     with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
         res = run_load(f"http://127.0.0.1:{port}/v1", "null", closed(12), concurrency=3)
     assert len(res.records) == 12 and all(r.ok for r in res.records)
-    assert res.options["peak_in_flight"] == 3 and res.options["pool_connections"] == 3
+    assert res.options["peak_in_flight"] == 3 and res.options["connections_opened"] == 3
     assert res.server_models == ("null",) and res.server_header == "opmap-null"
 
 
@@ -99,6 +121,22 @@ def test_an_error_event_mid_stream_is_a_stream_error():
         res = run_load(f"http://127.0.0.1:{port}", "null", closed(2), concurrency=1)
     assert [r.status for r in res.records] == ["stream_error"] * 2
     assert res.records[0].error == "KV cache exhausted"
+
+
+def test_an_sse_error_event_is_a_stream_error():
+    with ThreadServer(FaultServer("sse-error")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1)
+    assert res.records[0].status == "stream_error" and "out of memory" in res.records[0].error
+
+
+def test_a_server_that_refuses_ignore_eos_gets_the_requests_without_it():
+    """transformers serve answers a field it does not know with a 422: the run goes on without the field."""
+    server = FaultServer("strict")
+    with ThreadServer(server) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(6), concurrency=2)
+    assert all(r.ok for r in res.records) and len(res.records) == 6
+    assert "Unexpected fields" in res.options["ignore_eos_refused"] and res.options["ignore_eos"] is False
+    assert 1 <= server.posts <= 2  # the requests in flight when the refusal came, once each
 
 
 def test_a_server_that_never_answers_hits_the_timeout_and_the_run_ends():

@@ -71,3 +71,6 @@ def test_errors_mid_stream():
     assert read_chunk('{"object": "error", "message": "bad", "code": 400}').error == "bad"
     assert "not JSON" in read_chunk("{truncated").error
     assert "not a JSON object" in read_chunk("[1, 2]").error
+    assert "not JSON" in read_chunk('{"a": 1} trailing').error  # one JSON value, nothing after it
+    ok = read_chunk(' {"error": null, "choices": [{"text": "z"}]} ')  # "error": null is no error
+    assert (ok.text, ok.error) == ("z", None)

@@ -102,3 +102,44 @@ def test_compare_memo_and_report_on_bench_runs(tmp_path, cli):
     assert rc == 0 and "measured load INVALID" in out, err
     rc, out, err = cli("report", ids["slow"], "--store", store, "--out", tmp_path / "r.html")
     assert rc == 0 and "Measured latency CDFs" in (tmp_path / "r.html").read_text(), err
+
+
+def test_a_closed_loop_for_a_duration_and_a_trace_open_loop(tmp_path, cli):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"arrival_s": {0.01 * i}, "input_len": {5 + i}, "output_len": 3}}\n'
+                             for i in range(1, 13)))
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.01))) as port:
+        rc, out, err = cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--concurrency", 2, "--duration",
+                           0.3, "--output-len", 2, "--out", tmp_path / "d", "--no-store")
+        assert rc == 0, err
+        d = json.loads((tmp_path / "d" / "bench.json").read_text())
+        assert 10 < d["requests"]["measured"] < 80 and 0.25 < d["requests"]["window_s"] < 0.6  # ~12 ms a request
+        rc, out, err = cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--arrival", f"trace:{trace}",
+                           "--input-len", "trace", "--output-len", "trace", "--out", tmp_path / "t", "--no-store")
+    assert rc == 0, err
+    t = json.loads((tmp_path / "t" / "bench.json").read_text())
+    assert t["requests"]["measured"] == 12 and t["requests"]["input_tokens"] == sum(5 + i for i in range(1, 13))
+    assert t["rate"]["offered_per_s"] == pytest.approx(100)  # 12 rows 10 ms apart
+
+
+def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path, cli):
+    import os
+    import signal
+    import threading
+
+    import duckdb
+
+    with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            rc, out, err = cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--arrival", "constant:40",
+                               "--requests", 80, "--out", tmp_path / "o", "--no-store")
+        finally:
+            timer.cancel()
+    assert rc == 130, err
+    d = json.loads((tmp_path / "o" / "bench.json").read_text())
+    assert d["run"]["interrupted"] and "interrupted" in d["validity"]["reason"] and "interrupted:" in out
+    n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{tmp_path / 'o' / 'requests.parquet'}')"
+                                 ).fetchone()[0]
+    assert n == d["run"]["recorded"] and 5 < n < 80

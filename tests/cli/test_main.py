@@ -66,7 +66,7 @@ def test_version(cli):
 # What each command needs before its options are read (the option checks come first, so nothing is built).
 REQUIRED = {"analyze": ["gpt2"], "profile": ["gpt2"], "quality": ["gpt2", "--dtype", "int8"], "plan": ["gpt2"],
             "sweep": ["gpt2"], "serve": ["gpt2"], "fit": ["--models", "gpt2", "-H", "h100-sxm"],
-            "compare": ["a", "b"], "report": ["no-such-folder"]}
+            "compare": ["a", "b"], "report": ["no-such-folder"], "bench": ["http://127.0.0.1:9", "--model", "m"]}
 
 
 def _numeric_options():
@@ -115,7 +115,7 @@ def test_every_numeric_option_refuses_nan_inf_negative_and_absurd(refused, comma
     ("analyze", "--batch"), ("analyze", "--seq"), ("analyze", "--tp"), ("analyze", "--kv-len"),
     ("profile", "--iters"), ("plan", "--devices"), ("sweep", "--repeats"), ("serve", "--requests"),
     ("serve", "--slo-tpot"), ("fit", "--slo-p99"), ("fit", "--power-budget"), ("report", "--max-mb"),
-    ("compare", "--alpha"), ("quality", "--batch"),
+    ("compare", "--alpha"), ("quality", "--batch"), ("bench", "--concurrency"), ("bench", "--timeout"),
 ])
 def test_zero_is_refused_where_it_means_nothing(refused, command, option):
     assert refused(command, *REQUIRED[command], f"{option}=0", needle=option).endswith("(got 0)")

@@ -7,7 +7,8 @@ The scheduler's own lag (actual send - scheduled, s) is kept per request; the co
 connection for every request in flight, so a send never waits for a free connection. Closed loop
 (``concurrency`` C): C workers, each sending its next request when its last one ends.
 
-httpx.AsyncClient over HTTP/1.1 with keep-alive. A request's fate is one of records.STATUSES; a failing request
+HTTP/1.1 with keep-alive on asyncio's own transports (opmap.bench.http: httpx's per-request cost capped the
+client near 350 requests/s on this machine). A request's fate is one of records.STATUSES; a failing request
 is recorded and the run goes on. An endpoint that cannot be reached at all (``/v1/models`` fails to connect)
 is an OpmapError before anything is sent. SIGINT / SIGTERM stop the run: nothing more is sent, requests in
 flight are cancelled (counted, not recorded) and the records so far come back, marked interrupted.
@@ -29,6 +30,8 @@ from opmap.errors import OpmapError
 APIS = ("completions", "chat")
 PROGRESS_EVERY_S = 0.1  # progress callbacks at most this often: a bar redrawn per request costs the client
 ERROR_BODY_BYTES = 300  # the part of an HTTP error's body kept in a record
+STOP_CHECK_S = 0.05  # the open loop waits on the stop event past this (a task each); shorter waits just sleep
+REQUEST_HEADERS = {"content-type": "application/json", "accept": "text/event-stream", "user-agent": "opmap-bench"}
 
 
 def endpoint_root(base_url: str) -> str:
@@ -56,21 +59,22 @@ def request_body(spec: RequestSpec, model: str, api: str, ignore_eos: bool,
         body["ignore_eos"] = True
     if extra:
         body.update(extra)
-    return json.dumps(body).encode()
+    return json.dumps(body, allow_nan=False).encode()
 
 
 def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: str = "completions",
              concurrency: int | None = None, timeout_s: float = 600.0, ignore_eos: bool = True,
              progress: Callable[[int, int | None], None] | None = None, duration_s: float | None = None,
              total: int | None = None, extra_body: dict[str, Any] | None = None,
-             connect_timeout_s: float = 10.0) -> BenchResult:
+             connect_timeout_s: float = 10.0, api_key: str | None = None) -> BenchResult:
     """Send ``specs`` to ``base_url`` and time them; returns the run's records.
 
     ``concurrency``: closed loop with that many requests in flight; None: open loop, each spec sent at its
     ``scheduled_s``. ``duration_s``: stop sending once that many seconds have passed (open loop: no spec
     scheduled after it is sent); requests in flight still finish. ``timeout_s``: the limit on one request, from
     its send to its stream's end (s). ``progress(done, total)``: called as requests end (at most every 0.1 s,
-    and once at the end). ``total``: the number of specs when ``specs`` is a lazy iterator (for progress)."""
+    and once at the end). ``total``: the number of specs when ``specs`` is a lazy iterator (for progress).
+    ``api_key``: sent as ``Authorization: Bearer`` (never recorded)."""
     if api not in APIS:
         raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
     root = endpoint_root(base_url)
@@ -78,6 +82,8 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
         total = len(specs)  # type: ignore[arg-type]
     run = _Run(root, model, api, concurrency, timeout_s, ignore_eos, progress, duration_s, total, extra_body,
                connect_timeout_s)
+    if api_key:
+        run.headers = {**REQUEST_HEADERS, "authorization": f"Bearer {api_key}"}
     return asyncio.run(run.main(iter(specs)))
 
 
@@ -105,7 +111,7 @@ class _Run:
     def __init__(self, root, model, api, concurrency, timeout_s, ignore_eos, progress, duration_s, total,
                  extra_body, connect_timeout_s):
         self.root, self.model, self.api = root, model, api
-        self.url = root + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
+        self.path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
         self.concurrency, self.timeout_s, self.ignore_eos = concurrency, timeout_s, ignore_eos
         self.progress, self.duration_s, self.total = progress, duration_s, total
         self.extra_body, self.connect_timeout_s = extra_body, connect_timeout_s
@@ -113,65 +119,69 @@ class _Run:
         self.tasks: set[asyncio.Task] = set()
         self.stop: asyncio.Event | None = None  # made on the loop (main)
         self.cancelled = 0
+        self.ignore_eos_refused: str | None = None  # the server's refusal of ignore_eos, when it refused it
+        self.headers = REQUEST_HEADERS
         self.interrupted = False
         self.peak_in_flight = 0
         self.in_flight = 0
-        self.pool = 0
+        self.pool = None
         self._last_progress = 0.0
 
     async def main(self, specs) -> BenchResult:
-        import httpx
+        from opmap.bench.http import Origin, Pool
 
         self.stop = asyncio.Event()
-        fds = _fd_limit()
-        if self.concurrency is not None:
-            self.pool = self.concurrency
-        else:
-            self.pool = max(1, min(self.total or fds, fds - 64))
-        limits = httpx.Limits(max_connections=self.pool, max_keepalive_connections=self.pool)
-        timeout = httpx.Timeout(self.timeout_s, connect=min(self.connect_timeout_s, self.timeout_s), pool=None)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, http2=False, trust_env=False) as client:
-            models, server = await self._models(client)
+        _fd_limit()
+        self.t0 = time.perf_counter()
+        self.pool = Pool(Origin.parse(self.root), time.perf_counter, min(self.connect_timeout_s, self.timeout_s))
+        try:
+            models, server = await self._models()
             handlers = self._signals()
             started_unix = time.time()
             self.t0 = time.perf_counter()
             try:
                 if self.concurrency is None:
-                    await self._open(client, specs)
+                    await self._open(specs)
                 else:
-                    await self._closed(client, specs)
+                    await self._closed(specs)
             finally:
                 wall = time.perf_counter() - self.t0
                 self._unsignal(handlers)
+        finally:
+            self.pool.close()
         self._report_progress(force=True)
-        cancelled = self.cancelled
         return BenchResult(tuple(self.records), self.root, self.model, self.api,
                            "open" if self.concurrency is None else "closed", self.concurrency, started_unix, wall,
-                           self.interrupted, cancelled, tuple(models), server,
-                           {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos, "duration_s": self.duration_s,
-                            "pool_connections": self.pool, "peak_in_flight": self.peak_in_flight,
+                           self.interrupted, self.cancelled, tuple(models), server,
+                           {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos,
+                            "ignore_eos_refused": self.ignore_eos_refused, "duration_s": self.duration_s,
+                            "connections_opened": self.pool.opened, "peak_in_flight": self.peak_in_flight,
                             "extra_body": self.extra_body or {}})
 
-    async def _models(self, client) -> tuple[list[str], str | None]:
+    async def _models(self) -> tuple[list[str], str | None]:
         """The model ids ``/v1/models`` lists, and the server's ``Server`` header; OpmapError when the endpoint
-        cannot be reached (nothing listens, no route, DNS)."""
-        import httpx
+        cannot be reached (nothing listens, no route, DNS) or does not answer."""
+        from opmap.bench.http import HTTPClosed, HTTPProtocolError
 
+        got: list[bytes] = []
         try:
-            r = await client.get(self.root + "/v1/models", timeout=min(self.connect_timeout_s, self.timeout_s))
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            async with asyncio.timeout(min(self.connect_timeout_s, self.timeout_s) * 3):
+                hdrs = {k: v for k, v in self.headers.items() if k in ("authorization", "user-agent")}
+                status, headers = await self.pool.request("GET", "/v1/models", b"", {**hdrs, "accept":
+                                                          "application/json"}, lambda b, t: got.append(b))
+        except (HTTPClosed, HTTPProtocolError, TimeoutError) as e:
+            raise OpmapError(f"{self.root}/v1/models did not answer: {_why(e)}") from None
+        except OSError as e:
             raise OpmapError(f"cannot reach {self.root}: {_why(e)} (is the server up, and is the URL its base, "
                              "such as http://host:8000?)") from None
-        except httpx.HTTPError as e:
-            raise OpmapError(f"{self.root}/v1/models did not answer: {_why(e)}") from None
         ids: list[str] = []
-        if r.status_code == 200:
+        if status == 200:
             try:
-                data = r.json().get("data") or []
+                data = json.loads(b"".join(got)).get("data") or []
                 ids = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
             except (ValueError, AttributeError):
                 ids = []
-        return ids, r.headers.get("server")
+        return ids, headers.get("server")
 
     def _signals(self) -> list[int]:
         loop = asyncio.get_running_loop()
@@ -198,12 +208,12 @@ class _Run:
         for t in list(self.tasks):
             t.cancel()
 
-    def _spawn(self, client, spec: RequestSpec) -> None:
-        task = asyncio.create_task(self._one(client, spec))
+    def _spawn(self, spec: RequestSpec) -> None:
+        task = asyncio.create_task(self._one(spec))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _open(self, client, specs) -> None:
+    async def _open(self, specs) -> None:
         clock, t0 = time.perf_counter, self.t0
         for spec in specs:
             if self.stop.is_set():
@@ -214,22 +224,26 @@ class _Run:
             if self.duration_s is not None and spec.scheduled_s > self.duration_s:
                 break
             delay = t0 + spec.scheduled_s - clock()
-            if delay > 0:
+            if delay > STOP_CHECK_S:  # a long wait ends early on a stop
                 try:
                     await asyncio.wait_for(self.stop.wait(), delay)
                     break  # stopped while waiting
                 except TimeoutError:
                     pass
-            self._spawn(client, spec)
+            elif delay > 0:
+                await asyncio.sleep(delay)
+                if self.stop.is_set():
+                    break
+            self._spawn(spec)
         await self._drain()
 
-    async def _closed(self, client, specs) -> None:
+    async def _closed(self, specs) -> None:
         async def worker() -> None:
             for spec in specs:  # one iterator shared by the workers (one thread: no race)
                 if self.stop.is_set() or (self.duration_s is not None and
                                           time.perf_counter() - self.t0 > self.duration_s):
                     return
-                await self._one(client, spec)
+                await self._one(spec)
 
         workers = [asyncio.create_task(worker()) for _ in range(self.concurrency)]
         for w in workers:
@@ -244,43 +258,47 @@ class _Run:
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
-    async def _one(self, client, spec: RequestSpec) -> None:
-        """Send one request, read its stream, append its record (also on failure)."""
-        import httpx
-
-        clock, t0 = time.perf_counter, self.t0
-        body = request_body(spec, self.model, self.api, self.ignore_eos, self.extra_body)
-        st = _Stream()
+    async def _one(self, spec: RequestSpec) -> None:
+        """Send one request, read its stream, append its record (also on failure). A server that refuses the
+        ignore_eos field (a 400 or 422 naming it: transformers serve checks every field) gets this request again
+        without it, and so does every later one (the run's options say so)."""
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        sent = clock() - t0
-        status, error, http_status = "ok", "", None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with client.stream("POST", self.url, content=body,
-                                         headers={"content-type": "application/json",
-                                                  "accept": "text/event-stream"}) as resp:
-                    http_status = resp.status_code
-                    if resp.status_code >= 400:
-                        status = "http_error"
-                        error = f"HTTP {resp.status_code}: " + (await _head(resp)).strip()
-                    else:
-                        status, error = await st.read(resp, clock, t0)
-        except TimeoutError:
-            status, error = "timeout", f"no end of stream within {self.timeout_s:g} s"
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            status, error = "connect_error", _why(e)
-        except httpx.TimeoutException as e:
-            status, error = "timeout", _why(e)
-        except httpx.HTTPError as e:
-            status, error = "dropped", _why(e)
+            for _ in range(2):
+                ignore_eos = self.ignore_eos
+                sent, st, status, error, http_status = await self._exchange(spec, ignore_eos)
+                if not (ignore_eos and status == "http_error" and http_status in (400, 422)
+                        and "ignore_eos" in error):
+                    break
+                self.ignore_eos, self.ignore_eos_refused = False, error[:200]
         finally:
             self.in_flight -= 1
-        end = clock() - t0
+        end = time.perf_counter() - self.t0
         self.records.append(RequestRecord(
             spec.index, spec.scheduled_s, sent, st.first, tuple(st.times), end, spec.input_tokens, spec.max_tokens,
             st.usage_prompt, st.usage_completion, st.events, status, error, http_status, spec.warmup))
         self._report_progress()
+
+    async def _exchange(self, spec: RequestSpec, ignore_eos: bool):
+        """One request on the wire: (sent_s, its stream, status, error, HTTP status)."""
+        from opmap.bench.http import HTTPClosed, HTTPProtocolError
+
+        body = request_body(spec, self.model, self.api, ignore_eos, self.extra_body)
+        st = _Stream(self.t0)
+        sent = time.perf_counter() - self.t0
+        error, http_status = "", None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                http_status, _ = await self.pool.request("POST", self.path, body, self.headers, st.feed)
+            status, error = st.outcome(http_status)
+        except TimeoutError:
+            status, error = "timeout", f"no end of stream within {self.timeout_s:g} s"
+        except (HTTPClosed, HTTPProtocolError) as e:
+            status, error = "dropped", _why(e)
+        except OSError as e:
+            status, error = "connect_error", _why(e)
+        return sent, st, status, error, http_status
 
     def _report_progress(self, force: bool = False) -> None:
         if self.progress is None:
@@ -292,47 +310,58 @@ class _Run:
 
 
 class _Stream:
-    """One response's stream read event by event: the arrival of each event carrying text (s from the run's
-    start), the usage counts, the events seen."""
+    """One response's body read as it arrives (``feed``, called from the transport): the arrival of each event
+    carrying text (s from the run's start), the usage counts, the events seen; the first bytes kept for an HTTP
+    error's message."""
 
-    def __init__(self) -> None:
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.parser = SSEParser()
         self.first: float | None = None
         self.times: list[float] = []
         self.usage_prompt: int | None = None
         self.usage_completion: int | None = None
         self.events = 0
+        self.finished = False
+        self.result: tuple[str, str] | None = None  # set at [DONE] or an error event; the rest is not read
+        self.head = b""
 
-    async def read(self, resp, clock, t0: float) -> tuple[str, str]:
-        """(status, error) of the stream: ok at [DONE] (or at its end after a finish_reason), stream_error at
-        an error event, dropped at an end before either."""
-        parser = SSEParser()
-        finished = False
-        outcome = None
-        async for raw in resp.aiter_raw():
-            if outcome is not None:
-                continue  # read to the body's end, so the connection goes back to the pool (keep-alive)
-            now = clock() - t0
-            for ev in parser.feed(raw):
-                self.events += 1
-                c = read_chunk(ev.data)
-                if c.done:
-                    outcome = ("ok", "")
-                    break
-                if c.error is not None:
-                    outcome = ("stream_error", c.error)
-                    break
-                if c.usage is not None:
-                    self._usage(c.usage)
-                if c.text:
-                    if self.first is None:
-                        self.first = now
-                    self.times.append(now)
-                if c.finish_reason is not None:
-                    finished = True
-        if outcome is not None:
-            return outcome
-        parser.close()
-        if finished:
+    def feed(self, data: bytes, t: float) -> None:
+        if len(self.head) < ERROR_BODY_BYTES:
+            self.head += data[:ERROR_BODY_BYTES - len(self.head)]
+        if self.result is not None:
+            return
+        now = t - self.t0
+        for ev in self.parser.feed(data):
+            self.events += 1
+            if ev.event == "error":  # an SSE error event (TGI), whatever its data holds
+                self.result = ("stream_error", ev.data[:200])
+                return
+            c = read_chunk(ev.data)
+            if c.done:
+                self.result = ("ok", "")
+                return
+            if c.error is not None:
+                self.result = ("stream_error", c.error)
+                return
+            if c.usage is not None:
+                self._usage(c.usage)
+            if c.text:
+                if self.first is None:
+                    self.first = now
+                self.times.append(now)
+            if c.finish_reason is not None:
+                self.finished = True
+
+    def outcome(self, http_status: int) -> tuple[str, str]:
+        """(status, error) of a response that ended: http_error for a status >= 400; ok at [DONE] (or at the
+        body's end after a finish_reason); stream_error at an error event; dropped at an end before either."""
+        if http_status >= 400:
+            return "http_error", f"HTTP {http_status}: " + self.head.decode("utf-8", errors="replace").strip()
+        if self.result is not None:
+            return self.result
+        self.parser.close()
+        if self.finished:
             return "ok", ""
         return "dropped", "the stream ended before [DONE] or a finish_reason"
 
@@ -342,16 +371,6 @@ class _Stream:
             self.usage_prompt = p
         if isinstance(c, int) and not isinstance(c, bool):
             self.usage_completion = c
-
-
-async def _head(resp) -> str:
-    """The first ERROR_BODY_BYTES of a response's body, as text."""
-    got = b""
-    async for b in resp.aiter_raw():
-        got += b
-        if len(got) >= ERROR_BODY_BYTES:
-            break
-    return got[:ERROR_BODY_BYTES].decode("utf-8", errors="replace")
 
 
 def _why(e: BaseException) -> str:

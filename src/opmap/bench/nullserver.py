@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import threading
 from dataclasses import dataclass
@@ -50,7 +51,9 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(ev), ev)
 
 
+@functools.lru_cache(maxsize=256)
 def _token_event(chat: bool, model: str, text: str, finish: str | None) -> bytes:
+    """One token's event, built once per kind (the server's own cost stays out of the client's ceiling)."""
     if chat:
         choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
         obj = "chat.completion.chunk"
@@ -58,7 +61,7 @@ def _token_event(chat: bool, model: str, text: str, finish: str | None) -> bytes
         choice = {"index": 0, "text": text, "finish_reason": finish}
         obj = "text_completion"
     return _chunk(json.dumps({"id": "null", "object": obj, "created": 0, "model": model,
-                              "choices": [choice]}).encode())
+                              "choices": [choice]}, allow_nan=False).encode())
 
 
 def _prompt_words(req: dict) -> int:
@@ -74,6 +77,7 @@ class NullServer:
         self.cfg = cfg
         self.lock: asyncio.Lock | None = None
         self.requests = 0
+        self.last_head = ""  # the last request's head (request line and headers), for tests
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -82,7 +86,8 @@ class NullServer:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
-                line, _, rest = head.decode("latin-1").partition("\r\n")
+                self.last_head = head.decode("latin-1")
+                line, _, rest = self.last_head.partition("\r\n")
                 method, path = (line.split(" ") + ["", ""])[:2]
                 length = 0
                 for h in rest.split("\r\n"):
@@ -99,7 +104,7 @@ class NullServer:
     async def route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
         if method == "GET" and path.rstrip("/") == "/v1/models":
             writer.write(_response("200 OK", json.dumps(
-                {"object": "list", "data": [{"id": self.cfg.model, "object": "model"}]}).encode()))
+                {"object": "list", "data": [{"id": self.cfg.model, "object": "model"}]}, allow_nan=False).encode()))
             await writer.drain()
             return
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
@@ -135,7 +140,8 @@ class NullServer:
         usage = {"prompt_tokens": _prompt_words(req), "completion_tokens": n,
                  "total_tokens": _prompt_words(req) + n}
         writer.write(_chunk(json.dumps({"id": "null", "object": "text_completion", "created": 0,
-                                        "model": cfg.model, "choices": [], "usage": usage}).encode()))
+                                        "model": cfg.model, "choices": [], "usage": usage},
+                                       allow_nan=False).encode()))
         writer.write(_chunk(b"[DONE]") + b"0\r\n\r\n")
         await writer.drain()
 

@@ -25,16 +25,13 @@ PARQUET_COLUMNS = {
 
 
 def client_version() -> dict[str, str]:
-    """opmap's and httpx's versions (the client that measured)."""
-    from importlib import metadata
+    """The client that measured: opmap's version, its transport, Python's version."""
+    import platform
 
     from opmap import __version__
 
-    try:
-        hx = metadata.version("httpx")
-    except metadata.PackageNotFoundError:
-        hx = "not installed"
-    return {"opmap": __version__, "httpx": hx}
+    return {"opmap": __version__, "transport": "opmap.bench.http (HTTP/1.1 keep-alive on asyncio)",
+            "python": platform.python_version()}
 
 
 def bench_body(result: BenchResult, figures: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,10 @@ class SSEParser:
                     out.append(Event("\n".join(self._data), self._event or "message"))
                 self._data, self._event = [], ""
                 continue
-            self._field(raw.decode("utf-8", errors="replace"))
+            if raw[:6] == b"data: ":  # the common line, without the general field parsing
+                self._data.append(raw[6:].decode("utf-8", errors="replace"))
+            else:
+                self._field(raw.decode("utf-8", errors="replace"))
         return out
 
     def _field(self, line: str) -> None:
@@ -83,8 +86,7 @@ class SSEParser:
         return pending
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     """What one OpenAI streaming event carries. ``text``: the generated text in it ("" when none: a role-only
     or finish-only chunk, a usage chunk); ``usage``: the usage object when present; ``finish_reason``: set on
     the chunk that ends a choice; ``error``: the error message of an error chunk (or a chunk that is not a JSON
@@ -100,28 +102,39 @@ class Chunk:
 DONE = Chunk(done=True)
 
 
+_decode = json.JSONDecoder().raw_decode  # json.loads without its two whitespace scans: one call per token
+
+
 def read_chunk(data: str) -> Chunk:
     """The meaning of one event's data: ``[DONE]``, an error, or a completion / chat chunk (text from
     ``choices[0].text`` or ``choices[0].delta.content``, a reasoning model's ``reasoning_content`` included)."""
-    if data.strip() == "[DONE]":
-        return DONE
+    if data[:1] != "{":
+        if data.strip() == "[DONE]":
+            return DONE
+        data = data.strip()
     try:
-        d = json.loads(data)
+        d, end = _decode(data)
+        if end != len(data) and data[end:].strip():
+            raise ValueError("extra data after the JSON value")
     except ValueError:
         return Chunk(error=f"a stream event that is not JSON: {data[:80]!r}")
-    if not isinstance(d, dict):
+    if type(d) is not dict:
         return Chunk(error=f"a stream event that is not a JSON object: {data[:80]!r}")
-    if d.get("error") is not None or d.get("object") == "error":
+    if "error" in d and d["error"] is not None or d.get("object") == "error":
         e = d.get("error")
         msg = e.get("message") if isinstance(e, dict) else (e if isinstance(e, str) else d.get("message"))
         return Chunk(error=str(msg or d)[:200])
-    usage = d.get("usage") if isinstance(d.get("usage"), dict) else None
+    usage = d.get("usage")
+    if type(usage) is not dict:
+        usage = None
     choices = d.get("choices")
-    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+    if not choices or type(choices) is not list or type(choices[0]) is not dict:
         return Chunk(usage=usage)
     c = choices[0]
     text = c.get("text")
     if text is None:
-        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+        delta = c.get("delta")
+        if type(delta) is not dict:
+            delta = {}
         text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
-    return Chunk(text=text if isinstance(text, str) else "", usage=usage, finish_reason=c.get("finish_reason"))
+    return Chunk(text if type(text) is str else "", usage, c.get("finish_reason"))

@@ -3,7 +3,10 @@ and measure TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (opmap.b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -11,6 +14,9 @@ from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, positive_in
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_REQUESTS = 100
 
@@ -27,7 +33,8 @@ def bench(
                                                                        "sent when one ends (default 1 without "
                                                                        "--arrival)."),
     requests: int | None = typer.Option(None, "--requests", help=f"Requests measured (default {DEFAULT_REQUESTS} "
-                                                                 "without --duration)."),
+                                                                 "without --duration; a trace: at most this "
+                                                                 "many rows, as opmap serve)."),
     duration: float | None = typer.Option(None, "--duration", help="Send for this long, s (in-flight requests "
                                                                    "still finish)."),
     warmup: int = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures."),
@@ -74,7 +81,9 @@ def bench(
                                                             "(eager, graphs, engine; as opmap serve)."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
-    percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity."""
+    percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
+    endpoint that wants a key gets $OPENAI_API_KEY as a bearer token (read from the environment, never written
+    or recorded)."""
     from opmap.bench.client import APIS, endpoint_root
     from opmap.serve.arrivals import MAX_REQUESTS, parse_length
 
@@ -140,13 +149,20 @@ def bench(
         raise typer.Exit(130)  # what was measured is kept (printed, written, recorded); the exit says it stopped
 
 
+@dataclass
 class LoadPlan:
-    """What to send: the specs (lazy), how many (None: until the duration ends), the loop, and the spec as
-    bench.json records it."""
+    """What to send: the specs (lazy), how many (None: until the duration ends), the loop (concurrency None:
+    open), the duration, the spec as bench.json records it; an open loop's schedule too (send times s, input
+    and output lengths: what --predict simulates), None in a closed loop."""
 
-    def __init__(self, specs, total, concurrency, duration_s, spec):
-        self.specs, self.total, self.concurrency, self.duration_s, self.spec = (specs, total, concurrency,
-                                                                                duration_s, spec)
+    specs: Iterator
+    total: int | None
+    concurrency: int | None
+    duration_s: float | None
+    spec: dict
+    times: np.ndarray | None = None
+    input_len: np.ndarray | None = None
+    output_len: np.ndarray | None = None
 
 
 def load_plan(arrival: str | None, concurrency: int | None, requests: int | None, duration: float | None,
@@ -164,14 +180,18 @@ def load_plan(arrival: str | None, concurrency: int | None, requests: int | None
         arr = w.parse_load_arrival(arrival)
         times, ins, outs = w.schedule(arr, ilen, olen, n, duration, seed)
         spec["arrival"] = arr.spec()
-        return LoadPlan(w.open_specs(times, ins, outs, warmup, seed, **kw), len(times), None, duration, spec)
+        return LoadPlan(w.open_specs(times, ins, outs, warmup, seed, **kw), len(times), None, duration, spec, times,
+                        ins, outs)
     c = concurrency or 1
     spec["concurrency"] = c
     return LoadPlan(w.closed_specs(ilen, olen, n, warmup, seed, **kw), n, c, duration, spec)
 
 
 def drive(root: str, model: str, plan: LoadPlan, **kw):
-    """Run the load with a progress bar (requests ended / total, elapsed)."""
+    """Run the load with a progress bar (requests ended / total, elapsed); $OPENAI_API_KEY, when set, as the
+    bearer token."""
+    import os
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from opmap.bench.client import run_load
@@ -185,6 +205,7 @@ def drive(root: str, model: str, plan: LoadPlan, **kw):
         def progress(done: int, total: int | None) -> None:
             bar.update(task, completed=done, total=total)
 
+        kw.setdefault("api_key", os.environ.get("OPENAI_API_KEY") or None)
         return run_load(root, model, plan.specs, concurrency=plan.concurrency, duration_s=plan.duration_s,
                         total=plan.total, progress=progress, **kw)
 
@@ -195,6 +216,9 @@ def finish(result, plan: LoadPlan, slo_ttft: float | None, slo_tpot: float | Non
     from opmap.bench.metrics import summarize
     from opmap.bench.outputs import bench_body
 
+    o = result.options
+    plan.spec.update(api=result.api, timeout_s=o.get("timeout_s"), ignore_eos=o.get("ignore_eos"),
+                     slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot)
     figures = summarize(result.records, slo_ttft_s=None if slo_ttft is None else slo_ttft / 1e3,
                         slo_tpot_s=None if slo_tpot is None else slo_tpot / 1e3, min_duration_s=min_duration,
                         min_queries=min_queries, interrupted=result.interrupted)

@@ -159,7 +159,7 @@ def assumption_items(src: Sources) -> list[tuple[str, str]]:
         items.append(("load", f"arrival {sp.get('arrival')}, concurrency {sp.get('concurrency')}, requests "
                               f"{sp.get('requests')}, duration {sp.get('duration_s')} s, warm-up {sp.get('warmup')}, "
                               f"input {sp.get('input_len')}, output {sp.get('output_len')}, seed {sp.get('seed')}"))
-        items.append(("client", f"opmap {c.get('opmap')}, httpx {c.get('httpx')}, {c.get('mode')} loop"))
+        items.append(("client", f"opmap {c.get('opmap')}, {c.get('transport')}, {c.get('mode')} loop"))
     if src.fit:
         f = src.fit
         items.append(("fit matrix", f"{', '.join(f.get('models') or [])} on {', '.join(f.get('hardware') or [])}, "
