@@ -48,16 +48,24 @@ def test_open_loop_sends_keep_their_schedule_while_the_server_is_saturated():
     request, so TTFT grows along the run (p99 far above the service time), while every send stays on its
     schedule (an open loop does not wait for the server: no coordinated omission)."""
     n, gap, service = 30, 0.010, 0.025
+    specs = scheduled(np.arange(1, n + 1) * gap, out=1)
     with ThreadServer(NullServer(NullConfig(first_token_s=service, serialize=True))) as port:
-        res = run_load(f"http://127.0.0.1:{port}", "null", scheduled(np.arange(1, n + 1) * gap, out=1))
+        res = run_load(f"http://127.0.0.1:{port}", "null", specs)
+        waited = run_load(f"http://127.0.0.1:{port}", "null", specs[:12], concurrency=1)  # sends wait for answers
     recs = sorted(res.records, key=lambda r: r.index)
     assert all(r.ok for r in recs) and len(recs) == n
     ttft = np.array([r.first_token_s - r.sent_s for r in recs])
     lag = np.array([r.sent_s - r.scheduled_s for r in recs])
+    lag_waited = np.array([r.sent_s - r.scheduled_s for r in sorted(waited.records, key=lambda r: r.index)])
     # queueing theory of this deterministic queue: request k waits k x (service - gap) = 15 ms x k
     assert ttft[-1] > 0.6 * (n - 1) * (service - gap) + service
     assert np.percentile(ttft, 99) > 10 * service
-    assert lag.max() < 0.02 and abs(np.median(lag[-10:]) - np.median(lag[:10])) < 0.01  # no drift
+    # a send that waited for the server (coordinated omission) would lag k x 15 ms at the k-th request; these
+    # sends lag the scheduler's hiccups only (a machine this loaded stalls a process tens of ms now and then)
+    waiting = np.arange(n) * (service - gap)
+    assert np.median(lag) < 0.02 and lag[-10:].mean() < 0.25 * waiting[-10:].mean()
+    # the same check catches a loop that waits: its last sends lag about 11 x 15 ms
+    assert lag_waited[-3:].mean() > 0.5 * waiting[9:12].mean()
     assert res.mode == "open" and res.options["peak_in_flight"] > 5
 
 
@@ -170,6 +178,6 @@ def test_ctrl_c_keeps_what_was_measured():
             res = run_load(f"http://127.0.0.1:{port}", "null", scheduled(np.arange(1, 61) * 0.025))
         finally:
             timer.cancel()
-    assert res.interrupted and time.perf_counter() - t < 1.2
+    assert res.interrupted and time.perf_counter() - t < 1.4  # 1.5 s had it run to its end
     assert 5 < len(res.records) < 60 and all(r.ok for r in res.records)
     assert res.in_flight_at_stop >= 1
