@@ -202,6 +202,12 @@ class Sharded:
     tokens: int  # tokens per step, all replicas
     matrix_flops_per_device: float
     notes: tuple[str, ...]
+    # the step's parts on the slowest stage's device: step_s = microbatches x stage_compute_s[slowest] + bubble_s +
+    # exposed_comm_s + optimizer_s (training); recompute_s is the recomputation inside stage_compute_s
+    recompute_s: float = 0.0  # per microbatch
+    bubble_s: float = 0.0  # (pp - 1) / vp microbatch slots the slowest stage idles per iteration
+    exposed_comm_s: float = 0.0  # per iteration: the per-microbatch collectives and the DP reduction not hidden
+    optimizer_s: float = 0.0  # the optimizer step over the parameters (and ZeRO shard) one device holds
 
     @property
     def tokens_per_s(self) -> float:
@@ -213,7 +219,8 @@ class Sharded:
                 "bubble_fraction": self.bubble_fraction,
                 "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
                 "step_s": self.step_s, "latency_s": self.latency_s, "tokens_per_s": self.tokens_per_s,
-                "matrix_flops_per_device": self.matrix_flops_per_device,
+                "matrix_flops_per_device": self.matrix_flops_per_device, "recompute_s": self.recompute_s,
+                "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "optimizer_s": self.optimizer_s,
                 "assumptions": list(ASSUMPTIONS) + [
                     f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
                     "the backward time hides it"] + list(self.notes)}
@@ -336,8 +343,11 @@ class Sharder:
             notes.append(f"recompute {p.recompute}: " + ("each block's forward runs again in backward"
                                                          if p.recompute == "full" else
                                                          "the attention core (SDPA) runs again in backward"))
+        rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
+                 else 0.0) if self.training else 0.0
         return Sharded(p, tuple(per_k), tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
-                       tokens, mflops[slow], tuple(notes))
+                       tokens, mflops[slow], tuple(notes), rec_s, (pp - 1) / vp * mb_s,
+                       m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp, opt_s)
 
     def _collectives(self, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int) -> list[CollectiveKernel]:
         out: list[CollectiveKernel] = []
