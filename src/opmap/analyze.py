@@ -177,21 +177,25 @@ class Analysis:
         fmt = self.precision.policy["weights"]
         have = m.capacity_bytes
         w, total = m.weights_bytes, m.total_bytes
+        # a training step's memory holds gradients, optimizer state and saved activations; inference's a KV cache
+        train = m.phase.startswith("training")
+        rest = ("gradients, optimizer state, saved activations and workspace" if train else
+                "KV cache, activations in flight and workspace")
+        shorter = "the microbatch / sequence" if train else "the batch / context"
         if m.fits:
-            text = (f"fits: the weights take {_bytes(w)} at {fmt}; with KV cache, activations in flight and "
-                    f"workspace {_bytes(total)} of {_bytes(have)}")
+            text = f"fits: the weights take {_bytes(w)} at {fmt}; with {rest} {_bytes(total)} of {_bytes(have)}"
         elif w > have:
             text = (f"does not fit: the weights need {_bytes(w)} at {fmt}, the device has {_bytes(have)} "
                     f"({w / have:.2f}x its memory: shard across devices or store the weights narrower)")
         else:
-            text = (f"does not fit: the weights take {_bytes(w)} at {fmt}, with KV cache, activations in flight "
-                    f"and workspace {_bytes(total)}; the device has {_bytes(have)} ({total / have:.2f}x: "
-                    f"{m.reason.split('; ')[-1]}; shard, store narrower or shorten the batch / context)")
+            text = (f"does not fit: the weights take {_bytes(w)} at {fmt}, with {rest} {_bytes(total)}; the device "
+                    f"has {_bytes(have)} ({total / have:.2f}x: {m.reason.split('; ')[-1]}; shard, store narrower or "
+                    f"shorten {shorter})")
         if m.max_batch is not None:
             capped = any("capped at the model's" in x for x in m.assumptions)
-            text += f"; largest batch {m.max_batch}" + (
-                f", longest context {m.max_context}" + (" (the model's position limit)" if capped else "")
-                if m.max_context is not None else "")
+            text += f"; largest {'microbatch' if train else 'batch'} {m.max_batch}" + (
+                f", longest {'sequence' if train else 'context'} {m.max_context}"
+                + (" (the model's position limit)" if capped else "") if m.max_context is not None else "")
         return {"weights_bytes": m.weights_bytes, "weights_format": fmt, "device_memory_bytes": have,
                 "fits": m.fits, "text": text, **m.to_dict()}
 

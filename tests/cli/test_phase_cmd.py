@@ -167,3 +167,33 @@ def test_prefill_under_graphs_adds_one_graph_launch(tmp_path, cli):
     assert p["ttft_s"] == d["totals"]["predicted_latency_s"]
     assert d["fusion"]["policy"] == "compiler" and d["assumptions"]["runtime"]["fusion"] == "compiler"
     assert "runtime graphs (cuda-graphs)" in out
+
+
+def test_train_prints_one_iteration_per_device_in_training_words(tmp_path, cli):
+    """gpt2 over tp 2 x pp 2 x dp 2 with selective recomputation: the phase line, the Totals box and analysis.json
+    print one iteration, per device, equal to its parts; HFU >= MFU with the line saying what each counts; the memory
+    verdict speaks of gradients, optimizer state and saved activations, never of a KV cache, a context or
+    requests; selective recomputation grows the step and never says it adds nothing."""
+    from opmap.report.sheet import si
+
+    rc, out, err = cli("analyze", "gpt2", "--phase", "train", "--seq", "64", "--tp", "2", "--pp", "2", "--dp", "2",
+                       "--microbatch", "1", "--global-batch", "8", "--recompute", "selective", "--rows", "1",
+                       "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    p = d["phase"]
+    step = p["step_s"]
+    assert d["totals"]["predicted_latency_s"] == step == p["iteration_s"] == d["parallelism"]["step_s"]
+    parts = p["microsteps"] * (p["microstep_s"] + p["recompute_s"]) + p["bubble_s"] + p["exposed_comm_s"] + \
+        p["optimizer_s"]
+    assert step == pytest.approx(parts, rel=0.01) and p["recompute_s"] > 0
+    assert p["hfu"] >= p["mfu"]
+    text = " ".join(out.split())  # rich wraps long lines
+    assert f"iteration {step * 1e3:.4g} ms per device" in text  # the phase line
+    totals = [line for line in out.splitlines() if "predicted iteration" in line]
+    assert len(totals) == 1 and si(step, "s") in totals[0]  # the Totals box
+    assert "HFU >= MFU" in text and "adds nothing" not in text
+    header = text[:text.index("Kernels (")]
+    assert "gradients, optimizer state, saved activations" in header
+    for word in ("KV cache", "context", "request", "time to first token"):
+        assert word not in header, word

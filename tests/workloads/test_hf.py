@@ -106,6 +106,16 @@ def test_build_and_capture_on_meta(tmp_path, mt):
     assert uncounted(g, costs) == {}
 
 
+@pytest.mark.parametrize("mt", list(CONFIGS))
+def test_training_step_has_no_uncounted_op(tmp_path, mt):
+    """Forward, loss, backward and AdamW of each architecture: every backward op has a rule (SwiGLU's silu_backward,
+    GPT-2's tanh GELU written as tensor math: tanh_backward)."""
+    w = load_workload(str(write_config(tmp_path, mt)), 1, 8)
+    g = capture(w.module, (), w.inputs, train=True, optimizer="adamw")
+    assert any(n.args.get("phase") == "backward" for n in g.nodes)
+    assert uncounted(g, cost_graph(g)) == {}
+
+
 def test_gqa_reaches_sdpa(tmp_path):
     """Llama with 4 query heads over 2 KV heads: SDPA gets K and V with 2 heads and enable_gqa (no repeat)."""
     w = load_workload(str(write_config(tmp_path, "llama")), 1, 8)

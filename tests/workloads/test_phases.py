@@ -113,7 +113,12 @@ def test_train_model_flops_are_three_forwards_and_palm_agrees():
     # the norms' weights are in N but not in a matrix product: agreement within 1%
     assert f["model_flops_per_token"] == pytest.approx(palm, rel=0.01)
     # the executed matrix FLOPs: forward + backward (2x the linears, the flash backward 2.5x attention's half)
-    assert f["hardware_flops"] == pytest.approx(sum(r.cost.matrix_flops for r in a.results if r.cost.counted))
+    assert f["executed_matrix_flops"] == pytest.approx(sum(r.cost.matrix_flops for r in a.results if r.cost.counted))
+    # hardware FLOPs (Korthikanti et al. 2022): the model's plus the scores each flash backward recomputes, counted
+    # dense like the model's: layers x 2 x batch x heads x S x S x head dim (microbatch 2, S 64)
+    scores = SMALL.n_layer * 2 * 2 * SMALL.n_head * 64 * 64 * (SMALL.dim // SMALL.n_head)
+    assert f["attention_recompute_flops"] == scores
+    assert f["hardware_flops"] == pytest.approx(f["model_flops"] + scores)
 
 
 def test_train_iteration_mfu_and_hfu_by_hand():
@@ -144,10 +149,14 @@ def test_adamw_step_is_about_ten_elementwise_ops_per_parameter():
 def test_recompute_full_adds_one_forward_of_the_blocks():
     none, full = _small_train("none").figures, _small_train("full").figures
     a = _small_train("full").analysis
-    blocks = sum(r.cost.matrix_flops for r in a.results
-                 if r.node.args.get("phase") is None and r.node.module.startswith("layers.") and r.cost.counted)
+    fwd = [r.cost for r in a.results
+           if r.node.args.get("phase") is None and r.node.module.startswith("layers.") and r.cost.counted]
+    blocks = sum(c.matrix_flops for c in fwd)
     assert blocks > 0
-    assert full["hardware_flops"] - none["hardware_flops"] == pytest.approx(blocks)
+    # executed: the blocks' forward again (causal attention's computed half); hardware: counted dense, as the model's
+    assert full["executed_matrix_flops"] - none["executed_matrix_flops"] == pytest.approx(blocks)
+    assert full["hardware_flops"] - none["hardware_flops"] == pytest.approx(
+        blocks + sum(c.skipped_flops for c in fwd))
     assert full["model_flops"] == pytest.approx(none["model_flops"])
     assert full["hfu"] > full["mfu"] * (none["hfu"] / none["mfu"])
     assert full["iteration_s"] > none["iteration_s"]
@@ -155,9 +164,13 @@ def test_recompute_full_adds_one_forward_of_the_blocks():
     assert _small_train("full").memory.activations_bytes < _small_train("none").memory.activations_bytes
 
 
-def test_selective_with_fused_attention_adds_nothing_and_says_why():
-    ids, text = recomputed_nodes(_small_train().analysis.graph, "selective")
-    assert ids == set() and "flash backward recomputes the scores" in text
+def test_selective_with_fused_attention_runs_the_fused_forward_again_and_says_so():
+    """Megatron-Core checkpoints core_attention, fused or not: each SDPA forward runs again in the backward."""
+    g = _small_train().analysis.graph
+    ids, text = recomputed_nodes(g, "selective")
+    sdpa = {n.id for n in g.nodes if n.op == "aten.scaled_dot_product_attention.default"}
+    assert len(sdpa) == SMALL.n_layer and ids == sdpa
+    assert "runs again in the backward" in text and "adds nothing" not in text
 
 
 def test_train_memory_has_state_and_activations():

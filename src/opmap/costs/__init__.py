@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from opmap.costs import attention, backward, fp8, matmul, movement, pointwise, vector  # noqa: F401  (registers rules)
+from opmap.costs import (  # noqa: F401  (registers rules)
+    attention,
+    backward,
+    fp8,
+    loss,
+    matmul,
+    movement,
+    pointwise,
+    vector,
+)
 from opmap.costs.base import RULES, OpCost, rule
 from opmap.costs.movement import view_cost
 from opmap.graph import Node, OpGraph

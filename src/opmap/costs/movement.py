@@ -13,7 +13,7 @@ from opmap.costs.base import OpCost, io_cost, rule
 from opmap.graph import Node, TensorMeta
 
 
-def _touched(table: TensorMeta, elems: int) -> TensorMeta:
+def touched(table: TensorMeta, elems: int) -> TensorMeta:
     """A stand-in for the part of ``table`` a lookup touches: ``elems`` elements of its dtype."""
     return TensorMeta((elems,), table.dtype, (1,), table.producer, table.param)
 
@@ -22,7 +22,7 @@ def _touched(table: TensorMeta, elems: int) -> TensorMeta:
 def embedding_cost(node: Node) -> OpCost:
     weight, idx = node.input("weight"), node.input("indices")
     out = node.outputs[0]
-    return io_cost(node, reads=[idx, _touched(weight, out.numel)], written=out.nbytes)
+    return io_cost(node, reads=[idx, touched(weight, out.numel)], written=out.nbytes)
 
 
 @rule("index_select", "gather", "index", "take", "take_along_dim", "masked_select")
@@ -31,7 +31,7 @@ def gather_cost(node: Node) -> OpCost:
     out = node.outputs[0]
     src = node.inputs[0]
     idx = [t for t in node.inputs[1:]]
-    return io_cost(node, reads=[*idx, _touched(src, out.numel)], written=out.nbytes)
+    return io_cost(node, reads=[*idx, touched(src, out.numel)], written=out.nbytes)
 
 
 @rule("scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_",
@@ -43,9 +43,9 @@ def scatter_cost(node: Node) -> OpCost:
     others = list(node.inputs[1:])
     src_elems = max((t.numel for t in others), default=0)
     accumulate = ("add" in node.packet or "reduce" in node.packet or bool(node.args.get("accumulate")))
-    touched = _touched(self_t, src_elems)
-    reads = [*others, touched] if accumulate else others
-    written = touched.nbytes
+    hit = touched(self_t, src_elems)
+    reads = [*others, hit] if accumulate else others
+    written = hit.nbytes
     if not node.is_inplace:  # the result starts as a copy of self
         reads.append(self_t)
         written = node.outputs[0].nbytes

@@ -11,6 +11,7 @@ count, since hardware runs them on special-function units at a lower rate). Form
 - sigmoid          1 / (1 + exp(-x)): 2 vector + 1 exp (the neg folds into the exp argument)
 - softplus         log(1 + exp(x)): 1 vector + 2 transcendental
 - mish             x * tanh(softplus(x)): 2 vector + 3 transcendental
+- log_sigmoid      min(x, 0) - log1p(exp(-|x|)): 3 vector (abs, min, sub) + 2 transcendental (exp, log1p)
 """
 
 from __future__ import annotations
@@ -76,3 +77,10 @@ def pointwise_cost(node: Node) -> OpCost:
 
 for _name in POINTWISE_WEIGHTS:
     rule(_name, _name + "_")(pointwise_cost)
+
+
+@rule("log_sigmoid_forward")
+def log_sigmoid_cost(node: Node) -> OpCost:
+    """3 vector + 2 transcendental per element (module docstring); the CPU kernel's buffer output written too."""
+    n = node.input("self").numel
+    return io_cost(node, vector_flops=3.0 * n, transcendental_flops=2.0 * n)

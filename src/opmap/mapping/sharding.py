@@ -195,6 +195,12 @@ class Sharded:
     notes: tuple[str, ...]
     cp_exchange_s: float = 0.0  # per microbatch on the slowest stage: the CP ring's send time, all of it
     cp_exposed_s: float = 0.0  # ... and the part not hidden behind the attention compute
+    # the step's parts on the slowest stage's device: step_s = microbatches x stage_compute_s[slowest] + bubble_s +
+    # exposed_comm_s + optimizer_s (training); recompute_s is the recomputation inside stage_compute_s
+    recompute_s: float = 0.0  # per microbatch
+    bubble_s: float = 0.0  # (pp - 1) / vp microbatch slots the slowest stage idles per iteration
+    exposed_comm_s: float = 0.0  # per iteration: the per-microbatch collectives and the DP reduction not hidden
+    optimizer_s: float = 0.0  # the optimizer step over the parameters (and ZeRO shard) one device holds
 
     @property
     def tokens_per_s(self) -> float:
@@ -207,7 +213,8 @@ class Sharded:
                 "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
                 "step_s": self.step_s, "latency_s": self.latency_s, "tokens_per_s": self.tokens_per_s,
                 "cp_exchange_s": self.cp_exchange_s, "cp_exposed_s": self.cp_exposed_s,
-                "matrix_flops_per_device": self.matrix_flops_per_device,
+                "matrix_flops_per_device": self.matrix_flops_per_device, "recompute_s": self.recompute_s,
+                "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "optimizer_s": self.optimizer_s,
                 "assumptions": list(ASSUMPTIONS) + [
                     f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
                     "the backward time hides it"] + list(self.notes)}
@@ -452,9 +459,13 @@ class Sharder:
             notes.append(f"cp {p.cp}: {context.CP_ALL_GATHER_SOURCE}; not overlapped; weights read whole on every "
                          "cp rank")
         per_k = tuple(self._kernel_time(r, p) for r in self.rows) if per_kernel else ()
+        rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
+                 else 0.0) if self.training else 0.0
         return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
-                       tokens, mflops[slow], tuple(notes), sum(c.predicted_s * c.count for c in ring),
-                       sum(c.exposed * c.count for c in ring))
+                       tokens, mflops[slow], tuple(notes), cp_exchange_s=sum(c.predicted_s * c.count for c in ring),
+                       cp_exposed_s=sum(c.exposed * c.count for c in ring), recompute_s=rec_s,
+                       bubble_s=(pp - 1) / vp * mb_s, exposed_comm_s=m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp,
+                       optimizer_s=opt_s)
 
     def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str) -> tuple[Collective, float, str]:
         """The collective, its time and algorithm (kept: a layout search asks for the same ones again)."""

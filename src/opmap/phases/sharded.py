@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opmap.phases.runtime import runtime_text
+from opmap.phases.train import step_text
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -13,27 +14,32 @@ if TYPE_CHECKING:
 def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis) -> dict[str, Any]:
     """A phase's figures under a layout over several devices (``opmap.mapping.sharding.Sharded``): the
     iteration (train) or step (decode, prefill) time is the sharded one, collectives and pipeline bubble
-    included; model FLOPs stay the model's, spread over every device for MFU and HFU."""
+    included; model FLOPs stay the model's, spread over every device for MFU and HFU. Train: every time is the
+    slowest stage's device's, and step_s is the sum of its parts (opmap.phases.train.STEP_PARTS)."""
     p = sh.parallelism
     out = dict(fig, devices=p.devices, layout=p.label())
     peak = a.precision.matrix_peak_flops_per_s
     if fig.get("name") == "train":
         it = sh.step_s
         # the captured step is one microbatch on one replica: the whole iteration runs global_batch sequences
-        per_micro = fig["model_flops"] / max(1, fig["microsteps"])
-        model = per_micro * (p.global_batch or p.microbatch * p.dp) / fig["microbatch"]
-        hw_flops = fig["hardware_flops"] / max(1, fig["microsteps"]) * (p.global_batch or p.microbatch * p.dp) \
-            / fig["microbatch"]
+        scale = (p.global_batch or p.microbatch * p.dp) / fig["microbatch"] / max(1, fig["microsteps"])
+        model, hw_flops = fig["model_flops"] * scale, fig["hardware_flops"] * scale
         mf = model / (it * p.devices) if it else 0.0
         hf = hw_flops / (it * p.devices) if it else 0.0
         tokens = sh.tokens
-        out.update(iteration_s=it, tokens_per_s=tokens / it if it else 0.0, model_flops=model,
-                   hardware_flops=hw_flops, model_flops_per_s_per_device=mf, hardware_flops_per_s_per_device=hf,
+        m = p.microbatches
+        slow = max(range(len(sh.stage_compute_s)), key=lambda i: sh.stage_compute_s[i])
+        out.update(iteration_s=it, step_s=it, microsteps=m, microstep_s=sh.stage_compute_s[slow] - sh.recompute_s,
+                   recompute_s=sh.recompute_s, bubble_s=sh.bubble_s, exposed_comm_s=sh.exposed_comm_s,
+                   optimizer_s=sh.optimizer_s, tokens_per_s=tokens / it if it else 0.0,
+                   tokens_per_s_per_device=tokens / it / p.devices if it else 0.0, model_flops=model,
+                   hardware_flops=hw_flops, recompute_flops=fig["recompute_flops"] * scale,
+                   attention_recompute_flops=fig["attention_recompute_flops"] * scale,
+                   executed_matrix_flops=fig["executed_matrix_flops"] * scale,
+                   model_flops_per_s_per_device=mf, hardware_flops_per_s_per_device=hf,
                    mfu=mf / peak, hfu=hf / peak, global_batch=p.global_batch, dp=p.dp,
-                   microsteps=p.microbatches, bubble_fraction=sh.bubble_fraction)
-        out["text"] = (f"train on {p.devices} devices ({p.label()}): iteration {it * 1e3:.4g} ms, "
-                       f"{out['tokens_per_s']:.4g} tok/s, MFU {mf / peak:.1%}, HFU {hf / peak:.1%}, pipeline bubble "
-                       f"{sh.bubble_fraction:.1%}")
+                   bubble_fraction=sh.bubble_fraction)
+        out["text"] = step_text(f"train on {p.devices} devices ({p.label()})", out)
         if p.cp > 1:  # per microbatch on the slowest stage: the K/V ring's sends and the part not overlapped
             out.update(cp_exchange_s=sh.cp_exchange_s, cp_exposed_s=sh.cp_exposed_s)
             out["text"] += (f", CP ring {sh.cp_exchange_s * 1e3:.3g} ms per microbatch "

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.mapping.memory import (
@@ -28,9 +29,12 @@ if TYPE_CHECKING:
 MFU_DEFINITION = (
     "MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per second per device / dense matrix peak; model "
     "FLOPs = 3 x the forward's matrix FLOPs with attention counted dense (= 6N + 12LHQT per token: N the weights "
-    "of the matrix products, L layers, H heads, Q head dim, T sequence), recomputation excluded. HFU: the FLOPs "
-    "the plan executes (forward and backward as captured, causal attention's computed half, the flash backward's "
-    "score recomputation, plus --recompute's extra forward) per second / the same peak")
+    "of the matrix products, L layers, H heads, Q head dim, T sequence), recomputation excluded. HFU (Korthikanti "
+    "et al. 2022's hardware FLOPs): the model FLOPs plus the FLOPs recomputed (--recompute's extra forward and the "
+    "fused attention backward's recomputed scores, Q K^T), counted the same way (attention dense), per second / "
+    "the same peak: HFU >= MFU, equal when nothing is recomputed. executed_matrix_flops: what the kernels run "
+    "(causal attention's computed half)")
+STEP_PARTS = ("microsteps x (microstep_s + recompute_s)", "bubble_s", "exposed_comm_s", "optimizer_s")
 
 
 def block_of(module: str, prefix: str) -> str | None:
@@ -66,8 +70,8 @@ def recomputed_nodes(graph: OpGraph, recompute: str) -> tuple[set[int], str]:
 
     full: every forward node inside a repeated block (each block keeps only its input). selective (Megatron,
     Korthikanti et al. 2022 sec. 5): the attention core of explicit attention math, from the Q K^T batched matmul
-    of two activations through scale, mask, softmax and dropout to the product with V; a fused SDPA's backward
-    recomputes its scores already (the flash backward, counted in its cost), so there it adds nothing."""
+    of two activations through scale, mask, softmax and dropout to the product with V; a fused SDPA call's forward
+    (Megatron-Core checkpoints core_attention whether or not it is fused, keeping Q, K, V and not its output)."""
     nodes = graph.nodes
     if recompute == "none":
         return set(), "none: every activation the backward needs is kept"
@@ -96,17 +100,55 @@ def recomputed_nodes(graph: OpGraph, recompute: str) -> tuple[set[int], str]:
         if hit:
             marked.add(n.id)
             core.add(n.id)
-    sdpa = sum(1 for n in nodes if _forward(n) and n.op == "aten.scaled_dot_product_attention.default")
+    sdpa = {n.id for n in nodes if _forward(n) and n.op == "aten.scaled_dot_product_attention.default"}
     text = "selective (Megatron): the attention core (Q K^T, softmax, dropout, x V) runs again in the backward"
     if sdpa:
-        text += (f"; {sdpa} fused SDPA calls: their flash backward recomputes the scores already (counted in "
-                 "its cost), so selective adds nothing for them")
-    return core, text
+        # Megatron-Core checkpoints core_attention whether or not it is fused (megatron/core/transformer/
+        # attention.py, Attention.forward: checkpoint_core_attention): the fused kernel's forward runs again
+        text += (f"; {len(sdpa)} fused SDPA calls: each fused attention forward runs again in the backward (as "
+                 "Megatron-Core checkpoints core_attention, fused or not), saving its output")
+    return core | sdpa, text
+
+
+def attention_recompute_flops(a: Analysis) -> float:
+    """Matrix FLOPs of the scores (S = Q K^T) a fused attention backward recomputes, over the captured step,
+    counted dense like the model FLOPs: 2 x batch x heads x Sq x Sk x head dim per backward call."""
+    total = 0.0
+    for r in a.results:
+        if r.node.args.get("phase") != "backward" or r.node.packet not in SDPA_BACKWARD or not r.cost.counted:
+            continue
+        q, k = r.node.input("query"), r.node.input("key")
+        if r.node.packet in ("_flash_attention_backward", "_efficient_attention_backward"):  # (B, S, H, D)
+            b, sq, h, d = q.shape
+            sk = k.shape[1]
+        else:
+            *lead, h, sq, d = q.shape
+            b, sk = math.prod(lead), k.shape[-2]
+        total += 2.0 * b * h * sq * sk * d
+    return total
+
+
+def step_text(name: str, f: dict[str, Any]) -> str:
+    """The phase line of a training step: the iteration (``step_s``, the headline the Totals box and
+    ``totals.predicted_latency_s`` print) and its parts per device, throughput, MFU and HFU."""
+    n = f"{f['microsteps']} microstep{'s' if f['microsteps'] != 1 else ''}"
+    parts = f"{n} x {f['microstep_s'] * 1e3:.4g} ms"
+    if f["recompute_s"]:
+        parts = f"{n} x ({f['microstep_s'] * 1e3:.4g} ms + recompute {f['recompute_s'] * 1e3:.3g} ms)"
+    if f["bubble_s"]:
+        parts += f" + pipeline bubble {f['bubble_s'] * 1e3:.3g} ms"
+    if f["exposed_comm_s"]:
+        parts += f" + exposed communication {f['exposed_comm_s'] * 1e3:.3g} ms"
+    parts += f" + {f['optimizer']} step {f['optimizer_s'] * 1e3:.3g} ms"
+    return (f"{name}: iteration {f['step_s'] * 1e3:.4g} ms per device = {parts}; {f['tokens_per_s']:.4g} tok/s "
+            f"({f['tokens_per_s_per_device']:.4g} per device), MFU {f['mfu']:.1%}, HFU {f['hfu']:.1%} (recompute "
+            f"{f['recompute']}; {f['bound']}-bound)")
 
 
 def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any]:
-    """An iteration: microsteps x (forward + backward + recomputation) + one optimizer step; model and hardware
-    FLOPs, MFU and HFU (``MFU_DEFINITION``)."""
+    """An iteration on one device: microsteps x (forward + backward + recomputation) + one optimizer step; model
+    and hardware FLOPs, MFU and HFU (``MFU_DEFINITION``). ``step_s`` (= ``iteration_s``) is the sum of its parts
+    (``STEP_PARTS``; no bubble and no communication on one device)."""
     n_micro = spec.microsteps(microbatch)
     gb = spec.global_batch or microbatch * spec.dp
     times = kernel_times(a)
@@ -115,15 +157,17 @@ def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any
     step_s = a.predicted_latency_s - opt_s
     rec_ids, rec_text = recomputed_nodes(a.graph, spec.recompute)
     rec_s = sum(t for i, _, t in times if i in rec_ids)
-    # a fused kernel anchored outside the recomputed set but holding recomputed nodes: their share of its time
-    rec_flops = sum(r.cost.matrix_flops for r in a.results if r.node.id in rec_ids and r.cost.counted)
+    # recomputed FLOPs counted like the model FLOPs (attention dense), plus the flash backward's recomputed scores
+    rec = [r.cost for r in a.results if r.node.id in rec_ids and r.cost.counted]
+    rec_flops = sum(c.matrix_flops + c.skipped_flops for c in rec)
+    attn_rec = attention_recompute_flops(a)
     fwd = [r for r in a.results if _forward(r.node) and r.cost.counted]
     fwd_matrix = sum(r.cost.matrix_flops for r in fwd)
     fwd_dense = fwd_matrix + sum(r.cost.skipped_flops for r in fwd)
-    executed = sum(r.cost.matrix_flops for r in a.results if r.cost.counted)
+    executed = sum(r.cost.matrix_flops for r in a.results if r.cost.counted) + sum(c.matrix_flops for c in rec)
     iteration_s = n_micro * (step_s + rec_s) + opt_s
     model_flops = 3.0 * fwd_dense * n_micro
-    hardware_flops = (executed + rec_flops) * n_micro
+    hardware_flops = model_flops + (rec_flops + attn_rec) * n_micro
     peak = a.precision.matrix_peak_flops_per_s
     mf_per_s = model_flops / iteration_s if iteration_s else 0.0
     hf_per_s = hardware_flops / iteration_s if iteration_s else 0.0
@@ -133,21 +177,24 @@ def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any
     tokens = gb * seq
     palm = palm_flops_per_token(a.graph, seq)
     mfu_v, hfu_v = mf_per_s / peak, hf_per_s / peak
-    return {
+    tok_s = tokens / iteration_s if iteration_s else 0.0
+    f = {
         "name": "train", "recompute": spec.recompute, "recompute_note": rec_text, "optimizer": spec.optimizer,
         "microbatch": microbatch, "global_batch": gb, "dp": spec.dp, "zero": spec.zero, "microsteps": n_micro,
-        "microstep_s": step_s, "recompute_s": rec_s, "optimizer_s": opt_s, "iteration_s": iteration_s,
-        "tokens_per_s": tokens / iteration_s if iteration_s else 0.0,
+        "devices": 1, "step_s": iteration_s,
+        "microstep_s": step_s, "recompute_s": rec_s, "bubble_s": 0.0, "exposed_comm_s": 0.0, "optimizer_s": opt_s,
+        "iteration_s": iteration_s, "step_parts": list(STEP_PARTS),
+        "tokens_per_s": tok_s, "tokens_per_s_per_device": tok_s,
         "model_flops": model_flops, "hardware_flops": hardware_flops,
-        "recompute_flops": rec_flops * n_micro,
+        "recompute_flops": rec_flops * n_micro, "attention_recompute_flops": attn_rec * n_micro,
+        "executed_matrix_flops": executed * n_micro,
         "model_flops_per_s_per_device": mf_per_s, "hardware_flops_per_s_per_device": hf_per_s,
         "mfu": mfu_v, "hfu": hfu_v, "dense_peak_flops_per_s": peak,
         "palm_flops_per_token": palm, "model_flops_per_token": 3.0 * fwd_dense / (microbatch * seq),
         "mfu_definition": MFU_DEFINITION, "bound": bound,
-        "text": f"train: iteration {iteration_s * 1e3:.4g} ms ({n_micro} microsteps of {microbatch} x {seq} tokens "
-                f"+ {spec.optimizer} step {opt_s * 1e3:.3g} ms), {tokens / iteration_s if iteration_s else 0:.4g} "
-                f"tok/s, MFU {mfu_v:.1%}, HFU {hfu_v:.1%} (recompute {spec.recompute}; {bound}-bound)",
     }
+    f["text"] = step_text("train", f)
+    return f
 
 
 def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
