@@ -88,6 +88,7 @@ def test_an_api_key_goes_as_a_bearer_token():
     with ThreadServer(server) as port:
         res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1, api_key="sk-test")
     assert res.records[0].ok and "authorization: Bearer sk-test" in server.last_head
+    assert "content-type: application/json" in server.last_head  # the body's type, not aiohttp's octet-stream
     assert "sk-test" not in repr(res.to_dict())
 
 
@@ -154,6 +155,15 @@ def test_a_server_that_never_answers_hits_the_timeout_and_the_run_ends():
     assert [r.status for r in res.records] == ["timeout"] * 3
     assert all(0.45 < r.end_s - r.sent_s < 1.5 for r in res.records)
     assert time.perf_counter() - t < 5
+
+
+def test_a_stream_that_stalls_mid_way_hits_the_timeout_with_what_arrived():
+    """The limit runs from the send to the body's end, not only to the response's head: a server that sends
+    two tokens and then nothing is a timeout at timeout_s (not rounded up to a whole second), its tokens kept."""
+    with ThreadServer(FaultServer("stall")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(2), concurrency=2, timeout_s=0.4)
+    assert [r.status for r in res.records] == ["timeout"] * 2
+    assert all(len(r.token_times_s) == 2 and 0.38 < r.end_s - r.sent_s < 0.9 for r in res.records)
 
 
 def _free_port() -> int:

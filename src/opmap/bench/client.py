@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 import socket
 import time
@@ -170,9 +171,11 @@ class _Run:
 
     def _session(self):
         """The aiohttp session: a connection per request in flight (``limit``: C in a closed loop; 0, no cap, in
-        an open loop, so a send never waits for a free connection), kept alive KEEPALIVE_S when idle; no total
-        timeout (each request has its own, ``timeout_s``), the connect timeout on the socket's connect; no
-        cookies, no decompression; sockets counted as they are made (``connections_opened``)."""
+        an open loop, so a send never waits for a free connection), kept alive KEEPALIVE_S when idle; each request
+        limited to ``timeout_s`` from its send to its body's end (aiohttp's total timeout, not rounded up to a
+        whole second: ``timeout_ceil_threshold``), its socket's connect to the connect timeout; the request
+        headers set once for the session (merging them per request costs the client); no cookies, no
+        decompression, no redirects; sockets counted as they are made (``connections_opened``)."""
         import aiohttp
 
         def make_socket(addr_info) -> socket.socket:
@@ -181,22 +184,26 @@ class _Run:
             return socket.socket(family=family, type=type_, proto=proto)
 
         connector = aiohttp.TCPConnector(limit=self.concurrency or 0, limit_per_host=0,
-                                         keepalive_timeout=KEEPALIVE_S, socket_factory=make_socket)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(self.connect_timeout_s, self.timeout_s))
-        return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                     cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False)
+                                         keepalive_timeout=KEEPALIVE_S, socket_factory=make_socket,
+                                         timeout_ceil_threshold=math.inf)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self._connect_s())
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
+                                     auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                     raise_for_status=False)
+
+    def _connect_s(self) -> float:
+        return min(self.connect_timeout_s, self.timeout_s)
 
     async def _models(self) -> tuple[list[str], str | None]:
         """The model ids ``/v1/models`` lists, and the server's ``Server`` header; OpmapError when the endpoint
         cannot be reached (nothing listens, no route, DNS) or does not answer."""
         import aiohttp
 
+        timeout = aiohttp.ClientTimeout(total=self._connect_s() * 3, sock_connect=self._connect_s())
         try:
-            async with asyncio.timeout(min(self.connect_timeout_s, self.timeout_s) * 3):
-                hdrs = {k: v for k, v in self.headers.items() if k in ("authorization", "user-agent")}
-                async with self.session.get(self.url("/v1/models"),
-                                            headers={**hdrs, "accept": "application/json"}) as resp:
-                    status, server, got = resp.status, resp.headers.get("server"), await resp.read()
+            async with self.session.get(self.url("/v1/models"), headers={"accept": "application/json"},
+                                        timeout=timeout, allow_redirects=False) as resp:
+                status, server, got = resp.status, resp.headers.get("server"), await resp.read()
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             raise OpmapError(f"cannot reach {self.root}: {_why(e)} (is the server up, and is the URL its base, "
                              "such as http://host:8000?)") from None
@@ -336,12 +343,11 @@ class _Run:
         sent = clock() - self.t0
         error, http_status = "", None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self.session.post(self.post_url, data=body, headers=self.headers) as resp:
-                    http_status = resp.status
-                    read = resp.content.readany
-                    while data := await read():
-                        feed(data, clock())
+            async with self.session.post(self.post_url, data=body, allow_redirects=False) as resp:
+                http_status = resp.status
+                read = resp.content.readany
+                while data := await read():
+                    feed(data, clock())
             status, error = st.outcome(http_status)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             status, error = "connect_error", _why(e)
