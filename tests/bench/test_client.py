@@ -100,6 +100,20 @@ def test_closed_loop_holds_its_concurrency():
     assert res.server_models == ("null",) and res.server_header == "opmap-null"
 
 
+def test_an_idle_connection_is_dropped_before_the_servers_keep_alive_limit(monkeypatch):
+    """Servers close a connection idle for 5 s (uvicorn's timeout_keep_alive); the client drops its own idle ones
+    sooner (KEEPALIVE_S), so no request goes out on a connection being closed. Three sends 0.15 s apart: with the
+    limit at 0.05 s each gets a new connection (the /v1/models one, then 3); at the default 4 s, one is reused."""
+    import opmap.bench.client as client
+
+    with ThreadServer(NullServer(NullConfig())) as port:
+        kept = run_load(f"http://127.0.0.1:{port}", "null", scheduled([0.15, 0.3, 0.45]))
+        monkeypatch.setattr(client, "KEEPALIVE_S", 0.05)
+        dropped = run_load(f"http://127.0.0.1:{port}", "null", scheduled([0.15, 0.3, 0.45]))
+    assert all(r.ok for r in kept.records + dropped.records)
+    assert kept.options["connections_opened"] == 1 and dropped.options["connections_opened"] == 4
+
+
 def test_merged_events_are_timed_by_event_and_counted_by_usage():
     with ThreadServer(NullServer(NullConfig(tokens_per_event=4))) as port:
         res = run_load(f"http://127.0.0.1:{port}", "null", closed(2, out=16), concurrency=1, api="chat")
