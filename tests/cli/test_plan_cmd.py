@@ -12,9 +12,15 @@ def test_plan_gpt2_ranks(tmp_path, cli):
     assert d["legal_fitting"] > 0 and d["ranked"]
     tps = [c["tokens_per_s"] for c in d["ranked"]]
     assert tps == sorted(tps, reverse=True)
-    assert all(c["tp"] * c["pp"] * c["dp"] == 8 for c in d["ranked"])
+    assert all(c["tp"] * c["cp"] * c["pp"] * c["dp"] == 8 for c in d["ranked"])
     assert all(c["reason"] for c in d["rejected"])
-    assert (tmp_path / "plan.md").is_file()
+    # context parallelism searched: 64 tokens split into 2 cp chunks for cp in 1, 2, 4, 8 (all divide 64 / 2)
+    assert d["cp_searched"] == [1, 2, 4, 8] and any(c["cp"] > 1 for c in d["ranked"])
+    # the header names the sequence and the global batch (default 2 x devices = 16)
+    assert d["seq"] == 64 and d["global_batch"] == 16
+    assert "seq 64, global batch 16" in " ".join(out.split())
+    md = (tmp_path / "plan.md").read_text()
+    assert "Sequence 64 tokens, global batch 16 sequences." in md
 
 
 def test_plan_rejects_with_numbers(tmp_path, cli):
@@ -47,6 +53,20 @@ def test_bad_layouts_exit_2(refused):
     refused("analyze", "gpt2", "--tp", 5, needle="does not divide the 12 attention heads")
     refused("analyze", "gpt2", "--tp", 2, "--devices", 4, needle="is not tp x pp x dp")
     refused("analyze", "gpt2", "--sp", needle="needs --tp above 1")
+    refused("analyze", "gpt2", "--tp", 2, "--cp", 2, "--devices", 8, needle="is not tp x cp x pp x dp")
+    # 12 layers' causal attention over cp 3: 64 tokens do not split into 6 chunks
+    refused("analyze", "gpt2", "--seq", 64, "--cp", 3, needle="needs the sequence 64 to divide into 6 chunks")
+
+
+def test_analyze_cp_reports_the_ring(tmp_path, cli):
+    rc, out, err = cli("analyze", "gpt2", "--seq", 64, "--cp", 2, "--phase", "train", "--out", tmp_path, "--rows", 1)
+    assert rc == 0, err
+    d = json.loads((tmp_path / "analysis.json").read_text())
+    assert d["parallelism"]["cp"] == 2 and d["parallelism"]["devices"] == 2
+    ring = [k for k in d["kernels"] if k["kernel_class"] == "collective" and k["purpose"].startswith("CP")]
+    # gpt2: 12 layers, one ring step each way per layer at cp 2 (cp - 1 = 1)
+    assert {k["phase"] for k in ring} == {"forward", "backward"} and all(k["count"] == 12 for k in ring)
+    assert "CP ring" in " ".join(out.split())
 
 
 def test_plan_refuses_an_absurd_device_count(refused, fail_if_called):

@@ -62,7 +62,11 @@ def analyze(
     ep: int = typer.Option(1, "--ep", help="Expert-parallel size (MoE; taken from inside dp)."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp above 1)."),
     vp: int = typer.Option(1, "--vp", help="Virtual stages per device (interleaved 1F1B)."),
-    devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x pp x dp."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel size: each sequence split over cp devices per TP "
+                                           "group, attention as a K/V ring (Megatron-Core / TransformerEngine)."),
+    cp_comm: str = typer.Option("p2p", "--cp-comm", help="Context parallelism's exchange: p2p (K/V ring overlapped "
+                                                         "with attention, Megatron-Core) or all_gather (Llama 3)."),
+    devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x cp x pp x dp."),
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow --seq / --kv-len past the model's max_position_embeddings "
                                                  "(rotary models: rope scaling)."),
@@ -83,7 +87,8 @@ def analyze(
     options({**{k: (v, INT_GE1) for k, v in (("--batch", batch), ("--seq", seq), ("--image-size", image_size),
                                              ("--kv-len", kv_len), ("--microbatch", microbatch),
                                              ("--global-batch", global_batch), ("--tp", tp), ("--pp", pp),
-                                             ("--dp", dp), ("--ep", ep), ("--vp", vp), ("--devices", devices))},
+                                             ("--dp", dp), ("--ep", ep), ("--vp", vp), ("--cp", cp),
+                                             ("--devices", devices))},
              "--rows": (rows, INT_GE0), "--zero": (zero, {"lo": 0, "hi": 3, "integer": True})})
     # Checked in this order, each before the work it guards: the hardware name, the overrides and the output
     # folder here; the device, model, shape and dtype by the loader before it builds; the dtype on this
@@ -108,7 +113,8 @@ def analyze(
     else:
         fusion = rt.fusion
     mb = spec.microbatch or batch if spec.train else batch
-    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
+    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, cp=cp, cp_comm=cp_comm, devices=devices,
+                      microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
     if spec.name != "prefill":

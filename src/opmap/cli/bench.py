@@ -22,8 +22,10 @@ DEFAULT_REQUESTS = 100
 
 
 def bench(
-    url: str = typer.Argument(..., help="The server's base URL, with or without /v1 (http://localhost:8000)."),
-    model: str = typer.Option(..., "--model", help="The model name the server serves (as /v1/models lists it)."),
+    url: str | None = typer.Argument(None, help="The server's base URL, with or without /v1 "
+                                                "(http://localhost:8000); none with --launch."),
+    model: str | None = typer.Option(None, "--model", help="The model name the server serves (as /v1/models lists "
+                                                           "it); none with --launch."),
     arrival: str | None = typer.Option(None, help="Open loop: poisson:RATE, constant:RATE, gamma:RATE,CV, offline "
                                                   "or trace:FILE (as opmap serve); sends keep this schedule "
                                                   "whatever the server does."),
@@ -54,6 +56,29 @@ def bench(
     out: Path | None = typer.Option(None, help="Write bench.json and requests.parquet here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+    launch: str | None = typer.Option(None, "--launch", help="Start a local transformers serve on a random-weight "
+                                      "model from this Hugging Face config (config.json, a folder holding one, or "
+                                      "hf:NAME in the local cache), bench it, stop it."),
+    device: str = typer.Option("cpu", "--device", help="--launch: cpu, cuda or cuda:N."),
+    threads: int | None = typer.Option(None, "--threads", help="--launch: torch threads (default: the cores "
+                                                               "available minus one, left to the web process)."),
+    kv_blocks: int | None = typer.Option(None, "--kv-blocks", help="--launch: KV cache blocks of 256 tokens "
+                                                                   "(default 64)."),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="A local tokenizer folder: prompts of exact "
+                                                                    "token counts (the launched model's with "
+                                                                    "--launch)."),
+    predict: bool = typer.Option(False, "--predict", help="Run the same workload (send times, token counts) "
+                                                          "through opmap serve's simulator and print measured / "
+                                                          "predicted; recorded as a serve run."),
+    hardware: str | None = typer.Option(None, "--hardware", help="--predict: the device the server runs on "
+                                                                 "(default with --launch: local, after opmap "
+                                                                 "calibrate)."),
+    config: str | None = typer.Option(None, "--config", help="--predict against a URL: the served model's "
+                                                             "Hugging Face config."),
+    dtype: str | None = typer.Option(None, "--dtype", help="--predict: the served precision (default: the "
+                                                           "launched model's, else bf16)."),
+    runtime: str = typer.Option("engine", "--runtime", help="--predict: the runtime steps are priced under "
+                                                            "(eager, graphs, engine; as opmap serve)."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
@@ -71,21 +96,55 @@ def bench(
         raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
     if arrival is not None and concurrency is not None:
         raise OpmapError("--arrival (open loop) and --concurrency (closed loop) are two loads: give one")
-    root = endpoint_root(url)
+    from opmap.cli import bench_predict as bp
+
+    bp.check_target(url, model, launch, predict, hardware, config)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     if requests is None and duration is None:
         requests = DEFAULT_REQUESTS
-    plan = load_plan(arrival, concurrency, requests, duration, warmup, ilen, olen, seed)
     if out is not None:
         from opmap.report.outputs import check_out_dir
 
         check_out_dir(out)
-    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+    cost = policy = overhead = None
+    pconfig, phw = (launch or config), (hardware or ("local" if launch else None))
+    pdtype = dtype or (bp.launched_dtype(launch) if launch else "bf16")
+    if predict:  # priced before the server starts: a bad --hardware or config costs nothing
+        cost = bp.price(pconfig, phw, pdtype, runtime, None)
+    with bp.launched(launch, device, threads, kv_blocks) as srv:
+        if srv is not None:  # transformers serve refuses ignore_eos (HTTP 422); its model has no EOS instead
+            url, model, ignore_eos = srv.base_url, srv.model_id, False
+            tokenizer = tokenizer or srv.tokenizer_dir
+        root = endpoint_root(url)
+        prompt = None
+        if tokenizer is not None:
+            from opmap.bench.prompts import ExactPrompts
+
+            prompt = ExactPrompts(tokenizer, api)
+        plan = load_plan(arrival, concurrency, requests, duration, warmup, ilen, olen, seed, prompt=prompt)
+        if predict:
+            from opmap.bench.predict import engine_policy
+
+            probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
+            before = bp.probe(root, model, prompt, when="before", **probe)
+            s = srv.settings if srv is not None else {}
+            policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
+        result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+        if predict:  # an interrupted run keeps the probe before it
+            after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
+            overhead = bp.overhead(cost, before, after, probe["batch"])
     figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
+    if srv is not None:
+        body["launched"] = srv.to_dict()
     print_summary(body)
     if out is not None:
         write_outputs(out, body, result)
-    record(body, store, no_store)
+    tags = record(body, store, no_store)
+    if predict:
+        bp.predict_and_report(result, body, cost, policy, overhead,
+                              {"model": pconfig, "hardware": phw, "dtype": pdtype, "runtime": runtime,
+                               "server": "launched" if srv is not None else url},
+                              tags, out, store, no_store)
     if result.interrupted:
         raise typer.Exit(130)  # what was measured is kept (printed, written, recorded); the exit says it stopped
 
@@ -174,13 +233,15 @@ def write_outputs(out: Path, body: dict, result) -> None:
                                 "requests.parquet": requests_parquet(result)}))
 
 
-def record(body: dict, store: Path | None, no_store: bool) -> None:
+def record(body: dict, store: Path | None, no_store: bool) -> dict:
     """The run into the store, tagged (opmap.bench.outputs.bench_tags): endpoint, server and model as
     /v1/models reports them, workload spec, client version."""
     from opmap.bench.outputs import bench_tags
     from opmap.cli.common import record_run
 
-    record_run("bench", body, bench_tags(body), store, no_store)
+    tags = bench_tags(body)
+    record_run("bench", body, tags, store, no_store)
+    return tags
 
 
 def print_summary(body: dict) -> None:

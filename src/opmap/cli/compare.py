@@ -51,6 +51,11 @@ def compare(
     if b is None and production is None:
         raise OpmapError("compare takes two runs (A B), or one run with --production RUN")
     r = None
+    if b is not None and production is None and not rerun:
+        from opmap.cli.bench_predict import bench_vs_serve
+
+        if bench_vs_serve(a, b, store, as_json):  # a measured load run against its prediction: the join table
+            return
     if b is not None:
         with console.status("comparing") as st:
             r = run_compare(a, b, store, force, min_effect, alpha, rerun, progress=lambda s: st.update(s))

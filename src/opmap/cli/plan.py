@@ -25,12 +25,14 @@ def plan(
     global_batch: int | None = typer.Option(None, "--global-batch", "--batch",
                                             help="Sequences per step over all replicas (default 2 x devices)."),
     dtype: str = typer.Option("bf16", help="Precision."),
+    cp: int | None = typer.Option(None, "--cp", help="Context-parallel size to plan with (default: every size the "
+                                                      "sequence splits over is searched)."),
     rows: int = typer.Option(15, help="Layouts shown (0: all)."),
     out: Path | None = typer.Option(None, help="Write plan.json and plan.md here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
-    """Rank every legal (tp, pp, dp, ep, sp, vp, microbatch, recompute, zero) layout by predicted throughput or
+    """Rank every legal (tp, cp, pp, dp, ep, sp, vp, microbatch, recompute, zero) layout by predicted throughput or
     latency; layouts that do not fit memory are rejected with the numbers."""
     from rich.table import Table
 
@@ -39,7 +41,7 @@ def plan(
     from opmap.workloads import load_workload
 
     options({"--devices": (devices, {**INT_GE1, "hi": MAX_DEVICES}), "--seq": (seq, INT_GE1),
-             "--global-batch": (global_batch, INT_GE1), "--rows": (rows, INT_GE0)})
+             "--global-batch": (global_batch, INT_GE1), "--rows": (rows, INT_GE0), "--cp": (cp, INT_GE1)})
     hw = get_hardware(hardware)
     if phase == "train":  # fp8 training needs an fp8 matrix engine: refused before any capture
         from opmap.precision import resolve_training_precision
@@ -49,10 +51,11 @@ def plan(
         check_out_dir(out)
     with step_progress("planning") as progress:
         result = run_plan(lambda mb: load_workload(model, mb, seq, dtype, "meta"), hw, devices, phase, dtype,
-                          global_batch, objective, progress=progress)
+                          global_batch, objective, progress=progress, cp=cp)
     ranked = result["ranked"]
-    t = Table(title=f"opmap plan {model} on {devices} x {hw.name} ({phase}, by {objective}): "
-                    f"{result['legal_fitting']} of {result['layouts']} layouts legal and fitting",
+    t = Table(title=f"opmap plan {model} on {devices} x {hw.name} ({phase}, by {objective}; seq {result['seq']}, "
+                    f"global batch {result['global_batch']}): {result['legal_fitting']} of {result['layouts']} "
+                    "layouts legal and fitting",
               title_justify="left")
     for col in ("rank", "layout", "tokens/s", "step", "latency", "bubble", "MFU", "memory"):
         t.add_column(col, justify="left" if col == "layout" else "right")
@@ -68,7 +71,9 @@ def plan(
     if not ranked:
         console.print("no layout is legal and fits: more devices, a shorter sequence or a smaller batch")
     if out is not None:
-        md = [f"# opmap plan: {model} on {devices} x {hw.name}", "", *[f"- {a}" for a in result["assumptions"]], "",
+        md = [f"# opmap plan: {model} on {devices} x {hw.name}", "",
+              f"Sequence {result['seq']} tokens, global batch {result['global_batch']} sequences.", "",
+              *[f"- {a}" for a in result["assumptions"]], "",
               "| rank | layout | tokens/s | step (s) | latency (s) | bubble | MFU | memory (GB) |",
               "|---|---|---|---|---|---|---|---|"]
         md += [f"| {i + 1} | {c['layout']} | {c['tokens_per_s']:.4g} | {c['step_s']:.4g} | {c['latency_s']:.4g} | "

@@ -1,4 +1,4 @@
-"""Sharding a captured graph over tensor, pipeline, data and expert parallelism (Megatron-LM's splits).
+"""Sharding a captured graph over tensor, context, pipeline, data and expert parallelism (Megatron-LM's splits).
 
 Input: an ``Analysis`` (a forward graph, or a training graph whose backward nodes carry
 ``args["phase"] == "backward"``) and a ``Parallelism``. Output: a ``Sharded`` per-device result: every kernel's
@@ -6,16 +6,18 @@ time on one device, the collectives the layout implies as kernels of their own (
 ``interconnect``), the pipeline schedule and its bubble, the per-device memory.
 
 Roles (which GEMM is column- or row-parallel, vocabulary-parallel, an expert's, replicated) are read off the
-graph by opmap.mapping.roles.
+graph by opmap.mapping.roles; the layout's collectives are built by opmap.mapping.layout_collectives and its
+per-device memory by opmap.mapping.sharded_memory (both re-exported here).
 
 Per device, a split kernel's terms (matrix, vector, memory) are divided by its split; the launch overhead is
 not. Tiles are not searched again at the sharded shape (the terms scale linearly: stated in the assumptions).
 
-Device placement (Megatron-LM's default order): TP innermost, then DP (with EP taken from inside DP, as
-Megatron-core and DeepSpeed-MoE do: ep divides dp), then PP outermost: rank = tp_rank + tp (dp_rank + dp
-pp_rank). A group whose span of consecutive ranks fits in one node (devices_per_node) runs over the scale-up
-link; otherwise it is priced as scale-out (each hop through the NIC: conservative for a group that has
-several members in a node).
+Device placement (Megatron-LM's default order tp-cp-ep-dp-pp): TP innermost, then CP, then DP (with EP taken
+from inside DP, as Megatron-core and DeepSpeed-MoE do: ep divides dp), then PP outermost: rank = tp_rank + tp
+(cp_rank + cp (dp_rank + dp pp_rank)). Context parallelism (the sequence over cp ranks, attention as a K / V
+ring): opmap.mapping.context. A group whose span of consecutive ranks fits in one node (devices_per_node)
+runs over the scale-up link; otherwise it is priced as scale-out (each hop through the NIC: conservative for a
+group that has several members in a node).
 
 Collectives (per microbatch unless said): TP all-reduce of the activation (b s h bytes) after each row-parallel
 group in forward and for each column-parallel group's input gradient in backward (Shoeybi et al. 2019: two
@@ -35,16 +37,17 @@ time per microbatch + the exposed DP reduction + the optimizer step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
-from opmap.mapping.collectives import KERNEL_CLASS, Collective, collective_time
-from opmap.mapping.memory import MemoryFit
-from opmap.mapping.roles import SPLIT_ROLES, Geometry, Roles, infer_roles, phase_of
-from opmap.roofline import Bound, roofline
+from opmap.mapping import context
+from opmap.mapping.collectives import Collective, collective_time
+from opmap.mapping.layout_collectives import CollectiveKernel, layout_collectives, link_for  # noqa: F401 (re-exported)
+from opmap.mapping.roles import SPLIT_ROLES, Geometry, block_of, infer_roles, phase_of
+from opmap.mapping.sharded_memory import SavedPerBlock, saved_per_block, sharded_memory  # noqa: F401 (re-exported)
+from opmap.roofline import Bound
 
 RECOMPUTE = ("none", "selective", "full")
 # Fraction of the DP gradient reduction hidden behind backward: bucketed reduction starts when a bucket's
@@ -54,7 +57,8 @@ DP_OVERLAP = 0.8
 TP_OVERLAP = 0.0
 
 ASSUMPTIONS = (
-    "placement: TP innermost, then DP (EP inside DP: ep divides dp), then PP outermost (Megatron-LM order)",
+    "placement: TP innermost, then CP, then DP (EP inside DP: ep divides dp), then PP outermost (Megatron-LM "
+    "order tp-cp-ep-dp-pp)",
     "a group whose consecutive-rank span fits one node runs on the scale-up link, else priced as scale-out",
     f"TP / SP / EP / PP collectives not overlapped with compute (overlap {TP_OVERLAP:.0%})",
     "sharded kernels: matrix, vector and memory terms divided by the split, launch overhead kept; tiles not "
@@ -73,8 +77,9 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """A layout. ``devices`` = tp x pp x dp (checked); ep is drawn from inside dp; ``global_batch`` defaults to
-    dp x microbatch (one microbatch per data-parallel rank)."""
+    """A layout. ``devices`` = tp x cp x pp x dp (checked); ep is drawn from inside dp; ``cp`` splits each
+    sequence over cp ranks (opmap.mapping.context); ``global_batch`` defaults to dp x microbatch (one microbatch
+    per data-parallel rank)."""
 
     tp: int = 1
     pp: int = 1
@@ -90,18 +95,25 @@ class Parallelism:
     # share of the backward time that hides the DP gradient reduction (0: reduced after backward, as Megatron-LM
     # did before --overlap-grad-reduce; DP_OVERLAP: bucketed reduction)
     dp_overlap: float = DP_OVERLAP
+    cp: int = 1
+    cp_comm: str = "p2p"  # context.CP_COMMS: the K/V ring (Megatron-Core's default) or one all-gather (Llama 3)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "ep", "vp", "microbatch"):
+        for name in ("tp", "pp", "dp", "ep", "vp", "microbatch", "cp"):
             v = getattr(self, name)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                    f"--{name} must be a positive integer, got {v!r}")
-        n = self.tp * self.pp * self.dp
+        n = self.tp * self.cp * self.pp * self.dp
         if self.devices is None:
             object.__setattr__(self, "devices", n)
-        _check(self.devices == n, f"--devices {self.devices} is not tp x pp x dp = {self.tp} x {self.pp} x "
-                                  f"{self.dp} = {n}")
+        if self.cp == 1:
+            _check(self.devices == n, f"--devices {self.devices} is not tp x pp x dp = {self.tp} x {self.pp} x "
+                                      f"{self.dp} = {n}")
+        _check(self.devices == n, f"--devices {self.devices} is not tp x cp x pp x dp = {self.tp} x {self.cp} x "
+                                  f"{self.pp} x {self.dp} = {n}")
         _check(not self.sp or self.tp > 1, "--sp (sequence parallelism) needs --tp above 1")
+        _check(self.cp_comm in context.CP_COMMS, f"unknown --cp-comm {self.cp_comm!r}; accepted: "
+                                                 f"{', '.join(context.CP_COMMS)}")
         _check(self.dp % self.ep == 0, f"--ep {self.ep} must divide --dp {self.dp} (experts are spread over "
                                        "data-parallel ranks, as Megatron-core and DeepSpeed-MoE do)")
         _check(self.vp == 1 or self.pp > 1, f"--vp {self.vp} (interleaved stages) needs --pp above 1")
@@ -145,10 +157,12 @@ class Parallelism:
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "sp": self.sp, "vp": self.vp,
                 "microbatch": self.microbatch, "global_batch": self.global_batch, "recompute": self.recompute,
-                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap}
+                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap, "cp": self.cp,
+                "cp_comm": self.cp_comm}
 
     def label(self) -> str:
-        s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
+        cp = f" cp{self.cp}" + (" ag" if self.cp_comm == "all_gather" else "") if self.cp > 1 else ""
+        s = f"tp{self.tp}{cp} pp{self.pp} dp{self.dp}"
         s += f" ep{self.ep}" if self.ep > 1 else ""
         s += " sp" if self.sp else ""
         s += f" vp{self.vp}" if self.vp > 1 else ""
@@ -161,29 +175,6 @@ class Parallelism:
 
 
 # -- per-device kernels -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CollectiveKernel:
-    """A collective as a kernel row: class ``collective``, bound ``interconnect``."""
-
-    id: str
-    collective: Collective
-    purpose: str
-    stage: str  # forward | backward | iteration
-    count: int  # how many per microbatch (per iteration for the DP reduction) on the slowest stage
-    predicted_s: float  # one call
-    algorithm: str
-    link: str
-
-    def to_dict(self) -> dict[str, Any]:
-        c = self.collective
-        r = roofline(interconnect_s=self.predicted_s)
-        return {"id": self.id, "kernel_class": KERNEL_CLASS, "collective": c.kind, "message_bytes": c.message_bytes,
-                "group_size": c.group_size, "link": self.link, "predicted_s": self.predicted_s,
-                "interconnect_s": self.predicted_s, "matrix_s": 0.0, "vector_s": 0.0, "memory_s": 0.0,
-                "overhead_s": 0.0, "bound": str(r.bound), "algorithm": self.algorithm, "purpose": self.purpose,
-                "phase": self.stage, "count": self.count, "total_s": self.predicted_s * self.count}
-
 
 @dataclass(frozen=True)
 class Sharded:
@@ -202,6 +193,8 @@ class Sharded:
     tokens: int  # tokens per step, all replicas
     matrix_flops_per_device: float
     notes: tuple[str, ...]
+    cp_exchange_s: float = 0.0  # per microbatch on the slowest stage: the CP ring's send time, all of it
+    cp_exposed_s: float = 0.0  # ... and the part not hidden behind the attention compute
 
     @property
     def tokens_per_s(self) -> float:
@@ -213,28 +206,42 @@ class Sharded:
                 "bubble_fraction": self.bubble_fraction,
                 "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
                 "step_s": self.step_s, "latency_s": self.latency_s, "tokens_per_s": self.tokens_per_s,
+                "cp_exchange_s": self.cp_exchange_s, "cp_exposed_s": self.cp_exposed_s,
                 "matrix_flops_per_device": self.matrix_flops_per_device,
                 "assumptions": list(ASSUMPTIONS) + [
                     f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
                     "the backward time hides it"] + list(self.notes)}
 
 
-def link_for(hw: HardwareSpec, span: int) -> str:
-    """scale_up when ``span`` consecutive ranks fit one node, else scale_out (module docstring)."""
-    per = hw.devices_per_node or 1
-    return "scale_up" if span <= per else "scale_out"
+@dataclass(frozen=True)
+class Depth:
+    """The model a shallow capture stands for: ``layers`` blocks (the capture holds fewer, identical ones),
+    ``params`` parameters of ``param_bytes`` in all (opmap.explore.depth)."""
+
+    layers: int
+    params: int
+    param_bytes: float
+
+
+# per position (before the blocks, each captured block, after them): the sums one layout's table keeps
+_TOTAL, _FWD, _SDPA_FWD, _ATTN_BWD, _BWD, _MFLOPS = range(6)
 
 
 class Sharder:
     """Prices layouts of one analysis: the roles and per-kernel terms are computed once; each layout is then
-    arithmetic (``shard``). Identical blocks are priced once: a block's kernels sum to its time, and a stage
-    is the sum of its blocks."""
+    arithmetic (``shard``). Kernels are summed per position (before the blocks, each block, after them) once per
+    (tp, sp, ep, cp) and kept; a stage is then a sum over its layers (prefix sums), so a layout costs a few
+    dozen operations whatever the graph's size.
 
-    def __init__(self, analysis):
+    ``depth``: the analysis holds a few identical blocks standing for ``depth.layers`` (opmap.explore.depth): the
+    first captured block is layer 0, the last one every layer past the captured ones; parameters, optimizer
+    and expert weights scale to the whole model."""
+
+    def __init__(self, analysis, depth: Depth | None = None):
         self.a = analysis
         g = analysis.graph
         self.roles = infer_roles(g)
-        self.geo = self.roles.geometry
+        geo = self.roles.geometry
         self.training = any(phase_of(n) == "backward" for n in g.nodes)
         blocks = {b: i for i, b in enumerate(self.roles.blocks)}
         L = max(1, len(blocks))
@@ -243,6 +250,7 @@ class Sharder:
             if self.roles.block[n.id] is not None:
                 first_id.setdefault(phase_of(n), n.id)
         rows = []
+        opt_block: list[int | None] = []  # per optimizer kernel: the block whose parameters it updates (-1 none)
         for k in analysis.kernel_results:
             anchor = g.nodes[k.kernel.anchor]
             role = self.roles.role.get(anchor.id, "replicated")
@@ -262,72 +270,173 @@ class Sharder:
             kv_narrow = (role == "column" and self.roles.kv_width and anchor.outputs
                          and anchor.outputs[0].shape[-1] == self.roles.kv_width)
             mflops = sum(analysis.results[m].cost.matrix_flops for m in k.kernel.nodes)
+            if role == "optimizer" and depth is not None:
+                owners = {block_of(t.param) for m in k.kernel.nodes for t in g.nodes[m].inputs if t.param}
+                one = next(iter(owners)) if len(owners) == 1 else "<several>"
+                opt_block.append(-1 if one is None else blocks.get(one))
             rows.append((role, pos, phase_of(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
-                         wfrac, bool(kv_narrow), anchor.op == "aten.scaled_dot_product_attention.default", mflops))
+                         wfrac, bool(kv_narrow), anchor.op == "aten.scaled_dot_product_attention.default", mflops,
+                         "scaled_dot_product" in anchor.op and phase_of(anchor) == "backward"))
         self.rows = rows
-        self.L = L
+        self.L = L  # captured blocks
+        self.depth = depth
+        if depth is not None:
+            _check(depth.layers >= L, f"a shallow capture of {L} blocks cannot stand for {depth.layers}")
+            geo = replace(geo, layers=depth.layers)
+        self.geo = geo
+        self.layers = geo.layers if depth is not None else L
+        self.layer_block = list(range(L)) + [L - 1] * (self.layers - L)
+        self.params = float(depth.params if depth is not None else g.params)
+        self.itemsize = (depth.param_bytes / max(1, depth.params)) if depth is not None else \
+            g.param_bytes / max(1, g.params)
+        self._opt = self._optimizer_sums(rows, opt_block, g.params)
+        self.kv = context.kv_shape(g)
+        self._tables: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
+        self._ctimes: dict[tuple, tuple[Collective, float, str]] = {}
+        extra = self.layers - L
+        rep = sum(r[11] for r in rows if r[1] == L - 1 and r[0] != "optimizer") if extra else 0.0
+        self._model_mflops = analysis.total.matrix_flops + extra * rep
+
+    def _optimizer_sums(self, rows, opt_block: list[int | None], captured_params: int) -> tuple[float, float]:
+        """The optimizer kernels' (work, launch) sums for the whole model. A shallow capture: each kernel that
+        updates one block's parameters counts once per layer that block stands for; when a kernel spans blocks
+        (a multi-tensor kernel), the work scales with the parameters and the launches stay as captured."""
+        opt = [r for r in rows if r[0] == "optimizer"]
+        work = [max(r[3], r[4], r[5]) + r[7] for r in opt]
+        launch = [r[6] for r in opt]
+        if self.depth is None:
+            return sum(work), sum(launch)
+        if any(b is None for b in opt_block):
+            return sum(work) * self.params / max(1, captured_params), sum(launch)
+        weight = [1.0] * len(opt)
+        per_block = [self.layer_block.count(i) for i in range(self.L)]
+        for j, b in enumerate(opt_block):
+            if b is not None and b >= 0:
+                weight[j] = per_block[b]
+        return sum(w * x for w, x in zip(weight, work)), sum(w * x for w, x in zip(weight, launch))
+
+    @property
+    def expert_params(self) -> float:
+        e = self.roles.expert_params
+        return e * self.layers / self.L if self.depth is not None else e
+
+    @property
+    def model_matrix_flops(self) -> float:
+        """Matrix FLOPs of the whole captured step at the model's depth (a shallow capture's last block repeated)."""
+        return self._model_mflops
+
+    def kv_bytes_per_token(self) -> float:
+        """K and V bytes one token adds over every layer (inference), at the model's depth."""
+        from opmap.mapping.memory import kv_geometry
+
+        kv = kv_geometry(self.a.graph)
+        return kv.bytes_per_token * (self.layers / self.L if self.depth is not None and kv.layers else 1.0)
 
     def _kernel_time(self, row, p: Parallelism) -> float:
-        role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, sdpa, _f = row
-        d = 1.0
+        role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, sdpa, _f, _ab = row
+        if role == "optimizer":
+            d = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
+            return max(m, v, mem) / d + extra / d + o
+        expert = role in ("expert_column", "expert_row") and p.ep > 1
+        if p.cp > 1 or expert:
+            # each rank runs s / cp tokens: the token work splits, the weights are read whole on every cp rank;
+            # E / ep experts on ep times the tokens: matrix and activation traffic unchanged, weights / ep
+            m, v, extra = m / p.cp, v / p.cp, extra / p.cp
+            mem = mem * ((1 - wfrac) / p.cp + wfrac / (p.ep if expert else 1))
+            o = o / p.ep if expert else o
         kv = self.geo.kv_heads
         if role in SPLIT_ROLES and sdpa and kv and p.tp > kv:
             # attention past the KV heads: each rank reads its (replicated) KV head whole, so the memory term
             # splits over the KV heads only; the query heads' work over tp
             return max(m / p.tp, v / p.tp, mem / kv) + extra / p.tp + o
+        d = 1.0
         if role in SPLIT_ROLES:
             d = min(p.tp, kv) if kv_narrow else p.tp
         elif role == "replicated" and p.sp:
             d = p.tp
-        elif role == "optimizer":
-            d = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
-        if role in ("expert_column", "expert_row") and p.ep > 1:
-            # E / ep experts on ep times the tokens: matrix and activation traffic unchanged, weights / ep
-            mem = mem * ((1 - wfrac) + wfrac / p.ep)
-            o = o / p.ep
         return max(m, v, mem) / d + extra / d + o
 
-    def shard(self, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:
+    def _table(self, p: Parallelism) -> tuple[list[list[float]], list[list[float]]]:
+        """Per position (index 0 before the blocks, 1 + i block i, L + 1 after them) the sums ``_TOTAL`` ..
+        ``_MFLOPS`` under (tp, sp, ep, cp), and their prefix sums over the model's layers (kept per key)."""
+        key = (p.tp, p.sp, p.ep, p.cp)
+        hit = self._tables.get(key)
+        if hit is not None:
+            return hit
+        q = Parallelism(tp=p.tp, sp=p.sp, ep=p.ep, cp=p.cp, dp=p.ep)
+        L = self.L
+        pos_sums = [[0.0] * 6 for _ in range(L + 2)]
+        for r in self.rows:
+            if r[0] == "optimizer":
+                continue
+            t = self._kernel_time(r, q)
+            pos = r[1]
+            slot = pos_sums[0 if pos < 0 else L + 1 if pos >= L else pos + 1]
+            slot[_TOTAL] += t
+            inside = 0 <= pos < L
+            if r[2] == "forward" and inside:
+                slot[_FWD] += t
+                if r[10]:
+                    slot[_SDPA_FWD] += t
+            if r[12] and inside:
+                slot[_ATTN_BWD] += t
+            if r[2] == "backward":
+                slot[_BWD] += t
+            slot[_MFLOPS] += r[11] / (p.tp if r[0] in SPLIT_ROLES else 1) / p.cp
+        prefix = [[0.0] * 6]
+        for i in self.layer_block:
+            prefix.append([a + b for a, b in zip(prefix[-1], pos_sums[i + 1])])
+        self._tables[key] = (pos_sums, prefix)
+        return pos_sums, prefix
+
+    def shard(self, p: Parallelism, hw: HardwareSpec | None = None, per_kernel: bool = True) -> Sharded:
+        """One layout's per-device result. ``per_kernel`` False: ``kernel_s`` is left empty (a layout search needs
+        only the totals)."""
         hw = hw or self.a.hardware
         if p.trivial is False or p.devices > 1:
             p.check(self.geo)
-        per_k = [self._kernel_time(r, p) for r in self.rows]
-        L, pp, vp = self.L, p.pp, p.vp
-        per_stage_blocks = L // pp if L % pp == 0 else math.ceil(L / pp)
-        stage = [0.0] * pp
-        fwd_block = [0.0] * pp
-        sdpa_fwd = [0.0] * pp
-        mflops = [0.0] * pp
-        for r, t in zip(self.rows, per_k):
-            pos = r[1]
-            s = 0 if pos < 0 else pp - 1 if pos >= L else min(pp - 1, pos // per_stage_blocks)
-            if r[0] == "optimizer":
-                continue
-            stage[s] += t
-            if r[2] == "forward" and 0 <= pos < L:
-                fwd_block[s] += t
-                if r[10]:
-                    sdpa_fwd[s] += t
-            d = p.tp if r[0] in SPLIT_ROLES else 1
-            mflops[s] += r[11] / d
+        seq = int(self.a.assumptions.get("seq") or 1)
+        if p.cp > 1:
+            _check(self.kv is not None, f"--cp {p.cp} splits attention as a ring of fused attention calls "
+                                        "(scaled_dot_product_attention), and this model has none")
+            why = context.check_sequence(seq, p.cp, self.kv.causal)
+            _check(not why, why)
+        pos_sums, prefix = self._table(p)
+        L, pp, vp = self.layers, p.pp, p.vp
+        per = L // pp if L % pp == 0 else math.ceil(L / pp)
+        stage, fwd_block, sdpa_fwd, mflops = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
+        for s in range(pp):
+            lo, hi = min(L, s * per), min(L, (s + 1) * per) if s < pp - 1 else L
+            part = [a - b for a, b in zip(prefix[hi], prefix[lo])]
+            if s == 0:
+                part = [a + b for a, b in zip(part, pos_sums[0])]
+            if s == pp - 1:
+                part = [a + b for a, b in zip(part, pos_sums[-1])]
+            stage[s], fwd_block[s], sdpa_fwd[s], mflops[s] = part[_TOTAL], part[_FWD], part[_SDPA_FWD], \
+                part[_MFLOPS]
         if self.training and p.recompute == "full":
             stage = [a + b for a, b in zip(stage, fwd_block)]
         elif self.training and p.recompute == "selective":
             stage = [a + b for a, b in zip(stage, sdpa_fwd)]
-        opt_s = sum(t for r, t in zip(self.rows, per_k) if r[0] == "optimizer")
-        colls = self._collectives(p, hw, per_stage_blocks)
-        per_mb_coll = sum(c.predicted_s * c.count for c in colls if c.stage != "iteration")
+        opt_base, opt_o = self._opt
+        d_opt = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
+        opt_s = opt_base / d_opt + opt_o
+        total = prefix[-1]
+        attn = (total[_SDPA_FWD] / L, total[_ATTN_BWD] / L) if L else (0.0, 0.0)
+        colls = layout_collectives(self, p, hw, per, attn)
+        per_mb_coll = sum(c.exposed * c.count for c in colls if c.stage != "iteration")
         slow = max(range(pp), key=lambda i: stage[i])
         mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
         m = p.microbatches
         bubble = (pp - 1) / (m * vp)
         dp_s = sum(c.predicted_s * c.count for c in colls if c.stage == "iteration")
-        bwd_s = sum(t for r, t in zip(self.rows, per_k) if r[2] == "backward") / pp
+        bwd_s = (total[_BWD] + pos_sums[0][_BWD] + pos_sums[-1][_BWD]) / pp
         exposed_dp = max(0.0, dp_s - p.dp_overlap * bwd_s * m) if self.training else 0.0
         step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
-        p2p = sum(c.predicted_s for c in colls if c.collective.kind == "send_recv" and c.stage == "forward")
+        p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
-        tokens = p.global_batch * (self.a.assumptions.get("seq") or 1)
+        tokens = p.global_batch * (seq if self.a.assumptions.get("seq") else 1)
+        ring = [c for c in colls if c.purpose.startswith("CP")]  # the ring's sends or the all-gathers
         notes = []
         if self.geo.kv_heads and p.tp > self.geo.kv_heads:
             notes.append(f"tp {p.tp} > {self.geo.kv_heads} KV heads: each KV head replicated on "
@@ -336,142 +445,32 @@ class Sharder:
             notes.append(f"recompute {p.recompute}: " + ("each block's forward runs again in backward"
                                                          if p.recompute == "full" else
                                                          "the attention core (SDPA) runs again in backward"))
-        return Sharded(p, tuple(per_k), tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
-                       tokens, mflops[slow], tuple(notes))
+        if p.cp > 1 and p.cp_comm == "p2p":
+            notes.append(f"cp {p.cp}: {context.CP_SOURCE}; each ring step's send overlapped with the attention "
+                         "of the chunk in hand, only the excess exposed; weights read whole on every cp rank")
+        elif p.cp > 1:
+            notes.append(f"cp {p.cp}: {context.CP_ALL_GATHER_SOURCE}; not overlapped; weights read whole on every "
+                         "cp rank")
+        per_k = tuple(self._kernel_time(r, p) for r in self.rows) if per_kernel else ()
+        return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
+                       tokens, mflops[slow], tuple(notes), sum(c.predicted_s * c.count for c in ring),
+                       sum(c.exposed * c.count for c in ring))
 
-    def _collectives(self, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int) -> list[CollectiveKernel]:
-        out: list[CollectiveKernel] = []
-        r, geo = self.roles, self.geo
-        act = geo.act_bytes
-        # the activation the captured graph ran at is one microbatch already
-        bwd = self.training
-
-        def add(kind, msg, group, span, purpose, stage, count):
-            if group <= 1 or count <= 0 or msg <= 0:
-                return
-            link = link_for(hw, span)
+    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str) -> tuple[Collective, float, str]:
+        """The collective, its time and algorithm (kept: a layout search asks for the same ones again)."""
+        key = (hw.name, kind, msg, group, link)
+        hit = self._ctimes.get(key)
+        if hit is None:
             c = Collective(kind, float(msg), group, link)
             t = collective_time(hw, c)
-            out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t.seconds, t.algorithm, link))
-
-        n_blocks = blocks_per_stage
-        if p.tp > 1 and act:
-            fwd_n = r.row_groups * n_blocks
-            bwd_n = r.column_groups * n_blocks if bwd else 0
-            if p.sp:
-                add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter after row-parallel", "forward", fwd_n)
-                add("all_gather", act, p.tp, p.tp, "SP all-gather before column-parallel", "forward", fwd_n)
-                add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter of column-parallel input gradients",
-                    "backward", bwd_n)
-                add("all_gather", act, p.tp, p.tp, "SP all-gather of row-parallel output gradients", "backward",
-                    bwd_n)
-            else:
-                add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
-                add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
-                    "backward", bwd_n)
-        if p.ep > 1 and r.routed_bytes:
-            msg = r.routed_bytes / (p.tp if p.sp else 1)
-            add("all_to_all", msg, p.ep, p.tp * p.ep, "EP dispatch and combine", "forward", 2 * n_blocks)
-            add("all_to_all", msg, p.ep, p.tp * p.ep, "EP dispatch and combine (gradients)", "backward",
-                2 * n_blocks if bwd else 0)
-        if p.pp > 1 and act:
-            span = 2 * p.tp * p.dp
-            add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)
-            add("send_recv", act / p.tp, 2, span, "PP gradient to the previous stage", "backward",
-                p.vp if bwd else 0)
-        if bwd and p.dp > 1:
-            params = self.params_per_device(p)
-            itemsize = self.a.graph.param_bytes / max(1, self.a.graph.params)
-            grad = params * itemsize
-            span = p.tp * p.dp
-            if p.zero <= 1:
-                add("all_reduce", grad, p.dp, span, "DP gradient all-reduce", "iteration", 1)
-            else:
-                add("reduce_scatter", grad, p.dp, span, "DP gradient reduce-scatter", "iteration", 1)
-                add("all_gather", grad, p.dp, span, "DP all-gather of updated parameters", "iteration", 1)
-                if p.zero == 3:
-                    add("all_gather", grad, p.dp, span, "ZeRO-3 parameter all-gather (forward and backward)",
-                        "iteration", 2 * p.microbatches)
-        return out
+            hit = self._ctimes[key] = (c, t.seconds, t.algorithm)
+        return hit
 
     def params_per_device(self, p: Parallelism) -> float:
-        """Parameters one device holds: dense / (tp pp), experts / (tp pp ep) (ZeRO shards come on top)."""
-        total = float(self.a.graph.params)
-        experts = self.roles.expert_params
-        return (total - experts) / (p.tp * p.pp) + experts / (p.tp * p.pp * p.ep)
-
-
-@dataclass(frozen=True)
-class SavedPerBlock:
-    split_bytes: float
-    replicated_bytes: float
-    scores_bytes: float  # of the split ones, those of S x S shape (selective recomputation drops them)
-    input_bytes: float  # the block's input (full recomputation keeps only this)
-
-
-def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
-    """Forward outputs of the first block that backward nodes read (each tensor once), by role."""
-    if not roles.blocks:
-        return SavedPerBlock(0.0, 0.0, 0.0, 0.0)
-    b0 = roles.blocks[0]
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    split = rep = ss = 0.0
-    for n in graph.nodes:
-        if (n.args.get("phase") or "forward") != "backward":
-            continue
-        for t in n.inputs:
-            p = t.producer
-            if p is None or t.param is not None or roles.block.get(p) != b0:
-                continue
-            src = graph.nodes[p]
-            if (src.args.get("phase") or "forward") != "forward" or src.is_view:
-                continue
-            key = (p, tuple(t.shape))
-            if key in seen:
-                continue
-            seen.add(key)
-            if roles.role.get(p) in SPLIT_ROLES:
-                split += t.nbytes
-                if len(t.shape) >= 2 and t.shape[-1] == seq and t.shape[-2] == seq:
-                    ss += t.nbytes
-            else:
-                rep += t.nbytes
-    return SavedPerBlock(split, rep, ss, roles.geometry.act_bytes)
-
-
-def sharded_memory(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: str, training: bool,
-                   seq: int, capacity_bytes: float | None = None) -> MemoryFit:
-    """Per-device memory of a layout: the model state of the parameters this device holds (dense / (tp x pp),
-    experts also / ep) under mixed-precision AdamW and the ZeRO stage over dp (training), the activations saved
-    for backward by the blocks of one stage for the microbatches in flight on the first stage (min(m, pp), more
-    with interleaving), split over tp where the layer splits them (all of them with SP), the KV cache over tp
-    (KV heads) and pp (inference), and the assumed workspace."""
-    from opmap.mapping.memory import TRAIN_BYTES, WORKSPACE, kv_geometry, training_state_bytes
-
-    geo = sharder.geo
-    cap = sharder.a.hardware.memory_bytes if capacity_bytes is None else capacity_bytes
-    params = sharder.params_per_device(p)
-    blocks = -(-max(1, geo.layers) // p.pp)
-    notes = (f"per device under {p.label()}: {params:.4g} parameters held",)
-    if training:
-        st = training_state_bytes(params, p.zero, p.dp, fmt if fmt in TRAIN_BYTES else "bf16")
-        rep_div = p.tp if p.sp else 1
-        if p.recompute == "full":
-            per_block = saved.input_bytes / rep_div
-        else:
-            split = saved.split_bytes - (saved.scores_bytes if p.recompute == "selective" else 0.0)
-            per_block = split / p.tp + saved.replicated_bytes / rep_div
-        inflight = min(p.microbatches, p.pp) * (1 + (p.pp - 1) / (p.pp * p.vp) if p.vp > 1 else 1)
-        return MemoryFit(st.weights_bytes, st.gradients_bytes, st.optimizer_bytes, per_block * blocks * inflight,
-                         0.0, WORKSPACE.value, cap, "training",
-                         assumptions=notes + (f"activations: {blocks} blocks x {inflight:.3g} microbatches in flight "
-                                              "on the first stage", st.note))
-    itemsize = sharder.a.graph.param_bytes / max(1, sharder.a.graph.params)
-    weights = params * itemsize * sharder.a.precision.weight_scale
-    kv = kv_geometry(sharder.a.graph)
-    kv_div = min(p.tp, geo.kv_heads) if geo.kv_heads else p.tp
-    kv_bytes = kv.bytes_per_token * seq * p.microbatch / kv_div / p.pp
-    return MemoryFit(weights, 0.0, 0.0, 0.0, kv_bytes, WORKSPACE.value, cap, "inference", assumptions=notes)
+        """Parameters one device holds: dense / (tp pp), experts / (tp pp ep) (ZeRO shards come on top; cp ranks
+        hold the same parameters)."""
+        experts = self.expert_params
+        return (self.params - experts) / (p.tp * p.pp) + experts / (p.tp * p.pp * p.ep)
 
 
 def shard(analysis, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:

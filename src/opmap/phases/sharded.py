@@ -34,6 +34,10 @@ def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis) -> dict[str, Any
         out["text"] = (f"train on {p.devices} devices ({p.label()}): iteration {it * 1e3:.4g} ms, "
                        f"{out['tokens_per_s']:.4g} tok/s, MFU {mf / peak:.1%}, HFU {hf / peak:.1%}, pipeline bubble "
                        f"{sh.bubble_fraction:.1%}")
+        if p.cp > 1:  # per microbatch on the slowest stage: the K/V ring's sends and the part not overlapped
+            out.update(cp_exchange_s=sh.cp_exchange_s, cp_exposed_s=sh.cp_exposed_s)
+            out["text"] += (f", CP ring {sh.cp_exchange_s * 1e3:.3g} ms per microbatch "
+                            f"({sh.cp_exposed_s * 1e3:.3g} ms exposed)")
     elif fig.get("name") == "decode":
         seqs = int(a.assumptions.get("batch") or 1) * p.dp
         lat = sh.latency_s + a.runtime_per_step_s

@@ -1,0 +1,340 @@
+"""A measured load run joined to opmap's prediction of the same workload (``opmap bench --predict``).
+
+The workload is taken from the run's records, not from its spec: each request's send time and the token counts
+the server reported (``usage``; the asked counts where it sent none). It runs through opmap's serving simulator
+(opmap.serve.sim.simulate) with steps priced by opmap's cost model (opmap.serve.model_cost.model_table_cost) for
+the hardware the server runs on, under the batching policy the server runs:
+
+- transformers serve ``--continuous-batching`` (transformers 5.25, generation/continuous_batching/scheduler.py,
+  FIFOScheduler): every step carries all running decodes first, then fills the rest of ``max_batch_tokens``
+  with prompt chunks, new requests admitted in arrival order while KV blocks last; that is the simulator's
+  ``engine`` policy with max_num_seqs = min(1024, max_batch_tokens) (transformers' FALLBACK_DEFAULTS
+  max_requests_per_batch), max_num_batched_tokens = max_batch_tokens, KV blocks of PAGE_TOKENS, chunked prefill.
+- open loop: the simulator's arrivals are the send times; closed loop (``--concurrency C``): a request is sent
+  when the one whose client slot it took ended (plus the client's own measured turnaround), so the simulated
+  sends follow the simulated ends: solved by iterating the simulation until the send times stop moving (causal:
+  at most one pass per request in a slot, plus one).
+- server overhead (optional, ``ServerOverhead``): what the model's kernels do not account for, measured on the
+  server by a probe before the run (sequential requests, then one batch of concurrent ones): ``step_s`` per
+  engine step (the batching loop's Python, eager dispatch) plus ``per_seq_s`` per sequence in a decode step
+  (each token's hand-off, detokenizing and SSE event: transformers serve runs its batching thread and its web
+  event loop in one process, under one GIL, so that work lengthens the step) added to every priced step, and
+  ``request_s`` per request (HTTP, tokenizing, the queue into the engine) added to its arrival. The prediction
+  is printed with and without it, so the model's own error and the server's overhead stay apart.
+
+The predicted figures are named and computed as the measured ones (opmap.bench.metrics): TTFT = first token -
+send, e2e = last token - send, TPOT = (e2e - TTFT) / (output tokens - 1), ITL = the gaps between a request's
+tokens (measured: between its token events), output tokens/s = output tokens / (last end - first send);
+warm-up requests are simulated (they load the server) but kept out of the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from opmap.errors import OpmapError
+
+SCHEMA_VERSION = 1
+PCTS = (50, 90, 99)
+METRICS = ("ttft", "tpot", "itl", "e2e")
+MAX_REQUESTS_PER_BATCH = 1024  # transformers' continuous batching FALLBACK_DEFAULTS["max_requests_per_batch"]
+MAX_PASSES = 10_000  # closed-loop fixed point: one pass per request in a slot at worst
+LOAD_GAP_S = 0.01  # the load probe's 1-token requests, 10 ms apart: all inside the batch's decode (>= 32 steps)
+
+
+@dataclass(frozen=True)
+class ServerOverhead:
+    """Measured server time outside the model's kernels (s): ``step_s`` per engine step, ``per_seq_s`` per
+    sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured."""
+
+    step_s: float
+    request_s: float
+    basis: dict[str, Any]
+    per_seq_s: float = 0.0
+    request_load_s: float | None = None  # request_s with ``load_batch`` other sequences decoding
+    load_batch: int = 1
+
+    def lag_s(self, running: float) -> float:
+        """A request's own overhead (s) with ``running`` other sequences decoding: request_s, growing linearly to
+        request_load_s at load_batch (held there past it)."""
+        if self.request_load_s is None or self.load_batch <= 0:
+            return self.request_s
+        f = min(1.0, max(0.0, running / self.load_batch))
+        return self.request_s + f * (self.request_load_s - self.request_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "per_seq_s": self.per_seq_s, "request_s": self.request_s,
+                "request_load_s": self.request_load_s, "load_batch": self.load_batch, "basis": self.basis}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The run as the simulator takes it, in send order: send time (s), token counts, warm-up flags, and in a
+    closed loop each request's predecessor in its client slot (-1: the slot's first) and the client's turnaround
+    (s from that predecessor's end to this send)."""
+
+    sent_s: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    warmup: np.ndarray
+    pred: np.ndarray
+    turnaround_s: np.ndarray
+    closed: bool
+    concurrency: int | None = None
+
+
+def engine_policy(max_batch_tokens: int, page_tokens: int):
+    """The simulator's policy for transformers' FIFO continuous batching (module docstring)."""
+    from opmap.serve.policies import Engine
+
+    return Engine(max_num_seqs=min(MAX_REQUESTS_PER_BATCH, max_batch_tokens), max_num_batched_tokens=max_batch_tokens,
+                  kv_block=page_tokens)
+
+
+def workload(records, mode: str, concurrency: int | None) -> Workload:
+    """The requests that got an answer, in send order, with their reported token counts (module docstring)."""
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.sent_s)
+    if not ok:
+        raise OpmapError("--predict needs at least one answered request: the run has none")
+    sent = np.array([r.sent_s for r in ok])
+    ends = np.array([r.end_s for r in ok])
+    inp = np.array([r.usage_prompt_tokens or r.input_tokens_asked for r in ok], dtype=np.int64)
+    out = np.array([r.usage_completion_tokens or r.output_tokens_asked for r in ok], dtype=np.int64)
+    warm = np.array([bool(r.warmup) for r in ok])
+    pred = np.full(len(ok), -1, dtype=np.int64)
+    turn = np.zeros(len(ok))
+    closed = mode == "closed" and bool(concurrency)
+    if closed:
+        busy: list[int] = []  # requests holding a client slot
+        for k in range(len(ok)):
+            if len(busy) >= concurrency:  # the slot freed first is the one this send took
+                j = min(busy, key=lambda i: ends[i])
+                busy.remove(j)
+                pred[k], turn[k] = j, max(0.0, sent[k] - ends[j])
+            busy.append(k)
+    return Workload(sent, np.maximum(inp, 1), np.maximum(out, 1), warm, pred, turn, closed,
+                    concurrency if closed else None)
+
+
+def with_step_overhead(cost, step_s: float, per_seq_s: float = 0.0):
+    """``cost`` (a TableCost) with ``step_s`` added to every priced prefill and decode step, and ``per_seq_s``
+    per sequence to every decode step (exact under the table's linear interpolation in the batch)."""
+    if step_s <= 0 and per_seq_s <= 0:
+        return cost
+    return replace(cost, prefill_time_s=[t + step_s for t in cost.prefill_time_s],
+                   decode_time_s=[[t + step_s + per_seq_s * b for t in row]
+                                  for b, row in zip(cost.decode_batch, cost.decode_time_s)], floor=None,
+                   source=f"{cost.source} + measured server overhead ({step_s * 1e3:.3g} ms a step, "
+                          f"{per_seq_s * 1e3:.3g} ms a decoding sequence)")
+
+
+def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
+    """Simulate requests arriving at ``arr_s`` (send order); per-request (first, finish) in send order and the
+    pooled inter-token gaps."""
+    from opmap.serve.arrivals import Requests
+    from opmap.serve.sim import simulate
+
+    order = np.argsort(arr_s, kind="stable")
+    reqs = Requests(arr_s[order], w.input_len[order], w.output_len[order], "bench records")
+    res = simulate(reqs, policy, cost, 1, "round_robin", seed)
+    first, finish = np.empty(len(arr_s)), np.empty(len(arr_s))
+    first[order], finish[order] = res.first_s, res.finish_s
+    return first, finish, res
+
+
+def simulate_workload(w: Workload, policy, cost, overhead: ServerOverhead | None = None, seed: int = 0):
+    """(first token s, last token s, SimResult) per request in send order, sends as the run made them (open
+    loop) or as the simulated ends let them (closed loop); the overhead's per-request time delays each arrival
+    at the engine (the request's HTTP and tokenizing): in a closed loop of C clients with C - 1 others decoding
+    (``ServerOverhead.lag_s``), in an open loop with none (the probe's sequential figure)."""
+    running = (w.concurrency - 1) if w.closed and w.concurrency else 0
+    lag = overhead.lag_s(running) if overhead is not None else 0.0
+    sent = w.sent_s.copy()
+    for _ in range(MAX_PASSES if w.closed else 1):
+        first, finish, res = _simulate_once(sent + lag, w, policy, cost, seed)
+        if not w.closed:
+            break
+        new = sent.copy()
+        has = w.pred >= 0
+        new[has] = finish[w.pred[has]] + w.turnaround_s[has]
+        if np.allclose(new, sent, rtol=0, atol=1e-9):
+            break
+        sent = new
+    return sent, first, finish, res
+
+
+def _stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
+    from opmap.serve.metrics import stats
+
+    s = stats(np.asarray(x, dtype=float), w)
+    return {k: s[k] for k in ("mean_s", *(f"p{p}_s" for p in PCTS))}
+
+
+def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> dict[str, Any]:
+    """Latency (s) at mean / p50 / p90 / p99 and throughput, one formula for the measured and the predicted side
+    (module docstring)."""
+    sent_s, first_s, finish_s = (np.asarray(a, dtype=float) for a in (sent_s, first_s, finish_s))
+    out = np.asarray(output_len, dtype=float)
+    ttft, e2e = first_s - sent_s, finish_s - sent_s
+    multi = out > 1
+    tpot = (e2e - ttft)[multi] / (out[multi] - 1)
+    span = float(finish_s.max() - sent_s.min()) if len(sent_s) else 0.0
+    rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
+    return {"latency": {"ttft": _stats(ttft), "tpot": _stats(tpot), "itl": _stats(np.asarray(itl_gap_s), itl_weight),
+                        "e2e": _stats(e2e)},
+            "throughput": {"requests_per_s": rate(len(sent_s)), "output_tokens_per_s": rate(float(out.sum()))},
+            "requests": int(len(sent_s)), "output_tokens": int(out.sum()), "span_s": span}
+
+
+def predicted_figures(w: Workload, sent, first, finish, res) -> dict[str, Any]:
+    keep = ~w.warmup
+    if not keep.any():
+        raise OpmapError("--predict needs at least one request past the warm-up")
+    return figures(sent[keep], first[keep], finish[keep], w.output_len[keep], res.itl_gap_s, res.itl_weight)
+
+
+def join(measured: dict[str, Any], predicted: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of (metric, statistic, measured, predicted, predicted / measured): latencies at p50 / p90 / p99 and
+    mean (s), then output tokens/s and requests/s."""
+    rows = []
+    for m in METRICS:
+        for k in (*(f"p{p}_s" for p in PCTS), "mean_s"):
+            a, b = measured["latency"][m][k], predicted["latency"][m][k]
+            rows.append({"metric": m, "stat": k.removesuffix("_s"), "unit": "s", "measured": a, "predicted": b,
+                         "ratio": _ratio(b, a)})
+    for k in ("output_tokens_per_s", "requests_per_s"):
+        a, b = measured["throughput"][k], predicted["throughput"][k]
+        rows.append({"metric": k.removesuffix("_per_s"), "stat": "per_s", "unit": "1/s", "measured": a,
+                     "predicted": b, "ratio": _ratio(b, a)})
+    return rows
+
+
+def _ratio(p: float | None, m: float | None) -> float | None:
+    if p is None or m is None or not m or not math.isfinite(p / m):
+        return None
+    return p / m
+
+
+def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, measured: dict | None = None,
+                seed: int = 0) -> dict[str, Any]:
+    """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
+    server's measured overhead where given. ``measured``: the run's figures (default: opmap.bench.metrics.summarize
+    of its records, as ``opmap bench`` prints and records them). A dict with schema_version (bench_predict.json)."""
+    if measured is None:
+        from opmap.bench.metrics import summarize
+
+        measured = summarize(result.records)
+    w = workload(result.records, result.mode, result.concurrency)
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION,
+                           "measured": {"latency": measured["latency"], "throughput": measured["throughput"]},
+                           "workload": {"requests": int(len(w.sent_s)), "warmup": int(w.warmup.sum()),
+                                        "mode": result.mode, "concurrency": result.concurrency,
+                                        "closed_loop_sends": "simulated" if w.closed else "as measured"},
+                           "policy": policy.to_dict(), "cost": cost.to_dict(), "predictions": {}}
+    variants = [("model", cost, None)]
+    if overhead is not None:
+        variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
+                         overhead))
+        out["overhead"] = overhead.to_dict()
+    for name, c, ov in variants:
+        sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
+        pred = predicted_figures(w, sent, first, finish, res)
+        out["predictions"][name] = {"figures": pred, "rows": join(measured, pred), "steps": res.steps}
+    return out
+
+
+def probe_records(base_url: str, model: str, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,
+                  batch: int = 1, api: str = "completions", ignore_eos: bool = False,
+                  timeout_s: float = 60.0) -> tuple[tuple, tuple]:
+    """Probe the server with the bench's own client: (``reps`` sequential 1-token and ``long_out``-token answers
+    on ``prompt`` of ``n_in`` tokens; where ``batch`` > 1, ``batch`` long answers sent together with ``reps``
+    1-token requests sent among them, LOAD_GAP_S apart). The records, for ``overhead_from_probe``."""
+    from opmap.bench.client import run_load
+
+    seq = run_load(base_url, model, probe_specs(prompt, n_in, reps, long_out), api=api, concurrency=1,
+                   timeout_s=timeout_s, ignore_eos=ignore_eos).records
+    together = ()
+    if batch > 1:
+        from opmap.bench.records import RequestSpec
+
+        specs = [RequestSpec(i, 0.0, prompt, n_in, long_out) for i in range(batch)]
+        specs += [RequestSpec(batch + k, LOAD_GAP_S * (k + 1), prompt, n_in, 1) for k in range(reps)]
+        together = run_load(base_url, model, specs, api=api, timeout_s=timeout_s, ignore_eos=ignore_eos).records
+    return tuple(seq), tuple(together)
+
+
+def measure_overhead(base_url: str, model: str, cost, prompt: str, n_in: int, *, long_out: int = 32, **kw
+                     ) -> ServerOverhead:
+    """One probe (``probe_records``) and the overhead it gives (``overhead_from_probe``)."""
+    seq, together = probe_records(base_url, model, prompt, n_in, long_out=long_out, **kw)
+    return overhead_from_probe(seq, cost, n_in, long_out, together, kw.get("batch", 1))
+
+
+def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
+    """The probe's requests (opmap.bench.records.RequestSpec), sequential: ``reps`` answers of 1 token, then
+    ``reps`` of ``long_out`` tokens, all on an ``n_in``-token prompt."""
+    from opmap.bench.records import RequestSpec
+
+    specs = [RequestSpec(i, None, prompt_1, n_in, 1) for i in range(reps)]
+    specs += [RequestSpec(reps + i, None, prompt_1, n_in, long_out) for i in range(reps)]
+    return specs
+
+
+def _e2e(records, out: int) -> list[float]:
+    """End-to-end times (s) of the answered requests that asked ``out`` tokens and got them."""
+    return [r.end_s - r.sent_s for r in records if r.status == "ok" and r.output_tokens_asked == out
+            and (r.usage_completion_tokens or out) == out]
+
+
+def overhead_from_probe(records, cost, n_in: int, long_out: int, together=(), batch: int | None = None
+                        ) -> ServerOverhead:
+    """Server overhead from the probe's records (``measure_overhead``), against the model's own step times. The
+    probe is timed by end-to-end times, which a starved web process cannot blur (it may deliver many tokens in
+    one event; the last token still ends the stream after it was made):
+
+    - per token at batch 1 = (median e2e of the long answers - median e2e of the 1-token answers) / (n - 1);
+      step_s = that less the priced decode step of one sequence;
+    - per token at batch b (``together``: b = ``batch`` long answers sent at once, in each of the pooled
+      probes) = (their median e2e - median 1-token
+      e2e) / (n - 1); per_seq_s = (that - the priced decode step of b sequences - step_s) / (b - 1);
+    - request_s = the median e2e of the 1-token answers (one prefill step) less the priced prefill and step_s;
+    - request_load_s (1-token requests sent while the b answers decode) = their median e2e less the priced
+      mixed step (their prompt beside b decodes) and its overheads.
+
+    Each floored at 0."""
+    one, long = _e2e(records, 1), _e2e(records, long_out)
+    if not one or not long or long_out < 2:
+        raise OpmapError("the overhead probe got no answer from the server: --predict cannot measure its overhead")
+    e1 = float(np.median(one))
+    kv = n_in + long_out // 2
+    decode_model = cost.decode_s(1, kv)
+    prefill_model = cost.prefill_s(n_in, 1)
+    per_tok = (float(np.median(long)) - e1) / (long_out - 1)
+    step = max(0.0, per_tok - decode_model)
+    request = max(0.0, e1 - prefill_model - step)
+    basis = {"probe": f"{len(one)} requests of {n_in} prompt tokens -> 1 token, {len(long)} -> {long_out} tokens, "
+                      "sequential",
+             "measured_e2e_1_token_s": e1, "measured_s_per_token": per_tok,
+             "model_prefill_s": prefill_model, "model_decode_step_s": decode_model,
+             "spread_e2e_1_token_s": [float(min(one)), float(max(one))],
+             "spread_e2e_long_s": [float(min(long)), float(max(long))]}
+    per_seq, load_req = 0.0, None
+    batch_e2e = _e2e(together, long_out)
+    b = batch or len(batch_e2e)  # probes pooled: each sent ``batch`` together
+    if b > 1 and batch_e2e:
+        tok_b = (float(np.median(batch_e2e)) - e1) / (long_out - 1)
+        model_b = cost.decode_s(b, b * kv)
+        per_seq = max(0.0, (tok_b - model_b - step) / (b - 1))
+        basis.update({"batch_probe": f"{b} requests -> {long_out} tokens sent together",
+                      "measured_s_per_token_batch": tok_b, "model_decode_step_batch_s": model_b})
+        under = _e2e(together, 1)
+        if under:  # a 1-token request joins a step of b decodes: that mixed step, priced, and its overheads
+            mixed = cost.prefill_s(n_in + b, 1 + b) + step + per_seq * b
+            load_req = max(0.0, float(np.median(under)) - mixed)
+            basis.update({"load_probe": f"{len(under)} requests -> 1 token sent among them",
+                          "measured_e2e_1_token_load_s": float(np.median(under)), "model_mixed_step_s": mixed})
+    return ServerOverhead(step, request, basis, per_seq, load_req, b if load_req is not None else 1)

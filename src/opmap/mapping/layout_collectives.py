@@ -1,0 +1,135 @@
+"""The collectives a layout implies, as kernels of their own (class ``collective``, bound ``interconnect``): TP
+all-reduces (reduce-scatter + all-gather with SP), the context-parallel K / V exchange (opmap.mapping.context),
+EP all-to-alls, PP send / recv, and the DP gradient reduction over dp x cp (opmap.mapping.sharding's docstring
+gives the counts and sources); and the link a group runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opmap.hardware.spec import HardwareSpec
+from opmap.mapping import context
+from opmap.mapping.collectives import KERNEL_CLASS, Collective
+from opmap.roofline import roofline
+
+if TYPE_CHECKING:
+    from opmap.mapping.sharding import Parallelism, Sharder
+
+
+@dataclass(frozen=True)
+class CollectiveKernel:
+    """A collective as a kernel row: class ``collective``, bound ``interconnect``."""
+
+    id: str
+    collective: Collective
+    purpose: str
+    stage: str  # forward | backward | iteration
+    count: int  # how many per microbatch (per iteration for the DP reduction) on the slowest stage
+    predicted_s: float  # one call
+    algorithm: str
+    link: str
+    exposed_s: float | None = None  # one call's time not hidden behind compute (None: all of it)
+
+    @property
+    def exposed(self) -> float:
+        return self.predicted_s if self.exposed_s is None else self.exposed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.collective
+        r = roofline(interconnect_s=self.predicted_s)
+        return {"id": self.id, "kernel_class": KERNEL_CLASS, "collective": c.kind, "message_bytes": c.message_bytes,
+                "group_size": c.group_size, "link": self.link, "predicted_s": self.predicted_s,
+                "interconnect_s": self.predicted_s, "matrix_s": 0.0, "vector_s": 0.0, "memory_s": 0.0,
+                "overhead_s": 0.0, "bound": str(r.bound), "algorithm": self.algorithm, "purpose": self.purpose,
+                "phase": self.stage, "count": self.count, "total_s": self.predicted_s * self.count,
+                "exposed_s": self.exposed, "exposed_total_s": self.exposed * self.count}
+
+
+
+def link_for(hw: HardwareSpec, span: int) -> str:
+    """scale_up when ``span`` consecutive ranks fit one node, else scale_out (module docstring)."""
+    per = hw.devices_per_node or 1
+    return "scale_up" if span <= per else "scale_out"
+
+
+
+def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
+                       attn: tuple[float, float] = (0.0, 0.0)) -> list[CollectiveKernel]:
+    """The layout's collectives; ``attn``: one layer's attention forward and backward time on one device (the
+    compute a CP ring step hides its send behind)."""
+    out: list[CollectiveKernel] = []
+    r, geo = sharder.roles, sharder.geo
+    # the activation the captured graph ran at is one microbatch already; with cp each rank holds s / cp
+    act = geo.act_bytes / p.cp
+    bwd = sharder.training
+
+    def add(kind, msg, group, span, purpose, stage, count, hide=None):
+        if group <= 1 or count <= 0 or msg <= 0:
+            return
+        link = link_for(hw, span)
+        c, t, alg = sharder._time(hw, kind, msg, group, link)
+        ex = None if hide is None else context.exposed(t, hide)
+        out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
+
+    n_blocks = blocks_per_stage
+    if p.tp > 1 and act:
+        fwd_n = r.row_groups * n_blocks
+        bwd_n = r.column_groups * n_blocks if bwd else 0
+        if p.sp:
+            add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter after row-parallel", "forward", fwd_n)
+            add("all_gather", act, p.tp, p.tp, "SP all-gather before column-parallel", "forward", fwd_n)
+            add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter of column-parallel input gradients",
+                "backward", bwd_n)
+            add("all_gather", act, p.tp, p.tp, "SP all-gather of row-parallel output gradients", "backward",
+                bwd_n)
+        else:
+            add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
+            add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
+                "backward", bwd_n)
+    if p.cp > 1 and sharder.kv is not None and p.cp_comm == "all_gather":
+        # Llama 3 (paper sec. 3.3.2): K / V all-gathered before the local queries' attention, exposed; the
+        # backward gathers them again and reduce-scatters dK / dV (message: the gathered K / V per rank)
+        whole = context.chunk_bytes(sharder.kv, p.tp, p.cp) * p.cp
+        span = p.tp * p.cp
+        add("all_gather", whole, p.cp, span, "CP K/V all-gather", "forward", n_blocks)
+        if bwd:
+            times = 2 if p.recompute != "none" else 1
+            add("all_gather", whole, p.cp, span, "CP K/V all-gather (backward)", "backward", times * n_blocks)
+            add("reduce_scatter", whole, p.cp, span, "CP dK/dV reduce-scatter", "backward", n_blocks)
+    elif p.cp > 1 and sharder.kv is not None:
+        chunk = context.chunk_bytes(sharder.kv, p.tp, p.cp)
+        steps = (p.cp - 1) * n_blocks
+        span = p.tp * p.cp
+        f_step, b_step = attn[0] / p.cp, attn[1] / p.cp
+        add("send_recv", chunk, 2, span, "CP K/V ring step (forward)", "forward", steps, f_step)
+        if bwd:
+            add("send_recv", 2 * chunk, 2, span, "CP K/V and dK/dV ring step (backward)", "backward", steps,
+                b_step)
+            if p.recompute != "none":
+                add("send_recv", chunk, 2, span, "CP K/V ring step (recomputed forward)", "backward", steps,
+                    f_step)
+    if p.ep > 1 and r.routed_bytes:
+        msg = r.routed_bytes / (p.tp if p.sp else 1) / p.cp
+        add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * n_blocks)
+        add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine (gradients)", "backward",
+            2 * n_blocks if bwd else 0)
+    if p.pp > 1 and act:
+        span = 2 * p.tp * p.cp * p.dp
+        add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)
+        add("send_recv", act / p.tp, 2, span, "PP gradient to the previous stage", "backward",
+            p.vp if bwd else 0)
+    group = p.dp * p.cp
+    if bwd and group > 1:
+        grad = sharder.params_per_device(p) * sharder.itemsize
+        span = p.tp * p.cp * p.dp
+        over = f" (over dp x cp = {p.dp} x {p.cp})" if p.cp > 1 else ""
+        if p.zero <= 1:
+            add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1)
+        else:
+            add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1)
+            add("all_gather", grad, group, span, "DP all-gather of updated parameters" + over, "iteration", 1)
+            if p.zero == 3:
+                add("all_gather", grad, group, span, "ZeRO-3 parameter all-gather (forward and backward)",
+                    "iteration", 2 * p.microbatches)
+    return out

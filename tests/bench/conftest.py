@@ -1,0 +1,59 @@
+"""Fixtures for the bench tests: ONE real ``transformers serve`` (a 2-layer random-weight Llama, 0.93M parameters,
+started in 10-20 s on 2 cores) shared by every test that needs a server, a local hardware profile for
+``--predict --hardware local``, and an in-process ``opmap`` runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from launched_server import TINY_CONFIG, pid_alive
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("tiny-llama") / "config.json"
+    p.write_text(json.dumps(TINY_CONFIG))
+    return p
+
+
+@pytest.fixture(scope="session")
+def server(tiny_config):
+    """The session's one real server; at the end of the session it must be stopped and its folder gone."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from opmap.bench.launch import launch_server
+
+    with launch_server(str(tiny_config)) as s:
+        yield s
+    assert not pid_alive(s.pid), f"the server (pid {s.pid}) outlived its launch_server block"
+    assert not s.model_dir.exists()
+
+
+@pytest.fixture(scope="session")
+def local_hw(tmp_path_factory) -> str:
+    """``--hardware`` for this machine's CPU: the profile ``opmap calibrate`` wrote (--hardware local), or, where
+    none was written, a quick calibration into a temporary file (13 s on 2 cores)."""
+    from opmap.hardware.local import cache_path
+
+    if cache_path("cpu").is_file():
+        return "local"
+    from opmap.cli import main
+
+    out = tmp_path_factory.mktemp("calibration") / "local.toml"
+    assert main(["calibrate", "--quick", "--out", str(out), "--no-store"]) == 0
+    return str(out)
+
+
+@pytest.fixture
+def opmap_cli(capsys):
+    """``opmap_cli(*args)`` runs ``opmap ARGS`` in-process: (exit status, stdout, stderr)."""
+    from opmap.cli import main
+
+    def run(*args):
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run

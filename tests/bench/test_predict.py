@@ -1,0 +1,253 @@
+"""opmap.bench.predict: a measured run joined to the simulation of the same workload. The join's parts against
+values worked out by hand; the bench client's timing against an independent client on the real server; the
+prediction of the launched CPU server at concurrency 1 and near saturation against what it measures.
+
+The machine's 2 cores are shared with other work: a run on it can lose a whole timeslice (tens of ms) where
+another did not, so the timing tests take the best of up to ATTEMPTS rounds (each round is a fresh measurement of
+both sides; the ratios seen are printed with -s), and where the cores are oversubscribed by other work
+(launched_server.oversubscribed) a failed ratio is a skip that quotes the ratios, not a pass."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+from launched_server import oversubscribed
+
+from opmap.bench.predict import (
+    engine_policy,
+    figures,
+    join,
+    predict_run,
+    simulate_workload,
+    with_step_overhead,
+    workload,
+)
+from opmap.bench.records import BenchResult, RequestRecord, RequestSpec
+from opmap.serve.cost import TableCost
+
+ATTEMPTS = 3
+PREDICT_ATTEMPTS = 4  # a round is a probe (20 requests) and 52 requests: seconds
+
+
+def _rec(i, sent, first, end, n_out=11, warmup=False, status="ok"):
+    times = tuple(np.linspace(first, end, n_out)) if first is not None else ()
+    return RequestRecord(i, None, sent, first, times, end, 10, n_out, 10, n_out, n_out + 2, status, warmup=warmup)
+
+
+def _flat_cost(prefill_s=0.01, decode_s=0.001):
+    """A step cost independent of the step's size: every prefill step prefill_s, every decode step decode_s."""
+    return TableCost([1, 1000], [prefill_s, prefill_s], [1, 2], [0, 1e6], [[decode_s, decode_s]] * 2)
+
+
+def test_closed_loop_slots_follow_the_measured_ends():
+    """Concurrency 2: r0 and r1 start the two slots; r1 ends first (t = 3), so r2 (sent at 3.1) took its slot
+    (turnaround 0.1 s); r0 ends at 5 before r2 (9), so r3 (sent at 5.2) took r0's (turnaround 0.2 s)."""
+    recs = [_rec(0, 0.0, 1.0, 5.0), _rec(1, 0.0, 1.0, 3.0), _rec(2, 3.1, 4.0, 9.0), _rec(3, 5.2, 6.0, 8.0),
+            _rec(4, 5.3, None, 6.0, status="timeout")]
+    w = workload(recs, "closed", 2)
+    assert w.closed and list(w.pred) == [-1, -1, 1, 0]
+    assert np.allclose(w.turnaround_s, [0, 0, 0.1, 0.2])
+    assert list(w.input_len) == [10] * 4  # the failed request is not part of the simulated workload
+
+
+def test_closed_loop_sends_follow_the_simulated_ends():
+    """One client (concurrency 1), 5 requests of 10 prompt and 11 output tokens, 2 ms of client turnaround; each
+    prefill step 10 ms, each decode step 1 ms: a request takes 10 + 10 x 1 = 20 ms, so the k-th is sent at
+    k x 22 ms whatever the measured sends were (52 ms apart here); TTFT 10 ms, TPOT 1 ms, output tokens/s
+    5 x 11 / (4 x 22 + 20 ms) = 509.3."""
+    recs = [_rec(k, 0.052 * k, 0.052 * k + 0.02, 0.052 * k + 0.05) for k in range(5)]
+    w = workload(recs, "closed", 1)
+    sent, first, finish, res = simulate_workload(w, engine_policy(1024, 256), _flat_cost())
+    assert np.allclose(sent, 0.022 * np.arange(5), atol=1e-9)
+    f = figures(sent, first, finish, w.output_len, res.itl_gap_s, res.itl_weight)
+    assert f["latency"]["ttft"]["p50_s"] == pytest.approx(0.010)
+    assert f["latency"]["tpot"]["p50_s"] == pytest.approx(0.001)
+    assert f["latency"]["e2e"]["p99_s"] == pytest.approx(0.020)
+    assert f["throughput"]["output_tokens_per_s"] == pytest.approx(55 / 0.108)
+
+
+def test_open_loop_keeps_the_measured_sends_and_a_request_overhead_delays_each():
+    """Open loop: the sends stay as measured; a per-request overhead of 3 ms (HTTP, tokenizing) adds 3 ms to
+    each TTFT (10 ms prefill -> 13 ms) and a step overhead of 0.5 ms to every step (TPOT 1 -> 1.5 ms)."""
+    from opmap.bench.predict import ServerOverhead
+
+    recs = [_rec(k, 0.1 * k, 0.1 * k + 0.02, 0.1 * k + 0.05) for k in range(4)]
+    w = workload(recs, "open", None)
+    ov = ServerOverhead(0.0005, 0.003, {})
+    cost = with_step_overhead(_flat_cost(), ov.step_s)
+    assert cost.prefill_s(37, 1) == pytest.approx(0.0105) and cost.decode_s(2, 500) == pytest.approx(0.0015)
+    # per decoding sequence: 0.2 ms each, so a step of 4 costs 1 + 0.5 + 4 x 0.2 = 2.3 ms
+    assert with_step_overhead(_flat_cost(), 0.0005, 0.0002).decode_s(4, 100) == pytest.approx(0.0023)
+    sent, first, finish, _ = simulate_workload(w, engine_policy(1024, 256), cost, ov)
+    assert np.allclose(sent, 0.1 * np.arange(4))
+    assert np.allclose(first - sent, 0.0135) and np.allclose(finish - first, 10 * 0.0015)
+
+
+def test_join_gives_predicted_over_measured():
+    m = {"latency": {k: {"p50_s": 0.02, "p90_s": 0.04, "p99_s": 0.08, "mean_s": 0.03} for k in
+                     ("ttft", "tpot", "itl", "e2e")}, "throughput": {"output_tokens_per_s": 400.0,
+                                                                     "requests_per_s": 10.0}}
+    p = {"latency": {k: {"p50_s": 0.01, "p90_s": 0.04, "p99_s": None, "mean_s": 0.03} for k in
+                     ("ttft", "tpot", "itl", "e2e")}, "throughput": {"output_tokens_per_s": 600.0,
+                                                                     "requests_per_s": 0.0}}
+    rows = {(r["metric"], r["stat"]): r["ratio"] for r in join(m, p)}
+    assert rows[("ttft", "p50")] == 0.5 and rows[("e2e", "p90")] == 1.0 and rows[("itl", "p99")] is None
+    assert rows[("output_tokens", "per_s")] == 1.5 and rows[("requests", "per_s")] == 0.0
+
+
+def test_warmup_is_simulated_but_not_counted():
+    recs = [_rec(k, 0.1 * k, 0.1 * k + 0.02, 0.1 * k + 0.05, warmup=k < 2) for k in range(5)]
+    res = BenchResult(tuple(recs), "http://x", "m", "completions", "open", None, 0.0, 0.5)
+    rep = predict_run(res, _flat_cost(), engine_policy(1024, 256))
+    assert rep["workload"]["warmup"] == 2 and rep["predictions"]["model"]["figures"]["requests"] == 3
+
+
+# ---- on the real server (the session's one launched transformers serve) ----
+
+class _Independent:
+    """A minimal client of its own: sequential streaming requests on one keep-alive connection (as run_load's
+    pool keeps one at concurrency 1), timed by time.perf_counter from just before the request is written."""
+
+    def __init__(self, base_url: str, model: str) -> None:
+        u = urlparse(base_url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        self.model = model
+
+    def send(self, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+        """(TTFT s, e2e s, completion tokens from usage) of one request."""
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        t0 = time.perf_counter()
+        self.conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        r = self.conn.getresponse()
+        first, tokens = None, 0
+        for line in r:  # the body in chunks: read to its end so the connection can carry the next request
+            line = line.strip()
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            ev = json.loads(line[5:])
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
+                first = time.perf_counter() - t0
+        return first, time.perf_counter() - t0, tokens
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def test_run_load_agrees_with_an_independent_client(server):
+    """The same requests (the same 32-token prompts, 32 output tokens), sequential, sent in alternate blocks of 4
+    by run_load and by the independent client so both meet the same load on the shared cores: TTFT p50 and
+    output tokens/s (tokens over the summed end-to-end time) within 15%."""
+    from opmap.bench.client import run_load
+    from opmap.bench.prompts import build_prompts
+
+    prompts = build_prompts(server.tokenizer_dir, [32] * 16, seed=11)
+    seen = []
+    for _ in range(ATTEMPTS):
+        ours, theirs = [], []
+        for b in range(0, len(prompts), 4):
+            block = prompts[b:b + 4]
+            res = run_load(server.base_url, server.model_id, [RequestSpec(b + i, None, p, 32, 32)
+                                                              for i, p in enumerate(block)],
+                           concurrency=1, ignore_eos=False)
+            for r in res.records:
+                assert r.ok and r.usage_completion_tokens == 32 and r.usage_prompt_tokens == 32
+                ours.append((r.first_token_s - r.sent_s, r.end_s - r.sent_s, r.usage_completion_tokens))
+            ind = _Independent(server.base_url, server.model_id)
+            try:
+                theirs += [ind.send(p, 32) for p in block]
+            finally:
+                ind.close()
+        ttft = statistics.median(x[0] for x in ours) / statistics.median(x[0] for x in theirs)
+        tps = (sum(x[2] for x in ours) / sum(x[1] for x in ours)) / (sum(x[2] for x in theirs)
+                                                                    / sum(x[1] for x in theirs))
+        seen.append((round(ttft, 3), round(tps, 3)))
+        if 0.85 <= ttft <= 1.15 and 0.85 <= tps <= 1.15:
+            break
+    print("run_load / independent (TTFT p50, tokens/s) per attempt:", seen)
+    busy = oversubscribed()
+    if busy and not (0.85 <= ttft <= 1.15 and 0.85 <= tps <= 1.15):
+        pytest.skip(f"{busy}; run_load / independent (TTFT p50, tokens/s) seen: {seen}")
+    assert 0.85 <= ttft <= 1.15 and 0.85 <= tps <= 1.15, seen
+
+
+@pytest.fixture(scope="module")
+def priced(tiny_config, local_hw):
+    from opmap.serve.model_cost import model_table_cost
+
+    return model_table_cost(str(tiny_config), local_hw, "fp32", runtime="engine")
+
+
+def _run_and_predict(server, cost, concurrency: int, requests: int, seed: int):
+    """A closed-loop run of 32-token prompts and 32-token answers bracketed by two probes of the server's
+    overhead (as opmap bench --predict runs them), then its prediction."""
+    from opmap.bench.client import run_load
+    from opmap.bench.predict import overhead_from_probe, probe_records
+    from opmap.bench.prompts import ExactPrompts
+    from opmap.bench.workload import closed_specs
+    from opmap.serve.arrivals import parse_length
+
+    ep = ExactPrompts(server.tokenizer_dir)
+    text = ep.fit(32, np.random.default_rng(seed))
+
+    def probe():
+        return probe_records(server.base_url, server.model_id, text, 32, batch=concurrency)
+
+    before = probe()
+    specs = list(closed_specs(parse_length("32"), parse_length("32"), requests + 4, 4, seed, prompt=ep))
+    res = run_load(server.base_url, server.model_id, specs, concurrency=concurrency, ignore_eos=False)
+    after = probe()
+    ov = overhead_from_probe(before[0] + after[0], cost, 32, 32, before[1] + after[1], concurrency)
+    pol = engine_policy(server.settings["max_batch_tokens"], server.settings["page_tokens"])
+    rep = predict_run(res, cost, pol, overhead=ov)
+    rows = {(r["metric"], r["stat"]): r for r in rep["predictions"]["model+overhead"]["rows"]}
+    return rows[("ttft", "p50")]["ratio"], rows[("output_tokens", "per_s")]["ratio"], rep
+
+
+# The issue's accuracy target (0.67-1.5) is a timing target: benchmarks/bench_predict_cpu.py measures it, round by
+# round, interleaved. Here the prediction of the real server must only be of the right order: within SANITY of what
+# was measured (a pricing or join broken by a factor, as eager pricing of the tiny model at 40x once was, fails).
+SANITY = (0.25, 4.0)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_the_prediction_of_the_cpu_server_is_of_the_right_order(server, priced, concurrency):
+    """On the launched CPU server, TTFT p50 and output tokens/s predicted (the model's steps on the calibrated CPU
+    plus the server overhead the probes bracketing the run measured) within SANITY of measured, at concurrency 1
+    and 8 (saturated: the closed loop keeps 8 sequences in every step); the 0.67-1.5 target is the benchmark's."""
+    seen = []
+    for attempt in range(PREDICT_ATTEMPTS):
+        ttft, tps, rep = _run_and_predict(server, priced, concurrency, 48, seed=attempt)
+        seen.append((round(ttft, 2), round(tps, 2)))
+        ok = SANITY[0] <= tps <= SANITY[1] and SANITY[0] <= ttft <= SANITY[1]
+        if ok:
+            break
+    print(f"concurrency {concurrency}: predicted / measured (TTFT p50, output tokens/s) per attempt: {seen}")
+    assert rep["predictions"]["model"]["figures"]["requests"] == 48
+    assert rep["overhead"]["step_s"] >= 0 and ("batch_probe" in rep["overhead"]["basis"]) == (concurrency > 1)
+    busy = oversubscribed()
+    if busy and not ok:
+        pytest.skip(f"{busy}; predicted / measured (TTFT p50, output tokens/s) seen: {seen}")
+    assert ok, seen
+
+
+def test_a_request_overhead_measured_under_load_applies_to_a_closed_loop_by_its_concurrency():
+    """request_s 3 ms alone, 23 ms among 8 decoding: a closed loop of 5 clients (4 others decoding) gets 3 + 4/8
+    x 20 = 13 ms of lag, one of 1 client 3 ms, an open loop 3 ms (no concurrency to read the load from)."""
+    from opmap.bench.predict import ServerOverhead
+
+    ov = ServerOverhead(0.0, 0.003, {}, 0.0, 0.023, 8)
+    assert ov.lag_s(4) == pytest.approx(0.013) and ov.lag_s(0) == 0.003 and ov.lag_s(20) == pytest.approx(0.023)
+    recs = [_rec(k, 0.0, 0.02, 0.05) for k in range(5)]
+    for mode, c, lag in (("closed", 5, 0.013), ("closed", 1, 0.003), ("open", None, 0.003)):
+        w = workload(recs if c != 1 else recs[:1], mode, c)
+        sent, first, _, _ = simulate_workload(w, engine_policy(1024, 256), _flat_cost(), ov)
+        assert (first - sent).min() == pytest.approx(lag + 0.010)
