@@ -15,9 +15,10 @@ SSE_ERROR = b"event: error\ndata: Request failed during generation: out of memor
 
 class FaultServer(NullServer):
     """``mode``: "500", "drop" (two tokens, then the connection closes), "error" (two tokens, then an error
-    event, then [DONE]), "sse-error" (an ``event: error`` SSE event, as TGI sends), "hang" (the request is read
-    and never answered) or "strict" (a field it does not know, ignore_eos, refused with a 422 as transformers
-    serve refuses it: "Unexpected fields in the request"; a request without it streams normally)."""
+    event, then [DONE]), "stall" (two tokens, then nothing: the stream stays open), "sse-error" (an
+    ``event: error`` SSE event, as TGI sends), "hang" (the request is read and never answered) or "strict" (a
+    field it does not know, ignore_eos, refused with a 422 as transformers serve refuses it: "Unexpected fields
+    in the request"; a request without it streams normally)."""
 
     def __init__(self, mode: str, every: int = 1, cfg: NullConfig | None = None) -> None:
         super().__init__(cfg or NullConfig())
@@ -44,11 +45,13 @@ class FaultServer(NullServer):
             writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
             await writer.drain()
-        elif self.mode in ("drop", "error"):
+        elif self.mode in ("drop", "error", "stall"):
             writer.write(STREAM_HEAD)
             for _ in range(2):
                 writer.write(_token_event(False, "null", " tok", None))
             await writer.drain()
+            if self.mode == "stall":
+                await asyncio.sleep(3600)
             if self.mode == "drop":
                 writer.transport.abort()  # no terminating chunk: the stream is cut
                 raise ConnectionResetError("dropped on purpose")

@@ -88,6 +88,7 @@ def test_an_api_key_goes_as_a_bearer_token():
     with ThreadServer(server) as port:
         res = run_load(f"http://127.0.0.1:{port}", "null", closed(1), concurrency=1, api_key="sk-test")
     assert res.records[0].ok and "authorization: Bearer sk-test" in server.last_head
+    assert "content-type: application/json" in server.last_head  # the body's type, not aiohttp's octet-stream
     assert "sk-test" not in repr(res.to_dict())
 
 
@@ -97,6 +98,20 @@ def test_closed_loop_holds_its_concurrency():
     assert len(res.records) == 12 and all(r.ok for r in res.records)
     assert res.options["peak_in_flight"] == 3 and res.options["connections_opened"] == 3
     assert res.server_models == ("null",) and res.server_header == "opmap-null"
+
+
+def test_an_idle_connection_is_dropped_before_the_servers_keep_alive_limit(monkeypatch):
+    """Servers close a connection idle for 5 s (uvicorn's timeout_keep_alive); the client drops its own idle ones
+    sooner (KEEPALIVE_S), so no request goes out on a connection being closed. Three sends 0.15 s apart: with the
+    limit at 0.05 s each gets a new connection (the /v1/models one, then 3); at the default 4 s, one is reused."""
+    import opmap.bench.client as client
+
+    with ThreadServer(NullServer(NullConfig())) as port:
+        kept = run_load(f"http://127.0.0.1:{port}", "null", scheduled([0.15, 0.3, 0.45]))
+        monkeypatch.setattr(client, "KEEPALIVE_S", 0.05)
+        dropped = run_load(f"http://127.0.0.1:{port}", "null", scheduled([0.15, 0.3, 0.45]))
+    assert all(r.ok for r in kept.records + dropped.records)
+    assert kept.options["connections_opened"] == 1 and dropped.options["connections_opened"] == 4
 
 
 def test_merged_events_are_timed_by_event_and_counted_by_usage():
@@ -154,6 +169,15 @@ def test_a_server_that_never_answers_hits_the_timeout_and_the_run_ends():
     assert [r.status for r in res.records] == ["timeout"] * 3
     assert all(0.45 < r.end_s - r.sent_s < 1.5 for r in res.records)
     assert time.perf_counter() - t < 5
+
+
+def test_a_stream_that_stalls_mid_way_hits_the_timeout_with_what_arrived():
+    """The limit runs from the send to the body's end, not only to the response's head: a server that sends
+    two tokens and then nothing is a timeout at timeout_s (not rounded up to a whole second), its tokens kept."""
+    with ThreadServer(FaultServer("stall")) as port:
+        res = run_load(f"http://127.0.0.1:{port}", "null", closed(2), concurrency=2, timeout_s=0.4)
+    assert [r.status for r in res.records] == ["timeout"] * 2
+    assert all(len(r.token_times_s) == 2 and 0.38 < r.end_s - r.sent_s < 0.9 for r in res.records)
 
 
 def _free_port() -> int:

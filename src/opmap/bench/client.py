@@ -7,18 +7,25 @@ The scheduler's own lag (actual send - scheduled, s) is kept per request; the co
 connection for every request in flight, so a send never waits for a free connection. Closed loop
 (``concurrency`` C): C workers, each sending its next request when its last one ends.
 
-HTTP/1.1 with keep-alive on asyncio's own transports (opmap.bench.http: httpx's per-request cost capped the
-client near 350 requests/s on this machine). A request's fate is one of records.STATUSES; a failing request
-is recorded and the run goes on. An endpoint that cannot be reached at all (``/v1/models`` fails to connect)
-is an OpmapError before anything is sent. SIGINT / SIGTERM stop the run: nothing more is sent, requests in
-flight are cancelled (counted, not recorded) and the records so far come back, marked interrupted.
+HTTP/1.1 with keep-alive through aiohttp (a ClientSession whose TCPConnector holds as many connections as the
+load keeps in flight: C for a closed loop, no cap for an open loop); each response body is read as it arrives
+(``readany``: what the socket has delivered so far, stamped once) and fed to the SSE parser (opmap.bench.sse).
+The client's own ceiling (benchmarks/bench_loadgen.py, figures in benchmarks/README.md): about 370 us of
+client CPU per 25-token request, 1.6x what a hand-written asyncio transport spent; httpx spent 1.9 ms.
+
+A request's fate is one of records.STATUSES; a failing request is recorded and the run goes on. An endpoint
+that cannot be reached at all (``/v1/models`` fails to connect) is an OpmapError before anything is sent.
+SIGINT / SIGTERM stop the run: nothing more is sent, requests in flight are cancelled (counted, not recorded)
+and the records so far come back, marked interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -31,7 +38,13 @@ APIS = ("completions", "chat")
 PROGRESS_EVERY_S = 0.1  # progress callbacks at most this often: a bar redrawn per request costs the client
 ERROR_BODY_BYTES = 300  # the part of an HTTP error's body kept in a record
 STOP_CHECK_S = 0.05  # the open loop waits on the stop event past this (a task each); shorter waits just sleep
-REQUEST_HEADERS = {"content-type": "application/json", "accept": "text/event-stream", "user-agent": "opmap-bench"}
+REQUEST_HEADERS = {"content-type": "application/json", "accept": "text/event-stream", "user-agent": "opmap-bench",
+                   "accept-encoding": "identity"}
+# An idle keep-alive connection is dropped by the client after this (s): below the servers' own idle limit
+# (uvicorn's timeout_keep_alive, used by vLLM and transformers serve, defaults to 5 s; llama.cpp's httplib: 5 s),
+# so a request never goes out on a connection the server is closing at that moment (aiohttp does not retry a
+# POST whose connection closed before any answer: it would be counted as dropped).
+KEEPALIVE_S = 4.0
 
 
 def endpoint_root(base_url: str) -> str:
@@ -124,16 +137,16 @@ class _Run:
         self.interrupted = False
         self.peak_in_flight = 0
         self.in_flight = 0
-        self.pool = None
+        self.session = None
+        self.opened = 0  # sockets made (connections opened, failed attempts included)
+        self.post_url = self.url(self.path)
         self._last_progress = 0.0
 
     async def main(self, specs) -> BenchResult:
-        from opmap.bench.http import Origin, Pool
-
         self.stop = asyncio.Event()
         _fd_limit()
         self.t0 = time.perf_counter()
-        self.pool = Pool(Origin.parse(self.root), time.perf_counter, min(self.connect_timeout_s, self.timeout_s))
+        self.session = self._session()
         try:
             models, server = await self._models()
             handlers = self._signals()
@@ -148,40 +161,81 @@ class _Run:
                 wall = time.perf_counter() - self.t0
                 self._unsignal(handlers)
         finally:
-            self.pool.close()
+            await self.session.close()
         self._report_progress(force=True)
         return BenchResult(tuple(self.records), self.root, self.model, self.api,
                            "open" if self.concurrency is None else "closed", self.concurrency, started_unix, wall,
                            self.interrupted, self.cancelled, tuple(models), server,
                            {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos,
                             "ignore_eos_refused": self.ignore_eos_refused, "duration_s": self.duration_s,
-                            "connections_opened": self.pool.opened, "peak_in_flight": self.peak_in_flight,
+                            "connections_opened": self.opened, "peak_in_flight": self.peak_in_flight,
                             "extra_body": self.extra_body or {}})
+
+    def _session(self):
+        """The aiohttp session: a connection per request in flight (``limit``: C in a closed loop; 0, no cap, in
+        an open loop, so a send never waits for a free connection), kept alive KEEPALIVE_S when idle; each request
+        limited to ``timeout_s`` from its send to its body's end (aiohttp's total timeout, not rounded up to a
+        whole second: ``timeout_ceil_threshold``), its socket's connect to the connect timeout; the request
+        headers set once for the session (merging them per request costs the client); no cookies, no
+        decompression, no redirects; sockets counted as they are made (``connections_opened``)."""
+        import aiohttp
+
+        def make_socket(addr_info) -> socket.socket:
+            family, type_, proto, _, _ = addr_info
+            self.opened += 1
+            return socket.socket(family=family, type=type_, proto=proto)
+
+        connector = aiohttp.TCPConnector(limit=self.concurrency or 0, limit_per_host=0,
+                                         keepalive_timeout=KEEPALIVE_S, socket_factory=make_socket,
+                                         timeout_ceil_threshold=math.inf)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self._connect_s())
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
+                                     auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                     raise_for_status=False)
+
+    def _connect_s(self) -> float:
+        return min(self.connect_timeout_s, self.timeout_s)
 
     async def _models(self) -> tuple[list[str], str | None]:
         """The model ids ``/v1/models`` lists, and the server's ``Server`` header; OpmapError when the endpoint
         cannot be reached (nothing listens, no route, DNS) or does not answer."""
-        from opmap.bench.http import HTTPClosed, HTTPProtocolError
+        import aiohttp
 
-        got: list[bytes] = []
+        timeout = aiohttp.ClientTimeout(total=self._connect_s() * 3, sock_connect=self._connect_s())
         try:
-            async with asyncio.timeout(min(self.connect_timeout_s, self.timeout_s) * 3):
-                hdrs = {k: v for k, v in self.headers.items() if k in ("authorization", "user-agent")}
-                status, headers = await self.pool.request("GET", "/v1/models", b"", {**hdrs, "accept":
-                                                          "application/json"}, lambda b, t: got.append(b))
-        except (HTTPClosed, HTTPProtocolError, TimeoutError) as e:
-            raise OpmapError(f"{self.root}/v1/models did not answer: {_why(e)}") from None
-        except OSError as e:
+            async with self.session.get(self.url("/v1/models"), headers={"accept": "application/json"},
+                                        timeout=timeout, allow_redirects=False) as resp:
+                status, server, got = resp.status, resp.headers.get("server"), await resp.read()
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             raise OpmapError(f"cannot reach {self.root}: {_why(e)} (is the server up, and is the URL its base, "
                              "such as http://host:8000?)") from None
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise OpmapError(f"{self.root}/v1/models did not answer: {_why(e)}") from None
+        except OSError as e:
+            raise OpmapError(f"cannot reach {self.root}: {_why(e)}") from None
         ids: list[str] = []
         if status == 200:
             try:
-                data = json.loads(b"".join(got)).get("data") or []
+                data = json.loads(got).get("data") or []
                 ids = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
             except (ValueError, AttributeError):
                 ids = []
-        return ids, headers.get("server")
+        return ids, server
+
+    def url(self, path: str):
+        """The URL of ``path`` under the endpoint's root (a yarl URL, parsed once); OpmapError for a root without
+        a host or with a port that is not a number from 0 to 65535."""
+        from yarl import URL
+
+        try:
+            u = URL(self.root + path)
+            ok = bool(u.host) and u.port is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            raise OpmapError(f"endpoint {self.root!r} is not an http:// or https:// URL with a host and a port from "
+                             "0 to 65535 (such as http://localhost:8000)")
+        return u
 
     def _signals(self) -> list[int]:
         loop = asyncio.get_running_loop()
@@ -281,20 +335,27 @@ class _Run:
         self._report_progress()
 
     async def _exchange(self, spec: RequestSpec, ignore_eos: bool):
-        """One request on the wire: (sent_s, its stream, status, error, HTTP status)."""
-        from opmap.bench.http import HTTPClosed, HTTPProtocolError
+        """One request on the wire: (sent_s, its stream, status, error, HTTP status). The body is read to its
+        end (after [DONE] too), so the connection goes back to the pool for the next request."""
+        import aiohttp
 
         body = request_body(spec, self.model, self.api, ignore_eos, self.extra_body)
         st = _Stream(self.t0)
-        sent = time.perf_counter() - self.t0
+        clock, feed = time.perf_counter, st.feed
+        sent = clock() - self.t0
         error, http_status = "", None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                http_status, _ = await self.pool.request("POST", self.path, body, self.headers, st.feed)
+            async with self.session.post(self.post_url, data=body, allow_redirects=False) as resp:
+                http_status = resp.status
+                read = resp.content.readany
+                while data := await read():
+                    feed(data, clock())
             status, error = st.outcome(http_status)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+            status, error = "connect_error", _why(e)
         except TimeoutError:
             status, error = "timeout", f"no end of stream within {self.timeout_s:g} s"
-        except (HTTPClosed, HTTPProtocolError) as e:
+        except aiohttp.ClientError as e:  # the connection closed before the response ended, or not HTTP/1.x
             status, error = "dropped", _why(e)
         except OSError as e:
             status, error = "connect_error", _why(e)
@@ -310,7 +371,7 @@ class _Run:
 
 
 class _Stream:
-    """One response's body read as it arrives (``feed``, called from the transport): the arrival of each event
+    """One response's body read as it arrives (``feed``, with the time of each read): the arrival of each event
     carrying text (s from the run's start), the usage counts, the events seen; the first bytes kept for an HTTP
     error's message."""
 

@@ -24,13 +24,23 @@ PARQUET_COLUMNS = {
     "usage_prompt_tokens": "BIGINT", "usage_completion_tokens": "BIGINT", "events": "BIGINT"}
 
 
+def _aiohttp_version() -> str:
+    """The installed aiohttp's version (from its metadata: the package itself is not imported here)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiohttp")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def client_version() -> dict[str, str]:
     """The client that measured: opmap's version, its transport, Python's version."""
     import platform
 
     from opmap import __version__
 
-    return {"opmap": __version__, "transport": "opmap.bench.http (HTTP/1.1 keep-alive on asyncio)",
+    return {"opmap": __version__, "transport": f"aiohttp {_aiohttp_version()} (HTTP/1.1 keep-alive)",
             "python": platform.python_version()}
 
 
