@@ -234,6 +234,8 @@ def nemo_fp8_rows() -> list[Row]:
                         f"{NEMO_FP8}; settings: {NEMO_RECIPES}",
                         how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU, bubble {sh.bubble_fraction:.1%}, "
                             f"MFU {fig['mfu']:.0%} of the fp8 peak"))
+    return rows
+
 
 LLAMA3 = ("Llama 3 paper (Llama Team, AI @ Meta 2024, arXiv 2407.21783) Table 4, 405B pre-training on H100 80GB "
           "(8 per server on NVLink, 400 Gb/s RoCE); the same TP / CP / PP / tokens per batch / TFLOP/s per GPU on "
