@@ -5,6 +5,7 @@ import pytest
 
 from opmap.errors import OpmapError
 from opmap.serve import make_requests
+from opmap.serve.arrivals import parse_length
 
 
 def test_poisson_and_gamma_gaps_have_the_stated_mean_and_cv():
@@ -147,3 +148,21 @@ def test_a_wide_lognormal_is_clipped_to_10m_tokens_not_wrapped_negative():
     # cast to int64 wraps to a negative length; clipped, every length stays within 1 .. 10M
     r = make_requests("offline", "lognormal:100,50", "1", 2000, seed=0)
     assert r.input_len.min() >= 1 and r.input_len.max() == 10_000_000
+
+
+def test_a_capped_length_is_truncated_at_its_max():
+    """``lognormal:MEDIAN,SIGMA,MAX`` draws no length above MAX and redraws those that were (a truncated
+    distribution): with median 152 and sigma 0.872 about 1.5% of draws exceed 1023 (ln(1023/152) / 0.872 = 2.19
+    standard deviations), so 24,576 draws capped at 1023 keep their median near 152 and all lie at or under 1023,
+    while the uncapped draws of the same seed go past it. A cap under the median is refused in one line."""
+    capped = make_requests("offline", "lognormal:152,0.872,1023", "1", 24_576, seed=0).input_len
+    free = make_requests("offline", "lognormal:152,0.872", "1", 24_576, seed=0).input_len
+    assert capped.max() <= 1023 < free.max()
+    assert 0.005 < (free > 1023).mean() < 0.03
+    assert abs(np.median(capped) / 152 - 1) < 0.05
+    assert parse_length("lognormal:152,0.872,1023").spec() == "lognormal:152,0.872,1023"
+    assert parse_length("normal:300,50,400").cap == 400
+    with pytest.raises(OpmapError, match="MAX"):
+        parse_length("lognormal:152,0.872,100")
+    with pytest.raises(OpmapError, match="accepted"):
+        parse_length("uniform:1,5,9")

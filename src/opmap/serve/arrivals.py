@@ -7,7 +7,9 @@ Offline scenario), ``trace:FILE``.
 
 Lengths (tokens): ``N``, ``uniform:A,B`` (integers A..B inclusive), ``normal:MEAN,STD`` (rounded, clipped to
 1..MAX_TOKENS), ``lognormal:MEDIAN,SIGMA`` (exp of a normal with mean ln MEDIAN and std SIGMA, rounded, clipped
-the same), ``trace`` (the lengths in the trace file; needs ``trace:FILE`` arrivals).
+the same), ``trace`` (the lengths in the trace file; needs ``trace:FILE`` arrivals). ``normal`` and ``lognormal``
+take an optional third number, MAX: no length above it (a data set's prompt limit, a max_tokens cap), drawn
+again until under it (a truncated distribution, as a set that drops its longer samples).
 
 Trace file format: UTF-8 JSON Lines, one object per request with ``arrival_s`` and optionally ``input_len`` and
 ``output_len`` (JSON numbers), or CSV with a header row naming the same columns. Arrival times are seconds from
@@ -29,7 +31,7 @@ from opmap.errors import OpmapError
 from opmap.validate import count, finite_number, shown
 
 ARRIVALS_ACCEPTED = "poisson:RATE, gamma:RATE,CV, offline, trace:FILE"
-LENGTHS_ACCEPTED = "N, uniform:A,B, normal:MEAN,STD, lognormal:MEDIAN,SIGMA, trace"
+LENGTHS_ACCEPTED = "N, uniform:A,B, normal:MEAN,STD[,MAX], lognormal:MEDIAN,SIGMA[,MAX], trace"
 TRACE_ACCEPTED = "expected JSONL or CSV (UTF-8, a header row) of arrival_s,input_len,output_len"
 # The latest arrival time accepted (s): one year. Production traces span days to months (BurstGPT: 121 days,
 # 1.05e7 s); past ~1e9 s the float64 spacing of a time (t x 2.2e-16) exceeds the microseconds a token latency
@@ -81,10 +83,12 @@ class Length:
     kind: str
     a: float = 0.0
     b: float = 0.0
+    cap: int | None = None  # normal / lognormal: the longest length drawn (truncated there)
 
     def spec(self) -> str:
+        cap = f",{self.cap}" if self.cap is not None else ""
         return {"fixed": f"{int(self.a)}", "uniform": f"uniform:{int(self.a)},{int(self.b)}",
-                "normal": f"normal:{self.a:g},{self.b:g}", "lognormal": f"lognormal:{self.a:g},{self.b:g}",
+                "normal": f"normal:{self.a:g},{self.b:g}{cap}", "lognormal": f"lognormal:{self.a:g},{self.b:g}{cap}",
                 "trace": "trace"}[self.kind]
 
 
@@ -151,13 +155,19 @@ def parse_length(spec: str | int) -> Length:
     if kind == "trace" and not body:
         return Length("trace")
     if kind in ("uniform", "normal", "lognormal") and body:
-        a, b = _floats(spec, body, 2, "length")
+        capped = kind != "uniform" and body.count(",") == 2
+        vals = _floats(spec, body, 3 if capped else 2, "length")
+        a, b = vals[0], vals[1]
         names = {"uniform": ("A", "B"), "normal": ("MEAN", "STD"), "lognormal": ("MEDIAN", "SIGMA")}[kind]
         a = _spec_number(a, f"length {spec!r}: {names[0]}", LENGTHS_ACCEPTED, lo=1, hi=MAX_TOKENS,
                          integer=kind == "uniform")
         b_rule = {"lo": a, "hi": MAX_TOKENS, "integer": True} if kind == "uniform" else {"lo": 0}
         b = _spec_number(b, f"length {spec!r}: {names[1]}", LENGTHS_ACCEPTED, **b_rule)
-        return Length(kind, a, b)
+        cap = None
+        if capped:  # at least the median / mean: a cap below it would redraw most draws
+            cap = int(_spec_number(vals[2], f"length {spec!r}: MAX", LENGTHS_ACCEPTED, lo=max(1.0, a),
+                                   hi=MAX_TOKENS, integer=True))
+        return Length(kind, a, b, cap)
     raise OpmapError(f"bad length {spec!r} (tokens must be >= 1): accepted: {LENGTHS_ACCEPTED}")
 
 
@@ -269,13 +279,21 @@ def draw_lengths(length: Length, n: int, rng: np.random.Generator) -> np.ndarray
         return np.full(n, int(length.a), dtype=np.int64)
     if length.kind == "uniform":
         return rng.integers(int(length.a), int(length.b) + 1, n, dtype=np.int64)
-    if length.kind == "normal":
-        x = rng.normal(length.a, length.b, n)
-    elif length.kind == "lognormal":
-        x = rng.lognormal(math.log(length.a), length.b, n)
-    else:
+    if length.kind not in ("normal", "lognormal"):
         raise OpmapError("length 'trace' needs trace:FILE arrivals whose file has the length columns")
-    return np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)
+
+    def draw(k: int) -> np.ndarray:
+        x = (rng.normal(length.a, length.b, k) if length.kind == "normal"
+             else rng.lognormal(math.log(length.a), length.b, k))
+        return np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)
+
+    out = draw(n)
+    if length.cap is not None:  # truncated: the draws over the cap drawn again (the cap is at least the median)
+        over = out > length.cap
+        while over.any():
+            out[over] = draw(int(over.sum()))
+            over = out > length.cap
+    return out
 
 
 def make_requests(arrival: Arrival | str, input_len: Length | str | int, output_len: Length | str | int,
