@@ -39,7 +39,7 @@ def bench(
                                                                    "still finish)."),
     warmup: int = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures."),
     input_len: str = typer.Option("128", "--input-len", help="Prompt tokens: N, uniform:A,B, normal:MEAN,STD, "
-                                                             "lognormal:MEDIAN,SIGMA or trace."),
+                                                             "lognormal:MEDIAN,SIGMA ([,MAX]) or trace."),
     output_len: str = typer.Option("128", "--output-len", help="Output tokens (max_tokens), as --input-len."),
     api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat "
                                                          "(/v1/chat/completions)."),

@@ -35,7 +35,7 @@ def serve(
                                                           "--find-capacity: at least this many a run, more where "
                                                           "they span under 20 request lifetimes)."),
     input_len: str = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
-                                                             "lognormal:MEDIAN,SIGMA or trace."),
+                                                             "lognormal:MEDIAN,SIGMA ([,MAX]) or trace."),
     output_len: str = typer.Option("128", "--output-len", help="As --input-len."),
     policy: str | None = typer.Option(None, help="engine (in-flight batching as vLLM / TensorRT-LLM: the default; "
                                                  "continuous with --disaggregate), none, static:B, dynamic:B,WAIT_MS, "
