@@ -1,0 +1,176 @@
+"""``tune``: rank each signature's candidates by the cost model, time the top k on the device, keep the winner.
+
+Per signature (signatures.py) of the model's captured plan:
+
+1. enumerate the candidates that run here (candidates.py), predict each (rank.predict_candidate);
+2. time the top ``top_k`` by prediction plus the default with opmap.timing.time_interleaved (warm-up, then
+   ``rounds`` rounds of one sample each, order rotated: median and spread per candidate);
+3. choose the fastest median; a winner whose lead over the default is within the noise (not more than the
+   larger interquartile range of the two) is not taken: the default stays, so a choice is never a coin toss;
+4. cache the entry (cache.py); a later run with the same device, versions and candidate list reads it.
+
+Then Kendall's tau-b between predicted and measured order, pooled over signatures (rank.kendall_tau), and
+the whole model run twice, as built and with every choice applied (apply.py), timed interleaved: the gain
+measured, not summed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from opmap.explore.tune import cache
+from opmap.explore.tune.apply import apply_choices
+from opmap.explore.tune.candidates import (
+    LEFT_OUT,
+    SDPA_BACKENDS,
+    Candidate,
+    default_candidate,
+    enumerate_candidates,
+    runnable,
+    runs_here,
+)
+from opmap.explore.tune.rank import kendall_tau, predict_candidate
+from opmap.explore.tune.signatures import Signature, signatures
+from opmap.hardware.spec import HardwareSpec
+from opmap.timing import Sample, time_interleaved
+
+SCHEMA_VERSION = 1
+MAX_TOP_K = 16
+Progress = Callable[[str, int, int], None]
+
+
+def _median_spread(s: Sample) -> dict[str, float]:
+    return {"measured_s": s.median_s, **{k: v for k, v in s.spread().items()}}
+
+
+def _choose(timed: list[tuple[Candidate, Sample]], default: Candidate) -> tuple[Candidate, str]:
+    """The fastest median; the default where the winner's lead is within the larger IQR of the two."""
+    best, bs = min(timed, key=lambda cs: cs[1].median_s)
+    ds = dict(timed)[default]
+    noise = max(bs.spread()["iqr_s"], ds.spread()["iqr_s"])
+    if best != default and ds.median_s - bs.median_s <= noise:
+        return default, f"{best.label} led by {ds.median_s - bs.median_s:.3g} s, within the spread {noise:.3g} s"
+    return best, ""
+
+
+def tune_signature(sig: Signature, hw: HardwareSpec, threads: int, dtypes: tuple[str, ...], top_k: int,
+                   rounds: int, min_time_s: float, backends: tuple[str, ...]) -> dict[str, Any]:
+    """One signature's entry: every candidate predicted, the top k and the default timed, the choice."""
+    cal_threads = int((hw.calibration or {}).get("fingerprint", {}).get("threads", threads))
+    cands = [c for c in enumerate_candidates(sig, threads, dtypes, backends) if runs_here(sig, c)]
+    default = default_candidate(sig, threads)
+    pred = {c: predict_candidate(sig, c, hw, cal_threads) for c in cands}
+    ranked = sorted(cands, key=lambda c: pred[c])
+    timed_c = ranked[:top_k] + ([default] if default not in ranked[:top_k] else [])
+    with torch.no_grad():
+        samples = time_interleaved([runnable(sig, c) for c in timed_c], torch.device("cpu"), rounds=rounds,
+                                   min_time_s=min_time_s)
+    timed = list(zip(timed_c, samples))
+    chosen, kept = _choose(timed, default)
+    meas = dict(timed)
+    rows = [{**c.to_dict(), "predicted_s": pred[c], "predicted_rank": i + 1, "timed": c in meas,
+             "default": c == default, "changes_precision": c.dtype != sig.dtype,
+             **(_median_spread(meas[c]) if c in meas else {})} for i, c in enumerate(ranked)]
+    d_s, c_s = meas[default].median_s, meas[chosen].median_s
+    return {"signature": sig.to_dict(), "candidates": rows, "chosen": chosen.to_dict(), "default": default.to_dict(),
+            "default_s": d_s, "chosen_s": c_s, "gain": d_s / c_s, "kept_default_because": kept,
+            "predicted_chosen_s": pred[chosen], "predicted_default_s": pred[default]}
+
+
+def _tau_groups(entries: list[dict]) -> list[tuple[list[float], list[float]]]:
+    out = []
+    for e in entries:
+        rows = [r for r in e["candidates"] if r["timed"]]
+        out.append(([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]))
+    return out
+
+
+def sdpa_backends_here() -> tuple[str, ...]:
+    """The SDPA backends that run a small attention on this CPU."""
+    sig = Signature("attention", (1, 1, 8, 8, 16, 0), "fp32", "bhsd")
+    return tuple(b for b in SDPA_BACKENDS if runs_here(sig, Candidate(1, "fp32", sdpa=b)))
+
+
+def device_dtypes(hw: HardwareSpec) -> tuple[str, ...]:
+    """The formats calibrated on this device (the profile's matrix peaks) that also run here."""
+    sig = Signature("gemm", (16, 16, 16, 0), "fp32", "nt")
+    return tuple(dt for dt in ("fp32", "bf16", "fp16")
+                 if dt in hw.matrix_peak_flops_per_s and runs_here(sig, Candidate(1, dt)))
+
+
+def whole_model(load: Callable[[], Any], choices: list[tuple[Signature, Candidate, Candidate]], model_dtype: str,
+                rounds: int) -> dict[str, Any]:
+    """The model as built and with the choices applied, timed interleaved (seconds per forward)."""
+    from opmap.precision import torch_dtype
+
+    base, tuned = load(), load()
+    notes = apply_choices(tuned.module, choices, torch_dtype(model_dtype))
+
+    def call(w):
+        inputs = w.inputs
+        if isinstance(inputs, dict):
+            return lambda: w.module(**inputs)
+        return lambda: w.module(*(inputs if isinstance(inputs, tuple) else (inputs,)))
+    base.module.eval()
+    tuned.module.eval()
+    with torch.no_grad():
+        d, t = time_interleaved([call(base), call(tuned)], torch.device("cpu"), rounds=rounds, min_time_s=0.0)
+    spread = max(d.spread()["iqr_s"], t.spread()["iqr_s"])
+    return {"default": _median_spread(d), "tuned": _median_spread(t), "gain": d.median_s / t.median_s,
+            "spread_s": spread, "tuned_within_spread": t.median_s <= d.median_s + spread,
+            "applied": sum(1 for s, c, dft in choices if c != dft), "not_applied": notes}
+
+
+def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], hw: HardwareSpec,
+         dtype: str = "fp32", top_k: int = 3, rounds: int = 5, min_time_s: float = 0.005,
+         use_cache: bool = True, progress: Progress | None = None,
+         cache_dir=None) -> dict[str, Any]:
+    """Tune every signature of ``model`` (see the module docstring); returns tune.json's content."""
+    from opmap.calibrate.fingerprint import fingerprint
+    from opmap.capture import capture
+    from opmap.errors import OpmapError
+
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise OpmapError(f"--top-k must be an integer from 1 to {MAX_TOP_K} (got {top_k})")
+    if hw.device_type != "cpu" or not hw.calibration:
+        raise OpmapError("tune ranks with this CPU's calibrated rates: use --hardware local after `opmap calibrate`")
+    progress = progress or (lambda *_: None)
+    t0 = time.perf_counter()
+    w = load_meta()
+    sigs = signatures(capture(w.module, w.inputs))
+    threads = torch.get_num_threads()
+    dtypes, backends = device_dtypes(hw), sdpa_backends_here()
+    fp = fingerprint(torch.device("cpu"))
+    d = cache_dir or cache.cache_dir()
+    entries, hits = [], 0
+    for i, sig in enumerate(sigs):
+        progress(f"tuning {sig.key}", i, len(sigs))
+        labels = [c.label for c in enumerate_candidates(sig, threads, dtypes, backends)]
+        key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels, top_k)
+        hit = cache.read(d, key) if use_cache else None
+        if hit is not None and hit["candidate_hash"] == chash:
+            entries.append({**hit, "signature": sig.to_dict(), "cached": True})
+            hits += 1
+            continue
+        e = tune_signature(sig, hw, threads, dtypes, top_k, rounds, min_time_s, backends)
+        cache.write(d, key, {**e, "candidate_hash": chash, "fingerprint": fp, "versions": cache.versions()})
+        entries.append({**e, "cached": False})
+    progress("whole model: default vs tuned", len(sigs), len(sigs))
+    choices = [(s, Candidate.from_dict(e["chosen"]), Candidate.from_dict(e["default"])) for s, e in zip(sigs, entries)]
+    whole = whole_model(load_cpu, choices, dtype, rounds)
+    tau = kendall_tau(_tau_groups(entries))
+    return {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype,
+            "device": "cpu", "threads": threads, "top_k": top_k, "rounds": rounds,
+            "fingerprint": fp, "versions": cache.versions(),
+            "axes": {"threads": list(sorted({c.threads for s in sigs for c in [default_candidate(s, threads)]} |
+                                            {1, threads})),
+                     "dtypes": list(dtypes), "sdpa_backends": list(backends), "chunks": [1, 2, 4],
+                     "channels_last": "conv and batch norm signatures", "left_out": LEFT_OUT},
+            "signatures": entries, "kendall_tau": tau, "tau_pairs": "within each signature, pooled (tau-b)",
+            "cache": {"dir": str(d), "hits": hits, "misses": len(sigs) - hits},
+            "whole_model": whole, "elapsed_s": time.perf_counter() - t0,
+            "note": "timed on a shared machine: medians with their spread (min, max, IQR) per candidate"}
