@@ -27,10 +27,20 @@ QUICK_CONV = ((1, 16, 16, 16, 3, 1),)
 # Fused attention (batch * heads, sequence, head dim), causal and not.
 FULL_ATTN = tuple((12, s, 64) for s in (64, 128, 256, 512, 1024, 2048))
 QUICK_ATTN = ((2, 32, 16),)
-FULL_SIZES = tuple(2 ** p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB per buffer
+FULL_SIZES = tuple(2 ** p for p in range(16, 29, 2))  # 64 KiB .. 256 MiB per buffer (8x a 32 MiB LLC)
 QUICK_SIZES = (2 ** 16, 2 ** 20)
 FRESH_MIN_BYTES = 2 ** 20  # fresh-output writes are timed from 1 MiB up (smaller blocks are recycled by malloc)
-MAX_CALL_S = 0.1  # a shape whose one call would take longer (slow dtype on this device) is skipped, and said
+# The skip rule never assumes a rate below this per thread (a scalar 2-FLOP fused multiply-add per cycle at 1 GHz
+# is 2e9): a first shape stalled by the scheduler must not skip the whole grid behind it
+SKIP_FLOOR_PER_THREAD = 1e9
+MAX_CALL_S = 0.05  # a shape whose one call would take longer (slow dtype on this device) is skipped, and said
+# Each format's ceiling (run._ceilings): a square GEMM whose one call takes about this long at the best grid rate
+# (large enough for the dispatched kernel's sustained rate, short enough for a one-minute calibration), side <= max
+CEILING_CALL_S = 0.05
+CEILING_MAX = 4096
+# A pointwise add of this many fp32 elements splits over every intra-op thread: ATen parallelises from its
+# GRAIN_SIZE of 32768 elements up (aten/src/ATen/Parallel.h, ``constexpr int64_t GRAIN_SIZE = 32768``)
+PARALLEL_ELEMS = 2 ** 18
 VECTOR_ELEMS = 2 ** 17  # 512 KiB of fp32: inside a per-core L2, so the vector rate is not a bandwidth
 
 
@@ -49,4 +59,4 @@ def steps(quick: bool) -> int:
     g = grid(quick)
     backward = sum(1 for x in g["conv"] if x[1] != 3)
     per_format = len(g["gemm"]) + len(g["gemm_ta"]) + len(g["gemm_wgrad"]) + len(g["conv"]) + 2 * len(g["attention"])
-    return len(FORMATS) * per_format + backward + len(g["sizes"]) + 6
+    return len(FORMATS) * per_format + backward + len(g["sizes"]) + 8

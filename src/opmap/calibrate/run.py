@@ -15,11 +15,21 @@ from dataclasses import dataclass, field
 import torch
 
 from opmap.calibrate.fingerprint import fingerprint
-from opmap.calibrate.grids import FORMATS, FRESH_MIN_BYTES, MAX_CALL_S, VECTOR_ELEMS, grid
+from opmap.calibrate.grids import (
+    CEILING_CALL_S,
+    CEILING_MAX,
+    FORMATS,
+    FRESH_MIN_BYTES,
+    MAX_CALL_S,
+    PARALLEL_ELEMS,
+    SKIP_FLOOR_PER_THREAD,
+    VECTOR_ELEMS,
+    grid,
+)
 from opmap.errors import OpmapError
 from opmap.ops import causal_pairs
 from opmap.precision import torch_dtype
-from opmap.timing import Sample, time_op
+from opmap.timing import Sample, time_interleaved, time_op
 
 
 @dataclass
@@ -37,6 +47,7 @@ class Calibration:
     transcendental_per_s: float = 0.0  # exp / tanh / erf evaluations per second, fp32
     vector_kinds: dict[str, float] = field(default_factory=dict)  # family -> the cost rule's FLOPs per second
     view_overhead_s: float = 0.0  # one view op (host dispatch, no kernel)
+    parallel: dict[str, float] = field(default_factory=dict)  # a parallel region's fork / join cost (CPU)
     skipped: list[str] = field(default_factory=list)  # shapes left out, with the reason
 
     def peak(self, dtype: str) -> dict | None:
@@ -95,23 +106,28 @@ class _Bench:
 
     def __init__(self, cal: Calibration, dev: torch.device, quick: bool, step: Callable[[str], None]):
         self.cal, self.dev, self.step = cal, dev, step
+        self.threads = torch.get_num_threads() if dev.type == "cpu" else 1
+        # 5 samples of 5 ms each (3 where one call alone is long: time_op keeps a microbenchmark near 0.4 s) and
+        # one warm-up call: the whole run in about a minute (92 s before, on an AVX-512 EPYC: issue 23)
         self.reps = 3 if quick else 5
-        self.min_time = 0.002 if quick else 0.01
+        self.min_time = 0.002 if quick else 0.005
 
     def time(self, fn: Callable[[], object]) -> Sample:
-        return time_op(fn, self.dev, repeats=self.reps, min_time_s=self.min_time)
+        return time_op(fn, self.dev, warmup=1, repeats=self.reps, min_time_s=self.min_time)
 
     def shape(self, label: str, flops: float, make: Callable[[], Callable[[], object]], rates: dict[str, float],
               family: str) -> Sample | None:
         """Time one shape unless the best rate so far (this family's, else any family's at this dtype) says
         one call would take over MAX_CALL_S."""
-        best = rates.get(family) or max(rates.values(), default=0.0)
-        if best and flops / best > MAX_CALL_S:
+        best = max(rates.get(family) or max(rates.values(), default=0.0), SKIP_FLOOR_PER_THREAD * self.threads)
+        if flops / best > MAX_CALL_S:
             self.cal.skipped.append(f"{label}: one call would take {flops / best:.2g} s at {best / 1e9:.3g} GFLOP/s")
             self.step(f"{label} skipped")
             return None
         s = self.time(make())
-        rates[family] = max(rates.get(family, 0.0), flops / s.median_s)
+        # the fastest sample: on a shared host a descheduled worker thread can stall every call of a small shape,
+        # and a rate read from that stall would skip the whole rest of the grid
+        rates[family] = max(rates.get(family, 0.0), flops / s.spread()["min_s"])
         self.step(label)
         return s
 
@@ -235,6 +251,59 @@ def _vector(b: _Bench) -> None:
         t = b.time(lambda fn=fn, args=args: fn(*args)).median_s
         cal.vector_kinds[kind] = flops / max(t - lo, t * 0.1)
     b.step("vector families")
+    cal.parallel = parallel_overhead(dev)
+    b.step("parallel region overhead")
+
+
+def ceiling_side(rate_flops_per_s: float) -> int:
+    """The side of the square GEMM whose one call takes about CEILING_CALL_S at ``rate``: large enough that the
+    dispatched kernel (oneDNN, BLAS) runs at its sustained rate, in multiples of 256, at most CEILING_MAX."""
+    side = int((rate_flops_per_s * CEILING_CALL_S / 2.0) ** (1.0 / 3.0)) // 256 * 256
+    return max(256, min(CEILING_MAX, side))
+
+
+def _ceilings(b: _Bench, names: list[str]) -> None:
+    """Each format's ceiling: one large square GEMM in nn.Linear's layout (the kernel torch dispatches for the
+    format on this device), all formats at the same size and timed interleaved, so a load that comes and goes
+    on a shared host falls on every format alike and their ratio holds. The side is sized on the fastest rate
+    the grid saw; a format whose call would then take over 4 x CEILING_CALL_S is left at its grid figures."""
+    best = {n: max((r["flops_per_s"] for r in b.cal.matmul if r["dtype"] == n), default=0.0) for n in names}
+    side = ceiling_side(max(best.values(), default=0.0) or 1e9)
+    flops = 2.0 * side ** 3
+    names = [n for n in names if best[n] and flops / best[n] <= 4 * CEILING_CALL_S]
+    fns = []
+    for n in names:
+        dt = torch_dtype(n)
+        a, w = torch.randn(side, side, device=b.dev).to(dt), torch.randn(side, side, device=b.dev).to(dt)
+        fns.append(lambda a=a, w=w: torch.mm(a, w.t()))
+    samples = time_interleaved(fns, b.dev, warmup=1, rounds=3, min_time_s=0.0) if fns else []
+    for n, s in zip(names, samples):
+        b.cal.matmul.append({"m": side, "n": side, "k": side, "dtype": n, "layout": "nt", "ceiling": True,
+                             "flops_per_s": flops / s.median_s, **s.spread()})
+    b.step(f"ceilings at {side}^3")
+
+
+def parallel_overhead(dev: torch.device, rounds: int = 5) -> dict[str, float]:
+    """A parallel region's fork / join cost on a CPU, seconds: a PARALLEL_ELEMS-element add (past ATen's grain
+    size, so it splits over every intra-op thread) timed on all threads and on one, interleaved;
+    ``overhead_s`` = time on T threads - time on 1 thread / T (the part that parallel work does not explain:
+    waking and joining the workers, which on a host shared with other busy processes includes waiting for the
+    scheduler to run them). Empty on a GPU or a one-thread run."""
+    n = torch.get_num_threads()
+    if dev.type != "cpu" or n < 2:
+        return {}
+    x = torch.ones(PARALLEL_ELEMS, device=dev)
+    y = torch.empty_like(x)
+
+    def one():
+        torch.set_num_threads(1)
+        try:
+            torch.add(x, x, out=y)
+        finally:
+            torch.set_num_threads(n)
+    many, single = time_interleaved([lambda: torch.add(x, x, out=y), one], dev, rounds=rounds, min_time_s=0.002)
+    return {"threads": float(n), "many_s": many.median_s, "one_s": single.median_s,
+            "overhead_s": max(0.0, many.median_s - single.median_s / n), "iqr_s": many.spread()["iqr_s"]}
 
 
 def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
@@ -257,6 +326,7 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
             _matmuls(b, name, dt, shapes, rate)
             _convs(b, name, dt, shapes, rate)
             _attention(b, name, dt, shapes, rate)
+        _ceilings(b, [n for n in FORMATS if any(r["dtype"] == n for r in cal.matmul)])
         _bandwidth(b, shapes["sizes"])
         _vector(b)
     return cal

@@ -63,6 +63,8 @@ def analyze(
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp above 1)."),
     vp: int = typer.Option(1, "--vp", help="Virtual stages per device (interleaved 1F1B)."),
     devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x pp x dp."),
+    tuned: bool = typer.Option(False, "--tuned", help="Predict under the mappings `opmap tune` measured best on "
+                                                      "this CPU (--hardware local; prefill)."),
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow --seq / --kv-len past the model's max_position_embeddings "
                                                  "(rotary models: rope scaling)."),
@@ -108,6 +110,9 @@ def analyze(
     par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, devices=devices, microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
+    if tuned and (spec.name != "prefill" or hw.name != "local"):
+        raise OpmapError("--tuned applies the choices `opmap tune` measured on this CPU: it takes --hardware local "
+                         "and the prefill phase")
     if spec.name != "prefill":
         _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
                        fusion_plan, quality, layout, par, store, no_store, rt, allow_long_context)
@@ -133,6 +138,10 @@ def analyze(
             a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, a.graph, _workload_fields(w))
+    if tuned:
+        from opmap.explore.tune.tuned import tuned_analysis
+
+        a = tuned_analysis(a)
     _report(with_figures(with_runtime(a, rt)), par, overrides, rows, out, store, no_store)
 
 

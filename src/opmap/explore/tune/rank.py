@@ -6,8 +6,11 @@ the cost rules and predicted by the one time model (predict.predict_cost, with t
 math attention all count. Thread count: the profile was measured on ``calibrated_threads`` threads; a
 candidate on ``t`` threads gets its matrix and vector terms scaled by ``calibrated_threads / t`` (each core
 brings its own FMA units) while its memory term and dispatch overhead stay (one socket's memory system, one
-host thread dispatching). A stated simplification: it ignores the fork / join cost of a parallel region, which
-is why tiny operators often measure faster on one thread than the model says.
+host thread dispatching). On more than one thread, each kernel that runs as a parallel region (a matrix
+product, or an output of at least ATen's grain size, 32768 elements: aten/src/ATen/Parallel.h) also pays the
+fork / join cost ``parallel_s`` (calibrate.run.parallel_overhead, re-measured when tuning starts: on a host
+shared with other busy processes it is mostly the wait for the scheduler to run the worker threads, and it
+changes minute to minute).
 
 ``kendall_tau``: tau-b over (predicted, measured) pairs, ties counted as neither concordant nor discordant
 and taken out of the denominator (Kendall 1945, "The treatment of ties in ranking problems"); pooled over
@@ -40,7 +43,11 @@ class _Op(torch.nn.Module):
         return self.fn(*(None if hole else next(it) for hole in self.holes))
 
 
-def predict_candidate(sig: Signature, cand: Candidate, hw: HardwareSpec, calibrated_threads: int) -> float:
+GRAIN_SIZE = 32768  # ATen's at::internal::GRAIN_SIZE: smaller pointwise kernels run on one thread
+
+
+def predict_candidate(sig: Signature, cand: Candidate, hw: HardwareSpec, calibrated_threads: int,
+                      parallel_s: float = 0.0) -> float:
     """Predicted seconds per call of ``cand`` for ``sig`` on ``hw`` (see the module docstring)."""
     from opmap.capture import capture
     from opmap.costs import cost_graph
@@ -52,11 +59,13 @@ def predict_candidate(sig: Signature, cand: Candidate, hw: HardwareSpec, calibra
     prec = resolve_precision(hw, cand.dtype)
     scale = calibrated_threads / cand.threads
     total = 0.0
-    for c in cost_graph(graph):
+    for n, c in zip(graph.nodes, cost_graph(graph)):
         p = predict_cost(c, hw, prec, hw.curves)
         if scale != 1.0 and (p.matrix_s or p.vector_s):
             p = roofline(p.matrix_s * scale, p.vector_s * scale, p.memory_s, p.overhead_s)
         total += p.predicted_s
+        if cand.threads > 1 and c.kernel and (c.matrix_flops or sum(o.numel for o in n.outputs) >= GRAIN_SIZE):
+            total += parallel_s
     return total
 
 

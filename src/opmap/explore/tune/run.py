@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from opmap.explore.tune import cache
 from opmap.explore.tune.apply import apply_choices
 from opmap.explore.tune.candidates import (
+    CHUNKS,
     LEFT_OUT,
     SDPA_BACKENDS,
     Candidate,
@@ -32,6 +34,7 @@ from opmap.explore.tune.candidates import (
     enumerate_candidates,
     runnable,
     runs_here,
+    thread_counts,
 )
 from opmap.explore.tune.rank import kendall_tau, predict_candidate
 from opmap.explore.tune.signatures import Signature, signatures
@@ -57,18 +60,31 @@ def _choose(timed: list[tuple[Candidate, Sample]], default: Candidate) -> tuple[
     return best, ""
 
 
-def tune_signature(sig: Signature, hw: HardwareSpec, threads: int, dtypes: tuple[str, ...], top_k: int,
-                   rounds: int, min_time_s: float, backends: tuple[str, ...]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Setup:
+    """What one tuning run holds fixed: the device's axes and the timing discipline."""
+
+    threads: int  # intra-op threads now (the default candidate's)
+    dtypes: tuple[str, ...]  # formats calibrated and running here
+    backends: tuple[str, ...]  # SDPA backends running here
+    top_k: int = 3  # candidates timed per signature, by predicted rank (the default is timed besides)
+    rounds: int = 5  # interleaved rounds: samples per candidate
+    min_time_s: float = 0.005  # each sample at least this long (back-to-back calls)
+    parallel_s: float = 0.0  # a parallel region's fork / join cost now (rank.py)
+    calibrated_threads: int = 1  # the threads the profile was measured on
+
+
+def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any]:
     """One signature's entry: every candidate predicted, the top k and the default timed, the choice."""
-    cal_threads = int((hw.calibration or {}).get("fingerprint", {}).get("threads", threads))
-    cands = [c for c in enumerate_candidates(sig, threads, dtypes, backends) if runs_here(sig, c)]
+    threads, top_k = st.threads, st.top_k
+    cands = [c for c in enumerate_candidates(sig, threads, st.dtypes, st.backends) if runs_here(sig, c)]
     default = default_candidate(sig, threads)
-    pred = {c: predict_candidate(sig, c, hw, cal_threads) for c in cands}
+    pred = {c: predict_candidate(sig, c, hw, st.calibrated_threads, st.parallel_s) for c in cands}
     ranked = sorted(cands, key=lambda c: pred[c])
     timed_c = ranked[:top_k] + ([default] if default not in ranked[:top_k] else [])
     with torch.no_grad():
-        samples = time_interleaved([runnable(sig, c) for c in timed_c], torch.device("cpu"), rounds=rounds,
-                                   min_time_s=min_time_s)
+        samples = time_interleaved([runnable(sig, c) for c in timed_c], torch.device("cpu"), rounds=st.rounds,
+                                   min_time_s=st.min_time_s)
     timed = list(zip(timed_c, samples))
     chosen, kept = _choose(timed, default)
     meas = dict(timed)
@@ -125,52 +141,63 @@ def whole_model(load: Callable[[], Any], choices: list[tuple[Signature, Candidat
             "applied": sum(1 for s, c, dft in choices if c != dft), "not_applied": notes}
 
 
+def check_setup(hw: HardwareSpec, top_k: int) -> None:
+    """Refuse, before any work, a top-k out of range or a device profile that is not this CPU's calibration."""
+    from opmap.errors import OpmapError
+
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise OpmapError(f"--top-k must be an integer from 1 to {MAX_TOP_K} (got {top_k})")
+    if hw.device_type != "cpu" or not hw.calibration:
+        raise OpmapError(f"tune ranks with this CPU's calibrated rates, not {hw.name}'s: use --hardware local "
+                         "(after `opmap calibrate`)")
+
+
 def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], hw: HardwareSpec,
          dtype: str = "fp32", top_k: int = 3, rounds: int = 5, min_time_s: float = 0.005,
          use_cache: bool = True, progress: Progress | None = None,
          cache_dir=None) -> dict[str, Any]:
     """Tune every signature of ``model`` (see the module docstring); returns tune.json's content."""
     from opmap.calibrate.fingerprint import fingerprint
+    from opmap.calibrate.run import parallel_overhead
     from opmap.capture import capture
-    from opmap.errors import OpmapError
 
-    if not 1 <= top_k <= MAX_TOP_K:
-        raise OpmapError(f"--top-k must be an integer from 1 to {MAX_TOP_K} (got {top_k})")
-    if hw.device_type != "cpu" or not hw.calibration:
-        raise OpmapError("tune ranks with this CPU's calibrated rates: use --hardware local after `opmap calibrate`")
+    check_setup(hw, top_k)
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
     w = load_meta()
     sigs = signatures(capture(w.module, w.inputs))
+    par = {"calibrated": (hw.calibration or {}).get("parallel", {}), "now": parallel_overhead(torch.device("cpu"))}
     threads = torch.get_num_threads()
-    dtypes, backends = device_dtypes(hw), sdpa_backends_here()
+    st = Setup(threads, device_dtypes(hw), sdpa_backends_here(), top_k, rounds, min_time_s,
+               par["now"].get("overhead_s", 0.0),
+               int((hw.calibration or {}).get("fingerprint", {}).get("threads", threads)))
     fp = fingerprint(torch.device("cpu"))
     d = cache_dir or cache.cache_dir()
     entries, hits = [], 0
     for i, sig in enumerate(sigs):
         progress(f"tuning {sig.key}", i, len(sigs))
-        labels = [c.label for c in enumerate_candidates(sig, threads, dtypes, backends)]
+        labels = [c.label for c in enumerate_candidates(sig, threads, st.dtypes, st.backends)]
         key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels, top_k)
         hit = cache.read(d, key) if use_cache else None
         if hit is not None and hit["candidate_hash"] == chash:
             entries.append({**hit, "signature": sig.to_dict(), "cached": True})
             hits += 1
             continue
-        e = tune_signature(sig, hw, threads, dtypes, top_k, rounds, min_time_s, backends)
+        e = tune_signature(sig, hw, st)
         cache.write(d, key, {**e, "candidate_hash": chash, "fingerprint": fp, "versions": cache.versions()})
         entries.append({**e, "cached": False})
     progress("whole model: default vs tuned", len(sigs), len(sigs))
     choices = [(s, Candidate.from_dict(e["chosen"]), Candidate.from_dict(e["default"])) for s, e in zip(sigs, entries)]
     whole = whole_model(load_cpu, choices, dtype, rounds)
-    tau = kendall_tau(_tau_groups(entries))
     return {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype,
             "device": "cpu", "threads": threads, "top_k": top_k, "rounds": rounds,
             "fingerprint": fp, "versions": cache.versions(),
-            "axes": {"threads": list(sorted({c.threads for s in sigs for c in [default_candidate(s, threads)]} |
-                                            {1, threads})),
-                     "dtypes": list(dtypes), "sdpa_backends": list(backends), "chunks": [1, 2, 4],
+            "axes": {"threads": list(thread_counts(threads)), "dtypes": list(st.dtypes),
+                     "sdpa_backends": list(st.backends), "chunks": list(CHUNKS),
                      "channels_last": "conv and batch norm signatures", "left_out": LEFT_OUT},
-            "signatures": entries, "kendall_tau": tau, "tau_pairs": "within each signature, pooled (tau-b)",
+            "parallel_region": par, "signatures": entries,
+            "kendall_tau": kendall_tau(_tau_groups(entries)),
+            "tau_pairs": "candidates of one signature compared with each other, pooled over signatures (tau-b)",
             "cache": {"dir": str(d), "hits": hits, "misses": len(sigs) - hits},
             "whole_model": whole, "elapsed_s": time.perf_counter() - t0,
             "note": "timed on a shared machine: medians with their spread (min, max, IQR) per candidate"}
