@@ -217,6 +217,18 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     assert d["cache"] == {"dir": str(base / "opmap" / "tune"), "hits": 0, "misses": 2}
     assert "torch_compile" in d["axes"]["left_out"]
 
+    # the figures go into the run store: a kernel row per timed candidate, the whole-model samples
+    from opmap.explore.tune.run import store_payload
+    from opmap.store import record
+    from opmap.store.db import run_rows
+
+    rid = record("tune", store_payload(d), {"workload": "tiny", "hardware": "local"}, base / "store.duckdb")
+    kernels, _ = run_rows(rid, base / "store.duckdb")
+    timed = [(e, c) for e in d["signatures"] for c in e["candidates"] if c["timed"]]
+    assert len(kernels) == len(timed)
+    assert sorted(k["measured_s"] for k in kernels) == pytest.approx(sorted(c["measured_s"] for _, c in timed))
+    assert sum(k["bound"] == "chosen" for k in kernels) == len(d["signatures"])
+
     # a second run reads every signature from the cache
     assert main(args) == 0
     again = json.loads((out / "tune.json").read_text())
@@ -282,3 +294,38 @@ def test_bad_input_is_one_line_exit_2(argv, needle, local_profile, monkeypatch, 
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not os.path.exists("tune.json")
+
+
+# -- GPU candidates: enumerated and ranked on the meta device (no CUDA here) -------------------------------------
+
+
+def test_gpu_gemm_candidates_are_legal_and_cublas_bounds_them():
+    from opmap.explore.tune.gpu import gpu_candidates, num_warps
+    from opmap.hardware import get_hardware
+
+    hw = get_hardware("h100-sxm")
+    ranked = gpu_candidates(Signature("gemm", (4096, 4096, 4096, 0), "bf16", "nt"), hw)
+    preds = [p for _, p in ranked]
+    assert preds == sorted(preds) and len(ranked) > 10
+    (cublas,) = [p for c, p in ranked if c.backend == "cublas"]
+    triton = [(c, p) for c, p in ranked if c.backend == "triton_gemm"]
+    # cuBLAS is priced at the best tile of the whole search, which holds every Triton tile: never predicted slower
+    assert all(cublas <= p for _, p in triton)
+    for c, _ in triton:  # each config fits the SM's shared memory: stages x (BM x BK + BK x BN) x 2 bytes (bf16)
+        assert c.stages * (c.block_m * c.block_k + c.block_k * c.block_n) * 2 <= hw.sram_per_unit_bytes
+        assert c.warps == num_warps(c.block_m, c.block_n)
+    assert num_warps(128, 256) == 8 and num_warps(128, 128) == 4  # Triton's tutorial configurations
+
+
+def test_gpu_attention_candidates_and_untimed_triton_attention():
+    from opmap.errors import OpmapError
+    from opmap.explore.tune.gpu import GpuCandidate, gpu_candidates, gpu_runnable
+    from opmap.hardware import get_hardware
+
+    sig = Signature("attention", (1, 16, 2048, 2048, 128, 1), "bf16", "bhsd")
+    ranked = gpu_candidates(sig, get_hardware("h100-sxm"))
+    assert ranked[0][0].backend in ("sdpa", "triton_attention") and {c.backend for c, _ in ranked} == {
+        "sdpa", "triton_attention"}
+    assert gpu_candidates(Signature("layer_norm", (4, 8), "bf16", "rows"), get_hardware("h100-sxm")) == []
+    with pytest.raises(OpmapError, match="ranked, not timed"):
+        gpu_runnable(sig, GpuCandidate("triton_attention", 128, 64, 0, 2, 4))

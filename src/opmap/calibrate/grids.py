@@ -33,6 +33,11 @@ FRESH_MIN_BYTES = 2 ** 20  # fresh-output writes are timed from 1 MiB up (smalle
 # The skip rule never assumes a rate below this per thread (a scalar 2-FLOP fused multiply-add per cycle at 1 GHz
 # is 2e9): a first shape stalled by the scheduler must not skip the whole grid behind it
 SKIP_FLOOR_PER_THREAD = 1e9
+# The time budget of a full calibration: under a minute (issue 23), split per format and family, seconds. A load
+# that slows every shape (other tenants on a shared host) cannot stretch the run: the shapes past their family's
+# share are skipped and listed, the smaller shapes of each family (measured first) kept. 3 formats x 12.5 s, plus
+# the ceilings, bandwidth and vector rates (about 10 s unloaded)
+BUDGET_S = {"gemm": 4.0, "gemm_ta": 1.5, "gemm_wgrad": 2.0, "conv": 3.5, "attention": 1.5}
 MAX_CALL_S = 0.05  # a shape whose one call would take longer (slow dtype on this device) is skipped, and said
 # Each format's ceiling (run._ceilings): a square GEMM whose one call takes about this long at the best grid rate
 # (large enough for the dispatched kernel's sustained rate, short enough for a one-minute calibration), side <= max

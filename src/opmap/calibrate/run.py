@@ -9,6 +9,7 @@ whose one call would take over MAX_CALL_S at the best rate seen so far is skippe
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ import torch
 
 from opmap.calibrate.fingerprint import fingerprint
 from opmap.calibrate.grids import (
+    BUDGET_S,
     CEILING_CALL_S,
     CEILING_MAX,
     FORMATS,
@@ -107,10 +109,18 @@ class _Bench:
     def __init__(self, cal: Calibration, dev: torch.device, quick: bool, step: Callable[[str], None]):
         self.cal, self.dev, self.step = cal, dev, step
         self.threads = torch.get_num_threads() if dev.type == "cpu" else 1
+        self.quick = quick
+        self.deadline: tuple[float, str] | None = None  # (perf_counter deadline, why) of the family being measured
         # 5 samples of 5 ms each (3 where one call alone is long: time_op keeps a microbenchmark near 0.4 s) and
         # one warm-up call: the whole run in about a minute (92 s before, on an AVX-512 EPYC: issue 23)
         self.reps = 3 if quick else 5
         self.min_time = 0.002 if quick else 0.005
+
+    def budget(self, family: str) -> None:
+        """Start ``family``'s share of the time budget (grids.BUDGET_S; none for the quick grid)."""
+        share = BUDGET_S.get(family)
+        self.deadline = None if self.quick or share is None else (
+            time.perf_counter() + share, f"past the {share:g} s share of the time budget for {family}")
 
     def time(self, fn: Callable[[], object]) -> Sample:
         return time_op(fn, self.dev, warmup=1, repeats=self.reps, min_time_s=self.min_time)
@@ -119,6 +129,10 @@ class _Bench:
               family: str) -> Sample | None:
         """Time one shape unless the best rate so far (this family's, else any family's at this dtype) says
         one call would take over MAX_CALL_S."""
+        if self.deadline is not None and time.perf_counter() > self.deadline[0]:
+            self.cal.skipped.append(f"{label}: {self.deadline[1]}")
+            self.step(f"{label} skipped")
+            return None
         best = max(rates.get(family) or max(rates.values(), default=0.0), SKIP_FLOOR_PER_THREAD * self.threads)
         if flops / best > MAX_CALL_S:
             self.cal.skipped.append(f"{label}: one call would take {flops / best:.2g} s at {best / 1e9:.3g} GFLOP/s")
@@ -136,6 +150,7 @@ def _matmuls(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str
     dev, cal = b.dev, b.cal
     layouts = (("nt", "gemm", "gemm"), ("tt", "gemm_ta", "gemm_ta"), ("tn", "gemm_wgrad", "gemm_wgrad"))
     for layout, family, key in layouts:
+        b.budget(family)
         for m, n, k in sorted(shapes[key], key=lambda s: s[0] * s[1] * s[2]):
             def mk(m=m, n=n, k=k, layout=layout):
                 if layout == "tn":  # a weight gradient: x.T @ dy, dy row-major
@@ -159,6 +174,7 @@ def _convs(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, 
     import torch.nn.functional as F
 
     dev, cal = b.dev, b.cal
+    b.budget("conv")
     for bs, cin, cout, side, ks, stride in shapes["conv"]:
         pad = ks // 2 if stride == 1 else (3 if ks == 7 else 0)
         out = (side + 2 * pad - ks) // stride + 1
@@ -194,6 +210,7 @@ def _convs(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, 
 def _attention(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
     import torch.nn.functional as F
 
+    b.budget("attention")
     for bh, sq, d in shapes["attention"]:
         for causal in (False, True):
             flops = 4.0 * bh * (causal_pairs(sq, sq) if causal else sq * sq) * d
@@ -271,11 +288,23 @@ def _ceilings(b: _Bench, names: list[str]) -> None:
     side = ceiling_side(max(best.values(), default=0.0) or 1e9)
     flops = 2.0 * side ** 3
     names = [n for n in names if best[n] and flops / best[n] <= 4 * CEILING_CALL_S]
-    fns = []
-    for n in names:
-        dt = torch_dtype(n)
-        a, w = torch.randn(side, side, device=b.dev).to(dt), torch.randn(side, side, device=b.dev).to(dt)
-        fns.append(lambda a=a, w=w: torch.mm(a, w.t()))
+    def build(side: int) -> list[Callable[[], object]]:
+        fns = []
+        for n in names:
+            dt = torch_dtype(n)
+            a, w = torch.randn(side, side, device=b.dev).to(dt), torch.randn(side, side, device=b.dev).to(dt)
+            fns.append(lambda a=a, w=w: torch.mm(a, w.t()))
+        return fns
+    fns = build(side)
+    if fns and b.deadline is None and not b.quick:
+        fns[0]()  # a probe of the first format: a loaded host runs below the grid's best rate, so resize to it
+        t0 = time.perf_counter()
+        fns[0]()
+        took = time.perf_counter() - t0
+        if took > 2 * CEILING_CALL_S:
+            side = ceiling_side(flops / took)
+            flops = 2.0 * side ** 3
+            fns = build(side)
     samples = time_interleaved(fns, b.dev, warmup=1, rounds=3, min_time_s=0.0) if fns else []
     for n, s in zip(names, samples):
         b.cal.matmul.append({"m": side, "n": side, "k": side, "dtype": n, "layout": "nt", "ceiling": True,
@@ -326,6 +355,7 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
             _matmuls(b, name, dt, shapes, rate)
             _convs(b, name, dt, shapes, rate)
             _attention(b, name, dt, shapes, rate)
+        b.deadline = None
         _ceilings(b, [n for n in FORMATS if any(r["dtype"] == n for r in cal.matmul)])
         _bandwidth(b, shapes["sizes"])
         _vector(b)

@@ -60,9 +60,10 @@ def tune(
     if out is not None:
         print_wrote(write_set(out, {"tune.json": json_text(result, indent=1)}))
     from opmap.cli.common import record_run
+    from opmap.explore.tune.run import store_payload
 
-    record_run("tune", result, {"workload": model, "hardware": hw.name, "phase": "tune", "precision": dtype},
-               store, no_store)
+    tags = {"workload": model, "hardware": hw.name, "phase": "tune", "precision": dtype}
+    record_run("tune", store_payload(result), tags, store, no_store)
 
 
 def _table(result: dict):

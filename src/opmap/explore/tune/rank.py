@@ -7,7 +7,9 @@ math attention all count. Thread count: the profile was measured on ``calibrated
 candidate on ``t`` threads gets its matrix and vector terms scaled by ``calibrated_threads / t`` (each core
 brings its own FMA units) while its memory term and dispatch overhead stay (one socket's memory system, one
 host thread dispatching). On more than one thread, each kernel that runs as a parallel region (a matrix
-product, or an output of at least ATen's grain size, 32768 elements: aten/src/ATen/Parallel.h) also pays the
+product; a softmax, norm, pooling or reduction, which ATen splits over rows or channels with a grain of 1, e.g.
+``at::parallel_for(0, M, 1, ...)`` in aten/src/ATen/native/cpu/layer_norm_kernel.cpp; any other kernel from
+ATen's grain size up, 32768 output elements: aten/src/ATen/Parallel.h) also pays the
 fork / join cost ``parallel_s`` (calibrate.run.parallel_overhead, re-measured when tuning starts: on a host
 shared with other busy processes it is mostly the wait for the scheduler to run the worker threads, and it
 changes minute to minute).
@@ -64,7 +66,8 @@ def predict_candidate(sig: Signature, cand: Candidate, hw: HardwareSpec, calibra
         if scale != 1.0 and (p.matrix_s or p.vector_s):
             p = roofline(p.matrix_s * scale, p.vector_s * scale, p.memory_s, p.overhead_s)
         total += p.predicted_s
-        if cand.threads > 1 and c.kernel and (c.matrix_flops or sum(o.numel for o in n.outputs) >= GRAIN_SIZE):
+        if cand.threads > 1 and c.kernel and (c.matrix_flops or c.vector_kind
+                                              or sum(o.numel for o in n.outputs) >= GRAIN_SIZE):
             total += parallel_s
     return total
 

@@ -136,9 +136,23 @@ def whole_model(load: Callable[[], Any], choices: list[tuple[Signature, Candidat
     with torch.no_grad():
         d, t = time_interleaved([call(base), call(tuned)], torch.device("cpu"), rounds=rounds, min_time_s=0.0)
     spread = max(d.spread()["iqr_s"], t.spread()["iqr_s"])
-    return {"default": _median_spread(d), "tuned": _median_spread(t), "gain": d.median_s / t.median_s,
+    return {"default": {**_median_spread(d), "samples_s": list(d.times_s)},
+            "tuned": {**_median_spread(t), "samples_s": list(t.times_s)}, "gain": d.median_s / t.median_s,
             "spread_s": spread, "tuned_within_spread": t.median_s <= d.median_s + spread,
             "applied": sum(1 for s, c, dft in choices if c != dft), "not_applied": notes}
+
+
+def store_payload(result: dict[str, Any]) -> dict[str, Any]:
+    """tune.json as the run store takes it: beside the document, one kernel row per timed candidate (name: the
+    signature and mapping; predicted and measured seconds; layer type: the family) and the whole-model samples
+    (metrics ``whole_model:default`` / ``whole_model:tuned``), so the store's tables hold the figures."""
+    rows = [{"op": f"{e['signature']['key']} {c['label']}", "layer_type": e["signature"]["family"],
+             "predicted_s": c["predicted_s"], "measured_s": c["measured_s"],
+             "bound": "chosen" if c["label"] == e["chosen"]["label"] else ("default" if c["default"] else "")}
+            for e in result["signatures"] for c in e["candidates"] if c.get("timed")]
+    w = result["whole_model"]
+    return {**result, "kind": "tune", "kernels": rows,
+            "samples": {"whole_model:default": w["default"]["samples_s"], "whole_model:tuned": w["tuned"]["samples_s"]}}
 
 
 def check_setup(hw: HardwareSpec, top_k: int) -> None:
