@@ -329,3 +329,19 @@ def test_gpu_attention_candidates_and_untimed_triton_attention():
     assert gpu_candidates(Signature("layer_norm", (4, 8), "bf16", "rows"), get_hardware("h100-sxm")) == []
     with pytest.raises(OpmapError, match="ranked, not timed"):
         gpu_runnable(sig, GpuCandidate("triton_attention", 128, 64, 0, 2, 4))
+
+
+def test_prediction_scales_threads_and_charges_parallel_regions(local_profile, monkeypatch):
+    _env(monkeypatch, local_profile[0])
+    from opmap.explore.tune.rank import predict_candidate
+    from opmap.hardware import get_hardware
+
+    hw = get_hardware("local")
+    sig = Signature("gemm", (1024, 1024, 1024, 0), "fp32", "nt")  # compute-bound at the stand-in's 100 GFLOP/s
+    two, one = Candidate(2, "fp32"), Candidate(1, "fp32")
+    # a parallel region costs its fork / join once per parallel kernel: one addmm-free linear, one kernel
+    assert predict_candidate(sig, two, hw, 2, 0.01) - predict_candidate(sig, two, hw, 2, 0.0) == pytest.approx(0.01)
+    assert predict_candidate(sig, one, hw, 2, 0.01) == predict_candidate(sig, one, hw, 2, 0.0)
+    # calibrated on 2 threads, run on 1: the matrix term doubles (2 x 1024^3 FLOPs at 1e11 / 2 per second)
+    t1, t2 = predict_candidate(sig, one, hw, 2), predict_candidate(sig, two, hw, 2)
+    assert t1 - t2 == pytest.approx(2 * 1024 ** 3 / 1e11, rel=0.01)

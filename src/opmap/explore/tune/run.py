@@ -2,7 +2,8 @@
 
 Per signature (signatures.py) of the model's captured plan:
 
-1. enumerate the candidates that run here (candidates.py), predict each (rank.predict_candidate);
+1. enumerate the candidates that run here (candidates.py), re-measure the parallel region's fork / join cost
+   (calibrate.run.parallel_overhead: it follows the host's load), predict each (rank.predict_candidate);
 2. time the top ``top_k`` by prediction plus the default with opmap.timing.time_interleaved (warm-up, then
    ``rounds`` rounds of one sample each, order rotated: median and spread per candidate);
 3. choose the fastest median; a winner whose lead over the default is within the noise (not more than the
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from opmap.calibrate.run import parallel_overhead
 from opmap.explore.tune import cache
 from opmap.explore.tune.apply import apply_choices
 from opmap.explore.tune.candidates import (
@@ -70,16 +72,19 @@ class Setup:
     top_k: int = 3  # candidates timed per signature, by predicted rank (the default is timed besides)
     rounds: int = 5  # interleaved rounds: samples per candidate
     min_time_s: float = 0.005  # each sample at least this long (back-to-back calls)
-    parallel_s: float = 0.0  # a parallel region's fork / join cost now (rank.py)
+    parallel_s: float = 0.0  # a parallel region's fork / join cost when the run started (rank.py)
     calibrated_threads: int = 1  # the threads the profile was measured on
 
 
 def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any]:
     """One signature's entry: every candidate predicted, the top k and the default timed, the choice."""
     threads, top_k = st.threads, st.top_k
+    # the fork / join cost now, just before this signature is ranked: on a shared host it follows the other
+    # tenants' load, which changes from one signature to the next (0.09 ms to 23 ms within minutes here)
+    par = parallel_overhead(torch.device("cpu"), rounds=3).get("overhead_s", st.parallel_s)
     cands = [c for c in enumerate_candidates(sig, threads, st.dtypes, st.backends) if runs_here(sig, c)]
     default = default_candidate(sig, threads)
-    pred = {c: predict_candidate(sig, c, hw, st.calibrated_threads, st.parallel_s) for c in cands}
+    pred = {c: predict_candidate(sig, c, hw, st.calibrated_threads, par) for c in cands}
     ranked = sorted(cands, key=lambda c: pred[c])
     timed_c = ranked[:top_k] + ([default] if default not in ranked[:top_k] else [])
     with torch.no_grad():
@@ -94,7 +99,7 @@ def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any
     d_s, c_s = meas[default].median_s, meas[chosen].median_s
     return {"signature": sig.to_dict(), "candidates": rows, "chosen": chosen.to_dict(), "default": default.to_dict(),
             "default_s": d_s, "chosen_s": c_s, "gain": d_s / c_s, "kept_default_because": kept,
-            "predicted_chosen_s": pred[chosen], "predicted_default_s": pred[default]}
+            "predicted_chosen_s": pred[chosen], "predicted_default_s": pred[default], "parallel_region_s": par}
 
 
 def _tau_groups(entries: list[dict]) -> list[tuple[list[float], list[float]]]:
@@ -172,7 +177,6 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
          cache_dir=None) -> dict[str, Any]:
     """Tune every signature of ``model`` (see the module docstring); returns tune.json's content."""
     from opmap.calibrate.fingerprint import fingerprint
-    from opmap.calibrate.run import parallel_overhead
     from opmap.capture import capture
 
     check_setup(hw, top_k)
