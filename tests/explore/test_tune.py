@@ -234,6 +234,9 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     again = json.loads((out / "tune.json").read_text())
     assert again["cache"]["hits"] == 2 and all(e["cached"] for e in again["signatures"])
     assert [e["chosen"] for e in again["signatures"]] == [e["chosen"] for e in d["signatures"]]
+    # and the whole-model measurement of the same choices: nothing runs again
+    assert again["whole_model"]["cached"] and again["whole_model"]["gain"] == d["whole_model"]["gain"]
+    assert not d["whole_model"]["cached"]
 
     # another device fingerprint (here: another thread count) misses and tunes again
     import sys
@@ -242,7 +245,8 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     real = fpm.fingerprint
     monkeypatch.setattr(fpm, "fingerprint", lambda dev: {**real(dev), "threads": 999})
     assert main(args) == 0
-    assert json.loads((out / "tune.json").read_text())["cache"]["hits"] == 0
+    third = json.loads((out / "tune.json").read_text())
+    assert third["cache"]["hits"] == 0 and not third["whole_model"]["cached"]
 
 
 def test_analyze_tuned_follows_the_cached_choices(local_profile, model_file, monkeypatch, capsys, tmp_path):

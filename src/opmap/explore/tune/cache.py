@@ -4,7 +4,9 @@ The file name is a hash of the device fingerprint (calibrate/fingerprint.py: CPU
 memory, caches, torch / opmap / python versions), the library versions and the signature's key, so another
 machine, another thread count or another torch never reads this one's choices: a changed fingerprint is a
 miss and the signature is tuned again. Inside, the candidate-list hash (the candidates enumerated and the
-top-k timed) must match too, else the entry is stale (a new candidate axis re-tunes).
+top-k timed) must match too, else the entry is stale (a new candidate axis re-tunes). A model's whole-model
+measurement is cached the same way, keyed by the model, its signatures and the choices applied, so a second
+run that changes nothing reads it too instead of running the model again.
 
 Entries are parsed, never executed (JSON, no pickle); written atomically (a temporary file created beside
 it with O_EXCL | O_NOFOLLOW, then renamed over); read with O_NOFOLLOW; a cache folder that is a symlink, or an
@@ -63,8 +65,11 @@ def _safe_dir(d: Path) -> bool:
     return not any(p.is_symlink() for p in (d, *d.parents) if p != p.parent)
 
 
-def read(d: Path, key: str) -> dict[str, Any] | None:
-    """The entry ``key`` in folder ``d``, or None: absent, a symlink, unparsable or missing a field."""
+WHOLE_FIELDS = ("schema_version", "key", "whole_model")  # a model's measured default-vs-tuned entry
+
+
+def read(d: Path, key: str, fields: tuple[str, ...] = _FIELDS) -> dict[str, Any] | None:
+    """The entry ``key`` in folder ``d``, or None: absent, a symlink, unparsable or missing one of ``fields``."""
     if not _safe_dir(d):
         return None
     try:
@@ -77,7 +82,7 @@ def read(d: Path, key: str) -> dict[str, Any] | None:
         entry = json.loads(raw)
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or any(k not in entry for k in _FIELDS):
+    if not isinstance(entry, dict) or any(k not in entry for k in fields):
         return None
     if entry["schema_version"] != CACHE_SCHEMA_VERSION or entry["key"] != key:
         return None

@@ -206,7 +206,15 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
         entries.append({**e, "cached": False})
     progress("whole model: default vs tuned", len(sigs), len(sigs))
     choices = [(s, Candidate.from_dict(e["chosen"]), Candidate.from_dict(e["default"])) for s, e in zip(sigs, entries)]
-    whole = whole_model(load_cpu, choices, dtype, rounds)
+    wkey = cache.entry_key(fp, "whole:" + cache.candidate_hash(
+        [model, dtype, *(f"{s.key}={c.label}" for s, c, _ in choices)], rounds))
+    cached_whole = cache.read(d, wkey, cache.WHOLE_FIELDS) if use_cache and hits == len(sigs) else None
+    if cached_whole is not None:
+        whole = {**cached_whole["whole_model"], "cached": True}
+    else:
+        whole = whole_model(load_cpu, choices, dtype, rounds)
+        cache.write(d, wkey, {"whole_model": whole})
+        whole = {**whole, "cached": False}
     return {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype,
             "device": "cpu", "threads": threads, "top_k": top_k, "rounds": rounds,
             "fingerprint": fp, "versions": cache.versions(),
