@@ -17,9 +17,10 @@ measured, not summed.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -74,14 +75,19 @@ class Setup:
     min_time_s: float = 0.005  # each sample at least this long (back-to-back calls)
     parallel_s: float = 0.0  # a parallel region's fork / join cost when the run started (rank.py)
     calibrated_threads: int = 1  # the threads the profile was measured on
+    probes: list[float] = field(default_factory=list)  # this run's fork / join probes, seconds (appended)
 
 
 def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any]:
     """One signature's entry: every candidate predicted, the top k and the default timed, the choice."""
     threads, top_k = st.threads, st.top_k
-    # the fork / join cost now, just before this signature is ranked: on a shared host it follows the other
-    # tenants' load, which changes from one signature to the next (0.09 ms to 23 ms within minutes here)
-    par = parallel_overhead(torch.device("cpu"), rounds=3).get("overhead_s", st.parallel_s)
+    # the fork / join cost, probed again just before this signature is ranked: on a shared host it follows the
+    # other tenants' load (0.09 ms to 23 ms within minutes here). The ranking uses the median of this run's
+    # probes so far, so one probe that lands in a calm second does not flip every thread-count ranking
+    probe = parallel_overhead(torch.device("cpu"), rounds=3).get("overhead_s")
+    if probe is not None:
+        st.probes.append(probe)
+    par = statistics.median(st.probes) if st.probes else st.parallel_s
     cands = [c for c in enumerate_candidates(sig, threads, st.dtypes, st.backends) if runs_here(sig, c)]
     default = default_candidate(sig, threads)
     pred = {c: predict_candidate(sig, c, hw, st.calibrated_threads, par) for c in cands}
@@ -99,7 +105,8 @@ def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any
     d_s, c_s = meas[default].median_s, meas[chosen].median_s
     return {"signature": sig.to_dict(), "candidates": rows, "chosen": chosen.to_dict(), "default": default.to_dict(),
             "default_s": d_s, "chosen_s": c_s, "gain": d_s / c_s, "kept_default_because": kept,
-            "predicted_chosen_s": pred[chosen], "predicted_default_s": pred[default], "parallel_region_s": par}
+            "predicted_chosen_s": pred[chosen], "predicted_default_s": pred[default], "parallel_region_s": par,
+            "parallel_region_probe_s": probe}
 
 
 def _tau_groups(entries: list[dict]) -> list[tuple[list[float], list[float]]]:
@@ -188,7 +195,8 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
     threads = torch.get_num_threads()
     st = Setup(threads, device_dtypes(hw), sdpa_backends_here(), top_k, rounds, min_time_s,
                par["now"].get("overhead_s", 0.0),
-               int((hw.calibration or {}).get("fingerprint", {}).get("threads", threads)))
+               int((hw.calibration or {}).get("fingerprint", {}).get("threads", threads)),
+               [par["now"]["overhead_s"]] if "overhead_s" in par["now"] else [])
     fp = fingerprint(torch.device("cpu"))
     d = cache_dir or cache.cache_dir()
     entries, hits = [], 0
