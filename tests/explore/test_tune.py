@@ -194,7 +194,7 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     base, _ = local_profile
     _env(monkeypatch, base)
     out = tmp_path / "out"
-    args = ["tune", model_file, "--top-k", "2", "--rounds", "3", "--no-store", "--out", str(out)]
+    args = ["tune", model_file, "--top-k", "2", "--rounds", "5", "--no-store", "--out", str(out)]
     assert main(args) == 0
     d = json.loads((out / "tune.json").read_text())
     assert d["schema_version"] == 1 and d["model"] == model_file
@@ -349,3 +349,10 @@ def test_prediction_scales_threads_and_charges_parallel_regions(local_profile, m
     # calibrated on 2 threads, run on 1: the matrix term doubles (2 x 1024^3 FLOPs at 1e11 / 2 per second)
     t1, t2 = predict_candidate(sig, one, hw, 2), predict_candidate(sig, two, hw, 2)
     assert t1 - t2 == pytest.approx(2 * 1024 ** 3 / 1e11, rel=0.01)
+
+
+def test_kendall_tau_over_resolved_pairs_by_hand():
+    # pred 1 2 3, measured 1.0 1.05 3.0 with IQR 0.1 each: the first pair (0.05 apart) is within the noise: a tie
+    # in measured only; the other two pairs concordant: tau-b = 2 / sqrt((2 + 1) * 2)
+    assert pair_counts([1, 2, 3], [1.0, 1.05, 3.0], [0.1, 0.1, 0.1]) == (2, 0, 0, 1, 3)
+    assert kendall_tau([([1, 2, 3], [1.0, 1.05, 3.0], [0.1, 0.1, 0.1])]) == pytest.approx(2 / math.sqrt(6))

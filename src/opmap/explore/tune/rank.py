@@ -76,13 +76,18 @@ def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
-def pair_counts(pred: Sequence[float], meas: Sequence[float]) -> tuple[int, int, int, int, int]:
-    """(concordant, discordant, tied in pred only, tied in meas only, total pairs) over one group."""
+def pair_counts(pred: Sequence[float], meas: Sequence[float],
+                noise: Sequence[float] | None = None) -> tuple[int, int, int, int, int]:
+    """(concordant, discordant, tied in pred only, tied in meas only, total pairs) over one group. ``noise``: per
+    item, a measured difference not above the larger of the two is a tie (the measurement cannot order them)."""
     c = d = tp = tm = 0
     n = len(pred)
     for i in range(n):
         for j in range(i + 1, n):
-            a, b = _sign(pred[i] - pred[j]), _sign(meas[i] - meas[j])
+            dm = meas[i] - meas[j]
+            if noise is not None and abs(dm) <= max(noise[i], noise[j]):
+                dm = 0.0
+            a, b = _sign(pred[i] - pred[j]), _sign(dm)
             if a and b:
                 c, d = (c + 1, d) if a == b else (c, d + 1)
             elif not a and b:
@@ -92,11 +97,12 @@ def pair_counts(pred: Sequence[float], meas: Sequence[float]) -> tuple[int, int,
     return c, d, tp, tm, n * (n - 1) // 2
 
 
-def kendall_tau(groups: Sequence[tuple[Sequence[float], Sequence[float]]]) -> float | None:
-    """Kendall's tau-b pooled over groups of (predicted, measured); None where no pair is untied in both."""
+def kendall_tau(groups: Sequence[tuple[Sequence[float], ...]]) -> float | None:
+    """Kendall's tau-b pooled over groups of (predicted, measured[, noise]); None where no pair is untied in
+    both. With a noise list per group, measured differences within it count as ties (pair_counts)."""
     c = d = tp = tm = 0
-    for pred, meas in groups:
-        gc, gd, gtp, gtm, _ = pair_counts(pred, meas)
+    for g in groups:
+        gc, gd, gtp, gtm, _ = pair_counts(g[0], g[1], g[2] if len(g) > 2 else None)
         c, d, tp, tm = c + gc, d + gd, tp + gtp, tm + gtm
     # tau-b: (C - D) / sqrt((n0 - n1)(n0 - n2)) with n0 - n1 = pairs untied in pred = C + D + (tied in meas only)
     den = math.sqrt((c + d + tm) * (c + d + tp))

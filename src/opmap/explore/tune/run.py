@@ -109,11 +109,13 @@ def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any
             "parallel_region_probe_s": probe}
 
 
-def _tau_groups(entries: list[dict]) -> list[tuple[list[float], list[float]]]:
+def _tau_groups(entries: list[dict], noise: bool = False) -> list[tuple[list[float], ...]]:
+    """Per signature, the timed candidates' (predicted, measured[, IQR]) lists."""
     out = []
     for e in entries:
         rows = [r for r in e["candidates"] if r["timed"]]
-        out.append(([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]))
+        g = ([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
+        out.append((*g, [r["iqr_s"] for r in rows]) if noise else g)
     return out
 
 
@@ -231,6 +233,9 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
                      "channels_last": "conv and batch norm signatures", "left_out": LEFT_OUT},
             "parallel_region": par, "signatures": entries,
             "kendall_tau": kendall_tau(_tau_groups(entries)),
+            # the same over the pairs the measurement can order: a measured difference within the larger IQR of
+            # the two is a tie (a shared host's noise decides those pairs, not the model)
+            "kendall_tau_resolved": kendall_tau(_tau_groups(entries, noise=True)),
             "tau_pairs": "candidates of one signature compared with each other, pooled over signatures (tau-b)",
             "cache": {"dir": str(d), "hits": hits, "misses": len(sigs) - hits},
             "whole_model": whole, "elapsed_s": time.perf_counter() - t0,
