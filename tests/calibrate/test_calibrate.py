@@ -137,6 +137,11 @@ def test_a_stalled_first_shape_does_not_skip_the_grid_and_the_budget_does():
     b.deadline = (time.perf_counter() - 1.0, "past the 4 s share of the time budget for gemm")
     assert b.shape("late", 1.0, lambda: (lambda: None), rates, "gemm") is None
     assert cal.skipped == ["late: past the 4 s share of the time budget for gemm"]
+    b.budget("gemm")  # the full grid's budget: grids.BUDGET_S["gemm"] from now
+    assert b.deadline[0] - time.perf_counter() == pytest.approx(4.0, abs=0.5)
+    free = _Bench(cal, torch.device("cpu"), False, lambda _m: None, budgeted=False)
+    free.budget("gemm")
+    assert free.deadline is None  # --no-budget: no deadline
 
 
 def test_parallel_overhead_is_measured_on_a_multithreaded_cpu():

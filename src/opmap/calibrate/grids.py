@@ -22,7 +22,8 @@ QUICK_GRID_WGRAD = ((128, 128, 64),)
 FULL_CONV = tuple((b, *c) for b in (1, 8) for c in (
     (3, 64, 224, 7, 2), (64, 64, 56, 3, 1), (64, 256, 56, 1, 1), (256, 64, 56, 1, 1), (128, 128, 28, 3, 1),
     (512, 128, 28, 1, 1), (256, 256, 14, 3, 1), (1024, 256, 14, 1, 1), (512, 512, 7, 3, 1),
-    (2048, 512, 7, 1, 1), (3, 768, 224, 16, 16)))
+    (2048, 512, 7, 1, 1), (3, 768, 224, 16, 16),
+    (64, 64, 16, 3, 1), (256, 64, 16, 1, 1)))  # small images (64 px inputs: 16 px stages), where formats rank apart
 QUICK_CONV = ((1, 16, 16, 16, 3, 1),)
 # Fused attention (batch * heads, sequence, head dim), causal and not.
 FULL_ATTN = tuple((12, s, 64) for s in (64, 128, 256, 512, 1024, 2048))

@@ -106,10 +106,11 @@ def _rule_vector_flops(fn: Callable, args: tuple) -> float:
 class _Bench:
     """Times shapes for one calibration, skipping those the best rate so far says would take too long."""
 
-    def __init__(self, cal: Calibration, dev: torch.device, quick: bool, step: Callable[[str], None]):
+    def __init__(self, cal: Calibration, dev: torch.device, quick: bool, step: Callable[[str], None],
+                 budgeted: bool = True):
         self.cal, self.dev, self.step = cal, dev, step
         self.threads = torch.get_num_threads() if dev.type == "cpu" else 1
-        self.quick = quick
+        self.quick, self.budgeted = quick, budgeted
         self.deadline: tuple[float, str] | None = None  # (perf_counter deadline, why) of the family being measured
         # 5 samples of 5 ms each (3 where one call alone is long: time_op keeps a microbenchmark near 0.4 s) and
         # one warm-up call: the whole run in about a minute (92 s before, on an AVX-512 EPYC: issue 23)
@@ -119,7 +120,7 @@ class _Bench:
     def budget(self, family: str) -> None:
         """Start ``family``'s share of the time budget (grids.BUDGET_S; none for the quick grid)."""
         share = BUDGET_S.get(family)
-        self.deadline = None if self.quick or share is None else (
+        self.deadline = None if self.quick or not self.budgeted or share is None else (
             time.perf_counter() + share, f"past the {share:g} s share of the time budget for {family}")
 
     def time(self, fn: Callable[[], object]) -> Sample:
@@ -335,15 +336,17 @@ def parallel_overhead(dev: torch.device, rounds: int = 5) -> dict[str, float]:
             "overhead_s": max(0.0, many.median_s - single.median_s / n), "iqr_s": many.spread()["iqr_s"]}
 
 
-def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
-    """Run every microbenchmark on ``device``. ``quick`` shrinks the grid (tests, smoke runs)."""
+def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None,
+              budgeted: bool = True) -> Calibration:
+    """Run every microbenchmark on ``device``. ``quick`` shrinks the grid (tests, smoke runs); ``budgeted=False``
+    lifts the time budget (grids.BUDGET_S): every shape the skip rule allows, minutes on a loaded host."""
     if device.split(":")[0] not in ("cpu", "cuda"):
         raise OpmapError(f"calibrate cannot run on {device!r}; accepted: cpu, cuda")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OpmapError("calibrate --device cuda: no CUDA device here; accepted: cpu")
     cal = Calibration(str(dev), fingerprint(dev))
-    b = _Bench(cal, dev, quick, progress or (lambda _msg: None))
+    b = _Bench(cal, dev, quick, progress or (lambda _msg: None), budgeted)
     shapes = grid(quick)
     with torch.no_grad():
         for name in FORMATS:
