@@ -166,6 +166,77 @@ def korthikanti_rows() -> list[Row]:
     return rows
 
 
+NEMO_FP8 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md (commit 070a0bb168d4), Pretraining table: "
+            "NeMo 24.07, DGX-H100, FP8 (Transformer Engine), tokens / sec / GPU")
+# The recipes' settings the rows take (NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/5b.yaml,
+# 20b.yaml, 175b.yaml and llama/llama2_70b.yaml): distributed fused Adam with overlap_grad_sync, sequence parallel
+# with TP above 1, hidden and attention dropout 0.1 for GPT-3 (0 for Llama 2), activation recomputation none (5B,
+# Llama 2) or selective (20B, 175B).
+NEMO_RECIPES = "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/{gpt3/5b,20b,175b; llama/llama2_70b}.yaml"
+
+
+def _gpt3(h: int, layers: int, heads: int, batch: int):
+    """NeMo's GPT-3 (Megatron-core GPT, ``NEMO_RECIPES``): vocabulary 50,304 (GPT-2's 50,257 padded to a multiple of
+    128), sequence 2048, learned positions, GELU, 4h FFN, fused (flash) attention, dropout 0.1; built in bf16."""
+    import torch
+
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+    from opmap.workloads.zoo import Workload, cast_to
+
+    cfg = GPT2Config(vocab_size=50304, block_size=2048, n_layer=layers, n_head=heads, n_embd=h, dropout=0.1)
+    with torch.device("meta"):
+        m, x = GPT2(cfg), torch.zeros(batch, 2048, dtype=torch.long)
+    m, _ = cast_to(m, (x,), torch.bfloat16)
+    return Workload(f"gpt3 h{h} L{layers}", m, (x,), batch, 2048)
+
+
+def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int, microbatch: int, recompute: str):
+    """(iteration s, phase figures, sharded) of a NeMo fp8 pre-training run as its recipes set it up: Transformer
+    Engine fp8 (opmap --dtype fp8 in training), the distributed optimizer (ZeRO 1) with fused Adam, the DP gradient
+    reduction overlapped with backward (overlap_grad_sync: opmap's default bucketed overlap), sequence parallelism
+    with TP above 1, the recipe's activation recomputation."""
+    from opmap.mapping.sharding import Parallelism, shard
+    from opmap.phases.sharded import sharded_phase_figures
+    from opmap.phases.step import analyze_phase, capture_phase
+    from opmap.workloads.phases import PhaseSpec
+
+    spec = PhaseSpec("train", None, recompute, microbatch, global_batch, 1, dp=dp, optimizer="adamw-fused")
+    pa = analyze_phase(capture_phase(w, spec), w, hw, "fp8", spec)
+    par = Parallelism(tp=tp, pp=pp, dp=dp, vp=vp, sp=tp > 1, microbatch=microbatch, global_batch=global_batch,
+                      recompute=recompute, zero=1)
+    sh = shard(pa.analysis, par)
+    fig = sharded_phase_figures(pa.analysis.phase, sh, pa.analysis)
+    return fig["iteration_s"], fig, sh
+
+
+def nemo_fp8_rows() -> list[Row]:
+    """NeMo's fp8 pre-training throughput on DGX H100 (``NEMO_FP8``), the rows opmap can express (no context
+    parallelism): tokens / s / GPU as an iteration time, global batch x sequence / (GPUs x tokens/s/GPU)."""
+    from opmap.hardware import get_hardware
+    from opmap.workloads import load_workload
+
+    hw = get_hardware("h100-sxm")
+    # model, (hidden, layers, heads) for a GPT-3, seq, GPUs, GBS, MBS, TP, PP, VP (the table's columns), recompute
+    # (the recipe's), tokens/s/GPU (the table's)
+    table = [("GPT3-5B", (4096, 24, 32), 2048, 64, 2048, 4, 1, 1, 1, "none", 22521),
+             ("GPT3-20B", (6144, 44, 48), 2048, 64, 256, 2, 2, 1, 1, "selective", 5851),
+             ("GPT3-175B", (12288, 96, 96), 2048, 128, 256, 1, 4, 8, 6, "selective", 726),
+             ("llama-2-7b", None, 4096, 8, 128, 1, 1, 1, 1, "none", 16847),
+             ("llama-2-70b", None, 4096, 64, 128, 1, 4, 4, 20, "none", 1707)]
+    rows = []
+    for name, gpt, seq, gpus, gb, mb, tp, pp, vp, recompute, tok in table:
+        dp = gpus // (tp * pp)
+        w = _gpt3(*gpt, mb) if gpt else load_workload(name, mb, seq, "fp8", "meta")
+        pub_s = gb * seq / (gpus * tok)
+        it, fig, sh = _fp8_iteration(w, hw, tp, pp, vp, dp, gb, mb, recompute)
+        rows.append(Row("training_throughput", hw.name, f"{name} fp8, tp{tp} pp{pp} vp{vp} dp{dp}, seq {seq}, batch "
+                        f"{gb} (microbatch {mb}), recompute {recompute}", tok, "tokens/s per GPU", pub_s, it,
+                        f"{NEMO_FP8}; settings: {NEMO_RECIPES}",
+                        how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU, bubble {sh.bubble_fraction:.1%}, "
+                            f"MFU {fig['mfu']:.0%} of the fp8 peak"))
+    return rows
+
+
 TRTLLM = ("TensorRT-LLM performance page as quoted in hahnyuan/LLM-Viewer issue #4 (published.md): LLaMA 7B, one A100, "
           "FP16")
 
@@ -195,7 +266,8 @@ def serving_rows() -> list[Row]:
     return rows
 
 
-SECTIONS: list[Callable[[], list[Row]]] = [collective_rows, megatron_rows, korthikanti_rows, serving_rows]
+SECTIONS: list[Callable[[], list[Row]]] = [collective_rows, megatron_rows, korthikanti_rows, nemo_fp8_rows,
+                                           serving_rows]
 
 
 def _t(x: float) -> str:

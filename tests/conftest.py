@@ -5,9 +5,12 @@ tests/capture/test_cache.py turns it on in a temporary folder."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import tempfile
+import warnings
 
 import pytest
 
@@ -28,3 +31,67 @@ def analysis(name: str, batch: int, seq: int, dtype: str = "fp32", hw: str = "h1
 @pytest.fixture
 def analysis_of():
     return analysis
+
+
+@pytest.fixture(scope="session")
+def onnx_zoo(tmp_path_factory):
+    """Small zoo models exported once per session with torch.onnx.export (the TorchScript exporter, dynamo=False:
+    offline and fast; opset 20, where Gelu is one op): name -> (path, module, example inputs). GPT-2 and BERT at
+    2 layers, d 64, 4 heads, batch 2 x seq 32 with dynamic batch and seq dims; ResNet-50's topology (3, 4, 6, 3
+    bottlenecks) at width 8 on 2 x 3 x 64 x 64 images, exported without constant folding (BatchNormalization
+    kept, as eager PyTorch runs it) and, as ``resnet50-folded``, with it (BN folded into the convolutions); ViT at
+    64 x 64 pixels, 2 layers, d 64."""
+    import torch
+
+    from opmap.workloads.bert import Bert, BertConfig
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+    from opmap.workloads.resnet import ResNet
+    from opmap.workloads.vit import ViT, ViTConfig
+
+    folder = tmp_path_factory.mktemp("onnx-zoo")
+    torch.manual_seed(0)
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    specs = {
+        "gpt2": (GPT2(GPT2Config(vocab_size=1000, block_size=64, n_layer=2, n_head=4, n_embd=64)), (ids,),
+                 ["input_ids"], {"input_ids": {0: "batch", 1: "seq"}}, {}),
+        "bert": (Bert(BertConfig(vocab_size=1000, max_position=64, hidden=64, n_layer=2, n_head=4, intermediate=256)),
+                 (ids, ids), ["input_ids", "token_type_ids"],
+                 {"input_ids": {0: "batch", 1: "seq"}, "token_type_ids": {0: "batch", 1: "seq"}}, {}),
+        "resnet50": (ResNet((3, 4, 6, 3), num_classes=10, width=8), (torch.randn(2, 3, 64, 64),), ["images"],
+                     {"images": {0: "batch"}}, {"do_constant_folding": False}),
+    }
+    specs["resnet50-folded"] = (*specs["resnet50"][:4], {})
+    specs["vit"] = (ViT(ViTConfig(image_size=64, hidden=64, n_layer=2, n_head=4, mlp_dim=256, num_classes=10)),
+                    (torch.randn(2, 3, 64, 64),), ["images"], {"images": {0: "batch"}}, {})
+    return _export(folder, specs)
+
+
+@pytest.fixture(scope="session")
+def onnx_llama(tmp_path_factory):
+    """Llama (2 layers, d 64, 4 query heads over 2 KV heads) exported once per session with the dynamo exporter
+    at opset 23 (the TorchScript exporter has no conversion for grouped-query SDPA): one ai.onnx Attention node per
+    layer, RMSNormalization for the norms, static shapes (2 x 32 tokens). About 7 s: kept apart from onnx_zoo."""
+    import torch
+
+    from opmap.workloads.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    ids = torch.zeros(2, 32, dtype=torch.long)
+    module = Llama(LlamaConfig(vocab_size=1000, dim=64, n_layer=2, n_head=4, n_kv_head=2, ffn_dim=128, max_seq=64))
+    folder = tmp_path_factory.mktemp("onnx-llama")
+    return _export(folder, {"llama": (module, (ids,), ["input_ids"], None, {"dynamo": True, "opset_version": 23})})
+
+
+def _export(folder, specs):
+    import torch
+
+    out = {}
+    for name, (module, inputs, names, axes, kw) in specs.items():
+        module = module.eval()
+        path = folder / f"{name}.onnx"
+        kw = {"dynamo": False, "opset_version": 20, "dynamic_axes": axes, **kw}
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, inputs, str(path), input_names=names, **kw)
+        out[name] = (path, module, inputs)
+    return out

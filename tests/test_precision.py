@@ -55,3 +55,26 @@ def test_kernel_formats_follow_the_policy():
     b = resolve_precision(a100, "bf16")
     assert b.kernel_format("matrix") == "bf16" and b.operand_format == "bf16" and b.weight_operand_bytes is None
     assert resolve_precision(a100, "int4").weight_operand_bytes == pytest.approx(0.5 + 2 / 128)
+
+
+def test_training_precision_fp8_is_transformer_engine_on_an_fp8_engine():
+    from opmap.precision import FP8_TRAINING, resolve_training_precision
+
+    h100 = get_hardware("h100-sxm")
+    p = resolve_training_precision(h100, "fp8")
+    # the fp8 matrix rate (catalog: measured achievable 1402.6 TFLOP/s), bf16 weights stored (2 B: scale 1)
+    assert p.matrix == "fp8" and p.matrix_rate_flops_per_s == h100.achievable_matrix_flops_per_s["fp8"].value
+    assert p.format_policy is FP8_TRAINING and p.weight_scale == 1.0 and p.operand_format == "fp8"
+    assert p.kernel_format("matrix").startswith("fp8 (fprop e4m3 x e4m3")
+    # other formats train as they infer
+    assert resolve_training_precision(h100, "bf16") == resolve_precision(h100, "bf16")
+
+
+def test_training_precision_fp8_refused_without_an_fp8_engine():
+    from opmap.precision import resolve_training_precision
+
+    a100 = get_hardware("a100-sxm-80gb")
+    with pytest.raises(OpmapError, match="fp8 training needs an fp8 matrix engine") as e:
+        resolve_training_precision(a100, "fp8")
+    assert "\n" not in str(e.value) and str(e.value).endswith("accepted for training on it: bf16, fp16, tf32, fp32")
+    assert resolve_precision(a100, "fp8").matrix == "bf16"  # inference keeps the weight-only fallback

@@ -23,6 +23,14 @@ from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
+from opmap.mapping.fp8 import (
+    FP8_INFERENCE_NOTE,
+    cast_formats,
+    fp8_assumptions,
+    fp8_operand_bytes,
+    inference_bf16_nodes,
+    plan_fp8_training,
+)
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.mapping.memory import (
@@ -33,7 +41,7 @@ from opmap.mapping.memory import (
     kv_geometry,
     training_state_bytes,
 )
-from opmap.precision import Precision, power_limited, resolve_precision
+from opmap.precision import Precision, power_limited, resolve_precision, resolve_training_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload
 
@@ -411,25 +419,47 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     """Cost, map and predict a captured graph. ``repeats``: how many times the step runs back to back (a
     benchmark loop, a serving run). On a power-limited card with sustained rates in the catalog, a run busy past
     its power window drops from its boost to its sustained matrix rate (``precision.power_limited``)."""
-    prec = resolve_precision(hw, dtype)
-    costs = stored_weights(cost_graph(graph), prec)
+    training = any(n.args.get("phase") == "backward" for n in graph.nodes)
+    prec = resolve_training_precision(hw, dtype) if training else resolve_precision(hw, dtype)
+    # fp8 training (Transformer Engine): the Linear GEMMs at the fp8 rate, their casts as kernels, the rest bf16
+    fp8 = plan_fp8_training(graph) if training and dtype == "fp8" else None
+    graph = fp8.graph if fp8 is not None else graph
+    # fp8 inference (a quantized checkpoint): the LM head and MoE router GEMMs stay bf16, weights and rate
+    keep, kept = (inference_bf16_nodes(graph) if not training and dtype == "fp8" and prec.matrix == "fp8"
+                  else (frozenset(), ()))
+    raw = cost_graph(graph)
+    costs = stored_weights(raw, prec)
+    costs = [raw[i] if i in keep else c for i, c in enumerate(costs)] if keep else costs
+    costs = fp8_operand_bytes(costs, fp8.fp8_nodes) if fp8 is not None else costs
     curves = hw.curves
     plan = plan_fusion(graph, costs, fusion, plan_file)
+    mixed = fp8 is not None or bool(keep)
 
-    def predict(prec: Precision):
-        preds = [predict_cost(c, hw, prec, curves) for c in costs]
-        return preds, tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves))
+    def predict(prec: Precision, other: Precision):
+        if fp8 is not None:
+            precs = [prec if i in fp8.fp8_nodes else other for i in range(len(costs))]
+        else:
+            precs = [other if i in keep else prec for i in range(len(costs))]
+        preds = [predict_cost(c, hw, p, curves) for c, p in zip(costs, precs)]
+        return preds, tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
+                                        node_prec=precs if mixed else None))
 
-    preds, kernels = predict(prec)
-    limited = power_limited(prec, hw, repeats * sum(k.predicted_s for k in kernels))
+    other = resolve_precision(hw, "bf16") if mixed else prec
+    preds, kernels = predict(prec, other)
+    busy = repeats * sum(k.predicted_s for k in kernels)
+    limited = power_limited(prec, hw, busy)
     if limited is not prec:
-        prec = limited
-        preds, kernels = predict(prec)
+        prec, other = limited, power_limited(other, hw, busy) if mixed else limited
+        preds, kernels = predict(prec, other)
+    kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
-    return Analysis(workload.name, graph, results, hw, prec,
-                    build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
-                        "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence")),
-                    plan, kernels)
+    assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
+        "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence"))
+    if fp8 is not None:
+        assumptions["fp8_training"] = fp8_assumptions(fp8, other)
+    if kept:
+        assumptions["fp8_inference"] = FP8_INFERENCE_NOTE.format(what=" and ".join(kept))
+    return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels)
 
 
 def check_analysis_inputs(hw: HardwareSpec, dtype: str, fusion: str, plan_file=None) -> None:
@@ -449,5 +479,6 @@ def analyze(workload: Workload, hw: HardwareSpec, dtype: str,
             evidence: str = "") -> Analysis:
     """Capture, cost, map and predict ``workload`` on ``hw`` at ``dtype`` under the ``fusion`` policy."""
     check_analysis_inputs(hw, dtype, fusion, plan_file)
-    graph = capture(workload.module, workload.inputs, overrides=overrides)
+    graph = workload.graph if workload.graph is not None else capture(workload.module, workload.inputs,
+                                                                      overrides=overrides)
     return analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)

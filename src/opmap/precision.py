@@ -113,6 +113,20 @@ FP8_WEIGHT_ONLY_NOTE = ("{hw} has no fp8 matrix engine: fp8 priced as the weight
                         "Marlin W8A16 path)")
 
 
+# fp8 training as NVIDIA Transformer Engine runs it (TE docs, "Using FP8 with Transformer Engine"; Micikevicius et
+# al. 2022, "FP8 Formats for Deep Learning"): the Linear layers' three GEMMs take fp8 operands (fprop E4M3 x E4M3,
+# dgrad E5M2 gradient x E4M3 weight, wgrad E4M3 input x E5M2 gradient) with per-tensor delayed scaling, accumulate in
+# fp32 and write bf16; the weights stay bf16, with fp32 master weights and AdamW moments in the optimizer (as bf16
+# mixed precision), cast to fp8 once per iteration. weight_bytes 2: the bf16 weights are what the model stores.
+FP8_TRAINING = FormatPolicy("bf16", "bf16 + its fp8 e4m3 copy and transpose, cast once per iteration (fp32 master "
+                                    "and AdamW state in the optimizer)",
+                            "bf16 (Linear GEMM inputs cast to fp8 e4m3, their gradients to e5m2)", "fp32", 2.0,
+                            quantized=True, one_byte_operands=True)
+# What Transformer Engine's fp8 training needs: an fp8 matrix engine (TE's fp8 recipes run on compute capability 8.9
+# and later: Ada, Hopper, Blackwell).
+FP8_TRAINING_DEVICES = "Hopper, Ada or later: TE's fp8 GEMMs need compute capability 8.9+"
+
+
 def dtype_bytes(dtype: str) -> float:
     """Bytes per element of a torch dtype name; an unknown name is refused."""
     try:
@@ -186,6 +200,8 @@ class Precision:
         """The format line of a kernel row: matrix kernels in the matrix format (and, quantized, the stored
         weights and accumulator), reductions at fp32 compute, the rest at the capture format."""
         pol = self.format_policy
+        if kernel_class == "matrix" and pol is FP8_TRAINING:
+            return "fp8 (fprop e4m3 x e4m3; dgrad, wgrad with e5m2 gradients), accumulate fp32"
         if kernel_class == "matrix":
             return (f"{self.matrix} compute, weights {pol.weights}, accumulate {pol.accumulate}"
                     if pol.quantized else self.matrix)
@@ -266,3 +282,24 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     peak = float(hw.matrix_peak_flops_per_s[chosen].value)
     rate, basis = matrix_rate(hw, chosen)
     return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate, basis, fallback_policy=fallback)
+
+
+def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
+    """``dtype`` for a training step on ``hw``: as ``resolve_precision``, except fp8, which means Transformer
+    Engine's fp8 training (``FP8_TRAINING``): priced at the device's fp8 matrix rate (the same recipe on any device
+    whose catalog entry lists an fp8 matrix peak), and refused on a device without one (no weight-only fallback in
+    training: TE has none)."""
+    check_requestable(dtype)
+    if dtype != "fp8":
+        return resolve_precision(hw, dtype)
+    v = hw.matrix_peak_flops_per_s.get("fp8")
+    if v is None or not v.value:
+        have = [d for d in ("bf16", "fp16", "tf32", "fp32") if (x := hw.matrix_peak_flops_per_s.get(d)) and x.value]
+        raise OpmapError(f"fp8 training needs an fp8 matrix engine ({FP8_TRAINING_DEVICES}); {hw.name} has none: "
+                         f"accepted for training on it: {', '.join(have)}")
+    vec = hw.vector_peak_flops_per_s.get("bf16") or hw.vector_peak_flops_per_s["fp32"]
+    rate, basis = matrix_rate(hw, "fp8")
+    note = ("fp8 training (Transformer Engine): Linear GEMMs in fp8 (fprop e4m3 x e4m3, dgrad e5m2 x e4m3, wgrad "
+            "e4m3 x e5m2, per-tensor delayed scaling, fp32 accumulate); embedding, LM head and attention core in bf16")
+    return Precision("fp8", "fp8", float(v.value), float(vec.value), note, 1.0, rate, basis,
+                     fallback_policy=FP8_TRAINING)

@@ -17,7 +17,7 @@ from opmap.validate import INT_GE0, INT_GE1, options
 
 def analyze(
     model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/file.py:factory, "
-                                          "path/to/config.json or hf:NAME."),
+                                          "path/to/config.json, hf:NAME or path/to/model.onnx."),
     hardware: str = typer.Option("h100-sxm", "--hardware", "-H",
                                  help="Catalog name, any case, or an alias such as h100 (opmap hardware list)."),
     batch: int = typer.Option(1, help="Batch size."),
@@ -68,6 +68,8 @@ def analyze(
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow --seq / --kv-len past the model's max_position_embeddings "
                                                  "(rotary models: rope scaling)."),
+    dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable; --batch and "
+                                                    "--seq bind batch- and sequence-named dims)."),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -94,6 +96,7 @@ def analyze(
     overrides = parse_overrides(layer_type)
     if out is not None:
         check_out_dir(out)
+    dims = _onnx_options(model, dim, phase, layout, image_size)
     from opmap.workloads.phases import PhaseSpec, check_phase
 
     spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
@@ -132,7 +135,8 @@ def analyze(
         with console.status(f"predicting {safe(w.name)} on {hw.name} (graph from the capture cache)"):
             a = analyze_graph(graph, w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence)
     else:
-        w = with_layout(build_workload(model, batch, seq, image_size, dtype, device, allow_long_context), layout)
+        w = with_layout(build_workload(model, batch, seq, image_size, dtype, device, allow_long_context, dims=dims,
+                                       overrides=overrides), layout)
         evidence = _evidence(quality, w.name, dtype)
         with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
             a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
@@ -143,6 +147,24 @@ def analyze(
 
         a = tuned_analysis(a)
     _report(with_figures(with_runtime(a, rt)), par, overrides, rows, out, store, no_store)
+
+
+def _onnx_options(model: str, dim: list[str], phase: str, layout: str, image_size: int | None) -> dict[str, int]:
+    """An ONNX model's --dim bindings; the options that need a PyTorch module refused for one."""
+    from opmap.workloads.onnx import is_onnx_target, parse_dims
+
+    dims = parse_dims(dim)
+    if not is_onnx_target(model):
+        if dims:
+            raise OpmapError("--dim binds an ONNX model's dynamic dims; accepted with path/to/model.onnx only")
+        return dims
+    if phase != "prefill":
+        raise OpmapError(f"--phase {phase} needs a PyTorch module (its KV cache or backward); an ONNX model is "
+                         "analysed as its graph runs: drop --phase")
+    if layout != "nchw" or image_size is not None:
+        raise OpmapError("an ONNX model keeps its own layout and shapes: bind its dynamic dims with --dim NAME=VALUE "
+                         "(not --layout / --image-size)")
+    return dims
 
 
 def _runtime(hw, name: str, spec):
@@ -215,10 +237,13 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     from opmap.capture import cache as graph_cache
     from opmap.phases.step import analyze_phase, capture_phase
     from opmap.phases.train import train_activations
+    from opmap.precision import resolve_training_precision
     from opmap.workloads import MODELS, with_layout
     from opmap.workloads.phases import phase_workload
 
     check_analysis_inputs(hw, dtype, fusion, fusion_plan)
+    if spec.train:  # fp8 training needs an fp8 matrix engine: refused here, before any capture
+        resolve_training_precision(hw, dtype)
     spec_model = MODELS.get(model)
     if spec_model is not None and spec_model.kind == "vision" and seq is not None:
         raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")

@@ -18,7 +18,8 @@ console = Console(width=None if sys.stdout.isatty() else 180)
 
 
 def build_workload(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str,
-                   device: str, allow_long_context: bool = False):
+                   device: str, allow_long_context: bool = False, dims: dict[str, int] | None = None,
+                   overrides=()):
     """Build MODEL from the shape options: --seq for text models, --image-size for vision ones (one knob
     in the library). A real-tensor build is refused first if the weights cannot fit. The loader checks the
     rest (model, shape, dtype, device) before it builds anything."""
@@ -32,7 +33,8 @@ def build_workload(model: str, batch: int, seq: int | None, image_size: int | No
     if spec is not None and device != "meta":
         check_memory(spec.published_params, dtype, device)
     with console.status(f"building {safe(model)} on {safe(device)}"):
-        return load_workload(model, batch, seq if seq is not None else image_size, dtype, device, allow_long_context)
+        return load_workload(model, batch, seq if seq is not None else image_size, dtype, device, allow_long_context,
+                             dims=dims, overrides=overrides)
 
 
 def check_memory(params: int, dtype: str, device: str) -> None:

@@ -41,6 +41,10 @@ def plan(
     options({"--devices": (devices, {**INT_GE1, "hi": MAX_DEVICES}), "--seq": (seq, INT_GE1),
              "--global-batch": (global_batch, INT_GE1), "--rows": (rows, INT_GE0)})
     hw = get_hardware(hardware)
+    if phase == "train":  # fp8 training needs an fp8 matrix engine: refused before any capture
+        from opmap.precision import resolve_training_precision
+
+        resolve_training_precision(hw, dtype)
     if out is not None:
         check_out_dir(out)
     with step_progress("planning") as progress:

@@ -13,7 +13,8 @@ from opmap.validate import INT_GE0, INT_GE1, options
 
 def profile(
     model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/file.py:factory, "
-                                          "path/to/config.json or hf:NAME."),
+                                          "path/to/config.json, hf:NAME or path/to/model.onnx (run in "
+                                          "onnxruntime)."),
     device: str = typer.Option("cpu", help="Where it runs: cpu or cuda."),
     hardware: str = typer.Option("local", "--hardware", "-H",
                                  help="Profile the prediction uses: local (calibrated; made on first use), "
@@ -34,6 +35,7 @@ def profile(
     train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+    dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable)."),
 ) -> None:
     """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -69,15 +71,22 @@ def profile(
         console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
         run_calibration(device)
     hw = hw or get_hardware(hardware)
+    onnx_path = _onnx_checks(model, dim, dtype, train, image_size)
     with refusal_as_error(what, device):
-        w = build_workload(model, batch, seq, image_size, dtype, device)
+        w = build_workload(model, batch, seq, image_size, dtype, device, dims=_dims(dim), overrides=overrides)
     with refusal_as_error(what, device), Progress(TextColumn("{task.description}"), BarColumn(),
                                                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                                                   transient=True) as bar:
         task = bar.add_task("starting", total=warmup + iters + profile_iters)
-        p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
-                        overrides=overrides, datasheet=ds, train=train,
-                        progress=lambda stage, n: bar.update(task, advance=n, description=stage))
+        tick = lambda stage, n: bar.update(task, advance=n, description=stage)  # noqa: E731
+        if onnx_path is not None:
+            from opmap.measure.onnx_run import run_onnx_profile
+
+            p = run_onnx_profile(w, onnx_path, hw, dtype, device, warmup=warmup, iters=iters,
+                                 profile_iters=profile_iters, datasheet=ds, progress=tick)
+        else:
+            p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
+                            overrides=overrides, datasheet=ds, train=train, progress=tick)
     warn_unmatched_overrides(overrides, p.analysis.graph)
     d = p.to_dict()
     print_profile_report(p, console, rows, d)
@@ -90,6 +99,34 @@ def profile(
         # the raw per-iteration latencies go with the run: opmap compare's rank test reads them
         record_run("profile", {**d, "samples": {"latency_s": list(p.latency.times_s)}}, analysis_tags(d), store,
                    no_store)
+
+
+def _dims(dim: list[str]) -> dict[str, int]:
+    from opmap.workloads.onnx import parse_dims
+
+    return parse_dims(dim)
+
+
+def _onnx_checks(model: str, dim: list[str], dtype: str, train: bool, image_size: int | None) -> Path | None:
+    """An ONNX model's path, its options checked (onnxruntime runs the file's own types, inference only); None for
+    any other model."""
+    from opmap.errors import OpmapError
+    from opmap.workloads.onnx import is_onnx_target, read_model, stored_format
+
+    if not is_onnx_target(model):
+        if dim:
+            raise OpmapError("--dim binds an ONNX model's dynamic dims; accepted with path/to/model.onnx only")
+        return None
+    _dims(dim)
+    if train or image_size is not None:
+        raise OpmapError("an ONNX model is profiled as its graph runs (inference, its own shapes): drop --train and "
+                         "--image-size, bind dynamic dims with --dim NAME=VALUE")
+    path = Path(model)
+    stored = stored_format(read_model(path))
+    if dtype != stored and not (dtype == "tf32" and stored == "fp32"):
+        raise OpmapError(f"{path.name} stores its weights in {stored} and onnxruntime runs them so: profile it with "
+                         f"--dtype {stored}")
+    return path
 
 
 def _refuse_what_cannot_fit(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from opmap.costs import attention, backward, matmul, movement, pointwise, vector  # noqa: F401  (registers rules)
+from opmap.costs import attention, backward, fp8, matmul, movement, pointwise, vector  # noqa: F401  (registers rules)
 from opmap.costs.base import RULES, OpCost, rule
 from opmap.costs.movement import view_cost
 from opmap.graph import Node, OpGraph

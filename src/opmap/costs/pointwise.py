@@ -68,6 +68,8 @@ def _weights(node: Node) -> tuple[float, float]:
 def pointwise_cost(node: Node) -> OpCost:
     """Vector and transcendental FLOPs per output element times the output elements; minimum bytes."""
     v, t = _weights(node)
+    if node.input("bias") is not None:  # a fused bias add before the op (onnxruntime's BiasGelu, FastGelu)
+        v += 1
     n = node.outputs[0].numel if node.outputs else 0
     return io_cost(node, vector_flops=v * n, transcendental_flops=t * n)
 

@@ -41,11 +41,17 @@ def log_softmax_cost(node: Node) -> OpCost:
     return io_cost(node, vector_flops=4.0 * x.numel, transcendental_flops=float(x.numel + rows))
 
 
+def fused_adds(node: Node) -> int:
+    """Residual and bias inputs a fused norm adds to its input first (onnxruntime's SkipLayerNormalization, a
+    serving engine's add + norm): one add per element each; they are read once and the sum is not written."""
+    return sum(1 for n in node.input_names if n in ("residual", "residual_bias"))
+
+
 @rule("native_layer_norm", "layer_norm")
 def layer_norm_cost(node: Node) -> OpCost:
     x = node.input("input")
     rows = x.numel // max(prod(node.args.get("normalized_shape") or x.shape[-1:]), 1)
-    return io_cost(node, vector_flops=7.0 * x.numel, transcendental_flops=float(rows))
+    return io_cost(node, vector_flops=(7.0 + fused_adds(node)) * x.numel, transcendental_flops=float(rows))
 
 
 @rule("native_group_norm", "group_norm")
@@ -59,7 +65,7 @@ def group_norm_cost(node: Node) -> OpCost:
 def rms_norm_cost(node: Node) -> OpCost:
     x = node.input("input")
     rows = x.numel // max(prod(node.args.get("normalized_shape") or x.shape[-1:]), 1)
-    return io_cost(node, vector_flops=4.0 * x.numel, transcendental_flops=float(rows))
+    return io_cost(node, vector_flops=(4.0 + fused_adds(node)) * x.numel, transcendental_flops=float(rows))
 
 
 @rule("_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm",

@@ -111,16 +111,19 @@ def _contiguous(shape, stride) -> bool:
 
 
 def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: HardwareSpec, prec: Precision,
-                curves: Curves) -> list[KernelResult]:
+                curves: Curves, node_prec: Sequence[Precision] | None = None) -> list[KernelResult]:
+    """The kernels of ``plan`` with their tiles, formats and times. ``node_prec``: a precision per node where they
+    differ (fp8 training: the Linear GEMMs fp8, the rest bf16); a kernel runs at its anchor's."""
     out = []
     for k in plan.kernels:
         anchor, ac = nodes[k.anchor], costs[k.anchor]
+        kp = node_prec[k.anchor] if node_prec is not None else prec
         matrix_s = sum(preds[m].matrix_s for m in k.nodes)
         vector_s = sum(preds[m].vector_s for m in k.nodes)
         traffic = k.min_bytes  # parameters at their stored format (analyze.stored_weights)
         tile = runner = None
         why_tile = ""
-        choice = choose_tile(ac, hw, prec, curves)
+        choice = choose_tile(ac, hw, kp, curves)
         if isinstance(choice, NoTile):
             why_tile = choice.reason
         elif isinstance(choice, TileChoice):
@@ -151,7 +154,7 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         if len(k.nodes) > 1:
             why += (f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and "
                     f"{k.launches_saved} launches")
-        out.append(KernelResult(k, r, traffic, tile, runner, prec.kernel_format(k.kernel_class), layout_of(anchor),
+        out.append(KernelResult(k, r, traffic, tile, runner, kp.kernel_format(k.kernel_class), layout_of(anchor),
                                 why))
     return out
 

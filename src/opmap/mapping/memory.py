@@ -364,8 +364,14 @@ class TrainingState:
 # docs/source/distrib_optimizer.md lists 18 B per parameter for bf16 params with fp32 grads): pass
 # grad_bytes=4 for that. fp32 training: no master copy, K = 8 (two fp32 moments).
 TRAIN_BYTES: dict[str, tuple[float, float, float]] = {
+    # fp8 (Transformer Engine): bf16 weights (2 B) plus the fp8 copy and its transpose TE caches for the iteration
+    # (1 + 1 B), bf16 gradients, fp32 master weights and AdamW moments (12 B), as bf16 mixed precision
     "bf16": (2.0, 2.0, 12.0), "fp16": (2.0, 2.0, 12.0), "fp32": (4.0, 4.0, 8.0), "tf32": (4.0, 4.0, 8.0),
+    "fp8": (4.0, 2.0, 12.0),
 }
+FP8_STATE_NOTE = ("; fp8 weights: 2 B bf16 + 1 B fp8 e4m3 copy + 1 B its transpose (Transformer Engine caches both for "
+                  "the iteration), counted on every parameter (the embedding, LM head and norms keep none: an "
+                  "overstatement of 2 B on those)")
 
 
 def training_state_bytes(params: float, zero: int = 0, dp: int = 1, fmt: str = "bf16",
@@ -384,7 +390,7 @@ def training_state_bytes(params: float, zero: int = 0, dp: int = 1, fmt: str = "
     return TrainingState(params * w / (dp if zero >= 3 else 1), params * g / (dp if zero >= 2 else 1),
                          params * k / (dp if zero >= 1 else 1), zero, dp,
                          f"AdamW, {fmt} weights {w:g} B, gradients {g:g} B, optimizer state {k:g} B per parameter; "
-                         f"ZeRO stage {zero} over {dp} ranks")
+                         f"ZeRO stage {zero} over {dp} ranks" + (FP8_STATE_NOTE if fmt == "fp8" else ""))
 
 
 # -- KV cache ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.memory import MemoryFit, SavedActivations
 from opmap.phases.decode import decode_figures, decode_fit
+from opmap.phases.fp8 import with_fp8_figures
 from opmap.phases.prefill import prefill_figures
 from opmap.phases.runtime import with_runtime
 from opmap.phases.train import train_figures, train_fit
@@ -27,8 +28,8 @@ def default_figures(a: Analysis) -> dict[str, Any]:
     if a.assumptions.get("mode") == "training step":
         from opmap.workloads.phases import PhaseSpec
 
-        return train_figures(a, PhaseSpec("train"), int(a.assumptions.get("batch") or 1),
-                             int(a.assumptions.get("seq") or 1))
+        return with_fp8_figures(a, train_figures(a, PhaseSpec("train"), int(a.assumptions.get("batch") or 1),
+                                                 int(a.assumptions.get("seq") or 1)))
     return prefill_figures(a)
 
 
@@ -80,7 +81,7 @@ def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     elif spec.train:
         mb, seq = workload.batch, workload.seq or 1
         fit = train_fit(a, spec, mb, seq, saved, activations)
-        figures = train_figures(a, spec, mb, seq)
+        figures = with_fp8_figures(a, train_figures(a, spec, mb, seq))
     else:
         figures = prefill_figures(a)
         fit = None

@@ -134,6 +134,9 @@ def assumption_lines(a: Analysis) -> list[str]:
     lines.append("memory: " + a.memory_fit["text"])
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])
+    lines += [f"fp8: {n}" for n in (s.get("fp8_training") or {}).get("notes", [])]
+    if s.get("fp8_inference"):
+        lines.append("fp8: " + s["fp8_inference"])
     if s.get("precision_evidence"):
         lines.append("precision evidence: " + s["precision_evidence"])
     lines += [f"note: {n}" for n in s["workload_notes"] + s.get("capture_notes", [])]

@@ -8,12 +8,21 @@ from opmap.workloads.hf import build_hf, is_hf_target
 from opmap.workloads.user import load_user
 from opmap.workloads.zoo import MODELS, Workload, build_zoo, check_device
 
-ACCEPTED = "path/to/file.py:factory, path/to/config.json or hf:NAME"
+ACCEPTED = "path/to/file.py:factory, path/to/config.json, hf:NAME or path/to/model.onnx"
 
 
 def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
-                  device: str = "meta", allow_long_context: bool = False) -> Workload:
-    """``allow_long_context``: a --seq past the model's position limit, for rotary models (rope scaling)."""
+                  device: str = "meta", allow_long_context: bool = False, dims: dict[str, int] | None = None,
+                  overrides=()) -> Workload:
+    """``allow_long_context``: a --seq past the model's position limit, for rotary models (rope scaling).
+    ``dims``: an ONNX model's dynamic dims by name (--dim NAME=VALUE); ``overrides``: layer-type overrides, applied
+    as an ONNX graph is built (a torch capture applies them itself)."""
+    if target.lower().endswith(".onnx"):
+        from opmap.workloads.onnx import load_onnx
+
+        return load_onnx(target, batch, seq, dtype, dims, overrides)
+    if dims:
+        raise OpmapError("--dim binds an ONNX model's dynamic dims; this model is not a .onnx file")
     check_device(device)
     if target in MODELS:
         return build_zoo(target, batch, seq, dtype, device, allow_long_context)

@@ -32,6 +32,7 @@ class Workload:
     batch: int
     seq: int | None
     assumptions: tuple[str, ...] = ()
+    graph: Any = None  # an OpGraph read from a file (ONNX): no module to capture
 
 
 @dataclass(frozen=True)

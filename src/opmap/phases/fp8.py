@@ -1,0 +1,47 @@
+"""fp8 training's share of a training step (opmap.mapping.fp8 built it): the Linear GEMMs at the fp8 rate, the
+matrix work left in bf16, and the cast kernels per microstep and per iteration, in the train figures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opmap.mapping.fp8 import CAST_OP, SCALE_OP
+
+if TYPE_CHECKING:
+    from opmap.analyze import Analysis
+
+
+def fp8_figures(a: Analysis) -> dict[str, Any] | None:
+    """Seconds on one device of the captured step: ``gemm_s`` the fp8 GEMMs and ``bf16_matrix_s`` the matrix
+    kernels left in bf16 (forward + backward, per microstep), ``cast_s`` the activation and gradient casts per
+    microstep, ``weight_cast_s`` the weight casts and the amax / scale update once per iteration (inside
+    ``optimizer_s``: they run once per optimizer step). None when the step is not fp8 training."""
+    fp8 = a.assumptions.get("fp8_training")
+    if not fp8 or not a.kernel_results:
+        return None
+    gemm = bf16 = cast = once = 0.0
+    for k in a.kernel_results:
+        n = a.graph.nodes[k.kernel.anchor]
+        per_iteration = n.args.get("phase") == "optimizer"
+        if n.op in (CAST_OP, SCALE_OP):
+            if per_iteration:
+                once += k.predicted_s
+            else:
+                cast += k.predicted_s
+        elif k.kernel.kernel_class == "matrix" and not per_iteration:
+            if k.format.startswith("fp8"):
+                gemm += k.predicted_s
+            else:
+                bf16 += k.predicted_s
+    text = (f"fp8 GEMMs {gemm * 1e3:.4g} ms, bf16 matrix {bf16 * 1e3:.4g} ms and casts {cast * 1e3:.4g} ms per "
+            f"microstep; weight casts {once * 1e3:.3g} ms per iteration (in the optimizer step)")
+    return {"gemm_s": gemm, "bf16_matrix_s": bf16, "cast_s": cast, "weight_cast_s": once,
+            "cast_kernels": fp8["cast_kernels"], "text": text}
+
+
+def with_fp8_figures(a: Analysis, figures: dict[str, Any]) -> dict[str, Any]:
+    """``figures`` (a train phase's) with the ``fp8`` block and its sentence added when the step is fp8 training."""
+    f = fp8_figures(a)
+    if f is None:
+        return figures
+    return dict(figures, fp8=f, text=f"{figures['text']}; {f['text']}")
