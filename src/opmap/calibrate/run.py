@@ -117,9 +117,10 @@ class _Bench:
         self.reps = 3 if quick else 5
         self.min_time = 0.002 if quick else 0.005
 
-    def budget(self, family: str) -> None:
-        """Start ``family``'s share of the time budget (grids.BUDGET_S; none for the quick grid)."""
-        share = BUDGET_S.get(family)
+    def budget(self, family: str, formats: int = 1) -> None:
+        """Start ``family``'s share of the time budget for ``formats`` formats (grids.BUDGET_S; none for the quick
+        grid)."""
+        share = BUDGET_S.get(family, 0.0) * formats or None
         self.deadline = None if self.quick or not self.budgeted or share is None else (
             time.perf_counter() + share, f"past the {share:g} s share of the time budget for {family}")
 
@@ -147,13 +148,44 @@ class _Bench:
         return s
 
 
-def _matmuls(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
+    def shapes(self, labels: list[str], flops: float, makes: list[Callable[[], Callable[[], object]]],
+               rates: list[dict[str, float]], family: str) -> list[Sample | None]:
+        """One shape in several formats (label, make and rates per format), the formats the skip rules keep timed
+        interleaved (opmap.timing.time_interleaved), so a stall on a shared host falls on every format alike and
+        their ratio holds. A Sample (or None: skipped) per format."""
+        keep = []
+        for i, (label, rate) in enumerate(zip(labels, rates)):
+            why = None
+            if self.deadline is not None and time.perf_counter() > self.deadline[0]:
+                why = self.deadline[1]
+            else:
+                best = max(rate.get(family) or max(rate.values(), default=0.0), SKIP_FLOOR_PER_THREAD * self.threads)
+                if flops / best > MAX_CALL_S:
+                    why = f"one call would take {flops / best:.2g} s at {best / 1e9:.3g} GFLOP/s"
+            if why:
+                self.cal.skipped.append(f"{label}: {why}")
+                self.step(f"{label} skipped")
+            else:
+                keep.append(i)
+        out: list[Sample | None] = [None] * len(labels)
+        if keep:
+            samples = time_interleaved([makes[i]() for i in keep], self.dev, warmup=1, rounds=self.reps,
+                                       min_time_s=self.min_time)
+            for i, s in zip(keep, samples):
+                rates[i][family] = max(rates[i].get(family, 0.0), flops / s.spread()["min_s"])
+                out[i] = s
+                self.step(labels[i])
+        return out
+
+
+def _matmuls(b: _Bench, formats: list[tuple[str, torch.dtype]], shapes: dict, rates: dict[str, dict]) -> None:
+    """The GEMM grid, each shape timed in every format at once (interleaved: _Bench.shapes)."""
     dev, cal = b.dev, b.cal
     layouts = (("nt", "gemm", "gemm"), ("tt", "gemm_ta", "gemm_ta"), ("tn", "gemm_wgrad", "gemm_wgrad"))
     for layout, family, key in layouts:
-        b.budget(family)
+        b.budget(family, len(formats))
         for m, n, k in sorted(shapes[key], key=lambda s: s[0] * s[1] * s[2]):
-            def mk(m=m, n=n, k=k, layout=layout):
+            def mk(m=m, n=n, k=k, layout=layout, dt=torch.float32):
                 if layout == "tn":  # a weight gradient: x.T @ dy, dy row-major
                     xt, dy = torch.randn(k, m, device=dev).to(dt), torch.randn(k, n, device=dev).to(dt)
                     return lambda: torch.mm(xt.t(), dy)
@@ -163,12 +195,14 @@ def _matmuls(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str
                     return lambda: torch.mm(a, w.t())
                 at = torch.randn(k, m, device=dev).to(dt)
                 return lambda: torch.mm(at.t(), w.t())
-            label = f"matmul {name} {m}x{n}x{k}" + {"nt": "", "tt": " (A transposed)",
-                                                     "tn": " (weight gradient)"}[layout]
-            s = b.shape(label, 2.0 * m * n * k, mk, rate, family)
-            if s is not None:
-                cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": layout,
-                                   "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
+            tail = {"nt": "", "tt": " (A transposed)", "tn": " (weight gradient)"}[layout]
+            labels = [f"matmul {name} {m}x{n}x{k}{tail}" for name, _ in formats]
+            makes = [lambda dt=dt, mk=mk: mk(dt=dt) for _, dt in formats]
+            samples = b.shapes(labels, 2.0 * m * n * k, makes, [rates[name] for name, _ in formats], family)
+            for (name, _), s in zip(formats, samples):
+                if s is not None:
+                    cal.matmul.append({"m": m, "n": n, "k": k, "dtype": name, "layout": layout,
+                                       "flops_per_s": 2.0 * m * n * k / s.median_s, **s.spread()})
 
 
 def _convs(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[str, float]) -> None:
@@ -349,13 +383,17 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
     b = _Bench(cal, dev, quick, progress or (lambda _msg: None), budgeted)
     shapes = grid(quick)
     with torch.no_grad():
+        formats = []
         for name in FORMATS:
-            dt = torch_dtype(name)
-            if not _supported(dt, dev):
+            if _supported(torch_dtype(name), dev):
+                formats.append((name, torch_dtype(name)))
+            else:
                 b.step(f"{name} not supported")
-                continue
-            rate: dict[str, float] = {}  # best rate so far per family at this dtype, to skip slow shapes
-            _matmuls(b, name, dt, shapes, rate)
+        # best rate so far per format and family, to skip slow shapes
+        rates: dict[str, dict[str, float]] = {name: {} for name, _ in formats}
+        _matmuls(b, formats, shapes, rates)
+        for name, dt in formats:
+            rate = rates[name]
             _convs(b, name, dt, shapes, rate)
             _attention(b, name, dt, shapes, rate)
         b.deadline = None
