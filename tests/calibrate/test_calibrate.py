@@ -127,6 +127,7 @@ def test_the_curve_runs_a_large_gemm_at_its_formats_ceiling():
 
 
 def test_a_stalled_first_shape_does_not_skip_the_grid_and_the_budget_does():
+    from opmap.calibrate.grids import BUDGET_S
     from opmap.calibrate.run import Calibration, _Bench
 
     cal = Calibration("cpu", {})
@@ -138,7 +139,7 @@ def test_a_stalled_first_shape_does_not_skip_the_grid_and_the_budget_does():
     assert b.shape("late", 1.0, lambda: (lambda: None), rates, "gemm") is None
     assert cal.skipped == ["late: past the 4 s share of the time budget for gemm"]
     b.budget("gemm")  # the full grid's budget: grids.BUDGET_S["gemm"] from now
-    assert b.deadline[0] - time.perf_counter() == pytest.approx(4.0, abs=0.5)
+    assert b.deadline[0] - time.perf_counter() == pytest.approx(BUDGET_S["gemm"], abs=0.5)
     free = _Bench(cal, torch.device("cpu"), False, lambda _m: None, budgeted=False)
     free.budget("gemm")
     assert free.deadline is None  # --no-budget: no deadline
@@ -153,3 +154,19 @@ def test_parallel_overhead_is_measured_on_a_multithreaded_cpu():
         return
     assert p["threads"] == torch.get_num_threads()
     assert p["overhead_s"] == pytest.approx(max(0.0, p["many_s"] - p["one_s"] / p["threads"]))
+
+
+def test_a_shape_is_timed_in_every_kept_format_at_once():
+    from opmap.calibrate.run import Calibration, _Bench
+
+    cal = Calibration("cpu", {})
+    b = _Bench(cal, torch.device("cpu"), True, lambda _m: None)
+    fast, slow = {"gemm": 1e15}, {"gemm": 1.0}
+    calls = []
+    makes = [lambda: (lambda: calls.append("a")), lambda: (lambda: calls.append("b"))]
+    # 1e12 FLOPs: 1 ms at the first format's 1e15 FLOP/s; at the second's floor (1e9 per thread) over MAX_CALL_S
+    out = b.shapes(["matmul a", "matmul b"], 1e12, makes, [fast, slow], "gemm")
+    assert out[0] is not None and out[1] is None and set(calls) == {"a"}
+    assert len(cal.skipped) == 1 and cal.skipped[0].startswith("matmul b: one call would take")
+    out = b.shapes(["x", "y"], 1.0, makes, [fast, slow], "gemm")  # both kept: timed together, a Sample each
+    assert all(s is not None and s.median_s > 0 for s in out) and set(calls) == {"a", "b"}

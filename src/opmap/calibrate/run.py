@@ -260,7 +260,14 @@ def _attention(b: _Bench, name: str, dt: torch.dtype, shapes: dict, rate: dict[s
 
 
 def _bandwidth(b: _Bench, sizes: tuple[int, ...]) -> None:
-    for nbytes in sizes:
+    """Copy, read, write and fresh-write rates per size: the largest size first (the profile's memory bandwidth),
+    then the rest from the smallest up, within the bandwidth share of the time budget."""
+    b.budget("bandwidth")
+    for nbytes in sorted(sizes, key=lambda x: (x != max(sizes), x)):
+        if b.deadline is not None and time.perf_counter() > b.deadline[0]:
+            b.cal.skipped.append(f"bandwidth {nbytes} B: {b.deadline[1]}")
+            b.step(f"bandwidth {nbytes} B skipped")
+            continue
         src = torch.randn(nbytes // 4, device=b.dev)
         dst = torch.empty_like(src)
         n = nbytes // 4
@@ -399,5 +406,6 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
         b.deadline = None
         _ceilings(b, [n for n in FORMATS if any(r["dtype"] == n for r in cal.matmul)])
         _bandwidth(b, shapes["sizes"])
+        b.deadline = None
         _vector(b)
     return cal
