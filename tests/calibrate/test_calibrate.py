@@ -124,6 +124,9 @@ def test_the_curve_runs_a_large_gemm_at_its_formats_ceiling():
     assert c.matrix_rate(big, "bf16") == 4e10  # past the ceiling in m, n and k: its rate, not a blend
     # 1024^3 is a measured point: its own rate, though the ceiling is larger
     assert c.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 1024, 1024, 1024), "bf16") == 1e10
+    # a ceiling measured below the grid (a stalled run) is a floor, never a cut: the grid's 1e10 holds
+    rows[-1] = {**rows[-1], "flops_per_s": 1e9}
+    assert Curves.from_calibration({"matmul": rows}, 0.0).matrix_rate(big, "bf16") == pytest.approx(1e10)
 
 
 def test_a_stalled_first_shape_does_not_skip_the_grid_and_the_budget_does():

@@ -10,8 +10,8 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes in log2 (m, n, k)
   space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated
   growth). A batched GEMM is looked up as (batch * m, n, k). A GEMM at least as large in m, n and k as its
-  format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at that
-  ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
+  format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at least at
+  that ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.
@@ -103,14 +103,13 @@ class RateTable:
         if not self.points:
             return None
         c = self.ceiling
-        if c is not None and m >= c[0] and n >= c[1] and k >= c[2]:
-            return c[3]
+        ceiling = c[3] if c is not None and m >= c[0] and n >= c[1] and k >= c[2] else 0.0
         q = (math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
         dist = sorted((math.dist(q, p[:3]), p[3]) for p in self.points)[:NEAREST]
         if dist[0][0] < 1e-9:
-            return dist[0][1]
+            return max(dist[0][1], ceiling)
         w = [1.0 / d ** 2 for d, _ in dist]
-        return sum(wi * r for wi, (_, r) in zip(w, dist)) / sum(w)
+        return max(sum(wi * r for wi, (_, r) in zip(w, dist)) / sum(w), ceiling)
 
 
 @dataclass(frozen=True)
