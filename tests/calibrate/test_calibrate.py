@@ -124,9 +124,12 @@ def test_the_curve_runs_a_large_gemm_at_its_formats_ceiling():
     assert c.matrix_rate(big, "bf16") == 4e10  # past the ceiling in m, n and k: its rate, not a blend
     # 1024^3 is a measured point: its own rate, though the ceiling is larger
     assert c.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 1024, 1024, 1024), "bf16") == 1e10
-    # a ceiling measured below the grid (a stalled run) is a floor, never a cut: the grid's 1e10 holds
+    # a ceiling measured below the grid (a stalled run) is a floor, never a cut: the curve's own inverse-distance
+    # blend of the three points holds (log2 distances from 8192^3: sqrt(3) x 5, 3 and 2; weights 1 / d^2)
     rows[-1] = {**rows[-1], "flops_per_s": 1e9}
-    assert Curves.from_calibration({"matmul": rows}, 0.0).matrix_rate(big, "bf16") == pytest.approx(1e10)
+    w = [1 / (3 * d * d) for d in (5, 3, 2)]
+    idw = (w[0] * 1e10 + w[1] * 1e10 + w[2] * 1e9) / sum(w)
+    assert Curves.from_calibration({"matmul": rows}, 0.0).matrix_rate(big, "bf16") == pytest.approx(idw)
 
 
 def test_a_stalled_first_shape_does_not_skip_the_grid_and_the_budget_does():
