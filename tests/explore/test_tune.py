@@ -291,6 +291,9 @@ def test_analyze_tuned_follows_the_cached_choices(local_profile, model_file, mon
     (["tune", "gpt2", "--top-k", "0"], "--top-k"),
     (["tune", "gpt2", "--top-k", "x"], "--top-k"),
     (["tune", "gpt2", "--hardware", "h100-sxm"], "--hardware local"),
+    (["tune", "gpt2", "--device", "tpu"], "tune cannot run on 'tpu'; accepted: cpu, cuda"),
+    pytest.param(["tune", "gpt2", "--device", "cuda", "--hardware", "h100-sxm"], "no CUDA device here",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")),
 ])
 def test_bad_input_is_one_line_exit_2(argv, needle, local_profile, monkeypatch, capsys):
     _env(monkeypatch, local_profile[0])

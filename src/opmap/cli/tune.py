@@ -23,6 +23,9 @@ def tune(
     dtype: str = typer.Option("fp32", help="The model's dtype (candidates may compute in others: bf16, fp16)."),
     top_k: int = typer.Option(3, "--top-k", help="Candidates timed per signature, by predicted rank (1-16)."),
     rounds: int = typer.Option(5, help="Interleaved timing rounds: samples per candidate."),
+    device: str = typer.Option("cpu", help="cpu, or cuda: Triton GEMM configs vs cuBLAS and flash tiles vs SDPA, "
+                                           "ranked by the GPU tilers and timed with CUDA events (--hardware: the "
+                                           "GPU's catalog entry)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Tune every signature again (the cache is rewritten)."),
     out: Path | None = typer.Option(None, help="Write tune.json here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
@@ -37,7 +40,14 @@ def tune(
     options({"--top-k": (top_k, {"lo": 1, "hi": MAX_TOP_K, "integer": True}), "--batch": (batch, INT_GE1),
              "--seq": (seq, INT_GE1), "--image-size": (image_size, INT_GE1),
              "--rounds": (rounds, {"lo": 3, "hi": MAX_ROUNDS, "integer": True})})
+    if device not in ("cpu", "cuda"):
+        from opmap.errors import OpmapError
+
+        raise OpmapError(f"tune cannot run on {device!r}; accepted: cpu, cuda")
     hw = get_hardware(hardware)
+    if device == "cuda":
+        _tune_cuda(model, hw, batch, seq, image_size, dtype, top_k, rounds, out)
+        return
     check_setup(hw, top_k)
     if out is not None:
         check_out_dir(out)
@@ -81,3 +91,33 @@ def _table(result: dict):
         t.add_row(safe(e["signature"]["key"]), str(e["signature"]["count"]), f"{e['default_s'] * 1e6:.4g} us",
                   f"{e['chosen_s'] * 1e6:.4g} us", safe(e["chosen"]["label"]), f"{e['gain']:.2f}x", ratio)
     return t
+
+
+def _tune_cuda(model, hw, batch, seq, image_size, dtype, top_k, rounds, out) -> None:
+    """``--device cuda``: the GPU candidates of each GEMM / attention signature, timed on the CUDA device."""
+    import torch
+
+    from opmap.capture import capture
+    from opmap.errors import OpmapError
+    from opmap.explore.tune.gpu import tune_gpu
+    from opmap.explore.tune.rank import kendall_tau
+    from opmap.explore.tune.run import SCHEMA_VERSION, _tau_groups
+    from opmap.explore.tune.signatures import signatures
+    from opmap.report.sheet import check_out_dir, write_set
+
+    if not torch.cuda.is_available():
+        raise OpmapError("tune --device cuda: no CUDA device here; accepted: cpu")
+    if hw.device_type != "gpu":
+        raise OpmapError(f"tune --device cuda ranks with a GPU's catalog entry, not {hw.name}: pass --hardware")
+    if out is not None:
+        check_out_dir(out)
+    w = build_workload(model, batch, seq, image_size, dtype, "meta")
+    entries = tune_gpu(signatures(capture(w.module, w.inputs)), hw, top_k, rounds)
+    result = {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype, "device": "cuda",
+              "top_k": top_k, "rounds": rounds, "signatures": entries,
+              "kendall_tau": kendall_tau(_tau_groups(entries)),
+              "whole_model": None, "note": "GPU: per-signature choices; the whole model is not re-run with them"}
+    console.print(f"{len(entries)} signatures tuned on {torch.cuda.get_device_name()}; Kendall tau "
+                  f"{result['kendall_tau']}", highlight=False)
+    if out is not None:
+        print_wrote(write_set(out, {"tune.json": json_text(result, indent=1)}))

@@ -126,3 +126,36 @@ def gpu_runnable(sig: Signature, cand: GpuCandidate, device: str = "cuda") -> Ca
         q, kk, v = (torch.randn(b, h, s, d, device=device, dtype=dt) for s in (sq, sk, sk))
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, kk, v, is_causal=bool(causal))
     raise OpmapError(f"{cand.label} is ranked, not timed: opmap has no Triton flash-attention kernel to run it")
+
+
+def tune_gpu(sigs: list[Signature], hw: HardwareSpec, top_k: int, rounds: int,
+             device: str = "cuda") -> list[dict]:
+    """Per GEMM / attention signature on a CUDA device: the GPU candidates ranked by the cost model, the top
+    ``top_k`` that can be timed (a Triton flash config cannot, see gpu_runnable) timed interleaved with CUDA
+    events (opmap.timing.time_interleaved), the fastest median chosen. The library call (cuBLAS, SDPA) is the
+    default and is always timed. Not run on hardware yet: this host has no CUDA device."""
+    import torch
+
+    from opmap.timing import time_interleaved
+
+    out = []
+    for sig in sigs:
+        ranked = gpu_candidates(sig, hw)
+        if not ranked:
+            continue
+        default = next(c for c, _ in ranked if c.backend in ("cublas", "sdpa"))
+        timed = [c for c, _ in ranked if c.backend in ("cublas", "sdpa", "triton_gemm")][:top_k]
+        timed += [default] if default not in timed else []
+        with torch.no_grad():
+            samples = time_interleaved([gpu_runnable(sig, c, device) for c in timed], torch.device(device),
+                                       rounds=rounds)
+        meas = dict(zip(timed, samples))
+        chosen = min(timed, key=lambda c: meas[c].median_s)
+        out.append({"signature": sig.to_dict(), "default": default.to_dict(), "chosen": chosen.to_dict(),
+                    "default_s": meas[default].median_s, "chosen_s": meas[chosen].median_s,
+                    "gain": meas[default].median_s / meas[chosen].median_s,
+                    "candidates": [{**c.to_dict(), "predicted_s": p, "predicted_rank": i + 1, "timed": c in meas,
+                                    "default": c == default,
+                                    **({"measured_s": meas[c].median_s, **meas[c].spread()} if c in meas else {})}
+                                   for i, (c, p) in enumerate(ranked)]})
+    return out
