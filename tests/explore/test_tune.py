@@ -292,6 +292,7 @@ def test_analyze_tuned_follows_the_cached_choices(local_profile, model_file, mon
     (["tune", "gpt2", "--top-k", "x"], "--top-k"),
     (["tune", "gpt2", "--hardware", "h100-sxm"], "--hardware local"),
     (["tune", "gpt2", "--device", "tpu"], "tune cannot run on 'tpu'; accepted: cpu, cuda"),
+    (["tune", "model.onnx"], "an ONNX model is analysed (opmap analyze), not tuned"),
     pytest.param(["tune", "gpt2", "--device", "cuda", "--hardware", "h100-sxm"], "no CUDA device here",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")),
 ])

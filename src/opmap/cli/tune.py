@@ -40,6 +40,11 @@ def tune(
     options({"--top-k": (top_k, {"lo": 1, "hi": MAX_TOP_K, "integer": True}), "--batch": (batch, INT_GE1),
              "--seq": (seq, INT_GE1), "--image-size": (image_size, INT_GE1),
              "--rounds": (rounds, {"lo": 3, "hi": MAX_ROUNDS, "integer": True})})
+    if model.lower().endswith(".onnx"):
+        from opmap.errors import OpmapError
+
+        raise OpmapError("tune times PyTorch modules: an ONNX model is analysed (opmap analyze), not tuned; accepted: "
+                         "a zoo name, path/to/file.py:factory or hf:NAME")
     if device not in ("cpu", "cuda"):
         from opmap.errors import OpmapError
 
