@@ -4,6 +4,9 @@
 - ``time_op(fn, device)``: microbenchmark timings of a short call, each sample enough back-to-back calls to
   last ``min_time_s`` (``time.perf_counter`` on the CPU, CUDA events on a GPU), a second round when the
   first is disturbed (max over min above 3: another tenant); ``Sample`` holds them with median and spread.
+- ``time_interleaved(fns, device)``: the same samples for several candidates at once, one sample of each per
+  round in an order rotated every round, so a load that comes and goes (another tenant) falls on all of them
+  alike; what an autotuner compares (explore/tune) and what calibration's per-format ceilings use.
 - ``time_iterations(call, device, n)``: one ``perf_counter`` reading per iteration, a synchronize before
   each clock read on CUDA (so queued kernels count); ``LatencyStats`` holds the distribution (p50, p95,
   p99, mean, std, IQR).
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +65,29 @@ def time_op(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, 
         if max(out) <= 3.0 * min(out):
             break
     return Sample(tuple(out))
+
+
+def time_interleaved(fns: Sequence[Callable[[], object]], device: torch.device, *, warmup: int = 2,
+                     rounds: int = 5, min_time_s: float = 0.005) -> list[Sample]:
+    """Timings of each of ``fns``, seconds per call: each warmed up, its calls per sample sized to last
+    ``min_time_s`` (at least one call), then ``rounds`` rounds taking one sample of every fn, the order rotated
+    each round (fn i first in round i). A Sample per fn, in the order given."""
+    calls = []
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        calls.append(max(1, int(min_time_s / max(time.perf_counter() - t0, 1e-7))))
+    out: list[list[float]] = [[] for _ in fns]
+    n = len(fns)
+    for r in range(max(1, rounds)):
+        for j in range(n):
+            i = (r + j) % n
+            out[i] += _samples(fns[i], device, 1, calls[i])
+    return [Sample(tuple(ts)) for ts in out]
 
 
 def _samples(fn: Callable[[], object], device: torch.device, repeats: int, calls: int) -> list[float]:

@@ -28,7 +28,8 @@ def quick():
 
 
 def test_quick_calibration_rows(quick):
-    fp32 = [r for r in quick.matmul if r["dtype"] == "fp32" and r["layout"] == "nt"]  # nn.Linear's: x @ W.T
+    fp32 = [r for r in quick.matmul if r["dtype"] == "fp32" and r["layout"] == "nt"  # nn.Linear's: x @ W.T
+            and not r.get("ceiling")]
     assert sorted((r["m"], r["n"], r["k"]) for r in fp32) == sorted(QUICK_GRID)
     ta = [r for r in quick.matmul if r["dtype"] == "fp32" and r["layout"] == "tt"]  # x.t() @ W.T
     assert sorted((r["m"], r["n"], r["k"]) for r in ta) == sorted(QUICK_GRID_TA)
@@ -91,3 +92,87 @@ def test_vector_family_rates_are_in_the_rules_units(quick):
 def test_unknown_device_is_one_line_exit_2(capsys):
     assert main(["calibrate", "--device", "tpu"]) == 2
     assert "calibrate cannot run on 'tpu'; accepted: cpu, cuda" in capsys.readouterr().err
+
+
+def test_each_format_has_a_ceiling_at_one_shared_size(quick):
+    ceilings = [r for r in quick.matmul if r.get("ceiling")]
+    # one large square GEMM per format that ran, all at the same side (timed interleaved: a load falls on each)
+    assert {r["dtype"] for r in ceilings} >= {"fp32"} and len({r["m"] for r in ceilings}) == 1
+    for r in ceilings:
+        assert r["m"] == r["n"] == r["k"] and r["m"] % 256 == 0 and r["layout"] == "nt"
+        # the rate is the median sample's: between the slowest and the fastest sample's
+        assert 2.0 * r["m"] ** 3 / r["max_s"] <= r["flops_per_s"] * (1 + 1e-9)
+        assert r["flops_per_s"] <= 2.0 * r["m"] ** 3 / r["min_s"] * (1 + 1e-9)
+    from opmap.calibrate.grids import CEILING_CALL_S, CEILING_MAX
+    from opmap.calibrate.run import ceiling_side
+
+    # one call of 2 side^3 FLOPs lasts about CEILING_CALL_S: 1e11 FLOP/s x 0.05 s / 2 = 2.5e9 -> cube root 1357,
+    # down to a multiple of 256: 1280
+    assert ceiling_side(1e11) == (int((1e11 * CEILING_CALL_S / 2) ** (1 / 3)) // 256) * 256 == 1280
+    assert ceiling_side(1e16) == CEILING_MAX and ceiling_side(1.0) == 256
+
+
+def test_the_curve_runs_a_large_gemm_at_its_formats_ceiling():
+    from opmap.hardware.curves import Curves
+    from opmap.ops import MatrixFamily, MatrixProblem
+
+    rows = [{"m": s, "n": s, "k": s, "dtype": "bf16", "layout": "nt", "flops_per_s": 1e10} for s in (256, 1024)]
+    rows.append({"m": 2048, "n": 2048, "k": 2048, "dtype": "bf16", "layout": "nt", "flops_per_s": 4e10,
+                 "ceiling": True})
+    c = Curves.from_calibration({"matmul": rows}, 0.0)
+    big = MatrixProblem(MatrixFamily.GEMM, 1, 8192, 8192, 8192)
+    assert c.matrix_rate(big, "bf16") == 4e10  # past the ceiling in m, n and k: its rate, not a blend
+    # 1024^3 is a measured point: its own rate, though the ceiling is larger
+    assert c.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 1024, 1024, 1024), "bf16") == 1e10
+    # a ceiling measured below the grid (a stalled run) is a floor, never a cut: the curve's own inverse-distance
+    # blend of the three points holds (log2 distances from 8192^3: sqrt(3) x 5, 3 and 2; weights 1 / d^2)
+    rows[-1] = {**rows[-1], "flops_per_s": 1e9}
+    w = [1 / (3 * d * d) for d in (5, 3, 2)]
+    idw = (w[0] * 1e10 + w[1] * 1e10 + w[2] * 1e9) / sum(w)
+    assert Curves.from_calibration({"matmul": rows}, 0.0).matrix_rate(big, "bf16") == pytest.approx(idw)
+
+
+def test_a_stalled_first_shape_does_not_skip_the_grid_and_the_budget_does():
+    from opmap.calibrate.grids import BUDGET_S
+    from opmap.calibrate.run import Calibration, _Bench
+
+    cal = Calibration("cpu", {})
+    b = _Bench(cal, torch.device("cpu"), False, lambda _m: None)
+    rates = {"gemm": 1e3}  # a first shape stalled by the scheduler: 1 kFLOP/s
+    # 2e7 FLOPs at the floor of 1e9 per thread: at most 0.02 s, under MAX_CALL_S: timed, not skipped
+    assert b.shape("tiny", 2e7, lambda: (lambda: None), rates, "gemm") is not None and not cal.skipped
+    b.deadline = (time.perf_counter() - 1.0, "past the 4 s share of the time budget for gemm")
+    assert b.shape("late", 1.0, lambda: (lambda: None), rates, "gemm") is None
+    assert cal.skipped == ["late: past the 4 s share of the time budget for gemm"]
+    b.budget("gemm")  # the full grid's budget: grids.BUDGET_S["gemm"] from now
+    assert b.deadline[0] - time.perf_counter() == pytest.approx(BUDGET_S["gemm"], abs=0.5)
+    free = _Bench(cal, torch.device("cpu"), False, lambda _m: None, budgeted=False)
+    free.budget("gemm")
+    assert free.deadline is None  # --no-budget: no deadline
+
+
+def test_parallel_overhead_is_measured_on_a_multithreaded_cpu():
+    from opmap.calibrate.run import parallel_overhead
+
+    p = parallel_overhead(torch.device("cpu"), rounds=3)
+    if torch.get_num_threads() < 2:
+        assert p == {}
+        return
+    assert p["threads"] == torch.get_num_threads()
+    assert p["overhead_s"] == pytest.approx(max(0.0, p["many_s"] - p["one_s"] / p["threads"]))
+
+
+def test_a_shape_is_timed_in_every_kept_format_at_once():
+    from opmap.calibrate.run import Calibration, _Bench
+
+    cal = Calibration("cpu", {})
+    b = _Bench(cal, torch.device("cpu"), True, lambda _m: None)
+    fast, slow = {"gemm": 1e15}, {"gemm": 1.0}
+    calls = []
+    makes = [lambda: (lambda: calls.append("a")), lambda: (lambda: calls.append("b"))]
+    # 1e12 FLOPs: 1 ms at the first format's 1e15 FLOP/s; at the second's floor (1e9 per thread) over MAX_CALL_S
+    out = b.shapes(["matmul a", "matmul b"], 1e12, makes, [fast, slow], "gemm")
+    assert out[0] is not None and out[1] is None and set(calls) == {"a"}
+    assert len(cal.skipped) == 1 and cal.skipped[0].startswith("matmul b: one call would take")
+    out = b.shapes(["x", "y"], 1.0, makes, [fast, slow], "gemm")  # both kept: timed together, a Sample each
+    assert all(s is not None and s.median_s > 0 for s in out) and set(calls) == {"a", "b"}

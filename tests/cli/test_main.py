@@ -66,7 +66,8 @@ def test_version(cli):
 # What each command needs before its options are read (the option checks come first, so nothing is built).
 REQUIRED = {"analyze": ["gpt2"], "profile": ["gpt2"], "quality": ["gpt2", "--dtype", "int8"], "plan": ["gpt2"],
             "sweep": ["gpt2"], "serve": ["gpt2"], "fit": ["--models", "gpt2", "-H", "h100-sxm"],
-            "compare": ["a", "b"], "report": ["no-such-folder"], "bench": ["http://127.0.0.1:9", "--model", "m"]}
+            "compare": ["a", "b"], "report": ["no-such-folder"], "bench": ["http://127.0.0.1:9", "--model", "m"],
+            "tune": ["gpt2"]}
 
 
 def _numeric_options():

@@ -3,10 +3,12 @@
 Microbenchmarks (run.py), each with warm-up, repeats, the median and the spread (min, max, interquartile
 range; opmap.timing):
 
-- matmul rate per format (fp32, bf16, fp16 where the device runs them) over a grid of shapes in
+- matmul rate per format (fp32, bf16, fp16 where the device runs them; each shape timed in every format at once,
+  interleaved, so a load that comes and goes on a shared host falls on all formats alike) over a grid of shapes in
   nn.Linear's layout (m from 16 to 4096, n and k from 256 to 4096) and with a transposed left operand, so
   the profile carries an efficiency curve by size and aspect, not one number; the matrix peak is the best
-  median over the grid;
+  median over the grid; then each format's ceiling, one large square GEMM through the kernel torch dispatches
+  for it (oneDNN's bf16 path on AVX-512 BF16 CPUs), all formats at one size, interleaved;
 - convolutions (ResNet and ViT layer shapes, batch 1 and 8) stored as implicit GEMMs, forward and (fp32)
   backward, and fused attention (scaled_dot_product_attention over sequence lengths, causal and not);
 - copy, read and write bandwidth over sizes that cross the cache levels (copy counts read + write bytes);
@@ -14,7 +16,11 @@ range; opmap.timing):
 - per-op dispatch / launch overhead (a one-element add), the host cost of a view op;
 - vector (pointwise) rate, the transcendental rate (exp, tanh, erf) and one rate per vector family (softmax,
   layer norm, batch norm, max pooling, reductions) in the cost rules' own FLOPs (it captures and costs its
-  own benchmark ops, which is why calibration sits above capture and costs).
+  own benchmark ops, which is why calibration sits above capture and costs); on a multi-threaded CPU, a parallel
+  region's fork / join cost (``parallel_overhead``: what opmap tune charges a multi-threaded candidate).
+
+A full run keeps to a time budget of about a minute (grids.BUDGET_S, per format and family, and for bandwidth):
+under a load that slows every shape, the shapes past their share are skipped and listed; ``--no-budget`` lifts it.
 
 The grids are in grids.py; the machine fingerprint in fingerprint.py; the profile (catalog schema, every
 value ``measured``, the curves under ``[calibration]``) is written by profile_file.py to

@@ -52,6 +52,7 @@ def to_spec_dict(cal: Calibration) -> dict:
         "calibration": {"device": cal.device, "fingerprint": fp, "matmul": cal.matmul, "conv": cal.conv,
                         "attention": cal.attention, "bandwidth": cal.bandwidth, "launch_overhead": lo.spread(),
                         "view_overhead_s": cal.view_overhead_s,
+                        **({"parallel": cal.parallel} if cal.parallel else {}),
                         "vector_kinds": cal.vector_kinds,
                         "vector_rates": {"transcendental_per_s": cal.transcendental_per_s,
                                          **{f"{k}_flops_per_s": v for k, v in cal.vector.items()}},

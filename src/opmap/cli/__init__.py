@@ -27,6 +27,7 @@ from opmap.cli import report as _report
 from opmap.cli import runs as _runs
 from opmap.cli import serve as _serve
 from opmap.cli import sweep as _sweep
+from opmap.cli import tune as _tune
 from opmap.cli.common import console
 from opmap.errors import OpmapError
 from opmap.report.text import clean
@@ -78,6 +79,7 @@ app.command("memo")(_memo.memo)
 app.command("report")(_report.report)
 app.command("serve")(_serve.serve)
 app.command("bench")(_bench.bench)
+app.command("tune")(_tune.tune)
 
 
 def _usage_error(e: Exception) -> bool:

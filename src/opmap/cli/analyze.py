@@ -67,6 +67,8 @@ def analyze(
     cp_comm: str = typer.Option("p2p", "--cp-comm", help="Context parallelism's exchange: p2p (K/V ring overlapped "
                                                          "with attention, Megatron-Core) or all_gather (Llama 3)."),
     devices: int | None = typer.Option(None, "--devices", help="Check: must equal tp x cp x pp x dp."),
+    tuned: bool = typer.Option(False, "--tuned", help="Predict under the mappings `opmap tune` measured best on "
+                                                      "this CPU (--hardware local; prefill)."),
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow --seq / --kv-len past the model's max_position_embeddings "
                                                  "(rotary models: rope scaling)."),
@@ -117,6 +119,9 @@ def analyze(
                       microbatch=mb,
                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
+    if tuned and (spec.name != "prefill" or hw.name != "local"):
+        raise OpmapError("--tuned applies the choices `opmap tune` measured on this CPU: it takes --hardware local "
+                         "and the prefill phase")
     if spec.name != "prefill":
         _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion,
                        fusion_plan, quality, layout, par, store, no_store, rt, allow_long_context)
@@ -143,6 +148,10 @@ def analyze(
             a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
         if key:
             graph_cache.store(key, a.graph, _workload_fields(w))
+    if tuned:
+        from opmap.explore.tune.tuned import tuned_analysis
+
+        a = tuned_analysis(a)
     _report(with_figures(with_runtime(a, rt)), par, overrides, rows, out, store, no_store)
 
 

@@ -17,6 +17,8 @@ from opmap.cli.common import console
 def calibrate(
     device: str = typer.Option("cpu", help="cpu or cuda."),
     quick: bool = typer.Option(False, help="A small grid (seconds): a smoke test, not a profile to trust."),
+    no_budget: bool = typer.Option(False, "--no-budget", help="Lift the one-minute time budget: every shape the "
+                                                               "skip rule allows (minutes on a loaded host)."),
     out: Path | None = typer.Option(None, help="Profile path (default: the cache that --hardware local reads)."),
     datasheet: str | None = typer.Option(None, help="Catalog entry to compare with (CUDA: matched by device "
                                                        "name)."),
@@ -24,7 +26,7 @@ def calibrate(
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
 ) -> None:
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
-    path = run_calibration(device, quick, out, datasheet)
+    path = run_calibration(device, quick, out, datasheet, budgeted=not no_budget)
     if not no_store:
         from opmap.cli.common import record_run
         from opmap.store.db import calibration_tags, read_profile
@@ -34,7 +36,7 @@ def calibrate(
 
 
 def run_calibration(device: str, quick: bool = False, out: Path | None = None,
-                    datasheet: str | None = None) -> Path:
+                    datasheet: str | None = None, budgeted: bool = True) -> Path:
     """Calibrate ``device``, write the profile (``out``, default the cache), show the measured rates and,
     where a datasheet is named or matched, measured over datasheet. Returns the profile's path."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -47,7 +49,8 @@ def run_calibration(device: str, quick: bool = False, out: Path | None = None,
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("calibrating", total=steps(quick))
-        cal = measure(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg))
+        cal = measure(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg),
+                      budgeted=budgeted)
     path = write_profile(cal, out)
     console.print(_measured_table(cal))
     if ds is None and cal.device.startswith("cuda"):
@@ -58,7 +61,8 @@ def run_calibration(device: str, quick: bool = False, out: Path | None = None,
     if ds is not None:
         console.print(_datasheet_table(cal, ds))
     if cal.skipped:
-        console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s): "
+        console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s, or past the time budget: "
+                      "--no-budget lifts it): "
                       + "; ".join(cal.skipped[:3]) + (" ..." if len(cal.skipped) > 3 else ""))
     console.print(f"wrote {path}; use it with --hardware local")
     return path

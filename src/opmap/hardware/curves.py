@@ -9,7 +9,9 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   to gemm_ta; ``conv``; ``conv_bwd``: convolution_backward;
   ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes in log2 (m, n, k)
   space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated
-  growth). A batched GEMM is looked up as (batch * m, n, k).
+  growth). A batched GEMM is looked up as (batch * m, n, k). A GEMM at least as large in m, n and k as its
+  format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at least at
+  that ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.
@@ -25,7 +27,7 @@ A catalog device without a calibration has no curves: the time model uses its da
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opmap.errors import OpmapError
@@ -90,6 +92,7 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
 @dataclass(frozen=True)
 class RateTable:
     points: tuple[tuple[float, float, float, float], ...]  # log2 m, log2 n, log2 k, rate
+    ceiling: tuple[int, int, int, float] | None = None  # m, n, k, rate of the format's ceiling shape
 
     @staticmethod
     def build(rows: list[tuple[int, int, int, float]]) -> RateTable:
@@ -99,12 +102,14 @@ class RateTable:
     def rate(self, m: int, n: int, k: int) -> float | None:
         if not self.points:
             return None
+        c = self.ceiling
+        ceiling = c[3] if c is not None and m >= c[0] and n >= c[1] and k >= c[2] else 0.0
         q = (math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)))
         dist = sorted((math.dist(q, p[:3]), p[3]) for p in self.points)[:NEAREST]
         if dist[0][0] < 1e-9:
-            return dist[0][1]
+            return max(dist[0][1], ceiling)
         w = [1.0 / d ** 2 for d, _ in dist]
-        return sum(wi * r for wi, (_, r) in zip(w, dist)) / sum(w)
+        return max(sum(wi * r for wi, (_, r) in zip(w, dist)) / sum(w), ceiling)
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,12 @@ class Curves:
                 extra = r["bytes"] / r["bytes_per_s"] - writes[r["bytes"]] - launch_overhead_s
                 fresh.append((math.log2(r["bytes"]), max(0.0, extra) / r["bytes"]))
         vec = cal.get("vector_rates", {})
-        return Curves({k: RateTable.build(v) for k, v in rows.items()}, tuple(sorted(bw)),
+        tables = {k: RateTable.build(v) for k, v in rows.items()}
+        for r in cal.get("matmul", []):
+            key = (MatrixFamily.GEMM, r["dtype"])
+            if r.get("ceiling") and r.get("layout", "nt") == "nt" and r["flops_per_s"] > 0 and key in tables:
+                tables[key] = replace(tables[key], ceiling=(r["m"], r["n"], r["k"], r["flops_per_s"]))
+        return Curves(tables, tuple(sorted(bw)),
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
                       str(cal.get("fingerprint", {}).get("model", "")),
                       {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0}, tuple(sorted(fresh)))

@@ -15,10 +15,10 @@ from typing import Any
 
 from opmap.errors import OpmapError
 
-KINDS = ("analyze", "profile", "plan", "sweep", "serve", "fit", "calibrate", "shape-check", "bench")
+KINDS = ("analyze", "profile", "plan", "sweep", "serve", "fit", "calibrate", "shape-check", "bench", "tune")
 # the field each kind's file cannot be without (as compare reads output folders, store/source.py)
 REQUIRED = {"profile": "assumptions", "analyze": "assumptions", "plan": "ranked", "sweep": "points",
-            "serve": "latency", "fit": "cells", "bench": "latency"}
+            "serve": "latency", "fit": "cells", "bench": "latency", "tune": "signatures"}
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 INT_TAGS = ("batch", "seq")
 # column types of the row tables, in the order of db.KERNEL_COLUMNS / LAYER_COLUMNS / samples
