@@ -99,6 +99,11 @@ def bench(
     from opmap.cli import bench_predict as bp
 
     bp.check_target(url, model, launch, predict, hardware, config)
+    from opmap.validate import count
+
+    for name, v in (("--threads", threads), ("--kv-blocks", kv_blocks)):  # before any connection is tried
+        if v is not None:
+            count(v, name, hi=1 << 20)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     if requests is None and duration is None:
         requests = DEFAULT_REQUESTS
