@@ -7,7 +7,7 @@ requests of 32 prompt and 32 output tokens (4 warm-up) in a closed loop at the g
 overhead probed before and after, and the same workload simulated on the calibrated CPU (``--hardware local``;
 a quick calibration is written first when none exists). The concurrencies are interleaved round by round so
 both meet the same neighbours; the table gives each round's ratios and their median. A prediction-accuracy
-target is timing, so it lives here and not in a unit test (tests/bench/test_predict.py checks the join by hand
+target is timing, so it lives here and not in a unit test (tests/bench/test_bench_predict.py checks the join by hand
 and a coarse sanity band on the real server).
 
 Run:  PYTHONPATH=src python benchmarks/bench_predict_cpu.py [--rounds 3] [--concurrency 1,8]
