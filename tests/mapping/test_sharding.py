@@ -12,7 +12,7 @@ from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
 from opmap.mapping.roles import infer_roles, is_weight_gemm
-from opmap.mapping.sharding import Parallelism, Sharder, bubble_fraction, link_for
+from opmap.mapping.sharding import DP_OVERLAP, Parallelism, Sharder, bubble_fraction, link_for
 from opmap.workloads import build_zoo
 
 B, S = 2, 32
@@ -208,3 +208,17 @@ def test_a_decode_step_counts_every_expert_it_holds():
     assert s.geo.experts == 8 and s.roles.expert_params == experts
     total = a.graph.params
     assert s.params_per_device(Parallelism(dp=2, ep=2)) == (total - experts) + experts / 2
+
+
+def test_dp_reduction_hides_behind_the_last_microbatch_backward_only():
+    """Gradient accumulation runs the first m - 1 microbatches under no_sync; only the last backward launches the
+    bucketed DP reduction (Megatron-LM core/pipeline_parallel/schedules.py, forward_backward_no_pipelining). So
+    exposed = max(0, t_reduce - DP_OVERLAP x one microbatch's backward), the same at 1 and at 8 microbatches."""
+    s = sharder("gpt2", train=True)
+    for m in (1, 8):
+        r = s.shard(Parallelism(dp=16, global_batch=16 * B * m, microbatch=B))
+        reduce_s = sum(c.predicted_s * c.count for c in r.collectives if c.stage == "iteration")
+        bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
+        assert reduce_s > DP_OVERLAP * bwd_s  # dp 16 spans two nodes: the reduction outlasts one backward
+        assert r.exposed_comm_s == pytest.approx(reduce_s - DP_OVERLAP * bwd_s)
+        assert r.step_s == pytest.approx(m * r.microbatch_s + r.exposed_comm_s + r.optimizer_s)

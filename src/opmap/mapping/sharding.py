@@ -53,6 +53,13 @@ RECOMPUTE = ("none", "selective", "full")
 # Fraction of the DP gradient reduction hidden behind backward: bucketed reduction starts when a bucket's
 # gradients are ready (Megatron --overlap-grad-reduce, PyTorch DDP buckets); the last bucket cannot overlap.
 DP_OVERLAP = 0.8
+# The backward that can hide it is the LAST microbatch's only: with gradient accumulation the first m - 1
+# microbatches run inside the DDP wrapper's no_sync (gradients accumulate locally) and the reduction is launched
+# only by the last one's backward (NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py,
+# forward_backward_no_pipelining: "Run computation for last microbatch out of context handler (want to
+# synchronize gradients)"; the 1F1B schedules enable grad sync for the last microbatch's backward; PyTorch
+# DistributedDataParallel.no_sync for gradient accumulation). So the window does not grow with the microbatches.
+DP_WINDOW = "the last microbatch's backward (no_sync over the first m - 1: Megatron-LM schedules.py, PyTorch DDP)"
 # TP, SP, EP and PP collectives sit on the critical path of each layer: not overlapped.
 TP_OVERLAP = 0.0
 
@@ -217,7 +224,16 @@ class Sharded:
                 "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "optimizer_s": self.optimizer_s,
                 "assumptions": list(ASSUMPTIONS) + [
                     f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
-                    "the backward time hides it"] + list(self.notes)}
+                    f"{DP_WINDOW} hides it"] + list(self.notes)}
+
+
+
+def dp_exposed_s(dp_s: float, bwd_s: float, overlap: float) -> float:
+    """Seconds of the DP gradient reduction (``dp_s``, once per iteration) left on the critical path: what
+    ``overlap`` x one microbatch's backward on the stage (``bwd_s``) cannot hide. One microbatch's, whatever the
+    number of microbatches: gradients accumulate under no_sync and only the last backward launches the bucketed
+    reduction (``DP_WINDOW``)."""
+    return max(0.0, dp_s - overlap * bwd_s)
 
 
 @dataclass(frozen=True)
@@ -438,7 +454,7 @@ class Sharder:
         bubble = (pp - 1) / (m * vp)
         dp_s = sum(c.predicted_s * c.count for c in colls if c.stage == "iteration")
         bwd_s = (total[_BWD] + pos_sums[0][_BWD] + pos_sums[-1][_BWD]) / pp
-        exposed_dp = max(0.0, dp_s - p.dp_overlap * bwd_s * m) if self.training else 0.0
+        exposed_dp = dp_exposed_s(dp_s, bwd_s, p.dp_overlap) if self.training else 0.0
         step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
         p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
