@@ -127,8 +127,10 @@ def test_dp_reduction_is_gradient_bytes():
     dp = [c for c in s.shard(p).collectives if c.stage == "iteration"]
     assert [c.collective.kind for c in dp] == ["all_reduce"]
     assert dp[0].collective.message_bytes == pytest.approx(124_439_808 * 2 / 2)  # bf16 gradients / tp
-    z2 = [c.collective.kind for c in s.shard(Parallelism(tp=2, dp=4, zero=2)).collectives if c.stage == "iteration"]
-    assert z2 == ["reduce_scatter", "all_gather"]
+    for zero in (1, 2):  # a sharded optimizer: gradients reduce-scattered, updated parameters all-gathered
+        z = [c.collective.kind for c in s.shard(Parallelism(tp=2, dp=4, zero=zero)).collectives
+             if c.stage == "iteration"]
+        assert z == ["reduce_scatter", "all_gather"]
 
 
 def test_ep_all_to_all():
@@ -222,3 +224,19 @@ def test_dp_reduction_hides_behind_the_last_microbatch_backward_only():
         assert reduce_s > DP_OVERLAP * bwd_s  # dp 16 spans two nodes: the reduction outlasts one backward
         assert r.exposed_comm_s == pytest.approx(reduce_s - DP_OVERLAP * bwd_s)
         assert r.step_s == pytest.approx(m * r.microbatch_s + r.exposed_comm_s + r.optimizer_s)
+
+
+def test_sharded_optimizer_gathers_parameters_behind_the_next_forward():
+    """ZeRO 1 (Megatron's distributed optimizer, NeMo distributed_fused_adam with overlap_grad_sync and
+    overlap_param_sync): the gradient reduce-scatter hides behind the last microbatch's backward, the updated
+    parameters' all-gather behind the next iteration's first forward: exposed = max(0, t_rs - 0.8 t_bwd) +
+    max(0, t_ag - 0.8 t_fwd), one microbatch's forward and backward on the device."""
+    s = sharder("gpt2", train=True)
+    r = s.shard(Parallelism(dp=16, global_batch=16 * B * 4, microbatch=B, zero=1))
+    rs = sum(c.predicted_s for c in r.collectives if c.collective.kind == "reduce_scatter")
+    ag = sum(c.predicted_s for c in r.collectives if c.collective.kind == "all_gather")
+    bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
+    fwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] not in ("backward", "optimizer"))
+    want = max(0.0, rs - DP_OVERLAP * bwd_s) + max(0.0, ag - DP_OVERLAP * fwd_s)
+    assert want > 0
+    assert r.exposed_comm_s == pytest.approx(want)

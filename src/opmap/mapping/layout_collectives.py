@@ -124,7 +124,10 @@ def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, block
         grad = sharder.params_per_device(p) * sharder.itemsize
         span = p.tp * p.cp * p.dp
         over = f" (over dp x cp = {p.dp} x {p.cp})" if p.cp > 1 else ""
-        if p.zero <= 1:
+        # ZeRO >= 1 shards the optimizer state: each rank updates its shard, so the gradients are reduce-scattered
+        # and the updated parameters all-gathered (Megatron's distributed optimizer, NeMo's distributed_fused_adam):
+        # the all-reduce's bytes in two halves, each overlapped on its own (opmap.mapping.sharding.DP_WINDOW)
+        if p.zero == 0:
             add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1)
         else:
             add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1)

@@ -59,7 +59,11 @@ DP_OVERLAP = 0.8
 # forward_backward_no_pipelining: "Run computation for last microbatch out of context handler (want to
 # synchronize gradients)"; the 1F1B schedules enable grad sync for the last microbatch's backward; PyTorch
 # DistributedDataParallel.no_sync for gradient accumulation). So the window does not grow with the microbatches.
-DP_WINDOW = "the last microbatch's backward (no_sync over the first m - 1: Megatron-LM schedules.py, PyTorch DDP)"
+DP_WINDOW = ("the last microbatch's backward (no_sync over the first m - 1: Megatron-LM schedules.py, PyTorch DDP); "
+             "with a sharded optimizer (ZeRO >= 1: Megatron's distributed optimizer, NeMo's distributed_fused_adam) "
+             "the gradients are reduce-scattered there and the updated parameters all-gathered behind the next "
+             "iteration's first forward (Megatron --overlap-param-gather, NeMo overlap_param_sync)")
+PARAM_GATHER = "DP all-gather of updated parameters"  # the purpose layout_collectives gives it
 # TP, SP, EP and PP collectives sit on the critical path of each layer: not overlapped.
 TP_OVERLAP = 0.0
 
@@ -228,12 +232,13 @@ class Sharded:
 
 
 
-def dp_exposed_s(dp_s: float, bwd_s: float, overlap: float) -> float:
-    """Seconds of the DP gradient reduction (``dp_s``, once per iteration) left on the critical path: what
-    ``overlap`` x one microbatch's backward on the stage (``bwd_s``) cannot hide. One microbatch's, whatever the
-    number of microbatches: gradients accumulate under no_sync and only the last backward launches the bucketed
-    reduction (``DP_WINDOW``)."""
-    return max(0.0, dp_s - overlap * bwd_s)
+def dp_exposed_s(comm_s: float, window_s: float, overlap: float) -> float:
+    """Seconds of a DP collective (``comm_s`` per iteration) left on the critical path: what ``overlap`` x the
+    compute it runs behind (``window_s``) cannot hide. The gradient reduction's window is one microbatch's backward
+    on the stage, whatever the number of microbatches: gradients accumulate under no_sync and only the last
+    backward launches the bucketed reduction; the updated parameters' all-gather, the next iteration's first
+    forward (``DP_WINDOW``)."""
+    return max(0.0, comm_s - overlap * window_s)
 
 
 @dataclass(frozen=True)
@@ -452,9 +457,15 @@ class Sharder:
         mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
         m = p.microbatches
         bubble = (pp - 1) / (m * vp)
-        dp_s = sum(c.predicted_s * c.count for c in colls if c.stage == "iteration")
+        dp = [c for c in colls if c.stage == "iteration"]
+        gather_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith(PARAM_GATHER))
+        z3_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith("ZeRO-3"))
+        grad_s = sum(c.predicted_s * c.count for c in dp) - gather_s - z3_s
         bwd_s = (total[_BWD] + pos_sums[0][_BWD] + pos_sums[-1][_BWD]) / pp
-        exposed_dp = dp_exposed_s(dp_s, bwd_s, p.dp_overlap) if self.training else 0.0
+        fwd_s = (total[_TOTAL] + pos_sums[0][_TOTAL] + pos_sums[-1][_TOTAL]) / pp - bwd_s
+        # ZeRO-3's gathers run in every microbatch: hidden behind the m backwards
+        exposed_dp = (dp_exposed_s(grad_s, bwd_s, p.dp_overlap) + dp_exposed_s(gather_s, fwd_s, p.dp_overlap)
+                      + dp_exposed_s(z3_s, m * bwd_s, p.dp_overlap)) if self.training else 0.0
         step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
         p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
