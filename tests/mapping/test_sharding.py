@@ -218,12 +218,13 @@ def test_dp_reduction_hides_behind_the_last_microbatch_backward_only():
     exposed = max(0, t_reduce - DP_OVERLAP x one microbatch's backward), the same at 1 and at 8 microbatches."""
     s = sharder("gpt2", train=True)
     for m in (1, 8):
-        r = s.shard(Parallelism(dp=16, global_batch=16 * B * m, microbatch=B))
+        r = s.shard(Parallelism(tp=2, dp=16, global_batch=16 * B * m, microbatch=B))
         reduce_s = sum(c.predicted_s * c.count for c in r.collectives if c.stage == "iteration")
         bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
-        assert reduce_s > DP_OVERLAP * bwd_s  # dp 16 spans two nodes: the reduction outlasts one backward
-        assert r.exposed_comm_s == pytest.approx(reduce_s - DP_OVERLAP * bwd_s)
-        assert r.step_s == pytest.approx(m * r.microbatch_s + r.exposed_comm_s + r.optimizer_s)
+        assert reduce_s > DP_OVERLAP * bwd_s  # tp 2 x dp 16: one NIC per rank, the reduction outlasts a backward
+        tp_s = sum(c.exposed * c.count for c in r.collectives if c.stage != "iteration")  # per microbatch
+        assert r.exposed_comm_s == pytest.approx(m * tp_s + reduce_s - DP_OVERLAP * bwd_s)
+        assert r.step_s == pytest.approx(m * r.microbatch_s + reduce_s - DP_OVERLAP * bwd_s + r.optimizer_s)
 
 
 def test_sharded_optimizer_gathers_parameters_behind_the_next_forward():
@@ -232,11 +233,27 @@ def test_sharded_optimizer_gathers_parameters_behind_the_next_forward():
     parameters' all-gather behind the next iteration's first forward: exposed = max(0, t_rs - 0.8 t_bwd) +
     max(0, t_ag - 0.8 t_fwd), one microbatch's forward and backward on the device."""
     s = sharder("gpt2", train=True)
-    r = s.shard(Parallelism(dp=16, global_batch=16 * B * 4, microbatch=B, zero=1))
-    rs = sum(c.predicted_s for c in r.collectives if c.collective.kind == "reduce_scatter")
-    ag = sum(c.predicted_s for c in r.collectives if c.collective.kind == "all_gather")
+    r = s.shard(Parallelism(tp=2, dp=16, global_batch=16 * B * 4, microbatch=B, zero=1))
     bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
     fwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] not in ("backward", "optimizer"))
+    rs = sum(c.predicted_s for c in r.collectives if c.stage == "iteration" and c.collective.kind == "reduce_scatter")
+    ag = sum(c.predicted_s for c in r.collectives if c.stage == "iteration" and c.collective.kind == "all_gather")
+    tp_s = sum(c.exposed * c.count for c in r.collectives if c.stage != "iteration")  # per microbatch
     want = max(0.0, rs - DP_OVERLAP * bwd_s) + max(0.0, ag - DP_OVERLAP * fwd_s)
     assert want > 0
-    assert r.exposed_comm_s == pytest.approx(want)
+    assert r.exposed_comm_s == pytest.approx(4 * tp_s + want)
+
+
+def test_dp_group_filling_nodes_runs_one_ring_per_nic():
+    """tp 1, dp 16 on DGX H100 (8 GPUs, 8 x 400 Gb/s NICs a node): the group holds every GPU of two nodes, so
+    NCCL's rings cross nodes on all 8 NICs at once: ring bandwidth min(NVLink 450 GB/s a direction, 8 x 50 GB/s)
+    = 400 GB/s, all-reduce t >= 2 (n - 1) / n x S / 400 GB/s (nccl-tests' busbw formula; 400-450 GB/s busbw is
+    what such clusters measure at 8 GB); with tp 4 the group holds 2 GPUs a node, priced at one NIC a rank (>= 2 (n - 1)
+    / n x S / 50 GB/s), conservative."""
+    s = sharder("gpt2", train=True)
+    for tp, link, rate in ((1, "auto", 8 * 50e9), (4, "scale_out", 50e9)):
+        dp = [c for c in s.shard(Parallelism(tp=tp, dp=16)).collectives if c.stage == "iteration"]
+        assert [c.link for c in dp] == [link]
+        size = dp[0].collective.message_bytes
+        floor = 2 * 15 / 16 * size / rate
+        assert floor <= dp[0].predicted_s <= 1.25 * floor
