@@ -162,7 +162,8 @@ def test_link_scale_out_past_one_node():
     assert link_for(hw, 8) == "scale_up" and link_for(hw, 16) == "scale_out"
     s = sharder("gpt2", train=True)
     dp = [c for c in s.shard(Parallelism(tp=4, dp=4)).collectives if c.stage == "iteration"]
-    assert dp[0].link == "scale_out"  # the DP group spans tp x dp = 16 ranks
+    # the DP group spans tp x dp = 16 ranks, 2 of them in each node: a ring per member, each through its own NIC
+    assert (dp[0].link, dp[0].collective.per_node) == ("auto", 2)
 
 
 @pytest.mark.parametrize("kw, needle", [
@@ -244,16 +245,16 @@ def test_sharded_optimizer_gathers_parameters_behind_the_next_forward():
     assert r.exposed_comm_s == pytest.approx(4 * tp_s + want)
 
 
-def test_dp_group_filling_nodes_runs_one_ring_per_nic():
-    """tp 1, dp 16 on DGX H100 (8 GPUs, 8 x 400 Gb/s NICs a node): the group holds every GPU of two nodes, so
-    NCCL's rings cross nodes on all 8 NICs at once: ring bandwidth min(NVLink 450 GB/s a direction, 8 x 50 GB/s)
-    = 400 GB/s, all-reduce t >= 2 (n - 1) / n x S / 400 GB/s (nccl-tests' busbw formula; 400-450 GB/s busbw is
-    what such clusters measure at 8 GB); with tp 4 the group holds 2 GPUs a node, priced at one NIC a rank (>= 2 (n - 1)
-    / n x S / 50 GB/s), conservative."""
+def test_dp_group_across_nodes_runs_one_ring_per_nic():
+    """DGX H100 (8 GPUs, 8 x 400 Gb/s NICs a node), dp 16: with tp 1 the group holds every GPU of two nodes, with
+    tp 4 two of each of eight nodes (ranks stride by tp). NCCL runs a ring per member, each crossing nodes through
+    its own NIC: ring bandwidth min(NVLink 450 GB/s a direction, members a node x 50 GB/s) = 400 GB/s at tp 1,
+    100 GB/s at tp 4; all-reduce t >= 2 (n - 1) / n x S / that (nccl-tests' busbw formula; such clusters measure
+    400-450 GB/s busbw at 8 GB), not one NIC's 50 GB/s."""
     s = sharder("gpt2", train=True)
-    for tp, link, rate in ((1, "auto", 8 * 50e9), (4, "scale_out", 50e9)):
+    for tp, members, rate in ((1, 8, 8 * 50e9), (4, 2, 2 * 50e9)):
         dp = [c for c in s.shard(Parallelism(tp=tp, dp=16)).collectives if c.stage == "iteration"]
-        assert [c.link for c in dp] == [link]
+        assert [(c.link, c.collective.per_node) for c in dp] == [("auto", members)]
         size = dp[0].collective.message_bytes
         floor = 2 * 15 / 16 * size / rate
         assert floor <= dp[0].predicted_s <= 1.25 * floor

@@ -54,15 +54,17 @@ def link_for(hw: HardwareSpec, span: int) -> str:
 
 
 
-def dp_link(hw: HardwareSpec, tp: int, group: int) -> str | None:
-    """The link of the DP (x CP) group: ``auto`` (opmap.mapping.collectives: the group fills whole nodes, one ring
-    per GPU, each crossing nodes through its own NIC, so a node moves devices_per_node NICs' worth) when tp is 1
-    and the group fills whole nodes: its ranks are consecutive, every GPU of a node is in it. Else None
-    (``link_for``: past one node the group runs at one NIC per rank, which is exact when tp fills a node and
-    conservative in between). NVLink + NDR InfiniBand H100 nodes reach 400-450 GB/s all-reduce busbw at 8 GB
+def dp_link(hw: HardwareSpec, tp: int, group: int) -> tuple[str, int] | None:
+    """The link of the DP (x CP) group, whose ranks stride by tp (placement tp innermost): past one node with tp
+    below a node's devices, ``("auto", devices_per_node / tp)``: each node holds that many members, each with its
+    own NIC, and NCCL runs a ring per member, each crossing nodes through its own NIC (opmap.mapping.collectives:
+    ring bandwidth min(scale-up, members a node x NIC rate)). Else None (``link_for``: inside a node, or one member
+    a node when tp fills it). NVLink + NDR InfiniBand H100 nodes reach 400-450 GB/s all-reduce busbw at 8 GB
     (https://saturncloud.io/blog/crusoe-nccl-cluster-validation, nccl-tests expected figures), not one NIC's 50."""
     per = hw.devices_per_node or 1
-    return "auto" if tp == 1 and per > 1 and group > per and group % per == 0 else None
+    if per <= 1 or tp >= per or per % tp or group * tp <= per or group % (per // tp):
+        return None
+    return "auto", per // tp
 
 
 def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
@@ -78,8 +80,8 @@ def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, block
     def add(kind, msg, group, span, purpose, stage, count, hide=None, link=None):
         if group <= 1 or count <= 0 or msg <= 0:
             return
-        link = link or link_for(hw, span)
-        c, t, alg = sharder._time(hw, kind, msg, group, link)
+        link, per_node = link or (link_for(hw, span), None)
+        c, t, alg = sharder._time(hw, kind, msg, group, link, per_node)
         ex = None if hide is None else context.exposed(t, hide)
         out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
 

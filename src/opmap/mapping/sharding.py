@@ -494,12 +494,13 @@ class Sharder:
                        bubble_s=(pp - 1) / vp * mb_s, exposed_comm_s=m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp,
                        optimizer_s=opt_s)
 
-    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str) -> tuple[Collective, float, str]:
+    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
+              per_node: int | None = None) -> tuple[Collective, float, str]:
         """The collective, its time and algorithm (kept: a layout search asks for the same ones again)."""
-        key = (hw.name, kind, msg, group, link)
+        key = (hw.name, kind, msg, group, link, per_node)
         hit = self._ctimes.get(key)
         if hit is None:
-            c = Collective(kind, float(msg), group, link)
+            c = Collective(kind, float(msg), group, link, per_node)
             t = collective_time(hw, c)
             hit = self._ctimes[key] = (c, t.seconds, t.algorithm)
         return hit
