@@ -193,8 +193,9 @@ def _gpt3(h: int, layers: int, heads: int, batch: int):
 def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int, microbatch: int, recompute: str):
     """(iteration s, phase figures, sharded) of a NeMo fp8 pre-training run as its recipes set it up: Transformer
     Engine fp8 (opmap --dtype fp8 in training), the distributed optimizer (ZeRO 1) with fused Adam, the DP gradient
-    reduction overlapped with backward (overlap_grad_sync: opmap's default bucketed overlap), sequence parallelism
-    with TP above 1, the recipe's activation recomputation."""
+    reduce-scatter overlapped with the last microbatch's backward (overlap_grad_sync) and the parameter all-gather
+    with the next iteration's first forward (overlap_param_sync: true in the recipes; opmap's default bucketed
+    overlap), sequence parallelism with TP above 1, the recipe's activation recomputation."""
     from opmap.mapping.sharding import Parallelism, shard
     from opmap.phases.sharded import sharded_phase_figures
     from opmap.phases.step import analyze_phase, capture_phase

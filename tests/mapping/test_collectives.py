@@ -153,3 +153,16 @@ def test_impossible_placements_are_opmap_errors():
         collective_time(get_hardware("h100-pcie"), Collective("all_reduce", 1024, 4))
     with pytest.raises(OpmapError, match="no scale_out_bandwidth"):
         collective_time(get_hardware("l4"), Collective("all_reduce", 1024, 16))
+
+
+def test_group_with_fewer_members_a_node_rings_over_their_nics():
+    """A group of 32 with 4 members in each of 8 DGX H100 nodes (a DP group beside tp 2): a ring per member, each
+    crossing nodes through its own 50 GB/s NIC: bandwidth min(450 GB/s NVLink a direction, 4 x 50 GB/s) = 200 GB/s,
+    all-reduce t >= 2 (n - 1) / n x S / 200 GB/s; a per_node outside link auto is refused."""
+    hw = get_hardware("h100-sxm")
+    s = 8e9
+    t = collective_time(hw, Collective("all_reduce", s, 32, "auto", 4)).seconds
+    floor = 2 * 31 / 32 * s / 200e9
+    assert floor <= t <= 1.05 * floor
+    with pytest.raises(OpmapError, match="per_node must be an integer of at least 1 under link auto"):
+        Collective("all_reduce", s, 32, "scale_out", 4)

@@ -12,7 +12,7 @@ from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
 from opmap.mapping.roles import infer_roles, is_weight_gemm
-from opmap.mapping.sharding import Parallelism, Sharder, bubble_fraction, link_for
+from opmap.mapping.sharding import DP_OVERLAP, Parallelism, Sharder, bubble_fraction, link_for
 from opmap.workloads import build_zoo
 
 B, S = 2, 32
@@ -127,8 +127,10 @@ def test_dp_reduction_is_gradient_bytes():
     dp = [c for c in s.shard(p).collectives if c.stage == "iteration"]
     assert [c.collective.kind for c in dp] == ["all_reduce"]
     assert dp[0].collective.message_bytes == pytest.approx(124_439_808 * 2 / 2)  # bf16 gradients / tp
-    z2 = [c.collective.kind for c in s.shard(Parallelism(tp=2, dp=4, zero=2)).collectives if c.stage == "iteration"]
-    assert z2 == ["reduce_scatter", "all_gather"]
+    for zero in (1, 2):  # a sharded optimizer: gradients reduce-scattered, updated parameters all-gathered
+        z = [c.collective.kind for c in s.shard(Parallelism(tp=2, dp=4, zero=zero)).collectives
+             if c.stage == "iteration"]
+        assert z == ["reduce_scatter", "all_gather"]
 
 
 def test_ep_all_to_all():
@@ -160,7 +162,8 @@ def test_link_scale_out_past_one_node():
     assert link_for(hw, 8) == "scale_up" and link_for(hw, 16) == "scale_out"
     s = sharder("gpt2", train=True)
     dp = [c for c in s.shard(Parallelism(tp=4, dp=4)).collectives if c.stage == "iteration"]
-    assert dp[0].link == "scale_out"  # the DP group spans tp x dp = 16 ranks
+    # the DP group spans tp x dp = 16 ranks, 2 of them in each node: a ring per member, each through its own NIC
+    assert (dp[0].link, dp[0].collective.per_node) == ("auto", 2)
 
 
 @pytest.mark.parametrize("kw, needle", [
@@ -208,3 +211,50 @@ def test_a_decode_step_counts_every_expert_it_holds():
     assert s.geo.experts == 8 and s.roles.expert_params == experts
     total = a.graph.params
     assert s.params_per_device(Parallelism(dp=2, ep=2)) == (total - experts) + experts / 2
+
+
+def test_dp_reduction_hides_behind_the_last_microbatch_backward_only():
+    """Gradient accumulation runs the first m - 1 microbatches under no_sync; only the last backward launches the
+    bucketed DP reduction (Megatron-LM core/pipeline_parallel/schedules.py, forward_backward_no_pipelining). So
+    exposed = max(0, t_reduce - DP_OVERLAP x one microbatch's backward), the same at 1 and at 8 microbatches."""
+    s = sharder("gpt2", train=True)
+    for m in (1, 8):
+        r = s.shard(Parallelism(tp=2, dp=16, global_batch=16 * B * m, microbatch=B))
+        reduce_s = sum(c.predicted_s * c.count for c in r.collectives if c.stage == "iteration")
+        bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
+        assert reduce_s > DP_OVERLAP * bwd_s  # tp 2 x dp 16: one NIC per rank, the reduction outlasts a backward
+        tp_s = sum(c.exposed * c.count for c in r.collectives if c.stage != "iteration")  # per microbatch
+        assert r.exposed_comm_s == pytest.approx(m * tp_s + reduce_s - DP_OVERLAP * bwd_s)
+        assert r.step_s == pytest.approx(m * r.microbatch_s + reduce_s - DP_OVERLAP * bwd_s + r.optimizer_s)
+
+
+def test_sharded_optimizer_gathers_parameters_behind_the_next_forward():
+    """ZeRO 1 (Megatron's distributed optimizer, NeMo distributed_fused_adam with overlap_grad_sync and
+    overlap_param_sync): the gradient reduce-scatter hides behind the last microbatch's backward, the updated
+    parameters' all-gather behind the next iteration's first forward: exposed = max(0, t_rs - 0.8 t_bwd) +
+    max(0, t_ag - 0.8 t_fwd), one microbatch's forward and backward on the device."""
+    s = sharder("gpt2", train=True)
+    r = s.shard(Parallelism(tp=2, dp=16, global_batch=16 * B * 4, microbatch=B, zero=1))
+    bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
+    fwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] not in ("backward", "optimizer"))
+    rs = sum(c.predicted_s for c in r.collectives if c.stage == "iteration" and c.collective.kind == "reduce_scatter")
+    ag = sum(c.predicted_s for c in r.collectives if c.stage == "iteration" and c.collective.kind == "all_gather")
+    tp_s = sum(c.exposed * c.count for c in r.collectives if c.stage != "iteration")  # per microbatch
+    want = max(0.0, rs - DP_OVERLAP * bwd_s) + max(0.0, ag - DP_OVERLAP * fwd_s)
+    assert want > 0
+    assert r.exposed_comm_s == pytest.approx(4 * tp_s + want)
+
+
+def test_dp_group_across_nodes_runs_one_ring_per_nic():
+    """DGX H100 (8 GPUs, 8 x 400 Gb/s NICs a node), dp 16: with tp 1 the group holds every GPU of two nodes, with
+    tp 4 two of each of eight nodes (ranks stride by tp). NCCL runs a ring per member, each crossing nodes through
+    its own NIC: ring bandwidth min(NVLink 450 GB/s a direction, members a node x 50 GB/s) = 400 GB/s at tp 1,
+    100 GB/s at tp 4; all-reduce t >= 2 (n - 1) / n x S / that (nccl-tests' busbw formula; such clusters measure
+    400-450 GB/s busbw at 8 GB), not one NIC's 50 GB/s."""
+    s = sharder("gpt2", train=True)
+    for tp, members, rate in ((1, 8, 8 * 50e9), (4, 2, 2 * 50e9)):
+        dp = [c for c in s.shard(Parallelism(tp=tp, dp=16)).collectives if c.stage == "iteration"]
+        assert [(c.link, c.collective.per_node) for c in dp] == [("auto", members)]
+        size = dp[0].collective.message_bytes
+        floor = 2 * 15 / 16 * size / rate
+        assert floor <= dp[0].predicted_s <= 1.25 * floor

@@ -94,6 +94,9 @@ class Collective:
     message_bytes: float
     group_size: int
     link: str = "auto"
+    # link auto across nodes: the group's members in each node (None: devices_per_node, the group fills whole
+    # nodes); fewer when the group strides over another split (a DP group beside tp 2 holds 4 of a node's 8)
+    per_node: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,6 +109,10 @@ class Collective:
         g = self.group_size
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise OpmapError(f"collective group_size must be an integer of at least 1, got {g!r}")
+        k = self.per_node
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1 or self.link != "auto"):
+            raise OpmapError(f"collective per_node must be an integer of at least 1 under link auto, got {k!r} "
+                             f"with link {self.link!r}")
         if self.kind == "send_recv" and g > 2:
             raise OpmapError(f"a send_recv is between two devices; group_size {g} given (accepted: 1 or 2)")
 
@@ -159,7 +166,7 @@ def _fabric(hw: HardwareSpec, c: Collective) -> _Fabric:
                              "(use link 'auto' or 'scale_out')")
         nodes, local = 1, n
     else:
-        per_node = int(_need(per_node, hw, "devices_per_node", what))
+        per_node = c.per_node or int(_need(per_node, hw, "devices_per_node", what))
         if n % per_node:
             raise OpmapError(f"{hw.name}: a group of {n} spanning nodes must fill whole nodes of {per_node} "
                              "devices (accepted: a multiple of devices_per_node, or link 'scale_out')")

@@ -54,6 +54,19 @@ def link_for(hw: HardwareSpec, span: int) -> str:
 
 
 
+def dp_link(hw: HardwareSpec, tp: int, group: int) -> tuple[str, int] | None:
+    """The link of the DP (x CP) group, whose ranks stride by tp (placement tp innermost): past one node with tp
+    below a node's devices, ``("auto", devices_per_node / tp)``: each node holds that many members, each with its
+    own NIC, and NCCL runs a ring per member, each crossing nodes through its own NIC (opmap.mapping.collectives:
+    ring bandwidth min(scale-up, members a node x NIC rate)). Else None (``link_for``: inside a node, or one member
+    a node when tp fills it). NVLink + NDR InfiniBand H100 nodes reach 400-450 GB/s all-reduce busbw at 8 GB
+    (https://saturncloud.io/blog/crusoe-nccl-cluster-validation, nccl-tests expected figures), not one NIC's 50."""
+    per = hw.devices_per_node or 1
+    if per <= 1 or tp >= per or per % tp or group * tp <= per or group % (per // tp):
+        return None
+    return "auto", per // tp
+
+
 def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
                        attn: tuple[float, float] = (0.0, 0.0)) -> list[CollectiveKernel]:
     """The layout's collectives; ``attn``: one layer's attention forward and backward time on one device (the
@@ -64,11 +77,11 @@ def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, block
     act = geo.act_bytes / p.cp
     bwd = sharder.training
 
-    def add(kind, msg, group, span, purpose, stage, count, hide=None):
+    def add(kind, msg, group, span, purpose, stage, count, hide=None, link=None):
         if group <= 1 or count <= 0 or msg <= 0:
             return
-        link = link_for(hw, span)
-        c, t, alg = sharder._time(hw, kind, msg, group, link)
+        link, per_node = link or (link_for(hw, span), None)
+        c, t, alg = sharder._time(hw, kind, msg, group, link, per_node)
         ex = None if hide is None else context.exposed(t, hide)
         out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
 
@@ -124,12 +137,17 @@ def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, block
         grad = sharder.params_per_device(p) * sharder.itemsize
         span = p.tp * p.cp * p.dp
         over = f" (over dp x cp = {p.dp} x {p.cp})" if p.cp > 1 else ""
-        if p.zero <= 1:
-            add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1)
+        link = dp_link(hw, p.tp, group)
+        # ZeRO >= 1 shards the optimizer state: each rank updates its shard, so the gradients are reduce-scattered
+        # and the updated parameters all-gathered (Megatron's distributed optimizer, NeMo's distributed_fused_adam):
+        # the all-reduce's bytes in two halves, each overlapped on its own (opmap.mapping.sharding.DP_WINDOW)
+        if p.zero == 0:
+            add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1, link=link)
         else:
-            add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1)
-            add("all_gather", grad, group, span, "DP all-gather of updated parameters" + over, "iteration", 1)
+            add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1, link=link)
+            add("all_gather", grad, group, span, "DP all-gather of updated parameters" + over, "iteration", 1,
+                link=link)
             if p.zero == 3:
                 add("all_gather", grad, group, span, "ZeRO-3 parameter all-gather (forward and backward)",
-                    "iteration", 2 * p.microbatches)
+                    "iteration", 2 * p.microbatches, link=link)
     return out

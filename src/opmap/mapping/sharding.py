@@ -53,6 +53,17 @@ RECOMPUTE = ("none", "selective", "full")
 # Fraction of the DP gradient reduction hidden behind backward: bucketed reduction starts when a bucket's
 # gradients are ready (Megatron --overlap-grad-reduce, PyTorch DDP buckets); the last bucket cannot overlap.
 DP_OVERLAP = 0.8
+# The backward that can hide it is the LAST microbatch's only: with gradient accumulation the first m - 1
+# microbatches run inside the DDP wrapper's no_sync (gradients accumulate locally) and the reduction is launched
+# only by the last one's backward (NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py,
+# forward_backward_no_pipelining: "Run computation for last microbatch out of context handler (want to
+# synchronize gradients)"; the 1F1B schedules enable grad sync for the last microbatch's backward; PyTorch
+# DistributedDataParallel.no_sync for gradient accumulation). So the window does not grow with the microbatches.
+DP_WINDOW = ("the last microbatch's backward (no_sync over the first m - 1: Megatron-LM schedules.py, PyTorch DDP); "
+             "with a sharded optimizer (ZeRO >= 1: Megatron's distributed optimizer, NeMo's distributed_fused_adam) "
+             "the gradients are reduce-scattered there and the updated parameters all-gathered behind the next "
+             "iteration's first forward (Megatron --overlap-param-gather, NeMo overlap_param_sync)")
+PARAM_GATHER = "DP all-gather of updated parameters"  # the purpose layout_collectives gives it
 # TP, SP, EP and PP collectives sit on the critical path of each layer: not overlapped.
 TP_OVERLAP = 0.0
 
@@ -217,7 +228,17 @@ class Sharded:
                 "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "optimizer_s": self.optimizer_s,
                 "assumptions": list(ASSUMPTIONS) + [
                     f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
-                    "the backward time hides it"] + list(self.notes)}
+                    f"{DP_WINDOW} hides it"] + list(self.notes)}
+
+
+
+def dp_exposed_s(comm_s: float, window_s: float, overlap: float) -> float:
+    """Seconds of a DP collective (``comm_s`` per iteration) left on the critical path: what ``overlap`` x the
+    compute it runs behind (``window_s``) cannot hide. The gradient reduction's window is one microbatch's backward
+    on the stage, whatever the number of microbatches: gradients accumulate under no_sync and only the last
+    backward launches the bucketed reduction; the updated parameters' all-gather, the next iteration's first
+    forward (``DP_WINDOW``)."""
+    return max(0.0, comm_s - overlap * window_s)
 
 
 @dataclass(frozen=True)
@@ -436,9 +457,15 @@ class Sharder:
         mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
         m = p.microbatches
         bubble = (pp - 1) / (m * vp)
-        dp_s = sum(c.predicted_s * c.count for c in colls if c.stage == "iteration")
+        dp = [c for c in colls if c.stage == "iteration"]
+        gather_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith(PARAM_GATHER))
+        z3_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith("ZeRO-3"))
+        grad_s = sum(c.predicted_s * c.count for c in dp) - gather_s - z3_s
         bwd_s = (total[_BWD] + pos_sums[0][_BWD] + pos_sums[-1][_BWD]) / pp
-        exposed_dp = max(0.0, dp_s - p.dp_overlap * bwd_s * m) if self.training else 0.0
+        fwd_s = (total[_TOTAL] + pos_sums[0][_TOTAL] + pos_sums[-1][_TOTAL]) / pp - bwd_s
+        # ZeRO-3's gathers run in every microbatch: hidden behind the m backwards
+        exposed_dp = (dp_exposed_s(grad_s, bwd_s, p.dp_overlap) + dp_exposed_s(gather_s, fwd_s, p.dp_overlap)
+                      + dp_exposed_s(z3_s, m * bwd_s, p.dp_overlap)) if self.training else 0.0
         step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
         p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
@@ -467,12 +494,13 @@ class Sharder:
                        bubble_s=(pp - 1) / vp * mb_s, exposed_comm_s=m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp,
                        optimizer_s=opt_s)
 
-    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str) -> tuple[Collective, float, str]:
+    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
+              per_node: int | None = None) -> tuple[Collective, float, str]:
         """The collective, its time and algorithm (kept: a layout search asks for the same ones again)."""
-        key = (hw.name, kind, msg, group, link)
+        key = (hw.name, kind, msg, group, link, per_node)
         hit = self._ctimes.get(key)
         if hit is None:
-            c = Collective(kind, float(msg), group, link)
+            c = Collective(kind, float(msg), group, link, per_node)
             t = collective_time(hw, c)
             hit = self._ctimes[key] = (c, t.seconds, t.algorithm)
         return hit
