@@ -213,7 +213,17 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     w = d["whole_model"]
     assert w["default"]["samples"] >= 3 and w["gain"] == pytest.approx(w["default"]["measured_s"] /
                                                                        w["tuned"]["measured_s"])
-    assert w["tuned_within_spread"], w  # the tuned model is not slower than the default beyond the spread
+    # the whole model decides: choices that make it slower beyond the spread are not adopted, every signature then
+    # keeps its default (in tune.json and in the cache analyze --tuned reads); adopted ones are within the spread
+    assert w["adopted"] == w["tuned_within_spread"], w
+    if not w["adopted"]:
+        assert all(e["chosen"] == e["default"] and e["gain"] == 1.0 for e in d["signatures"])
+        from opmap.calibrate.fingerprint import fingerprint
+
+        fp = fingerprint(torch.device("cpu"))
+        for e in d["signatures"]:
+            hit = cache.read(cache.cache_dir(), cache.entry_key(fp, e["signature"]["key"]))
+            assert hit is not None and hit["chosen"] == hit["default"]
     assert d["cache"] == {"dir": str(base / "opmap" / "tune"), "hits": 0, "misses": 2}
     assert "torch_compile" in d["axes"]["left_out"]
 
@@ -360,3 +370,21 @@ def test_kendall_tau_over_resolved_pairs_by_hand():
     # in measured only; the other two pairs concordant: tau-b = 2 / sqrt((2 + 1) * 2)
     assert pair_counts([1, 2, 3], [1.0, 1.05, 3.0], [0.1, 0.1, 0.1]) == (2, 0, 0, 1, 3)
     assert kendall_tau([([1, 2, 3], [1.0, 1.05, 3.0], [0.1, 0.1, 0.1])]) == pytest.approx(2 / math.sqrt(6))
+
+
+def test_choices_that_slow_the_whole_model_are_not_adopted(tmp_path):
+    """The whole model measured 3.7x slower with a signature's bf16 choice applied (gain 0.27, beyond the spread):
+    the signature keeps its default, in the entry (gain 1, what it measured best alone kept as chosen_alone) and
+    in the cache analyze --tuned reads."""
+    from opmap.explore.tune.run import _keep_defaults
+
+    sig = Signature("gemm", (64, 64, 64, 0), "fp32", "nt")
+    fast, dflt = Candidate(1, "bf16").to_dict(), Candidate(2, "fp32").to_dict()
+    e = {"signature": sig.to_dict(), "candidates": [], "chosen": fast, "default": dflt, "chosen_s": 1e-5,
+         "default_s": 2e-5, "gain": 2.0, "predicted_chosen_s": 1e-5, "predicted_default_s": 3e-5, "cached": False}
+    out = _keep_defaults([e], [sig], tmp_path, "fp0", lambda s: ["a", "b"], 2, {"gain": 0.27})
+    assert out[0]["chosen"] == dflt and out[0]["chosen_alone"] == fast and out[0]["gain"] == 1.0
+    assert out[0]["chosen_s"] == 2e-5 and out[0]["predicted_chosen_s"] == 3e-5
+    assert "3.7x slower" in out[0]["kept_default_because"]
+    hit = cache.read(tmp_path, cache.entry_key("fp0", sig.key))
+    assert hit is not None and hit["chosen"] == dflt

@@ -109,6 +109,26 @@ def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any
             "parallel_region_probe_s": probe}
 
 
+def _keep_defaults(entries: list[dict], sigs: list[Signature], d, fp: str, labels_of, top_k: int,
+                   whole: dict) -> list[dict]:
+    """The whole model ran slower with the choices applied than as built, beyond the spread (casts between
+    operators of different formats, thread-count switches between kernels: costs no single signature's timing
+    sees): the measurement decides, so every signature keeps its default, in tune.json and in the cache that
+    ``analyze --tuned`` reads; what each signature alone measured best stays as ``chosen_alone``."""
+    out = []
+    why = (f"the whole model ran {1 / whole['gain']:.3g}x slower with the choices applied (beyond the spread): "
+           "defaults kept")
+    for e, sig in zip(entries, sigs):
+        if e["chosen"] != e["default"]:
+            e = {**e, "chosen_alone": e["chosen"], "chosen": e["default"], "chosen_s": e["default_s"], "gain": 1.0,
+                 "predicted_chosen_s": e["predicted_default_s"], "kept_default_because": why}
+            key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels_of(sig), top_k)
+            body = {k: v for k, v in e.items() if k != "cached"}
+            cache.write(d, key, {**body, "candidate_hash": chash, "fingerprint": fp, "versions": cache.versions()})
+        out.append(e)
+    return out
+
+
 def _tau_groups(entries: list[dict], noise: bool = False) -> list[tuple[list[float], ...]]:
     """Per signature, the timed candidates' (predicted, measured[, IQR]) lists."""
     out = []
@@ -202,9 +222,12 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
     fp = fingerprint(torch.device("cpu"))
     d = cache_dir or cache.cache_dir()
     entries, hits = [], 0
+    def labels_of(sig: Signature) -> list[str]:
+        return [c.label for c in enumerate_candidates(sig, threads, st.dtypes, st.backends)]
+
     for i, sig in enumerate(sigs):
         progress(f"tuning {sig.key}", i, len(sigs))
-        labels = [c.label for c in enumerate_candidates(sig, threads, st.dtypes, st.backends)]
+        labels = labels_of(sig)
         key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels, top_k)
         hit = cache.read(d, key) if use_cache else None
         if hit is not None and hit["candidate_hash"] == chash:
@@ -223,6 +246,9 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
         whole = {**cached_whole["whole_model"], "cached": True}
     else:
         whole = whole_model(load_cpu, choices, dtype, rounds)
+        if not whole["tuned_within_spread"]:  # the choices did not carry over to the whole model: defaults stand
+            entries = _keep_defaults(entries, sigs, d, fp, labels_of, top_k, whole)
+        whole = {**whole, "adopted": whole["tuned_within_spread"]}
         cache.write(d, wkey, {"whole_model": whole})
         whole = {**whole, "cached": False}
     return {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype,
