@@ -50,13 +50,7 @@ class Sample:
 def time_op(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, repeats: int = 7,
             min_time_s: float = 0.02) -> Sample:
     """Median-ready timings of ``fn``: each sample runs enough back-to-back calls to last ``min_time_s``."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    once = max(time.perf_counter() - t0, 1e-7)
+    once = _warm_once(fn, device, warmup)
     calls = max(1, int(min_time_s / once))
     repeats = max(3, min(repeats, int(0.4 / (once * calls)) or 3))  # about 0.4 s per microbenchmark at most
     out: list[float] = []
@@ -72,15 +66,7 @@ def time_interleaved(fns: Sequence[Callable[[], object]], device: torch.device, 
     """Timings of each of ``fns``, seconds per call: each warmed up, its calls per sample sized to last
     ``min_time_s`` (at least one call), then ``rounds`` rounds taking one sample of every fn, the order rotated
     each round (fn i first in round i). A Sample per fn, in the order given."""
-    calls = []
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        calls.append(max(1, int(min_time_s / max(time.perf_counter() - t0, 1e-7))))
+    calls = [max(1, int(min_time_s / _warm_once(fn, device, warmup))) for fn in fns]
     out: list[list[float]] = [[] for _ in fns]
     n = len(fns)
     for r in range(max(1, rounds)):
@@ -88,6 +74,17 @@ def time_interleaved(fns: Sequence[Callable[[], object]], device: torch.device, 
             i = (r + j) % n
             out[i] += _samples(fns[i], device, 1, calls[i])
     return [Sample(tuple(ts)) for ts in out]
+
+
+def _warm_once(fn: Callable[[], object], device: torch.device, warmup: int) -> float:
+    """``warmup`` calls of ``fn``, then the seconds one more call takes (at least 0.1 us)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return max(time.perf_counter() - t0, 1e-7)
 
 
 def _samples(fn: Callable[[], object], device: torch.device, repeats: int, calls: int) -> list[float]:

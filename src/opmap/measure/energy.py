@@ -134,3 +134,26 @@ def energy_figures(reading: EnergyReading, tokens: int, modelled_w: tuple[float,
         out["energy_per_token_j"] = joules / tokens
         out["tokens_per_j"] = tokens / joules if joules > 0 else None
     return out
+
+
+def timed_iterations_with_energy(call: Callable[[], object], dev, device: str, warmup: int, iters: int,
+                                 step: Callable[[str, int], None]):
+    """The measured part of a profile run (torch's and onnxruntime's alike): ``warmup`` calls, then ``iters`` timed
+    iterations (opmap.timing.time_iterations, the one timer) between two energy counter reads. Returns
+    (LatencyStats, EnergyReading); ``step(label, n)`` reports progress."""
+    from opmap.timing import time_iterations
+
+    step("warm-up", 0)
+    for _ in range(warmup):
+        call()
+        step("warm-up", 1)
+    holder = {}
+
+    def timed() -> float:
+        holder["lat"] = time_iterations(call, dev, iters, lambda: step("timed iterations", 1))
+        return sum(holder["lat"].times_s)
+
+    step("timed iterations", 0)
+    _, energy = measure_energy(timed, device)
+    return holder["lat"], energy
+

@@ -31,7 +31,7 @@ from opmap.analyze import analyze_graph
 from opmap.errors import OpmapError
 from opmap.hardware.spec import HardwareSpec
 from opmap.measure.attribute import Attribution, NodeTiming
-from opmap.measure.energy import measure_energy
+from opmap.measure.energy import timed_iterations_with_energy
 from opmap.measure.profile import Profile
 from opmap.measure.runner import ProfiledRun
 from opmap.timing import LatencyStats, time_iterations
@@ -129,18 +129,7 @@ def run_onnx_profile(workload: Workload, path: Path, hw: HardwareSpec, dtype: st
     x = _feeds(sess, _bound_shapes(sess, workload))
     call = lambda: sess.run(None, x)  # noqa: E731
     dev = torch.device("cpu")  # onnxruntime's run returns when its work is done: no device sync to add
-    step("warm-up", 0)
-    for _ in range(warmup):
-        call()
-        step("warm-up", 1)
-    holder: dict[str, LatencyStats] = {}
-
-    def timed() -> float:
-        holder["lat"] = time_iterations(call, dev, iters, lambda: step("timed iterations", 1))
-        return sum(holder["lat"].times_s)
-
-    step("timed iterations", 0)
-    _, energy = measure_energy(timed, device)
+    lat, energy = timed_iterations_with_energy(call, dev, device, warmup, iters, step)
     step("profiled iterations", 0)
     with tempfile.TemporaryDirectory(prefix="opmap-ort-") as tmp:
         psess = session(path, device, tmp)
@@ -151,12 +140,12 @@ def run_onnx_profile(workload: Workload, path: Path, hw: HardwareSpec, dtype: st
     iterations = parse_trace(text)[1:]  # the set-up run first
     att = join(analysis, iterations)
     after = time_iterations(call, dev, profile_iters)
-    around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
+    around = LatencyStats(lat.times_s[-profile_iters:] + after.times_s)
     prof = ProfiledRun([(span, []) for span, _ in iterations], walls, None)
     name = f"onnxruntime {ort.__version__} {sess.get_providers()[0]}"
     why = "" if datasheet is not None else ("CPUs are not matched to a datasheet automatically (a datasheet peak is "
                                             "for the whole socket); pass --datasheet NAME")
-    return Profile(analysis, device, name, holder["lat"], warmup, prof, att, energy, datasheet, why,
+    return Profile(analysis, device, name, lat, warmup, prof, att, energy, datasheet, why,
                    mode="inference (onnxruntime)", tags=telemetry_tags(workload, analysis, device, name, "inference"),
                    around=around, drift=None)
 

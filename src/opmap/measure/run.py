@@ -27,7 +27,7 @@ from opmap.errors import OpmapError
 from opmap.hardware.match import match_datasheet
 from opmap.hardware.spec import HardwareSpec, get_hardware
 from opmap.measure.attribute import attribute
-from opmap.measure.energy import measure_energy
+from opmap.measure.energy import timed_iterations_with_energy
 from opmap.measure.profile import Profile
 from opmap.measure.runner import make_call, profile_iterations
 from opmap.phases.step import with_figures
@@ -133,18 +133,7 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         if any(n.startswith("fast path:") for n in graph.notes):
             # the capture could only record the unfused path: measure that path, so the join is like for like
             stack.enter_context(fast_path(False))
-        step("warm-up", 0)
-        for _ in range(warmup):
-            call()
-            step("warm-up", 1)
-        holder: dict[str, LatencyStats] = {}
-
-        def timed() -> float:
-            holder["lat"] = time_iterations(call, dev, iters, lambda: step("timed iterations", 1))
-            return sum(holder["lat"].times_s)
-
-        step("timed iterations", 0)
-        _, energy = measure_energy(timed, device)
+        lat, energy = timed_iterations_with_energy(call, dev, device, warmup, iters, step)
         step("profiled iterations", 0)
         # one iteration with record_shapes fixes how events map to nodes (names and input shapes); the timed
         # profiled iterations run without it, since recording shapes slows a long iteration measurably
@@ -162,8 +151,8 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
     att = attribute(ops, kernel_nodes, profiled.iterations, use_device_time=dev.type == "cuda",
                     first_shapes=[first_shape(n) for n in graph.nodes],
                     template_events=shaped.iterations[0][1] if shaped.iterations else None)
-    around = LatencyStats(holder["lat"].times_s[-profile_iters:] + after.times_s)
-    return Profile(analysis, device, name, holder["lat"], warmup, profiled, att, energy, datasheet, why,
+    around = LatencyStats(lat.times_s[-profile_iters:] + after.times_s)
+    return Profile(analysis, device, name, lat, warmup, profiled, att, energy, datasheet, why,
                    mode="training step (forward, loss, backward, SGD update)" if train else "inference",
                    tags=telemetry_tags(workload, analysis, device, name, "train" if train else "inference"),
                    around=around, drift=drift)
