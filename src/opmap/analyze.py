@@ -6,6 +6,7 @@ renders to analysis.json (``to_dict``), the public contract documented in the RE
 
 from __future__ import annotations
 
+import math
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
@@ -419,10 +420,11 @@ def stored_weights(costs: Sequence[OpCost], prec: Precision) -> list[OpCost]:
 
 def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
                   overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
-                  evidence: str = "", repeats: int = 1) -> Analysis:
+                  evidence: str = "", repeats: float = 1) -> Analysis:
     """Cost, map and predict a captured graph. ``repeats``: how many times the step runs back to back (a
-    benchmark loop, a serving run). On a power-limited card with sustained rates in the catalog, a run busy past
-    its power window drops from its boost to its sustained matrix rate (``precision.power_limited``)."""
+    benchmark loop; ``math.inf``: steady load, a serving run). On a power-limited card with sustained rates in the
+    catalog, a run busy past its power window drops from its boost to its sustained matrix rate
+    (``precision.power_limited``)."""
     training = any(n.args.get("phase") == "backward" for n in graph.nodes)
     prec = resolve_training_precision(hw, dtype) if training else resolve_precision(hw, dtype)
     # fp8 training (Transformer Engine): the Linear GEMMs at the fp8 rate, their casts as kernels, the rest bf16
@@ -450,7 +452,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
 
     other = resolve_precision(hw, "bf16") if mixed else prec
     preds, kernels = predict(prec, other)
-    busy = repeats * sum(k.predicted_s for k in kernels)
+    busy = math.inf if math.isinf(repeats) else repeats * sum(k.predicted_s for k in kernels)
     limited = power_limited(prec, hw, busy)
     if limited is not prec:
         prec, other = limited, power_limited(other, hw, busy) if mixed else limited

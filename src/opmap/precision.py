@@ -20,6 +20,7 @@ AWQ-style group quantization); int8 a 16-bit scale per output channel of 4096.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -245,6 +246,7 @@ def power_limited(prec: Precision, hw: HardwareSpec, busy_s: float) -> Precision
     the first window runs at the boost rate r_b, the rest at the sustained rate r_s, so a run of boost-time B
     takes tau + (B - tau) r_b / r_s and its matrix units average r_b B / (tau + (B - tau) r_b / r_s). The whole
     busy time is taken as matrix work (the power-hungry part): a first-order model, stated in the assumptions.
+    ``busy_s`` infinite: steady load (a serving run, busy for minutes), priced at the sustained rate itself.
     Returns ``prec`` itself where nothing changes."""
     tau = hw.power_window_s
     if not hw.sustained_matrix_flops_per_s or tau is None or busy_s <= tau:
@@ -253,6 +255,10 @@ def power_limited(prec: Precision, hw: HardwareSpec, busy_s: float) -> Precision
     r_s, basis = matrix_rate(hw, prec.matrix, sustained=True)
     if r_s >= r_b:
         return prec
+    if math.isinf(busy_s):  # steady load (a serving run): the boost window is a vanishing part of it
+        return replace(prec, matrix_rate_flops_per_s=r_s, sustained=True,
+                       rate_basis=(f"power-limited: under steady load, past the {tau * 1e3:.3g} ms power window, "
+                                   f"the sustained rate ({basis})"))
     r_eff = r_b * busy_s / (tau + (busy_s - tau) * r_b / r_s)
     return replace(prec, matrix_rate_flops_per_s=r_eff, sustained=True,
                    rate_basis=(f"power-limited: {busy_s * 1e3:.3g} ms busy at boost, past the {tau * 1e3:.3g} ms "

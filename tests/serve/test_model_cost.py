@@ -257,3 +257,23 @@ def test_large_decode_batches_are_priced_compute_bound():
     t16, t64 = c.decode_time_s[i64 - 1][0], c.decode_time_s[i64][0]
     old = t64 + (4096 - 64) * (t64 - t16) / 48  # the line through batches 16 and 64, extrapolated
     assert old < 2 * 7.50e9 * 4096 / 1.4026e15
+
+
+def test_a_power_limited_card_is_priced_at_its_sustained_rate_and_still_extrapolated():
+    """A serving run keeps the device busy for minutes, so an L4 (power-limited; catalog: boost bf16 70.89 TFLOP/s
+    on a 2048^3 loop, sustained 56.90 on 10240^3 loops past its 30 ms power window) runs every step at 56.90, the
+    long and the short alike: the rate does not depend on the step's length, so the 2-layer extrapolation holds. A
+    compute-bound prefill of 1024 tokens of gpt2 does at least 2 x 85.0e6 x 1024 FLOP in its block matmuls (12 layers
+    x 7.08e6 parameters: 4 x 768^2 attention + 8 x 768^2 MLP) at that rate."""
+    hw0 = get_hardware("l4")
+    rt = get_runtime(hw0, "engine")
+    p = Pricer(Resolved.build("gpt2", "bf16"), rt.apply(hw0), "bf16", 1, 1, rt)
+    assert p.extrapolate
+    t = p.prefill(1024).latency_s
+    assert "sustained" in p.rate_basis and "power-limited" in p.rate_basis
+    assert t >= 2 * 12 * 12 * 768 ** 2 * 1024 / 56.90e12
+    full = Pricer(Resolved.build("gpt2", "bf16"), rt.apply(hw0), "bf16", 1, 1, rt)
+    full.extrapolate = False
+    assert full.prefill(1024).latency_s == pytest.approx(t, rel=1e-9)
+    c = model_table_cost("gpt2", "l4", "bf16")
+    assert "sustained" in c.source and "extrapolated" in c.source

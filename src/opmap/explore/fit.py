@@ -107,7 +107,7 @@ def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
             if k:
                 cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq,
                                    "assumptions": list(w.assumptions)})
-        a = analyze_phase(g, w, hw, dtype, spec, fusion=rt.fusion, runtime=rt).analysis
+        a = analyze_phase(g, w, hw, dtype, spec, fusion=rt.fusion, runtime=rt, steady=True).analysis
     except OpmapError:
         return "-"
     return a.phase.get("bound", "-")

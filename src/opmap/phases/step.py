@@ -4,6 +4,7 @@ step it holds (a forward pass: prefill; a training capture: one iteration at its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -58,19 +59,22 @@ class PhaseAnalysis:
 def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str, spec,
                   overrides: Sequence[tuple[str, str]] = (), fusion: str = "eager", plan_file=None,
                   evidence: str = "", saved: SavedActivations | None = None,
-                  activations: Callable[[int, int], float] | None = None, runtime=None) -> PhaseAnalysis:
+                  activations: Callable[[int, int], float] | None = None, runtime=None,
+                  steady: bool = False) -> PhaseAnalysis:
     """Cost, map and predict the captured step of ``spec`` (``capture_phase``) and add the phase's figures and
     memory fit. Train: ``activations(microbatch, seq)``, the bytes kept for backward (``train_activations``: the
     measured saved tensors of the module under the recompute policy); ``saved`` the measurement at the captured
     shape (for its notes). ``runtime``: an opmap.phases.runtime.Runtime for ``hw`` (the catalog device, not yet
     applied): its per-kernel overhead replaces the device's and its per-step time is added once per step (None:
-    the catalog's eager launch, nothing per step); the fusion policy stays the caller's ``fusion``."""
+    the catalog's eager launch, nothing per step); the fusion policy stays the caller's ``fusion``. ``steady``:
+    the step repeats under steady load (a serving run): a power-limited card runs it at its sustained rate."""
     if runtime is not None and spec.train and runtime.name != "eager":
         raise OpmapError(f"runtime {runtime.name} prices serving steps (prefill, decode); a training step runs "
                          "eager here: use runtime eager")
     if runtime is not None:
         hw = runtime.apply(hw)
-    a = analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence)
+    a = analyze_graph(graph, workload, hw, dtype, overrides, fusion, plan_file, evidence,
+                      repeats=math.inf if steady else 1)
     if runtime is not None:
         a = with_runtime(a, runtime)
     assumptions = dict(a.assumptions, phase=spec.to_dict())

@@ -12,8 +12,9 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   layer, the rest is t(1) - layer, where the first block prices the same; where a kernel straddles the blocks'
   boundary (they differ), a 1-layer capture gives the layer as t(2) - t(1).
   ``Resolved.uneven`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
-  dense first layers); those, and power-limited devices whose clock depends on the step's length, are captured
-  whole;
+  dense first layers); those are captured whole. Every step is priced under steady load (a serving run keeps the
+  device busy for minutes): a power-limited card at its sustained matrix rate (opmap.precision.power_limited),
+  the same in every step whatever its length, so the extrapolation holds there too;
 - prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
   prompts is priced at its total tokens (attention's quadratic part counted as one long prompt's: an upper bound);
 - decode: batch b against k KV tokens per sequence for b in ``DECODE_BATCHES`` (more for a MoE, whose expert reads
@@ -155,6 +156,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                         pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis)
     how = "extrapolated in the layer count from 2-layer captures" if pricer.extrapolate else \
         f"captured whole ({pricer.why_whole})"
+    how += f"; steady load, matrix rate: {pricer.rate_basis}"
     return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
                      kv_capacity_tokens=memory.kv_capacity_tokens,
                      source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, tp {tp}, pp {pp}, runtime "
@@ -182,8 +184,6 @@ class Pricer:
     def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt):
         self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
         why = m.uneven
-        if not why and hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
-            why = f"{hw.name} is power-limited: its clock depends on how long a step runs"
         if not why and m.layers < 3:
             why = f"{m.layers} layers"
         self.extrapolate = not why
@@ -197,6 +197,7 @@ class Pricer:
         self._prefill_seq = 0
         self._last_graph = None
         self._hw_key = repr(hw)  # the device as priced (runtime applied): part of the analyses' memo key
+        self.rate_basis = ""  # the matrix rate the points ran at (a power-limited card: its sustained rate)
 
     # one capture at n layers: (analysis, sharder, per-kernel times under tp)
     def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
@@ -226,7 +227,7 @@ class Pricer:
             if k:
                 cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)})
         self._last_graph = g
-        a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion).analysis
+        a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion, steady=True).analysis
         s = Sharder(a)
         if memo is not None:
             _ANALYSES[memo] = (g, a, s)
@@ -321,6 +322,7 @@ class Pricer:
 
         L = self.m.layers
         n = max(1, t["blocks"])
+        self.rate_basis = self.rate_basis or a.precision.rate_basis
         if self._held is None:
             self._held = self.m.held_bytes * a.precision.weight_scale
         if t["experts"]:
