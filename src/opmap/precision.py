@@ -218,12 +218,23 @@ _FRACTION_DONORS = ("bf16", "fp16", "fp8", "int8", "tf32", "fp32")
 def matrix_rate(hw: HardwareSpec, fmt: str, sustained: bool = False) -> tuple[float, str]:
     """The rate the matrix units run ``fmt`` at on ``hw``, and where it came from.
 
-    A measured figure for ``fmt`` wins (the sustained table when ``sustained``, else the achievable one). Without
-    one, the device's measured fraction of peak for another format (bf16 first) scales ``fmt``'s dense peak: the
+    A measured figure for ``fmt`` wins (the sustained table when ``sustained``, else the achievable one). A
+    sustained rate without a figure of its own is ``fmt``'s achievable rate times another format's sustained /
+    achievable ratio (the power limit lowers the shared clock). Without a figure, the device's measured fraction of
+    peak for another format (bf16 first) scales ``fmt``'s dense peak: the
     clock and power limits that hold one format below its peak hold the others too (crowd-sourced torch.mm runs
     show it: H100 SXM tf32 402 of 495 TFLOP/s and bf16 798 of 989, 0.81 both). No measured figure at all: the
     dense peak."""
     peak = float(hw.matrix_peak_flops_per_s[fmt].value)
+    if sustained and fmt not in hw.sustained_matrix_flops_per_s:
+        # the power limit lowers the clock, which every format shares: fmt's boost rate times a measured format's
+        # sustained / boost ratio (H100 SXM: bf16 719.72 of 794.5 TFLOP/s)
+        for donor in _FRACTION_DONORS:
+            d, b = hw.sustained_matrix_flops_per_s.get(donor), hw.achievable_matrix_flops_per_s.get(donor)
+            if d is not None and d.value and b is not None and b.value and donor != fmt:
+                boost, basis = matrix_rate(hw, fmt)
+                ratio = min(1.0, float(d.value) / float(b.value))
+                return boost * ratio, f"{basis} x the {d.kind} sustained / achievable {donor} ratio {ratio:.3f}"
     tables = ((hw.sustained_matrix_flops_per_s, "sustained"),) if sustained else ()
     tables += ((hw.achievable_matrix_flops_per_s, "achievable"),)
     for table, what in tables:

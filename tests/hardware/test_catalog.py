@@ -206,7 +206,7 @@ def test_sustained_rates_need_a_power_window_and_a_measurement(tmp_path):
         load_spec_file(path)
     path.write_text(good.replace('[sustained_matrix_flops_per_s.fp16]\nvalue = 52470000000000.0\nkind = "measured"',
                                  '[sustained_matrix_flops_per_s.fp16]\nvalue = 52470000000000.0\nkind = "assumed"'))
-    with pytest.raises(OpmapError, match="sustained_matrix_flops_per_s.fp16 must be kind measured"):
+    with pytest.raises(OpmapError, match="sustained_matrix_flops_per_s.fp16 must be kind measured or derived"):
         load_spec_file(path)
 
 

@@ -450,7 +450,7 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
             raise OpmapError(f"{origin}: matrix_peak_flops_per_s.{d} is sparse; dense peaks only there "
                              "(sparse figures go under sparse_matrix_peak_flops_per_s)")
     for table in ("achievable_matrix_flops_per_s", "sustained_matrix_flops_per_s"):
-        accepted = ACHIEVABLE_KINDS if table == "achievable_matrix_flops_per_s" else ("measured",)
+        accepted = ACHIEVABLE_KINDS if table == "achievable_matrix_flops_per_s" else ("measured", "derived")
         for d, v in getattr(spec, table).items():
             peak = spec.matrix_peak_flops_per_s.get(d)
             if v.kind not in accepted:
