@@ -70,6 +70,20 @@ ORACLE = ("https://blogs.oracle.com/cloud-infrastructure/post/serving-llama-31-4
           "on all eight MI300X of BM.GPU.MI300X.8; output throughput tokens/s")
 MLPERF41_NV_FREE_FRACTION = 0.90  # closed/NVIDIA/configs/llama2-70b/{Offline,Server}: kvcache_free_gpu_mem_frac
 MLPERF_SLO = "MLPerf llama2-70b Server: p99 TTFT 2000 ms, p99 TPOT 200 ms (the summary's ttft_latency / tpot_latency)"
+# The engine arguments of AMD's submission (same commit): Offline, VllmFp8/mainVllmFp8_Offline.py DefaultEngineInput
+# (max_num_seqs 2048, max_num_batched_tokens 65536, block_size 16, enable_chunked_prefill False) with
+# test_VllmFp8_Offline_perf.sh's --gpu-memory-utilization 0.99 and --enforce-eager True; Server,
+# VllmFp8/mainVllmFp8_SyncServer.py's argument defaults (--max-num-seqs 1024, --max-num-batched-tokens 49152,
+# --gpu-memory-utilization 0.97; block 16, graphs on, chunked prefill off: vLLM 0.4.3's default). vLLM preempts
+# by recompute when KV runs out (no noevict)
+MLPERF41_AMD_FLAGS = {
+    "offline": {"--policy": "engine:2048,65536,16,nochunk", "--gpu-memory-utilization": "0.99"},
+    "server": {"--policy": "engine:1024,49152,16,nochunk", "--gpu-memory-utilization": "0.97"},
+}
+MLPERF41_AMD_ARGS = ("engine arguments: Offline max_num_seqs 2048, max_num_batched_tokens 65536, block 16, no chunked "
+                     "prefill, gpu_memory_utilization 0.99, --enforce-eager (VllmFp8/mainVllmFp8_Offline.py, "
+                     "test_VllmFp8_Offline_perf.sh); Server max_num_seqs 1024, max_num_batched_tokens 49152, "
+                     "gpu_memory_utilization 0.97, graphs on (VllmFp8/mainVllmFp8_SyncServer.py defaults)")
 
 
 @dataclass(frozen=True)
@@ -306,8 +320,8 @@ def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, 
         src += (f"; KV fraction {MLPERF41_NV_FREE_FRACTION} of free memory = --gpu-memory-utilization {u:.4f} of "
                 "the device; max_num_tokens not in the configs read: opmap's default (8192)")
     else:
-        src += ("; engine arguments not in the files read (the SUT's vLLM arguments are not published): vLLM's "
-                "defaults, max_num_seqs 256, gpu_memory_utilization 0.9")
+        src += f"; {MLPERF41_AMD_ARGS}"
+        flags = {**MLPERF41_AMD_FLAGS[scenario], **flags}
     return Ref(id_, scenario, f"Llama 2 70B ({bench}, OpenOrca 24,576 samples)", "llama-2-70b", hw, devices, tp,
                "fp8", MLPERF_ISL_MEAN, round(tokens_s / samples_s, 2), tokens_s, unit, engine, src,
                flags={**ENGINE_FLAGS, "--kv-dtype": "fp8", **flags}, requests=MLPERF_SAMPLES, notes=MLPERF_NOTE,
