@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import time
 
 import pytest
 
@@ -24,6 +25,37 @@ def test_map_keeps_input_order_and_reports_progress():
         out = eng.map(math.sqrt, [16.0, 1.0, 9.0, 4.0], progress=lambda what, d, t: seen.append((d, t)))
     assert out == [4.0, 1.0, 3.0, 2.0]
     assert sorted(seen) == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def _started_at(seconds: float) -> float:
+    """Sleep ``seconds`` and return when the task started (module level: the pool's workers import it)."""
+    t = time.monotonic()
+    time.sleep(seconds)
+    return t
+
+
+def test_the_costliest_task_is_handed_out_first():
+    """Two workers, two short tasks listed before a long one: in input order the long task waits for a short one
+    to finish (0.6 s); handed out by cost it starts with the first (longest processing time first, so the wall is
+    1.2 s, not 1.8). The results stay in input order."""
+    with LocalEngine(workers=2) as eng:
+        out = eng.map(_started_at, [0.6, 0.6, 1.2], cost=lambda s: s)
+    assert out[2] - min(out) < 0.4
+    assert out[2] <= max(out[:2])
+
+
+def test_fit_hands_out_the_largest_model_on_the_slowest_device_first():
+    """A fit cell's cost guess: published parameters over the device's achievable memory rate (catalog), the
+    weight read that paces decode; a model outside the zoo, whose size is unknown until built, goes first."""
+    from opmap.explore.fit import CellJob, cell_cost
+
+    def job(m, h):
+        return CellJob(m, h, Slo(1, 0.1), "8", "8", 10, "bf16", None, None, None, 0)
+
+    assert cell_cost(job("llama-3-70b", "l4")) == 70_553_706_496 / get_hardware("l4").memory_rate_bytes_per_s
+    assert cell_cost(job("llama-3-70b", "l4")) > cell_cost(job("llama-3-70b", "h100-sxm")) > cell_cost(
+        job("gpt2", "l4"))
+    assert cell_cost(job("configs/model.json", "l4")) == math.inf
 
 
 def test_local_pool_sweep_equals_inline():

@@ -34,6 +34,7 @@ Schema 2 (from 1): ``devices`` is the devices the chosen layout uses and ``throu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -204,6 +205,18 @@ class CellJob:
     devices_budget: int | None = None
 
 
+def cell_cost(job: CellJob) -> float:
+    """A guess of a cell's run time, to hand the pool the longest first: a decode step reads the weights, so the
+    simulated runs last about as long as the zoo's published parameter count over the device's achievable memory
+    rate. A model outside the zoo counts as the costliest (its size is not known before it is built)."""
+    from opmap.workloads import MODELS
+
+    spec = MODELS.get(job.model)
+    if spec is None:
+        return math.inf
+    return spec.published_params / get_hardware(job.hardware).memory_rate_bytes_per_s
+
+
 def cell_task(job: CellJob) -> dict[str, Any]:
     """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it)."""
     return fit_cell(job.model, job.hardware, job.slo, job.input_len, job.output_len, job.requests, job.dtype,
@@ -277,7 +290,8 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
     with get_engine(engine, workers) as eng:
-        cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}")
+        cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}",
+                        cost=cell_cost)
     rank(cells, models, include_datasheet_only)
     return {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name
                                                                                  for h in hardware],

@@ -142,9 +142,11 @@ class TableCost:
         return self._prefill(self.prefill_time_s, tokens)
 
     def decode_s(self, seqs: int, kv_tokens: int) -> float:
+        # the simulator's hot path (a call per engine step): _piped written out, without its closures
         if self.pp > 1 and self.stage_decode_time_s is not None:
-            return self._piped(lambda m: self._decode(self.decode_time_s, seqs / m, kv_tokens / m),
-                               lambda m: self._decode(self.stage_decode_time_s, seqs / m, kv_tokens / m), seqs)
+            m = max(1, min(self.pp, int(seqs)))
+            s, k = seqs / m, kv_tokens / m
+            return max(self._decode(self.decode_time_s, s, k), m * self._decode(self.stage_decode_time_s, s, k))
         return self._decode(self.decode_time_s, seqs, kv_tokens)
 
     def decode_floor_s(self, seqs: int, kv_tokens: int) -> float:
@@ -153,12 +155,24 @@ class TableCost:
         return self.floor.s(seqs, kv_tokens) if self.floor is not None else 0.0
 
     def _decode(self, g: Sequence[Sequence[float]], seqs: float, kv_tokens: float) -> float:
-        i, u = _seg(self.decode_batch, seqs)
-        j, v = _seg(self.decode_kv, kv_tokens)
-        i1 = i + 1 if len(self.decode_batch) > 1 else i
-        j1 = j + 1 if len(self.decode_kv) > 1 else j
-        a = g[i][j] + v * (g[i][j1] - g[i][j])
-        b = g[i1][j] + v * (g[i1][j1] - g[i1][j])
+        # _seg on both grids, inlined (the simulator prices every engine step here)
+        xs, ks = self.decode_batch, self.decode_kv
+        nb, nk = len(xs), len(ks)
+        if nb > 1:
+            i = min(max(bisect_right(xs, seqs) - 1, 0), nb - 2)
+            i1, u = i + 1, (seqs - xs[i]) / (xs[i + 1] - xs[i])
+        else:
+            i = i1 = 0
+            u = 0.0
+        if nk > 1:
+            j = min(max(bisect_right(ks, kv_tokens) - 1, 0), nk - 2)
+            j1, v = j + 1, (kv_tokens - ks[j]) / (ks[j + 1] - ks[j])
+        else:
+            j = j1 = 0
+            v = 0.0
+        r, r1 = g[i], g[i1]
+        a = r[j] + v * (r[j1] - r[j])
+        b = r1[j] + v * (r1[j1] - r1[j])
         return max(0.0, a + u * (b - a))
 
     def to_dict(self) -> dict:
