@@ -451,12 +451,17 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
                                         node_prec=precs if mixed else None))
 
     other = resolve_precision(hw, "bf16") if mixed else prec
-    preds, kernels = predict(prec, other)
-    busy = math.inf if math.isinf(repeats) else repeats * sum(k.predicted_s for k in kernels)
-    limited = power_limited(prec, hw, busy)
-    if limited is not prec:
-        prec, other = limited, power_limited(other, hw, busy) if mixed else limited
+    if math.isinf(repeats):  # steady load: the sustained rate whatever the step's length, one pass
+        limited = power_limited(prec, hw, math.inf)
+        prec, other = limited, power_limited(other, hw, math.inf) if mixed else limited
         preds, kernels = predict(prec, other)
+    else:
+        preds, kernels = predict(prec, other)
+        busy = repeats * sum(k.predicted_s for k in kernels)
+        limited = power_limited(prec, hw, busy)
+        if limited is not prec:
+            prec, other = limited, power_limited(other, hw, busy) if mixed else limited
+            preds, kernels = predict(prec, other)
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
