@@ -15,6 +15,14 @@ import os
 import sys
 from pathlib import Path
 
+# Steady load (issue 20's lead): LLM serving shapes (M = decode batch, K = 8192 hidden, N = a 70B layer's widths)
+# in bf16 (a @ b) and fp8 (torch._scaled_mm, per-tensor scales), each run back to back for STEADY_WARM_S before
+# STEADY_S of timed calls: the device at its power-limited clocks, as a serving run keeps it. Predicted with
+# repeats = inf (opmap's steady-load pricing: the catalog's sustained rates). Measured / predicted far from 1 at
+# small M is the small-GEMM inefficiency the tile model lacks (Azure's 2048^3 sweeps: 1.24x on an H100).
+STEADY = [(m, n, k) for m in (256, 1024, 4096) for n, k in ((8192, 8192), (28672, 8192), (8192, 28672))]
+STEADY += [(2048, 2048, 2048), (8192, 8192, 8192)]
+STEADY_WARM_S, STEADY_S = 1.0, 1.0
 GEMMS = [(8192, 8192, 8192, "bf16"), (4096, 4096, 4096, "bf16"), (1792, 1792, 1792, "fp16"),
          (16384, 12288, 12288, "fp16"), (64, 12288, 12288, "fp16"), (2048, 2048, 13312, "bf16")]
 ATTENTION = [(128, 2048, 128, False), (128, 2048, 128, True), (16, 16384, 128, False), (32, 16384, 64, False)]
@@ -58,7 +66,11 @@ def main() -> int:
         rows.append({"kind": "attention_fwd", "shape": f"bh {bh} s {sq} d {d}{' causal' if causal else ''}",
                      "dtype": "fp16", "measured_s": s.median_s, "predicted_s": pred, "ratio": pred / s.median_s,
                      "bound": str(bound), **s.spread()})
+    rows += steady_rows(hw, dev)
     for r in rows:
+        if "error" in r:
+            print(f"{r['kind']:14s} {r['shape']:26s} {r['dtype']:5s} not run: {r['error']}")
+            continue
         print(f"{r['kind']:14s} {r['shape']:26s} {r['dtype']:5s} measured {r['measured_s'] * 1e3:9.4f} ms  "
               f"predicted {r['predicted_s'] * 1e3:9.4f} ms  pred/meas {r['ratio']:.2f}  {r['bound']}")
     out = Path(os.environ.get("OUT", "out/gpu"))
@@ -66,6 +78,67 @@ def main() -> int:
     (out / "gpu_measure.json").write_text(json.dumps({"device": name, "catalog": cat, "torch": torch.__version__,
                                                       "rows": rows}, indent=1) + "\n")
     return 0
+
+
+def _loop_s(fn, dev, warm_s: float, timed_s: float) -> tuple[float, int]:
+    """Seconds per call of ``fn`` run back to back: ``warm_s`` of calls first, then about ``timed_s`` between two
+    CUDA events (one pair around the whole loop: no sync between calls)."""
+    import time
+
+    import torch
+
+    end = time.perf_counter() + warm_s
+    n = 0
+    while time.perf_counter() < end:
+        fn()
+        n += 1
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize(dev)
+    calls = max(10, int(timed_s / max(time.perf_counter() - t0, 1e-6)))
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    torch.cuda.synchronize(dev)
+    return a.elapsed_time(b) / 1e3 / calls, calls
+
+
+def steady_rows(hw, dev) -> list[dict]:
+    """The STEADY shapes in bf16 and fp8 (where the device has it) under steady load, beside opmap's steady-load
+    prediction (the sustained rate: repeats = inf)."""
+    import math
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_reference import predict_gemm
+
+    rows = []
+    fp8 = hasattr(torch, "float8_e4m3fn") and "fp8" in hw.matrix_peak_flops_per_s
+    for fmt in ("bf16", "fp8") if fp8 else ("bf16",):
+        for m, n, k in STEADY:
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+            if fmt == "fp8":
+                a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                one = torch.ones((), device=dev, dtype=torch.float32)
+                fn = (lambda a8=a8, w8=w8, one=one:
+                      torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+            else:
+                fn = lambda a=a, w=w: a @ w.t()  # noqa: E731
+            try:
+                s, calls = _loop_s(fn, dev, STEADY_WARM_S, STEADY_S)
+            except RuntimeError as e:  # a torch build without this fp8 GEMM: say so, keep the rest
+                rows.append({"kind": "gemm_steady", "shape": f"{m}x{n}x{k}", "dtype": fmt, "error": str(e)[:200]})
+                continue
+            pred, bound = predict_gemm(m, n, k, fmt, hw, repeats=math.inf)
+            rows.append({"kind": "gemm_steady", "shape": f"{m}x{n}x{k}", "dtype": fmt, "measured_s": s,
+                         "predicted_s": pred, "ratio": pred / s, "bound": str(bound), "calls": calls,
+                         "measured_flops_per_s": 2.0 * m * n * k / s})
+    return rows
 
 
 if __name__ == "__main__":

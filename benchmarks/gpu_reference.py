@@ -66,7 +66,7 @@ def predict_gemm(m: int, n: int, k: int, dtype: str, hw, repeats: int = 1):
         def forward(self, a, b):
             return a @ b
 
-    tdt = torch_dtype(dtype)
+    tdt = torch.bfloat16 if dtype == "fp8" else torch_dtype(dtype)  # fp8: captured in bf16, priced at fp8
     with torch.device("meta"):
         ins = (torch.empty(m, k, dtype=tdt), torch.empty(k, n, dtype=tdt))
     pred, bound, _ = _predict(MM(), ins, hw, dtype, repeats)
