@@ -259,14 +259,32 @@ def _trt017(id_, model, pub, hw, tp, dtype, isl, osl, value, kv=None, **kw) -> R
                flags=flags, requests=n, **kw)
 
 
+# The KV format of the v1.0 rows follows the checkpoint's hf_quant_config.json (trtllm-bench's PyTorch flow:
+# kv_cache_dtype "auto"). nvidia/Llama-3.1-405B-Instruct-FP8's says "kv_cache_quant_algo": null (modelopt 0.17.0):
+# bf16 KV. The 8B and 70B checkpoints' files were not readable here; their published rates decide it. A decode step
+# reads the weights and every sequence's KV, so over a run a TP group emits at most B / ((W + B L kv) / (tp bw))
+# tokens per second, B the sequences that fit (KV pool / (L kv per sequence)), L the mean KV length, bw 2.97 TB/s
+# (the H100's achievable rate, catalog). 8B at 500/2000, bf16 KV (131,072 B a token): the pool is 0.95 x (85.9 -
+# 8.0 GB) = 74.0 GB, B = 74.0e9 / (2500 x 131,072) = 225, L = 1500, W = 8.0 GB: at most 225 / ((8.0e9 + 225 x 1500 x
+# 131,072) / 2.97e12) = 12.8k tokens/s, below the published 17,660: the run held an fp8 KV cache (twice the
+# sequences, half the reads: at most 25.6k). 70B TP2 at 1000/2000, bf16 KV (163,840 B a token per device): pool
+# 0.95 x (85.9 - 35.3) = 48.1 GB a device, B = 97, L = 2000, W = 35.3 GB a device: at most 4.3k tokens/s per TP
+# group against the published 4,146, i.e. the run at 96% of the memory bound with no prefill, no compute, no
+# all-reduce: not credible; an fp8 KV cache doubles the bound (8.6k)
+TRT10_KV = {"llama-3-8b": ("fp8", "fp8 KV: the published rate exceeds what a bf16 KV cache allows (TRT10_KV)"),
+            "llama-3-70b": ("fp8", "fp8 KV: the published rate is 96% of the bf16-KV memory bound (TRT10_KV)"),
+            "llama-3.1-405b": (None, "bf16 KV: the checkpoint's hf_quant_config.json has kv_cache_quant_algo null")}
+
+
 def _trt10(id_, model, pub, hw, tp, isl, osl, value, **kw) -> Ref:
-    eng, n, cfg = _trt_engine(model, hw, tp, "fp8", isl, osl, 2.0)
+    kv, why = TRT10_KV[model]
+    eng, n, cfg = _trt_engine(model, hw, tp, "fp8", isl, osl, 1.0 if kv == "fp8" else 2.0)
     return Ref(id_, "offline", pub, model, hw, tp, tp, "fp8", isl, osl, value, "output tokens/s per TP group",
                "TensorRT-LLM v1.0 (trtllm-bench, PyTorch backend)",
                f"{TRT10}; table '{pub}', column {hw.upper()} TP{tp} (FP8), row {isl}/{osl}; {cfg} (the PyTorch flow "
                "sizes the same way when no max_batch_size is given; CUDA graphs captured up to batch 8192)",
-               flags={**ENGINE_FLAGS, **eng}, requests=n,
-               notes="KV cache precision not stated (model dtype assumed)", **kw)
+               flags={**ENGINE_FLAGS, **({"--kv-dtype": kv} if kv else {}), **eng}, requests=n,
+               notes=f"KV cache precision not stated on the page: {why}", **kw)
 
 
 def _online(id_, model, pub, hw, tp, isl, osl, qps, itl_ms, ttft_ms, **kw) -> Ref:
