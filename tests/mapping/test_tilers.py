@@ -121,3 +121,35 @@ def test_flash_attention_backward_runs_its_matrix_work_on_the_forward_tiles():
     fwd = choose_tile(OpCost(matrix_flops=4.0 * 16 * pairs * 128, problem=p), h100, prec, h100.curves)
     bwd = choose_tile(OpCost(matrix_flops=10.0 * 16 * pairs * 128, problem=p), h100, prec, h100.curves)
     assert bwd.compute_s == pytest.approx(2.5 * fwd.compute_s) and "backward" in bwd.note
+
+
+def test_a_measured_shape_curve_prices_the_gemm_the_tile_model_does_not():
+    """MI300X's catalog carries published per-shape fp8 GEMM timings (ROCm/aiter @ 41fa6c4, a8w8_tuned_gemm.csv,
+    cu_num 304): M = 1024, N = 8192, K = 8192 in 170.7549 us. The tiler hands the time to the curve (no compute
+    time of its own, the tile still shown) and the kernel runs at 2 M N K / 170.7549 us = 805 TFLOP/s, where the
+    tile model alone says about 1,100 (mi300x's sustained fp8 1159 TFLOP/s x its tile and wave efficiencies). A
+    format without rows (bf16) keeps the tile model."""
+    import torch
+
+    from opmap.analyze import analyze_graph
+    from opmap.capture import capture
+    from opmap.workloads.zoo import Workload
+
+    mi = get_hardware("mi300x")
+    fp8 = resolve_precision(mi, "fp8")
+    c = choose_tile(_gemm(1024, 8192, 8192), mi, fp8, mi.curves)
+    assert isinstance(c, TileChoice) and c.compute_s is None and "measured shape curve" in c.note
+    c16 = choose_tile(_gemm(1024, 8192, 8192), mi, resolve_precision(mi, "bf16"), mi.curves)
+    assert isinstance(c16, TileChoice) and c16.compute_s is not None
+
+    class Linear(torch.nn.Module):
+        def forward(self, x, w):
+            return x @ w.t()
+
+    with torch.device("meta"):
+        ins = (torch.empty(1024, 8192, dtype=torch.bfloat16), torch.empty(8192, 8192, dtype=torch.bfloat16))
+    a = analyze_graph(capture(Linear(), ins), Workload("mm", None, ins, 1, None), mi, "fp8")
+    (k,) = [k for k in a.kernel_results if k.time.matrix_s > 0]
+    assert k.time.matrix_s == pytest.approx(170.7549e-6, rel=1e-6)
+    assert 2 * 1024 * 8192 * 8192 / k.time.matrix_s == pytest.approx(805e12, rel=2e-3)
+    assert "measured shape curve" in k.why

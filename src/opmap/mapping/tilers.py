@@ -91,6 +91,11 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile, reps = cands[0], _reps(c)
+    if curves.matrix_rate(p, prec.matrix) is not None:
+        # measured rates at shapes (a calibration, or published per-shape timings in the catalog): they carry what
+        # the tile model leaves out (per-tile prologue and epilogue, the library's kernel choice); the tile is shown
+        return TileChoice(tile, cands[1] if len(cands) > 1 else None, None, reps * tile.traffic_bytes,
+                          "; time from the measured shape curve, the tile shown for its layout and traffic")
     note = f"; K {p.k} padded to {tile.k_padded} for the matrix engine's alignment" if tile.k_padded != p.k else ""
     if not hw.sram_bytes_per_s:
         note += "; operand feed not modelled (the spec lists no shared-memory bandwidth or clock)"
