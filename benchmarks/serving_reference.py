@@ -60,6 +60,16 @@ TRT10 = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md @ 00f3768
          "(tokens/sec)' of the TP group; nvidia/*-FP8 ModelOpt checkpoints)")
 MLPERF41 = ("mlcommons/inference_results_v4.1 @ a2f5d66d17e8f75c02fd74dfe810ecca6a046696 "
             "closed/{path}/performance/run_1/mlperf_log_summary.txt")
+# The rest of NVIDIA's engine and harness settings (same commit): closed/NVIDIA/configs/llama2-70b/__init__.py
+# GPUBaseConfig max_num_tokens = 4096 (no system class overrides it) and use_graphs = False; the harness
+# (code/harness/harness_llm/llm_core.cc) runs TensorRT-LLM's GptManager with SchedulerConfig(policy) only ("we can
+# add context chunking policy later if needed": no chunked context) and the policy max_util (code/common/
+# arguments.py trtllm_batch_sched_policy default; no config sets it): MAX_UTILIZATION, which pauses requests when
+# KV runs out (opmap: preemption, no noevict)
+MLPERF41_NV_TOKENS = 4096
+MLPERF41_NV_ENGINE = ("max_num_tokens 4096 (configs/llama2-70b/__init__.py GPUBaseConfig), no chunked context and the "
+                      "MAX_UTILIZATION scheduler (code/harness/harness_llm/llm_core.cc, code/common/arguments.py): "
+                      "--policy engine:BATCH,4096,64,nochunk")
 MLPERF41_NV_CFG = ("layout and batch: closed/NVIDIA/configs/llama2-70b/{scenario}/__init__.py (same commit): "
                    "{cls}, use_fp8, kvcache_free_gpu_mem_frac 0.90")
 MLPERF41_AMD_CFG = ("layout: closed/AMD/code/llama2-70b-99.9/test_VllmFp8/test_VllmFp8_SyncServer_audit.sh (TP=1, "
@@ -336,7 +346,7 @@ def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, 
         u = free_fraction_as_utilization("llama-2-70b", hw, tp, 1, 1.0, MLPERF41_NV_FREE_FRACTION)
         flags = {**flags, "--gpu-memory-utilization": f"{u:.4f}"}
         src += (f"; KV fraction {MLPERF41_NV_FREE_FRACTION} of free memory = --gpu-memory-utilization {u:.4f} of "
-                "the device; max_num_tokens not in the configs read: opmap's default (8192)")
+                f"the device; {MLPERF41_NV_ENGINE}")
     else:
         src += f"; {MLPERF41_AMD_ARGS}"
         flags = {**MLPERF41_AMD_FLAGS[scenario], **flags}
@@ -397,19 +407,19 @@ REFS: list[Ref] = [
     _mlperf("mlperf41-h100x8-offline", "offline", "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b-99.9", "h100-sxm", 8,
             2, 24524.9, 84.4792, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
             _nv_cfg("Offline", "H100_SXM_80GB_TP2x4_HighAccuracy: tensor_parallelism 2, gpu_batch_size 896"),
-            {"--max-num-seqs": "896"}),
+            {"--policy": f"engine:896,{MLPERF41_NV_TOKENS},{TRT_KV_BLOCK},nochunk"}),
     _mlperf("mlperf41-h100x8-server", "server", "DGX-H100_H100-SXM-80GBx8_TRT", "llama2-70b-99.9", "h100-sxm", 8,
             2, 21605.79, 74.42, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
             _nv_cfg("Server", "H100_SXM_80GB_TP2x4_HighAccuracy: tensor_parallelism 2, gpu_batch_size 1024"),
-            {"--max-num-seqs": "1024"}),
+            {"--policy": f"engine:1024,{MLPERF41_NV_TOKENS},{TRT_KV_BLOCK},nochunk"}),
     _mlperf("mlperf41-h200x8-offline", "offline", "H200-SXM-141GBx8_TRT", "llama2-70b-99", "h200", 8, 1, 31302.7,
             107.477, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
             _nv_cfg("Offline", "H200_SXM_141GBx8: tensor_parallelism 1, gpu_batch_size 806"),
-            {"--max-num-seqs": "806"}),
+            {"--policy": f"engine:806,{MLPERF41_NV_TOKENS},{TRT_KV_BLOCK},nochunk"}),
     _mlperf("mlperf41-h200x8-server", "server", "H200-SXM-141GBx8_TRT", "llama2-70b-99", "h200", 8, 1, 29228.22,
             100.35, "TensorRT-LLM (NVIDIA MLPerf v4.1 harness)",
             _nv_cfg("Server", "H200_SXM_141GBx8: tensor_parallelism 1, gpu_batch_size 896"),
-            {"--max-num-seqs": "896"}),
+            {"--policy": f"engine:896,{MLPERF41_NV_TOKENS},{TRT_KV_BLOCK},nochunk"}),
     _mlperf("mlperf41-mi300xx8-offline", "offline", "8xMI300X_2xEPYC-9374F", "llama2-70b-99", "mi300x", 8, 1,
             23514.8, 80.15, "vLLM 0.4.3 (ROCm 6.1.2)", MLPERF41_AMD_CFG, {}),
     _mlperf("mlperf41-mi300xx8-server", "server", "8xMI300X_2xEPYC-9374F", "llama2-70b-99", "mi300x", 8, 1,
