@@ -349,10 +349,12 @@ def time_model_line(hw: HardwareSpec) -> str:
     if curves.empty:
         return "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node (datasheet peaks)"
     fams = sorted({f"{fam} {dt} ({len(t.points)} shapes)" for (fam, dt), t in curves.tables.items()})
+    bw = (f", bandwidth over {len(curves.bandwidth_points)} sizes" if curves.bandwidth_points else
+          "; bandwidth: the catalog's")
     return ("max(matrix/rate at shape, vector/peak + transcendental/rate, bytes/bandwidth at size) + launch "
-            f"overhead, per node; measured curves: {', '.join(fams)}, bandwidth over "
-            f"{len(curves.bandwidth_points)} sizes" + (f"; views cost {curves.view_overhead_s * 1e6:.2g} us of host "
-                                                      "dispatch" if hw.device_type == "cpu" else ""))
+            f"overhead, per node; measured curves: {', '.join(fams)}{bw}"
+            + (f"; views cost {curves.view_overhead_s * 1e6:.2g} us of host dispatch" if hw.device_type == "cpu"
+               else ""))
 
 
 FUSION_TEXT = {
