@@ -443,27 +443,25 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     plan = plan_fusion(graph, costs, fusion, plan_file)
     mixed = fp8 is not None or bool(keep)
 
-    def predict(prec: Precision, other: Precision):
+    def node_preds(prec: Precision, other: Precision):
         if fp8 is not None:
             precs = [prec if i in fp8.fp8_nodes else other for i in range(len(costs))]
         else:
             precs = [other if i in keep else prec for i in range(len(costs))]
-        preds = [predict_cost(c, hw, p, curves) for c, p in zip(costs, precs)]
-        return preds, tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
-                                        node_prec=precs if mixed else None))
+        return precs, [predict_cost(c, hw, p, curves) for c, p in zip(costs, precs)]
 
     other = resolve_precision(hw, "bf16") if mixed else prec
-    if math.isinf(repeats):  # steady load: the sustained rate whatever the step's length, one pass
-        limited = power_limited(prec, hw, math.inf)
-        prec, other = limited, power_limited(other, hw, math.inf) if mixed else limited
-        preds, kernels = predict(prec, other)
-    else:
-        preds, kernels = predict(prec, other)
-        busy = repeats * sum(k.predicted_s for k in kernels)
+    precs, preds = node_preds(prec, other)
+    if hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
+        # a power-limited card: its rate for this run from the nodes' busy time at boost (steady load: the sustained
+        # rate), so the kernels are mapped and tiled once, at that rate
+        busy = math.inf if math.isinf(repeats) else repeats * sum(p.predicted_s for p in preds)
         limited = power_limited(prec, hw, busy)
         if limited is not prec:
             prec, other = limited, power_limited(other, hw, busy) if mixed else limited
-            preds, kernels = predict(prec, other)
+            precs, preds = node_preds(prec, other)
+    kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
+                                node_prec=precs if mixed else None))
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
