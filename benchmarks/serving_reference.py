@@ -87,7 +87,8 @@ MLPERF_SLO = "MLPerf llama2-70b Server: p99 TTFT 2000 ms, p99 TPOT 200 ms (the s
 # --gpu-memory-utilization 0.97; block 16, graphs on, chunked prefill off: vLLM 0.4.3's default). vLLM preempts
 # by recompute when KV runs out (no noevict)
 MLPERF41_AMD_FLAGS = {
-    "offline": {"--policy": "engine:2048,65536,16,nochunk", "--gpu-memory-utilization": "0.99"},
+    "offline": {"--policy": "engine:2048,65536,16,nochunk", "--gpu-memory-utilization": "0.99",
+                "--runtime": "engine-eager"},
     "server": {"--policy": "engine:1024,49152,16,nochunk", "--gpu-memory-utilization": "0.97"},
 }
 MLPERF41_AMD_ARGS = ("engine arguments: Offline max_num_seqs 2048, max_num_batched_tokens 65536, block 16, no chunked "
@@ -297,11 +298,17 @@ def _trt10(id_, model, pub, hw, tp, isl, osl, value, **kw) -> Ref:
                notes=f"KV cache precision not stated on the page: {why}", **kw)
 
 
+# v0.14's Triton backend launched the engine without CUDA graphs: the backend's cuda_graph_mode parameter first
+# appears in triton-inference-server/tensorrtllm_backend v0.15.0 (all_models/inflight_batcher_llm/tensorrt_llm/
+# config.pbtxt, default false): the engine's fused kernels, each a host launch
+TRT14_RUNTIME = {"--runtime": "engine-eager"}
+
+
 def _online(id_, model, pub, hw, tp, isl, osl, qps, itl_ms, ttft_ms, **kw) -> Ref:
     return Ref(id_, "itl", pub, model, hw, tp, tp, "bf16", isl, osl, itl_ms, "ms mean ITL",
                "TensorRT-LLM v0.14.0 (Triton backend)",
                f"{TRT017_ONLINE}; {pub}, {hw}, TP {tp}, {isl}/{osl}, QPS {qps}: Mean TTFT {ttft_ms} ms, "
-               f"Mean ITL {itl_ms} ms", rate_per_s=qps, flags=dict(ENGINE_FLAGS), requests=500, **kw)
+               f"Mean ITL {itl_ms} ms", rate_per_s=qps, flags={**ENGINE_FLAGS, **TRT14_RUNTIME}, requests=500, **kw)
 
 
 # The prompts of MLPerf's llama2-70b set (OpenOrca, 24,576 samples, Llama-2 tokenizer, chat template included):
@@ -344,9 +351,10 @@ def _mlperf(id_, scenario, system, bench, hw, devices, tp, tokens_s, samples_s, 
            + (f"; {MLPERF_SLO}" if scenario == "server" else ""))
     if sub == "NVIDIA":  # kvcache_free_gpu_mem_frac 0.90 of the memory free after the weights, as opmap's fraction
         u = free_fraction_as_utilization("llama-2-70b", hw, tp, 1, 1.0, MLPERF41_NV_FREE_FRACTION)
-        flags = {**flags, "--gpu-memory-utilization": f"{u:.4f}"}
+        # use_graphs = False (configs/llama2-70b/__init__.py GPUBaseConfig): the engine's kernels, each a host launch
+        flags = {**flags, "--gpu-memory-utilization": f"{u:.4f}", "--runtime": "engine-eager"}
         src += (f"; KV fraction {MLPERF41_NV_FREE_FRACTION} of free memory = --gpu-memory-utilization {u:.4f} of "
-                f"the device; {MLPERF41_NV_ENGINE}")
+                f"the device; {MLPERF41_NV_ENGINE}; use_graphs False: --runtime engine-eager")
     else:
         src += f"; {MLPERF41_AMD_ARGS}"
         flags = {**MLPERF41_AMD_FLAGS[scenario], **flags}

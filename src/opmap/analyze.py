@@ -348,7 +348,7 @@ def time_model_line(hw: HardwareSpec) -> str:
     curves = hw.curves
     if curves.empty:
         return "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node (datasheet peaks)"
-    fams = sorted({f"{fam} {dt} ({len(t.points)} shapes)" for (fam, dt), t in curves.tables.items()})
+    fams = sorted({f"{fam} {dt} ({t.size} shapes)" for (fam, dt), t in curves.tables.items()})
     bw = (f", bandwidth over {len(curves.bandwidth_points)} sizes" if curves.bandwidth_points else
           "; bandwidth: the catalog's")
     return ("max(matrix/rate at shape, vector/peak + transcendental/rate, bytes/bandwidth at size) + launch "

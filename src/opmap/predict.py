@@ -64,7 +64,12 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     overhead = hw.launch_overhead_s
     if not cost.counted:
         return uncounted(overhead)
-    rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops else None
+    # a weight-only format (int4, fp8 on a card without fp8 engines) runs another kernel than the one measured, and
+    # reads narrower weights than the measured time includes: the curve stays out of it
+    rate = curves.matrix_rate(cost.problem, prec.matrix) if cost.matrix_flops and \
+        not prec.format_policy.weight_only else None
+    if rate and prec.sustained:  # a shape measured at boost clocks runs no faster than the power limit sustains
+        rate = min(rate, prec.matrix_rate_flops_per_s)
     matrix_s = cost.matrix_flops / (rate or prec.matrix_rate_flops_per_s)
     kind_rate = curves.vector_kinds.get(cost.vector_kind) if cost.vector_kind else None
     calibrated = bool(kind_rate or curves.transcendental_per_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -146,3 +147,83 @@ def test_fresh_pages_are_charged_to_out_of_place_cpu_ops_only():
     g = capture(M(), (torch.empty(2 ** 18, device="meta"),))
     relu, relu_ = cost_graph(g)
     assert relu.allocated_bytes == 2 ** 20 and relu_.allocated_bytes == 0.0
+
+
+def _grid(tmp_path, monkeypatch, tables, aliases=None, name="t.gemm.json"):
+    import json
+
+    from opmap.hardware import curves as cv
+
+    monkeypatch.setattr(cv, "GRID_DIR", tmp_path)
+    cv.load_gemm_grid.cache_clear()
+    (tmp_path / name).write_text(json.dumps({"tables": tables, **({"aliases": aliases} if aliases else {})}))
+    return name
+
+
+def test_a_measured_grid_interpolates_trilinearly_in_log_shape_and_log_rate(tmp_path, monkeypatch):
+    from opmap.hardware.curves import load_gemm_grid
+
+    # 2 x 1 x 1 grid: M = 64 and 256 at N = K = 1024; times chosen so the rates are 100 and 400 TFLOP/s
+    f = lambda m, r: 2 * m * 1024 * 1024 / r * 1e6  # noqa: E731  (us)
+    name = _grid(tmp_path, monkeypatch, {"fp8": {"m": [64, 256], "n": [1024], "k": [1024],
+                                                 "latency_us": [f(64, 100e12), f(256, 400e12)]}},
+                 aliases={"int8": "fp8"})
+    g = load_gemm_grid(name)
+    assert g["fp8"].rate(64, 1024, 1024) == pytest.approx(100e12)
+    # M = 128 is halfway in log2(M): the geometric mean of the two rates, sqrt(100 x 400) = 200
+    assert g["fp8"].rate(128, 1024, 1024) == pytest.approx(200e12)
+    # clamped at the edges: no extrapolated growth, no fall below the smallest measured M
+    assert g["fp8"].rate(1 << 20, 1 << 20, 1 << 20) == pytest.approx(400e12)
+    assert g["fp8"].rate(1, 1, 1) == pytest.approx(100e12)
+    assert g["int8"] is g["fp8"]
+
+
+def test_a_grid_device_prices_its_gemms_off_the_grid_and_a_power_limit_caps_it(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    f = lambda m, r: 2 * m * 512 * 512 / r * 1e6  # noqa: E731
+    name = _grid(tmp_path, monkeypatch, {"fp32": {"m": [128], "n": [512], "k": [512], "latency_us": [f(128, 60e9)]}})
+    hw = _spec({"gemm_grid": name})
+    prec = resolve_precision(hw, "fp32")
+    flops = 2.0 * 128 * 512 * 512
+    cost = OpCost(matrix_flops=flops, problem=MatrixProblem(MatrixFamily.GEMM, 1, 128, 512, 512))
+    assert predict_cost(cost, hw, prec, hw.curves).matrix_s == pytest.approx(flops / 60e9)
+    # under a power limit the matrix units run no faster than the sustained rate, whatever the shape measured
+    held = replace(prec, matrix_rate_flops_per_s=40e9, sustained=True)
+    assert predict_cost(cost, hw, held, hw.curves).matrix_s == pytest.approx(flops / 40e9)
+
+
+@pytest.mark.parametrize("tables, why", [
+    ({"fp8": {"m": [64, 32], "n": [8], "k": [8], "latency_us": [1.0, 1.0]}}, "increasing positive integers"),
+    ({"fp8": {"m": [64], "n": [8], "k": [8], "latency_us": [1.0, 2.0]}}, "must list 1 times"),
+    ({"fp8": {"m": [64], "n": [8], "k": [8], "latency_us": [float("nan")]}}, "latency_us[0]"),
+    ({"fp8": {"m": [64], "n": [8], "k": [8], "latency_us": [0.0]}}, "latency_us[0]"),
+])
+def test_a_malformed_grid_is_refused_in_one_line(tmp_path, monkeypatch, tables, why):
+    from opmap.errors import OpmapError
+    from opmap.hardware.curves import load_gemm_grid
+
+    name = _grid(tmp_path, monkeypatch, tables)
+    with pytest.raises(OpmapError, match=re.escape(why)):
+        load_gemm_grid(name)
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd.gemm.json", "/tmp/x.gemm.json", "h100.json", 3])
+def test_a_grid_is_a_bare_file_name_beside_the_catalog(bad):
+    from opmap.errors import OpmapError
+
+    with pytest.raises(OpmapError, match="gemm_grid must name a file"):
+        _spec({"gemm_grid": bad})
+
+
+def test_the_catalog_grids_reproduce_nvidias_table_at_its_own_points():
+    # aiconfigurator-core 0.12.0, h100_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet (NVIDIA's measurement): fp8
+    # x @ W.T at M = 16, N = 1024, K = 8192 in 17.8496 us, at 4096 x 8192 x 8192 in 446.597 us; bf16 at 16 x 1024 x
+    # 8192 in 10.54 us (the table's latency column, ms x 1000; the catalog keeps 4 significant digits)
+    from opmap.hardware import get_hardware
+
+    t = get_hardware("h100-sxm").curves.tables
+    for dt, (m, n, k), us in (("fp8", (16, 1024, 8192), 17.85), ("fp8", (4096, 8192, 8192), 446.6),
+                              ("bf16", (16, 1024, 8192), 10.54)):
+        assert 2 * m * n * k / t[MatrixFamily.GEMM, dt].rate(m, n, k) == pytest.approx(us * 1e-6, rel=1e-3)
+    assert t[MatrixFamily.GEMM, "fp16"] is t[MatrixFamily.GEMM, "bf16"]

@@ -61,7 +61,7 @@ def test_graph_against_eager_for_a_fixed_kernel_list(h100):
 
 
 def test_eager_graphs_engine_step_times_are_the_closed_forms(h100, gpt2_decode):
-    eager, graphs, engine = (_step(gpt2_decode, h100, n) for n in RUNTIMES)
+    eager, graphs, engine, engine_eager = (_step(gpt2_decode, h100, n) for n in RUNTIMES)
     n = eager.kernels
     # eager: sum(busy) + n x launch, nothing per step
     assert eager.phase["tpot_s"] == pytest.approx(_busy_s(eager) + n * EAGER_LAUNCH_S, rel=1e-9)
@@ -76,8 +76,12 @@ def test_eager_graphs_engine_step_times_are_the_closed_forms(h100, gpt2_decode):
     assert engine.phase["tpot_s"] == pytest.approx(
         _busy_s(engine) + m * GRAPH_GAP_S + GRAPH_LAUNCH_S + ENGINE_GAP_S, rel=1e-9)
     assert engine.phase["runtime_per_step_s"] == pytest.approx(GRAPH_LAUNCH_S + ENGINE_GAP_S)
+    # engine-eager: the engine's kernels, each a host launch, no graph launch, the scheduler's gap
+    assert engine_eager.kernels == m and _busy_s(engine_eager) == pytest.approx(_busy_s(engine), rel=1e-12)
+    assert engine_eager.phase["tpot_s"] == pytest.approx(_busy_s(engine) + m * EAGER_LAUNCH_S + ENGINE_GAP_S, rel=1e-9)
+    assert engine_eager.phase["runtime_per_step_s"] == pytest.approx(ENGINE_GAP_S)
     # the headline is the phase's: the JSON total and the MFU at it
-    for a in (eager, graphs, engine):
+    for a in (eager, graphs, engine, engine_eager):
         assert a.to_dict(nodes=False)["totals"]["predicted_latency_s"] == a.phase["tpot_s"]
 
 
@@ -92,6 +96,9 @@ def test_apply_replaces_only_the_per_kernel_overhead(h100):
     d = rt.to_dict()
     assert d["step_host_s"]["kind"] == "measured" and "11133" in d["step_host_s"]["source"]
     assert "runtime engine (cuda-graphs)" in rt.line() and get_runtime(h100, "graphs").fusion == "eager"
+    ee = get_runtime(h100, "engine-eager")
+    assert ee.apply(h100) is h100 and ee.fusion == "engine" and ee.per_step_s == ENGINE_GAP_S
+    assert ee.graph_launch is None and "graphs off" in ee.line()
 
 
 def test_every_stack_value_is_typed_and_sourced():

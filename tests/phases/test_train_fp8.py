@@ -31,22 +31,29 @@ FP8_RATE = H100.achievable_matrix_flops_per_s["fp8"].value  # 1402.6 TFLOP/s, me
 # sequence per microstep, 4 microsteps per optimizer step
 CFG = LlamaConfig(vocab_size=32000, dim=2048, n_layer=2, n_head=16, n_kv_head=4, ffn_dim=8192, max_seq=2048)
 SEQ, MB, GB = 1024, 1, 4
+# The step-time comparison needs GEMMs where fp8 pays: at d 2048 and 1024 tokens the H100's measured fp8 GEMMs
+# (NVIDIA's table, the activation quantization in the timed call) run no faster than bf16, 1024 x 4096 x 4096 in
+# 43.1 us against 45.3; from about 1024 x 8192 x 8192 up they do, 117.6 against 190.7 us (aiconfigurator-core 0.12.0,
+# h100_sxm trtllm gemm_perf; hardware/catalog/h100-sxm.gemm.json). Llama-2-70B's widths, 2 layers, 4096 tokens:
+BIG = LlamaConfig(vocab_size=32000, dim=8192, n_layer=2, n_head=64, n_kv_head=8, ffn_dim=28672, max_seq=4096)
+BIG_SEQ = 4096
 
 
 @functools.cache
-def _step():
+def _step(big: bool = False):
+    cfg, seq = (BIG, BIG_SEQ) if big else (CFG, SEQ)
     with torch.device("meta"):
-        m = Llama(CFG).to(torch.bfloat16)
-        ids = torch.zeros(MB, SEQ, dtype=torch.long)
-    w = Workload("fp8-llama", m, (ids,), MB, SEQ)
+        m = Llama(cfg).to(torch.bfloat16)
+        ids = torch.zeros(MB, seq, dtype=torch.long)
+    w = Workload("fp8-llama", m, (ids,), MB, seq)
     spec = check_phase(PhaseSpec("train", microbatch=MB, global_batch=GB, optimizer="adamw-fused"), "fp8-llama", MB)
     saved, act = train_activations(w, "none")
     return w, spec, capture_phase(w, spec), saved, act
 
 
 @functools.cache
-def _train(dtype: str):
-    w, spec, g, saved, act = _step()
+def _train(dtype: str, big: bool = False):
+    w, spec, g, saved, act = _step(big)
     return analyze_phase(g, w, H100, dtype, spec, saved=saved, activations=act).analysis
 
 
@@ -55,7 +62,7 @@ def _nodes(a, op):
 
 
 def test_fp8_step_faster_than_bf16_by_less_than_the_gemm_rate_ratio():
-    bf, f8 = _train("bf16").phase, _train("fp8").phase
+    bf, f8 = _train("bf16", True).phase, _train("fp8", True).phase
     for key in ("microstep_s", "iteration_s"):
         speedup = bf[key] / f8[key]
         # the casts and the bf16 parts (LM head, attention core, norms, optimizer) bound it below the GEMM ratio
@@ -97,10 +104,13 @@ def test_lm_head_and_attention_core_run_at_the_bf16_rate():
     core = [r for r in a.results if "scaled_dot_product" in r.node.op and r.cost.matrix_flops]
     linear = [r for r in a.results if r.node.module == "layers.0.mlp.up_proj" and r.cost.matrix_flops]
     assert len(head) == 3 and len(core) == 2 * CFG.n_layer and len(linear) == 3  # fprop, dgrad, wgrad
-    for r in head + core:
+    for r in core:  # fused attention: no measured curve, the bf16 rate
         assert r.pred.matrix_s == pytest.approx(r.cost.matrix_flops / BF16_RATE)
+    # the catalog H100's GEMMs run at NVIDIA's measured rate for their shape and format (h100-sxm.gemm.json)
+    for r in head:
+        assert r.pred.matrix_s == pytest.approx(r.cost.matrix_flops / H100.curves.matrix_rate(r.cost.problem, "bf16"))
     for r in linear:
-        assert r.pred.matrix_s == pytest.approx(r.cost.matrix_flops / FP8_RATE)
+        assert r.pred.matrix_s == pytest.approx(r.cost.matrix_flops / H100.curves.matrix_rate(r.cost.problem, "fp8"))
     fmt = {k.kernel.anchor: k for k in a.kernel_results}
     assert all(fmt[r.node.id].format == "bf16" for r in head + core)
     assert all(fmt[r.node.id].format.startswith("fp8") for r in linear)
@@ -113,7 +123,8 @@ def test_lm_head_and_attention_core_run_at_the_bf16_rate():
         c = bf_cost[r.node.id]
         assert r.cost.bytes_read + r.cost.param_bytes_read == pytest.approx((c.bytes_read + c.param_bytes_read) / 2)
         assert r.cost.bytes_written == c.bytes_written
-        assert fmt[r.node.id].predicted_s < bfk[r.node.id].predicted_s
+        # faster or not is the measured tables' call: at d 2048 NVIDIA's fp8 GEMMs (quantization in the call) are
+        # not; the step-time tests above use widths where they are
 
 
 def test_fp8_training_memory_by_formula():
@@ -143,7 +154,7 @@ def test_assumptions_and_figures_say_what_is_fp8():
 
 def test_fp8_step_under_a_layout_is_faster_than_bf16():
     par = Parallelism(tp=2, dp=2, sp=True, microbatch=MB, global_batch=GB, zero=1)
-    f8, bf = shard(_train("fp8"), par), shard(_train("bf16"), par)
+    f8, bf = shard(_train("fp8", True), par), shard(_train("bf16", True), par)
     assert 1.0 < bf.step_s / f8.step_s < FP8_RATE / BF16_RATE
 
 

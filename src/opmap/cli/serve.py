@@ -8,6 +8,7 @@ import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.phases.runtime import RUNTIME_HELP
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
@@ -19,9 +20,7 @@ def serve(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices per replica."),
     pp: int = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
                                            "tp x pp devices)."),
-    runtime: str = typer.Option("engine", "--runtime", help="eager (a host launch per kernel), graphs (one graph "
-                                                            "launch per step) or engine (graphs plus a serving "
-                                                            "engine's fused kernels and scheduler)."),
+    runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV cache format: bf16, fp16, fp8 or int8 "
                                                                  "(default: the model dtype's activations')."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization",
@@ -326,6 +325,9 @@ def _runtime_line(rt: dict) -> str:
     k = float(rt["per_kernel_s"]["value"]) * 1e6
     if rt["name"] == "eager":
         return f"runtime eager: a host launch per kernel ({k:.3g} us)"
+    if rt.get("graph_launch_s") is None:
+        return (f"runtime {rt['name']} ({rt['stack']} stack, graphs off): a host launch per kernel ({k:.3g} us), "
+                f"{rt['per_step_s'] * 1e6:.3g} us per step, fusion {rt['fusion']}")
     return (f"runtime {rt['name']} ({rt['stack']}): one graph launch per step, {k:.3g} us between kernels, "
             f"{rt['per_step_s'] * 1e6:.3g} us per step, fusion {rt['fusion']}")
 

@@ -9,7 +9,10 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   to gemm_ta; ``conv``; ``conv_bwd``: convolution_backward;
   ``attention``), inverse-distance weighting (power 2) over the 4 nearest measured shapes in log2 (m, n, k)
   space; an exact hit returns that shape's rate; outside the grid the nearest shapes decide (no extrapolated
-  growth). A batched GEMM is looked up as (batch * m, n, k). A GEMM at least as large in m, n and k as its
+  growth). A batched GEMM is looked up as (batch * m, n, k). A catalog device may instead carry a whole measured
+  grid (``gemm_grid``: a JSON file beside its TOML, per format the M, N and K axes and the time at every point):
+  there the rate is interpolated trilinearly in log2 shape and log rate between the 8 surrounding points,
+  clamped to the grid's edges. A GEMM at least as large in m, n and k as its
   format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at least at
   that ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
@@ -26,8 +29,13 @@ A catalog device without a calibration has no curves: the time model uses its da
 
 from __future__ import annotations
 
+import bisect
+import json
 import math
+import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
@@ -35,6 +43,8 @@ from opmap.ops import MatrixFamily, MatrixProblem
 from opmap.validate import finite_number, shown
 
 NEAREST = 4
+GRID_DIR = Path(__file__).with_name("catalog")  # where a catalog device's gemm_grid file lives
+GRID_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.gemm\.json")
 
 # The rows of a calibration's curves: table -> (shape keys, integers >= 1; text keys; rate key, finite >= 0)
 ROWS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
@@ -85,6 +95,11 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
             raise OpmapError(f"{where}.{key} must be a table (got {shown(rates)})")
         for k, v in rates.items():
             finite_number(v, f"{where}.{key}.{k}", lo=0)
+    if "gemm_grid" in cal:
+        g = cal["gemm_grid"]
+        if not isinstance(g, str) or not GRID_NAME.fullmatch(g):
+            raise OpmapError(f"{where}.gemm_grid must name a file beside the catalog's TOML files, such as "
+                             f"'h100-sxm.gemm.json' (got {shown(g)})")
     if "view_overhead_s" in cal:
         finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, unit="s")
 
@@ -98,6 +113,10 @@ class RateTable:
     def build(rows: list[tuple[int, int, int, float]]) -> RateTable:
         return RateTable(tuple((math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)), r)
                                for m, n, k, r in rows if r > 0))
+
+    @property
+    def size(self) -> int:
+        return len(self.points)
 
     def rate(self, m: int, n: int, k: int) -> float | None:
         if not self.points:
@@ -113,8 +132,89 @@ class RateTable:
 
 
 @dataclass(frozen=True)
+class GridTable:
+    """Rates measured at every point of an M x N x K grid: log2 axes, log rates M-major (then N, then K)."""
+
+    axes: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+    log_rates: tuple[float, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.log_rates)
+
+    def rate(self, m: int, n: int, k: int) -> float:
+        idx, frac = [], []
+        for ax, v in zip(self.axes, (m, n, k)):
+            x = min(max(math.log2(max(v, 1)), ax[0]), ax[-1])
+            i = min(max(bisect.bisect_right(ax, x) - 1, 0), len(ax) - 2) if len(ax) > 1 else 0
+            idx.append(i)
+            frac.append((x - ax[i]) / (ax[i + 1] - ax[i]) if len(ax) > 1 else 0.0)
+        nn, nk = len(self.axes[1]), len(self.axes[2])
+        acc = 0.0
+        for dm in (0, 1):
+            wm = frac[0] if dm else 1.0 - frac[0]
+            if not wm:
+                continue
+            for dn in (0, 1):
+                wn = wm * (frac[1] if dn else 1.0 - frac[1])
+                if not wn:
+                    continue
+                base = ((idx[0] + dm) * nn + idx[1] + dn) * nk + idx[2]
+                lo = self.log_rates[base]
+                acc += wn * (lo + frac[2] * (self.log_rates[base + 1] - lo) if frac[2] else lo)
+        return math.exp(acc)
+
+
+def _axis(v: Any, where: str) -> list[int]:
+    if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v) \
+            or any(b <= a for a, b in zip(v, v[1:])):
+        raise OpmapError(f"{where} must be a non-empty list of increasing positive integers (got {shown(v)})")
+    return v
+
+
+@lru_cache(maxsize=16)
+def load_gemm_grid(name: str) -> dict[str, GridTable]:
+    """A catalog device's measured GEMM grid by format (module docstring), read once per process. Parsed, never
+    executed; one line naming the problem when the file is malformed."""
+    path = GRID_DIR / name
+    if not GRID_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
+        raise OpmapError(f"no GEMM grid file {name!r} beside the catalog (accepted: a <device>.gemm.json there)")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise OpmapError(f"cannot read GEMM grid {name}: {e}; expected the JSON benchmarks/reference/"
+                         "aiconfigurator_gemm.py writes") from None
+    tables = raw.get("tables") if isinstance(raw, dict) else None
+    if not isinstance(tables, dict) or not tables:
+        raise OpmapError(f"GEMM grid {name}: missing 'tables' (a table per format)")
+    out: dict[str, GridTable] = {}
+    for fmt, t in tables.items():
+        at = f"GEMM grid {name}: tables.{fmt}"
+        if not isinstance(t, dict):
+            raise OpmapError(f"{at} must be an object (got {shown(t)})")
+        m, n, k = (_axis(t.get(a), f"{at}.{a}") for a in ("m", "n", "k"))
+        lat = t.get("latency_us")
+        if not isinstance(lat, list) or len(lat) != len(m) * len(n) * len(k):
+            raise OpmapError(f"{at}.latency_us must list {len(m) * len(n) * len(k)} times (M x N x K, M-major)")
+        rates = []
+        i = 0
+        for mm in m:
+            for nn in n:
+                for kk in k:
+                    finite_number(lat[i], f"{at}.latency_us[{i}]", lo=0, lo_open=True)
+                    rates.append(math.log(2.0 * mm * nn * kk / (lat[i] * 1e-6)))
+                    i += 1
+        out[fmt] = GridTable(tuple(tuple(math.log2(x) for x in a) for a in (m, n, k)), tuple(rates))
+    for alias, target in (raw.get("aliases") or {}).items():
+        if target not in out:
+            raise OpmapError(f"GEMM grid {name}: alias {alias} -> {target!r} names no table")
+        out[alias] = out[target]
+    return out
+
+
+@dataclass(frozen=True)
 class Curves:
-    tables: dict[tuple[MatrixFamily, str], RateTable] = field(default_factory=dict)  # (family, dtype) -> table
+    tables: dict[tuple[MatrixFamily, str], RateTable | GridTable] = field(default_factory=dict)  # (family, dtype)
     bandwidth_points: tuple[tuple[float, float], ...] = ()  # (log2 bytes moved, bytes/s), sorted
     transcendental_per_s: float | None = None
     view_overhead_s: float = 0.0
@@ -132,8 +232,9 @@ class Curves:
             return None
         family = problem.family
         table = self.tables.get((family, dtype))
-        if table is None and family.parent is not None:
-            table = self.tables.get((family.parent, dtype))
+        up = family.parent
+        while table is None and up is not None:  # a weight gradient reads gemm_ta's curve, then gemm's
+            table, up = self.tables.get((up, dtype)), up.parent
         if table is None:
             return None
         batched = (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.GEMM_WGRAD)
@@ -199,10 +300,14 @@ class Curves:
                 extra = r["bytes"] / r["bytes_per_s"] - writes[r["bytes"]] - launch_overhead_s
                 fresh.append((math.log2(r["bytes"]), max(0.0, extra) / r["bytes"]))
         vec = cal.get("vector_rates", {})
-        tables = {k: RateTable.build(v) for k, v in rows.items()}
+        tables: dict[tuple[MatrixFamily, str], RateTable | GridTable] = {k: RateTable.build(v) for k, v in rows.items()}
+        if cal.get("gemm_grid"):
+            for fmt, grid in load_gemm_grid(cal["gemm_grid"]).items():
+                tables.setdefault((MatrixFamily.GEMM, fmt), grid)
         for r in cal.get("matmul", []):
             key = (MatrixFamily.GEMM, r["dtype"])
-            if r.get("ceiling") and r.get("layout", "nt") == "nt" and r["flops_per_s"] > 0 and key in tables:
+            if r.get("ceiling") and r.get("layout", "nt") == "nt" and r["flops_per_s"] > 0 and \
+                    isinstance(tables.get(key), RateTable):
                 tables[key] = replace(tables[key], ceiling=(r["m"], r["n"], r["k"], r["flops_per_s"]))
         return Curves(tables, tuple(sorted(bw)),
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),

@@ -91,7 +91,7 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile, reps = cands[0], _reps(c)
-    if curves.matrix_rate(p, prec.matrix) is not None:
+    if curves.matrix_rate(p, prec.matrix) is not None and not prec.format_policy.weight_only:
         # measured rates at shapes (a calibration, or published per-shape timings in the catalog): they carry what
         # the tile model leaves out (per-tile prologue and epilogue, the library's kernel choice); the tile is shown
         return TileChoice(tile, cands[1] if len(cands) > 1 else None, None, reps * tile.traffic_bytes,

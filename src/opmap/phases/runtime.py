@@ -9,6 +9,10 @@
   ``engine`` (fused attention including paged decode attention, norm / RoPE / activation fused, GEMM epilogues)
   and the scheduler's host time per step (batch formation, block tables, sampling bookkeeping) that a graph
   replay does not hide.
+- ``engine-eager``: an engine run with its graphs off: the engine's fused kernels and scheduler, each kernel a
+  host launch (the device's ``launch_overhead_s``, as eager). Where production runs were published so: vLLM
+  ``--enforce-eager`` (AMD's MLPerf v4.1 harness), NVIDIA's MLPerf v4.1 Llama-2-70B harness (``use_graphs =
+  False``), TensorRT-LLM's Triton backend before v0.15 (no CUDA-graph option).
 
 A ``Runtime`` is applied by ``Runtime.apply(hw)``: the device with its per-kernel overhead replaced by the
 runtime's, so the time model, the kernel rows and the sharded layouts (opmap.mapping.sharding) all price the
@@ -27,9 +31,10 @@ from opmap.hardware.spec import HardwareSpec, Value
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
 
-RUNTIMES = ("eager", "graphs", "engine")
-RUNTIME_HELP = ("eager (a host launch per kernel), graphs (one graph launch per step) or engine (graphs plus a "
-                "serving engine's fused kernels and scheduler)")
+RUNTIMES = ("eager", "graphs", "engine", "engine-eager")
+RUNTIME_HELP = ("eager (a host launch per kernel), graphs (one graph launch per step), engine (graphs plus a "
+                "serving engine's fused kernels and scheduler) or engine-eager (the engine's kernels and "
+                "scheduler with graphs off: a host launch per kernel)")
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class Runtime:
 
     def apply(self, hw: HardwareSpec) -> HardwareSpec:
         """``hw`` with its per-kernel overhead replaced by this runtime's (every other field as it was)."""
-        if self.name == "eager":
+        if self.graph_launch is None:  # every kernel a host launch: the device's own launch overhead
             return hw
         return replace(hw, fields={**hw.fields, "launch_overhead_s": self.per_kernel})
 
@@ -67,6 +72,10 @@ class Runtime:
         """One line for a report header."""
         if self.name == "eager":
             return f"runtime eager: a host launch per kernel ({self.per_kernel_s * 1e6:.3g} us)"
+        if self.graph_launch is None:
+            host = float(self.step_host.value) * 1e6 if self.step_host is not None else 0.0
+            return (f"runtime {self.name} ({self.stack} stack, graphs off): a host launch per kernel "
+                    f"({self.per_kernel_s * 1e6:.3g} us), {host:.3g} us scheduler gap per step, fusion {self.fusion}")
         launch = float(self.graph_launch.value) if self.graph_launch is not None else 0.0
         s = (f"runtime {self.name} ({self.stack}): one graph launch per step ({launch * 1e6:.3g} us), "
              f"{self.per_kernel_s * 1e6:.3g} us between kernels")
@@ -91,6 +100,9 @@ def get_runtime(hw: HardwareSpec, name: str) -> Runtime:
     if name == "eager":
         return Runtime("eager", hw.fields["launch_overhead_s"], None, None, "eager", "eager")
     stack = stack_for(hw)
+    if name == "engine-eager":
+        return Runtime(name, hw.fields["launch_overhead_s"], None, stack.values["engine_step_host_s"], "engine",
+                       stack.name)
     return Runtime(name, stack.values["graph_kernel_gap_s"], stack.values["graph_launch_s"],
                    stack.values["engine_step_host_s"] if name == "engine" else None,
                    "engine" if name == "engine" else "eager", stack.name)
