@@ -205,7 +205,8 @@ GEOMETRY = {  # meta-llama/* and mistralai/Mixtral-8x7B-v0.1 config.json; parame
     "mixtral-8x7b": Geometry(46.7e9, 32, 8, 128),
     "llama-2-70b": Geometry(69.0e9, 80, 8, 128),
 }
-DEVICE_GIB = {"h100-sxm": 80.0, "h200": 141.0, "a100-sxm-80gb": 80.0, "mi300x": 192.0}  # HBM as vendors state it
+DEVICE_GIB = {"h100-sxm": 80.0, "h200": 141.0, "a100-sxm-80gb": 80.0, "mi300x": 192.0,  # HBM as vendors state it
+              "l40s": 48.0}  # L40S: 48 GB GDDR6 (the catalog: 48 GiB)
 
 
 def trtllm_bench_setting(model: str, hw: str, tp: int, pp: int, isl: int, osl: int, weight_bytes: float,
@@ -264,7 +265,8 @@ def _trt_engine(model, hw, tp, dtype, isl, osl, kv_bytes) -> tuple[dict[str, str
 def _trt017(id_, model, pub, hw, tp, dtype, isl, osl, value, kv=None, **kw) -> Ref:
     eng, n, cfg = _trt_engine(model, hw, tp, dtype, isl, osl, 1.0 if kv == "fp8" else 2.0)
     flags = {**ENGINE_FLAGS, **({"--kv-dtype": kv} if kv else {}), **eng}
-    gpu = {"h100-sxm": "H100 80GB HBM3", "h200": "H200 141GB HBM3", "a100-sxm-80gb": "A100-SXM4-80GB"}[hw]
+    gpu = {"h100-sxm": "H100 80GB HBM3", "h200": "H200 141GB HBM3", "a100-sxm-80gb": "A100-SXM4-80GB",
+           "l40s": "L40S"}[hw]
     return Ref(id_, "offline", pub, model, hw, tp, tp, dtype, isl, osl, value, "output tokens/s per TP group",
                "TensorRT-LLM v0.17 (trtllm-bench)", f"{TRT017}; row {pub}, TP {tp}, {isl}/{osl}, column {gpu}; {cfg}",
                flags=flags, requests=n, **kw)
@@ -401,6 +403,11 @@ REFS: list[Ref] = [
     _trt017("trt17-mix-h200-tp1-1000-1000", MIX, MX, "h200", 1, "fp8", 1000, 1000, 10371.36, kv="fp8"),
     _trt017("trt17-mix-a100-tp2-128-128", MIX, MX, "a100-sxm-80gb", 2, "fp16", 128, 128, 5541.47),
     _trt017("trt17-mix-a100-tp4-128-2048", MIX, MX, "a100-sxm-80gb", 4, "fp16", 128, 2048, 10911.86),
+    # L40S (FP8, no NVLink: TP over PCIe), the same table's L40S column
+    _trt017("trt17-8b-l40s-128-128", L8, L31_8, "l40s", 1, "fp8", 128, 128, 9104.61, kv="fp8"),
+    _trt017("trt17-8b-l40s-2048-2048", L8, L31_8, "l40s", 1, "fp8", 2048, 2048, 2225.27, kv="fp8"),
+    _trt017("trt17-70b-l40s-tp4-128-2048", L70, L31_70, "l40s", 4, "fp8", 128, 2048, 1942.66, kv="fp8"),
+    _trt017("trt17-mix-l40s-tp4-500-2000", MIX, MX, "l40s", 4, "fp8", 500, 2000, 6914.68, kv="fp8"),
     # TensorRT-LLM v1.0 (PyTorch backend)
     _trt10("trt10-8b-h100-500-2000", L8, "Llama 3.1 8B", "h100-sxm", 1, 500, 2000, 17660),
     _trt10("trt10-70b-h100-tp2-1000-2000", L70, "Llama 3.3 70B", "h100-sxm", 2, 1000, 2000, 4146),

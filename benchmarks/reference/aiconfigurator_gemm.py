@@ -32,6 +32,8 @@ DEVICES = {
     "h100-sxm": ("h100_sxm", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
     "h200": ("h200_sxm", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
     "a100-sxm-80gb": ("a100_sxm", "trtllm", "1.0.0", {"bf16": "bfloat16"}),
+    "l40s": ("l40s", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
+    "b200": ("b200_sxm", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
 }
 # The grid kept: every measured N and K from 128 up, and the M values that are not a tile boundary's +1 probe (the
 # table measures M = 2^j and 2^j + 1 to see the tile step; interpolation between neighbours 1 apart adds nothing)
@@ -43,7 +45,8 @@ MIN_NK = 128
 MAX_NK = 16384
 # dense datasheet peaks (the catalog's matrix_peak_flops_per_s), TFLOP/s
 PEAK = {("h100-sxm", "bf16"): 989.4, ("h100-sxm", "fp8"): 1978.9, ("h200", "bf16"): 989.4, ("h200", "fp8"): 1978.9,
-        ("a100-sxm-80gb", "bf16"): 312.0}
+        ("a100-sxm-80gb", "bf16"): 312.0, ("l40s", "bf16"): 366.5, ("l40s", "fp8"): 733.0, ("b200", "bf16"): 2250.0,
+        ("b200", "fp8"): 4500.0}
 
 
 def _fill(grid: dict, axes: tuple[list[int], list[int], list[int]]) -> tuple[list[float], int]:

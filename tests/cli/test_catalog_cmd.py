@@ -35,3 +35,12 @@ def test_hardware_list_and_show_name_the_achievable_figures_or_datasheet_only(cl
     assert "achievable_memory_bandwidth_bytes_per_s" in out and "2.97 TB/s" in out and "priced: like for like" in out
     rc, out, _ = cli("hardware", "show", "mi250x")  # no published achievable figure of either kind
     assert rc == 0 and "priced: datasheet only: matrix rate, bandwidth" in out and "FlashMLA" in out
+
+
+def test_hardware_show_names_a_devices_measured_gemm_curves_and_their_source(cli):
+    rc, out, _ = cli("hardware", "show", "h100-sxm")
+    # NVIDIA's grid: 39 M x 18 N x 18 K = 12,636 shapes per format (hardware/catalog/h100-sxm.gemm.json)
+    flat = " ".join(out.split())  # the table wraps long cells
+    assert rc == 0 and "measured curves" in flat and "12636 shapes" in flat and "aiconfigurator" in flat
+    rc, out, _ = cli("hardware", "show", "mi250x")  # no published per-shape timings
+    assert rc == 0 and "measured curves" not in out

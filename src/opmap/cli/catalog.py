@@ -115,4 +115,8 @@ def _spec_table(h) -> Table:
     for key in TEXT_FIELDS:
         if (v := h.fields.get(key)) is not None:
             t.add_row(key, str(v.value), v.kind, v.source + (f" ({v.note})" if v.note else ""))
+    tables = h.curves.tables if h.calibration else {}
+    if tables:  # measured per-shape curves (a catalog device's published timings, or a calibration's)
+        fams = ", ".join(sorted(f"{fam.value} {dt} ({tb.size} shapes)" for (fam, dt), tb in tables.items()))
+        t.add_row("measured curves", fams, "measured", str(h.calibration.get("source", "opmap calibrate")))
     return t
