@@ -86,11 +86,6 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         vector_s = (cost.vector_flops + TRANSCENDENTAL_SLOTS * cost.transcendental_flops) / prec.vector_peak_flops_per_s
     nbytes = cost.bytes  # parameters at their stored format (analyze.stored_weights)
     memory_s = nbytes / (curves.bandwidth(nbytes) or hw.memory_rate_bytes_per_s)
-    if rate and hw.device_type != "cpu" and memory_s >= cost.matrix_flops / prec.matrix_rate_flops_per_s:
-        # a measured GEMM time covers the whole kernel, its operand reads included; where first principles say the
-        # bytes bound it (a decode GEMV), the measured time is the memory term (the bandwidth it reached), and the
-        # matrix term the rate's: same time, the bottleneck named by the physics
-        memory_s, matrix_s = max(memory_s, matrix_s), cost.matrix_flops / prec.matrix_rate_flops_per_s
     # on a CPU fresh output pages fault in on first touch (calibrated; 0 without a curve): the faulting thread
     # stalls, so that time adds to the op's instead of overlapping its compute
     fresh = curves.fresh_page_s(cost.allocated_bytes) if hw.device_type == "cpu" else 0.0

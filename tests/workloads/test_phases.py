@@ -86,10 +86,14 @@ def test_llama3_8b_decode_is_memory_bound_near_the_weights_floor():
     floor = weights / H100.memory_bandwidth_bytes_per_s
     assert f["bound"] == "memory"
     assert f["tpot_s"] >= floor
-    # the kernels' roofline time, launch overhead aside, within 1.3x of the floor (the rest is the eager launches
-    # of ~1300 small kernels at batch 1, which --fusion compiler or CUDA graphs cut)
+    # the kernels' time, launch overhead aside, within 1.3x of the weights read at the achievable rate (2.97 TB/s,
+    # BabelStream, catalog): the GEMVs are priced off NVIDIA's measured GEMM times (h100-sxm.gemm.json), which stream
+    # below it at batch 1; for scale, SGLang measured this model's batch-1 decode step at 7.06-7.35 ms on an H100
+    # with CUDA graphs (sgl-project/sglang PR 1401). The rest is the eager launches of ~1300 small kernels.
     work = sum(max(0.0, k.predicted_s - H100.launch_overhead_s) for k in a.kernel_results)
-    assert floor <= work <= 1.3 * floor
+    achievable = weights / H100.memory_rate_bytes_per_s
+    assert H100.memory_rate_bytes_per_s == 2.97e12
+    assert floor <= achievable <= work <= 1.3 * achievable
 
 
 def test_moe_decode_routes_the_batch_tokens_only():

@@ -141,6 +141,13 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
                      exposed_s=exposed)
         if not ac.counted:
             r = replace(r, bound=Bound.UNCOUNTED)
+        elif isinstance(choice, TileChoice) and choice.compute_s is None and hw.device_type != "cpu" and \
+                r.bound == Bound.COMPUTE and traffic / bw >= ac.matrix_flops / kp.matrix_rate_flops_per_s:
+            # a measured GEMM time covers the whole kernel, its operand reads included, so it lands in the matrix
+            # term; where the bytes bound it in first principles (a decode GEMV), the bottleneck is memory: the
+            # kernel streams below the catalog's bandwidth, the time stays the measured one
+            r = replace(r, bound=Bound.MEMORY)
+            why_tile += "; bytes-bound by its arithmetic intensity (the measured time runs below the bandwidth)"
         why = _why(r, tile) + why_tile
         if fresh_s > 0.25 * r.memory_s:
             why += (f"; {fresh_s * 1e6:.3g} us of the memory time is first-touch page faults of its fresh "
