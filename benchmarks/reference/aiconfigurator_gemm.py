@@ -107,7 +107,8 @@ def extract(root: Path, device: str) -> dict:
         ns = sorted({n for _, n, _ in grid})
         ks = sorted({k for _, _, k in grid})
         lat, filled = _fill({key: v for key, v in grid.items() if key[0] in ms}, (ms, ns, ks))
-        tables[fmt] = {"table_dtype": gd, "quantization_removed": fmt == "fp8", "m": ms, "n": ns, "k": ks, "latency_us": lat, "filled": filled,
+        tables[fmt] = {"table_dtype": gd, "quantization_removed": fmt == "fp8", "m": ms, "n": ns, "k": ks,
+                       "latency_us": lat, "filled": filled,
                        "dropped_above_peak": dropped}
     return {"source": f"{WHEEL}, {rel}: NVIDIA's measured time of one GEMM x @ W.T on the device "
                       f"({fw} {ver}, kernel source torch_flow; fp8: per-tensor scaled, the activation's "
