@@ -106,6 +106,10 @@ class MatrixFamily(StrEnum):
     CONV_BWD = "conv_bwd"  # convolution_backward: one forward-sized implicit GEMM per gradient it makes
     ATTENTION = "attention"  # fused attention: m = Sq, n = Sk, k = head dim
     ATTENTION_CAUSAL = "attention_causal"
+    # fused attention's backward (five GEMMs over the forward's pairs): its own curve where one is measured, the
+    # forward's otherwise
+    ATTENTION_BWD = "attention_bwd"
+    ATTENTION_BWD_CAUSAL = "attention_bwd_causal"
 
     @property
     def gemm_like(self) -> bool:
@@ -115,12 +119,23 @@ class MatrixFamily(StrEnum):
 
     @property
     def attention(self) -> bool:
-        return self in (MatrixFamily.ATTENTION, MatrixFamily.ATTENTION_CAUSAL)
+        return self in (MatrixFamily.ATTENTION, MatrixFamily.ATTENTION_CAUSAL, MatrixFamily.ATTENTION_BWD,
+                        MatrixFamily.ATTENTION_BWD_CAUSAL)
+
+    @property
+    def causal(self) -> bool:
+        return self in (MatrixFamily.ATTENTION_CAUSAL, MatrixFamily.ATTENTION_BWD_CAUSAL)
+
+    @property
+    def backward(self) -> bool:
+        return self in (MatrixFamily.ATTENTION_BWD, MatrixFamily.ATTENTION_BWD_CAUSAL)
 
     @property
     def parent(self) -> MatrixFamily | None:
         """The family whose curve stands in when this one was not measured."""
         return {MatrixFamily.ATTENTION_CAUSAL: MatrixFamily.ATTENTION, MatrixFamily.GEMM_TA: MatrixFamily.GEMM,
+                MatrixFamily.ATTENTION_BWD_CAUSAL: MatrixFamily.ATTENTION_BWD,
+                MatrixFamily.ATTENTION_BWD: MatrixFamily.ATTENTION,
                 MatrixFamily.GEMM_WGRAD: MatrixFamily.GEMM_TA,
                 MatrixFamily.CONV_BWD: MatrixFamily.CONV}.get(self)
 

@@ -89,8 +89,9 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     # on a CPU fresh output pages fault in on first touch (calibrated; 0 without a curve): the faulting thread
     # stalls, so that time adds to the op's instead of overlapping its compute
     fresh = curves.fresh_page_s(cost.allocated_bytes) if hw.device_type == "cpu" else 0.0
-    return roofline(matrix_s, vector_s, memory_s + fresh, overhead, serial_memory_s=fresh,
-                    exposed_s=attention_exposed_s(cost, hw, matrix_s, vector_s) if not calibrated else 0.0)
+    # a measured attention rate already holds the softmax the schedule leaves exposed
+    exposed = attention_exposed_s(cost, hw, matrix_s, vector_s) if not calibrated and not rate else 0.0
+    return roofline(matrix_s, vector_s, memory_s + fresh, overhead, serial_memory_s=fresh, exposed_s=exposed)
 
 
 def ridge_point(prec: Precision, hw: HardwareSpec) -> float:

@@ -159,5 +159,5 @@ def sdpa_backward_cost(node: Node) -> OpCost:
     written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4)
     return io_cost(node, written=written, matrix_flops=2.0 * mac, macs=float(mac),
                    vector_flops=float(b * h * pairs * 4), transcendental_flops=float(b * h * pairs),
-                   problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
+                   problem=MatrixProblem(MatrixFamily.ATTENTION_BWD_CAUSAL if causal else MatrixFamily.ATTENTION_BWD,
                                          int(b * h), int(sq), int(sk), int(d)))

@@ -282,7 +282,9 @@ class Curves:
             fam = MatrixFamily.CONV_BWD if r.get("pass") == "backward" else MatrixFamily.CONV
             rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
         for r in cal.get("attention", []):
-            fam = MatrixFamily.ATTENTION_CAUSAL if r.get("causal") else MatrixFamily.ATTENTION
+            bwd = r.get("pass") == "backward"
+            fam = (MatrixFamily.ATTENTION_BWD_CAUSAL if bwd else MatrixFamily.ATTENTION_CAUSAL) if r.get("causal") \
+                else (MatrixFamily.ATTENTION_BWD if bwd else MatrixFamily.ATTENTION)
             rows.setdefault((fam, r["dtype"]), []).append((r["sq"], r["sk"], r["d"], r["flops_per_s"]))
         bw = []
         for r in cal.get("bandwidth", []):

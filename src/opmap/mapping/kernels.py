@@ -136,7 +136,9 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
         # pages that fault in on first touch
         fresh_s = curves.fresh_page_s(costs[k.nodes[-1]].allocated_bytes) if hw.device_type == "cpu" else 0.0
-        exposed = attention_exposed_s(ac, hw, matrix_s, vector_s) if not curves.transcendental_per_s else 0.0
+        measured = isinstance(choice, TileChoice) and choice.compute_s is None  # the time from a measured curve
+        exposed = attention_exposed_s(ac, hw, matrix_s, vector_s) if not curves.transcendental_per_s and \
+            not measured else 0.0
         r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
                      exposed_s=exposed)
         if not ac.counted:

@@ -129,7 +129,7 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     p = c.problem
     bh, sq, sk, d = p.batch, p.m, p.n, p.k
     try:
-        cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=p.family == "attention_causal",
+        cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=p.family.causal,
                                      sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units,
                                      l2_bytes=hw.l2_bytes or 0.0, peak_flops_per_s=prec.matrix_rate_flops_per_s,
                                      bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s)
@@ -153,9 +153,17 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
                 "scores stay on chip")
     # the tiles price one forward pass (QK^T and PV over the pairs); a backward runs 2.5x its matrix work (five
     # GEMMs over the same pairs, FlashAttention-2 section 3.2) through the same tiling
-    fwd = 4.0 * bh * (causal_pairs(sq, sk) if p.family == "attention_causal" else sq * sk) * d
+    fwd = 4.0 * bh * (causal_pairs(sq, sk) if p.family.causal else sq * sk) * d
     reps = c.matrix_flops / fwd if fwd and c.matrix_flops > fwd else 1.0
     if reps > 1.0:
         note += f"; backward: {reps:.3g}x the forward's matrix work on the same tiles"
+    measured_bwd = p.family.backward and any(curves.tables.get((f, prec.matrix)) is not None
+                                             for f in (p.family, MatrixFamily.ATTENTION_BWD))
+    if measured_bwd:
+        # a measured backward (the catalog's published timings, or a calibration's): it carries what the tiles leave
+        # out (dQ accumulated by atomics across key blocks, the extra on-chip traffic of five GEMMs); tile shown
+        return TileChoice(tile, cands[1] if len(cands) > 1 else None, None,
+                          max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes,
+                          note + "; time from the measured backward curve, the tile shown for its traffic")
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s,
                       max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes, note)
