@@ -76,6 +76,14 @@ def _memory_rate(device: str) -> float:
     return get_hardware(device).memory_rate_bytes_per_s
 
 
+@functools.cache
+def _achievable(device: str, fmt: str) -> float:
+    from opmap.hardware import get_hardware
+    from opmap.precision import matrix_rate
+
+    return matrix_rate(get_hardware(device), fmt)[0]
+
+
 def quantization_s(device: str, m: int, k: int) -> float:
     """The activation's quantization inside an fp8 row's timed call (the torch flow quantizes x with its static
     per-tensor scale before the GEMM): it reads M x K bf16 and writes M x K fp8, 3 bytes an element, at the device's
@@ -99,8 +107,12 @@ def extract(root: Path, device: str) -> dict:
         grid = {(int(m), int(n), int(k)): float(lat) * 1e3 for m, n, k, lat in rows
                 if 2 * m * n * k / (lat * 1e-3) <= PEAK[device, fmt] * 1e12}
         dropped = len(rows) - len(grid)
-        if fmt == "fp8":  # the activation's quantization out, never below the dense peak's time
-            grid = {(m, n, k): max(v - quantization_s(device, m, k) * 1e6, 2 * m * n * k / (PEAK[device, fmt] * 1e6))
+        if fmt == "fp8":
+            # the activation's quantization out, but a GEMM never faster than the device's achievable rate (the
+            # catalog's best measured shape, or its derivation): where the activation sits in L2 (the L40S has 96
+            # MB) the cast is cheaper than a pass over DRAM, and the estimate would overshoot
+            best = _achievable(device, fmt)
+            grid = {(m, n, k): min(v, max(v - quantization_s(device, m, k) * 1e6, 2 * m * n * k / best * 1e6))
                     for (m, n, k), v in grid.items()}
         ms = sorted({m for m, _, _ in grid if (m - 1) & (m - 2) != 0 or m <= 2 or m % 2 == 0})
         ms = [m for m in ms if m <= 2 or m % 2 == 0]

@@ -408,3 +408,25 @@ def test_an_achievable_bandwidth_above_the_datasheet_is_refused(tmp_path):
     path.write_text(good.replace('value = 2.97e+12\nkind = "measured"', 'value = 2.97e+12\nkind = "assumed"'))
     with pytest.raises(OpmapError, match="achievable_memory_bandwidth_bytes_per_s must be kind"):
         load_spec_file(path)
+
+
+def test_every_measured_grid_file_is_a_devices_and_every_devices_curves_build(specs):
+    """A catalog GEMM grid (<device>.gemm.json) belongs to the device of its name, which references it, and every
+    device's curves load: a stray or broken file fails here, not deep in someone's analysis."""
+    from opmap.hardware.spec import CATALOG_DIR
+
+    grids = {p.name for p in CATALOG_DIR.glob("*.gemm.json")}
+    referenced = {h.calibration.get("gemm_grid") for h in specs.values()} - {None}
+    assert grids == referenced and grids
+    for name, h in specs.items():
+        assert h.calibration.get("gemm_grid") in (None, f"{name}.gemm.json")
+        c = h.curves  # builds every table
+        if h.calibration.get("gemm_grid"):
+            # every grid's rates sit below the format's dense peak (the extractor drops impossible points)
+            from opmap.ops import MatrixFamily
+
+            for (fam, dt), t in c.tables.items():
+                if fam == MatrixFamily.GEMM and hasattr(t, "log_rates"):
+                    import math
+
+                    assert math.exp(max(t.log_rates)) <= h.matrix_peak_flops_per_s[dt].value, (name, dt)
