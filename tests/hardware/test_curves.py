@@ -208,6 +208,16 @@ def test_a_malformed_grid_is_refused_in_one_line(tmp_path, monkeypatch, tables, 
         load_gemm_grid(name)
 
 
+@pytest.mark.parametrize("aliases, why", [(["fp16"], "aliases must map"), ({"fp16": "bf16"}, "names no table")])
+def test_grid_aliases_must_name_a_table(tmp_path, monkeypatch, aliases, why):
+    from opmap.errors import OpmapError
+    from opmap.hardware.curves import load_gemm_grid
+
+    name = _grid(tmp_path, monkeypatch, {"fp8": {"m": [64], "n": [8], "k": [8], "latency_us": [1.0]}}, aliases=aliases)
+    with pytest.raises(OpmapError, match=why):
+        load_gemm_grid(name)
+
+
 @pytest.mark.parametrize("bad", ["../etc/passwd.gemm.json", "/tmp/x.gemm.json", "h100.json", 3])
 def test_a_grid_is_a_bare_file_name_beside_the_catalog(bad):
     from opmap.errors import OpmapError

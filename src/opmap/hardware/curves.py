@@ -205,7 +205,10 @@ def load_gemm_grid(name: str) -> dict[str, GridTable]:
                     rates.append(math.log(2.0 * mm * nn * kk / (lat[i] * 1e-6)))
                     i += 1
         out[fmt] = GridTable(tuple(tuple(math.log2(x) for x in a) for a in (m, n, k)), tuple(rates))
-    for alias, target in (raw.get("aliases") or {}).items():
+    aliases = raw.get("aliases") or {}
+    if not isinstance(aliases, dict):
+        raise OpmapError(f"GEMM grid {name}: aliases must map a format to a table's (got {shown(aliases)})")
+    for alias, target in aliases.items():
         if target not in out:
             raise OpmapError(f"GEMM grid {name}: alias {alias} -> {target!r} names no table")
         out[alias] = out[target]
