@@ -401,6 +401,9 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
         "transcendental_slots": TRANSCENDENTAL_SLOTS,
         "time_model": time_model_line(hw),
+        "attention_kernel": (f"{hw.calibration['attention_kernel']}: fused attention from its measured rows in the "
+                             "catalog (--attention-kernel picks another)" if hw.calibration.get("attention_kernel")
+                             else "no measured kernel: flash tiles on the device's peaks"),
         "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
         "workload_notes": list(workload.assumptions),
         "capture_notes": list(graph.notes),

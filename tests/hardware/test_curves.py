@@ -241,3 +241,76 @@ def test_the_catalog_grids_reproduce_nvidias_table_at_its_own_points():
                               ("bf16", (16, 1024, 8192), 10.54)):
         assert 2 * m * n * k / t[MatrixFamily.GEMM, dt].rate(m, n, k) == pytest.approx(us * 1e-6, rel=1e-3)
     assert t[MatrixFamily.GEMM, "fp16"] is t[MatrixFamily.GEMM, "bf16"]
+
+
+# Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), H100 SXM5, head dim 128, TFLOP/s printed atop the bars at
+# sequence 2048 (Figure 5: forward without / with the causal mask; Figure 6: backward): cuDNN 617 / 484 / 465,
+# FlashAttention-2 362 / 298 / 291, FlashAttention-3 625 / 521 / 501
+FA3_PAPER_2K = {"cudnn": (617e12, 484e12, 465e12), "fa2": (362e12, 298e12, 291e12), "fa3": (625e12, 521e12, 501e12)}
+
+
+@pytest.mark.parametrize("kernel", sorted(FA3_PAPER_2K))
+def test_the_attention_kernel_picks_its_own_measured_rows(kernel):
+    from opmap.hardware import get_hardware, with_attention_kernel
+
+    hw = with_attention_kernel(get_hardware("h100-sxm"), kernel)
+    fams = (MatrixFamily.ATTENTION, MatrixFamily.ATTENTION_CAUSAL, MatrixFamily.ATTENTION_BWD)
+    got = tuple(hw.curves.matrix_rate(MatrixProblem(f, 64, 2048, 2048, 128), "bf16") for f in fams)
+    assert got == pytest.approx(FA3_PAPER_2K[kernel])
+    # the causal backward reads the backward's rows (the paper times it without the mask only)
+    assert hw.curves.matrix_rate(MatrixProblem(MatrixFamily.ATTENTION_BWD_CAUSAL, 64, 2048, 2048, 128),
+                                 "bf16") == pytest.approx(FA3_PAPER_2K[kernel][2])
+
+
+def test_the_device_default_attention_kernel_is_transformer_engines():
+    from opmap.hardware import attention_kernels, get_hardware
+
+    for name in ("h100-sxm", "h200"):
+        hw = get_hardware(name)
+        assert attention_kernels(hw.calibration) == ("cudnn", "fa2", "fa3")
+        assert hw.curves.matrix_rate(MatrixProblem(MatrixFamily.ATTENTION, 64, 2048, 2048, 128), "bf16") == \
+            pytest.approx(FA3_PAPER_2K["cudnn"][0])
+
+
+def test_an_attention_kernel_changes_the_predicted_time_by_its_rate():
+    """A compute-bound causal forward at 8192 (64 heads x batch, head dim 128) runs pairs x 4d FLOPs at the kernel's
+    measured rate: cuDNN 529, FlashAttention-2 333 TFLOP/s (FA3 paper Figure 5, causal, 8k)."""
+    from opmap.hardware import get_hardware, with_attention_kernel
+
+    pairs = 8192 * 8193 // 2
+    c = OpCost(matrix_flops=4.0 * 64 * pairs * 128, bytes_read=3 * 64 * 8192 * 128 * 2,
+               bytes_written=64 * 8192 * 128 * 2, problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 64, 8192,
+                                                                        8192, 128))
+    times = {}
+    for k in ("cudnn", "fa2"):
+        hw = with_attention_kernel(get_hardware("h100-sxm"), k)
+        times[k] = predict_cost(c, hw, resolve_precision(hw, "bf16"), hw.curves).matrix_s
+    assert times["cudnn"] == pytest.approx(c.matrix_flops / 529e12)
+    assert times["fa2"] / times["cudnn"] == pytest.approx(529 / 333)
+
+
+@pytest.mark.parametrize("kernel,why", [("fa9", "has no measured rows for it; accepted: cudnn, fa2, fa3"),
+                                        ("", "has no measured rows")])
+def test_an_unknown_attention_kernel_is_refused_in_one_line(kernel, why):
+    from opmap.errors import OpmapError
+    from opmap.hardware import get_hardware, with_attention_kernel
+
+    with pytest.raises(OpmapError, match=re.escape(why)) as e:
+        with_attention_kernel(get_hardware("h100-sxm"), kernel)
+    assert "\n" not in str(e.value)
+    with pytest.raises(OpmapError, match="none"):  # a device without measured attention rows
+        with_attention_kernel(get_hardware("a100-sxm-80gb"), "fa2")
+
+
+@pytest.mark.parametrize("cal,why", [
+    ({"attention_kernel": "fa2", "attention": [{"kernel": "cudnn", "sq": 512, "sk": 512, "d": 128,
+                                                 "dtype": "bf16", "flops_per_s": 1e14}]}, "accepted: cudnn"),
+    ({"attention": [{"kernel": "Bad Name!", "sq": 512, "sk": 512, "d": 128, "dtype": "bf16",
+                     "flops_per_s": 1e14}]}, "must name a kernel in lower case"),
+])
+def test_a_calibration_naming_a_missing_attention_kernel_is_refused(cal, why):
+    from opmap.errors import OpmapError
+    from opmap.hardware.curves import check_calibration
+
+    with pytest.raises(OpmapError, match=re.escape(why)):
+        check_calibration(cal)

@@ -120,9 +120,23 @@ def test_flash_attention_backward_runs_its_matrix_work_on_the_forward_tiles():
     prec = resolve_precision(h100, "bf16")
     p = MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 16, 2048, 2048, 128)
     pairs = 2048 * 2049 // 2
-    fwd = choose_tile(OpCost(matrix_flops=4.0 * 16 * pairs * 128, problem=p), h100, prec, h100.curves)
-    bwd = choose_tile(OpCost(matrix_flops=10.0 * 16 * pairs * 128, problem=p), h100, prec, h100.curves)
+    # the tile model alone (the catalog's measured attention rows aside)
+    fwd = choose_tile(OpCost(matrix_flops=4.0 * 16 * pairs * 128, problem=p), h100, prec, Curves())
+    bwd = choose_tile(OpCost(matrix_flops=10.0 * 16 * pairs * 128, problem=p), h100, prec, Curves())
     assert bwd.compute_s == pytest.approx(2.5 * fwd.compute_s) and "backward" in bwd.note
+
+
+def test_a_measured_attention_forward_takes_the_time_from_its_curve():
+    """H100 SXM's catalog carries the FlashAttention-3 paper's forward timings (Shah et al. 2024, Figure 5): the
+    tiler hands a forward it has rows for to the curve (no compute time of its own, the tile kept for its
+    traffic); without the rows the tile model prices it."""
+    h100 = get_hardware("h100-sxm")
+    prec = resolve_precision(h100, "bf16")
+    p = MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 16, 2048, 2048, 128)
+    c = OpCost(matrix_flops=4.0 * 16 * (2048 * 2049 // 2) * 128, problem=p)
+    measured, tiled = choose_tile(c, h100, prec, h100.curves), choose_tile(c, h100, prec, Curves())
+    assert measured.compute_s is None and "measured forward curve" in measured.note
+    assert tiled.compute_s is not None and tiled.compute_s > 0 and measured.tile == tiled.tile
 
 
 def test_a_measured_shape_curve_prices_the_gemm_the_tile_model_does_not():

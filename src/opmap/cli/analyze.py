@@ -8,8 +8,9 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
+from opmap.cli.common import ATTENTION_KERNEL_HELP, build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
+from opmap.hardware import with_attention_kernel
 from opmap.errors import OpmapError
 from opmap.report.text import safe
 from opmap.validate import INT_GE0, INT_GE1, options
@@ -74,6 +75,7 @@ def analyze(
                                                  "(rotary models: rope scaling)."),
     dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable; --batch and "
                                                     "--seq bind batch- and sequence-named dims)."),
+    attention_kernel: str | None = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -97,7 +99,7 @@ def analyze(
     # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
     from opmap.mapping.sharding import Parallelism
 
-    hw = get_hardware(hardware)
+    hw = with_attention_kernel(get_hardware(hardware), attention_kernel)
     overrides = parse_overrides(layer_type)
     if out is not None:
         check_out_dir(out)

@@ -119,4 +119,10 @@ def _spec_table(h) -> Table:
     if tables:  # measured per-shape curves (a catalog device's published timings, or a calibration's)
         fams = ", ".join(sorted(f"{fam.value} {dt} ({tb.size} shapes)" for (fam, dt), tb in tables.items()))
         t.add_row("measured curves", fams, "measured", str(h.calibration.get("source", "opmap calibrate")))
+    from opmap.hardware import attention_kernels
+
+    if kernels := attention_kernels(h.calibration):
+        t.add_row("attention kernels", ", ".join(kernels), "measured",
+                  f"default {h.calibration.get('attention_kernel', kernels[0])}; analyze / plan --attention-kernel "
+                  "prices another")
     return t

@@ -56,6 +56,11 @@ def check_memory(params: int, dtype: str, device: str) -> None:
                          "use --device meta (no weights allocated)")
 
 
+ATTENTION_KERNEL_HELP = ("The fused-attention kernel the software stack runs, priced off its measured rows in the "
+                         "catalog: cudnn (TransformerEngine on Hopper), fa2 (FlashAttention-2), fa3 "
+                         "(FlashAttention-3); default: the device's own (opmap hardware show).")
+
+
 def hardware(name: str):
     """The device ``name`` names (opmap.hardware.get_hardware), with a note line when it was an alias."""
     from opmap.hardware import alias_note, get_hardware

@@ -45,6 +45,20 @@ from opmap.validate import finite_number, shown
 NEAREST = 4
 GRID_DIR = Path(__file__).with_name("catalog")  # where a catalog device's gemm_grid file lives
 GRID_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.gemm\.json")
+KERNEL_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+
+
+def attention_kernels(cal: dict[str, Any]) -> tuple[str, ...]:
+    """The attention kernels a calibration's rows name (``kernel = "cudnn"``, ``"fa2"``, ...), sorted."""
+    return tuple(sorted({r["kernel"] for r in cal.get("attention", []) if isinstance(r, dict) and
+                         isinstance(r.get("kernel"), str)}))
+
+
+def selected_attention_kernel(cal: dict[str, Any]) -> str | None:
+    """The attention kernel whose rows price fused attention: ``attention_kernel`` where set, else None (every
+    row counts: a calibration measures the one kernel its machine dispatches)."""
+    k = cal.get("attention_kernel")
+    return k if isinstance(k, str) else None
 
 # The rows of a calibration's curves: table -> (shape keys, integers >= 1; text keys; rate key, finite >= 0)
 ROWS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
@@ -102,6 +116,15 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
                              f"'h100-sxm.gemm.json' (got {shown(g)})")
     if "view_overhead_s" in cal:
         finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, unit="s")
+    for i, r in enumerate(cal.get("attention", [])):
+        if "kernel" in r and not (isinstance(r["kernel"], str) and KERNEL_NAME.fullmatch(r["kernel"])):
+            raise OpmapError(f"{where}.attention[{i}].kernel must name a kernel in lower case, such as 'cudnn' or "
+                             f"'fa2' (got {shown(r['kernel'])})")
+    if "attention_kernel" in cal:
+        k, named = cal["attention_kernel"], attention_kernels(cal)
+        if k not in named:
+            raise OpmapError(f"{where}.attention_kernel {shown(k)} names no measured attention rows; accepted: "
+                             f"{', '.join(named) or 'none (no row names a kernel)'}")
 
 
 @dataclass(frozen=True)
@@ -284,7 +307,10 @@ class Curves:
         for r in cal.get("conv", []):
             fam = MatrixFamily.CONV_BWD if r.get("pass") == "backward" else MatrixFamily.CONV
             rows.setdefault((fam, r["dtype"]), []).append((r["m"], r["n"], r["k"], r["flops_per_s"]))
+        kernel = selected_attention_kernel(cal)
         for r in cal.get("attention", []):
+            if kernel is not None and r.get("kernel", kernel) != kernel:
+                continue  # another kernel's measurements (opmap.hardware.with_attention_kernel picks one)
             bwd = r.get("pass") == "backward"
             fam = (MatrixFamily.ATTENTION_BWD_CAUSAL if bwd else MatrixFamily.ATTENTION_CAUSAL) if r.get("causal") \
                 else (MatrixFamily.ATTENTION_BWD if bwd else MatrixFamily.ATTENTION)
@@ -318,3 +344,18 @@ class Curves:
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
                       str(cal.get("fingerprint", {}).get("model", "")),
                       {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0}, tuple(sorted(fresh)))
+
+
+def with_attention_kernel(hw, kernel: str | None):
+    """``hw`` with fused attention priced off the measured rows of ``kernel`` (``cudnn``, ``fa2``, ``fa3``: the
+    kernel a software stack dispatches; the catalog's ``attention_kernel`` is the device's default stack's).
+    None: ``hw`` as it is. A kernel the device has no rows for is refused in one line naming those it has."""
+    if kernel is None:
+        return hw
+    named = attention_kernels(hw.calibration)
+    if kernel not in named:
+        raise OpmapError(f"--attention-kernel {shown(kernel)}: {hw.name} has no measured rows for it; accepted: "
+                         f"{', '.join(named) or 'none (its catalog entry names no attention kernel)'}")
+    if kernel == selected_attention_kernel(hw.calibration):
+        return hw
+    return replace(hw, calibration={**hw.calibration, "attention_kernel": kernel})

@@ -157,13 +157,14 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     reps = c.matrix_flops / fwd if fwd and c.matrix_flops > fwd else 1.0
     if reps > 1.0:
         note += f"; backward: {reps:.3g}x the forward's matrix work on the same tiles"
-    measured_bwd = p.family.backward and any(curves.tables.get((f, prec.matrix)) is not None
-                                             for f in (p.family, MatrixFamily.ATTENTION_BWD))
-    if measured_bwd:
-        # a measured backward (the catalog's published timings, or a calibration's): it carries what the tiles leave
-        # out (dQ accumulated by atomics across key blocks, the extra on-chip traffic of five GEMMs); tile shown
+    own = MatrixFamily.ATTENTION_BWD if p.family.backward else MatrixFamily.ATTENTION
+    if any(curves.tables.get((f, prec.matrix)) is not None for f in (p.family, own)):
+        # a measured pass (the catalog's published timings of the kernel the stack runs, or a calibration's): it
+        # carries what the tiles leave out (the kernel's pipeline and softmax overlap, the backward's dQ
+        # accumulated by atomics across key blocks and the extra on-chip traffic of five GEMMs); tile shown
         return TileChoice(tile, cands[1] if len(cands) > 1 else None, None,
                           max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes,
-                          note + "; time from the measured backward curve, the tile shown for its traffic")
+                          note + f"; time from the measured {'backward' if p.family.backward else 'forward'} "
+                                 "curve, the tile shown for its traffic")
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s,
                       max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes, note)
