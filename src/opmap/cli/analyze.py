@@ -10,8 +10,8 @@ import typer
 
 from opmap.cli.common import ATTENTION_KERNEL_HELP, build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
-from opmap.hardware import with_attention_kernel
 from opmap.errors import OpmapError
+from opmap.hardware import with_attention_kernel
 from opmap.report.text import safe
 from opmap.validate import INT_GE0, INT_GE1, options
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, print_wrote, step_progress
-from opmap.cli.common import ATTENTION_KERNEL_HELP
+from opmap.cli.common import ATTENTION_KERNEL_HELP, console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 from opmap.hardware import with_attention_kernel
 from opmap.validate import INT_GE0, INT_GE1, json_text, options
