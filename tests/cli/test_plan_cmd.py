@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_plan_gpt2_ranks(tmp_path, cli):
     rc, out, err = cli("plan", "gpt2", "--hardware", "h100-sxm", "--devices", 8, "--seq", 64, "--out", tmp_path)
@@ -74,3 +76,29 @@ def test_plan_refuses_an_absurd_device_count(refused, fail_if_called):
     fail_if_called("opmap.explore.plan.plan")
     refused("plan", "gpt2", "--devices", 2**30, "--no-store",
             needle="--devices must be an integer from 1 to 131072 (got 1073741824)")
+
+
+def test_an_attention_kernel_the_device_has_no_rows_for_is_refused(refused, fail_if_called):
+    fail_if_called("opmap.explore.plan.plan")
+    refused("plan", "gpt2", "--devices", 8, "--attention-kernel", "fa9", "--no-store",
+            needle="--attention-kernel 'fa9': h100-sxm has no measured rows for it; accepted: cudnn, fa2, fa3")
+    refused("analyze", "gpt2", "--hardware", "a100-sxm-80gb", "--attention-kernel", "fa2", "--no-store",
+            needle="a100-sxm-80gb has no measured rows for it; accepted: none")
+
+
+def test_analyze_prices_attention_with_the_kernel_it_names(tmp_path, cli):
+    """A long causal prefill on the H100: FlashAttention-2 runs the attention core at its measured 333 TFLOP/s where
+    cuDNN runs 529 (FlashAttention-3 paper, Figure 5, causal, 8k, head dim 128): the kernel's time grows by that
+    ratio and the assumptions name the kernel."""
+    times = {}
+    for k in ("cudnn", "fa2"):
+        out = tmp_path / k
+        rc, _, err = cli("analyze", "llama-3-8b", "--seq", 8192, "--attention-kernel", k, "--out", out, "--rows", 1,
+                         "--no-store")
+        assert rc == 0, err
+        d = json.loads((out / "analysis.json").read_text())
+        assert d["assumptions"]["attention_kernel"].startswith(f"{k}:")
+        attn = [x for x in d["kernels"] if x["kernel_class"] == "matrix" and "flash tiling" in x["why"]]
+        assert len(attn) == 32  # one attention core per layer
+        times[k] = sum(x["predicted_s"] for x in attn)
+    assert times["fa2"] / times["cudnn"] == pytest.approx(529 / 333, rel=0.02)
