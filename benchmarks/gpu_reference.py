@@ -42,6 +42,24 @@ FIT = {("a100-sxm-80gb", "bf16", 1024, 10240, 5120), ("a100-pcie-40gb", "bf16", 
 # (device, kernel, batch_heads, seq, head_dim, causal): the row predict.ATTENTION_SOFTMAX_EXPOSED is fitted on
 FIT_ATTENTION = {("h100-sxm", "FlashAttention-3", 16, 16384, 128, False)}
 BEST_ATTENTION_KERNEL = {"h100-sxm": "FlashAttention-3"}
+# a row's library -> the catalog's attention kernel (opmap --attention-kernel) that prices it where the device has
+# measured rows for it
+ATTENTION_KERNELS = (("FlashAttention-3", "fa3"), ("FlashAttention-2", "fa2"), ("cuDNN", "cudnn"))
+
+
+def attention_kernel(hw, lib: str) -> str | None:
+    """The catalog kernel a row's library names, where ``hw`` has measured rows for it; None otherwise."""
+    from opmap.hardware import attention_kernels
+
+    k = next((k for prefix, k in ATTENTION_KERNELS if lib.startswith(prefix)), None)
+    return k if k in attention_kernels(hw.calibration) else None
+
+
+def catalog_attention_row(hw, kernel: str | None, s: int, d: int, causal: bool) -> bool:
+    """The catalog holds this very measurement (kernel, sequence, head dim, mask, forward): the row is a fit."""
+    return kernel is not None and any(
+        r.get("kernel") == kernel and r["sq"] == s and r["sk"] == s and r["d"] == d and bool(r.get("causal")) == causal
+        and r.get("pass", "forward") == "forward" for r in hw.calibration.get("attention", []))
 
 
 def _predict(module, inputs, hw, dtype: str, repeats: int = 1):
@@ -119,7 +137,10 @@ def predict_row(r: dict):
     if kind == "attention_fwd":
         bh, s, d = int(r["batch_heads"]), int(r["seq_q"]), int(r["head_dim"])
         causal = r["causal"].strip().lower() == "true"
-        pred, bound = predict_attention(bh, s, d, causal, dt, hw)
+        from opmap.hardware import with_attention_kernel
+
+        pred, bound = predict_attention(bh, s, d, causal, dt,
+                                        with_attention_kernel(hw, attention_kernel(hw, r["kernel_or_library"])))
         # the FlashAttention authors' count: 4 * b * h * s^2 * d, halved for causal
         flops = 4.0 * bh * s * s * d * (0.5 if causal else 1.0)
         return (pred, flops / float(r["measured_flops_per_s"]), bound,
@@ -158,7 +179,15 @@ def main() -> int:
         akey = ((r["device"], BEST_ATTENTION_KERNEL.get(r["device"], "-"), int(r["batch_heads"]), int(r["seq_q"]),
                  int(r["head_dim"]), r["causal"].strip().lower() == "true")
                 if r["kind"] == "attention_fwd" and BEST_ATTENTION_KERNEL.get(r["device"], "-") in lib else None)
-        if key in FIT or akey in FIT_ATTENTION:
+        from opmap.hardware import get_hardware
+
+        if r["kind"] == "attention_fwd":
+            hw = get_hardware(r["device"])
+            measured = catalog_attention_row(hw, attention_kernel(hw, lib), int(r["seq_q"]), int(r["head_dim"]),
+                                             r["causal"].strip().lower() == "true")
+        else:
+            measured = False
+        if key in FIT or akey in FIT_ATTENTION or measured:
             role = "fit"
         elif r["kind"] == "attention_fwd" and BEST_ATTENTION_KERNEL.get(r["device"], "") not in lib:
             role = "other kernel"
