@@ -364,6 +364,10 @@ FUSION_TEXT = {
     "engine": "engine: compiler's fusion plus what serving engines ship: sibling GEMMs merged (QKV, gate/up), "
               "fused (residual add +) norm, RoPE and the KV-cache write in the QKV epilogue, gated activation in "
               "the gate/up epilogue, fused attention (paged decode attention)",
+    "library": "library: what training frameworks run (Megatron-Core, Transformer Engine): vendor-library GEMMs "
+               "alone (bias in the epilogue), sibling GEMMs merged (QKV, gate/up), hand-written fused kernels between "
+               "them: (add +) norm with its casts, RoPE, (gated) activation, dropout + residual add, masked softmax; "
+               "no GEMM epilogue or prologue fusion; SDPA as one fused kernel",
 }
 
 

@@ -209,3 +209,29 @@ def test_allow_long_context_goes_past_the_position_limit_for_rotary_models(cli, 
                        "--no-store", "--rows", "1")
     assert rc == 0, err
     refused("analyze", "gpt2", "--seq", "2048", "--allow-long-context", "--no-store", needle="learned positions")
+
+
+def test_library_fusion_prices_a_training_step_between_eager_and_engine(tmp_path, cli):
+    """--fusion library on a gpt2 training step: every kernel that holds a GEMM holds only GEMMs (its node ops);
+    fewer kernels than eager (fused norm / activation / dropout + add kernels), more than engine (engine is library
+    plus the GEMM epilogues), and the bytes saved and the step time order the same way."""
+    res = {}
+    for policy in ("eager", "library", "engine"):
+        out = tmp_path / policy
+        rc, _, err = cli("analyze", "gpt2", "--hardware", "h100-sxm", "--seq", "128", "--dtype", "bf16", "--phase",
+                         "train", "--fusion", policy, "--out", out)
+        assert rc == 0, err
+        res[policy] = json.loads((out / "analysis.json").read_text())
+    lib = res["library"]
+    assert lib["assumptions"]["fusion_policy"].startswith("library")
+    k = {p: d["fusion"]["kernels"] for p, d in res.items()}
+    assert k["eager"] > k["library"] > k["engine"]
+    saved = {p: d["fusion"]["bytes_saved"] for p, d in res.items()}
+    assert saved["eager"] == 0 < saved["library"] < saved["engine"]
+    ops = {n["id"]: n["op"] for n in lib["nodes"]}
+    gemm = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default"}
+    mixed = [kr["id"] for kr in lib["kernels"] if {ops[i] for i in kr["nodes"]} & gemm
+             and not {ops[i] for i in kr["nodes"]} <= gemm]
+    assert mixed == []
+    t = {p: d["phase"]["step_s"] for p, d in res.items()}
+    assert t["eager"] > t["library"] > t["engine"]

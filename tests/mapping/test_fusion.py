@@ -286,3 +286,52 @@ def test_engine_llama_decode_layer_is_seven_kernels(llama_decode):
     assert ops[2] == ["scaled_dot_product_attention"]
     assert ops[5] == ["mm", "silu", "mm", "mul"]
     assert ops[0][0] == "add" and "mean" in ops[0] and "rsqrt" in ops[0]
+
+
+# -- library: what training frameworks run (vendor GEMMs alone, hand-written fused kernels between them) ---------
+
+def test_library_runs_gemms_alone_and_fuses_between_them(block):
+    g, c = block
+    p = plan_fusion(g, c, "library")
+    # GELU is not the GEMM's epilogue (Megatron's fused bias-GELU is a kernel of its own); GELU, the residual add
+    # and the norm are pointwise-into-reduction: one fused kernel between the two GEMMs
+    assert [_ops(g, k) for k in p.kernels] == [["addmm"], ["gelu", "add", "native_layer_norm"], ["addmm"]]
+    assert p.launches_saved == 2 and p.eager_kernels == 5
+    # by hand, 8x64 fp32 = 2048 B per activation: gelu's write of its output and add's read of it; add's write of
+    # its sum and the norm's read of it (the GEMM's output is still written and read: no epilogue)
+    assert p.bytes_saved == 4 * 2048
+
+
+def test_library_merges_sibling_gemms_as_the_frameworks_define_them():
+    with torch.device("meta"):
+        m, x = QKV(), torch.randn(8, 64)
+    g = capture(m, (x,))
+    p = plan_fusion(g, cost_graph(g), "library")
+    # Megatron-Core's linear_qkv: one GEMM over the concatenated weights, x (2048 B) read once
+    assert [_ops(g, k) for k in p.kernels] == [["mm", "mm", "mm"]]
+    assert p.bytes_saved == 2 * 2048
+
+
+def test_library_llama_decode_layer_is_twelve_kernels(llama_decode):
+    """Counted by hand from the same decoder layer as engine's seven, GEMMs alone:
+      1. residual add + RMSNorm (as engine's 1)        2. QKV: one merged GEMM (Megatron-Core's linear_qkv)
+      3. RoPE on q (x cos, rotate-half: neg, cat, x sin, add): one kernel, as Megatron-Core's fused RoPE
+      4. RoPE on k, with the K-cache write (copy_) as its epilogue      5. the V-cache write (copy_ of v)
+      6. attention (SDPA)                              7. o_proj GEMM
+      8. residual add + RMSNorm                        9. gate_proj and up_proj: one merged GEMM
+     10. SiLU   11. x up: HF computes SiLU(gate) before up(x), so by capture order the product cannot join SiLU's
+         kernel (the bias-SwiGLU of Megatron-Core reads one linear_fc1 output instead)   12. down_proj GEMM"""
+    from opmap.phases.train import block_of, block_prefix
+
+    g, c = llama_decode
+    p = plan_fusion(g, c, "library")
+    prefix = block_prefix(g)
+    ops = [_ops(g, k) for k in p.kernels if block_of(g.nodes[k.anchor].module, prefix) == f"{prefix}.1"]
+    assert len(ops) == 12
+    assert ops[1] == ["mm", "mm", "mm"] and ops[6] == ["mm"] and ops[8] == ["mm", "mm"] and ops[11] == ["mm"]
+    assert ops[2] == ["neg", "cat", "mul", "mul", "add"] and ops[3] == ["neg", "cat", "mul", "mul", "add", "copy_"]
+    assert ops[4] == ["copy_"] and ops[5] == ["scaled_dot_product_attention"]
+    assert ops[0][0] == "add" and "rsqrt" in ops[0] and ops[7][0] == "add" and "rsqrt" in ops[7]
+    assert ops[9:11] == [["silu"], ["mul"]]
+    # no kernel holds a GEMM beside anything but its siblings
+    assert all(not {"mm", "addmm"} & set(o) or set(o) <= {"mm", "addmm"} for o in map(lambda k: _ops(g, k), p.kernels))

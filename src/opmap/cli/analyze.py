@@ -29,9 +29,10 @@ def analyze(
     device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(25, help="Kernels shown in the terminal sheet (0: all)."),
-    fusion: str | None = typer.Option(None, help="Fusion policy: eager (one kernel per op), compiler or engine "
-                                                 "(default: the runtime's: eager under eager and graphs, engine "
-                                                 "under engine)."),
+    fusion: str | None = typer.Option(None, help="Fusion policy: eager (one kernel per op), compiler, engine or "
+                                                 "library (training frameworks: GEMMs alone, fused norm / RoPE / "
+                                                 "activation kernels between them) (default: the runtime's: eager "
+                                                 "under eager and graphs, engine under engine)."),
     runtime: str = typer.Option("eager", "--runtime", help="Prefill / decode: eager (a host launch per kernel, "
                                                           "a PyTorch module as it runs), graphs (one graph launch "
                                                           "per step) or engine (graphs plus a serving engine's "

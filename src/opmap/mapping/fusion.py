@@ -30,6 +30,21 @@ Policies (recorded in the assumptions):
   * so a gated activation (SiLU x up) is the merged gate/up GEMM's epilogue, and the residual add the epilogue
     of the GEMM before it (o_proj, down_proj), as under ``compiler``; attention is one fused kernel (SDPA:
     flash attention in prefill, paged decode attention in decode).
+- ``library``: what training frameworks run (Megatron-Core with Transformer Engine, NeMo; Megatron-LM's fused
+  kernels before it): GEMMs from a vendor library run alone (cuBLAS / cuBLASLt, the bias in their epilogue as
+  ``addmm`` already has it) and hand-written fused kernels run between them, so ``engine``'s grouping minus every
+  GEMM epilogue and prologue:
+  * sibling GEMMs merged, as the frameworks define the layer (Megatron-Core's ``linear_qkv`` and ``linear_fc1``
+    hold the Q / K / V and the gate / up weights in one matrix each);
+  * a (residual add +) norm with its casts one kernel (TE's LayerNorm / RMSNorm, fused with the fp8 cast of its
+    output), RoPE one kernel (Megatron-Core's fused RoPE), a (gated) activation one kernel (bias-GELU,
+    bias-SwiGLU), dropout with the residual add one kernel (bias-dropout-add), a masked softmax one kernel;
+  * nothing joins a kernel that holds a GEMM and a GEMM joins no kernel but its sibling's: the residual add stays
+    a kernel of its own, not the projection's epilogue; attention written out by hand stays its GEMMs and a
+    fused softmax (fused attention is SDPA's one kernel already); pointwise readers of one GEMM output share a
+    kernel (RoPE's two halves); the legality rule is capture order, so a gated activation whose two GEMMs were
+    captured apart (HF's ``act(gate(x)) * up(x)``: SiLU runs before ``up``) stays two kernels, SiLU and the
+    product, where Megatron-Core's one ``linear_fc1`` output feeds one bias-SwiGLU kernel.
 - a plan file (JSON ``{"kernels": [[node ids], ...]}``): the user's groups, checked for the same legality.
 
 A kernel's bytes are its nodes' eager bytes (each cost rule's minimum traffic) less what fusion removes:
@@ -52,7 +67,7 @@ from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
 from opmap.validate import count, shown
 
-POLICIES = ("eager", "compiler", "engine")
+POLICIES = ("eager", "compiler", "engine", "library")
 # Data-movement ops the engine policy fuses as elementwise work (a cast, a concatenation, a store into a cache).
 ENGINE_ELEMENTWISE = frozenset({"aten._to_copy.default", "aten.cat.default", "aten.copy_.default"})
 # Larger fused kernels spill registers; Inductor's default cap is similar (max_fusion_size 64 ops, fewer in practice).
@@ -197,7 +212,8 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     first_inside_of = {n.id: first_inside(n.id) for n in graph.nodes if is_kernel[n.id] and classes[n.id] == "matrix"}
     groups: list[list[int]] = []
     group_of: dict[int, int] = {}
-    engine = policy == "engine"
+    engine = policy in ("engine", "library")
+    gemm_alone = policy == "library"
     # the classes fusion decides by: under engine, casts / concatenations / cache writes count as elementwise
     fuse_classes = [("vector" if engine and c == "data_movement" and n.op in ENGINE_ELEMENTWISE else c)
                     for n, c in zip(graph.nodes, classes)]
@@ -218,9 +234,13 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
             if not is_kernel[n.id]:
                 continue
             target = (_fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems,
-                                   first_inside_of, n.id in prologue) if policy in ("compiler", "engine") else None)
+                                   first_inside_of, n.id in prologue or gemm_alone)
+                      if policy in ("compiler", "engine", "library") and not (gemm_alone and classes[n.id] == "matrix")
+                      else None)
             key = _gemm_input_key(graph, n.id, is_kernel) if engine and classes[n.id] == "matrix" \
                 and not _is_batched_gemm(problems[n.id]) else None
+            if target is None and gemm_alone and fuse_classes[n.id] == "vector":
+                target = _consumer_sibling_target(n.id, producers, consumers, groups, group_of, fuse_classes)
             if target is None and key is not None and key in sibling_of:
                 target = _sibling_target(n.id, sibling_of[key], producers, groups, group_of)
             if key is not None:
@@ -290,6 +310,27 @@ def _sibling_target(nid: int, g: int, producers: list[list[int]], groups: list[l
     start = min(members)
     if all(p in group_of and max(groups[group_of[p]]) < start for p in producers[nid]):
         return g
+    return None
+
+
+def _consumer_sibling_target(nid: int, producers: list[list[int]], consumers: list[list[int]],
+                             groups: list[list[int]], group_of: dict[int, int], classes: list[str]) -> int | None:
+    """Library: a pointwise node reading a GEMM's output joins the GEMM-free kernel of an earlier reader of the same
+    tensor (RoPE's ``x cos`` and its rotate-half chain, one fused RoPE kernel) when every input it reads was made by a
+    kernel that ended before that kernel started."""
+    for p in producers[nid]:
+        if classes[p] != "matrix":
+            continue
+        for c in consumers[p]:
+            if c >= nid or c not in group_of:
+                continue
+            g = group_of[c]
+            members = groups[g]
+            if len(members) >= MAX_KERNEL_NODES or any(classes[m] == "matrix" for m in members):
+                continue
+            start = min(members)
+            if all(q in group_of and max(groups[group_of[q]]) < start for q in producers[nid]):
+                return g
     return None
 
 
