@@ -401,6 +401,88 @@ def llama3_rows() -> list[Row]:
     return rows
 
 
+MAXTEXT = ("AI-Hypercomputer/maxtext README.md (commit 04262f3cf, 2024-03-22), 'Runtime Performance Results': "
+           "TFLOP/s per chip; the runs' settings from MaxText/configs/{v5e,v5p}/<size>.sh and configs/base.yml at the "
+           "same commit")
+
+
+def _maxtext_model(scale: int, batch: int):
+    """MaxText's default decoder at ``global_parameter_scale`` (configs/base.yml and pyconfig.get_individual_scales at
+    ``MAXTEXT``'s commit): a Llama-2 block (RMSNorm, RoPE, SwiGLU, no biases), vocabulary 32,000, untied output,
+    sequence 2048; base width 2048, 16 heads of 128, MLP 7168, 16 layers, doubling heads and MLP, then width, then
+    layers, in turn (log2 scale = 3 q + r: heads and MLP x 2^(q + (r > 0)), width x 2^(q + (r > 1)), layers x 2^q).
+    Heads x head width need not equal the width (16B: width 4096, 64 heads of 128). bf16 activations; MaxText keeps
+    fp32 master weights, as opmap's optimizer state does."""
+    import math
+
+    import torch
+
+    from opmap.workloads.llama import Llama, LlamaConfig
+    from opmap.workloads.zoo import Workload, cast_to
+
+    q, r = divmod(int(math.log2(scale)), 3)
+    heads = 16 * 2 ** (q + (r > 0))
+    cfg = LlamaConfig(vocab_size=32000, dim=2048 * 2 ** (q + (r > 1)), n_layer=16 * 2 ** q, n_head=heads,
+                      n_kv_head=heads, ffn_dim=7168 * 2 ** (q + (r > 0)), head_dim=128, rope_theta=10000.0,
+                      max_seq=2048)
+    with torch.device("meta"):
+        m, x = Llama(cfg), torch.zeros(batch, 2048, dtype=torch.long)
+    m, _ = cast_to(m, (x,), torch.bfloat16)
+    return Workload(f"maxtext {scale}B-scale", m, (x,), batch, 2048), cfg
+
+
+def maxtext_rows() -> list[Row]:
+    """MaxText on Cloud TPU (``MAXTEXT``), the single-slice rows: TFLOP/s per chip as a step time, MaxText's own FLOPs
+    (maxtext_utils.calculate_tflops_training_per_device at the commit: 6 x parameters x tokens + causal attention 6 x
+    heads x layers x head width x seq^2 per sequence) / TFLOP/s. The layout is the config's: FSDP over the chips
+    (ZeRO 3) and ici_tensor_parallelism (TP; each TP group's chips share a batch of TP x per-device batch),
+    one step per batch (no accumulation). remat_policy full = --recompute full; minimal (checkpoint_dots_with_no_batch_dims:
+    the weight products' outputs kept, attention and the elementwise ops recomputed) = --recompute selective.
+    XLA fuses the step into one program: the compiler fusion policy. Left out: v5e 128B (remat minimal_offloaded
+    keeps activations in host memory: no opmap recompute mode), the multi-slice rows (data parallel over the data-centre
+    network outside each slice's FSDP: opmap's layout has one data-parallel axis), 1160B (no config at the commit)."""
+    from opmap.explore.depth import shallow
+    from opmap.hardware import get_hardware
+    from opmap.mapping.sharding import Parallelism, Sharder
+    from opmap.phases.step import analyze_phase, capture_phase
+    from opmap.workloads.phases import PhaseSpec
+
+    seq = 2048
+    # device, scale, chips, TP, per-device batch, recompute, TFLOP/s per chip (README), the TPU type as published
+    table = [("tpu-v5e", 16, 256, 1, 6, "full", 120, "1x v5e-256"), ("tpu-v5e", 32, 256, 1, 4, "full", 132, "1x v5e-256"),
+             ("tpu-v5e", 64, 256, 1, 2, "full", 118, "1x v5e-256"),
+             ("tpu-v5p", 32, 64, 4, 6, "selective", 328, "v5p-128"), ("tpu-v5p", 64, 64, 4, 3, "selective", 323, "v5p-128"),
+             ("tpu-v5p", 128, 128, 8, 1, "selective", 315, "v5p-256"),
+             ("tpu-v5p", 128, 256, 8, 1, "selective", 315, "v5p-512"),
+             ("tpu-v5p", 256, 512, 8, 1, "selective", 316, "v5p-1024"),
+             ("tpu-v5p", 512, 512, 8, 2, "full", 294, "v5p-1024"),
+             ("tpu-v5p", 1024, 1024, 16, 2, "full", 249, "v5p-2048"),
+             ("tpu-v5p", 1024, 2048, 16, 2, "full", 297, "v5p-4096")]
+    sharders: dict[tuple, tuple] = {}
+    rows = []
+    for dev, scale, chips, tp, pdb, rc, tflops, tpu in table:
+        hw = get_hardware(dev)
+        mb = pdb * tp
+        key = (dev, scale, mb, rc)
+        if key not in sharders:
+            w, cfg = _maxtext_model(scale, mb)
+            short, depth = shallow(w)
+            spec = PhaseSpec("train", None, rc, mb, mb, 0, optimizer="adamw-fused")
+            sharders[key] = (Sharder(analyze_phase(capture_phase(short, spec), short, hw, "bf16", spec,
+                                                   fusion=TRAIN_FUSION if TRAIN_FUSION != "eager" else "compiler"
+                                                   ).analysis, depth), cfg, depth)
+        s, cfg, depth = sharders[key]
+        p = Parallelism(tp=tp, dp=chips // tp, zero=3, microbatch=mb, global_batch=pdb * chips, recompute=rc)
+        step = s.shard(p, per_kernel=False).step_s
+        flops = (6 * depth.params * seq * pdb + 6 * cfg.n_head * cfg.n_layer * cfg.hd * seq ** 2 * pdb)
+        pub_s = flops / (tflops * 1e12)
+        rows.append(Row("training_throughput", hw.name, f"MaxText {scale}B on {tpu} ({chips} chips), fsdp "
+                        f"{chips // tp} tp{tp}, {pdb} x 2048 tokens per chip, remat {rc}", tflops, "TFLOP/s per chip",
+                        pub_s, step, MAXTEXT,
+                        how=f"{flops / step / 1e12:.0f} TFLOP/s per chip predicted, {depth.params / 1e9:.1f}B parameters"))
+    return rows
+
+
 TRTLLM = ("TensorRT-LLM performance page as quoted in hahnyuan/LLM-Viewer issue #4 (published.md): LLaMA 7B, one A100, "
           "FP16")
 
@@ -431,7 +513,7 @@ def serving_rows() -> list[Row]:
 
 
 SECTIONS: list[Callable[[], list[Row]]] = [collective_rows, megatron_rows, korthikanti_rows, nemo_fp8_rows,
-                                           mcore_fp8_rows, llama3_rows, serving_rows]
+                                           mcore_fp8_rows, llama3_rows, maxtext_rows, serving_rows]
 
 
 def _t(x: float) -> str:

@@ -29,6 +29,13 @@ class LlamaConfig:
     # Mixture of experts (Mixtral-style) when n_experts > 0: every block's MLP becomes a top-k MoE
     n_experts: int = 0
     top_k: int = 2
+    # attention head width; 0: dim // n_head (Llama's). MaxText's scaled models (and Qwen3, Gemma) set it apart
+    # from the model width: n_head x head_dim need not equal dim
+    head_dim: int = 0
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.n_head
 
 
 class RMSNorm(nn.Module):
@@ -67,7 +74,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.h, self.kv = c.n_head, c.n_kv_head
-        self.hd = c.dim // c.n_head
+        self.hd = c.hd
         self.q_proj = nn.Linear(c.dim, c.n_head * self.hd, bias=False)
         self.k_proj = nn.Linear(c.dim, c.n_kv_head * self.hd, bias=False)
         self.v_proj = nn.Linear(c.dim, c.n_kv_head * self.hd, bias=False)
@@ -174,7 +181,7 @@ class Llama(nn.Module):
         super().__init__()
         self.config = c
         self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
-        self.rotary = RotaryEmbedding(c.dim // c.n_head, c.rope_theta)
+        self.rotary = RotaryEmbedding(c.hd, c.rope_theta)
         self.layers = nn.ModuleList(LlamaBlock(c) for _ in range(c.n_layer))
         self.norm = RMSNorm(c.dim, c.eps)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
