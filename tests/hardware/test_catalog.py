@@ -430,3 +430,10 @@ def test_every_measured_grid_file_is_a_devices_and_every_devices_curves_build(sp
                     import math
 
                     assert math.exp(max(t.log_rates)) <= h.matrix_peak_flops_per_s[dt].value, (name, dt)
+
+
+def test_tpu_ici_hop_latency_is_marked_assumed(specs):
+    # no published per-hop ICI latency: 1 us, marked assumed (the catalog says so where it guesses)
+    for name in ("tpu-v5e", "tpu-v5p"):
+        f = specs[name].fields["scale_up_latency_s"]
+        assert f.kind == "assumed" and math.isclose(specs[name].scale_up_latency_s, 1e-6), name

@@ -198,3 +198,28 @@ def test_megatron_style_gpt_saves_korthikanti_activations():
     ops = [n.op for n in capture(m, (x,), train=True).nodes]
     assert ops.count("aten.baddbmm.default") == 2 and "aten.scaled_dot_product_attention.default" not in ops
     assert ops.count("aten.native_dropout.default") == 2 * 3  # attention probabilities, attention out, MLP out
+
+
+def test_llama_head_width_apart_from_the_model_width():
+    # MaxText's 16B-scale decoder (configs/base.yml at AI-Hypercomputer/maxtext 04262f3cf, global_parameter_scale
+    # 16): width 4096, 64 heads of 128 (8192 wide), MLP 28672, 32 layers, vocabulary 32000, untied output.
+    # Parameters by the formula: per block 4 x 4096 x 8192 (q, k, v, o) + 3 x 4096 x 28672 (SwiGLU) + 2 x 4096
+    # (RMSNorm weights); + 2 x 32000 x 4096 (embedding, output) + 4096 (final norm) = 15,831,666,688
+    import torch
+
+    from opmap.capture import capture
+    from opmap.workloads.llama import Llama, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=32000, dim=4096, n_layer=32, n_head=64, n_kv_head=64, ffn_dim=28672, head_dim=128)
+    assert cfg.hd == 128 and LlamaConfig(dim=4096, n_head=32).hd == 128 and LlamaConfig(dim=4096, n_head=64).hd == 64
+    with torch.device("meta"):
+        m = Llama(cfg)
+    block = 4 * 4096 * 8192 + 3 * 4096 * 28672 + 2 * 4096
+    assert sum(p.numel() for p in m.parameters()) == 32 * block + 2 * 32000 * 4096 + 4096 == 15_831_666_688
+    small = LlamaConfig(vocab_size=64, dim=32, n_layer=1, n_head=4, n_kv_head=2, ffn_dim=48, head_dim=16, max_seq=8)
+    with torch.device("meta"):
+        m, x = Llama(small), torch.zeros(2, 8, dtype=torch.long)
+    sdpa = [n for n in capture(m, (x,)).nodes if n.op == "aten.scaled_dot_product_attention.default"]
+    # 4 query heads of 16 (64 wide, twice the model width), 2 KV heads of 16
+    assert len(sdpa) == 1
+    assert tuple(sdpa[0].inputs[0].shape) == (2, 4, 8, 16) and tuple(sdpa[0].inputs[1].shape) == (2, 2, 8, 16)
