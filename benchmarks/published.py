@@ -436,8 +436,8 @@ def maxtext_rows() -> list[Row]:
     (maxtext_utils.calculate_tflops_training_per_device at the commit: 6 x parameters x tokens + causal attention 6 x
     heads x layers x head width x seq^2 per sequence) / TFLOP/s. The layout is the config's: FSDP over the chips
     (ZeRO 3) and ici_tensor_parallelism (TP; each TP group's chips share a batch of TP x per-device batch),
-    one step per batch (no accumulation). remat_policy full = --recompute full; minimal (checkpoint_dots_with_no_batch_dims:
-    the weight products' outputs kept, attention and the elementwise ops recomputed) = --recompute selective.
+    one step per batch (no accumulation). remat_policy full = --recompute full; minimal
+    (checkpoint_dots_with_no_batch_dims: the weight products' outputs kept, attention and the elementwise ops recomputed) = --recompute selective.
     XLA fuses the step into one program: the compiler fusion policy. Left out: v5e 128B (remat minimal_offloaded
     keeps activations in host memory: no opmap recompute mode), the multi-slice rows (data parallel over the data-centre
     network outside each slice's FSDP: opmap's layout has one data-parallel axis), 1160B (no config at the commit)."""
@@ -449,9 +449,11 @@ def maxtext_rows() -> list[Row]:
 
     seq = 2048
     # device, scale, chips, TP, per-device batch, recompute, TFLOP/s per chip (README), the TPU type as published
-    table = [("tpu-v5e", 16, 256, 1, 6, "full", 120, "1x v5e-256"), ("tpu-v5e", 32, 256, 1, 4, "full", 132, "1x v5e-256"),
+    table = [("tpu-v5e", 16, 256, 1, 6, "full", 120, "1x v5e-256"),
+             ("tpu-v5e", 32, 256, 1, 4, "full", 132, "1x v5e-256"),
              ("tpu-v5e", 64, 256, 1, 2, "full", 118, "1x v5e-256"),
-             ("tpu-v5p", 32, 64, 4, 6, "selective", 328, "v5p-128"), ("tpu-v5p", 64, 64, 4, 3, "selective", 323, "v5p-128"),
+             ("tpu-v5p", 32, 64, 4, 6, "selective", 328, "v5p-128"),
+             ("tpu-v5p", 64, 64, 4, 3, "selective", 323, "v5p-128"),
              ("tpu-v5p", 128, 128, 8, 1, "selective", 315, "v5p-256"),
              ("tpu-v5p", 128, 256, 8, 1, "selective", 315, "v5p-512"),
              ("tpu-v5p", 256, 512, 8, 1, "selective", 316, "v5p-1024"),
