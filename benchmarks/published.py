@@ -432,15 +432,16 @@ def _maxtext_model(scale: int, batch: int):
 
 
 def maxtext_rows() -> list[Row]:
-    """MaxText on Cloud TPU (``MAXTEXT``), the single-slice rows: TFLOP/s per chip as a step time, MaxText's own FLOPs
-    (maxtext_utils.calculate_tflops_training_per_device at the commit: 6 x parameters x tokens + causal attention 6 x
-    heads x layers x head width x seq^2 per sequence) / TFLOP/s. The layout is the config's: FSDP over the chips
-    (ZeRO 3) and ici_tensor_parallelism (TP; each TP group's chips share a batch of TP x per-device batch),
-    one step per batch (no accumulation). remat_policy full = --recompute full; minimal
+    """MaxText on Cloud TPU (``MAXTEXT``), the single-slice rows: TFLOP/s per chip as a step time, MaxText's own
+    FLOPs (maxtext_utils.calculate_tflops_training_per_device at the commit: 6 x parameters x tokens + causal
+    attention 6 x heads x layers x head width x seq^2 per sequence) / TFLOP/s. The layout is the config's: FSDP over
+    the chips (ZeRO 3) and ici_tensor_parallelism (TP; each TP group's chips share a batch of TP x the per-device
+    batch), one step per batch (no accumulation). remat_policy full = --recompute full; minimal
     (checkpoint_dots_with_no_batch_dims: the weight products' outputs kept, attention and the elementwise ops
-    recomputed) = --recompute selective. XLA fuses the step into one program: the compiler fusion policy. Left out: v5e 128B (remat minimal_offloaded
-    keeps activations in host memory: no opmap recompute mode), the multi-slice rows (data parallel over the data-centre
-    network outside each slice's FSDP: opmap's layout has one data-parallel axis), 1160B (no config at the commit)."""
+    recomputed) = --recompute selective. XLA compiles the step into one program: the compiler fusion policy. Left
+    out: v5e 128B (remat minimal_offloaded keeps activations in host memory: no opmap recompute mode), the
+    multi-slice rows (data parallel over the data-centre network outside each slice's FSDP: opmap's layout has one
+    data-parallel axis), 1160B (no config at the commit)."""
     from opmap.explore.depth import shallow
     from opmap.hardware import get_hardware
     from opmap.mapping.sharding import Parallelism, Sharder
@@ -481,7 +482,8 @@ def maxtext_rows() -> list[Row]:
         rows.append(Row("training_throughput", hw.name, f"MaxText {scale}B on {tpu} ({chips} chips), fsdp "
                         f"{chips // tp} tp{tp}, {pdb} x 2048 tokens per chip, remat {rc}", tflops,
                         "TFLOP/s per chip", pub_s, step, MAXTEXT,
-                        how=f"{flops / step / 1e12:.0f} TFLOP/s per chip predicted, {depth.params / 1e9:.1f}B parameters"))
+                        how=f"{flops / step / 1e12:.0f} TFLOP/s per chip predicted, "
+                            f"{depth.params / 1e9:.1f}B parameters"))
     return rows
 
 
