@@ -437,3 +437,14 @@ def test_tpu_ici_hop_latency_is_marked_assumed(specs):
     for name in ("tpu-v5e", "tpu-v5p"):
         f = specs[name].fields["scale_up_latency_s"]
         assert f.kind == "assumed" and math.isclose(specs[name].scale_up_latency_s, 1e-6), name
+
+
+
+def test_every_device_with_a_scale_up_topology_can_price_a_collective(specs):
+    # a collective inside a node needs the path's topology, bandwidth and per-step latency
+    # (opmap.mapping.collectives refuses a device without them): where the catalog gives the topology it gives the
+    # rest (the MI250X gives none on purpose: its in-node Infinity Fabric is not a mesh of equal links)
+    for name, s in specs.items():
+        if s.scale_up_topology:
+            assert s.scale_up_bandwidth_bytes_per_s and s.scale_up_latency_s, name
+    assert specs["mi250x"].scale_up_topology is None
