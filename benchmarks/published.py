@@ -420,6 +420,82 @@ def mcore_fp8_rows() -> list[Row]:
     return rows
 
 
+MCORE_WEAK = ("NVIDIA/Megatron-LM README.md and images/model_table.png (commit f2e5db402c44, 2024-07-15, 'New scaling "
+              "figures on H100 GPUs'): GPT models, vocabulary 131,072, sequence 4096, bf16, DP / TP / PP overlap on; "
+              "per-GPU teraFLOP/s")
+
+
+def megatron_flops_per_sequence(h: int, layers: int, seq: int, vocab: int) -> float:
+    """Megatron-LM's model FLOPs per sequence for a GPT (megatron/training/training.py
+    num_floating_point_operations at ``MCORE_WEAK``'s commit: 12 s L h^2 ((1 + groups / heads + s / h) q / h + ffn / h + V / (2 L h)), here
+    groups = heads, q = h, ffn = 4 h: 12 s L h^2 (6 + s / h + V / (2 L h)); attention counted dense)."""
+    return 12 * seq * layers * h * h * (6 + seq / h + vocab / (2 * layers * h))
+
+
+def mcore_weak_rows() -> list[Row]:
+    """Megatron-Core's H100 weak-scaling table (``MCORE_WEAK``), the runs issue 22 names (opmap was 1.2-1.6x
+    optimistic on the small ones): per-GPU teraFLOP/s as an iteration time, Megatron's own FLOPs
+    (``megatron_flops_per_sequence``) x batch / (GPUs x teraFLOP/s). The model: Megatron's GPT with its defaults
+    (LayerNorm, GELU, 4h MLP, biases, learned positions, tied embeddings, hidden and attention dropout 0.1), bf16;
+    the distributed optimizer (--overlap-param-gather needs it: ZeRO 1) with the DP overlap, sequence parallelism
+    with TP above 1, library fusion, attention at ``NEMO_2024_ATTENTION``'s rate (the same month's stack as NeMo
+    24.07; the cuDNN ratio printed beside). Microbatch, virtual stages and recomputation are not published:
+    the fastest that fits 80 GB among microbatch 1 / 2 / 4, every vp that divides a stage's layers and none /
+    selective / full, as ``plan`` chooses. Priced from two captured blocks standing for all (opmap.explore.depth)."""
+    import torch
+
+    from opmap.explore.depth import shallow
+    from opmap.explore.plan import vp_candidates
+    from opmap.hardware import get_hardware, with_attention_kernel
+    from opmap.mapping.sharding import Parallelism, Sharder, saved_per_block, sharded_memory
+    from opmap.phases.step import analyze_phase, capture_phase
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+    from opmap.workloads.phases import PhaseSpec
+    from opmap.workloads.zoo import Workload, cast_to
+
+    cudnn = get_hardware("h100-sxm")
+    hw = with_attention_kernel(cudnn, NEMO_2024_ATTENTION)
+    seq, vocab = 4096, 131072
+    # size, heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU teraFLOP/s (the table's columns)
+    table = [("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+             ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+             ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7), ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+             ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
+             ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+             ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9)]
+    rows = []
+    for name, heads, h, layers, tp, pp, dp, gpus, gb, tflops in table:
+        pub_s = gb * megatron_flops_per_sequence(h, layers, seq, vocab) / (gpus * tflops * 1e12)
+        runs = []
+        for mb in (1, 2, 4):
+            if gb % (mb * dp):
+                continue
+            cfg = GPT2Config(vocab_size=vocab, block_size=seq, n_layer=layers, n_head=heads, n_embd=h, dropout=0.1)
+            with torch.device("meta"):
+                m, x = GPT2(cfg), torch.zeros(mb, seq, dtype=torch.long)
+            m, _ = cast_to(m, (x,), torch.bfloat16)
+            short, depth = shallow(Workload(f"gpt {name}", m, (x,), mb, seq))
+            spec = PhaseSpec("train", None, "none", mb, gb, 0, dp=dp, optimizer="adamw-fused")
+            g = capture_phase(short, spec)
+            fusion = _fusion("library")
+            s = Sharder(analyze_phase(g, short, hw, "bf16", spec, fusion=fusion).analysis, depth)
+            s_cudnn = Sharder(analyze_phase(g, short, cudnn, "bf16", spec, fusion=fusion).analysis, depth)
+            saved = saved_per_block(g, s.roles, seq)
+            for vp in vp_candidates(layers, pp):
+                for rc in ("none", "selective", "full"):
+                    p = Parallelism(tp=tp, pp=pp, dp=dp, vp=vp, sp=tp > 1, microbatch=mb, global_batch=gb,
+                                    recompute=rc, zero=1)
+                    fits = sharded_memory(p, s, saved, "bf16", True, seq).fits
+                    runs.append((not fits, s.shard(p, per_kernel=False).step_s, p, s_cudnn))
+        _, step, p, s_cudnn = min(runs, key=lambda x: x[:2])
+        r = s.shard(p, per_kernel=False)
+        rows.append(Row("training_throughput", hw.name, f"Megatron-Core GPT {name} bf16, tp{tp} pp{pp} dp{dp}, seq "
+                        f"{seq}, batch {gb}", tflops, "teraFLOP/s per GPU", pub_s, step, MCORE_WEAK,
+                        how=f"{p.label()}, bubble {r.bubble_fraction:.1%}; with cuDNN attention: "
+                            f"{s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
+    return rows
+
+
 LLAMA3 = ("Llama 3 paper (Llama Team, AI @ Meta 2024, arXiv 2407.21783) Table 4, 405B pre-training on H100 80GB "
           "(8 per server on NVLink, 400 Gb/s RoCE); the same TP / CP / PP / tokens per batch / TFLOP/s per GPU on "
           "P. Balaji's SC'24 slide 'Herding Llamas' as quoted at https://glennklockwood.com/garden/llama-3.1")
@@ -608,7 +684,8 @@ def serving_rows() -> list[Row]:
 
 
 SECTIONS: list[Callable[[], list[Row]]] = [collective_rows, megatron_rows, korthikanti_rows, nemo_fp8_rows,
-                                           nemo_long_rows, mcore_fp8_rows, llama3_rows, maxtext_rows, serving_rows]
+                                           nemo_long_rows, mcore_fp8_rows, mcore_weak_rows, llama3_rows, maxtext_rows,
+                                           serving_rows]
 
 
 def _t(x: float) -> str:

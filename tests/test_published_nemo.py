@@ -24,3 +24,12 @@ def test_nemo_llama2_flops_by_hand():
     # 32 x 4096^2 x (12 + 12 + 18 x 11008 / 4096 + 12 x 4096 / 4096 + 6 x 32000 / (32 x 4096)) at 4K
     by_hand = 32 * 4096 ** 2 * (24 + 48.375 + 12 + 1.46484375)
     assert published.nemo_llama2_7b_flops_per_token(4096) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_megatron_gpt_flops_by_hand():
+    # Megatron-Core's weak-scaling 1.7B (h 2048, 24 layers, seq 4096, vocabulary 131072): 12 s L h^2 (6 + s / h +
+    # V / (2 L h)) = 12 x 4096 x 24 x 2048^2 x (6 + 2 + 4/3) per sequence; at the table's 408.8 teraFLOP/s per GPU
+    # and 192 sequences over 48 GPUs a step is 0.4518 s
+    per_seq = published.megatron_flops_per_sequence(2048, 24, 4096, 131072)
+    assert per_seq == pytest.approx(12 * 4096 * 24 * 2048 ** 2 * (8 + 4 / 3), rel=1e-12)
+    assert 192 * per_seq / (48 * 408.8e12) == pytest.approx(0.4518, rel=1e-3)
