@@ -223,3 +223,22 @@ def test_llama_head_width_apart_from_the_model_width():
     # 4 query heads of 16 (64 wide, twice the model width), 2 KV heads of 16
     assert len(sdpa) == 1
     assert tuple(sdpa[0].inputs[0].shape) == (2, 4, 8, 16) and tuple(sdpa[0].inputs[1].shape) == (2, 2, 8, 16)
+
+
+def test_gpt_attention_dropout_is_in_the_fused_kernel_in_training_only():
+    # GPT2Config(dropout=0.1): the SDPA call carries dropout_p 0.1 in a training capture (Megatron's and NeMo's GPT
+    # runs set attention dropout 0.1) and 0 in inference; the zoo's gpt2 (dropout 0) carries 0 in both
+    import torch
+
+    from opmap.capture import capture
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+
+    def sdpa_dropout(p, train):
+        with torch.device("meta"):
+            m, x = GPT2(GPT2Config(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=p)), \
+                torch.zeros(1, 16, dtype=torch.long)
+        g = capture(m, (x,), train=train)
+        return [n.args.get("dropout_p") for n in g.nodes if n.op == "aten.scaled_dot_product_attention.default"]
+
+    assert sdpa_dropout(0.1, True) == [0.1] and sdpa_dropout(0.1, False) == [0.0]
+    assert sdpa_dropout(0.0, True) == [0.0]

@@ -59,8 +59,9 @@ class CausalSelfAttention(nn.Module):
 
             k, v = write_cache(cache, k, v)
             y = F.scaled_dot_product_attention(q, k, v)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # attention dropout inside the fused kernel in training, as Megatron's and NeMo's GPT runs set it
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return F.dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, d)), self.dropout, self.training)
 
 
