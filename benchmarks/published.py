@@ -427,8 +427,9 @@ MCORE_WEAK = ("NVIDIA/Megatron-LM README.md and images/model_table.png (commit f
 
 def megatron_flops_per_sequence(h: int, layers: int, seq: int, vocab: int) -> float:
     """Megatron-LM's model FLOPs per sequence for a GPT (megatron/training/training.py
-    num_floating_point_operations at ``MCORE_WEAK``'s commit: 12 s L h^2 ((1 + groups / heads + s / h) q / h + ffn / h + V / (2 L h)), here
-    groups = heads, q = h, ffn = 4 h: 12 s L h^2 (6 + s / h + V / (2 L h)); attention counted dense)."""
+    num_floating_point_operations at ``MCORE_WEAK``'s commit: 12 s L h^2 ((1 + groups / heads + s / h) q / h +
+    ffn / h + V / (2 L h)), here groups = heads, q = h, ffn = 4 h: 12 s L h^2 (6 + s / h + V / (2 L h)); attention
+    counted dense)."""
     return 12 * seq * layers * h * h * (6 + seq / h + vocab / (2 * layers * h))
 
 
