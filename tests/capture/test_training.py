@@ -67,3 +67,35 @@ def test_training_capture_counts_parameters_like_inference():
     assert g.params == 25_557_032
     d = analyze_graph(g, w, get_hardware("h100-sxm"), "fp32").to_dict()
     assert json.loads(json.dumps(d))["totals"]["params"] == 25_557_032
+
+
+def test_training_loss_is_cross_entropy_over_classes_and_vocabularies():
+    # scores over classes ([N, C]) or a vocabulary ([B, S, V]) take cross-entropy in fp32 against class 0: on zero
+    # logits every class is equally likely, so the loss is ln(C) exactly; any other output takes the mean stand-in
+    import math
+
+    import torch
+
+    assert training_loss(torch.zeros(3, 10)).item() == pytest.approx(math.log(10), rel=1e-6)
+    assert training_loss(torch.zeros(2, 5, 32000, dtype=torch.bfloat16)).item() == pytest.approx(math.log(32000),
+                                                                                                 rel=1e-6)
+    assert training_loss((torch.ones(2, 3, 4, 4), "x")).item() == 1.0  # an image-shaped output: the mean
+    assert training_loss(torch.full((4, 1), 2.0)).item() == 2.0  # one score a row: no classes, the mean
+
+
+def test_language_model_training_captures_the_fp32_softmax_over_the_vocabulary():
+    # gpt2 at batch 1, sequence 32: the loss casts the [32, 50257] logits to fp32 and takes log-softmax over them:
+    # read 32 x 50257 fp32, write as much (8 B a logit); its backward reads the output and the incoming gradient
+    # and writes the gradient (12 B a logit); nll_loss's backward writes the dense gradient (4 B a logit)
+    w = build_zoo("gpt2", 1, 32, "fp32")
+    g = capture(w.module, w.inputs, train=True)
+    c = cost_graph(g)
+    assert uncounted(g, c) == {}
+    n_logits = 32 * 50257
+    by = {n.packet: (n, x) for n, x in zip(g.nodes, c)
+          if n.packet in ("_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward")}
+    assert set(by) == {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss_backward"}
+    lsm, lsm_cost = by["_log_softmax"]
+    assert tuple(lsm.inputs[0].shape) == (32, 50257) and lsm.inputs[0].dtype == "float32"
+    assert lsm_cost.bytes == pytest.approx(8 * n_logits, rel=1e-3)
+    assert by["_log_softmax_backward_data"][1].bytes == pytest.approx(12 * n_logits, rel=1e-3)

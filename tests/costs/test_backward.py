@@ -32,7 +32,9 @@ class Step(nn.Module):
         self.mods = nn.ModuleList(mods)
 
     def forward(self, x, *rest):
-        return self.fn(self.lin(x), *rest)
+        # a trailing unit dim: the training loss stays the mean stand-in (a [rows, classes] output would take
+        # cross-entropy, whose own log-softmax backward would sit beside the op's), so the backward nodes are the op's
+        return self.fn(self.lin(x), *rest).unsqueeze(-1)
 
 
 def backward_node(fn, *rest, mods=(), packet: str):

@@ -16,12 +16,18 @@ from opmap.errors import OpmapError
 
 
 def training_loss(out: Any) -> torch.Tensor:
-    """The training step's loss: the mean of the first floating-point output, in fp32. A stand-in for a
-    task loss (cross-entropy adds a softmax over the output, small beside the model), the same on every
-    run so measured and captured steps match."""
+    """The training step's loss, on the first floating-point output. Scores over classes (a [N, C] output) or
+    over a vocabulary (a language model's [B, S, V] logits) take the task's loss: cross-entropy in fp32 against
+    class 0 (Megatron's vocab-parallel and HF's losses cast the logits to fp32 first; with a 131k vocabulary and a
+    small width the softmax, its backward and the casts move as many bytes as a layer). Any other output takes
+    the mean in fp32, a stand-in. Shared by the capture and the measured step, so both run the same work."""
     first = next((x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
     if first is None:
         raise OpmapError("the model's output holds no floating-point tensor to train on")
+    if first.dim() in (2, 3) and first.shape[-1] > 1 and first.numel() > 0:
+        scores = first.float().flatten(0, -2)
+        target = torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device)
+        return torch.nn.functional.cross_entropy(scores, target)
     return first.float().mean()
 
 
