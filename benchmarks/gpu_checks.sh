@@ -23,7 +23,9 @@ run $PY -m opmap.cli profile resnet50 --device cuda --dtype bf16 --batch 32 --ha
     --iters 30 --profile-iters 5 --out "$OUT/resnet50"
 run $PY -m opmap.cli profile gpt2 --device cuda --dtype bf16 --seq 512 --train --hardware "$OUT/local-cuda.toml" \
     --iters 10 --profile-iters 3 --out "$OUT/gpt2-train"
-# issue 10's GEMM and attention shapes, timed with CUDA events beside the catalog prediction (gpu_measure.json)
+# issue 10's GEMM and attention shapes, timed with CUDA events beside the catalog prediction, the steady-load
+# GEMMs, and issue 22's attention-dropout lead (p 0.1 / p 0 per SDPA backend at the GPT runs' shapes):
+# gpu_measure.json
 run $PY benchmarks/gpu_measure.py
 # datasheet-only prediction beside the measured run (no calibration): how far the catalog alone gets
 run $PY -m opmap.cli analyze gpt2 --hardware h200 --dtype bf16 --seq 1024 --fusion eager --out "$OUT/gpt2-h200-eager"
