@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 BAND = (0.75, 1.33)
@@ -186,9 +187,9 @@ def korthikanti_rows() -> list[Row]:
 NEMO_FP8 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md (commit 070a0bb168d4), Pretraining table: "
             "NeMo 24.07, DGX-H100, FP8 (Transformer Engine), tokens / sec / GPU")
 # The recipes' settings the rows take (NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/5b.yaml,
-# 20b.yaml, 175b.yaml and llama/llama2_70b.yaml): distributed fused Adam with overlap_grad_sync, sequence parallel
-# with TP above 1, hidden and attention dropout 0.1 for GPT-3 (0 for Llama 2), activation recomputation none (5B,
-# Llama 2) or selective (20B, 175B).
+# 20b.yaml, 175b.yaml, llama/llama2_70b.yaml and nemotron/nemotron_8b.yaml, 22b, 340b): distributed fused Adam with
+# overlap_grad_sync, sequence parallel with TP above 1, hidden and attention dropout 0.1 for GPT-3 (0 for Llama 2 and
+# Nemotron), activation recomputation none (5B, Llama 2, Nemotron 8B / 22B) or selective (20B, 175B, Nemotron 340B).
 # The attention rate of NeMo's 2024 containers (24.03.01, 24.07): the catalog's FlashAttention-2 curve (Shah et al.
 # 2024, Figure 5 / 6), not its cuDNN one. Transformer Engine ran cuDNN's fused attention on Hopper then too, but the
 # catalog's cuDNN rows are the FA3 paper's (mid 2024), and cuDNN's attention speed moved between releases (cuDNN
@@ -200,7 +201,8 @@ NEMO_FP8 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md (commit 
 # under cuDNN's. Megatron-Core r0.12's rows keep the catalog's cuDNN curve. Inferred from published runs, not
 # measured: a GPU session timing TE's attention in those containers would settle it
 NEMO_2024_ATTENTION = "fa2"
-NEMO_RECIPES = "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/{gpt3/5b,20b,175b; llama/llama2_70b}.yaml"
+NEMO_RECIPES = ("NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/{gpt3/5b,20b,175b; llama/llama2_70b; "
+                "nemotron/nemotron_8b,22b,340b}.yaml")
 
 
 def _gpt3(h: int, layers: int, heads: int, batch: int):
@@ -237,6 +239,43 @@ def _llama(name: str, cfg: dict, batch: int, seq: int):
     return Workload(name, m, (x,), batch, seq)
 
 
+class Nemotron(NamedTuple):
+    """A Nemotron layout of NeMo's recipes (NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/
+    nemotron_{8b,22b,340b}.yaml at commit 766225b5, 2024-08): width, layers, heads, KV heads, FFN width."""
+
+    h: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+
+
+NEMOTRON_8B = Nemotron(4096, 32, 32, 32, 16384)
+NEMOTRON_22B = Nemotron(6144, 40, 48, 48, 24576)
+NEMOTRON_340B = Nemotron(18432, 96, 96, 8, 73728)  # ffn 4 h
+
+
+def _nemotron(cfg: Nemotron, batch: int, seq: int):
+    """NeMo's Nemotron (the recipes of ``Nemotron``: LayerNorm with zero-centred gamma (layernorm1p), squared-ReLU MLP,
+    no biases, RoPE on half of each head (rotary_percentage 0.5), untied embeddings, the 256,000-token vocabulary of
+    its tokenizer, hidden and attention dropout 0), built by transformers' own Nemotron class from a config (the HF
+    path, ``opmap.workloads.hf``: model_type nemotron is that architecture) on meta in fp8."""
+    import json
+    import tempfile
+
+    from opmap.workloads.hf import build_hf
+
+    config = {"model_type": "nemotron", "hidden_size": cfg.h, "intermediate_size": cfg.ffn,
+              "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads,
+              "head_dim": cfg.h // cfg.heads, "vocab_size": 256000, "max_position_embeddings": seq,
+              "partial_rotary_factor": 0.5, "hidden_act": "relu2", "tie_word_embeddings": False,
+              "attention_dropout": 0.0}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        path.write_text(json.dumps(config))
+        return build_hf(str(path), batch, seq, "fp8", "meta")
+
+
 def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int, microbatch: int, recompute: str,
                    cp: int = 1, alt_hw=None):
     """(iteration s, phase figures, sharded) of a NeMo fp8 pre-training run as its recipes set it up: Transformer
@@ -266,7 +305,7 @@ def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int,
 
 
 def nemo_fp8_rows() -> list[Row]:
-    """NeMo's fp8 pre-training throughput on DGX H100 (``NEMO_FP8``), every row but Nemotron's: tokens / s / GPU as
+    """NeMo's fp8 pre-training throughput on DGX H100 (``NEMO_FP8``), every row of the table: tokens / s / GPU as
     an iteration time, global batch x sequence / (GPUs x tokens/s/GPU). Context parallelism (the Llama 3 rows, CP
     2) as Megatron-Core runs it: the K/V ring, each step's exchange overlapped with attention. Attention: priced at
     ``NEMO_2024_ATTENTION``'s rate (FlashAttention-2's measured curve); each row also prints its ratio at the
@@ -276,11 +315,8 @@ def nemo_fp8_rows() -> list[Row]:
 
     cudnn = get_hardware("h100-sxm")
     hw = with_attention_kernel(cudnn, NEMO_2024_ATTENTION)
-    # model, (hidden, layers, heads) for a GPT-3, seq, GPUs, GBS, MBS, TP, PP, VP (the table's columns), recompute
-    # (the recipe's), tokens/s/GPU (the table's)
-    # model, (hidden, layers, heads) for a GPT-3 / a Llama config / None for a zoo name, seq, GPUs, GBS, MBS, TP, PP,
-    # CP, VP (the table's columns), recompute (the recipe's), tokens/s/GPU (the table's). Nemotron rows left out: no
-    # Nemotron-4 in opmap's zoo (squared-ReLU MLP, 256k vocabulary)
+    # model, (hidden, layers, heads) for a GPT-3 / a Nemotron layout / a Llama config / None for a zoo name, seq,
+    # GPUs, GBS, MBS, TP, PP, CP, VP (the table's columns), recompute (the recipe's), tokens/s/GPU (the table's)
     table = [("GPT3-5B", (4096, 24, 32), 2048, 64, 2048, 4, 1, 1, 1, 1, "none", 22521),
              ("GPT3-20B", (6144, 44, 48), 2048, 64, 256, 2, 2, 1, 1, 1, "selective", 5851),
              ("GPT3-175B", (12288, 96, 96), 2048, 128, 256, 1, 4, 8, 1, 6, "selective", 726),
@@ -289,12 +325,15 @@ def nemo_fp8_rows() -> list[Row]:
              ("llama-2-13b", LLAMA2_13B, 4096, 16, 128, 1, 1, 4, 1, 10, "none", 8646),
              ("llama-2-70b", None, 4096, 64, 128, 1, 4, 4, 1, 20, "none", 1707),
              ("llama-3-8b", None, 8192, 8, 128, 1, 1, 1, 2, 1, "none", 12036),
-             ("llama-3-70b", None, 8192, 64, 128, 1, 4, 4, 2, 5, "none", 1533)]
+             ("llama-3-70b", None, 8192, 64, 128, 1, 4, 4, 2, 5, "none", 1533),
+             ("Nemotron-8B", NEMOTRON_8B, 4096, 64, 256, 4, 2, 1, 1, 1, "none", 12701),
+             ("Nemotron-22B", NEMOTRON_22B, 4096, 64, 256, 2, 2, 4, 1, 10, "none", 4256),
+             ("Nemotron-340B", NEMOTRON_340B, 4096, 128, 32, 1, 8, 8, 1, 12, "selective", 322)]
     rows = []
     for name, cfg, seq, gpus, gb, mb, tp, pp, cp, vp, recompute, tok in table:
         dp = gpus // (tp * pp * cp)
-        w = (_gpt3(*cfg, mb) if isinstance(cfg, tuple) else _llama(name, cfg, mb, seq) if cfg is not None
-             else load_workload(name, mb, seq, "fp8", "meta"))
+        w = (_nemotron(cfg, mb, seq) if isinstance(cfg, Nemotron) else _gpt3(*cfg, mb) if isinstance(cfg, tuple)
+             else _llama(name, cfg, mb, seq) if cfg is not None else load_workload(name, mb, seq, "fp8", "meta"))
         pub_s = gb * seq / (gpus * tok)
         it, fig, sh, alt = _fp8_iteration(w, hw, tp, pp, vp, dp, gb, mb, recompute, cp, alt_hw=cudnn)
         rows.append(Row("training_throughput", hw.name, f"{name} fp8, tp{tp} cp{cp} pp{pp} vp{vp} dp{dp}, seq {seq}, "

@@ -33,3 +33,27 @@ def test_megatron_gpt_flops_by_hand():
     per_seq = published.megatron_flops_per_sequence(2048, 24, 4096, 131072)
     assert per_seq == pytest.approx(12 * 4096 * 24 * 2048 ** 2 * (8 + 4 / 3), rel=1e-12)
     assert 192 * per_seq / (48 * 408.8e12) == pytest.approx(0.4518, rel=1e-3)
+
+
+def test_nemotron_8b_parameters_by_formula():
+    # Nemotron-3 8B as NeMo's recipe sets it (nemotron_8b.yaml): 32 layers of h 4096, 32 heads (no GQA), FFN 16384
+    # squared-ReLU (no gate, no biases), layernorm1p (a LayerNorm: weight and bias), untied 256,000-token embeddings:
+    # 2 V h + L (4 h^2 + 2 h ffn + 2 x 2 h) + 2 h (final norm)
+    h, layers, ffn, vocab = 4096, 32, 16384, 256000
+    by_formula = 2 * vocab * h + layers * (4 * h * h + 2 * h * ffn + 4 * h) + 2 * h
+    w = published._nemotron(published.NEMOTRON_8B, 1, 4096)
+    assert sum(p.numel() for p in w.module.parameters()) == by_formula  # 8,540,143,616
+
+
+@pytest.mark.parametrize("cfg,tokens_per_s,tflops,rel", [
+    (published.NEMOTRON_8B, 12701, 653, 2e-3), (published.NEMOTRON_22B, 4256, 554, 2e-3),
+    (published.NEMOTRON_340B, 322, 678, 8e-3)])
+def test_nemotron_layouts_match_the_tables_flops(cfg, tokens_per_s, tflops, rel):
+    # NeMo's 24.07 table prints tokens/s and TFLOP/s per GPU for each Nemotron run: their ratio is NeMo's FLOPs per
+    # token, 6 (L (2 h^2 + 2 h kv_heads 128 + 2 h ffn) + V h) + 12 L h s (attention dense, s 4096): the layouts
+    # published.py prices must be the ones the table counted (the 340B's GQA K / V at 8 x 128; its figures are
+    # printed to 3 digits, hence the wider tolerance)
+    kv = cfg.kv_heads * cfg.h // cfg.heads
+    n = cfg.layers * (2 * cfg.h ** 2 + 2 * cfg.h * kv + 2 * cfg.h * cfg.ffn) + 256000 * cfg.h
+    per_token = 6 * n + 12 * cfg.layers * cfg.h * 4096
+    assert per_token == pytest.approx(tflops * 1e12 / tokens_per_s, rel=rel)
