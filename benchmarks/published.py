@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -201,6 +201,32 @@ NEMO_FP8 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md (commit 
 # under cuDNN's. Megatron-Core r0.12's rows keep the catalog's cuDNN curve. Inferred from published runs, not
 # measured: a GPU session timing TE's attention in those containers would settle it
 NEMO_2024_ATTENTION = "fa2"
+# Attention dropout in the same 2024 stacks (TE 1.x with cuDNN 9.1-9.3 on Hopper; NeMo 24.07, Megatron-Core mid 2024):
+# the fused kernel ran about 1.8x its no-dropout time. Inferred from published runs, not measured. NeMo's 24.07 table
+# holds GPT-3 rows (attention and hidden dropout 0.1) and Nemotron rows (dropout 0) from one container: priced
+# alike, the GPT-3 rows fall short by more, and by the attention a GPU does, not by its width (GPT-3 5B at TP 1 and
+# Megatron-Core's 1.7B at TP 1 miss the same time per token and layer with 2x the width apart; 16B and GPT-3 20B
+# likewise), which places the difference in the attention kernel. The factor is what makes each GPT-3 row's ratio
+# its Nemotron sibling's: GPT-3 5B to Nemotron-8B (the same 16 x 4096 / 32 x 2048 heads x keys a GPU) 1.76,
+# GPT-3 20B to Nemotron-22B 1.85 (printed beside those rows on every run); 1.8. Megatron-Core's weak-scaling rows
+# (mcore_weak_rows) are out of that fit. Today's kernels pay 3-5% (the catalog's cudnn factor, TransformerEngine
+# issue 3312); how the 2024 ones paid ~1.8x is not published: TE 1.8 selects cuDNN's fused attention with dropout
+# (no backend filter on it), and cuDNN serves dropout with training statistics on its older "composite" SDPA engine
+# to this day (TransformerEngine fused_attn_f16_arbitrary_seqlen.cu; issue 3312 / PR 3313: 5-7x on Blackwell in
+# the thd layout). benchmarks/gpu_measure.py times SDPA with and without dropout per backend for the GPU session
+# that can settle it
+NEMO_2024_DROPOUT = 1.8
+NEMO_2024_DROPOUT_WHY = ("inferred for 2024's TE / cuDNN stacks from NeMo 24.07's GPT-3 rows against its Nemotron rows "
+                         "(benchmarks/published.py NEMO_2024_DROPOUT)")
+
+
+def _stack_2024(cudnn):
+    """``cudnn`` (the catalog's H100) as NeMo's and Megatron-Core's 2024 stacks priced attention: the
+    ``NEMO_2024_ATTENTION`` curve, its dropout at ``NEMO_2024_DROPOUT``."""
+    from opmap.hardware import with_attention_dropout, with_attention_kernel
+
+    return with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), NEMO_2024_DROPOUT,
+                                  NEMO_2024_DROPOUT_WHY)
 NEMO_RECIPES = ("NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/{gpt3/5b,20b,175b; llama/llama2_70b; "
                 "nemotron/nemotron_8b,22b,340b}.yaml")
 
@@ -277,14 +303,14 @@ def _nemotron(cfg: Nemotron, batch: int, seq: int):
 
 
 def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int, microbatch: int, recompute: str,
-                   cp: int = 1, alt_hw=None):
+                   cp: int = 1, alt_hw=()):
     """(iteration s, phase figures, sharded) of a NeMo fp8 pre-training run as its recipes set it up: Transformer
     Engine fp8 (opmap --dtype fp8 in training), the distributed optimizer (ZeRO 1) with fused Adam, the DP gradient
     reduce-scatter overlapped with the last microbatch's backward (overlap_grad_sync) and the parameter all-gather
     with the next iteration's first forward (overlap_param_sync: true in the recipes; opmap's default bucketed
     overlap), sequence parallelism with TP above 1, the recipe's activation recomputation; fusion library (TE's
-    fused norm + cast, activation, RoPE and bias-dropout-add kernels between the GEMMs). With ``alt_hw`` the same
-    capture is priced on it too: (iteration s, phase figures, sharded, iteration s on alt_hw or None)."""
+    fused norm + cast, activation, RoPE and bias-dropout-add kernels between the GEMMs). The same capture is also
+    priced on each device of ``alt_hw``: (iteration s, phase figures, sharded, the iteration s on each alt_hw)."""
     from opmap.mapping.sharding import Parallelism, shard
     from opmap.phases.sharded import sharded_phase_figures
     from opmap.phases.step import analyze_phase, capture_phase
@@ -297,24 +323,28 @@ def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int,
                       recompute=recompute, zero=1)
     sh = shard(pa.analysis, par)
     fig = sharded_phase_figures(pa.analysis.phase, sh, pa.analysis)
-    alt = None
-    if alt_hw is not None:
-        pa2 = analyze_phase(g, w, alt_hw, "fp8", spec, fusion=_fusion("library"))
-        alt = sharded_phase_figures(pa2.analysis.phase, shard(pa2.analysis, par), pa2.analysis)["iteration_s"]
-    return fig["iteration_s"], fig, sh, alt
+    alt = []
+    for other in alt_hw:
+        pa2 = analyze_phase(g, w, other, "fp8", spec, fusion=_fusion("library"))
+        alt.append(sharded_phase_figures(pa2.analysis.phase, shard(pa2.analysis, par), pa2.analysis)["iteration_s"])
+    return fig["iteration_s"], fig, sh, tuple(alt)
 
 
 def nemo_fp8_rows() -> list[Row]:
     """NeMo's fp8 pre-training throughput on DGX H100 (``NEMO_FP8``), every row of the table: tokens / s / GPU as
     an iteration time, global batch x sequence / (GPUs x tokens/s/GPU). Context parallelism (the Llama 3 rows, CP
     2) as Megatron-Core runs it: the K/V ring, each step's exchange overlapped with attention. Attention: priced at
-    ``NEMO_2024_ATTENTION``'s rate (FlashAttention-2's measured curve); each row also prints its ratio at the
-    catalog's cuDNN curve."""
-    from opmap.hardware import get_hardware, with_attention_kernel
+    ``NEMO_2024_ATTENTION``'s rate (FlashAttention-2's measured curve), its dropout (the GPT-3 rows) at
+    ``NEMO_2024_DROPOUT``; each row also prints its ratio at the catalog's cuDNN curve (today's kernel, its dropout
+    at the catalog's measured factor), the GPT-3 rows theirs with dropout free, and the two GPT-3 rows that pair
+    with a Nemotron row the dropout factor at which the pair's ratios agree (what ``NEMO_2024_DROPOUT`` rests on:
+    those two rows are marked fit, out of the held-out counts)."""
+    from opmap.hardware import get_hardware, with_attention_dropout, with_attention_kernel
     from opmap.workloads import load_workload
 
     cudnn = get_hardware("h100-sxm")
-    hw = with_attention_kernel(cudnn, NEMO_2024_ATTENTION)
+    hw = _stack_2024(cudnn)
+    free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "dropout free")
     # model, (hidden, layers, heads) for a GPT-3 / a Nemotron layout / a Llama config / None for a zoo name, seq,
     # GPUs, GBS, MBS, TP, PP, CP, VP (the table's columns), recompute (the recipe's), tokens/s/GPU (the table's)
     table = [("GPT3-5B", (4096, 24, 32), 2048, 64, 2048, 4, 1, 1, 1, 1, "none", 22521),
@@ -329,18 +359,31 @@ def nemo_fp8_rows() -> list[Row]:
              ("Nemotron-8B", NEMOTRON_8B, 4096, 64, 256, 4, 2, 1, 1, 1, "none", 12701),
              ("Nemotron-22B", NEMOTRON_22B, 4096, 64, 256, 2, 2, 4, 1, 10, "none", 4256),
              ("Nemotron-340B", NEMOTRON_340B, 4096, 128, 32, 1, 8, 8, 1, 12, "selective", 322)]
-    rows = []
+    pairs = {"GPT3-5B": "Nemotron-8B", "GPT3-20B": "Nemotron-22B"}  # the same attention a GPU, or the nearest
+    rows, free_s = [], {}
     for name, cfg, seq, gpus, gb, mb, tp, pp, cp, vp, recompute, tok in table:
         dp = gpus // (tp * pp * cp)
         w = (_nemotron(cfg, mb, seq) if isinstance(cfg, Nemotron) else _gpt3(*cfg, mb) if isinstance(cfg, tuple)
              else _llama(name, cfg, mb, seq) if cfg is not None else load_workload(name, mb, seq, "fp8", "meta"))
         pub_s = gb * seq / (gpus * tok)
-        it, fig, sh, alt = _fp8_iteration(w, hw, tp, pp, vp, dp, gb, mb, recompute, cp, alt_hw=cudnn)
+        gpt = isinstance(cfg, tuple) and not isinstance(cfg, Nemotron)
+        it, fig, sh, alt = _fp8_iteration(w, hw, tp, pp, vp, dp, gb, mb, recompute, cp,
+                                          alt_hw=(cudnn, free) if gpt else (cudnn,))
+        if gpt:
+            free_s[name] = alt[1]
         rows.append(Row("training_throughput", hw.name, f"{name} fp8, tp{tp} cp{cp} pp{pp} vp{vp} dp{dp}, seq {seq}, "
                         f"batch {gb} (microbatch {mb}), recompute {recompute}", tok, "tokens/s per GPU", pub_s, it,
-                        f"{NEMO_FP8}; settings: {NEMO_RECIPES}",
+                        f"{NEMO_FP8}; settings: {NEMO_RECIPES}", role="fit" if name in pairs else "held out",
                         how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU, bubble {sh.bubble_fraction:.1%}, "
-                            f"MFU {fig['mfu']:.0%} of the fp8 peak; with cuDNN attention: {alt / pub_s:.2f}"))
+                            f"MFU {fig['mfu']:.0%} of the fp8 peak; with cuDNN attention: {alt[0] / pub_s:.2f}"
+                            + (f"; attention dropout free: {alt[1] / pub_s:.2f}" if gpt else "")))
+    index = {r.what.split(" fp8")[0]: i for i, r in enumerate(rows)}  # GPT3-175B's two rows: not paired
+    for gpt, sibling in pairs.items():
+        r, s = rows[index[gpt]], rows[index[sibling]]
+        per_unit = (r.predicted_s - free_s[gpt]) / (NEMO_2024_DROPOUT - 1.0)  # the attention time one unit adds
+        implied = 1.0 + (s.ratio * r.published_s - free_s[gpt]) / per_unit
+        rows[index[gpt]] = replace(r, how=f"{r.how}; the dropout factor that gives {sibling}'s ratio "
+                                          f"({s.ratio:.3f}): {implied:.2f}")
     return rows
 
 
@@ -476,17 +519,20 @@ def mcore_weak_rows() -> list[Row]:
     """Megatron-Core's H100 weak-scaling table (``MCORE_WEAK``), the runs issue 22 names (opmap was 1.2-1.6x
     optimistic on the small ones): per-GPU teraFLOP/s as an iteration time, Megatron's own FLOPs
     (``megatron_flops_per_sequence``) x batch / (GPUs x teraFLOP/s). The model: Megatron's GPT with its defaults
-    (LayerNorm, GELU, 4h MLP, biases, learned positions, tied embeddings, hidden and attention dropout 0.1), bf16;
-    the distributed optimizer (--overlap-param-gather needs it: ZeRO 1) with the DP overlap, sequence parallelism
-    with TP above 1, library fusion, attention at ``NEMO_2024_ATTENTION``'s rate (the same month's stack as NeMo
-    24.07; the cuDNN ratio printed beside). Microbatch, virtual stages and recomputation are not published:
-    the fastest that fits 80 GB among microbatch 1 / 2 / 4, every vp that divides a stage's layers and none /
-    selective / full, as ``plan`` chooses. Priced from two captured blocks standing for all (opmap.explore.depth)."""
+    (LayerNorm, GELU, 4h MLP, biases, learned positions, hidden and attention dropout 0.1), bf16, embeddings tied
+    (the table's sizes count them untied, 1.7B = 1.48B + 0.27B: the extra copy adds optimizer and gradient volume,
+    which ZeRO 1 over 48 and the overlapped reduce keep off the step); the distributed optimizer
+    (--overlap-param-gather needs it: ZeRO 1) with the DP overlap, sequence parallelism with TP above 1, library
+    fusion, attention as the same month's stack ran it (``_stack_2024``: NeMo 24.07's; the ratios with today's cuDNN
+    and with the dropout free printed beside: these rows are out of ``NEMO_2024_DROPOUT``'s fit). Microbatch,
+    virtual stages and recomputation are not published: the fastest that fits 80 GB among microbatch 1 / 2 / 4,
+    every vp that divides a stage's layers and none / selective / full, as ``plan`` chooses. Priced from two
+    captured blocks standing for all (opmap.explore.depth)."""
     import torch
 
     from opmap.explore.depth import shallow
     from opmap.explore.plan import vp_candidates
-    from opmap.hardware import get_hardware, with_attention_kernel
+    from opmap.hardware import get_hardware, with_attention_dropout, with_attention_kernel
     from opmap.mapping.sharding import Parallelism, Sharder, saved_per_block, sharded_memory
     from opmap.phases.step import analyze_phase, capture_phase
     from opmap.workloads.gpt2 import GPT2, GPT2Config
@@ -494,7 +540,8 @@ def mcore_weak_rows() -> list[Row]:
     from opmap.workloads.zoo import Workload, cast_to
 
     cudnn = get_hardware("h100-sxm")
-    hw = with_attention_kernel(cudnn, NEMO_2024_ATTENTION)
+    hw = _stack_2024(cudnn)
+    free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "dropout free")
     seq, vocab = 4096, 131072
     # size, heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU teraFLOP/s (the table's columns)
     table = [("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
@@ -520,19 +567,21 @@ def mcore_weak_rows() -> list[Row]:
             fusion = _fusion("library")
             s = Sharder(analyze_phase(g, short, hw, "bf16", spec, fusion=fusion).analysis, depth)
             s_cudnn = Sharder(analyze_phase(g, short, cudnn, "bf16", spec, fusion=fusion).analysis, depth)
+            s_free = Sharder(analyze_phase(g, short, free, "bf16", spec, fusion=fusion).analysis, depth)
             saved = saved_per_block(g, s.roles, seq)
             for vp in vp_candidates(layers, pp):
                 for rc in ("none", "selective", "full"):
                     p = Parallelism(tp=tp, pp=pp, dp=dp, vp=vp, sp=tp > 1, microbatch=mb, global_batch=gb,
                                     recompute=rc, zero=1)
                     fits = sharded_memory(p, s, saved, "bf16", True, seq).fits
-                    runs.append((not fits, s.shard(p, per_kernel=False).step_s, p, s_cudnn))
-        _, step, p, s_cudnn = min(runs, key=lambda x: x[:2])
+                    runs.append((not fits, s.shard(p, per_kernel=False).step_s, p, s_cudnn, s_free))
+        _, step, p, s_cudnn, s_free = min(runs, key=lambda x: x[:2])
         r = s.shard(p, per_kernel=False)
         rows.append(Row("training_throughput", hw.name, f"Megatron-Core GPT {name} bf16, tp{tp} pp{pp} dp{dp}, seq "
                         f"{seq}, batch {gb}", tflops, "teraFLOP/s per GPU", pub_s, step, MCORE_WEAK,
                         how=f"{p.label()}, bubble {r.bubble_fraction:.1%}; with cuDNN attention: "
-                            f"{s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
+                            f"{s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}; attention dropout free: "
+                            f"{s_free.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
     return rows
 
 

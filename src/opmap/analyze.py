@@ -371,6 +371,27 @@ FUSION_TEXT = {
 }
 
 
+def _drops_scores(graph: OpGraph) -> bool:
+    """Whether any fused attention call in the graph drops scores (training with dropout_p above 0)."""
+    return any("attention" in n.op and isinstance(n.args.get("dropout_p"), (int, float)) and n.args["dropout_p"] > 0
+               for n in graph.nodes)
+
+
+def attention_dropout_line(hw: HardwareSpec) -> str:
+    """How the priced attention kernel's dropout is costed, in words."""
+    cal = hw.calibration
+    kernel = cal.get("attention_kernel")
+    if not kernel:
+        return ("attention dropout: the Philox draw, compare and select counted per score on the vector unit "
+                "(no measured attention kernel)")
+    row = next((r for r in cal.get("attention_dropout", []) if r.get("kernel") == kernel), None)
+    if row is None:
+        return (f"attention dropout: priced at {kernel}'s no-dropout rate (no time with dropout measured for "
+                f"{kernel} on {hw.name})")
+    return (f"attention dropout: {kernel} runs {row['factor']:.3g}x its no-dropout time when it drops scores"
+            + (f" ({row['source']})" if row.get("source") else ""))
+
+
 def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
                       overrides: Sequence[tuple[str, str]], fusion: str = "eager",
                       evidence: str = "") -> dict[str, Any]:
@@ -408,6 +429,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "attention_kernel": (f"{hw.calibration['attention_kernel']}: fused attention from its measured rows in the "
                              "catalog (--attention-kernel picks another)" if hw.calibration.get("attention_kernel")
                              else "no measured kernel: flash tiles on the device's peaks"),
+        **({"attention_dropout": attention_dropout_line(hw)} if _drops_scores(graph) else {}),
         "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
         "workload_notes": list(workload.assumptions),
         "capture_notes": list(graph.notes),

@@ -145,13 +145,16 @@ class MatrixProblem:
     """The matrix-engine work of one op, for shape-dependent efficiency and tiling.
 
     ``batch`` counts independent problems of m x n x k: the batch of a bmm, the groups of a grouped
-    convolution, batch x heads of attention."""
+    convolution, batch x heads of attention. ``dropout``: fused attention that drops scores (a training call with
+    ``dropout_p`` above 0), which a measured no-dropout curve prices through its kernel's dropout factor
+    (opmap.hardware.curves)."""
 
     family: MatrixFamily
     batch: int
     m: int
     n: int
     k: int
+    dropout: bool = False
 
     @property
     def flops(self) -> float:

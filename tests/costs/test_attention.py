@@ -82,3 +82,39 @@ def test_meta_sdpa_output_layout_matches_fused_kernel():
     cpu = F.scaled_dot_product_attention(torch.randn(1, 4, 16, 8), torch.randn(1, 4, 16, 8),
                                          torch.randn(1, 4, 16, 8), is_causal=True)
     assert out.stride == tuple(cpu.stride())
+
+
+class DroppedSDPA(torch.nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
+
+
+def test_attention_dropout_is_counted_forward_and_backward_and_marks_the_problem():
+    """A causal training call at dropout 0.1, B 2 x H 4 x S 64 x D 32 on meta: per score the forward adds the Philox
+    draw, compare and select (opmap.costs.attention: 8 integer ops) to its 5 softmax ops, the backward the draw again
+    and the two masks (9) to its 4; both problems say dropout, so a measured curve takes the kernel's factor."""
+    from opmap.costs.attention import DROPOUT_BWD_OPS_PER_SCORE, DROPOUT_OPS_PER_SCORE
+
+    assert (DROPOUT_OPS_PER_SCORE, DROPOUT_BWD_OPS_PER_SCORE) == (8, 9)
+    with torch.device("meta"):
+        q = torch.empty(2, 4, 64, 32, requires_grad=True)
+    scores = 2 * 4 * causal_pairs(64, 64)
+    got = {}
+    for p in (0.0, 0.1):
+        g = capture(DroppedSDPA(p).train(), (q, q, q), train=True)
+        fwd = next(n for n in g.nodes if n.op == "aten.scaled_dot_product_attention.default")
+        bwd = next(n for n in g.nodes if n.op.endswith("_backward.default") and "attention" in n.op)
+        assert bwd.args["dropout_p"] == p  # the meta backward stand-in carries the forward's probability
+        got[p] = (cost_node(fwd), cost_node(bwd))
+    for c in got[0.0]:
+        assert not c.problem.dropout
+    for c in got[0.1]:
+        assert c.problem.dropout
+    (f0, b0), (f1, b1) = got[0.0], got[0.1]
+    assert f0.vector_flops == scores * 5 and f1.vector_flops == scores * (5 + 8)
+    assert b0.vector_flops == scores * 4 and b1.vector_flops == scores * (4 + 9)
+    assert f1.matrix_flops == f0.matrix_flops and b1.matrix_flops == b0.matrix_flops  # the products are the same

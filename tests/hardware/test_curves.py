@@ -314,3 +314,65 @@ def test_a_calibration_naming_a_missing_attention_kernel_is_refused(cal, why):
 
     with pytest.raises(OpmapError, match=re.escape(why)):
         check_calibration(cal)
+
+
+# TransformerEngine issue 3312: an H200 (sm90), TE 2.15.0's DotProductAttention on cuDNN, bf16, sbhd, 4 x 4096 tokens,
+# 16 heads of 128, forward + backward: 0.594 ms at dropout 0, 0.614 ms at 0.1
+TE_3312_CUDNN_DROPOUT = 0.614 / 0.594
+
+
+@pytest.mark.parametrize("fam", [MatrixFamily.ATTENTION_CAUSAL, MatrixFamily.ATTENTION_BWD_CAUSAL])
+def test_attention_that_drops_scores_runs_the_kernels_measured_dropout_factor_longer(fam):
+    from opmap.hardware import get_hardware, with_attention_kernel
+
+    for name in ("h100-sxm", "h200"):
+        hw = get_hardware(name)  # cuDNN, the catalog's default kernel
+        plain = hw.curves.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128), "bf16")
+        dropped = hw.curves.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128, dropout=True), "bf16")
+        assert plain / dropped == pytest.approx(TE_3312_CUDNN_DROPOUT, rel=1e-3)
+        # no FlashAttention-2 pair is published for sm90: its rows price dropout at their no-dropout rate
+        fa2 = with_attention_kernel(hw, "fa2").curves
+        assert fa2.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128, dropout=True), "bf16") == \
+            fa2.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128), "bf16")
+    # GEMMs carry no dropout factor even when marked
+    hw = get_hardware("h100-sxm")
+    assert hw.curves.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 4096, 4096, 4096, dropout=True), "bf16") == \
+        hw.curves.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 4096, 4096, 4096), "bf16")
+
+
+def test_a_stacks_own_dropout_factor_replaces_the_selected_kernels():
+    from opmap.hardware import get_hardware, with_attention_dropout, with_attention_kernel
+
+    hw = with_attention_kernel(get_hardware("h100-sxm"), "fa2")
+    slow = with_attention_dropout(hw, 1.8, "a stack's own dropout path")
+    p = MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 64, 4096, 4096, 128, dropout=True)
+    assert slow.curves.matrix_rate(p, "bf16") == pytest.approx(319e12 / 1.8)  # FA3 paper Figure 5: FA2 causal 4k
+    # the other kernels' rows stay as measured
+    back = with_attention_kernel(slow, "cudnn")
+    assert back.curves.attention_dropout == pytest.approx(TE_3312_CUDNN_DROPOUT, rel=1e-3)
+
+
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), 0.5, -1.0])
+def test_a_dropout_factor_below_one_or_not_finite_is_refused_in_one_line(factor):
+    from opmap.errors import OpmapError
+    from opmap.hardware import get_hardware, with_attention_dropout
+
+    with pytest.raises(OpmapError) as e:
+        with_attention_dropout(get_hardware("h100-sxm"), factor, "test")
+    assert "attention dropout factor" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("rows,why", [
+    ([{"kernel": "cudnn", "factor": 0.9}], "attention_dropout[0].factor"),
+    ([{"kernel": "fa9", "factor": 1.1}], "names no measured attention rows; accepted: cudnn"),
+    ([{"kernel": "cudnn"}], "must be a table with a factor"),
+    ({"kernel": "cudnn", "factor": 1.1}, "must be an array of tables"),
+])
+def test_a_calibrations_bad_dropout_row_is_refused(rows, why):
+    from opmap.errors import OpmapError
+    from opmap.hardware.curves import check_calibration
+
+    cal = {"attention_kernel": "cudnn", "attention_dropout": rows,
+           "attention": [{"kernel": "cudnn", "sq": 512, "sk": 512, "d": 128, "dtype": "bf16", "flops_per_s": 1e14}]}
+    with pytest.raises(OpmapError, match=re.escape(why)):
+        check_calibration(cal)

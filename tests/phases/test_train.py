@@ -103,3 +103,37 @@ def test_the_phase_line_names_the_step_and_its_parts():
     t = f["text"]
     assert f"iteration {f['step_s'] * 1e3:.4g} ms per device" in t and "pipeline bubble" in t
     assert "exposed communication" in t and "recompute" in t and "request" not in t
+
+
+@functools.cache
+def _gpt_train(dropout: float, kernel: str | None = None):
+    from opmap.hardware import with_attention_kernel
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+
+    cfg = GPT2Config(vocab_size=1000, block_size=512, n_layer=2, n_head=4, n_embd=512, dropout=dropout)
+    with torch.device("meta"):
+        m = GPT2(cfg).to(torch.bfloat16)
+        ids = torch.zeros(2, 512, dtype=torch.long)
+    w = Workload("small-gpt", m, (ids,), 2, 512)
+    spec = check_phase(PhaseSpec("train", microbatch=2, global_batch=2), "small-gpt", 2)
+    hw = with_attention_kernel(H100, kernel)
+    return analyze_phase(capture_phase(w, spec), w, hw, "bf16", spec).analysis
+
+
+def _attention_matrix_s(a) -> float:
+    return sum(r.pred.matrix_s for r in a.results if r.cost.problem is not None and r.cost.problem.family.attention)
+
+
+def test_attention_dropout_costs_the_kernels_measured_factor_and_says_so():
+    """GPT-style attention dropout 0.1 on the catalog's H100 (cuDNN, the kernel Transformer Engine runs): the fused
+    attention's forward and backward take 0.614 / 0.594 ms of the no-dropout time (TransformerEngine issue 3312, an
+    H200 at 16 heads of 128, sbhd), and the assumptions name the factor; without dropout they say nothing of it.
+    FlashAttention-2 has no measured pair on sm90: priced at its no-dropout rows, and the line says so."""
+    plain, dropped = _gpt_train(0.0), _gpt_train(0.1)
+    assert _attention_matrix_s(dropped) / _attention_matrix_s(plain) == pytest.approx(0.614 / 0.594, rel=1e-3)
+    assert "attention_dropout" not in plain.assumptions
+    line = dropped.assumptions["attention_dropout"]
+    assert "cudnn runs 1.03x its no-dropout time" in line and "3312" in line
+    fa2 = _gpt_train(0.1, "fa2")
+    assert "priced at fa2's no-dropout rate" in fa2.assumptions["attention_dropout"]
+    assert _attention_matrix_s(fa2) == pytest.approx(_attention_matrix_s(_gpt_train(0.0, "fa2")))

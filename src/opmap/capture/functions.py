@@ -96,7 +96,8 @@ class FunctionRecorder(TorchFunctionMode):
                 # the fresh output has no autograd history: give it the fused kernel's backward
                 b = dict(zip(names, args), **kwargs)
                 out = MetaFlashAttention.apply(out, t, b["query"], b["key"], b["value"], b.get("attn_mask"),
-                                                bool(b.get("is_causal", False)), b.get("scale"))
+                                                bool(b.get("is_causal", False)), b.get("scale"),
+                                                float(b.get("dropout_p", 0.0) or 0.0))
         backend = fused[0] if fused else "math (decomposed: no fused kernel on this device)"
         if key is not None and isinstance(out, torch.Tensor) and out.device.type == "meta":
             self.memo[key] = ((tuple(out.shape), out.stride(), out.dtype), backend)
@@ -121,8 +122,9 @@ class MetaFlashAttention(torch.autograd.Function):
     it, instead of a cut in the autograd graph or the math path's S x S backward."""
 
     @staticmethod
-    def forward(ctx, out, tracker, q, k, v, mask, is_causal, scale):
+    def forward(ctx, out, tracker, q, k, v, mask, is_causal, scale, dropout_p=0.0):
         ctx.tracker, ctx.is_causal, ctx.scale, ctx.mask = tracker, is_causal, scale, mask
+        ctx.dropout_p = dropout_p  # the backward draws the forward's mask again (its aten op takes dropout_p too)
         ctx.save_for_backward(q, k, v)
         start = len(tracker.suppressed_ops)
         tracker.suppress += 1
@@ -150,6 +152,7 @@ class MetaFlashAttention(torch.autograd.Function):
             ins.append(("attn_mask", ctx.mask))
         t.add_node("aten._scaled_dot_product_flash_attention_backward.default",
                    "_scaled_dot_product_flash_attention_backward", ins,
-                   {"is_causal": ctx.is_causal, "scale": ctx.scale, "backend_op": "flash (meta stand-in)"},
+                   {"is_causal": ctx.is_causal, "scale": ctx.scale, "dropout_p": ctx.dropout_p,
+                    "backend_op": "flash (meta stand-in)"},
                    [dq, dk, dv], is_view=False, is_inplace=False)
-        return None, None, dq, dk, dv, None, None, None
+        return None, None, dq, dk, dv, None, None, None, None

@@ -13,6 +13,12 @@ node says so. An explicit ``attn_mask`` is dense work: the kernel computes every
 Bytes: a fused kernel reads Q, K, V (and the mask, if any) once and writes the output (plus the
 log-sum-exp where the variant returns it); the S x S scores never reach device memory.
 
+Dropout (``dropout_p`` above 0, a training call): the kernel draws a random number per score from the Philox
+counter generator, compares it with the threshold and zeroes or scales the probability; the backward draws the
+same numbers again to rebuild the mask. Counted as integer work on the vector unit, ``DROPOUT_OPS_PER_SCORE``
+forward and ``DROPOUT_BWD_OPS_PER_SCORE`` backward, and the problem is marked ``dropout``: where a measured
+no-dropout curve prices the kernel, the kernel's measured dropout factor scales it (opmap.hardware.curves).
+
 Layouts: the ``_scaled_dot_product_*`` ops and ``scaled_dot_product_attention`` take (B, H, S, D);
 ``_flash_attention_forward`` and ``_efficient_attention_forward`` take (B, S, H, D).
 """
@@ -29,6 +35,18 @@ BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
 BSHD = ("_flash_attention_forward", "_efficient_attention_forward")
 VECTOR_PER_SCORE = 5  # scale, max, subtract, sum, divide
 EXP_PER_SCORE = 1
+# Philox-4x32-10 (Salmon et al. 2011, SC'11): 10 rounds of two 32 x 32 -> 64-bit multiplies, two three-way xors and
+# two key bumps, about 70 integer instructions a call for 128 random bits. FlashAttention-2 takes 8 bits a score
+# (csrc/flash_attn/src/dropout.h), 16 scores a call: ~4.4 instructions a score for the draw, then extracting the
+# byte, the compare and the select: 8 forward; the backward draws again and masks both P and dP: 9
+DROPOUT_OPS_PER_SCORE = 8
+DROPOUT_BWD_OPS_PER_SCORE = 9
+
+
+def dropout_p(node: Node) -> float:
+    """The attention call's dropout probability (0 outside training or where the call names none)."""
+    p = node.args.get("dropout_p") or 0.0
+    return float(p) if isinstance(p, (int, float)) else 0.0
 
 
 def is_causal(node: Node) -> bool:
@@ -56,8 +74,10 @@ def sdpa_cost(node: Node) -> OpCost:
     skipped = float(b * h * (dense - pairs) * per_pair)
     # outputs beyond the attention result (logsumexp, rng state, debug mask) are small; the first output is O
     written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4) or node.outputs[0].nbytes
+    drop = dropout_p(node) > 0.0
+    per_score = VECTOR_PER_SCORE + (DROPOUT_OPS_PER_SCORE if drop else 0)
     return io_cost(node, written=written, matrix_flops=matrix, macs=matrix / 2,
-                   vector_flops=float(b * h * pairs * VECTOR_PER_SCORE),
+                   vector_flops=float(b * h * pairs * per_score),
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
                    problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
-                                         int(b * h), int(sq), int(sk), int(d)))
+                                         int(b * h), int(sq), int(sk), int(d), dropout=drop))

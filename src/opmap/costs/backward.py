@@ -36,6 +36,7 @@ Bytes are the usual minimum: each input read once, each output written once.
 
 from __future__ import annotations
 
+from opmap.costs.attention import DROPOUT_BWD_OPS_PER_SCORE, dropout_p
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node
 from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs
@@ -157,7 +158,9 @@ def sdpa_backward_cost(node: Node) -> OpCost:
     # 5 GEMMs over the pairs: S = QK^T (d), dP = dO V^T (dv), dV = P^T dO (dv), dQ = dS K (d), dK = dS^T Q (d)
     mac = b * h * pairs * (3 * d + 2 * dv)
     written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4)
+    drop = dropout_p(node) > 0.0  # the forward's mask drawn again (opmap.costs.attention)
+    per_score = 4 + (DROPOUT_BWD_OPS_PER_SCORE if drop else 0)
     return io_cost(node, written=written, matrix_flops=2.0 * mac, macs=float(mac),
-                   vector_flops=float(b * h * pairs * 4), transcendental_flops=float(b * h * pairs),
+                   vector_flops=float(b * h * pairs * per_score), transcendental_flops=float(b * h * pairs),
                    problem=MatrixProblem(MatrixFamily.ATTENTION_BWD_CAUSAL if causal else MatrixFamily.ATTENTION_BWD,
-                                         int(b * h), int(sq), int(sk), int(d)))
+                                         int(b * h), int(sq), int(sk), int(d), dropout=drop))

@@ -15,6 +15,11 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   clamped to the grid's edges. A GEMM at least as large in m, n and k as its
   format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at least at
   that ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
+- ``attention_dropout``: how much longer the selected attention kernel runs when it drops scores (a training
+  call with ``dropout_p`` above 0) than its measured no-dropout rows say: the ``attention_dropout`` row naming
+  that kernel (``{ kernel = "cudnn", factor = 1.03 }``, time with dropout over time without, measured the two
+  interleaved), 1 where none is measured (the dropout then costs nothing on a measured curve; the analysis
+  says so).
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.
@@ -59,6 +64,17 @@ def selected_attention_kernel(cal: dict[str, Any]) -> str | None:
     row counts: a calibration measures the one kernel its machine dispatches)."""
     k = cal.get("attention_kernel")
     return k if isinstance(k, str) else None
+
+
+def attention_dropout_factor(cal: dict[str, Any]) -> float | None:
+    """The measured time-with-dropout over time-without of the attention kernel the calibration prices (its
+    ``attention_dropout`` row for the selected kernel, or the row naming no kernel where none is selected); None
+    where none is measured."""
+    kernel = selected_attention_kernel(cal)
+    for r in cal.get("attention_dropout", []):
+        if isinstance(r, dict) and r.get("kernel") == kernel:
+            return float(r["factor"])
+    return None
 
 # The rows of a calibration's curves: table -> (shape keys, integers >= 1; text keys; rate key, finite >= 0)
 ROWS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
@@ -120,6 +136,18 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
         if "kernel" in r and not (isinstance(r["kernel"], str) and KERNEL_NAME.fullmatch(r["kernel"])):
             raise OpmapError(f"{where}.attention[{i}].kernel must name a kernel in lower case, such as 'cudnn' or "
                              f"'fa2' (got {shown(r['kernel'])})")
+    rows = cal.get("attention_dropout", [])
+    if not isinstance(rows, list):
+        raise OpmapError(f"{where}.attention_dropout must be an array of tables (got {shown(rows)})")
+    for i, r in enumerate(rows):
+        at = f"{where}.attention_dropout[{i}]"
+        if not isinstance(r, dict) or "factor" not in r:
+            raise OpmapError(f"{at} must be a table with a factor (time with dropout over time without) and the "
+                             f"kernel it was measured on (got {shown(r)})")
+        finite_number(r["factor"], f"{at}.factor", lo=1)
+        if "kernel" in r and r["kernel"] not in attention_kernels(cal):
+            raise OpmapError(f"{at}.kernel {shown(r['kernel'])} names no measured attention rows; accepted: "
+                             f"{', '.join(attention_kernels(cal)) or 'none (no row names a kernel)'}")
     if "attention_kernel" in cal:
         k, named = cal["attention_kernel"], attention_kernels(cal)
         if k not in named:
@@ -248,6 +276,8 @@ class Curves:
     vector_kinds: dict[str, float] = field(default_factory=dict)  # family -> rule FLOPs per second
     # (log2 bytes, extra seconds per byte) of writing into a freshly allocated output instead of a reused one
     fresh_page_points: tuple[tuple[float, float], ...] = ()
+    # the priced attention kernel's time with dropout over its time without (1: none measured)
+    attention_dropout: float = 1.0
 
     @property
     def empty(self) -> bool:
@@ -265,7 +295,10 @@ class Curves:
             return None
         batched = (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.GEMM_WGRAD)
         m = problem.batch * problem.m if family in batched else problem.m
-        return table.rate(m, problem.n, problem.k)
+        rate = table.rate(m, problem.n, problem.k)
+        if rate and problem.dropout and family.attention:
+            rate /= self.attention_dropout  # the curves are measured without dropout
+        return rate
 
     def fresh_page_s(self, nbytes: float) -> float:
         """Extra seconds to write ``nbytes`` into a freshly allocated output (first-touch page faults), from the
@@ -343,7 +376,8 @@ class Curves:
         return Curves(tables, tuple(sorted(bw)),
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
                       str(cal.get("fingerprint", {}).get("model", "")),
-                      {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0}, tuple(sorted(fresh)))
+                      {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0}, tuple(sorted(fresh)),
+                      attention_dropout_factor(cal) or 1.0)
 
 
 def with_attention_kernel(hw, kernel: str | None):
@@ -359,3 +393,14 @@ def with_attention_kernel(hw, kernel: str | None):
     if kernel == selected_attention_kernel(hw.calibration):
         return hw
     return replace(hw, calibration={**hw.calibration, "attention_kernel": kernel})
+
+
+def with_attention_dropout(hw, factor: float, why: str):
+    """``hw`` with its priced attention kernel running ``factor`` times longer when it drops scores than its
+    measured no-dropout rows (a software stack's own dropout path: ``why`` says where the factor comes from, and
+    the analysis prints it). Refused in one line unless ``factor`` is a finite number of at least 1."""
+    finite_number(factor, "attention dropout factor", lo=1)
+    kernel = selected_attention_kernel(hw.calibration)
+    row = {"factor": float(factor), "source": why, **({"kernel": kernel} if kernel is not None else {})}
+    kept = [r for r in hw.calibration.get("attention_dropout", []) if r.get("kernel") != kernel]
+    return replace(hw, calibration={**hw.calibration, "attention_dropout": [*kept, row]})
