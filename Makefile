@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 OUT ?= out/demo
 
-.PHONY: setup demo test lint browser bench accuracy clean
+.PHONY: setup demo test lint browser bench accuracy peers clean
 
 $(BIN)/opmap: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: setup
 
 test: setup lint browser
 	$(BIN)/python -m pytest
+
+# The peers benchmarks/peer_llm_analysis.py runs beside opmap: llm-analysis pins transformers < 5 for Hugging Face
+# look-ups that script never makes, so it goes in without its dependencies (fire and its two are all it imports)
+peers: setup
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-analysis==0.2.2 'fire>=0.5,<0.6' six termcolor
 
 # The dashboard's browser test drives Debian's chromium and chromedriver. As root they are installed with
 # apt-get directly (package lists fetched first when missing or stale), else with `sudo -n`; a machine that could

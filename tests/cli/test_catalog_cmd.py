@@ -44,3 +44,22 @@ def test_hardware_show_names_a_devices_measured_gemm_curves_and_their_source(cli
     assert rc == 0 and "measured curves" in flat and "12636 shapes" in flat and "aiconfigurator" in flat
     rc, out, _ = cli("hardware", "show", "mi250x")  # no published per-shape timings
     assert rc == 0 and "measured curves" not in out
+
+
+def test_hardware_show_prints_the_attention_dropout_factor_and_a_spec_files_text_literally(cli, tmp_path):
+    from pathlib import Path
+
+    import opmap.hardware
+
+    rc, out, _ = cli("hardware", "show", "h100-sxm")
+    flat = " ".join(out.split())
+    # TransformerEngine issue 3312's H200 pair: 0.614 / 0.594 ms = 1.034
+    assert rc == 0 and "attention dropout" in flat and "cudnn 1.034x" in flat and "issue 3312" in flat
+    # a spec file's sources are the user's text: shown as written, never read as terminal markup
+    src = Path(opmap.hardware.__file__).with_name("catalog") / "h100-sxm.toml"
+    text = src.read_text().replace('source = "TransformerEngine issue 3312:', 'source = "[bold red]mine[/] 3312:', 1)
+    spec = tmp_path / "mine.toml"
+    spec.write_text(text)
+    rc, out, err = cli("hardware", "show", str(spec))
+    assert rc == 0, err
+    assert "[bold red]mine[/]" in " ".join(out.split())

@@ -87,6 +87,14 @@ def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml 
         console.print(h.notes)
 
 
+def _row(t: Table, *cells) -> None:
+    """One row of the spec table, every cell escaped: a spec file's sources and notes are the user's text, never
+    terminal markup."""
+    from rich.markup import escape
+
+    t.add_row(*(escape(str(c)) for c in cells))
+
+
 def _spec_table(h) -> Table:
     """Every peak and scalar field of ``h`` with its value, kind and source."""
     from opmap.hardware.spec import SCALAR_FIELDS, TEXT_FIELDS
@@ -101,28 +109,31 @@ def _spec_table(h) -> Table:
                          ("achievable matrix", h.achievable_matrix_flops_per_s),
                          ("sustained matrix", h.sustained_matrix_flops_per_s)):
         for d, v in peaks.items():
-            t.add_row(f"{label} {d}", si(v.value, "FLOP/s") if v.value else "-", v.kind, v.source)
+            _row(t, f"{label} {d}", si(v.value, "FLOP/s") if v.value else "-", v.kind, v.source)
     if not h.achievable_matrix_flops_per_s:
-        t.add_row("achievable matrix", "datasheet only", "-",
+        _row(t, "achievable matrix", "datasheet only", "-",
                   "no published achievable matrix rate: the time model runs at the dense peak")
     for key, unit in SCALAR_FIELDS.items():
         v = h.fields.get(key)
         if v is None and key == "achievable_memory_bandwidth_bytes_per_s":
-            t.add_row(key, "datasheet only", "-", f"no published achievable bandwidth: {h.memory_rate_basis}")
+            _row(t, key, "datasheet only", "-", f"no published achievable bandwidth: {h.memory_rate_basis}")
         if v is not None:
             val = "-" if v.value is None else (f"{v.value:g}" if unit in ("", "x") else si(v.value, unit))
-            t.add_row(key, val, v.kind, v.source + (f" ({v.note})" if v.note else ""))
+            _row(t, key, val, v.kind, v.source + (f" ({v.note})" if v.note else ""))
     for key in TEXT_FIELDS:
         if (v := h.fields.get(key)) is not None:
-            t.add_row(key, str(v.value), v.kind, v.source + (f" ({v.note})" if v.note else ""))
+            _row(t, key, str(v.value), v.kind, v.source + (f" ({v.note})" if v.note else ""))
     tables = h.curves.tables if h.calibration else {}
     if tables:  # measured per-shape curves (a catalog device's published timings, or a calibration's)
         fams = ", ".join(sorted(f"{fam.value} {dt} ({tb.size} shapes)" for (fam, dt), tb in tables.items()))
-        t.add_row("measured curves", fams, "measured", str(h.calibration.get("source", "opmap calibrate")))
+        _row(t, "measured curves", fams, "measured", str(h.calibration.get("source", "opmap calibrate")))
     from opmap.hardware import attention_kernels
 
     if kernels := attention_kernels(h.calibration):
-        t.add_row("attention kernels", ", ".join(kernels), "measured",
+        _row(t, "attention kernels", ", ".join(kernels), "measured",
                   f"default {h.calibration.get('attention_kernel', kernels[0])}; analyze / plan --attention-kernel "
                   "prices another")
+    if rows := h.calibration.get("attention_dropout"):  # time with dropout over time without, per kernel
+        _row(t, "attention dropout", ", ".join(f"{r.get('kernel', 'any')} {r['factor']:g}x" for r in rows),
+                  "measured", "; ".join(str(r.get("source", "")) for r in rows if r.get("source")) or "calibration")
     return t
