@@ -336,15 +336,15 @@ def nemo_fp8_rows() -> list[Row]:
     2) as Megatron-Core runs it: the K/V ring, each step's exchange overlapped with attention. Attention: priced at
     ``NEMO_2024_ATTENTION``'s rate (FlashAttention-2's measured curve), its dropout (the GPT-3 rows) at
     ``NEMO_2024_DROPOUT``; each row also prints its ratio at the catalog's cuDNN curve (today's kernel, its dropout
-    at the catalog's measured factor), the GPT-3 rows theirs with dropout free, and the two GPT-3 rows that pair
-    with a Nemotron row the dropout factor at which the pair's ratios agree (what ``NEMO_2024_DROPOUT`` rests on:
-    those two rows are marked fit, out of the held-out counts)."""
+    at the catalog's measured factor), the GPT-3 rows theirs at the kernel's no-dropout rate (factor 1), and the
+    two GPT-3 rows that pair with a Nemotron row the dropout factor at which the pair's ratios agree (what
+    ``NEMO_2024_DROPOUT`` rests on: those two rows are marked fit, out of the held-out counts)."""
     from opmap.hardware import get_hardware, with_attention_dropout, with_attention_kernel
     from opmap.workloads import load_workload
 
     cudnn = get_hardware("h100-sxm")
     hw = _stack_2024(cudnn)
-    free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "dropout free")
+    free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "the no-dropout rate")
     # model, (hidden, layers, heads) for a GPT-3 / a Nemotron layout / a Llama config / None for a zoo name, seq,
     # GPUs, GBS, MBS, TP, PP, CP, VP (the table's columns), recompute (the recipe's), tokens/s/GPU (the table's)
     table = [("GPT3-5B", (4096, 24, 32), 2048, 64, 2048, 4, 1, 1, 1, 1, "none", 22521),
@@ -376,7 +376,7 @@ def nemo_fp8_rows() -> list[Row]:
                         f"{NEMO_FP8}; settings: {NEMO_RECIPES}", role="fit" if name in pairs else "held out",
                         how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU, bubble {sh.bubble_fraction:.1%}, "
                             f"MFU {fig['mfu']:.0%} of the fp8 peak; with cuDNN attention: {alt[0] / pub_s:.2f}"
-                            + (f"; attention dropout free: {alt[1] / pub_s:.2f}" if gpt else "")))
+                            + (f"; attention at its no-dropout rate: {alt[1] / pub_s:.2f}" if gpt else "")))
     index = {r.what.split(" fp8")[0]: i for i, r in enumerate(rows)}  # GPT3-175B's two rows: not paired
     for gpt, sibling in pairs.items():
         r, s = rows[index[gpt]], rows[index[sibling]]
@@ -524,7 +524,7 @@ def mcore_weak_rows() -> list[Row]:
     which ZeRO 1 over 48 and the overlapped reduce keep off the step); the distributed optimizer
     (--overlap-param-gather needs it: ZeRO 1) with the DP overlap, sequence parallelism with TP above 1, library
     fusion, attention as the same month's stack ran it (``_stack_2024``: NeMo 24.07's; the ratios with today's cuDNN
-    and with the dropout free printed beside: these rows are out of ``NEMO_2024_DROPOUT``'s fit). Microbatch,
+    and at the no-dropout rate printed beside: these rows are out of ``NEMO_2024_DROPOUT``'s fit). Microbatch,
     virtual stages and recomputation are not published: the fastest that fits 80 GB among microbatch 1 / 2 / 4,
     every vp that divides a stage's layers and none / selective / full, as ``plan`` chooses. Priced from two
     captured blocks standing for all (opmap.explore.depth)."""
@@ -541,7 +541,7 @@ def mcore_weak_rows() -> list[Row]:
 
     cudnn = get_hardware("h100-sxm")
     hw = _stack_2024(cudnn)
-    free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "dropout free")
+    free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "the no-dropout rate")
     seq, vocab = 4096, 131072
     # size, heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU teraFLOP/s (the table's columns)
     table = [("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
@@ -580,8 +580,8 @@ def mcore_weak_rows() -> list[Row]:
         rows.append(Row("training_throughput", hw.name, f"Megatron-Core GPT {name} bf16, tp{tp} pp{pp} dp{dp}, seq "
                         f"{seq}, batch {gb}", tflops, "teraFLOP/s per GPU", pub_s, step, MCORE_WEAK,
                         how=f"{p.label()}, bubble {r.bubble_fraction:.1%}; with cuDNN attention: "
-                            f"{s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}; attention dropout free: "
-                            f"{s_free.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
+                            f"{s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}; attention at its no-dropout "
+                            f"rate: {s_free.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
     return rows
 
 

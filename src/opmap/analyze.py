@@ -379,12 +379,14 @@ def _drops_scores(graph: OpGraph) -> bool:
 
 def attention_dropout_line(hw: HardwareSpec) -> str:
     """How the priced attention kernel's dropout is costed, in words."""
+    from opmap.hardware.curves import attention_dropout_row
+
     cal = hw.calibration
-    kernel = cal.get("attention_kernel")
-    if not kernel:
+    if not cal.get("attention"):
         return ("attention dropout: the Philox draw, compare and select counted per score on the vector unit "
                 "(no measured attention kernel)")
-    row = next((r for r in cal.get("attention_dropout", []) if r.get("kernel") == kernel), None)
+    kernel = cal.get("attention_kernel") or "the measured attention kernel"
+    row = attention_dropout_row(cal)
     if row is None:
         return (f"attention dropout: priced at {kernel}'s no-dropout rate (no time with dropout measured for "
                 f"{kernel} on {hw.name})")

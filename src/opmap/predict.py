@@ -70,6 +70,8 @@ def predict_cost(cost: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         not prec.format_policy.weight_only else None
     if rate and prec.sustained:  # a shape measured at boost clocks runs no faster than the power limit sustains
         rate = min(rate, prec.matrix_rate_flops_per_s)
+    if rate:  # a measured attention kernel that drops scores: its measured dropout factor on top
+        rate /= curves.dropout_slowdown(cost.problem)
     matrix_s = cost.matrix_flops / (rate or prec.matrix_rate_flops_per_s)
     kind_rate = curves.vector_kinds.get(cost.vector_kind) if cost.vector_kind else None
     calibrated = bool(kind_rate or curves.transcendental_per_s)

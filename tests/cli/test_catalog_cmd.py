@@ -63,3 +63,18 @@ def test_hardware_show_prints_the_attention_dropout_factor_and_a_spec_files_text
     rc, out, err = cli("hardware", "show", str(spec))
     assert rc == 0, err
     assert "[bold red]mine[/]" in " ".join(out.split())
+
+
+def test_hardware_show_prints_a_spec_files_name_and_notes_literally(cli, tmp_path):
+    from pathlib import Path
+
+    import opmap.hardware
+
+    src = Path(opmap.hardware.__file__).with_name("catalog") / "h100-sxm.toml"
+    text = src.read_text()
+    name_line = next(line for line in text.splitlines() if line.startswith("display_name"))
+    spec = tmp_path / "odd.toml"
+    spec.write_text(text.replace(name_line, 'display_name = "[/x] H100 [bold]mine[/bold]"', 1))
+    rc, out, err = cli("hardware", "show", str(spec))
+    assert rc == 0, err  # unescaped, rich stops on the stray closing tag
+    assert "[/x] H100 [bold]mine[/bold]" in " ".join(out.split())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -321,23 +322,53 @@ def test_a_calibration_naming_a_missing_attention_kernel_is_refused(cal, why):
 TE_3312_CUDNN_DROPOUT = 0.614 / 0.594
 
 
+def _attention_cost(fam: MatrixFamily, dropout: bool) -> OpCost:
+    """A compute-bound causal pass at 4096 (64 heads x batch, head dim 128): pairs x 4d FLOPs forward, 2.5x that
+    backward."""
+    pairs = 4096 * 4097 // 2
+    flops = 4.0 * 64 * pairs * 128 * (2.5 if fam.backward else 1.0)
+    return OpCost(matrix_flops=flops, bytes_read=3 * 64 * 4096 * 128 * 2, bytes_written=64 * 4096 * 128 * 2,
+                  problem=MatrixProblem(fam, 64, 4096, 4096, 128, dropout=dropout))
+
+
 @pytest.mark.parametrize("fam", [MatrixFamily.ATTENTION_CAUSAL, MatrixFamily.ATTENTION_BWD_CAUSAL])
 def test_attention_that_drops_scores_runs_the_kernels_measured_dropout_factor_longer(fam):
     from opmap.hardware import get_hardware, with_attention_kernel
 
     for name in ("h100-sxm", "h200"):
         hw = get_hardware(name)  # cuDNN, the catalog's default kernel
-        plain = hw.curves.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128), "bf16")
-        dropped = hw.curves.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128, dropout=True), "bf16")
-        assert plain / dropped == pytest.approx(TE_3312_CUDNN_DROPOUT, rel=1e-3)
+        prec = resolve_precision(hw, "bf16")
+        plain = predict_cost(_attention_cost(fam, False), hw, prec, hw.curves).matrix_s
+        dropped = predict_cost(_attention_cost(fam, True), hw, prec, hw.curves).matrix_s
+        assert dropped / plain == pytest.approx(TE_3312_CUDNN_DROPOUT, rel=1e-3)
+        # the measured no-dropout curve itself is untouched: the factor is the time model's
+        p = _attention_cost(fam, True).problem
+        assert hw.curves.matrix_rate(p, "bf16") == hw.curves.matrix_rate(_attention_cost(fam, False).problem, "bf16")
         # no FlashAttention-2 pair is published for sm90: its rows price dropout at their no-dropout rate
-        fa2 = with_attention_kernel(hw, "fa2").curves
-        assert fa2.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128, dropout=True), "bf16") == \
-            fa2.matrix_rate(MatrixProblem(fam, 64, 4096, 4096, 128), "bf16")
+        fa2 = with_attention_kernel(hw, "fa2")
+        assert fa2.curves.dropout_slowdown(p) == 1.0
+        assert predict_cost(_attention_cost(fam, True), fa2, prec, fa2.curves).matrix_s == \
+            pytest.approx(predict_cost(_attention_cost(fam, False), fa2, prec, fa2.curves).matrix_s)
     # GEMMs carry no dropout factor even when marked
     hw = get_hardware("h100-sxm")
-    assert hw.curves.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 4096, 4096, 4096, dropout=True), "bf16") == \
-        hw.curves.matrix_rate(MatrixProblem(MatrixFamily.GEMM, 1, 4096, 4096, 4096), "bf16")
+    assert hw.curves.dropout_slowdown(MatrixProblem(MatrixFamily.GEMM, 1, 4096, 4096, 4096, dropout=True)) == 1.0
+
+
+def test_the_dropout_factor_runs_on_top_of_the_power_limit():
+    """Where the sustained (power-limited) rate caps a measured shape, the dropout path still costs its factor:
+    min(rate, cap) / factor, not min(rate / factor, cap)."""
+    from opmap.hardware import get_hardware, with_attention_dropout
+    from opmap.precision import power_limited
+
+    hw = with_attention_dropout(get_hardware("h100-sxm"), 1.5, "test")
+    steady = power_limited(resolve_precision(hw, "bf16"), hw, math.inf)  # steady load: the sustained rate, 720
+    prec = replace(steady, matrix_rate_flops_per_s=500e12)  # a cap under cuDNN's measured 609, as on a hotter card
+    cap = prec.matrix_rate_flops_per_s
+    assert steady.sustained and prec.sustained
+    fwd = _attention_cost(MatrixFamily.ATTENTION, True)  # cuDNN's dense forward at 4k: 609 TFLOP/s measured
+    rate = hw.curves.matrix_rate(fwd.problem, "bf16")
+    assert rate / 1.5 < cap < rate  # the cap binds, and the factor would hide under it if taken first
+    assert predict_cost(fwd, hw, prec, hw.curves).matrix_s == pytest.approx(fwd.matrix_flops * 1.5 / cap)
 
 
 def test_a_stacks_own_dropout_factor_replaces_the_selected_kernels():
@@ -345,11 +376,25 @@ def test_a_stacks_own_dropout_factor_replaces_the_selected_kernels():
 
     hw = with_attention_kernel(get_hardware("h100-sxm"), "fa2")
     slow = with_attention_dropout(hw, 1.8, "a stack's own dropout path")
-    p = MatrixProblem(MatrixFamily.ATTENTION_CAUSAL, 64, 4096, 4096, 128, dropout=True)
-    assert slow.curves.matrix_rate(p, "bf16") == pytest.approx(319e12 / 1.8)  # FA3 paper Figure 5: FA2 causal 4k
+    c = _attention_cost(MatrixFamily.ATTENTION_CAUSAL, True)
+    prec = resolve_precision(slow, "bf16")
+    # FA3 paper Figure 5: FlashAttention-2's causal forward at 4k, 319 TFLOP/s
+    assert predict_cost(c, slow, prec, slow.curves).matrix_s == pytest.approx(c.matrix_flops * 1.8 / 319e12)
     # the other kernels' rows stay as measured
     back = with_attention_kernel(slow, "cudnn")
     assert back.curves.attention_dropout == pytest.approx(TE_3312_CUDNN_DROPOUT, rel=1e-3)
+
+
+def test_a_calibration_naming_no_kernel_takes_its_unnamed_dropout_row():
+    from opmap.hardware.curves import attention_dropout_factor
+
+    rows = [{"sq": 512, "sk": 512, "d": 128, "dtype": "bf16", "flops_per_s": 1e14}]
+    assert attention_dropout_factor({"attention": rows, "attention_dropout": [{"factor": 1.2}]}) == 1.2
+    named = [{**r, "kernel": "fa2"} for r in rows]
+    cal = {"attention": named, "attention_kernel": "fa2",
+           "attention_dropout": [{"factor": 1.2}, {"kernel": "fa2", "factor": 1.1}]}
+    assert attention_dropout_factor(cal) == 1.1  # the selected kernel's own row first
+    assert attention_dropout_factor({"attention": named, "attention_kernel": "fa2"}) is None
 
 
 @pytest.mark.parametrize("factor", [float("nan"), float("inf"), 0.5, -1.0])
@@ -366,6 +411,7 @@ def test_a_dropout_factor_below_one_or_not_finite_is_refused_in_one_line(factor)
     ([{"kernel": "cudnn", "factor": 0.9}], "attention_dropout[0].factor"),
     ([{"kernel": "fa9", "factor": 1.1}], "names no measured attention rows; accepted: cudnn"),
     ([{"kernel": "cudnn"}], "must be a table with a factor"),
+    ([{"kernel": "cudnn", "factor": 1.1}, {"kernel": "cudnn", "factor": 1.2}], "a second row for kernel 'cudnn'"),
     ({"kernel": "cudnn", "factor": 1.1}, "must be an array of tables"),
 ])
 def test_a_calibrations_bad_dropout_row_is_refused(rows, why):

@@ -169,3 +169,23 @@ def test_a_measured_shape_curve_prices_the_gemm_the_tile_model_does_not():
     assert k.time.matrix_s == pytest.approx(170.7549e-6, rel=1e-6)
     assert 2 * 1024 * 8192 * 8192 / k.time.matrix_s == pytest.approx(805e12, rel=2e-3)
     assert "measured shape curve" in k.why
+
+
+def test_flash_tiles_pay_the_kernels_measured_dropout_factor_where_no_curve_prices_the_pass():
+    """A calibration that timed only the forward (opmap calibrate does) prices the backward on the flash tiles; a
+    dropout factor measured for the kernel applies to that time too, as it does to a curve's."""
+    from opmap.hardware import with_attention_dropout
+
+    h100 = get_hardware("h100-sxm")
+    fwd_only = [r for r in h100.calibration["attention"] if r.get("pass") != "backward" and r["kernel"] == "cudnn"]
+    hw = with_attention_dropout(replace(h100, calibration={**h100.calibration, "attention": fwd_only}), 1.5, "test")
+    prec = resolve_precision(hw, "bf16")
+    times = {}
+    for drop in (False, True):
+        p = MatrixProblem(MatrixFamily.ATTENTION_BWD_CAUSAL, 64, 4096, 4096, 128, dropout=drop)
+        c = OpCost(matrix_flops=2.5 * 4.0 * 64 * (4096 * 4097 // 2) * 128, problem=p)
+        t = choose_tile(c, hw, prec, hw.curves)
+        assert isinstance(t, TileChoice) and t.compute_s is not None  # the tiles' time, no backward curve
+        times[drop] = t
+    assert times[True].compute_s == pytest.approx(1.5 * times[False].compute_s)
+    assert "dropout: 1.5x" in times[True].note and "dropout" not in times[False].note

@@ -137,3 +137,22 @@ def test_attention_dropout_costs_the_kernels_measured_factor_and_says_so():
     fa2 = _gpt_train(0.1, "fa2")
     assert "priced at fa2's no-dropout rate" in fa2.assumptions["attention_dropout"]
     assert _attention_matrix_s(fa2) == pytest.approx(_attention_matrix_s(_gpt_train(0.0, "fa2")))
+
+
+def test_the_dropout_line_reads_a_calibration_that_names_no_kernel():
+    """A local calibration measures the one kernel its machine runs and names none: its unnamed dropout row prices
+    the calls and the line says so (not 'no measured attention kernel')."""
+    from dataclasses import replace
+
+    from opmap.analyze import attention_dropout_line
+    from opmap.hardware import with_attention_dropout
+
+    rows = [{k: v for k, v in r.items() if k != "kernel"} for r in H100.calibration["attention"]
+            if r["kernel"] == "cudnn"]
+    cal = {k: v for k, v in H100.calibration.items() if k not in ("attention_kernel", "attention_dropout")}
+    local = with_attention_dropout(replace(H100, calibration={**cal, "attention": rows}), 1.5, "measured here")
+    assert local.curves.attention_dropout == 1.5
+    line = attention_dropout_line(local)
+    assert "runs 1.5x its no-dropout time" in line and "measured here" in line
+    bare = replace(H100, calibration={**cal, "attention": rows})
+    assert "no-dropout rate" in attention_dropout_line(bare)

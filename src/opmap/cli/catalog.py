@@ -77,14 +77,16 @@ def _priced(h) -> str:
 @hardware_app.command("show")
 def hardware_show(name: str = typer.Argument(..., help="Catalog name or a .toml file.")) -> None:
     """Every value of one device with its kind and source."""
+    from rich.markup import escape
+
     from opmap.cli.common import hardware
 
     h = hardware(name)
     console.print(_spec_table(h))
-    console.print(f"priced: {_priced(h)}; memory rate the time model streams at: "
-                  f"{h.memory_rate_bytes_per_s / 1e12:.4g} TB/s ({h.memory_rate_basis})")
+    console.print(escape(f"priced: {_priced(h)}; memory rate the time model streams at: "
+                         f"{h.memory_rate_bytes_per_s / 1e12:.4g} TB/s ({h.memory_rate_basis})"))
     if h.notes:
-        console.print(h.notes)
+        console.print(escape(h.notes))
 
 
 def _row(t: Table, *cells) -> None:
@@ -97,10 +99,12 @@ def _row(t: Table, *cells) -> None:
 
 def _spec_table(h) -> Table:
     """Every peak and scalar field of ``h`` with its value, kind and source."""
+    from rich.markup import escape
+
     from opmap.hardware.spec import SCALAR_FIELDS, TEXT_FIELDS
     from opmap.report.sheet import si
 
-    t = Table(title=f"{h.name}: {h.display_name} ({h.vendor}, {h.device_type})")
+    t = Table(title=escape(f"{h.name}: {h.display_name} ({h.vendor}, {h.device_type})"))
     for col in ("field", "value", "kind", "source"):
         t.add_column(col, overflow="fold")
     for label, peaks in (("matrix peak", h.matrix_peak_flops_per_s),

@@ -16,8 +16,10 @@ log-sum-exp where the variant returns it); the S x S scores never reach device m
 Dropout (``dropout_p`` above 0, a training call): the kernel draws a random number per score from the Philox
 counter generator, compares it with the threshold and zeroes or scales the probability; the backward draws the
 same numbers again to rebuild the mask. Counted as integer work on the vector unit, ``DROPOUT_OPS_PER_SCORE``
-forward and ``DROPOUT_BWD_OPS_PER_SCORE`` backward, and the problem is marked ``dropout``: where a measured
-no-dropout curve prices the kernel, the kernel's measured dropout factor scales it (opmap.hardware.curves).
+forward and ``DROPOUT_BWD_OPS_PER_SCORE`` backward, one vector op each (an A100 SM has as many INT32 lanes as FP32,
+64; a Hopper SM half as many, 64 against 128, so there the count is low by 2x), and the problem is marked
+``dropout``: where a measured no-dropout curve prices the kernel, the kernel's measured dropout factor scales it
+instead (opmap.hardware.curves).
 
 Layouts: the ``_scaled_dot_product_*`` ops and ``scaled_dot_product_attention`` take (B, H, S, D);
 ``_flash_attention_forward`` and ``_efficient_attention_forward`` take (B, S, H, D).

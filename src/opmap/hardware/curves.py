@@ -15,11 +15,11 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   clamped to the grid's edges. A GEMM at least as large in m, n and k as its
   format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at least at
   that ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
-- ``attention_dropout``: how much longer the selected attention kernel runs when it drops scores (a training
-  call with ``dropout_p`` above 0) than its measured no-dropout rows say: the ``attention_dropout`` row naming
-  that kernel (``{ kernel = "cudnn", factor = 1.03 }``, time with dropout over time without, measured the two
-  interleaved), 1 where none is measured (the dropout then costs nothing on a measured curve; the analysis
-  says so).
+- ``dropout_slowdown(problem)``: how much longer the selected attention kernel runs when it drops scores (a
+  training call with ``dropout_p`` above 0) than its measured no-dropout rows say: the ``attention_dropout`` row
+  naming that kernel (``{ kernel = "cudnn", factor = 1.03 }``, time with dropout over time without, measured the
+  two interleaved; a row naming no kernel where none does), 1 where none is measured (the dropout then costs
+  nothing on a measured curve; the analysis says so).
 - ``bandwidth(nbytes)``: piecewise-linear in log2(size) over the copy curve, with the dispatch overhead
   taken out of each measured point (the time model adds it back once per kernel); the last point holds
   beyond the grid.
@@ -66,15 +66,21 @@ def selected_attention_kernel(cal: dict[str, Any]) -> str | None:
     return k if isinstance(k, str) else None
 
 
-def attention_dropout_factor(cal: dict[str, Any]) -> float | None:
-    """The measured time-with-dropout over time-without of the attention kernel the calibration prices (its
-    ``attention_dropout`` row for the selected kernel, or the row naming no kernel where none is selected); None
+def attention_dropout_row(cal: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``attention_dropout`` row that prices the calibration's attention kernel: the one naming the selected
+    kernel, else the one naming none (a calibration's own measurement of the one kernel its machine runs); None
     where none is measured."""
     kernel = selected_attention_kernel(cal)
-    for r in cal.get("attention_dropout", []):
-        if isinstance(r, dict) and r.get("kernel") == kernel:
-            return float(r["factor"])
-    return None
+    rows = [r for r in cal.get("attention_dropout", []) if isinstance(r, dict)]
+    return next((r for r in rows if kernel is not None and r.get("kernel") == kernel),
+                next((r for r in rows if "kernel" not in r), None))
+
+
+def attention_dropout_factor(cal: dict[str, Any]) -> float | None:
+    """The measured time-with-dropout over time-without of the attention kernel the calibration prices (its
+    ``attention_dropout_row``); None where none is measured."""
+    row = attention_dropout_row(cal)
+    return float(row["factor"]) if row is not None else None
 
 # The rows of a calibration's curves: table -> (shape keys, integers >= 1; text keys; rate key, finite >= 0)
 ROWS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
@@ -148,6 +154,9 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
         if "kernel" in r and r["kernel"] not in attention_kernels(cal):
             raise OpmapError(f"{at}.kernel {shown(r['kernel'])} names no measured attention rows; accepted: "
                              f"{', '.join(attention_kernels(cal)) or 'none (no row names a kernel)'}")
+        if any(q.get("kernel") == r.get("kernel") for q in rows[:i] if isinstance(q, dict)):
+            raise OpmapError(f"{at}: a second row for kernel {shown(r.get('kernel', '(none named)'))}; one row a "
+                             "kernel")
     if "attention_kernel" in cal:
         k, named = cal["attention_kernel"], attention_kernels(cal)
         if k not in named:
@@ -295,10 +304,15 @@ class Curves:
             return None
         batched = (MatrixFamily.GEMM, MatrixFamily.GEMM_TA, MatrixFamily.GEMM_WGRAD)
         m = problem.batch * problem.m if family in batched else problem.m
-        rate = table.rate(m, problem.n, problem.k)
-        if rate and problem.dropout and family.attention:
-            rate /= self.attention_dropout  # the curves are measured without dropout
-        return rate
+        return table.rate(m, problem.n, problem.k)
+
+    def dropout_slowdown(self, problem: MatrixProblem | None) -> float:
+        """How much longer ``problem`` runs than the measured no-dropout curves say: the attention kernel's measured
+        dropout factor where the problem drops scores, else 1 (the time model divides the rate by it, after any
+        power-limit cap: the cap bounds the kernel's rate, the dropout path runs on top)."""
+        if problem is None or not problem.dropout or not problem.family.attention:
+            return 1.0
+        return self.attention_dropout
 
     def fresh_page_s(self, nbytes: float) -> float:
         """Extra seconds to write ``nbytes`` into a freshly allocated output (first-touch page faults), from the

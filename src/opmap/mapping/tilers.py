@@ -166,5 +166,9 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
                           max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes,
                           note + f"; time from the measured {'backward' if p.family.backward else 'forward'} "
                                  "curve, the tile shown for its traffic")
-    return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s,
+    # a kernel whose dropout factor is measured pays it on the tiles' time too (1 where none is)
+    slow = curves.dropout_slowdown(p)
+    if slow != 1.0:
+        note += f"; dropout: {slow:.3g}x the kernel's measured no-dropout time"
+    return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s * slow,
                       max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes, note)
