@@ -63,39 +63,37 @@ class Peer:
 
 A100, H100 = "a100-sxm-80gb", "h100-sxm-80gb"
 BF16, FP8 = "w16a16e16", "w8a8e16"
+def _nemo(name: str, layers: int, heads: int, h: int, vocab: int, seq: int, tp: int, pp: int, vp: int, dp: int,
+          gb: int, mb: int, recompute: str, kv: int) -> Peer:
+    """A row of NeMo 24.07's fp8 table, labelled as published.py's nemo_fp8_rows labels it."""
+    what = (f"{name} fp8, tp{tp} cp1 pp{pp} vp{vp} dp{dp}, seq {seq}, batch {gb} (microbatch {mb}), "
+            f"recompute {recompute}")
+    return Peer(what, H100, FP8, layers, heads, h, vocab, seq, tp, pp, dp, gb, recompute, kv)
+
+
 # Llama 2 (Touvron et al. 2023) and Llama 3.1 405B (Meta 2024) layouts; NeMo's GPT-3 and Nemotron recipes as
 # published.py builds them (vocabulary 50,304 / 256,000); Megatron's 2021 GPTs (vocabulary 51,200)
 PEERS = [
-    Peer("GPT 1.7B, tp1 pp1 dp32, batch 512, full recompute", A100, BF16, 24, 24, 2304, 51200, 2048, 1, 1, 32, 512,
-         "full"),
-    Peer("GPT 3.6B, tp2 pp1 dp32, batch 512, full recompute", A100, BF16, 30, 32, 3072, 51200, 2048, 2, 1, 32, 512,
-         "full"),
-    Peer("GPT 7.5B, tp4 pp1 dp32, batch 512, full recompute", A100, BF16, 36, 32, 4096, 51200, 2048, 4, 1, 32, 512,
-         "full"),
-    Peer("GPT 18B, tp8 pp1 dp32, batch 1024, full recompute", A100, BF16, 40, 48, 6144, 51200, 2048, 8, 1, 32, 1024,
-         "full"),
-    Peer("GPT 39B, tp8 pp2 dp32, batch 1536, full recompute", A100, BF16, 48, 64, 8192, 51200, 2048, 8, 2, 32, 1536,
-         "full"),
+    *(Peer(f"GPT {n}, tp{tp} pp{pp} dp32, batch {gb}, full recompute", A100, BF16, L, a, h, 51200, 2048, tp, pp, 32,
+           gb, "full")
+      for n, h, L, a, tp, pp, gb in (("1.7B", 2304, 24, 24, 1, 1, 512), ("3.6B", 3072, 30, 32, 2, 1, 512),
+                                     ("7.5B", 4096, 36, 32, 4, 1, 512), ("18B", 6144, 40, 48, 8, 1, 1024),
+                                     ("39B", 8192, 48, 64, 8, 2, 1536))),
     Peer("GPT 22B, tp8 pp1 sp, batch 8, selective recompute", A100, BF16, 48, 64, 6144, 51200, 2048, 8, 1, 1, 8,
          "selective"),
     Peer("GPT 175B, tp8 pp8 sp, batch 64, selective recompute", A100, BF16, 96, 96, 12288, 51200, 2048, 8, 8, 1, 64,
          "selective"),
-    Peer("GPT3-175B fp8, tp4 cp1 pp8 vp6 dp4, seq 2048, batch 256 (microbatch 1), recompute selective", H100, FP8,
-         96, 96, 12288, 50304, 2048, 4, 8, 4, 256, "selective"),
-    Peer("GPT3-175B fp8, tp4 cp1 pp8 vp6 dp16, seq 2048, batch 2048 (microbatch 2), recompute selective", H100, FP8,
-         96, 96, 12288, 50304, 2048, 4, 8, 16, 2048, "selective"),
-    Peer("llama-2-7b fp8, tp1 cp1 pp1 vp1 dp8, seq 4096, batch 128 (microbatch 1), recompute none", H100, FP8,
-         32, 32, 4096, 32000, 4096, 1, 1, 8, 128, "none", 32),
-    Peer("llama-2-13b fp8, tp1 cp1 pp4 vp10 dp4, seq 4096, batch 128 (microbatch 1), recompute none", H100, FP8,
-         40, 40, 5120, 32000, 4096, 1, 4, 4, 128, "none", 40),
-    Peer("llama-2-70b fp8, tp4 cp1 pp4 vp20 dp4, seq 4096, batch 128 (microbatch 1), recompute none", H100, FP8,
-         80, 64, 8192, 32000, 4096, 4, 4, 4, 128, "none", 8),
-    Peer("Nemotron-8B fp8, tp2 cp1 pp1 vp1 dp32, seq 4096, batch 256 (microbatch 4), recompute none", H100, FP8,
-         32, 32, 4096, 256000, 4096, 2, 1, 32, 256, "none", 32),
-    Peer("Nemotron-22B fp8, tp2 cp1 pp4 vp10 dp8, seq 4096, batch 256 (microbatch 2), recompute none", H100, FP8,
-         40, 48, 6144, 256000, 4096, 2, 4, 8, 256, "none", 48),
-    Peer("Nemotron-340B fp8, tp8 cp1 pp8 vp12 dp2, seq 4096, batch 32 (microbatch 1), recompute selective", H100, FP8,
-         96, 96, 18432, 256000, 4096, 8, 8, 2, 32, "selective", 8),
+    # NeMo 24.07's table: name, layers, heads, width, vocabulary, sequence, TP, PP, VP, DP, batch, microbatch,
+    # recomputation, KV heads
+    *(_nemo(*row) for row in (
+        ("GPT3-175B", 96, 96, 12288, 50304, 2048, 4, 8, 6, 4, 256, 1, "selective", 96),
+        ("GPT3-175B", 96, 96, 12288, 50304, 2048, 4, 8, 6, 16, 2048, 2, "selective", 96),
+        ("llama-2-7b", 32, 32, 4096, 32000, 4096, 1, 1, 1, 8, 128, 1, "none", 32),
+        ("llama-2-13b", 40, 40, 5120, 32000, 4096, 1, 4, 10, 4, 128, 1, "none", 40),
+        ("llama-2-70b", 80, 64, 8192, 32000, 4096, 4, 4, 20, 4, 128, 1, "none", 8),
+        ("Nemotron-8B", 32, 32, 4096, 256000, 4096, 2, 1, 1, 32, 256, 4, "none", 32),
+        ("Nemotron-22B", 40, 48, 6144, 256000, 4096, 2, 4, 10, 8, 256, 2, "none", 48),
+        ("Nemotron-340B", 96, 96, 18432, 256000, 4096, 8, 8, 12, 2, 32, 1, "selective", 8))),
     Peer("Llama 2 7B fp8 (NeMo 24.03.01), seq 4K, tp1 cp1 pp1 dp4, batch 1024", H100, FP8, 32, 32, 4096, 32000,
          4096, 1, 1, 4, 1024, "none", 32),
     Peer("Llama 2 7B fp8 (NeMo 24.03.01), seq 8K, tp1 cp1 pp2 dp4, batch 512", H100, FP8, 32, 32, 4096, 32000,

@@ -50,7 +50,11 @@ class Tracker:
         self.nodes: list[Node] = []
         self.producer = WeakIdKeyDictionary()  # tensor -> node id that produced it
         self.param_of = WeakIdKeyDictionary()  # tensor -> parameter / buffer name (views included)
-        self.storage_writer: dict[int, int] = {}  # storage id -> last node that wrote it
+        # storage -> last node that wrote it, keyed by the storage's own Python object (torch keeps one a storage,
+        # as it does a tensor's): a raw storage address is reused once its storage is freed, and a new tensor that
+        # lands there (an optimizer's step counter, a late scratch tensor) would read as written by a dead one's
+        # writer, differently each run
+        self.storage_writer = WeakIdKeyDictionary()
         self.stack: list[tuple[str, str]] = []  # (module path, class name), outermost first
         self.overrides = overrides
         self.suppress = 0  # >0 while a whole-recorded call runs its own aten ops
@@ -81,16 +85,16 @@ class Tracker:
             self.param_of[b] = name
 
     @staticmethod
-    def _storage_id(t: torch.Tensor) -> int | None:
+    def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         try:
-            return t.untyped_storage()._cdata
+            return t.untyped_storage()
         except Exception:  # tensors without storage (some subclasses)
             return None
 
     def meta(self, t: torch.Tensor) -> TensorMeta:
         prod = self.producer.get(t)
-        sid = self._storage_id(t)
-        w = self.storage_writer.get(sid) if sid is not None else None
+        st = self._storage(t)
+        w = self.storage_writer.get(st) if st is not None else None
         if w is not None and (prod is None or w > prod):
             prod = w
         try:
@@ -119,9 +123,9 @@ class Tracker:
                 self.param_of[t] = param_in
             if not is_inplace:
                 self.producer[t] = nid
-            sid = self._storage_id(t)
-            if sid is not None and (is_inplace or not is_view):
-                self.storage_writer[sid] = nid
+            st = self._storage(t)
+            if st is not None and (is_inplace or not is_view):
+                self.storage_writer[st] = nid
             stride = tuple(map(int, t.stride())) if t.layout == torch.strided else ()
             out_meta.append(TensorMeta(tuple(map(int, t.shape)), dtype_name(t.dtype), stride,
                                        None, self.param_of.get(t)))
