@@ -102,3 +102,34 @@ def test_analyze_prices_attention_with_the_kernel_it_names(tmp_path, cli):
         assert len(attn) == 32  # one attention core per layer
         times[k] = sum(x["predicted_s"] for x in attn)
     assert times["fa2"] / times["cudnn"] == pytest.approx(529 / 333, rel=0.02)
+
+
+@pytest.mark.parametrize("factor,why", [("nan", "--attention-dropout must be"), ("0.5", "--attention-dropout must be"),
+                                        ("inf", "--attention-dropout must be")])
+def test_an_attention_dropout_factor_below_one_or_not_finite_is_refused(refused, fail_if_called, factor, why):
+    fail_if_called("opmap.explore.plan.plan")
+    refused("plan", "gpt2", "--devices", 8, "--attention-dropout", factor, "--no-store", needle=why)
+    refused("analyze", "gpt2", "--attention-dropout", factor, "--no-store", needle=why)
+
+
+def test_analyze_prices_attention_dropout_at_the_factor_it_names(tmp_path, cli):
+    """A GPT-2 config with attention dropout 0.1 (attn_pdrop) trained on the H100: the attention kernels' matrix time
+    is the catalog's cuDNN factor (0.614 / 0.594 ms, TransformerEngine issue 3312) over the no-dropout curve by
+    default, and --attention-dropout 2 doubles the no-dropout time; the assumptions say which."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 2, "n_positions": 1024,
+                               "vocab_size": 1000, "attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1}))
+    got = {}
+    for flag in ((), ("--attention-dropout", 2)):
+        out = tmp_path / f"out{len(flag)}"
+        rc, _, err = cli("analyze", str(cfg), "--phase", "train", "--seq", 1024, "--batch", 2, *flag, "--out", out,
+                         "--rows", 1, "--no-store")
+        assert rc == 0, err
+        d = json.loads((out / "analysis.json").read_text())
+        attn = [x for x in d["kernels"] if "flash tiling" in x["why"]]
+        assert len(attn) == 4  # forward and backward of two layers
+        got[flag] = (sum(x["matrix_s"] for x in attn), d["assumptions"]["attention_dropout"])
+    (default_s, default_line), (two_s, two_line) = got[()], got[("--attention-dropout", 2)]
+    assert two_s / default_s == pytest.approx(2 / (0.614 / 0.594), rel=1e-3)
+    assert "cudnn runs 1.03x" in default_line and "3312" in default_line
+    assert "cudnn runs 2x" in two_line and "--attention-dropout" in two_line

@@ -8,10 +8,16 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import ATTENTION_KERNEL_HELP, build_workload, console, print_wrote, warn_unmatched_overrides
-from opmap.cli.common import hardware as get_hardware
+from opmap.cli.common import (
+    ATTENTION_DROPOUT_HELP,
+    ATTENTION_KERNEL_HELP,
+    build_workload,
+    console,
+    print_wrote,
+    stack_hardware,
+    warn_unmatched_overrides,
+)
 from opmap.errors import OpmapError
-from opmap.hardware import with_attention_kernel
 from opmap.report.text import safe
 from opmap.validate import INT_GE0, INT_GE1, options
 
@@ -77,6 +83,7 @@ def analyze(
     dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable; --batch and "
                                                     "--seq bind batch- and sequence-named dims)."),
     attention_kernel: str | None = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
+    attention_dropout: float | None = typer.Option(None, "--attention-dropout", help=ATTENTION_DROPOUT_HELP),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
     from opmap.analyze import analyze as run_analyze
@@ -100,7 +107,7 @@ def analyze(
     # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
     from opmap.mapping.sharding import Parallelism
 
-    hw = with_attention_kernel(get_hardware(hardware), attention_kernel)
+    hw = stack_hardware(hardware, attention_kernel, attention_dropout)
     overrides = parse_overrides(layer_type)
     if out is not None:
         check_out_dir(out)

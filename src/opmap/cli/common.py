@@ -56,6 +56,20 @@ def check_memory(params: int, dtype: str, device: str) -> None:
                          "use --device meta (no weights allocated)")
 
 
+ATTENTION_DROPOUT_HELP = ("How much longer the fused-attention kernel runs when it drops scores (attention dropout in "
+                          "training) than without: default the catalog's measured factor for the kernel (cudnn on "
+                          "H100 / H200: 1.034), 1 where none is measured; 1.8 prices NeMo's and Megatron-Core's 2024 "
+                          "stacks (inferred from their published runs: benchmarks/published.py NEMO_2024_DROPOUT).")
+
+
+def stack_hardware(name: str, attention_kernel: str | None, attention_dropout: float | None):
+    """The device ``name`` as a software stack prices it: ``--attention-kernel`` and ``--attention-dropout``."""
+    from opmap.hardware import with_attention_dropout, with_attention_kernel
+
+    hw = with_attention_kernel(hardware(name), attention_kernel)
+    return with_attention_dropout(hw, attention_dropout, "--attention-dropout", field="--attention-dropout")
+
+
 ATTENTION_KERNEL_HELP = ("The fused-attention kernel the software stack runs, priced off its measured rows in the "
                          "catalog: cudnn (TransformerEngine on Hopper), fa2 (FlashAttention-2), fa3 "
                          "(FlashAttention-3); default: the device's own (opmap hardware show).")

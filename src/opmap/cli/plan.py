@@ -6,9 +6,14 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import ATTENTION_KERNEL_HELP, console, print_wrote, step_progress
-from opmap.cli.common import hardware as get_hardware
-from opmap.hardware import with_attention_kernel
+from opmap.cli.common import (
+    ATTENTION_DROPOUT_HELP,
+    ATTENTION_KERNEL_HELP,
+    console,
+    print_wrote,
+    stack_hardware,
+    step_progress,
+)
 from opmap.validate import INT_GE0, INT_GE1, json_text, options
 
 # 2**17: above the largest clusters published (~100k GPUs); 131072 devices plan in about a minute, 2**30 ran on
@@ -33,6 +38,7 @@ def plan(
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
     attention_kernel: str | None = typer.Option(None, "--attention-kernel", help=ATTENTION_KERNEL_HELP),
+    attention_dropout: float | None = typer.Option(None, "--attention-dropout", help=ATTENTION_DROPOUT_HELP),
 ) -> None:
     """Rank every legal (tp, cp, pp, dp, ep, sp, vp, microbatch, recompute, zero) layout by predicted throughput or
     latency; layouts that do not fit memory are rejected with the numbers."""
@@ -44,7 +50,7 @@ def plan(
 
     options({"--devices": (devices, {**INT_GE1, "hi": MAX_DEVICES}), "--seq": (seq, INT_GE1),
              "--global-batch": (global_batch, INT_GE1), "--rows": (rows, INT_GE0), "--cp": (cp, INT_GE1)})
-    hw = with_attention_kernel(get_hardware(hardware), attention_kernel)
+    hw = stack_hardware(hardware, attention_kernel, attention_dropout)
     if phase == "train":  # fp8 training needs an fp8 matrix engine: refused before any capture
         from opmap.precision import resolve_training_precision
 

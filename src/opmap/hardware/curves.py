@@ -409,11 +409,14 @@ def with_attention_kernel(hw, kernel: str | None):
     return replace(hw, calibration={**hw.calibration, "attention_kernel": kernel})
 
 
-def with_attention_dropout(hw, factor: float, why: str):
+def with_attention_dropout(hw, factor: float | None, why: str, field: str = "attention dropout factor"):
     """``hw`` with its priced attention kernel running ``factor`` times longer when it drops scores than its
     measured no-dropout rows (a software stack's own dropout path: ``why`` says where the factor comes from, and
-    the analysis prints it). Refused in one line unless ``factor`` is a finite number of at least 1."""
-    finite_number(factor, "attention dropout factor", lo=1)
+    the analysis prints it); None: ``hw`` as it is. Refused in one line naming ``field`` unless ``factor`` is a
+    finite number of at least 1."""
+    if factor is None:
+        return hw
+    finite_number(factor, field, lo=1)
     kernel = selected_attention_kernel(hw.calibration)
     row = {"factor": float(factor), "source": why, **({"kernel": kernel} if kernel is not None else {})}
     kept = [r for r in hw.calibration.get("attention_dropout", []) if r.get("kernel") != kernel]
