@@ -1,0 +1,80 @@
+"""Reading a file someone else wrote: a regular file, opened without following a symbolic link and without
+blocking on a FIFO or a device, and never more than a stated number of bytes.
+
+Every reader of user-supplied or cached data (hardware TOML, graph cache entries, traces, imports, fusion plans,
+run folders) goes through :func:`read_bounded`, so a name linked to ``/dev/zero``, a folder, a FIFO or a
+multi-gigabyte file costs one line and exit status 2, never memory or a hang.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from opmap.errors import OpmapError
+
+MiB = 1 << 20
+
+# What each kind of input may weigh. Each is far above anything opmap writes or a real file of its kind holds.
+LIMIT_TOML_BYTES = 4 * MiB  # a hardware spec or calibrated profile is a few kB; a measured grid under 1 MB
+LIMIT_JSON_BYTES = 64 * MiB  # run folders, fusion plans, quality evidence, cache entries (a 405B graph is ~20 MB)
+LIMIT_TRACE_BYTES = 256 * MiB  # an arrival trace: a line per request, millions of requests
+
+
+def _describe(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_bounded(path: str | os.PathLike, limit_bytes: int, what: str, follow_links: bool = False) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit_bytes``, else an :class:`OpmapError` naming
+    ``what`` the file was meant to be, the problem and what is accepted.
+
+    ``follow_links=False`` (the default) refuses a symbolic link at ``path`` itself (``O_NOFOLLOW``); a caller that
+    accepts a user's own link (a path typed on the command line) passes True, and the target is still checked to
+    be a regular file of bounded size. The file is opened ``O_NONBLOCK`` so a FIFO never blocks the open."""
+    p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(p, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OpmapError(f"{what} {p} is a symbolic link: opmap reads only regular files there "
+                             "(copy the file in its place)") from None
+        if e.errno == errno.ENOENT:
+            raise OpmapError(f"{what} {p} not found") from None
+        if e.errno == errno.EISDIR:
+            raise OpmapError(f"{what} {p} is a folder: expected a regular file") from None
+        raise OpmapError(f"cannot read {what} {p}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OpmapError(f"{what} {p} is {_describe(st.st_mode)}: expected a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > limit_bytes:
+            raise OpmapError(f"{what} {p} is {st.st_size / MiB:.1f} MiB, over the {limit_bytes / MiB:.0f} MiB "
+                             "opmap reads for it")
+        data = f.read(limit_bytes + 1)  # a file growing while read is still cut at the limit
+    if len(data) > limit_bytes:
+        raise OpmapError(f"{what} {p} is over the {limit_bytes / MiB:.0f} MiB opmap reads for it")
+    return data
+
+
+def read_text_bounded(path: str | os.PathLike, limit_bytes: int, what: str, follow_links: bool = False) -> str:
+    """:func:`read_bounded` decoded as UTF-8 (a byte-order mark skipped), else one line saying it is not text."""
+    data = read_bounded(path, limit_bytes, what, follow_links)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise OpmapError(f"cannot read {what} {path}: not UTF-8 text") from None
