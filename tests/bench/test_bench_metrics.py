@@ -84,3 +84,28 @@ def test_an_ok_request_without_usage_counts_its_text_events():
     s = summarize([r], min_duration_s=0, min_queries=0)
     assert s["requests"]["output_tokens"] == 3 and s["usage_check"]["requests_without_usage"] == 1
     assert s["latency"]["tpot"]["p50_s"] == pytest.approx(0.1)
+
+
+def test_set_aside_usage_and_untimed_events_count_as_the_client_saw_them():
+    """A request whose usage was set aside (records.usage_counts) counts its text events, the timed and the
+    untimed past the client's cap: 2 + 8 = 10 tokens, TPOT (0.3 - 0.1) / 9; the run is INVALID naming it, and
+    the set-aside request is not also counted as one without usage."""
+    from dataclasses import replace
+
+    odd = replace(rec(0, None, 0.0, (0.1, 0.2), 0.3, 10, None), usage_error="usage completion_tokens -537 is not a "
+                  "count from 0 to 74 (max_tokens 10 + 64)", token_times_dropped=8)
+    s = summarize([odd, A], min_duration_s=0, min_queries=0)
+    assert s["requests"]["output_tokens"] == 10 + 3
+    assert s["latency"]["tpot"]["p50_s"] == pytest.approx((0.2 / 9 + 0.15) / 2)
+    u = s["usage_check"]
+    assert (u["implausible"], u["requests_without_usage"]) == (1, 0) and "-537" in u["implausible_example"]
+    assert "1 of 2 ok requests reported implausible usage counts" in s["validity"]["reason"]
+
+
+def test_each_kind_of_failure_keeps_its_first_reason():
+    from dataclasses import replace
+
+    c1, c2 = replace(C, error="HTTP 500: first"), replace(C, index=4, error="HTTP 503: later")
+    d = replace(rec(5, None, 3.0, (), 3.1, 3, None, status="stream_error"), error="the answer is text/html")
+    s = summarize([A, c1, c2, d, replace(W, status="dropped", error="warm-up")], min_duration_s=0, min_queries=0)
+    assert s["error_examples"] == {"http_error": "HTTP 500: first", "stream_error": "the answer is text/html"}

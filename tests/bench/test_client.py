@@ -11,11 +11,13 @@ import time
 
 import numpy as np
 import pytest
-from bench_servers import FaultServer
+from bench_servers import FaultServer, HostileServer
 
-from opmap.bench.client import endpoint_root, request_body, run_load
+from opmap.bench.client import MODELS_BODY_BYTES, endpoint_root, request_body, run_load
+from opmap.bench.metrics import summarize
 from opmap.bench.nullserver import NullConfig, NullServer, ThreadServer
-from opmap.bench.records import RequestSpec
+from opmap.bench.records import PROMPT_SLACK_TOKENS, PROMPT_TOKENS_PER_ASKED, USAGE_SLACK_TOKENS, RequestSpec
+from opmap.bench.sse import MAX_EVENT_BYTES
 from opmap.errors import OpmapError
 
 
@@ -73,8 +75,6 @@ def test_the_figures_match_the_servers_own_pacing():
     """The null server waits 40 ms before the first token and 10 ms between the 6 tokens: TTFT cannot be under
     40 ms (the wait starts after the send), TPOT and ITL sit at 10 ms and e2e at 40 + 5 x 10 = 90 ms, plus the
     loopback and the loops' wake-ups (a few ms on a loaded machine)."""
-    from opmap.bench.metrics import summarize
-
     with ThreadServer(NullServer(NullConfig(first_token_s=0.04, token_s=0.01))) as port:
         res = run_load(f"http://127.0.0.1:{port}", "null", closed(10, out=6), concurrency=2)
     lat = summarize(res.records, min_duration_s=0, min_queries=0)["latency"]
@@ -205,3 +205,106 @@ def test_ctrl_c_keeps_what_was_measured():
     assert res.interrupted and time.perf_counter() - t < 1.4  # 1.5 s had it run to its end
     assert 5 < len(res.records) < 60 and all(r.ok for r in res.records)
     assert res.in_flight_at_stop >= 1
+
+
+# --- a hostile or broken server costs the request it answers, never the run ----------------------------------------
+
+def _url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def test_an_event_nested_100000_deep_fails_that_request_and_the_run_goes_on():
+    """Every other answer carries, after two tokens, one event of JSON nested 100,000 arrays deep (it used to
+    raise RecursionError out of the run: nothing written or recorded)."""
+    with ThreadServer(HostileServer("deep", every=2)) as port:
+        res = run_load(_url(port), "null", closed(6), concurrency=2)
+    assert sorted(r.status for r in res.records) == ["ok"] * 3 + ["stream_error"] * 3
+    bad = [r for r in res.records if not r.ok]
+    assert all("nested deeper" in r.error and len(r.token_times_s) == 2 for r in bad)
+
+
+ASKED_IN, ASKED_OUT = 3, 4  # closed(): three prompt words asked, max_tokens 4
+
+
+@pytest.mark.parametrize("usage,why", [
+    ({"prompt_tokens": 3, "completion_tokens": 10 ** 30}, "completion_tokens 1000000000000000000000000000000"),
+    ({"prompt_tokens": 3, "completion_tokens": -537}, "completion_tokens -537"),
+    ({"prompt_tokens": 3, "completion_tokens": 2 ** 62}, "completion_tokens 4611686018427387904"),
+    ({"prompt_tokens": 3, "completion_tokens": ASKED_OUT + USAGE_SLACK_TOKENS + 1}, "completion_tokens 69"),
+    ({"prompt_tokens": 3, "completion_tokens": "4"}, "completion_tokens a str"),
+    ({"prompt_tokens": 3, "completion_tokens": 4.0}, "completion_tokens 4.0"),
+    ({"prompt_tokens": -1, "completion_tokens": 4}, "prompt_tokens -1"),
+])
+def test_an_implausible_usage_count_is_set_aside_and_the_run_says_so(usage, why):
+    """Every other answer (two tokens) reports this usage. The count is set aside with its reason, the request's
+    two text events count its output (the asked 3 its prompt), and the run is INVALID saying so (10^30 used to
+    end the run in an OverflowError; -537 and 2^62 were trusted: -537 ktok/s, 9.46e+05 Ptok/s, VALID)."""
+    with ThreadServer(HostileServer("usage", usage, every=2)) as port:
+        res = run_load(_url(port), "null", closed(4), concurrency=1)
+    bad = [r for r in res.records if r.usage_error]
+    assert len(bad) == 2 and all(r.ok for r in res.records)
+    assert all(why in r.usage_error and "is not a count from 0 to" in r.usage_error for r in bad)
+    s = summarize(res.records, min_duration_s=0, min_queries=0)
+    prompt_bad = why.startswith("prompt")
+    assert s["requests"]["output_tokens"] == 2 * ASKED_OUT + 2 * (4 if prompt_bad else 2)
+    assert s["requests"]["input_tokens"] == 4 * ASKED_IN  # the usage's 3 twice, the asked 3 twice
+    assert s["usage_check"]["implausible"] == 2 and s["validity"]["verdict"] == "INVALID"
+    assert "2 of 4 ok requests reported implausible usage counts" in s["validity"]["reason"]
+
+
+def test_usage_counts_at_the_stated_maximum_are_taken():
+    """The largest plausible counts (records.usage_counts: max_tokens + 64 out, 4 x asked + 8192 in) are kept."""
+    most = {"prompt_tokens": PROMPT_TOKENS_PER_ASKED * ASKED_IN + PROMPT_SLACK_TOKENS,
+            "completion_tokens": ASKED_OUT + USAGE_SLACK_TOKENS}
+    with ThreadServer(HostileServer("usage", most)) as port:
+        (r,) = run_load(_url(port), "null", closed(1), concurrency=1).records
+    assert (r.usage_prompt_tokens, r.usage_completion_tokens, r.usage_error) == (3 * 4 + 8192, 4 + 64, "")
+
+
+def test_a_line_over_the_limit_fails_that_request_and_drops_its_connection():
+    """Every other answer sends one line three times the client's limit, in 4 KiB writes: that request fails at
+    the limit, its connection closed under the server's writes (the rest never read), the others are ok."""
+    server = HostileServer("long-line", 3 * MAX_EVENT_BYTES, every=2)
+    t = time.perf_counter()
+    with ThreadServer(server) as port:
+        res = run_load(_url(port), "null", closed(4), concurrency=1, timeout_s=60)
+    bad = [r for r in res.records if not r.ok]
+    assert len(bad) == 2 and all(r.status == "stream_error" for r in bad)
+    assert all(f"a stream line longer than {MAX_EVENT_BYTES} bytes" in r.error for r in bad)
+    assert server.closed_early == 2 and time.perf_counter() - t < 20
+
+
+@pytest.mark.parametrize("mode,status,http,needle", [
+    ("redirect", "http_error", 307, "redirect 307 to http://127.0.0.1:9/v1/completions (opmap does not follow "
+                                    "redirects"),
+    ("html", "stream_error", 200, "the answer is text/html (HTTP 200), not an event stream: '<!DOCTYPE html>"),
+])
+def test_a_redirect_or_a_page_is_named_for_what_it_is(mode, status, http, needle):
+    """Not "the stream ended before [DONE]": a 307 names its location, a 200 HTML page its type and first bytes."""
+    with ThreadServer(HostileServer(mode, every=2)) as port:
+        res = run_load(_url(port), "null", closed(4), concurrency=1)
+    bad = [r for r in res.records if not r.ok]
+    assert len(bad) == 2 and all((r.status, r.http_status) == (status, http) and needle in r.error for r in bad)
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_an_endless_model_list_is_refused_at_its_limit(framing):
+    """/v1/models answering 4 GB (or a chunked body with no end): one OpmapError once the limit is passed, before
+    anything is sent; the client held no more than the limit (it used to read on: 3.6 GB in 30 s)."""
+    t = time.perf_counter()
+    server = HostileServer("huge-models", (MODELS_BODY_BYTES + (1 << 20), framing))
+    with ThreadServer(server) as port, pytest.raises(OpmapError, match=f"more than {MODELS_BODY_BYTES} bytes"):
+        run_load(_url(port), "null", closed(1), concurrency=1, connect_timeout_s=5)
+    assert time.perf_counter() - t < 10 and server.posts == 0
+
+
+def test_a_stream_of_many_events_keeps_a_bounded_record(monkeypatch):
+    """5,000 text events in one answer with the cap on times kept at 1,000: the record holds 1,000 times and counts
+    the 4,000 others (a 3-million-event answer used to make a record requests.parquet could not hold)."""
+    import opmap.bench.client as client
+
+    monkeypatch.setattr(client, "MAX_TIMES_KEPT", 1000)
+    with ThreadServer(HostileServer("many", 5000)) as port:
+        (r,) = run_load(_url(port), "null", closed(1, out=5000), concurrency=1).records
+    assert r.ok and (len(r.token_times_s), r.token_times_dropped, r.events) == (1000, 4000, 5002)
+    assert r.usage_completion_tokens == 5000

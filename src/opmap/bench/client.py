@@ -30,13 +30,22 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opmap.bench.records import BenchResult, RequestRecord, RequestSpec
-from opmap.bench.sse import SSEParser, read_chunk
+from opmap.bench.records import BenchResult, RequestRecord, RequestSpec, usage_counts
+from opmap.bench.sse import STREAM_TYPES, SSEParser, StreamLimit, media_type, read_chunk
 from opmap.errors import OpmapError
 
 APIS = ("completions", "chat")
 PROGRESS_EVERY_S = 0.1  # progress callbacks at most this often: a bar redrawn per request costs the client
 ERROR_BODY_BYTES = 300  # the part of an HTTP error's body kept in a record
+# The most read of an answer that is not an event stream (an error, a redirect, an HTML page): past it the
+# connection is dropped rather than read to its end (a small body is read whole, so its connection is reused).
+NON_STREAM_BODY_BYTES = 64 << 10
+# The most read of /v1/models (OpenRouter's list of some 300 models with their metadata is about 0.5 MB): a longer
+# answer is not a model list, and is refused before anything is sent.
+MODELS_BODY_BYTES = 8 << 20
+# The event times kept per request (twice the longest output served models take today, 128k tokens, one event a
+# token); text events past it are counted, not timed, so a stream of millions of events stays one bounded record.
+MAX_TIMES_KEPT = 1 << 18
 STOP_CHECK_S = 0.05  # the open loop waits on the stop event past this (a task each); shorter waits just sleep
 REQUEST_HEADERS = {"content-type": "application/json", "accept": "text/event-stream", "user-agent": "opmap-bench",
                    "accept-encoding": "identity"}
@@ -205,7 +214,8 @@ class _Run:
         try:
             async with self.session.get(self.url("/v1/models"), headers={"accept": "application/json"},
                                         timeout=timeout, allow_redirects=False) as resp:
-                status, server, got = resp.status, resp.headers.get("server"), await resp.read()
+                status, server = resp.status, resp.headers.get("server")
+                got, whole = await read_body(resp, MODELS_BODY_BYTES)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             raise OpmapError(f"cannot reach {self.root}: {_why(e)} (is the server up, and is the URL its base, "
                              "such as http://host:8000?)") from None
@@ -213,6 +223,9 @@ class _Run:
             raise OpmapError(f"{self.root}/v1/models did not answer: {_why(e)}") from None
         except OSError as e:
             raise OpmapError(f"cannot reach {self.root}: {_why(e)}") from None
+        if not whole:
+            raise OpmapError(f"{self.root}/v1/models answered more than {MODELS_BODY_BYTES} bytes: not a model list "
+                             "(is the URL an OpenAI-compatible server's base?)")
         ids: list[str] = []
         if status == 200:
             try:
@@ -329,9 +342,11 @@ class _Run:
         finally:
             self.in_flight -= 1
         end = time.perf_counter() - self.t0
+        prompt, completion, usage_error = usage_counts(st.usage_prompt, st.usage_completion, spec.input_tokens,
+                                                       spec.max_tokens)
         self.records.append(RequestRecord(
             spec.index, spec.scheduled_s, sent, st.first, tuple(st.times), end, spec.input_tokens, spec.max_tokens,
-            st.usage_prompt, st.usage_completion, st.events, status, error, http_status, spec.warmup))
+            prompt, completion, st.events, status, error, http_status, spec.warmup, usage_error, st.dropped))
         self._report_progress()
 
     async def _exchange(self, spec: RequestSpec, ignore_eos: bool):
@@ -347,10 +362,17 @@ class _Run:
         try:
             async with self.session.post(self.post_url, data=body, allow_redirects=False) as resp:
                 http_status = resp.status
-                read = resp.content.readany
-                while data := await read():
-                    feed(data, clock())
-            status, error = st.outcome(http_status)
+                if is_stream(resp):
+                    read = resp.content.readany
+                    while data := await read():
+                        feed(data, clock())
+                else:  # an error, a redirect, a page: its head kept, the rest of a long body not read
+                    st.head = (await read_body(resp, NON_STREAM_BODY_BYTES))[0][:ERROR_BODY_BYTES]
+                status, error = st.outcome(http_status, resp.headers)
+        except StreamLimit as e:  # leaving the block unread drops the connection (aiohttp: the payload is not at eof)
+            status, error = "stream_error", str(e)
+        except RecursionError:  # a safety net: read_chunk answers JSON nested too deep; nothing else should recurse
+            status, error = "stream_error", "a stream event nested deeper than the client reads"
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             status, error = "connect_error", _why(e)
         except TimeoutError:
@@ -370,18 +392,39 @@ class _Run:
             self.progress(len(self.records), self.total)
 
 
+def is_stream(resp) -> bool:
+    """Whether an answer is read as an event stream: a 2xx status and an event-stream content-type (or none)."""
+    return 200 <= resp.status < 300 and media_type(resp.headers.get("content-type")) in STREAM_TYPES
+
+
+async def read_body(resp, limit: int) -> tuple[bytes, bool]:
+    """(the first bytes of a body, whether that is all of it): read to its end when it holds at most ``limit``
+    bytes; past that the connection is closed (the rest is never read, nor held)."""
+    if resp.content_length is not None and resp.content_length > limit:
+        resp.close()
+        return b"", False
+    got = bytearray()
+    while chunk := await resp.content.read(limit + 1 - len(got)):
+        got += chunk
+        if len(got) > limit:
+            resp.close()
+            return bytes(got[:limit]), False
+    return bytes(got), True
+
+
 class _Stream:
     """One response's body read as it arrives (``feed``, with the time of each read): the arrival of each event
-    carrying text (s from the run's start), the usage counts, the events seen; the first bytes kept for an HTTP
-    error's message."""
+    carrying text (s from the run's start; the first MAX_TIMES_KEPT, the rest counted in ``dropped``), the usage
+    values as sent, the events seen; the first bytes kept for an HTTP error's message."""
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
         self.parser = SSEParser()
         self.first: float | None = None
         self.times: list[float] = []
-        self.usage_prompt: int | None = None
-        self.usage_completion: int | None = None
+        self.dropped = 0
+        self.usage_prompt: Any = None  # as sent: usage_counts judges them when the record is made
+        self.usage_completion: Any = None
         self.events = 0
         self.finished = False
         self.result: tuple[str, str] | None = None  # set at [DONE] or an error event; the rest is not read
@@ -410,15 +453,27 @@ class _Stream:
             if c.text:
                 if self.first is None:
                     self.first = now
-                self.times.append(now)
+                if len(self.times) < MAX_TIMES_KEPT:
+                    self.times.append(now)
+                else:
+                    self.dropped += 1
             if c.finish_reason is not None:
                 self.finished = True
 
-    def outcome(self, http_status: int) -> tuple[str, str]:
-        """(status, error) of a response that ended: http_error for a status >= 400; ok at [DONE] (or at the
-        body's end after a finish_reason); stream_error at an error event; dropped at an end before either."""
+    def outcome(self, http_status: int, headers) -> tuple[str, str]:
+        """(status, error) of a response that ended: http_error for a status >= 400 or a redirect; stream_error
+        for an answer that is not an event stream (an HTML page, a JSON body); ok at [DONE] (or at the body's end
+        after a finish_reason); stream_error at an error event; dropped at an end before either."""
+        head = self.head.decode("utf-8", errors="replace").strip()
         if http_status >= 400:
-            return "http_error", f"HTTP {http_status}: " + self.head.decode("utf-8", errors="replace").strip()
+            return "http_error", f"HTTP {http_status}: " + head
+        if 300 <= http_status < 400:
+            where = (headers.get("location") or "nowhere (no location given)")[:200]
+            return "http_error", (f"redirect {http_status} to {where} (opmap does not follow redirects: give the "
+                                  "URL of the server itself)")
+        if (kind := media_type(headers.get("content-type"))) not in STREAM_TYPES or not 200 <= http_status < 300:
+            return "stream_error", (f"the answer is {kind or 'untyped'} (HTTP {http_status}), not an event stream: "
+                                    f"{head[:120]!r}")
         if self.result is not None:
             return self.result
         self.parser.close()
@@ -428,9 +483,9 @@ class _Stream:
 
     def _usage(self, u: dict[str, Any]) -> None:
         p, c = u.get("prompt_tokens"), u.get("completion_tokens")
-        if isinstance(p, int) and not isinstance(p, bool):
+        if p is not None:
             self.usage_prompt = p
-        if isinstance(c, int) and not isinstance(c, bool):
+        if c is not None:
             self.usage_completion = c
 
 

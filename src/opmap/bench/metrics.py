@@ -21,8 +21,9 @@ LAG_LIMIT_S.
 
 Validity in the MLPerf LoadGen spirit: the run is VALID when it lasted at least ``min_duration_s`` (mlperf.conf
 ``*.*.min_duration = 600000`` ms), measured at least ``min_queries`` requests (24,576 for llama2-70b, its
-dataset size: loadgen's min_query_count for the LLM tests), every measured request ended ok, the open loop kept
-its schedule and the run was not interrupted; otherwise INVALID with every reason.
+dataset size: loadgen's min_query_count for the LLM tests), every measured request ended ok, every usage count the
+server sent was plausible (opmap.bench.records.usage_counts), the open loop kept its schedule and the run was not
+interrupted; otherwise INVALID with every reason.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ MLPERF_MIN_QUERIES = 24576  # llama2-70b's dataset size, LoadGen's min_query_cou
 
 
 def output_tokens(r: RequestRecord) -> int:
-    """A request's output tokens: the server's usage count, else its text events."""
-    return r.usage_completion_tokens if r.usage_completion_tokens is not None else len(r.token_times_s)
+    """A request's output tokens: the server's usage count, else its text events (those timed and those past the
+    client's cap on times kept)."""
+    if r.usage_completion_tokens is not None:
+        return r.usage_completion_tokens
+    return len(r.token_times_s) + r.token_times_dropped
 
 
 def input_tokens(r: RequestRecord) -> int:
@@ -71,12 +75,16 @@ def per_request(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
 
 
 def _usage(measured: Sequence[RequestRecord]) -> dict[str, Any]:
-    """The server's usage counts against what was asked (ok requests): mismatches and the differences."""
+    """The server's usage counts against what was asked (ok requests): mismatches and the differences; the
+    requests whose usage was implausible and set aside (records.usage_counts), and the first reason."""
     ok = [r for r in measured if r.ok]
-    no_usage = sum(1 for r in ok if r.usage_completion_tokens is None or r.usage_prompt_tokens is None)
+    no_usage = sum(1 for r in ok if (r.usage_completion_tokens is None or r.usage_prompt_tokens is None)
+                   and not r.usage_error)
+    implausible = [r.usage_error for r in ok if r.usage_error]
     out_diff = [r.usage_completion_tokens - r.output_tokens_asked for r in ok if r.usage_completion_tokens is not None]
     in_diff = [r.usage_prompt_tokens - r.input_tokens_asked for r in ok if r.usage_prompt_tokens is not None]
-    return {"requests_without_usage": no_usage,
+    return {"requests_without_usage": no_usage, "implausible": len(implausible),
+            "implausible_example": implausible[0] if implausible else None,
             "output_mismatches": sum(1 for d in out_diff if d != 0),
             "input_mismatches": sum(1 for d in in_diff if d != 0),
             "output_diff_mean": float(np.mean(out_diff)) if out_diff else None,
@@ -119,6 +127,7 @@ def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = No
     good = _good(ok, lat, slo_ttft_s, slo_tpot_s)
     lag = _lag(measured)
     offered = _offered(measured)
+    usage = _usage(measured)
     return {
         "schema_version": SCHEMA_VERSION,
         "requests": {"measured": len(measured), "warmup": len(records) - len(measured), "ok": len(ok),
@@ -135,14 +144,24 @@ def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = No
                     "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
                     "attainment": good["met"] / len(measured) if measured else 0.0},
         "errors": {k: kinds.get(k, 0) for k in STATUSES if k != "ok"},
-        "usage_check": _usage(measured),
+        "error_examples": _examples(measured),
+        "usage_check": usage,
         "scheduler_lag": lag,
         "validity": validity(span, len(measured), len(ok), lag["behind"], interrupted, min_duration_s,
-                             min_queries),
+                             min_queries, implausible_usage=usage["implausible"]),
         # raw per-request samples (s) for the store: compare's rank test runs on them
         "samples": {"ttft_s": [float(x) for x in lat["ttft"]], "tpot_s": [float(x) for x in lat["tpot"]],
                     "e2e_s": [float(x) for x in lat["e2e"]]},
     }
+
+
+def _examples(measured: Sequence[RequestRecord]) -> dict[str, str]:
+    """The first measured request's error of each kind that failed (what the server answered, in a line)."""
+    out: dict[str, str] = {}
+    for r in measured:
+        if not r.ok and r.status not in out:
+            out[r.status] = r.error[:300]
+    return out
 
 
 def _good(ok: list[RequestRecord], lat: dict[str, np.ndarray], slo_ttft_s: float | None,
@@ -158,7 +177,7 @@ def _good(ok: list[RequestRecord], lat: dict[str, np.ndarray], slo_ttft_s: float
 
 
 def validity(span_s: float, measured: int, ok: int, behind: bool, interrupted: bool, min_duration_s: float,
-             min_queries: int) -> dict[str, Any]:
+             min_queries: int, implausible_usage: int = 0) -> dict[str, Any]:
     """VALID or INVALID with every reason (see the module docstring)."""
     reasons = []
     if span_s < min_duration_s:
@@ -167,6 +186,9 @@ def validity(span_s: float, measured: int, ok: int, behind: bool, interrupted: b
         reasons.append(f"{measured} requests measured, under the minimum {min_queries}")
     if ok < measured:
         reasons.append(f"{measured - ok} of {measured} requests failed")
+    if implausible_usage:
+        reasons.append(f"{implausible_usage} of {ok} ok requests reported implausible usage counts (set aside: "
+                       "their text events counted instead)")
     if behind:
         reasons.append(f"the sends fell behind schedule (p99 lag over {LAG_LIMIT_S * 1e3:g} ms)")
     if interrupted:
@@ -177,4 +199,4 @@ def validity(span_s: float, measured: int, ok: int, behind: bool, interrupted: b
                                                           "schedule"),
             "min_duration_s": min_duration_s, "min_queries": min_queries,
             "rule": "MLPerf LoadGen: minimum duration (600 s) and query count met, every query answered; here "
-                    "also the open loop on schedule and the run not interrupted"}
+                    "also every usage count plausible, the open loop on schedule and the run not interrupted"}

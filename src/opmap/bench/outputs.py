@@ -3,8 +3,11 @@ built in memory so the command writes them as one atomic set (opmap.report.outpu
 
 requests.parquet columns (times in s from the run's start): idx, warmup, status, error, http_status,
 scheduled_s (null in a closed loop), sent_s, first_token_s, end_s, token_times_s (a list: every text event's
-arrival), input_tokens_asked, output_tokens_asked, usage_prompt_tokens, usage_completion_tokens, events. DuckDB
-writes it (no pyarrow needed): the rows go through a JSON Lines file into ``COPY ... (FORMAT parquet)``.
+arrival), input_tokens_asked, output_tokens_asked, usage_prompt_tokens, usage_completion_tokens, events,
+usage_error (why a usage count was set aside), token_times_dropped (text events past the times kept). DuckDB
+writes it (no pyarrow needed): the rows go through a JSON Lines file into ``COPY ... (FORMAT parquet)``, read with
+an object size limit above the longest row written (DuckDB's default maximum_object_size, 16 MB, refused a row of
+two million event times, 36 MB).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ PARQUET_COLUMNS = {
     "idx": "BIGINT", "warmup": "BOOLEAN", "status": "VARCHAR", "error": "VARCHAR", "http_status": "INTEGER",
     "scheduled_s": "DOUBLE", "sent_s": "DOUBLE", "first_token_s": "DOUBLE", "end_s": "DOUBLE",
     "token_times_s": "DOUBLE[]", "input_tokens_asked": "BIGINT", "output_tokens_asked": "BIGINT",
-    "usage_prompt_tokens": "BIGINT", "usage_completion_tokens": "BIGINT", "events": "BIGINT"}
+    "usage_prompt_tokens": "BIGINT", "usage_completion_tokens": "BIGINT", "events": "BIGINT",
+    "usage_error": "VARCHAR", "token_times_dropped": "BIGINT"}
+JSON_OBJECT_BYTES = 16 << 20  # DuckDB's read_json default maximum_object_size; raised to the longest row
 
 
 def _aiohttp_version() -> str:
@@ -63,7 +68,8 @@ def _row(r) -> dict[str, Any]:
             "scheduled_s": r.scheduled_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s, "end_s": r.end_s,
             "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
             "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
-            "usage_completion_tokens": r.usage_completion_tokens, "events": r.events}
+            "usage_completion_tokens": r.usage_completion_tokens, "events": r.events, "usage_error": r.usage_error,
+            "token_times_dropped": r.token_times_dropped}
 
 
 def requests_parquet(result: BenchResult) -> bytes:
@@ -72,17 +78,21 @@ def requests_parquet(result: BenchResult) -> bytes:
 
     with tempfile.TemporaryDirectory(prefix="opmap-bench-") as d:
         src, dst = Path(d) / "rows.jsonl", Path(d) / "requests.parquet"  # SQL literals below: quotes doubled
+        longest = 0
         with open(src, "w") as f:
             for r in sorted(result.records, key=lambda r: r.index):
-                f.write(json.dumps(_row(r), allow_nan=False))
+                line = json.dumps(_row(r), allow_nan=False)
+                longest = max(longest, len(line))
+                f.write(line)
                 f.write("\n")
         s_src, s_dst = str(src).replace("'", "''"), str(dst).replace("'", "''")
         cols = ", ".join(f"'{k}': '{v}'" for k, v in PARQUET_COLUMNS.items())
         con = duckdb.connect(":memory:")
         try:
             if result.records:
+                size = max(JSON_OBJECT_BYTES, 2 * longest)
                 con.execute(f"COPY (SELECT * FROM read_json('{s_src}', format='newline_delimited', "
-                            f"columns={{{cols}}})) TO '{s_dst}' (FORMAT parquet)")
+                            f"maximum_object_size={size}, columns={{{cols}}})) TO '{s_dst}' (FORMAT parquet)")
             else:  # no request recorded: an empty table with the columns
                 decl = ", ".join(f"{k} {v}" for k, v in PARQUET_COLUMNS.items())
                 con.execute(f"CREATE TABLE t ({decl})")
