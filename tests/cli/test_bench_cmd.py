@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import re
 import socket
+from pathlib import Path
 
 import pytest
 
 from opmap.bench.nullserver import NullConfig, NullServer, ThreadServer
+
+BENCH_TESTS = Path(__file__).parents[1] / "bench"  # bench_servers.py: the hostile test servers
 
 
 def _free_port() -> int:
@@ -143,3 +146,48 @@ def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path, cli):
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{tmp_path / 'o' / 'requests.parquet'}')"
                                  ).fetchone()[0]
     assert n == d["run"]["recorded"] and 5 < n < 80
+
+
+@pytest.fixture
+def hostile(monkeypatch):
+    """tests/bench/bench_servers.py's HostileServer (the bench tests' folder is not a package)."""
+    monkeypatch.syspath_prepend(str(BENCH_TESTS))
+    from bench_servers import HostileServer
+
+    return HostileServer
+
+
+def test_a_run_in_which_every_request_failed_exits_1_and_is_written_and_recorded(tmp_path, cli, hostile):
+    """Every answer a 307: the run is printed (the redirect named, with where it points), written and recorded
+    as any run, and exits 1 (it used to exit 0, each request "ended before [DONE]")."""
+    store = tmp_path / "runs.duckdb"
+    with ThreadServer(hostile("redirect")) as port:
+        rc, out, err = cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--concurrency", 1, "--requests",
+                           3, "--out", tmp_path / "o", "--store", store)
+    assert rc == 1, err
+    assert "every one of the 3 measured requests failed" in out and "Traceback" not in out + err
+    assert "redirect 307 to http://127.0.0.1:9/v1/completions (opmap does not follow redirects" in out
+    d = json.loads((tmp_path / "o" / "bench.json").read_text())
+    assert d["errors"]["http_error"] == 3 and d["error_examples"]["http_error"].startswith("redirect 307 to")
+    assert (tmp_path / "o" / "requests.parquet").is_file()
+    from opmap.store import show_run
+
+    assert show_run(_run_id(out), store)["kind"] == "bench"
+
+
+def test_a_run_with_some_requests_failed_exits_0_and_names_the_failure(tmp_path, cli, hostile):
+    with ThreadServer(hostile("html", every=2)) as port:
+        rc, out, err = cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--concurrency", 1, "--requests",
+                           4, "--no-store")
+    assert rc == 0, err
+    assert "errors: stream_error 2" in out and "the answer is text/html (HTTP 200), not an event stream" in out
+
+
+def test_an_endless_model_list_is_one_line_exit_2_and_nothing_sent(tmp_path, refused, hostile):
+    from opmap.bench.client import MODELS_BODY_BYTES
+
+    server = hostile("huge-models", (MODELS_BODY_BYTES + (1 << 20), "chunked"))
+    with ThreadServer(server) as port:
+        refused("bench", f"http://127.0.0.1:{port}", "--model", "m", "--out", tmp_path / "o", "--no-store",
+                needle=f"/v1/models answered more than {MODELS_BODY_BYTES} bytes")
+    assert server.posts == 0 and not (tmp_path / "o").exists()

@@ -83,7 +83,10 @@ def bench(
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
     endpoint that wants a key gets $OPENAI_API_KEY as a bearer token (read from the environment, never written
-    or recorded)."""
+    or recorded). A failing request (an HTTP error, a redirect, an answer that is not an event stream, a broken
+    or oversized stream, a timeout) is counted and the run goes on. Exit status: 0; 1 when every measured request
+    failed (the run is still printed, written and recorded); 2 for bad input or an endpoint that cannot be
+    reached (nothing sent); 130 when interrupted."""
     from opmap.bench.client import APIS, endpoint_root
     from opmap.serve.arrivals import MAX_REQUESTS, parse_length
 
@@ -152,6 +155,14 @@ def bench(
                               tags, out, store, no_store)
     if result.interrupted:
         raise typer.Exit(130)  # what was measured is kept (printed, written, recorded); the exit says it stopped
+    if all_failed(body):
+        raise typer.Exit(1)  # printed, written and recorded as any run; the exit says none of it is a measurement
+
+
+def all_failed(body: dict) -> bool:
+    """Whether every measured request of a run failed (at least one measured): a run with nothing to show."""
+    r = body["requests"]
+    return r["measured"] > 0 and r["ok"] == 0
 
 
 @dataclass
@@ -271,15 +282,16 @@ def print_summary(body: dict) -> None:
     console.print(f"throughput {th['requests_per_s']:.4g} req/s ({offered}achieved {rate['achieved_per_s']:.4g}), "
                   f"{si(th['output_tokens_per_s'], 'tok/s')} out, {si(th['tokens_per_s'], 'tok/s')} total; "
                   f"goodput {g['requests_per_s']:.4g} req/s ({g['attainment']:.1%} of requests)", highlight=False)
-    errs = {k: v for k, v in body["errors"].items() if v}
-    if errs:
-        console.print("errors: " + ", ".join(f"{k} {v}" for k, v in errs.items()), highlight=False)
+    print_errors(body)
     u = body["usage_check"]
     if u["output_mismatches"] or u["input_mismatches"] or u["requests_without_usage"]:
         console.print(f"usage check: output tokens differ from max_tokens on {u['output_mismatches']} requests "
                       f"(mean {_signed(u['output_diff_mean'])}), prompt tokens from the asked length on "
                       f"{u['input_mismatches']} (mean {_signed(u['input_diff_mean'])}); "
                       f"{u['requests_without_usage']} without usage", highlight=False)
+    if u["implausible"]:
+        console.print(f"usage check: {u['implausible']} requests reported implausible counts, set aside (first: "
+                      f"{safe(u['implausible_example'])})", highlight=False)
     lag = body["scheduler_lag"]
     if lag["open_loop"]:
         console.print(f"send lag behind schedule: p50 {si(lag['p50_s'], 's')}, p99 {si(lag['p99_s'], 's')}, max "
@@ -291,6 +303,19 @@ def print_summary(body: dict) -> None:
                       "cancelled", highlight=False)
     v = body["validity"]
     console.print(f"MLPerf-style validity: {v['verdict']} ({safe(v['reason'])})", highlight=False)
+
+
+def print_errors(body: dict) -> None:
+    """The failures by kind, each with the first one's reason; a line saying so when every request failed."""
+    errs = {k: v for k, v in body["errors"].items() if v}
+    if not errs:
+        return
+    console.print("errors: " + ", ".join(f"{k} {v}" for k, v in errs.items()), highlight=False)
+    for k, why in body.get("error_examples", {}).items():
+        console.print(f"  {k}: {safe(why)}", highlight=False)
+    if all_failed(body):
+        console.print(f"[bold red]every one of the {body['requests']['measured']} measured requests failed[/]: "
+                      "exit status 1", highlight=False)
 
 
 def _signed(x: float | None) -> str:
