@@ -23,24 +23,34 @@ from typing import Any, NamedTuple
 
 @dataclass(frozen=True)
 class Event:
-    """One dispatched event: its ``data`` (the data lines joined with LF) and its ``event`` type ("message"
-    when none was given)."""
+    """One dispatched event: its ``data`` (the data lines joined with LF), its ``event`` type ("message"
+    when none was given) and ``at``: the time passed to ``SSEParser.feed`` with the bytes that completed its
+    last data line (None when none was passed)."""
 
     data: str
     event: str = "message"
+    at: float | None = None
 
 
 class SSEParser:
     """Feed bytes as they arrive (``feed``); get back the events they complete. UTF-8 is decoded per line, so
-    a multi-byte character split across reads is whole when decoded."""
+    a multi-byte character split across reads is whole when decoded.
+
+    ``feed(chunk, at)``: ``at`` is the time the chunk arrived; each event carries the ``at`` of the chunk that
+    completed its last data line, not of the one holding the empty line that dispatches it: the event's data
+    was whole then. (A proxy may send each line as its own packet, and the empty line can come tens of ms after
+    the data: Nagle's algorithm on the proxy waiting for the client's delayed ACK.)"""
 
     def __init__(self) -> None:
         self._buf = b""
         self._skip_lf = False  # the last read ended with CR: an LF starting the next read belongs to it
         self._data: list[str] = []
         self._event = ""
+        self._now: float | None = None  # the ``at`` of the chunk being parsed
+        self._data_at: float | None = None  # the ``at`` of the chunk that completed the last data line
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def feed(self, chunk: bytes, at: float | None = None) -> list[Event]:
+        self._now = at
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
@@ -57,11 +67,12 @@ class SSEParser:
         for raw in lines:
             if not raw:
                 if self._data:
-                    out.append(Event("\n".join(self._data), self._event or "message"))
+                    out.append(Event("\n".join(self._data), self._event or "message", self._data_at))
                 self._data, self._event = [], ""
                 continue
             if raw[:6] == b"data: ":  # the common line, without the general field parsing
                 self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                self._data_at = self._now
             else:
                 self._field(raw.decode("utf-8", errors="replace"))
         return out
@@ -74,6 +85,7 @@ class SSEParser:
             value = value[1:]
         if name == "data":
             self._data.append(value)
+            self._data_at = self._now
         elif name == "event":
             self._event = value
         # id and retry: not needed by a load client; other fields: ignored, as the format says
