@@ -238,3 +238,17 @@ def test_memory_stays_bounded_by_the_limit_whatever_the_stream_sends():
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
         assert peak < bound, (limit, peak)
+
+
+def test_an_event_is_timed_by_the_read_that_completed_its_data_not_by_its_dispatch():
+    """A proxy may send each line as its own packet: the empty line that dispatches an event can come long after
+    its data. The event carries the ``at`` of the read that completed its last data line (the general ``data:``
+    field path too), not of the empty line's read; a line completed by a later read is timed by that read."""
+    p = SSEParser()
+    assert p.feed(b"data: one\n", 1.0) == []
+    assert [(e.data, e.at) for e in p.feed(b"\n", 2.0)] == [("one", 1.0)]
+    assert p.feed(b"data:two\ndata: thr", 3.0) == []
+    assert p.feed(b"ee\n", 4.0) == []  # the second data line ends here
+    assert [(e.data, e.at) for e in p.feed(b"\r\n: ping\n\ndata: four\n\n", 5.0)] == [("two\nthree", 4.0),
+                                                                                    ("four", 5.0)]
+    assert SSEParser().feed(b"data: x\n\n")[0].at is None  # no time given

@@ -285,16 +285,20 @@ def probe_specs(prompt_1: str, n_in: int, reps: int, long_out: int):
 
 
 def _e2e(records, out: int) -> list[float]:
-    """End-to-end times (s) of the answered requests that asked ``out`` tokens and got them."""
-    return [r.end_s - r.sent_s for r in records if r.status == "ok" and r.output_tokens_asked == out
-            and (r.usage_completion_tokens or out) == out]
+    """Times (s) from the send to the last token's arrival of the answered requests that asked ``out`` tokens
+    and got them (the stream's end where no event carried text). Not to the stream's end: the events after the
+    last token (finish, usage, [DONE]) are no part of a token's time, and a proxy can hold them back (a line
+    per packet behind Nagle's algorithm waits for the client's delayed ACK), which would count tens of ms into
+    request_s and so into every predicted TTFT."""
+    return [(r.token_times_s[-1] if r.token_times_s else r.end_s) - r.sent_s for r in records
+            if r.status == "ok" and r.output_tokens_asked == out and (r.usage_completion_tokens or out) == out]
 
 
 def overhead_from_probe(records, cost, n_in: int, long_out: int, together=(), batch: int | None = None
                         ) -> ServerOverhead:
     """Server overhead from the probe's records (``measure_overhead``), against the model's own step times. The
-    probe is timed by end-to-end times, which a starved web process cannot blur (it may deliver many tokens in
-    one event; the last token still ends the stream after it was made):
+    probe is timed by end-to-end times (send to the last token's arrival, ``_e2e``), which a starved web process
+    cannot blur (it may deliver many tokens in one event; the last token still arrives after it was made):
 
     - per token at batch 1 = (median e2e of the long answers - median e2e of the 1-token answers) / (n - 1);
       step_s = that less the priced decode step of one sequence;

@@ -24,11 +24,13 @@ from typing import Any, NamedTuple
 
 @dataclass(frozen=True)
 class Event:
-    """One dispatched event: its ``data`` (the data lines joined with LF) and its ``event`` type ("message"
-    when none was given)."""
+    """One dispatched event: its ``data`` (the data lines joined with LF), its ``event`` type ("message"
+    when none was given) and ``at``: the time passed to ``SSEParser.feed`` with the bytes that completed its
+    last data line (None when none was passed)."""
 
     data: str
     event: str = "message"
+    at: float | None = None
 
 
 # No line of a stream (its field name, colon and value) and no event's data (its data lines joined) may be longer
@@ -60,6 +62,11 @@ class SSEParser:
     """Feed bytes as they arrive (``feed``); get back the events they complete. UTF-8 is decoded per line, so
     a multi-byte character split across reads is whole when decoded.
 
+    ``feed(chunk, at)``: ``at`` is the time the chunk arrived; each event carries the ``at`` of the chunk that
+    completed its last data line, not of the one holding the empty line that dispatches it: the event's data
+    was whole then. (A proxy may send each line as its own packet, and the empty line can come tens of ms after
+    the data: Nagle's algorithm on the proxy waiting for the client's delayed ACK.)
+
     Linear in the bytes fed: each read is scanned once for line ends, and the unfinished line's pieces are kept
     as they came and joined once, when its end arrives (a line trickled in 4 KiB reads used to be re-joined and
     re-split on every read: 10 MB took 6 s). StreamLimit when a line (without its end) or an event's data (its
@@ -73,8 +80,11 @@ class SSEParser:
         self._data: list[str] = []
         self._data_bytes = 0  # the event's data so far, as joined (LFs between its lines included)
         self._event = ""
+        self._now: float | None = None  # the ``at`` of the chunk being parsed
+        self._data_at: float | None = None  # the ``at`` of the chunk that completed the last data line
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def feed(self, chunk: bytes, at: float | None = None) -> list[Event]:
+        self._now = at
         if self._skip_lf and chunk:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -115,13 +125,14 @@ class SSEParser:
         for raw in lines:
             if not raw:
                 if self._data:
-                    out.append(Event("\n".join(self._data), self._event or "message"))
+                    out.append(Event("\n".join(self._data), self._event or "message", self._data_at))
                 self._data, self._data_bytes, self._event = [], 0, ""
             elif len(raw) > limit:
                 raise self._too_long()
             elif raw[:6] == b"data: " and not self._data:  # the common line, an event's first: no field parsing
                 self._data_bytes = len(raw) - 6
                 self._data.append(raw[6:].decode("utf-8", errors="replace"))
+                self._data_at = self._now
             else:
                 self._field(raw)
 
@@ -131,6 +142,7 @@ class SSEParser:
             raise StreamLimit(f"a stream event whose data is longer than {self.max_bytes} bytes (the client's limit "
                               "on one event): the rest of the stream was not read")
         self._data.append(value.decode("utf-8", errors="replace"))
+        self._data_at = self._now
 
     def _field(self, raw: bytes) -> None:
         if raw[:1] == b":":
