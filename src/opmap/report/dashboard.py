@@ -131,7 +131,7 @@ def from_dir(folder: Path) -> Sources:
 def from_run(run_id: str, store: Path | None = None) -> Sources:
     """A recorded run (opmap runs list): its payload, tags and the store's kernel and layer-type rows."""
     from opmap.store import show_run
-    from opmap.store.db import run_rows
+    from opmap.store.reading import run_rows
 
     run = show_run(run_id, store)
     kind = run["kind"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.store import db
+from opmap.store import db, reading
 
 TABLES = ("meta", "runs", "kernels", "layer_types", "samples")
 ACCEPTED = ("accepted: profile.json, analysis.json, a folder of them, or a folder from opmap runs export "
@@ -40,7 +40,7 @@ def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
         raise OpmapError(f"{out} is a symlink; opmap runs export writes a new folder (never through a link)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OpmapError(f"{out} exists; opmap runs export writes a new folder (or an empty one): choose another")
-    con = db._read(path)
+    con = reading.open_read(path)
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
     known = set()
     if path.exists() or db._pending(path):
         ids = {e["id"] for e in entries}
-        known = {r["id"] for r in db.list_runs(path=path) if r["id"] in ids}
+        known = {r["id"] for r in reading.list_runs(path=path) if r["id"] in ids}
     new = [e for e in entries if e["id"] not in known]
     db._make_parent(path)
     written = []
