@@ -131,6 +131,7 @@ def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_stor
         return
     except Exception as e:  # the store's own failure (a locked, corrupt or foreign file) never costs the result
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {safe(msg)}", highlight=False)
+        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {safe(msg)}", highlight=False,
+                      soft_wrap=True)  # one line, however long the store's path
         return
     console.print(f"[dim]recorded as run {rid} (opmap runs show {rid})[/dim]")

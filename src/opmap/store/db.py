@@ -143,12 +143,18 @@ def _write_new(f: Path, text: str) -> None:
 
 
 def _spool_entry(path: Path, body: dict[str, Any]) -> Path:
-    """A run's entry in the spool: written whole under a temporary name, then renamed into place."""
+    """A run's entry in the spool: written whole under a temporary name, then renamed into place. A write that
+    fails (a full disk) removes its temporary file and raises one line naming the spool and the cause."""
     spool = _dir(_spool(path))
     tmp = spool / f".{body['id']}.{uuid.uuid4().hex[:8]}.tmp"
-    _write_new(tmp, json.dumps(body))
     dest = spool / f"{body['id']}.json"
-    os.replace(tmp, dest)  # replaces a symlink there, never writes through it
+    try:
+        _write_new(tmp, json.dumps(body))
+        os.replace(tmp, dest)  # replaces a symlink there, never writes through it
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OpmapError(f"cannot write the run into the store's spool {visible(spool)}: "
+                         f"{e.strerror or type(e).__name__}") from None
     return dest
 
 
