@@ -12,6 +12,7 @@ from rich.console import Console
 
 from opmap.errors import OpmapError
 from opmap.report.text import clean, safe
+from opmap.validate import visible
 
 # Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -98,7 +99,9 @@ def warn_unmatched_overrides(overrides, graph) -> None:
 
 
 def print_wrote(paths: Iterable[Path]) -> None:
-    console.print(clean("wrote " + ", ".join(str(p) for p in paths)), markup=False)
+    """The "wrote" line: each path as written, its escape sequences and control characters shown as escapes
+    (validate.visible), so the name printed is the name on disk and the terminal acts on nothing in it."""
+    console.print("wrote " + ", ".join(visible(p) for p in paths), markup=False, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.store import db, reading
+from opmap.validate import visible
 
 TABLES = ("meta", "runs", "kernels", "layer_types", "samples")
 ACCEPTED = ("accepted: profile.json, analysis.json, a folder of them, or a folder from opmap runs export "
@@ -38,9 +39,10 @@ def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
     """Every table as ``out_dir/TABLE.parquet`` (DuckDB's COPY): a store any host can import."""
     out = Path(out_dir)
     if out.is_symlink():
-        raise OpmapError(f"{out} is a symlink; opmap runs export writes a new folder (never through a link)")
+        raise OpmapError(f"{visible(out)} is a symlink; opmap runs export writes a new folder (never through a link)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise OpmapError(f"{out} exists; opmap runs export writes a new folder (or an empty one): choose another")
+        raise OpmapError(f"{visible(out)} exists; opmap runs export writes a new folder (or an empty one): choose "
+                         "another")
     con = reading.open_read(path)
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
@@ -50,7 +52,7 @@ def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
             con.execute(f"COPY {t} TO '{_sql_path(tmp / f'{t}.parquet')}' (FORMAT parquet)")
         os.rename(tmp, out)  # onto an empty folder, or a new name; never through a symlink
     except (OSError, db._duckdb().Error) as e:
-        raise OpmapError(f"cannot write the export to {out}: {_first_line(e)}") from None
+        raise OpmapError(f"cannot write the export to {visible(out)}: {_first_line(e)}") from None
     finally:
         con.close()
         shutil.rmtree(tmp, ignore_errors=True)
