@@ -272,3 +272,14 @@ def test_an_exports_table_file_past_its_limit_or_a_link_is_refused_before_duckdb
     with pytest.raises(OpmapError, match=r"kernels.parquet is 1024.0 MiB, over the 1024 MiB.*nothing imported"):
         import_path(tmp_path / "pq", b)
     assert not b.exists()
+
+
+def test_a_spool_entry_with_an_escape_in_its_name_is_named_visibly(tmp_path, capsys):
+    path = tmp_path / "runs.duckdb"
+    record("analyze", PAYLOAD, _tags(), path)
+    spool = path.with_name(path.name + ".spool")
+    (spool / "x\x1b]8;;evil\x1b\\y\x1b[2J.json").write_text("{}")  # left there by hand, not by opmap
+    capsys.readouterr()
+    assert len(list_runs(path=path)) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b]8;;evil\\x1b\\\\y\\x1b[2J.json" in err and "not a valid run" in err

@@ -163,8 +163,8 @@ def _quarantine(path: Path, f: Path, why: str) -> None:
     q = _dir(_spool(path) / "quarantine")
     dest = q / f.name
     os.replace(f, dest)
-    print(f"opmap: warning: {f.name} in the run store's spool is not a valid run ({why}); moved to {dest}",
-          file=sys.stderr)
+    print(f"opmap: warning: {visible(f.name)} in the run store's spool is not a valid run ({visible(why)}); moved to "
+          f"{visible(dest)}", file=sys.stderr)
 
 
 # --- opening: created whole, migrated, or rebuilt from the journal when unreadable -----------------------------
