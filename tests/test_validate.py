@@ -93,3 +93,16 @@ def test_every_json_output_is_written_without_bare_nan():
                 if not rel.startswith("store/"):  # the store's own rows and spool, read back by opmap only
                     found[rel] = found.get(rel, 0) + 1
     assert found == exempt
+
+
+def test_visible_shows_a_name_as_written():
+    from pathlib import Path
+
+    from opmap.validate import visible
+
+    assert visible(Path("out/run 1/sheet.csv")) == "out/run 1/sheet.csv"  # printable: as it is
+    assert visible("out/é/ü") == "out/é/ü"
+    assert visible("out/\x1b[2Jx") == "'out/\\x1b[2Jx'"  # an escape: quoted, as Python's repr
+    assert visible("a\nb\u202ec") == "'a\\nb\\u202ec'"  # a new line, a right-to-left override
+    assert visible("a\\x1b") == "'a\\\\x1b'"  # a backslash: quoted too, so it cannot pass for an escape
+    assert visible("'q'") == '"\'q\'"'  # a leading quote: quoted, so it cannot pass for a repr

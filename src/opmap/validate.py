@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,19 @@ def shown(value: Any) -> str:
         return digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits.lstrip('-'))} digits)"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def visible(path: Any) -> str:
+    """A file or folder name (or other text from outside) as a message or the terminal shows it: as it is where
+    every character prints and none could be misread (no backslash, no leading quote), else quoted as Python's
+    repr, each control character (ESC, a newline, a bidirectional override) shown as its escape (``\\x1b``): the
+    name printed is the name written, and a terminal acts on nothing in it."""
+    s = os.fspath(path) if isinstance(path, os.PathLike) else str(path)
+    if isinstance(s, bytes):
+        s = os.fsdecode(s)
+    if s.isprintable() and "\\" not in s and not s.startswith(("'", '"')):
+        return s
+    return repr(s)
 
 
 def _g(x: float) -> str:

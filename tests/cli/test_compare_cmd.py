@@ -173,4 +173,26 @@ def test_rerun_measures_the_noise_and_catches_a_stall_in_real_runs(tmp_path, cli
     rc, out, _ = cli("compare", tmp_path / "main-out", tmp_path / "branch-out", "--store", store)
     assert rc == 1 and "regression" in out and "assumed" in out
     rc, out, _ = cli("memo", tmp_path / "main-out")
-    assert rc == 0 and f"the profile output in {tmp_path / 'main-out'}" in out
+    from opmap.report.text import md
+
+    assert rc == 0 and f"the profile output in {md(tmp_path / 'main-out')}" in out  # as Markdown text
+
+
+def test_names_from_the_runs_are_printed_as_text(tmp_path, cli):
+    """A layer type holding unbalanced markup, an OSC 8 link and a clear screen, a module name holding markup and
+    a clear screen (a user's model names both): before, rich read the layer type as markup and raised (a
+    traceback); now both print literally, with no escape byte."""
+    import json
+
+    lt = "ml[/b]p\x1b]8;;http://evil\x1b\\L\x1b[2J"
+    for d, t in (("a", 1e-3), ("b", 2e-3)):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "analysis.json").write_text(json.dumps({
+            "assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16", "batch": 1, "seq": 8},
+            "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": t, "bound": "memory", "layer_type": lt}],
+            "nodes": [{"id": 0, "op": "aten.mm.default", "module": "fc[red]\x1b[2Jz", "layer_type": lt,
+                       "flops": 2.0}],
+            "layer_types": {lt: {"predicted_s": t, "share_of_time": 1.0, "bound": "memory"}}}))
+    rc, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--no-store")
+    assert rc in (0, 1) and "Traceback" not in out + err, err
+    assert "\x1b" not in out + err and "ml[/b]pL" in out and "aten.mm.default@fc[red]z" in out

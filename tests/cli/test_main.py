@@ -120,3 +120,26 @@ def test_every_numeric_option_refuses_nan_inf_negative_and_absurd(refused, comma
 ])
 def test_zero_is_refused_where_it_means_nothing(refused, command, option):
     assert refused(command, *REQUIRED[command], f"{option}=0", needle=option).endswith("(got 0)")
+
+
+def test_an_out_path_with_escape_sequences_is_printed_as_the_name_written(cli, refused, tmp_path):
+    """--out $'o\\e[2Jx' (a clear screen) and one holding an OSC 8 link: the "wrote" line shows each path with
+    the escapes visible (Python's repr, quoted), and that name, read back, is the file written; before, the
+    escapes were removed, naming a folder that does not exist. A refusal names the folder the same way."""
+    import ast
+    from pathlib import Path
+
+    for name in ("o\x1b[2Jx", "p\x1b]8;;http://evil\x1b\\q", "r\nwrote /etc/passwd"):
+        out = tmp_path / name
+        rc, stdout, err = cli("serve", "gpt2", "--service-time", "fixed:10", "--arrival", "poisson:5",
+                              "--requests", 20, "--policy", "none", "--no-store", "--out", out)
+        assert rc == 0, err
+        assert "\x1b" not in stdout + err
+        (line,) = [x for x in stdout.splitlines() if x.startswith("wrote ")]
+        first = line[len("wrote "):].split(", ")[0]
+        assert first.startswith("'") and Path(ast.literal_eval(first)) == out / "serve.json"
+        assert (out / "serve.json").is_file()
+    (tmp_path / "f\x1b[2Jg").write_text("a file")
+    line = refused("serve", "gpt2", "--service-time", "fixed:10", "--requests", 20, "--no-store",
+                   "--out", tmp_path / "f\x1b[2Jg", needle="it exists and is not a folder")
+    assert repr(str(tmp_path / "f\x1b[2Jg")) in line

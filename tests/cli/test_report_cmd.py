@@ -159,7 +159,9 @@ def test_a_name_that_closes_the_script_cannot_break_the_page(cli, tmp_path):
     blocks = re.findall(r'<script type="application/json" id="[\w-]+">(.*?)</script>', page, re.S)
     assert len(blocks) == 3 and not any(c in b for b in blocks for c in "<>&")
     assert _tags(page)["workload"] == evil
-    assert evil in json.dumps(json.loads(blocks[1]))  # the figures' titles name it, intact
+    import html
+
+    assert evil in html.unescape(json.dumps(json.loads(blocks[1])))  # the titles name it (as Plotly text), intact
 
     class Scripts(HTMLParser):
         n = 0
@@ -170,3 +172,38 @@ def test_a_name_that_closes_the_script_cannot_break_the_page(cli, tmp_path):
     p = Scripts()
     p.feed(page)
     assert p.n == 5
+
+
+def _strings(x):
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _strings(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _strings(v)
+
+
+def test_a_run_supplied_string_in_a_figure_is_text_never_a_plotly_tag_or_mathtext(cli, tmp_path):
+    """The model id holds a link, an image, bold, a line break and mathtext: every string of every figure holds no
+    tag but the figures' own line breaks (Plotly draws <a href>, <b>, <br> in titles, legends, categories and
+    hover text), the title reads back as the name on one line; the PNGs are drawn (a malformed $...$ pair made
+    matplotlib raise: a traceback, no report)."""
+    import html
+
+    evil = '<a href="http://evil.example">x</a><img src=x onerror=alert(1)><b>b</b>\nline <br> $\\frac{1}{$ $y$'
+    d = _serve_folder(cli, tmp_path / "out", evil)
+    rc, _, err = cli("report", d)
+    assert rc == 0, err
+    page = (d / "report.html").read_text()
+    figs = json.loads(re.search(r'<script type="application/json" id="opmap-figures">(.*?)</script>', page,
+                                re.S).group(1))
+    for name, fig in figs.items():
+        for s in _strings(fig):
+            if s.startswith("%{"):  # a hovertemplate: the figure's own
+                continue
+            assert "<" not in s.replace("<br>", ""), (name, s)
+    title = figs["serve_cdf"]["layout"]["title"]["text"]
+    assert html.unescape(title).startswith("serving latency CDFs: " + evil.replace("\n", " ") + " on ")
+    assert (d / "report_serve_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -230,7 +230,7 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     # the figures go into the run store: a kernel row per timed candidate, the whole-model samples
     from opmap.explore.tune.run import store_payload
     from opmap.store import record
-    from opmap.store.db import run_rows
+    from opmap.store.reading import run_rows
 
     rid = record("tune", store_payload(d), {"workload": "tiny", "hardware": "local"}, base / "store.duckdb")
     kernels, _ = run_rows(rid, base / "store.duckdb")

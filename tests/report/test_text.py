@@ -40,3 +40,23 @@ def test_plain_is_a_table_cell_never_read_as_markup():
     t.add_row(plain("[/b]\x1b[2Jm"))
     out = _render(t)
     assert "runs of [/b]" in out and "[/b]m" in out and "\x1b" not in out
+
+
+def test_md_writes_a_name_as_one_line_of_markdown_text():
+    from opmap.report.text import md, md_code
+
+    # each by hand from CommonMark: line breaks a space, <>& entities, punctuation that starts a construct escaped
+    assert md("a\n# h\r\n[l](http://x) <img src=x> & www.y.z *e* _u_ `c` | ~s~ $m$ a@b.c !#^\\") == (
+        "a \\# h \\[l\\](http:\\/\\/x) &lt;img src=x&gt; &amp; www\\.y.z \\*e\\* \\_u\\_ \\`c\\` \\| \\~s\\~ "
+        "\\$m\\$ a\\@b.c \\!\\#\\^\\\\")
+    assert md("gpt2 on h100-sxm (prefill, bf16): 1.5 ms") == "gpt2 on h100-sxm (prefill, bf16): 1.5 ms"
+    assert md(EVIL) == "ablinkcdef gh"  # the terminal's clean, after the line break became a space
+    assert md_code("opmap analyze gpt2") == "`opmap analyze gpt2`"
+    assert md_code("a `` b\nc`") == "``` a `` b c` ```"  # a fence longer than any run of backticks inside
+
+
+def test_plotly_and_matplotlib_text():
+    from opmap.report.text import mpl_text, plotly_text
+
+    assert plotly_text('<a href="http://e">x</a>\n&lt;') == '&lt;a href="http://e"&gt;x&lt;/a&gt; &amp;lt;'
+    assert mpl_text("$\\frac{1}{$ x\n") == "\\$\\frac{1}{\\$ x "

@@ -48,3 +48,14 @@ def test_png_drawn_whole():
 
 def test_nothing_to_draw():
     assert trade_curve_png({"models": ["m"], "cells": [CELLS[-1]]}) is None
+
+
+def test_a_name_with_mathtext_is_drawn_as_text():
+    """A fit.json from a folder names its model and platforms: a malformed $...$ pair in one made matplotlib raise
+    at the draw (no PNG, a traceback)."""
+    pytest.importorskip("matplotlib")
+    odd = "$\\frac{1}{$ x"
+    cells = [{**c, "model": odd} for c in CELLS[:3]] + [_cell(odd, 1.5, 200.0, excluded="$\\sqrt{$ over budget")]
+    cells[-1]["model"] = odd
+    data = trade_curve_png({"models": [odd], "cells": cells})
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"

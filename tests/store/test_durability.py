@@ -102,3 +102,52 @@ def test_without_duckdb_recording_is_skipped_and_runs_says_how_to_install(tmp_pa
     assert main(["runs", "list", "--store", str(tmp_path / "r.duckdb")]) == 2
     out, err = capsys.readouterr()
     assert "pip install 'opmap[store]'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_full_disk_at_the_spool_write_keeps_the_result_names_the_failure_and_leaves_no_temp_file(
+        tmp_path, monkeypatch, capsys):
+    """ENOSPC on the spool entry's write (the open succeeds, as on a full disk): the command's figures are printed
+    and its status is 0, the failure is one line, and no temporary file is left behind (there was one per run)."""
+    import errno
+
+    from opmap.cli import main
+
+    store = tmp_path / "runs.duckdb"
+    spool = tmp_path / "runs.duckdb.spool"
+    real_fdopen = os.fdopen
+
+    class _Full:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, _data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    def fdopen(fd, *a, **kw):
+        f = real_fdopen(fd, *a, **kw)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        return _Full(f) if str(spool) in target and target.endswith(".tmp") else f
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    args = ["serve", "gpt2", "--service-time", "fixed:10", "--arrival", "poisson:5", "--requests", "50",
+            "--policy", "none", "--store", str(store)]
+    for _ in range(3):
+        assert main(args) == 0
+        out, err = capsys.readouterr()
+        assert "p99" in out and "MLPerf-style validity" in out  # the run's figures, printed
+        notes = [x for x in out.splitlines() if "not recorded" in x]
+        assert len(notes) == 1 and "No space left on device" in notes[0] and "spool" in notes[0], out
+        assert "Traceback" not in out + err
+    assert [p.name for p in spool.rglob("*")] == []  # no 0-byte temporary entry per failed run
+    monkeypatch.setattr(os, "fdopen", real_fdopen)  # space back: the next run is recorded
+    assert main(args) == 0 and "recorded as run" in capsys.readouterr().out
+    assert len(list_runs(path=store)) == 1

@@ -223,3 +223,63 @@ def test_an_export_with_a_row_its_table_cannot_hold_imports_nothing(tmp_path):
     with pytest.raises(OpmapError, match=r"does not fit a 32-bit integer.*nothing imported"):
         import_path(tmp_path / "pq", b)
     assert not b.exists() and not list(b.with_name(b.name + ".spool").rglob("*.json"))
+
+
+MAX_STRING = 65536  # the stated limit on a string inside an imported run (SECURITY.md, store.validate)
+
+
+def test_an_import_is_capped_in_file_size_and_string_length(tmp_path):
+    """A run file past the JSON limit is refused from its size (not read), and a string past MAX_STRING anywhere
+    in a run (a 50 MB note took 37 s and 1.1 GB to import) is refused naming its field: nothing imported."""
+    from opmap.safeio import LIMIT_JSON_BYTES
+    from opmap.store.transfer import import_path
+
+    path = tmp_path / "runs.duckdb"
+    big = tmp_path / "big" / "analysis.json"
+    big.parent.mkdir()
+    with open(big, "wb") as f:  # sparse: a valid start, then zeros up to one byte past the limit
+        f.write(json.dumps(GOOD).encode())
+        f.truncate(LIMIT_JSON_BYTES + 1)
+    with pytest.raises(OpmapError, match=r"over the 64 MiB opmap reads for it.*nothing imported"):
+        import_path(big, path)
+    for n in (MAX_STRING + 1, 50_000_000):
+        f = tmp_path / f"s{n}" / "analysis.json"
+        f.parent.mkdir()
+        f.write_text(json.dumps({**GOOD, "assumptions": {**GOOD["assumptions"], "note": "x" * n}}))
+        with pytest.raises(OpmapError, match=rf"assumptions.note: a string of {n:,} characters.*nothing imported"):
+            import_path(f.parent, path)
+    ok = tmp_path / "ok" / "analysis.json"  # a string of the limit itself is a run like any other
+    ok.parent.mkdir()
+    ok.write_text(json.dumps({**GOOD, "assumptions": {**GOOD["assumptions"], "note": "x" * MAX_STRING}}))
+    assert not path.exists() and import_path(ok, path) == (1, 0)
+
+
+def test_an_exports_table_file_past_its_limit_or_a_link_is_refused_before_duckdb_reads_it(tmp_path):
+    from opmap.store.transfer import LIMIT_PARQUET_BYTES, export_parquet, import_path
+
+    a = tmp_path / "a.duckdb"
+    record("analyze", PAYLOAD, _tags(), a)
+    export_parquet(tmp_path / "pq", a)
+    kernels = tmp_path / "pq" / "kernels.parquet"
+    kernels.unlink()
+    kernels.symlink_to("/dev/zero")
+    b = tmp_path / "b.duckdb"
+    with pytest.raises(OpmapError, match=r"kernels.parquet is not a regular file.*nothing imported"):
+        import_path(tmp_path / "pq", b)
+    kernels.unlink()
+    with open(kernels, "wb") as f:
+        f.truncate(LIMIT_PARQUET_BYTES + 1)  # sparse
+    with pytest.raises(OpmapError, match=r"kernels.parquet is 1024.0 MiB, over the 1024 MiB.*nothing imported"):
+        import_path(tmp_path / "pq", b)
+    assert not b.exists()
+
+
+def test_a_spool_entry_with_an_escape_in_its_name_is_named_visibly(tmp_path, capsys):
+    path = tmp_path / "runs.duckdb"
+    record("analyze", PAYLOAD, _tags(), path)
+    spool = path.with_name(path.name + ".spool")
+    (spool / "x\x1b]8;;evil\x1b\\y\x1b[2J.json").write_text("{}")  # left there by hand, not by opmap
+    capsys.readouterr()
+    assert len(list_runs(path=path)) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b]8;;evil\\x1b\\\\y\\x1b[2J.json" in err and "not a valid run" in err

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from opmap.cli.common import console
+from opmap.validate import visible
 
 
 def calibrate(
@@ -64,7 +65,8 @@ def run_calibration(device: str, quick: bool = False, out: Path | None = None,
         console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s, or past the time budget: "
                       "--no-budget lifts it): "
                       + "; ".join(cal.skipped[:3]) + (" ..." if len(cal.skipped) > 3 else ""))
-    console.print(f"wrote {path}; use it with --hardware local")
+    console.print(f"wrote {visible(path)}; use it with --hardware local", markup=False, highlight=False,
+                  soft_wrap=True)
     return path
 
 

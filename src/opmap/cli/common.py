@@ -12,6 +12,7 @@ from rich.console import Console
 
 from opmap.errors import OpmapError
 from opmap.report.text import clean, safe
+from opmap.validate import visible
 
 # Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
 console = Console(width=None if sys.stdout.isatty() else 180)
@@ -98,7 +99,9 @@ def warn_unmatched_overrides(overrides, graph) -> None:
 
 
 def print_wrote(paths: Iterable[Path]) -> None:
-    console.print(clean("wrote " + ", ".join(str(p) for p in paths)), markup=False)
+    """The "wrote" line: each path as written, its escape sequences and control characters shown as escapes
+    (validate.visible), so the name printed is the name on disk and the terminal acts on nothing in it."""
+    console.print("wrote " + ", ".join(visible(p) for p in paths), markup=False, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -131,6 +134,7 @@ def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_stor
         return
     except Exception as e:  # the store's own failure (a locked, corrupt or foreign file) never costs the result
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {safe(msg)}", highlight=False)
+        console.print(f"[yellow]warning[/yellow]: run not recorded in the store: {safe(msg)}", highlight=False,
+                      soft_wrap=True)  # one line, however long the store's path
         return
     console.print(f"[dim]recorded as run {rid} (opmap runs show {rid})[/dim]")

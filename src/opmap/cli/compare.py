@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from opmap.cli.common import console
+from opmap.report.text import clean, plain
 from opmap.validate import INT_GE0, POSITIVE, json_text, options
 
 # Each re-run is a whole profile in a fresh process (seconds to minutes): 100 a side resolves a shift far below any
@@ -76,19 +77,19 @@ def compare(
         _print_bench(r, a, b)
     else:
         how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
-        t = Table(title=f"{b} against {a}: {r['times']} times; kernels matched: {how}", title_justify="left")
+        t = Table(title=plain(f"{b} against {a}: {r['times']} times; kernels matched: {how}"), title_justify="left")
         for c in ("layer type", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
             t.add_column(c, justify="left" if c in ("layer type", "verdict") else "right")
         for lt, v in r["layer_types"].items():
-            t.add_row(lt, si(v["a_s"], "s"), si(v["b_s"], "s"), _pct(v["rel"]), _pts(v["mfu_delta"]),
-                      _pts(v["stall_delta"]), _bytes(v["bytes_delta"]), _verdict(v))
+            t.add_row(plain(lt), si(v["a_s"], "s"), si(v["b_s"], "s"), _pct(v["rel"]), _pts(v["mfu_delta"]),
+                      _pts(v["stall_delta"]), _bytes(v["bytes_delta"]), plain(_verdict(v)))
         console.print(t)
         k = Table(title="kernels, largest changes first", title_justify="left")
         for c in ("kernel", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
             k.add_column(c, justify="left" if c in ("kernel", "verdict") else "right")
         for x in r["kernels"][:rows]:
-            k.add_row(x["name"], si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
-                      _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), _verdict(x))
+            k.add_row(plain(x["name"]), si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
+                      _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), plain(_verdict(x)))
         console.print(k)
         if r["unmatched"]:
             console.print(f"{len(r['unmatched'])} kernels without a match (in the JSON's unmatched)",
@@ -103,8 +104,8 @@ def compare(
 def _print_verdict(r: dict) -> None:
     """The verdict line, then how it was reached: the minimum effect and the noise floor, the runs on each side,
     the warm-up rule."""
-    def say(text: str) -> None:
-        console.print(text, highlight=False, markup=False)
+    def say(text: str) -> None:  # names, hosts and run ids come from the runs: text, never terminal commands
+        console.print(clean(text), highlight=False, markup=False)
 
     say(r["verdict_line"])
     if r["test"] is None:
@@ -125,7 +126,6 @@ def _print_bench(r: dict, a: str, b: str) -> None:
     from rich.table import Table
 
     from opmap.report.sheet import si
-    from opmap.report.text import plain
 
     t = Table(title=plain(f"{b} against {a}: measured load, per-request samples"), title_justify="left")
     for c in ("metric", "A p50", "B p50", "change", "A p99", "B p99", "n A/B", "verdict"):
@@ -148,8 +148,8 @@ def _print_bench(r: dict, a: str, b: str) -> None:
 def _print_shapes(v: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"production-shape check: does {v['synthetic']} stand for {v['production']}? ({v['rule']})",
-              title_justify="left")
+    t = Table(title=plain(f"production-shape check: does {v['synthetic']} stand for {v['production']}? "
+                          f"({v['rule']})"), title_justify="left")
     for c in ("class", "synthetic FLOP/B", "production FLOP/B p10/p50/p90", "prod. share", "represented",
               "bound mix", "change carried", "verdict"):
         t.add_column(c, justify="left" if c in ("class", "bound mix", "verdict") else "right")
@@ -158,10 +158,11 @@ def _print_shapes(v: dict) -> None:
         q = c["production_intensity_p10_p50_p90"]
         mix = ", ".join(f"{k} {w:.0%}" for k, w in c["production_bound_mix"].items())
         carried = c.get("expected_production_change")
-        t.add_row(c["class"], "-" if not si_ else f"{si_[0]:.3g}" + ("" if si_[0] == si_[1] else f"-{si_[1]:.3g}"),
+        t.add_row(plain(c["class"]),
+                  "-" if not si_ else f"{si_[0]:.3g}" + ("" if si_[0] == si_[1] else f"-{si_[1]:.3g}"),
                   "/".join("-" if x is None else f"{x:.3g}" for x in q), f"{c['production_share']:.1%}",
-                  f"{c['represented_share_of_class']:.0%} of class", mix or "-",
-                  "-" if carried is None else f"{c['synthetic_change']:+.1%} -> {carried:+.1%}", c["verdict"])
+                  f"{c['represented_share_of_class']:.0%} of class", plain(mix or "-"),
+                  "-" if carried is None else f"{c['synthetic_change']:+.1%} -> {carried:+.1%}", plain(c["verdict"]))
     console.print(t)
     if "expected_production_change" in v:
         console.print(f"the synthetic change, carried over the represented kernels only: "

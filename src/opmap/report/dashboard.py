@@ -1,6 +1,8 @@
 """What the dashboard shows, as data: a run's sources (an output folder or a recorded run) and its figures as
 plain Plotly figure dicts (``{"data": [...], "layout": {...}}``), rendered by report.html (inlined Plotly) and
-report.figures (matplotlib PNGs). Nothing here imports plotly or matplotlib.
+report.figures (matplotlib PNGs). Nothing here imports plotly or matplotlib. Every string of a run placed in a
+figure (a model id, a server's address, a layer type, a kernel's name, a reason) goes through
+report.text.plotly_text: Plotly draws ``<a href>`` and other tags in titles, legends, axis labels and hover text.
 
 Figures, each present when its source is:
 - roofline: each kernel at (FLOPs / bytes, FLOPs / time), one colour per layer type, predicted points as
@@ -24,6 +26,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.report.sheet import si
+from opmap.report.text import plotly_text as _p
 
 FILES = ("profile.json", "analysis.json", "sweep.json", "serve.json", "fit.json", "bench.json")
 KINDS = ("analyze", "profile", "sweep", "serve", "fit", "bench")
@@ -131,7 +134,7 @@ def from_dir(folder: Path) -> Sources:
 def from_run(run_id: str, store: Path | None = None) -> Sources:
     """A recorded run (opmap runs list): its payload, tags and the store's kernel and layer-type rows."""
     from opmap.store import show_run
-    from opmap.store.db import run_rows
+    from opmap.store.reading import run_rows
 
     run = show_run(run_id, store)
     kind = run["kind"]
@@ -206,9 +209,9 @@ def roofline(src: Sources) -> dict[str, Any] | None:
             ks = [k for k in mine if k.get(key)]
             if not ks:
                 continue
-            data.append({"type": "scatter", "mode": "markers", "name": f"{lt} ({what})", "legendgroup": lt,
+            data.append({"type": "scatter", "mode": "markers", "name": _p(f"{lt} ({what})"), "legendgroup": _p(lt),
                          "x": [k["flops"] / k["bytes"] for k in ks], "y": [k["flops"] / k[key] for k in ks],
-                         "text": [f"{k.get('name')}<br>{k.get('bound') or ''}" for k in ks],
+                         "text": [f"{_p(k.get('name'))}<br>{_p(k.get('bound') or '')}" for k in ks],
                          "marker": {"color": colour, "symbol": symbol, "size": 7}})
     c = ceilings(src.body)
     xs = [d for t in data for d in t["x"]]
@@ -221,12 +224,13 @@ def roofline(src: Sources) -> dict[str, Any] | None:
         data.append({"type": "scatter", "mode": "lines", "name": f"memory {c['memory'] / 1e9:.4g} GB/s",
                      "x": [lo, min(ridge, hi)], "y": [c["memory"] * lo, c["memory"] * min(ridge, hi)],
                      "line": {"color": "#000000", "dash": "solid"}})
-        for key, label, dash in (("matrix", f"matrix peak ({c['format']})", "dash"), ("vector", "vector peak", "dot")):
+        for key, label, dash in (("matrix", _p(f"matrix peak ({c['format']})"), "dash"),
+                                 ("vector", "vector peak", "dot")):
             if c[key]:
                 x0 = c[key] / c["memory"]
                 data.append({"type": "scatter", "mode": "lines", "name": f"{label} {c[key] / 1e12:.4g} TFLOP/s",
                              "x": [max(x0, lo), hi], "y": [c[key], c[key]], "line": {"color": "#444444", "dash": dash}})
-    title = f"roofline on {c['hardware']}" + (" (predicted and measured)" if src.measured else " (predicted)")
+    title = _p(f"roofline on {c['hardware']}") + (" (predicted and measured)" if src.measured else " (predicted)")
     return {"data": data, "layout": {"title": {"text": title},
                                      "xaxis": {"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
                                      "yaxis": {"type": "log", "title": {"text": "attained FLOP/s"}}}}
@@ -239,7 +243,7 @@ def _layer_bars(src: Sources, title: str, ytitle: str, series: list[tuple[str, s
     for name, key in series:
         ys = [r.get(key) for r in rows]
         if any(y is not None for y in ys):
-            data.append({"type": "bar", "name": name, "x": [r["layer_type"] for r in rows],
+            data.append({"type": "bar", "name": name, "x": [_p(r["layer_type"]) for r in rows],
                          "y": [None if y is None else y * scale for y in ys]})
     if not data:
         return None
@@ -273,7 +277,7 @@ def sweep_curves(sw: dict[str, Any] | None) -> dict[str, Any] | None:
     for i, s in enumerate(seqs):
         ps = sorted((p for p in sw["points"] if p.get("seq") == s), key=lambda p: p.get("batch") or 0)
         colour = PALETTE[i % len(PALETTE)]
-        text = [f"batch {p.get('batch')}" for p in ps]
+        text = [_p(f"batch {p.get('batch')}") for p in ps]
         x = [p.get("tokens_per_s") or p.get("throughput_per_s") for p in ps]
         measured = any(p.get("latency_p50_s") is not None for p in ps)
         if measured:
@@ -286,16 +290,16 @@ def sweep_curves(sw: dict[str, Any] | None) -> dict[str, Any] | None:
         on = next((h for h in hws if h), None)
         if any(t is not None for t in pred):
             data.append({"type": "scatter", "mode": "lines+markers",
-                         "name": f"seq {s} predicted" + (f" on {on}" if on else ""), "x": px,
+                         "name": _p(f"seq {s} predicted" + (f" on {on}" if on else "")), "x": px,
                          "y": pred, "text": text, "line": {"color": colour, "dash": "solid"},
                          "marker": {"color": colour, "symbol": "circle"}})
         for pct, dash in (("p50", "dot"), ("p95", "dash"), ("p99", "longdash")):
             ys = [p.get(f"latency_{pct}_s") for p in ps]
             if any(y is not None for y in ys):
-                data.append({"type": "scatter", "mode": "lines+markers", "name": f"seq {s} {pct} measured",
+                data.append({"type": "scatter", "mode": "lines+markers", "name": _p(f"seq {s} {pct} measured"),
                              "x": x, "y": ys, "text": text, "line": {"color": colour, "dash": dash},
                              "marker": {"color": colour, "symbol": "x"}})
-    title = f"sweep: latency against throughput ({sw.get('model')} on {sw.get('hardware')}, {sw.get('phase')})"
+    title = _p(f"sweep: latency against throughput ({sw.get('model')} on {sw.get('hardware')}, {sw.get('phase')})")
     return {"data": data, "layout": {"title": {"text": title},
                                      "xaxis": {"type": "log", "title": {"text": "throughput (tokens/s)"}},
                                      "yaxis": {"type": "log", "title": {"text": "latency (s)"}}}}
@@ -330,6 +334,7 @@ def serve_cdf(sv: dict[str, Any] | None) -> dict[str, Any] | None:
         e, sp = sv.get("endpoint") or {}, sv.get("spec") or {}
         load = f"open loop {sp.get('arrival')}" if sp.get("arrival") else f"concurrency {sp.get('concurrency')}"
         title = f"measured latency CDFs: {e.get('model')} at {e.get('base_url')}, {load}"
+    title = _p(title)
     return {"data": data, "layout": {"title": {"text": title},
                                      "xaxis": {"type": "log", "title": {"text": "latency (s)"}},
                                      "yaxis": {"title": {"text": "fraction of requests"}, "range": [0, 1.02]}}}
@@ -348,11 +353,12 @@ def fit_heatmap(ft: dict[str, Any] | None) -> dict[str, Any] | None:
         for h in hws:
             c = cell.get((m, h)) or {}
             if c.get("throughput_at_slo") is None or c.get("excluded_reason"):
-                row.append(f"excluded: {c.get('excluded_reason') or 'no valid rate'}")
+                row.append(_p(f"excluded: {c.get('excluded_reason') or 'no valid rate'}"))
             else:
-                row.append(f"#{c.get('rank')}: {si(c['throughput_at_slo'], 'tok/s')} on {c.get('devices')}")
+                row.append(_p(f"#{c.get('rank')}: {si(c['throughput_at_slo'], 'tok/s')} on {c.get('devices')}"))
         text.append(row)
-    return {"data": [{"type": "heatmap", "x": hws, "y": models, "z": z, "text": text, "colorscale": "Viridis",
+    return {"data": [{"type": "heatmap", "x": [_p(h) for h in hws], "y": [_p(m) for m in models], "z": z,
+                      "text": text, "colorscale": "Viridis",
                       "colorbar": {"title": {"text": "tok/s"}}, "hovertemplate": "%{y} on %{x}<br>%{text}"
                       "<extra></extra>"}],
             "layout": {"title": {"text": "fit matrix: output tokens/s at the SLO"},
@@ -366,14 +372,15 @@ def perf_per_watt(ft: dict[str, Any] | None, sw: dict[str, Any] | None = None) -
     cells = [c for c in (ft or {}).get("cells") or [] if c.get("perf_per_watt")]
     if cells:
         data.append({"type": "bar", "name": "fit: output tokens per joule at the SLO",
-                     "x": [f"{c['model']} on {c['hardware']}" for c in cells],
+                     "x": [_p(f"{c['model']} on {c['hardware']}") for c in cells],
                      "y": [c["perf_per_watt"] for c in cells],
-                     "text": [f"{c.get('power_w') or 0:.0f} W ({c.get('power_method')})" for c in cells]})
+                     "text": [_p(f"{c.get('power_w') or 0:.0f} W ({c.get('power_method')})") for c in cells]})
     pts = [p for p in (sw or {}).get("points") or [] if p.get("tokens_per_j")]
     if pts:
         data.append({"type": "bar", "name": "sweep: tokens per joule (measured)",
-                     "x": [f"batch {p['batch']} seq {p['seq']}" for p in pts], "y": [p["tokens_per_j"] for p in pts],
-                     "text": [f"{p.get('power_w') or 0:.0f} W ({p.get('power_method')})" for p in pts]})
+                     "x": [_p(f"batch {p['batch']} seq {p['seq']}") for p in pts],
+                     "y": [p["tokens_per_j"] for p in pts],
+                     "text": [_p(f"{p.get('power_w') or 0:.0f} W ({p.get('power_method')})") for p in pts]})
     if not data:
         return None
     return {"data": data,

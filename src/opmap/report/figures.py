@@ -1,7 +1,9 @@
 """The dashboard's figures as PNGs (matplotlib, Agg backend), drawn from the same Plotly figure dicts the HTML
 page draws (report.dashboard), so the two never disagree: scatter traces (markers, lines or both; dash and
 marker symbol kept), grouped or stacked bars, and heatmaps (cells annotated with their text); log axes and
-titles as the layout gives them. Plotly's HTML line breaks in titles become newlines.
+titles as the layout gives them. Plotly's HTML line breaks in titles become newlines; its entities (a run's
+``<``, ``>`` and ``&``, written as entities by report.text.plotly_text) the characters again, and a ``$`` is
+escaped (matplotlib would read a pair as mathtext).
 
 Every PNG opmap draws carries the text chunk Software = "opmap VERSION" (png_metadata): ``opmap report``
 knows by it a PNG it may replace (report.html.made_by_opmap)."""
@@ -43,9 +45,16 @@ SYMBOL = {"circle": "o", "x": "x", "square": "s", "diamond": "D", "cross": "+"}
 
 
 def _text(t: Any) -> str:
+    """Plotly text as matplotlib draws it: a title dict's text, <br> a new line, entities decoded, $ escaped."""
+    import html
+
     if isinstance(t, dict):
         t = t.get("text", "")
-    return str(t or "").replace("<br>", "\n")
+    return html.unescape(str(t or "").replace("<br>", "\n")).replace("$", "\\$")
+
+
+def _label(t: Any) -> str | None:
+    return None if t is None else _text(t)
 
 
 def _scatter(ax, t: dict[str, Any]) -> None:
@@ -58,7 +67,7 @@ def _scatter(ax, t: dict[str, Any]) -> None:
     colour = marker.get("color") or line.get("color")
     ax.plot(xs, ys, linestyle=DASH.get(line.get("dash", "solid"), "-") if "lines" in mode else "none",
             marker=SYMBOL.get(marker.get("symbol", "circle"), "o") if "markers" in mode else None,
-            color=colour, label=t.get("name"), markersize=5, linewidth=1.2)
+            color=colour, label=_label(t.get("name")), markersize=5, linewidth=1.2)
 
 
 def _bars(ax, traces: list[dict[str, Any]], stacked: bool) -> None:
@@ -71,10 +80,10 @@ def _bars(ax, traces: list[dict[str, Any]], stacked: bool) -> None:
         vals = dict(zip((str(c) for c in t.get("x") or []), t.get("y") or []))
         ys = [vals.get(c) or 0.0 for c in cats]
         pos = [j + (0 if stacked else (i - (len(traces) - 1) / 2) * width) for j in range(len(cats))]
-        ax.bar(pos, ys, width=width, bottom=bottom if stacked else None, label=t.get("name"))
+        ax.bar(pos, ys, width=width, bottom=bottom if stacked else None, label=_label(t.get("name")))
         if stacked:
             bottom = [b + y for b, y in zip(bottom, ys)]
-    ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
+    ax.set_xticks(range(len(cats)), [_text(c) for c in cats], rotation=30, ha="right")
 
 
 def _heatmap(fig, ax, t: dict[str, Any]) -> None:
@@ -82,11 +91,11 @@ def _heatmap(fig, ax, t: dict[str, Any]) -> None:
 
     z = np.array([[np.nan if v is None else v for v in row] for row in t.get("z") or []], dtype=float)
     im = ax.imshow(z, aspect="auto", cmap="viridis")
-    ax.set_xticks(range(len(t.get("x") or [])), t.get("x") or [], rotation=30, ha="right")
-    ax.set_yticks(range(len(t.get("y") or [])), t.get("y") or [])
+    ax.set_xticks(range(len(t.get("x") or [])), [_text(x) for x in t.get("x") or []], rotation=30, ha="right")
+    ax.set_yticks(range(len(t.get("y") or [])), [_text(y) for y in t.get("y") or []])
     for i, row in enumerate(t.get("text") or []):
         for j, s in enumerate(row):
-            ax.text(j, i, str(s)[:40], ha="center", va="center", fontsize=7, color="white" if np.isnan(z[i, j])
+            ax.text(j, i, _text(s)[:40], ha="center", va="center", fontsize=7, color="white" if np.isnan(z[i, j])
                     or z[i, j] < np.nanmean(z) else "black")
     fig.colorbar(im, ax=ax, label=_text((t.get("colorbar") or {}).get("title")))
 

@@ -31,7 +31,7 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.report.dashboard import Sources, figures, sig
 from opmap.report.sheet import si
-from opmap.validate import json_text
+from opmap.validate import json_text, visible
 
 BUDGET_BYTES = 8_000_000
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -342,9 +342,9 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
     require_plotly()
     out = Path(out)
     if out.exists() and out.is_dir():
-        raise OpmapError(f"--out {out} is a folder; accepted: a file name ending in .html")
+        raise OpmapError(f"--out {visible(out)} is a folder; accepted: a file name ending in .html")
     if out.suffix.lower() not in (".html", ".htm"):
-        raise OpmapError(f"--out {out}: accepted: a file name ending in .html")
+        raise OpmapError(f"--out {visible(out)}: accepted: a file name ending in .html")
     folder = out.parent
     figs = figures(src)
     files: dict[str, str | bytes] = {}
@@ -372,6 +372,6 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
         for name in [*files, *stale]:
             p = folder / name
             if (p.exists() or p.is_symlink()) and not made_by_opmap(p):
-                raise OpmapError(f"{p} exists and opmap report did not write it; accepted: --force to replace "
+                raise OpmapError(f"{visible(p)} exists and opmap report did not write it; accepted: --force to replace "
                                  "it, or another --out")
     return write_set(folder, files, remove=stale)

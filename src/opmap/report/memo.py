@@ -149,20 +149,26 @@ def memo_parts(run: dict[str, Any], production_compared: bool | dict[str, Any] =
 
 def memo_markdown(run: dict[str, Any], fs: list[dict[str, Any]], pits: list[dict[str, str]],
                   command: str, folder: bool = False) -> str:
-    """The memo as Markdown; ``folder``: the run is an output folder (its ``id``), not a stored run."""
+    """The memo as Markdown; ``folder``: the run is an output folder (its ``id``), not a stored run. Every text
+    that holds a value of the run (a model id from a server, an imported tag, a folder's name) is written as
+    Markdown text (report.text.md: one line, no heading, link, image or HTML), the command as one code span."""
+    from opmap.report.text import md, md_code
+
     t = run["tags"]
     where = (f"the {run['kind']} output in {run['id']} ({run['time_utc']})" if folder else
              f"run {run['id']} ({run['kind']}, {run['time_utc']}) in the run store")
-    lines = [f"# Closure memo: {t.get('workload')} on {t.get('hardware')} ({t.get('phase')}, {t.get('precision')})",
-             "", f"Evidence: {where}; reproduce with `{t.get('command') or command}`.", "", "## Findings", "",
+    title = f"{t.get('workload')} on {t.get('hardware')} ({t.get('phase')}, {t.get('precision')})"
+    lines = [f"# Closure memo: {md(title)}", "",
+             f"Evidence: {md(where)}; reproduce with {md_code(t.get('command') or command)}.", "", "## Findings", "",
              "| finding | owner | fix | expected gain | rollback boundary | risk |", "|---|---|---|---|---|---|"]
     for f in fs:
         g = f.get("expected_gain") or ("-" if f["expected_gain_s"] is None else
                                        f"{f['expected_gain_s'] * 1e3:.3g} ms (from the model)")
-        lines.append(f"| {f['finding']} | {f['owner']} | {f['fix']} | {g} | {f['rollback']} | {f['risk']} |")
+        cells = (f["finding"], f["owner"], f["fix"], g, f["rollback"], f["risk"])
+        lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     if not fs:
         empty = ("no layer type holds 10% of the time" if run["kind"] in KERNEL_KINDS else
                  f"nothing in this {run['kind']} result calls for a fix")
-        lines.append(f"| {empty} | - | - | - | - | - |")
-    lines += ["", "## Pitfall checks", ""] + [f"- {c['check']}: {c['verdict']}" for c in pits]
+        lines.append(f"| {md(empty)} | - | - | - | - | - |")
+    lines += ["", "## Pitfall checks", ""] + [f"- {md(c['check'])}: {md(c['verdict'])}" for c in pits]
     return "\n".join(lines) + "\n"

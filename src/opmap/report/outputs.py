@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from opmap.errors import OpmapError
+from opmap.validate import visible
 
 TMP_PREFIX = ".opmap-tmp-"
 
@@ -33,19 +34,19 @@ def check_out_dir(out_dir: Path) -> None:
     p = Path(out_dir)
     if p.exists():
         if not p.is_dir():
-            raise OpmapError(f"cannot write into {p}: it exists and is not a folder")
+            raise OpmapError(f"cannot write into {visible(p)}: it exists and is not a folder")
         if not os.access(p, os.W_OK | os.X_OK):
-            raise OpmapError(f"cannot write into {p}: permission denied")
+            raise OpmapError(f"cannot write into {visible(p)}: permission denied")
         return
     if p.is_symlink():
-        raise OpmapError(f"cannot write into {p}: it is a symbolic link to nothing")
+        raise OpmapError(f"cannot write into {visible(p)}: it is a symbolic link to nothing")
     parent = p.absolute().parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise OpmapError(f"cannot create output folder {p}: {parent} is not a folder")
+        raise OpmapError(f"cannot create output folder {visible(p)}: {visible(parent)} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise OpmapError(f"cannot create output folder {p}: permission denied in {parent}")
+        raise OpmapError(f"cannot create output folder {visible(p)}: permission denied in {visible(parent)}")
 
 
 def _lstat(p: Path) -> os.stat_result | None:
@@ -68,7 +69,7 @@ def _check_names(out_dir: Path, names: Iterable[str]) -> None:
             raise ValueError(f"write_set takes plain file names, got {n!r}")
         st = _lstat(out_dir / n)
         if st is not None and stat.S_ISDIR(st.st_mode):
-            raise OpmapError(f"cannot write {out_dir / n}: a folder has that name; accepted: another --out")
+            raise OpmapError(f"cannot write {visible(out_dir / n)}: a folder has that name; accepted: another --out")
 
 
 def write_set(out_dir: Path, contents: dict[str, str | bytes], remove: Iterable[str] = ()) -> list[Path]:
@@ -81,12 +82,12 @@ def write_set(out_dir: Path, contents: dict[str, str | bytes], remove: Iterable[
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OpmapError(f"cannot create output folder {out_dir}: {e.strerror}") from None
+        raise OpmapError(f"cannot create output folder {visible(out_dir)}: {e.strerror}") from None
     _check_names(out_dir, [*contents, *gone])
     try:
         tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out_dir))
     except OSError as e:
-        raise OpmapError(f"cannot write into {out_dir}: {e.strerror}") from None
+        raise OpmapError(f"cannot write into {visible(out_dir)}: {e.strerror}") from None
     done = keep_old = False
     why = ""
     try:
@@ -106,7 +107,7 @@ def write_set(out_dir: Path, contents: dict[str, str | bytes], remove: Iterable[
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
     if not done:
-        raise OpmapError(f"cannot write into {out_dir}: {why}")
+        raise OpmapError(f"cannot write into {visible(out_dir)}: {why}")
     return [out_dir / n for n in contents]
 
 
@@ -144,7 +145,8 @@ def _swap(out_dir: Path, tmp: Path, names: list[str], gone: list[str]) -> None:
             except OSError:
                 lost = True
         if lost:
-            raise _NotPutBack(errno.EIO, f"could not put every earlier file back: they are in {tmp / 'old'}") from None
+            raise _NotPutBack(errno.EIO, f"could not put every earlier file back: they are in {visible(tmp / 'old')}") \
+                from None
         raise
 
 

@@ -12,6 +12,7 @@ import io
 from typing import Any
 
 from opmap.report.figures import png_metadata
+from opmap.report.text import mpl_text
 
 RISK_COLOURS = {"low": "#2e7d32", "medium": "#ef6c00", "high": "#c62828"}
 
@@ -78,7 +79,7 @@ def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
                 label += f", {c['energy_per_token_j']:.3g} J/tok"
             if struck:
                 label += " (struck: " + c["excluded_reason"][:48] + ")"
-            ax.annotate(label, (c["latency_p99_s"], c["throughput_at_slo"]), textcoords="offset points",
+            ax.annotate(mpl_text(label), (c["latency_p99_s"], c["throughput_at_slo"]), textcoords="offset points",
                         xytext=(6, 4), fontsize=7)
         if len(front) > 1:
             ax.plot([c["latency_p99_s"] for c in front], [c["throughput_at_slo"] for c in front], "--",
@@ -90,7 +91,7 @@ def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
         ax.margins(0.15)
         ax.set_xlabel("p99 end-to-end latency at the SLO rate (s)")
         ax.set_ylabel("output tokens/s at the SLO")
-        ax.set_title(m)
+        ax.set_title(mpl_text(m))
         ax.grid(True, which="both", alpha=0.3)
     handles = [Line2D([], [], marker="o", linestyle="", color=col, label=f"software risk {lvl}")
                for lvl, col in RISK_COLOURS.items()]

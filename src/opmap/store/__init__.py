@@ -18,11 +18,14 @@ journalled, not ingested twice.
 Never poisoned: every run is checked (opmap.store.validate) before it is spooled, and again as it is ingested;
 a spool file that fails (written by hand, or by an older opmap) is moved to ``.spool/quarantine/`` with one line
 on stderr, and the reads go on. A new store is built under a temporary name and renamed into place, so a full
-disk leaves no store rather than a 0-byte one. A store file DuckDB cannot read (0 bytes, corrupt) is moved aside
-and rebuilt from the journal where the journal holds every run (the store was created by this opmap, which
-marks ``.spool/done/.complete``; a 0-byte file held none); otherwise opmap stops with one line saying what to
-do. Delete the store and its ``.spool`` folder together to start over: a store file alone is rebuilt from the
-journal. ``runs import`` is all or nothing (opmap.store.transfer). Nothing is written through a symlink.
+disk leaves no store rather than a 0-byte one. A store file DuckDB cannot read (0 bytes, foreign, truncated,
+bit-flipped: any DuckDB error of the open or of a later query that is not the host's, such as a lock another
+program holds or a full disk) is moved aside (kept, never deleted) and rebuilt from the journal where the journal
+holds every run (the store was created by this opmap, which marks ``.spool/done/.complete``; a 0-byte file held
+none), with one line saying so, and the read goes on (opmap.store.reading); otherwise opmap stops with one line
+saying what to do. Delete the store and its ``.spool`` folder together to start over: a store file alone is
+rebuilt from the journal. ``runs import`` is all or nothing (opmap.store.transfer). Nothing is written through a
+symlink.
 
 Schema (``meta.schema_version`` 1): ``runs`` (id, kind, time_utc, the main tags as columns, all tags as JSON,
 the payload as JSON), ``kernels`` (run_id, idx, name, layer_type, predicted_s, measured_s, flops, bytes, bound),
@@ -31,7 +34,8 @@ the payload as JSON), ``kernels`` (run_id, idx, name, layer_type, predicted_s, m
 commands say how to install it.
 """
 
-from opmap.store.db import SCHEMA_VERSION, StoreUnavailable, default_path, list_runs, record, show_run
+from opmap.store.db import SCHEMA_VERSION, StoreUnavailable, default_path, record
+from opmap.store.reading import list_runs, show_run
 from opmap.store.validate import validate_run
 
 __all__ = ["SCHEMA_VERSION", "StoreUnavailable", "default_path", "list_runs", "record", "show_run", "validate_run"]

@@ -1,7 +1,8 @@
-"""The DuckDB run store: spool, lock, ingest, query (see the package docstring for the design)."""
+"""The DuckDB run store: spool, lock, ingest, rebuild (see the package docstring for the design; reads: reading.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from opmap.store.rows import (  # noqa: F401  (re-exported: callers import them 
     payload_rows,
     read_profile,
 )
+from opmap.validate import visible
 
 SCHEMA_VERSION = 2  # 2: kernels gained node_ids, signature, mfu, stall_fraction; layer_types mfu, stall, bytes
 TAG_COLUMNS = ("workload", "hardware", "phase", "precision", "batch", "seq", "fusion", "parallelism",
@@ -52,18 +54,6 @@ def _duckdb():
     return duckdb
 
 
-def run_rows(run_id: str, path: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(kernels, layer types) of a recorded run, from the store's tables, as payload_rows gives them."""
-    con = _read(path)
-    try:
-        k = con.execute(f"SELECT {', '.join(KERNEL_COLUMNS)} FROM kernels WHERE run_id = ? ORDER BY idx",
-                        [run_id]).fetchall()
-        lt = con.execute(f"SELECT {', '.join(LAYER_COLUMNS)} FROM layer_types WHERE run_id = ?", [run_id]).fetchall()
-    finally:
-        con.close()
-    return [dict(zip(KERNEL_COLUMNS, r)) for r in k], [dict(zip(LAYER_COLUMNS, r)) for r in lt]
-
-
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS runs (id VARCHAR PRIMARY KEY, kind VARCHAR, time_utc VARCHAR, workload VARCHAR,
@@ -86,10 +76,15 @@ MIGRATIONS = {1: ["ALTER TABLE kernels ADD COLUMN node_ids VARCHAR", "ALTER TABL
 
 
 def _stored_version(con) -> int | None:
+    duckdb = _duckdb()
     try:
         r = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    except Exception:  # no meta table: a new file
+    except duckdb.CatalogException:  # no meta table: a new file
         return None
+    except duckdb.Error as e:  # the first query of an open: where a damaged file shows
+        if _damaged(e):
+            raise _Unreadable(_first_line(e)) from None
+        raise
     return int(r[0]) if r else None
 
 
@@ -148,12 +143,18 @@ def _write_new(f: Path, text: str) -> None:
 
 
 def _spool_entry(path: Path, body: dict[str, Any]) -> Path:
-    """A run's entry in the spool: written whole under a temporary name, then renamed into place."""
+    """A run's entry in the spool: written whole under a temporary name, then renamed into place. A write that
+    fails (a full disk) removes its temporary file and raises one line naming the spool and the cause."""
     spool = _dir(_spool(path))
     tmp = spool / f".{body['id']}.{uuid.uuid4().hex[:8]}.tmp"
-    _write_new(tmp, json.dumps(body))
     dest = spool / f"{body['id']}.json"
-    os.replace(tmp, dest)  # replaces a symlink there, never writes through it
+    try:
+        _write_new(tmp, json.dumps(body))
+        os.replace(tmp, dest)  # replaces a symlink there, never writes through it
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OpmapError(f"cannot write the run into the store's spool {visible(spool)}: "
+                         f"{e.strerror or type(e).__name__}") from None
     return dest
 
 
@@ -162,19 +163,32 @@ def _quarantine(path: Path, f: Path, why: str) -> None:
     q = _dir(_spool(path) / "quarantine")
     dest = q / f.name
     os.replace(f, dest)
-    print(f"opmap: warning: {f.name} in the run store's spool is not a valid run ({why}); moved to {dest}",
-          file=sys.stderr)
+    print(f"opmap: warning: {visible(f.name)} in the run store's spool is not a valid run ({visible(why)}); moved to "
+          f"{visible(dest)}", file=sys.stderr)
 
 
 # --- opening: created whole, migrated, or rebuilt from the journal when unreadable -----------------------------
 
-def _unreadable(e: Exception) -> bool:
-    """Whether a DuckDB error says the file is not a database (0 bytes, foreign or corrupt), not that it is busy."""
+# DuckDB errors that are the host's, not the file's: a lock another program holds, permissions, a full or read-only
+# disk, memory. Every other error of an open or a query says the bytes are not a database (0 bytes, foreign,
+# truncated: "Could not read enough bytes", bit-flipped: "Corrupt database file ... checksum").
+_HOST_ERRORS = ("could not set lock", "conflicting lock", "permission denied", "no space left", "read-only file system",
+                "too many open files")
+
+
+def _damaged(e: BaseException) -> bool:
+    """Whether a DuckDB error from opening or reading the store says its file is damaged (module comment above):
+    an error of the SQL (ProgrammingError) or of a row's values is opmap's or the run's, never the file's."""
     duckdb = _duckdb()
-    msg = str(e).lower()
-    return (isinstance(e, (duckdb.SerializationException, duckdb.InternalException))
-            or (isinstance(e, duckdb.Error) and ("not a valid duckdb" in msg or "corrupt" in msg
-                                                 or "checksum" in msg)))
+    if not isinstance(e, duckdb.Error) or isinstance(e, (
+            duckdb.ProgrammingError, duckdb.IntegrityError, duckdb.DataError, duckdb.OutOfMemoryException,
+            duckdb.InterruptException, duckdb.PermissionException)):
+        return False
+    return not any(s in str(e).lower() for s in _HOST_ERRORS)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
 
 
 def _connect(path: Path, read_only: bool):
@@ -183,9 +197,9 @@ def _connect(path: Path, read_only: bool):
     try:
         con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as e:
-        if _unreadable(e):
-            raise _Unreadable(str(e).splitlines()[0]) from None
-        raise OpmapError(f"cannot open the run store {path}: {str(e).splitlines()[0]}") from None
+        if _damaged(e):
+            raise _Unreadable(_first_line(e)) from None
+        raise OpmapError(f"cannot open the run store {visible(path)}: {_first_line(e)}") from None
     return _quiet(con)
 
 
@@ -196,7 +210,7 @@ def _quiet(con):
 
 
 class _Unreadable(Exception):
-    """The store file is not a readable DuckDB database."""
+    """The store file is not a readable DuckDB database: an open or a query found it damaged."""
 
 
 def _create(path: Path) -> None:
@@ -223,35 +237,52 @@ def _create(path: Path) -> None:
 
 
 def _recover(path: Path, why: str) -> None:
-    """An unreadable store (the caller holds the lock): rebuilt from the journal where it holds every run (a
-    0-byte file held none), else refused with what to do."""
-    size = path.stat().st_size
-    why = "0 bytes" if not size else "not a DuckDB database" if "not a valid duckdb" in why.lower() else why
+    """An unreadable store (the caller holds the lock): moved aside (never deleted) and rebuilt from the journal
+    where it holds every run (a 0-byte file held none), else refused with what to do."""
+    size = path.stat().st_size if path.exists() else 0
+    why = "0 bytes" if not size else "not a DuckDB database" if "not a valid duckdb" in why.lower() else visible(why)
+    shown = visible(path)
     if size and not _complete_mark(path).exists():
-        raise OpmapError(f"the run store {path} is not a readable DuckDB database ({why}) and its spool does not "
-                         f"hold all its runs: move it aside (mv {path} {path}.bad) to start a new store, or restore "
-                         "it from a backup or an export (opmap runs import)")
-    aside = path.with_name(f"{path.name}.corrupt-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
+        raise OpmapError(f"the run store {shown} is not a readable DuckDB database ({why}) and its spool does not "
+                         f"hold all its runs: move it aside (mv {shown} {visible(f'{path}.bad')}) to start a new "
+                         "store, or restore it from a backup or an export (opmap runs import)")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    if aside.exists() or aside.is_symlink():  # a second rebuild within the second: never over the first one kept
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{uuid.uuid4().hex[:8]}")
     for f in (path, path.with_name(path.name + ".wal")):
         if f.exists() and f.stat().st_size:  # kept for a person to look at; an empty file held nothing
             os.replace(f, aside.with_name(aside.name + f.name[len(path.name):]))
         f.unlink(missing_ok=True)
     _create(path)
-    kept = f" (the unreadable file kept as {aside})" if size else ""
-    print(f"opmap: warning: the run store {path} was not a readable DuckDB database ({why}); rebuilt from its "
+    kept = f" (the unreadable file kept as {visible(aside)})" if size else ""
+    print(f"opmap: warning: the run store {shown} was not a readable DuckDB database ({why}); rebuilt from its "
           f"spool{kept}", file=sys.stderr)
 
 
+def repair(path: Path, why: str, seen: tuple[int, int] | None) -> None:
+    """A store a reader found damaged (``seen``: its file's (inode, mtime) then) rebuilt from its journal under the
+    exclusive lock, unless another process rebuilt it while this one waited for the lock."""
+    with locks.exclusive(path):
+        if seen is None or file_id(path) == seen:
+            _recover(path, why)
+
+
+def file_id(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime in ns) of the store file: a rebuild renames a new file into place, so the pair changes."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 def _open_for_write(path: Path):
-    """The store read-write (the caller holds the lock), created or migrated to SCHEMA_VERSION in one transaction,
-    rebuilt first where the file is unreadable."""
+    """The store read-write (the caller holds the lock), created or migrated to SCHEMA_VERSION in one transaction;
+    _Unreadable where the open or the first query finds the file damaged."""
     if not path.exists():
         _create(path)
-    try:
-        con = _connect(path, read_only=False)
-    except _Unreadable as e:
-        _recover(path, str(e))
-        con = _connect(path, read_only=False)
+    con = _connect(path, read_only=False)
     try:
         v = _check_version(con, path)
         if v != SCHEMA_VERSION:
@@ -322,12 +353,20 @@ def _ingest_file(con, path: Path, f: Path, journalled: bool = False) -> bool:
 
 
 def _ingest_all(path: Path) -> int:
-    """Ingest every complete spool file into the store (the caller holds the lock). Returns runs added."""
+    """Ingest every complete spool file into the store (the caller holds the lock). Returns runs added; raises
+    _Unreadable where a query finds the file damaged."""
+    duckdb = _duckdb()
     con = _open_for_write(path)
     try:
-        return sum(_ingest_file(con, path, f) for f in _pending(path))
-    finally:
-        con.close()
+        added = sum(_ingest_file(con, path, f) for f in _pending(path))
+    except BaseException as e:
+        with contextlib.suppress(duckdb.Error):  # closing a damaged database can fail too
+            con.close()
+        if _damaged(e):
+            raise _Unreadable(_first_line(e)) from None
+        raise
+    con.close()
+    return added
 
 
 def _insert_columns(con, table: str, run_id: str, rows: list) -> None:
@@ -357,10 +396,17 @@ def ingest_spool(path: Path) -> int:
         return 0
     with locks.exclusive(path):
         try:
-            return _ingest_all(path)
+            try:
+                return _ingest_all(path)
+            except _Unreadable as e:  # damaged: moved aside, rebuilt from the journal, and the spool landed again
+                _recover(path, str(e))
+                return _ingest_all(path)
+        except _Unreadable as e:
+            raise OpmapError(f"the run store {visible(path)} is still not readable after its rebuild from the "
+                             f"journal ({e})") from None
         except (OSError, _duckdb().Error) as e:  # a full disk, a read-only folder: the runs stay spooled
-            raise OpmapError(f"cannot write the run store {path}: {(str(e).splitlines() or [type(e).__name__])[0]}"
-                             " (its runs wait in its spool)") from None
+            wait = f" (its {len(_pending(path))} new run(s) wait in its spool)" if _pending(path) else ""
+            raise OpmapError(f"cannot write the run store {visible(path)}: {_first_line(e)}{wait}") from None
 
 
 def entry(kind: str, payload: dict[str, Any], tags: dict[str, Any], run_id: str | None = None,
@@ -409,93 +455,3 @@ def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path 
     if ingest:
         ingest_spool(path)
     return body["id"]
-
-
-class _Reader:
-    """A read-only connection holding the store's shared lock until it is closed (writers wait for it)."""
-
-    def __init__(self, con, path: Path):
-        self._con, self._path = con, path
-
-    def execute(self, *args, **kwargs):
-        return self._con.execute(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self._con, name)
-
-    def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
-            self._con = None
-            locks.release_shared(self._path)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _read(path: Path | None) -> _Reader:
-    """The store for reading, with every waiting run landed first (where a spool entry waits, or the file needs
-    creating, migrating or rebuilding, under the exclusive lock; else straight to a shared, read-only open)."""
-    path = _resolve(path, "read")
-    _duckdb()
-    if not path.exists() and not _pending(path) and not any(_journal(path).glob("*.json")):
-        raise OpmapError(f"no run store at {path} (opmap records a run there on each analyze)")
-    for attempt in range(3):
-        if (attempt or _pending(path) or not path.exists()) and not locks.holds_shared(path):
-            ingest_spool(path)
-        locks.acquire_shared(path)
-        try:
-            con = _connect(path, read_only=True)
-        except _Unreadable:
-            locks.release_shared(path)
-            if attempt or locks.holds_shared(path):
-                raise OpmapError(f"the run store {path} is not a readable DuckDB database") from None
-            continue
-        except BaseException:
-            locks.release_shared(path)
-            raise
-        try:
-            v = _check_version(con, path)
-        except BaseException:
-            con.close()
-            locks.release_shared(path)
-            raise
-        if v == SCHEMA_VERSION or attempt == 2:
-            return _Reader(con, path)
-        con.close()  # an older schema: migrated under the exclusive lock, then read again
-        locks.release_shared(path)
-    raise AssertionError("unreachable")
-
-
-def list_runs(where: dict[str, str] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
-    """Runs as [{id, kind, time_utc, tags}], oldest first, filtered by tag equality."""
-    where = where or {}
-    bad = sorted(set(where) - set(TAG_COLUMNS) - {"kind", "id"})
-    if bad:
-        raise OpmapError(f"unknown tag {', '.join(bad)}; accepted: kind, id, {', '.join(TAG_COLUMNS)}")
-    con = _read(path)
-    try:
-        sql = "SELECT id, kind, time_utc, tags FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(f"CAST({k} AS VARCHAR) = ?" for k in where)
-        rows = con.execute(sql + " ORDER BY time_utc, id", list(where.values())).fetchall()
-    finally:
-        con.close()
-    return [{"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3])} for r in rows]
-
-
-def show_run(run_id: str, path: Path | None = None) -> dict[str, Any]:
-    con = _read(path)
-    try:
-        r = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE id = ?", [run_id]).fetchone()
-        if r is None:
-            raise OpmapError(f"no run {run_id!r} in the store (opmap runs list shows the ids)")
-        kernels = con.execute("SELECT count(*) FROM kernels WHERE run_id = ?", [run_id]).fetchone()[0]
-        samples = con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [run_id]).fetchone()[0]
-    finally:
-        con.close()
-    return {"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3]), "kernels": kernels,
-            "samples": samples, "payload": json.loads(r[4])}

@@ -95,7 +95,7 @@ def production_check(synth_id: str, prod_id: str, path: Path | None = None, forc
 
     ``synthetic_change``: each class's relative time change on a synthetic comparison (B over A, minus one), to
     be carried to production."""
-    from opmap.store.db import _read, show_run
+    from opmap.store.reading import open_read, show_run
 
     s, p = show_run(synth_id, path), show_run(prod_id, path)
     differ = [t for t in MUST_MATCH if s["tags"].get(t) != p["tags"].get(t)]
@@ -103,7 +103,7 @@ def production_check(synth_id: str, prod_id: str, path: Path | None = None, forc
         raise OpmapError("the synthetic and production runs differ in "
                          + ", ".join(f"{t} ({s['tags'].get(t)} vs {p['tags'].get(t)})" for t in differ)
                          + ": a shape's regime depends on both (--force to check anyway)")
-    con = _read(path)
+    con = open_read(path)
     try:
         sk, s_times = _rows(con, synth_id)
         pk, p_times = _rows(con, prod_id)

@@ -56,9 +56,9 @@ def reading(path: Path | None, needed: bool = True):
     if not needed:
         yield None
         return
-    from opmap.store.db import _read
+    from opmap.store.reading import open_read
 
-    con = _read(path)
+    con = open_read(path)
     try:
         yield con
     finally:
@@ -76,7 +76,7 @@ def load(source: str, path: Path | None = None, con=None) -> Run:
     if "/" in source or source.startswith("."):
         raise OpmapError(f"no folder {source}; accepted: {ACCEPTED}")
     if con is None:
-        from opmap.store.db import show_run
+        from opmap.store.reading import show_run
 
         r = show_run(source, path)
         return Run(r["id"], r["kind"], r["time_utc"], r["tags"], r["payload"], True)

@@ -13,12 +13,14 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.store import db
+from opmap.store import db, reading
+from opmap.validate import visible
 
 TABLES = ("meta", "runs", "kernels", "layer_types", "samples")
 ACCEPTED = ("accepted: profile.json, analysis.json, a folder of them, or a folder from opmap runs export "
@@ -37,10 +39,11 @@ def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
     """Every table as ``out_dir/TABLE.parquet`` (DuckDB's COPY): a store any host can import."""
     out = Path(out_dir)
     if out.is_symlink():
-        raise OpmapError(f"{out} is a symlink; opmap runs export writes a new folder (never through a link)")
+        raise OpmapError(f"{visible(out)} is a symlink; opmap runs export writes a new folder (never through a link)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise OpmapError(f"{out} exists; opmap runs export writes a new folder (or an empty one): choose another")
-    con = db._read(path)
+        raise OpmapError(f"{visible(out)} exists; opmap runs export writes a new folder (or an empty one): choose "
+                         "another")
+    con = reading.open_read(path)
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -49,20 +52,22 @@ def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
             con.execute(f"COPY {t} TO '{_sql_path(tmp / f'{t}.parquet')}' (FORMAT parquet)")
         os.rename(tmp, out)  # onto an empty folder, or a new name; never through a symlink
     except (OSError, db._duckdb().Error) as e:
-        raise OpmapError(f"cannot write the export to {out}: {_first_line(e)}") from None
+        raise OpmapError(f"cannot write the export to {visible(out)}: {_first_line(e)}") from None
     finally:
         con.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return [out / f"{t}.parquet" for t in TABLES]
 
 
-def _from_file(f: Path) -> dict[str, Any]:
-    """The spool entry of one profile.json / analysis.json (or another kind's JSON), checked."""
+def _from_file(f: Path, named: bool) -> dict[str, Any]:
+    """The spool entry of one profile.json / analysis.json (or another kind's JSON), checked. ``named``: the user
+    named the file itself (a link there is followed; one found in a folder is not), read to LIMIT_JSON_BYTES."""
+    from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
     from opmap.store.source import folder_tags
     from opmap.store.validate import validate_run
 
     try:
-        raw = f.read_bytes()
+        raw = read_bounded(f, LIMIT_JSON_BYTES, "run file", follow_links=named)
         try:
             d = json.loads(raw)
         except (ValueError, RecursionError) as e:
@@ -96,10 +101,34 @@ def _table(con, f: Path, columns: tuple[str, ...]) -> dict[str, list[list]]:
     return out
 
 
+# An export's table files, each at most (DuckDB reads them itself, so read_bounded's check is made on their status):
+# a run's tables take a few hundred kB of Parquet, so this is thousands of 70B-model runs.
+LIMIT_PARQUET_BYTES = 1 << 30
+
+
+def _check_parquet(src: Path) -> None:
+    """Each table file of an export a regular file (no link) of at most LIMIT_PARQUET_BYTES, before DuckDB reads it."""
+    for t in TABLES:
+        f = src / f"{t}.parquet"
+        try:
+            st = os.lstat(f)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise OpmapError(f"{f.name} is not a regular file (a link, a folder or a device); an export holds files")
+        if st.st_size > LIMIT_PARQUET_BYTES:
+            raise OpmapError(f"{f.name} is {st.st_size / (1 << 20):.1f} MiB, over the "
+                             f"{LIMIT_PARQUET_BYTES >> 20} MiB opmap reads for an export's table")
+
+
 def _from_parquet(src: Path) -> list[dict[str, Any]]:
     """The spool entries of a folder ``opmap runs export --parquet`` wrote, checked."""
     from opmap.store.validate import check_entry, finite
 
+    try:
+        _check_parquet(src)
+    except OpmapError as e:
+        raise OpmapError(f"cannot import {src}: {e}; nothing imported") from None
     con = db._quiet(db._duckdb().connect())
     try:
         cur = con.execute(f"SELECT * FROM read_parquet('{_sql_path(src / 'runs.parquet')}')")
@@ -139,7 +168,7 @@ def _sources(src: Path) -> list[dict[str, Any]]:
     files = [f for f in files if f.name in ("profile.json", "analysis.json") or not src.is_dir()]
     if not files or not all(f.is_file() for f in files):
         raise OpmapError(f"nothing to import at {src}: {ACCEPTED}")
-    return [_from_file(f) for f in files]
+    return [_from_file(f, named=not src.is_dir()) for f in files]
 
 
 def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
@@ -150,7 +179,7 @@ def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
     known = set()
     if path.exists() or db._pending(path):
         ids = {e["id"] for e in entries}
-        known = {r["id"] for r in db.list_runs(path=path) if r["id"] in ids}
+        known = {r["id"] for r in reading.list_runs(path=path) if r["id"] in ids}
     new = [e for e in entries if e["id"] not in known]
     db._make_parent(path)
     written = []

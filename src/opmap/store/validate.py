@@ -27,6 +27,9 @@ ROW_TYPES = {"kernels": ("int", "str", "str", "num", "num", "num", "num", "str",
              "samples": ("str", "int", "num")}
 BIND_INT = 2 ** 127  # the largest Python integer DuckDB binds as a parameter (a DOUBLE or VARCHAR cell)
 MAX_DEPTH = 64  # a run's JSON nests a few levels; deeper is not opmap's
+# The longest string an imported run may hold, in characters: far above any name, tag, command or note opmap writes
+# (a templated CUDA kernel name is a few kB); a 50 MB string took 37 s and 1.1 GB of memory to import.
+MAX_STRING = 65536
 
 
 def _fail(where: str, problem: str) -> OpmapError:
@@ -54,9 +57,16 @@ def _utf8(s: str) -> bool:
 NOT_UTF8 = "holds a lone surrogate (such as \\ud800), which is not text: only valid UTF-8 is accepted"
 
 
+def _text(s: str, where: str) -> None:
+    if len(s) > MAX_STRING:
+        raise _fail(where, f"a string of {len(s):,} characters; at most {MAX_STRING:,} are accepted")
+    if not _utf8(s):
+        raise _fail(where, NOT_UTF8)
+
+
 def finite(v: Any, where: str, depth: int = 0) -> None:
-    """Every number in ``v`` (any JSON) finite, every string and key valid UTF-8, and ``v`` no deeper than
-    MAX_DEPTH."""
+    """Every number in ``v`` (any JSON) finite, every string and key valid UTF-8 and at most MAX_STRING characters,
+    and ``v`` no deeper than MAX_DEPTH."""
     if depth > MAX_DEPTH:
         raise _fail(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(v, float) and not math.isfinite(v):
@@ -64,12 +74,12 @@ def finite(v: Any, where: str, depth: int = 0) -> None:
     if _is_int(v) and abs(v) > sys.float_info.max:  # a JSON integer of 400 digits: no float holds it
         raise _fail(where, f"an integer of {v.bit_length()} bits is too large for a number (at most "
                           f"{sys.float_info.max:.3e})")
-    if isinstance(v, str) and not _utf8(v):
-        raise _fail(where, NOT_UTF8)
+    if isinstance(v, str):
+        _text(v, where)
     if isinstance(v, dict):
         for k, x in v.items():
-            if isinstance(k, str) and not _utf8(k):
-                raise _fail(f"{where} key {k!r:.40}", NOT_UTF8)
+            if isinstance(k, str):
+                _text(k, f"{where} key {k!r:.40}")
             finite(x, f"{where}.{k}", depth + 1)
     elif isinstance(v, list):
         for i, x in enumerate(v):
