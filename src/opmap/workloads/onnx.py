@@ -3,8 +3,9 @@
 The path from file to OpGraph:
 
 1. read and check: the file exists, is at most 2 GiB (protobuf's limit on one message; larger models keep their
-   weights as external data), parses as a ModelProto with a graph, declares ai.onnx opset 13 or later, every
-   external-data file lies inside the model's folder and holds the bytes the tensor names;
+   weights as external data), parses as a ModelProto with a graph, declares ai.onnx opset 13 or later, and every
+   tensor that keeps its data in a file (initializers, constants, attributes, subgraphs: onnx_data.py) names a
+   regular file inside the model's folder that holds the bytes the tensor needs;
 2. bind the dynamic dims (``dim_param``) of the graph inputs: ``--dim NAME=VALUE`` first, then ``--batch`` for a
    batch-named dim and ``--seq`` for a sequence-named one; any dim left unbound is refused by name;
 3. fold and infer: onnx shape inference (with data propagation) gives every tensor its shape; the shape
@@ -26,7 +27,8 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.precision import BUILD_DTYPE, check_requestable
-from opmap.workloads.onnx_model import ELEM_DTYPES, FLOAT_ELEMS, SMALL, OnnxModel
+from opmap.workloads.onnx_data import check_external_data, is_external, tensor_value
+from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, SMALL, OnnxModel
 from opmap.workloads.onnx_model import numel as _numel
 from opmap.workloads.zoo import Workload
 
@@ -96,40 +98,6 @@ def check_references(m, path: Path) -> None:
                 raise OpmapError(f"{path}: node {node.name or node.op_type!r} reads {name!r}, which no input, "
                                  "initializer or earlier node provides (a truncated or malformed file)")
         have.update(o for o in node.output if o)
-
-
-def check_external_data(m, path: Path) -> None:
-    """Every external-data tensor's file lies inside the model's folder (no absolute path, no ``..``, no link out)
-    and holds offset + length bytes. The data itself is read only for the small tensors whose values count."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    base = path.parent.resolve()
-    sizes: dict[Path, int] = {}
-    for t in m.graph.initializer:
-        if not uses_external_data(t):
-            continue
-        info = ExternalDataInfo(t)
-        loc = str(info.location or "")
-        where = (base / loc).resolve() if loc else None
-        if where is None or Path(loc).is_absolute() or not where.is_relative_to(base):
-            raise OpmapError(f"{path}: tensor {t.name!r} keeps its data at {loc!r}, outside the model's folder; "
-                             "accepted: a file path relative to the folder, inside it")
-        if where not in sizes:
-            if not where.is_file():
-                raise OpmapError(f"{path}: external data file {loc!r} (tensor {t.name!r}) is missing beside the "
-                                 "model")
-            sizes[where] = where.stat().st_size
-        offset = int(info.offset or 0)
-        need = offset + int(info.length) if info.length else offset + _numel(t.dims) * _elem_bytes(t.data_type)
-        if need > sizes[where]:
-            raise OpmapError(f"{path}: external data file {loc!r} holds {sizes[where]} bytes, tensor {t.name!r} "
-                             f"needs bytes up to {need} (the file is truncated)")
-
-
-def _elem_bytes(elem: int) -> float:
-    from opmap.precision import dtype_bytes
-
-    return dtype_bytes(ELEM_DTYPES.get(elem, "float32"))
 
 
 # -- 2. bind the dynamic dims ---------------------------------------------------------------------------------
@@ -278,12 +246,10 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     check_external_data(m, path)
     bound = bind_dims(m, batch, seq, dims, path)
     name_nodes(m)
-    from onnx.external_data_helper import uses_external_data
-
     initializers = {t.name: t for t in m.graph.initializer}
     om = OnnxModel(path, m, opset, bound, {}, {}, {}, initializers=initializers)
     for name, t in initializers.items():
-        if _numel(t.dims) <= SMALL and not uses_external_data(t):
+        if _numel(t.dims) <= SMALL and not is_external(t):
             v = om.value(name)
             if v is not None:
                 om.consts[name] = v
@@ -294,7 +260,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     nodes = list(m.graph.node)
     for node in nodes:  # Constant nodes are values, never kernels
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            v = _constant_value(node)
+            v = _constant_value(node, path)
             if v is not None:
                 om.consts[node.output[0]] = v
                 om.folded.add(node.output[0])
@@ -385,13 +351,17 @@ def name_nodes(m) -> None:
         i += 1
 
 
-def _constant_value(node) -> np.ndarray | None:
-    from onnx import helper, numpy_helper
+def _constant_value(node, path: Path) -> np.ndarray | None:
+    """A Constant node's value (its tensor read as onnx_data.tensor_value reads any), else None: a sparse value, or
+    an external one of more than FOLD_LIMIT elements, stays a node."""
+    from onnx import helper
 
     for a in node.attribute:
+        if a.name == "value" and a.HasField("t"):
+            if is_external(a.t) and _numel(a.t.dims) > FOLD_LIMIT:
+                return None
+            return tensor_value(a.t, path, f"Constant node {node.name or node.output[0]!r} attribute 'value'")
         v = helper.get_attribute_value(a)
-        if a.name == "value":
-            return numpy_helper.to_array(v)
         if a.name in ("value_float", "value_int"):
             return np.asarray(v)
         if a.name in ("value_floats", "value_ints"):

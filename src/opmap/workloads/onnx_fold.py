@@ -20,10 +20,21 @@ WEIGHT_MIN = 64  # a float initializer of more elements is a weight, not a const
 FoldFn = Callable[[Any, list, dict[str, Any]], list]
 
 
-def _attrs(node) -> dict[str, Any]:
+def _attrs(node, om=None) -> dict[str, Any]:
+    """The node's attributes as Python values, a tensor attribute as its numpy value (read as onnx_data reads any
+    tensor: external data only from inside the model's folder)."""
     from onnx import helper
 
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    from opmap.workloads.onnx_data import tensor_value
+
+    out = {}
+    for a in node.attribute:
+        if a.type == a.TENSOR and om is not None:
+            where = f"{node.op_type} node {node.name or node.output[0]!r} attribute {a.name!r}"
+            out[a.name] = tensor_value(a.t, om.path, where)
+        else:
+            out[a.name] = helper.get_attribute_value(a)
+    return out
 
 
 def _shape(node, xs, a, om):
@@ -84,9 +95,7 @@ def _range(node, xs, a):
 
 
 def _const_of_shape(node, xs, a):
-    from onnx import numpy_helper
-
-    v = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    v = a["value"] if "value" in a else np.zeros(1, np.float32)
     return [np.full([int(s) for s in xs[0]], v.reshape(-1)[0], dtype=v.dtype)]
 
 
@@ -177,7 +186,7 @@ def fold_node(node, om) -> list | None:
         if n is None or n > FOLD_LIMIT:
             return None
         with np.errstate(all="ignore"):
-            out = fn(node, xs, _attrs(node))
+            out = fn(node, xs, _attrs(node, om))
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, MemoryError):
         return None  # a node numpy cannot evaluate stays a node (priced, or listed as uncounted)
     return [np.asarray(o) for o in out]

@@ -13,11 +13,6 @@ SMALL = 1 << 12  # initializers up to this many elements are read as values (fol
 FOLD_LIMIT = 1 << 22  # a folded constant holds at most this many elements (a causal mask at 2048 tokens)
 
 
-# ONNX element types by their TensorProto number, as opmap (torch) dtype names
-ELEM_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
 FLOAT_ELEMS = (1, 10, 11, 16)
 
 
@@ -46,11 +41,12 @@ class OnnxModel:
         t = self.initializers.get(name)
         if t is None or numel(t.dims) > limit:
             return None
-        from onnx import numpy_helper
+        from opmap.errors import OpmapError
+        from opmap.workloads.onnx_data import tensor_value
 
         try:
-            return numpy_helper.to_array(t, base_dir=str(self.path.parent))
-        except Exception:  # noqa: BLE001 - an unreadable value is one we do not know
+            return tensor_value(t, self.path)
+        except OpmapError:  # data that does not match its type: a value we do not know
             return None
 
 
