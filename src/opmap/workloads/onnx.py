@@ -8,10 +8,13 @@ The path from file to OpGraph:
    regular file inside the model's folder that holds the bytes the tensor needs;
 2. bind the dynamic dims (``dim_param``) of the graph inputs: ``--dim NAME=VALUE`` first, then ``--batch`` for a
    batch-named dim and ``--seq`` for a sequence-named one; any dim left unbound is refused by name;
-3. fold and infer: onnx shape inference (with data propagation) gives every tensor its shape; the shape
-   arithmetic (Shape, Gather, Concat, ... on tensors whose values are then known) is evaluated with numpy on
-   those small integer tensors and replaced by constants, as onnxruntime folds it at session creation, and
-   inference runs again until nothing more folds;
+3. fold and infer: onnx shape inference gives every tensor its shape; the shape arithmetic (Shape, Gather,
+   Concat, ... on tensors whose values are then known) is evaluated with numpy on those small integer tensors and
+   replaced by constants, as onnxruntime folds it at session creation (at most FOLD_LIMIT elements a tensor,
+   FOLD_TOTAL in all), and inference runs again until nothing more folds. onnx's own data propagation is left
+   off: it spells any 1-D integer tensor out as one shape dim per element (a 300-byte file asked for 10^15). A
+   tensor of more than 2^63 - 1 elements is refused; one made from constants alone is free (run at load) only
+   when it holds no more than it was made from;
 4. build the graph (onnx_ops.py): each remaining node mapped onto the aten op whose cost rule prices it.
 
 Float tensors are priced at the build dtype of ``--dtype`` (as the zoo casts its module); integer tensors keep
@@ -34,6 +37,7 @@ from opmap.workloads.zoo import Workload
 
 MAX_MODEL_BYTES = 2 * 2**30  # protobuf refuses a message of 2 GiB or more
 MAX_DIM = 2**31 - 1  # a bound dim beyond int32 describes no tensor a device holds
+MAX_ELEMS = 2**63 - 1  # a tensor's element count is an int64 (ONNX, onnxruntime)
 # inference, folding and contrib-op shapes alternate at most this often: each pass gets past one more level of
 # folding or one more contrib op on the way (a 48-layer model with two contrib ops a layer needs about 100)
 MAX_PASSES = 256
@@ -197,13 +201,17 @@ def _declared(m, bound: dict[str, int]) -> list:
 
 def _light_model(m, inputs: list, consts: dict[str, np.ndarray], nodes: list, big: list, declared: list):
     """The graph for shape inference: concrete inputs, the big initializers as typed inputs (no data copied), the
-    known constants as initializers, the nodes not yet folded, the declared shapes."""
+    known constants as initializers (those over SMALL elements, such as a mask, as typed inputs too: inference
+    needs values only of the small shape tensors), the nodes not yet folded, the declared shapes."""
     from onnx import helper, numpy_helper
 
     init = []
     for name, v in consts.items():
-        t = numpy_helper.from_array(np.asarray(v), name)
-        init.append(t)
+        v = np.asarray(v)
+        if v.size > SMALL and v.dtype.kind in "biuf":
+            big = [*big, helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))]
+        else:
+            init.append(numpy_helper.from_array(v, name))
     # the outputs without their declared shapes (a declared dynamic dim would win over the inferred static one), or
     # with a shape derived here (a contrib op's output): inference reads a graph output's type from the output list
     known = {vi.name: vi for vi in declared}
@@ -269,7 +277,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     for _ in range(MAX_PASSES):
         try:
             inferred = onnx.shape_inference.infer_shapes(_light_model(m, inputs, om.consts, live, big, declared),
-                                                         strict_mode=False, data_prop=True)
+                                                         strict_mode=False, data_prop=False)
         except Exception as e:  # noqa: BLE001 - inference errors come as several types; each is one line here
             text = str(e).strip().splitlines()
             raise OpmapError(f"{path}: ONNX shape inference failed: {text[0][:300] if text else type(e).__name__}"
@@ -295,6 +303,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
         if len(still) == len(live) and not derived:
             break
         live = still
+    _check_sizes(om, path)
     live = _at_load(om, live, shape_derived)
     om.live = _drop_dead(live, {o.name for o in m.graph.output})
     om.notes.append(f"{len(om.folded)} constant and shape-arithmetic tensors folded (their values are known once "
@@ -302,22 +311,40 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     return om
 
 
+def _check_sizes(om: OnnxModel, path: Path) -> None:
+    """Every tensor's element count fits an int64 (as ONNX and onnxruntime count elements) and no dim is negative:
+    a shape past that is no tensor any runtime allocates, and its figures would overflow the cost rules."""
+    for name, shape in om.shapes.items():
+        n = _numel(shape)
+        if n > MAX_ELEMS or any(d < 0 for d in shape):
+            dims = "x".join(str(d) for d in shape[:6]) + ("x..." if len(shape) > 6 else "")
+            count = f"{n:.3g}" if abs(n) < 10**300 else f"about 10^{len(str(abs(n))) - 1}"
+            raise OpmapError(f"{path}: tensor {name!r} has shape {dims} ({len(shape)} dims, {count} "
+                             f"elements): a negative dim, or more than 2^63 - 1 elements (an int64 count, ONNX's and "
+                             f"onnxruntime's), is no tensor a runtime allocates")
+
+
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli", "Dropout"})
 
 
 def _at_load(om: OnnxModel, live: list, shape_derived: set[str]) -> list:
-    """Drop the nodes that compute only on weights and constants (a transposed tied weight, a weight cast): they
-    run once when the model loads (onnxruntime's constant folding), not per inference. Their results stand as
-    weights, values not computed. Nodes reading anything the inputs or their shapes determine stay."""
+    """Drop the nodes that compute only on weights and constants and make no more data than they read (a transposed
+    tied weight, a weight cast): they run once when the model loads (onnxruntime's constant folding), not per
+    inference, and their results stand in for the weights they were made from (values not computed). A node that
+    makes more than it reads (a ConstantOfShape, Expand or Tile of a constant) stays, priced by what it writes, its
+    output held in memory like any activation: generated data is never free. Nodes reading anything the inputs or
+    their shapes determine stay."""
     static = set(om.initializers) | {c for c in om.consts if c not in shape_derived}
     keep = []
     for n in live:
         ins = [i for i in n.input if i]
+        outs = [o for o in n.output if o]
         if (n.domain in ("", "ai.onnx") and n.op_type not in RANDOM_OPS and ins and all(i in static for i in ins)
                 and not any(a.type in (5, 10) for a in n.attribute)
-                and all(o in om.shapes for o in n.output if o)):
-            outs = [o for o in n.output if o]
+                and all(o in om.shapes for o in outs)
+                and max((_numel(om.shapes[o]) for o in outs), default=0)
+                <= sum(_numel(om.shapes[i]) if i in om.shapes else om.consts[i].size for i in ins)):
             static.update(outs)
             om.at_load.update(outs)
             continue

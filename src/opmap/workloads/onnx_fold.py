@@ -1,7 +1,8 @@
 """Constant folding of an ONNX graph's shape arithmetic, with numpy on small tensors whose values are known.
 
 A node folds when its op is one below, every input is a known constant (or, for Shape and Size, its input's
-shape is known), and its result holds at most onnx_model.FOLD_LIMIT elements: the arithmetic exporters emit to
+shape is known), and its result holds at most onnx_model.FOLD_LIMIT elements (FOLD_TOTAL for all of them
+together): the arithmetic exporters emit to
 compute reshape targets, scales and masks from input shapes (Shape -> Gather -> Unsqueeze -> Concat -> Reshape,
 Expand -> Trilu -> Where for a causal mask). onnxruntime folds the same nodes when it creates a session with
 the shapes fixed. Model weights are never touched (they are not read as values).
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, numel
+from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, FOLD_TOTAL, numel
 
 WEIGHT_MIN = 64  # a float initializer of more elements is a weight, not a constant of the shape arithmetic
 FoldFn = Callable[[Any, list, dict[str, Any]], list]
@@ -183,10 +184,11 @@ def fold_node(node, om) -> list | None:
     xs = [om.consts[n] if n else None for n in node.input]
     try:
         n = _out_elems(node, om, xs)
-        if n is None or n > FOLD_LIMIT:
+        if n is None or n > FOLD_LIMIT or om.folded_elems + n > FOLD_TOTAL:
             return None
         with np.errstate(all="ignore"):
-            out = fn(node, xs, _attrs(node, om))
+            out = [np.asarray(o) for o in fn(node, xs, _attrs(node, om))]
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, MemoryError):
         return None  # a node numpy cannot evaluate stays a node (priced, or listed as uncounted)
-    return [np.asarray(o) for o in out]
+    om.folded_elems += sum(o.size for o in out)
+    return out

@@ -11,6 +11,9 @@ import numpy as np
 
 SMALL = 1 << 12  # initializers up to this many elements are read as values (folding, exponents, masks)
 FOLD_LIMIT = 1 << 22  # a folded constant holds at most this many elements (a causal mask at 2048 tokens)
+# all folded constants together hold at most this many elements (eight such masks; 256 MiB at int64): past it
+# nodes stay nodes, priced, so a small file cannot make opmap compute and hold gigabytes of constants
+FOLD_TOTAL = 1 << 25
 
 
 FLOAT_ELEMS = (1, 10, 11, 16)
@@ -31,6 +34,7 @@ class OnnxModel:
     initializers: dict[str, Any] = field(default_factory=dict)  # name -> TensorProto (the weights)
     live: list = field(default_factory=list)  # the nodes left to price, in graph order
     at_load: set[str] = field(default_factory=set)  # results computed from weights alone, once at load
+    folded_elems: int = 0  # elements of the folded constants so far (at most FOLD_TOTAL)
     notes: list[str] = field(default_factory=list)
 
     def value(self, name: str, limit: int = FOLD_LIMIT) -> np.ndarray | None:
