@@ -7,7 +7,7 @@ import os
 import pytest
 
 from opmap.errors import OpmapError
-from opmap.safeio import read_bounded, read_text_bounded
+from opmap.safeio import read_bounded, read_span, read_text_bounded
 
 
 def test_reads_a_regular_file(tmp_path):
@@ -51,3 +51,27 @@ def test_not_text(tmp_path):
     f.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(OpmapError, match="not UTF-8 text"):
         read_text_bounded(f, 100, "trace")
+
+
+def test_a_span_of_a_file(tmp_path):
+    """read_span reads bytes offset .. offset + length of a regular file, and refuses a span past its end, a link,
+    a FIFO (without blocking) and a device."""
+    f = tmp_path / "w.bin"
+    f.write_bytes(bytes(range(16)))
+    assert read_span(f, 4, 3, 100, "weights") == bytes([4, 5, 6])
+    assert read_span(f, 16, 0, 100, "weights") == b""
+    with pytest.raises(OpmapError, match=r"holds 16 bytes, needs bytes up to 17"):
+        read_span(f, 10, 7, 100, "weights")
+    with pytest.raises(OpmapError, match=r"up to 0 MiB"):
+        read_span(f, 0, 101, 100, "weights")
+    with pytest.raises(OpmapError, match=r"non-negative offset"):
+        read_span(f, -1, 4, 100, "weights")
+    link = tmp_path / "link.bin"
+    link.symlink_to(f)
+    with pytest.raises(OpmapError, match="symbolic link"):
+        read_span(link, 0, 4, 100, "weights")
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OpmapError, match="is a FIFO"):
+        read_span(tmp_path / "fifo", 0, 4, 100, "weights")
+    with pytest.raises(OpmapError, match="is a device"):
+        read_span("/dev/zero", 0, 4, 100, "weights")

@@ -35,20 +35,16 @@ def _describe(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bounded(path: str | os.PathLike, limit_bytes: int, what: str, follow_links: bool = False) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``limit_bytes``, else an :class:`OpmapError` naming
-    ``what`` the file was meant to be, the problem and what is accepted.
-
-    ``follow_links=False`` (the default) refuses a symbolic link at ``path`` itself (``O_NOFOLLOW``); a caller that
-    accepts a user's own link (a path typed on the command line) passes True, and the target is still checked to
-    be a regular file of bounded size. The file is opened ``O_NONBLOCK`` so a FIFO never blocks the open."""
-    p = Path(path)
+def _open_regular(p: Path, what: str, follow_links: bool) -> tuple[int, os.stat_result]:
+    """An fd open for reading on the regular file ``p`` and its stat, else one :class:`OpmapError` line."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow_links:
         flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(p, flags)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a name holding a NUL byte
+        if isinstance(e, ValueError):
+            raise OpmapError(f"{what} {str(p)!r} is not a file name (it holds a NUL byte)") from None
         if e.errno == errno.ELOOP:
             raise OpmapError(f"{what} {p} is a symbolic link: opmap reads only regular files there "
                              "(copy the file in its place)") from None
@@ -61,6 +57,18 @@ def read_bounded(path: str | os.PathLike, limit_bytes: int, what: str, follow_li
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise OpmapError(f"{what} {p} is {_describe(st.st_mode)}: expected a regular file")
+    return fd, st
+
+
+def read_bounded(path: str | os.PathLike, limit_bytes: int, what: str, follow_links: bool = False) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit_bytes``, else an :class:`OpmapError` naming
+    ``what`` the file was meant to be, the problem and what is accepted.
+
+    ``follow_links=False`` (the default) refuses a symbolic link at ``path`` itself (``O_NOFOLLOW``); a caller that
+    accepts a user's own link (a path typed on the command line) passes True, and the target is still checked to
+    be a regular file of bounded size. The file is opened ``O_NONBLOCK`` so a FIFO never blocks the open."""
+    p = Path(path)
+    fd, st = _open_regular(p, what, follow_links)
     with os.fdopen(fd, "rb") as f:
         if st.st_size > limit_bytes:
             raise OpmapError(f"{what} {p} is {st.st_size / MiB:.1f} MiB, over the {limit_bytes / MiB:.0f} MiB "
@@ -68,6 +76,27 @@ def read_bounded(path: str | os.PathLike, limit_bytes: int, what: str, follow_li
         data = f.read(limit_bytes + 1)  # a file growing while read is still cut at the limit
     if len(data) > limit_bytes:
         raise OpmapError(f"{what} {p} is over the {limit_bytes / MiB:.0f} MiB opmap reads for it")
+    return data
+
+
+def read_span(path: str | os.PathLike, offset: int, length: int, limit_bytes: int, what: str) -> bytes:
+    """Bytes ``offset`` to ``offset + length`` of ``path``, a regular file (never a link, a FIFO or a device) that
+    holds them, for a ``length`` of at most ``limit_bytes``: a slice of a large file (an ONNX model's external
+    weights) read without reading the rest. Anything else is one :class:`OpmapError` line."""
+    p = Path(path)
+    if offset < 0 or length < 0 or length > limit_bytes:
+        raise OpmapError(f"{what} {p}: cannot read {length} bytes at offset {offset}; accepted: a non-negative "
+                         f"offset and up to {limit_bytes / MiB:.0f} MiB")
+    fd, st = _open_regular(p, what, False)
+    try:
+        if offset + length > st.st_size:
+            raise OpmapError(f"{what} {p} holds {st.st_size} bytes, needs bytes up to {offset + length} (the file "
+                             "is truncated)")
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise OpmapError(f"{what} {p} holds fewer than {offset + length} bytes (it shrank while read)")
     return data
 
 

@@ -169,3 +169,86 @@ def test_a_byte_order_mark_is_skipped(tmp_path):
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps(LLAMA).encode())
     w = load_workload(str(p), 1, 8)
     assert w.module.config.num_hidden_layers == LLAMA["num_hidden_layers"]
+
+
+# -- the work as a whole (issue 34) ---------------------------------------------------------------------------------
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+# hidden 131,072 x 1,024 layers of 1,024 heads: every field inside its Limit; the CLI ran 96 s to print 493 T
+# parameters (with a 1M-wide MLP). Here, by the closed form: V h + L (h head_dim (2 heads + 2 KV) + 3 h f)
+WIDE = {**LLAMA, "hidden_size": 131_072, "num_hidden_layers": 1024, "num_attention_heads": 1024,
+        "num_key_value_heads": 1024}
+WIDE_PARAMS = 128 * 131_072 + 1024 * (131_072 * 128 * (2 * 1024 + 2 * 1024) + 3 * 131_072 * 96)
+# 262,144 experts, top-k 262,144: one token calls every expert, in each of the 2 layers (past 200 s, unfinished)
+ROUTED = {**MIXTRAL, "num_local_experts": 262_144, "num_experts_per_tok": 262_144}
+ROUTED_NODES = 2 * (60 + 8 * 262_144)  # layers x (a layer's nodes + 8 per expert called): hf_config's count
+
+
+@pytest.mark.parametrize("d,needle", [
+    (WIDE, f"about {WIDE_PARAMS / 1e12:,.0f} T parameters (hidden size 131,072 x 1,024 layers, estimated from the "
+           "config); opmap builds models of at most 20 T parameters (10x the ~2 T"),
+    (ROUTED, f"a capture would record about {ROUTED_NODES:,} graph nodes (2 layers x 262,144 experts active for 1 "
+             "token (top-k 262,144 of 262,144)); opmap builds at most 1,000,000 (5x the ~190,000 of Kimi K2"),
+])
+def test_a_config_too_big_as_a_whole_is_refused_at_once(tmp_path, d, needle):
+    """Timed in a subprocess (a regression cannot hang this session): refused in under half a second, before
+    transformers is imported, in one line naming the figure and the limit."""
+    import os
+    import subprocess
+    import sys
+
+    p = write(tmp_path, d)
+    code = ("import sys, time\nfrom opmap.errors import OpmapError\nfrom opmap.workloads import load_workload\n"
+            "t = time.perf_counter()\ntry:\n    load_workload(sys.argv[1])\nexcept OpmapError as e:\n"
+            "    print(time.perf_counter() - t, 'transformers' in sys.modules)\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code, p], env={**os.environ, "PYTHONPATH": SRC}, capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout[-500:] + r.stderr[-1500:]
+    seconds, imported = lines[0].split()
+    assert float(seconds) < 0.5 and imported == "False"
+    assert needle in lines[1], lines[1]
+
+
+def test_the_experts_a_batch_activates_count_at_build(tmp_path):
+    """262,144 experts at top-k 8 over 8 layers pass for one token (8 x (60 + 8 x 8) nodes), but 2,048 tokens
+    activate 15,883 of them a layer (E (1 - (1 - k/E)^(tokens)), rounded up): past the limit, refused before
+    transformers builds anything."""
+    from opmap.ops import active_experts
+
+    d = {**MIXTRAL, "num_hidden_layers": 8, "num_local_experts": 262_144, "num_experts_per_tok": 8,
+         "max_position_embeddings": 4096}
+    assert validate_config(d, "w") is d
+    a = active_experts(262_144, 8, 2048)
+    assert a == math.ceil(262_144 * (1 - (1 - 8 / 262_144) ** 2048) - 1e-9) == 15_883
+    with pytest.raises(OpmapError, match=f"about {8 * (60 + 8 * a):,} graph nodes .* for 2,048 tokens"):
+        load_workload(write(tmp_path, d), 1, 2048)
+
+
+# the fields of published config.json files that size them (hub: deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct,
+# Qwen/Qwen3-235B-A22B) and their published parameter counts
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+               "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
+               "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "kv_lora_rank": 512, "q_lora_rank": 1536,
+               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
+               "max_position_embeddings": 163840, "rope_theta": 10000, "rms_norm_eps": 1e-06}
+KIMI_K2 = {**DEEPSEEK_V3, "model_type": "kimi_k2", "num_attention_heads": 64, "num_key_value_heads": 64,
+           "n_routed_experts": 384, "first_k_dense_replace": 1, "vocab_size": 163840, "max_position_embeddings": 131072}
+QWEN3_235B = {"model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288,
+              "moe_intermediate_size": 1536, "num_hidden_layers": 94, "num_attention_heads": 64,
+              "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+              "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000.0}
+
+
+@pytest.mark.parametrize("d,published", [(LLAMA_405B, 405.8e9), (DEEPSEEK_V3, 671e9), (KIMI_K2, 1.04e12),
+                                         (QWEN3_235B, 235e9)])
+def test_published_models_are_within_the_work_limits(d, published):
+    """The largest published dense and MoE models pass at one token and at 64 x 4,096 tokens (every expert
+    active); the closed-form parameter estimate is within 5 % of each published count."""
+    from opmap.workloads.hf_config import MAX_NODES, check_work, work
+
+    assert validate_config(d, "w") is d
+    check_work(d, "w", 64 * 4096)
+    params, nodes, _, _ = work(d, 64 * 4096)
+    assert params == pytest.approx(published, rel=0.05) and nodes < MAX_NODES / 4

@@ -335,7 +335,7 @@ def test_external_data_refusals(tmp_path):
         load_onnx(str(_external(tmp_path, "w.bin", data=None)))
     with pytest.raises(OpmapError, match=r"outside the model's folder"):
         load_onnx(str(_external(tmp_path, "../w.bin")))
-    with pytest.raises(OpmapError, match=r"holds 8 bytes, tensor 'w' needs bytes up to 64"):
+    with pytest.raises(OpmapError, match=r"holds 8 bytes, initializer 'w' needs bytes up to 64"):
         load_onnx(str(_external(tmp_path, "w.bin", data=b"\0" * 8)))
     w = load_onnx(str(_external(tmp_path, "w.bin")))
     assert cost_graph(w.graph)[0].macs == 2 * 4 * 4

@@ -44,8 +44,10 @@ from opmap.workloads.hf_config import (
     ACCEPTED,
     TESTED,
     cached_config,
+    check_work,
     config_source,
     families,
+    positions,
     read_config_file,
     validate_config,
 )
@@ -82,10 +84,15 @@ def load_config(target: str):
     return _read(target)[0]
 
 
-def _read(target: str) -> tuple[Any, str, str | None]:
-    """(config, how errors name it, the auto_map entry transformers' own class replaces, if any)."""
+def _read(target: str, batch: int = 1, seq: int | None = None) -> tuple[Any, str, str | None]:
+    """(config, how errors name it, the auto_map entry transformers' own class replaces, if any). The work a build
+    of ``batch`` x ``seq`` tokens takes (seq None: the default, DEFAULT_SEQ capped at the config's positions) is
+    checked before transformers is imported (hf_config.check_work)."""
     path, where = config_source(target)
     d = read_config_file(path, where)
+    if seq is None:
+        seq = min(DEFAULT_SEQ, positions(d) or DEFAULT_SEQ)
+    check_work(d, where, max(1, batch) * max(1, seq))
     tf = _transformers()
     from transformers import CONFIG_MAPPING
 
@@ -183,7 +190,7 @@ def max_positions(config) -> int | None:
 def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
              device: str = "meta", allow_long_context: bool = False) -> Workload:
     """Build the model ``target`` names from its config alone (random weights) with example inputs."""
-    config, _, ignored = _read(target)
+    config, _, ignored = _read(target, batch, seq)
     tdt = parse_dtype(dtype)  # a bad dtype fails before anything is built
     mt = config.model_type
     limit = max_positions(config)

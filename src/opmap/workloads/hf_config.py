@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.ops import active_experts
 
 ACCEPTED = ("path/to/config.json or hf:NAME (a hub id, ORG/NAME, in the local Hugging Face cache), or a folder "
             "holding config.json, given as a path")
@@ -201,6 +202,89 @@ def _check_shapes(d: dict, where: str) -> None:
                          f"1 to {experts[1]}")
 
 
+# The work a build takes, bounded as a whole: every field inside its Limit still allows a model no one has built
+# (hidden 131,072 x 1,024 layers: ~490 T parameters, 96 s to analyze; 262,144 experts with top-k 262,144: millions
+# of expert calls, past 200 s). Both figures are closed-form estimates from the config, read low (a field the config
+# leaves unset counts as absent), checked before transformers is imported.
+MAX_PARAMS = 20 * 10**12
+PARAMS_WHY = "10x the ~2 T of the largest models announced; DeepSeek-V3 has 671 B, Kimi K2 1 T"
+MAX_NODES = 1_000_000  # about 1 ms each to analyze
+NODES_WHY = ("5x the ~190,000 of Kimi K2 (61 layers x 384 routed experts, all active at 2,048 tokens); DeepSeek-V3 "
+             "has 256 routed experts, top-k 8")
+NODES_PER_LAYER = 60  # a llama decoder layer records 70 nodes in transformers
+NODES_PER_EXPERT = 8  # an expert called on its share of the tokens records 9 (Mixtral's layout)
+_KEYS = {
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "kv": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"),
+    "head_dim": ("head_dim", "kv_channels", "d_kv"),
+    "ffn": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+    "moe_ffn": ("moe_intermediate_size",),
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "top_k": ("num_experts_per_tok", "moe_topk"),
+    "vocab": ("vocab_size",),
+    "positions": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"),
+}
+
+
+def _size(d: dict, what: str) -> float:
+    """The first of ``what``'s fields that ``d`` sets to a positive number (one per layer or per stage: their
+    mean, so a layer count times it is their sum), else 0."""
+    for key in _KEYS[what]:
+        v = d.get(key)
+        vals = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else [v]
+        nums = [float(x) for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0]
+        if nums:
+            return sum(nums) / len(nums)
+    return 0.0
+
+
+def positions(d: dict) -> int | None:
+    """The config's own position limit, as transformers reads it (opmap.workloads.hf.max_positions)."""
+    n = _size(d, "positions")
+    return int(n) if n else None
+
+
+def work(d: dict, tokens: int) -> tuple[float, float, str, str]:
+    """(parameters, graph nodes a capture of ``tokens`` tokens records, each as the words that explain it), in
+    closed form from the config and its text_config (the larger of the two): embeddings V h, and per layer the
+    attention projections h x head_dim x (2 heads + 2 KV heads) and the MLP 3 h f (an MoE: every expert's
+    3 h f_moe and the router); nodes NODES_PER_LAYER per layer plus NODES_PER_EXPERT per expert the tokens
+    activate (opmap.ops.active_experts, as the meta capture dispatches them)."""
+    figures = []
+    text = d.get("text_config")
+    for c in (d, {**d, **text}) if isinstance(text, dict) else (d,):
+        h, n_layers, heads = _size(c, "hidden"), max(_size(c, "layers"), 1.0), max(_size(c, "heads"), 1.0)
+        kv, ffn = _size(c, "kv") or heads, _size(c, "ffn")
+        hd = _size(c, "head_dim") or h / heads
+        e, k = int(_size(c, "experts")), int(_size(c, "top_k") or 1)
+        mlp = e * (3 * h * (_size(c, "moe_ffn") or ffn) + h) if e else 3 * h * ffn
+        params = _size(c, "vocab") * h + n_layers * (h * hd * (2 * heads + 2 * kv) + mlp)
+        active = active_experts(e, k, tokens) if e else 0
+        nodes = n_layers * (NODES_PER_LAYER + NODES_PER_EXPERT * active)
+        figures.append((params, f"hidden size {h:,.0f} x {n_layers:,.0f} layers" + (f" x {e:,} experts" if e else ""),
+                        nodes, f"{n_layers:,.0f} layers" + (f" x {active:,} experts active for {tokens:,} "
+                                                            f"token{'s' * (tokens > 1)} (top-k {k:,} of {e:,})"
+                                                            if e else "")))
+    params, p_words = max((f[0], f[1]) for f in figures)
+    nodes, n_words = max((f[2], f[3]) for f in figures)
+    return params, nodes, p_words, n_words
+
+
+def check_work(d: dict, where: str, tokens: int = 1) -> None:
+    """Refuse, in one line naming the figure and the limit, a config whose estimated parameters exceed MAX_PARAMS
+    or whose capture of ``tokens`` tokens would record more than MAX_NODES nodes (tokens 1: the least any build
+    records)."""
+    params, nodes, p_words, n_words = work(d, max(1, int(tokens)))
+    if params > MAX_PARAMS:
+        raise OpmapError(f"{where}: about {params / 1e12:,.0f} T parameters ({p_words}, estimated from the config); "
+                         f"opmap builds models of at most {MAX_PARAMS / 1e12:.0f} T parameters ({PARAMS_WHY})")
+    if nodes > MAX_NODES:
+        raise OpmapError(f"{where}: a capture would record about {nodes:,.0f} graph nodes ({n_words}); opmap builds "
+                         f"at most {MAX_NODES:,} ({NODES_WHY})")
+
+
 def validate_config(d: Any, where: str) -> dict:
     """Check a Hugging Face config dict, as parsed from config.json, without building anything; return it.
 
@@ -208,7 +292,8 @@ def validate_config(d: Any, where: str) -> dict:
     string; an encoder-decoder model; a numeric field opmap builds from (layers, hidden size, heads, KV heads,
     intermediate size, vocab, positions, experts, head_dim, norm epsilon, rope values) that is a bool, a string,
     NaN, inf, not an integer where one is meant, or outside its Limit; NaN anywhere; KV heads that do not
-    divide the heads; more experts per token than experts. ``auto_map`` (a repository's own code) is judged by
+    divide the heads; more experts per token than experts; more work as a whole than MAX_PARAMS parameters or
+    MAX_NODES graph nodes for one token (check_work). ``auto_map`` (a repository's own code) is judged by
     opmap.workloads.hf.load_config, which knows what transformers has.
     """
     if not isinstance(d, dict):
@@ -230,6 +315,7 @@ def validate_config(d: Any, where: str) -> dict:
     _check_shapes(d, where)
     if isinstance(d.get("text_config"), dict):
         _check_shapes(d["text_config"], f"{where} text_config")
+    check_work(d, where)
     return d
 
 

@@ -3,14 +3,18 @@
 The path from file to OpGraph:
 
 1. read and check: the file exists, is at most 2 GiB (protobuf's limit on one message; larger models keep their
-   weights as external data), parses as a ModelProto with a graph, declares ai.onnx opset 13 or later, every
-   external-data file lies inside the model's folder and holds the bytes the tensor names;
+   weights as external data), parses as a ModelProto with a graph, declares ai.onnx opset 13 or later, and every
+   tensor that keeps its data in a file (initializers, constants, attributes, subgraphs: onnx_data.py) names a
+   regular file inside the model's folder that holds the bytes the tensor needs;
 2. bind the dynamic dims (``dim_param``) of the graph inputs: ``--dim NAME=VALUE`` first, then ``--batch`` for a
    batch-named dim and ``--seq`` for a sequence-named one; any dim left unbound is refused by name;
-3. fold and infer: onnx shape inference (with data propagation) gives every tensor its shape; the shape
-   arithmetic (Shape, Gather, Concat, ... on tensors whose values are then known) is evaluated with numpy on
-   those small integer tensors and replaced by constants, as onnxruntime folds it at session creation, and
-   inference runs again until nothing more folds;
+3. fold and infer: onnx shape inference gives every tensor its shape; the shape arithmetic (Shape, Gather,
+   Concat, ... on tensors whose values are then known) is evaluated with numpy on those small integer tensors and
+   replaced by constants, as onnxruntime folds it at session creation (at most FOLD_LIMIT elements a tensor,
+   FOLD_TOTAL in all), and inference runs again until nothing more folds. onnx's own data propagation is left
+   off: it spells any 1-D integer tensor out as one shape dim per element (a 300-byte file asked for 10^15). A
+   tensor of more than 2^63 - 1 elements is refused; one made from constants alone is free (run at load) only
+   when it holds no more than it was made from;
 4. build the graph (onnx_ops.py): each remaining node mapped onto the aten op whose cost rule prices it.
 
 Float tensors are priced at the build dtype of ``--dtype`` (as the zoo casts its module); integer tensors keep
@@ -26,12 +30,14 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.precision import BUILD_DTYPE, check_requestable
-from opmap.workloads.onnx_model import ELEM_DTYPES, FLOAT_ELEMS, SMALL, OnnxModel
+from opmap.workloads.onnx_data import check_external_data, is_external, tensor_value
+from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, SMALL, OnnxModel
 from opmap.workloads.onnx_model import numel as _numel
 from opmap.workloads.zoo import Workload
 
 MAX_MODEL_BYTES = 2 * 2**30  # protobuf refuses a message of 2 GiB or more
 MAX_DIM = 2**31 - 1  # a bound dim beyond int32 describes no tensor a device holds
+MAX_ELEMS = 2**63 - 1  # a tensor's element count is an int64 (ONNX, onnxruntime)
 # inference, folding and contrib-op shapes alternate at most this often: each pass gets past one more level of
 # folding or one more contrib op on the way (a 48-layer model with two contrib ops a layer needs about 100)
 MAX_PASSES = 256
@@ -96,40 +102,6 @@ def check_references(m, path: Path) -> None:
                 raise OpmapError(f"{path}: node {node.name or node.op_type!r} reads {name!r}, which no input, "
                                  "initializer or earlier node provides (a truncated or malformed file)")
         have.update(o for o in node.output if o)
-
-
-def check_external_data(m, path: Path) -> None:
-    """Every external-data tensor's file lies inside the model's folder (no absolute path, no ``..``, no link out)
-    and holds offset + length bytes. The data itself is read only for the small tensors whose values count."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    base = path.parent.resolve()
-    sizes: dict[Path, int] = {}
-    for t in m.graph.initializer:
-        if not uses_external_data(t):
-            continue
-        info = ExternalDataInfo(t)
-        loc = str(info.location or "")
-        where = (base / loc).resolve() if loc else None
-        if where is None or Path(loc).is_absolute() or not where.is_relative_to(base):
-            raise OpmapError(f"{path}: tensor {t.name!r} keeps its data at {loc!r}, outside the model's folder; "
-                             "accepted: a file path relative to the folder, inside it")
-        if where not in sizes:
-            if not where.is_file():
-                raise OpmapError(f"{path}: external data file {loc!r} (tensor {t.name!r}) is missing beside the "
-                                 "model")
-            sizes[where] = where.stat().st_size
-        offset = int(info.offset or 0)
-        need = offset + int(info.length) if info.length else offset + _numel(t.dims) * _elem_bytes(t.data_type)
-        if need > sizes[where]:
-            raise OpmapError(f"{path}: external data file {loc!r} holds {sizes[where]} bytes, tensor {t.name!r} "
-                             f"needs bytes up to {need} (the file is truncated)")
-
-
-def _elem_bytes(elem: int) -> float:
-    from opmap.precision import dtype_bytes
-
-    return dtype_bytes(ELEM_DTYPES.get(elem, "float32"))
 
 
 # -- 2. bind the dynamic dims ---------------------------------------------------------------------------------
@@ -229,13 +201,17 @@ def _declared(m, bound: dict[str, int]) -> list:
 
 def _light_model(m, inputs: list, consts: dict[str, np.ndarray], nodes: list, big: list, declared: list):
     """The graph for shape inference: concrete inputs, the big initializers as typed inputs (no data copied), the
-    known constants as initializers, the nodes not yet folded, the declared shapes."""
+    known constants as initializers (those over SMALL elements, such as a mask, as typed inputs too: inference
+    needs values only of the small shape tensors), the nodes not yet folded, the declared shapes."""
     from onnx import helper, numpy_helper
 
     init = []
     for name, v in consts.items():
-        t = numpy_helper.from_array(np.asarray(v), name)
-        init.append(t)
+        v = np.asarray(v)
+        if v.size > SMALL and v.dtype.kind in "biuf":
+            big = [*big, helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))]
+        else:
+            init.append(numpy_helper.from_array(v, name))
     # the outputs without their declared shapes (a declared dynamic dim would win over the inferred static one), or
     # with a shape derived here (a contrib op's output): inference reads a graph output's type from the output list
     known = {vi.name: vi for vi in declared}
@@ -278,12 +254,10 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     check_external_data(m, path)
     bound = bind_dims(m, batch, seq, dims, path)
     name_nodes(m)
-    from onnx.external_data_helper import uses_external_data
-
     initializers = {t.name: t for t in m.graph.initializer}
     om = OnnxModel(path, m, opset, bound, {}, {}, {}, initializers=initializers)
     for name, t in initializers.items():
-        if _numel(t.dims) <= SMALL and not uses_external_data(t):
+        if _numel(t.dims) <= SMALL and not is_external(t):
             v = om.value(name)
             if v is not None:
                 om.consts[name] = v
@@ -294,7 +268,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     nodes = list(m.graph.node)
     for node in nodes:  # Constant nodes are values, never kernels
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            v = _constant_value(node)
+            v = _constant_value(node, path)
             if v is not None:
                 om.consts[node.output[0]] = v
                 om.folded.add(node.output[0])
@@ -303,7 +277,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     for _ in range(MAX_PASSES):
         try:
             inferred = onnx.shape_inference.infer_shapes(_light_model(m, inputs, om.consts, live, big, declared),
-                                                         strict_mode=False, data_prop=True)
+                                                         strict_mode=False, data_prop=False)
         except Exception as e:  # noqa: BLE001 - inference errors come as several types; each is one line here
             text = str(e).strip().splitlines()
             raise OpmapError(f"{path}: ONNX shape inference failed: {text[0][:300] if text else type(e).__name__}"
@@ -329,6 +303,7 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
         if len(still) == len(live) and not derived:
             break
         live = still
+    _check_sizes(om, path)
     live = _at_load(om, live, shape_derived)
     om.live = _drop_dead(live, {o.name for o in m.graph.output})
     om.notes.append(f"{len(om.folded)} constant and shape-arithmetic tensors folded (their values are known once "
@@ -336,22 +311,40 @@ def infer(m, path: Path, batch: int, seq: int | None, dims: dict[str, int]) -> O
     return om
 
 
+def _check_sizes(om: OnnxModel, path: Path) -> None:
+    """Every tensor's element count fits an int64 (as ONNX and onnxruntime count elements) and no dim is negative:
+    a shape past that is no tensor any runtime allocates, and its figures would overflow the cost rules."""
+    for name, shape in om.shapes.items():
+        n = _numel(shape)
+        if n > MAX_ELEMS or any(d < 0 for d in shape):
+            dims = "x".join(str(d) for d in shape[:6]) + ("x..." if len(shape) > 6 else "")
+            count = f"{n:.3g}" if abs(n) < 10**300 else f"about 10^{len(str(abs(n))) - 1}"
+            raise OpmapError(f"{path}: tensor {name!r} has shape {dims} ({len(shape)} dims, {count} "
+                             f"elements): a negative dim, or more than 2^63 - 1 elements (an int64 count, ONNX's and "
+                             f"onnxruntime's), is no tensor a runtime allocates")
+
+
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli", "Dropout"})
 
 
 def _at_load(om: OnnxModel, live: list, shape_derived: set[str]) -> list:
-    """Drop the nodes that compute only on weights and constants (a transposed tied weight, a weight cast): they
-    run once when the model loads (onnxruntime's constant folding), not per inference. Their results stand as
-    weights, values not computed. Nodes reading anything the inputs or their shapes determine stay."""
+    """Drop the nodes that compute only on weights and constants and make no more data than they read (a transposed
+    tied weight, a weight cast): they run once when the model loads (onnxruntime's constant folding), not per
+    inference, and their results stand in for the weights they were made from (values not computed). A node that
+    makes more than it reads (a ConstantOfShape, Expand or Tile of a constant) stays, priced by what it writes, its
+    output held in memory like any activation: generated data is never free. Nodes reading anything the inputs or
+    their shapes determine stay."""
     static = set(om.initializers) | {c for c in om.consts if c not in shape_derived}
     keep = []
     for n in live:
         ins = [i for i in n.input if i]
+        outs = [o for o in n.output if o]
         if (n.domain in ("", "ai.onnx") and n.op_type not in RANDOM_OPS and ins and all(i in static for i in ins)
                 and not any(a.type in (5, 10) for a in n.attribute)
-                and all(o in om.shapes for o in n.output if o)):
-            outs = [o for o in n.output if o]
+                and all(o in om.shapes for o in outs)
+                and max((_numel(om.shapes[o]) for o in outs), default=0)
+                <= sum(_numel(om.shapes[i]) if i in om.shapes else om.consts[i].size for i in ins)):
             static.update(outs)
             om.at_load.update(outs)
             continue
@@ -385,13 +378,17 @@ def name_nodes(m) -> None:
         i += 1
 
 
-def _constant_value(node) -> np.ndarray | None:
-    from onnx import helper, numpy_helper
+def _constant_value(node, path: Path) -> np.ndarray | None:
+    """A Constant node's value (its tensor read as onnx_data.tensor_value reads any), else None: a sparse value, or
+    an external one of more than FOLD_LIMIT elements, stays a node."""
+    from onnx import helper
 
     for a in node.attribute:
+        if a.name == "value" and a.HasField("t"):
+            if is_external(a.t) and _numel(a.t.dims) > FOLD_LIMIT:
+                return None
+            return tensor_value(a.t, path, f"Constant node {node.name or node.output[0]!r} attribute 'value'")
         v = helper.get_attribute_value(a)
-        if a.name == "value":
-            return numpy_helper.to_array(v)
         if a.name in ("value_float", "value_int"):
             return np.asarray(v)
         if a.name in ("value_floats", "value_ints"):

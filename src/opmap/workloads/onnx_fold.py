@@ -1,7 +1,8 @@
 """Constant folding of an ONNX graph's shape arithmetic, with numpy on small tensors whose values are known.
 
 A node folds when its op is one below, every input is a known constant (or, for Shape and Size, its input's
-shape is known), and its result holds at most onnx_model.FOLD_LIMIT elements: the arithmetic exporters emit to
+shape is known), and its result holds at most onnx_model.FOLD_LIMIT elements (FOLD_TOTAL for all of them
+together): the arithmetic exporters emit to
 compute reshape targets, scales and masks from input shapes (Shape -> Gather -> Unsqueeze -> Concat -> Reshape,
 Expand -> Trilu -> Where for a causal mask). onnxruntime folds the same nodes when it creates a session with
 the shapes fixed. Model weights are never touched (they are not read as values).
@@ -14,16 +15,27 @@ from typing import Any
 
 import numpy as np
 
-from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, numel
+from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, FOLD_TOTAL, numel
 
 WEIGHT_MIN = 64  # a float initializer of more elements is a weight, not a constant of the shape arithmetic
 FoldFn = Callable[[Any, list, dict[str, Any]], list]
 
 
-def _attrs(node) -> dict[str, Any]:
+def _attrs(node, om=None) -> dict[str, Any]:
+    """The node's attributes as Python values, a tensor attribute as its numpy value (read as onnx_data reads any
+    tensor: external data only from inside the model's folder)."""
     from onnx import helper
 
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    from opmap.workloads.onnx_data import tensor_value
+
+    out = {}
+    for a in node.attribute:
+        if a.type == a.TENSOR and om is not None:
+            where = f"{node.op_type} node {node.name or node.output[0]!r} attribute {a.name!r}"
+            out[a.name] = tensor_value(a.t, om.path, where)
+        else:
+            out[a.name] = helper.get_attribute_value(a)
+    return out
 
 
 def _shape(node, xs, a, om):
@@ -84,9 +96,7 @@ def _range(node, xs, a):
 
 
 def _const_of_shape(node, xs, a):
-    from onnx import numpy_helper
-
-    v = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    v = a["value"] if "value" in a else np.zeros(1, np.float32)
     return [np.full([int(s) for s in xs[0]], v.reshape(-1)[0], dtype=v.dtype)]
 
 
@@ -174,10 +184,11 @@ def fold_node(node, om) -> list | None:
     xs = [om.consts[n] if n else None for n in node.input]
     try:
         n = _out_elems(node, om, xs)
-        if n is None or n > FOLD_LIMIT:
+        if n is None or n > FOLD_LIMIT or om.folded_elems + n > FOLD_TOTAL:
             return None
         with np.errstate(all="ignore"):
-            out = fn(node, xs, _attrs(node))
+            out = [np.asarray(o) for o in fn(node, xs, _attrs(node, om))]
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, MemoryError):
         return None  # a node numpy cannot evaluate stays a node (priced, or listed as uncounted)
-    return [np.asarray(o) for o in out]
+    om.folded_elems += sum(o.size for o in out)
+    return out

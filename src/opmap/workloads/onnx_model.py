@@ -11,13 +11,11 @@ import numpy as np
 
 SMALL = 1 << 12  # initializers up to this many elements are read as values (folding, exponents, masks)
 FOLD_LIMIT = 1 << 22  # a folded constant holds at most this many elements (a causal mask at 2048 tokens)
+# all folded constants together hold at most this many elements (eight such masks; 256 MiB at int64): past it
+# nodes stay nodes, priced, so a small file cannot make opmap compute and hold gigabytes of constants
+FOLD_TOTAL = 1 << 25
 
 
-# ONNX element types by their TensorProto number, as opmap (torch) dtype names
-ELEM_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
 FLOAT_ELEMS = (1, 10, 11, 16)
 
 
@@ -36,6 +34,7 @@ class OnnxModel:
     initializers: dict[str, Any] = field(default_factory=dict)  # name -> TensorProto (the weights)
     live: list = field(default_factory=list)  # the nodes left to price, in graph order
     at_load: set[str] = field(default_factory=set)  # results computed from weights alone, once at load
+    folded_elems: int = 0  # elements of the folded constants so far (at most FOLD_TOTAL)
     notes: list[str] = field(default_factory=list)
 
     def value(self, name: str, limit: int = FOLD_LIMIT) -> np.ndarray | None:
@@ -46,11 +45,12 @@ class OnnxModel:
         t = self.initializers.get(name)
         if t is None or numel(t.dims) > limit:
             return None
-        from onnx import numpy_helper
+        from opmap.errors import OpmapError
+        from opmap.workloads.onnx_data import tensor_value
 
         try:
-            return numpy_helper.to_array(t, base_dir=str(self.path.parent))
-        except Exception:  # noqa: BLE001 - an unreadable value is one we do not know
+            return tensor_value(t, self.path)
+        except OpmapError:  # data that does not match its type: a value we do not know
             return None
 
 

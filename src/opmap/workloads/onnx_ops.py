@@ -33,7 +33,8 @@ from opmap.capture.layer_types import classify
 from opmap.graph import Node, OpGraph, TensorMeta
 from opmap.ops import DATA_MOVEMENT_OPS, is_pointwise
 from opmap.workloads.onnx_attention import ATTENTION_OPS, find_attention, packed_splits
-from opmap.workloads.onnx_model import ELEM_DTYPES, FLOAT_ELEMS, OnnxModel, attrs, contiguous
+from opmap.workloads.onnx_data import ELEM_DTYPES
+from opmap.workloads.onnx_model import FLOAT_ELEMS, OnnxModel, attrs, contiguous
 
 MS = "com.microsoft"
 
