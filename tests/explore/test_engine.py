@@ -5,11 +5,15 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 from opmap.explore.engine import ENGINES, LocalEngine, check_engine, get_engine
 from opmap.explore.fit import fit_matrix
 from opmap.explore.sweep import sweep
@@ -130,3 +134,95 @@ def test_capacity_search_on_the_pool_equals_inline():
     # M/M/1 with mu = 10/s: the sojourn time is exponential at rate mu - lambda (Kleinrock 1975, sec. 3.2), so a
     # 2 s p99 holds up to lambda = 10 - ln(100) / 2 = 7.70/s; 2,000 requests give a noisy p99: within 15%
     assert pooled["rate_per_s"] == pytest.approx(10 - math.log(100) / 2, rel=0.15)
+
+
+def test_a_stop_kills_the_pool_at_once_and_keeps_what_finished():
+    """Ctrl-C during a map: it stops within a second, though the tasks running still had 30 s to go (none is
+    waited for), its workers are killed, and the stop carries the one result finished, by its input index."""
+    psutil = pytest.importorskip("psutil")
+    sent: list[float] = []
+
+    def stop_after_first(what: str, done: int, total: int) -> None:  # Ctrl-C once the first task has finished
+        if done == 1:
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    eng = LocalEngine(workers=2)
+    stop = None
+    try:
+        eng.map(_started_at, [0.2, 30.0, 30.0, 30.0], progress=stop_after_first)
+    except KeyboardInterrupt as e:  # caught whatever its class, so that a wrong one fails this test, not the run
+        stop = e
+    took = time.monotonic() - sent[0]
+    workers = [p for p in psutil.Process().children() if "multiprocessing" in " ".join(p.cmdline())
+               and "resource_tracker" not in " ".join(p.cmdline())]
+    eng.close()
+    assert isinstance(stop, Interrupted) and stop.signum == signal.SIGINT and stop.exit_status == 130
+    assert list(stop.done) == [0] and isinstance(stop.done[0], float)
+    assert took < 1.0, took  # the running tasks had 30 s to go
+    assert workers == [], [p.cmdline() for p in workers]
+
+
+def _gone(procs: list, within_s: float) -> list[int]:
+    """The pids of ``procs`` still running ``within_s`` seconds on (a zombie counts as gone: re-parented, it waits
+    for an init that may never reap it)."""
+    import psutil
+
+    def running(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    t0 = time.monotonic()
+    while [p for p in procs if running(p)] and time.monotonic() - t0 < within_s:
+        time.sleep(0.05)
+    return [p.pid for p in procs if running(p)]
+
+
+def test_a_killed_parent_takes_its_workers_and_resource_tracker_with_it(tmp_path):
+    """SIGKILL leaves the parent no handler to run: its pool's workers die by the kernel's parent-death signal,
+    and with them the last holders of the resource tracker's pipe, so it ends too."""
+    psutil = pytest.importorskip("psutil")
+    code = ("import time\nfrom opmap.explore.engine import LocalEngine\n"
+            "if __name__ == '__main__':\n    LocalEngine(workers=2).map(time.sleep, [60, 60])\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+    try:
+        kids: list = []
+        for _ in range(600):  # until the resource tracker and both workers are up
+            kids = psutil.Process(p.pid).children(recursive=True)
+            if len(kids) >= 3:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)  # the workers past their start-up, in their tasks
+        kids = psutil.Process(p.pid).children(recursive=True)
+        assert len(kids) >= 3, [k.cmdline() for k in kids]
+        p.kill()
+        p.wait()
+        assert _gone(kids, 3.0) == []
+    finally:
+        for k in psutil.Process().children(recursive=True):
+            if k.pid != p.pid:
+                k.kill()
+        p.kill()
+        p.wait()
+
+
+def test_without_prctl_a_worker_polls_its_parent(tmp_path):
+    """Where the kernel cannot signal a parent's death (not Linux), the worker's own thread notices it: a process
+    watching its parent ends within a poll or two of that parent being killed."""
+    psutil = pytest.importorskip("psutil")
+    code = ("import os, sys, time\nfrom opmap.explore import engine\nengine.WATCH_S = 0.1\npid = os.fork()\n"
+            "if pid == 0:\n    engine._watch_parent(os.getppid())\n    os._exit(0)\n"
+            "print(pid, flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        watcher = psutil.Process(int(p.stdout.readline()))
+        time.sleep(0.3)
+        assert watcher.is_running() and watcher.status() != psutil.STATUS_ZOMBIE  # alive while its parent is
+        p.kill()
+        p.wait()
+        assert _gone([watcher], 2.0) == []
+    finally:
+        p.kill()
+        p.wait()

@@ -3,10 +3,12 @@ hand against a step function whose edge is known."""
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 from opmap.serve.capacity import find_capacity
 
 
@@ -54,6 +56,38 @@ def test_capacity_search_does_not_depend_on_the_order_probes_finish():
         return list(reversed([fn(r) for r in reversed(rates)]))
 
     assert find_capacity(_step(7.7), 5.0, map_fn=backwards) == find_capacity(_step(7.7), 5.0)
+
+
+def _stopped_in_round(k: int, finished: int):
+    """An engine's map that runs rounds whole until round ``k`` (from 1), where a stop (SIGTERM) lands once its
+    first ``finished`` probes have run: the stop carries those, by index, as the engine's map does."""
+    rounds = []
+
+    def map_fn(fn, rates):
+        rounds.append(rates)
+        if len(rounds) < k:
+            return [fn(r) for r in rates]
+        raise Interrupted(signal.SIGTERM, {i: fn(r) for i, r in enumerate(rates[:finished])})
+    return map_fn
+
+
+def test_a_stopped_search_keeps_every_run_finished_and_the_best_rate_so_far():
+    # edge at 3 from rate0 = 1 (test_capacity_search_by_hand): the grid brackets [2, 4]; the first round of four,
+    # 2.4 2.8 3.2 3.6, is stopped after its first two (both valid): the answer so far is 2.8, the bracket [2.8, 4]
+    with pytest.raises(Interrupted) as e:
+        find_capacity(_step(3.0), 1.0, map_fn=_stopped_in_round(2, finished=2))
+    stop = e.value
+    assert stop.exit_status == 143 and stop.partial is not None
+    c = stop.partial
+    assert [r["rate_per_s"] for r in c["runs"]] == pytest.approx([2.0 ** k for k in range(-3, 5)] + [2.4, 2.8])
+    assert c["rate_per_s"] == pytest.approx(2.8) and c["bracket"] == pytest.approx([2.8, 4.0])
+    assert c["limited_by"] == "interrupted" and not c["converged"] and c["summary"]["validity"]["valid"]
+
+
+def test_a_search_stopped_before_any_run_keeps_nothing():
+    with pytest.raises(Interrupted) as e:
+        find_capacity(_step(3.0), 1.0, map_fn=_stopped_in_round(1, finished=0))
+    assert e.value.partial is None
 
 
 def test_capacity_search_refuses_a_zero_start():

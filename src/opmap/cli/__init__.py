@@ -28,8 +28,8 @@ from opmap.cli import runs as _runs
 from opmap.cli import serve as _serve
 from opmap.cli import sweep as _sweep
 from opmap.cli import tune as _tune
-from opmap.cli.common import console
-from opmap.errors import OpmapError
+from opmap.cli.common import StopSignals, console
+from opmap.errors import Interrupted, OpmapError
 from opmap.report.text import clean
 
 __all__ = ["app", "console", "main"]
@@ -88,8 +88,22 @@ def _usage_error(e: Exception) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command: its exit status. SIGINT (Ctrl-C) and SIGTERM stop it (opmap.cli.common.StopSignals):
+    what it had finished is kept where it keeps partial results, one line on stderr names the signal, and the
+    status is 128 + the signal's number (130, 143)."""
     err = Console(stderr=True)
-    args = list(sys.argv[1:] if argv is None else argv)
+    with StopSignals() as stop:
+        try:
+            rc = _run(list(sys.argv[1:] if argv is None else argv), err)
+        except KeyboardInterrupt as e:  # outside the command (typer turns one inside it into status 130)
+            stop.signum = stop.signum or Interrupted.of(e).signum
+    if stop.signum is not None:
+        err.print(f"opmap: stopped by {Interrupted(stop.signum).name}", highlight=False)
+        return 128 + stop.signum
+    return rc
+
+
+def _run(args: list[str], err: Console) -> int:
     try:
         rc = app(args=args, prog_name="opmap", standalone_mode=False)
         if isinstance(rc, int) and rc:  # click returns a typer.Exit's code when not standalone

@@ -1,16 +1,18 @@
 """What the commands share: the console, building a workload from the shape options, the hardware by name,
-the "wrote" line."""
+the "wrote" line, the stop signals."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
 
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 from opmap.report.text import clean, safe
 from opmap.validate import visible
 
@@ -138,3 +140,54 @@ def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_stor
                       soft_wrap=True)  # one line, however long the store's path
         return
     console.print(f"[dim]recorded as run {rid} (opmap runs show {rid})[/dim]")
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignals:
+    """SIGINT and SIGTERM while a command runs: the first raises ``Interrupted`` in the main thread (the work in
+    hand stops, an engine's pool is killed, what was finished is kept) and is remembered in ``signum``; a second
+    one ends the process at once, by that signal's default action (the pool's workers die with it)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame) -> None:
+        if self.signum is not None:  # a second stop: no more cleaning up
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        raise Interrupted(signum)
+
+    def __enter__(self) -> StopSignals:
+        try:
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: Python's own handling stays
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+def kept(e: KeyboardInterrupt) -> tuple:
+    """(what an interrupted library call kept, the stop): its ``partial`` result, marked ``interrupted``; a call
+    that kept nothing has ``e`` raised again (the command ends with the stop's one line)."""
+    stop = Interrupted.of(e)
+    if stop.partial is None:
+        raise e
+    return stop.partial, stop
+
+
+def exit_if_stopped(stop: Interrupted | None) -> None:
+    """After a command has shown, written and recorded what it kept: end it with the stop's status."""
+    if stop is not None:
+        import typer
+
+        raise typer.Exit(stop.exit_status)

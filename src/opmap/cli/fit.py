@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, print_wrote
+from opmap.cli.common import console, exit_if_stopped, kept, print_wrote
 from opmap.errors import OpmapError
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
-from opmap.report.text import safe
+from opmap.report.text import clean, safe
 from opmap.serve.capacity import CAPACITY_REQUESTS
 from opmap.validate import INT_GE1, json_text, options, positive, positive_in
 
@@ -91,21 +91,28 @@ def fit(
     prices = _prices(price)
     if out is not None:
         check_out_dir(out)
-    with step_progress("fitting") as progress:
-        r = fit_matrix(ms, hws, slo, input_len, output_len, requests, dtype, devices, power_budget, prices,
-                       progress=progress, engine=engine, runtime=runtime, devices_budget=devices_budget,
-                       include_datasheet_only=include_datasheet_only)
+    stop = None
+    try:
+        with step_progress("fitting") as progress:
+            r = fit_matrix(ms, hws, slo, input_len, output_len, requests, dtype, devices, power_budget, prices,
+                           progress=progress, engine=engine, runtime=runtime, devices_budget=devices_budget,
+                           include_datasheet_only=include_datasheet_only)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished cells shown, written, recorded, marked
+        r, stop = kept(e)
     slo_text = (f"p99 end to end {slo.p99_s * 1e3:g} ms" if slo.p99_s is not None else
                 f"p99 TTFT {slo.ttft_s * 1e3:g} ms, p99 TPOT {slo.tpot_s * 1e3:g} ms")
-    t = Table(title=f"opmap fit: output tokens/s per device at the SLO ({slo_text}; runtime {runtime})",
-              title_justify="left")
+    t = Table(title=f"opmap fit: output tokens/s per device at the SLO ({slo_text}; runtime {runtime})"
+                    + safe(_stopped_words(r)), title_justify="left")
     t.add_column("workload")
     for h in r["hardware"]:
         t.add_column(h, justify="right")
     for m in ms:
         row = [safe(m)]
         for h in r["hardware"]:
-            c = next(c for c in r["cells"] if c["model"] == m and c["hardware"] == h)
+            c = next((c for c in r["cells"] if c["model"] == m and c["hardware"] == h), None)
+            if c is None:
+                row.append("[yellow]not run: interrupted[/yellow]")
+                continue
             if c["throughput_at_slo"] is None:
                 row.append(f"[strike]-[/strike] {safe(c['excluded_reason'][:80])}")
                 continue
@@ -126,7 +133,7 @@ def fit(
     for a in r["assumptions"]:
         console.print(f"  {a}", highlight=False, markup=False)
     if out is not None:
-        md = [f"# opmap fit ({slo_text})", "", *[f"- {a}" for a in r["assumptions"]], "",
+        md = [f"# opmap fit ({slo_text}){_stopped_words(r)}", "", *[f"- {a}" for a in r["assumptions"]], "",
               "| workload | platform | layout | runner-up | devices | tok/s at SLO | tok/s per device | p99 e2e (s) | "
               "W | tok/J | J/tok | tok/$ | bound | risk | rank | excluded |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -145,15 +152,24 @@ def fit(
         from opmap.report.trade_curve import have_matplotlib, trade_curve_png
 
         files: dict[str, str | bytes] = {"fit.json": json_text(r, indent=1), "fit.md": "\n".join(md) + "\n"}
-        png = trade_curve_png(r)
+        png = trade_curve_png(r) if stop is None else None  # a stop writes the data and ends: no plotting
         if png is not None:
             files["trade_curve.png"] = png
         print_wrote(write_set(out, files, remove=["trade_curve.png"]))  # an earlier run's PNG never stays
         if png is None:
-            console.print("  trade_curve.png not drawn: " + ("no platform has a throughput at the SLO"
-                          if have_matplotlib() else "matplotlib is not installed (pip install 'opmap[report]')"),
-                          highlight=False, markup=False)
+            why = ("the fit was interrupted (fit.json holds the cells run)" if stop is not None else
+                   "no platform has a throughput at the SLO" if have_matplotlib() else
+                   "matplotlib is not installed (pip install 'opmap[report]')")
+            console.print(f"  trade_curve.png not drawn: {why}", highlight=False, markup=False)
     from opmap.cli.common import record_run
 
     record_run("fit", r, {"workload": ",".join(ms), "hardware": ",".join(r["hardware"]), "phase": "serve",
                           "precision": dtype}, store, no_store)
+    exit_if_stopped(stop)
+
+
+def _stopped_words(r: dict) -> str:
+    """The words that mark a fit stopped by a signal (its finished cells only), empty for a whole one."""
+    i = r.get("interrupted")
+    return "" if not i else clean(f": INTERRUPTED by {i['signal']}, {i['cells_done']} of {i['cells_total']} cells "
+                                   f"run (not run: {', '.join(i['cells_not_run'])})")

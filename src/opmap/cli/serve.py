@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, print_wrote
+from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
 from opmap.phases.runtime import RUNTIME_HELP
 from opmap.report.text import plain, safe
@@ -158,29 +158,24 @@ def serve(
     else:
         def sim(r):
             return simulate(r, pol, cost, replicas, router, seed)
-    report = capacity = res = None
+    report = capacity = res = stop = None
     if find_capacity:  # the printed run is the run at the capacity found (warm-up excluded), not another one
-        from opmap.cli.common import step_progress
-        from opmap.explore.engine import get_engine
-        from opmap.serve.capacity import RateProbe, steady_capacity
+        from opmap.serve.capacity import RateProbe
 
         probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd,
                           transfer if pd is not None else None)
-        with step_progress("finding capacity") as progress, get_engine(engine) as eng:
-            def map_fn(fn, rates):
-                return eng.map(fn, rates, progress=progress, label=lambda r: f"finding capacity: {r:.4g} requests/s")
-
-            capacity = steady_capacity(probe, map_fn=map_fn)
-        capacity["engine"] = engine
-        report = capacity.pop("headline")
-        if report is not None and out is not None:
-            res = probe.measured(capacity["rate_per_s"])  # the same run again (same seed), for the CDF figure
+        capacity, report, res, stop = _find_capacity(probe, engine, out is not None)
+        if report is None and stop is not None:  # stopped before any rate met the SLO: the runs' finding, no table
+            console.print(capacity_line(capacity), highlight=False)
+            exit_if_stopped(stop)
     if report is None:
         with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
             res = sim(reqs)
             report = summarize(res, slo)
     if capacity is not None:
         report["capacity"] = capacity
+        if stop is not None:
+            report["interrupted"] = capacity["interrupted"]
     report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
                              "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
                              "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
@@ -199,6 +194,31 @@ def serve(
                                  "parallelism": f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
                                                 + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
                 store, no_store)
+    exit_if_stopped(stop)
+
+
+def _find_capacity(probe, engine: str, figure: bool):
+    """--find-capacity on ``engine``: (the capacity record, the report of the run at the rate found, that run again
+    for the CDF figure where ``figure``, the stop). Ctrl-C or SIGTERM keeps the runs so far (the stop is returned):
+    the best valid rate among them is reported, marked interrupted; None where none was valid yet."""
+    from opmap.cli.common import kept, step_progress
+    from opmap.explore.engine import get_engine
+    from opmap.serve.capacity import steady_capacity
+
+    stop = res = None
+    try:
+        with step_progress("finding capacity") as progress, get_engine(engine) as eng:
+            def map_fn(fn, rates):
+                return eng.map(fn, rates, progress=progress, label=lambda r: f"finding capacity: {r:.4g} requests/s")
+
+            capacity = steady_capacity(probe, map_fn=map_fn)
+    except KeyboardInterrupt as e:
+        capacity, stop = kept(e)
+    capacity["engine"] = engine
+    report = capacity.pop("headline")
+    if report is not None and figure and stop is None:
+        res = probe.measured(capacity["rate_per_s"])  # the same run again (same seed), for the CDF figure
+    return capacity, report, res, stop
 
 
 def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_num_batched_tokens: int | None,
@@ -310,9 +330,16 @@ def _print(r: dict, model: str, hardware: str) -> None:
 def capacity_line(c: dict) -> str:
     """The capacity found, once, with its run length and the saturation rate beside it."""
     sat = f"saturation {c['saturation_per_s']:.4g} requests/s offline, {c['saturation']['requests']} requests at t = 0"
+    stopped = c.get("interrupted")
     if c["rate_per_s"] is None:
-        return f"capacity: none ({sat}): {c['reason']}"
+        return f"capacity: none ({sat}): {c['reason']}" + (f" (INTERRUPTED by {stopped['signal']})" if stopped else "")
     run = c["run"]
+    if stopped:  # a lower bound: the best valid rate of the runs finished
+        hi = c["bracket"][1]
+        return (f"capacity: at least {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}); INTERRUPTED by "
+                f"{stopped['signal']} after {len(c['runs'])} runs, not converged"
+                + (f" (the lowest invalid rate: {hi:.4g} requests/s)" if hi is not None else "")
+                + f"; the run above: {run['requests']} requests, queue {run['verdict']}")
     return (f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}; limited by {c['limited_by']}); "
             f"the run above: {run['requests']} requests, the first {run['warmup_requests']} and last "
             f"{run['cooldown_requests']} excluded (warm-up, cool-down), "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, print_wrote, step_progress
+from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
 from opmap.validate import INT_GE1, json_text, options
@@ -51,16 +51,22 @@ def sweep(
     check_engine(engine)
     if out is not None:
         check_out_dir(out)
-    with step_progress("sweeping") as progress:
-        r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine,
-                      runtime=runtime, tp=tp, pp=pp)
+    stop = None
+    try:
+        with step_progress("sweeping") as progress:
+            r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine,
+                          runtime=runtime, tp=tp, pp=pp)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished sequence lengths shown, written, recorded, marked
+        r, stop = kept(e)
+    stopped = _stopped_words(r)
     knee = {(k["batch"], k["seq"]) for k in r["knee"]}
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
     lay = r["layout"]
     where = r["hardware"] + (f" tp{lay['tp']} x pp{lay['pp']}" if lay["devices"] > 1 else "")
     t = Table(title=f"opmap sweep {model} on {where} ({phase}, {dtype}, runtime {r['runtime']['name']}): "
                     f"{len(r['points'])} points, "
-                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})", title_justify="left")
+                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})" + stopped,
+              title_justify="left")
     cols = ["batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"]
     if measure:
         cols[7:7] = ["W", "J/token"]
@@ -86,7 +92,8 @@ def sweep(
     for a in r["assumptions"]:
         console.print(f"  {a}", highlight=False, markup=False)
     if out is not None:
-        md = [f"# opmap sweep: {model} on {r['hardware']} ({phase})", "", *[f"- {a}" for a in r["assumptions"]], "",
+        md = [f"# opmap sweep: {model} on {r['hardware']} ({phase}){stopped}", "",
+              *[f"- {a}" for a in r["assumptions"]], "",
               "| batch | seq | latency (s) | p99 (s) | req/s | tokens/s | MFU | fits | W | J/token | method | power "
               "method | mark |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in r["points"]:
@@ -104,3 +111,11 @@ def sweep(
 
     record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},
                store, no_store)
+    exit_if_stopped(stop)
+
+
+def _stopped_words(r: dict) -> str:
+    """The words that mark a sweep stopped by a signal (its finished sequence lengths only); empty otherwise."""
+    i = r.get("interrupted")
+    return "" if not i else (f": INTERRUPTED by {i['signal']}, seq {', '.join(map(str, i['seqs_done']))} run, "
+                             f"{', '.join(map(str, i['seqs_not_run']))} not run")

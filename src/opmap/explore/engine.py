@@ -9,29 +9,44 @@ engine ran them. That holds because a task is a pure function of its item: ``fn`
 (pickled by reference, imported by the worker), the item carries everything it needs (seeds included), and no
 task reads or writes state another task sets.
 
-- ``local``: ``concurrent.futures.ProcessPoolExecutor`` in a ``forkserver`` context (``spawn`` where there is
-  none): torch in a forked child of a threaded parent can deadlock, so workers start from a clean interpreter.
-  Workers: min(items, os.cpu_count()); with one item or one worker the tasks run inline, in this process.
+- ``local``: ``concurrent.futures.ProcessPoolExecutor`` in a ``spawn`` context: torch in a forked child of a
+  threaded parent can deadlock, so workers start from a clean interpreter, and they are this process's own
+  children (a forkserver's workers are the server's, and keep it alive). Workers: min(items, os.cpu_count());
+  with one item or one worker the tasks run inline, in this process. A worker ignores SIGINT (a terminal's
+  Ctrl-C reaches the whole process group: the parent decides) and dies with its parent: on Linux the kernel
+  kills it when the thread that started it ends (prctl PR_SET_PDEATHSIG, SIGKILL), elsewhere a thread of the
+  worker polls its parent once a second. Start a pool from a thread that outlives it (the CLI: the main one).
 - ``ray``: ``ray.init(address="auto")`` when ``RAY_ADDRESS`` is set (an existing cluster: opmap must be
   installed on its nodes), otherwise a local instance (no dashboard, worker logs not forwarded), started
   once and kept for the rest of the process; one ``ray.remote`` task per item, gathered in input order. A Ray
   instance already initialised by the caller is used as it is. Ray is imported only here.
 
 ``progress(what, done, total)`` is called in this process as each task completes (in completion order).
+
+Stopping: a KeyboardInterrupt (Ctrl-C, or ``opmap.errors.Interrupted`` for SIGTERM: the CLI raises it from its
+signal handler) during a map stops it at once: the local pool's workers are killed (a task is a pure function:
+nothing of a running one is worth waiting for) and its queued tasks dropped, Ray's tasks cancelled; the map
+raises ``Interrupted`` whose ``done`` holds the results finished before the stop, by input index.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 
 ENGINES = ("local", "ray")
 RAY_MISSING = "--engine ray needs the ray extra: pip install 'opmap[ray]'"
 
 Progress = Callable[[str, int, int], None]
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCH_S = 1.0  # where prctl is not available: how often a worker polls its parent
 
 
 def check_engine(name: str) -> str:
@@ -80,6 +95,21 @@ class LocalEngine:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool, self._pool_workers = None, 0
 
+    def kill(self) -> None:
+        """Stop the pool now: its workers killed, its queued tasks dropped (a stop signal: nothing waited for)."""
+        pool, self._pool, self._pool_workers = self._pool, None, 0
+        if pool is None:
+            return
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # the executor's own table of its workers
+        for p in procs:
+            try:
+                p.kill()
+            except (OSError, ValueError):  # gone already, or closed
+                pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            p.join(timeout=2.0)
+
     def _executor(self, workers: int):
         if self._pool is not None and self._pool_workers >= workers:
             return self._pool
@@ -87,9 +117,10 @@ class LocalEngine:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        # forkserver: workers forked from a clean server process, never from this (threaded, torch) one
-        ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-        self._pool, self._pool_workers = ProcessPoolExecutor(max_workers=workers, mp_context=ctx), workers
+        # spawn: each worker a clean interpreter, never a fork of this (threaded, torch) process
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                         initializer=worker_init, initargs=(os.getpid(),))
+        self._pool_workers = workers
         return self._pool
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Progress | None = None,
@@ -102,18 +133,23 @@ class LocalEngine:
         workers = self.workers_for(n)
         if workers == 1:
             out = []
-            for i, it in enumerate(items):
-                out.append(fn(it))
-                _note(progress, label, it, i + 1, n)
+            try:
+                for i, it in enumerate(items):
+                    out.append(fn(it))
+                    _note(progress, label, it, i + 1, n)
+            except KeyboardInterrupt as e:
+                raise _stopped(e, dict(enumerate(out))) from None
             return out
         from concurrent.futures import as_completed
         from concurrent.futures.process import BrokenProcessPool
 
-        pool = self._executor(workers)
-        out = [None] * n
+        out: dict[int, Any] = {}
         order = sorted(range(n), key=lambda i: -cost(items[i])) if cost is not None else range(n)
-        futures = {pool.submit(fn, items[i]): i for i in order}
+        futures: dict[Any, int] = {}
         try:
+            pool = self._executor(workers)
+            for i in order:  # a submit starts a worker where one is missing: a stop may land in it
+                futures[pool.submit(fn, items[i])] = i
             for done, f in enumerate(as_completed(futures), 1):
                 i = futures[f]
                 out[i] = f.result()
@@ -122,11 +158,55 @@ class LocalEngine:
             self.close()
             raise OpmapError(f"a worker of the local pool ({workers} processes) died (out of memory?): nothing was "
                              "written; rerun with fewer tasks at once or on a larger machine") from None
+        except KeyboardInterrupt as e:
+            self.kill()
+            out.update({i: f.result() for f, i in futures.items() if _finished(f)})
+            raise _stopped(e, out) from None
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
-        return out
+        return [out[i] for i in range(n)]
+
+
+def _finished(f) -> bool:
+    """A future that holds a result (not cancelled, not failed); never waits."""
+    return f.done() and not f.cancelled() and f.exception() is None
+
+
+def _stopped(e: KeyboardInterrupt, done: dict[int, Any]) -> Interrupted:
+    """The stop ``e`` (SIGINT's for a plain KeyboardInterrupt) carrying the results finished before it."""
+    return Interrupted(Interrupted.of(e).signum, done)
+
+
+def worker_init(parent: int) -> None:
+    """A pool worker's first act: ignore SIGINT (the parent stops the pool itself) and die with ``parent``: the
+    kernel's SIGKILL when it ends (Linux), else a thread polling it; a parent already gone ends the worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _die_with_parent():
+        threading.Thread(target=_watch_parent, args=(parent,), name="opmap-watch-parent", daemon=True).start()
+    if os.getppid() != parent:  # it ended before the watch began
+        os._exit(1)
+
+
+def _die_with_parent() -> bool:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) for this process; False where there is no prctl (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    """Poll until this process's parent is no longer ``parent`` (it ended: the orphan was re-parented), then
+    end this process (a daemon thread of a pool worker)."""
+    while os.getppid() == parent:
+        time.sleep(WATCH_S)
+    os._exit(1)
 
 
 def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
@@ -194,21 +274,25 @@ class RayEngine:
         fn_ref = ray.put(fn)
         refs = [remote.remote(fn_ref, it) for it in items]
         index = {r: i for i, r in enumerate(refs)}
-        out: list[Any] = [None] * len(items)
-        pending, done = list(refs), 0
+        out: dict[int, Any] = {}
+        pending = list(refs)
         try:
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
                 for r in ready:
                     i = index[r]
                     out[i] = _ray_get(ray, r)
-                    done += 1
-                    _note(progress, label, items[i], done, len(items))
+                    _note(progress, label, items[i], len(out), len(items))
+        except KeyboardInterrupt as e:
+            for r in refs:
+                if index[r] not in out:
+                    ray.cancel(r, force=True)  # its worker killed: a stop waits for nothing
+            raise _stopped(e, out) from None
         except BaseException:
             for r in pending:
                 ray.cancel(r)
             raise
-        return out
+        return [out[i] for i in range(len(items))]
 
 
 def _ray_get(ray, ref) -> Any:

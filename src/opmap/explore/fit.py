@@ -27,6 +27,8 @@ Cells that break a constraint (no fit within a node, no valid rate, the power bu
 in ``excluded_reason``; the others are ranked per workload by throughput per device, datasheet-only devices
 after the rest (unless asked to rank them together).
 
+A fit stopped by a signal keeps its finished cells (``interrupted`` names the signal and the cells not run).
+
 Schema 2 (from 1): ``devices`` is the devices the chosen layout uses and ``throughput_at_slo`` their throughput
 (was one tensor-parallel group's); added ``layout``, ``runner_up``, ``layouts``, ``throughput_per_device``,
 ``capacity``, ``runtime``, ``datasheet_only``, ``devices_budget``.
@@ -39,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 from opmap.hardware import get_hardware
 
 SCHEMA_VERSION = 2
@@ -270,7 +272,9 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                include_datasheet_only: bool = False) -> dict[str, Any]:
     """Every (model, platform) cell, one task each on ``engine`` (``opmap.explore.engine``: a local process pool
     or Ray; the same cells either way), then ranked per workload. ``requests``: per capacity run (default
-    ``CAPACITY_REQUESTS``, serve's)."""
+    ``CAPACITY_REQUESTS``, serve's). Stopped (``Interrupted``: Ctrl-C, SIGTERM) once a cell has finished, the stop
+    carries as ``partial`` the matrix of the finished cells, ranked among themselves, with ``interrupted``: the
+    signal, the cells done and the cells not run."""
     from opmap.explore.engine import check_engine, get_engine
     from opmap.phases.runtime import check_runtime
     from opmap.serve.capacity import CAPACITY_REQUESTS
@@ -289,10 +293,28 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                     prices.get(get_hardware(h).name), seed, runtime, devices_budget) for m in models for h in hardware]
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
+    stop = None
     with get_engine(engine, workers) as eng:
-        cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}",
-                        cost=cell_cost)
+        try:
+            cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}",
+                            cost=cell_cost)
+        except Interrupted as e:  # the cells finished are kept, in their order; the rest named
+            stop, cells = e, [e.done[i] for i in sorted(e.done)]
     rank(cells, models, include_datasheet_only)
+    r = _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
+                include_datasheet_only, cells, engine)
+    if stop is not None and cells:
+        r["interrupted"] = stop.note(cells_done=len(cells), cells_total=len(jobs), cells_not_run=[
+            f"{j.model} on {get_hardware(j.hardware).name}" for i, j in enumerate(jobs) if i not in stop.done])
+        stop.partial = r
+    if stop is not None:
+        raise stop
+    return r
+
+
+def _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
+            include_datasheet_only, cells, engine) -> dict[str, Any]:
+    """fit.json's body around the ranked ``cells``."""
     return {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name
                                                                                  for h in hardware],
             "slo": slo.to_dict(), "input_len": input_len, "output_len": output_len, "requests": requests,

@@ -33,7 +33,7 @@ from typing import Any
 
 from opmap.analyze import analyze_graph
 from opmap.capture import capture
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 from opmap.explore.shapes import FIT_POINTS, NotAFamily, ShapeFamily
 from opmap.hardware.spec import HardwareSpec
 from opmap.measure.energy import RAPL_ROOT
@@ -88,10 +88,13 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
     ``runtime`` (opmap.phases.runtime): the per-kernel overhead, the fusion policy and the per-step host time the
     predictions assume; default ``engine`` for a predicted sweep (as serve and fit) and ``eager`` for a measured
     one (it times eager PyTorch here, and its predictions beside it assume the same). ``tp`` x ``pp``: each point
-    priced as that layout (opmap.mapping.sharding: one batch through every stage; memory per device)."""
+    priced as that layout (opmap.mapping.sharding: one batch through every stage; memory per device).
+
+    Stopped (``Interrupted``: Ctrl-C, SIGTERM) once a sequence length has finished, the stop carries as
+    ``partial`` the sweep of the lengths finished, with ``interrupted``: the signal, the lengths done and not run."""
     if phase not in PHASES:
         raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
-    from opmap.explore.engine import check_engine, get_engine
+    from opmap.explore.engine import check_engine
     from opmap.phases.runtime import check_runtime
     from opmap.workloads.phases import PhaseSpec, check_phase
 
@@ -112,24 +115,47 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
     jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats, rapl_root, runtime, tp, pp)
             for s in seqs]
     total = len(batches) * len(seqs)
-    if measure:  # sequential, in this process: progress per point
-        results = []
+    ran_on = "this process, one point at a time (measured)" if measure else engine
+    try:
+        results = _run_jobs(jobs, measure, engine, workers, progress, total)
+    except Interrupted as e:  # the sequence lengths finished are kept, the rest named
+        done = [e.done[i] for i in sorted(e.done)]
+        if done:
+            e.partial = _result(target, hw, phase, dtype, measure, runtime, tp, pp, done, t0, ran_on)
+            e.partial["interrupted"] = e.note(seqs_done=[j.seq for i, j in enumerate(jobs) if i in e.done],
+                                              seqs_not_run=[j.seq for i, j in enumerate(jobs) if i not in e.done])
+        raise
+    if progress:
+        progress("done", total, total)
+    return _result(target, hw, phase, dtype, measure, runtime, tp, pp, results, t0, ran_on)
+
+
+def _run_jobs(jobs: list[SeqJob], measure: bool, engine: str, workers: int | None, progress, total: int) -> list:
+    """Each sequence length's points: measured one after another here, else one task each on ``engine``. A stop
+    (Interrupted) carries the lengths finished, by index."""
+    from opmap.explore.engine import get_engine
+
+    if not measure:
+        if progress:
+            progress(f"{len(jobs)} sequence lengths on {engine}", 0, len(jobs))
+        with get_engine(engine, workers) as eng:
+            return eng.map(seq_points, jobs, progress=progress, label=lambda j: f"seq {j.seq}: {len(j.batches)} points")
+    results: list[dict[str, Any]] = []  # sequential, in this process: progress per point
+    try:
         for j in jobs:
             done0 = sum(len(r["points"]) for r in results)
             results.append(seq_points(j, None if progress is None else
                                       (lambda what, i, d=done0: progress(what, d + i, total))))
-        ran_on = "this process, one point at a time (measured)"
-    else:
-        if progress:
-            progress(f"{len(jobs)} sequence lengths on {engine}", 0, len(jobs))
-        with get_engine(engine, workers) as eng:
-            results = eng.map(seq_points, jobs, progress=progress,
-                              label=lambda j: f"seq {j.seq}: {len(j.batches)} points")
-        ran_on = engine
+    except KeyboardInterrupt as e:
+        raise Interrupted(Interrupted.of(e).signum, dict(enumerate(results))) from None
+    return results
+
+
+def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool, runtime: str, tp: int, pp: int,
+            results: list[dict[str, Any]], t0: float, ran_on: str) -> dict[str, Any]:
+    """sweep.json's body of the sequence lengths' ``results``."""
     points = [p for r in results for p in r["points"]]
     captures = sum(r["captures"] for r in results)
-    if progress:
-        progress("done", total, total)
     wall = time.perf_counter() - t0
     return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name if not measure else "local",
             "phase": phase, "dtype": dtype, "runtime": get_runtime(hw, runtime).to_dict() if not measure else

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from opmap.errors import OpmapError
+from opmap.errors import Interrupted, OpmapError
 from opmap.serve.metrics import Slo, summarize
 from opmap.serve.sim import SimResult
 
@@ -68,29 +68,54 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     tried: list[dict[str, Any]] = []
     kept: dict[float, dict[str, Any]] = {}  # the valid runs' summaries, by rate: the answer's is returned
 
+    def note(rates: list[float], out: dict[int, dict[str, Any]]) -> None:
+        for i, r in enumerate(rates):
+            if i in out:
+                s = out[i]
+                tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
+                if s["validity"]["valid"]:
+                    kept[r] = s
+
     def probe(rates: list[float]) -> list[bool]:
-        out = map_fn(run, rates)
-        for r, s in zip(rates, out, strict=True):
-            tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
-            if s["validity"]["valid"]:
-                kept[r] = s
+        try:
+            out = map_fn(run, rates)
+        except KeyboardInterrupt as e:  # the probes of this round that finished count too
+            note(rates, getattr(e, "done", {}))
+            raise
+        note(rates, dict(enumerate(out)))
         return [s["validity"]["valid"] for s in out]
 
-    def split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | None]:
-        """(last valid rate below the first invalid one, the first invalid one); None where there is none."""
-        first_bad = next((i for i, v in enumerate(ok) if not v), None)
-        if first_bad is None:
-            return rates[-1], None
-        return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
+    try:
+        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs so far, and the best rate they found, kept
+        stop = Interrupted.of(e)
+        if tried:
+            lo, hi = _bracket(tried)
+            stop.partial = {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
+                            "limited_by": "interrupted", "runs": tried, "summary": kept.get(lo) if lo else None}
+        raise stop from None
 
-    def bracket() -> tuple[float | None, float | None]:
-        """Over every grid probed so far: (the highest valid rate below the lowest invalid one, that invalid
-        one). A grid all valid followed by one all invalid brackets the edge between the two grids."""
-        bad = [t["rate_per_s"] for t in tried if not t["valid"]]
-        first_bad = min(bad) if bad else None
-        good = [t["rate_per_s"] for t in tried if t["valid"] and (first_bad is None or t["rate_per_s"] < first_bad)]
-        return (max(good) if good else None), first_bad
 
+def _bracket(tried: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """Over every rate probed so far: (the highest valid rate below the lowest invalid one, that invalid one). A
+    grid all valid followed by one all invalid brackets the edge between the two grids."""
+    bad = [t["rate_per_s"] for t in tried if not t["valid"]]
+    first_bad = min(bad) if bad else None
+    good = [t["rate_per_s"] for t in tried if t["valid"] and (first_bad is None or t["rate_per_s"] < first_bad)]
+    return (max(good) if good else None), first_bad
+
+
+def _split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | None]:
+    """(last valid rate below the first invalid one, the first invalid one); None where there is none."""
+    first_bad = next((i for i, v in enumerate(ok) if not v), None)
+    if first_bad is None:
+        return rates[-1], None
+    return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
+
+
+def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
+            ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]]) -> dict[str, Any]:
+    """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``."""
     width = len(GRID_EXPONENTS)
     lo = hi = None
     if ceiling is not None:  # capped: ceiling x 2^0, 2^-1, ... 2^(1 - width), from the top until one is valid
@@ -98,7 +123,7 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
         chunks = [exps[:1]] + [exps[i:i + DESCENT] for i in range(1, len(exps), DESCENT)]
         for chunk in chunks:
             probe([rate0 * 2.0 ** k for k in chunk])
-            lo, hi = bracket()
+            lo, hi = _bracket(tried)
             if lo is not None:
                 break
         if lo is not None and hi is None:  # the ceiling itself is valid: it is the answer, never above it
@@ -109,7 +134,7 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
                     "limited_by": "search range", "runs": tried, "summary": None}
     for shift in range(GRID_SHIFTS + 1 if ceiling is None else 0):
         probe([rate0 * 2.0 ** k for k in GRID_EXPONENTS])
-        lo, hi = bracket()
+        lo, hi = _bracket(tried)
         if lo is not None and hi is not None:
             break
         direction = 1 if hi is None else -1  # all valid: look higher; nothing valid below the lowest invalid: lower
@@ -121,7 +146,7 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     while hi - lo > rel_tol * lo and len(tried) + PROBES <= max_runs:
         rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
         ok = probe(rates)
-        new_lo, new_hi = split(rates, ok)
+        new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
     return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
             "rel_tol": rel_tol, "limited_by": "slo", "runs": tried, "summary": kept[lo]}
@@ -366,13 +391,28 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
     where no rate is valid, with ``reason``), ``saturation`` (the offline run's throughput), ``run`` (its length,
     warm-up and steady-state verdict) and ``headline``: the summary of the run at ``rate_per_s``, the very run
     whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
-    search bounds each layout by it first), else it is run here."""
+    search bounds each layout by it first), else it is run here.
+
+    Stopped (``Interrupted``: Ctrl-C, SIGTERM) after a run, the stop carries as ``partial`` this record of the runs
+    so far, ``limited_by`` "interrupted", ``interrupted`` the signal and the runs: ``rate_per_s`` the highest
+    valid rate below the lowest invalid one probed (a lower bound of the capacity), None where none was valid."""
     sat = saturation if saturation is not None else probe.saturation()
     sat_rate = float(sat["throughput"]["requests_per_s"])
     if not sat_rate > 0:
         raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
                          "under (check the cost model and the lengths)")
-    cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate)
+    try:
+        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate)
+    except Interrupted as e:
+        if e.partial is not None:
+            e.partial = _steady_record(probe, e.partial, sat, sat_rate)
+            e.partial["interrupted"] = e.note(runs=len(e.partial["runs"]))
+        raise
+    return _steady_record(probe, cap, sat, sat_rate)
+
+
+def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], sat_rate: float) -> dict[str, Any]:
+    """steady_capacity's record of find_capacity's ``cap`` under the saturation run ``sat``."""
     head = cap.pop("summary", None)
     out = {**cap, "saturation_per_s": sat_rate,
            "saturation": {"arrival": "offline", "requests": sat["requests"]["count"],
@@ -391,10 +431,13 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
         out.update(rate_per_s=None, headline=None,
                    reason=f"no rate from {low['rate_per_s']:.4g} requests/s up to saturation "
                           f"({sat_rate:.4g}) meets the SLO: {low['reason']}")
+        if cap["limited_by"] == "interrupted":
+            out["reason"] = (f"stopped after {len(cap['runs'])} runs, none valid: the lowest, "
+                             f"{low['rate_per_s']:.4g} requests/s: {low['reason']}")
         return out
     if cap["limited_by"] == "ceiling":
         out["limited_by"] = "saturation"
-    elif cap["bracket"][1] is not None:  # what the first invalid rate above the answer broke
+    elif cap["bracket"][1] is not None and cap["limited_by"] != "interrupted":  # what the rate above it broke
         bad = next(r for r in cap["runs"] if r["rate_per_s"] == cap["bracket"][1])
         out["limited_by"] = ("stationarity" if bad["reason"].startswith((DIVERGING, TOO_SHORT)) else "slo")
     out["run"] = {**head["steady_state"], "span_s": head["requests"]["span_s"]}
