@@ -197,3 +197,22 @@ def test_train_prints_one_iteration_per_device_in_training_words(tmp_path, cli):
     assert "gradients, optimizer state, saved activations" in header
     for word in ("KV cache", "context", "request", "time to first token"):
         assert word not in header, word
+
+
+@pytest.mark.parametrize("runtime,cache", [("engine", "written into the cache in place"),
+                                           ("eager", "DynamicCache appends by torch.cat")])
+def test_hf_decode_notes_the_cache_its_runtime_writes(tmp_path, cli, runtime, cache):
+    """A Hugging Face config's decode says which KV write it priced (an engine's one token in place; eager
+    transformers' DynamicCache append), and never that it has no KV cache (the prefill's note)."""
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    rc, out, err = cli("analyze", p, "--phase", "decode", "--kv-len", "1024", "--batch", "8", "--runtime", runtime,
+                       "--out", tmp_path / "out", "--no-store")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "out" / "analysis.json").read_text())["assumptions"]
+    notes = " ".join(d["workload_notes"])
+    assert cache in notes and "no KV cache" not in notes and "no KV cache" not in out
+    assert d["phase"]["kv_write"] == ("in-place" if runtime == "engine" else "append")

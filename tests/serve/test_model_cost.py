@@ -193,6 +193,21 @@ def test_hf_config_is_priced(tmp_path):
     assert c.kv_bytes_per_token == 6 * 2 * 2 * 64 * 2
 
 
+def test_hf_config_decode_step_prices_as_the_zoo_model(tmp_path):
+    """llama-3-8b as its Hugging Face config: serve's engine step writes one token's K and V, as the zoo model's
+    does, so batch 64 at 8192 tokens prices the same (before: transformers' DynamicCache append, a copy of the
+    whole cache per layer per step, priced inside the QKV kernel: 2.1x the zoo model's step)."""
+    import json
+
+    cfg = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "rope_theta": 500000.0, "tie_word_embeddings": False}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    hf, zoo = _pricer(str(p)).decode(64, 8192), _pricer("llama-3-8b").decode(64, 8192)
+    assert hf.latency_s == pytest.approx(zoo.latency_s, rel=0.01)
+
+
 def test_model_file_is_priced(tmp_path):
     """A model file whose factory returns a zoo-style decoder: priced through analyze's resolver, 4 layers
     extrapolated from 2; KV per token 4 layers x 2 x 2 KV heads x 32 head dim x 2 bytes."""

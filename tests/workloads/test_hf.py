@@ -266,18 +266,20 @@ def test_llama2_7b_config_matches_the_zoo_preset(tmp_path):
     assert matrix(g_hf) == matrix(g_zoo)
 
 
+@pytest.mark.parametrize("kv_write", ["in-place", "append"])
 @pytest.mark.parametrize("mt", ["llama", "mistral", "mixtral", "gpt2", "opt"])
-def test_decode_reads_the_kv_cache_of_its_heads_and_window(mt, tmp_path):
-    # one new token per sequence against a transformers DynamicCache of kv_len - 1 tokens: the attention reads
-    # 2 (K, V) x layers x KV heads x head dim x cached tokens x 2 B (bf16) x batch, the KV heads being GQA's
-    # (llama, mistral, mixtral: 2 of 4) and the cached tokens capped at mistral's sliding window
+def test_decode_reads_the_kv_cache_of_its_heads_and_window(mt, kv_write, tmp_path):
+    # one new token per sequence against a transformers DynamicCache of kv_len - 1 tokens, the new K and V written
+    # in place (an engine) or appended (eager transformers): the attention reads 2 (K, V) x layers x KV heads x
+    # head dim x cached tokens x 2 B (bf16) x batch, the KV heads being GQA's (llama, mistral, mixtral: 2 of 4)
+    # and the cached tokens capped at mistral's sliding window
     from opmap.phases.decode import decode_kv_read_bytes
     from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": mt, **CONFIGS[mt]}))
     kv_len, batch = 64, 3
-    spec = check_phase(PhaseSpec("decode", kv_len), str(path), batch)
+    spec = check_phase(PhaseSpec("decode", kv_len, kv_write=kv_write), str(path), batch)
     w = phase_workload(str(path), spec, batch, None, "bf16")
     g = capture(w.module, (), w.inputs)
     kv_heads = NH if mt in ("gpt2", "opt") else KV
@@ -287,6 +289,14 @@ def test_decode_reads_the_kv_cache_of_its_heads_and_window(mt, tmp_path):
     # one query per head per sequence (mistral's windowed path folds the query heads of a KV group into the
     # query-length axis: (batch, KV heads, heads / KV heads, head dim))
     assert len(q) == L and all(s[0] == batch and s[1] * s[2] == NH for s in q)
+    # the KV write: in place, one token's K and V per layer copied into the cache (batch x KV heads x 1 x head dim
+    # each); appended, every layer's K and V concatenated anew, the cached tokens and the new one
+    copies = [n.outputs[0].shape for n in g.nodes if n.op == "aten.copy_.default"]
+    cats = [n.outputs[0].shape for n in g.nodes if n.op == "aten.cat.default" and n.outputs[0].shape[-2] == tokens]
+    if kv_write == "in-place":
+        assert copies == [(batch, kv_heads, 1, HD)] * 2 * L and not cats
+    else:
+        assert cats == [(batch, kv_heads, tokens, HD)] * 2 * L and not copies
 
 
 # ---- a config is data, never code -------------------------------------------------------------------------------

@@ -117,6 +117,7 @@ def analyze(
     spec = check_phase(PhaseSpec(phase, kv_len, recompute, microbatch, global_batch, zero, dp=dp,
                                  optimizer=optimizer), model, batch, allow_long_context=allow_long_context)
     rt = _runtime(hw, runtime, spec)
+    spec = replace(spec, kv_write=rt.kv_write)  # a Hugging Face decode stores its new K and V as the runtime does
     # the kernels the step runs are the ones the header names: a plan file, an explicit --fusion, else the runtime's
     if fusion_plan is not None:
         rt, fusion = replace(rt, fusion=f"plan file {fusion_plan}"), fusion or "eager"
@@ -270,6 +271,7 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     step_batch = spec.microbatch if spec.train else batch
     key = _graph_key(model, step_batch, seq, image_size, dtype, device, layout, overrides,
                      phase={"name": spec.name, "kv_len": spec.kv_len, "optimizer": spec.optimizer,
+                            "kv_write": spec.kv_write if spec.decode else None,
                             "recompute": spec.recompute if spec.train else None})
     hit = graph_cache.load(key) if key else None
     saved = act = None

@@ -93,7 +93,7 @@ def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     from opmap.workloads.zoo import Workload
 
     rt = get_runtime(hw, runtime)
-    spec = PhaseSpec("decode", kv_len=1024)
+    spec = PhaseSpec("decode", kv_len=1024, kv_write=rt.kv_write)
     # the captured step is the same on every device: a zoo model's is kept in the capture cache, so the other
     # devices of a fit (other worker processes too) analyse it without building and capturing the model again
     k = (cache.key({"model": model, "build_dtype": BUILD_DTYPE[dtype], "device": "meta", "phase": "decode",

@@ -65,10 +65,10 @@ def _bound_mix(a) -> dict[str, float]:
     return {b: t / s for b, t in sorted(tot.items(), key=lambda x: -x[1])}
 
 
-def _workload(target: str, phase: str, batch: int, seq: int, dtype: str, device: str = "meta"):
+def _workload(target: str, phase: str, batch: int, seq: int, dtype: str, kv_write: str, device: str = "meta"):
     from opmap.workloads.phases import PhaseSpec, phase_workload
 
-    spec = PhaseSpec(phase, kv_len=seq if phase == "decode" else None)
+    spec = PhaseSpec(phase, kv_len=seq if phase == "decode" else None, kv_write=kv_write)
     return phase_workload(target, spec, batch, None if phase == "decode" else seq, dtype, device)
 
 
@@ -209,7 +209,7 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
     built: dict[int, Any] = {}
 
     def capture_at(b: int):
-        w = built[b] = _workload(target, phase, b, s, dtype)
+        w = built[b] = _workload(target, phase, b, s, dtype, rt.kv_write)
         return capture(w.module, (), w.inputs) if isinstance(w.inputs, dict) else capture(w.module, w.inputs)
 
     family, why = None, ""
@@ -228,7 +228,7 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
         else:
             g, method = capture_at(b), "predicted (captured)" + (f": {why}" if why else "")
             captures += 1
-        proxy = proxy or next(iter(built.values()), None) or _workload(target, phase, 1, s, dtype)
+        proxy = proxy or next(iter(built.values()), None) or _workload(target, phase, 1, s, dtype, rt.kv_write)
         w = replace(proxy, module=None, inputs=None, batch=b, seq=None if phase == "decode" else s)
         a = analyze_graph(g, w, hw_rt, dtype, fusion=rt.fusion)
         lat, fits, mem_bytes = _layout_figures(a, hw_rt, job.tp, job.pp, s)
@@ -290,7 +290,7 @@ def _measure(target: str, phase: str, batch: int, seq: int, repeats: int,
     from opmap.measure.energy import energy_figures, measure_energy
     from opmap.timing import time_iterations
 
-    w = _workload(target, phase, batch, seq, "fp32", device="cpu")
+    w = _workload(target, phase, batch, seq, "fp32", "append", device="cpu")  # eager transformers' own cache
     m = w.module.eval()
 
     def call():

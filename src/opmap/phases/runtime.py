@@ -53,6 +53,13 @@ class Runtime:
         return float(self.per_kernel.value)
 
     @property
+    def kv_write(self) -> str:
+        """How a decode step under this runtime stores its new K and V (opmap.workloads.phases.KV_WRITES): eager is
+        transformers' own DynamicCache, which appends by torch.cat; every other runtime writes one token in place
+        (an engine's paged blocks; transformers' StaticCache, which CUDA graphs need)."""
+        return "append" if self.name == "eager" else "in-place"
+
+    @property
     def per_step_s(self) -> float:
         return sum(float(v.value) for v in (self.graph_launch, self.step_host) if v is not None)
 

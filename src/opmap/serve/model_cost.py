@@ -360,8 +360,8 @@ class Pricer:
     def decode(self, batch: int, kv: int) -> Point:
         from opmap.workloads.phases import PhaseSpec
 
-        spec = PhaseSpec("decode", kv_len=kv)
-        return self._point(lambda: self.m.decode(batch, kv), spec, ("decode", batch, kv))
+        spec = PhaseSpec("decode", kv_len=kv, kv_write=self.rt.kv_write)
+        return self._point(lambda: self.m.decode(batch, kv, spec.kv_write), spec, ("decode", batch, kv))
 
     def memory(self, kv_dtype: str, utilization: float):
         """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""

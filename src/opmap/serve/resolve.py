@@ -94,11 +94,13 @@ class Resolved:
         inputs = {"input_ids": ids, "use_cache": False} if self.hf else (ids,)
         return replace(w, inputs=inputs, batch=1, seq=seq)
 
-    def decode(self, batch: int, kv: int):
+    def decode(self, batch: int, kv: int, kv_write: str = "in-place"):
+        """The decode step of ``batch`` sequences at ``kv`` tokens; a Hugging Face model's new K and V stored as
+        ``kv_write`` says (opmap.workloads.phases.KV_WRITES: the runtime's)."""
         from opmap.workloads.phases import decode_workload, hf_decode_workload
 
         w = replace(self.workload, batch=batch)
-        return hf_decode_workload(w, kv) if self.hf else decode_workload(w, kv)
+        return hf_decode_workload(w, kv, kv_write=kv_write) if self.hf else decode_workload(w, kv)
 
     def capture_key(self, layers: int, phase: str, batch: int, length: int) -> str | None:
         """The capture-cache key of this model's graph at ``layers`` layers (None: not cacheable: a model

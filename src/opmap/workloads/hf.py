@@ -56,6 +56,7 @@ from opmap.workloads.zoo import Workload, cast_to, parse_dtype
 __all__ = ["ACCEPTED", "TESTED", "build_hf", "cached_config", "is_hf_target", "load_config", "max_positions",
            "validate_config"]
 DEFAULT_SEQ = 2048  # capped at the config's own maximum
+PREFILL_NOTE = "no KV cache (prefill): use_cache=False"  # a decode step replaces it by its cache's note
 _MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModel")  # tried in this order: a causal LM head, else the bare model
 
 
@@ -204,7 +205,7 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
     model = _build(config, target, device)
     model.eval()
     notes: list[str] = [f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: "
-                        "random weights, attention as SDPA, no KV cache (prefill)"]
+                        "random weights, attention as SDPA", PREFILL_NOTE]
     if ignored:
         notes.append(f"{ignored} ignored: transformers' own {type(model).__name__} built, the repository's code "
                      "never run")

@@ -8,7 +8,9 @@ Workload to capture:
   built on meta as inputs, one (K, V) pair of (batch, KV heads, cached tokens, head dim) per layer. The new
   token's K and V are written into the cache's last slot in place and attention reads all of it: a sliding
   window caps the cached tokens at the window, GQA caches the KV heads only, a mixture of experts routes the
-  ``batch`` tokens top-k with balanced load (an expert with no token launches nothing);
+  ``batch`` tokens top-k with balanced load (an expert with no token launches nothing). A Hugging Face model's
+  cache is the one its runtime runs (``PhaseSpec.kv_write``): written in place as engines and the zoo do, or
+  transformers' ``DynamicCache``, which appends by ``torch.cat`` (eager transformers);
 - train: ``microbatch`` sequences of ``seq`` tokens, captured as forward, loss, backward and the optimizer
   step (``opmap.capture.capture(train=True, optimizer=...)``). An iteration is global_batch / (microbatch x dp)
   such microsteps and one optimizer step.
@@ -16,6 +18,7 @@ Workload to capture:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 
 import torch
@@ -29,13 +32,19 @@ PHASES = ("prefill", "decode", "train")
 RECOMPUTE = ("none", "selective", "full")  # as opmap.mapping.memory.RECOMPUTE
 ZERO_STAGES = (0, 1, 2, 3)
 DECODE_MODELS = ("gpt2", "llama")  # zoo families with a KV-cache decode path
+# How a decode step stores its new token's K and V: "in-place", one token written into its slot of a cache held
+# whole (vLLM's and TensorRT-LLM's paged blocks, transformers' StaticCache under CUDA graphs, the zoo decoders);
+# "append", transformers' DynamicCache as eager transformers runs it (torch.cat: a new copy of each layer's K and V).
+KV_WRITES = ("in-place", "append")
 
 
 @dataclass(frozen=True)
 class PhaseSpec:
     """The phase and its knobs. ``kv_len``: decode, tokens in each sequence's KV cache (the new one included).
     ``microbatch``: train, sequences per captured step (default: the batch); ``global_batch``: sequences per
-    iteration (default: microbatch x dp); ``dp``: data-parallel ranks (1 here; sharding passes its own)."""
+    iteration (default: microbatch x dp); ``dp``: data-parallel ranks (1 here; sharding passes its own).
+    ``kv_write``: decode, how a Hugging Face model's step stores its new K and V (KV_WRITES; the runtime's:
+    opmap.phases.runtime.Runtime.kv_write); the zoo decoders always write in place."""
 
     name: str = "prefill"
     kv_len: int | None = None
@@ -45,6 +54,7 @@ class PhaseSpec:
     zero: int = 0
     dp: int = 1
     optimizer: str = "adamw"  # AdamW: what large models train with; fp32 master weights under mixed precision
+    kv_write: str = "in-place"
 
     @property
     def train(self) -> bool:
@@ -63,7 +73,7 @@ class PhaseSpec:
     def to_dict(self) -> dict:
         return {"name": self.name, "kv_len": self.kv_len, "recompute": self.recompute,
                 "microbatch": self.microbatch, "global_batch": self.global_batch, "zero": self.zero, "dp": self.dp,
-                "optimizer": self.optimizer}
+                "optimizer": self.optimizer, "kv_write": self.kv_write}
 
 
 def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool | None = None,
@@ -79,6 +89,8 @@ def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool
         raise OpmapError(f"unknown optimizer {spec.optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
     if spec.dp < 1:
         raise OpmapError(f"data-parallel size must be at least 1, got {spec.dp}")
+    if spec.kv_write not in KV_WRITES:
+        raise OpmapError(f"unknown KV-cache write {spec.kv_write!r}; accepted: {', '.join(KV_WRITES)}")
     if spec.name != "decode" and spec.kv_len is not None:
         raise OpmapError(f"--kv-len is for --phase decode, not {spec.name} (prefill attends over --seq tokens)")
     if spec.name != "train":
@@ -149,14 +161,19 @@ def kv_layout(module: torch.nn.Module) -> tuple[int, int, int]:
     raise OpmapError(f"{type(module).__name__} has no KV-cache decode path; accepted: {', '.join(_decoders())}")
 
 
-def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_long_context: bool = False) -> Workload:
+def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_long_context: bool = False,
+                       kv_write: str = "in-place") -> Workload:
     """The decode step of a Hugging Face model: one new token per sequence against a ``DynamicCache`` that
     already holds ``kv_len - 1`` tokens per layer (meta tensors; a sliding-window layer keeps only its window, as
-    transformers' cache does), positions continuing after them. transformers' eager cache appends with
-    ``torch.cat``, so each step copies every layer's K and V once: that copy is in the graph, as it runs."""
-    from opmap.workloads.hf import _transformers, check_positions
+    transformers' cache does), positions continuing after them. ``kv_write`` (KV_WRITES): "in-place", the cache's
+    ``update`` writes the new token's K and V into the last slot of a cache held whole and attention reads all of
+    it, as an engine writes its paged blocks (the zoo decoders' ``write_cache``); "append", transformers' own
+    ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it."""
+    from opmap.workloads.hf import PREFILL_NOTE, _transformers, check_positions
 
     tf = _transformers()
+    if kv_write not in KV_WRITES:
+        raise OpmapError(f"unknown KV-cache write {kv_write!r}; accepted: {', '.join(KV_WRITES)}")
     cfg = w.module.config
     check_positions(cfg, w.name, "--kv-len", kv_len, allow_long_context)
     cfg.use_cache = True
@@ -174,15 +191,42 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
         for i in range(layers):
             k = torch.zeros(w.batch, kv_heads, past, head_dim, dtype=dt)
             cache.update(k, torch.zeros_like(k), i)
+        if kv_write == "in-place":
+            _write_in_place(cache, layers)
         ids = torch.zeros(w.batch, 1, dtype=torch.long)
         pos = torch.full((w.batch, 1), past, dtype=torch.long)
     window = window_of(w.module)
-    note = (f"decode: one new token for each of {w.batch} sequences against a transformers DynamicCache of {past} "
-            f"tokens ({layers} layers x {kv_heads} KV heads x head dim {head_dim})"
+    note = (f"decode: one new token for each of {w.batch} sequences against a KV cache of {kv_len} tokens "
+            f"({layers} layers x {kv_heads} KV heads x head dim {head_dim})"
             + (f", sliding-window layers keeping {window}" if window and window < kv_len else "")
-            + "; the cache appends by torch.cat (a copy of K and V per layer per step), as transformers runs it")
-    inputs = {"input_ids": ids, "past_key_values": cache, "position_ids": pos, "use_cache": True}
-    return Workload(w.name, w.module, inputs, w.batch, 1, w.assumptions + (note,))
+            + ("; the new K and V are written into the cache in place (one token per layer per step, as engines "
+               "write their paged blocks), attention reads all of it" if kv_write == "in-place" else
+               "; transformers' DynamicCache appends by torch.cat (a copy of K and V per layer per step), as "
+               "eager transformers runs it (an engine writes one token in place: --runtime engine)"))
+    key = "cache" if "cache" in inspect.signature(w.module.forward).parameters else "past_key_values"
+    inputs = {"input_ids": ids, key: cache, "position_ids": pos, "use_cache": True}
+    kept = tuple(n for n in w.assumptions if n != PREFILL_NOTE)
+    return Workload(w.name, w.module, inputs, w.batch, 1, kept + (note,))
+
+
+def _write_in_place(cache, layers: int) -> None:
+    """``cache.update`` as an engine runs it: each layer's K and V held whole, one slot past what the cache holds
+    now (its window, for a sliding-window layer), the step's new tokens written into the last slots in place
+    (opmap.workloads.llama.write_cache, as the zoo decoders); what the cache reports to the mask builder (its
+    length, its window) is left as it was."""
+    from opmap.workloads.llama import write_cache
+
+    held = getattr(cache, "layers", None)  # transformers >= 4.56: per-layer objects; before: key_cache lists
+    whole = []
+    for i in range(layers):
+        k = held[i].keys if held is not None else cache.key_cache[i]
+        shape = (*k.shape[:-2], k.shape[-2] + 1, k.shape[-1])
+        whole.append((torch.zeros(shape, dtype=k.dtype), torch.zeros(shape, dtype=k.dtype)))
+
+    def update(key_states, value_states, layer_idx, *args, **kwargs):
+        return write_cache(whole[layer_idx], key_states, value_states)
+
+    cache.update = update
 
 
 def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
@@ -214,7 +258,7 @@ def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dt
 
         w = load_workload(target, batch, 1, dtype, device)
         if is_hf_target(target):
-            return hf_decode_workload(w, spec.kv_len, device, allow_long_context)
+            return hf_decode_workload(w, spec.kv_len, device, allow_long_context, spec.kv_write)
         return decode_workload(w, spec.kv_len, device)
     if spec.train:
         return load_workload(target, spec.microbatch or batch, seq, dtype, device, allow_long_context)
