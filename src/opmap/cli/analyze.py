@@ -271,7 +271,6 @@ def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, 
     step_batch = spec.microbatch if spec.train else batch
     key = _graph_key(model, step_batch, seq, image_size, dtype, device, layout, overrides,
                      phase={"name": spec.name, "kv_len": spec.kv_len, "optimizer": spec.optimizer,
-                            "kv_write": spec.kv_write if spec.decode else None,
                             "recompute": spec.recompute if spec.train else None})
     hit = graph_cache.load(key) if key else None
     saved = act = None

@@ -73,7 +73,7 @@ class PhaseSpec:
     def to_dict(self) -> dict:
         return {"name": self.name, "kv_len": self.kv_len, "recompute": self.recompute,
                 "microbatch": self.microbatch, "global_batch": self.global_batch, "zero": self.zero, "dp": self.dp,
-                "optimizer": self.optimizer, "kv_write": self.kv_write}
+                "optimizer": self.optimizer, "kv_write": self.kv_write if self.decode else None}
 
 
 def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool | None = None,
@@ -89,8 +89,7 @@ def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool
         raise OpmapError(f"unknown optimizer {spec.optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
     if spec.dp < 1:
         raise OpmapError(f"data-parallel size must be at least 1, got {spec.dp}")
-    if spec.kv_write not in KV_WRITES:
-        raise OpmapError(f"unknown KV-cache write {spec.kv_write!r}; accepted: {', '.join(KV_WRITES)}")
+    check_kv_write(spec.kv_write)
     if spec.name != "decode" and spec.kv_len is not None:
         raise OpmapError(f"--kv-len is for --phase decode, not {spec.name} (prefill attends over --seq tokens)")
     if spec.name != "train":
@@ -140,6 +139,11 @@ def check_phase(spec: PhaseSpec, target: str, batch: int = 1, kv_len_given: bool
     return spec
 
 
+def check_kv_write(kv_write: str) -> None:
+    if kv_write not in KV_WRITES:
+        raise OpmapError(f"unknown KV-cache write {kv_write!r}; accepted: {', '.join(KV_WRITES)}")
+
+
 def _decoders() -> list[str]:
     return [n for n, m in MODELS.items() if m.kind == "text" and n != "bert-base"]
 
@@ -171,9 +175,8 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
     ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it."""
     from opmap.workloads.hf import PREFILL_NOTE, _transformers, check_positions
 
+    check_kv_write(kv_write)
     tf = _transformers()
-    if kv_write not in KV_WRITES:
-        raise OpmapError(f"unknown KV-cache write {kv_write!r}; accepted: {', '.join(KV_WRITES)}")
     cfg = w.module.config
     check_positions(cfg, w.name, "--kv-len", kv_len, allow_long_context)
     cfg.use_cache = True
