@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from opmap.calibrate.grids import QUICK_GRID, QUICK_GRID_TA
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
+from opmap.hardware.host import allowed_cpus
 from opmap.timing import time_op
 
 
@@ -24,7 +26,9 @@ def test_time_op_measures_a_known_duration():
 
 @pytest.fixture(scope="module")
 def quick():
-    return calibrate("cpu", quick=True)
+    """A real quick calibration, measured however loaded the host is (the rows are what is tested here;
+    tests/calibrate/test_load.py tests the load)."""
+    return calibrate("cpu", quick=True, allow_busy=True)
 
 
 def test_quick_calibration_rows(quick):
@@ -47,12 +51,19 @@ def test_quick_calibration_rows(quick):
     assert kinds == {"copy", "read", "write", "fresh_write"}  # fresh writes from 1 MiB (the quick grid has one)
     assert quick.launch_overhead.median_s > 0
     assert quick.fingerprint["threads"] == torch.get_num_threads()
+    # the host's load over the run goes with it (tests/calibrate/test_load.py: its verdict)
+    c = quick.conditions
+    assert c["cpus"] == len(allowed_cpus()) and 0 < c["run"]["wall_s"] and c["spread"]["rows"] == len(
+        quick.matmul) + len(quick.conv) + len(quick.attention) + len(quick.bandwidth)
+    assert c["busy"] == bool(c["reasons"]) and c["before"]["window_s"] >= 0.5
 
 
 def test_profile_loads_as_hardware_local(quick, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(OpmapError, match="run `opmap calibrate` first"):
         get_hardware("local")
+    # the loader path is tested here, on a shared test host: the run's load verdict is set to quiet
+    quick = dataclasses.replace(quick, conditions={**quick.conditions, "busy": False, "reasons": []})
     path = write_profile(quick)
     assert path == tmp_path / "opmap" / "local.toml"
     hw = get_hardware("local")

@@ -66,7 +66,7 @@ def stand_in_calibration(monkeypatch):
 
     calls = []
 
-    def fake(device="cpu", quick=False, progress=None, budgeted=True):
+    def fake(device="cpu", quick=False, progress=None, budgeted=True, allow_busy=False):
         calls.append((device, quick))
         if progress:
             progress("matmul fp32 256x256x256")

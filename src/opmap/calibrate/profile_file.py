@@ -1,4 +1,7 @@
-"""A calibration as a hardware profile: the catalog schema (every value ``measured``) plus the raw curves."""
+"""A calibration as a hardware profile: the catalog schema (every value ``measured``) plus the raw curves and the
+host's load while it measured (``[calibration.conditions]``). A calibration measured on a busy host is never
+written as the host's profile (the cache ``--hardware local`` reads); written elsewhere, it says so in its name,
+notes and conditions."""
 
 from __future__ import annotations
 
@@ -7,9 +10,12 @@ import time
 from pathlib import Path
 
 from opmap.calibrate.grids import FORMATS
+from opmap.calibrate.load import summary
 from opmap.calibrate.run import Calibration
+from opmap.errors import OpmapError
 from opmap.hardware.local import cache_path
 from opmap.hardware.spec import spec_from_dict
+from opmap.validate import visible
 
 
 def _v(value: float, source: str) -> dict:
@@ -29,13 +35,15 @@ def to_spec_dict(cal: Calibration) -> dict:
                                                    f"at {best['m']}x{best['n']}x{best['k']}")
     bw = cal.copy_bandwidth()
     lo = cal.launch_overhead
+    busy = f" on a BUSY host ({summary(cal.conditions)}): its figures read low, not this host's profile" \
+        if cal.busy else ""
     return {
         "name": "local-cuda" if cal.device.startswith("cuda") else "local",
-        "display_name": f"local {cal.device}: {fp['model']}",
+        "display_name": f"local {cal.device}{' (busy host)' if cal.busy else ''}: {fp['model']}",
         "vendor": "measured",
         "device_type": "gpu" if cal.device.startswith("cuda") else "cpu",
         "compute_unit_name": "SM" if cal.device.startswith("cuda") else "thread",
-        "notes": "measured by opmap calibrate; curves under [calibration]",
+        "notes": f"measured by opmap calibrate{busy}; curves under [calibration]",
         "matrix_peak_flops_per_s": matrix,
         "vector_peak_flops_per_s": {dt: _v(r, f"{src}: addcmul on a cache-resident tensor, dispatch "
                                                     "overhead taken out")
@@ -56,7 +64,7 @@ def to_spec_dict(cal: Calibration) -> dict:
                         "vector_kinds": cal.vector_kinds,
                         "vector_rates": {"transcendental_per_s": cal.transcendental_per_s,
                                          **{f"{k}_flops_per_s": v for k, v in cal.vector.items()}},
-                        "skipped": cal.skipped},
+                        "skipped": cal.skipped, **({"conditions": cal.conditions} if cal.conditions else {})},
     }
 
 
@@ -67,11 +75,21 @@ def to_toml(d: dict) -> str:
     return tomli_w.dumps(d)
 
 
+def is_host_profile(path: Path, device: str) -> bool:
+    """Whether ``path`` is (or resolves to) the profile ``--hardware local`` / ``local-cuda`` reads for ``device``."""
+    host = cache_path(device)
+    return path == host or path.resolve() == host.resolve()
+
+
 def write_profile(cal: Calibration, path: Path | None = None) -> Path:
-    """Write the profile atomically; validate it through the catalog loader first."""
+    """Write the profile atomically; validate it through the catalog loader first. A busy host's calibration is
+    refused as the host's profile (``path`` None or the cache), written marked anywhere else."""
+    path = path or cache_path(cal.device)
+    if cal.busy and is_host_profile(path, cal.device):
+        raise OpmapError(f"not stored as this host's profile ({visible(path)}): it was measured on a busy host "
+                         f"({summary(cal.conditions)}) and reads low; calibrate when the host is quiet")
     d = to_spec_dict(cal)
     spec_from_dict(d, "calibration")  # refuse to write a profile the loader would reject
-    path = path or cache_path(cal.device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(to_toml(d))

@@ -3,7 +3,9 @@
 ``calibrate`` runs, per calibrated format, the GEMM grid (nn.Linear's layout, then a transposed left
 operand), the convolutions (forward; fp32 backward) and fused attention; then bandwidth over sizes, the
 dispatch and view overheads, the vector and transcendental rates and one rate per vector family. A shape
-whose one call would take over MAX_CALL_S at the best rate seen so far is skipped and listed.
+whose one call would take over MAX_CALL_S at the best rate seen so far is skipped and listed. The host's load
+is read before and over the run (load.py): a host already busy is refused before measuring, and the run's own
+verdict travels with it (``Calibration.conditions``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from opmap.calibrate import load
 from opmap.calibrate.fingerprint import fingerprint
 from opmap.calibrate.grids import (
     BUDGET_S,
@@ -51,6 +54,12 @@ class Calibration:
     view_overhead_s: float = 0.0  # one view op (host dispatch, no kernel)
     parallel: dict[str, float] = field(default_factory=dict)  # a parallel region's fork / join cost (CPU)
     skipped: list[str] = field(default_factory=list)  # shapes left out, with the reason
+    conditions: dict = field(default_factory=dict)  # the host's load before and over the run (load.conditions)
+
+    @property
+    def busy(self) -> bool:
+        """Measured on a busy host (load.py): its figures read low; never the host's profile."""
+        return bool(self.conditions.get("busy"))
 
     def peak(self, dtype: str) -> dict | None:
         rows = [r for r in self.matmul if r["dtype"] == dtype]
@@ -378,15 +387,33 @@ def parallel_overhead(dev: torch.device, rounds: int = 5) -> dict[str, float]:
 
 
 def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str], None] | None = None,
-              budgeted: bool = True) -> Calibration:
+              budgeted: bool = True, allow_busy: bool = False) -> Calibration:
     """Run every microbenchmark on ``device``. ``quick`` shrinks the grid (tests, smoke runs); ``budgeted=False``
-    lifts the time budget (grids.BUDGET_S): every shape the skip rule allows, minutes on a loaded host."""
+    lifts the time budget (grids.BUDGET_S): every shape the skip rule allows, minutes on a loaded host. A host
+    busy before the run (load.precheck) is refused in half a second unless ``allow_busy``; the verdict over the
+    run is ``conditions`` (the caller decides what to write: profile_file.write_profile never stores a busy one
+    as the host's)."""
     if device.split(":")[0] not in ("cpu", "cuda"):
         raise OpmapError(f"calibrate cannot run on {device!r}; accepted: cpu, cuda")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OpmapError("calibrate --device cuda: no CUDA device here; accepted: cpu")
+    pre = load.precheck()
+    if pre["busy"] and not allow_busy:
+        raise OpmapError(f"the host is busy ({load.summary(pre)}): a calibration now would read low, so none was "
+                         "run; calibrate when it is quiet (or `opmap calibrate --allow-busy --out PATH`: a profile "
+                         "marked busy, kept apart from the host's)")
     cal = Calibration(str(dev), fingerprint(dev))
+    start = load.Clock.now()
+    _measure(cal, dev, quick, progress, budgeted)
+    rows = [*cal.matmul, *cal.conv, *cal.attention, *cal.bandwidth]
+    cal.conditions = load.conditions(pre, start, load.Clock.now(), rows, dev.type == "cpu")
+    return cal
+
+
+def _measure(cal: Calibration, dev: torch.device, quick: bool, progress: Callable[[str], None] | None,
+             budgeted: bool) -> None:
+    """Every microbenchmark, in order, into ``cal``."""
     b = _Bench(cal, dev, quick, progress or (lambda _msg: None), budgeted)
     shapes = grid(quick)
     with torch.no_grad():
@@ -408,4 +435,3 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
         _bandwidth(b, shapes["sizes"])
         b.deadline = None
         _vector(b)
-    return cal

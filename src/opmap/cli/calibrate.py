@@ -25,9 +25,13 @@ def calibrate(
                                                        "name)."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure on a busy host anyway (its figures read "
+                                                                 "low): the profile is marked busy and goes to "
+                                                                 "--out PATH, never the host's."),
 ) -> None:
-    """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate."""
-    path = run_calibration(device, quick, out, datasheet, budgeted=not no_budget)
+    """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate. A busy host (other
+    processes holding the CPUs, repeats that disagree) is refused: its profile would read low."""
+    path = run_calibration(device, quick, out, datasheet, budgeted=not no_budget, allow_busy=allow_busy)
     if not no_store:
         from opmap.cli.common import record_run
         from opmap.store.db import calibration_tags, read_profile
@@ -37,21 +41,28 @@ def calibrate(
 
 
 def run_calibration(device: str, quick: bool = False, out: Path | None = None,
-                    datasheet: str | None = None, budgeted: bool = True) -> Path:
+                    datasheet: str | None = None, budgeted: bool = True, allow_busy: bool = False) -> Path:
     """Calibrate ``device``, write the profile (``out``, default the cache), show the measured rates and,
-    where a datasheet is named or matched, measured over datasheet. Returns the profile's path."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from opmap.calibrate import MAX_CALL_S, steps, write_profile
+    where a datasheet is named or matched, measured over datasheet. Returns the profile's path. A busy host is
+    refused before measuring where it is busy already, after where it grew busy (nothing written), unless
+    ``allow_busy``, which needs an ``out`` apart from the host's profile and marks what it writes."""
+    from opmap.calibrate import MAX_CALL_S, write_profile
     from opmap.calibrate import calibrate as measure
+    from opmap.calibrate.load import summary
+    from opmap.calibrate.profile_file import is_host_profile
+    from opmap.errors import OpmapError
     from opmap.hardware import get_hardware
+    from opmap.hardware.local import cache_path
 
     ds = get_hardware(datasheet) if datasheet else None  # a bad name fails before the measuring, not after
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("calibrating", total=steps(quick))
-        cal = measure(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg),
-                      budgeted=budgeted)
+    if allow_busy and (out is None or is_host_profile(out, device)):
+        raise OpmapError("--allow-busy keeps a busy host's profile apart from the host's "
+                         f"({visible(cache_path(device))}): name another file with --out PATH")
+    cal = _measure_with_progress(measure, device, quick, budgeted, allow_busy)
+    if cal.busy and not allow_busy:
+        raise OpmapError(f"the host was busy while calibrating ({summary(cal.conditions)}): the figures read low, so "
+                         "nothing was written; calibrate when it is quiet (or --allow-busy --out PATH: a profile "
+                         "marked busy, kept apart from the host's)")
     path = write_profile(cal, out)
     console.print(_measured_table(cal))
     if ds is None and cal.device.startswith("cuda"):
@@ -65,9 +76,44 @@ def run_calibration(device: str, quick: bool = False, out: Path | None = None,
         console.print(f"{len(cal.skipped)} shapes skipped (one call over {MAX_CALL_S} s, or past the time budget: "
                       "--no-budget lifts it): "
                       + "; ".join(cal.skipped[:3]) + (" ..." if len(cal.skipped) > 3 else ""))
+    _print_conditions(cal)
     console.print(f"wrote {visible(path)}; use it with --hardware local", markup=False, highlight=False,
                   soft_wrap=True)
     return path
+
+
+def _measure_with_progress(measure, device: str, quick: bool, budgeted: bool, allow_busy: bool):
+    """The library's calibration under a transient progress bar with the time elapsed and an estimate of the time
+    left."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from opmap.calibrate import steps
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"),
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("calibrating", total=steps(quick))
+        return measure(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg),
+                       budgeted=budgeted, allow_busy=allow_busy)
+
+
+def _print_conditions(cal) -> None:
+    """The host's load while measuring, in one line: busy (the profile is marked), warned, or quiet."""
+    from opmap.calibrate.load import summary
+
+    c = cal.conditions
+    if not c:
+        return
+    run = c.get("run", {})
+    share = run.get("others_cpu_share")
+    quiet = f"other processes took {share:.0%} of the {c['cpus']} CPUs' time" if share is not None else \
+        f"{run.get('own_cpu_per_wall', 0.0):.2f} CPU seconds a wall second"
+    if cal.busy:
+        line = f"[yellow]warning[/yellow]: measured on a busy host ({summary(c)}): the profile is marked busy"
+    elif c.get("warnings"):
+        line = f"[yellow]note[/yellow]: {summary(c)}: the figures may read a little low"
+    else:
+        line = f"host quiet while measuring: {quiet}"
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 def _measured_table(cal) -> Table:

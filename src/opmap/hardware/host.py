@@ -1,9 +1,15 @@
-"""The host CPU as the OS describes it: model name (/proc/cpuinfo) and cache sizes (sysfs). Read in one place."""
+"""The host CPU as the OS describes it: model name (/proc/cpuinfo), cache sizes (sysfs), the CPUs this process may
+run on (its affinity), the time they spent busy (/proc/stat) and the load average. Read in one place."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
+
+# /proc/stat's per-CPU columns after the name: user nice system idle iowait irq softirq steal guest guest_nice
+# (proc(5)); busy is every column but idle and iowait, and not guest / guest_nice (already counted in user / nice)
+_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -32,3 +38,38 @@ def cpu_caches(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[
     except (OSError, ValueError):
         pass
     return out
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity mask), else every CPU the OS counts."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_busy_s(cpus: list[int], stat: Path = Path("/proc/stat")) -> float | None:
+    """Seconds ``cpus`` have spent busy since boot, by every process on them (user, nice, system, irq, softirq and
+    steal: time a hypervisor gave to another guest); None where the OS has no /proc/stat."""
+    want = {f"cpu{i}" for i in cpus}
+    try:
+        lines = stat.read_text().splitlines()
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    ticks, seen = 0, 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name in want:
+            cols = rest.split()
+            ticks += sum(int(cols[i]) for i in _BUSY_COLUMNS if i < len(cols))
+            seen += 1
+    return ticks / tick if seen else None
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (runnable and uninterruptible tasks, smoothed), None where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
