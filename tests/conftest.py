@@ -1,6 +1,11 @@
-"""Shared fixtures: small zoo captures on the meta device (no weights allocated).
+"""Shared fixtures: small zoo captures on the meta device (no weights allocated), one quick calibration of this
+host per session.
 
-The capture cache stays off in tests (a user's cache must not answer for the code under test);
+No test reads what a user's machine left behind: every place opmap keeps state lies in one temporary folder of the
+session (SESSION), set before opmap or transformers is imported and held by an autouse fixture -- the calibrated
+profile ``--hardware local`` reads (hardware/local.py) and the graph and tune caches (capture/cache.py,
+explore/tune/cache.py), all under $XDG_CACHE_HOME; the run store ($OPMAP_STORE, else under $XDG_DATA_HOME:
+store/db.py). The capture cache stays off in tests (a cached graph must not answer for the code under test);
 tests/capture/test_cache.py turns it on in a temporary folder."""
 
 from __future__ import annotations
@@ -9,18 +14,43 @@ import contextlib
 import functools
 import io
 import os
+import shutil
 import tempfile
 import warnings
 
 import pytest
 
-os.environ["OPMAP_GRAPH_CACHE"] = "0"
-# the run store of the whole test session lives in a temporary folder, never in the user's data directory
-os.environ["OPMAP_STORE"] = os.path.join(tempfile.mkdtemp(prefix="opmap-store-"), "runs.duckdb")
+SESSION = tempfile.mkdtemp(prefix="opmap-tests-")
+OWN = {"XDG_CACHE_HOME": os.path.join(SESSION, "cache"), "XDG_DATA_HOME": os.path.join(SESSION, "data"),
+       "OPMAP_STORE": os.path.join(SESSION, "runs.duckdb"), "OPMAP_GRAPH_CACHE": "0"}
+os.environ.update(OWN)
 
-from opmap.analyze import analyze
-from opmap.hardware import get_hardware
-from opmap.workloads import build_zoo
+# imported after the environment is set: a module that reads a cache location as it is imported reads the session's
+from opmap.analyze import analyze  # noqa: E402
+from opmap.hardware import get_hardware  # noqa: E402
+from opmap.workloads import build_zoo  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_caches():
+    """The session's own caches (OWN), for every test; the folder is removed at the end of the session."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in OWN.items():
+            mp.setenv(k, v)
+        yield OWN
+    shutil.rmtree(SESSION, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_calibration() -> str:
+    """``--hardware`` for this machine's CPU: one quick calibration per session (13 s on 2 cores), into the session's
+    folder (never the user's profile). A busy host is measured too, marked (--allow-busy): the tests that use it
+    measure under the same load."""
+    from opmap.cli import main
+
+    out = os.path.join(SESSION, "calibration", "local.toml")
+    assert main(["calibrate", "--quick", "--allow-busy", "--out", out, "--no-store"]) == 0
+    return out
 
 
 @functools.cache

@@ -329,21 +329,14 @@ def _run_read_dict(d):
 
 @pytest.fixture(scope="module")
 def formats(tmp_path_factory):
-    import os
 
     tmp = tmp_path_factory.mktemp("fuzz")
     (tmp / "tiny.py").write_text("import torch\nfrom torch import nn\n\ndef tiny():\n    return nn.Sequential("
                                  "nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), (torch.randn(4, 16),)\n")
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp / "xdg")
-    os.environ["OPMAP_GRAPH_CACHE"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # both restored after the module (the graph cache stays off elsewhere)
+        mp.setenv("XDG_CACHE_HOME", str(tmp / "xdg"))
+        mp.setenv("OPMAP_GRAPH_CACHE", "1")
         yield tmp, _formats(tmp)
-    finally:
-        if old is None:
-            os.environ.pop("XDG_CACHE_HOME", None)
-        else:
-            os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.mark.parametrize("name", ["hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json",

@@ -32,18 +32,10 @@ def server(tiny_config):
 
 
 @pytest.fixture(scope="session")
-def local_hw(tmp_path_factory) -> str:
-    """``--hardware`` for this machine's CPU: the profile ``opmap calibrate`` wrote (--hardware local), or, where
-    none was written, a quick calibration into a temporary file (13 s on 2 cores)."""
-    from opmap.hardware.local import cache_path
-
-    if cache_path("cpu").is_file():
-        return "local"
-    from opmap.cli import main
-
-    out = tmp_path_factory.mktemp("calibration") / "local.toml"
-    assert main(["calibrate", "--quick", "--out", str(out), "--no-store"]) == 0
-    return str(out)
+def local_hw(session_calibration) -> str:
+    """``--hardware`` for this machine's CPU: the session's own quick calibration (tests/conftest.py), never a
+    profile the user's machine cached (one calibrated under another load made predictions 48x off)."""
+    return session_calibration
 
 
 @pytest.fixture

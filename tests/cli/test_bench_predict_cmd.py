@@ -14,22 +14,12 @@ TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 128, "intermed
         "torch_dtype": "float32"}
 
 
-def _hardware(cli, tmp_path) -> str:
-    from opmap.hardware.local import cache_path
-
-    if cache_path("cpu").is_file():
-        return "local"
-    rc, _, err = cli("calibrate", "--quick", "--out", tmp_path / "local.toml", "--no-store")
-    assert rc == 0, err
-    return str(tmp_path / "local.toml")
-
-
-def test_launch_bench_predict_and_compare(cli, tmp_path):
+def test_launch_bench_predict_and_compare(cli, tmp_path, session_calibration):
     pytest.importorskip("duckdb")
     pytest.importorskip("fastapi")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    hw, store, out_dir = _hardware(cli, tmp_path), tmp_path / "runs.duckdb", tmp_path / "out"
+    hw, store, out_dir = session_calibration, tmp_path / "runs.duckdb", tmp_path / "out"
     rc, out, err = cli("bench", "--launch", cfg, "--concurrency", 2, "--requests", 16, "--warmup", 2,
                        "--input-len", 24, "--output-len", 16, "--predict", "--hardware", hw, "--out", out_dir,
                        "--store", store, "--min-duration", 0, "--min-queries", 0)
