@@ -42,6 +42,35 @@ def test_bad_model_or_hardware(empty_cache, refused, fail_if_called, args, needl
     refused("profile", *args, needle=needle)
 
 
+BAD_MODELS = {  # target (in tmp_path) -> the file written there (None: none), the refusal
+    "missing.py:tiny": (None, "model file {tmp}/missing.py does not exist"),
+    "bad.py:tiny": ("def tiny():\n    raise ValueError('boom')\n",
+                    "bad.py:tiny() on device 'cpu' failed: ValueError: boom"),
+    "config.json": ('{"model_type": "llama", "hidden_size": -4}', "hidden_size must be an integer from 1 to"),
+    "missing.onnx": (None, "ONNX model {tmp}/missing.onnx does not exist (or is not a file)"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_MODELS))
+def test_a_bad_model_file_is_refused_before_the_first_use_calibration(empty_cache, refused, fail_if_called, tmp_path,
+                                                                      name):
+    """A user's file, a Hugging Face config or an ONNX model that cannot be read is refused in one line before the
+    minute-long calibration a first use of --hardware local runs (it ran first, then the model failed)."""
+    fail_if_called("opmap.calibrate.calibrate")
+    text, needle = BAD_MODELS[name]
+    if text is not None:
+        (tmp_path / name.split(":")[0]).write_text(text)
+    refused("profile", f"{tmp_path}/{name}", "--iters", "1", needle=needle.format(tmp=tmp_path))
+    assert not empty_cache.exists()
+
+
+def test_a_zoo_shape_past_its_positions_is_refused_before_the_first_use_calibration(empty_cache, refused,
+                                                                                   fail_if_called):
+    fail_if_called("opmap.calibrate.calibrate")
+    refused("profile", "gpt2", "--seq", "4096", needle="gpt2 takes --seq from 1 to 1024, got 4096")
+    assert not empty_cache.exists()
+
+
 def test_first_use_of_local_calibrates_then_profiles(empty_cache, cli, stand_in_calibration, tiny_model, tmp_path):
     rc, out, err = cli("profile", tiny_model, "--iters", "2", "--profile-iters", "1", "--warmup", "0",
                        "--out", tmp_path / "p")

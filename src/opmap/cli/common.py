@@ -108,11 +108,13 @@ def print_wrote(paths: Iterable[Path]) -> None:
 
 @contextlib.contextmanager
 def step_progress(first: str):
-    """A transient progress bar; yields ``progress(what, done, total)`` for the library's long loops."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    """A transient progress bar with the time elapsed and an estimate of the time left; yields
+    ``progress(what, done, total)`` for the library's long loops."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
         task = bar.add_task(first, total=1)
 
         def progress(what: str, done: int, total: int) -> None:

@@ -8,7 +8,7 @@ import typer
 
 from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
 from opmap.cli.common import hardware as get_hardware
-from opmap.validate import INT_GE0, INT_GE1, options
+from opmap.validate import INT_GE0, INT_GE1, options, visible
 
 
 def profile(
@@ -38,7 +38,14 @@ def profile(
     dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable)."),
 ) -> None:
     """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from opmap.capture import parse_overrides
     from opmap.cli.calibrate import run_calibration
@@ -50,8 +57,9 @@ def profile(
     from opmap.report.sheet import check_out_dir
 
     # The device and dtype (run_profile's own check), the counts, the output folder, a named datasheet, and a zoo
-    # model's shape and the memory it needs fail before a first-use calibration or the build; the loader checks a
-    # user's model and its shape before it builds.
+    # model's shape and the memory it needs fail before the build; the loader checks a user's model and its shape
+    # before it builds; and the model is built (a file that is missing or wrong refused) before a first-use
+    # calibration, which takes a minute.
     options({**{k: (v, INT_GE1) for k, v in (("--batch", batch), ("--seq", seq), ("--image-size", image_size),
                                              ("--iters", iters), ("--profile-iters", profile_iters))},
              "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
@@ -61,22 +69,23 @@ def profile(
     ds = get_hardware(datasheet) if datasheet else None
     if hardware.strip().lower() == "local" and device == "cuda":
         hardware = "local-cuda"
-    local = hardware.strip().lower() in ("local", "local-cuda")
-    hw = None if local else get_hardware(hardware)  # local is read after its first-use calibration
+    first_use = hardware.strip().lower() in ("local", "local-cuda") and not cache_path(device).exists()
+    hw = None if first_use else get_hardware(hardware)  # read after its first-use calibration
     overrides = parse_overrides(layer_type)
     what = f"profile of {model} at batch {batch}" + (f" x seq {seq}" if seq else "") + \
         (f" x image {image_size}" if image_size else "")
     _refuse_what_cannot_fit(model, batch, seq, image_size, dtype, device, what)
-    if local and not cache_path(device).exists():
-        console.print(f"no calibration for {device} yet ({cache_path(device)}): running opmap calibrate first")
-        run_calibration(device)
-    hw = hw or get_hardware(hardware)
     onnx_path = _onnx_checks(model, dim, dtype, train, image_size)
     with refusal_as_error(what, device):
         w = build_workload(model, batch, seq, image_size, dtype, device, dims=_dims(dim), overrides=overrides)
+    if first_use:
+        console.print(f"no calibration for {device} yet ({visible(cache_path(device))}): running opmap calibrate "
+                      "first", markup=False, highlight=False, soft_wrap=True)
+        run_calibration(device)
+    hw = hw or get_hardware(hardware)
     with refusal_as_error(what, device), Progress(TextColumn("{task.description}"), BarColumn(),
-                                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                                                  transient=True) as bar:
+                                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
+                                                  TimeRemainingColumn(), console=console, transient=True) as bar:
         task = bar.add_task("starting", total=warmup + iters + profile_iters)
         tick = lambda stage, n: bar.update(task, advance=n, description=stage)  # noqa: E731
         if onnx_path is not None:
