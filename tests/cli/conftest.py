@@ -1,6 +1,9 @@
-"""Fixtures for the command-line tests: run ``main`` in-process, a tiny user model, a stand-in calibration."""
+"""Fixtures for the command-line tests: run ``main`` in-process, a tiny user model, a stand-in calibration,
+published Hugging Face configs."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -80,3 +83,30 @@ def stand_in_calibration(monkeypatch):
 
     monkeypatch.setattr("opmap.calibrate.calibrate", fake)
     return calls
+
+
+# Published config.json files, field for field as their hub repositories hold them (written here: tests download
+# nothing). The figures the tests check are worked from these fields.
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen2.5-7B": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+        "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+        "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "use_mrope": False,
+        "use_sliding_window": False, "vocab_size": 152064},
+}
+
+
+@pytest.fixture
+def published_config(tmp_path):
+    """``published_config(repo)``: the path of a config.json holding PUBLISHED_CONFIGS[repo] (``**fields`` replace
+    some of its fields)."""
+    def write(repo: str, **fields) -> str:
+        path = tmp_path / repo.replace("/", "--") / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**PUBLISHED_CONFIGS[repo], **fields}))
+        return str(path)
+
+    return write
