@@ -156,11 +156,7 @@ class Analysis:
                             activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24)
         if seq is None:
             fit = replace(fit, max_context=None)
-        limit = _position_limit(self.workload)
-        if limit and fit.max_context and fit.max_context > limit and (seq or 0) <= limit:
-            fit = replace(fit, max_context=limit, assumptions=fit.assumptions + (
-                f"longest context capped at the model's {limit} positions (max_position_embeddings; memory alone "
-                f"holds {fit.max_context}): past it takes rope scaling, --allow-long-context",))
+        fit = cap_at_positions(fit, self.assumptions, seq)
         training = self.assumptions.get("mode") == "training step"
         if training and self.precision.requested in TRAIN_BYTES:
             st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
@@ -327,12 +323,36 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     return out
 
 
-def _position_limit(workload: str) -> int | None:
-    """A zoo text model's position limit (max_position_embeddings), None for anything else."""
+def position_limit(workload: Workload) -> dict[str, Any] | None:
+    """A text model's position limit: {"max_positions", "rope"} of a zoo model (its max_seq) or a transformers model
+    (its config's max_position_embeddings or rope-scaled maximum, opmap.workloads.hf.max_positions); None for
+    anything else (a vision model, a model file without a transformers config)."""
     from opmap.workloads import MODELS
+    from opmap.workloads.hf import has_rope, max_positions
 
-    spec = MODELS.get(workload)
-    return int(spec.max_seq) if spec is not None and spec.kind == "text" else None
+    spec = MODELS.get(workload.name)
+    if spec is not None:
+        return {"max_positions": int(spec.max_seq), "rope": bool(spec.rope)} if spec.kind == "text" else None
+    cfg = getattr(workload.module, "config", None)
+    if workload.seq is None or not type(cfg).__module__.startswith("transformers"):
+        return None
+    limit = max_positions(cfg)
+    return {"max_positions": limit, "rope": has_rope(cfg)} if limit else None
+
+
+def cap_at_positions(fit: MemoryFit, assumptions: dict[str, Any], length: int | None) -> MemoryFit:
+    """``fit`` with its longest context cut to the model's position limit (assumptions["position_limit"]) where
+    memory alone holds more and the captured ``length`` is within it (a run past it, --allow-long-context, keeps
+    memory's figure)."""
+    pos = assumptions.get("position_limit") or {}
+    limit = pos.get("max_positions")
+    if not limit or not fit.max_context or fit.max_context <= limit or (length or 0) > limit:
+        return fit
+    way = ("past it takes rope scaling, --allow-long-context" if pos.get("rope") else
+           "learned positions: no rope scaling goes past it")
+    return replace(fit, max_context=limit, assumptions=fit.assumptions + (
+        f"longest context capped at the model's {limit} positions (max_position_embeddings, or its rope-scaled "
+        f"maximum; memory alone holds {fit.max_context}): {way}",))
 
 
 def _bytes(x: float) -> str:
@@ -411,6 +431,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "precision_evidence": evidence,
         "batch": workload.batch,
         "seq": workload.seq,
+        "position_limit": position_limit(workload),
         "capture_device": graph.device,
         "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
         "fusion_policy": FUSION_TEXT.get(fusion, fusion),
