@@ -44,6 +44,7 @@ from opmap.mapping.memory import (
 )
 from opmap.precision import Precision, power_limited, resolve_precision, resolve_training_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
+from opmap.workloads.load import position_limit
 from opmap.workloads.zoo import Workload
 
 # 2: ``phase`` (prefill / decode / train figures) and ``memory`` (the per-device fit) at the top level
@@ -323,23 +324,6 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     return out
 
 
-def position_limit(workload: Workload) -> dict[str, Any] | None:
-    """A text model's position limit: {"max_positions", "rope"} of a zoo model (its max_seq) or a transformers model
-    (its config's max_position_embeddings or rope-scaled maximum, opmap.workloads.hf.max_positions); None for
-    anything else (a vision model, a model file without a transformers config)."""
-    from opmap.workloads import MODELS
-    from opmap.workloads.hf import has_rope, max_positions
-
-    spec = MODELS.get(workload.name)
-    if spec is not None:
-        return {"max_positions": int(spec.max_seq), "rope": bool(spec.rope)} if spec.kind == "text" else None
-    cfg = getattr(workload.module, "config", None)
-    if workload.seq is None or not type(cfg).__module__.startswith("transformers"):
-        return None
-    limit = max_positions(cfg)
-    return {"max_positions": limit, "rope": has_rope(cfg)} if limit else None
-
-
 def cap_at_positions(fit: MemoryFit, assumptions: dict[str, Any], length: int | None) -> MemoryFit:
     """``fit`` with its longest context cut to the model's position limit (assumptions["position_limit"]) where
     memory alone holds more and the captured ``length`` is within it (a run past it, --allow-long-context, keeps
@@ -431,7 +415,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "precision_evidence": evidence,
         "batch": workload.batch,
         "seq": workload.seq,
-        "position_limit": position_limit(workload),
+        "position_limit": position_limit(workload),  # opmap.workloads.load
         "capture_device": graph.device,
         "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
         "fusion_policy": FUSION_TEXT.get(fusion, fusion),
