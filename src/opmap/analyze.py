@@ -44,6 +44,7 @@ from opmap.mapping.memory import (
 )
 from opmap.precision import Precision, power_limited, resolve_precision, resolve_training_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
+from opmap.workloads.load import position_limit
 from opmap.workloads.zoo import Workload
 
 # 2: ``phase`` (prefill / decode / train figures) and ``memory`` (the per-device fit) at the top level
@@ -156,11 +157,7 @@ class Analysis:
                             activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24)
         if seq is None:
             fit = replace(fit, max_context=None)
-        limit = _position_limit(self.workload)
-        if limit and fit.max_context and fit.max_context > limit and (seq or 0) <= limit:
-            fit = replace(fit, max_context=limit, assumptions=fit.assumptions + (
-                f"longest context capped at the model's {limit} positions (max_position_embeddings; memory alone "
-                f"holds {fit.max_context}): past it takes rope scaling, --allow-long-context",))
+        fit = cap_at_positions(fit, self.assumptions, seq)
         training = self.assumptions.get("mode") == "training step"
         if training and self.precision.requested in TRAIN_BYTES:
             st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
@@ -327,12 +324,19 @@ def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
     return out
 
 
-def _position_limit(workload: str) -> int | None:
-    """A zoo text model's position limit (max_position_embeddings), None for anything else."""
-    from opmap.workloads import MODELS
-
-    spec = MODELS.get(workload)
-    return int(spec.max_seq) if spec is not None and spec.kind == "text" else None
+def cap_at_positions(fit: MemoryFit, assumptions: dict[str, Any], length: int | None) -> MemoryFit:
+    """``fit`` with its longest context cut to the model's position limit (assumptions["position_limit"]) where
+    memory alone holds more and the captured ``length`` is within it (a run past it, --allow-long-context, keeps
+    memory's figure)."""
+    pos = assumptions.get("position_limit") or {}
+    limit = pos.get("max_positions")
+    if not limit or not fit.max_context or fit.max_context <= limit or (length or 0) > limit:
+        return fit
+    way = ("past it takes rope scaling, --allow-long-context" if pos.get("rope") else
+           "learned positions: no rope scaling goes past it")
+    return replace(fit, max_context=limit, assumptions=fit.assumptions + (
+        f"longest context capped at the model's {limit} positions (max_position_embeddings, or its rope-scaled "
+        f"maximum; memory alone holds {fit.max_context}): {way}",))
 
 
 def _bytes(x: float) -> str:
@@ -411,6 +415,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "precision_evidence": evidence,
         "batch": workload.batch,
         "seq": workload.seq,
+        "position_limit": position_limit(workload),  # opmap.workloads.load
         "capture_device": graph.device,
         "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
         "fusion_policy": FUSION_TEXT.get(fusion, fusion),

@@ -1,6 +1,9 @@
-"""Fixtures for the command-line tests: run ``main`` in-process, a tiny user model, a stand-in calibration."""
+"""Fixtures for the command-line tests: run ``main`` in-process, a tiny user model, a stand-in calibration,
+published Hugging Face configs."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -80,3 +83,75 @@ def stand_in_calibration(monkeypatch):
 
     monkeypatch.setattr("opmap.calibrate.calibrate", fake)
     return calls
+
+
+# Published config.json files, field for field as their hub repositories hold them (written here: tests download
+# nothing). The figures the tests check are worked from these fields.
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen2.5-7B": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+        "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+        "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True, "use_mrope": False,
+        "use_sliding_window": False, "vocab_size": 152064},
+    "google/vit-base-patch16-224": {
+        "architectures": ["ViTForImageClassification"], "attention_probs_dropout_prob": 0.0, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.0, "hidden_size": 768, "image_size": 224, "initializer_range": 0.02,
+        "intermediate_size": 3072, "layer_norm_eps": 1e-12, "model_type": "vit", "num_attention_heads": 12,
+        "num_channels": 3, "num_hidden_layers": 12, "patch_size": 16, "qkv_bias": True,
+        "transformers_version": "4.13.0.dev0",
+        # the published file names the 1,000 ImageNet classes; only their number sizes the model
+        "id2label": {str(i): f"class {i}" for i in range(1000)},
+        "label2id": {f"class {i}": i for i in range(1000)}},
+    "microsoft/Phi-3-mini-4k-instruct": {
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                     "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+        "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True, "vocab_size": 32064},
+    "google/gemma-2-2b": {
+        "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+        "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+        "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+        "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+        "transformers_version": "4.42.4", "use_cache": True, "vocab_size": 256000},
+    "openai/gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+        "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+        "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+        "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                           "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+        "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                                "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                                "truncate": False},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True,
+        "vocab_size": 201088},
+}
+
+
+@pytest.fixture
+def published_config(tmp_path):
+    """``published_config(repo)``: the path of a config.json holding PUBLISHED_CONFIGS[repo] (``**fields`` replace
+    some of its fields)."""
+    pytest.importorskip("transformers")
+
+    def write(repo: str, **fields) -> str:
+        path = tmp_path / repo.replace("/", "--") / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**PUBLISHED_CONFIGS[repo], **fields}))
+        return str(path)
+
+    return write

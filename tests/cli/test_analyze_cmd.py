@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,89 @@ def test_analyze_a_config_json(tmp_path, cli, refused):
     bad.write_text('{"model_type": "no-such-arch"}')
     refused("analyze", bad, needle="model_type 'no-such-arch' is unknown to transformers")
     refused("analyze", tmp_path / "missing.json", needle="does not exist; accepted: path/to/config.json or hf:NAME")
+
+
+def _totals(cli, *args) -> dict:
+    rc, out, err = cli("analyze", *args, "--rows", "1", "--no-store")
+    assert rc == 0, err
+    assert "Traceback" not in out + err and "every op has a cost rule (0 uncounted)" in out
+    out_dir = args[args.index("--out") + 1]
+    return json.loads((Path(out_dir) / "analysis.json").read_text())
+
+
+def test_a_vit_config_is_fed_pixel_values(tmp_path, cli, published_config):
+    """ViT-B/16 at 224 (hub: google/vit-base-patch16-224, ViTForImageClassification). Before: AttributeError
+    (opmap fed input_ids to a vision model). Parameters 86,567,656 (Dosovitskiy et al. 2021 Table 1: 86 M; patch
+    embedding 768 x 3 x 16 x 16 + 768, class token and 197 positions 198 x 768, per layer QKV 3 x (768^2 + 768), output
+    768^2 + 768, MLP 2 x 768 x 3,072 + 3,072 + 768, two LayerNorms 4 x 768; final LayerNorm 2 x 768; head 768 x
+    1,000 + 1,000). Multiply-adds per image 17.56 G (the "17.6 GFLOPs" common counts give, counting one a FLOP):
+    patches 196 x 768 x 768, per layer 197 x 768 x (3 x 768 + 768 + 2 x 3,072) and the attention products
+    2 x 12 heads x 197^2 x 64, the head 768 x 1,000; at 2 FLOPs each, 35.13 GFLOPs."""
+    d = _totals(cli, published_config("google/vit-base-patch16-224"), "--out", tmp_path)
+    layer = 3 * (768 ** 2 + 768) + 768 ** 2 + 768 + 2 * 768 * 3072 + 3072 + 768 + 4 * 768
+    assert d["totals"]["params"] == 768 * 3 * 16 * 16 + 768 + 198 * 768 + 12 * layer + 2 * 768 + 768 * 1000 + 1000
+    macs = 196 * 768 * 768 + 12 * (197 * 768 * (3 * 768 + 768 + 2 * 3072) + 2 * 12 * 197 ** 2 * 64) + 768 * 1000
+    assert d["totals"]["macs"] == macs == 17_563_828_224
+    assert d["totals"]["matrix_flops"] == 2 * macs
+    notes = " ".join(d["assumptions"]["workload_notes"])
+    assert "input pixel_values of 1 x 3 x 224 x 224 (ViTForImageClassification)" in notes
+    assert "no KV cache" not in notes
+
+
+def test_a_config_without_sdpa_attention_runs_eager(tmp_path, cli, published_config):
+    """Gemma-2 2B (hub: google/gemma-2-2b): transformers' Gemma2 has no SDPA attention (logit softcapping). Before:
+    refused, the message cut mid-word. Now built with its eager attention: the scores over every (query, key)
+    pair, 256^2 of them at seq 256, not the causal half. Parameters 2,614,341,888: tied embeddings 256,000 x 2,304,
+    per layer q 2,304 x 2,048, k and v 2,304 x 1,024 each, o 2,048 x 2,304, MLP 3 x 2,304 x 9,216, four RMSNorms
+    4 x 2,304; final norm 2,304. Multiply-adds at 256 tokens: the linear weights once a token (the LM head on every
+    token) plus 26 layers x 8 heads x 2 products x 256^2 x 256. KV bytes per token: 2 x 26 layers x 4 KV heads x
+    256 x 2 (bf16) = 106,496."""
+    d = _totals(cli, published_config("google/gemma-2-2b"), "--seq", "256", "--out", tmp_path)
+    linear = 26 * (2304 * 2048 + 2 * 2304 * 1024 + 2048 * 2304 + 3 * 2304 * 9216)
+    assert d["totals"]["params"] == 256000 * 2304 + linear + 26 * 4 * 2304 + 2304
+    assert d["totals"]["macs"] == 256 * (linear + 2304 * 256000) + 26 * 8 * 2 * 256 ** 2 * 256
+    mem = d["totals"]["memory_fit"]
+    assert "KV cache 106496 B per token" in mem["assumptions"]
+    assert mem["per_device"]["kv_cache_bytes"] == 256 * 2 * 26 * 4 * 256 * 2
+    notes = " ".join(d["assumptions"]["workload_notes"])
+    assert "eager attention (Gemma2ForCausalLM has no SDPA attention in transformers)" in notes
+
+
+def test_gpt_oss_runs_eager_with_its_biased_experts(tmp_path, cli, published_config):
+    """gpt-oss-20b (hub: openai/gpt-oss-20b): no SDPA attention in transformers (attention sinks), and experts with
+    biases and (in, out) weights. Parameters 20,914,757,184 (OpenAI's model card: 20.91 B): embeddings and the
+    untied head 2 x 201,088 x 2,880; per layer q 2,880 x 4,096 + 4,096, k and v 2,880 x 512 + 512 each, o 4,096 x
+    2,880 + 2,880, 64 sinks, router 2,880 x 32 + 32, 32 experts of gate-up 2,880 x 5,760 + 5,760 and down 2,880 x
+    2,880 + 2,880, two norms; final norm. Multiply-adds per token 3.61 G (the card's 3.6 B active parameters): the
+    attention projections, the router and 4 experts a layer, the head; plus the eager products over all 64^2
+    (query, key) pairs at seq 64."""
+    d = _totals(cli, published_config("openai/gpt-oss-20b"), "--seq", "64", "--out", tmp_path)
+    attn = 2880 * 4096 + 4096 + 2 * (2880 * 512 + 512) + 4096 * 2880 + 2880 + 64
+    moe = 2880 * 32 + 32 + 32 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880)
+    assert d["totals"]["params"] == 2 * 201088 * 2880 + 24 * (attn + moe + 2 * 2880) + 2880 == 20_914_757_184
+    per_token = 24 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880 + 2880 * 32 + 4 * 3 * 2880 * 2880) + 2880 * 201088
+    assert d["totals"]["macs"] == 64 * per_token + 24 * 64 * 2 * 64 ** 2 * 64
+    # sliding layers (window 128) and full ones alike cache all 64 tokens: 2 x 24 x 8 KV heads x 64 x 2 bytes
+    assert "KV cache 49152 B per token" in d["totals"]["memory_fit"]["assumptions"]
+
+
+def test_the_longest_context_of_a_config_stops_at_its_positions(tmp_path, cli, published_config):
+    """Phi-3-mini-4k (hub: microsoft/Phi-3-mini-4k-instruct) holds 4,096 positions (max_position_embeddings, no
+    rope scaling): memory alone would hold far more, and before the longest context printed was that (over
+    600,000); prefill and decode both stop at 4,096."""
+    cfg = published_config("microsoft/Phi-3-mini-4k-instruct")
+    d = _totals(cli, cfg, "--seq", "256", "--out", tmp_path / "prefill")
+    assert d["totals"]["memory_fit"]["max_context"] == 4096
+    assert "longest context 4096 (the model's position limit)" in d["totals"]["memory_fit"]["text"]
+    d = _totals(cli, cfg, "--phase", "decode", "--kv-len", "1024", "--batch", "8", "--out", tmp_path / "decode")
+    assert d["totals"]["memory_fit"]["max_context"] == 4096
+
+
+def test_the_longest_decode_context_of_a_zoo_model_stops_at_its_positions(tmp_path, cli):
+    """llama-3-8b holds 8,192 positions (Meta's config.json, max_position_embeddings); its decode memory at batch
+    8 would hold far more."""
+    d = _totals(cli, "llama-3-8b", "--phase", "decode", "--kv-len", "1024", "--batch", "8", "--out", tmp_path)
+    assert d["totals"]["memory_fit"]["max_context"] == 8192
 
 
 # unbalanced rich markup, a clear-screen CSI and an OSC 8 hyperlink in a module's name (add_module refuses only

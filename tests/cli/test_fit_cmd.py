@@ -35,6 +35,20 @@ def test_fit_writes_the_contract(tmp_path, cli):
         assert not png.exists() and "matplotlib is not installed" in out
 
 
+def test_fit_prices_a_qwen2_config_with_per_layer_types(tmp_path, cli, published_config):
+    """Qwen2.5-7B (hub: Qwen/Qwen2.5-7B) on one H100 SXM. Before: IndexError in config.layer_types[i] (fit's 1-
+    and 2-layer captures). Its output tokens/s cannot beat the weight read: each decode step of the 20 requests
+    (all in flight at once) reads the 7,615,616,512 bf16 parameters at 3.35 TB/s (datasheet): at most
+    20 x 3.35e12 / (2 x 7,615,616,512) = 4,399 tokens/s."""
+    rc, out, err = cli("fit", "--models", published_config("Qwen/Qwen2.5-7B"), "--hardware", "h100-sxm",
+                       "--slo-p99", "3000", "--requests", "20", "--input-len", "128", "--output-len", "16",
+                       "--devices-budget", "1", "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    (c,) = json.loads((tmp_path / "fit.json").read_text())["cells"]
+    assert c["fits"] and c["layout"]["devices_used"] == 1
+    assert 0 < c["throughput_per_device"] <= 20 * 3.35e12 / (2 * 7_615_616_512)
+
+
 def test_fit_refuses_bad_input(refused):
     refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", "l4=cheap",
             needle="--price takes NAME=USD_PER_HOUR")

@@ -49,6 +49,22 @@ def test_serve_pricing_flags_reach_serve_json(tmp_path, cli):
     assert "runtime graphs" in out
 
 
+def test_serve_prices_a_qwen2_config_with_per_layer_types(tmp_path, cli, published_config):
+    """Qwen2.5-7B (hub: Qwen/Qwen2.5-7B): transformers derives one layer_types entry per layer and reads it by
+    index. Before: the 1-layer capture cut the list to one entry, and the 2-layer capture failed with IndexError
+    in config.layer_types[i]. KV bytes per token: K and V x 28 layers x 4 KV heads x head_dim 128 (3584 / 28) x
+    2 bytes (bf16) = 57,344; weights: 7,615,616,512 parameters (embeddings and untied head 2 x 152,064 x 3,584,
+    per layer q, k, v, o with q/k/v biases 3,584^2 + 3,584 + 2 x (3,584 x 512 + 512) + 3,584^2, MLP 3 x 3,584 x
+    18,944, two norms 2 x 3,584; final norm 3,584: Qwen2.5 report's 7.61 B) x 2 bytes."""
+    rc, out, err = cli("serve", published_config("Qwen/Qwen2.5-7B"), "--requests", 20, "--input-len", 128,
+                       "--output-len", 16, "--out", tmp_path, "--no-store")
+    assert rc == 0, err
+    mem = json.loads((tmp_path / "serve.json").read_text())["assumptions"]["memory"]
+    assert mem["kv_bytes_per_token"] == 2 * 28 * 4 * 128 * 2
+    per_layer = 2 * 3584 ** 2 + 3584 + 2 * (3584 * 512 + 512) + 3 * 3584 * 18944 + 2 * 3584
+    assert mem["weights_bytes"] == 2 * (2 * 152064 * 3584 + 28 * per_layer + 3584)
+
+
 def test_serve_refuses_a_context_past_the_model_limit(refused):
     refused("serve", "gpt2", "--input-len", 1000, "--output-len", 100, "--requests", 5,
             needle="at most 1024 positions")

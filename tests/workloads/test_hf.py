@@ -208,6 +208,57 @@ def test_seq_beyond_the_config_positions(tmp_path):
         load_workload(str(write_config(tmp_path, "gpt2")), 1, P + 1)
 
 
+@pytest.mark.parametrize("rope,limit", [
+    # Qwen/Qwen2.5-7B-Instruct: 32,768 positions; its model card's YaRN block (factor 4 of 32,768) reaches 131,072
+    ({"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}, 131072),
+    # meta-llama/Llama-3.1-8B: 131,072 positions, llama3 scaling 8 x 8,192 (shorter): max_position_embeddings holds
+    ({"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+      "rope_type": "llama3"}, 131072),
+    (None, 32768),
+])
+def test_the_position_limit_is_the_rope_scaled_maximum(tmp_path, rope, limit):
+    from opmap.workloads.hf import load_config, max_positions
+
+    positions = 131072 if rope and rope.get("rope_type") == "llama3" else 32768
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "qwen2", **CONFIGS["qwen2"], "max_position_embeddings": positions,
+                             "rope_scaling": rope}))
+    assert max_positions(load_config(str(p))) == limit
+
+
+def _vit(tmp_path, **fields) -> str:
+    p = tmp_path / "vit.json"
+    p.write_text(json.dumps({"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": H,
+                             "num_hidden_layers": L, "num_attention_heads": NH, "intermediate_size": F,
+                             "image_size": 32, "patch_size": 8, "num_channels": 3, **fields}))
+    return str(p)
+
+
+def test_a_vision_config_takes_an_image_side(tmp_path):
+    """A ViT config reads pixel_values: (batch, 3, side, side), the side its image_size unless --image-size gives
+    another (a multiple of the patch; the position embeddings interpolated); a bare ViTModel where the
+    architectures name no classifier."""
+    w = load_workload(_vit(tmp_path), 2)
+    assert tuple(w.inputs["pixel_values"].shape) == (2, 3, 32, 32) and w.seq is None
+    assert type(w.module).__name__ == "ViTForImageClassification"
+    w = load_workload(_vit(tmp_path), 1, 64)
+    assert tuple(w.inputs["pixel_values"].shape) == (1, 3, 64, 64) and w.inputs["interpolate_pos_encoding"]
+    g = capture(w.module, w.inputs)
+    assert any(n.op == "aten.scaled_dot_product_attention.default" and n.input("key").shape[-2] == 65 for n in g)
+    with pytest.raises(OpmapError, match="takes --image-size as a positive multiple of its 8-pixel patch"):
+        load_workload(_vit(tmp_path), 1, 36)
+    assert type(load_workload(_vit(tmp_path, architectures=["ViTModel"])).module).__name__ == "ViTModel"
+
+
+def test_a_model_reading_neither_text_nor_images_is_one_line(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "wav2vec2", "hidden_size": H, "num_hidden_layers": L,
+                             "num_attention_heads": NH, "intermediate_size": F, "vocab_size": V}))
+    with pytest.raises(OpmapError, match="Wav2Vec2ForCTC reads input_values; opmap builds inputs for models reading "
+                                         "input_ids .text. or pixel_values .images.|Wav2Vec2Model reads input_values"):
+        load_workload(str(p))
+
+
 def test_an_architecture_that_cannot_be_built_is_one_line(tmp_path, monkeypatch):
     import transformers
 

@@ -252,3 +252,20 @@ def test_published_models_are_within_the_work_limits(d, published):
     check_work(d, "w", 64 * 4096)
     params, nodes, _, _ = work(d, 64 * 4096)
     assert params == pytest.approx(published, rel=0.05) and nodes < MAX_NODES / 4
+
+
+def test_a_long_error_is_cut_at_a_sentence_or_a_word_never_mid_word():
+    """transformers' refusal of SDPA for Gemma-2 is one line of 470 characters; opmap's message cut it at 300,
+    mid-word ("...open an issue in Transfo")."""
+    from opmap.workloads.hf_config import first_line
+
+    e = ValueError("Gemma2ForCausalLM does not support an attention implementation through "
+                   "torch.nn.functional.scaled_dot_product_attention yet. Please request the support for this "
+                   "architecture: https://github.com/huggingface/transformers/issues/28005. If you believe this error "
+                   "is a bug, please open an issue in Transformers GitHub repository and load your model with the "
+                   "argument `attn_implementation=\"eager\"` meanwhile.\nsecond line")
+    line = first_line(e)
+    assert line.endswith("issues/28005.") and "Transfo" not in line and len(line) <= 320
+    words = first_line(ValueError("word " * 100))
+    assert words.endswith("word...") and len(words) <= 320
+    assert first_line(ValueError("short")) == "ValueError: short"

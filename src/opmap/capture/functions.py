@@ -1,8 +1,9 @@
 """Calls a capture records whole instead of by their decomposition (a ``TorchFunctionMode``): fused scaled dot
 product attention, recorded as the one fused kernel it is on CPU and CUDA (on meta, which has no fused kernel,
 the math path's S x S scores would otherwise look as if they went through memory), with the aten op that ran
-underneath kept in ``args["backend_op"]``; training dropout as CUDA's one fused kernel; and, in training captures
-on meta, a flash-attention backward node standing in for the fused kernel's backward."""
+underneath kept in ``args["backend_op"]``; training dropout as CUDA's one fused kernel; in training captures on meta,
+a flash-attention backward node standing in for the fused kernel's backward; and ``kv_cache`` marks, the K and V an
+attention that is not one SDPA call (transformers' eager path) holds in its cache."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ from torch.overrides import TorchFunctionMode
 from opmap.capture.tracker import NoMemo, Tracker, freeze, split_args
 
 SDPA_NAME = "scaled_dot_product_attention"
+KV_CACHE_OP = "opmap.kv_cache"
+KV_OPS = ("aten.scaled_dot_product_attention.default", KV_CACHE_OP)  # the nodes whose K and V are a layer's cache
+
+
+def kv_cache(key: torch.Tensor, value: torch.Tensor, is_causal: bool = True) -> None:
+    """Mark ``key`` and ``value`` (B, H_kv, S, D) as what an attention layer holds in its KV cache, where the
+    attention is not one SDPA call (transformers' eager path: its own matmuls and softmax). A capture records it
+    as a node of op KV_CACHE_OP that is a view (no kernel, no cost), which opmap.mapping.memory.kv_geometry reads as
+    it reads a causal SDPA call's K and V; outside a capture it does nothing."""
+    if torch.overrides.has_torch_function_variadic(key, value):
+        torch.overrides.handle_torch_function(kv_cache, (key, value), key, value, is_causal=is_causal)
 
 
 class FunctionRecorder(TorchFunctionMode):
@@ -30,6 +42,12 @@ class FunctionRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is kv_cache:
+            if not self.t.suppress:
+                key, value = args
+                self.t.add_node(KV_CACHE_OP, "kv_cache", [("key", key), ("value", value)],
+                                {"is_causal": bool(kwargs.get("is_causal", True))}, [], is_view=True, is_inplace=False)
+            return None
         if func is F.dropout and not self.t.suppress:
             # CUDA runs training dropout as one fused kernel (aten.native_dropout: the output and a bool mask);
             # meta and CPU take the composite path (bernoulli_, div_, mul: three kernels and a mask the input's

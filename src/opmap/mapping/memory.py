@@ -31,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from opmap.capture.functions import KV_OPS
 from opmap.errors import OpmapError
 
 if TYPE_CHECKING:
@@ -415,13 +416,13 @@ class KVGeometry:
 
 def kv_geometry(graph: OpGraph) -> KVGeometry:
     """K and V bytes per token from the graph's causal ``scaled_dot_product_attention`` calls (K (B, H_kv, S, D)
-    at its dtype): GQA and the capture dtype are what the model did. No causal attention (an encoder, a
-    CNN): no KV cache."""
+    at its dtype), or its ``kv_cache`` marks where attention runs eager (opmap.capture.functions.kv_cache): GQA and
+    the capture dtype are what the model did. No causal attention (an encoder, a CNN): no KV cache."""
     per_tok = 0.0
     heads = []
     dim = 0
     for n in graph.nodes:
-        if n.op != "aten.scaled_dot_product_attention.default" or not n.args.get("is_causal"):
+        if n.op not in KV_OPS or not n.args.get("is_causal"):
             continue
         named = dict(zip(n.input_names, n.inputs))
         for name in ("key", "value"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opmap.analyze import cap_at_positions
+from opmap.capture.functions import KV_OPS
 from opmap.graph import OpGraph
 from opmap.mapping.memory import MemoryFit, ServingMemory, fit_inference, inflight_activation_bytes, runtime_reserve
 from opmap.phases.common import dominant_bound, kernel_times
@@ -40,10 +42,11 @@ def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
 
 
 def decode_kv_read_bytes(graph: OpGraph) -> float:
-    """Bytes of K and V the decode step's attention calls read (the KV cache: GQA's KV heads, the window)."""
+    """Bytes of K and V the decode step's attention calls read (the KV cache: GQA's KV heads, the window), from
+    its SDPA calls or, where attention runs eager, its kv_cache marks (opmap.capture.functions.kv_cache)."""
     total = 0.0
     for n in graph.nodes:
-        if n.op == "aten.scaled_dot_product_attention.default":
+        if n.op in KV_OPS:
             total += n.input("key").nbytes + n.input("value").nbytes
     return total
 
@@ -56,12 +59,13 @@ def decode_fit(a: Analysis, workload: Workload, kv_len: int) -> MemoryFit:
     weights = graph.param_bytes * a.precision.weight_scale
     per_seq = decode_kv_read_bytes(graph) / max(workload.batch, 1)
     cached = max((n.input("key").shape[-2] for n in graph.nodes
-                  if n.op == "aten.scaled_dot_product_attention.default"), default=kv_len)
+                  if n.op in KV_OPS), default=kv_len)
     window = cached if cached < kv_len else None
     inflight = inflight_activation_bytes(graph)
     fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, kv_len,
                         activations=lambda b, s: inflight * b / workload.batch, window=window,
                         max_context=1 << 24)
+    fit = cap_at_positions(fit, a.assumptions, kv_len)
     # the KV pool as serve computes it (opmap.mapping.memory.ServingMemory), here at utilization 1, eager
     serving = ServingMemory(hw.memory_bytes, 1.0, weights,
                             runtime_reserve(fit.activations_bytes, False,

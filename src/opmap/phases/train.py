@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opmap.analyze import cap_at_positions
 from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
@@ -244,7 +245,8 @@ def train_fit(a: Analysis, spec, microbatch: int, seq: int, saved: SavedActivati
                          f"{', '.join(TRAIN_BYTES)}")
     st = training_state_bytes(a.graph.params, spec.zero, spec.dp, a.precision.requested)
     act = activations or (lambda b, s: 0.0)
-    fit = fit_training(st, a.hardware.memory_bytes, microbatch, seq, act, max_context=1 << 20)
+    fit = cap_at_positions(fit_training(st, a.hardware.memory_bytes, microbatch, seq, act, max_context=1 << 20),
+                           a.assumptions, seq)
     notes = (f"activations kept for backward measured on meta under recompute {spec.recompute}",)
     notes += tuple(saved.notes) if saved is not None else ()
     return replace(fit, phase=f"training (recompute {spec.recompute}, ZeRO {spec.zero} over {spec.dp})",

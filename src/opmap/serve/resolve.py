@@ -5,7 +5,7 @@ model file) through analyze's resolver (``opmap.workloads.load.load_workload``) 
 pricing needs of it: its stack of layers (the largest ``nn.ModuleList`` of one block class), the layer count, the
 position limit and whether positions are rotary, the KV dtype's size, the weights the whole model holds, top-k, and
 whether every layer is the same (``uneven``: why not). ``set_layers`` shortens the stack in place (the config's
-layer count follows) for the 2-layer captures.
+layer count and its per-layer lists, such as ``layer_types``, follow) for the 1- and 2-layer captures.
 
 A zoo model on meta is a pure function of its name, its build dtype and opmap's source: its summary is kept in the
 capture cache (opmap.capture.cache, beside the captured graphs), so a second pricing builds nothing and captures
@@ -36,6 +36,7 @@ class Resolved:
     held_bytes: float  # every parameter of the whole model at its build dtype, each once
     uneven: str  # empty when every layer is the same; else why not
     _built: tuple | None = field(default=None, repr=False)  # (workload, parent, attribute, blocks)
+    _per_layer: dict | None = field(default=None, repr=False)  # the config's per-layer lists, whole (set_layers)
 
     @classmethod
     def build(cls, target: str, dtype: str) -> Resolved:
@@ -72,16 +73,18 @@ class Resolved:
         return self.workload.module.config
 
     def set_layers(self, n: int) -> None:
-        """Keep the first ``n`` layers (the config's layer count follows)."""
+        """Keep the first ``n`` layers (the config's layer count and per-layer lists follow, cut from the whole)."""
         import torch
 
         w, parent, attr, blocks = self._module_parts()
         setattr(parent, attr, torch.nn.ModuleList(blocks[:n]))
         c = w.module.config
         if self.hf:
+            if self._per_layer is None:  # the whole model's per-layer lists, kept before the first cut
+                self._per_layer = per_layer_lists(c, len(blocks))
             c.num_hidden_layers = n
-            if isinstance(getattr(c, "layer_types", None), list) and len(c.layer_types) >= n:
-                c.layer_types = c.layer_types[:n]
+            for k, v in self._per_layer.items():
+                setattr(c, k, type(v)(v[:n]))
         else:
             w.module.config = replace(c, n_layer=n)
 
@@ -112,6 +115,14 @@ class Resolved:
             return None
         return cache.key({**base, "purpose": "serve pricing", "layers": layers, "phase": phase, "batch": batch,
                           "length": length})
+
+
+def per_layer_lists(config, layers: int) -> dict[str, list | tuple]:
+    """The config's per-layer lists (one entry per layer: layer_types, mlp_layer_types, no_rope_layers,
+    layers_block_type, ...), by attribute: every list or tuple attribute of ``layers`` entries. transformers reads
+    them by layer index (``config.layer_types[i]``), so a stack cut to n layers needs each cut to its first n."""
+    return {k: v for k, v in vars(config).items()
+            if not k.startswith("_") and isinstance(v, (list, tuple)) and len(v) == layers}
 
 
 def _summary_key(target: str, dtype: str, parts: bool = False) -> Any:

@@ -8,8 +8,14 @@ always called with ``trust_remote_code=False``, so it never prompts on stdin.
 
 ``transformers`` builds the model from the config alone, on ``torch.device(device)`` (meta by default: random
 weights, none allocated, never the real ones), with ``attn_implementation="sdpa"`` so each attention is one
-``scaled_dot_product_attention`` node, and the KV cache off (``use_cache=False``: a prefill). The inputs are
-``input_ids`` of shape (batch, seq): one unpadded, unpacked sequence per row.
+``scaled_dot_product_attention`` node, and the KV cache off (``use_cache=False``: a prefill). A model class that
+has no SDPA attention in transformers (``_supports_sdpa = False``: Gemma-2's logit softcapping, gpt-oss's
+attention sinks) is built with its eager attention instead, and the attention is counted as that path computes it
+(the scores Q K^T over every (query, key) pair, their softcapping or sinks, softmax, P V: separate kernels, the
+scores through memory). The class is a causal LM where transformers has one for the config, the image classifier
+where the config's ``architectures`` names one, else the bare model. The inputs are what the class reads
+(``main_input_name``): ``input_ids`` of shape (batch, seq), one unpadded, unpacked sequence per row, or
+``pixel_values`` of shape (batch, num_channels, side, side), the side the config's image_size unless given.
 
 Two places where transformers reads a tensor's value, which the meta device does not have, are answered as
 transformers itself answers them for these inputs (each recorded in the workload's assumptions):
@@ -47,6 +53,7 @@ from opmap.workloads.hf_config import (
     check_work,
     config_source,
     families,
+    first_line,
     positions,
     read_config_file,
     validate_config,
@@ -58,6 +65,7 @@ __all__ = ["ACCEPTED", "TESTED", "build_hf", "cached_config", "is_hf_target", "l
 DEFAULT_SEQ = 2048  # capped at the config's own maximum
 PREFILL_NOTE = "no KV cache (prefill): use_cache=False"  # a decode step replaces it by its cache's note
 _MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModel")  # tried in this order: a causal LM head, else the bare model
+_IMAGE_CLASSIFIER = "AutoModelForImageClassification"  # where the config's architectures name its class
 
 
 def is_hf_target(target: str) -> bool:
@@ -112,7 +120,7 @@ def _read(target: str, batch: int = 1, seq: int | None = None) -> tuple[Any, str
         with _quiet_transformers():
             config = cls.from_dict({k: v for k, v in d.items() if k != "auto_map"})
     except Exception as e:  # a config class's own checks: report them in one line
-        raise OpmapError(f"{where}: transformers rejects it as {mt} ({_first_line(e)})") from None
+        raise OpmapError(f"{where}: transformers rejects it as {mt} ({first_line(e)})") from None
     if getattr(config, "is_encoder_decoder", False) is True:
         raise OpmapError(f"{where}: model_type {mt!r} is an encoder-decoder; opmap builds {families()}")
     return config, where, ignored
@@ -161,11 +169,6 @@ def _refuse_remote_code(d: dict, where: str, keys: tuple[str, ...]) -> None:
                          f"{families()}")
 
 
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
-
-
 def has_rope(config) -> bool:
     """Rotary position embeddings (a context past the limit is possible with rope scaling)."""
     return any(getattr(config, k, None) is not None for k in ("rope_theta", "rope_scaling", "rope_parameters"))
@@ -181,31 +184,40 @@ def check_positions(config, name: str, what: str, n: int, allow_long_context: bo
 
 
 def max_positions(config) -> int | None:
-    for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        v = getattr(config, attr, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
+    """The longest context the config declares: its max_position_embeddings (or n_positions, max_seq_len,
+    seq_length), or its rope-scaled maximum where that is longer: rope scaling's factor x its
+    original_max_position_embeddings (Qwen2.5's YaRN, factor 4 of 32,768: 131,072). A factor without the
+    original length is not applied (whether max_position_embeddings is already scaled is not said)."""
+    base = next((v for v in (getattr(config, a, None) for a in ("max_position_embeddings", "n_positions",
+                                                               "max_seq_len", "seq_length"))
+                 if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    scaled = None
+    for rope in (getattr(config, "rope_scaling", None), getattr(config, "rope_parameters", None)):
+        if isinstance(rope, dict):
+            factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+            if isinstance(factor, (int, float)) and isinstance(original, int) and factor >= 1 and original > 0:
+                scaled = max(scaled or 0, int(factor * original))
+    return max(base or 0, scaled or 0) or None
 
 
 def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "fp32",
              device: str = "meta", allow_long_context: bool = False) -> Workload:
-    """Build the model ``target`` names from its config alone (random weights) with example inputs."""
+    """Build the model ``target`` names from its config alone (random weights) with example inputs: ``seq`` is
+    tokens for a text model, the image side in pixels for one that reads pixel_values."""
     config, _, ignored = _read(target, batch, seq)
     tdt = parse_dtype(dtype)  # a bad dtype fails before anything is built
     mt = config.model_type
-    limit = max_positions(config)
-    seq = min(DEFAULT_SEQ, limit or DEFAULT_SEQ) if seq is None else seq
+    auto, cls = _model_class(config)
+    attn = "sdpa" if getattr(cls, "_supports_sdpa", True) else "eager"
     if batch < 1:
         raise OpmapError(f"batch must be at least 1, got {batch}")
-    if seq < 1:
-        raise OpmapError(f"{target} ({mt}) takes --seq from 1 to {limit or 'any'}, got {seq}")
-    check_positions(config, f"{target} ({mt})", "--seq", seq, allow_long_context)
+    image = _image_shape(config, cls, target, seq)  # (channels, side, interpolate) of a vision model, else None
+    if image is None:
+        seq = _text_seq(config, cls, target, seq, allow_long_context)
     config.use_cache = False
-    model = _build(config, target, device)
+    model = _build(config, target, device, auto, attn)
     model.eval()
-    notes: list[str] = [f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: "
-                        "random weights, attention as SDPA", PREFILL_NOTE]
+    notes = [_built_note(mt, cls, target, attn), *((PREFILL_NOTE,) if image is None else ())]
     if ignored:
         notes.append(f"{ignored} ignored: transformers' own {type(model).__name__} built, the repository's code "
                      "never run")
@@ -215,29 +227,105 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
             k = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k", "top_k")
             notes.append(f"{mt}: balanced expert load on the meta device: each of the {n} MoE blocks' experts gets "
                          f"batch*seq*{k}/experts tokens (transformers' routing loop replaced by opmap's dispatch)")
-        if _answer_packing_probe(model):
+        if image is None and attn == "eager" and _mark_eager_kv(model):
+            notes.append("eager attention's K and V (before the KV heads are repeated for the query heads) marked as "
+                         "the KV cache each layer holds, as an SDPA call's K and V are read")
+        if image is None and _answer_packing_probe(model):
             notes.append("unpadded, unpacked inputs (positions 0..seq-1 in every row): transformers' "
                          "packed-sequence probe answered 'none' on meta, as it answers on real tensors")
+    name = target if target.startswith("hf:") else Path(target).name
+    model, _ = cast_to(model, (), tdt)
+    if image is not None:
+        channels, side, interpolate = image
+        with torch.device(device):
+            pixels = torch.zeros(batch, channels, side, side, dtype=tdt)
+        notes.append(f"input pixel_values of {batch} x {channels} x {side} x {side} ({type(model).__name__})"
+                     + ("; position embeddings interpolated from the config's image_size" if interpolate else ""))
+        inputs = {"pixel_values": pixels, **({"interpolate_pos_encoding": True} if interpolate else {})}
+        return Workload(name, model, inputs, batch, None, tuple(notes))
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False and seq > window:
-        notes.append(f"sliding window {window} < seq {seq}: transformers passes an explicit mask to SDPA, "
-                     "so attention is counted dense")
+        notes.append(f"sliding window {window} < seq {seq}: transformers passes an explicit mask to "
+                     f"{'SDPA' if attn == 'sdpa' else 'the eager attention'}, so attention is counted dense")
     with torch.device(device):
         ids = torch.zeros(batch, seq, dtype=torch.long)
-    model, _ = cast_to(model, (), tdt)
-    inputs = {"input_ids": ids, "use_cache": False}
-    name = target if target.startswith("hf:") else Path(target).name
-    return Workload(name, model, inputs, batch, seq, tuple(notes))
+    return Workload(name, model, {"input_ids": ids, "use_cache": False}, batch, seq, tuple(notes))
 
 
-def _build(config, target: str, device: str) -> torch.nn.Module:
+def _built_note(mt: str, cls: type, target: str, attn: str) -> str:
+    """The first assumption of a built config: what built it, and how its attention is counted."""
+    head = f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: random weights, "
+    if attn == "sdpa":
+        return head + "attention as SDPA"
+    return head + (f"eager attention ({cls.__name__} has no SDPA attention in transformers), counted as the eager "
+                   "path computes it: the scores Q K^T over every (query, key) pair, softmax and P V, each its own "
+                   "kernel with the scores through memory (no fused attention kernel)")
+
+
+def _model_class(config) -> tuple[Any, type]:
+    """(the auto class that builds ``config``, the model class it builds): the image classifier where the config's
+    ``architectures`` names transformers' one for it, else a causal LM, else the bare model."""
     tf = _transformers()
+    image = getattr(tf, _IMAGE_CLASSIFIER)
+    mapping = image._model_mapping
+    if type(config) in mapping and getattr(mapping[type(config)], "__name__", None) in (config.architectures or ()):
+        return image, mapping[type(config)]
+    auto = _auto_class(type(config)) or tf.AutoModel  # a causal LM; an encoder or another head: the bare model
+    return auto, auto._model_mapping[type(config)]
+
+
+def _text_seq(config, cls: type, target: str, seq: int | None, allow_long_context: bool) -> int:
+    """The tokens per sequence of a model reading input_ids (the default: DEFAULT_SEQ capped at its positions);
+    a model reading another input (audio, video) is refused in one line."""
+    mt = config.model_type
+    main = getattr(cls, "main_input_name", "input_ids")
+    if main != "input_ids":
+        raise OpmapError(f"{target} ({mt}): {cls.__name__} reads {main}; opmap builds inputs for models reading "
+                         "input_ids (text) or pixel_values (images)")
+    limit = max_positions(config)
+    seq = min(DEFAULT_SEQ, limit or DEFAULT_SEQ) if seq is None else seq
+    if seq < 1:
+        raise OpmapError(f"{target} ({mt}) takes --seq from 1 to {limit or 'any'}, got {seq}")
+    check_positions(config, f"{target} ({mt})", "--seq", seq, allow_long_context)
+    return seq
+
+
+def _image_shape(config, cls: type, target: str, side: int | None) -> tuple[int, int, bool] | None:
+    """(channels, image side, whether the position embeddings are interpolated) of a model reading pixel_values,
+    None for any other: the config's num_channels and image_size (a square one), or ``side`` where given, a
+    multiple of the config's patch_size; a side other than image_size interpolates the position embeddings where
+    the class can (``interpolate_pos_encoding``), else is refused."""
+    if getattr(cls, "main_input_name", None) != "pixel_values":
+        return None
+    import inspect
+
+    mt = config.model_type
+    size = getattr(config, "image_size", None)
+    size = size[0] if isinstance(size, (list, tuple)) and len(set(size)) == 1 else size
+    channels = getattr(config, "num_channels", 3)
+    if not isinstance(size, int) or not isinstance(channels, int) or size < 1 or channels < 1:
+        raise OpmapError(f"{target} ({mt}): image_size {size!r:.40} and num_channels {channels!r:.40}: opmap builds "
+                         "pixel_values for a square image_size and num_channels, each a positive integer")
+    side = size if side is None else side
+    patch = getattr(config, "patch_size", None)
+    if side < 1 or (isinstance(patch, int) and patch > 0 and side % patch):
+        raise OpmapError(f"{target} ({mt}) takes --image-size as a positive multiple of its {patch}-pixel patch "
+                         f"(image_size {size}), got {side}")
+    interpolate = side != size
+    if interpolate and "interpolate_pos_encoding" not in inspect.signature(cls.forward).parameters:
+        raise OpmapError(f"{target} ({mt}) takes --image-size {size} (its image_size; {cls.__name__} cannot "
+                         f"interpolate its position embeddings), got {side}")
+    return channels, side, interpolate
+
+
+def _build(config, target: str, device: str, auto, attn: str) -> torch.nn.Module:
+    """The model ``auto`` builds from ``config`` on ``device`` with attention ``attn`` (sdpa, or eager where the
+    class has no SDPA attention)."""
     mt = config.model_type
     # experts_implementation (transformers 5): the per-expert loop, not grouped_mm (whose CPU and meta kernels
     # take bf16 only); a transformers that does not know the argument builds without it
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "experts_implementation": "eager",
+    kwargs: dict[str, Any] = {"attn_implementation": attn, "experts_implementation": "eager",
                               "trust_remote_code": False}  # never a repository's code, never a prompt on stdin
-    auto = _auto_class(type(config)) or tf.AutoModel  # a causal LM; an encoder or another head: the bare model
     try:
         with torch.device(device), _quiet_transformers():
             try:
@@ -250,15 +338,16 @@ def _build(config, target: str, device: str) -> torch.nn.Module:
     except OpmapError:
         raise
     except Exception as e:
-        raise OpmapError(f"transformers cannot build {target} ({mt}) on {device}: {_first_line(e)}; "
+        raise OpmapError(f"transformers cannot build {target} ({mt}) on {device}: {first_line(e)}; "
                          f"accepted: {_tested()}") from None
 
 
 def _is_stacked_experts(m: torch.nn.Module) -> bool:
-    """transformers 5's experts module: all experts' weights as 3-D parameters, called with
-    (hidden_states, top_k_index, top_k_weights)."""
-    gu, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
-    return (type(m).__name__.endswith("Experts") and isinstance(gu, torch.nn.Parameter) and gu.dim() == 3
+    """transformers 5's experts module: all experts' weights as 3-D parameters (gate_up_proj, or up_proj where the
+    experts have no gate, and down_proj), called with (hidden_states, top_k_index, top_k_weights)."""
+    up = getattr(m, "gate_up_proj" if getattr(m, "has_gate", True) else "up_proj", None)
+    down = getattr(m, "down_proj", None)
+    return (type(m).__name__.endswith("Experts") and isinstance(up, torch.nn.Parameter) and up.dim() == 3
             and isinstance(down, torch.nn.Parameter) and down.dim() == 3)
 
 
@@ -268,22 +357,32 @@ def _balance_experts(model: torch.nn.Module) -> int:
     for path, m in model.named_modules():
         if not _is_stacked_experts(m):
             continue
-        if getattr(m, "is_transposed", False) or getattr(m, "has_bias", False) \
-                or not getattr(m, "has_gate", True) or not getattr(m, "is_concatenated", True):
-            raise OpmapError(f"{path} ({type(m).__name__}): opmap's balanced expert dispatch handles concatenated "
-                             "[gate; up] experts without bias (Mixtral's layout), not this one")
+        if getattr(m, "has_post_expert_norm", False):
+            raise OpmapError(f"{path} ({type(m).__name__}): opmap's balanced expert dispatch handles experts of an "
+                             "up (or gated up) and a down projection, with or without bias; not a norm after them")
         m.forward = types.MethodType(_balanced_experts_forward, m)
         n += 1
     return n
+
+
+def _expert_linear(self, x: torch.Tensor, name: str, i: int) -> torch.Tensor:
+    """Expert ``i``'s projection ``name`` of ``x``, as transformers lays it out: weights (out, in), or (in, out)
+    where ``is_transposed`` (gpt-oss), plus ``name``_bias where ``has_bias``."""
+    w = getattr(self, name)[i]
+    y = x @ w if getattr(self, "is_transposed", False) else torch.nn.functional.linear(x, w)
+    return y + getattr(self, f"{name}_bias")[i] if getattr(self, "has_bias", False) else y
 
 
 def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                               top_k_weights: torch.Tensor) -> torch.Tensor:
     """The eager expert loop with each expert's share fixed in advance: the T*k (token, choice) pairs sorted
     by expert, split into equal slices over the experts the T tokens are expected to activate
-    (opmap.ops.active_experts), each expert's SwiGLU run on its slice, the weighted results added back
-    to their tokens (the same dispatch as opmap.workloads.llama.SparseMoeBlock on meta)."""
-    e = self.gate_up_proj.shape[0]
+    (opmap.ops.active_experts), each expert's MLP run on its slice (its up projection, gated by the class's own
+    ``_apply_gate`` or activated by ``act_fn``, then its down projection), the weighted results added back to
+    their tokens (the same dispatch as opmap.workloads.llama.SparseMoeBlock on meta)."""
+    gated = getattr(self, "has_gate", True)
+    up = "gate_up_proj" if gated else "up_proj"
+    e = getattr(self, up).shape[0]
     k = top_k_index.shape[-1]
     flat = top_k_index.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -296,10 +395,49 @@ def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: to
     for i, chunk in enumerate(routed.split(sizes)):
         if not chunk.shape[0]:
             continue  # an expert with no tokens launches nothing (its weights are not read)
-        h = self._apply_gate(torch.nn.functional.linear(chunk, self.gate_up_proj[i]))
-        outs.append(torch.nn.functional.linear(h, self.down_proj[i]))
+        h = _expert_linear(self, chunk, up, i)
+        h = self._apply_gate(h) if gated else self.act_fn(h)
+        outs.append(_expert_linear(self, h, "down_proj", i))
     y = torch.cat(outs) * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(hidden_states.dtype)
     return torch.zeros_like(hidden_states).index_add_(0, token, y)
+
+
+def _mark_eager_kv(model: torch.nn.Module) -> bool:
+    """Wrap the model's forward so that, while it runs, each transformers modeling module's
+    ``eager_attention_forward`` (which its attention layers call by name, as their default) first marks its K and
+    V (B, H_kv, S, D) as the layer's KV cache (opmap.capture.functions.kv_cache), then runs unchanged. False where
+    no module of the model has one."""
+    import sys
+
+    from opmap.capture.functions import kv_cache
+
+    where = {sys.modules.get(type(m).__module__) for m in model.modules()}
+    owners = [mod for mod in where if callable(getattr(mod, "eager_attention_forward", None))]
+    if not owners:
+        return False
+
+    def marked(original):
+        @functools.wraps(original)
+        def eager(module, query, key, value, *args, **kwargs):
+            kv_cache(key, value, is_causal=bool(getattr(module, "is_causal", True)))
+            return original(module, query, key, value, *args, **kwargs)
+        return eager
+
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        originals = [(mod, mod.eager_attention_forward) for mod in owners]
+        try:
+            for mod, original in originals:
+                mod.eager_attention_forward = marked(original)
+            return forward(*args, **kwargs)
+        finally:
+            for mod, original in originals:
+                mod.eager_attention_forward = original
+
+    model.forward = wrapped
+    return True
 
 
 def _answer_packing_probe(model: torch.nn.Module) -> bool:

@@ -333,14 +333,23 @@ def read_config_file(path: Path, where: str | None = None) -> dict:
     except RecursionError:
         raise OpmapError(f"{where} is not valid JSON (nested too deep); expected a Hugging Face config.json") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise OpmapError(f"{where} is not valid JSON ({_first_line(e)}); expected a Hugging Face config.json") \
+        raise OpmapError(f"{where} is not valid JSON ({first_line(e)}); expected a Hugging Face config.json") \
             from None
     return validate_config(d, where)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line: its type and its message's first line, cut at the last sentence or word end
+    within ``limit`` characters (a cut marked "...", never mid-word)."""
     s = str(e).strip()
-    return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
+    if not s:
+        return type(e).__name__
+    line = s.splitlines()[0]
+    if len(line) > limit:
+        head = line[:limit]
+        end = head.rfind(". ")
+        line = head[:end + 1] if end > limit // 2 else head[:max(head.rfind(" "), 1)].rstrip(" ,;:") + "..."
+    return f"{type(e).__name__}: {line}"
 
 
 def hub_cache() -> Path:

@@ -1,10 +1,12 @@
 """Any workload by name: a zoo model, a user's ``path/to/file.py:factory``, or a Hugging Face config
-(``path/to/config.json`` or ``hf:NAME`` from the local cache)."""
+(``path/to/config.json`` or ``hf:NAME`` from the local cache); and a built text model's position limit."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from opmap.errors import OpmapError
-from opmap.workloads.hf import build_hf, is_hf_target
+from opmap.workloads.hf import build_hf, has_rope, is_hf_target, max_positions
 from opmap.workloads.user import load_user
 from opmap.workloads.zoo import MODELS, Workload, build_zoo, check_device
 
@@ -31,3 +33,17 @@ def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: st
     if ":" in target and target.rpartition(":")[0].endswith(".py"):
         return load_user(target, dtype, device)
     raise OpmapError(f"unknown model {target!r}; accepted: {', '.join(MODELS)} (or {ACCEPTED})")
+
+
+def position_limit(workload: Workload) -> dict[str, Any] | None:
+    """A text model's position limit: {"max_positions", "rope"} of a zoo model (its max_seq) or a transformers model
+    (its config's max_position_embeddings or rope-scaled maximum, opmap.workloads.hf.max_positions); None for
+    anything else (a vision model, a model file without a transformers config)."""
+    spec = MODELS.get(workload.name)
+    if spec is not None:
+        return {"max_positions": int(spec.max_seq), "rope": bool(spec.rope)} if spec.kind == "text" else None
+    cfg = getattr(workload.module, "config", None)
+    if workload.seq is None or not type(cfg).__module__.startswith("transformers"):
+        return None
+    limit = max_positions(cfg)
+    return {"max_positions": limit, "rope": has_rope(cfg)} if limit else None
