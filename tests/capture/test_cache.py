@@ -178,3 +178,58 @@ def test_a_pickle_where_version_1_read_its_entry_is_never_opened(cache_on, tmp_p
     assert json.loads((tmp_path / "cached" / "analysis.json").read_text()) == \
         json.loads((tmp_path / "fresh" / "analysis.json").read_text())
     assert not marker.exists()
+
+
+def _small_entry(cache_on):
+    """A stored entry for key 'abc' (an empty graph) and what ``load`` gives for it."""
+    from opmap.graph import OpGraph
+
+    g = OpGraph((), 0, 0.0, 0, (), "meta")
+    cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
+    return cache_on / "abc.json", (g, {"name": "x", "batch": 1, "seq": None, "assumptions": ()})
+
+
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "link to a good entry", "fifo", "folder", "over the limit"])
+def test_an_entry_that_is_not_a_bounded_regular_file_is_a_miss(cache_on, tmp_path, kind):
+    """A name linked to /dev/zero made the old reader run out of memory (readline on an endless stream); a link to
+    a valid entry was followed. Now each is a miss (no link followed, no FIFO blocking, nothing past the limit
+    read), and the next store replaces it with a good entry."""
+    import os
+
+    from opmap.safeio import LIMIT_JSON_BYTES
+
+    path, want = _small_entry(cache_on)
+    good = tmp_path / "good.json"
+    good.write_bytes(path.read_bytes())
+    path.unlink()
+    if kind == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "link to a good entry":
+        path.symlink_to(good)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:  # a sparse file: its size is refused from fstat, nothing read
+        with open(path, "wb") as f:
+            f.truncate(LIMIT_JSON_BYTES + 1)
+    assert cache.load("abc") is None
+    assert cache.load_fields("abc") is None
+    if kind == "folder":
+        path.rmdir()
+    cache.store("abc", *want[:1], {"name": "x", "batch": 1, "seq": None, "assumptions": []})
+    assert not path.is_symlink() and cache.load("abc") == want  # rewritten whole, in place of the bad entry
+
+
+def test_analyze_rebuilds_an_entry_linked_to_dev_zero(cache_on, tmp_path):
+    """The issue's reproduction: the graph-cache entry of an analyze run linked to /dev/zero ended in MemoryError;
+    now it is a miss, the graph captured again and the entry rewritten as a regular file."""
+    assert main([*ARGS, "--out", str(tmp_path / "a")]) == 0
+    path = _entry(cache_on)
+    good = path.read_bytes()
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    assert main([*ARGS, "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "a" / "analysis.json").read_text()) == \
+        json.loads((tmp_path / "b" / "analysis.json").read_text())
+    assert not path.is_symlink() and path.read_bytes() == good

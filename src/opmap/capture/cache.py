@@ -10,7 +10,8 @@ skipped, never an error; entries are written whole (temporary file, then rename)
 
 Entries are data, never code: a JSON header line (cache version, key, the SHA-256 and length of the payload)
 then the payload, a JSON of the graph (opmap.capture.codec's columnar layout), the workload's name and
-assumptions and, for training, the saved activations. An entry that does not parse, is of another version or
+assumptions and, for training, the saved activations. An entry that is not a regular file of at most
+opmap.safeio.LIMIT_JSON_BYTES (a link at its name is not followed), does not parse, is of another version or
 key, fails its hash or holds a value of the wrong type is a miss (the graph is captured again and the entry
 rewritten). The hash guards against a torn or damaged file, not against a writer who recomputes it: what makes
 a planted entry harmless is that it is only parsed, each field type-checked, never unpickled or imported (old
@@ -30,7 +31,9 @@ from typing import Any
 
 from opmap import __version__
 from opmap.capture.codec import BadEntry, decode_graph, encode_graph
+from opmap.errors import OpmapError
 from opmap.graph import OpGraph
+from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 
 # 1 was pickle (never read again); 2: JSON with a SHA-256 of the payload, a row per node; 3: the graph columnar
 # (opmap.capture.codec: each distinct string and tensor once), parsed in about half the time
@@ -119,10 +122,13 @@ def _path(k: str) -> Path:
 
 def _read(k: str) -> bytes:
     """The payload of the entry for ``k`` once its header matches (this version, this key, its length and SHA-256);
-    raises (OSError, ValueError, _Bad) otherwise: the callers treat every failure as a miss."""
-    with open(_path(k), "rb") as f:
-        header = json.loads(f.readline())
-        payload = f.read()
+    raises (OpmapError, ValueError, _Bad) otherwise: the callers treat every failure as a miss. The entry is read
+    as a regular file of at most LIMIT_JSON_BYTES, never through a link (opmap.safeio): a name linked to
+    /dev/zero, a FIFO, a folder or an oversized file is a miss, not a MemoryError or a hang."""
+    data = read_bounded(_path(k), LIMIT_JSON_BYTES, "graph cache entry")
+    line, newline, payload = data.partition(b"\n")
+    _check(newline == b"\n")
+    header = json.loads(line)
     _check(type(header) is dict and header.get("cache_version") == CACHE_VERSION and header.get("key") == k)
     _check(header.get("bytes") == len(payload) and header.get("sha256") == hashlib.sha256(payload).hexdigest())
     return payload
@@ -146,8 +152,8 @@ def load(k: str) -> tuple | None:
         finally:
             if was:
                 gc.enable()
-    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, _Bad, BadEntry):
-        return None  # a miss in every form: missing, truncated, damaged, another version, wrong types
+    except (OpmapError, OSError, ValueError, KeyError, TypeError, IndexError, RecursionError, _Bad, BadEntry):
+        return None  # a miss in every form: missing, not a bounded regular file, truncated, damaged, wrong types
 
 
 def store(k: str, graph: OpGraph, workload: dict[str, Any], *saved: dict[str, Any] | None) -> None:
@@ -194,7 +200,7 @@ def load_fields(k: str) -> dict[str, Any] | None:
         body = json.loads(payload)
         _check(type(body) is dict and type(body.get("fields")) is dict)
         return {_str(n): _scalar(v) for n, v in body["fields"].items()}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, _Bad):
+    except (OpmapError, OSError, ValueError, KeyError, TypeError, RecursionError, _Bad):
         return None
 
 
