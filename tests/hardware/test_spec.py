@@ -120,3 +120,57 @@ def test_calibration_curves_are_checked_on_load(rate, nbytes, expected):
 def test_calibration_row_without_its_rate():
     text = GOOD + CAL.format(rate="1e11", nbytes="1").replace("flops_per_s = 1e11\n", "")
     assert "calibration.matmul[0]: missing flops_per_s" in _refused(text)
+
+
+def _spec_file(tmp_path, name="dev.toml"):
+    f = tmp_path / name
+    f.write_text(GOOD)
+    return f
+
+
+def test_a_hardware_file_linked_to_dev_zero_is_one_line(tmp_path, capsys):
+    """--hardware spec.toml linked to /dev/zero read without end (MemoryError); a FIFO blocked the read. Each is
+    one line and exit status 2: the target of a link the user typed must still be a bounded regular file."""
+    import os
+
+    from opmap.cli import main
+    from opmap.hardware.spec import get_hardware
+
+    link = tmp_path / "spec.toml"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(OpmapError, match=r"hardware file .*spec.toml is a device: expected a regular file"):
+        get_hardware(str(link))
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(OpmapError, match=r"fifo.toml is a FIFO: expected a regular file"):
+        get_hardware(str(fifo))
+    assert main(["hardware", "show", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is a device" in err and "Traceback" not in err
+
+
+def test_a_link_the_user_typed_is_followed_a_cached_profile_link_is_not(tmp_path, monkeypatch):
+    """A path on the command line may be the user's own link (to a regular file); the local profile in the cache
+    is a file opmap wrote, so a link there (planted by another) is refused, not followed."""
+    from opmap.hardware.spec import get_hardware
+
+    good = _spec_file(tmp_path)
+    mine = tmp_path / "mine.toml"
+    mine.symlink_to(good)
+    assert get_hardware(str(mine)).name == "h100-sxm"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "opmap").mkdir(parents=True)
+    (tmp_path / "xdg" / "opmap" / "local.toml").symlink_to(good)
+    with pytest.raises(OpmapError, match="local.toml is a symbolic link: opmap reads only regular files there"):
+        get_hardware("local")
+
+
+def test_an_oversized_hardware_file_is_refused_unread(tmp_path):
+    from opmap.hardware.spec import get_hardware
+    from opmap.safeio import LIMIT_TOML_BYTES
+
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as f:  # sparse: refused on its size, nothing read
+        f.truncate(LIMIT_TOML_BYTES + 1)
+    with pytest.raises(OpmapError, match=r"hardware file .*big.toml is 4.0 MiB, over the 4 MiB opmap reads for it"):
+        get_hardware(str(big))

@@ -45,6 +45,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.ops import MatrixFamily, MatrixProblem
+from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
 from opmap.validate import finite_number, shown
 
 NEAREST = 4
@@ -239,9 +240,10 @@ def load_gemm_grid(name: str) -> dict[str, GridTable]:
     path = GRID_DIR / name
     if not GRID_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
         raise OpmapError(f"no GEMM grid file {name!r} beside the catalog (accepted: a <device>.gemm.json there)")
+    text = read_text_bounded(path, LIMIT_JSON_BYTES, "GEMM grid")  # the checks above can race a swap: again here
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as e:
         raise OpmapError(f"cannot read GEMM grid {name}: {e}; expected the JSON benchmarks/reference/"
                          "aiconfigurator_gemm.py writes") from None
     tables = raw.get("tables") if isinstance(raw, dict) else None

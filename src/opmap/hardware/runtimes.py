@@ -11,6 +11,7 @@ from pathlib import Path
 
 from opmap.errors import OpmapError
 from opmap.hardware.spec import KINDS, HardwareSpec, Value
+from opmap.safeio import LIMIT_TOML_BYTES, read_text_bounded
 
 FILE = Path(__file__).with_name("runtimes.toml")
 KEYS = ("graph_kernel_gap_s", "graph_launch_s", "engine_step_host_s")
@@ -25,7 +26,7 @@ class Stack:
 
 @cache
 def stacks() -> dict[str, Stack]:
-    raw = tomllib.loads(FILE.read_text())
+    raw = tomllib.loads(read_text_bounded(FILE, LIMIT_TOML_BYTES, "runtimes file"))
     out = {}
     for name, body in raw.items():
         vals = {}

@@ -37,6 +37,7 @@ from opmap.errors import OpmapError
 from opmap.hardware.curves import Curves, check_calibration
 from opmap.hardware.local import cache_path
 from opmap.precision import FORMATS
+from opmap.safeio import LIMIT_TOML_BYTES, read_bounded
 from opmap.validate import finite_number, shown
 
 KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed", "estimate", "assessed")
@@ -500,12 +501,10 @@ def parse_spec_toml(text: str | bytes, origin: str = "hardware TOML") -> Hardwar
     return spec_from_dict(raw, origin)
 
 
-def load_spec_file(path: Path) -> HardwareSpec:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise OpmapError(f"cannot read hardware file {path}: {e.strerror or e}") from None
-    return parse_spec_toml(data, str(path))
+def load_spec_file(path: Path, follow_links: bool = False) -> HardwareSpec:
+    """The spec in the TOML file ``path``: a regular file of at most LIMIT_TOML_BYTES (opmap.safeio), a link at
+    ``path`` followed only where ``follow_links`` (a path the user typed), never for a profile in the cache."""
+    return parse_spec_toml(read_bounded(path, LIMIT_TOML_BYTES, "hardware file", follow_links), str(path))
 
 
 def catalog() -> dict[str, HardwareSpec]:
@@ -547,7 +546,7 @@ def get_hardware(name: str) -> HardwareSpec:
         return load_spec_file(path)
     p = Path(name)
     if p.suffix == ".toml" and p.exists():
-        return load_spec_file(p)
+        return load_spec_file(p, follow_links=True)  # the user's own link is theirs to make
     specs = catalog()
     key = ALIASES.get(key, key)
     if key not in specs:
