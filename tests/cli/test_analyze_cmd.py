@@ -40,7 +40,7 @@ def test_analyze_writes_three_files(tmp_path, cli):
     (("gpt2", "--fusion", "xla"), "unknown fusion policy 'xla'; accepted: eager, compiler"),
     (("gpt2", "--fusion-plan", "/no/such/plan.json"), "fusion plan /no/such/plan.json does not exist"),
     (("resnet50", "--layout", "nhwc8"), "unknown layout 'nhwc8'; accepted: nchw, channels_last"),
-    (("gpt2", "--quality", "/no/such/quality.json", "--dtype", "int8"), "cannot read quality file"),
+    (("gpt2", "--quality", "/no/such/quality.json", "--dtype", "int8"), "quality file /no/such/quality.json not found"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, refused, args, needle):
     out_dir = tmp_path / "out"
@@ -57,7 +57,10 @@ def test_cuda_without_a_device(refused):
     (("--fusion", "xla"), "unknown fusion policy"),
     (("--fusion", "xla", "--device", "cpu"), "unknown fusion policy"),
     (("--fusion-plan", "/no/such/plan.json"), "does not exist"),
-    (("--dtype", "int8", "--quality", "/no/such/quality.json"), "cannot read quality file"),
+    (("--dtype", "int8", "--quality", "/no/such/quality.json"), "quality file /no/such/quality.json not found"),
+    # read without end before (MemoryError), or blocking on a FIFO: a quality file is a bounded regular file
+    (("--dtype", "int8", "--quality", "/dev/zero"), "quality file /dev/zero is a device: expected a regular file"),
+    (("--dtype", "int8", "--quality", "/tmp"), "quality file /tmp is a folder: expected a regular file"),
 ])
 def test_bad_options_fail_before_the_capture(refused, fail_if_called, args, needle):
     fail_if_called("opmap.analyze.capture")

@@ -87,6 +87,31 @@ def test_plan_file_groups_and_cycles(block, tmp_path):
         plan_fusion(g, c, "xla")
 
 
+@pytest.mark.parametrize("kind", ["link to /dev/zero", "fifo", "folder"])
+def test_a_plan_file_must_be_a_bounded_regular_file(block, tmp_path, kind):
+    """A plan path linked to /dev/zero read without end (MemoryError), a FIFO blocked the read. The user's own link
+    is followed, but what it reaches must be a regular file of at most opmap.safeio.LIMIT_JSON_BYTES."""
+    import os
+
+    g, c = block
+    f = tmp_path / "plan.json"
+    if kind == "link to /dev/zero":
+        f.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(f)
+    else:
+        f.mkdir()
+    what = {"link to /dev/zero": "a device", "fifo": "a FIFO", "folder": "a folder"}[kind]
+    with pytest.raises(OpmapError, match=f"fusion plan .*plan.json is {what}: expected a regular file"):
+        plan_fusion(g, c, plan_file=f)
+    ids = [n.id for n in g.nodes if c[n.id].kernel]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"kernels": [ids[1:3]]}))
+    mine = tmp_path / "mine.json"
+    mine.symlink_to(good)  # the user's own link to a plan: read
+    assert plan_fusion(g, c, plan_file=mine).launches_saved == 1
+
+
 def test_gpt2_kernel_counts_by_formula():
     # Per layer, eager: ln_1, c_attn, SDPA, attn c_proj, residual add, ln_2, c_fc, gelu, mlp c_proj, residual
     # add = 10 kernels; plus arange, wte and wpe gathers, their add, ln_f, LM head = 6: 12 * 10 + 6 = 126.

@@ -100,7 +100,7 @@ def test_more_experts_per_token_than_experts(tmp_path):
 @pytest.mark.parametrize("content,needle", [
     ("[" * 100_000 + "]" * 100_000, "is not valid JSON (nested too deep)"),
     (json.dumps({**LLAMA, "x": json.loads("[" * 40 + "]" * 40)}), "nests deeper than 32 levels"),
-    (json.dumps({**LLAMA, "pad": "x" * (16 * 2 ** 20)}), "accepted: a config.json of at most 16,777,216 bytes"),
+    (json.dumps({**LLAMA, "pad": "x" * (16 * 2 ** 20)}), "is 16.0 MiB, over the 16 MiB opmap reads for it"),
 ])
 def test_absurd_files_are_one_line(tmp_path, content, needle):
     """A JSON nested 100,000 deep was a RecursionError traceback; a 16 MB file was read whole."""
@@ -269,3 +269,21 @@ def test_a_long_error_is_cut_at_a_sentence_or_a_word_never_mid_word():
     words = first_line(ValueError("word " * 100))
     assert words.endswith("word...") and len(words) <= 320
     assert first_line(ValueError("short")) == "ValueError: short"
+
+
+def test_a_config_linked_to_dev_zero_is_one_line(tmp_path):
+    """The reader itself: config.json linked to /dev/zero passed its size check (a device's size is 0) and was read
+    without end (MemoryError) where the path's checks before it were raced or skipped. A link is still followed
+    (the hub cache links each snapshot's config.json to a blob), but what it reaches must be a bounded regular
+    file."""
+    from opmap.workloads.hf_config import read_config_file
+
+    p = tmp_path / "config.json"
+    p.symlink_to("/dev/zero")
+    with pytest.raises(OpmapError, match=f"^{re.escape(f'config file {p}')} is a device: expected a regular file$"):
+        read_config_file(p)
+    blob = tmp_path / "blob"
+    blob.write_text(json.dumps(LLAMA))
+    p.unlink()
+    p.symlink_to(blob)  # as the hub cache lays a snapshot out
+    assert read_config_file(p)["num_hidden_layers"] == LLAMA["num_hidden_layers"]

@@ -65,6 +65,7 @@ from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
+from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 from opmap.validate import count, shown
 
 POLICIES = ("eager", "compiler", "engine", "library")
@@ -410,11 +411,8 @@ def parse_fusion_plan(text: str | bytes, origin: str = "<plan>") -> list[list[in
 
 
 def _read_plan(path: Path, graph: OpGraph, is_kernel) -> list[list[int]]:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise OpmapError(f"cannot read fusion plan {path}: {e.strerror or e}") from None
-    groups = parse_fusion_plan(data, str(path))
+    # a path the user typed: their own link is followed, its target still a regular file of bounded size
+    groups = parse_fusion_plan(read_bounded(path, LIMIT_JSON_BYTES, "fusion plan", follow_links=True), str(path))
     seen: set[int] = set()
     for g in groups:
         for nid in g:

@@ -321,13 +321,11 @@ def validate_config(d: Any, where: str) -> dict:
 
 def read_config_file(path: Path, where: str | None = None) -> dict:
     """Parse and validate the config.json at ``path`` (``where`` names it in errors: the path by default)."""
+    from opmap.safeio import read_text_bounded
+
     where = where or f"config file {path}"
-    try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise OpmapError(f"{where} is {size:,} bytes; accepted: a config.json of at most {MAX_CONFIG_BYTES:,} "
-                             "bytes (published ones are a few KB)")
-        d = json.loads(path.read_bytes().decode("utf-8-sig"))  # a byte-order mark (Windows editors) is skipped
+    try:  # a regular file of bounded size; a link followed (the hub cache links snapshots to blobs); BOM skipped
+        d = json.loads(read_text_bounded(path, MAX_CONFIG_BYTES, "config file", follow_links=True))
     except OpmapError:
         raise
     except RecursionError:
