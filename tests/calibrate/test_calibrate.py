@@ -187,3 +187,39 @@ def test_a_shape_is_timed_in_every_kept_format_at_once():
     assert len(cal.skipped) == 1 and cal.skipped[0].startswith("matmul b: one call would take")
     out = b.shapes(["x", "y"], 1.0, makes, [fast, slow], "gemm")  # both kept: timed together, a Sample each
     assert all(s is not None and s.median_s > 0 for s in out) and set(calls) == {"a", "b"}
+
+
+def _stand_in_calibration():
+    """A calibration with stated rates (not measured): enough for the profile writer and the catalog loader."""
+    from opmap.calibrate.fingerprint import fingerprint
+    from opmap.calibrate.run import Calibration
+    from opmap.timing import Sample
+
+    cal = Calibration("cpu", fingerprint(torch.device("cpu")))
+    cal.matmul = [{"m": s, "n": s, "k": s, "dtype": "fp32", "layout": "nt", "flops_per_s": 1e11, "min_s": 1e-4,
+                   "max_s": 1e-4, "iqr_s": 0.0, "samples": 3} for s in (64, 256)]
+    cal.bandwidth = [{"kind": "copy", "bytes": 2 ** 20, "bytes_per_s": 2e10, "min_s": 1e-4, "max_s": 1e-4,
+                      "iqr_s": 0.0, "samples": 3}]
+    cal.launch_overhead = Sample((3e-6, 3e-6, 3e-6))
+    cal.vector = {"fp32": 2e10}
+    cal.transcendental_per_s = 1e9
+    cal.view_overhead_s = 1e-6
+    return cal
+
+
+def test_the_profile_is_never_written_through_a_planted_link(tmp_path):
+    """The profile went through a fixed temporary name (local.tmp) opened by write_text, which follows a link:
+    a link planted there overwrote its target with the profile. The temporary file is now created new (mkstemp),
+    and a link at the profile's own name is replaced, not followed."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    other = tmp_path / "other.txt"
+    other.write_text("keep me too")
+    d = tmp_path / "opmap"
+    d.mkdir()
+    (d / "local.tmp").symlink_to(victim)
+    (d / "local.toml").symlink_to(other)
+    path = write_profile(_stand_in_calibration(), d / "local.toml")
+    assert victim.read_text() == "keep me" and other.read_text() == "keep me too"
+    assert not path.is_symlink() and get_hardware(str(path)).calibration["fingerprint"]
+    assert sorted(p.name for p in d.iterdir()) == ["local.tmp", "local.toml"]  # no temporary file left

@@ -65,3 +65,32 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
         with pytest.raises(OpmapError, match=None) as e:
             compare(good, folder, nowhere)
         assert needle in str(e.value) and "\n" not in str(e.value), (folder, e.value)
+
+
+@pytest.mark.parametrize("kind", ["link to a good file", "link to /dev/zero", "fifo", "over the limit"])
+def test_a_folder_file_must_be_a_bounded_regular_file(tmp_path, kind):
+    """A run folder's file is read as opmap.safeio reads what others wrote: a link was followed (to any file the
+    reader can open), /dev/zero behind a link was skipped as 'nothing to read', a file of any size was read whole.
+    Each is now one line naming the file and what it is."""
+    import os
+
+    from opmap.safeio import LIMIT_JSON_BYTES
+
+    good = _folder(tmp_path, "good", _profile_json(1.0))
+    d = tmp_path / "bad"
+    d.mkdir()
+    f = d / "profile.json"
+    if kind == "link to a good file":
+        f.symlink_to(os.path.join(good, "profile.json"))
+    elif kind == "link to /dev/zero":
+        f.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(f)
+    else:
+        with open(f, "wb") as fh:  # sparse: refused on its size, nothing read
+            fh.truncate(LIMIT_JSON_BYTES + 1)
+    needle = {"link to a good file": "is a symbolic link", "link to /dev/zero": "is a symbolic link",
+              "fifo": "is a FIFO: expected a regular file", "over the limit": "over the 64 MiB opmap reads for it"}
+    with pytest.raises(OpmapError) as e:
+        load(str(d), tmp_path / "no-store.duckdb")
+    assert f"run file {f}" in str(e.value) and needle[kind] in str(e.value) and "\n" not in str(e.value)

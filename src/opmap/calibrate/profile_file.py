@@ -6,6 +6,7 @@ notes and conditions."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,7 +84,9 @@ def is_host_profile(path: Path, device: str) -> bool:
 
 def write_profile(cal: Calibration, path: Path | None = None) -> Path:
     """Write the profile atomically; validate it through the catalog loader first. A busy host's calibration is
-    refused as the host's profile (``path`` None or the cache), written marked anywhere else."""
+    refused as the host's profile (``path`` None or the cache), written marked anywhere else. The temporary file is
+    created new (mkstemp: O_EXCL, a fresh name), so a link planted at a fixed name is never written through; a link
+    at ``path`` is replaced, not followed."""
     path = path or cache_path(cal.device)
     if cal.busy and is_host_profile(path, cal.device):
         raise OpmapError(f"not stored as this host's profile ({visible(path)}): it was measured on a busy host "
@@ -91,7 +94,12 @@ def write_profile(cal: Calibration, path: Path | None = None) -> Path:
     d = to_spec_dict(cal)
     spec_from_dict(d, "calibration")  # refuse to write a profile the loader would reject
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(to_toml(d))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(to_toml(d))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

@@ -50,10 +50,13 @@ def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_profile(path: Path) -> dict[str, Any]:
-    """A calibration profile (TOML) as the payload of a calibrate run."""
+    """A calibration profile (TOML) as the payload of a calibrate run: the file calibrate wrote, a regular file of at
+    most LIMIT_TOML_BYTES read without following a link (opmap.safeio)."""
     import tomllib
 
-    return tomllib.loads(Path(path).read_text())
+    from opmap.safeio import LIMIT_TOML_BYTES, read_text_bounded
+
+    return tomllib.loads(read_text_bounded(path, LIMIT_TOML_BYTES, "calibration profile"))
 
 
 def calibration_tags(d: dict[str, Any], quick: bool = False) -> dict[str, Any]:

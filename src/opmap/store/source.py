@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
 
 # a folder's files, in the order one is chosen where it holds several; each with its run kind
 FOLDER_FILES = (("profile.json", "profile"), ("analysis.json", "analyze"), ("plan.json", "plan"),
@@ -87,9 +88,11 @@ def load(source: str, path: Path | None = None, con=None) -> Run:
 
 
 def _read_json(f: Path, kind: str) -> dict[str, Any]:
+    """A folder's file: a regular file of at most LIMIT_JSON_BYTES, never read through a link (opmap.safeio)."""
+    text = read_text_bounded(f, LIMIT_JSON_BYTES, "run file")
     try:
-        d = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
+        d = json.loads(text)
+    except (ValueError, RecursionError) as e:
         raise OpmapError(f"cannot read {f}: {type(e).__name__}: expected the JSON opmap wrote there") from None
     need = REQUIRED[kind]
     if not isinstance(d, dict) or not d.get(need):
@@ -126,7 +129,7 @@ def from_folder(folder: Path) -> Run:
     """The run in an output folder: the first of FOLDER_FILES it holds."""
     for name, kind in FOLDER_FILES:
         f = folder / name
-        if f.is_file():
+        if f.exists() or f.is_symlink():  # a link, a FIFO, a device at the name: refused by _read_json, named
             d = _read_json(f, kind)
             tags = d.get("tags") if isinstance(d.get("tags"), dict) else {}
             when = tags.get("time_utc") or datetime.fromtimestamp(f.stat().st_mtime, UTC).isoformat(
