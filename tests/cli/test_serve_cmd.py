@@ -250,6 +250,14 @@ def test_serve_refuses_bad_traces_in_one_line(tmp_path, refused, fail_if_called,
     refused("serve", "gpt2", "--arrival", f"trace:{trace}", "--no-store", needle=needle)
 
 
+@pytest.mark.parametrize("path,what", [("/dev/zero", "is a device"), ("/etc", "is a folder")])
+def test_a_trace_path_that_is_not_a_file_says_what_it_is(refused, fail_if_called, path, what):
+    """Before: trace:/dev/zero and trace:/etc said "not found"."""
+    fail_if_called("opmap.serve.simulate")
+    refused("serve", "gpt2", "--arrival", f"trace:{path}", "--no-store",
+            needle=f"trace file {path} {what}: expected a regular file; accepted: JSONL or CSV")
+
+
 def test_requests_zero_with_a_trace_is_refused(tmp_path, refused):
     """Before: the trace was cut to 0 rows and the summary failed with an IndexError traceback."""
     trace = tmp_path / "t.jsonl"

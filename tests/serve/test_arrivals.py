@@ -38,6 +38,37 @@ def test_trace_jsonl_and_csv(tmp_path):
         make_requests(f"trace:{tmp_path / 'nope.csv'}", "1", "1")
 
 
+@pytest.mark.parametrize("kind,what", [("device", "is a device"), ("folder", "is a folder"), ("fifo", "is a FIFO"),
+                                       ("link to a device", "is a device"), ("missing", "not found"),
+                                       ("over the limit", "over the 256 MiB opmap reads for it")])
+def test_a_trace_that_is_not_a_regular_file_is_named(tmp_path, kind, what):
+    """trace:/dev/zero and trace:/etc said "not found"; a FIFO blocked the read. Each now says what the path is
+    and what is accepted (a link the user made is followed to what it names)."""
+    import os
+
+    from opmap.safeio import LIMIT_TRACE_BYTES
+
+    p = {"device": "/dev/zero", "folder": str(tmp_path)}.get(kind, str(tmp_path / "t.jsonl"))
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "link to a device":
+        os.symlink("/dev/zero", p)
+    elif kind == "over the limit":
+        with open(p, "wb") as f:  # sparse: refused on its size, nothing read
+            f.truncate(LIMIT_TRACE_BYTES + 1)
+    with pytest.raises(OpmapError) as e:
+        make_requests(f"trace:{p}", "1", "1")
+    assert str(e.value).startswith(f"trace file {p} ") and what in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).endswith("; accepted: JSONL or CSV (UTF-8, a header row) of arrival_s,input_len,output_len")
+
+
+def test_a_trace_behind_the_users_own_link_is_read(tmp_path):
+    j = tmp_path / "t.jsonl"
+    j.write_text('{"arrival_s": 0.5}\n')
+    (tmp_path / "mine.jsonl").symlink_to(j)
+    assert make_requests(f"trace:{tmp_path / 'mine.jsonl'}", "1", "1").arrival_s.tolist() == [0.5]
+
+
 # -- traces read from text (parse_trace): every value a number in range, one line naming the row and field ------
 
 def _trace_refused(data: str | bytes) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.safeio import LIMIT_TRACE_BYTES, read_bounded
 from opmap.validate import count, finite_number, shown
 
 ARRIVALS_ACCEPTED = "poisson:RATE, gamma:RATE,CV, offline, trace:FILE"
@@ -249,14 +250,14 @@ def parse_trace(data: str | bytes, origin: str = "<trace>") -> dict[str, np.ndar
 
 
 def read_trace(path: str | Path) -> dict[str, np.ndarray]:
-    """Columns of a trace file (JSONL or CSV, see the module docstring; ``parse_trace``), sorted by arrival_s."""
+    """Columns of a trace file (JSONL or CSV, see the module docstring; ``parse_trace``), sorted by arrival_s. The
+    path is the user's (their own link is followed); what it names must be a regular file of at most
+    LIMIT_TRACE_BYTES (opmap.safeio): a folder, a device or a FIFO is named as such, with what is accepted."""
     p = Path(path)
-    if not p.is_file():
-        raise OpmapError(f"trace file {str(p)!r} not found: {TRACE_ACCEPTED}")
     try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise OpmapError(f"cannot read trace file {str(p)!r}: {e.strerror or e}") from None
+        data = read_bounded(p, LIMIT_TRACE_BYTES, "trace file", follow_links=True)
+    except OpmapError as e:
+        raise OpmapError(f"{e}; accepted: {TRACE_ACCEPTED.removeprefix('expected ')}") from None
     return parse_trace(data, repr(str(p)))
 
 
