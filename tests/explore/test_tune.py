@@ -151,6 +151,19 @@ def test_cache_never_follows_a_symlink(tmp_path):
     assert cache.read(d, "k") is None
 
 
+def test_a_fifo_or_a_truncated_entry_is_absent(tmp_path):
+    """The entry was opened without O_NONBLOCK: a FIFO at its name blocked tune and analyze --tuned forever; an
+    entry over the 4 MiB limit was cut there and parsed. Both are now absent (opmap.safeio's bounded read)."""
+    import os
+
+    os.mkfifo(tmp_path / "k.json")
+    assert cache.read(tmp_path, "k") is None
+    body = json.dumps({"schema_version": 1, "key": "big", "candidate_hash": "h", "signature": {}, "candidates": [],
+                       "chosen": {}, "default": {}})
+    (tmp_path / "big.json").write_text(body + " " * cache.ENTRY_LIMIT_BYTES)  # valid JSON past the limit
+    assert cache.read(tmp_path, "big") is None
+
+
 # -- a whole run on a tiny model -------------------------------------------------------------------------------
 
 

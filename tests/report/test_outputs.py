@@ -96,10 +96,21 @@ def test_inputs_are_read_only_as_regular_files(tmp_path):
     with pytest.raises(OpmapError, match="trace.json is a symbolic link"):
         read_input(tmp_path / "trace.json")
     os.mkfifo(tmp_path / "profile.json")  # would block an ordinary open
-    with pytest.raises(OpmapError, match="profile.json is not a regular file"):
+    with pytest.raises(OpmapError, match="profile.json is a FIFO: expected a regular file"):
         read_input(tmp_path / "profile.json")
     (tmp_path / "ok.json").write_text("{}")
     assert read_input(tmp_path / "ok.json") == "{}"
+
+
+def test_an_input_over_the_limit_is_refused_unread(tmp_path):
+    """A run folder's file was read whole, whatever its size (a 64 MiB file of zeros came back as text). It is
+    read through opmap.safeio: at most LIMIT_JSON_BYTES."""
+    from opmap.safeio import LIMIT_JSON_BYTES
+
+    with open(tmp_path / "analysis.json", "wb") as f:  # sparse: refused on its size, nothing read
+        f.truncate(LIMIT_JSON_BYTES + 1)
+    with pytest.raises(OpmapError, match="analysis.json is 64.0 MiB, over the 64 MiB opmap reads for it"):
+        read_input(tmp_path / "analysis.json")
 
 
 def test_a_failed_set_leaves_no_folder_it_created(tmp_path, monkeypatch):

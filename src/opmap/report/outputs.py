@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from opmap.errors import OpmapError
+from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
 from opmap.validate import visible
 
 TMP_PREFIX = ".opmap-tmp-"
@@ -151,21 +152,7 @@ def _swap(out_dir: Path, tmp: Path, names: list[str], gone: list[str]) -> None:
 
 
 def read_input(path: Path) -> str:
-    """The text of ``path``, a regular file read without following a symbolic link (and without blocking on a
-    FIFO): opmap reads a run folder's own files, not what a link there points to."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise OpmapError(f"{path} is a symbolic link: opmap reads only regular files in a run folder "
-                             "(copy the file in, or name the folder it points into)") from None
-        raise OpmapError(f"cannot read {path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OpmapError(f"{path} is not a regular file: opmap reads only regular files in a run folder")
-        data = f.read()
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise OpmapError(f"cannot read {path}: not UTF-8 text; expected the JSON opmap wrote there") from None
+    """The text of a run folder's file: opmap.safeio's bounded read (a regular file of at most LIMIT_JSON_BYTES,
+    opened without following a symbolic link and without blocking on a FIFO): opmap reads a run folder's own
+    files, not what a link there points to."""
+    return read_text_bounded(path, LIMIT_JSON_BYTES, "run file")

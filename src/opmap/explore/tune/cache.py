@@ -9,8 +9,9 @@ measurement is cached the same way, keyed by the model, its signatures and the c
 run that changes nothing reads it too instead of running the model again.
 
 Entries are parsed, never executed (JSON, no pickle); written atomically (a temporary file created beside
-it with O_EXCL | O_NOFOLLOW, then renamed over); read with O_NOFOLLOW; a cache folder that is a symlink, or an
-entry that does not parse or lacks its fields, counts as absent (the signature is tuned again and the entry
+it with O_EXCL | O_NOFOLLOW, then renamed over); read through opmap.safeio (a regular file of at most
+ENTRY_LIMIT_BYTES, no link followed, a FIFO never blocking); a cache folder that is a symlink, or an entry that
+does not parse or lacks its fields, counts as absent (the signature is tuned again and the entry
 rewritten).
 """
 
@@ -23,9 +24,12 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from opmap.errors import OpmapError
+from opmap.safeio import read_bounded
 from opmap.validate import json_text
 
 CACHE_SCHEMA_VERSION = 1
+ENTRY_LIMIT_BYTES = 1 << 22  # 4 MiB: far above any entry; a larger file is not one of ours
 _FIELDS = ("schema_version", "key", "candidate_hash", "signature", "candidates", "chosen", "default")
 
 
@@ -72,15 +76,9 @@ def read(d: Path, key: str, fields: tuple[str, ...] = _FIELDS) -> dict[str, Any]
     """The entry ``key`` in folder ``d``, or None: absent, a symlink, unparsable or missing one of ``fields``."""
     if not _safe_dir(d):
         return None
-    try:
-        fd = os.open(d / f"{key}.json", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(1 << 22)  # 4 MiB: far above any entry; a larger file is not one of ours
-        entry = json.loads(raw)
-    except (OSError, ValueError):
+    try:  # a regular file of at most 4 MiB (far above any entry), no link followed, a FIFO never blocking
+        entry = json.loads(read_bounded(d / f"{key}.json", ENTRY_LIMIT_BYTES, "tuning cache entry"))
+    except (OpmapError, ValueError, RecursionError):
         return None
     if not isinstance(entry, dict) or any(k not in entry for k in fields):
         return None
