@@ -91,8 +91,9 @@ def finite_number(value: Any, field: str, *, lo: float | None = None, hi: float 
 
 
 def positive(value: Any, field: str, *, hi: float | None = None, unit: str = "") -> float:
-    """A finite number > 0 (at most ``hi``)."""
-    return finite_number(value, field, lo=0, lo_open=True, hi=hi, unit=unit)
+    """A finite number > 0, at most ``hi`` (by default the unit's plausibility ceiling, ``CEILINGS``)."""
+    rule = positive_in(unit)
+    return finite_number(value, field, **({**rule, "hi": hi} if hi is not None else rule))
 
 
 def count(value: Any, field: str, *, lo: int = 1, hi: int | None = None) -> int:
@@ -117,9 +118,41 @@ SEED = {"lo": 0, "hi": SEED_MAX, "integer": True}
 POSITIVE = {"lo": 0, "lo_open": True}
 
 
+# Plausibility ceilings, by unit. A finite number far past anything real is a typo or a unit slip (1e308 for 1e3),
+# and carried through the arithmetic it gives figures without a word (``--service-time fixed:1e308``: a p99 TTFT of
+# inf). Each ceiling sits far above the largest real value of its kind, named beside it; a refusal quotes it:
+# "--slo-ttft must be a number > 0 and <= 86400000 ms (one day at most) (got 1e+308)".
+CEILINGS: dict[str, tuple[float, str]] = {
+    # latency limits (SLOs), service times, batching waits: serving targets are milliseconds to seconds (MLPerf
+    # llama2-70b: TTFT 2 s, TPOT 200 ms); no request waits a day. MAX_REQUESTS such requests in a row stay finite
+    "ms": (86_400_000.0, "one day"),
+    # a bench run's length, one request's time limit: soak tests run hours to days
+    "s": (7 * 86_400.0, "one week"),
+    # offered load: a million requests a second is past any one endpoint (a day of it is 8.6e10 requests);
+    # beyond it the gaps between arrivals fall under the float spacing of the times they are added to
+    "requests/s": (1e6, ""),
+    # a deployment's power draw: the largest AI campuses announced are about a gigawatt (one fit cell is a node)
+    "W": (1e9, "a gigawatt"),
+    # a device-hour: cloud GPUs rent at about 1 to 12 USD an hour (H100, B200 on-demand, 2025)
+    "USD per hour": (1e4, ""),
+    # an HTML report's size limit: a page of a terabyte opens in no browser
+    "MB": (1e6, "a terabyte"),
+}
+
+
+def plausible(unit: str, *, lo: float = 0, lo_open: bool = False) -> dict[str, Any]:
+    """The rule of a finite number from ``lo`` to ``unit``'s plausibility ceiling (``CEILINGS``; no ceiling for a
+    unit not listed there): for ``options`` and ``finite_number``."""
+    rule: dict[str, Any] = {"lo": lo, "lo_open": lo_open, "unit": unit}
+    if unit in CEILINGS:
+        hi, why = CEILINGS[unit]
+        rule.update(hi=hi, unit=f"{unit} ({why} at most)" if why else unit)
+    return rule
+
+
 def positive_in(unit: str) -> dict[str, Any]:
-    """The rule of a finite number > 0 in ``unit`` (ms, W, MB): for ``options``."""
-    return {**POSITIVE, "unit": unit}
+    """The rule of a finite number > 0 in ``unit`` (ms, W, MB), at most its plausibility ceiling: for ``options``."""
+    return plausible(unit, lo_open=True)
 
 
 def _clean(x: Any, path: str, bad: dict[str, str]) -> Any:

@@ -69,8 +69,15 @@ def test_a_dead_endpoint_is_one_line_exit_2_and_nothing_written(tmp_path, refuse
     (["--arrival", "burst:1"], "constant:RATE"),
     (["--api", "embeddings"], "accepted: completions, chat"),
     (["--requests", "0"], "--requests must be an integer"),
-    (["--slo-ttft", "-5"], "--slo-ttft must be a number > 0 ms"),
+    (["--slo-ttft", "-5"], "--slo-ttft must be a number > 0 and <= 86400000 ms"),
     (["--output-len", "uniform:5,2"], "length"),
+    # finite but absurd (opmap.validate.CEILINGS); before, each was taken as it was
+    (["--timeout", "1e300"], "--timeout must be a number > 0 and <= 604800 s (one week at most) (got 1e+300)"),
+    (["--duration", "1e300"], "--duration must be a number > 0 and <= 604800 s (one week at most) (got 1e+300)"),
+    (["--min-duration", "1e300"], "--min-duration must be a number from 0 to 604800 s (one week at most)"),
+    (["--slo-tpot", "1e308"], "--slo-tpot must be a number > 0 and <= 86400000 ms (one day at most) (got 1e+308)"),
+    (["--arrival", "constant:1e300"], "RATE must be a number > 0 and <= 1000000 requests/s (got 1e+300)"),
+    (["--arrival", "poisson:1e300"], "RATE must be a number > 0 and <= 1000000 requests/s (got 1e+300)"),
 ])
 def test_bad_input_is_refused_before_any_request(refused, args, needle):
     refused("bench", f"http://127.0.0.1:{_free_port()}", "--model", "m", "--no-store", *args, needle=needle)

@@ -90,4 +90,16 @@ def test_fit_refuses_a_price_that_is_not_a_positive_number(refused, fail_if_call
     fail_if_called("opmap.explore.fit.fit_matrix")
     for usd in ("nan", "inf", "0", "-2"):
         line = refused("fit", "--models", "gpt2", "--hardware", "l4", "--price", f"l4={usd}", needle="--price l4")
-        assert line.endswith(f"--price l4 must be a number > 0 USD per hour (got {float(usd):g})")
+        assert line.endswith(f"--price l4 must be a number > 0 and <= 10000 USD per hour (got {float(usd):g})")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--price", "l4=1e300"), "--price l4 must be a number > 0 and <= 10000 USD per hour (got 1e+300)"),
+    (("--power-budget", "1e300"), "--power-budget must be a number > 0 and <= 1000000000 W (a gigawatt at most)"),
+    (("--slo-tpot", "1e308"), "--slo-tpot must be a number > 0 and <= 86400000 ms (one day at most) (got 1e+308)"),
+])
+def test_fit_refuses_absurd_numbers(refused, fail_if_called, args, needle):
+    """Before: a price of 1e300 USD an hour, a power budget of 1e300 W or a TPOT limit of 1e308 ms were taken as they
+    were (opmap.validate.CEILINGS)."""
+    fail_if_called("opmap.explore.fit.fit_matrix")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", *args, needle=needle)

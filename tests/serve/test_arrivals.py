@@ -146,11 +146,13 @@ def test_a_rate_too_low_for_the_requests_is_refused_not_simulated_at_1e10_s():
 
 
 @pytest.mark.parametrize("spec,expected", [
-    ("poisson:nan", "arrival 'poisson:nan': RATE must be a number > 0 requests/s (got nan)"),
-    ("poisson:inf", "arrival 'poisson:inf': RATE must be a number > 0 requests/s (got inf)"),
-    ("poisson:0", "arrival 'poisson:0': RATE must be a number > 0 requests/s (got 0)"),
+    ("poisson:nan", "arrival 'poisson:nan': RATE must be a number > 0 and <= 1000000 requests/s (got nan)"),
+    ("poisson:inf", "arrival 'poisson:inf': RATE must be a number > 0 and <= 1000000 requests/s (got inf)"),
+    ("poisson:0", "arrival 'poisson:0': RATE must be a number > 0 and <= 1000000 requests/s (got 0)"),
     ("gamma:1,1e-200", "arrival 'gamma:1,1e-200': CV must be a number from 0.001 to 1000 (got 1e-200)"),
     ("gamma:1,nan", "arrival 'gamma:1,nan': CV must be a number from 0.001 to 1000 (got nan)"),
+    # finite but absurd: a rate past opmap.validate.CEILINGS (a million requests a second) was taken as it was
+    ("poisson:1e300", "arrival 'poisson:1e300': RATE must be a number > 0 and <= 1000000 requests/s (got 1e+300)"),
 ])
 def test_arrival_specs_refuse_nan_inf_zero_and_absurd_cv(spec, expected):
     from opmap.serve.arrivals import parse_arrival

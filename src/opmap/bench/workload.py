@@ -31,6 +31,7 @@ from opmap.serve.arrivals import (
     make_requests,
     parse_arrival,
 )
+from opmap.validate import finite_number, positive_in
 
 ARRIVALS_ACCEPTED = "poisson:RATE, constant:RATE, gamma:RATE,CV, offline, trace:FILE"
 WORDS = tuple(dict.fromkeys((
@@ -68,9 +69,10 @@ def parse_load_arrival(spec: str) -> Arrival:
             rate = float(body)
         except ValueError:
             rate = float("nan")
-        if not math.isfinite(rate) or rate <= 0:
-            raise OpmapError(f"bad arrival {spec!r}: RATE must be a number > 0 requests/s; accepted: "
-                             f"{ARRIVALS_ACCEPTED}")
+        try:  # serve's rule for a rate: > 0, at most the plausibility ceiling (opmap.validate.CEILINGS)
+            rate = finite_number(rate, f"arrival {spec!r}: RATE", **positive_in("requests/s"))
+        except OpmapError as e:
+            raise OpmapError(f"{e}; accepted: {ARRIVALS_ACCEPTED}") from None
         return Constant("constant", rate)
     try:
         return parse_arrival(s)

@@ -13,7 +13,7 @@ import typer
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
-from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, positive_in
+from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, plausible, positive_in
 
 if TYPE_CHECKING:
     import numpy as np
@@ -93,7 +93,7 @@ def bench(
     options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
              "--warmup": (warmup, INT_GE0), "--seed": (seed, SEED), "--min-queries": (min_queries, INT_GE0),
              "--duration": (duration, positive_in("s")), "--timeout": (timeout, positive_in("s")),
-             "--min-duration": (min_duration, {"lo": 0, "unit": "s"}),
+             "--min-duration": (min_duration, plausible("s")),
              **{k: (v, positive_in("ms")) for k, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot))}})
     if api not in APIS:
         raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")

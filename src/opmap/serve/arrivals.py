@@ -29,7 +29,7 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.safeio import LIMIT_TRACE_BYTES, read_bounded
-from opmap.validate import count, finite_number, shown
+from opmap.validate import count, finite_number, positive_in, shown
 
 ARRIVALS_ACCEPTED = "poisson:RATE, gamma:RATE,CV, offline, trace:FILE"
 LENGTHS_ACCEPTED = "N, uniform:A,B, normal:MEAN,STD[,MAX], lognormal:MEDIAN,SIGMA[,MAX], trace"
@@ -135,7 +135,7 @@ def parse_arrival(spec: str) -> Arrival:
         return Arrival("offline")
     if kind == "trace" and body:
         return Arrival("trace", path=body)
-    rate_rule = {"lo": 0, "lo_open": True, "unit": "requests/s"}
+    rate_rule = positive_in("requests/s")  # at most the plausibility ceiling (opmap.validate.CEILINGS)
     if kind == "poisson":
         (rate,) = _floats(spec, body, 1, "arrival")
         return Arrival("poisson", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, **rate_rule))

@@ -20,8 +20,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.validate import finite_number, positive_in
 
-SERVICE_ACCEPTED = "fixed:MS, exp:MS (MS the mean service time in milliseconds, > 0)"
+SERVICE_ACCEPTED = "fixed:MS, exp:MS (MS the mean service time in milliseconds, > 0, at most a day)"
 
 
 @runtime_checkable
@@ -248,11 +249,17 @@ class ServiceTime:
 
 
 def parse_service_time(spec: str) -> ServiceTime:
+    """``fixed:MS`` or ``exp:MS``: MS a number > 0, at most the plausibility ceiling of a time in ms (one day:
+    opmap.validate.CEILINGS; fixed:1e308 printed a p99 TTFT of inf)."""
     kind, _, body = spec.strip().partition(":")
     try:
         ms = float(body)
     except ValueError:
-        ms = float("nan")
-    if kind in ("fixed", "exp") and ms > 0 and np.isfinite(ms):
-        return ServiceTime(kind, ms / 1e3)
-    raise OpmapError(f"bad service time {spec!r}: accepted: {SERVICE_ACCEPTED}")
+        ms = None
+    if kind not in ("fixed", "exp") or ms is None:
+        raise OpmapError(f"bad service time {spec!r}: accepted: {SERVICE_ACCEPTED}")
+    try:
+        ms = finite_number(ms, f"service time {spec!r}: MS", **positive_in("ms"))
+    except OpmapError as e:
+        raise OpmapError(f"{e}; accepted: {SERVICE_ACCEPTED}") from None
+    return ServiceTime(kind, ms / 1e3)

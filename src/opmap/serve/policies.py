@@ -22,12 +22,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.validate import INT_GE1, INT_MAX, options
+from opmap.validate import INT_GE1, INT_MAX, finite_number, options, plausible
 
 ACCEPTED = ("none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK, "
             "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict]]")
@@ -164,8 +163,10 @@ def parse_policy(spec: str) -> Policy:
             wait_ms = float(w)
         except ValueError:
             raise _bad(spec, "WAIT_MS is a number of milliseconds") from None
-        if not (wait_ms >= 0 and math.isfinite(wait_ms)):
-            raise _bad(spec, "WAIT_MS must be a finite number >= 0")
+        try:
+            wait_ms = finite_number(wait_ms, "WAIT_MS", **plausible("ms"))  # at most a day (validate.CEILINGS)
+        except OpmapError as e:
+            raise _bad(spec, str(e)) from None
         return Dynamic(_ints(spec, b), wait_ms / 1e3)
     if kind == "continuous":
         return Continuous(_ints(spec, body)) if body else Continuous()
