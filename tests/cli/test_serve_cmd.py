@@ -155,6 +155,44 @@ def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)
 
 
+# Finite but absurd: before, each ran and printed figures without a word (fixed:1e308: p99 TTFT inf ms; a rate of
+# 1e300 requests/s, a WAIT_MS or an SLO of 1e308 taken as they are). The ceilings: opmap.validate.CEILINGS.
+@pytest.mark.parametrize("args,needle", [
+    (("--service-time", "fixed:1e308", "--policy", "none"),
+     "service time 'fixed:1e308': MS must be a number > 0 and <= 86400000 ms (one day at most) (got 1e+308)"),
+    (("--service-time", "exp:1e300", "--policy", "none"), "MS must be a number > 0 and <= 86400000 ms"),
+    (("--service-time", "exp:0", "--policy", "none"), "MS must be a number > 0 and <= 86400000 ms (one day at most) "
+                                                      "(got 0); accepted: fixed:MS, exp:MS"),
+    (("--service-time", "fixed:10", "--policy", "dynamic:8,1e308"),
+     "WAIT_MS must be a number from 0 to 86400000 ms (one day at most) (got 1e+308)"),
+    (("--service-time", "fixed:10", "--policy", "none", "--arrival", "poisson:1e300"),
+     "arrival 'poisson:1e300': RATE must be a number > 0 and <= 1000000 requests/s (got 1e+300)"),
+    (("--service-time", "fixed:10", "--policy", "none", "--arrival", "gamma:1e300,2"),
+     "RATE must be a number > 0 and <= 1000000 requests/s (got 1e+300)"),
+    (("--slo-ttft", "1e308"), "--slo-ttft must be a number > 0 and <= 86400000 ms (one day at most) (got 1e+308)"),
+    (("--slo-p99", "1e200"), "--slo-p99 must be a number > 0 and <= 86400000 ms (one day at most) (got 1e+200)"),
+])
+def test_serve_refuses_absurd_numbers_before_simulating(refused, fail_if_called, args, needle):
+    fail_if_called("opmap.serve.summarize")
+    fail_if_called("opmap.serve.model_cost.model_table_cost")
+    refused("serve", "gpt2", "--requests", 50, "--no-store", *args, needle=needle)
+
+
+def test_serve_refuses_a_hardware_peak_past_any_device(tmp_path, refused, fail_if_called):
+    """The issue's case: a TOML whose bf16 peak is 1e308 priced a p99 TTFT of ~6e+293 ms (exit 0). The peak is
+    now refused in one line naming the field, the value and the range (hardware.curves.MAX_FLOPS_PER_S)."""
+    from opmap.hardware.spec import CATALOG_DIR
+
+    text = (CATALOG_DIR / "h100-sxm.toml").read_text().split("\n[calibration]")[0]
+    old = "[matrix_peak_flops_per_s.bf16]\nvalue = 989.4e12"
+    assert old in text
+    f = tmp_path / "fast.toml"
+    f.write_text(text.replace(old, "[matrix_peak_flops_per_s.bf16]\nvalue = 1e308"))
+    fail_if_called("opmap.serve.model_cost.model_table_cost")
+    refused("serve", "gpt2", "--hardware", f, "--requests", 50, "--no-store",
+            needle="matrix_peak_flops_per_s.bf16.value must be a number from 1000000 to 1e+18 FLOP/s (got 1e+308)")
+
+
 # rich markup that does not balance, a clear-screen CSI, an OSC 8 hyperlink: each crashed or reached the terminal
 EVIL = "m[/b]\x1b[2J\x1b]8;;http://evil\x1b\\x"
 

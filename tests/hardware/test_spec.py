@@ -43,22 +43,60 @@ def test_the_catalog_file_parses_from_text():
 ])
 def test_a_rate_must_be_finite_and_positive(value, got):
     msg = _refused(_with("memory_bandwidth_bytes_per_s", value))
-    assert msg == f"dev.toml: memory_bandwidth_bytes_per_s.value must be a number > 0 (got {got})"
+    assert msg == f"dev.toml: memory_bandwidth_bytes_per_s.value must be a number from 1000000 to 1e+17 B/s (got {got})"
 
 
 @pytest.mark.parametrize("table", ["matrix_peak_flops_per_s.bf16", "vector_peak_flops_per_s.fp32",
                                    "launch_overhead_s", "tdp_w", "scale_up_latency_s"])
 def test_peaks_times_and_powers_refuse_nan_and_zero(table):
     for value in ("nan", "0"):
-        assert f"{table}.value must be a number > 0" in _refused(_with(table, value))
+        assert f"{table}.value must be a number " in _refused(_with(table, value))
+
+
+# A finite value far past any device was accepted and priced: a bf16 peak of 1e308 FLOP/s, a launch of a day.
+# Each field's ceiling (spec.FIELD_RULES, curves.MAX_FLOPS_PER_S / MAX_BYTES_PER_S) sits above the fastest part
+# published: GB300 15 PFLOP/s dense fp4, Cerebras WSE-3 125 PFLOP/s and 21 PB/s on the wafer.
+@pytest.mark.parametrize("table,value,expected", [
+    ("matrix_peak_flops_per_s.bf16", "1e308",
+     "matrix_peak_flops_per_s.bf16.value must be a number from 1000000 to 1e+18 FLOP/s (got 1e+308)"),
+    ("matrix_peak_flops_per_s.bf16", "1e-300",
+     "matrix_peak_flops_per_s.bf16.value must be a number from 1000000 to 1e+18 FLOP/s (got 1e-300)"),
+    ("vector_peak_flops_per_s.fp32", "2e18",
+     "vector_peak_flops_per_s.fp32.value must be a number from 1000000 to 1e+18 FLOP/s (got 2e+18)"),
+    ("memory_bandwidth_bytes_per_s", "3.35e30",
+     "memory_bandwidth_bytes_per_s.value must be a number from 1000000 to 1e+17 B/s (got 3.35e+30)"),
+    ("memory_bytes", "8e300", "memory_bytes.value must be a number > 0 and <= 1e+16 B (got 8e+300)"),
+    ("launch_overhead_s", "86400", "launch_overhead_s.value must be a number > 0 and <= 1 s (got 86400)"),
+    ("scale_up_latency_s", "1e10", "scale_up_latency_s.value must be a number > 0 and <= 1 s (got 1e+10)"),
+    ("tdp_w", "7e8", "tdp_w.value must be a number > 0 and <= 1000000 W (got 7e+08)"),
+    ("clock_hz", "1.98e15", "clock_hz.value must be a number from 1000000 to 100000000000 Hz (got 1.98e+15)"),
+    ("compute_units", "132000000", "compute_units.value must be an integer from 1 to 10000000 (got 132000000)"),
+    ("devices_per_node", "1e9", "devices_per_node.value must be an integer from 1 to 1000000 (got 1e+09)"),
+])
+def test_a_value_past_any_device_is_refused(table, value, expected):
+    assert _refused(_with(table, value)).endswith(expected)
+
+
+def test_every_scalar_field_has_a_ceiling():
+    from opmap.hardware.spec import FIELD_RULES, SCALAR_FIELDS
+
+    assert set(FIELD_RULES) == set(SCALAR_FIELDS)
+    assert all(rule.get("hi") is not None for rule in FIELD_RULES.values())
+
+
+def test_the_catalog_is_inside_its_ceilings():
+    """The ceilings sit above every real device: the whole catalog still loads."""
+    from opmap.hardware.spec import catalog
+
+    assert len(catalog()) >= 16
 
 
 @pytest.mark.parametrize("table,value,expected", [
-    ("compute_units", "131.5", "compute_units.value must be an integer >= 1 (got 131.5)"),
-    ("compute_units", "0", "compute_units.value must be an integer >= 1 (got 0)"),
-    ("devices_per_node", "-8", "devices_per_node.value must be an integer >= 1 (got -8)"),
+    ("compute_units", "131.5", "compute_units.value must be an integer from 1 to 10000000 (got 131.5)"),
+    ("compute_units", "0", "compute_units.value must be an integer from 1 to 10000000 (got 0)"),
+    ("devices_per_node", "-8", "devices_per_node.value must be an integer from 1 to 1000000 (got -8)"),
     ("in_switch_reduction", "2", "in_switch_reduction.value must be an integer from 0 to 1 (got 2)"),
-    ("sparsity_factor", "0.5", "sparsity_factor.value must be a number >= 1 (got 0.5)"),
+    ("sparsity_factor", "0.5", "sparsity_factor.value must be a number from 1 to 16 (got 0.5)"),
 ])
 def test_counts_flags_and_factors_have_their_own_ranges(table, value, expected):
     assert _refused(_with(table, value)).endswith(expected)
@@ -108,7 +146,9 @@ bytes_per_s = 1e10
 
 @pytest.mark.parametrize("rate,nbytes,expected", [
     ("nan", "1048576", "calibration.matmul[0].flops_per_s must be a finite number (got nan)"),
-    ("-1e11", "1048576", "calibration.matmul[0].flops_per_s must be a number >= 0 (got -1e+11)"),
+    ("-1e11", "1048576", "calibration.matmul[0].flops_per_s must be a number from 0 to 1e+18 FLOP/s (got -1e+11)"),
+    # a rate past any device (curves.MAX_FLOPS_PER_S) was accepted and priced
+    ("1e308", "1048576", "calibration.matmul[0].flops_per_s must be a number from 0 to 1e+18 FLOP/s (got 1e+308)"),
     ("1e11", "0", "calibration.bandwidth[0].bytes must be an integer >= 1 (got 0)"),
     ("1e11", '"big"', "calibration.bandwidth[0].bytes must be an integer >= 1 (got 'big')"),
 ])

@@ -49,6 +49,17 @@ from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
 from opmap.validate import finite_number, shown
 
 NEAREST = 4
+# Plausibility ceilings of a device's rates (a hardware TOML, a calibration's rows): a finite value far past any
+# device is a typo (a peak of 1e308 priced a TTFT of 5.654e+293 ms without a word). The fastest devices published:
+# NVIDIA GB300 about 15 PFLOP/s dense fp4 (a GPU), Cerebras WSE-3 125 PFLOP/s and 21 PB/s of on-wafer SRAM (a
+# wafer); the ceilings sit 8x and 5x above the wafer. The floors are slower than any device memory or link (a
+# MB/s) or any processor opmap could map a network onto (a MFLOP/s); the catalog's smallest are 3e12 and 3e9.
+MAX_FLOPS_PER_S = 1e18
+MAX_BYTES_PER_S = 1e17
+MIN_FLOPS_PER_S = MIN_BYTES_PER_S = 1e6
+# A fused attention kernel's time with dropout over without: published factors are 1.03 to 1.8 (NeMo, Megatron-Core
+# 2024); past 100 the figure is a typo, not a kernel
+MAX_DROPOUT_FACTOR = 100.0
 GRID_DIR = Path(__file__).with_name("catalog")  # where a catalog device's gemm_grid file lives
 GRID_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.gemm\.json")
 KERNEL_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
@@ -125,20 +136,22 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
                 if not isinstance(r[k], str):
                     raise OpmapError(f"{at}.{k} must be a string (got {shown(r[k])})")
             # a copy's time is bytes / rate: a zero rate means nothing there; elsewhere 0 marks a failed shape
-            finite_number(r[rate], f"{at}.{rate}", lo=0, lo_open=table == "bandwidth")
+            bw = table == "bandwidth"
+            finite_number(r[rate], f"{at}.{rate}", lo=0, lo_open=bw, hi=MAX_BYTES_PER_S if bw else MAX_FLOPS_PER_S,
+                          unit="B/s" if bw else "FLOP/s")
     for key in ("vector_rates", "vector_kinds"):
         rates = cal.get(key, {})
         if not isinstance(rates, dict):
             raise OpmapError(f"{where}.{key} must be a table (got {shown(rates)})")
         for k, v in rates.items():
-            finite_number(v, f"{where}.{key}.{k}", lo=0)
+            finite_number(v, f"{where}.{key}.{k}", lo=0, hi=MAX_FLOPS_PER_S)
     if "gemm_grid" in cal:
         g = cal["gemm_grid"]
         if not isinstance(g, str) or not GRID_NAME.fullmatch(g):
             raise OpmapError(f"{where}.gemm_grid must name a file beside the catalog's TOML files, such as "
                              f"'h100-sxm.gemm.json' (got {shown(g)})")
     if "view_overhead_s" in cal:
-        finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, unit="s")
+        finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, hi=1, unit="s")
     for i, r in enumerate(cal.get("attention", [])):
         if "kernel" in r and not (isinstance(r["kernel"], str) and KERNEL_NAME.fullmatch(r["kernel"])):
             raise OpmapError(f"{where}.attention[{i}].kernel must name a kernel in lower case, such as 'cudnn' or "
@@ -151,7 +164,7 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
         if not isinstance(r, dict) or "factor" not in r:
             raise OpmapError(f"{at} must be a table with a factor (time with dropout over time without) and the "
                              f"kernel it was measured on (got {shown(r)})")
-        finite_number(r["factor"], f"{at}.factor", lo=1)
+        finite_number(r["factor"], f"{at}.factor", lo=1, hi=MAX_DROPOUT_FACTOR)
         if "kernel" in r and r["kernel"] not in attention_kernels(cal):
             raise OpmapError(f"{at}.kernel {shown(r['kernel'])} names no measured attention rows; accepted: "
                              f"{', '.join(attention_kernels(cal)) or 'none (no row names a kernel)'}")
@@ -415,10 +428,10 @@ def with_attention_dropout(hw, factor: float | None, why: str, field: str = "att
     """``hw`` with its priced attention kernel running ``factor`` times longer when it drops scores than its
     measured no-dropout rows (a software stack's own dropout path: ``why`` says where the factor comes from, and
     the analysis prints it); None: ``hw`` as it is. Refused in one line naming ``field`` unless ``factor`` is a
-    finite number of at least 1."""
+    finite number from 1 to MAX_DROPOUT_FACTOR."""
     if factor is None:
         return hw
-    finite_number(factor, field, lo=1)
+    finite_number(factor, field, lo=1, hi=MAX_DROPOUT_FACTOR)
     kernel = selected_attention_kernel(hw.calibration)
     row = {"factor": float(factor), "source": why, **({"kernel": kernel} if kernel is not None else {})}
     kept = [r for r in hw.calibration.get("attention_dropout", []) if r.get("kernel") != kernel]

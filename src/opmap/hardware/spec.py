@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.hardware.curves import Curves, check_calibration
+from opmap.hardware.curves import (
+    MAX_BYTES_PER_S,
+    MAX_FLOPS_PER_S,
+    MIN_BYTES_PER_S,
+    MIN_FLOPS_PER_S,
+    Curves,
+    check_calibration,
+)
 from opmap.hardware.local import cache_path
 from opmap.precision import FORMATS
 from opmap.safeio import LIMIT_TOML_BYTES, read_bounded
@@ -120,13 +127,43 @@ ACHIEVABLE_FIGURES = ("achievable_matrix_flops_per_s", "achievable_memory_bandwi
 REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
 # What a field's value may be (opmap.validate.finite_number's keywords); a field not listed: RATE. Every value is
 # finite (TOML spells nan and inf, and 1e400 reads as inf); zero or a negative means nothing for a rate, a size,
-# a time or a power.
+# a time or a power. Each is also plausible: a finite value far past any device (a peak of 1e308 FLOP/s, a launch
+# of a year) is a typo that would price absurd figures without a word, so every field has a ceiling well above
+# the largest real value of its kind, named beside it (rates: opmap.hardware.curves.MAX_FLOPS_PER_S and
+# MAX_BYTES_PER_S, with their reasons).
 RATE = {"lo": 0, "lo_open": True}
+FLOPS = {"lo": MIN_FLOPS_PER_S, "hi": MAX_FLOPS_PER_S, "unit": "FLOP/s"}  # every peak, achievable, sustained rate
+BANDWIDTH = {"lo": MIN_BYTES_PER_S, "hi": MAX_BYTES_PER_S, "unit": "B/s"}
+# memory and caches: Cerebras MemoryX holds up to 1.2 PB for one CS-3, a CPU host tens of TB; 10 PB is past both
+CAPACITY = {**RATE, "hi": 1e16, "unit": "B"}
+# launch, hop and network latencies are microseconds (the catalog's: 0.6 to 5 us); a second is a hang, not a latency
+LATENCY = {**RATE, "hi": 1.0, "unit": "s"}
+# a device's draw: a GB300 GPU about 1.4 kW, a Cerebras CS-3 system 23 kW; a megawatt is no one device
+POWER = {**RATE, "hi": 1e6, "unit": "W"}
+# per compute unit per clock (shared memory bytes, transcendental results): 128 and 16 in the catalog
+PER_CLOCK = {**RATE, "hi": 1e6}
 FIELD_RULES: dict[str, dict[str, Any]] = {
-    "sparsity_factor": {"lo": 1},  # sparse over dense: 2 for 2:4
-    "compute_units": {"lo": 1, "integer": True},
-    "devices_per_node": {"lo": 1, "integer": True},
-    "mma_min_m": {"lo": 1, "integer": True},
+    "sparsity_factor": {"lo": 1, "hi": 16},  # sparse over dense: 2 for 2:4 (the only structured sparsity sold)
+    "memory_bytes": CAPACITY,
+    "memory_bandwidth_bytes_per_s": BANDWIDTH,
+    "achievable_memory_bandwidth_bytes_per_s": BANDWIDTH,
+    "l2_bytes": CAPACITY,
+    "sram_per_unit_bytes": CAPACITY,
+    "compute_units": {"lo": 1, "hi": 10**7, "integer": True},  # Cerebras WSE-3: 900,000 cores on a wafer
+    "clock_hz": {"lo": 1e6, "hi": 1e11, "unit": "Hz"},  # shipping clocks: 0.5 to 6.2 GHz
+    "tdp_w": POWER,
+    "idle_power_w": POWER,
+    "scale_up_bandwidth_bytes_per_s": BANDWIDTH,
+    "scale_out_bandwidth_bytes_per_s": BANDWIDTH,
+    "in_switch_bandwidth_bytes_per_s": BANDWIDTH,
+    "launch_overhead_s": LATENCY,
+    "scale_up_latency_s": LATENCY,
+    "scale_out_latency_s": LATENCY,
+    "sram_bandwidth_bytes_per_clk": PER_CLOCK,
+    "sfu_ops_per_clk": PER_CLOCK,
+    "power_window_s": {**RATE, "hi": 3600.0, "unit": "s"},  # boost to sustained: 0.03 s on the L4; an hour at most
+    "mma_min_m": {"lo": 1, "hi": 4096, "integer": True},  # 64 rows (Hopper wgmma)
+    "devices_per_node": {"lo": 1, "hi": 10**6, "integer": True},  # a TPU v5p pod: 8,960 chips on one torus
     "stream_k_gemm": {"lo": 0, "hi": 1, "integer": True},  # a flag: 0 or 1
     "in_switch_reduction": {"lo": 0, "hi": 1, "integer": True},
 }
@@ -391,7 +428,7 @@ def _peaks(raw: Any, where: str) -> dict[str, Value]:
     for dtype, v in raw.items():
         if dtype not in DTYPES:
             raise OpmapError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        out[dtype] = _value(v, f"{where}.{dtype}")
+        out[dtype] = _value(v, f"{where}.{dtype}", FLOPS)
     return out
 
 
