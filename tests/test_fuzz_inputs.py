@@ -301,23 +301,52 @@ def _hf_read(path: Path):
     load_config(str(path))
 
 
+def _folder_read(path: Path):
+    """A run folder as compare, memo and report read it (opmap.store.source.load): the file is the folder's
+    analysis.json. Its link to the mutated file is the reader's to refuse, so the bytes are copied in."""
+    from opmap.store.source import load
+
+    folder = path.parent / "run-folder"
+    folder.mkdir(exist_ok=True)
+    target = folder / "analysis.json"
+    target.unlink(missing_ok=True)
+    target.write_bytes(path.read_bytes())
+    load(str(folder), path.parent / "no-store.duckdb")
+
+
+_TUNE = {"schema_version": 1, "key": "k", "candidate_hash": "h", "signature": {"key": "gemm:1x2x3x0:fp32:nt"},
+         "candidates": [{"label": "default", "s": 1e-4}], "chosen": {"label": "default"}, "default": {"s": 1e-4}}
+
+
+def _tune_read(path: Path):
+    """The tuning cache's entry ``k``: the mutated file put in its folder. A bad entry is absent (None, tuned
+    again); the reader never raises."""
+    from opmap.explore.tune import cache as tune_cache
+
+    (path.parent / "tune").mkdir(exist_ok=True)
+    (path.parent / "tune" / "k.json").write_bytes(path.read_bytes())
+    if tune_cache.read(path.parent / "tune", "k") is None:
+        raise OpmapError("absent")
+
+
 def _formats(tmp: Path) -> dict[str, tuple]:
     from opmap.hardware.spec import load_spec_file
-    from opmap.mapping.fusion import parse_fusion_plan
-    from opmap.measure.quality import parse_quality
+    from opmap.mapping.fusion import read_fusion_plan
+    from opmap.measure.quality import read_quality
     from opmap.serve.arrivals import read_trace
 
     plan = {"kernels": [[0, 1, 2], [3], [4, 5]]}
+    runs = _run_seeds(tmp)
     return {
         "hf-config": (_hf_read, [json.dumps(c).encode() for c in _HF], json.loads, dump_json),
-        "fusion-plan": (lambda p: parse_fusion_plan(p.read_bytes(), str(p)), [json.dumps(plan).encode()],
-                        json.loads, dump_json),
-        "quality-json": (lambda p: parse_quality(p.read_bytes(), str(p)), [json.dumps(_QUALITY).encode()],
-                         json.loads, dump_json),
+        "fusion-plan": (read_fusion_plan, [json.dumps(plan).encode()], json.loads, dump_json),
+        "quality-json": (read_quality, [json.dumps(_QUALITY).encode()], json.loads, dump_json),
         "trace": (read_trace, _trace_seeds(), _trace_parse, _trace_dump),
         "hardware-toml": (load_spec_file, _toml_seeds(), lambda b: tomllib.loads(b.decode()), dump_toml),
         "graph-cache": (_cache_read, [_cache_seed(tmp)], _cache_parse, _cache_dump),
-        "run-export": (_json_read(lambda d: _run_read_dict(d)), _run_seeds(tmp), json.loads, dump_json),
+        "run-export": (_json_read(lambda d: _run_read_dict(d)), runs, json.loads, dump_json),
+        "run-folder": (_folder_read, runs[:1], json.loads, dump_json),
+        "tune-cache": (_tune_read, [json.dumps(_TUNE).encode()], json.loads, dump_json),
     }
 
 
@@ -340,7 +369,7 @@ def formats(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json",
-                                  "run-export", "graph-cache"])
+                                  "run-export", "graph-cache", "run-folder", "tune-cache"])
 def test_mutated_inputs_are_read_or_refused_in_one_line(formats, name):
     tmp, table = formats
     read, seeds, parse, dump = table[name]
@@ -354,6 +383,78 @@ def test_mutated_inputs_are_read_or_refused_in_one_line(formats, name):
     # the mutations reach the checks: a good share is refused, and some survive (a mutation that changes nothing
     # the reader uses, such as a dropped optional key)
     assert r["refused"] >= N_PER_FORMAT // 5, r
+
+
+# -- not a file: what a name can be besides a regular file of sensible size ---------------------------------------
+
+SPECIAL = ("link to /dev/zero", "fifo", "folder", "over every limit")
+
+
+def _make_special(path: Path, kind: str) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)  # no writer: an ordinary open blocks for ever
+    elif kind == "folder":
+        path.mkdir()
+    else:  # sparse, past the largest limit (a trace's 256 MiB): refused on its size, nothing read
+        from opmap.safeio import LIMIT_TRACE_BYTES
+
+        with open(path, "wb") as f:
+            f.truncate(LIMIT_TRACE_BYTES + 1)
+
+
+def _special_cases(tmp: Path, table: dict) -> dict[str, tuple[Path, Callable[[], object]]]:
+    """Per format: where its reader looks, and the read (a cache miss or an absent entry raised as a refusal)."""
+    from opmap.capture import cache as graph_cache
+    from opmap.explore.tune import cache as tune_cache
+    from opmap.store.source import load
+
+    def miss(got):
+        if got is not None:
+            raise AssertionError(f"read something from a special file: {got!r}"[:200])
+        raise OpmapError("miss")
+
+    at = {n: tmp / "special" / f"{n}{SUFFIX.get(n, '')}" for n in
+          ("hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json")}
+    cases = {n: (p, (lambda r, p: lambda: r(p))(table[n][0], p)) for n, p in at.items()}
+    cases["graph-cache"] = (graph_cache.cache_dir() / "special.json", lambda: miss(graph_cache.load("special")))
+    cases["tune-cache"] = (tmp / "special-tune" / "k.json", lambda: miss(tune_cache.read(tmp / "special-tune", "k")))
+    cases["run-folder"] = (tmp / "special-run" / "analysis.json",
+                           lambda: load(str(tmp / "special-run"), tmp / "no-store.duckdb"))
+    return cases
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", ["hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json",
+                                  "graph-cache", "tune-cache", "run-folder"])
+def test_a_name_that_is_not_a_bounded_regular_file_is_refused_in_one_line(formats, name, kind):
+    """Each reader through opmap.safeio: a link to /dev/zero (before: MemoryError for a --hardware TOML, a graph
+    cache entry, a plan, a quality file), a FIFO (before: a hang), a folder or a file past the limit is refused in
+    one line (a cache: a miss), within HANG_S and without reading the file."""
+    import shutil
+
+    tmp, table = formats
+    path, read = _special_cases(tmp, table)[name]
+    _make_special(path, kind)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, HANG_S)
+    try:
+        with pytest.raises(OpmapError) as e:
+            read()
+    except Hang:
+        pytest.fail(f"{name}: {kind} hung the reader")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    assert str(e.value) and "\n" not in str(e.value)
 
 
 def _cli_cases(tmp: Path) -> dict[str, Callable[[Path], list[str]]]:

@@ -347,10 +347,9 @@ def _evidence(path: Path | None, workload: str, dtype: str) -> str:
     if path is None:
         return (f"unverified: no quality evidence for {dtype} (run `opmap quality {workload} --dtype {dtype} "
                 "--out DIR`, then pass --quality DIR/quality.json)")
-    from opmap.measure.quality import parse_quality
-    from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
+    from opmap.measure.quality import read_quality
 
-    q = parse_quality(read_bounded(path, LIMIT_JSON_BYTES, "quality file", follow_links=True), str(path))
+    q = read_quality(path)
     got = (q["workload"], q["dtype"], q["rel_error"], q["agreement"], q["agreement_kind"])
     if got[0] != workload or got[1] != dtype:
         raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")

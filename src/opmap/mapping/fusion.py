@@ -410,9 +410,15 @@ def parse_fusion_plan(text: str | bytes, origin: str = "<plan>") -> list[list[in
     return groups
 
 
+def read_fusion_plan(path: Path) -> list[list[int]]:
+    """The kernels of the plan file at ``path`` (``parse_fusion_plan``), unchecked against any graph. The path is
+    the user's (their own link is followed); what it names must be a regular file of at most LIMIT_JSON_BYTES
+    (opmap.safeio): a link to /dev/zero, a FIFO or a folder is one line, never a hang or a MemoryError."""
+    return parse_fusion_plan(read_bounded(path, LIMIT_JSON_BYTES, "fusion plan", follow_links=True), str(path))
+
+
 def _read_plan(path: Path, graph: OpGraph, is_kernel) -> list[list[int]]:
-    # a path the user typed: their own link is followed, its target still a regular file of bounded size
-    groups = parse_fusion_plan(read_bounded(path, LIMIT_JSON_BYTES, "fusion plan", follow_links=True), str(path))
+    groups = read_fusion_plan(path)
     seen: set[int] = set()
     for g in groups:
         for nid in g:

@@ -24,6 +24,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -90,6 +91,14 @@ def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, 
         if key in q:
             q[key] = finite_number(q[key], f"quality file {origin}: {key}", **rule)
     return q
+
+
+def read_quality(path: Path) -> dict[str, Any]:
+    """``parse_quality`` of the file at ``path``: the user's path (their own link is followed), what it names a
+    regular file of at most LIMIT_JSON_BYTES (opmap.safeio), else one line saying what it is."""
+    from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
+
+    return parse_quality(read_bounded(path, LIMIT_JSON_BYTES, "quality file", follow_links=True), str(path))
 
 
 def fake_fp8(x: torch.Tensor) -> torch.Tensor:

@@ -23,26 +23,40 @@ def _git_commit() -> str | None:
     return p.stdout.strip() or None if p.returncode == 0 else None
 
 
+def _obj(x: Any) -> dict[str, Any]:
+    """``x`` where it is a JSON object, else {}: a folder's file is data someone else may have damaged."""
+    return x if isinstance(x, dict) else {}
+
+
+def _arr(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
+
+
 def graph_hash(nodes: list[dict[str, Any]]) -> str:
-    """A stable hash of a graph's operators and tensor shapes (analysis.json ``nodes``), order included."""
+    """A stable hash of a graph's operators and tensor shapes (analysis.json ``nodes``), order included; a field of
+    the wrong type (a damaged file) hashes as absent, never raises."""
     h = hashlib.sha256()
-    for n in nodes:
-        h.update(n.get("op", "").encode())
-        for t in n.get("inputs", []) + n.get("outputs", []):
-            h.update(repr(tuple(t.get("shape", ()))).encode())
+    for n in _arr(nodes):
+        n = _obj(n)
+        h.update(str(n.get("op", "")).encode())
+        for t in _arr(n.get("inputs", [])) + _arr(n.get("outputs", [])):
+            shape = _obj(t).get("shape", ())
+            h.update(repr(tuple(shape) if isinstance(shape, list) else shape).encode())
     return h.hexdigest()[:16]
 
 
 def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
-    """The telemetry tags of an analysis.json (or profile.json) body."""
-    a = d.get("assumptions", {})
-    par = d.get("parallelism")
-    phase = d.get("phase") or {}
+    """The telemetry tags of an analysis.json (or profile.json) body; a field of the wrong type is taken as
+    absent (the body may be a run folder's file, read as data)."""
+    a = _obj(d.get("assumptions"))
+    par = _obj(d.get("parallelism"))
+    phase = _obj(d.get("phase"))
     return {
         "tags_version": TAGS_VERSION,
         "workload": a.get("workload"), "hardware": a.get("hardware"), "phase": phase.get("name", "prefill"),
         "precision": a.get("dtype"), "batch": a.get("batch"), "seq": a.get("seq"), "fusion": a.get("fusion_policy"),
-        "parallelism": (f"tp{par['tp']} pp{par['pp']} dp{par['dp']} ep{par['ep']}" if par else "single device"),
+        "parallelism": (f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}" if par
+                        else "single device"),
         "graph_hash": d.get("graph_hash") or graph_hash(d.get("nodes", [])),
         "opmap_version": a.get("opmap_version", __version__),
         "torch_version": a.get("torch_version"),
