@@ -51,3 +51,13 @@ def test_assumption_lines_render_the_hardware_values(analysis_of):
     assert "matrix peak 989 TFLOP/s" in hw_line and "bandwidth 3.35 TB/s" in hw_line
     assert "run at 794 TFLOP/s (80% of peak, measured)" in hw_line
     assert "{" not in hw_line
+
+
+def test_si_names_a_figure_that_is_not_finite():
+    """si(inf, 's') rendered 'inf s' and si(nan, 'B/s') 'nan B/s', read as values; each is now named."""
+    from opmap.report.sheet import si
+
+    assert si(float("inf"), "s") == "not finite (inf)"
+    assert si(float("-inf"), "tok/s") == "not finite (-inf)"
+    assert si(float("nan"), "B/s") == "not finite (nan)"
+    assert si(38.66e9, "FLOP/s") == "38.7 GFLOP/s" and si(2.5e-6, "s") == "2.5 µs"

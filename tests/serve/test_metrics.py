@@ -24,3 +24,22 @@ def test_summary_names_the_step_limits_and_preemptions(spec, want):
     s = summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]])))
     assert s["scheduler"] == want
     assert s["preemptions"] == {"total": 0, "requests_preempted": 0, "max_per_request": 0}
+
+
+def test_a_figure_that_overflows_is_refused_not_printed():
+    """Three requests of 1e306 s each in a row: their latencies are finite in s but overflow in ms (the p99 TTFT
+    was printed as 'inf ms'). Such a service time reaches the summary only around the input checks
+    (opmap.validate.CEILINGS); the summary refuses it, naming the figure, rather than print it as a value."""
+    import numpy as np
+
+    from opmap.errors import OpmapError
+    from opmap.serve import Requests, parse_policy, simulate, summarize
+    from opmap.serve.cost import ServiceTime
+
+    reqs = Requests(np.zeros(3), np.full(3, 10), np.full(3, 2), "offline")
+    res = simulate(reqs, parse_policy("none"), ServiceTime("fixed", 1e306))
+    with pytest.raises(OpmapError, match=r"^serve: e2e mean came out inf, not a finite figure") as e:
+        summarize(res)
+    assert "\n" not in str(e.value)
+    ok = summarize(simulate(reqs, parse_policy("none"), ServiceTime("fixed", 1.0)))  # 3 in a row: 1, 2, 3 s
+    assert ok["latency"]["e2e"]["mean_s"] == pytest.approx(2.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +25,10 @@ _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0,
 
 
 def si(x: float, unit: str = "", digits: int = 3) -> str:
-    """SI rendering: 38.65e9 -> '38.7 G'. Seconds go down to ns."""
+    """SI rendering: 38.65e9 -> '38.7 G'. Seconds go down to ns. A figure that is not a finite number is named
+    as such ('not finite (inf)'), never rendered as if it were a value ('inf s')."""
+    if not math.isfinite(x):
+        return f"not finite ({x})"
     if x == 0:
         return f"0 {unit}".strip()
     if unit == "s":

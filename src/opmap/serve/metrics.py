@@ -23,11 +23,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from opmap.errors import OpmapError
 from opmap.serve.sim import SimResult
 
 SCHEMA_VERSION = 1
@@ -81,8 +83,23 @@ def cdf(values: dict[str, np.ndarray], points: int = CDF_POINTS) -> dict[str, An
     return out
 
 
+def check_finite(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (a summary) when every latency and throughput figure in it is a finite number, shown in ms as well
+    as s; else OpmapError naming the first that is not. The inputs are bounded (opmap.validate.CEILINGS, the
+    hardware ranges), so this is the last guard: a figure that overflowed is refused, never printed as a value."""
+    figures = [(f"{m} {k.removesuffix('_s')}", v * 1e3 if v is not None else None)
+               for m, s in body["latency"].items() for k, v in s.items()]
+    figures += [(f"throughput {k}", v) for k, v in body["throughput"].items()]
+    for name, v in figures:
+        if v is not None and not math.isfinite(v):
+            raise OpmapError(f"serve: {name} came out {v:g}, not a finite figure (a float overflowed): the run is "
+                             "refused, not printed; accepted: inputs inside their ranges (opmap serve --help)")
+    return body
+
+
 def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
-    """The serve.json body (without the command's assumptions)."""
+    """The serve.json body (without the command's assumptions); ``check_finite`` refuses one whose figures
+    overflowed."""
     slo = slo or Slo()
     n = len(res.arrival_s)
     e2e = res.finish_s - res.arrival_s
@@ -117,7 +134,7 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
         reason = "; ".join(parts) or "no latency limit"
     met = int(ok.sum())
     mean_e2e = float(e2e.mean()) if n else 0.0
-    return {
+    return check_finite({
         "schema_version": SCHEMA_VERSION,
         "policy": res.policy,
         "arrival": res.arrival,
@@ -143,7 +160,7 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
                              "llama2-70b 2 s and 200 ms); the 600 s minimum duration and minimum query count "
                              "are not checked in simulation"},
         **res.extra,
-    }
+    })
 
 
 def scheduler(res: SimResult) -> dict[str, Any]:
