@@ -170,7 +170,8 @@ def test_calibration_check_compares_with_the_profile(prof):
     # the test profile has no calibration: nothing to compare
     assert prof.to_dict()["calibration_check"] is None
     d = {**_spec_dict(), "calibration": {"device": "cpu", "matmul": [
-        {"m": 256, "n": 256, "k": 256, "dtype": "fp32", "layout": "nt", "flops_per_s": 1e30}]}}
+        {"m": 256, "n": 256, "k": 256, "dtype": "fp32", "layout": "nt", "flops_per_s": 1e18}]}}
     chk = calibration_check(spec_from_dict(d, "t"), torch.device("cpu"))
-    # a calibrated rate no CPU reaches: the check reads far below 1 and says so
-    assert chk["ratio"] < 1e-9 and chk["within_tolerance"] is False and "256x256x256" in chk["what"]
+    # a calibrated rate no CPU reaches (the plausibility ceiling, hardware.curves.MAX_FLOPS_PER_S; a CPU's fp32
+    # GEMM is under 1e13 FLOP/s): the check reads far below 1 and says so
+    assert chk["ratio"] < 1e-4 and chk["within_tolerance"] is False and "256x256x256" in chk["what"]
