@@ -17,9 +17,10 @@ import asyncio
 import http.client
 import json
 import socket
-import threading
 import time
 from urllib.parse import urlparse
+
+from opmap.bench.nullserver import ThreadServer
 
 
 class LineProxy:
@@ -38,9 +39,7 @@ class LineProxy:
         self.upstream, self.host, self.nodelay, self.hold_head = upstream_port, host, nodelay, hold_head
         self.times: list[tuple[float, float | None]] = []
         self.port: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._runner: ThreadServer | None = None
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         if not self.nodelay:
@@ -104,43 +103,21 @@ class LineProxy:
         await cwriter.drain()
         return first
 
+    async def serve(self, host: str, port: int, ready=None) -> None:
+        """Accept on host:port until cancelled (run by opmap.bench.nullserver.ThreadServer in its own thread)."""
+        server = await asyncio.start_server(self._handle, host, port)
+        if ready is not None:
+            ready(server.sockets[0].getsockname()[1])
+        async with server:
+            await server.serve_forever()
+
     def __enter__(self) -> int:
-        started = threading.Event()
-
-        async def serve() -> None:
-            self._server = await asyncio.start_server(self._handle, self.host, 0)
-            self.port = self._server.sockets[0].getsockname()[1]
-            started.set()
-            async with self._server:
-                try:
-                    await self._server.serve_forever()
-                except asyncio.CancelledError:
-                    pass
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)  # this thread's own
-            self._task = self._loop.create_task(serve())
-            try:
-                self._loop.run_until_complete(self._task)
-            finally:
-                pending = asyncio.all_tasks(self._loop)
-                for t in pending:
-                    t.cancel()
-                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                self._loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not started.wait(10):
-            raise RuntimeError("the line proxy did not start within 10 s")
+        self._runner = ThreadServer(self, self.host)
+        self.port = self._runner.__enter__()
         return self.port
 
     def __exit__(self, *exc) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        if self._thread is not None:
-            self._thread.join(10)
+        self._runner.__exit__(*exc)
 
     def ttfts(self) -> list[float]:
         """The proxy's own TTFT (s) of each request that carried text: head arrived to first text line sent."""

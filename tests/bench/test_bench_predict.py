@@ -9,15 +9,12 @@ both sides; the ratios seen are printed with -s), and where the cores are oversu
 
 from __future__ import annotations
 
-import http.client
-import json
 import statistics
-import time
-from urllib.parse import urlparse
 
 import numpy as np
 import pytest
 from launched_server import oversubscribed
+from line_proxy import BlockingClient, LineProxy
 
 from opmap.bench.predict import (
     engine_policy,
@@ -115,7 +112,6 @@ def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independe
     sequential TTFT is the probe's 1-token time (request_s + prefill + step_s), which must be the time its token
     arrived, not the stream's end: the predicted TTFT p50 is within 15% of a blocking http.client's through the
     same proxy. (Taken from the stream's end, the probe predicted about 65 ms against 21.)"""
-    from line_proxy import BlockingClient, LineProxy
 
     from opmap.bench.client import run_load
     from opmap.bench.nullserver import NullConfig, NullServer, ThreadServer
@@ -151,38 +147,6 @@ def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independe
 
 # ---- on the real server (the session's one launched transformers serve) ----
 
-class _Independent:
-    """A minimal client of its own: sequential streaming requests on one keep-alive connection (as run_load's
-    pool keeps one at concurrency 1), timed by time.perf_counter from just before the request is written."""
-
-    def __init__(self, base_url: str, model: str) -> None:
-        u = urlparse(base_url)
-        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-        self.model = model
-
-    def send(self, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-        """(TTFT s, e2e s, completion tokens from usage) of one request."""
-        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                           "stream_options": {"include_usage": True}})
-        t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
-        r = self.conn.getresponse()
-        first, tokens = None, 0
-        for line in r:  # the body in chunks: read to its end so the connection can carry the next request
-            line = line.strip()
-            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                continue
-            ev = json.loads(line[5:])
-            if ev.get("usage"):
-                tokens = ev["usage"]["completion_tokens"]
-            if first is None and ev.get("choices") and ev["choices"][0].get("text"):
-                first = time.perf_counter() - t0
-        return first, time.perf_counter() - t0, tokens
-
-    def close(self) -> None:
-        self.conn.close()
-
-
 def test_run_load_agrees_with_an_independent_client(server):
     """The same requests (the same 32-token prompts, 32 output tokens), sequential, sent in alternate blocks of 4
     by run_load and by the independent client so both meet the same load on the shared cores: TTFT p50 and
@@ -202,7 +166,7 @@ def test_run_load_agrees_with_an_independent_client(server):
             for r in res.records:
                 assert r.ok and r.usage_completion_tokens == 32 and r.usage_prompt_tokens == 32
                 ours.append((r.first_token_s - r.sent_s, r.end_s - r.sent_s, r.usage_completion_tokens))
-            ind = _Independent(server.base_url, server.model_id)
+            ind = BlockingClient(server.base_url, server.model_id)
             try:
                 theirs += [ind.send(p, 32) for p in block]
             finally:
