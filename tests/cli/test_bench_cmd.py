@@ -132,22 +132,35 @@ def test_a_closed_loop_for_a_duration_and_a_trace_open_loop(tmp_path, cli):
     assert t["rate"]["offered_per_s"] == pytest.approx(100)  # 12 rows 10 ms apart
 
 
-def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path, cli):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_writes_what_was_measured_and_exits_128_plus_its_number(tmp_path, cli, signame):
+    """Ctrl-C (SIGINT) or SIGTERM mid-run: what was measured is printed, written and recorded, and the exit status is
+    128 + the signal's number, as every opmap command (130, 143; bench exited 130 for SIGTERM too)."""
     import os
     import signal
     import threading
 
     import duckdb
 
-    with ThreadServer(NullServer(NullConfig(first_token_s=0.02))) as port:
-        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
+    sig = getattr(signal, signame)
+    server, quit_ = NullServer(NullConfig(first_token_s=0.02)), threading.Event()
+
+    def stop_once_answering() -> None:  # the signal lands mid-run, not in the start-up (imports, /v1/models)
+        while server.requests < 8 and not quit_.wait(0.01):
+            pass
+        if not quit_.is_set():
+            os.kill(os.getpid(), sig)
+
+    with ThreadServer(server) as port:
+        killer = threading.Thread(target=stop_once_answering, daemon=True)
+        killer.start()
         try:
             rc, out, err = cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--arrival", "constant:40",
                                "--requests", 80, "--out", tmp_path / "o", "--no-store")
         finally:
-            timer.cancel()
-    assert rc == 130, err
+            quit_.set()
+            killer.join(5)
+    assert rc == 128 + int(sig), err
     d = json.loads((tmp_path / "o" / "bench.json").read_text())
     assert d["run"]["interrupted"] and "interrupted" in d["validity"]["reason"] and "interrupted:" in out
     n = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{tmp_path / 'o' / 'requests.parquet'}')"

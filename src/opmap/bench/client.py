@@ -146,6 +146,7 @@ class _Run:
         self.ignore_eos_refused: str | None = None  # the server's refusal of ignore_eos, when it refused it
         self.headers = REQUEST_HEADERS
         self.interrupted = False
+        self.stop_signal = 0  # which signal stopped the run (the exit status says it: 128 + its number)
         self.peak_in_flight = 0
         self.in_flight = 0
         self.session = None
@@ -180,7 +181,7 @@ class _Run:
                            {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos,
                             "ignore_eos_refused": self.ignore_eos_refused, "duration_s": self.duration_s,
                             "connections_opened": self.opened, "peak_in_flight": self.peak_in_flight,
-                            "extra_body": self.extra_body or {}})
+                            "extra_body": self.extra_body or {}}, self.stop_signal)
 
     def _session(self):
         """The aiohttp session: a connection per request in flight (``limit``: C in a closed loop; 0, no cap, in
@@ -257,7 +258,7 @@ class _Run:
         done = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, self._interrupt)
+                loop.add_signal_handler(sig, self._interrupt, sig)
                 done.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not POSIX
                 pass
@@ -268,9 +269,9 @@ class _Run:
         for sig in sigs:
             loop.remove_signal_handler(sig)
 
-    def _interrupt(self) -> None:
+    def _interrupt(self, sig: int = signal.SIGINT) -> None:
         """Stop: send nothing more and cancel what is in flight (the records so far are kept)."""
-        self.interrupted = True
+        self.interrupted, self.stop_signal = True, int(sig)
         self.stop.set()
         self._unsignal([signal.SIGINT, signal.SIGTERM])  # a second Ctrl-C is Python's own
         self.cancelled = self.in_flight

@@ -112,6 +112,7 @@ class BenchResult:
     run went. ``started_unix_s``: wall-clock time of the run's start (s since the epoch); ``wall_s``: its length
     (s); ``interrupted``: stopped by Ctrl-C (or a signal) before every request was sent and answered;
     ``in_flight_at_stop``: requests sent and still unanswered when it stopped (not in ``records``);
+    ``stop_signal``: the signal that stopped it (0: none), for the exit status (128 + its number);
     ``mode``: "open" (sends follow scheduled_s) or "closed" (``concurrency`` requests in flight)."""
 
     records: tuple[RequestRecord, ...]
@@ -127,6 +128,7 @@ class BenchResult:
     server_models: tuple[str, ...] = ()
     server_header: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    stop_signal: int = 0  # the signal that stopped it (SIGINT 2, SIGTERM 15); 0: it was not stopped
 
     def to_dict(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "model": self.model, "api": self.api, "mode": self.mode,

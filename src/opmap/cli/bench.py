@@ -3,6 +3,7 @@ and measure TTFT, TPOT, ITL, end-to-end latency, throughput and goodput (opmap.b
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,7 @@ def bench(
     or recorded). A failing request (an HTTP error, a redirect, an answer that is not an event stream, a broken
     or oversized stream, a timeout) is counted and the run goes on. Exit status: 0; 1 when every measured request
     failed (the run is still printed, written and recorded); 2 for bad input or an endpoint that cannot be
-    reached (nothing sent); 130 when interrupted."""
+    reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
     from opmap.bench.client import APIS, endpoint_root
     from opmap.serve.arrivals import MAX_REQUESTS, parse_length
 
@@ -154,7 +155,8 @@ def bench(
                                "server": "launched" if srv is not None else url},
                               tags, out, store, no_store)
     if result.interrupted:
-        raise typer.Exit(130)  # what was measured is kept (printed, written, recorded); the exit says it stopped
+        # what was measured is kept (printed, written, recorded); the exit says it stopped, and by which signal
+        raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))
     if all_failed(body):
         raise typer.Exit(1)  # printed, written and recorded as any run; the exit says none of it is a measurement
 
