@@ -34,7 +34,7 @@ def test_plan_rejects_with_numbers(tmp_path, cli):
     d = json.loads((tmp_path / "plan.json").read_text())
     assert d["ranked"] == []  # 8B training state alone is 128 GB (16 B per parameter)
     # binary GiB, as every other command prints memory (an H100's 80 GB of HBM is 80 GiB)
-    assert all(" GiB per device of 80.0 GiB" in c["reason"] for c in d["rejected"])
+    assert all(" GiB per device of 80 GiB" in c["reason"] for c in d["rejected"])
 
 
 def test_analyze_parallel_block(tmp_path, cli):

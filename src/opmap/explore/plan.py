@@ -162,7 +162,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
             continue
         mem = memory_bytes(p, s, saved, dtype, training, seq)
         if mem > cap:
-            out.append(Candidate(p, mem, cap, f"needs {mem / 2**30:.1f} GiB per device of {cap / 2**30:.1f} GiB"))
+            out.append(Candidate(p, mem, cap, f"needs {mem / 2**30:.4g} GiB per device of {cap / 2**30:.4g} GiB"))
             continue
         r = s.shard(p, per_kernel=False)
         flops = s.model_matrix_flops * p.global_batch / p.microbatch
