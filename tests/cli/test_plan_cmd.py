@@ -23,6 +23,9 @@ def test_plan_gpt2_ranks(tmp_path, cli):
     assert "seq 64, global batch 16" in " ".join(out.split())
     md = (tmp_path / "plan.md").read_text()
     assert "Sequence 64 tokens, global batch 16 sequences." in md
+    # memory in binary GiB on screen and in plan.md, as the rest of opmap prints it
+    first = d["ranked"][0]["memory_bytes"] / 2**30
+    assert f"{first:.4g} GiB" in out and "| memory (GiB) |" in md and f"| {first:.4g} |" in md
 
 
 def test_plan_rejects_with_numbers(tmp_path, cli):
@@ -30,7 +33,8 @@ def test_plan_rejects_with_numbers(tmp_path, cli):
     assert rc == 0, err
     d = json.loads((tmp_path / "plan.json").read_text())
     assert d["ranked"] == []  # 8B training state alone is 128 GB (16 B per parameter)
-    assert all("GB per device of" in c["reason"] for c in d["rejected"])
+    # binary GiB, as every other command prints memory (an H100's 80 GB of HBM is 80 GiB)
+    assert all(" GiB per device of 80 GiB" in c["reason"] for c in d["rejected"])
 
 
 def test_analyze_parallel_block(tmp_path, cli):

@@ -79,3 +79,41 @@ def test_plan_refuses_a_cp_the_sequence_does_not_split_over():
         plan(never, hw, 8, "train", cp=3)
     with pytest.raises(OpmapError, match="--cp 3 is not one of"):
         plan(lambda mb: load_workload("gpt2", mb, 64, "bf16", "meta"), hw, 3, "train", microbatches=(1,), cp=3)
+
+
+def test_plan_prices_each_layout_with_its_activations_per_device():
+    """Every ranked layout's memory is the model state of its parameters (ZeRO over dp: Rajbhandari et al. 2020,
+    2 + 2 + 12 bytes a parameter) plus Korthikanti et al. 2022's activations per device (fused attention, dropout
+    0.1: s b h (10 + 24 / t) per layer, 34 s b h / t with SP, plus the flash log-sum-exp and the LayerNorm
+    statistics; what is saved outside the layers) and the 1 GiB workspace; data parallelism leaves the activations
+    alone. Before the fix a layout's activations were read off the graph's non-view tensors only, about a third of
+    these (llama-3-8b's dp8 mb8 ZeRO-2 ranked first, "81.7 GB", with about 100 GiB of activations)."""
+    import torch
+
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+    from opmap.workloads.zoo import Workload
+
+    s, h, a, layers, vocab = 96, 128, 4, 2, 256
+    cfg = GPT2Config(vocab_size=vocab, block_size=128, n_layer=layers, n_head=a, n_embd=h, dropout=0.1)
+
+    def build(mb):
+        with torch.device("meta"):
+            m = GPT2(cfg).to(torch.bfloat16)
+        return Workload("gpt", m, (torch.zeros(mb, s, dtype=torch.long, device="meta"),), mb, s)
+
+    params = vocab * h + 128 * h + layers * (12 * h * h + 13 * h) + 2 * h  # tied head; positions; 2 LNs a layer
+    res = plan(build, get_hardware("h100-sxm"), 8, "train", global_batch=16, microbatches=(1, 2))
+    checked = 0
+    for c in res["ranked"]:
+        if c["pp"] > 1 or c["cp"] > 1 or c["recompute"] != "none":
+            continue
+        t, dp, z, b = c["tp"], c["dp"], c["zero"], c["microbatch"]
+        sbh, sb, rep = s * b * h, s * b, t if c["sp"] else 1
+        per_layer = 34 * sbh / t + (4 * a * sb + 16 * sb) / t if c["sp"] else \
+            sbh * (10 + 24 / t) + 4 * a * sb / t + 16 * sb
+        outside = (4 * sbh + 16 * sb + 8 * s + 8 * sb + 4) / rep + 4 * sb * vocab / t  # embedding, final LN, loss
+        p = params / t
+        state = 2 * p / (dp if z >= 3 else 1) + 2 * p / (dp if z >= 2 else 1) + 12 * p / (dp if z >= 1 else 1)
+        assert c["memory_bytes"] == pytest.approx(state + layers * per_layer + outside + 2**30, rel=1e-6), c["layout"]
+        checked += 1
+    assert checked >= 10

@@ -38,7 +38,9 @@ from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 # 1 was pickle (never read again); 2: JSON with a SHA-256 of the payload, a row per node; 3: the graph columnar
 # (opmap.capture.codec: each distinct string and tensor once), parsed in about half the time
 CACHE_VERSION = 3
-_SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads")  # what a captured graph depends on
+# what a captured graph depends on, and a training entry's saved activations (measured by mapping/memory.py's
+# saved_activation_bytes as phases/train.py's train_activations calls it)
+_SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads", "mapping/memory.py", "phases/train.py")
 
 
 def enabled() -> bool:

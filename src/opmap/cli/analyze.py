@@ -201,11 +201,9 @@ def _report(a, par, overrides, rows: int, out: Path | None, store: Path | None =
     from opmap.report.sheet import print_report, write_outputs
 
     if par is not None and (par.devices > 1 or par.ep > 1):
-        from opmap.mapping.sharding import shard
-        from opmap.phases.sharded import sharded_phase_figures
+        from opmap.phases.sharded import shard_analysis
 
-        sh = shard(a, par)
-        a = replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a), fit=_sharded_fit(a, par))
+        a = shard_analysis(a, par)
     warn_unmatched_overrides(overrides, a.graph)
     print_report(a, console, rows)
     if out is not None:
@@ -229,20 +227,6 @@ def _graph_hash(a) -> str:
         for t in (*n.inputs, *n.outputs):
             h.update(repr(tuple(t.shape)).encode())
     return h.hexdigest()[:16]
-
-
-def _sharded_fit(a, par):
-    """The memory fit per device under the layout (opmap.mapping.sharding.sharded_memory); the largest batch and
-    longest context are not searched under sharding (plan does that, layout by layout)."""
-    from opmap.mapping.sharding import SavedPerBlock, Sharder, saved_per_block, sharded_memory
-
-    s = Sharder(a)
-    training = a.assumptions.get("mode") == "training step"
-    seq = int(a.assumptions.get("seq") or 1)
-    saved = saved_per_block(a.graph, s.roles, seq) if training else SavedPerBlock(0.0, 0.0, 0.0, 0.0)
-    if not training and a.phase_figures and a.phase_figures.get("name") == "decode":
-        seq = int(a.phase_figures.get("kv_len") or seq)
-    return sharded_memory(par, s, saved, a.precision.requested, training, seq)
 
 
 def _analyze_phase(model, hw, spec, batch, seq, image_size, dtype, out, device, overrides, rows, fusion, fusion_plan,

@@ -69,7 +69,7 @@ def plan(
         t.add_column(col, justify="left" if col == "layout" else "right")
     for i, c in enumerate(ranked if rows <= 0 else ranked[:rows]):
         t.add_row(str(i + 1), c["layout"], si(c["tokens_per_s"]), si(c["step_s"], "s"), si(c["latency_s"], "s"),
-                  f"{c['bubble_fraction']:.1%}", f"{c['mfu']:.1%}", si(c["memory_bytes"], "B"))
+                  f"{c['bubble_fraction']:.1%}", f"{c['mfu']:.1%}", f"{c['memory_bytes'] / 2**30:.4g} GiB")
     console.print(t)
     rej = result["rejected"]
     if rej:
@@ -82,10 +82,10 @@ def plan(
         md = [f"# opmap plan: {model} on {devices} x {hw.name}", "",
               f"Sequence {result['seq']} tokens, global batch {result['global_batch']} sequences.", "",
               *[f"- {a}" for a in result["assumptions"]], "",
-              "| rank | layout | tokens/s | step (s) | latency (s) | bubble | MFU | memory (GB) |",
+              "| rank | layout | tokens/s | step (s) | latency (s) | bubble | MFU | memory (GiB) |",
               "|---|---|---|---|---|---|---|---|"]
         md += [f"| {i + 1} | {c['layout']} | {c['tokens_per_s']:.4g} | {c['step_s']:.4g} | {c['latency_s']:.4g} | "
-               f"{c['bubble_fraction']:.1%} | {c['mfu']:.1%} | {c['memory_bytes'] / 1e9:.3g} |"
+               f"{c['bubble_fraction']:.1%} | {c['mfu']:.1%} | {c['memory_bytes'] / 2**30:.4g} |"
                for i, c in enumerate(ranked)]
         md += ["", "## Rejected", ""] + [f"- {c['layout']}: {c['reason']}" for c in rej]
         print_wrote(write_set(out, {"plan.json": json_text(result, indent=1), "plan.md": "\n".join(md) + "\n"}))

@@ -11,12 +11,14 @@ chunks for causal attention); pp, dp; ep inside dp for MoE; sp with tp; vp every
 the microbatches; the recomputation policies and ZeRO stages (training).
 
 Memory per device (training): the model state (``training_state_bytes`` of the parameters one device holds,
-ZeRO over dp), the activations saved for backward, read off the training graph (forward outputs that backward
-nodes read, per block: the tensor-parallel ones / tp, the rest / tp only with SP), times the blocks of one stage
-and the microbatches in flight on the first stage (1F1B: pp; interleaved: pp (1 + (pp - 1) / (pp vp)),
-Korthikanti et al. 2022 sec. 4.2.3); full recomputation keeps only each block's input; selective drops the
-saved tensors of S x S shape (attention scores, softmax, dropout mask); plus the workspace. Inference: the
-weights, the KV cache (its heads / min(tp, kv heads), its layers / pp) and the workspace.
+ZeRO over dp), the activations saved for backward, read off the training graph (the storages of forward outputs
+that backward nodes read, views followed to their base, as PyTorch's saved-tensor hooks count them; per block:
+the tensor-parallel ones / tp, the rest / tp only with SP), times the blocks of one stage and the microbatches in
+flight on the first stage (1F1B: pp; interleaved: pp (1 + (pp - 1) / (pp vp)), Korthikanti et al. 2022 sec.
+4.2.3), with what is saved outside the blocks (opmap.mapping.sharded_memory.training_activations); full
+recomputation keeps only each block's input; selective drops the saved tensors of S x S shape (attention
+scores, softmax, dropout mask); plus the workspace. Inference: the weights, the KV cache of every sequence of the
+step (its heads / min(tp, kv heads), its layers / pp), the activations in flight / tp and the workspace.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
             continue
         mem = memory_bytes(p, s, saved, dtype, training, seq)
         if mem > cap:
-            out.append(Candidate(p, mem, cap, f"needs {mem / 1e9:.1f} GB per device of {cap / 1e9:.1f} GB"))
+            out.append(Candidate(p, mem, cap, f"needs {mem / 2**30:.4g} GiB per device of {cap / 2**30:.4g} GiB"))
             continue
         r = s.shard(p, per_kernel=False)
         flops = s.model_matrix_flops * p.global_batch / p.microbatch
@@ -184,7 +186,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
                             "microbatches per step m = global batch / (dp x microbatch)",
                             "memory: model state (AdamW, ZeRO), saved activations of the first stage's in-flight "
                             "microbatches, 1 GiB workspace" if training else
-                            "memory: weights, KV cache, 1 GiB workspace",
+                            "memory: weights, KV cache, activations in flight, 1 GiB workspace",
                             *next(iter(sharders.values()))[0].shard(Parallelism()).to_dict()["assumptions"]],
             "ranked": [c.to_dict() for c in ok], "rejected": [c.to_dict() for c in bad]}
 

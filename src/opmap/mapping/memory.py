@@ -168,7 +168,7 @@ class _Attention(TorchFunctionMode):
             return _math_sdpa(**b)
         self.rec.paused += 1
         try:
-            out = func(*args, **kwargs)
+            out = _fused_layout(func(*args, **kwargs), b["query"])
         finally:
             self.rec.paused -= 1
         if torch.is_grad_enabled() and out.requires_grad:
@@ -179,6 +179,20 @@ class _Attention(TorchFunctionMode):
             lse = q.shape[:-1]  # (B, H, S_q) in fp32
             self.rec.add_synthetic(4.0 * math.prod(lse))
         return out
+
+
+def _fused_layout(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The attention output laid out as the fused kernels lay it: like the query (PyTorch's CPU flash kernel; the
+    CUDA ones as (B, S, H, D)), so the usual transpose(1, 2).reshape after attention is a view of it, not a copy
+    (meta runs the math path, whose output is contiguous (B, H, S, D)); opmap.capture.functions does the same."""
+    if out.dim() != 4 or not isinstance(q, torch.Tensor):
+        return out
+    if q.shape == out.shape:
+        lay = torch.empty_like(q)
+    else:
+        b, h, s, d = out.shape
+        lay = torch.empty((b, s, h, d), dtype=out.dtype, device=out.device).transpose(1, 2)
+    return lay.copy_(out)  # keeps the autograd history; a copy saves nothing
 
 
 def _math_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -249,7 +263,8 @@ def _to_meta(module: torch.nn.Module, inputs: Any) -> tuple[torch.nn.Module, Any
 
 
 def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str = "none",
-                           attention: str = "fused", forward: Callable | None = None) -> SavedActivations:
+                           attention: str = "fused", forward: Callable | None = None,
+                           loss: Callable | None = None) -> SavedActivations:
     """Bytes of the activations one forward in training mode keeps for the backward, measured on meta.
 
     ``inputs``: a tensor, a tuple of positional args or a dict of keyword args (moved to meta; a model not on
@@ -263,7 +278,10 @@ def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str 
 
     ``attention``: ``fused`` (SDPA as a flash kernel runs it: q, k, v, output, fp32 log-sum-exp) or ``math``
     (SDPA decomposed: the S x S probabilities and dropout mask kept). Explicit matmul / softmax attention is
-    measured as written either way."""
+    measured as written either way.
+
+    ``loss``: applied to the output inside the measurement (the training step's loss, whose saved tensors, such as
+    the log-softmax over the vocabulary, count outside the blocks)."""
     if recompute not in RECOMPUTE:
         raise OpmapError(f"unknown recompute {recompute!r}; accepted: {', '.join(RECOMPUTE)}")
     if attention not in ATTENTION:
@@ -309,6 +327,8 @@ def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str 
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(rec.hook, lambda t: t), \
                 _Attention(rec, attention), _ScoreTaint(marked, keep):
             out = (forward or module)(*args, **kwargs)
+            if loss is not None:
+                out = loss(out)
         del out
     finally:
         for h in handles:
@@ -431,6 +451,22 @@ def kv_geometry(graph: OpGraph) -> KVGeometry:
         heads.append(named["key"].shape[-3])
         dim = named["key"].shape[-1]
     return KVGeometry(len(heads), per_tok, tuple(heads), dim)
+
+
+def kv_cache_held_bytes(graph: OpGraph) -> float:
+    """Bytes of the KV cache the captured step holds, every sequence and every layer: the key and value tensors of
+    each attention call that keeps a cache, a causal one (a prefill writes its prompt's K and V) or one with fewer
+    queries than keys (a decode step reads its cache; a sliding window's layer keeps the window): 2 x KV heads x
+    head dim x tokens x bytes x batch per layer (vLLM, Kwon et al. 2023, sec. 3). An encoder's attention keeps
+    none."""
+    total = 0.0
+    for n in graph.nodes:
+        if n.op != "aten.scaled_dot_product_attention.default" or n.args.get("phase") not in (None, "forward"):
+            continue
+        q, k, v = n.input("query"), n.input("key"), n.input("value")
+        if n.args.get("is_causal") or q.shape[-2] < k.shape[-2]:
+            total += k.nbytes + v.nbytes
+    return total
 
 
 # -- the fit ----------------------------------------------------------------------------------------------

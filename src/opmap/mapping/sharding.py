@@ -360,6 +360,43 @@ class Sharder:
         kv = kv_geometry(self.a.graph)
         return kv.bytes_per_token * (self.layers / self.L if self.depth is not None and kv.layers else 1.0)
 
+    def kv_cache_bytes(self) -> float:
+        """The KV cache the captured step holds (opmap.mapping.memory.kv_cache_held_bytes: its batch, its prompt or
+        KV length), over every layer at the model's depth: one replica's, before any split."""
+        from opmap.mapping.memory import kv_cache_held_bytes
+
+        return kv_cache_held_bytes(self.a.graph) * (self.layers / self.L if self.depth is not None else 1.0)
+
+    def weight_bytes_by_position(self, p: Parallelism) -> tuple[list[float], list[float]]:
+        """Weight bytes the step reads on one device, per position of the capture ([outside the blocks, block 0,
+        block 1, ...]), dense and expert apart: each kernel's parameter reads (a decode step's gathered embedding
+        rows, not the table; the experts it runs) over its split: tp for a split GEMM, min(tp, KV heads) for a K /
+        V projection narrower than tp, also ep for an expert's (a lower bound: the batch's experts spread
+        evenly). Serve's decode floor and analyze's read the same shares."""
+        index = {b: i for i, b in enumerate(self.roles.blocks)}
+        dense, expert = [0.0] * (self.L + 1), [0.0] * (self.L + 1)
+        kvh = self.geo.kv_heads
+        for r in self.a.results:
+            read = r.cost.param_bytes_read
+            if not read:
+                continue
+            role = self.roles.role.get(r.node.id, "replicated")
+            moe = role in ("expert_column", "expert_row")
+            d = 1
+            if role in SPLIT_ROLES:
+                narrow = (role == "column" and self.roles.kv_width and r.node.outputs
+                          and r.node.outputs[0].shape[-1] == self.roles.kv_width)
+                d = (min(p.tp, kvh) if narrow and kvh else p.tp) * (p.ep if moe else 1)
+            (expert if moe else dense)[index.get(self.roles.block.get(r.node.id), -1) + 1] += read / d
+        return dense, expert
+
+    def weight_bytes_read(self, p: Parallelism) -> float:
+        """Weight bytes the step reads on one device of each pipeline stage, summed over the stages a token passes
+        (``weight_bytes_by_position``), at the model's depth."""
+        dense, expert = self.weight_bytes_by_position(p)
+        pos = [a + b for a, b in zip(dense, expert)]
+        return pos[0] + sum(pos[i + 1] for i in self.layer_block)
+
     def _kernel_time(self, row, p: Parallelism) -> float:
         role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, sdpa, _f, _ab = row
         if role == "optimizer":

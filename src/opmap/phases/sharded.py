@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opmap.mapping.memory import MemoryFit, kv_bytes_per_token_per_device
+from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, saved_per_block, sharded_memory
 from opmap.phases.runtime import runtime_text
 from opmap.phases.train import step_text
 
@@ -11,11 +14,41 @@ if TYPE_CHECKING:
     from opmap.analyze import Analysis
 
 
-def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis) -> dict[str, Any]:
+def shard_analysis(a: Analysis, par: Parallelism) -> Analysis:
+    """``a`` laid out over the devices of ``par``: the sharded result, the phase's figures under it and the memory
+    fit per device (one Sharder for all three)."""
+    s = Sharder(a)
+    sh = s.shard(par)
+    return replace(a, sharded=sh, phase_figures=sharded_phase_figures(a.phase, sh, a, s),
+                   fit=sharded_fit(a, par, s))
+
+
+def sharded_fit(a: Analysis, par: Parallelism, s: Sharder | None = None) -> MemoryFit:
+    """The memory fit per device under the layout (opmap.mapping.sharding.sharded_memory): a training step's
+    activations read off its graph, an inference step's KV cache and activations in flight; the largest batch
+    and longest context are not searched under sharding (plan does that, layout by layout)."""
+    s = s or Sharder(a)
+    training = a.assumptions.get("mode") == "training step"
+    seq = int(a.assumptions.get("seq") or 1)
+    saved = saved_per_block(a.graph, s.roles, seq) if training else SavedPerBlock(0.0, 0.0, 0.0, 0.0)
+    return sharded_memory(par, s, saved, a.precision.requested, training)
+
+
+def decode_floor(a: Analysis, s: Sharder, p: Parallelism) -> tuple[float, float]:
+    """(weight bytes, KV bytes) a decode step reads on one device of each stage, summed over the stages a token
+    passes (the floor of the time per output token, which passes them all): the weights' shares
+    (``Sharder.weight_bytes_read``) and the KV cache's (opmap.mapping.memory.kv_bytes_per_token_per_device, as
+    serve sizes it: KV heads / min(tp, KV heads))."""
+    kv = kv_bytes_per_token_per_device(s.kv_cache_bytes(), s.geo.layers, s.geo.kv_heads, p.tp)
+    return s.weight_bytes_read(p), kv
+
+
+def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis, sharder: Sharder | None = None) -> dict[str, Any]:
     """A phase's figures under a layout over several devices (``opmap.mapping.sharding.Sharded``): the
     iteration (train) or step (decode, prefill) time is the sharded one, collectives and pipeline bubble
     included; model FLOPs stay the model's, spread over every device for MFU and HFU. Train: every time is the
-    slowest stage's device's, and step_s is the sum of its parts (opmap.phases.train.STEP_PARTS)."""
+    slowest stage's device's, and step_s is the sum of its parts (opmap.phases.train.STEP_PARTS). Decode: the
+    weights + KV read floor is one device's per stage (``decode_floor``; ``sharder``: the one that made ``sh``)."""
     p = sh.parallelism
     out = dict(fig, devices=p.devices, layout=p.label())
     peak = a.precision.matrix_peak_flops_per_s
@@ -48,8 +81,15 @@ def sharded_phase_figures(fig: dict[str, Any], sh, a: Analysis) -> dict[str, Any
         seqs = int(a.assumptions.get("batch") or 1) * p.dp
         lat = sh.latency_s + a.runtime_per_step_s
         out.update(tpot_s=lat, tokens_per_s=seqs / lat if lat else 0.0, kernel_time_s=sh.latency_s)
+        weights, kv = decode_floor(a, sharder or Sharder(a), p)
+        bw = a.hardware.memory_rate_bytes_per_s
+        floor = (weights + kv) / bw
+        out.update(weights_bytes=weights, kv_cache_read_bytes=kv, lower_bound_s=floor,
+                   lower_bound_basis=f"the weights and KV cache one device of each of the {p.pp} stages reads (its "
+                                     f"shares under {p.label()}), each once, at {a.hardware.memory_rate_basis}")
         out["text"] = (f"decode on {p.devices} devices ({p.label()}): {lat * 1e3:.4g} ms per output token, "
-                       f"{out['tokens_per_s']:.4g} tok/s{runtime_text(a)}")
+                       f"{out['tokens_per_s']:.4g} tok/s ({lat / floor if floor else 0:.2f}x the per-device weights + "
+                       f"KV read floor {floor * 1e3:.4g} ms){runtime_text(a)}")
     else:
         lat = sh.latency_s + a.runtime_per_step_s
         out.update(ttft_s=lat, kernel_time_s=sh.latency_s)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opmap.analyze import cap_at_positions
+from opmap.capture.training import training_loss
 from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
@@ -226,11 +227,13 @@ def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
 
 def train_activations(workload: Workload, recompute: str) -> tuple[SavedActivations, Callable[[int, int], float]]:
     """The activations a training step keeps for backward (opmap.mapping.memory.saved_activation_bytes), measured
-    on meta at the captured shape under ``recompute`` and scaled linearly in batch x sequence for the largest-batch
-    and longest-context search: linear is exact for fused attention (SDPA saves no S x S tensor), the zoo's and
-    Hugging Face's attention; unfused attention's S^2 term is counted at the captured shape only."""
+    on meta at the captured shape under ``recompute``, the loss included (opmap.capture.training.training_loss, the
+    loss the captured step runs: its fp32 log-softmax over the vocabulary is saved), and scaled linearly in batch x
+    sequence for the largest-batch and longest-context search: linear is exact for fused attention (SDPA saves no
+    S x S tensor), the zoo's and Hugging Face's attention; unfused attention's S^2 term is counted at the captured
+    shape only."""
     b, s = workload.batch, workload.seq or 1
-    saved = saved_activation_bytes(workload.module, workload.inputs, recompute=recompute)
+    saved = saved_activation_bytes(workload.module, workload.inputs, recompute=recompute, loss=training_loss)
     m1 = saved.total_bytes
     return saved, lambda bb, ss: m1 * bb * ss / (b * s)
 

@@ -238,7 +238,6 @@ class Pricer:
     def _terms(self, a, s) -> dict:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
         each block with its TP all-reduces) and weight bytes read per device; the weights held."""
-        from opmap.mapping.roles import SPLIT_ROLES
         from opmap.mapping.sharding import Parallelism
 
         sh = s.shard(Parallelism(tp=self.tp, devices=self.tp)) if self.tp > 1 else None
@@ -255,23 +254,15 @@ class Pricer:
                 post += t
             else:
                 blk[r[1]] += t
-        dense, expert = [0.0] * (n + 1), [0.0] * (n + 1)  # [outside, block 0, block 1, ...]
-        kvh = s.geo.kv_heads
         for r in a.results:
             i = index.get(s.roles.block.get(r.node.id), -1) + 1
             if sh is None and not r.cost.kernel and 0 < i:  # host dispatch of views (Analysis.predicted_latency_s)
                 blk[i - 1] += r.pred.predicted_s
             elif sh is None and not r.cost.kernel:
                 post += r.pred.predicted_s
-            if not r.cost.param_bytes_read:
-                continue
-            role = s.roles.role.get(r.node.id, "replicated")
-            d = 1
-            if role in SPLIT_ROLES or role in ("expert_column", "expert_row"):
-                narrow = role == "column" and s.roles.kv_width and r.node.outputs and \
-                    r.node.outputs[0].shape[-1] == s.roles.kv_width
-                d = min(self.tp, kvh) if narrow and kvh else self.tp
-            (expert if role in ("expert_column", "expert_row") else dense)[i] += r.cost.param_bytes_read / d
+        # weight bytes read per device, [outside, block 0, block 1, ...]: the shares analyze's floor reads too
+        dense, expert = s.weight_bytes_by_position(Parallelism(tp=self.tp, devices=self.tp))
+        kvh = s.geo.kv_heads
         lat = sh.latency_s if sh is not None else a.predicted_latency_s
         return {"lat": lat, "pre": pre, "post": lat - pre - sum(blk), "blk": blk, "dense": dense,
                 "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
