@@ -179,3 +179,41 @@ def test_inference_kv_cache_per_device_is_the_formula(gpt):
         mem = sharded_memory(p, s, SavedPerBlock(0.0, 0.0, 0.0, 0.0), "bf16", False, S)
         kv = 2 * 4 * (A / p.tp) * hd * 2 * B * S / p.pp * p.microbatches
         assert mem.kv_cache_bytes == pytest.approx(kv, rel=1e-12), p.label()
+
+
+# -- fp8 training: Transformer Engine saves a Linear's input as its fp8 copy ----------------------------------------
+# TE's Linear / LayerNormLinear / LayerNormMLP save the e4m3 copy of the GEMM input (1 byte an element) for the weight
+# gradient instead of the bf16 input (NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, v1.x,
+# commit 0004dbd0231c: ``saved_inputmat_t`` from ``fp8_cast_transpose_fused``). A storage another backward node also
+# reads (the attention output, which the fused attention's backward keeps) stays in bf16 and gains the 1-byte copy.
+
+def test_fp8_training_saves_the_linear_inputs_at_one_byte_zoo_gpt(gpt):
+    """Korthikanti's 34 s b h under TE fp8: the QKV input and the first MLP GEMM's input (the LayerNorm outputs,
+    2 s b h each, replicated) and the second MLP GEMM's input (the GeLU output, 8 s b h, split) at half; the
+    attention output (2 s b h, split) the attention's backward reads too, so its 1-byte copy adds s b h."""
+    s, bf16 = gpt
+    m, x = _gpt()
+    g = capture(m, (x,), train=True)
+    fp8 = saved_per_block(g, s.roles, S, fp8=True)
+    assert fp8.replicated_bytes == bf16.replicated_bytes - 2 * SBH == 8 * SBH + 16 * SB
+    assert fp8.split_bytes == bf16.split_bytes - 4 * SBH + SBH == 21 * SBH + 4 * A * SB
+    assert fp8.input_bytes == bf16.input_bytes and fp8.outside_bytes == bf16.outside_bytes
+
+
+def test_fp8_training_saves_the_linear_inputs_at_one_byte_hf_llama(tmp_path):
+    """A Llama config.json (the bf16 count is what PyTorch saves, test_hf_llama_config_activations_per_device_...)
+    under TE fp8: the two RMSNorm outputs the projections read (h each a token, replicated) and the down projection's
+    input (the intermediate size I) at 1 byte an element; the attention output the o projection reads (h), kept by
+    the attention's backward, plus its 1-byte copy. Per block: replicated - 2 h s b, split - I s b + h s b."""
+    from opmap.workloads.hf import build_hf
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    w = build_hf(str(cfg), HB, HS, "bf16", "meta")
+    g = capture(w.module, w.inputs, train=True)
+    s = Sharder(analyze_graph(g, Workload("llama", None, None, HB, HS), get_hardware("h100-sxm"), "fp8"))
+    bf16, fp8 = saved_per_block(g, s.roles, HS), saved_per_block(g, s.roles, HS, fp8=True)
+    h, inter, tokens = LLAMA["hidden_size"], LLAMA["intermediate_size"], HS * HB
+    assert fp8.replicated_bytes == bf16.replicated_bytes - 2 * h * tokens
+    assert fp8.split_bytes == bf16.split_bytes - inter * tokens + h * tokens
+    assert fp8.outside_bytes == bf16.outside_bytes

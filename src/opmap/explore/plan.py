@@ -137,7 +137,9 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
         if progress:
             progress(f"capturing at microbatch {mb}", i, len(mbs))
         s, g, seq_mb, depth_note = _sharder(build, mb, hw, dtype, training, depth_note)
-        sharders[mb] = (s, saved_per_block(g, s.roles, seq_mb) if training else SavedPerBlock(0, 0, 0, 0), seq_mb)
+        saved = (saved_per_block(g, s.roles, seq_mb, fp8="fp8_training" in s.a.assumptions) if training
+                 else SavedPerBlock(0, 0, 0, 0))
+        sharders[mb] = (s, saved, seq_mb)
     first = next(iter(sharders.values()))
     geo, seq = first[0].geo, first[2]
     kv = first[0].kv

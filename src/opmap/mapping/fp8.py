@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from opmap.costs.base import OpCost
 from opmap.graph import Node, OpGraph, TensorMeta
-from opmap.mapping.roles import _source, infer_roles, phase_of
+from opmap.mapping.roles import Roles, _source, infer_roles, phase_of
 from opmap.ops import GEMM_OPS
 
 FP8_ROLES = frozenset({"column", "row", "expert_column", "expert_row"})
@@ -66,14 +66,19 @@ def _cast(nid: int, like: Node, x: TensorMeta, fmt: str, phase: str, what: str) 
                 ("input",), {"phase": phase, "fp8": what})
 
 
+def fp8_linears(graph: OpGraph, roles: Roles) -> list[Node]:
+    """The forward GEMMs TE runs in fp8: those of the blocks' Linear layers (roles column, row and the experts'),
+    a weight among their inputs."""
+    return [n for n in graph.nodes if phase_of(n) == "forward" and n.packet in GEMM_OPS
+            and roles.role.get(n.id) in FP8_ROLES and any(t.param is not None for t in n.inputs)]
+
+
 def plan_fp8_training(graph: OpGraph) -> Fp8Plan:
     """The fp8 GEMMs of a captured training step and the graph with their casts appended (module docstring). The
     attention core stays bf16 (TE's default; fp8 attention, TE's NVTE_FP8_DPA, is not modelled)."""
     roles = infer_roles(graph)
     nodes = list(graph.nodes)
-    fwd = [n for n in nodes if phase_of(n) == "forward"]
-    linear = [n for n in fwd if n.packet in GEMM_OPS and roles.role.get(n.id) in FP8_ROLES
-              and any(t.param is not None for t in n.inputs)]
+    linear = fp8_linears(graph, roles)
     modules = {n.module for n in linear}
     fp8_nodes = frozenset(n.id for n in nodes if n.packet in GEMM_OPS and n.module in modules
                           and phase_of(n) in ("forward", "backward"))
@@ -161,8 +166,8 @@ def fp8_assumptions(plan: Fp8Plan, bf16) -> dict:
         "cast_kernels": plan.casts,
         "weights": "bf16 weights with an fp32 master copy and fp32 AdamW moments; the fp8 weight and its transpose "
                    "cached for the iteration (1 + 1 B per parameter)",
-        "activations_saved": "counted at bf16 as captured (TE saves a Linear's input as its fp8 copy: this "
-                             "overstates that part)",
+        "activations_saved": "each Linear's input saved for the weight gradient as its fp8 copy, 1 byte an "
+                             "element (as TE saves it); the rest at the captured bf16 / fp32",
         "mfu_denominator": "the fp8 dense matrix peak (the step's matrix format); against the bf16 peak MFU and HFU "
                            "scale by fp8 peak / bf16 peak",
         "notes": list(plan.notes),

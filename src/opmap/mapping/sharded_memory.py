@@ -55,14 +55,40 @@ def _key(t) -> tuple:
     return (tuple(t.shape), t.dtype, tuple(t.stride))
 
 
-def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
+def _fp8_saved(graph: OpGraph, roles: Roles) -> tuple[dict[tuple, int], frozenset[int]]:
+    """Under TE's fp8 training: the storages the fp8 Linear layers read as input (keyed as ``saved_per_block``
+    keys them), each with the elements of the input, and the backward GEMMs of those layers. TE's Linear,
+    LayerNormLinear and LayerNormMLP save the input's fp8 (e4m3) copy for the weight gradient, not the bf16 input
+    (NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py, v1.x, commit 0004dbd0231c:
+    ``_Linear.forward`` saves ``inputmat_t`` / ``inputmat`` from ``fp8_cast_transpose_fused`` / ``cast_to_fp8``
+    when fp8 is on and wgrad is not overridden to high precision, ``inputmat_no_fp8`` only otherwise;
+    layernorm_linear.py and layernorm_mlp.py likewise save ``ln_out`` and the activation's output cast to fp8)."""
+    from opmap.mapping.fp8 import fp8_linears
+    from opmap.ops import GEMM_OPS
+
+    linear = fp8_linears(graph, roles)
+    modules = {n.module for n in linear}
+    inputs: dict[tuple, int] = {}
+    for f in linear:
+        for t in f.inputs:
+            if t.param is None and len(t.shape) >= 2:
+                p, base = _base(graph, t)
+                inputs[(-1 if p is None else p, _key(base))] = t.numel
+    gemms = frozenset(n.id for n in graph.nodes if phase_of(n) == "backward" and n.packet in GEMM_OPS
+                      and n.module in modules)
+    return inputs, gemms
+
+
+def saved_per_block(graph: OpGraph, roles: Roles, seq: int, fp8: bool = False) -> SavedPerBlock:
     """The storages of forward outputs that backward nodes read, each once at its full size (a view read keeps
     its base's storage), as ``saved_tensors_hooks`` counts them (opmap.mapping.memory.saved_activation_bytes),
     plus the fp32 log-sum-exp each fused attention saves (B x H x S_q x 4 bytes): per block by role (the first
     block's; a tensor is the block's that produced it) and outside the blocks by position (a graph input, such as
     the token ids an embedding keeps, before them). Parameters never count.
     A node with several outputs of one shape (LayerNorm's mean and 1 / std) counts as many as one backward node
-    reads."""
+    reads. ``fp8``: TE's fp8 training (opmap.mapping.fp8): a Linear layer's input counts 1 byte an element, its
+    fp8 copy (``_fp8_saved``), in place of its bf16 storage when only those layers' GEMMs read that in backward,
+    beside it when another backward node reads it too (the per-tensor scale, a few fp32 values a layer, left out)."""
     if not roles.blocks:
         return SavedPerBlock(0.0, 0.0, 0.0, 0.0)
     b0 = roles.blocks[0]
@@ -70,6 +96,8 @@ def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
     reads: dict[tuple[int, tuple], int] = {}
     metas: dict[tuple[int, tuple], Any] = {}
     sdpa_bwd = False
+    fp8_in, fp8_gemms = _fp8_saved(graph, roles) if fp8 else ({}, frozenset())
+    other_reader: set[tuple] = set()  # fp8 Linear inputs another backward node reads as well
     for n in graph.nodes:
         if phase_of(n) != "backward":
             continue
@@ -86,11 +114,15 @@ def saved_per_block(graph: OpGraph, roles: Roles, seq: int) -> SavedPerBlock:
             metas[k] = base
         for k, c in here.items():
             reads[k] = max(reads.get(k, 0), c)
+            if k in fp8_in and n.id not in fp8_gemms:
+                other_reader.add(k)
     split = rep = ss = before = after_split = after_rep = 0.0
     for (p, key), c in reads.items():
         t = metas[(p, key)]
         outs = sum(1 for o in graph.nodes[p].outputs if _key(o) == key) if p >= 0 else 1
         nbytes = t.nbytes * min(c, max(1, outs))
+        if (p, key) in fp8_in:  # the fp8 copy TE saves, instead of the bf16 storage or beside it
+            nbytes = fp8_in[(p, key)] + (nbytes if (p, key) in other_reader else 0.0)
         blk, role = roles.block.get(p), roles.role.get(p)
         if blk is None and p < first:
             before += nbytes

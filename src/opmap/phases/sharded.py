@@ -30,7 +30,8 @@ def sharded_fit(a: Analysis, par: Parallelism, s: Sharder | None = None) -> Memo
     s = s or Sharder(a)
     training = a.assumptions.get("mode") == "training step"
     seq = int(a.assumptions.get("seq") or 1)
-    saved = saved_per_block(a.graph, s.roles, seq) if training else SavedPerBlock(0.0, 0.0, 0.0, 0.0)
+    saved = (saved_per_block(a.graph, s.roles, seq, fp8="fp8_training" in a.assumptions) if training
+             else SavedPerBlock(0.0, 0.0, 0.0, 0.0))
     return sharded_memory(par, s, saved, a.precision.requested, training)
 
 
