@@ -78,3 +78,25 @@ def test_hardware_show_prints_a_spec_files_name_and_notes_literally(cli, tmp_pat
     rc, out, err = cli("hardware", "show", str(spec))
     assert rc == 0, err  # unescaped, rich stops on the stray closing tag
     assert "[/x] H100 [bold]mine[/bold]" in " ".join(out.split())
+
+
+def test_hardware_list_never_cuts_a_name_and_has_json(cli, monkeypatch):
+    """The names --hardware takes are printed whole at a narrow terminal (they were cut: "a100-sxm-80…"), and
+    --json gives the same catalog as numbers: H100 SXM's dense bf16 peak is 989.4 TFLOP/s and its HBM3 3.35 TB/s
+    (NVIDIA H100 Tensor Core GPU datasheet, SXM column: 1,979 TFLOPS bf16 with sparsity, half of it dense)."""
+    import json
+
+    from opmap.cli.common import console
+    from opmap.hardware import catalog
+
+    monkeypatch.setattr(console, "width", 60)
+    rc, out, _ = cli("hardware", "list")
+    assert rc == 0 and "…" not in out
+    cells = {c.strip() for line in out.splitlines() for c in line.split("│")}
+    assert set(catalog()) <= cells, set(catalog()) - cells
+    rc, out, _ = cli("hardware", "list", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["schema_version"] == 1 and [x["name"] for x in d["devices"]] == list(catalog())
+    h100 = next(x for x in d["devices"] if x["name"] == "h100-sxm")
+    assert abs(h100["matrix_peak_flops_per_s"]["bf16"] / 989.4e12 - 1) < 0.01
+    assert abs(h100["memory_bandwidth_bytes_per_s"] / 3.35e12 - 1) < 0.01

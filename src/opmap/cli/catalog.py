@@ -26,20 +26,47 @@ def models_list() -> None:
 
 
 @hardware_app.command("list")
-def hardware_list() -> None:
-    """Every catalog device with its headline dense peaks and bandwidth."""
+def hardware_list(as_json: bool = typer.Option(False, "--json", help="Print the catalog as JSON (numbers in SI "
+                                                                   "base units: FLOP/s, B, B/s, W) instead of a table.")
+                  ) -> None:
+    """Every catalog device with its headline dense peaks and bandwidth. The name column (what --hardware takes)
+    is never cut, whatever the terminal's width: the other columns wrap."""
     from opmap.hardware import catalog
 
+    devices = list(catalog().values())
+    if as_json:
+        import json
+
+        print(json.dumps({"schema_version": 1, "devices": [_catalog_record(h) for h in devices]}, indent=1))
+        return
     t = Table(title="opmap hardware catalog (dense peaks; achievable: what the time model runs at)")
     for col in ("name", "device", "bf16", "fp8", "fp32", "bf16 achievable", "memory", "bandwidth",
                 "bw achievable", "priced", "TDP", "idle", "sw risk"):
-        t.add_column(col, justify="left" if col in ("name", "device", "priced") else "right")
-    for h in catalog().values():
+        if col == "name":
+            t.add_column(col, no_wrap=True, min_width=max(len(h.name) for h in devices))
+        else:
+            t.add_column(col, justify="left" if col in ("device", "priced") else "right", overflow="fold")
+    for h in devices:
         t.add_row(*_catalog_row(h))
     console.print(t)
     console.print("priced: 'like for like' where the catalog has an achievable matrix rate and memory bandwidth "
                   "(measured, or derived from a measurement); 'datasheet only' names what is missing (the time model "
                   "then runs at the dense peak, and streams at the datasheet bandwidth x DRAM_EFFICIENCY)")
+
+
+def _catalog_record(h) -> dict:
+    """One device of ``hardware list --json``: the table's figures as numbers (None where the catalog has none)."""
+    def value(table, dtype):
+        v = table.get(dtype)
+        return v.value if v and v.value else None
+
+    bw = h.fields.get("achievable_memory_bandwidth_bytes_per_s")
+    return {"name": h.name, "display_name": h.display_name, "vendor": h.vendor,
+            "matrix_peak_flops_per_s": {d: value(h.matrix_peak_flops_per_s, d) for d in ("bf16", "fp8", "fp32")},
+            "achievable_matrix_flops_per_s_bf16": value(h.achievable_matrix_flops_per_s, "bf16"),
+            "memory_bytes": h.memory_bytes, "memory_bandwidth_bytes_per_s": h.memory_bandwidth_bytes_per_s,
+            "achievable_memory_bandwidth_bytes_per_s": bw.value if bw else None, "priced": _priced(h),
+            "tdp_w": h.tdp_w, "idle_power_w": h.idle_power_w, "software_risk": h.software_risk}
 
 
 def _catalog_row(h) -> list[str]:
