@@ -107,3 +107,17 @@ def test_a_kind_without_rules_is_refused_and_a_bare_result_gives_no_crash():
     for kind in ("fit", "plan", "sweep", "serve", "shape-check", "calibrate"):
         fs, pits = memo_parts(_run(kind, {"cells": "?", "ranked": 3, "points": None, "latency": []}))
         assert isinstance(memo_markdown(_run(kind, {}), fs, pits, "opmap memo r9"), str)
+
+
+def test_the_heading_names_only_what_the_run_has():
+    """A bench run names a served model and an endpoint but no phase or precision, and a folder's time may be
+    unknown: the heading and the evidence line leave those out instead of printing "None"."""
+    run = {"id": "out/b", "kind": "bench", "time_utc": None, "tags": {"workload": "Qwen/Qwen2.5-7B",
+                                                                     "hardware": None, "phase": "bench"}}
+    fs, pits = memo_parts({**run, "payload": {}})
+    text = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
+    assert "None" not in text
+    assert text.splitlines()[0] == "# Closure memo: Qwen/Qwen2.5-7B (bench)"
+    assert "Evidence: the bench output in out/b; reproduce" in text
+    bare = memo_markdown({"id": "r1", "kind": "serve", "time_utc": None, "tags": {}}, [], [], "opmap memo r1")
+    assert bare.splitlines()[0] == "# Closure memo: a serve run" and "run r1 (serve) in the run store" in bare

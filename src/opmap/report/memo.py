@@ -147,6 +147,14 @@ def memo_parts(run: dict[str, Any], production_compared: bool | dict[str, Any] =
     return fs(run), pits(run)
 
 
+def _title(tags: dict[str, Any], kind: str) -> str:
+    """The memo's heading: workload on hardware (phase, precision), each part only where the run has it (a bench
+    run names a served model and an endpoint, not a phase: "(bench, None)" was printed)."""
+    what = " on ".join(str(tags[k]) for k in ("workload", "hardware") if tags.get(k)) or f"a {kind} run"
+    how = ", ".join(str(tags[k]) for k in ("phase", "precision") if tags.get(k))
+    return what + (f" ({how})" if how else "")
+
+
 def memo_markdown(run: dict[str, Any], fs: list[dict[str, Any]], pits: list[dict[str, str]],
                   command: str, folder: bool = False) -> str:
     """The memo as Markdown; ``folder``: the run is an output folder (its ``id``), not a stored run. Every text
@@ -155,9 +163,10 @@ def memo_markdown(run: dict[str, Any], fs: list[dict[str, Any]], pits: list[dict
     from opmap.report.text import md, md_code
 
     t = run["tags"]
-    where = (f"the {run['kind']} output in {run['id']} ({run['time_utc']})" if folder else
-             f"run {run['id']} ({run['kind']}, {run['time_utc']}) in the run store")
-    title = f"{t.get('workload')} on {t.get('hardware')} ({t.get('phase')}, {t.get('precision')})"
+    when = run.get("time_utc")  # a folder's or an imported run's may be unknown: left out, never "None"
+    where = (f"the {run['kind']} output in {run['id']}" + (f" ({when})" if when else "") if folder else
+             f"run {run['id']} ({', '.join(str(x) for x in (run['kind'], when) if x)}) in the run store")
+    title = _title(t, run["kind"])
     lines = [f"# Closure memo: {md(title)}", "",
              f"Evidence: {md(where)}; reproduce with {md_code(t.get('command') or command)}.", "", "## Findings", "",
              "| finding | owner | fix | expected gain | rollback boundary | risk |", "|---|---|---|---|---|---|"]
