@@ -37,7 +37,8 @@ def hardware_list(as_json: bool = typer.Option(False, "--json", help="Print the 
     if as_json:
         import json
 
-        print(json.dumps({"schema_version": 1, "devices": [_catalog_record(h) for h in devices]}, indent=1))
+        print(json.dumps({"schema_version": 1, "devices": [_catalog_record(h) for h in devices]}, indent=1,
+                         allow_nan=False))
         return
     t = Table(title="opmap hardware catalog (dense peaks; achievable: what the time model runs at)")
     for col in ("name", "device", "bf16", "fp8", "fp32", "bf16 achievable", "memory", "bandwidth",
