@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from opmap.graph import TensorMeta
+from opmap.workloads.onnx_fold import value_at_load
 from opmap.workloads.onnx_model import attrs, contiguous
 
 MS = "com.microsoft"
@@ -78,6 +79,15 @@ def _causal_keep(keep: np.ndarray, sq: int, sk: int) -> bool:
     return bool(np.all(full.reshape(-1, sq, sk) == tri))
 
 
+def _keep(b, mask: str) -> np.ndarray | None:
+    """Which scores an attention mask keeps, where its value is known (folded, an initializer, or computed at load
+    from constants): a boolean mask keeps True, an additive one the entries above MASKED; None: unknown."""
+    v = value_at_load(b.om, mask)
+    if v is None:
+        return None
+    return v.astype(bool) if v.dtype == np.bool_ else v > MASKED
+
+
 def _walk_scores(b, sm, producer):
     """From the Softmax up to the Q K^T MatMul: (MatMul node, chain nodes, mask name, keep-array or None)."""
     chain, mask, keep = [], None, None
@@ -94,8 +104,7 @@ def _walk_scores(b, sm, producer):
             a0, a1 = (producer.get(i) for i in ins)
             pick = 0 if a0 is not None and a0.op_type in ("MatMul", "Mul", "Div") else 1
             nxt, mask = ins[pick], ins[1 - pick]
-            v = b.om.value(mask)
-            keep = None if v is None else v > MASKED
+            keep = _keep(b, mask)
         elif x.op_type == "Where" and mask is None and len(ins) == 3:
             if _scalar(b, ins[2]):
                 nxt, mask, flip = ins[1], ins[0], False
@@ -103,7 +112,7 @@ def _walk_scores(b, sm, producer):
                 nxt, mask, flip = ins[2], ins[0], True
             else:
                 break
-            v = b.om.value(mask)
+            v = value_at_load(b.om, mask)
             keep = None if v is None else (~v.astype(bool) if flip else v.astype(bool))
         else:
             break
@@ -217,7 +226,8 @@ def _reshaped(t: TensorMeta, shape: tuple[int, ...]) -> TensorMeta:
 
 
 def onnx_attention(b, node, a) -> None:
-    """ai.onnx Attention (opset 23): Q, K, V as (B, H, S, D) or (B, S, hidden) with q_num_heads / kv_num_heads."""
+    """ai.onnx Attention (opset 23): Q, K, V as (B, H, S, D) or (B, S, hidden) with q_num_heads / kv_num_heads. A
+    mask whose value is known and is the top-left causal mask makes the node causal (as in decomposed attention)."""
     q, k, v = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     qh, kvh = int(a.get("q_num_heads", 0) or 1), int(a.get("kv_num_heads", 0) or 1)
     pk = b.input(node, 4)
@@ -225,8 +235,12 @@ def onnx_attention(b, node, a) -> None:
     if pk is not None:  # the cache holds earlier keys: attention runs over past + new
         k4 = (*k4[:2], k4[2] + pk.shape[2], k4[3])
         v4 = (*v4[:2], v4[2] + pk.shape[2], v4[3])
-    _sdpa(b, node, _reshaped(q, q4), _reshaped(k, k4), _reshaped(v, v4), bool(a.get("is_causal", 0)),
-          b.input(node, 3))
+    causal, mask = bool(a.get("is_causal", 0)), b.input(node, 3)
+    keep = _keep(b, node.input[3]) if mask is not None and not causal else None
+    if keep is not None and (_causal_keep(keep, q4[2], k4[2]) or bool(np.all(keep))):
+        # the dynamo exporter passes HF's causal mask (an initializer once the shapes are fixed) with is_causal 0
+        causal, mask = not bool(np.all(keep)), None
+    _sdpa(b, node, _reshaped(q, q4), _reshaped(k, k4), _reshaped(v, v4), causal, mask)
 
 
 def ms_attention(b, node, a) -> None:

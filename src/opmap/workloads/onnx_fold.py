@@ -192,3 +192,35 @@ def fold_node(node, om) -> list | None:
         return None  # a node numpy cannot evaluate stays a node (priced, or listed as uncounted)
     om.folded_elems += sum(o.size for o in out)
     return out
+
+
+LOAD_DEPTH = 8  # producers walked back from a tensor computed at load (ones -> Trilu -> Equal -> Where: four)
+
+
+def value_at_load(om, name: str, depth: int = LOAD_DEPTH) -> np.ndarray | None:
+    """The value of a tensor onnx._at_load left to compute once at load (from weights and constants alone), where
+    it is needed as a value: a causal mask the dynamo exporter builds from a 128 x 128 float ``ones`` initializer
+    (Trilu -> Equal -> Where), which folding leaves alone as it leaves any weight. Evaluated on demand with the same
+    numpy folds, each tensor at most FOLD_LIMIT elements; None when any step is unknown or too large."""
+    v = om.value(name)
+    if v is not None or depth <= 0 or name not in om.at_load:
+        return v
+    node = next((n for n in om.model.graph.node if name in n.output), None)
+    fn = None if node is None or node.domain not in ("", "ai.onnx") else FOLDS.get(node.op_type)
+    if fn is None:
+        return None
+    xs = []
+    for i in node.input:
+        x = value_at_load(om, i, depth - 1) if i else None
+        if i and x is None:
+            return None
+        xs.append(x)
+    try:
+        n = _out_elems(node, om, xs)
+        if n is None or n > FOLD_LIMIT:
+            return None
+        with np.errstate(all="ignore"):
+            out = [np.asarray(o) for o in fn(node, xs, _attrs(node, om))]
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, MemoryError):
+        return None
+    return dict(zip(node.output, out)).get(name)
