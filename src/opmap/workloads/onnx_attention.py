@@ -149,6 +149,24 @@ def _source(b, name: str, producer, absorbed: list, perm=None, also=()) -> str:
     return name
 
 
+def _nan_guard(b, sm) -> tuple[str, list] | None:
+    """The probabilities P @ V reads: the Softmax output, or past the guard the dynamo exporter writes for fully
+    masked rows (Softmax -> IsNaN -> Where(isnan, 0, softmax): a NaN row read as zeros), which a fused kernel does
+    in its own softmax. (P's name, the guard's nodes); None when the Softmax feeds anything else as well."""
+    out = sm.output[0]
+    cons = b.consumers.get(out, [])
+    if len(cons) == 1:
+        return out, []
+    nan = next((c for c in cons if c.op_type == "IsNaN"), None)
+    where = next((c for c in cons if c.op_type == "Where"), None)
+    if len(cons) != 2 or nan is None or where is None or len(where.input) != 3:
+        return None
+    if where.input[0] != nan.output[0] or where.input[2] != out or not _scalar(b, where.input[1]) \
+            or len(b.consumers.get(nan.output[0], [])) != 1:
+        return None
+    return where.output[0], [nan, where]
+
+
 def find_attention(b) -> dict[int, Fused]:
     """Every decomposed attention in the live graph, keyed by id of its P @ V MatMul."""
     producer = {o: n for n in b.om.live for o in n.output if o}
@@ -159,14 +177,16 @@ def find_attention(b) -> dict[int, Fused]:
         rank = len(b.om.shapes[sm.input[0]])
         if int(attrs(sm).get("axis", -1)) % rank != rank - 1:
             continue
-        cons = b.consumers.get(sm.output[0], [])
-        if len(cons) != 1 or cons[0].op_type != "MatMul" or cons[0].input[0] != sm.output[0]:
+        guarded = _nan_guard(b, sm)
+        cons = b.consumers.get(guarded[0], []) if guarded is not None else []
+        if len(cons) != 1 or cons[0].op_type != "MatMul" or cons[0].input[0] != guarded[0]:
             continue
         pv = cons[0]
         walked = _walk_scores(b, sm, producer)
         if walked is None or not b.known(pv) or not b.known(walked[0]):
             continue
         qk, chain, mask, keep = walked
+        chain = [*chain, *guarded[1]]
         a_shape, k_shape = b.om.shapes[qk.input[0]], b.om.shapes[qk.input[1]]
         v_shape = b.om.shapes[pv.input[1]]
         if len(a_shape) < 2 or len(k_shape) < 2:
