@@ -70,7 +70,8 @@ def _check(sides, layers, per_layer, outside=0):
         assert blocks == {i: per_layer for i in range(layers)} and rest == outside
         assert side.total.matrix_flops == layers * per_layer + outside and side.uncounted == {}
     t, o = sides
-    # what is left between the two is vector work (softmax, layer norm, bias adds), under 1 % of the total
+    # what is left between the two is vector work, under 1 % of the total: e.g. the dynamo exporter drops
+    # MultiheadAttention's out_proj bias, zeros at initialisation (B S d adds a layer, 0.015 % of the encoder)
     assert o.total.flops == pytest.approx(t.total.flops, rel=0.01)
 
 
@@ -149,15 +150,17 @@ def test_hf_gpt2_matches_the_formula(tmp_path, exporter):
     _check(sides, 2, gpt2_layer_flops(b, s, d), outside=2 * b * s * d * vocab)  # the tied LM head
 
 
-def test_hf_llama_matches_the_formula(tmp_path):
-    """Grouped-query attention: 4 query heads over 2 KV heads of 16, SwiGLU FFN 128."""
+@pytest.mark.parametrize("exporter", ["dynamo-18", "dynamo-23"])
+def test_hf_llama_matches_the_formula(tmp_path, exporter):
+    """Grouped-query attention: 4 query heads over 2 KV heads of 16, SwiGLU FFN 128. (The TorchScript exporter has
+    no conversion for grouped-query SDPA, enable_gqa, either.)"""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     kv, ffn, dh = 2, 128, d // heads
     cfg = LlamaConfig(hidden_size=d, num_attention_heads=heads, num_key_value_heads=kv, num_hidden_layers=2,
                       intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=64, attn_implementation="sdpa")
-    sides = _both(Logits(LlamaForCausalLM(cfg)), (torch.randint(0, vocab, (b, s)),), b, s, tmp_path, "dynamo-23")
+    sides = _both(Logits(LlamaForCausalLM(cfg)), (torch.randint(0, vocab, (b, s)),), b, s, tmp_path, exporter)
     per_layer = (2 * b * s * d * (d + 2 * kv * dh)  # q, k, v projections
                  + 2 * b * s * d * d  # o_proj
                  + 2 * 2 * b * _pairs(s, True) * d  # causal attention (query heads x head dim = d)
