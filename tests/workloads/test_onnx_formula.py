@@ -18,11 +18,15 @@ import io
 import re
 import warnings
 
+import numpy as np
+import onnx
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from opmap.analyze import analyze
+from opmap.costs import cost_graph
 from opmap.hardware import get_hardware
 from opmap.workloads.onnx import load_onnx
 from opmap.workloads.zoo import Workload
@@ -187,3 +191,29 @@ def test_mlp_matches_the_formula(tmp_path, exporter):
     mlp = nn.Sequential(nn.Linear(D, FFN), nn.GELU(), nn.Linear(FFN, D))
     sides = _both(mlp, (torch.randn(B, S, D),), B, S, tmp_path, exporter)
     _check(sides, 0, 0, outside=2 * B * S * D * FFN + 2 * B * S * FFN * D)
+
+
+# -- the mask rule on a hand-built opset-23 Attention ------------------------------------------------------------------
+
+@pytest.mark.parametrize("mask, causal, pairs", [
+    ("causal", True, 8 * 9 // 2),  # bool, key j <= query i kept: torch's is_causal, S (S + 1) / 2 pairs computed
+    ("additive causal", True, 8 * 9 // 2),  # 0 kept, -inf masked
+    ("all kept", False, 8 * 8),  # nothing masked: dense, no mask read
+    ("padding", False, 8 * 8),  # the last two keys masked for every query: an explicit mask, dense work
+])
+def test_attention_op_mask_decides_causal(tmp_path, mask, causal, pairs):
+    """ai.onnx Attention (B 1, 2 heads, S 8, D 4) with a known attn_mask and is_causal 0, as the dynamo exporter
+    writes transformers' attention: 2 B H pairs (D + Dv) matrix FLOPs."""
+    tri = np.tril(np.ones((8, 8), dtype=bool))
+    keep = {"causal": tri, "additive causal": tri, "all kept": np.ones((8, 8), bool),
+            "padding": np.broadcast_to(np.arange(8) < 6, (8, 8))}[mask]
+    value = np.where(keep, 0.0, -np.inf).astype(np.float32) if mask == "additive causal" else keep
+    x = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 8, 4]) for n in "qkv"]
+    node = helper.make_node("Attention", ["q", "k", "v", "m"], ["o"], is_causal=0, name="att")
+    g = helper.make_graph([node], "g", x, [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, 2, 8, 4])],
+                          initializer=[numpy_helper.from_array(np.ascontiguousarray(value[None, None]), "m")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)]), str(tmp_path / "att.onnx"))
+    w = load_onnx(str(tmp_path / "att.onnx"))
+    (att, c), = zip(w.graph.nodes, cost_graph(w.graph))
+    assert att.args["is_causal"] == causal and (len(att.inputs) == 4) == (mask == "padding")
+    assert c.matrix_flops == 2 * 1 * 2 * pairs * (4 + 4)
