@@ -196,3 +196,36 @@ def test_names_from_the_runs_are_printed_as_text(tmp_path, cli):
     rc, out, err = cli("compare", tmp_path / "a", tmp_path / "b", "--no-store")
     assert rc in (0, 1) and "Traceback" not in out + err, err
     assert "\x1b" not in out + err and "ml[/b]pL" in out and "aten.mm.default@fc[red]z" in out
+
+
+@pytest.mark.parametrize("model", ["gpt2", "config.json"])
+def test_a_fused_run_is_judged_on_its_total_with_every_kernel(tmp_path, cli, model):
+    # issue 35: `analyze gpt2` against `analyze gpt2 --fusion compiler` said "no change: +0.1%" with 37 kernels
+    # unmatched, while the runs' totals were 1.21 and 0.976 ms. Each run's total is what analyze recorded for it
+    # (kernel_time_s: every kernel it priced); the verdict is their change, the unmatched kernels counted
+    import json
+
+    if model == "config.json":  # a Hugging Face config as a user brings it
+        pytest.importorskip("transformers")
+        model = tmp_path / "config.json"
+        model.write_text(json.dumps({"model_type": "llama", "vocab_size": 128, "hidden_size": 64,
+                                     "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                     "num_key_value_heads": 2}))
+    store = tmp_path / "runs.duckdb"
+    ids = []
+    for fusion in ("eager", "compiler"):
+        rc, out, err = cli("analyze", model, "--seq", "32", "--fusion", fusion, "--rows", "1", "--store", store)
+        assert rc == 0, err
+        ids.append(out.split("recorded as run ")[1].split()[0])
+    totals = []
+    for i in ids:
+        rc, out, _ = cli("runs", "show", i, "--json", "--store", store)
+        totals.append(json.loads(out)["payload"]["totals"]["kernel_time_s"])
+    rc, out, _ = cli("compare", *ids, "--json", "--store", store)
+    r = json.loads(out)
+    assert rc == 0 and r["effect"] == pytest.approx(totals[1] / totals[0] - 1) and r["effect"] < -0.05
+    assert r["totals"]["a_s"] == pytest.approx(totals[0]) and r["totals"]["b_s"] == pytest.approx(totals[1])
+    assert r["verdict"] == "predicted change" and r["totals"]["only_a"]["kernels"] > 0
+    rc, out, _ = cli("compare", *ids, "--store", store)
+    only = r["totals"]["only_a"]["kernels"]
+    assert f"{only} kernels only in A" in out and f"({totals[1] / totals[0] - 1:+.1%}" in out, out

@@ -244,3 +244,40 @@ def test_compare_refuses_runs_without_kernels(tmp_path):
     a = record("analyze", _profile([], [1e-3]) | {"samples": {}}, _tags(), path)
     with pytest.raises(OpmapError, match=f"{s} is a sweep run"):
         compare(a, s, path)
+
+
+def _named_run(kernels):
+    """An analyze payload of one node per kernel: (op, module, layer type, predicted s)."""
+    nodes = [{"id": i, "op": op, "module": mod, "layer_type": lt, "flops": 1.0}
+             for i, (op, mod, lt, _) in enumerate(kernels)]
+    ks = [{"anchor": i, "nodes": [i], "predicted_s": t, "traffic_bytes": 1.0} for i, (*_, t) in enumerate(kernels)]
+    return {"nodes": nodes, "kernels": ks}
+
+
+def test_the_total_counts_every_kernel_matched_or_not(tmp_path):
+    # issue 35: gpt2 eager against --fusion compiler said "no change: +0.1%" on the 89 matched kernels while the
+    # runs' totals were 1.21 and 0.976 ms (-19%): the 37 GELU / add kernels the compiler fused into their GEMMs have
+    # no partner in B. Here A runs fc1 3 us, gelu 2 us, fc2 3 us; B fuses the GELU into fc1 (3.1 us) and adds a
+    # copy of its own (0.5 us). Totals: A 3 + 2 + 3 = 8 us, B 3.1 + 3 + 0.5 = 6.6 us: 6.6 / 8 - 1 = -17.5%
+    # (the matched kernels alone: 6.1 / 6 - 1 = +1.7%, "no change")
+    path = tmp_path / "runs.duckdb"
+    mm, gelu, copy = "aten.mm.default", "aten.gelu.default", "aten.copy_.default"
+    a = record("analyze", _named_run([(mm, "fc1", "mlp", 3e-6), (gelu, "act", "elementwise", 2e-6),
+                                      (mm, "fc2", "mlp", 3e-6)]), _tags(graph_hash="eager"), path)
+    b = record("analyze", _named_run([(mm, "fc1", "mlp", 3.1e-6), (mm, "fc2", "mlp", 3e-6),
+                                      (copy, "out", "data_movement", 0.5e-6)]), _tags(graph_hash="fused"), path)
+    r = compare(a, b, path)
+    assert r["effect"] == pytest.approx(6.6 / 8 - 1) and r["verdict"] == "predicted change"
+    assert "-17.5%" in r["verdict_line"] and "8 µs -> 6.6 µs" in r["verdict_line"]
+    t = r["totals"]
+    assert t["a_s"] == pytest.approx(8e-6) and t["b_s"] == pytest.approx(6.6e-6)
+    assert t["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
+    assert t["only_b"] == {"kernels": 1, "time_s": pytest.approx(0.5e-6)}
+    assert sorted((u["side"], u["name"], u["time_s"]) for u in r["unmatched"]) == [
+        ("a", f"{gelu}@act", pytest.approx(2e-6)), ("b", f"{copy}@out", pytest.approx(0.5e-6))]
+    # the layer types hold the kernels without a partner too: A's GELU, B's copy
+    lt = r["layer_types"]
+    assert (lt["elementwise"]["a_s"], lt["elementwise"]["b_s"], lt["elementwise"]["only_a"]) == (
+        pytest.approx(2e-6), 0, 1)
+    assert lt["data_movement"]["b_s"] == pytest.approx(0.5e-6) and lt["data_movement"]["rel"] is None
+    assert lt["mlp"]["a_s"] == pytest.approx(6e-6) and lt["mlp"]["b_s"] == pytest.approx(6.1e-6)

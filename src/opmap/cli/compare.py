@@ -91,14 +91,23 @@ def compare(
             k.add_row(plain(x["name"]), si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
                       _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), plain(_verdict(x)))
         console.print(k)
-        if r["unmatched"]:
-            console.print(f"{len(r['unmatched'])} kernels without a match (in the JSON's unmatched)",
-                          highlight=False)
+        _print_totals(r["totals"])
         _print_verdict(r)
         if shapes is not None:
             _print_shapes(shapes)
     if r is not None and r["verdict"] == "regression":
         raise typer.Exit(1)
+
+
+def _print_totals(t: dict) -> None:
+    """Each run's total over every kernel, and the kernels without a partner with their time."""
+    from opmap.report.sheet import si
+
+    only = [f"{t[f'only_{s}']['kernels']} kernels only in {s.upper()}, {si(t[f'only_{s}']['time_s'], 's')}"
+            for s in ("a", "b") if t[f"only_{s}"]["kernels"]]
+    console.print(f"totals, every kernel: A {si(t['a_s'], 's')}, B {si(t['b_s'], 's')} ({_pct(t['rel'])})"
+                  + (f"; {'; '.join(only)} (the JSON's unmatched)" if only else "; every kernel matched"),
+                  highlight=False)
 
 
 def _print_verdict(r: dict) -> None:

@@ -16,8 +16,10 @@ move within the floor is "no significant change", said as not significant at thi
 than three runs measure the floor, the sides are A and B alone and the floor is assumed (noise.py). Kernels and
 layer types get the same test on their profiled iterations (Benjamini-Hochberg over the family), A against B,
 against a kernel floor measured the same way from the repeats' kernel times (else assumed).
-Predicted-only runs (analyze) have no samples, so no test applies: "predicted change" when the predicted total
-moved by more than ``min_effect``, else "no change". Runs whose hardware, precision, phase, workload or
+Each run's total counts every one of its kernels, matched or not (a kernel fused into another in B leaves its A
+kernel without a partner; a layer type's time holds its unmatched kernels too): the matched kernels alone can
+stand still while the run got 19% faster. Predicted-only runs (analyze) have no samples, so no test applies:
+"predicted change" when that total moved by more than ``min_effect``, else "no change". Runs whose hardware, precision, phase, workload or
 measuring host differ are refused, naming what differs, unless ``force``.
 """
 
@@ -48,6 +50,14 @@ COMPARABLE = ("analyze", "profile")
 WARMUP_RULE = ("warm-up rule: leading samples dropped while each exceeds the median of the later ones by more "
                "than 3.5 x 1.4826 MAD (Iglewicz-Hoaglin modified z > 3.5; MAD floored at 1% of the median; at "
                "most half a series)")
+
+
+def seconds(t: float) -> str:
+    """A time in s, ms or us, 3 significant digits (the store sits below report's formatting)."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms")):
+        if abs(t) >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t / 1e-6:.3g} µs"
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -190,12 +200,13 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
     kernels, how, unmatched = _kernel_rows(ka, kb, pa, pb, measured)
     k_effect = max(min_effect, kfloor.noise) if measured else min_effect
     _verdicts(kernels, alpha, k_effect)
-    by_lt = _layer_type_rows(kernels, lts_a, lts_b, pa, pb, measured)
+    by_lt = _layer_type_rows(kernels, unmatched, lts_a, lts_b, pa, pb, measured)
     _verdicts(list(by_lt.values()), alpha, k_effect)
     out: dict[str, Any] = {"a": a.id, "b": b.id, "forced_tags": differ,
                            "matched_by": dict(sorted(Counter(how).items())),
                            "times": "measured" if measured else "predicted",
                            "kernels": sorted(kernels, key=lambda k: -abs(k["delta_s"])), "unmatched": unmatched,
+                           "totals": _totals(kernels, unmatched),
                            "layer_types": by_lt, "min_effect": min_effect, "alpha": alpha,
                            "per_kernel_test": "Mann-Whitney U on the profiled iterations of each kernel (and of each "
                                               "layer type's kernels summed) after the warm-up rule, A against B, "
@@ -207,19 +218,41 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
         out.update(_run_verdict(side_a, side_b, ser, min_effect, alpha))
         out["host"] = host_fingerprint(a.payload)
     else:
-        ta, tb = sum(k["a_s"] for k in kernels), sum(k["b_s"] for k in kernels)
-        effect = tb / ta - 1 if ta else 0.0
-        verdict = "predicted change" if abs(effect) > min_effect else "no change"
-        out.update(test=None, effect=effect, verdict=verdict,
-                   verdict_line=f"{verdict}: predicted total {effect:+.1%} (minimum effect {min_effect:.1%})",
-                   note="no latency samples on both sides: no significance test applies (deltas only)")
+        out.update(_total_verdict(out["totals"], out["times"], min_effect))
     return out
+
+
+def _totals(kernels: list[dict[str, Any]], unmatched: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each run's total: every one of its kernels, matched or not (a fused kernel in B has no partner for the
+    kernels it absorbed in A); the matched and the unmatched part of each."""
+    out: dict[str, Any] = {"matched_a_s": sum(k["a_s"] for k in kernels),
+                           "matched_b_s": sum(k["b_s"] for k in kernels)}
+    for side in ("a", "b"):
+        only = [u["time_s"] for u in unmatched if u["side"] == side]
+        out[f"only_{side}"] = {"kernels": len(only), "time_s": sum(only)}
+        out[f"{side}_s"] = out[f"matched_{side}_s"] + sum(only)
+    out["rel"] = out["b_s"] / out["a_s"] - 1 if out["a_s"] else None
+    return out
+
+
+def _total_verdict(totals: dict[str, Any], times: str, min_effect: float) -> dict[str, Any]:
+    """Runs without latency samples on both sides: the change of the totals (every kernel), no test."""
+    effect = totals["rel"] or 0.0
+    verdict = "predicted change" if abs(effect) > min_effect else "no change"
+    return {"test": None, "effect": effect, "verdict": verdict,
+            "verdict_line": (f"{verdict}: {times} total {seconds(totals['a_s'])} -> {seconds(totals['b_s'])} "
+                             f"({effect:+.1%}; every kernel, matched or not; minimum effect {min_effect:.1%})"),
+            "note": "no latency samples on both sides: no significance test applies (deltas only)"}
 
 
 def _kernel_rows(ka: list[dict], kb: list[dict], pa: dict[int, list[float]], pb: dict[int, list[float]],
                  measured: bool) -> tuple[list[dict[str, Any]], list[str], list[dict]]:
     """The matched kernel pairs with their times, deltas and rank tests; (rows, how each matched, unmatched)."""
     pairs, unmatched, how = _match(ka, kb)
+    by_idx = {("a", k["idx"]): (k, pa) for k in ka} | {("b", k["idx"]): (k, pb) for k in kb}
+    for u in unmatched:
+        k, per = by_idx[(u["side"], u["idx"])]
+        u.update(layer_type=k["layer_type"], time_s=_kernel_time(k, per, measured))
     rows = []
     for x, y in pairs:
         ta, tb = _kernel_time(x, pa, measured), _kernel_time(y, pb, measured)
@@ -236,23 +269,31 @@ def _kernel_rows(ka: list[dict], kb: list[dict], pa: dict[int, list[float]], pb:
     return rows, how, unmatched
 
 
-def _layer_type_rows(kernels: list[dict[str, Any]], lts_a: dict, lts_b: dict, pa: dict[int, list[float]],
-                     pb: dict[int, list[float]], measured: bool) -> dict[str, dict[str, Any]]:
-    """Per layer type: the kernels' times summed, the store's MFU / stall / bytes deltas, the rank test on the
+def _layer_type_rows(kernels: list[dict[str, Any]], unmatched: list[dict[str, Any]], lts_a: dict, lts_b: dict,
+                     pa: dict[int, list[float]], pb: dict[int, list[float]],
+                     measured: bool) -> dict[str, dict[str, Any]]:
+    """Per layer type: the times of its kernels summed, matched or not (``kernels``: the pairs, ``only_a`` /
+    ``only_b``: the kernels without a partner), the store's MFU / stall / bytes deltas, the rank test on the
     per-iteration sums; largest absolute change first."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    alone: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for k in kernels:
         groups[k["layer_type"] or "-"].append(k)
+    for u in unmatched:
+        alone[u["layer_type"] or "-"].append(u)
     rows = {}
-    for lt, ks in groups.items():
-        ta, tb = sum(k["a_s"] for k in ks), sum(k["b_s"] for k in ks)
+    for lt in list(groups) + [x for x in alone if x not in groups]:
+        ks, only = groups.get(lt, []), {s: [u for u in alone.get(lt, []) if u["side"] == s] for s in "ab"}
+        ta = sum(k["a_s"] for k in ks) + sum(u["time_s"] for u in only["a"])
+        tb = sum(k["b_s"] for k in ks) + sum(u["time_s"] for u in only["b"])
         ra, rb = lts_a.get(lt, {}), lts_b.get(lt, {})
-        rows[lt] = {"kernels": len(ks), "a_s": ta, "b_s": tb, "delta_s": tb - ta,
-                    "rel": (tb - ta) / ta if ta else None, "measured": measured,
+        rows[lt] = {"kernels": len(ks), "only_a": len(only["a"]), "only_b": len(only["b"]), "a_s": ta, "b_s": tb,
+                    "delta_s": tb - ta, "rel": (tb - ta) / ta if ta else None, "measured": measured,
                     "mfu_delta": _delta(ra.get("mfu"), rb.get("mfu")),
                     "stall_delta": _delta(ra.get("stall_fraction"), rb.get("stall_fraction")),
                     "bytes_delta": _delta(ra.get("bytes"), rb.get("bytes")),
-                    **_test(_iter_sums(pa, [k["a_idx"] for k in ks]), _iter_sums(pb, [k["b_idx"] for k in ks]))}
+                    **_test(_iter_sums(pa, [k["a_idx"] for k in ks] + [u["idx"] for u in only["a"]]),
+                            _iter_sums(pb, [k["b_idx"] for k in ks] + [u["idx"] for u in only["b"]]))}
     return dict(sorted(rows.items(), key=lambda kv: -abs(kv[1]["delta_s"])))
 
 
