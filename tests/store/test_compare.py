@@ -43,14 +43,16 @@ def _tags(**kw):
 
 
 def test_a_regression_is_found_only_where_injected(tmp_path):
+    # three runs a side (each side its own command): the repeats measure the noise between runs
     path = tmp_path / "runs.duckdb"
     rng = random.Random(0)
-    base = [rng.gauss(10e-3, 0.3e-3) for _ in range(30)]
-    same = [rng.gauss(10e-3, 0.3e-3) for _ in range(30)]
-    slow = [x * 1.2 for x in (rng.gauss(10e-3, 0.3e-3) for _ in range(30))]  # a 20% slowdown
-    a = record("profile", _profile(base, [1e-3, 2e-3]), _tags(), path)
-    b = record("profile", _profile(same, [1e-3, 2e-3]), _tags(), path)
-    c = record("profile", _profile(slow, [1e-3, 2.4e-3]), _tags(), path)
+
+    def side(name, scale, kernel_times):  # a 20% slowdown where scale is 1.2
+        return [record("profile", _profile([rng.gauss(10e-3, 0.3e-3) * scale for _ in range(30)], kernel_times),
+                       _tags(command=f"opmap profile {name}/m.py:m"), path) for _ in range(3)]
+
+    a, b, c = (side("main", 1.0, [1e-3, 2e-3])[0], side("copy", 1.0, [1e-3, 2e-3])[0],
+               side("branch", 1.2, [1e-3, 2.4e-3])[0])
     assert compare(a, b, path)["verdict"] == "no significant change"
     r = compare(a, c, path)
     assert r["verdict"] == "regression" and r["test"]["p"] < 1e-6 and r["effect"] == pytest.approx(0.2, abs=0.03)
@@ -191,16 +193,16 @@ def test_same_code_pairs_never_regress_and_a_40ms_stall_is_caught_10_of_10(tmp_p
     assert max(r["noise"]["noise"] for r in stalled) < 0.15
 
 
-def test_lone_same_code_pairs_are_not_called_regressions_within_the_assumed_floor(tmp_path):
-    # without repeats the floor is assumed (15%, above the 9-13% the issue measured between same-code runs): the
-    # old 5% minimum effect called these pairs regressions and improvements at p < 0.05
+def test_lone_same_code_pairs_are_inconclusive_never_regressions(tmp_path):
+    # without repeats the noise between runs is not measured: no verdict on an assumed floor (the 15% once assumed
+    # sat under the up to ~29% issue 35 measured between processes), so every lone pair is inconclusive, those the
+    # rank test and the 5% minimum effect alone would call changes included
     path = tmp_path / "runs.duckdb"
     rs = _pairs(path, random.Random(5), 0.0, 1)
-    assert [r["verdict"] for r in rs] == ["no significant change"] * 10
-    assert all(not r["noise"]["measured"] and r["min_effect_used"] == 0.15 for r in rs)
-    beyond_old = [r for r in rs if r["test"]["p"] < 0.05 and abs(r["effect"]) > 0.05]
-    assert beyond_old and all("not significant at this host's noise (15.0%, assumed)" in r["verdict_line"]
-                              for r in beyond_old)
+    assert [r["verdict"] for r in rs] == ["inconclusive"] * 10
+    assert all(not r["noise"]["measured"] and r["min_effect_used"] == 0.05 for r in rs)
+    beyond = [r for r in rs if r["test"]["p"] < 0.05 and abs(r["effect"]) > 0.05]
+    assert beyond and all(r["verdict_line"].startswith("inconclusive: noise not measured") for r in beyond)
 
 
 def test_a_warmup_outlier_does_not_move_a_kernel(tmp_path):

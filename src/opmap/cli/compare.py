@@ -1,5 +1,6 @@
 """``opmap compare A B``: two runs (run ids or output folders), kernel by kernel, judged against this host's noise
-between runs; exit 0 no regression, 1 regression, 2 bad input."""
+between runs; exit 0 no regression (or inconclusive: the noise between runs not measured), 1 regression, 2 bad
+input."""
 
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ def compare(
 ) -> None:
     """Per layer type and per kernel deltas; a regression only where a rank test on the raw samples and the
     minimum effect agree, the minimum effect raised to this host's noise between runs (repeats of A and B in the
-    store with the same tags, code and host, or --rerun); warm-up outliers dropped by a stated rule. With
-    --production, whether the synthetic run A's kernels stand for the production run's kernels of the same class
-    (production-shape validation)."""
+    store with the same tags, code and host, or --rerun); with fewer than 4 runs in all that noise is not
+    measured and the verdict is inconclusive (exit 0), naming the --rerun that measures it; warm-up outliers
+    dropped by a stated rule. With --production, whether the synthetic run A's kernels stand for the production
+    run's kernels of the same class (production-shape validation)."""
     from rich.table import Table
 
     from opmap.errors import OpmapError
@@ -121,7 +123,8 @@ def _print_verdict(r: dict) -> None:
         say(f"  {r['note']}")
         return
     n = r["noise"]
-    say(f"  minimum effect {n['minimum_effect']}; noise floor between runs: {n['rule']}")
+    say(f"  minimum effect {n['minimum_effect']}; noise floor between runs: {n['rule']}" if n["measured"] else
+        f"  noise floor between runs {n['rule']}")
     say(f"  host: {r.get('host') or 'not recorded'}; side A: {', '.join(n['runs_a'])}; "
         f"side B: {', '.join(n['runs_b'])}")
     w = r["warmup"]

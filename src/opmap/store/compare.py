@@ -12,15 +12,17 @@ A regression is called only when a Mann-Whitney U test (Mann & Whitney 1947; two
 approximation with the tie and continuity corrections) on the two sides' samples rejects "same distribution"
 at ``alpha`` AND the change of the sides' mean log run time exceeds the minimum effect = max(``min_effect``, the
 host's noise floor between runs); a significant move the other way beyond it is an improvement; a significant
-move within the floor is "no significant change", said as not significant at this host's noise. Where fewer
-than three runs measure the floor, the sides are A and B alone and the floor is assumed (noise.py). Kernels and
+move within the floor is "no significant change", said as not significant at this host's noise. Where too few
+runs measure the floor (fewer than 4 in all: noise.MIN_DOF), the verdict is "inconclusive: noise not measured",
+A against B alone, with how to measure it (``--rerun``): no floor is assumed, since same-code runs in fresh
+processes differed by up to 29% on a quiet host (issue 35), past any floor one could assume. Kernels and
 layer types get the same test on their profiled iterations (Benjamini-Hochberg over the family), A against B,
 against a kernel floor measured the same way from the repeats' kernel times (else assumed).
 Each run's total counts every one of its kernels, matched or not (a kernel fused into another in B leaves its A
 kernel without a partner; a layer type's time holds its unmatched kernels too): the matched kernels alone can
 stand still while the run got 19% faster. Predicted-only runs (analyze) have no samples, so no test applies:
-"predicted change" when that total moved by more than ``min_effect``, else "no change". Runs whose hardware, precision, phase, workload or
-measuring host differ are refused, naming what differs, unless ``force``.
+"predicted change" when that total moved by more than ``min_effect``, else "no change". Runs whose hardware,
+precision, phase, workload or measuring host differ are refused, naming what differs, unless ``force``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.store.noise import (
     ASSUMED_KERNEL_NOISE,
-    ASSUMED_RUN_NOISE,
+    MIN_DOF,
     Floor,
     drop_warmup,
     floor,
@@ -300,35 +302,74 @@ def _layer_type_rows(kernels: list[dict[str, Any]], unmatched: list[dict[str, An
 def _run_verdict(side_a: list[Run], side_b: list[Run], ser: dict[str, Series], min_effect: float,
                  alpha: float) -> dict[str, Any]:
     """The run's verdict: the rank test on the sides' samples and the change of their mean log run time against
-    max(min_effect, the host's noise floor); the sides shrink to A and B where the floor is not measured."""
+    max(min_effect, the host's noise floor). Where too few runs measure the floor (fewer than MIN_DOF degrees of
+    freedom: one run a side, or two against one) the verdict is "inconclusive": A against B alone, the change and
+    the test shown, no regression or improvement called on an assumed floor (same-code runs in fresh processes
+    differed by up to 29% on a quiet host, issue 35), and the line says how to measure the noise."""
     la, lb = _log_times(side_a, ser), _log_times(side_b, ser)
-    fl = floor([la, lb], len(la), len(lb), ASSUMED_RUN_NOISE)
+    fl = floor([la, lb], len(la), len(lb), math.nan)
+    runs = (len(side_a), len(side_b))
     if not fl.measured:
         side_a, side_b = side_a[:1], side_b[:1]
         la, lb = _log_times(side_a, ser), _log_times(side_b, ser)
-        fl = Floor(ASSUMED_RUN_NOISE, False, 1, 1)
     xa = [x for r in side_a for x in drop_warmup(ser[r.id][0])[0]]
     xb = [x for r in side_b for x in drop_warmup(ser[r.id][0])[0]]
     u, p = mann_whitney(xa, xb)
     effect = math.exp(statistics.fmean(lb) - statistics.fmean(la)) - 1
-    need = max(min_effect, fl.noise)
-    verdict = ("regression" if p < alpha and effect > need else
-               "improvement" if p < alpha and effect < -need else "no significant change")
-    where = (f"A's {len(side_a)} runs against B's {len(side_b)}" if len(side_a) + len(side_b) > 2 else "A against B")
-    if verdict != "no significant change":
-        line = f"{verdict}: {effect:+.1%} ({where}; p {p:.2g}), beyond the minimum effect {need:.1%}"
-    elif p < alpha and abs(effect) > min_effect:
-        line = (f"no significant change: {effect:+.1%} ({where}) is not significant at this host's noise "
-                f"({fl.noise:.1%}{'' if fl.measured else ', assumed'})")
+    need = max(min_effect, fl.noise) if fl.measured else min_effect
+    if not fl.measured:
+        verdict, noise = "inconclusive", _unmeasured(runs, min_effect)
+        line = (f"inconclusive: noise not measured: {effect:+.1%} (A against B; p {p:.2g}), but {runs[0]} + "
+                f"{runs[1]} runs cannot tell a change from this host's noise between runs; measure it: "
+                + _measure_hint(side_a[0], side_b[0]))
     else:
-        line = f"no significant change: {effect:+.1%} ({where}; p {p:.2g}; minimum effect {need:.1%})"
+        verdict = ("regression" if p < alpha and effect > need else
+                   "improvement" if p < alpha and effect < -need else "no significant change")
+        noise = {**fl.to_dict(), "minimum_effect": f"max(--min-effect {min_effect:.1%}, floor {fl.noise:.1%}) = "
+                                                   f"{need:.1%}"}
+        line = _measured_line(verdict, effect, p, need, fl, min_effect, alpha, runs)
     dropped = {s: [drop_warmup(ser[r.id][0])[1] for r in side] for s, side in (("a", side_a), ("b", side_b))}
     return {"test": {"name": "Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected)",
                      "u": u, "p": p, "n_a": len(xa), "n_b": len(xb)},
             "effect": effect, "verdict": verdict, "verdict_line": line, "min_effect_used": need,
-            "noise": {**fl.to_dict(), "runs_a": [r.id for r in side_a], "runs_b": [r.id for r in side_b],
-                      "minimum_effect": f"max(--min-effect {min_effect:.1%}, floor {fl.noise:.1%}) = {need:.1%}"},
+            "noise": {**noise, "runs_a": [r.id for r in side_a], "runs_b": [r.id for r in side_b]},
             "warmup": {"rule": WARMUP_RULE, "dropped_a": dropped["a"], "dropped_b": dropped["b"]}}
+
+
+def _measured_line(verdict: str, effect: float, p: float, need: float, fl: Floor, min_effect: float, alpha: float,
+                   runs: tuple[int, int]) -> str:
+    """The verdict line where the floor is measured."""
+    where = f"A's {runs[0]} runs against B's {runs[1]}"
+    if verdict != "no significant change":
+        return f"{verdict}: {effect:+.1%} ({where}; p {p:.2g}), beyond the minimum effect {need:.1%}"
+    if p < alpha and abs(effect) > min_effect:
+        return (f"no significant change: {effect:+.1%} ({where}) is not significant at this host's noise "
+                f"({fl.noise:.1%})")
+    return f"no significant change: {effect:+.1%} ({where}; p {p:.2g}; minimum effect {need:.1%})"
+
+
+def _unmeasured(runs: tuple[int, int], min_effect: float) -> dict[str, Any]:
+    """The noise block where the floor is not measured: how many runs there are and how many it needs."""
+    rule = (f"not measured: {runs[0]} + {runs[1]} runs give {max(0, sum(runs) - 2)} degrees of freedom, a floor "
+            f"needs {MIN_DOF} (4 runs in all, e.g. 2 a side; 5 a side tell +20% from same-code noise)")
+    return {"noise": None, "measured": False, "n_a": runs[0], "n_b": runs[1], "sd_log": None, "dof": 0, "t": None,
+            "rule": rule, "minimum_effect": f"--min-effect {min_effect:.1%}; no floor: the noise is not measured"}
+
+
+def _measure_hint(a: Run, b: Run) -> str:
+    """How to measure the noise between runs for A and B: ``--rerun`` where both are stored profile runs with a
+    recorded command, else repeats recorded by hand."""
+    from opmap.store.rerun import rerun_argv
+
+    try:
+        ok = a.stored and b.stored and bool(rerun_argv(a)) and bool(rerun_argv(b))
+    except OpmapError:
+        ok = False
+    if ok:
+        return (f"opmap compare {a.id} {b.id} --rerun 4 (re-runs both recorded profile commands, interleaved: 5 "
+                "runs a side)")
+    return ("profile each side 3 or more times into the store (same command, code and host) and compare the run "
+            "ids, or use --rerun N on them")
 
 
 def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
