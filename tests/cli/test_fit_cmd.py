@@ -22,7 +22,7 @@ def test_fit_writes_the_contract(tmp_path, cli):
     assert "idle 8.3 W" in c["power_method"] and c["risk"] == "medium" and c["risk_source"]
     assert "3000 ms" in out and "p99 end to end 3000 ms" in (tmp_path / "fit.md").read_text()
     # the layout search on a budget of two: the chosen layout and the runner-up named in the table and fit.md
-    assert d["schema_version"] == 2 and d["runtime"] == "engine" and c["devices_budget"] == 2
+    assert d["schema_version"] == 3 and d["runtime"] == "engine" and c["devices_budget"] == 2
     assert c["layout"]["devices_used"] <= 2 and c["runner_up"] is not None
     md = (tmp_path / "fit.md").read_text()
     assert "| layout | runner-up |" in md and "runner-up" in out

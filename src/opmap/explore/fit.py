@@ -6,7 +6,12 @@ config, hf:NAME, a model file):
 - **layout**: the layout search of ``opmap.explore.layouts`` over a device budget (default one node): devices per
   replica 1, 2, 4, 8 within the node, each split TP x PP, replicas filling the budget; the chosen layout is the
   one with the most output tokens per second per device of the budget, and the runner-up is named beside it;
-  ``devices`` is the devices the chosen layout uses (replicas x devices per replica);
+  ``devices`` is the devices the chosen layout uses (replicas x devices per replica), present only where a layout
+  was chosen (a cell that fits nowhere or meets the SLO at no rate has none: ``devices_tried`` lists the devices
+  per replica its search tried, ``devices_budget`` the budget, ``excluded_reason`` why);
+- **engine settings**: every search runs serve's engine policy (``--max-num-seqs``, ``--max-num-batched-tokens``)
+  and KV cache (``--kv-dtype``, ``--gpu-memory-utilization``), stated in ``engine_settings``; the chosen layout's
+  per-device ``memory`` (weights, KV bytes per token, KV tokens) beside it;
 - **throughput at the SLO**: per layout, one replica's steady-state capacity (``opmap.serve.capacity.
   steady_capacity``, the search serve --find-capacity runs: the highest Poisson rate meeting the SLO with a
   stationary queue, warm-up and cool-down excluded, never above the offline saturation rate), its run's output
@@ -17,21 +22,29 @@ config, hf:NAME, a model file):
   back to ``IDLE_FRACTION`` of the TDP, and says so; a device without a TDP gets no power figure, with the
   reason; perf per watt = output tokens per second / watts, energy per token = watts / output tokens per second
   (J = W x s per token);
-- **perf per dollar** where a price per device-hour is given: output tokens per dollar;
+- **perf per dollar** where a price per device-hour is given: output tokens per dollar, and
+  ``cost_per_million_output_tokens`` = price x devices / (output tokens/s x 3600) x 1e6; with prices the cells
+  are ranked by it, cheapest first;
+- **power budget**: each layout keeps the replicas whose modelled draw fits the budget (``power_fit``: 2 H100s
+  at 700 W each fit 1,400 W where 8 do not), the best of those chosen; a cell is struck only where no layout's
+  single replica fits;
 - **bound**: the bound class holding most of a decode step's predicted time at batch 16 under the runtime;
 - **risk**: the software-stack risk level the catalog records for the device (low / medium / high), with its
   source in ``risk_source``; "not in the catalog" where the device has none;
 - **datasheet_only**: the achievable figures the device's catalog entry lacks (empty when priced like for like).
 
 Cells that break a constraint (no fit within a node, no valid rate, the power budget) are kept with the reason
-in ``excluded_reason``; the others are ranked per workload by throughput per device, datasheet-only devices
-after the rest (unless asked to rank them together).
+in ``excluded_reason``; the others are ranked per workload by throughput per device (by cost per token where
+prices are given), datasheet-only devices after the rest (unless asked to rank them together).
 
 A fit stopped by a signal keeps its finished cells (``interrupted`` names the signal and the cells not run).
 
 Schema 2 (from 1): ``devices`` is the devices the chosen layout uses and ``throughput_at_slo`` their throughput
 (was one tensor-parallel group's); added ``layout``, ``runner_up``, ``layouts``, ``throughput_per_device``,
 ``capacity``, ``runtime``, ``datasheet_only``, ``devices_budget``.
+Schema 3 (from 2): ``devices`` left out where no layout was chosen (was null), ``devices_tried`` added; added
+``engine_settings``, ``power_budget_w``, ``prices_usd_per_device_hour``, a cell's ``memory`` and
+``cost_per_million_output_tokens``, a layout's ``memory``, ``power_w``, ``power_limited``, ``over_power_budget``.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from typing import Any
 from opmap.errors import Interrupted, OpmapError
 from opmap.hardware import get_hardware
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # of the TDP, assumed, only for a device whose catalog entry has no idle_power_w: the draw of an idle device with
 # its memory powered (the catalog's sourced figures run 11-28% of TDP; 0.15 sits among them)
 IDLE_FRACTION = 0.15
@@ -129,54 +142,107 @@ def default_policy():
 def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, requests: int, dtype: str = "bf16",
              devices: int | None = None, power_budget_w: float | None = None, price_per_hour: float | None = None,
              seed: int = 0, progress: Callable[[str], None] | None = None, runtime: str = "engine",
-             devices_budget: int | None = None) -> dict[str, Any]:
+             devices_budget: int | None = None, *, policy=None, kv_dtype: str | None = None,
+             gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
     """One (model, platform) cell: the layout search (opmap.explore.layouts) over ``devices_budget`` devices
-    (default one node), its chosen layout's figures, power and price."""
-    from opmap.explore.layouts import brief, search
+    (default one node) under the engine ``policy`` (default serve's), the KV cache at ``kv_dtype`` in
+    ``gpu_memory_utilization`` of each device; its chosen layout's figures, power and price. Under a power budget
+    a layout keeps the replicas the budget powers (``power_fit``)."""
+    from opmap.explore.layouts import brief, choose, search
 
     hw = get_hardware(hardware)
     budget = devices_budget or hw.devices_per_node or 8
-    cell: dict[str, Any] = {"model": model, "hardware": hw.name, "devices": None, "fits": False,
+    cell: dict[str, Any] = {"model": model, "hardware": hw.name, "fits": False,
                             "throughput_at_slo": None, "throughput_per_device": None, "latency_p99_s": None,
                             "perf_per_watt": None, "energy_per_token_j": None, "power_w": None,
-                            "power_method": power_method(hw), "perf_per_dollar": None, "bound": None,
+                            "power_method": power_method(hw), "perf_per_dollar": None,
+                            "cost_per_million_output_tokens": None, "bound": None,
                             "risk": _risk(hw), "risk_source": _risk_source(hw),
                             "datasheet_only": list(getattr(hw, "datasheet_only", ())), "devices_budget": budget,
                             "layout": None, "runner_up": None, "layouts": [], "rank": None, "excluded_reason": ""}
-    found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime, default_policy(), seed,
-                   devices, progress)
-    cell["layouts"], cell["runtime"] = found["tried"], found["runtime"]
-    fitting = [lay for lay in found["tried"] if lay["fits"]]
+    found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime,
+                   policy or default_policy(), seed, devices, progress, kv_dtype=kv_dtype,
+                   gpu_memory_utilization=gpu_memory_utilization)
+    tried = found["tried"]
+    cell["layouts"], cell["runtime"] = tried, found["runtime"]
+    cell["devices_tried"] = sorted({lay["devices_per_replica"] for lay in tried})
+    fitting = [lay for lay in tried if lay["fits"]]
     if not fitting:
-        last = found["tried"][-1] if found["tried"] else {"reason": "no layout within the node and the budget"}
-        most = max((lay["devices_per_replica"] for lay in found["tried"]), default=0)
+        last = tried[-1] if tried else {"reason": "no layout within the node and the budget"}
+        most = max(cell["devices_tried"], default=0)
         cell["excluded_reason"] = (f"{last['reason']} (no layout of up to {most} devices per replica could be "
                                    "priced: built and fitted in memory)")
         return cell
     cell["fits"] = True
     cell["bound"] = _decode_bound(model, hw, dtype, runtime)
-    best = found["chosen"]
+    best, runner = found["chosen"], found["runner_up"]
+    over = ""
+    if power_budget_w is not None and hw.tdp_w is not None and best is not None:
+        within = choose(power_fit(tried, hw, power_budget_w))
+        if within[0] is None:  # struck, its best layout's figures kept beside the reason
+            over = _over_budget(tried, power_budget_w)
+        else:
+            best, runner = within
     if best is None:
-        low = fitting[0]
-        cell["excluded_reason"] = f"no layout meets the SLO at any rate: {low['reason']}"
+        cell["excluded_reason"] = f"no layout meets the SLO at any rate: {fitting[0]['reason']}"
         return cell
-    cell.update(layout=brief(best), runner_up=brief(found["runner_up"]), devices=best["devices_used"],
+    cell.update(layout=brief(best), runner_up=brief(runner), devices=best["devices_used"],
                 throughput_at_slo=best["output_tokens_per_s"], throughput_per_device=best["per_device_tokens_per_s"],
                 rate_at_slo_per_s=best["rate_per_s"] * best["replicas"], capacity=best["capacity"],
-                latency_p99_s=best["latency_p99_s"])
+                latency_p99_s=best["latency_p99_s"], memory=best.get("memory"),
+                power_limited=best.get("power_limited"))
     tok_s = best["output_tokens_per_s"]
     watts = _power_w(hw, best["devices_used"], best["utilization"]) if hw.tdp_w is not None else None
     cell.update(power_w=watts, perf_per_watt=tok_s / watts if watts else None,
                 energy_per_token_j=watts / tok_s if watts is not None and tok_s else None)
     if price_per_hour:
         cell["perf_per_dollar"] = tok_s * 3600.0 / (best["devices_used"] * price_per_hour)
-    if power_budget_w is not None:
-        if watts is None:
-            cell["excluded_reason"] = f"power budget not checkable: {cell['power_method']}"
-        elif watts > power_budget_w:
-            cell["excluded_reason"] = (f"draws {watts:.0f} W at the SLO rate on {best['devices_used']} devices, over "
-                                       f"the {power_budget_w:.0f} W budget")
+        cell["cost_per_million_output_tokens"] = cost_per_million(price_per_hour, best["devices_used"], tok_s)
+    if power_budget_w is not None and watts is None:
+        cell["excluded_reason"] = f"power budget not checkable: {cell['power_method']}"
+    cell["excluded_reason"] = over or cell["excluded_reason"]
     return cell
+
+
+def cost_per_million(price_per_hour: float, devices: int, tokens_per_s: float) -> float:
+    """USD per million output tokens: price per device-hour x devices / (output tokens/s x 3600 s) x 1e6."""
+    return price_per_hour * devices / (tokens_per_s * 3600.0) * 1e6
+
+
+def power_fit(tried: list[dict[str, Any]], hw, budget_w: float) -> list[dict[str, Any]]:
+    """The layouts (with a rate at the SLO) a power budget allows, each cut to the replicas the budget powers:
+    one replica of d devices draws d x (idle + (TDP - idle) x its busy fraction) at its SLO rate, the same however
+    many replicas share the traffic (each a Poisson share at that rate), so ``budget_w // that`` of them fit
+    (at most the replicas the devices budget holds). A layout cut records ``power_limited``; one whose single
+    replica is over the budget, ``over_power_budget``. Every such layout gets ``power_w``."""
+    ok = []
+    for lay in tried:
+        if not lay.get("rate_per_s"):
+            continue
+        one = _power_w(hw, lay["devices_per_replica"], lay.get("utilization") or [])
+        k = min(lay["replicas"], int(budget_w // one))
+        if k < 1:
+            lay.update(power_w=one, over_power_budget=True)
+            continue
+        if k < lay["replicas"]:
+            share = k / lay["replicas"]
+            lay.update(power_limited=f"{k} of {lay['replicas']} replicas within the {budget_w:g} W budget",
+                       replicas=k, devices_used=k * lay["devices_per_replica"],
+                       output_tokens_per_s=lay["output_tokens_per_s"] * share,
+                       per_device_tokens_per_s=lay["per_device_tokens_per_s"] * share)
+        lay["power_w"] = one * k
+        ok.append(lay)
+    return ok
+
+
+def _over_budget(tried: list[dict[str, Any]], budget_w: float) -> str:
+    """Why no layout fits the power budget: the least one replica of any layout draws."""
+    from opmap.explore.layouts import label
+
+    low = min((lay for lay in tried if lay.get("over_power_budget")), key=lambda lay: lay["power_w"])
+    return (f"no layout fits the power budget: the least, one replica of {label({**low, 'replicas': 1})} "
+            f"({low['devices_per_replica']} devices), draws {low['power_w']:.0f} W at its SLO rate, over the "
+            f"{budget_w:.0f} W budget")
 
 
 def _risk(hw) -> str:
@@ -205,6 +271,9 @@ class CellJob:
     seed: int
     runtime: str = "engine"
     devices_budget: int | None = None
+    policy: Any = None
+    kv_dtype: str | None = None
+    gpu_memory_utilization: float = 0.9
 
 
 def cell_cost(job: CellJob) -> float:
@@ -223,7 +292,8 @@ def cell_task(job: CellJob) -> dict[str, Any]:
     """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it)."""
     return fit_cell(job.model, job.hardware, job.slo, job.input_len, job.output_len, job.requests, job.dtype,
                     job.devices, job.power_budget_w, job.price_per_hour, job.seed, runtime=job.runtime,
-                    devices_budget=job.devices_budget)
+                    devices_budget=job.devices_budget, policy=job.policy, kv_dtype=job.kv_dtype,
+                    gpu_memory_utilization=job.gpu_memory_utilization)
 
 
 MODELS_ACCEPTED = "a zoo decoder ({zoo}), path/to/config.json, hf:NAME or path/to/file.py:factory"
@@ -252,14 +322,21 @@ def check_models(models: Sequence[str]) -> None:
                          f"(accepted: {MODELS_ACCEPTED.format(zoo=zoo)})")
 
 
-def rank(cells: list[dict[str, Any]], models: Sequence[str], include_datasheet_only: bool = False) -> None:
-    """Per workload, rank the cells kept (no excluded reason) by output tokens per second per device, best first.
-    A cell of a device whose catalog entry is datasheet only (``datasheet_only``: the achievable figures it lacks)
-    is ranked after every like-for-like cell, unless ``include_datasheet_only``."""
+def rank(cells: list[dict[str, Any]], models: Sequence[str], include_datasheet_only: bool = False,
+         by_cost: bool = False) -> None:
+    """Per workload, rank the cells kept (no excluded reason) by output tokens per second per device, best first;
+    ``by_cost`` (prices given): by cost per million output tokens, cheapest first, the cells without a price after
+    the priced ones (by throughput per device). A cell of a device whose catalog entry is datasheet only
+    (``datasheet_only``: the achievable figures it lacks) is ranked after every like-for-like cell, unless
+    ``include_datasheet_only``."""
+    def key(c):
+        cost = c.get("cost_per_million_output_tokens") if by_cost else None
+        return (bool(c["datasheet_only"]) and not include_datasheet_only, cost is None,
+                cost if cost is not None else -c["throughput_per_device"])
+
     for m in models:
         ok = [c for c in cells if c["model"] == m and not c["excluded_reason"]]
-        ok.sort(key=lambda c: (bool(c["datasheet_only"]) and not include_datasheet_only,
-                               -c["throughput_per_device"]))
+        ok.sort(key=key)
         for i, c in enumerate(ok):
             c["rank"] = i + 1
 
@@ -269,10 +346,13 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                power_budget_w: float | None = None, prices: dict[str, float] | None = None, seed: int = 0,
                progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
                workers: int | None = None, runtime: str = "engine", devices_budget: int | None = None,
-               include_datasheet_only: bool = False) -> dict[str, Any]:
+               include_datasheet_only: bool = False, *, policy=None, kv_dtype: str | None = None,
+               gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
     """Every (model, platform) cell, one task each on ``engine`` (``opmap.explore.engine``: a local process pool
-    or Ray; the same cells either way), then ranked per workload. ``requests``: per capacity run (default
-    ``CAPACITY_REQUESTS``, serve's). Stopped (``Interrupted``: Ctrl-C, SIGTERM) once a cell has finished, the stop
+    or Ray; the same cells either way), then ranked per workload (by cost per token where ``prices`` are
+    given). ``requests``: per capacity run (default ``CAPACITY_REQUESTS``, serve's). ``policy`` (default serve's),
+    ``kv_dtype`` and ``gpu_memory_utilization``: the engine settings every cell's search runs under, as serve's.
+    Stopped (``Interrupted``: Ctrl-C, SIGTERM) once a cell has finished, the stop
     carries as ``partial`` the matrix of the finished cells, ranked among themselves, with ``interrupted``: the
     signal, the cells done and the cells not run."""
     from opmap.explore.engine import check_engine, get_engine
@@ -283,6 +363,10 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     check_runtime(runtime)
     check_models(models)
     requests = requests or CAPACITY_REQUESTS
+    policy = policy or default_policy()
+    from opmap.serve.model_cost import check_kv_dtype
+
+    kvd = check_kv_dtype(kv_dtype, dtype)
     if devices is not None and devices_budget is not None and devices > devices_budget:
         raise OpmapError(f"--devices {devices} per replica exceeds --devices-budget {devices_budget}")
     prices = prices or {}
@@ -290,7 +374,8 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     if unknown:
         raise OpmapError(f"--price names {', '.join(unknown)}, not among --hardware {', '.join(hardware)}")
     jobs = [CellJob(m, h, slo, input_len, output_len, requests, dtype, devices, power_budget_w,
-                    prices.get(get_hardware(h).name), seed, runtime, devices_budget) for m in models for h in hardware]
+                    prices.get(get_hardware(h).name), seed, runtime, devices_budget, policy, kv_dtype,
+                    gpu_memory_utilization) for m in models for h in hardware]
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
     stop = None
@@ -300,9 +385,12 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                             cost=cell_cost)
         except Interrupted as e:  # the cells finished are kept, in their order; the rest named
             stop, cells = e, [e.done[i] for i in sorted(e.done)]
-    rank(cells, models, include_datasheet_only)
+    rank(cells, models, include_datasheet_only, by_cost=bool(prices))
     r = _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
                 include_datasheet_only, cells, engine)
+    r.update(engine_settings=engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization),
+             power_budget_w=power_budget_w, prices_usd_per_device_hour=prices)
+    r["assumptions"] = assumptions(r)
     if stop is not None and cells:
         r["interrupted"] = stop.note(cells_done=len(cells), cells_total=len(jobs), cells_not_run=[
             f"{j.model} on {get_hardware(j.hardware).name}" for i, j in enumerate(jobs) if i not in stop.done])
@@ -312,25 +400,50 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     return r
 
 
+def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memory_utilization: float) -> dict:
+    """The engine settings every cell ran under (serve's --kv-dtype, --max-num-seqs, --max-num-batched-tokens,
+    --gpu-memory-utilization): what fit.json and the header state."""
+    return {"policy": policy.spec(), "max_num_seqs": getattr(policy, "max_num_seqs", None),
+            "max_num_batched_tokens": getattr(policy, "max_num_batched_tokens", None),
+            "kv_block": getattr(policy, "kv_block", None), "kv_dtype": kv_dtype,
+            "kv_dtype_source": "--kv-dtype" if kv_dtype_given else "default: the model dtype's activation format",
+            "gpu_memory_utilization": gpu_memory_utilization}
+
+
 def _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
             include_datasheet_only, cells, engine) -> dict[str, Any]:
-    """fit.json's body around the ranked ``cells``."""
-    return {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name
-                                                                                 for h in hardware],
-            "slo": slo.to_dict(), "input_len": input_len, "output_len": output_len, "requests": requests,
-            "dtype": dtype, "runtime": runtime, "devices_budget": devices_budget,
-            "include_datasheet_only": include_datasheet_only, "cells": cells, "engine": engine,
-            "assumptions": [
-                f"policy {default_policy().spec()} (serve's default), Poisson arrivals; capacity per layout: the "
-                "steady-state search serve --find-capacity runs (the highest rate meeting the SLO with a "
-                "stationary queue, warm-up and cool-down excluded, never above the offline saturation rate)",
-                "layouts: devices per replica 1, 2, 4, 8 within one node, each split TP x PP, replicas filling the "
-                "devices budget (default one node), each replica a Poisson share of the traffic; chosen: the most "
-                "output tokens/s per device of the budget, the runner-up beside it",
-                "ranked per workload by output tokens/s per device; a device whose catalog lacks achievable "
-                "figures (datasheet only) ranked after the others"
-                + (" (here ranked with them: --include-datasheet-only)" if include_datasheet_only else ""),
-                "power modelled: devices x (idle + (TDP - idle) x busy fraction), idle the catalog's idle_power_w "
-                f"(measured or estimated, each cell's power_method says which and why; {IDLE_FRACTION:.0%} of TDP, "
-                "assumed, only where a device has none); no device's draw is measured here",
-                "one task per cell on the engine (local process pool or Ray): the same cells either way"]}
+    """fit.json's body around the ranked ``cells`` (its ``assumptions``: ``assumptions``)."""
+    r = {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name for h in hardware],
+         "slo": slo.to_dict(), "input_len": input_len, "output_len": output_len, "requests": requests,
+         "dtype": dtype, "runtime": runtime, "devices_budget": devices_budget,
+         "include_datasheet_only": include_datasheet_only, "cells": cells, "engine": engine}
+    r["assumptions"] = assumptions(r)
+    return r
+
+
+def assumptions(r: dict[str, Any]) -> list[str]:
+    """What a fit assumed, in words, from its body: the engine settings, the layouts, the ranking, the power."""
+    es = r.get("engine_settings") or {}
+    ds = " (here ranked with them: --include-datasheet-only)" if r["include_datasheet_only"] else ""
+    by = ("cost per million output tokens (price per device-hour x devices / (output tokens/s x 3600) x 1e6), "
+          "cheapest first, cells without a price after" if r.get("prices_usd_per_device_hour") else
+          "output tokens/s per device")
+    out = [f"policy {es.get('policy') or default_policy().spec()} (serve's defaults unless given), Poisson "
+           "arrivals; capacity per layout: the steady-state search serve --find-capacity runs (the highest rate "
+           "meeting the SLO with a stationary queue, warm-up and cool-down excluded, never above the offline "
+           "saturation rate)",
+           "layouts: devices per replica 1, 2, 4, 8 within one node, each split TP x PP, replicas filling the "
+           "devices budget (default one node), each replica a Poisson share of the traffic; chosen: the most "
+           "output tokens/s per device of the budget, the runner-up beside it",
+           f"ranked per workload by {by}; a device whose catalog lacks achievable figures (datasheet only) ranked "
+           f"after the others{ds}",
+           "power modelled: devices x (idle + (TDP - idle) x busy fraction), idle the catalog's idle_power_w "
+           f"(measured or estimated, each cell's power_method says which and why; {IDLE_FRACTION:.0%} of TDP, "
+           "assumed, only where a device has none); no device's draw is measured here",
+           "one task per cell on the engine (local process pool or Ray): the same cells either way"]
+    if r.get("power_budget_w") is not None:
+        out.append(f"power budget {r['power_budget_w']:g} W: each layout keeps the replicas whose modelled draw at "
+                   "the SLO rate fits it (fewer devices than the budget where needed); a cell is struck only where "
+                   "one replica of every layout with a rate at the SLO draws more (layouts the search pruned by "
+                   "their throughput bound are not reconsidered)")
+    return out

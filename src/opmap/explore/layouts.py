@@ -41,13 +41,15 @@ def candidates(per_node: int, budget: int, devices: int | None = None) -> list[t
 
 
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
-                 progress: Callable[[str], None] | None = None, max_context: int | None = None):
+                 progress: Callable[[str], None] | None = None, max_context: int | None = None,
+                 kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9):
     """``model_table_cost`` for one layout: ``max_context`` is the longest prompt + output the run holds (refused
-    past the model's positions)."""
+    past the model's positions); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
+    --gpu-memory-utilization."""
     from opmap.serve.model_cost import model_table_cost
 
     return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
-                            progress=progress)
+                            progress=progress, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization)
 
 
 def weights_outgrow(model: str, hw, dtype: str, devices: int) -> str | None:
@@ -102,10 +104,12 @@ def label(layout: dict[str, Any]) -> str:
 
 def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, requests: int, dtype: str,
            runtime: str, policy, seed: int = 0, devices: int | None = None,
-           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+           progress: Callable[[str], None] | None = None, *, kv_dtype: str | None = None,
+           gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
     """Every candidate layout of ``model`` on ``hw`` priced and served (see the module docstring):
     ``{"tried": [...], "chosen": ..., "runner_up": ..., "runtime": ...}``; a layout that does not fit or meets
-    the SLO at no rate is kept with its ``reason``."""
+    the SLO at no rate is kept with its ``reason``; one priced keeps its per-device ``memory`` (the KV cache at
+    ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it)."""
     from opmap.serve.arrivals import Arrival, make_requests, parse_length
     from opmap.serve.capacity import RateProbe, steady_capacity
 
@@ -127,11 +131,13 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         if lay["reason"]:
             continue
         try:
-            cost = price_layout(model, hw.name, dtype, tp, pp, runtime, max_context=longest)
+            cost = price_layout(model, hw.name, dtype, tp, pp, runtime, max_context=longest, kv_dtype=kv_dtype,
+                                gpu_memory_utilization=gpu_memory_utilization)
         except OpmapError as e:
             lay["reason"] = str(e)
             continue
         lay["fits"] = True
+        lay["memory"] = {"kv_dtype": cost.kv_dtype, **{k: v for k, v in (cost.memory or {}).items() if k != "reserve"}}
         rt = rt or dict(cost.runtime)
         if progress:
             progress(f"{model} on {hw.name}, {label(lay)}: saturation")
