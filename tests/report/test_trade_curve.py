@@ -59,3 +59,31 @@ def test_a_name_with_mathtext_is_drawn_as_text():
     cells[-1]["model"] = odd
     data = trade_curve_png({"models": [odd], "cells": cells})
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_axes_name_their_units_and_no_two_labels_overlap():
+    """Before: every label sat 6, 4 points from its point, so platforms at the same point (h100-sxm and h200 at
+    34 ms, 1,800 tokens/s) or near it printed one over the other; and a range inside one decade showed no tick
+    label on a log axis (its minor ticks were left unlabelled)."""
+    pytest.importorskip("matplotlib")
+    from opmap.report.trade_curve import trade_curve_figure
+
+    cells = [_cell("h100-sxm", 0.034, 1800.0), _cell("h200", 0.034, 1800.0), _cell("a100-sxm-80gb", 0.0342, 1790.0),
+             _cell("mi300x", 0.042, 1440.0), _cell("l4", 0.0341, 1795.0, excluded="over the 100 W budget")]
+    fig = trade_curve_figure({"models": ["m"], "cells": cells})
+    (ax,) = fig.axes
+    assert ax.get_xlabel().endswith("(s)") and ax.get_ylabel().endswith("(tokens/s)")
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text's box, not the line to its point
+    assert len(boxes) == len(cells)
+    overlapping = [(ax.texts[i].get_text(), ax.texts[j].get_text()) for i in range(len(boxes))
+                   for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+    assert not overlapping
+    for axis in (ax.xaxis, ax.yaxis):
+        lo, hi = sorted(axis.get_view_interval())
+        shown = [axis.get_major_formatter()(v) for v in axis.get_majorticklocs() if lo <= v <= hi]
+        shown += [axis.get_minor_formatter()(v) for v in axis.get_minorticklocs() if lo <= v <= hi]
+        assert len([x for x in shown if x]) >= 2, shown

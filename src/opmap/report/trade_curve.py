@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 from typing import Any
 
 from opmap.report.figures import png_metadata
 from opmap.report.text import mpl_text
 
+DPI = 110
 RISK_COLOURS = {"low": "#2e7d32", "medium": "#ef6c00", "high": "#c62828"}
 
 
@@ -47,6 +49,22 @@ def have_matplotlib() -> bool:
 def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
     """The trade curve of ``fit`` (the fit.json body) as PNG bytes (written with the rest of the set by
     report.outputs.write_set), or None when matplotlib is not installed or no cell has a throughput to draw."""
+    fig = trade_curve_figure(fit)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata=png_metadata())
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def trade_curve_figure(fit: dict[str, Any]):
+    """The matplotlib figure of the trade curve (see the module docstring): axes titled with their units, tick
+    labels on both axes however narrow the range (a log axis within one decade has no major tick: its minor
+    ticks are labelled), each point's label moved clear of every other label (``_spread``) and tied to its point
+    by a thin line where moved; None without matplotlib or a cell to draw."""
     if not have_matplotlib():
         return None
     cells = [c for c in fit["cells"] if c.get("throughput_at_slo") and c.get("latency_p99_s") is not None]
@@ -57,11 +75,11 @@ def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     models = [m for m in fit["models"] if any(c["model"] == m for c in cells)]
-    from matplotlib.ticker import NullFormatter
-
-    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.6), squeeze=False, dpi=DPI)
+    labels = []
     for ax, m in zip(axes[0], models, strict=True):
         mine = [c for c in cells if c["model"] == m]
         front = pareto(mine)
@@ -74,23 +92,27 @@ def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
             ax.scatter([c["latency_p99_s"]], [c["throughput_at_slo"]], s=size,
                        facecolors="none" if struck else colour, edgecolors="black" if on_front else colour,
                        linewidths=1.5, zorder=3)
-            label = f"{c['hardware']} x{c['devices']}"
+            label = f"{c['hardware']} x{c.get('devices')}"
             if c.get("energy_per_token_j"):
                 label += f", {c['energy_per_token_j']:.3g} J/tok"
             if struck:
                 label += " (struck: " + c["excluded_reason"][:48] + ")"
-            ax.annotate(mpl_text(label), (c["latency_p99_s"], c["throughput_at_slo"]), textcoords="offset points",
-                        xytext=(6, 4), fontsize=7)
+            labels.append(ax.annotate(  # beside the marker (its area s points^2: radius sqrt(s) / 2), above it
+                mpl_text(label), (c["latency_p99_s"], c["throughput_at_slo"]), textcoords="offset points",
+                xytext=(size ** 0.5 / 2 + 3, 0), va="center", fontsize=7, zorder=4,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.75}))
         if len(front) > 1:
             ax.plot([c["latency_p99_s"] for c in front], [c["throughput_at_slo"] for c in front], "--",
                     color="#424242", linewidth=1, zorder=2)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.margins(0.15)
+        for axis, lim in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):  # plain numbers, not 10^x
+            axis.set_major_formatter(FuncFormatter(_tick))
+            # a range within a decade or so has one major tick or none: its minor ticks are labelled too
+            axis.set_minor_formatter(FuncFormatter(_tick) if math.log10(lim[1] / lim[0]) < 1.5 else NullFormatter())
         ax.set_xlabel("p99 end-to-end latency at the SLO rate (s)")
-        ax.set_ylabel("output tokens/s at the SLO")
+        ax.set_ylabel("output throughput at the SLO rate (tokens/s)")
         ax.set_title(mpl_text(m))
         ax.grid(True, which="both", alpha=0.3)
     handles = [Line2D([], [], marker="o", linestyle="", color=col, label=f"software risk {lvl}")
@@ -103,7 +125,41 @@ def trade_curve_png(fit: dict[str, Any]) -> bytes | None:
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False,
                title="marker area grows with energy per token (J), per workload", title_fontsize=7)
     fig.tight_layout(rect=(0, 0.16, 1, 1))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata=png_metadata())
-    plt.close(fig)
-    return buf.getvalue()
+    _spread(fig, labels)
+    return fig
+
+
+def _tick(v: float, _pos=None) -> str:
+    """A tick's value in plain figures: 0.034, 1,800, 250,000."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _spread(fig, labels: list) -> None:
+    """Move each point label down, a line at a time, until its text overlaps no label placed before it (labels
+    taken top to bottom, left to right), and tie a moved label to its point with a thin line. Run once the
+    layout is final: the boxes are measured as drawn (the text's own box, not the line to its point)."""
+    from matplotlib.patches import FancyArrowPatch
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+
+    def box(t):
+        return Text.get_window_extent(t, renderer)
+
+    placed = []
+    for t in sorted(labels, key=lambda t: (-box(t).y1, box(t).x0)):
+        x, y = t.xyann
+        moved = False
+        for _ in range(4 * len(labels) + 1):
+            if not any(box(t).expanded(1.0, 1.1).overlaps(b) for b in placed):
+                break
+            y -= t.get_fontsize() + 1.5
+            t.xyann = (x, y)
+            moved = True
+        placed.append(box(t))
+        if moved:  # as Annotation(arrowprops=...) makes it
+            t.arrowprops = {"arrowstyle": "-", "linewidth": 0.5, "color": "#9e9e9e"}
+            t._arrow_relpos = (0.0, 0.5)
+            t.arrow_patch = FancyArrowPatch((0, 0), (1, 1), **t.arrowprops)
+            t.arrow_patch.set_figure(fig)
