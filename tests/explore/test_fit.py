@@ -109,3 +109,29 @@ def test_fit_takes_what_analyze_takes_and_refuses_the_rest(tmp_path):
     for bad in ("nosuch", "resnet50", str(tmp_path / "missing.json"), "nofile.py:make"):
         with pytest.raises(OpmapError, match=r"opmap fit serves decoders .*not one: .*\(accepted: a zoo decoder"):
             check_models([bad])
+
+
+def test_a_power_budget_keeps_the_replicas_it_powers_by_hand():
+    """Two H100s busy all the time draw 2 x 700 W = 1,400 W (TDP 700 W, NVIDIA H100 SXM datasheet): a 1,400 W budget
+    keeps 2 of 8 one-device replicas (a quarter of the throughput) and no 8-device replica (5,600 W); 600 W keeps
+    none, and the cell is struck with the least draw named."""
+    from opmap.explore.fit import _over_budget, power_fit
+    from opmap.explore.layouts import choose
+
+    h100 = get_hardware("h100-sxm")
+
+    def layouts():
+        return [{"tp": 1, "pp": 1, "devices_per_replica": 1, "replicas": 8, "devices_used": 8, "rate_per_s": 10.0,
+                 "output_tokens_per_s": 8000.0, "per_device_tokens_per_s": 1000.0, "utilization": [1.0]},
+                {"tp": 8, "pp": 1, "devices_per_replica": 8, "replicas": 1, "devices_used": 8, "rate_per_s": 30.0,
+                 "output_tokens_per_s": 12000.0, "per_device_tokens_per_s": 1500.0, "utilization": [1.0]}]
+
+    tried = layouts()
+    best, runner = choose(power_fit(tried, h100, 1400.0))
+    assert best is tried[0] and runner is None
+    assert (best["replicas"], best["devices_used"], best["power_w"]) == (2, 2, pytest.approx(1400.0))
+    assert best["output_tokens_per_s"] == pytest.approx(2000.0) and best["per_device_tokens_per_s"] == 250.0
+    assert tried[1]["over_power_budget"] and tried[1]["power_w"] == pytest.approx(5600.0)
+    tried = layouts()
+    assert choose(power_fit(tried, h100, 600.0)) == (None, None)
+    assert _over_budget(tried, 600.0).endswith("1 x tp1 (1 device), draws 700 W at its SLO rate, over the 600 W budget")

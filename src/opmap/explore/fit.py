@@ -240,8 +240,9 @@ def _over_budget(tried: list[dict[str, Any]], budget_w: float) -> str:
     from opmap.explore.layouts import label
 
     low = min((lay for lay in tried if lay.get("over_power_budget")), key=lambda lay: lay["power_w"])
+    d = low["devices_per_replica"]
     return (f"no layout fits the power budget: the least, one replica of {label({**low, 'replicas': 1})} "
-            f"({low['devices_per_replica']} devices), draws {low['power_w']:.0f} W at its SLO rate, over the "
+            f"({d} device{'s' if d != 1 else ''}), draws {low['power_w']:.0f} W at its SLO rate, over the "
             f"{budget_w:.0f} W budget")
 
 

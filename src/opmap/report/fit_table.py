@@ -26,7 +26,8 @@ def engine_words(es: dict[str, Any], runtime: str) -> str:
     """The engine settings every cell ran under, as serve's options name them."""
     pol = f"policy {es.get('policy')}"
     if es.get("max_num_seqs") is not None:
-        pol += (f": at most {es['max_num_seqs']} sequences (--max-num-seqs) and {es['max_num_batched_tokens']} "
+        n = es["max_num_seqs"]
+        pol += (f": at most {n} sequence{'s' if n != 1 else ''} (--max-num-seqs) and {es['max_num_batched_tokens']} "
                 f"tokens a step (--max-num-batched-tokens), KV blocks of {es['kv_block']} tokens")
     src = "--kv-dtype" if es.get("kv_dtype_source") == "--kv-dtype" else "default: the model dtype's"
     return (f"engine: runtime {runtime}, {pol}; KV cache {es.get('kv_dtype')} ({src}) in "
