@@ -103,3 +103,18 @@ def test_fit_refuses_absurd_numbers(refused, fail_if_called, args, needle):
     were (opmap.validate.CEILINGS)."""
     fail_if_called("opmap.explore.fit.fit_matrix")
     refused("fit", "--models", "gpt2", "--hardware", "l4", *args, needle=needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--kv-dtype", "fp4"), "unknown --kv-dtype 'fp4'; accepted: bf16, fp16, fp8 or int8"),
+    (("--gpu-memory-utilization", "0"), "--gpu-memory-utilization must be a number > 0 and <= 1 (got 0)"),
+    (("--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization must be a number > 0 and <= 1 (got 1.5)"),
+    (("--max-num-seqs", "0"), "--max-num-seqs must be an integer from 1"),
+    (("--max-num-seqs", "64", "--max-num-batched-tokens", "32"),
+     "--max-num-batched-tokens (32) must be >= --max-num-seqs (64)"),
+])
+def test_fit_refuses_engine_settings_as_serve_does(refused, fail_if_called, args, needle):
+    """fit takes serve's engine options with serve's checks: refused in one line before any cell runs."""
+    fail_if_called("opmap.explore.fit.fit_matrix")
+    refused("fit", "--models", "gpt2", "--hardware", "l4", *args, needle=needle)
+    refused("serve", "gpt2", *args, needle=needle)  # the same words as serve's
