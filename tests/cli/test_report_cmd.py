@@ -33,9 +33,9 @@ def test_report_of_a_recorded_run(cli, tmp_path):
     body = page.split('id="kernel-table">', 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     assert body.count("<tr>") == run["kernels"] > 0  # one row per kernel of the store's table
     assert {"roofline", "layer_time", "layer_mfu"} <= _figures(page)
-    trace = json.loads((tmp_path / "r" / "trace.json").read_text())
+    trace = json.loads((tmp_path / "r" / "gpt2_trace.json").read_text())  # named by the page, as its PNGs
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == run["kernels"]  # predicted track only
-    assert (tmp_path / "r" / "report_roofline.png").is_file() and "MB budget" in out
+    assert (tmp_path / "r" / "gpt2_roofline.png").is_file() and "MB budget" in out
 
 
 def test_report_of_a_folder_with_sweep_serve_and_fit(cli, tmp_path):
@@ -54,6 +54,45 @@ def test_report_of_a_folder_with_sweep_serve_and_fit(cli, tmp_path):
     sv = json.loads((d / "serve.json").read_text())
     assert _tags(page)["workload"] == "gpt2" and "batching policy" in page and sv["policy"]["spec"] in page
     assert not (d / "trace.json").exists() and "No trace" in page  # no kernels: nothing to lay out
+
+
+def _links(page: str) -> set[str]:
+    """The files the page's body links (the head holds plotly.js, whose strings name web pages)."""
+    return set(re.findall(r'(?:href|src)="([^"#:]+)"', page.split("</head>", 1)[1]))
+
+
+def test_two_reports_in_one_folder_keep_each_others_files(cli, tmp_path):
+    """A zoo model's run (gpt2) and a Hugging Face config's run (examples/tiny-llama.json) reported into one folder:
+    every file each page links (its trace, its PNGs) is there after both, and is the page's own. Before, both
+    pages linked trace.json and report_*.png: the second report replaced the first's trace (the first page then
+    linked the tiny Llama's kernels) and its PNGs; a second page drawing fewer figures deleted the first's."""
+    pytest.importorskip("matplotlib")
+    from pathlib import Path
+
+    runs = {"gpt2": tmp_path / "gpt2", "llama": tmp_path / "llama", "serve": tmp_path / "serve"}
+    for model, d in (("gpt2", runs["gpt2"]), (Path(__file__).parents[2] / "examples" / "tiny-llama.json", runs["llama"])):
+        rc, _, err = cli("analyze", model, "--seq", 16, "--rows", 1, "--out", d, "--no-store")
+        assert rc == 0, err
+    _serve_folder(cli, runs["serve"])
+    r = tmp_path / "r"
+    for name, d in runs.items():
+        rc, _, err = cli("report", d, "--out", r / f"{name}.html")
+        assert rc == 0, err
+    kernels = {}
+    for name, d in runs.items():
+        page = (r / f"{name}.html").read_text()
+        links = _links(page)
+        assert links, name
+        for link in links:
+            assert (r / link).is_file(), (name, link)
+            assert link.startswith(f"{name}_"), (name, link)  # no page links another's file
+        assert {f"{name}_{f}.png" for f in _figures(page)} <= links
+        if name != "serve":
+            body = json.loads((d / "analysis.json").read_text())
+            kernels[name] = len(body["kernels"])
+            trace = json.loads((r / f"{name}_trace.json").read_text())
+            assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == kernels[name]
+    assert kernels["gpt2"] != kernels["llama"]  # the traces tell the two runs apart
 
 
 def test_report_refuses_bad_input(refused, tmp_path):

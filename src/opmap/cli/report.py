@@ -14,13 +14,15 @@ def report(
     source: str = typer.Argument(..., help="A run id (opmap runs list) or a folder written by opmap analyze, "
                                            "profile, sweep, serve or fit --out."),
     out: Path | None = typer.Option(None, "--out", help="The HTML file (default: DIR/report.html for a folder, "
-                                                        "report.html here for a run id); trace.json and the "
-                                                        "report_*.png figures go beside it."),
+                                                        "report.html here for a run id); its trace and figures "
+                                                        "go beside it, named by it (PAGE_trace.json, "
+                                                        "PAGE_NAME.png)."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     max_mb: float = typer.Option(8.0, "--max-mb", help="Size budget of the page in MB (plotly.js is ~4.8 MB)."),
-    png: bool = typer.Option(True, "--png/--no-png", help="Also write the figures as report_*.png (matplotlib)."),
-    force: bool = typer.Option(False, "--force", help="Replace files at the report's names (the page, trace.json, "
-                                                      "report_*.png) that opmap report did not write."),
+    png: bool = typer.Option(True, "--png/--no-png", help="Also write the figures as PAGE_NAME.png "
+                                                                    "(matplotlib)."),
+    force: bool = typer.Option(False, "--force", help="Replace files at the report's names (the page, "
+                                                      "PAGE_trace.json, PAGE_*.png) that opmap report did not write."),
 ) -> None:
     """One HTML file that needs no network: assumptions, roofline, time / MFU / stall by layer type, the
     mapping sheet (sortable, filterable), sweep curves, serving CDFs, fit matrix, perf per watt, the tags."""

@@ -8,15 +8,16 @@ the bundle plus about 3 MB of data, a 3,000-kernel model's table and roofline) b
 Sections: the assumptions block (hardware, precision policy, batch, sequence, fusion and batching policies,
 versions), headline figures, the figures of report.dashboard, the mapping sheet as a sortable, filterable
 table (plain JavaScript: click a header to sort, type to filter), the Chrome trace beside the page
-(trace.json, linked: Perfetto cannot be embedded in a file), and the run's telemetry tags as JSON in
-``<script type="application/json" id="opmap-tags">``. The same figures go beside it as PNGs
-(report_NAME.png, report.figures) for Markdown reports.
+(PAGE_trace.json, or a profile folder's own trace.json, linked: Perfetto cannot be embedded in a file), and the
+run's telemetry tags as JSON in ``<script type="application/json" id="opmap-tags">``. The same figures go beside
+it as PNGs (PAGE_NAME.png, report.figures) for Markdown reports. PAGE is the page's file name without .html
+(report_roofline.png beside report.html), so reports written into one folder keep each other's files.
 
 User strings (workload, module and file names, tags) never leave their element: text is HTML-escaped, and JSON
 inside a <script> element has ``<``, ``>`` and ``&`` written as \\u escapes, so no ``</script>`` or ``<!--``
-can occur in it. The page, trace.json and the PNGs are written as one set (report.outputs.write_set), a
-report_NAME.png of an earlier report that this one does not draw removed with it. A file at one of those names
-that opmap did not write (made_by_opmap: the page's generator meta element, the trace's opmap schema, the PNG's
+can occur in it. The page, its trace and its PNGs are written as one set (report.outputs.write_set), a
+PAGE_NAME.png of an earlier page of that name that this one does not draw removed with it. A file at one of those
+names that opmap did not write (made_by_opmap: the page's generator meta element, the trace's opmap schema, the PNG's
 Software chunk) is not replaced unless ``force``.
 """
 
@@ -331,11 +332,19 @@ def made_by_opmap(path: Path) -> bool:
         return False
 
 
+def beside(out: Path, name: str) -> str:
+    """The name of a file the page ``out`` links beside it: the page's own stem, then ``name``
+    (report.html: report_roofline.png, report_trace.json; gpt2.html: gpt2_roofline.png), so two reports
+    written into one folder never replace or remove each other's files."""
+    return f"{Path(out).stem}_{name}"
+
+
 def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bool = True,
                  force: bool = False) -> list[Path]:
-    """Write ``out`` (the HTML), trace.json and the report_*.png files beside it, all or none (an earlier
-    report's PNG this one does not draw removed with them); the page is refused before anything is written when
-    it exceeds ``max_bytes``, and a file at one of those names that opmap did not write unless ``force``."""
+    """Write ``out`` (the HTML), its trace and its PNGs beside it (named by the page: ``beside``), all or none
+    (a PNG of an earlier page of that name this one does not draw removed with them); the page is refused before
+    anything is written when it exceeds ``max_bytes``, and a file at one of those names that opmap did not write
+    unless ``force``."""
     from opmap.report.outputs import read_input, write_set
     from opmap.report.trace import kernel_trace
 
@@ -349,25 +358,26 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
     figs = figures(src)
     files: dict[str, str | bytes] = {}
     trace_name = None
-    if src.trace is not None:
-        trace_name = "trace.json"
-        if src.trace.resolve() != (folder / "trace.json").resolve():
-            files["trace.json"] = read_input(src.trace)
+    if src.trace is not None and src.trace.resolve() == (folder / src.trace.name).resolve():
+        trace_name = src.trace.name  # the run folder's own trace, linked where it lies
+    elif src.trace is not None:
+        trace_name = beside(out, "trace.json")
+        files[trace_name] = read_input(src.trace)
     elif src.kernels:
-        trace_name = "trace.json"
-        files["trace.json"] = json_text(kernel_trace(src.kernels, src.tags, src.title))
+        trace_name = beside(out, "trace.json")
+        files[trace_name] = json_text(kernel_trace(src.kernels, src.tags, src.title))
     pngs: dict[str, bytes] = {}
     if png and importlib.util.find_spec("matplotlib") is not None:
         from opmap.report.figures import png_bytes
 
-        pngs = {f"report_{name}.png": png_bytes(fig) for name, fig in figs.items()}
+        pngs = {beside(out, f"{name}.png"): png_bytes(fig) for name, fig in figs.items()}
     page = render(src, figs, trace_name, list(pngs))
     size = len(page.encode())
     if size > max_bytes:
         raise OpmapError(f"the report would be {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB budget "
                          "(plotly.js alone is about 4.8 MB); accepted: --max-mb above it")
     files = {out.name: page, **files, **pngs}
-    stale = [f"report_{name}.png" for name in FIGURE_TITLES if f"report_{name}.png" not in files]
+    stale = [n for n in (beside(out, f"{name}.png") for name in FIGURE_TITLES) if n not in files]
     if not force:
         for name in [*files, *stale]:
             p = folder / name
