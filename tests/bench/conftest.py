@@ -4,18 +4,16 @@ started in 10-20 s on 2 cores) shared by every test that needs a server, a local
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from launched_server import TINY_CONFIG, pid_alive
+from launched_server import TINY_CONFIG_PATH, pid_alive
 
 
 @pytest.fixture(scope="session")
-def tiny_config(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("tiny-llama") / "config.json"
-    p.write_text(json.dumps(TINY_CONFIG))
-    return p
+def tiny_config() -> Path:
+    """The repository's own examples/tiny-llama.json, the file the README's `bench --launch` names."""
+    return TINY_CONFIG_PATH
 
 
 @pytest.fixture(scope="session")
