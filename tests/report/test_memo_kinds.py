@@ -121,3 +121,62 @@ def test_the_heading_names_only_what_the_run_has():
     assert "Evidence: the bench output in out/b; reproduce" in text
     bare = memo_markdown({"id": "r1", "kind": "serve", "time_utc": None, "tags": {}}, [], [], "opmap memo r1")
     assert bare.splitlines()[0] == "# Closure memo: a serve run" and "run r1 (serve) in the run store" in bare
+
+
+def _bench_records(n=100):
+    """n requests one after another, 100 ms apart: request i's first token at 10 + i ms, then 4 more tokens 2 ms
+    apart (TPOT 2 ms), 20 prompt and 5 output tokens each by the server's usage."""
+    from opmap.bench.records import RequestRecord
+
+    out = []
+    for i in range(n):
+        sent = 0.1 * i
+        first = sent + (10 + i) / 1e3
+        times = tuple(first + 0.002 * k for k in range(5))
+        out.append(RequestRecord(index=i, scheduled_s=None, sent_s=sent, first_token_s=first, token_times_s=times,
+                                 end_s=times[-1], input_tokens_asked=20, output_tokens_asked=5, usage_prompt_tokens=20,
+                                 usage_completion_tokens=5, events=5, status="ok"))
+    return out
+
+
+def _pct(xs, q):
+    """The linear-interpolated percentile (numpy's default, the one bench and serve use): rank q/100 x (n - 1)."""
+    xs = sorted(xs)
+    r = q / 100 * (len(xs) - 1)
+    lo = int(r)
+    return xs[lo] + (r - lo) * (xs[min(lo + 1, len(xs) - 1)] - xs[lo])
+
+
+def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
+    """A bench memo's findings state what the measured run supports: before, they held only the validity rule and
+    the TTFT tail (a run without validity, none at all: "measured load -: "). 100 requests, TTFT 10..109 ms, TPOT
+    2 ms, SLO TTFT 100 ms / TPOT 5 ms: TTFT p50 / p95 / p99 = 59.5 / 104.05 / 108.01 ms (rank q x 99), over the
+    SLO at p99; 91 of 100 requests (TTFT <= 100 ms) within it; the window from the first send (0 s) to the last
+    end (9.9 + 0.109 + 0.008 = 10.017 s): 100 / 10.017 = 9.98 requests/s, 500 / 10.017 = 49.9 output tokens/s,
+    2,500 / 10.017 = 250 tokens/s in all."""
+    from opmap.bench.metrics import summarize
+    from opmap.report.sheet import si
+
+    ttfts = [(10 + i) / 1e3 for i in range(100)]
+    assert [round(_pct(ttfts, q) * 1e3, 4) for q in (50, 95, 99)] == [59.5, 104.05, 108.01]
+    payload = summarize(_bench_records(), slo_ttft_s=0.1, slo_tpot_s=0.005)
+    run = {"id": "out/b", "kind": "bench", "time_utc": None,
+           "tags": {"workload": "Qwen/Qwen2.5-7B", "hardware": "http://gpu:8000", "phase": "bench"},
+           "payload": payload}
+    fs, pits = memo_parts(run)
+    text = {f["finding"].split(":")[0]: f for f in fs}
+    tput = text["throughput"]["finding"]
+    assert f"{100 / 10.017:.4g} requests/s achieved" in tput and "9.983" in tput
+    assert "49.9 tokens/s out, 250 tokens/s in all; 100 of 100 requests ok, none failed" in tput
+    lat = text["latency"]
+    assert ("TTFT p50 / p95 / p99 59.5 ms / 104 ms / 108 ms (over the SLO 100 ms at p99)" in lat["finding"])
+    assert f"TPOT p50 / p95 / p99 {si(0.002, 's')} / {si(0.002, 's')} / {si(0.002, 's')} (within the SLO 5 ms" \
+        in lat["finding"]
+    assert "end to end p50 / p95 / p99 67.5 ms" in lat["finding"]  # 59.5 + 8 ms
+    assert f"goodput {91 / 10.017:.4g} requests/s, 91.0% of requests within the SLO" in lat["finding"]
+    assert lat["owner"] == "runtime" and "chunked prefill" in lat["fix"]  # the TTFT is over: admission
+    md = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
+    assert "| throughput: " in md and "| latency: TTFT p50" in md
+
+    bare = memo_parts({**run, "payload": {}})[0]  # a result with no figures gives no finding, not an empty one
+    assert bare == []

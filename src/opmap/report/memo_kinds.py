@@ -11,8 +11,10 @@ runtime owner; a prediction that disagrees with a measurement: the performance m
   memory), a pipeline bubble worth a finding, the layouts memory rejected;
 - **sweep**: the knee (latency against throughput along the batch), the bound there, points that do not fit;
 - **serve**: the SLO verdict, and the tail (p99 over p50, the queueing share of it, utilisation);
-- **bench** (a measured load run): validity, failed requests by kind, a client that fell behind its schedule,
-  a saturated server (achieved under offered), the TTFT tail, usage counts that differ from what was asked;
+- **bench** (a measured load run): the throughput carried (achieved of offered, tokens/s, requests ok), TTFT /
+  TPOT / end-to-end p50 / p95 / p99 against the SLO and the goodput, validity, failed requests by kind, a client
+  that fell behind its schedule, a saturated server (achieved under offered), the TTFT tail, usage counts that
+  differ from what was asked;
 - **shape-check**: each kernel class whose synthetic shape does not stand for production.
 
 Every value is read from the run's own result; nothing is re-run. A field the result lacks gives no finding
@@ -375,9 +377,11 @@ def bench_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     ttft = (p.get("latency") or {}).get("ttft") if isinstance(p.get("latency"), dict) else None
     use = p.get("usage_check") if isinstance(p.get("usage_check"), dict) else {}
     rb = _rollback(run)
-    out = [_finding(f"measured load {val.get('verdict', '-')}: {val.get('reason', '')}", "performance modelling",
-                    "run long enough for the rule (--duration 600, --requests past --min-queries)",
-                    "low: the benchmark only", rb)]
+    out = [f for f in (_bench_throughput(p, rb), _bench_slo(p, rb)) if f is not None]
+    if val:
+        out.append(_finding(f"measured load {val.get('verdict', '-')}: {val.get('reason', '')}",
+                            "performance modelling", "run long enough for the rule (--duration 600, --requests past "
+                            "--min-queries)", "low: the benchmark only", rb))
     if errs:
         out.append(_finding("failed requests: " + ", ".join(f"{k} {v}" for k, v in errs.items()), "runtime",
                             "the server's log: an HTTP 400 is a prompt past the context, timeouts a load past "
@@ -403,6 +407,68 @@ def bench_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
                             "performance modelling", "send ignore_eos where the server takes it, or compare "
                             "per output token (TPOT)", "low: the benchmark only", rb))
     return out
+
+
+def _bench_throughput(p: dict[str, Any], rb: str) -> dict[str, Any] | None:
+    """What the server carried: requests ok of those measured, the achieved rate (of the offered one in an open
+    loop), output and total tokens/s. None where the result holds no throughput."""
+    tp = p.get("throughput") if isinstance(p.get("throughput"), dict) else {}
+    reqs = p.get("requests") if isinstance(p.get("requests"), dict) else {}
+    rate = p.get("rate") if isinstance(p.get("rate"), dict) else {}
+    ach = _num(rate.get("achieved_per_s"))
+    ach = ach if ach is not None else _num(tp.get("requests_per_s"))
+    if ach is None:
+        return None
+    off = _num(rate.get("offered_per_s"))
+    ok, n, failed = _num(reqs.get("ok")), _num(reqs.get("measured")), _num(reqs.get("failed"))
+    text = (f"throughput: {ach:.4g} requests/s achieved" + (f" of {off:.4g} offered" if off else "")
+            + f", {_si(_num(tp.get('output_tokens_per_s')), 'tokens/s')} out, "
+            f"{_si(_num(tp.get('tokens_per_s')), 'tokens/s')} in all"
+            + (f"; {ok:.0f} of {n:.0f} requests ok" + (f", {failed:.0f} failed" if failed else ", none failed")
+               if ok is not None and n is not None else ""))
+    return _finding(text, "runtime", "the rate this server carried at this load; raise the load (--concurrency, "
+                    "--arrival poisson:R) to find where the SLO breaks", "low: the benchmark only", rb)
+
+
+def _pcts(d: Any) -> tuple[float | None, ...]:
+    d = d if isinstance(d, dict) else {}
+    return tuple(_num(d.get(k)) for k in ("p50_s", "p95_s", "p99_s"))
+
+
+def _bench_slo(p: dict[str, Any], rb: str) -> dict[str, Any] | None:
+    """TTFT, TPOT and end-to-end p50 / p95 / p99 against the SLO the run was given (--slo-ttft / --slo-tpot: a
+    request within both counts toward goodput), and the goodput. None where the result holds no latency."""
+    lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
+    good = p.get("goodput") if isinstance(p.get("goodput"), dict) else {}
+    slo = good.get("slo") if isinstance(good.get("slo"), dict) else {}
+    parts, over = [], []
+    for key, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "end to end")):
+        ps = _pcts(lat.get(key))
+        if all(v is None for v in ps):
+            continue
+        limit = _num(slo.get(f"{key}_s"))
+        text = f"{name} p50 / p95 / p99 " + " / ".join(_si(v, "s") for v in ps)
+        if limit is not None:
+            missed = ps[2] is not None and ps[2] > limit
+            text += f" ({'over' if missed else 'within'} the SLO {_si(limit, 's')} at p99)"
+            if missed:
+                over.append(name)
+        parts.append(text)
+    if not parts:
+        return None
+    g, att = _num(good.get("requests_per_s")), _num(good.get("attainment"))
+    if g is not None:
+        within = "within the SLO" if any(_num(v) is not None for v in slo.values()) else "ok (no SLO given)"
+        parts.append(f"goodput {g:.4g} requests/s" + (f", {att:.1%} of requests {within}" if att is not None else ""))
+    if "TTFT" in over:
+        owner, fix = "runtime", "admission and prefill scheduling: chunked prefill, a token budget, more replicas"
+    elif over:
+        owner, fix, _ = _by_bound("memory")  # a decode step reads the weights and the KV cache: memory-bound
+    else:
+        owner, fix = "runtime", ("the SLO holds at this load: raise it to the capacity the SLO allows" if slo and
+                                 any(_num(v) is not None for v in slo.values()) else
+                                 "give the SLO (--slo-ttft, --slo-tpot) to count goodput against it")
+    return _finding("latency: " + "; ".join(parts), owner, fix, "low: a serving setting", rb)
 
 
 def bench_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
