@@ -30,6 +30,8 @@ def test_memo_of_every_kind_by_run_id_and_by_folder(tmp_path, cli, refused):
     for kind, needle in expect.items():
         rc, out, err = cli("memo", ids[kind], "--store", store, "--out", tmp_path / f"memo-{kind}")
         assert rc == 0 and needle in out and f"run {ids[kind]} ({kind}" in out, (kind, err)
+        # the Markdown on stdout is memo.md line for line: table rows past the terminal's width are not cut
+        assert (tmp_path / f"memo-{kind}" / "memo.md").read_text() in out, kind
         body = json.loads((tmp_path / f"memo-{kind}" / "memo.json").read_text())
         assert body["kind"] == kind and body["findings"] and body["pitfalls"]
         assert all(f["owner"] in ("ML compiler", "runtime", "performance modelling") for f in body["findings"])

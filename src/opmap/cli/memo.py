@@ -36,7 +36,7 @@ def memo(
                  "format_step": _format_step(d)}
     fs, pits = memo_parts(d, **extra)
     text = memo_markdown(d, fs, pits, f"opmap memo {source}", folder=not run.stored)
-    console.print(text, markup=False, highlight=False)
+    console.print(text, markup=False, highlight=False, soft_wrap=True)  # Markdown: table rows never cut
     if out is not None:
         body = json_text({"schema_version": 1, "run": run.id, "kind": run.kind, "findings": fs, "pitfalls": pits},
                           indent=1)
