@@ -401,3 +401,35 @@ def test_choices_that_slow_the_whole_model_are_not_adopted(tmp_path):
     assert "3.7x slower" in out[0]["kept_default_because"]
     hit = cache.read(tmp_path, cache.entry_key("fp0", sig.key))
     assert hit is not None and hit["chosen"] == dflt
+
+
+def _entry(key, sig_dtype, chosen_dtype, default_s=2e-4, chosen_s=1e-4):
+    chosen = {"threads": 2, "dtype": chosen_dtype, "channels_last": False, "sdpa": "auto", "chunks": 1}
+    label = f"threads=2,dtype={chosen_dtype}"
+    return {"signature": {"key": key, "count": 3, "dtype": sig_dtype}, "chosen": {**chosen, "label": label},
+            "default": {**chosen, "dtype": sig_dtype, "label": f"threads=2,dtype={sig_dtype}"},
+            "candidates": [{"label": label, "predicted_s": chosen_s, "measured_s": chosen_s}],
+            "default_s": default_s, "chosen_s": chosen_s, "gain": default_s / chosen_s}
+
+
+def test_the_screen_marks_a_precision_change():
+    """tune picking bf16 for an fp32 model's GEMM says so on screen: the table's precision column reads
+    fp32 -> bf16 for that signature (fp32 for the one left as it was), and a line under it names the change and
+    that its accuracy is not checked; before, only "dtype=bf16" inside the mapping's label told it."""
+    from rich.console import Console
+
+    from opmap.cli.tune import _table, precision_changes
+
+    result = {"model": "tiny", "hardware": "local", "dtype": "fp32", "threads": 2,
+              "signatures": [_entry("gemm:64x256x64:fp32:nt", "fp32", "bf16"),
+                             _entry("layer_norm:64x64:fp32:rowmajor", "fp32", "fp32")]}
+    con = Console(width=200, record=True, color_system=None)
+    con.print(_table(result))
+    screen = con.export_text()
+    assert "(fp32 model, 2 threads)" in screen
+    rows = {line.split("│")[1].strip(): line for line in screen.splitlines() if line.count("│") > 3}
+    assert "fp32 -> bf16" in rows["gemm:64x256x64:fp32:nt"]
+    assert "->" not in rows["layer_norm:64x64:fp32:rowmajor"] and " fp32 " in rows["layer_norm:64x64:fp32:rowmajor"]
+    line = precision_changes(result)
+    assert line.startswith("precision changed: 1 of 2 signatures fp32 -> bf16") and "opmap quality" in line
+    assert precision_changes({**result, "signatures": result["signatures"][1:]}) == ""

@@ -62,6 +62,9 @@ def tune(
                           lambda: build_workload(model, batch, seq, image_size, dtype, "cpu"), hw, dtype, top_k,
                           rounds, use_cache=not no_cache, progress=progress)
     console.print(_table(result))
+    changed = precision_changes(result)
+    if changed:
+        console.print(changed, highlight=False, soft_wrap=True)
     w = result["whole_model"]
     tau = result["kendall_tau"]
     console.print(f"Kendall tau (predicted vs measured order, within signatures): "
@@ -86,16 +89,44 @@ def _table(result: dict):
 
     from opmap.report.text import safe
 
-    t = Table(title=f"opmap tune {safe(result['model'])} on {safe(result['hardware'])} ({result['threads']} threads)",
+    t = Table(title=f"opmap tune {safe(result['model'])} on {safe(result['hardware'])} ({safe(result['dtype'])} "
+                    f"model, {result['threads']} threads)",
               title_justify="left")
-    for col in ("signature", "nodes", "default", "chosen", "chosen mapping", "gain", "predicted / measured"):
-        t.add_column(col, justify="left" if col in ("signature", "chosen mapping") else "right")
+    for col in ("signature", "nodes", "default", "chosen", "chosen mapping", "precision", "gain",
+                "predicted / measured"):
+        t.add_column(col, justify="left" if col in ("signature", "chosen mapping", "precision") else "right")
     for e in result["signatures"]:
         ch = [c for c in e["candidates"] if c["label"] == e["chosen"]["label"]]
         ratio = f"{ch[0]['predicted_s'] / ch[0]['measured_s']:.2f}" if ch and ch[0].get("measured_s") else ""
+        was, now = _precision(e)
         t.add_row(safe(e["signature"]["key"]), str(e["signature"]["count"]), f"{e['default_s'] * 1e6:.4g} us",
-                  f"{e['chosen_s'] * 1e6:.4g} us", safe(e["chosen"]["label"]), f"{e['gain']:.2f}x", ratio)
+                  f"{e['chosen_s'] * 1e6:.4g} us", safe(e["chosen"]["label"]),
+                  safe(was) if now == was else f"[bold yellow]{safe(was)} -> {safe(now)}[/]", f"{e['gain']:.2f}x",
+                  ratio)
     return t
+
+
+def _precision(entry: dict) -> tuple[str, str]:
+    """(the signature's own format, the format its chosen mapping computes in)."""
+    was = str(entry["signature"].get("dtype") or "")
+    return was, str(entry["chosen"].get("dtype") or was)
+
+
+def precision_changes(result: dict) -> str:
+    """The line that says which chosen mappings compute in another format than the model's own (fp32 -> bf16),
+    and that their numerics are not checked by the timing; "" when none does."""
+    moved: dict[tuple[str, str], int] = {}
+    for e in result["signatures"]:
+        was, now = _precision(e)
+        if now != was:
+            moved[(was, now)] = moved.get((was, now), 0) + 1
+    if not moved:
+        return ""
+    n = len(result["signatures"])
+    what = ", ".join(f"{k} of {n} signatures {a} -> {b}" for (a, b), k in moved.items())
+    fmt = sorted({b for _, b in moved})
+    return (f"precision changed: {what}: the tuned model computes those operators in {', '.join(fmt)}; tune times "
+            f"them, it does not check their accuracy (opmap quality MODEL --dtype {fmt[0]})")
 
 
 def _tune_cuda(model, hw, batch, seq, image_size, dtype, top_k, rounds, out) -> None:
