@@ -210,3 +210,28 @@ def test_decode_floor_counts_what_the_step_reads_and_tpot_stays_above_it():
     assert f["lower_bound_s"] == pytest.approx((f["weights_bytes"] + f["kv_cache_read_bytes"])
                                                / a.hardware.memory_rate_bytes_per_s)
     assert f["tpot_s"] >= f["lower_bound_s"]
+
+
+@pytest.mark.parametrize("target", ["llama", "hf"])
+def test_each_phase_carries_its_own_cache_note(target):
+    """An HF config's decode step carries its cache's note and not the prefill's "no KV cache (prefill)" (an HF
+    decode printed both); its training step says it is a step, not a prefill; its prefill keeps the note. The zoo
+    Llama, built with its KV cache, carries no such note in any phase."""
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    from opmap.workloads.hf import PREFILL_NOTE
+
+    t = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json") if target == "hf" else "llama-3-8b"
+    notes = {}
+    for name, spec, seq in (("prefill", PhaseSpec(), 32), ("decode", PhaseSpec("decode", kv_len=64), None),
+                            ("train", PhaseSpec("train", microbatch=1, global_batch=2), 32)):
+        spec = check_phase(spec, t, 1)
+        notes[name] = " | ".join(phase_workload(t, spec, 1, seq, "bf16").assumptions)
+    assert "(prefill)" not in notes["decode"] and "against a KV cache of 64 tokens" in notes["decode"]
+    assert "(prefill)" not in notes["train"]
+    if target == "hf":
+        assert PREFILL_NOTE in notes["prefill"]
+        assert "no KV cache (a training step)" in notes["train"]
+    else:
+        assert "no KV cache" not in notes["prefill"] + notes["train"]

@@ -36,6 +36,7 @@ DECODE_MODELS = ("gpt2", "llama")  # zoo families with a KV-cache decode path
 # whole (vLLM's and TensorRT-LLM's paged blocks, transformers' StaticCache under CUDA graphs, the zoo decoders);
 # "append", transformers' DynamicCache as eager transformers runs it (torch.cat: a new copy of each layer's K and V).
 KV_WRITES = ("in-place", "append")
+TRAIN_NOTE = "no KV cache (a training step): use_cache=False"  # an HF config's prefill note, in a training step
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,11 @@ def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dt
             return hf_decode_workload(w, spec.kv_len, device, allow_long_context, spec.kv_write)
         return decode_workload(w, spec.kv_len, device)
     if spec.train:
-        return load_workload(target, spec.microbatch or batch, seq, dtype, device, allow_long_context)
+        from opmap.workloads.hf import PREFILL_NOTE
+
+        w = load_workload(target, spec.microbatch or batch, seq, dtype, device, allow_long_context)
+        notes = tuple(TRAIN_NOTE if n == PREFILL_NOTE else n for n in w.assumptions)  # a step, not a prefill
+        return replace(w, assumptions=notes)
     return load_workload(target, batch, seq, dtype, device, allow_long_context)
 
 
