@@ -21,13 +21,26 @@ AWQ-style group quantization); int8 a 16-bit scale per output channel of 4096.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from opmap.errors import OpmapError
 
-if TYPE_CHECKING:
-    from opmap.hardware.spec import HardwareSpec
+
+class HardwareSpec(Protocol):
+    """What the precision policy reads of a device (opmap.hardware.spec.HardwareSpec, a layer above this leaf):
+    its name, matrix and vector peaks per format (values with a ``value``) and power-limited figures."""
+
+    name: str
+    matrix_peak_flops_per_s: Mapping[str, Any]
+    vector_peak_flops_per_s: Mapping[str, Any]
+    achievable_matrix_flops_per_s: Mapping[str, Any]
+    sustained_matrix_flops_per_s: Mapping[str, Any]
+    @property
+    def power_window_s(self) -> float | None: ...
+
+    def matrix_dtypes(self) -> list[str]: ...
 
 # Bytes per element by torch dtype name (str(torch.float32) without "torch."): every dtype torch 2.13 defines.
 # Sub-byte integer and bit types are stored one element per byte by torch; packed types (float4_e2m1fn_x2,

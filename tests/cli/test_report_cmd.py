@@ -70,7 +70,8 @@ def test_two_reports_in_one_folder_keep_each_others_files(cli, tmp_path):
     from pathlib import Path
 
     runs = {"gpt2": tmp_path / "gpt2", "llama": tmp_path / "llama", "serve": tmp_path / "serve"}
-    for model, d in (("gpt2", runs["gpt2"]), (Path(__file__).parents[2] / "examples" / "tiny-llama.json", runs["llama"])):
+    hf = Path(__file__).parents[2] / "examples" / "tiny-llama.json"
+    for model, d in (("gpt2", runs["gpt2"]), (hf, runs["llama"])):
         rc, _, err = cli("analyze", model, "--seq", 16, "--rows", 1, "--out", d, "--no-store")
         assert rc == 0, err
     _serve_folder(cli, runs["serve"])

@@ -6,15 +6,13 @@ gives the counts and sources); and the link a group runs on."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
 from opmap.mapping.collectives import KERNEL_CLASS, Collective
+from opmap.mapping.shard_types import Parallelism, SharderView
 from opmap.roofline import roofline
-
-if TYPE_CHECKING:
-    from opmap.mapping.sharding import Parallelism, Sharder
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ def dp_link(hw: HardwareSpec, tp: int, group: int) -> tuple[str, int] | None:
     return "auto", per // tp
 
 
-def layout_collectives(sharder: Sharder, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
+def layout_collectives(sharder: SharderView, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
                        attn: tuple[float, float] = (0.0, 0.0)) -> list[CollectiveKernel]:
     """The layout's collectives; ``attn``: one layer's attention forward and backward time on one device (the
     compute a CP ring step hides its send behind)."""

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opmap.graph import OpGraph
 from opmap.mapping import context
 from opmap.mapping.memory import MemoryFit, inflight_activation_bytes
 from opmap.mapping.roles import SPLIT_ROLES, Roles, is_weight_gemm, phase_of
-
-if TYPE_CHECKING:
-    from opmap.mapping.sharding import Parallelism, Sharder
+from opmap.mapping.shard_types import Parallelism, SharderView
 
 
 @dataclass(frozen=True)
@@ -172,7 +170,7 @@ def training_activations(p: Parallelism, saved: SavedPerBlock, layers: int) -> t
     return max(first, last), how
 
 
-def sharded_memory(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: str, training: bool,
+def sharded_memory(p: Parallelism, sharder: SharderView, saved: SavedPerBlock, fmt: str, training: bool,
                    seq: int | None = None, capacity_bytes: float | None = None) -> MemoryFit:
     """Per-device memory of a layout: the model state of the parameters this device holds (dense / (tp x pp),
     experts also / ep) under mixed-precision AdamW and the ZeRO stage over dp (training), the activations saved

@@ -1,0 +1,156 @@
+"""The types a parallel layout is described by, below every module that prices one: ``Parallelism`` (the layout,
+checked on construction and against the model), ``Depth`` (the whole model a shallow capture stands for) and
+``SharderView`` (what the collectives and the per-device memory read from the sharder that prices the layout).
+
+opmap.mapping.sharding prices a layout; opmap.mapping.layout_collectives (its collectives) and
+opmap.mapping.sharded_memory (its memory) are split out of it. All three import these types from here, so
+imports among them run one way only: sharding -> layout_collectives, sharded_memory -> shard_types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from opmap.errors import OpmapError
+from opmap.mapping import context
+from opmap.mapping.roles import Geometry
+
+if TYPE_CHECKING:
+    from opmap.hardware.spec import HardwareSpec
+    from opmap.mapping.collectives import Collective
+    from opmap.mapping.roles import Roles
+
+RECOMPUTE = ("none", "selective", "full")
+# Fraction of the DP gradient reduction hidden behind backward: bucketed reduction starts when a bucket's
+# gradients are ready (Megatron --overlap-grad-reduce, PyTorch DDP buckets); the last bucket cannot overlap.
+DP_OVERLAP = 0.8
+
+
+def check(cond: bool, msg: str) -> None:
+    """Refuse a layout: ``msg`` as the one-line error when ``cond`` does not hold."""
+    if not cond:
+        raise OpmapError(msg)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """A layout. ``devices`` = tp x cp x pp x dp (checked); ep is drawn from inside dp; ``cp`` splits each
+    sequence over cp ranks (opmap.mapping.context); ``global_batch`` defaults to dp x microbatch (one microbatch
+    per data-parallel rank)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    sp: bool = False
+    vp: int = 1
+    microbatch: int = 1
+    global_batch: int | None = None
+    recompute: str = "none"
+    zero: int = 0
+    devices: int | None = None
+    # share of the backward time that hides the DP gradient reduction (0: reduced after backward, as Megatron-LM
+    # did before --overlap-grad-reduce; DP_OVERLAP: bucketed reduction)
+    dp_overlap: float = DP_OVERLAP
+    cp: int = 1
+    cp_comm: str = "p2p"  # context.CP_COMMS: the K/V ring (Megatron-Core's default) or one all-gather (Llama 3)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "ep", "vp", "microbatch", "cp"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                   f"--{name} must be a positive integer, got {v!r}")
+        n = self.tp * self.cp * self.pp * self.dp
+        if self.devices is None:
+            object.__setattr__(self, "devices", n)
+        if self.cp == 1:
+            check(self.devices == n, f"--devices {self.devices} is not tp x pp x dp = {self.tp} x {self.pp} x "
+                                      f"{self.dp} = {n}")
+        check(self.devices == n, f"--devices {self.devices} is not tp x cp x pp x dp = {self.tp} x {self.cp} x "
+                                  f"{self.pp} x {self.dp} = {n}")
+        check(not self.sp or self.tp > 1, "--sp (sequence parallelism) needs --tp above 1")
+        check(self.cp_comm in context.CP_COMMS, f"unknown --cp-comm {self.cp_comm!r}; accepted: "
+                                                 f"{', '.join(context.CP_COMMS)}")
+        check(self.dp % self.ep == 0, f"--ep {self.ep} must divide --dp {self.dp} (experts are spread over "
+                                       "data-parallel ranks, as Megatron-core and DeepSpeed-MoE do)")
+        check(self.vp == 1 or self.pp > 1, f"--vp {self.vp} (interleaved stages) needs --pp above 1")
+        check(self.recompute in RECOMPUTE, f"unknown recompute {self.recompute!r}; accepted: "
+                                            f"{', '.join(RECOMPUTE)}")
+        check(self.zero in (0, 1, 2, 3), f"unknown ZeRO stage {self.zero!r}; accepted: 0, 1, 2, 3")
+        check(0.0 <= self.dp_overlap <= 1.0, f"dp overlap must be within 0 and 1, got {self.dp_overlap!r}")
+        if self.global_batch is None:
+            object.__setattr__(self, "global_batch", self.dp * self.microbatch)
+        gb = self.global_batch
+        check(gb % (self.dp * self.microbatch) == 0,
+               f"global batch {gb} is not a multiple of dp x microbatch = {self.dp} x {self.microbatch}")
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.microbatch)
+
+    @property
+    def trivial(self) -> bool:
+        return self.devices == 1 and self.ep == 1
+
+    def check(self, geo: Geometry) -> None:
+        """The layout against the model: tp divides the heads (KV heads: tp divides them, or they divide tp and
+        are replicated), pp divides the layers, vp divides layers / pp, ep divides the experts."""
+        if geo.heads:
+            check(geo.heads % self.tp == 0, f"--tp {self.tp} does not divide the {geo.heads} attention heads")
+            kv = geo.kv_heads
+            check(kv % self.tp == 0 or self.tp % kv == 0,
+                   f"--tp {self.tp} and the {kv} KV heads: one must divide the other (tp > kv heads replicates "
+                   "each KV head over tp / kv ranks)")
+        # stages need not hold equal layer counts: Llama 3 405B's 126 layers ran on 16 stages, the first and last
+        # one layer short (Llama 3 paper, section 3.3.2); each stage holds ceil(layers / pp) or fewer here, and
+        # the slowest stage sets the pace
+        check(geo.layers >= self.pp, f"--pp {self.pp} exceeds the {geo.layers} layers")
+        per = -(-geo.layers // self.pp)
+        check(per % self.vp == 0, f"--vp {self.vp} does not divide the {per} layers per pipeline stage")
+        if self.ep > 1:
+            check(geo.experts > 0, f"--ep {self.ep} needs a mixture-of-experts model (this one has no experts)")
+            check(geo.experts % self.ep == 0, f"--ep {self.ep} does not divide the {geo.experts} experts")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "sp": self.sp, "vp": self.vp,
+                "microbatch": self.microbatch, "global_batch": self.global_batch, "recompute": self.recompute,
+                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap, "cp": self.cp,
+                "cp_comm": self.cp_comm}
+
+    def label(self) -> str:
+        cp = f" cp{self.cp}" + (" ag" if self.cp_comm == "all_gather" else "") if self.cp > 1 else ""
+        s = f"tp{self.tp}{cp} pp{self.pp} dp{self.dp}"
+        s += f" ep{self.ep}" if self.ep > 1 else ""
+        s += " sp" if self.sp else ""
+        s += f" vp{self.vp}" if self.vp > 1 else ""
+        return s + f" mb{self.microbatch}" + (f" rc-{self.recompute}" if self.recompute != "none" else "") + (
+            f" z{self.zero}" if self.zero else "")
+
+
+@dataclass(frozen=True)
+class Depth:
+    """The model a shallow capture stands for: ``layers`` blocks (the capture holds fewer, identical ones),
+    ``params`` parameters of ``param_bytes`` in all (opmap.explore.depth)."""
+
+    layers: int
+    params: int
+    param_bytes: float
+
+
+class SharderView(Protocol):
+    """What layout_collectives and sharded_memory read from the sharder (opmap.mapping.sharding.Sharder)."""
+
+    a: Any  # the Analysis being sharded: its graph, hardware and precision
+    roles: Roles
+    geo: Geometry
+    training: bool
+    kv: Any  # context.kv_shape of the graph: None without a KV cache
+    itemsize: float
+
+    def params_per_device(self, p: Parallelism) -> float: ...
+
+    def kv_cache_bytes(self) -> float: ...
+
+    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
+              per_node: int | None = None) -> tuple[Collective, float, str]: ...
