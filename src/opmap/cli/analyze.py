@@ -86,12 +86,8 @@ def analyze(
     attention_dropout: float | None = typer.Option(None, "--attention-dropout", help=ATTENTION_DROPOUT_HELP),
 ) -> None:
     """Capture MODEL, cost every operator, map them to kernels, predict each one's time on HARDWARE."""
-    from opmap.analyze import analyze as run_analyze
-    from opmap.analyze import analyze_graph, check_analysis_inputs
-    from opmap.capture import cache as graph_cache
     from opmap.capture import parse_overrides
     from opmap.report.sheet import check_out_dir
-    from opmap.workloads import with_layout
 
     # torch's import leaves a large heap that every garbage collection during capture would walk again: move
     # it to the permanent generation (the 70B analysis: 3.5 s to 2.9 s whole process, benchmarks/README.md)
@@ -105,8 +101,6 @@ def analyze(
     # Checked in this order, each before the work it guards: the hardware name, the overrides and the output
     # folder here; the device, model, shape and dtype by the loader before it builds; the dtype on this
     # hardware, the fusion policy and the plan file by opmap.analyze.analyze before it captures.
-    from opmap.mapping.sharding import Parallelism
-
     hw = stack_hardware(hardware, attention_kernel, attention_dropout)
     overrides = parse_overrides(layer_type)
     if out is not None:
@@ -118,18 +112,8 @@ def analyze(
                                  optimizer=optimizer), model, batch, allow_long_context=allow_long_context)
     rt = _runtime(hw, runtime, spec)
     spec = replace(spec, kv_write=rt.kv_write)  # a Hugging Face decode stores its new K and V as the runtime does
-    # the kernels the step runs are the ones the header names: a plan file, an explicit --fusion, else the runtime's
-    if fusion_plan is not None:
-        rt, fusion = replace(rt, fusion=f"plan file {fusion_plan}"), fusion or "eager"
-    elif fusion is not None:
-        rt = replace(rt, fusion=fusion)
-    else:
-        fusion = rt.fusion
-    mb = spec.microbatch or batch if spec.train else batch
-    par = Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, cp=cp, cp_comm=cp_comm, devices=devices,
-                      microbatch=mb,
-                      global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
-                      recompute=spec.recompute if spec.train else "none", zero=spec.zero)
+    rt, fusion = _kernels_run(rt, fusion, fusion_plan)
+    par = _parallelism(spec, batch, tp, pp, dp, ep, sp, vp, cp, cp_comm, devices)
     if tuned and (spec.name != "prefill" or hw.name != "local"):
         raise OpmapError("--tuned applies the choices `opmap tune` measured on this CPU: it takes --hardware local "
                          "and the prefill phase")
@@ -140,9 +124,49 @@ def analyze(
     from opmap.phases.runtime import with_runtime
     from opmap.phases.step import with_figures
 
+    a = _analyze_prefill(model, hw, rt, batch, seq, image_size, dtype, device, layout, overrides, fusion,
+                         fusion_plan, quality, dims, allow_long_context)
+    if tuned:
+        from opmap.explore.tune.tuned import tuned_analysis
+
+        a = tuned_analysis(a)
+    _report(with_figures(with_runtime(a, rt)), par, overrides, rows, out, store, no_store)
+
+
+def _kernels_run(rt, fusion: str | None, fusion_plan: Path | None):
+    """(the runtime, the fusion policy): the kernels the step runs are the ones the header names: a plan file, an
+    explicit --fusion, else the runtime's."""
+    if fusion_plan is not None:
+        return replace(rt, fusion=f"plan file {fusion_plan}"), fusion or "eager"
+    if fusion is not None:
+        return replace(rt, fusion=fusion), fusion
+    return rt, rt.fusion
+
+
+def _parallelism(spec, batch: int, tp: int, pp: int, dp: int, ep: int, sp: bool, vp: int, cp: int, cp_comm: str,
+                 devices: int | None):
+    """The layout of the options (checked by Parallelism): the microbatch and global batch of a training step,
+    the batch of a prefill or decode step on each data-parallel replica."""
+    from opmap.mapping.sharding import Parallelism
+
+    mb = spec.microbatch or batch if spec.train else batch
+    return Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, cp=cp, cp_comm=cp_comm, devices=devices,
+                       microbatch=mb,
+                       global_batch=(spec.global_batch or mb * dp) if spec.train else batch * dp,
+                       recompute=spec.recompute if spec.train else "none", zero=spec.zero)
+
+
+def _analyze_prefill(model, hw, rt, batch, seq, image_size, dtype, device, layout, overrides, fusion, fusion_plan,
+                     quality, dims, allow_long_context):
+    """The prefill analysis under the runtime: a zoo model captured on meta before, at these shapes and this build
+    dtype, is not built or captured again (opmap.capture.cache: keyed by the inputs, the opmap and torch versions
+    and the model and tracer sources)."""
+    from opmap.analyze import analyze as run_analyze
+    from opmap.analyze import analyze_graph, check_analysis_inputs
+    from opmap.capture import cache as graph_cache
+    from opmap.workloads import with_layout
+
     hw_rt = rt.apply(hw)
-    # a zoo model captured on meta before, at these shapes and this build dtype, is not built or captured again
-    # (opmap.capture.cache: keyed by the inputs, the opmap and torch versions and the model and tracer sources)
     key = _graph_key(model, batch, seq, image_size, dtype, device, layout, overrides)
     hit = graph_cache.load(key) if key else None
     if hit is not None:
@@ -150,20 +174,15 @@ def analyze(
         evidence = _evidence(quality, w.name, dtype)
         check_analysis_inputs(hw, dtype, fusion, fusion_plan)
         with console.status(f"predicting {safe(w.name)} on {hw.name} (graph from the capture cache)"):
-            a = analyze_graph(graph, w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence)
-    else:
-        w = with_layout(build_workload(model, batch, seq, image_size, dtype, device, allow_long_context, dims=dims,
-                                       overrides=overrides), layout)
-        evidence = _evidence(quality, w.name, dtype)
-        with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
-            a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
-        if key:
-            graph_cache.store(key, a.graph, _workload_fields(w))
-    if tuned:
-        from opmap.explore.tune.tuned import tuned_analysis
-
-        a = tuned_analysis(a)
-    _report(with_figures(with_runtime(a, rt)), par, overrides, rows, out, store, no_store)
+            return analyze_graph(graph, w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence)
+    w = with_layout(build_workload(model, batch, seq, image_size, dtype, device, allow_long_context, dims=dims,
+                                   overrides=overrides), layout)
+    evidence = _evidence(quality, w.name, dtype)
+    with console.status(f"capturing {safe(w.name)} and predicting on {hw.name}"):
+        a = run_analyze(w, hw_rt, dtype, overrides, fusion, fusion_plan, evidence=evidence)
+    if key:
+        graph_cache.store(key, a.graph, _workload_fields(w))
+    return a
 
 
 def _onnx_options(model: str, dim: list[str], phase: str, layout: str, image_size: int | None) -> dict[str, int]:

@@ -88,20 +88,11 @@ def bench(
     or oversized stream, a timeout) is counted and the run goes on. Exit status: 0; 1 when every measured request
     failed (the run is still printed, written and recorded); 2 for bad input or an endpoint that cannot be
     reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
-    from opmap.bench.client import APIS, endpoint_root
-    from opmap.serve.arrivals import MAX_REQUESTS, parse_length
-
-    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
-             "--warmup": (warmup, INT_GE0), "--seed": (seed, SEED), "--min-queries": (min_queries, INT_GE0),
-             "--duration": (duration, positive_in("s")), "--timeout": (timeout, positive_in("s")),
-             "--min-duration": (min_duration, plausible("s")),
-             **{k: (v, positive_in("ms")) for k, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot))}})
-    if api not in APIS:
-        raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
-    if arrival is not None and concurrency is not None:
-        raise OpmapError("--arrival (open loop) and --concurrency (closed loop) are two loads: give one")
     from opmap.cli import bench_predict as bp
+    from opmap.serve.arrivals import parse_length
 
+    _check_options(concurrency, requests, warmup, seed, min_queries, duration, timeout, min_duration, slo_ttft,
+                   slo_tpot, api, arrival)
     bp.check_target(url, model, launch, predict, hardware, config)
     from opmap.validate import count
 
@@ -115,7 +106,7 @@ def bench(
         from opmap.report.outputs import check_out_dir
 
         check_out_dir(out)
-    cost = policy = overhead = None
+    cost = None
     pconfig, phw = (launch or config), (hardware or ("local" if launch else None))
     pdtype = dtype or (bp.launched_dtype(launch) if launch else "bf16")
     if predict:  # priced before the server starts: a bad --hardware or config costs nothing
@@ -124,24 +115,10 @@ def bench(
         if srv is not None:  # transformers serve refuses ignore_eos (HTTP 422); its model has no EOS instead
             url, model, ignore_eos = srv.base_url, srv.model_id, False
             tokenizer = tokenizer or srv.tokenizer_dir
-        root = endpoint_root(url)
-        prompt = None
-        if tokenizer is not None:
-            from opmap.bench.prompts import ExactPrompts
-
-            prompt = ExactPrompts(tokenizer, api)
-        plan = load_plan(arrival, concurrency, requests, duration, warmup, ilen, olen, seed, prompt=prompt)
-        if predict:
-            from opmap.bench.predict import engine_policy
-
-            probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
-            before = bp.probe(root, model, prompt, when="before", **probe)
-            s = srv.settings if srv is not None else {}
-            policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
-        result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
-        if predict:  # an interrupted run keeps the probe before it
-            after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
-            overhead = bp.overhead(cost, before, after, probe["batch"])
+        result, plan, policy, overhead = _measure(srv, url, model, tokenizer, api, timeout, ignore_eos, cost, predict,
+                                                  dict(arrival=arrival, concurrency=concurrency, requests=requests,
+                                                       duration=duration, warmup=warmup, ilen=ilen, olen=olen,
+                                                       seed=seed))
     figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
     if srv is not None:
         body["launched"] = srv.to_dict()
@@ -159,6 +136,54 @@ def bench(
         raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))
     if all_failed(body):
         raise typer.Exit(1)  # printed, written and recorded as any run; the exit says none of it is a measurement
+
+
+def _check_options(concurrency, requests, warmup, seed, min_queries, duration, timeout, min_duration, slo_ttft,
+                   slo_tpot, api, arrival) -> None:
+    """The numeric options against their ranges, the API and the one load (open or closed loop)."""
+    from opmap.bench.client import APIS
+    from opmap.serve.arrivals import MAX_REQUESTS
+
+    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+             "--warmup": (warmup, INT_GE0), "--seed": (seed, SEED), "--min-queries": (min_queries, INT_GE0),
+             "--duration": (duration, positive_in("s")), "--timeout": (timeout, positive_in("s")),
+             "--min-duration": (min_duration, plausible("s")),
+             **{k: (v, positive_in("ms")) for k, v in (("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot))}})
+    if api not in APIS:
+        raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
+    if arrival is not None and concurrency is not None:
+        raise OpmapError("--arrival (open loop) and --concurrency (closed loop) are two loads: give one")
+
+
+def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ignore_eos: bool, cost, predict: bool,
+             load: dict):
+    """(the run's result, its load plan, the engine policy and the overhead --predict prices it with): the load
+    (``load``: load_plan's arguments) driven against the endpoint; with --predict, the server probed before and
+    after it (an interrupted run keeps the probe before it)."""
+    from opmap.bench.client import endpoint_root
+    from opmap.cli import bench_predict as bp
+
+    root = endpoint_root(url)
+    prompt = None
+    if tokenizer is not None:
+        from opmap.bench.prompts import ExactPrompts
+
+        prompt = ExactPrompts(tokenizer, api)
+    plan = load_plan(load["arrival"], load["concurrency"], load["requests"], load["duration"], load["warmup"],
+                     load["ilen"], load["olen"], load["seed"], prompt=prompt)
+    policy = overhead = None
+    if predict:
+        from opmap.bench.predict import engine_policy
+
+        probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
+        before = bp.probe(root, model, prompt, when="before", **probe)
+        s = srv.settings if srv is not None else {}
+        policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
+    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+    if predict:  # an interrupted run keeps the probe before it
+        after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
+        overhead = bp.overhead(cost, before, after, probe["batch"])
+    return result, plan, policy, overhead
 
 
 def all_failed(body: dict) -> bool:

@@ -72,18 +72,60 @@ def serve(
     """A discrete-event simulation of serving: prefill and decode steps priced by opmap's cost model for the
     batch actually formed, admission limited by the KV cache that fits; TTFT, TPOT, ITL, goodput, MLPerf-style
     validity."""
-    from opmap.report.sheet import check_out_dir, write_set
-    from opmap.serve import (
-        Slo,
-        make_requests,
-        parse_arrival,
-        parse_length,
-        parse_service_time,
-        simulate,
-        summarize,
-    )
+    from opmap.report.sheet import check_out_dir
+    from opmap.serve import make_requests, parse_arrival, parse_length
 
     # every input checked before the pricing and the simulation
+    _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo_ttft, slo_tpot, slo_p99)
+    from opmap.phases.runtime import check_runtime
+    from opmap.serve.model_cost import check_kv_dtype
+
+    check_runtime(runtime)
+    check_kv_dtype(kv_dtype, dtype)
+    arr = parse_arrival(arrival)
+    ilen, olen = parse_length(input_len), parse_length(output_len)
+    pol = _policy(policy, disaggregate is not None, max_num_seqs, max_num_batched_tokens, kv_block)
+    slo = _slo(slo_ttft, slo_tpot, slo_p99)
+    from opmap.explore.engine import check_engine
+
+    check_engine(engine)
+    if find_capacity and arr.kind not in ("poisson", "gamma"):
+        raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
+    pd = _disaggregation(disaggregate, replicas, service_time, router, pol)
+    if pd is not None:
+        replicas = pd[0] + pd[1]
+    if out is not None:
+        check_out_dir(out)
+    reqs = make_requests(arr, ilen, olen, requests, seed)
+    cost = _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
+                 gpu_memory_utilization, allow_long_context)
+    transfer = _kv_transfer(pd, hardware, cost, tp * pp, replicas)
+    probe = None
+    if find_capacity:
+        from opmap.serve.capacity import RateProbe
+
+        probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd, transfer)
+    report, res, stop = _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe, engine,
+                             out is not None)
+    report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
+                             "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
+                             "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
+                             "cost": "service time " + service_time if service_time else "opmap cost model",
+                             "kv_cache": _kv_words(pol), **_pricing_assumptions(cost, tp, pp, replicas)}
+    _print(report, model, hardware)
+    if out is not None:
+        _write(out, report, res)
+    from opmap.cli.common import record_run
+
+    record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
+                                 "parallelism": f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
+                                                + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
+                store, no_store)
+    exit_if_stopped(stop)
+
+
+def _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo_ttft, slo_tpot, slo_p99) -> None:
+    """The numeric options against their ranges, in one line each."""
     from opmap.serve.arrivals import MAX_REQUESTS
     from opmap.serve.sim import MAX_REPLICAS
 
@@ -93,108 +135,111 @@ def serve(
              "--replicas": (replicas, {**INT_GE1, "hi": MAX_REPLICAS}),
              "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
                  ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
-    from opmap.phases.runtime import check_runtime
-    from opmap.serve.model_cost import check_kv_dtype
 
-    check_runtime(runtime)
-    check_kv_dtype(kv_dtype, dtype)
-    arr = parse_arrival(arrival)
-    ilen, olen = parse_length(input_len), parse_length(output_len)
-    pol = _policy(policy, disaggregate is not None, max_num_seqs, max_num_batched_tokens, kv_block)
+
+def _slo(slo_ttft: float | None, slo_tpot: float | None, slo_p99: float | None):
+    """The SLO from its flags (ms): p99 end to end, or p99 TTFT and TPOT (defaults 2000 and 200 ms)."""
+    from opmap.serve import Slo
+
     if slo_p99 is not None and (slo_ttft is not None or slo_tpot is not None):
         raise OpmapError("--slo-p99 replaces --slo-ttft and --slo-tpot: give one or the other")
     if slo_p99 is not None:
-        slo = Slo(None, None, slo_p99 / 1e3)
-    else:
-        slo = Slo(2.0 if slo_ttft is None else slo_ttft / 1e3, 0.2 if slo_tpot is None else slo_tpot / 1e3)
-    from opmap.explore.engine import check_engine
+        return Slo(None, None, slo_p99 / 1e3)
+    return Slo(2.0 if slo_ttft is None else slo_ttft / 1e3, 0.2 if slo_tpot is None else slo_tpot / 1e3)
 
-    check_engine(engine)
-    if find_capacity and arr.kind not in ("poisson", "gamma"):
-        raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
-    pd = None
-    if disaggregate is not None:
-        from opmap.serve.disagg import parse_disaggregate
 
-        pd = parse_disaggregate(disaggregate)
-        if replicas != 1:
-            raise OpmapError("--disaggregate P:D sets the replicas (P prefill + D decode): drop --replicas")
-        if service_time is not None:
-            raise OpmapError("--disaggregate splits a request into prefill and decode steps, which a service "
-                             "time does not have: drop --service-time")
-        if router == "shared":
-            raise OpmapError("--disaggregate routes to prefill replicas with round_robin or least_loaded, "
-                             "not shared")
-        if pol.name != "continuous":
-            raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
-                             f"continuous[:TOKEN_BUDGET], got {pol.spec()!r}")
-        replicas = pd[0] + pd[1]
-    if out is not None:
-        check_out_dir(out)
-    reqs = make_requests(arr, ilen, olen, requests, seed)
+def _disaggregation(disaggregate: str | None, replicas: int, service_time: str | None, router: str, pol):
+    """--disaggregate P:D checked against the options it excludes: (P, D), or None without it."""
+    if disaggregate is None:
+        return None
+    from opmap.serve.disagg import parse_disaggregate
+
+    pd = parse_disaggregate(disaggregate)
+    if replicas != 1:
+        raise OpmapError("--disaggregate P:D sets the replicas (P prefill + D decode): drop --replicas")
+    if service_time is not None:
+        raise OpmapError("--disaggregate splits a request into prefill and decode steps, which a service "
+                         "time does not have: drop --service-time")
+    if router == "shared":
+        raise OpmapError("--disaggregate routes to prefill replicas with round_robin or least_loaded, "
+                         "not shared")
+    if pol.name != "continuous":
+        raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
+                         f"continuous[:TOKEN_BUDGET], got {pol.spec()!r}")
+    return pd
+
+
+def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
+          gpu_memory_utilization, allow_long_context):
+    """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (policy and router checked on
+    an empty run first, so a bad one is refused before the pricing)."""
+    from opmap.serve import parse_service_time, simulate
+
     if service_time is not None:
         cost = parse_service_time(service_time)
         simulate(_empty(reqs), pol, cost, replicas, router)  # checks policy and router
-    else:
-        simulate(_empty(reqs), pol, _NoCost(), replicas, router)
-        from opmap.hardware import get_hardware
+        return cost
+    simulate(_empty(reqs), pol, _NoCost(), replicas, router)
+    from opmap.hardware import get_hardware
 
-        get_hardware(hardware)
-        from opmap.serve.model_cost import model_table_cost
+    get_hardware(hardware)
+    from opmap.serve.model_cost import model_table_cost
 
-        longest = int((reqs.input_len + reqs.output_len).max()) if len(reqs.input_len) else None
-        with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
-            cost = model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, kv_dtype=kv_dtype,
-                                    gpu_memory_utilization=gpu_memory_utilization,
-                                    allow_long_context=allow_long_context, max_context=longest,
-                                    progress=lambda s: st.update(safe(s)))
-    if pd is not None:
-        from opmap.serve.disagg import kv_transfer_for, simulate_disaggregated
+    longest = int((reqs.input_len + reqs.output_len).max()) if len(reqs.input_len) else None
+    with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
+        return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, kv_dtype=kv_dtype,
+                                gpu_memory_utilization=gpu_memory_utilization,
+                                allow_long_context=allow_long_context, max_context=longest,
+                                progress=lambda s: st.update(safe(s)))
 
-        transfer = kv_transfer_for(get_hardware(hardware), cost.kv_bytes_per_token, tp * pp, replicas)
 
-        def sim(r):
-            return simulate_disaggregated(r, pol, cost, pd[0], pd[1], transfer, router, seed)
-    else:
-        def sim(r):
-            return simulate(r, pol, cost, replicas, router, seed)
+def _kv_transfer(pd, hardware: str, cost, devices: int, replicas: int):
+    """The KV move between the pools of a disaggregated run; None without --disaggregate."""
+    if pd is None:
+        return None
+    from opmap.hardware import get_hardware
+    from opmap.serve.disagg import kv_transfer_for
+
+    return kv_transfer_for(get_hardware(hardware), cost.kv_bytes_per_token, devices, replicas)
+
+
+def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe, engine, figure):
+    """(the report, the simulated run for the CDF figure, the stop): the run at the capacity found with
+    --find-capacity (``probe``), else the one run of ``reqs``. Stopped before any rate met the SLO: the runs'
+    finding is printed and the command ends."""
+    from opmap.serve import simulate, summarize
+
     report = capacity = res = stop = None
-    if find_capacity:  # the printed run is the run at the capacity found (warm-up excluded), not another one
-        from opmap.serve.capacity import RateProbe
-
-        probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd,
-                          transfer if pd is not None else None)
-        capacity, report, res, stop = _find_capacity(probe, engine, out is not None)
+    if probe is not None:  # the printed run is the run at the capacity found (warm-up excluded), not another one
+        capacity, report, res, stop = _find_capacity(probe, engine, figure)
         if report is None and stop is not None:  # stopped before any rate met the SLO: the runs' finding, no table
             console.print(capacity_line(capacity), highlight=False)
             exit_if_stopped(stop)
     if report is None:
         with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
-            res = sim(reqs)
+            if pd is not None:
+                from opmap.serve.disagg import simulate_disaggregated
+
+                res = simulate_disaggregated(reqs, pol, cost, pd[0], pd[1], transfer, router, seed)
+            else:
+                res = simulate(reqs, pol, cost, replicas, router, seed)
             report = summarize(res, slo)
     if capacity is not None:
         report["capacity"] = capacity
         if stop is not None:
             report["interrupted"] = capacity["interrupted"]
-    report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
-                             "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
-                             "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
-                             "cost": "service time " + service_time if service_time else "opmap cost model",
-                             "kv_cache": _kv_words(pol), **_pricing_assumptions(cost, tp, pp, replicas)}
-    _print(report, model, hardware)
-    if out is not None:
-        files = {"serve.json": json_text(report, indent=2) + "\n"}
-        png = _cdf_png(res) if res is not None else None
-        if png is not None:
-            files["latency_cdf.png"] = png
-        print_wrote(write_set(out, files, remove=["latency_cdf.png"]))  # an earlier run's PNG never stays
-    from opmap.cli.common import record_run
+    return report, res, stop
 
-    record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
-                                 "parallelism": f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
-                                                + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
-                store, no_store)
-    exit_if_stopped(stop)
+
+def _write(out: Path, report: dict, res) -> None:
+    """serve.json and latency_cdf.png (with matplotlib), as one set; an earlier run's PNG never stays."""
+    from opmap.report.sheet import write_set
+
+    files = {"serve.json": json_text(report, indent=2) + "\n"}
+    png = _cdf_png(res) if res is not None else None
+    if png is not None:
+        files["latency_cdf.png"] = png
+    print_wrote(write_set(out, files, remove=["latency_cdf.png"]))
 
 
 def _find_capacity(probe, engine: str, figure: bool):

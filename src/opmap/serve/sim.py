@@ -91,73 +91,110 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
     processed elsewhere and its first token out at ``prefilled_first_s[i]``; admission (continuous policy
     only, KV cache permitting) costs no prefill step, the request joins the next decode iteration, and its
     first inter-token gap runs from ``prefilled_first_s[i]``."""
+    _check(reqs, policy, cost, replicas, router, prefilled_first_s is not None)
+    sim = _Sim(reqs, policy, cost, replicas, router, seed, prefilled_first_s)
+    sim.run()
+    if any(np.isnan(sim.finish)):
+        raise OpmapError("simulation ended with unfinished requests (a policy or capacity deadlock): "
+                         "report this with the command line")
+    sched, reps, n = sim.sched, sim.reps, sim.n
+    return SimResult(reqs.arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
+                     reqs.input_len, reqs.output_len, np.asarray(sim.where), np.asarray(sim.itl_g, dtype=np.float64),
+                     np.asarray(sim.itl_w, dtype=np.float64), policy.to_dict(),
+                     cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
+                     router, replicas, reqs.arrival, sim.steps, [r.busy_s for r in reps],
+                     streams_tokens=not sim.service, extra=sched.extra([r.eng for r in reps]) if sched else {},
+                     preemptions=np.asarray(sched.preemptions(n)) if sched else None)
+
+
+def _check(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int, router: str,
+           decode_only: bool) -> None:
+    """The router, the replicas, the policy against the cost (iterations need a step cost) and every request's KV
+    cache against the device's (the engine policy pages it: checked by its scheduler)."""
     if router not in ROUTERS:
         raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
     count(replicas, "--replicas", hi=MAX_REPLICAS)
     service = isinstance(cost, ServiceTime)
     iterative = isinstance(policy, (Continuous, Chunked, Engine))
-    decode_only = prefilled_first_s is not None
     if decode_only and not isinstance(policy, Continuous):
         raise OpmapError(f"a decode pool schedules iterations: it needs policy continuous, got {policy.spec()!r}")
     if service and iterative:
         raise OpmapError(f"policy {policy.spec()!r} schedules iterations, which a service time does not have: "
                          "use none, static:B or dynamic:B,WAIT_MS with --service-time")
-    n = len(reqs)
-    arr = reqs.arrival_s.tolist()
-    inp = reqs.input_len.tolist()
-    out = reqs.output_len.tolist()
     cap = cost.kv_capacity_tokens
     engine = isinstance(policy, Engine) and not service
-    if cap is not None and n and not engine:
+    if cap is not None and len(reqs) and not engine:
         need = int((reqs.input_len + reqs.output_len).max())
         if need > cap:
             raise OpmapError(f"a request needs {need} tokens of KV cache, the device holds {cap}: "
                              "shorten --input-len/--output-len, raise --tp or pick a larger device")
-    svc = cost.draw(n, np.random.default_rng([seed, 1])).tolist() if service else None
-    nan = float("nan")
-    start, first, finish = [nan] * n, [nan] * n, [nan] * n
-    where = [0] * n
-    itl_g: list[float] = []
-    itl_w: list[int] = []
-    shared = deque() if router == "shared" else None
-    reps = [_Rep(r, shared if shared is not None else deque()) for r in range(replicas)]
-    sched = None
-    if engine:
-        sched = InflightScheduler(policy, cost, inp, out, start, first, finish, where, itl_g, itl_w)
-        sched.check()
-        for rep in reps:
-            rep.eng = sched.replica()
-    heap: list[tuple[float, int, int, int]] = []  # (time, seq, kind 0 step end / 1 timer, replica)
-    seq = 0
-    steps = 0
-    batch_size = {NoBatching: 1}.get(type(policy), getattr(policy, "batch", 0))
-    wait_s = policy.wait_s if isinstance(policy, Dynamic) else 0.0
-    max_seqs = getattr(policy, "max_seqs", 0)
-    ia = 0  # next arrival
 
-    def push(t: float, kind: int, r: int) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, r))
 
-    def fits(rep: _Rep, rid: int) -> bool:
-        return cap is None or rep.kv_res + inp[rid] + out[rid] <= cap
+class _Sim:
+    """One simulation (``simulate``): the requests' times as lists, the replicas, the event heap, and a pair of
+    step handlers per policy family: ``begin`` forms a replica's next step at a boundary, ``end_step`` books it
+    when its end event fires. none / static / dynamic run a batch to its end as one step (start_batch); continuous
+    and chunked form iterations (start_iter / end_iter); engine asks the in-flight scheduler (inflight.py)."""
 
-    def start_batch(rep: _Rep, now: float) -> None:
+    def __init__(self, reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int, router: str,
+                 seed: int, prefilled_first_s: np.ndarray | None) -> None:
+        self.policy, self.cost, self.router, self.replicas = policy, cost, router, replicas
+        self.service = service = isinstance(cost, ServiceTime)
+        self.decode_only = prefilled_first_s is not None
+        self.n = n = len(reqs)
+        self.arr, self.inp, self.out = reqs.arrival_s.tolist(), reqs.input_len.tolist(), reqs.output_len.tolist()
+        self.cap = cost.kv_capacity_tokens
+        self.engine = engine = isinstance(policy, Engine) and not service
+        self.svc = cost.draw(n, np.random.default_rng([seed, 1])).tolist() if service else None
+        nan = float("nan")
+        self.start, self.first, self.finish = [nan] * n, [nan] * n, [nan] * n
+        self.where = [0] * n
+        self.itl_g: list[float] = []
+        self.itl_w: list[int] = []
+        self.shared = shared = deque() if router == "shared" else None
+        self.reps = [_Rep(r, shared if shared is not None else deque()) for r in range(replicas)]
+        self.sched = None
+        if engine:
+            self.sched = InflightScheduler(policy, cost, self.inp, self.out, self.start, self.first, self.finish,
+                                           self.where, self.itl_g, self.itl_w)
+            self.sched.check()
+            for rep in self.reps:
+                rep.eng = self.sched.replica()
+        self.heap: list[tuple[float, int, int, int]] = []  # (time, seq, kind 0 step end / 1 timer, replica)
+        self.seq = 0
+        self.steps = 0
+        self.batch_size = {NoBatching: 1}.get(type(policy), getattr(policy, "batch", 0))
+        self.wait_s = policy.wait_s if isinstance(policy, Dynamic) else 0.0
+        self.max_seqs = getattr(policy, "max_seqs", 0)
+        self.ia = 0  # next arrival
+        self.origin = prefilled_first_s.tolist() if self.decode_only else None
+        self.continuous = isinstance(policy, Continuous)
+        if engine:
+            self.begin, self.end_step = self.start_engine, self.end_engine
+        elif isinstance(policy, (Continuous, Chunked, Engine)):
+            self.begin, self.end_step = self.start_iter, self.end_iter
+        else:
+            self.begin, self.end_step = self.start_batch, self.end_batch
+
+    def push(self, t: float, kind: int, r: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, r))
+
+    def start_batch(self, rep: _Rep, now: float) -> None:
         """none / static / dynamic: take up to B queued requests and run them to the end as one step."""
-        nonlocal steps
-        q = rep.q
+        q, arr, inp, out, cap = rep.q, self.arr, self.inp, self.out, self.cap
+        batch_size = self.batch_size
         if not q:
             return
         if batch_size > 1 and len(q) < batch_size:
-            if isinstance(policy, Static):
-                if ia < n:
+            if isinstance(self.policy, Static):
+                if self.ia < self.n:
                     return
-            elif now - arr[q[0]] < wait_s - _EPS:
-                t = arr[q[0]] + wait_s
+            elif now - arr[q[0]] < self.wait_s - _EPS:
+                t = arr[q[0]] + self.wait_s
                 if rep.timer_at != t:
                     rep.timer_at = t
-                    push(t, 1, rep.idx)
+                    self.push(t, 1, rep.idx)
                 return
         batch = []
         res = 0
@@ -167,57 +204,65 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                 break
             res += inp[rid] + out[rid]
             batch.append(q.popleft())
-        b = len(batch)
-        steps += 1
+        self.steps += 1
         for rid in batch:
-            start[rid] = now
-            where[rid] = rep.idx
-        if service:
-            t = now + max(svc[rid] for rid in batch)
+            self.start[rid] = now
+            self.where[rid] = rep.idx
+        if self.service:
+            t = now + max(self.svc[rid] for rid in batch)
             for rid in batch:
-                first[rid] = finish[rid] = t
+                self.first[rid] = self.finish[rid] = t
         else:
-            sum_in = sum(inp[rid] for rid in batch)
-            t = now + cost.prefill_s(sum_in, b)
-            for rid in batch:
-                first[rid] = t
-            outs = sorted(out[rid] for rid in batch)
-            alive, j = b, 0
-            done_at: dict[int, float] = {}
-            k = 1
-            while outs[j] <= k:  # requests with a single token end at the prefill
-                j += 1
-                done_at.setdefault(outs[j - 1], t)
-                if j == b:
-                    break
-            alive = b - j
-            while alive:
-                d = cost.decode_s(b, sum_in + b * k)  # finished slots stay held (padded batch)
-                t += d
-                itl_g.append(d)
-                itl_w.append(alive)
-                k += 1
-                while j < b and outs[j] <= k:
-                    done_at.setdefault(outs[j], t)
-                    j += 1
-                alive = b - j
-            for rid in batch:
-                finish[rid] = done_at[out[rid]]
+            t = self._run_batch(batch, now)
         rep.busy = True
         rep.busy_s += t - now
         rep.pending = batch
-        push(t, 0, rep.idx)
+        self.push(t, 0, rep.idx)
 
-    def end_batch(rep: _Rep, now: float) -> None:
+    def _run_batch(self, batch: list[int], now: float) -> float:
+        """A batch's prefill, then its decode steps to its longest output, finished slots still held (a padded
+        batch): each request's first and last token times set; returns the batch's end."""
+        inp, out, cost, first = self.inp, self.out, self.cost, self.first
+        b = len(batch)
+        sum_in = sum(inp[rid] for rid in batch)
+        t = now + cost.prefill_s(sum_in, b)
+        for rid in batch:
+            first[rid] = t
+        outs = sorted(out[rid] for rid in batch)
+        alive, j = b, 0
+        done_at: dict[int, float] = {}
+        k = 1
+        while outs[j] <= k:  # requests with a single token end at the prefill
+            j += 1
+            done_at.setdefault(outs[j - 1], t)
+            if j == b:
+                break
+        alive = b - j
+        while alive:
+            d = cost.decode_s(b, sum_in + b * k)  # finished slots stay held (padded batch)
+            t += d
+            self.itl_g.append(d)
+            self.itl_w.append(alive)
+            k += 1
+            while j < b and outs[j] <= k:
+                done_at.setdefault(outs[j], t)
+                j += 1
+            alive = b - j
+        for rid in batch:
+            self.finish[rid] = done_at[out[rid]]
+        return t
+
+    def end_batch(self, rep: _Rep, now: float) -> None:
         rep.outstanding -= len(rep.pending)
         rep.pending = None
 
-    def admit(rep: _Rep, now: float, budget: int, seqs: int) -> list[int]:
-        q = rep.q
+    def admit(self, rep: _Rep, now: float, budget: int, seqs: int) -> list[int]:
+        q, inp, out, cap, start, where = rep.q, self.inp, self.out, self.cap, self.start, self.where
         got: list[int] = []
+        max_seqs = self.max_seqs
         while q and seqs + len(got) < max_seqs:
             rid = q[0]
-            if not fits(rep, rid) or (got and inp[rid] > budget):
+            if (cap is not None and rep.kv_res + inp[rid] + out[rid] > cap) or (got and inp[rid] > budget):
                 break
             budget -= inp[rid]
             rep.kv_res += inp[rid] + out[rid]
@@ -226,21 +271,21 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
             where[rid] = rep.idx
         return got
 
-    def start_iter(rep: _Rep, now: float) -> None:
+    def start_iter(self, rep: _Rep, now: float) -> None:
         """continuous / chunked: form the next iteration at a boundary."""
-        nonlocal steps
-        if isinstance(policy, Continuous):
-            if decode_only:  # the prompts were processed elsewhere: admit by KV cache, then decode at once
-                got = admit(rep, now, 1 << 62, rep.n_dec) if rep.q else []
+        policy, cost = self.policy, self.cost
+        if self.continuous:
+            if self.decode_only:  # the prompts were processed elsewhere: admit by KV cache, then decode at once
+                got = self.admit(rep, now, 1 << 62, rep.n_dec) if rep.q else []
                 if got:
-                    join_decoders(rep, got, now)
+                    self.join_decoders(rep, got, now)
                 if not rep.n_dec:
                     return
                 got = []
             else:
-                got = admit(rep, now, policy.token_budget, rep.n_dec) if rep.q else []
+                got = self.admit(rep, now, policy.token_budget, rep.n_dec) if rep.q else []
             if got:
-                d = cost.prefill_s(sum(inp[r] for r in got), len(got))
+                d = cost.prefill_s(sum(self.inp[r] for r in got), len(got))
                 rep.pending = (got, None)
             elif rep.n_dec:
                 d = cost.decode_s(rep.n_dec, rep.kv_sum)
@@ -248,40 +293,49 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
             else:
                 return
         else:
-            budget = policy.chunk - rep.n_dec
-            chunks = []
-            pt = 0
-            for item in rep.prefilling:
-                if budget <= 0:
-                    break
-                take = min(item[1], budget)
-                chunks.append((item, take))
-                budget -= take
-                pt += take
-            q = rep.q
-            while budget > 0 and q and rep.n_dec + len(rep.prefilling) < max_seqs and fits(rep, q[0]):
-                rid = q.popleft()
-                rep.kv_res += inp[rid] + out[rid]
-                start[rid] = now
-                where[rid] = rep.idx
-                item = [rid, inp[rid]]
-                rep.prefilling.append(item)
-                take = min(inp[rid], budget)
-                chunks.append((item, take))
-                budget -= take
-                pt += take
-            if not chunks and not rep.n_dec:
+            d = self._chunked_step(rep, now)
+            if d is None:
                 return
-            d = mixed_s(cost, pt, len(chunks), rep.n_dec, rep.kv_sum)
-            rep.pending = (None, chunks)
-        steps += 1
+        self.steps += 1
         rep.busy = True
         rep.busy_s += d
-        push(now + d, 0, rep.idx)
+        self.seq += 1
+        heapq.heappush(self.heap, (now + d, self.seq, 0, rep.idx))
 
-    origin = prefilled_first_s.tolist() if decode_only else None
+    def _chunked_step(self, rep: _Rep, now: float) -> float | None:
+        """chunked: the running decodes plus prompt chunks up to the chunk's tokens (prompts begun first, then
+        new ones admitted); the step's time, None when there is nothing to run."""
+        inp, out = self.inp, self.out
+        budget = self.policy.chunk - rep.n_dec
+        chunks = []
+        pt = 0
+        for item in rep.prefilling:
+            if budget <= 0:
+                break
+            take = min(item[1], budget)
+            chunks.append((item, take))
+            budget -= take
+            pt += take
+        q, cap, max_seqs, start, where = rep.q, self.cap, self.max_seqs, self.start, self.where
+        while (budget > 0 and q and rep.n_dec + len(rep.prefilling) < max_seqs
+               and (cap is None or rep.kv_res + inp[q[0]] + out[q[0]] <= cap)):
+            rid = q.popleft()
+            rep.kv_res += inp[rid] + out[rid]
+            start[rid] = now
+            where[rid] = rep.idx
+            item = [rid, inp[rid]]
+            rep.prefilling.append(item)
+            take = min(inp[rid], budget)
+            chunks.append((item, take))
+            budget -= take
+            pt += take
+        if not chunks and not rep.n_dec:
+            return None
+        rep.pending = (None, chunks)
+        return mixed_s(self.cost, pt, len(chunks), rep.n_dec, rep.kv_sum)
 
-    def join_decoders(rep: _Rep, rids: list[int], now: float) -> None:
+    def join_decoders(self, rep: _Rep, rids: list[int], now: float) -> None:
+        inp, out, first, origin = self.inp, self.out, self.first, self.origin
         c = 0
         for rid in rids:
             if origin is not None:  # its first token came out of the prefill pool; its gap starts there
@@ -291,7 +345,7 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
             else:
                 first[rid] = now
             if out[rid] == 1:
-                finish[rid] = first[rid]
+                self.finish[rid] = first[rid]
                 rep.kv_res -= inp[rid] + out[rid]
                 rep.outstanding -= 1
             else:
@@ -303,7 +357,8 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
             if origin is None:
                 rep.groups.append((now, c))
 
-    def decode_done(rep: _Rep, now: float) -> None:
+    def decode_done(self, rep: _Rep, now: float) -> None:
+        inp, out, itl_g, itl_w, finish = self.inp, self.out, self.itl_g, self.itl_w, self.finish
         rep.D += 1
         if rep.n_cont:
             itl_g.append(now - rep.last_dec)
@@ -324,18 +379,18 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
             rep.outstanding -= 1
         rep.n_cont = rep.n_dec
 
-    def end_iter(rep: _Rep, now: float) -> None:
+    def end_iter(self, rep: _Rep, now: float) -> None:
         p = rep.pending
         rep.pending = None
         if p is None:
-            decode_done(rep, now)
+            self.decode_done(rep, now)
             return
         got, chunks = p
         if got is not None:
-            join_decoders(rep, got, now)
+            self.join_decoders(rep, got, now)
             return
         if rep.n_dec:
-            decode_done(rep, now)
+            self.decode_done(rep, now)
         done = []
         for item, take in chunks:
             item[1] -= take
@@ -343,74 +398,65 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                 done.append(item[0])
         if done:
             rep.prefilling = [it for it in rep.prefilling if it[1] > 0]
-            join_decoders(rep, done, now)
+            self.join_decoders(rep, done, now)
 
-    def start_engine(rep: _Rep, now: float) -> None:
+    def start_engine(self, rep: _Rep, now: float) -> None:
         """engine: the next step of in-flight batching (inflight.py)."""
-        nonlocal steps
-        d = sched.begin(rep.eng, rep.q, rep.idx, now)
+        d = self.sched.begin(rep.eng, rep.q, rep.idx, now)
         if d is None:
             return
-        steps += 1
+        self.steps += 1
         rep.busy = True
         rep.busy_s += d
-        push(now + d, 0, rep.idx)
+        self.push(now + d, 0, rep.idx)
 
-    def end_engine(rep: _Rep, now: float) -> None:
-        rep.outstanding -= sched.end(rep.eng, now)
+    def end_engine(self, rep: _Rep, now: float) -> None:
+        rep.outstanding -= self.sched.end(rep.eng, now)
 
-    if engine:
-        begin, finish_step = start_engine, end_engine
-    else:
-        begin, finish_step = (start_iter, end_iter) if iterative else (start_batch, end_batch)
-
-    def kick(now: float) -> None:
-        for rep in reps:
+    def kick(self, now: float) -> None:
+        for rep in self.reps:
             if not rep.busy:
-                begin(rep, now)
+                self.begin(rep, now)
 
-    while ia < n or heap:
-        ta = arr[ia] if ia < n else float("inf")
-        if heap and heap[0][0] < ta:
-            now, _, kind, r = heapq.heappop(heap)
-            rep = reps[r]
-            if kind == 0:
-                rep.busy = False
-                finish_step(rep, now)
-                if shared is not None:
-                    kick(now)
-                else:
+    def run(self) -> None:
+        """The event loop: the earliest of the next step end or timer (the heap) and the next arrival. Arrivals
+        are routed as they come (requests arriving together are queued together: offline), then the replicas
+        they reached start a step if idle (all of them with one shared queue, or once the last request is in)."""
+        arr, n, reps, heap, router, replicas = self.arr, self.n, self.reps, self.heap, self.router, self.replicas
+        shared, begin, end_step = self.shared, self.begin, self.end_step
+        while self.ia < n or heap:
+            ia = self.ia
+            ta = arr[ia] if ia < n else float("inf")
+            if heap and heap[0][0] < ta:
+                now, _, kind, r = heapq.heappop(heap)
+                rep = reps[r]
+                if kind == 0:
+                    rep.busy = False
+                    end_step(rep, now)
+                    if shared is not None:
+                        self.kick(now)
+                    else:
+                        begin(rep, now)
+                elif not rep.busy and rep.timer_at == now:
                     begin(rep, now)
-            elif not rep.busy and rep.timer_at == now:
-                begin(rep, now)
-            continue
-        now = ta
-        touched = set()
-        while ia < n and arr[ia] == now:  # requests arriving together are queued together (offline)
-            if router == "round_robin":
-                rep = reps[ia % replicas]
-            elif router == "least_loaded":
-                rep = min(reps, key=lambda x: x.outstanding)
+                continue
+            now = ta
+            touched = set()
+            while ia < n and arr[ia] == now:  # requests arriving together are queued together (offline)
+                if router == "round_robin":
+                    rep = reps[ia % replicas]
+                elif router == "least_loaded":
+                    rep = min(reps, key=lambda x: x.outstanding)
+                else:
+                    rep = reps[0]  # the one shared queue
+                rep.q.append(ia)
+                rep.outstanding += 1
+                touched.add(rep.idx)
+                ia += 1
+            self.ia = ia
+            if shared is not None or ia == n:
+                self.kick(now)
             else:
-                rep = reps[0]  # the one shared queue
-            rep.q.append(ia)
-            rep.outstanding += 1
-            touched.add(rep.idx)
-            ia += 1
-        if shared is not None or ia == n:
-            kick(now)
-        else:
-            for r in sorted(touched):
-                if not reps[r].busy:
-                    begin(reps[r], now)
-
-    if any(np.isnan(finish)):
-        raise OpmapError("simulation ended with unfinished requests (a policy or capacity deadlock): "
-                         "report this with the command line")
-    return SimResult(reqs.arrival_s, np.asarray(start), np.asarray(first), np.asarray(finish), reqs.input_len,
-                     reqs.output_len, np.asarray(where), np.asarray(itl_g, dtype=np.float64),
-                     np.asarray(itl_w, dtype=np.float64), policy.to_dict(),
-                     cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
-                     router, replicas, reqs.arrival, steps, [r.busy_s for r in reps], streams_tokens=not service,
-                     extra=sched.extra([r.eng for r in reps]) if sched else {},
-                     preemptions=np.asarray(sched.preemptions(n)) if sched else None)
+                for r in sorted(touched):
+                    if not reps[r].busy:
+                        begin(reps[r], now)
