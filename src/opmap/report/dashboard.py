@@ -393,7 +393,8 @@ FIGURES = (("roofline", roofline), ("layer_time", layer_time), ("layer_mfu", lay
 
 
 def figures(src: Sources) -> dict[str, dict[str, Any]]:
-    """Every figure the sources allow, by name (the PNGs are report_NAME.png), data rounded."""
+    """Every figure the sources allow, by name (their PNGs are PAGE_NAME.png beside the page: report_NAME.png
+    beside report.html), data rounded."""
     out: dict[str, Any] = {}
     for name, fn in FIGURES:
         out[name] = fn(src)
