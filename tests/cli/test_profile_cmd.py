@@ -127,3 +127,49 @@ def test_the_allocators_refusal_is_the_users_request_not_the_models_error(refuse
                    needle=f"profile of {f}:big at batch 1 does not fit in cpu memory: one allocation asked for "
                           "281,475.0 GB")
     assert "error in the model" not in line
+
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def slow_profile(path) -> str:
+    """A hardware profile whose fp32 matrix peak is 1 MFLOP/s (any CPU beats it): not this device's."""
+    from opmap.calibrate import to_toml
+
+    v = lambda x: {"value": x, "kind": "measured", "source": "test profile"}  # noqa: E731
+    path.write_text(to_toml({"name": "slowcpu", "display_name": "slow cpu", "vendor": "test", "device_type": "cpu",
+                             "matrix_peak_flops_per_s": {"fp32": v(1e6)}, "vector_peak_flops_per_s": {"fp32": v(1e6)},
+                             "memory_bytes": v(64e9), "memory_bandwidth_bytes_per_s": v(1e8),
+                             "launch_overhead_s": v(3e-6)}))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["zoo", "hf-config", "onnx"])
+def test_an_mfu_past_100_percent_is_printed_with_a_warning(cli, tmp_path, onnx_zoo, kind):
+    """`profile model.onnx` printed MFU 106% and predicted / measured 16.3 with no warning. MFU = matrix FLOPs / (p50
+    x peak) cannot pass 100%: printed past it, a warning line says it is impossible and what it suggests; a
+    predicted / measured past 3x gets one too. The MFU is checked against that formula from profile.json."""
+    import json
+
+    pytest.importorskip("transformers")
+    if kind == "zoo":
+        target = ["resnet50", "--image-size", "32"]
+    elif kind == "hf-config":
+        (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+        target = [tmp_path / "config.json", "--seq", "16"]
+    else:
+        target = [onnx_zoo["gpt2"][0], "--seq", "16"]
+    rc, out, err = cli("profile", *target, "--hardware", slow_profile(tmp_path / "slow.toml"), "--iters", "2",
+                       "--profile-iters", "1", "--warmup", "1", "--no-store", "--out", tmp_path / "p")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "p" / "profile.json").read_text())
+    m = d["mfu"]
+    assert m["calibrated"]["mfu"] == pytest.approx(m["model_matrix_flops"] / (m["latency_s"] * 1e6))
+    assert m["calibrated"]["mfu"] > 1 and m["latency_s"] == d["latency"]["p50_s"]
+    text = " ".join(out.split())
+    assert f"MFU {m['calibrated']['mfu']:.1%}" in text
+    assert f"warning: MFU {m['calibrated']['mfu']:.0%} of the calibrated peak (slowcpu, 1e+06 FLOP/s) is impossible" \
+        in text and "profile with --hardware local" in text
+    assert d["accuracy"]["predicted_over_measured"] > 3 and "beyond 3x either way" in text

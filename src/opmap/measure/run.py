@@ -62,6 +62,22 @@ def fast_path(enabled: bool):
         torch.backends.mha.set_fastpath_enabled(prev)
 
 
+@contextlib.contextmanager
+def fp32_math(dtype: str):
+    """CUDA matmuls and cuDNN convolutions of fp32 tensors run in TF32 exactly when the dtype priced is tf32, for
+    the duration (restored after). torch's own defaults differ from each other (torch docs, "TensorFloat-32 (TF32) on
+    Ampere (and later) devices": torch.backends.cuda.matmul.allow_tf32 False, torch.backends.cudnn.allow_tf32
+    True): an fp32 profile ran its convolutions at the TF32 rate against the fp32 peak, a tf32 one its matmuls at
+    the fp32 rate against the TF32 peak. CPUs have no TF32: the flags change nothing there."""
+    tf32 = dtype == "tf32"
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
 def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
     """Stable, versioned tags: the keys and their meaning only change with ``tags_version``."""
     return {
@@ -125,7 +141,7 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         else:
             why = ("CPUs are not matched to a datasheet automatically (a datasheet peak is for the whole socket); "
                    "pass --datasheet NAME")
-    with torch.enable_grad() if train else torch.no_grad(), contextlib.ExitStack() as stack:
+    with torch.enable_grad() if train else torch.no_grad(), fp32_math(dtype), contextlib.ExitStack() as stack:
         step("capturing the graph on the device", 0)
         graph = capture(module, workload.inputs, overrides=overrides, train=train)
         module.train(train)

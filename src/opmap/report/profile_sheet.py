@@ -86,6 +86,7 @@ def run_lines(p: Profile, d: dict) -> list[str]:
                      + ("" if chk["within_tolerance"] else
                         f" (beyond ±{chk['tolerance']:.0%}: the device is loaded or throttled, or changed since "
                         "calibration; predictions scale with it: recalibrate on a quiet device)"))
+    lines += [f"warning: {w}" for w in d.get("warnings", ())]
     return lines
 
 
