@@ -245,3 +245,31 @@ def test_the_run_uses_tf32_exactly_when_the_dtype_priced_is_tf32(tmp_path, dtype
     run_profile(w, spec_from_dict(spec, "test"), dtype, "cpu", warmup=0, iters=1, profile_iters=1)
     assert w.module.seen == {(tf32, tf32)}  # the capture, warm-up, timed and profiled iterations alike
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+# Tiny's parameters: up 64 x 256 + 256, LayerNorm 2 x 256, down 256 x 64 + 64
+TINY_PARAMS = 64 * 256 + 256 + 2 * 256 + 256 * 64 + 64
+ADAMW_UPDATE_OPS = {"lerp_", "addcmul_", "addcdiv_"}  # torch.optim.AdamW's per-parameter update
+
+
+@pytest.mark.parametrize("optimizer, state_per_param, name", [(None, 8, "AdamW"), ("sgd", 0, "SGD")])
+def test_a_training_profile_measures_the_optimizer_it_predicts(tmp_path, optimizer, state_per_param, name):
+    """`profile --train` predicted an AdamW step (figures and memory) and measured an SGD loop. The measured step
+    runs the update the prediction prices: AdamW by default, two fp32 states (the moments m and v, Loshchilov &
+    Hutter 2019, Algorithm 2; torch.optim.AdamW's exp_avg and exp_avg_sq) per fp32 parameter, 8 B, held in the run
+    as predicted; every optimizer kernel priced is timed in the run; the optimizer is named."""
+    from opmap.workloads import load_workload
+
+    (tmp_path / "tiny.py").write_text(TINY)
+    w = load_workload(f"{tmp_path / 'tiny.py'}:tiny", dtype="fp32", device="cpu")
+    p = run_profile(w, spec_from_dict(_spec_dict(), "test"), "fp32", "cpu", warmup=1, iters=2, profile_iters=1,
+                    train=True, **({"optimizer": optimizer} if optimizer else {}))
+    d = p.to_dict()
+    assert d["optimizer"]["predicted_state_bytes"] == d["optimizer"]["measured_state_bytes"] \
+        == state_per_param * TINY_PARAMS
+    assert d["memory"]["per_device"]["optimizer_bytes"] == state_per_param * TINY_PARAMS
+    assert f"{name} update" in d["latency"]["mode"] and d["phase"]["optimizer"] == (optimizer or "adamw")
+    opt = [n for n in d["nodes"] if n["args"].get("phase") == "optimizer" and n["bound"] not in ("view", "alloc")]
+    assert opt and all(n["measured"] is not None for n in opt)
+    ops = {n["op"].split(".")[1] for n in opt}  # aten.lerp_.Scalar -> lerp_
+    assert (ADAMW_UPDATE_OPS <= ops) == (name == "AdamW"), ops

@@ -32,7 +32,11 @@ def profile(
                                                   "torch_trace.json here."),
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
-    train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
+    train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, the --optimizer's "
+                                           "update)."),
+    optimizer: str | None = typer.Option(None, help="With --train: the update the measured step runs and the "
+                                                    "prediction prices, alike: adamw (default; torch.optim.AdamW's "
+                                                    "update, two fp32 moments a parameter), adamw-fused or sgd."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
     dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable)."),
@@ -64,6 +68,7 @@ def profile(
                                              ("--iters", iters), ("--profile-iters", profile_iters))},
              "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
     check_profile(device, dtype)
+    optimizer = _check_optimizer(optimizer, train)
     if out is not None:
         check_out_dir(out)
     ds = get_hardware(datasheet) if datasheet else None
@@ -95,7 +100,7 @@ def profile(
                                  profile_iters=profile_iters, datasheet=ds, progress=tick)
         else:
             p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
-                            overrides=overrides, datasheet=ds, train=train, progress=tick)
+                            overrides=overrides, datasheet=ds, train=train, optimizer=optimizer, progress=tick)
     warn_unmatched_overrides(overrides, p.analysis.graph)
     d = p.to_dict()
     print_profile_report(p, console, rows, d)
@@ -108,6 +113,18 @@ def profile(
         # the raw per-iteration latencies go with the run: opmap compare's rank test reads them
         record_run("profile", {**d, "samples": {"latency_s": list(p.latency.times_s)}}, analysis_tags(d), store,
                    no_store)
+
+
+def _check_optimizer(optimizer: str | None, train: bool) -> str:
+    """The training step's optimizer (adamw unless named); refused without --train or unknown."""
+    from opmap.capture.training import OPTIMIZERS
+    from opmap.errors import OpmapError
+
+    if optimizer is not None and not train:
+        raise OpmapError("--optimizer names a training step's update: add --train (inference runs no optimizer)")
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise OpmapError(f"unknown optimizer {optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
+    return optimizer or "adamw"
 
 
 def _dims(dim: list[str]) -> dict[str, int]:

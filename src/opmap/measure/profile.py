@@ -57,6 +57,7 @@ class Profile:
     tags: dict[str, Any] = field(default_factory=dict)
     around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
     drift: dict[str, Any] | None = None  # calibration_check at profile time
+    optimizer: dict[str, Any] | None = None  # a training step's optimizer: its state predicted and in the run
 
     # -- per node ---------------------------------------------------------------------------------------
     def stall_split(self, i: int) -> tuple[float, float, float]:
@@ -214,6 +215,7 @@ class Profile:
             "layer_types": {lt: s["predicted_over_measured"] for lt, s in lts.items()},
         }
         d["calibration_check"] = self.drift
+        d["optimizer"] = self.optimizer
         d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
         d["tags"] = self.tags
         return d
