@@ -8,20 +8,25 @@ import typer
 
 from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
-from opmap.phases.runtime import RUNTIME_HELP, check_runtime
-from opmap.validate import INT_GE1, json_text, options
+from opmap.phases.runtime import RUNTIME_HELP
+from opmap.validate import INT_GE1, json_text, options, visible
 
 
 def sweep(
     model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/config.json or hf:NAME."),
-    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    hardware: str | None = typer.Option(None, "--hardware", "-H",
+                                        help="Catalog name (opmap hardware list) or a .toml profile; default "
+                                             "h100-sxm, and with --measure local (this CPU, calibrated; made on "
+                                             "first use): the prediction set beside a measurement is the CPU's."),
     batch: str = typer.Option("1,2,4,8,16,32", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("512", help="Sequence lengths (prefill) or KV-cache lengths (decode), comma-separated."),
     phase: str = typer.Option("prefill", help="prefill (latency: time to first token) or decode (time per "
                                               "output token)."),
-    dtype: str = typer.Option("bf16", help="Precision."),
-    measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99, and "
-                                             "its energy from the RAPL package counter where readable."),
+    dtype: str | None = typer.Option(None, help="Precision; default bf16, and fp32 with --measure (which runs "
+                                                "fp32, bf16 or fp16 here)."),
+    measure: bool = typer.Option(False, help="Time every point on this CPU in --dtype instead, beside its "
+                                             "prediction for this CPU: p50 / p95 / p99, and its energy from the "
+                                             "RAPL package counter where readable."),
     repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
     runtime: str | None = typer.Option(None, "--runtime", help=RUNTIME_HELP + "; default engine for a predicted "
                                                                 "sweep (as serve and fit), eager with --measure."),
@@ -38,19 +43,17 @@ def sweep(
     knee and the Pareto front marked."""
     from rich.table import Table
 
-    from opmap.explore.engine import check_engine
-    from opmap.explore.sweep import parse_ints
+    from opmap.explore.sweep import check_sweep, parse_ints
     from opmap.explore.sweep import sweep as run_sweep
     from opmap.report.sheet import check_out_dir, si, write_set
 
     options({"--repeats": (repeats, INT_GE1), "--tp": (tp, INT_GE1), "--pp": (pp, INT_GE1)})
-    if runtime is not None:
-        check_runtime(runtime)
-    hw = get_hardware(hardware)
+    dtype = dtype or ("fp32" if measure else "bf16")
     batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
-    check_engine(engine)
+    check_sweep(model, batches, seqs, phase, dtype, measure, engine, runtime, tp, pp)  # before a calibration
     if out is not None:
         check_out_dir(out)
+    hw = _hardware(hardware or ("local" if measure else "h100-sxm"))
     stop = None
     try:
         with step_progress("sweeping") as progress:
@@ -63,6 +66,8 @@ def sweep(
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
     lay = r["layout"]
     where = r["hardware"] + (f" tp{lay['tp']} x pp{lay['pp']}" if lay["devices"] > 1 else "")
+    if measure:
+        where = f"{r['measured_on']}, measured beside its prediction on {r['hardware']}"
     t = Table(title=f"opmap sweep {model} on {where} ({phase}, {dtype}, runtime {r['runtime']['name']}): "
                     f"{len(r['points'])} points, "
                     f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})" + stopped,
@@ -70,6 +75,7 @@ def sweep(
     cols = ["batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"]
     if measure:
         cols[7:7] = ["W", "J/token"]
+        cols[3:3] = ["predicted"]
     for c in cols:
         t.add_column(c, justify="right")
     for p in r["points"]:
@@ -84,6 +90,7 @@ def sweep(
         if measure:
             cells[7:7] = [si(p["power_w"], "W") if p["power_w"] is not None else "-",
                           si(p["energy_per_token_j"], "J") if p["energy_per_token_j"] is not None else "-"]
+            cells[3:3] = [si(p["predicted"]["latency_s"], "s")]
         t.add_row(*cells)
     console.print(t)
     if measure and r["points"]:
@@ -94,15 +101,18 @@ def sweep(
     if out is not None:
         md = [f"# opmap sweep: {model} on {r['hardware']} ({phase}){stopped}", "",
               *[f"- {a}" for a in r["assumptions"]], "",
-              "| batch | seq | latency (s) | p99 (s) | req/s | tokens/s | MFU | fits | W | J/token | method | power "
-              "method | mark |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| batch | seq | hardware | dtype | latency (s) | predicted (s) | predicted on | p99 (s) | req/s | "
+              "tokens/s | MFU | fits | W | J/token | method | power method | mark |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in r["points"]:
             mark = ", ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
                                              ("pareto", (p["batch"], p["seq"]) in front)) if on)
             p99 = f"{p['latency_p99_s']:.4g}" if p["latency_p99_s"] is not None else "-"
             w = "-" if p["power_w"] is None else f"{p['power_w']:.4g}"
             jt = "-" if p["energy_per_token_j"] is None else f"{p['energy_per_token_j']:.4g}"
-            md.append(f"| {p['batch']} | {p['seq']} | {p['latency_s']:.4g} | {p99} | {p['throughput_per_s']:.4g} | "
+            pred = p.get("predicted") or {"latency_s": p["latency_s"], "hardware": p["hardware"]}
+            md.append(f"| {p['batch']} | {p['seq']} | {p['hardware']} | {p['dtype']} | {p['latency_s']:.4g} | "
+                      f"{pred['latency_s']:.4g} | {pred['hardware']} | {p99} | {p['throughput_per_s']:.4g} | "
                       f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
                       f"{'yes' if p['fits'] else 'no'} | {w} | {jt} | "
                       f"{p['method']} | {p['power_method']} | {mark} |")
@@ -112,6 +122,19 @@ def sweep(
     record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},
                store, no_store)
     exit_if_stopped(stop)
+
+
+def _hardware(name: str):
+    """The hardware profile by name; ``local`` (this CPU, calibrated) is calibrated on its first use, as profile's."""
+    from opmap.hardware.local import cache_path
+
+    if name.strip().lower() == "local" and not cache_path("cpu").exists():
+        from opmap.cli.calibrate import run_calibration
+
+        console.print(f"no calibration for cpu yet ({visible(cache_path('cpu'))}): running opmap calibrate first",
+                      markup=False, highlight=False, soft_wrap=True)
+        run_calibration("cpu")
+    return get_hardware(name)
 
 
 def _stopped_words(r: dict) -> str:
