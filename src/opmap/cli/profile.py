@@ -6,9 +6,16 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
+from opmap.cli.common import (
+    build_workload,
+    console,
+    print_wrote,
+    progress_bar,
+    result_only_on_stdout,
+    warn_unmatched_overrides,
+)
 from opmap.cli.common import hardware as get_hardware
-from opmap.validate import INT_GE0, INT_GE1, options, visible
+from opmap.validate import INT_GE0, INT_GE1, json_text, options, visible
 
 
 def profile(
@@ -40,17 +47,22 @@ def profile(
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
     dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print profile.json on stdout instead of the report (the "
+                                                       "progress and every other line on stderr)."),
 ) -> None:
     """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    with result_only_on_stdout(as_json):
+        d = _profile(model, device, hardware, datasheet, batch, seq, image_size, dtype, warmup, iters, profile_iters,
+                     out, layer_type, rows, train, optimizer, store, no_store, dim, as_json)
+    if as_json:
+        print(json_text(d, indent=1))
 
+
+def _profile(model: str, device: str, hardware: str, datasheet: str | None, batch: int, seq: int | None,
+             image_size: int | None, dtype: str, warmup: int, iters: int, profile_iters: int, out: Path | None,
+             layer_type: list[str], rows: int, train: bool, optimizer: str | None, store: Path | None,
+             no_store: bool, dim: list[str], as_json: bool) -> dict:
+    """The command's work; returns profile.json's document."""
     from opmap.capture import parse_overrides
     from opmap.cli.calibrate import run_calibration
     from opmap.hardware.local import cache_path
@@ -88,9 +100,7 @@ def profile(
                       "first", markup=False, highlight=False, soft_wrap=True)
         run_calibration(device)
     hw = hw or get_hardware(hardware)
-    with refusal_as_error(what, device), Progress(TextColumn("{task.description}"), BarColumn(),
-                                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
-                                                  TimeRemainingColumn(), console=console, transient=True) as bar:
+    with refusal_as_error(what, device), progress_bar() as bar:
         task = bar.add_task("starting", total=warmup + iters + profile_iters)
         tick = lambda stage, n: bar.update(task, advance=n, description=stage)  # noqa: E731
         if onnx_path is not None:
@@ -103,7 +113,8 @@ def profile(
                             overrides=overrides, datasheet=ds, train=train, optimizer=optimizer, progress=tick)
     warn_unmatched_overrides(overrides, p.analysis.graph)
     d = p.to_dict()
-    print_profile_report(p, console, rows, d)
+    if not as_json:
+        print_profile_report(p, console, rows, d)
     if out is not None:
         print_wrote(write_profile_outputs(p, out, d))
     if not no_store:
@@ -113,6 +124,7 @@ def profile(
         # the raw per-iteration latencies go with the run: opmap compare's rank test reads them
         record_run("profile", {**d, "samples": {"latency_s": list(p.latency.times_s)}}, analysis_tags(d), store,
                    no_store)
+    return d
 
 
 def _check_optimizer(optimizer: str | None, train: bool) -> str:
