@@ -127,3 +127,88 @@ def test_the_allocators_refusal_is_the_users_request_not_the_models_error(refuse
                    needle=f"profile of {f}:big at batch 1 does not fit in cpu memory: one allocation asked for "
                           "281,475.0 GB")
     assert "error in the model" not in line
+
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def slow_profile(path) -> str:
+    """A hardware profile whose fp32 matrix peak is 1 MFLOP/s (any CPU beats it): not this device's."""
+    from opmap.calibrate import to_toml
+
+    v = lambda x: {"value": x, "kind": "measured", "source": "test profile"}  # noqa: E731
+    path.write_text(to_toml({"name": "slowcpu", "display_name": "slow cpu", "vendor": "test", "device_type": "cpu",
+                             "matrix_peak_flops_per_s": {"fp32": v(1e6)}, "vector_peak_flops_per_s": {"fp32": v(1e6)},
+                             "memory_bytes": v(64e9), "memory_bandwidth_bytes_per_s": v(1e8),
+                             "launch_overhead_s": v(3e-6)}))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["zoo", "hf-config", "onnx"])
+def test_an_mfu_past_100_percent_is_printed_with_a_warning(cli, tmp_path, onnx_zoo, kind):
+    """`profile model.onnx` printed MFU 106% and predicted / measured 16.3 with no warning. MFU = matrix FLOPs / (p50
+    x peak) cannot pass 100%: printed past it, a warning line says it is impossible and what it suggests; a
+    predicted / measured past 3x gets one too. The MFU is checked against that formula from profile.json."""
+    import json
+
+    pytest.importorskip("transformers")
+    if kind == "zoo":
+        target = ["resnet50", "--image-size", "32"]
+    elif kind == "hf-config":
+        (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+        target = [tmp_path / "config.json", "--seq", "16"]
+    else:
+        target = [onnx_zoo["gpt2"][0], "--seq", "16"]
+    rc, out, err = cli("profile", *target, "--hardware", slow_profile(tmp_path / "slow.toml"), "--iters", "2",
+                       "--profile-iters", "1", "--warmup", "1", "--no-store", "--out", tmp_path / "p")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "p" / "profile.json").read_text())
+    m = d["mfu"]
+    assert m["calibrated"]["mfu"] == pytest.approx(m["model_matrix_flops"] / (m["latency_s"] * 1e6))
+    assert m["calibrated"]["mfu"] > 1 and m["latency_s"] == d["latency"]["p50_s"]
+    text = " ".join(out.split())
+    assert f"MFU {m['calibrated']['mfu']:.1%}" in text
+    assert f"warning: MFU {m['calibrated']['mfu']:.0%} of the calibrated peak (slowcpu, 1e+06 FLOP/s) is impossible" \
+        in text and "profile with --hardware local" in text
+    assert d["accuracy"]["predicted_over_measured"] > 3 and "beyond 3x either way" in text
+
+
+# AdamW keeps two fp32 states per parameter (Loshchilov & Hutter 2019, Algorithm 2: m and v; torch.optim.AdamW's
+# exp_avg and exp_avg_sq): 8 B a parameter at fp32. ResNet-50 has 25,557,032 parameters (torchvision's model card,
+# ResNet50_Weights.IMAGENET1K_V1 num_params); the tiny Llama config: embeddings and LM head 2 x 256 x 64, per layer q
+# and o 64 x 64, k and v 64 x 32 (2 KV heads of 16), gate, up and down 3 x 64 x 128, two norms 64; the final norm 64.
+TRAIN_PARAMS = {"zoo": 25_557_032,
+                "hf-config": 2 * 256 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64}
+
+
+@pytest.mark.parametrize("kind", ["zoo", "hf-config"])
+def test_a_training_profile_runs_and_names_the_optimizer_it_predicts(cli, tmp_path, kind):
+    """`profile resnet50 --train` predicted an AdamW step and timed an SGD loop: the measured step runs AdamW too,
+    its state in the run is what the prediction holds (8 B a parameter), and the output names it."""
+    import json
+
+    pytest.importorskip("transformers")
+    if kind == "zoo":
+        target = ["resnet50", "--image-size", "32", "--batch", "2"]
+    else:
+        (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+        target = [tmp_path / "config.json", "--seq", "16"]
+    rc, out, err = cli("profile", *target, "--train", "--iters", "1", "--profile-iters", "1", "--warmup", "0",
+                       "--no-store", "--hardware", slow_profile(tmp_path / "slow.toml"), "--out", tmp_path / "p")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "p" / "profile.json").read_text())
+    state = 8 * TRAIN_PARAMS[kind]
+    assert d["optimizer"]["predicted_state_bytes"] == d["optimizer"]["measured_state_bytes"] == state
+    assert d["memory"]["per_device"]["optimizer_bytes"] == state and d["phase"]["optimizer"] == "adamw"
+    text = " ".join(out.split())
+    assert "training step (forward, loss, backward, AdamW update)" in text
+    assert "optimizer: adamw in the prediction and the measured step" in text
+
+
+def test_the_optimizer_is_refused_without_a_training_step_or_unknown(refused, fail_if_called):
+    fail_if_called("opmap.calibrate.calibrate")
+    refused("profile", "gpt2", "--optimizer", "sgd", needle="--optimizer names a training step's update: add --train")
+    refused("profile", "gpt2", "--train", "--optimizer", "lion",
+            needle="unknown optimizer 'lion'; accepted: adamw, adamw-fused, sgd")

@@ -63,15 +63,16 @@ class Command:
         return " ".join(self.text().split())
 
     def progress(self, total: int, done: int = 1) -> None:
-        """Wait until the bar shows ``done`` of ``total`` tasks finished and the pool's workers are up."""
+        """Wait until the bar (on stderr, where progress goes; stdout read too) shows ``done`` of ``total`` tasks
+        finished and the pool's workers are up."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < START_S:
-            seen = [(int(d), int(t)) for d, t in PROGRESS.findall(self.text())]
+            seen = [(int(d), int(t)) for d, t in PROGRESS.findall(self.text(self.err) + self.text())]
             if any(t == total and d >= done for d, t in seen) and self.workers():
                 return
             assert self.p.poll() is None, f"ended before the signal: {self.p.returncode}\n{self.text(self.err)}"
             time.sleep(0.1)
-        pytest.fail(f"no {done}/{total} in the progress within {START_S} s:\n{self.text()[-2000:]}")
+        pytest.fail(f"no {done}/{total} in the progress within {START_S} s:\n{self.text(self.err)[-2000:]}")
 
     def workers(self) -> list:
         self.kids = psutil.Process(self.p.pid).children(recursive=True)

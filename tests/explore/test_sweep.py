@@ -80,7 +80,7 @@ def _rapl(root, max_uj):
     (d / "max_energy_range_uj").write_text(f"{max_uj}\n")
 
 
-def test_measured_sweep_energy_from_the_rapl_counter_with_wraparound(tmp_path, monkeypatch):
+def test_measured_sweep_energy_from_the_rapl_counter_with_wraparound(tmp_path, monkeypatch, session_calibration):
     from opmap.measure.energy import RaplMeter
 
     # a common Intel package range (max_energy_range_uj = 262143328850); only the counter reads are faked: the
@@ -88,7 +88,7 @@ def test_measured_sweep_energy_from_the_rapl_counter_with_wraparound(tmp_path, m
     _rapl(tmp_path / "powercap", 262_143_328_850)
     reads = iter([[262_143_000_000], [1_500_000]])
     monkeypatch.setattr(RaplMeter, "read_uj", lambda self: next(reads))
-    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "bf16", measure=True, repeats=3,
+    r = sweep("gpt2", get_hardware(session_calibration), [1], [8], "prefill", "fp32", measure=True, repeats=3,
               rapl_root=tmp_path / "powercap")
     (p,) = r["points"]
     assert p["energy_j"] == pytest.approx(1.82885)
@@ -101,9 +101,9 @@ def test_measured_sweep_energy_from_the_rapl_counter_with_wraparound(tmp_path, m
     assert p["energy_window_s"] >= 3 * p["latency_p50_s"] * 0.5
 
 
-def test_measured_sweep_without_a_meter_is_null_or_modelled_and_says_so(tmp_path, monkeypatch):
+def test_measured_sweep_without_a_meter_is_null_or_modelled_and_says_so(tmp_path, monkeypatch, session_calibration):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no local profile
-    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "bf16", measure=True, repeats=2,
+    r = sweep("gpt2", get_hardware(session_calibration), [1], [8], "prefill", "fp32", measure=True, repeats=2,
               rapl_root=tmp_path / "absent")
     (p,) = r["points"]
     assert p["energy_j"] is None and p["power_w"] is None and p["energy_per_token_j"] is None
@@ -115,7 +115,7 @@ def test_measured_sweep_without_a_meter_is_null_or_modelled_and_says_so(tmp_path
     from opmap.hardware.spec import CATALOG_DIR
 
     (tmp_path / "cache" / "opmap" / "local.toml").write_text((CATALOG_DIR / f"{src.name}.toml").read_text())
-    r = sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "bf16", measure=True, repeats=2,
+    r = sweep("gpt2", get_hardware(session_calibration), [1], [8], "prefill", "fp32", measure=True, repeats=2,
               rapl_root=tmp_path / "absent")
     (p,) = r["points"]
     assert p["power_w"] == pytest.approx(350.0) and p["energy_j"] == pytest.approx(350.0 * p["energy_window_s"])
@@ -136,3 +136,44 @@ def test_parse_ints_refuses_sizes_past_int32():
     with pytest.raises(OpmapError, match=r"^--batch takes comma-separated integers from 1 to 2147483647 such as "
                                          r"1,2,4, got '1,99999999999999999999'$"):
         parse_ints("1,99999999999999999999", "batch")
+
+
+def test_a_measured_sweep_refuses_a_prediction_for_another_device_or_a_dtype_it_cannot_run():
+    """`sweep --measure` set the H100's prediction beside a CPU's timing: the prediction beside a measurement is for
+    the CPU measured; and it runs torch dtypes only."""
+    with pytest.raises(OpmapError, match=r"--measure times this CPU: the prediction beside it must be for this CPU, "
+                                         r"not h100-sxm \(gpu\); use --hardware local"):
+        sweep("gpt2", get_hardware("h100-sxm"), [1], [8], "prefill", "fp32", measure=True, repeats=1)
+    with pytest.raises(OpmapError, match=r"--measure runs torch dtypes on this CPU; accepted: fp32, bf16, fp16 "
+                                         r"\(got 'fp8'"):
+        sweep("gpt2", get_hardware("xeon-8480"), [1], [8], "prefill", "fp8", measure=True, repeats=1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_measured_point_runs_and_carries_its_dtype_beside_a_prediction_for_this_cpu(monkeypatch, session_calibration,
+                                                                                     dtype):
+    """`sweep --measure` labelled fp32 runs bf16: the module timed is built in the dtype the point carries, and the
+    prediction beside it is the same point at that dtype on this CPU's calibrated profile, both named."""
+    import torch
+
+    import opmap.explore.sweep as sw
+
+    built = []
+    real = sw._workload
+
+    def watched(*a, **k):  # the real build; the float dtype of each module built on the CPU noted
+        w = real(*a, **k)
+        if k.get("device") == "cpu":
+            built.append({p.dtype for p in w.module.parameters() if p.is_floating_point()})
+        return w
+
+    monkeypatch.setattr(sw, "_workload", watched)
+    hw = get_hardware(session_calibration)
+    r = sweep("gpt2", hw, [1], [8], "prefill", dtype, measure=True, repeats=2)
+    (p,) = r["points"]
+    assert built == [{torch.float32 if dtype == "fp32" else torch.bfloat16}]
+    assert p["dtype"] == r["dtype"] == dtype and p["method"].startswith(f"measured on this CPU ({dtype}")
+    assert p["hardware"] == r["measured_on"] and p["hardware"].startswith("this CPU (")
+    assert p["predicted"]["hardware"] == r["hardware"] == hw.name and p["predicted"]["dtype"] == dtype
+    one = analyze(build_zoo("gpt2", 1, 8, dtype), hw, dtype)
+    assert p["predicted"]["latency_s"] == pytest.approx(one.predicted_latency_s, rel=1e-9)

@@ -85,3 +85,22 @@ def test_unnamed_nodes_join_under_the_names_onnxruntime_gives_them(tmp_path):
     assert [n.args["onnx_node"] for n in w.graph.nodes] == ["MatMul_0", "Add_1", "Relu_2"]
     p = run_onnx_profile(w, path, H100, "fp32", "cpu", warmup=0, iters=1, profile_iters=2)
     assert p.attribution.coverage == 1.0 and len(p.attribution.timings) == 3
+
+
+def test_onnxruntime_runs_the_math_and_threads_priced(onnx_zoo):
+    """onnxruntime's CUDA provider runs fp32 GEMMs in TF32 unless told (use_tf32 defaults to true in its
+    CUDAExecutionProviderInfo) and its CPU provider takes a thread per core, whatever torch and the calibration use:
+    the run is told the dtype priced and torch's thread count."""
+    import torch
+
+    from opmap.measure.onnx_run import providers, session
+
+    assert providers("cuda", "fp32")[0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    assert providers("cuda", "tf32")[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
+    assert providers("cpu", "fp32") == ["CPUExecutionProvider"]
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert session(onnx_zoo["gpt2"][0], "cpu").get_session_options().intra_op_num_threads == 1
+    finally:
+        torch.set_num_threads(n)

@@ -175,3 +175,101 @@ def test_calibration_check_compares_with_the_profile(prof):
     # a calibrated rate no CPU reaches (the plausibility ceiling, hardware.curves.MAX_FLOPS_PER_S; a CPU's fp32
     # GEMM is under 1e13 FLOP/s): the check reads far below 1 and says so
     assert chk["ratio"] < 1e-4 and chk["within_tolerance"] is False and "256x256x256" in chk["what"]
+
+
+def test_an_impossible_mfu_is_warned_and_is_the_formula():
+    """A peak far under what the run reaches (a hardware profile that is not this device's): MFU = matrix FLOPs /
+    (p50 x peak) is past 1 and a warning says it cannot be, with what it suggests; so does a predicted / measured
+    ratio past 3x. The figure printed is the formula's, from the run's own FLOPs, time and peak."""
+    from opmap.measure.profile import RATIO_LIMIT
+    from opmap.workloads import load_workload
+
+    slow = _spec_dict()
+    slow["matrix_peak_flops_per_s"]["fp32"]["value"] = 1e6  # 1 MFLOP/s: any CPU beats it
+    with open_tiny() as target:
+        w = load_workload(target, dtype="fp32", device="cpu")
+        p = run_profile(w, spec_from_dict(slow, "slow"), "fp32", "cpu", warmup=1, iters=3, profile_iters=1)
+    d = p.to_dict()
+    m = d["mfu"]["calibrated"]
+    flops = 2 * 2 * 32 * 64 * 256  # the two GEMMs of Tiny: 2 x M x N x K each
+    assert d["mfu"]["model_matrix_flops"] == pytest.approx(flops)
+    assert m["mfu"] == pytest.approx(flops / (d["latency"]["p50_s"] * 1e6)) and m["mfu"] > 1
+    ratio = d["accuracy"]["predicted_over_measured"]
+    assert any(x.startswith(f"MFU {m['mfu']:.0%} of the calibrated peak") and "impossible" in x for x in d["warnings"])
+    assert any("beyond 3x either way" in x for x in d["warnings"]) == (not 1 / RATIO_LIMIT <= ratio <= RATIO_LIMIT)
+
+
+def open_tiny():
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    @contextlib.contextmanager
+    def made():
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "tiny.py").write_text(TINY)
+            yield f"{Path(d) / 'tiny.py'}:tiny"
+
+    return made()
+
+
+FLAGS = '''
+import torch
+
+class Flags(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.seen = set()
+
+    def forward(self, x):
+        self.seen.add((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return self.lin(x)
+
+def flags():
+    return Flags(), (torch.randn(4, 8),)
+'''
+
+
+@pytest.mark.parametrize("dtype, tf32", [("fp32", False), ("tf32", True)])
+def test_the_run_uses_tf32_exactly_when_the_dtype_priced_is_tf32(tmp_path, dtype, tf32):
+    """torch's defaults: matmuls in fp32, cuDNN convolutions in TF32 (torch docs, "TensorFloat-32 (TF32) on Ampere
+    (and later) devices"). The measured run sets both to the dtype priced while it runs, then restores them."""
+    from opmap.workloads import load_workload
+
+    (tmp_path / "flags.py").write_text(FLAGS)
+    spec = _spec_dict()
+    spec["matrix_peak_flops_per_s"]["tf32"] = spec["matrix_peak_flops_per_s"]["fp32"]
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    w = load_workload(f"{tmp_path / 'flags.py'}:flags", dtype=dtype, device="cpu")
+    run_profile(w, spec_from_dict(spec, "test"), dtype, "cpu", warmup=0, iters=1, profile_iters=1)
+    assert w.module.seen == {(tf32, tf32)}  # the capture, warm-up, timed and profiled iterations alike
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+# Tiny's parameters: up 64 x 256 + 256, LayerNorm 2 x 256, down 256 x 64 + 64
+TINY_PARAMS = 64 * 256 + 256 + 2 * 256 + 256 * 64 + 64
+ADAMW_UPDATE_OPS = {"lerp_", "addcmul_", "addcdiv_"}  # torch.optim.AdamW's per-parameter update
+
+
+@pytest.mark.parametrize("optimizer, state_per_param, name", [(None, 8, "AdamW"), ("sgd", 0, "SGD")])
+def test_a_training_profile_measures_the_optimizer_it_predicts(tmp_path, optimizer, state_per_param, name):
+    """`profile --train` predicted an AdamW step (figures and memory) and measured an SGD loop. The measured step
+    runs the update the prediction prices: AdamW by default, two fp32 states (the moments m and v, Loshchilov &
+    Hutter 2019, Algorithm 2; torch.optim.AdamW's exp_avg and exp_avg_sq) per fp32 parameter, 8 B, held in the run
+    as predicted; every optimizer kernel priced is timed in the run; the optimizer is named."""
+    from opmap.workloads import load_workload
+
+    (tmp_path / "tiny.py").write_text(TINY)
+    w = load_workload(f"{tmp_path / 'tiny.py'}:tiny", dtype="fp32", device="cpu")
+    p = run_profile(w, spec_from_dict(_spec_dict(), "test"), "fp32", "cpu", warmup=1, iters=2, profile_iters=1,
+                    train=True, **({"optimizer": optimizer} if optimizer else {}))
+    d = p.to_dict()
+    assert d["optimizer"]["predicted_state_bytes"] == d["optimizer"]["measured_state_bytes"] \
+        == state_per_param * TINY_PARAMS
+    assert d["memory"]["per_device"]["optimizer_bytes"] == state_per_param * TINY_PARAMS
+    assert f"{name} update" in d["latency"]["mode"] and d["phase"]["optimizer"] == (optimizer or "adamw")
+    opt = [n for n in d["nodes"] if n["args"].get("phase") == "optimizer" and n["bound"] not in ("view", "alloc")]
+    assert opt and all(n["measured"] is not None for n in opt)
+    ops = {n["op"].split(".")[1] for n in opt}  # aten.lerp_.Scalar -> lerp_
+    assert (ADAMW_UPDATE_OPS <= ops) == (name == "AdamW"), ops

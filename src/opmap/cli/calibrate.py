@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from opmap.cli.common import console
+from opmap.cli.common import console, progress_console
 from opmap.validate import visible
 
 
@@ -90,7 +90,7 @@ def _measure_with_progress(measure, device: str, quick: bool, budgeted: bool, al
     from opmap.calibrate import steps
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"),
-                  TimeRemainingColumn(), console=console, transient=True) as bar:
+                  TimeRemainingColumn(), console=progress_console, transient=True) as bar:
         task = bar.add_task("calibrating", total=steps(quick))
         return measure(device, quick, progress=lambda msg: bar.update(task, advance=1, description=msg),
                        budgeted=budgeted, allow_busy=allow_busy)

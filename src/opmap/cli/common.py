@@ -18,6 +18,23 @@ from opmap.validate import visible
 
 # Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
 console = Console(width=None if sys.stdout.isatty() else 180)
+# Progress bars go to stderr: stdout holds the result alone (a --json document, a report piped to a file), and the bar
+# still shows on the terminal while stdout is redirected.
+progress_console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def result_only_on_stdout(on: bool = True):
+    """While ``on`` (a command's --json): all the shared console prints (the report, notes, a first-use calibration,
+    the "wrote" and store lines) goes to stderr, so that stdout holds the JSON document alone."""
+    if not on:
+        yield
+        return
+    console.stderr = True  # the console's file follows sys.stderr while set (rich: Console.file)
+    try:
+        yield
+    finally:
+        console.stderr = False
 
 
 def build_workload(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str,
@@ -106,15 +123,21 @@ def print_wrote(paths: Iterable[Path]) -> None:
     console.print("wrote " + ", ".join(visible(p) for p in paths), markup=False, highlight=False, soft_wrap=True)
 
 
-@contextlib.contextmanager
-def step_progress(first: str):
-    """A transient progress bar with the time elapsed and an estimate of the time left; yields
-    ``progress(what, done, total)`` for the library's long loops."""
+def progress_bar():
+    """A transient progress bar on stderr (``progress_console``): the stage, the steps done, the time elapsed and an
+    estimate of the time left."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=progress_console,
+                    transient=True)
+
+
+@contextlib.contextmanager
+def step_progress(first: str):
+    """A transient progress bar (``progress_bar``); yields ``progress(what, done, total)`` for the library's long
+    loops."""
+    with progress_bar() as bar:
         task = bar.add_task(first, total=1)
 
         def progress(what: str, done: int, total: int) -> None:

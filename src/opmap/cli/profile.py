@@ -6,9 +6,16 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import build_workload, console, print_wrote, warn_unmatched_overrides
+from opmap.cli.common import (
+    build_workload,
+    console,
+    print_wrote,
+    progress_bar,
+    result_only_on_stdout,
+    warn_unmatched_overrides,
+)
 from opmap.cli.common import hardware as get_hardware
-from opmap.validate import INT_GE0, INT_GE1, options, visible
+from opmap.validate import INT_GE0, INT_GE1, json_text, options, visible
 
 
 def profile(
@@ -32,21 +39,30 @@ def profile(
                                                   "torch_trace.json here."),
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),
     rows: int = typer.Option(20, help="Nodes shown in the terminal (0: all)."),
-    train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, SGD update)."),
+    train: bool = typer.Option(False, help="Profile a training step (forward, loss, backward, the --optimizer's "
+                                           "update)."),
+    optimizer: str | None = typer.Option(None, help="With --train: the update the measured step runs and the "
+                                                    "prediction prices, alike: adamw (default; torch.optim.AdamW's "
+                                                    "update, two fp32 moments a parameter), adamw-fused or sgd."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
     dim: list[str] = typer.Option([], "--dim", help="ONNX: bind a dynamic dim, NAME=VALUE (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print profile.json on stdout instead of the report (the "
+                                                       "progress and every other line on stderr)."),
 ) -> None:
     """Run MODEL for real, attribute measured time to every node, join it to the prediction."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    with result_only_on_stdout(as_json):
+        d = _profile(model, device, hardware, datasheet, batch, seq, image_size, dtype, warmup, iters, profile_iters,
+                     out, layer_type, rows, train, optimizer, store, no_store, dim, as_json)
+    if as_json:
+        print(json_text(d, indent=1))
 
+
+def _profile(model: str, device: str, hardware: str, datasheet: str | None, batch: int, seq: int | None,
+             image_size: int | None, dtype: str, warmup: int, iters: int, profile_iters: int, out: Path | None,
+             layer_type: list[str], rows: int, train: bool, optimizer: str | None, store: Path | None,
+             no_store: bool, dim: list[str], as_json: bool) -> dict:
+    """The command's work; returns profile.json's document."""
     from opmap.capture import parse_overrides
     from opmap.cli.calibrate import run_calibration
     from opmap.hardware.local import cache_path
@@ -64,6 +80,7 @@ def profile(
                                              ("--iters", iters), ("--profile-iters", profile_iters))},
              "--warmup": (warmup, INT_GE0), "--rows": (rows, INT_GE0)})
     check_profile(device, dtype)
+    optimizer = _check_optimizer(optimizer, train)
     if out is not None:
         check_out_dir(out)
     ds = get_hardware(datasheet) if datasheet else None
@@ -83,9 +100,7 @@ def profile(
                       "first", markup=False, highlight=False, soft_wrap=True)
         run_calibration(device)
     hw = hw or get_hardware(hardware)
-    with refusal_as_error(what, device), Progress(TextColumn("{task.description}"), BarColumn(),
-                                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
-                                                  TimeRemainingColumn(), console=console, transient=True) as bar:
+    with refusal_as_error(what, device), progress_bar() as bar:
         task = bar.add_task("starting", total=warmup + iters + profile_iters)
         tick = lambda stage, n: bar.update(task, advance=n, description=stage)  # noqa: E731
         if onnx_path is not None:
@@ -95,10 +110,11 @@ def profile(
                                  profile_iters=profile_iters, datasheet=ds, progress=tick)
         else:
             p = run_profile(w, hw, dtype, device, warmup=warmup, iters=iters, profile_iters=profile_iters,
-                            overrides=overrides, datasheet=ds, train=train, progress=tick)
+                            overrides=overrides, datasheet=ds, train=train, optimizer=optimizer, progress=tick)
     warn_unmatched_overrides(overrides, p.analysis.graph)
     d = p.to_dict()
-    print_profile_report(p, console, rows, d)
+    if not as_json:
+        print_profile_report(p, console, rows, d)
     if out is not None:
         print_wrote(write_profile_outputs(p, out, d))
     if not no_store:
@@ -108,6 +124,19 @@ def profile(
         # the raw per-iteration latencies go with the run: opmap compare's rank test reads them
         record_run("profile", {**d, "samples": {"latency_s": list(p.latency.times_s)}}, analysis_tags(d), store,
                    no_store)
+    return d
+
+
+def _check_optimizer(optimizer: str | None, train: bool) -> str:
+    """The training step's optimizer (adamw unless named); refused without --train or unknown."""
+    from opmap.capture.training import OPTIMIZERS
+    from opmap.errors import OpmapError
+
+    if optimizer is not None and not train:
+        raise OpmapError("--optimizer names a training step's update: add --train (inference runs no optimizer)")
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise OpmapError(f"unknown optimizer {optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
+    return optimizer or "adamw"
 
 
 def _dims(dim: list[str]) -> dict[str, int]:

@@ -6,22 +6,27 @@ from pathlib import Path
 
 import typer
 
-from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, step_progress
+from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, result_only_on_stdout, step_progress
 from opmap.cli.common import hardware as get_hardware
-from opmap.phases.runtime import RUNTIME_HELP, check_runtime
-from opmap.validate import INT_GE1, json_text, options
+from opmap.phases.runtime import RUNTIME_HELP
+from opmap.validate import INT_GE1, json_text, options, visible
 
 
 def sweep(
     model: str = typer.Argument(..., help="A zoo name (opmap models list), path/to/config.json or hf:NAME."),
-    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
+    hardware: str | None = typer.Option(None, "--hardware", "-H",
+                                        help="Catalog name (opmap hardware list) or a .toml profile; default "
+                                             "h100-sxm, and with --measure local (this CPU, calibrated; made on "
+                                             "first use): the prediction set beside a measurement is the CPU's."),
     batch: str = typer.Option("1,2,4,8,16,32", help="Batch sizes, comma-separated."),
     seq: str = typer.Option("512", help="Sequence lengths (prefill) or KV-cache lengths (decode), comma-separated."),
     phase: str = typer.Option("prefill", help="prefill (latency: time to first token) or decode (time per "
                                               "output token)."),
-    dtype: str = typer.Option("bf16", help="Precision."),
-    measure: bool = typer.Option(False, help="Time every point on this CPU (fp32) instead: p50 / p95 / p99, and "
-                                             "its energy from the RAPL package counter where readable."),
+    dtype: str | None = typer.Option(None, help="Precision; default bf16, and fp32 with --measure (which runs "
+                                                "fp32, bf16 or fp16 here)."),
+    measure: bool = typer.Option(False, help="Time every point on this CPU in --dtype instead, beside its "
+                                             "prediction for this CPU: p50 / p95 / p99, and its energy from the "
+                                             "RAPL package counter where readable."),
     repeats: int = typer.Option(10, help="With --measure: timed runs per point."),
     runtime: str | None = typer.Option(None, "--runtime", help=RUNTIME_HELP + "; default engine for a predicted "
                                                                 "sweep (as serve and fit), eager with --measure."),
@@ -33,57 +38,82 @@ def sweep(
     out: Path | None = typer.Option(None, help="Write sweep.json and sweep.md here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+    as_json: bool = typer.Option(False, "--json", help="Print sweep.json on stdout instead of the table (the "
+                                                       "progress and every other line on stderr)."),
 ) -> None:
     """Price every (batch, seq) point: latency, requests and tokens per second, bound mix, MFU, memory fit; the
     knee and the Pareto front marked."""
-    from rich.table import Table
-
-    from opmap.explore.engine import check_engine
-    from opmap.explore.sweep import parse_ints
+    from opmap.explore.sweep import check_sweep, parse_ints
     from opmap.explore.sweep import sweep as run_sweep
-    from opmap.report.sheet import check_out_dir, si, write_set
+    from opmap.report.sheet import check_out_dir, write_set
 
     options({"--repeats": (repeats, INT_GE1), "--tp": (tp, INT_GE1), "--pp": (pp, INT_GE1)})
-    if runtime is not None:
-        check_runtime(runtime)
-    hw = get_hardware(hardware)
+    dtype = dtype or ("fp32" if measure else "bf16")
     batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
-    check_engine(engine)
+    check_sweep(model, batches, seqs, phase, dtype, measure, engine, runtime, tp, pp)  # before a calibration
     if out is not None:
         check_out_dir(out)
     stop = None
-    try:
-        with step_progress("sweeping") as progress:
-            r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine,
-                          runtime=runtime, tp=tp, pp=pp)
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished sequence lengths shown, written, recorded, marked
-        r, stop = kept(e)
-    stopped = _stopped_words(r)
+    with result_only_on_stdout(as_json):
+        hw = _hardware(hardware or ("local" if measure else "h100-sxm"))
+        try:
+            with step_progress("sweeping") as progress:
+                r = run_sweep(model, hw, batches, seqs, phase, dtype, measure, repeats, progress, engine=engine,
+                              runtime=runtime, tp=tp, pp=pp)
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished lengths shown, written, recorded, marked
+            r, stop = kept(e)
+        if not as_json:
+            _print_table(r, model, phase, dtype, measure)
+        if out is not None:
+            print_wrote(write_set(out, {"sweep.json": json_text(r, indent=1),
+                                        "sweep.md": _markdown(r, model, phase)}))
+        from opmap.cli.common import record_run
+
+        record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},
+                   store, no_store)
+    if as_json:
+        print(json_text(r, indent=1))
+    exit_if_stopped(stop)
+
+
+def _marks(r: dict, p: dict) -> list[str]:
     knee = {(k["batch"], k["seq"]) for k in r["knee"]}
     front = {(k["batch"], k["seq"]) for k in r["pareto"]}
+    return [m for m, on in (("knee", (p["batch"], p["seq"]) in knee), ("pareto", (p["batch"], p["seq"]) in front))
+            if on]
+
+
+def _print_table(r: dict, model: str, phase: str, dtype: str, measure: bool) -> None:
+    """The terminal table: a row a point, a measured point with its prediction beside it; the assumptions."""
+    from rich.table import Table
+
+    from opmap.report.sheet import si
+
     lay = r["layout"]
     where = r["hardware"] + (f" tp{lay['tp']} x pp{lay['pp']}" if lay["devices"] > 1 else "")
+    if measure:
+        where = f"{r['measured_on']}, measured beside its prediction on {r['hardware']}"
     t = Table(title=f"opmap sweep {model} on {where} ({phase}, {dtype}, runtime {r['runtime']['name']}): "
                     f"{len(r['points'])} points, "
-                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})" + stopped,
+                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})" + _stopped_words(r),
               title_justify="left")
     cols = ["batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"]
     if measure:
         cols[7:7] = ["W", "J/token"]
+        cols[3:3] = ["predicted"]
     for c in cols:
         t.add_column(c, justify="right")
     for p in r["points"]:
-        mark = " ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
-                                        ("pareto", (p["batch"], p["seq"]) in front)) if on)
         top = next(iter(p["bound_mix"]), "-")
         cells = [str(p["batch"]), str(p["seq"]), si(p["latency_s"], "s"),
                  si(p["latency_p99_s"], "s") if p["latency_p99_s"] is not None else "-",
                  si(p["throughput_per_s"]), si(p["tokens_per_s"]), "-" if p["mfu"] is None else f"{p['mfu']:.1%}",
                  f"{top} {p['bound_mix'].get(top, 0):.0%}" if p["bound_mix"] else "-", "yes" if p["fits"] else "no",
-                 mark]
+                 " ".join(_marks(r, p))]
         if measure:
             cells[7:7] = [si(p["power_w"], "W") if p["power_w"] is not None else "-",
                           si(p["energy_per_token_j"], "J") if p["energy_per_token_j"] is not None else "-"]
+            cells[3:3] = [si(p["predicted"]["latency_s"], "s")]
         t.add_row(*cells)
     console.print(t)
     if measure and r["points"]:
@@ -91,27 +121,39 @@ def sweep(
         console.print(f"  energy: {'; '.join(methods)}", highlight=False, markup=False)
     for a in r["assumptions"]:
         console.print(f"  {a}", highlight=False, markup=False)
-    if out is not None:
-        md = [f"# opmap sweep: {model} on {r['hardware']} ({phase}){stopped}", "",
-              *[f"- {a}" for a in r["assumptions"]], "",
-              "| batch | seq | latency (s) | p99 (s) | req/s | tokens/s | MFU | fits | W | J/token | method | power "
-              "method | mark |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in r["points"]:
-            mark = ", ".join(m for m, on in (("knee", (p["batch"], p["seq"]) in knee),
-                                             ("pareto", (p["batch"], p["seq"]) in front)) if on)
-            p99 = f"{p['latency_p99_s']:.4g}" if p["latency_p99_s"] is not None else "-"
-            w = "-" if p["power_w"] is None else f"{p['power_w']:.4g}"
-            jt = "-" if p["energy_per_token_j"] is None else f"{p['energy_per_token_j']:.4g}"
-            md.append(f"| {p['batch']} | {p['seq']} | {p['latency_s']:.4g} | {p99} | {p['throughput_per_s']:.4g} | "
-                      f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
-                      f"{'yes' if p['fits'] else 'no'} | {w} | {jt} | "
-                      f"{p['method']} | {p['power_method']} | {mark} |")
-        print_wrote(write_set(out, {"sweep.json": json_text(r, indent=1), "sweep.md": "\n".join(md) + "\n"}))
-    from opmap.cli.common import record_run
 
-    record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},
-               store, no_store)
-    exit_if_stopped(stop)
+
+def _markdown(r: dict, model: str, phase: str) -> str:
+    """sweep.md: the assumptions and a row a point, each naming its hardware and dtype and its prediction's."""
+    md = [f"# opmap sweep: {model} on {r['hardware']} ({phase}){_stopped_words(r)}", "",
+          *[f"- {a}" for a in r["assumptions"]], "",
+          "| batch | seq | hardware | dtype | latency (s) | predicted (s) | predicted on | p99 (s) | req/s | "
+          "tokens/s | MFU | fits | W | J/token | method | power method | mark |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in r["points"]:
+        p99 = f"{p['latency_p99_s']:.4g}" if p["latency_p99_s"] is not None else "-"
+        w = "-" if p["power_w"] is None else f"{p['power_w']:.4g}"
+        jt = "-" if p["energy_per_token_j"] is None else f"{p['energy_per_token_j']:.4g}"
+        pred = p.get("predicted") or {"latency_s": p["latency_s"], "hardware": p["hardware"]}
+        md.append(f"| {p['batch']} | {p['seq']} | {p['hardware']} | {p['dtype']} | {p['latency_s']:.4g} | "
+                  f"{pred['latency_s']:.4g} | {pred['hardware']} | {p99} | {p['throughput_per_s']:.4g} | "
+                  f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
+                  f"{'yes' if p['fits'] else 'no'} | {w} | {jt} | "
+                  f"{p['method']} | {p['power_method']} | {', '.join(_marks(r, p))} |")
+    return "\n".join(md) + "\n"
+
+
+def _hardware(name: str):
+    """The hardware profile by name; ``local`` (this CPU, calibrated) is calibrated on its first use, as profile's."""
+    from opmap.hardware.local import cache_path
+
+    if name.strip().lower() == "local" and not cache_path("cpu").exists():
+        from opmap.cli.calibrate import run_calibration
+
+        console.print(f"no calibration for cpu yet ({visible(cache_path('cpu'))}): running opmap calibrate first",
+                      markup=False, highlight=False, soft_wrap=True)
+        run_calibration("cpu")
+    return get_hardware(name)
 
 
 def _stopped_words(r: dict) -> str:

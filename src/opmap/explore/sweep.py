@@ -9,12 +9,14 @@ point by point, and the point says so (``method``).
 
 Per point: latency, requests and tokens per second, the bound mix (share of predicted time by bound class),
 MFU, the memory fit. Predicted points carry no percentiles (one prediction is not a distribution); with
-``measure=True`` each point is built on the local CPU and timed over repeats: p50 / p95 / p99 from those runs,
-and the energy of the timed repeats read from the package's RAPL counter before and after them
-(``opmap.measure.energy``): ``energy_j`` over ``energy_window_s``, ``power_w`` = J / s, ``energy_per_token_j``,
-``tokens_per_j``, ``power_method``. Where no counter can be read, the local profile's TDP (``opmap calibrate``'s
-local.toml, where a ``tdp_w`` was added to it) models the draw of the busy loop, said so; without one every
-energy figure is null with the reason. Predicted points carry the same keys, null.
+``measure=True`` each point is built on the local CPU in ``dtype`` (a torch dtype: MEASURED_DTYPES) and timed over
+repeats: p50 / p95 / p99 from those runs, beside the prediction for the same CPU (``hw``: a CPU profile, the host's
+calibrated one from the command line) at the same dtype; every point names its hardware and dtype. The energy of
+the timed repeats is read from the package's RAPL counter before and after them (``opmap.measure.energy``):
+``energy_j`` over ``energy_window_s``, ``power_w`` = J / s, ``energy_per_token_j``, ``tokens_per_j``,
+``power_method``. Where no counter can be read, the local profile's TDP (``opmap calibrate``'s local.toml, where a
+``tdp_w`` was added to it) models the draw of the busy loop, said so; without one every energy figure is null with
+the reason. Predicted points carry the same keys, null.
 
 The Pareto front: points no other point beats on both latency (lower) and tokens per second (higher). The knee,
 per sequence length along the batch: the point farthest above the chord from the smallest to the largest batch
@@ -44,6 +46,7 @@ from opmap.validate import INT_MAX
 SCHEMA_VERSION = 1
 PHASES = ("prefill", "decode")
 FAMILY_VALUES = (1, 2, 3, 4)  # FIT_POINTS fit batches and one to check
+MEASURED_DTYPES = ("fp32", "bf16", "fp16")  # torch dtypes a CPU runs (no TF32 on a CPU)
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -92,25 +95,9 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
 
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) once a sequence length has finished, the stop carries as
     ``partial`` the sweep of the lengths finished, with ``interrupted``: the signal, the lengths done and not run."""
-    if phase not in PHASES:
-        raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
-    from opmap.explore.engine import check_engine
-    from opmap.phases.runtime import check_runtime
-    from opmap.workloads.phases import PhaseSpec, check_phase
-
-    check_engine(engine)
-    runtime = check_runtime(runtime or ("eager" if measure else "engine"))
-    if measure and runtime != "eager":
-        raise OpmapError(f"--measure times eager PyTorch on this CPU: --runtime {runtime} is for predicted sweeps "
-                         "(drop it, or --runtime eager)")
-    for name, v in (("--tp", tp), ("--pp", pp)):
-        if not (isinstance(v, int) and 1 <= v <= INT_MAX):
-            raise OpmapError(f"{name} must be an integer from 1 to {INT_MAX}, got {v!r}")
-    if measure and tp * pp > 1:
-        raise OpmapError(f"--measure times one local device: --tp {tp} x --pp {pp} needs {tp * pp} (predicted "
-                         "sweeps only)")
-    for s in seqs:  # the phase's own checks (decoder, KV length) before any capture; shapes when built
-        check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
+    runtime = check_sweep(target, batches, seqs, phase, dtype, measure, engine, runtime, tp, pp)
+    if measure:
+        check_measured(hw, dtype)
     t0 = time.perf_counter()
     jobs = [SeqJob(target, hw, tuple(batches), s, phase, dtype, measure, repeats, rapl_root, runtime, tp, pp)
             for s in seqs]
@@ -128,6 +115,56 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
     if progress:
         progress("done", total, total)
     return _result(target, hw, phase, dtype, measure, runtime, tp, pp, results, t0, ran_on)
+
+
+def check_sweep(target: str, batches: Sequence[int], seqs: Sequence[int], phase: str, dtype: str, measure: bool,
+                engine: str, runtime: str | None, tp: int, pp: int) -> str:
+    """A sweep's request checked before any hardware is read or calibrated and before any capture: the phase, the
+    engine, the runtime (returned, its default filled in), the layout, a measured sweep's dtype, and the phase's
+    own checks on the model."""
+    if phase not in PHASES:
+        raise OpmapError(f"unknown sweep phase {phase!r}; accepted: {', '.join(PHASES)}")
+    from opmap.explore.engine import check_engine
+    from opmap.phases.runtime import check_runtime
+    from opmap.workloads.phases import PhaseSpec, check_phase
+
+    check_engine(engine)
+    runtime = check_runtime(runtime or ("eager" if measure else "engine"))
+    if measure and runtime != "eager":
+        raise OpmapError(f"--measure times eager PyTorch on this CPU: --runtime {runtime} is for predicted sweeps "
+                         "(drop it, or --runtime eager)")
+    for name, v in (("--tp", tp), ("--pp", pp)):
+        if not (isinstance(v, int) and 1 <= v <= INT_MAX):
+            raise OpmapError(f"{name} must be an integer from 1 to {INT_MAX}, got {v!r}")
+    if measure and tp * pp > 1:
+        raise OpmapError(f"--measure times one local device: --tp {tp} x --pp {pp} needs {tp * pp} (predicted "
+                         "sweeps only)")
+    if measure and dtype not in MEASURED_DTYPES:
+        raise OpmapError(f"--measure runs torch dtypes on this CPU; accepted: {', '.join(MEASURED_DTYPES)} (got "
+                         f"{dtype!r}; other formats are predicted only: drop --measure)")
+    for s in seqs:  # the phase's own checks (decoder, KV length) before any capture; shapes when built
+        check_phase(PhaseSpec(phase, kv_len=s if phase == "decode" else None), target, max(batches))
+    return runtime
+
+
+def check_measured(hw: HardwareSpec, dtype: str) -> None:
+    """A measured sweep runs a torch dtype on this CPU, and the prediction set beside it is for a CPU (the host's
+    calibrated profile): an H100's beside a CPU's timing compares two devices."""
+    if dtype not in MEASURED_DTYPES:
+        raise OpmapError(f"--measure runs torch dtypes on this CPU; accepted: {', '.join(MEASURED_DTYPES)} (got "
+                         f"{dtype!r}; other formats are predicted only: drop --measure)")
+    if hw.device_type != "cpu":
+        raise OpmapError(f"--measure times this CPU: the prediction beside it must be for this CPU, not {hw.name} "
+                         f"({hw.device_type}); use --hardware local (calibrated here, made on first use)")
+
+
+def measured_device() -> str:
+    """The device a measured sweep runs on, by name: this CPU's model."""
+    import torch
+
+    from opmap.calibrate import device_name
+
+    return f"this CPU ({device_name(torch.device('cpu'))})"
 
 
 def _run_jobs(jobs: list[SeqJob], measure: bool, engine: str, workers: int | None, progress, total: int) -> list:
@@ -157,9 +194,10 @@ def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool
     points = [p for r in results for p in r["points"]]
     captures = sum(r["captures"] for r in results)
     wall = time.perf_counter() - t0
-    return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name if not measure else "local",
+    return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name,
+            "measured_on": measured_device() if measure else None,
             "phase": phase, "dtype": dtype, "runtime": get_runtime(hw, runtime).to_dict() if not measure else
-            {"name": "eager", "note": "measured: eager PyTorch on this CPU"},
+            {"name": "eager", "note": f"measured: eager PyTorch in {dtype} on this CPU, predicted on {hw.name}"},
             "layout": {"tp": tp, "pp": pp, "devices": tp * pp}, "points": points, "knee": knees(points),
             "pareto": pareto(points),
             "points_per_s": len(points) / wall if wall else 0.0, "captures": captures, "wall_s": wall,
@@ -170,7 +208,9 @@ def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool
                 f"predicted under {get_runtime(hw, runtime).line()}" + (
                     f"; laid out tp {tp} x pp {pp}: one batch through every stage (no pipelining across batches), "
                     "memory per device" if tp * pp > 1 else ""),
-                "predicted points carry no percentiles; measured points: p50 / p95 / p99 over the repeats",
+                "predicted points carry no percentiles; measured points: p50 / p95 / p99 over the repeats, run in "
+                "the point's dtype on the point's hardware, beside the prediction (its own hardware and dtype) "
+                "for that device",
                 "energy (measured points): counter delta over the timed repeats, J; power = J / s of that window; "
                 "per token = J / (repeats x tokens per run); each point's power_method says what was read",
                 "knee: Kneedle (Satopaa et al. 2011) along the batch per seq, in normalised latency / tokens per s",
@@ -220,6 +260,7 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
         except NotAFamily as e:
             why = str(e)
     proxy = None
+    where = measured_device() if job.measure else hw.name
     for b in batches:
         if progress:
             progress(f"seq {s}, batch {b}", len(points))
@@ -234,18 +275,21 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
         lat, fits, mem_bytes = _layout_figures(a, hw_rt, job.tp, job.pp, s)
         lat += rt.per_step_s  # one graph launch and the engine's host time per step (0 under eager)
         tokens = b * (1 if phase == "decode" else s)
-        pt = {"batch": b, "seq": s, "phase": phase, "latency_s": lat, "latency_p50_s": None,
-              "latency_p95_s": None, "latency_p99_s": None, "throughput_per_s": b / lat if lat else 0.0,
+        pt = {"batch": b, "seq": s, "phase": phase, "hardware": where, "dtype": dtype, "latency_s": lat,
+              "latency_p50_s": None, "latency_p95_s": None, "latency_p99_s": None,
+              "throughput_per_s": b / lat if lat else 0.0,
               "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
               "mfu": a.predicted_mfu if job.tp * job.pp == 1 else None, "fits": fits, "memory_bytes": mem_bytes,
               "method": method, **dict.fromkeys(ENERGY_KEYS),
               "power_method": "not measured: a predicted point (opmap fit models power under load)"}
         if job.measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
-            pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name}
+            pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name,
+                                                                                       "dtype": dtype}
             what = f"sweep --measure at batch {b} x seq {s}"
-            check_fits(run_bytes(g), what)  # in milliseconds, before a build the OOM killer would end
+            # in milliseconds, before a build the OOM killer would end
+            check_fits(run_bytes(g, 4.0 if dtype == "fp32" else 2.0), what)
             with refusal_as_error(what):
-                pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root), mfu=None, bound_mix={})
+                pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root, dtype), mfu=None, bound_mix={})
         points.append(pt)
     return {"points": points, "captures": captures}
 
@@ -282,15 +326,15 @@ def _local_tdp() -> tuple[float, str] | None:
 
 
 def _measure(target: str, phase: str, batch: int, seq: int, repeats: int,
-             rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
-    """The point built on the local CPU in fp32 and timed: ``repeats`` runs after two warm-ups, the energy
+             rapl_root: Path = RAPL_ROOT, dtype: str = "fp32") -> dict[str, Any]:
+    """The point built on the local CPU in ``dtype`` and timed: ``repeats`` runs after two warm-ups, the energy
     counter read before and after the timed runs."""
     import torch
 
     from opmap.measure.energy import energy_figures, measure_energy
     from opmap.timing import time_iterations
 
-    w = _workload(target, phase, batch, seq, "fp32", "append", device="cpu")  # eager transformers' own cache
+    w = _workload(target, phase, batch, seq, dtype, "append", device="cpu")  # eager transformers' own cache
     m = w.module.eval()
 
     def call():
@@ -317,7 +361,7 @@ def _measure(target: str, phase: str, batch: int, seq: int, repeats: int,
     return {**energy, "latency_s": st.p50_s, "latency_p50_s": st.p50_s, "latency_p95_s": st.quantile(0.95),
             "latency_p99_s": st.quantile(0.99), "throughput_per_s": batch / st.p50_s,
             "tokens_per_s": batch * (1 if phase == "decode" else seq) / st.p50_s,
-            "method": f"measured on this CPU (fp32, {repeats} runs after 2 warm-ups)"}
+            "method": f"measured on this CPU ({dtype}, {repeats} runs after 2 warm-ups)"}
 
 
 def pareto(points: Sequence[dict[str, Any]]) -> list[dict[str, int]]:

@@ -41,7 +41,20 @@ KERNEL_SUFFIX = "_kernel_time"
 ITERATION_EVENT = "SequentialExecutor::Execute"
 
 
-def session(path: Path, device: str, profile_dir: str | None = None):
+def providers(device: str, dtype: str = "fp32") -> list:
+    """onnxruntime's execution providers for ``device``. CUDA's runs fp32 GEMMs and convolutions in TF32 unless told
+    not to (onnxruntime's CUDAExecutionProviderInfo: "By default, enable TF32 to speed up float GEMM/MatMul or cuDNN
+    convolution", ``use_tf32{true}``): an fp32 model then ran at the TF32 rate against the fp32 peak (7.4x it on an
+    H100 SXM: 494.7 against 66.9 TFLOP/s dense, NVIDIA's datasheet), an MFU past 100%. TF32 exactly when the dtype
+    priced is tf32."""
+    if device != "cuda":
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"use_tf32": "1" if dtype == "tf32" else "0"}), "CPUExecutionProvider"]
+
+
+def session(path: Path, device: str, profile_dir: str | None = None, dtype: str = "fp32"):
+    import torch
+
     from opmap.workloads.onnx import require
 
     require("onnxruntime")
@@ -50,14 +63,18 @@ def session(path: Path, device: str, profile_dir: str | None = None):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3  # errors only: warnings about unused initializers are not the user's problem
+    # onnxruntime's own default is a thread per physical core, whatever torch (and so the calibration the prediction
+    # reads: `opmap calibrate` times torch's intra-op threads) uses: with OMP_NUM_THREADS=1 the calibrated peak is one
+    # thread's and the run took every core (predicted / measured 16 on 16 cores, an MFU past 100%). The run uses
+    # the threads the calibration does.
+    so.intra_op_num_threads = torch.get_num_threads()
     if profile_dir is not None:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(profile_dir, "ort")
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise OpmapError("--device cuda: this onnxruntime has no CUDA provider (onnxruntime-gpu); accepted: cpu")
     try:
-        return ort.InferenceSession(str(path), so, providers=providers)
+        return ort.InferenceSession(str(path), so, providers=providers(device, dtype))
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types; one line for the user
         text = str(e).strip().splitlines()
         raise OpmapError(f"onnxruntime cannot load {path}: {text[0][:300] if text else type(e).__name__}") from None
@@ -123,7 +140,7 @@ def run_onnx_profile(workload: Workload, path: Path, hw: HardwareSpec, dtype: st
                          f"--warmup {warmup})")
     step = progress or (lambda _s, _n: None)
     analysis = analyze_graph(workload.graph, workload, hw, dtype)
-    sess = session(path, device)
+    sess = session(path, device, dtype=dtype)
     import onnxruntime as ort
 
     x = _feeds(sess, _bound_shapes(sess, workload))
@@ -132,7 +149,7 @@ def run_onnx_profile(workload: Workload, path: Path, hw: HardwareSpec, dtype: st
     lat, energy = timed_iterations_with_energy(call, dev, device, warmup, iters, step)
     step("profiled iterations", 0)
     with tempfile.TemporaryDirectory(prefix="opmap-ort-") as tmp:
-        psess = session(path, device, tmp)
+        psess = session(path, device, tmp, dtype)
         psess.run(None, x)  # the profiled session's first run pays its own set-up: not an iteration
         walls = time_iterations(lambda: psess.run(None, x), dev, profile_iters, lambda: step("profiled iterations", 1))
         trace_path = psess.end_profiling()

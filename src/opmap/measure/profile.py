@@ -33,6 +33,10 @@ from opmap.timing import LatencyStats
 PROFILE_SCHEMA_VERSION = 1
 
 MFU_FORMULA = "MFU = model matrix FLOPs / (p50 latency x dense matrix peak at the compute dtype)"
+# The widest a prediction may miss the measurement, either way, before the profile says so: past it the prediction is
+# for other hardware than the run's, or the run is not the work priced (a calibrated CPU profile predicts eager
+# PyTorch within about 2x; every held-out row of the tests sits inside 3x).
+RATIO_LIMIT = 3.0
 STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matrix and vector time (calibrated "
                 "curves at its shape), memory-stall = time beyond that which its bytes at the bandwidth curve "
                 "explain, other = the rest")
@@ -53,6 +57,7 @@ class Profile:
     tags: dict[str, Any] = field(default_factory=dict)
     around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
     drift: dict[str, Any] | None = None  # calibration_check at profile time
+    optimizer: dict[str, Any] | None = None  # a training step's optimizer: its state predicted and in the run
 
     # -- per node ---------------------------------------------------------------------------------------
     def stall_split(self, i: int) -> tuple[float, float, float]:
@@ -133,6 +138,27 @@ class Profile:
                                           "causal attention counted at the half it computes)"}
         return out
 
+    def warnings(self, mfu_block: dict[str, Any], ratio: float | None) -> list[str]:
+        """The figures that cannot be right, each in one line with what it suggests: an MFU above 100% of a peak
+        (MFU = FLOPs / (time x peak) cannot pass 1: the FLOPs, the time or the peak is wrong) and a predicted /
+        measured ratio beyond RATIO_LIMIT either way."""
+        out = []
+        hw = self.analysis.hardware.name
+        for which, b in (("calibrated", mfu_block["calibrated"]), ("datasheet", mfu_block["datasheet"])):
+            if b.get("mfu") is not None and b["mfu"] > 1.0:
+                name = b.get("hardware", hw)
+                out.append(f"MFU {b['mfu']:.0%} of the {which} peak ({name}, {b['peak_flops_per_s']:.3g} FLOP/s) is "
+                           "impossible (above 100%): the FLOPs, the time or the peak is wrong. The peak may not be "
+                           f"this device's ({self.device_name}: profile with --hardware local), or was calibrated "
+                           "on a loaded host (recalibrate on a quiet one); or the run does less work, or runs a "
+                           "faster math mode (TF32 for fp32), than the prediction counts")
+        if ratio is not None and not 1 / RATIO_LIMIT <= ratio <= RATIO_LIMIT:
+            out.append(f"predicted / measured {ratio:.3g} is beyond {RATIO_LIMIT:g}x either way: the prediction "
+                       f"({hw}) is not for this run's device ({self.device_name}), or its profile is stale or was "
+                       "calibrated under load, or the run is not the work priced (another dtype, math mode or "
+                       "optimizer)")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         d = self.analysis.to_dict()
         # profile.json versions on its own: analysis.json's version 2 only added keys profile.json carries along
@@ -189,5 +215,7 @@ class Profile:
             "layer_types": {lt: s["predicted_over_measured"] for lt, s in lts.items()},
         }
         d["calibration_check"] = self.drift
+        d["optimizer"] = self.optimizer
+        d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
         d["tags"] = self.tags
         return d

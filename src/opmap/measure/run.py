@@ -22,7 +22,7 @@ from opmap import __version__
 from opmap.analyze import Analysis, analyze_graph
 from opmap.calibrate import calibration_check, device_name
 from opmap.capture import capture
-from opmap.capture.training import sgd_step, training_loss
+from opmap.capture.training import OPTIMIZERS, AdamW, sgd_step, training_loss
 from opmap.errors import OpmapError
 from opmap.hardware.match import match_datasheet
 from opmap.hardware.spec import HardwareSpec, get_hardware
@@ -62,6 +62,22 @@ def fast_path(enabled: bool):
         torch.backends.mha.set_fastpath_enabled(prev)
 
 
+@contextlib.contextmanager
+def fp32_math(dtype: str):
+    """CUDA matmuls and cuDNN convolutions of fp32 tensors run in TF32 exactly when the dtype priced is tf32, for
+    the duration (restored after). torch's own defaults differ from each other (torch docs, "TensorFloat-32 (TF32) on
+    Ampere (and later) devices": torch.backends.cuda.matmul.allow_tf32 False, torch.backends.cudnn.allow_tf32
+    True): an fp32 profile ran its convolutions at the TF32 rate against the fp32 peak, a tf32 one its matmuls at
+    the fp32 rate against the TF32 peak. CPUs have no TF32: the flags change nothing there."""
+    tf32 = dtype == "tf32"
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
 def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
     """Stable, versioned tags: the keys and their meaning only change with ``tags_version``."""
     return {
@@ -80,29 +96,69 @@ def first_shape(node) -> tuple[int, ...]:
     return next((tuple(t.shape) for t in node.inputs if len(t.shape)), ())
 
 
-def train_step_fn(module, inputs) -> Callable[[], Any]:
-    """One training step as the capture records it: forward, training_loss, backward, SGD update."""
-    params = [p for p in module.parameters() if p.is_floating_point()]
-    for p in params:
-        p.requires_grad_(True)
-    fwd = make_call(module, inputs)
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adamw-fused": "AdamW (fused)", "sgd": "SGD"}
 
-    def step():
-        loss = training_loss(fwd())
-        loss.backward()
-        sgd_step(params)
 
-    return step
+class TrainStep:
+    """One training step as the capture records it: forward, training_loss, backward, and the ``optimizer``'s update
+    by the same code the capture runs (opmap.capture.training: AdamW with fp32 moments, and fp32 master weights
+    under mixed precision, as torch.optim.AdamW; or plain SGD). AdamW's state is made here, before any timing."""
+
+    def __init__(self, module, inputs, optimizer: str = "adamw"):
+        if optimizer not in OPTIMIZERS:
+            raise OpmapError(f"unknown optimizer {optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
+        self.params = [p for p in module.parameters() if p.is_floating_point()]
+        for p in self.params:
+            p.requires_grad_(True)
+        self.fwd = make_call(module, inputs)
+        self.opt = AdamW(self.params, fused=optimizer == "adamw-fused") if optimizer.startswith("adamw") else None
+
+    def __call__(self) -> None:
+        training_loss(self.fwd()).backward()
+        if self.opt is not None:
+            self.opt.step()
+        else:
+            sgd_step(self.params)
+
+    @property
+    def state_bytes(self) -> float:
+        """Bytes the optimizer holds beside the model: AdamW's two moments and any fp32 master weights; SGD none."""
+        if self.opt is None:
+            return 0.0
+        held = self.opt.m + self.opt.v + [w for w in self.opt.master if w is not None]
+        return float(sum(t.numel() * t.element_size() for t in held))
+
+
+def _train_analysis(analysis: Analysis, optimizer: str) -> Analysis:
+    """A training capture's analysis with the figures and memory of ``optimizer``'s step: the figures name it, and
+    SGD (no momentum) holds no optimizer state where the memory fit assumes AdamW's."""
+    from dataclasses import replace
+
+    from opmap.phases.fp8 import with_fp8_figures
+    from opmap.phases.train import train_figures
+    from opmap.workloads.phases import PhaseSpec
+
+    spec = PhaseSpec("train", optimizer=optimizer)
+    a = analysis.assumptions
+    figures = with_fp8_figures(analysis, train_figures(analysis, spec, int(a.get("batch") or 1),
+                                                       int(a.get("seq") or 1)))
+    out = replace(analysis, phase_figures=figures)
+    if optimizer == "sgd":
+        m = out.memory
+        notes = tuple(x for x in m.assumptions if not x.startswith("AdamW"))
+        out = replace(out, fit=replace(m, optimizer_bytes=0.0, assumptions=notes + (
+            "SGD without momentum: no optimizer state",)))
+    return out
 
 
 def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *, warmup: int = 3,
                 iters: int = 20, profile_iters: int = 5, overrides: Sequence[tuple[str, str]] = (),
                 datasheet: HardwareSpec | None = None, progress: Callable[[str, int], None] | None = None,
-                train: bool = False) -> Profile:
+                train: bool = False, optimizer: str = "adamw") -> Profile:
     """Measure ``workload`` (built on ``device``) and join it to its prediction on ``hw``.
 
-    ``train``: a training step per iteration (train mode; forward, loss, backward, SGD update) instead of
-    an inference forward (eval, no grad).
+    ``train``: a training step per iteration (train mode; forward, loss, backward, the ``optimizer``'s update:
+    adamw, adamw-fused or sgd, captured and measured alike) instead of an inference forward (eval, no grad).
 
     ``progress(stage, advance)`` is called once per iteration (``advance`` 1) and at stage changes (0).
     """
@@ -114,7 +170,7 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
     resolve_precision(hw, dtype)  # a dtype the hardware lacks fails before the capture runs
     step = progress or (lambda _s, _n: None)
     module = workload.module.train(train)
-    call = train_step_fn(module, workload.inputs) if train else make_call(module, workload.inputs)
+    call = TrainStep(module, workload.inputs, optimizer) if train else make_call(module, workload.inputs)
     name = device_name(dev)
     why = ""
     if datasheet is None:
@@ -125,11 +181,12 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
         else:
             why = ("CPUs are not matched to a datasheet automatically (a datasheet peak is for the whole socket); "
                    "pass --datasheet NAME")
-    with torch.enable_grad() if train else torch.no_grad(), contextlib.ExitStack() as stack:
+    with torch.enable_grad() if train else torch.no_grad(), fp32_math(dtype), contextlib.ExitStack() as stack:
         step("capturing the graph on the device", 0)
-        graph = capture(module, workload.inputs, overrides=overrides, train=train)
+        graph = capture(module, workload.inputs, overrides=overrides, train=train, optimizer=optimizer)
         module.train(train)
-        analysis = with_figures(analyze_graph(graph, workload, hw, dtype, overrides))
+        analysis = analyze_graph(graph, workload, hw, dtype, overrides)
+        analysis = _train_analysis(analysis, optimizer) if train else with_figures(analysis)
         if any(n.startswith("fast path:") for n in graph.notes):
             # the capture could only record the unfused path: measure that path, so the join is like for like
             stack.enter_context(fast_path(False))
@@ -152,7 +209,15 @@ def run_profile(workload: Workload, hw: HardwareSpec, dtype: str, device: str, *
                     first_shapes=[first_shape(n) for n in graph.nodes],
                     template_events=shaped.iterations[0][1] if shaped.iterations else None)
     around = LatencyStats(lat.times_s[-profile_iters:] + after.times_s)
+    opt = None
+    if train:
+        opt = {"name": optimizer, "predicted_state_bytes": analysis.memory.optimizer_bytes,
+               "measured_state_bytes": call.state_bytes,
+               "method": "the update opmap.capture.training runs in the capture and in every timed step (AdamW: "
+                         "torch.optim.AdamW's per-parameter update, two fp32 moments, fp32 master weights under "
+                         "mixed precision); measured state: the bytes of the optimizer's tensors in this run"}
     return Profile(analysis, device, name, lat, warmup, profiled, att, energy, datasheet, why,
-                   mode="training step (forward, loss, backward, SGD update)" if train else "inference",
+                   mode=(f"training step (forward, loss, backward, {OPTIMIZER_NAMES[optimizer]} update)" if train
+                         else "inference"), optimizer=opt,
                    tags=telemetry_tags(workload, analysis, device, name, "train" if train else "inference"),
                    around=around, drift=drift)

@@ -86,6 +86,12 @@ def run_lines(p: Profile, d: dict) -> list[str]:
                      + ("" if chk["within_tolerance"] else
                         f" (beyond ±{chk['tolerance']:.0%}: the device is loaded or throttled, or changed since "
                         "calibration; predictions scale with it: recalibrate on a quiet device)"))
+    opt = d.get("optimizer")
+    if opt:
+        lines.append(f"optimizer: {opt['name']} in the prediction and the measured step; its state "
+                     f"{si(opt['predicted_state_bytes'], 'B')} predicted, {si(opt['measured_state_bytes'], 'B')} "
+                     "held in the run")
+    lines += [f"warning: {w}" for w in d.get("warnings", ())]
     return lines
 
 
