@@ -7,7 +7,15 @@ import pytest
 from opmap.errors import OpmapError
 from opmap.graph import TensorMeta
 from opmap.hardware import get_hardware
-from opmap.precision import DTYPE_BYTES, FORMAT_BYTES, POLICY, dtype_bytes, format_bytes, resolve_precision, torch_dtype
+from opmap.precision import (
+    DTYPE_BYTES,
+    FORMATS,
+    dtype_bytes,
+    format_bytes,
+    requestable,
+    resolve_precision,
+    torch_dtype,
+)
 
 
 def test_dtype_table_covers_every_torch_dtype_at_its_itemsize():
@@ -39,8 +47,8 @@ def test_format_sizes_and_weight_scales():
     # int8 per output channel (a 16-bit scale per 4096 weights) against bf16
     assert resolve_precision(h100, "int8").weight_scale == pytest.approx((1 + 2 / 4096) / 2)
     assert resolve_precision(h100, "fp32").weight_scale == 1.0
-    assert set(POLICY) == {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"}
-    assert set(FORMAT_BYTES) >= set(POLICY)
+    assert set(requestable()) == {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"}
+    assert set(FORMATS) >= set(requestable())
 
 
 def test_kernel_formats_follow_the_policy():

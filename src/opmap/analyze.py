@@ -22,6 +22,7 @@ from opmap.capture import capture
 from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
+from opmap.formats import get_format
 from opmap.graph import Node, OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.fp8 import (
@@ -35,11 +36,11 @@ from opmap.mapping.fp8 import (
 from opmap.mapping.fusion import FusionPlan, plan_fusion
 from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.mapping.memory import (
-    TRAIN_BYTES,
     MemoryFit,
     fit_inference,
     inflight_activation_bytes,
     kv_geometry,
+    train_formats,
     training_state_bytes,
 )
 from opmap.precision import Precision, power_limited, resolve_precision, resolve_training_precision
@@ -159,7 +160,7 @@ class Analysis:
             fit = replace(fit, max_context=None)
         fit = cap_at_positions(fit, self.assumptions, seq)
         training = self.assumptions.get("mode") == "training step"
-        if training and self.precision.requested in TRAIN_BYTES:
+        if training and self.precision.requested in train_formats():
             st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
             fit = replace(fit, gradients_bytes=st.gradients_bytes, optimizer_bytes=st.optimizer_bytes,
                           kv_cache_bytes=0.0,
@@ -466,10 +467,11 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     training = any(n.args.get("phase") == "backward" for n in graph.nodes)
     prec = resolve_training_precision(hw, dtype) if training else resolve_precision(hw, dtype)
     # fp8 training (Transformer Engine): the Linear GEMMs at the fp8 rate, their casts as kernels, the rest bf16
-    fp8 = plan_fp8_training(graph) if training and dtype == "fp8" else None
+    fmt = get_format(dtype)
+    fp8 = plan_fp8_training(graph) if training and fmt.train_scaled_gemms else None
     graph = fp8.graph if fp8 is not None else graph
     # fp8 inference (a quantized checkpoint): the LM head and MoE router GEMMs stay bf16, weights and rate
-    keep, kept = (inference_bf16_nodes(graph) if not training and dtype == "fp8" and prec.matrix == "fp8"
+    keep, kept = (inference_bf16_nodes(graph) if not training and fmt.is_fp8 and prec.matrix == dtype
                   else (frozenset(), ()))
     raw = cost_graph(graph)
     costs = stored_weights(raw, prec)

@@ -5,13 +5,14 @@ Two kinds of names meet here:
 - torch dtype names as the capture records them (``"float32"``, ``"bfloat16"``, ``"float8_e4m3fn"``):
   ``dtype_bytes`` gives their size per element;
 - opmap format names (``fp32 tf32 bf16 fp16 fp8 int8 int4``, plus ``fp64`` in the catalog): what a user asks
-  for with ``--dtype``, what the catalog lists peaks for, what a kernel computes in. ``format_bytes`` gives
-  their size per element at the matrix engine (int4: half a byte).
+  for with ``--dtype``, what the catalog lists peaks for, what a kernel computes in. They are the format
+  registry's (opmap.formats, data in formats.toml); ``format_bytes`` gives their size per element at the matrix
+  engine (int4: half a byte; a block-scaled format: its scales included).
 
 An unknown name is refused with the accepted ones, never given a default size.
 
-The policy (``POLICY``) says, per requested format, what each op family runs in: GEMM / conv / attention
-run in the matrix format (falling back to the nearest one the device has, ``FALLBACK``); softmax and norms
+The policy (``policy(fmt)``) says, per requested format, what each op family runs in: GEMM / conv / attention
+run in the matrix format (falling back to the nearest one the device has, ``fallback(fmt)``); softmax and norms
 compute in fp32 whatever the storage; the other vector ops run in the activation format. The graph is
 captured at ``capture`` (the torch dtype the model is built in), weights are stored at ``weights``, so
 weight bytes scale by the formats' sizes. int4 stores a 16-bit scale per group of 128 weights (GPTQ /
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from opmap.errors import OpmapError
+from opmap.formats import FormatPolicy, get_format, registry
 
 
 class HardwareSpec(Protocol):
@@ -57,62 +59,26 @@ DTYPE_BYTES: dict[str, float] = {
     "bits16": 2, "bits8": 1, "bits4x2": 1, "bits2x4": 1, "bits1x8": 1,
 }
 
-# Bytes per element of an opmap format at the matrix engine.
-FORMAT_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1,
-                                  "int4": 0.5}
-FORMATS = tuple(FORMAT_BYTES)  # the catalog's peak keys, in display order
-
-# The torch dtype a model is built in for each requestable format. Quantized formats are built in bf16:
-# the stored format is a mapping decision (POLICY), not a torch dtype.
-BUILD_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
-               "fp8": "bfloat16", "int8": "bfloat16", "int4": "bfloat16"}
+# The opmap formats are the registry's (opmap.formats, held as data in formats.toml): bytes per element, the torch
+# dtype a model is built in, the fallback chain, the policy are its values, asked for through the functions below.
+FORMATS = registry().names(catalog=True)  # the catalog's peak keys, in display order
 # Formats that are torch dtypes a real run can execute in (profile); the rest are modelled, not run.
-RUNNABLE = ("fp32", "tf32", "bf16", "fp16")
-
-# The matrix precision actually used when the device lacks the one asked for, nearest first.
-FALLBACK: dict[str, tuple[str, ...]] = {
-    "fp32": ("fp32", "tf32", "bf16"),
-    "tf32": ("tf32", "fp32", "bf16"),
-    "bf16": ("bf16", "fp16", "fp32"),
-    "fp16": ("fp16", "bf16", "fp32"),
-    # no fp8 engine: weight-only fp8 at bf16 compute (FP8_WEIGHT_ONLY), never the int8 engine (a different format)
-    "fp8": ("fp8", "bf16", "fp16"),
-    "int8": ("int8", "fp8", "bf16"),
-    "int4": ("bf16", "fp16", "fp32"),  # weight-only: the kernel dequantizes to bf16 and runs a bf16 GEMM
-}
-REQUESTABLE = tuple(FALLBACK)  # what --dtype accepts
+RUNNABLE = registry().names(runnable=True)
 
 
-@dataclass(frozen=True)
-class FormatPolicy:
-    """What one requested format means for each op family. The four strings are the assumptions block's."""
-
-    capture: str  # the format the graph is captured in (the model's torch dtype)
-    weights: str
-    activations: str
-    accumulate: str
-    weight_bytes: float  # stored bytes per weight element, scales included
-    quantized: bool = False  # weights stored narrower than the capture: kernel rows name the formats
-    one_byte_operands: bool = False  # GEMM operands reach the matrix engine as 1-byte values (fp8, int8)
-    weight_only: bool = False  # B (the weights) stored narrow, dequantized inside the GEMM (int4)
-
-    def to_dict(self) -> dict[str, str]:
-        return {"capture": self.capture, "weights": self.weights, "activations": self.activations,
-                "accumulate": self.accumulate}
+def requestable() -> tuple[str, ...]:
+    """What --dtype accepts."""
+    return registry().names(requestable=True)
 
 
-POLICY: dict[str, FormatPolicy] = {
-    "fp32": FormatPolicy("fp32", "fp32", "fp32", "fp32", 4.0),
-    "tf32": FormatPolicy("fp32", "fp32", "fp32", "fp32", 4.0),
-    "bf16": FormatPolicy("bf16", "bf16", "bf16", "fp32", 2.0),
-    "fp16": FormatPolicy("fp16", "fp16", "fp16", "fp32", 2.0),
-    "fp8": FormatPolicy("bf16", "fp8 (e4m3)", "bf16 (fp8 e4m3 at GEMM inputs)", "fp32", 1.0, quantized=True,
-                        one_byte_operands=True),
-    "int8": FormatPolicy("bf16", "int8 (per channel)", "bf16 (int8 at GEMM inputs)", "int32", 1.0 + 2.0 / 4096,
-                         quantized=True, one_byte_operands=True),
-    "int4": FormatPolicy("bf16", "int4 (groups of 128, fp16 scales)", "bf16", "fp32", 0.5 + 2.0 / 128,
-                         quantized=True, weight_only=True),
-}
+def policy(fmt: str) -> FormatPolicy:
+    """What a request for ``fmt`` means per op family (a requestable format; others refused)."""
+    return get_format(check_requestable(fmt)).policy
+
+
+def fallback(fmt: str) -> tuple[str, ...]:
+    """The matrix formats tried for a request of ``fmt``, nearest first."""
+    return get_format(check_requestable(fmt)).fallback
 
 
 # fp8 on a device with no fp8 matrix engine (A100, MI250X, TPU v5e): priced as the weight-only fallback engines run
@@ -151,23 +117,27 @@ def dtype_bytes(dtype: str) -> float:
 
 def format_bytes(fmt: str) -> float:
     """Bytes per element of an opmap format name; an unknown name is refused."""
-    try:
-        return FORMAT_BYTES[fmt]
-    except KeyError:
-        raise OpmapError(f"unknown format {fmt!r}; accepted: {', '.join(FORMAT_BYTES)}") from None
+    return get_format(fmt).bytes
 
 
 def check_requestable(dtype: str) -> str:
-    if dtype not in FALLBACK:
-        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(REQUESTABLE)}")
+    f = registry().get(dtype)
+    if f is None or not f.requestable:
+        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(requestable())}")
     return dtype
+
+
+def build_dtype(fmt: str) -> str:
+    """The torch dtype name a model is built in for ``fmt`` (quantized formats: bfloat16: the stored format is a
+    mapping decision, the policy, not a torch dtype)."""
+    return get_format(check_requestable(fmt)).build
 
 
 def torch_dtype(fmt: str):
     """The torch dtype a model is built in for ``fmt`` (quantized formats: bfloat16)."""
     import torch
 
-    return getattr(torch, BUILD_DTYPE[check_requestable(fmt)])
+    return getattr(torch, build_dtype(fmt))
 
 
 @dataclass(frozen=True)
@@ -185,7 +155,7 @@ class Precision:
     matrix_rate_flops_per_s: float = 0.0
     rate_basis: str = "dense peak"  # where matrix_rate_flops_per_s came from, for the assumptions
     sustained: bool = False  # a long run on a power-limited card: the rate blends boost and sustained
-    # the policy actually priced when it differs from POLICY[requested] (fp8 without an fp8 engine: FP8_WEIGHT_ONLY)
+    # the policy actually priced when it differs from policy(requested) (fp8 without an fp8 engine: FP8_WEIGHT_ONLY)
     fallback_policy: FormatPolicy | None = None
 
     def __post_init__(self):
@@ -194,7 +164,7 @@ class Precision:
 
     @property
     def format_policy(self) -> FormatPolicy:
-        return self.fallback_policy or POLICY[self.requested]
+        return self.fallback_policy or policy(self.requested)
 
     @property
     def policy(self) -> dict[str, str]:
@@ -224,10 +194,6 @@ class Precision:
         return pol.capture
 
 
-# the formats whose measured fraction of peak stands in for a format with no measured rate of its own, in order
-_FRACTION_DONORS = ("bf16", "fp16", "fp8", "int8", "tf32", "fp32")
-
-
 def matrix_rate(hw: HardwareSpec, fmt: str, sustained: bool = False) -> tuple[float, str]:
     """The rate the matrix units run ``fmt`` at on ``hw``, and where it came from.
 
@@ -242,7 +208,7 @@ def matrix_rate(hw: HardwareSpec, fmt: str, sustained: bool = False) -> tuple[fl
     if sustained and fmt not in hw.sustained_matrix_flops_per_s:
         # the power limit lowers the clock, which every format shares: fmt's boost rate times a measured format's
         # sustained / boost ratio (H100 SXM: bf16 719.72 of 794.5 TFLOP/s)
-        for donor in _FRACTION_DONORS:
+        for donor in registry().rate_donors():
             d, b = hw.sustained_matrix_flops_per_s.get(donor), hw.achievable_matrix_flops_per_s.get(donor)
             if d is not None and d.value and b is not None and b.value and donor != fmt:
                 boost, basis = matrix_rate(hw, fmt)
@@ -254,7 +220,7 @@ def matrix_rate(hw: HardwareSpec, fmt: str, sustained: bool = False) -> tuple[fl
         v = table.get(fmt)
         if v is not None and v.value:
             return float(v.value), f"{v.kind} {what} {fmt} rate"
-        for donor in _FRACTION_DONORS:
+        for donor in registry().rate_donors():
             d, p = table.get(donor), hw.matrix_peak_flops_per_s.get(donor)
             if d is not None and d.value and p is not None and p.value:
                 frac = float(d.value) / float(p.value)
@@ -293,25 +259,26 @@ def power_limited(prec: Precision, hw: HardwareSpec, busy_s: float) -> Precision
 def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format. The
     matrix rate is the boost-clock one (achievable); ``power_limited`` lowers it for long runs."""
-    check_requestable(dtype)
-    chosen = next((d for d in FALLBACK[dtype] if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
+    chain, fmt = fallback(dtype), get_format(dtype)
+    chosen = next((d for d in chain if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
     if chosen is None:
         raise OpmapError(f"{hw.name} has no matrix peak for {dtype} or its fallbacks "
-                         f"({', '.join(FALLBACK[dtype])}); it lists {', '.join(hw.matrix_dtypes())}")
-    pol = POLICY[dtype]
-    fallback = None
+                         f"({', '.join(chain)}); it lists {', '.join(hw.matrix_dtypes())}")
+    pol = fmt.policy
+    fb_policy = None
     vec = hw.vector_peak_flops_per_s.get(pol.capture) or hw.vector_peak_flops_per_s["fp32"]
-    note = "" if chosen == FALLBACK[dtype][0] else \
-        f"{hw.name} has no {FALLBACK[dtype][0]} matrix peak: used {chosen} (tried {', '.join(FALLBACK[dtype])})"
-    if dtype == "fp8" and chosen != "fp8":
-        pol = fallback = FP8_WEIGHT_ONLY
+    note = "" if chosen == chain[0] else \
+        f"{hw.name} has no {chain[0]} matrix peak: used {chosen} (tried {', '.join(chain)})"
+    if fmt.weight_only_fallback and chosen != dtype:
+        pol = fb_policy = FP8_WEIGHT_ONLY
         note = FP8_WEIGHT_ONLY_NOTE.format(hw=hw.name, matrix=chosen)
-    if pol.weight_only and fallback is None:
-        note = (note + "; " if note else "") + "int4 is weight-only: weights dequantized to bf16 in the GEMM"
+    if pol.weight_only and fb_policy is None:
+        note = ((note + "; " if note else "")
+                + f"{dtype} is weight-only: weights dequantized to {pol.capture} in the GEMM")
     scale = pol.weight_bytes / format_bytes(pol.capture)
     peak = float(hw.matrix_peak_flops_per_s[chosen].value)
     rate, basis = matrix_rate(hw, chosen)
-    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate, basis, fallback_policy=fallback)
+    return Precision(dtype, chosen, peak, float(vec.value), note, scale, rate, basis, fallback_policy=fb_policy)
 
 
 def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
@@ -319,17 +286,16 @@ def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
     Engine's fp8 training (``FP8_TRAINING``): priced at the device's fp8 matrix rate (the same recipe on any device
     whose catalog entry lists an fp8 matrix peak), and refused on a device without one (no weight-only fallback in
     training: TE has none)."""
-    check_requestable(dtype)
-    if dtype != "fp8":
+    if not get_format(check_requestable(dtype)).train_scaled_gemms:
         return resolve_precision(hw, dtype)
-    v = hw.matrix_peak_flops_per_s.get("fp8")
+    v = hw.matrix_peak_flops_per_s.get(dtype)
     if v is None or not v.value:
         have = [d for d in ("bf16", "fp16", "tf32", "fp32") if (x := hw.matrix_peak_flops_per_s.get(d)) and x.value]
         raise OpmapError(f"fp8 training needs an fp8 matrix engine ({FP8_TRAINING_DEVICES}); {hw.name} has none: "
                          f"accepted for training on it: {', '.join(have)}")
     vec = hw.vector_peak_flops_per_s.get("bf16") or hw.vector_peak_flops_per_s["fp32"]
-    rate, basis = matrix_rate(hw, "fp8")
+    rate, basis = matrix_rate(hw, dtype)
     note = ("fp8 training (Transformer Engine): Linear GEMMs in fp8 (fprop e4m3 x e4m3, dgrad e5m2 x e4m3, wgrad "
             "e4m3 x e5m2, per-tensor delayed scaling, fp32 accumulate); embedding, LM head and attention core in bf16")
-    return Precision("fp8", "fp8", float(v.value), float(vec.value), note, 1.0, rate, basis,
+    return Precision(dtype, dtype, float(v.value), float(vec.value), note, 1.0, rate, basis,
                      fallback_policy=FP8_TRAINING)

@@ -331,13 +331,13 @@ def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, 
     """The capture-cache key of a zoo model on meta (None: not cacheable, such as a user's file or a real
     device)."""
     from opmap.capture import cache as graph_cache
-    from opmap.precision import BUILD_DTYPE
+    from opmap.precision import build_dtype, requestable
     from opmap.workloads import MODELS
 
-    if device != "meta" or model not in MODELS or dtype not in BUILD_DTYPE or not graph_cache.enabled():
+    if device != "meta" or model not in MODELS or dtype not in requestable() or not graph_cache.enabled():
         return None
     fields = {"model": model, "batch": batch, "seq": seq, "image_size": image_size,
-              "build_dtype": BUILD_DTYPE[dtype], "layout": layout, "overrides": list(overrides)}
+              "build_dtype": build_dtype(dtype), "layout": layout, "overrides": list(overrides)}
     if phase is not None:  # prefill keeps its key (the graphs cached before phases existed stay valid)
         fields["phase"] = phase
     return graph_cache.key(fields)

@@ -67,17 +67,15 @@ def _shape_check(run_id: str, store) -> dict | None:
     return None
 
 
-NARROWER = {"fp32": "bf16", "tf32": "bf16", "bf16": "fp8", "fp16": "fp8", "fp8": "fp4"}
-
-
 def _format_step(run) -> tuple[str, float] | None:
     """(the next narrower matrix format, its dense peak over the run's format's) on the run's catalog device."""
     from opmap.errors import OpmapError
+    from opmap.formats import registry
     from opmap.hardware import get_hardware
 
     t = run["tags"]
     now = str(t.get("precision") or "")
-    nxt = NARROWER.get(now)
+    nxt = f.narrower if (f := registry().get(now)) is not None else None  # the registry's next narrower format
     if nxt is None:
         return None
     try:

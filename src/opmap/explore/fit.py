@@ -100,7 +100,7 @@ def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     from opmap.capture import cache
     from opmap.phases.runtime import get_runtime
     from opmap.phases.step import analyze_phase, capture_phase
-    from opmap.precision import BUILD_DTYPE
+    from opmap.precision import build_dtype, requestable
     from opmap.workloads import MODELS
     from opmap.workloads.phases import PhaseSpec, phase_workload
     from opmap.workloads.zoo import Workload
@@ -109,9 +109,9 @@ def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     spec = PhaseSpec("decode", kv_len=1024, kv_write=rt.kv_write)
     # the captured step is the same on every device: a zoo model's is kept in the capture cache, so the other
     # devices of a fit (other worker processes too) analyse it without building and capturing the model again
-    k = (cache.key({"model": model, "build_dtype": BUILD_DTYPE[dtype], "device": "meta", "phase": "decode",
+    k = (cache.key({"model": model, "build_dtype": build_dtype(dtype), "device": "meta", "phase": "decode",
                     "batch": 16, "kv_len": 1024, "what": "fit decode bound"})
-         if model in MODELS and dtype in BUILD_DTYPE and cache.enabled() else None)
+         if model in MODELS and dtype in requestable() and cache.enabled() else None)
     hit = cache.load(k) if k else None
     try:
         if hit is not None:

@@ -379,17 +379,21 @@ class TrainingState:
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
 
 
-# Bytes per parameter by training format: (weights, gradients, optimizer state).
+# Bytes per parameter by training format: (weights, gradients, optimizer state), the format registry's ``train``
+# values (opmap.formats, formats.toml).
 # bf16 / fp16: the ZeRO paper's mixed-precision Adam (Rajbhandari et al. 2020, sec. 3.1): 2 + 2 + K, K = 12
 # (fp32 master weights, momentum, variance). Megatron-LM keeps fp32 main gradients instead (4 B: its
 # docs/source/distrib_optimizer.md lists 18 B per parameter for bf16 params with fp32 grads): pass
 # grad_bytes=4 for that. fp32 training: no master copy, K = 8 (two fp32 moments).
-TRAIN_BYTES: dict[str, tuple[float, float, float]] = {
-    # fp8 (Transformer Engine): bf16 weights (2 B) plus the fp8 copy and its transpose TE caches for the iteration
-    # (1 + 1 B), bf16 gradients, fp32 master weights and AdamW moments (12 B), as bf16 mixed precision
-    "bf16": (2.0, 2.0, 12.0), "fp16": (2.0, 2.0, 12.0), "fp32": (4.0, 4.0, 8.0), "tf32": (4.0, 4.0, 8.0),
-    "fp8": (4.0, 2.0, 12.0),
-}
+# fp8 (Transformer Engine): bf16 weights (2 B) plus the fp8 copy and its transpose TE caches for the iteration
+# (1 + 1 B), bf16 gradients, fp32 master weights and AdamW moments (12 B), as bf16 mixed precision.
+def train_formats() -> tuple[str, ...]:
+    """The formats a training step's state is modelled in."""
+    from opmap.formats import registry
+
+    return registry().names(train=True)
+
+
 FP8_STATE_NOTE = ("; fp8 weights: 2 B bf16 + 1 B fp8 e4m3 copy + 1 B its transpose (Transformer Engine caches both for "
                   "the iteration), counted on every parameter (the embedding, LM head and norms keep none: an "
                   "overstatement of 2 B on those)")
@@ -404,14 +408,17 @@ def training_state_bytes(params: float, zero: int = 0, dp: int = 1, fmt: str = "
         raise OpmapError(f"unknown ZeRO stage {zero!r}; accepted: 0, 1, 2, 3")
     if dp < 1:
         raise OpmapError(f"data-parallel size must be at least 1, got {dp}")
-    if fmt not in TRAIN_BYTES:
-        raise OpmapError(f"training in {fmt!r} is not modelled; accepted: {', '.join(TRAIN_BYTES)}")
-    w, g, k = TRAIN_BYTES[fmt]
+    from opmap.formats import registry
+
+    f = registry().get(fmt)
+    if f is None or f.train is None:
+        raise OpmapError(f"training in {fmt!r} is not modelled; accepted: {', '.join(train_formats())}")
+    w, g, k = f.train
     g = g if grad_bytes is None else grad_bytes
     return TrainingState(params * w / (dp if zero >= 3 else 1), params * g / (dp if zero >= 2 else 1),
                          params * k / (dp if zero >= 1 else 1), zero, dp,
                          f"AdamW, {fmt} weights {w:g} B, gradients {g:g} B, optimizer state {k:g} B per parameter; "
-                         f"ZeRO stage {zero} over {dp} ranks" + (FP8_STATE_NOTE if fmt == "fp8" else ""))
+                         f"ZeRO stage {zero} over {dp} ranks" + (FP8_STATE_NOTE if f.train_scaled_gemms else ""))
 
 
 # -- KV cache ---------------------------------------------------------------------------------------------

@@ -181,14 +181,14 @@ def sharded_memory(p: Parallelism, sharder: SharderView, saved: SavedPerBlock, f
     the largest op's working set / tp in flight (as serve's reserve counts it); and the assumed workspace. ``seq``
     is not read: the captured graph holds the sequence, the KV length and the batch (kept in its place so callers'
     positional ``capacity_bytes`` stays where it was)."""
-    from opmap.mapping.memory import TRAIN_BYTES, WORKSPACE, kv_bytes_per_token_per_device, training_state_bytes
+    from opmap.mapping.memory import WORKSPACE, kv_bytes_per_token_per_device, train_formats, training_state_bytes
 
     geo = sharder.geo
     cap = sharder.a.hardware.memory_bytes if capacity_bytes is None else capacity_bytes
     params = sharder.params_per_device(p)
     notes = (f"per device under {p.label()}: {params:.4g} parameters held",)
     if training:
-        st = training_state_bytes(params, p.zero, p.dp, fmt if fmt in TRAIN_BYTES else "bf16")
+        st = training_state_bytes(params, p.zero, p.dp, fmt if fmt in train_formats() else "bf16")
         act, how = training_activations(p, saved, geo.layers)
         cp_note: tuple[str, ...] = ()
         if p.cp > 1 and sharder.kv is not None:

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from opmap.errors import OpmapError
+from opmap.formats import registry
 from opmap.validate import finite_number, shown
 
-QUALITY_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
 FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
 INT4_GROUP = 128
 
@@ -195,8 +195,9 @@ def _cast(x, dt):
 
 def check_dtype(dtype: str) -> None:
     """Refuse a dtype quality cannot compare with fp32 (checked before the model is built)."""
-    if dtype not in QUALITY_DTYPES:
-        raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(QUALITY_DTYPES)} (got {dtype!r})")
+    accepted = registry().names(quality=True)  # the format registry's quality formats
+    if dtype not in accepted:
+        raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(accepted)} (got {dtype!r})")
 
 
 def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0,

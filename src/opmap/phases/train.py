@@ -15,11 +15,11 @@ from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
 from opmap.mapping.memory import (
-    TRAIN_BYTES,
     MemoryFit,
     SavedActivations,
     fit_training,
     saved_activation_bytes,
+    train_formats,
     training_state_bytes,
 )
 from opmap.phases.common import dominant_bound, kernel_times
@@ -243,9 +243,9 @@ def train_fit(a: Analysis, spec, microbatch: int, seq: int, saved: SavedActivati
     """The training step's memory on one device: the model state (weights, gradients, optimizer state) under
     ZeRO ``spec.zero`` over ``spec.dp`` ranks, and ``activations(microbatch, seq)``, the bytes kept for backward
     (``train_activations``; None: not counted); ``saved``: the measurement at the captured shape (its notes)."""
-    if a.precision.requested not in TRAIN_BYTES:
+    if a.precision.requested not in train_formats():
         raise OpmapError(f"training in {a.precision.requested} is not modelled; accepted: "
-                         f"{', '.join(TRAIN_BYTES)}")
+                         f"{', '.join(train_formats())}")
     st = training_state_bytes(a.graph.params, spec.zero, spec.dp, a.precision.requested)
     act = activations or (lambda b, s: 0.0)
     fit = cap_at_positions(fit_training(st, a.hardware.memory_bytes, microbatch, seq, act, max_context=1 << 20),

@@ -56,8 +56,20 @@ DECODE_BATCHES = (1, 16, 64, 256, 1024, 4096)
 MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)  # distinct experts grow as E (1 - (1 - k/E)^b): concave
 DECODE_KV = (256, 1024)
 KV_GRID = (0, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
-KV_DTYPES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}  # bytes per element of the KV cache
-KV_DTYPE_HELP = "bf16, fp16, fp8 or int8 (default: the model dtype's activation format)"
+
+
+def kv_dtypes() -> tuple[str, ...]:
+    """The formats --kv-dtype accepts: the registry's KV formats (opmap.formats, ``kv = true``)."""
+    from opmap.formats import registry
+
+    return registry().names(kv=True)
+
+
+def kv_dtype_bytes(kv_dtype: str) -> float:
+    """Bytes per element of the KV cache at ``kv_dtype`` (a KV format, or fp32: an fp32 model's default)."""
+    from opmap.precision import format_bytes
+
+    return float(format_bytes(kv_dtype))
 
 
 # The analyses of this process, by (capture key, device as priced, dtype, fusion): a layout search prices one model
@@ -81,13 +93,15 @@ class Point:
 
 def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
     """The KV format: ``kv_dtype`` or, by default, the format the model computes activations in."""
-    from opmap.precision import POLICY, check_requestable
+    from opmap.precision import policy
 
+    kvs = kv_dtypes()
     if kv_dtype is None:
-        cap = POLICY[check_requestable(dtype)].capture
-        return cap if cap in KV_DTYPES else "bf16" if cap != "fp32" else "fp32"
-    if kv_dtype not in KV_DTYPES:
-        raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {KV_DTYPE_HELP}")
+        cap = policy(dtype).capture
+        return cap if cap in kvs else "bf16" if cap != "fp32" else "fp32"
+    if kv_dtype not in kvs:
+        raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {', '.join(kvs[:-1])} or {kvs[-1]} "
+                         "(default: the model dtype's activation format)")
     return kv_dtype
 
 
@@ -136,7 +150,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     if len(kvs) < 2:
         raise OpmapError(f"{model} holds {cap} positions: decode pricing needs two KV lengths")
     batches = MOE_DECODE_BATCHES if pricer.experts else DECODE_BATCHES
-    scale = KV_DTYPES.get(kvd, 4.0) / m.kv_itemsize  # the KV read at --kv-dtype over the captured cache's
+    scale = kv_dtype_bytes(kvd) / m.kv_itemsize  # the KV read at --kv-dtype over the captured cache's
     rows, stage_rows, dense = [], [], []
     for b in batches:
         pts = []
@@ -364,7 +378,7 @@ class Pricer:
         )
 
         held, kv_captured = self._held or 0.0, self._kv_per_token
-        per_tok = kv_captured * KV_DTYPES.get(kv_dtype, 4.0) / self.m.kv_itemsize
+        per_tok = kv_captured * kv_dtype_bytes(kv_dtype) / self.m.kv_itemsize
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
         reserve = runtime_reserve(act, self.rt.name != "eager")

@@ -127,12 +127,12 @@ def per_layer_lists(config, layers: int) -> dict[str, list | tuple]:
 
 def _summary_key(target: str, dtype: str, parts: bool = False) -> Any:
     from opmap.capture import cache
-    from opmap.precision import BUILD_DTYPE
+    from opmap.precision import build_dtype, requestable
     from opmap.workloads import MODELS
 
-    if target not in MODELS or dtype not in BUILD_DTYPE or not cache.enabled():
+    if target not in MODELS or dtype not in requestable() or not cache.enabled():
         return None
-    fields_ = {"model": target, "build_dtype": BUILD_DTYPE[dtype], "device": "meta", "what": "serve model summary"}
+    fields_ = {"model": target, "build_dtype": build_dtype(dtype), "device": "meta", "what": "serve model summary"}
     return fields_ if parts else cache.key(fields_)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.precision import BUILD_DTYPE, check_requestable
+from opmap.precision import build_dtype, check_requestable
 from opmap.workloads.onnx_data import check_external_data, is_external, tensor_value
 from opmap.workloads.onnx_model import FLOAT_ELEMS, FOLD_LIMIT, SMALL, OnnxModel
 from opmap.workloads.onnx_model import numel as _numel
@@ -423,11 +423,11 @@ def load_onnx(target: str, batch: int = 1, seq: int | None = None, dtype: str = 
     path = Path(target)
     m = read_model(path)
     om = infer(m, path, batch, seq, dict(dims or {}))
-    graph = build_graph(om, BUILD_DTYPE[dtype], overrides)
+    graph = build_graph(om, build_dtype(dtype), overrides)
     bound = ", ".join(f"{k}={v}" for k, v in om.dims.items()) or "none (static shapes)"
     notes = (f"ONNX model {path.name} (opset {om.opset}, producer {m.producer_name or '?'} "
              f"{m.producer_version or ''}".rstrip() + f"); dynamic dims bound: {bound}",
-             f"float tensors priced at {BUILD_DTYPE[dtype]} (--dtype {dtype}); integer tensors at their own type")
+             f"float tensors priced at {build_dtype(dtype)} (--dtype {dtype}); integer tensors at their own type")
     seq_v = next((v for k, v in om.dims.items() if SEQ_NAMES.match(k)), None)
     batch_v = next((v for k, v in om.dims.items() if BATCH_NAMES.match(k)), batch)
     return Workload(path.name, None, None, batch_v, seq_v, notes, graph=graph)

@@ -136,7 +136,7 @@ def check_device(device: str, accepted: tuple[str, ...] = CAPTURE_DEVICES) -> No
 
 
 def parse_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype to build in for an opmap format (quantized formats build in bf16: precision.POLICY)."""
+    """The torch dtype to build in for an opmap format (quantized formats build in bf16: precision.build_dtype)."""
     return torch_dtype(dtype)
 
 
