@@ -141,3 +141,13 @@ def test_the_cli_accepts_a_registered_format(hyp8, target, tmp_path, capsys):
     a = json.loads((tmp_path / "analysis.json").read_text())
     text = json.dumps(a)
     assert "has no hyp8 matrix peak: used bf16" in text and "hyp8 (e3m4, blocks of 32)" in text
+
+
+def test_build_bytes_and_reference_come_from_the_build_dtype():
+    """A real build holds the build dtype's tensors: fp32 / tf32 in float32 (4 B, the fp32 reference quality
+    compares against), bf16 / fp16 and the quantized formats (built in bfloat16) 2 B."""
+    from opmap.precision import build_bytes, reference
+
+    assert {f: build_bytes(f) for f in requestable()} == \
+        {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "int8": 2, "int4": 2}
+    assert [f for f in requestable() if reference(f)] == ["fp32", "tf32"]

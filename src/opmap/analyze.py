@@ -43,7 +43,7 @@ from opmap.mapping.memory import (
     train_formats,
     training_state_bytes,
 )
-from opmap.precision import Precision, power_limited, resolve_precision, resolve_training_precision
+from opmap.precision import Precision, power_limited, reference, resolve_precision, resolve_training_precision
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.load import position_limit
 from opmap.workloads.zoo import Workload
@@ -503,7 +503,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
-        "reference precision" if dtype in ("fp32", "tf32") else "unverified: no quality evidence"))
+        "reference precision" if reference(dtype) else "unverified: no quality evidence"))
     if fp8 is not None:
         assumptions["fp8_training"] = fp8_assumptions(fp8, other)
     if kept:

@@ -133,6 +133,16 @@ def build_dtype(fmt: str) -> str:
     return get_format(check_requestable(fmt)).build
 
 
+def build_bytes(fmt: str) -> float:
+    """Bytes per element of the tensors a real build of ``fmt`` holds (its build dtype's)."""
+    return dtype_bytes(build_dtype(fmt))
+
+
+def reference(fmt: str) -> bool:
+    """``fmt`` is stored in fp32, the reference quality compares against (fp32, tf32)."""
+    return build_dtype(fmt) == "float32"
+
+
 def torch_dtype(fmt: str):
     """The torch dtype a model is built in for ``fmt`` (quantized formats: bfloat16)."""
     import torch

@@ -345,7 +345,9 @@ def _graph_key(model: str, batch: int, seq: int | None, image_size: int | None, 
 
 def _evidence(path: Path | None, workload: str, dtype: str) -> str:
     """The precision evidence line of the assumptions: verified by a matching quality.json, or unverified."""
-    if dtype in ("fp32", "tf32"):
+    from opmap.precision import reference
+
+    if reference(dtype):
         return "reference precision (fp32 storage)"
     if path is None:
         return (f"unverified: no quality evidence for {dtype} (run `opmap quality {workload} --dtype {dtype} "

@@ -62,7 +62,9 @@ def check_memory(params: int, dtype: str, device: str) -> None:
     asked is checked (cpu, an available cuda); the loader refuses the others."""
     import os
 
-    need = params * (4 if dtype in ("fp32", "tf32") else 2)
+    from opmap.precision import build_bytes, check_requestable
+
+    need = params * build_bytes(check_requestable(dtype))
     if device == "cpu":
         have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     else:

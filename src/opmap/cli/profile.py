@@ -179,6 +179,7 @@ def _refuse_what_cannot_fit(model: str, batch: int, seq: int | None, image_size:
     from opmap.capture import capture
     from opmap.cli.analyze import _graph_key, _workload_fields
     from opmap.measure.oom import check_fits, run_bytes
+    from opmap.precision import build_bytes
     from opmap.workloads import MODELS
 
     if model not in MODELS:
@@ -192,4 +193,4 @@ def _refuse_what_cannot_fit(model: str, batch: int, seq: int | None, image_size:
         graph = capture(w.module, w.inputs)
         if key:
             graph_cache.store(key, graph, _workload_fields(w))
-    check_fits(run_bytes(graph, 4.0 if dtype in ("fp32", "tf32") else 2.0), what, device)
+    check_fits(run_bytes(graph, float(build_bytes(dtype))), what, device)

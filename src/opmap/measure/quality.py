@@ -32,6 +32,7 @@ from torch import nn
 
 from opmap.errors import OpmapError
 from opmap.formats import registry
+from opmap.precision import torch_dtype
 from opmap.validate import finite_number, shown
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
@@ -210,8 +211,8 @@ def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind:
     with torch.no_grad():
         ref = _first_tensor(_call(ref_model, x)).double()
         low = copy.deepcopy(ref_model)
-        if dtype in ("bf16", "fp16"):
-            dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+        if registry().get(dtype).runnable:  # a torch dtype (bf16, fp16): a real cast
+            dt = torch_dtype(dtype)
             try:
                 y = _first_tensor(_call(low.to(dt), _cast(x, dt)))
             except (RuntimeError, NotImplementedError) as e:
