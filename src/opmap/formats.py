@@ -186,6 +186,11 @@ def use(reg: Registry | None) -> None:
     _REGISTRY[:] = [] if reg is None else [reg]
 
 
+def spoken(names: tuple[str, ...] | list[str]) -> str:
+    """``a, b, c or d``: a list of format names as a help line or a refusal says it."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def get_format(name: str) -> Format:
     """The format called ``name``; an unknown name is refused with the known ones."""
     f = registry().get(name)

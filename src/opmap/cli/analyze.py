@@ -18,8 +18,12 @@ from opmap.cli.common import (
     warn_unmatched_overrides,
 )
 from opmap.errors import OpmapError
+from opmap.precision import policy, requestable
 from opmap.report.text import safe
 from opmap.validate import INT_GE0, INT_GE1, options
+
+# --dtype's help: the registry's requestable formats, the weight-only ones marked
+_DTYPES = ", ".join(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable())
 
 
 def analyze(
@@ -30,7 +34,7 @@ def analyze(
     batch: int = typer.Option(1, help="Batch size."),
     seq: int | None = typer.Option(None, help="Sequence length for text models (default: the model's)."),
     image_size: int | None = typer.Option(None, help="Image side in pixels for vision models."),
-    dtype: str = typer.Option("bf16", help="Precision: fp32, tf32, bf16, fp16, fp8, int8, int4 (weight-only)."),
+    dtype: str = typer.Option("bf16", help=f"Precision: {_DTYPES}."),
     out: Path | None = typer.Option(None, help="Write sheet.csv, kernels.csv, sheet.md and analysis.json here."),
     device: str = typer.Option("meta", help="Capture device: meta (no weights allocated), cpu or cuda."),
     layer_type: list[str] = typer.Option([], "--layer-type", help="Override: GLOB=TYPE on the module path."),

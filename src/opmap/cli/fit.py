@@ -8,9 +8,12 @@ import typer
 
 from opmap.cli.common import console, exit_if_stopped, kept, print_wrote
 from opmap.errors import OpmapError
+from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
 from opmap.serve.capacity import CAPACITY_REQUESTS
 from opmap.validate import INT_GE1, json_text, options, positive, positive_in
+
+_KV = spoken(registry().names(kv=True))  # --kv-dtype accepts the registry's KV formats
 
 MAX_BUDGET = 10_000  # devices a budget may name: the simulator's replica limit (opmap.serve.sim.MAX_REPLICAS)
 
@@ -49,7 +52,7 @@ def fit(
     devices_budget: int | None = typer.Option(None, "--devices-budget", help="Devices the replicas fill (default "
                                                                              "one node of the platform)."),
     runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "; default engine."),
-    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV cache format, as serve: bf16, fp16, fp8 or int8 "
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"KV cache format, as serve: {_KV} "
                                                                  "(default: the model dtype's activations')."),
     max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="engine: most sequences running in a step, "
                                                                          "as serve (default 256, vLLM's)."),

@@ -15,6 +15,7 @@ from opmap.cli.common import (
     warn_unmatched_overrides,
 )
 from opmap.cli.common import hardware as get_hardware
+from opmap.precision import RUNNABLE
 from opmap.validate import INT_GE0, INT_GE1, json_text, options, visible
 
 
@@ -31,7 +32,7 @@ def profile(
     batch: int = typer.Option(1, help="Batch size."),
     seq: int | None = typer.Option(None, help="Sequence length for text models (default: the model's)."),
     image_size: int | None = typer.Option(None, help="Image side in pixels for vision models."),
-    dtype: str = typer.Option("fp32", help="Precision: fp32, tf32, bf16, fp16."),
+    dtype: str = typer.Option("fp32", help=f"Precision: {', '.join(RUNNABLE)}."),
     warmup: int = typer.Option(3, help="Untimed iterations first."),
     iters: int = typer.Option(20, help="Timed iterations (the latency distribution)."),
     profile_iters: int = typer.Option(5, help="Iterations under torch.profiler (the attribution)."),

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from opmap.cli.common import build_workload, console, print_wrote
+from opmap.formats import registry
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options
 
@@ -18,7 +19,7 @@ USER_WEIGHTS = "as the model file builds them (random unless it loads a checkpoi
 
 def quality(
     model: str = typer.Argument(..., help="A zoo name, path/to/file.py:factory, path/to/config.json or hf:NAME."),
-    dtype: str = typer.Option(..., help="Reduced precision: bf16, fp16, fp8, int8, int4."),
+    dtype: str = typer.Option(..., help=f"Reduced precision: {', '.join(registry().names(quality=True))}."),
     batch: int | None = typer.Option(None, help="Batch size (default: 8 images, 2 sequences)."),
     seq: int | None = typer.Option(None, help="Sequence length for text models (default 64)."),
     image_size: int | None = typer.Option(None, help="Image side for vision models."),

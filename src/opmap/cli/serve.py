@@ -8,9 +8,12 @@ import typer
 
 from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
+from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
+
+_KV = spoken(registry().names(kv=True))  # --kv-dtype accepts the registry's KV formats
 
 
 def serve(
@@ -21,7 +24,7 @@ def serve(
     pp: int = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
                                            "tp x pp devices)."),
     runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "."),
-    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV cache format: bf16, fp16, fp8 or int8 "
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"KV cache format: {_KV} "
                                                                  "(default: the model dtype's activations')."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization",
                                                  help="Fraction of each device's memory the engine takes (0 < u "

@@ -93,6 +93,7 @@ class Point:
 
 def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
     """The KV format: ``kv_dtype`` or, by default, the format the model computes activations in."""
+    from opmap.formats import spoken
     from opmap.precision import policy
 
     kvs = kv_dtypes()
@@ -100,7 +101,7 @@ def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
         cap = policy(dtype).capture
         return cap if cap in kvs else "bf16" if cap != "fp32" else "fp32"
     if kv_dtype not in kvs:
-        raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {', '.join(kvs[:-1])} or {kvs[-1]} "
+        raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {spoken(kvs)} "
                          "(default: the model dtype's activation format)")
     return kv_dtype
 
