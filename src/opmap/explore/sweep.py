@@ -41,6 +41,7 @@ from opmap.hardware.spec import HardwareSpec
 from opmap.measure.energy import RAPL_ROOT
 from opmap.measure.oom import check_fits, refusal_as_error, run_bytes
 from opmap.phases.runtime import get_runtime
+from opmap.precision import build_bytes
 from opmap.validate import INT_MAX
 
 SCHEMA_VERSION = 1
@@ -287,7 +288,7 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
                                                                                        "dtype": dtype}
             what = f"sweep --measure at batch {b} x seq {s}"
             # in milliseconds, before a build the OOM killer would end
-            check_fits(run_bytes(g, 4.0 if dtype == "fp32" else 2.0), what)
+            check_fits(run_bytes(g, build_bytes(dtype)), what)
             with refusal_as_error(what):
                 pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root, dtype), mfu=None, bound_mix={})
         points.append(pt)
