@@ -78,7 +78,8 @@ CASES: dict[str, list[str]] = {
 # cases whose outputs mix measurements with predictions: only these files' top-level keys are kept (the
 # predictions, their inputs and the cost table priced), and the stdout (a measured report) is not compared
 KEEP: dict[str, dict[str, tuple[str, ...]]] = {
-    "bench-predict": {"bench_predict.json": ("assumptions", "cost", "policy", "predictions/model", "workload")},
+    # the prediction's figures replay the measured send times: only the cost table priced and the inputs compare
+    "bench-predict": {"bench_predict.json": ("assumptions", "cost", "policy", "workload")},
     "profile-cpu-predicted": {"profile.json": ("assumptions", "fusion", "kernels", "layer_types", "memory", "nodes",
                                                "phase", "totals", "uncounted")},
 }
@@ -89,7 +90,7 @@ DROP_KEYS = {
     "run_id", "id", "run", "host", "hostname", "machine", "node", "pid", "path", "paths", "out", "out_dir", "model_dir",
     "files", "wall_s", "elapsed_s", "duration_s", "took_s", "python", "torch", "version", "opmap_version",
     "git", "commit", "cache", "cache_key", "graph_hash", "launched", "measured", "measurement", "probe", "overhead",
-    "samples", "samples_s", "trace", "torch_trace", "requests_ok", "usage_check", "server",
+    "samples", "samples_s", "points_per_s", "trace", "torch_trace", "requests_ok", "usage_check", "server",
 }
 # keys dropped by pattern: measured timings and host facts
 DROP_RE = re.compile(r"(^measured_|_measured$|^meas_|^wall|^elapsed|timestamp|_at$|^host_|_path$|_dir$|^started)")
