@@ -91,10 +91,10 @@ def test_cp2_step_is_half_the_step_within_the_exchange_cost():
     gradient all-reduce over the 2 cp ranks."""
     s = gpt2_train()
     one, two = s.shard(Parallelism()), s.shard(Parallelism(cp=2))
-    rows = [r for r in s.rows if r[0] != "optimizer"]
-    launches = sum(r[6] for r in rows)
-    weights = sum(r[8] * r[5] for r in rows)
-    opt = sum(t for r, t in zip(s.rows, one.kernel_s) if r[0] == "optimizer")
+    rows = [r for r in s.rows if r.role != "optimizer"]
+    launches = sum(r.overhead_s for r in rows)
+    weights = sum(r.weight_fraction * r.memory_s for r in rows)
+    opt = sum(t for r, t in zip(s.rows, one.kernel_s) if r.role == "optimizer")
     ring = sum(c.predicted_s * c.count for c in two.collectives if c.purpose.startswith("CP"))
     dp = sum(c.predicted_s for c in two.collectives if c.stage == "iteration")
     assert ring > 0 and dp > 0 and two.cp_exchange_s == pytest.approx(ring)

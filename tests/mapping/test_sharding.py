@@ -151,7 +151,7 @@ def test_pipeline_iteration_formula():
     p = Parallelism(pp=4, dp=1, global_batch=8 * B, microbatch=B)
     r = s.shard(p)
     assert r.bubble_fraction == pytest.approx(3 / 8)
-    opt = sum(t for row, t in zip(s.rows, r.kernel_s) if row[0] == "optimizer")
+    opt = sum(t for row, t in zip(s.rows, r.kernel_s) if row.role == "optimizer")
     assert r.step_s == pytest.approx((8 + 3) * r.microbatch_s + opt)
     assert [c.collective.kind for c in r.collectives] == ["send_recv", "send_recv"]
 
@@ -221,7 +221,7 @@ def test_dp_reduction_hides_behind_the_last_microbatch_backward_only():
     for m in (1, 8):
         r = s.shard(Parallelism(tp=2, dp=16, global_batch=16 * B * m, microbatch=B))
         reduce_s = sum(c.predicted_s * c.count for c in r.collectives if c.stage == "iteration")
-        bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
+        bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row.phase == "backward")
         assert reduce_s > DP_OVERLAP * bwd_s  # tp 2 x dp 16: one NIC per rank, the reduction outlasts a backward
         tp_s = sum(c.exposed * c.count for c in r.collectives if c.stage != "iteration")  # per microbatch
         assert r.exposed_comm_s == pytest.approx(m * tp_s + reduce_s - DP_OVERLAP * bwd_s)
@@ -235,8 +235,8 @@ def test_sharded_optimizer_gathers_parameters_behind_the_next_forward():
     max(0, t_ag - 0.8 t_fwd), one microbatch's forward and backward on the device."""
     s = sharder("gpt2", train=True)
     r = s.shard(Parallelism(tp=2, dp=16, global_batch=16 * B * 4, microbatch=B, zero=1))
-    bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] == "backward")
-    fwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row[2] not in ("backward", "optimizer"))
+    bwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row.phase == "backward")
+    fwd_s = sum(t for row, t in zip(s.rows, r.kernel_s) if row.phase not in ("backward", "optimizer"))
     rs = sum(c.predicted_s for c in r.collectives if c.stage == "iteration" and c.collective.kind == "reduce_scatter")
     ag = sum(c.predicted_s for c in r.collectives if c.stage == "iteration" and c.collective.kind == "all_gather")
     tp_s = sum(c.exposed * c.count for c in r.collectives if c.stage != "iteration")  # per microbatch

@@ -86,9 +86,9 @@ def captured_blocks_match(sharder, rel: float = 1e-9) -> str:
     what differed: the check that the shallow capture's blocks are one block."""
     per: dict[int, list[float]] = {}
     for r in sharder.rows:
-        if 0 <= r[1] < sharder.L and r[0] != "optimizer":
-            acc = per.setdefault(r[1], [0.0] * 6)
-            for j, x in enumerate((1.0, r[3], r[4], r[5], r[6], r[11])):
+        if 0 <= r.pos < sharder.L and r.role != "optimizer":
+            acc = per.setdefault(r.pos, [0.0] * 6)
+            for j, x in enumerate((1.0, r.matrix_s, r.vector_s, r.memory_s, r.overhead_s, r.matrix_flops)):
                 acc[j] += x
     if len(per) != sharder.L:
         return f"{len(per)} of {sharder.L} captured blocks hold kernels"

@@ -79,7 +79,7 @@ def layout_collectives(sharder: SharderView, p: Parallelism, hw: HardwareSpec, b
         if group <= 1 or count <= 0 or msg <= 0:
             return
         link, per_node = link or (link_for(hw, span), None)
-        c, t, alg = sharder._time(hw, kind, msg, group, link, per_node)
+        c, t, alg = sharder.collective(hw, kind, msg, group, link, per_node)
         ex = None if hide is None else context.exposed(t, hide)
         out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
 

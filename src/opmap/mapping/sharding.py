@@ -43,6 +43,7 @@ from typing import Any
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
 from opmap.mapping.collectives import Collective, collective_time
+from opmap.mapping.device_time import EXPERT_ROLES, KernelRow, device_time, tp_split
 from opmap.mapping.layout_collectives import CollectiveKernel, layout_collectives, link_for  # noqa: F401 (re-exported)
 from opmap.mapping.roles import SPLIT_ROLES, block_of, infer_roles, phase_of
 from opmap.mapping.shard_types import (  # noqa: F401 (re-exported: the layout's types live below this module)
@@ -187,17 +188,17 @@ class Sharder:
             extra = max(0.0, t.predicted_s - busy - t.overhead_s)
             params = sum(analysis.results[m].cost.param_bytes_read for m in k.kernel.nodes)
             wfrac = min(1.0, params / k.traffic_bytes) if k.traffic_bytes else 0.0
-            kv_narrow = (role == "column" and self.roles.kv_width and anchor.outputs
-                         and anchor.outputs[0].shape[-1] == self.roles.kv_width)
+            kv_narrow = self._kv_narrow(role, anchor)
             mflops = sum(analysis.results[m].cost.matrix_flops for m in k.kernel.nodes)
             if role == "optimizer" and depth is not None:
                 owners = {block_of(t.param) for m in k.kernel.nodes for t in g.nodes[m].inputs if t.param}
                 one = next(iter(owners)) if len(owners) == 1 else "<several>"
                 opt_block.append(-1 if one is None else blocks.get(one))
-            rows.append((role, pos, phase_of(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
-                         wfrac, bool(kv_narrow), anchor.op == "aten.scaled_dot_product_attention.default", mflops,
-                         "scaled_dot_product" in anchor.op and phase_of(anchor) == "backward"))
-        self.rows = rows
+            rows.append(KernelRow(role, pos, phase_of(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
+                                  wfrac, kv_narrow, anchor.op == "aten.scaled_dot_product_attention.default",
+                                  mflops, "scaled_dot_product" in anchor.op and phase_of(anchor) == "backward",
+                                  busy))
+        self.rows: list[KernelRow] = rows  # one per kernel, in the analysis's kernel order
         self.L = L  # captured blocks
         self.depth = depth
         if depth is not None:
@@ -214,16 +215,17 @@ class Sharder:
         self._tables: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
         self._ctimes: dict[tuple, tuple[Collective, float, str]] = {}
         extra = self.layers - L
-        rep = sum(r[11] for r in rows if r[1] == L - 1 and r[0] != "optimizer") if extra else 0.0
+        rep = sum(r.matrix_flops for r in rows if r.pos == L - 1 and r.role != "optimizer") if extra else 0.0
         self._model_mflops = analysis.total.matrix_flops + extra * rep
 
-    def _optimizer_sums(self, rows, opt_block: list[int | None], captured_params: int) -> tuple[float, float]:
+    def _optimizer_sums(self, rows: list[KernelRow], opt_block: list[int | None],
+                        captured_params: int) -> tuple[float, float]:
         """The optimizer kernels' (work, launch) sums for the whole model. A shallow capture: each kernel that
         updates one block's parameters counts once per layer that block stands for; when a kernel spans blocks
         (a multi-tensor kernel), the work scales with the parameters and the launches stay as captured."""
-        opt = [r for r in rows if r[0] == "optimizer"]
-        work = [max(r[3], r[4], r[5]) + r[7] for r in opt]
-        launch = [r[6] for r in opt]
+        opt = [r for r in rows if r.role == "optimizer"]
+        work = [r.busy_s + r.extra_s for r in opt]
+        launch = [r.overhead_s for r in opt]
         if self.depth is None:
             return sum(work), sum(launch)
         if any(b is None for b in opt_block):
@@ -273,12 +275,10 @@ class Sharder:
             if not read:
                 continue
             role = self.roles.role.get(r.node.id, "replicated")
-            moe = role in ("expert_column", "expert_row")
+            moe = role in EXPERT_ROLES
             d = 1
             if role in SPLIT_ROLES:
-                narrow = (role == "column" and self.roles.kv_width and r.node.outputs
-                          and r.node.outputs[0].shape[-1] == self.roles.kv_width)
-                d = (min(p.tp, kvh) if narrow and kvh else p.tp) * (p.ep if moe else 1)
+                d = tp_split(role, self._kv_narrow(role, r.node), p.tp, kvh) * (p.ep if moe else 1)
             (expert if moe else dense)[index.get(self.roles.block.get(r.node.id), -1) + 1] += read / d
         return dense, expert
 
@@ -289,29 +289,10 @@ class Sharder:
         pos = [a + b for a, b in zip(dense, expert)]
         return pos[0] + sum(pos[i + 1] for i in self.layer_block)
 
-    def _kernel_time(self, row, p: Parallelism) -> float:
-        role, _pos, _ph, m, v, mem, o, extra, wfrac, kv_narrow, sdpa, _f, _ab = row
-        if role == "optimizer":
-            d = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
-            return max(m, v, mem) / d + extra / d + o
-        expert = role in ("expert_column", "expert_row") and p.ep > 1
-        if p.cp > 1 or expert:
-            # each rank runs s / cp tokens: the token work splits, the weights are read whole on every cp rank;
-            # E / ep experts on ep times the tokens: matrix and activation traffic unchanged, weights / ep
-            m, v, extra = m / p.cp, v / p.cp, extra / p.cp
-            mem = mem * ((1 - wfrac) / p.cp + wfrac / (p.ep if expert else 1))
-            o = o / p.ep if expert else o
-        kv = self.geo.kv_heads
-        if role in SPLIT_ROLES and sdpa and kv and p.tp > kv:
-            # attention past the KV heads: each rank reads its (replicated) KV head whole, so the memory term
-            # splits over the KV heads only; the query heads' work over tp
-            return max(m / p.tp, v / p.tp, mem / kv) + extra / p.tp + o
-        d = 1.0
-        if role in SPLIT_ROLES:
-            d = min(p.tp, kv) if kv_narrow else p.tp
-        elif role == "replicated" and p.sp:
-            d = p.tp
-        return max(m, v, mem) / d + extra / d + o
+    def _kv_narrow(self, role: str, node) -> bool:
+        """A column-parallel K / V projection: its output as wide as the KV heads (split over them, not tp)."""
+        return bool(role == "column" and self.roles.kv_width and node.outputs
+                    and node.outputs[0].shape[-1] == self.roles.kv_width)
 
     def _table(self, p: Parallelism) -> tuple[list[list[float]], list[list[float]]]:
         """Per position (index 0 before the blocks, 1 + i block i, L + 1 after them) the sums ``_TOTAL`` ..
@@ -323,23 +304,24 @@ class Sharder:
         q = Parallelism(tp=p.tp, sp=p.sp, ep=p.ep, cp=p.cp, dp=p.ep)
         L = self.L
         pos_sums = [[0.0] * 6 for _ in range(L + 2)]
+        kvh = self.geo.kv_heads
         for r in self.rows:
-            if r[0] == "optimizer":
+            if r.role == "optimizer":
                 continue
-            t = self._kernel_time(r, q)
-            pos = r[1]
+            t = device_time(r, q, kvh)
+            pos = r.pos
             slot = pos_sums[0 if pos < 0 else L + 1 if pos >= L else pos + 1]
             slot[_TOTAL] += t
             inside = 0 <= pos < L
-            if r[2] == "forward" and inside:
+            if r.phase == "forward" and inside:
                 slot[_FWD] += t
-                if r[10]:
+                if r.sdpa:
                     slot[_SDPA_FWD] += t
-            if r[12] and inside:
+            if r.attention_backward and inside:
                 slot[_ATTN_BWD] += t
-            if r[2] == "backward":
+            if r.phase == "backward":
                 slot[_BWD] += t
-            slot[_MFLOPS] += r[11] / (p.tp if r[0] in SPLIT_ROLES else 1) / p.cp
+            slot[_MFLOPS] += r.matrix_flops / (p.tp if r.role in SPLIT_ROLES else 1) / p.cp
         prefix = [[0.0] * 6]
         for i in self.layer_block:
             prefix.append([a + b for a, b in zip(prefix[-1], pos_sums[i + 1])])
@@ -414,7 +396,8 @@ class Sharder:
         elif p.cp > 1:
             notes.append(f"cp {p.cp}: {context.CP_ALL_GATHER_SOURCE}; not overlapped; weights read whole on every "
                          "cp rank")
-        per_k = tuple(self._kernel_time(r, p) for r in self.rows) if per_kernel else ()
+        kvh = self.geo.kv_heads
+        per_k = tuple(device_time(r, p, kvh) for r in self.rows) if per_kernel else ()
         rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
                  else 0.0) if self.training else 0.0
         return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
@@ -423,9 +406,10 @@ class Sharder:
                        bubble_s=(pp - 1) / vp * mb_s, exposed_comm_s=m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp,
                        optimizer_s=opt_s)
 
-    def _time(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
-              per_node: int | None = None) -> tuple[Collective, float, str]:
-        """The collective, its time and algorithm (kept: a layout search asks for the same ones again)."""
+    def collective(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
+                   per_node: int | None = None) -> tuple[Collective, float, str]:
+        """The collective, its time and algorithm (opmap.mapping.collectives.collective_time), kept: a layout
+        search asks for the same ones again."""
         key = (hw.name, kind, msg, group, link, per_node)
         hit = self._ctimes.get(key)
         if hit is None:

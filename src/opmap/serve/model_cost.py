@@ -263,12 +263,12 @@ class Pricer:
         blk = [coll] * n
         pre = post = 0.0
         for r, t in zip(s.rows, per_k):
-            if r[1] < 0:
+            if r.pos < 0:
                 pre += t
-            elif r[1] >= n:
+            elif r.pos >= n:
                 post += t
             else:
-                blk[r[1]] += t
+                blk[r.pos] += t
         for r in a.results:
             i = index.get(s.roles.block.get(r.node.id), -1) + 1
             if sh is None and not r.cost.kernel and 0 < i:  # host dispatch of views (Analysis.predicted_latency_s)
