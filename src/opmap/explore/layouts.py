@@ -28,6 +28,9 @@ from typing import Any
 from opmap.errors import OpmapError
 
 DEVICE_STEPS = (1, 2, 4, 8)
+# prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
+# capacity.alone_breaks_slo); False searches every layout that fits (the tests compare the two)
+PRUNE = True
 # a capacity run can be longer than the saturation run (lengthened to a stationary span), so its mean output
 # length can differ from the saturation run's by sampling: the bound is loosened by this much before it prunes
 BOUND_SLACK = 0.05
@@ -154,7 +157,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     bounded.sort(key=lambda x: -x[0]["bound_per_device_tokens_per_s"])
     found: list[float] = []
     for lay, probe, sat in bounded:
-        if len(found) >= 2 and lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < sorted(found)[-2]:
+        if PRUNE and len(found) >= 2 and lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < sorted(found)[-2]:
             lay.update(limited_by="pruned", reason=(
                 f"not searched: its saturation bound {lay['bound_per_device_tokens_per_s']:.4g} tokens/s per "
                 f"device is below the runner-up's {sorted(found)[-2]:.4g}"))
@@ -162,7 +165,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         if progress:
             progress(f"{model} on {hw.name}, {label(lay)}: capacity search")
         try:
-            cap = steady_capacity(probe, saturation=sat)
+            cap = steady_capacity(probe, saturation=sat, prune=PRUNE)
         except OpmapError as e:  # an offline run that completes nothing
             lay["reason"] = str(e)
             continue

@@ -86,7 +86,7 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
         return [s["validity"]["valid"] for s in out]
 
     try:
-        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept)
+        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs so far, and the best rate they found, kept
         stop = Interrupted.of(e)
         if tried:
@@ -113,9 +113,24 @@ def _split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | No
     return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
 
 
+def _upward(probe: Callable[[list[float]], list[bool]], rates: list[float]) -> list[bool]:
+    """A refinement round run one rate at a time from the lowest, stopping at the first invalid one: ``_split``
+    reads no probe above it, so the round's answer is the one probing them all gives (the rates above, the
+    costliest runs of an overloaded queue, are marked invalid here and never run)."""
+    ok: list[bool] = []
+    for r in rates:
+        ok += probe([r])
+        if not ok[-1]:
+            return ok + [False] * (len(rates) - len(ok))
+    return ok
+
+
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
-            ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]]) -> dict[str, Any]:
-    """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``."""
+            ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]],
+            parallel: bool = True) -> dict[str, Any]:
+    """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``.
+    Not ``parallel`` (probes run one by one, inline), a refinement round stops at its first invalid rate
+    (``_upward``): the same answer, fewer runs."""
     width = len(GRID_EXPONENTS)
     lo = hi = None
     if ceiling is not None:  # capped: ceiling x 2^0, 2^-1, ... 2^(1 - width), from the top until one is valid
@@ -143,9 +158,11 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
     if lo is None or hi is None:
         return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
                 "limited_by": "search range", "runs": tried, "summary": kept.get(lo) if lo else None}
-    while hi - lo > rel_tol * lo and len(tried) + PROBES <= max_runs:
+    runs = len(tried)  # the budget counts every probe of a round, run or skipped: the same rounds either way
+    while hi - lo > rel_tol * lo and runs + PROBES <= max_runs:
         rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
-        ok = probe(rates)
+        ok = probe(rates) if parallel else _upward(probe, rates)
+        runs += PROBES
         new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
     return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
@@ -381,17 +398,65 @@ class RateProbe:
         return summarize(self._simulate(reqs), self.slo)
 
 
+def _lowest(length) -> int:
+    """The fewest tokens ``length`` (an arrivals.Length) can draw: its fixed value or a uniform's low end, else 1."""
+    return int(length.a) if length.kind in ("fixed", "uniform") else 1
+
+
+def _monotone(cost) -> bool:
+    """A TableCost whose every step time grows (or stays) with the tokens, the sequences and the KV tokens: a
+    step that carries more work never runs faster than the same step with less."""
+    from opmap.serve.cost import TableCost
+
+    if not isinstance(cost, TableCost):
+        return False
+    up = (lambda v: all(b >= a for a, b in zip(v, v[1:])))  # noqa: E731
+    grids = [cost.decode_time_s] + ([cost.stage_decode_time_s] if cost.stage_decode_time_s is not None else [])
+    flats = [cost.prefill_time_s] + ([cost.stage_prefill_time_s] if cost.stage_prefill_time_s is not None else [])
+    return (all(up(v) for v in flats) and all(up(r) for g in grids for r in g)
+            and all(up(c) for g in grids for c in zip(*g)))
+
+
+def alone_breaks_slo(probe: RateProbe) -> str | None:
+    """Why no arrival rate can meet the SLO, or None where that is not shown: the shortest request the lengths
+    can draw, simulated alone on an idle replica, already breaks a limit. Alone is the fastest any request is
+    served under iteration-level batching (engine, continuous, chunked: no batch is waited for) when every step
+    time grows with its work (``_monotone``): at any rate a step carries at least that request's work and queueing
+    only adds, so every request of every run exceeds the limit that one does, and its p99 with it. Only
+    checked where that holds (None otherwise)."""
+    from opmap.serve.arrivals import Requests
+    from opmap.serve.policies import Chunked, Continuous, Engine
+
+    slo = probe.slo
+    if (slo is None or probe.disaggregate is not None or not isinstance(probe.policy, (Engine, Continuous, Chunked))
+            or not _monotone(probe.cost)):
+        return None
+    i, o = _lowest(probe.input_len), _lowest(probe.output_len)
+    one = probe._simulate(Requests(np.zeros(1), np.array([i]), np.array([o]), "alone"))
+    ttft = float(one.first_s[0] - one.arrival_s[0])
+    e2e = float(one.finish_s[0] - one.arrival_s[0])
+    tpot = (e2e - ttft) / (o - 1) if o > 1 else None  # a single-token output has no TPOT: not judged on it
+    for limit, got, what in ((slo.p99_s, e2e, "end to end"), (slo.ttft_s, ttft, "TTFT"), (slo.tpot_s, tpot, "TPOT")):
+        if limit is not None and got is not None and got > limit:
+            return (f"no rate meets the SLO: a request of {i} + {o} tokens served alone on an idle replica takes "
+                    f"{got * 1e3:.4g} ms {what}, over the {limit * 1e3:g} ms limit (at any rate every request "
+                    "takes at least as long as the shortest alone)")
+    return None
+
+
 def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
                                                         list[dict[str, Any]]] | None = None,
                     rel_tol: float = 0.01, max_runs: int = 64,
-                    saturation: dict[str, Any] | None = None) -> dict[str, Any]:
+                    saturation: dict[str, Any] | None = None, prune: bool = True) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
     saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
     completed): ``find_capacity`` with that rate as its ceiling. Returns the search record (``rate_per_s`` None
     where no rate is valid, with ``reason``), ``saturation`` (the offline run's throughput), ``run`` (its length,
     warm-up and steady-state verdict) and ``headline``: the summary of the run at ``rate_per_s``, the very run
     whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
-    search bounds each layout by it first), else it is run here.
+    search bounds each layout by it first), else it is run here. ``prune``: first ask ``alone_breaks_slo``; where
+    a request alone already breaks the SLO, no rate is searched (the search would probe ever lower rates, down to
+    2^-31 of saturation, each a run of requests served one by one, and find none valid).
 
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) after a run, the stop carries as ``partial`` this record of the runs
     so far, ``limited_by`` "interrupted", ``interrupted`` the signal and the runs: ``rate_per_s`` the highest
@@ -401,6 +466,11 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
     if not sat_rate > 0:
         raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
                          "under (check the cost model and the lengths)")
+    why = alone_breaks_slo(probe) if prune else None
+    if why is not None:
+        return _steady_record(probe, {"rate_per_s": 0.0, "bracket": [None, None], "converged": True,
+                                      "rel_tol": rel_tol, "limited_by": "slo", "runs": [], "summary": None,
+                                      "alone": why}, sat, sat_rate)
     try:
         cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate)
     except Interrupted as e:
@@ -414,6 +484,7 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
 def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], sat_rate: float) -> dict[str, Any]:
     """steady_capacity's record of find_capacity's ``cap`` under the saturation run ``sat``."""
     head = cap.pop("summary", None)
+    alone = cap.pop("alone", None)
     out = {**cap, "saturation_per_s": sat_rate,
            "saturation": {"arrival": "offline", "requests": sat["requests"]["count"],
                           "span_s": sat["requests"]["span_s"], **sat["throughput"]},
@@ -426,6 +497,9 @@ def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], s
                        "its queue is stationary; throughput = departures between the first and the last measured "
                        "arrival; the rate capped at the offline saturation rate (all requests at t = 0)",
            "headline": head}
+    if alone is not None:
+        out.update(rate_per_s=None, headline=None, reason=alone)
+        return out
     if head is None or not cap["rate_per_s"]:
         low = min(cap["runs"], key=lambda r: r["rate_per_s"])
         out.update(rate_per_s=None, headline=None,

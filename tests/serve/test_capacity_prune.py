@@ -1,0 +1,75 @@
+"""What the capacity search may skip without changing its answer: a refinement round run one rate at a time stops
+at its first invalid rate; a configuration where a request served alone already breaks the SLO is not searched."""
+
+from __future__ import annotations
+
+import pytest
+
+from opmap.serve.arrivals import Arrival, parse_length
+from opmap.serve.capacity import RateProbe, alone_breaks_slo, find_capacity, steady_capacity
+from opmap.serve.cost import TableCost
+from opmap.serve.metrics import Slo
+from opmap.serve.policies import parse_policy
+
+
+def _rule(valid):
+    def run(rate: float) -> dict:
+        return {"validity": {"valid": valid(rate), "reason": f"{rate:g}"}}
+    return run
+
+
+@pytest.mark.parametrize("valid", [
+    lambda r: r <= 3.0,  # an edge at 3 requests/s
+    lambda r: r <= 3.0 or 3.3 <= r <= 3.5,  # not monotone: valid again above the first invalid rate
+    lambda r: r <= 0.2 or 1.0 <= r <= 2.9,  # not monotone below the edge either
+])
+def test_a_round_stopped_at_its_first_invalid_rate_gives_the_answer_of_the_whole_round(valid):
+    def together(fn, rates):  # an engine's map: every probe of a round run
+        return [fn(r) for r in rates]
+
+    for ceiling in (None, 50.0):
+        whole = find_capacity(_rule(valid), 1.0, map_fn=together, ceiling=ceiling)
+        one_by_one = find_capacity(_rule(valid), 1.0, ceiling=ceiling)
+        for k in ("rate_per_s", "bracket", "converged", "limited_by", "summary"):
+            assert one_by_one[k] == whole[k]
+        assert len(one_by_one["runs"]) < len(whole["runs"])
+
+
+def _flat(prefill_s: float, step_s: float, kv_capacity: int = 100_000) -> TableCost:
+    """Every prefill of up to 4096 tokens takes ``prefill_s``, every decode step ``step_s`` (monotone: flat)."""
+    return TableCost([1, 4096], [prefill_s, prefill_s], [1, 256], [0, 1e6], [[step_s, step_s], [step_s, step_s]],
+                     kv_capacity_tokens=kv_capacity)
+
+
+def _probe(cost, slo, policy="engine", output_len="128"):
+    return RateProbe(Arrival("poisson", 1.0), parse_length("512"), parse_length(output_len), 200,
+                     parse_policy(policy), cost, 1, "round_robin", 0, slo)
+
+
+def test_the_alone_bound_is_prefill_plus_one_step_per_later_token():
+    """A request of 512 + 128 tokens alone: its prompt in one step (50 ms: its first token), then 127 decode steps
+    of 20 ms: e2e = 50 + 127 x 20 = 2590 ms, TPOT = 127 x 20 / 127 = 20 ms."""
+    cost = _flat(0.050, 0.020)
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.589)))
+    assert why is not None and "2590 ms end to end, over the 2589 ms limit" in why
+    assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.591))) is None
+    assert "50 ms TTFT" in alone_breaks_slo(_probe(cost, Slo(0.049, None)))
+    assert "20 ms TPOT" in alone_breaks_slo(_probe(cost, Slo(None, 0.0199)))
+    assert alone_breaks_slo(_probe(cost, Slo(0.051, 0.0201))) is None
+    # a policy that waits for a batch serves a lone request slower than a full one: not judged alone
+    assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.589), policy="dynamic:8,100")) is None
+    # a table where a larger step runs faster: alone is not the fastest, nothing is claimed
+    odd = TableCost([1, 4096], [0.05, 0.05], [1, 256], [0, 1e6], [[0.02, 0.02], [0.01, 0.01]])
+    assert alone_breaks_slo(_probe(odd, Slo(None, None, 2.589))) is None
+
+
+def test_a_configuration_too_slow_alone_is_answered_without_a_search_and_the_same():
+    """2590 ms alone against a 2 s p99: the whole search (32 rates down to 2^-31 of saturation) finds no rate
+    either; pruned, it runs none."""
+    probe = _probe(_flat(0.050, 0.020), Slo(None, None, 2.0), output_len="128")
+    pruned = steady_capacity(probe)
+    full = steady_capacity(probe, prune=False)
+    assert pruned["rate_per_s"] is None and full["rate_per_s"] is None
+    assert pruned["runs"] == [] and len(full["runs"]) == 32
+    assert "2590 ms end to end" in pruned["reason"]
+    assert pruned["saturation_per_s"] == full["saturation_per_s"]
