@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from opmap.serve.alone import alone_breaks_slo
 from opmap.serve.arrivals import Arrival, parse_length
-from opmap.serve.capacity import RateProbe, alone_breaks_slo, find_capacity, steady_capacity
+from opmap.serve.capacity import RateProbe, find_capacity, steady_capacity
 from opmap.serve.cost import TableCost
 from opmap.serve.metrics import Slo
 from opmap.serve.policies import parse_policy
@@ -73,3 +74,35 @@ def test_a_configuration_too_slow_alone_is_answered_without_a_search_and_the_sam
     assert pruned["runs"] == [] and len(full["runs"]) == 32
     assert "2590 ms end to end" in pruned["reason"]
     assert pruned["saturation_per_s"] == full["saturation_per_s"]
+
+
+def test_the_descent_stops_at_its_first_run_served_alone_with_the_same_record():
+    """A request alone takes 2590 ms against a 2 s p99, so every rate is invalid. Probing from the saturation rate
+    down, once a run serves every request alone (each done before the next arrives), every lower rate serves them
+    alike (the same gaps, longer): the descent records those rates with that run's verdict instead of running
+    them, and the record is the one running all 32 gives (the same rates, the same verdicts)."""
+    probe = _probe(_flat(0.050, 0.020), Slo(None, None, 2.0))
+    calls = []
+
+    def counted(fn, rates):
+        calls.extend(rates)
+        return [fn(r) for r in rates]
+
+    sat = float(probe.saturation()["throughput"]["requests_per_s"])
+    full = find_capacity(probe, sat, map_fn=counted, ceiling=sat, skip_alone=False)
+    n_full = len(calls)
+    calls.clear()
+    short = find_capacity(probe, sat, map_fn=counted, ceiling=sat, skip_alone=True)
+    assert len(full["runs"]) == n_full == 32
+    assert [(r["rate_per_s"], r["valid"]) for r in short["runs"]] == [(r["rate_per_s"], r["valid"])
+                                                                      for r in full["runs"]]
+    # the reasons alike, but for the last digit the runs at the lowest rates print: their arrivals lie ~1e10 s out,
+    # where a float's spacing is ~1e-6 s, so finish - arrival comes out 2590.1 ms there, 2590.0 alone
+    k = len(calls)  # the runs the short descent ran: the same; below them, alone alike
+    assert short["runs"][:k] == full["runs"][:k]
+    ms = [float(r["reason"].split()[2]) for r in short["runs"][k - 1:] + full["runs"][k - 1:]]
+    assert all(abs(m - 2590.0) <= 0.1 for m in ms)
+    assert {k: short[k] for k in ("rate_per_s", "bracket", "limited_by")} == \
+        {k: full[k] for k in ("rate_per_s", "bracket", "limited_by")}
+    assert k < n_full
+    assert probe(calls[-1])["steady_state"]["alone"] and not probe(sat)["steady_state"]["alone"]

@@ -37,6 +37,9 @@ Cells that break a constraint (no fit within a node, no valid rate, the power bu
 in ``excluded_reason``; the others are ranked per workload by throughput per device (by cost per token where
 prices are given), datasheet-only devices after the rest (unless asked to rank them together).
 
+Progress: each cell reports the layout it prices or searches (two steps a layout), across the local pool's
+processes, so the bar and its estimate of the time left move within a cell (``_Notes``).
+
 A fit stopped by a signal keeps its finished cells (``interrupted`` names the signal and the cells not run).
 
 Schema 2 (from 1): ``devices`` is the devices the chosen layout uses and ``throughput_at_slo`` their throughput

@@ -16,8 +16,11 @@ how many replicas fill a device budget.
 - **bound and prune**: a layout's capacity never exceeds its offline saturation rate (all requests at t = 0), so
   each priced layout is first bounded by its saturation run (its output tokens/s per device of the budget), the
   capacity searches run in order of that bound, and a layout whose bound is below the runner-up found so far
-  is not searched (``limited_by`` "pruned": its capacity cannot beat either): the chosen layout and its
-  runner-up are the ones an exhaustive search finds, at a fraction of the runs.
+  is not searched (``limited_by`` "pruned": its capacity cannot beat either); a layout on which one request of the
+  shortest lengths, served alone, already breaks the SLO is answered "no rate" without a search
+  (``opmap.serve.capacity.alone_breaks_slo``: at any rate every request takes at least that long). The chosen
+  layout and its runner-up are the ones an exhaustive search finds (``PRUNE = False``), at a fraction of the runs;
+- **progress**: two notes a layout (pricing it, then its capacity search or why none), for fit's progress bar.
 """
 
 from __future__ import annotations

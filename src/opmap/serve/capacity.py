@@ -38,7 +38,7 @@ def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[d
 def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
                   max_runs: int = 64,
                   map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]], list[dict[str, Any]]] | None
-                  = None, ceiling: float | None = None) -> dict[str, Any]:
+                  = None, ceiling: float | None = None, skip_alone: bool = True) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
 
     The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
@@ -57,7 +57,9 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     "ceiling"); else the bracket is the first valid rate below it and the invalid one above. Validity falls
     with the rate (near-monotone, above), so this is the bracket the whole grid gives, without running its low
     rates, which cost the most to simulate (a batch of one runs a step per token: ceiling / 128 took most of a
-    fit cell's time). The summary of the run at the answer is returned as ``summary``."""
+    fit cell's time). ``skip_alone``: a descent probe that is invalid with every request served alone (its summary's
+    ``steady_state.alone``, RateProbe) ends the descent: every lower rate serves them alone too, alike, and is
+    recorded with the same verdict, unrun. The summary of the run at the answer is returned as ``summary``."""
     if ceiling is not None:
         if not ceiling > 0:
             raise OpmapError(f"the capacity search needs a ceiling > 0 requests/s, got {ceiling!r}")
@@ -67,12 +69,15 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     map_fn = map_fn or _inline
     tried: list[dict[str, Any]] = []
     kept: dict[float, dict[str, Any]] = {}  # the valid runs' summaries, by rate: the answer's is returned
+    alone: dict[float, str] = {}  # invalid runs whose requests were each served alone (RateProbe._alone): reasons
 
     def note(rates: list[float], out: dict[int, dict[str, Any]]) -> None:
         for i, r in enumerate(rates):
             if i in out:
                 s = out[i]
                 tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
+                if skip_alone and not s["validity"]["valid"] and s.get("steady_state", {}).get("alone"):
+                    alone[r] = s["validity"]["reason"]
                 if s["validity"]["valid"]:
                     kept[r] = s
 
@@ -86,7 +91,8 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
         return [s["validity"]["valid"] for s in out]
 
     try:
-        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline)
+        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline,
+                       alone=alone)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs so far, and the best rate they found, kept
         stop = Interrupted.of(e)
         if tried:
@@ -127,7 +133,7 @@ def _upward(probe: Callable[[list[float]], list[bool]], rates: list[float]) -> l
 
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
             ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]],
-            parallel: bool = True) -> dict[str, Any]:
+            parallel: bool = True, alone: dict[float, str] | None = None) -> dict[str, Any]:
     """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``.
     Not ``parallel`` (probes run one by one, inline), a refinement round stops at its first invalid rate
     (``_upward``): the same answer, fewer runs."""
@@ -136,10 +142,16 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
     if ceiling is not None:  # capped: ceiling x 2^0, 2^-1, ... 2^(1 - width), from the top until one is valid
         exps = list(range(0, -width * (GRID_SHIFTS + 1), -1))  # as far down as the grid moves uncapped
         chunks = [exps[:1]] + [exps[i:i + DESCENT] for i in range(1, len(exps), DESCENT)]
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             probe([rate0 * 2.0 ** k for k in chunk])
             lo, hi = _bracket(tried)
             if lo is not None:
+                break
+            why = (alone or {}).get(rate0 * 2.0 ** chunk[-1])
+            if why is not None:  # served alone and invalid: every rate below runs alike
+                tried += [{"rate_per_s": rate0 * 2.0 ** k, "valid": False, "reason": why}
+                          for c in chunks[i + 1:] for k in c]
+                lo, hi = _bracket(tried)
                 break
         if lo is not None and hi is None:  # the ceiling itself is valid: it is the answer, never above it
             return {"rate_per_s": lo, "bracket": [lo, None], "converged": True, "rel_tol": rel_tol,
@@ -373,6 +385,7 @@ class RateProbe:
                      if _plainly_diverging(res) else {**trend, "verdict": "too short"})
         s["steady_state"] = {"requests": n, "warmup_requests": warm, "cooldown_requests": cool,
                              "measured_requests": len(keep), **trend}
+        s["steady_state"]["alone"] = self._alone(res, trend["verdict"])
         s["throughput"], s["goodput"] = departure_rates(res, float(win.arrival_s.min()), float(win.arrival_s.max()),
                                                         s["slo_attainment"])
         v = s["validity"]
@@ -388,6 +401,18 @@ class RateProbe:
                                        + v["reason"]}
         return s
 
+    def _alone(self, res: SimResult, verdict: str) -> bool:
+        """Every request of ``res`` served alone (each finished before the next arrived) with fixed lengths, a
+        step cost (no drawn service times), not lengthened, stationary: then every lower rate (the same gaps,
+        longer) serves them alone alike: the same latencies, window and verdict (find_capacity's descent)."""
+        n = len(res.arrival_s)
+        if (self.input_len.kind != "fixed" or self.output_len.kind != "fixed" or self.disaggregate is not None
+                or not hasattr(self.cost, "decode_s") or n != self.requests or n - 1 < RUN_LIFETIMES
+                or verdict != "stationary"):
+            return False
+        order = np.argsort(res.arrival_s, kind="stable")
+        return bool(np.all(res.finish_s[order][:-1] < res.arrival_s[order][1:]))
+
     def saturation(self) -> dict[str, Any]:
         """The offline run: the same requests (the same lengths) all arriving at t = 0, summarized whole; its
         requests per second is the most this configuration completes. Each of the replicas gets ``requests`` of
@@ -402,52 +427,6 @@ class RateProbe:
         reqs = self._requests(1.0, min(self.requests * share, MAX_REQUESTS))
         reqs = replace(reqs, arrival_s=np.zeros_like(reqs.arrival_s), arrival="offline")
         return summarize(self._simulate(reqs), self.slo)
-
-
-def _lowest(length) -> int:
-    """The fewest tokens ``length`` (an arrivals.Length) can draw: its fixed value or a uniform's low end, else 1."""
-    return int(length.a) if length.kind in ("fixed", "uniform") else 1
-
-
-def _monotone(cost) -> bool:
-    """A TableCost whose every step time grows (or stays) with the tokens, the sequences and the KV tokens: a
-    step that carries more work never runs faster than the same step with less."""
-    from opmap.serve.cost import TableCost
-
-    if not isinstance(cost, TableCost):
-        return False
-    up = (lambda v: all(b >= a for a, b in zip(v, v[1:])))  # noqa: E731
-    grids = [cost.decode_time_s] + ([cost.stage_decode_time_s] if cost.stage_decode_time_s is not None else [])
-    flats = [cost.prefill_time_s] + ([cost.stage_prefill_time_s] if cost.stage_prefill_time_s is not None else [])
-    return (all(up(v) for v in flats) and all(up(r) for g in grids for r in g)
-            and all(up(c) for g in grids for c in zip(*g)))
-
-
-def alone_breaks_slo(probe: RateProbe) -> str | None:
-    """Why no arrival rate can meet the SLO, or None where that is not shown: the shortest request the lengths
-    can draw, simulated alone on an idle replica, already breaks a limit. Alone is the fastest any request is
-    served under iteration-level batching (engine, continuous, chunked: no batch is waited for) when every step
-    time grows with its work (``_monotone``): at any rate a step carries at least that request's work and queueing
-    only adds, so every request of every run exceeds the limit that one does, and its p99 with it. Only
-    checked where that holds (None otherwise)."""
-    from opmap.serve.arrivals import Requests
-    from opmap.serve.policies import Chunked, Continuous, Engine
-
-    slo = probe.slo
-    if (slo is None or probe.disaggregate is not None or not isinstance(probe.policy, (Engine, Continuous, Chunked))
-            or not _monotone(probe.cost)):
-        return None
-    i, o = _lowest(probe.input_len), _lowest(probe.output_len)
-    one = probe._simulate(Requests(np.zeros(1), np.array([i]), np.array([o]), "alone"))
-    ttft = float(one.first_s[0] - one.arrival_s[0])
-    e2e = float(one.finish_s[0] - one.arrival_s[0])
-    tpot = (e2e - ttft) / (o - 1) if o > 1 else None  # a single-token output has no TPOT: not judged on it
-    for limit, got, what in ((slo.p99_s, e2e, "end to end"), (slo.ttft_s, ttft, "TTFT"), (slo.tpot_s, tpot, "TPOT")):
-        if limit is not None and got is not None and got > limit:
-            return (f"no rate meets the SLO: a request of {i} + {o} tokens served alone on an idle replica takes "
-                    f"{got * 1e3:.4g} ms {what}, over the {limit * 1e3:g} ms limit (at any rate every request "
-                    "takes at least as long as the shortest alone)")
-    return None
 
 
 def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
@@ -472,13 +451,15 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
     if not sat_rate > 0:
         raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
                          "under (check the cost model and the lengths)")
+    from opmap.serve.alone import alone_breaks_slo
+
     why = alone_breaks_slo(probe) if prune else None
     if why is not None:
         return _steady_record(probe, {"rate_per_s": 0.0, "bracket": [None, None], "converged": True,
                                       "rel_tol": rel_tol, "limited_by": "slo", "runs": [], "summary": None,
                                       "alone": why}, sat, sat_rate)
     try:
-        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate)
+        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune)
     except Interrupted as e:
         if e.partial is not None:
             e.partial = _steady_record(probe, e.partial, sat, sat_rate)
