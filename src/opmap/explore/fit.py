@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -442,9 +443,9 @@ def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memor
 
 class _Notes:
     """Progress within the cells: each cell's search notes (its layout being priced or searched) come back over a
-    queue, a thread here passes them on as ``progress(what, steps done, steps in all)``, a step a note (two a
-    layout), so that the bar's estimate of the time left moves within a cell too. Local engine only (a Ray
-    cluster's workers report cells as they finish)."""
+    queue, a thread here passes them on as ``progress(what, cells done, cells)``, ``what`` naming the note, the
+    steps done of all (a step a note, two a layout) and the time left at their pace so far: an estimate that moves
+    within a cell too. Local engine only (a Ray cluster's workers report cells as they finish)."""
 
     def __init__(self, jobs: list[CellJob], progress, engine: str) -> None:
         import threading
@@ -453,6 +454,7 @@ class _Notes:
         self.steps = {_cell_label(j): _cell_steps(j) for j in jobs}
         self.seen = dict.fromkeys(self.steps, 0)
         self.cells_done, self._lock, self._thread, self._manager = 0, threading.Lock(), None, None
+        self.t0 = time.monotonic()
         if progress is not None and engine == "local":
             import multiprocessing as mp
 
@@ -486,8 +488,11 @@ class _Notes:
             return
 
     def _show(self, what: str) -> None:
+        """The bar counts cells; the words say the note and the time left at the steps' pace so far."""
         done, total = sum(self.seen.values()), sum(self.steps.values())
-        self.progress(f"{self.cells_done}/{len(self.jobs)} cells; {what}", done, total)
+        spent = time.monotonic() - self.t0
+        left = f"; about {spent / done * (total - done):.0f} s left" if done and total > done else ""
+        self.progress(f"{what} (step {done} of {total}{left})", self.cells_done, len(self.jobs))
 
     def cell_done(self, what: str, done: int, total: int) -> None:
         if self.progress is None:
