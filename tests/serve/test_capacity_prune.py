@@ -106,3 +106,14 @@ def test_the_descent_stops_at_its_first_run_served_alone_with_the_same_record():
         {k: full[k] for k in ("rate_per_s", "bracket", "limited_by")}
     assert k < n_full
     assert probe(calls[-1])["steady_state"]["alone"] and not probe(sat)["steady_state"]["alone"]
+
+
+def test_under_pp_the_bound_is_the_request_s_steps_at_the_cheapest_step():
+    """pp 2: a decode microbatch of one sequence with no KV takes 20 ms through both stages, a one-token prefill
+    50 ms: no step is cheaper than 20 ms, and 512 + 128 tokens take at least 128 steps: 2560 ms end to end."""
+    cost = TableCost([1, 4096], [0.05, 0.05], [1, 256], [0, 1e6], [[0.02, 0.02], [0.02, 0.02]],
+                     kv_capacity_tokens=100_000, pp=2, stage_prefill_time_s=[0.03, 0.03],
+                     stage_decode_time_s=[[0.012, 0.012], [0.012, 0.012]])
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.559)))
+    assert why is not None and "2560 ms end to end" in why and "128 steps of at least 20 ms" in why
+    assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.561))) is None

@@ -35,26 +35,37 @@ def alone_breaks_slo(probe) -> str | None:
     """Why no arrival rate can meet the SLO of ``probe`` (an opmap.serve.capacity.RateProbe), or None where that
     is not shown: the shortest request the lengths can draw (``_lowest``), simulated alone on an idle replica,
     already breaks a limit (the module docstring). Only judged where its premises hold: an iteration-level
-    policy, a cost that grows with the work (``_monotone``), one pipeline stage (under pp a step of several
-    sequences runs as microbatches, each with part of the KV: not provably slower than one alone), no
-    disaggregation; None otherwise (the search's descent then stops at its first rate served alone, see
-    opmap.serve.capacity.find_capacity)."""
+    policy, a cost that grows with the work (``_monotone``), no disaggregation; None otherwise. Under pp a step
+    of several sequences runs as microbatches, each with part of the KV, not provably slower than one alone: there
+    the bound is the request's o steps at the cheapest step each (``_floor``)."""
     from opmap.serve.arrivals import Requests
     from opmap.serve.policies import Chunked, Continuous, Engine
 
     slo = probe.slo
-    if (slo is None or probe.disaggregate is not None or getattr(probe.cost, "pp", 1) != 1
+    if (slo is None or probe.disaggregate is not None
             or not isinstance(probe.policy, (Engine, Continuous, Chunked))
             or not _monotone(probe.cost)):
         return None
     i, o = _lowest(probe.input_len), _lowest(probe.output_len)
-    one = probe._simulate(Requests(np.zeros(1), np.array([i]), np.array([o]), "alone"))
-    ttft = float(one.first_s[0] - one.arrival_s[0])
-    e2e = float(one.finish_s[0] - one.arrival_s[0])
+    if probe.cost.pp > 1:  # every step at least the cheapest one; a request takes o steps, the first its prompt's
+        ttft, e2e = _floor(probe.cost), o * _floor(probe.cost)
+        how = f"at least {o} steps of at least {ttft * 1e3:.4g} ms each (the cheapest step under pp {probe.cost.pp})"
+    else:
+        one = probe._simulate(Requests(np.zeros(1), np.array([i]), np.array([o]), "alone"))
+        ttft = float(one.first_s[0] - one.arrival_s[0])
+        e2e = float(one.finish_s[0] - one.arrival_s[0])
+        how = "served alone on an idle replica"
     tpot = (e2e - ttft) / (o - 1) if o > 1 else None  # a single-token output has no TPOT: not judged on it
     for limit, got, what in ((slo.p99_s, e2e, "end to end"), (slo.ttft_s, ttft, "TTFT"), (slo.tpot_s, tpot, "TPOT")):
         if limit is not None and got is not None and got > limit:
-            return (f"no rate meets the SLO: a request of {i} + {o} tokens served alone on an idle replica takes "
-                    f"{got * 1e3:.4g} ms {what}, over the {limit * 1e3:g} ms limit (at any rate every request "
-                    "takes at least as long as the shortest alone)")
+            return (f"no rate meets the SLO: a request of {i} + {o} tokens {how} takes {got * 1e3:.4g} ms {what}, "
+                    f"over the {limit * 1e3:g} ms limit (at any rate every request takes at least as long)")
     return None
+
+
+def _floor(cost) -> float:
+    """The cheapest step a pipelined TableCost prices (s): a step of n sequences runs as m = min(pp, n)
+    microbatches of at least one sequence (and one token) each, and takes at least one microbatch's latency
+    through every stage, which grows with its sequences, tokens and KV (``_monotone``): so at least the decode
+    latency of one sequence holding no KV, or the prefill latency of one token, whichever is less."""
+    return max(0.0, min(cost._decode(cost.decode_time_s, 1, 0), cost._prefill(cost.prefill_time_s, 1)))
