@@ -38,7 +38,7 @@ in ``excluded_reason``; the others are ranked per workload by throughput per dev
 prices are given), datasheet-only devices after the rest (unless asked to rank them together).
 
 Progress: each cell reports the layout it prices or searches (two steps a layout), across the local pool's
-processes, so the bar and its estimate of the time left move within a cell (``_Notes``).
+processes, so the bar and its estimate of the time left move within a cell (``opmap.explore.fit_progress``).
 
 A fit stopped by a signal keeps its finished cells (``interrupted`` names the signal and the cells not run).
 
@@ -52,9 +52,7 @@ Schema 3 (from 2): ``devices`` left out where no layout was chosen (was null), `
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -298,9 +296,11 @@ def cell_cost(job: CellJob) -> float:
 def cell_task(job: CellJob) -> dict[str, Any]:
     """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it); its search's
     progress notes go to ``job.notes`` as (cell, note)."""
+    from opmap.explore.fit_progress import cell_label
+
     say = None
     if job.notes is not None:
-        cell = _cell_label(job)
+        cell = cell_label(job)
 
         def say(note: str) -> None:
             try:
@@ -311,19 +311,6 @@ def cell_task(job: CellJob) -> dict[str, Any]:
                     job.devices, job.power_budget_w, job.price_per_hour, job.seed, progress=say, runtime=job.runtime,
                     devices_budget=job.devices_budget, policy=job.policy, kv_dtype=job.kv_dtype,
                     gpu_memory_utilization=job.gpu_memory_utilization)
-
-
-def _cell_label(job: CellJob) -> str:
-    return f"{job.model} on {job.hardware}"
-
-
-def _cell_steps(job: CellJob) -> int:
-    """Progress notes a cell's search sends: two a candidate layout (opmap.explore.layouts.search)."""
-    from opmap.explore.layouts import DEVICE_STEPS, candidates
-
-    hw = get_hardware(job.hardware)
-    budget = job.devices_budget or hw.devices_per_node or 8
-    return 2 * len(candidates(hw.devices_per_node or DEVICE_STEPS[-1], budget, job.devices))
 
 
 MODELS_ACCEPTED = "a zoo decoder ({zoo}), path/to/config.json, hf:NAME or path/to/file.py:factory"
@@ -411,9 +398,11 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
     stop = None
-    with get_engine(engine, workers) as eng, _Notes(jobs, progress, engine) as notes:
+    from opmap.explore.fit_progress import Notes, cell_label
+
+    with get_engine(engine, workers) as eng, Notes(jobs, progress, engine) as notes:
         try:
-            cells = eng.map(cell_task, notes.jobs, progress=notes.cell_done, label=_cell_label, cost=cell_cost)
+            cells = eng.map(cell_task, notes.jobs, progress=notes.cell_done, label=cell_label, cost=cell_cost)
         except Interrupted as e:  # the cells finished are kept, in their order; the rest named
             stop, cells = e, [e.done[i] for i in sorted(e.done)]
     rank(cells, models, include_datasheet_only, by_cost=bool(prices))
@@ -439,68 +428,6 @@ def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memor
             "kv_block": getattr(policy, "kv_block", None), "kv_dtype": kv_dtype,
             "kv_dtype_source": "--kv-dtype" if kv_dtype_given else "default: the model dtype's activation format",
             "gpu_memory_utilization": gpu_memory_utilization}
-
-
-class _Notes:
-    """Progress within the cells: each cell's search notes (its layout being priced or searched) come back over a
-    queue, a thread here passes them on as ``progress(what, cells done, cells)``, ``what`` naming the note, the
-    steps done of all (a step a note, two a layout) and the time left at their pace so far: an estimate that moves
-    within a cell too. Local engine only (a Ray cluster's workers report cells as they finish)."""
-
-    def __init__(self, jobs: list[CellJob], progress, engine: str) -> None:
-        import threading
-
-        self.progress, self.jobs = progress, jobs
-        self.steps = {_cell_label(j): _cell_steps(j) for j in jobs}
-        self.seen = dict.fromkeys(self.steps, 0)
-        self.cells_done, self._lock, self._thread, self._manager = 0, threading.Lock(), None, None
-        self.t0 = time.monotonic()
-        if progress is not None and engine == "local":
-            import multiprocessing as mp
-
-            self._manager = mp.get_context("spawn").Manager()
-            self._queue = self._manager.Queue()
-            self.jobs = [dataclasses.replace(j, notes=self._queue) for j in jobs]
-            self._thread = threading.Thread(target=self._drain, name="opmap-fit-notes", daemon=True)
-
-    def __enter__(self) -> _Notes:
-        if self._thread is not None:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._thread is not None:
-            try:
-                self._queue.put(None)
-            except (OSError, EOFError):  # the manager gone with a stop signal
-                pass
-            self._thread.join(timeout=5.0)
-            self._manager.shutdown()
-
-    def _drain(self) -> None:
-        try:
-            while (item := self._queue.get()) is not None:
-                cell, note = item
-                with self._lock:
-                    self.seen[cell] = min(self.steps[cell], self.seen[cell] + 1)
-                    self._show(note)
-        except (OSError, EOFError):  # the manager gone with a stop signal: the cells still report as they end
-            return
-
-    def _show(self, what: str) -> None:
-        """The bar counts cells; the words say the note and the time left at the steps' pace so far."""
-        done, total = sum(self.seen.values()), sum(self.steps.values())
-        spent = time.monotonic() - self.t0
-        left = f"; about {spent / done * (total - done):.0f} s left" if done and total > done else ""
-        self.progress(f"{what} (step {done} of {total}{left})", self.cells_done, len(self.jobs))
-
-    def cell_done(self, what: str, done: int, total: int) -> None:
-        if self.progress is None:
-            return
-        with self._lock:
-            self.cells_done = done
-            self.seen[what] = self.steps.get(what, 0)
-            self._show(f"{what}: done")
 
 
 def _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
