@@ -22,13 +22,18 @@ def _step(capacity: float):
 def test_capacity_search_by_hand():
     # rate0 = 1, edge at 3: grid 1/8 .. 16 -> first invalid 4, bracket [2, 4]; four evenly spaced probes a round:
     # 2.4 2.8 | 3.2 3.6 -> [2.8, 3.2]; 2.88 2.96 | 3.04 3.12 -> [2.96, 3.04] (2.7% wide);
-    # 2.976 2.992 | 3.008 3.024 -> [2.992, 3.008] (0.53% <= 1%): 8 + 3 x 4 = 20 runs
-    c = find_capacity(_step(3.0), 1.0)
-    assert c["converged"]
-    assert c["rate_per_s"] == pytest.approx(2.992, rel=1e-12)
-    assert c["bracket"][1] == pytest.approx(3.008, rel=1e-12)
-    assert len(c["runs"]) == 20
-    assert [r["rate_per_s"] for r in c["runs"][:8]] == [2.0 ** k for k in range(-3, 5)]
+    # 2.976 2.992 | 3.008 3.024 -> [2.992, 3.008] (0.53% <= 1%): 8 + 3 x 4 = 20 runs probed together; run inline,
+    # one by one, a round stops at its first invalid rate (3.2, 3.04, 3.008): 8 + 3 x 3 = 17, the same answer
+    def together(fn, rates):
+        return [fn(r) for r in rates]
+
+    for map_fn, runs in ((together, 20), (None, 17)):
+        c = find_capacity(_step(3.0), 1.0, map_fn=map_fn)
+        assert c["converged"]
+        assert c["rate_per_s"] == pytest.approx(2.992, rel=1e-12)
+        assert c["bracket"][1] == pytest.approx(3.008, rel=1e-12)
+        assert len(c["runs"]) == runs
+        assert [r["rate_per_s"] for r in c["runs"][:8]] == [2.0 ** k for k in range(-3, 5)]
 
 
 def test_capacity_search_moves_its_grid_and_stays_within_tolerance():
@@ -48,14 +53,17 @@ def test_capacity_search_brackets_an_edge_between_two_grids():
     c = find_capacity(_step(20.0), 1.0)
     assert c["converged"] and c["rate_per_s"] <= 20.0 < c["bracket"][1]
     assert 20.0 - c["rate_per_s"] <= 0.01 * c["rate_per_s"]
-    assert [r["rate_per_s"] for r in c["runs"][16:20]] == pytest.approx([19.2, 22.4, 25.6, 28.8])
+    assert [r["rate_per_s"] for r in c["runs"][16:18]] == pytest.approx([19.2, 22.4])  # inline: stops at 22.4
 
 
 def test_capacity_search_does_not_depend_on_the_order_probes_finish():
     def backwards(fn, rates):  # evaluates last to first, as a pool might finish them, returns in input order
         return list(reversed([fn(r) for r in reversed(rates)]))
 
-    assert find_capacity(_step(7.7), 5.0, map_fn=backwards) == find_capacity(_step(7.7), 5.0)
+    def forwards(fn, rates):
+        return [fn(r) for r in rates]
+
+    assert find_capacity(_step(7.7), 5.0, map_fn=backwards) == find_capacity(_step(7.7), 5.0, map_fn=forwards)
 
 
 def _stopped_in_round(k: int, finished: int):

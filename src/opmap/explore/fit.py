@@ -37,6 +37,9 @@ Cells that break a constraint (no fit within a node, no valid rate, the power bu
 in ``excluded_reason``; the others are ranked per workload by throughput per device (by cost per token where
 prices are given), datasheet-only devices after the rest (unless asked to rank them together).
 
+Progress: each cell reports the layout it prices or searches (two steps a layout), across the local pool's
+processes, so the bar and its estimate of the time left move within a cell (``opmap.explore.fit_progress``).
+
 A fit stopped by a signal keeps its finished cells (``interrupted`` names the signal and the cells not run).
 
 Schema 2 (from 1): ``devices`` is the devices the chosen layout uses and ``throughput_at_slo`` their throughput
@@ -275,6 +278,7 @@ class CellJob:
     policy: Any = None
     kv_dtype: str | None = None
     gpu_memory_utilization: float = 0.9
+    notes: Any = None  # a queue (a multiprocessing manager's, across processes) for the search's progress notes
 
 
 def cell_cost(job: CellJob) -> float:
@@ -290,9 +294,21 @@ def cell_cost(job: CellJob) -> float:
 
 
 def cell_task(job: CellJob) -> dict[str, Any]:
-    """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it)."""
+    """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it); its search's
+    progress notes go to ``job.notes`` as (cell, note)."""
+    from opmap.explore.fit_progress import cell_label
+
+    say = None
+    if job.notes is not None:
+        cell = cell_label(job)
+
+        def say(note: str) -> None:
+            try:
+                job.notes.put((cell, note))
+            except (OSError, EOFError):  # the parent's queue gone (a stop): a note is never worth the cell
+                pass
     return fit_cell(job.model, job.hardware, job.slo, job.input_len, job.output_len, job.requests, job.dtype,
-                    job.devices, job.power_budget_w, job.price_per_hour, job.seed, runtime=job.runtime,
+                    job.devices, job.power_budget_w, job.price_per_hour, job.seed, progress=say, runtime=job.runtime,
                     devices_budget=job.devices_budget, policy=job.policy, kv_dtype=job.kv_dtype,
                     gpu_memory_utilization=job.gpu_memory_utilization)
 
@@ -382,10 +398,11 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
     stop = None
-    with get_engine(engine, workers) as eng:
+    from opmap.explore.fit_progress import Notes, cell_label
+
+    with get_engine(engine, workers) as eng, Notes(jobs, progress, engine) as notes:
         try:
-            cells = eng.map(cell_task, jobs, progress=progress, label=lambda j: f"{j.model} on {j.hardware}",
-                            cost=cell_cost)
+            cells = eng.map(cell_task, notes.jobs, progress=notes.cell_done, label=cell_label, cost=cell_cost)
         except Interrupted as e:  # the cells finished are kept, in their order; the rest named
             stop, cells = e, [e.done[i] for i in sorted(e.done)]
     rank(cells, models, include_datasheet_only, by_cost=bool(prices))

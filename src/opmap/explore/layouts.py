@@ -16,8 +16,11 @@ how many replicas fill a device budget.
 - **bound and prune**: a layout's capacity never exceeds its offline saturation rate (all requests at t = 0), so
   each priced layout is first bounded by its saturation run (its output tokens/s per device of the budget), the
   capacity searches run in order of that bound, and a layout whose bound is below the runner-up found so far
-  is not searched (``limited_by`` "pruned": its capacity cannot beat either): the chosen layout and its
-  runner-up are the ones an exhaustive search finds, at a fraction of the runs.
+  is not searched (``limited_by`` "pruned": its capacity cannot beat either); a layout on which one request of the
+  shortest lengths, served alone, already breaks the SLO is answered "no rate" without a search
+  (``opmap.serve.capacity.alone_breaks_slo``: at any rate every request takes at least that long). The chosen
+  layout and its runner-up are the ones an exhaustive search finds (``PRUNE = False``), at a fraction of the runs;
+- **progress**: two notes a layout (pricing it, then its capacity search or why none), for fit's progress bar.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from typing import Any
 from opmap.errors import OpmapError
 
 DEVICE_STEPS = (1, 2, 4, 8)
+# prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
+# capacity.alone_breaks_slo); False searches every layout that fits (the tests compare the two)
+PRUNE = True
 # a capacity run can be longer than the saturation run (lengthened to a stationary span), so its mean output
 # length can differ from the saturation run's by sampling: the bound is loosened by this much before it prunes
 BOUND_SLACK = 0.05
@@ -120,13 +126,14 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
     longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
     bounded: list[tuple[dict[str, Any], Any, dict[str, Any]]] = []
-    for tp, pp in candidates(per_node, budget, devices):
+    todo = candidates(per_node, budget, devices)
+    say = progress or (lambda s: None)  # two notes a layout: priced (or skipped), then searched (or not)
+    for tp, pp in todo:
         d = tp * pp
         lay: dict[str, Any] = {"tp": tp, "pp": pp, "devices_per_replica": d, "replicas": budget // d,
                                "devices_used": budget // d * d, "fits": False, "rate_per_s": None, "reason": ""}
         tried.append(lay)
-        if progress:
-            progress(f"{model} on {hw.name}, {label(lay)}: pricing")
+        say(f"{model} on {hw.name}: layout {len(tried)} of {len(todo)}, {label(lay)}: pricing")
         lay["reason"] = weights_outgrow(model, hw, dtype, d) or ""
         if lay["reason"]:
             continue
@@ -139,8 +146,6 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         lay["fits"] = True
         lay["memory"] = {"kv_dtype": cost.kv_dtype, **{k: v for k, v in (cost.memory or {}).items() if k != "reserve"}}
         rt = rt or dict(cost.runtime)
-        if progress:
-            progress(f"{model} on {hw.name}, {label(lay)}: saturation")
         probe = RateProbe(Arrival("poisson", 1.0), ilen, olen, requests, policy, cost, 1, "round_robin", seed, slo)
         try:
             sat = probe.saturation()
@@ -153,16 +158,17 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     # capacity searches in order of the bound; stop once no unsearched layout can beat the runner-up
     bounded.sort(key=lambda x: -x[0]["bound_per_device_tokens_per_s"])
     found: list[float] = []
-    for lay, probe, sat in bounded:
-        if len(found) >= 2 and lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < sorted(found)[-2]:
+    for _ in range(len(todo) - len(bounded)):
+        say(f"{model} on {hw.name}: a layout that does not fit, not searched")
+    for k, (lay, probe, sat) in enumerate(bounded, 1):
+        say(f"{model} on {hw.name}: capacity {k} of {len(bounded)}, {label(lay)}")
+        if PRUNE and len(found) >= 2 and lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < sorted(found)[-2]:
             lay.update(limited_by="pruned", reason=(
                 f"not searched: its saturation bound {lay['bound_per_device_tokens_per_s']:.4g} tokens/s per "
                 f"device is below the runner-up's {sorted(found)[-2]:.4g}"))
             continue
-        if progress:
-            progress(f"{model} on {hw.name}, {label(lay)}: capacity search")
         try:
-            cap = steady_capacity(probe, saturation=sat)
+            cap = steady_capacity(probe, saturation=sat, prune=PRUNE)
         except OpmapError as e:  # an offline run that completes nothing
             lay["reason"] = str(e)
             continue

@@ -38,7 +38,7 @@ def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[d
 def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
                   max_runs: int = 64,
                   map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]], list[dict[str, Any]]] | None
-                  = None, ceiling: float | None = None) -> dict[str, Any]:
+                  = None, ceiling: float | None = None, skip_alone: bool = True) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
 
     The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
@@ -57,7 +57,9 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     "ceiling"); else the bracket is the first valid rate below it and the invalid one above. Validity falls
     with the rate (near-monotone, above), so this is the bracket the whole grid gives, without running its low
     rates, which cost the most to simulate (a batch of one runs a step per token: ceiling / 128 took most of a
-    fit cell's time). The summary of the run at the answer is returned as ``summary``."""
+    fit cell's time). ``skip_alone``: a descent probe that is invalid with every request served alone (its summary's
+    ``steady_state.alone``, RateProbe) ends the descent: every lower rate serves them alone too, alike, and is
+    recorded with the same verdict, unrun. The summary of the run at the answer is returned as ``summary``."""
     if ceiling is not None:
         if not ceiling > 0:
             raise OpmapError(f"the capacity search needs a ceiling > 0 requests/s, got {ceiling!r}")
@@ -67,12 +69,15 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     map_fn = map_fn or _inline
     tried: list[dict[str, Any]] = []
     kept: dict[float, dict[str, Any]] = {}  # the valid runs' summaries, by rate: the answer's is returned
+    alone: dict[float, str] = {}  # invalid runs whose requests were each served alone (RateProbe._alone): reasons
 
     def note(rates: list[float], out: dict[int, dict[str, Any]]) -> None:
         for i, r in enumerate(rates):
             if i in out:
                 s = out[i]
                 tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
+                if skip_alone and not s["validity"]["valid"] and s.get("steady_state", {}).get("alone"):
+                    alone[r] = s["validity"]["reason"]
                 if s["validity"]["valid"]:
                     kept[r] = s
 
@@ -86,7 +91,8 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
         return [s["validity"]["valid"] for s in out]
 
     try:
-        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept)
+        return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline,
+                       alone=alone)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs so far, and the best rate they found, kept
         stop = Interrupted.of(e)
         if tried:
@@ -113,18 +119,39 @@ def _split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | No
     return (rates[first_bad - 1] if first_bad > 0 else None), rates[first_bad]
 
 
+def _upward(probe: Callable[[list[float]], list[bool]], rates: list[float]) -> list[bool]:
+    """A refinement round run one rate at a time from the lowest, stopping at the first invalid one: ``_split``
+    reads no probe above it, so the round's answer is the one probing them all gives (the rates above, the
+    costliest runs of an overloaded queue, are marked invalid here and never run)."""
+    ok: list[bool] = []
+    for r in rates:
+        ok += probe([r])
+        if not ok[-1]:
+            return ok + [False] * (len(rates) - len(ok))
+    return ok
+
+
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
-            ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]]) -> dict[str, Any]:
-    """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``."""
+            ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]],
+            parallel: bool = True, alone: dict[float, str] | None = None) -> dict[str, Any]:
+    """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``.
+    Not ``parallel`` (probes run one by one, inline), a refinement round stops at its first invalid rate
+    (``_upward``): the same answer, fewer runs."""
     width = len(GRID_EXPONENTS)
     lo = hi = None
     if ceiling is not None:  # capped: ceiling x 2^0, 2^-1, ... 2^(1 - width), from the top until one is valid
         exps = list(range(0, -width * (GRID_SHIFTS + 1), -1))  # as far down as the grid moves uncapped
         chunks = [exps[:1]] + [exps[i:i + DESCENT] for i in range(1, len(exps), DESCENT)]
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             probe([rate0 * 2.0 ** k for k in chunk])
             lo, hi = _bracket(tried)
             if lo is not None:
+                break
+            why = (alone or {}).get(rate0 * 2.0 ** chunk[-1])
+            if why is not None:  # served alone and invalid: every rate below runs alike
+                tried += [{"rate_per_s": rate0 * 2.0 ** k, "valid": False, "reason": why}
+                          for c in chunks[i + 1:] for k in c]
+                lo, hi = _bracket(tried)
                 break
         if lo is not None and hi is None:  # the ceiling itself is valid: it is the answer, never above it
             return {"rate_per_s": lo, "bracket": [lo, None], "converged": True, "rel_tol": rel_tol,
@@ -143,9 +170,11 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
     if lo is None or hi is None:
         return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
                 "limited_by": "search range", "runs": tried, "summary": kept.get(lo) if lo else None}
-    while hi - lo > rel_tol * lo and len(tried) + PROBES <= max_runs:
+    runs = len(tried)  # the budget counts every probe of a round, run or skipped: the same rounds either way
+    while hi - lo > rel_tol * lo and runs + PROBES <= max_runs:
         rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
-        ok = probe(rates)
+        ok = probe(rates) if parallel else _upward(probe, rates)
+        runs += PROBES
         new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
     return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
@@ -356,6 +385,7 @@ class RateProbe:
                      if _plainly_diverging(res) else {**trend, "verdict": "too short"})
         s["steady_state"] = {"requests": n, "warmup_requests": warm, "cooldown_requests": cool,
                              "measured_requests": len(keep), **trend}
+        s["steady_state"]["alone"] = self._alone(res, trend["verdict"])
         s["throughput"], s["goodput"] = departure_rates(res, float(win.arrival_s.min()), float(win.arrival_s.max()),
                                                         s["slo_attainment"])
         v = s["validity"]
@@ -371,12 +401,30 @@ class RateProbe:
                                        + v["reason"]}
         return s
 
+    def _alone(self, res: SimResult, verdict: str) -> bool:
+        """Every request of ``res`` served alone (each finished before the next arrived) with fixed lengths, a
+        step cost (no drawn service times), not lengthened, stationary: then every lower rate (the same gaps,
+        longer) serves them alone alike: the same latencies, window and verdict (find_capacity's descent)."""
+        n = len(res.arrival_s)
+        if (self.input_len.kind != "fixed" or self.output_len.kind != "fixed" or self.disaggregate is not None
+                or not hasattr(self.cost, "decode_s") or n != self.requests or n - 1 < RUN_LIFETIMES
+                or verdict != "stationary"):
+            return False
+        order = np.argsort(res.arrival_s, kind="stable")
+        return bool(np.all(res.finish_s[order][:-1] < res.arrival_s[order][1:]))
+
     def saturation(self) -> dict[str, Any]:
         """The offline run: the same requests (the same lengths) all arriving at t = 0, summarized whole; its
-        requests per second is the most this configuration completes."""
+        requests per second is the most this configuration completes. Each of the replicas gets ``requests`` of
+        them (requests x replicas in all): the ceiling of R replicas is R times one replica's, however many there
+        are (1000 requests over 8 replicas left each a batch of 125, under the engine's 256: serve of llama-3-8b
+        as 8 x tp1 on H100s capped at 357.9 requests/s where fit's one replica of 1000 gave 8 x 52.7 = 421.7)."""
         from dataclasses import replace
 
-        reqs = self._requests(1.0)
+        share = self.replicas if self.disaggregate is None else 1
+        from opmap.serve.arrivals import MAX_REQUESTS
+
+        reqs = self._requests(1.0, min(self.requests * share, MAX_REQUESTS))
         reqs = replace(reqs, arrival_s=np.zeros_like(reqs.arrival_s), arrival="offline")
         return summarize(self._simulate(reqs), self.slo)
 
@@ -384,14 +432,16 @@ class RateProbe:
 def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
                                                         list[dict[str, Any]]] | None = None,
                     rel_tol: float = 0.01, max_runs: int = 64,
-                    saturation: dict[str, Any] | None = None) -> dict[str, Any]:
+                    saturation: dict[str, Any] | None = None, prune: bool = True) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
     saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
     completed): ``find_capacity`` with that rate as its ceiling. Returns the search record (``rate_per_s`` None
     where no rate is valid, with ``reason``), ``saturation`` (the offline run's throughput), ``run`` (its length,
     warm-up and steady-state verdict) and ``headline``: the summary of the run at ``rate_per_s``, the very run
     whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
-    search bounds each layout by it first), else it is run here.
+    search bounds each layout by it first), else it is run here. ``prune``: first ask ``alone_breaks_slo``; where
+    a request alone already breaks the SLO, no rate is searched (the search would probe ever lower rates, down to
+    2^-31 of saturation, each a run of requests served one by one, and find none valid).
 
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) after a run, the stop carries as ``partial`` this record of the runs
     so far, ``limited_by`` "interrupted", ``interrupted`` the signal and the runs: ``rate_per_s`` the highest
@@ -401,8 +451,15 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
     if not sat_rate > 0:
         raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
                          "under (check the cost model and the lengths)")
+    from opmap.serve.alone import alone_breaks_slo
+
+    why = alone_breaks_slo(probe) if prune else None
+    if why is not None:
+        return _steady_record(probe, {"rate_per_s": 0.0, "bracket": [None, None], "converged": True,
+                                      "rel_tol": rel_tol, "limited_by": "slo", "runs": [], "summary": None,
+                                      "alone": why}, sat, sat_rate)
     try:
-        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate)
+        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune)
     except Interrupted as e:
         if e.partial is not None:
             e.partial = _steady_record(probe, e.partial, sat, sat_rate)
@@ -414,6 +471,7 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
 def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], sat_rate: float) -> dict[str, Any]:
     """steady_capacity's record of find_capacity's ``cap`` under the saturation run ``sat``."""
     head = cap.pop("summary", None)
+    alone = cap.pop("alone", None)
     out = {**cap, "saturation_per_s": sat_rate,
            "saturation": {"arrival": "offline", "requests": sat["requests"]["count"],
                           "span_s": sat["requests"]["span_s"], **sat["throughput"]},
@@ -426,6 +484,9 @@ def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], s
                        "its queue is stationary; throughput = departures between the first and the last measured "
                        "arrival; the rate capped at the offline saturation rate (all requests at t = 0)",
            "headline": head}
+    if alone is not None:
+        out.update(rate_per_s=None, headline=None, reason=alone)
+        return out
     if head is None or not cap["rate_per_s"]:
         low = min(cap["runs"], key=lambda r: r["rate_per_s"])
         out.update(rate_per_s=None, headline=None,

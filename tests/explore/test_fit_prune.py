@@ -1,0 +1,59 @@
+"""Pruning in the layout search is exact: a fit cell chooses the same layout, with the same figures, and names the
+same runner-up whether layouts are pruned or every one that fits is searched."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from opmap.explore import layouts
+from opmap.explore.fit import default_policy, fit_cell
+from opmap.serve.arrivals import Requests
+from opmap.serve.metrics import Slo
+from opmap.serve.model_cost import model_table_cost
+from opmap.serve.sim import simulate
+
+KEYS = ("tp", "pp", "replicas", "rate_per_s", "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s")
+
+
+def _alone_e2e(model: str) -> float:
+    """One 512 + 128 request alone on one device of tp1: what the alone check compares with the SLO."""
+    cost = model_table_cost(model, "h100-sxm", "bf16", 1, max_context=640)
+    res = simulate(Requests(np.zeros(1), np.array([512]), np.array([128])), default_policy(), cost)
+    return float(res.finish_s[0] - res.arrival_s[0])
+
+
+def _tiny_config(tmp_path) -> str:
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "hf"])
+def test_pruning_changes_neither_the_chosen_layout_nor_the_runner_up(model, tmp_path, monkeypatch):
+    """Four H100s, six layouts. At p99 0.3 s the saturation bound prunes the slow ones; just under the time one
+    request takes alone on one device, the layouts that slow alone are answered 'no rate' without a search. Either way
+    the cell is the one an exhaustive search gives."""
+    model = _tiny_config(tmp_path) if model == "hf" else model
+    slos = [Slo(None, None, 0.3), Slo(None, None, 0.99 * _alone_e2e(model))]
+    for i, slo in enumerate(slos):
+        cells = {}
+        for prune in (True, False):
+            monkeypatch.setattr(layouts, "PRUNE", prune)
+            cells[prune] = fit_cell(model, "h100-sxm", slo, "512", "128", 300, devices_budget=4)
+        pruned, full = cells[True], cells[False]
+        for k in ("layout", "runner_up"):
+            assert (pruned[k] is None) == (full[k] is None)
+            if full[k] is not None:
+                assert {x: pruned[k][x] for x in KEYS} == {x: full[k][x] for x in KEYS}
+        assert pruned["throughput_per_device"] == full["throughput_per_device"]
+        skipped = [lay for lay in pruned["layouts"] if lay.get("limited_by") == "pruned"
+                   or lay["reason"].startswith("no rate meets the SLO: a request of")]
+        assert skipped, "nothing pruned: the test would not test pruning"
+        alone = [lay for lay in pruned["layouts"] if lay["reason"].startswith("no rate meets the SLO: a request of")]
+        assert bool(alone) == (i == 1)  # under the second SLO only
+        assert not any(lay.get("limited_by") == "pruned" for lay in full["layouts"])

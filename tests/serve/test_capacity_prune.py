@@ -1,0 +1,119 @@
+"""What the capacity search may skip without changing its answer: a refinement round run one rate at a time stops
+at its first invalid rate; a configuration where a request served alone already breaks the SLO is not searched."""
+
+from __future__ import annotations
+
+import pytest
+
+from opmap.serve.alone import alone_breaks_slo
+from opmap.serve.arrivals import Arrival, parse_length
+from opmap.serve.capacity import RateProbe, find_capacity, steady_capacity
+from opmap.serve.cost import TableCost
+from opmap.serve.metrics import Slo
+from opmap.serve.policies import parse_policy
+
+
+def _rule(valid):
+    def run(rate: float) -> dict:
+        return {"validity": {"valid": valid(rate), "reason": f"{rate:g}"}}
+    return run
+
+
+@pytest.mark.parametrize("valid", [
+    lambda r: r <= 3.0,  # an edge at 3 requests/s
+    lambda r: r <= 3.0 or 3.3 <= r <= 3.5,  # not monotone: valid again above the first invalid rate
+    lambda r: r <= 0.2 or 1.0 <= r <= 2.9,  # not monotone below the edge either
+])
+def test_a_round_stopped_at_its_first_invalid_rate_gives_the_answer_of_the_whole_round(valid):
+    def together(fn, rates):  # an engine's map: every probe of a round run
+        return [fn(r) for r in rates]
+
+    for ceiling in (None, 50.0):
+        whole = find_capacity(_rule(valid), 1.0, map_fn=together, ceiling=ceiling)
+        one_by_one = find_capacity(_rule(valid), 1.0, ceiling=ceiling)
+        for k in ("rate_per_s", "bracket", "converged", "limited_by", "summary"):
+            assert one_by_one[k] == whole[k]
+        assert len(one_by_one["runs"]) < len(whole["runs"])
+
+
+def _flat(prefill_s: float, step_s: float, kv_capacity: int = 100_000) -> TableCost:
+    """Every prefill of up to 4096 tokens takes ``prefill_s``, every decode step ``step_s`` (monotone: flat)."""
+    return TableCost([1, 4096], [prefill_s, prefill_s], [1, 256], [0, 1e6], [[step_s, step_s], [step_s, step_s]],
+                     kv_capacity_tokens=kv_capacity)
+
+
+def _probe(cost, slo, policy="engine", output_len="128"):
+    return RateProbe(Arrival("poisson", 1.0), parse_length("512"), parse_length(output_len), 200,
+                     parse_policy(policy), cost, 1, "round_robin", 0, slo)
+
+
+def test_the_alone_bound_is_prefill_plus_one_step_per_later_token():
+    """A request of 512 + 128 tokens alone: its prompt in one step (50 ms: its first token), then 127 decode steps
+    of 20 ms: e2e = 50 + 127 x 20 = 2590 ms, TPOT = 127 x 20 / 127 = 20 ms."""
+    cost = _flat(0.050, 0.020)
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.589)))
+    assert why is not None and "2590 ms end to end, over the 2589 ms limit" in why
+    assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.591))) is None
+    assert "50 ms TTFT" in alone_breaks_slo(_probe(cost, Slo(0.049, None)))
+    assert "20 ms TPOT" in alone_breaks_slo(_probe(cost, Slo(None, 0.0199)))
+    assert alone_breaks_slo(_probe(cost, Slo(0.051, 0.0201))) is None
+    # a policy that waits for a batch serves a lone request slower than a full one: not judged alone
+    assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.589), policy="dynamic:8,100")) is None
+    # a table where a larger step runs faster: alone is not the fastest, nothing is claimed
+    odd = TableCost([1, 4096], [0.05, 0.05], [1, 256], [0, 1e6], [[0.02, 0.02], [0.01, 0.01]])
+    assert alone_breaks_slo(_probe(odd, Slo(None, None, 2.589))) is None
+
+
+def test_a_configuration_too_slow_alone_is_answered_without_a_search_and_the_same():
+    """2590 ms alone against a 2 s p99: the whole search (32 rates down to 2^-31 of saturation) finds no rate
+    either; pruned, it runs none."""
+    probe = _probe(_flat(0.050, 0.020), Slo(None, None, 2.0), output_len="128")
+    pruned = steady_capacity(probe)
+    full = steady_capacity(probe, prune=False)
+    assert pruned["rate_per_s"] is None and full["rate_per_s"] is None
+    assert pruned["runs"] == [] and len(full["runs"]) == 32
+    assert "2590 ms end to end" in pruned["reason"]
+    assert pruned["saturation_per_s"] == full["saturation_per_s"]
+
+
+def test_the_descent_stops_at_its_first_run_served_alone_with_the_same_record():
+    """A request alone takes 2590 ms against a 2 s p99, so every rate is invalid. Probing from the saturation rate
+    down, once a run serves every request alone (each done before the next arrives), every lower rate serves them
+    alike (the same gaps, longer): the descent records those rates with that run's verdict instead of running
+    them, and the record is the one running all 32 gives (the same rates, the same verdicts)."""
+    probe = _probe(_flat(0.050, 0.020), Slo(None, None, 2.0))
+    calls = []
+
+    def counted(fn, rates):
+        calls.extend(rates)
+        return [fn(r) for r in rates]
+
+    sat = float(probe.saturation()["throughput"]["requests_per_s"])
+    full = find_capacity(probe, sat, map_fn=counted, ceiling=sat, skip_alone=False)
+    n_full = len(calls)
+    calls.clear()
+    short = find_capacity(probe, sat, map_fn=counted, ceiling=sat, skip_alone=True)
+    assert len(full["runs"]) == n_full == 32
+    assert [(r["rate_per_s"], r["valid"]) for r in short["runs"]] == [(r["rate_per_s"], r["valid"])
+                                                                      for r in full["runs"]]
+    # the reasons alike, but for the last digit the runs at the lowest rates print: their arrivals lie ~1e10 s out,
+    # where a float's spacing is ~1e-6 s, so finish - arrival comes out 2590.1 ms there, 2590.0 alone
+    k = len(calls)  # the runs the short descent ran: the same; below them, alone alike
+    assert short["runs"][:k] == full["runs"][:k]
+    ms = [float(r["reason"].split()[2]) for r in short["runs"][k - 1:] + full["runs"][k - 1:]]
+    assert all(abs(m - 2590.0) <= 0.1 for m in ms)
+    assert {k: short[k] for k in ("rate_per_s", "bracket", "limited_by")} == \
+        {k: full[k] for k in ("rate_per_s", "bracket", "limited_by")}
+    assert k < n_full
+    assert probe(calls[-1])["steady_state"]["alone"] and not probe(sat)["steady_state"]["alone"]
+
+
+def test_under_pp_the_bound_is_the_request_s_steps_at_the_cheapest_step():
+    """pp 2: a decode microbatch of one sequence with no KV takes 20 ms through both stages, a one-token prefill
+    50 ms: no step is cheaper than 20 ms, and 512 + 128 tokens take at least 128 steps: 2560 ms end to end."""
+    cost = TableCost([1, 4096], [0.05, 0.05], [1, 256], [0, 1e6], [[0.02, 0.02], [0.02, 0.02]],
+                     kv_capacity_tokens=100_000, pp=2, stage_prefill_time_s=[0.03, 0.03],
+                     stage_decode_time_s=[[0.012, 0.012], [0.012, 0.012]])
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.559)))
+    assert why is not None and "2560 ms end to end" in why and "128 steps of at least 20 ms" in why
+    assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.561))) is None
