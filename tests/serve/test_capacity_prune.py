@@ -33,7 +33,9 @@ def test_a_round_stopped_at_its_first_invalid_rate_gives_the_answer_of_the_whole
         one_by_one = find_capacity(_rule(valid), 1.0, ceiling=ceiling)
         for k in ("rate_per_s", "bracket", "converged", "limited_by", "summary"):
             assert one_by_one[k] == whole[k]
-        assert len(one_by_one["runs"]) < len(whole["runs"])
+        # the record too: the runs a whole round made above its first invalid rate decide nothing and are left out,
+        # so serve.json is the same on every engine (tests/explore/test_engine.py: a pool against inline)
+        assert one_by_one["runs"] == whole["runs"]
 
 
 def _flat(prefill_s: float, step_s: float, kv_capacity: int = 100_000) -> TableCost:

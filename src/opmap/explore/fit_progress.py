@@ -26,8 +26,14 @@ class Notes:
         self.t0 = time.monotonic()
         if progress is not None and engine == "local":
             import multiprocessing as mp
+            import os
+            from multiprocessing.managers import SyncManager
 
-            self._manager = mp.get_context("spawn").Manager()
+            from opmap.explore.engine import worker_init
+
+            # the queue's server process dies with this one, as the pool's workers do (a SIGKILL runs no __exit__)
+            self._manager = SyncManager(ctx=mp.get_context("spawn"))
+            self._manager.start(worker_init, (os.getpid(),))
             self._queue = self._manager.Queue()
             self.jobs = [dataclasses.replace(j, notes=self._queue) for j in jobs]
             self._thread = threading.Thread(target=self._drain, name="opmap-fit-notes", daemon=True)

@@ -131,6 +131,23 @@ def _upward(probe: Callable[[list[float]], list[bool]], rates: list[float]) -> l
     return ok
 
 
+def _round(probe: Callable[[list[float]], list[bool]], rates: list[float], tried: list[dict[str, Any]],
+           kept: dict[float, dict[str, Any]]) -> list[bool]:
+    """A refinement round probed together (a pool's workers kept busy), recorded as ``_upward`` records it: the
+    runs above the round's first invalid rate decide nothing and leave the record, so serve.json and fit.json are
+    the same on every engine."""
+    before = len(tried)
+    ok = probe(rates)
+    first_bad = next((i for i, v in enumerate(ok) if not v), None)
+    if first_bad is None:
+        return ok
+    above = set(rates[first_bad + 1:])
+    tried[before:] = [t for t in tried[before:] if t["rate_per_s"] not in above]
+    for r in above:
+        kept.pop(r, None)
+    return ok[:first_bad + 1] + [False] * len(above)
+
+
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
             ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]],
             parallel: bool = True, alone: dict[float, str] | None = None) -> dict[str, Any]:
@@ -173,7 +190,7 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
     runs = len(tried)  # the budget counts every probe of a round, run or skipped: the same rounds either way
     while hi - lo > rel_tol * lo and runs + PROBES <= max_runs:
         rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
-        ok = probe(rates) if parallel else _upward(probe, rates)
+        ok = _round(probe, rates, tried, kept) if parallel else _upward(probe, rates)
         runs += PROBES
         new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
