@@ -119,3 +119,49 @@ def test_under_pp_the_bound_is_the_request_s_steps_at_the_cheapest_step():
     why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.559)))
     assert why is not None and "2560 ms end to end" in why and "128 steps of at least 20 ms" in why
     assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.561))) is None
+
+
+def test_a_prefill_below_the_priced_prompts_is_no_cheaper_than_one_decode_step():
+    """The prefill line through 128 tokens (39 ms) and 512 (128 ms) extrapolates to 39 - 127 x 89 / 384 = 9.6 ms
+    for one token, under the 37.6 ms of a decode step of one sequence at no KV: both read every weight once, so
+    the prompt is priced at least that step (and its pp stage at least the decode's stage); the descent's bound
+    under pp then holds 128 steps of 37.6 ms = 4813 ms, over a 2 s SLO."""
+    cost = TableCost([128, 512], [0.039, 0.128], [1, 256], [0, 1e6], [[0.0376, 0.04], [0.05, 0.06]],
+                     kv_capacity_tokens=100_000, pp=2, stage_prefill_time_s=[0.02, 0.065],
+                     stage_decode_time_s=[[0.0188, 0.02], [0.025, 0.03]])
+    line = 0.039 - 127 * (0.128 - 0.039) / 384
+    assert line == pytest.approx(0.009565, rel=1e-3)
+    assert cost._prefill(cost.prefill_time_s, 1) == pytest.approx(line)
+    assert cost.prefill_s(1, 1) == pytest.approx(0.0376)  # max(one 37.6 ms, 1 x stage max(line, 18.8 ms))
+    assert cost.prefill_s(512, 1) == pytest.approx(0.128)  # on the line: untouched
+    assert cost.prefill_s(0, 1) == pytest.approx(0.039 - 128 * (0.128 - 0.039) / 384)  # no tokens: the line's
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.0)))
+    assert why is not None and f"{128 * 37.6:.4g} ms end to end" in why
+
+
+@pytest.mark.parametrize("model", ["llama-3-70b", "hf-70b"])
+def test_llama_3_70b_on_mi300x_at_pp_2_is_answered_without_a_search(model, tmp_path):
+    """llama-3-70b (zoo, and its Hugging Face config) at tp 1 pp 2 on MI300X, 512 + 128 tokens: each decoded
+    token passes both stages, each reading its half of the weights: 2 x 69.5 GB / 3.948 TB/s (the catalog's
+    BabelStream Triad) = 35.2 ms a token at least, 128 tokens 4.5 s, over a 2 s SLO: no rate is searched. Before,
+    the one-token prefill extrapolated to 9.7 ms set the bound (128 x 9.7 = 1.24 s) under the SLO, and the
+    descent ran ~16 runs of 1,000 requests (the fit cell's CPU time 38.5 s, now 5.4 s)."""
+    import json
+
+    from opmap.explore.layouts import price_layout
+
+    if model == "hf-70b":  # meta-llama/Meta-Llama-3-70B's config.json (dims as published)
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+               "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "num_hidden_layers": 80, "vocab_size": 128256, "max_position_embeddings": 8192,
+               "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+               "torch_dtype": "bfloat16"}
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        model = str(tmp_path / "config.json")
+    cost = price_layout(model, "mi300x", "bf16", 1, 2, "engine", max_context=640)
+    weights_s = cost.floor.pp * cost.floor.dense_bytes / cost.floor.rate_bytes_per_s
+    assert cost.floor.rate_bytes_per_s == 3.948e12 and weights_s == pytest.approx(0.0352, rel=0.02)
+    assert cost.prefill_s(1, 1) >= weights_s and cost.prefill_s(1, 1) >= cost.decode_s(1, 0)
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.0)))
+    assert why is not None and "128 steps of at least" in why
+    assert 128 * weights_s <= float(why.split(" takes ")[1].split(" ms")[0]) / 1e3

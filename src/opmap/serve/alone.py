@@ -67,5 +67,7 @@ def _floor(cost) -> float:
     """The cheapest step a pipelined TableCost prices (s): a step of n sequences runs as m = min(pp, n)
     microbatches of at least one sequence (and one token) each, and takes at least one microbatch's latency
     through every stage, which grows with its sequences, tokens and KV (``_monotone``): so at least the decode
-    latency of one sequence holding no KV, or the prefill latency of one token, whichever is less."""
-    return max(0.0, min(cost._decode(cost.decode_time_s, 1, 0), cost._prefill(cost.prefill_time_s, 1)))
+    latency of one sequence holding no KV, or the prefill latency of one token (priced no cheaper than that decode:
+    ``TableCost._least``), whichever is less."""
+    one = cost._decode(cost.decode_time_s, 1, 0)
+    return max(0.0, min(one, cost._least(cost._prefill(cost.prefill_time_s, 1), 1, cost.decode_time_s)))

@@ -73,8 +73,8 @@ def _seg(xs: Sequence[float], x: float) -> tuple[int, float]:
 @dataclass
 class TableCost:
     """Step times interpolated from priced points. ``prefill_tokens``/``prefill_time_s``: prefill time over
-    total prompt tokens in the step (piecewise linear, extrapolated linearly, floored at the smallest point's
-    time per token times the tokens). ``decode_batch`` x ``decode_kv``: a grid of decode times
+    total prompt tokens in the step (piecewise linear, extrapolated linearly; a prompt of one token or more no
+    cheaper than a decode step of one sequence holding no KV, ``_least``). ``decode_batch`` x ``decode_kv``: a grid of decode times
     ``decode_time_s[i][j]`` for batch ``decode_batch[i]`` holding ``decode_kv[j]`` KV tokens in all
     (bilinear, extrapolated linearly). Times never go below 0."""
 
@@ -138,9 +138,18 @@ class TableCost:
 
     def prefill_s(self, tokens: int, seqs: int = 1) -> float:
         if self.pp > 1 and self.stage_prefill_time_s is not None:
-            return self._piped(lambda m: self._prefill(self.prefill_time_s, tokens / m),
-                               lambda m: self._prefill(self.stage_prefill_time_s, tokens / m), seqs)
-        return self._prefill(self.prefill_time_s, tokens)
+            return self._piped(lambda m: self._least(self._prefill(self.prefill_time_s, tokens / m), tokens,
+                                                     self.decode_time_s),
+                               lambda m: self._least(self._prefill(self.stage_prefill_time_s, tokens / m), tokens,
+                                                     self.stage_decode_time_s), seqs)
+        return self._least(self._prefill(self.prefill_time_s, tokens), tokens, self.decode_time_s)
+
+    def _least(self, t: float, tokens: float, grid: Sequence[Sequence[float]]) -> float:
+        """A prefill of ``tokens`` >= 1 priced ``t`` by the line through the smallest priced prompts, no cheaper
+        than a decode step of one sequence holding no KV on the same ``grid``: both read every weight once, and
+        the line extrapolated below its first point can fall under that (llama-3-70b on MI300X at pp 2: 9.7 ms
+        for one token, where one decoded token takes 37.6 ms and its weights' read alone 35.2 ms)."""
+        return max(t, self._decode(grid, 1, 0)) if tokens >= 1 else t
 
     def decode_s(self, seqs: int, kv_tokens: int) -> float:
         # the simulator's hot path (a call per engine step): _piped written out, without its closures
