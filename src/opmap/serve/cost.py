@@ -74,8 +74,8 @@ def _seg(xs: Sequence[float], x: float) -> tuple[int, float]:
 class TableCost:
     """Step times interpolated from priced points. ``prefill_tokens``/``prefill_time_s``: prefill time over
     total prompt tokens in the step (piecewise linear, extrapolated linearly; a prompt of one token or more no
-    cheaper than a decode step of one sequence holding no KV, ``_least``). ``decode_batch`` x ``decode_kv``: a grid of decode times
-    ``decode_time_s[i][j]`` for batch ``decode_batch[i]`` holding ``decode_kv[j]`` KV tokens in all
+    cheaper than a decode step of one sequence holding no KV, ``_least``). ``decode_batch`` x ``decode_kv``: a
+    grid of decode times ``decode_time_s[i][j]`` for batch ``decode_batch[i]`` holding ``decode_kv[j]`` KV tokens in all
     (bilinear, extrapolated linearly). Times never go below 0."""
 
     prefill_tokens: Sequence[float]
