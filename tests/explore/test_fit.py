@@ -9,6 +9,7 @@ import pytest
 
 from opmap.errors import OpmapError
 from opmap.explore.fit import IDLE_FRACTION, _power_w, check_models, fit_cell, fit_matrix, power_method, rank
+from opmap.explore.results import FitCell, LayoutResult
 from opmap.hardware import get_hardware
 from opmap.serve.metrics import Slo
 
@@ -79,27 +80,22 @@ def test_serve_and_fit_give_the_same_capacity_for_the_same_cell(tmp_path, capsys
     assert rc == 0, err
     served = json.loads((tmp_path / "serve.json").read_text())
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices=1, devices_budget=1)
-    assert cell["capacity"]["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
-    assert cell["capacity"]["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
+    assert cell.capacity["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
+    assert cell.capacity["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
     # serve prints the run at that rate: its arrival and its figures are the capacity run's, the rate once
     assert served["arrival"] == f"poisson:{served['capacity']['rate_per_s']:g}"
-    assert served["latency"]["e2e"]["p99_s"] == pytest.approx(cell["latency_p99_s"], rel=1e-12)
+    assert served["latency"]["e2e"]["p99_s"] == pytest.approx(cell.latency_p99_s, rel=1e-12)
     assert out.count("capacity: ") == 1 and "saturation" in out
 
 
 def test_datasheet_only_cells_are_ranked_after_the_rest_unless_asked():
     """A datasheet-only device (its catalog lacks achievable figures) never ranks first by default, even at
     twice the throughput per device; --include-datasheet-only ranks it with the others."""
-    cells = [{"model": "m", "hardware": "a", "excluded_reason": "", "datasheet_only": ["achievable_bandwidth"],
-              "throughput_per_device": 200.0, "rank": None},
-             {"model": "m", "hardware": "b", "excluded_reason": "", "datasheet_only": [],
-              "throughput_per_device": 100.0, "rank": None},
-             {"model": "m", "hardware": "c", "excluded_reason": "struck", "datasheet_only": [],
-              "throughput_per_device": 300.0, "rank": None}]
-    rank(cells, ["m"])
-    assert [c["rank"] for c in cells] == [2, 1, None]
-    rank(cells, ["m"], include_datasheet_only=True)
-    assert [c["rank"] for c in cells] == [1, 2, None]
+    cells = [FitCell("m", "a", datasheet_only=("achievable_bandwidth",), throughput_per_device=200.0),
+             FitCell("m", "b", throughput_per_device=100.0),
+             FitCell("m", "c", excluded_reason="struck", throughput_per_device=300.0)]
+    assert [c.rank for c in rank(cells, ["m"])] == [2, 1, None]
+    assert [c.rank for c in rank(cells, ["m"], include_datasheet_only=True)] == [1, 2, None]
 
 
 def test_fit_takes_what_analyze_takes_and_refuses_the_rest(tmp_path):
@@ -121,17 +117,19 @@ def test_a_power_budget_keeps_the_replicas_it_powers_by_hand():
     h100 = get_hardware("h100-sxm")
 
     def layouts():
-        return [{"tp": 1, "pp": 1, "devices_per_replica": 1, "replicas": 8, "devices_used": 8, "rate_per_s": 10.0,
-                 "output_tokens_per_s": 8000.0, "per_device_tokens_per_s": 1000.0, "utilization": [1.0]},
-                {"tp": 8, "pp": 1, "devices_per_replica": 8, "replicas": 1, "devices_used": 8, "rate_per_s": 30.0,
-                 "output_tokens_per_s": 12000.0, "per_device_tokens_per_s": 1500.0, "utilization": [1.0]}]
+        one = LayoutResult(1, 1, 1, 8, 8, fits=True, rate_per_s=10.0, output_tokens_per_s=8000.0,
+                           per_device_tokens_per_s=1000.0, utilization=[1.0])
+        eight = LayoutResult(8, 1, 8, 1, 8, fits=True, rate_per_s=30.0, output_tokens_per_s=12000.0,
+                             per_device_tokens_per_s=1500.0, utilization=[1.0])
+        return [one, eight]
 
-    tried = layouts()
-    best, runner = choose(power_fit(tried, h100, 1400.0))
+    tried, within = power_fit(layouts(), h100, 1400.0)
+    best, runner = choose(within)
     assert best is tried[0] and runner is None
-    assert (best["replicas"], best["devices_used"], best["power_w"]) == (2, 2, pytest.approx(1400.0))
-    assert best["output_tokens_per_s"] == pytest.approx(2000.0) and best["per_device_tokens_per_s"] == 250.0
-    assert tried[1]["over_power_budget"] and tried[1]["power_w"] == pytest.approx(5600.0)
-    tried = layouts()
-    assert choose(power_fit(tried, h100, 600.0)) == (None, None)
+    assert (best.replicas, best.devices_used, best.power_w) == (2, 2, pytest.approx(1400.0))
+    assert best.output_tokens_per_s == pytest.approx(2000.0) and best.per_device_tokens_per_s == 250.0
+    assert best.power_limited == "2 of 8 replicas within the 1400 W budget"
+    assert tried[1].over_power_budget and tried[1].power_w == pytest.approx(5600.0)
+    tried, within = power_fit(layouts(), h100, 600.0)
+    assert within == [] and choose(within) == (None, None)
     assert _over_budget(tried, 600.0).endswith("1 x tp1 (1 device), draws 700 W at its SLO rate, over the 600 W budget")

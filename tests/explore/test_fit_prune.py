@@ -45,7 +45,7 @@ def test_pruning_changes_neither_the_chosen_layout_nor_the_runner_up(model, tmp_
         for prune in (True, False):
             monkeypatch.setattr(layouts, "PRUNE", prune)
             cells[prune] = fit_cell(model, "h100-sxm", slo, "512", "128", 300, devices_budget=4)
-        pruned, full = cells[True], cells[False]
+        pruned, full = cells[True].to_dict(), cells[False].to_dict()  # as fit.json holds them
         for k in ("layout", "runner_up"):
             assert (pruned[k] is None) == (full[k] is None)
             if full[k] is not None:

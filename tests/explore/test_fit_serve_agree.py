@@ -38,7 +38,7 @@ def test_fit_and_serve_give_one_capacity_for_the_same_layout(model, tmp_path):
         model = str(tmp_path / "config.json")
     cell = fit_cell(model, "h100-sxm", SLO, "256", "32", 200, devices=1, devices_budget=4)
     serve = _serve(model, 4, 200)
-    lay = cell["layout"]
-    assert (lay["tp"], lay["pp"], lay["replicas"]) == (1, 1, 4)
-    assert serve["saturation_per_s"] == pytest.approx(4 * lay["saturation_per_s"], rel=1e-9)
-    assert cell["rate_at_slo_per_s"] == pytest.approx(serve["rate_per_s"], rel=0.02)
+    lay = cell.layout
+    assert (lay.tp, lay.pp, lay.replicas) == (1, 1, 4)
+    assert serve["saturation_per_s"] == pytest.approx(4 * lay.saturation_per_s, rel=1e-9)
+    assert cell.rate_at_slo_per_s == pytest.approx(serve["rate_per_s"], rel=0.02)

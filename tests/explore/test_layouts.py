@@ -3,6 +3,8 @@ as good as every layout it tried."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from opmap.explore.layouts import (
@@ -11,6 +13,7 @@ from opmap.explore.layouts import (
     choose,
     figure_of_merit,
 )
+from opmap.explore.results import LayoutResult
 
 
 def test_candidates_split_each_device_count_into_tp_x_pp():
@@ -22,10 +25,12 @@ def test_candidates_split_each_device_count_into_tp_x_pp():
 
 
 def test_choose_ranks_by_tokens_per_device_of_the_budget():
-    tried = [{"tp": 1, "pp": 1, "rate_per_s": 5.0, "per_device_tokens_per_s": 90.0},
-             {"tp": 2, "pp": 1, "rate_per_s": 9.0, "per_device_tokens_per_s": 120.0},
-             {"tp": 1, "pp": 2, "rate_per_s": None, "per_device_tokens_per_s": None},  # no rate: not chosen
-             {"tp": 4, "pp": 1, "rate_per_s": 15.0, "per_device_tokens_per_s": 120.0}]  # a tie: the earlier wins
+    def lay(tp, pp, rate, per_device):
+        return replace(LayoutResult.of(tp, pp, 8), rate_per_s=rate, per_device_tokens_per_s=per_device)
+
+    tried = [lay(1, 1, 5.0, 90.0), lay(2, 1, 9.0, 120.0),
+             lay(1, 2, None, None),  # no rate: not chosen
+             lay(4, 1, 15.0, 120.0)]  # a tie: the earlier wins
     best, second = choose(tried)
     assert best is tried[1] and second is tried[3]
     assert choose([tried[2]]) == (None, None)
@@ -39,23 +44,27 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
     from opmap.serve.metrics import Slo
 
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices_budget=2)
-    tried = [lay for lay in cell["layouts"] if lay.get("rate_per_s")]
-    pruned = [lay for lay in cell["layouts"] if lay.get("limited_by") == "pruned"]
+    tried = [lay for lay in cell.layouts if lay.rate_per_s]
+    pruned = [lay for lay in cell.layouts if lay.limited_by == "pruned"]
     # 2 x tp1, 1 x tp2, 1 x pp2; a layout is searched or pruned by its saturation bound
     assert len(tried) + len(pruned) == 3 and len(tried) >= 2
     for lay in pruned:  # capacity <= saturation, so a bound under the runner-up's figure cannot beat it
-        assert lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < cell["runner_up"]["per_device_tokens_per_s"]
+        assert lay.bound_per_device_tokens_per_s * (1 + BOUND_SLACK) < cell.runner_up.per_device_tokens_per_s
     for lay in tried:
-        assert lay["per_device_tokens_per_s"] <= lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK)
-    best = cell["layout"]
+        assert lay.per_device_tokens_per_s <= lay.bound_per_device_tokens_per_s * (1 + BOUND_SLACK)
+    best = cell.layout
     for lay in tried:
-        assert best["per_device_tokens_per_s"] >= figure_of_merit(lay)
-        assert lay["per_device_tokens_per_s"] == pytest.approx(lay["output_tokens_per_s"] / 2)
-        assert lay["rate_per_s"] <= lay["saturation_per_s"]
-    rest = [lay for lay in tried if (lay["tp"], lay["pp"]) != (best["tp"], best["pp"])]
-    assert cell["runner_up"]["per_device_tokens_per_s"] == max(figure_of_merit(lay) for lay in rest)
-    assert cell["devices"] == best["devices_used"] == 2
-    assert cell["throughput_per_device"] == best["per_device_tokens_per_s"]
+        assert best.per_device_tokens_per_s >= figure_of_merit(lay)
+        assert lay.per_device_tokens_per_s == pytest.approx(lay.output_tokens_per_s / 2)
+        assert lay.rate_per_s <= lay.saturation_per_s
+    rest = [lay for lay in tried if (lay.tp, lay.pp) != (best.tp, best.pp)]
+    assert cell.runner_up.per_device_tokens_per_s == max(figure_of_merit(lay) for lay in rest)
+    assert cell.devices == best.devices_used == 2
+    assert cell.throughput_per_device == best.per_device_tokens_per_s
+    # fit.json's form of the cell: the chosen layout and the runner-up in brief, the layouts whole
+    d = cell.to_dict()
+    assert d["layout"]["per_device_tokens_per_s"] == best.per_device_tokens_per_s and "capacity" not in d["layout"]
+    assert d["devices"] == 2 and [x["tp"] for x in d["layouts"]] == [lay.tp for lay in cell.layouts]
 
 
 def test_a_layout_whose_weights_alone_outgrow_memory_is_not_priced():

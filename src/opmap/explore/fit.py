@@ -54,10 +54,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.errors import Interrupted, OpmapError
+from opmap.explore.results import FitCell, LayoutResult
 from opmap.hardware import get_hardware
 
 SCHEMA_VERSION = 3
@@ -146,65 +147,62 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
              devices: int | None = None, power_budget_w: float | None = None, price_per_hour: float | None = None,
              seed: int = 0, progress: Callable[[str], None] | None = None, runtime: str = "engine",
              devices_budget: int | None = None, *, policy=None, kv_dtype: str | None = None,
-             gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
+             gpu_memory_utilization: float = 0.9) -> FitCell:
     """One (model, platform) cell: the layout search (opmap.explore.layouts) over ``devices_budget`` devices
     (default one node) under the engine ``policy`` (default serve's), the KV cache at ``kv_dtype`` in
     ``gpu_memory_utilization`` of each device; its chosen layout's figures, power and price. Under a power budget
     a layout keeps the replicas the budget powers (``power_fit``)."""
-    from opmap.explore.layouts import brief, choose, search
+    from opmap.explore.layouts import choose, search
 
     hw = get_hardware(hardware)
     budget = devices_budget or hw.devices_per_node or 8
-    cell: dict[str, Any] = {"model": model, "hardware": hw.name, "fits": False,
-                            "throughput_at_slo": None, "throughput_per_device": None, "latency_p99_s": None,
-                            "perf_per_watt": None, "energy_per_token_j": None, "power_w": None,
-                            "power_method": power_method(hw), "perf_per_dollar": None,
-                            "cost_per_million_output_tokens": None, "bound": None,
-                            "risk": _risk(hw), "risk_source": _risk_source(hw),
-                            "datasheet_only": list(getattr(hw, "datasheet_only", ())), "devices_budget": budget,
-                            "layout": None, "runner_up": None, "layouts": [], "rank": None, "excluded_reason": ""}
     found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime,
                    policy or default_policy(), seed, devices, progress, kv_dtype=kv_dtype,
                    gpu_memory_utilization=gpu_memory_utilization)
-    tried = found["tried"]
-    cell["layouts"], cell["runtime"] = tried, found["runtime"]
-    cell["devices_tried"] = sorted({lay["devices_per_replica"] for lay in tried})
-    fitting = [lay for lay in tried if lay["fits"]]
+    tried = found.tried
+    cell = FitCell(model, hw.name, power_method=power_method(hw), risk=_risk(hw), risk_source=_risk_source(hw),
+                   datasheet_only=tuple(getattr(hw, "datasheet_only", ())), devices_budget=budget,
+                   runtime=found.runtime, devices_tried=tuple(sorted({lay.devices_per_replica for lay in tried})))
+    fitting = [lay for lay in tried if lay.fits]
     if not fitting:
-        last = tried[-1] if tried else {"reason": "no layout within the node and the budget"}
-        most = max(cell["devices_tried"], default=0)
-        cell["excluded_reason"] = (f"{last['reason']} (no layout of up to {most} devices per replica could be "
-                                   "priced: built and fitted in memory)")
-        return cell
-    cell["fits"] = True
-    cell["bound"] = _decode_bound(model, hw, dtype, runtime)
-    best, runner = found["chosen"], found["runner_up"]
+        last = tried[-1].reason if tried else "no layout within the node and the budget"
+        most = max(cell.devices_tried, default=0)
+        return replace(cell, layouts=tried, excluded_reason=(
+            f"{last} (no layout of up to {most} devices per replica could be priced: built and fitted in memory)"))
+    cell = replace(cell, fits=True, bound=_decode_bound(model, hw, dtype, runtime))
+    best, runner = found.chosen, found.runner_up
     over = ""
     if power_budget_w is not None and hw.tdp_w is not None and best is not None:
-        within = choose(power_fit(tried, hw, power_budget_w))
-        if within[0] is None:  # struck, its best layout's figures kept beside the reason
+        tried, within = power_fit(tried, hw, power_budget_w)
+        if within:
+            best, runner = choose(within)
+        else:  # struck, its best layout's figures kept beside the reason
             over = _over_budget(tried, power_budget_w)
-        else:
-            best, runner = within
+    cell = replace(cell, layouts=tried, layout=best, runner_up=runner)
     if best is None:
-        cell["excluded_reason"] = f"no layout meets the SLO at any rate: {fitting[0]['reason']}"
-        return cell
-    cell.update(layout=brief(best), runner_up=brief(runner), devices=best["devices_used"],
-                throughput_at_slo=best["output_tokens_per_s"], throughput_per_device=best["per_device_tokens_per_s"],
-                rate_at_slo_per_s=best["rate_per_s"] * best["replicas"], capacity=best["capacity"],
-                latency_p99_s=best["latency_p99_s"], memory=best.get("memory"),
-                power_limited=best.get("power_limited"))
-    tok_s = best["output_tokens_per_s"]
-    watts = _power_w(hw, best["devices_used"], best["utilization"]) if hw.tdp_w is not None else None
-    cell.update(power_w=watts, perf_per_watt=tok_s / watts if watts else None,
-                energy_per_token_j=watts / tok_s if watts is not None and tok_s else None)
+        return replace(cell, excluded_reason=f"no layout meets the SLO at any rate: {fitting[0].reason}")
+    return _priced(cell, best, hw, power_budget_w, price_per_hour, over)
+
+
+def _priced(cell: FitCell, best, hw, power_budget_w: float | None, price_per_hour: float | None,
+            over: str) -> FitCell:
+    """``cell`` with its chosen layout ``best``'s figures, modelled power and price; ``over``: why a power budget
+    struck it ("" where it did not)."""
+    tok_s = best.output_tokens_per_s
+    watts = _power_w(hw, best.devices_used, best.utilization or []) if hw.tdp_w is not None else None
+    cell = replace(cell, chosen=True, devices=best.devices_used, throughput_at_slo=tok_s,
+                   throughput_per_device=best.per_device_tokens_per_s,
+                   rate_at_slo_per_s=best.rate_per_s * best.replicas, capacity=best.capacity,
+                   latency_p99_s=best.latency_p99_s, memory=best.memory, power_limited=best.power_limited,
+                   power_w=watts, perf_per_watt=tok_s / watts if watts else None,
+                   energy_per_token_j=watts / tok_s if watts is not None and tok_s else None)
     if price_per_hour:
-        cell["perf_per_dollar"] = tok_s * 3600.0 / (best["devices_used"] * price_per_hour)
-        cell["cost_per_million_output_tokens"] = cost_per_million(price_per_hour, best["devices_used"], tok_s)
+        cell = replace(cell, perf_per_dollar=tok_s * 3600.0 / (best.devices_used * price_per_hour),
+                       cost_per_million_output_tokens=cost_per_million(price_per_hour, best.devices_used, tok_s))
+    why = ""
     if power_budget_w is not None and watts is None:
-        cell["excluded_reason"] = f"power budget not checkable: {cell['power_method']}"
-    cell["excluded_reason"] = over or cell["excluded_reason"]
-    return cell
+        why = f"power budget not checkable: {cell.power_method}"
+    return replace(cell, excluded_reason=over or why)
 
 
 def cost_per_million(price_per_hour: float, devices: int, tokens_per_s: float) -> float:
@@ -212,40 +210,44 @@ def cost_per_million(price_per_hour: float, devices: int, tokens_per_s: float) -
     return price_per_hour * devices / (tokens_per_s * 3600.0) * 1e6
 
 
-def power_fit(tried: list[dict[str, Any]], hw, budget_w: float) -> list[dict[str, Any]]:
-    """The layouts (with a rate at the SLO) a power budget allows, each cut to the replicas the budget powers:
-    one replica of d devices draws d x (idle + (TDP - idle) x its busy fraction) at its SLO rate, the same however
-    many replicas share the traffic (each a Poisson share at that rate), so ``budget_w // that`` of them fit
-    (at most the replicas the devices budget holds). A layout cut records ``power_limited``; one whose single
-    replica is over the budget, ``over_power_budget``. Every such layout gets ``power_w``."""
-    ok = []
+def power_fit(tried: Sequence[LayoutResult], hw,
+              budget_w: float) -> tuple[tuple[LayoutResult, ...], list[LayoutResult]]:
+    """The layouts ``tried`` as a power budget leaves them, and those of them (with a rate at the SLO) it allows,
+    each cut to the replicas the budget powers: one replica of d devices draws d x (idle + (TDP - idle) x its
+    busy fraction) at its SLO rate, the same however many replicas share the traffic (each a Poisson share at
+    that rate), so ``budget_w // that`` of them fit (at most the replicas the devices budget holds). A layout cut
+    records ``power_limited``; one whose single replica is over the budget, ``over_power_budget``. Every such
+    layout gets ``power_w``."""
+    out, ok = [], []
     for lay in tried:
-        if not lay.get("rate_per_s"):
+        if not lay.rate_per_s:
+            out.append(lay)
             continue
-        one = _power_w(hw, lay["devices_per_replica"], lay.get("utilization") or [])
-        k = min(lay["replicas"], int(budget_w // one))
+        one = _power_w(hw, lay.devices_per_replica, lay.utilization or [])
+        k = min(lay.replicas, int(budget_w // one))
         if k < 1:
-            lay.update(power_w=one, over_power_budget=True)
+            out.append(replace(lay, power_w=one, over_power_budget=True))
             continue
-        if k < lay["replicas"]:
-            share = k / lay["replicas"]
-            lay.update(power_limited=f"{k} of {lay['replicas']} replicas within the {budget_w:g} W budget",
-                       replicas=k, devices_used=k * lay["devices_per_replica"],
-                       output_tokens_per_s=lay["output_tokens_per_s"] * share,
-                       per_device_tokens_per_s=lay["per_device_tokens_per_s"] * share)
-        lay["power_w"] = one * k
+        if k < lay.replicas:
+            share = k / lay.replicas
+            lay = replace(lay, power_limited=f"{k} of {lay.replicas} replicas within the {budget_w:g} W budget",
+                          replicas=k, devices_used=k * lay.devices_per_replica,
+                          output_tokens_per_s=lay.output_tokens_per_s * share,
+                          per_device_tokens_per_s=lay.per_device_tokens_per_s * share)
+        lay = replace(lay, power_w=one * k)
+        out.append(lay)
         ok.append(lay)
-    return ok
+    return tuple(out), ok
 
 
-def _over_budget(tried: list[dict[str, Any]], budget_w: float) -> str:
+def _over_budget(tried: Sequence[LayoutResult], budget_w: float) -> str:
     """Why no layout fits the power budget: the least one replica of any layout draws."""
     from opmap.explore.layouts import label
 
-    low = min((lay for lay in tried if lay.get("over_power_budget")), key=lambda lay: lay["power_w"])
-    d = low["devices_per_replica"]
-    return (f"no layout fits the power budget: the least, one replica of {label({**low, 'replicas': 1})} "
-            f"({d} device{'s' if d != 1 else ''}), draws {low['power_w']:.0f} W at its SLO rate, over the "
+    low = min((lay for lay in tried if lay.over_power_budget), key=lambda lay: lay.power_w)
+    d = low.devices_per_replica
+    return (f"no layout fits the power budget: the least, one replica of {label(replace(low, replicas=1))} "
+            f"({d} device{'s' if d != 1 else ''}), draws {low.power_w:.0f} W at its SLO rate, over the "
             f"{budget_w:.0f} W budget")
 
 
@@ -293,7 +295,7 @@ def cell_cost(job: CellJob) -> float:
     return spec.published_params / get_hardware(job.hardware).memory_rate_bytes_per_s
 
 
-def cell_task(job: CellJob) -> dict[str, Any]:
+def cell_task(job: CellJob) -> FitCell:
     """``fit_cell`` for one job (module level, so a worker process or a Ray task can import it); its search's
     progress notes go to ``job.notes`` as (cell, note)."""
     from opmap.explore.fit_progress import cell_label
@@ -339,23 +341,25 @@ def check_models(models: Sequence[str]) -> None:
                          f"(accepted: {MODELS_ACCEPTED.format(zoo=zoo)})")
 
 
-def rank(cells: list[dict[str, Any]], models: Sequence[str], include_datasheet_only: bool = False,
-         by_cost: bool = False) -> None:
-    """Per workload, rank the cells kept (no excluded reason) by output tokens per second per device, best first;
-    ``by_cost`` (prices given): by cost per million output tokens, cheapest first, the cells without a price after
-    the priced ones (by throughput per device). A cell of a device whose catalog entry is datasheet only
-    (``datasheet_only``: the achievable figures it lacks) is ranked after every like-for-like cell, unless
-    ``include_datasheet_only``."""
-    def key(c):
-        cost = c.get("cost_per_million_output_tokens") if by_cost else None
-        return (bool(c["datasheet_only"]) and not include_datasheet_only, cost is None,
-                cost if cost is not None else -c["throughput_per_device"])
+def rank(cells: Sequence[FitCell], models: Sequence[str], include_datasheet_only: bool = False,
+         by_cost: bool = False) -> list[FitCell]:
+    """``cells`` with their rank: per workload, the cells kept (no excluded reason) by output tokens per second
+    per device, best first; ``by_cost`` (prices given): by cost per million output tokens, cheapest first, the
+    cells without a price after the priced ones (by throughput per device). A cell of a device whose catalog entry
+    is datasheet only (``datasheet_only``: the achievable figures it lacks) is ranked after every like-for-like
+    cell, unless ``include_datasheet_only``."""
+    def key(i: int):
+        c = cells[i]
+        cost = c.cost_per_million_output_tokens if by_cost else None
+        return (bool(c.datasheet_only) and not include_datasheet_only, cost is None,
+                cost if cost is not None else -c.throughput_per_device)
 
+    out = list(cells)
     for m in models:
-        ok = [c for c in cells if c["model"] == m and not c["excluded_reason"]]
-        ok.sort(key=key)
-        for i, c in enumerate(ok):
-            c["rank"] = i + 1
+        ok = sorted((i for i, c in enumerate(cells) if c.model == m and not c.excluded_reason), key=key)
+        for r, i in enumerate(ok, 1):
+            out[i] = replace(cells[i], rank=r)
+    return out
 
 
 def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: str = "512",
@@ -405,7 +409,7 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
             cells = eng.map(cell_task, notes.jobs, progress=notes.cell_done, label=cell_label, cost=cell_cost)
         except Interrupted as e:  # the cells finished are kept, in their order; the rest named
             stop, cells = e, [e.done[i] for i in sorted(e.done)]
-    rank(cells, models, include_datasheet_only, by_cost=bool(prices))
+    cells = [c.to_dict() for c in rank(cells, models, include_datasheet_only, by_cost=bool(prices))]
     r = _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
                 include_datasheet_only, cells, engine)
     r.update(engine_settings=engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization),

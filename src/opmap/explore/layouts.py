@@ -25,10 +25,12 @@ how many replicas fill a device budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.explore.results import LayoutResult, LayoutSearch, brief  # noqa: F401 (brief: fit.json's form, here too)
 
 DEVICE_STEPS = (1, 2, 4, 8)
 # prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
@@ -78,111 +80,117 @@ def weights_outgrow(model: str, hw, dtype: str, devices: int) -> str | None:
             f"device over {devices}, more than the {cap / 2**30:.1f} GiB a {hw.name} holds")
 
 
-def figure_of_merit(layout: dict[str, Any]) -> float:
+def figure_of_merit(layout: LayoutResult) -> float:
     """Output tokens per second per device of the budget (0 for a layout without a rate at the SLO)."""
-    return layout.get("per_device_tokens_per_s") or 0.0
+    return layout.figure_of_merit
 
 
-def choose(tried: Sequence[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def choose(tried: Sequence[LayoutResult]) -> tuple[LayoutResult | None, LayoutResult | None]:
     """(chosen, runner-up) among the layouts ``tried`` with a rate at the SLO, by ``figure_of_merit``; ties to the
     earlier one (fewer devices per replica, then more TP)."""
-    ok = [lay for lay in tried if lay.get("rate_per_s")]
+    ok = [lay for lay in tried if lay.rate_per_s]
     ranked = sorted(range(len(ok)), key=lambda i: (-figure_of_merit(ok[i]), i))
     first = ok[ranked[0]] if ranked else None
     second = ok[ranked[1]] if len(ranked) > 1 else None
     return first, second
 
 
-def brief(layout: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A layout's name and figures, without its search record."""
-    if layout is None:
-        return None
-    keys = ("tp", "pp", "devices_per_replica", "replicas", "devices_used", "rate_per_s", "saturation_per_s",
-            "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "limited_by")
-    return {k: layout.get(k) for k in keys}
-
-
-def label(layout: dict[str, Any]) -> str:
-    """'2 x tp4' or '1 x tp2 pp2': replicas x the split of one."""
-    split = f"tp{layout['tp']}" + (f" pp{layout['pp']}" if layout["pp"] > 1 else "")
-    return f"{layout['replicas']} x {split}"
+def label(layout: LayoutResult | Mapping[str, Any]) -> str:
+    """'2 x tp4' or '1 x tp2 pp2': replicas x the split of one (a LayoutResult or fit.json's form of one)."""
+    tp, pp, replicas = ((layout["tp"], layout["pp"], layout["replicas"]) if isinstance(layout, Mapping)
+                        else (layout.tp, layout.pp, layout.replicas))
+    split = f"tp{tp}" + (f" pp{pp}" if pp > 1 else "")
+    return f"{replicas} x {split}"
 
 
 def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, requests: int, dtype: str,
            runtime: str, policy, seed: int = 0, devices: int | None = None,
            progress: Callable[[str], None] | None = None, *, kv_dtype: str | None = None,
-           gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
-    """Every candidate layout of ``model`` on ``hw`` priced and served (see the module docstring):
-    ``{"tried": [...], "chosen": ..., "runner_up": ..., "runtime": ...}``; a layout that does not fit or meets
-    the SLO at no rate is kept with its ``reason``; one priced keeps its per-device ``memory`` (the KV cache at
-    ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it)."""
+           gpu_memory_utilization: float = 0.9) -> LayoutSearch:
+    """Every candidate layout of ``model`` on ``hw`` priced and served (see the module docstring); a layout that
+    does not fit or meets the SLO at no rate is kept with its ``reason``; one priced keeps its per-device
+    ``memory`` (the KV cache at ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it)."""
     from opmap.serve.arrivals import Arrival, make_requests, parse_length
-    from opmap.serve.capacity import RateProbe, steady_capacity
 
     per_node = hw.devices_per_node or DEVICE_STEPS[-1]
-    tried: list[dict[str, Any]] = []
-    rt: dict[str, Any] | None = None
     ilen, olen = parse_length(input_len), parse_length(output_len)
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
     longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
-    bounded: list[tuple[dict[str, Any], Any, dict[str, Any]]] = []
     todo = candidates(per_node, budget, devices)
     say = progress or (lambda s: None)  # two notes a layout: priced (or skipped), then searched (or not)
+    tried: list[LayoutResult] = []
+    bounded: list[tuple[int, Any, dict[str, Any]]] = []  # (index in tried, its RateProbe, its saturation run)
+    rt: dict[str, Any] | None = None
     for tp, pp in todo:
-        d = tp * pp
-        lay: dict[str, Any] = {"tp": tp, "pp": pp, "devices_per_replica": d, "replicas": budget // d,
-                               "devices_used": budget // d * d, "fits": False, "rate_per_s": None, "reason": ""}
+        lay = LayoutResult.of(tp, pp, budget)
+        say(f"{model} on {hw.name}: layout {len(tried) + 1} of {len(todo)}, {label(lay)}: pricing")
+        lay, probe, sat, runtime_used = _bound(lay, model, hw, budget, slo, ilen, olen, requests, dtype, runtime,
+                                              policy, seed, longest, kv_dtype, gpu_memory_utilization)
+        rt = rt or runtime_used
         tried.append(lay)
-        say(f"{model} on {hw.name}: layout {len(tried)} of {len(todo)}, {label(lay)}: pricing")
-        lay["reason"] = weights_outgrow(model, hw, dtype, d) or ""
-        if lay["reason"]:
-            continue
-        try:
-            cost = price_layout(model, hw.name, dtype, tp, pp, runtime, max_context=longest, kv_dtype=kv_dtype,
-                                gpu_memory_utilization=gpu_memory_utilization)
-        except OpmapError as e:
-            lay["reason"] = str(e)
-            continue
-        lay["fits"] = True
-        lay["memory"] = {"kv_dtype": cost.kv_dtype, **{k: v for k, v in (cost.memory or {}).items() if k != "reserve"}}
-        rt = rt or dict(cost.runtime)
-        probe = RateProbe(Arrival("poisson", 1.0), ilen, olen, requests, policy, cost, 1, "round_robin", seed, slo)
-        try:
-            sat = probe.saturation()
-        except OpmapError as e:  # a request the KV cache cannot hold
-            lay["reason"] = str(e)
-            continue
-        lay["bound_per_device_tokens_per_s"] = sat["throughput"]["output_tokens_per_s"] * lay["replicas"] / budget
-        lay["saturation_per_s"] = float(sat["throughput"]["requests_per_s"])
-        bounded.append((lay, probe, sat))
+        if sat is not None:
+            bounded.append((len(tried) - 1, probe, sat))
     # capacity searches in order of the bound; stop once no unsearched layout can beat the runner-up
-    bounded.sort(key=lambda x: -x[0]["bound_per_device_tokens_per_s"])
-    found: list[float] = []
+    bounded.sort(key=lambda x: -tried[x[0]].bound_per_device_tokens_per_s)
     for _ in range(len(todo) - len(bounded)):
         say(f"{model} on {hw.name}: a layout that does not fit, not searched")
-    for k, (lay, probe, sat) in enumerate(bounded, 1):
-        say(f"{model} on {hw.name}: capacity {k} of {len(bounded)}, {label(lay)}")
-        if PRUNE and len(found) >= 2 and lay["bound_per_device_tokens_per_s"] * (1 + BOUND_SLACK) < sorted(found)[-2]:
-            lay.update(limited_by="pruned", reason=(
-                f"not searched: its saturation bound {lay['bound_per_device_tokens_per_s']:.4g} tokens/s per "
-                f"device is below the runner-up's {sorted(found)[-2]:.4g}"))
-            continue
-        try:
-            cap = steady_capacity(probe, saturation=sat, prune=PRUNE)
-        except OpmapError as e:  # an offline run that completes nothing
-            lay["reason"] = str(e)
-            continue
-        head = cap.pop("headline")
-        lay["capacity"] = cap
-        lay["saturation_per_s"] = cap["saturation_per_s"]
-        if head is None:
-            lay["reason"] = cap["reason"]
-            continue
-        out_tok = head["throughput"]["output_tokens_per_s"]
-        lay.update(rate_per_s=cap["rate_per_s"], limited_by=cap["limited_by"],
-                   output_tokens_per_s=out_tok * lay["replicas"],
-                   per_device_tokens_per_s=out_tok * lay["replicas"] / budget,
-                   latency_p99_s=head["latency"]["e2e"]["p99_s"], utilization=head.get("utilization", []))
-        found.append(lay["per_device_tokens_per_s"])
+    found: list[float] = []
+    for k, (i, probe, sat) in enumerate(bounded, 1):
+        say(f"{model} on {hw.name}: capacity {k} of {len(bounded)}, {label(tried[i])}")
+        tried[i] = _searched(tried[i], probe, sat, budget, found)
+        if tried[i].per_device_tokens_per_s is not None:
+            found.append(tried[i].per_device_tokens_per_s)
     chosen, runner = choose(tried)
-    return {"tried": tried, "chosen": chosen, "runner_up": runner, "runtime": rt}
+    return LayoutSearch(tuple(tried), chosen, runner, rt)
+
+
+def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requests: int, dtype: str,
+           runtime: str, policy, seed: int, longest: int, kv_dtype: str | None, gpu_memory_utilization: float):
+    """``lay`` skipped (weights outgrow the devices, or its pricing refused) or priced and bounded by its offline
+    saturation run: (the layout, its RateProbe, the saturation summary, the runtime priced under); the last
+    three None where it was not priced or not bounded."""
+    from opmap.serve.arrivals import Arrival
+    from opmap.serve.capacity import RateProbe
+
+    why = weights_outgrow(model, hw, dtype, lay.devices_per_replica)
+    if why:
+        return replace(lay, reason=why), None, None, None
+    try:
+        cost = price_layout(model, hw.name, dtype, lay.tp, lay.pp, runtime, max_context=longest, kv_dtype=kv_dtype,
+                            gpu_memory_utilization=gpu_memory_utilization)
+    except OpmapError as e:
+        return replace(lay, reason=str(e)), None, None, None
+    lay = replace(lay, fits=True, memory={"kv_dtype": cost.kv_dtype,
+                                          **{k: v for k, v in (cost.memory or {}).items() if k != "reserve"}})
+    probe = RateProbe(Arrival("poisson", 1.0), ilen, olen, requests, policy, cost, 1, "round_robin", seed, slo)
+    try:
+        sat = probe.saturation()
+    except OpmapError as e:  # a request the KV cache cannot hold
+        return replace(lay, reason=str(e)), None, None, dict(cost.runtime)
+    lay = replace(lay, bound_per_device_tokens_per_s=sat["throughput"]["output_tokens_per_s"] * lay.replicas / budget,
+                  saturation_per_s=float(sat["throughput"]["requests_per_s"]))
+    return lay, probe, sat, dict(cost.runtime)
+
+
+def _searched(lay: LayoutResult, probe, sat: dict[str, Any], budget: int, found: list[float]) -> LayoutResult:
+    """``lay`` pruned (its saturation bound under the runner-up's figure among ``found``) or its capacity searched
+    (``steady_capacity``): the figures of the run at the rate found, or the reason no rate meets the SLO."""
+    from opmap.serve.capacity import steady_capacity
+
+    bound = lay.bound_per_device_tokens_per_s
+    if PRUNE and len(found) >= 2 and bound * (1 + BOUND_SLACK) < sorted(found)[-2]:
+        return replace(lay, limited_by="pruned", reason=(
+            f"not searched: its saturation bound {bound:.4g} tokens/s per device is below the runner-up's "
+            f"{sorted(found)[-2]:.4g}"))
+    try:
+        cap = steady_capacity(probe, saturation=sat, prune=PRUNE)
+    except OpmapError as e:  # an offline run that completes nothing
+        return replace(lay, reason=str(e))
+    head = cap.pop("headline")
+    lay = replace(lay, capacity=cap, saturation_per_s=cap["saturation_per_s"])
+    if head is None:
+        return replace(lay, reason=cap["reason"])
+    out_tok = head["throughput"]["output_tokens_per_s"]
+    return replace(lay, rate_per_s=cap["rate_per_s"], limited_by=cap["limited_by"],
+                   output_tokens_per_s=out_tok * lay.replicas, per_device_tokens_per_s=out_tok * lay.replicas / budget,
+                   latency_p99_s=head["latency"]["e2e"]["p99_s"], utilization=head.get("utilization", []))

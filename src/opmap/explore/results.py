@@ -1,0 +1,148 @@
+"""Typed results of the layout search and the fit matrix: frozen values handed between the search
+(``opmap.explore.layouts``), the cell (``opmap.explore.fit``) and the file; ``to_dict`` only where fit.json is
+written (its keys and their order as schema 3 has them).
+
+- ``LayoutResult``: one (tp, pp) layout of a model on a platform as the search left it: skipped (``reason``),
+  priced (``memory``), bounded by its saturation run, pruned or searched (``capacity``, the figures at the SLO),
+  and under a power budget cut to the replicas it powers. A field left None was not reached: it is not written.
+- ``LayoutSearch``: every layout tried, the chosen one and the runner-up (by output tokens/s per device of the
+  budget), the runtime they were priced under.
+- ``FitCell``: one (model, platform) cell of the matrix: the chosen layout's figures, power, price, rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# a LayoutResult's fields written only once reached (None: that stage did not run), in fit.json's order
+_LAYOUT_LATER = ("memory", "bound_per_device_tokens_per_s", "saturation_per_s", "capacity", "limited_by",
+                 "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "utilization", "power_limited",
+                 "power_w", "over_power_budget")
+
+
+@dataclass(frozen=True)
+class LayoutResult:
+    """One layout tried: ``replicas`` of ``tp`` x ``pp`` devices filling the budget (``devices_used`` of it);
+    ``rate_per_s`` one replica's capacity at the SLO (None: not found, ``reason`` why); ``output_tokens_per_s``
+    all replicas', ``per_device_tokens_per_s`` over the budget's devices (the figure of merit)."""
+
+    tp: int
+    pp: int
+    devices_per_replica: int
+    replicas: int
+    devices_used: int
+    fits: bool = False
+    rate_per_s: float | None = None
+    reason: str = ""
+    memory: dict[str, Any] | None = None  # per device, as serve sizes it (the KV format, weights, KV tokens)
+    bound_per_device_tokens_per_s: float | None = None  # the saturation run's output tokens/s per device
+    saturation_per_s: float | None = None
+    capacity: dict[str, Any] | None = None  # the capacity search's record (steady_capacity)
+    limited_by: str | None = None
+    output_tokens_per_s: float | None = None
+    per_device_tokens_per_s: float | None = None
+    latency_p99_s: float | None = None
+    utilization: list[float] | None = None  # each replica's busy fraction in the run at the SLO rate
+    power_limited: str | None = None
+    power_w: float | None = None
+    over_power_budget: bool | None = None
+
+    @classmethod
+    def of(cls, tp: int, pp: int, budget: int) -> LayoutResult:
+        """The layout of ``tp`` x ``pp`` devices a replica, as many replicas as the ``budget`` holds."""
+        d = tp * pp
+        return cls(tp, pp, d, budget // d, budget // d * d)
+
+    @property
+    def figure_of_merit(self) -> float:
+        """Output tokens per second per device of the budget (0 without a rate at the SLO)."""
+        return self.per_device_tokens_per_s or 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "devices_per_replica": self.devices_per_replica,
+                             "replicas": self.replicas, "devices_used": self.devices_used, "fits": self.fits,
+                             "rate_per_s": self.rate_per_s, "reason": self.reason}
+        d.update({k: getattr(self, k) for k in _LAYOUT_LATER if getattr(self, k) is not None})
+        return d
+
+
+@dataclass(frozen=True)
+class LayoutSearch:
+    """The layout search of one model on one platform (``opmap.explore.layouts.search``)."""
+
+    tried: tuple[LayoutResult, ...]
+    chosen: LayoutResult | None
+    runner_up: LayoutResult | None
+    runtime: dict[str, Any] | None  # the runtime the layouts were priced under (Runtime.to_dict), None if none was
+
+
+BRIEF = ("tp", "pp", "devices_per_replica", "replicas", "devices_used", "rate_per_s", "saturation_per_s",
+         "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "limited_by")
+
+
+def brief(layout: LayoutResult | None) -> dict[str, Any] | None:
+    """A layout's name and figures, without its search record (fit.json's ``layout`` and ``runner_up``)."""
+    if layout is None:
+        return None
+    return {k: getattr(layout, k) for k in BRIEF}
+
+
+# a FitCell's fields written only where a layout was chosen (schema 3: ``devices`` absent, never null, otherwise)
+_CELL_CHOSEN = ("devices", "rate_at_slo_per_s", "capacity", "memory", "power_limited")
+
+
+@dataclass(frozen=True)
+class FitCell:
+    """One (model, platform) cell: its search's layouts, the chosen one's figures (None where none was chosen,
+    ``excluded_reason`` why, or where a constraint struck it), modelled power, price and rank."""
+
+    model: str
+    hardware: str
+    fits: bool = False
+    throughput_at_slo: float | None = None
+    throughput_per_device: float | None = None
+    latency_p99_s: float | None = None
+    perf_per_watt: float | None = None
+    energy_per_token_j: float | None = None
+    power_w: float | None = None
+    power_method: str = ""
+    perf_per_dollar: float | None = None
+    cost_per_million_output_tokens: float | None = None
+    bound: str | None = None
+    risk: str = ""
+    risk_source: str = ""
+    datasheet_only: tuple[str, ...] = ()
+    devices_budget: int = 0
+    layout: LayoutResult | None = None
+    runner_up: LayoutResult | None = None
+    layouts: tuple[LayoutResult, ...] = ()
+    rank: int | None = None
+    excluded_reason: str = ""
+    runtime: dict[str, Any] | None = None
+    devices_tried: tuple[int, ...] = ()
+    chosen: bool = field(default=False)  # a layout was chosen: the fields of _CELL_CHOSEN are written
+    devices: int | None = None
+    rate_at_slo_per_s: float | None = None
+    capacity: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    power_limited: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``brief``)."""
+        skip = {"chosen", *_CELL_CHOSEN}
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name in skip:
+                continue
+            v = getattr(self, f.name)
+            if f.name in ("layout", "runner_up"):
+                v = brief(v)
+            elif f.name == "layouts":
+                v = [lay.to_dict() for lay in v]
+            elif f.name in ("datasheet_only", "devices_tried"):
+                v = list(v)
+            d[f.name] = v
+        if self.chosen:
+            d.update({k: getattr(self, k) for k in _CELL_CHOSEN})
+        return d
