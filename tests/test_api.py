@@ -120,3 +120,15 @@ def test_a_training_step_runs_eager_only():
     spec = Phase("train").spec("gpt2", 1)
     with pytest.raises(OpmapError, match="--phase train runs eager"):
         RuntimeChoice("graphs").resolve(get_hardware("h100-sxm"), spec)
+
+
+def test_the_graph_hash_of_a_capture_is_the_store_hash_of_its_file(monkeypatch):
+    """opmap analyze records api.graph_hash of the captured graph; the run store hashes a run folder's
+    analysis.json nodes (opmap.store.rows.graph_hash): the same run must get the same hash either way."""
+    from opmap.api import graph_hash
+    from opmap.store.rows import graph_hash as file_hash
+
+    monkeypatch.setenv("OPMAP_GRAPH_CACHE", "0")
+    for target in ("gpt2", TINY):
+        a = Model(target, "bf16").prefill(Shape(1, 16), get_hardware("h100-sxm"), "eager")
+        assert graph_hash(a.graph) == file_hash(json.loads(json.dumps(a.to_dict()["nodes"])))

@@ -363,9 +363,10 @@ class Model:
         return hit
 
     def phase(self, spec, shape: Shape, hw, rt=None, fusion: str | None = None, fusion_plan=None,
-              evidence: Callable[[str], str] = str):
+              evidence: Callable[[str], str] = str, steady: bool = False):
         """The PhaseAnalysis of ``spec`` at ``shape`` on ``hw`` under the runtime ``rt`` (decode: the KV cache;
-        train: forward, backward and the optimizer, with the memory fit of its saved activations)."""
+        train: forward, backward and the optimizer, with the memory fit of its saved activations); ``steady``:
+        priced under steady load (opmap.phases.step.analyze_phase)."""
         from opmap.analyze import check_analysis_inputs
         from opmap.phases.step import analyze_phase
         from opmap.precision import resolve_training_precision
@@ -384,4 +385,4 @@ class Model:
         ev = evidence(w.name)
         with self.status(f"predicting {w.name} ({spec.name}) on {hw.name}"):
             return analyze_phase(graph, w, hw, self.dtype, spec, self.overrides, fusion, fusion_plan, ev,
-                                 saved=saved, activations=act, runtime=rt)
+                                 saved=saved, activations=act, runtime=rt, steady=steady)
