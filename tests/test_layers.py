@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("analyze", ("opmap.analyze",)),  # the pipeline
     ("phases", ("opmap.phases",)),  # runtime, prefill / decode / train figures built on the pipeline
     ("measure", ("opmap.measure",)),  # real runs joined to predictions
+    ("api", ("opmap.api",)),  # the facade every command and explorer steps a model through
     ("serve", ("opmap.serve",)),  # serving simulator (the fit matrix runs it: below explore)
     ("explore", ("opmap.explore",)),  # plans, sweeps, the fit matrix
     ("bench", ("opmap.bench",)),  # load against a real endpoint (its --predict runs serve)

@@ -7,9 +7,9 @@ import pickle
 
 import pytest
 
+from opmap.api import Shape, step_key
 from opmap.capture import cache
 from opmap.cli import main
-from opmap.cli.analyze import _graph_key
 
 
 @pytest.fixture
@@ -160,11 +160,11 @@ def test_a_pickle_where_version_1_read_its_entry_is_never_opened(cache_on, tmp_p
     key), beside a torn KEY.json: analyze opens neither pickle, captures again, rewrites the entry, and its
     analysis equals a fresh capture's."""
     marker = tmp_path / "executed"
-    args = ("gpt2", 1, 32, None, "bf16", "meta", "nchw", ())
-    k = _graph_key(*args)
+    args = ("gpt2", "bf16", "meta", Shape(1, 32), "nchw", ())
+    k = step_key(*args)
     with monkeypatch.context() as m:  # the key version 1 computed for the same inputs
         m.setattr(cache, "CACHE_VERSION", 1)
-        k_old = _graph_key(*args)
+        k_old = step_key(*args)
     cache_on.mkdir(parents=True)
     for name in {k_old, k}:
         (cache_on / f"{name}.pkl").write_bytes(pickle.dumps(_Plant(marker)))

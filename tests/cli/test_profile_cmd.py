@@ -103,7 +103,7 @@ def test_a_batch_beyond_memory_is_refused_before_calibrating_or_building(empty_c
     the lm_head matmul, 100000 x 512 x 768 x 4 B = 157.29 GB in and 100000 x 512 x 50257 x 4 B = 10,292.63 GB
     out: 10,450.4 GB."""
     fail_if_called("opmap.cli.calibrate.run_calibration")
-    fail_if_called("opmap.cli.common.check_memory")  # the first step of a real-tensor build
+    fail_if_called("opmap.api.check_memory")  # the first step of a real-tensor build
     refused("profile", "gpt2", "--batch", "100000", "--seq", "512",
             needle="profile of gpt2 at batch 100000 x seq 512 needs at least 10,450.4 GB on cpu")
 

@@ -155,6 +155,21 @@ def test_serve_refuses_bad_input(refused, args, needle):
     refused("serve", "gpt2", "--service-time", "fixed:10", "--policy", "none", *args, needle=needle)
 
 
+@pytest.mark.parametrize("args,needle", [
+    (("--service-time", "exp:100", "--policy", "continuous"), "use none, static:B"),
+    (("--service-time", "exp:100", "--policy", "engine"), "use none, static:B"),
+    (("--policy", "none", "--router", "random"), "accepted: round_robin"),
+    (("--policy", "continuous", "--router", "random"), "accepted: round_robin"),
+])
+def test_a_bad_policy_or_router_is_refused_by_parsing_not_by_a_simulation(refused, fail_if_called, args, needle):
+    """The policy and router are checked by parsing them: no simulation runs (an empty one did before), and the
+    model is not priced."""
+    fail_if_called("opmap.serve.simulate")
+    fail_if_called("opmap.serve.sim.simulate")
+    fail_if_called("opmap.serve.model_cost.model_table_cost")
+    refused("serve", "gpt2", *args, needle=needle)
+
+
 # Finite but absurd: before, each ran and printed figures without a word (fixed:1e308: p99 TTFT inf ms; a rate of
 # 1e300 requests/s, a WAIT_MS or an SLO of 1e308 taken as they are). The ceilings: opmap.validate.CEILINGS.
 @pytest.mark.parametrize("args,needle", [

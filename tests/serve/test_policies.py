@@ -191,3 +191,17 @@ def test_bad_specs_name_what_is_accepted(fn, spec, match):
 def test_service_time_refuses_iteration_policies():
     with pytest.raises(OpmapError, match="use none, static:B or dynamic"):
         simulate(_reqs([0], [1], [1]), Continuous(), parse_service_time("fixed:10"))
+
+
+@pytest.mark.parametrize("spec, refused", [("none", False), ("static:8", False), ("dynamic:8,5", False),
+                                           ("continuous", True), ("chunked:128", True), ("engine", True)])
+def test_a_service_time_takes_only_the_policies_that_serve_whole_requests(spec, refused):
+    """A service time has no iterations: continuous, chunked and engine are refused with it, by their parsed
+    policy, before any simulation."""
+    from opmap.serve.policies import check_with_service_time, parse_policy
+
+    if refused:
+        with pytest.raises(OpmapError, match="schedules iterations, which a service time does not have"):
+            check_with_service_time(parse_policy(spec))
+    else:
+        check_with_service_time(parse_policy(spec))

@@ -88,49 +88,115 @@ def bench(
     or oversized stream, a timeout) is counted and the run goes on. Exit status: 0; 1 when every measured request
     failed (the run is still printed, written and recorded); 2 for bad input or an endpoint that cannot be
     reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
+    o = _Options(url, model, arrival, concurrency, requests, duration, warmup, input_len, output_len, api, timeout,
+                 ignore_eos, slo_ttft, slo_tpot, min_duration, min_queries, seed, out, launch, device, threads,
+                 kv_blocks, tokenizer, predict, hardware, config, dtype, runtime)
+    load = _parse(o)
+    target = _prediction_target(o)
+    srv, result, plan, policy, overhead = _drive_load(o, load, target["cost"])
+    _render(o, srv, result, plan, policy, overhead, target, store, no_store)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The command's options as given (checked by ``_parse`` before any connection is tried)."""
+
+    url: str | None
+    model: str | None
+    arrival: str | None
+    concurrency: int | None
+    requests: int | None
+    duration: float | None
+    warmup: int
+    input_len: str
+    output_len: str
+    api: str
+    timeout: float
+    ignore_eos: bool
+    slo_ttft: float | None
+    slo_tpot: float | None
+    min_duration: float
+    min_queries: int
+    seed: int
+    out: Path | None
+    launch: str | None
+    device: str
+    threads: int | None
+    kv_blocks: int | None
+    tokenizer: Path | None
+    predict: bool
+    hardware: str | None
+    config: str | None
+    dtype: str | None
+    runtime: str
+
+
+def _parse(o: _Options) -> dict:
+    """Every option checked; the load (load_plan's arguments: the lengths parsed, the default request count)."""
     from opmap.cli import bench_predict as bp
     from opmap.serve.arrivals import parse_length
-
-    _check_options(concurrency, requests, warmup, seed, min_queries, duration, timeout, min_duration, slo_ttft,
-                   slo_tpot, api, arrival)
-    bp.check_target(url, model, launch, predict, hardware, config)
     from opmap.validate import count
 
-    for name, v in (("--threads", threads), ("--kv-blocks", kv_blocks)):  # before any connection is tried
+    _check_options(o.concurrency, o.requests, o.warmup, o.seed, o.min_queries, o.duration, o.timeout,
+                   o.min_duration, o.slo_ttft, o.slo_tpot, o.api, o.arrival)
+    bp.check_target(o.url, o.model, o.launch, o.predict, o.hardware, o.config)
+    for name, v in (("--threads", o.threads), ("--kv-blocks", o.kv_blocks)):  # before any connection is tried
         if v is not None:
             count(v, name, hi=1 << 20)
-    ilen, olen = parse_length(input_len), parse_length(output_len)
-    if requests is None and duration is None:
-        requests = DEFAULT_REQUESTS
-    if out is not None:
+    ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
+    requests = DEFAULT_REQUESTS if o.requests is None and o.duration is None else o.requests
+    if o.out is not None:
         from opmap.report.outputs import check_out_dir
 
-        check_out_dir(out)
-    cost = None
-    pconfig, phw = (launch or config), (hardware or ("local" if launch else None))
-    pdtype = dtype or (bp.launched_dtype(launch) if launch else "bf16")
-    if predict:  # priced before the server starts: a bad --hardware or config costs nothing
-        cost = bp.price(pconfig, phw, pdtype, runtime, None)
-    with bp.launched(launch, device, threads, kv_blocks) as srv:
+        check_out_dir(o.out)
+    return dict(arrival=o.arrival, concurrency=o.concurrency, requests=requests, duration=o.duration,
+                warmup=o.warmup, ilen=ilen, olen=olen, seed=o.seed)
+
+
+def _prediction_target(o: _Options) -> dict:
+    """--predict's model, device and dtype and, with --predict, the step cost: priced before the server starts (a
+    bad --hardware or config costs nothing)."""
+    from opmap.cli import bench_predict as bp
+
+    config = o.launch or o.config
+    hw = o.hardware or ("local" if o.launch else None)
+    dtype = o.dtype or (bp.launched_dtype(o.launch) if o.launch else "bf16")
+    cost = bp.price(config, hw, dtype, o.runtime, None) if o.predict else None
+    return {"config": config, "hardware": hw, "dtype": dtype, "cost": cost}
+
+
+def _drive_load(o: _Options, load: dict, cost):
+    """(the launched server or None, the run's result, its plan, the engine policy, the overhead): the load driven
+    against the endpoint (a launched one started and stopped around it)."""
+    from opmap.cli import bench_predict as bp
+
+    url, model, ignore_eos, tokenizer = o.url, o.model, o.ignore_eos, o.tokenizer
+    with bp.launched(o.launch, o.device, o.threads, o.kv_blocks) as srv:
         if srv is not None:  # transformers serve refuses ignore_eos (HTTP 422); its model has no EOS instead
             url, model, ignore_eos = srv.base_url, srv.model_id, False
             tokenizer = tokenizer or srv.tokenizer_dir
-        result, plan, policy, overhead = _measure(srv, url, model, tokenizer, api, timeout, ignore_eos, cost, predict,
-                                                  dict(arrival=arrival, concurrency=concurrency, requests=requests,
-                                                       duration=duration, warmup=warmup, ilen=ilen, olen=olen,
-                                                       seed=seed))
-    figures, body = finish(result, plan, slo_ttft, slo_tpot, min_duration, min_queries)
+        result, plan, policy, overhead = _measure(srv, url, model, tokenizer, o.api, o.timeout, ignore_eos, cost,
+                                                  o.predict, load)
+    return srv, result, plan, policy, overhead
+
+
+def _render(o: _Options, srv, result, plan, policy, overhead, target: dict, store: Path | None,
+            no_store: bool) -> None:
+    """The run printed, written and recorded; with --predict its prediction beside; the exit status."""
+    from opmap.cli import bench_predict as bp
+
+    figures, body = finish(result, plan, o.slo_ttft, o.slo_tpot, o.min_duration, o.min_queries)
     if srv is not None:
         body["launched"] = srv.to_dict()
     print_summary(body)
-    if out is not None:
-        write_outputs(out, body, result)
+    if o.out is not None:
+        write_outputs(o.out, body, result)
     tags = record(body, store, no_store)
-    if predict:
-        bp.predict_and_report(result, body, cost, policy, overhead,
-                              {"model": pconfig, "hardware": phw, "dtype": pdtype, "runtime": runtime,
-                               "server": "launched" if srv is not None else url},
-                              tags, out, store, no_store)
+    if o.predict:
+        bp.predict_and_report(result, body, target["cost"], policy, overhead,
+                              {"model": target["config"], "hardware": target["hardware"], "dtype": target["dtype"],
+                               "runtime": o.runtime, "server": "launched" if srv is not None else o.url},
+                              tags, o.out, store, no_store)
     if result.interrupted:
         # what was measured is kept (printed, written, recorded); the exit says it stopped, and by which signal
         raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))

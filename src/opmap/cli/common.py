@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from opmap.errors import Interrupted, OpmapError
+from opmap.errors import Interrupted
 from opmap.report.text import clean, safe
 from opmap.validate import visible
 
@@ -37,45 +37,22 @@ def result_only_on_stdout(on: bool = True):
         console.stderr = False
 
 
+def status(message: str):
+    """A spinner on the console showing ``message`` as plain text (never read as markup): opmap.api's Status."""
+    from opmap.report.text import plain
+
+    return console.status(plain(message))
+
+
 def build_workload(model: str, batch: int, seq: int | None, image_size: int | None, dtype: str,
                    device: str, allow_long_context: bool = False, dims: dict[str, int] | None = None,
                    overrides=()):
-    """Build MODEL from the shape options: --seq for text models, --image-size for vision ones (one knob
-    in the library). A real-tensor build is refused first if the weights cannot fit. The loader checks the
-    rest (model, shape, dtype, device) before it builds anything."""
-    from opmap.workloads import MODELS, load_workload
+    """Build MODEL from the shape options (opmap.api.build_workload: --seq for text models, --image-size for vision
+    ones, a real-tensor build refused first if the weights cannot fit)."""
+    from opmap.api import Shape
+    from opmap.api import build_workload as build
 
-    spec = MODELS.get(model)
-    if spec is not None and spec.kind == "vision" and seq is not None:
-        raise OpmapError(f"{model} is a vision model: it takes --image-size, not --seq")
-    if spec is not None and spec.kind == "text" and image_size is not None:
-        raise OpmapError(f"{model} is a text model: it takes --seq, not --image-size")
-    if spec is not None and device != "meta":
-        check_memory(spec.published_params, dtype, device)
-    with console.status(f"building {safe(model)} on {safe(device)}"):
-        return load_workload(model, batch, seq if seq is not None else image_size, dtype, device, allow_long_context,
-                             dims=dims, overrides=overrides)
-
-
-def check_memory(params: int, dtype: str, device: str) -> None:
-    """Refuse a real-tensor build that cannot fit, before allocating anything. Only a device that can be
-    asked is checked (cpu, an available cuda); the loader refuses the others."""
-    import os
-
-    from opmap.precision import build_bytes, check_requestable
-
-    need = params * build_bytes(check_requestable(dtype))
-    if device == "cpu":
-        have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    else:
-        import torch
-
-        if device != "cuda" or not torch.cuda.is_available():
-            return
-        have = torch.cuda.mem_get_info()[0]
-    if need > 0.8 * have:
-        raise OpmapError(f"the weights need {need / 1e9:.1f} GB on {device}, {have / 1e9:.1f} GB is free; "
-                         "use --device meta (no weights allocated)")
+    return build(model, Shape(batch, seq, image_size), dtype, device, allow_long_context, dims, overrides, status)
 
 
 ATTENTION_DROPOUT_HELP = ("How much longer the fused-attention kernel runs when it drops scores (attention dropout in "

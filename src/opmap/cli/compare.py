@@ -42,10 +42,7 @@ def compare(
     measured and the verdict is inconclusive (exit 0), naming the --rerun that measures it; warm-up outliers
     dropped by a stated rule. With --production, whether the synthetic run A's kernels stand for the production
     run's kernels of the same class (production-shape validation)."""
-    from rich.table import Table
-
     from opmap.errors import OpmapError
-    from opmap.report.sheet import si
     from opmap.store.compare import compare as run_compare
     from opmap.store.shapes import class_changes, production_check
 
@@ -70,35 +67,48 @@ def compare(
         tags = {"workload": f"shape-check {a} -> {production}", "command": "opmap compare " + " ".join(
             x for x in (a, b or "", f"--production {production}") if x)}
         record_run("shape-check", shapes, tags, store, no_store)
+    _render(r, shapes, a, b, as_json, rows)
+    if r is not None and r["verdict"] == "regression":
+        raise typer.Exit(1)
+
+
+def _render(r: dict | None, shapes: dict | None, a: str, b: str | None, as_json: bool, rows: int) -> None:
+    """The comparison (``r``: None with --production alone) and the shape check, as JSON or tables."""
     if as_json:
         print(json_text(r if shapes is None else {**(r or {}), "production_check": shapes}, indent=1))
     elif r is None:
         _print_shapes(shapes)
-        return
     elif r.get("kind") == "bench":
         _print_bench(r, a, b)
     else:
-        how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
-        t = Table(title=plain(f"{b} against {a}: {r['times']} times; kernels matched: {how}"), title_justify="left")
-        for c in ("layer type", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
-            t.add_column(c, justify="left" if c in ("layer type", "verdict") else "right")
-        for lt, v in r["layer_types"].items():
-            t.add_row(plain(lt), si(v["a_s"], "s"), si(v["b_s"], "s"), _pct(v["rel"]), _pts(v["mfu_delta"]),
-                      _pts(v["stall_delta"]), _bytes(v["bytes_delta"]), plain(_verdict(v)))
-        console.print(t)
-        k = Table(title="kernels, largest changes first", title_justify="left")
-        for c in ("kernel", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
-            k.add_column(c, justify="left" if c in ("kernel", "verdict") else "right")
-        for x in r["kernels"][:rows]:
-            k.add_row(plain(x["name"]), si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
-                      _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), plain(_verdict(x)))
-        console.print(k)
+        _print_kernels(r, a, b, rows)
         _print_totals(r["totals"])
         _print_verdict(r)
         if shapes is not None:
             _print_shapes(shapes)
-    if r is not None and r["verdict"] == "regression":
-        raise typer.Exit(1)
+
+
+def _print_kernels(r: dict, a: str, b: str | None, rows: int) -> None:
+    """Per layer type, then the ``rows`` kernels with the largest changes."""
+    from rich.table import Table
+
+    from opmap.report.sheet import si
+
+    how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
+    t = Table(title=plain(f"{b} against {a}: {r['times']} times; kernels matched: {how}"), title_justify="left")
+    for c in ("layer type", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
+        t.add_column(c, justify="left" if c in ("layer type", "verdict") else "right")
+    for lt, v in r["layer_types"].items():
+        t.add_row(plain(lt), si(v["a_s"], "s"), si(v["b_s"], "s"), _pct(v["rel"]), _pts(v["mfu_delta"]),
+                  _pts(v["stall_delta"]), _bytes(v["bytes_delta"]), plain(_verdict(v)))
+    console.print(t)
+    k = Table(title="kernels, largest changes first", title_justify="left")
+    for c in ("kernel", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
+        k.add_column(c, justify="left" if c in ("kernel", "verdict") else "right")
+    for x in r["kernels"][:rows]:
+        k.add_row(plain(x["name"]), si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
+                  _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), plain(_verdict(x)))
+    console.print(k)
 
 
 def _print_totals(t: dict) -> None:

@@ -12,6 +12,7 @@ from opmap.cli.common import (
     print_wrote,
     progress_bar,
     result_only_on_stdout,
+    status,
     warn_unmatched_overrides,
 )
 from opmap.cli.common import hardware as get_hardware
@@ -176,22 +177,12 @@ def _refuse_what_cannot_fit(model: str, batch: int, seq: int | None, image_size:
     refused in seconds, before a first-use calibration or the build, and before the OOM killer: a 20 GB
     allocation on a 24 GB host is granted, then killed as it is written. Other models (a user's file, a Hugging
     Face config) are not built twice; the allocator's refusal still becomes one line for them."""
-    from opmap.capture import cache as graph_cache
-    from opmap.capture import capture
-    from opmap.cli.analyze import _graph_key, _workload_fields
+    from opmap.api import Model, Shape
     from opmap.measure.oom import check_fits, run_bytes
     from opmap.precision import build_bytes
     from opmap.workloads import MODELS
 
     if model not in MODELS:
         return
-    key = _graph_key(model, batch, seq, image_size, dtype, "meta", "nchw", ())
-    hit = graph_cache.load(key) if key else None
-    if hit is not None:
-        graph = hit[0]
-    else:
-        w = build_workload(model, batch, seq, image_size, dtype, "meta")
-        graph = capture(w.module, w.inputs)
-        if key:
-            graph_cache.store(key, graph, _workload_fields(w))
+    graph = Model(model, dtype, status=status).prefill_graph(Shape(batch, seq, image_size))[0]
     check_fits(run_bytes(graph, float(build_bytes(dtype))), what, device)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -75,56 +77,126 @@ def serve(
     """A discrete-event simulation of serving: prefill and decode steps priced by opmap's cost model for the
     batch actually formed, admission limited by the KV cache that fits; TTFT, TPOT, ITL, goodput, MLPerf-style
     validity."""
-    from opmap.report.sheet import check_out_dir
-    from opmap.serve import make_requests, parse_arrival, parse_length
+    o = _Options(model, hardware, tp, pp, runtime, kv_dtype, gpu_memory_utilization, allow_long_context, arrival,
+                 requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
+                 router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
+                 out)
+    p = _parse(o)
+    reqs, cost, transfer, probe = _price(o, p)
+    report, res, stop = _run(reqs, p.arrival, p.policy, cost, p.replicas, o.router, o.seed, p.slo, p.pd, transfer,
+                             probe, o.engine, out is not None)
+    _render(o, p, report, res, cost, store, no_store)
+    exit_if_stopped(stop)
 
-    # every input checked before the pricing and the simulation
-    _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo_ttft, slo_tpot, slo_p99)
+
+@dataclass(frozen=True)
+class _Options:
+    """The command's options as given (checked by ``_parse``, in one line each, before anything is priced)."""
+
+    model: str
+    hardware: str
+    tp: int
+    pp: int
+    runtime: str
+    kv_dtype: str | None
+    gpu_memory_utilization: float
+    allow_long_context: bool
+    arrival: str
+    requests: int
+    input_len: str
+    output_len: str
+    policy: str | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    kv_block: int | None
+    replicas: int
+    router: str
+    disaggregate: str | None
+    slo_ttft: float | None
+    slo_tpot: float | None
+    slo_p99: float | None
+    find_capacity: bool
+    engine: str
+    seed: int
+    service_time: str | None
+    dtype: str
+    out: Path | None
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """What the options parse to: the arrival process, the lengths, the policy, the SLO, the disaggregation (P, D)
+    or None, and the replicas (P + D with --disaggregate)."""
+
+    arrival: Any
+    input_len: Any
+    output_len: Any
+    policy: Any
+    slo: Any
+    pd: tuple[int, int] | None
+    replicas: int
+
+
+def _parse(o: _Options) -> _Parsed:
+    """Every input checked before the pricing and the simulation."""
+    from opmap.explore.engine import check_engine
     from opmap.phases.runtime import check_runtime
+    from opmap.report.sheet import check_out_dir
+    from opmap.serve import parse_arrival, parse_length
     from opmap.serve.model_cost import check_kv_dtype
 
-    check_runtime(runtime)
-    check_kv_dtype(kv_dtype, dtype)
-    arr = parse_arrival(arrival)
-    ilen, olen = parse_length(input_len), parse_length(output_len)
-    pol = _policy(policy, disaggregate is not None, max_num_seqs, max_num_batched_tokens, kv_block)
-    slo = _slo(slo_ttft, slo_tpot, slo_p99)
-    from opmap.explore.engine import check_engine
-
-    check_engine(engine)
-    if find_capacity and arr.kind not in ("poisson", "gamma"):
+    _check_options(o.tp, o.pp, o.gpu_memory_utilization, o.requests, o.replicas, o.seed, o.slo_ttft, o.slo_tpot,
+                   o.slo_p99)
+    check_runtime(o.runtime)
+    check_kv_dtype(o.kv_dtype, o.dtype)
+    arr = parse_arrival(o.arrival)
+    ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
+    pol = _policy(o.policy, o.disaggregate is not None, o.max_num_seqs, o.max_num_batched_tokens, o.kv_block)
+    slo = _slo(o.slo_ttft, o.slo_tpot, o.slo_p99)
+    check_engine(o.engine)
+    if o.find_capacity and arr.kind not in ("poisson", "gamma"):
         raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
-    pd = _disaggregation(disaggregate, replicas, service_time, router, pol)
-    if pd is not None:
-        replicas = pd[0] + pd[1]
-    if out is not None:
-        check_out_dir(out)
-    reqs = make_requests(arr, ilen, olen, requests, seed)
-    cost = _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
-                 gpu_memory_utilization, allow_long_context)
-    transfer = _kv_transfer(pd, hardware, cost, tp * pp, replicas)
+    pd = _disaggregation(o.disaggregate, o.replicas, o.service_time, o.router, pol)
+    if o.out is not None:
+        check_out_dir(o.out)
+    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas)
+
+
+def _price(o: _Options, p: _Parsed):
+    """(the requests, the step cost, the KV move of a disaggregated run, the --find-capacity probe)."""
+    from opmap.serve import make_requests
+
+    reqs = make_requests(p.arrival, p.input_len, p.output_len, o.requests, o.seed)
+    cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
+                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context)
+    transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
     probe = None
-    if find_capacity:
+    if o.find_capacity:
         from opmap.serve.capacity import RateProbe
 
-        probe = RateProbe(arr, ilen, olen, requests, pol, cost, replicas, router, seed, slo, pd, transfer)
-    report, res, stop = _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe, engine,
-                             out is not None)
-    report["assumptions"] = {"model": model, "hardware": hardware, "tp": tp, "dtype": dtype, "replicas": replicas,
-                             "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None, "router": router,
-                             "seed": seed, "input_len": ilen.spec(), "output_len": olen.spec(),
-                             "cost": "service time " + service_time if service_time else "opmap cost model",
-                             "kv_cache": _kv_words(pol), **_pricing_assumptions(cost, tp, pp, replicas)}
-    _print(report, model, hardware)
-    if out is not None:
-        _write(out, report, res)
+        probe = RateProbe(p.arrival, p.input_len, p.output_len, o.requests, p.policy, cost, p.replicas, o.router,
+                          o.seed, p.slo, p.pd, transfer)
+    return reqs, cost, transfer, probe
+
+
+def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None, no_store: bool) -> None:
+    """The run's assumptions set on the report; printed, written with --out, recorded in the run store."""
     from opmap.cli.common import record_run
 
-    record_run("serve", report, {"workload": model, "hardware": hardware, "phase": "serve", "precision": dtype,
+    pd, tp, pp, replicas = p.pd, o.tp, o.pp, p.replicas
+    report["assumptions"] = {"model": o.model, "hardware": o.hardware, "tp": tp, "dtype": o.dtype,
+                             "replicas": replicas, "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None,
+                             "router": o.router, "seed": o.seed, "input_len": p.input_len.spec(),
+                             "output_len": p.output_len.spec(),
+                             "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
+                             "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas)}
+    _print(report, o.model, o.hardware)
+    if o.out is not None:
+        _write(o.out, report, res)
+    record_run("serve", report, {"workload": o.model, "hardware": o.hardware, "phase": "serve", "precision": o.dtype,
                                  "parallelism": f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
                                                 + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
                 store, no_store)
-    exit_if_stopped(stop)
 
 
 def _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo_ttft, slo_tpot, slo_p99) -> None:
@@ -174,15 +246,16 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
 
 def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
           gpu_memory_utilization, allow_long_context):
-    """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (policy and router checked on
-    an empty run first, so a bad one is refused before the pricing)."""
-    from opmap.serve import parse_service_time, simulate
+    """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (the router, and the policy
+    against a service time, checked first, so a bad one is refused before the pricing)."""
+    from opmap.serve import parse_service_time
+    from opmap.serve.policies import check_with_service_time
 
+    _check_router(router, replicas)
     if service_time is not None:
         cost = parse_service_time(service_time)
-        simulate(_empty(reqs), pol, cost, replicas, router)  # checks policy and router
+        check_with_service_time(pol)
         return cost
-    simulate(_empty(reqs), pol, _NoCost(), replicas, router)
     from opmap.hardware import get_hardware
 
     get_hardware(hardware)
@@ -307,20 +380,14 @@ def _pricing_assumptions(cost, tp: int, pp: int, replicas: int) -> dict:
             "layout": {"tp": tp, "pp": pp, "replicas": replicas}, "memory": getattr(cost, "memory", None)}
 
 
-class _NoCost:
-    kv_capacity_tokens = None
+def _check_router(router: str, replicas: int) -> None:
+    """The router by name and the replicas (P + D with --disaggregate) against the simulator's limit."""
+    from opmap.serve.sim import MAX_REPLICAS, ROUTERS
+    from opmap.validate import count
 
-    def prefill_s(self, tokens: int, seqs: int) -> float:
-        return 0.0
-
-    def decode_s(self, seqs: int, kv_tokens: int) -> float:
-        return 0.0
-
-
-def _empty(reqs):
-    from opmap.serve import Requests
-
-    return Requests(reqs.arrival_s[:0], reqs.input_len[:0], reqs.output_len[:0], reqs.arrival)
+    if router not in ROUTERS:
+        raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
+    count(replicas, "--replicas", hi=MAX_REPLICAS)
 
 
 def _print(r: dict, model: str, hardware: str) -> None:

@@ -218,10 +218,9 @@ class Pricer:
     def _analyze(self, make, spec, n: int, at: tuple[str, int, int]):
         """Capture (or take from the capture cache) the step ``make`` builds at ``n`` layers and analyse it.
         ``at``: (phase, batch, length) for the cache key."""
-        from opmap.capture import cache
+        from opmap.api import cached, keep
         from opmap.mapping.sharding import Sharder
         from opmap.phases.step import analyze_phase, capture_phase
-        from opmap.workloads.zoo import Workload
 
         k = self.m.capture_key(n, *at)
         memo = (k, self._hw_key, self.dtype, self.rt.fusion) if k else None
@@ -229,18 +228,16 @@ class Pricer:
             g, a, s = _ANALYSES[memo]
             self._last_graph = g
             return a, s
-        hit = cache.load(k) if k else None
+        hit = cached(k)
         if hit is not None:
-            g, f = hit[0], hit[1]
-            w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"])
+            g, w = hit[0], hit[1]
         else:
             self.m.set_layers(n)
             w = make()  # built after the layer count is set (a decode cache holds one (K, V) per layer)
             with warnings.catch_warnings():  # transformers' deprecation notes on its cache API: not the user's
                 warnings.simplefilter("ignore", FutureWarning)
                 g = capture_phase(w, spec)
-            if k:
-                cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)})
+            keep(k, g, w)
         self._last_graph = g
         a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion, steady=True).analysis
         s = Sharder(a)

@@ -140,6 +140,13 @@ def check_engine(max_num_seqs: object, max_num_batched_tokens: object, kv_block:
                          f"({max_num_seqs}): every running sequence needs one token of the step's budget")
 
 
+def check_with_service_time(policy: Policy) -> None:
+    """A service time serves whole requests: a policy that schedules iterations is refused with it."""
+    if isinstance(policy, (Continuous, Chunked, Engine)):
+        raise OpmapError(f"policy {policy.spec()!r} schedules iterations, which a service time does not have: "
+                         "use none, static:B or dynamic:B,WAIT_MS with --service-time")
+
+
 def _bad(spec: str, why: str = "") -> OpmapError:
     return OpmapError(f"bad policy {spec!r}{' (' + why + ')' if why else ''}: accepted: {ACCEPTED}")
 

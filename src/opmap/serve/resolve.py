@@ -108,13 +108,8 @@ class Resolved:
     def capture_key(self, layers: int, phase: str, batch: int, length: int) -> str | None:
         """The capture-cache key of this model's graph at ``layers`` layers (None: not cacheable: a model
         file or a config, whose content the name does not pin)."""
-        from opmap.capture import cache
-
-        base = _summary_key(self.target, self.dtype, parts=True)
-        if base is None:
-            return None
-        return cache.key({**base, "purpose": "serve pricing", "layers": layers, "phase": phase, "batch": batch,
-                          "length": length})
+        return _summary_key(self.target, self.dtype, {"purpose": "serve pricing", "layers": layers, "phase": phase,
+                                                      "batch": batch, "length": length})
 
 
 def per_layer_lists(config, layers: int) -> dict[str, list | tuple]:
@@ -125,15 +120,11 @@ def per_layer_lists(config, layers: int) -> dict[str, list | tuple]:
             if not k.startswith("_") and isinstance(v, (list, tuple)) and len(v) == layers}
 
 
-def _summary_key(target: str, dtype: str, parts: bool = False) -> Any:
-    from opmap.capture import cache
-    from opmap.precision import build_dtype, requestable
-    from opmap.workloads import MODELS
+def _summary_key(target: str, dtype: str, more: dict[str, Any] | None = None) -> str | None:
+    """The capture-cache key (opmap.api.capture_key) of the model's summary, or with ``more`` of a graph of it."""
+    from opmap.api import capture_key
 
-    if target not in MODELS or dtype not in requestable() or not cache.enabled():
-        return None
-    fields_ = {"model": target, "build_dtype": build_dtype(dtype), "device": "meta", "what": "serve model summary"}
-    return fields_ if parts else cache.key(fields_)
+    return capture_key(target, dtype, {"device": "meta", "what": "serve model summary", **(more or {})})
 
 
 def _build(target: str, dtype: str) -> tuple:
