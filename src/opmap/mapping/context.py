@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opmap.geometry import forward_calls
+
 CP_SOURCE = ("Megatron-Core context parallelism over TransformerEngine AttnFuncWithCPAndKVP2P (cp_comm_type p2p, "
              "causal load balancing: 2 cp chunks, rank r holds r and 2 cp - 1 - r)")
 # K / V double-buffered in forward, K / V and dK / dV in backward (one layer's exchange at a time)
@@ -53,14 +55,10 @@ class KVShape:
 
 
 def kv_shape(graph) -> KVShape | None:
-    """K + V bytes of the first forward ``scaled_dot_product_attention`` call (None: no fused attention)."""
-    for n in graph.nodes:
-        if n.op != "aten.scaled_dot_product_attention.default" or (n.args.get("phase") or "forward") != "forward":
-            continue
-        named = dict(zip(n.input_names, n.inputs))
-        k, v = named.get("key", n.inputs[1]), named.get("value", n.inputs[2])
-        return KVShape(float(k.nbytes + v.nbytes), int(k.shape[-3]), bool(n.args.get("is_causal")))
-    return None
+    """K + V bytes of the first forward fused attention call (opmap.geometry.forward_calls; None: no fused
+    attention), its KV heads and whether it is causal."""
+    c = next((c for c in forward_calls(graph) if c.fused), None)
+    return None if c is None else KVShape(float(c.kv_bytes), int(c.spec.n_kv_heads), c.spec.causal)
 
 
 def chunk_bytes(kv: KVShape, tp: int, cp: int) -> float:

@@ -31,8 +31,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from opmap.capture.functions import KV_OPS
 from opmap.errors import OpmapError
+from opmap.geometry import ModelGeometry, attention_calls, forward_calls
 
 if TYPE_CHECKING:
     from opmap.graph import OpGraph
@@ -442,22 +442,17 @@ class KVGeometry:
 
 
 def kv_geometry(graph: OpGraph) -> KVGeometry:
-    """K and V bytes per token from the graph's causal ``scaled_dot_product_attention`` calls (K (B, H_kv, S, D)
-    at its dtype), or its ``kv_cache`` marks where attention runs eager (opmap.capture.functions.kv_cache): GQA and
-    the capture dtype are what the model did. No causal attention (an encoder, a CNN): no KV cache."""
-    per_tok = 0.0
-    heads = []
-    dim = 0
-    for n in graph.nodes:
-        if n.op not in KV_OPS or not n.args.get("is_causal"):
-            continue
-        named = dict(zip(n.input_names, n.inputs))
-        for name in ("key", "value"):
-            k = named[name]
-            per_tok += k.shape[-3] * k.shape[-1] * k.itemsize
-        heads.append(named["key"].shape[-3])
-        dim = named["key"].shape[-1]
-    return KVGeometry(len(heads), per_tok, tuple(heads), dim)
+    """K and V bytes per token from the graph's causal attention (opmap.geometry.attention_calls: its fused SDPA
+    calls, K (B, H_kv, S, D) at its dtype, or its ``kv_cache`` marks where attention runs eager,
+    opmap.capture.functions.kv_cache): the layers' geometry (ModelGeometry.kv_bytes_per_token) at the capture's
+    element size; GQA and the capture dtype are what the model did. No causal attention (an encoder, a CNN): no KV
+    cache."""
+    calls = [c for c in attention_calls(graph) if c.spec.causal]
+    if not calls:
+        return KVGeometry(0, 0.0, (), 0)
+    geo = ModelGeometry(len(calls), 0, 0, tuple(c.spec for c in calls), source="graph")
+    return KVGeometry(geo.layers, geo.kv_bytes_per_token(calls[0].itemsize),
+                      tuple(a.n_kv_heads for a in geo.attention), geo.attention[-1].head_dim)
 
 
 def kv_cache_held_bytes(graph: OpGraph) -> float:
@@ -467,12 +462,9 @@ def kv_cache_held_bytes(graph: OpGraph) -> float:
     head dim x tokens x bytes x batch per layer (vLLM, Kwon et al. 2023, sec. 3). An encoder's attention keeps
     none."""
     total = 0.0
-    for n in graph.nodes:
-        if n.op != "aten.scaled_dot_product_attention.default" or n.args.get("phase") not in (None, "forward"):
-            continue
-        q, k, v = n.input("query"), n.input("key"), n.input("value")
-        if n.args.get("is_causal") or q.shape[-2] < k.shape[-2]:
-            total += k.nbytes + v.nbytes
+    for c in forward_calls(graph):
+        if c.fused and (c.spec.causal or c.q_tokens < c.kv_tokens):
+            total += c.kv_bytes
     return total
 
 
