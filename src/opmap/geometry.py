@@ -17,7 +17,7 @@ holds at most its window's tokens (vLLM, Kwon et al. 2023, sec. 3). An encoder's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,8 +59,11 @@ class AttentionSpec:
     def kv_elements_per_token(self) -> int:
         """Elements of the cache one token adds to this layer: MLA's latent and RoPE key, else K and V of every KV
         head; 0 for an encoder's attention (no cache)."""
-        if not self.causal:
-            return 0
+        return self.kv_elements if self.causal else 0
+
+    @property
+    def kv_elements(self) -> int:
+        """Elements of K and V (MLA: of its latent and RoPE key) one token has in this layer, causal or not."""
         if self.kind == "mla":
             return self.kv_lora_rank + self.qk_rope_head_dim
         return self.n_kv_heads * (self.head_dim + self.v_dim)
@@ -111,6 +114,11 @@ class ModelGeometry:
         return ws.pop() if len(ws) == 1 else None
 
 
+    def first(self, n: int) -> ModelGeometry:
+        """The first ``n`` layers (a shallow capture of the model's first blocks, opmap.explore.depth)."""
+        return replace(self, layers=min(n, self.layers), attention=self.attention[:n])
+
+
 def uniform(spec: AttentionSpec, layers: int) -> tuple[AttentionSpec, ...]:
     return (spec,) * layers
 
@@ -137,6 +145,15 @@ class AttentionCall:
     def kv_bytes(self) -> float:
         return self.k_bytes + self.v_bytes
 
+    def held_bytes(self, spec: AttentionSpec, capped: bool = True) -> float:
+        """K and V bytes of this call's sequences at the layer ``spec`` says it is: the captured K and V where the
+        capture shows the layer as it is (``spec`` is the call's own), else the layer's cache elements x the
+        tokens it holds (``capped``: at most its window) x the capture's element size x the sequences."""
+        if spec is self.spec:
+            return self.kv_bytes
+        tokens = spec.tokens_held(self.kv_tokens) if capped else self.kv_tokens
+        return spec.kv_elements * tokens * self.itemsize * self.batch
+
 
 def _call(n: Node) -> AttentionCall:
     named = dict(zip(n.input_names, n.inputs))
@@ -160,6 +177,17 @@ def attention_calls(graph: OpGraph) -> tuple[AttentionCall, ...]:
 
 def forward_calls(graph: OpGraph) -> tuple[AttentionCall, ...]:
     return tuple(c for c in attention_calls(graph) if c.phase in (None, "forward"))
+
+
+def layer_specs(graph: OpGraph, calls: tuple[AttentionCall, ...]) -> tuple[AttentionSpec, ...]:
+    """Per call, the layer it runs: the geometry the graph carries (``graph.geometry``, from the workload's config
+    or spec: opmap.analyze.analyze_graph puts it there), matched to the calls in order, where it has one layer per
+    call; else what each call shows. The capture does not always show the layer as it is: transformers gives a
+    sliding-window model's SDPA an explicit mask, its K and V repeated to the query heads and no causal flag."""
+    g = getattr(graph, "geometry", None)
+    if g is None or len(g.attention) != len(calls):
+        return tuple(c.spec for c in calls)
+    return g.attention
 
 
 def infer_geometry(graph: OpGraph) -> ModelGeometry:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opmap.geometry import forward_calls
+from opmap.geometry import forward_calls, layer_specs
 
 CP_SOURCE = ("Megatron-Core context parallelism over TransformerEngine AttnFuncWithCPAndKVP2P (cp_comm_type p2p, "
              "causal load balancing: 2 cp chunks, rank r holds r and 2 cp - 1 - r)")
@@ -56,9 +56,12 @@ class KVShape:
 
 def kv_shape(graph) -> KVShape | None:
     """K + V bytes of the first forward fused attention call (opmap.geometry.forward_calls; None: no fused
-    attention), its KV heads and whether it is causal."""
-    c = next((c for c in forward_calls(graph) if c.fused), None)
-    return None if c is None else KVShape(float(c.kv_bytes), int(c.spec.n_kv_heads), c.spec.causal)
+    attention), its KV heads and whether it is causal, as the layer is (opmap.geometry.layer_specs)."""
+    calls = forward_calls(graph)
+    for c, s in zip(calls, layer_specs(graph, calls)):
+        if c.fused:  # the whole sequence's K and V travel the ring: no window cap
+            return KVShape(float(c.held_bytes(s, capped=False)), int(s.n_kv_heads), s.causal)
+    return None
 
 
 def chunk_bytes(kv: KVShape, tp: int, cp: int) -> float:

@@ -27,7 +27,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from opmap.geometry import attention_calls
+from opmap.geometry import forward_calls, layer_specs
 from opmap.graph import Node, OpGraph
 from opmap.ops import GEMM_OPS
 
@@ -237,13 +237,14 @@ def _held_experts(graph: OpGraph, experts, b0: str | None, w: _Walk) -> int:
 
 def infer_roles(graph: OpGraph) -> Roles:
     """Roles of every node from graph edges and module structure (module docstring); the heads from the first
-    attention call in the tensor-parallel region (opmap.geometry.attention_calls)."""
+    attention call in the tensor-parallel region, as the layer is (opmap.geometry.layer_specs)."""
     nodes = graph.nodes
     block = {n.id: block_of(n.module) for n in nodes}
     order = _block_order(nodes, block)
     fwd = [n for n in nodes if phase_of(n) == "forward"]
     experts = _experts(fwd, block)
-    specs = {c.node_id: c.spec for c in attention_calls(graph) if c.fused}
+    calls = forward_calls(graph)
+    specs = {c.node_id: s for c, s in zip(calls, layer_specs(graph, calls)) if c.fused}
     w = _forward_roles(nodes, fwd, block, order, experts, set(specs))
     # an MoE block's experts end in one combine, and their inputs' gradients in one reduction
     for b, e in experts.items():
