@@ -155,7 +155,8 @@ class Analysis:
         tokens = batch * (seq or 1)
         inflight = inflight_activation_bytes(self.graph)
         fit = fit_inference(weights, geo.bytes_per_token, self.hardware.memory_bytes, batch, seq or 1,
-                            activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24)
+                            activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24,
+                            window=geo.window)
         if seq is None:
             fit = replace(fit, max_context=None)
         fit = cap_at_positions(fit, self.assumptions, seq)
@@ -464,6 +465,8 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     benchmark loop; ``math.inf``: steady load, a serving run). On a power-limited card with sustained rates in the
     catalog, a run busy past its power window drops from its boost to its sustained matrix rate
     (``precision.power_limited``)."""
+    if getattr(workload, "geometry", None) is not None and graph.geometry is None:
+        graph = replace(graph, geometry=workload.geometry)  # the model's layers as its config says them
     training = any(n.args.get("phase") == "backward" for n in graph.nodes)
     prec = resolve_training_precision(hw, dtype) if training else resolve_precision(hw, dtype)
     # fp8 training (Transformer Engine): the Linear GEMMs at the fp8 rate, their casts as kernels, the rest bf16

@@ -129,6 +129,9 @@ class OpGraph:
     # every parameter's name and element count (shared ones once): what the model holds, whether or not a node
     # read it (a decode step's idle experts launch nothing, yet their weights sit in memory)
     param_sizes: tuple[tuple[str, int], ...] = ()
+    # the model's geometry (opmap.geometry.ModelGeometry) where the workload carries one (its config's or spec's):
+    # set by opmap.analyze.analyze_graph, never stored with a capture
+    geometry: Any = None
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)

@@ -14,10 +14,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from opmap.capture.tracker import NoMemo, Tracker, freeze, split_args
+from opmap.geometry import KV_CACHE_OP
 
 SDPA_NAME = "scaled_dot_product_attention"
-KV_CACHE_OP = "opmap.kv_cache"
-KV_OPS = ("aten.scaled_dot_product_attention.default", KV_CACHE_OP)  # the nodes whose K and V are a layer's cache
 
 
 def kv_cache(key: torch.Tensor, value: torch.Tensor, is_causal: bool = True) -> None:

@@ -78,7 +78,8 @@ def shallow(workload, keep: int = KEEP):
     owner_path, _, attr = parent_path.rpartition(".")
     owner = module.get_submodule(owner_path) if owner_path else module
     setattr(owner, attr, torch.nn.ModuleList([b for _, b in blocks[:keep]]))
-    return replace(workload, module=module), Depth(len(blocks), params, pbytes)
+    geometry = workload.geometry.first(keep) if getattr(workload, "geometry", None) is not None else None
+    return replace(workload, module=module, geometry=geometry), Depth(len(blocks), params, pbytes)
 
 
 def captured_blocks_match(sharder, rel: float = 1e-9) -> str:

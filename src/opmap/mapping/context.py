@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opmap.geometry import forward_calls, layer_specs
+
 CP_SOURCE = ("Megatron-Core context parallelism over TransformerEngine AttnFuncWithCPAndKVP2P (cp_comm_type p2p, "
              "causal load balancing: 2 cp chunks, rank r holds r and 2 cp - 1 - r)")
 # K / V double-buffered in forward, K / V and dK / dV in backward (one layer's exchange at a time)
@@ -53,13 +55,12 @@ class KVShape:
 
 
 def kv_shape(graph) -> KVShape | None:
-    """K + V bytes of the first forward ``scaled_dot_product_attention`` call (None: no fused attention)."""
-    for n in graph.nodes:
-        if n.op != "aten.scaled_dot_product_attention.default" or (n.args.get("phase") or "forward") != "forward":
-            continue
-        named = dict(zip(n.input_names, n.inputs))
-        k, v = named.get("key", n.inputs[1]), named.get("value", n.inputs[2])
-        return KVShape(float(k.nbytes + v.nbytes), int(k.shape[-3]), bool(n.args.get("is_causal")))
+    """K + V bytes of the first forward fused attention call (opmap.geometry.forward_calls; None: no fused
+    attention), its KV heads and whether it is causal, as the layer is (opmap.geometry.layer_specs)."""
+    calls = forward_calls(graph)
+    for c, s in zip(calls, layer_specs(graph, calls)):
+        if c.fused:  # the whole sequence's K and V travel the ring: no window cap
+            return KVShape(float(c.held_bytes(s, capped=False)), int(s.n_kv_heads), s.causal)
     return None
 
 

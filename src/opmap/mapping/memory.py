@@ -31,8 +31,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from opmap.capture.functions import KV_OPS
 from opmap.errors import OpmapError
+from opmap.geometry import ModelGeometry, attention_calls, forward_calls, layer_specs
 
 if TYPE_CHECKING:
     from opmap.graph import OpGraph
@@ -439,25 +439,22 @@ class KVGeometry:
     bytes_per_token: float  # K and V of every layer, one sequence
     heads: tuple[int, ...] = ()  # KV heads per layer
     head_dim: int = 0
+    window: int | None = None  # the sliding window every layer has (None: none, or not every layer)
 
 
 def kv_geometry(graph: OpGraph) -> KVGeometry:
-    """K and V bytes per token from the graph's causal ``scaled_dot_product_attention`` calls (K (B, H_kv, S, D)
-    at its dtype), or its ``kv_cache`` marks where attention runs eager (opmap.capture.functions.kv_cache): GQA and
-    the capture dtype are what the model did. No causal attention (an encoder, a CNN): no KV cache."""
-    per_tok = 0.0
-    heads = []
-    dim = 0
-    for n in graph.nodes:
-        if n.op not in KV_OPS or not n.args.get("is_causal"):
-            continue
-        named = dict(zip(n.input_names, n.inputs))
-        for name in ("key", "value"):
-            k = named[name]
-            per_tok += k.shape[-3] * k.shape[-1] * k.itemsize
-        heads.append(named["key"].shape[-3])
-        dim = named["key"].shape[-1]
-    return KVGeometry(len(heads), per_tok, tuple(heads), dim)
+    """K and V bytes per token of the graph's causal attention layers (opmap.geometry.attention_calls: its fused
+    SDPA calls, K (B, H_kv, S, D) at its dtype, or its ``kv_cache`` marks where attention runs eager,
+    opmap.capture.functions.kv_cache; each layer as the geometry the graph carries says, opmap.geometry.layer_specs):
+    ModelGeometry.kv_bytes_per_token at the capture's element size. No causal attention (an encoder, a CNN): no KV
+    cache."""
+    calls = attention_calls(graph)
+    pairs = [(c, s) for c, s in zip(calls, layer_specs(graph, calls)) if s.causal]
+    if not pairs:
+        return KVGeometry(0, 0.0, (), 0)
+    geo = ModelGeometry(len(pairs), 0, 0, tuple(s for _, s in pairs), source="graph")
+    return KVGeometry(geo.layers, geo.kv_bytes_per_token(pairs[0][0].itemsize),
+                      tuple(a.n_kv_heads for a in geo.attention), geo.attention[-1].head_dim, geo.window)
 
 
 def kv_cache_held_bytes(graph: OpGraph) -> float:
@@ -466,13 +463,11 @@ def kv_cache_held_bytes(graph: OpGraph) -> float:
     queries than keys (a decode step reads its cache; a sliding window's layer keeps the window): 2 x KV heads x
     head dim x tokens x bytes x batch per layer (vLLM, Kwon et al. 2023, sec. 3). An encoder's attention keeps
     none."""
+    calls = forward_calls(graph)
     total = 0.0
-    for n in graph.nodes:
-        if n.op != "aten.scaled_dot_product_attention.default" or n.args.get("phase") not in (None, "forward"):
-            continue
-        q, k, v = n.input("query"), n.input("key"), n.input("value")
-        if n.args.get("is_causal") or q.shape[-2] < k.shape[-2]:
-            total += k.nbytes + v.nbytes
+    for c, s in zip(calls, layer_specs(graph, calls)):
+        if c.fused and (s.causal or c.q_tokens < c.kv_tokens):
+            total += c.held_bytes(s)
     return total
 
 

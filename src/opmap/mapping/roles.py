@@ -27,6 +27,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from opmap.geometry import forward_calls, layer_specs
 from opmap.graph import Node, OpGraph
 from opmap.ops import GEMM_OPS
 
@@ -109,19 +110,31 @@ class Roles:
         return sum(1 for i, r in self.role.items() if r == role and self.block[i] == block)
 
 
-def infer_roles(graph: OpGraph) -> Roles:
-    """Roles of every node from graph edges and module structure (module docstring)."""
-    nodes = graph.nodes
-    block = {n.id: block_of(n.module) for n in nodes}
+@dataclass
+class _Walk:
+    """The forward walk's findings: roles, the tensor-parallel region, the first attention call in it, and per
+    block the row GEMMs' parents, the column GEMMs' inputs, the experts' routed inputs and parameters."""
+
+    role: dict[int, str] = field(default_factory=dict)
+    split: set[int] = field(default_factory=set)
+    attention: int | None = None  # node id of the first fused attention call in the region
+    row_parents: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    col_inputs: dict[str, set[int | None]] = field(default_factory=lambda: defaultdict(set))
+    routed_keys: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    expert_params: dict[str, float] = field(default_factory=dict)
+
+
+def _block_order(nodes, block: dict[int, str | None]) -> list[str]:
     order: list[str] = []
     for n in nodes:
         b = block[n.id]
         if b is not None and b not in order:
             order.append(b)
-    role: dict[int, str] = {}
-    fwd = [n for n in nodes if phase_of(n) == "forward"]
-    split: set[int] = set()
-    # experts per block: ModuleList children inside the block that hold weight GEMMs
+    return order
+
+
+def _experts(fwd, block: dict[int, str | None]) -> dict[str, set[str]]:
+    """Experts per block: ModuleList children inside the block that hold weight GEMMs."""
     experts: dict[str, set[str]] = defaultdict(set)
     for n in fwd:
         b = block[n.id]
@@ -129,61 +142,62 @@ def infer_roles(graph: OpGraph) -> Roles:
             e = _expert_of(n.module, b)
             if e is not None:
                 experts[b].add(e)
+    return experts
+
+
+def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None, experts) -> None:
+    """A weight GEMM's role (module docstring); its output joins the region unless it ends it."""
+    if b is None:
+        w.role[n.id] = "vocab" if n.id == head else "replicated"
+        if n.id == head:
+            w.split.add(n.id)
+        return
+    x = _activation_input(n)
+    x_split = x is not None and x.producer in w.split
+    if _expert_of(n.module, b) is not None:
+        w.role[n.id] = "expert_row" if x_split else "expert_column"
+        for t in n.inputs:
+            if t.param is not None:
+                w.expert_params[t.param] = t.numel
+        if not x_split and x is not None:
+            w.routed_keys[b].add((_expert_of(n.module, b), x.producer, x.nbytes))
+        if x_split:
+            return  # an expert's row-parallel output is whole
+    elif experts.get(b) and n.outputs and n.outputs[0].shape[-1] == len(experts[b]):
+        w.role[n.id] = "router"
+        return
+    elif x_split:
+        w.role[n.id] = "row"
+        w.row_parents[b].add(n.module.rsplit(".", 1)[0])
+        return  # its output is whole (after the all-reduce)
+    else:
+        w.role[n.id] = "column"
+        w.col_inputs[b].add(_source(nodes, x.producer) if x is not None else None)
+    w.split.add(n.id)
+
+
+def _forward_roles(nodes, fwd, block, order, experts, fused: set[int]) -> _Walk:
     gemms_out = [n for n in fwd if is_weight_gemm(n) and block[n.id] is None]
     head = gemms_out[-1].id if gemms_out and order and gemms_out[-1].id > max(
         n.id for n in fwd if block[n.id] == order[-1]) else None
-    sdpa = None
-    row_parents: dict[str, set[str]] = defaultdict(set)
-    col_inputs: dict[str, set[int | None]] = defaultdict(set)
-    routed_keys: dict[str, set] = defaultdict(set)
-    expert_params: dict[str, float] = {}
+    w = _Walk()
     for n in fwd:
-        b = block[n.id]
         if n.packet == "embedding":
-            role[n.id] = "vocab"
-            continue
-        if is_weight_gemm(n):
-            if b is None:
-                role[n.id] = "vocab" if n.id == head else "replicated"
-                if n.id == head:
-                    split.add(n.id)
-                continue
-            x = _activation_input(n)
-            x_split = x is not None and x.producer in split
-            if _expert_of(n.module, b) is not None:
-                role[n.id] = "expert_row" if x_split else "expert_column"
-                for t in n.inputs:
-                    if t.param is not None:
-                        expert_params[t.param] = t.numel
-                if not x_split and x is not None:
-                    routed_keys[b].add((_expert_of(n.module, b), x.producer, x.nbytes))
-                if x_split:
-                    continue  # an expert's row-parallel output is whole
-            elif experts.get(b) and n.outputs and n.outputs[0].shape[-1] == len(experts[b]):
-                role[n.id] = "router"
-                continue
-            elif x_split:
-                role[n.id] = "row"
-                row_parents[b].add(n.module.rsplit(".", 1)[0])
-                continue  # its output is whole (after the all-reduce)
-            else:
-                role[n.id] = "column"
-                col_inputs[b].add(_source(nodes, x.producer) if x is not None else None)
-            split.add(n.id)
-            continue
-        if any(t.producer in split for t in n.inputs):
-            role[n.id] = "split"
-            split.add(n.id)
-            if n.op == "aten.scaled_dot_product_attention.default" and sdpa is None:
-                sdpa = n
+            w.role[n.id] = "vocab"
+        elif is_weight_gemm(n):
+            _weight_gemm_role(w, nodes, n, block[n.id], head, experts)
+        elif any(t.producer in w.split for t in n.inputs):
+            w.role[n.id] = "split"
+            w.split.add(n.id)
+            if n.id in fused and w.attention is None:
+                w.attention = n.id
         else:
-            role[n.id] = "replicated"
-    # an MoE block's experts end in one combine: one all-reduce for the block's MoE output
-    for b, e in experts.items():
-        if e:  # the experts end in one combine, and their inputs' gradients in one reduction
-            row_parents[b].add("<experts>")
-            col_inputs[b].add(-1)
-    # backward and optimizer nodes: the role of the forward nodes of their module
+            w.role[n.id] = "replicated"
+    return w
+
+
+def _other_roles(nodes, fwd, role: dict[int, str]) -> None:
+    """Backward and optimizer nodes: the role of the forward nodes of their module."""
     by_module: dict[str, list[str]] = defaultdict(list)
     for n in fwd:
         by_module[n.module].append(role[n.id])
@@ -202,34 +216,55 @@ def infer_roles(graph: OpGraph) -> Roles:
             role[n.id] = "split" if s * 2 > len(rs) else "replicated"
         else:
             role[n.id] = "replicated"
-    # geometry
-    heads = kv = hd = 0
-    if sdpa is not None:
-        named = dict(zip(sdpa.input_names, sdpa.inputs))
-        q, k = named.get("query", sdpa.inputs[0]), named.get("key", sdpa.inputs[1])
-        heads, kv, hd = q.shape[-3], k.shape[-3], q.shape[-1]
-    hidden = 0
-    act = 0.0
-    if order:
-        first_row = next((n for n in fwd if role.get(n.id) == "row"), None)
-        if first_row is not None and first_row.outputs:
-            hidden = first_row.outputs[0].shape[-1]
-            act = first_row.outputs[0].nbytes
-    b0 = order[0] if order else None
+
+
+def _held_experts(graph: OpGraph, experts, b0: str | None, w: _Walk) -> int:
+    """The experts the model holds, not only those a (decode) step ran: every parameter under the expert
+    containers the graph saw, read off the model's parameter list where the capture kept it (updates
+    ``w.expert_params``)."""
     n_experts = len(experts.get(b0, ())) if b0 else 0
-    # the experts the model holds, not only those a (decode) step ran: every parameter under the expert
-    # containers the graph saw, read off the model's parameter list where the capture kept it
     containers = {e.rsplit(".", 1)[0] + "." for es in experts.values() for e in es if e.rsplit(".", 1)[-1].isdigit()}
     if containers and graph.param_sizes:
         held = {name: n for name, n in graph.param_sizes if any(name.startswith(c) for c in containers)}
         if held:
-            expert_params = held
+            w.expert_params = held
             c0 = next((c for c in containers if b0 and c.startswith(b0 + ".")), None)
             if c0 is not None:
                 n_experts = max(n_experts, len({name[len(c0):].split(".", 1)[0] for name in held if
                                                 name.startswith(c0)}))
+    return n_experts
+
+
+def infer_roles(graph: OpGraph) -> Roles:
+    """Roles of every node from graph edges and module structure (module docstring); the heads from the first
+    attention call in the tensor-parallel region, as the layer is (opmap.geometry.layer_specs)."""
+    nodes = graph.nodes
+    block = {n.id: block_of(n.module) for n in nodes}
+    order = _block_order(nodes, block)
+    fwd = [n for n in nodes if phase_of(n) == "forward"]
+    experts = _experts(fwd, block)
+    calls = forward_calls(graph)
+    specs = {c.node_id: s for c, s in zip(calls, layer_specs(graph, calls)) if c.fused}
+    w = _forward_roles(nodes, fwd, block, order, experts, set(specs))
+    # an MoE block's experts end in one combine, and their inputs' gradients in one reduction
+    for b, e in experts.items():
+        if e:
+            w.row_parents[b].add("<experts>")
+            w.col_inputs[b].add(-1)
+    _other_roles(nodes, fwd, w.role)
+    spec = specs.get(w.attention) if w.attention is not None else None
+    heads, kv, hd = (spec.n_heads, spec.n_kv_heads, spec.head_dim) if spec is not None else (0, 0, 0)
+    hidden = 0
+    act = 0.0
+    if order:
+        first_row = next((n for n in fwd if w.role.get(n.id) == "row"), None)
+        if first_row is not None and first_row.outputs:
+            hidden = first_row.outputs[0].shape[-1]
+            act = first_row.outputs[0].nbytes
+    b0 = order[0] if order else None
+    n_experts = _held_experts(graph, experts, b0, w)
     geo = Geometry(len(order), heads, kv, hd, hidden, n_experts, act)
-    return Roles(role, block, tuple(order), geo,
-                 len(row_parents.get(b0, ())) if b0 else 0, len(col_inputs.get(b0, ())) if b0 else 0,
-                 float(sum(k[2] for k in routed_keys.get(b0, ()))) if b0 else 0.0, float(sum(expert_params.values())),
-                 kv * hd if kv < heads else 0)
+    return Roles(w.role, block, tuple(order), geo,
+                 len(w.row_parents.get(b0, ())) if b0 else 0, len(w.col_inputs.get(b0, ())) if b0 else 0,
+                 float(sum(k[2] for k in w.routed_keys.get(b0, ()))) if b0 else 0.0,
+                 float(sum(w.expert_params.values())), kv * hd if kv < heads else 0)

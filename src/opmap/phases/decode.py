@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opmap.analyze import cap_at_positions
-from opmap.capture.functions import KV_OPS
+from opmap.geometry import attention_calls, layer_specs
 from opmap.graph import OpGraph
 from opmap.mapping.memory import MemoryFit, ServingMemory, fit_inference, inflight_activation_bytes, runtime_reserve
 from opmap.phases.common import dominant_bound, kernel_times
@@ -43,11 +43,11 @@ def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
 
 def decode_kv_read_bytes(graph: OpGraph) -> float:
     """Bytes of K and V the decode step's attention calls read (the KV cache: GQA's KV heads, the window), from
-    its SDPA calls or, where attention runs eager, its kv_cache marks (opmap.capture.functions.kv_cache)."""
+    its SDPA calls or, where attention runs eager, its kv_cache marks (opmap.geometry.attention_calls)."""
+    calls = attention_calls(graph)
     total = 0.0
-    for n in graph.nodes:
-        if n.op in KV_OPS:
-            total += n.input("key").nbytes + n.input("value").nbytes
+    for c, s in zip(calls, layer_specs(graph, calls)):
+        total += c.held_bytes(s)
     return total
 
 
@@ -58,8 +58,8 @@ def decode_fit(a: Analysis, workload: Workload, kv_len: int) -> MemoryFit:
     graph, hw = a.graph, a.hardware
     weights = graph.param_bytes * a.precision.weight_scale
     per_seq = decode_kv_read_bytes(graph) / max(workload.batch, 1)
-    cached = max((n.input("key").shape[-2] for n in graph.nodes
-                  if n.op in KV_OPS), default=kv_len)
+    calls = attention_calls(graph)
+    cached = max((s.tokens_held(c.kv_tokens) for c, s in zip(calls, layer_specs(graph, calls))), default=kv_len)
     window = cached if cached < kv_len else None
     inflight = inflight_activation_bytes(graph)
     fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, kv_len,

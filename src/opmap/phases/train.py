@@ -13,6 +13,7 @@ from opmap.analyze import cap_at_positions
 from opmap.capture.training import training_loss
 from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
+from opmap.geometry import forward_calls, layer_specs
 from opmap.graph import Node, OpGraph
 from opmap.mapping.memory import (
     MemoryFit,
@@ -202,10 +203,12 @@ def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any
 def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
     """PaLM appendix B's closed form, 6N + 12 L H Q T, read off the graph: N the parameters less the embedding
     tables that are only looked up (an embedding tied to the LM head is a matrix product and stays in N), L H Q
-    from the forward's attention calls (the queries' heads and head dim), T the sequence."""
+    from the forward's attention layers (opmap.geometry.layer_specs: the queries' heads and head dim), T the
+    sequence."""
     emb: dict[str, int] = {}
     matmul_params: set[str] = set()
-    attn = []
+    calls = forward_calls(graph)
+    attn = [(s.n_heads, s.head_dim) for c, s in zip(calls, layer_specs(graph, calls)) if c.fused]
     for n in graph.nodes:
         if not _forward(n):
             continue
@@ -216,9 +219,6 @@ def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
                 emb[t.param] = math.prod(t.shape)
             elif not n.is_view:
                 matmul_params.add(t.param)
-        if n.op == "aten.scaled_dot_product_attention.default":
-            q = n.input("query")
-            attn.append((q.shape[-3], q.shape[-1]))
     n_params = graph.params - sum(v for k, v in emb.items() if k not in matmul_params)
     attention = sum(12 * h * d * seq for h, d in attn)
     return {"value": 6.0 * n_params + attention, "n_params": n_params, "layers": len(attn),

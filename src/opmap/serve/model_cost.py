@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opmap.errors import OpmapError
 from opmap.serve.cost import DecodeFloor, TableCost
@@ -239,6 +239,9 @@ class Pricer:
                 g = capture_phase(w, spec)
             keep(k, g, w)
         self._last_graph = g
+        # the graph as captured, its attention read off it, on a cache hit (a cached capture keeps no geometry) and a
+        # miss (a cut model's geometry is the whole model's) alike
+        w = replace(w, geometry=None)
         a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion, steady=True).analysis
         s = Sharder(a)
         if memo is not None:

@@ -58,6 +58,7 @@ from opmap.workloads.hf_config import (
     read_config_file,
     validate_config,
 )
+from opmap.workloads.hf_geometry import hf_geometry
 from opmap.workloads.zoo import Workload, cast_to, parse_dtype
 
 __all__ = ["ACCEPTED", "TESTED", "build_hf", "cached_config", "is_hf_target", "load_config", "max_positions",
@@ -242,14 +243,24 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
         notes.append(f"input pixel_values of {batch} x {channels} x {side} x {side} ({type(model).__name__})"
                      + ("; position embeddings interpolated from the config's image_size" if interpolate else ""))
         inputs = {"pixel_values": pixels, **({"interpolate_pos_encoding": True} if interpolate else {})}
-        return Workload(name, model, inputs, batch, None, tuple(notes))
+        return Workload(name, model, inputs, batch, None, tuple(notes), geometry=_geometry(config))
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False and seq > window:
         notes.append(f"sliding window {window} < seq {seq}: transformers passes an explicit mask to "
                      f"{'SDPA' if attn == 'sdpa' else 'the eager attention'}, so attention is counted dense")
     with torch.device(device):
         ids = torch.zeros(batch, seq, dtype=torch.long)
-    return Workload(name, model, {"input_ids": ids, "use_cache": False}, batch, seq, tuple(notes))
+    return Workload(name, model, {"input_ids": ids, "use_cache": False}, batch, seq, tuple(notes),
+                    geometry=_geometry(config))
+
+
+def _geometry(config):
+    """The model's geometry from its config (opmap.workloads.hf_geometry); None where the config lacks the fields
+    an adapter reads (a family none reads yet: the graph is read instead)."""
+    try:
+        return hf_geometry(config)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _built_note(mt: str, cls: type, target: str, attn: str) -> str:

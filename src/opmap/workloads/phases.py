@@ -210,7 +210,7 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
     key = "cache" if "cache" in inspect.signature(w.module.forward).parameters else "past_key_values"
     inputs = {"input_ids": ids, key: cache, "position_ids": pos, "use_cache": True}
     kept = tuple(n for n in w.assumptions if n != PREFILL_NOTE)
-    return Workload(w.name, w.module, inputs, w.batch, 1, kept + (note,))
+    return Workload(w.name, w.module, inputs, w.batch, 1, kept + (note,), geometry=w.geometry)
 
 
 def _write_in_place(cache, layers: int) -> None:
@@ -248,7 +248,7 @@ def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
             + (f" ({cached} kept: sliding window {window})" if cached != kv_len else "")
             + f" ({layers} layers x {kv_heads} KV heads x head dim {head_dim}); the new K and V are written into "
               "the cache in place, attention reads all of it (flash-decoding)")
-    return Workload(w.name, w.module, (ids, cache), w.batch, 1, w.assumptions + (note,))
+    return Workload(w.name, w.module, (ids, cache), w.batch, 1, w.assumptions + (note,), geometry=w.geometry)
 
 
 def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dtype: str,

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
+from opmap.geometry import AttentionSpec, ModelGeometry, attention_kind
 from opmap.precision import torch_dtype
 from opmap.workloads.bert import Bert, BertConfig
 from opmap.workloads.gpt2 import GPT2, GPT2Config
@@ -33,6 +34,7 @@ class Workload:
     seq: int | None
     assumptions: tuple[str, ...] = ()
     graph: Any = None  # an OpGraph read from a file (ONNX): no module to capture
+    geometry: ModelGeometry | None = None  # from the model's config or spec; None: read off the graph when needed
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,35 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 )}
 
 
+def _llama_geometry(c: LlamaConfig) -> ModelGeometry:
+    spec = AttentionSpec(attention_kind(c.n_head, c.n_kv_head), c.n_head, c.n_kv_head, c.hd)
+    moe = {"n_experts": c.n_experts, "top_k": c.top_k, "expert_ffn": c.ffn_dim} if c.n_experts else {}
+    return ModelGeometry(c.n_layer, c.dim, c.vocab_size, (spec,) * c.n_layer, ffn=c.ffn_dim, source="zoo", **moe)
+
+
+def zoo_geometry(name: str, image_size: int = 224) -> ModelGeometry | None:
+    """A zoo model's geometry from its spec's config (None: a CNN, no attention)."""
+    if name in _LLAMAS:
+        return _llama_geometry(_LLAMAS[name])
+    if name == "gpt2":
+        g = GPT2Config()
+        return ModelGeometry(g.n_layer, g.n_embd, g.vocab_size, (AttentionSpec("mha", g.n_head, g.n_head,
+                             g.n_embd // g.n_head),) * g.n_layer, ffn=4 * g.n_embd, source="zoo")
+    if name == "bert-base":
+        b = BertConfig()
+        return ModelGeometry(b.n_layer, b.hidden, b.vocab_size, (AttentionSpec(
+            "mha", b.n_head, b.n_head, b.hidden // b.n_head, causal=False),) * b.n_layer, ffn=b.intermediate,
+            source="zoo")
+    if name == "vit-b16":
+        v = ViTConfig(image_size=image_size)
+        return ModelGeometry(v.n_layer, v.hidden, 0, (AttentionSpec(
+            "mha", v.n_head, v.n_head, v.hidden // v.n_head, causal=False),) * v.n_layer, ffn=v.mlp_dim,
+            source="zoo")
+    return None
+
+
+_LLAMAS = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B, "llama-2-7b": LLAMA2_7B, "llama-2-70b": LLAMA2_70B,
+           "llama-3.1-405b": LLAMA31_405B, "mixtral-8x7b": MIXTRAL_8X7B}
 CAPTURE_DEVICES = ("meta", "cpu", "cuda")
 
 
@@ -188,4 +219,5 @@ def build_zoo(name: str, batch: int = 1, seq: int | None = None, dtype: str = "f
     assumptions = ("random weights built from the published config",)
     if spec.notes and device == "meta":
         assumptions += (f"{spec.name}: {spec.notes} (each expert gets batch*seq*top_k/experts tokens)",)
-    return Workload(name, module, inputs, batch, seq if spec.kind == "text" else None, assumptions)
+    return Workload(name, module, inputs, batch, seq if spec.kind == "text" else None, assumptions,
+                    geometry=zoo_geometry(name, seq if spec.name == "vit-b16" else 224))
