@@ -226,7 +226,7 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
                 res = simulate_disaggregated(reqs, pol, cost, pd[0], pd[1], transfer, router, seed)
             else:
                 res = simulate(reqs, pol, cost, replicas, router, seed)
-            report = summarize(res, slo)
+            report = summarize(res, slo).to_dict()  # serve.json
     if capacity is not None:
         report["capacity"] = capacity
         if stop is not None:
