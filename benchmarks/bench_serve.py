@@ -105,9 +105,9 @@ def main() -> None:
         s = summarize(res)
         rows.append({"policy": pol.spec(), "requests": len(reqs), "steps": res.steps, "simulate_s": sim_s,
                      "summarize_s": time.perf_counter() - t0 - sim_s,
-                     "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
-                     "ttft_p99_s": s["latency"]["ttft"]["p99_s"], "tpot_p99_s": s["latency"]["tpot"]["p99_s"],
-                     "validity": s["validity"]["verdict"],
+                     "output_tokens_per_s": s.throughput.output_tokens_per_s,
+                     "ttft_p99_s": s.latency.ttft.p99_s, "tpot_p99_s": s.latency.tpot.p99_s,
+                     "validity": s.validity.verdict,
                      "goal_s": GOAL_S if pol.name in ("engine", "continuous") else None})
     t = Table(title=f"opmap serve speed: {args.requests} requests, {args.model} on {args.hardware} "
                     f"({args.arrival}, in {args.input_len}, out {args.output_len}); pricing {pricing_s:.1f} s",

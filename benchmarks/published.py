@@ -764,7 +764,7 @@ def serving_rows() -> list[Row]:
     for batch, lin, lout, tok_s in ((256, 128, 128, 5353), (32, 128, 2048, 1518), (32, 2048, 128, 547),
                                     (16, 2048, 2048, 613)):
         res = simulate(make_requests("offline", lin, lout, n=2 * batch, seed=0), Static(batch), cost)
-        pred_tok_s = summarize(res)["throughput"]["output_tokens_per_s"]
+        pred_tok_s = summarize(res).throughput.output_tokens_per_s
         pub_s = batch * lout / tok_s
         rows.append(Row("serving_throughput", hw, f"llama-2-7b batch {batch}, {lin} in / {lout} out", tok_s,
                         "output tok/s", pub_s, batch * lout / pred_tok_s, TRTLLM,

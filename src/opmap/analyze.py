@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,6 +47,9 @@ from opmap.precision import Precision, power_limited, reference, resolve_precisi
 from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.load import position_limit
 from opmap.workloads.zoo import Workload
+
+if TYPE_CHECKING:
+    from opmap.phases.result import PhaseResult, TrainStep
 
 # 2: ``phase`` (prefill / decode / train figures) and ``memory`` (the per-device fit) at the top level
 SCHEMA_VERSION = 2
@@ -82,7 +85,8 @@ class Analysis:
     kernel_results: tuple[KernelResult, ...] = ()
     # a layout over several devices (opmap.mapping.sharding.Sharded); None: one device, today's output
     sharded: Any = None
-    phase_figures: dict[str, Any] | None = None  # set by opmap.phases (analyze_phase, with_figures); None: no phase
+    # set by opmap.phases (analyze_phase, with_figures; opmap.phases.result): None: no phase
+    phase_figures: PhaseResult | TrainStep | None = None
     fit: MemoryFit | None = None  # set by analyze_phase (decode, train); None: ``memory`` computes inference's
 
     # -- totals ---------------------------------------------------------------------------------------
@@ -113,20 +117,17 @@ class Analysis:
         """The one step time this analysis states (the phase line, the Totals box and ``totals.predicted_latency_s``
         all print it): prefill's time to first token, decode's time per output token, train's iteration; under a
         layout over several devices, the layout's; the runtime's per-step time included."""
-        ph = self.phase
-        for key, name in (("iteration_s", "iteration"), ("tpot_s", "time per output token"),
-                          ("ttft_s", "time to first token")):
-            if key in ph:
-                return name, float(ph[key])
+        if self.phase_figures is not None:
+            return self.phase_figures.headline
         return "latency", self.predicted_latency_s + self.runtime_per_step_s
 
     @property
     def headline_mfu(self) -> float:
         """MFU at the headline time: the phase's (train: PaLM's model FLOPs), else the matrix FLOPs per device over
         the headline step."""
-        ph = self.phase
-        if "mfu" in ph:
-            return float(ph["mfu"])
+        f = self.phase_figures
+        if f is not None and f.mfu is not None:
+            return f.mfu
         devices = self.sharded.parallelism.devices if self.sharded is not None else 1
         return mfu(self.total.matrix_flops / devices, self.headline[1], self.precision)
 
@@ -291,10 +292,9 @@ class Analysis:
 
     @property
     def phase(self) -> dict[str, Any]:
-        """analysis.json's ``phase``: the figures a phase set (opmap.phases: prefill, decode, train, or
-        ``opmap.phases.step.with_figures`` for a bare pipeline result); empty until then (the headline is then the
-        pipeline's latency)."""
-        return self.phase_figures if self.phase_figures is not None else {}
+        """analysis.json's ``phase`` block: the figures a phase set (``phase_figures``, typed: opmap.phases.result)
+        as written to the file; empty until then (the headline is then the pipeline's latency)."""
+        return self.phase_figures.to_dict() if self.phase_figures is not None else {}
 
     @staticmethod
     def _node_dict(r: NodeResult) -> dict[str, Any]:

@@ -330,3 +330,24 @@ def test_the_kv_assumption_names_the_engines_admission_rule():
     noevict = _kv_words(parse_policy("engine:256,8192,16,noevict"))
     assert "GUARANTEED_NO_EVICT" in noevict and "no preemption" in noevict and "recompute" not in noevict
     assert _kv_words(parse_policy("continuous")).startswith("reserved in full")
+
+
+@pytest.mark.parametrize("runtime", ["eager", "graphs", "engine", "engine-eager"])
+@pytest.mark.parametrize("model", ["gpt2", "tiny"])
+def test_serve_prints_the_runtime_line_the_analysis_prints(tmp_path, cli, model, runtime):
+    """serve's runtime line is opmap.phases.runtime.Runtime.line, the analysis sheet's: under engine on an H100 it
+    names the graph launch (15 us, ocannl issue 488) and the scheduler gap (160 us, vLLM PR 11133) apart; its own
+    copy printed '175 us per step' and 'fusion eager' under graphs, where the sheet prints neither."""
+    from pathlib import Path
+
+    from opmap.hardware import get_hardware
+    from opmap.phases.runtime import get_runtime
+
+    target = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json") if model == "tiny" else model
+    rc, out, err = cli("serve", target, "--hardware", "h100-sxm", "--arrival", "poisson:20", "--requests", 20,
+                       "--runtime", runtime, "--out", tmp_path)
+    assert rc == 0, err
+    line = get_runtime(get_hardware("h100-sxm"), runtime).line()
+    assert " ".join(line.split()) in " ".join(out.split())  # rich wraps the console's lines
+    if runtime == "engine":
+        assert "(15 us)" in line and "160 us scheduler gap per step" in line

@@ -117,3 +117,15 @@ def test_unknown_runtime_and_train_under_graphs_are_refused(h100):
         check_runtime("jit")
     with pytest.raises(OpmapError, match="runtime graphs prices serving steps"):
         analyze_phase(None, None, h100, "bf16", PhaseSpec("train"), runtime=get_runtime(h100, "graphs"))
+
+
+@pytest.mark.parametrize("name", ["eager", "graphs", "engine", "engine-eager"])
+@pytest.mark.parametrize("device", ["h100-sxm", "mi300x", "gaudi3"])
+def test_a_runtime_block_reads_back_as_the_runtime(name, device):
+    """A report's runtime block (Runtime.to_dict: serve.json's and analysis.json's assumptions) is the runtime it
+    was written from, so its line is printed by the one function, Runtime.line."""
+    from opmap.hardware import get_hardware
+    from opmap.phases.runtime import Runtime, get_runtime
+
+    rt = get_runtime(get_hardware(device), name)
+    assert Runtime.from_dict(rt.to_dict()) == rt

@@ -43,7 +43,7 @@ def _train(recompute: str, global_batch: int = 8):
 def _sharded(recompute: str):
     a = _train(recompute)
     sh = shard(a, Parallelism(**LAYOUT, recompute=recompute))
-    return sh, sharded_phase_figures(a.phase, sh, a)
+    return sh, sharded_phase_figures(a.phase_figures, sh, a).to_dict()
 
 
 def _parts(f) -> float:

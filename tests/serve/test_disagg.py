@@ -33,7 +33,7 @@ def test_one_request_by_hand():
     assert res.finish_s[0] == pytest.approx(0.1 + 0.102 + 9 * DEC_S)
     gaps = np.repeat(res.itl_gap_s, res.itl_weight.astype(int))
     assert sorted(gaps) == pytest.approx(sorted([0.102 + DEC_S] + [DEC_S] * 8))
-    s = summarize(res, Slo())
+    s = summarize(res, Slo()).to_dict()
     assert s["disaggregation"]["kv_transfer_s"]["mean_s"] == pytest.approx(0.102)
     assert s["replicas"] == 2 and len(s["utilization"]) == 2
 
@@ -47,7 +47,7 @@ def test_decode_pool_kv_capacity_makes_the_second_request_wait():
     res = simulate_disaggregated(_reqs([0.0, 0.0], [50, 50], [60, 60]), Continuous(), cost, 1, 1, XFER)
     assert res.first_s == pytest.approx([0.1, 0.1])
     assert sorted(res.finish_s) == pytest.approx([0.742, 1.332])
-    s = summarize(res)
+    s = summarize(res).to_dict()
     assert s["disaggregation"]["decode_admission_wait_s"]["max_s"] == pytest.approx(0.59)
 
 

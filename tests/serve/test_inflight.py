@@ -62,7 +62,7 @@ def test_running_decodes_take_their_token_of_the_budget_first():
     assert res.steps == 3
     np.testing.assert_allclose(res.first_s, [4.096, 10.01835])
     np.testing.assert_allclose(res.finish_s, [10.01835, 10.01835])
-    s = summarize(res)
+    s = summarize(res).to_dict()
     assert s["latency"]["itl"]["mean_s"] == pytest.approx((4.09617 + 1.82618) / 2)  # D's two gaps
 
 
@@ -98,7 +98,7 @@ def test_preemption_by_recompute_when_blocks_run_out():
         np.testing.assert_array_equal(res.preemptions, [0, 1])
         assert res.extra["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
         assert res.extra["kv_cache"]["blocks"] == 4 and res.extra["kv_cache"]["peak_blocks_used"] == 4
-    s = summarize(res)
+    s = summarize(res).to_dict()
     assert s["preemptions"]["total"] == 1
     # gaps: A 39 of 10 ms; B 16 of 10 ms (tokens 2..17), 0.263 s, 12 of 10 ms (tokens 19..30)
     assert s["latency"]["itl"]["mean_s"] == pytest.approx((0.39 + 0.28 + 0.263) / 68)
@@ -158,7 +158,7 @@ def test_without_a_kv_limit_engine_is_sarathi_chunked():
     b = simulate(reqs, Chunked(512, max_seqs=16), cost)
     for k in ("start_s", "first_s", "finish_s"):
         np.testing.assert_allclose(getattr(a, k), getattr(b, k))
-    sa, sb = summarize(a), summarize(b)
+    sa, sb = summarize(a).to_dict(), summarize(b).to_dict()
     assert sa["latency"]["itl"] == pytest.approx(sb["latency"]["itl"])
 
 

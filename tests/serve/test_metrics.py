@@ -21,7 +21,7 @@ def test_summary_names_the_step_limits_and_preemptions(spec, want):
     from opmap.serve import Requests, TableCost, parse_policy, simulate, summarize
 
     reqs = Requests(np.zeros(3), np.full(3, 10), np.full(3, 2), "offline")
-    s = summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]])))
+    s = summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]]))).to_dict()
     assert s["scheduler"] == want
     assert s["preemptions"] == {"total": 0, "requests_preempted": 0, "max_per_request": 0}
 
@@ -42,4 +42,38 @@ def test_a_figure_that_overflows_is_refused_not_printed():
         summarize(res)
     assert "\n" not in str(e.value)
     ok = summarize(simulate(reqs, parse_policy("none"), ServiceTime("fixed", 1.0)))  # 3 in a row: 1, 2, 3 s
-    assert ok["latency"]["e2e"]["mean_s"] == pytest.approx(2.0)
+    assert ok.latency.e2e.mean_s == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("spec", ["none", "static:4", "dynamic:4,5", "continuous:1024", "chunked:256",
+                                  "engine:8,64,32,nochunk,noevict"])
+def test_the_limits_come_from_the_typed_policy_the_run_wrote(spec):
+    """serve.json's policy block (Policy.to_dict) read back is the policy the run was given, so the scheduler limits
+    are its own fields, not a guess among other policies' parameter names."""
+    from opmap.serve import parse_policy
+    from opmap.serve.metrics import SchedulerLimits, policy_of
+
+    p = parse_policy(spec)
+    assert policy_of(p.to_dict()) == p
+    lim = SchedulerLimits.of(p)
+    assert lim.max_num_seqs == {"none": 1, "static": 4, "dynamic": 4, "continuous": 256, "chunked": 256,
+                                "engine": 8}[p.name]
+    assert lim.max_num_batched_tokens == {"continuous": 1024, "chunked": 256, "engine": 64}.get(p.name)
+
+
+def test_a_serve_report_is_frozen_and_writes_its_figures():
+    import dataclasses
+
+    import numpy as np
+
+    from opmap.serve import Requests, parse_policy, simulate, summarize
+    from opmap.serve.cost import ServiceTime
+
+    reqs = Requests(np.zeros(3), np.full(3, 10), np.full(3, 2), "offline")
+    r = summarize(simulate(reqs, parse_policy("none"), ServiceTime("fixed", 1.0)))  # 3 in a row: 1, 2, 3 s
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.slo_attainment = 1.0  # type: ignore[misc]
+    d = r.to_dict()
+    assert d["latency"]["e2e"]["p50_s"] == r.latency.e2e.p50_s == pytest.approx(2.0)
+    assert d["throughput"]["requests_per_s"] == pytest.approx(3 / 3.0)  # 3 requests over the 3 s span
+    assert d["scheduler"]["max_num_seqs"] == 1

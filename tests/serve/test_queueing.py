@@ -17,7 +17,7 @@ N = 200_000
 def _run(rate: float, service: str, replicas: int = 1, router: str = "round_robin", seed: int = 7):
     reqs = make_requests(f"poisson:{rate}", "1", "1", N, seed=seed)
     res = simulate(reqs, parse_policy("none"), parse_service_time(service), replicas, router, seed=seed)
-    return res, summarize(res)
+    return res, summarize(res).to_dict()
 
 
 def test_mm1_mean_wait_and_sojourn_percentile():

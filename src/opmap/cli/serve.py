@@ -11,7 +11,7 @@ import typer
 from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
-from opmap.phases.runtime import RUNTIME_HELP
+from opmap.phases.runtime import RUNTIME_HELP, Runtime
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
@@ -299,7 +299,7 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
                 res = simulate_disaggregated(reqs, pol, cost, pd[0], pd[1], transfer, router, seed)
             else:
                 res = simulate(reqs, pol, cost, replicas, router, seed)
-            report = summarize(res, slo)
+            report = summarize(res, slo).to_dict()  # serve.json
     if capacity is not None:
         report["capacity"] = capacity
         if stop is not None:
@@ -408,7 +408,7 @@ def _print(r: dict, model: str, hardware: str) -> None:
                        ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
     rt = a.get("runtime")
     if rt:
-        console.print(plain(_runtime_line(rt)), highlight=False)
+        console.print(plain(Runtime.from_dict(rt).line()), highlight=False)
     m = a.get("memory")
     if m:
         g = 2 ** 30
@@ -460,18 +460,6 @@ def capacity_line(c: dict) -> str:
             f"{run['cooldown_requests']} excluded (warm-up, cool-down), "
             f"{run['span_s']:.4g} s measured, queue {run['verdict']}; {len(c['runs'])} runs"
             + ("" if c["converged"] else ", not converged"))
-
-
-def _runtime_line(rt: dict) -> str:
-    """The runtime the steps were priced under, one line (as opmap.phases.runtime.Runtime.line)."""
-    k = float(rt["per_kernel_s"]["value"]) * 1e6
-    if rt["name"] == "eager":
-        return f"runtime eager: a host launch per kernel ({k:.3g} us)"
-    if rt.get("graph_launch_s") is None:
-        return (f"runtime {rt['name']} ({rt['stack']} stack, graphs off): a host launch per kernel ({k:.3g} us), "
-                f"{rt['per_step_s'] * 1e6:.3g} us per step, fusion {rt['fusion']}")
-    return (f"runtime {rt['name']} ({rt['stack']}): one graph launch per step, {k:.3g} us between kernels, "
-            f"{rt['per_step_s'] * 1e6:.3g} us per step, fusion {rt['fusion']}")
 
 
 def _cdf_png(res) -> bytes | None:

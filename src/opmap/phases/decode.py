@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opmap.analyze import cap_at_positions
 from opmap.geometry import attention_calls, layer_specs
 from opmap.graph import OpGraph
 from opmap.mapping.memory import MemoryFit, ServingMemory, fit_inference, inflight_activation_bytes, runtime_reserve
 from opmap.phases.common import dominant_bound, kernel_times
+from opmap.phases.result import DecodeFloor, PhaseResult
 from opmap.phases.runtime import runtime_text
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from opmap.workloads.zoo import Workload
 
 
-def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
+def decode_figures(a: Analysis, kv_len: int) -> PhaseResult:
     """One decode step: time per output token (the kernels plus the runtime's per-step time), tokens per second
     over the batch, the memory lower bound (the weights the step reads, each once: the embedding rows gathered,
     not the table; the experts the batch runs, not all of them; and the whole KV cache, at the device's achievable
@@ -31,14 +32,14 @@ def decode_figures(a: Analysis, kv_len: int) -> dict[str, Any]:
     kv = decode_kv_read_bytes(a.graph)
     bw = a.hardware.memory_rate_bytes_per_s
     floor = (weights + kv) / bw
-    return {"name": "decode", "kv_len": kv_len, "tpot_s": tpot, "tokens_per_s": batch / tpot if tpot else 0.0,
-            "bound": bound, "weights_bytes": weights, "kv_cache_read_bytes": kv, "lower_bound_s": floor,
-            "lower_bound_basis": "the weights the step reads (gathered embedding rows, the experts it runs) and "
-                                 f"its KV cache, each once, at {a.hardware.memory_rate_basis}",
-            "kernel_time_s": a.predicted_latency_s, "runtime_per_step_s": step, "kernels": a.kernels,
-            "text": f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
-                    f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
-                    f"weights + KV read floor {floor * 1e3:.4g} ms{runtime_text(a)})"}
+    basis = ("the weights the step reads (gathered embedding rows, the experts it runs) and "
+             f"its KV cache, each once, at {a.hardware.memory_rate_basis}")
+    text = (f"decode: time per output token {tpot * 1e3:.4g} ms, {batch / tpot if tpot else 0:.4g} tok/s at "
+            f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
+            f"weights + KV read floor {floor * 1e3:.4g} ms{runtime_text(a)})")
+    # tokens per second = batch / tpot: one new token per sequence per step
+    return PhaseResult("decode", tpot, a.predicted_latency_s, step, bound, a.kernels, batch, text,
+                       floor=DecodeFloor(kv_len, weights, kv, floor, basis))
 
 
 def decode_kv_read_bytes(graph: OpGraph) -> float:

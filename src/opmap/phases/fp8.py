@@ -3,15 +3,17 @@ matrix work left in bf16, and the cast kernels per microstep and per iteration, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from opmap.mapping.fp8 import CAST_OP, SCALE_OP
+from opmap.phases.result import Fp8Split, TrainStep
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
 
 
-def fp8_figures(a: Analysis) -> dict[str, Any] | None:
+def fp8_figures(a: Analysis) -> Fp8Split | None:
     """Seconds on one device of the captured step: ``gemm_s`` the fp8 GEMMs and ``bf16_matrix_s`` the matrix
     kernels left in bf16 (forward + backward, per microstep), ``cast_s`` the activation and gradient casts per
     microstep, ``weight_cast_s`` the weight casts and the amax / scale update once per iteration (inside
@@ -35,13 +37,12 @@ def fp8_figures(a: Analysis) -> dict[str, Any] | None:
                 bf16 += k.predicted_s
     text = (f"fp8 GEMMs {gemm * 1e3:.4g} ms, bf16 matrix {bf16 * 1e3:.4g} ms and casts {cast * 1e3:.4g} ms per "
             f"microstep; weight casts {once * 1e3:.3g} ms per iteration (in the optimizer step)")
-    return {"gemm_s": gemm, "bf16_matrix_s": bf16, "cast_s": cast, "weight_cast_s": once,
-            "cast_kernels": fp8["cast_kernels"], "text": text}
+    return Fp8Split(gemm, bf16, cast, once, fp8["cast_kernels"], text)
 
 
-def with_fp8_figures(a: Analysis, figures: dict[str, Any]) -> dict[str, Any]:
+def with_fp8_figures(a: Analysis, figures: TrainStep) -> TrainStep:
     """``figures`` (a train phase's) with the ``fp8`` block and its sentence added when the step is fp8 training."""
     f = fp8_figures(a)
     if f is None:
         return figures
-    return dict(figures, fp8=f, text=f"{figures['text']}; {f['text']}")
+    return replace(figures, fp8=f, text=f"{figures.text}; {f.text}")

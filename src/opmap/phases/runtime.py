@@ -75,8 +75,18 @@ class Runtime:
                 "graph_launch_s": self.graph_launch.to_dict() if self.graph_launch else None,
                 "step_host_s": self.step_host.to_dict() if self.step_host else None}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Runtime:
+        """The runtime a report's ``runtime`` block (``to_dict``) was written from."""
+        def value(v: dict[str, Any] | None) -> Value | None:
+            return Value(**v) if v is not None else None
+
+        per_kernel = value(d["per_kernel_s"])
+        assert per_kernel is not None
+        return cls(d["name"], per_kernel, value(d["graph_launch_s"]), value(d["step_host_s"]), d["fusion"], d["stack"])
+
     def line(self) -> str:
-        """One line for a report header."""
+        """One line for a report header: the analysis sheet's and opmap serve's."""
         if self.name == "eager":
             return f"runtime eager: a host launch per kernel ({self.per_kernel_s * 1e6:.3g} us)"
         if self.graph_launch is None:

@@ -18,12 +18,13 @@ from opmap.mapping.memory import MemoryFit, SavedActivations
 from opmap.phases.decode import decode_figures, decode_fit
 from opmap.phases.fp8 import with_fp8_figures
 from opmap.phases.prefill import prefill_figures
+from opmap.phases.result import PhaseResult, TrainStep
 from opmap.phases.runtime import with_runtime
 from opmap.phases.train import train_figures, train_fit
 from opmap.workloads.zoo import Workload
 
 
-def default_figures(a: Analysis) -> dict[str, Any]:
+def default_figures(a: Analysis) -> PhaseResult | TrainStep:
     """The figures of the step a bare pipeline result holds: a training capture's iteration (one microstep, its
     optimizer step, at the captured batch and sequence), else the forward pass as prefill."""
     if a.assumptions.get("mode") == "training step":
@@ -48,8 +49,10 @@ class PhaseAnalysis:
     analysis: Analysis
 
     @property
-    def figures(self) -> dict[str, Any]:
-        return self.analysis.phase
+    def figures(self) -> PhaseResult | TrainStep:
+        f = self.analysis.phase_figures
+        assert f is not None  # analyze_phase sets them
+        return f
 
     @property
     def memory(self) -> MemoryFit:

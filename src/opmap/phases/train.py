@@ -24,6 +24,7 @@ from opmap.mapping.memory import (
     training_state_bytes,
 )
 from opmap.phases.common import dominant_bound, kernel_times
+from opmap.phases.result import TrainStep
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -37,7 +38,6 @@ MFU_DEFINITION = (
     "fused attention backward's recomputed scores, Q K^T), counted the same way (attention dense), per second / "
     "the same peak: HFU >= MFU, equal when nothing is recomputed. executed_matrix_flops: what the kernels run "
     "(causal attention's computed half)")
-STEP_PARTS = ("microsteps x (microstep_s + recompute_s)", "bubble_s", "exposed_comm_s", "optimizer_s")
 
 
 def block_of(module: str, prefix: str) -> str | None:
@@ -131,24 +131,24 @@ def attention_recompute_flops(a: Analysis) -> float:
     return total
 
 
-def step_text(name: str, f: dict[str, Any]) -> str:
+def step_text(name: str, f: TrainStep) -> str:
     """The phase line of a training step: the iteration (``step_s``, the headline the Totals box and
     ``totals.predicted_latency_s`` print) and its parts per device, throughput, MFU and HFU."""
-    n = f"{f['microsteps']} microstep{'s' if f['microsteps'] != 1 else ''}"
-    parts = f"{n} x {f['microstep_s'] * 1e3:.4g} ms"
-    if f["recompute_s"]:
-        parts = f"{n} x ({f['microstep_s'] * 1e3:.4g} ms + recompute {f['recompute_s'] * 1e3:.3g} ms)"
-    if f["bubble_s"]:
-        parts += f" + pipeline bubble {f['bubble_s'] * 1e3:.3g} ms"
-    if f["exposed_comm_s"]:
-        parts += f" + exposed communication {f['exposed_comm_s'] * 1e3:.3g} ms"
-    parts += f" + {f['optimizer']} step {f['optimizer_s'] * 1e3:.3g} ms"
-    return (f"{name}: iteration {f['step_s'] * 1e3:.4g} ms per device = {parts}; {f['tokens_per_s']:.4g} tok/s "
-            f"({f['tokens_per_s_per_device']:.4g} per device), MFU {f['mfu']:.1%}, HFU {f['hfu']:.1%} (recompute "
-            f"{f['recompute']}; {f['bound']}-bound)")
+    n = f"{f.microsteps} microstep{'s' if f.microsteps != 1 else ''}"
+    parts = f"{n} x {f.microstep_s * 1e3:.4g} ms"
+    if f.recompute_s:
+        parts = f"{n} x ({f.microstep_s * 1e3:.4g} ms + recompute {f.recompute_s * 1e3:.3g} ms)"
+    if f.bubble_s:
+        parts += f" + pipeline bubble {f.bubble_s * 1e3:.3g} ms"
+    if f.exposed_comm_s:
+        parts += f" + exposed communication {f.exposed_comm_s * 1e3:.3g} ms"
+    parts += f" + {f.optimizer} step {f.optimizer_s * 1e3:.3g} ms"
+    return (f"{name}: iteration {f.step_s * 1e3:.4g} ms per device = {parts}; {f.tokens_per_s:.4g} tok/s "
+            f"({f.tokens_per_s_per_device:.4g} per device), MFU {f.mfu:.1%}, HFU {f.hfu:.1%} (recompute "
+            f"{f.recompute}; {f.bound}-bound)")
 
 
-def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any]:
+def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> TrainStep:
     """An iteration on one device: microsteps x (forward + backward + recomputation) + one optimizer step; model
     and hardware FLOPs, MFU and HFU (``MFU_DEFINITION``). ``step_s`` (= ``iteration_s``) is the sum of its parts
     (``STEP_PARTS``; no bubble and no communication on one device)."""
@@ -181,23 +181,20 @@ def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> dict[str, Any
     palm = palm_flops_per_token(a.graph, seq)
     mfu_v, hfu_v = mf_per_s / peak, hf_per_s / peak
     tok_s = tokens / iteration_s if iteration_s else 0.0
-    f = {
-        "name": "train", "recompute": spec.recompute, "recompute_note": rec_text, "optimizer": spec.optimizer,
-        "microbatch": microbatch, "global_batch": gb, "dp": spec.dp, "zero": spec.zero, "microsteps": n_micro,
-        "devices": 1, "step_s": iteration_s,
-        "microstep_s": step_s, "recompute_s": rec_s, "bubble_s": 0.0, "exposed_comm_s": 0.0, "optimizer_s": opt_s,
-        "iteration_s": iteration_s, "step_parts": list(STEP_PARTS),
-        "tokens_per_s": tok_s, "tokens_per_s_per_device": tok_s,
-        "model_flops": model_flops, "hardware_flops": hardware_flops,
-        "recompute_flops": rec_flops * n_micro, "attention_recompute_flops": attn_rec * n_micro,
-        "executed_matrix_flops": executed * n_micro,
-        "model_flops_per_s_per_device": mf_per_s, "hardware_flops_per_s_per_device": hf_per_s,
-        "mfu": mfu_v, "hfu": hfu_v, "dense_peak_flops_per_s": peak,
-        "palm_flops_per_token": palm, "model_flops_per_token": 3.0 * fwd_dense / (microbatch * seq),
-        "mfu_definition": MFU_DEFINITION, "bound": bound,
-    }
-    f["text"] = step_text("train", f)
-    return f
+    f = TrainStep(
+        recompute=spec.recompute, recompute_note=rec_text, optimizer=spec.optimizer,
+        microbatch=microbatch, global_batch=gb, dp=spec.dp, zero=spec.zero, microsteps=n_micro,
+        devices=1, step_s=iteration_s,
+        microstep_s=step_s, recompute_s=rec_s, bubble_s=0.0, exposed_comm_s=0.0, optimizer_s=opt_s,
+        tokens_per_s=tok_s, tokens_per_s_per_device=tok_s,
+        model_flops=model_flops, hardware_flops=hardware_flops,
+        recompute_flops=rec_flops * n_micro, attention_recompute_flops=attn_rec * n_micro,
+        executed_matrix_flops=executed * n_micro,
+        model_flops_per_s_per_device=mf_per_s, hardware_flops_per_s_per_device=hf_per_s,
+        mfu=mfu_v, hfu=hfu_v, dense_peak_flops_per_s=peak,
+        palm_flops_per_token=palm, model_flops_per_token=3.0 * fwd_dense / (microbatch * seq),
+        mfu_definition=MFU_DEFINITION, bound=bound)
+    return replace(f, text=step_text("train", f))
 
 
 def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opmap.analyze import Analysis, NodeResult
+from opmap.phases.result import TrainStep
 from opmap.report.outputs import check_out_dir as check_out_dir  # re-exported: the commands import them here
 from opmap.report.outputs import write_set as write_set
 from opmap.report.text import clean, plain, safe
@@ -128,13 +129,13 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
-    ph = a.phase
-    if ph.get("text"):
-        lines.append("phase: " + ph["text"])
-    if ph.get("mfu_definition"):
-        lines.append("phase: " + ph["mfu_definition"])
-    if ph.get("recompute_note"):
-        lines.append("phase: recompute " + ph["recompute_note"])
+    ph = a.phase_figures
+    if ph is not None and ph.text:
+        lines.append("phase: " + ph.text)
+    if isinstance(ph, TrainStep):
+        lines.append("phase: " + ph.mfu_definition)
+        if ph.recompute_note:
+            lines.append("phase: recompute " + ph.recompute_note)
     lines.append("memory: " + a.memory_fit["text"])
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])

@@ -394,7 +394,7 @@ class RateProbe:
         n = len(res.arrival_s)
         keep, warm, cool, short = measured_window(res, self.warmup)
         win = steady_window(res, keep)
-        s = summarize(win, self.slo)
+        s = summarize(win, self.slo).to_dict()  # a capacity record: what serve.json and fit write
         trend = queue_trend(win.arrival_s, win.start_s - win.arrival_s)
         if short:  # no steady window: plainly diverging over the whole run, or too short to tell
             whole = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
@@ -443,7 +443,7 @@ class RateProbe:
 
         reqs = self._requests(1.0, min(self.requests * share, MAX_REQUESTS))
         reqs = replace(reqs, arrival_s=np.zeros_like(reqs.arrival_s), arrival="offline")
-        return summarize(self._simulate(reqs), self.slo)
+        return summarize(self._simulate(reqs), self.slo).to_dict()
 
 
 def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],

@@ -15,6 +15,8 @@
   preempted at least once, most for one request; zero under the other policies, which never preempt.
 - scheduler: the step limits as engines name them (max_num_seqs, max_num_batched_tokens, kv_block,
   chunked_prefill), None where the policy has no such limit; kv_cache (engine): the paged KV of a replica.
+- The summary is a ``ServeReport``, a frozen value (percentiles, rates, the step limits read once from the typed
+  policy); ``ServeReport.to_dict`` is serve.json's body, made where the file (or a capacity record) is written.
 - validity (MLPerf Server style): VALID when p99 TTFT <= the TTFT limit and p99 TPOT <= the TPOT limit
   (or p99 e2e <= the latency limit). MLPerf v4 llama2-70b Server: TTFT 2 s, TPOT 200 ms, both at p99.
   The real rule also asks for a 600 s minimum run and a minimum query count, which a simulation is not
@@ -24,12 +26,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.serve.policies import Chunked, Continuous, Dynamic, Engine, NoBatching, Policy, Static
 from opmap.serve.sim import SimResult
 
 SCHEMA_VERSION = 1
@@ -83,34 +86,170 @@ def cdf(values: dict[str, np.ndarray], points: int = CDF_POINTS) -> dict[str, An
     return out
 
 
-def check_finite(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` (a summary) when every latency and throughput figure in it is a finite number, shown in ms as well
-    as s; else OpmapError naming the first that is not. The inputs are bounded (opmap.validate.CEILINGS, the
-    hardware ranges), so this is the last guard: a figure that overflowed is refused, never printed as a value."""
-    figures = [(f"{m} {k.removesuffix('_s')}", v * 1e3 if v is not None else None)
-               for m, s in body["latency"].items() for k, v in s.items()]
-    figures += [(f"throughput {k}", v) for k, v in body["throughput"].items()]
+def _plain(v: Any) -> dict[str, Any]:
+    return {f.name: getattr(v, f.name) for f in fields(v)}
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """mean and p50 / p90 / p95 / p99 (s) of a latency (``stats``); None each for an empty one."""
+
+    mean_s: float | None
+    p50_s: float | None
+    p90_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+
+    @classmethod
+    def of(cls, x: np.ndarray, w: np.ndarray | None = None) -> Percentiles:
+        return cls(**stats(x, w))
+
+    def to_dict(self) -> dict[str, float | None]:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Each latency's percentiles: e2e, ttft, tpot (multi-token requests), itl (pooled over tokens), queue."""
+
+    e2e: Percentiles
+    ttft: Percentiles
+    tpot: Percentiles
+    itl: Percentiles
+    queue: Percentiles
+
+    def to_dict(self) -> dict[str, dict[str, float | None]]:
+        return {f.name: getattr(self, f.name).to_dict() for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Rates over the run's span (first arrival to last finish)."""
+
+    requests_per_s: float
+    tokens_per_s: float
+    output_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The rates of the requests meeting the SLO (DistServe's goodput)."""
+
+    requests_per_s: float
+    output_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    count: int
+    input_tokens: int
+    output_tokens: int
+    span_s: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class Validity:
+    valid: bool
+    verdict: str
+    reason: str
+    rule: str
+
+
+POLICIES: dict[str, type[Policy]] = {c.name: c for c in (NoBatching, Static, Dynamic, Continuous, Chunked, Engine)}
+
+
+def policy_of(d: dict[str, Any]) -> Policy:
+    """The typed policy a SimResult's ``policy`` block (``Policy.to_dict``) was written from."""
+    return POLICIES[d["name"]](**d["params"])
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """A run's per-step limits in vLLM's names (None: the policy has no such limit)."""
+
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    kv_block: int | None
+    chunked_prefill: bool
+
+    @classmethod
+    def of(cls, policy: Policy) -> SchedulerLimits:
+        """Engine: its own settings; continuous / chunked: at most ``max_seqs`` sequences and a step's token budget
+        (the chunk); static / dynamic: the batch; none: one sequence at a time."""
+        if isinstance(policy, Engine):
+            return cls(policy.max_num_seqs, policy.max_num_batched_tokens, policy.kv_block, policy.chunked_prefill)
+        if isinstance(policy, Continuous):
+            return cls(policy.max_seqs, policy.token_budget, None, False)
+        if isinstance(policy, Chunked):
+            return cls(policy.max_seqs, policy.chunk, None, True)
+        if isinstance(policy, (Static, Dynamic)):
+            return cls(policy.batch, None, None, False)
+        if isinstance(policy, NoBatching):
+            return cls(1, None, None, False)
+        raise TypeError(f"no scheduler limits for policy {policy.name!r}")
+
+
+NO_PREEMPTIONS = {"total": 0, "requests_preempted": 0, "max_per_request": 0}
+VALIDITY_RULE = ("MLPerf Server: the latency limits hold at p99 (LLM: TTFT and TPOT; llama2-70b 2 s and 200 ms); the "
+                 "600 s minimum duration and minimum query count are not checked in simulation")
+
+
+@dataclass(frozen=True)
+class ServeReport:
+    """A simulated run's summary: what serve.json holds (``to_dict``) but for the command's assumptions. Every
+    latency and throughput figure is finite (checked on construction: ``check_finite``)."""
+
+    policy: dict[str, Any]  # the policy as written (Policy.to_dict)
+    arrival: str
+    router: str
+    replicas: int
+    cost: dict[str, Any]
+    requests: RequestCounts
+    throughput: Throughput
+    latency: Latency
+    cdf: dict[str, Any]
+    goodput: Goodput
+    slo: Slo
+    slo_attainment: float
+    queueing_share: float
+    utilization: tuple[float, ...]
+    scheduler: SchedulerLimits
+    validity: Validity
+    extra: dict[str, Any] = field(default_factory=dict)  # the policy's own blocks (engine: preemptions, kv_cache)
+
+    def __post_init__(self) -> None:
+        check_finite(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "policy": self.policy, "arrival": self.arrival, "router": self.router,
+            "replicas": self.replicas, "cost": self.cost, "requests": _plain(self.requests),
+            "throughput": _plain(self.throughput), "latency": self.latency.to_dict(), "cdf": self.cdf,
+            "goodput": _plain(self.goodput), "slo": self.slo.to_dict(), "slo_attainment": self.slo_attainment,
+            "queueing_share": self.queueing_share, "utilization": list(self.utilization),
+            "preemptions": dict(NO_PREEMPTIONS), "scheduler": _plain(self.scheduler),
+            "validity": _plain(self.validity), **self.extra}
+
+
+def check_finite(r: ServeReport) -> None:
+    """Every latency and throughput figure of ``r`` a finite number, shown in ms as well as s; else OpmapError
+    naming the first that is not. The inputs are bounded (opmap.validate.CEILINGS, the hardware ranges), so this
+    is the last guard: a figure that overflowed is refused, never printed as a value."""
+    figures = [(f"{m.name} {k.name.removesuffix('_s')}", v * 1e3 if v is not None else None)
+               for m in fields(r.latency) for k in fields(Percentiles)
+               for v in (getattr(getattr(r.latency, m.name), k.name),)]
+    figures += [(f"throughput {k.name}", getattr(r.throughput, k.name)) for k in fields(Throughput)]
     for name, v in figures:
         if v is not None and not math.isfinite(v):
             raise OpmapError(f"serve: {name} came out {v:g}, not a finite figure (a float overflowed): the run is "
                              "refused, not printed; accepted: inputs inside their ranges (opmap serve --help)")
-    return body
 
 
-def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
-    """The serve.json body (without the command's assumptions); ``check_finite`` refuses one whose figures
-    overflowed."""
-    slo = slo or Slo()
-    n = len(res.arrival_s)
-    e2e = res.finish_s - res.arrival_s
-    ttft = res.first_s - res.arrival_s
-    queue = res.start_s - res.arrival_s
-    multi = res.output_len > 1
-    tpot = (e2e - ttft)[multi] / (res.output_len[multi] - 1) if res.streams_tokens else np.empty(0)
-    span = float(res.finish_s.max() - res.arrival_s.min()) if n else 0.0
-    rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
-    out_tok = int(res.output_len.sum())
-    in_tok = int(res.input_len.sum())
+def _validity(slo: Slo, e2e: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
+              multi: np.ndarray) -> tuple[np.ndarray, Validity]:
+    """(which requests meet ``slo``, the run's MLPerf-style verdict at p99)."""
+    n = len(e2e)
     if slo.p99_s is not None:
         ok = e2e <= slo.p99_s
         p99 = float(np.percentile(e2e, 99))
@@ -132,47 +271,35 @@ def summarize(res: SimResult, slo: Slo | None = None) -> dict[str, Any]:
             valid &= p <= slo.tpot_s
             parts.append(f"p99 TPOT {p * 1e3:.1f} ms {'<=' if p <= slo.tpot_s else '>'} {slo.tpot_s * 1e3:g} ms")
         reason = "; ".join(parts) or "no latency limit"
+    return ok, Validity(bool(valid), "VALID" if valid else "INVALID", reason, VALIDITY_RULE)
+
+
+def summarize(res: SimResult, slo: Slo | None = None) -> ServeReport:
+    """The run's summary (serve.json's body but for the command's assumptions: ``ServeReport.to_dict``); one whose
+    figures overflowed is refused (``check_finite``)."""
+    slo = slo or Slo()
+    n = len(res.arrival_s)
+    e2e = res.finish_s - res.arrival_s
+    ttft = res.first_s - res.arrival_s
+    queue = res.start_s - res.arrival_s
+    multi = res.output_len > 1
+    tpot = (e2e - ttft)[multi] / (res.output_len[multi] - 1) if res.streams_tokens else np.empty(0)
+    span = float(res.finish_s.max() - res.arrival_s.min()) if n else 0.0
+    rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
+    out_tok = int(res.output_len.sum())
+    in_tok = int(res.input_len.sum())
+    ok, validity = _validity(slo, e2e, ttft, tpot, multi)
     met = int(ok.sum())
     mean_e2e = float(e2e.mean()) if n else 0.0
-    return check_finite({
-        "schema_version": SCHEMA_VERSION,
-        "policy": res.policy,
-        "arrival": res.arrival,
-        "router": res.router,
-        "replicas": res.replicas,
-        "cost": res.cost,
-        "requests": {"count": n, "input_tokens": in_tok, "output_tokens": out_tok, "span_s": span,
-                     "steps": res.steps},
-        "throughput": {"requests_per_s": rate(n), "tokens_per_s": rate(in_tok + out_tok),
-                       "output_tokens_per_s": rate(out_tok)},
-        "latency": {"e2e": stats(e2e), "ttft": stats(ttft), "tpot": stats(tpot),
-                    "itl": stats(res.itl_gap_s, res.itl_weight), "queue": stats(queue)},
-        "cdf": cdf({"e2e_s": e2e, "ttft_s": ttft, "queue_s": queue, "tpot_s": tpot}),
-        "goodput": {"requests_per_s": rate(met), "output_tokens_per_s": rate(int(res.output_len[ok].sum()))},
-        "slo": slo.to_dict(),
-        "slo_attainment": met / n if n else 0.0,
-        "queueing_share": float(queue.mean()) / mean_e2e if mean_e2e > 0 else 0.0,
-        "utilization": [b / span if span > 0 else 0.0 for b in res.busy_s],
-        "preemptions": {"total": 0, "requests_preempted": 0, "max_per_request": 0},
-        "scheduler": scheduler(res),
-        "validity": {"valid": bool(valid), "verdict": "VALID" if valid else "INVALID", "reason": reason,
-                     "rule": "MLPerf Server: the latency limits hold at p99 (LLM: TTFT and TPOT; "
-                             "llama2-70b 2 s and 200 ms); the 600 s minimum duration and minimum query count "
-                             "are not checked in simulation"},
-        **res.extra,
-    })
-
-
-def scheduler(res: SimResult) -> dict[str, Any]:
-    """The run's per-step limits in vLLM's names, from the policy's parameters (None: no such limit)."""
-    pol = res.policy
-    p = pol.get("params", {})
-    name = pol.get("name")
-    seqs = p.get("max_num_seqs", p.get("max_seqs"))
-    tokens = p.get("max_num_batched_tokens", p.get("token_budget", p.get("chunk")))
-    if name in ("static", "dynamic"):
-        seqs = p.get("batch")
-    elif name == "none":
-        seqs = 1
-    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kv_block": p.get("kv_block"),
-            "chunked_prefill": p.get("chunked_prefill", name == "chunked")}
+    return ServeReport(
+        policy=res.policy, arrival=res.arrival, router=res.router, replicas=res.replicas, cost=res.cost,
+        requests=RequestCounts(n, in_tok, out_tok, span, res.steps),
+        throughput=Throughput(rate(n), rate(in_tok + out_tok), rate(out_tok)),
+        latency=Latency(Percentiles.of(e2e), Percentiles.of(ttft), Percentiles.of(tpot),
+                        Percentiles.of(res.itl_gap_s, res.itl_weight), Percentiles.of(queue)),
+        cdf=cdf({"e2e_s": e2e, "ttft_s": ttft, "queue_s": queue, "tpot_s": tpot}),
+        goodput=Goodput(rate(met), rate(int(res.output_len[ok].sum()))),
+        slo=slo, slo_attainment=met / n if n else 0.0,
+        queueing_share=float(queue.mean()) / mean_e2e if mean_e2e > 0 else 0.0,
+        utilization=tuple(b / span if span > 0 else 0.0 for b in res.busy_s),
+        scheduler=SchedulerLimits.of(policy_of(res.policy)), validity=validity, extra=dict(res.extra))

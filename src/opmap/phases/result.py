@@ -1,0 +1,181 @@
+"""The typed figures of a phase's step: ``PhaseResult`` (prefill, decode) and ``TrainStep`` (an iteration), each a
+frozen value whose step time is the sum of its parts (checked on construction), with ``to_dict`` giving
+analysis.json's ``phase`` block, the one place the figures become string keys."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+REL_TOL = 1e-9  # the parts are summed in another order than the step time was: float rounding only
+
+
+def _check_sum(what: str, step_s: float, parts: dict[str, float]) -> None:
+    total = math.fsum(parts.values())
+    if not math.isclose(step_s, total, rel_tol=REL_TOL, abs_tol=1e-15):
+        listed = " + ".join(f"{k} {v:.6g}" for k, v in parts.items())
+        raise ValueError(f"{what}: step time {step_s:.9g} s is not the sum of its parts ({listed} = {total:.9g} s)")
+
+
+@dataclass(frozen=True)
+class DecodeFloor:
+    """A decode step's memory floor: the weights and KV cache it reads, each once, at the achievable memory rate."""
+
+    kv_len: int
+    weights_bytes: float
+    kv_cache_read_bytes: float
+    lower_bound_s: float
+    lower_bound_basis: str
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """A prefill pass (time to first token) or a decode step (time per output token): ``step_s`` = ``kernel_time_s``
+    (the kernels of the step on one device, views' dispatch included; under a layout the sharded step, its
+    collectives on the critical path included) + ``runtime_per_step_s`` (the runtime's per-step overhead: a graph
+    launch, an engine's scheduler gap; 0 under eager). ``tokens``: the tokens one step yields (decode: one per
+    sequence, every replica's), so ``tokens_per_s`` = tokens / step_s."""
+
+    name: str  # "prefill" | "decode"
+    step_s: float
+    kernel_time_s: float
+    runtime_per_step_s: float
+    bound: str
+    kernels: int
+    tokens: int
+    text: str
+    floor: DecodeFloor | None = None  # decode only
+    devices: int | None = None  # under a layout over several devices
+    layout: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in ("prefill", "decode"):
+            raise ValueError(f"PhaseResult is prefill or decode, not {self.name!r}")
+        _check_sum(self.name, self.step_s, self.parts)
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return {"kernel_time_s": self.kernel_time_s, "runtime_per_step_s": self.runtime_per_step_s}
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s if self.step_s else 0.0
+
+    @property
+    def headline(self) -> tuple[str, float]:
+        """(name, seconds) of the step this phase states: decode's time per output token, prefill's to first token."""
+        return ("time per output token" if self.name == "decode" else "time to first token"), self.step_s
+
+    @property
+    def mfu(self) -> float | None:
+        return None  # an inference step's MFU is the pipeline's (Analysis.headline_mfu)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.name == "decode":
+            f = self.floor
+            assert f is not None
+            out: dict[str, Any] = {
+                "name": "decode", "kv_len": f.kv_len, "tpot_s": self.step_s, "tokens_per_s": self.tokens_per_s,
+                "bound": self.bound, "weights_bytes": f.weights_bytes, "kv_cache_read_bytes": f.kv_cache_read_bytes,
+                "lower_bound_s": f.lower_bound_s, "lower_bound_basis": f.lower_bound_basis}
+        else:
+            out = {"name": "prefill", "ttft_s": self.step_s, "bound": self.bound}
+        out.update(kernel_time_s=self.kernel_time_s, runtime_per_step_s=self.runtime_per_step_s, kernels=self.kernels,
+                   text=self.text)
+        if self.devices is not None:
+            out.update(devices=self.devices, layout=self.layout)
+        return out
+
+
+@dataclass(frozen=True)
+class Fp8Split:
+    """fp8 training's share of a step on one device (opmap.phases.fp8): seconds of the fp8 GEMMs, the matrix
+    kernels left in bf16 and the casts per microstep, the weight casts per iteration."""
+
+    gemm_s: float
+    bf16_matrix_s: float
+    cast_s: float
+    weight_cast_s: float
+    cast_kernels: Any
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+STEP_PARTS = ("microsteps x (microstep_s + recompute_s)", "bubble_s", "exposed_comm_s", "optimizer_s")
+_OPTIONAL = ("fp8", "layout", "bubble_fraction", "cp_exchange_s", "cp_exposed_s")
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """A training iteration per device: ``step_s`` (= ``iteration_s``) = microsteps x (microstep_s + recompute_s)
+    + bubble_s (the pipeline's idle slots) + exposed_comm_s (collectives not overlapped) + optimizer_s
+    (``STEP_PARTS``); the model and hardware FLOPs, MFU and HFU at that time. Field order is analysis.json's."""
+
+    recompute: str
+    recompute_note: str
+    optimizer: str
+    microbatch: int
+    global_batch: int
+    dp: int
+    zero: int
+    microsteps: int
+    devices: int
+    step_s: float
+    microstep_s: float
+    recompute_s: float
+    bubble_s: float
+    exposed_comm_s: float
+    optimizer_s: float
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    model_flops: float
+    hardware_flops: float
+    recompute_flops: float
+    attention_recompute_flops: float
+    executed_matrix_flops: float
+    model_flops_per_s_per_device: float
+    hardware_flops_per_s_per_device: float
+    mfu: float
+    hfu: float
+    dense_peak_flops_per_s: float
+    palm_flops_per_token: dict[str, Any]
+    model_flops_per_token: float
+    mfu_definition: str
+    bound: str
+    text: str = ""
+    fp8: Fp8Split | None = None
+    layout: str | None = None  # under a layout over several devices
+    bubble_fraction: float | None = None
+    cp_exchange_s: float | None = None  # context parallelism: the K/V ring per microbatch, all and exposed
+    cp_exposed_s: float | None = None
+    name: str = field(default="train", init=False)
+
+    def __post_init__(self) -> None:
+        _check_sum("train", self.step_s, self.parts)
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return {"microsteps x (microstep_s + recompute_s)": self.microsteps * (self.microstep_s + self.recompute_s),
+                "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "optimizer_s": self.optimizer_s}
+
+    @property
+    def iteration_s(self) -> float:
+        return self.step_s
+
+    @property
+    def headline(self) -> tuple[str, float]:
+        return "iteration", self.step_s
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": "train"}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "name" or (f.name in _OPTIONAL and v is None):
+                continue
+            out[f.name] = v.to_dict() if isinstance(v, Fp8Split) else v
+            if f.name == "optimizer_s":
+                out.update(iteration_s=self.step_s, step_parts=list(STEP_PARTS))
+        return out
