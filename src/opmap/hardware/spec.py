@@ -11,6 +11,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.hardware.curves import Curves, check_calibration
+from opmap.hardware.interconnect import LEGACY_KEYS, Interconnect, from_legacy, read_interconnect
 from opmap.hardware.local import cache_path
 from opmap.hardware.values import (  # noqa: F401 (re-exported: the catalog's tables, read from here by callers)
     ACHIEVABLE_FIGURES,
@@ -58,6 +59,8 @@ class HardwareSpec:
     compute_unit_name: str = "compute unit"
     notes: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
+    # the tiers collectives walk (opmap.hardware.interconnect); ``fields`` holds their flat form as well
+    interconnect: Interconnect = field(default_factory=Interconnect)
 
     # -- accessors: typed, one per field (``fields`` keeps each value's kind and source) ------------------
     def _opt(self, key: str) -> float | None:
@@ -262,7 +265,7 @@ class HardwareSpec:
 # the top-level keys of a device TOML besides SCALAR_FIELDS and TEXT_FIELDS
 HEADER_KEYS = ("name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s", "vector_peak_flops_per_s",
                "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s", "sustained_matrix_flops_per_s",
-               "compute_unit_name", "notes", "calibration")
+               "compute_unit_name", "notes", "calibration", "interconnect")
 
 
 def _check_header(raw: dict[str, Any], origin: str) -> None:
@@ -280,17 +283,22 @@ def _check_header(raw: dict[str, Any], origin: str) -> None:
     check_calibration(raw.get("calibration", {}), f"{origin}: calibration")
 
 
-def _read_fields(raw: dict[str, Any], origin: str) -> dict[str, Value]:
-    """The scalar and text fields, each read by its rule; the required ones present; no unknown key."""
+def _read_fields(raw: dict[str, Any], origin: str, tiered: dict[str, Value]) -> dict[str, Value]:
+    """The scalar and text fields, each read by its rule (the interconnect's flat fields from ``tiered`` where
+    the file gives tiers); the required ones present; no unknown key."""
     fields = {}
     for key in SCALAR_FIELDS:
-        if key in raw:
+        if key in tiered:
+            fields[key] = tiered[key]
+        elif key in raw:
             r = raw[key]
             if key in EMPTY_ALLOWED and isinstance(r, dict) and "value" not in r:
                 r = {**r, "value": None}
             fields[key] = read_value(r, f"{origin}: {key}", FIELD_RULES.get(key, RATE))
     for key, accepted in TEXT_FIELDS.items():
-        if key in raw:
+        if key in tiered:
+            fields[key] = tiered[key]
+        elif key in raw:
             fields[key] = read_text_value(raw[key], f"{origin}: {key}", accepted)
     for key in REQUIRED_FIELDS:
         if key not in fields or fields[key].value is None:
@@ -338,7 +346,13 @@ def _check_rates(spec: HardwareSpec, origin: str) -> None:
 def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
     """Build and validate a spec from parsed TOML. ``origin`` names the file in error messages."""
     _check_header(raw, origin)
-    fields = _read_fields(raw, origin)
+    tiers = None
+    if "interconnect" in raw:
+        if flat := [k for k in LEGACY_KEYS if k in raw]:
+            raise OpmapError(f"{origin}: give the interconnect as [[interconnect.tier]] tables or as the flat fields, "
+                             f"not both (flat: {', '.join(flat)})")
+        tiers = read_interconnect(raw["interconnect"], origin)
+    fields = _read_fields(raw, origin, {} if tiers is None else tiers.legacy_fields())
 
     def peaks(table: str) -> dict[str, Value]:
         return read_peaks(raw.get(table, {}), f"{origin}: {table}")
@@ -357,6 +371,7 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
         notes=str(raw.get("notes", "")),
         calibration=dict(raw.get("calibration", {})),
+        interconnect=tiers if tiers is not None else from_legacy(fields),
     )
     _check_rates(spec, origin)
     return spec
