@@ -151,10 +151,10 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     (default one node) under the engine ``policy`` (default serve's), the KV cache at ``kv_dtype`` in
     ``gpu_memory_utilization`` of each device; its chosen layout's figures, power and price. Under a power budget
     a layout keeps the replicas the budget powers (``power_fit``)."""
-    from opmap.explore.layouts import brief, choose, search
+    from opmap.explore.layouts import brief, choose, default_budget, search
 
     hw = get_hardware(hardware)
-    budget = devices_budget or hw.devices_per_node or 8
+    budget = devices_budget or default_budget(hw)
     cell: dict[str, Any] = {"model": model, "hardware": hw.name, "fits": False,
                             "throughput_at_slo": None, "throughput_per_device": None, "latency_p99_s": None,
                             "perf_per_watt": None, "energy_per_token_j": None, "power_w": None,

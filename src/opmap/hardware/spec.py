@@ -27,6 +27,7 @@ from opmap.hardware.values import (  # noqa: F401 (re-exported: the catalog's ta
     REQUIRED_FIELDS,
     RISK_LEVELS,
     SCALAR_FIELDS,
+    SOFTWARE_STACKS,
     TEXT_FIELDS,
     Value,
     read_peaks,
@@ -59,6 +60,9 @@ class HardwareSpec:
     compute_unit_name: str = "compute unit"
     notes: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
+    # the stack its graph / engine runtime runs on (a section of runtimes.toml; "" in a file written before the field:
+    # opmap.hardware.runtimes.stack_for then goes by the vendor)
+    software_stack: str = ""
     # the tiers collectives walk (opmap.hardware.interconnect); ``fields`` holds their flat form as well
     interconnect: Interconnect = field(default_factory=Interconnect)
 
@@ -265,7 +269,7 @@ class HardwareSpec:
 # the top-level keys of a device TOML besides SCALAR_FIELDS and TEXT_FIELDS
 HEADER_KEYS = ("name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s", "vector_peak_flops_per_s",
                "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s", "sustained_matrix_flops_per_s",
-               "compute_unit_name", "notes", "calibration", "interconnect")
+               "compute_unit_name", "notes", "calibration", "interconnect", "software_stack")
 
 
 def _check_header(raw: dict[str, Any], origin: str) -> None:
@@ -273,9 +277,12 @@ def _check_header(raw: dict[str, Any], origin: str) -> None:
     for key in HEADER_KEYS[:6]:
         if key not in raw:
             raise OpmapError(f"{origin}: missing {key!r}")
-    for key in ("name", "display_name", "vendor", "compute_unit_name", "notes"):
+    for key in ("name", "display_name", "vendor", "compute_unit_name", "notes", "software_stack"):
         if key in raw and not isinstance(raw[key], str):
             raise OpmapError(f"{origin}: {key} must be a string (got {shown(raw[key])})")
+    if raw.get("software_stack", SOFTWARE_STACKS[0]) not in SOFTWARE_STACKS:
+        raise OpmapError(f"{origin}: software_stack {shown(raw['software_stack'])} is not one of "
+                         f"{', '.join(SOFTWARE_STACKS)} (opmap/hardware/runtimes.toml)")
     if raw["device_type"] not in DEVICE_TYPES:
         raise OpmapError(f"{origin}: device_type {shown(raw['device_type'])} is not one of {', '.join(DEVICE_TYPES)}")
     if not isinstance(raw.get("calibration", {}), dict):
@@ -372,6 +379,7 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         notes=str(raw.get("notes", "")),
         calibration=dict(raw.get("calibration", {})),
         interconnect=tiers if tiers is not None else from_legacy(fields),
+        software_stack=str(raw.get("software_stack", "")),
     )
     _check_rates(spec, origin)
     return spec

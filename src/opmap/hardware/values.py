@@ -41,6 +41,8 @@ KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measure
 # Format names opmap uses everywhere (CLI, catalog keys, assumptions): the precision module's.
 DTYPES = FORMATS
 DEVICE_TYPES = ("gpu", "cpu", "tpu", "accelerator")
+# the software stacks a device may name (``software_stack``): the sections of opmap/hardware/runtimes.toml
+SOFTWARE_STACKS = ("cuda-graphs", "hip-graphs", "hpu-graphs", "xla", "cpu")
 
 
 @dataclass(frozen=True)
