@@ -28,10 +28,14 @@ Wire bytes per device, per direction (n devices):
 - all-to-all: (n-1)/n x S, the in-node share over the scale-up link and the rest over the NIC, concurrently;
 - send / recv: S over one link (on a full mesh a pair has one link's share of the device's bandwidth).
 
-Across nodes (``devices_per_node`` from the catalog) a ring runs one ring per GPU, each crossing nodes through
-its own NIC, so its bandwidth is min(scale-up per direction, devices per node x NIC rate); the hierarchical
-all-reduce runs reduce-scatter in the node, all-reduce of S / n_local across nodes over the NICs, all-gather
-in the node, in sequence.
+The links are the catalog's interconnect tiers (opmap.hardware.interconnect), innermost first: a group uses the
+innermost tier whose domain holds it, and one that spans tiers crosses each of them. A node is a domain of the
+innermost tier (``devices_per_node``). Across nodes a ring runs one ring per GPU, each crossing domains through
+its own link, so its bandwidth is the least over the tiers crossed of (the group's devices in one domain below
+that tier) x that tier's rate (two tiers: min(scale-up per direction, devices per node x NIC rate)); of its hops,
+one per domain and pass crosses each tier's boundary. The hierarchical all-reduce runs reduce-scatter in the node,
+all-reduce of S / n_local across the tiers above (itself ring, tree or hierarchical again one tier up), all-gather
+in the node, in sequence. The in-switch all-reduce is priced for a group inside one domain of the innermost tier.
 
 Message-size-dependent bandwidth comes from two places, both first principles: the alpha terms (latency
 dominates small messages) and NCCL's three protocols, which trade wire efficiency for latency:
