@@ -82,3 +82,24 @@ def test_a_layout_whose_weights_alone_outgrow_memory_is_not_priced():
     assert weights_outgrow("llama-3-70b", l4, "bf16", 4) is not None
     assert weights_outgrow("llama-3-70b", l4, "bf16", 8) is None
     assert weights_outgrow("path/to/config.json", h100, "bf16", 1) is None  # not a zoo model: left to the pricing
+
+
+def test_candidates_come_from_the_interconnect_tiers():
+    """Devices per replica: the powers of two within the innermost tier's domain (the catalog's), at most
+    MAX_REPLICA_DEVICES; the default budget is one domain. Before: a hard-coded (1, 2, 4, 8) and ``or 8``."""
+    from opmap.explore.layouts import MAX_REPLICA_DEVICES, candidates, default_budget, replica_span
+    from opmap.hardware import get_hardware
+    from opmap.hardware.spec import CATALOG_DIR, parse_spec_toml
+
+    assert MAX_REPLICA_DEVICES == 8
+    # DGX H100: 8 GPUs a board; MI250X: 4 a Frontier node (HPE Cray EX235a); TPU v5e: 256 chips a pod, capped at 8
+    assert [replica_span(get_hardware(n)) for n in ("h100-sxm", "mi250x", "tpu-v5e", "epyc-9654")] == [8, 4, 8, 8]
+    assert [default_budget(get_hardware(n)) for n in ("h100-sxm", "mi250x", "tpu-v5e", "epyc-9654")] == [
+        8, 4, 256, 8]
+    # a device whose innermost tier joins 2 devices: replicas of 1 and 2
+    text = (CATALOG_DIR / "h100-sxm.toml").read_text().split("\n[calibration]")[0]
+    two = parse_spec_toml(text.replace("[interconnect.tier.size]\nvalue = 8", "[interconnect.tier.size]\nvalue = 2"),
+                          "two.toml")
+    assert replica_span(two) == 2 and default_budget(two) == 2
+    assert candidates(replica_span(two), default_budget(two)) == [(1, 1), (2, 1), (1, 2)]
+    assert candidates(6, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]  # powers of two up to 6

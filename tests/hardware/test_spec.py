@@ -47,10 +47,11 @@ def test_a_rate_must_be_finite_and_positive(value, got):
 
 
 @pytest.mark.parametrize("table", ["matrix_peak_flops_per_s.bf16", "vector_peak_flops_per_s.fp32",
-                                   "launch_overhead_s", "tdp_w", "scale_up_latency_s"])
+                                   "launch_overhead_s", "tdp_w", "interconnect.tier.latency_s"])
 def test_peaks_times_and_powers_refuse_nan_and_zero(table):
+    where = table.replace("interconnect.tier.", "interconnect.tier[0].")  # the first tier's table
     for value in ("nan", "0"):
-        assert f"{table}.value must be a number " in _refused(_with(table, value))
+        assert f"{where}.value must be a number " in _refused(_with(table, value))
 
 
 # A finite value far past any device was accepted and priced: a bf16 peak of 1e308 FLOP/s, a launch of a day.
@@ -67,11 +68,13 @@ def test_peaks_times_and_powers_refuse_nan_and_zero(table):
      "memory_bandwidth_bytes_per_s.value must be a number from 1000000 to 1e+17 B/s (got 3.35e+30)"),
     ("memory_bytes", "8e300", "memory_bytes.value must be a number > 0 and <= 1e+16 B (got 8e+300)"),
     ("launch_overhead_s", "86400", "launch_overhead_s.value must be a number > 0 and <= 1 s (got 86400)"),
-    ("scale_up_latency_s", "1e10", "scale_up_latency_s.value must be a number > 0 and <= 1 s (got 1e+10)"),
+    ("interconnect.tier.latency_s", "1e10",
+     "interconnect.tier[0].latency_s.value must be a number > 0 and <= 1 s (got 1e+10)"),
     ("tdp_w", "7e8", "tdp_w.value must be a number > 0 and <= 1000000 W (got 7e+08)"),
     ("clock_hz", "1.98e15", "clock_hz.value must be a number from 1000000 to 100000000000 Hz (got 1.98e+15)"),
     ("compute_units", "132000000", "compute_units.value must be an integer from 1 to 10000000 (got 132000000)"),
-    ("devices_per_node", "1e9", "devices_per_node.value must be an integer from 1 to 1000000 (got 1e+09)"),
+    ("interconnect.tier.size", "1e9",
+     "interconnect.tier[0].size.value must be an integer from 1 to 1000000 (got 1e+09)"),
 ])
 def test_a_value_past_any_device_is_refused(table, value, expected):
     assert _refused(_with(table, value)).endswith(expected)
@@ -94,8 +97,9 @@ def test_the_catalog_is_inside_its_ceilings():
 @pytest.mark.parametrize("table,value,expected", [
     ("compute_units", "131.5", "compute_units.value must be an integer from 1 to 10000000 (got 131.5)"),
     ("compute_units", "0", "compute_units.value must be an integer from 1 to 10000000 (got 0)"),
-    ("devices_per_node", "-8", "devices_per_node.value must be an integer from 1 to 1000000 (got -8)"),
-    ("in_switch_reduction", "2", "in_switch_reduction.value must be an integer from 0 to 1 (got 2)"),
+    ("interconnect.tier.size", "-8", "interconnect.tier[0].size.value must be an integer from 1 to 1000000 (got -8)"),
+    ("interconnect.tier.in_network_reduction", "2",
+     "interconnect.tier[0].in_network_reduction.value must be an integer from 0 to 1 (got 2)"),
     ("sparsity_factor", "0.5", "sparsity_factor.value must be a number from 1 to 16 (got 0.5)"),
 ])
 def test_counts_flags_and_factors_have_their_own_ranges(table, value, expected):
@@ -103,7 +107,7 @@ def test_counts_flags_and_factors_have_their_own_ranges(table, value, expected):
 
 
 def test_a_flag_of_zero_is_a_value():
-    spec = parse_spec_toml(_with("in_switch_reduction", "0"))
+    spec = parse_spec_toml(_with("interconnect.tier.in_network_reduction", "0"))
     assert spec.in_switch_reduction is False
 
 
@@ -125,7 +129,7 @@ def test_wrong_types_in_text_fields_are_refused():
     assert _refused(GOOD.replace('device_type = "gpu"', 'device_type = 1')) == (
         "dev.toml: device_type 1 is not one of gpu, cpu, tpu, accelerator")
     assert _refused(GOOD.replace('value = "switch"', "value = 1", 1)).endswith(
-        "scale_up_topology: value 1 is not one of switch, full_mesh, torus, pcie, bridge_pairs")
+        "interconnect.tier[0].topology: value 1 is not one of switch, full_mesh, torus, pcie, bridge_pairs")
 
 
 CAL = """

@@ -152,10 +152,10 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     (default one node) under the engine ``policy`` (default serve's), the KV cache at ``kv_dtype`` in
     ``gpu_memory_utilization`` of each device; its chosen layout's figures, power and price. Under a power budget
     a layout keeps the replicas the budget powers (``power_fit``)."""
-    from opmap.explore.layouts import choose, search
+    from opmap.explore.layouts import choose, default_budget, search
 
     hw = get_hardware(hardware)
-    budget = devices_budget or hw.devices_per_node or 8
+    budget = devices_budget or default_budget(hw)
     found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime,
                    policy or default_policy(), seed, devices, progress, kv_dtype=kv_dtype,
                    gpu_memory_utilization=gpu_memory_utilization)

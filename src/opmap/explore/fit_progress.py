@@ -84,8 +84,7 @@ def cell_label(job) -> str:
 
 def cell_steps(job) -> int:
     """Progress notes a cell's search sends: two a candidate layout (opmap.explore.layouts.search)."""
-    from opmap.explore.layouts import DEVICE_STEPS, candidates
+    from opmap.explore.layouts import candidates, default_budget, replica_span
 
     hw = get_hardware(job.hardware)
-    budget = job.devices_budget or hw.devices_per_node or 8
-    return 2 * len(candidates(hw.devices_per_node or DEVICE_STEPS[-1], budget, job.devices))
+    return 2 * len(candidates(replica_span(hw), job.devices_budget or default_budget(hw), job.devices))

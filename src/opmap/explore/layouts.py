@@ -1,8 +1,9 @@
 """The serving layout of one model on one platform: how many devices a replica spans, split how (TP x PP), and
 how many replicas fill a device budget.
 
-- **candidates**: devices per replica in ``DEVICE_STEPS`` (1, 2, 4, 8) within one node (``hw.devices_per_node``)
-  and within the budget, each as every TP x PP split of that count (tensor parallelism first);
+- **candidates**: devices per replica the powers of two within one scale-up domain (the interconnect's innermost
+  tier, ``replica_span``, at most ``MAX_REPLICA_DEVICES``) and within the budget, each as every TP x PP split of
+  that count (tensor parallelism first);
 - **each candidate**: skipped where the zoo model's published weights alone outgrow the devices' memory, else
   priced (``opmap.serve.model_cost.model_table_cost`` at that tp and pp), its steady-state
   capacity found for one replica (``opmap.serve.capacity.steady_capacity``: the highest Poisson rate meeting the
@@ -32,7 +33,9 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.explore.results import LayoutResult, LayoutSearch, brief  # noqa: F401 (brief: fit.json's form, here too)
 
-DEVICE_STEPS = (1, 2, 4, 8)
+# the most devices one replica spans in the search: one 8-device board (HGX, the MI300X platform, HLS-Gaudi), and as
+# many chips of a TPU pod (one v5e / v5p host's 8) or of a device whose catalog file gives no scale-up domain (a CPU)
+MAX_REPLICA_DEVICES = 8
 # prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
 # capacity.alone_breaks_slo); False searches every layout that fits (the tests compare the two)
 PRUNE = True
@@ -41,10 +44,22 @@ PRUNE = True
 BOUND_SLACK = 0.05
 
 
+def replica_span(hw) -> int:
+    """The most devices a replica spans: the interconnect's scale-up domain (its innermost tier), at most
+    MAX_REPLICA_DEVICES; MAX_REPLICA_DEVICES where the catalog gives no domain."""
+    return min(hw.interconnect.domain_size or MAX_REPLICA_DEVICES, MAX_REPLICA_DEVICES)
+
+
+def default_budget(hw) -> int:
+    """The devices a cell is given when no budget is: one scale-up domain (MAX_REPLICA_DEVICES without one)."""
+    return hw.interconnect.domain_size or MAX_REPLICA_DEVICES
+
+
 def candidates(per_node: int, budget: int, devices: int | None = None) -> list[tuple[int, int]]:
-    """(tp, pp) of every layout tried: devices per replica ``devices`` when given, else each of DEVICE_STEPS up
-    to the node and the budget; each count split into tp x pp in every way, highest tp first."""
-    counts = [devices] if devices else [d for d in DEVICE_STEPS if d <= per_node and d <= budget]
+    """(tp, pp) of every layout tried: devices per replica ``devices`` when given, else each power of two up to
+    ``per_node`` (``replica_span``) and the budget; each count split into tp x pp in every way, highest tp first."""
+    top = min(per_node, budget)
+    counts = [devices] if devices else [1 << k for k in range(top.bit_length()) if 1 << k <= top]
     return [(tp, d // tp) for d in counts for tp in range(d, 0, -1) if d % tp == 0]
 
 
@@ -112,7 +127,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     ``memory`` (the KV cache at ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it)."""
     from opmap.serve.arrivals import Arrival, make_requests, parse_length
 
-    per_node = hw.devices_per_node or DEVICE_STEPS[-1]
+    per_node = replica_span(hw)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
     longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn

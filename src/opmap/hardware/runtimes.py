@@ -1,6 +1,6 @@
 """Software stacks' runtime overheads (``runtimes.toml``), typed and sourced like the catalog: per stack, the
 gap between kernels inside a graph replay, one graph launch, and a serving engine's scheduler host time per
-step. A device names its stack by vendor and type (``stack_for``)."""
+step. A device names its stack in its catalog file (``software_stack``; ``stack_for``)."""
 
 from __future__ import annotations
 
@@ -42,19 +42,20 @@ def stacks() -> dict[str, Stack]:
 
 
 def stack_for(hw: HardwareSpec) -> Stack:
-    """The software stack a device's graph / engine runtime runs on: by vendor (NVIDIA CUDA graphs, AMD HIP
-    graphs, Intel Gaudi HPU graphs, Google XLA on TPU), a CPU's eager PyTorch otherwise."""
+    """The software stack a device's graph / engine runtime runs on: the one its catalog file names
+    (``software_stack``); a device file written before that field by its type and vendor (NVIDIA CUDA graphs,
+    AMD HIP graphs, Intel Gaudi HPU graphs, Google XLA on TPU, a CPU's eager PyTorch)."""
+    name = hw.software_stack or _stack_by_vendor(hw)
+    return stacks()[name]
+
+
+def _stack_by_vendor(hw: HardwareSpec) -> str:
     vendor = (hw.vendor or "").lower()
     if hw.device_type == "cpu":
-        name = "cpu"
-    elif "nvidia" in vendor:
-        name = "cuda-graphs"
-    elif "amd" in vendor:
-        name = "hip-graphs"
-    elif "intel" in vendor or "habana" in vendor:
-        name = "hpu-graphs"
-    elif "google" in vendor:
-        name = "xla"
-    else:
-        raise OpmapError(f"{hw.name}: no software stack known for vendor {hw.vendor!r}")
-    return stacks()[name]
+        return "cpu"
+    for word, name in (("nvidia", "cuda-graphs"), ("amd", "hip-graphs"), ("intel", "hpu-graphs"),
+                       ("habana", "hpu-graphs"), ("google", "xla")):
+        if word in vendor:
+            return name
+    raise OpmapError(f"{hw.name}: no software_stack in its file and none known for vendor {hw.vendor!r} "
+                     "(accepted: software_stack = one of the sections of opmap/hardware/runtimes.toml)")

@@ -1,29 +1,5 @@
-"""HardwareSpec: one device's ceilings, every value carrying its source and kind.
-
-The catalog is one TOML file per device under ``catalog/``. Each numeric field is a table::
-
-    [memory_bandwidth_bytes_per_s]
-    value = 3.35e12
-    kind = "datasheet"
-    source = "NVIDIA H100 datasheet (2023), SXM5: 3.35 TB/s HBM3"
-
-Kinds (the README's "Hardware" section; every value carries its source and kind):
-
-- ``datasheet_dense``  a dense (no structured sparsity) peak taken from the vendor datasheet, or the
-  datasheet's sparse figure divided by the sparsity factor the datasheet's footnote gives (the source says so);
-- ``datasheet_sparse`` a peak that counts 2:4 structured sparsity (never used by predictions);
-- ``datasheet``        a non-rate datasheet figure (capacity, bandwidth, clock, power);
-- ``derived``          computed from datasheet figures (for example cores x FLOPs per cycle x clock); the
-  source gives the formula;
-- ``measured``         measured on a real device (calibration or a cited measurement);
-- ``assumed``          a typical value where no datasheet gives one (launch overhead); the source says why;
-- ``estimate``         a figure reasoned from related published ones where the device has none of its own (an idle
-  draw scaled from a sibling's measurement); the source gives the reasoning and the figures it starts from;
-- ``assessed``         a judgement read off cited vendor or project pages (the software-stack risk); the source cites
-  the pages and says what they show.
-
-Dense peaks are what every prediction uses.
-"""
+"""HardwareSpec: one device's ceilings, every value carrying its source and kind (opmap.hardware.values: the
+fields, their kinds and rules), and the catalog's loader (one TOML file per device under ``catalog/``)."""
 
 from __future__ import annotations
 
@@ -34,141 +10,32 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.hardware.curves import (
-    MAX_BYTES_PER_S,
-    MAX_FLOPS_PER_S,
-    MIN_BYTES_PER_S,
-    MIN_FLOPS_PER_S,
-    Curves,
-    check_calibration,
-)
+from opmap.hardware.curves import Curves, check_calibration
+from opmap.hardware.interconnect import LEGACY_KEYS, Interconnect, from_legacy, read_interconnect
 from opmap.hardware.local import cache_path
-from opmap.precision import FORMATS
+from opmap.hardware.values import (  # noqa: F401 (re-exported: the catalog's tables, read from here by callers)
+    ACHIEVABLE_FIGURES,
+    ACHIEVABLE_KINDS,
+    DEVICE_TYPES,
+    DRAM_EFFICIENCY,
+    DRAM_EFFICIENCY_SOURCE,
+    DTYPES,
+    EMPTY_ALLOWED,
+    FIELD_RULES,
+    KINDS,
+    RATE,
+    REQUIRED_FIELDS,
+    RISK_LEVELS,
+    SCALAR_FIELDS,
+    SOFTWARE_STACKS,
+    TEXT_FIELDS,
+    Value,
+    read_peaks,
+    read_text_value,
+    read_value,
+)
 from opmap.safeio import LIMIT_TOML_BYTES, read_bounded
-from opmap.validate import finite_number, shown
-
-KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed", "estimate", "assessed")
-
-# Format names opmap uses everywhere (CLI, catalog keys, assumptions): the precision module's.
-DTYPES = FORMATS
-DEVICE_TYPES = ("gpu", "cpu", "tpu", "accelerator")
-
-
-@dataclass(frozen=True)
-class Value:
-    """A number with provenance. ``value`` may be None where the vendor publishes nothing; a text field
-    (``TEXT_FIELDS``: the scale-up topology) holds one of its accepted words instead."""
-
-    value: float | str | None
-    kind: str
-    source: str
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"value": self.value, "kind": self.kind, "source": self.source}
-        if self.note:
-            d["note"] = self.note
-        return d
-
-
-# Scalar fields of a spec, in display order, with their unit for rendering.
-SCALAR_FIELDS: dict[str, str] = {
-    "sparsity_factor": "x",
-    "memory_bytes": "B",
-    "memory_bandwidth_bytes_per_s": "B/s",
-    # what a streaming kernel sustains from device memory (measured); absent: DRAM_EFFICIENCY of the datasheet
-    "achievable_memory_bandwidth_bytes_per_s": "B/s",
-    "l2_bytes": "B",
-    "sram_per_unit_bytes": "B",
-    "compute_units": "",
-    "clock_hz": "Hz",
-    "tdp_w": "W",
-    # the board's (or a CPU package's) draw when powered, clocked down and doing nothing; below tdp_w
-    "idle_power_w": "W",
-    "scale_up_bandwidth_bytes_per_s": "B/s",
-    "scale_out_bandwidth_bytes_per_s": "B/s",
-    "launch_overhead_s": "s",
-    "sram_bandwidth_bytes_per_clk": "B/clk",  # shared memory (LDS) bandwidth per compute unit per clock
-    "mma_min_m": "",  # rows of the smallest matrix instruction (a tile's BM is at least this)
-    "stream_k_gemm": "",  # 1 where the device's GEMM library schedules Stream-K (persistent tile schedulers)
-    "sfu_ops_per_clk": "/clk",  # transcendental (exp2, log2, rsqrt, sin) results per clock per compute unit
-    # busy time after which a power-limited card leaves its boost clocks for the sustained rates
-    "power_window_s": "s",
-    # collectives (mapping/collectives.py). A "node" is one scale-up domain: the devices its scale-up links join
-    "devices_per_node": "",
-    "scale_up_latency_s": "s",  # per-step (hop) latency of the scale-up path, lowest-latency protocol
-    "scale_out_latency_s": "s",  # the same across nodes (NIC, network, remote GPU)
-    "in_switch_reduction": "",  # 1 where the scale-up switch reduces in the network (NVLink SHARP), else 0
-    "in_switch_bandwidth_bytes_per_s": "B/s",  # per-device rate of an in-switch all-reduce (bytes of S per s)
-}
-# Text fields: the accepted words of each. ``switch``: every device has its whole scale-up bandwidth to a
-# switch (NVSwitch); ``full_mesh``: a direct link to each peer (xGMI, Gaudi RoCE), a pair gets one link's share;
-# ``torus``: chip-to-chip links in a 2D / 3D torus (TPU ICI); ``pcie``: the host's PCIe lanes;
-# ``bridge_pairs``: an NVLink bridge joins two cards, larger groups go over PCIe.
-TEXT_FIELDS: dict[str, tuple[str, ...]] = {
-    "scale_up_topology": ("switch", "full_mesh", "torus", "pcie", "bridge_pairs"),
-    # how far the serving stack on this device is from the mainline path (explore/fit.py carries it into a cell):
-    # ``low`` mainline vLLM / TensorRT-LLM-class support from the vendor and the project; ``medium`` mainline
-    # support with gaps, or a vendor-maintained plugin; ``high`` an out-of-tree fork or plugin, or a stack that
-    # serves LLMs only through a general framework
-    "software_risk": ("low", "medium", "high"),
-}
-RISK_LEVELS = TEXT_FIELDS["software_risk"]
-# The fraction of its datasheet bandwidth an HBM / GDDR device sustains on a streaming kernel, for devices without
-# a measured figure of their own: DeepSeek's FlashMLA README (deepseek-ai/FlashMLA) reports "up to 3000 GB/s in
-# memory-bound configuration" on an H800 SXM5, whose memory system is the H100 SXM's (80 GB HBM3, 3.35 TB/s).
-DRAM_EFFICIENCY = 3000e9 / 3.35e12
-DRAM_EFFICIENCY_SOURCE = "FlashMLA README: up to 3000 GB/s memory-bound on an H800 SXM5 of 3.35 TB/s, 0.896"
-# The kinds an achievable figure (matrix rate, memory bandwidth) may carry: a published measurement, or a rate
-# derived / estimated from one (a sibling part's measured fraction of its datasheet); the source says which.
-ACHIEVABLE_KINDS = ("measured", "derived", "estimate")
-# The achievable figures that price a device like for like; ``HardwareSpec.datasheet_only`` names those it lacks
-ACHIEVABLE_FIGURES = ("achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s")
-REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overhead_s")
-# What a field's value may be (opmap.validate.finite_number's keywords); a field not listed: RATE. Every value is
-# finite (TOML spells nan and inf, and 1e400 reads as inf); zero or a negative means nothing for a rate, a size,
-# a time or a power. Each is also plausible: a finite value far past any device (a peak of 1e308 FLOP/s, a launch
-# of a year) is a typo that would price absurd figures without a word, so every field has a ceiling well above
-# the largest real value of its kind, named beside it (rates: opmap.hardware.curves.MAX_FLOPS_PER_S and
-# MAX_BYTES_PER_S, with their reasons).
-RATE = {"lo": 0, "lo_open": True}
-FLOPS = {"lo": MIN_FLOPS_PER_S, "hi": MAX_FLOPS_PER_S, "unit": "FLOP/s"}  # every peak, achievable, sustained rate
-BANDWIDTH = {"lo": MIN_BYTES_PER_S, "hi": MAX_BYTES_PER_S, "unit": "B/s"}
-# memory and caches: Cerebras MemoryX holds up to 1.2 PB for one CS-3, a CPU host tens of TB; 10 PB is past both
-CAPACITY = {**RATE, "hi": 1e16, "unit": "B"}
-# launch, hop and network latencies are microseconds (the catalog's: 0.6 to 5 us); a second is a hang, not a latency
-LATENCY = {**RATE, "hi": 1.0, "unit": "s"}
-# a device's draw: a GB300 GPU about 1.4 kW, a Cerebras CS-3 system 23 kW; a megawatt is no one device
-POWER = {**RATE, "hi": 1e6, "unit": "W"}
-# per compute unit per clock (shared memory bytes, transcendental results): 128 and 16 in the catalog
-PER_CLOCK = {**RATE, "hi": 1e6}
-FIELD_RULES: dict[str, dict[str, Any]] = {
-    "sparsity_factor": {"lo": 1, "hi": 16},  # sparse over dense: 2 for 2:4 (the only structured sparsity sold)
-    "memory_bytes": CAPACITY,
-    "memory_bandwidth_bytes_per_s": BANDWIDTH,
-    "achievable_memory_bandwidth_bytes_per_s": BANDWIDTH,
-    "l2_bytes": CAPACITY,
-    "sram_per_unit_bytes": CAPACITY,
-    "compute_units": {"lo": 1, "hi": 10**7, "integer": True},  # Cerebras WSE-3: 900,000 cores on a wafer
-    "clock_hz": {"lo": 1e6, "hi": 1e11, "unit": "Hz"},  # shipping clocks: 0.5 to 6.2 GHz
-    "tdp_w": POWER,
-    "idle_power_w": POWER,
-    "scale_up_bandwidth_bytes_per_s": BANDWIDTH,
-    "scale_out_bandwidth_bytes_per_s": BANDWIDTH,
-    "in_switch_bandwidth_bytes_per_s": BANDWIDTH,
-    "launch_overhead_s": LATENCY,
-    "scale_up_latency_s": LATENCY,
-    "scale_out_latency_s": LATENCY,
-    "sram_bandwidth_bytes_per_clk": PER_CLOCK,
-    "sfu_ops_per_clk": PER_CLOCK,
-    "power_window_s": {**RATE, "hi": 3600.0, "unit": "s"},  # boost to sustained: 0.03 s on the L4; an hour at most
-    "mma_min_m": {"lo": 1, "hi": 4096, "integer": True},  # 64 rows (Hopper wgmma)
-    "devices_per_node": {"lo": 1, "hi": 10**6, "integer": True},  # a TPU v5p pod: 8,960 chips on one torus
-    "stream_k_gemm": {"lo": 0, "hi": 1, "integer": True},  # a flag: 0 or 1
-    "in_switch_reduction": {"lo": 0, "hi": 1, "integer": True},
-}
-# Fields whose table may leave ``value`` out (TOML has no null): the source then says why there is no figure
-EMPTY_ALLOWED = ("idle_power_w",)
+from opmap.validate import shown
 
 
 @dataclass(frozen=True)
@@ -193,6 +60,11 @@ class HardwareSpec:
     compute_unit_name: str = "compute unit"
     notes: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)  # raw curves of a measured profile
+    # the stack its graph / engine runtime runs on (a section of runtimes.toml; "" in a file written before the field:
+    # opmap.hardware.runtimes.stack_for then goes by the vendor)
+    software_stack: str = ""
+    # the tiers collectives walk (opmap.hardware.interconnect); ``fields`` holds their flat form as well
+    interconnect: Interconnect = field(default_factory=Interconnect)
 
     # -- accessors: typed, one per field (``fields`` keeps each value's kind and source) ------------------
     def _opt(self, key: str) -> float | None:
@@ -394,95 +266,58 @@ class HardwareSpec:
         }
 
 
-def _value(raw: Any, where: str, rule: dict[str, Any] = RATE) -> Value:
-    """One ``{value, kind, source[, note]}`` table; ``value`` checked by ``rule`` (finite, in range)."""
-    if not isinstance(raw, dict):
-        raise OpmapError(f"{where}: expected a table with value, kind and source, got {shown(raw)}")
-    missing = [k for k in ("value", "kind", "source") if k not in raw]
-    if missing:
-        raise OpmapError(f"{where}: missing {', '.join(missing)} (every value needs value, kind and source)")
-    kind = raw["kind"]
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise OpmapError(f"{where}: kind {shown(kind)} is not one of {', '.join(KINDS)}")
-    val = raw["value"]
-    if val is not None:
-        val = finite_number(val, f"{where}.value", **rule)
-    if not isinstance(raw["source"], str) or not raw["source"].strip():
-        raise OpmapError(f"{where}: source must be a non-empty string (got {shown(raw['source'])})")
-    return Value(None if val is None else float(val), kind, raw["source"], str(raw.get("note", "")))
+# the top-level keys of a device TOML besides SCALAR_FIELDS and TEXT_FIELDS
+HEADER_KEYS = ("name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s", "vector_peak_flops_per_s",
+               "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s", "sustained_matrix_flops_per_s",
+               "compute_unit_name", "notes", "calibration", "interconnect", "software_stack")
 
 
-def _text_value(raw: Any, where: str, accepted: tuple[str, ...]) -> Value:
-    if not isinstance(raw, dict) or "value" not in raw:
-        raise OpmapError(f"{where}: expected a table with value, kind and source, got {shown(raw)}")
-    if not isinstance(raw["value"], str) or raw["value"] not in accepted:
-        raise OpmapError(f"{where}: value {shown(raw['value'])} is not one of {', '.join(accepted)}")
-    v = _value({**raw, "value": None}, where, {})
-    return Value(str(raw["value"]), v.kind, v.source, v.note)
-
-
-def _peaks(raw: Any, where: str) -> dict[str, Value]:
-    if not isinstance(raw, dict):
-        raise OpmapError(f"{where}: expected a table of dtype = {{value, kind, source}} (got {shown(raw)})")
-    out = {}
-    for dtype, v in raw.items():
-        if dtype not in DTYPES:
-            raise OpmapError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        out[dtype] = _value(v, f"{where}.{dtype}", FLOPS)
-    return out
-
-
-def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
-    """Build and validate a spec from parsed TOML. ``origin`` names the file in error messages."""
-    for key in ("name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
-                "vector_peak_flops_per_s"):
+def _check_header(raw: dict[str, Any], origin: str) -> None:
+    """The names, the device type and the calibration table; no unknown key."""
+    for key in HEADER_KEYS[:6]:
         if key not in raw:
             raise OpmapError(f"{origin}: missing {key!r}")
-    for key in ("name", "display_name", "vendor", "compute_unit_name", "notes"):
+    for key in ("name", "display_name", "vendor", "compute_unit_name", "notes", "software_stack"):
         if key in raw and not isinstance(raw[key], str):
             raise OpmapError(f"{origin}: {key} must be a string (got {shown(raw[key])})")
+    if raw.get("software_stack", SOFTWARE_STACKS[0]) not in SOFTWARE_STACKS:
+        raise OpmapError(f"{origin}: software_stack {shown(raw['software_stack'])} is not one of "
+                         f"{', '.join(SOFTWARE_STACKS)} (opmap/hardware/runtimes.toml)")
     if raw["device_type"] not in DEVICE_TYPES:
         raise OpmapError(f"{origin}: device_type {shown(raw['device_type'])} is not one of {', '.join(DEVICE_TYPES)}")
     if not isinstance(raw.get("calibration", {}), dict):
         raise OpmapError(f"{origin}: calibration must be a table (got {shown(raw['calibration'])})")
     check_calibration(raw.get("calibration", {}), f"{origin}: calibration")
+
+
+def _read_fields(raw: dict[str, Any], origin: str, tiered: dict[str, Value]) -> dict[str, Value]:
+    """The scalar and text fields, each read by its rule (the interconnect's flat fields from ``tiered`` where
+    the file gives tiers); the required ones present; no unknown key."""
     fields = {}
     for key in SCALAR_FIELDS:
-        if key in raw:
+        if key in tiered:
+            fields[key] = tiered[key]
+        elif key in raw:
             r = raw[key]
             if key in EMPTY_ALLOWED and isinstance(r, dict) and "value" not in r:
                 r = {**r, "value": None}
-            fields[key] = _value(r, f"{origin}: {key}", FIELD_RULES.get(key, RATE))
+            fields[key] = read_value(r, f"{origin}: {key}", FIELD_RULES.get(key, RATE))
     for key, accepted in TEXT_FIELDS.items():
-        if key in raw:
-            fields[key] = _text_value(raw[key], f"{origin}: {key}", accepted)
+        if key in tiered:
+            fields[key] = tiered[key]
+        elif key in raw:
+            fields[key] = read_text_value(raw[key], f"{origin}: {key}", accepted)
     for key in REQUIRED_FIELDS:
         if key not in fields or fields[key].value is None:
             raise OpmapError(f"{origin}: {key} needs a value")
-    unknown = set(raw) - set(SCALAR_FIELDS) - set(TEXT_FIELDS) - {
-        "name", "display_name", "vendor", "device_type", "matrix_peak_flops_per_s",
-        "vector_peak_flops_per_s", "sparse_matrix_peak_flops_per_s", "achievable_matrix_flops_per_s",
-        "sustained_matrix_flops_per_s", "compute_unit_name", "notes", "calibration"}
+    unknown = set(raw) - set(SCALAR_FIELDS) - set(TEXT_FIELDS) - set(HEADER_KEYS)
     if unknown:
         raise OpmapError(f"{origin}: unknown field(s) {', '.join(sorted(unknown))}")
-    spec = HardwareSpec(
-        name=str(raw["name"]),
-        display_name=str(raw["display_name"]),
-        vendor=str(raw["vendor"]),
-        device_type=str(raw["device_type"]),
-        matrix_peak_flops_per_s=_peaks(raw["matrix_peak_flops_per_s"], f"{origin}: matrix_peak_flops_per_s"),
-        vector_peak_flops_per_s=_peaks(raw["vector_peak_flops_per_s"], f"{origin}: vector_peak_flops_per_s"),
-        sparse_matrix_peak_flops_per_s=_peaks(
-            raw.get("sparse_matrix_peak_flops_per_s", {}), f"{origin}: sparse_matrix_peak_flops_per_s"),
-        achievable_matrix_flops_per_s=_peaks(
-            raw.get("achievable_matrix_flops_per_s", {}), f"{origin}: achievable_matrix_flops_per_s"),
-        sustained_matrix_flops_per_s=_peaks(
-            raw.get("sustained_matrix_flops_per_s", {}), f"{origin}: sustained_matrix_flops_per_s"),
-        fields=fields,
-        compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
-        notes=str(raw.get("notes", "")),
-        calibration=dict(raw.get("calibration", {})),
-    )
+    return fields
+
+
+def _check_rates(spec: HardwareSpec, origin: str) -> None:
+    """Dense peaks only as peaks; every achievable or sustained figure of its kinds and at or below its ceiling."""
     for d, v in spec.matrix_peak_flops_per_s.items():
         if v.kind == "datasheet_sparse":
             raise OpmapError(f"{origin}: matrix_peak_flops_per_s.{d} is sparse; dense peaks only there "
@@ -513,6 +348,40 @@ def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
         raise OpmapError(f"{origin}: idle_power_w {idle:g} W must be below tdp_w {tdp:g} W")
     if not spec.vector_peak_flops_per_s.get("fp32") or spec.vector_peak_flops_per_s["fp32"].value is None:
         raise OpmapError(f"{origin}: vector_peak_flops_per_s.fp32 needs a value")
+
+
+def spec_from_dict(raw: dict[str, Any], origin: str) -> HardwareSpec:
+    """Build and validate a spec from parsed TOML. ``origin`` names the file in error messages."""
+    _check_header(raw, origin)
+    tiers = None
+    if "interconnect" in raw:
+        if flat := [k for k in LEGACY_KEYS if k in raw]:
+            raise OpmapError(f"{origin}: give the interconnect as [[interconnect.tier]] tables or as the flat fields, "
+                             f"not both (flat: {', '.join(flat)})")
+        tiers = read_interconnect(raw["interconnect"], origin)
+    fields = _read_fields(raw, origin, {} if tiers is None else tiers.legacy_fields())
+
+    def peaks(table: str) -> dict[str, Value]:
+        return read_peaks(raw.get(table, {}), f"{origin}: {table}")
+
+    spec = HardwareSpec(
+        name=str(raw["name"]),
+        display_name=str(raw["display_name"]),
+        vendor=str(raw["vendor"]),
+        device_type=str(raw["device_type"]),
+        matrix_peak_flops_per_s=peaks("matrix_peak_flops_per_s"),
+        vector_peak_flops_per_s=peaks("vector_peak_flops_per_s"),
+        sparse_matrix_peak_flops_per_s=peaks("sparse_matrix_peak_flops_per_s"),
+        achievable_matrix_flops_per_s=peaks("achievable_matrix_flops_per_s"),
+        sustained_matrix_flops_per_s=peaks("sustained_matrix_flops_per_s"),
+        fields=fields,
+        compute_unit_name=str(raw.get("compute_unit_name", "compute unit")),
+        notes=str(raw.get("notes", "")),
+        calibration=dict(raw.get("calibration", {})),
+        interconnect=tiers if tiers is not None else from_legacy(fields),
+        software_stack=str(raw.get("software_stack", "")),
+    )
+    _check_rates(spec, origin)
     return spec
 
 

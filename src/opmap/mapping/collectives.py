@@ -28,10 +28,14 @@ Wire bytes per device, per direction (n devices):
 - all-to-all: (n-1)/n x S, the in-node share over the scale-up link and the rest over the NIC, concurrently;
 - send / recv: S over one link (on a full mesh a pair has one link's share of the device's bandwidth).
 
-Across nodes (``devices_per_node`` from the catalog) a ring runs one ring per GPU, each crossing nodes through
-its own NIC, so its bandwidth is min(scale-up per direction, devices per node x NIC rate); the hierarchical
-all-reduce runs reduce-scatter in the node, all-reduce of S / n_local across nodes over the NICs, all-gather
-in the node, in sequence.
+The links are the catalog's interconnect tiers (opmap.hardware.interconnect), innermost first: a group uses the
+innermost tier whose domain holds it, and one that spans tiers crosses each of them. A node is a domain of the
+innermost tier (``devices_per_node``). Across nodes a ring runs one ring per GPU, each crossing domains through
+its own link, so its bandwidth is the least over the tiers crossed of (the group's devices in one domain below
+that tier) x that tier's rate (two tiers: min(scale-up per direction, devices per node x NIC rate)); of its hops,
+one per domain and pass crosses each tier's boundary. The hierarchical all-reduce runs reduce-scatter in the node,
+all-reduce of S / n_local across the tiers above (itself ring, tree or hierarchical again one tier up), all-gather
+in the node, in sequence. The in-switch all-reduce is priced for a group inside one domain of the innermost tier.
 
 Message-size-dependent bandwidth comes from two places, both first principles: the alpha terms (latency
 dominates small messages) and NCCL's three protocols, which trade wire efficiency for latency:
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from opmap.errors import OpmapError
+from opmap.hardware.interconnect import Interconnect, Tier
 from opmap.hardware.spec import HardwareSpec
 from opmap.roofline import Roofline, roofline
 
@@ -144,73 +149,172 @@ def _need(value: float | None, hw: HardwareSpec, field: str, why: str) -> float:
 
 
 @dataclass(frozen=True)
+class _Level:
+    """One tier a collective crosses: ``members``, how many of the level below's domains (level 0: devices) the
+    group holds in one domain of this tier; bandwidth per device, per direction, and hop latency (0 where
+    ``members`` is 1: the group sends nothing over it)."""
+
+    members: int
+    bytes_per_s: float = 0.0
+    alpha_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class _Fabric:
-    """The links one collective uses. Bandwidths per device, per direction."""
+    """The tiers one collective uses, innermost first (the module docstring's formulas walk them)."""
 
-    nodes: int
-    per_node: int
-    up_bytes_per_s: float
-    up_alpha_s: float
-    out_bytes_per_s: float
-    out_alpha_s: float
+    levels: tuple[_Level, ...]
+
+    @property
+    def per_node(self) -> int:
+        """Group members in one innermost domain (a node)."""
+        return self.levels[0].members
+
+    @property
+    def nodes(self) -> int:
+        """Innermost domains the group spans."""
+        return math.prod(lv.members for lv in self.levels[1:])
+
+    @property
+    def up_bytes_per_s(self) -> float:
+        return self.levels[0].bytes_per_s
+
+    @property
+    def out_bytes_per_s(self) -> float:
+        """The outermost tier the group crosses (0 inside one node)."""
+        return self.levels[-1].bytes_per_s if len(self.levels) > 1 else 0.0
+
+    def above(self) -> _Fabric:
+        """The same group seen from the innermost tier up: one member per node (a hierarchical step's across)."""
+        return _Fabric((_Level(1), *self.levels[1:]))
 
 
-def _fabric(hw: HardwareSpec, c: Collective) -> _Fabric:
-    n, what = c.group_size, f"a {c.kind} over {c.group_size} devices"
-    per_node = hw.devices_per_node
+def _tier_field(ic: Interconnect, tier: Tier, attr: str) -> str:
+    """A tier's field as the catalog's flat form names it (error messages), else by its tier."""
+    if tier is ic.scale_up:
+        return {"bandwidth": "scale_up_bandwidth_bytes_per_s", "latency": "scale_up_latency_s"}[attr]
+    if tier is ic.scale_out:
+        return {"bandwidth": "scale_out_bandwidth_bytes_per_s", "latency": "scale_out_latency_s"}[attr]
+    return f"interconnect tier {tier.name!r} {attr}"
+
+
+def _members(hw: HardwareSpec, c: Collective, what: str) -> tuple[list[int], list[Tier | None]]:
+    """The group's members per domain at each tier it crosses, innermost first, and those tiers (None past the
+    catalog's: the message then names the flat field that is missing)."""
+    ic, n = hw.interconnect, c.group_size
+    tiers: list[Tier | None] = list(ic.tiers) if ic.scale_up is not None else [None, *ic.tiers]
+    per_node = ic.domain_size
     if c.link == "scale_out":
-        nodes, local = n, 1
-    elif c.link == "scale_up" or (per_node and n <= per_node):
+        return [1, n], [tiers[0], ic.scale_out]
+    if c.link == "scale_up" or (per_node and n <= per_node):
         if c.link == "scale_up" and per_node and n > per_node:
             raise OpmapError(f"{hw.name}: a scale_up group of {n} does not fit one node of {per_node} devices "
                              "(use link 'auto' or 'scale_out')")
-        nodes, local = 1, n
-    else:
-        per_node = c.per_node or int(_need(per_node, hw, "devices_per_node", what))
-        if n % per_node:
-            raise OpmapError(f"{hw.name}: a group of {n} spanning nodes must fill whole nodes of {per_node} "
-                             "devices (accepted: a multiple of devices_per_node, or link 'scale_out')")
-        nodes, local = n // per_node, per_node
-    up = up_alpha = 0.0
-    if local > 1:
-        topo = hw.scale_up_topology
-        if topo is None:
-            raise OpmapError(f"{hw.name}: the catalog has no scale_up_topology, needed for {what}")
-        if topo == "bridge_pairs" and local > 2:
-            raise OpmapError(f"{hw.name}: an NVLink bridge joins two cards; a group of {local} in one node goes "
-                             "over PCIe, whose peer bandwidth the catalog does not give (accepted: 2 per node)")
-        up = _need(hw.scale_up_bandwidth_bytes_per_s, hw, "scale_up_bandwidth_bytes_per_s", what) / 2
-        up_alpha = _need(hw.scale_up_latency_s, hw, "scale_up_latency_s", what)
-    out = out_alpha = 0.0
-    if nodes > 1:
-        out = _need(hw.scale_out_bandwidth_bytes_per_s, hw, "scale_out_bandwidth_bytes_per_s", what)
-        out_alpha = _need(hw.scale_out_latency_s, hw, "scale_out_latency_s", what)
-    return _Fabric(nodes, local, up, up_alpha, out, out_alpha)
+        return [n], tiers[:1]
+    per_node = c.per_node or int(_need(per_node, hw, "devices_per_node", what))
+    if n % per_node:
+        raise OpmapError(f"{hw.name}: a group of {n} spanning nodes must fill whole nodes of {per_node} "
+                         "devices (accepted: a multiple of devices_per_node, or link 'scale_out')")
+    members, rest, inner = [per_node], n // per_node, ic.domain_size
+    for tier in tiers[1:]:
+        if rest == 1:
+            break
+        m = rest if tier is None or tier.devices is None else min(rest, tier.devices // inner)
+        if rest % m:
+            raise OpmapError(f"{hw.name}: a group of {n} does not fill whole {tier.name} domains of "
+                             f"{tier.devices} devices")
+        members.append(m)
+        rest //= m
+        inner = inner if tier is None or tier.devices is None else tier.devices
+    if rest > 1:  # past the catalog's tiers: no scale-out network
+        members.append(rest)
+    return members, (tiers + [None] * len(members))[:len(members)]
+
+
+def _fabric(hw: HardwareSpec, c: Collective) -> _Fabric:
+    what = f"a {c.kind} over {c.group_size} devices"
+    ic = hw.interconnect
+    members, tiers = _members(hw, c, what)
+    levels = []
+    for i, (m, tier) in enumerate(zip(members, tiers, strict=True)):
+        if m == 1:
+            levels.append(_Level(1))
+            continue
+        if i == 0:
+            topo = hw.scale_up_topology
+            if topo is None:
+                raise OpmapError(f"{hw.name}: the catalog has no scale_up_topology, needed for {what}")
+            if topo == "bridge_pairs" and m > 2:
+                raise OpmapError(f"{hw.name}: an NVLink bridge joins two cards; a group of {m} in one node goes "
+                                 "over PCIe, whose peer bandwidth the catalog does not give (accepted: 2 per node)")
+        if tier is None:
+            names = ("scale_up_bandwidth_bytes_per_s", "scale_up_latency_s") if i == 0 else (
+                "scale_out_bandwidth_bytes_per_s", "scale_out_latency_s")
+            _need(None, hw, names[0], what)
+        levels.append(_Level(m, _need(tier.bytes_per_s, hw, _tier_field(ic, tier, "bandwidth"), what),
+                             _need(tier.latency_s, hw, _tier_field(ic, tier, "latency"), what)))
+    return _Fabric(tuple(levels))
 
 
 def _ring_bandwidth(f: _Fabric) -> float:
-    """A ring's per-device bandwidth: the scale-up link inside one node; across nodes one ring per GPU, each
-    through its own NIC, so min(scale-up, devices per node x NIC)."""
-    if f.nodes == 1:
-        return f.up_bytes_per_s
-    if f.per_node == 1:
-        return f.out_bytes_per_s
-    return min(f.up_bytes_per_s, f.per_node * f.out_bytes_per_s)
+    """A ring's per-device bandwidth: the scale-up link inside one node; across domains one ring per member,
+    each through its own link at every tier, so the least over the tiers crossed of (the group's devices in one
+    domain below that tier) x that tier's rate (two tiers: min(scale-up, devices per node x NIC))."""
+    inside, rates = 1, []
+    for lv in f.levels:
+        if lv.members > 1:
+            rates.append(inside * lv.bytes_per_s)
+        inside *= lv.members
+    return min(rates)
 
 
 def _ring(kind: str, s: float, f: _Fabric, p: Protocol) -> float:
     n = f.nodes * f.per_node
     steps = 2 * (n - 1) if kind == "all_reduce" else n - 1
-    inter = 0 if f.nodes == 1 else min(steps, 2 * f.nodes if kind == "all_reduce" else f.nodes - 1)
-    lat = p.base_s + ((steps - inter) * f.up_alpha_s + inter * f.out_alpha_s) * p.hop_factor
+    # hops crossing a boundary of level i - 1's domains: one per domain and pass (two passes for an all-reduce)
+    domains = [math.prod(lv.members for lv in f.levels[i:]) for i in range(1, len(f.levels))]
+    crossing = [min(steps, 2 * d if kind == "all_reduce" else d - 1) for d in domains] + [0]
+    hops = [steps - crossing[0]] + [crossing[i] - crossing[i + 1] for i in range(len(domains))]
+    lat = p.base_s + sum(h * lv.alpha_s for h, lv in zip(hops, f.levels, strict=True)) * p.hop_factor
     wire = (2 if kind == "all_reduce" else 1) * (n - 1) / n * s
     return lat + wire / (_ring_bandwidth(f) * p.efficiency)
 
 
 def _tree(s: float, f: _Fabric, p: Protocol) -> float:
-    """Double binary tree all-reduce: a chain inside the node, binary trees across nodes."""
-    depth_up = (f.per_node - 1) * f.up_alpha_s + math.ceil(math.log2(f.nodes)) * f.out_alpha_s
+    """Double binary tree all-reduce: a chain inside the node, binary trees across the domains of each tier."""
+    depth_up = (f.per_node - 1) * f.levels[0].alpha_s + sum(
+        math.ceil(math.log2(lv.members)) * lv.alpha_s for lv in f.levels[1:])
     return p.base_s + 2 * depth_up * p.hop_factor + 2 * s / (_ring_bandwidth(f) * p.efficiency)
+
+
+def _across(s: float, f: _Fabric, p: Protocol) -> float:
+    """An all-reduce of ``s`` over the tiers above the node (one member per node): the faster of a ring and a tree,
+    and where it crosses two tiers or more, hierarchical again one tier up."""
+    best = min(_ring("all_reduce", s, f, p), _tree(s, f, p))
+    up = _Fabric(f.levels[1:])
+    if len(up.levels) > 1 and up.per_node > 1:
+        best = min(best, _hierarchical(s, up, p))
+    return best
+
+
+def _hierarchical(s: float, f: _Fabric, p: Protocol) -> float:
+    """Reduce-scatter inside the node, all-reduce of s / (members a node) across, all-gather inside the node."""
+    intra = _Fabric(f.levels[:1])
+    return (_ring("reduce_scatter", s, intra, p) + _across(s / f.per_node, f.above(), p)
+            + _ring("all_gather", s, intra, p))
+
+
+def _all_to_all(s: float, f: _Fabric, p: Protocol) -> float:
+    """Each device's share to the peers it reaches first at each tier, over that tier's link, all concurrently
+    (two tiers: (n_local - 1) / n of S over the scale-up link, (n - n_local) / n over the NIC)."""
+    n, inside, wire = f.nodes * f.per_node, 1, 0.0
+    for lv in f.levels:
+        share = (inside * lv.members - inside) / n * s
+        if share:
+            wire = max(wire, share / lv.bytes_per_s)
+        inside *= lv.members
+    alpha = max(lv.alpha_s for lv in f.levels)
+    return p.base_s + alpha * p.hop_factor + wire / p.efficiency
 
 
 def _best(cands: dict[str, float]) -> tuple[str, float]:
@@ -232,30 +336,21 @@ def collective_time(hw: HardwareSpec, c: Collective) -> CollectiveTime:
     if c.kind == "all_reduce":
         for p in PROTOCOLS:
             cands[f"tree/{p.name}"] = _tree(s, f, p)
-        if f.nodes == 1 and hw.in_switch_reduction and hw.scale_up_topology == "switch":
-            rate = hw.in_switch_bandwidth_bytes_per_s or f.up_bytes_per_s
+        up = hw.interconnect.scale_up
+        if f.nodes == 1 and up is not None and up.reduces_in_network and up.topology_name == "switch":
+            rate = up.in_network_bytes_per_s or f.up_bytes_per_s
             cands["in_switch/Simple"] = IN_SWITCH_LATENCY_S + s / rate
         if f.nodes > 1 and f.per_node > 1:
-            intra = _Fabric(1, f.per_node, f.up_bytes_per_s, f.up_alpha_s, 0.0, 0.0)
-            inter = _Fabric(f.nodes, 1, 0.0, 0.0, f.out_bytes_per_s, f.out_alpha_s)
             for p in PROTOCOLS:
-                across = min(_ring("all_reduce", s / f.per_node, inter, p), _tree(s / f.per_node, inter, p))
-                cands[f"hierarchical/{p.name}"] = (_ring("reduce_scatter", s, intra, p) + across
-                                                   + _ring("all_gather", s, intra, p))
+                cands[f"hierarchical/{p.name}"] = _hierarchical(s, f, p)
     if c.kind == "all_to_all":
-        in_node, across = (f.per_node - 1) / n * s, (n - f.per_node) / n * s
         for p in PROTOCOLS:
-            alpha = max(f.up_alpha_s, f.out_alpha_s)
-            wire = max(in_node / f.up_bytes_per_s if in_node else 0.0,
-                       across / f.out_bytes_per_s if across else 0.0)
-            cands[f"direct/{p.name}"] = p.base_s + alpha * p.hop_factor + wire / p.efficiency
+            cands[f"direct/{p.name}"] = _all_to_all(s, f, p)
     if c.kind == "send_recv":
-        if f.nodes > 1:
-            link, alpha = f.out_bytes_per_s, f.out_alpha_s
-        else:
-            link, alpha = f.up_bytes_per_s, f.up_alpha_s
-            if hw.scale_up_topology == "full_mesh" and hw.devices_per_node:
-                link /= hw.devices_per_node - 1  # a pair has one of the n - 1 direct links
+        outer = f.levels[-1]
+        link, alpha = outer.bytes_per_s, outer.alpha_s
+        if f.nodes == 1 and hw.scale_up_topology == "full_mesh" and hw.devices_per_node:
+            link /= hw.devices_per_node - 1  # a pair has one of the n - 1 direct links
         for p in PROTOCOLS:
             cands[f"direct/{p.name}"] = p.base_s + alpha * p.hop_factor + s / (link * p.efficiency)
     key, t = _best(cands)
