@@ -98,39 +98,25 @@ def _power_w(hw, devices: int, busy: Sequence[float]) -> float:
     return devices * (idle + (tdp - idle) * u)
 
 
+_MODELS: dict[tuple[str, str], Any] = {}  # opmap.api.Model per (model, dtype): its steps captured once a process
+
+
 def _decode_bound(model: str, hw, dtype: str, runtime: str) -> str:
     """The bound class holding most of a decode step's predicted time at batch 16 and 1024 KV tokens, under the
-    runtime's per-kernel overhead and fusion; "-" where the decode step cannot be built here."""
-    from opmap.capture import cache
+    runtime's per-kernel overhead and fusion; "-" where the decode step cannot be built here. The step is
+    captured once a process for every device (``opmap.api.Model``; a zoo model's is kept in the capture cache,
+    so other worker processes analyse it without building it again)."""
+    from opmap.api import Model, Shape
     from opmap.phases.runtime import get_runtime
-    from opmap.phases.step import analyze_phase, capture_phase
-    from opmap.precision import build_dtype, requestable
-    from opmap.workloads import MODELS
-    from opmap.workloads.phases import PhaseSpec, phase_workload
-    from opmap.workloads.zoo import Workload
+    from opmap.workloads.phases import PhaseSpec
 
     rt = get_runtime(hw, runtime)
     spec = PhaseSpec("decode", kv_len=1024, kv_write=rt.kv_write)
-    # the captured step is the same on every device: a zoo model's is kept in the capture cache, so the other
-    # devices of a fit (other worker processes too) analyse it without building and capturing the model again
-    k = (cache.key({"model": model, "build_dtype": build_dtype(dtype), "device": "meta", "phase": "decode",
-                    "batch": 16, "kv_len": 1024, "what": "fit decode bound"})
-         if model in MODELS and dtype in requestable() and cache.enabled() else None)
-    hit = cache.load(k) if k else None
+    m = _MODELS.setdefault((model, dtype), Model(model, dtype))
     try:
-        if hit is not None:
-            g, f = hit[0], hit[1]
-            w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"])
-        else:
-            w = phase_workload(model, spec, 16, None, dtype)
-            g = capture_phase(w, spec)
-            if k:
-                cache.store(k, g, {"name": w.name, "batch": w.batch, "seq": w.seq,
-                                   "assumptions": list(w.assumptions)})
-        a = analyze_phase(g, w, hw, dtype, spec, fusion=rt.fusion, runtime=rt, steady=True).analysis
+        return m.phase(spec, Shape(16), hw, rt, rt.fusion, steady=True).analysis.phase_figures.bound or "-"
     except OpmapError:
         return "-"
-    return a.phase.get("bound", "-")
 
 
 def default_policy():
