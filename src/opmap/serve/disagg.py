@@ -24,7 +24,7 @@ import numpy as np
 from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
 from opmap.serve.cost import StepCost
-from opmap.serve.policies import Continuous, Policy
+from opmap.serve.policies import Policy
 from opmap.serve.sim import MAX_REPLICAS, SimResult, simulate
 
 ACCEPTED = "P:D, the prefill and decode replica counts, integers >= 1 (e.g. 1:3)"
@@ -83,7 +83,7 @@ def simulate_disaggregated(reqs: Requests, policy: Policy, cost: StepCost, prefi
                            seed: int = 0) -> SimResult:
     """Serve ``reqs`` on a prefill pool and a decode pool (see the module docstring). ``policy`` must be
     continuous: its token budget bounds a prefill iteration; decode admission is bounded by the KV cache."""
-    if not isinstance(policy, Continuous):
+    if policy.name != "continuous":
         raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
                          f"continuous[:TOKEN_BUDGET], got {policy.spec()!r}")
     n = len(reqs)

@@ -49,8 +49,10 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.serve.cost import StepCost, mixed_s
 from opmap.serve.policies import Engine
+from opmap.serve.request import Batch, Events, Trace
 
 _UNLIMITED = 1 << 62  # blocks of a KV cache without a capacity (kv_capacity_tokens None)
+_NONE: tuple = ()  # no events (shared, never appended to)
 PREFILLING, DECODING, GONE = 1, 2, 3  # GONE: finished or preempted (its entries in heaps and stacks are stale)
 
 
@@ -69,45 +71,22 @@ class _Run:
         self.commit = 0  # no_evict: the KV blocks reserved for it, those it holds at its last token
 
 
-class EngineReplica:
-    """The engine state of one replica: free KV blocks, the decodes (counted), the prompts being prefilled."""
-
-    __slots__ = ("free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running", "last_end",
-                 "pending", "min_free", "committed")
-
-    def __init__(self, blocks: int, kv_block: int) -> None:
-        self.free = blocks  # KV blocks not held by any request
-        self.D = 0  # steps so far that carried decodes
-        self.n_dec = 0  # running decodes
-        self.kv_sum = 0  # KV tokens the running decodes attend to in the next step (their KV + the new token)
-        self.cnt = [0] * kv_block  # decodes by the residue (mod kv_block) of the decode steps that need a block
-        self.fin: list[tuple[int, int, _Run]] = []  # heap of (decode step of the last token, serial, run)
-        self.prefilling: list[_Run] = []  # admitted, (re)prefill not done, in admission order
-        self.stack: list[_Run] = []  # in admission order: the victims come from its top
-        self.running = 0  # decodes + prefilling
-        self.last_end = 0.0  # when the last step ended: every running decode's last token came then
-        self.pending: Any = None
-        self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
-        self.committed = 0  # no_evict: blocks reserved by the running requests (each its blocks at its last token)
-
-
 class InflightScheduler:
-    """Schedules and prices the steps of ``policy`` (an Engine) over ``cost``, writing each request's times into
-    the simulator's lists (``start``, ``first``, ``finish``, ``where``) and the inter-token gaps into
-    ``itl_g`` / ``itl_w`` (gap s, tokens)."""
+    """The engine policy's state shared by the replicas of one simulation (``policy`` an Engine, priced by
+    ``cost``): the paged KV cache's geometry, the preempted requests waiting (a request may come back on another
+    replica behind the shared router) and the admission serial."""
 
-    def __init__(self, policy: Engine, cost: StepCost, inp: list[int], out: list[int], start: list[float],
-                 first: list[float], finish: list[float], where: list[int], itl_g: list[float],
-                 itl_w: list[float]) -> None:
+    policies = ("engine",)  # the policy names it schedules (scheduler.REGISTRY)
+    iterative = pages_kv = preempts = True
+    decode_pool = False
+
+    def __init__(self, policy: Engine, cost: StepCost, trace: Trace) -> None:
         self.p, self.cost = policy, cost
         self.B = policy.kv_block
         cap = cost.kv_capacity_tokens
         self.blocks = _UNLIMITED if cap is None else int(cap) // self.B
-        self.inp, self.out = inp, out
-        self.start, self.first, self.finish, self.where = start, first, finish, where
-        self.itl_g, self.itl_w = itl_g, itl_w
+        self.inp, self.out = trace.inp, trace.out
         self.parked: dict[int, tuple[int, float]] = {}  # preempted, waiting: (tokens emitted, last token's time)
-        self.preempted: dict[int, int] = {}  # request -> times preempted
         self.serial = 0
 
     def check(self) -> None:
@@ -127,160 +106,207 @@ class InflightScheduler:
             raise OpmapError(f"without chunked prefill a request's prompt (and recompute, {need} tokens) must fit "
                              f"max_num_batched_tokens ({self.p.max_num_batched_tokens}): raise it or chunk")
 
-    def replica(self) -> EngineReplica:
-        return EngineReplica(self.blocks, self.B)
+    def replica(self, idx: int, q: deque) -> EngineReplica:
+        return EngineReplica(self, q)
 
-    def preemptions(self, n: int) -> list[int]:
-        """Per request, how often it was preempted."""
-        out = [0] * n
-        for rid, k in self.preempted.items():
-            out[rid] = k
-        return out
+    def extra(self, reps: list[EngineReplica], preempted: list[int]) -> dict[str, Any]:
+        """SimResult.extra: the preemptions (total, requests preempted at least once, most for one request) and
+        the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
+        limited = self.blocks != _UNLIMITED
+        return {"preemptions": {"total": sum(preempted), "requests_preempted": sum(1 for k in preempted if k),
+                                "max_per_request": max(preempted, default=0)},
+                "kv_cache": {"paged": True, "kv_block": self.B, "blocks": self.blocks if limited else None,
+                             "capacity_tokens": self.cost.kv_capacity_tokens,
+                             "peak_blocks_used": max((self.blocks - e.min_free for e in reps), default=0)
+                             if limited else None,
+                             "preemption": "recompute"}}
+
+
+class EngineReplica:
+    """The engine state of one replica: free KV blocks, the decodes (counted), the prompts being prefilled; its
+    steps formed by ``schedule`` and closed by ``on_batch_end``."""
+
+    __slots__ = ("f", "q", "wake", "free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running",
+                 "last_end", "min_free", "committed")
+
+    def __init__(self, family: InflightScheduler, q: deque) -> None:
+        self.f, self.q, self.wake = family, q, -1.0
+        blocks, kv_block = family.blocks, family.B
+        self.free = blocks  # KV blocks not held by any request
+        self.D = 0  # steps so far that carried decodes
+        self.n_dec = 0  # running decodes
+        self.kv_sum = 0  # KV tokens the running decodes attend to in the next step (their KV + the new token)
+        self.cnt = [0] * kv_block  # decodes by the residue (mod kv_block) of the decode steps that need a block
+        self.fin: list[tuple[int, int, _Run]] = []  # heap of (decode step of the last token, serial, run)
+        self.prefilling: list[_Run] = []  # admitted, (re)prefill not done, in admission order
+        self.stack: list[_Run] = []  # in admission order: the victims come from its top
+        self.running = 0  # decodes + prefilling
+        self.last_end = 0.0  # when the last step ended: every running decode's last token came then
+        self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
+        self.committed = 0  # no_evict: blocks reserved by the running requests (each its blocks at its last token)
 
     # -- eviction ---------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _victim(e: EngineReplica) -> _Run:
+    def _victim(self) -> _Run:
         """The most recently admitted request still running (finished or preempted entries dropped on the way)."""
-        stack = e.stack
+        stack = self.stack
         while True:
             r = stack.pop()
             if r.state != GONE:
                 return r
 
-    def _evict(self, e: EngineReplica, q: deque, r: _Run, step: int, scheduled: bool) -> bool:
+    def _evict(self, r: _Run, step: int, scheduled: bool) -> bool:
         """Preempt ``r`` (recompute): free its blocks, put it at the front of the queue. ``scheduled``: the
         decodes of the step ``step`` already hold their new blocks. True when it was a decode of this step."""
-        B = self.B
+        f = self.f
+        B = f.B
         if r.state == PREFILLING:
-            e.free += -(-r.done // B)
-            e.prefilling.remove(r)
-            gen, last = r.gen, self.parked.get(r.rid, (0, 0.0))[1]
+            self.free += -(-r.done // B)
+            self.prefilling.remove(r)
+            gen, last = r.gen, f.parked.get(r.rid, (0, 0.0))[1]
             was_decode = False
         else:
-            h = r.h0 + e.D - r.j0
+            h = r.h0 + self.D - r.j0
             grows = r.res == step % B  # it needed a new block in this step
-            e.free += -(-h // B) + (1 if scheduled and grows else 0)
-            e.n_dec -= 1
-            e.kv_sum -= h + 1
-            e.cnt[r.res] -= 1
-            gen, last = r.gen + e.D - r.j0, e.last_end
+            self.free += -(-h // B) + (1 if scheduled and grows else 0)
+            self.n_dec -= 1
+            self.kv_sum -= h + 1
+            self.cnt[r.res] -= 1
+            gen, last = r.gen + self.D - r.j0, self.last_end
             was_decode = True
         r.state = GONE
-        e.running -= 1
-        e.committed -= r.commit
-        self.parked[r.rid] = (gen, last)
-        self.preempted[r.rid] = self.preempted.get(r.rid, 0) + 1
-        q.appendleft(r.rid)
+        self.running -= 1
+        self.committed -= r.commit
+        f.parked[r.rid] = (gen, last)
+        self.q.appendleft(r.rid)
         return was_decode
 
     # -- a step -----------------------------------------------------------------------------------------------
 
-    def begin(self, e: EngineReplica, q: deque, ridx: int, now: float) -> float | None:
-        """Form the next step on a replica at ``now``: its duration (s), or None when there is nothing to run."""
-        B, M = self.B, self.p.max_num_batched_tokens
-        step = e.D + 1
-        evicted = False
-        need = e.cnt[step % B] if e.n_dec else 0  # decodes whose KV length is a multiple of the block size
-        while need > e.free:  # evict from the most recent until the oldest decodes' new blocks fit
-            v = self._victim(e)
-            evicted = True
-            if self._evict(e, q, v, step, False) and v.res == step % B:
+    def schedule(self, now: float) -> Batch | None:
+        """Form the next step at ``now`` (None when there is nothing to run): the requests admitted and those
+        preempted to form it."""
+        f = self.f
+        B, M = f.B, f.p.max_num_batched_tokens
+        step = self.D + 1
+        pre: list[int] = _NONE  # the requests preempted to form it (a list once one is)
+        need = self.cnt[step % B] if self.n_dec else 0  # decodes whose KV length is a multiple of the block size
+        while need > self.free:  # evict from the most recent until the oldest decodes' new blocks fit
+            v = self._victim()
+            pre = pre or []
+            pre.append(v.rid)
+            if self._evict(v, step, False) and v.res == step % B:
                 need -= 1
-        e.free -= need
-        budget = M - e.n_dec
+        self.free -= need
+        budget = M - self.n_dec
         chunks: list[tuple[_Run, int]] = []
+        prefilling = self.prefilling
         i = 0
-        while i < len(e.prefilling) and budget > 0:  # prompts partly prefilled: their next chunk
-            r = e.prefilling[i]
+        while i < len(prefilling) and budget > 0:  # prompts partly prefilled: their next chunk
+            r = prefilling[i]
             take = min(r.target - r.done, budget)
             nb = -(-(r.done + take) // B) - (-(-r.done // B))
-            while nb > e.free:
-                v = self._victim(e)
-                evicted = True
+            while nb > self.free:
+                v = self._victim()
+                pre = pre or []
+                pre.append(v.rid)
                 # with decodes scheduled first, a decode is never admitted after a prompt still prefilling:
                 # the victim is this prompt or a later one; a decode's token of the budget comes back all the same
-                if self._evict(e, q, v, step, True):
+                if self._evict(v, step, True):
                     budget += 1
                 if v is r:
                     break
             if r.state == GONE:
                 break
-            e.free -= nb
+            self.free -= nb
             chunks.append((r, take))
             budget -= take
             i += 1
-        if not evicted or (not chunks and not e.n_dec):
-            self._admit(e, q, ridx, now, budget, chunks)
-        if not chunks and not e.n_dec:
-            return None
-        if e.free < e.min_free:
-            e.min_free = e.free
-        pt = sum(t for _, t in chunks)
-        prefix = [(r.done, t) for r, t in chunks if r.done]  # chunks continuing a prompt attend to its start
-        d = mixed_s(self.cost, pt, len(chunks), e.n_dec, e.kv_sum, prefix)
-        e.pending = (chunks, d)
-        return d
+        started = self._admit(budget, chunks) if not pre or (not chunks and not self.n_dec) else _NONE
+        if not chunks and not self.n_dec:
+            return None if not pre else Batch(started=started, preempted=pre)
+        if self.free < self.min_free:
+            self.min_free = self.free
+        if chunks:
+            pt = sum(t for _, t in chunks)
+            prefix = [(r.done, t) for r, t in chunks if r.done]  # chunks continuing a prompt attend to its start
+            d = mixed_s(f.cost, pt, len(chunks), self.n_dec, self.kv_sum, prefix)
+        else:  # decodes only (most steps): what mixed_s comes to without prompt tokens
+            d = f.cost.decode_s(self.n_dec, self.kv_sum)
+        return Batch(_NONE, _NONE, _NONE, _NONE, now + d, d, started, pre, chunks)  # positional: the hot path
 
-    def _admit(self, e: EngineReplica, q: deque, ridx: int, now: float, budget: int,
-               chunks: list[tuple[_Run, int]]) -> None:
-        """New requests from the head of the queue, FCFS, while the budget, max_num_seqs and free blocks allow."""
-        B, chunked, S = self.B, self.p.chunked_prefill, self.p.max_num_seqs
-        while q and budget > 0 and e.running < S:
+    def _admit(self, budget: int, chunks: list[tuple[_Run, int]]) -> list[int]:
+        """New requests from the head of the queue, FCFS, while the budget, max_num_seqs and free blocks allow;
+        returns them."""
+        f, q = self.f, self.q
+        B, chunked, S, no_evict = f.B, f.p.chunked_prefill, f.p.max_num_seqs, f.p.no_evict
+        inp, parked = f.inp, f.parked
+        got: list[int] = _NONE  # a list once one is admitted (most steps admit none)
+        while q and budget > 0 and self.running < S:
             rid = q[0]
-            gen = self.parked[rid][0] if rid in self.parked else 0
-            tot = self.inp[rid] + gen  # a preempted request recomputes its prompt and the tokens it emitted
+            gen = parked[rid][0] if rid in parked else 0
+            tot = inp[rid] + gen  # a preempted request recomputes its prompt and the tokens it emitted
             take = min(tot, budget) if chunked else tot
             if take > budget:
                 break
             nb = -(-take // B)
-            if nb > e.free:
+            if nb > self.free:
                 break
-            commit = -(-(self.inp[rid] + self.out[rid] - 1) // B) if self.p.no_evict else 0
-            if commit and e.committed + commit > self.blocks:  # GUARANTEED_NO_EVICT: its whole KV must be free
+            commit = -(-(inp[rid] + f.out[rid] - 1) // B) if no_evict else 0
+            if commit and self.committed + commit > f.blocks:  # GUARANTEED_NO_EVICT: its whole KV must be free
                 break
             q.popleft()
-            e.free -= nb
-            self.serial += 1
-            r = _Run(rid, gen, tot, self.serial)
+            self.free -= nb
+            f.serial += 1
+            r = _Run(rid, gen, tot, f.serial)
             r.commit = commit
-            e.committed += commit
-            if len(e.stack) > 2 * e.running + 64:  # drop finished and preempted entries now and then
-                e.stack = [x for x in e.stack if x.state != GONE]
-            e.stack.append(r)
-            e.prefilling.append(r)
-            e.running += 1
-            if gen == 0 and self.start[rid] != self.start[rid]:  # NaN: first scheduled now
-                self.start[rid] = now
-            self.where[rid] = ridx
+            self.committed += commit
+            if len(self.stack) > 2 * self.running + 64:  # drop finished and preempted entries now and then
+                self.stack = [x for x in self.stack if x.state != GONE]
+            self.stack.append(r)
+            self.prefilling.append(r)
+            self.running += 1
+            if got is _NONE:
+                got = []
+            got.append(rid)
             chunks.append((r, take))
             budget -= take
+        return got
 
-    def end(self, e: EngineReplica, now: float) -> int:
+    def on_batch_end(self, batch: Batch, now: float) -> Events:
         """Close the step that ends at ``now``: tokens out, finished requests' blocks freed, finished prefills
-        joined to the decodes. Returns how many requests finished."""
-        chunks, d = e.pending
-        e.pending = None
-        e.last_end = now
-        B = self.B
-        finished = 0
-        if e.n_dec:
-            e.D += 1
-            self.itl_g.append(d)
-            self.itl_w.append(e.n_dec)
-            e.kv_sum += e.n_dec
-            fin, D = e.fin, e.D
+        joined to the decodes. Returns the batch itself, its events now those of its end."""
+        f = self.f
+        self.last_end = now
+        B = f.B
+        ev = batch  # its events (none known when it was formed) become the end's: no new object on the hot path
+        if self.n_dec:
+            ev.gap_s, ev.gap_w = [batch.duration_s], [self.n_dec]
+            self.D += 1
+            self.kv_sum += self.n_dec
+            fin, D = self.fin, self.D
             while fin and fin[0][0] <= D:
                 r = heapq.heappop(fin)[2]
                 if r.state != DECODING:
                     continue  # preempted since
                 h = r.h0 + D - r.j0
-                e.free += -(-h // B)
-                e.n_dec -= 1
-                e.kv_sum -= h + 1
-                e.cnt[r.res] -= 1
-                self._done(e, r, now)
-                finished += 1
+                self.free += -(-h // B)
+                self.n_dec -= 1
+                self.kv_sum -= h + 1
+                self.cnt[r.res] -= 1
+                self._done(r)
+                if ev.finished is _NONE:
+                    ev.finished = []
+                ev.finished.append((r.rid, now))
+        if batch.state:
+            self._prefills_done(batch.state, now, ev)
+        return ev
+
+    def _prefills_done(self, chunks: list[tuple[_Run, int]], now: float, ev: Events) -> None:
+        """The chunks of the step just ended: a (re)prefill done emits its request's next token; the request
+        joins the decodes or, at its last token, finishes."""
+        f = self.f
+        B, out, parked = f.B, f.out, f.parked
         any_done = False
         for r, take in chunks:
             r.done += take
@@ -290,43 +316,34 @@ class InflightScheduler:
             rid = r.rid
             r.gen += 1
             if r.gen == 1:
-                self.first[rid] = now
-                self.parked.pop(rid, None)  # preempted while prefilling its prompt the first time
+                if ev.first is _NONE:
+                    ev.first = []
+                ev.first.append((rid, now))
+                parked.pop(rid, None)  # preempted while prefilling its prompt the first time
             else:  # the token after a recompute
-                self.itl_g.append(now - self.parked.pop(rid)[1])
-                self.itl_w.append(1)
-            if r.gen >= self.out[rid]:
-                e.free += -(-r.done // B)
-                self._done(e, r, now)
-                finished += 1
+                if ev.gap_s is _NONE:
+                    ev.gap_s, ev.gap_w = [], []
+                ev.gap_s.append(now - parked.pop(rid)[1])
+                ev.gap_w.append(1)
+            if r.gen >= out[rid]:
+                self.free += -(-r.done // B)
+                self._done(r)
+                if ev.finished is _NONE:
+                    ev.finished = []
+                ev.finished.append((rid, now))
                 continue
             h = r.done
             r.state = DECODING
-            r.h0, r.j0 = h, e.D
-            r.res = (e.D + 1 - h) % B
-            e.cnt[r.res] += 1
-            e.n_dec += 1
-            e.kv_sum += h + 1
-            heapq.heappush(e.fin, (e.D + self.out[rid] - r.gen, r.serial, r))
+            r.h0, r.j0 = h, self.D
+            r.res = (self.D + 1 - h) % B
+            self.cnt[r.res] += 1
+            self.n_dec += 1
+            self.kv_sum += h + 1
+            heapq.heappush(self.fin, (self.D + out[rid] - r.gen, r.serial, r))
         if any_done:
-            e.prefilling = [r for r in e.prefilling if r.state == PREFILLING]
-        return finished
+            self.prefilling = [r for r in self.prefilling if r.state == PREFILLING]
 
-    def _done(self, e: EngineReplica, r: _Run, now: float) -> None:
+    def _done(self, r: _Run) -> None:
         r.state = GONE
-        self.finish[r.rid] = now
-        e.running -= 1
-        e.committed -= r.commit
-
-    def extra(self, reps: list[EngineReplica]) -> dict[str, Any]:
-        """SimResult.extra: the preemptions (total, requests preempted at least once, most for one request) and
-        the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
-        pre = self.preempted
-        limited = self.blocks != _UNLIMITED
-        return {"preemptions": {"total": sum(pre.values()), "requests_preempted": len(pre),
-                                "max_per_request": max(pre.values(), default=0)},
-                "kv_cache": {"paged": True, "kv_block": self.B, "blocks": self.blocks if limited else None,
-                             "capacity_tokens": self.cost.kv_capacity_tokens,
-                             "peak_blocks_used": max((self.blocks - e.min_free for e in reps), default=0)
-                             if limited else None,
-                             "preemption": "recompute"}}
+        self.running -= 1
+        self.committed -= r.commit
