@@ -1,12 +1,13 @@
 """Policy engine (in-flight batching, paged KV, preemption by recompute) by hand: every time below is worked
 out in the docstring from the hand-built step costs, never read off the code under test. Then the counting
-scheduler against a plain one that visits every request every step, written from vLLM V1's scheduler loop."""
+scheduler against the reference one (serve/reference.py) that visits every request every step, written from
+vLLM V1's scheduler loop."""
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ from opmap.errors import OpmapError
 from opmap.serve import Requests, TableCost, make_requests, simulate, summarize
 from opmap.serve.cost import mixed_s
 from opmap.serve.policies import Chunked, Engine
+from opmap.serve.reference import reference_schedule
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reqs(arr, inp, out):
@@ -162,130 +166,41 @@ def test_without_a_kv_limit_engine_is_sarathi_chunked():
     assert sa["latency"]["itl"] == pytest.approx(sb["latency"]["itl"])
 
 
-def _plain(arr, inp, out, pol, cost):
-    """vLLM V1's scheduler as written there, one replica, every request visited every step: running decodes in
-    admission order (a block short: preempt running[-1]), then partial prompts, then the waiting queue."""
-    B, M, S = pol.kv_block, pol.max_num_batched_tokens, pol.max_num_seqs
-    free = cost.kv_capacity_tokens // B
-    n = len(arr)
-    comp, blocks, gen, target = [0] * n, [0] * n, [0] * n, [0] * n
-    dec = [False] * n
-    start, first, finish, last = [math.nan] * n, [math.nan] * n, [math.nan] * n, [0.0] * n
-    pre = [0] * n
-    gaps: list[float] = []
-    waiting: deque[int] = deque()
-    running: list[int] = []
-    t, ia = 0.0, 0
-    while True:
-        while ia < n and arr[ia] <= t:
-            waiting.append(ia)
-            ia += 1
-        if not running and not waiting:
-            if ia == n:
-                break
-            t = arr[ia]
-            continue
-        sched: dict[int, int] = {}
-        evicted = False
-
-        def evict(v):
-            nonlocal free
-            free += blocks[v]
-            blocks[v] = comp[v] = 0
-            running.remove(v)
-            sched.pop(v, None)
-            dec[v] = False
-            pre[v] += 1
-            waiting.appendleft(v)
-
-        for r in [r for r in running if dec[r]]:
-            if r not in running:
-                continue
-            while r in running and -(-(comp[r] + 1) // B) - blocks[r] > free:
-                evict(running[-1])
-                evicted = True
-            if r in running:
-                nb = -(-(comp[r] + 1) // B) - blocks[r]
-                free -= nb
-                blocks[r] += nb
-                sched[r] = 1
-        budget = M - len(sched)
-        for r in [r for r in running if not dec[r]]:
-            if r not in running:
-                continue
-            if budget <= 0:
-                break
-            take = min(target[r] - comp[r], budget)
-            while -(-(comp[r] + take) // B) - blocks[r] > free:
-                v = running[-1]
-                if v in sched:  # a decode of this step: its block and token come back
-                    budget += 1
-                evict(v)
-                evicted = True
-                if v == r:
-                    break
-            if r not in running:
-                break
-            nb = -(-(comp[r] + take) // B) - blocks[r]
-            free -= nb
-            blocks[r] += nb
-            sched[r] = take
-            budget -= take
-        if not evicted or not sched:
-            while waiting and budget > 0 and len(running) < S:
-                r = waiting[0]
-                tot = inp[r] + gen[r]
-                take = min(tot, budget)
-                if -(-take // B) > free:
-                    break
-                waiting.popleft()
-                free -= -(-take // B)
-                blocks[r], comp[r], target[r] = -(-take // B), 0, tot
-                running.append(r)
-                if math.isnan(start[r]):
-                    start[r] = t
-                sched[r] = take
-                budget -= take
-        nd = sum(1 for r in sched if dec[r])
-        kv = sum(comp[r] + 1 for r in sched if dec[r])
-        pt = sum(v for r, v in sched.items() if not dec[r])
-        prefix = [(comp[r], v) for r, v in sched.items() if not dec[r] and comp[r]]
-        t += mixed_s(cost, pt, len(sched) - nd, nd, kv, prefix)
-        for r, take in sched.items():
-            comp[r] += take
-            if comp[r] < target[r] and not dec[r]:
-                continue
-            gen[r] += 1
-            if gen[r] == 1:
-                first[r] = t
-            else:
-                gaps.append(t - last[r])
-            last[r] = t
-            dec[r] = True
-            if gen[r] == out[r]:
-                finish[r] = t
-                free += blocks[r]
-                running.remove(r)
-    return start, first, finish, pre, gaps
+def _same_as_reference(reqs, pol, cost, min_preemptions):
+    """The counting scheduler against the reference one (serve/reference.py: every request visited every step,
+    its blocks in the block manager): the same times, preemptions and token gaps."""
+    res = simulate(reqs, pol, cost)
+    ref = reference_schedule(reqs, pol, cost)
+    assert sum(ref.preemptions) >= min_preemptions
+    np.testing.assert_allclose(res.start_s, ref.start)
+    np.testing.assert_allclose(res.first_s, ref.first)
+    np.testing.assert_allclose(res.finish_s, ref.finish)
+    np.testing.assert_array_equal(res.preemptions, ref.preemptions)
+    assert res.itl_weight.sum() == len(ref.gaps)
+    assert float((res.itl_gap_s * res.itl_weight).sum()) == pytest.approx(sum(ref.gaps))
 
 
 @pytest.mark.parametrize("seed,cap,pol", [(1, 2048, Engine(32, 256, 16)), (2, 1000, Engine(8, 64, 8)),
                                           (3, 4096, Engine(64, 512, 32)), (4, 600, Engine(4, 16, 1))])
 def test_the_counting_scheduler_is_the_plain_one(seed, cap, pol):
-    """Random traces under KV pressure (many preemptions): the same times, preemptions and token gaps."""
+    """Random traces under KV pressure (many preemptions), synthetic step costs."""
     reqs = make_requests("poisson:30", "uniform:1,300", "uniform:1,200", 250, seed=seed)
     cost = TableCost([16, 100, 4000], [0.0025, 0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]],
                      kv_capacity_tokens=cap)
-    res = simulate(reqs, pol, cost)
-    start, first, finish, pre, gaps = _plain(reqs.arrival_s.tolist(), reqs.input_len.tolist(),
-                                             reqs.output_len.tolist(), pol, cost)
-    assert sum(pre) > 10
-    np.testing.assert_allclose(res.start_s, start)
-    np.testing.assert_allclose(res.first_s, first)
-    np.testing.assert_allclose(res.finish_s, finish)
-    np.testing.assert_array_equal(res.preemptions, pre)
-    assert res.itl_weight.sum() == len(gaps)
-    assert float((res.itl_gap_s * res.itl_weight).sum()) == pytest.approx(sum(gaps))
+    _same_as_reference(reqs, pol, cost, 11)
+
+
+@pytest.mark.parametrize("model,arrival,cap", [("examples/tiny-llama.json", "poisson:400", 3000),
+                                               ("gpt2", "poisson:100", 3000)])
+def test_the_counting_scheduler_is_the_plain_one_on_priced_models(model, arrival, cap):
+    """A Hugging Face config and a zoo model priced by opmap's cost model on an H100 (model_table_cost), the KV
+    cache cut to ``cap`` tokens so that requests are preempted."""
+    from opmap.serve.model_cost import model_table_cost
+
+    cost = replace(model_table_cost(str(ROOT / model) if model.endswith(".json") else model, "h100-sxm"),
+                   kv_capacity_tokens=cap)
+    reqs = make_requests(arrival, "uniform:16,400", "uniform:1,300", 200, seed=7)
+    _same_as_reference(reqs, Engine(32, 512, 16), cost, 5)
 
 
 def test_ten_thousand_requests_simulate_fast():
