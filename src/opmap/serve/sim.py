@@ -67,22 +67,40 @@ class SimResult:
     preemptions: np.ndarray | None = None  # per request, how often it was preempted (policy engine)
 
 
+@dataclass(frozen=True)
+class ClosedLoop:
+    """A closed loop of ``users`` clients: each sends its first request at 0 and its next one ``think_s`` after
+    its previous one is recorded finished (its last token; the batch's end for none / static / dynamic). The
+    requests are sent in trace order; their arrival times in the result are the send times."""
+
+    users: int
+    think_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        count(self.users, "closed-loop users", hi=MAX_REPLICAS * 1000)
+        if not (self.think_s >= 0 and self.think_s < float("inf")):
+            raise OpmapError(f"closed-loop think time must be a finite number of seconds >= 0, got {self.think_s}")
+
+
 def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int = 1,
-             router: str = "round_robin", seed: int = 0, prefilled_first_s: np.ndarray | None = None) -> SimResult:
+             router: str = "round_robin", seed: int = 0, prefilled_first_s: np.ndarray | None = None,
+             closed: ClosedLoop | None = None) -> SimResult:
     """Run ``reqs`` through ``replicas`` servers under ``policy``, each step priced by ``cost`` (or each
     request served for a drawn ``ServiceTime``, from ``np.random.default_rng([seed, 1])``).
 
     ``prefilled_first_s`` (a decode pool, see disagg.py): every request arrives with its prompt already
     processed elsewhere and its first token out at ``prefilled_first_s[i]``; admission (continuous policy
     only, KV cache permitting) costs no prefill step, the request joins the next decode iteration, and its
-    first inter-token gap runs from ``prefilled_first_s[i]``."""
-    sim = _Sim(reqs, policy, cost, replicas, router, seed, prefilled_first_s)
+    first inter-token gap runs from ``prefilled_first_s[i]``. ``closed``: the requests are sent by a closed
+    loop of users (``ClosedLoop``), not at their arrival times."""
+    sim = _Sim(reqs, policy, cost, replicas, router, seed, prefilled_first_s, closed)
     sim.run()
     if any(np.isnan(sim.finish)):
         raise OpmapError("simulation ended with unfinished requests (a policy or capacity deadlock): "
                          "report this with the command line")
     fam = sim.family
-    return SimResult(reqs.arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
+    arrival_s = np.asarray(sim.trace.arr) if closed is not None else reqs.arrival_s
+    return SimResult(arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
                      reqs.input_len, reqs.output_len, np.asarray(sim.where), np.asarray(sim.itl_g, dtype=np.float64),
                      np.asarray(sim.itl_w, dtype=np.float64), policy.to_dict(),
                      cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
@@ -118,7 +136,7 @@ class _Sim:
     event heap. The schedulers form and close steps; the simulator records what they report."""
 
     def __init__(self, reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int, router: str,
-                 seed: int, prefilled_first_s: np.ndarray | None) -> None:
+                 seed: int, prefilled_first_s: np.ndarray | None, closed: ClosedLoop | None = None) -> None:
         self.router, self.replicas = router, replicas
         self.service = service = isinstance(cost, ServiceTime)
         self.n = n = len(reqs)
@@ -128,6 +146,10 @@ class _Sim:
         self.family = fam = family_for(policy)(policy, cost, self.trace)
         _check(reqs, policy, fam, cost, replicas, router, prefilled_first_s is not None)
         fam.check()
+        self.closed, self.sent = closed, n
+        if closed is not None:  # the users' first requests at 0; the others sent as requests finish (record)
+            self.sent = min(closed.users, n)
+            self.trace.arr = [0.0] * self.sent + [float("inf")] * (n - self.sent)
         nan = float("nan")
         self.start, self.first, self.finish = [nan] * n, [nan] * n, [nan] * n
         self.where = [0] * n
@@ -150,7 +172,16 @@ class _Sim:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, r))
 
-    def record(self, ev: Events, r: int, gaps: bool = True) -> None:
+    def send(self, k: int, now: float) -> None:
+        """Closed loop: ``k`` users got their response at ``now``; each sends the next request after its think
+        time."""
+        arr, n, t = self.trace.arr, self.n, now + self.closed.think_s
+        for _ in range(k):
+            if self.sent < n:
+                arr[self.sent] = t
+                self.sent += 1
+
+    def record(self, ev: Events, r: int, now: float, gaps: bool = True) -> None:
         """A step's events: first and last tokens (a finished request leaves replica ``r``), inter-token gaps
         (unless ``gaps`` is False: recorded by the caller)."""
         if ev.first:
@@ -162,6 +193,8 @@ class _Sim:
             for rid, t in ev.finished:
                 finish[rid] = t
             self.outstanding[r] -= len(ev.finished)
+            if self.closed is not None:
+                self.send(len(ev.finished), now)
         if gaps and ev.gap_s:
             self.itl_g.extend(ev.gap_s)
             self.itl_w.extend(ev.gap_w)
@@ -193,7 +226,7 @@ class _Sim:
             for rid in b.preempted:
                 self.pre[rid] += 1
         if b.first or b.finished or b.gap_s:
-            self.record(b, r)
+            self.record(b, r, now)
         if b.end_s is None:
             return
         self.steps += 1
@@ -232,7 +265,7 @@ class _Sim:
                             itl_g.extend(ev.gap_s)
                             itl_w.extend(ev.gap_w)
                         if ev.first or ev.finished:
-                            record(ev, r, False)
+                            record(ev, r, now, False)
                     if shared is not None:
                         self.kick(now)
                         continue
@@ -250,6 +283,8 @@ class _Sim:
                     begin(r, now)
                 continue
             now = ta
+            if now == float("inf"):  # a closed loop whose users all wait on requests that never finish
+                break
             touched = set()
             while ia < n and arr[ia] == now:  # requests arriving together are queued together (offline)
                 if router == "round_robin":
