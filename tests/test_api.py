@@ -83,7 +83,7 @@ def test_decode_kv_bytes_are_the_formula_on_a_hugging_face_config_and_a_zoo_mode
     for target, want in ((TINY, 2 * 4 * 32 * 2 * 2 * 128), ("gpt2", 2 * 12 * 64 * 12 * 2 * 128)):
         spec = Phase("decode", kv_len=64).spec(target, 2)
         pa = Model(target, "bf16").phase(spec, Shape(2), get_hardware("h100-sxm"), None, "eager")
-        assert pa.figures["kv_cache_read_bytes"] == want
+        assert pa.figures.floor.kv_cache_read_bytes == want
 
 
 def test_keys_are_the_ones_cached_before_the_facade(monkeypatch):
