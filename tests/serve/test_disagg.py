@@ -40,15 +40,19 @@ def test_one_request_by_hand():
 
 def test_decode_pool_kv_capacity_makes_the_second_request_wait():
     """Two prompts of 50 arrive together; the prefill replica holds both (50 + 1 tokens each in 110) and
-    prefills them in one step of 100 tokens (0.1 s); both are ready at 0.1 + 0.002 + 50 x 1e-3 = 0.152 s. The
-    decode replica holds one whole request (50 + 60 = 110 tokens) at a time: the first finishes at
-    0.152 + 59 x 0.01 = 0.742 s, the second is admitted then (a 0.59 s wait) and finishes at 1.332 s."""
+    prefills them in one step of 100 tokens (0.1 s). The decode replica holds one whole request (50 + 60 = 110
+    tokens) at a time: the first moves at once, lands at 0.1 + 0.002 + 50 x 1e-3 = 0.152 s and finishes at
+    0.152 + 59 x 0.01 = 0.742 s. The second's KV stays on the prefill replica until then (back-pressure: the decode
+    replica has no room to receive it), moves at 0.742 s, lands at 0.794 s and finishes at 0.794 + 0.59 = 1.384 s;
+    it waited 0.742 - 0.1 = 0.642 s between its first token and its transfer. (Before back-pressure: moved at
+    0.1 s, admitted at 0.742 s, finished 1.332 s.)"""
     cost = TableCost([1000], [1.0], [1], [0], [[DEC_S]], kv_capacity_tokens=110)
     res = simulate_disaggregated(_reqs([0.0, 0.0], [50, 50], [60, 60]), Continuous(), cost, 1, 1, XFER)
     assert res.first_s == pytest.approx([0.1, 0.1])
-    assert sorted(res.finish_s) == pytest.approx([0.742, 1.332])
+    assert sorted(res.finish_s) == pytest.approx([0.742, 1.384])
     s = summarize(res).to_dict()
-    assert s["disaggregation"]["decode_admission_wait_s"]["max_s"] == pytest.approx(0.59)
+    assert s["disaggregation"]["decode_admission_wait_s"]["max_s"] == pytest.approx(0.642)
+    assert s["disaggregation"]["kv_held_on_prefill_s"]["max_s"] == pytest.approx(0.642)
 
 
 def test_decodes_no_longer_wait_for_prefills():

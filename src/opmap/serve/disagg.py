@@ -9,13 +9,21 @@ requests at iteration boundaries while their whole KV reservation (prompt + outp
 with continuous batching; the request's first inter-token gap runs from its first token, so it carries the
 transfer and any wait for a decode slot.
 
-Assumptions, stated in the result: a prefill replica frees a request's KV as soon as its transfer starts
-(no back-pressure from a full decode pool: DistServe's prefill instances would hold it); the link carries one
-transfer per request with no contention between transfers; the decode replica is picked least-loaded.
+Back-pressure (DistServe's pull, vLLM's disaggregated prefill): both pools run in one event loop. A prefilled
+request keeps its KV (prompt + first token) on its prefill replica until a decode replica has room for its whole
+reservation (prompt + output); only then does its transfer start, and the decode replica holds that reservation
+from then until the request finishes. A prefill replica whose KV is full of requests waiting to move admits no
+new prompt. Where the decode pool never fills, every transfer starts at its request's first token.
+
+Assumptions, stated in the result: prefilled requests move first come, first served (the head waits for room,
+those behind it wait too); the link carries one transfer per request with no contention between transfers;
+the decode replica is the least loaded of those with room.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,9 +32,14 @@ import numpy as np
 from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
 from opmap.serve.cost import StepCost
+from opmap.serve.iteration import IterationFamily
 from opmap.serve.policies import Policy
-from opmap.serve.sim import MAX_REPLICAS, SimResult, simulate
+from opmap.serve.request import Batch, Events, Trace
+from opmap.serve.sim import MAX_REPLICAS, SimResult, _check
 
+ASSUMPTIONS = ("prefill holds a request's KV until a decode replica has room for it, then its transfer starts "
+               "(back-pressure, first come first served); transfers do not contend for the link; decode replica "
+               "picked least-loaded among those with room")
 ACCEPTED = "P:D, the prefill and decode replica counts, integers >= 1 (e.g. 1:3)"
 
 
@@ -80,26 +93,27 @@ def kv_transfer_for(hw, bytes_per_token: float, tp: int, replicas: int) -> KvTra
 
 def simulate_disaggregated(reqs: Requests, policy: Policy, cost: StepCost, prefill_replicas: int,
                            decode_replicas: int, transfer: KvTransfer, router: str = "round_robin",
-                           seed: int = 0) -> SimResult:
-    """Serve ``reqs`` on a prefill pool and a decode pool (see the module docstring). ``policy`` must be
-    continuous: its token budget bounds a prefill iteration; decode admission is bounded by the KV cache."""
+                           seed: int = 0, decode_cost: StepCost | None = None) -> SimResult:
+    """Serve ``reqs`` on a prefill pool priced by ``cost`` and a decode pool priced by ``decode_cost`` (default
+    ``cost``), both in one event loop (see the module docstring). ``policy`` must be continuous: its token budget
+    bounds a prefill iteration; decode admission is bounded by the KV cache. ``seed`` is unused (no draws)."""
     if policy.name != "continuous":
         raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
                          f"continuous[:TOKEN_BUDGET], got {policy.spec()!r}")
+    dcost = cost if decode_cost is None else decode_cost
     n = len(reqs)
     ones = np.ones(n, dtype=reqs.output_len.dtype)
-    # the prefill pool: each request's work there ends with its first token
-    pre = simulate(Requests(reqs.arrival_s, reqs.input_len, ones, reqs.arrival), policy, cost,
-                   prefill_replicas, router, seed)
+    _check(Requests(reqs.arrival_s, reqs.input_len, ones, reqs.arrival), policy, IterationFamily(policy, cost, None),
+           cost, prefill_replicas, router, False)
+    _check(reqs, policy, IterationFamily(policy, dcost, None), dcost, decode_replicas, "least_loaded", True)
     move_s = transfer.seconds(reqs.input_len.astype(np.float64))
-    ready = pre.first_s + move_s
-    order = np.argsort(ready, kind="stable")
-    dec = simulate(Requests(ready[order], reqs.input_len[order], reqs.output_len[order], reqs.arrival), policy,
-                   cost, decode_replicas, "least_loaded", seed, prefilled_first_s=pre.first_s[order])
-    back = np.empty(n, dtype=np.int64)
-    back[order] = np.arange(n)
-    finish = dec.finish_s[back]
-    decode_wait = (dec.start_s - dec.arrival_s)[back]
+    sim = _Pools(reqs, policy, cost, dcost, prefill_replicas, decode_replicas, router, move_s.tolist())
+    sim.run()
+    if any(np.isnan(sim.finish)):
+        raise OpmapError("simulation ended with unfinished requests (a policy or capacity deadlock): "
+                         "report this with the command line")
+    held_wait = np.asarray(sim.xfer) - np.asarray(sim.first)
+    decode_wait = held_wait + np.asarray(sim.dstart) - (np.asarray(sim.xfer) + move_s)
     extra = {"disaggregation": {
         "prefill_replicas": prefill_replicas, "decode_replicas": decode_replicas,
         "kv_transfer": transfer.to_dict(),
@@ -107,10 +121,175 @@ def simulate_disaggregated(reqs: Requests, policy: Policy, cost: StepCost, prefi
                           "max_s": float(move_s.max()) if n else None},
         "decode_admission_wait_s": {"mean_s": float(decode_wait.mean()) if n else None,
                                     "max_s": float(decode_wait.max()) if n else None},
-        "busy_s": {"prefill": list(pre.busy_s), "decode": list(dec.busy_s)},
-        "assumptions": "prefill frees a request's KV when its transfer starts (no back-pressure); transfers do "
-                       "not contend for the link; decode replica picked least-loaded"}}
-    return SimResult(reqs.arrival_s, pre.start_s, pre.first_s, finish, reqs.input_len, reqs.output_len,
-                     pre.replica, dec.itl_gap_s, dec.itl_weight, policy.to_dict(), dict(pre.cost), router,
-                     prefill_replicas + decode_replicas, reqs.arrival, pre.steps + dec.steps,
-                     list(pre.busy_s) + list(dec.busy_s), extra=extra)
+        "busy_s": {"prefill": list(sim.busy_s[:prefill_replicas]), "decode": list(sim.busy_s[prefill_replicas:])},
+        "assumptions": ASSUMPTIONS}}
+    if decode_cost is not None:
+        extra["disaggregation"]["decode_cost"] = dcost.to_dict()
+    if held_wait.size and held_wait.max() > 0:  # only where back-pressure bound: the default output is unchanged
+        extra["disaggregation"]["kv_held_on_prefill_s"] = {"mean_s": float(held_wait.mean()),
+                                                           "max_s": float(held_wait.max())}
+    return SimResult(reqs.arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
+                     reqs.input_len, reqs.output_len, np.asarray(sim.where), np.asarray(sim.itl_g, dtype=np.float64),
+                     np.asarray(sim.itl_w, dtype=np.float64), policy.to_dict(), cost.to_dict(), router,
+                     prefill_replicas + decode_replicas, reqs.arrival, sim.steps, list(sim.busy_s), extra=extra)
+
+
+class _Pools:
+    """One disaggregated simulation: P prefill and D decode iteration schedulers (iteration.py) on one event heap of
+    (time, kind, seq, replica or request): kind 0 a transfer lands on its decode replica, 1 a step ends (replicas
+    0..P-1 prefill, P..P+D-1 decode). Arrivals are merged in from the sorted arrival times, as in sim.py.
+
+    Back-pressure: a prefilled request keeps its KV (prompt + first token) reserved on its prefill replica in
+    ``waiting`` (first come, first served) until a decode replica has room for its whole reservation (prompt +
+    output, ``dres``); its transfer starts then and the decode replica's KV is reserved from that moment until the
+    request finishes. The decode schedulers admit what has landed without a KV check of their own."""
+
+    def __init__(self, reqs: Requests, policy: Policy, cost: StepCost, dcost: StepCost, P: int, D: int, router: str,
+                 move_s: list[float]) -> None:
+        self.n = n = len(reqs)
+        self.P, self.D, self.router, self.move_s = P, D, router, move_s
+        inp, out = reqs.input_len.tolist(), reqs.output_len.tolist()
+        self.arr, self.inp, self.out = reqs.arrival_s.tolist(), inp, out
+        nan = float("nan")
+        self.start, self.first, self.finish, self.xfer, self.dstart = ([nan] * n for _ in range(5))
+        self.where = [0] * n
+        self.itl_g: list[float] = []
+        self.itl_w: list[int] = []
+        pfam = IterationFamily(policy, cost, Trace(self.arr, inp, [1] * n))
+        dfam = IterationFamily(policy, dcost, Trace(self.arr, inp, out, origin=self.first))
+        dfam.cap = None  # the decode KV is reserved here, when a transfer starts (back-pressure)
+        self.dcap = dcost.kv_capacity_tokens
+        shared = deque() if router == "shared" else None
+        self.queues = [shared if shared is not None else deque() for _ in range(P)] + [deque() for _ in range(D)]
+        self.scheds = [pfam.replica(r, self.queues[r]) for r in range(P)]
+        self.scheds += [dfam.replica(d, self.queues[P + d]) for d in range(D)]
+        self.busy = [False] * (P + D)
+        self.pending: list[Batch | None] = [None] * (P + D)
+        self.outstanding = [0] * (P + D)
+        self.busy_s = [0.0] * (P + D)
+        self.dres = [0] * D  # decode KV reserved per decode replica (tokens)
+        self.waiting: deque[int] = deque()  # prefilled requests holding prefill KV, waiting for decode room
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = self.steps = 0
+        self.shared = shared
+
+    def push(self, t: float, kind: int, x: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, x))
+
+    def begin(self, r: int, now: float) -> None:
+        """Ask replica ``r`` for its next step at ``now``; record what forming it did and start it."""
+        if self.busy[r]:
+            return
+        b = self.scheds[r].schedule(now)
+        if b is None:
+            return
+        for rid in b.started:
+            if r < self.P:
+                self.start[rid] = now
+                self.where[rid] = r
+            else:
+                self.dstart[rid] = now
+        self.events(b, r, now)
+        if b.end_s is None:
+            return
+        self.steps += 1
+        self.busy[r] = True
+        self.busy_s[r] += b.duration_s
+        self.pending[r] = b
+        self.push(b.end_s, 1, r)
+
+    def events(self, ev: Events, r: int, now: float) -> None:
+        """A prefill replica's first tokens (the request then holds its KV there, waiting to move) or a decode
+        replica's gaps and finishes (its decode KV freed)."""
+        if r < self.P:
+            for rid, t in ev.first:
+                self.first[rid] = t
+                self.scheds[r].kv_res += self.inp[rid] + 1  # held (iteration.py frees a one-token request's)
+                self.waiting.append(rid)
+            return
+        if ev.gap_s:
+            self.itl_g.extend(ev.gap_s)
+            self.itl_w.extend(ev.gap_w)
+        for rid, t in ev.finished:
+            self.finish[rid] = t
+            self.outstanding[r] -= 1
+            self.dres[r - self.P] -= self.inp[rid] + self.out[rid]
+
+    def transfers(self, now: float) -> None:
+        """Start the transfers of the waiting requests, first come first served, while a decode replica has room
+        (the least loaded of those that have); a prefill replica whose KV this frees is asked for a step."""
+        waiting, P, cap, dres, outstanding = self.waiting, self.P, self.dcap, self.dres, self.outstanding
+        freed = set()
+        while waiting:
+            rid = waiting[0]
+            need = self.inp[rid] + self.out[rid]
+            room = [d for d in range(self.D) if cap is None or dres[d] + need <= cap]
+            if not room:
+                break
+            d = min(room, key=lambda d: outstanding[P + d])
+            waiting.popleft()
+            dres[d] += need
+            outstanding[P + d] += 1
+            p = self.where[rid]
+            self.scheds[p].kv_res -= self.inp[rid] + 1
+            freed.add(p)
+            self.xfer[rid] = now
+            self.push(now + self.move_s[rid], 0, rid * self.D + d)
+        for p in sorted(freed):
+            self.begin(p, now)
+
+    def route(self, now: float, ia: int) -> int:
+        """Queue the requests arriving at ``now`` (from ``ia``) on the prefill replicas; start the idle ones."""
+        arr, n, P, touched = self.arr, self.n, self.P, set()
+        while ia < n and arr[ia] == now:
+            if self.router == "round_robin":
+                r = ia % P
+            elif self.router == "least_loaded":
+                r = min(range(P), key=self.outstanding.__getitem__)
+            else:
+                r = 0
+            self.queues[r].append(ia)
+            self.outstanding[r] += 1
+            touched.add(r)
+            ia += 1
+        for r in (range(P) if self.shared is not None or ia == n else sorted(touched)):
+            self.begin(r, now)
+        return ia
+
+    def land(self, now: float) -> None:
+        """Transfers landing at ``now`` join their decode replicas' queues together; the idle ones start."""
+        heap, D, touched = self.heap, self.D, set()
+        while heap and heap[0][0] == now and heap[0][1] == 0:
+            x = heapq.heappop(heap)[3]
+            r = self.P + x % D
+            self.queues[r].append(x // D)
+            touched.add(r)
+        for r in sorted(touched):
+            self.begin(r, now)
+
+    def run(self) -> None:
+        """The event loop: the earliest of the next heap event and the next arrival (arrivals first on a tie)."""
+        arr, n, heap, P, ia = self.arr, self.n, self.heap, self.P, 0
+        while ia < n or heap:
+            ta = arr[ia] if ia < n else float("inf")
+            if not heap or heap[0][0] >= ta:
+                ia = self.route(ta, ia)
+                continue
+            now, kind = heap[0][0], heap[0][1]
+            if kind == 0:
+                self.land(now)
+                continue
+            r = heapq.heappop(heap)[3]
+            b, self.pending[r] = self.pending[r], None
+            self.busy[r] = False
+            ev = self.scheds[r].on_batch_end(b, now)
+            if r < P:
+                self.outstanding[r] -= len(ev.first)
+            self.events(ev, r, now)
+            self.transfers(now)  # before the next step: a transfer frees prefill KV, a finish makes decode room
+            if self.shared is not None and r < P:
+                for q in range(P):
+                    self.begin(q, now)
+            else:
+                self.begin(r, now)
