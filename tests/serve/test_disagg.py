@@ -55,6 +55,77 @@ def test_decode_pool_kv_capacity_makes_the_second_request_wait():
     assert s["disaggregation"]["kv_held_on_prefill_s"]["max_s"] == pytest.approx(0.642)
 
 
+def _held_on_prefill(start_s, xfer_s, tokens):
+    """The most KV tokens held on one prefill replica at once: request i holds ``tokens[i]`` from ``start_s[i]``
+    (admitted) to ``xfer_s[i]`` (its transfer starts); at a tie a release comes before an admission."""
+    events = sorted([(t, 0, -k) for t, k in zip(xfer_s, tokens)] + [(t, 1, k) for t, k in zip(start_s, tokens)])
+    held = most = 0
+    for _, _, k in events:
+        held += k
+        most = max(most, held)
+    return most
+
+
+def test_back_pressure_a_full_decode_pool_holds_prefill_back():
+    """Four prompts of 100 (11 output tokens each) arrive at 0. Prefill: 1 ms a token, KV for two requests
+    (2 x (100 + 1) = 202 tokens); decode: 10 ms an iteration, KV for exactly one request (100 + 11 = 111 tokens);
+    a transfer takes 0.002 + 100 x 1e-3 = 0.102 s, a decode 10 iterations = 0.1 s, so a request finishes 0.202 s
+    after its transfer starts, and the k-th transfer starts when the (k-1)-th request finishes:
+
+    ====  =========  ===========  ==================  =====================
+    req   admitted   first token  transfer starts     finish (+ 0.202)
+    ====  =========  ===========  ==================  =====================
+    0     0          0.2          0.2                 0.402
+    1     0          0.2          0.402 (0 finishes)  0.604
+    2     0.2 (0's   0.3          0.604 (1 finishes)  0.806
+          KV left)
+    3     0.402      0.502        0.806 (2 finishes)  1.008
+    ====  =========  ===========  ==================  =====================
+
+    Request 3 waits for prefill from 0.3 to 0.402: the prefill replica is idle with its KV full of requests 1 and
+    2, which the decode pool cannot take (without back-pressure it would be prefilled with request 2 by 0.4)."""
+    pre = TableCost([1000], [1000 * PRE_S_PER_TOKEN], [1], [0], [[DEC_S]], kv_capacity_tokens=202)
+    dec = TableCost([1000], [1000 * PRE_S_PER_TOKEN], [1], [0], [[DEC_S]], kv_capacity_tokens=111)
+    reqs = _reqs([0.0] * 4, [100] * 4, [11] * 4)
+    res = simulate_disaggregated(reqs, Continuous(), pre, 1, 1, XFER, decode_cost=dec)
+    assert res.start_s == pytest.approx([0.0, 0.0, 0.2, 0.402])
+    assert res.first_s == pytest.approx([0.2, 0.2, 0.3, 0.502])
+    assert res.finish_s == pytest.approx([0.402, 0.604, 0.806, 1.008])
+    xfer_s = [0.2, 0.402, 0.604, 0.806]
+    assert np.asarray(res.finish_s) - 0.202 == pytest.approx(xfer_s)
+    assert _held_on_prefill(res.start_s, xfer_s, [101] * 4) == 202  # full, never over its capacity
+    d = summarize(res).to_dict()["disaggregation"]
+    assert d["kv_held_on_prefill_s"]["max_s"] == pytest.approx(0.604 - 0.3)  # requests 2 and 3: 0.304 s
+    assert d["decode_cost"]["kv_capacity_tokens"] == 111
+
+
+@pytest.mark.parametrize("model", ["examples/tiny-llama.json", "gpt2"])
+def test_back_pressure_on_priced_models(model):
+    """A Hugging Face config and a zoo model priced by model_table_cost on h100-sxm; the decode pool's KV cut to
+    one request's reservation. Every request's transfer then waits for the one before it to finish (one decode
+    replica, first come first served): no two requests decode at once, prefill never holds more KV than it has."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from opmap.serve.model_cost import model_table_cost
+
+    root = Path(__file__).resolve().parents[2]
+    cost = model_table_cost(str(root / model) if model.endswith(".json") else model, "h100-sxm")
+    inp, out = 64, 16
+    dec = replace(cost, kv_capacity_tokens=inp + out)
+    pre = replace(cost, kv_capacity_tokens=3 * (inp + 1))
+    n = 6
+    res = simulate_disaggregated(_reqs([0.0] * n, [inp] * n, [out] * n), Continuous(), pre, 1, 1, XFER,
+                                 decode_cost=dec)
+    move = 0.002 + inp * 1e-3
+    order = np.argsort(res.finish_s)
+    fin = np.asarray(res.finish_s)[order]
+    assert np.all(np.diff(fin) >= move - 1e-12)  # the next one moves only when the last has finished
+    xfer_s = np.concatenate([[res.first_s[order[0]]], fin[:-1]])  # k-th transfer at the (k-1)-th finish
+    assert np.all(xfer_s >= np.asarray(res.first_s)[order] - 1e-12)
+    assert _held_on_prefill(np.asarray(res.start_s)[order], xfer_s, [inp + 1] * n) <= 3 * (inp + 1)
+
+
 def test_decodes_no_longer_wait_for_prefills():
     """Colocated continuous batching runs a prefill iteration on its own, so a running decode stalls for the
     whole prefill of a newcomer (here 0.5 s); with a separate prefill pool no gap after a request's first
