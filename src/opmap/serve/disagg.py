@@ -182,15 +182,22 @@ class _Pools:
         if self.busy[r]:
             return
         b = self.scheds[r].schedule(now)
-        if b is None:
-            return
-        for rid in b.started:
+        if b is not None:
+            self.started(r, b, now)
+
+    def started(self, r: int, b: Batch, now: float) -> None:
+        """Record what forming step ``b`` on replica ``r`` did (admissions, a decode pool's one-token finishes),
+        and start it (unless it runs nothing)."""
+        if b.started:
             if r < self.P:
-                self.start[rid] = now
-                self.where[rid] = r
+                for rid in b.started:
+                    self.start[rid] = now
+                    self.where[rid] = r
             else:
-                self.dstart[rid] = now
-        self.events(b, r, now)
+                for rid in b.started:
+                    self.dstart[rid] = now
+        if b.first or b.finished:
+            self.events(b, r, now)
         if b.end_s is None:
             return
         self.steps += 1
@@ -216,80 +223,121 @@ class _Pools:
             self.outstanding[r] -= 1
             self.dres[r - self.P] -= self.inp[rid] + self.out[rid]
 
-    def transfers(self, now: float) -> None:
+    def transfers(self, now: float, skip: int = -1) -> None:
         """Start the transfers of the waiting requests, first come first served, while a decode replica has room
-        (the least loaded of those that have); a prefill replica whose KV this frees is asked for a step."""
-        waiting, P, cap, dres, outstanding = self.waiting, self.P, self.dcap, self.dres, self.outstanding
-        freed = set()
+        (the least loaded of those that have); a prefill replica whose KV this frees is asked for a step (but
+        ``skip``, which the caller asks next)."""
+        waiting, P, D, cap, dres, outstanding = self.waiting, self.P, self.D, self.dcap, self.dres, self.outstanding
+        if not waiting:
+            return
+        inp, out, where, heap = self.inp, self.out, self.where, self.heap
+        freed = []
         while waiting:
             rid = waiting[0]
-            need = self.inp[rid] + self.out[rid]
-            room = [d for d in range(self.D) if cap is None or dres[d] + need <= cap]
-            if not room:
+            need = inp[rid] + out[rid]
+            d = -1
+            for e in range(D):  # the least loaded with room (ties: the lowest index)
+                if (cap is None or dres[e] + need <= cap) and (d < 0 or outstanding[P + e] < outstanding[P + d]):
+                    d = e
+            if d < 0:
                 break
-            d = min(room, key=lambda d: outstanding[P + d])
             waiting.popleft()
             dres[d] += need
             outstanding[P + d] += 1
-            p = self.where[rid]
-            self.scheds[p].kv_res -= self.inp[rid] + 1
-            freed.add(p)
+            p = where[rid]
+            self.scheds[p].kv_res -= inp[rid] + 1
+            if p != skip and p not in freed:
+                freed.append(p)
             self.xfer[rid] = now
-            self.push(now + self.move_s[rid], 0, rid * self.D + d)
+            self.seq += 1
+            heapq.heappush(heap, (now + self.move_s[rid], 0, self.seq, rid * D + d))
         for p in sorted(freed):
             self.begin(p, now)
 
     def route(self, now: float, ia: int) -> int:
         """Queue the requests arriving at ``now`` (from ``ia``) on the prefill replicas; start the idle ones."""
-        arr, n, P, touched = self.arr, self.n, self.P, set()
+        arr, n, P, router, outstanding, queues = self.arr, self.n, self.P, self.router, self.outstanding, self.queues
+        touched: list[int] = []
         while ia < n and arr[ia] == now:
-            if self.router == "round_robin":
+            if router == "round_robin":
                 r = ia % P
-            elif self.router == "least_loaded":
-                r = min(range(P), key=self.outstanding.__getitem__)
+            elif router == "least_loaded":
+                r = min(range(P), key=outstanding.__getitem__)
             else:
                 r = 0
-            self.queues[r].append(ia)
-            self.outstanding[r] += 1
-            touched.add(r)
+            queues[r].append(ia)
+            outstanding[r] += 1
+            if r not in touched:
+                touched.append(r)
             ia += 1
-        for r in (range(P) if self.shared is not None or ia == n else sorted(touched)):
-            self.begin(r, now)
+        if self.shared is not None or ia == n:
+            touched = range(P)
+        elif len(touched) > 1:
+            touched.sort()
+        for r in touched:
+            if not self.busy[r]:
+                self.begin(r, now)
         return ia
 
     def land(self, now: float) -> None:
         """Transfers landing at ``now`` join their decode replicas' queues together; the idle ones start."""
-        heap, D, touched = self.heap, self.D, set()
+        heap, D, touched = self.heap, self.D, []
         while heap and heap[0][0] == now and heap[0][1] == 0:
             x = heapq.heappop(heap)[3]
             r = self.P + x % D
             self.queues[r].append(x // D)
-            touched.add(r)
-        for r in sorted(touched):
-            self.begin(r, now)
+            if r not in touched:
+                touched.append(r)
+        for r in (touched if len(touched) == 1 else sorted(touched)):
+            if not self.busy[r]:
+                self.begin(r, now)
 
     def run(self) -> None:
-        """The event loop: the earliest of the next heap event and the next arrival (arrivals first on a tie)."""
-        arr, n, heap, P, ia = self.arr, self.n, self.heap, self.P, 0
+        """The event loop: the earliest of the next heap event and the next arrival (arrivals first on a tie). A
+        step's end is handled inline (most events): its events recorded, transfers started where a request waits
+        to move, and the replica's next step formed."""
+        arr, n, heap, P, ia, waiting = self.arr, self.n, self.heap, self.P, 0, self.waiting
+        scheds, pending, busy, busy_s, outstanding = self.scheds, self.pending, self.busy, self.busy_s, self.outstanding
+        itl_g, itl_w, shared = self.itl_g, self.itl_w, self.shared
         while ia < n or heap:
             ta = arr[ia] if ia < n else float("inf")
             if not heap or heap[0][0] >= ta:
                 ia = self.route(ta, ia)
                 continue
-            now, kind = heap[0][0], heap[0][1]
-            if kind == 0:
-                self.land(now)
+            if heap[0][1] == 0:
+                self.land(heap[0][0])
                 continue
-            r = heapq.heappop(heap)[3]
-            b, self.pending[r] = self.pending[r], None
-            self.busy[r] = False
-            ev = self.scheds[r].on_batch_end(b, now)
+            now, _, _, r = heapq.heappop(heap)
+            b, pending[r] = pending[r], None
+            busy[r] = False
+            ev = scheds[r].on_batch_end(b, now)
             if r < P:
-                self.outstanding[r] -= len(ev.first)
-            self.events(ev, r, now)
-            self.transfers(now)  # before the next step: a transfer frees prefill KV, a finish makes decode room
-            if self.shared is not None and r < P:
-                for q in range(P):
-                    self.begin(q, now)
+                if ev.first:
+                    outstanding[r] -= len(ev.first)
+                    self.events(ev, r, now)
+                if shared is not None:
+                    if waiting:
+                        self.transfers(now)
+                    for q in range(P):
+                        self.begin(q, now)
+                    continue
             else:
-                self.begin(r, now)
+                if ev.gap_s:
+                    itl_g.extend(ev.gap_s)
+                    itl_w.extend(ev.gap_w)
+                if ev.finished:
+                    self.events(Events(finished=ev.finished), r, now)
+            if waiting:  # before the next step: a transfer frees prefill KV, a finish makes decode room
+                self.transfers(now, r)
+            b = scheds[r].schedule(now)  # begin(r, now), inlined for a plain next step (most steps)
+            if b is None:
+                continue
+            if b.started or b.first or b.finished or b.end_s is None:
+                self.started(r, b, now)
+                continue
+            self.steps += 1
+            busy[r] = True
+            busy_s[r] += b.duration_s
+            pending[r] = b
+            self.seq += 1
+            heapq.heappush(heap, (b.end_s, 1, self.seq, r))
