@@ -34,3 +34,28 @@ def test_tpu_v6e_matches_the_cloud_tpu_page(specs):
     assert s.tdp_w is None and s.idle_power_w is None
     assert set(s.datasheet_only) == {"achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s"}
     assert "datasheet only" in s.notes
+
+
+def test_trn2_matches_the_neuron_architecture_pages(specs):
+    s = specs["trn2"]
+    m = s.matrix_peak_flops_per_s
+    # trainium2.rst: 1,299 FP8, 667 BF16/FP16/TF32, 181 FP32 TFLOPS per chip (dense); 96 GiB at 2.9 TB/s
+    assert m["fp8"].value == 1299e12 and m["bf16"].value == m["fp16"].value == m["tf32"].value == 667e12
+    assert m["fp32"].value == 181e12
+    # trn2-arch.rst's instance table agrees: 16 chips = 20 PFLOPS FP8, 10 BF16, 2.9 FP32, 46.4 TB/s
+    assert 16 * m["fp8"].value == pytest.approx(20e15, rel=0.04)
+    assert 16 * m["bf16"].value == pytest.approx(10e15, rel=0.07)
+    assert 16 * m["fp32"].value == pytest.approx(2.9e15, rel=0.01)
+    assert s.memory_bytes == 96 * 2**30
+    assert 16 * s.memory_bandwidth_bytes_per_s == pytest.approx(46.4e12)
+    # the one published sparse figure (2,563) is not a single factor over the dense rates: kept out of the tables
+    assert not s.sparse_matrix_peak_flops_per_s and "2,563" in s.notes
+    assert s.compute_units == 8 and not s.tiled  # no SRAM field: no GPU tile search on a systolic array
+    # scale-up: 16 on a 4x4 torus at 1,024 GB/s, 64 in an UltraServer at 256 GB/s, then EFA 3.2 Tb/s per 16 chips
+    inst, ultra, efa = s.interconnect.tiers
+    assert (inst.devices, inst.topology_name, inst.bandwidth.value) == (16, "torus", 1024e9)
+    assert (ultra.devices, ultra.bandwidth.value) == (64, 256e9)
+    assert inst.bandwidth.value + ultra.bandwidth.value == 1280e9  # trainium2.rst: NeuronLink-v3 1.28 TB/s per chip
+    assert efa.any_size and efa.bytes_per_s == pytest.approx(3200e9 / 8 / 16)
+    assert s.tdp_w is None and s.idle_power_w is None and s.software_risk == "high"
+    assert set(s.datasheet_only) == {"achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s"}
