@@ -59,3 +59,27 @@ def test_trn2_matches_the_neuron_architecture_pages(specs):
     assert efa.any_size and efa.bytes_per_s == pytest.approx(3200e9 / 8 / 16)
     assert s.tdp_w is None and s.idle_power_w is None and s.software_risk == "high"
     assert set(s.datasheet_only) == {"achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s"}
+
+
+def test_tpu_v7_matches_the_tpu7x_page(specs):
+    s = specs["tpu-v7"]
+    m = s.matrix_peak_flops_per_s
+    # TPU7x page: BF16 2307, FP8 4614 TFLOPs per chip (FP8 = 2 x BF16, new with Ironwood); 192 GiB at 7380 GB/s
+    assert m["bf16"].value == 2307e12 and m["fp8"].value == 2 * m["bf16"].value
+    assert set(m) == {"bf16", "fp8"}  # nothing else published
+    assert s.memory_bytes == 192 * 2**30 and s.memory_bandwidth_bytes_per_s == 7380e9
+    assert s.compute_units == 2
+    # 9,216-chip pod on ICI at 1200 GB/s bidirectional (600 a direction), DCN 100 Gb/s per chip
+    ici, dcn = s.interconnect.tiers
+    assert ici.devices == 9216 and ici.bytes_per_s == pytest.approx(600e9)
+    assert ici.topology.kind == "assumed"  # the page's table gives no topology
+    assert dcn.bytes_per_s == pytest.approx(100e9 / 8)
+    assert s.tdp_w is None and s.idle_power_w is None
+    assert set(s.datasheet_only) == {"achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s"}
+
+
+def test_the_tpus_step_up_as_published(specs):
+    # the TPU7x page's comparison table: v6e 918 / TPU7x 2307 BF16; HBM 1638 / 7380 GB/s; ICI 800 / 1200 GB/s
+    v6e, v7 = specs["tpu-v6e"], specs["tpu-v7"]
+    assert v6e.memory_bandwidth_bytes_per_s == 1638e9 and v6e.matrix_peak_flops_per_s["fp8"].value == 918e12
+    assert v6e.interconnect.tiers[0].bandwidth.value == 800e9 and v7.interconnect.tiers[0].bandwidth.value == 1200e9
