@@ -59,7 +59,10 @@ def step_key(model: str, dtype: str, device: str, shape: Shape, layout: str, ove
 
 def workload_fields(w) -> dict:
     """What the capture cache keeps of a workload: not its module or inputs (a cached graph needs neither)."""
-    return {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions)}
+    from opmap.capture.cache import geometry_fields
+
+    return {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions),
+            "geometry": geometry_fields(getattr(w, "geometry", None))}
 
 
 def cached(key: str | None, train: bool | None = None) -> tuple | None:
@@ -73,7 +76,7 @@ def cached(key: str | None, train: bool | None = None) -> tuple | None:
     if hit is None or (train is not None and not (len(hit) == 3 and (hit[2] is not None) == train)):
         return None
     f = hit[1]
-    w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"])
+    w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"], geometry=f["geometry"])
     saved = SavedActivations(**hit[2]) if len(hit) == 3 and hit[2] is not None else None
     return hit[0], w, saved
 

@@ -142,7 +142,7 @@ def test_an_unreadable_entry_is_a_miss(cache_on):
     assert cache.load("abc") is None
     g = OpGraph((), 0, 0.0, 0, (), "meta")
     cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
-    assert cache.load("abc") == (g, {"name": "x", "batch": 1, "seq": None, "assumptions": ()})
+    assert cache.load("abc") == (g, {"name": "x", "batch": 1, "seq": None, "assumptions": (), "geometry": None})
 
 
 class _Plant:
@@ -186,7 +186,7 @@ def _small_entry(cache_on):
 
     g = OpGraph((), 0, 0.0, 0, (), "meta")
     cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
-    return cache_on / "abc.json", (g, {"name": "x", "batch": 1, "seq": None, "assumptions": ()})
+    return cache_on / "abc.json", (g, {"name": "x", "batch": 1, "seq": None, "assumptions": (), "geometry": None})
 
 
 @pytest.mark.parametrize("kind", ["link to /dev/zero", "link to a good entry", "fifo", "folder", "over the limit"])

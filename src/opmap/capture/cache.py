@@ -32,6 +32,7 @@ from typing import Any
 from opmap import __version__
 from opmap.capture.codec import BadEntry, decode_graph, encode_graph
 from opmap.errors import OpmapError
+from opmap.geometry import AttentionSpec, ModelGeometry
 from opmap.graph import OpGraph
 from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 
@@ -102,10 +103,41 @@ def _opt(v, f):
 
 
 def _workload(d) -> dict[str, Any]:
-    """The workload's fields a cached graph keeps (its module and inputs are not kept), type-checked."""
+    """The workload's fields a cached graph keeps (its module and inputs are not kept; its geometry, as the
+    captured model's layers are, is), type-checked."""
     _check(type(d) is dict)
     return {"name": _str(d["name"]), "batch": _int(d["batch"]), "seq": _opt(d["seq"], _int),
-            "assumptions": tuple(_str(x) for x in d["assumptions"])}
+            "assumptions": tuple(_str(x) for x in d["assumptions"]), "geometry": _opt(d.get("geometry"), _geometry)}
+
+
+def geometry_fields(g: ModelGeometry | None) -> dict[str, Any] | None:
+    """A ModelGeometry as the JSON an entry keeps (``_geometry`` reads it back)."""
+    from dataclasses import asdict
+
+    return None if g is None else {**asdict(g), "attention": [asdict(a) for a in g.attention]}
+
+
+def _geometry(d) -> ModelGeometry:
+    """A workload's geometry (opmap.geometry.ModelGeometry), each field type-checked against the dataclass."""
+    _check(type(d) is dict and type(d["attention"]) is list)
+    attention = tuple(_fields(AttentionSpec, a) for a in d["attention"])
+    return ModelGeometry(**{**_fields(ModelGeometry, {k: v for k, v in d.items() if k != "attention"}, False),
+                            "attention": attention})
+
+
+_KINDS = {"int": _int, "str": _str, "bool": lambda v: (_check(type(v) is bool), v)[1],
+          "int | None": lambda v: _opt(v, _int)}
+
+
+def _fields(cls, d, whole: bool = True):
+    """``cls``'s scalar fields from ``d`` (every one present, each of its declared type); ``whole``: the instance."""
+    from dataclasses import fields
+
+    _check(type(d) is dict)
+    names = [f for f in fields(cls) if f.type in _KINDS]
+    _check(set(d) == {f.name for f in names})
+    kw = {f.name: _KINDS[f.type](d[f.name]) for f in names}
+    return cls(**kw) if whole else kw
 
 
 def _saved(d) -> dict[str, Any] | None:

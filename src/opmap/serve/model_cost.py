@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from opmap.errors import OpmapError
 from opmap.serve.cost import DecodeFloor, TableCost
@@ -239,9 +239,9 @@ class Pricer:
                 g = capture_phase(w, spec)
             keep(k, g, w)
         self._last_graph = g
-        # the graph as captured, its attention read off it, on a cache hit (a cached capture keeps no geometry) and a
-        # miss (a cut model's geometry is the whole model's) alike
-        w = replace(w, geometry=None)
+        # the workload's geometry cut to the n layers captured (Resolved.set_layers; a cache hit keeps it): each
+        # layer's KV heads, causality and window as the config says, where the capture shows a windowed layer's SDPA
+        # masked, K and V repeated, not causal
         a = analyze_phase(g, w, self.hw, self.dtype, spec, fusion=self.rt.fusion, steady=True).analysis
         s = Sharder(a)
         if memo is not None:

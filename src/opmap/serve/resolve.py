@@ -5,7 +5,8 @@ model file) through analyze's resolver (``opmap.workloads.load.load_workload``) 
 pricing needs of it: its stack of layers (the largest ``nn.ModuleList`` of one block class), the layer count, the
 position limit and whether positions are rotary, the KV dtype's size, the weights the whole model holds, top-k, and
 whether every layer is the same (``uneven``: why not). ``set_layers`` shortens the stack in place (the config's
-layer count and its per-layer lists, such as ``layer_types``, follow) for the 1- and 2-layer captures.
+layer count and its per-layer lists, such as ``layer_types``, and the workload's geometry follow) for the 1- and
+2-layer captures.
 
 A zoo model on meta is a pure function of its name, its build dtype and opmap's source: its summary is kept in the
 capture cache (opmap.capture.cache, beside the captured graphs), so a second pricing builds nothing and captures
@@ -37,6 +38,7 @@ class Resolved:
     uneven: str  # empty when every layer is the same; else why not
     _built: tuple | None = field(default=None, repr=False)  # (workload, parent, attribute, blocks)
     _per_layer: dict | None = field(default=None, repr=False)  # the config's per-layer lists, whole (set_layers)
+    _geometry: tuple | None = field(default=None, repr=False)  # (the workload's geometry, whole,) (set_layers)
 
     @classmethod
     def build(cls, target: str, dtype: str) -> Resolved:
@@ -73,11 +75,17 @@ class Resolved:
         return self.workload.module.config
 
     def set_layers(self, n: int) -> None:
-        """Keep the first ``n`` layers (the config's layer count and per-layer lists follow, cut from the whole)."""
+        """Keep the first ``n`` layers (the config's layer count and per-layer lists follow, cut from the whole, and
+        so does the workload's geometry: ModelGeometry.first, one AttentionSpec per layer captured)."""
         import torch
 
         w, parent, attr, blocks = self._module_parts()
         setattr(parent, attr, torch.nn.ModuleList(blocks[:n]))
+        if self._geometry is None:  # the whole model's, kept before the first cut
+            self._geometry = (w.geometry,)
+        if self._geometry[0] is not None:
+            w = replace(w, geometry=self._geometry[0].first(n))
+            self._built = (w, parent, attr, blocks)
         c = w.module.config
         if self.hf:
             if self._per_layer is None:  # the whole model's per-layer lists, kept before the first cut
