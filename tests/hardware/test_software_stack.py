@@ -26,6 +26,8 @@ EXPECTED = {"a100-pcie-40gb": "cuda-graphs", "a100-sxm-80gb": "cuda-graphs", "b2
 EXPECTED |= {"tpu-v6e": "xla", "trn2": "xla", "tpu-v7": "xla"}
 # issue 37's AMD platforms (tests/hardware/test_catalog_2026_mi355x.py, _mi350x.py, _mi325x.py)
 EXPECTED |= {"mi355x": "hip-graphs", "mi350x": "hip-graphs", "mi325x": "hip-graphs"}
+# issue 37, the NVIDIA 2026 entries (i37-nv)
+EXPECTED |= {"b300": "cuda-graphs"}
 
 
 def test_every_catalog_device_names_its_stack():
