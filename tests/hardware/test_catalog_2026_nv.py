@@ -29,3 +29,18 @@ def test_b300_per_gpu_is_the_hgx_table_over_eight(specs):
     assert s.scale_out_bandwidth_bytes_per_s == pytest.approx(800e9 / 8)
     assert set(s.datasheet_only) == {"achievable_matrix_flops_per_s", "achievable_memory_bandwidth_bytes_per_s"}
     assert "13.5 PFLOPS dense NVFP4" in s.notes  # fp4 recorded in the notes until the format keys exist
+
+
+def test_gb200_is_the_nvl72_individual_gpu_column(specs):
+    s = specs["gb200"]
+    # NVIDIA GB200 NVL72, individual Blackwell GPU: FP16/BF16 5 PFLOPS, FP8/FP6 10 PFLOPS, INT8 10 POPS with sparsity
+    for dtype, sparse in (("bf16", 5e15), ("fp8", 10e15), ("int8", 10e15), ("tf32", 2.5e15)):
+        assert s.sparse_matrix_peak_flops_per_s[dtype].value == pytest.approx(sparse)
+        assert s.matrix_peak_flops_per_s[dtype].value == pytest.approx(sparse / 2)
+    # 186GB HBM3E | 8TB/s, up to 1,200 W (the HGX B200 of b200: 180 GB, 7.7 TB/s, 1,000 W)
+    assert s.memory_bytes == 186 * 2**30 and s.memory_bandwidth_bytes_per_s == 8e12 and s.tdp_w == 1200
+    assert s.matrix_peak_flops_per_s["bf16"].value > specs["b200"].matrix_peak_flops_per_s["bf16"].value
+    # the scale-up domain is the rack: 72 GPUs on NVLink 5 at 1.8 TB/s per GPU (130 TB/s / 72), SHARP switches
+    assert s.devices_per_node == 72 and s.scale_up_topology == "switch" and s.in_switch_reduction
+    assert s.scale_up_bandwidth_bytes_per_s == pytest.approx(1.8e12) and 72 * 1.8e12 == pytest.approx(130e12, rel=0.01)
+    assert s.scale_out_bandwidth_bytes_per_s == pytest.approx(400e9 / 8)  # ConnectX-7 400 Gb/s per GPU
