@@ -44,3 +44,20 @@ def test_gb200_is_the_nvl72_individual_gpu_column(specs):
     assert s.devices_per_node == 72 and s.scale_up_topology == "switch" and s.in_switch_reduction
     assert s.scale_up_bandwidth_bytes_per_s == pytest.approx(1.8e12) and 72 * 1.8e12 == pytest.approx(130e12, rel=0.01)
     assert s.scale_out_bandwidth_bytes_per_s == pytest.approx(400e9 / 8)  # ConnectX-7 400 Gb/s per GPU
+
+
+def test_gb300_is_the_nvl72_rack_table_over_72(specs):
+    s = specs["gb300"]
+    # NVIDIA GB300 NVL72: FP8/FP6 720, FP16/BF16 360, TF32 180 PFLOPS, INT8 24 POPS with sparsity, for 72 GPUs
+    for dtype, rack in (("fp8", 720e15), ("bf16", 360e15), ("tf32", 180e15), ("int8", 24e15)):
+        assert s.sparse_matrix_peak_flops_per_s[dtype].value == pytest.approx(rack / 72, rel=1e-4)
+        assert s.matrix_peak_flops_per_s[dtype].value == pytest.approx(rack / 72 / 2, rel=1e-4)
+    # Verda's per-GPU table (dense): FP8 5, BF16 2.5 PFLOPS; 8 TB/s (576 TB/s / 72); 1.4 kW (100.8 kW / 72)
+    assert s.matrix_peak_flops_per_s["bf16"].value == 2.5e15 and s.matrix_peak_flops_per_s["fp8"].value == 5e15
+    assert s.memory_bandwidth_bytes_per_s == pytest.approx(576e12 / 72) and s.tdp_w == pytest.approx(100.8e3 / 72)
+    assert s.memory_bytes == 279 * 2**30
+    # Blackwell Ultra's int8 is vestigial: below bf16 on the same part
+    assert s.matrix_peak_flops_per_s["int8"].value < s.matrix_peak_flops_per_s["bf16"].value
+    assert s.devices_per_node == 72 and s.scale_up_bandwidth_bytes_per_s == pytest.approx(1.8e12)
+    assert s.scale_out_bandwidth_bytes_per_s == pytest.approx(800e9 / 8)  # ConnectX-8, 800 Gb/s per GPU
+    assert "15 PFLOPS\nNVFP4" in s.notes or "15 PFLOPS NVFP4" in s.notes.replace("\n", " ")
