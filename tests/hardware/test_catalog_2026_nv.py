@@ -61,3 +61,21 @@ def test_gb300_is_the_nvl72_rack_table_over_72(specs):
     assert s.devices_per_node == 72 and s.scale_up_bandwidth_bytes_per_s == pytest.approx(1.8e12)
     assert s.scale_out_bandwidth_bytes_per_s == pytest.approx(800e9 / 8)  # ConnectX-8, 800 Gb/s per GPU
     assert "15 PFLOPS\nNVFP4" in s.notes or "15 PFLOPS NVFP4" in s.notes.replace("\n", " ")
+
+
+def test_h200_nvl_is_the_datasheets_nvl_column(specs):
+    s, sxm = specs["h200-nvl"], specs["h200"]
+    # NVIDIA H200 datasheet, H200 NVL: BF16 1,671, FP8 3,341 TFLOPS, INT8 3,341 TOPS with sparsity; dense = half
+    for dtype, sparse in (("bf16", 1671e12), ("fp8", 3341e12), ("int8", 3341e12), ("tf32", 835e12)):
+        assert s.sparse_matrix_peak_flops_per_s[dtype].value == pytest.approx(sparse)
+        assert s.matrix_peak_flops_per_s[dtype].value == pytest.approx(sparse / 2, rel=1e-3)
+    # the SXM part's memory (141 GB HBM3e, 4.8 TB/s) at 600 W instead of 700 W, and lower tensor peaks
+    assert s.memory_bytes == sxm.memory_bytes and s.memory_bandwidth_bytes_per_s == sxm.memory_bandwidth_bytes_per_s
+    assert s.tdp_w == 600 and s.matrix_peak_flops_per_s["bf16"].value < sxm.matrix_peak_flops_per_s["bf16"].value
+    # bandwidth derived from the SXM's BabelStream Triad, marked derived; no matmul measurement: datasheet only there
+    bw = s.fields["achievable_memory_bandwidth_bytes_per_s"]
+    assert bw.kind == "derived" and bw.value == sxm.fields["achievable_memory_bandwidth_bytes_per_s"].value
+    assert set(s.datasheet_only) == {"achievable_matrix_flops_per_s"}
+    # 2- or 4-way NVLink bridge at 900 GB/s per GPU (no NVSwitch), two groups per 8-card server over PCIe Gen5
+    assert s.devices_per_node == 4 and s.scale_up_topology == "full_mesh" and not s.in_switch_reduction
+    assert [t.devices for t in s.interconnect.tiers] == [4, 8]

@@ -27,7 +27,8 @@ EXPECTED |= {"tpu-v6e": "xla", "trn2": "xla", "tpu-v7": "xla"}
 # issue 37's AMD platforms (tests/hardware/test_catalog_2026_mi355x.py, _mi350x.py, _mi325x.py)
 EXPECTED |= {"mi355x": "hip-graphs", "mi350x": "hip-graphs", "mi325x": "hip-graphs"}
 # issue 37, the NVIDIA 2026 entries (i37-nv)
-EXPECTED |= {"b300": "cuda-graphs", "gb200": "cuda-graphs", "gb300": "cuda-graphs"}
+EXPECTED |= {"b300": "cuda-graphs", "gb200": "cuda-graphs", "gb300": "cuda-graphs",
+             "h200-nvl": "cuda-graphs"}
 
 
 def test_every_catalog_device_names_its_stack():
