@@ -79,3 +79,21 @@ def test_h200_nvl_is_the_datasheets_nvl_column(specs):
     # 2- or 4-way NVLink bridge at 900 GB/s per GPU (no NVSwitch), two groups per 8-card server over PCIe Gen5
     assert s.devices_per_node == 4 and s.scale_up_topology == "full_mesh" and not s.in_switch_reduction
     assert [t.devices for t in s.interconnect.tiers] == [4, 8]
+
+
+def test_rtx_pro_6000_server_edition(specs):
+    s = specs["rtx-pro-6000"]
+    # NVIDIA's Server Edition page: FP8 2 PFLOPS, FP16 | BF16 1 PFLOP (read as sparse), TF32 234 TFLOPS (dense)
+    assert s.sparse_matrix_peak_flops_per_s["fp8"].value == 2e15 and s.sparse_matrix_peak_flops_per_s["bf16"].value == 1e15
+    assert s.matrix_peak_flops_per_s["fp8"].value == 1e15 and s.matrix_peak_flops_per_s["bf16"].value == 5e14
+    assert s.matrix_peak_flops_per_s["bf16"].kind == "derived"  # the page labels neither sparse nor dense
+    assert s.matrix_peak_flops_per_s["tf32"].value == 234e12
+    # 1,597 GB/s (the Server Edition; the Workstation's 1,792 is not this part), 96 GiB GDDR7, 600 W
+    assert s.memory_bandwidth_bytes_per_s == 1.597e12 and s.memory_bytes == 96 * 2**30 and s.tdp_w == 600
+    assert s.memory_bytes >= 97887 * 2**20  # nvidia-smi on a Server Edition
+    # 24,064 CUDA cores / 128 = 188 SMs; FP32 120 TFLOPS = 188 x 128 x 2 x 2.494 GHz
+    assert s.compute_units == 188
+    assert s.vector_peak_flops_per_s["fp32"].value == pytest.approx(188 * 128 * 2 * s.clock_hz, rel=1e-3)
+    # PCIe only, no NVLink; no int8 / fp64 tensor rate published
+    assert s.scale_up_topology == "pcie" and not s.in_switch_reduction
+    assert "int8" not in s.matrix_peak_flops_per_s and s.software_risk == "medium"

@@ -28,7 +28,7 @@ EXPECTED |= {"tpu-v6e": "xla", "trn2": "xla", "tpu-v7": "xla"}
 EXPECTED |= {"mi355x": "hip-graphs", "mi350x": "hip-graphs", "mi325x": "hip-graphs"}
 # issue 37, the NVIDIA 2026 entries (i37-nv)
 EXPECTED |= {"b300": "cuda-graphs", "gb200": "cuda-graphs", "gb300": "cuda-graphs",
-             "h200-nvl": "cuda-graphs"}
+             "h200-nvl": "cuda-graphs", "rtx-pro-6000": "cuda-graphs"}
 
 
 def test_every_catalog_device_names_its_stack():
