@@ -433,3 +433,47 @@ def test_the_screen_marks_a_precision_change():
     line = precision_changes(result)
     assert line.startswith("precision changed: 1 of 2 signatures fp32 -> bf16") and "opmap quality" in line
     assert precision_changes({**result, "signatures": result["signatures"][1:]}) == ""
+
+
+def test_a_run_that_kept_the_defaults_reads_its_whole_model_figure_from_the_cache(local_profile, model_file,
+                                                                                   tmp_path, monkeypatch):
+    """CI stop 42: a signature chose a non-default alone, the whole model then ran slower with it (0.88x, beyond
+    the spread), the defaults were kept, but the whole-model entry was cached under the key of the rejected
+    choices: the second run, whose cached choices are the defaults, missed it and timed the model again. Imitated
+    here: each signature's first timed non-default candidate 'wins' alone, and the whole model measures 2x slower
+    tuned (the two noise events); everything else runs for real."""
+    import shutil
+
+    from opmap.explore.tune import run
+
+    base, profile = local_profile
+    base = tmp_path / "xdg"  # a cache of its own: the profile only, no entries another test left
+    (base / "opmap").mkdir(parents=True)
+    shutil.copy(profile, base / "opmap" / profile.name)
+    _env(monkeypatch, base)
+    real_sig, calls = run.tune_signature, []
+
+    def noisy_sig(sig, hw, st):
+        e = real_sig(sig, hw, st)
+        other = next(c for c in e["candidates"] if c["timed"] and not c["default"])
+        pick = {k: other[k] for k in e["default"]}
+        return {**e, "chosen": pick, "chosen_s": other["measured_s"], "gain": e["default_s"] / other["measured_s"]}
+
+    def slower_whole(load, choices, dtype, rounds):
+        calls.append([c.label for _, c, _ in choices])
+        t = {"measured_s": 2e-3, "min_s": 2e-3, "max_s": 2e-3, "iqr_s": 0.0, "samples": 3, "samples_s": [2e-3] * 3}
+        return {"default": {**t, "measured_s": 1e-3, "samples_s": [1e-3] * 3}, "tuned": t, "gain": 0.5,
+                "spread_s": 0.0, "tuned_within_spread": False, "applied": len(choices), "not_applied": []}
+
+    monkeypatch.setattr(run, "tune_signature", noisy_sig)
+    monkeypatch.setattr(run, "whole_model", slower_whole)
+    out = tmp_path / "out"
+    args = ["tune", model_file, "--top-k", "2", "--rounds", "3", "--no-store", "--out", str(out)]
+    assert main(args) == 0
+    first = json.loads((out / "tune.json").read_text())
+    assert not first["whole_model"]["adopted"] and len(calls) == 1
+    assert all(e["chosen"] == e["default"] and "chosen_alone" in e for e in first["signatures"])
+    assert main(args) == 0
+    again = json.loads((out / "tune.json").read_text())
+    assert again["cache"]["hits"] == 2 and len(calls) == 1  # the model was not timed again
+    assert again["whole_model"]["cached"] and again["whole_model"]["gain"] == 0.5

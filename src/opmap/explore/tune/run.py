@@ -239,8 +239,12 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
         entries.append({**e, "cached": False})
     progress("whole model: default vs tuned", len(sigs), len(sigs))
     choices = [(s, Candidate.from_dict(e["chosen"]), Candidate.from_dict(e["default"])) for s, e in zip(sigs, entries)]
-    wkey = cache.entry_key(fp, "whole:" + cache.candidate_hash(
-        [model, dtype, *(f"{s.key}={c.label}" for s, c, _ in choices)], rounds))
+
+    def whole_key(chosen: list[Candidate]) -> str:
+        return cache.entry_key(fp, "whole:" + cache.candidate_hash(
+            [model, dtype, *(f"{s.key}={c.label}" for s, c in zip(sigs, chosen))], rounds))
+
+    wkey = whole_key([c for _, c, _ in choices])
     cached_whole = cache.read(d, wkey, cache.WHOLE_FIELDS) if use_cache and hits == len(sigs) else None
     if cached_whole is not None:
         whole = {**cached_whole["whole_model"], "cached": True}
@@ -248,6 +252,8 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
         whole = whole_model(load_cpu, choices, dtype, rounds)
         if not whole["tuned_within_spread"]:  # the choices did not carry over to the whole model: defaults stand
             entries = _keep_defaults(entries, sigs, d, fp, labels_of, top_k, whole)
+            # the cache now holds the defaults as the choices: the next run keys its whole-model entry by them
+            wkey = whole_key([Candidate.from_dict(e["chosen"]) for e in entries])
         whole = {**whole, "adopted": whole["tuned_within_spread"]}
         cache.write(d, wkey, {"whole_model": whole})
         whole = {**whole, "cached": False}
