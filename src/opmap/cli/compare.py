@@ -5,12 +5,18 @@ input."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from opmap.cli.common import console
 from opmap.report.text import clean, plain
 from opmap.validate import INT_GE0, POSITIVE, json_text, options
+
+if TYPE_CHECKING:
+    from opmap.store.bench_compare import BenchComparison, MetricChange
+    from opmap.store.comparison import Comparison, KernelChange, LayerTypeChange
+    from opmap.store.shapes import ShapeCheck
 
 # Each re-run is a whole profile in a fresh process (seconds to minutes): 100 a side resolves a shift far below any
 # host's run-to-run noise; more is hours of re-profiling, not a finer verdict
@@ -66,83 +72,87 @@ def compare(
 
         tags = {"workload": f"shape-check {a} -> {production}", "command": "opmap compare " + " ".join(
             x for x in (a, b or "", f"--production {production}") if x)}
-        record_run("shape-check", shapes, tags, store, no_store)
+        record_run("shape-check", shapes.to_dict(), tags, store, no_store)
     _render(r, shapes, a, b, as_json, rows)
-    if r is not None and r["verdict"] == "regression":
+    if r is not None and r.regressed:
         raise typer.Exit(1)
 
 
-def _render(r: dict | None, shapes: dict | None, a: str, b: str | None, as_json: bool, rows: int) -> None:
+def _render(r: Comparison | BenchComparison | None, shapes: ShapeCheck | None, a: str, b: str | None,
+            as_json: bool, rows: int) -> None:
     """The comparison (``r``: None with --production alone) and the shape check, as JSON or tables."""
+    from opmap.store.bench_compare import BenchComparison
+
     if as_json:
-        print(json_text(r if shapes is None else {**(r or {}), "production_check": shapes}, indent=1))
+        d = r.to_dict() if r is not None else {}
+        print(json_text(d if shapes is None else {**d, "production_check": shapes.to_dict()}, indent=1))
     elif r is None:
         _print_shapes(shapes)
-    elif r.get("kind") == "bench":
+    elif isinstance(r, BenchComparison):
         _print_bench(r, a, b)
     else:
         _print_kernels(r, a, b, rows)
-        _print_totals(r["totals"])
+        _print_totals(r)
         _print_verdict(r)
         if shapes is not None:
             _print_shapes(shapes)
 
 
-def _print_kernels(r: dict, a: str, b: str | None, rows: int) -> None:
+def _print_kernels(r: Comparison, a: str, b: str | None, rows: int) -> None:
     """Per layer type, then the ``rows`` kernels with the largest changes."""
     from rich.table import Table
 
     from opmap.report.sheet import si
 
-    how = ", ".join(f"{n} by {k}" for k, n in r["matched_by"].items()) or "none"
-    t = Table(title=plain(f"{b} against {a}: {r['times']} times; kernels matched: {how}"), title_justify="left")
+    how = ", ".join(f"{n} by {k}" for k, n in r.matched_by) or "none"
+    t = Table(title=plain(f"{b} against {a}: {r.times} times; kernels matched: {how}"), title_justify="left")
     for c in ("layer type", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
         t.add_column(c, justify="left" if c in ("layer type", "verdict") else "right")
-    for lt, v in r["layer_types"].items():
-        t.add_row(plain(lt), si(v["a_s"], "s"), si(v["b_s"], "s"), _pct(v["rel"]), _pts(v["mfu_delta"]),
-                  _pts(v["stall_delta"]), _bytes(v["bytes_delta"]), plain(_verdict(v)))
+    for v in r.layer_types:
+        t.add_row(plain(v.layer_type), si(v.a_s, "s"), si(v.b_s, "s"), _pct(v.rel), _pts(v.mfu_delta),
+                  _pts(v.stall_delta), _bytes(v.bytes_delta), plain(_verdict(v)))
     console.print(t)
     k = Table(title="kernels, largest changes first", title_justify="left")
     for c in ("kernel", "A", "B", "change", "MFU", "stall", "bytes", "verdict"):
         k.add_column(c, justify="left" if c in ("kernel", "verdict") else "right")
-    for x in r["kernels"][:rows]:
-        k.add_row(plain(x["name"]), si(x["a_s"], "s"), si(x["b_s"], "s"), _pct(x["rel"]), _pts(x["mfu_delta"]),
-                  _pts(x["stall_delta"]), _bytes(x["bytes_delta"]), plain(_verdict(x)))
+    for x in r.kernels[:rows]:
+        k.add_row(plain(x.name), si(x.a_s, "s"), si(x.b_s, "s"), _pct(x.rel), _pts(x.mfu_delta),
+                  _pts(x.stall_delta), _bytes(x.bytes_delta), plain(_verdict(x)))
     console.print(k)
 
 
-def _print_totals(t: dict) -> None:
+def _print_totals(r: Comparison) -> None:
     """Each run's total over every kernel, and the kernels without a partner with their time."""
     from opmap.report.sheet import si
 
-    only = [f"{t[f'only_{s}']['kernels']} kernels only in {s.upper()}, {si(t[f'only_{s}']['time_s'], 's')}"
-            for s in ("a", "b") if t[f"only_{s}"]["kernels"]]
-    console.print(f"totals, every kernel: A {si(t['a_s'], 's')}, B {si(t['b_s'], 's')} ({_pct(t['rel'])})"
+    t = r.totals
+    only = [f"{n} kernels only in {s}, {si(ts, 's')}"
+            for s, n, ts in (("A", t.only_a_kernels, t.only_a_s), ("B", t.only_b_kernels, t.only_b_s)) if n]
+    console.print(f"totals, every kernel: A {si(t.a_s, 's')}, B {si(t.b_s, 's')} ({_pct(t.rel)})"
                   + (f"; {'; '.join(only)} (the JSON's unmatched)" if only else "; every kernel matched"),
                   highlight=False)
 
 
-def _print_verdict(r: dict) -> None:
+def _print_verdict(r: Comparison) -> None:
     """The verdict line, then how it was reached: the minimum effect and the noise floor, the runs on each side,
     the warm-up rule."""
     def say(text: str) -> None:  # names, hosts and run ids come from the runs: text, never terminal commands
         console.print(clean(text), highlight=False, markup=False)
 
-    say(r["verdict_line"])
-    if r["test"] is None:
-        say(f"  {r['note']}")
+    v = r.verdict
+    say(v.line)
+    if v.test is None:
+        say(f"  {v.note}")
         return
-    n = r["noise"]
-    say(f"  minimum effect {n['minimum_effect']}; noise floor between runs: {n['rule']}" if n["measured"] else
-        f"  noise floor between runs {n['rule']}")
-    say(f"  host: {r.get('host') or 'not recorded'}; side A: {', '.join(n['runs_a'])}; "
-        f"side B: {', '.join(n['runs_b'])}")
-    w = r["warmup"]
-    say(f"  {w['rule']}: dropped {sum(w['dropped_a'])} leading samples on side A, {sum(w['dropped_b'])} on B")
-    say(f"  kernels: minimum effect max(--min-effect, {r['kernel_floor']['rule']})")
+    n = v.noise
+    say(f"  minimum effect {n.minimum_effect}; noise floor between runs: {n.rule}" if n.measured else
+        f"  noise floor between runs {n.rule}")
+    say(f"  host: {v.host or 'not recorded'}; side A: {', '.join(n.runs_a)}; side B: {', '.join(n.runs_b)}")
+    say(f"  {v.warmup_rule}: dropped {sum(v.dropped_a)} leading samples on side A, {sum(v.dropped_b)} on B")
+    say(f"  kernels: minimum effect max(--min-effect, {r.kernel_floor.rule()})")
 
 
-def _print_bench(r: dict, a: str, b: str) -> None:
+def _print_bench(r: BenchComparison, a: str, b: str) -> None:
     """Two bench runs: each latency metric's p50 and p99 on both sides with its rank test, throughput, the
     verdict."""
     from rich.table import Table
@@ -152,43 +162,42 @@ def _print_bench(r: dict, a: str, b: str) -> None:
     t = Table(title=plain(f"{b} against {a}: measured load, per-request samples"), title_justify="left")
     for c in ("metric", "A p50", "B p50", "change", "A p99", "B p99", "n A/B", "verdict"):
         t.add_column(c, justify="left" if c in ("metric", "verdict") else "right")
-    for m in r["metrics"]:
-        def s_(x):
-            return "-" if x is None else si(x, "s")
-        t.add_row(m["metric"], s_(m["a_p50_s"]), s_(m["b_p50_s"]), _pct(m["rel"]), s_(m["a_p99_s"]),
-                  s_(m["b_p99_s"]), f"{m['n_a']}/{m['n_b']}", _verdict(m))
-    for k, v in r["throughput"].items():
-        if v["a"] is not None and v["b"] is not None:
-            t.add_row(k.replace("_per_s", "/s"), f"{v['a']:.4g}", f"{v['b']:.4g}", _pct(v["rel"]), "", "", "",
+    def s_(x):
+        return "-" if x is None else si(x, "s")
+
+    for m in r.metrics:
+        t.add_row(m.metric, s_(m.a_p50_s), s_(m.b_p50_s), _pct(m.rel), s_(m.a_p99_s), s_(m.b_p99_s),
+                  f"{m.n_a}/{m.n_b}", _verdict(m))
+    for v in r.throughput:
+        if v.a is not None and v.b is not None:
+            t.add_row(v.name.replace("_per_s", "/s"), f"{v.a:.4g}", f"{v.b:.4g}", _pct(v.rel), "", "", "",
                       "one value a run: not tested")
     console.print(t)
-    console.print(plain(r["verdict_line"]), highlight=False)
-    console.print(plain(f"  {r['test']['name']}; validity A {r['validity']['a']}, B {r['validity']['b']}"),
-                  highlight=False)
+    console.print(plain(r.verdict_line), highlight=False)
+    console.print(plain(f"  {r.test}; validity A {r.validity_a}, B {r.validity_b}"), highlight=False)
 
 
-def _print_shapes(v: dict) -> None:
+def _print_shapes(v: ShapeCheck) -> None:
     from rich.table import Table
 
-    t = Table(title=plain(f"production-shape check: does {v['synthetic']} stand for {v['production']}? "
-                          f"({v['rule']})"), title_justify="left")
+    t = Table(title=plain(f"production-shape check: does {v.synthetic} stand for {v.production}? ({v.rule})"),
+              title_justify="left")
     for c in ("class", "synthetic FLOP/B", "production FLOP/B p10/p50/p90", "prod. share", "represented",
               "bound mix", "change carried", "verdict"):
         t.add_column(c, justify="left" if c in ("class", "bound mix", "verdict") else "right")
-    for c in v["classes"]:
-        si_ = c["synthetic_intensity"]
-        q = c["production_intensity_p10_p50_p90"]
-        mix = ", ".join(f"{k} {w:.0%}" for k, w in c["production_bound_mix"].items())
-        carried = c.get("expected_production_change")
-        t.add_row(plain(c["class"]),
+    for c in v.classes:
+        si_ = c.synthetic_intensity
+        mix = ", ".join(f"{k} {w:.0%}" for k, w in c.production_bound_mix)
+        carried = c.expected_production_change
+        t.add_row(plain(c.name),
                   "-" if not si_ else f"{si_[0]:.3g}" + ("" if si_[0] == si_[1] else f"-{si_[1]:.3g}"),
-                  "/".join("-" if x is None else f"{x:.3g}" for x in q), f"{c['production_share']:.1%}",
-                  f"{c['represented_share_of_class']:.0%} of class", plain(mix or "-"),
-                  "-" if carried is None else f"{c['synthetic_change']:+.1%} -> {carried:+.1%}", plain(c["verdict"]))
+                  "/".join("-" if x is None else f"{x:.3g}" for x in c.production_intensity_p10_p50_p90),
+                  f"{c.production_share:.1%}", f"{c.represented_share_of_class:.0%} of class", plain(mix or "-"),
+                  "-" if carried is None else f"{c.synthetic_change:+.1%} -> {carried:+.1%}", plain(c.verdict))
     console.print(t)
-    if "expected_production_change" in v:
+    if v.expected_production_change is not None:
         console.print(f"the synthetic change, carried over the represented kernels only: "
-                      f"{v['expected_production_change']:+.1%} of the production total", highlight=False)
+                      f"{v.expected_production_change:+.1%} of the production total", highlight=False)
 
 
 def _pct(x: float | None) -> str:
@@ -206,5 +215,6 @@ def _bytes(x: float | None) -> str:
     return "-" if x is None else ("+" if x > 0 else "") + si(x, "B") if x else "0"
 
 
-def _verdict(v: dict) -> str:
-    return v["verdict"] + (f" (p {v['p']:.2g})" if v.get("p") is not None else "")
+def _verdict(v: KernelChange | LayerTypeChange | MetricChange) -> str:
+    """A row's verdict with its p-value where it was tested."""
+    return v.verdict + (f" (p {v.p:.2g})" if v.p is not None else "")

@@ -16,12 +16,81 @@ unless ``force``.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from opmap.errors import OpmapError
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 MUST_MATCH = ("workload", "workload_spec")
+THROUGHPUT = ("requests_per_s", "output_tokens_per_s", "tokens_per_s")
+TEST = ("Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected) on per-request samples, "
+        "Benjamini-Hochberg over TTFT, TPOT and e2e")
+
+
+@dataclass(frozen=True)
+class MetricChange:
+    """One latency metric (ttft, tpot, e2e) on both sides: samples a side, the rank test (``u``, ``p``; None with
+    fewer than 2 samples a side), p50 and p99 (s), the change of the p50 and its verdict."""
+
+    metric: str
+    n_a: int
+    n_b: int
+    p: float | None
+    u: float | None
+    a_p50_s: float | None
+    b_p50_s: float | None
+    a_p99_s: float | None
+    b_p99_s: float | None
+    rel: float | None
+    verdict: str
+
+
+@dataclass(frozen=True)
+class ThroughputChange:
+    """A throughput (one value a run, untested) on both sides and its change."""
+
+    name: str  # requests_per_s, output_tokens_per_s or tokens_per_s
+    a: float | None
+    b: float | None
+    rel: float | None
+
+
+@dataclass(frozen=True)
+class BenchComparison:
+    """Bench run B against bench run A: each latency metric's change with its test, the throughputs, the verdict
+    (a regression where any metric regressed), the endpoints and each run's validity verdict."""
+
+    a: str
+    b: str
+    forced_tags: tuple[str, ...]
+    metrics: tuple[MetricChange, ...]
+    throughput: tuple[ThroughputChange, ...]
+    verdict: str
+    verdict_line: str
+    min_effect: float
+    alpha: float
+    endpoint_a: str | None
+    endpoint_b: str | None
+    validity_a: str | None
+    validity_b: str | None
+    test: str = TEST
+
+    @property
+    def regressed(self) -> bool:
+        return self.verdict == "regression"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The comparison as ``opmap compare --json`` prints it."""
+        return {"kind": "bench", "a": self.a, "b": self.b, "forced_tags": list(self.forced_tags),
+                "metrics": [{"metric": m.metric, "n_a": m.n_a, "n_b": m.n_b, "p": m.p, "u": m.u,
+                             "a_p50_s": m.a_p50_s, "b_p50_s": m.b_p50_s, "a_p99_s": m.a_p99_s, "b_p99_s": m.b_p99_s,
+                             "rel": m.rel, "verdict": m.verdict} for m in self.metrics],
+                "throughput": {t.name: {"a": t.a, "b": t.b, "rel": t.rel} for t in self.throughput},
+                "verdict": self.verdict, "verdict_line": self.verdict_line, "min_effect": self.min_effect,
+                "alpha": self.alpha, "test": {"name": self.test},
+                "endpoints": {"a": self.endpoint_a, "b": self.endpoint_b},
+                "validity": {"a": self.validity_a, "b": self.validity_b}}
 
 
 def _samples(run, con) -> dict[str, list[float]]:
@@ -50,50 +119,40 @@ def check(a, b, force: bool) -> list[str]:
 
 
 def compare_bench(a, b, con, rank_test, bh_reject, force: bool = False, min_effect: float = 0.05,
-                  alpha: float = 0.05) -> dict[str, Any]:
+                  alpha: float = 0.05) -> BenchComparison:
     """Run B against run A (store/source.py Runs of kind bench); ``con``: the store's connection where either is
     stored. ``rank_test`` and ``bh_reject``: compare's Mann-Whitney U and Benjamini-Hochberg (store/compare.py
     passes its own: it imports this module, so this one cannot import it)."""
     differ = check(a, b, force)
     sa, sb = _samples(a, con), _samples(b, con)
-    rows, ps = [], []
+    tested = []
     for m in METRICS:
         xa, xb = sa[m], sb[m]
-        row: dict[str, Any] = {"metric": m[:-2], "n_a": len(xa), "n_b": len(xb), "p": None, "u": None,
-                               "a_p50_s": statistics.median(xa) if xa else None,
-                               "b_p50_s": statistics.median(xb) if xb else None,
-                               "a_p99_s": _p99(xa), "b_p99_s": _p99(xb)}
-        row["rel"] = (row["b_p50_s"] / row["a_p50_s"] - 1 if row["a_p50_s"] and row["b_p50_s"] is not None
-                      else None)
-        if len(xa) >= 2 and len(xb) >= 2:
-            row["u"], row["p"] = rank_test(xa, xb)
-        rows.append(row)
-        ps.append(row["p"])
-    for row, rejected in zip(rows, bh_reject(ps, alpha)):
-        rel = row["rel"]
-        row["verdict"] = ("no test (fewer than 2 samples a side)" if row["p"] is None else
-                          "regression" if rejected and rel is not None and rel > min_effect else
-                          "improvement" if rejected and rel is not None and rel < -min_effect else
-                          "no significant change")
-    verdicts = [r["verdict"] for r in rows]
+        pa, pb = (statistics.median(xa) if xa else None), (statistics.median(xb) if xb else None)
+        u, p = rank_test(xa, xb) if len(xa) >= 2 and len(xb) >= 2 else (None, None)
+        tested.append((m[:-2], xa, xb, p, u, pa, pb, pb / pa - 1 if pa and pb is not None else None))
+    rows = []
+    for (metric, xa, xb, p, u, pa, pb, rel), rejected in zip(tested, bh_reject([t[3] for t in tested], alpha)):
+        verdict = ("no test (fewer than 2 samples a side)" if p is None else
+                   "regression" if rejected and rel is not None and rel > min_effect else
+                   "improvement" if rejected and rel is not None and rel < -min_effect else
+                   "no significant change")
+        rows.append(MetricChange(metric, len(xa), len(xb), p, u, pa, pb, _p99(xa), _p99(xb), rel, verdict))
+    verdicts = [r.verdict for r in rows]
     verdict = ("regression" if "regression" in verdicts else "improvement" if "improvement" in verdicts
                else "no significant change")
-    moved = [r for r in rows if r["verdict"] == verdict] if verdict != "no significant change" else []
-    line = (f"{verdict}: " + ", ".join(f"{r['metric']} p50 {r['rel']:+.1%} (p {r['p']:.2g})" for r in moved)
+    moved = [r for r in rows if r.verdict == verdict] if verdict != "no significant change" else []
+    line = (f"{verdict}: " + ", ".join(f"{r.metric} p50 {r.rel:+.1%} (p {r.p:.2g})" for r in moved)
             + f", beyond the minimum effect {min_effect:.1%}" if moved else
             f"no significant change in TTFT, TPOT or e2e (minimum effect {min_effect:.1%}, alpha {alpha:g})")
     ta, tb = a.payload.get("throughput") or {}, b.payload.get("throughput") or {}
-    throughput = {k: {"a": ta.get(k), "b": tb.get(k),
-                      "rel": tb[k] / ta[k] - 1 if ta.get(k) and tb.get(k) is not None else None}
-                  for k in ("requests_per_s", "output_tokens_per_s", "tokens_per_s")}
-    return {"kind": "bench", "a": a.id, "b": b.id, "forced_tags": differ, "metrics": rows,
-            "throughput": throughput, "verdict": verdict, "verdict_line": line, "min_effect": min_effect,
-            "alpha": alpha,
-            "test": {"name": "Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected) on "
-                             "per-request samples, Benjamini-Hochberg over TTFT, TPOT and e2e"},
-            "endpoints": {"a": a.tags.get("endpoint"), "b": b.tags.get("endpoint")},
-            "validity": {"a": (a.payload.get("validity") or {}).get("verdict"),
-                         "b": (b.payload.get("validity") or {}).get("verdict")}}
+    throughput = tuple(ThroughputChange(k, ta.get(k), tb.get(k),
+                                        tb[k] / ta[k] - 1 if ta.get(k) and tb.get(k) is not None else None)
+                       for k in THROUGHPUT)
+    return BenchComparison(a.id, b.id, tuple(differ), tuple(rows), throughput, verdict, line, min_effect, alpha,
+                           a.tags.get("endpoint"), b.tags.get("endpoint"),
+                           (a.payload.get("validity") or {}).get("verdict"),
+                           (b.payload.get("validity") or {}).get("verdict"))
 
 
 def _p99(x: list[float]) -> float | None:

@@ -31,10 +31,23 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from opmap.errors import OpmapError
+from opmap.store.bench_compare import BenchComparison
+from opmap.store.comparison import (
+    Comparison,
+    KernelChange,
+    LayerTypeChange,
+    Noise,
+    RankTest,
+    RunTest,
+    Totals,
+    Unmatched,
+    Verdict,
+)
 from opmap.store.noise import (
     ASSUMED_KERNEL_NOISE,
     MIN_DOF,
@@ -45,7 +58,18 @@ from opmap.store.noise import (
     repeat_key,
     run_time,
 )
-from opmap.store.source import Run, Series, is_run_id, kernel_rows, load, reading, series, stored_like
+from opmap.store.source import (
+    KernelRow,
+    LayerRow,
+    Run,
+    Series,
+    is_run_id,
+    kernel_rows,
+    load,
+    reading,
+    series,
+    stored_like,
+)
 
 MUST_MATCH = ("workload", "hardware", "precision", "phase")
 COMPARABLE = ("analyze", "profile")
@@ -80,27 +104,34 @@ def bh_reject(ps: list[float | None], alpha: float) -> list[bool]:
     return out
 
 
-def _verdicts(items: list[dict[str, Any]], alpha: float, min_effect: float) -> None:
-    """Each item's ``verdict`` from its rank test (p, BH-corrected over the family) and its median ``effect``."""
-    for it, rej in zip(items, bh_reject([it.get("p") for it in items], alpha)):
-        if it.get("p") is None:
-            e = it.get("rel")
-            it["verdict"] = ("no test" if it.get("measured") else
-                             "predicted change" if e is not None and abs(e) > min_effect else "no change")
+_Row = TypeVar("_Row", KernelChange, LayerTypeChange)
+
+
+def _verdicts(items: list[_Row], alpha: float, min_effect: float) -> list[_Row]:
+    """The items with their ``verdict`` from their rank test (p, BH-corrected over the family) and its median
+    ``effect``."""
+    out = []
+    for it, rej in zip(items, bh_reject([it.test.p if it.test else None for it in items], alpha)):
+        if it.test is None:
+            e = it.rel
+            verdict = ("no test" if it.measured else
+                       "predicted change" if e is not None and abs(e) > min_effect else "no change")
         else:
-            e = it["effect"]
-            it["verdict"] = ("regression" if rej and e > min_effect else "improvement" if rej and e < -min_effect
-                             else "no significant change")
+            e = it.test.effect
+            verdict = ("regression" if rej and e > min_effect else "improvement" if rej and e < -min_effect
+                       else "no significant change")
+        out.append(replace(it, verdict=verdict))
+    return out
 
 
-def _test(xa: list[float], xb: list[float]) -> dict[str, Any]:
+def _test(xa: list[float], xb: list[float]) -> RankTest | None:
     """The rank test of two sample series after the warm-up rule, and the change of their medians."""
     xa, xb = drop_warmup(xa)[0], drop_warmup(xb)[0]
     if len(xa) < 2 or len(xb) < 2:
-        return {}
+        return None
     _, p = mann_whitney(xa, xb)
     ma = statistics.median(xa)
-    return {"p": p, "effect": statistics.median(xb) / ma - 1 if ma else 0.0, "n_a": len(xa), "n_b": len(xb)}
+    return RankTest(p, statistics.median(xb) / ma - 1 if ma else 0.0, len(xa), len(xb))
 
 
 def _iter_sums(per: dict[int, list[float]], idxs: list[int]) -> list[float]:
@@ -111,11 +142,11 @@ def _iter_sums(per: dict[int, list[float]], idxs: list[int]) -> list[float]:
     return [sum(x) for x in zip(*vs)]
 
 
-def _kernel_time(k: dict[str, Any], per: dict[int, list[float]], measured: bool) -> float:
+def _kernel_time(k: KernelRow, per: dict[int, list[float]], measured: bool) -> float:
     """A kernel's time, s: the median of its profiled iterations after the warm-up rule, else as stored."""
-    if measured and len(per.get(k["idx"]) or ()) >= 2:
-        return run_time(per[k["idx"]]) or 0.0
-    return (k["measured_s"] if measured else k["predicted_s"]) or 0.0
+    if measured and len(per.get(k.idx) or ()) >= 2:
+        return run_time(per[k.idx]) or 0.0
+    return (k.measured_s if measured else k.predicted_s) or 0.0
 
 
 def _check(a: Run, b: Run, force: bool) -> list[str]:
@@ -170,7 +201,8 @@ def _kernel_floor(side_a: list[Run], side_b: list[Run], ser: dict[str, Series]) 
 
 
 def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False, min_effect: float = 0.05,
-            alpha: float = 0.05, rerun: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+            alpha: float = 0.05, rerun: int = 0,
+            progress: Callable[[str], None] | None = None) -> Comparison | BenchComparison:
     """Compare run B with run A (run ids or output folders); ``rerun``: re-run both recorded commands that many
     more times each, interleaved, first (store/rerun.py)."""
     if not (0 < alpha < 1) or not min_effect >= 0 or not math.isfinite(min_effect):
@@ -197,110 +229,91 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
         side_a, side_b = _sides(a, b, new_a, new_b, con)
         ser = series(side_a + side_b, con)
     (sa, pa), (sb, pb) = ser[a.id], ser[b.id]
-    measured = all(k["measured_s"] is not None for k in ka + kb) and bool(ka) and bool(kb)
+    measured = all(k.measured_s is not None for k in ka + kb) and bool(ka) and bool(kb)
     kfloor = _kernel_floor(side_a, side_b, ser)
     kernels, how, unmatched = _kernel_rows(ka, kb, pa, pb, measured)
     k_effect = max(min_effect, kfloor.noise) if measured else min_effect
-    _verdicts(kernels, alpha, k_effect)
-    by_lt = _layer_type_rows(kernels, unmatched, lts_a, lts_b, pa, pb, measured)
-    _verdicts(list(by_lt.values()), alpha, k_effect)
-    out: dict[str, Any] = {"a": a.id, "b": b.id, "forced_tags": differ,
-                           "matched_by": dict(sorted(Counter(how).items())),
-                           "times": "measured" if measured else "predicted",
-                           "kernels": sorted(kernels, key=lambda k: -abs(k["delta_s"])), "unmatched": unmatched,
-                           "totals": _totals(kernels, unmatched),
-                           "layer_types": by_lt, "min_effect": min_effect, "alpha": alpha,
-                           "per_kernel_test": "Mann-Whitney U on the profiled iterations of each kernel (and of each "
-                                              "layer type's kernels summed) after the warm-up rule, A against B, "
-                                              "Benjamini-Hochberg over the family; minimum effect max(--min-effect, "
-                                              "the kernel floor: " + kfloor.rule() + "); the run's verdict rests "
-                                              "on its latency samples alone",
-                           "kernel_floor": kfloor.to_dict(), "warmup_rule": WARMUP_RULE}
+    kernels = _verdicts(kernels, alpha, k_effect)
+    by_lt = _verdicts(_layer_type_rows(kernels, unmatched, lts_a, lts_b, pa, pb, measured), alpha, k_effect)
+    totals = _totals(kernels, unmatched)
+    times = "measured" if measured else "predicted"
     if len(sa) >= 2 and len(sb) >= 2:
-        out.update(_run_verdict(side_a, side_b, ser, min_effect, alpha))
-        out["host"] = host_fingerprint(a.payload)
+        verdict = _run_verdict(side_a, side_b, ser, min_effect, alpha, host_fingerprint(a.payload))
     else:
-        out.update(_total_verdict(out["totals"], out["times"], min_effect))
-    return out
+        verdict = _total_verdict(totals, times, min_effect)
+    return Comparison(
+        a.id, b.id, tuple(differ), tuple(sorted(Counter(how).items())), times,
+        tuple(sorted(kernels, key=lambda k: -abs(k.delta_s))), tuple(unmatched), totals, tuple(by_lt), min_effect,
+        alpha, "Mann-Whitney U on the profiled iterations of each kernel (and of each layer type's kernels summed) "
+               "after the warm-up rule, A against B, Benjamini-Hochberg over the family; minimum effect "
+               "max(--min-effect, the kernel floor: " + kfloor.rule() + "); the run's verdict rests on its latency "
+               "samples alone", kfloor, WARMUP_RULE, verdict)
 
 
-def _totals(kernels: list[dict[str, Any]], unmatched: list[dict[str, Any]]) -> dict[str, Any]:
+def _totals(kernels: list[KernelChange], unmatched: list[Unmatched]) -> Totals:
     """Each run's total: every one of its kernels, matched or not (a fused kernel in B has no partner for the
     kernels it absorbed in A); the matched and the unmatched part of each."""
-    out: dict[str, Any] = {"matched_a_s": sum(k["a_s"] for k in kernels),
-                           "matched_b_s": sum(k["b_s"] for k in kernels)}
-    for side in ("a", "b"):
-        only = [u["time_s"] for u in unmatched if u["side"] == side]
-        out[f"only_{side}"] = {"kernels": len(only), "time_s": sum(only)}
-        out[f"{side}_s"] = out[f"matched_{side}_s"] + sum(only)
-    out["rel"] = out["b_s"] / out["a_s"] - 1 if out["a_s"] else None
-    return out
+    only = {side: [u.time_s for u in unmatched if u.side == side] for side in ("a", "b")}
+    return Totals(sum(k.a_s for k in kernels), sum(k.b_s for k in kernels), len(only["a"]), sum(only["a"]),
+                  len(only["b"]), sum(only["b"]))
 
 
-def _total_verdict(totals: dict[str, Any], times: str, min_effect: float) -> dict[str, Any]:
+def _total_verdict(totals: Totals, times: str, min_effect: float) -> Verdict:
     """Runs without latency samples on both sides: the change of the totals (every kernel), no test."""
-    effect = totals["rel"] or 0.0
+    effect = totals.rel or 0.0
     verdict = "predicted change" if abs(effect) > min_effect else "no change"
-    return {"test": None, "effect": effect, "verdict": verdict,
-            "verdict_line": (f"{verdict}: {times} total {seconds(totals['a_s'])} -> {seconds(totals['b_s'])} "
-                             f"({effect:+.1%}; every kernel, matched or not; minimum effect {min_effect:.1%})"),
-            "note": "no latency samples on both sides: no significance test applies (deltas only)"}
+    return Verdict(verdict, f"{verdict}: {times} total {seconds(totals.a_s)} -> {seconds(totals.b_s)} "
+                            f"({effect:+.1%}; every kernel, matched or not; minimum effect {min_effect:.1%})",
+                   effect, note="no latency samples on both sides: no significance test applies (deltas only)")
 
 
-def _kernel_rows(ka: list[dict], kb: list[dict], pa: dict[int, list[float]], pb: dict[int, list[float]],
-                 measured: bool) -> tuple[list[dict[str, Any]], list[str], list[dict]]:
+def _kernel_rows(ka: list[KernelRow], kb: list[KernelRow], pa: dict[int, list[float]], pb: dict[int, list[float]],
+                 measured: bool) -> tuple[list[KernelChange], list[str], list[Unmatched]]:
     """The matched kernel pairs with their times, deltas and rank tests; (rows, how each matched, unmatched)."""
-    pairs, unmatched, how = _match(ka, kb)
-    by_idx = {("a", k["idx"]): (k, pa) for k in ka} | {("b", k["idx"]): (k, pb) for k in kb}
-    for u in unmatched:
-        k, per = by_idx[(u["side"], u["idx"])]
-        u.update(layer_type=k["layer_type"], time_s=_kernel_time(k, per, measured))
+    pairs, alone, how = _match(ka, kb)
+    per = {"a": pa, "b": pb}
+    unmatched = [Unmatched(side, k.idx, k.name, k.layer_type, _kernel_time(k, per[side], measured))
+                 for side, k in alone]
     rows = []
-    for x, y in pairs:
+    for (x, y), by in zip(pairs, how):
         ta, tb = _kernel_time(x, pa, measured), _kernel_time(y, pb, measured)
-        rows.append({"a_idx": x["idx"], "b_idx": y["idx"], "name": x["name"], "layer_type": x["layer_type"],
-                     "a_s": ta, "b_s": tb, "delta_s": tb - ta,
-                     "rel": (tb - ta) / ta if ta else None, "measured": measured,
-                     "mfu_a": x["mfu"], "mfu_b": y["mfu"], "mfu_delta": _delta(x["mfu"], y["mfu"]),
-                     "stall_a": x["stall_fraction"], "stall_b": y["stall_fraction"],
-                     "stall_delta": _delta(x["stall_fraction"], y["stall_fraction"]),
-                     "bytes_a": x["bytes"], "bytes_b": y["bytes"], "bytes_delta": _delta(x["bytes"], y["bytes"]),
-                     **_test(pa.get(x["idx"], []), pb.get(y["idx"], []))})
-    for r, by in zip(rows, how):
-        r["matched_by"] = by
+        rows.append(KernelChange(
+            x.idx, y.idx, x.name, x.layer_type, ta, tb, tb - ta, (tb - ta) / ta if ta else None, measured,
+            x.mfu, y.mfu, _delta(x.mfu, y.mfu), x.stall_fraction, y.stall_fraction,
+            _delta(x.stall_fraction, y.stall_fraction), x.bytes, y.bytes, _delta(x.bytes, y.bytes),
+            _test(pa.get(x.idx, []), pb.get(y.idx, [])), by))
     return rows, how, unmatched
 
 
-def _layer_type_rows(kernels: list[dict[str, Any]], unmatched: list[dict[str, Any]], lts_a: dict, lts_b: dict,
-                     pa: dict[int, list[float]], pb: dict[int, list[float]],
-                     measured: bool) -> dict[str, dict[str, Any]]:
+def _layer_type_rows(kernels: list[KernelChange], unmatched: list[Unmatched], lts_a: dict[str, LayerRow],
+                     lts_b: dict[str, LayerRow], pa: dict[int, list[float]], pb: dict[int, list[float]],
+                     measured: bool) -> list[LayerTypeChange]:
     """Per layer type: the times of its kernels summed, matched or not (``kernels``: the pairs, ``only_a`` /
     ``only_b``: the kernels without a partner), the store's MFU / stall / bytes deltas, the rank test on the
     per-iteration sums; largest absolute change first."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    alone: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[str, list[KernelChange]] = defaultdict(list)
+    alone: dict[str, list[Unmatched]] = defaultdict(list)
     for k in kernels:
-        groups[k["layer_type"] or "-"].append(k)
+        groups[k.layer_type or "-"].append(k)
     for u in unmatched:
-        alone[u["layer_type"] or "-"].append(u)
-    rows = {}
+        alone[u.layer_type or "-"].append(u)
+    rows = []
+    none = LayerRow(None, None, None)
     for lt in list(groups) + [x for x in alone if x not in groups]:
-        ks, only = groups.get(lt, []), {s: [u for u in alone.get(lt, []) if u["side"] == s] for s in "ab"}
-        ta = sum(k["a_s"] for k in ks) + sum(u["time_s"] for u in only["a"])
-        tb = sum(k["b_s"] for k in ks) + sum(u["time_s"] for u in only["b"])
-        ra, rb = lts_a.get(lt, {}), lts_b.get(lt, {})
-        rows[lt] = {"kernels": len(ks), "only_a": len(only["a"]), "only_b": len(only["b"]), "a_s": ta, "b_s": tb,
-                    "delta_s": tb - ta, "rel": (tb - ta) / ta if ta else None, "measured": measured,
-                    "mfu_delta": _delta(ra.get("mfu"), rb.get("mfu")),
-                    "stall_delta": _delta(ra.get("stall_fraction"), rb.get("stall_fraction")),
-                    "bytes_delta": _delta(ra.get("bytes"), rb.get("bytes")),
-                    **_test(_iter_sums(pa, [k["a_idx"] for k in ks] + [u["idx"] for u in only["a"]]),
-                            _iter_sums(pb, [k["b_idx"] for k in ks] + [u["idx"] for u in only["b"]]))}
-    return dict(sorted(rows.items(), key=lambda kv: -abs(kv[1]["delta_s"])))
+        ks, only = groups.get(lt, []), {s: [u for u in alone.get(lt, []) if u.side == s] for s in "ab"}
+        ta = sum(k.a_s for k in ks) + sum(u.time_s for u in only["a"])
+        tb = sum(k.b_s for k in ks) + sum(u.time_s for u in only["b"])
+        ra, rb = lts_a.get(lt, none), lts_b.get(lt, none)
+        rows.append(LayerTypeChange(
+            lt, len(ks), len(only["a"]), len(only["b"]), ta, tb, tb - ta, (tb - ta) / ta if ta else None, measured,
+            _delta(ra.mfu, rb.mfu), _delta(ra.stall_fraction, rb.stall_fraction), _delta(ra.bytes, rb.bytes),
+            _test(_iter_sums(pa, [k.a_idx for k in ks] + [u.idx for u in only["a"]]),
+                  _iter_sums(pb, [k.b_idx for k in ks] + [u.idx for u in only["b"]]))))
+    return sorted(rows, key=lambda r: -abs(r.delta_s))
 
 
 def _run_verdict(side_a: list[Run], side_b: list[Run], ser: dict[str, Series], min_effect: float,
-                 alpha: float) -> dict[str, Any]:
+                 alpha: float, host: str | None) -> Verdict:
     """The run's verdict: the rank test on the sides' samples and the change of their mean log run time against
     max(min_effect, the host's noise floor). Where too few runs measure the floor (fewer than MIN_DOF degrees of
     freedom: one run a side, or two against one) the verdict is "inconclusive": A against B alone, the change and
@@ -317,23 +330,21 @@ def _run_verdict(side_a: list[Run], side_b: list[Run], ser: dict[str, Series], m
     u, p = mann_whitney(xa, xb)
     effect = math.exp(statistics.fmean(lb) - statistics.fmean(la)) - 1
     need = max(min_effect, fl.noise) if fl.measured else min_effect
+    ids_a, ids_b = tuple(r.id for r in side_a), tuple(r.id for r in side_b)
     if not fl.measured:
-        verdict, noise = "inconclusive", _unmeasured(runs, min_effect)
+        verdict, noise = "inconclusive", _unmeasured(runs, min_effect, ids_a, ids_b)
         line = (f"inconclusive: noise not measured: {effect:+.1%} (A against B; p {p:.2g}), but {runs[0]} + "
                 f"{runs[1]} runs cannot tell a change from this host's noise between runs; measure it: "
                 + _measure_hint(side_a[0], side_b[0]))
     else:
         verdict = ("regression" if p < alpha and effect > need else
                    "improvement" if p < alpha and effect < -need else "no significant change")
-        noise = {**fl.to_dict(), "minimum_effect": f"max(--min-effect {min_effect:.1%}, floor {fl.noise:.1%}) = "
-                                                   f"{need:.1%}"}
+        noise = Noise(fl.noise, fl.measured, fl.n_a, fl.n_b, fl.sd_log, fl.dof, fl.t, fl.rule(),
+                      f"max(--min-effect {min_effect:.1%}, floor {fl.noise:.1%}) = {need:.1%}", ids_a, ids_b)
         line = _measured_line(verdict, effect, p, need, fl, min_effect, alpha, runs)
-    dropped = {s: [drop_warmup(ser[r.id][0])[1] for r in side] for s, side in (("a", side_a), ("b", side_b))}
-    return {"test": {"name": "Mann-Whitney U (two-sided, normal approximation, tie and continuity corrected)",
-                     "u": u, "p": p, "n_a": len(xa), "n_b": len(xb)},
-            "effect": effect, "verdict": verdict, "verdict_line": line, "min_effect_used": need,
-            "noise": {**noise, "runs_a": [r.id for r in side_a], "runs_b": [r.id for r in side_b]},
-            "warmup": {"rule": WARMUP_RULE, "dropped_a": dropped["a"], "dropped_b": dropped["b"]}}
+    return Verdict(verdict, line, effect, RunTest(u, p, len(xa), len(xb)), min_effect_used=need, noise=noise,
+                   warmup_rule=WARMUP_RULE, dropped_a=tuple(drop_warmup(ser[r.id][0])[1] for r in side_a),
+                   dropped_b=tuple(drop_warmup(ser[r.id][0])[1] for r in side_b), host=host)
 
 
 def _measured_line(verdict: str, effect: float, p: float, need: float, fl: Floor, min_effect: float, alpha: float,
@@ -348,12 +359,12 @@ def _measured_line(verdict: str, effect: float, p: float, need: float, fl: Floor
     return f"no significant change: {effect:+.1%} ({where}; p {p:.2g}; minimum effect {need:.1%})"
 
 
-def _unmeasured(runs: tuple[int, int], min_effect: float) -> dict[str, Any]:
+def _unmeasured(runs: tuple[int, int], min_effect: float, ids_a: tuple[str, ...], ids_b: tuple[str, ...]) -> Noise:
     """The noise block where the floor is not measured: how many runs there are and how many it needs."""
     rule = (f"not measured: {runs[0]} + {runs[1]} runs give {max(0, sum(runs) - 2)} degrees of freedom, a floor "
             f"needs {MIN_DOF} (4 runs in all, e.g. 2 a side; 5 a side tell +20% from same-code noise)")
-    return {"noise": None, "measured": False, "n_a": runs[0], "n_b": runs[1], "sd_log": None, "dof": 0, "t": None,
-            "rule": rule, "minimum_effect": f"--min-effect {min_effect:.1%}; no floor: the noise is not measured"}
+    return Noise(None, False, runs[0], runs[1], None, 0, None, rule,
+                 f"--min-effect {min_effect:.1%}; no floor: the noise is not measured", ids_a, ids_b)
 
 
 def _measure_hint(a: Run, b: Run) -> str:
@@ -403,18 +414,20 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     return u, min(1.0, p)
 
 
-def _match(ka: list[dict], kb: list[dict]) -> tuple[list[tuple[dict, dict]], list[dict], list[str]]:
+def _match(ka: list[KernelRow], kb: list[KernelRow]) -> tuple[list[tuple[KernelRow, KernelRow]],
+                                                               list[tuple[str, KernelRow]], list[str]]:
     """Kernel pairs: by node identity (the same node ids, op and module), then by op signature (op with its input
     dtypes and shapes, in order of appearance) among the rest, then by op at module path (in order) among the rest:
-    the last step pairs the same layer's kernels across batch or sequence lengths."""
+    the last step pairs the same layer's kernels across batch or sequence lengths. (pairs, the kernels left
+    without a partner with their side "a" or "b", how each pair matched)."""
     left_a, left_b = list(ka), list(kb)
-    pairs: list[tuple[dict, dict]] = []
+    pairs: list[tuple[KernelRow, KernelRow]] = []
     how: list[str] = []
-    steps = (("node identity", lambda k: (k["node_ids"], k["name"]) if k["node_ids"] else None),
-             ("op signature", lambda k: k["signature"]),
-             ("op at module", lambda k: k["name"] or None))
+    steps = (("node identity", lambda k: (k.node_ids, k.name) if k.node_ids else None),
+             ("op signature", lambda k: k.signature),
+             ("op at module", lambda k: k.name or None))
     for label, key in steps:
-        queues: dict[Any, list[dict]] = defaultdict(list)
+        queues: dict[Any, list[KernelRow]] = defaultdict(list)
         for k in left_b:
             if key(k) is not None:
                 queues[key(k)].append(k)
@@ -430,6 +443,4 @@ def _match(ka: list[dict], kb: list[dict]) -> tuple[list[tuple[dict, dict]], lis
             else:
                 rest_a.append(k)
         left_a, left_b = rest_a, [k for k in left_b if id(k) not in taken]
-    unmatched = ([{"side": "a", "idx": k["idx"], "name": k["name"]} for k in left_a]
-                 + [{"side": "b", "idx": k["idx"], "name": k["name"]} for k in left_b])
-    return pairs, unmatched, how
+    return pairs, [("a", k) for k in left_a] + [("b", k) for k in left_b], how

@@ -25,17 +25,82 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
 from opmap.ops import CONV_OPS, GEMM_OPS, POINTWISE_OPS, packet
+
+if TYPE_CHECKING:
+    from opmap.store.comparison import Comparison
 
 INTENSITY_TOLERANCE = 2.0  # a factor either way: within one octave of the synthetic kernel's FLOP/byte
 CARRIES = 0.8
 PARTLY = 0.2
 MUST_MATCH = ("hardware", "precision")
 _GEMM_LIKE = GEMM_OPS | {"matmul", "linear", "_scaled_mm", "addbmm", "mv", "dot"}
+
+
+@dataclass(frozen=True)
+class ClassCheck:
+    """One kernel class: the synthetic run's kernels of it (count, bound classes, intensity range FLOP/B), the
+    production run's (count, share of the production time, time-weighted p10 / p50 / p90 intensity, bound mix as
+    shares of the class's time), how much of it the synthetic kernels represent, the verdict, and where a
+    synthetic comparison was given, its change and what it buys in production (None: not given)."""
+
+    name: str
+    synthetic_kernels: int
+    synthetic_bound: tuple[str, ...]
+    synthetic_intensity: tuple[float, float] | None
+    production_kernels: int
+    production_share: float
+    represented_kernels: int
+    represented_share_of_class: float
+    represented_share_of_total: float
+    production_intensity_p10_p50_p90: tuple[float | None, ...]
+    production_bound_mix: tuple[tuple[str, float], ...]
+    verdict: str
+    synthetic_change: float | None = None
+    expected_production_change: float | None = None
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """Does the synthetic run stand for the production run, class by class (module docstring)."""
+
+    synthetic: str
+    production: str
+    forced_tags: tuple[str, ...]
+    synthetic_times: str  # "measured" or "predicted"
+    production_times: str
+    rule: str
+    classes: tuple[ClassCheck, ...]
+    expected_production_change: float | None  # None: no synthetic comparison given
+
+    def to_dict(self) -> dict[str, Any]:
+        """The check as ``opmap compare --production --json`` prints it and the store records it."""
+        classes = []
+        for c in self.classes:
+            row = {"class": c.name, "synthetic_kernels": c.synthetic_kernels,
+                   "synthetic_bound": list(c.synthetic_bound),
+                   "synthetic_intensity": None if c.synthetic_intensity is None else list(c.synthetic_intensity),
+                   "production_kernels": c.production_kernels, "production_share": c.production_share,
+                   "represented_kernels": c.represented_kernels,
+                   "represented_share_of_class": c.represented_share_of_class,
+                   "represented_share_of_total": c.represented_share_of_total,
+                   "production_intensity_p10_p50_p90": list(c.production_intensity_p10_p50_p90),
+                   "production_bound_mix": dict(c.production_bound_mix), "verdict": c.verdict}
+            if c.synthetic_change is not None:
+                row["synthetic_change"] = c.synthetic_change
+                row["expected_production_change"] = c.expected_production_change
+            classes.append(row)
+        out = {"synthetic": self.synthetic, "production": self.production, "forced_tags": list(self.forced_tags),
+               "times": {"synthetic": self.synthetic_times, "production": self.production_times},
+               "rule": self.rule, "classes": classes}
+        if self.expected_production_change is not None:
+            out["expected_production_change"] = self.expected_production_change
+        return out
 
 
 def kernel_class(name: str | None) -> str:
@@ -90,7 +155,7 @@ def _weighted_quantiles(pairs: list[tuple[float, float]], qs=(0.1, 0.5, 0.9)) ->
 
 
 def production_check(synth_id: str, prod_id: str, path: Path | None = None, force: bool = False,
-                     synthetic_change: dict[str, float] | None = None) -> dict[str, Any]:
+                     synthetic_change: dict[str, float] | None = None) -> ShapeCheck:
     """Which of the production run's kernels the synthetic run stands for, class by class (module docstring).
 
     ``synthetic_change``: each class's relative time change on a synthetic comparison (B over A, minus one), to
@@ -119,49 +184,47 @@ def production_check(synth_id: str, prod_id: str, path: Path | None = None, forc
     s_by_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for k in sk:
         s_by_class[k["class"]].append(k)
-    classes = []
+    classes = [_class_check(cls, synth, by_class.get(cls, []), p_total, synthetic_change)
+               for cls, synth in sorted(s_by_class.items(), key=lambda kv: -sum(k["t"] for k in kv[1]))]
     expected = 0.0
-    for cls, synth in sorted(s_by_class.items(), key=lambda kv: -sum(k["t"] for k in kv[1])):
-        prod = by_class.get(cls, [])
-        t_cls = sum(k["t"] for k in prod)
-        rep = [k for k in prod if any(_represents(x, k) for x in synth)]
-        t_rep = sum(k["t"] for k in rep)
-        frac = t_rep / t_cls if t_cls else 0.0
-        verdict = ("not in production" if not prod else "carries over" if frac >= CARRIES else
-                   "partly" if frac >= PARTLY else "does not carry over")
-        bounds: dict[str, float] = defaultdict(float)
-        for k in prod:
-            bounds[k["bound"] or "-"] += k["t"] / t_cls if t_cls else 0.0
-        s_int = [k["intensity"] for k in synth if k["intensity"] is not None]
-        row = {"class": cls, "synthetic_kernels": len(synth),
-               "synthetic_bound": sorted({k["bound"] or "-" for k in synth}),
-               "synthetic_intensity": [min(s_int), max(s_int)] if s_int else None,
-               "production_kernels": len(prod), "production_share": t_cls / p_total if p_total else 0.0,
-               "represented_kernels": len(rep), "represented_share_of_class": frac,
-               "represented_share_of_total": t_rep / p_total if p_total else 0.0,
-               "production_intensity_p10_p50_p90": _weighted_quantiles([(k["intensity"], k["t"]) for k in prod]),
-               "production_bound_mix": dict(sorted(bounds.items(), key=lambda kv: -kv[1])), "verdict": verdict}
-        if synthetic_change is not None and cls in synthetic_change:
-            row["synthetic_change"] = synthetic_change[cls]
-            row["expected_production_change"] = synthetic_change[cls] * row["represented_share_of_total"]
-            expected += row["expected_production_change"]
-        classes.append(row)
-    out: dict[str, Any] = {"synthetic": synth_id, "production": prod_id, "forced_tags": differ,
-                           "times": {"synthetic": s_times, "production": p_times},
-                           "rule": f"same class and bound, intensity within x{INTENSITY_TOLERANCE:g}; carries over "
-                                   f">= {CARRIES:.0%} of the class's production time, partly >= {PARTLY:.0%}",
-                           "classes": classes}
-    if synthetic_change is not None:
-        out["expected_production_change"] = expected
-    return out
+    for c in classes:
+        if c.expected_production_change is not None:
+            expected += c.expected_production_change
+    rule = (f"same class and bound, intensity within x{INTENSITY_TOLERANCE:g}; carries over >= {CARRIES:.0%} of the "
+            f"class's production time, partly >= {PARTLY:.0%}")
+    return ShapeCheck(synth_id, prod_id, tuple(differ), s_times, p_times, rule, tuple(classes),
+                      expected if synthetic_change is not None else None)
 
 
-def class_changes(comparison: dict[str, Any]) -> dict[str, float]:
+def _class_check(cls: str, synth: list[dict[str, Any]], prod: list[dict[str, Any]], p_total: float,
+                 synthetic_change: dict[str, float] | None) -> ClassCheck:
+    """One class's check: its production kernels the synthetic ones represent, and the change carried over."""
+    t_cls = sum(k["t"] for k in prod)
+    rep = [k for k in prod if any(_represents(x, k) for x in synth)]
+    t_rep = sum(k["t"] for k in rep)
+    frac = t_rep / t_cls if t_cls else 0.0
+    verdict = ("not in production" if not prod else "carries over" if frac >= CARRIES else
+               "partly" if frac >= PARTLY else "does not carry over")
+    bounds: dict[str, float] = defaultdict(float)
+    for k in prod:
+        bounds[k["bound"] or "-"] += k["t"] / t_cls if t_cls else 0.0
+    s_int = [k["intensity"] for k in synth if k["intensity"] is not None]
+    share_of_total = t_rep / p_total if p_total else 0.0
+    change = synthetic_change.get(cls) if synthetic_change is not None else None
+    return ClassCheck(cls, len(synth), tuple(sorted({k["bound"] or "-" for k in synth})),
+                      (min(s_int), max(s_int)) if s_int else None, len(prod), t_cls / p_total if p_total else 0.0,
+                      len(rep), frac, share_of_total,
+                      tuple(_weighted_quantiles([(k["intensity"], k["t"]) for k in prod])),
+                      tuple(sorted(bounds.items(), key=lambda kv: -kv[1])), verdict, change,
+                      None if change is None else change * share_of_total)
+
+
+def class_changes(comparison: Comparison) -> dict[str, float]:
     """Each kernel class's relative time change (B over A, minus one) from a ``compare`` result's kernel pairs."""
     a: dict[str, float] = defaultdict(float)
     b: dict[str, float] = defaultdict(float)
-    for k in comparison["kernels"]:
-        c = kernel_class(k["name"])
-        a[c] += k["a_s"] or 0.0
-        b[c] += k["b_s"] or 0.0
+    for k in comparison.kernels:
+        c = kernel_class(k.name)
+        a[c] += k.a_s or 0.0
+        b[c] += k.b_s or 0.0
     return {c: b[c] / a[c] - 1 for c in a if a[c] > 0}

@@ -150,13 +150,35 @@ def _numbers(xs: Any, what: str) -> list[float]:
     return [float(x) for x in xs]
 
 
-KCOLS = ("idx", "name", "layer_type", "predicted_s", "measured_s", "bytes", "node_ids", "signature", "mfu",
-         "stall_fraction")
+@dataclass(frozen=True)
+class KernelRow:
+    """A kernel as the store holds it (store/rows.py): its index, name (anchor op at module path), layer type,
+    times, bytes, node ids, op signature, MFU and stall fraction (None where the run has no figure)."""
+
+    idx: int
+    name: str
+    layer_type: str | None
+    predicted_s: float | None
+    measured_s: float | None
+    bytes: float | None
+    node_ids: str | None
+    signature: str | None
+    mfu: float | None
+    stall_fraction: float | None
 
 
-def kernel_rows(run: Run, con=None) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """(kernels with KCOLS, layer types {name: {mfu, stall_fraction, bytes}}) as the store holds them (``con``:
-    the store's connection, for a stored run)."""
+@dataclass(frozen=True)
+class LayerRow:
+    """A layer type's MFU, stall fraction and bytes as the store holds them."""
+
+    mfu: float | None
+    stall_fraction: float | None
+    bytes: float | None
+
+
+def kernel_rows(run: Run, con=None) -> tuple[list[KernelRow], dict[str, LayerRow]]:
+    """(kernels, layer types by name) as the store holds them (``con``: the store's connection, for a stored
+    run)."""
     from opmap.store.db import KERNEL_COLUMNS, LAYER_COLUMNS, payload_rows
 
     if run.stored:
@@ -166,9 +188,9 @@ def kernel_rows(run: Run, con=None) -> tuple[list[dict[str, Any]], dict[str, dic
             f"SELECT {', '.join(LAYER_COLUMNS)} FROM layer_types WHERE run_id = ?", [run.id]).fetchall()]
     else:
         ks, lts = payload_rows(run.payload)
-    return ([{c: k.get(c) for c in KCOLS} for k in ks],
-            {r["layer_type"]: {"mfu": r.get("mfu"), "stall_fraction": r.get("stall_fraction"),
-                               "bytes": r.get("bytes")} for r in lts})
+    return ([KernelRow(k["idx"], k["name"], k["layer_type"], k["predicted_s"], k["measured_s"], k["bytes"],
+                       k["node_ids"], k["signature"], k["mfu"], k["stall_fraction"]) for k in ks],
+            {r["layer_type"]: LayerRow(r.get("mfu"), r.get("stall_fraction"), r.get("bytes")) for r in lts})
 
 
 Series = tuple[list[float], dict[int, list[float]]]
