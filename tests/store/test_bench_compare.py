@@ -33,21 +33,21 @@ def test_a_clear_shift_is_a_regression_with_the_hand_computed_p_value(tmp_path):
     a = bench_dir(tmp_path, "a", [0.010 + 0.001 * i for i in range(10)])
     b = bench_dir(tmp_path, "b", [0.030 + 0.001 * i for i in range(10)], tokens_per_s=80.0)
     r = compare(a, b)
-    ttft = next(m for m in r["metrics"] if m["metric"] == "ttft")
+    ttft = next(m for m in r.metrics if m.metric == "ttft")
     z = 49.5 / math.sqrt(100 / 12 * 21)
-    assert ttft["u"] == 0 and ttft["p"] == pytest.approx(2 * (1 - 0.5 * (1 + math.erf(z / math.sqrt(2)))), rel=1e-9)
-    assert ttft["rel"] == pytest.approx(0.0345 / 0.0145 - 1)  # medians 14.5 ms -> 34.5 ms
-    assert ttft["verdict"] == "regression" and r["verdict"] == "regression"
-    tpot = next(m for m in r["metrics"] if m["metric"] == "tpot")
-    assert tpot["p"] == 1.0 and tpot["verdict"] == "no significant change"  # the same values on both sides
-    assert r["throughput"]["output_tokens_per_s"]["rel"] == pytest.approx(-0.2)
-    assert compare(b, a)["verdict"] == "improvement"
+    assert ttft.u == 0 and ttft.p == pytest.approx(2 * (1 - 0.5 * (1 + math.erf(z / math.sqrt(2)))), rel=1e-9)
+    assert ttft.rel == pytest.approx(0.0345 / 0.0145 - 1)  # medians 14.5 ms -> 34.5 ms
+    assert ttft.verdict == "regression" and r.verdict == "regression" and r.regressed
+    tpot = next(m for m in r.metrics if m.metric == "tpot")
+    assert tpot.p == 1.0 and tpot.verdict == "no significant change"  # the same values on both sides
+    assert r.to_dict()["throughput"]["output_tokens_per_s"]["rel"] == pytest.approx(-0.2)
+    assert compare(b, a).verdict == "improvement"
 
 
 def test_the_same_distribution_is_no_significant_change(tmp_path):
     xs = [0.010 + 0.001 * i for i in range(10)]
     r = compare(bench_dir(tmp_path, "a", xs), bench_dir(tmp_path, "b", list(reversed(xs))))
-    assert r["verdict"] == "no significant change" and all(m["p"] == 1.0 for m in r["metrics"])
+    assert r.verdict == "no significant change" and all(m.p == 1.0 for m in r.metrics)
 
 
 def test_a_different_load_is_refused_unless_forced(tmp_path):
@@ -55,4 +55,4 @@ def test_a_different_load_is_refused_unless_forced(tmp_path):
     b = bench_dir(tmp_path, "b", [0.01, 0.02, 0.03], output_len="64")
     with pytest.raises(OpmapError, match="not the same load"):
         compare(a, b)
-    assert compare(a, b, force=True)["forced_tags"] == ["workload_spec"]
+    assert compare(a, b, force=True).forced_tags == ("workload_spec",)

@@ -13,6 +13,7 @@ pytest.importorskip("duckdb")
 from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import record  # noqa: E402
 from opmap.store.compare import compare, mann_whitney  # noqa: E402
+from opmap.store.source import KernelRow  # noqa: E402
 
 
 def test_mann_whitney_by_hand():
@@ -53,11 +54,12 @@ def test_a_regression_is_found_only_where_injected(tmp_path):
 
     a, b, c = (side("main", 1.0, [1e-3, 2e-3])[0], side("copy", 1.0, [1e-3, 2e-3])[0],
                side("branch", 1.2, [1e-3, 2.4e-3])[0])
-    assert compare(a, b, path)["verdict"] == "no significant change"
+    assert compare(a, b, path).verdict.verdict == "no significant change"
     r = compare(a, c, path)
-    assert r["verdict"] == "regression" and r["test"]["p"] < 1e-6 and r["effect"] == pytest.approx(0.2, abs=0.03)
-    assert r["kernels"][0]["a_idx"] == 1 and r["kernels"][0]["rel"] == pytest.approx(0.2)
-    assert compare(c, a, path)["verdict"] == "improvement"
+    v = r.verdict
+    assert v.verdict == "regression" and v.test.p < 1e-6 and v.effect == pytest.approx(0.2, abs=0.03)
+    assert r.kernels[0].a_idx == 1 and r.kernels[0].rel == pytest.approx(0.2)
+    assert compare(c, a, path).verdict.verdict == "improvement"
 
 
 def test_predicted_runs_and_mismatched_tags(tmp_path):
@@ -67,11 +69,11 @@ def test_predicted_runs_and_mismatched_tags(tmp_path):
     a = record("analyze", p, _tags(), path)
     b = record("analyze", _profile([], [1.5e-3]) | {"samples": {}}, _tags(), path)
     r = compare(a, b, path)
-    assert r["verdict"] == "predicted change" and r["test"] is None and "no significance test" in r["note"]
+    assert r.verdict.verdict == "predicted change" and r.verdict.test is None and "no significance test" in r.verdict.note
     h = record("analyze", p, _tags(hardware="h100-sxm"), path)
     with pytest.raises(OpmapError, match=r"differ in hardware \(local vs h100-sxm\)"):
         compare(a, h, path)
-    assert compare(a, h, path, force=True)["forced_tags"] == ["hardware"]
+    assert compare(a, h, path, force=True).forced_tags == ("hardware",)
 
 
 def _u_of(a, b):
@@ -115,35 +117,37 @@ def test_per_kernel_verdicts_find_only_the_injected_kernel(tmp_path):
         record("profile", _kernel_run(rng), _tags(), path)
     c = record("profile", _kernel_run(rng, slow_kernel=3, factor=1.5), _tags(), path)
     same = compare(a, b, path)
-    assert same["verdict"] == "no significant change"
-    assert {k["verdict"] for k in same["kernels"]} == {"no significant change"}
-    assert {v["verdict"] for v in same["layer_types"].values()} == {"no significant change"}
+    assert same.verdict.verdict == "no significant change"
+    assert {k.verdict for k in same.kernels} == {"no significant change"}
+    assert {v.verdict for v in same.layer_types} == {"no significant change"}
     r = compare(a, c, path)
-    assert r["matched_by"] == {"node identity": 4} and r["verdict"] == "regression"
-    assert r["noise"]["measured"] and len(r["noise"]["runs_a"]) == 4 and r["noise"]["runs_b"] == [c]
-    verdicts = {k["a_idx"]: k["verdict"] for k in r["kernels"]}
+    assert r.matched_by == (("node identity", 4),) and r.regressed
+    assert r.verdict.noise.measured and len(r.verdict.noise.runs_a) == 4 and r.verdict.noise.runs_b == (c,)
+    verdicts = {k.a_idx: k.verdict for k in r.kernels}
     assert verdicts == {0: "no significant change", 1: "no significant change", 2: "no significant change",
                         3: "regression"}
-    assert r["layer_types"]["attention"]["verdict"] == "regression"
-    assert r["layer_types"]["mlp"]["verdict"] == "no significant change"
-    k3 = r["kernels"][0]
-    assert k3["a_idx"] == 3 and k3["effect"] == pytest.approx(0.5, abs=0.05) and k3["stall_delta"] is not None
+    lts = {lt.layer_type: lt for lt in r.layer_types}
+    assert lts["attention"].verdict == "regression" and lts["mlp"].verdict == "no significant change"
+    k3 = r.kernels[0]
+    assert k3.a_idx == 3 and k3.test.effect == pytest.approx(0.5, abs=0.05) and k3.stall_delta is not None
+    # the JSON keeps the test's figures beside the kernel's (opmap compare --json)
+    assert r.to_dict()["kernels"][0]["effect"] == k3.test.effect
 
 
 def test_kernels_match_by_signature_then_by_module_where_graphs_differ(tmp_path):
     from opmap.store.compare import _match
 
     def k(idx, ids, name, sig):
-        return {"idx": idx, "node_ids": ids, "name": name, "signature": sig}
+        return KernelRow(idx, name, None, None, None, None, ids, sig, None, None)
 
     ka = [k(0, "0", "mm@a", "mm(f32[2, 4])"), k(1, "1", "mm@b", "mm(f32[4, 4])"), k(2, "2", "relu@c", "relu(f32[8])")]
     # b: one node inserted in front (ids shift), b's mm at a new shape, a kernel of its own
     kb = [k(0, "0", "add@z", "add(f32[1])"), k(1, "1", "mm@a", "mm(f32[2, 4])"), k(2, "2", "mm@b", "mm(f32[4, 8])"),
           k(3, "3", "relu@c", "relu(f32[8])")]
     pairs, unmatched, how = _match(ka, kb)
-    got = {(x["idx"], y["idx"]): h for (x, y), h in zip(pairs, how)}
+    got = {(x.idx, y.idx): h for (x, y), h in zip(pairs, how)}
     assert got == {(0, 1): "op signature", (2, 3): "op signature", (1, 2): "op at module"}
-    assert unmatched == [{"side": "b", "idx": 0, "name": "add@z"}]
+    assert [(side, k.idx, k.name) for side, k in unmatched] == [("b", 0, "add@z")]
 
 
 HOST = {"device_name": "AMD EPYC", "device": "cpu", "threads": 2, "host": "ci-1"}
@@ -181,16 +185,16 @@ def test_same_code_pairs_never_regress_and_a_40ms_stall_is_caught_10_of_10(tmp_p
     path = tmp_path / "runs.duckdb"
     rng = random.Random(19)
     same, stalled = _pairs(path, rng, 0.0, 5), _pairs(path, rng, 0.040, 5, first=10)
-    assert [r["verdict"] for r in same].count("regression") == 0
-    assert [r["verdict"] for r in stalled] == ["regression"] * 10
+    assert [r.verdict.verdict for r in same].count("regression") == 0
+    assert [r.verdict.verdict for r in stalled] == ["regression"] * 10
     for r in same + stalled:
-        n = r["noise"]
-        assert n["measured"] and len(n["runs_a"]) == 5 and len(n["runs_b"]) == 5 and n["dof"] == 8
-        assert r["warmup"]["dropped_a"] == [1] * 5  # every run's x18.5 first step, by the rule
-        assert r["min_effect_used"] == max(0.05, n["noise"]) and "max(--min-effect 5.0%" in n["minimum_effect"]
+        v, n = r.verdict, r.verdict.noise
+        assert n.measured and len(n.runs_a) == 5 and len(n.runs_b) == 5 and n.dof == 8
+        assert v.dropped_a == (1,) * 5  # every run's x18.5 first step, by the rule
+        assert v.min_effect_used == max(0.05, n.noise) and "max(--min-effect 5.0%" in n.minimum_effect
     # the stall's effect, +40 ms on 200 ms: +20%, within the noise of five runs a side
-    assert all(0.12 < r["effect"] < 0.28 for r in stalled)
-    assert max(r["noise"]["noise"] for r in stalled) < 0.15
+    assert all(0.12 < r.verdict.effect < 0.28 for r in stalled)
+    assert max(r.verdict.noise.noise for r in stalled) < 0.15
 
 
 def test_lone_same_code_pairs_are_inconclusive_never_regressions(tmp_path):
@@ -199,10 +203,11 @@ def test_lone_same_code_pairs_are_inconclusive_never_regressions(tmp_path):
     # rank test and the 5% minimum effect alone would call changes included
     path = tmp_path / "runs.duckdb"
     rs = _pairs(path, random.Random(5), 0.0, 1)
-    assert [r["verdict"] for r in rs] == ["inconclusive"] * 10
-    assert all(not r["noise"]["measured"] and r["min_effect_used"] == 0.05 for r in rs)
-    beyond = [r for r in rs if r["test"]["p"] < 0.05 and abs(r["effect"]) > 0.05]
-    assert beyond and all(r["verdict_line"].startswith("inconclusive: noise not measured") for r in beyond)
+    vs = [r.verdict for r in rs]
+    assert [v.verdict for v in vs] == ["inconclusive"] * 10
+    assert all(not v.noise.measured and v.min_effect_used == 0.05 for v in vs)
+    beyond = [v for v in vs if v.test.p < 0.05 and abs(v.effect) > 0.05]
+    assert beyond and all(v.line.startswith("inconclusive: noise not measured") for v in beyond)
 
 
 def test_a_warmup_outlier_does_not_move_a_kernel(tmp_path):
@@ -218,9 +223,9 @@ def test_a_warmup_outlier_does_not_move_a_kernel(tmp_path):
 
     a = record("profile", run([0.200e-3, 0.201e-3]), _tags(), path)
     b = record("profile", run([3.700e-3, 0.202e-3]), _tags(), path)
-    k = compare(a, b, path)["kernels"][0]
-    assert k["b_s"] == pytest.approx(0.202e-3) and k["a_s"] == pytest.approx(0.2005e-3)
-    assert k["rel"] == pytest.approx(0.202 / 0.2005 - 1) and k["verdict"] == "no test"
+    k = compare(a, b, path).kernels[0]
+    assert k.b_s == pytest.approx(0.202e-3) and k.a_s == pytest.approx(0.2005e-3)
+    assert k.rel == pytest.approx(0.202 / 0.2005 - 1) and k.verdict == "no test"
 
 
 def test_repeats_on_another_host_do_not_count_and_a_host_change_is_refused(tmp_path):
@@ -232,12 +237,12 @@ def test_repeats_on_another_host_do_not_count_and_a_host_change_is_refused(tmp_p
         record("profile", _step_run(rng, host=other), _tags(command=CMD_A), path)
     b = record("profile", _step_run(rng), _tags(command=CMD_B), path)
     r = compare(a, b, path)
-    assert r["noise"]["runs_a"] == [a] and not r["noise"]["measured"]
-    assert r["host"] == "AMD EPYC (cpu, 2 threads) on ci-1"
+    assert r.verdict.noise.runs_a == (a,) and not r.verdict.noise.measured
+    assert r.verdict.host == "AMD EPYC (cpu, 2 threads) on ci-1"
     c = record("profile", _step_run(rng, host=other), _tags(command=CMD_B), path)
     with pytest.raises(OpmapError, match=r"differ in host \(AMD EPYC \(cpu, 2 threads\) on ci-1 vs"):
         compare(a, c, path)
-    assert compare(a, c, path, force=True)["forced_tags"] == ["host"]
+    assert compare(a, c, path, force=True).forced_tags == ("host",)
 
 
 def test_compare_refuses_runs_without_kernels(tmp_path):
@@ -269,17 +274,18 @@ def test_the_total_counts_every_kernel_matched_or_not(tmp_path):
     b = record("analyze", _named_run([(mm, "fc1", "mlp", 3.1e-6), (mm, "fc2", "mlp", 3e-6),
                                       (copy, "out", "data_movement", 0.5e-6)]), _tags(graph_hash="fused"), path)
     r = compare(a, b, path)
-    assert r["effect"] == pytest.approx(6.6 / 8 - 1) and r["verdict"] == "predicted change"
-    assert "-17.5%" in r["verdict_line"] and "8 µs -> 6.6 µs" in r["verdict_line"]
-    t = r["totals"]
-    assert t["a_s"] == pytest.approx(8e-6) and t["b_s"] == pytest.approx(6.6e-6)
-    assert t["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
-    assert t["only_b"] == {"kernels": 1, "time_s": pytest.approx(0.5e-6)}
-    assert sorted((u["side"], u["name"], u["time_s"]) for u in r["unmatched"]) == [
+    assert r.verdict.effect == pytest.approx(6.6 / 8 - 1) and r.verdict.verdict == "predicted change"
+    assert "-17.5%" in r.verdict.line and "8 µs -> 6.6 µs" in r.verdict.line
+    t = r.totals
+    assert t.a_s == pytest.approx(8e-6) and t.b_s == pytest.approx(6.6e-6)
+    assert (t.only_a_kernels, t.only_a_s) == (1, pytest.approx(2e-6))
+    assert (t.only_b_kernels, t.only_b_s) == (1, pytest.approx(0.5e-6))
+    # the JSON's totals: each side's kernels without a partner under only_a / only_b
+    assert r.to_dict()["totals"]["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
+    assert sorted((u.side, u.name, u.time_s) for u in r.unmatched) == [
         ("a", f"{gelu}@act", pytest.approx(2e-6)), ("b", f"{copy}@out", pytest.approx(0.5e-6))]
     # the layer types hold the kernels without a partner too: A's GELU, B's copy
-    lt = r["layer_types"]
-    assert (lt["elementwise"]["a_s"], lt["elementwise"]["b_s"], lt["elementwise"]["only_a"]) == (
-        pytest.approx(2e-6), 0, 1)
-    assert lt["data_movement"]["b_s"] == pytest.approx(0.5e-6) and lt["data_movement"]["rel"] is None
-    assert lt["mlp"]["a_s"] == pytest.approx(6e-6) and lt["mlp"]["b_s"] == pytest.approx(6.1e-6)
+    lt = {x.layer_type: x for x in r.layer_types}
+    assert (lt["elementwise"].a_s, lt["elementwise"].b_s, lt["elementwise"].only_a) == (pytest.approx(2e-6), 0, 1)
+    assert lt["data_movement"].b_s == pytest.approx(0.5e-6) and lt["data_movement"].rel is None
+    assert lt["mlp"].a_s == pytest.approx(6e-6) and lt["mlp"].b_s == pytest.approx(6.1e-6)

@@ -55,15 +55,18 @@ def test_a_square_gemm_does_not_stand_for_skinny_decode_gemms(tmp_path):
                                    ("aten.native_layer_norm.default", 1e6, 1e6, "memory", 1e-4)]),
                   _tags("llama"), path)
     r = production_check(s, prod, path)
-    (g,) = r["classes"]
-    assert g["class"] == "gemm" and g["production_kernels"] == 2 and g["represented_kernels"] == 1
-    assert g["production_share"] == pytest.approx(4e-4 / 5e-4)  # GEMMs: 0.4 of the 0.5 ms total
-    assert g["represented_share_of_class"] == pytest.approx(3e-4 / 4e-4)  # 0.75: below 0.8, "partly"
-    assert g["represented_share_of_total"] == pytest.approx(3e-4 / 5e-4)
-    assert g["verdict"] == "partly"
-    assert g["production_bound_mix"] == pytest.approx({"compute": 0.75, "memory": 0.25})
+    (g,) = r.classes
+    assert g.name == "gemm" and g.production_kernels == 2 and g.represented_kernels == 1
+    assert g.production_share == pytest.approx(4e-4 / 5e-4)  # GEMMs: 0.4 of the 0.5 ms total
+    assert g.represented_share_of_class == pytest.approx(3e-4 / 4e-4)  # 0.75: below 0.8, "partly"
+    assert g.represented_share_of_total == pytest.approx(3e-4 / 5e-4)
+    assert g.verdict == "partly"
+    assert dict(g.production_bound_mix) == pytest.approx({"compute": 0.75, "memory": 0.25})
+    # the JSON the store records: the class under "class", no carried change without a synthetic comparison
+    (row,) = r.to_dict()["classes"]
+    assert row["class"] == "gemm" and "expected_production_change" not in row
     # time-weighted quantiles: 25% of the time at ~15.9 FLOP/B, 75% at 1024
-    p10, p50, p90 = g["production_intensity_p10_p50_p90"]
+    p10, p50, p90 = g.production_intensity_p10_p50_p90
     assert p10 == pytest.approx(df / db) and p50 == pytest.approx(1024) and p90 == pytest.approx(1024)
 
 
@@ -86,7 +89,8 @@ def test_a_synthetic_win_is_carried_over_only_through_represented_kernels(tmp_pa
     r = production_check(a, prod, path, synthetic_change=change)
     # Amdahl over the represented kernels only: -20% x (0.3 ms of 0.5 ms) = -12% of the production total,
     # not -20% x 0.8 (all GEMMs) = -16%
-    assert r["expected_production_change"] == pytest.approx(-0.2 * 0.6)
+    assert r.expected_production_change == pytest.approx(-0.2 * 0.6)
+    assert r.to_dict()["expected_production_change"] == r.expected_production_change
 
 
 def test_mismatched_hardware_is_refused(tmp_path):
@@ -97,4 +101,4 @@ def test_mismatched_hardware_is_refused(tmp_path):
                path)
     with pytest.raises(OpmapError, match="hardware"):
         production_check(s, p, path)
-    assert production_check(s, p, path, force=True)["classes"][0]["verdict"] == "carries over"
+    assert production_check(s, p, path, force=True).classes[0].verdict == "carries over"
