@@ -69,7 +69,8 @@ def test_predicted_runs_and_mismatched_tags(tmp_path):
     a = record("analyze", p, _tags(), path)
     b = record("analyze", _profile([], [1.5e-3]) | {"samples": {}}, _tags(), path)
     r = compare(a, b, path)
-    assert r.verdict.verdict == "predicted change" and r.verdict.test is None and "no significance test" in r.verdict.note
+    v = r.verdict
+    assert v.verdict == "predicted change" and v.test is None and "no significance test" in v.note
     h = record("analyze", p, _tags(hardware="h100-sxm"), path)
     with pytest.raises(OpmapError, match=r"differ in hardware \(local vs h100-sxm\)"):
         compare(a, h, path)
