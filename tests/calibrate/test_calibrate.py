@@ -10,6 +10,7 @@ import torch
 
 from opmap.calibrate import calibrate, to_toml, write_profile
 from opmap.calibrate.grids import QUICK_GRID, QUICK_GRID_TA
+from opmap.calibrate.load import LoadVerdict
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
@@ -53,9 +54,9 @@ def test_quick_calibration_rows(quick):
     assert quick.fingerprint["threads"] == torch.get_num_threads()
     # the host's load over the run goes with it (tests/calibrate/test_load.py: its verdict)
     c = quick.conditions
-    assert c["cpus"] == len(allowed_cpus()) and 0 < c["run"]["wall_s"] and c["spread"]["rows"] == len(
+    assert c.cpus == len(allowed_cpus()) and 0 < c.run.wall_s and c.spread.rows == len(
         quick.matmul) + len(quick.conv) + len(quick.attention) + len(quick.bandwidth)
-    assert c["busy"] == bool(c["reasons"]) and c["before"]["window_s"] >= 0.5
+    assert c.busy == bool(c.verdict.reasons) and c.before.window_s >= 0.5
 
 
 def test_profile_loads_as_hardware_local(quick, tmp_path, monkeypatch, capsys):
@@ -63,7 +64,8 @@ def test_profile_loads_as_hardware_local(quick, tmp_path, monkeypatch, capsys):
     with pytest.raises(OpmapError, match="run `opmap calibrate` first"):
         get_hardware("local")
     # the loader path is tested here, on a shared test host: the run's load verdict is set to quiet
-    quick = dataclasses.replace(quick, conditions={**quick.conditions, "busy": False, "reasons": []})
+    quick = dataclasses.replace(quick, conditions=dataclasses.replace(
+        quick.conditions, verdict=LoadVerdict((), quick.conditions.verdict.warnings)))
     path = write_profile(quick)
     assert path == tmp_path / "opmap" / "local.toml"
     hw = get_hardware("local")

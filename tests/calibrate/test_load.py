@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from opmap.calibrate import calibrate
-from opmap.calibrate.load import BUSY_SHARE, UNSTABLE_SPREAD, Clock, conditions, spread, window
+from opmap.calibrate.load import BUSY_SHARE, UNSTABLE_SPREAD, Clock, LoadVerdict, Precheck, conditions, spread, window
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
@@ -60,7 +60,7 @@ def test_a_load_that_starts_after_the_first_window_is_caught_over_the_run():
     """The readings calibrate takes (load.Clock at the start and the end of its run), around 1.5 s of real matmuls
     with the busy loops started after the first one: others' share of the CPUs over the run, or the run's own CPU
     time a wall second, says busy (a whole quick calibration under this load takes a minute on 2 cores)."""
-    quiet_pre = {"cpus": len(allowed_cpus()), "busy": False, "reasons": [], "warnings": []}
+    quiet_pre = Precheck(len(allowed_cpus()), 0.5, 0.0, None, LoadVerdict((), ()))
     a = torch.randn(256, 256)
     start = Clock.now()
     with busy_loops():
@@ -68,10 +68,11 @@ def test_a_load_that_starts_after_the_first_window_is_caught_over_the_run():
         while time.perf_counter() - t < 1.5:
             a @ a
         c = conditions(quiet_pre, start, Clock.now(), [], cpu_run=True)
-    run = c["run"]
-    assert c["busy"] and all("during the run" in r for r in c["reasons"]), c
-    assert run.get("others_cpu_share", 1.0) >= BUSY_SHARE or run["own_cpu_per_wall"] < 0.5, run
-    assert 2.0 <= run["wall_s"] < 10.0  # the half second the loops took to start, then 1.5 s of matmuls
+    run = c.run
+    assert c.busy and all("during the run" in r for r in c.verdict.reasons), c
+    assert (run.others_cpu_share if run.others_cpu_share is not None else 1.0) >= BUSY_SHARE \
+        or run.own_cpu_per_wall < 0.5, run
+    assert 2.0 <= run.wall_s < 10.0  # the half second the loops took to start, then 1.5 s of matmuls
 
 
 def test_cpu_busy_time_reads_proc_stat(tmp_path):
@@ -93,27 +94,33 @@ def test_window_and_verdict_follow_their_formulas():
     """others' share = (busy time of the allowed CPUs - this process's CPU time) / (wall x CPUs):
     10 s on 2 CPUs, 15 s busy of which 5 s ours -> 10 / 20 = 0.5; ours a wall second: 5 / 10 = 0.5."""
     w = window(Clock(0.0, 0.0, 0.0, 2), Clock(10.0, 5.0, 15.0, 2))
-    assert w == pytest.approx({"wall_s": 10.0, "own_cpu_s": 5.0, "own_cpu_per_wall": 0.5, "others_cpu_share": 0.5})
-    quiet_pre = {"cpus": 2, "busy": False, "reasons": [], "warnings": []}
+    assert (w.wall_s, w.own_cpu_s, w.own_cpu_per_wall, w.others_cpu_share) == pytest.approx((10.0, 5.0, 0.5, 0.5))
+    quiet_pre = Precheck(2, 0.5, 0.0, None, LoadVerdict((), ()))
     steady = [{"min_s": 1.0, "max_s": 1.1}] * 5
     # 19.5 of 20 CPU seconds ours: others 0.5 / 20 = 2.5%, quiet
     c = conditions(quiet_pre, Clock(0.0, 0.0, 0.0, 2), Clock(10.0, 19.5, 20.0, 2), steady, cpu_run=True)
-    assert not c["busy"] and c["reasons"] == [] and c["warnings"] == []
+    assert not c.busy and c.verdict == LoadVerdict((), ())
     # 2.4 CPU s of ours in 10 s (0.24 a wall second), 17.6 s of others' on 2 CPUs: 88%
     c = conditions(quiet_pre, Clock(0.0, 0.0, 0.0, 2), Clock(10.0, 2.4, 20.0, 2), steady, cpu_run=True)
-    assert c["busy"] and c["run"]["others_cpu_share"] == pytest.approx(0.88)
-    assert c["reasons"][:2] == ["other processes took 88% of the 2 CPUs' time during the run",
-                                "the run got 0.24 CPU seconds a wall second during the run"]
+    assert c.busy and c.run.others_cpu_share == pytest.approx(0.88)
+    assert c.verdict.reasons[:2] == ("other processes took 88% of the 2 CPUs' time during the run",
+                                     "the run got 0.24 CPU seconds a wall second during the run")
+    # as the profile file holds it under [calibration.conditions]
+    d = c.to_dict()
+    assert d["busy"] is True and d["run"]["own_cpu_per_wall"] == pytest.approx(0.24) and d["spread"]["rows"] == 5.0
+    assert d["before"] == {"cpus": 2, "window_s": 0.5, "others_cpu_share": 0.0} and d["reasons"][0].startswith(
+        "other processes took 88%")
     # a GPU run waits on the device: its own CPU time is not judged
     c = conditions(quiet_pre, Clock(0.0, 0.0, 0.0, 2), Clock(10.0, 2.4, 2.4, 2), steady, cpu_run=False)
-    assert not c["busy"]
+    assert not c.busy
 
 
 def test_repeats_that_disagree_are_unstable():
     """The median over rows of slowest / fastest: ratios 1.1, 2.5, 3.0 -> 2.5, at or past UNSTABLE_SPREAD (2.0)."""
     rows = [{"min_s": 1.0, "max_s": 1.1}, {"min_s": 2.0, "max_s": 5.0}, {"min_s": 1.0, "max_s": 3.0}]
-    assert spread(rows)["median_max_over_min"] == pytest.approx(2.5) and 2.5 >= UNSTABLE_SPREAD
-    quiet_pre = {"cpus": 2, "busy": False, "reasons": [], "warnings": []}
+    assert spread(rows).median_max_over_min == pytest.approx(2.5) and 2.5 >= UNSTABLE_SPREAD
+    quiet_pre = Precheck(2, 0.5, 0.0, None, LoadVerdict((), ()))
     c = conditions(quiet_pre, Clock(0.0, 0.0, 0.0, 2), Clock(10.0, 20.0, 20.0, 2), rows, cpu_run=True)
-    assert c["busy"] and c["reasons"] == ["repeats of one shape disagreed (slowest / fastest 2.50 at the median row)"]
-    assert spread([{"min_s": 1.0, "max_s": 1.2}] * 3)["median_max_over_min"] == pytest.approx(1.2)
+    assert c.busy and c.verdict.reasons == (
+        "repeats of one shape disagreed (slowest / fastest 2.50 at the median row)",)
+    assert spread([{"min_s": 1.0, "max_s": 1.2}] * 3).median_max_over_min == pytest.approx(1.2)

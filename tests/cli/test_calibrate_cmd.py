@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from opmap.calibrate import Calibration, fingerprint, write_profile
+from opmap.calibrate.load import Conditions, LoadVerdict, Precheck, Spread, Window
 from opmap.errors import OpmapError
 from opmap.hardware import load_spec_file
 from opmap.timing import Sample
@@ -62,8 +63,9 @@ def _busy_calibration(device: str = "cpu", quick: bool = False, progress=None, b
         bandwidth=[{"kind": "copy", "bytes": 2 ** 20, "bytes_per_s": 1.64e7, "min_s": 1e-2, "max_s": 8e-2}],
         launch_overhead=Sample((5e-5, 6e-5, 4e-4)), vector={"fp32": 1.64e7}, transcendental_per_s=1e6,
         view_overhead_s=2e-5,
-        conditions={"cpus": 2, "busy": True, "reasons": ["other processes took 81% of the 2 CPUs' time during the run"],
-                    "warnings": [], "load_average_1m_after": 9.5})
+        conditions=Conditions(2, Precheck(2, 0.5, 0.05, 9.5, LoadVerdict((), ())), Window(60.0, 22.8, 0.81),
+                              Spread(2, 4.3), 9.5,
+                              LoadVerdict(("other processes took 81% of the 2 CPUs' time during the run",), ())))
 
 
 def test_a_busy_profile_goes_only_elsewhere_and_marked(tmp_path, monkeypatch, cli, refused, fail_if_called):

@@ -174,7 +174,10 @@ def test_calibration_check_compares_with_the_profile(prof):
     chk = calibration_check(spec_from_dict(d, "t"), torch.device("cpu"))
     # a calibrated rate no CPU reaches (the plausibility ceiling, hardware.curves.MAX_FLOPS_PER_S; a CPU's fp32
     # GEMM is under 1e13 FLOP/s): the check reads far below 1 and says so
-    assert chk["ratio"] < 1e-4 and chk["within_tolerance"] is False and "256x256x256" in chk["what"]
+    assert chk.ratio < 1e-4 and chk.within_tolerance is False and "256x256x256" in chk.what
+    # profile.json's calibration_check: ratio = now / calibrated, the tolerance beside it
+    d = chk.to_dict()
+    assert d["ratio"] == d["now_flops_per_s"] / 1e18 and d["within_tolerance"] is False and d["tolerance"] == 0.10
 
 
 def test_an_impossible_mfu_is_warned_and_is_the_formula():

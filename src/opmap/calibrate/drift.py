@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,7 +14,32 @@ from opmap.timing import time_op
 DRIFT_TOLERANCE = 0.10  # beyond this, the device is not in the state it was calibrated in: say so
 
 
-def calibration_check(hw: HardwareSpec, dev: torch.device) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class DriftCheck:
+    """One calibrated GEMM (``what``) re-timed now: its calibrated and its present rate, FLOP/s, and their ratio
+    (now over calibrated), within ``tolerance`` of 1 or not."""
+
+    what: str
+    calibrated_flops_per_s: float
+    now_flops_per_s: float
+    tolerance: float = DRIFT_TOLERANCE
+
+    @property
+    def ratio(self) -> float:
+        return self.now_flops_per_s / self.calibrated_flops_per_s
+
+    @property
+    def within_tolerance(self) -> bool:
+        return abs(self.ratio - 1.0) <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        """profile.json's ``calibration_check``."""
+        return {"what": self.what, "calibrated_flops_per_s": self.calibrated_flops_per_s,
+                "now_flops_per_s": self.now_flops_per_s, "ratio": self.ratio,
+                "within_tolerance": self.within_tolerance, "tolerance": self.tolerance}
+
+
+def calibration_check(hw: HardwareSpec, dev: torch.device) -> DriftCheck | None:
     """Re-time one calibrated GEMM (the one nearest 1024^3 in log2 m, n, k, in nn.Linear's layout) now, beside
     the profile's figure: a loaded or throttled device shows as a ratio away from 1, which explains a
     prediction that drifted with it. None for a profile without a calibration, or for a calibration of
@@ -29,8 +55,5 @@ def calibration_check(hw: HardwareSpec, dev: torch.device) -> dict[str, Any] | N
     w = torch.randn(r["n"], r["k"], device=dev, dtype=torch.float32)
     with torch.no_grad():
         s = time_op(lambda: torch.mm(a, w.t()), dev, repeats=5, min_time_s=0.01)
-    now = 2.0 * r["m"] * r["n"] * r["k"] / s.median_s
-    ratio = now / r["flops_per_s"]
-    return {"what": f"matmul fp32 {r['m']}x{r['n']}x{r['k']} (x @ W.T)", "calibrated_flops_per_s": r["flops_per_s"],
-            "now_flops_per_s": now, "ratio": ratio, "within_tolerance": abs(ratio - 1.0) <= DRIFT_TOLERANCE,
-            "tolerance": DRIFT_TOLERANCE}
+    return DriftCheck(f"matmul fp32 {r['m']}x{r['n']}x{r['k']} (x @ W.T)", r["flops_per_s"],
+                      2.0 * r["m"] * r["n"] * r["k"] / s.median_s)

@@ -52,82 +52,155 @@ class Clock:
         return Clock(time.perf_counter(), time.process_time(), cpu_busy_s(cpus), len(cpus))
 
 
-def window(before: Clock, after: Clock) -> dict[str, float]:
-    """What happened between two readings: wall seconds, this process's CPU seconds and their ratio, and (with
-    /proc/stat) the share of the allowed CPUs' time other processes took, 0 to 1."""
+@dataclass(frozen=True)
+class Window:
+    """What happened between two readings: wall seconds, this process's CPU seconds, and (with /proc/stat) the
+    share of the allowed CPUs' time other processes took, 0 to 1 (None without it)."""
+
+    wall_s: float
+    own_cpu_s: float
+    others_cpu_share: float | None
+
+    @property
+    def own_cpu_per_wall(self) -> float:
+        return self.own_cpu_s / self.wall_s
+
+
+@dataclass(frozen=True)
+class LoadVerdict:
+    """Busy (its ``reasons``) or quiet (``warnings``, maybe)."""
+
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.reasons)
+
+
+@dataclass(frozen=True)
+class Precheck:
+    """The host before a run: others' share of the allowed CPUs over a ``window_s`` window (None without
+    /proc/stat), the 1-minute load average (None where the OS has none), and the verdict on them."""
+
+    cpus: int
+    window_s: float
+    others_cpu_share: float | None
+    load_average_1m: float | None
+    verdict: LoadVerdict
+
+    @property
+    def busy(self) -> bool:
+        return self.verdict.busy
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median, over ``rows`` timed rows, of the slowest sample over the fastest (1.0 without rows)."""
+
+    rows: int
+    median_max_over_min: float
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """The host's load before and over a calibration, and the verdict over all of it (what a profile carries
+    under [calibration.conditions])."""
+
+    cpus: int
+    before: Precheck
+    run: Window
+    spread: Spread
+    load_average_1m_after: float | None
+    verdict: LoadVerdict
+
+    @property
+    def busy(self) -> bool:
+        return self.verdict.busy
+
+    def to_dict(self) -> dict[str, Any]:
+        """[calibration.conditions] as the profile file holds it."""
+        b, r = self.before, self.run
+        before = {"cpus": b.cpus, "window_s": b.window_s,
+                  **({"others_cpu_share": b.others_cpu_share} if b.others_cpu_share is not None else {}),
+                  **({"load_average_1m": b.load_average_1m} if b.load_average_1m is not None else {})}
+        run = {"wall_s": r.wall_s, "own_cpu_s": r.own_cpu_s, "own_cpu_per_wall": r.own_cpu_per_wall,
+               **({"others_cpu_share": r.others_cpu_share} if r.others_cpu_share is not None else {})}
+        return {"cpus": self.cpus, "before": before, "run": run,
+                "spread": {"rows": float(self.spread.rows), "median_max_over_min": self.spread.median_max_over_min},
+                **({"load_average_1m_after": self.load_average_1m_after}
+                   if self.load_average_1m_after is not None else {}),
+                "busy": self.busy, "reasons": list(self.verdict.reasons), "warnings": list(self.verdict.warnings)}
+
+
+def window(before: Clock, after: Clock) -> Window:
+    """What happened between two readings: wall seconds, this process's CPU seconds, and (with /proc/stat) the
+    share of the allowed CPUs' time other processes took, 0 to 1."""
     wall = max(after.wall_s - before.wall_s, 1e-9)
     own = max(after.own_s - before.own_s, 0.0)
-    out = {"wall_s": wall, "own_cpu_s": own, "own_cpu_per_wall": own / wall}
+    share = None
     if before.busy_s is not None and after.busy_s is not None:
         others = max(after.busy_s - before.busy_s - own, 0.0)
-        out["others_cpu_share"] = min(1.0, others / (wall * before.cpus))
-    return out
+        share = min(1.0, others / (wall * before.cpus))
+    return Window(wall, own, share)
 
 
-def precheck(seconds: float = PRECHECK_S) -> dict[str, Any]:
+def precheck(seconds: float = PRECHECK_S) -> Precheck:
     """The host before a run: others' share of the allowed CPUs over ``seconds`` (this process asleep), the load
-    average, and the verdict on them (``busy``, ``reasons``, ``warnings``)."""
+    average, and the verdict on them."""
     before = Clock.now()
     time.sleep(seconds)
     w = window(before, Clock.now())
-    d: dict[str, Any] = {"cpus": before.cpus, "window_s": w["wall_s"]}
-    if "others_cpu_share" in w:
-        d["others_cpu_share"] = w["others_cpu_share"]
     load = load_average()
-    if load is not None:
-        d["load_average_1m"] = load
-    return {**d, **_verdict(d, "before the run")}
+    return Precheck(before.cpus, w.wall_s, w.others_cpu_share, load,
+                    _verdict(before.cpus, "before the run", w.others_cpu_share, load))
 
 
-def spread(rows: list[dict]) -> dict[str, float]:
+def spread(rows: list[dict]) -> Spread:
     """The median, over timed rows (each with min_s and max_s), of the slowest sample over the fastest."""
     ratios = [r["max_s"] / r["min_s"] for r in rows if r.get("min_s", 0) > 0 and "max_s" in r]
-    return {"rows": float(len(ratios)), "median_max_over_min": statistics.median(ratios) if ratios else 1.0}
+    return Spread(len(ratios), statistics.median(ratios) if ratios else 1.0)
 
 
-def conditions(pre: dict[str, Any], before: Clock, after: Clock, rows: list[dict], cpu_run: bool) -> dict[str, Any]:
+def conditions(pre: Precheck, before: Clock, after: Clock, rows: list[dict], cpu_run: bool) -> Conditions:
     """The whole record a profile carries under [calibration.conditions]: the precheck, the run's window, the
-    spread, the load average after, and the verdict over all of them (``busy``, ``reasons``, ``warnings``)."""
+    spread, the load average after, and the verdict over all of them (the precheck's reasons and warnings first)."""
     run = window(before, after)
-    readings = {k: v for k, v in pre.items() if k not in ("busy", "reasons", "warnings")}
-    d: dict[str, Any] = {"cpus": before.cpus, "before": readings, "run": run, "spread": spread(rows)}
+    sp = spread(rows)
     load = load_average()
-    if load is not None:
-        d["load_average_1m_after"] = load
-    flat = {"cpus": before.cpus, **run, **({"load_average_1m": load} if load is not None else {}),
-            "median_max_over_min": d["spread"]["median_max_over_min"]}
-    v = _verdict(flat, "during the run", cpu_run)
-    v["reasons"] = pre["reasons"] + v["reasons"]
-    v["warnings"] = pre["warnings"] + v["warnings"]
-    v["busy"] = bool(v["reasons"])
-    return {**d, **v}
+    v = _verdict(before.cpus, "during the run", run.others_cpu_share, load,
+                 run.own_cpu_per_wall if cpu_run else None, sp.median_max_over_min)
+    return Conditions(before.cpus, pre, run, sp, load, LoadVerdict(pre.verdict.reasons + v.reasons,
+                                                                   pre.verdict.warnings + v.warnings))
 
 
-def _verdict(d: dict[str, Any], when: str, cpu_run: bool = False) -> dict[str, Any]:
-    """Busy (reasons) or quiet (warnings, maybe) from one set of readings."""
+def _verdict(cpus: int, when: str, share: float | None, load: float | None, own_cpu_per_wall: float | None = None,
+             median_max_over_min: float = 1.0) -> LoadVerdict:
+    """Busy (reasons) or quiet (warnings, maybe) from one set of readings: others' share of the CPUs (else the
+    load average), this process's CPU seconds a wall second (a CPU run only: None otherwise), the spread."""
     reasons: list[str] = []
     warnings: list[str] = []
-    cpus = d["cpus"]
-    share = d.get("others_cpu_share")
     if share is not None:
         said = f"other processes took {share:.0%} of the {cpus} CPUs' time {when}"
         if share >= BUSY_SHARE:
             reasons.append(said)
         elif share >= WARN_SHARE:
             warnings.append(said)
-    elif d.get("load_average_1m") is not None and d["load_average_1m"] >= BUSY_LOAD * cpus:
-        reasons.append(f"the load average was {d['load_average_1m']:.1f} on {cpus} CPUs {when}")
-    if cpu_run and d.get("own_cpu_per_wall", MIN_OWN_CPU) < MIN_OWN_CPU:
-        reasons.append(f"the run got {d['own_cpu_per_wall']:.2f} CPU seconds a wall second {when}")
-    if d.get("median_max_over_min", 1.0) >= UNSTABLE_SPREAD:
-        reasons.append(f"repeats of one shape disagreed (slowest / fastest {d['median_max_over_min']:.2f} at the "
+    elif load is not None and load >= BUSY_LOAD * cpus:
+        reasons.append(f"the load average was {load:.1f} on {cpus} CPUs {when}")
+    if own_cpu_per_wall is not None and own_cpu_per_wall < MIN_OWN_CPU:
+        reasons.append(f"the run got {own_cpu_per_wall:.2f} CPU seconds a wall second {when}")
+    if median_max_over_min >= UNSTABLE_SPREAD:
+        reasons.append(f"repeats of one shape disagreed (slowest / fastest {median_max_over_min:.2f} at the "
                        "median row)")
-    return {"busy": bool(reasons), "reasons": reasons, "warnings": warnings}
+    return LoadVerdict(tuple(reasons), tuple(warnings))
 
 
-def summary(cond: dict[str, Any]) -> str:
+def summary(cond: Precheck | Conditions) -> str:
     """The verdict in one line: its reasons (or warnings), then the load average where there is one."""
-    load = cond.get("load_average_1m_after", cond.get("load_average_1m", cond.get("before", {}).get(
-        "load_average_1m")))
-    said = list(cond.get("reasons") or cond.get("warnings") or [])
-    return "; ".join(said + ([f"1-minute load average {load:.1f} on {cond['cpus']} CPUs"] if load is not None else []))
+    if isinstance(cond, Conditions):
+        load = cond.load_average_1m_after if cond.load_average_1m_after is not None else cond.before.load_average_1m
+    else:
+        load = cond.load_average_1m
+    said = list(cond.verdict.reasons or cond.verdict.warnings)
+    return "; ".join(said + ([f"1-minute load average {load:.1f} on {cond.cpus} CPUs"] if load is not None else []))

@@ -65,7 +65,7 @@ def to_spec_dict(cal: Calibration) -> dict:
                         "vector_kinds": cal.vector_kinds,
                         "vector_rates": {"transcendental_per_s": cal.transcendental_per_s,
                                          **{f"{k}_flops_per_s": v for k, v in cal.vector.items()}},
-                        "skipped": cal.skipped, **({"conditions": cal.conditions} if cal.conditions else {})},
+                        "skipped": cal.skipped, **({"conditions": cal.conditions.to_dict()} if cal.conditions else {})},
     }
 
 

@@ -54,12 +54,12 @@ class Calibration:
     view_overhead_s: float = 0.0  # one view op (host dispatch, no kernel)
     parallel: dict[str, float] = field(default_factory=dict)  # a parallel region's fork / join cost (CPU)
     skipped: list[str] = field(default_factory=list)  # shapes left out, with the reason
-    conditions: dict = field(default_factory=dict)  # the host's load before and over the run (load.conditions)
+    conditions: load.Conditions | None = None  # the host's load before and over the run (load.conditions)
 
     @property
     def busy(self) -> bool:
         """Measured on a busy host (load.py): its figures read low; never the host's profile."""
-        return bool(self.conditions.get("busy"))
+        return self.conditions is not None and self.conditions.busy
 
     def peak(self, dtype: str) -> dict | None:
         rows = [r for r in self.matmul if r["dtype"] == dtype]
@@ -399,7 +399,7 @@ def calibrate(device: str = "cpu", quick: bool = False, progress: Callable[[str]
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OpmapError("calibrate --device cuda: no CUDA device here; accepted: cpu")
     pre = load.precheck()
-    if pre["busy"] and not allow_busy:
+    if pre.busy and not allow_busy:
         raise OpmapError(f"the host is busy ({load.summary(pre)}): a calibration now would read low, so none was "
                          "run; calibrate when it is quiet (or `opmap calibrate --allow-busy --out PATH`: a profile "
                          "marked busy, kept apart from the host's)")

@@ -101,15 +101,14 @@ def _print_conditions(cal) -> None:
     from opmap.calibrate.load import summary
 
     c = cal.conditions
-    if not c:
+    if c is None:
         return
-    run = c.get("run", {})
-    share = run.get("others_cpu_share")
-    quiet = f"other processes took {share:.0%} of the {c['cpus']} CPUs' time" if share is not None else \
-        f"{run.get('own_cpu_per_wall', 0.0):.2f} CPU seconds a wall second"
+    share = c.run.others_cpu_share
+    quiet = f"other processes took {share:.0%} of the {c.cpus} CPUs' time" if share is not None else \
+        f"{c.run.own_cpu_per_wall:.2f} CPU seconds a wall second"
     if cal.busy:
         line = f"[yellow]warning[/yellow]: measured on a busy host ({summary(c)}): the profile is marked busy"
-    elif c.get("warnings"):
+    elif c.verdict.warnings:
         line = f"[yellow]note[/yellow]: {summary(c)}: the figures may read a little low"
     else:
         line = f"host quiet while measuring: {quiet}"

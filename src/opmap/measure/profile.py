@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opmap.analyze import Analysis
+from opmap.calibrate.drift import DriftCheck
 from opmap.hardware.spec import HardwareSpec
 from opmap.measure.attribute import Attribution
 from opmap.measure.energy import EnergyReading
@@ -56,7 +57,7 @@ class Profile:
     mode: str = "inference"
     tags: dict[str, Any] = field(default_factory=dict)
     around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
-    drift: dict[str, Any] | None = None  # calibration_check at profile time
+    drift: DriftCheck | None = None  # calibration_check at profile time
     optimizer: dict[str, Any] | None = None  # a training step's optimizer: its state predicted and in the run
 
     # -- per node ---------------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class Profile:
             "predicted_s": pred, "measured_p50_s": p50, "predicted_over_measured": pred / p50 if p50 else None,
             "layer_types": {lt: s["predicted_over_measured"] for lt, s in lts.items()},
         }
-        d["calibration_check"] = self.drift
+        d["calibration_check"] = self.drift.to_dict() if self.drift is not None else None
         d["optimizer"] = self.optimizer
         d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
         d["tags"] = self.tags
