@@ -57,14 +57,6 @@ class KernelChange:
         """The rank test's p-value (None: not tested)."""
         return self.test.p if self.test else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"a_idx": self.a_idx, "b_idx": self.b_idx, "name": self.name, "layer_type": self.layer_type,
-                "a_s": self.a_s, "b_s": self.b_s, "delta_s": self.delta_s, "rel": self.rel, "measured": self.measured,
-                "mfu_a": self.mfu_a, "mfu_b": self.mfu_b, "mfu_delta": self.mfu_delta, "stall_a": self.stall_a,
-                "stall_b": self.stall_b, "stall_delta": self.stall_delta, "bytes_a": self.bytes_a,
-                "bytes_b": self.bytes_b, "bytes_delta": self.bytes_delta,
-                **(self.test.to_dict() if self.test else {}), "matched_by": self.matched_by, "verdict": self.verdict}
-
 
 @dataclass(frozen=True)
 class Unmatched:
@@ -101,13 +93,6 @@ class LayerTypeChange:
     def p(self) -> float | None:
         """The rank test's p-value (None: not tested)."""
         return self.test.p if self.test else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The layer type's row (its name is the key it is written under)."""
-        return {"kernels": self.kernels, "only_a": self.only_a, "only_b": self.only_b, "a_s": self.a_s,
-                "b_s": self.b_s, "delta_s": self.delta_s, "rel": self.rel, "measured": self.measured,
-                "mfu_delta": self.mfu_delta, "stall_delta": self.stall_delta, "bytes_delta": self.bytes_delta,
-                **(self.test.to_dict() if self.test else {}), "verdict": self.verdict}
 
 
 @dataclass(frozen=True)
@@ -210,17 +195,29 @@ class Comparison:
         return self.verdict.verdict == "regression"
 
     def to_dict(self) -> dict[str, Any]:
-        """The comparison as ``opmap compare --json`` prints it."""
+        """The comparison as ``opmap compare --json`` prints it (the kernel pairs' and layer types' rows with their
+        rank test's figures beside them, where tested)."""
         t = self.totals
+        kernels = [{"a_idx": k.a_idx, "b_idx": k.b_idx, "name": k.name, "layer_type": k.layer_type, "a_s": k.a_s,
+                    "b_s": k.b_s, "delta_s": k.delta_s, "rel": k.rel, "measured": k.measured, "mfu_a": k.mfu_a,
+                    "mfu_b": k.mfu_b, "mfu_delta": k.mfu_delta, "stall_a": k.stall_a, "stall_b": k.stall_b,
+                    "stall_delta": k.stall_delta, "bytes_a": k.bytes_a, "bytes_b": k.bytes_b,
+                    "bytes_delta": k.bytes_delta, **(k.test.to_dict() if k.test else {}), "matched_by": k.matched_by,
+                    "verdict": k.verdict} for k in self.kernels]
+        layer_types = {lt.layer_type: {"kernels": lt.kernels, "only_a": lt.only_a, "only_b": lt.only_b, "a_s": lt.a_s,
+                                       "b_s": lt.b_s, "delta_s": lt.delta_s, "rel": lt.rel, "measured": lt.measured,
+                                       "mfu_delta": lt.mfu_delta, "stall_delta": lt.stall_delta,
+                                       "bytes_delta": lt.bytes_delta, **(lt.test.to_dict() if lt.test else {}),
+                                       "verdict": lt.verdict} for lt in self.layer_types}
         out = {"a": self.a, "b": self.b, "forced_tags": list(self.forced_tags), "matched_by": dict(self.matched_by),
-               "times": self.times, "kernels": [k.to_dict() for k in self.kernels],
+               "times": self.times, "kernels": kernels,
                "unmatched": [{"side": u.side, "idx": u.idx, "name": u.name, "layer_type": u.layer_type,
                               "time_s": u.time_s} for u in self.unmatched],
                "totals": {"matched_a_s": t.matched_a_s, "matched_b_s": t.matched_b_s,
                           "only_a": {"kernels": t.only_a_kernels, "time_s": t.only_a_s}, "a_s": t.a_s,
                           "only_b": {"kernels": t.only_b_kernels, "time_s": t.only_b_s}, "b_s": t.b_s,
                           "rel": t.rel},
-               "layer_types": {lt.layer_type: lt.to_dict() for lt in self.layer_types},
+               "layer_types": layer_types,
                "min_effect": self.min_effect, "alpha": self.alpha, "per_kernel_test": self.per_kernel_test,
                "kernel_floor": self.kernel_floor.to_dict(), "warmup_rule": self.warmup_rule}
         v = self.verdict
