@@ -114,7 +114,8 @@ def test_candidates_come_from_the_interconnect_tiers():
 def test_candidates_span_an_nvl72_domain_and_follow_the_heads():
     """Llama 3 70B (64 heads, 8 KV heads, 80 layers; Meta's config.json): on a GB200 NVL72 rack tp runs up to 64 of
     the 72 GPUs; on nine 8-GPU B200 nodes tp stops at a node's 8 and pp 2 puts a replica's second stage on another
-    node. Its 70.55e9 parameters x 2 bytes = 141 GB (131.4 GiB) fit one 186 GiB GB200 and one 180 GiB B200 (1 stage, pp <= 2)."""
+    node. Its 70.55e9 parameters x 2 bytes = 141 GB (131.4 GiB) fit one 186 GiB GB200 and one 180 GiB B200 (1
+    stage, pp <= 2)."""
     from opmap.explore.layouts import layout_candidates
     from opmap.hardware import get_hardware
 

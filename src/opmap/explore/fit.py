@@ -3,8 +3,9 @@
 Per (model, platform) cell (the model anything analyze takes that decodes: a zoo decoder, a Hugging Face
 config, hf:NAME, a model file):
 
-- **layout**: the layout search of ``opmap.explore.layouts`` over a device budget (default one node): TP up to
-  the scale-up domain (72 on an NVL72 rack) as the heads allow, PP across domains, replicas filling the budget; the chosen layout is the
+- **layout**: the layout search of ``opmap.explore.layouts`` over a device budget (default one node): TP up
+  to the scale-up domain (72 on an NVL72 rack) as the heads allow, PP across domains, replicas filling the
+  budget; the chosen layout is the
   one with the most output tokens per second per device of the budget, and the runner-up is named beside it;
   ``devices`` is the devices the chosen layout uses (replicas x devices per replica), present only where a layout
   was chosen (a cell that fits nowhere or meets the SLO at no rate has none: ``devices_tried`` lists the devices

@@ -134,11 +134,6 @@ class Interconnect:
         where the catalog gives no bounded tier."""
         return self.bounded[-1].devices if self.bounded else None
 
-    def tier_for(self, span: int) -> Tier | None:
-        """The innermost tier one of whose domains holds ``span`` consecutive devices (the scale-out tier past every
-        bounded one; None past them without one)."""
-        return next((t for t in self.bounded if span <= t.devices), self.scale_out)
-
     def legacy_fields(self) -> dict[str, Value]:
         """The flat fields of the older form: the innermost tier as scale-up, the scale-out tier as scale-out."""
         out: dict[str, Value] = {}
