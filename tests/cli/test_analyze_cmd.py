@@ -322,3 +322,63 @@ def test_library_fusion_prices_a_training_step_between_eager_and_engine(tmp_path
     assert mixed == []
     t = {p: d["phase"]["step_s"] for p, d in res.items()}
     assert t["eager"] > t["library"] > t["engine"]
+
+
+# rack scale by hand (opmap.mapping.collectives' formulas; the catalog's figures: NVLink 5 900e9 B/s a direction,
+# 0.6 us a hop; GB200 NVLS 548.4e9 B/s + NCCL's 23 us; B200 nodes of 8, one 50e9 B/s NIC a GPU, 2.7 us a hop;
+# NCCL LL: base 6.6 us, efficiency 1/2, hop factor 1)
+def _collectives(tmp_path, cli, *args):
+    rc, _, err = cli("analyze", *args, "--phase", "decode", "--out", tmp_path)
+    assert rc == 0, err
+    return json.loads((tmp_path / "analysis.json").read_text())["collectives"]
+
+
+def _tp16_by_hand(s):
+    """(gb200 NVLS, b200 tree) all-reduce times of ``s`` bytes over 16 GPUs. b200: two nodes, a ring per GPU through
+    its own NIC at min(900e9, 8 x 50e9) = 400e9; the double binary tree's depth 7 NVLink hops + log2(2) network
+    hops, twice: 6.6 us + 2 (7 x 0.6 + 2.7) us + 2 S / (400e9 x 1/2)."""
+    return 23e-6 + s / 548.4e9, 6.6e-6 + 2 * (7 * 0.6e-6 + 2.7e-6) + 2 * s / (400e9 * 0.5)
+
+
+def test_tp16_inside_an_nvl72_rack_and_across_b200_nodes(tmp_path, cli):
+    """Llama 3 70B decode at tp 16: the all-reduce after each row-parallel GEMM carries one token's 8192 hidden
+    values in bf16 (16,384 bytes), two a layer x 80 layers. On GB200 the group is inside the 72-GPU NVLink domain
+    (scale_up, NVLS); on B200 it spans two 8-GPU nodes over InfiniBand (auto: the tiers walked)."""
+    gb = _collectives(tmp_path / "gb", cli, "llama-3-70b", "--tp", "16", "--hardware", "gb200")[0]
+    b = _collectives(tmp_path / "b", cli, "llama-3-70b", "--tp", "16", "--hardware", "b200")[0]
+    s = 8192 * 2
+    assert gb["message_bytes"] == b["message_bytes"] == s and gb["count"] == 160
+    nvls, tree = _tp16_by_hand(s)
+    assert (gb["link"], gb["algorithm"]) == ("scale_up", "in_switch")
+    assert gb["predicted_s"] == pytest.approx(nvls, rel=1e-9)
+    assert (b["link"], b["algorithm"]) == ("auto", "tree")
+    assert b["predicted_s"] == pytest.approx(tree, rel=1e-9)
+
+
+def test_tp16_of_a_hugging_face_config_on_a_rack(tmp_path, cli):
+    """A Llama config of 16 heads (hidden 256): tp 16 decode in bf16, 2 all-reduces a layer x 2 layers of one token's
+    256 x 2 bytes, on GB200's NVLS inside the rack; on B200 across two nodes."""
+    cfg = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16,
+           "max_position_embeddings": 4096, "torch_dtype": "float32"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    gb = _collectives(tmp_path / "gb", cli, path, "--tp", "16", "--hardware", "gb200", "--dtype", "bf16")[0]
+    b = _collectives(tmp_path / "b", cli, path, "--tp", "16", "--hardware", "b200", "--dtype", "bf16")[0]
+    s = 256 * 2
+    assert gb["message_bytes"] == s and gb["count"] == 4
+    nvls, tree = _tp16_by_hand(s)
+    assert (gb["link"], gb["algorithm"], gb["predicted_s"]) == ("scale_up", "in_switch", pytest.approx(nvls))
+    assert (b["link"], b["predicted_s"]) == ("auto", pytest.approx(tree))
+
+
+def test_mixtral_ep8_all_to_all_on_nvlink(tmp_path, cli):
+    """Mixtral 8x7B with its 8 experts over 8 GPUs of a GB200 rack: the dispatch and combine all-to-alls inside the
+    NVLink domain, each (n-1)/n S over one NVLink hop: LL 6.6 us + 0.6 us + 7/8 S / (900e9 x 1/2), two a layer x
+    32 layers."""
+    c = _collectives(tmp_path, cli, "mixtral-8x7b", "--dp", "8", "--ep", "8", "--hardware", "gb200")
+    a2a = [x for x in c if x["collective"] == "all_to_all"]
+    assert a2a and all(x["link"] == "scale_up" and x["group_size"] == 8 for x in a2a)
+    s = a2a[0]["message_bytes"]
+    assert a2a[0]["count"] == 64
+    assert a2a[0]["predicted_s"] == pytest.approx(6.6e-6 + 0.6e-6 + 7 / 8 * s / 450e9, rel=1e-9)

@@ -137,3 +137,18 @@ def test_analyze_prices_attention_dropout_at_the_factor_it_names(tmp_path, cli):
     assert two_s / default_s == pytest.approx(2 / (0.614 / 0.594), rel=1e-3)
     assert "cudnn runs 1.03x" in default_line and "3312" in default_line
     assert "cudnn runs 2x" in two_line and "--attention-dropout" in two_line
+
+
+def test_plan_places_tp_across_a_trn2_ultraserver(tmp_path, cli):
+    """A Llama config of 32 heads on 32 Trn2 chips: tp 32 spans two 16-chip instances of one u-trn2x64 UltraServer
+    (the catalog's 64-chip NeuronLink tier), so plan tries it; before, TP stopped at the 16 of one instance."""
+    cfg = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1024,
+           "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 32,
+           "max_position_embeddings": 4096, "torch_dtype": "float32"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    rc, _, err = cli("plan", path, "--hardware", "trn2", "--devices", 32, "--seq", 64, "--phase", "prefill",
+                     "--dtype", "bf16", "--out", tmp_path / "p")
+    assert rc == 0, err
+    d = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert any(c["tp"] == 32 for c in d["ranked"] + d["rejected"])

@@ -49,6 +49,25 @@ def test_serve_pricing_flags_reach_serve_json(tmp_path, cli):
     assert "runtime graphs" in out
 
 
+def test_serve_a_replica_of_16_gpus_in_an_nvl72_rack(tmp_path, cli):
+    """A Llama config of 16 heads served at tp 16 on GB200 (inside the 72-GPU NVLink domain) and as tp 8 x pp 2 on
+    B200 (the second stage on another node, over InfiniBand): both priced, each GPU holding 1/16 of the weights."""
+    cfg = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1024,
+           "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16,
+           "max_position_embeddings": 4096, "torch_dtype": "float32"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    got = {}
+    for hw, tp, pp in (("gb200", 16, 1), ("b200", 8, 2)):
+        rc, _, err = cli("serve", path, "--hardware", hw, "--tp", tp, "--pp", pp, "--dtype", "bf16",
+                         "--arrival", "poisson:20", "--requests", 20, "--out", tmp_path / hw)
+        assert rc == 0, err
+        a = json.loads((tmp_path / hw / "serve.json").read_text())["assumptions"]
+        assert a["layout"] == {"tp": tp, "pp": pp, "replicas": 1}
+        got[hw] = a["memory"]
+    assert got["gb200"]["weights_bytes"] == pytest.approx(got["b200"]["weights_bytes"], rel=0.01)
+
+
 def test_serve_prices_a_qwen2_config_with_per_layer_types(tmp_path, cli, published_config):
     """Qwen2.5-7B (hub: Qwen/Qwen2.5-7B): transformers derives one layer_types entry per layer and reads it by
     index. Before: the 1-layer capture cut the list to one entry, and the 2-layer capture failed with IndexError

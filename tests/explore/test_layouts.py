@@ -17,11 +17,16 @@ from opmap.explore.results import LayoutResult
 
 
 def test_candidates_split_each_device_count_into_tp_x_pp():
-    # 1, 2, 4, 8 devices per replica; each count's divisors as tp, highest first: 1 + 2 + 3 + 4 = 10 layouts
-    assert candidates(8, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4), (8, 1), (4, 2), (2, 4), (1, 8)]
-    assert candidates(4, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]  # a 4-device node
+    # tp the powers of two up to the span and the budget; pp up to PP_HEADROOM (2) x the stages the weights need (1
+    # when not given), within the budget; by devices per replica, highest tp first
+    assert candidates(8, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (8, 1), (4, 2)]
+    assert candidates(4, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (4, 2)]  # a 4-device node: pp across nodes
     assert candidates(8, 2) == [(1, 1), (2, 1), (1, 2)]  # a budget of two devices
-    assert candidates(8, 8, devices=4) == [(4, 1), (2, 2), (1, 4)]
+    assert candidates(8, 8, devices=4) == [(4, 1), (2, 2)]
+    # a model whose weights need 2 devices at tp1 (Llama 3 70B's 141 GB in bf16 on 80 GB cards): pp up to 4 at tp1
+    need = {1: 2}
+    assert candidates(8, 8, stages_needed=lambda tp: need.get(tp, 1)) == [
+        (1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4), (8, 1), (4, 2)]
 
 
 def test_choose_ranks_by_tokens_per_device_of_the_budget():
@@ -85,21 +90,56 @@ def test_a_layout_whose_weights_alone_outgrow_memory_is_not_priced():
 
 
 def test_candidates_come_from_the_interconnect_tiers():
-    """Devices per replica: the powers of two within the innermost tier's domain (the catalog's), at most
-    MAX_REPLICA_DEVICES; the default budget is one domain. Before: a hard-coded (1, 2, 4, 8) and ``or 8``."""
-    from opmap.explore.layouts import MAX_REPLICA_DEVICES, candidates, default_budget, replica_span
+    """A replica's TP spans up to one scale-up fabric (the catalog's outermost bounded tier); the default budget is
+    one domain of the innermost tier. Before: a hard-coded (1, 2, 4, 8), ``or 8`` and a cap of 8."""
+    from opmap.explore.layouts import candidates, default_budget, replica_span
     from opmap.hardware import get_hardware
     from opmap.hardware.spec import CATALOG_DIR, parse_spec_toml
 
-    assert MAX_REPLICA_DEVICES == 8
-    # DGX H100: 8 GPUs a board; MI250X: 4 a Frontier node (HPE Cray EX235a); TPU v5e: 256 chips a pod, capped at 8
-    assert [replica_span(get_hardware(n)) for n in ("h100-sxm", "mi250x", "tpu-v5e", "epyc-9654")] == [8, 4, 8, 8]
-    assert [default_budget(get_hardware(n)) for n in ("h100-sxm", "mi250x", "tpu-v5e", "epyc-9654")] == [
-        8, 4, 256, 8]
-    # a device whose innermost tier joins 2 devices: replicas of 1 and 2
+    # DGX H100: 8 GPUs a board; MI250X: 4 a Frontier node (HPE Cray EX235a); TPU v5e: 256 chips a pod on ICI; GB200
+    # NVL72: 72 GPUs on one NVLink domain; Trn2: 16 a trn2-16 instance, 64 a u-trn2x64 UltraServer on NeuronLink; an
+    # EPYC socket: no bounded tier, a replica of one device
+    names = ("h100-sxm", "mi250x", "tpu-v5e", "gb200", "trn2", "epyc-9654")
+    assert [replica_span(get_hardware(n)) for n in names] == [8, 4, 256, 72, 64, 1]
+    assert [default_budget(get_hardware(n)) for n in names] == [8, 4, 256, 72, 16, 1]
+    # a device whose innermost tier joins 2 devices: replicas of 1 and 2 devices, pp across nodes
     text = (CATALOG_DIR / "h100-sxm.toml").read_text().split("\n[calibration]")[0]
     two = parse_spec_toml(text.replace("[interconnect.tier.size]\nvalue = 8", "[interconnect.tier.size]\nvalue = 2"),
                           "two.toml")
     assert replica_span(two) == 2 and default_budget(two) == 2
     assert candidates(replica_span(two), default_budget(two)) == [(1, 1), (2, 1), (1, 2)]
-    assert candidates(6, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]  # powers of two up to 6
+    assert candidates(6, 8) == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (4, 2)]  # powers of two up to 6
+
+
+def test_candidates_span_an_nvl72_domain_and_follow_the_heads():
+    """Llama 3 70B (64 heads, 8 KV heads, 80 layers; Meta's config.json): on a GB200 NVL72 rack tp runs up to 64 of
+    the 72 GPUs; on nine 8-GPU B200 nodes tp stops at a node's 8 and pp 2 puts a replica's second stage on another
+    node. Its 70.55e9 parameters x 2 bytes = 141 GB (131.4 GiB) fit one 186 GiB GB200 and one 180 GiB B200 (1
+    stage, pp <= 2)."""
+    from opmap.explore.layouts import layout_candidates
+    from opmap.hardware import get_hardware
+
+    gb200 = layout_candidates("llama-3-70b", get_hardware("gb200"), 72, "bf16")
+    assert max(tp for tp, _ in gb200) == 64 and (32, 2) in gb200 and all(tp * pp <= 72 for tp, pp in gb200)
+    assert [tp for tp, pp in gb200 if pp == 1] == [1, 2, 4, 8, 16, 32, 64]
+    b200 = layout_candidates("llama-3-70b", get_hardware("b200"), 72, "bf16")
+    assert max(tp for tp, _ in b200) == 8 and (8, 2) in b200 and max(pp for _, pp in b200) == 2
+    # GPT-2's 12 heads: tp 1, 2, 4 (8 does not divide them)
+    assert {tp for tp, _ in layout_candidates("gpt2", get_hardware("gb200"), 72, "bf16")} == {1, 2, 4}
+
+
+def test_candidates_of_a_hugging_face_config_follow_its_heads(tmp_path):
+    """A Llama config with 12 heads and 4 KV heads: tp 1, 2 and 4 divide both, 8 divides neither; its 2 layers and
+    its few weights (one stage holds them): pp at most 2."""
+    import json
+
+    from opmap.explore.layouts import layout_candidates
+    from opmap.hardware import get_hardware
+
+    cfg = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 384, "intermediate_size": 1024,
+           "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 4,
+           "max_position_embeddings": 1024, "torch_dtype": "float32"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    got = layout_candidates(str(path), get_hardware("gb200"), 72, "bf16")
+    assert got == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (4, 2)]

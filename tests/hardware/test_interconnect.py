@@ -117,3 +117,21 @@ def test_unknown_tier_keys_and_directions_are_refused():
     assert _refused(_tiers('bandwidth_directions = 3')).endswith("bandwidth_directions must be 1 or 2 (got 3)")
     assert _refused(BASE + "\n[interconnect]\nx = 1\n").endswith(
         "interconnect: expected one or more [[interconnect.tier]] tables, innermost first")
+
+
+@pytest.mark.parametrize("name, domain, fabric", [
+    ("h100-sxm", 8, 8),  # DGX H100: 8 GPUs on NVSwitch
+    ("b200", 8, 8),  # DGX B200: 8 GPUs, 2 NVLink switches
+    ("gb200", 72, 72),  # GB200 NVL72: 72 GPUs in one NVLink domain
+    ("gb300", 72, 72),  # GB300 NVL72: the same NVLink Switch System
+    ("tpu-v6e", 256, 256),  # Cloud TPU v6e: a 256-chip pod on ICI
+    ("tpu-v7", 9216, 9216),  # TPU7x (Ironwood): 9,216 chips a pod
+    ("trn2", 16, 64),  # a trn2-16 instance's 4x4 torus inside a u-trn2x64 UltraServer's 64 chips
+])
+def test_scale_up_domain_and_fabric_from_the_catalog(name, domain, fabric):
+    """The innermost tier's domain (a node) and the scale-up fabric (the outermost bounded tier, where a replica's
+    TP x PP x EP group is placed), as the catalog files cite them."""
+    ic = catalog()[name].interconnect
+    assert (ic.domain_size, ic.fabric_size) == (domain, fabric)
+    assert all(t.size.source for t in ic.bounded)  # every domain size carries its source
+    assert ic.scale_out is not None and ic.scale_out not in ic.bounded

@@ -159,7 +159,9 @@ def test_pipeline_iteration_formula():
 def test_link_scale_out_past_one_node():
     hw = get_hardware("h100-sxm")
     assert hw.devices_per_node == 8
-    assert link_for(hw, 8) == "scale_up" and link_for(hw, 16) == "scale_out"
+    # a TP group of 16 consecutive ranks holds 8 in each node: it crosses the tiers (auto, stride 1); a PP pair 8 apart
+    # has one member a node: every hop crosses the NIC
+    assert link_for(hw, 8) == "scale_up" and link_for(hw, 16) == "auto" and link_for(hw, 16, 2) == "scale_out"
     s = sharder("gpt2", train=True)
     dp = [c for c in s.shard(Parallelism(tp=4, dp=4)).collectives if c.stage == "iteration"]
     # the DP group spans tp x dp = 16 ranks, 2 of them in each node: a ring per member, each through its own NIC

@@ -47,8 +47,8 @@ def fit(
     output_len: str = typer.Option("128", help="Generated tokens: N or a distribution."),
     requests: int = typer.Option(CAPACITY_REQUESTS, help="Requests per capacity run (at least; serve's default: "
                                                           "both search capacity alike)."),
-    devices: int | None = typer.Option(None, help="Devices per replica (default: search 1, 2, 4, 8 in a node, "
-                                                  "each split TP x PP)."),
+    devices: int | None = typer.Option(None, help="Devices per replica (default: search TP up to the "
+                                                  "scale-up domain, PP across, opmap.explore.layouts)."),
     devices_budget: int | None = typer.Option(None, "--devices-budget", help="Devices the replicas fill (default "
                                                                              "one node of the platform)."),
     runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "; default engine."),

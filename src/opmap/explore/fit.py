@@ -3,8 +3,9 @@
 Per (model, platform) cell (the model anything analyze takes that decodes: a zoo decoder, a Hugging Face
 config, hf:NAME, a model file):
 
-- **layout**: the layout search of ``opmap.explore.layouts`` over a device budget (default one node): devices per
-  replica 1, 2, 4, 8 within the node, each split TP x PP, replicas filling the budget; the chosen layout is the
+- **layout**: the layout search of ``opmap.explore.layouts`` over a device budget (default one node): TP up
+  to the scale-up domain (72 on an NVL72 rack) as the heads allow, PP across domains, replicas filling the
+  budget; the chosen layout is the
   one with the most output tokens per second per device of the budget, and the runner-up is named beside it;
   ``devices`` is the devices the chosen layout uses (replicas x devices per replica), present only where a layout
   was chosen (a cell that fits nowhere or meets the SLO at no rate has none: ``devices_tried`` lists the devices
@@ -442,8 +443,9 @@ def assumptions(r: dict[str, Any]) -> list[str]:
            "arrivals; capacity per layout: the steady-state search serve --find-capacity runs (the highest rate "
            "meeting the SLO with a stationary queue, warm-up and cool-down excluded, never above the offline "
            "saturation rate)",
-           "layouts: devices per replica 1, 2, 4, 8 within one node, each split TP x PP, replicas filling the "
-           "devices budget (default one node), each replica a Poisson share of the traffic; chosen: the most "
+           "layouts: TP the powers of two up to the scale-up domain that divide the heads, PP up to twice the "
+           "stages the weights need (across domains on the scale-out network), replicas filling the devices "
+           "budget (default one node), each replica a Poisson share of the traffic; chosen: the most "
            "output tokens/s per device of the budget, the runner-up beside it",
            f"ranked per workload by {by}; a device whose catalog lacks achievable figures (datasheet only) ranked "
            f"after the others{ds}",

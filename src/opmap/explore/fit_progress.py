@@ -84,7 +84,7 @@ def cell_label(job) -> str:
 
 def cell_steps(job) -> int:
     """Progress notes a cell's search sends: two a candidate layout (opmap.explore.layouts.search)."""
-    from opmap.explore.layouts import candidates, default_budget, replica_span
+    from opmap.explore.layouts import default_budget, layout_candidates
 
     hw = get_hardware(job.hardware)
-    return 2 * len(candidates(replica_span(hw), job.devices_budget or default_budget(hw), job.devices))
+    return 2 * len(layout_candidates(job.model, hw, job.devices_budget or default_budget(hw), job.dtype, job.devices))

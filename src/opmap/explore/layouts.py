@@ -1,9 +1,11 @@
 """The serving layout of one model on one platform: how many devices a replica spans, split how (TP x PP), and
 how many replicas fill a device budget.
 
-- **candidates**: devices per replica the powers of two within one scale-up domain (the interconnect's innermost
-  tier, ``replica_span``, at most ``MAX_REPLICA_DEVICES``) and within the budget, each as every TP x PP split of
-  that count (tensor parallelism first);
+- **candidates** (``candidates``): TP the powers of two up to one scale-up fabric (``replica_span``: the catalog's
+  outermost bounded tier, 72 on an NVL72 rack, 8 on an HGX board) and the budget that divide the model's heads
+  (and with its KV heads, one divides the other); PP the powers of two up to the layers, within the budget,
+  at most ``PP_HEADROOM`` x the fewest stages that hold the weights (stages past one fabric cross the scale-out
+  network: nine 8-GPU b200 nodes run tp8 pp2 over InfiniBand); by devices per replica, tensor parallelism first;
 - **each candidate**: skipped where the zoo model's published weights alone outgrow the devices' memory, else
   priced (``opmap.serve.model_cost.model_table_cost`` at that tp and pp), its steady-state
   capacity found for one replica (``opmap.serve.capacity.steady_capacity``: the highest Poisson rate meeting the
@@ -33,34 +35,82 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.explore.results import LayoutResult, LayoutSearch, brief  # noqa: F401 (brief: fit.json's form, here too)
 
-# the most devices one replica spans in the search: one 8-device board (HGX, the MI300X platform, HLS-Gaudi), and as
-# many chips of a TPU pod (one v5e / v5p host's 8) or of a device whose catalog file gives no scale-up domain (a CPU)
-MAX_REPLICA_DEVICES = 8
 # prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
 # capacity.alone_breaks_slo); False searches every layout that fits (the tests compare the two)
 PRUNE = True
 # a capacity run can be longer than the saturation run (lengthened to a stationary span), so its mean output
 # length can differ from the saturation run's by sampling: the bound is loosened by this much before it prunes
 BOUND_SLACK = 0.05
+# pipeline stages past the fewest that hold the weights: serving splits a model into stages to hold it (each more
+# stage adds a hop and a stage's latency, Narayanan et al. 2021), one doubling past that gives the KV cache room
+PP_HEADROOM = 2
 
 
 def replica_span(hw) -> int:
-    """The most devices a replica spans: the interconnect's scale-up domain (its innermost tier), at most
-    MAX_REPLICA_DEVICES; MAX_REPLICA_DEVICES where the catalog gives no domain."""
-    return min(hw.interconnect.domain_size or MAX_REPLICA_DEVICES, MAX_REPLICA_DEVICES)
+    """The most devices a replica's TP group spans: one scale-up fabric (the interconnect's outermost bounded tier:
+    an HGX board's 8, an NVL72 rack's 72, a Trn2 UltraServer's 64, a TPU pod's ICI torus); 1 where the catalog
+    gives none (a device with no scale-up link holds a replica alone)."""
+    return hw.interconnect.fabric_size or 1
 
 
 def default_budget(hw) -> int:
-    """The devices a cell is given when no budget is: one scale-up domain (MAX_REPLICA_DEVICES without one)."""
-    return hw.interconnect.domain_size or MAX_REPLICA_DEVICES
+    """The devices a cell is given when no budget is: one domain of the innermost tier (a node; 1 without one)."""
+    return hw.interconnect.domain_size or 1
 
 
-def candidates(per_node: int, budget: int, devices: int | None = None) -> list[tuple[int, int]]:
-    """(tp, pp) of every layout tried: devices per replica ``devices`` when given, else each power of two up to
-    ``per_node`` (``replica_span``) and the budget; each count split into tp x pp in every way, highest tp first."""
-    top = min(per_node, budget)
-    counts = [devices] if devices else [1 << k for k in range(top.bit_length()) if 1 << k <= top]
-    return [(tp, d // tp) for d in counts for tp in range(d, 0, -1) if d % tp == 0]
+def _powers(top: int) -> list[int]:
+    return [1 << k for k in range(max(1, top).bit_length()) if 1 << k <= top]
+
+
+def tp_allowed(geo, tp: int) -> bool:
+    """tp divides the attention heads, and tp and the KV heads divide one another (opmap.mapping.shard_types'
+    Parallelism.check: tp above the KV heads replicates each over tp / kv ranks); True without a geometry."""
+    spec = geo.attention[0] if geo is not None and geo.attention else None
+    if spec is None or not spec.n_heads:
+        return True
+    kv = spec.n_kv_heads or spec.n_heads
+    return spec.n_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+def candidates(span: int, budget: int, devices: int | None = None, geo=None,
+               stages_needed: Callable[[int], int] | None = None) -> list[tuple[int, int]]:
+    """(tp, pp) of every layout tried, by devices per replica, highest tp first. tp: the powers of two up to the
+    scale-up ``span`` (``replica_span``) and the budget that the model's heads allow (``tp_allowed`` on ``geo``);
+    pp: powers of two up to the layers, tp x pp within the budget (stages past one fabric run across the
+    scale-out network), at most PP_HEADROOM x the fewest stages that hold the weights at that tp
+    (``stages_needed(tp)``, 1 when not given); ``devices``: only layouts of that many devices."""
+    layers = geo.layers if geo is not None and geo.layers else budget
+    out = []
+    for tp in _powers(min(span, budget)):
+        if not tp_allowed(geo, tp):
+            continue
+        most = PP_HEADROOM * (stages_needed(tp) if stages_needed else 1)
+        out += [(tp, pp) for pp in _powers(min(layers, budget // tp, most))
+                if devices is None or tp * pp == devices]
+    return sorted(out, key=lambda x: (x[0] * x[1], -x[0]))
+
+
+def model_geometry(model: str):
+    """The model's geometry without building it (a zoo model's spec, a Hugging Face config read as JSON); None for a
+    model file or a config no adapter reads (the pricing then refuses an illegal split itself)."""
+    from opmap.workloads.hf import is_hf_target, load_config
+    from opmap.workloads.hf_geometry import hf_geometry
+    from opmap.workloads.zoo import zoo_geometry
+
+    try:
+        geo = zoo_geometry(model)
+        return geo if geo is not None or not is_hf_target(model) else hf_geometry(load_config(model))
+    except (OpmapError, TypeError, ValueError, ZeroDivisionError):  # as workloads.hf reads it: no geometry
+        return None
+
+
+def layout_candidates(model: str, hw, budget: int, dtype: str, devices: int | None = None) -> list[tuple[int, int]]:
+    """``candidates`` of ``model`` on ``hw``: its geometry, the fewest stages that hold its weights at each tp."""
+    def stages(tp: int) -> int:
+        return next((pp for pp in _powers(budget // tp) if weights_outgrow(model, hw, dtype, tp * pp) is None),
+                    max(1, budget // tp))
+
+    return candidates(replica_span(hw), budget, devices, model_geometry(model), stages)
 
 
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
@@ -127,11 +177,10 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     ``memory`` (the KV cache at ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it)."""
     from opmap.serve.arrivals import Arrival, make_requests, parse_length
 
-    per_node = replica_span(hw)
     ilen, olen = parse_length(input_len), parse_length(output_len)
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
     longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
-    todo = candidates(per_node, budget, devices)
+    todo = layout_candidates(model, hw, budget, dtype, devices)
     say = progress or (lambda s: None)  # two notes a layout: priced (or skipped), then searched (or not)
     tried: list[LayoutResult] = []
     bounded: list[tuple[int, Any, dict[str, Any]]] = []  # (index in tried, its RateProbe, its saturation run)

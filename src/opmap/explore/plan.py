@@ -128,7 +128,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
         raise OpmapError(f"--cp {cp} does not divide the {devices} devices (tp x cp x pp x dp = devices)")
     training = phase == "train"
     gb = global_batch or 2 * devices
-    per_node = hw.devices_per_node or 1
+    per_node = hw.interconnect.fabric_size or 1  # TP inside one scale-up fabric (an NVL72 rack, a Trn2 UltraServer)
     cap = hw.memory_bytes
     sharders: dict[int, tuple[Sharder, SavedPerBlock, int]] = {}
     mbs = [m for m in microbatches if gb % m == 0]

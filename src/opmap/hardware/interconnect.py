@@ -122,6 +122,18 @@ class Interconnect:
         """Devices in one scale-up domain (the innermost tier's), None where the catalog gives none."""
         return None if self.scale_up is None else self.scale_up.devices
 
+    @property
+    def bounded(self) -> tuple[Tier, ...]:
+        """The tiers with a known domain size, innermost first (every tier but the scale-out network)."""
+        return tuple(t for t in self.tiers if t.devices is not None)
+
+    @property
+    def fabric_size(self) -> int | None:
+        """Devices one scale-up fabric joins: the outermost bounded tier's domain (an HGX board 8, an NVL72 rack 72,
+        a Trn2 UltraServer 64, a TPU pod's ICI torus); a replica's TP x PP x EP group is placed inside it. None
+        where the catalog gives no bounded tier."""
+        return self.bounded[-1].devices if self.bounded else None
+
     def legacy_fields(self) -> dict[str, Value]:
         """The flat fields of the older form: the innermost tier as scale-up, the scale-out tier as scale-out."""
         out: dict[str, Value] = {}

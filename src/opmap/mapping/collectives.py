@@ -36,6 +36,8 @@ that tier) x that tier's rate (two tiers: min(scale-up per direction, devices pe
 one per domain and pass crosses each tier's boundary. The hierarchical all-reduce runs reduce-scatter in the node,
 all-reduce of S / n_local across the tiers above (itself ring, tree or hierarchical again one tier up), all-gather
 in the node, in sequence. The in-switch all-reduce is priced for a group inside one domain of the innermost tier.
+A group whose members stride over other splits (``stride``: a PP pair tp ranks apart, a DP group beside TP) holds
+min(n, D / stride) members in a domain of D devices at each tier, so it crosses a tier only where its members do.
 
 Message-size-dependent bandwidth comes from two places, both first principles: the alpha terms (latency
 dominates small messages) and NCCL's three protocols, which trade wire efficiency for latency:
@@ -102,6 +104,10 @@ class Collective:
     # link auto across nodes: the group's members in each node (None: devices_per_node, the group fills whole
     # nodes); fewer when the group strides over another split (a DP group beside tp 2 holds 4 of a node's 8)
     per_node: int | None = None
+    # link auto: the ranks between consecutive members (1: consecutive ranks, a TP group; tp: a DP or PP group beside
+    # tp-wide TP groups); each tier's domain of D devices then holds min(n, D // stride) members (None: per_node's
+    # packing, whole innermost domains side by side)
+    stride: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -118,6 +124,11 @@ class Collective:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1 or self.link != "auto"):
             raise OpmapError(f"collective per_node must be an integer of at least 1 under link auto, got {k!r} "
                              f"with link {self.link!r}")
+        st = self.stride
+        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1 or self.link != "auto"
+                               or k is not None):
+            raise OpmapError(f"collective stride must be an integer of at least 1 under link auto without per_node, "
+                             f"got {st!r} with link {self.link!r}")
         if self.kind == "send_recv" and g > 2:
             raise OpmapError(f"a send_recv is between two devices; group_size {g} given (accepted: 1 or 2)")
 
@@ -206,6 +217,8 @@ def _members(hw: HardwareSpec, c: Collective, what: str) -> tuple[list[int], lis
     per_node = ic.domain_size
     if c.link == "scale_out":
         return [1, n], [tiers[0], ic.scale_out]
+    if c.stride is not None:
+        return _strided(hw, c)
     if c.link == "scale_up" or (per_node and n <= per_node):
         if c.link == "scale_up" and per_node and n > per_node:
             raise OpmapError(f"{hw.name}: a scale_up group of {n} does not fit one node of {per_node} devices "
@@ -229,6 +242,34 @@ def _members(hw: HardwareSpec, c: Collective, what: str) -> tuple[list[int], lis
     if rest > 1:  # past the catalog's tiers: no scale-out network
         members.append(rest)
     return members, (tiers + [None] * len(members))[:len(members)]
+
+
+def _strided(hw: HardwareSpec, c: Collective) -> tuple[list[int], list[Tier | None]]:
+    """``_members`` of a group whose members are ``c.stride`` ranks apart: one domain of D devices holds
+    min(n, D // stride) of them (at least 1), so each tier holds that many over the tier inside it; the scale-out
+    network joins the rest. Trailing tiers the group does not cross are left out."""
+    ic, n, stride = hw.interconnect, c.group_size, c.stride
+    inside, members, tiers = 1, [], []
+    for tier in ic.bounded:
+        held = min(n, max(1, tier.devices // stride))
+        if held % inside:
+            raise OpmapError(f"{hw.name}: a group of {n} every {stride} devices does not fill whole domains of the "
+                             f"{tier.name} tier ({tier.devices} devices)")
+        members.append(held // inside)
+        tiers.append(tier)
+        inside = held
+    if n % inside:
+        raise OpmapError(f"{hw.name}: a group of {n} every {stride} devices does not fill whole domains of "
+                         f"{inside} members")
+    if n > inside:
+        members.append(n // inside)
+        tiers.append(ic.scale_out)
+    while len(members) > 1 and members[-1] == 1:
+        members.pop()
+        tiers.pop()
+    if not members:  # no bounded tier: every member on the scale-out network
+        return [1, n], [None, ic.scale_out]
+    return members, tiers
 
 
 def _fabric(hw: HardwareSpec, c: Collective) -> _Fabric:

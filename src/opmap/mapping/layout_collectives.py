@@ -45,11 +45,27 @@ class CollectiveKernel:
 
 
 
-def link_for(hw: HardwareSpec, span: int) -> str:
-    """scale_up when ``span`` consecutive ranks fit one node, else scale_out (module docstring)."""
-    per = hw.devices_per_node or 1
-    return "scale_up" if span <= per else "scale_out"
+def link_for(hw: HardwareSpec, span: int, group: int | None = None) -> str:
+    """The link of a group of ``group`` members (default ``span``: consecutive ranks) spread evenly over ``span``
+    consecutive ranks, walking the catalog's tiers: ``scale_up`` when the span fits one domain of the innermost
+    tier (an HGX board's 8, an NVL72 rack's 72), ``scale_out`` when no bounded tier holds two of its members (each
+    hop crosses the scale-out network), else ``auto`` (``placement``'s stride: the group crosses the tiers its
+    members do, e.g. a Trn2 instance's torus, then the UltraServer's links)."""
+    return placement(hw, span, group)[0]
 
+
+def placement(hw: HardwareSpec, span: int, group: int | None = None) -> tuple[str, int | None]:
+    """(link, stride) of ``link_for``'s group: the stride (ranks between consecutive members, ``Collective.stride``)
+    under link auto, else None."""
+    ic = hw.interconnect
+    group = group or span
+    inner = ic.domain_size or 1
+    if span <= inner:
+        return "scale_up", None
+    stride = max(1, span // group)
+    if (ic.fabric_size or 1) // stride <= 1:  # no domain holds two members
+        return "scale_out", None
+    return "auto", stride
 
 
 def dp_link(hw: HardwareSpec, tp: int, group: int) -> tuple[str, int] | None:
@@ -78,8 +94,12 @@ def layout_collectives(sharder: SharderView, p: Parallelism, hw: HardwareSpec, b
     def add(kind, msg, group, span, purpose, stage, count, hide=None, link=None):
         if group <= 1 or count <= 0 or msg <= 0:
             return
-        link, per_node = link or (link_for(hw, span), None)
-        c, t, alg = sharder.collective(hw, kind, msg, group, link, per_node)
+        # a given link is dp_link's (link, members a node); else the group's placement over the tiers
+        if link:
+            (link, per_node), stride = link, None
+        else:
+            (link, stride), per_node = placement(hw, span, group), None
+        c, t, alg = sharder.collective(hw, kind, msg, group, link, per_node, stride)
         ex = None if hide is None else context.exposed(t, hide)
         out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
 

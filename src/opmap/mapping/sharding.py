@@ -15,9 +15,11 @@ not. Tiles are not searched again at the sharded shape (the terms scale linearly
 Device placement (Megatron-LM's default order tp-cp-ep-dp-pp): TP innermost, then CP, then DP (with EP taken
 from inside DP, as Megatron-core and DeepSpeed-MoE do: ep divides dp), then PP outermost: rank = tp_rank + tp
 (cp_rank + cp (dp_rank + dp pp_rank)). Context parallelism (the sequence over cp ranks, attention as a K / V
-ring): opmap.mapping.context. A group whose span of consecutive ranks fits in one node (devices_per_node)
-runs over the scale-up link; otherwise it is priced as scale-out (each hop through the NIC: conservative for a
-group that has several members in a node).
+ring): opmap.mapping.context. A group whose span of consecutive ranks fits one domain of the innermost tier
+(an HGX board's 8 GPUs, an NVL72 rack's 72) runs over that link (NVLS where its switch reduces); one that spans
+more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's torus, then
+the UltraServer's links, then the scale-out network), each hop of a group with one member a domain through the
+NIC.
 
 Collectives (per microbatch unless said): TP all-reduce of the activation (b s h bytes) after each row-parallel
 group in forward and for each column-parallel group's input gradient in backward (Shoeybi et al. 2019: two
@@ -407,13 +409,13 @@ class Sharder:
                        optimizer_s=opt_s)
 
     def collective(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
-                   per_node: int | None = None) -> tuple[Collective, float, str]:
+                   per_node: int | None = None, stride: int | None = None) -> tuple[Collective, float, str]:
         """The collective, its time and algorithm (opmap.mapping.collectives.collective_time), kept: a layout
         search asks for the same ones again."""
-        key = (hw.name, kind, msg, group, link, per_node)
+        key = (hw.name, kind, msg, group, link, per_node, stride)
         hit = self._ctimes.get(key)
         if hit is None:
-            c = Collective(kind, float(msg), group, link, per_node)
+            c = Collective(kind, float(msg), group, link, per_node, stride)
             t = collective_time(hw, c)
             hit = self._ctimes[key] = (c, t.seconds, t.algorithm)
         return hit

@@ -346,11 +346,12 @@ class Pricer:
     def _send(self, act_bytes: float) -> float:
         """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send)."""
         from opmap.mapping.collectives import Collective, collective_time
-        from opmap.mapping.sharding import link_for
+        from opmap.mapping.layout_collectives import placement
 
         if act_bytes <= 0:
             return 0.0
-        c = Collective("send_recv", act_bytes / self.tp, 2, link_for(self.hw, 2 * self.tp))
+        link, stride = placement(self.hw, 2 * self.tp, 2)  # the next stage's rank is tp further on
+        c = Collective("send_recv", act_bytes / self.tp, 2, link, stride=stride)
         return collective_time(self.hw, c).seconds
 
     def prefill(self, seq: int) -> Point:
