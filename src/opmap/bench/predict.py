@@ -12,8 +12,8 @@ the hardware the server runs on, under the batching policy the server runs:
   max_requests_per_batch), max_num_batched_tokens = max_batch_tokens, KV blocks of PAGE_TOKENS, chunked prefill.
 - open loop: the simulator's arrivals are the send times; closed loop (``--concurrency C``): a request is sent
   when the one whose client slot it took ended (plus the client's own measured turnaround), so the simulated
-  sends follow the simulated ends: solved by iterating the simulation until the send times stop moving (causal:
-  at most one pass per request in a slot, plus one).
+  sends follow the simulated ends: one simulation whose closed-loop client (opmap.serve.closed_loop) sends each
+  slot's next request as its predecessor ends.
 - server overhead (optional, ``ServerOverhead``): what the model's kernels do not account for, measured on the
   server by a probe before the run (sequential requests, then one batch of concurrent ones): ``step_s`` per
   engine step (the batching loop's Python, eager dispatch) plus ``per_seq_s`` per sequence in a decode step
@@ -42,7 +42,6 @@ SCHEMA_VERSION = 1
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")
 MAX_REQUESTS_PER_BATCH = 1024  # transformers' continuous batching FALLBACK_DEFAULTS["max_requests_per_batch"]
-MAX_PASSES = 10_000  # closed-loop fixed point: one pass per request in a slot at worst
 LOAD_GAP_S = 0.01  # the load probe's 1-token requests, 10 ms apart: all inside the batch's decode (>= 32 steps)
 
 
@@ -132,7 +131,7 @@ def with_step_overhead(cost, step_s: float, per_seq_s: float = 0.0):
                           f"{per_seq_s * 1e3:.3g} ms a decoding sequence)")
 
 
-def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
+def _simulate_open(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
     """Simulate requests arriving at ``arr_s`` (send order); per-request (first, finish) in send order and the
     pooled inter-token gaps."""
     from opmap.serve.arrivals import Requests
@@ -146,25 +145,35 @@ def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
     return first, finish, res
 
 
+def _simulate_closed(w: Workload, policy, cost, lag_s: float, seed: int):
+    """The closed loop simulated directly (opmap.serve.closed_loop): each client slot's requests in send order,
+    a request sent its turnaround after its predecessor's simulated end and arriving ``lag_s`` later; the
+    simulated sends and the result (times in send order)."""
+    from opmap.serve.arrivals import Requests
+    from opmap.serve.sim import ClosedLoop, simulate
+
+    loop = ClosedLoop(int((w.pred < 0).sum()), tuple(w.turnaround_s.tolist()), tuple(w.pred.tolist()),
+                      tuple(w.sent_s.tolist()), lag_s)
+    res = simulate(Requests(w.sent_s, w.input_len, w.output_len, "bench records"), policy, cost, 1, "round_robin",
+                   seed, closed=loop)
+    sent = w.sent_s.copy()
+    has = w.pred >= 0
+    sent[has] = res.finish_s[w.pred[has]] + w.turnaround_s[has]  # as the client sent them (ClosedLoop)
+    return sent, res
+
+
 def simulate_workload(w: Workload, policy, cost, overhead: ServerOverhead | None = None, seed: int = 0):
-    """(first token s, last token s, SimResult) per request in send order, sends as the run made them (open
-    loop) or as the simulated ends let them (closed loop); the overhead's per-request time delays each arrival
-    at the engine (the request's HTTP and tokenizing): in a closed loop of C clients with C - 1 others decoding
-    (``ServerOverhead.lag_s``), in an open loop with none (the probe's sequential figure)."""
+    """(sent s, first token s, last token s, SimResult) per request in send order, sends as the run made them (open
+    loop) or as the simulated ends let them (closed loop, one simulation); the overhead's per-request time delays
+    each arrival at the engine (the request's HTTP and tokenizing): in a closed loop of C clients with C - 1 others
+    decoding (``ServerOverhead.lag_s``), in an open loop with none (the probe's sequential figure)."""
     running = (w.concurrency - 1) if w.closed and w.concurrency else 0
     lag = overhead.lag_s(running) if overhead is not None else 0.0
-    sent = w.sent_s.copy()
-    for _ in range(MAX_PASSES if w.closed else 1):
-        first, finish, res = _simulate_once(sent + lag, w, policy, cost, seed)
-        if not w.closed:
-            break
-        new = sent.copy()
-        has = w.pred >= 0
-        new[has] = finish[w.pred[has]] + w.turnaround_s[has]
-        if np.allclose(new, sent, rtol=0, atol=1e-9):
-            break
-        sent = new
-    return sent, first, finish, res
+    if not w.closed:
+        first, finish, res = _simulate_open(w.sent_s + lag, w, policy, cost, seed)
+        return w.sent_s.copy(), first, finish, res
+    sent, res = _simulate_closed(w, policy, cost, lag, seed)
+    return sent, res.first_s, res.finish_s, res
 
 
 def _stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
