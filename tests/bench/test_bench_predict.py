@@ -64,10 +64,10 @@ def test_closed_loop_sends_follow_the_simulated_ends():
     sent, first, finish, res = simulate_workload(w, engine_policy(1024, 256), _flat_cost())
     assert np.allclose(sent, 0.022 * np.arange(5), atol=1e-9)
     f = figures(sent, first, finish, w.output_len, res.itl_gap_s, res.itl_weight)
-    assert f["latency"]["ttft"]["p50_s"] == pytest.approx(0.010)
-    assert f["latency"]["tpot"]["p50_s"] == pytest.approx(0.001)
-    assert f["latency"]["e2e"]["p99_s"] == pytest.approx(0.020)
-    assert f["throughput"]["output_tokens_per_s"] == pytest.approx(55 / 0.108)
+    assert f.ttft.p50_s == pytest.approx(0.010)
+    assert f.tpot.p50_s == pytest.approx(0.001)
+    assert f.e2e.p99_s == pytest.approx(0.020)
+    assert f.output_tokens_per_s == pytest.approx(55 / 0.108)
 
 
 def _fixed_point(w, policy, cost, lag_s, seed=0):
@@ -202,7 +202,12 @@ def test_warmup_is_simulated_but_not_counted():
     recs = [_rec(k, 0.1 * k, 0.1 * k + 0.02, 0.1 * k + 0.05, warmup=k < 2) for k in range(5)]
     res = BenchResult(tuple(recs), "http://x", "m", "completions", "open", None, 0.0, 0.5)
     rep = predict_run(res, _flat_cost(), engine_policy(1024, 256))
-    assert rep["workload"]["warmup"] == 2 and rep["predictions"]["model"]["figures"]["requests"] == 3
+    assert rep.warmup == 2 and rep.predictions[0].name == "model" and rep.predictions[0].figures.requests == 3
+    d = rep.to_dict()  # bench_predict.json
+    assert d["workload"] == {"requests": 5, "warmup": 2, "mode": "open", "concurrency": None,
+                             "closed_loop_sends": "as measured"}
+    assert list(d) == ["schema_version", "measured", "workload", "policy", "cost", "predictions"]
+    assert d["predictions"]["model"]["figures"]["requests"] == 3 and d["predictions"]["model"]["steps"] > 0
 
 
 def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independent_client_measures():
@@ -233,7 +238,7 @@ def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independe
             finally:
                 c.close()
             rep = predict_run(res, cost, engine_policy(1024, 256), overhead=ov)
-            pred = rep["predictions"]["model+overhead"]["figures"]["latency"]["ttft"]["p50_s"]
+            pred = rep.last().figures.ttft.p50_s
             seen.append((round(pred * 1e3, 1), round(theirs * 1e3, 1)))
             if 0.85 <= pred / theirs <= 1.15:
                 break
@@ -311,9 +316,9 @@ def _run_and_predict(server, cost, concurrency: int, requests: int, seed: int):
     res = run_load(server.base_url, server.model_id, specs, concurrency=concurrency, ignore_eos=False)
     after = probe()
     ov = overhead_from_probe(before[0] + after[0], cost, 32, 32, before[1] + after[1], concurrency)
-    pol = engine_policy(server.settings["max_batch_tokens"], server.settings["page_tokens"])
+    pol = engine_policy(server.settings.max_batch_tokens, server.settings.page_tokens)
     rep = predict_run(res, cost, pol, overhead=ov)
-    rows = {(r["metric"], r["stat"]): r for r in rep["predictions"]["model+overhead"]["rows"]}
+    rows = {(r["metric"], r["stat"]): r for r in rep.last().rows}
     return rows[("ttft", "p50")]["ratio"], rows[("output_tokens", "per_s")]["ratio"], rep
 
 
@@ -336,8 +341,8 @@ def test_the_prediction_of_the_cpu_server_is_of_the_right_order(server, priced, 
         if ok:
             break
     print(f"concurrency {concurrency}: predicted / measured (TTFT p50, output tokens/s) per attempt: {seen}")
-    assert rep["predictions"]["model"]["figures"]["requests"] == 48
-    assert rep["overhead"]["step_s"] >= 0 and ("batch_probe" in rep["overhead"]["basis"]) == (concurrency > 1)
+    assert rep.predictions[0].figures.requests == 48
+    assert rep.overhead.step_s >= 0 and ("batch_probe" in rep.overhead.basis) == (concurrency > 1)
     busy = oversubscribed()
     if busy and not ok:
         pytest.skip(f"{busy}; predicted / measured (TTFT p50, output tokens/s) seen: {seen}")

@@ -176,14 +176,50 @@ def simulate_workload(w: Workload, policy, cost, overhead: ServerOverhead | None
     return sent, res.first_s, res.finish_s, res
 
 
-def _stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class Latency:
+    """One latency's statistics (s): mean, p50, p90, p99 (None where no request has it: a TPOT of 1-token
+    answers)."""
+
+    mean_s: float | None
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"mean_s": self.mean_s, "p50_s": self.p50_s, "p90_s": self.p90_s, "p99_s": self.p99_s}
+
+
+def _stats(x: np.ndarray, w: np.ndarray | None = None) -> Latency:
     from opmap.serve.metrics import stats
 
     s = stats(np.asarray(x, dtype=float), w)
-    return {k: s[k] for k in ("mean_s", *(f"p{p}_s" for p in PCTS))}
+    return Latency(s["mean_s"], *(s[f"p{p}_s"] for p in PCTS))
 
 
-def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Figures:
+    """A run's latencies (TTFT, TPOT, ITL, e2e) and throughput over its span (first send to last token, s), one
+    formula for the measured and the predicted side (module docstring)."""
+
+    ttft: Latency
+    tpot: Latency
+    itl: Latency
+    e2e: Latency
+    requests_per_s: float
+    output_tokens_per_s: float
+    requests: int
+    output_tokens: int
+    span_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"latency": {m: getattr(self, m).to_dict() for m in METRICS},
+                "throughput": {"requests_per_s": self.requests_per_s,
+                               "output_tokens_per_s": self.output_tokens_per_s},
+                "requests": self.requests, "output_tokens": self.output_tokens, "span_s": self.span_s}
+
+
+def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> Figures:
     """Latency (s) at mean / p50 / p90 / p99 and throughput, one formula for the measured and the predicted side
     (module docstring)."""
     sent_s, first_s, finish_s = (np.asarray(a, dtype=float) for a in (sent_s, first_s, finish_s))
@@ -193,13 +229,11 @@ def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -
     tpot = (e2e - ttft)[multi] / (out[multi] - 1)
     span = float(finish_s.max() - sent_s.min()) if len(sent_s) else 0.0
     rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
-    return {"latency": {"ttft": _stats(ttft), "tpot": _stats(tpot), "itl": _stats(np.asarray(itl_gap_s), itl_weight),
-                        "e2e": _stats(e2e)},
-            "throughput": {"requests_per_s": rate(len(sent_s)), "output_tokens_per_s": rate(float(out.sum()))},
-            "requests": int(len(sent_s)), "output_tokens": int(out.sum()), "span_s": span}
+    return Figures(_stats(ttft), _stats(tpot), _stats(np.asarray(itl_gap_s), itl_weight), _stats(e2e),
+                   rate(len(sent_s)), rate(float(out.sum())), int(len(sent_s)), int(out.sum()), span)
 
 
-def predicted_figures(w: Workload, sent, first, finish, res) -> dict[str, Any]:
+def predicted_figures(w: Workload, sent, first, finish, res) -> Figures:
     keep = ~w.warmup
     if not keep.any():
         raise OpmapError("--predict needs at least one request past the warm-up")
@@ -228,32 +262,76 @@ def _ratio(p: float | None, m: float | None) -> float | None:
     return p / m
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """One variant of the prediction (the model alone, or with the server's overhead): its figures, the join
+    with the measured ones (``join``'s rows) and the simulated steps."""
+
+    name: str
+    figures: Figures
+    rows: tuple[dict[str, Any], ...]
+    steps: int
+
+
+@dataclass(frozen=True)
+class BenchPrediction:
+    """A measured run joined to its simulation (bench_predict.json, ``to_dict``): the measured figures (the run's
+    latency and throughput, as bench.json has them), the workload simulated, the policy and step cost, the
+    variants, the overhead where measured and the command's assumptions."""
+
+    measured: dict[str, Any]  # {"latency", "throughput"} of bench.json (opmap.bench.metrics.summarize)
+    requests: int
+    warmup: int
+    mode: str
+    concurrency: int | None
+    closed: bool
+    policy: Any
+    cost: Any
+    predictions: tuple[Prediction, ...]
+    overhead: ServerOverhead | None = None
+    assumptions: dict[str, Any] | None = None
+
+    def last(self) -> Prediction:
+        """The variant a run records: with the overhead where measured, else the model alone."""
+        return self.predictions[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": self.measured,
+                               "workload": {"requests": self.requests, "warmup": self.warmup, "mode": self.mode,
+                                            "concurrency": self.concurrency,
+                                            "closed_loop_sends": "simulated" if self.closed else "as measured"},
+                               "policy": self.policy.to_dict(), "cost": self.cost.to_dict(),
+                               "predictions": {p.name: {"figures": p.figures.to_dict(), "rows": list(p.rows),
+                                                        "steps": p.steps} for p in self.predictions}}
+        if self.overhead is not None:
+            out["overhead"] = self.overhead.to_dict()
+        if self.assumptions is not None:
+            out["assumptions"] = self.assumptions
+        return out
+
+
 def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, measured: dict | None = None,
-                seed: int = 0) -> dict[str, Any]:
+                seed: int = 0) -> BenchPrediction:
     """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
     server's measured overhead where given. ``measured``: the run's figures (default: opmap.bench.metrics.summarize
-    of its records, as ``opmap bench`` prints and records them). A dict with schema_version (bench_predict.json)."""
+    of its records, as ``opmap bench`` prints and records them)."""
     if measured is None:
         from opmap.bench.metrics import summarize
 
         measured = summarize(result.records)
     w = workload(result.records, result.mode, result.concurrency)
-    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION,
-                           "measured": {"latency": measured["latency"], "throughput": measured["throughput"]},
-                           "workload": {"requests": int(len(w.sent_s)), "warmup": int(w.warmup.sum()),
-                                        "mode": result.mode, "concurrency": result.concurrency,
-                                        "closed_loop_sends": "simulated" if w.closed else "as measured"},
-                           "policy": policy.to_dict(), "cost": cost.to_dict(), "predictions": {}}
+    m = {"latency": measured["latency"], "throughput": measured["throughput"]}
     variants = [("model", cost, None)]
     if overhead is not None:
         variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
                          overhead))
-        out["overhead"] = overhead.to_dict()
+    preds = []
     for name, c, ov in variants:
         sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
         pred = predicted_figures(w, sent, first, finish, res)
-        out["predictions"][name] = {"figures": pred, "rows": join(measured, pred), "steps": res.steps}
-    return out
+        preds.append(Prediction(name, pred, tuple(join(m, pred.to_dict())), res.steps))
+    return BenchPrediction(m, int(len(w.sent_s)), int(w.warmup.sum()), result.mode, result.concurrency, w.closed,
+                           policy, cost, tuple(preds), overhead)
 
 
 def probe_records(base_url: str, model: str, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,

@@ -243,8 +243,8 @@ def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ign
 
         probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
         before = bp.probe(root, model, prompt, when="before", **probe)
-        s = srv.settings if srv is not None else {}
-        policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
+        s = srv.settings if srv is not None else None  # a URL: the engine policy's defaults (8192, blocks of 16)
+        policy = engine_policy(s.max_batch_tokens if s else 8192, s.page_tokens if s else 16)
     result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
     if predict:  # an interrupted run keeps the probe before it
         after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
