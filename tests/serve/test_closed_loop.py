@@ -37,6 +37,16 @@ def test_closed_loop_on_one_server_follows_the_response_time_law(users, think_s)
     assert n / res.finish_s.max() == pytest.approx(1 / s)
 
 
+def test_a_lag_delays_each_arrival_and_a_think_time_per_request_each_send():
+    """One user, S = 10 ms of service at batch 1: request k is sent think_s[k] after request k - 1 ends and
+    arrives lag 2 ms later, so it ends at end[k - 1] + think_s[k] + 2 ms + 10 ms (the first sent at 0)."""
+    s, lag, think = 0.01, 0.002, (0.0, 0.005, 0.0, 0.02)
+    res = simulate(_reqs(4), parse_policy("none"), ServiceTime("fixed", s), closed=ClosedLoop(1, think, lag_s=lag))
+    end = np.cumsum(np.array(think) + lag + s)
+    np.testing.assert_allclose(res.finish_s, end, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(res.arrival_s, end - s, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("model", ["examples/tiny-llama.json", "gpt2"])
 def test_one_user_sends_each_request_when_the_last_one_ends(model):
     """A Hugging Face config and a zoo model priced by model_table_cost, policy engine: with one user and no
