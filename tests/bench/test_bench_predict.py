@@ -17,6 +17,7 @@ from launched_server import oversubscribed
 from line_proxy import BlockingClient, LineProxy
 
 from opmap.bench.predict import (
+    Workload,
     engine_policy,
     figures,
     join,
@@ -63,10 +64,109 @@ def test_closed_loop_sends_follow_the_simulated_ends():
     sent, first, finish, res = simulate_workload(w, engine_policy(1024, 256), _flat_cost())
     assert np.allclose(sent, 0.022 * np.arange(5), atol=1e-9)
     f = figures(sent, first, finish, w.output_len, res.itl_gap_s, res.itl_weight)
-    assert f["latency"]["ttft"]["p50_s"] == pytest.approx(0.010)
-    assert f["latency"]["tpot"]["p50_s"] == pytest.approx(0.001)
-    assert f["latency"]["e2e"]["p99_s"] == pytest.approx(0.020)
-    assert f["throughput"]["output_tokens_per_s"] == pytest.approx(55 / 0.108)
+    assert f.ttft.p50_s == pytest.approx(0.010)
+    assert f.tpot.p50_s == pytest.approx(0.001)
+    assert f.e2e.p99_s == pytest.approx(0.020)
+    assert f.output_tokens_per_s == pytest.approx(55 / 0.108)
+
+
+def _fixed_point(w, policy, cost, lag_s, seed=0):
+    """The independent oracle: opmap bench --predict's closed loop as it was solved before it was simulated
+    directly (d6b0b42, bench/predict.py simulate_workload): simulate open-loop arrivals at the sends (+ lag),
+    move each send to its predecessor's simulated end + turnaround, repeat until the sends stop moving."""
+    from opmap.serve.arrivals import Requests
+    from opmap.serve.sim import simulate
+
+    sent = w.sent_s.copy()
+    for _ in range(10_000):
+        arr_s = sent + lag_s
+        order = np.argsort(arr_s, kind="stable")
+        res = simulate(Requests(arr_s[order], w.input_len[order], w.output_len[order], "oracle"), policy, cost, 1,
+                       "round_robin", seed)
+        first, finish = np.empty(len(arr_s)), np.empty(len(arr_s))
+        first[order], finish[order] = res.first_s, res.finish_s
+        new = sent.copy()
+        has = w.pred >= 0
+        new[has] = finish[w.pred[has]] + w.turnaround_s[has]
+        if np.allclose(new, sent, rtol=0, atol=1e-9):
+            break
+        sent = new
+    return sent, first, finish, res
+
+
+@pytest.mark.parametrize("turn_s", [0.0005, 0.0])
+def test_three_requests_in_two_slots_by_hand_and_by_the_fixed_point(turn_s):
+    """Two slots: r0 (6 output tokens) and r1 (2) sent at 0 and 1 ms, r2 (3) in r1's slot sent turn_s after r1's
+    end, measured at 50 ms. Flat steps (a step with a prompt 10 ms, a decode step 1 ms): r0 prefills 0-10, r1
+    beside r0's decode 10-20, 20-21 ends r1; r2 sent at 21.5 ms prefills beside r0 from 22 (r0 decoded alone
+    21-22), first token 32, r0 ends at 33, r2 at 34. Sent at 21 ms (turn 0), r2 is queued before the 21 ms step
+    forms: 21-31, then 32 and 33. The old fixed point and the direct simulation give these times."""
+    w = Workload(np.array([0.0, 0.001, 0.05]), np.full(3, 10), np.array([6, 2, 3]), np.zeros(3, dtype=bool),
+                 np.array([-1, -1, 1]), np.array([0.0, 0.0, turn_s]), True, 2)
+    r2_first, r2_end = (0.032, 0.034) if turn_s else (0.031, 0.033)
+    for sent, first, finish, _ in (_fixed_point(w, engine_policy(1024, 256), _flat_cost(), 0.0),
+                                   simulate_workload(w, engine_policy(1024, 256), _flat_cost())):
+        assert sent == pytest.approx([0.0, 0.001, 0.021 + turn_s], abs=1e-12)
+        assert first == pytest.approx([0.010, 0.020, r2_first], abs=1e-12)
+        assert finish == pytest.approx([0.033, 0.021, r2_end], abs=1e-12)
+
+
+def _measured_closed_loop(n, c, seed):
+    """Records of a closed loop of ``c`` clients as a bench run measures one: each request sent a turnaround
+    (0 to 2 ms; a third exactly 0) after the slot freed first, taking 5-80 ms; 16-300 prompt and 1-40 output
+    tokens."""
+    import heapq
+
+    rng = np.random.default_rng(seed)
+    free = [(0.0, s) for s in range(c)]
+    recs = []
+    for k in range(n):
+        t, s = heapq.heappop(free)
+        sent = t + (0.0 if rng.random() < 1 / 3 else float(rng.uniform(0, 0.002)))
+        end = sent + float(rng.uniform(0.005, 0.08))
+        n_out = int(rng.integers(1, 41))
+        recs.append(RequestRecord(k, None, sent, sent + 0.004, (end,), end, int(rng.integers(16, 301)), n_out,
+                                  None, None, 0, "ok", warmup=k < 2))
+        heapq.heappush(free, (end, s))
+    return recs
+
+
+@pytest.mark.parametrize("model", ["examples/tiny-llama.json", "gpt2"])
+@pytest.mark.parametrize("c,with_overhead", [(1, False), (3, True), (8, False), (8, True)])
+def test_the_direct_closed_loop_is_the_old_fixed_point_to_the_bit(model, c, with_overhead):
+    """A Hugging Face config and a zoo model priced on an H100 (model_table_cost), 40 requests in a closed loop
+    of c clients, with and without a measured server overhead (a step, per-sequence and per-request lag): the
+    one direct simulation gives the first and last tokens, inter-token gaps and step count the fixed point
+    converged to, bit for bit, and its sends to the fixed point's own tolerance (1 ns). Not to the bit: the fixed
+    point stopped once the sends moved less than 1 ns and returned the sends of its last pass, which can be an
+    ulp off the ends that pass produced (an arrival 1e-17 s later joins the same step); the direct sends are
+    exactly each predecessor's end plus the turnaround."""
+    from pathlib import Path
+
+    from opmap.bench.predict import ServerOverhead
+    from opmap.serve.model_cost import model_table_cost
+
+    root = Path(__file__).resolve().parents[2]
+    cost = model_table_cost(str(root / model) if model.endswith(".json") else model, "h100-sxm")
+    ov = ServerOverhead(0.0004, 0.003, {}, 0.00005, 0.005, 4) if with_overhead else None
+    if ov is not None:
+        cost = with_step_overhead(cost, ov.step_s, ov.per_seq_s)
+    pol = engine_policy(256, 16)
+    w = workload(_measured_closed_loop(40, c, seed=c), "closed", c)
+    assert (w.pred >= 0).sum() == 40 - c
+    lag = ov.lag_s(c - 1) if ov is not None else 0.0
+    want = _fixed_point(w, pol, cost, lag)
+    got = simulate_workload(w, pol, cost, ov)
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-9)
+    has = w.pred >= 0
+    np.testing.assert_array_equal(got[0][has], got[2][w.pred[has]] + w.turnaround_s[has])
+    np.testing.assert_array_equal(got[0][~has], w.sent_s[~has])
+    np.testing.assert_array_equal(want[1], got[1])
+    np.testing.assert_array_equal(want[2], got[2])
+    np.testing.assert_array_equal(want[3].itl_gap_s, got[3].itl_gap_s)
+    np.testing.assert_array_equal(want[3].itl_weight, got[3].itl_weight)
+    assert want[3].steps == got[3].steps
+    assert not np.array_equal(got[0], w.sent_s)  # the sends moved from the measured ones
 
 
 def test_open_loop_keeps_the_measured_sends_and_a_request_overhead_delays_each():
@@ -102,7 +202,12 @@ def test_warmup_is_simulated_but_not_counted():
     recs = [_rec(k, 0.1 * k, 0.1 * k + 0.02, 0.1 * k + 0.05, warmup=k < 2) for k in range(5)]
     res = BenchResult(tuple(recs), "http://x", "m", "completions", "open", None, 0.0, 0.5)
     rep = predict_run(res, _flat_cost(), engine_policy(1024, 256))
-    assert rep["workload"]["warmup"] == 2 and rep["predictions"]["model"]["figures"]["requests"] == 3
+    assert rep.warmup == 2 and rep.predictions[0].name == "model" and rep.predictions[0].figures.requests == 3
+    d = rep.to_dict()  # bench_predict.json
+    assert d["workload"] == {"requests": 5, "warmup": 2, "mode": "open", "concurrency": None,
+                             "closed_loop_sends": "as measured"}
+    assert list(d) == ["schema_version", "measured", "workload", "policy", "cost", "predictions"]
+    assert d["predictions"]["model"]["figures"]["requests"] == 3 and d["predictions"]["model"]["steps"] > 0
 
 
 def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independent_client_measures():
@@ -133,7 +238,7 @@ def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independe
             finally:
                 c.close()
             rep = predict_run(res, cost, engine_policy(1024, 256), overhead=ov)
-            pred = rep["predictions"]["model+overhead"]["figures"]["latency"]["ttft"]["p50_s"]
+            pred = rep.last().figures.ttft.p50_s
             seen.append((round(pred * 1e3, 1), round(theirs * 1e3, 1)))
             if 0.85 <= pred / theirs <= 1.15:
                 break
@@ -211,9 +316,9 @@ def _run_and_predict(server, cost, concurrency: int, requests: int, seed: int):
     res = run_load(server.base_url, server.model_id, specs, concurrency=concurrency, ignore_eos=False)
     after = probe()
     ov = overhead_from_probe(before[0] + after[0], cost, 32, 32, before[1] + after[1], concurrency)
-    pol = engine_policy(server.settings["max_batch_tokens"], server.settings["page_tokens"])
+    pol = engine_policy(server.settings.max_batch_tokens, server.settings.page_tokens)
     rep = predict_run(res, cost, pol, overhead=ov)
-    rows = {(r["metric"], r["stat"]): r for r in rep["predictions"]["model+overhead"]["rows"]}
+    rows = {(r["metric"], r["stat"]): r for r in rep.last().rows}
     return rows[("ttft", "p50")]["ratio"], rows[("output_tokens", "per_s")]["ratio"], rep
 
 
@@ -236,8 +341,8 @@ def test_the_prediction_of_the_cpu_server_is_of_the_right_order(server, priced, 
         if ok:
             break
     print(f"concurrency {concurrency}: predicted / measured (TTFT p50, output tokens/s) per attempt: {seen}")
-    assert rep["predictions"]["model"]["figures"]["requests"] == 48
-    assert rep["overhead"]["step_s"] >= 0 and ("batch_probe" in rep["overhead"]["basis"]) == (concurrency > 1)
+    assert rep.predictions[0].figures.requests == 48
+    assert rep.overhead.step_s >= 0 and ("batch_probe" in rep.overhead.basis) == (concurrency > 1)
     busy = oversubscribed()
     if busy and not ok:
         pytest.skip(f"{busy}; predicted / measured (TTFT p50, output tokens/s) seen: {seen}")

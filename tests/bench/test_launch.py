@@ -50,8 +50,8 @@ def test_the_server_answers_as_launched(server):
     core fewer than this process may use, the KV cache is capped, and a streamed answer of 24 tokens comes as
     several events (with OMP_NUM_THREADS unset the whole answer arrived as one) with usage counting them."""
     assert server.model_id == str(server.model_dir)
-    assert server.settings["threads"] == max(1, available_cores() - 1)
-    assert server.settings["kv_tokens"] == server.settings["kv_blocks"] * PAGE_TOKENS
+    assert server.settings.threads == max(1, available_cores() - 1)
+    assert server.settings.kv_tokens == server.settings.kv_blocks * PAGE_TOKENS
     assert pid_alive(server.pid)
     status, events = _post(server.base_url, "/v1/completions", {
         "model": server.model_id, "prompt": "w5 w6 w7 w8", "max_tokens": 24, "stream": True,

@@ -53,6 +53,43 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} 
 
 
 @dataclass(frozen=True)
+class WrittenModel:
+    """What ``write_model`` wrote: its parameters, vocabulary (tokens), model type, dtype (torch's name, no
+    prefix) and context (tokens; None where the config sets none)."""
+
+    parameters: int
+    vocab_size: int
+    model_type: str
+    dtype: str
+    context: int | None
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How a server was started: the config, device, torch threads, KV blocks of ``page_tokens`` tokens
+    (``kv_tokens`` in all), tokens a step, the scheduler, the seconds writing the model and starting the server,
+    the model written, the server and transformers' version. Written in bench.json as ``launched.settings``."""
+
+    config: str
+    device: str
+    threads: int
+    kv_blocks: int
+    page_tokens: int
+    kv_tokens: int
+    max_batch_tokens: int
+    scheduler: str
+    write_s: float
+    startup_s: float
+    parameters: int
+    vocab_size: int
+    model_type: str
+    dtype: str
+    context: int | None
+    server: str
+    transformers: str | None
+
+
+@dataclass(frozen=True)
 class LaunchedServer:
     """A running server: ``base_url`` (http://127.0.0.1:PORT, no /v1), ``model_id`` as /v1/models reports it,
     the folders it serves from, its PID, the context it accepts (tokens, prompt + answer), and how it was
@@ -64,7 +101,7 @@ class LaunchedServer:
     tokenizer_dir: Path
     pid: int
     context: int | None
-    settings: dict[str, Any]
+    settings: LaunchSettings
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -130,7 +167,7 @@ def _check_fits(target: str, config) -> int:
     return n
 
 
-def write_model(target: str, folder: Path, *, seed: int = 0) -> dict[str, Any]:
+def write_model(target: str, folder: Path, *, seed: int = 0) -> WrittenModel:
     """Write a random-weight model built from ``target``'s config and a WordLevel tokenizer of exactly its
     vocabulary size into ``folder``; returns what was written (parameters, vocabulary, dtype, context)."""
     import torch
@@ -163,9 +200,8 @@ def write_model(target: str, folder: Path, *, seed: int = 0) -> dict[str, Any]:
         if bars:
             tf_logging.enable_progress_bar()
     write_tokenizer(folder, vocab)
-    return {"parameters": n, "vocab_size": vocab, "model_type": config.model_type,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "context": getattr(text, "max_position_embeddings", None)}
+    return WrittenModel(n, vocab, config.model_type, str(next(model.parameters()).dtype).removeprefix("torch."),
+                        getattr(text, "max_position_embeddings", None))
 
 
 def write_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -289,12 +325,13 @@ def launch_server(config: str, *, device: str = "cpu", port: int | None = None, 
                                     env=_env(threads), start_new_session=True, cwd=tmp)
         model_id = _wait_ready(proc, base_url, log, startup_timeout_s)
         t_ready = time.monotonic()
-        ctx = written["context"]
-        yield LaunchedServer(base_url, model_id, model_dir, model_dir, proc.pid, int(ctx) if ctx else None, {
-            "config": config, "device": device, "threads": threads, "kv_blocks": kv_blocks,
-            "page_tokens": PAGE_TOKENS, "kv_tokens": kv_blocks * PAGE_TOKENS, "max_batch_tokens": max_batch_tokens,
-            "scheduler": "fifo", "write_s": t_written - t0, "startup_s": t_ready - t_written, **written,
-            "server": "transformers serve --continuous-batching", "transformers": _version("transformers")})
+        ctx = written.context
+        w = written
+        yield LaunchedServer(base_url, model_id, model_dir, model_dir, proc.pid, int(ctx) if ctx else None,
+                             LaunchSettings(config, device, threads, kv_blocks, PAGE_TOKENS, kv_blocks * PAGE_TOKENS,
+                                            max_batch_tokens, "fifo", t_written - t0, t_ready - t_written,
+                                            w.parameters, w.vocab_size, w.model_type, w.dtype, w.context,
+                                            "transformers serve --continuous-batching", _version("transformers")))
     finally:
         if proc is not None:
             stop_process(proc)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -74,23 +75,36 @@ def per_request(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": itl, "tpot_per_request": tpot_all}
 
 
-def _usage(measured: Sequence[RequestRecord]) -> dict[str, Any]:
-    """The server's usage counts against what was asked (ok requests): mismatches and the differences; the
-    requests whose usage was implausible and set aside (records.usage_counts), and the first reason."""
+@dataclass(frozen=True)
+class UsageCheck:
+    """The server's usage counts against what was asked (ok requests): requests without usage, those whose usage
+    was implausible and set aside (records.usage_counts) with the first reason, mismatches and differences
+    (tokens). Written in bench.json as ``usage_check`` (``asdict``)."""
+
+    requests_without_usage: int
+    implausible: int
+    implausible_example: str | None
+    output_mismatches: int
+    input_mismatches: int
+    output_diff_mean: float | None
+    input_diff_mean: float | None
+    input_diff_max_abs: int | None
+    output_diff_max_abs: int | None
+
+
+def _usage(measured: Sequence[RequestRecord]) -> UsageCheck:
+    """The run's UsageCheck."""
     ok = [r for r in measured if r.ok]
     no_usage = sum(1 for r in ok if (r.usage_completion_tokens is None or r.usage_prompt_tokens is None)
                    and not r.usage_error)
     implausible = [r.usage_error for r in ok if r.usage_error]
     out_diff = [r.usage_completion_tokens - r.output_tokens_asked for r in ok if r.usage_completion_tokens is not None]
     in_diff = [r.usage_prompt_tokens - r.input_tokens_asked for r in ok if r.usage_prompt_tokens is not None]
-    return {"requests_without_usage": no_usage, "implausible": len(implausible),
-            "implausible_example": implausible[0] if implausible else None,
-            "output_mismatches": sum(1 for d in out_diff if d != 0),
-            "input_mismatches": sum(1 for d in in_diff if d != 0),
-            "output_diff_mean": float(np.mean(out_diff)) if out_diff else None,
-            "input_diff_mean": float(np.mean(in_diff)) if in_diff else None,
-            "input_diff_max_abs": int(np.max(np.abs(in_diff))) if in_diff else None,
-            "output_diff_max_abs": int(np.max(np.abs(out_diff))) if out_diff else None}
+    return UsageCheck(no_usage, len(implausible), implausible[0] if implausible else None,
+                      sum(1 for d in out_diff if d != 0), sum(1 for d in in_diff if d != 0),
+                      float(np.mean(out_diff)) if out_diff else None, float(np.mean(in_diff)) if in_diff else None,
+                      int(np.max(np.abs(in_diff))) if in_diff else None,
+                      int(np.max(np.abs(out_diff))) if out_diff else None)
 
 
 def _lag(measured: Sequence[RequestRecord]) -> dict[str, Any]:
@@ -145,10 +159,10 @@ def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = No
                     "attainment": good["met"] / len(measured) if measured else 0.0},
         "errors": {k: kinds.get(k, 0) for k in STATUSES if k != "ok"},
         "error_examples": _examples(measured),
-        "usage_check": usage,
+        "usage_check": asdict(usage),
         "scheduler_lag": lag,
-        "validity": validity(span, len(measured), len(ok), lag["behind"], interrupted, min_duration_s,
-                             min_queries, implausible_usage=usage["implausible"]),
+        "validity": asdict(validity(span, len(measured), len(ok), lag["behind"], interrupted, min_duration_s,
+                                    min_queries, implausible_usage=usage.implausible)),
         # raw per-request samples (s) for the store: compare's rank test runs on them
         "samples": {"ttft_s": [float(x) for x in lat["ttft"]], "tpot_s": [float(x) for x in lat["tpot"]],
                     "e2e_s": [float(x) for x in lat["e2e"]]},
@@ -176,8 +190,25 @@ def _good(ok: list[RequestRecord], lat: dict[str, np.ndarray], slo_ttft_s: float
     return {"met": int(met.sum()), "tokens": int(sum(output_tokens(r) for r, m in zip(timed, met) if m))}
 
 
+RULE = ("MLPerf LoadGen: minimum duration (600 s) and query count met, every query answered; here also every usage "
+        "count plausible, the open loop on schedule and the run not interrupted")
+
+
+@dataclass(frozen=True)
+class Validity:
+    """VALID or INVALID with every reason (module docstring), the limits applied and the rule. Written in
+    bench.json as ``validity`` (``asdict``)."""
+
+    valid: bool
+    verdict: str
+    reason: str
+    min_duration_s: float
+    min_queries: int
+    rule: str = RULE
+
+
 def validity(span_s: float, measured: int, ok: int, behind: bool, interrupted: bool, min_duration_s: float,
-             min_queries: int, implausible_usage: int = 0) -> dict[str, Any]:
+             min_queries: int, implausible_usage: int = 0) -> Validity:
     """VALID or INVALID with every reason (see the module docstring)."""
     reasons = []
     if span_s < min_duration_s:
@@ -194,9 +225,6 @@ def validity(span_s: float, measured: int, ok: int, behind: bool, interrupted: b
     if interrupted:
         reasons.append("interrupted")
     valid = not reasons
-    return {"valid": valid, "verdict": "VALID" if valid else "INVALID",
-            "reason": "; ".join(reasons) if reasons else (f"{measured} requests over {span_s:.3g} s, all ok, on "
-                                                          "schedule"),
-            "min_duration_s": min_duration_s, "min_queries": min_queries,
-            "rule": "MLPerf LoadGen: minimum duration (600 s) and query count met, every query answered; here "
-                    "also every usage count plausible, the open loop on schedule and the run not interrupted"}
+    return Validity(valid, "VALID" if valid else "INVALID",
+                    "; ".join(reasons) if reasons else f"{measured} requests over {span_s:.3g} s, all ok, on schedule",
+                    min_duration_s, min_queries)

@@ -12,8 +12,8 @@ the hardware the server runs on, under the batching policy the server runs:
   max_requests_per_batch), max_num_batched_tokens = max_batch_tokens, KV blocks of PAGE_TOKENS, chunked prefill.
 - open loop: the simulator's arrivals are the send times; closed loop (``--concurrency C``): a request is sent
   when the one whose client slot it took ended (plus the client's own measured turnaround), so the simulated
-  sends follow the simulated ends: solved by iterating the simulation until the send times stop moving (causal:
-  at most one pass per request in a slot, plus one).
+  sends follow the simulated ends: one simulation whose closed-loop client (opmap.serve.closed_loop) sends each
+  slot's next request as its predecessor ends.
 - server overhead (optional, ``ServerOverhead``): what the model's kernels do not account for, measured on the
   server by a probe before the run (sequential requests, then one batch of concurrent ones): ``step_s`` per
   engine step (the batching loop's Python, eager dispatch) plus ``per_seq_s`` per sequence in a decode step
@@ -42,7 +42,6 @@ SCHEMA_VERSION = 1
 PCTS = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")
 MAX_REQUESTS_PER_BATCH = 1024  # transformers' continuous batching FALLBACK_DEFAULTS["max_requests_per_batch"]
-MAX_PASSES = 10_000  # closed-loop fixed point: one pass per request in a slot at worst
 LOAD_GAP_S = 0.01  # the load probe's 1-token requests, 10 ms apart: all inside the batch's decode (>= 32 steps)
 
 
@@ -132,7 +131,7 @@ def with_step_overhead(cost, step_s: float, per_seq_s: float = 0.0):
                           f"{per_seq_s * 1e3:.3g} ms a decoding sequence)")
 
 
-def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
+def _simulate_open(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
     """Simulate requests arriving at ``arr_s`` (send order); per-request (first, finish) in send order and the
     pooled inter-token gaps."""
     from opmap.serve.arrivals import Requests
@@ -146,35 +145,81 @@ def _simulate_once(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
     return first, finish, res
 
 
+def _simulate_closed(w: Workload, policy, cost, lag_s: float, seed: int):
+    """The closed loop simulated directly (opmap.serve.closed_loop): each client slot's requests in send order,
+    a request sent its turnaround after its predecessor's simulated end and arriving ``lag_s`` later; the
+    simulated sends and the result (times in send order)."""
+    from opmap.serve.arrivals import Requests
+    from opmap.serve.sim import ClosedLoop, simulate
+
+    loop = ClosedLoop(int((w.pred < 0).sum()), tuple(w.turnaround_s.tolist()), tuple(w.pred.tolist()),
+                      tuple(w.sent_s.tolist()), lag_s)
+    res = simulate(Requests(w.sent_s, w.input_len, w.output_len, "bench records"), policy, cost, 1, "round_robin",
+                   seed, closed=loop)
+    sent = w.sent_s.copy()
+    has = w.pred >= 0
+    sent[has] = res.finish_s[w.pred[has]] + w.turnaround_s[has]  # as the client sent them (ClosedLoop)
+    return sent, res
+
+
 def simulate_workload(w: Workload, policy, cost, overhead: ServerOverhead | None = None, seed: int = 0):
-    """(first token s, last token s, SimResult) per request in send order, sends as the run made them (open
-    loop) or as the simulated ends let them (closed loop); the overhead's per-request time delays each arrival
-    at the engine (the request's HTTP and tokenizing): in a closed loop of C clients with C - 1 others decoding
-    (``ServerOverhead.lag_s``), in an open loop with none (the probe's sequential figure)."""
+    """(sent s, first token s, last token s, SimResult) per request in send order, sends as the run made them (open
+    loop) or as the simulated ends let them (closed loop, one simulation); the overhead's per-request time delays
+    each arrival at the engine (the request's HTTP and tokenizing): in a closed loop of C clients with C - 1 others
+    decoding (``ServerOverhead.lag_s``), in an open loop with none (the probe's sequential figure)."""
     running = (w.concurrency - 1) if w.closed and w.concurrency else 0
     lag = overhead.lag_s(running) if overhead is not None else 0.0
-    sent = w.sent_s.copy()
-    for _ in range(MAX_PASSES if w.closed else 1):
-        first, finish, res = _simulate_once(sent + lag, w, policy, cost, seed)
-        if not w.closed:
-            break
-        new = sent.copy()
-        has = w.pred >= 0
-        new[has] = finish[w.pred[has]] + w.turnaround_s[has]
-        if np.allclose(new, sent, rtol=0, atol=1e-9):
-            break
-        sent = new
-    return sent, first, finish, res
+    if not w.closed:
+        first, finish, res = _simulate_open(w.sent_s + lag, w, policy, cost, seed)
+        return w.sent_s.copy(), first, finish, res
+    sent, res = _simulate_closed(w, policy, cost, lag, seed)
+    return sent, res.first_s, res.finish_s, res
 
 
-def _stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class Latency:
+    """One latency's statistics (s): mean, p50, p90, p99 (None where no request has it: a TPOT of 1-token
+    answers)."""
+
+    mean_s: float | None
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"mean_s": self.mean_s, "p50_s": self.p50_s, "p90_s": self.p90_s, "p99_s": self.p99_s}
+
+
+def _stats(x: np.ndarray, w: np.ndarray | None = None) -> Latency:
     from opmap.serve.metrics import stats
 
     s = stats(np.asarray(x, dtype=float), w)
-    return {k: s[k] for k in ("mean_s", *(f"p{p}_s" for p in PCTS))}
+    return Latency(s["mean_s"], *(s[f"p{p}_s"] for p in PCTS))
 
 
-def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Figures:
+    """A run's latencies (TTFT, TPOT, ITL, e2e) and throughput over its span (first send to last token, s), one
+    formula for the measured and the predicted side (module docstring)."""
+
+    ttft: Latency
+    tpot: Latency
+    itl: Latency
+    e2e: Latency
+    requests_per_s: float
+    output_tokens_per_s: float
+    requests: int
+    output_tokens: int
+    span_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"latency": {m: getattr(self, m).to_dict() for m in METRICS},
+                "throughput": {"requests_per_s": self.requests_per_s,
+                               "output_tokens_per_s": self.output_tokens_per_s},
+                "requests": self.requests, "output_tokens": self.output_tokens, "span_s": self.span_s}
+
+
+def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> Figures:
     """Latency (s) at mean / p50 / p90 / p99 and throughput, one formula for the measured and the predicted side
     (module docstring)."""
     sent_s, first_s, finish_s = (np.asarray(a, dtype=float) for a in (sent_s, first_s, finish_s))
@@ -184,13 +229,11 @@ def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -
     tpot = (e2e - ttft)[multi] / (out[multi] - 1)
     span = float(finish_s.max() - sent_s.min()) if len(sent_s) else 0.0
     rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
-    return {"latency": {"ttft": _stats(ttft), "tpot": _stats(tpot), "itl": _stats(np.asarray(itl_gap_s), itl_weight),
-                        "e2e": _stats(e2e)},
-            "throughput": {"requests_per_s": rate(len(sent_s)), "output_tokens_per_s": rate(float(out.sum()))},
-            "requests": int(len(sent_s)), "output_tokens": int(out.sum()), "span_s": span}
+    return Figures(_stats(ttft), _stats(tpot), _stats(np.asarray(itl_gap_s), itl_weight), _stats(e2e),
+                   rate(len(sent_s)), rate(float(out.sum())), int(len(sent_s)), int(out.sum()), span)
 
 
-def predicted_figures(w: Workload, sent, first, finish, res) -> dict[str, Any]:
+def predicted_figures(w: Workload, sent, first, finish, res) -> Figures:
     keep = ~w.warmup
     if not keep.any():
         raise OpmapError("--predict needs at least one request past the warm-up")
@@ -219,32 +262,76 @@ def _ratio(p: float | None, m: float | None) -> float | None:
     return p / m
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """One variant of the prediction (the model alone, or with the server's overhead): its figures, the join
+    with the measured ones (``join``'s rows) and the simulated steps."""
+
+    name: str
+    figures: Figures
+    rows: tuple[dict[str, Any], ...]
+    steps: int
+
+
+@dataclass(frozen=True)
+class BenchPrediction:
+    """A measured run joined to its simulation (bench_predict.json, ``to_dict``): the measured figures (the run's
+    latency and throughput, as bench.json has them), the workload simulated, the policy and step cost, the
+    variants, the overhead where measured and the command's assumptions."""
+
+    measured: dict[str, Any]  # {"latency", "throughput"} of bench.json (opmap.bench.metrics.summarize)
+    requests: int
+    warmup: int
+    mode: str
+    concurrency: int | None
+    closed: bool
+    policy: Any
+    cost: Any
+    predictions: tuple[Prediction, ...]
+    overhead: ServerOverhead | None = None
+    assumptions: dict[str, Any] | None = None
+
+    def last(self) -> Prediction:
+        """The variant a run records: with the overhead where measured, else the model alone."""
+        return self.predictions[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": self.measured,
+                               "workload": {"requests": self.requests, "warmup": self.warmup, "mode": self.mode,
+                                            "concurrency": self.concurrency,
+                                            "closed_loop_sends": "simulated" if self.closed else "as measured"},
+                               "policy": self.policy.to_dict(), "cost": self.cost.to_dict(),
+                               "predictions": {p.name: {"figures": p.figures.to_dict(), "rows": list(p.rows),
+                                                        "steps": p.steps} for p in self.predictions}}
+        if self.overhead is not None:
+            out["overhead"] = self.overhead.to_dict()
+        if self.assumptions is not None:
+            out["assumptions"] = self.assumptions
+        return out
+
+
 def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, measured: dict | None = None,
-                seed: int = 0) -> dict[str, Any]:
+                seed: int = 0) -> BenchPrediction:
     """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
     server's measured overhead where given. ``measured``: the run's figures (default: opmap.bench.metrics.summarize
-    of its records, as ``opmap bench`` prints and records them). A dict with schema_version (bench_predict.json)."""
+    of its records, as ``opmap bench`` prints and records them)."""
     if measured is None:
         from opmap.bench.metrics import summarize
 
         measured = summarize(result.records)
     w = workload(result.records, result.mode, result.concurrency)
-    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION,
-                           "measured": {"latency": measured["latency"], "throughput": measured["throughput"]},
-                           "workload": {"requests": int(len(w.sent_s)), "warmup": int(w.warmup.sum()),
-                                        "mode": result.mode, "concurrency": result.concurrency,
-                                        "closed_loop_sends": "simulated" if w.closed else "as measured"},
-                           "policy": policy.to_dict(), "cost": cost.to_dict(), "predictions": {}}
+    m = {"latency": measured["latency"], "throughput": measured["throughput"]}
     variants = [("model", cost, None)]
     if overhead is not None:
         variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
                          overhead))
-        out["overhead"] = overhead.to_dict()
+    preds = []
     for name, c, ov in variants:
         sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
         pred = predicted_figures(w, sent, first, finish, res)
-        out["predictions"][name] = {"figures": pred, "rows": join(measured, pred), "steps": res.steps}
-    return out
+        preds.append(Prediction(name, pred, tuple(join(m, pred.to_dict())), res.steps))
+    return BenchPrediction(m, int(len(w.sent_s)), int(w.warmup.sum()), result.mode, result.concurrency, w.closed,
+                           policy, cost, tuple(preds), overhead)
 
 
 def probe_records(base_url: str, model: str, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,

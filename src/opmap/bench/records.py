@@ -4,7 +4,7 @@ client's monotonic clock when the run began), so a record's fields can be subtra
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 # What became of a request: ok (the stream ended with [DONE] or a finish_reason), http_error (a status >= 400, or
@@ -64,9 +64,6 @@ class RequestSpec:
     max_tokens: int
     warmup: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -96,11 +93,6 @@ class RequestRecord:
     usage_error: str = ""
     token_times_dropped: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["token_times_s"] = list(self.token_times_s)
-        return d
-
     @property
     def ok(self) -> bool:
         return self.status == "ok"
@@ -129,10 +121,3 @@ class BenchResult:
     server_header: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     stop_signal: int = 0  # the signal that stopped it (SIGINT 2, SIGTERM 15); 0: it was not stopped
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"base_url": self.base_url, "model": self.model, "api": self.api, "mode": self.mode,
-                "concurrency": self.concurrency, "started_unix_s": self.started_unix_s, "wall_s": self.wall_s,
-                "interrupted": self.interrupted, "in_flight_at_stop": self.in_flight_at_stop,
-                "server_models": list(self.server_models), "server_header": self.server_header,
-                "options": dict(self.options), "records": [r.to_dict() for r in self.records]}

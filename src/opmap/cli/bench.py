@@ -19,6 +19,9 @@ from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, plausible
 if TYPE_CHECKING:
     import numpy as np
 
+    from opmap.serve.arrivals import Length
+    from opmap.serve.cost import TableCost
+
 DEFAULT_REQUESTS = 100
 
 
@@ -93,7 +96,7 @@ def bench(
                  kv_blocks, tokenizer, predict, hardware, config, dtype, runtime)
     load = _parse(o)
     target = _prediction_target(o)
-    srv, result, plan, policy, overhead = _drive_load(o, load, target["cost"])
+    srv, result, plan, policy, overhead = _drive_load(o, load, target.cost)
     _render(o, srv, result, plan, policy, overhead, target, store, no_store)
 
 
@@ -131,7 +134,32 @@ class _Options:
     runtime: str
 
 
-def _parse(o: _Options) -> dict:
+@dataclass(frozen=True)
+class _Load:
+    """The load the options ask for (load_plan's arguments): open loop on ``arrival``'s schedule or closed loop
+    at ``concurrency``, the request count (None: by ``duration``), warm-up, the parsed lengths, the seed."""
+
+    arrival: str | None
+    concurrency: int | None
+    requests: int | None
+    duration: float | None
+    warmup: int
+    ilen: Length
+    olen: Length
+    seed: int
+
+
+@dataclass(frozen=True)
+class _Target:
+    """--predict's model (a config), device, dtype and, with --predict, the step cost priced for them."""
+
+    config: str | None
+    hardware: str | None
+    dtype: str
+    cost: TableCost | None  # None without --predict
+
+
+def _parse(o: _Options) -> _Load:
     """Every option checked; the load (load_plan's arguments: the lengths parsed, the default request count)."""
     from opmap.cli import bench_predict as bp
     from opmap.serve.arrivals import parse_length
@@ -149,11 +177,10 @@ def _parse(o: _Options) -> dict:
         from opmap.report.outputs import check_out_dir
 
         check_out_dir(o.out)
-    return dict(arrival=o.arrival, concurrency=o.concurrency, requests=requests, duration=o.duration,
-                warmup=o.warmup, ilen=ilen, olen=olen, seed=o.seed)
+    return _Load(o.arrival, o.concurrency, requests, o.duration, o.warmup, ilen, olen, o.seed)
 
 
-def _prediction_target(o: _Options) -> dict:
+def _prediction_target(o: _Options) -> _Target:
     """--predict's model, device and dtype and, with --predict, the step cost: priced before the server starts (a
     bad --hardware or config costs nothing)."""
     from opmap.cli import bench_predict as bp
@@ -162,10 +189,10 @@ def _prediction_target(o: _Options) -> dict:
     hw = o.hardware or ("local" if o.launch else None)
     dtype = o.dtype or (bp.launched_dtype(o.launch) if o.launch else "bf16")
     cost = bp.price(config, hw, dtype, o.runtime, None) if o.predict else None
-    return {"config": config, "hardware": hw, "dtype": dtype, "cost": cost}
+    return _Target(config, hw, dtype, cost)
 
 
-def _drive_load(o: _Options, load: dict, cost):
+def _drive_load(o: _Options, load: _Load, cost):
     """(the launched server or None, the run's result, its plan, the engine policy, the overhead): the load driven
     against the endpoint (a launched one started and stopped around it)."""
     from opmap.cli import bench_predict as bp
@@ -180,7 +207,7 @@ def _drive_load(o: _Options, load: dict, cost):
     return srv, result, plan, policy, overhead
 
 
-def _render(o: _Options, srv, result, plan, policy, overhead, target: dict, store: Path | None,
+def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, store: Path | None,
             no_store: bool) -> None:
     """The run printed, written and recorded; with --predict its prediction beside; the exit status."""
     from opmap.cli import bench_predict as bp
@@ -193,8 +220,8 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: dict, stor
         write_outputs(o.out, body, result)
     tags = record(body, store, no_store)
     if o.predict:
-        bp.predict_and_report(result, body, target["cost"], policy, overhead,
-                              {"model": target["config"], "hardware": target["hardware"], "dtype": target["dtype"],
+        bp.predict_and_report(result, body, target.cost, policy, overhead,
+                              {"model": target.config, "hardware": target.hardware, "dtype": target.dtype,
                                "runtime": o.runtime, "server": "launched" if srv is not None else o.url},
                               tags, o.out, store, no_store)
     if result.interrupted:
@@ -222,7 +249,7 @@ def _check_options(concurrency, requests, warmup, seed, min_queries, duration, t
 
 
 def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ignore_eos: bool, cost, predict: bool,
-             load: dict):
+             load: _Load):
     """(the run's result, its load plan, the engine policy and the overhead --predict prices it with): the load
     (``load``: load_plan's arguments) driven against the endpoint; with --predict, the server probed before and
     after it (an interrupted run keeps the probe before it)."""
@@ -235,16 +262,16 @@ def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ign
         from opmap.bench.prompts import ExactPrompts
 
         prompt = ExactPrompts(tokenizer, api)
-    plan = load_plan(load["arrival"], load["concurrency"], load["requests"], load["duration"], load["warmup"],
-                     load["ilen"], load["olen"], load["seed"], prompt=prompt)
+    plan = load_plan(load.arrival, load.concurrency, load.requests, load.duration, load.warmup, load.ilen, load.olen,
+                     load.seed, prompt=prompt)
     policy = overhead = None
     if predict:
         from opmap.bench.predict import engine_policy
 
         probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
         before = bp.probe(root, model, prompt, when="before", **probe)
-        s = srv.settings if srv is not None else {}
-        policy = engine_policy(s.get("max_batch_tokens", 8192), s.get("page_tokens", 16))
+        s = srv.settings if srv is not None else None  # a URL: the engine policy's defaults (8192, blocks of 16)
+        policy = engine_policy(s.max_batch_tokens if s else 8192, s.page_tokens if s else 16)
     result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
     if predict:  # an interrupted run keeps the probe before it
         after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 from opmap.cli.common import console
 from opmap.errors import OpmapError
@@ -50,10 +49,10 @@ def launched(config: str | None, device: str, threads: int | None, kv_blocks: in
             srv = stack.enter_context(launch_server(config, device=device, threads=threads,
                                                     kv_blocks=kv_blocks or DEFAULT_KV_BLOCKS))
         s = srv.settings
-        console.print(f"launched {safe(srv.model_id)} at {srv.base_url} (pid {srv.pid}): {s['parameters']:,} "
-                      f"parameters {s['dtype']}, {s['threads']} torch threads, {s['kv_blocks']} KV blocks of "
-                      f"{s['page_tokens']} tokens, {s['max_batch_tokens']} tokens a step; up in "
-                      f"{s['write_s'] + s['startup_s']:.3g} s", highlight=False)
+        console.print(f"launched {safe(srv.model_id)} at {srv.base_url} (pid {srv.pid}): {s.parameters:,} "
+                      f"parameters {s.dtype}, {s.threads} torch threads, {s.kv_blocks} KV blocks of "
+                      f"{s.page_tokens} tokens, {s.max_batch_tokens} tokens a step; up in "
+                      f"{s.write_s + s.startup_s:.3g} s", highlight=False)
         yield srv
     console.print(f"stopped the server (pid {srv.pid})", highlight=False)
 
@@ -103,30 +102,32 @@ def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple], batc
 
 
 def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: dict,
-                       out: Path | None, store: Path | None, no_store: bool) -> dict[str, Any]:
+                       out: Path | None, store: Path | None, no_store: bool):
     """Simulate the run's workload, print measured / predicted, write bench_predict.json, record the prediction
-    as a serve run (the figures of the last variant: with the overhead where measured)."""
-    from opmap.bench.predict import predict_run
+    as a serve run (the figures of the last variant: with the overhead where measured); the BenchPrediction."""
+    from dataclasses import replace
+
+    from opmap.bench.predict import SCHEMA_VERSION, predict_run
     from opmap.cli.common import record_run
 
     with console.status("simulating the same workload"):
         # the measured side is the bench run's own figures (opmap.bench.metrics), as compare will read them
-        rep = predict_run(result, cost, policy, overhead=overhead, measured=body)
-    rep["assumptions"] = assumptions
-    print_join(rep)
+        rep = replace(predict_run(result, cost, policy, overhead=overhead, measured=body), assumptions=assumptions)
+    doc = rep.to_dict()
+    print_join(doc)
     if out is not None:
         from opmap.cli.common import print_wrote
         from opmap.report.outputs import write_set
         from opmap.validate import json_text
 
-        print_wrote(write_set(out, {"bench_predict.json": json_text(rep, indent=2) + "\n"}))
-    name = "model+overhead" if "model+overhead" in rep["predictions"] else "model"
-    fig = rep["predictions"][name]["figures"]
-    payload = {"schema_version": rep["schema_version"], "latency": fig["latency"], "throughput": fig["throughput"],
+        print_wrote(write_set(out, {"bench_predict.json": json_text(doc, indent=2) + "\n"}))
+    last = rep.last()
+    fig = last.figures.to_dict()
+    payload = {"schema_version": SCHEMA_VERSION, "latency": fig["latency"], "throughput": fig["throughput"],
                "requests": {"count": fig["requests"], "output_tokens": fig["output_tokens"], "span_s": fig["span_s"]},
-               "policy": rep["policy"], "assumptions": {**assumptions, "prediction": name,
-                                                        "overhead": rep.get("overhead")},
-               "predicted_from": "bench", "join": rep["predictions"][name]["rows"]}
+               "policy": doc["policy"], "assumptions": {**assumptions, "prediction": last.name,
+                                                        "overhead": doc.get("overhead")},
+               "predicted_from": "bench", "join": list(last.rows)}
     record_run("serve", payload, {"workload": assumptions["model"], "hardware": assumptions["hardware"],
                                   "phase": "serve", "precision": assumptions["dtype"],
                                   "parallelism": bench_tags.get("parallelism"), "predicted_from": "bench",
@@ -145,7 +146,8 @@ def _r(x: float | None) -> str:
 
 
 def print_join(rep: dict) -> None:
-    """measured | predicted | predicted / measured per row, one column pair per prediction variant."""
+    """measured | predicted | predicted / measured per row, one column pair per prediction variant (``rep``:
+    bench_predict.json's body, or compare's rows in its shape)."""
     from rich.table import Table
 
     names = list(rep["predictions"])

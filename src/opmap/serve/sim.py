@@ -26,6 +26,7 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
+from opmap.serve.closed_loop import Client, ClosedLoop
 from opmap.serve.cost import ServiceTime, StepCost
 from opmap.serve.policies import Policy
 from opmap.serve.request import Batch, Events, Trace
@@ -67,21 +68,6 @@ class SimResult:
     preemptions: np.ndarray | None = None  # per request, how often it was preempted (policy engine)
 
 
-@dataclass(frozen=True)
-class ClosedLoop:
-    """A closed loop of ``users`` clients: each sends its first request at 0 and its next one ``think_s`` after
-    its previous one is recorded finished (its last token; the batch's end for none / static / dynamic). The
-    requests are sent in trace order; their arrival times in the result are the send times."""
-
-    users: int
-    think_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        count(self.users, "closed-loop users", hi=MAX_REPLICAS * 1000)
-        if not (self.think_s >= 0 and self.think_s < float("inf")):
-            raise OpmapError(f"closed-loop think time must be a finite number of seconds >= 0, got {self.think_s}")
-
-
 def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int = 1,
              router: str = "round_robin", seed: int = 0, prefilled_first_s: np.ndarray | None = None,
              closed: ClosedLoop | None = None) -> SimResult:
@@ -99,7 +85,7 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
         raise OpmapError("simulation ended with unfinished requests (a policy or capacity deadlock): "
                          "report this with the command line")
     fam = sim.family
-    arrival_s = np.asarray(sim.trace.arr) if closed is not None else reqs.arrival_s
+    arrival_s = np.asarray(sim.trace.arr) if closed is not None else reqs.arrival_s  # a closed loop's: simulated
     return SimResult(arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
                      reqs.input_len, reqs.output_len, np.asarray(sim.where), np.asarray(sim.itl_g, dtype=np.float64),
                      np.asarray(sim.itl_w, dtype=np.float64), policy.to_dict(),
@@ -146,10 +132,9 @@ class _Sim:
         self.family = fam = family_for(policy)(policy, cost, self.trace)
         _check(reqs, policy, fam, cost, replicas, router, prefilled_first_s is not None)
         fam.check()
-        self.closed, self.sent = closed, n
-        if closed is not None:  # the users' first requests at 0; the others sent as requests finish (record)
-            self.sent = min(closed.users, n)
-            self.trace.arr = [0.0] * self.sent + [float("inf")] * (n - self.sent)
+        # a closed loop's requests arrive as the client sends them (record): in arrival order at client.at_s
+        self.client = Client(closed, self.trace) if closed is not None else None
+        self.arrived = 0  # requests arrived so far (the event loop's count)
         nan = float("nan")
         self.start, self.first, self.finish = [nan] * n, [nan] * n, [nan] * n
         self.where = [0] * n
@@ -172,15 +157,6 @@ class _Sim:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, r))
 
-    def send(self, k: int, now: float) -> None:
-        """Closed loop: ``k`` users got their response at ``now``; each sends the next request after its think
-        time."""
-        arr, n, t = self.trace.arr, self.n, now + self.closed.think_s
-        for _ in range(k):
-            if self.sent < n:
-                arr[self.sent] = t
-                self.sent += 1
-
     def record(self, ev: Events, r: int, now: float, gaps: bool = True) -> None:
         """A step's events: first and last tokens (a finished request leaves replica ``r``), inter-token gaps
         (unless ``gaps`` is False: recorded by the caller)."""
@@ -193,8 +169,8 @@ class _Sim:
             for rid, t in ev.finished:
                 finish[rid] = t
             self.outstanding[r] -= len(ev.finished)
-            if self.closed is not None:
-                self.send(len(ev.finished), now)
+            if self.client is not None:
+                self.client.done(ev.finished, now, self.arrived)
         if gaps and ev.gap_s:
             self.itl_g.extend(ev.gap_s)
             self.itl_w.extend(ev.gap_w)
@@ -245,8 +221,14 @@ class _Sim:
     def run(self) -> None:
         """The event loop: the earliest of the next step end or timer (the heap) and the next arrival. Arrivals
         are routed as they come (requests arriving together are queued together: offline), then the replicas
-        they reached start a step if idle (all of them with one shared queue, or once the last request is in)."""
-        arr, n, heap, router, replicas = self.trace.arr, self.n, self.heap, self.router, self.replicas
+        they reached start a step if idle (all of them with one shared queue, or once the last request is in).
+        A closed loop's client hands its requests over in arrival order (``arr``: the i-th arrival's time); a
+        request it sends at a step's end arrives before that replica forms its next step, as an open loop's
+        arrival at that time would (the replica's start is deferred to the arrival)."""
+        client = self.client
+        arr = self.trace.arr if client is None else client.at_s
+        n, heap, router, replicas = self.n, self.heap, self.router, self.replicas
+        deferred: list[int] = []  # replicas whose next step waits on an arrival at this time (closed loop)
         shared, begin, record, busy, timer_at = self.shared, self.begin, self.record, self.busy, self.timer_at
         queues, outstanding, trace, pending = self.queues, self.outstanding, self.trace, self.pending
         scheds, itl_g, itl_w, busy_s = self.scheds, self.itl_g, self.itl_w, self.busy_s
@@ -266,6 +248,9 @@ class _Sim:
                             itl_w.extend(ev.gap_w)
                         if ev.first or ev.finished:
                             record(ev, r, now, False)
+                    if client is not None and ia < n and arr[ia] <= now:
+                        deferred.append(r)
+                        continue
                     if shared is not None:
                         self.kick(now)
                         continue
@@ -285,19 +270,21 @@ class _Sim:
             now = ta
             if now == float("inf"):  # a closed loop whose users all wait on requests that never finish
                 break
-            touched = set()
+            touched = set(deferred)
+            deferred.clear()
             while ia < n and arr[ia] == now:  # requests arriving together are queued together (offline)
+                rid = ia if client is None else client.arrive(ia)
                 if router == "round_robin":
                     r = ia % replicas
                 elif router == "least_loaded":
                     r = min(range(replicas), key=outstanding.__getitem__)
                 else:
                     r = 0  # the one shared queue
-                queues[r].append(ia)
+                queues[r].append(rid)
                 outstanding[r] += 1
                 touched.add(r)
                 ia += 1
-            trace.arrived = ia
+            self.arrived = trace.arrived = ia
             if shared is not None or ia == n:
                 self.kick(now)
             else:
