@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from opmap.report.memo import Check, Finding
+from opmap.report.finding import Check, Finding
 
 BOUND_OWNER = {
     "memory": ("ML compiler", "fuse the elementwise work into its producers, narrower activations (--fusion "
