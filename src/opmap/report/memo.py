@@ -98,11 +98,11 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
     a = p.get("assumptions") if isinstance(p.get("assumptions"), dict) else {}
     lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
     out = [Check("averages without p95 / p99",
-            ("ok: p50 / p95 / p99 over " + str(lat.get("n")) + " runs") if "p99_s" in lat else
-            "flag: a predicted run has no distribution; measure it (opmap profile) before quoting a latency")]
+                 ("ok: p50 / p95 / p99 over " + str(lat.get("n")) + " runs") if "p99_s" in lat else
+                 "flag: a predicted run has no distribution; measure it (opmap profile) before quoting a latency")]
     evidence = str(a.get("precision_evidence", ""))
     out.append(Check("precision without quality evidence",
-                "flag: " + evidence if evidence.startswith("unverified") else "ok: " + (evidence or "-")))
+                     "flag: " + evidence if evidence.startswith("unverified") else "ok: " + (evidence or "-")))
     cal = p.get("calibration_check")
     if cal is None:
         verdict = "ok: a catalog device, no calibration involved" if run["kind"] == "analyze" else "flag: no check"

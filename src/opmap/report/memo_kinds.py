@@ -138,25 +138,25 @@ def fit_pitfalls(run: dict[str, Any]) -> list[Check]:
     return [_sim_check(),
             _p99_check(n),
             Check("power modelled, not measured",
-             (f"flag: {len(modelled)} of {len(cells)} cells' watts are modelled (TDP and busy fraction); "
-                         "measure the winner's draw before quoting perf per watt") if modelled else "ok: -"),
+                  (f"flag: {len(modelled)} of {len(cells)} cells' watts are modelled (TDP and busy fraction); "
+                   "measure the winner's draw before quoting perf per watt") if modelled else "ok: -"),
             Check("software-stack risk of the winner",
-             ("flag: " + ", ".join(risky) + " ranks first at a risk above low") if risky else
-             "ok: every winner's stack is low risk")]
+                  ("flag: " + ", ".join(risky) + " ranks first at a risk above low") if risky else
+                  "ok: every winner's stack is low risk")]
 
 
 def _sim_check() -> Check:
     return Check("simulated, not measured load",
-            "flag: a discrete-event simulation priced by the cost model; measure the chosen platform "
-                       "under real load before committing")
+                 "flag: a discrete-event simulation priced by the cost model; measure the chosen platform "
+                 "under real load before committing")
 
 
 def _p99_check(n: float | None) -> Check:
     ok = n is not None and n >= SLO_REQUESTS
     return Check("a p99 over too few requests",
-            (f"ok: {n:.0f} requests" if ok else
-                        f"flag: {'-' if n is None else f'{n:.0f}'} requests per run: a p99 rests on fewer than "
-                        f"10 of them (use --requests {SLO_REQUESTS} or more)"))
+                 (f"ok: {n:.0f} requests" if ok else
+                  f"flag: {'-' if n is None else f'{n:.0f}'} requests per run: a p99 rests on fewer than "
+                  f"10 of them (use --requests {SLO_REQUESTS} or more)"))
 
 
 def plan_findings(run: dict[str, Any]) -> list[Finding]:
@@ -213,19 +213,19 @@ def plan_pitfalls(run: dict[str, Any]) -> list[Check]:
     p = run["payload"]
     ranked = _dicts(p.get("ranked"))
     out = [Check("a predicted plan", "flag: every layout's time is predicted; profile the top two "
-                                                     "layouts on the devices before committing")]
+                                      "layouts on the devices before committing")]
     overlap = [str(a) for a in (p.get("assumptions") or []) if "overlap" in str(a)]
     out.append(Check("overlap of collectives assumed",
-                ("flag: " + "; ".join(overlap) + " (a runtime that overlaps differently reorders the "
-                            "ranking)") if overlap else "ok: no overlap assumption recorded"))
+                     ("flag: " + "; ".join(overlap) + " (a runtime that overlaps differently reorders the "
+                      "ranking)") if overlap else "ok: no overlap assumption recorded"))
     if ranked:
         top = _num(ranked[0].get("tokens_per_s"))
         ties = [c for c in ranked if top and _num(c.get("tokens_per_s")) == top]
         least = min(ties, key=lambda c: _num(c.get("memory_bytes")) or 0.0)
         out.append(Check("ties at the top",
-                    (f"flag: {len(ties)} layouts tie at {_si(top)} tokens/s; the least memory is "
-                                f"{least.get('layout')} ({_si(_num(least.get('memory_bytes')), 'B')})")
-                    if len(ties) > 1 else "ok: one best layout"))
+                         (f"flag: {len(ties)} layouts tie at {_si(top)} tokens/s; the least memory is "
+                          f"{least.get('layout')} ({_si(_num(least.get('memory_bytes')), 'B')})")
+                         if len(ties) > 1 else "ok: one best layout"))
     return out
 
 
@@ -275,15 +275,15 @@ def sweep_pitfalls(run: dict[str, Any]) -> list[Check]:
     seqs = {c.get("seq") for c in points}
     measured = [c for c in points if _num(c.get("energy_j")) is not None]
     return [Check("averages without p95 / p99",
-             (f"ok: p50 / p95 / p99 at {len(tails)} of {len(points)} points" if tails and
-                         len(tails) == len(points) else "flag: predicted points carry no distribution; measure the "
-                                                         "knee (opmap sweep --measure) before quoting a latency")),
+                  (f"ok: p50 / p95 / p99 at {len(tails)} of {len(points)} points" if tails and
+                   len(tails) == len(points) else "flag: predicted points carry no distribution; measure the "
+                                                   "knee (opmap sweep --measure) before quoting a latency")),
             Check("energy measured",
-             (f"ok: measured at {len(measured)} points" if measured else "flag: no point's energy was "
-                                                                                  "measured")),
+                  (f"ok: measured at {len(measured)} points" if measured else "flag: no point's energy was "
+                                                                            "measured")),
             Check("one sequence length generalised",
-             ("flag: one sequence length only; sweep the production range before generalising"
-                         if len(seqs) < 2 else f"ok: {len(seqs)} sequence lengths"))]
+                  ("flag: one sequence length only; sweep the production range before generalising"
+                   if len(seqs) < 2 else f"ok: {len(seqs)} sequence lengths"))]
 
 
 def serve_findings(run: dict[str, Any]) -> list[Finding]:
@@ -333,8 +333,8 @@ def serve_pitfalls(run: dict[str, Any]) -> list[Check]:
     kv = str(a.get("kv_cache", ""))
     return [_sim_check(), _p99_check(_num(reqs.get("count"))),
             Check("the memory tail (KV pressure, preemption)",
-             ("flag: " + kv + ": the p99 under KV pressure is not modelled") if "no preemption" in kv
-             else "ok: " + (kv or "-"))]
+                  ("flag: " + kv + ": the p99 under KV pressure is not modelled") if "no preemption" in kv
+                  else "ok: " + (kv or "-"))]
 
 
 def shape_check_findings(run: dict[str, Any]) -> list[Finding]:
@@ -367,7 +367,7 @@ def calibrate_findings(run: dict[str, Any]) -> list[Finding]:
 def calibrate_pitfalls(run: dict[str, Any]) -> list[Check]:
     quick = "(quick)" in str(run["tags"].get("workload", ""))
     return [Check("a quick calibration",
-             "flag: --quick is a smoke test, not a profile to trust" if quick else "ok: the full grid")]
+                  "flag: --quick is a smoke test, not a profile to trust" if quick else "ok: the full grid")]
 
 
 def bench_findings(run: dict[str, Any]) -> list[Finding]:
@@ -480,8 +480,8 @@ def bench_pitfalls(run: dict[str, Any]) -> list[Check]:
     missing = _num(use.get("requests_without_usage"))
     return [_p99_check(_num(reqs.get("ok"))),
             Check("token counts from the server's usage",
-             (f"flag: {missing:.0f} requests without usage: their tokens counted from stream events, "
-                         "which may merge tokens") if missing else "ok: every request's usage reported")]
+                  (f"flag: {missing:.0f} requests without usage: their tokens counted from stream events, "
+                   "which may merge tokens") if missing else "ok: every request's usage reported")]
 
 
 KINDS = {"bench": (bench_findings, bench_pitfalls), "fit": (fit_findings, fit_pitfalls),
