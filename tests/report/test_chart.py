@@ -15,7 +15,7 @@ from opmap.report.chart import Axis, Bar, ColorBar, Figure, Heatmap, Layout, Lin
 def _scatter_figure() -> Figure:
     return Figure((Scatter(mode="lines+markers", name="a", x=(1.0, 2.0 / 3.0), y=(None, 1e9 / 7), text=("p", "q"),
                            line=Line("#000000", "dot"), marker=Marker("#111111", "x")),),
-                  Layout(Title("t"), Axis(Title("x"), "log"), Axis(Title("y"), range=(0, 1.02))))
+                  Layout(Title("t"), Axis(type="log", title=Title("x")), Axis(title=Title("y"), range=(0, 1.02))))
 
 
 def test_plotly_json_keys_in_plotlys_names_unset_fields_left_out():
@@ -27,13 +27,14 @@ def test_plotly_json_keys_in_plotlys_names_unset_fields_left_out():
                               "yaxis": {"title": {"text": "y"}, "range": [0, 1.02]}}}
     # the trace's keys in Plotly's trace order (legendgroup unset: left out), a layout without bars x then y
     assert list(fig["data"][0]) == ["type", "mode", "name", "x", "y", "text", "line", "marker"]
+    assert list(fig["layout"]["xaxis"]) == ["type", "title"] and list(fig["layout"]["yaxis"]) == ["title", "range"]
     assert json.loads(json.dumps(fig)) == fig  # plain JSON values only
 
 
 def test_a_bar_charts_layout_lists_the_y_axis_first():
     """The key order the pages written before the spec was typed have: title, barmode, yaxis, xaxis."""
     fig = Figure((Bar(name="b", x=("mlp",), y=(1.5,)),),
-                 Layout(Title("t"), Axis(Title("layer type")), Axis(Title("time (s)")), barmode="group"))
+                 Layout(Title("t"), Axis(title=Title("layer type")), Axis(title=Title("time (s)")), barmode="group"))
     assert list(fig.to_plotly_json()["layout"]) == ["title", "barmode", "yaxis", "xaxis"]
     assert fig.to_plotly_json()["data"] == [{"type": "bar", "name": "b", "x": ["mlp"], "y": [1.5]}]
 

@@ -101,10 +101,10 @@ class Heatmap:
 Trace = Scatter | Bar | Heatmap
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Axis:
-    title: Title
     type: str | None = None  # "log", or None: linear
+    title: Title
     range: tuple[float, float] | None = None  # None: fitted to the data
 
 

@@ -236,7 +236,7 @@ def _ceiling_lines(c: Ceilings, xs: list[float]) -> list[Trace]:
 
 
 def _log_log(title: str, xtitle: str, ytitle: str) -> Layout:
-    return Layout(Title(title), Axis(Title(xtitle), "log"), Axis(Title(ytitle), "log"))
+    return Layout(Title(title), Axis(type="log", title=Title(xtitle)), Axis(type="log", title=Title(ytitle)))
 
 
 def roofline(src: Sources) -> Figure | None:
@@ -273,7 +273,8 @@ def _layer_bars(src: Sources, title: str, ytitle: str, series: list[tuple[str, s
                             y=tuple(None if y is None else y * scale for y in ys)))
     if not data:
         return None
-    return Figure(tuple(data), Layout(Title(title), Axis(Title("layer type")), Axis(Title(ytitle)), barmode="group"))
+    return Figure(tuple(data), Layout(Title(title), Axis(title=Title("layer type")), Axis(title=Title(ytitle)),
+                                      barmode="group"))
 
 
 def layer_time(src: Sources) -> Figure | None:
@@ -365,8 +366,8 @@ def serve_cdf(sv: dict[str, Any] | None) -> Figure | None:
         e, sp = sv.get("endpoint") or {}, sv.get("spec") or {}
         load = f"open loop {sp.get('arrival')}" if sp.get("arrival") else f"concurrency {sp.get('concurrency')}"
         title = f"measured latency CDFs: {e.get('model')} at {e.get('base_url')}, {load}"
-    return Figure(tuple(data), Layout(Title(_p(title)), Axis(Title("latency (s)"), "log"),
-                                      Axis(Title("fraction of requests"), range=(0, 1.02))))
+    return Figure(tuple(data), Layout(Title(_p(title)), Axis(type="log", title=Title("latency (s)")),
+                                      Axis(title=Title("fraction of requests"), range=(0, 1.02))))
 
 
 def fit_heatmap(ft: dict[str, Any] | None) -> Figure | None:
@@ -389,8 +390,8 @@ def fit_heatmap(ft: dict[str, Any] | None) -> Figure | None:
     heat = Heatmap(x=tuple(_p(h) for h in hws), y=tuple(_p(m) for m in models), z=tuple(z), text=tuple(text),
                    colorscale="Viridis", colorbar=ColorBar(Title("tok/s")),
                    hovertemplate="%{y} on %{x}<br>%{text}<extra></extra>")
-    return Figure((heat,), Layout(Title("fit matrix: output tokens/s at the SLO"), Axis(Title("platform")),
-                                  Axis(Title("workload"))))
+    return Figure((heat,), Layout(Title("fit matrix: output tokens/s at the SLO"), Axis(title=Title("platform")),
+                                  Axis(title=Title("workload"))))
 
 
 def perf_per_watt(ft: dict[str, Any] | None, sw: dict[str, Any] | None = None) -> Figure | None:
@@ -411,8 +412,8 @@ def perf_per_watt(ft: dict[str, Any] | None, sw: dict[str, Any] | None = None) -
                         text=tuple(_p(f"{p.get('power_w') or 0:.0f} W ({p.get('power_method')})") for p in pts)))
     if not data:
         return None
-    return Figure(tuple(data), Layout(Title("perf per watt: tokens per joule"), Axis(Title("cell or point")),
-                                      Axis(Title("tokens / J"))))
+    return Figure(tuple(data), Layout(Title("perf per watt: tokens per joule"), Axis(title=Title("cell or point")),
+                                      Axis(title=Title("tokens / J"))))
 
 
 FIGURES = (("roofline", roofline), ("layer_time", layer_time), ("layer_mfu", layer_mfu),
