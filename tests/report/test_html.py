@@ -193,3 +193,21 @@ def test_script_json_has_no_markup_characters_and_reads_back():
     text = script_json(x)
     assert not any(c in text for c in "<>&") and text.isascii()
     assert json.loads(text) == x
+
+
+def test_ceilings_from_the_assumptions_else_the_catalog():
+    """The run's own rates win; a rate it lacks comes from the catalog entry: NVIDIA H100 SXM5's datasheet
+    (nvidia.com H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense; 3.35 TB/s HBM3)."""
+    from opmap.hardware import get_hardware
+    from opmap.report.dashboard import ceilings
+
+    own = ceilings({"assumptions": {"hardware": "h100-sxm", "dtype": "bf16", "matrix_peak_flops_per_s": 5e14,
+                                    "vector_peak_flops_per_s": {"value": 6e13}, "memory_bandwidth_bytes_per_s": 2e12}})
+    assert (own.matrix_flops_per_s, own.vector_flops_per_s, own.memory_bytes_per_s) == (5e14, 6e13, 2e12)
+    assert own.top_flops_per_s == 5e14
+    filled = ceilings({"assumptions": {"hardware": "h100-sxm", "dtype": "bf16"}})
+    assert filled.matrix_flops_per_s == pytest.approx(989.4e12) and filled.memory_bytes_per_s == pytest.approx(3.35e12)
+    assert filled.vector_flops_per_s == float(get_hardware("h100-sxm").vector_peak_flops_per_s["fp32"].value)
+    assert filled.hardware == "h100-sxm" and filled.format == "bf16"
+    bare = ceilings({"assumptions": {"hardware": "no-such-device"}})
+    assert bare.top_flops_per_s is None and bare.memory_bytes_per_s is None

@@ -176,8 +176,8 @@ def _value(v: Any) -> float | None:
 class Ceilings:
     """The device's roofline ceilings (None: unknown, not drawn)."""
 
-    hardware: Any  # the device's display name (its catalog name where the run has none)
-    format: Any  # the run's matrix format, the one ``matrix_flops_per_s`` is the peak of
+    hardware: str | None  # the device's display name (its catalog name where the run has none)
+    format: str | None  # the run's matrix format, the one ``matrix_flops_per_s`` is the peak of
     matrix_flops_per_s: float | None
     vector_flops_per_s: float | None
     memory_bytes_per_s: float | None
@@ -189,13 +189,19 @@ class Ceilings:
         return max(peaks) if peaks else None
 
 
+def _rate(v: Any) -> float | None:
+    """A catalog rate (a sourced value) as a number; None where it is missing or zero."""
+    return float(v.value) if v is not None and v.value else None
+
+
 def ceilings(body: dict[str, Any]) -> Ceilings:
     """The device's roofline ceilings: matrix peak at the run's matrix format, vector peak, memory bandwidth,
     from the run's assumptions; the catalog entry fills what they lack."""
     a = body.get("assumptions") or {}
     c = Ceilings(hardware=a.get("hardware_display_name") or a.get("hardware"),
-                 format=a.get("matrix_dtype") or a.get("dtype"), matrix_flops_per_s=_value(a.get(
-                     "matrix_peak_flops_per_s")), vector_flops_per_s=_value(a.get("vector_peak_flops_per_s")),
+                 format=a.get("matrix_dtype") or a.get("dtype"),
+                 matrix_flops_per_s=_value(a.get("matrix_peak_flops_per_s")),
+                 vector_flops_per_s=_value(a.get("vector_peak_flops_per_s")),
                  memory_bytes_per_s=_value(a.get("memory_bandwidth_bytes_per_s")))
     if None in (c.matrix_flops_per_s, c.vector_flops_per_s, c.memory_bytes_per_s) and a.get("hardware"):
         from opmap.hardware import get_hardware
@@ -204,12 +210,8 @@ def ceilings(body: dict[str, Any]) -> Ceilings:
             hw = get_hardware(str(a["hardware"]))
         except (OpmapError, OSError, ValueError):
             return c
-        peak = hw.matrix_peak_flops_per_s.get(str(c.format))
-        vec = hw.vector_peak_flops_per_s.get("fp32")
-        c = replace(c, matrix_flops_per_s=c.matrix_flops_per_s or (float(peak.value) if peak is not None and
-                                                                   peak.value else None),
-                    vector_flops_per_s=c.vector_flops_per_s or (float(vec.value) if vec is not None and vec.value
-                                                                else None),
+        c = replace(c, matrix_flops_per_s=c.matrix_flops_per_s or _rate(hw.matrix_peak_flops_per_s.get(str(c.format))),
+                    vector_flops_per_s=c.vector_flops_per_s or _rate(hw.vector_peak_flops_per_s.get("fp32")),
                     memory_bytes_per_s=c.memory_bytes_per_s or hw.memory_bandwidth_bytes_per_s)
     return c
 
