@@ -9,7 +9,8 @@ import re
 import pytest
 
 from opmap.errors import OpmapError
-from opmap.report.dashboard import from_dir, sig
+from opmap.report.chart import sig
+from opmap.report.dashboard import from_dir
 from opmap.report.html import write_report
 
 
@@ -128,10 +129,15 @@ def test_kernel_trace_lays_kernels_end_to_end(page):
     _, body, _ = page
     src_kernels = from_dir_kernels(body)
     t = kernel_trace(src_kernels, {"x": 1}, "t")
-    pred = [e for e in t["traceEvents"] if e.get("tid") == 2 and e["ph"] == "X"]
+    pred = [e for e in t.events if e.tid == 2 and e.ph == "X"]
     assert len(pred) == len(body["kernels"])
-    assert sum(e["dur"] for e in pred) == pytest.approx(sum(k["predicted_s"] for k in body["kernels"]) * 1e6)
-    assert all(a["ts"] + a["dur"] == pytest.approx(b["ts"]) for a, b in zip(pred, pred[1:]))
+    assert sum(e.dur_us for e in pred) == pytest.approx(sum(k["predicted_s"] for k in body["kernels"]) * 1e6)
+    assert all(a.ts_us + a.dur_us == pytest.approx(b.ts_us) for a, b in zip(pred, pred[1:]))
+    written = t.to_dict()  # the file: Chrome's names (ts, dur in microseconds), the tags and the schema
+    assert written["otherData"] == {"opmap_tags": {"x": 1}, "schema": "opmap kernel trace 1"}
+    durs = [e["dur"] for e in written["traceEvents"] if e.get("tid") == 2 and e["ph"] == "X"]
+    assert durs == [e.dur_us for e in pred]
+    assert written["traceEvents"][0] == {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "t"}}
 
 
 def from_dir_kernels(body):
@@ -158,13 +164,13 @@ def test_sweep_curves_measured_percentiles_and_prediction():
     pt = {"batch": 2, "seq": 32, "latency_s": 0.064, "latency_p50_s": 0.064, "latency_p95_s": 0.07,
           "latency_p99_s": 0.08, "tokens_per_s": 1000.0, "predicted": {"latency_s": 0.001, "hardware": "h100-sxm"}}
     fig = sweep_curves({"model": "m", "hardware": "h", "phase": "prefill", "points": [pt]})
-    by = {t["name"]: t for t in fig["data"]}
-    assert by["seq 32 p95 measured"]["y"] == [0.07] and by["seq 32 p99 measured"]["x"] == [1000.0]
-    assert by["seq 32 predicted on h100-sxm"]["y"] == [0.001]
-    assert by["seq 32 predicted on h100-sxm"]["x"][0] == pytest.approx(64_000)
+    by = {t.name: t for t in fig.data}
+    assert by["seq 32 p95 measured"].y == (0.07,) and by["seq 32 p99 measured"].x == (1000.0,)
+    assert by["seq 32 predicted on h100-sxm"].y == (0.001,)
+    assert by["seq 32 predicted on h100-sxm"].x[0] == pytest.approx(64_000)
     predicted_only = sweep_curves({"points": [{**pt, "latency_p50_s": None, "latency_p95_s": None,
                                                "latency_p99_s": None, "predicted": None}]})
-    assert [t["name"] for t in predicted_only["data"]] == ["seq 32 predicted"]
+    assert [t.name for t in predicted_only.data] == ["seq 32 predicted"]
 
 
 def test_perf_per_watt_takes_a_measured_sweeps_energy():
@@ -175,8 +181,8 @@ def test_perf_per_watt_takes_a_measured_sweeps_energy():
     sw = {"points": [{"batch": 2, "seq": 16, "tokens_per_j": 96 / 4.8, "power_w": 12.0, "power_method": "measured"},
                      {"batch": 4, "seq": 16, "tokens_per_j": None, "power_w": None, "power_method": "predicted"}]}
     fig = perf_per_watt(None, sw)
-    (bar,) = fig["data"]
-    assert bar["x"] == ["batch 2 seq 16"] and bar["y"] == [pytest.approx(20.0)]
+    (bar,) = fig.data
+    assert bar.x == ("batch 2 seq 16",) and bar.y == (pytest.approx(20.0),)
     assert perf_per_watt(None, {"points": sw["points"][1:]}) is None
 
 
@@ -187,3 +193,21 @@ def test_script_json_has_no_markup_characters_and_reads_back():
     text = script_json(x)
     assert not any(c in text for c in "<>&") and text.isascii()
     assert json.loads(text) == x
+
+
+def test_ceilings_from_the_assumptions_else_the_catalog():
+    """The run's own rates win; a rate it lacks comes from the catalog entry: NVIDIA H100 SXM5's datasheet
+    (nvidia.com H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense; 3.35 TB/s HBM3)."""
+    from opmap.hardware import get_hardware
+    from opmap.report.dashboard import ceilings
+
+    own = ceilings({"assumptions": {"hardware": "h100-sxm", "dtype": "bf16", "matrix_peak_flops_per_s": 5e14,
+                                    "vector_peak_flops_per_s": {"value": 6e13}, "memory_bandwidth_bytes_per_s": 2e12}})
+    assert (own.matrix_flops_per_s, own.vector_flops_per_s, own.memory_bytes_per_s) == (5e14, 6e13, 2e12)
+    assert own.top_flops_per_s == 5e14
+    filled = ceilings({"assumptions": {"hardware": "h100-sxm", "dtype": "bf16"}})
+    assert filled.matrix_flops_per_s == pytest.approx(989.4e12) and filled.memory_bytes_per_s == pytest.approx(3.35e12)
+    assert filled.vector_flops_per_s == float(get_hardware("h100-sxm").vector_peak_flops_per_s["fp32"].value)
+    assert filled.hardware == "h100-sxm" and filled.format == "bf16"
+    bare = ceilings({"assumptions": {"hardware": "no-such-device"}})
+    assert bare.top_flops_per_s is None and bare.memory_bytes_per_s is None

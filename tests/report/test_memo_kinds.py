@@ -27,12 +27,12 @@ def test_fit_memo_ranks_strikes_and_states_the_slo():
     fs, pits = memo_parts(run)
     first, struck, slo = fs
     # the winner's throughput over the runner-up's: 3000 / 1000 = x3; its bound (memory) -> the ML compiler owner
-    assert "h100-sxm ranks first" in first["finding"] and "x3 the runner-up a100-pcie-40gb" in first["finding"]
-    assert first["owner"] == "ML compiler" and first["expected_gain"].startswith("x3 tokens/s")
-    assert struck["finding"] == "gpt2 on l4 struck: does not fit on up to 8 devices in a node: weights 40 GB"
-    assert struck["owner"] == "runtime"
-    assert "p99 TTFT 2000 ms, p99 TPOT 200 ms" in slo["finding"] and "leaves 2 of 3 platforms" in slo["finding"]
-    checks = {c["check"]: c["verdict"] for c in pits}
+    assert "h100-sxm ranks first" in first.finding and "x3 the runner-up a100-pcie-40gb" in first.finding
+    assert first.owner == "ML compiler" and first.expected_gain.startswith("x3 tokens/s")
+    assert struck.finding == "gpt2 on l4 struck: does not fit on up to 8 devices in a node: weights 40 GB"
+    assert struck.owner == "runtime"
+    assert "p99 TTFT 2000 ms, p99 TPOT 200 ms" in slo.finding and "leaves 2 of 3 platforms" in slo.finding
+    checks = {c.check: c.verdict for c in pits}
     assert checks["a p99 over too few requests"].startswith("flag: 500 requests")
     assert checks["power modelled, not measured"].startswith("flag: 3 of 3")
     md = memo_markdown(run, fs, pits, "opmap memo r9")
@@ -55,13 +55,13 @@ def test_plan_memo_says_the_best_layout_and_why():
     fs, pits = memo_parts(run)
     best, bubble, memory = fs
     # why: against the best layout of another (tp, pp, dp, ep) shape: 1000 / 800 = x1.25, the step 1.25 - 1.0 s
-    assert "why: ahead of the best other shape tp2 pp1 dp4 mb2 z1 (x1.25 tokens/s)" in best["finding"]
-    assert "MFU 30.0% vs 24.0%" in best["finding"] and best["expected_gain_s"] == pytest.approx(0.25)
-    assert best["owner"] == "runtime"
+    assert "why: ahead of the best other shape tp2 pp1 dp4 mb2 z1 (x1.25 tokens/s)" in best.finding
+    assert "MFU 30.0% vs 24.0%" in best.finding and best.expected_gain_s == pytest.approx(0.25)
+    assert best.owner == "runtime"
     # a 20% bubble of a 1 s step: 0.2 s to win back with more microbatches
-    assert bubble["expected_gain_s"] == pytest.approx(0.2) and "(--vp)" in bubble["fix"]
-    assert memory["finding"].startswith("1 of 1 rejected layouts fail on memory")
-    checks = {c["check"]: c["verdict"] for c in pits}
+    assert bubble.expected_gain_s == pytest.approx(0.2) and "(--vp)" in bubble.fix
+    assert memory.finding.startswith("1 of 1 rejected layouts fail on memory")
+    checks = {c.check: c.verdict for c in pits}
     assert "2 layouts tie" in checks["ties at the top"] and "tp1 pp2 dp4 mb2 z2 (2 GB)" in checks["ties at the top"]
     assert checks["overlap of collectives assumed"].startswith("flag: TP / SP / EP / PP collectives")
 
@@ -77,11 +77,11 @@ def test_sweep_memo_finds_the_knee_and_its_bound():
     fs, pits = memo_parts(run)
     knee, bound, unfit = fs
     # x(341 / 128) = x2.66 the tokens/s for x1.5 the latency; capping there saves 5 - 1.5 = 3.5 ms against batch 16
-    assert "knee at batch 4, seq 128" in knee["finding"] and "x2.66 the tokens/s of batch 1 for x1.5" in knee["finding"]
-    assert knee["owner"] == "runtime" and knee["expected_gain_s"] == pytest.approx(3.5e-3)
-    assert bound["finding"] == "at the knee 70% of the time is memory-bound" and bound["owner"] == "ML compiler"
-    assert unfit["finding"].startswith("1 of 3 points do not fit memory, from batch 16")
-    assert [c["verdict"][:4] for c in pits] == ["flag", "flag", "flag"]
+    assert "knee at batch 4, seq 128" in knee.finding and "x2.66 the tokens/s of batch 1 for x1.5" in knee.finding
+    assert knee.owner == "runtime" and knee.expected_gain_s == pytest.approx(3.5e-3)
+    assert bound.finding == "at the knee 70% of the time is memory-bound" and bound.owner == "ML compiler"
+    assert unfit.finding.startswith("1 of 3 points do not fit memory, from batch 16")
+    assert [c.verdict[:4] for c in pits] == ["flag", "flag", "flag"]
 
 
 def test_serve_memo_gives_the_slo_verdict_and_the_tail():
@@ -92,11 +92,11 @@ def test_serve_memo_gives_the_slo_verdict_and_the_tail():
     fs, pits = memo_parts(run)
     slo, tail = fs
     # a TPOT miss: the decode step, memory-bound -> the ML compiler owner
-    assert slo["finding"] == "SLO INVALID: p99 TPOT 250 ms > 200 ms" and slo["owner"] == "ML compiler"
+    assert slo.finding == "SLO INVALID: p99 TPOT 250 ms > 200 ms" and slo.owner == "ML compiler"
     # queueing 1.5 s of a 2 s p99 TTFT: 75%, a queueing tail -> the runtime owner
-    assert "x3 the p50" in tail["finding"] and "queueing is 75% of the p99 TTFT" in tail["finding"]
-    assert tail["owner"] == "runtime" and "replicas" in tail["fix"] and tail["expected_gain_s"] == 1.5
-    checks = {c["check"]: c["verdict"] for c in pits}
+    assert "x3 the p50" in tail.finding and "queueing is 75% of the p99 TTFT" in tail.finding
+    assert tail.owner == "runtime" and "replicas" in tail.fix and tail.expected_gain_s == 1.5
+    checks = {c.check: c.verdict for c in pits}
     assert checks["a p99 over too few requests"] == "ok: 2000 requests"
     assert checks["the memory tail (KV pressure, preemption)"].startswith("flag")
 
@@ -164,17 +164,17 @@ def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
            "tags": {"workload": "Qwen/Qwen2.5-7B", "hardware": "http://gpu:8000", "phase": "bench"},
            "payload": payload}
     fs, pits = memo_parts(run)
-    text = {f["finding"].split(":")[0]: f for f in fs}
-    tput = text["throughput"]["finding"]
+    text = {f.finding.split(":")[0]: f for f in fs}
+    tput = text["throughput"].finding
     assert f"{100 / 10.017:.4g} requests/s achieved" in tput and "9.983" in tput
     assert "49.9 tokens/s out, 250 tokens/s in all; 100 of 100 requests ok, none failed" in tput
     lat = text["latency"]
-    assert ("TTFT p50 / p95 / p99 59.5 ms / 104 ms / 108 ms (over the SLO 100 ms at p99)" in lat["finding"])
+    assert ("TTFT p50 / p95 / p99 59.5 ms / 104 ms / 108 ms (over the SLO 100 ms at p99)" in lat.finding)
     assert f"TPOT p50 / p95 / p99 {si(0.002, 's')} / {si(0.002, 's')} / {si(0.002, 's')} (within the SLO 5 ms" \
-        in lat["finding"]
-    assert "end to end p50 / p95 / p99 67.5 ms" in lat["finding"]  # 59.5 + 8 ms
-    assert f"goodput {91 / 10.017:.4g} requests/s, 91.0% of requests within the SLO" in lat["finding"]
-    assert lat["owner"] == "runtime" and "chunked prefill" in lat["fix"]  # the TTFT is over: admission
+        in lat.finding
+    assert "end to end p50 / p95 / p99 67.5 ms" in lat.finding  # 59.5 + 8 ms
+    assert f"goodput {91 / 10.017:.4g} requests/s, 91.0% of requests within the SLO" in lat.finding
+    assert lat.owner == "runtime" and "chunked prefill" in lat.fix  # the TTFT is over: admission
     md = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
     assert "| throughput: " in md and "| latency: TTFT p50" in md
 

@@ -20,10 +20,9 @@ def memo(
     a risk; the field's pitfalls as checks. Every run kind: analyze and profile (per layer type), fit (the
     ranking, struck cells, the SLO), plan (the best layout and why), sweep (the knee), serve (the SLO verdict and
     the tail), shape-check and calibrate."""
-    from opmap.report.memo import KERNEL_KINDS, memo_markdown, memo_parts
+    from opmap.report.memo import KERNEL_KINDS, memo_json, memo_markdown, memo_parts
     from opmap.report.sheet import check_out_dir, write_set
     from opmap.store.source import load
-    from opmap.validate import json_text
 
     run = load(source, store)
     if out is not None:
@@ -38,9 +37,7 @@ def memo(
     text = memo_markdown(d, fs, pits, f"opmap memo {source}", folder=not run.stored)
     console.print(text, markup=False, highlight=False, soft_wrap=True)  # Markdown: table rows never cut
     if out is not None:
-        body = json_text({"schema_version": 1, "run": run.id, "kind": run.kind, "findings": fs, "pitfalls": pits},
-                          indent=1)
-        print_wrote(write_set(out, {"memo.md": text, "memo.json": body}))
+        print_wrote(write_set(out, {"memo.md": text, "memo.json": memo_json(d, fs, pits)}))
 
 
 def _others(run, store) -> list[dict]:

@@ -1,9 +1,10 @@
 """The self-contained HTML dashboard of a run (``opmap report``): one file that needs no network when opened.
 
 Plotly's JavaScript bundle is inlined once (``plotly.offline.get_plotlyjs()``, 4.8 MB for plotly 7); each
-figure is a div drawn by ``Plotly.newPlot`` from the figure JSON embedded in the page, its numbers rounded to
-4 significant digits (report.dashboard.sig). The page's size is checked against a budget (BUDGET_BYTES, 8 MB:
-the bundle plus about 3 MB of data, a 3,000-kernel model's table and roofline) before anything is written.
+figure is a div drawn by ``Plotly.newPlot`` from the figure JSON embedded in the page (report.chart.Figure's
+to_plotly_json), its numbers rounded to 4 significant digits (report.chart.sig). The page's size is checked
+against a budget (BUDGET_BYTES, 8 MB: the bundle plus about 3 MB of data, a 3,000-kernel model's table and
+roofline) before anything is written.
 
 Sections: the assumptions block (hardware, precision policy, batch, sequence, fusion and batching policies,
 versions), headline figures, the figures of report.dashboard, the mapping sheet as a sortable, filterable
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.report.dashboard import Sources, figures, sig
+from opmap.report.chart import Figure, sig
+from opmap.report.dashboard import Sources, figures
 from opmap.report.sheet import si
 from opmap.validate import json_text, visible
 
@@ -255,7 +257,7 @@ def require_plotly() -> None:
         raise OpmapError("the HTML report needs plotly: pip install 'opmap[report]' (plotly and matplotlib)")
 
 
-def render(src: Sources, figs: dict[str, dict[str, Any]], trace_name: str | None, pngs: list[str]) -> str:
+def render(src: Sources, figs: dict[str, Figure], trace_name: str | None, pngs: list[str]) -> str:
     """The page: ``figs`` (report.dashboard.figures), the trace file's name beside it, the PNGs' names."""
     require_plotly()
     from plotly.offline import get_plotlyjs
@@ -290,10 +292,11 @@ def render(src: Sources, figs: dict[str, dict[str, Any]], trace_name: str | None
     if pngs:
         parts.append("<p class=note>The figures as PNG for Markdown reports: "
                      + ", ".join(f'<a href="{_e(p)}">{_e(p)}</a>' for p in pngs) + ".</p>")
+    plotly_figs = {name: fig.to_plotly_json() for name, fig in figs.items()}  # the page's JSON: Plotly's
     parts.append("<h2>Telemetry tags</h2><p class=note>As JSON in the element #opmap-tags.</p>"
                  f"<pre>{_e(json.dumps(src.tags, indent=1, default=str))}</pre>")
     parts.append(f'<script type="application/json" id="opmap-tags">{script_json(src.tags)}</script>'
-                 f'<script type="application/json" id="opmap-figures">{script_json(figs)}</script>'
+                 f'<script type="application/json" id="opmap-figures">{script_json(plotly_figs)}</script>'
                  f'<script type="application/json" id="opmap-plotly-config">{script_json(PLOTLY_CONFIG)}</script>'
                  f"<script>{JS}</script></body></html>\n")
     return "".join(parts)
@@ -365,7 +368,7 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
         files[trace_name] = read_input(src.trace)
     elif src.kernels:
         trace_name = beside(out, "trace.json")
-        files[trace_name] = json_text(kernel_trace(src.kernels, src.tags, src.title))
+        files[trace_name] = json_text(kernel_trace(src.kernels, src.tags, src.title).to_dict())
     pngs: dict[str, bytes] = {}
     if png and importlib.util.find_spec("matplotlib") is not None:
         from opmap.report.figures import png_bytes

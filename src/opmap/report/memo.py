@@ -28,7 +28,10 @@ calibrate runs get the findings their results support (memo_kinds.py), through `
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
+
+from opmap.report.finding import Check, Finding
 
 MIN_SHARE = 0.10
 BAND = (0.75, 1.33)
@@ -40,7 +43,7 @@ def _share(lt: dict[str, Any]) -> float:
 
 
 def findings(run: dict[str, Any], fusion_gain_s: float | None = None,
-             format_step: tuple[str, float] | None = None) -> list[dict[str, Any]]:
+             format_step: tuple[str, float] | None = None) -> list[Finding]:
     """The findings of a run. ``format_step``: (the next narrower matrix format, the ratio of its dense peak to
     the run's format's) on the run's hardware, where there is one."""
     p = run["payload"]
@@ -76,30 +79,30 @@ def findings(run: dict[str, Any], fusion_gain_s: float | None = None,
             risk = "high without quality evidence for the narrower format (opmap quality)"
         text = (f"{name} holds {share:.0%} of the time, {bound}-bound"
                 + (f", stall fraction {st['memory_stall']:.2f}" if "memory_stall" in st else ""))
-        out.append({"finding": text, "owner": owner, "fix": fix, "expected_gain_s": gain, "risk": risk,
-                    "rollback": f"the baseline is run {run['id']}: compare a new run against it (opmap compare)"})
+        out.append(Finding(text, owner, fix, gain, None, risk,
+                           f"the baseline is run {run['id']}: compare a new run against it (opmap compare)"))
         ratio = m.get("predicted_over_measured")
         if ratio is not None and not BAND[0] <= ratio <= BAND[1]:
-            out.append({"finding": f"{name}: predicted / measured {ratio:.2f}, outside {BAND[0]}-{BAND[1]}",
-                        "owner": "performance modelling", "fix": "recalibrate (opmap calibrate) and look at the "
-                        "layer type's kernels in the profile sheet", "expected_gain_s": None,
-                        "risk": "low: the model only", "rollback": "keep the current calibration file"})
+            out.append(Finding(f"{name}: predicted / measured {ratio:.2f}, outside {BAND[0]}-{BAND[1]}",
+                               "performance modelling", "recalibrate (opmap calibrate) and look at the layer type's "
+                               "kernels in the profile sheet", None, None, "low: the model only",
+                               "keep the current calibration file"))
     return out
 
 
-def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) -> list[dict[str, str]]:
+def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) -> list[Check]:
     """The field's pitfalls as checks. ``production_compared``: the newest production-shape check of this run
     (``opmap compare RUN --production P``: its payload with its ``run`` id), else True where another shape of the
     workload is in the store, False where neither is."""
     p = run["payload"]
     a = p.get("assumptions") if isinstance(p.get("assumptions"), dict) else {}
     lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
-    out = [{"check": "averages without p95 / p99",
-            "verdict": ("ok: p50 / p95 / p99 over " + str(lat.get("n")) + " runs") if "p99_s" in lat else
-            "flag: a predicted run has no distribution; measure it (opmap profile) before quoting a latency"}]
+    out = [Check("averages without p95 / p99",
+                 ("ok: p50 / p95 / p99 over " + str(lat.get("n")) + " runs") if "p99_s" in lat else
+                 "flag: a predicted run has no distribution; measure it (opmap profile) before quoting a latency")]
     evidence = str(a.get("precision_evidence", ""))
-    out.append({"check": "precision without quality evidence",
-                "verdict": "flag: " + evidence if evidence.startswith("unverified") else "ok: " + (evidence or "-")})
+    out.append(Check("precision without quality evidence",
+                     "flag: " + evidence if evidence.startswith("unverified") else "ok: " + (evidence or "-")))
     cal = p.get("calibration_check")
     if cal is None:
         verdict = "ok: a catalog device, no calibration involved" if run["kind"] == "analyze" else "flag: no check"
@@ -108,7 +111,7 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
         drifted = cal.get("drifted") if "drifted" in cal else (ratio is not None and abs(ratio - 1) > 0.1)
         verdict = (("flag: " if drifted else "ok: ") + f"{cal.get('what', 'the calibration check')}: now / calibrated "
                    + (f"{ratio:.2f}" if ratio is not None else "-") + " (a drift beyond 10% flags)")
-    out.append({"check": "calibration older than the runtime or drifted", "verdict": verdict})
+    out.append(Check("calibration older than the runtime or drifted", verdict))
     synthetic = ".py:" in str(run["tags"].get("workload", ""))  # a user's file: a slice, not the product
     if isinstance(production_compared, dict):
         c = production_compared
@@ -124,7 +127,7 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
         verdict = ("ok: the workload itself, and another of its shapes is in the store" if production_compared else
                    "flag: one shape of the workload only; sweep the production range (opmap sweep) before "
                    "generalising")
-    out.append({"check": "synthetic shapes without production-shape validation", "verdict": verdict})
+    out.append(Check("synthetic shapes without production-shape validation", verdict))
     return out
 
 
@@ -133,7 +136,7 @@ KERNEL_KINDS = ("analyze", "profile")
 
 def memo_parts(run: dict[str, Any], production_compared: bool | dict[str, Any] = False,
                fusion_gain_s: float | None = None, format_step: tuple[str, float] | None = None
-               ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+               ) -> tuple[list[Finding], list[Check]]:
     """(findings, pitfall checks) of a run of any kind; the keyword arguments serve analyze and profile runs."""
     from opmap.errors import OpmapError
     from opmap.report.memo_kinds import KINDS
@@ -155,8 +158,8 @@ def _title(tags: dict[str, Any], kind: str) -> str:
     return what + (f" ({how})" if how else "")
 
 
-def memo_markdown(run: dict[str, Any], fs: list[dict[str, Any]], pits: list[dict[str, str]],
-                  command: str, folder: bool = False) -> str:
+def memo_markdown(run: dict[str, Any], fs: list[Finding], pits: list[Check], command: str,
+                  folder: bool = False) -> str:
     """The memo as Markdown; ``folder``: the run is an output folder (its ``id``), not a stored run. Every text
     that holds a value of the run (a model id from a server, an imported tag, a folder's name) is written as
     Markdown text (report.text.md: one line, no heading, link, image or HTML), the command as one code span."""
@@ -171,13 +174,24 @@ def memo_markdown(run: dict[str, Any], fs: list[dict[str, Any]], pits: list[dict
              f"Evidence: {md(where)}; reproduce with {md_code(t.get('command') or command)}.", "", "## Findings", "",
              "| finding | owner | fix | expected gain | rollback boundary | risk |", "|---|---|---|---|---|---|"]
     for f in fs:
-        g = f.get("expected_gain") or ("-" if f["expected_gain_s"] is None else
-                                       f"{f['expected_gain_s'] * 1e3:.3g} ms (from the model)")
-        cells = (f["finding"], f["owner"], f["fix"], g, f["rollback"], f["risk"])
+        g = f.expected_gain or ("-" if f.expected_gain_s is None else
+                                f"{f.expected_gain_s * 1e3:.3g} ms (from the model)")
+        cells = (f.finding, f.owner, f.fix, g, f.rollback, f.risk)
         lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     if not fs:
         empty = ("no layer type holds 10% of the time" if run["kind"] in KERNEL_KINDS else
                  f"nothing in this {run['kind']} result calls for a fix")
         lines.append(f"| {md(empty)} | - | - | - | - | - |")
-    lines += ["", "## Pitfall checks", ""] + [f"- {md(c['check'])}: {md(c['verdict'])}" for c in pits]
+    lines += ["", "## Pitfall checks", ""] + [f"- {md(c.check)}: {md(c.verdict)}" for c in pits]
     return "\n".join(lines) + "\n"
+
+
+def memo_json(run: dict[str, Any], fs: list[Finding], pits: list[Check]) -> str:
+    """memo.json's text (schema 1): the run, its kind, the findings and the pitfall checks. A kernel run's findings
+    (analyze, profile) have no ``expected_gain`` key: their gain is in seconds only (schema 1 as written)."""
+    from opmap.validate import json_text
+
+    kernel = run["kind"] in KERNEL_KINDS
+    found = [{k: v for k, v in asdict(f).items() if not (kernel and k == "expected_gain")} for f in fs]
+    return json_text({"schema_version": 1, "run": run["id"], "kind": run["kind"], "findings": found,
+                      "pitfalls": [asdict(c) for c in pits]}, indent=1)

@@ -23,7 +23,10 @@ rather than a wrong one.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+
+from opmap.report.finding import Check, Finding
 
 BOUND_OWNER = {
     "memory": ("ML compiler", "fuse the elementwise work into its producers, narrower activations (--fusion "
@@ -54,9 +57,8 @@ def _si(x: float | None, unit: str = "") -> str:
 
 
 def _finding(text: str, owner: str, fix: str, risk: str, rollback: str, gain_s: float | None = None,
-             gain: str | None = None) -> dict[str, Any]:
-    return {"finding": text, "owner": owner, "fix": fix, "expected_gain_s": gain_s, "expected_gain": gain,
-            "risk": risk, "rollback": rollback}
+             gain: str | None = None) -> Finding:
+    return Finding(text, owner, fix, gain_s, gain, risk, rollback)
 
 
 def _by_bound(bound: Any) -> tuple[str, str, str]:
@@ -68,7 +70,7 @@ def _rollback(run: dict[str, Any]) -> str:
     return f"keep what runs today; run {run['id']} records this {run['kind']}: re-run it after the change"
 
 
-def fit_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def fit_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     cells = _dicts(p.get("cells"))
     out = []
@@ -83,7 +85,7 @@ def fit_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _fit_winner(run: dict[str, Any], m: str, ranked: list[dict[str, Any]]) -> dict[str, Any]:
+def _fit_winner(run: dict[str, Any], m: str, ranked: list[dict[str, Any]]) -> Finding:
     w = ranked[0]
     owner, fix, risk = _by_bound(w.get("bound"))
     text = (f"{m}: {w.get('hardware')} ranks first, {_si(_num(w['throughput_at_slo']))} output tokens/s at the SLO "
@@ -98,7 +100,7 @@ def _fit_winner(run: dict[str, Any], m: str, ranked: list[dict[str, Any]]) -> di
                     risk, _rollback(run), gain=gain)
 
 
-def _fit_struck(run: dict[str, Any], m: str, c: dict[str, Any]) -> dict[str, Any]:
+def _fit_struck(run: dict[str, Any], m: str, c: dict[str, Any]) -> Finding:
     why = str(c["excluded_reason"])
     if why.startswith("does not fit"):
         owner, fix = "runtime", "more devices per replica (tensor parallel across nodes) or a narrower weight format"
@@ -118,7 +120,7 @@ def _slo_text(slo: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def _fit_slo(run: dict[str, Any], m: str, mine: list[dict[str, Any]], ranked: list[dict[str, Any]]) -> dict:
+def _fit_slo(run: dict[str, Any], m: str, mine: list[dict[str, Any]], ranked: list[dict[str, Any]]) -> Finding:
     slo = run["payload"].get("slo") if isinstance(run["payload"].get("slo"), dict) else {}
     text = f"{m}: the SLO ({_slo_text(slo)}) leaves {len(ranked)} of {len(mine)} platforms"
     if ranked and _num(ranked[0].get("latency_p99_s")) is not None:
@@ -127,7 +129,7 @@ def _fit_slo(run: dict[str, Any], m: str, mine: list[dict[str, Any]], ranked: li
                     "winner's capacity (opmap serve --find-capacity)", "low: a policy setting", _rollback(run))
 
 
-def fit_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+def fit_pitfalls(run: dict[str, Any]) -> list[Check]:
     p = run["payload"]
     cells = _dicts(p.get("cells"))
     n = _num(p.get("requests"))
@@ -135,29 +137,29 @@ def fit_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
     risky = sorted({str(c.get("hardware")) for c in cells if c.get("rank") == 1 and c.get("risk") not in ("low",)})
     return [_sim_check(),
             _p99_check(n),
-            {"check": "power modelled, not measured",
-             "verdict": (f"flag: {len(modelled)} of {len(cells)} cells' watts are modelled (TDP and busy fraction); "
-                         "measure the winner's draw before quoting perf per watt") if modelled else "ok: -"},
-            {"check": "software-stack risk of the winner",
-             "verdict": ("flag: " + ", ".join(risky) + " ranks first at a risk above low") if risky else
-             "ok: every winner's stack is low risk"}]
+            Check("power modelled, not measured",
+                  (f"flag: {len(modelled)} of {len(cells)} cells' watts are modelled (TDP and busy fraction); "
+                   "measure the winner's draw before quoting perf per watt") if modelled else "ok: -"),
+            Check("software-stack risk of the winner",
+                  ("flag: " + ", ".join(risky) + " ranks first at a risk above low") if risky else
+                  "ok: every winner's stack is low risk")]
 
 
-def _sim_check() -> dict[str, str]:
-    return {"check": "simulated, not measured load",
-            "verdict": "flag: a discrete-event simulation priced by the cost model; measure the chosen platform "
-                       "under real load before committing"}
+def _sim_check() -> Check:
+    return Check("simulated, not measured load",
+                 "flag: a discrete-event simulation priced by the cost model; measure the chosen platform "
+                 "under real load before committing")
 
 
-def _p99_check(n: float | None) -> dict[str, str]:
+def _p99_check(n: float | None) -> Check:
     ok = n is not None and n >= SLO_REQUESTS
-    return {"check": "a p99 over too few requests",
-            "verdict": (f"ok: {n:.0f} requests" if ok else
-                        f"flag: {'-' if n is None else f'{n:.0f}'} requests per run: a p99 rests on fewer than "
-                        f"10 of them (use --requests {SLO_REQUESTS} or more)")}
+    return Check("a p99 over too few requests",
+                 (f"ok: {n:.0f} requests" if ok else
+                  f"flag: {'-' if n is None else f'{n:.0f}'} requests per run: a p99 rests on fewer than "
+                  f"10 of them (use --requests {SLO_REQUESTS} or more)"))
 
 
-def plan_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     ranked, rejected = _dicts(p.get("ranked")), _dicts(p.get("rejected"))
     if not ranked:
@@ -183,7 +185,7 @@ def _shape(c: dict[str, Any]) -> tuple:
     return tuple(c.get(k) for k in ("tp", "pp", "dp", "ep"))
 
 
-def _plan_best(run: dict[str, Any], best: dict[str, Any], ranked: list[dict[str, Any]]) -> dict[str, Any]:
+def _plan_best(run: dict[str, Any], best: dict[str, Any], ranked: list[dict[str, Any]]) -> Finding:
     p = run["payload"]
     mem, cap = _num(best.get("memory_bytes")), _num(best.get("capacity_bytes"))
     text = (f"{best.get('layout')} ranks first by {p.get('objective', 'throughput')}: "
@@ -207,27 +209,27 @@ def _plan_best(run: dict[str, Any], best: dict[str, Any], ranked: list[dict[str,
                     f"{_si(gain, 's')} per step against {other.get('layout')} (from the model)")
 
 
-def plan_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+def plan_pitfalls(run: dict[str, Any]) -> list[Check]:
     p = run["payload"]
     ranked = _dicts(p.get("ranked"))
-    out = [{"check": "a predicted plan", "verdict": "flag: every layout's time is predicted; profile the top two "
-                                                     "layouts on the devices before committing"}]
+    out = [Check("a predicted plan", "flag: every layout's time is predicted; profile the top two "
+                                      "layouts on the devices before committing")]
     overlap = [str(a) for a in (p.get("assumptions") or []) if "overlap" in str(a)]
-    out.append({"check": "overlap of collectives assumed",
-                "verdict": ("flag: " + "; ".join(overlap) + " (a runtime that overlaps differently reorders the "
-                            "ranking)") if overlap else "ok: no overlap assumption recorded"})
+    out.append(Check("overlap of collectives assumed",
+                     ("flag: " + "; ".join(overlap) + " (a runtime that overlaps differently reorders the "
+                      "ranking)") if overlap else "ok: no overlap assumption recorded"))
     if ranked:
         top = _num(ranked[0].get("tokens_per_s"))
         ties = [c for c in ranked if top and _num(c.get("tokens_per_s")) == top]
         least = min(ties, key=lambda c: _num(c.get("memory_bytes")) or 0.0)
-        out.append({"check": "ties at the top",
-                    "verdict": (f"flag: {len(ties)} layouts tie at {_si(top)} tokens/s; the least memory is "
-                                f"{least.get('layout')} ({_si(_num(least.get('memory_bytes')), 'B')})")
-                    if len(ties) > 1 else "ok: one best layout"})
+        out.append(Check("ties at the top",
+                         (f"flag: {len(ties)} layouts tie at {_si(top)} tokens/s; the least memory is "
+                          f"{least.get('layout')} ({_si(_num(least.get('memory_bytes')), 'B')})")
+                         if len(ties) > 1 else "ok: one best layout"))
     return out
 
 
-def sweep_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def sweep_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     points = _dicts(p.get("points"))
     at = {(c.get("batch"), c.get("seq")): c for c in points}
@@ -245,7 +247,7 @@ def sweep_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _knee(run: dict[str, Any], kp: dict[str, Any], line: list[dict[str, Any]], pareto: int) -> list[dict]:
+def _knee(run: dict[str, Any], kp: dict[str, Any], line: list[dict[str, Any]], pareto: int) -> list[Finding]:
     first, last = line[0], line[-1]
     lat, tps = _num(kp.get("latency_s")), _num(kp.get("tokens_per_s"))
     l0, t0, ll = _num(first.get("latency_s")), _num(first.get("tokens_per_s")), _num(last.get("latency_s"))
@@ -267,24 +269,24 @@ def _knee(run: dict[str, Any], kp: dict[str, Any], line: list[dict[str, Any]], p
     return out
 
 
-def sweep_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+def sweep_pitfalls(run: dict[str, Any]) -> list[Check]:
     points = _dicts(run["payload"].get("points"))
     tails = [c for c in points if _num(c.get("latency_p99_s")) is not None]
     seqs = {c.get("seq") for c in points}
     measured = [c for c in points if _num(c.get("energy_j")) is not None]
-    return [{"check": "averages without p95 / p99",
-             "verdict": (f"ok: p50 / p95 / p99 at {len(tails)} of {len(points)} points" if tails and
-                         len(tails) == len(points) else "flag: predicted points carry no distribution; measure the "
-                                                         "knee (opmap sweep --measure) before quoting a latency")},
-            {"check": "energy measured",
-             "verdict": (f"ok: measured at {len(measured)} points" if measured else "flag: no point's energy was "
-                                                                                  "measured")},
-            {"check": "one sequence length generalised",
-             "verdict": ("flag: one sequence length only; sweep the production range before generalising"
-                         if len(seqs) < 2 else f"ok: {len(seqs)} sequence lengths")}]
+    return [Check("averages without p95 / p99",
+                  (f"ok: p50 / p95 / p99 at {len(tails)} of {len(points)} points" if tails and
+                   len(tails) == len(points) else "flag: predicted points carry no distribution; measure the "
+                                                   "knee (opmap sweep --measure) before quoting a latency")),
+            Check("energy measured",
+                  (f"ok: measured at {len(measured)} points" if measured else "flag: no point's energy was "
+                                                                            "measured")),
+            Check("one sequence length generalised",
+                  ("flag: one sequence length only; sweep the production range before generalising"
+                   if len(seqs) < 2 else f"ok: {len(seqs)} sequence lengths"))]
 
 
-def serve_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def serve_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     val = p.get("validity") if isinstance(p.get("validity"), dict) else {}
     lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
@@ -299,11 +301,11 @@ def serve_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     out = [_finding(f"SLO {verdict}: {reason}", owner, fix, "low: a serving setting", _rollback(run))]
     tail = _tail(p, lat)
     if tail is not None:
-        out.append({**tail, "rollback": _rollback(run)})
+        out.append(replace(tail, rollback=_rollback(run)))
     return out
 
 
-def _tail(p: dict[str, Any], lat: dict[str, Any]) -> dict[str, Any] | None:
+def _tail(p: dict[str, Any], lat: dict[str, Any]) -> Finding | None:
     e2e = lat.get("e2e") if isinstance(lat.get("e2e"), dict) else {}
     ttft = lat.get("ttft") if isinstance(lat.get("ttft"), dict) else {}
     queue = lat.get("queue") if isinstance(lat.get("queue"), dict) else {}
@@ -324,18 +326,18 @@ def _tail(p: dict[str, Any], lat: dict[str, Any]) -> dict[str, Any] | None:
                     gain_s=(q99 if qshare is not None and qshare > 0.5 else None))
 
 
-def serve_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+def serve_pitfalls(run: dict[str, Any]) -> list[Check]:
     p = run["payload"]
     reqs = p.get("requests") if isinstance(p.get("requests"), dict) else {}
     a = p.get("assumptions") if isinstance(p.get("assumptions"), dict) else {}
     kv = str(a.get("kv_cache", ""))
     return [_sim_check(), _p99_check(_num(reqs.get("count"))),
-            {"check": "the memory tail (KV pressure, preemption)",
-             "verdict": ("flag: " + kv + ": the p99 under KV pressure is not modelled") if "no preemption" in kv
-             else "ok: " + (kv or "-")}]
+            Check("the memory tail (KV pressure, preemption)",
+                  ("flag: " + kv + ": the p99 under KV pressure is not modelled") if "no preemption" in kv
+                  else "ok: " + (kv or "-"))]
 
 
-def shape_check_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def shape_check_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     out = []
     for c in _dicts(p.get("classes")):
@@ -349,7 +351,7 @@ def shape_check_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def calibrate_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def calibrate_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     peaks = p.get("matrix_peak_flops_per_s") if isinstance(p.get("matrix_peak_flops_per_s"), dict) else {}
     bw = p.get("memory_bandwidth_bytes_per_s") if isinstance(p.get("memory_bandwidth_bytes_per_s"), dict) else {}
@@ -362,13 +364,13 @@ def calibrate_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
                      "keep the previous profile file (opmap calibrate --out writes elsewhere)")]
 
 
-def calibrate_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+def calibrate_pitfalls(run: dict[str, Any]) -> list[Check]:
     quick = "(quick)" in str(run["tags"].get("workload", ""))
-    return [{"check": "a quick calibration",
-             "verdict": "flag: --quick is a smoke test, not a profile to trust" if quick else "ok: the full grid"}]
+    return [Check("a quick calibration",
+                  "flag: --quick is a smoke test, not a profile to trust" if quick else "ok: the full grid")]
 
 
-def bench_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
+def bench_findings(run: dict[str, Any]) -> list[Finding]:
     p = run["payload"]
     val = p.get("validity") if isinstance(p.get("validity"), dict) else {}
     errs = {k: v for k, v in (p.get("errors") or {}).items() if _num(v)} if isinstance(p.get("errors"), dict) else {}
@@ -409,7 +411,7 @@ def bench_findings(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _bench_throughput(p: dict[str, Any], rb: str) -> dict[str, Any] | None:
+def _bench_throughput(p: dict[str, Any], rb: str) -> Finding | None:
     """What the server carried: requests ok of those measured, the achieved rate (of the offered one in an open
     loop), output and total tokens/s. None where the result holds no throughput."""
     tp = p.get("throughput") if isinstance(p.get("throughput"), dict) else {}
@@ -435,7 +437,7 @@ def _pcts(d: Any) -> tuple[float | None, ...]:
     return tuple(_num(d.get(k)) for k in ("p50_s", "p95_s", "p99_s"))
 
 
-def _bench_slo(p: dict[str, Any], rb: str) -> dict[str, Any] | None:
+def _bench_slo(p: dict[str, Any], rb: str) -> Finding | None:
     """TTFT, TPOT and end-to-end p50 / p95 / p99 against the SLO the run was given (--slo-ttft / --slo-tpot: a
     request within both counts toward goodput), and the goodput. None where the result holds no latency."""
     lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
@@ -471,15 +473,15 @@ def _bench_slo(p: dict[str, Any], rb: str) -> dict[str, Any] | None:
     return _finding("latency: " + "; ".join(parts), owner, fix, "low: a serving setting", rb)
 
 
-def bench_pitfalls(run: dict[str, Any]) -> list[dict[str, str]]:
+def bench_pitfalls(run: dict[str, Any]) -> list[Check]:
     p = run["payload"]
     reqs = p.get("requests") if isinstance(p.get("requests"), dict) else {}
     use = p.get("usage_check") if isinstance(p.get("usage_check"), dict) else {}
     missing = _num(use.get("requests_without_usage"))
     return [_p99_check(_num(reqs.get("ok"))),
-            {"check": "token counts from the server's usage",
-             "verdict": (f"flag: {missing:.0f} requests without usage: their tokens counted from stream events, "
-                         "which may merge tokens") if missing else "ok: every request's usage reported"}]
+            Check("token counts from the server's usage",
+                  (f"flag: {missing:.0f} requests without usage: their tokens counted from stream events, "
+                   "which may merge tokens") if missing else "ok: every request's usage reported")]
 
 
 KINDS = {"bench": (bench_findings, bench_pitfalls), "fit": (fit_findings, fit_pitfalls),

@@ -159,16 +159,16 @@ def print_profile_report(p: Profile, console: Console, rows: int = 25, d: dict |
 
 
 def write_profile_outputs(p: Profile, out_dir: Path, d: dict | None = None) -> list[Path]:
-    from opmap.report.trace import chrome_trace, tagged_torch_trace
+    from opmap.report.trace import chrome_trace, tagged_torch_trace_json
 
     d = d or p.to_dict()
     contents = {
         "profile.json": json_text(d, indent=1) + "\n",
         "sheet.csv": render_profile_csv(p),
         "sheet.md": render_profile_markdown(p, d),
-        "trace.json": json_text(chrome_trace(p)) + "\n",
+        "trace.json": json_text(chrome_trace(p).to_dict()) + "\n",
     }
-    raw = tagged_torch_trace(p)
+    raw = tagged_torch_trace_json(p)
     if raw is not None:
-        contents["torch_trace.json"] = json_text(raw) + "\n"
+        contents["torch_trace.json"] = raw + "\n"
     return write_set(out_dir, contents, remove=["torch_trace.json"])  # an earlier run's trace never stays

@@ -10,29 +10,64 @@ module, layer type, FLOPs, bytes, predicted and measured time. The run's telemet
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from opmap.measure.profile import Profile
 from opmap.report.sheet import op_label
 
 
-def chrome_trace(p: Profile) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TraceEvent:
+    """One event of the Chrome trace format: ``ph`` "M" (metadata: a process's or a track's name, in ``args``)
+    or "X" (a complete event: ``ts_us`` its start, ``dur_us`` its duration, in microseconds)."""
+
+    name: str
+    ph: str
+    pid: int
+    tid: int | None = None  # the track; None: the process's metadata
+    ts_us: float | None = None
+    dur_us: float | None = None
+    args: dict[str, Any] | None = None  # the format's free key / value pairs, shown beside the event
+
+
+@dataclass(frozen=True)
+class ChromeTrace:
+    """A trace opmap writes (trace.json, PAGE_trace.json): its events, the run's telemetry tags and the schema
+    name (``otherData.schema``: how ``opmap report`` knows a trace it may replace)."""
+
+    events: tuple[TraceEvent, ...]
+    tags: dict[str, Any]
+    schema: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trace file's JSON (Chrome's trace event format, ``displayTimeUnit`` ms): each event's fields in
+        the format's names (``ts`` / ``dur`` in microseconds), its unset ones left out."""
+        events = [{k: v for k, v in (("name", e.name), ("ph", e.ph), ("pid", e.pid), ("tid", e.tid),
+                                     ("ts", e.ts_us), ("dur", e.dur_us), ("args", e.args)) if v is not None}
+                  for e in self.events]
+        return {"traceEvents": events, "displayTimeUnit": "ms",
+                "otherData": {"opmap_tags": self.tags, "schema": self.schema}}
+
+
+def _names(pid: int, process: str, tracks: list[tuple[int, str]]) -> list[TraceEvent]:
+    """The metadata events naming the process and its tracks."""
+    return [TraceEvent("process_name", "M", pid, args={"name": process}),
+            *(TraceEvent("thread_name", "M", pid, tid, args={"name": name}) for tid, name in tracks)]
+
+
+def chrome_trace(p: Profile) -> ChromeTrace:
     a = p.analysis
     pid = 1
-    events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"opmap {a.workload} on {p.device_name}"}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "measured"}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": f"predicted ({a.hardware.name})"}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "iterations"}},
-    ]
+    events = _names(pid, f"opmap {a.workload} on {p.device_name}",
+                    [(1, "measured"), (2, f"predicted ({a.hardware.name})"), (0, "iterations")])
     device_time = p.attribution.timebase == "device"
     for it, matches in enumerate(p.attribution.matches):
         if not matches:
             continue
         t0 = matches[0].event.start_us
         span_end = max(m.event.end_us for m in matches)
-        events.append({"name": f"iteration {it}", "ph": "X", "pid": pid, "tid": 0, "ts": t0,
-                       "dur": span_end - t0, "args": {}})
+        events.append(TraceEvent(f"iteration {it}", "X", pid, 0, t0, span_end - t0, {}))
         cursor = t0
         for m in matches:
             r = a.results[m.node]
@@ -41,38 +76,34 @@ def chrome_trace(p: Profile) -> dict[str, Any]:
                     "flops": r.cost.flops, "bytes": r.cost.bytes, "predicted_us": r.pred.predicted_s * 1e6,
                     "measured_us": meas_us, "bound": r.pred.bound}
             name = op_label(r.node.op)
-            events.append({"name": name, "ph": "X", "pid": pid, "tid": 1, "ts": m.event.start_us,
-                           "dur": max(meas_us, 0.001), "args": args})
+            events.append(TraceEvent(name, "X", pid, 1, m.event.start_us, max(meas_us, 0.001), args))
             if r.pred.predicted_s > 0:
-                events.append({"name": name, "ph": "X", "pid": pid, "tid": 2, "ts": cursor,
-                               "dur": r.pred.predicted_s * 1e6, "args": args})
+                events.append(TraceEvent(name, "X", pid, 2, cursor, r.pred.predicted_s * 1e6, args))
             cursor += r.pred.predicted_s * 1e6
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"opmap_tags": p.tags, "schema": "opmap trace 1"}}
+    return ChromeTrace(tuple(events), p.tags, "opmap trace 1")
 
 
-def tagged_torch_trace(p: Profile) -> dict[str, Any] | None:
-    """The profiler's own trace, with the run's telemetry tags added to its metadata."""
+def tagged_torch_trace_json(p: Profile) -> str | None:
+    """The profiler's own trace with the run's telemetry tags added to its metadata, as the JSON text
+    torch_trace.json holds (None: the profile kept no trace). The trace is torch's format, passed through."""
+    from opmap.validate import json_text
+
     if p.profiled.trace is None:
         return None
     t = dict(p.profiled.trace)
     other = dict(t.get("otherData", {}))
     other["opmap_tags"] = p.tags
     t["otherData"] = other
-    return t
+    return json_text(t)
 
 
-def kernel_trace(kernels: list[dict[str, Any]], tags: dict[str, Any], title: str) -> dict[str, Any]:
+def kernel_trace(kernels: list[dict[str, Any]], tags: dict[str, Any], title: str) -> ChromeTrace:
     """A Chrome trace of a run's kernel rows (the run store's, or an analysis.json's): track "predicted" lays
     the kernels end to end at their predicted times and, where measured, track "measured" at their measured
     times (one profiled iteration's per-kernel time, laid end to end: the real start times are in the profile's
     own trace.json). Each event's args carry the kernel's layer type, bound, FLOPs, bytes and both times."""
     pid = 1
-    events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": title}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "measured (end to end)"}},
-        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "predicted"}},
-    ]
+    events = _names(pid, title, [(1, "measured (end to end)"), (2, "predicted")])
     cursor = {1: 0.0, 2: 0.0}
     for k in kernels:
         args = {"kernel": k.get("idx"), "layer_type": k.get("layer_type"), "bound": k.get("bound"),
@@ -81,8 +112,6 @@ def kernel_trace(kernels: list[dict[str, Any]], tags: dict[str, Any], title: str
         for tid, key in ((1, "measured_s"), (2, "predicted_s")):
             t = k.get(key)
             if t:
-                events.append({"name": str(k.get("name")), "ph": "X", "pid": pid, "tid": tid, "ts": cursor[tid],
-                               "dur": t * 1e6, "args": args})
+                events.append(TraceEvent(str(k.get("name")), "X", pid, tid, cursor[tid], t * 1e6, args))
                 cursor[tid] += t * 1e6
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"opmap_tags": tags, "schema": "opmap kernel trace 1"}}
+    return ChromeTrace(tuple(events), tags, "opmap kernel trace 1")
