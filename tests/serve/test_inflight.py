@@ -17,6 +17,7 @@ from opmap.serve import Requests, TableCost, make_requests, simulate, summarize
 from opmap.serve.cost import mixed_s
 from opmap.serve.policies import Chunked, Engine
 from opmap.serve.reference import reference_schedule
+from opmap.serve.run_stats import Preemptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,10 +101,12 @@ def test_preemption_by_recompute_when_blocks_run_out():
         np.testing.assert_allclose(res.first_s, [0.032, 0.032])
         np.testing.assert_allclose(res.finish_s, [0.422, 0.575])
         np.testing.assert_array_equal(res.preemptions, [0, 1])
-        assert res.extra["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
-        assert res.extra["kv_cache"]["blocks"] == 4 and res.extra["kv_cache"]["peak_blocks_used"] == 4
+        assert res.engine.preemptions == Preemptions(total=1, requests_preempted=1, max_per_request=1)
+        assert res.engine.kv_cache.blocks == 4 and res.engine.kv_cache.peak_blocks_used == 4
     s = summarize(res).to_dict()
-    assert s["preemptions"]["total"] == 1
+    assert s["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
+    assert s["kv_cache"] == {"paged": True, "kv_block": 16, "blocks": 4, "capacity_tokens": 70,
+                             "peak_blocks_used": 4, "preemption": "recompute"}  # the last cap: 70 tokens
     # gaps: A 39 of 10 ms; B 16 of 10 ms (tokens 2..17), 0.263 s, 12 of 10 ms (tokens 19..30)
     assert s["latency"]["itl"]["mean_s"] == pytest.approx((0.39 + 0.28 + 0.263) / 68)
     assert s["latency"]["itl"]["p50_s"] == pytest.approx(0.01)
