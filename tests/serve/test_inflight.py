@@ -193,6 +193,21 @@ def test_the_counting_scheduler_is_the_plain_one(seed, cap, pol):
     _same_as_reference(reqs, pol, cost, 11)
 
 
+@pytest.mark.parametrize("seed,cap,pol,preempted", [
+    (5, 1000, Engine(8, 700, 8, chunked_prefill=False), 5),  # nochunk: a prompt (and its recompute) whole
+    (6, 2048, Engine(32, 256, 16, no_evict=True), 0),  # GUARANTEED_NO_EVICT: admitted only with its KV to the end
+    (7, 1000, Engine(8, 700, 8, chunked_prefill=False, no_evict=True), 0)])
+def test_the_counting_scheduler_is_the_plain_one_without_chunking_or_eviction(seed, cap, pol, preempted):
+    """The engine's other modes against the reference: without chunked prefill (the budget 700 holds the
+    longest recompute, 300 + 200 - 1 tokens) and with TensorRT-LLM's no-evict admission, which never preempts."""
+    reqs = make_requests("poisson:30", "uniform:1,300", "uniform:1,200", 250, seed=seed)
+    cost = TableCost([16, 100, 4000], [0.0025, 0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]],
+                     kv_capacity_tokens=cap)
+    _same_as_reference(reqs, pol, cost, preempted)
+    if pol.no_evict:
+        assert not simulate(reqs, pol, cost).preemptions.any()
+
+
 @pytest.mark.parametrize("model,arrival,cap", [("examples/tiny-llama.json", "poisson:400", 3000),
                                                ("gpt2", "poisson:100", 3000)])
 def test_the_counting_scheduler_is_the_plain_one_on_priced_models(model, arrival, cap):
