@@ -208,17 +208,21 @@ def test_the_counting_scheduler_is_the_plain_one_without_chunking_or_eviction(se
         assert not simulate(reqs, pol, cost).preemptions.any()
 
 
+@pytest.mark.parametrize("pol,preempted", [(Engine(32, 512, 16), 5),
+                                           (Engine(32, 1024, 16, chunked_prefill=False), 5),
+                                           (Engine(32, 512, 16, no_evict=True), 0)])
 @pytest.mark.parametrize("model,arrival,cap", [("examples/tiny-llama.json", "poisson:400", 3000),
                                                ("gpt2", "poisson:100", 3000)])
-def test_the_counting_scheduler_is_the_plain_one_on_priced_models(model, arrival, cap):
+def test_the_counting_scheduler_is_the_plain_one_on_priced_models(model, arrival, cap, pol, preempted):
     """A Hugging Face config and a zoo model priced by opmap's cost model on an H100 (model_table_cost), the KV
-    cache cut to ``cap`` tokens so that requests are preempted."""
+    cache cut to ``cap`` tokens so that requests are preempted (but under no-evict admission); without chunked
+    prefill the budget, 1024, holds the longest recompute (400 + 300 - 1 tokens)."""
     from opmap.serve.model_cost import model_table_cost
 
     cost = replace(model_table_cost(str(ROOT / model) if model.endswith(".json") else model, "h100-sxm"),
                    kv_capacity_tokens=cap)
     reqs = make_requests(arrival, "uniform:16,400", "uniform:1,300", 200, seed=7)
-    _same_as_reference(reqs, Engine(32, 512, 16), cost, 5)
+    _same_as_reference(reqs, pol, cost, preempted)
 
 
 def test_ten_thousand_requests_simulate_fast():
