@@ -133,7 +133,7 @@ def test_capacity_search_on_the_pool_equals_inline():
     assert pooled == find_capacity(probe, 5.0)
     # M/M/1 with mu = 10/s: the sojourn time is exponential at rate mu - lambda (Kleinrock 1975, sec. 3.2), so a
     # 2 s p99 holds up to lambda = 10 - ln(100) / 2 = 7.70/s; 2,000 requests give a noisy p99: within 15%
-    assert pooled["rate_per_s"] == pytest.approx(10 - math.log(100) / 2, rel=0.15)
+    assert pooled.rate_per_s == pytest.approx(10 - math.log(100) / 2, rel=0.15)
 
 
 def test_a_stop_kills_the_pool_at_once_and_keeps_what_finished():

@@ -15,7 +15,7 @@ from opmap.serve.model_cost import model_table_cost
 SLO = Slo(2.0, 0.2)  # serve's and fit's default: p99 TTFT 2 s, TPOT 200 ms
 
 
-def _serve(model: str, replicas: int, requests: int) -> dict:
+def _serve(model: str, replicas: int, requests: int):
     """What serve MODEL --hardware h100-sxm --tp 1 --replicas R --find-capacity runs (its defaults: engine policy,
     round_robin, seed 0, the same lengths)."""
     cost = model_table_cost(model, "h100-sxm", "bf16", 1, max_context=256 + 32)
@@ -40,5 +40,5 @@ def test_fit_and_serve_give_one_capacity_for_the_same_layout(model, tmp_path):
     serve = _serve(model, 4, 200)
     lay = cell.layout
     assert (lay.tp, lay.pp, lay.replicas) == (1, 1, 4)
-    assert serve["saturation_per_s"] == pytest.approx(4 * lay.saturation_per_s, rel=1e-9)
-    assert cell.rate_at_slo_per_s == pytest.approx(serve["rate_per_s"], rel=0.02)
+    assert serve.saturation_per_s == pytest.approx(4 * lay.saturation_per_s, rel=1e-9)
+    assert cell.rate_at_slo_per_s == pytest.approx(serve.rate_per_s, rel=0.02)

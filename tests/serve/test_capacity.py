@@ -4,18 +4,30 @@ hand against a step function whose edge is known."""
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
 
 from opmap.errors import Interrupted, OpmapError
 from opmap.serve.capacity import find_capacity
+from opmap.serve.metrics import Validity
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a probe's run reports to the search (a ServeReport's validity and steady state)."""
+
+    validity: Validity
+    steady_state: Any = None
 
 
 def _step(capacity: float):
     """A run whose SLO holds exactly up to ``capacity`` requests/s."""
-    def run(rate: float) -> dict:
-        return {"validity": {"valid": rate <= capacity, "reason": f"{rate:g} vs {capacity:g}"}}
+    def run(rate: float) -> Ran:
+        ok = rate <= capacity
+        return Ran(Validity(ok, "VALID" if ok else "INVALID", f"{rate:g} vs {capacity:g}", "a step at the capacity"))
     return run
 
 
@@ -30,21 +42,21 @@ def test_capacity_search_by_hand():
 
     for map_fn, runs in ((together, 17), (None, 17)):
         c = find_capacity(_step(3.0), 1.0, map_fn=map_fn)
-        assert c["converged"]
-        assert c["rate_per_s"] == pytest.approx(2.992, rel=1e-12)
-        assert c["bracket"][1] == pytest.approx(3.008, rel=1e-12)
-        assert len(c["runs"]) == runs
-        assert [r["rate_per_s"] for r in c["runs"][:8]] == [2.0 ** k for k in range(-3, 5)]
+        assert c.converged
+        assert c.rate_per_s == pytest.approx(2.992, rel=1e-12)
+        assert c.bracket[1] == pytest.approx(3.008, rel=1e-12)
+        assert len(c.runs) == runs
+        assert [r.rate_per_s for r in c.runs[:8]] == [2.0 ** k for k in range(-3, 5)]
 
 
 def test_capacity_search_moves_its_grid_and_stays_within_tolerance():
     # edge at 1000 from rate0 = 1: the first grid (to 16) is all valid, the next (32 .. 4096) brackets [512, 1024]
     c = find_capacity(_step(1000.0), 1.0)
-    assert c["converged"] and c["rate_per_s"] <= 1000.0 < c["bracket"][1]
-    assert 1000.0 - c["rate_per_s"] <= 0.01 * c["rate_per_s"]
-    assert [r["rate_per_s"] for r in c["runs"][8:16]] == [2.0 ** k for k in range(5, 13)]
+    assert c.converged and c.rate_per_s <= 1000.0 < c.bracket[1]
+    assert 1000.0 - c.rate_per_s <= 0.01 * c.rate_per_s
+    assert [r.rate_per_s for r in c.runs[8:16]] == [2.0 ** k for k in range(5, 13)]
     low = find_capacity(_step(0.001), 1.0)  # the first grid all invalid: it moves down
-    assert low["converged"] and 0.001 - low["rate_per_s"] <= 0.01 * low["rate_per_s"]
+    assert low.converged and 0.001 - low.rate_per_s <= 0.01 * low.rate_per_s
 
 
 def test_capacity_search_brackets_an_edge_between_two_grids():
@@ -52,9 +64,9 @@ def test_capacity_search_brackets_an_edge_between_two_grids():
     so the edge lies between the grids: bracket [16, 32], then rounds of four probes: 19.2 22.4 -> [19.2, 22.4];
     19.84 20.48 -> [19.84, 20.48]; ... down to 1%. (Judging each grid alone, it would swing back and forth.)"""
     c = find_capacity(_step(20.0), 1.0)
-    assert c["converged"] and c["rate_per_s"] <= 20.0 < c["bracket"][1]
-    assert 20.0 - c["rate_per_s"] <= 0.01 * c["rate_per_s"]
-    assert [r["rate_per_s"] for r in c["runs"][16:18]] == pytest.approx([19.2, 22.4])  # inline: stops at 22.4
+    assert c.converged and c.rate_per_s <= 20.0 < c.bracket[1]
+    assert 20.0 - c.rate_per_s <= 0.01 * c.rate_per_s
+    assert [r.rate_per_s for r in c.runs[16:18]] == pytest.approx([19.2, 22.4])  # inline: stops at 22.4
 
 
 def test_capacity_search_does_not_depend_on_the_order_probes_finish():
@@ -88,9 +100,9 @@ def test_a_stopped_search_keeps_every_run_finished_and_the_best_rate_so_far():
     stop = e.value
     assert stop.exit_status == 143 and stop.partial is not None
     c = stop.partial
-    assert [r["rate_per_s"] for r in c["runs"]] == pytest.approx([2.0 ** k for k in range(-3, 5)] + [2.4, 2.8])
-    assert c["rate_per_s"] == pytest.approx(2.8) and c["bracket"] == pytest.approx([2.8, 4.0])
-    assert c["limited_by"] == "interrupted" and not c["converged"] and c["summary"]["validity"]["valid"]
+    assert [r.rate_per_s for r in c.runs] == pytest.approx([2.0 ** k for k in range(-3, 5)] + [2.4, 2.8])
+    assert c.rate_per_s == pytest.approx(2.8) and c.bracket == pytest.approx([2.8, 4.0])
+    assert c.limited_by == "interrupted" and not c.converged and c.summary.validity.valid
 
 
 def test_a_search_stopped_before_any_run_keeps_nothing():
@@ -111,17 +123,17 @@ def test_a_ceiling_caps_the_search_and_the_answer():
     600 x 2^0, then (2^-1, 2^-2), (2^-3, 2^-4), stopping at the first valid rate: 600 / 8 = 75 <= 100 < 150, so
     no rate under 600 / 16 is run (the lowest rates, a batch of one, cost the most to simulate)."""
     c = find_capacity(_step(1e12), 1.0, ceiling=600.0)
-    assert c["rate_per_s"] == 600.0 and c["limited_by"] == "ceiling" and c["converged"]
-    assert [r["rate_per_s"] for r in c["runs"]] == [600.0]
+    assert c.rate_per_s == 600.0 and c.limited_by == "ceiling" and c.converged
+    assert [r.rate_per_s for r in c.runs] == [600.0]
     c = find_capacity(_step(100.0), 1.0, ceiling=600.0)
-    assert c["converged"] and 100.0 - c["rate_per_s"] <= 0.01 * c["rate_per_s"] and c["rate_per_s"] <= 100.0
-    assert all(r["rate_per_s"] <= 600.0 for r in c["runs"]) and c["summary"]["validity"]["valid"]
-    assert [r["rate_per_s"] for r in c["runs"][:5]] == [600.0, 300.0, 150.0, 75.0, 37.5]
-    assert min(r["rate_per_s"] for r in c["runs"]) >= 600.0 / 16
+    assert c.converged and 100.0 - c.rate_per_s <= 0.01 * c.rate_per_s and c.rate_per_s <= 100.0
+    assert all(r.rate_per_s <= 600.0 for r in c.runs) and c.summary.validity.valid
+    assert [r.rate_per_s for r in c.runs[:5]] == [600.0, 300.0, 150.0, 75.0, 37.5]
+    assert min(r.rate_per_s for r in c.runs) >= 600.0 / 16
     # an SLO no rate meets: the descent goes as far down as the uncapped grid moves (8 x 4 grid steps), no further
     c = find_capacity(_step(1e-12), 1.0, ceiling=600.0)
-    assert c["rate_per_s"] == 0.0 and not c["converged"] and len(c["runs"]) == 32
-    assert min(r["rate_per_s"] for r in c["runs"]) == 600.0 * 2.0 ** -31
+    assert c.rate_per_s == 0.0 and not c.converged and len(c.runs) == 32
+    assert min(r.rate_per_s for r in c.runs) == 600.0 * 2.0 ** -31
 
 
 def test_queue_trend_tells_a_stationary_queue_from_a_diverging_one():
@@ -133,11 +145,11 @@ def test_queue_trend_tells_a_stationary_queue_from_a_diverging_one():
     rng = np.random.default_rng(0)
     t = np.linspace(0.0, 100.0, 1000)
     flat = queue_trend(t, rng.exponential(0.5, t.size))
-    assert flat["verdict"] == "stationary" and abs(flat["growth_s"]) < 3 * flat["growth_se_s"] + 0.5
+    assert flat.verdict == "stationary" and abs(flat.growth_s) < 3 * flat.growth_se_s + 0.5
     grow = queue_trend(t, 0.2 * t + rng.exponential(0.5, t.size))
-    assert grow["verdict"] == "diverging"
-    assert grow["growth_s"] == pytest.approx(0.2 * (t[-1] - t[500]), rel=0.05)
-    assert queue_trend(t[:10], t[:10])["verdict"] == "too short"  # 5 requests in the second half
+    assert grow.verdict == "diverging"
+    assert grow.growth_s == pytest.approx(0.2 * (t[-1] - t[500]), rel=0.05)
+    assert queue_trend(t[:10], t[:10]).verdict == "too short"  # 5 requests in the second half
 
 
 TP_S = 0.010  # one prefill step, whatever it holds: 10 ms
@@ -163,28 +175,28 @@ def test_capacity_never_above_the_closed_form_saturation():
     probe = _constant_steps()
     sat = 256 / TP_S
     c = steady_capacity(probe)
-    assert c["saturation_per_s"] == pytest.approx(sat, rel=1e-9)
-    assert c["rate_per_s"] <= sat
+    assert c.saturation_per_s == pytest.approx(sat, rel=1e-9)
+    assert c.rate_per_s <= sat
     # a 1 s TTFT limit is 100 steps: the limit is the queue's stability, not the SLO; the capacity sits close to
     # the saturation rate (a bulk-service queue of 256 a step is short until its load nears 1)
-    assert c["rate_per_s"] >= 0.5 * sat and c["limited_by"] in ("stationarity", "saturation")
-    assert all(r["rate_per_s"] <= sat * (1 + 1e-12) for r in c["runs"])
+    assert c.rate_per_s >= 0.5 * sat and c.limited_by in ("stationarity", "saturation")
+    assert all(r.rate_per_s <= sat * (1 + 1e-12) for r in c.search.runs)
     # the headline is the run at the answer, its warm-up excluded; its throughput is that run's departures
-    head = c["headline"]
-    assert head["arrival"] == f"poisson:{c['rate_per_s']:g}"
-    assert head["steady_state"]["verdict"] == "stationary" and head["steady_state"]["warmup_requests"] >= 103
-    assert head["throughput"]["requests_per_s"] == pytest.approx(c["rate_per_s"], rel=0.1)
-    assert c["run"]["requests"] == head["steady_state"]["requests"] >= 1024
+    head = c.headline
+    assert head.arrival == f"poisson:{c.rate_per_s:g}"
+    assert head.steady_state.verdict == "stationary" and head.steady_state.warmup_requests >= 103
+    assert head.throughput.requests_per_s == pytest.approx(c.rate_per_s, rel=0.1)
+    assert c.to_dict()["run"]["requests"] == head.steady_state.requests >= 1024
 
 
 def test_a_run_over_saturation_is_diverging_and_invalid_below_it_stationary():
     probe = _constant_steps(8192)  # at twice the saturation rate: 80 ms of arrivals, 8 steps of the second half
     sat = 256 / TP_S
     low, high = probe(0.5 * sat), probe(2 * sat)
-    assert low["steady_state"]["verdict"] == "stationary" and low["validity"]["valid"]
-    assert high["steady_state"]["verdict"] == "diverging" and not high["validity"]["valid"]
-    assert high["validity"]["reason"].startswith("queue not stationary (diverging)")
+    assert low.steady_state.verdict == "stationary" and low.validity.valid
+    assert high.steady_state.verdict == "diverging" and not high.validity.valid
+    assert high.validity.reason.startswith("queue not stationary (diverging)")
     # twice the rate the server completes: the queue grows at 1 s per s (rho - 1 = 1), so the wait grows by about
     # the second half's span; the p99 TTFT alone (under the 1 s limit in a short run) would have passed it
-    ss = high["steady_state"]
-    assert ss["growth_s"] == pytest.approx(ss["span_s"], rel=0.25)
+    ss = high.steady_state.trend
+    assert ss.growth_s == pytest.approx(ss.span_s, rel=0.25)

@@ -3,19 +3,31 @@ at its first invalid rate; a configuration where a request served alone already 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 
 from opmap.serve.alone import alone_breaks_slo
 from opmap.serve.arrivals import Arrival, parse_length
 from opmap.serve.capacity import RateProbe, find_capacity, steady_capacity
 from opmap.serve.cost import TableCost
-from opmap.serve.metrics import Slo
+from opmap.serve.metrics import Slo, Validity
 from opmap.serve.policies import parse_policy
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What a probe's run reports to the search (a ServeReport's validity and steady state)."""
+
+    validity: Validity
+    steady_state: Any = None
+
+
 def _rule(valid):
-    def run(rate: float) -> dict:
-        return {"validity": {"valid": valid(rate), "reason": f"{rate:g}"}}
+    def run(rate: float) -> Ran:
+        ok = valid(rate)
+        return Ran(Validity(ok, "VALID" if ok else "INVALID", f"{rate:g}", "the rule given"))
     return run
 
 
@@ -32,10 +44,10 @@ def test_a_round_stopped_at_its_first_invalid_rate_gives_the_answer_of_the_whole
         whole = find_capacity(_rule(valid), 1.0, map_fn=together, ceiling=ceiling)
         one_by_one = find_capacity(_rule(valid), 1.0, ceiling=ceiling)
         for k in ("rate_per_s", "bracket", "converged", "limited_by", "summary"):
-            assert one_by_one[k] == whole[k]
+            assert getattr(one_by_one, k) == getattr(whole, k)
         # the record too: the runs a whole round made above its first invalid rate decide nothing and are left out,
         # so serve.json is the same on every engine (tests/explore/test_engine.py: a pool against inline)
-        assert one_by_one["runs"] == whole["runs"]
+        assert one_by_one.runs == whole.runs
 
 
 def _flat(prefill_s: float, step_s: float, kv_capacity: int = 100_000) -> TableCost:
@@ -72,10 +84,11 @@ def test_a_configuration_too_slow_alone_is_answered_without_a_search_and_the_sam
     probe = _probe(_flat(0.050, 0.020), Slo(None, None, 2.0), output_len="128")
     pruned = steady_capacity(probe)
     full = steady_capacity(probe, prune=False)
-    assert pruned["rate_per_s"] is None and full["rate_per_s"] is None
-    assert pruned["runs"] == [] and len(full["runs"]) == 32
-    assert "2590 ms end to end" in pruned["reason"]
-    assert pruned["saturation_per_s"] == full["saturation_per_s"]
+    assert pruned.rate_per_s is None and full.rate_per_s is None
+    assert pruned.search.runs == () and len(full.search.runs) == 32
+    assert "2590 ms end to end" in pruned.reason
+    assert pruned.saturation_per_s == full.saturation_per_s
+    assert pruned.to_dict()["runs"] == [] and pruned.to_dict()["rate_per_s"] is None
 
 
 def test_the_descent_stops_at_its_first_run_served_alone_with_the_same_record():
@@ -90,24 +103,22 @@ def test_the_descent_stops_at_its_first_run_served_alone_with_the_same_record():
         calls.extend(rates)
         return [fn(r) for r in rates]
 
-    sat = float(probe.saturation()["throughput"]["requests_per_s"])
+    sat = float(probe.saturation().throughput.requests_per_s)
     full = find_capacity(probe, sat, map_fn=counted, ceiling=sat, skip_alone=False)
     n_full = len(calls)
     calls.clear()
     short = find_capacity(probe, sat, map_fn=counted, ceiling=sat, skip_alone=True)
-    assert len(full["runs"]) == n_full == 32
-    assert [(r["rate_per_s"], r["valid"]) for r in short["runs"]] == [(r["rate_per_s"], r["valid"])
-                                                                      for r in full["runs"]]
+    assert len(full.runs) == n_full == 32
+    assert [(r.rate_per_s, r.valid) for r in short.runs] == [(r.rate_per_s, r.valid) for r in full.runs]
     # the reasons alike, but for the last digit the runs at the lowest rates print: their arrivals lie ~1e10 s out,
     # where a float's spacing is ~1e-6 s, so finish - arrival comes out 2590.1 ms there, 2590.0 alone
     k = len(calls)  # the runs the short descent ran: the same; below them, alone alike
-    assert short["runs"][:k] == full["runs"][:k]
-    ms = [float(r["reason"].split()[2]) for r in short["runs"][k - 1:] + full["runs"][k - 1:]]
+    assert short.runs[:k] == full.runs[:k]
+    ms = [float(r.reason.split()[2]) for r in short.runs[k - 1:] + full.runs[k - 1:]]
     assert all(abs(m - 2590.0) <= 0.1 for m in ms)
-    assert {k: short[k] for k in ("rate_per_s", "bracket", "limited_by")} == \
-        {k: full[k] for k in ("rate_per_s", "bracket", "limited_by")}
+    assert (short.rate_per_s, short.bracket, short.limited_by) == (full.rate_per_s, full.bracket, full.limited_by)
     assert k < n_full
-    assert probe(calls[-1])["steady_state"]["alone"] and not probe(sat)["steady_state"]["alone"]
+    assert probe(calls[-1]).steady_state.alone and not probe(sat).steady_state.alone
 
 
 def test_under_pp_the_bound_is_the_request_s_steps_at_the_cheapest_step():

@@ -17,6 +17,7 @@ from opmap.serve import Requests, TableCost, make_requests, simulate, summarize
 from opmap.serve.cost import mixed_s
 from opmap.serve.policies import Chunked, Engine
 from opmap.serve.reference import reference_schedule
+from opmap.serve.run_stats import Preemptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,10 +101,12 @@ def test_preemption_by_recompute_when_blocks_run_out():
         np.testing.assert_allclose(res.first_s, [0.032, 0.032])
         np.testing.assert_allclose(res.finish_s, [0.422, 0.575])
         np.testing.assert_array_equal(res.preemptions, [0, 1])
-        assert res.extra["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
-        assert res.extra["kv_cache"]["blocks"] == 4 and res.extra["kv_cache"]["peak_blocks_used"] == 4
+        assert res.engine.preemptions == Preemptions(total=1, requests_preempted=1, max_per_request=1)
+        assert res.engine.kv_cache.blocks == 4 and res.engine.kv_cache.peak_blocks_used == 4
     s = summarize(res).to_dict()
-    assert s["preemptions"]["total"] == 1
+    assert s["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
+    assert s["kv_cache"] == {"paged": True, "kv_block": 16, "blocks": 4, "capacity_tokens": 70,
+                             "peak_blocks_used": 4, "preemption": "recompute"}  # the last cap: 70 tokens
     # gaps: A 39 of 10 ms; B 16 of 10 ms (tokens 2..17), 0.263 s, 12 of 10 ms (tokens 19..30)
     assert s["latency"]["itl"]["mean_s"] == pytest.approx((0.39 + 0.28 + 0.263) / 68)
     assert s["latency"]["itl"]["p50_s"] == pytest.approx(0.01)
@@ -190,17 +193,36 @@ def test_the_counting_scheduler_is_the_plain_one(seed, cap, pol):
     _same_as_reference(reqs, pol, cost, 11)
 
 
+@pytest.mark.parametrize("seed,cap,pol,preempted", [
+    (5, 1000, Engine(8, 700, 8, chunked_prefill=False), 5),  # nochunk: a prompt (and its recompute) whole
+    (6, 2048, Engine(32, 256, 16, no_evict=True), 0),  # GUARANTEED_NO_EVICT: admitted only with its KV to the end
+    (7, 1000, Engine(8, 700, 8, chunked_prefill=False, no_evict=True), 0)])
+def test_the_counting_scheduler_is_the_plain_one_without_chunking_or_eviction(seed, cap, pol, preempted):
+    """The engine's other modes against the reference: without chunked prefill (the budget 700 holds the
+    longest recompute, 300 + 200 - 1 tokens) and with TensorRT-LLM's no-evict admission, which never preempts."""
+    reqs = make_requests("poisson:30", "uniform:1,300", "uniform:1,200", 250, seed=seed)
+    cost = TableCost([16, 100, 4000], [0.0025, 0.02, 0.5], [1, 64], [0, 1e5], [[0.008, 0.02], [0.012, 0.03]],
+                     kv_capacity_tokens=cap)
+    _same_as_reference(reqs, pol, cost, preempted)
+    if pol.no_evict:
+        assert not simulate(reqs, pol, cost).preemptions.any()
+
+
+@pytest.mark.parametrize("pol,preempted", [(Engine(32, 512, 16), 5),
+                                           (Engine(32, 1024, 16, chunked_prefill=False), 5),
+                                           (Engine(32, 512, 16, no_evict=True), 0)])
 @pytest.mark.parametrize("model,arrival,cap", [("examples/tiny-llama.json", "poisson:400", 3000),
                                                ("gpt2", "poisson:100", 3000)])
-def test_the_counting_scheduler_is_the_plain_one_on_priced_models(model, arrival, cap):
+def test_the_counting_scheduler_is_the_plain_one_on_priced_models(model, arrival, cap, pol, preempted):
     """A Hugging Face config and a zoo model priced by opmap's cost model on an H100 (model_table_cost), the KV
-    cache cut to ``cap`` tokens so that requests are preempted."""
+    cache cut to ``cap`` tokens so that requests are preempted (but under no-evict admission); without chunked
+    prefill the budget, 1024, holds the longest recompute (400 + 300 - 1 tokens)."""
     from opmap.serve.model_cost import model_table_cost
 
     cost = replace(model_table_cost(str(ROOT / model) if model.endswith(".json") else model, "h100-sxm"),
                    kv_capacity_tokens=cap)
     reqs = make_requests(arrival, "uniform:16,400", "uniform:1,300", 200, seed=7)
-    _same_as_reference(reqs, Engine(32, 512, 16), cost, 5)
+    _same_as_reference(reqs, pol, cost, preempted)
 
 
 def test_ten_thousand_requests_simulate_fast():

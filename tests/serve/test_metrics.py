@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 
@@ -48,21 +50,28 @@ def test_a_figure_that_overflows_is_refused_not_printed():
 @pytest.mark.parametrize("spec", ["none", "static:4", "dynamic:4,5", "continuous:1024", "chunked:256",
                                   "engine:8,64,32,nochunk,noevict"])
 def test_the_limits_come_from_the_typed_policy_the_run_wrote(spec):
-    """serve.json's policy block (Policy.to_dict) read back is the policy the run was given, so the scheduler limits
-    are its own fields, not a guess among other policies' parameter names."""
-    from opmap.serve import parse_policy
-    from opmap.serve.metrics import SchedulerLimits, policy_of
+    """The run carries the typed policy it was given (SimResult.policy, ServeReport.policy), so the scheduler limits
+    are each policy's own fields (Policy.limits), not a guess among other policies' parameter names; serve.json's
+    policy block writes those fields as its params."""
+    import numpy as np
+
+    from opmap.serve import Requests, parse_policy, simulate, summarize
+    from opmap.serve.cost import TableCost
 
     p = parse_policy(spec)
-    assert policy_of(p.to_dict()) == p
-    lim = SchedulerLimits.of(p)
+    assert p.to_dict()["params"] == dataclasses.asdict(p)
+    cost = TableCost([1000], [0.01], [1, 8], [0, 1000], [[0.01, 0.01], [0.01, 0.01]])
+    r = summarize(simulate(Requests(np.zeros(2), np.full(2, 8), np.full(2, 2), "offline"), p, cost))
+    assert r.policy is p and r.scheduler == p.limits
+    lim = p.limits
     assert lim.max_num_seqs == {"none": 1, "static": 4, "dynamic": 4, "continuous": 256, "chunked": 256,
                                 "engine": 8}[p.name]
     assert lim.max_num_batched_tokens == {"continuous": 1024, "chunked": 256, "engine": 64}.get(p.name)
+    assert lim.kv_block == (32 if p.name == "engine" else None)
+    assert lim.chunked_prefill == (p.name == "chunked")  # engine:...,nochunk turns the engine's off
 
 
 def test_a_serve_report_is_frozen_and_writes_its_figures():
-    import dataclasses
 
     import numpy as np
 

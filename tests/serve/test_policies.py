@@ -125,7 +125,7 @@ def test_every_policy_finishes_every_request(router):
         assert np.all(res.start_s >= res.arrival_s)
     tight = TableCost([1000], [1.0], [1, 2], [0, 1000], [[0.01, 0.02], [0.015, 0.025]], kv_capacity_tokens=1000)
     res = simulate(reqs, Engine(8, 256, 16), tight, replicas=2, router=router)  # preempted ones requeued
-    assert res.extra["preemptions"]["total"] > 0 and np.all(res.finish_s >= res.first_s)
+    assert res.engine.preemptions.total > 0 and np.all(res.finish_s >= res.first_s)
 
 
 def test_deterministic_for_a_seed():

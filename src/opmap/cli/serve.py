@@ -287,10 +287,11 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
 
     report = capacity = res = stop = None
     if probe is not None:  # the printed run is the run at the capacity found (warm-up excluded), not another one
-        capacity, report, res, stop = _find_capacity(probe, engine, figure)
-        if report is None and stop is not None:  # stopped before any rate met the SLO: the runs' finding, no table
-            console.print(capacity_line(capacity), highlight=False)
+        capacity, res, stop = _find_capacity(probe, engine, figure)
+        if capacity.headline is None and stop is not None:  # stopped before any rate met the SLO: no table
+            console.print(capacity_line({**capacity.to_dict(), "engine": engine}), highlight=False)
             exit_if_stopped(stop)
+        report = capacity.headline.to_dict() if capacity.headline is not None else None  # serve.json
     if report is None:
         with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
             if pd is not None:
@@ -301,9 +302,9 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
                 res = simulate(reqs, pol, cost, replicas, router, seed)
             report = summarize(res, slo).to_dict()  # serve.json
     if capacity is not None:
-        report["capacity"] = capacity
+        report["capacity"] = {**capacity.to_dict(), "engine": engine}
         if stop is not None:
-            report["interrupted"] = capacity["interrupted"]
+            report["interrupted"] = capacity.interrupted
     return report, res, stop
 
 
@@ -319,9 +320,9 @@ def _write(out: Path, report: dict, res) -> None:
 
 
 def _find_capacity(probe, engine: str, figure: bool):
-    """--find-capacity on ``engine``: (the capacity record, the report of the run at the rate found, that run again
-    for the CDF figure where ``figure``, the stop). Ctrl-C or SIGTERM keeps the runs so far (the stop is returned):
-    the best valid rate among them is reported, marked interrupted; None where none was valid yet."""
+    """--find-capacity on ``engine``: (the capacity record, the run at the rate found again for the CDF figure where
+    ``figure``, the stop). Ctrl-C or SIGTERM keeps the runs so far (the stop is returned): the best valid rate among
+    them is reported, marked interrupted; no headline where none was valid yet."""
     from opmap.cli.common import kept, step_progress
     from opmap.explore.engine import get_engine
     from opmap.serve.capacity import steady_capacity
@@ -335,11 +336,9 @@ def _find_capacity(probe, engine: str, figure: bool):
             capacity = steady_capacity(probe, map_fn=map_fn)
     except KeyboardInterrupt as e:
         capacity, stop = kept(e)
-    capacity["engine"] = engine
-    report = capacity.pop("headline")
-    if report is not None and figure and stop is None:
-        res = probe.measured(capacity["rate_per_s"])  # the same run again (same seed), for the CDF figure
-    return capacity, report, res, stop
+    if capacity.headline is not None and figure and stop is None:
+        res = probe.measured(capacity.rate_per_s)  # the same run again (same seed), for the CDF figure
+    return capacity, res, stop
 
 
 def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_num_batched_tokens: int | None,

@@ -414,9 +414,9 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
 def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memory_utilization: float) -> dict:
     """The engine settings every cell ran under (serve's --kv-dtype, --max-num-seqs, --max-num-batched-tokens,
     --gpu-memory-utilization): what fit.json and the header state."""
-    return {"policy": policy.spec(), "max_num_seqs": getattr(policy, "max_num_seqs", None),
-            "max_num_batched_tokens": getattr(policy, "max_num_batched_tokens", None),
-            "kv_block": getattr(policy, "kv_block", None), "kv_dtype": kv_dtype,
+    lim = policy.limits  # the policy's own limits (serve.json's ``scheduler``), None where it has none
+    return {"policy": policy.spec(), "max_num_seqs": lim.max_num_seqs,
+            "max_num_batched_tokens": lim.max_num_batched_tokens, "kv_block": lim.kv_block, "kv_dtype": kv_dtype,
             "kv_dtype_source": "--kv-dtype" if kv_dtype_given else "default: the model dtype's activation format",
             "gpu_memory_utilization": gpu_memory_utilization}
 

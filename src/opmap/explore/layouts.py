@@ -183,7 +183,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     todo = layout_candidates(model, hw, budget, dtype, devices)
     say = progress or (lambda s: None)  # two notes a layout: priced (or skipped), then searched (or not)
     tried: list[LayoutResult] = []
-    bounded: list[tuple[int, Any, dict[str, Any]]] = []  # (index in tried, its RateProbe, its saturation run)
+    bounded: list[tuple[int, Any, Any]] = []  # (index in tried, its RateProbe, its saturation run: a ServeReport)
     rt: dict[str, Any] | None = None
     for tp, pp in todo:
         lay = LayoutResult.of(tp, pp, budget)
@@ -231,12 +231,12 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
         sat = probe.saturation()
     except OpmapError as e:  # a request the KV cache cannot hold
         return replace(lay, reason=str(e)), None, None, dict(cost.runtime)
-    lay = replace(lay, bound_per_device_tokens_per_s=sat["throughput"]["output_tokens_per_s"] * lay.replicas / budget,
-                  saturation_per_s=float(sat["throughput"]["requests_per_s"]))
+    lay = replace(lay, bound_per_device_tokens_per_s=sat.throughput.output_tokens_per_s * lay.replicas / budget,
+                  saturation_per_s=float(sat.throughput.requests_per_s))
     return lay, probe, sat, dict(cost.runtime)
 
 
-def _searched(lay: LayoutResult, probe, sat: dict[str, Any], budget: int, found: list[float]) -> LayoutResult:
+def _searched(lay: LayoutResult, probe, sat, budget: int, found: list[float]) -> LayoutResult:
     """``lay`` pruned (its saturation bound under the runner-up's figure among ``found``) or its capacity searched
     (``steady_capacity``): the figures of the run at the rate found, or the reason no rate meets the SLO."""
     from opmap.serve.capacity import steady_capacity
@@ -250,11 +250,11 @@ def _searched(lay: LayoutResult, probe, sat: dict[str, Any], budget: int, found:
         cap = steady_capacity(probe, saturation=sat, prune=PRUNE)
     except OpmapError as e:  # an offline run that completes nothing
         return replace(lay, reason=str(e))
-    head = cap.pop("headline")
-    lay = replace(lay, capacity=cap, saturation_per_s=cap["saturation_per_s"])
+    head = cap.headline
+    lay = replace(lay, capacity=cap.to_dict(), saturation_per_s=cap.saturation_per_s)  # as fit.json writes it
     if head is None:
-        return replace(lay, reason=cap["reason"])
-    out_tok = head["throughput"]["output_tokens_per_s"]
-    return replace(lay, rate_per_s=cap["rate_per_s"], limited_by=cap["limited_by"],
+        return replace(lay, reason=cap.reason)
+    out_tok = head.throughput.output_tokens_per_s
+    return replace(lay, rate_per_s=cap.rate_per_s, limited_by=cap.limited_by,
                    output_tokens_per_s=out_tok * lay.replicas, per_device_tokens_per_s=out_tok * lay.replicas / budget,
-                   latency_p99_s=head["latency"]["e2e"]["p99_s"], utilization=head.get("utilization", []))
+                   latency_p99_s=head.latency.e2e.p99_s, utilization=list(head.utilization))

@@ -31,8 +31,9 @@ class BatchFamily:
     def replica(self, idx: int, q: deque) -> BatchReplica:
         return BatchReplica(self, q)
 
-    def extra(self, reps: list[Any], preempted: list[int]) -> dict[str, Any]:
-        return {}
+    def extra(self, reps: list[Any], preempted: list[int]) -> None:
+        """No figures of its own: it never preempts and reserves the KV in full."""
+        return None
 
 
 class BatchReplica:

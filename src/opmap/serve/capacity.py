@@ -6,23 +6,24 @@
   cool-down excluded, lengthened until it spans enough lifetimes to judge its queue stationary or diverging;
   ``saturation()``: the same requests all at t = 0 (offline), whose completions per second cap the search;
 - ``steady_capacity``: the search serve --find-capacity and fit both run (one search, one answer), never above
-  the saturation rate, with the headline summary of the very run at the rate found.
+  the saturation rate, with the headline summary of the very run at the rate found: a ``CapacityRecord``, whose
+  ``to_dict`` is the ``capacity`` block serve.json and fit.json write.
 
-Summaries come from ``opmap.serve.metrics.summarize``.
+Summaries come from ``opmap.serve.metrics.summarize`` (a ``ServeReport``; a probe's carries its ``steady_state``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from opmap.errors import Interrupted, OpmapError
-from opmap.serve.metrics import Slo, summarize
-from opmap.serve.rate_search import find_capacity  # noqa: F401 (the search's home for its callers)
+from opmap.serve.metrics import Goodput, ServeReport, Slo, Throughput, Validity, summarize
+from opmap.serve.rate_search import CapacitySearch, MapFn, find_capacity
+from opmap.serve.run_stats import QueueTrend, SteadyState
 from opmap.serve.sim import SimResult
 
 # The steady-state capacity search (serve --find-capacity and fit use it alike) ------------------------------
@@ -83,8 +84,6 @@ def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
     from the first kept arrival to the last kept finish. Busy time is scaled to that span so that utilization
     stays the whole run's busy fraction; the inter-token gaps stay pooled over the whole run (they carry no
     request index)."""
-    from dataclasses import replace
-
     if len(keep) == len(res.arrival_s):
         return res
     whole = float(res.finish_s.max() - res.arrival_s.min())
@@ -96,7 +95,7 @@ def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
                    preemptions=None if res.preemptions is None else res.preemptions[keep])
 
 
-def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
+def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> QueueTrend:
     """Is the queue stationary? Over the second half of the requests (by arrival), the least-squares line of their
     waiting time ``time_s`` (s) against arrival time (s): ``growth_s`` = slope x that half's arrival span, with
     its standard error. ``verdict`` "diverging" when the growth passes both limits above (DIVERGE_*),
@@ -104,14 +103,12 @@ def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
     order = np.argsort(arrival_s, kind="stable")
     half = order[len(order) // 2:]
     t, w = arrival_s[half], time_s[half]
-    out: dict[str, Any] = {"window": "second half of the measured requests", "window_requests": int(t.size),
-                           "rule": f"diverging when the fitted growth of the waiting time over the window "
-                                   f"exceeds {DIVERGE_Z:g} standard errors and {DIVERGE_SLOPE:g} x the window's "
-                                   "span (s per s)"}
+    window, rule = ("second half of the measured requests", f"diverging when the fitted growth of the waiting time "
+                    f"over the window exceeds {DIVERGE_Z:g} standard errors and {DIVERGE_SLOPE:g} x the window's "
+                    "span (s per s)")
     dt = float(t.max() - t.min()) if t.size else 0.0
     if t.size < TREND_MIN or dt <= 0:
-        return {**out, "verdict": "too short", "growth_s": None, "growth_se_s": None,
-                "mean_s": float(w.mean()) if w.size else None}
+        return QueueTrend(window, int(t.size), rule, "too short", None, None, float(w.mean()) if w.size else None)
     tc = t - t.mean()
     sxx = float((tc * tc).sum())
     slope = float((tc * (w - w.mean())).sum()) / sxx
@@ -119,39 +116,49 @@ def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> dict[str, Any]:
     se = float(np.sqrt((resid * resid).sum() / (t.size - 2) / sxx))
     growth, growth_se = slope * dt, se * dt
     diverging = growth > DIVERGE_Z * growth_se and growth > DIVERGE_SLOPE * dt
-    return {**out, "verdict": "diverging" if diverging else "stationary", "growth_s": growth,
-            "growth_se_s": growth_se, "mean_s": float(w.mean()), "span_s": dt}
+    return QueueTrend(window, int(t.size), rule, "diverging" if diverging else "stationary", growth, growth_se,
+                      float(w.mean()), dt)
 
 
 def _plainly_diverging(res: SimResult) -> bool:
     """The whole run's wait grows at over DIVERGE_PLAIN s per s (a load over 10% above the service rate): its
     lifetimes only lengthen with the run, so a longer run would not settle it and is not drawn."""
     t = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
-    return t["verdict"] == "diverging" and t["growth_s"] > DIVERGE_PLAIN * t["span_s"]
+    return t.verdict == "diverging" and t.growth_s > DIVERGE_PLAIN * t.span_s
 
 
 DIVERGING = "queue not stationary (diverging)"
 TOO_SHORT = "run too short for a steady state"
 
 
-def departure_rates(res: SimResult, t0: float, t1: float,
-                    attainment: float) -> tuple[dict[str, float], dict[str, float]]:
+def _steady_validity(v: Validity, trend: QueueTrend, n: int) -> Validity:
+    """``v`` (the SLO's verdict) made INVALID where the queue diverges or the run of ``n`` requests is too short to
+    tell, the reason why first."""
+    if trend.verdict == "diverging":
+        return replace(v, valid=False, verdict="INVALID", reason=(
+            f"{DIVERGING}: the wait grew {trend.growth_s * 1e3:.4g} ms over the measured second half (mean "
+            f"{trend.mean_s * 1e3:.4g} ms; a longer run, --requests, settles a queue that is only slow to fill); "
+            + v.reason))
+    if trend.verdict == "too short":
+        return replace(v, valid=False, verdict="INVALID", reason=(
+            f"{TOO_SHORT}: filling and draining the server (one median e2e latency of arrivals each) take over half "
+            f"of its {n} requests; raise --requests; " + v.reason))
+    return v
+
+
+def departure_rates(res: SimResult, t0: float, t1: float, attainment: float) -> tuple[Throughput, Goodput]:
     """Steady-state throughput of a run measured from ``t0`` to ``t1`` (s, its first and last measured arrivals):
     the requests (and their tokens) of the whole run finishing in that interval, per second of it (in a
     stationary queue: the arrival rate; the filling before t0 and the drain after t1 are left out). Goodput:
     that throughput x the SLO attainment of the measured requests."""
-    win = res
     if not t1 > t0:
-        return ({"requests_per_s": 0.0, "tokens_per_s": 0.0, "output_tokens_per_s": 0.0},
-                {"requests_per_s": 0.0, "output_tokens_per_s": 0.0})
-    done = (win.finish_s >= t0) & (win.finish_s <= t1)
+        return Throughput(0.0, 0.0, 0.0), Goodput(0.0, 0.0)
+    done = (res.finish_s >= t0) & (res.finish_s <= t1)
     dt = t1 - t0
-    out_tok = float(win.output_len[done].sum())
-    th = {"requests_per_s": float(done.sum()) / dt,
-          "tokens_per_s": (float(win.input_len[done].sum()) + out_tok) / dt, "output_tokens_per_s": out_tok / dt,
-          "window": "departures between the first and the last measured arrival"}
-    return th, {"requests_per_s": th["requests_per_s"] * attainment,
-                "output_tokens_per_s": th["output_tokens_per_s"] * attainment}
+    out_tok = float(res.output_len[done].sum())
+    th = Throughput(float(done.sum()) / dt, (float(res.input_len[done].sum()) + out_tok) / dt, out_tok / dt,
+                    "departures between the first and the last measured arrival")
+    return th, Goodput(th.requests_per_s * attainment, th.output_tokens_per_s * attainment)
 
 
 @dataclass(frozen=True)
@@ -216,34 +223,23 @@ class RateProbe:
         res = self.result(rate)
         return steady_window(res, measured_window(res, self.warmup)[0])
 
-    def __call__(self, rate: float) -> dict[str, Any]:
+    def __call__(self, rate: float) -> ServeReport:
+        """The summary of the measured window of the run at ``rate`` (its ``steady_state``; throughput and goodput
+        its departures), INVALID where its queue diverges or it is too short to tell."""
         res = self.result(rate)
         n = len(res.arrival_s)
         keep, warm, cool, short = measured_window(res, self.warmup)
         win = steady_window(res, keep)
-        s = summarize(win, self.slo).to_dict()  # a capacity record: what serve.json and fit write
+        s = summarize(win, self.slo)
         trend = queue_trend(win.arrival_s, win.start_s - win.arrival_s)
         if short:  # no steady window: plainly diverging over the whole run, or too short to tell
             whole = queue_trend(res.arrival_s, res.start_s - res.arrival_s)
-            trend = ({**whole, "window": "second half of the whole run (too short for a steady window)"}
-                     if _plainly_diverging(res) else {**trend, "verdict": "too short"})
-        s["steady_state"] = {"requests": n, "warmup_requests": warm, "cooldown_requests": cool,
-                             "measured_requests": len(keep), **trend}
-        s["steady_state"]["alone"] = self._alone(res, trend["verdict"])
-        s["throughput"], s["goodput"] = departure_rates(res, float(win.arrival_s.min()), float(win.arrival_s.max()),
-                                                        s["slo_attainment"])
-        v = s["validity"]
-        if trend["verdict"] == "diverging":
-            s["validity"] = {**v, "valid": False, "verdict": "INVALID",
-                             "reason": f"{DIVERGING}: the wait grew {trend['growth_s'] * 1e3:.4g} ms over the "
-                                       f"measured second half (mean {trend['mean_s'] * 1e3:.4g} ms; a longer run, "
-                                       f"--requests, settles a queue that is only slow to fill); " + v["reason"]}
-        elif trend["verdict"] == "too short":
-            s["validity"] = {**v, "valid": False, "verdict": "INVALID",
-                             "reason": f"{TOO_SHORT}: filling and draining the server (one median e2e latency of "
-                                       f"arrivals each) take over half of its {n} requests; raise --requests; "
-                                       + v["reason"]}
-        return s
+            trend = (replace(whole, window="second half of the whole run (too short for a steady window)")
+                     if _plainly_diverging(res) else replace(trend, verdict="too short"))
+        steady = SteadyState(n, warm, cool, len(keep), trend, self._alone(res, trend.verdict))
+        th, good = departure_rates(res, float(win.arrival_s.min()), float(win.arrival_s.max()), s.slo_attainment)
+        return replace(s, throughput=th, goodput=good, steady_state=steady,
+                       validity=_steady_validity(s.validity, trend, n))
 
     def _alone(self, res: SimResult, verdict: str) -> bool:
         """Every request of ``res`` served alone (each finished before the next arrived) with fixed lengths, a
@@ -257,41 +253,80 @@ class RateProbe:
         order = np.argsort(res.arrival_s, kind="stable")
         return bool(np.all(res.finish_s[order][:-1] < res.arrival_s[order][1:]))
 
-    def saturation(self) -> dict[str, Any]:
+    def saturation(self) -> ServeReport:
         """The offline run: the same requests (the same lengths) all arriving at t = 0, summarized whole; its
         requests per second is the most this configuration completes. Each of the replicas gets ``requests`` of
         them (requests x replicas in all): the ceiling of R replicas is R times one replica's, however many there
         are (1000 requests over 8 replicas left each a batch of 125, under the engine's 256: serve of llama-3-8b
         as 8 x tp1 on H100s capped at 357.9 requests/s where fit's one replica of 1000 gave 8 x 52.7 = 421.7)."""
-        from dataclasses import replace
-
         share = self.replicas if self.disaggregate is None else 1
         from opmap.serve.arrivals import MAX_REQUESTS
 
         reqs = self._requests(1.0, min(self.requests * share, MAX_REQUESTS))
         reqs = replace(reqs, arrival_s=np.zeros_like(reqs.arrival_s), arrival="offline")
-        return summarize(self._simulate(reqs), self.slo).to_dict()
+        return summarize(self._simulate(reqs), self.slo)
 
 
-def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
-                                                        list[dict[str, Any]]] | None = None,
-                    rel_tol: float = 0.01, max_runs: int = 64,
-                    saturation: dict[str, Any] | None = None, prune: bool = True) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CapacityRecord:
+    """``steady_capacity``'s answer: the search (``search``: its bracket, runs, convergence), the rate found
+    (``rate_per_s``, None where no rate is valid, ``reason`` why) and what limited it ("saturation", "slo",
+    "stationarity", "search range", "interrupted"), the offline saturation run (``saturation``, its requests/s
+    ``saturation_per_s``), the method in words, and ``headline``: the summary of the run at ``rate_per_s`` (None
+    without one), the very run whose figures are reported. ``to_dict``: the ``capacity`` block serve.json and
+    fit.json write (the headline is not in it: serve.json's body is the headline itself); its ``run``, the
+    headline's steady state and measured span."""
+
+    search: CapacitySearch
+    rate_per_s: float | None
+    limited_by: str
+    saturation: ServeReport
+    method: str
+    headline: ServeReport | None
+    reason: str | None = None
+    interrupted: dict[str, Any] | None = None  # a stopped search: the signal and the runs (Interrupted.note)
+
+    @property
+    def saturation_per_s(self) -> float:
+        return float(self.saturation.throughput.requests_per_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        c, sat = self.search, self.saturation
+        d: dict[str, Any] = {
+            "rate_per_s": self.rate_per_s, "bracket": list(c.bracket), "converged": c.converged,
+            "rel_tol": c.rel_tol, "limited_by": self.limited_by,
+            "runs": [{"rate_per_s": r.rate_per_s, "valid": r.valid, "reason": r.reason} for r in c.runs],
+            "saturation_per_s": self.saturation_per_s,
+            "saturation": {"arrival": "offline", "requests": sat.requests.count, "span_s": sat.requests.span_s,
+                           **sat.throughput.to_dict()},
+            "method": self.method}
+        if self.reason is not None:
+            d["reason"] = self.reason
+        if self.headline is not None:
+            d["run"] = self.headline.steady_state.to_dict()
+            d["run"]["span_s"] = self.headline.requests.span_s  # the measured span (the trend's window's before)
+        if self.interrupted is not None:
+            d["interrupted"] = self.interrupted
+        return d
+
+
+def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: float = 0.01, max_runs: int = 64,
+                    saturation: ServeReport | None = None, prune: bool = True) -> CapacityRecord:
     """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
     saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
-    completed): ``find_capacity`` with that rate as its ceiling. Returns the search record (``rate_per_s`` None
-    where no rate is valid, with ``reason``), ``saturation`` (the offline run's throughput), ``run`` (its length,
-    warm-up and steady-state verdict) and ``headline``: the summary of the run at ``rate_per_s``, the very run
-    whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
-    search bounds each layout by it first), else it is run here. ``prune``: first ask ``alone_breaks_slo``; where
-    a request alone already breaks the SLO, no rate is searched (the search would probe ever lower rates, down to
-    2^-31 of saturation, each a run of requests served one by one, and find none valid).
+    completed): ``find_capacity`` with that rate as its ceiling. Returns the record (``CapacityRecord``):
+    ``rate_per_s`` (None where no rate is valid, with ``reason``), the search, the saturation run and
+    ``headline``: the summary of the run at ``rate_per_s``, the very run whose figures are reported (warm-up
+    excluded). ``saturation``: ``probe.saturation()`` already run (a layout search bounds each layout by it first),
+    else it is run here. ``prune``: first ask ``alone_breaks_slo``; where a request alone already breaks the SLO,
+    no rate is searched (the search would probe ever lower rates, down to 2^-31 of saturation, each a run of
+    requests served one by one, and find none valid).
 
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) after a run, the stop carries as ``partial`` this record of the runs
     so far, ``limited_by`` "interrupted", ``interrupted`` the signal and the runs: ``rate_per_s`` the highest
     valid rate below the lowest invalid one probed (a lower bound of the capacity), None where none was valid."""
     sat = saturation if saturation is not None else probe.saturation()
-    sat_rate = float(sat["throughput"]["requests_per_s"])
+    sat_rate = float(sat.throughput.requests_per_s)
     if not sat_rate > 0:
         raise OpmapError("the offline run completed no requests in a positive time: no saturation rate to search "
                          "under (check the cost model and the lengths)")
@@ -299,51 +334,44 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
 
     why = alone_breaks_slo(probe) if prune else None
     if why is not None:
-        return _steady_record(probe, {"rate_per_s": 0.0, "bracket": [None, None], "converged": True,
-                                      "rel_tol": rel_tol, "limited_by": "slo", "runs": [], "summary": None,
-                                      "alone": why}, sat, sat_rate)
+        return CapacityRecord(CapacitySearch(0.0, (None, None), True, rel_tol, "slo", ()), None, "slo", sat,
+                              _method(probe), None, reason=why)
     try:
         cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune)
     except Interrupted as e:
         if e.partial is not None:
-            e.partial = _steady_record(probe, e.partial, sat, sat_rate)
-            e.partial["interrupted"] = e.note(runs=len(e.partial["runs"]))
+            part = _steady_record(probe, e.partial, sat)
+            e.partial = replace(part, interrupted=e.note(runs=len(part.search.runs)))
         raise
-    return _steady_record(probe, cap, sat, sat_rate)
+    return _steady_record(probe, cap, sat)
 
 
-def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], sat_rate: float) -> dict[str, Any]:
+def _method(probe: RateProbe) -> str:
+    return (f"steady state: runs of {probe.requests} requests or more (lengthened to span {RUN_LIFETIMES} median e2e "
+            f"latencies of arrivals, at most {MAX_STEADY_REQUESTS}), "
+            + (f"the first {probe.warmup}" if probe.warmup is not None else
+               f"the first {WARMUP_FRACTION:.0%} or those arriving within one median e2e latency of the "
+               "first, whichever is more, and those within one median e2e of the last")
+            + " excluded (warm-up, cool-down); a run VALID when the SLO holds at p99 over the rest and "
+              "its queue is stationary; throughput = departures between the first and the last measured "
+              "arrival; the rate capped at the offline saturation rate (all requests at t = 0)")
+
+
+def _steady_record(probe: RateProbe, cap: CapacitySearch, sat: ServeReport) -> CapacityRecord:
     """steady_capacity's record of find_capacity's ``cap`` under the saturation run ``sat``."""
-    head = cap.pop("summary", None)
-    alone = cap.pop("alone", None)
-    out = {**cap, "saturation_per_s": sat_rate,
-           "saturation": {"arrival": "offline", "requests": sat["requests"]["count"],
-                          "span_s": sat["requests"]["span_s"], **sat["throughput"]},
-           "method": f"steady state: runs of {probe.requests} requests or more (lengthened to span "
-                     f"{RUN_LIFETIMES} median e2e latencies of arrivals, at most {MAX_STEADY_REQUESTS}), "
-                     + (f"the first {probe.warmup}" if probe.warmup is not None else
-                        f"the first {WARMUP_FRACTION:.0%} or those arriving within one median e2e latency of the "
-                        "first, whichever is more, and those within one median e2e of the last")
-                     + " excluded (warm-up, cool-down); a run VALID when the SLO holds at p99 over the rest and "
-                       "its queue is stationary; throughput = departures between the first and the last measured "
-                       "arrival; the rate capped at the offline saturation rate (all requests at t = 0)",
-           "headline": head}
-    if alone is not None:
-        out.update(rate_per_s=None, headline=None, reason=alone)
-        return out
-    if head is None or not cap["rate_per_s"]:
-        low = min(cap["runs"], key=lambda r: r["rate_per_s"])
-        out.update(rate_per_s=None, headline=None,
-                   reason=f"no rate from {low['rate_per_s']:.4g} requests/s up to saturation "
-                          f"({sat_rate:.4g}) meets the SLO: {low['reason']}")
-        if cap["limited_by"] == "interrupted":
-            out["reason"] = (f"stopped after {len(cap['runs'])} runs, none valid: the lowest, "
-                             f"{low['rate_per_s']:.4g} requests/s: {low['reason']}")
-        return out
-    if cap["limited_by"] == "ceiling":
-        out["limited_by"] = "saturation"
-    elif cap["bracket"][1] is not None and cap["limited_by"] != "interrupted":  # what the rate above it broke
-        bad = next(r for r in cap["runs"] if r["rate_per_s"] == cap["bracket"][1])
-        out["limited_by"] = ("stationarity" if bad["reason"].startswith((DIVERGING, TOO_SHORT)) else "slo")
-    out["run"] = {**head["steady_state"], "span_s": head["requests"]["span_s"]}
+    head = cap.summary
+    out = CapacityRecord(cap, cap.rate_per_s, cap.limited_by, sat, _method(probe), head)
+    if head is None or not cap.rate_per_s:
+        low = min(cap.runs, key=lambda r: r.rate_per_s)
+        reason = (f"no rate from {low.rate_per_s:.4g} requests/s up to saturation "
+                  f"({out.saturation_per_s:.4g}) meets the SLO: {low.reason}")
+        if cap.limited_by == "interrupted":
+            reason = (f"stopped after {len(cap.runs)} runs, none valid: the lowest, "
+                      f"{low.rate_per_s:.4g} requests/s: {low.reason}")
+        return replace(out, rate_per_s=None, headline=None, reason=reason)
+    if cap.limited_by == "ceiling":
+        return replace(out, limited_by="saturation")
+    if cap.bracket[1] is not None and cap.limited_by != "interrupted":  # what the rate above it broke
+        bad = next(r for r in cap.runs if r.rate_per_s == cap.bracket[1])
+        return replace(out, limited_by="stationarity" if bad.reason.startswith((DIVERGING, TOO_SHORT)) else "slo")
     return out

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
@@ -35,6 +33,7 @@ from opmap.serve.cost import StepCost
 from opmap.serve.iteration import IterationFamily
 from opmap.serve.policies import Policy
 from opmap.serve.request import Batch, Events, Trace
+from opmap.serve.run_stats import Disaggregation, KvTransfer, Spread
 from opmap.serve.sim import MAX_REPLICAS, SimResult, _check
 
 ASSUMPTIONS = ("prefill holds a request's KV until a decode replica has room for it, then its transfer starts "
@@ -50,27 +49,6 @@ def parse_disaggregate(spec: str) -> tuple[int, int]:
             raise OpmapError(f"--disaggregate {spec!r}: P + D must be at most {MAX_REPLICAS} replicas")
         return int(p), int(d)
     raise OpmapError(f"bad --disaggregate {spec!r}: accepted: {ACCEPTED}")
-
-
-@dataclass(frozen=True)
-class KvTransfer:
-    """The move of a prompt's KV cache from a prefill to a decode replica: ``latency_s`` + tokens x
-    ``bytes_per_token`` (per device) / ``bandwidth_bytes_per_s`` (per device, one direction)."""
-
-    bytes_per_token: float
-    bandwidth_bytes_per_s: float
-    latency_s: float = 0.0
-    link: str = "given"
-
-    def __post_init__(self) -> None:
-        if not (self.bytes_per_token >= 0 and self.bandwidth_bytes_per_s > 0 and self.latency_s >= 0):
-            raise OpmapError("a KV transfer needs bytes_per_token >= 0, bandwidth > 0 and latency >= 0")
-
-    def seconds(self, tokens: np.ndarray) -> np.ndarray:
-        return self.latency_s + tokens * self.bytes_per_token / self.bandwidth_bytes_per_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def kv_transfer_for(hw, bytes_per_token: float, tp: int, replicas: int) -> KvTransfer:
@@ -114,24 +92,16 @@ def simulate_disaggregated(reqs: Requests, policy: Policy, cost: StepCost, prefi
                          "report this with the command line")
     held_wait = np.asarray(sim.xfer) - np.asarray(sim.first)
     decode_wait = held_wait + np.asarray(sim.dstart) - (np.asarray(sim.xfer) + move_s)
-    extra = {"disaggregation": {
-        "prefill_replicas": prefill_replicas, "decode_replicas": decode_replicas,
-        "kv_transfer": transfer.to_dict(),
-        "kv_transfer_s": {"mean_s": float(move_s.mean()) if n else None,
-                          "max_s": float(move_s.max()) if n else None},
-        "decode_admission_wait_s": {"mean_s": float(decode_wait.mean()) if n else None,
-                                    "max_s": float(decode_wait.max()) if n else None},
-        "busy_s": {"prefill": list(sim.busy_s[:prefill_replicas]), "decode": list(sim.busy_s[prefill_replicas:])},
-        "assumptions": ASSUMPTIONS}}
-    if decode_cost is not None:
-        extra["disaggregation"]["decode_cost"] = dcost.to_dict()
-    if held_wait.size and held_wait.max() > 0:  # only where back-pressure bound: the default output is unchanged
-        extra["disaggregation"]["kv_held_on_prefill_s"] = {"mean_s": float(held_wait.mean()),
-                                                           "max_s": float(held_wait.max())}
+    dis = Disaggregation(prefill_replicas, decode_replicas, transfer, Spread.of(move_s), Spread.of(decode_wait),
+                         tuple(sim.busy_s[:prefill_replicas]), tuple(sim.busy_s[prefill_replicas:]), ASSUMPTIONS,
+                         dcost.to_dict() if decode_cost is not None else None,
+                         # only where back-pressure bound: the default output is unchanged
+                         Spread.of(held_wait) if held_wait.size and held_wait.max() > 0 else None)
     return SimResult(reqs.arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
                      reqs.input_len, reqs.output_len, np.asarray(sim.where), np.asarray(sim.itl_g, dtype=np.float64),
-                     np.asarray(sim.itl_w, dtype=np.float64), policy.to_dict(), cost.to_dict(), router,
-                     prefill_replicas + decode_replicas, reqs.arrival, sim.steps, list(sim.busy_s), extra=extra)
+                     np.asarray(sim.itl_w, dtype=np.float64), policy, cost.to_dict(), router,
+                     prefill_replicas + decode_replicas, reqs.arrival, sim.steps, list(sim.busy_s),
+                     disaggregation=dis)
 
 
 class _Pools:

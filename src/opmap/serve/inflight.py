@@ -44,12 +44,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.serve.cost import StepCost, mixed_s
 from opmap.serve.policies import Engine
 from opmap.serve.request import Batch, Events, Trace
+from opmap.serve.run_stats import EngineStats, PagedKv, Preemptions
 
 _UNLIMITED = 1 << 62  # blocks of a KV cache without a capacity (kv_capacity_tokens None)
 _NONE: tuple = ()  # no events (shared, never appended to)
@@ -109,17 +109,13 @@ class InflightScheduler:
     def replica(self, idx: int, q: deque) -> EngineReplica:
         return EngineReplica(self, q)
 
-    def extra(self, reps: list[EngineReplica], preempted: list[int]) -> dict[str, Any]:
-        """SimResult.extra: the preemptions (total, requests preempted at least once, most for one request) and
+    def extra(self, reps: list[EngineReplica], preempted: list[int]) -> EngineStats:
+        """SimResult.engine: the preemptions (total, requests preempted at least once, most for one request) and
         the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
         limited = self.blocks != _UNLIMITED
-        return {"preemptions": {"total": sum(preempted), "requests_preempted": sum(1 for k in preempted if k),
-                                "max_per_request": max(preempted, default=0)},
-                "kv_cache": {"paged": True, "kv_block": self.B, "blocks": self.blocks if limited else None,
-                             "capacity_tokens": self.cost.kv_capacity_tokens,
-                             "peak_blocks_used": max((self.blocks - e.min_free for e in reps), default=0)
-                             if limited else None,
-                             "preemption": "recompute"}}
+        peak = max((self.blocks - e.min_free for e in reps), default=0) if limited else None
+        return EngineStats(Preemptions.of(preempted),
+                           PagedKv(self.B, self.blocks if limited else None, self.cost.kv_capacity_tokens, peak))
 
 
 class EngineReplica:

@@ -36,8 +36,9 @@ class IterationFamily:
     def replica(self, idx: int, q: deque) -> IterationReplica:
         return IterationReplica(self, q)
 
-    def extra(self, reps: list[Any], preempted: list[int]) -> dict[str, Any]:
-        return {}
+    def extra(self, reps: list[Any], preempted: list[int]) -> None:
+        """No figures of its own: it never preempts and reserves the KV in full."""
+        return None
 
 
 class IterationReplica:

@@ -26,13 +26,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.serve.policies import Chunked, Continuous, Dynamic, Engine, NoBatching, Policy, Static
+from opmap.serve.policies import Policy, SchedulerLimits
+from opmap.serve.run_stats import NO_PREEMPTIONS, Disaggregation, EngineStats, SteadyState
 from opmap.serve.sim import SimResult
 
 SCHEMA_VERSION = 1
@@ -77,17 +78,29 @@ def stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]
     return dict(zip(keys, vals, strict=True))
 
 
-def cdf(values: dict[str, np.ndarray], points: int = CDF_POINTS) -> dict[str, Any]:
-    """Each metric's value at ``points`` evenly spaced quantiles (None for an empty one)."""
-    qs = np.linspace(0.0, 1.0, points)
-    out: dict[str, Any] = {"quantiles": [round(float(q), 6) for q in qs]}
-    for name, x in values.items():
-        out[name] = [float(v) for v in np.quantile(x, qs)] if x.size else None
-    return out
+@dataclass(frozen=True)
+class Cdf:
+    """The latency distributions in compact form: each named metric's value (s) at ``quantiles`` (None: no
+    sample), in the order given."""
+
+    quantiles: tuple[float, ...]
+    series: tuple[tuple[str, tuple[float, ...] | None], ...]
+
+    @classmethod
+    def of(cls, values: dict[str, np.ndarray], points: int = CDF_POINTS) -> Cdf:
+        """Each metric's value at ``points`` evenly spaced quantiles (linear interpolation)."""
+        qs = np.linspace(0.0, 1.0, points)
+        return cls(tuple(round(float(q), 6) for q in qs),
+                   tuple((k, tuple(float(v) for v in np.quantile(x, qs)) if x.size else None)
+                         for k, x in values.items()))
+
+    def to_dict(self) -> dict[str, list[float] | None]:
+        return {"quantiles": list(self.quantiles), **{k: None if v is None else list(v) for k, v in self.series}}
 
 
-def _plain(v: Any) -> dict[str, Any]:
-    return {f.name: getattr(v, f.name) for f in fields(v)}
+def cdf(values: dict[str, np.ndarray], points: int = CDF_POINTS) -> dict[str, list[float] | None]:
+    """``Cdf.of(values, points)`` as written (opmap.bench.metrics writes its measured CDFs so)."""
+    return Cdf.of(values, points).to_dict()
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,7 @@ class Percentiles:
         return cls(**stats(x, w))
 
     def to_dict(self) -> dict[str, float | None]:
-        return _plain(self)
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -124,11 +137,19 @@ class Latency:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Rates over the run's span (first arrival to last finish)."""
+    """Rates over the run's span (first arrival to last finish), or over ``window`` where one is named (a capacity
+    run's departures between its first and last measured arrival: opmap.serve.capacity.departure_rates)."""
 
     requests_per_s: float
     tokens_per_s: float
     output_tokens_per_s: float
+    window: str | None = None  # None: the run's span (not written)
+
+    def to_dict(self) -> dict[str, float | str]:
+        d = asdict(self)
+        if self.window is None:
+            del d["window"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -156,41 +177,6 @@ class Validity:
     rule: str
 
 
-POLICIES: dict[str, type[Policy]] = {c.name: c for c in (NoBatching, Static, Dynamic, Continuous, Chunked, Engine)}
-
-
-def policy_of(d: dict[str, Any]) -> Policy:
-    """The typed policy a SimResult's ``policy`` block (``Policy.to_dict``) was written from."""
-    return POLICIES[d["name"]](**d["params"])
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    """A run's per-step limits in vLLM's names (None: the policy has no such limit)."""
-
-    max_num_seqs: int | None
-    max_num_batched_tokens: int | None
-    kv_block: int | None
-    chunked_prefill: bool
-
-    @classmethod
-    def of(cls, policy: Policy) -> SchedulerLimits:
-        """Engine: its own settings; continuous / chunked: at most ``max_seqs`` sequences and a step's token budget
-        (the chunk); static / dynamic: the batch; none: one sequence at a time."""
-        if isinstance(policy, Engine):
-            return cls(policy.max_num_seqs, policy.max_num_batched_tokens, policy.kv_block, policy.chunked_prefill)
-        if isinstance(policy, Continuous):
-            return cls(policy.max_seqs, policy.token_budget, None, False)
-        if isinstance(policy, Chunked):
-            return cls(policy.max_seqs, policy.chunk, None, True)
-        if isinstance(policy, (Static, Dynamic)):
-            return cls(policy.batch, None, None, False)
-        if isinstance(policy, NoBatching):
-            return cls(1, None, None, False)
-        raise TypeError(f"no scheduler limits for policy {policy.name!r}")
-
-
-NO_PREEMPTIONS = {"total": 0, "requests_preempted": 0, "max_per_request": 0}
 VALIDITY_RULE = ("MLPerf Server: the latency limits hold at p99 (LLM: TTFT and TPOT; llama2-70b 2 s and 200 ms); the "
                  "600 s minimum duration and minimum query count are not checked in simulation")
 
@@ -200,7 +186,7 @@ class ServeReport:
     """A simulated run's summary: what serve.json holds (``to_dict``) but for the command's assumptions. Every
     latency and throughput figure is finite (checked on construction: ``check_finite``)."""
 
-    policy: dict[str, Any]  # the policy as written (Policy.to_dict)
+    policy: Policy
     arrival: str
     router: str
     replicas: int
@@ -208,7 +194,7 @@ class ServeReport:
     requests: RequestCounts
     throughput: Throughput
     latency: Latency
-    cdf: dict[str, Any]
+    cdf: Cdf
     goodput: Goodput
     slo: Slo
     slo_attainment: float
@@ -216,20 +202,28 @@ class ServeReport:
     utilization: tuple[float, ...]
     scheduler: SchedulerLimits
     validity: Validity
-    extra: dict[str, Any] = field(default_factory=dict)  # the policy's own blocks (engine: preemptions, kv_cache)
+    engine: EngineStats | None = None  # the engine policy's preemptions and paged KV
+    disaggregation: Disaggregation | None = None  # a disaggregated run's pools
+    steady_state: SteadyState | None = None  # a capacity run's measured window (opmap.serve.capacity.RateProbe)
 
     def __post_init__(self) -> None:
         check_finite(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION, "policy": self.policy, "arrival": self.arrival, "router": self.router,
-            "replicas": self.replicas, "cost": self.cost, "requests": _plain(self.requests),
-            "throughput": _plain(self.throughput), "latency": self.latency.to_dict(), "cdf": self.cdf,
-            "goodput": _plain(self.goodput), "slo": self.slo.to_dict(), "slo_attainment": self.slo_attainment,
-            "queueing_share": self.queueing_share, "utilization": list(self.utilization),
-            "preemptions": dict(NO_PREEMPTIONS), "scheduler": _plain(self.scheduler),
-            "validity": _plain(self.validity), **self.extra}
+        d = {"schema_version": SCHEMA_VERSION, "policy": self.policy.to_dict(), "arrival": self.arrival,
+             "router": self.router, "replicas": self.replicas, "cost": self.cost, "requests": asdict(self.requests),
+             "throughput": self.throughput.to_dict(), "latency": self.latency.to_dict(), "cdf": self.cdf.to_dict(),
+             "goodput": asdict(self.goodput), "slo": self.slo.to_dict(), "slo_attainment": self.slo_attainment,
+             "queueing_share": self.queueing_share, "utilization": list(self.utilization),
+             "preemptions": asdict(self.engine.preemptions if self.engine else NO_PREEMPTIONS),
+             "scheduler": asdict(self.scheduler), "validity": asdict(self.validity)}
+        if self.engine is not None:
+            d["kv_cache"] = {"paged": True, **asdict(self.engine.kv_cache)}
+        if self.disaggregation is not None:
+            d["disaggregation"] = self.disaggregation.to_dict()
+        if self.steady_state is not None:
+            d["steady_state"] = self.steady_state.to_dict()
+        return d
 
 
 def check_finite(r: ServeReport) -> None:
@@ -239,7 +233,8 @@ def check_finite(r: ServeReport) -> None:
     figures = [(f"{m.name} {k.name.removesuffix('_s')}", v * 1e3 if v is not None else None)
                for m in fields(r.latency) for k in fields(Percentiles)
                for v in (getattr(getattr(r.latency, m.name), k.name),)]
-    figures += [(f"throughput {k.name}", getattr(r.throughput, k.name)) for k in fields(Throughput)]
+    figures += [(f"throughput {k.name}", getattr(r.throughput, k.name)) for k in fields(Throughput)
+                if k.name.endswith("_per_s")]
     for name, v in figures:
         if v is not None and not math.isfinite(v):
             raise OpmapError(f"serve: {name} came out {v:g}, not a finite figure (a float overflowed): the run is "
@@ -297,9 +292,9 @@ def summarize(res: SimResult, slo: Slo | None = None) -> ServeReport:
         throughput=Throughput(rate(n), rate(in_tok + out_tok), rate(out_tok)),
         latency=Latency(Percentiles.of(e2e), Percentiles.of(ttft), Percentiles.of(tpot),
                         Percentiles.of(res.itl_gap_s, res.itl_weight), Percentiles.of(queue)),
-        cdf=cdf({"e2e_s": e2e, "ttft_s": ttft, "queue_s": queue, "tpot_s": tpot}),
+        cdf=Cdf.of({"e2e_s": e2e, "ttft_s": ttft, "queue_s": queue, "tpot_s": tpot}),
         goodput=Goodput(rate(met), rate(int(res.output_len[ok].sum()))),
         slo=slo, slo_attainment=met / n if n else 0.0,
         queueing_share=float(queue.mean()) / mean_e2e if mean_e2e > 0 else 0.0,
         utilization=tuple(b / span if span > 0 else 0.0 for b in res.busy_s),
-        scheduler=SchedulerLimits.of(policy_of(res.policy)), validity=validity, extra=dict(res.extra))
+        scheduler=res.policy.limits, validity=validity, engine=res.engine, disaggregation=res.disaggregation)

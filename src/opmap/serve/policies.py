@@ -34,19 +34,33 @@ MAX_SEQS = 256  # vLLM's default max_num_seqs: the most sequences in one iterati
 
 
 @dataclass(frozen=True)
+class SchedulerLimits:
+    """A policy's per-step limits in vLLM's names (None: the policy has no such limit): the most sequences a step
+    runs, the most tokens it carries, the KV block (tokens) and whether prompts are chunked."""
+
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    kv_block: int | None
+    chunked_prefill: bool
+
+
+@dataclass(frozen=True)
 class Policy:
+    """A batching policy: its parameters are its typed fields (written, as ``params``, by ``to_dict``)."""
+
     name = "policy"
     version = 1
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return asdict(self)
 
     def spec(self) -> str:
         raise NotImplementedError
 
+    @property
+    def limits(self) -> SchedulerLimits:
+        """Its per-step limits, each policy's own (no limits read back from a written dict)."""
+        raise NotImplementedError
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "spec": self.spec(), "params": self.params}
+        return {"name": self.name, "version": self.version, "spec": self.spec(), "params": asdict(self)}
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,10 @@ class NoBatching(Policy):
     def spec(self) -> str:
         return "none"
 
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(1, None, None, False)  # one sequence at a time
+
 
 @dataclass(frozen=True)
 class Static(Policy):
@@ -64,6 +82,10 @@ class Static(Policy):
 
     def spec(self) -> str:
         return f"static:{self.batch}"
+
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(self.batch, None, None, False)
 
 
 @dataclass(frozen=True)
@@ -75,6 +97,10 @@ class Dynamic(Policy):
     def spec(self) -> str:
         return f"dynamic:{self.batch},{self.wait_s * 1e3:g}"
 
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(self.batch, None, None, False)
+
 
 @dataclass(frozen=True)
 class Continuous(Policy):
@@ -85,6 +111,10 @@ class Continuous(Policy):
     def spec(self) -> str:
         return f"continuous:{self.token_budget}"
 
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(self.max_seqs, self.token_budget, None, False)
+
 
 @dataclass(frozen=True)
 class Chunked(Policy):
@@ -94,6 +124,10 @@ class Chunked(Policy):
 
     def spec(self) -> str:
         return f"chunked:{self.chunk}"
+
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(self.max_seqs, self.chunk, None, True)  # the chunk is the step's token budget
 
 
 @dataclass(frozen=True)
@@ -128,6 +162,10 @@ class Engine(Policy):
             body = f":{self.max_num_seqs},{self.max_num_batched_tokens},{self.kv_block}"
         words = ("" if self.chunked_prefill else ",nochunk") + (",noevict" if self.no_evict else "")
         return f"engine{body}{words}" if body or not words else f"engine:{words[1:]}"
+
+    @property
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(self.max_num_seqs, self.max_num_batched_tokens, self.kv_block, self.chunked_prefill)
 
 
 def check_engine(max_num_seqs: object, max_num_batched_tokens: object, kv_block: object) -> None:

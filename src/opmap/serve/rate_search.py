@@ -6,7 +6,8 @@ gives the same answer. What a probe runs (a steady-state run at a rate) is ``opm
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from opmap.errors import Interrupted, OpmapError
 
@@ -16,14 +17,57 @@ PROBES = 4  # evenly spaced rates per refinement round: the bracket shrinks 5x a
 DESCENT = 2  # under a ceiling, rates probed together on the way down (an engine's two workers kept busy)
 
 
-def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
+class Verdict(Protocol):
+    valid: bool
+    reason: str
+
+
+class Probed(Protocol):
+    """What a probe's run reports (a ServeReport from RateProbe): its verdict, and its steady state (``alone``:
+    every request served alone, RateProbe._alone), None where it has none."""
+
+    @property
+    def validity(self) -> Verdict: ...
+
+    @property
+    def steady_state(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One rate probed: its verdict and why."""
+
+    rate_per_s: float
+    valid: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class CapacitySearch:
+    """``find_capacity``'s answer: ``rate_per_s`` the highest valid rate found (0.0: none), the valid / invalid
+    ``bracket`` around the edge (None: that side not found), whether it ``converged`` to ``rel_tol``, what
+    ``limited_by`` it ("slo", "ceiling", "search range", "interrupted"), every run recorded, and the ``summary``
+    of the run at ``rate_per_s`` (None where none was valid)."""
+
+    rate_per_s: float
+    bracket: tuple[float | None, float | None]
+    converged: bool
+    rel_tol: float
+    limited_by: str
+    runs: tuple[ProbeRun, ...]
+    summary: Any = None  # a Probed (the run function's value): a ServeReport from RateProbe
+
+
+Run = Callable[[float], Probed]
+MapFn = Callable[[Run, list[float]], list[Probed]]
+
+
+def _inline(fn: Run, rates: list[float]) -> list[Probed]:
     return [fn(r) for r in rates]
 
 
-def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
-                  max_runs: int = 64,
-                  map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]], list[dict[str, Any]]] | None
-                  = None, ceiling: float | None = None, skip_alone: bool = True) -> dict[str, Any]:
+def find_capacity(run: Run, rate0: float, rel_tol: float = 0.01, max_runs: int = 64, map_fn: MapFn | None = None,
+                  ceiling: float | None = None, skip_alone: bool = True) -> CapacitySearch:
     """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
 
     The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
@@ -52,19 +96,20 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     if not rate0 > 0:
         raise OpmapError("--find-capacity needs a starting rate > 0 (poisson:RATE or gamma:RATE,CV)")
     map_fn = map_fn or _inline
-    tried: list[dict[str, Any]] = []
-    kept: dict[float, dict[str, Any]] = {}  # the valid runs' summaries, by rate: the answer's is returned
+    tried: list[ProbeRun] = []
+    kept: dict[float, Probed] = {}  # the valid runs' summaries, by rate: the answer's is returned
     alone: dict[float, str] = {}  # invalid runs whose requests were each served alone (RateProbe._alone): reasons
 
-    def note(rates: list[float], out: dict[int, dict[str, Any]]) -> None:
+    def note(rates: list[float], out: dict[int, Probed]) -> None:
         for i, r in enumerate(rates):
             if i in out:
-                s = out[i]
-                tried.append({"rate_per_s": r, "valid": s["validity"]["valid"], "reason": s["validity"]["reason"]})
-                if skip_alone and not s["validity"]["valid"] and s.get("steady_state", {}).get("alone"):
-                    alone[r] = s["validity"]["reason"]
-                if s["validity"]["valid"]:
-                    kept[r] = s
+                v = out[i].validity
+                tried.append(ProbeRun(r, v.valid, v.reason))
+                steady = out[i].steady_state
+                if skip_alone and not v.valid and steady is not None and steady.alone:
+                    alone[r] = v.reason
+                if v.valid:
+                    kept[r] = out[i]
 
     def probe(rates: list[float]) -> list[bool]:
         try:
@@ -73,7 +118,7 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
             note(rates, getattr(e, "done", {}))
             raise
         note(rates, dict(enumerate(out)))
-        return [s["validity"]["valid"] for s in out]
+        return [s.validity.valid for s in out]
 
     try:
         return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline,
@@ -82,17 +127,17 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
         stop = Interrupted.of(e)
         if tried:
             lo, hi = _bracket(tried)
-            stop.partial = {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
-                            "limited_by": "interrupted", "runs": tried, "summary": kept.get(lo) if lo else None}
+            stop.partial = CapacitySearch(lo or 0.0, (lo, hi), False, rel_tol, "interrupted", tuple(tried),
+                                          kept.get(lo) if lo else None)
         raise stop from None
 
 
-def _bracket(tried: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+def _bracket(tried: list[ProbeRun]) -> tuple[float | None, float | None]:
     """Over every rate probed so far: (the highest valid rate below the lowest invalid one, that invalid one). A
     grid all valid followed by one all invalid brackets the edge between the two grids."""
-    bad = [t["rate_per_s"] for t in tried if not t["valid"]]
+    bad = [t.rate_per_s for t in tried if not t.valid]
     first_bad = min(bad) if bad else None
-    good = [t["rate_per_s"] for t in tried if t["valid"] and (first_bad is None or t["rate_per_s"] < first_bad)]
+    good = [t.rate_per_s for t in tried if t.valid and (first_bad is None or t.rate_per_s < first_bad)]
     return (max(good) if good else None), first_bad
 
 
@@ -116,8 +161,8 @@ def _upward(probe: Callable[[list[float]], list[bool]], rates: list[float]) -> l
     return ok
 
 
-def _round(probe: Callable[[list[float]], list[bool]], rates: list[float], tried: list[dict[str, Any]],
-           kept: dict[float, dict[str, Any]]) -> list[bool]:
+def _round(probe: Callable[[list[float]], list[bool]], rates: list[float], tried: list[ProbeRun],
+           kept: dict[float, Probed]) -> list[bool]:
     """A refinement round probed together (a pool's workers kept busy), recorded as ``_upward`` records it: the
     runs above the round's first invalid rate decide nothing and leave the record, so serve.json and fit.json are
     the same on every engine."""
@@ -127,15 +172,15 @@ def _round(probe: Callable[[list[float]], list[bool]], rates: list[float], tried
     if first_bad is None:
         return ok
     above = set(rates[first_bad + 1:])
-    tried[before:] = [t for t in tried[before:] if t["rate_per_s"] not in above]
+    tried[before:] = [t for t in tried[before:] if t.rate_per_s not in above]
     for r in above:
         kept.pop(r, None)
     return ok[:first_bad + 1] + [False] * len(above)
 
 
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
-            ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]],
-            parallel: bool = True, alone: dict[float, str] | None = None) -> dict[str, Any]:
+            ceiling: float | None, tried: list[ProbeRun], kept: dict[float, Probed],
+            parallel: bool = True, alone: dict[float, str] | None = None) -> CapacitySearch:
     """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``.
     Not ``parallel`` (probes run one by one, inline), a refinement round stops at its first invalid rate
     (``_upward``): the same answer, fewer runs."""
@@ -151,16 +196,13 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
                 break
             why = (alone or {}).get(rate0 * 2.0 ** chunk[-1])
             if why is not None:  # served alone and invalid: every rate below runs alike
-                tried += [{"rate_per_s": rate0 * 2.0 ** k, "valid": False, "reason": why}
-                          for c in chunks[i + 1:] for k in c]
+                tried += [ProbeRun(rate0 * 2.0 ** k, False, why) for c in chunks[i + 1:] for k in c]
                 lo, hi = _bracket(tried)
                 break
         if lo is not None and hi is None:  # the ceiling itself is valid: it is the answer, never above it
-            return {"rate_per_s": lo, "bracket": [lo, None], "converged": True, "rel_tol": rel_tol,
-                    "limited_by": "ceiling", "runs": tried, "summary": kept[lo]}
+            return CapacitySearch(lo, (lo, None), True, rel_tol, "ceiling", tuple(tried), kept[lo])
         if lo is None:
-            return {"rate_per_s": 0.0, "bracket": [None, hi], "converged": False, "rel_tol": rel_tol,
-                    "limited_by": "search range", "runs": tried, "summary": None}
+            return CapacitySearch(0.0, (None, hi), False, rel_tol, "search range", tuple(tried))
     for shift in range(GRID_SHIFTS + 1 if ceiling is None else 0):
         probe([rate0 * 2.0 ** k for k in GRID_EXPONENTS])
         lo, hi = _bracket(tried)
@@ -170,8 +212,8 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
         if shift < GRID_SHIFTS:
             rate0 = rate0 * 2.0 ** (direction * width)
     if lo is None or hi is None:
-        return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
-                "limited_by": "search range", "runs": tried, "summary": kept.get(lo) if lo else None}
+        return CapacitySearch(lo or 0.0, (lo, hi), False, rel_tol, "search range", tuple(tried),
+                              kept.get(lo) if lo else None)
     runs = len(tried)  # the budget counts every probe of a round, run or skipped: the same rounds either way
     while hi - lo > rel_tol * lo and runs + PROBES <= max_runs:
         rates = [lo + (hi - lo) * j / (PROBES + 1) for j in range(1, PROBES + 1)]
@@ -179,5 +221,4 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
         runs += PROBES
         new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
-    return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
-            "rel_tol": rel_tol, "limited_by": "slo", "runs": tried, "summary": kept[lo]}
+    return CapacitySearch(lo, (lo, hi), hi - lo <= rel_tol * lo, rel_tol, "slo", tuple(tried), kept[lo])

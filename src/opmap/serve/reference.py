@@ -7,6 +7,11 @@ Each step: running decodes in admission order take one token each (a block short
 most recently admitted, back to the front of the waiting queue), then partial prompts their next chunk, then
 (when nothing was preempted, or nothing else runs) the waiting queue, first come first served, under the
 step's token budget and max_num_seqs. Priced by ``mixed_s`` as the counting scheduler prices its steps.
+
+``reference_continuous``: the same for the continuous policy (iteration.py counts its decodes too): every request
+held and visited every iteration; a prefill iteration of the prompts admitted at its start (first come, first
+served, under the token budget, max_seqs and the KV cache reserved whole), else a decode iteration of every
+running request.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
 from opmap.serve.cost import StepCost, mixed_s
 from opmap.serve.kv_cache import KVCacheManager
-from opmap.serve.policies import Engine
+from opmap.serve.policies import Continuous, Engine
 
 
 def _tokens(rid: int, start: int, n: int) -> list[int]:
@@ -50,9 +55,11 @@ class _State:
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.sched: dict[int, int] = {}
+        self.reserved: dict[int, int] = {}  # noevict: the running requests' blocks at their last token
 
     def evict(self, v: int) -> None:
         self.kv.free(v)
+        self.reserved.pop(v, None)
         self.comp[v] = 0
         self.running.remove(v)
         self.sched.pop(v, None)
@@ -100,13 +107,24 @@ class _State:
         return mixed_s(self.cost, pt, len(sched) - nd, nd, kv, prefix)
 
     def admit(self, t: float) -> None:
+        """New requests, first come first served, under the budget and max_num_seqs, while their first chunk's
+        blocks are free (nochunk: the whole prompt, and its recompute, in one step; noevict: also while every
+        running request's blocks at its last token, and its own, fit the cache)."""
+        B, blocks = self.pol.kv_block, int(self.cost.kv_capacity_tokens) // self.pol.kv_block
         while self.waiting and self.budget > 0 and len(self.running) < self.pol.max_num_seqs:
             r = self.waiting[0]
             tot = self.inp[r] + self.gen[r]
-            take = min(tot, self.budget)
+            take = min(tot, self.budget) if self.pol.chunked_prefill else tot
+            if take > self.budget:
+                break
+            whole = math.ceil((self.inp[r] + self.out[r] - 1) / B) if self.pol.no_evict else 0
+            if whole and sum(self.reserved.values()) + whole > blocks:
+                break
             if not self.kv.allocate(r, _tokens(r, 0, take)):
                 break
             self.waiting.popleft()
+            if whole:
+                self.reserved[r] = whole
             self.comp[r], self.target[r] = 0, tot
             self.running.append(r)
             if math.isnan(self.res.start[r]):
@@ -132,24 +150,80 @@ class _State:
                 res.finish[r] = t
                 self.kv.free(r)
                 self.running.remove(r)
+                self.reserved.pop(r, None)
 
 
 def reference_schedule(reqs: Requests, pol: Engine, cost: StepCost) -> Reference:
-    """Run ``reqs`` through one replica under ``pol`` (chunked prefill, preemption by recompute; a KV capacity
-    is required), every request visited every step."""
-    if not pol.chunked_prefill or pol.no_evict or cost.kv_capacity_tokens is None:
-        raise OpmapError("the reference scheduler runs engine with chunked prefill and preemption (not nochunk or "
-                         "noevict) on a step cost with a KV capacity")
+    """Run ``reqs`` through one replica under ``pol`` (chunked prefill or not, preemption by recompute or
+    GUARANTEED_NO_EVICT admission; a KV capacity is required), every request visited every step."""
+    if cost.kv_capacity_tokens is None:
+        raise OpmapError("the reference scheduler runs engine on a step cost with a KV capacity")
     s = _State(reqs, pol, cost)
-    n, t, ia = len(reqs), 0.0, 0
-    while True:
-        while ia < n and s.arr[ia] <= t:
-            s.waiting.append(ia)
-            ia += 1
-        if not s.running and not s.waiting:
-            if ia == n:
-                return s.res
-            t = s.arr[ia]
-            continue
+
+    def step(t: float) -> float:
         t += s.step(t)
         s.close(t)
+        return t
+
+    _run(reqs, s.running, s.waiting, step)
+    return s.res
+
+
+def _run(reqs: Requests, running, waiting: deque, step) -> None:
+    """The loop every reference shares: arrivals queued up to the step's start, an idle replica waits for the next
+    arrival, ``step(t)`` runs one step from ``t`` and returns its end; until every request is done."""
+    arr, n, t, ia = reqs.arrival_s.tolist(), len(reqs), 0.0, 0
+    while True:
+        while ia < n and arr[ia] <= t:
+            waiting.append(ia)
+            ia += 1
+        if not running and not waiting:
+            if ia == n:
+                return
+            t = arr[ia]
+            continue
+        t = step(t)
+
+
+def reference_continuous(reqs: Requests, pol: Continuous, cost: StepCost) -> Reference:
+    """Run ``reqs`` through one replica under the continuous policy, every request visited every iteration (the
+    module docstring): the oracle iteration.py's counted decodes are held equal to."""
+    inp, out = reqs.input_len.tolist(), reqs.output_len.tolist()
+    n, cap = len(reqs), cost.kv_capacity_tokens
+    res = Reference([math.nan] * n, [math.nan] * n, [math.nan] * n, [0] * n)
+    gen, last = [0] * n, [0.0] * n
+    waiting: deque[int] = deque()
+    running: list[int] = []  # decoding, in admission order
+
+    def step(t: float) -> float:
+        got, budget = [], pol.token_budget
+        while waiting and len(running) + len(got) < pol.max_seqs:
+            r = waiting[0]
+            held = sum(inp[x] + out[x] for x in running + got)  # the KV reserved whole, prompt + output
+            if (cap is not None and held + inp[r] + out[r] > cap) or (got and inp[r] > budget):
+                break
+            budget -= inp[r]
+            got.append(waiting.popleft())
+        if got:
+            end = t + cost.prefill_s(sum(inp[r] for r in got), len(got))
+            for r in got:
+                res.start[r] = t
+                res.first[r] = last[r] = end
+                gen[r] = 1
+                if out[r] == 1:
+                    res.finish[r] = end
+                else:
+                    running.append(r)
+            return end
+        end = t + cost.decode_s(len(running), sum(inp[r] + gen[r] for r in running))
+        for r in list(running):
+            gen[r] += 1
+            res.gaps.append(end - last[r])
+            last[r] = end
+            if gen[r] == out[r]:
+                res.finish[r] = end
+                running.remove(r)
+        return end
+
+    _run(reqs, running, waiting, step)
+    return res

@@ -55,7 +55,7 @@ class Resolved:
         if hit is not None and set(hit) == set(SUMMARY):
             return cls(target, dtype, **hit)
         built = _build(target, dtype)
-        r = cls(target, dtype, **_summary(target, built), _built=built)
+        r = _summary(target, dtype, built)
         if key:
             cache.store_fields(key, {k: getattr(r, k) for k in SUMMARY})
         return r
@@ -151,7 +151,8 @@ def _build(target: str, dtype: str) -> tuple:
     return (w, *_layer_list(w.module))
 
 
-def _summary(target: str, built: tuple) -> dict[str, Any]:
+def _summary(target: str, dtype: str, built: tuple) -> Resolved:
+    """``target`` resolved from its module ``built`` (_build): what pricing keeps of it (SUMMARY), the module kept."""
     import torch
 
     from opmap.workloads import MODELS
@@ -169,9 +170,8 @@ def _summary(target: str, built: tuple) -> dict[str, Any]:
         seen.update({id(p): p for p in b.parameters()})
     held = float(sum(p.numel() * p.element_size() for p in seen.values()))
     top_k = int(getattr(cfg, "top_k", 0) or getattr(cfg, "num_experts_per_tok", 0) or 0)
-    return {"name": w.name, "hf": bool(hf), "layers": len(blocks), "max_positions": limit,
-            "kv_itemsize": float(torch.empty((), dtype=dt).itemsize), "rope": bool(rope), "top_k": top_k,
-            "held_bytes": held, "uneven": _uneven(cfg, blocks)}
+    return Resolved(target, dtype, w.name, bool(hf), len(blocks), limit, float(torch.empty((), dtype=dt).itemsize),
+                    bool(rope), top_k, held, _uneven(cfg, blocks), _built=built)
 
 
 def _uneven(cfg, blocks) -> str:

@@ -1,11 +1,11 @@
 """The replica scheduler protocol and the registry of batching policies, keyed by the policy's name.
 
 A policy's ``Family`` is built once per simulation (``Family(policy, cost, trace)``: its shared state, its checks,
-its result's extras) and makes one ``ReplicaScheduler`` per replica (``family.replica(idx, queue)``; replicas
-behind the ``shared`` router are handed the same queue). The simulator appends arriving request ids to the
-queue, asks ``schedule(now)`` for the next step whenever the replica is idle, and calls ``on_batch_end(batch,
-now)`` when that step's end event fires. A scheduler that returns None and wants to be asked again at a
-later time without an event of its own (dynamic batching's wait) sets ``wake`` to that time.
+its run's own figures, ``extra``: an EngineStats or None) and makes one ``ReplicaScheduler`` per replica
+(``family.replica(idx, queue)``; replicas behind the ``shared`` router are handed the same queue). The simulator
+appends arriving request ids to the queue, asks ``schedule(now)`` for the next step whenever the replica is idle,
+and calls ``on_batch_end(batch, now)`` when that step's end event fires. A scheduler that returns None and wants
+to be asked again at a later time without an event of its own (dynamic batching's wait) sets ``wake`` to that time.
 
 Each family names the policies it schedules (``policies``; batching.py: none, static, dynamic; iteration.py:
 continuous, chunked; inflight.py: engine); ``family_for(policy)`` finds one in ``REGISTRY``.
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from opmap.errors import OpmapError
 from opmap.serve.request import Batch, Events
+from opmap.serve.run_stats import EngineStats
 
 
 class ReplicaScheduler(Protocol):
@@ -39,7 +40,7 @@ class Family(Protocol):
 
     def replica(self, idx: int, q: deque) -> ReplicaScheduler: ...
 
-    def extra(self, reps: list[Any], preempted: list[int]) -> dict[str, Any]: ...
+    def extra(self, reps: list[Any], preempted: list[int]) -> EngineStats | None: ...
 
 
 def _registry() -> dict[str, type]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from opmap.serve.closed_loop import Client, ClosedLoop
 from opmap.serve.cost import ServiceTime, StepCost
 from opmap.serve.policies import Policy
 from opmap.serve.request import Batch, Events, Trace
+from opmap.serve.run_stats import Disaggregation, EngineStats
 from opmap.serve.scheduler import Family, family_for
 from opmap.validate import count
 
@@ -56,16 +57,17 @@ class SimResult:
     replica: np.ndarray
     itl_gap_s: np.ndarray
     itl_weight: np.ndarray
-    policy: dict[str, Any]
-    cost: dict[str, Any]
+    policy: Policy
+    cost: dict[str, Any]  # the pricing as written (its to_dict)
     router: str
     replicas: int
     arrival: str
     steps: int
     busy_s: list[float]
     streams_tokens: bool = True  # False with a service time: a request is one unit of work, no tokens
-    extra: dict[str, Any] = field(default_factory=dict)
+    engine: EngineStats | None = None  # the engine policy's preemptions and paged KV (its scheduler's ``extra``)
     preemptions: np.ndarray | None = None  # per request, how often it was preempted (policy engine)
+    disaggregation: Disaggregation | None = None  # a disaggregated run's pools (opmap.serve.disagg)
 
 
 def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int = 1,
@@ -88,10 +90,10 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
     arrival_s = np.asarray(sim.trace.arr) if closed is not None else reqs.arrival_s  # a closed loop's: simulated
     return SimResult(arrival_s, np.asarray(sim.start), np.asarray(sim.first), np.asarray(sim.finish),
                      reqs.input_len, reqs.output_len, np.asarray(sim.where), np.asarray(sim.itl_g, dtype=np.float64),
-                     np.asarray(sim.itl_w, dtype=np.float64), policy.to_dict(),
+                     np.asarray(sim.itl_w, dtype=np.float64), policy,
                      cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
                      router, replicas, reqs.arrival, sim.steps, list(sim.busy_s),
-                     streams_tokens=not sim.service, extra=fam.extra(sim.scheds, sim.pre),
+                     streams_tokens=not sim.service, engine=fam.extra(sim.scheds, sim.pre),
                      preemptions=np.asarray(sim.pre) if fam.preempts else None)
 
 
