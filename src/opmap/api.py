@@ -69,7 +69,7 @@ def cached(key: str | None, train: bool | None = None) -> tuple | None:
     """(graph, Workload without module, SavedActivations or None) cached under ``key``, or None. ``train``: a phase
     entry (written with its saved activations, None outside training) of that kind only."""
     from opmap.capture import cache
-    from opmap.mapping.memory import SavedActivations
+    from opmap.mapping.activations import SavedActivations
     from opmap.workloads.zoo import Workload
 
     hit = cache.load(key) if key else None

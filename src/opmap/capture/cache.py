@@ -39,9 +39,9 @@ from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 # 1 was pickle (never read again); 2: JSON with a SHA-256 of the payload, a row per node; 3: the graph columnar
 # (opmap.capture.codec: each distinct string and tensor once), parsed in about half the time
 CACHE_VERSION = 3
-# what a captured graph depends on, and a training entry's saved activations (measured by mapping/memory.py's
+# what a captured graph depends on, and a training entry's saved activations (measured by mapping/activations.py's
 # saved_activation_bytes as phases/train.py's train_activations calls it)
-_SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads", "mapping/memory.py", "phases/train.py")
+_SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads", "mapping/activations.py", "phases/train.py")
 
 
 def enabled() -> bool:
@@ -141,7 +141,7 @@ def _fields(cls, d, whole: bool = True):
 
 
 def _saved(d) -> dict[str, Any] | None:
-    """A training step's saved activations (opmap.mapping.memory.SavedActivations' fields), type-checked."""
+    """A training step's saved activations (opmap.mapping.activations.SavedActivations' fields), type-checked."""
     if d is None:
         return None
     _check(type(d) is dict and type(d["by_block"]) is dict)

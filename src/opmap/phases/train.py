@@ -15,14 +15,8 @@ from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
 from opmap.geometry import forward_calls, layer_specs
 from opmap.graph import Node, OpGraph
-from opmap.mapping.memory import (
-    MemoryFit,
-    SavedActivations,
-    fit_training,
-    saved_activation_bytes,
-    train_formats,
-    training_state_bytes,
-)
+from opmap.mapping.activations import SavedActivations, saved_activation_bytes
+from opmap.mapping.memory import MemoryFit, fit_training, train_formats, training_state_bytes
 from opmap.phases.common import dominant_bound, kernel_times
 from opmap.phases.result import TrainStep
 
@@ -223,7 +217,7 @@ def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
 
 
 def train_activations(workload: Workload, recompute: str) -> tuple[SavedActivations, Callable[[int, int], float]]:
-    """The activations a training step keeps for backward (opmap.mapping.memory.saved_activation_bytes), measured
+    """The activations a training step keeps for backward (opmap.mapping.activations.saved_activation_bytes), measured
     on meta at the captured shape under ``recompute``, the loss included (opmap.capture.training.training_loss, the
     loss the captured step runs: its fp32 log-softmax over the vocabulary is saved), and scaled linearly in batch x
     sequence for the largest-batch and longest-context search: linear is exact for fused attention (SDPA saves no
