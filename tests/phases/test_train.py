@@ -144,7 +144,7 @@ def test_the_dropout_line_reads_a_calibration_that_names_no_kernel():
     the calls and the line says so (not 'no measured attention kernel')."""
     from dataclasses import replace
 
-    from opmap.analyze import attention_dropout_line
+    from opmap.assumptions import attention_dropout_line
     from opmap.hardware import with_attention_dropout
 
     rows = [{k: v for k, v in r.items() if k != "kernel"} for r in H100.calibration["attention"]
