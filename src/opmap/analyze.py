@@ -267,39 +267,21 @@ class Analysis:
                                "share_of_time": s.predicted_s / lat if lat else 0.0, "bound": s.bound}
                 for s in self.layer_types()
             },
-            "nodes": [self._node_dict(r) for r in self.results] if nodes else [
+            # each node: its graph row, its cost and its prediction (a later key keeps the earlier's place)
+            "nodes": [{**r.node.to_dict(), **r.cost.to_dict(), **r.pred.to_dict(), "counted": r.cost.counted}
+                      for r in self.results] if nodes else [
                 {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
                  "flops": r.cost.flops} for r in self.results],
             "kernels": [k.to_dict() for k in self.kernel_results] + (
                 [c.to_dict() for c in self.sharded.collectives] if self.sharded is not None else []),
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
-            "phase": self.phase,
+            # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
+            "phase": self.phase_figures.to_dict() if self.phase_figures is not None else {},
             "memory": self.memory.to_dict(),
-        } | self._parallelism_dict()
-
-    def _parallelism_dict(self) -> dict[str, Any]:
-        """The ``parallelism`` block and the collective kernel rows, only for a layout over several devices."""
-        s = self.sharded
-        if s is None:
-            return {}
-        return {"parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
-                "collectives": [c.to_dict() for c in s.collectives]}
-
-    @property
-    def phase(self) -> dict[str, Any]:
-        """analysis.json's ``phase`` block: the figures a phase set (``phase_figures``, typed: opmap.phases.result)
-        as written to the file; empty until then (the headline is then the pipeline's latency)."""
-        return self.phase_figures.to_dict() if self.phase_figures is not None else {}
-
-    @staticmethod
-    def _node_dict(r: NodeResult) -> dict[str, Any]:
-        n, c, p = r.node, r.cost, r.pred
-        d = n.to_dict()
-        d.update(c.to_dict())
-        d.update(p.to_dict())
-        d["counted"] = c.counted
-        return d
+        } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
+            "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
+            "collectives": [c.to_dict() for c in s.collectives]})
 
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -87,8 +88,8 @@ def attention_dropout_line(hw: HardwareSpec) -> str:
     if row is None:
         return (f"attention dropout: priced at {kernel}'s no-dropout rate (no time with dropout measured for "
                 f"{kernel} on {hw.name})")
-    return (f"attention dropout: {kernel} runs {row['factor']:.3g}x its no-dropout time when it drops scores"
-            + (f" ({row['source']})" if row.get("source") else ""))
+    return (f"attention dropout: {kernel} runs {row.factor:.3g}x its no-dropout time when it drops scores"
+            + (f" ({row.source})" if row.source else ""))
 
 
 def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
@@ -108,7 +109,7 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "precision_evidence": evidence,
         "batch": workload.batch,
         "seq": workload.seq,
-        "position_limit": position_limit(workload),  # opmap.workloads.load
+        "position_limit": None if (pos := position_limit(workload)) is None else asdict(pos),  # opmap.workloads.load
         "capture_device": graph.device,
         "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
         "fusion_policy": FUSION_TEXT.get(fusion, fusion),

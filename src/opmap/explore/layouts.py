@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.explore.results import LayoutResult, LayoutSearch, brief  # noqa: F401 (brief: fit.json's form, here too)
+from opmap.explore.results import LayoutResult, LayoutSearch
 
 # the most devices one replica spans in the search: one 8-device board (HGX, the MI300X platform, HLS-Gaudi), and as
 # many chips of a TPU pod (one v5e / v5p host's 8) or of a device whose catalog file gives no scale-up domain (a CPU)

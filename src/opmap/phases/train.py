@@ -7,7 +7,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opmap.analyze import cap_at_positions
 from opmap.capture.training import training_loss
@@ -18,7 +18,7 @@ from opmap.graph import Node, OpGraph
 from opmap.mapping.activations import SavedActivations, saved_activation_bytes
 from opmap.mapping.memory import MemoryFit, fit_training, train_formats, training_state_bytes
 from opmap.phases.common import dominant_bound, kernel_times
-from opmap.phases.result import TrainStep
+from opmap.phases.result import PalmFlops, TrainStep
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -191,7 +191,7 @@ def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> TrainStep:
     return replace(f, text=step_text("train", f))
 
 
-def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
+def palm_flops_per_token(graph: OpGraph, seq: int) -> PalmFlops:
     """PaLM appendix B's closed form, 6N + 12 L H Q T, read off the graph: N the parameters less the embedding
     tables that are only looked up (an embedding tied to the LM head is a matrix product and stays in N), L H Q
     from the forward's attention layers (opmap.geometry.layer_specs: the queries' heads and head dim), T the
@@ -212,8 +212,7 @@ def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
                 matmul_params.add(t.param)
     n_params = graph.params - sum(v for k, v in emb.items() if k not in matmul_params)
     attention = sum(12 * h * d * seq for h, d in attn)
-    return {"value": 6.0 * n_params + attention, "n_params": n_params, "layers": len(attn),
-            "attention_flops_per_token": float(attention)}
+    return PalmFlops(6.0 * n_params + attention, n_params, len(attn), float(attention))
 
 
 def train_activations(workload: Workload, recompute: str) -> tuple[SavedActivations, Callable[[int, int], float]]:
