@@ -167,9 +167,10 @@ class Analysis:
         return fit
 
     @property
-    def memory_fit(self) -> dict[str, Any]:
-        """The memory fit (``memory``) as analysis.json's ``totals.memory_fit``: the per-device bytes, the verdict
-        and its sentence, the largest batch and longest context that fit."""
+    def memory_text(self) -> str:
+        """The memory fit's verdict (``memory``) in one sentence: what the weights and the rest take at the stored
+        format against the device, why it does not fit and what to do, the largest batch and longest context that
+        fit (analysis.json's ``totals.memory_fit.text``; the sheet's memory line)."""
         m = self.memory
         fmt = self.precision.policy["weights"]
         have = m.capacity_bytes
@@ -193,8 +194,7 @@ class Analysis:
             text += f"; largest {'microbatch' if train else 'batch'} {m.max_batch}" + (
                 f", longest {'sequence' if train else 'context'} {m.max_context}"
                 + (" (the model's position limit)" if capped else "") if m.max_context is not None else "")
-        return {"weights_bytes": m.weights_bytes, "weights_format": fmt, "device_memory_bytes": have,
-                "fits": m.fits, "text": text, **m.to_dict()}
+        return text
 
     @property
     def uncounted(self) -> dict[str, int]:
@@ -234,6 +234,7 @@ class Analysis:
         total = self.total
         lat = self.predicted_latency_s
         head, head_s = self.headline
+        mem = self.memory
         return {
             "schema_version": SCHEMA_VERSION,
             "assumptions": self.assumptions,
@@ -259,7 +260,10 @@ class Analysis:
                 "kernel_time_s": lat,  # the kernels (and view dispatch) of the captured step on one device
                 "runtime_per_step_s": self.runtime_per_step_s,
                 "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
-                "memory_fit": self.memory_fit,
+                # the memory fit on one device: the weights at their stored format, the verdict and its sentence
+                "memory_fit": {"weights_bytes": mem.weights_bytes, "weights_format": self.precision.policy["weights"],
+                               "device_memory_bytes": mem.capacity_bytes, "fits": mem.fits, "text": self.memory_text,
+                               **mem.to_dict()},
             },
             "layer_types": {
                 s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
@@ -278,7 +282,7 @@ class Analysis:
             "uncounted": self.uncounted,
             # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
             "phase": self.phase_figures.to_dict() if self.phase_figures is not None else {},
-            "memory": self.memory.to_dict(),
+            "memory": mem.to_dict(),
         } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
             "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
             "collectives": [c.to_dict() for c in s.collectives]})
