@@ -30,7 +30,7 @@ def swept(hw) -> list[float]:
     from opmap.explore.sweep import sweep
 
     # inline (workers=1): the claim is re-pricing against capturing, not parallelism (bench_engine.py times that)
-    return [p["latency_s"] for p in sweep(MODEL, hw, BATCHES, SEQS, "prefill", "bf16", workers=1)["points"]]
+    return [p.latency_s for p in sweep(MODEL, hw, BATCHES, SEQS, "prefill", "bf16", workers=1).points]
 
 
 def main() -> int:

@@ -211,7 +211,7 @@ def _cache_seed(tmp: Path) -> bytes:
 
     g = capture(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).to("meta"),
                 (torch.empty(4, 8, device="meta"),))
-    graph_cache.store("x", g, {"name": "mlp", "batch": 4, "seq": None, "assumptions": ["a"]})
+    graph_cache.store("x", g, graph_cache.CachedWorkload("mlp", 4, None, ("a",)))
     return (graph_cache.cache_dir() / "x.json").read_bytes()
 
 

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("workloads", ("opmap.workloads",)),
     ("mapping", ("opmap.mapping",)),  # fusion, tilers, kernels; sharding and collectives later
     ("calibrate", ("opmap.calibrate",)),  # times the families of capture and costs
-    ("analyze", ("opmap.analyze",)),  # the pipeline
+    ("analyze", ("opmap.analyze", "opmap.assumptions")),  # the pipeline and what it assumes
     ("phases", ("opmap.phases",)),  # runtime, prefill / decode / train figures built on the pipeline
     ("measure", ("opmap.measure",)),  # real runs joined to predictions
     ("api", ("opmap.api",)),  # the facade every command and explorer steps a model through

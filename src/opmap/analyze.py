@@ -7,7 +7,6 @@ renders to analysis.json (``to_dict``), the public contract documented in the RE
 from __future__ import annotations
 
 import math
-import platform
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -15,9 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from opmap import __version__
+from opmap.assumptions import build_assumptions
 from opmap.capture import capture
 from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
@@ -44,8 +41,7 @@ from opmap.mapping.memory import (
     training_state_bytes,
 )
 from opmap.precision import Precision, power_limited, reference, resolve_precision, resolve_training_precision
-from opmap.predict import TRANSCENDENTAL_SLOTS, Prediction, mfu, predict_cost, ridge_point
-from opmap.workloads.load import position_limit
+from opmap.predict import Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload
 
 if TYPE_CHECKING:
@@ -171,9 +167,10 @@ class Analysis:
         return fit
 
     @property
-    def memory_fit(self) -> dict[str, Any]:
-        """The memory fit (``memory``) as analysis.json's ``totals.memory_fit``: the per-device bytes, the verdict
-        and its sentence, the largest batch and longest context that fit."""
+    def memory_text(self) -> str:
+        """The memory fit's verdict (``memory``) in one sentence: what the weights and the rest take at the stored
+        format against the device, why it does not fit and what to do, the largest batch and longest context that
+        fit (analysis.json's ``totals.memory_fit.text``; the sheet's memory line)."""
         m = self.memory
         fmt = self.precision.policy["weights"]
         have = m.capacity_bytes
@@ -197,8 +194,7 @@ class Analysis:
             text += f"; largest {'microbatch' if train else 'batch'} {m.max_batch}" + (
                 f", longest {'sequence' if train else 'context'} {m.max_context}"
                 + (" (the model's position limit)" if capped else "") if m.max_context is not None else "")
-        return {"weights_bytes": m.weights_bytes, "weights_format": fmt, "device_memory_bytes": have,
-                "fits": m.fits, "text": text, **m.to_dict()}
+        return text
 
     @property
     def uncounted(self) -> dict[str, int]:
@@ -238,6 +234,7 @@ class Analysis:
         total = self.total
         lat = self.predicted_latency_s
         head, head_s = self.headline
+        mem = self.memory
         return {
             "schema_version": SCHEMA_VERSION,
             "assumptions": self.assumptions,
@@ -263,7 +260,10 @@ class Analysis:
                 "kernel_time_s": lat,  # the kernels (and view dispatch) of the captured step on one device
                 "runtime_per_step_s": self.runtime_per_step_s,
                 "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
-                "memory_fit": self.memory_fit,
+                # the memory fit on one device: the weights at their stored format, the verdict and its sentence
+                "memory_fit": {"weights_bytes": mem.weights_bytes, "weights_format": self.precision.policy["weights"],
+                               "device_memory_bytes": mem.capacity_bytes, "fits": mem.fits, "text": self.memory_text,
+                               **mem.to_dict()},
             },
             "layer_types": {
                 s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
@@ -271,59 +271,22 @@ class Analysis:
                                "share_of_time": s.predicted_s / lat if lat else 0.0, "bound": s.bound}
                 for s in self.layer_types()
             },
-            "nodes": [self._node_dict(r) for r in self.results] if nodes else [
+            # each node: its graph row, its cost and its prediction (a later key keeps the earlier's place)
+            "nodes": [{**r.node.to_dict(), **r.cost.to_dict(), **r.pred.to_dict(), "counted": r.cost.counted}
+                      for r in self.results] if nodes else [
                 {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
                  "flops": r.cost.flops} for r in self.results],
             "kernels": [k.to_dict() for k in self.kernel_results] + (
                 [c.to_dict() for c in self.sharded.collectives] if self.sharded is not None else []),
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
-            "phase": self.phase,
-            "memory": self.memory.to_dict(),
-        } | self._parallelism_dict()
+            # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
+            "phase": self.phase_figures.to_dict() if self.phase_figures is not None else {},
+            "memory": mem.to_dict(),
+        } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
+            "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
+            "collectives": [c.to_dict() for c in s.collectives]})
 
-    def _parallelism_dict(self) -> dict[str, Any]:
-        """The ``parallelism`` block and the collective kernel rows, only for a layout over several devices."""
-        s = self.sharded
-        if s is None:
-            return {}
-        return {"parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
-                "collectives": [c.to_dict() for c in s.collectives]}
-
-    @property
-    def phase(self) -> dict[str, Any]:
-        """analysis.json's ``phase`` block: the figures a phase set (``phase_figures``, typed: opmap.phases.result)
-        as written to the file; empty until then (the headline is then the pipeline's latency)."""
-        return self.phase_figures.to_dict() if self.phase_figures is not None else {}
-
-    @staticmethod
-    def _node_dict(r: NodeResult) -> dict[str, Any]:
-        n, c, p = r.node, r.cost, r.pred
-        d = n.to_dict()
-        d.update(c.to_dict())
-        d.update(p.to_dict())
-        d["counted"] = c.counted
-        return d
-
-
-def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
-    """The matrix rate the time model runs at, with its provenance: a measured achievable figure, another
-    format's measured fraction of peak, else the peak; on a power-limited card past its power window, the blend
-    of boost and sustained rates (``precision.power_limited``)."""
-    v = hw.achievable_matrix_flops_per_s.get(prec.matrix)
-    own = v is not None and bool(v.value) and prec.rate_basis == f"{v.kind} achievable {prec.matrix} rate"
-    out = {"value": prec.matrix_rate_flops_per_s, "kind": v.kind if own else "derived",
-           "basis": prec.rate_basis, "source": v.source if own else prec.rate_basis,
-           "of_peak": prec.matrix_rate_flops_per_s / prec.matrix_peak_flops_per_s,
-           "power_state": "power-limited" if prec.sustained else "boost"}
-    if prec.sustained:
-        out["kind"] = "derived"
-    if prec.rate_basis.startswith("dense peak"):
-        out.update(kind="dense peak",
-                   source=f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it")
-    if hw.power_window_s is not None:
-        out["power_window_s"] = hw.power_window_s
-    return out
 
 
 def cap_at_positions(fit: MemoryFit, assumptions: dict[str, Any], length: int | None) -> MemoryFit:
@@ -348,104 +311,6 @@ def _bytes(x: float) -> str:
         if x >= scale:
             return f"{x / scale:.4g} {unit}"
     return f"{x:.4g} B"
-
-
-def time_model_line(hw: HardwareSpec) -> str:
-    curves = hw.curves
-    if curves.empty:
-        return "max(matrix/peak, vector/peak, bytes/bandwidth) + launch overhead, per node (datasheet peaks)"
-    fams = sorted({f"{fam} {dt} ({t.size} shapes)" for (fam, dt), t in curves.tables.items()})
-    bw = (f", bandwidth over {len(curves.bandwidth_points)} sizes" if curves.bandwidth_points else
-          "; bandwidth: the catalog's")
-    return ("max(matrix/rate at shape, vector/peak + transcendental/rate, bytes/bandwidth at size) + launch "
-            f"overhead, per node; measured curves: {', '.join(fams)}{bw}"
-            + (f"; views cost {curves.view_overhead_s * 1e6:.2g} us of host dispatch" if hw.device_type == "cpu"
-               else ""))
-
-
-FUSION_TEXT = {
-    "eager": "eager: one kernel per non-view aten op; SDPA as one fused kernel",
-    "compiler": "compiler: pointwise chains, GEMM / conv epilogues and reductions with their pointwise "
-                "neighbours fused (legal-only, at most 16 nodes a kernel); SDPA as one fused kernel",
-    "engine": "engine: compiler's fusion plus what serving engines ship: sibling GEMMs merged (QKV, gate/up), "
-              "fused (residual add +) norm, RoPE and the KV-cache write in the QKV epilogue, gated activation in "
-              "the gate/up epilogue, fused attention (paged decode attention)",
-    "library": "library: what training frameworks run (Megatron-Core, Transformer Engine): vendor-library GEMMs "
-               "alone (bias in the epilogue), sibling GEMMs merged (QKV, gate/up), hand-written fused kernels between "
-               "them: (add +) norm with its casts, RoPE, (gated) activation, dropout + residual add, masked softmax; "
-               "no GEMM epilogue or prologue fusion; SDPA as one fused kernel",
-}
-
-
-def _drops_scores(graph: OpGraph) -> bool:
-    """Whether any fused attention call in the graph drops scores (training with dropout_p above 0)."""
-    return any("attention" in n.op and isinstance(n.args.get("dropout_p"), (int, float)) and n.args["dropout_p"] > 0
-               for n in graph.nodes)
-
-
-def attention_dropout_line(hw: HardwareSpec) -> str:
-    """How the priced attention kernel's dropout is costed, in words."""
-    from opmap.hardware.curves import attention_dropout_row
-
-    cal = hw.calibration
-    if not cal.get("attention"):
-        return ("attention dropout: the Philox draw, compare and select counted per score on the vector unit "
-                "(no measured attention kernel)")
-    kernel = cal.get("attention_kernel") or "the measured attention kernel"
-    row = attention_dropout_row(cal)
-    if row is None:
-        return (f"attention dropout: priced at {kernel}'s no-dropout rate (no time with dropout measured for "
-                f"{kernel} on {hw.name})")
-    return (f"attention dropout: {kernel} runs {row['factor']:.3g}x its no-dropout time when it drops scores"
-            + (f" ({row['source']})" if row.get("source") else ""))
-
-
-def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
-                      overrides: Sequence[tuple[str, str]], fusion: str = "eager",
-                      evidence: str = "") -> dict[str, Any]:
-    mp = hw.matrix_peak_flops_per_s[prec.matrix]
-    return {
-        "workload": workload.name,
-        "hardware": hw.name,
-        "hardware_display_name": hw.display_name,
-        "dtype": prec.requested,
-        "matrix_dtype": prec.matrix,
-        "precision_note": prec.note,
-        "weights_dtype": prec.policy["weights"], "activations_dtype": prec.policy["activations"],
-        "accumulate_dtype": prec.policy["accumulate"],
-        "precision_policy": prec.policy,
-        "precision_evidence": evidence,
-        "batch": workload.batch,
-        "seq": workload.seq,
-        "position_limit": position_limit(workload),  # opmap.workloads.load
-        "capture_device": graph.device,
-        "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
-        "fusion_policy": FUSION_TEXT.get(fusion, fusion),
-        "tiling": ("GEMM / conv tile search against shared memory per compute unit, tile and wave quantization"
-                   if hw.device_type != "cpu" and hw.sram_per_unit_bytes else
-                   "none (CPU: the BLAS library blocks for the caches; measured shape curves stand for it)"
-                   if hw.device_type == "cpu" else "none (the device lists no shared memory per compute unit)"),
-        "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},
-        "matrix_rate_flops_per_s": _rate(hw, prec),
-        "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
-        "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
-        "memory_rate_bytes_per_s": {"value": hw.memory_rate_bytes_per_s, "basis": hw.memory_rate_basis},
-        # achievable figures the catalog lacks for this device: those run on datasheet figures (empty: like for like)
-        "datasheet_only": list(hw.datasheet_only),
-        "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
-        "transcendental_slots": TRANSCENDENTAL_SLOTS,
-        "time_model": time_model_line(hw),
-        "attention_kernel": (f"{hw.calibration['attention_kernel']}: fused attention from its measured rows in the "
-                             "catalog (--attention-kernel picks another)" if hw.calibration.get("attention_kernel")
-                             else "no measured kernel: flash tiles on the device's peaks"),
-        **({"attention_dropout": attention_dropout_line(hw)} if _drops_scores(graph) else {}),
-        "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
-        "workload_notes": list(workload.assumptions),
-        "capture_notes": list(graph.notes),
-        "torch_version": torch.__version__,
-        "opmap_version": __version__,
-        "python_version": platform.python_version(),
-    }
 
 
 def stored_weights(costs: Sequence[OpCost], prec: Precision) -> list[OpCost]:

@@ -19,10 +19,13 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
 from opmap.validate import INT_GE1, options
+
+if TYPE_CHECKING:
+    from opmap.capture.cache import CachedWorkload
 
 # what a command shows while a step builds, captures or predicts: a plain line (no markup), in a context manager
 Status = Callable[[str], contextlib.AbstractContextManager]
@@ -57,26 +60,25 @@ def step_key(model: str, dtype: str, device: str, shape: Shape, layout: str, ove
     return capture_key(model, dtype, fields, device)
 
 
-def workload_fields(w) -> dict:
-    """What the capture cache keeps of a workload: not its module or inputs (a cached graph needs neither)."""
-    from opmap.capture.cache import geometry_fields
+def workload_fields(w) -> CachedWorkload:
+    """What the capture cache keeps of a workload (opmap.capture.cache.CachedWorkload)."""
+    from opmap.capture.cache import CachedWorkload
 
-    return {"name": w.name, "batch": w.batch, "seq": w.seq, "assumptions": list(w.assumptions),
-            "geometry": geometry_fields(getattr(w, "geometry", None))}
+    return CachedWorkload(w.name, w.batch, w.seq, tuple(w.assumptions), getattr(w, "geometry", None))
 
 
 def cached(key: str | None, train: bool | None = None) -> tuple | None:
     """(graph, Workload without module, SavedActivations or None) cached under ``key``, or None. ``train``: a phase
     entry (written with its saved activations, None outside training) of that kind only."""
     from opmap.capture import cache
-    from opmap.mapping.memory import SavedActivations
+    from opmap.mapping.activations import SavedActivations
     from opmap.workloads.zoo import Workload
 
     hit = cache.load(key) if key else None
     if hit is None or (train is not None and not (len(hit) == 3 and (hit[2] is not None) == train)):
         return None
     f = hit[1]
-    w = Workload(f["name"], None, None, f["batch"], f["seq"], f["assumptions"], geometry=f["geometry"])
+    w = Workload(f.name, None, None, f.batch, f.seq, f.assumptions, geometry=f.geometry)
     saved = SavedActivations(**hit[2]) if len(hit) == 3 and hit[2] is not None else None
     return hit[0], w, saved
 

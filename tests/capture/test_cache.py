@@ -141,8 +141,8 @@ def test_an_unreadable_entry_is_a_miss(cache_on):
     (cache_on / "abc.json").write_bytes(b"not json")
     assert cache.load("abc") is None
     g = OpGraph((), 0, 0.0, 0, (), "meta")
-    cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
-    assert cache.load("abc") == (g, {"name": "x", "batch": 1, "seq": None, "assumptions": (), "geometry": None})
+    cache.store("abc", g, cache.CachedWorkload("x", 1, None, ()))
+    assert cache.load("abc") == (g, cache.CachedWorkload("x", 1, None, ()))
 
 
 class _Plant:
@@ -185,8 +185,8 @@ def _small_entry(cache_on):
     from opmap.graph import OpGraph
 
     g = OpGraph((), 0, 0.0, 0, (), "meta")
-    cache.store("abc", g, {"name": "x", "batch": 1, "seq": None, "assumptions": []})
-    return cache_on / "abc.json", (g, {"name": "x", "batch": 1, "seq": None, "assumptions": (), "geometry": None})
+    cache.store("abc", g, cache.CachedWorkload("x", 1, None, ()))
+    return cache_on / "abc.json", (g, cache.CachedWorkload("x", 1, None, ()))
 
 
 @pytest.mark.parametrize("kind", ["link to /dev/zero", "link to a good entry", "fifo", "folder", "over the limit"])
@@ -217,7 +217,7 @@ def test_an_entry_that_is_not_a_bounded_regular_file_is_a_miss(cache_on, tmp_pat
     assert cache.load_fields("abc") is None
     if kind == "folder":
         path.rmdir()
-    cache.store("abc", *want[:1], {"name": "x", "batch": 1, "seq": None, "assumptions": []})
+    cache.store("abc", *want[:1], cache.CachedWorkload("x", 1, None, ()))
     assert not path.is_symlink() and cache.load("abc") == want  # rewritten whole, in place of the bad entry
 
 

@@ -66,8 +66,8 @@ def test_local_pool_sweep_equals_inline():
     hw = get_hardware("h100-sxm")
     inline = sweep(*SWEEP[:1], hw, *SWEEP[1:], workers=1)
     pooled = sweep(*SWEEP[:1], hw, *SWEEP[1:], workers=2)
-    assert pooled["points"] == inline["points"] and pooled["captures"] == inline["captures"] == 8
-    assert [(p["seq"], p["batch"]) for p in pooled["points"]] == [(s, b) for s in (32, 64) for b in (1, 2, 8)]
+    assert pooled.points == inline.points and pooled.captures == inline.captures == 8
+    assert [(p.seq, p.batch) for p in pooled.points] == [(s, b) for s in (32, 64) for b in (1, 2, 8)]
 
 
 def test_local_pool_fit_equals_inline():
@@ -115,7 +115,7 @@ def test_ray_local_instance_sweep_equals_local_pool(monkeypatch):
         assert ray.cluster_resources().get("CPU") == 2
         on_ray = sweep(*SWEEP[:1], hw, *SWEEP[1:], engine="ray")
         local = sweep(*SWEEP[:1], hw, *SWEEP[1:], engine="local", workers=2)
-        assert on_ray["points"] == local["points"] and on_ray["engine"] == "ray"
+        assert on_ray.points == local.points and on_ray.engine == "ray"
         with pytest.raises(OpmapError, match="unknown engine 'spark'"):  # a task's own error, unwrapped
             get_engine("ray").map(check_engine, ["spark"])
     finally:

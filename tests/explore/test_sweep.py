@@ -6,39 +6,40 @@ import pytest
 
 from opmap.analyze import analyze
 from opmap.errors import OpmapError
-from opmap.explore.sweep import knees, pareto, sweep
+from opmap.explore.sweep import SweepPoint, knees, pareto, sweep
 from opmap.hardware import get_hardware
 from opmap.workloads import build_zoo
 
 
 def _pt(b, s, lat, tps):
-    return {"batch": b, "seq": s, "latency_s": lat, "tokens_per_s": tps}
+    return SweepPoint(b, s, "prefill", "by hand", "bf16", lat, None, None, None, 0.0, tps, {}, None, True, 0.0,
+                      "by hand")
 
 
 def test_pareto_front_by_hand():
     pts = [_pt(1, 1, 1.0, 10.0), _pt(2, 1, 2.0, 30.0), _pt(4, 1, 3.0, 25.0), _pt(8, 1, 4.0, 40.0)]
     # (3.0, 25) is beaten by (2.0, 30): lower latency and more tokens per second
-    assert pareto(pts) == [{"batch": 1, "seq": 1}, {"batch": 2, "seq": 1}, {"batch": 8, "seq": 1}]
+    assert pareto(pts) == ((1, 1), (2, 1), (8, 1))
 
 
 def test_knee_is_farthest_above_the_chord():
     # normalised: latency 0, 1/7, 3/7, 1; tokens 0, 0.8, 0.95, 1. Distance above the chord y = x:
     # 0.8 - 1/7 = 0.657 at batch 2 (the largest), 0.95 - 3/7 = 0.52 at batch 4
     pts = [_pt(1, 8, 1.0, 100.0), _pt(2, 8, 2.0, 180.0), _pt(4, 8, 4.0, 195.0), _pt(8, 8, 8.0, 200.0)]
-    assert knees(pts) == [{"batch": 2, "seq": 8}]
-    assert knees([_pt(1, 8, 1.0, 1.0), _pt(2, 8, 2.0, 2.0), _pt(4, 8, 4.0, 4.0)]) == []  # a straight line
+    assert knees(pts) == ((2, 8),)
+    assert knees([_pt(1, 8, 1.0, 1.0), _pt(2, 8, 2.0, 2.0), _pt(4, 8, 4.0, 4.0)]) == ()  # a straight line
 
 
 def test_predicted_sweep_matches_single_analyses_with_fewer_captures():
     hw = get_hardware("h100-sxm")
     r = sweep("gpt2", hw, [1, 5, 16], [32], "prefill", "bf16", runtime="eager")
-    assert r["captures"] == 4  # the batch family (1, 2, 3, 4); 5 and 16 written from it
-    for p in r["points"]:
-        a = analyze(build_zoo("gpt2", p["batch"], 32, "bf16"), hw, "bf16")
-        assert p["latency_s"] == pytest.approx(a.predicted_latency_s, rel=1e-12)
-        assert p["tokens_per_s"] == pytest.approx(p["batch"] * 32 / p["latency_s"])
-        assert p["latency_p99_s"] is None and p["method"].startswith("predicted")
-        assert sum(p["bound_mix"].values()) == pytest.approx(1.0)
+    assert r.captures == 4  # the batch family (1, 2, 3, 4); 5 and 16 written from it
+    for p in r.points:
+        a = analyze(build_zoo("gpt2", p.batch, 32, "bf16"), hw, "bf16")
+        assert p.latency_s == pytest.approx(a.predicted_latency_s, rel=1e-12)
+        assert p.tokens_per_s == pytest.approx(p.batch * 32 / p.latency_s)
+        assert p.latency_p99_s is None and p.method.startswith("predicted")
+        assert sum(p.bound_mix.values()) == pytest.approx(1.0)
 
 
 def test_a_predicted_sweep_prices_the_runtime_and_the_layout():
@@ -51,16 +52,16 @@ def test_a_predicted_sweep_prices_the_runtime_and_the_layout():
     hw = get_hardware("h100-sxm")
     rt = get_runtime(hw, "engine")
     r = sweep("gpt2", hw, [2], [32], "prefill", "bf16")
-    (p,) = r["points"]
+    (p,) = r.points
     a = analyze(build_zoo("gpt2", 2, 32, "bf16"), rt.apply(hw), "bf16", fusion=rt.fusion)
-    assert r["runtime"]["name"] == "engine" and rt.per_step_s > 0
-    assert p["latency_s"] == pytest.approx(a.predicted_latency_s + rt.per_step_s, rel=1e-12)
+    assert r.runtime["name"] == "engine" and rt.per_step_s > 0
+    assert p.latency_s == pytest.approx(a.predicted_latency_s + rt.per_step_s, rel=1e-12)
     two = sweep("gpt2", hw, [2], [32], "prefill", "bf16", runtime="eager", tp=2)
-    (q,) = two["points"]
+    (q,) = two.points
     one = analyze(build_zoo("gpt2", 2, 32, "bf16"), hw, "bf16")
-    assert q["latency_s"] == pytest.approx(shard(one, Parallelism(tp=2, devices=2)).latency_s, rel=1e-12)
-    assert two["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q["mfu"] is None
-    assert q["memory_bytes"] < one.memory.total_bytes  # per device: half the weights
+    assert q.latency_s == pytest.approx(shard(one, Parallelism(tp=2, devices=2)).latency_s, rel=1e-12)
+    assert (two.tp, two.pp) == (2, 1) and two.to_dict()["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q.mfu is None
+    assert q.memory_bytes < one.memory.total_bytes  # per device: half the weights
 
 
 def test_sweep_refuses_what_it_cannot_measure():
@@ -90,25 +91,25 @@ def test_measured_sweep_energy_from_the_rapl_counter_with_wraparound(tmp_path, m
     monkeypatch.setattr(RaplMeter, "read_uj", lambda self: next(reads))
     r = sweep("gpt2", get_hardware(session_calibration), [1], [8], "prefill", "fp32", measure=True, repeats=3,
               rapl_root=tmp_path / "powercap")
-    (p,) = r["points"]
-    assert p["energy_j"] == pytest.approx(1.82885)
-    assert p["power_method"].startswith("measured (RAPL package domain, 1 package(s)")
+    (p,) = r.points
+    assert p.energy_j == pytest.approx(1.82885)
+    assert p.power_method.startswith("measured (RAPL package domain, 1 package(s)")
     # W = J / s over the timed window; per token = J / (3 repeats x 1 x 8 tokens); tokens per J its inverse
-    assert p["energy_window_s"] > 0 and p["power_w"] == pytest.approx(1.82885 / p["energy_window_s"])
-    assert p["energy_per_token_j"] == pytest.approx(1.82885 / 24)
-    assert p["tokens_per_j"] == pytest.approx(24 / 1.82885)
+    assert p.energy_window_s > 0 and p.power_w == pytest.approx(1.82885 / p.energy_window_s)
+    assert p.energy_per_token_j == pytest.approx(1.82885 / 24)
+    assert p.tokens_per_j == pytest.approx(24 / 1.82885)
     # the window holds the timed repeats: at least their summed latency
-    assert p["energy_window_s"] >= 3 * p["latency_p50_s"] * 0.5
+    assert p.energy_window_s >= 3 * p.latency_p50_s * 0.5
 
 
 def test_measured_sweep_without_a_meter_is_null_or_modelled_and_says_so(tmp_path, monkeypatch, session_calibration):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no local profile
     r = sweep("gpt2", get_hardware(session_calibration), [1], [8], "prefill", "fp32", measure=True, repeats=2,
               rapl_root=tmp_path / "absent")
-    (p,) = r["points"]
-    assert p["energy_j"] is None and p["power_w"] is None and p["energy_per_token_j"] is None
-    assert p["power_method"].startswith("not measured: no RAPL package domain under")
-    assert "not modelled either: the local profile lists no tdp_w" in p["power_method"]
+    (p,) = r.points
+    assert p.energy_j is None and p.power_w is None and p.energy_per_token_j is None
+    assert p.power_method.startswith("not measured: no RAPL package domain under")
+    assert "not modelled either: the local profile lists no tdp_w" in p.power_method
     # a local profile with a TDP (here the Xeon 8480+ catalog entry, 350 W datasheet) models the busy loop at it
     (tmp_path / "cache" / "opmap").mkdir(parents=True)
     src = get_hardware("xeon-8480")
@@ -117,15 +118,15 @@ def test_measured_sweep_without_a_meter_is_null_or_modelled_and_says_so(tmp_path
     (tmp_path / "cache" / "opmap" / "local.toml").write_text((CATALOG_DIR / f"{src.name}.toml").read_text())
     r = sweep("gpt2", get_hardware(session_calibration), [1], [8], "prefill", "fp32", measure=True, repeats=2,
               rapl_root=tmp_path / "absent")
-    (p,) = r["points"]
-    assert p["power_w"] == pytest.approx(350.0) and p["energy_j"] == pytest.approx(350.0 * p["energy_window_s"])
-    assert p["power_method"].startswith("modelled: the local profile's TDP 350 W")
+    (p,) = r.points
+    assert p.power_w == pytest.approx(350.0) and p.energy_j == pytest.approx(350.0 * p.energy_window_s)
+    assert p.power_method.startswith("modelled: the local profile's TDP 350 W")
 
 
 def test_predicted_points_carry_null_energy():
     r = sweep("gpt2", get_hardware("h100-sxm"), [1], [16], "prefill", "bf16")
-    (p,) = r["points"]
-    assert p["energy_j"] is None and p["tokens_per_j"] is None and p["power_method"].startswith("not measured")
+    (p,) = r.points
+    assert p.energy_j is None and p.tokens_per_j is None and p.power_method.startswith("not measured")
 
 
 def test_parse_ints_refuses_sizes_past_int32():
@@ -170,10 +171,10 @@ def test_a_measured_point_runs_and_carries_its_dtype_beside_a_prediction_for_thi
     monkeypatch.setattr(sw, "_workload", watched)
     hw = get_hardware(session_calibration)
     r = sweep("gpt2", hw, [1], [8], "prefill", dtype, measure=True, repeats=2)
-    (p,) = r["points"]
+    (p,) = r.points
     assert built == [{torch.float32 if dtype == "fp32" else torch.bfloat16}]
-    assert p["dtype"] == r["dtype"] == dtype and p["method"].startswith(f"measured on this CPU ({dtype}")
-    assert p["hardware"] == r["measured_on"] and p["hardware"].startswith("this CPU (")
-    assert p["predicted"]["hardware"] == r["hardware"] == hw.name and p["predicted"]["dtype"] == dtype
+    assert p.dtype == r.dtype == dtype and p.method.startswith(f"measured on this CPU ({dtype}")
+    assert p.hardware == r.measured_on and p.hardware.startswith("this CPU (")
+    assert p.predicted.hardware == r.hardware == hw.name and p.predicted.dtype == dtype
     one = analyze(build_zoo("gpt2", 1, 8, dtype), hw, dtype)
-    assert p["predicted"]["latency_s"] == pytest.approx(one.predicted_latency_s, rel=1e-9)
+    assert p.predicted.latency_s == pytest.approx(one.predicted_latency_s, rel=1e-9)

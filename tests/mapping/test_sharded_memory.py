@@ -22,7 +22,7 @@ from opmap.capture import capture
 from opmap.capture.training import training_loss
 from opmap.cli import main
 from opmap.hardware import get_hardware
-from opmap.mapping.memory import saved_activation_bytes
+from opmap.mapping.activations import saved_activation_bytes
 from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, saved_per_block, sharded_memory
 from opmap.workloads.gpt2 import GPT2, GPT2Config
 from opmap.workloads.zoo import Workload

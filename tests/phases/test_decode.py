@@ -71,7 +71,7 @@ def tpot(target: str, kv_len: int, runtime: str = "engine", hw: str = "h100-sxm"
     spec = replace(check_phase(PhaseSpec("decode", kv_len), target, BATCH), kv_write=rt.kv_write)
     w = phase_workload(target, spec, BATCH, None, "bf16")
     a = analyze_phase(capture_phase(w, spec), w, h, "bf16", spec, fusion=rt.fusion, runtime=rt).analysis
-    return a.phase["tpot_s"], a
+    return a.phase_figures.step_s, a
 
 
 def config(tmp_path, c: dict) -> str:
@@ -130,7 +130,7 @@ def test_hf_decode_of_each_family_sits_on_the_floor_under_engine(tmp_path, famil
     kv = kv_read(c["num_hidden_layers"], c["num_key_value_heads"], head_dim, tokens, BATCH)
     floor = (weights_read_llama(c, BATCH) + kv) / HBM_BYTES_PER_S
     t, a = tpot(config(tmp_path, c), kv_len)
-    assert a.phase["kv_cache_read_bytes"] == kv
+    assert a.phase_figures.floor.kv_cache_read_bytes == kv
     assert floor < t < floor + kv / HBM_BYTES_PER_S, (t / floor, floor)
 
 

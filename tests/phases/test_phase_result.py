@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opmap.phases.result import PhaseResult, TrainStep
+from opmap.phases.result import PalmFlops, PhaseResult, TrainStep
 
 pytest.importorskip("transformers")
 
@@ -29,7 +29,8 @@ def _train(step_s: float) -> TrainStep:
                      tokens_per_s_per_device=0.0, model_flops=0.0, hardware_flops=0.0, recompute_flops=0.0,
                      attention_recompute_flops=0.0, executed_matrix_flops=0.0, model_flops_per_s_per_device=0.0,
                      hardware_flops_per_s_per_device=0.0, mfu=0.0, hfu=0.0, dense_peak_flops_per_s=1.0,
-                     palm_flops_per_token={}, model_flops_per_token=0.0, mfu_definition="", bound="compute")
+                     palm_flops_per_token=PalmFlops(0.0, 0, 0, 0.0), model_flops_per_token=0.0, mfu_definition="",
+                     bound="compute")
 
 
 def test_a_train_step_is_the_sum_of_its_parts():
@@ -67,5 +68,5 @@ def test_decode_step_is_its_parts_and_its_throughput_batch_over_step(target):
     assert f.step_s == pytest.approx(f.kernel_time_s + f.runtime_per_step_s, rel=1e-12)
     assert f.tokens_per_s == pytest.approx(BATCH / f.step_s, rel=1e-12)
     assert a.headline == ("time per output token", f.step_s)
-    d = a.phase
+    d = a.phase_figures.to_dict()
     assert d["tpot_s"] == f.step_s and d["tokens_per_s"] == f.tokens_per_s and d["kv_len"] == 128

@@ -64,25 +64,26 @@ def test_eager_graphs_engine_step_times_are_the_closed_forms(h100, gpt2_decode):
     eager, graphs, engine, engine_eager = (_step(gpt2_decode, h100, n) for n in RUNTIMES)
     n = eager.kernels
     # eager: sum(busy) + n x launch, nothing per step
-    assert eager.phase["tpot_s"] == pytest.approx(_busy_s(eager) + n * EAGER_LAUNCH_S, rel=1e-9)
+    assert eager.phase_figures.step_s == pytest.approx(_busy_s(eager) + n * EAGER_LAUNCH_S, rel=1e-9)
     # graphs: the same kernels, each paying the in-graph gap, plus one graph launch per step
     assert graphs.kernels == n and _busy_s(graphs) == pytest.approx(_busy_s(eager), rel=1e-12)
-    assert graphs.phase["tpot_s"] == pytest.approx(_busy_s(eager) + n * GRAPH_GAP_S + GRAPH_LAUNCH_S, rel=1e-9)
-    assert eager.phase["tpot_s"] - graphs.phase["tpot_s"] == pytest.approx(
+    assert graphs.phase_figures.step_s == pytest.approx(_busy_s(eager) + n * GRAPH_GAP_S + GRAPH_LAUNCH_S, rel=1e-9)
+    assert eager.phase_figures.step_s - graphs.phase_figures.step_s == pytest.approx(
         n * (EAGER_LAUNCH_S - GRAPH_GAP_S) - GRAPH_LAUNCH_S, rel=1e-9)
     # engine: the engine fusion plan's fewer kernels, the gap each, one graph launch and the scheduler's gap
     m = engine.kernels
     assert m < n and engine.plan.policy == "engine" and engine.plan.eager_kernels == n
-    assert engine.phase["tpot_s"] == pytest.approx(
+    assert engine.phase_figures.step_s == pytest.approx(
         _busy_s(engine) + m * GRAPH_GAP_S + GRAPH_LAUNCH_S + ENGINE_GAP_S, rel=1e-9)
-    assert engine.phase["runtime_per_step_s"] == pytest.approx(GRAPH_LAUNCH_S + ENGINE_GAP_S)
+    assert engine.phase_figures.runtime_per_step_s == pytest.approx(GRAPH_LAUNCH_S + ENGINE_GAP_S)
     # engine-eager: the engine's kernels, each a host launch, no graph launch, the scheduler's gap
     assert engine_eager.kernels == m and _busy_s(engine_eager) == pytest.approx(_busy_s(engine), rel=1e-12)
-    assert engine_eager.phase["tpot_s"] == pytest.approx(_busy_s(engine) + m * EAGER_LAUNCH_S + ENGINE_GAP_S, rel=1e-9)
-    assert engine_eager.phase["runtime_per_step_s"] == pytest.approx(ENGINE_GAP_S)
+    assert engine_eager.phase_figures.step_s == pytest.approx(
+        _busy_s(engine) + m * EAGER_LAUNCH_S + ENGINE_GAP_S, rel=1e-9)
+    assert engine_eager.phase_figures.runtime_per_step_s == pytest.approx(ENGINE_GAP_S)
     # the headline is the phase's: the JSON total and the MFU at it
     for a in (eager, graphs, engine, engine_eager):
-        assert a.to_dict(nodes=False)["totals"]["predicted_latency_s"] == a.phase["tpot_s"]
+        assert a.to_dict(nodes=False)["totals"]["predicted_latency_s"] == a.phase_figures.step_s
 
 
 def test_apply_replaces_only_the_per_kernel_overhead(h100):

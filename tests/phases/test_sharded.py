@@ -68,7 +68,7 @@ def test_decode_kv_cache_and_floor_per_device_are_the_formulas(decodes, model, t
     p = Parallelism(tp=tp, pp=pp, microbatch=BATCH, global_batch=BATCH)
     out = shard_analysis(a, p)
     assert out.fit.kv_cache_bytes == pytest.approx(_kv(geo, tp, pp), rel=1e-12)
-    f = out.phase
+    f = out.phase_figures.to_dict()
     assert f["kv_cache_read_bytes"] == pytest.approx(_kv(geo, tp), rel=1e-12)  # every stage's share, in turn
     assert f["weights_bytes"] == pytest.approx(_weights(geo, tp), rel=1e-12)
     floor = (_weights(geo, tp) + _kv(geo, tp)) / H200.memory_rate_bytes_per_s
@@ -84,7 +84,7 @@ def test_kv_heads_fewer_than_tp_are_replicated(decodes):
     a, geo = decodes["llama-3-8b"]
     out = shard_analysis(a, Parallelism(tp=16, microbatch=BATCH, global_batch=BATCH))
     assert out.fit.kv_cache_bytes == pytest.approx(_kv(geo, 8), rel=1e-12)
-    assert out.phase["weights_bytes"] == pytest.approx(_weights(geo, 16), rel=1e-12)
+    assert out.phase_figures.floor.weights_bytes == pytest.approx(_weights(geo, 16), rel=1e-12)
 
 
 def test_a_kv_cache_that_outgrows_the_device_does_not_fit():

@@ -53,7 +53,7 @@ def _parts(f) -> float:
 
 @pytest.mark.parametrize("recompute", POLICIES)
 def test_step_equals_its_parts_on_one_device(recompute):
-    f = _train(recompute).phase
+    f = _train(recompute).phase_figures.to_dict()
     assert f["microsteps"] == 8 // MB and f["devices"] == 1
     assert f["step_s"] == pytest.approx(_parts(f), rel=0.01)
     assert f["step_s"] == f["iteration_s"] and f["bubble_s"] == 0 and f["exposed_comm_s"] == 0
@@ -71,7 +71,7 @@ def test_step_equals_its_parts_under_a_layout(recompute):
     assert f["bubble_s"] == pytest.approx((2 - 1) / 1 * sh.microbatch_s)
     assert f["exposed_comm_s"] > 0  # two TP all-reduces a block each way are not overlapped
     # the optimizer step per device: the parameters one device holds (a quarter under tp 2 x pp 2) at ZeRO 0
-    assert f["optimizer_s"] < _train(recompute).phase["optimizer_s"]
+    assert f["optimizer_s"] < _train(recompute).phase_figures.optimizer_s
     assert f["tokens_per_s_per_device"] == pytest.approx(f["tokens_per_s"] / 8)
     assert f["tokens_per_s"] == pytest.approx(16 * SEQ / f["step_s"])
 
@@ -79,7 +79,7 @@ def test_step_equals_its_parts_under_a_layout(recompute):
 def test_selective_recompute_never_shortens_the_step():
     """Selective recomputation runs the attention core again (Megatron-Core checkpoints core_attention, fused or
     not): the step grows by it, on one device and under the layout, and the note never says it adds nothing."""
-    none, sel, full = (_train(r).phase for r in POLICIES)
+    none, sel, full = (_train(r).phase_figures.to_dict() for r in POLICIES)
     assert sel["step_s"] > none["step_s"] and sel["recompute_s"] > 0
     assert full["step_s"] >= sel["step_s"]
     assert "adds nothing" not in sel["recompute_note"]
@@ -91,7 +91,7 @@ def test_selective_recompute_never_shortens_the_step():
 @pytest.mark.parametrize("recompute", POLICIES)
 def test_hfu_is_at_least_mfu(recompute):
     """Both count attention dense; HFU adds the recomputed FLOPs (the flash backward's scores at least)."""
-    for f in (_train(recompute).phase, _sharded(recompute)[1]):
+    for f in (_train(recompute).phase_figures.to_dict(), _sharded(recompute)[1]):
         assert f["hfu"] > f["mfu"] > 0
         assert f["hardware_flops"] == pytest.approx(f["model_flops"] + f["recompute_flops"]
                                                     + f["attention_recompute_flops"])
@@ -144,7 +144,7 @@ def test_the_dropout_line_reads_a_calibration_that_names_no_kernel():
     the calls and the line says so (not 'no measured attention kernel')."""
     from dataclasses import replace
 
-    from opmap.analyze import attention_dropout_line
+    from opmap.assumptions import attention_dropout_line
     from opmap.hardware import with_attention_dropout
 
     rows = [{k: v for k, v in r.items() if k != "kernel"} for r in H100.calibration["attention"]

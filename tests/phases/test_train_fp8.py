@@ -62,7 +62,7 @@ def _nodes(a, op):
 
 
 def test_fp8_step_faster_than_bf16_by_less_than_the_gemm_rate_ratio():
-    bf, f8 = _train("bf16", True).phase, _train("fp8", True).phase
+    bf, f8 = _train("bf16", True).phase_figures.to_dict(), _train("fp8", True).phase_figures.to_dict()
     for key in ("microstep_s", "iteration_s"):
         speedup = bf[key] / f8[key]
         # the casts and the bf16 parts (LM head, attention core, norms, optimizer) bound it below the GEMM ratio
@@ -147,9 +147,9 @@ def test_assumptions_and_figures_say_what_is_fp8():
     assert any(x.startswith("LM head") for x in f["bf16"]) and any(x.startswith("attention core") for x in f["bf16"])
     assert f["bf16_matrix_rate_flops_per_s"] == BF16_RATE
     assert a.precision.matrix == "fp8" and a.precision.weight_scale == 1.0  # bf16 weights stored
-    ph = a.phase["fp8"]
-    assert ph["gemm_s"] > 0 and ph["bf16_matrix_s"] > 0 and ph["cast_s"] > 0 and ph["weight_cast_s"] > 0
-    assert "fp8 GEMMs" in a.phase["text"]
+    ph = a.phase_figures.fp8
+    assert ph.gemm_s > 0 and ph.bf16_matrix_s > 0 and ph.cast_s > 0 and ph.weight_cast_s > 0
+    assert "fp8 GEMMs" in a.phase_figures.text
     lines = assumption_lines(a)
     assert any(x.startswith("fp8: fp8 training (Transformer Engine)") for x in lines)
     assert not _train("bf16").assumptions.get("fp8_training")

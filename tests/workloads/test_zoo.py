@@ -184,7 +184,7 @@ def test_megatron_style_gpt_saves_korthikanti_activations():
     import torch
 
     from opmap.capture import capture
-    from opmap.mapping.memory import saved_activation_bytes
+    from opmap.mapping.activations import saved_activation_bytes
     from opmap.workloads.gpt2 import GPT2, GPT2Config
 
     s, b, h, a = 32, 2, 64, 4

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,9 @@ from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 # 1 was pickle (never read again); 2: JSON with a SHA-256 of the payload, a row per node; 3: the graph columnar
 # (opmap.capture.codec: each distinct string and tensor once), parsed in about half the time
 CACHE_VERSION = 3
-# what a captured graph depends on, and a training entry's saved activations (measured by mapping/memory.py's
+# what a captured graph depends on, and a training entry's saved activations (measured by mapping/activations.py's
 # saved_activation_bytes as phases/train.py's train_activations calls it)
-_SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads", "mapping/memory.py", "phases/train.py")
+_SOURCES = ("graph.py", "ops.py", "precision.py", "capture", "workloads", "mapping/activations.py", "phases/train.py")
 
 
 def enabled() -> bool:
@@ -102,19 +103,29 @@ def _opt(v, f):
     return None if v is None else f(v)
 
 
-def _workload(d) -> dict[str, Any]:
-    """The workload's fields a cached graph keeps (its module and inputs are not kept; its geometry, as the
-    captured model's layers are, is), type-checked."""
+@dataclass(frozen=True)
+class CachedWorkload:
+    """What a cached graph keeps of its workload: its name, batch, sequence and notes, and its geometry (as the
+    captured model's layers are); not its module or inputs (a cached graph needs neither)."""
+
+    name: str
+    batch: int
+    seq: int | None
+    assumptions: tuple[str, ...]
+    geometry: ModelGeometry | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry's ``workload`` JSON (``_workload`` reads it back)."""
+        g = self.geometry
+        return {"name": self.name, "batch": self.batch, "seq": self.seq, "assumptions": list(self.assumptions),
+                "geometry": None if g is None else {**asdict(g), "attention": [asdict(a) for a in g.attention]}}
+
+
+def _workload(d) -> CachedWorkload:
+    """The workload a cached graph keeps, each field type-checked."""
     _check(type(d) is dict)
-    return {"name": _str(d["name"]), "batch": _int(d["batch"]), "seq": _opt(d["seq"], _int),
-            "assumptions": tuple(_str(x) for x in d["assumptions"]), "geometry": _opt(d.get("geometry"), _geometry)}
-
-
-def geometry_fields(g: ModelGeometry | None) -> dict[str, Any] | None:
-    """A ModelGeometry as the JSON an entry keeps (``_geometry`` reads it back)."""
-    from dataclasses import asdict
-
-    return None if g is None else {**asdict(g), "attention": [asdict(a) for a in g.attention]}
+    return CachedWorkload(_str(d["name"]), _int(d["batch"]), _opt(d["seq"], _int),
+                          tuple(_str(x) for x in d["assumptions"]), _opt(d.get("geometry"), _geometry))
 
 
 def _geometry(d) -> ModelGeometry:
@@ -141,7 +152,7 @@ def _fields(cls, d, whole: bool = True):
 
 
 def _saved(d) -> dict[str, Any] | None:
-    """A training step's saved activations (opmap.mapping.memory.SavedActivations' fields), type-checked."""
+    """A training step's saved activations (opmap.mapping.activations.SavedActivations' fields), type-checked."""
     if d is None:
         return None
     _check(type(d) is dict and type(d["by_block"]) is dict)
@@ -169,9 +180,9 @@ def _read(k: str) -> bytes:
 
 
 def load(k: str) -> tuple | None:
-    """The cached (graph, workload fields) or (graph, workload fields, saved-activation fields) for ``k`` (the
-    fields as plain dicts, each value type-checked), or None: absent, unreadable, of another version or key,
-    failing its hash, or holding a value of the wrong type."""
+    """The cached (graph, CachedWorkload) or (graph, CachedWorkload, saved-activation fields) for ``k`` (the saved
+    activations' fields as the entry holds them; each value type-checked), or None: absent, unreadable, of another
+    version or key, failing its hash, or holding a value of the wrong type."""
     if not enabled():
         return None
     try:
@@ -190,12 +201,12 @@ def load(k: str) -> tuple | None:
         return None  # a miss in every form: missing, not a bounded regular file, truncated, damaged, wrong types
 
 
-def store(k: str, graph: OpGraph, workload: dict[str, Any], *saved: dict[str, Any] | None) -> None:
+def store(k: str, graph: OpGraph, workload: CachedWorkload, *saved: dict[str, Any] | None) -> None:
     """Write the entry for ``k`` (the graph; the workload's name, batch, seq and assumptions; for a training step
     the saved activations' fields) whole, or not at all. A link at the entry's name is replaced, not followed."""
     if not enabled():
         return
-    body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload}
+    body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload.to_dict()}
     if saved:
         body["saved"] = saved[0]
     _write(k, json.dumps(body, separators=(",", ":")).encode())

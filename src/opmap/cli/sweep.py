@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -10,6 +11,9 @@ from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, result
 from opmap.cli.common import hardware as get_hardware
 from opmap.phases.runtime import RUNTIME_HELP
 from opmap.validate import INT_GE1, json_text, options, visible
+
+if TYPE_CHECKING:
+    from opmap.explore.sweep import Sweep, SweepPoint
 
 
 def sweep(
@@ -65,37 +69,34 @@ def sweep(
         if not as_json:
             _print_table(r, model, phase, dtype, measure)
         if out is not None:
-            print_wrote(write_set(out, {"sweep.json": json_text(r, indent=1),
+            print_wrote(write_set(out, {"sweep.json": json_text(r.to_dict(), indent=1),
                                         "sweep.md": _markdown(r, model, phase)}))
         from opmap.cli.common import record_run
 
-        record_run("sweep", r, {"workload": model, "hardware": r["hardware"], "phase": phase, "precision": dtype},
+        record_run("sweep", r.to_dict(), {"workload": model, "hardware": r.hardware, "phase": phase,
+                                          "precision": dtype},
                    store, no_store)
     if as_json:
-        print(json_text(r, indent=1))
+        print(json_text(r.to_dict(), indent=1))
     exit_if_stopped(stop)
 
 
-def _marks(r: dict, p: dict) -> list[str]:
-    knee = {(k["batch"], k["seq"]) for k in r["knee"]}
-    front = {(k["batch"], k["seq"]) for k in r["pareto"]}
-    return [m for m, on in (("knee", (p["batch"], p["seq"]) in knee), ("pareto", (p["batch"], p["seq"]) in front))
-            if on]
+def _marks(r: Sweep, p: SweepPoint) -> list[str]:
+    return [m for m, on in (("knee", (p.batch, p.seq) in r.knee), ("pareto", (p.batch, p.seq) in r.pareto)) if on]
 
 
-def _print_table(r: dict, model: str, phase: str, dtype: str, measure: bool) -> None:
+def _print_table(r: Sweep, model: str, phase: str, dtype: str, measure: bool) -> None:
     """The terminal table: a row a point, a measured point with its prediction beside it; the assumptions."""
     from rich.table import Table
 
     from opmap.report.sheet import si
 
-    lay = r["layout"]
-    where = r["hardware"] + (f" tp{lay['tp']} x pp{lay['pp']}" if lay["devices"] > 1 else "")
+    where = r.hardware + (f" tp{r.tp} x pp{r.pp}" if r.tp * r.pp > 1 else "")
     if measure:
-        where = f"{r['measured_on']}, measured beside its prediction on {r['hardware']}"
-    t = Table(title=f"opmap sweep {model} on {where} ({phase}, {dtype}, runtime {r['runtime']['name']}): "
-                    f"{len(r['points'])} points, "
-                    f"{r['captures']} captures, {r['points_per_s']:.3g} points/s ({r['engine']})" + _stopped_words(r),
+        where = f"{r.measured_on}, measured beside its prediction on {r.hardware}"
+    t = Table(title=f"opmap sweep {model} on {where} ({phase}, {dtype}, runtime {r.runtime['name']}): "
+                    f"{len(r.points)} points, "
+                    f"{r.captures} captures, {r.points_per_s:.3g} points/s ({r.engine})" + _stopped_words(r),
               title_justify="left")
     cols = ["batch", "seq", "latency", "p99", "req/s", "tokens/s", "MFU", "bound", "fits", "mark"]
     if measure:
@@ -103,43 +104,43 @@ def _print_table(r: dict, model: str, phase: str, dtype: str, measure: bool) -> 
         cols[3:3] = ["predicted"]
     for c in cols:
         t.add_column(c, justify="right")
-    for p in r["points"]:
-        top = next(iter(p["bound_mix"]), "-")
-        cells = [str(p["batch"]), str(p["seq"]), si(p["latency_s"], "s"),
-                 si(p["latency_p99_s"], "s") if p["latency_p99_s"] is not None else "-",
-                 si(p["throughput_per_s"]), si(p["tokens_per_s"]), "-" if p["mfu"] is None else f"{p['mfu']:.1%}",
-                 f"{top} {p['bound_mix'].get(top, 0):.0%}" if p["bound_mix"] else "-", "yes" if p["fits"] else "no",
+    for p in r.points:
+        top = next(iter(p.bound_mix), "-")
+        cells = [str(p.batch), str(p.seq), si(p.latency_s, "s"),
+                 si(p.latency_p99_s, "s") if p.latency_p99_s is not None else "-",
+                 si(p.throughput_per_s), si(p.tokens_per_s), "-" if p.mfu is None else f"{p.mfu:.1%}",
+                 f"{top} {p.bound_mix.get(top, 0):.0%}" if p.bound_mix else "-", "yes" if p.fits else "no",
                  " ".join(_marks(r, p))]
         if measure:
-            cells[7:7] = [si(p["power_w"], "W") if p["power_w"] is not None else "-",
-                          si(p["energy_per_token_j"], "J") if p["energy_per_token_j"] is not None else "-"]
-            cells[3:3] = [si(p["predicted"]["latency_s"], "s")]
+            cells[7:7] = [si(p.power_w, "W") if p.power_w is not None else "-",
+                          si(p.energy_per_token_j, "J") if p.energy_per_token_j is not None else "-"]
+            cells[3:3] = [si(p.predicted.latency_s, "s") if p.predicted is not None else "-"]
         t.add_row(*cells)
     console.print(t)
-    if measure and r["points"]:
-        methods = sorted({p["power_method"] for p in r["points"]})
+    if measure and r.points:
+        methods = sorted({p.power_method for p in r.points})
         console.print(f"  energy: {'; '.join(methods)}", highlight=False, markup=False)
-    for a in r["assumptions"]:
+    for a in r.assumptions:
         console.print(f"  {a}", highlight=False, markup=False)
 
 
-def _markdown(r: dict, model: str, phase: str) -> str:
+def _markdown(r: Sweep, model: str, phase: str) -> str:
     """sweep.md: the assumptions and a row a point, each naming its hardware and dtype and its prediction's."""
-    md = [f"# opmap sweep: {model} on {r['hardware']} ({phase}){_stopped_words(r)}", "",
-          *[f"- {a}" for a in r["assumptions"]], "",
+    md = [f"# opmap sweep: {model} on {r.hardware} ({phase}){_stopped_words(r)}", "",
+          *[f"- {a}" for a in r.assumptions], "",
           "| batch | seq | hardware | dtype | latency (s) | predicted (s) | predicted on | p99 (s) | req/s | "
           "tokens/s | MFU | fits | W | J/token | method | power method | mark |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p in r["points"]:
-        p99 = f"{p['latency_p99_s']:.4g}" if p["latency_p99_s"] is not None else "-"
-        w = "-" if p["power_w"] is None else f"{p['power_w']:.4g}"
-        jt = "-" if p["energy_per_token_j"] is None else f"{p['energy_per_token_j']:.4g}"
-        pred = p.get("predicted") or {"latency_s": p["latency_s"], "hardware": p["hardware"]}
-        md.append(f"| {p['batch']} | {p['seq']} | {p['hardware']} | {p['dtype']} | {p['latency_s']:.4g} | "
-                  f"{pred['latency_s']:.4g} | {pred['hardware']} | {p99} | {p['throughput_per_s']:.4g} | "
-                  f"{p['tokens_per_s']:.4g} | {'-' if p['mfu'] is None else format(p['mfu'], '.1%')} | "
-                  f"{'yes' if p['fits'] else 'no'} | {w} | {jt} | "
-                  f"{p['method']} | {p['power_method']} | {', '.join(_marks(r, p))} |")
+    for p in r.points:
+        p99 = f"{p.latency_p99_s:.4g}" if p.latency_p99_s is not None else "-"
+        w = "-" if p.power_w is None else f"{p.power_w:.4g}"
+        jt = "-" if p.energy_per_token_j is None else f"{p.energy_per_token_j:.4g}"
+        pred_s, pred_on = (p.predicted.latency_s, p.predicted.hardware) if p.predicted else (p.latency_s, p.hardware)
+        md.append(f"| {p.batch} | {p.seq} | {p.hardware} | {p.dtype} | {p.latency_s:.4g} | "
+                  f"{pred_s:.4g} | {pred_on} | {p99} | {p.throughput_per_s:.4g} | "
+                  f"{p.tokens_per_s:.4g} | {'-' if p.mfu is None else format(p.mfu, '.1%')} | "
+                  f"{'yes' if p.fits else 'no'} | {w} | {jt} | "
+                  f"{p.method} | {p.power_method} | {', '.join(_marks(r, p))} |")
     return "\n".join(md) + "\n"
 
 
@@ -156,8 +157,8 @@ def _hardware(name: str):
     return get_hardware(name)
 
 
-def _stopped_words(r: dict) -> str:
+def _stopped_words(r: Sweep) -> str:
     """The words that mark a sweep stopped by a signal (its finished sequence lengths only); empty otherwise."""
-    i = r.get("interrupted")
+    i = r.interrupted
     return "" if not i else (f": INTERRUPTED by {i['signal']}, seq {', '.join(map(str, i['seqs_done']))} run, "
                              f"{', '.join(map(str, i['seqs_not_run']))} not run")

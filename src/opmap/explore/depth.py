@@ -3,7 +3,7 @@
 A layout search prices one graph many times (opmap.mapping.sharding.Sharder), and the capture is what costs: a
 70B model's training step is 17,662 operators, and every microbatch size is captured again. A transformer's
 blocks are one block repeated, so ``shallow`` keeps the model's first ``keep`` blocks (its largest
-``nn.ModuleList`` of one class, opmap.mapping.memory.find_blocks), captures that, and hands the Sharder a
+``nn.ModuleList`` of one class, opmap.mapping.activations.find_blocks), captures that, and hands the Sharder a
 ``Depth`` (the real layer count, parameters and parameter bytes) so the last captured block stands for every
 layer past the captured ones.
 
@@ -61,7 +61,7 @@ def shallow(workload, keep: int = KEEP):
     import torch
 
     from opmap.capture.tracer import _param_count
-    from opmap.mapping.memory import find_blocks
+    from opmap.mapping.activations import find_blocks
 
     module = workload.module
     blocks = find_blocks(module)

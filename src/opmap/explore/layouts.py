@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.explore.results import LayoutResult, LayoutSearch, brief  # noqa: F401 (brief: fit.json's form, here too)
+from opmap.explore.results import LayoutResult, LayoutSearch
 
 # prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
 # capacity.alone_breaks_slo); False searches every layout that fits (the tests compare the two)

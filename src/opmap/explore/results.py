@@ -77,15 +77,9 @@ class LayoutSearch:
     runtime: dict[str, Any] | None  # the runtime the layouts were priced under (Runtime.to_dict), None if none was
 
 
+# a layout's name and figures without its search record: fit.json's ``layout`` and ``runner_up``
 BRIEF = ("tp", "pp", "devices_per_replica", "replicas", "devices_used", "rate_per_s", "saturation_per_s",
          "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "limited_by")
-
-
-def brief(layout: LayoutResult | None) -> dict[str, Any] | None:
-    """A layout's name and figures, without its search record (fit.json's ``layout`` and ``runner_up``)."""
-    if layout is None:
-        return None
-    return {k: getattr(layout, k) for k in BRIEF}
 
 
 # a FitCell's fields written only where a layout was chosen (schema 3: ``devices`` absent, never null, otherwise)
@@ -129,7 +123,7 @@ class FitCell:
     power_limited: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``brief``)."""
+        """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``)."""
         skip = {"chosen", *_CELL_CHOSEN}
         d: dict[str, Any] = {}
         for f in fields(self):
@@ -137,7 +131,7 @@ class FitCell:
                 continue
             v = getattr(self, f.name)
             if f.name in ("layout", "runner_up"):
-                v = brief(v)
+                v = None if v is None else {k: getattr(v, k) for k in BRIEF}
             elif f.name == "layouts":
                 v = [lay.to_dict() for lay in v]
             elif f.name in ("datasheet_only", "devices_tried"):

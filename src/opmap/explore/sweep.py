@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +79,102 @@ def _workload(target: str, phase: str, batch: int, seq: int, dtype: str, kv_writ
 ENERGY_KEYS = ("energy_j", "energy_window_s", "power_w", "energy_per_token_j", "tokens_per_j")
 
 
+@dataclass(frozen=True)
+class Predicted:
+    """A measured point's prediction, kept beside it: the same point priced on ``hardware`` in ``dtype``."""
+
+    latency_s: float
+    mfu: float | None
+    bound_mix: dict[str, float]
+    hardware: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One (batch, seq) point: its latency (prefill: time to first token; decode: time per output token), requests
+    and tokens per second, share of predicted time by bound, MFU, the memory fit, and how it was got (``method``).
+    Percentiles and energy only where measured (None otherwise); ``predicted`` beside a measured point only."""
+
+    batch: int
+    seq: int
+    phase: str
+    hardware: str
+    dtype: str
+    latency_s: float
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    latency_p99_s: float | None
+    throughput_per_s: float
+    tokens_per_s: float
+    bound_mix: dict[str, float]
+    mfu: float | None
+    fits: bool
+    memory_bytes: float
+    method: str
+    energy_j: float | None = None
+    energy_window_s: float | None = None
+    power_w: float | None = None
+    energy_per_token_j: float | None = None
+    tokens_per_j: float | None = None
+    power_method: str = "not measured: a predicted point (opmap fit models power under load)"
+    predicted: Predicted | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """sweep.json's point: every field in order, ``predicted`` only beside a measurement."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "predicted"}
+        return d if self.predicted is None else {**d, "predicted": asdict(self.predicted)}
+
+
+@dataclass(frozen=True)
+class SeqPoints:
+    """One sequence length's points and the captures they took (``seq_points``)."""
+
+    points: tuple[SweepPoint, ...]
+    captures: int
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep (``sweep``): its points, the knee per sequence length and the Pareto front (as (batch, seq)), how
+    fast it ran and on what, its assumptions; ``interrupted`` where a stop kept the lengths finished."""
+
+    model: str
+    hardware: str
+    measured_on: str | None
+    phase: str
+    dtype: str
+    runtime: dict[str, Any]  # the runtime the points were priced under, as sweep.json writes it (Runtime.to_dict)
+    tp: int
+    pp: int
+    points: tuple[SweepPoint, ...]
+    knee: tuple[tuple[int, int], ...]
+    pareto: tuple[tuple[int, int], ...]
+    points_per_s: float
+    captures: int
+    wall_s: float
+    engine: str
+    assumptions: tuple[str, ...]
+    interrupted: dict[str, Any] | None = None  # the stop's record (Interrupted.note)
+
+    def to_dict(self) -> dict[str, Any]:
+        """sweep.json."""
+        def pairs(ps):
+            return [{"batch": b, "seq": s} for b, s in ps]
+        d = {"schema_version": SCHEMA_VERSION, "model": self.model, "hardware": self.hardware,
+             "measured_on": self.measured_on, "phase": self.phase, "dtype": self.dtype, "runtime": self.runtime,
+             "layout": {"tp": self.tp, "pp": self.pp, "devices": self.tp * self.pp},
+             "points": [p.to_dict() for p in self.points], "knee": pairs(self.knee), "pareto": pairs(self.pareto),
+             "points_per_s": self.points_per_s, "captures": self.captures, "wall_s": self.wall_s,
+             "engine": self.engine, "assumptions": list(self.assumptions)}
+        return d if self.interrupted is None else {**d, "interrupted": self.interrupted}
+
+
 def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[int], phase: str = "prefill",
           dtype: str = "bf16", measure: bool = False, repeats: int = 10,
           progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
           workers: int | None = None, rapl_root: Path = RAPL_ROOT, runtime: str | None = None, tp: int = 1,
-          pp: int = 1) -> dict[str, Any]:
+          pp: int = 1) -> Sweep:
     """Every (batch, seq) point. Predicted: one task per sequence length (its batch family's captures and all
     its batch points, re-priced), run on ``engine`` (``opmap.explore.engine``: ``local`` process pool or
     ``ray``); the points come back in the same order with the same values either way. Measured: every point in
@@ -109,9 +200,9 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
     except Interrupted as e:  # the sequence lengths finished are kept, the rest named
         done = [e.done[i] for i in sorted(e.done)]
         if done:
-            e.partial = _result(target, hw, phase, dtype, measure, runtime, tp, pp, done, t0, ran_on)
-            e.partial["interrupted"] = e.note(seqs_done=[j.seq for i, j in enumerate(jobs) if i in e.done],
-                                              seqs_not_run=[j.seq for i, j in enumerate(jobs) if i not in e.done])
+            e.partial = replace(_result(target, hw, phase, dtype, measure, runtime, tp, pp, done, t0, ran_on),
+                                interrupted=e.note(seqs_done=[j.seq for i, j in enumerate(jobs) if i in e.done],
+                                                   seqs_not_run=[j.seq for i, j in enumerate(jobs) if i not in e.done]))
         raise
     if progress:
         progress("done", total, total)
@@ -178,10 +269,10 @@ def _run_jobs(jobs: list[SeqJob], measure: bool, engine: str, workers: int | Non
             progress(f"{len(jobs)} sequence lengths on {engine}", 0, len(jobs))
         with get_engine(engine, workers) as eng:
             return eng.map(seq_points, jobs, progress=progress, label=lambda j: f"seq {j.seq}: {len(j.batches)} points")
-    results: list[dict[str, Any]] = []  # sequential, in this process: progress per point
+    results: list[SeqPoints] = []  # sequential, in this process: progress per point
     try:
         for j in jobs:
-            done0 = sum(len(r["points"]) for r in results)
+            done0 = sum(len(r.points) for r in results)
             results.append(seq_points(j, None if progress is None else
                                       (lambda what, i, d=done0: progress(what, d + i, total))))
     except KeyboardInterrupt as e:
@@ -190,20 +281,17 @@ def _run_jobs(jobs: list[SeqJob], measure: bool, engine: str, workers: int | Non
 
 
 def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool, runtime: str, tp: int, pp: int,
-            results: list[dict[str, Any]], t0: float, ran_on: str) -> dict[str, Any]:
-    """sweep.json's body of the sequence lengths' ``results``."""
-    points = [p for r in results for p in r["points"]]
-    captures = sum(r["captures"] for r in results)
+            results: list[SeqPoints], t0: float, ran_on: str) -> Sweep:
+    """The sweep of the sequence lengths' ``results``."""
+    points = tuple(p for r in results for p in r.points)
+    captures = sum(r.captures for r in results)
     wall = time.perf_counter() - t0
-    return {"schema_version": SCHEMA_VERSION, "model": target, "hardware": hw.name,
-            "measured_on": measured_device() if measure else None,
-            "phase": phase, "dtype": dtype, "runtime": get_runtime(hw, runtime).to_dict() if not measure else
-            {"name": "eager", "note": f"measured: eager PyTorch in {dtype} on this CPU, predicted on {hw.name}"},
-            "layout": {"tp": tp, "pp": pp, "devices": tp * pp}, "points": points, "knee": knees(points),
-            "pareto": pareto(points),
-            "points_per_s": len(points) / wall if wall else 0.0, "captures": captures, "wall_s": wall,
-            "engine": ran_on,
-            "assumptions": [
+    return Sweep(
+        target, hw.name, measured_device() if measure else None, phase, dtype,
+        get_runtime(hw, runtime).to_dict() if not measure else
+        {"name": "eager", "note": f"measured: eager PyTorch in {dtype} on this CPU, predicted on {hw.name}"},
+        tp, pp, points, knees(points), pareto(points), len(points) / wall if wall else 0.0, captures, wall, ran_on,
+        assumptions=(
                 "latency: prefill = time to first token of the batch; decode = time per output token at the KV "
                 "length given as seq",
                 f"predicted under {get_runtime(hw, runtime).line()}" + (
@@ -217,7 +305,7 @@ def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool
                 "knee: Kneedle (Satopaa et al. 2011) along the batch per seq, in normalised latency / tokens per s",
                 "pareto: no other point has lower latency and higher tokens per second",
                 "predicted: one task per sequence length on the engine (local process pool or Ray), same values "
-                "either way; measured: one point at a time in this process, whatever the engine"]}
+                "either way; measured: one point at a time in this process, whatever the engine"))
 
 
 @dataclass(frozen=True)
@@ -238,14 +326,14 @@ class SeqJob:
     pp: int = 1
 
 
-def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) -> SeqPoints:
     """One sequence length: its batch family (four captures) and every batch point re-priced from it, or a
-    capture per point where the graph is not a family. ``{"points": [...], "captures": n}``."""
+    capture per point where the graph is not a family."""
     target, hw, phase, dtype, s = job.target, job.hw, job.phase, job.dtype, job.seq
     batches = job.batches
     rt = get_runtime(hw, job.runtime)
     hw_rt = rt.apply(hw)
-    points: list[dict[str, Any]] = []
+    points: list[SweepPoint] = []
     captures = 0
     built: dict[int, Any] = {}
 
@@ -276,23 +364,17 @@ def seq_points(job: SeqJob, progress: Callable[[str, int], None] | None = None) 
         lat, fits, mem_bytes = _layout_figures(a, hw_rt, job.tp, job.pp, s)
         lat += rt.per_step_s  # one graph launch and the engine's host time per step (0 under eager)
         tokens = b * (1 if phase == "decode" else s)
-        pt = {"batch": b, "seq": s, "phase": phase, "hardware": where, "dtype": dtype, "latency_s": lat,
-              "latency_p50_s": None, "latency_p95_s": None, "latency_p99_s": None,
-              "throughput_per_s": b / lat if lat else 0.0,
-              "tokens_per_s": tokens / lat if lat else 0.0, "bound_mix": _bound_mix(a),
-              "mfu": a.predicted_mfu if job.tp * job.pp == 1 else None, "fits": fits, "memory_bytes": mem_bytes,
-              "method": method, **dict.fromkeys(ENERGY_KEYS),
-              "power_method": "not measured: a predicted point (opmap fit models power under load)"}
+        pt = SweepPoint(b, s, phase, where, dtype, lat, None, None, None, b / lat if lat else 0.0,
+                        tokens / lat if lat else 0.0, _bound_mix(a),
+                        a.predicted_mfu if job.tp * job.pp == 1 else None, fits, mem_bytes, method)
         if job.measure:  # the prediction (on ``hw``) kept beside the measurement, not mixed into it
-            pt["predicted"] = {k: pt[k] for k in ("latency_s", "mfu", "bound_mix")} | {"hardware": hw.name,
-                                                                                       "dtype": dtype}
             what = f"sweep --measure at batch {b} x seq {s}"
             # in milliseconds, before a build the OOM killer would end
             check_fits(run_bytes(g, build_bytes(dtype)), what)
             with refusal_as_error(what):
-                pt.update(_measure(target, phase, b, s, job.repeats, job.rapl_root, dtype), mfu=None, bound_mix={})
+                pt = _measure(pt, target, job.repeats, job.rapl_root, hw.name)
         points.append(pt)
-    return {"points": points, "captures": captures}
+    return SeqPoints(tuple(points), captures)
 
 
 def _layout_figures(a, hw: HardwareSpec, tp: int, pp: int, seq: int) -> tuple[float, bool, float]:
@@ -326,10 +408,11 @@ def _local_tdp() -> tuple[float, str] | None:
     return tdp, f"the local profile's TDP {tdp:g} W x busy fraction 1 over the timed loop (an upper bound)"
 
 
-def _measure(target: str, phase: str, batch: int, seq: int, repeats: int,
-             rapl_root: Path = RAPL_ROOT, dtype: str = "fp32") -> dict[str, Any]:
-    """The point built on the local CPU in ``dtype`` and timed: ``repeats`` runs after two warm-ups, the energy
-    counter read before and after the timed runs."""
+def _measure(pt: SweepPoint, target: str, repeats: int, rapl_root: Path, predicted_on: str) -> SweepPoint:
+    """The point ``pt`` (predicted on ``predicted_on``) built on the local CPU in its dtype and timed: ``repeats``
+    runs after two warm-ups, the energy counter read before and after the timed runs; its prediction kept beside the
+    measurement (``predicted``), not mixed into it."""
+    phase, batch, seq, dtype = pt.phase, pt.batch, pt.seq, pt.dtype
     import torch
 
     from opmap.measure.energy import energy_figures, measure_energy
@@ -359,35 +442,36 @@ def _measure(target: str, phase: str, batch: int, seq: int, repeats: int,
     if reading.joules is None and modelled is None:
         energy["power_method"] += ("; not modelled either: the local profile lists no tdp_w (opmap calibrate's "
                                    "local.toml; add a sourced tdp_w there to model the draw)")
-    return {**energy, "latency_s": st.p50_s, "latency_p50_s": st.p50_s, "latency_p95_s": st.quantile(0.95),
-            "latency_p99_s": st.quantile(0.99), "throughput_per_s": batch / st.p50_s,
-            "tokens_per_s": batch * (1 if phase == "decode" else seq) / st.p50_s,
-            "method": f"measured on this CPU ({dtype}, {repeats} runs after 2 warm-ups)"}
+    return replace(pt, **{k: energy[k] for k in (*ENERGY_KEYS, "power_method")}, latency_s=st.p50_s,
+                   latency_p50_s=st.p50_s, latency_p95_s=st.quantile(0.95), latency_p99_s=st.quantile(0.99),
+                   throughput_per_s=batch / st.p50_s, tokens_per_s=tokens / st.p50_s,
+                   method=f"measured on this CPU ({dtype}, {repeats} runs after 2 warm-ups)", mfu=None, bound_mix={},
+                   predicted=Predicted(pt.latency_s, pt.mfu, pt.bound_mix, predicted_on, dtype))
 
 
-def pareto(points: Sequence[dict[str, Any]]) -> list[dict[str, int]]:
+def pareto(points: Sequence[SweepPoint]) -> tuple[tuple[int, int], ...]:
     """(batch, seq) of the points no other point beats on both latency and tokens per second."""
     out = []
     for p in points:
-        if not any(q is not p and q["latency_s"] <= p["latency_s"] and q["tokens_per_s"] >= p["tokens_per_s"]
-                   and (q["latency_s"] < p["latency_s"] or q["tokens_per_s"] > p["tokens_per_s"]) for q in points):
-            out.append({"batch": p["batch"], "seq": p["seq"]})
-    return out
+        if not any(q is not p and q.latency_s <= p.latency_s and q.tokens_per_s >= p.tokens_per_s
+                   and (q.latency_s < p.latency_s or q.tokens_per_s > p.tokens_per_s) for q in points):
+            out.append((p.batch, p.seq))
+    return tuple(out)
 
 
-def knees(points: Sequence[dict[str, Any]]) -> list[dict[str, int]]:
-    """Per seq, along the batch: the point farthest above the chord from the first to the last point in
-    normalised (latency, tokens per second); none with fewer than three batches or a straight curve."""
-    by_seq: dict[int, list[dict[str, Any]]] = defaultdict(list)
+def knees(points: Sequence[SweepPoint]) -> tuple[tuple[int, int], ...]:
+    """Per seq, along the batch, (batch, seq) of the point farthest above the chord from the first to the last point
+    in normalised (latency, tokens per second); none with fewer than three batches or a straight curve."""
+    by_seq: dict[int, list[SweepPoint]] = defaultdict(list)
     for p in points:
-        by_seq[p["seq"]].append(p)
+        by_seq[p.seq].append(p)
     out = []
     for s, ps in sorted(by_seq.items()):
-        ps = sorted(ps, key=lambda p: p["batch"])
+        ps = sorted(ps, key=lambda p: p.batch)
         if len(ps) < FIT_POINTS:
             continue
-        xs = [p["latency_s"] for p in ps]
-        ys = [p["tokens_per_s"] for p in ps]
+        xs = [p.latency_s for p in ps]
+        ys = [p.tokens_per_s for p in ps]
         x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
         if x1 == x0 or y1 == y0:
             continue
@@ -398,5 +482,5 @@ def knees(points: Sequence[dict[str, Any]]) -> list[dict[str, int]]:
         dist = [((bx - ax) * (y - ay) - (by - ay) * (x - ax)) for x, y in zip(nx, ny)]
         i = max(range(len(ps)), key=lambda k: dist[k])
         if dist[i] > 0:
-            out.append({"batch": ps[i]["batch"], "seq": s})
-    return out
+            out.append((ps[i].batch, s))
+    return tuple(out)

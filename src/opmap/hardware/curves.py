@@ -78,21 +78,31 @@ def selected_attention_kernel(cal: dict[str, Any]) -> str | None:
     return k if isinstance(k, str) else None
 
 
-def attention_dropout_row(cal: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class AttentionDropout:
+    """A measured ``attention_dropout`` row of a calibration: the attention kernel's time with dropout over its time
+    without (``factor``), and where that was measured (``source``; empty where the row names none)."""
+
+    factor: float
+    source: str = ""
+
+
+def attention_dropout_row(cal: dict[str, Any]) -> AttentionDropout | None:
     """The ``attention_dropout`` row that prices the calibration's attention kernel: the one naming the selected
     kernel, else the one naming none (a calibration's own measurement of the one kernel its machine runs); None
     where none is measured."""
     kernel = selected_attention_kernel(cal)
     rows = [r for r in cal.get("attention_dropout", []) if isinstance(r, dict)]
-    return next((r for r in rows if kernel is not None and r.get("kernel") == kernel),
-                next((r for r in rows if "kernel" not in r), None))
+    row = next((r for r in rows if kernel is not None and r.get("kernel") == kernel),
+               next((r for r in rows if "kernel" not in r), None))
+    return None if row is None else AttentionDropout(float(row["factor"]), str(row.get("source") or ""))
 
 
 def attention_dropout_factor(cal: dict[str, Any]) -> float | None:
     """The measured time-with-dropout over time-without of the attention kernel the calibration prices (its
     ``attention_dropout_row``); None where none is measured."""
     row = attention_dropout_row(cal)
-    return float(row["factor"]) if row is not None else None
+    return row.factor if row is not None else None
 
 # The rows of a calibration's curves: table -> (shape keys, integers >= 1; text keys; rate key, finite >= 0)
 ROWS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {

@@ -79,7 +79,7 @@ def _fp8_saved(graph: OpGraph, roles: Roles) -> tuple[dict[tuple, int], frozense
 
 def saved_per_block(graph: OpGraph, roles: Roles, seq: int, fp8: bool = False) -> SavedPerBlock:
     """The storages of forward outputs that backward nodes read, each once at its full size (a view read keeps
-    its base's storage), as ``saved_tensors_hooks`` counts them (opmap.mapping.memory.saved_activation_bytes),
+    its base's storage), as ``saved_tensors_hooks`` counts them (opmap.mapping.activations.saved_activation_bytes),
     plus the fp32 log-sum-exp each fused attention saves (B x H x S_q x 4 bytes): per block by role (the first
     block's; a tensor is the block's that produced it) and outside the blocks by position (a graph input, such as
     the token ids an embedding keeps, before them). Parameters never count.

@@ -5,7 +5,7 @@ analysis.json's ``phase`` block, the one place the figures become string keys.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 REL_TOL = 1e-9  # the parts are summed in another order than the step time was: float rounding only
@@ -104,6 +104,17 @@ class Fp8Split:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass(frozen=True)
+class PalmFlops:
+    """PaLM appendix B's model FLOPs per token, 6N + 12 L H Q T (opmap.phases.train.palm_flops_per_token):
+    ``value`` = 6 ``n_params`` + ``attention_flops_per_token``, the attention term over ``layers`` layers."""
+
+    value: float
+    n_params: int  # N: the parameters less the embedding tables that are only looked up
+    layers: int
+    attention_flops_per_token: float
+
+
 STEP_PARTS = ("microsteps x (microstep_s + recompute_s)", "bubble_s", "exposed_comm_s", "optimizer_s")
 _OPTIONAL = ("fp8", "layout", "bubble_fraction", "cp_exchange_s", "cp_exposed_s")
 
@@ -141,7 +152,7 @@ class TrainStep:
     mfu: float
     hfu: float
     dense_peak_flops_per_s: float
-    palm_flops_per_token: dict[str, Any]
+    palm_flops_per_token: PalmFlops
     model_flops_per_token: float
     mfu_definition: str
     bound: str
@@ -175,7 +186,7 @@ class TrainStep:
             v = getattr(self, f.name)
             if f.name == "name" or (f.name in _OPTIONAL and v is None):
                 continue
-            out[f.name] = v.to_dict() if isinstance(v, Fp8Split) else v
+            out[f.name] = v.to_dict() if isinstance(v, Fp8Split) else asdict(v) if isinstance(v, PalmFlops) else v
             if f.name == "optimizer_s":
                 out.update(iteration_s=self.step_s, step_parts=list(STEP_PARTS))
         return out

@@ -14,7 +14,8 @@ from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
-from opmap.mapping.memory import MemoryFit, SavedActivations
+from opmap.mapping.activations import SavedActivations
+from opmap.mapping.memory import MemoryFit
 from opmap.phases.decode import decode_figures, decode_fit
 from opmap.phases.fp8 import with_fp8_figures
 from opmap.phases.prefill import prefill_figures

@@ -7,7 +7,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opmap.analyze import cap_at_positions
 from opmap.capture.training import training_loss
@@ -15,16 +15,10 @@ from opmap.costs.backward import SDPA_BACKWARD
 from opmap.errors import OpmapError
 from opmap.geometry import forward_calls, layer_specs
 from opmap.graph import Node, OpGraph
-from opmap.mapping.memory import (
-    MemoryFit,
-    SavedActivations,
-    fit_training,
-    saved_activation_bytes,
-    train_formats,
-    training_state_bytes,
-)
+from opmap.mapping.activations import SavedActivations, saved_activation_bytes
+from opmap.mapping.memory import MemoryFit, fit_training, train_formats, training_state_bytes
 from opmap.phases.common import dominant_bound, kernel_times
-from opmap.phases.result import TrainStep
+from opmap.phases.result import PalmFlops, TrainStep
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -197,7 +191,7 @@ def train_figures(a: Analysis, spec, microbatch: int, seq: int) -> TrainStep:
     return replace(f, text=step_text("train", f))
 
 
-def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
+def palm_flops_per_token(graph: OpGraph, seq: int) -> PalmFlops:
     """PaLM appendix B's closed form, 6N + 12 L H Q T, read off the graph: N the parameters less the embedding
     tables that are only looked up (an embedding tied to the LM head is a matrix product and stays in N), L H Q
     from the forward's attention layers (opmap.geometry.layer_specs: the queries' heads and head dim), T the
@@ -218,12 +212,11 @@ def palm_flops_per_token(graph: OpGraph, seq: int) -> dict[str, Any]:
                 matmul_params.add(t.param)
     n_params = graph.params - sum(v for k, v in emb.items() if k not in matmul_params)
     attention = sum(12 * h * d * seq for h, d in attn)
-    return {"value": 6.0 * n_params + attention, "n_params": n_params, "layers": len(attn),
-            "attention_flops_per_token": float(attention)}
+    return PalmFlops(6.0 * n_params + attention, n_params, len(attn), float(attention))
 
 
 def train_activations(workload: Workload, recompute: str) -> tuple[SavedActivations, Callable[[int, int], float]]:
-    """The activations a training step keeps for backward (opmap.mapping.memory.saved_activation_bytes), measured
+    """The activations a training step keeps for backward (opmap.mapping.activations.saved_activation_bytes), measured
     on meta at the captured shape under ``recompute``, the loss included (opmap.capture.training.training_loss, the
     loss the captured step runs: its fp32 log-softmax over the vocabulary is saved), and scaled linearly in batch x
     sequence for the largest-batch and longest-context search: linear is exact for fused attention (SDPA saves no

@@ -136,7 +136,7 @@ def assumption_lines(a: Analysis) -> list[str]:
         lines.append("phase: " + ph.mfu_definition)
         if ph.recompute_note:
             lines.append("phase: recompute " + ph.recompute_note)
-    lines.append("memory: " + a.memory_fit["text"])
+    lines.append("memory: " + a.memory_text)
     if s["precision_note"]:
         lines.append("precision: " + s["precision_note"])
     lines += [f"fp8: {n}" for n in (s.get("fp8_training") or {}).get("notes", [])]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from opmap.errors import OpmapError
 from opmap.workloads.hf import build_hf, has_rope, is_hf_target, max_positions
@@ -35,15 +35,24 @@ def load_workload(target: str, batch: int = 1, seq: int | None = None, dtype: st
     raise OpmapError(f"unknown model {target!r}; accepted: {', '.join(MODELS)} (or {ACCEPTED})")
 
 
-def position_limit(workload: Workload) -> dict[str, Any] | None:
-    """A text model's position limit: {"max_positions", "rope"} of a zoo model (its max_seq) or a transformers model
-    (its config's max_position_embeddings or rope-scaled maximum, opmap.workloads.hf.max_positions); None for
-    anything else (a vision model, a model file without a transformers config)."""
+@dataclass(frozen=True)
+class PositionLimit:
+    """A text model's position limit: the positions it was built for (``max_positions``) and whether it places them
+    by rotary embedding (``rope``: rope scaling can take it further, --allow-long-context)."""
+
+    max_positions: int
+    rope: bool
+
+
+def position_limit(workload: Workload) -> PositionLimit | None:
+    """A text model's position limit: of a zoo model (its max_seq) or a transformers model (its config's
+    max_position_embeddings or rope-scaled maximum, opmap.workloads.hf.max_positions); None for anything else (a
+    vision model, a model file without a transformers config)."""
     spec = MODELS.get(workload.name)
     if spec is not None:
-        return {"max_positions": int(spec.max_seq), "rope": bool(spec.rope)} if spec.kind == "text" else None
+        return PositionLimit(int(spec.max_seq), bool(spec.rope)) if spec.kind == "text" else None
     cfg = getattr(workload.module, "config", None)
     if workload.seq is None or not type(cfg).__module__.startswith("transformers"):
         return None
     limit = max_positions(cfg)
-    return {"max_positions": limit, "rope": has_rope(cfg)} if limit else None
+    return PositionLimit(limit, has_rope(cfg)) if limit else None

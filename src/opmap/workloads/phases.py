@@ -29,7 +29,7 @@ from opmap.precision import torch_dtype
 from opmap.workloads.zoo import MODELS, Workload
 
 PHASES = ("prefill", "decode", "train")
-RECOMPUTE = ("none", "selective", "full")  # as opmap.mapping.memory.RECOMPUTE
+RECOMPUTE = ("none", "selective", "full")  # as opmap.mapping.activations.RECOMPUTE
 ZERO_STAGES = (0, 1, 2, 3)
 DECODE_MODELS = ("gpt2", "llama")  # zoo families with a KV-cache decode path
 # How a decode step stores its new token's K and V: "in-place", one token written into its slot of a cache held
