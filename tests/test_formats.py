@@ -28,10 +28,35 @@ def test_block_scaled_bytes_follow_the_spec_formula(name, bits, block, scale_bit
     assert (f.bits, f.scale_block, f.scale_bits) == (bits, block, scale_bits)
     assert f.scaled and f.bytes == pytest.approx(expected) and format_bytes(name) == pytest.approx(expected)
     assert {"mxfp4": 0.53125, "nvfp4": 0.5625}.get(name, f.bytes) == f.bytes
-    # data only until the catalog lists their peaks (issue 37): not requestable, not a catalog peak key
-    assert name not in requestable() and name not in FORMATS
-    with pytest.raises(OpmapError, match=f"unknown dtype '{name}'"):
-        check_requestable(name)
+    # catalog peak keys and requestable (issue 37), built in bf16; the stored weights carry the same scales
+    assert name in requestable() and name in FORMATS and check_requestable(name) == name
+    assert policy(name).weight_bytes == pytest.approx(expected) and policy(name).quantized
+
+
+def test_fp8_block_bytes_are_deepseek_v3_s():
+    """DeepSeek-V3 technical report (arXiv:2412.19437) sec. 3.3.2: E4M3 with an fp32 scale per 1x128 activation
+    tile and per 128x128 weight block: activations 1 + 4/128 bytes an element, weights 1 + 4/16384. It runs on the
+    fp8 engine: not a catalog peak key, its fallback chain starts at fp8."""
+    f = registry().get("fp8-block")
+    assert f.bytes == pytest.approx(1 + 4 / 128) and policy("fp8-block").weight_bytes == pytest.approx(1 + 4 / 16384)
+    assert "fp8-block" in requestable() and "fp8-block" not in FORMATS and f.fallback[0] == "fp8"
+    h100 = get_hardware("h100-sxm")
+    p = resolve_precision(h100, "fp8-block")
+    assert p.matrix == "fp8" and p.note == "" and p.operand_format == "fp8-block"
+    assert p.weight_scale == pytest.approx((1 + 4 / 16384) / 2)  # against the bf16 capture's 2 bytes
+    a100 = resolve_precision(get_hardware("a100-sxm-80gb"), "fp8-block")  # no fp8 engine: weight-only
+    assert a100.matrix == "bf16" and a100.weight_operand_bytes == pytest.approx(1 + 4 / 16384)
+    assert "has no fp8 matrix engine" in a100.note
+
+
+def test_a_chain_names_catalog_formats_and_an_alias_one_build():
+    with pytest.raises(OpmapError, match="not a catalog format"):
+        parse_formats({"a": {"bits": 8, "catalog": False}, "b": {"bits": 8, "fallback": ["a"]}})
+    pol = {"capture": "x", "weights": "w", "activations": "a", "accumulate": "fp32"}
+    with pytest.raises(OpmapError, match="one build dtype"):
+        parse_formats({"x": {"bits": 16, "build": "bfloat16", "fallback": ["x"], "alias": "q", "policy": pol},
+                       "y": {"bits": 16, "build": "float32", "fallback": ["y"], "alias": "q",
+                             "policy": {**pol, "capture": "y"}}})
 
 
 def test_nvfp4_scales_are_fp8_and_a_per_tensor_fp32():
@@ -54,7 +79,7 @@ def test_views_are_the_registry_s():
     from opmap.mapping.memory import train_formats
     from opmap.serve.model_cost import kv_dtypes
 
-    assert kv_dtypes() == ("bf16", "fp16", "fp8", "int8")
+    assert kv_dtypes() == ("bf16", "fp16", "fp8", "int8", "nvfp4")  # nvfp4 on Blackwell only (check_kv_format)
     assert train_formats() == ("fp32", "tf32", "bf16", "fp16", "fp8")
     assert registry().names(quality=True) == ("bf16", "fp16", "fp8", "int8", "int4")
     assert registry().rate_donors() == ("bf16", "fp16", "fp8", "int8", "tf32", "fp32")
@@ -148,5 +173,7 @@ def test_build_bytes_and_reference_come_from_the_build_dtype():
     from opmap.precision import build_bytes, reference
 
     assert {f: build_bytes(f) for f in requestable()} == \
-        {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "int8": 2, "int4": 2}
+        {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "int8": 2, "int4": 2, "fp8-block": 2, "nvfp4": 2,
+         "mxfp8": 2, "mxfp6": 2, "mxfp4": 2}
+    assert build_bytes("fp4") == 2  # the alias is built as its formats are, before a device resolves it
     assert [f for f in requestable() if reference(f)] == ["fp32", "tf32"]
