@@ -369,14 +369,20 @@ class DtypeChoice:
     requested: str  # what --dtype said (a format or an alias)
     format: str  # the format priced
     reason: str = ""  # "" where the request was a format
+    note: str = ""  # the format's own fallback on the device (resolve_precision's note), where it has one
 
     @property
     def resolved(self) -> bool:
         return self.requested != self.format
 
     def header(self) -> str:
-        """The header line: the format used, and where it came from an alias, how."""
-        return self.format if not self.resolved else f"{self.format} (--dtype {self.requested}: {self.reason})"
+        """The header line: the format used, where it came from an alias how, and where it fell back why."""
+        return (self.format + (f" (--dtype {self.requested}: {self.reason})" if self.resolved else "")
+                + (f"; {self.note}" if self.note else ""))
+
+    def to_dict(self) -> dict[str, str]:
+        return {"dtype": self.format, "dtype_requested": self.requested, "dtype_resolution": self.reason,
+                "precision_note": self.note}
 
 
 def _peak(hw: HardwareSpec, fmt: str):

@@ -19,11 +19,13 @@ from opmap.cli.common import (
     warn_unmatched_overrides,
 )
 from opmap.errors import OpmapError
-from opmap.precision import policy, requestable
+from opmap.precision import aliases, policy, requestable
 from opmap.validate import INT_GE0, options
 
 # --dtype's help: the registry's requestable formats, the weight-only ones marked
-_DTYPES = ", ".join(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable())
+_DTYPES = ", ".join([*(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable()),
+                     *(f"{a} (per device: {' or '.join(m)}, else the narrowest float format it runs)"
+                       for a, m in aliases().items())])
 
 
 def analyze(
