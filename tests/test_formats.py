@@ -177,3 +177,49 @@ def test_build_bytes_and_reference_come_from_the_build_dtype():
          "mxfp8": 2, "mxfp6": 2, "mxfp4": 2}
     assert build_bytes("fp4") == 2  # the alias is built as its formats are, before a device resolves it
     assert [f for f in requestable() if reference(f)] == ["fp32", "tf32"]
+
+
+@pytest.mark.parametrize("hw, fmt, matrix, why", [
+    ("b200", "nvfp4", "nvfp4", "b200 runs nvfp4 at 9 PFLOP/s dense"),  # HGX B200: FP4 18 PFLOPS sparse, 9 dense
+    ("mi355x", "mxfp4", "mxfp4", "mi355x lists no nvfp4 matrix peak"),  # CDNA 4: MX scales (E8M0) only
+    ("h100-sxm", "fp8", "fp8", "h100-sxm has no fp4 matrix engine (no nvfp4 or mxfp4 peak): fp8, the narrowest"),
+])
+def test_analyze_fp4_names_the_format_per_device(hw, fmt, matrix, why, tmp_path, capsys):
+    """llama-3-8b at --dtype fp4: nvfp4 on Blackwell, mxfp4 on CDNA 4, fp8 on Hopper (its narrowest float engine),
+    named in analysis.json's assumptions and the sheet's header with the reason."""
+    rc = main(["analyze", "llama-3-8b", "--seq", "64", "--dtype", "fp4", "-H", hw, "--no-store", "--out",
+               str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    a = json.loads((tmp_path / "analysis.json").read_text())["assumptions"]
+    assert (a["dtype"], a["matrix_dtype"], a["dtype_requested"]) == (fmt, matrix, "fp4")
+    assert why in a["dtype_resolution"]
+    assert f"--dtype fp4 -> {fmt}" in " ".join(out.split())
+
+
+def test_a_hugging_face_config_at_fp4_with_tp2(tmp_path, capsys):
+    """examples/tiny-llama.json, a decode step over --tp 2 on B200 and on H100 at --dtype fp4: nvfp4 weights
+    (0.5 + 1/16 B) on B200, fp8 on H100, the alias named in both."""
+    root = FORMATS_TOML.parents[2]
+    got = {}
+    for hw in ("b200", "h100-sxm"):
+        out = tmp_path / hw
+        rc = main(["analyze", str(root / "examples/tiny-llama.json"), "--phase", "decode", "--kv-len", "64", "--tp",
+                   "2", "--dtype", "fp4", "-H", hw, "--no-store", "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        got[hw] = json.loads((out / "analysis.json").read_text())["assumptions"]
+    assert got["b200"]["dtype"] == "nvfp4" and got["b200"]["weights_dtype"].startswith("nvfp4 (e2m1")
+    assert got["h100-sxm"]["dtype"] == "fp8" and got["h100-sxm"]["dtype_requested"] == "fp4"
+
+
+def test_a_fit_cell_names_its_format_and_strikes_an_unshipped_kv_format():
+    """fit's cell at --dtype fp4 --kv-dtype nvfp4 on H100: fp8 priced (why said), and struck: no engine ships an
+    NVFP4 KV cache off Blackwell."""
+    from opmap.explore.fit import fit_cell
+    from opmap.report.fit_table import _notes
+
+    c = fit_cell("examples/tiny-llama.json", "h100-sxm", None, "128", "16", 10, "fp4", kv_dtype="nvfp4")
+    assert c.dtype == "fp8" and c.dtype_line.startswith("fp8 (--dtype fp4: h100-sxm has no fp4 matrix engine")
+    assert "h100-sxm lists no nvfp4 matrix peak" in c.excluded_reason and not c.fits
+    d = c.to_dict()
+    assert d["dtype"] == "fp8" and _notes(d).startswith("dtype fp8 (--dtype fp4: h100-sxm has no fp4")
