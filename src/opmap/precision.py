@@ -4,10 +4,13 @@ Two kinds of names meet here:
 
 - torch dtype names as the capture records them (``"float32"``, ``"bfloat16"``, ``"float8_e4m3fn"``):
   ``dtype_bytes`` gives their size per element;
-- opmap format names (``fp32 tf32 bf16 fp16 fp8 int8 int4``, plus ``fp64`` in the catalog): what a user asks
-  for with ``--dtype``, what the catalog lists peaks for, what a kernel computes in. They are the format
-  registry's (opmap.formats, data in formats.toml); ``format_bytes`` gives their size per element at the matrix
-  engine (int4: half a byte; a block-scaled format: its scales included).
+- opmap format names (``fp32 tf32 bf16 fp16 fp8 int8 int4 nvfp4 mxfp8 mxfp6 mxfp4``, plus ``fp64`` in the
+  catalog; ``fp8-block``, DeepSeek-V3's block-scaled fp8, runs on the fp8 engine): what a user asks for with
+  ``--dtype``, what the catalog lists peaks for, what a kernel computes in. They are the format registry's
+  (opmap.formats, data in formats.toml); ``format_bytes`` gives their size per element at the matrix engine (int4:
+  half a byte; a block-scaled format: its scales included). ``--dtype fp4`` is an alias, not a format:
+  ``resolve_dtype`` names the format it means on a device (nvfp4 on Blackwell, mxfp4 on CDNA 4, else the
+  narrowest float format the device runs).
 
 An unknown name is refused with the accepted ones, never given a default size.
 
@@ -315,7 +318,9 @@ def power_limited(prec: Precision, hw: HardwareSpec, busy_s: float) -> Precision
 
 def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format. The
-    matrix rate is the boost-clock one (achievable); ``power_limited`` lowers it for long runs."""
+    matrix rate is the boost-clock one (achievable); ``power_limited`` lowers it for long runs. An alias
+    (``fp4``) is resolved on ``hw`` first (``resolve_dtype``): ``requested`` is the format it names there."""
+    dtype = resolve_dtype(hw, dtype).format
     chain, fmt = fallback(dtype), get_format(dtype)
     chosen = next((d for d in chain if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
     if chosen is None:
@@ -346,6 +351,7 @@ def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
     Engine's fp8 training (``FP8_TRAINING``): priced at the device's fp8 matrix rate (the same recipe on any device
     whose catalog entry lists an fp8 matrix peak), and refused on a device without one (no weight-only fallback in
     training: TE has none)."""
+    dtype = resolve_dtype(hw, dtype).format
     if not get_format(check_requestable(dtype)).train_scaled_gemms:
         return resolve_precision(hw, dtype)
     v = hw.matrix_peak_flops_per_s.get(dtype)
