@@ -223,3 +223,21 @@ def test_a_fit_cell_names_its_format_and_strikes_an_unshipped_kv_format():
     assert "h100-sxm lists no nvfp4 matrix peak" in c.excluded_reason and not c.fits
     d = c.to_dict()
     assert d["dtype"] == "fp8" and _notes(d).startswith("dtype fp8 (--dtype fp4: h100-sxm has no fp4")
+
+
+def test_serve_names_the_format_and_prices_an_nvfp4_kv_cache(tmp_path, capsys):
+    """serve on examples/tiny-llama.json at --dtype fp4 --kv-dtype nvfp4: on B200 the header names nvfp4 and why,
+    and a token's KV is 2 layers x (K, V) x 4 heads x 32 dims x (0.5 + 1/16) B = 288 B; on H100 the NVFP4 KV cache
+    is refused in one line (engines ship it on Blackwell only)."""
+    cfg = str(FORMATS_TOML.parents[2] / "examples/tiny-llama.json")
+    rc = main(["serve", cfg, "-H", "b200", "--dtype", "fp4", "--kv-dtype", "nvfp4", "--requests", "20", "--no-store",
+               "--out", str(tmp_path)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0 and "dtype: nvfp4 (--dtype fp4: b200 runs nvfp4 at 9 PFLOP/s dense" in out
+    a = json.loads((tmp_path / "serve.json").read_text())["assumptions"]
+    assert (a["dtype"], a["dtype_requested"], a["kv_dtype"]) == ("nvfp4", "fp4", "nvfp4")
+    assert a["memory"]["kv_bytes_per_token"] == pytest.approx(2 * 2 * 4 * 32 * (0.5 + 1 / 16))
+    rc = main(["serve", cfg, "-H", "h100-sxm", "--dtype", "fp4", "--kv-dtype", "nvfp4", "--requests", "20",
+               "--no-store"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "h100-sxm lists no nvfp4 matrix peak; accepted on h100-sxm: bf16, fp16, fp8, int8" in err
