@@ -28,10 +28,35 @@ def test_block_scaled_bytes_follow_the_spec_formula(name, bits, block, scale_bit
     assert (f.bits, f.scale_block, f.scale_bits) == (bits, block, scale_bits)
     assert f.scaled and f.bytes == pytest.approx(expected) and format_bytes(name) == pytest.approx(expected)
     assert {"mxfp4": 0.53125, "nvfp4": 0.5625}.get(name, f.bytes) == f.bytes
-    # data only until the catalog lists their peaks (issue 37): not requestable, not a catalog peak key
-    assert name not in requestable() and name not in FORMATS
-    with pytest.raises(OpmapError, match=f"unknown dtype '{name}'"):
-        check_requestable(name)
+    # catalog peak keys and requestable (issue 37), built in bf16; the stored weights carry the same scales
+    assert name in requestable() and name in FORMATS and check_requestable(name) == name
+    assert policy(name).weight_bytes == pytest.approx(expected) and policy(name).quantized
+
+
+def test_fp8_block_bytes_are_deepseek_v3_s():
+    """DeepSeek-V3 technical report (arXiv:2412.19437) sec. 3.3.2: E4M3 with an fp32 scale per 1x128 activation
+    tile and per 128x128 weight block: activations 1 + 4/128 bytes an element, weights 1 + 4/16384. It runs on the
+    fp8 engine: not a catalog peak key, its fallback chain starts at fp8."""
+    f = registry().get("fp8-block")
+    assert f.bytes == pytest.approx(1 + 4 / 128) and policy("fp8-block").weight_bytes == pytest.approx(1 + 4 / 16384)
+    assert "fp8-block" in requestable() and "fp8-block" not in FORMATS and f.fallback[0] == "fp8"
+    h100 = get_hardware("h100-sxm")
+    p = resolve_precision(h100, "fp8-block")
+    assert p.matrix == "fp8" and p.note == "" and p.operand_format == "fp8-block"
+    assert p.weight_scale == pytest.approx((1 + 4 / 16384) / 2)  # against the bf16 capture's 2 bytes
+    a100 = resolve_precision(get_hardware("a100-sxm-80gb"), "fp8-block")  # no fp8 engine: weight-only
+    assert a100.matrix == "bf16" and a100.weight_operand_bytes == pytest.approx(1 + 4 / 16384)
+    assert "has no fp8 matrix engine" in a100.note
+
+
+def test_a_chain_names_catalog_formats_and_an_alias_one_build():
+    with pytest.raises(OpmapError, match="not a catalog format"):
+        parse_formats({"a": {"bits": 8, "catalog": False}, "b": {"bits": 8, "fallback": ["a"]}})
+    pol = {"capture": "x", "weights": "w", "activations": "a", "accumulate": "fp32"}
+    with pytest.raises(OpmapError, match="one build dtype"):
+        parse_formats({"x": {"bits": 16, "build": "bfloat16", "fallback": ["x"], "alias": "q", "policy": pol},
+                       "y": {"bits": 16, "build": "float32", "fallback": ["y"], "alias": "q",
+                             "policy": {**pol, "capture": "y"}}})
 
 
 def test_nvfp4_scales_are_fp8_and_a_per_tensor_fp32():
@@ -54,7 +79,7 @@ def test_views_are_the_registry_s():
     from opmap.mapping.memory import train_formats
     from opmap.serve.model_cost import kv_dtypes
 
-    assert kv_dtypes() == ("bf16", "fp16", "fp8", "int8")
+    assert kv_dtypes() == ("bf16", "fp16", "fp8", "int8", "nvfp4")  # nvfp4 on Blackwell only (check_kv_format)
     assert train_formats() == ("fp32", "tf32", "bf16", "fp16", "fp8")
     assert registry().names(quality=True) == ("bf16", "fp16", "fp8", "int8", "int4")
     assert registry().rate_donors() == ("bf16", "fp16", "fp8", "int8", "tf32", "fp32")
@@ -148,5 +173,71 @@ def test_build_bytes_and_reference_come_from_the_build_dtype():
     from opmap.precision import build_bytes, reference
 
     assert {f: build_bytes(f) for f in requestable()} == \
-        {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "int8": 2, "int4": 2}
+        {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "int8": 2, "int4": 2, "fp8-block": 2, "nvfp4": 2,
+         "mxfp8": 2, "mxfp6": 2, "mxfp4": 2}
+    assert build_bytes("fp4") == 2  # the alias is built as its formats are, before a device resolves it
     assert [f for f in requestable() if reference(f)] == ["fp32", "tf32"]
+
+
+@pytest.mark.parametrize("hw, fmt, matrix, why", [
+    ("b200", "nvfp4", "nvfp4", "b200 runs nvfp4 at 9 PFLOP/s dense"),  # HGX B200: FP4 18 PFLOPS sparse, 9 dense
+    ("mi355x", "mxfp4", "mxfp4", "mi355x lists no nvfp4 matrix peak"),  # CDNA 4: MX scales (E8M0) only
+    ("h100-sxm", "fp8", "fp8", "h100-sxm has no fp4 matrix engine (no nvfp4 or mxfp4 peak): fp8, the narrowest"),
+])
+def test_analyze_fp4_names_the_format_per_device(hw, fmt, matrix, why, tmp_path, capsys):
+    """llama-3-8b at --dtype fp4: nvfp4 on Blackwell, mxfp4 on CDNA 4, fp8 on Hopper (its narrowest float engine),
+    named in analysis.json's assumptions and the sheet's header with the reason."""
+    rc = main(["analyze", "llama-3-8b", "--seq", "64", "--dtype", "fp4", "-H", hw, "--no-store", "--out",
+               str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    a = json.loads((tmp_path / "analysis.json").read_text())["assumptions"]
+    assert (a["dtype"], a["matrix_dtype"], a["dtype_requested"]) == (fmt, matrix, "fp4")
+    assert why in a["dtype_resolution"]
+    assert f"--dtype fp4 -> {fmt}" in " ".join(out.split())
+
+
+def test_a_hugging_face_config_at_fp4_with_tp2(tmp_path, capsys):
+    """examples/tiny-llama.json, a decode step over --tp 2 on B200 and on H100 at --dtype fp4: nvfp4 weights
+    (0.5 + 1/16 B) on B200, fp8 on H100, the alias named in both."""
+    root = FORMATS_TOML.parents[2]
+    got = {}
+    for hw in ("b200", "h100-sxm"):
+        out = tmp_path / hw
+        rc = main(["analyze", str(root / "examples/tiny-llama.json"), "--phase", "decode", "--kv-len", "64", "--tp",
+                   "2", "--dtype", "fp4", "-H", hw, "--no-store", "--out", str(out)])
+        assert rc == 0, capsys.readouterr().err
+        got[hw] = json.loads((out / "analysis.json").read_text())["assumptions"]
+    assert got["b200"]["dtype"] == "nvfp4" and got["b200"]["weights_dtype"].startswith("nvfp4 (e2m1")
+    assert got["h100-sxm"]["dtype"] == "fp8" and got["h100-sxm"]["dtype_requested"] == "fp4"
+
+
+def test_a_fit_cell_names_its_format_and_strikes_an_unshipped_kv_format():
+    """fit's cell at --dtype fp4 --kv-dtype nvfp4 on H100: fp8 priced (why said), and struck: no engine ships an
+    NVFP4 KV cache off Blackwell."""
+    from opmap.explore.fit import fit_cell
+    from opmap.report.fit_table import _notes
+
+    c = fit_cell("examples/tiny-llama.json", "h100-sxm", None, "128", "16", 10, "fp4", kv_dtype="nvfp4")
+    assert c.dtype == "fp8" and c.dtype_line.startswith("fp8 (--dtype fp4: h100-sxm has no fp4 matrix engine")
+    assert "h100-sxm lists no nvfp4 matrix peak" in c.excluded_reason and not c.fits
+    d = c.to_dict()
+    assert d["dtype"] == "fp8" and _notes(d).startswith("dtype fp8 (--dtype fp4: h100-sxm has no fp4")
+
+
+def test_serve_names_the_format_and_prices_an_nvfp4_kv_cache(tmp_path, capsys):
+    """serve on examples/tiny-llama.json at --dtype fp4 --kv-dtype nvfp4: on B200 the header names nvfp4 and why,
+    and a token's KV is 2 layers x (K, V) x 4 heads x 32 dims x (0.5 + 1/16) B = 288 B; on H100 the NVFP4 KV cache
+    is refused in one line (engines ship it on Blackwell only)."""
+    cfg = str(FORMATS_TOML.parents[2] / "examples/tiny-llama.json")
+    rc = main(["serve", cfg, "-H", "b200", "--dtype", "fp4", "--kv-dtype", "nvfp4", "--requests", "20", "--no-store",
+               "--out", str(tmp_path)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0 and "dtype: nvfp4 (--dtype fp4: b200 runs nvfp4 at 9 PFLOP/s dense" in out
+    a = json.loads((tmp_path / "serve.json").read_text())["assumptions"]
+    assert (a["dtype"], a["dtype_requested"], a["kv_dtype"]) == ("nvfp4", "fp4", "nvfp4")
+    assert a["memory"]["kv_bytes_per_token"] == pytest.approx(2 * 2 * 4 * 32 * (0.5 + 1 / 16))
+    rc = main(["serve", cfg, "-H", "h100-sxm", "--dtype", "fp4", "--kv-dtype", "nvfp4", "--requests", "20",
+               "--no-store"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "h100-sxm lists no nvfp4 matrix peak; accepted on h100-sxm: bf16, fp16, fp8, int8" in err

@@ -47,8 +47,9 @@ def test_format_sizes_and_weight_scales():
     # int8 per output channel (a 16-bit scale per 4096 weights) against bf16
     assert resolve_precision(h100, "int8").weight_scale == pytest.approx((1 + 2 / 4096) / 2)
     assert resolve_precision(h100, "fp32").weight_scale == 1.0
-    assert set(requestable()) == {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4"}
-    assert set(FORMATS) >= set(requestable())
+    assert set(requestable()) == {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp8-block", "nvfp4",
+                                  "mxfp8", "mxfp6", "mxfp4"}
+    assert set(FORMATS) >= set(requestable()) - {"fp8-block"}  # block-scaled fp8 runs on the fp8 engine
 
 
 def test_kernel_formats_follow_the_policy():
@@ -86,3 +87,85 @@ def test_training_precision_fp8_refused_without_an_fp8_engine():
         resolve_training_precision(a100, "fp8")
     assert "\n" not in str(e.value) and str(e.value).endswith("accepted for training on it: bf16, fp16, tf32, fp32")
     assert resolve_precision(a100, "fp8").matrix == "bf16"  # inference keeps the weight-only fallback
+
+
+@pytest.mark.parametrize("device, fmt, peak, why", [
+    # HGX B200: FP4 Tensor Core 18 PFLOPS with sparsity, 9 dense: NVIDIA with an nvfp4 engine -> nvfp4
+    ("b200", "nvfp4", 9e15, "b200 runs nvfp4 at 9 PFLOP/s dense"),
+    # MI355X: MXFP4 10.1 PFLOPS dense (2 x the 5033.2 TFLOPS fp8), no nvfp4 (E8M0 scales only) -> mxfp4
+    ("mi355x", "mxfp4", 2 * 5033.2e12, "mi355x lists no nvfp4 matrix peak"),
+    # H100 SXM: no fp4 engine; its narrowest float engine is fp8 (1,979 TFLOPS dense: 3,958 sparse / 2)
+    ("h100-sxm", "fp8", 3958e12 / 2, "h100-sxm has no fp4 matrix engine (no nvfp4 or mxfp4 peak): fp8, the narrowest"),
+    # A100: no fp8 either: bf16 (312 TFLOPS dense), the first of the 2-byte float formats in table order
+    ("a100-sxm-80gb", "bf16", 312e12, "a100-sxm-80gb has no fp4 matrix engine"),
+])
+def test_fp4_resolves_per_device(device, fmt, peak, why):
+    from opmap.precision import resolve_dtype
+
+    hw = get_hardware(device)
+    c = resolve_dtype(hw, "fp4")
+    assert c.format == fmt and c.resolved and why in c.reason
+    p = resolve_precision(hw, c.format)
+    assert p.matrix == fmt and p.matrix_peak_flops_per_s == pytest.approx(peak, rel=1e-3)
+    assert resolve_dtype(hw, "bf16").format == "bf16" and not resolve_dtype(hw, "bf16").resolved
+
+
+def test_an_alias_is_not_a_format_until_a_device_resolves_it():
+    from opmap.precision import build_dtype, check_requestable, policy
+
+    assert check_requestable("fp4") == "fp4" and build_dtype("fp4") == "bfloat16"
+    with pytest.raises(OpmapError, match="alias resolved per device"):
+        policy("fp4")
+
+
+def test_fp4_on_hopper_is_weight_only_w4a16():
+    """--dtype nvfp4 on H100: the nvfp4 weights (0.5 + 1/16 B: an e4m3 scale per 16) stay in memory, dequantized to
+    bf16 in the GEMM (vLLM's NVFP4 Marlin), at the bf16 rate; mxfp4 (0.5 + 1/32 B) likewise."""
+    h100 = get_hardware("h100-sxm")
+    p = resolve_precision(h100, "nvfp4")
+    assert p.matrix == "bf16" and p.weight_operand_bytes == pytest.approx(0.5 + 1 / 16)
+    assert p.weight_scale == pytest.approx((0.5 + 1 / 16) / 2) and p.operand_format == "bf16"
+    assert "W4A16" in p.kernel_format("matrix") and "no nvfp4 matrix engine" in p.note and "Marlin" in p.note
+    m = resolve_precision(h100, "mxfp4")
+    assert m.weight_operand_bytes == pytest.approx(0.5 + 1 / 32) and m.matrix == "bf16"
+    # on Blackwell nvfp4 runs on its own engine: W4A4, operands at 0.5625 B with their scales
+    b = resolve_precision(get_hardware("b200"), "nvfp4")
+    assert b.matrix == "nvfp4" and b.note == "" and b.weight_operand_bytes is None
+    assert format_bytes(b.operand_format) == pytest.approx(0.5 + 1 / 16)
+
+
+def test_nvfp4_kv_only_where_the_device_has_an_nvfp4_engine():
+    """TensorRT-LLM and vLLM ship an NVFP4 KV cache on Blackwell only."""
+    from opmap.precision import check_kv_format
+
+    assert check_kv_format(get_hardware("b200"), "nvfp4") == "nvfp4"
+    assert check_kv_format(get_hardware("h100-sxm"), "fp8") == "fp8"
+    with pytest.raises(OpmapError, match="h100-sxm lists no nvfp4 matrix peak; accepted on h100-sxm: bf16, fp16, fp8"):
+        check_kv_format(get_hardware("h100-sxm"), "nvfp4")
+    with pytest.raises(OpmapError, match="mi355x lists no nvfp4"):
+        check_kv_format(get_hardware("mi355x"), "nvfp4")
+
+
+def test_a_compute_bound_gemm_in_nvfp4_on_b200_runs_at_the_fp4_rate():
+    """8192^3 on B200 in nvfp4: 2 * 8192^3 = 1.1e12 FLOPs over 3 * 8192^2 * 0.5625 B of operands, far past the
+    ridge, so the time is the FLOPs over the fp4 rate the model runs: the datasheet's 9 PFLOPS dense (HGX B200: 18
+    sparse) times the measured fraction of peak the catalog holds for bf16 (Bekman's mamf-finder: 1745 of 2250
+    TFLOPS), since no nvfp4 matmul was measured."""
+    from opmap.costs.base import OpCost
+    from opmap.ops import MatrixFamily, MatrixProblem
+    from opmap.predict import predict_cost
+
+    b200 = get_hardware("b200")
+    prec = resolve_precision(b200, "nvfp4")
+    assert prec.matrix_peak_flops_per_s == 18e15 / 2
+    rate = 9e15 * 1745e12 / 2250e12
+    assert prec.matrix_rate_flops_per_s == pytest.approx(rate)
+    p = MatrixProblem(MatrixFamily.GEMM, 1, 8192, 8192, 8192)
+    ab = 2 * 8192 * 8192 * (0.5 + 1 / 16)
+    pred = predict_cost(OpCost(matrix_flops=p.flops, bytes_read=ab, bytes_written=8192 * 8192 * 2, problem=p), b200,
+                        prec, b200.curves)
+    assert p.flops == 2 * 8192 ** 3
+    assert pred.matrix_s == pytest.approx(2 * 8192 ** 3 / rate) and pred.matrix_s > pred.memory_s
+    assert pred.predicted_s == pytest.approx(2 * 8192 ** 3 / rate + b200.launch_overhead_s)
+    # the fp8 time of the same GEMM is twice as long at the peaks (4.5 PFLOPS dense)
+    assert prec.matrix_peak_flops_per_s == 2 * resolve_precision(b200, "fp8").matrix_peak_flops_per_s

@@ -40,7 +40,14 @@ from opmap.mapping.memory import (
     train_formats,
     training_state_bytes,
 )
-from opmap.precision import Precision, power_limited, reference, resolve_precision, resolve_training_precision
+from opmap.precision import (
+    Precision,
+    power_limited,
+    reference,
+    resolve_dtype,
+    resolve_precision,
+    resolve_training_precision,
+)
 from opmap.predict import Prediction, mfu, predict_cost, ridge_point
 from opmap.workloads.zoo import Workload
 
@@ -333,14 +340,16 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     if getattr(workload, "geometry", None) is not None and graph.geometry is None:
         graph = replace(graph, geometry=workload.geometry)  # the model's layers as its config says them
     training = any(n.args.get("phase") == "backward" for n in graph.nodes)
+    choice = resolve_dtype(hw, dtype)  # an alias (--dtype fp4) names a format only on a device
+    dtype = choice.format
     prec = resolve_training_precision(hw, dtype) if training else resolve_precision(hw, dtype)
     # fp8 training (Transformer Engine): the Linear GEMMs at the fp8 rate, their casts as kernels, the rest bf16
     fmt = get_format(dtype)
     fp8 = plan_fp8_training(graph) if training and fmt.train_scaled_gemms else None
     graph = fp8.graph if fp8 is not None else graph
-    # fp8 inference (a quantized checkpoint): the LM head and MoE router GEMMs stay bf16, weights and rate
-    keep, kept = (inference_bf16_nodes(graph) if not training and fmt.is_fp8 and prec.matrix == dtype
-                  else (frozenset(), ()))
+    # a quantized float checkpoint (fp8, fp8-block, nvfp4, mx) on its engine: the LM head and MoE router GEMMs stay
+    # bf16, weights and rate (ModelOpt's default configs leave them out for every format)
+    keep, kept = (inference_bf16_nodes(graph) if not training and _keeps_bf16_head(fmt, prec) else (frozenset(), ()))
     raw = cost_graph(graph)
     costs = stored_weights(raw, prec)
     costs = [raw[i] if i in keep else c for i, c in enumerate(costs)] if keep else costs
@@ -375,14 +384,23 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     if fp8 is not None:
         assumptions["fp8_training"] = fp8_assumptions(fp8, other)
     if kept:
-        assumptions["fp8_inference"] = FP8_INFERENCE_NOTE.format(what=" and ".join(kept))
+        assumptions["fp8_inference"] = FP8_INFERENCE_NOTE.format(what=" and ".join(kept), fmt=dtype)
+    if choice.resolved:
+        assumptions.update(dtype_requested=choice.requested, dtype_resolution=choice.reason)
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels)
+
+
+def _keeps_bf16_head(fmt, prec: Precision) -> bool:
+    """A narrow float format whose GEMMs run on its own engine (not the weight-only fallback): its checkpoints keep
+    the LM head and routers in bf16."""
+    return (fmt.kind == "float" and fmt.bits <= 8 and fmt.policy is not None and fmt.policy.quantized
+            and prec.fallback_policy is None and prec.matrix == fmt.fallback[0])
 
 
 def check_analysis_inputs(hw: HardwareSpec, dtype: str, fusion: str, plan_file=None) -> None:
     """What an analysis refuses before any capture runs: a dtype the hardware lacks, an unknown fusion policy,
     a plan file that does not exist."""
-    resolve_precision(hw, dtype)
+    resolve_precision(hw, resolve_dtype(hw, dtype).format)
     from opmap.mapping.fusion import POLICIES
 
     if plan_file is None and fusion not in POLICIES:

@@ -41,10 +41,10 @@ def capture_key(model: str, dtype: str, fields: dict[str, Any], device: str = "m
     """The capture-cache key of ``model`` built at ``dtype``'s build dtype and captured as ``fields`` say (None: not
     cacheable: not a zoo model, not on meta, a dtype that is not requestable, or the cache turned off)."""
     from opmap.capture import cache
-    from opmap.precision import build_dtype, requestable
+    from opmap.precision import accepted, build_dtype
     from opmap.workloads import MODELS
 
-    if device != "meta" or model not in MODELS or dtype not in requestable() or not cache.enabled():
+    if device != "meta" or model not in MODELS or dtype not in accepted() or not cache.enabled():
         return None
     return cache.key({"model": model, "build_dtype": build_dtype(dtype), **fields})
 
@@ -104,6 +104,15 @@ def graph_hash(graph) -> str:
         for t in (*n.inputs, *n.outputs):
             h.update(repr(tuple(t.shape)).encode())
     return h.hexdigest()[:16]
+
+
+def dtype_on(hw, dtype: str):
+    """``dtype`` (a format or an alias, ``--dtype fp4``) on ``hw``: the format priced, how an alias resolved, and
+    the format's own fallback there (opmap.precision.DtypeChoice): what serve's header and fit's cells name."""
+    from opmap.precision import resolve_dtype, resolve_precision
+
+    c = resolve_dtype(hw, dtype)
+    return replace(c, note=resolve_precision(hw, c.format).note)
 
 
 # -- configs ---------------------------------------------------------------------------------------------------

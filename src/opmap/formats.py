@@ -59,10 +59,12 @@ class Format:
     narrower: str | None = None
     rate_donor: int | None = None
     kv: bool = False
+    kv_needs_engine: bool = False
+    alias: str | None = None
     train: tuple[float, float, float] | None = None
     train_scaled_gemms: bool = False
     quality: bool = False
-    weight_only_fallback: bool = False
+    weight_only_fallback: bool | str = False  # a string: the kernel that runs the fallback, for the note
     policy: FormatPolicy | None = field(default=None, compare=False)
 
     @property
@@ -89,8 +91,8 @@ class Format:
 
 
 _KEYS = {"bits", "kind", "encoding", "scale_block", "scale_format", "scale_bits", "tensor_scale_bits", "catalog",
-         "build", "runnable", "fallback", "narrower", "rate_donor", "kv", "train", "train_scaled_gemms", "quality",
-         "weight_only_fallback", "policy"}
+         "build", "runnable", "fallback", "narrower", "rate_donor", "kv", "kv_needs_engine", "alias", "train",
+         "train_scaled_gemms", "quality", "weight_only_fallback", "policy"}
 _POLICY_KEYS = {"capture", "weights_format", "weight_group", "weight_group_scale_bits", "weights", "activations",
                 "accumulate", "quantized", "one_byte_operands", "weight_only"}
 
@@ -113,6 +115,14 @@ class Registry:
     def names(self, **want: bool) -> tuple[str, ...]:
         """The names, in table order, of the formats whose properties equal ``want`` (``kv=True``, ...)."""
         return tuple(f.name for f in self if all(bool(getattr(f, k)) == v for k, v in want.items()))
+
+    def aliases(self) -> dict[str, tuple[str, ...]]:
+        """Each ``--dtype`` alias and its formats, in table order (the order a device is asked for them)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for f in self:
+            if f.alias:
+                out[f.alias] = (*out.get(f.alias, ()), f.name)
+        return out
 
     def rate_donors(self) -> tuple[str, ...]:
         """The formats whose measured fraction of peak stands in for another's, in their rank order."""
@@ -153,13 +163,23 @@ def parse_formats(tables: dict[str, Any], what: str = "formats table") -> Regist
         return bits[n]
 
     out = []
+    catalog = {f.name for f in fmts if f.catalog}
     for f in fmts:
         for ref in (*f.fallback, *([f.narrower] if f.narrower else [])):
             bits_of(ref)
         pol = tables[f.name].get("policy")
         if f.requestable and (pol is None or not f.fallback):
             raise OpmapError(f"{what}: format {f.name!r} has a build dtype, so needs a fallback chain and a policy")
+        if set(f.fallback) - catalog:  # a chain names the matrix peaks a device is asked for
+            raise OpmapError(f"{what}: format {f.name!r} falls back to {', '.join(sorted(set(f.fallback) - catalog))}, "
+                             "not a catalog format (catalog = false): a chain names catalog peak keys only")
+        if f.alias is not None and (f.alias in bits or not f.requestable):
+            raise OpmapError(f"{what}: format {f.name!r}: alias {f.alias!r} must be requestable and not a format name")
         out.append(replace(f, policy=_policy(f.name, pol, bits_of)) if pol else f)
+    builds = {}
+    for f in out:  # an alias is built (captured) before its device is known: one build dtype for all its formats
+        if f.alias and builds.setdefault(f.alias, f.build) != f.build:
+            raise OpmapError(f"{what}: the formats of alias {f.alias!r} need one build dtype; {f.name} has {f.build}")
     return Registry(out)
 
 

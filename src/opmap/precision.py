@@ -4,10 +4,13 @@ Two kinds of names meet here:
 
 - torch dtype names as the capture records them (``"float32"``, ``"bfloat16"``, ``"float8_e4m3fn"``):
   ``dtype_bytes`` gives their size per element;
-- opmap format names (``fp32 tf32 bf16 fp16 fp8 int8 int4``, plus ``fp64`` in the catalog): what a user asks
-  for with ``--dtype``, what the catalog lists peaks for, what a kernel computes in. They are the format
-  registry's (opmap.formats, data in formats.toml); ``format_bytes`` gives their size per element at the matrix
-  engine (int4: half a byte; a block-scaled format: its scales included).
+- opmap format names (``fp32 tf32 bf16 fp16 fp8 int8 int4 nvfp4 mxfp8 mxfp6 mxfp4``, plus ``fp64`` in the
+  catalog; ``fp8-block``, DeepSeek-V3's block-scaled fp8, runs on the fp8 engine): what a user asks for with
+  ``--dtype``, what the catalog lists peaks for, what a kernel computes in. They are the format registry's
+  (opmap.formats, data in formats.toml); ``format_bytes`` gives their size per element at the matrix engine (int4:
+  half a byte; a block-scaled format: its scales included). ``--dtype fp4`` is an alias, not a format:
+  ``resolve_dtype`` names the format it means on a device (nvfp4 on Blackwell, mxfp4 on CDNA 4, else the
+  narrowest float format the device runs).
 
 An unknown name is refused with the accepted ones, never given a default size.
 
@@ -67,18 +70,36 @@ RUNNABLE = registry().names(runnable=True)
 
 
 def requestable() -> tuple[str, ...]:
-    """What --dtype accepts."""
+    """The formats --dtype accepts (its aliases aside: ``accepted``)."""
     return registry().names(requestable=True)
 
 
+def aliases() -> dict[str, tuple[str, ...]]:
+    """The --dtype aliases (``fp4``) and their formats, in the order a device is asked for them."""
+    return registry().aliases()
+
+
+def accepted() -> tuple[str, ...]:
+    """What --dtype accepts: the requestable formats, then the aliases resolved per device."""
+    return (*requestable(), *aliases())
+
+
 def policy(fmt: str) -> FormatPolicy:
-    """What a request for ``fmt`` means per op family (a requestable format; others refused)."""
-    return get_format(check_requestable(fmt)).policy
+    """What a request for ``fmt`` means per op family (a requestable format; others refused, an alias too: it
+    means a format only on a device, ``resolve_dtype``)."""
+    return get_format(check_format(fmt)).policy
 
 
 def fallback(fmt: str) -> tuple[str, ...]:
     """The matrix formats tried for a request of ``fmt``, nearest first."""
-    return get_format(check_requestable(fmt)).fallback
+    return get_format(check_format(fmt)).fallback
+
+
+def capture_format(dtype: str) -> str:
+    """The format a model requested at ``dtype`` (a format or an alias) is captured in: its policy's capture; an
+    alias's formats share theirs (formats.parse_formats checks their build dtypes agree)."""
+    members = aliases().get(dtype)
+    return policy(members[0] if members else dtype).capture
 
 
 # fp8 on a device with no fp8 matrix engine (A100, MI250X, TPU v5e): priced as the weight-only fallback engines run
@@ -91,6 +112,20 @@ FP8_WEIGHT_ONLY = FormatPolicy("bf16", "fp8 (e4m3), weight-only: dequantized to 
 FP8_WEIGHT_ONLY_NOTE = ("{hw} has no fp8 matrix engine: fp8 priced as the weight-only fallback (fp8 weights in "
                         "memory, dequantized to bf16 in the GEMM, {matrix} compute at the {matrix} rate; vLLM's FP8 "
                         "Marlin W8A16 path)")
+
+
+WEIGHT_ONLY_NOTE = ("{hw} has no {engine} matrix engine: {fmt} priced as the weight-only fallback ({fmt} weights in "
+                    "memory, dequantized to {matrix} in the GEMM, {matrix} compute at the {matrix} rate: {kernel})")
+
+
+def weight_only_policy(fmt: str, matrix: str) -> FormatPolicy:
+    """``fmt`` on a device without its matrix engine: the weights stay in ``fmt`` (its bytes, scales included) and
+    are dequantized to ``matrix`` inside the GEMM, activations at the capture format (W4A16 for an fp4 format)."""
+    f = get_format(fmt)
+    pol = f.policy
+    return FormatPolicy(pol.capture, f"{pol.weights}, weight-only: dequantized to {matrix} in the GEMM "
+                                     f"(W{f.bits}A16)", pol.capture, "fp32", pol.weight_bytes, quantized=True,
+                        weight_only=True)
 
 
 # fp8 training as NVIDIA Transformer Engine runs it (TE docs, "Using FP8 with Transformer Engine"; Micikevicius et
@@ -121,16 +156,28 @@ def format_bytes(fmt: str) -> float:
 
 
 def check_requestable(dtype: str) -> str:
+    """``dtype`` as --dtype takes it: a requestable format or an alias; anything else refused with the list."""
+    if dtype in aliases():
+        return dtype
     f = registry().get(dtype)
     if f is None or not f.requestable:
-        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(requestable())}")
+        raise OpmapError(f"unknown dtype {dtype!r}; accepted: {', '.join(accepted())}")
     return dtype
+
+
+def check_format(dtype: str) -> str:
+    """``dtype`` as a format (an alias refused: it names a format only once a device is known)."""
+    if dtype in aliases():
+        raise OpmapError(f"--dtype {dtype} is an alias resolved per device ({', '.join(aliases()[dtype])}, else "
+                         "the narrowest float format the device runs): resolve it on a device first")
+    return check_requestable(dtype)
 
 
 def build_dtype(fmt: str) -> str:
     """The torch dtype name a model is built in for ``fmt`` (quantized formats: bfloat16: the stored format is a
-    mapping decision, the policy, not a torch dtype)."""
-    return get_format(check_requestable(fmt)).build
+    mapping decision, the policy, not a torch dtype). An alias: its formats' build dtype (they share one)."""
+    members = aliases().get(check_requestable(fmt))
+    return get_format(members[0] if members else fmt).build
 
 
 def build_bytes(fmt: str) -> float:
@@ -182,8 +229,11 @@ class Precision:
 
     @property
     def operand_format(self) -> str:
-        """The format of a GEMM's operands at the matrix engine (fp8 / int8: one byte each)."""
-        return "fp8" if self.format_policy.one_byte_operands else self.matrix
+        """The format of a GEMM's operands at the matrix engine (fp8 / int8: one byte each; block-scaled fp8 one
+        byte and its scales; a block-scaled matrix format, nvfp4 / mxfp*, its elements and scales)."""
+        if self.format_policy.one_byte_operands:
+            return self.requested if get_format(self.requested).scaled else "fp8"
+        return self.matrix
 
     @property
     def weight_operand_bytes(self) -> float | None:
@@ -268,7 +318,9 @@ def power_limited(prec: Precision, hw: HardwareSpec, busy_s: float) -> Precision
 
 def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     """The matrix and vector peaks for ``dtype`` on ``hw``, falling back to the nearest supported format. The
-    matrix rate is the boost-clock one (achievable); ``power_limited`` lowers it for long runs."""
+    matrix rate is the boost-clock one (achievable); ``power_limited`` lowers it for long runs. An alias
+    (``fp4``) is resolved on ``hw`` first (``resolve_dtype``): ``requested`` is the format it names there."""
+    dtype = resolve_dtype(hw, dtype).format
     chain, fmt = fallback(dtype), get_format(dtype)
     chosen = next((d for d in chain if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
     if chosen is None:
@@ -279,9 +331,12 @@ def resolve_precision(hw: HardwareSpec, dtype: str) -> Precision:
     vec = hw.vector_peak_flops_per_s.get(pol.capture) or hw.vector_peak_flops_per_s["fp32"]
     note = "" if chosen == chain[0] else \
         f"{hw.name} has no {chain[0]} matrix peak: used {chosen} (tried {', '.join(chain)})"
-    if fmt.weight_only_fallback and chosen != dtype:
-        pol = fb_policy = FP8_WEIGHT_ONLY
-        note = FP8_WEIGHT_ONLY_NOTE.format(hw=hw.name, matrix=chosen)
+    if fmt.weight_only_fallback and chosen != chain[0]:
+        pol = fb_policy = FP8_WEIGHT_ONLY if dtype == "fp8" else weight_only_policy(fmt.name, chosen)
+        note = (FP8_WEIGHT_ONLY_NOTE.format(hw=hw.name, matrix=chosen) if dtype == "fp8" else
+                WEIGHT_ONLY_NOTE.format(hw=hw.name, fmt=dtype, engine=chain[0], matrix=chosen,
+                                        kernel=fmt.weight_only_fallback if isinstance(fmt.weight_only_fallback, str)
+                                        else f"{dtype} weights dequantized in the GEMM"))
     if pol.weight_only and fb_policy is None:
         note = ((note + "; " if note else "")
                 + f"{dtype} is weight-only: weights dequantized to {pol.capture} in the GEMM")
@@ -296,6 +351,7 @@ def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
     Engine's fp8 training (``FP8_TRAINING``): priced at the device's fp8 matrix rate (the same recipe on any device
     whose catalog entry lists an fp8 matrix peak), and refused on a device without one (no weight-only fallback in
     training: TE has none)."""
+    dtype = resolve_dtype(hw, dtype).format
     if not get_format(check_requestable(dtype)).train_scaled_gemms:
         return resolve_precision(hw, dtype)
     v = hw.matrix_peak_flops_per_s.get(dtype)
@@ -309,3 +365,75 @@ def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
             "e4m3 x e5m2, per-tensor delayed scaling, fp32 accumulate); embedding, LM head and attention core in bf16")
     return Precision(dtype, dtype, float(v.value), float(vec.value), note, 1.0, rate, basis,
                      fallback_policy=FP8_TRAINING)
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """A --dtype resolved on one device: the format priced, and why where it is not the one asked for by name (an
+    alias resolved, or fallen back)."""
+
+    requested: str  # what --dtype said (a format or an alias)
+    format: str  # the format priced
+    reason: str = ""  # "" where the request was a format
+    note: str = ""  # the format's own fallback on the device (resolve_precision's note), where it has one
+
+    @property
+    def resolved(self) -> bool:
+        return self.requested != self.format
+
+    def header(self) -> str:
+        """The header line: the format used, where it came from an alias how, and where it fell back why."""
+        return (self.format + (f" (--dtype {self.requested}: {self.reason})" if self.resolved else "")
+                + (f"; {self.note}" if self.note else ""))
+
+    def to_dict(self) -> dict[str, str]:
+        return {"dtype": self.format, "dtype_requested": self.requested, "dtype_resolution": self.reason,
+                "precision_note": self.note}
+
+
+def _peak(hw: HardwareSpec, fmt: str):
+    v = hw.matrix_peak_flops_per_s.get(fmt)
+    return v if v is not None and v.value else None
+
+
+def runs_natively(hw: HardwareSpec, fmt: str) -> bool:
+    """``hw``'s catalog entry lists a matrix peak for ``fmt``'s own engine (the head of its fallback chain)."""
+    f = get_format(fmt)
+    return bool(f.fallback) and f.fallback[0] == fmt and _peak(hw, fmt) is not None
+
+
+def resolve_dtype(hw: HardwareSpec, dtype: str) -> DtypeChoice:
+    """The format a request of ``dtype`` prices on ``hw``: a format is itself (its own fallback chain applies
+    later, ``resolve_precision``); an alias (``fp4``) is the first of its formats whose matrix peak ``hw`` lists
+    (nvfp4 on Blackwell, mxfp4 on CDNA 4), else the narrowest float format ``hw`` runs natively, built as the
+    alias's are (fp8 on Hopper, bf16 on Ampere), with the reason."""
+    members = aliases().get(check_requestable(dtype))
+    if not members:
+        return DtypeChoice(dtype, dtype)
+    for i, name in enumerate(members):
+        if (v := _peak(hw, name)) is not None:
+            skipped = f"{hw.name} lists no {' or '.join(members[:i])} matrix peak; " if i else ""
+            return DtypeChoice(dtype, name, f"{skipped}{hw.name} runs {name} at {v.value / 1e15:.3g} PFLOP/s dense "
+                                            f"({v.kind})")
+    build = build_dtype(dtype)
+    runs = [f for f in registry() if f.kind == "float" and f.requestable and f.build == build and f.name not in members
+            and runs_natively(hw, f.name)]
+    if not runs:
+        raise OpmapError(f"--dtype {dtype}: {hw.name} lists no {' or '.join(members)} matrix peak and no float format "
+                         f"built in {build} it runs; it lists {', '.join(hw.matrix_dtypes())}")
+    best = min(runs, key=lambda f: f.bytes)  # narrowest; table order breaks a tie (bf16 before fp16)
+    return DtypeChoice(dtype, best.name, (
+        f"{hw.name} has no {dtype} matrix engine (no {' or '.join(members)} peak): {best.name}, the narrowest float "
+        f"format it runs (--dtype {members[0]} there prices {members[0]} weights dequantized in the GEMM)"))
+
+
+def check_kv_format(hw: HardwareSpec, kv_dtype: str) -> str:
+    """``kv_dtype`` as a KV-cache format on ``hw``: a format whose engines ship its KV cache only where its matrix
+    engine is (``kv_needs_engine``: NVFP4 KV on Blackwell) is refused on another device, with what it accepts."""
+    f = get_format(kv_dtype)
+    if f.kv_needs_engine and _peak(hw, kv_dtype) is None:
+        ok = [n for n in registry().names(kv=True) if not get_format(n).kv_needs_engine or _peak(hw, n)]
+        raise OpmapError(f"--kv-dtype {kv_dtype}: engines ship a {kv_dtype} KV cache only on a device with a "
+                         f"{kv_dtype} matrix engine, and {hw.name} lists no {kv_dtype} matrix peak; accepted on "
+                         f"{hw.name}: {', '.join(ok)}")
+    return kv_dtype

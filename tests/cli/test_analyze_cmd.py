@@ -29,7 +29,7 @@ def test_analyze_writes_three_files(tmp_path, cli):
 @pytest.mark.parametrize("args,needle", [
     (("gpt3",), "unknown model 'gpt3'; accepted: gpt2"),
     (("gpt2", "--hardware", "h1000"), "unknown hardware 'h1000'; accepted:"),
-    (("gpt2", "--dtype", "fp4"), "unknown dtype 'fp4'; accepted: fp32, tf32, bf16, fp16, fp8, int8, int4"),
+    (("gpt2", "--dtype", "fp5"), "unknown dtype 'fp5'; accepted: fp32, tf32, bf16, fp16, fp8, int8, int4"),
     (("gpt2", "--seq", "4096"), "gpt2 takes --seq from 1 to 1024"),
     (("resnet50", "--seq", "128"), "takes --image-size, not --seq"),
     (("gpt2", "--image-size", "128"), "takes --seq, not --image-size"),
@@ -109,7 +109,7 @@ def test_user_model_file(tmp_path, cli):
 def test_user_model_bad_dtype_fails_before_its_file_runs(tmp_path, refused):
     f = tmp_path / "net.py"
     f.write_text("raise SystemExit('imported')\n")
-    refused("analyze", f"{f}:build", "--dtype", "fp4", needle="unknown dtype 'fp4'")
+    refused("analyze", f"{f}:build", "--dtype", "fp5", needle="unknown dtype 'fp5'")
 
 
 def test_layout_and_fusion_reach_the_analysis(tmp_path, cli):

@@ -106,7 +106,7 @@ def test_fit_refuses_absurd_numbers(refused, fail_if_called, args, needle):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (("--kv-dtype", "fp4"), "unknown --kv-dtype 'fp4'; accepted: bf16, fp16, fp8 or int8"),
+    (("--kv-dtype", "fp4"), "unknown --kv-dtype 'fp4'; accepted: bf16, fp16, fp8, int8 or nvfp4"),
     (("--gpu-memory-utilization", "0"), "--gpu-memory-utilization must be a number > 0 and <= 1 (got 0)"),
     (("--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization must be a number > 0 and <= 1 (got 1.5)"),
     (("--max-num-seqs", "0"), "--max-num-seqs must be an integer from 1"),

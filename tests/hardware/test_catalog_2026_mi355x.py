@@ -57,11 +57,14 @@ def test_scale_up_is_seven_infinity_fabric_links_of_153_6(s):
     assert s.interconnect.tiers[1].bandwidth.value == 400e9 / 8  # one 400G NIC per GPU
 
 
-def test_fp4_fp6_peaks_live_in_the_notes_until_the_formats_are_catalog_keys(s, tmp_path):
+def test_fp4_fp6_peaks_are_catalog_keys_and_an_unknown_format_is_refused(s, tmp_path):
+    # AMD MI355X: MXFP4 / MXFP6 10.1 PFLOPS dense (2 x the 5033.2 TFLOPS fp8), MXFP8 at the fp8 rate (issue 37)
     assert "MXFP4 10.1" in s.notes and "MXFP6 10.1" in s.notes
+    p = s.matrix_peak_flops_per_s
+    assert p["mxfp4"].value == p["mxfp6"].value == pytest.approx(10066.4e12) and p["mxfp8"].value == p["fp8"].value
     text = (CATALOG_DIR / "mi355x.toml").read_text()
     bad = tmp_path / "x.toml"
-    bad.write_text(text.replace("[matrix_peak_flops_per_s.fp8]", '[matrix_peak_flops_per_s.mxfp4]\nvalue = 1.00664e16\n'
+    bad.write_text(text.replace("[matrix_peak_flops_per_s.fp8]", '[matrix_peak_flops_per_s.fp3]\nvalue = 1.00664e16\n'
                                 'kind = "datasheet_dense"\nsource = "x"\n\n[matrix_peak_flops_per_s.fp8]', 1))
-    with pytest.raises(opmap.errors.OpmapError, match="mxfp4"):
+    with pytest.raises(opmap.errors.OpmapError, match="fp3"):
         load_spec_file(bad)

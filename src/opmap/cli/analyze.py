@@ -19,11 +19,13 @@ from opmap.cli.common import (
     warn_unmatched_overrides,
 )
 from opmap.errors import OpmapError
-from opmap.precision import policy, requestable
+from opmap.precision import aliases, policy, requestable, resolve_dtype
 from opmap.validate import INT_GE0, options
 
 # --dtype's help: the registry's requestable formats, the weight-only ones marked
-_DTYPES = ", ".join(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable())
+_DTYPES = ", ".join([*(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable()),
+                     *(f"{a} (per device: {' or '.join(m)}, else the narrowest float format it runs)"
+                       for a, m in aliases().items())])
 
 
 def analyze(
@@ -146,7 +148,8 @@ def _analysis(req: _Request, shape: Shape, step: Phase, lay: Layout):
         raise OpmapError("--tuned applies the choices `opmap tune` measured on this CPU: it takes --hardware local "
                          "and the prefill phase")
     m = Model(req.model, req.dtype, req.device, req.layout, overrides, req.allow_long_context, dims, status)
-    evidence = lambda name: _evidence(req.quality, name, req.dtype)  # noqa: E731
+    fmt = resolve_dtype(hw, req.dtype).format  # the evidence is the format's (--dtype fp4 names one per device)
+    evidence = lambda name: _evidence(req.quality, name, fmt)  # noqa: E731
     if spec.name != "prefill":
         a = m.phase(spec, shape, hw, rt, fusion, req.fusion_plan, evidence).analysis
     else:

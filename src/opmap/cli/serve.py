@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +81,12 @@ def serve(
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
                  out)
+    o, choice = _on_device(o)
     p = _parse(o)
     reqs, cost, transfer, probe = _price(o, p)
     report, res, stop = _run(reqs, p.arrival, p.policy, cost, p.replicas, o.router, o.seed, p.slo, p.pd, transfer,
                              probe, o.engine, out is not None)
-    _render(o, p, report, res, cost, store, no_store)
+    _render(o, p, report, res, cost, store, no_store, choice)
     exit_if_stopped(stop)
 
 
@@ -137,6 +138,21 @@ class _Parsed:
     replicas: int
 
 
+def _on_device(o: _Options) -> tuple[_Options, Any]:
+    """The options with --dtype as the format priced on --hardware (an alias resolved: ``--dtype fp4``), the
+    --kv-dtype checked on the device, and the DtypeChoice the header names."""
+    from opmap.api import dtype_on
+    from opmap.hardware import get_hardware
+    from opmap.precision import check_kv_format, check_requestable
+
+    check_requestable(o.dtype)
+    hw = get_hardware(o.hardware)
+    choice = dtype_on(hw, o.dtype)
+    if o.kv_dtype is not None and o.kv_dtype in registry().names(kv=True):
+        check_kv_format(hw, o.kv_dtype)
+    return replace(o, dtype=choice.format), choice
+
+
 def _parse(o: _Options) -> _Parsed:
     """Every input checked before the pricing and the simulation."""
     from opmap.explore.engine import check_engine
@@ -179,12 +195,14 @@ def _price(o: _Options, p: _Parsed):
     return reqs, cost, transfer, probe
 
 
-def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None, no_store: bool) -> None:
+def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None, no_store: bool,
+            choice=None) -> None:
     """The run's assumptions set on the report; printed, written with --out, recorded in the run store."""
     from opmap.cli.common import record_run
 
     pd, tp, pp, replicas = p.pd, o.tp, o.pp, p.replicas
     report["assumptions"] = {"model": o.model, "hardware": o.hardware, "tp": tp, "dtype": o.dtype,
+                             **({"dtype_line": choice.header(), **choice.to_dict()} if choice is not None else {}),
                              "replicas": replicas, "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None,
                              "router": o.router, "seed": o.seed, "input_len": p.input_len.spec(),
                              "output_len": p.output_len.spec(),
@@ -405,6 +423,8 @@ def _print(r: dict, model: str, hardware: str) -> None:
         s = r["latency"][k]
         t.add_row(k, *[si(s[f], "s") if s[f] is not None else "-" for f in
                        ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
+    if a.get("dtype_line"):  # the format priced; an alias resolved and a fallback, why
+        console.print(plain("dtype: " + a["dtype_line"]), highlight=False)
     rt = a.get("runtime")
     if rt:
         console.print(plain(Runtime.from_dict(rt).line()), highlight=False)

@@ -139,17 +139,28 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     (default one node) under the engine ``policy`` (default serve's), the KV cache at ``kv_dtype`` in
     ``gpu_memory_utilization`` of each device; its chosen layout's figures, power and price. Under a power budget
     a layout keeps the replicas the budget powers (``power_fit``)."""
+    from opmap.api import dtype_on
     from opmap.explore.layouts import choose, default_budget, search
+    from opmap.precision import check_kv_format
 
     hw = get_hardware(hardware)
     budget = devices_budget or default_budget(hw)
+    choice = dtype_on(hw, dtype)  # the format this platform prices: an alias (fp4) resolves per platform
+    dtype = choice.format
+    named = {"dtype": dtype, "dtype_line": choice.header()}
+    try:
+        if kv_dtype is not None:
+            check_kv_format(hw, kv_dtype)
+    except OpmapError as e:  # a KV format this platform's engines do not ship: the cell says so, the rest run
+        return FitCell(model, hw.name, risk=_risk(hw), devices_budget=budget, excluded_reason=str(e), **named)
     found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime,
                    policy or default_policy(), seed, devices, progress, kv_dtype=kv_dtype,
                    gpu_memory_utilization=gpu_memory_utilization)
     tried = found.tried
     cell = FitCell(model, hw.name, power_method=power_method(hw), risk=_risk(hw), risk_source=_risk_source(hw),
                    datasheet_only=tuple(getattr(hw, "datasheet_only", ())), devices_budget=budget,
-                   runtime=found.runtime, devices_tried=tuple(sorted({lay.devices_per_replica for lay in tried})))
+                   runtime=found.runtime, devices_tried=tuple(sorted({lay.devices_per_replica for lay in tried})),
+                   **named)
     fitting = [lay for lay in tried if lay.fits]
     if not fitting:
         last = tried[-1].reason if tried else "no layout within the node and the budget"

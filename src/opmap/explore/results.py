@@ -121,6 +121,8 @@ class FitCell:
     capacity: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
     power_limited: str | None = None
+    dtype: str = ""  # the format priced on this platform (--dtype fp4 resolves per platform)
+    dtype_line: str = ""  # that format, how an alias resolved and why it fell back (opmap.precision.DtypeChoice)
 
     def to_dict(self) -> dict[str, Any]:
         """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``)."""

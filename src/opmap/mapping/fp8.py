@@ -192,9 +192,9 @@ def cast_formats(kernels, nodes) -> tuple:
 # "*lm_head*" and the MoE routers ("*router*", "*block_sparse_moe.gate*", "*mlp.gate.*")
 # (NVIDIA/TensorRT-Model-Optimizer, modelopt/torch/quantization/config.py): those stay bf16.
 FP8_INFERENCE_BF16_ROLES = ("vocab", "router")
-FP8_INFERENCE_NOTE = ("fp8 inference as ModelOpt quantizes a checkpoint (its default config keeps *lm_head* and the "
-                      "MoE routers out of fp8): {what} in bf16, at the bf16 rate with 2-byte weights; every other "
-                      "Linear in fp8")
+FP8_INFERENCE_NOTE = ("{fmt} inference as ModelOpt quantizes a checkpoint (its default config keeps *lm_head* and the "
+                      "MoE routers out of {fmt}): {what} in bf16, at the bf16 rate with 2-byte weights; every other "
+                      "Linear in {fmt}")
 
 
 def inference_bf16_nodes(graph: OpGraph) -> tuple[frozenset[int], tuple[str, ...]]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from opmap.errors import OpmapError
+from opmap.formats import get_format
 from opmap.ops import causal_pairs
 from opmap.precision import format_bytes
 
@@ -139,7 +140,7 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
     GEMM library also schedules Stream-K (a candidate beside each tile whose last wave is partial)."""
     e = format_bytes(dtype)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
-    align = max(1, int(16 / e))
+    align = max(1, 128 // get_format(dtype).bits)  # K padded to 16 bytes of elements (a block's scales aside)
     k_pad = math.ceil(k / align) * align
     flops = 2.0 * batch * m * n * k
     # b_elem_bytes: B stored narrower than the compute format (int4 weight-only: dequantized in the kernel)

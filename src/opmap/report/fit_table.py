@@ -64,7 +64,7 @@ def stopped_words(r: dict[str, Any]) -> str:
 def _notes(c: dict[str, Any]) -> str:
     from opmap.explore.layouts import label
 
-    parts = []
+    parts = [f"dtype {c['dtype_line']}"] if c.get("dtype_line") else []  # the format priced, and why
     if c.get("throughput_at_slo") is not None:
         ppw = "power not modelled" if c["perf_per_watt"] is None else f"{c['perf_per_watt']:.3g} tok/J"
         parts.append(f"p99 {si(c['latency_p99_s'], 's')}, {ppw}, {c['bound']}, risk {c['risk']}")
@@ -137,6 +137,7 @@ def markdown(r: dict[str, Any]) -> str:
         run = (f"{label(c['runner_up'])} ({c['runner_up']['per_device_tokens_per_s']:.4g}/device)"
                if c["runner_up"] else "-")
         ds = f" (datasheet only: {', '.join(c['datasheet_only'])})" if c["datasheet_only"] else ""
+        ds += f" [dtype {c['dtype_line']}]" if c.get("dtype_line") else ""  # the format priced there, and why
         md.append(f"| {c['model']} | {c['hardware']}{ds} | {lay} | {run} | {f(c.get('devices'), 'd')} | "
                   f"{f(c['throughput_at_slo'])} | {f(c['throughput_per_device'])} | {f(c['latency_p99_s'])} | "
                   f"{f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | {f(c['energy_per_token_j'])} | "

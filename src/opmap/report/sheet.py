@@ -129,6 +129,8 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
         f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
     ]
+    if s.get("dtype_resolution"):  # an alias (--dtype fp4) resolved on this device: the format used and why
+        lines.insert(1, f"dtype: --dtype {s['dtype_requested']} -> {s['dtype']}: {s['dtype_resolution']}")
     ph = a.phase_figures
     if ph is not None and ph.text:
         lines.append("phase: " + ph.text)

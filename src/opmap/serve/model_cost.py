@@ -94,11 +94,11 @@ class Point:
 def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
     """The KV format: ``kv_dtype`` or, by default, the format the model computes activations in."""
     from opmap.formats import spoken
-    from opmap.precision import policy
+    from opmap.precision import capture_format
 
     kvs = kv_dtypes()
     if kv_dtype is None:
-        cap = policy(dtype).capture
+        cap = capture_format(dtype)  # an alias (--dtype fp4) too: its formats share one capture
         return cap if cap in kvs else "bf16" if cap != "fp32" else "fp32"
     if kv_dtype not in kvs:
         raise OpmapError(f"unknown --kv-dtype {kv_dtype!r}; accepted: {spoken(kvs)} "
