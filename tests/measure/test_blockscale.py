@@ -205,3 +205,16 @@ def test_nvfp4_matches_torchao():
     ours = nvfp4_quantize(x)
     assert (ours.scales / s2).min() >= 2 ** -6
     assert torch.equal(ours.dequantize(), theirs.reshape(64, 256))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "fp8-block"])
+def test_a_tall_weight_in_row_chunks_is_the_whole_tensor_s(fmt, monkeypatch):
+    """qdq splits a weight into row chunks (bounded memory): the blocks and NVFP4's per-tensor scale are those
+    of the whole tensor, so the result is the same as in one piece."""
+    import opmap.measure.blockscale as bs
+
+    w = torch.randn(384, 96, generator=torch.Generator().manual_seed(9))
+    w[300, 7] = 40.0  # the tensor's amax in the last chunk: NVFP4's s2 must still see it in the first
+    whole = qdq(w, fmt, weight=True)
+    monkeypatch.setattr(bs, "ROW_CHUNK", 128)
+    assert torch.equal(qdq(w, fmt, weight=True), whole)

@@ -130,12 +130,14 @@ def mx_quantize(x: torch.Tensor, elem: Minifloat, block: int = MX_BLOCK) -> Bloc
     return Blocked(round_to(xb / scale, elem), scale, x.shape[-1])
 
 
-def nvfp4_quantize(x: torch.Tensor, block: int = NVFP4_BLOCK) -> Blocked:
+def nvfp4_quantize(x: torch.Tensor, block: int = NVFP4_BLOCK, tensor_amax: float | None = None) -> Blocked:
     """NVFP4 as TensorRT Model Optimizer's ``NVFP4QTensor`` computes it (module docstring): the per-tensor
-    s2 = amax / (6 x 448), block scales amax_block / (6 x s2) rounded to E4M3 (a zero one set to 1), elements
-    rounded to E2M1. A block whose scale underflows E4M3 dequantizes to zeros."""
+    s2 = amax / (6 x 448) (``tensor_amax``: the whole tensor's, where ``x`` is a slice of it), block scales
+    amax_block / (6 x s2) rounded to E4M3 (a zero one set to 1), elements rounded to E2M1. A block whose scale
+    underflows E4M3 dequantizes to zeros."""
     xb = _blocks(x.float(), block)
-    s2 = xb.abs().amax() / (E2M1.max_normal * E4M3.max_normal)
+    amax = xb.abs().amax() if tensor_amax is None else torch.tensor(float(tensor_amax))
+    s2 = amax / (E2M1.max_normal * E4M3.max_normal)
     if s2 == 0:  # an all-zero tensor
         return Blocked(torch.zeros_like(xb), torch.ones_like(xb[..., :1]), x.shape[-1])
     sb = xb.abs().amax(-1, keepdim=True) / (E2M1.max_normal * s2)
@@ -177,17 +179,29 @@ MX_ELEMENTS = {"mxfp8": E4M3, "mxfp6": E2M3, "mxfp4": E2M1}
 BLOCK_FORMATS = (*MX_ELEMENTS, "nvfp4", "fp8-block")
 
 
+ROW_CHUNK = 64 * FP8_TILE  # rows a weight is processed in at once (whole 128-row blocks): bounded temporaries
+
+
 def qdq(x: torch.Tensor, fmt: str, weight: bool) -> torch.Tensor:
     """``x`` quantize-dequantized to ``fmt`` (one of ``BLOCK_FORMATS``) along its last dimension, in ``x``'s
-    dtype; ``weight``: a Linear's weight ([out, in]; fp8-block takes 128 x 128 blocks of it)."""
+    dtype; ``weight``: a Linear's weight ([out, in]; fp8-block takes 128 x 128 blocks of it). A 2-D weight is
+    processed ``ROW_CHUNK`` rows at a time (every block lies within a chunk; NVFP4 gets the whole tensor's
+    amax), so an LM head's temporaries stay bounded; the result is the same."""
+    if fmt not in BLOCK_FORMATS:
+        raise OpmapError(f"no block-scaled emulation of {fmt!r}; accepted: {', '.join(BLOCK_FORMATS)}")
+    if weight and x.dim() == 2 and x.shape[0] > ROW_CHUNK:
+        amax = float(x.detach().abs().amax())
+        return torch.cat([_qdq(x[i:i + ROW_CHUNK], fmt, weight, amax) for i in range(0, x.shape[0], ROW_CHUNK)])
+    return _qdq(x, fmt, weight, None)
+
+
+def _qdq(x: torch.Tensor, fmt: str, weight: bool, tensor_amax: float | None) -> torch.Tensor:
     if fmt in MX_ELEMENTS:
         y = mx_quantize(x, MX_ELEMENTS[fmt]).dequantize()
     elif fmt == "nvfp4":
-        y = nvfp4_quantize(x).dequantize()
-    elif fmt == "fp8-block":
-        y = fp8_block_qdq(x, weight)
+        y = nvfp4_quantize(x, tensor_amax=tensor_amax).dequantize()
     else:
-        raise OpmapError(f"no block-scaled emulation of {fmt!r}; accepted: {', '.join(BLOCK_FORMATS)}")
+        y = fp8_block_qdq(x, weight)
     return y.to(x.dtype)
 
 
