@@ -27,9 +27,11 @@ def read_evidence(paths: Sequence[Path], models: Sequence[str]) -> dict[tuple[st
     """Each quality file (``opmap.measure.quality.read_quality``) by (fit model, format): its path and figures.
     A file for a workload that is none of ``models``, or two files for the same workload and format, are
     refused in one line."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    if not paths:
+        return out  # no file: torch (the quality module's) stays unimported in fit's parent process
     from opmap.measure.quality import read_quality
 
-    out: dict[tuple[str, str], dict[str, Any]] = {}
     for p in paths:
         q = read_quality(p)
         model = next((m for m in models if q["workload"] in _names(m)), None)
