@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -128,3 +129,73 @@ def test_analyze_refuses_a_nan_quality_file_in_one_line(tmp_path, capsys):
     assert main(["analyze", f"{f}:make", "--dtype", "int8", "--quality", str(q), "--no-store"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"opmap: error: quality file {q}: rel_error must be a number >= 0 (got nan)"
+
+
+# -- the block-scaled formats: per-layer SNR, end-to-end SNR and KL ------------------------------------------------
+
+def test_snr_and_kl_by_hand():
+    from opmap.measure.quality import kl_mean, snr_db
+
+    # ||ref||^2 = 25, ||y - ref||^2 = 0.25: 10 log10(100) = 20 dB; identical outputs: no error, None
+    assert snr_db(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 4.5])) == pytest.approx(20.0)
+    assert snr_db(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 4.0])) is None
+    # p = softmax([0, ln 2]) = (1/3, 2/3), q uniform: KL = 1/3 ln(2/3) + 2/3 ln(4/3)
+    p = torch.tensor([[[0.0, math.log(2.0)]]])
+    kl = 1 / 3 * math.log(2 / 3) + 2 / 3 * math.log(4 / 3)
+    assert kl_mean(p, torch.zeros(1, 1, 2)) == pytest.approx(kl)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp6", "mxfp8", "fp8-block"])
+def test_block_format_layer_snr_is_the_quantized_gemm(fmt):
+    """The first layer's SNR fed the reference's input is that of y = qdq(x) qdq(W)^T + b against x W^T + b,
+    computed here from the emulation directly (W and x both quantized: W4A4 for the fp4 formats)."""
+    from opmap.measure.blockscale import qdq
+
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(16, 256)
+    q = measure_quality("net", net, (x,), fmt)
+    xr = measure_inputs(net, x)
+    with torch.no_grad():
+        ref = net.a(xr)
+        y = torch.nn.functional.linear(qdq(xr, fmt, weight=False), qdq(net.a.weight, fmt, weight=True), net.a.bias)
+    want = 10 * math.log10(float(ref.double().square().sum()) / float((y - ref).double().square().sum()))
+    first = q.layers[0]
+    assert first.layer == "a" and first.snr_db == pytest.approx(want, abs=1e-3)
+    assert first.snr_db_in_model == pytest.approx(want, abs=1e-3)  # the first layer's input is the model's
+    assert q.snr_db == pytest.approx(-20 * math.log10(q.rel_error), rel=1e-9)  # SNR = -20 log10(relative error)
+    assert q.kl is None and q.agreement_kind == "top-1 agreement"  # a classifier: no next-token distribution
+    assert "W" in q.method and "compute in fp32" in q.method
+
+
+def measure_inputs(net, x):
+    """The random inputs measure_quality feeds ``net`` (seed 0): N(0, 1) of ``x``'s shape."""
+    from opmap.measure.quality import random_inputs
+
+    return random_inputs(net, (x,), 0)[0]
+
+
+def test_block_formats_order_by_element_width():
+    torch.manual_seed(0)
+    net, x = Net(), (torch.randn(16, 256),)
+    snr = {f: measure_quality("net", net, x, f).layers[0].snr_db for f in ("mxfp8", "mxfp6", "nvfp4", "mxfp4")}
+    # the first GEMM's own error: 3 mantissa bits (E4M3, E2M3) against 1 (E2M1), up to ~12 dB apart (6 dB a bit;
+    # less here: nvfp4's scale maps each block's max onto 6 exactly), at least one bit's 6 dB; nvfp4's 16-element,
+    # non-power-of-two scales beat mxfp4's
+    assert snr["mxfp8"] > snr["nvfp4"] + 6 and snr["mxfp6"] > snr["nvfp4"] + 6
+    assert snr["nvfp4"] > snr["mxfp4"]
+
+
+def test_cli_quality_nvfp4_on_a_hugging_face_config(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    cfg = Path(__file__).parents[2] / "examples" / "tiny-llama.json"
+    assert main(["quality", str(cfg), "--dtype", "nvfp4", "--seq", "16", "--out", str(tmp_path / "q")]) == 0
+    q = json.loads((tmp_path / "q" / "quality.json").read_text())
+    assert q["dtype"] == "nvfp4" and "W4A4" in q["method"]
+    # tiny-llama: 2 layers x 7 Linear (q, k, v, o, gate, up, down) and the LM head, each with its SNR
+    assert len(q["layers"]) == 15 and q["layers"][-1]["layer"] == "lm_head"
+    assert all(5 < la["snr_db"] < 30 for la in q["layers"])  # 4-bit: ~17 dB on N(0, 1)-like data, not exact
+    assert q["kl"] > 0 and q["agreement_kind"] == "next-token agreement" and q["positions"] == 2 * 16
+    out = capsys.readouterr().out
+    assert "KL(ref || q)" in out and "per Linear layer" in out

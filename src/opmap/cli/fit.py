@@ -65,6 +65,8 @@ def fit(
                                                 help="Rank devices whose catalog lacks achievable figures with the "
                                                      "others (by default after them)."),
     dtype: str = typer.Option("bf16", help="Precision."),
+    quality: list[Path] = typer.Option([], "--quality", help="quality.json from opmap quality (repeatable): a cell "
+                                                             "in that workload and format cites it."),
     engine: str = typer.Option("local", help="Where the cells run, one task each: local (a process pool here) or "
                                              "ray (a Ray cluster, the ray extra)."),
     out: Path | None = typer.Option(None, help="Write fit.json and fit.md here."),
@@ -77,8 +79,12 @@ def fit(
     a = _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, requests, devices,
                devices_budget, runtime, kv_dtype, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
                dtype, engine, out)
+    from opmap.explore.fit_quality import attach, read_evidence
+
+    evidence = read_evidence(quality, a["models"])  # read and matched before any cell runs
     r, stop = _run(a, input_len, output_len, requests, devices, power_budget, runtime, devices_budget,
                    include_datasheet_only, dtype, engine, kv_dtype, gpu_memory_utilization)
+    r = attach(r, evidence)
     _print(r, a["models"])
     if out is not None:
         _write(out, r, stop)

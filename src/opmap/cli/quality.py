@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -46,6 +47,8 @@ def quality(
     with console.status(f"running {safe(w.name)} in fp32 and in {dtype}"):
         q = measure_quality(w.name, w.module, w.inputs, dtype, spec.kind if spec else "", seed, weights)
     console.print(_quality_table(q, w.name, dtype, seed))
+    if q.layers:
+        console.print(_layer_table(q))
     if out is not None:
         print_wrote(write_set(out, {"quality.json": json_text(q.to_dict(), indent=1) + "\n"}))
 
@@ -54,7 +57,29 @@ def _quality_table(q, workload: str, dtype: str, seed: int) -> Table:
     what = "random weights" if q.weights == RANDOM_WEIGHTS else f"weights {q.weights}"
     t = Table(title=plain(f"{workload}: {dtype} against fp32 on the same inputs (seed {seed}), {what}"),
               title_justify="left")
-    for col in ("relative error", "max abs error", q.agreement_kind, "positions", "method"):
+    for col in ("relative error", "max abs error", "SNR dB", q.agreement_kind, "KL(ref || q) nats", "positions",
+                "method"):
         t.add_column(col, overflow="fold")
-    t.add_row(f"{q.rel_error:.3g}", f"{q.max_abs_error:.3g}", f"{q.agreement:.1%}", str(q.positions), q.method)
+    t.add_row(f"{q.rel_error:.3g}", f"{q.max_abs_error:.3g}", _db(q.snr_db), f"{q.agreement:.1%}",
+              "-" if q.kl is None else f"{q.kl:.3g}", str(q.positions), q.method)
+    return t
+
+
+LAYER_ROWS = 12  # the lowest-SNR layers shown; quality.json holds every one
+
+
+def _db(v: float | None) -> str:
+    return "exact" if v is None else f"{v:.1f}"
+
+
+def _layer_table(q) -> Table:
+    """The Linear layers with the lowest SNR fed the reference's input (their own error), worst first."""
+    worst = sorted(q.layers, key=lambda la: math.inf if la.snr_db is None else la.snr_db)[:LAYER_ROWS]
+    more = len(q.layers) - len(worst)
+    rest = f"; {more} more in quality.json" if more else ""
+    t = Table(title=plain(f"per Linear layer, output SNR against fp32 (lowest first{rest})"), title_justify="left")
+    for col in ("layer", "SNR dB, fed the reference's input", "SNR dB, in the model's run"):
+        t.add_column(col, overflow="fold")
+    for la in worst:
+        t.add_row(safe(la.layer), _db(la.snr_db), _db(la.snr_db_in_model))
     return t

@@ -9,13 +9,21 @@ Both runs use the same weights (random for zoo models: the evidence says so) and
 - ``int8``: symmetric fake quantization, weights per output channel (amax / 127), activations per tensor
   at the GEMM / conv inputs;
 - ``int4``: weight-only, symmetric, groups of 128 along the input dimension (amax / 7, values -8..7), as
-  GPTQ / AWQ-style kernels store it; activations stay fp32.
+  GPTQ / AWQ-style kernels store it; activations stay fp32;
+- ``mxfp8`` / ``mxfp6`` / ``mxfp4`` / ``nvfp4`` / ``fp8-block``: the block-scaled emulation of
+  ``opmap.measure.blockscale`` applied to every Linear's weight and, dynamically, to its input, both blocked
+  along the reduction dimension (W8A8, W6A6, W4A4: weights and activations both in the format, as serving
+  runs them on block-scaled matrix engines); compute in fp32. Conv layers stay fp32.
 
 A tied weight (GPT-2's embedding and LM head) is quantized once, as the shared tensor it is.
 
-Reported: relative error ||y - y_ref|| / ||y_ref|| (Frobenius, float64), max absolute error, and argmax
-agreement over the last dimension: top-1 agreement for a classifier, next-token agreement over every
-position for a language model.
+Reported: relative error ||y - y_ref|| / ||y_ref|| (Frobenius, float64), max absolute error, the output's SNR
+10 log10(||y_ref||^2 / ||y - y_ref||^2) in dB, and argmax agreement over the last dimension: top-1 agreement
+for a classifier, next-token agreement over every position for a language model, whose next-token
+distributions are also compared by KL(ref || quantized) = sum p_ref (log p_ref - log p_q), in nats, the mean
+over positions. Per Linear layer (its first call): the SNR of its output with the layer fed the reference's
+input (its own error, ``snr_db``) and in the quantized model's run (the error reaching it included,
+``snr_db_in_model``), against the reference's same layer on the same model inputs.
 """
 
 from __future__ import annotations
@@ -32,11 +40,25 @@ from torch import nn
 
 from opmap.errors import OpmapError
 from opmap.formats import registry
+from opmap.measure.blockscale import BLOCK_FORMATS, METHOD, qdq
 from opmap.precision import torch_dtype
 from opmap.validate import finite_number, shown
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
 INT4_GROUP = 128
+
+
+@dataclass(frozen=True)
+class LayerQuality:
+    """One Linear layer's output SNR (dB) against the reference's: fed the reference's input (``snr_db``) and
+    in the quantized model's run (``snr_db_in_model``); None where the outputs are identical (no error)."""
+
+    layer: str
+    snr_db: float | None
+    snr_db_in_model: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "snr_db": self.snr_db, "snr_db_in_model": self.snr_db_in_model}
 
 
 @dataclass(frozen=True)
@@ -51,12 +73,16 @@ class Quality:
     method: str
     seed: int
     weights: str = "random"  # where the compared weights came from: "random" (the zoo) or a user file's
+    snr_db: float | None = None  # the output's SNR against fp32 (None: identical)
+    kl: float | None = None  # mean KL(ref || quantized) of the next-token distributions, nats (language models)
+    layers: tuple[LayerQuality, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": 1, "workload": self.workload, "dtype": self.dtype, "reference_dtype": "fp32",
                 "rel_error": self.rel_error, "max_abs_error": self.max_abs_error, "agreement": self.agreement,
                 "agreement_kind": self.agreement_kind, "positions": self.positions, "method": self.method,
-                "seed": self.seed, "weights": self.weights, "torch_version": torch.__version__}
+                "seed": self.seed, "weights": self.weights, "torch_version": torch.__version__,
+                "snr_db": self.snr_db, "kl": self.kl, "layers": [la.to_dict() for la in self.layers]}
 
 
 # quality.json's fields as ``parse_quality`` checks them: text fields, and numbers with their ranges
@@ -67,6 +93,8 @@ QUALITY_NUMBERS: dict[str, dict[str, Any]] = {
     "max_abs_error": {"lo": 0},
     "positions": {"lo": 1, "integer": True},
     "seed": {"lo": 0, "integer": True},
+    "snr_db": {},  # any finite dB (negative: the error outweighs the signal); null where outputs are identical
+    "kl": {"lo": 0},
 }
 
 
@@ -89,7 +117,7 @@ def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, 
         if key in q and not isinstance(q[key], str):
             raise OpmapError(f"quality file {origin}: {key} must be a string (got {shown(q[key])})")
     for key, rule in QUALITY_NUMBERS.items():
-        if key in q:
+        if key in q and not (key in ("snr_db", "kl") and q[key] is None):
             q[key] = finite_number(q[key], f"quality file {origin}: {key}", **rule)
     return q
 
@@ -126,6 +154,8 @@ def fake_int4(w: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
 
 def _quantize(model: nn.Module, dtype: str) -> list:
     """Fake-quantize ``model`` in place; returns the hook handles."""
+    if dtype in BLOCK_FORMATS:
+        return _quantize_blocks(model, dtype)
     handles, done = [], set()
     for m in model.modules():
         if not isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -141,6 +171,30 @@ def _quantize(model: nn.Module, dtype: str) -> list:
                 lambda _m, args, fq=fq: tuple(fq(a) if isinstance(a, torch.Tensor) and a.is_floating_point()
                                               else a for a in args)))
     return handles
+
+
+def _quantize_blocks(model: nn.Module, fmt: str) -> list:
+    """Every Linear's weight ([out, in], blocked along in) quantize-dequantized to the block-scaled ``fmt`` once
+    (a tied weight once), and a pre-hook doing the same to its floating-point inputs (blocked along the last
+    dimension, the reduction); the hook handles."""
+    handles, done = [], set()
+    for m in model.modules():
+        if not isinstance(m, nn.Linear):
+            continue
+        if id(m.weight) not in done:
+            done.add(id(m.weight))
+            with torch.no_grad():
+                m.weight.copy_(qdq(m.weight, fmt, weight=True))
+        handles.append(m.register_forward_pre_hook(
+            lambda _m, args: tuple(qdq(a, fmt, weight=False) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                                   else a for a in args)))
+    return handles
+
+
+def _block_method(fmt: str) -> str:
+    bits = registry().get(fmt).bits
+    return (f"{METHOD[fmt]}; every Linear's weights and inputs quantize-dequantized (W{bits}A{bits}, as serving "
+            "runs it), compute in fp32")
 
 
 def _first_tensor(out: Any) -> torch.Tensor:
@@ -201,44 +255,102 @@ def check_dtype(dtype: str) -> None:
         raise OpmapError(f"quality takes a reduced precision; accepted: {', '.join(accepted)} (got {dtype!r})")
 
 
+def snr_db(ref: torch.Tensor, y: torch.Tensor) -> float | None:
+    """10 log10(||ref||^2 / ||y - ref||^2) in float64; None where y equals ref (no error to measure)."""
+    ref, y = ref.double(), y.double()
+    noise = float((y - ref).square().sum())
+    if noise == 0:
+        return None
+    return 10 * math.log10(max(float(ref.square().sum()), 1e-300) / noise)
+
+
+def kl_mean(ref_logits: torch.Tensor, logits: torch.Tensor) -> float:
+    """KL(p_ref || p) of the softmax distributions over the last dimension, in nats, the mean over positions."""
+    lp_ref = torch.log_softmax(ref_logits.double(), -1)
+    lp = torch.log_softmax(logits.double(), -1)
+    return float((lp_ref.exp() * (lp_ref - lp)).sum(-1).mean().clamp(min=0))
+
+
+def _tap_linears(model: nn.Module, keep_inputs: bool) -> tuple[dict[str, tuple], list]:
+    """Forward hooks recording each Linear's (input or None, output) at its first call, by module name."""
+    taps: dict[str, tuple] = {}
+
+    def hook(name):
+        def record(_m, args, out):
+            if name not in taps and isinstance(out, torch.Tensor):
+                taps[name] = (args[0].detach() if keep_inputs and args else None, out.detach())
+        return record
+    return taps, [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def _layers(ref_taps: dict, low_taps: dict, low: nn.Module, dt) -> tuple[LayerQuality, ...]:
+    """Per Linear: its output SNR fed the reference's input (the low model's layer, its quantization hooks on),
+    and in the low model's own run."""
+    mods = dict(low.named_modules())
+    out = []
+    for name, (x, y_ref) in ref_taps.items():
+        if not isinstance(x, torch.Tensor) or name not in low_taps:
+            continue
+        y_iso = mods[name](x.to(dt) if dt is not None else x)
+        out.append(LayerQuality(name, snr_db(y_ref, y_iso), snr_db(y_ref, low_taps[name][1])))
+    return tuple(out)
+
+
+def _run_low(name: str, ref_model: nn.Module, x: Any, dtype: str, ref_taps: dict):
+    """The ``dtype`` copy of ``ref_model`` run on ``x``: (its output, per-layer figures, method)."""
+    low = copy.deepcopy(ref_model)
+    dt, handles = None, []
+    if registry().get(dtype).runnable:  # a torch dtype (bf16, fp16): a real cast
+        dt = torch_dtype(dtype)
+        low, x = low.to(dt), _cast(x, dt)
+        method = f"real cast of the module and inputs to {dtype}"
+    else:
+        handles = _quantize(low, dtype)
+        method = _block_method(dtype) if dtype in BLOCK_FORMATS else {
+            "fp8": "fake quantization to fp8 e4m3, per-tensor scales, weights and GEMM / conv inputs",
+            "int8": "fake quantization to int8: weights per output channel, GEMM / conv inputs per tensor (dynamic)",
+            "int4": f"weight-only fake quantization to int4, groups of {INT4_GROUP}"}[dtype]
+    low_taps, taps = _tap_linears(low, keep_inputs=False)
+    try:
+        y = _first_tensor(_call(low, x))
+        for h in taps:
+            h.remove()
+        layers = _layers(ref_taps, low_taps, low, dt)
+    except (RuntimeError, NotImplementedError) as e:
+        if dt is None:
+            raise
+        raise OpmapError(f"{name} does not run in {dtype} on the CPU ({str(e).splitlines()[0]}); "
+                         "accepted here: bf16 and the emulated formats") from None
+    for h in handles:
+        h.remove()
+    return y, layers, method
+
+
 def measure_quality(name: str, module: nn.Module, inputs: Any, dtype: str, kind: str = "", seed: int = 0,
                     weights: str = "random") -> Quality:
-    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare.
-    ``weights`` says where the module's weights came from ("random": the zoo builds no checkpoint)."""
+    """Run ``module`` (fp32, on the CPU) and its ``dtype`` version on the same random inputs; compare the
+    outputs and each Linear's. ``weights`` says where the module's weights came from ("random": the zoo builds
+    no checkpoint)."""
     check_dtype(dtype)
     ref_model = module.float().eval()
     x = random_inputs(ref_model, _cast(inputs, torch.float32), seed)
     with torch.no_grad():
+        ref_taps, taps = _tap_linears(ref_model, keep_inputs=True)
         ref = _first_tensor(_call(ref_model, x)).double()
-        low = copy.deepcopy(ref_model)
-        if registry().get(dtype).runnable:  # a torch dtype (bf16, fp16): a real cast
-            dt = torch_dtype(dtype)
-            try:
-                y = _first_tensor(_call(low.to(dt), _cast(x, dt)))
-            except (RuntimeError, NotImplementedError) as e:
-                raise OpmapError(f"{name} does not run in {dtype} on the CPU ({str(e).splitlines()[0]}); "
-                                 "accepted here: bf16, fp8, int8, int4") from None
-            method = f"real cast of the module and inputs to {dtype}"
-        else:
-            handles = _quantize(low, dtype)
-            y = _first_tensor(_call(low, x))
-            for h in handles:
-                h.remove()
-            method = {"fp8": "fake quantization to fp8 e4m3, per-tensor scales, weights and GEMM / conv inputs",
-                      "int8": "fake quantization to int8: weights per output channel, GEMM / conv inputs per "
-                              "tensor (dynamic)",
-                      "int4": f"weight-only fake quantization to int4, groups of {INT4_GROUP}"}[dtype]
+        for h in taps:
+            h.remove()
+        y, layers, method = _run_low(name, ref_model, x, dtype, ref_taps)
     y = y.double()
     if y.shape != ref.shape:
         raise OpmapError(f"output shapes differ: {tuple(y.shape)} in {dtype}, {tuple(ref.shape)} in fp32")
     diff = y - ref
     rel = float(diff.norm() / ref.norm().clamp(min=1e-300))
-    agree = (y.argmax(-1) == ref.argmax(-1)).double()
-    vocab = next((m.num_embeddings for m in ref_model.modules() if isinstance(m, nn.Embedding)), None)
-    akind = ("next-token agreement" if ref.dim() == 3 and ref.shape[-1] == vocab else
-             "top-1 agreement" if ref.dim() == 2 else
-             "argmax agreement over the last dimension (hidden states: weak evidence)")
     if not math.isfinite(rel):
         raise OpmapError(f"{name} in {dtype} produced non-finite outputs (overflow); the format cannot hold it")
+    agree = (y.argmax(-1) == ref.argmax(-1)).double()
+    vocab = next((m.num_embeddings for m in ref_model.modules() if isinstance(m, nn.Embedding)), None)
+    lm = ref.dim() == 3 and ref.shape[-1] == vocab
+    akind = ("next-token agreement" if lm else "top-1 agreement" if ref.dim() == 2 else
+             "argmax agreement over the last dimension (hidden states: weak evidence)")
     return Quality(name, dtype, rel, float(diff.abs().max()), float(agree.mean()), akind, int(agree.numel()),
-                   method, seed, weights)
+                   method, seed, weights, snr_db(ref, y), kl_mean(ref, y) if lm else None, layers)

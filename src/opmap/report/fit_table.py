@@ -73,6 +73,10 @@ def _notes(c: dict[str, Any]) -> str:
                          "/device")
         if c.get("power_limited"):
             parts.append(f"power: {c['power_limited']}")
+    from opmap.explore.fit_quality import words
+
+    if words(c):
+        parts.append(words(c))
     if c.get("datasheet_only"):
         parts.append("datasheet only")
     if c.get("excluded_reason"):
@@ -126,11 +130,13 @@ def markdown(r: dict[str, Any]) -> str:
     md = [f"# opmap fit ({slo_words(r['slo'])}){stopped_words(r)}", "", *[f"- {x}" for x in header(r)[1:]],
           *[f"- {a}" for a in r["assumptions"]], "",
           "| workload | platform | layout | runner-up | devices | tok/s at SLO | tok/s per device | p99 e2e (s) | "
-          "W | tok/J | J/tok | tok/$ | $/M tok | bound | risk | rank | excluded |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "W | tok/J | J/tok | tok/$ | $/M tok | bound | risk | rank | excluded | quality |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, fmt=".4g"):
         return "-" if x is None else format(x, fmt)
+
+    from opmap.explore.fit_quality import words
 
     for c in r["cells"]:
         lay = label(c["layout"]) if c["layout"] else "-"
@@ -142,5 +148,5 @@ def markdown(r: dict[str, Any]) -> str:
                   f"{f(c['throughput_at_slo'])} | {f(c['throughput_per_device'])} | {f(c['latency_p99_s'])} | "
                   f"{f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | {f(c['energy_per_token_j'])} | "
                   f"{f(c['perf_per_dollar'])} | {f(c.get('cost_per_million_output_tokens'))} | {c['bound'] or '-'} | "
-                  f"{c['risk']} | {f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} |")
+                  f"{c['risk']} | {f(c['rank'], 'd')} | {c['excluded_reason'] or '-'} | {clean(words(c)) or '-'} |")
     return "\n".join(md) + "\n"
