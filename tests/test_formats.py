@@ -81,8 +81,8 @@ def test_views_are_the_registry_s():
 
     assert kv_dtypes() == ("bf16", "fp16", "fp8", "int8", "nvfp4")  # nvfp4 on Blackwell only (check_kv_format)
     assert train_formats() == ("fp32", "tf32", "bf16", "fp16", "fp8")
-    assert registry().names(quality=True) == ("bf16", "fp16", "fp8", "int8", "int4", "mxfp8", "mxfp6", "mxfp4", "nvfp4",
-                                              "fp8-block")
+    assert registry().names(quality=True) == ("bf16", "fp16", "fp8", "int8", "int4", "fp8-block", "nvfp4", "mxfp8",
+                                              "mxfp6", "mxfp4")
     assert registry().rate_donors() == ("bf16", "fp16", "fp8", "int8", "tf32", "fp32")
     assert [registry().get(n).narrower for n in ("fp32", "bf16", "fp8", "int8")] == ["bf16", "fp8", "nvfp4", None]
 

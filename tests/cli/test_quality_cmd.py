@@ -8,7 +8,7 @@ import json
 def test_bad_dtype_fails_before_the_build(refused, fail_if_called):
     fail_if_called("opmap.workloads.load_workload")
     refused("quality", "gpt2", "--dtype", "fp32",
-            needle="accepted: bf16, fp16, fp8, int8, int4, mxfp8, mxfp6, mxfp4, nvfp4, fp8-block (got 'fp32')")
+            needle="accepted: bf16, fp16, fp8, int8, int4, fp8-block, nvfp4, mxfp8, mxfp6, mxfp4 (got 'fp32')")
 
 
 def test_shape_knob_of_the_wrong_kind(refused, fail_if_called):
