@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from opmap.errors import OpmapError
 from opmap.hardware.spec import catalog
 from opmap.workloads.zoo import MODELS
 
@@ -123,3 +124,51 @@ def test_trtllm_bench_engine_setting_by_hand():
     cmd = ref.command(Path("OUT"))
     assert cmd[cmd.index("--policy") + 1] == "engine:4096,8192,64,noevict"
     assert ref.requests == 30000
+
+
+def test_every_row_comes_from_a_table_and_names_its_source():
+    tables = {p.stem for p in sr.SERVING_TABLES.glob("*.csv")}
+    assert {r.table for r in sr.REFS} == tables  # every table file holds rows, every row names its table
+    for r in sr.REFS:
+        assert r.source.strip() and r.table
+
+
+def _write(tmp_path: Path, header: str, row: str) -> Path:
+    (tmp_path / "t.csv").write_text(header + "\n" + row + "\n")
+    return tmp_path
+
+
+GOOD = ("id,recipe,scenario,published_model,model,hardware,devices,tp,dtype,input_len,output_len,value,unit,engine,"
+        "flags,source")
+ROW = "x,given,offline,Llama,llama-3-8b,h100-sxm,1,1,fp8,128,128,{value},tok/s,vLLM,--runtime=engine,{source}"
+
+
+def test_loader_reads_a_well_formed_row(tmp_path):
+    refs = sr.load_refs(_write(tmp_path, GOOD, ROW.format(value="1000.5", source="https://example.org/t")))
+    assert len(refs) == 1 and refs[0].value == 1000.5 and refs[0].table == "t"
+    assert refs[0].flags == {"--runtime": "engine"} and refs[0].pp == 1 and refs[0].role == "held out"
+
+
+@pytest.mark.parametrize("header,row,message", [
+    (GOOD + ",colour", ROW.format(value="1", source="s") + ",red", r"t\.csv: unknown column\(s\) 'colour'"),
+    (GOOD, ROW.format(value="12k", source="s"), r"t\.csv line 2: column 'value' must be a number, got '12k'"),
+    (GOOD, ROW.format(value="nan", source="s"), r"column 'value' must be a number"),
+    (GOOD, ROW.format(value="1", source=""), r"t\.csv line 2: column 'source' is empty"),
+    (GOOD.replace(",source", ""), ROW.format(value="1", source="s").rsplit(",", 1)[0],
+     r"must include 'source'|required column\(s\) source missing"),
+    (GOOD, ROW.format(value="1", source="s").replace("given", "guess"), r"recipe 'guess' unknown; accepted: "),
+    (GOOD, ROW.format(value="1", source="s").replace("--runtime=engine", "runtime=engine"),
+     r"column 'flags' must be a valid value, got 'runtime=engine'"),
+    (GOOD, ROW.format(value="1", source="s") + ",extra", r"more cell\(s\) than the header"),
+])
+def test_loader_refuses_a_malformed_row_in_one_line(tmp_path, header, row, message):
+    with pytest.raises(OpmapError, match=message) as e:
+        sr.load_refs(_write(tmp_path, header, row))
+    assert "\n" not in str(e.value)
+
+
+def test_loader_refuses_a_repeated_id(tmp_path):
+    (tmp_path / "a.csv").write_text(GOOD + "\n" + ROW.format(value="1", source="s") + "\n")
+    (tmp_path / "b.csv").write_text(GOOD + "\n" + ROW.format(value="2", source="s") + "\n")
+    with pytest.raises(OpmapError, match=r"b\.csv: id 'x' is also in a\.csv"):
+        sr.load_refs(tmp_path)
