@@ -93,6 +93,7 @@ class Ref:
     input_spec: str = ""  # an opmap length spec for a dataset's prompt distribution (else input_len, fixed)
     output_spec: str = ""  # the same for the generated lengths (else output_len, fixed)
     table: str = ""  # the reference table (benchmarks/reference/serving/<table>.csv) the row comes from
+    value_per: str = "devices"  # "devices": value is for all ``devices`` together; "device": already per accelerator
 
     @property
     def per_replica(self) -> int:
@@ -103,7 +104,7 @@ class Ref:
         """Throughput rows: value / devices (tokens/s per accelerator); itl rows: the latency in seconds."""
         if self.scenario == "itl":
             return self.value / 1e3  # ms -> s
-        return self.value / self.devices
+        return self.value if self.value_per == "device" else self.value / self.devices
 
     def what(self) -> str:
         lay = f"tp{self.tp}" + (f" pp{self.pp}" if self.pp > 1 else "")
@@ -248,12 +249,16 @@ def mlperf_output_spec(mean: float) -> str:
 
 
 def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float) -> tuple[dict[str, str], str]:
-    """The engine flags of a trtllm-bench throughput row and their citation."""
+    """The engine flags of a trtllm-bench throughput row and their citation. A row whose engine was built for
+    another data set (``sizing_input_len`` / ``sizing_output_len``: ``trtllm-bench build --dataset``) is sized at
+    those lengths with the build's default KV fraction (``TRT_FREE_FRACTION``), and runs at its own fraction."""
     model, hw, tp, pp, isl, osl = (ref[k] for k in ("model", "hardware", "tp", "pp", "input_len", "output_len"))
-    bs, tok = trtllm_bench_setting(model, hw, tp, pp, isl, round(osl), weight_bytes, kv_bytes, fraction)
+    s_isl, s_osl = ref["sizing_input_len"] or isl, ref["sizing_output_len"] or round(osl)
+    s_frac = TRT_FREE_FRACTION if ref["sizing_input_len"] else fraction
+    bs, tok = trtllm_bench_setting(model, hw, tp, pp, s_isl, s_osl, weight_bytes, kv_bytes, s_frac)
     u = free_fraction_as_utilization(model, hw, tp, pp, weight_bytes, fraction)
     flags = {"--policy": f"engine:{bs},{tok},{TRT_KV_BLOCK},noevict", "--gpu-memory-utilization": f"{u:.4f}"}
-    cfg = (f"engine: max_batch_size {bs}, max_num_tokens {tok} ({TRT_TUNING}, at {isl}/{osl:g}, tp {tp}); "
+    cfg = (f"engine: max_batch_size {bs}, max_num_tokens {tok} ({TRT_TUNING}, at {s_isl}/{s_osl:g}, tp {tp}); "
            f"scheduler GUARANTEED_NO_EVICT ({TRT_BENCH_DEFAULTS}; chunked context is off by default there, opmap "
            "chunks: with whole prompts a budget of max_num_tokens close to the prompt, as the heuristic gives at "
            "2048/2048, would admit a prompt only when no decode runs, which the published rates rule out); KV "
@@ -264,10 +269,10 @@ def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float
     return flags, cfg
 
 
-# Bytes a weight or a KV element takes in the engine's sizing: nvfp4 = 4 bits + an E4M3 scale per 16 values
-# (NVIDIA's NVFP4 description), mxfp4 = 4 bits + an E8M0 scale per 32 (OCP Microscaling v1.0); the per-tensor fp32
-# scales are negligible. A row's KV cache is 16-bit unless its kv_dtype column says otherwise.
-SIZING_BYTES = {"fp8": 1.0, "fp16": 2.0, "bf16": 2.0, "nvfp4": 0.5625, "mxfp4": 0.53125}
+# Bytes a weight or a KV element takes in the engine's sizing, as trtllm-bench's tuning.py counts them
+# (BYTES_PER_ELEM: NO_QUANT 2.0, FP8 1.0, NVFP4 0.5: its block scales are left out); mxfp4 = 4 bits + an E8M0 scale
+# per 32 (OCP Microscaling v1.0). A row's KV cache is 16-bit unless its kv_dtype column says otherwise.
+SIZING_BYTES = {"fp8": 1.0, "fp16": 2.0, "bf16": 2.0, "nvfp4": 0.5, "mxfp4": 0.53125}
 
 
 def _sizing_bytes(ref: dict, key: str, default: str) -> float:
@@ -318,7 +323,8 @@ COLUMNS = (Column("id", required=True), Column("recipe", required=True), Column(
            Column("requests", int, default=1000), Column("kv_free_fraction", float),
            Column("flags", table_flags, default={}), Column("role", default="held out"),
            Column("input_spec", default=""), Column("output_spec", default=""), Column("notes", default=""),
-           Column("cell", default=""), Column("source", required=True))
+           Column("cell", default=""), Column("value_per", default="devices"), Column("sizing_input_len", int),
+           Column("sizing_output_len", int), Column("source", required=True))
 
 
 def to_ref(row: dict) -> Ref:
@@ -330,6 +336,9 @@ def to_ref(row: dict) -> Ref:
         raise OpmapError(f"{where}: scenario {row['scenario']!r} unknown; accepted: {', '.join(SCENARIOS)}")
     if row["role"] not in ("held out", "fit"):
         raise OpmapError(f"{where}: role {row['role']!r} unknown; accepted: held out, fit")
+    if row["value_per"] not in ("devices", "device"):
+        raise OpmapError(f"{where}: value_per {row['value_per']!r} unknown; accepted: devices (the figure is for all "
+                         "the row's accelerators), device (already per accelerator)")
     row = dict(row)
     flags, cfg = RECIPES[row["recipe"]](row)
     if row["output_len"] is None:
@@ -456,6 +465,26 @@ def summary(results: list[dict]) -> dict:
             and mae < 0.20}
 
 
+def by_device(refs: list[Ref], results: list[dict]) -> dict[str, dict]:
+    """Per accelerator: held-out rows, how many ran, the geometric mean of predicted / published, the geometric-mean
+    error (exp(mean |ln ratio|) - 1) and the share of runnable rows within ``BAND``."""
+    out: dict[str, dict] = {}
+    for ref, x in zip(refs, results, strict=True):
+        if x["role"] != "held out":
+            continue
+        d = out.setdefault(ref.hardware, {"rows": 0, "runnable": 0, "ratios": []})
+        d["rows"] += 1
+        if x["status"] == "ok":
+            d["runnable"] += 1
+            d["ratios"].append(x["ratio"])
+    for d in out.values():
+        r = d.pop("ratios")
+        d["geomean_ratio"] = math.exp(statistics.fmean(math.log(v) for v in r)) if r else None
+        d["geomean_error"] = math.exp(statistics.fmean(abs(math.log(v)) for v in r)) - 1 if r else None
+        d["in_band_share"] = sum(BAND[0] <= v <= BAND[1] for v in r) / len(r) if r else None
+    return dict(sorted(out.items()))
+
+
 def _fmt(ref: Ref, v: float | None) -> str:
     if v is None:
         return "-"
@@ -548,12 +577,17 @@ def main(argv: list[str] | None = None) -> int:
     con.print(f"held-out rows in {BAND[0]}-{BAND[1]}: {s['in_band']} of {s['held_out']} ({s['not_runnable']} not "
               f"runnable); median ratio {med}; mean absolute error {mae}; claim ({CLAIM}): "
               f"{'PASS' if s['pass'] else 'FAIL'}", highlight=False)
-    sys.path.insert(0, str(HERE))
+    devices = by_device(refs, results)
+    for hw, d in devices.items():
+        line = (f"  {hw}: {d['runnable']} of {d['rows']} rows run" + ("" if d["geomean_ratio"] is None else
+                f"; predicted / published {d['geomean_ratio']:.2f} (geometric mean), geometric-mean error "
+                f"{d['geomean_error']:.1%}, {d['in_band_share']:.0%} within {BAND[0]}-{BAND[1]}"))
+        con.print(line, highlight=False)
     from _common import machine, now_iso
 
     path = write_results({"schema_version": SCHEMA_VERSION, "benchmark": "serving_reference", "created": now_iso(),
                           "machine": machine(), "claim": CLAIM, "band": list(BAND),
-                          "drop_missing_flags": a.drop_missing_flags, "summary": s,
+                          "drop_missing_flags": a.drop_missing_flags, "summary": s, "by_device": devices,
                           "rows": [{**asdict(ref), "what": ref.what(), **x} for ref, x in zip(refs, results,
                                                                                               strict=True)]},
                          subset=bool(a.rows or a.quick))
