@@ -462,7 +462,10 @@ def summary(results: list[dict]) -> dict:
             "median_ratio": statistics.median(ratios) if ratios else None, "mean_abs_error": mae,
             "geomean_error": math.exp(statistics.fmean(abs(math.log(r)) for r in ratios)) - 1 if ratios else None,
             "pass": bool(held) and len(ok) == len(held) and in_band >= 0.85 * len(held) and mae is not None
-            and mae < 0.20}
+            and mae < 0.20,
+            # the same claim over the rows that ran: rows waiting on a format or layout opmap does not accept yet
+            # (not runnable) are counted above, not judged here
+            "pass_runnable": bool(ok) and in_band >= 0.85 * len(ok) and mae is not None and mae < 0.20}
 
 
 def by_device(refs: list[Ref], results: list[dict]) -> dict[str, dict]:
@@ -576,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     med = "-" if s["median_ratio"] is None else f"{s['median_ratio']:.2f}"
     con.print(f"held-out rows in {BAND[0]}-{BAND[1]}: {s['in_band']} of {s['held_out']} ({s['not_runnable']} not "
               f"runnable); median ratio {med}; mean absolute error {mae}; claim ({CLAIM}): "
-              f"{'PASS' if s['pass'] else 'FAIL'}", highlight=False)
+              f"{'PASS' if s['pass'] else 'FAIL'}; over the {s['runnable']} rows that ran: "
+              f"{'PASS' if s['pass_runnable'] else 'FAIL'}", highlight=False)
     devices = by_device(refs, results)
     for hw, d in devices.items():
         line = (f"  {hw}: {d['runnable']} of {d['rows']} rows run" + ("" if d["geomean_ratio"] is None else

@@ -92,7 +92,10 @@ def test_summary_counts_band_and_mean_absolute_error():
     s = sr.summary(rows)
     assert (s["held_out"], s["runnable"], s["not_runnable"], s["in_band"]) == (4, 3, 1, 2)
     assert s["mean_abs_error"] == pytest.approx((0.5 + 0.0 + 0.2) / 3)
-    assert s["pass"] is False
+    assert s["pass"] is False and s["pass_runnable"] is False  # 2 of 3 that ran in band: 67% < 85%
+    ran = [{"role": "held out", "status": "ok", "ratio": r, "in_band": True} for r in (0.9, 1.0, 1.1)]
+    s = sr.summary([*ran, {"role": "held out", "status": "not runnable: opmap: error: unknown dtype 'nvfp4'"}])
+    assert s["pass"] is False and s["pass_runnable"] is True  # MAE (0.1 + 0 + 0.1) / 3 = 6.7%, all in band
 
 
 def test_error_line_names_the_refused_flag():
