@@ -12,6 +12,8 @@ converted to a time by nccl-tests' own formula (``doc/PERFORMANCE.md``): t = S /
 
 Band (issue 11): every held-out row within 0.75-1.33.
 
+The figures: benchmarks/reference/published/*.csv, one file per source, a source column on every row.
+
 Run:  .venv/bin/python benchmarks/published.py        Writes benchmarks/results/published.json.
       ... published.py --train-fusion eager             Every training row under one fusion policy (default: each
                                                         row under its software stack's); writes
@@ -28,6 +30,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from tables import Column, read_table  # noqa: E402
+
 BAND = (0.75, 1.33)
 TRAINING_BAND = (0.8, 1.25)  # issue 22's target for the training rows, with a mean |ratio - 1| under 10%
 TRAINING_KINDS = ("training_throughput", "mfu")
@@ -38,11 +43,32 @@ TRAINING_KINDS = ("training_throughput", "mfu")
 TRAIN_FUSION: str | None = None
 
 
+# The published figures are data: one CSV per source in benchmarks/reference/published/ (a source column on every
+# row), read with benchmarks/tables.py; each section below names its table's columns.
+PUBLISHED_TABLES = HERE / "reference" / "published"
+
+
+def _i(name: str, required: bool = True) -> Column:
+    return Column(name, int, required)
+
+
+def _f(name: str) -> Column:
+    return Column(name, float, True)
+
+
+def _s(name: str) -> Column:
+    return Column(name, str, True)
+
+
+def _rows(table: str, *columns: Column) -> list[tuple]:
+    """The rows of reference/published/<table>.csv as tuples in ``columns``' order, the row's source last."""
+    rows = read_table(PUBLISHED_TABLES / f"{table}.csv", (*columns, Column("source", required=True)))
+    return [(*(r[c.name] for c in columns), r["source"]) for r in rows]
+
+
 def _fusion(stack: str) -> str:
     """The fusion policy a row is priced under: its stack's, unless --train-fusion names one for all rows."""
     return TRAIN_FUSION or stack
-DGX_H100_NCCL = ("NVIDIA/dgxc-benchmarking nccl/README.md, one DGX H100 (8 x H100 80GB), all_reduce, "
-                 "float sum, in place (published.md)")
 
 
 @dataclass(frozen=True)
@@ -79,31 +105,25 @@ def collective_rows() -> list[Row]:
 
     hw, n = get_hardware("h100-sxm"), 8
     mib = 2**20
-    # (bytes, busbw GB/s) and (bytes, time s) as published
-    busbw = [(1 * mib, 68.14), (16 * mib, 238.61), (64 * mib, 361.68), (256 * mib, 421.91), (1024 * mib, 467.85),
-             (8192 * mib, 479.84)]
-    times = [(8, 13.03e-6), (64 * mib, 324.7e-6)]
-    fit = {8192 * mib}  # the catalog's in-switch rate comes from this row
+    # (bytes, busbw GB/s) and (bytes, time s) as published; the 8 GiB row set the catalog's in-switch rate: fit
+    table = _rows("nccl_dgx_h100_all_reduce", _s("measure"), _i("bytes"), _f("value"), _s("role"))
 
     def size(b: int) -> str:
         return f"{b} B" if b < mib else f"{b // mib} MiB" if b < 1024 * mib else f"{b // (1024 * mib)} GiB"
 
     rows = []
-    for b, gbs in busbw:
+    for measure, b, value, role, source in table:
         t, algo, d = collective_time(hw, Collective("all_reduce", b, n))
-        pub_s = b / (gbs * 1e9 / bus_factor("all_reduce", n))
-        rows.append(Row("collective", hw.name, f"all_reduce {size(b)}, 8 GPUs (busbw)", gbs, "GB/s busbw", pub_s, t,
-                        DGX_H100_NCCL, "fit" if b in fit else "held out", f"{algo}/{d['protocol']}"))
-    for b, pub_s in times:
-        t, algo, d = collective_time(hw, Collective("all_reduce", b, n))
-        rows.append(Row("collective", hw.name, f"all_reduce {size(b)}, 8 GPUs (time)", pub_s * 1e6, "us", pub_s, t,
-                        DGX_H100_NCCL, "held out", f"{algo}/{d['protocol']}"))
+        if measure == "busbw":  # GB/s
+            pub_s = b / (value * 1e9 / bus_factor("all_reduce", n))
+            rows.append(Row("collective", hw.name, f"all_reduce {size(b)}, 8 GPUs (busbw)", value, "GB/s busbw",
+                            pub_s, t, source, role, f"{algo}/{d['protocol']}"))
+        else:  # a time in seconds
+            rows.append(Row("collective", hw.name, f"all_reduce {size(b)}, 8 GPUs (time)", value * 1e6, "us", value,
+                            t, source, role, f"{algo}/{d['protocol']}"))
     return rows
 
 
-MEGATRON = ("Narayanan et al. 2021 (arXiv 2104.04473) Table 1 / NVIDIA/Megatron-LM images/cases_april2021.png "
-            "(commit f482bc503b), A100 80GB on Selene (published.md)")
-KORTHIKANTI = "Korthikanti et al. 2022 (arXiv 2205.05198), Megatron-LM README at commit 841f789 (published.md)"
 
 
 def _megatron_gpt(h: int, layers: int, heads: int):
@@ -149,16 +169,15 @@ def megatron_rows() -> list[Row]:
     hw = get_hardware("a100-sxm-80gb")
     s, vocab = 2048, 51200
     # params, hidden, layers, heads, tp, pp, GPUs, global batch, TFLOP/s per GPU (heads: Table 1's column)
-    table = [("1.7B", 2304, 24, 24, 1, 1, 32, 512, 137), ("3.6B", 3072, 30, 32, 2, 1, 64, 512, 138),
-             ("7.5B", 4096, 36, 32, 4, 1, 128, 512, 142), ("18B", 6144, 40, 48, 8, 1, 256, 1024, 135),
-             ("39B", 8192, 48, 64, 8, 2, 512, 1536, 138)]
+    table = _rows("megatron_narayanan_2021", _s("name"), _i("hidden"), _i("layers"), _i("heads"), _i("tp"), _i("pp"),
+                  _i("gpus"), _i("global_batch"), _f("tflops_per_gpu"))
     rows = []
-    for name, h, L, a, tp, pp, gpus, gb, tflops in table:
+    for name, h, L, a, tp, pp, gpus, gb, tflops, source in table:
         flops = 96 * gb * s * L * h * h * (1 + s / (6 * h) + vocab / (16 * L * h))
         pub_s = flops / (gpus * tflops * 1e12)
         it, fig, sh = _train_iteration(_megatron_gpt(h, L, a), hw, tp, pp, gpus // (tp * pp), gb, "full")
         rows.append(Row("training_throughput", hw.name, f"GPT {name}, tp{tp} pp{pp} dp{gpus // (tp * pp)}, "
-                        f"batch {gb}, full recompute", tflops, "TFLOP/s per GPU", pub_s, it, MEGATRON,
+                        f"batch {gb}, full recompute", tflops, "TFLOP/s per GPU", pub_s, it, source,
                         how=f"bubble {sh.bubble_fraction:.1%}, HFU {fig['hfu']:.0%}"))
     return rows
 
@@ -172,20 +191,19 @@ def korthikanti_rows() -> list[Row]:
     hw = get_hardware("a100-sxm-80gb")
     s, vocab = 2048, 51200
     # name, hidden, layers, heads, tp, pp, GPUs (batch = GPUs: one sequence per GPU per iteration), MFU
-    table = [("22B", 6144, 48, 64, 8, 1, 8, 0.415), ("175B", 12288, 96, 96, 8, 8, 64, 0.514)]
+    table = _rows("korthikanti_2022", _s("name"), _i("hidden"), _i("layers"), _i("heads"), _i("tp"), _i("pp"),
+                  _i("gpus"), _f("mfu"))
     rows = []
-    for name, h, L, a, tp, pp, gpus, mfu in table:
+    for name, h, L, a, tp, pp, gpus, mfu, source in table:
         gb = gpus
         flops = 72 * gb * s * L * h * h * (1 + s / (6 * h) + vocab / (12 * L * h))
         pub_s = flops / (gpus * mfu * 312e12)
         it, fig, sh = _train_iteration(_megatron_gpt(h, L, a), hw, tp, pp, 1, gb, "selective", sp=True)
         rows.append(Row("mfu", hw.name, f"GPT {name}, tp{tp} pp{pp} sp, batch {gb}, selective recompute", mfu * 100,
-                        "% MFU", pub_s, it, KORTHIKANTI, how=f"MFU {fig['mfu']:.1%}, bubble {sh.bubble_fraction:.1%}"))
+                        "% MFU", pub_s, it, source, how=f"MFU {fig['mfu']:.1%}, bubble {sh.bubble_fraction:.1%}"))
     return rows
 
 
-NEMO_FP8 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md (commit 070a0bb168d4), Pretraining table: "
-            "NeMo 24.07, DGX-H100, FP8 (Transformer Engine), tokens / sec / GPU")
 # The recipes' settings the rows take (NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/5b.yaml,
 # 20b.yaml, 175b.yaml, llama/llama2_70b.yaml and nemotron/nemotron_8b.yaml, 22b, 340b): distributed fused Adam with
 # overlap_grad_sync, sequence parallel with TP above 1, hidden and attention dropout 0.1 for GPT-3 (0 for Llama 2 and
@@ -227,12 +245,10 @@ def _stack_2024(cudnn):
 
     return with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), NEMO_2024_DROPOUT,
                                   NEMO_2024_DROPOUT_WHY)
-NEMO_RECIPES = ("NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/{gpt3/5b,20b,175b; llama/llama2_70b; "
-                "nemotron/nemotron_8b,22b,340b}.yaml")
 
 
 def _gpt3(h: int, layers: int, heads: int, batch: int):
-    """NeMo's GPT-3 (Megatron-core GPT, ``NEMO_RECIPES``): vocabulary 50,304 (GPT-2's 50,257 padded to a multiple of
+    """NeMo's GPT-3 (Megatron-core GPT, its recipes): vocabulary 50,304 (GPT-2's 50,257 padded to a multiple of
     128), sequence 2048, learned positions, GELU, 4h FFN, fused (flash) attention, dropout 0.1; built in bf16."""
     import torch
 
@@ -279,6 +295,23 @@ class Nemotron(NamedTuple):
 NEMOTRON_8B = Nemotron(4096, 32, 32, 32, 16384)
 NEMOTRON_22B = Nemotron(6144, 40, 48, 48, 24576)
 NEMOTRON_340B = Nemotron(18432, 96, 96, 8, 73728)  # ffn 4 h
+NEMO_ARCHS = {"nemotron-8b": NEMOTRON_8B, "nemotron-22b": NEMOTRON_22B, "nemotron-340b": NEMOTRON_340B,
+              "llama-2-13b": LLAMA2_13B}
+
+
+def _nemo_arch(model: str, arch: str, hidden: int | None, layers: int | None, heads: int | None):
+    """A nemo_24_07_fp8.csv row's model: a GPT-3 (hidden, layers, heads), a named layout (``NEMO_ARCHS``) or None
+    for a zoo name."""
+    if arch == "gpt3":
+        if None in (hidden, layers, heads):
+            raise ValueError(f"nemo_24_07_fp8.csv: {model}: arch gpt3 needs hidden, layers and heads")
+        return hidden, layers, heads
+    if arch == "zoo":
+        return None
+    if arch not in NEMO_ARCHS:
+        raise ValueError(f"nemo_24_07_fp8.csv: {model}: arch {arch!r} unknown; accepted: gpt3, zoo, "
+                         f"{', '.join(NEMO_ARCHS)}")
+    return NEMO_ARCHS[arch]
 
 
 def _nemotron(cfg: Nemotron, batch: int, seq: int):
@@ -331,7 +364,7 @@ def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int,
 
 
 def nemo_fp8_rows() -> list[Row]:
-    """NeMo's fp8 pre-training throughput on DGX H100 (``NEMO_FP8``), every row of the table: tokens / s / GPU as
+    """NeMo's fp8 pre-training throughput on DGX H100, every row of the table: tokens / s / GPU as
     an iteration time, global batch x sequence / (GPUs x tokens/s/GPU). Context parallelism (the Llama 3 rows, CP
     2) as Megatron-Core runs it: the K/V ring, each step's exchange overlapped with attention. Attention: priced at
     ``NEMO_2024_ATTENTION``'s rate (FlashAttention-2's measured curve), its dropout (the GPT-3 rows) at
@@ -347,21 +380,13 @@ def nemo_fp8_rows() -> list[Row]:
     free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "the no-dropout rate")
     # model, (hidden, layers, heads) for a GPT-3 / a Nemotron layout / a Llama config / None for a zoo name, seq,
     # GPUs, GBS, MBS, TP, PP, CP, VP (the table's columns), recompute (the recipe's), tokens/s/GPU (the table's)
-    table = [("GPT3-5B", (4096, 24, 32), 2048, 64, 2048, 4, 1, 1, 1, 1, "none", 22521),
-             ("GPT3-20B", (6144, 44, 48), 2048, 64, 256, 2, 2, 1, 1, 1, "selective", 5851),
-             ("GPT3-175B", (12288, 96, 96), 2048, 128, 256, 1, 4, 8, 1, 6, "selective", 726),
-             ("GPT3-175B", (12288, 96, 96), 2048, 512, 2048, 2, 4, 8, 1, 6, "selective", 782),
-             ("llama-2-7b", None, 4096, 8, 128, 1, 1, 1, 1, 1, "none", 16847),
-             ("llama-2-13b", LLAMA2_13B, 4096, 16, 128, 1, 1, 4, 1, 10, "none", 8646),
-             ("llama-2-70b", None, 4096, 64, 128, 1, 4, 4, 1, 20, "none", 1707),
-             ("llama-3-8b", None, 8192, 8, 128, 1, 1, 1, 2, 1, "none", 12036),
-             ("llama-3-70b", None, 8192, 64, 128, 1, 4, 4, 2, 5, "none", 1533),
-             ("Nemotron-8B", NEMOTRON_8B, 4096, 64, 256, 4, 2, 1, 1, 1, "none", 12701),
-             ("Nemotron-22B", NEMOTRON_22B, 4096, 64, 256, 2, 2, 4, 1, 10, "none", 4256),
-             ("Nemotron-340B", NEMOTRON_340B, 4096, 128, 32, 1, 8, 8, 1, 12, "selective", 322)]
+    rows_ = _rows("nemo_24_07_fp8", _s("model"), _s("arch"), _i("hidden", False), _i("layers", False),
+                  _i("heads", False), _i("seq"), _i("gpus"), _i("global_batch"), _i("microbatch"), _i("tp"), _i("pp"),
+                  _i("cp"), _i("vp"), _s("recompute"), _f("tokens_per_s_per_gpu"))
+    table = [(r[0], _nemo_arch(r[0], *r[1:5]), *r[5:]) for r in rows_]
     pairs = {"GPT3-5B": "Nemotron-8B", "GPT3-20B": "Nemotron-22B"}  # the same attention a GPU, or the nearest
     rows, free_s = [], {}
-    for name, cfg, seq, gpus, gb, mb, tp, pp, cp, vp, recompute, tok in table:
+    for name, cfg, seq, gpus, gb, mb, tp, pp, cp, vp, recompute, tok, source in table:
         dp = gpus // (tp * pp * cp)
         w = (_nemotron(cfg, mb, seq) if isinstance(cfg, Nemotron) else _gpt3(*cfg, mb) if isinstance(cfg, tuple)
              else _llama(name, cfg, mb, seq) if cfg is not None else load_workload(name, mb, seq, "fp8", "meta"))
@@ -373,7 +398,7 @@ def nemo_fp8_rows() -> list[Row]:
             free_s[name] = alt[1]
         rows.append(Row("training_throughput", hw.name, f"{name} fp8, tp{tp} cp{cp} pp{pp} vp{vp} dp{dp}, seq {seq}, "
                         f"batch {gb} (microbatch {mb}), recompute {recompute}", tok, "tokens/s per GPU", pub_s, it,
-                        f"{NEMO_FP8}; settings: {NEMO_RECIPES}", role="fit" if name in pairs else "held out",
+                        source, role="fit" if name in pairs else "held out",
                         how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU, bubble {sh.bubble_fraction:.1%}, "
                             f"MFU {fig['mfu']:.0%} of the fp8 peak; with cuDNN attention: {alt[0] / pub_s:.2f}"
                             + (f"; attention at its no-dropout rate: {alt[1] / pub_s:.2f}" if gpt else "")))
@@ -387,8 +412,6 @@ def nemo_fp8_rows() -> list[Row]:
     return rows
 
 
-NEMO_LONG = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md (commit 19fadb67b09b), LLAMA2-7B "
-             "(FP8) - H100: NeMo 24.03.01, DGX-H100, the 'With CP' columns, TFLOP/s per GPU")
 
 
 def nemo_llama2_7b_flops_per_token(seq: int) -> float:
@@ -399,7 +422,7 @@ def nemo_llama2_7b_flops_per_token(seq: int) -> float:
 
 
 def nemo_long_rows() -> list[Row]:
-    """NeMo's long-sequence table (``NEMO_LONG``): Llama 2 7B in fp8 from 4K to 1M tokens a sequence, the same 4M
+    """NeMo's long-sequence table (its CSV): Llama 2 7B in fp8 from 4K to 1M tokens a sequence, the same 4M
     tokens a batch, context parallelism from 1 to 32 with TP 1-8 (every row the table lists with CP; its TP, PP, DP,
     CP). TFLOP/s per GPU as a step time with NeMo's own FLOPs: the llama2 formula of nemo/utils/flops_formulas.py
     (commit f0bf77bcf7f3, its first version) with attention counted dense, 12 s / h, which the table's figures fit
@@ -419,11 +442,10 @@ def nemo_long_rows() -> list[Row]:
     cudnn = get_hardware("h100-sxm")
     hw = with_attention_kernel(cudnn, NEMO_2024_ATTENTION)
     # sequence (K tokens), GPUs, global batch, TP, PP, DP, CP, TFLOP/s per GPU (the table's 'With CP' columns)
-    table = [(4, 4, 1024, 1, 1, 4, 1, 768), (8, 8, 512, 1, 2, 4, 1, 730), (16, 16, 256, 2, 1, 8, 1, 660),
-             (32, 32, 128, 2, 1, 8, 2, 610), (64, 64, 64, 4, 1, 8, 2, 574), (128, 128, 32, 4, 1, 8, 4, 555),
-             (256, 256, 16, 4, 1, 8, 8, 549), (512, 512, 8, 8, 1, 4, 16, 549), (1024, 1024, 4, 8, 1, 4, 32, 536)]
+    table = _rows("nemo_24_03_long_sequence", _i("seq_k"), _i("gpus"), _i("global_batch"), _i("tp"), _i("pp"),
+                  _i("dp"), _i("cp"), _f("tflops_per_gpu"))
     rows = []
-    for k, gpus, gb, tp, pp, dp, cp, tflops in table:
+    for k, gpus, gb, tp, pp, dp, cp, tflops, source in table:
         seq = k * 1024
         pub_s = gb * seq * nemo_llama2_7b_flops_per_token(seq) / (gpus * tflops * 1e12)
         short, depth = shallow(load_workload("llama-2-7b", 1, seq, "fp8", "meta", allow_long_context=True))
@@ -442,20 +464,17 @@ def nemo_long_rows() -> list[Row]:
         _, step, p = min(runs, key=lambda x: x[:2])
         r = s.shard(p, per_kernel=False)
         rows.append(Row("training_throughput", hw.name, f"Llama 2 7B fp8 (NeMo 24.03.01), seq {k}K, tp{tp} cp{cp} "
-                        f"pp{pp} dp{dp}, batch {gb}", tflops, "TFLOP/s per GPU", pub_s, step, NEMO_LONG,
+                        f"pp{pp} dp{dp}, batch {gb}", tflops, "TFLOP/s per GPU", pub_s, step, source,
                         how=f"recompute {p.recompute}, bubble {r.bubble_fraction:.1%}"
                             + (f", CP exchange exposed {r.cp_exposed_s * 1e3:.3g} ms" if cp > 1 else "")
                             + f"; with cuDNN attention: {s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
     return rows
 
 
-MCORE_FP8 = ("NVIDIA/Megatron-LM examples/llama/README.md (commit 20441fa1cc59, branch core_r0.12.0, container "
-             "nvcr.io/nvidia/pytorch:25.03-py3), FP8 Performance table (the configurations of NeMo's performance "
-             "scripts; DGX H100): tokens / sec / GPU and TFLOP / sec / GPU")
 
 
 def mcore_fp8_rows() -> list[Row]:
-    """Megatron-Core's own fp8 table for Llama 3 (``MCORE_FP8``), a newer stack than NeMo 24.07's (the 8B row has the
+    """Megatron-Core's own fp8 table for Llama 3, a newer stack than NeMo 24.07's (the 8B row has the
     same layout as NeMo's and runs 15% faster: 13,812 against 12,036 tokens / s / GPU). Set up as
     ``_fp8_iteration`` sets NeMo's runs up: Transformer Engine fp8, distributed optimizer, sequence parallelism with
     TP above 1, the K/V ring with CP above 1, cuDNN attention. The README lists no recomputation: none for 8B and
@@ -471,10 +490,10 @@ def mcore_fp8_rows() -> list[Row]:
     hw = get_hardware("h100-sxm")
     seq = 8192
     # model, GPUs, GBS, MBS, TP, PP, CP, VP, tokens/s/GPU, TFLOP/s/GPU (the table's columns)
-    table = [("llama-3-8b", 8, 128, 1, 1, 1, 2, 1, 13812, 800), ("llama-3-70b", 64, 128, 1, 4, 8, 1, 5, 1621, 780),
-             ("llama-3.1-405b", 1024, 512, 1, 8, 8, 2, 8, 315, 834)]
+    table = _rows("megatron_core_r0_12_fp8", _s("model"), _i("gpus"), _i("global_batch"), _i("microbatch"), _i("tp"),
+                  _i("pp"), _i("cp"), _i("vp"), _f("tokens_per_s_per_gpu"), _f("tflops_per_gpu"))
     rows = []
-    for name, gpus, gb, mb, tp, pp, cp, vp, tok, tflops in table:
+    for name, gpus, gb, mb, tp, pp, cp, vp, tok, tflops, source in table:
         dp = gpus // (tp * pp * cp)
         pub_s = gb * seq / (gpus * tok)
         w = load_workload(name, mb, seq, "fp8", "meta")
@@ -497,26 +516,23 @@ def mcore_fp8_rows() -> list[Row]:
             sh = s.shard(p, per_kernel=False)
             how = f"recompute {p.recompute}, bubble {sh.bubble_fraction:.1%}"
         rows.append(Row("training_throughput", hw.name, f"{name} fp8 (Megatron-Core), tp{tp} cp{cp} pp{pp} vp{vp} "
-                        f"dp{dp}, seq {seq}, batch {gb}", tok, "tokens/s per GPU", pub_s, it, MCORE_FP8,
+                        f"dp{dp}, seq {seq}, batch {gb}", tok, "tokens/s per GPU", pub_s, it, source,
                         how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU ({tflops} TFLOP/s/GPU published), {how}"))
     return rows
 
 
-MCORE_WEAK = ("NVIDIA/Megatron-LM README.md and images/model_table.png (commit f2e5db402c44, 2024-07-15, 'New scaling "
-              "figures on H100 GPUs'): GPT models, vocabulary 131,072, sequence 4096, bf16, DP / TP / PP overlap on; "
-              "per-GPU teraFLOP/s")
 
 
 def megatron_flops_per_sequence(h: int, layers: int, seq: int, vocab: int) -> float:
     """Megatron-LM's model FLOPs per sequence for a GPT (megatron/training/training.py
-    num_floating_point_operations at ``MCORE_WEAK``'s commit: 12 s L h^2 ((1 + groups / heads + s / h) q / h +
+    num_floating_point_operations at its table's commit: 12 s L h^2 ((1 + groups / heads + s / h) q / h +
     ffn / h + V / (2 L h)), here groups = heads, q = h, ffn = 4 h: 12 s L h^2 (6 + s / h + V / (2 L h)); attention
     counted dense)."""
     return 12 * seq * layers * h * h * (6 + seq / h + vocab / (2 * layers * h))
 
 
 def mcore_weak_rows() -> list[Row]:
-    """Megatron-Core's H100 weak-scaling table (``MCORE_WEAK``), the runs issue 22 names (opmap was 1.2-1.6x
+    """Megatron-Core's H100 weak-scaling table, the runs issue 22 names (opmap was 1.2-1.6x
     optimistic on the small ones): per-GPU teraFLOP/s as an iteration time, Megatron's own FLOPs
     (``megatron_flops_per_sequence``) x batch / (GPUs x teraFLOP/s). The model: Megatron's GPT with its defaults
     (LayerNorm, GELU, 4h MLP, biases, learned positions, hidden and attention dropout 0.1), bf16, embeddings tied
@@ -544,14 +560,10 @@ def mcore_weak_rows() -> list[Row]:
     free = with_attention_dropout(with_attention_kernel(cudnn, NEMO_2024_ATTENTION), 1.0, "the no-dropout rate")
     seq, vocab = 4096, 131072
     # size, heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU teraFLOP/s (the table's columns)
-    table = [("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
-             ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
-             ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7), ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
-             ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
-             ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
-             ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9)]
+    table = _rows("megatron_core_weak_scaling_2024", _s("size"), _i("heads"), _i("hidden"), _i("layers"), _i("tp"),
+                  _i("pp"), _i("dp"), _i("gpus"), _i("global_batch"), _f("tflops_per_gpu"))
     rows = []
-    for name, heads, h, layers, tp, pp, dp, gpus, gb, tflops in table:
+    for name, heads, h, layers, tp, pp, dp, gpus, gb, tflops, source in table:
         pub_s = gb * megatron_flops_per_sequence(h, layers, seq, vocab) / (gpus * tflops * 1e12)
         runs = []
         for mb in (1, 2, 4):
@@ -578,16 +590,13 @@ def mcore_weak_rows() -> list[Row]:
         _, step, p, s_cudnn, s_free = min(runs, key=lambda x: x[:2])
         r = s.shard(p, per_kernel=False)
         rows.append(Row("training_throughput", hw.name, f"Megatron-Core GPT {name} bf16, tp{tp} pp{pp} dp{dp}, seq "
-                        f"{seq}, batch {gb}", tflops, "teraFLOP/s per GPU", pub_s, step, MCORE_WEAK,
+                        f"{seq}, batch {gb}", tflops, "teraFLOP/s per GPU", pub_s, step, source,
                         how=f"{p.label()}, bubble {r.bubble_fraction:.1%}; with cuDNN attention: "
                             f"{s_cudnn.shard(p, per_kernel=False).step_s / pub_s:.2f}; attention at its no-dropout "
                             f"rate: {s_free.shard(p, per_kernel=False).step_s / pub_s:.2f}"))
     return rows
 
 
-LLAMA3 = ("Llama 3 paper (Llama Team, AI @ Meta 2024, arXiv 2407.21783) Table 4, 405B pre-training on H100 80GB "
-          "(8 per server on NVLink, 400 Gb/s RoCE); the same TP / CP / PP / tokens per batch / TFLOP/s per GPU on "
-          "P. Balaji's SC'24 slide 'Herding Llamas' as quoted at https://glennklockwood.com/garden/llama-3.1")
 
 
 def llama3_rows() -> list[Row]:
@@ -617,11 +626,11 @@ def llama3_rows() -> list[Row]:
     cudnn = get_hardware("h100-sxm")
     layers, heads, head_dim, vocab, hidden = 126, 128, 128, 128256, 16384  # Llama 3 405B (paper Table 3)
     # GPUs, TP, CP, PP, DP, sequence, batch per DP, TFLOP/s per GPU (BF16 MFU 43%, 41%, 38%)
-    table = [(8192, 8, 1, 16, 64, 8192, 32, 430), (16384, 8, 1, 16, 128, 8192, 16, 400),
-             (16384, 8, 16, 16, 8, 131072, 16, 380)]
+    table = _rows("llama3_405b_table4", _i("gpus"), _i("tp"), _i("cp"), _i("pp"), _i("dp"), _i("seq"),
+                  _i("batch_per_dp"), _f("tflops_per_gpu"))
     sharders: dict[int, tuple] = {}
     rows = []
-    for gpus, tp, cp, pp, dp, seq, per_dp, tflops in table:
+    for gpus, tp, cp, pp, dp, seq, per_dp, tflops, source in table:
         if seq not in sharders:
             w = load_workload("llama-3.1-405b", 1, seq, "bf16", "meta")
             short, depth = shallow(w)
@@ -648,7 +657,7 @@ def llama3_rows() -> list[Row]:
         pub_s = (6 * n + 12 * layers * heads * head_dim * seq) * tokens / (gpus * tflops * 1e12)
         causal_half_s = (6 * n + 6 * layers * heads * head_dim * seq) * tokens / (gpus * tflops * 1e12)
         rows.append(Row("training_throughput", hw.name, f"Llama 3 405B, tp{tp} cp{cp} pp{pp} dp{dp}, seq {seq}, "
-                        f"{gb} sequences per step", tflops, "TFLOP/s per GPU", pub_s, step, LLAMA3,
+                        f"{gb} sequences per step", tflops, "TFLOP/s per GPU", pub_s, step, source,
                         how=f"{p.label()}, bubble {r.bubble_fraction:.1%}, "
                             + (f"CP all-gathers {r.cp_exposed_s * 1e3:.3g} ms per microbatch, " if cp > 1 else "")
                             + f"memory "
@@ -658,14 +667,11 @@ def llama3_rows() -> list[Row]:
     return rows
 
 
-MAXTEXT = ("AI-Hypercomputer/maxtext README.md (commit 04262f3cf, 2024-03-22), 'Runtime Performance Results': "
-           "TFLOP/s per chip; the runs' settings from MaxText/configs/{v5e,v5p}/<size>.sh and configs/base.yml at the "
-           "same commit")
 
 
 def _maxtext_model(scale: int, batch: int):
     """MaxText's default decoder at ``global_parameter_scale`` (configs/base.yml and pyconfig.get_individual_scales at
-    ``MAXTEXT``'s commit): a Llama-2 block (RMSNorm, RoPE, SwiGLU, no biases), vocabulary 32,000, untied output,
+    its table's commit): a Llama-2 block (RMSNorm, RoPE, SwiGLU, no biases), vocabulary 32,000, untied output,
     sequence 2048; base width 2048, 16 heads of 128, MLP 7168, 16 layers, doubling heads and MLP, then width, then
     layers, in turn (log2 scale = 3 q + r: heads and MLP x 2^(q + (r > 0)), width x 2^(q + (r > 1)), layers x 2^q).
     Heads x head width need not equal the width (16B: width 4096, 64 heads of 128). bf16 activations; MaxText keeps
@@ -689,7 +695,7 @@ def _maxtext_model(scale: int, batch: int):
 
 
 def maxtext_rows() -> list[Row]:
-    """MaxText on Cloud TPU (``MAXTEXT``), the single-slice rows: TFLOP/s per chip as a step time, MaxText's own
+    """MaxText on Cloud TPU, the single-slice rows: TFLOP/s per chip as a step time, MaxText's own
     FLOPs (maxtext_utils.calculate_tflops_training_per_device at the commit: 6 x parameters x tokens + causal
     attention 6 x heads x layers x head width x seq^2 per sequence) / TFLOP/s. The layout is the config's: FSDP over
     the chips (ZeRO 3) and ici_tensor_parallelism (TP; each TP group's chips share a batch of TP x the per-device
@@ -707,20 +713,11 @@ def maxtext_rows() -> list[Row]:
 
     seq = 2048
     # device, scale, chips, TP, per-device batch, recompute, TFLOP/s per chip (README), the TPU type as published
-    table = [("tpu-v5e", 16, 256, 1, 6, "full", 120, "1x v5e-256"),
-             ("tpu-v5e", 32, 256, 1, 4, "full", 132, "1x v5e-256"),
-             ("tpu-v5e", 64, 256, 1, 2, "full", 118, "1x v5e-256"),
-             ("tpu-v5p", 32, 64, 4, 6, "selective", 328, "v5p-128"),
-             ("tpu-v5p", 64, 64, 4, 3, "selective", 323, "v5p-128"),
-             ("tpu-v5p", 128, 128, 8, 1, "selective", 315, "v5p-256"),
-             ("tpu-v5p", 128, 256, 8, 1, "selective", 315, "v5p-512"),
-             ("tpu-v5p", 256, 512, 8, 1, "selective", 316, "v5p-1024"),
-             ("tpu-v5p", 512, 512, 8, 2, "full", 294, "v5p-1024"),
-             ("tpu-v5p", 1024, 1024, 16, 2, "full", 249, "v5p-2048"),
-             ("tpu-v5p", 1024, 2048, 16, 2, "full", 297, "v5p-4096")]
+    table = _rows("maxtext_2024_03", _s("device"), _i("scale"), _i("chips"), _i("tp"), _i("per_device_batch"),
+                  _s("recompute"), _f("tflops_per_chip"), _s("tpu_type"))
     sharders: dict[tuple, tuple] = {}
     rows = []
-    for dev, scale, chips, tp, pdb, rc, tflops, tpu in table:
+    for dev, scale, chips, tp, pdb, rc, tflops, tpu, source in table:
         hw = get_hardware(dev)
         mb = pdb * tp
         key = (dev, scale, mb, rc)
@@ -737,14 +734,12 @@ def maxtext_rows() -> list[Row]:
         pub_s = flops / (tflops * 1e12)
         rows.append(Row("training_throughput", hw.name, f"MaxText {scale}B on {tpu} ({chips} chips), fsdp "
                         f"{chips // tp} tp{tp}, {pdb} x 2048 tokens per chip, remat {rc}", tflops,
-                        "TFLOP/s per chip", pub_s, step, MAXTEXT,
+                        "TFLOP/s per chip", pub_s, step, source,
                         how=f"{flops / step / 1e12:.0f} TFLOP/s per chip predicted, "
                             f"{depth.params / 1e9:.1f}B parameters"))
     return rows
 
 
-TRTLLM = ("TensorRT-LLM performance page as quoted in hahnyuan/LLM-Viewer issue #4 (published.md): LLaMA 7B, one A100, "
-          "FP16")
 
 
 def serving_rows() -> list[Row]:
@@ -761,13 +756,13 @@ def serving_rows() -> list[Row]:
     hw = "a100-sxm-80gb"
     cost = model_table_cost("llama-2-7b", hw, "fp16")
     rows = []
-    for batch, lin, lout, tok_s in ((256, 128, 128, 5353), (32, 128, 2048, 1518), (32, 2048, 128, 547),
-                                    (16, 2048, 2048, 613)):
+    for batch, lin, lout, tok_s, source in _rows("trtllm_llama2_7b_a100_static", _i("batch"), _i("input_len"),
+                                                 _i("output_len"), _f("output_tokens_per_s")):
         res = simulate(make_requests("offline", lin, lout, n=2 * batch, seed=0), Static(batch), cost)
         pred_tok_s = summarize(res).throughput.output_tokens_per_s
         pub_s = batch * lout / tok_s
         rows.append(Row("serving_throughput", hw, f"llama-2-7b batch {batch}, {lin} in / {lout} out", tok_s,
-                        "output tok/s", pub_s, batch * lout / pred_tok_s, TRTLLM,
+                        "output tok/s", pub_s, batch * lout / pred_tok_s, source,
                         how=f"simulated static:{batch}, {pred_tok_s:.4g} tok/s"))
     return rows
 

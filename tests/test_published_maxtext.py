@@ -33,3 +33,26 @@ def test_maxtext_16b_step_flops_by_hand():
     assert rows[0].published_s == pytest.approx(flops / 120e12, rel=1e-9)
     assert rows[0].published_s == pytest.approx(10.056, rel=1e-3)
     assert rows[0].device == "tpu-v5e" and rows[0].predicted_s > 0
+
+
+def test_every_published_table_row_names_its_source():
+    # benchmarks/reference/published/*.csv: one file per source, a non-empty source on every row (tables.read_table
+    # refuses an empty one); each section reads its file
+    from tables import Column, read_table
+
+    files = sorted(published.PUBLISHED_TABLES.glob("*.csv"))
+    assert len(files) == 10
+    for path in files:
+        header = path.read_text().splitlines()[0].split(",")
+        rows = read_table(path, [Column(h) for h in header if h != "source"] + [Column("source", required=True)])
+        assert rows and all(r["source"].strip() for r in rows)
+
+
+def test_maxtext_table_is_read_from_its_csv():
+    # the README's v5e 16B row (AI-Hypercomputer/maxtext README at 04262f3cf): 256 chips, per-device batch 6, remat
+    # full, 120 TFLOP/s per chip
+    rows = published._rows("maxtext_2024_03", published._s("device"), published._i("scale"), published._i("chips"),
+                           published._i("tp"), published._i("per_device_batch"), published._s("recompute"),
+                           published._f("tflops_per_chip"), published._s("tpu_type"))
+    assert rows[0][:7] == ("tpu-v5e", 16, 256, 1, 6, "full", 120.0)
+    assert rows[0][-1].startswith("AI-Hypercomputer/maxtext README.md (commit 04262f3cf")
