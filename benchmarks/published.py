@@ -157,8 +157,8 @@ def _train_iteration(w, hw, tp: int, pp: int, dp: int, global_batch: int, recomp
     par = Parallelism(tp=tp, pp=pp, dp=dp, sp=sp, microbatch=1, global_batch=global_batch, recompute=recompute,
                       dp_overlap=0.0)
     sh = shard(pa.analysis, par)
-    fig = sharded_phase_figures(pa.analysis.phase, sh, pa.analysis)
-    return fig["iteration_s"], fig, sh
+    fig = sharded_phase_figures(pa.analysis.phase_figures, sh, pa.analysis)
+    return fig.step_s, fig, sh
 
 
 def megatron_rows() -> list[Row]:
@@ -178,7 +178,7 @@ def megatron_rows() -> list[Row]:
         it, fig, sh = _train_iteration(_megatron_gpt(h, L, a), hw, tp, pp, gpus // (tp * pp), gb, "full")
         rows.append(Row("training_throughput", hw.name, f"GPT {name}, tp{tp} pp{pp} dp{gpus // (tp * pp)}, "
                         f"batch {gb}, full recompute", tflops, "TFLOP/s per GPU", pub_s, it, source,
-                        how=f"bubble {sh.bubble_fraction:.1%}, HFU {fig['hfu']:.0%}"))
+                        how=f"bubble {sh.bubble_fraction:.1%}, HFU {fig.hfu:.0%}"))
     return rows
 
 
@@ -200,7 +200,7 @@ def korthikanti_rows() -> list[Row]:
         pub_s = flops / (gpus * mfu * 312e12)
         it, fig, sh = _train_iteration(_megatron_gpt(h, L, a), hw, tp, pp, 1, gb, "selective", sp=True)
         rows.append(Row("mfu", hw.name, f"GPT {name}, tp{tp} pp{pp} sp, batch {gb}, selective recompute", mfu * 100,
-                        "% MFU", pub_s, it, source, how=f"MFU {fig['mfu']:.1%}, bubble {sh.bubble_fraction:.1%}"))
+                        "% MFU", pub_s, it, source, how=f"MFU {fig.mfu:.1%}, bubble {sh.bubble_fraction:.1%}"))
     return rows
 
 
@@ -355,12 +355,12 @@ def _fp8_iteration(w, hw, tp: int, pp: int, vp: int, dp: int, global_batch: int,
     par = Parallelism(tp=tp, pp=pp, dp=dp, vp=vp, cp=cp, sp=tp > 1, microbatch=microbatch, global_batch=global_batch,
                       recompute=recompute, zero=1)
     sh = shard(pa.analysis, par)
-    fig = sharded_phase_figures(pa.analysis.phase, sh, pa.analysis)
+    fig = sharded_phase_figures(pa.analysis.phase_figures, sh, pa.analysis)
     alt = []
     for other in alt_hw:
         pa2 = analyze_phase(g, w, other, "fp8", spec, fusion=_fusion("library"))
-        alt.append(sharded_phase_figures(pa2.analysis.phase, shard(pa2.analysis, par), pa2.analysis)["iteration_s"])
-    return fig["iteration_s"], fig, sh, tuple(alt)
+        alt.append(sharded_phase_figures(pa2.analysis.phase_figures, shard(pa2.analysis, par), pa2.analysis).step_s)
+    return fig.step_s, fig, sh, tuple(alt)
 
 
 def nemo_fp8_rows() -> list[Row]:
@@ -400,7 +400,7 @@ def nemo_fp8_rows() -> list[Row]:
                         f"batch {gb} (microbatch {mb}), recompute {recompute}", tok, "tokens/s per GPU", pub_s, it,
                         source, role="fit" if name in pairs else "held out",
                         how=f"{gb * seq / (gpus * it):.4g} tok/s/GPU, bubble {sh.bubble_fraction:.1%}, "
-                            f"MFU {fig['mfu']:.0%} of the fp8 peak; with cuDNN attention: {alt[0] / pub_s:.2f}"
+                            f"MFU {fig.mfu:.0%} of the fp8 peak; with cuDNN attention: {alt[0] / pub_s:.2f}"
                             + (f"; attention at its no-dropout rate: {alt[1] / pub_s:.2f}" if gpt else "")))
     index = {r.what.split(" fp8")[0]: i for i, r in enumerate(rows)}  # GPT3-175B's two rows: not paired
     for gpt, sibling in pairs.items():
@@ -499,7 +499,7 @@ def mcore_fp8_rows() -> list[Row]:
         w = load_workload(name, mb, seq, "fp8", "meta")
         if name != "llama-3.1-405b":
             it, fig, sh, _ = _fp8_iteration(w, hw, tp, pp, vp, dp, gb, mb, "none", cp)
-            how = f"recompute none, bubble {sh.bubble_fraction:.1%}, MFU {fig['mfu']:.0%} of the fp8 peak"
+            how = f"recompute none, bubble {sh.bubble_fraction:.1%}, MFU {fig.mfu:.0%} of the fp8 peak"
         else:
             short, depth = shallow(w)
             spec = PhaseSpec("train", None, "none", mb, gb, 1, dp=dp, optimizer="adamw-fused")

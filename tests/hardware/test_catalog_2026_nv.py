@@ -44,6 +44,13 @@ def test_gb200_is_the_nvl72_individual_gpu_column(specs):
     assert s.devices_per_node == 72 and s.scale_up_topology == "switch" and s.in_switch_reduction
     assert s.scale_up_bandwidth_bytes_per_s == pytest.approx(1.8e12) and 72 * 1.8e12 == pytest.approx(130e12, rel=0.01)
     assert s.scale_out_bandwidth_bytes_per_s == pytest.approx(400e9 / 8)  # ConnectX-7 400 Gb/s per GPU
+    # measured GEMM rates: Azure ND GB200 v6, cuBLASLt at 16384^3: FP8 2906.9 TFLOPS, FP4 7627.6 TFLOPS
+    # (Azure/AI-benchmarking-guide ND_GB200_v6_results.md): 58% and 76% of the 5 / 10 PFLOPS dense peaks
+    ach = s.achievable_matrix_flops_per_s
+    assert ach["fp8"].value == pytest.approx(2906.9e12) and ach["fp8"].kind == "measured"
+    assert ach["nvfp4"].value == pytest.approx(7627.6e12) and ach["nvfp4"].kind == "measured"
+    assert ach["fp8"].value / s.matrix_peak_flops_per_s["fp8"].value == pytest.approx(0.581, abs=1e-3)
+    assert "achievable_memory_bandwidth_bytes_per_s" in s.datasheet_only  # no published GB200 stream figure
 
 
 def test_gb300_is_the_nvl72_rack_table_over_72(specs):
