@@ -253,6 +253,7 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
             notes.append("unpadded, unpacked inputs (positions 0..seq-1 in every row): transformers' "
                          "packed-sequence probe answered 'none' on meta, as it answers on real tensors")
     name = target if target.startswith("hf:") else Path(target).name
+    _errors_named(model, f"{target} ({mt})", type(model).__name__)
     model, _ = cast_to(model, (), tdt)
     if image is not None:
         channels, side, interpolate = image
@@ -407,6 +408,32 @@ def _mark_eager_kv(model: torch.nn.Module) -> bool:
 
     model.forward = wrapped
     return True
+
+
+def _errors_named(model: torch.nn.Module, where: str, cls: str) -> None:
+    """Wrap the model's forward so that an error inside transformers' code, run on inputs opmap built, is one line
+    that says so: opmap's inputs or patches for this family and transformers version, not the user's config (the
+    config was checked and transformers built it). The meta device's own limits (MetaCaptureError) pass as they
+    are."""
+    from opmap.capture import MetaCaptureError, ModelForwardError
+
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        try:
+            return forward(*args, **kwargs)
+        except MetaCaptureError:
+            raise
+        except (ModelForwardError, TypeError, ValueError, AttributeError, IndexError, KeyError, RuntimeError) as e:
+            detail = str(e) if isinstance(e, ModelForwardError) else first_line(e)
+            detail = detail.split(". This is an error in the model")[0]
+            raise OpmapError(f"{where}: transformers {_transformers().__version__}'s {cls} fails on the inputs opmap "
+                             f"built for it ({detail[:400]}); the config was accepted, so this is a gap in opmap's "
+                             f"support for this family and transformers version, not an error in the config; "
+                             f"accepted: {_tested()}") from None
+
+    model.forward = wrapped
 
 
 def _answer_packing_probe(model: torch.nn.Module) -> bool:
