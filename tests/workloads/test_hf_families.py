@@ -188,3 +188,6 @@ def test_absorbed_mla_is_transformers_attention(tmp_path):
             m(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
             outs.append(m(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True).logits)
     assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    # without a cache (a prefill of the same build) the attention is transformers' own, K and V decompressed
+    with torch.no_grad():
+        assert torch.equal(ref(input_ids=ids, use_cache=False).logits, absorbed(input_ids=ids, use_cache=False).logits)

@@ -425,7 +425,11 @@ def _errors_named(model: torch.nn.Module, where: str, cls: str) -> None:
             return forward(*args, **kwargs)
         except MetaCaptureError:
             raise
+        except torch.OutOfMemoryError:
+            raise  # the allocator's refusal on a real device: the size asked for (opmap.measure.oom)
         except (ModelForwardError, TypeError, ValueError, AttributeError, IndexError, KeyError, RuntimeError) as e:
+            if "can't allocate memory" in str(e):
+                raise
             detail = str(e) if isinstance(e, ModelForwardError) else first_line(e)
             detail = detail.split(". This is an error in the model")[0]
             raise OpmapError(f"{where}: transformers {_transformers().__version__}'s {cls} fails on the inputs opmap "

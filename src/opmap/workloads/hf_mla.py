@@ -10,7 +10,7 @@ qk_rope_head_dim wide; values: the latent, kv_lora_rank wide: FlashMLA's 576 / 5
 the latent space through W_UV before o_proj. The cache holds one entry of kv_lora_rank + qk_rope_head_dim elements
 per token and layer (vLLM's ``kv_c_and_k_pe``), written in place by an engine.
 
-``absorb_mla`` installs that forward on each MLA attention module; the math is the same attention (checked against
+``absorb_mla`` installs that forward on each MLA attention module for the steps that have a cache; the math is the same attention (checked against
 transformers' own forward on real tensors in the tests). The fused attention kernel reads the latent once; the
 graph's SDPA call shows its values as a view of the keys' first kv_lora_rank columns.
 """
@@ -37,7 +37,9 @@ def absorb_mla(model: torch.nn.Module) -> int:
     n = 0
     for m in model.modules():
         if is_mla(m):
-            m.forward = types.MethodType(_absorbed_forward, m)
+            if getattr(m, "_opmap_decompressed", None) is None:  # installed once: a model decoded twice
+                m._opmap_decompressed = m.forward
+                m.forward = types.MethodType(_absorbed_forward, m)
             n += 1
     return n
 
@@ -52,8 +54,12 @@ def _rotate(self):
 
 def _absorbed_forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                       attention_mask: torch.Tensor | None = None, cache=None, past_key_values=None, **kwargs):
-    """MLA with absorbed weights (module docstring): returns (output, None) as transformers' forward does."""
+    """MLA with absorbed weights (module docstring) where the step has a cache (a decode step); without one (a
+    prefill of the same model, as opmap serve captures both from one build) transformers' own forward, K and V
+    decompressed, as engines prefill. Returns (output, None) as transformers' forward does."""
     cache = cache if cache is not None else past_key_values
+    if cache is None:
+        return self._opmap_decompressed(hidden_states, position_embeddings, attention_mask, **kwargs)
     b, s = hidden_states.shape[:-1]
     h, nope, rope, rank, vd = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank,
                                self.v_head_dim)
