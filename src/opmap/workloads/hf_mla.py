@@ -10,9 +10,9 @@ qk_rope_head_dim wide; values: the latent, kv_lora_rank wide: FlashMLA's 576 / 5
 the latent space through W_UV before o_proj. The cache holds one entry of kv_lora_rank + qk_rope_head_dim elements
 per token and layer (vLLM's ``kv_c_and_k_pe``), written in place by an engine.
 
-``absorb_mla`` installs that forward on each MLA attention module for the steps that have a cache; the math is the same attention (checked against
-transformers' own forward on real tensors in the tests). The fused attention kernel reads the latent once; the
-graph's SDPA call shows its values as a view of the keys' first kv_lora_rank columns.
+``absorb_mla`` installs that forward on each MLA attention module for the steps that have a cache; the math is the
+same attention (checked against transformers' own forward on real tensors in the tests). The fused attention kernel
+reads the latent once; the graph's SDPA call shows its values as a view of the keys' first kv_lora_rank columns.
 """
 
 from __future__ import annotations
