@@ -160,7 +160,7 @@ class Analysis:
         inflight = inflight_activation_bytes(self.graph)
         fit = fit_inference(weights, geo.bytes_per_token, self.hardware.memory_bytes, batch, seq or 1,
                             activations=lambda b, s: inflight * b * s / tokens, max_context=1 << 24,
-                            window=geo.window)
+                            window=geo.window, kv_bytes=geo.sequence_bytes, kv_text=geo.text)
         if seq is None:
             fit = replace(fit, max_context=None)
         fit = cap_at_positions(fit, self.assumptions, seq)

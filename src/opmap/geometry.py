@@ -102,6 +102,22 @@ class ModelGeometry:
         """The KV cache of ``batch`` sequences of ``tokens`` tokens: each layer holds min(tokens, window)."""
         return float(sum(a.kv_elements_per_token * a.tokens_held(tokens) for a in self.attention)) * dtype_bytes * batch
 
+    def kv_text(self) -> str:
+        """What one token caches, in words: MLA's latent and RoPE key per layer, and the layers a window caps."""
+        cached = self.cached_layers
+        parts = []
+        mla = [a for a in cached if a.kind == "mla"]
+        if mla:
+            a = mla[0]
+            parts.append(f"MLA: {len(mla)} layers x (latent {a.kv_lora_rank} + RoPE key {a.qk_rope_head_dim}) "
+                         "elements, the latent cache engines serve from")
+        windows = sorted({a.window for a in cached if a.window})
+        if windows and len(windows) + (None in {a.window for a in cached}) > 1:
+            slide = sum(1 for a in cached if a.window)
+            parts.append(f"{slide} of {len(cached)} layers slide over a {'/'.join(map(str, windows))}-token "
+                         "window and hold at most that many tokens")
+        return "; ".join(parts)
+
     @property
     def cached_layers(self) -> tuple[AttentionSpec, ...]:
         """The attention layers that keep a KV cache (causal ones)."""

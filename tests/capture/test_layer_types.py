@@ -24,6 +24,16 @@ from opmap.errors import OpmapError
     ([("layers.0.mlp", "SparseMoeBlock"), ("layers.0.mlp.experts", "ModuleList"),
       ("layers.0.mlp.experts.3", "Expert"), ("layers.0.mlp.experts.3.up_proj", "Linear")], "other", "moe_expert"),
     ([("layers.0.mlp", "LlamaMLP"), ("layers.0.mlp.gate_proj", "Linear")], "other", "mlp"),
+    # Qwen3-MoE's family name holds "Moe": its attention and norms are attention and norm, its block the router's
+    ([("model", "Qwen3MoeModel"), ("model.layers.0", "Qwen3MoeDecoderLayer"),
+      ("model.layers.0.self_attn", "Qwen3MoeAttention"), ("model.layers.0.self_attn.q_proj", "Linear")], "other",
+     "attention"),
+    ([("model.layers.0", "Qwen3MoeDecoderLayer"), ("model.layers.0.input_layernorm", "Qwen3MoeRMSNorm")], "other",
+     "norm"),
+    ([("model.layers.0.mlp", "Qwen3MoeSparseMoeBlock"), ("model.layers.0.mlp.gate", "Qwen3MoeTopKRouter")], "other",
+     "moe_router"),
+    ([("model.layers.0.mlp", "DeepseekV3MoE"), ("model.layers.0.mlp.gate", "DeepseekV3TopkRouter")], "other",
+     "moe_router"),
     ([("h.3", "GPT2Block")], "elementwise", "elementwise"),  # residual add: no module decides
     ([], "data_movement", "data_movement"),
 ])

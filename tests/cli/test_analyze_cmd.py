@@ -212,7 +212,9 @@ def test_a_config_without_sdpa_attention_runs_eager(tmp_path, cli, published_con
     assert d["totals"]["params"] == 256000 * 2304 + linear + 26 * 4 * 2304 + 2304
     assert d["totals"]["macs"] == 256 * (linear + 2304 * 256000) + 26 * 8 * 2 * 256 ** 2 * 256
     mem = d["totals"]["memory_fit"]
-    assert "KV cache 106496 B per token" in mem["assumptions"]
+    # 13 of Gemma-2's 26 layers slide over a 4,096-token window, more than the 256 tokens here
+    assert ("KV cache 106496 B per token (13 of 26 layers slide over a 4096-token window and hold at most that many "
+            "tokens)") in mem["assumptions"]
     assert mem["per_device"]["kv_cache_bytes"] == 256 * 2 * 26 * 4 * 256 * 2
     notes = " ".join(d["assumptions"]["workload_notes"])
     assert "eager attention (Gemma2ForCausalLM has no SDPA attention in transformers)" in notes
@@ -233,7 +235,8 @@ def test_gpt_oss_runs_eager_with_its_biased_experts(tmp_path, cli, published_con
     per_token = 24 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880 + 2880 * 32 + 4 * 3 * 2880 * 2880) + 2880 * 201088
     assert d["totals"]["macs"] == 64 * per_token + 24 * 64 * 2 * 64 ** 2 * 64
     # sliding layers (window 128) and full ones alike cache all 64 tokens: 2 x 24 x 8 KV heads x 64 x 2 bytes
-    assert "KV cache 49152 B per token" in d["totals"]["memory_fit"]["assumptions"]
+    assert ("KV cache 49152 B per token (12 of 24 layers slide over a 128-token window and hold at most that many "
+            "tokens)") in d["totals"]["memory_fit"]["assumptions"]
 
 
 def test_the_longest_context_of_a_config_stops_at_its_positions(tmp_path, cli, published_config):

@@ -33,7 +33,9 @@ RULES: tuple[tuple[str | None, str | None, str], ...] = (
     # Mixture of experts: experts before the router, the router before the MoE block that owns dispatch.
     (r"(?i)expert", r"(?i)^experts?$|^expert_?\d*$", "moe_expert"),
     (r"(?i)router|topkgate", r"(?i)^router$", "moe_router"),
-    (r"(?i)moe|mixtureofexperts|sparse.*block", None, "moe_router"),
+    # the MoE block by the end of its class name: a family's own name may hold "Moe" (Qwen3MoeAttention,
+    # Qwen3MoeRMSNorm are attention and norm, not the block)
+    (r"(?i)(moe|mixtureofexperts|sparse\w*block)$", None, "moe_router"),
     (r"(?i)embedding", r"(?i)^(wte|wpe|embed.*|tok_embeddings|.*_embeddings?|patch_embed)$",
      "embedding"),
     (r"(?i)norm$|^LayerNorm|^RMSNorm|^GroupNorm|^BatchNorm|^InstanceNorm|^LocalResponseNorm",

@@ -10,7 +10,8 @@ masked blocks, so P counts only the unmasked pairs, sum over queries i of min(i 
 top-left-aligned mask (Sq*(Sq+1)/2 when Sq == Sk); the skipped half goes to ``skipped_flops`` and the
 node says so. An explicit ``attn_mask`` is dense work: the kernel computes every score and then masks.
 
-Bytes: a fused kernel reads Q, K, V (and the mask, if any) once and writes the output (plus the
+Bytes: a fused kernel reads Q, K, V (and the mask, if any) once (V once with K where it is a view of K's first
+columns: ``values_in_keys``) and writes the output (plus the
 log-sum-exp where the variant returns it); the S x S scores never reach device memory.
 
 Dropout (``dropout_p`` above 0, a training call): the kernel draws a random number per score from the Philox
@@ -28,7 +29,7 @@ Layouts: the ``_scaled_dot_product_*`` ops and ``scaled_dot_product_attention`` 
 from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
-from opmap.graph import Node
+from opmap.graph import Node, TensorMeta
 from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
@@ -57,6 +58,15 @@ def is_causal(node: Node) -> bool:
     return node.args.get("custom_mask_type") in (1, 2)
 
 
+def values_in_keys(k: TensorMeta, v: TensorMeta) -> bool:
+    """Whether the values are the keys' first columns, read with them (MLA's absorbed decode: keys the latent and
+    RoPE key, kv_lora_rank + qk_rope_head_dim wide, values the latent, a view of the keys; FlashMLA reads each
+    cached token's entry once): the same shape but a narrower last dimension, the same strides, keys packed row by
+    row (a V of its own, or one split from a fused K/V projection, has another row pitch)."""
+    return (k.dtype == v.dtype and k.shape[:-1] == v.shape[:-1] and v.shape[-1] < k.shape[-1]
+            and k.stride == v.stride and len(k.stride) >= 2 and k.stride[-1] == 1 and k.stride[-2] == k.shape[-1])
+
+
 @rule(*BHSD, *BSHD)
 def sdpa_cost(node: Node) -> OpCost:
     """Fused attention: products on the matrix engine, softmax on the vector unit, Q/K/V/O traffic."""
@@ -78,7 +88,8 @@ def sdpa_cost(node: Node) -> OpCost:
     written = sum(t.nbytes for t in node.outputs if len(t.shape) == 4) or node.outputs[0].nbytes
     drop = dropout_p(node) > 0.0
     per_score = VECTOR_PER_SCORE + (DROPOUT_OPS_PER_SCORE if drop else 0)
-    return io_cost(node, written=written, matrix_flops=matrix, macs=matrix / 2,
+    reads = [t for t in node.inputs if not (t is v and values_in_keys(k, v))]
+    return io_cost(node, reads=reads, written=written, matrix_flops=matrix, macs=matrix / 2,
                    vector_flops=float(b * h * pairs * per_score),
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
                    problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,

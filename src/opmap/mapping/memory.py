@@ -129,6 +129,19 @@ class KVGeometry:
     heads: tuple[int, ...] = ()  # KV heads per layer
     head_dim: int = 0
     window: int | None = None  # the sliding window every layer has (None: none, or not every layer)
+    geometry: ModelGeometry | None = None  # the cached layers, each with its own window (None: no KV cache)
+    itemsize: float = 0.0  # bytes per cached element
+
+    def sequence_bytes(self, tokens: int) -> float:
+        """K and V bytes of one sequence of ``tokens`` tokens: each layer holds min(tokens, its window)."""
+        if self.geometry is None:
+            return self.bytes_per_token * (min(tokens, self.window) if self.window else tokens)
+        return self.geometry.kv_bytes(tokens, self.itemsize)
+
+    @property
+    def text(self) -> str:
+        """What one token caches, in words (MLA's latent, the sliding layers' window), for the memory line."""
+        return self.geometry.kv_text() if self.geometry is not None else ""
 
 
 def kv_geometry(graph: OpGraph) -> KVGeometry:
@@ -142,8 +155,9 @@ def kv_geometry(graph: OpGraph) -> KVGeometry:
     if not pairs:
         return KVGeometry(0, 0.0, (), 0)
     geo = ModelGeometry(len(pairs), 0, 0, tuple(s for _, s in pairs), source="graph")
-    return KVGeometry(geo.layers, geo.kv_bytes_per_token(pairs[0][0].itemsize),
-                      tuple(a.n_kv_heads for a in geo.attention), geo.attention[-1].head_dim, geo.window)
+    size = pairs[0][0].itemsize
+    return KVGeometry(geo.layers, geo.kv_bytes_per_token(size), tuple(a.n_kv_heads for a in geo.attention),
+                      geo.attention[-1].head_dim, geo.window, geo, size)
 
 
 def kv_cache_held_bytes(graph: OpGraph) -> float:
@@ -242,25 +256,28 @@ def largest(fits: Callable[[int], bool], hi: int) -> int:
 def fit_inference(weights_bytes: float, kv_bytes_per_token: float, capacity_bytes: float, batch: int,
                   context: int, activations: Callable[[int, int], float] | None = None,
                   workspace: Assumed = WORKSPACE, window: int | None = None, max_context: int = 1 << 20,
-                  max_batch: int = 1 << 20) -> MemoryFit:
+                  max_batch: int = 1 << 20, kv_bytes: Callable[[int], float] | None = None,
+                  kv_text: str = "") -> MemoryFit:
     """Inference (prefill or decode) on one device: weights at their stored format, the KV cache of
     ``batch`` sequences of ``context`` tokens (capped at ``window``), activations in flight
     (``activations(batch, context)`` bytes; 0 if not given) and the workspace.
 
     max_batch: the largest batch at ``context`` that fits; max_context: the longest context at ``batch``
-    (searched up to ``max_context``), with the weights and workspace fixed."""
+    (searched up to ``max_context``), with the weights and workspace fixed. ``kv_bytes(tokens)``: one sequence's
+    KV cache where layers keep different windows (gpt-oss: sliding and full layers alternate); ``kv_text`` says
+    what a token caches, in words."""
     act = activations or (lambda b, s: 0.0)
+    seq_kv = kv_bytes or (lambda s: kv_bytes_per_token * (min(s, window) if window else s))
 
     def make(b: int, s: int, **kw) -> MemoryFit:
-        kept = min(s, window) if window else s
-        return MemoryFit(weights_bytes, 0.0, 0.0, act(b, s), kv_bytes_per_token * kept * b, workspace.value,
+        return MemoryFit(weights_bytes, 0.0, 0.0, act(b, s), seq_kv(s) * b, workspace.value,
                          capacity_bytes, "inference", **kw)
 
     mb = largest(lambda b: make(b, context).fits, max_batch)
     mc = largest(lambda s: make(batch, s).fits, max_context)
     notes = (f"workspace {workspace.value / 2**30:g} GiB ({workspace.kind}): {workspace.source}",
              f"KV cache {kv_bytes_per_token:g} B per token" + (f", capped at a {window}-token window" if window
-                                                                   else ""))
+                                                                   else "") + (f" ({kv_text})" if kv_text else ""))
     return make(batch, context, max_batch=mb, max_context=mc, assumptions=notes)
 
 

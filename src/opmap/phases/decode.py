@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 from opmap.analyze import cap_at_positions
 from opmap.geometry import attention_calls, layer_specs
 from opmap.graph import OpGraph
-from opmap.mapping.memory import MemoryFit, ServingMemory, fit_inference, inflight_activation_bytes, runtime_reserve
+from opmap.mapping.memory import (
+    MemoryFit,
+    ServingMemory,
+    fit_inference,
+    inflight_activation_bytes,
+    kv_geometry,
+    runtime_reserve,
+)
 from opmap.phases.common import dominant_bound, kernel_times
 from opmap.phases.result import DecodeFloor, PhaseResult
 from opmap.phases.runtime import runtime_text
@@ -63,9 +70,13 @@ def decode_fit(a: Analysis, workload: Workload, kv_len: int) -> MemoryFit:
     cached = max((s.tokens_held(c.kv_tokens) for c, s in zip(calls, layer_specs(graph, calls))), default=kv_len)
     window = cached if cached < kv_len else None
     inflight = inflight_activation_bytes(graph)
-    fit = fit_inference(weights, per_seq / cached, hw.memory_bytes, workload.batch, kv_len,
-                        activations=lambda b, s: inflight * b / workload.batch, window=window,
-                        max_context=1 << 24)
+    geo = kv_geometry(graph)
+    # the workload's own geometry, each layer with its window (gpt-oss's sliding and full layers), where it has one
+    per_layer = geo.geometry is not None and getattr(graph, "geometry", None) is not None
+    fit = fit_inference(weights, geo.bytes_per_token if per_layer else per_seq / cached, hw.memory_bytes,
+                        workload.batch, kv_len, activations=lambda b, s: inflight * b / workload.batch,
+                        window=geo.window if per_layer else window, max_context=1 << 24,
+                        kv_bytes=geo.sequence_bytes if per_layer else None, kv_text=geo.text if per_layer else "")
     fit = cap_at_positions(fit, a.assumptions, kv_len)
     # the KV pool as serve computes it (opmap.mapping.memory.ServingMemory), here at utilization 1, eager
     serving = ServingMemory(hw.memory_bytes, 1.0, weights,

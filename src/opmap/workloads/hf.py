@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,6 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
-from opmap.ops import active_experts
 from opmap.workloads.hf_config import (
     ACCEPTED,
     TESTED,
@@ -58,6 +56,7 @@ from opmap.workloads.hf_config import (
     read_config_file,
     validate_config,
 )
+from opmap.workloads.hf_experts import balance_experts as _balance_experts
 from opmap.workloads.hf_geometry import hf_geometry
 from opmap.workloads.zoo import Workload, cast_to, parse_dtype
 
@@ -119,12 +118,28 @@ def _read(target: str, batch: int = 1, seq: int | None = None) -> tuple[Any, str
     ignored = _auto_map_entry(d, _MODEL_CLASSES)
     try:
         with _quiet_transformers():
-            config = cls.from_dict({k: v for k, v in d.items() if k != "auto_map"})
+            config = cls.from_dict(_as_transformers_reads({k: v for k, v in d.items() if k != "auto_map"}))
     except Exception as e:  # a config class's own checks: report them in one line
         raise OpmapError(f"{where}: transformers rejects it as {mt} ({first_line(e)})") from None
     if getattr(config, "is_encoder_decoder", False) is True:
         raise OpmapError(f"{where}: model_type {mt!r} is an encoder-decoder; opmap builds {families()}")
     return config, where, ignored
+
+
+# Published configs whose field a later transformers' strict config class types more narrowly: Llama 4 Scout's
+# and Maverick's config.json (hub: meta-llama/Llama-4-Scout-17B-16E) write attn_temperature_tuning 4, which
+# transformers 4.51 read for its truth (modeling_llama4: ``if self.attn_temperature_tuning and not
+# self.use_rope``); transformers 5's Llama4TextConfig takes a bool and refuses the 4.
+_AS_BOOL = {"llama4_text": ("attn_temperature_tuning",)}
+
+
+def _as_transformers_reads(d: dict) -> dict:
+    """``d`` (and its text_config) with each _AS_BOOL field that is a number read as the bool it stands for."""
+    text = d.get("text_config")
+    if isinstance(text, dict):
+        d = {**d, "text_config": _as_transformers_reads(text)}
+    fields = _AS_BOOL.get(d.get("model_type"), ())
+    return {k: bool(v) if k in fields and type(v) in (int, float) else v for k, v in d.items()}
 
 
 @contextlib.contextmanager
@@ -227,7 +242,10 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
         if n:
             k = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k", "top_k")
             notes.append(f"{mt}: balanced expert load on the meta device: each of the {n} MoE blocks' experts gets "
-                         f"batch*seq*{k}/experts tokens (transformers' routing loop replaced by opmap's dispatch)")
+                         f"batch*seq*{k}/experts tokens (transformers' routing loop replaced by opmap's dispatch)"
+                         + ("; transformers' Llama 4 runs every expert on every token (the unpicked weighted 0), "
+                            "opmap the top-k dispatch an engine runs (vLLM's fused MoE)" if mt.startswith("llama4")
+                            else ""))
         if image is None and attn == "eager" and _mark_eager_kv(model):
             notes.append("eager attention's K and V (before the KV heads are repeated for the query heads) marked as "
                          "the KV cache each layer holds, as an SDPA call's K and V are read")
@@ -235,6 +253,7 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
             notes.append("unpadded, unpacked inputs (positions 0..seq-1 in every row): transformers' "
                          "packed-sequence probe answered 'none' on meta, as it answers on real tensors")
     name = target if target.startswith("hf:") else Path(target).name
+    _errors_named(model, f"{target} ({mt})", type(model).__name__)
     model, _ = cast_to(model, (), tdt)
     if image is not None:
         channels, side, interpolate = image
@@ -353,66 +372,6 @@ def _build(config, target: str, device: str, auto, attn: str) -> torch.nn.Module
                          f"accepted: {_tested()}") from None
 
 
-def _is_stacked_experts(m: torch.nn.Module) -> bool:
-    """transformers 5's experts module: all experts' weights as 3-D parameters (gate_up_proj, or up_proj where the
-    experts have no gate, and down_proj), called with (hidden_states, top_k_index, top_k_weights)."""
-    up = getattr(m, "gate_up_proj" if getattr(m, "has_gate", True) else "up_proj", None)
-    down = getattr(m, "down_proj", None)
-    return (type(m).__name__.endswith("Experts") and isinstance(up, torch.nn.Parameter) and up.dim() == 3
-            and isinstance(down, torch.nn.Parameter) and down.dim() == 3)
-
-
-def _balance_experts(model: torch.nn.Module) -> int:
-    """Replace each stacked-experts module's data-dependent routing loop by a balanced dispatch; the count."""
-    n = 0
-    for path, m in model.named_modules():
-        if not _is_stacked_experts(m):
-            continue
-        if getattr(m, "has_post_expert_norm", False):
-            raise OpmapError(f"{path} ({type(m).__name__}): opmap's balanced expert dispatch handles experts of an "
-                             "up (or gated up) and a down projection, with or without bias; not a norm after them")
-        m.forward = types.MethodType(_balanced_experts_forward, m)
-        n += 1
-    return n
-
-
-def _expert_linear(self, x: torch.Tensor, name: str, i: int) -> torch.Tensor:
-    """Expert ``i``'s projection ``name`` of ``x``, as transformers lays it out: weights (out, in), or (in, out)
-    where ``is_transposed`` (gpt-oss), plus ``name``_bias where ``has_bias``."""
-    w = getattr(self, name)[i]
-    y = x @ w if getattr(self, "is_transposed", False) else torch.nn.functional.linear(x, w)
-    return y + getattr(self, f"{name}_bias")[i] if getattr(self, "has_bias", False) else y
-
-
-def _balanced_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                              top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The eager expert loop with each expert's share fixed in advance: the T*k (token, choice) pairs sorted
-    by expert, split into equal slices over the experts the T tokens are expected to activate
-    (opmap.ops.active_experts), each expert's MLP run on its slice (its up projection, gated by the class's own
-    ``_apply_gate`` or activated by ``act_fn``, then its down projection), the weighted results added back to
-    their tokens (the same dispatch as opmap.workloads.llama.SparseMoeBlock on meta)."""
-    gated = getattr(self, "has_gate", True)
-    up = "gate_up_proj" if gated else "up_proj"
-    e = getattr(self, up).shape[0]
-    k = top_k_index.shape[-1]
-    flat = top_k_index.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    token = order // k
-    routed = hidden_states.index_select(0, token)
-    n = flat.numel()
-    a = active_experts(e, k, hidden_states.shape[0])  # the experts the tokens are expected to activate
-    sizes = [n // a + (1 if i < n % a else 0) if i < a else 0 for i in range(e)]
-    outs = []
-    for i, chunk in enumerate(routed.split(sizes)):
-        if not chunk.shape[0]:
-            continue  # an expert with no tokens launches nothing (its weights are not read)
-        h = _expert_linear(self, chunk, up, i)
-        h = self._apply_gate(h) if gated else self.act_fn(h)
-        outs.append(_expert_linear(self, h, "down_proj", i))
-    y = torch.cat(outs) * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(hidden_states.dtype)
-    return torch.zeros_like(hidden_states).index_add_(0, token, y)
-
-
 def _mark_eager_kv(model: torch.nn.Module) -> bool:
     """Wrap the model's forward so that, while it runs, each transformers modeling module's
     ``eager_attention_forward`` (which its attention layers call by name, as their default) first marks its K and
@@ -449,6 +408,36 @@ def _mark_eager_kv(model: torch.nn.Module) -> bool:
 
     model.forward = wrapped
     return True
+
+
+def _errors_named(model: torch.nn.Module, where: str, cls: str) -> None:
+    """Wrap the model's forward so that an error inside transformers' code, run on inputs opmap built, is one line
+    that says so: opmap's inputs or patches for this family and transformers version, not the user's config (the
+    config was checked and transformers built it). The meta device's own limits (MetaCaptureError) pass as they
+    are."""
+    from opmap.capture import MetaCaptureError, ModelForwardError
+
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def wrapped(*args, **kwargs):
+        try:
+            return forward(*args, **kwargs)
+        except MetaCaptureError:
+            raise
+        except torch.OutOfMemoryError:
+            raise  # the allocator's refusal on a real device: the size asked for (opmap.measure.oom)
+        except (ModelForwardError, TypeError, ValueError, AttributeError, IndexError, KeyError, RuntimeError) as e:
+            if "can't allocate memory" in str(e):
+                raise
+            detail = str(e) if isinstance(e, ModelForwardError) else first_line(e)
+            detail = detail.split(". This is an error in the model")[0]
+            raise OpmapError(f"{where}: transformers {_transformers().__version__}'s {cls} fails on the inputs opmap "
+                             f"built for it ({detail[:400]}); the config was accepted, so this is a gap in opmap's "
+                             f"support for this family and transformers version, not an error in the config; "
+                             f"accepted: {_tested()}") from None
+
+    model.forward = wrapped
 
 
 def _answer_packing_probe(model: torch.nn.Module) -> bool:

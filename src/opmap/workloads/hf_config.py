@@ -21,7 +21,8 @@ from opmap.ops import active_experts
 
 ACCEPTED = ("path/to/config.json or hf:NAME (a hub id, ORG/NAME, in the local Hugging Face cache), or a folder "
             "holding config.json, given as a path")
-TESTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "opt")
+TESTED = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "opt", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v3",
+          "llama4_text")
 MAX_CONFIG_BYTES = 16 * 2 ** 20  # published config.json files are a few KB (a 21k-label id2label: ~1 MB)
 MAX_DEPTH = 32  # published configs nest 3 or 4 deep (config -> text_config -> rope_parameters -> layer type)
 # encoder-decoder families transformers knows (is_encoder_decoder is also read from the config itself)

@@ -5,7 +5,10 @@ sliding window, Qwen2's window on the layers from ``max_window_layers`` up (when
 alternating local / global layers, GPT-2's own field names, DeepSeek-V2/V3's multi-head latent attention and
 shared experts. Everything else takes the generic reading of the fields transformers' configs share
 (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
-``sliding_window``, ``layer_types``, the expert counts). Fields are read off the config object transformers built
+``sliding_window``, ``layer_types``, the expert counts): gpt-oss (its ``layer_types`` alternate a 128-token window
+and full layers; its attention "sinks" are a learned logit per head added to the softmax's denominator, no cached
+token, so no sink tokens are held), Qwen3 and Qwen3-MoE, Llama 4 (its chunked-attention layers counted as full: the
+cache of a chunked layer is not capped here). Fields are read off the config object transformers built
 (a PretrainedConfig: its defaults filled in) or a plain dict of config.json.
 """
 

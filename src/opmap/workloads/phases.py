@@ -170,67 +170,48 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
                        kv_write: str = "in-place") -> Workload:
     """The decode step of a Hugging Face model: one new token per sequence against a ``DynamicCache`` that
     already holds ``kv_len - 1`` tokens per layer (meta tensors; a sliding-window layer keeps only its window, as
-    transformers' cache does), positions continuing after them. ``kv_write`` (KV_WRITES): "in-place", the cache's
-    ``update`` writes the new token's K and V into the last slot of a cache held whole and attention reads all of
-    it, as an engine writes its paged blocks (the zoo decoders' ``write_cache``); "append", transformers' own
-    ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it."""
+    transformers' cache does) in the layout the model's attention writes (opmap.workloads.hf_cache: K and V per KV
+    head, or MLA's latent), positions continuing after them. An MLA model decodes with absorbed weights over its
+    latent cache, as serving engines do (opmap.workloads.hf_mla). ``kv_write`` (KV_WRITES): "in-place", the
+    cache's ``update`` writes the new token's K and V into the last slot of a cache held whole and attention reads
+    all of it, as an engine writes its paged blocks (the zoo decoders' ``write_cache``); "append", transformers'
+    own ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it."""
     from opmap.workloads.hf import PREFILL_NOTE, _transformers, check_positions
+    from opmap.workloads.hf_cache import cache_layout, filled_cache, write_in_place
+    from opmap.workloads.hf_mla import absorb_mla
 
     check_kv_write(kv_write)
     tf = _transformers()
     cfg = w.module.config
     check_positions(cfg, w.name, "--kv-len", kv_len, allow_long_context)
     cfg.use_cache = True
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    layers = cfg.num_hidden_layers
+    mla = absorb_mla(w.module)
+    key = "cache" if "cache" in inspect.signature(w.module.forward).parameters else "past_key_values"
+    layout = cache_layout(tf, w.module, w.batch, key, w.name)
+    layers = len(layout)
     dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
-    try:
-        cache = tf.DynamicCache(config=cfg)
-    except TypeError:  # an older transformers: a cache without per-layer types
-        cache = tf.DynamicCache()
     past = kv_len - 1
+    cache = filled_cache(tf, cfg, layout, past, dt, device)
     with torch.device(device):
-        for i in range(layers):
-            k = torch.zeros(w.batch, kv_heads, past, head_dim, dtype=dt)
-            cache.update(k, torch.zeros_like(k), i)
         if kv_write == "in-place":
-            _write_in_place(cache, layers)
+            write_in_place(cache, layers)
         ids = torch.zeros(w.batch, 1, dtype=torch.long)
         pos = torch.full((w.batch, 1), past, dtype=torch.long)
     window = window_of(w.module)
+    shapes = sorted({lc.describe() for lc in layout})
     note = (f"decode: one new token for each of {w.batch} sequences against a KV cache of {kv_len} tokens "
-            f"({layers} layers x {kv_heads} KV heads x head dim {head_dim})"
+            f"({layers} layers, per token {'; '.join(shapes)}"
+            + (f"; MLA: the latent of kv_lora_rank {cfg.kv_lora_rank} and the RoPE key of {cfg.qk_rope_head_dim}, "
+               "decoded with absorbed weights (W_UK into the query, W_UV after attention, attention as MQA over the "
+               f"latent) as SGLang, vLLM and TensorRT-LLM serve it, in {mla} layers" if mla else "") + ")"
             + (f", sliding-window layers keeping {window}" if window and window < kv_len else "")
             + ("; the new K and V are written into the cache in place (one token per layer per step, as engines "
                "write their paged blocks), attention reads all of it" if kv_write == "in-place" else
                "; transformers' DynamicCache appends by torch.cat (a copy of K and V per layer per step), as "
                "eager transformers runs it (an engine writes one token in place: --runtime engine)"))
-    key = "cache" if "cache" in inspect.signature(w.module.forward).parameters else "past_key_values"
     inputs = {"input_ids": ids, key: cache, "position_ids": pos, "use_cache": True}
     kept = tuple(n for n in w.assumptions if n != PREFILL_NOTE)
     return Workload(w.name, w.module, inputs, w.batch, 1, kept + (note,), geometry=w.geometry)
-
-
-def _write_in_place(cache, layers: int) -> None:
-    """``cache.update`` as an engine runs it: each layer's K and V held whole, one slot past what the cache holds
-    now (its window, for a sliding-window layer), the step's new tokens written into the last slots in place
-    (opmap.workloads.llama.write_cache, as the zoo decoders); what the cache reports to the mask builder (its
-    length, its window) is left as it was."""
-    from opmap.workloads.llama import write_cache
-
-    held = getattr(cache, "layers", None)  # transformers >= 4.56: per-layer objects; before: key_cache lists
-    whole = []
-    for i in range(layers):
-        k = held[i].keys if held is not None else cache.key_cache[i]
-        shape = (*k.shape[:-2], k.shape[-2] + 1, k.shape[-1])
-        whole.append((torch.zeros(shape, dtype=k.dtype), torch.zeros(shape, dtype=k.dtype)))
-
-    def update(key_states, value_states, layer_idx, *args, **kwargs):
-        return write_cache(whole[layer_idx], key_states, value_states)
-
-    cache.update = update
 
 
 def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
