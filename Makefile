@@ -5,6 +5,11 @@ BIN := $(VENV)/bin
 # The dev environment pins torch to the CPU build that lies on this machine's disk, so no CUDA build is pulled.
 TORCH_PIN ?= torch==2.13.0
 OUT ?= out/demo
+# torchao's MX / NVFP4 reference for tests/measure/test_blockscale.py, installed beside the environment, not in it:
+# transformers imports torchao whenever it is importable, and its CUDA kernels' load failures would reach every
+# command's stderr. The tests run it in a subprocess with this folder on its path.
+TORCHAO_PIN ?= torchao==0.18.0
+TORCHAO_REF := $(VENV)/ref-torchao
 
 .PHONY: setup demo test lint browser bench accuracy peers clean
 
@@ -12,6 +17,7 @@ $(BIN)/opmap: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_PIN)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --upgrade --target $(TORCHAO_REF) $(TORCHAO_PIN)
 	touch $(BIN)/opmap
 
 setup: $(BIN)/opmap

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,41 +174,64 @@ def test_error_orders_by_mantissa_bits():
     assert 0.05 < err["mxfp4"] < 0.2  # nvfp4's 16-element, non-power-of-two scales beat mxfp4's
 
 
-# -- torchao (its prototype mx_formats, the dev extra): an independent implementation of the same formats ----------
+# -- torchao (its prototype mx_formats): an independent implementation of the same formats -------------------------
+# installed by `make setup` beside the environment (.venv/ref-torchao), not in it: transformers imports torchao when
+# it is importable, and its CUDA kernels' load failures would reach every command's stderr. So torchao runs in a
+# subprocess with that folder on its path, on the tensor this test saved; its result comes back as a file.
+TORCHAO_REF = Path(__file__).resolve().parents[2] / ".venv" / "ref-torchao"
 
-def torchao_mx():
-    return pytest.importorskip("torchao.prototype.mx_formats.mx_tensor", reason="torchao not installed (dev extra)")
+MX_THEIRS = """
+import sys, torch
+from torchao.prototype.mx_formats import mx_tensor as mx
+from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
+x, fmt = torch.load(sys.argv[1]), sys.argv[3]
+dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m3": DTYPE_FP6_E2M3, "e3m2": DTYPE_FP6_E3M2,
+      "e2m1": torch.float4_e2m1fn_x2}[fmt]
+scale, data = mx.to_mx(x, dt, 32)
+torch.save(mx.to_dtype(data, scale, dt, 32, torch.float32), sys.argv[2])
+"""
+
+NVFP4_THEIRS = """
+import sys, torch
+from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+x = torch.load(sys.argv[1])
+s2 = per_tensor_amax_to_scale(x.abs().amax())
+scale, packed = nvfp4_quantize(x, 16, s2)
+rows = x.shape[0]
+out = f4_unpacked_to_f32(unpack_uint4(packed)).reshape(rows, -1, 16) * (scale.float() * s2).reshape(rows, -1, 1)
+torch.save({"x": out.reshape(x.shape), "s2": s2}, sys.argv[2])
+"""
+
+
+def torchao_says(code: str, x: torch.Tensor, tmp_path, *args: str):
+    """What torchao computes from ``x`` (``code`` run in a subprocess with the reference folder on its path)."""
+    if not (TORCHAO_REF / "torchao").is_dir():
+        pytest.fail(f"torchao's reference is not installed at {TORCHAO_REF}: run `make setup`")
+    src, out = tmp_path / "x.pt", tmp_path / "theirs.pt"
+    torch.save(x, src)
+    env = {**os.environ, "PYTHONPATH": str(TORCHAO_REF)}
+    p = subprocess.run([sys.executable, "-c", code, str(src), str(out), *args], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return torch.load(out)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1"])
-def test_mx_matches_torchao(fmt):
-    mx = torchao_mx()
-    from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
-
-    dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m3": DTYPE_FP6_E2M3,
-          "e3m2": DTYPE_FP6_E3M2, "e2m1": torch.float4_e2m1fn_x2}[fmt]
+def test_mx_matches_torchao(fmt, tmp_path):
     elem = {"e4m3": E4M3, "e5m2": E5M2, "e2m3": E2M3, "e3m2": E3M2, "e2m1": E2M1}[fmt]
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(7)) * torch.logspace(-3, 3, 256)
-    scale, data = mx.to_mx(x, dt, 32)
-    theirs = mx.to_dtype(data, scale, dt, 32, torch.float32)
-    assert torch.equal(mx_quantize(x, elem).dequantize(), theirs)
+    assert torch.equal(mx_quantize(x, elem).dequantize(), torchao_says(MX_THEIRS, x, tmp_path, fmt))
 
 
-def test_nvfp4_matches_torchao():
-    torchao_mx()
-    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
-    from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize as ao_nvfp4
-    from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
-
+def test_nvfp4_matches_torchao(tmp_path):
     # block maxima within 10x of the tensor's: every E4M3 block scale is normal (torchao clamps a scale to E4M3's
     # smallest normal, 2^-6, where ModelOpt and a plain cast keep subnormals)
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(8)) * torch.logspace(-0.5, 0.5, 256)
-    s2 = per_tensor_amax_to_scale(x.abs().amax())
-    scale, packed = ao_nvfp4(x, 16, s2)
-    theirs = f4_unpacked_to_f32(unpack_uint4(packed)).reshape(64, 16, 16) * (scale.float() * s2).unsqueeze(-1)
+    theirs = torchao_says(NVFP4_THEIRS, x, tmp_path)
     ours = nvfp4_quantize(x)
-    assert (ours.scales / s2).min() >= 2 ** -6
-    assert torch.equal(ours.dequantize(), theirs.reshape(64, 256))
+    assert (ours.scales / theirs["s2"]).min() >= 2 ** -6
+    assert torch.equal(ours.dequantize(), theirs["x"])
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "fp8-block"])

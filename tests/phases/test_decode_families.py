@@ -43,7 +43,7 @@ def test_decode_reads_the_cache_each_family_keeps(tmp_path, family):
     w, pa = decode(tmp_path, shallow(FAMILIES[family], LAYERS))
     a = pa.analysis
     held = HELD.get(family, (KV_LEN, KV_LEN))
-    assert a.phase["kv_cache_read_bytes"] == PER_LAYER_TOKEN[family] * sum(held) * BATCH
+    assert a.phase_figures.floor.kv_cache_read_bytes == PER_LAYER_TOKEN[family] * sum(held) * BATCH
     per_token = PER_LAYER_TOKEN[family] * LAYERS
     mem = " ".join(pa.memory.assumptions)
     assert f"KV cache {per_token:g} B per token" in mem
