@@ -11,8 +11,8 @@ import typer
 from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
-from opmap.phases.runtime import RUNTIME_HELP, Runtime
-from opmap.report.text import plain, safe
+from opmap.phases.runtime import RUNTIME_HELP
+from opmap.report.text import safe
 from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
 
 _KV = spoken(registry().names(kv=True))  # --kv-dtype accepts the registry's KV formats
@@ -208,7 +208,9 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "output_len": p.output_len.spec(),
                              "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
                              "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas)}
-    _print(report, o.model, o.hardware)
+    from opmap.report.serve_text import print_serve
+
+    print_serve(console, report, o.model, o.hardware)
     if o.out is not None:
         _write(o.out, report, res)
     record_run("serve", report, {"workload": o.model, "hardware": o.hardware, "phase": "serve", "precision": o.dtype,
@@ -307,6 +309,8 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
     if probe is not None:  # the printed run is the run at the capacity found (warm-up excluded), not another one
         capacity, res, stop = _find_capacity(probe, engine, figure)
         if capacity.headline is None and stop is not None:  # stopped before any rate met the SLO: no table
+            from opmap.report.serve_text import capacity_line
+
             console.print(capacity_line({**capacity.to_dict(), "engine": engine}), highlight=False)
             exit_if_stopped(stop)
         report = capacity.headline.to_dict() if capacity.headline is not None else None  # serve.json
@@ -331,7 +335,9 @@ def _write(out: Path, report: dict, res) -> None:
     from opmap.report.sheet import write_set
 
     files = {"serve.json": json_text(report, indent=2) + "\n"}
-    png = _cdf_png(res) if res is not None else None
+    from opmap.report.serve_text import cdf_png
+
+    png = cdf_png(res, console) if res is not None else None
     if png is not None:
         files["latency_cdf.png"] = png
     print_wrote(write_set(out, files, remove=["latency_cdf.png"]))
@@ -405,107 +411,3 @@ def _check_router(router: str, replicas: int) -> None:
     if router not in ROUTERS:
         raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
     count(replicas, "--replicas", hi=MAX_REPLICAS)
-
-
-def _print(r: dict, model: str, hardware: str) -> None:
-    from rich.table import Table
-
-    from opmap.report.sheet import si
-
-    a = r["assumptions"]
-    lay = f"{a['tp']} x {a['layout']['pp']}" if a.get("layout") and a["layout"]["pp"] > 1 else f"{a['tp']}"
-    t = Table(title=plain(f"opmap serve {model} on {a['replicas']} x {lay} {hardware}: {r['policy']['spec']}, "
-                          f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']}"
-                          + (f", runtime {a['runtime']['name']})" if a.get("runtime") else ")")), title_justify="left")
-    for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
-        t.add_column(col, justify="left" if col == "latency" else "right")
-    for k in ("e2e", "ttft", "queue", "tpot", "itl"):
-        s = r["latency"][k]
-        t.add_row(k, *[si(s[f], "s") if s[f] is not None else "-" for f in
-                       ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
-    if a.get("dtype_line"):  # the format priced; an alias resolved and a fallback, why
-        console.print(plain("dtype: " + a["dtype_line"]), highlight=False)
-    rt = a.get("runtime")
-    if rt:
-        console.print(plain(Runtime.from_dict(rt).line()), highlight=False)
-    m = a.get("memory")
-    if m:
-        g = 2 ** 30
-        console.print(f"memory per device: {m['capacity_bytes'] / g:.4g} GiB x {m['utilization']:g} - weights "
-                      f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB = KV "
-                      f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {a.get('kv_dtype')})",
-                      highlight=False)
-    console.print(t)
-    th, g = r["throughput"], r["goodput"]
-    console.print(f"throughput {th['requests_per_s']:.4g} req/s, {si(th['tokens_per_s'], 'tok/s')} "
-                  f"({si(th['output_tokens_per_s'], 'tok/s')} out); goodput {g['requests_per_s']:.4g} req/s; "
-                  f"SLO attainment {r['slo_attainment']:.1%}; queueing share {r['queueing_share']:.1%}",
-                  highlight=False)
-    if r["policy"]["name"] == "engine":
-        p, kv = r["preemptions"], r.get("kv_cache", {})
-        blocks = (f"KV {kv['peak_blocks_used']} of {kv['blocks']} blocks of {kv['kv_block']} tokens at peak"
-                  if kv.get("blocks") is not None else f"KV unlimited, blocks of {kv.get('kv_block')} tokens")
-        console.print(f"{blocks}; preemptions {p['total']} ({p['requests_preempted']} requests, recomputed)",
-                      highlight=False)
-    v = r["validity"]
-    console.print(f"MLPerf-style validity: {v['verdict']} ({v['reason']})", highlight=False)
-    if "disaggregation" in r:
-        d = r["disaggregation"]
-        k = d["kv_transfer"]
-        console.print(f"disaggregated {d['prefill_replicas']}:{d['decode_replicas']} (prefill:decode): KV moved "
-                      f"over {k['link']} at {si(k['bandwidth_bytes_per_s'], 'B/s')}, "
-                      f"{si(k['bytes_per_token'], 'B')}/token/device, mean {si(d['kv_transfer_s']['mean_s'], 's')}; "
-                      f"wait for a decode slot mean {si(d['decode_admission_wait_s']['mean_s'], 's')}",
-                      highlight=False)
-    if "capacity" in r:
-        console.print(capacity_line(r["capacity"]), highlight=False)
-
-
-def capacity_line(c: dict) -> str:
-    """The capacity found, once, with its run length and the saturation rate beside it."""
-    sat = f"saturation {c['saturation_per_s']:.4g} requests/s offline, {c['saturation']['requests']} requests at t = 0"
-    stopped = c.get("interrupted")
-    if c["rate_per_s"] is None:
-        return f"capacity: none ({sat}): {c['reason']}" + (f" (INTERRUPTED by {stopped['signal']})" if stopped else "")
-    run = c["run"]
-    if stopped:  # a lower bound: the best valid rate of the runs finished
-        hi = c["bracket"][1]
-        return (f"capacity: at least {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}); INTERRUPTED by "
-                f"{stopped['signal']} after {len(c['runs'])} runs, not converged"
-                + (f" (the lowest invalid rate: {hi:.4g} requests/s)" if hi is not None else "")
-                + f"; the run above: {run['requests']} requests, queue {run['verdict']}")
-    return (f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}; limited by {c['limited_by']}); "
-            f"the run above: {run['requests']} requests, the first {run['warmup_requests']} and last "
-            f"{run['cooldown_requests']} excluded (warm-up, cool-down), "
-            f"{run['span_s']:.4g} s measured, queue {run['verdict']}; {len(c['runs'])} runs"
-            + ("" if c["converged"] else ", not converged"))
-
-
-def _cdf_png(res) -> bytes | None:
-    """The latency CDFs (e2e, TTFT, queue) as PNG bytes; None, saying so, without matplotlib."""
-    import importlib.util
-    import io
-
-    if importlib.util.find_spec("matplotlib") is None:
-        console.print("note: matplotlib is not installed, latency_cdf.png skipped", highlight=False)
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from opmap.report.figures import png_metadata
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, x in (("e2e", res.finish_s - res.arrival_s), ("ttft", res.first_s - res.arrival_s),
-                    ("queue", res.start_s - res.arrival_s)):
-        xs = np.sort(x)
-        ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=name)
-    ax.set_xlabel("latency (s)")
-    ax.set_ylabel("fraction of requests")
-    ax.legend()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata=png_metadata())
-    plt.close(fig)
-    return buf.getvalue()

@@ -1,0 +1,116 @@
+"""``opmap serve``'s terminal rendering: serve.json's figures as lines and a latency table, the capacity line, the
+latency CDF figure (cli/serve.py parses and runs; this module only renders what serve.json holds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from opmap.phases.runtime import Runtime
+from opmap.report.figures import png_metadata
+from opmap.report.sheet import si
+from opmap.report.text import plain
+
+
+def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) -> None:
+    """serve.json's figures as the terminal shows them: the title, the assumptions' lines, the latency table,
+    throughput and goodput, the engine's KV blocks and preemptions, validity, disaggregation, capacity."""
+
+    a = r["assumptions"]
+    lay = f"{a['tp']} x {a['layout']['pp']}" if a.get("layout") and a["layout"]["pp"] > 1 else f"{a['tp']}"
+    t = Table(title=plain(f"opmap serve {model} on {a['replicas']} x {lay} {hardware}: {r['policy']['spec']}, "
+                          f"{r['arrival']}, {r['requests']['count']} requests ({a['cost']}"
+                          + (f", runtime {a['runtime']['name']})" if a.get("runtime") else ")")), title_justify="left")
+    for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
+        t.add_column(col, justify="left" if col == "latency" else "right")
+    for k in ("e2e", "ttft", "queue", "tpot", "itl"):
+        s = r["latency"][k]
+        t.add_row(k, *[si(s[f], "s") if s[f] is not None else "-" for f in
+                       ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
+    if a.get("dtype_line"):  # the format priced; an alias resolved and a fallback, why
+        console.print(plain("dtype: " + a["dtype_line"]), highlight=False)
+    rt = a.get("runtime")
+    if rt:
+        console.print(plain(Runtime.from_dict(rt).line()), highlight=False)
+    m = a.get("memory")
+    if m:
+        g = 2 ** 30
+        console.print(f"memory per device: {m['capacity_bytes'] / g:.4g} GiB x {m['utilization']:g} - weights "
+                      f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB = KV "
+                      f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {a.get('kv_dtype')})",
+                      highlight=False)
+    console.print(t)
+    th, g = r["throughput"], r["goodput"]
+    console.print(f"throughput {th['requests_per_s']:.4g} req/s, {si(th['tokens_per_s'], 'tok/s')} "
+                  f"({si(th['output_tokens_per_s'], 'tok/s')} out); goodput {g['requests_per_s']:.4g} req/s; "
+                  f"SLO attainment {r['slo_attainment']:.1%}; queueing share {r['queueing_share']:.1%}",
+                  highlight=False)
+    if r["policy"]["name"] == "engine":
+        p, kv = r["preemptions"], r.get("kv_cache", {})
+        blocks = (f"KV {kv['peak_blocks_used']} of {kv['blocks']} blocks of {kv['kv_block']} tokens at peak"
+                  if kv.get("blocks") is not None else f"KV unlimited, blocks of {kv.get('kv_block')} tokens")
+        console.print(f"{blocks}; preemptions {p['total']} ({p['requests_preempted']} requests, recomputed)",
+                      highlight=False)
+    v = r["validity"]
+    console.print(f"MLPerf-style validity: {v['verdict']} ({v['reason']})", highlight=False)
+    if "disaggregation" in r:
+        d = r["disaggregation"]
+        k = d["kv_transfer"]
+        console.print(f"disaggregated {d['prefill_replicas']}:{d['decode_replicas']} (prefill:decode): KV moved "
+                      f"over {k['link']} at {si(k['bandwidth_bytes_per_s'], 'B/s')}, "
+                      f"{si(k['bytes_per_token'], 'B')}/token/device, mean {si(d['kv_transfer_s']['mean_s'], 's')}; "
+                      f"wait for a decode slot mean {si(d['decode_admission_wait_s']['mean_s'], 's')}",
+                      highlight=False)
+    if "capacity" in r:
+        console.print(capacity_line(r["capacity"]), highlight=False)
+
+
+def capacity_line(c: dict[str, Any]) -> str:
+    """The capacity found, once, with its run length and the saturation rate beside it."""
+    sat = f"saturation {c['saturation_per_s']:.4g} requests/s offline, {c['saturation']['requests']} requests at t = 0"
+    stopped = c.get("interrupted")
+    if c["rate_per_s"] is None:
+        return f"capacity: none ({sat}): {c['reason']}" + (f" (INTERRUPTED by {stopped['signal']})" if stopped else "")
+    run = c["run"]
+    if stopped:  # a lower bound: the best valid rate of the runs finished
+        hi = c["bracket"][1]
+        return (f"capacity: at least {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}); INTERRUPTED by "
+                f"{stopped['signal']} after {len(c['runs'])} runs, not converged"
+                + (f" (the lowest invalid rate: {hi:.4g} requests/s)" if hi is not None else "")
+                + f"; the run above: {run['requests']} requests, queue {run['verdict']}")
+    return (f"capacity: {c['rate_per_s']:.4g} requests/s meet the SLO ({sat}; limited by {c['limited_by']}); "
+            f"the run above: {run['requests']} requests, the first {run['warmup_requests']} and last "
+            f"{run['cooldown_requests']} excluded (warm-up, cool-down), "
+            f"{run['span_s']:.4g} s measured, queue {run['verdict']}; {len(c['runs'])} runs"
+            + ("" if c["converged"] else ", not converged"))
+
+
+def cdf_png(res, console: Console) -> bytes | None:
+    """The latency CDFs (e2e, TTFT, queue) of a simulated run as PNG bytes; None, saying so, without matplotlib."""
+    import importlib.util
+    import io
+
+    if importlib.util.find_spec("matplotlib") is None:
+        console.print("note: matplotlib is not installed, latency_cdf.png skipped", highlight=False)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, x in (("e2e", res.finish_s - res.arrival_s), ("ttft", res.first_s - res.arrival_s),
+                    ("queue", res.start_s - res.arrival_s)):
+        xs = np.sort(x)
+        ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=name)
+    ax.set_xlabel("latency (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.legend()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata=png_metadata())
+    plt.close(fig)
+    return buf.getvalue()
