@@ -276,7 +276,8 @@ class RateProbe:
 def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]],
                                                         list[dict[str, Any]]] | None = None,
                     rel_tol: float = 0.01, max_runs: int = 64,
-                    saturation: dict[str, Any] | None = None, prune: bool = True) -> dict[str, Any]:
+                    saturation: dict[str, Any] | None = None, prune: bool = True,
+                    floor: float | None = None) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
     saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
     completed): ``find_capacity`` with that rate as its ceiling. Returns the search record (``rate_per_s`` None
@@ -285,7 +286,8 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
     whose figures are reported (warm-up excluded). ``saturation``: ``probe.saturation()`` already run (a layout
     search bounds each layout by it first), else it is run here. ``prune``: first ask ``alone_breaks_slo``; where
     a request alone already breaks the SLO, no rate is searched (the search would probe ever lower rates, down to
-    2^-31 of saturation, each a run of requests served one by one, and find none valid).
+    2^-31 of saturation, each a run of requests served one by one, and find none valid). ``floor`` (requests/s):
+    ``find_capacity``'s: an invalid rate under it stops the search, ``limited_by`` "floor", no rate, the reason.
 
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) after a run, the stop carries as ``partial`` this record of the runs
     so far, ``limited_by`` "interrupted", ``interrupted`` the signal and the runs: ``rate_per_s`` the highest
@@ -303,13 +305,19 @@ def steady_capacity(probe: RateProbe, map_fn: Callable[[Callable[[float], dict[s
                                       "rel_tol": rel_tol, "limited_by": "slo", "runs": [], "summary": None,
                                       "alone": why}, sat, sat_rate)
     try:
-        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune)
+        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune,
+                            floor=floor)
     except Interrupted as e:
         if e.partial is not None:
             e.partial = _steady_record(probe, e.partial, sat, sat_rate)
             e.partial["interrupted"] = e.note(runs=len(e.partial["runs"]))
         raise
-    return _steady_record(probe, cap, sat, sat_rate)
+    out = _steady_record(probe, cap, sat, sat_rate)
+    if cap["limited_by"] == "floor":  # stopped under the caller's floor: no answer, only its bound
+        out.update(limited_by="floor", rate_per_s=None, headline=None,
+                   reason=f"capacity under {cap['bracket'][1]:.4g} requests/s (invalid there), below the floor "
+                          f"{floor:.4g}: not searched further")
+    return out
 
 
 def _steady_record(probe: RateProbe, cap: dict[str, Any], sat: dict[str, Any], sat_rate: float) -> dict[str, Any]:

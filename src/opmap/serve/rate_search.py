@@ -23,7 +23,8 @@ def _inline(fn: Callable[[float], dict[str, Any]], rates: list[float]) -> list[d
 def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol: float = 0.01,
                   max_runs: int = 64,
                   map_fn: Callable[[Callable[[float], dict[str, Any]], list[float]], list[dict[str, Any]]] | None
-                  = None, ceiling: float | None = None, skip_alone: bool = True) -> dict[str, Any]:
+                  = None, ceiling: float | None = None, skip_alone: bool = True,
+                  floor: float | None = None) -> dict[str, Any]:
     """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
 
     The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
@@ -44,7 +45,11 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
     rates, which cost the most to simulate (a batch of one runs a step per token: ceiling / 128 took most of a
     fit cell's time). ``skip_alone``: a descent probe that is invalid with every request served alone (its summary's
     ``steady_state.alone``, RateProbe) ends the descent: every lower rate serves them alone too, alike, and is
-    recorded with the same verdict, unrun. The summary of the run at the answer is returned as ``summary``."""
+    recorded with the same verdict, unrun. The summary of the run at the answer is returned as ``summary``.
+
+    ``floor`` (requests/s): a rate the caller has no use for an answer under (a layout search's runner-up, in this
+    layout's requests/s): once a rate under it is invalid, the answer lies below it and the search stops
+    there (``limited_by`` "floor", ``rate_per_s`` the best valid rate so far or 0) instead of descending to it."""
     if ceiling is not None:
         if not ceiling > 0:
             raise OpmapError(f"the capacity search needs a ceiling > 0 requests/s, got {ceiling!r}")
@@ -77,7 +82,7 @@ def find_capacity(run: Callable[[float], dict[str, Any]], rate0: float, rel_tol:
 
     try:
         return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline,
-                       alone=alone)
+                       alone=alone, floor=floor)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs so far, and the best rate they found, kept
         stop = Interrupted.of(e)
         if tried:
@@ -94,6 +99,18 @@ def _bracket(tried: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     first_bad = min(bad) if bad else None
     good = [t["rate_per_s"] for t in tried if t["valid"] and (first_bad is None or t["rate_per_s"] < first_bad)]
     return (max(good) if good else None), first_bad
+
+
+def _under(hi: float | None, floor: float | None) -> bool:
+    """An invalid rate ``hi`` under ``floor``: every answer the search could still give lies below it."""
+    return floor is not None and hi is not None and hi < floor
+
+
+def _floored(lo: float | None, hi: float, rel_tol: float, tried: list[dict[str, Any]],
+             kept: dict[float, dict[str, Any]]) -> dict[str, Any]:
+    """The record of a search stopped at its ``floor``: the capacity is under ``hi``, not searched further."""
+    return {"rate_per_s": lo or 0.0, "bracket": [lo, hi], "converged": False, "rel_tol": rel_tol,
+            "limited_by": "floor", "runs": tried, "summary": kept.get(lo) if lo else None}
 
 
 def _split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | None]:
@@ -135,7 +152,8 @@ def _round(probe: Callable[[list[float]], list[bool]], rates: list[float], tried
 
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
             ceiling: float | None, tried: list[dict[str, Any]], kept: dict[float, dict[str, Any]],
-            parallel: bool = True, alone: dict[float, str] | None = None) -> dict[str, Any]:
+            parallel: bool = True, alone: dict[float, str] | None = None,
+            floor: float | None = None) -> dict[str, Any]:
     """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``.
     Not ``parallel`` (probes run one by one, inline), a refinement round stops at its first invalid rate
     (``_upward``): the same answer, fewer runs."""
@@ -147,6 +165,8 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
         for i, chunk in enumerate(chunks):
             probe([rate0 * 2.0 ** k for k in chunk])
             lo, hi = _bracket(tried)
+            if _under(hi, floor):
+                return _floored(lo, hi, rel_tol, tried, kept)
             if lo is not None:
                 break
             why = (alone or {}).get(rate0 * 2.0 ** chunk[-1])
@@ -164,6 +184,8 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
     for shift in range(GRID_SHIFTS + 1 if ceiling is None else 0):
         probe([rate0 * 2.0 ** k for k in GRID_EXPONENTS])
         lo, hi = _bracket(tried)
+        if _under(hi, floor):
+            return _floored(lo, hi, rel_tol, tried, kept)
         if lo is not None and hi is not None:
             break
         direction = 1 if hi is None else -1  # all valid: look higher; nothing valid below the lowest invalid: lower
@@ -179,5 +201,7 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
         runs += PROBES
         new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
+        if _under(hi, floor):
+            return _floored(lo, hi, rel_tol, tried, kept)
     return {"rate_per_s": lo, "bracket": [lo, hi], "converged": hi - lo <= rel_tol * lo,
             "rel_tol": rel_tol, "limited_by": "slo", "runs": tried, "summary": kept[lo]}
