@@ -236,22 +236,38 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
     return lay, probe, sat, dict(cost.runtime)
 
 
+def _floor(lay: LayoutResult, sat, budget: int, bar: float | None) -> float | None:
+    """The rate (requests/s of one replica) under which ``lay`` cannot beat the runner-up's ``bar`` (output tokens/s
+    per device): its output tokens a request, as its saturation run served them, times the replicas over the budget,
+    loosened by BOUND_SLACK as the saturation bound is (a capacity search stops once a rate under it is invalid:
+    every rate it could still find lies under that one). None without a runner-up."""
+    tput = sat.throughput  # the saturation run (a ServeReport)
+    if bar is None or not tput.requests_per_s > 0:
+        return None
+    per_request = tput.output_tokens_per_s / tput.requests_per_s
+    return bar / (1 + BOUND_SLACK) * budget / (lay.replicas * per_request)
+
+
 def _searched(lay: LayoutResult, probe, sat, budget: int, found: list[float]) -> LayoutResult:
     """``lay`` pruned (its saturation bound under the runner-up's figure among ``found``) or its capacity searched
     (``steady_capacity``): the figures of the run at the rate found, or the reason no rate meets the SLO."""
     from opmap.serve.capacity import steady_capacity
 
     bound = lay.bound_per_device_tokens_per_s
-    if PRUNE and len(found) >= 2 and bound * (1 + BOUND_SLACK) < sorted(found)[-2]:
+    bar = sorted(found)[-2] if PRUNE and len(found) >= 2 else None  # the runner-up so far
+    if bar is not None and bound * (1 + BOUND_SLACK) < bar:
         return replace(lay, limited_by="pruned", reason=(
             f"not searched: its saturation bound {bound:.4g} tokens/s per device is below the runner-up's "
-            f"{sorted(found)[-2]:.4g}"))
+            f"{bar:.4g}"))
     try:
-        cap = steady_capacity(probe, saturation=sat, prune=PRUNE)
+        cap = steady_capacity(probe, saturation=sat, prune=PRUNE, floor=_floor(lay, sat, budget, bar))
     except OpmapError as e:  # an offline run that completes nothing
         return replace(lay, reason=str(e))
     head = cap.headline
     lay = replace(lay, capacity=cap.to_dict(), saturation_per_s=cap.saturation_per_s)  # as fit.json writes it
+    if cap.limited_by == "floor":
+        return replace(lay, limited_by="pruned", reason=f"searched in part: its {cap.reason} (the rate whose "
+                                                        f"output tokens/s per device match the runner-up's {bar:.4g})")
     if head is None:
         return replace(lay, reason=cap.reason)
     out_tok = head.throughput.output_tokens_per_s

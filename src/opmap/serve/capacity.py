@@ -311,7 +311,8 @@ class CapacityRecord:
 
 
 def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: float = 0.01, max_runs: int = 64,
-                    saturation: ServeReport | None = None, prune: bool = True) -> CapacityRecord:
+                    saturation: ServeReport | None = None, prune: bool = True,
+                    floor: float | None = None) -> CapacityRecord:
     """The highest arrival rate (requests/s) whose run meets the SLO with a stationary queue, never above the
     saturation rate of the same configuration (``probe.saturation()``: all requests at t = 0, requests/s
     completed): ``find_capacity`` with that rate as its ceiling. Returns the record (``CapacityRecord``):
@@ -320,7 +321,8 @@ def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: floa
     excluded). ``saturation``: ``probe.saturation()`` already run (a layout search bounds each layout by it first),
     else it is run here. ``prune``: first ask ``alone_breaks_slo``; where a request alone already breaks the SLO,
     no rate is searched (the search would probe ever lower rates, down to 2^-31 of saturation, each a run of
-    requests served one by one, and find none valid).
+    requests served one by one, and find none valid). ``floor`` (requests/s): ``find_capacity``'s: an invalid
+    rate under it stops the search, ``limited_by`` "floor", no rate, the reason.
 
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) after a run, the stop carries as ``partial`` this record of the runs
     so far, ``limited_by`` "interrupted", ``interrupted`` the signal and the runs: ``rate_per_s`` the highest
@@ -337,13 +339,19 @@ def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: floa
         return CapacityRecord(CapacitySearch(0.0, (None, None), True, rel_tol, "slo", ()), None, "slo", sat,
                               _method(probe), None, reason=why)
     try:
-        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune)
+        cap = find_capacity(probe, sat_rate, rel_tol, max_runs, map_fn, ceiling=sat_rate, skip_alone=prune,
+                            floor=floor)
     except Interrupted as e:
         if e.partial is not None:
             part = _steady_record(probe, e.partial, sat)
             e.partial = replace(part, interrupted=e.note(runs=len(part.search.runs)))
         raise
-    return _steady_record(probe, cap, sat)
+    out = _steady_record(probe, cap, sat)
+    if cap.limited_by == "floor":  # stopped under the caller's floor: no answer, only its bound
+        return replace(out, limited_by="floor", rate_per_s=None, headline=None,
+                       reason=f"capacity under {cap.bracket[1]:.4g} requests/s (invalid there), below the floor "
+                              f"{floor:.4g}: not searched further")
+    return out
 
 
 def _method(probe: RateProbe) -> str:

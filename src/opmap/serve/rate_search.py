@@ -46,8 +46,8 @@ class ProbeRun:
 class CapacitySearch:
     """``find_capacity``'s answer: ``rate_per_s`` the highest valid rate found (0.0: none), the valid / invalid
     ``bracket`` around the edge (None: that side not found), whether it ``converged`` to ``rel_tol``, what
-    ``limited_by`` it ("slo", "ceiling", "search range", "interrupted"), every run recorded, and the ``summary``
-    of the run at ``rate_per_s`` (None where none was valid)."""
+    ``limited_by`` it ("slo", "ceiling", "search range", "interrupted", "floor"), every run recorded, and the
+    ``summary`` of the run at ``rate_per_s`` (None where none was valid)."""
 
     rate_per_s: float
     bracket: tuple[float | None, float | None]
@@ -67,7 +67,8 @@ def _inline(fn: Run, rates: list[float]) -> list[Probed]:
 
 
 def find_capacity(run: Run, rate0: float, rel_tol: float = 0.01, max_runs: int = 64, map_fn: MapFn | None = None,
-                  ceiling: float | None = None, skip_alone: bool = True) -> CapacitySearch:
+                  ceiling: float | None = None, skip_alone: bool = True,
+                  floor: float | None = None) -> CapacitySearch:
     """The highest arrival rate (requests/s) whose ``run(rate)`` summary is VALID.
 
     The probes are fixed by ``rate0`` alone, never by which probe finished first, so that any ``map_fn``
@@ -88,7 +89,11 @@ def find_capacity(run: Run, rate0: float, rel_tol: float = 0.01, max_runs: int =
     rates, which cost the most to simulate (a batch of one runs a step per token: ceiling / 128 took most of a
     fit cell's time). ``skip_alone``: a descent probe that is invalid with every request served alone (its summary's
     ``steady_state.alone``, RateProbe) ends the descent: every lower rate serves them alone too, alike, and is
-    recorded with the same verdict, unrun. The summary of the run at the answer is returned as ``summary``."""
+    recorded with the same verdict, unrun. The summary of the run at the answer is returned as ``summary``.
+
+    ``floor`` (requests/s): a rate the caller has no use for an answer under (a layout search's runner-up, in this
+    layout's requests/s): once a rate under it is invalid, the answer lies below it and the search stops
+    there (``limited_by`` "floor", ``rate_per_s`` the best valid rate so far or 0) instead of descending to it."""
     if ceiling is not None:
         if not ceiling > 0:
             raise OpmapError(f"the capacity search needs a ceiling > 0 requests/s, got {ceiling!r}")
@@ -122,7 +127,7 @@ def find_capacity(run: Run, rate0: float, rel_tol: float = 0.01, max_runs: int =
 
     try:
         return _search(probe, rate0, rel_tol, max_runs, ceiling, tried, kept, parallel=map_fn is not _inline,
-                       alone=alone)
+                       alone=alone, floor=floor)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs so far, and the best rate they found, kept
         stop = Interrupted.of(e)
         if tried:
@@ -139,6 +144,17 @@ def _bracket(tried: list[ProbeRun]) -> tuple[float | None, float | None]:
     first_bad = min(bad) if bad else None
     good = [t.rate_per_s for t in tried if t.valid and (first_bad is None or t.rate_per_s < first_bad)]
     return (max(good) if good else None), first_bad
+
+
+def _under(hi: float | None, floor: float | None) -> bool:
+    """An invalid rate ``hi`` under ``floor``: every answer the search could still give lies below it."""
+    return floor is not None and hi is not None and hi < floor
+
+
+def _floored(lo: float | None, hi: float, rel_tol: float, tried: list[ProbeRun],
+             kept: dict[float, Probed]) -> CapacitySearch:
+    """The record of a search stopped at its ``floor``: the capacity is under ``hi``, not searched further."""
+    return CapacitySearch(lo or 0.0, (lo, hi), False, rel_tol, "floor", tuple(tried), kept.get(lo) if lo else None)
 
 
 def _split(rates: list[float], ok: list[bool]) -> tuple[float | None, float | None]:
@@ -180,7 +196,8 @@ def _round(probe: Callable[[list[float]], list[bool]], rates: list[float], tried
 
 def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: float, max_runs: int,
             ceiling: float | None, tried: list[ProbeRun], kept: dict[float, Probed],
-            parallel: bool = True, alone: dict[float, str] | None = None) -> CapacitySearch:
+            parallel: bool = True, alone: dict[float, str] | None = None,
+            floor: float | None = None) -> CapacitySearch:
     """find_capacity's search from ``rate0``; ``probe(rates)`` runs them and adds them to ``tried`` and ``kept``.
     Not ``parallel`` (probes run one by one, inline), a refinement round stops at its first invalid rate
     (``_upward``): the same answer, fewer runs."""
@@ -192,6 +209,8 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
         for i, chunk in enumerate(chunks):
             probe([rate0 * 2.0 ** k for k in chunk])
             lo, hi = _bracket(tried)
+            if _under(hi, floor):
+                return _floored(lo, hi, rel_tol, tried, kept)
             if lo is not None:
                 break
             why = (alone or {}).get(rate0 * 2.0 ** chunk[-1])
@@ -206,6 +225,8 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
     for shift in range(GRID_SHIFTS + 1 if ceiling is None else 0):
         probe([rate0 * 2.0 ** k for k in GRID_EXPONENTS])
         lo, hi = _bracket(tried)
+        if _under(hi, floor):
+            return _floored(lo, hi, rel_tol, tried, kept)
         if lo is not None and hi is not None:
             break
         direction = 1 if hi is None else -1  # all valid: look higher; nothing valid below the lowest invalid: lower
@@ -221,4 +242,6 @@ def _search(probe: Callable[[list[float]], list[bool]], rate0: float, rel_tol: f
         runs += PROBES
         new_lo, new_hi = _split(rates, ok)
         lo, hi = (new_lo if new_lo is not None else lo), (new_hi if new_hi is not None else hi)
+        if _under(hi, floor):
+            return _floored(lo, hi, rel_tol, tried, kept)
     return CapacitySearch(lo, (lo, hi), hi - lo <= rel_tol * lo, rel_tol, "slo", tuple(tried), kept[lo])
