@@ -15,6 +15,7 @@ duckdb = pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import list_runs, record, show_run  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 N_KERNELS = 4000
 
@@ -27,7 +28,7 @@ def _payload(n: int) -> dict:
 
 
 def _tags(**kw):
-    return {"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw}
+    return Tags("analysis", **{"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw})
 
 
 WRITER = """

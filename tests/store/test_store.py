@@ -11,6 +11,7 @@ duckdb = pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import list_runs, record, show_run  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 PAYLOAD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16", "batch": 1, "seq": 8},
            "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": 1e-3, "traffic_bytes": 10.0, "bound": "memory"}],
@@ -20,7 +21,7 @@ PAYLOAD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf
 
 
 def _tags(**kw):
-    return {"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw}
+    return Tags("analysis", **{"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw})
 
 
 def test_round_trip_and_the_json_contract(tmp_path):
@@ -78,7 +79,7 @@ def test_a_killed_writer_loses_nothing_earlier(tmp_path):
     (spool / ".20990101T000000-dead.tmp").write_text('{"id": "half')
     # killed after its os.replace, before the ingest: a complete spool file, ingested by the next writer
     waiting = {"id": "20990101T000000-wait", "kind": "analyze", "time_utc": "2099-01-01T00:00:00+00:00",
-               "tags": _tags(batch=2), "payload": {}, "rows": {}}
+               "tags": _tags(batch=2).to_dict(), "payload": {}, "rows": {}}
     (spool / "20990101T000000-wait.json").write_text(json.dumps(waiting))
     # killed between the commit and the delete: a spool file of a run already in the store, not ingested twice
     (spool / f"{first}.json").write_text(json.dumps({**waiting, "id": first}))

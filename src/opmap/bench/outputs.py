@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.bench.records import BenchResult
+from opmap.tags import Tags
 
 SCHEMA_VERSION = 1
 PARQUET_COLUMNS = {
@@ -102,7 +103,7 @@ def requests_parquet(result: BenchResult) -> bytes:
         return dst.read_bytes()
 
 
-def bench_tags(body: dict[str, Any]) -> dict[str, Any]:
+def bench_tags(body: dict[str, Any]) -> Tags:
     """The store tags of a bench.json body: the model as /v1/models reports it (workload), the endpoint
     (hardware: the server is what the URL reaches), phase bench, the load (parallelism), the server, the workload
     spec and the client version."""
@@ -111,11 +112,10 @@ def bench_tags(body: dict[str, Any]) -> dict[str, Any]:
     c = body.get("client") if isinstance(body.get("client"), dict) else {}
     served = e.get("server_models") or []
     load = f"open loop {s.get('arrival')}" if s.get("arrival") else f"closed loop c={s.get('concurrency')}"
-    return {"workload": served[0] if len(served) == 1 else e.get("model"), "hardware": e.get("base_url"),
-            "phase": "bench", "precision": None, "parallelism": load, "endpoint": e.get("base_url"),
-            "server": e.get("server_header"), "model": e.get("model"), "served_models": list(served),
-            "api": e.get("api"),
-            "workload_spec": f"{load}, {e.get('api')}, input {s.get('input_len')}, output {s.get('output_len')}, "
-                             f"requests {s.get('requests')}, duration {s.get('duration_s')}, warmup "
-                             f"{s.get('warmup')}, seed {s.get('seed')}",
-            "client_version": c.get("opmap")}
+    return Tags("bench", workload=served[0] if len(served) == 1 else e.get("model"), hardware=e.get("base_url"),
+                phase="bench", precision=None, parallelism=load, endpoint=e.get("base_url"),
+                server=e.get("server_header"), model=e.get("model"), served_models=tuple(served), api=e.get("api"),
+                workload_spec=f"{load}, {e.get('api')}, input {s.get('input_len')}, output {s.get('output_len')}, "
+                              f"requests {s.get('requests')}, duration {s.get('duration_s')}, warmup "
+                              f"{s.get('warmup')}, seed {s.get('seed')}",
+                client_version=c.get("opmap"))

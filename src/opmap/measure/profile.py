@@ -18,7 +18,7 @@ A layer type's fractions are its sums over its nodes divided by its measured tim
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opmap.analyze import Analysis
@@ -29,6 +29,7 @@ from opmap.measure.energy import EnergyReading
 from opmap.measure.runner import ProfiledRun
 from opmap.predict import mfu
 from opmap.roofline import stall_split
+from opmap.tags import Tags
 from opmap.timing import LatencyStats
 
 PROFILE_SCHEMA_VERSION = 1
@@ -55,7 +56,7 @@ class Profile:
     datasheet: HardwareSpec | None
     datasheet_why: str
     mode: str = "inference"
-    tags: dict[str, Any] = field(default_factory=dict)
+    tags: Tags | None = None  # the run's telemetry tags (measure.run.telemetry_tags)
     around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
     drift: DriftCheck | None = None  # calibration_check at profile time
     optimizer: dict[str, Any] | None = None  # a training step's optimizer: its state predicted and in the run
@@ -218,5 +219,5 @@ class Profile:
         d["calibration_check"] = self.drift.to_dict() if self.drift is not None else None
         d["optimizer"] = self.optimizer
         d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
-        d["tags"] = self.tags
+        d["tags"] = self.tags.to_dict() if self.tags is not None else {}
         return d

@@ -55,7 +55,7 @@ class Sources:
 
     title: str
     origin: str  # "run ID" or the folder
-    tags: dict[str, Any]
+    tags: dict[str, Any]  # the run's telemetry tags as its file or the store holds them (opmap.tags.Tags.to_dict)
     body: dict[str, Any] | None = None
     kernels: list[dict[str, Any]] = field(default_factory=list)
     layer_types: list[dict[str, Any]] = field(default_factory=list)
@@ -90,28 +90,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     return d
 
 
-def _other_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
-    """The tags the sweep / serve / fit / bench commands record their runs under (cli/sweep.py, serve.py, fit.py,
-    bench.py)."""
-    if kind == "bench":
-        from opmap.bench.outputs import bench_tags
-
-        return bench_tags(d)
-    if kind == "sweep":
-        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
-                "precision": d.get("dtype")}
-    if kind == "serve":
-        a = d.get("assumptions") or {}
-        return {"workload": a.get("model"), "hardware": a.get("hardware"), "phase": "serve",
-                "precision": a.get("dtype"), "parallelism": f"tp{a.get('tp')} x {a.get('replicas')} replicas"}
-    return {"workload": ",".join(d.get("models") or ()), "hardware": ",".join(d.get("hardware") or ()),
-            "phase": "serve", "precision": d.get("dtype")}
-
-
 def from_dir(folder: Path) -> Sources:
     """The outputs of analyze / profile / sweep / serve / fit found in ``folder`` (profile.json is preferred to
     analysis.json: it is the same analysis with the measurement joined)."""
     from opmap.store.db import analysis_tags, payload_rows
+    from opmap.store.source import folder_tags
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -131,7 +114,7 @@ def from_dir(folder: Path) -> Sources:
     if main is not None:
         src.body = _read_json(main)
         src.kernels, src.layer_types = payload_rows(src.body)
-        src.tags = dict(src.body.get("tags") or analysis_tags(src.body))
+        src.tags = dict(src.body.get("tags") or analysis_tags(src.body).to_dict())
         if (folder / "trace.json").is_file():
             src.trace = folder / "trace.json"
     for kind in ("sweep", "serve", "fit", "bench"):
@@ -139,7 +122,7 @@ def from_dir(folder: Path) -> Sources:
             d = _read_json(found[f"{kind}.json"])
             setattr(src, kind, d)
             if not src.tags:
-                src.tags = _other_tags(kind, d)
+                src.tags = folder_tags(kind, d).to_dict()
     return src
 
 

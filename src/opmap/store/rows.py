@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap import __version__
-
-TAGS_VERSION = 1  # the tag names below; a new tag may be added, a renamed one bumps this
+from opmap.tags import Fingerprint, Tags
 
 
 def _git_commit() -> str | None:
@@ -45,22 +44,19 @@ def graph_hash(nodes: list[dict[str, Any]]) -> str:
     return h.hexdigest()[:16]
 
 
-def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
+def analysis_tags(d: dict[str, Any]) -> Tags:
     """The telemetry tags of an analysis.json (or profile.json) body; a field of the wrong type is taken as
     absent (the body may be a run folder's file, read as data)."""
     a = _obj(d.get("assumptions"))
     par = _obj(d.get("parallelism"))
     phase = _obj(d.get("phase"))
-    return {
-        "tags_version": TAGS_VERSION,
-        "workload": a.get("workload"), "hardware": a.get("hardware"), "phase": phase.get("name", "prefill"),
-        "precision": a.get("dtype"), "batch": a.get("batch"), "seq": a.get("seq"), "fusion": a.get("fusion_policy"),
-        "parallelism": (f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}" if par
-                        else "single device"),
-        "graph_hash": d.get("graph_hash") or graph_hash(d.get("nodes", [])),
-        "opmap_version": a.get("opmap_version", __version__),
-        "torch_version": a.get("torch_version"),
-    }
+    return Tags("analysis", workload=a.get("workload"), hardware=a.get("hardware"),
+                phase=phase.get("name", "prefill"), precision=a.get("dtype"), batch=a.get("batch"), seq=a.get("seq"),
+                fusion=a.get("fusion_policy"),
+                parallelism=(f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}" if par
+                             else "single device"),
+                graph_hash=d.get("graph_hash") or graph_hash(d.get("nodes", [])),
+                opmap_version=a.get("opmap_version", __version__), torch_version=a.get("torch_version"))
 
 
 def read_profile(path: Path) -> dict[str, Any]:
@@ -73,19 +69,21 @@ def read_profile(path: Path) -> dict[str, Any]:
     return tomllib.loads(read_text_bounded(path, LIMIT_TOML_BYTES, "calibration profile"))
 
 
-def calibration_tags(d: dict[str, Any], quick: bool = False) -> dict[str, Any]:
+def calibration_tags(d: dict[str, Any], quick: bool = False) -> Tags:
     """The telemetry tags of a calibration profile: the hardware is the local fingerprint (device and model)."""
     cal = d.get("calibration") or {}
     fp = cal.get("fingerprint") or {}
-    return {"tags_version": TAGS_VERSION, "workload": "calibration" + (" (quick)" if quick else ""),
-            "hardware": f"{d.get('name', 'local')}: {fp.get('model', '?')}", "phase": "calibrate",
-            "precision": None, "torch_version": fp.get("torch_version"),
-            "fingerprint": {k: fp.get(k) for k in ("model", "machine", "threads", "cores", "memory_bytes")}}
+    return Tags("calibration", workload="calibration" + (" (quick)" if quick else ""),
+                hardware=f"{d.get('name', 'local')}: {fp.get('model', '?')}", phase="calibrate", precision=None,
+                torch_version=fp.get("torch_version"),
+                fingerprint=Fingerprint(**{k: fp.get(k) for k in ("model", "machine", "threads", "cores",
+                                                                   "memory_bytes")}))
 
 
-def _common_tags(tags: dict[str, Any]) -> dict[str, Any]:
-    return {"opmap_version": __version__, "git_commit": _git_commit(),
-            "command": shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None, **tags}
+def recorded_tags(tags: Tags) -> Tags:
+    """``tags`` as a recorded run carries them: opmap's version, this checkout's git commit and the command line
+    ahead of the command's own tags."""
+    return tags.as_recorded(__version__, _git_commit(), shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None)
 
 
 def _signature(node: dict[str, Any]) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
+from opmap.tags import Tags
 
 # a folder's files, in the order one is chosen where it holds several; each with its run kind
 FOLDER_FILES = (("profile.json", "profile"), ("analysis.json", "analyze"), ("plan.json", "plan"),
@@ -100,29 +101,28 @@ def _read_json(f: Path, kind: str) -> dict[str, Any]:
     return d
 
 
-def folder_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
+def folder_tags(kind: str, d: dict[str, Any]) -> Tags:
     """The tags the command of ``kind`` records its run under (cli/*.py), from its output file."""
-    from opmap.store.db import analysis_tags
+    from opmap.store.rows import analysis_tags
 
     if kind in ("analyze", "profile"):
         return analysis_tags(d)
     if kind == "plan":
-        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
-                "precision": d.get("dtype"), "parallelism": f"{d.get('devices')} devices"}
+        return Tags("plan", workload=d.get("model"), hardware=d.get("hardware"), phase=d.get("phase"),
+                    precision=d.get("dtype"), parallelism=f"{d.get('devices')} devices")
     if kind == "sweep":
-        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
-                "precision": d.get("dtype")}
+        return Tags("sweep", workload=d.get("model"), hardware=d.get("hardware"), phase=d.get("phase"),
+                    precision=d.get("dtype"))
     if kind == "bench":
         from opmap.bench.outputs import bench_tags
 
         return bench_tags(d)
     if kind == "serve":
         a = d.get("assumptions") if isinstance(d.get("assumptions"), dict) else {}
-        return {"workload": a.get("model"), "hardware": a.get("hardware"), "phase": "serve",
-                "precision": a.get("dtype"), "parallelism": f"tp{a.get('tp')} x {a.get('replicas')} replicas"}
-    return {"workload": ",".join(map(str, d.get("models") or ())), "hardware": ",".join(map(str, d.get("hardware")
-                                                                                           or ())),
-            "phase": "serve", "precision": d.get("dtype")}
+        return Tags("serve", workload=a.get("model"), hardware=a.get("hardware"), phase="serve",
+                    precision=a.get("dtype"), parallelism=f"tp{a.get('tp')} x {a.get('replicas')} replicas")
+    return Tags("sweep", workload=",".join(map(str, d.get("models") or ())),
+                hardware=",".join(map(str, d.get("hardware") or ())), phase="serve", precision=d.get("dtype"))
 
 
 def from_folder(folder: Path) -> Run:
@@ -134,7 +134,7 @@ def from_folder(folder: Path) -> Run:
             tags = d.get("tags") if isinstance(d.get("tags"), dict) else {}
             when = tags.get("time_utc") or datetime.fromtimestamp(f.stat().st_mtime, UTC).isoformat(
                 timespec="seconds")
-            return Run(str(folder), kind, str(when), folder_tags(kind, d), d, False)
+            return Run(str(folder), kind, str(when), folder_tags(kind, d).to_dict(), d, False)
     raise OpmapError(f"nothing to read in {folder}; accepted: {ACCEPTED}")
 
 
