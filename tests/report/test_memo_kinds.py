@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from opmap.errors import OpmapError
 from opmap.report.memo import memo_markdown, memo_parts
+from opmap.store.source import Run
 
 
 def _run(kind, payload, **tags):
-    return {"id": "r9", "kind": kind, "time_utc": "2026-12-04T00:00:00+00:00",
-            "tags": {"workload": "gpt2", "hardware": "h100-sxm", "phase": "serve", "precision": "bf16", **tags},
-            "payload": payload}
+    return Run("r9", kind, "2026-12-04T00:00:00+00:00",
+               {"workload": "gpt2", "hardware": "h100-sxm", "phase": "serve", "precision": "bf16", **tags}, payload,
+               True)
 
 
 def _cell(hw, rank, tput, bound="memory", reason="", risk="low"):
@@ -114,12 +117,12 @@ def test_the_heading_names_only_what_the_run_has():
     unknown: the heading and the evidence line leave those out instead of printing "None"."""
     run = {"id": "out/b", "kind": "bench", "time_utc": None, "tags": {"workload": "Qwen/Qwen2.5-7B",
                                                                      "hardware": None, "phase": "bench"}}
-    fs, pits = memo_parts({**run, "payload": {}})
+    fs, pits = memo_parts(replace(run, payload={}))
     text = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
     assert "None" not in text
     assert text.splitlines()[0] == "# Closure memo: Qwen/Qwen2.5-7B (bench)"
     assert "Evidence: the bench output in out/b; reproduce" in text
-    bare = memo_markdown({"id": "r1", "kind": "serve", "time_utc": None, "tags": {}}, [], [], "opmap memo r1")
+    bare = memo_markdown(Run("r1", "serve", None, {}, {}, True), [], [], "opmap memo r1")
     assert bare.splitlines()[0] == "# Closure memo: a serve run" and "run r1 (serve) in the run store" in bare
 
 
@@ -178,5 +181,5 @@ def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
     md = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
     assert "| throughput: " in md and "| latency: TTFT p50" in md
 
-    bare = memo_parts({**run, "payload": {}})[0]  # a result with no figures gives no finding, not an empty one
+    bare = memo_parts(replace(run, payload={}))[0]  # a result with no figures gives no finding, not an empty one
     assert bare == []

@@ -83,7 +83,7 @@ def test_an_older_store_is_migrated_and_a_newer_one_refused(tmp_path):
                 "measured_s DOUBLE, share DOUBLE)")
     con.close()
     rid = record("analyze", _payload(3), _tags(), path)
-    assert show_run(rid, path)["kernels"] == 3
+    assert show_run(rid, path).kernels == 3
     con = duckdb.connect(str(path))
     assert con.execute("SELECT value FROM meta").fetchone() == ("2",)
     assert con.execute("SELECT count(signature) FROM kernels").fetchone() == (0,)  # no shapes in this payload

@@ -22,9 +22,10 @@ def _git_commit() -> str | None:
     return p.stdout.strip() or None if p.returncode == 0 else None
 
 
-def _obj(x: Any) -> dict[str, Any]:
-    """``x`` where it is a JSON object, else {}: a folder's file is data someone else may have damaged."""
-    return x if isinstance(x, dict) else {}
+def _field(x: Any, key: str, default: Any = None) -> Any:
+    """``x[key]`` where ``x`` is a JSON object holding it, else ``default``: a folder's file is data someone else
+    may have damaged (a field of the wrong type is taken as absent)."""
+    return x.get(key, default) if isinstance(x, dict) else default
 
 
 def _arr(x: Any) -> list[Any]:
@@ -36,10 +37,9 @@ def graph_hash(nodes: list[dict[str, Any]]) -> str:
     the wrong type (a damaged file) hashes as absent, never raises."""
     h = hashlib.sha256()
     for n in _arr(nodes):
-        n = _obj(n)
-        h.update(str(n.get("op", "")).encode())
-        for t in _arr(n.get("inputs", [])) + _arr(n.get("outputs", [])):
-            shape = _obj(t).get("shape", ())
+        h.update(str(_field(n, "op", "")).encode())
+        for t in _arr(_field(n, "inputs", [])) + _arr(_field(n, "outputs", [])):
+            shape = _field(t, "shape", ())
             h.update(repr(tuple(shape) if isinstance(shape, list) else shape).encode())
     return h.hexdigest()[:16]
 
@@ -47,16 +47,14 @@ def graph_hash(nodes: list[dict[str, Any]]) -> str:
 def analysis_tags(d: dict[str, Any]) -> Tags:
     """The telemetry tags of an analysis.json (or profile.json) body; a field of the wrong type is taken as
     absent (the body may be a run folder's file, read as data)."""
-    a = _obj(d.get("assumptions"))
-    par = _obj(d.get("parallelism"))
-    phase = _obj(d.get("phase"))
-    return Tags("analysis", workload=a.get("workload"), hardware=a.get("hardware"),
-                phase=phase.get("name", "prefill"), precision=a.get("dtype"), batch=a.get("batch"), seq=a.get("seq"),
-                fusion=a.get("fusion_policy"),
-                parallelism=(f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}" if par
-                             else "single device"),
+    a, par = d.get("assumptions"), d.get("parallelism")
+    return Tags("analysis", workload=_field(a, "workload"), hardware=_field(a, "hardware"),
+                phase=_field(d.get("phase"), "name", "prefill"), precision=_field(a, "dtype"),
+                batch=_field(a, "batch"), seq=_field(a, "seq"), fusion=_field(a, "fusion_policy"),
+                parallelism=(f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}"
+                             if isinstance(par, dict) and par else "single device"),
                 graph_hash=d.get("graph_hash") or graph_hash(d.get("nodes", [])),
-                opmap_version=a.get("opmap_version", __version__), torch_version=a.get("torch_version"))
+                opmap_version=_field(a, "opmap_version", __version__), torch_version=_field(a, "torch_version"))
 
 
 def read_profile(path: Path) -> dict[str, Any]:
