@@ -64,13 +64,15 @@ def bench_body(result: BenchResult, figures: dict[str, Any], spec: dict[str, Any
             **figures}
 
 
-def _row(r) -> dict[str, Any]:
-    return {"idx": r.index, "warmup": r.warmup, "status": r.status, "error": r.error, "http_status": r.http_status,
-            "scheduled_s": r.scheduled_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s, "end_s": r.end_s,
-            "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
-            "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
-            "usage_completion_tokens": r.usage_completion_tokens, "events": r.events, "usage_error": r.usage_error,
-            "token_times_dropped": r.token_times_dropped}
+def _row_json(r) -> str:
+    """One request's row of requests.parquet as a JSON Lines line (PARQUET_COLUMNS, in order)."""
+    return json.dumps({
+        "idx": r.index, "warmup": r.warmup, "status": r.status, "error": r.error, "http_status": r.http_status,
+        "scheduled_s": r.scheduled_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s, "end_s": r.end_s,
+        "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
+        "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
+        "usage_completion_tokens": r.usage_completion_tokens, "events": r.events, "usage_error": r.usage_error,
+        "token_times_dropped": r.token_times_dropped}, allow_nan=False)
 
 
 def requests_parquet(result: BenchResult) -> bytes:
@@ -82,7 +84,7 @@ def requests_parquet(result: BenchResult) -> bytes:
         longest = 0
         with open(src, "w") as f:
             for r in sorted(result.records, key=lambda r: r.index):
-                line = json.dumps(_row(r), allow_nan=False)
+                line = _row_json(r)
                 longest = max(longest, len(line))
                 f.write(line)
                 f.write("\n")
