@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from opmap.errors import OpmapError
 
@@ -107,3 +108,20 @@ def read_text_bounded(path: str | os.PathLike, limit_bytes: int, what: str, foll
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise OpmapError(f"cannot read {what} {path}: not UTF-8 text") from None
+
+
+
+def read_json_object(path: str | os.PathLike, limit_bytes: int, what: str, not_object: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (:func:`read_text_bounded`, then parsed): the one reader of a run folder's JSON
+    files (compare, memo, report). A file that is not JSON raises one line; one that holds something other than
+    an object raises ``not_object``."""
+    import json
+
+    text = read_text_bounded(path, limit_bytes, what)
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise OpmapError(f"cannot read {path}: {type(e).__name__}: expected the JSON opmap wrote there") from None
+    if not isinstance(d, dict):
+        raise OpmapError(not_object)
+    return d

@@ -49,12 +49,12 @@ def test_bench_writes_bench_json_and_parquet_and_records_the_run(tmp_path, cli):
     from opmap.store import show_run
 
     run = show_run(_run_id(out), store)
-    assert run["kind"] == "bench"
-    t = run["tags"]
+    assert run.kind == "bench"
+    t = run.tags
     assert t["endpoint"] == f"http://127.0.0.1:{port}" and t["served_models"] == ["null"]
     assert "open loop constant:200" in t["workload_spec"] and t["client_version"]
     n = duckdb.connect(str(store), read_only=True).execute(
-        "SELECT count(*) FROM samples WHERE run_id = ? AND metric = 'ttft_s'", [run["id"]]).fetchone()[0]
+        "SELECT count(*) FROM samples WHERE run_id = ? AND metric = 'ttft_s'", [run.id]).fetchone()[0]
     assert n == 30
 
 
@@ -192,7 +192,7 @@ def test_a_run_in_which_every_request_failed_exits_1_and_is_written_and_recorded
     assert (tmp_path / "o" / "requests.parquet").is_file()
     from opmap.store import show_run
 
-    assert show_run(_run_id(out), store)["kind"] == "bench"
+    assert show_run(_run_id(out), store).kind == "bench"
 
 
 def test_a_run_with_some_requests_failed_exits_0_and_names_the_failure(tmp_path, cli, hostile):

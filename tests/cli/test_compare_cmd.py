@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from opmap.store import record  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 
 def _run(path, scale, seed, command):
@@ -17,8 +18,8 @@ def _run(path, scale, seed, command):
     body = {"nodes": [{"id": 0, "op": "aten.mm.default", "module": "fc", "layer_type": "mlp"}],
             "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": 1e-3, "measured_s": 1e-3 * scale}],
             "samples": {"latency_s": lat}}
-    tags = {"workload": "m", "hardware": "local", "precision": "fp32", "phase": "prefill", "graph_hash": "g",
-            "command": command}
+    tags = Tags("analysis", workload="m", hardware="local", precision="fp32", phase="prefill", graph_hash="g",
+                command=command)
     return record("profile", body, tags, path)
 
 
@@ -85,8 +86,8 @@ def test_production_shape_check_is_printed_recorded_and_read_by_the_memo(tmp_pat
                            "flops": intensity_flops}],
                 "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": t, "traffic_bytes": 1e6, "bound": "compute"}]}
 
-    s = record("analyze", body(1e9, 1e-4), {**tags, "workload": "gemm.py:g"}, store)  # 1000 FLOP/B
-    p = record("analyze", body(3e9, 1e-4), {**tags, "workload": "m"}, store)  # 3000 FLOP/B: beyond x2
+    s = record("analyze", body(1e9, 1e-4), Tags("analysis", **tags, workload="gemm.py:g"), store)  # 1000 FLOP/B
+    p = record("analyze", body(3e9, 1e-4), Tags("analysis", **tags, workload="m"), store)  # 3000 FLOP/B: beyond x2
     rc, out, _ = cli("compare", s, "--production", p, "--store", store)
     assert rc == 0 and "does not carry over" in out and "recorded as run" in out
     rc, out, _ = cli("memo", s, "--store", store)
@@ -100,8 +101,8 @@ def _steady(path, level, command, n=20):
             "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": 1e-3, "measured_s": level}],
             "samples": {"latency_s": [level * (1 + 0.001 * i) for i in range(n)]},
             "tags": {"device_name": "AMD EPYC", "device": "cpu", "threads": 2, "host": "ci-1"}}
-    tags = {"workload": "m", "hardware": "local", "precision": "fp32", "phase": "prefill", "graph_hash": "g",
-            "command": command}
+    tags = Tags("analysis", workload="m", hardware="local", precision="fp32", phase="prefill", graph_hash="g",
+                command=command)
     return record("profile", body, tags, path)
 
 

@@ -29,12 +29,12 @@ def test_report_of_a_recorded_run(cli, tmp_path):
     assert rc == 0, err
     page = (tmp_path / "r" / "gpt2.html").read_text()
     run = show_run(rid, store)
-    assert _tags(page) == run["tags"]
+    assert _tags(page) == run.tags
     body = page.split('id="kernel-table">', 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
-    assert body.count("<tr>") == run["kernels"] > 0  # one row per kernel of the store's table
+    assert body.count("<tr>") == run.kernels > 0  # one row per kernel of the store's table
     assert {"roofline", "layer_time", "layer_mfu"} <= _figures(page)
     trace = json.loads((tmp_path / "r" / "gpt2_trace.json").read_text())  # named by the page, as its PNGs
-    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == run["kernels"]  # predicted track only
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == run.kernels  # predicted track only
     assert (tmp_path / "r" / "gpt2_roofline.png").is_file() and "MB budget" in out
 
 

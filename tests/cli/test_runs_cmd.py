@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from opmap.tags import Tags
+
 pytest.importorskip("duckdb")
 
 
@@ -92,7 +94,7 @@ def test_runs_list_prints_tags_as_plain_text(tmp_path, cli):
     from opmap.store import record
 
     store = tmp_path / "runs.duckdb"
-    record("analyze", {}, {"workload": "[/oops]", "hardware": "[bold]h[/bold]"}, store)
+    record("analyze", {}, Tags("analysis", workload="[/oops]", hardware="[bold]h[/bold]"), store)
     rc, out, err = cli("runs", "list", "--store", store)
     assert rc == 0, err
     assert "[/oops]" in out and "[bold]h[/bold]" in out

@@ -21,6 +21,7 @@ from opmap.explore.tune.candidates import (
 from opmap.explore.tune.rank import kendall_tau, pair_counts
 from opmap.explore.tune.run import _choose
 from opmap.explore.tune.signatures import Signature, signatures
+from opmap.tags import Tags
 from opmap.timing import Sample
 
 MODEL_FILE = '''
@@ -245,7 +246,8 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     from opmap.store import record
     from opmap.store.reading import run_rows
 
-    rid = record("tune", store_payload(d), {"workload": "tiny", "hardware": "local"}, base / "store.duckdb")
+    rid = record("tune", store_payload(d), Tags("sweep", workload="tiny", hardware="local"),
+                 base / "store.duckdb")
     kernels, _ = run_rows(rid, base / "store.duckdb")
     timed = [(e, c) for e in d["signatures"] for c in e["candidates"] if c["timed"]]
     assert len(kernels) == len(timed)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from opmap.report.memo import Check, Finding, findings, memo_json, memo_markdown, pitfalls
+from opmap.store.source import Run
 
 
 def _run(layer_types, kind="analyze", **payload):
-    return {"id": "r1", "kind": kind, "time_utc": "2026-12-03T00:00:00+00:00",
-            "tags": {"workload": "gpt2", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16",
-                     "command": "opmap analyze gpt2"},
-            "payload": {"layer_types": layer_types, **payload}}
+    return Run("r1", kind, "2026-12-03T00:00:00+00:00",
+               {"workload": "gpt2", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16",
+                "command": "opmap analyze gpt2"}, {"layer_types": layer_types, **payload}, True)
 
 
 def test_owners_follow_the_bound_and_gains_come_from_the_model():
@@ -71,7 +71,7 @@ def _shape_verdict(run, check):
 
 def test_a_synthetic_slice_is_flagged_until_its_shape_check_carries_over():
     run = _run({})
-    run["tags"]["workload"] = "gemm.py:square"
+    run.tags["workload"] = "gemm.py:square"
     checks = {c.check: c.verdict for c in pitfalls(run, production_compared=True)}
     assert checks["synthetic shapes without production-shape validation"].startswith("flag: a synthetic slice")
     partly = {"run": "s1", "production": "p1", "classes": [
@@ -90,11 +90,11 @@ def test_memo_json_keeps_schema_1s_keys_for_each_kind_of_run():
 
     f = Finding("mlp holds 90%", "ML compiler", "a better tile", 2e-3, "x2 tokens/s", "low", "run r1")
     c = Check("a quick calibration", "ok: the full grid")
-    kernel = json.loads(memo_json({"id": "r1", "kind": "profile"}, [f], [c]))
+    kernel = json.loads(memo_json(Run("r1", "profile", None, {}, {}, True), [f], [c]))
     assert list(kernel["findings"][0]) == ["finding", "owner", "fix", "expected_gain_s", "risk", "rollback"]
     assert kernel["findings"][0]["expected_gain_s"] == 2e-3 and kernel["pitfalls"] == [
         {"check": "a quick calibration", "verdict": "ok: the full grid"}]
-    fit = json.loads(memo_json({"id": "r2", "kind": "fit"}, [f], []))
+    fit = json.loads(memo_json(Run("r2", "fit", None, {}, {}, True), [f], []))
     assert list(fit) == ["schema_version", "run", "kind", "findings", "pitfalls"] and fit["run"] == "r2"
     assert list(fit["findings"][0]) == ["finding", "owner", "fix", "expected_gain_s", "expected_gain", "risk",
                                         "rollback"]

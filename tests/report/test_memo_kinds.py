@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from opmap.errors import OpmapError
 from opmap.report.memo import memo_markdown, memo_parts
+from opmap.store.source import Run
 
 
 def _run(kind, payload, **tags):
-    return {"id": "r9", "kind": kind, "time_utc": "2026-12-04T00:00:00+00:00",
-            "tags": {"workload": "gpt2", "hardware": "h100-sxm", "phase": "serve", "precision": "bf16", **tags},
-            "payload": payload}
+    return Run("r9", kind, "2026-12-04T00:00:00+00:00",
+               {"workload": "gpt2", "hardware": "h100-sxm", "phase": "serve", "precision": "bf16", **tags}, payload,
+               True)
 
 
 def _cell(hw, rank, tput, bound="memory", reason="", risk="low"):
@@ -112,14 +115,13 @@ def test_a_kind_without_rules_is_refused_and_a_bare_result_gives_no_crash():
 def test_the_heading_names_only_what_the_run_has():
     """A bench run names a served model and an endpoint but no phase or precision, and a folder's time may be
     unknown: the heading and the evidence line leave those out instead of printing "None"."""
-    run = {"id": "out/b", "kind": "bench", "time_utc": None, "tags": {"workload": "Qwen/Qwen2.5-7B",
-                                                                     "hardware": None, "phase": "bench"}}
-    fs, pits = memo_parts({**run, "payload": {}})
+    run = Run("out/b", "bench", None, {"workload": "Qwen/Qwen2.5-7B", "hardware": None, "phase": "bench"}, {}, False)
+    fs, pits = memo_parts(run)
     text = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
     assert "None" not in text
     assert text.splitlines()[0] == "# Closure memo: Qwen/Qwen2.5-7B (bench)"
     assert "Evidence: the bench output in out/b; reproduce" in text
-    bare = memo_markdown({"id": "r1", "kind": "serve", "time_utc": None, "tags": {}}, [], [], "opmap memo r1")
+    bare = memo_markdown(Run("r1", "serve", None, {}, {}, True), [], [], "opmap memo r1")
     assert bare.splitlines()[0] == "# Closure memo: a serve run" and "run r1 (serve) in the run store" in bare
 
 
@@ -160,9 +162,8 @@ def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
     ttfts = [(10 + i) / 1e3 for i in range(100)]
     assert [round(_pct(ttfts, q) * 1e3, 4) for q in (50, 95, 99)] == [59.5, 104.05, 108.01]
     payload = summarize(_bench_records(), slo_ttft_s=0.1, slo_tpot_s=0.005)
-    run = {"id": "out/b", "kind": "bench", "time_utc": None,
-           "tags": {"workload": "Qwen/Qwen2.5-7B", "hardware": "http://gpu:8000", "phase": "bench"},
-           "payload": payload}
+    run = Run("out/b", "bench", None, {"workload": "Qwen/Qwen2.5-7B", "hardware": "http://gpu:8000", "phase": "bench"},
+              payload, False)
     fs, pits = memo_parts(run)
     text = {f.finding.split(":")[0]: f for f in fs}
     tput = text["throughput"].finding
@@ -178,5 +179,5 @@ def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
     md = memo_markdown(run, fs, pits, "opmap memo out/b", folder=True)
     assert "| throughput: " in md and "| latency: TTFT p50" in md
 
-    bare = memo_parts({**run, "payload": {}})[0]  # a result with no figures gives no finding, not an empty one
+    bare = memo_parts(replace(run, payload={}))[0]  # a result with no figures gives no finding, not an empty one
     assert bare == []

@@ -14,6 +14,7 @@ from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import record  # noqa: E402
 from opmap.store.compare import compare, mann_whitney  # noqa: E402
 from opmap.store.source import KernelRow  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 
 def test_mann_whitney_by_hand():
@@ -40,7 +41,8 @@ def _profile(latencies, kernel_times):
 
 
 def _tags(**kw):
-    return {"workload": "m", "hardware": "local", "precision": "fp32", "phase": "prefill", "graph_hash": "g", **kw}
+    return Tags("analysis", **{"workload": "m", "hardware": "local", "precision": "fp32", "phase": "prefill",
+                               "graph_hash": "g", **kw})
 
 
 def test_a_regression_is_found_only_where_injected(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 duckdb = pytest.importorskip("duckdb")
 
 import opmap  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 SRC = str(Path(opmap.__file__).resolve().parents[1])  # the tree under test, for the subprocesses
 ROUNDS = 20
@@ -48,19 +49,21 @@ for i in range({rounds}):
 # a writer: ROUNDS runs, every other one ingested at once (the rest left in the spool for the next reader)
 WRITER = COMMON + """
 from opmap.store import record
+from opmap.tags import Tags
 w = int(sys.argv[3])
 payload = {{"assumptions": {{"workload": "w", "hardware": "h100-sxm", "dtype": "bf16", "batch": 1, "seq": 8}},
            "kernels": [{{"op": "mm", "predicted_s": 1e-6, "flops": 2.0}}] * 50, "samples": {{"latency_s": [1.0] * 20}}}}
 for i in range({rounds}):
-    record("analyze", payload, {{"workload": "w", "batch": 1000 * w + i}}, store, ingest=i % 2 == 0)
+    record("analyze", payload, Tags("analysis", workload="w", batch=1000 * w + i), store, ingest=i % 2 == 0)
 """
 # the writer that is killed: big runs, each ingested, its id printed once record has returned
 VICTIM = COMMON + """
 from opmap.store import record
+from opmap.tags import Tags
 payload = {{"kernels": [{{"op": "mm", "predicted_s": 1e-6, "flops": 2.0}}] * 500}}
 i = 0
 while True:
-    print(record("analyze", payload, {{"workload": "victim", "batch": 1 + i}}, store), flush=True)
+    print(record("analyze", payload, Tags("analysis", workload="victim", batch=1 + i), store), flush=True)
     i += 1
 """
 
@@ -91,7 +94,7 @@ def test_readers_and_writers_at_once_with_a_killed_writer(tmp_path):
     from opmap.store import record
 
     store, go = tmp_path / "runs.duckdb", tmp_path / "go"
-    record("analyze", {}, {"workload": "seed"}, store)  # the store exists before the readers start
+    record("analyze", {}, Tags("analysis", workload="seed"), store)  # the store exists before the readers start
     readers = [_start(READER.format(rounds=ROUNDS), store, go) for _ in range(READERS)]
     writers = [_start(WRITER.format(rounds=ROUNDS), store, go, str(w)) for w in range(WRITERS)]
     victim = _start(VICTIM.format(), store, go)
@@ -122,7 +125,8 @@ def test_readers_and_writers_at_once_with_a_killed_writer(tmp_path):
 def _spooled(store: Path, n: int) -> list[str]:
     from opmap.store import record
 
-    return [record("analyze", {}, {"workload": "w", "batch": b}, store, ingest=False) for b in range(1, n + 1)]
+    return [record("analyze", {}, Tags("analysis", workload="w", batch=b), store, ingest=False)
+            for b in range(1, n + 1)]
 
 
 def test_a_zero_byte_store_is_rebuilt_from_the_spool(tmp_path):

@@ -16,6 +16,7 @@ pytest.importorskip("duckdb")
 
 from opmap.cli import main  # noqa: E402
 from opmap.store import record  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 N_KERNELS = 3000  # rows enough for the kernels table to span several of DuckDB's 256 kB blocks
 N_SAMPLES = 7
@@ -32,7 +33,7 @@ def _payload(n: int) -> dict:
 def good(tmp_path_factory):
     """A store of three runs, every run in the journal: (folder, run ids)."""
     d = tmp_path_factory.mktemp("good")
-    ids = [record("analyze", _payload(N_KERNELS), {"workload": "w", "hardware": "h100-sxm", "batch": b},
+    ids = [record("analyze", _payload(N_KERNELS), Tags("analysis", workload="w", hardware="h100-sxm", batch=b),
                   d / "runs.duckdb") for b in (1, 2, 3)]
     return d, ids
 

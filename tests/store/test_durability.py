@@ -15,6 +15,7 @@ duckdb = pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import list_runs, record, show_run  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 N_KERNELS = 4000
 
@@ -27,7 +28,7 @@ def _payload(n: int) -> dict:
 
 
 def _tags(**kw):
-    return {"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw}
+    return Tags("analysis", **{"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw})
 
 
 WRITER = """
@@ -82,7 +83,7 @@ def test_an_older_store_is_migrated_and_a_newer_one_refused(tmp_path):
                 "measured_s DOUBLE, share DOUBLE)")
     con.close()
     rid = record("analyze", _payload(3), _tags(), path)
-    assert show_run(rid, path)["kernels"] == 3
+    assert show_run(rid, path).kernels == 3
     con = duckdb.connect(str(path))
     assert con.execute("SELECT value FROM meta").fetchone() == ("2",)
     assert con.execute("SELECT count(signature) FROM kernels").fetchone() == (0,)  # no shapes in this payload

@@ -10,6 +10,7 @@ from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import record  # noqa: E402
 from opmap.store.compare import compare  # noqa: E402
 from opmap.store.shapes import kernel_class, production_check  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 
 def _gemm(m, n, k, elt=2):
@@ -27,7 +28,8 @@ def _run(kernels):
 
 
 def _tags(workload, **kw):
-    return {"workload": workload, "hardware": "h100-sxm", "precision": "bf16", "phase": "prefill", **kw}
+    return Tags("analysis", **{"workload": workload, "hardware": "h100-sxm", "precision": "bf16", "phase": "prefill",
+                               **kw})
 
 
 def test_kernel_classes():

@@ -39,7 +39,7 @@ def test_tags_of_a_damaged_body_are_taken_never_raised(body):
     from opmap.store.rows import analysis_tags, graph_hash
 
     tags = analysis_tags(body)
-    assert tags["tags_version"] == 1 and len(tags["graph_hash"]) == 16
+    assert tags.tags_version == 1 and len(tags.graph_hash) == 16
     good = [{"op": "aten.mm.default", "inputs": [{"shape": [2, 3]}], "outputs": [{"shape": [2, 4]}]}]
     import hashlib
 

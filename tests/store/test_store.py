@@ -11,6 +11,7 @@ duckdb = pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
 from opmap.store import list_runs, record, show_run  # noqa: E402
+from opmap.tags import Tags  # noqa: E402
 
 PAYLOAD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf16", "batch": 1, "seq": 8},
            "kernels": [{"anchor": 0, "nodes": [0], "predicted_s": 1e-3, "traffic_bytes": 10.0, "bound": "memory"}],
@@ -20,7 +21,7 @@ PAYLOAD = {"assumptions": {"workload": "w", "hardware": "h100-sxm", "dtype": "bf
 
 
 def _tags(**kw):
-    return {"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw}
+    return Tags("analysis", **{"workload": "w", "hardware": "h100-sxm", "phase": "prefill", "precision": "bf16", **kw})
 
 
 def test_round_trip_and_the_json_contract(tmp_path):
@@ -32,7 +33,7 @@ def test_round_trip_and_the_json_contract(tmp_path):
     assert set(r) == {"id", "kind", "time_utc", "tags"} and r["kind"] == "analyze"
     assert r["tags"]["workload"] == "w" and "command" in r["tags"] and "opmap_version" in r["tags"]
     shown = show_run(rid, path)
-    assert shown["kernels"] == 1 and shown["samples"] == 3 and "nodes" not in shown["payload"]
+    assert shown.kernels == 1 and shown.samples == 3 and "nodes" not in shown.payload
     import duckdb
 
     con = duckdb.connect(str(path), read_only=True)
@@ -78,7 +79,7 @@ def test_a_killed_writer_loses_nothing_earlier(tmp_path):
     (spool / ".20990101T000000-dead.tmp").write_text('{"id": "half')
     # killed after its os.replace, before the ingest: a complete spool file, ingested by the next writer
     waiting = {"id": "20990101T000000-wait", "kind": "analyze", "time_utc": "2099-01-01T00:00:00+00:00",
-               "tags": _tags(batch=2), "payload": {}, "rows": {}}
+               "tags": _tags(batch=2).to_dict(), "payload": {}, "rows": {}}
     (spool / "20990101T000000-wait.json").write_text(json.dumps(waiting))
     # killed between the commit and the delete: a spool file of a run already in the store, not ingested twice
     (spool / f"{first}.json").write_text(json.dumps({**waiting, "id": first}))
@@ -100,7 +101,7 @@ def test_parquet_export_and_import_round_trip(tmp_path):
     assert import_path(tmp_path / "pq", b) == (2, 0)
     assert import_path(tmp_path / "pq", b) == (0, 2)  # each run once
     assert {r["id"] for r in list_runs(path=b)} == ids
-    assert show_run(sorted(ids)[0], b)["samples"] == 3
+    assert show_run(sorted(ids)[0], b).samples == 3
 
 
 def test_importing_a_profile_json_keeps_its_samples_once(tmp_path):
@@ -113,7 +114,7 @@ def test_importing_a_profile_json_keeps_its_samples_once(tmp_path):
     path = tmp_path / "runs.duckdb"
     assert import_path(f, path) == (1, 0) and import_path(f, path) == (0, 1)
     (run,) = list_runs(path=path)
-    assert run["kind"] == "profile" and show_run(run["id"], path)["samples"] == 4
+    assert run["kind"] == "profile" and show_run(run["id"], path).samples == 4
     with pytest.raises(OpmapError, match="nothing to import"):
         import_path(tmp_path / "empty-dir-that-is-missing", path)
 
@@ -192,7 +193,7 @@ def test_a_commands_run_with_an_infinite_figure_is_still_recorded(tmp_path):
     # a command's own result may hold inf (an overloaded queue's wait); DuckDB's JSON keeps it: not refused
     path = tmp_path / "runs.duckdb"
     rid = record("serve", {"latency": {"p99_s": float("inf")}}, _tags(), path)
-    assert show_run(rid, path)["payload"]["latency"]["p99_s"] == float("inf")
+    assert show_run(rid, path).payload["latency"]["p99_s"] == float("inf")
 
 
 @pytest.mark.parametrize("tags, says", [

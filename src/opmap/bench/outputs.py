@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.bench.records import BenchResult
+from opmap.tags import Tags
 
 SCHEMA_VERSION = 1
 PARQUET_COLUMNS = {
@@ -63,13 +64,15 @@ def bench_body(result: BenchResult, figures: dict[str, Any], spec: dict[str, Any
             **figures}
 
 
-def _row(r) -> dict[str, Any]:
-    return {"idx": r.index, "warmup": r.warmup, "status": r.status, "error": r.error, "http_status": r.http_status,
-            "scheduled_s": r.scheduled_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s, "end_s": r.end_s,
-            "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
-            "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
-            "usage_completion_tokens": r.usage_completion_tokens, "events": r.events, "usage_error": r.usage_error,
-            "token_times_dropped": r.token_times_dropped}
+def _row_json(r) -> str:
+    """One request's row of requests.parquet as a JSON Lines line (PARQUET_COLUMNS, in order)."""
+    return json.dumps({
+        "idx": r.index, "warmup": r.warmup, "status": r.status, "error": r.error, "http_status": r.http_status,
+        "scheduled_s": r.scheduled_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s, "end_s": r.end_s,
+        "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
+        "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
+        "usage_completion_tokens": r.usage_completion_tokens, "events": r.events, "usage_error": r.usage_error,
+        "token_times_dropped": r.token_times_dropped}, allow_nan=False)
 
 
 def requests_parquet(result: BenchResult) -> bytes:
@@ -81,7 +84,7 @@ def requests_parquet(result: BenchResult) -> bytes:
         longest = 0
         with open(src, "w") as f:
             for r in sorted(result.records, key=lambda r: r.index):
-                line = json.dumps(_row(r), allow_nan=False)
+                line = _row_json(r)
                 longest = max(longest, len(line))
                 f.write(line)
                 f.write("\n")
@@ -102,7 +105,7 @@ def requests_parquet(result: BenchResult) -> bytes:
         return dst.read_bytes()
 
 
-def bench_tags(body: dict[str, Any]) -> dict[str, Any]:
+def bench_tags(body: dict[str, Any]) -> Tags:
     """The store tags of a bench.json body: the model as /v1/models reports it (workload), the endpoint
     (hardware: the server is what the URL reaches), phase bench, the load (parallelism), the server, the workload
     spec and the client version."""
@@ -111,11 +114,10 @@ def bench_tags(body: dict[str, Any]) -> dict[str, Any]:
     c = body.get("client") if isinstance(body.get("client"), dict) else {}
     served = e.get("server_models") or []
     load = f"open loop {s.get('arrival')}" if s.get("arrival") else f"closed loop c={s.get('concurrency')}"
-    return {"workload": served[0] if len(served) == 1 else e.get("model"), "hardware": e.get("base_url"),
-            "phase": "bench", "precision": None, "parallelism": load, "endpoint": e.get("base_url"),
-            "server": e.get("server_header"), "model": e.get("model"), "served_models": list(served),
-            "api": e.get("api"),
-            "workload_spec": f"{load}, {e.get('api')}, input {s.get('input_len')}, output {s.get('output_len')}, "
-                             f"requests {s.get('requests')}, duration {s.get('duration_s')}, warmup "
-                             f"{s.get('warmup')}, seed {s.get('seed')}",
-            "client_version": c.get("opmap")}
+    return Tags("bench", workload=served[0] if len(served) == 1 else e.get("model"), hardware=e.get("base_url"),
+                phase="bench", precision=None, parallelism=load, endpoint=e.get("base_url"),
+                server=e.get("server_header"), model=e.get("model"), served_models=tuple(served), api=e.get("api"),
+                workload_spec=f"{load}, {e.get('api')}, input {s.get('input_len')}, output {s.get('output_len')}, "
+                              f"requests {s.get('requests')}, duration {s.get('duration_s')}, warmup "
+                              f"{s.get('warmup')}, seed {s.get('seed')}",
+                client_version=c.get("opmap"))

@@ -14,6 +14,7 @@ import typer
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
+from opmap.tags import Tags
 from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, plausible, positive_in
 
 if TYPE_CHECKING:
@@ -369,7 +370,7 @@ def write_outputs(out: Path, body: dict, result) -> None:
                                 "requests.parquet": requests_parquet(result)}))
 
 
-def record(body: dict, store: Path | None, no_store: bool) -> dict:
+def record(body: dict, store: Path | None, no_store: bool) -> Tags:
     """The run into the store, tagged (opmap.bench.outputs.bench_tags): endpoint, server and model as
     /v1/models reports them, workload spec, client version."""
     from opmap.bench.outputs import bench_tags

@@ -10,6 +10,7 @@ from pathlib import Path
 from opmap.cli.common import console
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
+from opmap.tags import Tags
 
 PROBE_INPUT = 32  # the overhead probe's prompt, tokens: a short prefill, so the step overhead dominates its TTFT
 PROBE_OUTPUT = 32  # its long answers, tokens: enough steps for a per-token median
@@ -101,7 +102,7 @@ def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple], batc
                                min(batch, PROBE_MAX_BATCH))
 
 
-def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: dict,
+def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: Tags,
                        out: Path | None, store: Path | None, no_store: bool):
     """Simulate the run's workload, print measured / predicted, write bench_predict.json, record the prediction
     as a serve run (the figures of the last variant: with the overhead where measured); the BenchPrediction."""
@@ -128,10 +129,10 @@ def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: 
                "policy": doc["policy"], "assumptions": {**assumptions, "prediction": last.name,
                                                         "overhead": doc.get("overhead")},
                "predicted_from": "bench", "join": list(last.rows)}
-    record_run("serve", payload, {"workload": assumptions["model"], "hardware": assumptions["hardware"],
-                                  "phase": "serve", "precision": assumptions["dtype"],
-                                  "parallelism": bench_tags.get("parallelism"), "predicted_from": "bench",
-                                  "endpoint": bench_tags.get("endpoint")}, store, no_store)
+    record_run("serve", payload, Tags("serve-predicted", workload=assumptions["model"],
+                                      hardware=assumptions["hardware"], phase="serve",
+                                      precision=assumptions["dtype"], parallelism=bench_tags.parallelism,
+                                      predicted_from="bench", endpoint=bench_tags.endpoint), store, no_store)
     return rep
 
 

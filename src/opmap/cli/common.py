@@ -14,6 +14,7 @@ from rich.console import Console
 
 from opmap.errors import Interrupted
 from opmap.report.text import clean, safe
+from opmap.tags import Tags
 from opmap.validate import visible
 
 # Piped output (CI, files) gets a wide page instead of rich's 80-column default, so the sheet stays a table.
@@ -125,7 +126,7 @@ def step_progress(first: str):
         yield progress
 
 
-def record_run(kind: str, payload: dict, tags: dict, store: Path | None, no_store: bool) -> None:
+def record_run(kind: str, payload: dict, tags: Tags, store: Path | None, no_store: bool) -> None:
     """Record a finished run in the run store (opmap.store); a store that cannot take it costs one line, never
     the user's result."""
     if no_store:

@@ -69,9 +69,10 @@ def compare(
               if production is not None else None)
     if shapes is not None:
         from opmap.cli.common import record_run
+        from opmap.tags import Tags
 
-        tags = {"workload": f"shape-check {a} -> {production}", "command": "opmap compare " + " ".join(
-            x for x in (a, b or "", f"--production {production}") if x)}
+        tags = Tags("shape-check", workload=f"shape-check {a} -> {production}", command="opmap compare " + " ".join(
+            x for x in (a, b or "", f"--production {production}") if x))
         record_run("shape-check", shapes.to_dict(), tags, store, no_store)
     _render(r, shapes, a, b, as_json, rows)
     if r is not None and r.regressed:

@@ -89,9 +89,10 @@ def fit(
     if out is not None:
         _write(out, r, stop)
     from opmap.cli.common import record_run
+    from opmap.tags import Tags
 
-    record_run("fit", r, {"workload": ",".join(a["models"]), "hardware": ",".join(r["hardware"]), "phase": "serve",
-                          "precision": dtype}, store, no_store)
+    record_run("fit", r, Tags("sweep", workload=",".join(a["models"]), hardware=",".join(r["hardware"]),
+                              phase="serve", precision=dtype), store, no_store)
     exit_if_stopped(stop)
 
 

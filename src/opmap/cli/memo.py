@@ -27,17 +27,16 @@ def memo(
     run = load(source, store)
     if out is not None:
         check_out_dir(out)
-    d = run.as_dict()
     extra = {}
     if run.kind in KERNEL_KINDS:
         checked = _shape_check(run.id, store) if run.stored else None
-        extra = {"production_compared": checked or bool(_others(run, store)), "fusion_gain_s": _fusion_gain(d),
-                 "format_step": _format_step(d)}
-    fs, pits = memo_parts(d, **extra)
-    text = memo_markdown(d, fs, pits, f"opmap memo {source}", folder=not run.stored)
+        extra = {"production_compared": checked or bool(_others(run, store)), "fusion_gain_s": _fusion_gain(run),
+                 "format_step": _format_step(run)}
+    fs, pits = memo_parts(run, **extra)
+    text = memo_markdown(run, fs, pits, f"opmap memo {source}", folder=not run.stored)
     console.print(text, markup=False, highlight=False, soft_wrap=True)  # Markdown: table rows never cut
     if out is not None:
-        print_wrote(write_set(out, {"memo.md": text, "memo.json": memo_json(d, fs, pits)}))
+        print_wrote(write_set(out, {"memo.md": text, "memo.json": memo_json(run, fs, pits)}))
 
 
 def _others(run, store) -> list[dict]:
@@ -58,7 +57,7 @@ def _shape_check(run_id: str, store) -> dict | None:
     from opmap.store import list_runs, show_run
 
     for r in reversed(list_runs({"kind": "shape-check"}, store)):
-        body = show_run(r["id"], store)["payload"]
+        body = show_run(r["id"], store).payload
         if body.get("synthetic") == run_id:
             return {**body, "run": r["id"]}
     return None
@@ -70,7 +69,7 @@ def _format_step(run) -> tuple[str, float] | None:
     from opmap.formats import registry
     from opmap.hardware import get_hardware
 
-    t = run["tags"]
+    t = run.tags
     now = str(t.get("precision") or "")
     nxt = f.narrower if (f := registry().get(now)) is not None else None  # the registry's next narrower format
     if nxt is None:
@@ -93,7 +92,7 @@ def _fusion_gain(run) -> float | None:
     from opmap.hardware import get_hardware
     from opmap.workloads import MODELS, build_zoo
 
-    t = run["tags"]
+    t = run.tags
     if t.get("workload") not in MODELS or t.get("phase") not in (None, "prefill"):
         return None
     try:

@@ -90,6 +90,7 @@ def plan(
         md += ["", "## Rejected", ""] + [f"- {c['layout']}: {c['reason']}" for c in rej]
         print_wrote(write_set(out, {"plan.json": json_text(result, indent=1), "plan.md": "\n".join(md) + "\n"}))
     from opmap.cli.common import record_run
+    from opmap.tags import Tags
 
-    record_run("plan", result, {"workload": model, "hardware": hw.name, "phase": phase, "precision": dtype,
-                                "parallelism": f"{devices} devices"}, store, no_store)
+    record_run("plan", result, Tags("plan", workload=model, hardware=hw.name, phase=phase, precision=dtype,
+                                    parallelism=f"{devices} devices"), store, no_store)

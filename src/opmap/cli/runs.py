@@ -53,15 +53,17 @@ def show_cmd(run_id: str = typer.Argument(..., help="A run id (opmap runs list).
              as_json: bool = typer.Option(False, "--json", help="Print the run as JSON."),
              store: Path | None = typer.Option(None, "--store", help="Run store file.")) -> None:
     """One run: its tags, its figures and how many kernel rows and samples it holds."""
+    from dataclasses import asdict
+
     from opmap.store import show_run
 
     r = show_run(run_id, store)
     if as_json:
-        print(json_text(r, indent=1))
+        print(json_text(asdict(r), indent=1))
         return
-    console.print(clean(f"run {r['id']} ({r['kind']}, {r['time_utc']}): {r['kernels']} kernels, "
-                        f"{r['samples']} samples"), highlight=False, markup=False)
-    for k, v in r["tags"].items():
+    console.print(clean(f"run {r.id} ({r.kind}, {r.time_utc}): {r.kernels} kernels, {r.samples} samples"),
+                  highlight=False, markup=False)
+    for k, v in r.tags.items():
         console.print(clean(f"  {k}: {v}"), highlight=False, markup=False)
 
 

@@ -199,6 +199,7 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
             choice=None) -> None:
     """The run's assumptions set on the report; printed, written with --out, recorded in the run store."""
     from opmap.cli.common import record_run
+    from opmap.tags import Tags
 
     pd, tp, pp, replicas = p.pd, o.tp, o.pp, p.replicas
     report["assumptions"] = {"model": o.model, "hardware": o.hardware, "tp": tp, "dtype": o.dtype,
@@ -213,10 +214,10 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
     print_serve(console, report, o.model, o.hardware)
     if o.out is not None:
         _write(o.out, report, res)
-    record_run("serve", report, {"workload": o.model, "hardware": o.hardware, "phase": "serve", "precision": o.dtype,
-                                 "parallelism": f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
-                                                + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")},
-                store, no_store)
+    record_run("serve", report, Tags("serve", workload=o.model, hardware=o.hardware, phase="serve", precision=o.dtype,
+                                     parallelism=f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
+                                                 + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")),
+               store, no_store)
 
 
 def _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo_ttft, slo_tpot, slo_p99) -> None:

@@ -72,10 +72,10 @@ def sweep(
             print_wrote(write_set(out, {"sweep.json": json_text(r.to_dict(), indent=1),
                                         "sweep.md": _markdown(r, model, phase)}))
         from opmap.cli.common import record_run
+        from opmap.tags import Tags
 
-        record_run("sweep", r.to_dict(), {"workload": model, "hardware": r.hardware, "phase": phase,
-                                          "precision": dtype},
-                   store, no_store)
+        record_run("sweep", r.to_dict(), Tags("sweep", workload=model, hardware=r.hardware, phase=phase,
+                                              precision=dtype), store, no_store)
     if as_json:
         print(json_text(r.to_dict(), indent=1))
     exit_if_stopped(stop)

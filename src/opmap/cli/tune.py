@@ -79,8 +79,9 @@ def tune(
         print_wrote(write_set(out, {"tune.json": json_text(result, indent=1)}))
     from opmap.cli.common import record_run
     from opmap.explore.tune.run import store_payload
+    from opmap.tags import Tags
 
-    tags = {"workload": model, "hardware": hw.name, "phase": "tune", "precision": dtype}
+    tags = Tags("sweep", workload=model, hardware=hw.name, phase="tune", precision=dtype)
     record_run("tune", store_payload(result), tags, store, no_store)
 
 

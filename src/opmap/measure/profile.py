@@ -18,17 +18,18 @@ A layer type's fractions are its sums over its nodes divided by its measured tim
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opmap.analyze import Analysis
 from opmap.calibrate.drift import DriftCheck
 from opmap.hardware.spec import HardwareSpec
-from opmap.measure.attribute import Attribution
+from opmap.measure.attribute import Attribution, NodeTiming
 from opmap.measure.energy import EnergyReading
 from opmap.measure.runner import ProfiledRun
 from opmap.predict import mfu
 from opmap.roofline import stall_split
+from opmap.tags import Tags
 from opmap.timing import LatencyStats
 
 PROFILE_SCHEMA_VERSION = 1
@@ -43,6 +44,34 @@ STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matr
                 "explain, other = the rest")
 
 @dataclass(frozen=True)
+class MeasuredNode:
+    """One node as measured: its timing, the rates it achieved over its median time, its predicted over measured
+    time and the roofline-estimated split of that time (compute-busy, memory-stall, other; they add up to it)."""
+
+    timing: NodeTiming
+    achieved_flops_per_s: float
+    achieved_matrix_flops_per_s: float
+    achieved_bytes_per_s: float
+    predicted_over_measured: float | None
+    compute_busy_s: float
+    memory_stall_s: float
+    other_s: float
+
+    @property
+    def measured_s(self) -> float:
+        """The median over the profiled iterations."""
+        return self.timing.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """profile.json's ``measured`` block of a node."""
+        return {**self.timing.to_dict(), "achieved_flops_per_s": self.achieved_flops_per_s,
+                "achieved_matrix_flops_per_s": self.achieved_matrix_flops_per_s,
+                "achieved_bytes_per_s": self.achieved_bytes_per_s,
+                "predicted_over_measured": self.predicted_over_measured, "compute_busy_s": self.compute_busy_s,
+                "memory_stall_s": self.memory_stall_s, "other_s": self.other_s}
+
+
+@dataclass(frozen=True)
 class Profile:
     analysis: Analysis
     device: str
@@ -55,7 +84,7 @@ class Profile:
     datasheet: HardwareSpec | None
     datasheet_why: str
     mode: str = "inference"
-    tags: dict[str, Any] = field(default_factory=dict)
+    tags: Tags | None = None  # the run's telemetry tags (measure.run.telemetry_tags)
     around: LatencyStats | None = None  # plain iterations adjacent to the profiled ones
     drift: DriftCheck | None = None  # calibration_check at profile time
     optimizer: dict[str, Any] | None = None  # a training step's optimizer: its state predicted and in the run
@@ -69,22 +98,17 @@ class Profile:
             return 0.0, 0.0, 0.0
         return stall_split(t.median_s, self.analysis.results[i].pred)
 
-    def measured_block(self, i: int) -> dict[str, Any] | None:
+    def measured_block(self, i: int) -> MeasuredNode | None:
+        """Node ``i`` as measured (None where no profiler event matched it)."""
         t = self.attribution.timings.get(i)
         if t is None:
             return None
         r = self.analysis.results[i]
         busy, stall, other = self.stall_split(i)
         m = t.median_s
-        d = t.to_dict()
-        d.update({
-            "achieved_flops_per_s": r.cost.flops / m if m > 0 else 0.0,
-            "achieved_matrix_flops_per_s": r.cost.matrix_flops / m if m > 0 else 0.0,
-            "achieved_bytes_per_s": r.cost.bytes / m if m > 0 else 0.0,
-            "predicted_over_measured": r.pred.predicted_s / m if m > 0 else None,
-            "compute_busy_s": busy, "memory_stall_s": stall, "other_s": other,
-        })
-        return d
+        return MeasuredNode(t, r.cost.flops / m if m > 0 else 0.0, r.cost.matrix_flops / m if m > 0 else 0.0,
+                            r.cost.bytes / m if m > 0 else 0.0, r.pred.predicted_s / m if m > 0 else None,
+                            busy, stall, other)
 
     # -- per layer type ---------------------------------------------------------------------------------
     def layer_types(self) -> dict[str, dict[str, Any]]:
@@ -166,7 +190,8 @@ class Profile:
         d["schema_version"] = PROFILE_SCHEMA_VERSION
         d["kind"] = "profile"
         for i, nd in enumerate(d["nodes"]):
-            nd["measured"] = self.measured_block(i)
+            m = self.measured_block(i)
+            nd["measured"] = m.to_dict() if m is not None else None
         for kd in d.get("kernels", []):  # eager runs one kernel per node: a kernel's time is its nodes'
             ts = [self.attribution.timings.get(i) for i in kd["nodes"]]
             kd["measured_s"] = sum(t.median_s for t in ts) if ts and all(ts) else None
@@ -218,5 +243,5 @@ class Profile:
         d["calibration_check"] = self.drift.to_dict() if self.drift is not None else None
         d["optimizer"] = self.optimizer
         d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
-        d["tags"] = self.tags
+        d["tags"] = self.tags.to_dict() if self.tags is not None else {}
         return d

@@ -14,7 +14,6 @@ import platform
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
@@ -32,10 +31,10 @@ from opmap.measure.profile import Profile
 from opmap.measure.runner import make_call, profile_iterations
 from opmap.phases.step import with_figures
 from opmap.precision import RUNNABLE, resolve_precision
+from opmap.tags import Tags
 from opmap.timing import LatencyStats, time_iterations
 from opmap.workloads.zoo import Workload, check_device
 
-TAGS_VERSION = 1
 PROFILE_DTYPES = RUNNABLE  # torch dtypes a real run executes in
 
 
@@ -78,17 +77,13 @@ def fp32_math(dtype: str):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
 
 
-def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> dict[str, Any]:
+def telemetry_tags(w: Workload, a: Analysis, device: str, device_name: str, mode: str) -> Tags:
     """Stable, versioned tags: the keys and their meaning only change with ``tags_version``."""
-    return {
-        "tags_version": TAGS_VERSION, "run_id": uuid.uuid4().hex,
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "workload": w.name, "batch": w.batch, "seq": w.seq, "dtype": a.precision.requested, "mode": mode,
-        "device": device, "device_name": device_name, "hardware_profile": a.hardware.name,
-        "host": platform.node(), "threads": torch.get_num_threads(),
-        "torch_version": torch.__version__, "opmap_version": __version__,
-        "python_version": platform.python_version(),
-    }
+    return Tags("profile", run_id=uuid.uuid4().hex, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                workload=w.name, batch=w.batch, seq=w.seq, dtype=a.precision.requested, mode=mode, device=device,
+                device_name=device_name, hardware_profile=a.hardware.name, host=platform.node(),
+                threads=torch.get_num_threads(), torch_version=torch.__version__, opmap_version=__version__,
+                python_version=platform.python_version())
 
 
 def first_shape(node) -> tuple[int, ...]:

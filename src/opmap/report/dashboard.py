@@ -18,7 +18,6 @@ Figures, each present when its source is:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from opmap.report.chart import (
 )
 from opmap.report.sheet import si
 from opmap.report.text import plotly_text as _p
+from opmap.safeio import LIMIT_JSON_BYTES, read_json_object
 
 FILES = ("profile.json", "analysis.json", "sweep.json", "serve.json", "fit.json", "bench.json")
 KINDS = ("analyze", "profile", "sweep", "serve", "fit", "bench")
@@ -55,7 +55,7 @@ class Sources:
 
     title: str
     origin: str  # "run ID" or the folder
-    tags: dict[str, Any]
+    tags: dict[str, Any]  # the run's telemetry tags as its file or the store holds them (opmap.tags.Tags.to_dict)
     body: dict[str, Any] | None = None
     kernels: list[dict[str, Any]] = field(default_factory=list)
     layer_types: list[dict[str, Any]] = field(default_factory=list)
@@ -75,43 +75,23 @@ REQUIRED = {"profile.json": "assumptions", "analysis.json": "assumptions", "swee
             "serve.json": "latency", "fit.json": "cells", "bench.json": "latency"}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A run folder's JSON file: a regular file, never read through a symbolic link (report.outputs.read_input)."""
-    from opmap.report.outputs import read_input
+def _not_opmaps(path: Path) -> str:
+    """Why a folder's JSON file is refused: it lacks the field it cannot be without."""
+    return (f"{path} is not opmap's {path.name} (no {REQUIRED.get(path.name)!r}); accepted: the file opmap "
+            f"{path.stem.replace('analysis', 'analyze')} --out writes")
 
-    try:
-        d = json.loads(read_input(path))
-    except ValueError as e:
-        raise OpmapError(f"cannot read {path}: {type(e).__name__}: expected the JSON opmap wrote there") from None
+
+def _check(d: dict[str, Any], path: Path) -> None:
+    """A folder's JSON file holds the field it cannot be without (read by opmap.safeio.read_json_object: a regular
+    file, never through a symbolic link)."""
     need = REQUIRED.get(path.name)
-    if not isinstance(d, dict) or (need and not d.get(need)):
-        raise OpmapError(f"{path} is not opmap's {path.name} (no {need!r}); accepted: the file opmap "
-                         f"{path.stem.replace('analysis', 'analyze')} --out writes")
-    return d
-
-
-def _other_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
-    """The tags the sweep / serve / fit / bench commands record their runs under (cli/sweep.py, serve.py, fit.py,
-    bench.py)."""
-    if kind == "bench":
-        from opmap.bench.outputs import bench_tags
-
-        return bench_tags(d)
-    if kind == "sweep":
-        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
-                "precision": d.get("dtype")}
-    if kind == "serve":
-        a = d.get("assumptions") or {}
-        return {"workload": a.get("model"), "hardware": a.get("hardware"), "phase": "serve",
-                "precision": a.get("dtype"), "parallelism": f"tp{a.get('tp')} x {a.get('replicas')} replicas"}
-    return {"workload": ",".join(d.get("models") or ()), "hardware": ",".join(d.get("hardware") or ()),
-            "phase": "serve", "precision": d.get("dtype")}
-
-
+    if need and not d.get(need):
+        raise OpmapError(_not_opmaps(path))
 def from_dir(folder: Path) -> Sources:
     """The outputs of analyze / profile / sweep / serve / fit found in ``folder`` (profile.json is preferred to
     analysis.json: it is the same analysis with the measurement joined)."""
     from opmap.store.db import analysis_tags, payload_rows
+    from opmap.store.source import folder_tags
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -129,17 +109,20 @@ def from_dir(folder: Path) -> Sources:
     src = Sources(title=f"opmap report: {folder}", origin=str(folder), tags={})
     main = found.get("profile.json") or found.get("analysis.json")
     if main is not None:
-        src.body = _read_json(main)
+        src.body = read_json_object(main, LIMIT_JSON_BYTES, "run file", _not_opmaps(main))
+        _check(src.body, main)
         src.kernels, src.layer_types = payload_rows(src.body)
-        src.tags = dict(src.body.get("tags") or analysis_tags(src.body))
+        src.tags = dict(src.body.get("tags") or analysis_tags(src.body).to_dict())
         if (folder / "trace.json").is_file():
             src.trace = folder / "trace.json"
     for kind in ("sweep", "serve", "fit", "bench"):
         if f"{kind}.json" in found:
-            d = _read_json(found[f"{kind}.json"])
+            f = found[f"{kind}.json"]
+            d = read_json_object(f, LIMIT_JSON_BYTES, "run file", _not_opmaps(f))
+            _check(d, f)
             setattr(src, kind, d)
             if not src.tags:
-                src.tags = _other_tags(kind, d)
+                src.tags = folder_tags(kind, d).to_dict()
     return src
 
 
@@ -149,15 +132,15 @@ def from_run(run_id: str, store: Path | None = None) -> Sources:
     from opmap.store.reading import run_rows
 
     run = show_run(run_id, store)
-    kind = run["kind"]
+    kind = run.kind
     if kind not in KINDS:
         raise OpmapError(f"run {run_id} is a {kind} run; opmap report renders {', '.join(KINDS)} runs")
-    src = Sources(title=f"opmap report: {kind} run {run_id}", origin=f"run {run_id}", tags=run["tags"])
+    src = Sources(title=f"opmap report: {kind} run {run_id}", origin=f"run {run_id}", tags=run.tags)
     if kind in ("analyze", "profile"):
-        src.body = run["payload"]
+        src.body = run.payload
         src.kernels, src.layer_types = run_rows(run_id, store)
     else:
-        setattr(src, kind, run["payload"])
+        setattr(src, kind, run.payload)
     return src
 
 

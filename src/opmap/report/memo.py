@@ -32,6 +32,7 @@ from dataclasses import asdict
 from typing import Any
 
 from opmap.report.finding import Check, Finding
+from opmap.store.source import Run
 
 MIN_SHARE = 0.10
 BAND = (0.75, 1.33)
@@ -42,11 +43,11 @@ def _share(lt: dict[str, Any]) -> float:
     return m.get("share_of_measured") if m.get("share_of_measured") is not None else lt.get("share_of_time", 0.0)
 
 
-def findings(run: dict[str, Any], fusion_gain_s: float | None = None,
+def findings(run: Run, fusion_gain_s: float | None = None,
              format_step: tuple[str, float] | None = None) -> list[Finding]:
     """The findings of a run. ``format_step``: (the next narrower matrix format, the ratio of its dense peak to
     the run's format's) on the run's hardware, where there is one."""
-    p = run["payload"]
+    p = run.payload
     stall = ((p.get("stall_fraction") or {}).get("layer_types") or {})
     out = []
     for name, lt in sorted((p.get("layer_types") or {}).items(), key=lambda kv: -_share(kv[1])):
@@ -80,7 +81,7 @@ def findings(run: dict[str, Any], fusion_gain_s: float | None = None,
         text = (f"{name} holds {share:.0%} of the time, {bound}-bound"
                 + (f", stall fraction {st['memory_stall']:.2f}" if "memory_stall" in st else ""))
         out.append(Finding(text, owner, fix, gain, None, risk,
-                           f"the baseline is run {run['id']}: compare a new run against it (opmap compare)"))
+                           f"the baseline is run {run.id}: compare a new run against it (opmap compare)"))
         ratio = m.get("predicted_over_measured")
         if ratio is not None and not BAND[0] <= ratio <= BAND[1]:
             out.append(Finding(f"{name}: predicted / measured {ratio:.2f}, outside {BAND[0]}-{BAND[1]}",
@@ -90,11 +91,11 @@ def findings(run: dict[str, Any], fusion_gain_s: float | None = None,
     return out
 
 
-def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) -> list[Check]:
+def pitfalls(run: Run, production_compared: bool | dict[str, Any]) -> list[Check]:
     """The field's pitfalls as checks. ``production_compared``: the newest production-shape check of this run
     (``opmap compare RUN --production P``: its payload with its ``run`` id), else True where another shape of the
     workload is in the store, False where neither is."""
-    p = run["payload"]
+    p = run.payload
     a = p.get("assumptions") if isinstance(p.get("assumptions"), dict) else {}
     lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
     out = [Check("averages without p95 / p99",
@@ -105,14 +106,14 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
                      "flag: " + evidence if evidence.startswith("unverified") else "ok: " + (evidence or "-")))
     cal = p.get("calibration_check")
     if cal is None:
-        verdict = "ok: a catalog device, no calibration involved" if run["kind"] == "analyze" else "flag: no check"
+        verdict = "ok: a catalog device, no calibration involved" if run.kind == "analyze" else "flag: no check"
     else:
         ratio = cal.get("ratio")
         drifted = cal.get("drifted") if "drifted" in cal else (ratio is not None and abs(ratio - 1) > 0.1)
         verdict = (("flag: " if drifted else "ok: ") + f"{cal.get('what', 'the calibration check')}: now / calibrated "
                    + (f"{ratio:.2f}" if ratio is not None else "-") + " (a drift beyond 10% flags)")
     out.append(Check("calibration older than the runtime or drifted", verdict))
-    synthetic = ".py:" in str(run["tags"].get("workload", ""))  # a user's file: a slice, not the product
+    synthetic = ".py:" in str(run.tags.get("workload", ""))  # a user's file: a slice, not the product
     if isinstance(production_compared, dict):
         c = production_compared
         cls = [x for x in c.get("classes", []) if x.get("production_kernels")]
@@ -134,19 +135,19 @@ def pitfalls(run: dict[str, Any], production_compared: bool | dict[str, Any]) ->
 KERNEL_KINDS = ("analyze", "profile")
 
 
-def memo_parts(run: dict[str, Any], production_compared: bool | dict[str, Any] = False,
+def memo_parts(run: Run, production_compared: bool | dict[str, Any] = False,
                fusion_gain_s: float | None = None, format_step: tuple[str, float] | None = None
                ) -> tuple[list[Finding], list[Check]]:
     """(findings, pitfall checks) of a run of any kind; the keyword arguments serve analyze and profile runs."""
     from opmap.errors import OpmapError
     from opmap.report.memo_kinds import KINDS
 
-    if run["kind"] in KERNEL_KINDS:
+    if run.kind in KERNEL_KINDS:
         return findings(run, fusion_gain_s, format_step), pitfalls(run, production_compared)
-    if run["kind"] not in KINDS:
-        raise OpmapError(f"no memo rules for a {run['kind']} run; accepted kinds: "
+    if run.kind not in KINDS:
+        raise OpmapError(f"no memo rules for a {run.kind} run; accepted kinds: "
                          + ", ".join((*KERNEL_KINDS, *KINDS)))
-    fs, pits = KINDS[run["kind"]]
+    fs, pits = KINDS[run.kind]
     return fs(run), pits(run)
 
 
@@ -158,18 +159,18 @@ def _title(tags: dict[str, Any], kind: str) -> str:
     return what + (f" ({how})" if how else "")
 
 
-def memo_markdown(run: dict[str, Any], fs: list[Finding], pits: list[Check], command: str,
+def memo_markdown(run: Run, fs: list[Finding], pits: list[Check], command: str,
                   folder: bool = False) -> str:
     """The memo as Markdown; ``folder``: the run is an output folder (its ``id``), not a stored run. Every text
     that holds a value of the run (a model id from a server, an imported tag, a folder's name) is written as
     Markdown text (report.text.md: one line, no heading, link, image or HTML), the command as one code span."""
     from opmap.report.text import md, md_code
 
-    t = run["tags"]
-    when = run.get("time_utc")  # a folder's or an imported run's may be unknown: left out, never "None"
-    where = (f"the {run['kind']} output in {run['id']}" + (f" ({when})" if when else "") if folder else
-             f"run {run['id']} ({', '.join(str(x) for x in (run['kind'], when) if x)}) in the run store")
-    title = _title(t, run["kind"])
+    t = run.tags
+    when = run.time_utc  # a folder's or an imported run's may be unknown: left out, never "None"
+    where = (f"the {run.kind} output in {run.id}" + (f" ({when})" if when else "") if folder else
+             f"run {run.id} ({', '.join(str(x) for x in (run.kind, when) if x)}) in the run store")
+    title = _title(t, run.kind)
     lines = [f"# Closure memo: {md(title)}", "",
              f"Evidence: {md(where)}; reproduce with {md_code(t.get('command') or command)}.", "", "## Findings", "",
              "| finding | owner | fix | expected gain | rollback boundary | risk |", "|---|---|---|---|---|---|"]
@@ -179,19 +180,19 @@ def memo_markdown(run: dict[str, Any], fs: list[Finding], pits: list[Check], com
         cells = (f.finding, f.owner, f.fix, g, f.rollback, f.risk)
         lines.append("| " + " | ".join(md(c) for c in cells) + " |")
     if not fs:
-        empty = ("no layer type holds 10% of the time" if run["kind"] in KERNEL_KINDS else
-                 f"nothing in this {run['kind']} result calls for a fix")
+        empty = ("no layer type holds 10% of the time" if run.kind in KERNEL_KINDS else
+                 f"nothing in this {run.kind} result calls for a fix")
         lines.append(f"| {md(empty)} | - | - | - | - | - |")
     lines += ["", "## Pitfall checks", ""] + [f"- {md(c.check)}: {md(c.verdict)}" for c in pits]
     return "\n".join(lines) + "\n"
 
 
-def memo_json(run: dict[str, Any], fs: list[Finding], pits: list[Check]) -> str:
+def memo_json(run: Run, fs: list[Finding], pits: list[Check]) -> str:
     """memo.json's text (schema 1): the run, its kind, the findings and the pitfall checks. A kernel run's findings
     (analyze, profile) have no ``expected_gain`` key: their gain is in seconds only (schema 1 as written)."""
     from opmap.validate import json_text
 
-    kernel = run["kind"] in KERNEL_KINDS
+    kernel = run.kind in KERNEL_KINDS
     found = [{k: v for k, v in asdict(f).items() if not (kernel and k == "expected_gain")} for f in fs]
-    return json_text({"schema_version": 1, "run": run["id"], "kind": run["kind"], "findings": found,
+    return json_text({"schema_version": 1, "run": run.id, "kind": run.kind, "findings": found,
                       "pitfalls": [asdict(c) for c in pits]}, indent=1)

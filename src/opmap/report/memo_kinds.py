@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from opmap.report.finding import Check, Finding
+from opmap.store.source import Run
 
 BOUND_OWNER = {
     "memory": ("ML compiler", "fuse the elementwise work into its producers, narrower activations (--fusion "
@@ -66,12 +67,12 @@ def _by_bound(bound: Any) -> tuple[str, str, str]:
                                         "kernels (opmap analyze)", "low"))
 
 
-def _rollback(run: dict[str, Any]) -> str:
-    return f"keep what runs today; run {run['id']} records this {run['kind']}: re-run it after the change"
+def _rollback(run: Run) -> str:
+    return f"keep what runs today; run {run.id} records this {run.kind}: re-run it after the change"
 
 
-def fit_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def fit_findings(run: Run) -> list[Finding]:
+    p = run.payload
     cells = _dicts(p.get("cells"))
     out = []
     for m in dict.fromkeys(str(c.get("model")) for c in cells):
@@ -85,7 +86,7 @@ def fit_findings(run: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def _fit_winner(run: dict[str, Any], m: str, ranked: list[dict[str, Any]]) -> Finding:
+def _fit_winner(run: Run, m: str, ranked: list[dict[str, Any]]) -> Finding:
     w = ranked[0]
     owner, fix, risk = _by_bound(w.get("bound"))
     text = (f"{m}: {w.get('hardware')} ranks first, {_si(_num(w['throughput_at_slo']))} output tokens/s at the SLO "
@@ -100,7 +101,7 @@ def _fit_winner(run: dict[str, Any], m: str, ranked: list[dict[str, Any]]) -> Fi
                     risk, _rollback(run), gain=gain)
 
 
-def _fit_struck(run: dict[str, Any], m: str, c: dict[str, Any]) -> Finding:
+def _fit_struck(run: Run, m: str, c: dict[str, Any]) -> Finding:
     why = str(c["excluded_reason"])
     if why.startswith("does not fit"):
         owner, fix = "runtime", "more devices per replica (tensor parallel across nodes) or a narrower weight format"
@@ -120,8 +121,8 @@ def _slo_text(slo: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def _fit_slo(run: dict[str, Any], m: str, mine: list[dict[str, Any]], ranked: list[dict[str, Any]]) -> Finding:
-    slo = run["payload"].get("slo") if isinstance(run["payload"].get("slo"), dict) else {}
+def _fit_slo(run: Run, m: str, mine: list[dict[str, Any]], ranked: list[dict[str, Any]]) -> Finding:
+    slo = run.payload.get("slo") if isinstance(run.payload.get("slo"), dict) else {}
     text = f"{m}: the SLO ({_slo_text(slo)}) leaves {len(ranked)} of {len(mine)} platforms"
     if ranked and _num(ranked[0].get("latency_p99_s")) is not None:
         text += f"; the winner serves at p99 end to end {_si(ranked[0]['latency_p99_s'], 's')}"
@@ -129,8 +130,8 @@ def _fit_slo(run: dict[str, Any], m: str, mine: list[dict[str, Any]], ranked: li
                     "winner's capacity (opmap serve --find-capacity)", "low: a policy setting", _rollback(run))
 
 
-def fit_pitfalls(run: dict[str, Any]) -> list[Check]:
-    p = run["payload"]
+def fit_pitfalls(run: Run) -> list[Check]:
+    p = run.payload
     cells = _dicts(p.get("cells"))
     n = _num(p.get("requests"))
     modelled = [c for c in cells if str(c.get("power_method", "")).startswith("modelled")]
@@ -159,8 +160,8 @@ def _p99_check(n: float | None) -> Check:
                   f"10 of them (use --requests {SLO_REQUESTS} or more)"))
 
 
-def plan_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def plan_findings(run: Run) -> list[Finding]:
+    p = run.payload
     ranked, rejected = _dicts(p.get("ranked")), _dicts(p.get("rejected"))
     if not ranked:
         return [_finding("no layout is legal and fits", "runtime", "more devices, a shorter sequence or a smaller "
@@ -185,8 +186,8 @@ def _shape(c: dict[str, Any]) -> tuple:
     return tuple(c.get(k) for k in ("tp", "pp", "dp", "ep"))
 
 
-def _plan_best(run: dict[str, Any], best: dict[str, Any], ranked: list[dict[str, Any]]) -> Finding:
-    p = run["payload"]
+def _plan_best(run: Run, best: dict[str, Any], ranked: list[dict[str, Any]]) -> Finding:
+    p = run.payload
     mem, cap = _num(best.get("memory_bytes")), _num(best.get("capacity_bytes"))
     text = (f"{best.get('layout')} ranks first by {p.get('objective', 'throughput')}: "
             f"{_si(_num(best.get('tokens_per_s')))} tokens/s, step {_si(_num(best.get('step_s')), 's')}, "
@@ -209,8 +210,8 @@ def _plan_best(run: dict[str, Any], best: dict[str, Any], ranked: list[dict[str,
                     f"{_si(gain, 's')} per step against {other.get('layout')} (from the model)")
 
 
-def plan_pitfalls(run: dict[str, Any]) -> list[Check]:
-    p = run["payload"]
+def plan_pitfalls(run: Run) -> list[Check]:
+    p = run.payload
     ranked = _dicts(p.get("ranked"))
     out = [Check("a predicted plan", "flag: every layout's time is predicted; profile the top two "
                                       "layouts on the devices before committing")]
@@ -229,8 +230,8 @@ def plan_pitfalls(run: dict[str, Any]) -> list[Check]:
     return out
 
 
-def sweep_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def sweep_findings(run: Run) -> list[Finding]:
+    p = run.payload
     points = _dicts(p.get("points"))
     at = {(c.get("batch"), c.get("seq")): c for c in points}
     out = []
@@ -247,7 +248,7 @@ def sweep_findings(run: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def _knee(run: dict[str, Any], kp: dict[str, Any], line: list[dict[str, Any]], pareto: int) -> list[Finding]:
+def _knee(run: Run, kp: dict[str, Any], line: list[dict[str, Any]], pareto: int) -> list[Finding]:
     first, last = line[0], line[-1]
     lat, tps = _num(kp.get("latency_s")), _num(kp.get("tokens_per_s"))
     l0, t0, ll = _num(first.get("latency_s")), _num(first.get("tokens_per_s")), _num(last.get("latency_s"))
@@ -269,8 +270,8 @@ def _knee(run: dict[str, Any], kp: dict[str, Any], line: list[dict[str, Any]], p
     return out
 
 
-def sweep_pitfalls(run: dict[str, Any]) -> list[Check]:
-    points = _dicts(run["payload"].get("points"))
+def sweep_pitfalls(run: Run) -> list[Check]:
+    points = _dicts(run.payload.get("points"))
     tails = [c for c in points if _num(c.get("latency_p99_s")) is not None]
     seqs = {c.get("seq") for c in points}
     measured = [c for c in points if _num(c.get("energy_j")) is not None]
@@ -286,8 +287,8 @@ def sweep_pitfalls(run: dict[str, Any]) -> list[Check]:
                    if len(seqs) < 2 else f"ok: {len(seqs)} sequence lengths"))]
 
 
-def serve_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def serve_findings(run: Run) -> list[Finding]:
+    p = run.payload
     val = p.get("validity") if isinstance(p.get("validity"), dict) else {}
     lat = p.get("latency") if isinstance(p.get("latency"), dict) else {}
     verdict = str(val.get("verdict", "-"))
@@ -326,8 +327,8 @@ def _tail(p: dict[str, Any], lat: dict[str, Any]) -> Finding | None:
                     gain_s=(q99 if qshare is not None and qshare > 0.5 else None))
 
 
-def serve_pitfalls(run: dict[str, Any]) -> list[Check]:
-    p = run["payload"]
+def serve_pitfalls(run: Run) -> list[Check]:
+    p = run.payload
     reqs = p.get("requests") if isinstance(p.get("requests"), dict) else {}
     a = p.get("assumptions") if isinstance(p.get("assumptions"), dict) else {}
     kv = str(a.get("kv_cache", ""))
@@ -337,8 +338,8 @@ def serve_pitfalls(run: dict[str, Any]) -> list[Check]:
                   else "ok: " + (kv or "-"))]
 
 
-def shape_check_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def shape_check_findings(run: Run) -> list[Finding]:
+    p = run.payload
     out = []
     for c in _dicts(p.get("classes")):
         if c.get("production_kernels") and c.get("verdict") != "carries over":
@@ -351,27 +352,27 @@ def shape_check_findings(run: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def calibrate_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def calibrate_findings(run: Run) -> list[Finding]:
+    p = run.payload
     peaks = p.get("matrix_peak_flops_per_s") if isinstance(p.get("matrix_peak_flops_per_s"), dict) else {}
     bw = p.get("memory_bandwidth_bytes_per_s") if isinstance(p.get("memory_bandwidth_bytes_per_s"), dict) else {}
     rates = ", ".join(f"{dt} {_si(_num(v.get('value')), 'FLOP/s')}" for dt, v in peaks.items() if isinstance(v, dict))
     skipped = (p.get("calibration") or {}).get("skipped") if isinstance(p.get("calibration"), dict) else None
-    text = (f"measured on {p.get('display_name', run['tags'].get('hardware'))}: matrix peaks {rates or '-'}; copy "
+    text = (f"measured on {p.get('display_name', run.tags.get('hardware'))}: matrix peaks {rates or '-'}; copy "
             f"bandwidth {_si(_num(bw.get('value')), 'B/s')}" + (f"; skipped: {skipped}" if skipped else ""))
     return [_finding(text, "performance modelling", "predict and profile with --hardware local (this profile); "
                      "re-calibrate when the runtime changes", "low: the model only",
                      "keep the previous profile file (opmap calibrate --out writes elsewhere)")]
 
 
-def calibrate_pitfalls(run: dict[str, Any]) -> list[Check]:
-    quick = "(quick)" in str(run["tags"].get("workload", ""))
+def calibrate_pitfalls(run: Run) -> list[Check]:
+    quick = "(quick)" in str(run.tags.get("workload", ""))
     return [Check("a quick calibration",
                   "flag: --quick is a smoke test, not a profile to trust" if quick else "ok: the full grid")]
 
 
-def bench_findings(run: dict[str, Any]) -> list[Finding]:
-    p = run["payload"]
+def bench_findings(run: Run) -> list[Finding]:
+    p = run.payload
     val = p.get("validity") if isinstance(p.get("validity"), dict) else {}
     errs = {k: v for k, v in (p.get("errors") or {}).items() if _num(v)} if isinstance(p.get("errors"), dict) else {}
     lag = p.get("scheduler_lag") if isinstance(p.get("scheduler_lag"), dict) else {}
@@ -473,8 +474,8 @@ def _bench_slo(p: dict[str, Any], rb: str) -> Finding | None:
     return _finding("latency: " + "; ".join(parts), owner, fix, "low: a serving setting", rb)
 
 
-def bench_pitfalls(run: dict[str, Any]) -> list[Check]:
-    p = run["payload"]
+def bench_pitfalls(run: Run) -> list[Check]:
+    p = run.payload
     reqs = p.get("requests") if isinstance(p.get("requests"), dict) else {}
     use = p.get("usage_check") if isinstance(p.get("usage_check"), dict) else {}
     missing = _num(use.get("requests_without_usage"))

@@ -37,9 +37,9 @@ MEASURED_UNITS = {"measured_s": "s", "achieved_flops_per_s": "FLOP/s", "achieved
 def profile_rows(p: Profile) -> list[dict]:
     rows = sheet_rows(p.analysis)
     for i, row in enumerate(rows):
-        m = p.measured_block(i) or {}
+        m = p.measured_block(i)
         for k in MEASURED_COLUMNS:
-            row[k] = m.get(k, "")
+            row[k] = getattr(m, k) if m is not None else ""
     return rows
 
 
@@ -140,9 +140,9 @@ def print_profile_report(p: Profile, console: Console, rows: int = 25, d: dict |
     for i, _ in shown:
         r = a.results[i]
         m = p.measured_block(i)
-        t.add_row(str(r.node.id), op_label(r.node.op), r.node.layer_type, shapes(r), si(m["measured_s"], "s"),
-                  si(r.pred.predicted_s, "s"), _ratio(m["predicted_over_measured"]),
-                  si(m["achieved_flops_per_s"], "FLOP/s"), si(m["achieved_bytes_per_s"], "B/s"), r.pred.bound)
+        t.add_row(str(r.node.id), op_label(r.node.op), r.node.layer_type, shapes(r), si(m.measured_s, "s"),
+                  si(r.pred.predicted_s, "s"), _ratio(m.predicted_over_measured),
+                  si(m.achieved_flops_per_s, "FLOP/s"), si(m.achieved_bytes_per_s, "B/s"), r.pred.bound)
     console.print(t)
     lt = Table(title="Layer types: measured against predicted, memory-stall fraction (roofline-estimated)",
                title_justify="left")

@@ -80,7 +80,7 @@ def chrome_trace(p: Profile) -> ChromeTrace:
             if r.pred.predicted_s > 0:
                 events.append(TraceEvent(name, "X", pid, 2, cursor, r.pred.predicted_s * 1e6, args))
             cursor += r.pred.predicted_s * 1e6
-    return ChromeTrace(tuple(events), p.tags, "opmap trace 1")
+    return ChromeTrace(tuple(events), p.tags.to_dict() if p.tags is not None else {}, "opmap trace 1")
 
 
 def tagged_torch_trace_json(p: Profile) -> str | None:
@@ -92,7 +92,7 @@ def tagged_torch_trace_json(p: Profile) -> str | None:
         return None
     t = dict(p.profiled.trace)
     other = dict(t.get("otherData", {}))
-    other["opmap_tags"] = p.tags
+    other["opmap_tags"] = p.tags.to_dict() if p.tags is not None else {}
     t["otherData"] = other
     return json_text(t)
 

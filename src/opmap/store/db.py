@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,15 @@ from opmap.store import locks
 from opmap.store.rows import (  # noqa: F401  (re-exported: callers import them from opmap.store.db)
     KERNEL_COLUMNS,
     LAYER_COLUMNS,
-    TAGS_VERSION,
-    _common_tags,
     _rows,
     analysis_tags,
     calibration_tags,
     graph_hash,
     payload_rows,
     read_profile,
+    recorded_tags,
 )
+from opmap.tags import TAGS_VERSION, Tags  # noqa: F401  (TAGS_VERSION re-exported)
 from opmap.validate import visible
 
 SCHEMA_VERSION = 2  # 2: kernels gained node_ids, signature, mfu, stall_fraction; layer_types mfu, stall, bytes
@@ -142,14 +143,23 @@ def _write_new(f: Path, text: str) -> None:
         os.fsync(out.fileno())
 
 
-def _spool_entry(path: Path, body: dict[str, Any]) -> Path:
+@dataclass(frozen=True)
+class SpoolEntry:
+    """A run ready for the spool, checked (store.validate.check_entry): its id and the JSON text of its entry
+    (id, kind, time_utc, tags, payload, rows), written as is."""
+
+    id: str
+    text: str
+
+
+def _spool_entry(path: Path, e: SpoolEntry) -> Path:
     """A run's entry in the spool: written whole under a temporary name, then renamed into place. A write that
     fails (a full disk) removes its temporary file and raises one line naming the spool and the cause."""
     spool = _dir(_spool(path))
-    tmp = spool / f".{body['id']}.{uuid.uuid4().hex[:8]}.tmp"
-    dest = spool / f"{body['id']}.json"
+    tmp = spool / f".{e.id}.{uuid.uuid4().hex[:8]}.tmp"
+    dest = spool / f"{e.id}.json"
     try:
-        _write_new(tmp, json.dumps(body))
+        _write_new(tmp, e.text)
         os.replace(tmp, dest)  # replaces a symlink there, never writes through it
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -409,8 +419,8 @@ def ingest_spool(path: Path) -> int:
             raise OpmapError(f"cannot write the run store {visible(path)}: {_first_line(e)}{wait}") from None
 
 
-def entry(kind: str, payload: dict[str, Any], tags: dict[str, Any], run_id: str | None = None,
-          time_utc: str | None = None) -> dict[str, Any]:
+def entry(kind: str, payload: dict[str, Any], tags: Tags, run_id: str | None = None,
+          time_utc: str | None = None) -> SpoolEntry:
     """A run's spool entry (id, kind, time_utc, tags, payload, rows), checked: a bad one raises, nothing written."""
     from opmap.store.validate import check_entry
 
@@ -422,11 +432,12 @@ def entry(kind: str, payload: dict[str, Any], tags: dict[str, Any], run_id: str 
             from None
     # the per-node list stays in the run's own files (analysis.json); kernels, layer types and samples are rows
     body = {"id": run_id, "kind": kind, "time_utc": time_utc or datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "tags": tags, "payload": {k: v for k, v in payload.items() if k not in ("nodes", "kernels", "samples")},
+            "tags": tags.to_dict(),
+            "payload": {k: v for k, v in payload.items() if k not in ("nodes", "kernels", "samples")},
             "rows": {"kernels": kernels, "layer_types": lts, "samples": samples}}
-    body = json.loads(json.dumps(body))  # as the ingest will read it back (tuples as lists)
-    check_entry(body)
-    return body
+    text = json.dumps(body)
+    check_entry(json.loads(text))  # as the ingest will read it back (tuples as lists)
+    return SpoolEntry(run_id, text)
 
 
 def _resolve(path: Path | None, what: str) -> Path:
@@ -436,7 +447,7 @@ def _resolve(path: Path | None, what: str) -> Path:
     return path
 
 
-def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path | None = None,
+def record(kind: str, payload: dict[str, Any], tags: Tags, path: Path | None = None,
            run_id: str | None = None, ingest: bool = True) -> str:
     """Record one run; returns its id. Raises StoreUnavailable where recording is off or duckdb is missing, and
     OpmapError (nothing written) where the run is malformed.
@@ -449,9 +460,9 @@ def record(kind: str, payload: dict[str, Any], tags: dict[str, Any], path: Path 
     path = _resolve(path, "record into")
     if importlib.util.find_spec("duckdb") is None:
         _duckdb()  # raises the install hint
-    body = entry(kind, payload, _common_tags(tags), run_id)
+    e = entry(kind, payload, recorded_tags(tags), run_id)
     _make_parent(path)
-    _spool_entry(path, body)
+    _spool_entry(path, e)
     if ingest:
         ingest_spool(path)
-    return body["id"]
+    return e.id

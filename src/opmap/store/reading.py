@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,15 +128,29 @@ def list_runs(where: dict[str, str] | None = None, path: Path | None = None) -> 
     return [{"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3])} for r in rows]
 
 
-def show_run(run_id: str, path: Path | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StoredRun:
+    """One stored run as ``opmap runs show`` gives it: ``tags`` and ``payload`` as the store holds them (JSON
+    columns: a run of any opmap version), and how many kernel rows and samples the store holds for it."""
+
+    id: str
+    kind: str
+    time_utc: str
+    tags: dict[str, Any]
+    kernels: int
+    samples: int
+    payload: dict[str, Any]
+
+
+def show_run(run_id: str, path: Path | None = None) -> StoredRun:
+    """A stored run by id, else one line naming it."""
     with open_read(path) as con:
         r = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE id = ?", [run_id]).fetchone()
         if r is None:
             raise OpmapError(f"no run {run_id!r} in the store (opmap runs list shows the ids)")
         kernels = con.execute("SELECT count(*) FROM kernels WHERE run_id = ?", [run_id]).fetchone()[0]
         samples = con.execute("SELECT count(*) FROM samples WHERE run_id = ?", [run_id]).fetchone()[0]
-    return {"id": r[0], "kind": r[1], "time_utc": r[2], "tags": json.loads(r[3]), "kernels": kernels,
-            "samples": samples, "payload": json.loads(r[4])}
+    return StoredRun(r[0], r[1], r[2], json.loads(r[3]), kernels, samples, json.loads(r[4]))
 
 
 def run_rows(run_id: str, path: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

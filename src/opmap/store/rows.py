@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap import __version__
-
-TAGS_VERSION = 1  # the tag names below; a new tag may be added, a renamed one bumps this
+from opmap.tags import Fingerprint, Tags
 
 
 def _git_commit() -> str | None:
@@ -23,9 +22,10 @@ def _git_commit() -> str | None:
     return p.stdout.strip() or None if p.returncode == 0 else None
 
 
-def _obj(x: Any) -> dict[str, Any]:
-    """``x`` where it is a JSON object, else {}: a folder's file is data someone else may have damaged."""
-    return x if isinstance(x, dict) else {}
+def _field(x: Any, key: str, default: Any = None) -> Any:
+    """``x[key]`` where ``x`` is a JSON object holding it, else ``default``: a folder's file is data someone else
+    may have damaged (a field of the wrong type is taken as absent)."""
+    return x.get(key, default) if isinstance(x, dict) else default
 
 
 def _arr(x: Any) -> list[Any]:
@@ -37,30 +37,24 @@ def graph_hash(nodes: list[dict[str, Any]]) -> str:
     the wrong type (a damaged file) hashes as absent, never raises."""
     h = hashlib.sha256()
     for n in _arr(nodes):
-        n = _obj(n)
-        h.update(str(n.get("op", "")).encode())
-        for t in _arr(n.get("inputs", [])) + _arr(n.get("outputs", [])):
-            shape = _obj(t).get("shape", ())
+        h.update(str(_field(n, "op", "")).encode())
+        for t in _arr(_field(n, "inputs", [])) + _arr(_field(n, "outputs", [])):
+            shape = _field(t, "shape", ())
             h.update(repr(tuple(shape) if isinstance(shape, list) else shape).encode())
     return h.hexdigest()[:16]
 
 
-def analysis_tags(d: dict[str, Any]) -> dict[str, Any]:
+def analysis_tags(d: dict[str, Any]) -> Tags:
     """The telemetry tags of an analysis.json (or profile.json) body; a field of the wrong type is taken as
     absent (the body may be a run folder's file, read as data)."""
-    a = _obj(d.get("assumptions"))
-    par = _obj(d.get("parallelism"))
-    phase = _obj(d.get("phase"))
-    return {
-        "tags_version": TAGS_VERSION,
-        "workload": a.get("workload"), "hardware": a.get("hardware"), "phase": phase.get("name", "prefill"),
-        "precision": a.get("dtype"), "batch": a.get("batch"), "seq": a.get("seq"), "fusion": a.get("fusion_policy"),
-        "parallelism": (f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}" if par
-                        else "single device"),
-        "graph_hash": d.get("graph_hash") or graph_hash(d.get("nodes", [])),
-        "opmap_version": a.get("opmap_version", __version__),
-        "torch_version": a.get("torch_version"),
-    }
+    a, par = d.get("assumptions"), d.get("parallelism")
+    return Tags("analysis", workload=_field(a, "workload"), hardware=_field(a, "hardware"),
+                phase=_field(d.get("phase"), "name", "prefill"), precision=_field(a, "dtype"),
+                batch=_field(a, "batch"), seq=_field(a, "seq"), fusion=_field(a, "fusion_policy"),
+                parallelism=(f"tp{par.get('tp')} pp{par.get('pp')} dp{par.get('dp')} ep{par.get('ep')}"
+                             if isinstance(par, dict) and par else "single device"),
+                graph_hash=d.get("graph_hash") or graph_hash(d.get("nodes", [])),
+                opmap_version=_field(a, "opmap_version", __version__), torch_version=_field(a, "torch_version"))
 
 
 def read_profile(path: Path) -> dict[str, Any]:
@@ -73,19 +67,21 @@ def read_profile(path: Path) -> dict[str, Any]:
     return tomllib.loads(read_text_bounded(path, LIMIT_TOML_BYTES, "calibration profile"))
 
 
-def calibration_tags(d: dict[str, Any], quick: bool = False) -> dict[str, Any]:
+def calibration_tags(d: dict[str, Any], quick: bool = False) -> Tags:
     """The telemetry tags of a calibration profile: the hardware is the local fingerprint (device and model)."""
     cal = d.get("calibration") or {}
     fp = cal.get("fingerprint") or {}
-    return {"tags_version": TAGS_VERSION, "workload": "calibration" + (" (quick)" if quick else ""),
-            "hardware": f"{d.get('name', 'local')}: {fp.get('model', '?')}", "phase": "calibrate",
-            "precision": None, "torch_version": fp.get("torch_version"),
-            "fingerprint": {k: fp.get(k) for k in ("model", "machine", "threads", "cores", "memory_bytes")}}
+    return Tags("calibration", workload="calibration" + (" (quick)" if quick else ""),
+                hardware=f"{d.get('name', 'local')}: {fp.get('model', '?')}", phase="calibrate", precision=None,
+                torch_version=fp.get("torch_version"),
+                fingerprint=Fingerprint(**{k: fp.get(k) for k in ("model", "machine", "threads", "cores",
+                                                                   "memory_bytes")}))
 
 
-def _common_tags(tags: dict[str, Any]) -> dict[str, Any]:
-    return {"opmap_version": __version__, "git_commit": _git_commit(),
-            "command": shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None, **tags}
+def recorded_tags(tags: Tags) -> Tags:
+    """``tags`` as a recorded run carries them: opmap's version, this checkout's git commit and the command line
+    ahead of the command's own tags."""
+    return tags.as_recorded(__version__, _git_commit(), shlex.join(["opmap", *sys.argv[1:]]) if sys.argv else None)
 
 
 def _signature(node: dict[str, Any]) -> str | None:

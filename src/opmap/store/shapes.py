@@ -163,10 +163,10 @@ def production_check(synth_id: str, prod_id: str, path: Path | None = None, forc
     from opmap.store.reading import open_read, show_run
 
     s, p = show_run(synth_id, path), show_run(prod_id, path)
-    differ = [t for t in MUST_MATCH if s["tags"].get(t) != p["tags"].get(t)]
+    differ = [t for t in MUST_MATCH if s.tags.get(t) != p.tags.get(t)]
     if differ and not force:
         raise OpmapError("the synthetic and production runs differ in "
-                         + ", ".join(f"{t} ({s['tags'].get(t)} vs {p['tags'].get(t)})" for t in differ)
+                         + ", ".join(f"{t} ({s.tags.get(t)} vs {p.tags.get(t)})" for t in differ)
                          + ": a shape's regime depends on both (--force to check anyway)")
     con = open_read(path)
     try:

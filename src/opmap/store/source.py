@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
+from opmap.safeio import LIMIT_JSON_BYTES, read_json_object
+from opmap.tags import Tags
 
 # a folder's files, in the order one is chosen where it holds several; each with its run kind
 FOLDER_FILES = (("profile.json", "profile"), ("analysis.json", "analyze"), ("plan.json", "plan"),
@@ -29,21 +30,17 @@ ACCEPTED = ("a run id (opmap runs list) or an output folder holding profile.json
             "sweep.json, serve.json, fit.json or bench.json")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """One run: ``id`` (the run id, or the folder), ``kind``, its tags and payload; ``stored``: in the store."""
+    """One run: ``id`` (the run id, or the folder), ``kind``, its tags (as the store or the folder's file holds
+    them: opmap.tags.Tags.to_dict) and payload; ``stored``: in the store."""
 
     id: str
     kind: str
-    time_utc: str
+    time_utc: str | None  # an imported run's may be unknown
     tags: dict[str, Any]
     payload: dict[str, Any]
     stored: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        """The run as ``show_run`` gives it (id, kind, time_utc, tags, payload)."""
-        return {"id": self.id, "kind": self.kind, "time_utc": self.time_utc, "tags": self.tags,
-                "payload": self.payload}
 
 
 def is_run_id(source: str) -> bool:
@@ -80,61 +77,55 @@ def load(source: str, path: Path | None = None, con=None) -> Run:
         from opmap.store.reading import show_run
 
         r = show_run(source, path)
-        return Run(r["id"], r["kind"], r["time_utc"], r["tags"], r["payload"], True)
+        return Run(r.id, r.kind, r.time_utc, r.tags, r.payload, True)
     r = con.execute("SELECT id, kind, time_utc, tags, payload FROM runs WHERE id = ?", [source]).fetchone()
     if r is None:
         raise OpmapError(f"no run {source!r} in the store (opmap runs list shows the ids)")
     return Run(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), True)
 
 
-def _read_json(f: Path, kind: str) -> dict[str, Any]:
-    """A folder's file: a regular file of at most LIMIT_JSON_BYTES, never read through a link (opmap.safeio)."""
-    text = read_text_bounded(f, LIMIT_JSON_BYTES, "run file")
-    try:
-        d = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise OpmapError(f"cannot read {f}: {type(e).__name__}: expected the JSON opmap wrote there") from None
-    need = REQUIRED[kind]
-    if not isinstance(d, dict) or not d.get(need):
-        raise OpmapError(f"{f} is not opmap's {f.name} (no {need!r}); accepted: the file opmap {kind} --out writes")
-    return d
+def _not_opmaps(f: Path, kind: str) -> str:
+    """Why a folder's file ``f`` is refused: it lacks the field its kind cannot be without."""
+    return f"{f} is not opmap's {f.name} (no {REQUIRED[kind]!r}); accepted: the file opmap {kind} --out writes"
 
 
-def folder_tags(kind: str, d: dict[str, Any]) -> dict[str, Any]:
+def folder_tags(kind: str, d: dict[str, Any]) -> Tags:
     """The tags the command of ``kind`` records its run under (cli/*.py), from its output file."""
-    from opmap.store.db import analysis_tags
+    from opmap.store.rows import analysis_tags
 
     if kind in ("analyze", "profile"):
         return analysis_tags(d)
     if kind == "plan":
-        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
-                "precision": d.get("dtype"), "parallelism": f"{d.get('devices')} devices"}
+        return Tags("plan", workload=d.get("model"), hardware=d.get("hardware"), phase=d.get("phase"),
+                    precision=d.get("dtype"), parallelism=f"{d.get('devices')} devices")
     if kind == "sweep":
-        return {"workload": d.get("model"), "hardware": d.get("hardware"), "phase": d.get("phase"),
-                "precision": d.get("dtype")}
+        return Tags("sweep", workload=d.get("model"), hardware=d.get("hardware"), phase=d.get("phase"),
+                    precision=d.get("dtype"))
     if kind == "bench":
         from opmap.bench.outputs import bench_tags
 
         return bench_tags(d)
     if kind == "serve":
         a = d.get("assumptions") if isinstance(d.get("assumptions"), dict) else {}
-        return {"workload": a.get("model"), "hardware": a.get("hardware"), "phase": "serve",
-                "precision": a.get("dtype"), "parallelism": f"tp{a.get('tp')} x {a.get('replicas')} replicas"}
-    return {"workload": ",".join(map(str, d.get("models") or ())), "hardware": ",".join(map(str, d.get("hardware")
-                                                                                           or ())),
-            "phase": "serve", "precision": d.get("dtype")}
+        return Tags("serve", workload=a.get("model"), hardware=a.get("hardware"), phase="serve",
+                    precision=a.get("dtype"), parallelism=f"tp{a.get('tp')} x {a.get('replicas')} replicas")
+    return Tags("sweep", workload=",".join(map(str, d.get("models") or ())),
+                hardware=",".join(map(str, d.get("hardware") or ())), phase="serve", precision=d.get("dtype"))
 
 
 def from_folder(folder: Path) -> Run:
     """The run in an output folder: the first of FOLDER_FILES it holds."""
     for name, kind in FOLDER_FILES:
         f = folder / name
-        if f.exists() or f.is_symlink():  # a link, a FIFO, a device at the name: refused by _read_json, named
-            d = _read_json(f, kind)
+        if f.exists() or f.is_symlink():  # a link, a FIFO, a device at the name: refused by read_json_object, named
+            # a regular file of at most LIMIT_JSON_BYTES, never read through a link (opmap.safeio)
+            d = read_json_object(f, LIMIT_JSON_BYTES, "run file", _not_opmaps(f, kind))
+            if not d.get(REQUIRED[kind]):
+                raise OpmapError(_not_opmaps(f, kind))
             tags = d.get("tags") if isinstance(d.get("tags"), dict) else {}
             when = tags.get("time_utc") or datetime.fromtimestamp(f.stat().st_mtime, UTC).isoformat(
                 timespec="seconds")
-            return Run(str(folder), kind, str(when), folder_tags(kind, d), d, False)
+            return Run(str(folder), kind, str(when), folder_tags(kind, d).to_dict(), d, False)
     raise OpmapError(f"nothing to read in {folder}; accepted: {ACCEPTED}")
 
 

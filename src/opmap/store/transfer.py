@@ -15,8 +15,8 @@ import os
 import shutil
 import stat
 import uuid
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.store import db, reading
@@ -59,7 +59,7 @@ def export_parquet(out_dir: Path, path: Path | None = None) -> list[Path]:
     return [out / f"{t}.parquet" for t in TABLES]
 
 
-def _from_file(f: Path, named: bool) -> dict[str, Any]:
+def _from_file(f: Path, named: bool) -> db.SpoolEntry:
     """The spool entry of one profile.json / analysis.json (or another kind's JSON), checked. ``named``: the user
     named the file itself (a link there is followed; one found in a folder is not), read to LIMIT_JSON_BYTES."""
     from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
@@ -75,11 +75,11 @@ def _from_file(f: Path, named: bool) -> dict[str, Any]:
                 from None
         validate_run(d)
         kind = d.get("kind", "analyze")
-        tags = db.analysis_tags(d) if kind in ("analyze", "profile") else folder_tags(kind, d)
+        tags = folder_tags(kind, d)
         samples = (d.get("latency") or {}).get("samples_s")
         payload = {**d, "samples": {"latency_s": samples}} if samples else d
         rid = "import-" + hashlib.sha256(raw).hexdigest()[:16]
-        return db.entry(kind, payload, db._common_tags({**tags, "imported_from": str(f)}), rid)
+        return db.entry(kind, payload, replace(db.recorded_tags(tags), imported_from=str(f)), rid)
     except (OSError, ValueError, RecursionError, OpmapError) as e:
         raise OpmapError(f"cannot import {f}: {_first_line(e)} (nothing imported)") from None
 
@@ -121,7 +121,7 @@ def _check_parquet(src: Path) -> None:
                              f"{LIMIT_PARQUET_BYTES >> 20} MiB opmap reads for an export's table")
 
 
-def _from_parquet(src: Path) -> list[dict[str, Any]]:
+def _from_parquet(src: Path) -> list[db.SpoolEntry]:
     """The spool entries of a folder ``opmap runs export --parquet`` wrote, checked."""
     from opmap.store.validate import check_entry, finite
 
@@ -151,7 +151,7 @@ def _from_parquet(src: Path) -> list[dict[str, Any]]:
                 finite(e, "run")  # an import is user data: no NaN or infinity
             except OpmapError as err:
                 raise OpmapError(f"run {str(r['id'])[:40]!r}: {err}") from None
-            entries.append(e)
+            entries.append(db.SpoolEntry(e["id"], json.dumps(e)))
         return entries
     except (OpmapError, ValueError, RecursionError, db._duckdb().Error) as e:
         raise OpmapError(f"cannot import {src}: not a readable opmap export ({_first_line(e)}); nothing imported") \
@@ -160,7 +160,7 @@ def _from_parquet(src: Path) -> list[dict[str, Any]]:
         con.close()
 
 
-def _sources(src: Path) -> list[dict[str, Any]]:
+def _sources(src: Path) -> list[db.SpoolEntry]:
     """Every run ``src`` names, checked (the first bad one refuses them all)."""
     if src.is_dir() and (src / "runs.parquet").exists():
         return _from_parquet(src)
@@ -175,12 +175,12 @@ def import_path(src: Path, path: Path | None = None) -> tuple[int, int]:
     """Runs from another host, all or none. Returns (runs added, runs already in the store)."""
     path = db._resolve(path, "import into")
     db._duckdb()
-    entries = list({e["id"]: e for e in _sources(Path(src))}.values())
+    entries = list({e.id: e for e in _sources(Path(src))}.values())
     known = set()
     if path.exists() or db._pending(path):
-        ids = {e["id"] for e in entries}
+        ids = {e.id for e in entries}
         known = {r["id"] for r in reading.list_runs(path=path) if r["id"] in ids}
-    new = [e for e in entries if e["id"] not in known]
+    new = [e for e in entries if e.id not in known]
     db._make_parent(path)
     written = []
     try:
