@@ -520,3 +520,21 @@ def test_transformers_warnings_do_not_break_the_one_line(tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"opmap: error: transformers cannot build {cfg} (gpt2)") and "no_such_act" in lines[0]
+
+
+def test_a_copy_of_a_built_model_runs_its_own_weights():
+    """opmap wraps a Hugging Face model's forward (eager-KV marks, one-line errors, the packing probe); a deepcopy
+    (opmap quality's reduced-precision twin) must run the copy's weights, not the original's: the wrapper is a method
+    bound to the module it is called on, not a closure over the original. With the copy's LM head zeroed, its logits
+    are exactly 0 (a Linear without bias over a zero weight) while the original's are not."""
+    import copy
+
+    from opmap.cli.common import build_workload
+
+    cfg = str(Path(__file__).parents[2] / "examples" / "tiny-llama.json")
+    w = build_workload(cfg, 1, 8, None, "fp32", "cpu")
+    twin = copy.deepcopy(w.module)
+    with torch.no_grad():
+        twin.lm_head.weight.zero_()
+        ours, theirs = w.module(**w.inputs).logits, twin(**w.inputs).logits
+    assert theirs.abs().max() == 0 and ours.abs().max() > 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -372,6 +373,27 @@ def _build(config, target: str, device: str, auto, attn: str) -> torch.nn.Module
                          f"accepted: {_tested()}") from None
 
 
+def _wrap_forward(model: torch.nn.Module, around) -> None:
+    """Replace ``model.forward`` by ``around(call, *args, **kwargs)``, ``call`` the forward it replaces bound, at call
+    time, to the module it is called on: a bound method of the model, not a closure over it, so a copy of the model
+    (``copy.deepcopy``: opmap quality's reduced-precision twin) runs its own weights, not the original's."""
+    inner = model.__dict__.get("forward")  # an earlier wrapper (a method of the model) or none: the class's
+    if inner is not None and not isinstance(inner, types.MethodType):
+        def call_of(_self, f=inner):
+            return f  # a foreign plain callable: called as it is (it may close over the original)
+    else:
+        fn = inner.__func__ if inner is not None else type(model).forward
+
+        def call_of(self, f=fn):
+            return types.MethodType(f, self)
+
+    @functools.wraps(type(model).forward)
+    def forward(self, *args, **kwargs):
+        return around(call_of(self), *args, **kwargs)
+
+    model.forward = types.MethodType(forward, model)
+
+
 def _mark_eager_kv(model: torch.nn.Module) -> bool:
     """Wrap the model's forward so that, while it runs, each transformers modeling module's
     ``eager_attention_forward`` (which its attention layers call by name, as their default) first marks its K and
@@ -393,10 +415,7 @@ def _mark_eager_kv(model: torch.nn.Module) -> bool:
             return original(module, query, key, value, *args, **kwargs)
         return eager
 
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def wrapped(*args, **kwargs):
+    def wrapped(forward, *args, **kwargs):
         originals = [(mod, mod.eager_attention_forward) for mod in owners]
         try:
             for mod, original in originals:
@@ -406,7 +425,7 @@ def _mark_eager_kv(model: torch.nn.Module) -> bool:
             for mod, original in originals:
                 mod.eager_attention_forward = original
 
-    model.forward = wrapped
+    _wrap_forward(model, wrapped)
     return True
 
 
@@ -417,10 +436,7 @@ def _errors_named(model: torch.nn.Module, where: str, cls: str) -> None:
     are."""
     from opmap.capture import MetaCaptureError, ModelForwardError
 
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def wrapped(*args, **kwargs):
+    def wrapped(forward, *args, **kwargs):
         try:
             return forward(*args, **kwargs)
         except MetaCaptureError:
@@ -437,7 +453,7 @@ def _errors_named(model: torch.nn.Module, where: str, cls: str) -> None:
                              f"support for this family and transformers version, not an error in the config; "
                              f"accepted: {_tested()}") from None
 
-    model.forward = wrapped
+    _wrap_forward(model, wrapped)
 
 
 def _answer_packing_probe(model: torch.nn.Module) -> bool:
@@ -450,14 +466,11 @@ def _answer_packing_probe(model: torch.nn.Module) -> bool:
         return False
     if not hasattr(masking_utils, "find_packed_sequence_indices"):
         return False
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def wrapped(*args, **kwargs):
+    def wrapped(forward, *args, **kwargs):
         with _packing_probe_answered(masking_utils):
             return forward(*args, **kwargs)
 
-    model.forward = wrapped
+    _wrap_forward(model, wrapped)
     return True
 
 
