@@ -24,7 +24,7 @@ step (its heads / min(tp, kv heads), its layers / pp), the activations in flight
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from opmap.analyze import analyze_graph
@@ -58,7 +58,7 @@ class Candidate:
         return not self.reason
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.parallelism.to_dict(), "layout": self.parallelism.label(), "ok": self.ok,
+        return {**asdict(self.parallelism), "layout": self.parallelism.label(), "ok": self.ok,
                 "reason": self.reason, "memory_bytes": self.memory_bytes, "capacity_bytes": self.capacity_bytes,
                 "step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "latency_s": self.latency_s,
                 "bubble_fraction": self.bubble_fraction, "mfu": self.mfu}
