@@ -71,9 +71,10 @@ def cached(key: str | None, train: bool | None = None) -> tuple | None:
     """(graph, Workload without module, SavedActivations or None) cached under ``key``, or None. ``train``: a phase
     entry (written with its saved activations, None outside training) of that kind only."""
     from opmap.capture import cache
+    from opmap.mapping.activations import SavedActivations
     from opmap.workloads.zoo import Workload
 
-    hit = cache.load(key) if key else None
+    hit = cache.load(key, SavedActivations) if key else None
     if hit is None or (train is not None and not (len(hit) == 3 and (hit[2] is not None) == train)):
         return None
     f = hit[1]

@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from opmap import __version__
 from opmap.capture.codec import BadEntry, decode_graph, encode_graph
@@ -37,9 +37,6 @@ from opmap.errors import OpmapError
 from opmap.geometry import AttentionSpec, ModelGeometry
 from opmap.graph import OpGraph
 from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
-
-if TYPE_CHECKING:
-    from opmap.mapping.activations import SavedActivations
 
 T = TypeVar("T")
 
@@ -157,17 +154,15 @@ def _fields(cls, d, whole: bool = True):
     return cls(**kw) if whole else kw
 
 
-def _saved(d) -> SavedActivations | None:
-    """A training step's saved activations (opmap.mapping.activations.SavedActivations), each field type-checked."""
-    from opmap.mapping.activations import SavedActivations
-
+def _saved(d, make: Callable[..., T] | None) -> T | None:
+    """A training step's saved activations as ``make`` builds them from their fields, each type-checked first."""
     if d is None:
         return None
-    _check(type(d) is dict and type(d["by_block"]) is dict)
-    return SavedActivations(total_bytes=_num(d["total_bytes"]),
-                            by_block={_str(k): _num(v) for k, v in d["by_block"].items()},
-                            recompute=_str(d["recompute"]), attention=_str(d["attention"]), tensors=_int(d["tensors"]),
-                            notes=tuple(_str(x) for x in d["notes"]))
+    _check(make is not None and type(d) is dict and type(d["by_block"]) is dict)
+    return make(total_bytes=_num(d["total_bytes"]),
+                by_block={_str(k): _num(v) for k, v in d["by_block"].items()},
+                recompute=_str(d["recompute"]), attention=_str(d["attention"]), tensors=_int(d["tensors"]),
+                notes=tuple(_str(x) for x in d["notes"]))
 
 
 def _path(k: str) -> Path:
@@ -188,9 +183,10 @@ def _read(k: str) -> bytes:
     return payload
 
 
-def load(k: str) -> tuple | None:
-    """The cached (graph, CachedWorkload) or (graph, CachedWorkload, SavedActivations or None) for ``k`` (the saved
-    activations as the entry holds them; each value type-checked), or None: absent, unreadable, of another
+def load(k: str, saved: Callable[..., Any] | None = None) -> tuple | None:
+    """The cached (graph, CachedWorkload) or (graph, CachedWorkload, saved activations or None) for ``k``, the
+    saved activations as ``saved`` builds them from the entry's checked fields (SavedActivations: capture does not
+    import mapping; without ``saved`` an entry holding them is a miss), or None: absent, unreadable, of another
     version or key, failing its hash, or holding a value of the wrong type."""
     if not enabled():
         return None
@@ -202,7 +198,7 @@ def load(k: str) -> tuple | None:
             body = json.loads(payload)
             _check(type(body) is dict)
             entry = (decode_graph(body["graph"]), _workload(body["workload"]))
-            return (*entry, _saved(body["saved"])) if "saved" in body else entry
+            return (*entry, _saved(body["saved"], saved)) if "saved" in body else entry
         finally:
             if was:
                 gc.enable()
@@ -210,9 +206,10 @@ def load(k: str) -> tuple | None:
         return None  # a miss in every form: missing, not a bounded regular file, truncated, damaged, wrong types
 
 
-def store(k: str, graph: OpGraph, workload: CachedWorkload, *saved: SavedActivations | None) -> None:
+def store(k: str, graph: OpGraph, workload: CachedWorkload, *saved: Any) -> None:
     """Write the entry for ``k`` (the graph; the workload's name, batch, seq and assumptions; for a training step
-    the saved activations' fields) whole, or not at all. A link at the entry's name is replaced, not followed."""
+    its saved activations, a SavedActivations or None, as their fields) whole, or not at all. A link at the entry's
+    name is replaced, not followed."""
     if not enabled():
         return
     body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload.to_dict()}
