@@ -8,12 +8,16 @@ written (its keys and their order as schema 3 has them).
 - ``LayoutSearch``: every layout tried, the chosen one and the runner-up (by output tokens/s per device of the
   budget), the runtime they were priced under.
 - ``FitCell``: one (model, platform) cell of the matrix: the chosen layout's figures, power, price, rank.
+- ``FitMatrix``: every cell ranked, with what the cells ran under (fit.json).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opmap.serve.metrics import Slo
 
 # a LayoutResult's fields written only once reached (None: that stage did not run), in fit.json's order
 _LAYOUT_LATER = ("memory", "bound_per_device_tokens_per_s", "saturation_per_s", "capacity", "limited_by",
@@ -152,7 +156,7 @@ class FitMatrix:
     schema_version: int
     models: tuple[str, ...]
     hardware: tuple[str, ...]  # the catalog names
-    slo: Any  # opmap.serve.metrics.Slo
+    slo: Slo
     input_len: str  # a length spec (fixed or a distribution), as given
     output_len: str
     requests: int  # per capacity run
