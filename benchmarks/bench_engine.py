@@ -48,7 +48,7 @@ def run_fit(engine: str, workers: int | None) -> str:
     from opmap.serve.metrics import Slo
 
     r = fit_matrix(list(FIT[0]), list(FIT[1]), Slo(0.5, 0.05), "256", "32", 150, engine=engine, workers=workers)
-    return json.dumps(r["cells"], sort_keys=True)
+    return json.dumps(r.to_dict()["cells"], sort_keys=True)
 
 
 def main() -> int:

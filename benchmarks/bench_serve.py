@@ -159,7 +159,7 @@ def fit_bench(args) -> None:
     r = fit_matrix(models, devices, Slo(args.slo_ttft / 1e3, args.slo_tpot / 1e3), "512", "128")
     wall = time.perf_counter() - t0
     rows = []
-    for c in r["cells"]:
+    for c in r.to_dict()["cells"]:  # fit.json's cells
         tried = c["layouts"]
         rows.append({"model": c["model"], "hardware": c["hardware"], "layouts_tried": len(tried),
                      "layouts_priced": sum(1 for lay in tried if lay["fits"]),

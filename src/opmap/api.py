@@ -74,24 +74,21 @@ def cached(key: str | None, train: bool | None = None) -> tuple | None:
     from opmap.mapping.activations import SavedActivations
     from opmap.workloads.zoo import Workload
 
-    hit = cache.load(key) if key else None
+    hit = cache.load(key, SavedActivations) if key else None
     if hit is None or (train is not None and not (len(hit) == 3 and (hit[2] is not None) == train)):
         return None
     f = hit[1]
     w = Workload(f.name, None, None, f.batch, f.seq, f.assumptions, geometry=f.geometry)
-    saved = SavedActivations(**hit[2]) if len(hit) == 3 and hit[2] is not None else None
+    saved = hit[2] if len(hit) == 3 else None
     return hit[0], w, saved
 
 
 def keep(key: str | None, graph, w, *saved) -> None:
     """Store a capture under ``key`` (nothing when None); a phase entry passes its saved activations (or None)."""
-    from dataclasses import asdict
-
     from opmap.capture import cache
 
     if key:
-        cache.store(key, graph, workload_fields(w),
-                    *(None if s is None else {**asdict(s), "notes": list(s.notes)} for s in saved))
+        cache.store(key, graph, workload_fields(w), *saved)
 
 
 def graph_hash(graph) -> str:

@@ -146,10 +146,3 @@ class OpGraph:
             for p in n.producers:
                 out[p].append(n.id)
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "params": self.params, "param_bytes": self.param_bytes, "buffers": self.buffers,
-            "device": self.device, "inputs": [t.to_dict() for t in self.inputs],
-            "notes": list(self.notes), "nodes": [n.to_dict() for n in self.nodes],
-        }

@@ -214,7 +214,7 @@ def test_an_entry_that_is_not_a_bounded_regular_file_is_a_miss(cache_on, tmp_pat
         with open(path, "wb") as f:
             f.truncate(LIMIT_JSON_BYTES + 1)
     assert cache.load("abc") is None
-    assert cache.load_fields("abc") is None
+    assert cache.load_fields("abc", dict, ()) is None
     if kind == "folder":
         path.rmdir()
     cache.store("abc", *want[:1], cache.CachedWorkload("x", 1, None, ()))

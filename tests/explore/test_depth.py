@@ -101,5 +101,5 @@ def test_plan_captures_whole_a_model_that_counts_its_blocks():
             return Workload("counting", _Counting(), (torch.zeros(mb, 16, 8),), mb, 16)
 
     r = plan(build, get_hardware("h100-sxm"), 1, "train", microbatches=(1,))
-    assert r["capture"] == "whole model captured (the model does not run with 4 blocks cut short: RuntimeError)"
-    assert r["ranked"] and r["cp_searched"] == [1]  # no fused attention: no context parallelism
+    assert r.capture == "whole model captured (the model does not run with 4 blocks cut short: RuntimeError)"
+    assert r.ranked and r.cp_searched == (1,)  # no fused attention: no context parallelism

@@ -73,8 +73,9 @@ def test_local_pool_sweep_equals_inline():
 def test_local_pool_fit_equals_inline():
     args = (["gpt2"], ["h100-sxm", "l4"], Slo(0.5, 0.05), "256", "32", 100)
     inline, pooled = fit_matrix(*args, workers=1, devices_budget=1), fit_matrix(*args, workers=2, devices_budget=1)
-    assert json.dumps(pooled["cells"], sort_keys=True) == json.dumps(inline["cells"], sort_keys=True)
-    assert [c["hardware"] for c in pooled["cells"]] == ["h100-sxm", "l4"]
+    cells = [json.dumps(r.to_dict()["cells"], sort_keys=True) for r in (pooled, inline)]
+    assert cells[0] == cells[1]
+    assert [c.hardware for c in pooled.cells] == ["h100-sxm", "l4"]
 
 
 def test_a_task_error_reaches_the_caller_as_itself():

@@ -56,16 +56,16 @@ def gpt2_plan():
 
 
 def test_plan_states_sequence_and_global_batch(gpt2_plan):
-    assert gpt2_plan["seq"] == 64 and gpt2_plan["global_batch"] == 8  # default 2 x devices
-    assert "sequence 64 tokens; 512 tokens per step" in gpt2_plan["assumptions"]
-    assert gpt2_plan["capture"].startswith("captured 2 of 12 identical blocks")
+    assert gpt2_plan.seq == 64 and gpt2_plan.global_batch == 8  # default 2 x devices
+    assert "sequence 64 tokens; 512 tokens per step" in gpt2_plan.assumptions
+    assert gpt2_plan.capture.startswith("captured 2 of 12 identical blocks")
 
 
 def test_plan_ranks_cp_layouts(gpt2_plan):
-    ranked = gpt2_plan["ranked"]
-    assert {c["cp"] for c in ranked} == {1, 2, 4}
+    ranked = gpt2_plan.ranked
+    assert {c.parallelism.cp for c in ranked} == {1, 2, 4}
     # a cp layout moves the same tokens per step as any other
-    tps = {round(c["tokens_per_s"] * c["step_s"]) for c in ranked}
+    tps = {round(c.tokens_per_s * c.step_s) for c in ranked}
     assert tps == {8 * 64}
 
 
@@ -104,16 +104,17 @@ def test_plan_prices_each_layout_with_its_activations_per_device():
     params = vocab * h + 128 * h + layers * (12 * h * h + 13 * h) + 2 * h  # tied head; positions; 2 LNs a layer
     res = plan(build, get_hardware("h100-sxm"), 8, "train", global_batch=16, microbatches=(1, 2))
     checked = 0
-    for c in res["ranked"]:
-        if c["pp"] > 1 or c["cp"] > 1 or c["recompute"] != "none":
+    for c in res.ranked:
+        q = c.parallelism
+        if q.pp > 1 or q.cp > 1 or q.recompute != "none":
             continue
-        t, dp, z, b = c["tp"], c["dp"], c["zero"], c["microbatch"]
-        sbh, sb, rep = s * b * h, s * b, t if c["sp"] else 1
-        per_layer = 34 * sbh / t + (4 * a * sb + 16 * sb) / t if c["sp"] else \
+        t, dp, z, b = q.tp, q.dp, q.zero, q.microbatch
+        sbh, sb, rep = s * b * h, s * b, t if q.sp else 1
+        per_layer = 34 * sbh / t + (4 * a * sb + 16 * sb) / t if q.sp else \
             sbh * (10 + 24 / t) + 4 * a * sb / t + 16 * sb
         outside = (4 * sbh + 16 * sb + 8 * s + 8 * sb + 4) / rep + 4 * sb * vocab / t  # embedding, final LN, loss
         p = params / t
         state = 2 * p / (dp if z >= 3 else 1) + 2 * p / (dp if z >= 2 else 1) + 12 * p / (dp if z >= 1 else 1)
-        assert c["memory_bytes"] == pytest.approx(state + layers * per_layer + outside + 2**30, rel=1e-6), c["layout"]
+        assert c.memory_bytes == pytest.approx(state + layers * per_layer + outside + 2**30, rel=1e-6), c.layout
         checked += 1
     assert checked >= 10

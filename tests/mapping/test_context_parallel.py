@@ -7,6 +7,7 @@ chunks of 1 / cp of them per layer (Megatron-Core / TransformerEngine p2p contex
 from __future__ import annotations
 
 import functools
+from dataclasses import asdict
 
 import pytest
 
@@ -111,7 +112,7 @@ def test_gradient_reduction_spans_dp_times_cp():
 
 def test_layout_counts_cp_devices():
     p = Parallelism(tp=2, cp=2, dp=2)
-    assert p.devices == 8 and "cp2" in p.label() and p.to_dict()["cp"] == 2
+    assert p.devices == 8 and "cp2" in p.label() and asdict(p)["cp"] == 2
     assert p.microbatches == 1  # cp splits sequences, not the batch
     with pytest.raises(OpmapError, match="is not tp x cp x pp x dp"):
         Parallelism(tp=2, cp=2, devices=2)

@@ -26,9 +26,10 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from opmap import __version__
 from opmap.capture.codec import BadEntry, decode_graph, encode_graph
@@ -36,6 +37,8 @@ from opmap.errors import OpmapError
 from opmap.geometry import AttentionSpec, ModelGeometry
 from opmap.graph import OpGraph
 from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
+
+T = TypeVar("T")
 
 # 1 was pickle (never read again); 2: JSON with a SHA-256 of the payload, a row per node; 3: the graph columnar
 # (opmap.capture.codec: each distinct string and tensor once), parsed in about half the time
@@ -151,14 +154,15 @@ def _fields(cls, d, whole: bool = True):
     return cls(**kw) if whole else kw
 
 
-def _saved(d) -> dict[str, Any] | None:
-    """A training step's saved activations (opmap.mapping.activations.SavedActivations' fields), type-checked."""
+def _saved(d, make: Callable[..., T] | None) -> T | None:
+    """A training step's saved activations as ``make`` builds them from their fields, each type-checked first."""
     if d is None:
         return None
-    _check(type(d) is dict and type(d["by_block"]) is dict)
-    return {"total_bytes": _num(d["total_bytes"]), "by_block": {_str(k): _num(v) for k, v in d["by_block"].items()},
-            "recompute": _str(d["recompute"]), "attention": _str(d["attention"]), "tensors": _int(d["tensors"]),
-            "notes": tuple(_str(x) for x in d["notes"])}
+    _check(make is not None and type(d) is dict and type(d["by_block"]) is dict)
+    return make(total_bytes=_num(d["total_bytes"]),
+                by_block={_str(k): _num(v) for k, v in d["by_block"].items()},
+                recompute=_str(d["recompute"]), attention=_str(d["attention"]), tensors=_int(d["tensors"]),
+                notes=tuple(_str(x) for x in d["notes"]))
 
 
 def _path(k: str) -> Path:
@@ -179,9 +183,10 @@ def _read(k: str) -> bytes:
     return payload
 
 
-def load(k: str) -> tuple | None:
-    """The cached (graph, CachedWorkload) or (graph, CachedWorkload, saved-activation fields) for ``k`` (the saved
-    activations' fields as the entry holds them; each value type-checked), or None: absent, unreadable, of another
+def load(k: str, saved: Callable[..., Any] | None = None) -> tuple | None:
+    """The cached (graph, CachedWorkload) or (graph, CachedWorkload, saved activations or None) for ``k``, the
+    saved activations as ``saved`` builds them from the entry's checked fields (SavedActivations: capture does not
+    import mapping; without ``saved`` an entry holding them is a miss), or None: absent, unreadable, of another
     version or key, failing its hash, or holding a value of the wrong type."""
     if not enabled():
         return None
@@ -193,7 +198,7 @@ def load(k: str) -> tuple | None:
             body = json.loads(payload)
             _check(type(body) is dict)
             entry = (decode_graph(body["graph"]), _workload(body["workload"]))
-            return (*entry, _saved(body["saved"])) if "saved" in body else entry
+            return (*entry, _saved(body["saved"], saved)) if "saved" in body else entry
         finally:
             if was:
                 gc.enable()
@@ -201,14 +206,16 @@ def load(k: str) -> tuple | None:
         return None  # a miss in every form: missing, not a bounded regular file, truncated, damaged, wrong types
 
 
-def store(k: str, graph: OpGraph, workload: CachedWorkload, *saved: dict[str, Any] | None) -> None:
+def store(k: str, graph: OpGraph, workload: CachedWorkload, *saved: Any) -> None:
     """Write the entry for ``k`` (the graph; the workload's name, batch, seq and assumptions; for a training step
-    the saved activations' fields) whole, or not at all. A link at the entry's name is replaced, not followed."""
+    its saved activations, a SavedActivations or None, as their fields) whole, or not at all. A link at the entry's
+    name is replaced, not followed."""
     if not enabled():
         return
     body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload.to_dict()}
     if saved:
-        body["saved"] = saved[0]
+        s = saved[0]
+        body["saved"] = None if s is None else {**asdict(s), "notes": list(s.notes)}
     _write(k, json.dumps(body, separators=(",", ":")).encode())
 
 
@@ -235,16 +242,19 @@ def _scalar(v):
     return v
 
 
-def load_fields(k: str) -> dict[str, Any] | None:
-    """A cached flat record (what a model's build told about it: its layer count, limits, bytes), each value a
-    JSON scalar, or None (absent, damaged, another version or key, a value of another type)."""
+def load_fields(k: str, make: Callable[..., T], names: Iterable[str]) -> T | None:
+    """A cached flat record (what a model's build told about it: its layer count, limits, bytes) as ``make``
+    builds it from exactly the fields ``names`` (each value a JSON scalar), or None (absent, damaged, another
+    version or key, a value of another type, another set of names, or refused by ``make``)."""
     if not enabled():
         return None
     try:
         payload = _read(k)
         body = json.loads(payload)
         _check(type(body) is dict and type(body.get("fields")) is dict)
-        return {_str(n): _scalar(v) for n, v in body["fields"].items()}
+        fields = {_str(n): _scalar(v) for n, v in body["fields"].items()}
+        _check(set(fields) == set(names))
+        return make(**fields)
     except (OpmapError, OSError, ValueError, KeyError, TypeError, RecursionError, _Bad):
         return None
 

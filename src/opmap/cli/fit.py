@@ -136,7 +136,7 @@ def _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, r
 
 def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtime, devices_budget,
          include_datasheet_only, dtype, engine, kv_dtype, gpu_memory_utilization) -> tuple:
-    """The fit matrix with a progress bar: (its body, the stop that ended it early or None)."""
+    """The fit matrix with a progress bar: (fit.json's body, the stop that ended it early or None)."""
     from opmap.cli.common import step_progress
     from opmap.explore.fit import fit_matrix
 
@@ -147,8 +147,9 @@ def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtim
                            devices_budget=devices_budget, include_datasheet_only=include_datasheet_only,
                            policy=a["policy"], kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished cells shown, written, recorded, marked
-        return kept(e)
-    return r, None
+        partial, stop = kept(e)
+        return partial.to_dict(), stop
+    return r.to_dict(), None
 
 
 def _print(r: dict, models: list[str]) -> None:

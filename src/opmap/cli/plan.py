@@ -60,37 +60,38 @@ def plan(
     with step_progress("planning") as progress:
         result = run_plan(lambda mb: load_workload(model, mb, seq, dtype, "meta"), hw, devices, phase, dtype,
                           global_batch, objective, progress=progress, cp=cp)
-    ranked = result["ranked"]
-    t = Table(title=f"opmap plan {model} on {devices} x {hw.name} ({phase}, by {objective}; seq {result['seq']}, "
-                    f"global batch {result['global_batch']}): {result['legal_fitting']} of {result['layouts']} "
+    ranked = result.ranked
+    t = Table(title=f"opmap plan {model} on {devices} x {hw.name} ({phase}, by {objective}; seq {result.seq}, "
+                    f"global batch {result.global_batch}): {len(ranked)} of {result.layouts} "
                     "layouts legal and fitting",
               title_justify="left")
     for col in ("rank", "layout", "tokens/s", "step", "latency", "bubble", "MFU", "memory"):
         t.add_column(col, justify="left" if col == "layout" else "right")
     for i, c in enumerate(ranked if rows <= 0 else ranked[:rows]):
-        t.add_row(str(i + 1), c["layout"], si(c["tokens_per_s"]), si(c["step_s"], "s"), si(c["latency_s"], "s"),
-                  f"{c['bubble_fraction']:.1%}", f"{c['mfu']:.1%}", f"{c['memory_bytes'] / 2**30:.4g} GiB")
+        t.add_row(str(i + 1), c.layout, si(c.tokens_per_s), si(c.step_s, "s"), si(c.latency_s, "s"),
+                  f"{c.bubble_fraction:.1%}", f"{c.mfu:.1%}", f"{c.memory_bytes / 2**30:.4g} GiB")
     console.print(t)
-    rej = result["rejected"]
+    rej = result.rejected
     if rej:
         console.print(f"{len(rej)} rejected, e.g.:")
         for c in rej[:5]:
-            console.print(f"  {c['layout']}: {c['reason']}", highlight=False, markup=False)
+            console.print(f"  {c.layout}: {c.reason}", highlight=False, markup=False)
     if not ranked:
         console.print("no layout is legal and fits: more devices, a shorter sequence or a smaller batch")
     if out is not None:
         md = [f"# opmap plan: {model} on {devices} x {hw.name}", "",
-              f"Sequence {result['seq']} tokens, global batch {result['global_batch']} sequences.", "",
-              *[f"- {a}" for a in result["assumptions"]], "",
+              f"Sequence {result.seq} tokens, global batch {result.global_batch} sequences.", "",
+              *[f"- {a}" for a in result.assumptions], "",
               "| rank | layout | tokens/s | step (s) | latency (s) | bubble | MFU | memory (GiB) |",
               "|---|---|---|---|---|---|---|---|"]
-        md += [f"| {i + 1} | {c['layout']} | {c['tokens_per_s']:.4g} | {c['step_s']:.4g} | {c['latency_s']:.4g} | "
-               f"{c['bubble_fraction']:.1%} | {c['mfu']:.1%} | {c['memory_bytes'] / 2**30:.4g} |"
+        md += [f"| {i + 1} | {c.layout} | {c.tokens_per_s:.4g} | {c.step_s:.4g} | {c.latency_s:.4g} | "
+               f"{c.bubble_fraction:.1%} | {c.mfu:.1%} | {c.memory_bytes / 2**30:.4g} |"
                for i, c in enumerate(ranked)]
-        md += ["", "## Rejected", ""] + [f"- {c['layout']}: {c['reason']}" for c in rej]
-        print_wrote(write_set(out, {"plan.json": json_text(result, indent=1), "plan.md": "\n".join(md) + "\n"}))
+        md += ["", "## Rejected", ""] + [f"- {c.layout}: {c.reason}" for c in rej]
+        print_wrote(write_set(out, {"plan.json": json_text(result.to_dict(), indent=1),
+                                    "plan.md": "\n".join(md) + "\n"}))
     from opmap.cli.common import record_run
     from opmap.tags import Tags
 
-    record_run("plan", result, Tags("plan", workload=model, hardware=hw.name, phase=phase, precision=dtype,
-                                    parallelism=f"{devices} devices"), store, no_store)
+    record_run("plan", result.to_dict(), Tags("plan", workload=model, hardware=hw.name, phase=phase, precision=dtype,
+                                              parallelism=f"{devices} devices"), store, no_store)

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.errors import Interrupted, OpmapError
-from opmap.explore.results import FitCell, LayoutResult
+from opmap.explore.results import FitCell, FitMatrix, LayoutResult
 from opmap.hardware import get_hardware
 
 SCHEMA_VERSION = 3
@@ -366,7 +366,7 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
                workers: int | None = None, runtime: str = "engine", devices_budget: int | None = None,
                include_datasheet_only: bool = False, *, policy=None, kv_dtype: str | None = None,
-               gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
+               gpu_memory_utilization: float = 0.9) -> FitMatrix:
     """Every (model, platform) cell, one task each on ``engine`` (``opmap.explore.engine``: a local process pool
     or Ray; the same cells either way), then ranked per workload (by cost per token where ``prices`` are
     given). ``requests``: per capacity run (default ``CAPACITY_REQUESTS``, serve's). ``policy`` (default serve's),
@@ -407,16 +407,15 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
             cells = eng.map(cell_task, notes.jobs, progress=notes.cell_done, label=cell_label, cost=cell_cost)
         except Interrupted as e:  # the cells finished are kept, in their order; the rest named
             stop, cells = e, [e.done[i] for i in sorted(e.done)]
-    cells = [c.to_dict() for c in rank(cells, models, include_datasheet_only, by_cost=bool(prices))]
-    r = _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
-                include_datasheet_only, cells, engine)
-    r.update(engine_settings=engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization),
-             power_budget_w=power_budget_w, prices_usd_per_device_hour=prices)
-    r["assumptions"] = assumptions(r)
+    r = FitMatrix(SCHEMA_VERSION, tuple(models), tuple(get_hardware(h).name for h in hardware), slo, input_len,
+                  output_len, requests, dtype, runtime, devices_budget, include_datasheet_only,
+                  tuple(rank(cells, models, include_datasheet_only, by_cost=bool(prices))), engine,
+                  engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization), power_budget_w, prices)
+    r = replace(r, assumptions=tuple(assumptions(r)))
     if stop is not None and cells:
-        r["interrupted"] = stop.note(cells_done=len(cells), cells_total=len(jobs), cells_not_run=[
-            f"{j.model} on {get_hardware(j.hardware).name}" for i, j in enumerate(jobs) if i not in stop.done])
-        stop.partial = r
+        stop.partial = replace(r, interrupted=stop.note(
+            cells_done=len(cells), cells_total=len(jobs), cells_not_run=[
+                f"{j.model} on {get_hardware(j.hardware).name}" for i, j in enumerate(jobs) if i not in stop.done]))
     if stop is not None:
         raise stop
     return r
@@ -432,23 +431,12 @@ def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memor
             "gpu_memory_utilization": gpu_memory_utilization}
 
 
-def _matrix(models, hardware, slo, input_len, output_len, requests, dtype, runtime, devices_budget,
-            include_datasheet_only, cells, engine) -> dict[str, Any]:
-    """fit.json's body around the ranked ``cells`` (its ``assumptions``: ``assumptions``)."""
-    r = {"schema_version": SCHEMA_VERSION, "models": list(models), "hardware": [get_hardware(h).name for h in hardware],
-         "slo": slo.to_dict(), "input_len": input_len, "output_len": output_len, "requests": requests,
-         "dtype": dtype, "runtime": runtime, "devices_budget": devices_budget,
-         "include_datasheet_only": include_datasheet_only, "cells": cells, "engine": engine}
-    r["assumptions"] = assumptions(r)
-    return r
-
-
-def assumptions(r: dict[str, Any]) -> list[str]:
-    """What a fit assumed, in words, from its body: the engine settings, the layouts, the ranking, the power."""
-    es = r.get("engine_settings") or {}
-    ds = " (here ranked with them: --include-datasheet-only)" if r["include_datasheet_only"] else ""
+def assumptions(r: FitMatrix) -> list[str]:
+    """What a fit assumed, in words: the engine settings, the layouts, the ranking, the power."""
+    es = r.engine_settings or {}
+    ds = " (here ranked with them: --include-datasheet-only)" if r.include_datasheet_only else ""
     by = ("cost per million output tokens (price per device-hour x devices / (output tokens/s x 3600) x 1e6), "
-          "cheapest first, cells without a price after" if r.get("prices_usd_per_device_hour") else
+          "cheapest first, cells without a price after" if r.prices_usd_per_device_hour else
           "output tokens/s per device")
     out = [f"policy {es.get('policy') or default_policy().spec()} (serve's defaults unless given), Poisson "
            "arrivals; capacity per layout: the steady-state search serve --find-capacity runs (the highest rate "
@@ -464,8 +452,8 @@ def assumptions(r: dict[str, Any]) -> list[str]:
            f"(measured or estimated, each cell's power_method says which and why; {IDLE_FRACTION:.0%} of TDP, "
            "assumed, only where a device has none); no device's draw is measured here",
            "one task per cell on the engine (local process pool or Ray): the same cells either way"]
-    if r.get("power_budget_w") is not None:
-        out.append(f"power budget {r['power_budget_w']:g} W: each layout keeps the replicas whose modelled draw at "
+    if r.power_budget_w is not None:
+        out.append(f"power budget {r.power_budget_w:g} W: each layout keeps the replicas whose modelled draw at "
                    "the SLO rate fits it (fewer devices than the budget where needed); a cell is struck only where "
                    "one replica of every layout with a rate at the SLO draws more (layouts the search pruned by "
                    "their throughput bound are not reconsidered)")

@@ -24,7 +24,7 @@ step (its heads / min(tp, kv heads), its layers / pp), the activations in flight
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from opmap.analyze import analyze_graph
@@ -57,11 +57,46 @@ class Candidate:
     def ok(self) -> bool:
         return not self.reason
 
+    @property
+    def layout(self) -> str:
+        return self.parallelism.label()
+
     def to_dict(self) -> dict[str, Any]:
-        return {**self.parallelism.to_dict(), "layout": self.parallelism.label(), "ok": self.ok,
+        """plan.json's row: the layout's parallelism fields, its label, the verdict and the figures."""
+        return {**asdict(self.parallelism), "layout": self.layout, "ok": self.ok,
                 "reason": self.reason, "memory_bytes": self.memory_bytes, "capacity_bytes": self.capacity_bytes,
                 "step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "latency_s": self.latency_s,
                 "bubble_fraction": self.bubble_fraction, "mfu": self.mfu}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every layout priced: the legal and fitting ones ranked by the objective, the others by memory."""
+
+    hardware: str
+    devices: int
+    phase: str
+    objective: str
+    global_batch: int
+    seq: int  # tokens per sequence
+    dtype: str
+    cp_searched: tuple[int, ...]  # the context-parallel sizes searched
+    capture: str  # how the model was captured (whole, or a short capture standing for the rest)
+    assumptions: tuple[str, ...]
+    ranked: tuple[Candidate, ...]  # legal and fitting, best first
+    rejected: tuple[Candidate, ...]  # illegal or not fitting, smallest memory first
+
+    @property
+    def layouts(self) -> int:
+        return len(self.ranked) + len(self.rejected)
+
+    def to_dict(self) -> dict[str, Any]:
+        """plan.json."""
+        return {"schema_version": 1, "hardware": self.hardware, "devices": self.devices, "phase": self.phase,
+                "objective": self.objective, "global_batch": self.global_batch, "seq": self.seq, "dtype": self.dtype,
+                "layouts": self.layouts, "legal_fitting": len(self.ranked), "cp_searched": list(self.cp_searched),
+                "capture": self.capture, "assumptions": list(self.assumptions),
+                "ranked": [c.to_dict() for c in self.ranked], "rejected": [c.to_dict() for c in self.rejected]}
 
 
 def divisors(n: int) -> list[int]:
@@ -115,7 +150,7 @@ def memory_bytes(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: st
 
 def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str = "train", dtype: str = "bf16",
          global_batch: int | None = None, objective: str = "throughput", microbatches=MICROBATCHES,
-         progress: Callable[[str, int, int], None] | None = None, cp: int | None = None) -> dict[str, Any]:
+         progress: Callable[[str, int, int], None] | None = None, cp: int | None = None) -> Plan:
     """Rank every legal layout. ``build(microbatch)`` returns the workload at that batch (meta device); ``cp``: only
     that context-parallel size (None: every one the sequence splits over)."""
     if phase not in PHASES:
@@ -176,21 +211,19 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
     key = (lambda c: -c.tokens_per_s) if objective == "throughput" else (lambda c: c.latency_s)
     ok.sort(key=key)
     bad = sorted((c for c in out if not c.ok), key=lambda c: c.memory_bytes)
-    return {"schema_version": 1, "hardware": hw.name, "devices": devices, "phase": phase, "objective": objective,
-            "global_batch": gb, "seq": seq, "dtype": dtype, "layouts": len(out), "legal_fitting": len(ok),
-            "cp_searched": cps, "capture": depth_note,
-            "assumptions": [f"global batch {gb}" + (" (default: 2 x devices)" if global_batch is None else ""),
-                            f"sequence {seq} tokens; {gb * seq} tokens per step",
-                            f"context parallelism searched over cp in {cps} (the sequence splits into 2 cp chunks "
-                            "for causal attention)" if kv is not None else "no fused attention: cp 1 only",
-                            "virtual pipeline stages: every divisor of the layers per stage",
-                            depth_note,
-                            "microbatches per step m = global batch / (dp x microbatch)",
-                            "memory: model state (AdamW, ZeRO), saved activations of the first stage's in-flight "
-                            "microbatches, 1 GiB workspace" if training else
-                            "memory: weights, KV cache, activations in flight, 1 GiB workspace",
-                            *next(iter(sharders.values()))[0].shard(Parallelism()).to_dict()["assumptions"]],
-            "ranked": [c.to_dict() for c in ok], "rejected": [c.to_dict() for c in bad]}
+    return Plan(hw.name, devices, phase, objective, gb, seq, dtype, tuple(cps), depth_note,
+                (f"global batch {gb}" + (" (default: 2 x devices)" if global_batch is None else ""),
+                 f"sequence {seq} tokens; {gb * seq} tokens per step",
+                 f"context parallelism searched over cp in {cps} (the sequence splits into 2 cp chunks "
+                 "for causal attention)" if kv is not None else "no fused attention: cp 1 only",
+                 "virtual pipeline stages: every divisor of the layers per stage",
+                 depth_note,
+                 "microbatches per step m = global batch / (dp x microbatch)",
+                 "memory: model state (AdamW, ZeRO), saved activations of the first stage's in-flight "
+                 "microbatches, 1 GiB workspace" if training else
+                 "memory: weights, KV cache, activations in flight, 1 GiB workspace",
+                 *next(iter(sharders.values()))[0].shard(Parallelism()).to_dict()["assumptions"]),
+                tuple(ok), tuple(bad))
 
 
 def _sharder(build, mb: int, hw: HardwareSpec, dtype: str, training: bool, note: str):

@@ -8,12 +8,16 @@ written (its keys and their order as schema 3 has them).
 - ``LayoutSearch``: every layout tried, the chosen one and the runner-up (by output tokens/s per device of the
   budget), the runtime they were priced under.
 - ``FitCell``: one (model, platform) cell of the matrix: the chosen layout's figures, power, price, rank.
+- ``FitMatrix``: every cell ranked, with what the cells ran under (fit.json).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opmap.serve.metrics import Slo
 
 # a LayoutResult's fields written only once reached (None: that stage did not run), in fit.json's order
 _LAYOUT_LATER = ("memory", "bound_per_device_tokens_per_s", "saturation_per_s", "capacity", "limited_by",
@@ -142,3 +146,39 @@ class FitCell:
         if self.chosen:
             d.update({k: getattr(self, k) for k in _CELL_CHOSEN})
         return d
+
+
+@dataclass(frozen=True)
+class FitMatrix:
+    """The fit matrix: every (model, platform) cell ranked per workload, with what every cell ran under;
+    ``to_dict``: fit.json (``schema_version``: the fit's, ``opmap.explore.fit.SCHEMA_VERSION``)."""
+
+    schema_version: int
+    models: tuple[str, ...]
+    hardware: tuple[str, ...]  # the catalog names
+    slo: Slo
+    input_len: str  # a length spec (fixed or a distribution), as given
+    output_len: str
+    requests: int  # per capacity run
+    dtype: str
+    runtime: str
+    devices_budget: int | None
+    include_datasheet_only: bool
+    cells: tuple[FitCell, ...]  # ranked (opmap.explore.fit.rank)
+    engine: str  # where the cells ran: local or ray
+    engine_settings: dict[str, Any]  # the serving engine's settings (opmap.explore.fit.engine_settings)
+    power_budget_w: float | None
+    prices_usd_per_device_hour: dict[str, float]
+    assumptions: tuple[str, ...] = ()
+    interrupted: dict[str, Any] | None = None  # a stop's record (opmap.errors.Interrupted.note): cells kept
+
+    def to_dict(self) -> dict[str, Any]:
+        """fit.json: its keys in schema 3's order, ``interrupted`` only after a stop."""
+        d = {"schema_version": self.schema_version, "models": list(self.models), "hardware": list(self.hardware),
+             "slo": self.slo.to_dict(), "input_len": self.input_len, "output_len": self.output_len,
+             "requests": self.requests, "dtype": self.dtype, "runtime": self.runtime,
+             "devices_budget": self.devices_budget, "include_datasheet_only": self.include_datasheet_only,
+             "cells": [c.to_dict() for c in self.cells], "engine": self.engine, "assumptions": list(self.assumptions),
+             "engine_settings": self.engine_settings, "power_budget_w": self.power_budget_w,
+             "prices_usd_per_device_hour": self.prices_usd_per_device_hour}
+        return d if self.interrupted is None else {**d, "interrupted": self.interrupted}

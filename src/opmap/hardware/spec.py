@@ -243,27 +243,6 @@ class HardwareSpec:
     def matrix_dtypes(self) -> list[str]:
         return [d for d in DTYPES if (v := self.matrix_peak_flops_per_s.get(d)) and v.value]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "display_name": self.display_name,
-            "vendor": self.vendor,
-            "device_type": self.device_type,
-            "compute_unit_name": self.compute_unit_name,
-            "matrix_peak_flops_per_s": {k: v.to_dict() for k, v in self.matrix_peak_flops_per_s.items()},
-            "sparse_matrix_peak_flops_per_s": {
-                k: v.to_dict() for k, v in self.sparse_matrix_peak_flops_per_s.items()
-            },
-            "achievable_matrix_flops_per_s": {
-                k: v.to_dict() for k, v in self.achievable_matrix_flops_per_s.items()
-            },
-            "sustained_matrix_flops_per_s": {
-                k: v.to_dict() for k, v in self.sustained_matrix_flops_per_s.items()
-            },
-            "vector_peak_flops_per_s": {k: v.to_dict() for k, v in self.vector_peak_flops_per_s.items()},
-            **{k: v.to_dict() for k, v in self.fields.items()},
-            "notes": self.notes,
-        }
 
 
 # the top-level keys of a device TOML besides SCALAR_FIELDS and TEXT_FIELDS

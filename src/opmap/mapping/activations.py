@@ -50,11 +50,6 @@ class SavedActivations:
         b = self.blocks
         return sum(self.by_block[k] for k in b) / len(b) if b else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"total_bytes": self.total_bytes, "per_block_bytes": self.per_block_bytes,
-                "by_block": self.by_block, "recompute": self.recompute, "attention": self.attention,
-                "tensors": self.tensors, "notes": list(self.notes)}
-
 
 def _sid(t: torch.Tensor) -> int:
     """The identity of a tensor's storage (its StorageImpl; on meta every data pointer is 0)."""

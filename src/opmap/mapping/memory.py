@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
@@ -38,9 +38,6 @@ class Assumed:
     value: float
     kind: str
     source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "kind": self.kind, "source": self.source}
 
 
 WORKSPACE = Assumed(
@@ -386,7 +383,7 @@ class ServingMemory:
                 "usable_bytes": self.usable_bytes, "weights_bytes": self.weights_bytes,
                 "reserve_bytes": self.reserve_bytes, "kv_bytes": self.kv_bytes,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "kv_capacity_tokens": self.kv_capacity_tokens,
-                "reserve": {k: v.to_dict() for k, v in self.reserve.items()},
+                "reserve": {k: asdict(v) for k, v in self.reserve.items()},
                 "units": "bytes per device; capacity as the catalog states it (GiB of HBM)"}
 
     def line(self) -> str:

@@ -112,11 +112,6 @@ class Parallelism:
             check(geo.experts > 0, f"--ep {self.ep} needs a mixture-of-experts model (this one has no experts)")
             check(geo.experts % self.ep == 0, f"--ep {self.ep} does not divide the {geo.experts} experts")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "sp": self.sp, "vp": self.vp,
-                "microbatch": self.microbatch, "global_batch": self.global_batch, "recompute": self.recompute,
-                "zero": self.zero, "devices": self.devices, "dp_overlap": self.dp_overlap, "cp": self.cp,
-                "cp_comm": self.cp_comm}
 
     def label(self) -> str:
         cp = f" cp{self.cp}" + (" ag" if self.cp_comm == "all_gather" else "") if self.cp > 1 else ""

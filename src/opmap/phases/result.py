@@ -100,9 +100,6 @@ class Fp8Split:
     cast_kernels: Any
     text: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class PalmFlops:
@@ -186,7 +183,7 @@ class TrainStep:
             v = getattr(self, f.name)
             if f.name == "name" or (f.name in _OPTIONAL and v is None):
                 continue
-            out[f.name] = v.to_dict() if isinstance(v, Fp8Split) else asdict(v) if isinstance(v, PalmFlops) else v
+            out[f.name] = asdict(v) if isinstance(v, (Fp8Split, PalmFlops)) else v
             if f.name == "optimizer_s":
                 out.update(iteration_s=self.step_s, step_parts=list(STEP_PARTS))
         return out

@@ -15,6 +15,7 @@ nothing when the graphs are cached too (``capture_key``); the module is built on
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,9 +52,9 @@ class Resolved:
                              f"{'an encoder' if spec.kind == 'text' else 'a vision model'}; accepted: a zoo decoder "
                              "(opmap models list), a Hugging Face decoder config, hf:NAME or a model file")
         key = _summary_key(target, dtype)
-        hit = cache.load_fields(key) if key else None
-        if hit is not None and set(hit) == set(SUMMARY):
-            return cls(target, dtype, **hit)
+        hit = cache.load_fields(key, functools.partial(cls, target, dtype), SUMMARY) if key else None
+        if hit is not None:
+            return hit
         built = _build(target, dtype)
         r = _summary(target, dtype, built)
         if key:

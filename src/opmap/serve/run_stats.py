@@ -72,9 +72,6 @@ class KvTransfer:
     def seconds(self, tokens: np.ndarray) -> np.ndarray:
         return self.latency_s + tokens * self.bytes_per_token / self.bandwidth_bytes_per_s
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Spread:
@@ -107,7 +104,7 @@ class Disaggregation:
 
     def to_dict(self) -> dict[str, Any]:
         d = {"prefill_replicas": self.prefill_replicas, "decode_replicas": self.decode_replicas,
-             "kv_transfer": self.kv_transfer.to_dict(), "kv_transfer_s": asdict(self.kv_transfer_s),
+             "kv_transfer": asdict(self.kv_transfer), "kv_transfer_s": asdict(self.kv_transfer_s),
              "decode_admission_wait_s": asdict(self.decode_admission_wait_s),
              "busy_s": {"prefill": list(self.prefill_busy_s), "decode": list(self.decode_busy_s)},
              "assumptions": self.assumptions}
