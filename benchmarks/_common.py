@@ -56,3 +56,34 @@ def summarize(samples: list[float]) -> dict[str, Any]:
 
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def timed_fit(src: str, fit_args: list[str], cold: bool, progress: bool = False) -> dict[str, Any]:
+    """``opmap fit FIT_ARGS --no-store`` in a fresh process with ``src`` on its path: fit.json's body (``fit``), wall
+    and CPU seconds (the command and its pool workers: the children's rusage) and the 1-minute load when it started.
+    ``cold``: an empty capture cache. ``progress``: its stderr (the progress bar) goes to this terminal, else it is
+    kept for the error. A failed run stops the benchmark with its error."""
+    import resource
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PYTHONPATH=src)
+        if cold:
+            env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+        out = Path(tmp) / "fit"
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "opmap.cli", "fit", *fit_args, "--no-store", "--out", str(out)],
+                           env=env, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
+                           timeout=3600, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if p.returncode:
+            why = "its error is above" if progress else (p.stderr or "").strip()[-400:]
+            raise SystemExit(f"opmap fit failed (exit {p.returncode}): {why}")
+        fit = json.loads((out / "fit.json").read_text())
+    return {"fit": fit, "wall_s": wall, "load_1min": load,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}

@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, now_iso, write_json  # noqa: E402
+from _common import machine, now_iso, timed_fit, write_json  # noqa: E402
 
 GOAL_S = 60.0
 CORES = 2  # the machine the goal names
@@ -56,26 +52,10 @@ def cells_of(fit: dict) -> dict[str, dict]:
 
 
 def run_once(src: str, models: list[str], hardware: list[str], cold: bool) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, PYTHONPATH=src)
-        if cold:
-            env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
-        out = Path(tmp) / "fit"
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "opmap.cli", "fit", "--models", ",".join(models), "--hardware",
-                            ",".join(hardware), "--slo-ttft", str(SLO_TTFT_MS), "--slo-tpot", str(SLO_TPOT_MS),
-                            "--no-store", "--out", str(out)], env=env, stdout=subprocess.PIPE, text=True,
-                           timeout=3600, stdin=subprocess.DEVNULL)  # stderr (the progress bar) to this terminal
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode:
-            raise SystemExit(f"opmap fit failed (exit {p.returncode}); its error is above")
-        fit = json.loads((out / "fit.json").read_text())
-    return {"cache": "cold" if cold else "warm", "wall_s": wall,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), "load_1min": load,
-            "cells": cells_of(fit)}
+    r = timed_fit(src, ["--models", ",".join(models), "--hardware", ",".join(hardware), "--slo-ttft", str(SLO_TTFT_MS),
+                        "--slo-tpot", str(SLO_TPOT_MS)], cold, progress=True)
+    return {"cache": "cold" if cold else "warm", "wall_s": r["wall_s"], "cpu_s": r["cpu_s"],
+            "load_1min": r["load_1min"], "cells": cells_of(r["fit"])}
 
 
 def per_cell(models: list[str], hardware: list[str]) -> dict[str, float]:

@@ -16,18 +16,12 @@ every model built and captured again). ``--src`` times another checkout's source
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, now_iso, write_json  # noqa: E402
+from _common import machine, now_iso, timed_fit, write_json  # noqa: E402
 
 GOAL_S = 60.0
 FULL = (["gpt2", "llama-3-8b", "llama-3-70b"], ["h100-sxm", "l4", "mi300x", "gaudi3"])
@@ -52,25 +46,11 @@ def layouts(cells: list[dict]) -> dict[str, int]:
 
 
 def run_once(src: str, models: list[str], hardware: list[str], cold: bool) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, PYTHONPATH=src)
-        if cold:
-            env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
-        out = Path(tmp) / "fit"
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "opmap.cli", "fit", "--models", ",".join(models), "--hardware",
-                            ",".join(hardware), "--slo-p99", "2000", "--no-store", "--out", str(out)], env=env,
-                           capture_output=True, text=True, timeout=3600, stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode:
-            raise SystemExit(f"opmap fit failed: {p.stderr.strip()[-400:]}")
-        fit = json.loads((out / "fit.json").read_text())
+    r = timed_fit(src, ["--models", ",".join(models), "--hardware", ",".join(hardware), "--slo-p99", "2000"], cold)
+    fit = r["fit"]
     chosen = {f"{c['model']} on {c['hardware']}": (c["layout"], c["throughput_per_device"]) for c in fit["cells"]}
-    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "load_1min": load, "cells": len(fit["cells"]), **layouts(fit["cells"]),
+    return {"wall_s": r["wall_s"], "cpu_s": r["cpu_s"], "load_1min": r["load_1min"], "cells": len(fit["cells"]),
+            **layouts(fit["cells"]),
             "chosen": {k: {"layout": v[0] and {x: v[0][x] for x in ("tp", "pp", "replicas")},
                            "tokens_per_s_per_device": v[1]} for k, v in chosen.items()}}
 

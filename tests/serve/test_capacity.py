@@ -4,31 +4,13 @@ hand against a step function whose edge is known."""
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
+from step_runs import step_at  # noqa: E402
 
 from opmap.errors import Interrupted, OpmapError
 from opmap.serve.capacity import find_capacity
-from opmap.serve.metrics import Validity
-
-
-@dataclass(frozen=True)
-class Ran:
-    """What a probe's run reports to the search (a ServeReport's validity and steady state)."""
-
-    validity: Validity
-    steady_state: Any = None
-
-
-def _step(capacity: float):
-    """A run whose SLO holds exactly up to ``capacity`` requests/s."""
-    def run(rate: float) -> Ran:
-        ok = rate <= capacity
-        return Ran(Validity(ok, "VALID" if ok else "INVALID", f"{rate:g} vs {capacity:g}", "a step at the capacity"))
-    return run
 
 
 def test_capacity_search_by_hand():
@@ -41,7 +23,7 @@ def test_capacity_search_by_hand():
         return [fn(r) for r in rates]
 
     for map_fn, runs in ((together, 17), (None, 17)):
-        c = find_capacity(_step(3.0), 1.0, map_fn=map_fn)
+        c = find_capacity(step_at(3.0), 1.0, map_fn=map_fn)
         assert c.converged
         assert c.rate_per_s == pytest.approx(2.992, rel=1e-12)
         assert c.bracket[1] == pytest.approx(3.008, rel=1e-12)
@@ -51,11 +33,11 @@ def test_capacity_search_by_hand():
 
 def test_capacity_search_moves_its_grid_and_stays_within_tolerance():
     # edge at 1000 from rate0 = 1: the first grid (to 16) is all valid, the next (32 .. 4096) brackets [512, 1024]
-    c = find_capacity(_step(1000.0), 1.0)
+    c = find_capacity(step_at(1000.0), 1.0)
     assert c.converged and c.rate_per_s <= 1000.0 < c.bracket[1]
     assert 1000.0 - c.rate_per_s <= 0.01 * c.rate_per_s
     assert [r.rate_per_s for r in c.runs[8:16]] == [2.0 ** k for k in range(5, 13)]
-    low = find_capacity(_step(0.001), 1.0)  # the first grid all invalid: it moves down
+    low = find_capacity(step_at(0.001), 1.0)  # the first grid all invalid: it moves down
     assert low.converged and 0.001 - low.rate_per_s <= 0.01 * low.rate_per_s
 
 
@@ -63,7 +45,7 @@ def test_capacity_search_brackets_an_edge_between_two_grids():
     """Edge at 20 from rate0 = 1: the first grid (1/8 .. 16) is all valid and the next (32 .. 4096) all invalid,
     so the edge lies between the grids: bracket [16, 32], then rounds of four probes: 19.2 22.4 -> [19.2, 22.4];
     19.84 20.48 -> [19.84, 20.48]; ... down to 1%. (Judging each grid alone, it would swing back and forth.)"""
-    c = find_capacity(_step(20.0), 1.0)
+    c = find_capacity(step_at(20.0), 1.0)
     assert c.converged and c.rate_per_s <= 20.0 < c.bracket[1]
     assert 20.0 - c.rate_per_s <= 0.01 * c.rate_per_s
     assert [r.rate_per_s for r in c.runs[16:18]] == pytest.approx([19.2, 22.4])  # inline: stops at 22.4
@@ -76,7 +58,7 @@ def test_capacity_search_does_not_depend_on_the_order_probes_finish():
     def forwards(fn, rates):
         return [fn(r) for r in rates]
 
-    assert find_capacity(_step(7.7), 5.0, map_fn=backwards) == find_capacity(_step(7.7), 5.0, map_fn=forwards)
+    assert find_capacity(step_at(7.7), 5.0, map_fn=backwards) == find_capacity(step_at(7.7), 5.0, map_fn=forwards)
 
 
 def _stopped_in_round(k: int, finished: int):
@@ -96,7 +78,7 @@ def test_a_stopped_search_keeps_every_run_finished_and_the_best_rate_so_far():
     # edge at 3 from rate0 = 1 (test_capacity_search_by_hand): the grid brackets [2, 4]; the first round of four,
     # 2.4 2.8 3.2 3.6, is stopped after its first two (both valid): the answer so far is 2.8, the bracket [2.8, 4]
     with pytest.raises(Interrupted) as e:
-        find_capacity(_step(3.0), 1.0, map_fn=_stopped_in_round(2, finished=2))
+        find_capacity(step_at(3.0), 1.0, map_fn=_stopped_in_round(2, finished=2))
     stop = e.value
     assert stop.exit_status == 143 and stop.partial is not None
     c = stop.partial
@@ -107,13 +89,13 @@ def test_a_stopped_search_keeps_every_run_finished_and_the_best_rate_so_far():
 
 def test_a_search_stopped_before_any_run_keeps_nothing():
     with pytest.raises(Interrupted) as e:
-        find_capacity(_step(3.0), 1.0, map_fn=_stopped_in_round(1, finished=0))
+        find_capacity(step_at(3.0), 1.0, map_fn=_stopped_in_round(1, finished=0))
     assert e.value.partial is None
 
 
 def test_capacity_search_refuses_a_zero_start():
     with pytest.raises(OpmapError, match="starting rate > 0"):
-        find_capacity(_step(1.0), 0.0)
+        find_capacity(step_at(1.0), 0.0)
 
 
 def test_a_ceiling_caps_the_search_and_the_answer():
@@ -122,16 +104,16 @@ def test_a_ceiling_caps_the_search_and_the_answer():
     ceiling itself, from one run at the ceiling; an edge below the ceiling is bracketed from the top down,
     600 x 2^0, then (2^-1, 2^-2), (2^-3, 2^-4), stopping at the first valid rate: 600 / 8 = 75 <= 100 < 150, so
     no rate under 600 / 16 is run (the lowest rates, a batch of one, cost the most to simulate)."""
-    c = find_capacity(_step(1e12), 1.0, ceiling=600.0)
+    c = find_capacity(step_at(1e12), 1.0, ceiling=600.0)
     assert c.rate_per_s == 600.0 and c.limited_by == "ceiling" and c.converged
     assert [r.rate_per_s for r in c.runs] == [600.0]
-    c = find_capacity(_step(100.0), 1.0, ceiling=600.0)
+    c = find_capacity(step_at(100.0), 1.0, ceiling=600.0)
     assert c.converged and 100.0 - c.rate_per_s <= 0.01 * c.rate_per_s and c.rate_per_s <= 100.0
     assert all(r.rate_per_s <= 600.0 for r in c.runs) and c.summary.validity.valid
     assert [r.rate_per_s for r in c.runs[:5]] == [600.0, 300.0, 150.0, 75.0, 37.5]
     assert min(r.rate_per_s for r in c.runs) >= 600.0 / 16
     # an SLO no rate meets: the descent goes as far down as the uncapped grid moves (8 x 4 grid steps), no further
-    c = find_capacity(_step(1e-12), 1.0, ceiling=600.0)
+    c = find_capacity(step_at(1e-12), 1.0, ceiling=600.0)
     assert c.rate_per_s == 0.0 and not c.converged and len(c.runs) == 32
     assert min(r.rate_per_s for r in c.runs) == 600.0 * 2.0 ** -31
 
