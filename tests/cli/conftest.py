@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from hf_family_configs import GPT_OSS_20B  # noqa: E402
 from opmap.cli import main
 
 TINY = ("import torch\n"
@@ -124,21 +125,7 @@ PUBLISHED_CONFIGS = {
         "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
         "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
         "transformers_version": "4.42.4", "use_cache": True, "vocab_size": 256000},
-    "openai/gpt-oss-20b": {
-        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
-        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
-        "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
-        "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
-        "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
-        "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
-        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                           "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
-        "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-                                                "original_max_position_embeddings": 4096, "rope_type": "yarn",
-                                                "truncate": False},
-        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
-        "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True,
-        "vocab_size": 201088},
+    "openai/gpt-oss-20b": GPT_OSS_20B,  # the published config.json (tests/hf_family_configs.py)
 }
 
 
