@@ -84,7 +84,8 @@ def test_the_links_a_group_crosses():
 def test_a_profile_measured_here_is_calibrated():
     hw = _measured_memory(get_hardware("xeon-8480"))
     measured = Value(1e12, "measured", "opmap calibrate on this host")
-    hw = dataclasses.replace(hw, calibration={"device": "cpu", "fingerprint": "this host"}, achievable_matrix_flops_per_s={"fp32": measured},
+    hw = dataclasses.replace(hw, calibration={"device": "cpu", "fingerprint": "this host"},
+                             achievable_matrix_flops_per_s={"fp32": measured},
                              fields={**hw.fields, "launch_overhead_s": Value(5e-6, "measured", "opmap calibrate"),
                                      "achievable_memory_bandwidth_bytes_per_s": measured})
     t = trust(hw, "fp32", "eager", 1)

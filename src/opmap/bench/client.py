@@ -90,7 +90,8 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
              concurrency: int | None = None, timeout_s: float = 600.0, ignore_eos: bool = True,
              progress: Callable[[int, int | None], None] | None = None, duration_s: float | None = None,
              total: int | None = None, extra_body: dict[str, Any] | None = None,
-             connect_timeout_s: float = 10.0, api_key: str | None = None) -> BenchResult:
+             connect_timeout_s: float = 10.0, api_key: str | None = None, metrics_url: str | None = None,
+             metrics_interval_s: float = 1.0) -> BenchResult:
     """Send ``specs`` to ``base_url`` and time them; returns the run's records.
 
     ``concurrency``: closed loop with that many requests in flight; None: open loop, each spec sent at its
@@ -98,7 +99,8 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
     scheduled after it is sent); requests in flight still finish. ``timeout_s``: the limit on one request, from
     its send to its stream's end (s). ``progress(done, total)``: called as requests end (at most every 0.1 s,
     and once at the end). ``total``: the number of specs when ``specs`` is a lazy iterator (for progress).
-    ``api_key``: sent as ``Authorization: Bearer`` (never recorded)."""
+    ``api_key``: sent as ``Authorization: Bearer`` (never recorded). ``metrics_url``: the server's Prometheus
+    page, scraped every ``metrics_interval_s`` while the run lasts (opmap.bench.server_metrics); None: not scraped."""
     if api not in APIS:
         raise OpmapError(f"--api {api!r}: accepted: {', '.join(APIS)}")
     root = endpoint_root(base_url)
@@ -108,6 +110,7 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
                connect_timeout_s)
     if api_key:
         run.headers = {**REQUEST_HEADERS, "authorization": f"Bearer {api_key}"}
+    run.metrics_url, run.metrics_interval_s = metrics_url, metrics_interval_s
     return asyncio.run(run.main(iter(specs)))
 
 
@@ -153,6 +156,8 @@ class _Run:
         self.opened = 0  # sockets made (connections opened, failed attempts included)
         self.post_url = self.url(self.path)
         self._last_progress = 0.0
+        self.metrics_url: str | None = None
+        self.metrics_interval_s = 1.0
 
     async def main(self, specs) -> BenchResult:
         self.stop = asyncio.Event()
@@ -164,6 +169,7 @@ class _Run:
             handlers = self._signals()
             started_unix = time.time()
             self.t0 = time.perf_counter()
+            scraping, done = self._scrape()
             try:
                 if self.concurrency is None:
                     await self._open(specs)
@@ -172,6 +178,8 @@ class _Run:
             finally:
                 wall = time.perf_counter() - self.t0
                 self._unsignal(handlers)
+                done.set()
+                series = await scraping if scraping is not None else None
         finally:
             await self.session.close()
         self._report_progress(force=True)
@@ -181,7 +189,17 @@ class _Run:
                            {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos,
                             "ignore_eos_refused": self.ignore_eos_refused, "duration_s": self.duration_s,
                             "connections_opened": self.opened, "peak_in_flight": self.peak_in_flight,
-                            "extra_body": self.extra_body or {}}, self.stop_signal)
+                            "extra_body": self.extra_body or {}}, self.stop_signal, series)
+
+    def _scrape(self) -> tuple[asyncio.Task | None, asyncio.Event]:
+        """The /metrics scraper's task (None when not asked for) and the event that stops it."""
+        done = asyncio.Event()
+        if not self.metrics_url:
+            return None, done
+        from opmap.bench.server_metrics import Scraper
+
+        return asyncio.ensure_future(Scraper(self.session, self.metrics_url, self.metrics_interval_s,
+                                             self.t0).run(done)), done
 
     def _session(self):
         """The aiohttp session: a connection per request in flight (``limit``: C in a closed loop; 0, no cap, in

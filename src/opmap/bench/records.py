@@ -121,3 +121,5 @@ class BenchResult:
     server_header: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     stop_signal: int = 0  # the signal that stopped it (SIGINT 2, SIGTERM 15); 0: it was not stopped
+    # the server's /metrics scraped during the run (opmap.bench.server_metrics.ServerSeries); None: not asked
+    server_metrics: Any = None
