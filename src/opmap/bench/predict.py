@@ -290,6 +290,7 @@ class BenchPrediction:
     predictions: tuple[Prediction, ...]
     overhead: ServerOverhead | None = None
     assumptions: dict[str, Any] | None = None
+    stack: Any = None  # opmap.calibrate.stack_profile.StackProfile: the "model+stack" variant's
 
     def last(self) -> Prediction:
         """The variant a run records: with the overhead where measured, else the model alone."""
@@ -305,16 +306,19 @@ class BenchPrediction:
                                                         "steps": p.steps} for p in self.predictions}}
         if self.overhead is not None:
             out["overhead"] = self.overhead.to_dict()
+        if self.stack is not None:
+            out["stack"] = self.stack.to_dict()
         if self.assumptions is not None:
             out["assumptions"] = self.assumptions
         return out
 
 
 def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, measured: dict | None = None,
-                seed: int = 0) -> BenchPrediction:
+                seed: int = 0, stack=None) -> BenchPrediction:
     """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
-    server's measured overhead where given. ``measured``: the run's figures (default: opmap.bench.metrics.summarize
-    of its records, as ``opmap bench`` prints and records them)."""
+    server's measured overhead where given, or with a stack profile's fitted parameters (``stack``:
+    opmap.calibrate.stack_profile.StackProfile, opmap.bench.stack_fit.apply). ``measured``: the run's figures
+    (default: opmap.bench.metrics.summarize of its records, as ``opmap bench`` prints and records them)."""
     if measured is None:
         from opmap.bench.metrics import summarize
 
@@ -325,13 +329,19 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
     if overhead is not None:
         variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
                          overhead))
+    if stack is not None:
+        from opmap.bench.stack_fit import apply, params_of
+
+        if stack.kv_blocks and stack.page_tokens:
+            cost = replace(cost, kv_capacity_tokens=stack.kv_blocks * stack.page_tokens)
+        variants.append(("model+stack", *apply(cost, params_of(stack))))
     preds = []
     for name, c, ov in variants:
         sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
         pred = predicted_figures(w, sent, first, finish, res)
         preds.append(Prediction(name, pred, tuple(join(m, pred.to_dict())), res.steps))
     return BenchPrediction(m, int(len(w.sent_s)), int(w.warmup.sum()), result.mode, result.concurrency, w.closed,
-                           policy, cost, tuple(preds), overhead)
+                           policy, cost, tuple(preds), overhead, stack=stack)
 
 
 def probe_records(base_url: str, model: str, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,

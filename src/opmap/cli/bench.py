@@ -7,7 +7,7 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -84,6 +84,8 @@ def bench(
                                                            "launched model's, else bf16)."),
     runtime: str = typer.Option("engine", "--runtime", help="--predict: the runtime steps are priced under "
                                                             "(eager, graphs, engine; as opmap serve)."),
+    stack: Path | None = typer.Option(None, "--stack", help="--predict with a stack profile (opmap calibrate "
+                                                           "--from-bench) in place of the overhead probes."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
@@ -94,7 +96,7 @@ def bench(
     reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
     o = _Options(url, model, arrival, concurrency, requests, duration, warmup, input_len, output_len, api, timeout,
                  ignore_eos, slo_ttft, slo_tpot, min_duration, min_queries, seed, out, launch, device, threads,
-                 kv_blocks, tokenizer, predict, hardware, config, dtype, runtime)
+                 kv_blocks, tokenizer, predict, hardware, config, dtype, runtime, stack)
     load = _parse(o)
     target = _prediction_target(o)
     srv, result, plan, policy, overhead = _drive_load(o, load, target.cost)
@@ -133,6 +135,7 @@ class _Options:
     config: str | None
     dtype: str | None
     runtime: str
+    stack: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class _Target:
     hardware: str | None
     dtype: str
     cost: TableCost | None  # None without --predict
+    stack: Any = None  # opmap.calibrate.stack_profile.StackProfile with --stack
 
 
 def _parse(o: _Options) -> _Load:
@@ -186,11 +190,18 @@ def _prediction_target(o: _Options) -> _Target:
     bad --hardware or config costs nothing)."""
     from opmap.cli import bench_predict as bp
 
+    if o.stack is not None and not o.predict:
+        raise OpmapError("--stack applies a stack profile to --predict's prediction: add --predict")
+    stack = None
+    if o.stack is not None:
+        from opmap.calibrate.stack_profile import read_stack_profile
+
+        stack = read_stack_profile(o.stack)  # a bad profile fails before the server starts
     config = o.launch or o.config
     hw = o.hardware or ("local" if o.launch else None)
     dtype = o.dtype or (bp.launched_dtype(o.launch) if o.launch else "bf16")
     cost = bp.price(config, hw, dtype, o.runtime, None) if o.predict else None
-    return _Target(config, hw, dtype, cost)
+    return _Target(config, hw, dtype, cost, stack)
 
 
 def _drive_load(o: _Options, load: _Load, cost):
@@ -204,7 +215,7 @@ def _drive_load(o: _Options, load: _Load, cost):
             url, model, ignore_eos = srv.base_url, srv.model_id, False
             tokenizer = tokenizer or srv.tokenizer_dir
         result, plan, policy, overhead = _measure(srv, url, model, tokenizer, o.api, o.timeout, ignore_eos, cost,
-                                                  o.predict, load)
+                                                  o.predict, load, probe_overhead=o.stack is None)
     return srv, result, plan, policy, overhead
 
 
@@ -221,7 +232,7 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
         write_outputs(o.out, body, result)
     tags = record(body, store, no_store)
     if o.predict:
-        bp.predict_and_report(result, body, target.cost, policy, overhead,
+        bp.predict_and_report(result, body, target.cost, policy, overhead, target.stack,
                               {"model": target.config, "hardware": target.hardware, "dtype": target.dtype,
                                "runtime": o.runtime, "server": "launched" if srv is not None else o.url},
                               tags, o.out, store, no_store)
@@ -250,10 +261,11 @@ def _check_options(concurrency, requests, warmup, seed, min_queries, duration, t
 
 
 def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ignore_eos: bool, cost, predict: bool,
-             load: _Load):
+             load: _Load, probe_overhead: bool = True):
     """(the run's result, its load plan, the engine policy and the overhead --predict prices it with): the load
     (``load``: load_plan's arguments) driven against the endpoint; with --predict, the server probed before and
-    after it (an interrupted run keeps the probe before it)."""
+    after it (an interrupted run keeps the probe before it), unless a stack profile stands for them
+    (``probe_overhead`` False)."""
     from opmap.bench.client import endpoint_root
     from opmap.cli import bench_predict as bp
 
@@ -265,16 +277,16 @@ def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ign
         prompt = ExactPrompts(tokenizer, api)
     plan = load_plan(load.arrival, load.concurrency, load.requests, load.duration, load.warmup, load.ilen, load.olen,
                      load.seed, prompt=prompt)
-    policy = overhead = None
+    policy = overhead = before = None
     if predict:
         from opmap.bench.predict import engine_policy
 
         probe = dict(api=api, ignore_eos=ignore_eos, timeout_s=timeout, batch=plan.concurrency or bp.PROBE_BATCH)
-        before = bp.probe(root, model, prompt, when="before", **probe)
+        before = bp.probe(root, model, prompt, when="before", **probe) if probe_overhead else None
         s = srv.settings if srv is not None else None  # a URL: the engine policy's defaults (8192, blocks of 16)
         policy = engine_policy(s.max_batch_tokens if s else 8192, s.page_tokens if s else 16)
     result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
-    if predict:  # an interrupted run keeps the probe before it
+    if predict and before is not None:  # an interrupted run keeps the probe before it
         after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
         overhead = bp.overhead(cost, before, after, probe["batch"])
     return result, plan, policy, overhead

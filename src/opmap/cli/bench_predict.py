@@ -102,7 +102,7 @@ def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple], batc
                                min(batch, PROBE_MAX_BATCH))
 
 
-def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: dict, bench_tags: Tags,
+def predict_and_report(result, body: dict, cost, policy, overhead, stack, assumptions: dict, bench_tags: Tags,
                        out: Path | None, store: Path | None, no_store: bool):
     """Simulate the run's workload, print measured / predicted, write bench_predict.json, record the prediction
     as a serve run (the figures of the last variant: with the overhead where measured); the BenchPrediction."""
@@ -113,9 +113,15 @@ def predict_and_report(result, body: dict, cost, policy, overhead, assumptions: 
 
     with console.status("simulating the same workload"):
         # the measured side is the bench run's own figures (opmap.bench.metrics), as compare will read them
-        rep = replace(predict_run(result, cost, policy, overhead=overhead, measured=body), assumptions=assumptions)
+        rep = replace(predict_run(result, cost, policy, overhead=overhead, measured=body, stack=stack),
+                      assumptions=assumptions)
     doc = rep.to_dict()
     print_join(doc)
+    if stack is not None:
+        console.print(safe(stack.line()), highlight=False)
+        why = stack.outside(concurrency=result.concurrency) if result.mode == "closed" else ""
+        if why:
+            console.print(f"[yellow]outside the profile's range[/]: {safe(why)}", highlight=False)
     if out is not None:
         from opmap.cli.common import print_wrote
         from opmap.report.outputs import write_set

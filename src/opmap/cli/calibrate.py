@@ -28,9 +28,29 @@ def calibrate(
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Measure on a busy host anyway (its figures read "
                                                                  "low): the profile is marked busy and goes to "
                                                                  "--out PATH, never the host's."),
+    from_bench: list[Path] | None = typer.Option(None, "--from-bench", help="A serving stack instead of the device: "
+                                                 "fit its profile to these bench runs (folders `opmap bench --out` "
+                                                 "wrote; repeat the option), written to --out for --stack."),
+    config: str | None = typer.Option(None, "--config", help="--from-bench: the served model's Hugging Face config "
+                                                            "(default: the launched server's)."),
+    hardware: str | None = typer.Option(None, "--hardware", help="--from-bench: the device the server ran on "
+                                                                "(default for a launched server: local)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="--from-bench: the served precision (default: the "
+                                                          "launched model's, else bf16)."),
+    runtime: str = typer.Option("engine", "--runtime", help="--from-bench: the runtime the steps are priced under."),
 ) -> None:
     """Measure this device's matmul rates, bandwidth, dispatch overhead and vector rate. A busy host (other
-    processes holding the CPUs, repeats that disagree) is refused: its profile would read low."""
+    processes holding the CPUs, repeats that disagree) is refused: its profile would read low. With --from-bench:
+    fit a serving stack's profile (host time per step, per sequence and per request, decode and prefill scales) to
+    measured bench runs instead."""
+    if from_bench:
+        from opmap.cli.calibrate_stack import calibrate_stack
+        from opmap.errors import OpmapError
+
+        if out is None:
+            raise OpmapError("--from-bench writes a stack profile: name it with --out PATH")
+        calibrate_stack(list(from_bench), out, config, hardware, dtype, runtime)
+        return
     path = run_calibration(device, quick, out, datasheet, budgeted=not no_budget, allow_busy=allow_busy)
     if not no_store:
         from opmap.cli.common import record_run
