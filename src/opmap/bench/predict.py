@@ -131,6 +131,22 @@ def with_step_overhead(cost, step_s: float, per_seq_s: float = 0.0):
                           f"{per_seq_s * 1e3:.3g} ms a decoding sequence)")
 
 
+def with_stack(cost, p) -> tuple[Any, ServerOverhead]:
+    """(``cost`` under a stack's parameters ``p``, the overhead the simulation adds per request): ``p`` has
+    step_s, per_seq_s, request_s, decode_scale and prefill_scale (opmap.calibrate.stack_profile.StackProfile, or
+    opmap.bench.stack_fit.Params while fitting). Prefill and decode step times scaled, then the host time per step
+    and per decoding sequence added (``with_step_overhead``)."""
+    scaled = replace(cost, prefill_time_s=[t * p.prefill_scale for t in cost.prefill_time_s],
+                     decode_time_s=[[t * p.decode_scale for t in row] for row in cost.decode_time_s], floor=None)
+    if cost.stage_prefill_time_s is not None:
+        scaled = replace(scaled, stage_prefill_time_s=[t * p.prefill_scale for t in cost.stage_prefill_time_s])
+    if cost.stage_decode_time_s is not None:
+        scaled = replace(scaled, stage_decode_time_s=[[t * p.decode_scale for t in row]
+                                                      for row in cost.stage_decode_time_s])
+    return (with_step_overhead(scaled, p.step_s, p.per_seq_s),
+            ServerOverhead(p.step_s, p.request_s, {"stack profile": "fitted"}, p.per_seq_s))
+
+
 def _simulate_open(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):
     """Simulate requests arriving at ``arr_s`` (send order); per-request (first, finish) in send order and the
     pooled inter-token gaps."""
@@ -330,11 +346,9 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
         variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
                          overhead))
     if stack is not None:
-        from opmap.bench.stack_fit import apply, params_of
-
         if stack.kv_blocks and stack.page_tokens:
             cost = replace(cost, kv_capacity_tokens=stack.kv_blocks * stack.page_tokens)
-        variants.append(("model+stack", *apply(cost, params_of(stack))))
+        variants.append(("model+stack", *with_stack(cost, stack)))
     preds = []
     for name, c, ov in variants:
         sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from opmap.bench.predict import (
-    ServerOverhead,
     Workload,
     figures,
     predicted_figures,
     simulate_workload,
-    with_step_overhead,
+    with_stack,
     workload,
 )
 from opmap.calibrate.stack_profile import BOUNDS, FitRun, Residual, StackProfile
@@ -51,17 +50,8 @@ class Params:
 
 
 def apply(cost, p: Params):
-    """(the step cost under ``p``, the overhead the simulation adds per request): prefill and decode step times
-    scaled, then the host time per step and per decoding sequence added (opmap.bench.predict.with_step_overhead)."""
-    scaled = replace(cost, prefill_time_s=[t * p.prefill_scale for t in cost.prefill_time_s],
-                     decode_time_s=[[t * p.decode_scale for t in row] for row in cost.decode_time_s], floor=None)
-    if cost.stage_prefill_time_s is not None:
-        scaled = replace(scaled, stage_prefill_time_s=[t * p.prefill_scale for t in cost.stage_prefill_time_s])
-    if cost.stage_decode_time_s is not None:
-        scaled = replace(scaled, stage_decode_time_s=[[t * p.decode_scale for t in row]
-                                                      for row in cost.stage_decode_time_s])
-    return (with_step_overhead(scaled, p.step_s, p.per_seq_s),
-            ServerOverhead(p.step_s, p.request_s, {"stack profile": "fitted"}, p.per_seq_s))
+    """(the step cost under ``p``, the per-request overhead): opmap.bench.predict.with_stack."""
+    return with_stack(cost, p)
 
 
 def measured_figures(records, output_len: np.ndarray | None = None):
