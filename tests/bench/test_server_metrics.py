@@ -141,3 +141,40 @@ def test_no_metrics_url_no_scrape():
     with ThreadServer(NullServer(NullConfig())) as port:
         res = run_load(f"http://127.0.0.1:{port}", "null", _specs(2))
     assert res.server_metrics is None
+
+
+def test_opmap_bench_records_and_prints_the_server_metrics(opmap_cli, tmp_path):
+    reg = _vllm_registry()
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
+    try:
+        with ThreadServer(NullServer(NullConfig(first_token_s=0.02, token_s=0.01))) as port:
+            rc, out, err = opmap_cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--concurrency", 2,
+                                     "--requests", 6, "--input-len", 8, "--output-len", 8, "--no-store", "--out",
+                                     tmp_path, "--metrics-url", f"http://127.0.0.1:{server.server_address[1]}/metrics",
+                                     "--metrics-interval", 0.1)
+    finally:
+        server.shutdown()
+    assert rc == 0, err
+    body = __import__("json").loads((tmp_path / "bench.json").read_text())
+    m = body["server_metrics"]
+    assert m["status"] == "scraped" and m["engine"] == "vllm" and m["num_gpu_blocks"] == 4096
+    assert set(m["series"]["kv_usage"]) == {0.6} and len(m["times_s"]) >= 2
+    line = " ".join(out.split())
+    assert "server metrics (vllm, 4096 KV blocks;" in line and "KV cache in use, peak 60%" in line
+    assert "running, peak 8" in line and "preemptions 0 during the run" in line
+
+
+def test_the_default_scrapes_the_endpoints_metrics_and_says_when_there_are_none(opmap_cli, tmp_path):
+    with ThreadServer(NullServer(NullConfig())) as port:
+        rc, out, err = opmap_cli("bench", f"http://127.0.0.1:{port}", "--model", "null", "--requests", 2,
+                                 "--input-len", 8, "--output-len", 4, "--no-store", "--out", tmp_path)
+    assert rc == 0, err
+    m = __import__("json").loads((tmp_path / "bench.json").read_text())["server_metrics"]
+    assert m["url"] == f"http://127.0.0.1:{port}/metrics" and m["status"] == "absent"
+    assert "server metrics: absent" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("value", ["ftp://x/metrics", "metrics"])
+def test_a_bad_metrics_url_is_one_line(opmap_cli, value):
+    rc, out, err = opmap_cli("bench", "http://127.0.0.1:9", "--model", "m", "--metrics-url", value)
+    assert rc == 2 and "--metrics-url" in err and "accepted: auto, none" in err

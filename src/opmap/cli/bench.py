@@ -86,6 +86,10 @@ def bench(
                                                             "(eager, graphs, engine; as opmap serve)."),
     stack: Path | None = typer.Option(None, "--stack", help="--predict with a stack profile (opmap calibrate "
                                                            "--from-bench) in place of the overhead probes."),
+    metrics_url: str = typer.Option("auto", "--metrics-url", help="The server's Prometheus page, scraped while the "
+                                                                  "run lasts (vLLM, SGLang): auto (the URL's "
+                                                                  "/metrics), a URL, or none."),
+    metrics_interval: float = typer.Option(1.0, "--metrics-interval", help="Seconds between two scrapes."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
@@ -96,7 +100,8 @@ def bench(
     reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
     o = _Options(url, model, arrival, concurrency, requests, duration, warmup, input_len, output_len, api, timeout,
                  ignore_eos, slo_ttft, slo_tpot, min_duration, min_queries, seed, out, launch, device, threads,
-                 kv_blocks, tokenizer, predict, hardware, config, dtype, runtime, stack)
+                 kv_blocks, tokenizer, predict, hardware, config, dtype, runtime, stack, metrics_url,
+                 metrics_interval)
     load = _parse(o)
     target = _prediction_target(o)
     srv, result, plan, policy, overhead = _drive_load(o, load, target.cost)
@@ -136,6 +141,8 @@ class _Options:
     dtype: str | None
     runtime: str
     stack: Path | None = None
+    metrics_url: str = "auto"
+    metrics_interval: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,8 @@ def _parse(o: _Options) -> _Load:
     for name, v in (("--threads", o.threads), ("--kv-blocks", o.kv_blocks)):  # before any connection is tried
         if v is not None:
             count(v, name, hi=1 << 20)
+    _metrics_url(o.metrics_url, "http://x")  # a bad --metrics-url fails before anything is sent
+    options({"--metrics-interval": (o.metrics_interval, {**positive_in("s"), "lo": 0.05, "hi": 3600})})
     ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
     requests = DEFAULT_REQUESTS if o.requests is None and o.duration is None else o.requests
     if o.out is not None:
@@ -214,8 +223,9 @@ def _drive_load(o: _Options, load: _Load, cost):
         if srv is not None:  # transformers serve refuses ignore_eos (HTTP 422); its model has no EOS instead
             url, model, ignore_eos = srv.base_url, srv.model_id, False
             tokenizer = tokenizer or srv.tokenizer_dir
+        scrape = {"metrics_url": _metrics_url(o.metrics_url, url), "metrics_interval_s": o.metrics_interval}
         result, plan, policy, overhead = _measure(srv, url, model, tokenizer, o.api, o.timeout, ignore_eos, cost,
-                                                  o.predict, load, probe_overhead=o.stack is None)
+                                                  o.predict, load, probe_overhead=o.stack is None, scrape=scrape)
     return srv, result, plan, policy, overhead
 
 
@@ -227,6 +237,8 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
     figures, body = finish(result, plan, o.slo_ttft, o.slo_tpot, o.min_duration, o.min_queries)
     if srv is not None:
         body["launched"] = srv.to_dict()
+    if result.server_metrics is not None:
+        body["server_metrics"] = result.server_metrics.to_dict()
     print_summary(body)
     if o.out is not None:
         write_outputs(o.out, body, result)
@@ -261,7 +273,7 @@ def _check_options(concurrency, requests, warmup, seed, min_queries, duration, t
 
 
 def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ignore_eos: bool, cost, predict: bool,
-             load: _Load, probe_overhead: bool = True):
+             load: _Load, probe_overhead: bool = True, scrape: dict | None = None):
     """(the run's result, its load plan, the engine policy and the overhead --predict prices it with): the load
     (``load``: load_plan's arguments) driven against the endpoint; with --predict, the server probed before and
     after it (an interrupted run keeps the probe before it), unless a stack profile stands for them
@@ -285,11 +297,25 @@ def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ign
         before = bp.probe(root, model, prompt, when="before", **probe) if probe_overhead else None
         s = srv.settings if srv is not None else None  # a URL: the engine policy's defaults (8192, blocks of 16)
         policy = engine_policy(s.max_batch_tokens if s else 8192, s.page_tokens if s else 16)
-    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos)
+    result = drive(root, model, plan, api=api, timeout_s=timeout, ignore_eos=ignore_eos, **(scrape or {}))
     if predict and before is not None:  # an interrupted run keeps the probe before it
         after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
         overhead = bp.overhead(cost, before, after, probe["batch"])
     return result, plan, policy, overhead
+
+
+def _metrics_url(value: str, url: str | None) -> str | None:
+    """--metrics-url: auto (the endpoint's root + /metrics), none, or an http(s) URL."""
+    from opmap.bench.client import endpoint_root
+
+    if value == "none":
+        return None
+    if value == "auto":
+        return f"{endpoint_root(url)}/metrics" if url else None
+    if not value.startswith(("http://", "https://")) or len(value) > 2048:
+        raise OpmapError(f"--metrics-url {safe(value[:200])!r}: accepted: auto, none, or an http:// or https:// URL "
+                         "(the server's Prometheus page, such as http://host:8000/metrics)")
+    return value
 
 
 def all_failed(body: dict) -> bool:
@@ -436,6 +462,27 @@ def print_summary(body: dict) -> None:
                       "cancelled", highlight=False)
     v = body["validity"]
     console.print(f"MLPerf-style validity: {v['verdict']} ({safe(v['reason'])})", highlight=False)
+    if body.get("server_metrics"):
+        console.print(server_metrics_line(body["server_metrics"]), highlight=False)
+
+
+def server_metrics_line(m: dict) -> str:
+    """One line of what the server's /metrics said during the run (bench.json's ``server_metrics``)."""
+    if m["status"] != "scraped":
+        return f"server metrics: {m['status']} ({safe(m['detail'])})"
+    parts = []
+    for name, what, fmt in (("kv_usage", "KV cache in use, peak", "{:.0%}"), ("running", "running, peak", "{:g}"),
+                            ("waiting", "waiting, peak", "{:g}")):
+        vals = [x for x in m["series"].get(name, []) if x is not None]
+        if vals:
+            parts.append(f"{what} {fmt.format(max(vals))}")
+    for name, what in (("preemptions", "preemptions"), ("prefix_hits", "prefix-cache hit tokens")):
+        vals = [x for x in m["series"].get(name, []) if x is not None]
+        if len(vals) > 1:
+            parts.append(f"{what} {vals[-1] - vals[0]:g} during the run")
+    blocks = f", {m['num_gpu_blocks']} KV blocks" if m.get("num_gpu_blocks") else ""
+    return (f"server metrics ({safe(m['engine'])}{blocks}; {len(m['times_s'])} scrapes of {safe(m['url'])}): "
+            + ("; ".join(parts) or "no watched series"))
 
 
 def print_errors(body: dict) -> None:
