@@ -355,6 +355,27 @@ def serve_cdf(sv: dict[str, Any] | None) -> Figure | None:
                                       Axis(title=Title("fraction of requests"), range=(0, 1.02))))
 
 
+def server_series(bench: dict[str, Any] | None) -> Figure | None:
+    """What the server's /metrics said while a measured run lasted (bench.json's ``server_metrics``): requests
+    running and waiting, and the KV cache in use (as a percentage), against the run's time."""
+    m = (bench or {}).get("server_metrics") or {}
+    if m.get("status") not in ("scraped", "failed") or not m.get("times_s"):
+        return None
+    t = tuple(m["times_s"])
+    data: list[Trace] = []
+    for name, label, scale in (("running", "requests running", 1.0), ("waiting", "requests waiting", 1.0),
+                               ("kv_usage", "KV cache in use (%)", 100.0)):
+        ys = (m.get("series") or {}).get(name)
+        if ys:
+            data.append(Scatter(mode="lines", name=label, x=t, y=tuple(None if y is None else y * scale for y in ys)))
+    if not data:
+        return None
+    return Figure(tuple(data), Layout(Title(_p(f"server metrics during the run ({m.get('engine')}, "
+                                               f"{m.get('url')})")),
+                                      Axis(title=Title("time since the run's start (s)")),
+                                      Axis(title=Title("requests, or % of the KV cache"))))
+
+
 def fit_heatmap(ft: dict[str, Any] | None) -> Figure | None:
     """Throughput at the SLO for each workload (rows) on each platform (columns); excluded cells say why."""
     if not ft or not ft.get("cells"):
@@ -414,6 +435,7 @@ def figures(src: Sources) -> dict[str, Figure]:
     out["sweep"] = sweep_curves(src.sweep)
     out["serve_cdf"] = serve_cdf(src.serve)
     out["bench_cdf"] = serve_cdf(src.bench)
+    out["bench_server"] = server_series(src.bench)
     out["fit"] = fit_heatmap(src.fit)
     out["perf_per_watt"] = perf_per_watt(src.fit, src.sweep)
     return {k: v.rounded(SIG_DIGITS) for k, v in out.items() if v is not None}

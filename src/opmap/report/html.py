@@ -94,7 +94,8 @@ JS = """
 FIGURE_TITLES = {"roofline": "Roofline", "layer_time": "Time by layer type", "layer_mfu": "MFU by layer type",
                  "layer_stall": "Memory-stall fraction by layer type", "sweep": "Sweep: latency against throughput",
                  "serve_cdf": "Serving latency CDFs",
-                 "bench_cdf": "Measured latency CDFs", "fit": "Fit matrix", "perf_per_watt": "Perf per watt"}
+                 "bench_cdf": "Measured latency CDFs", "bench_server": "Server metrics during the measured run",
+                 "fit": "Fit matrix", "perf_per_watt": "Perf per watt"}
 
 
 def script_json(x: Any) -> str:
