@@ -252,3 +252,12 @@ def test_an_event_is_timed_by_the_read_that_completed_its_data_not_by_its_dispat
     assert [(e.data, e.at) for e in p.feed(b"\r\n: ping\n\ndata: four\n\n", 5.0)] == [("two\nthree", 4.0),
                                                                                     ("four", 5.0)]
     assert SSEParser().feed(b"data: x\n\n")[0].at is None  # no time given
+
+
+def test_a_chunk_carries_the_servers_completion_id():
+    from opmap.bench.sse import read_chunk
+
+    assert read_chunk('{"id": "cmpl-7f3", "choices": [{"text": "a"}]}').id == "cmpl-7f3"
+    assert read_chunk('{"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}}').id == "chatcmpl-1"
+    assert read_chunk('{"id": 12, "choices": [{"text": "a"}]}').id == ""  # not a string: not kept
+    assert read_chunk('{"choices": [{"text": "a"}]}').id == ""

@@ -114,6 +114,22 @@ def run_load(base_url: str, model: str, specs: Iterable[RequestSpec], *, api: st
     return asyncio.run(run.main(iter(specs)))
 
 
+MODEL_INFO_KEPT = 8  # models of /v1/models whose metadata a run keeps
+MODEL_INFO_FIELDS = ("id", "max_model_len", "owned_by", "root", "created")  # vLLM's and SGLang's ModelCard fields
+
+
+def _model_info(m: dict) -> dict[str, str | int | float]:
+    """The scalar metadata of one /v1/models entry (strings cut to 200 characters)."""
+    out: dict[str, str | int | float] = {}
+    for k in MODEL_INFO_FIELDS:
+        v = m.get(k)
+        if isinstance(v, str):
+            out[k] = v[:200]
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = v
+    return out
+
+
 def _fd_limit() -> int:
     """The open-file limit, raised to its hard limit where allowed (an open loop holds a socket per request)."""
     try:
@@ -158,6 +174,7 @@ class _Run:
         self._last_progress = 0.0
         self.metrics_url: str | None = None
         self.metrics_interval_s = 1.0
+        self.server_info: dict[str, Any] = {}  # /v1/models' metadata, /version's version
 
     async def main(self, specs) -> BenchResult:
         self.stop = asyncio.Event()
@@ -189,7 +206,7 @@ class _Run:
                            {"timeout_s": self.timeout_s, "ignore_eos": self.ignore_eos,
                             "ignore_eos_refused": self.ignore_eos_refused, "duration_s": self.duration_s,
                             "connections_opened": self.opened, "peak_in_flight": self.peak_in_flight,
-                            "extra_body": self.extra_body or {}}, self.stop_signal, series)
+                            "extra_body": self.extra_body or {}}, self.stop_signal, series, self.server_info)
 
     def _scrape(self) -> tuple[asyncio.Task | None, asyncio.Event]:
         """The /metrics scraper's task (None when not asked for) and the event that stops it."""
@@ -252,9 +269,28 @@ class _Run:
             try:
                 data = json.loads(got).get("data") or []
                 ids = [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
+                self.server_info["models"] = [_model_info(m) for m in data[:MODEL_INFO_KEPT] if isinstance(m, dict)]
             except (ValueError, AttributeError):
                 ids = []
+        await self._version()
         return ids, server
+
+    async def _version(self) -> None:
+        """The server's version where it says it: vLLM's and SGLang's ``GET /version`` ({"version": "0.9.1"});
+        a server without it (an error, a page, no answer within a second) leaves it unsaid."""
+        import aiohttp
+
+        try:
+            async with self.session.get(self.url("/version"), headers={"accept": "application/json"},
+                                        timeout=aiohttp.ClientTimeout(total=1.0), allow_redirects=False) as resp:
+                got, whole = await read_body(resp, 64 << 10)
+                if resp.status != 200 or not whole:
+                    return
+            v = json.loads(got).get("version")
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AttributeError, RecursionError):
+            return
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            self.server_info["version"] = str(v)[:100]
 
     def url(self, path: str):
         """The URL of ``path`` under the endpoint's root (a yarl URL, parsed once); OpmapError for a root without
@@ -367,7 +403,8 @@ class _Run:
                                                        spec.max_tokens)
         self.records.append(RequestRecord(
             spec.index, spec.scheduled_s, sent, st.first, tuple(st.times), end, spec.input_tokens, spec.max_tokens,
-            prompt, completion, st.events, status, error, http_status, spec.warmup, usage_error, st.dropped))
+            prompt, completion, st.events, status, error, http_status, spec.warmup, usage_error, st.dropped,
+            st.response_id))
         self._report_progress()
 
     async def _exchange(self, spec: RequestSpec, ignore_eos: bool):
@@ -450,6 +487,7 @@ class _Stream:
         self.finished = False
         self.result: tuple[str, str] | None = None  # set at [DONE] or an error event; the rest is not read
         self.head = b""
+        self.response_id = ""  # the first id the server's chunks carry
 
     def feed(self, data: bytes, t: float) -> None:
         if len(self.head) < ERROR_BODY_BYTES:
@@ -470,6 +508,8 @@ class _Stream:
                 return
             if c.usage is not None:
                 self._usage(c.usage)
+            if c.id and not self.response_id:
+                self.response_id = c.id
             if c.text:  # timed by the read that completed its data, not by the one that dispatched it
                 if self.first is None:
                     self.first = ev.at

@@ -4,7 +4,8 @@ built in memory so the command writes them as one atomic set (opmap.report.outpu
 requests.parquet columns (times in s from the run's start): idx, warmup, status, error, http_status,
 scheduled_s (null in a closed loop), sent_s, first_token_s, end_s, token_times_s (a list: every text event's
 arrival), input_tokens_asked, output_tokens_asked, usage_prompt_tokens, usage_completion_tokens, events,
-usage_error (why a usage count was set aside), token_times_dropped (text events past the times kept). DuckDB
+usage_error (why a usage count was set aside), token_times_dropped (text events past the times kept), response_id
+(the server's id of the completion: its chunks' "id"). DuckDB
 writes it (no pyarrow needed): the rows go through a JSON Lines file into ``COPY ... (FORMAT parquet)``, read with
 an object size limit above the longest row written (DuckDB's default maximum_object_size, 16 MB, refused a row of
 two million event times, 36 MB).
@@ -26,7 +27,7 @@ PARQUET_COLUMNS = {
     "scheduled_s": "DOUBLE", "sent_s": "DOUBLE", "first_token_s": "DOUBLE", "end_s": "DOUBLE",
     "token_times_s": "DOUBLE[]", "input_tokens_asked": "BIGINT", "output_tokens_asked": "BIGINT",
     "usage_prompt_tokens": "BIGINT", "usage_completion_tokens": "BIGINT", "events": "BIGINT",
-    "usage_error": "VARCHAR", "token_times_dropped": "BIGINT"}
+    "usage_error": "VARCHAR", "token_times_dropped": "BIGINT", "response_id": "VARCHAR"}
 JSON_OBJECT_BYTES = 16 << 20  # DuckDB's read_json default maximum_object_size; raised to the longest row
 
 
@@ -72,7 +73,7 @@ def _row_json(r) -> str:
         "token_times_s": list(r.token_times_s), "input_tokens_asked": r.input_tokens_asked,
         "output_tokens_asked": r.output_tokens_asked, "usage_prompt_tokens": r.usage_prompt_tokens,
         "usage_completion_tokens": r.usage_completion_tokens, "events": r.events, "usage_error": r.usage_error,
-        "token_times_dropped": r.token_times_dropped}, allow_nan=False)
+        "token_times_dropped": r.token_times_dropped, "response_id": r.response_id}, allow_nan=False)
 
 
 def requests_parquet(result: BenchResult) -> bytes:

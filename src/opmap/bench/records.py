@@ -73,7 +73,7 @@ class RequestRecord:
     ended or failed. ``usage_*``: the server's own counts (None where it sent none, or an implausible one:
     ``usage_error`` says which and why, see usage_counts). ``events``: the data events received (usage-only and
     finish chunks included). ``token_times_dropped``: text events past the client's cap on the times kept per
-    request (their count is kept, their times are not)."""
+    request (their count is kept, their times are not). ``response_id``: the server's id of the completion."""
 
     index: int
     scheduled_s: float | None
@@ -92,6 +92,7 @@ class RequestRecord:
     warmup: bool = False
     usage_error: str = ""
     token_times_dropped: int = 0
+    response_id: str = ""  # the server's id for the completion (its chunks' "id"), "" where it sent none
 
     @property
     def ok(self) -> bool:
@@ -123,3 +124,4 @@ class BenchResult:
     stop_signal: int = 0  # the signal that stopped it (SIGINT 2, SIGTERM 15); 0: it was not stopped
     # the server's /metrics scraped during the run (opmap.bench.server_metrics.ServerSeries); None: not asked
     server_metrics: Any = None
+    server_info: dict[str, Any] = field(default_factory=dict)  # /v1/models' metadata ("models") and "version"

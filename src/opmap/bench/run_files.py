@@ -56,7 +56,7 @@ def _records(path: Path) -> tuple[RequestRecord, ...]:
     try:
         cur = con.execute("SELECT * FROM read_parquet(?)", [str(path)])
         names = [d[0] for d in cur.description]
-        if names != list(PARQUET_COLUMNS):
+        if names not in (list(PARQUET_COLUMNS), list(PARQUET_COLUMNS)[:-1]):  # runs written before response_id
             raise OpmapError(f"{path}: columns {names} are not a bench run's ({', '.join(PARQUET_COLUMNS)})")
         rows = cur.fetchall()
     except duckdb.Error as e:
@@ -72,7 +72,8 @@ def _records(path: Path) -> tuple[RequestRecord, ...]:
                                  tuple(r["token_times_s"] or ()), float(r["end_s"]), int(r["input_tokens_asked"]),
                                  int(r["output_tokens_asked"]), r["usage_prompt_tokens"], r["usage_completion_tokens"],
                                  int(r["events"]), r["status"], r["error"] or "", r["http_status"], bool(r["warmup"]),
-                                 r["usage_error"] or "", int(r["token_times_dropped"] or 0)))
+                                 r["usage_error"] or "", int(r["token_times_dropped"] or 0),
+                                 r.get("response_id") or ""))
     return tuple(out)
 
 

@@ -169,13 +169,15 @@ class Chunk(NamedTuple):
     """What one OpenAI streaming event carries. ``text``: the generated text in it ("" when none: a role-only
     or finish-only chunk, a usage chunk); ``usage``: the usage object when present; ``finish_reason``: set on
     the chunk that ends a choice; ``error``: the error message of an error chunk (or a chunk that is not a JSON
-    object); ``done``: the ``[DONE]`` sentinel."""
+    object); ``done``: the ``[DONE]`` sentinel; ``id``: the completion's id as the server names it (its logs
+    and traces use it; "" where the chunk has none)."""
 
     text: str = ""
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     error: str | None = None
     done: bool = False
+    id: str = ""
 
 
 DONE = Chunk(done=True)
@@ -208,9 +210,11 @@ def read_chunk(data: str) -> Chunk:
     usage = d.get("usage")
     if type(usage) is not dict:
         usage = None
+    rid = d.get("id")
+    rid = rid[:200] if type(rid) is str else ""
     choices = d.get("choices")
     if not choices or type(choices) is not list or type(choices[0]) is not dict:
-        return Chunk(usage=usage)
+        return Chunk(usage=usage, id=rid)
     c = choices[0]
     text = c.get("text")
     if text is None:
@@ -218,4 +222,4 @@ def read_chunk(data: str) -> Chunk:
         if type(delta) is not dict:
             delta = {}
         text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
-    return Chunk(text if type(text) is str else "", usage, c.get("finish_reason"))
+    return Chunk(text if type(text) is str else "", usage, c.get("finish_reason"), id=rid)

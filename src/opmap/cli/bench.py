@@ -239,6 +239,8 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
         body["launched"] = srv.to_dict()
     if result.server_metrics is not None:
         body["server_metrics"] = result.server_metrics.to_dict()
+    body["endpoint"]["server_info"] = result.server_info
+    body["client"]["host"] = client_host()
     print_summary(body)
     if o.out is not None:
         write_outputs(o.out, body, result)
@@ -302,6 +304,17 @@ def _measure(srv, url: str, model: str, tokenizer, api: str, timeout: float, ign
         after = ((), ()) if result.interrupted else bp.probe(root, model, prompt, when="after", **probe)
         overhead = bp.overhead(cost, before, after, probe["batch"])
     return result, plan, policy, overhead
+
+
+def client_host() -> dict:
+    """The machine the client ran on: its name, OS, CPU model and count (a busy or small client host shows in the
+    figures it measured)."""
+    import os
+    import platform
+
+    from opmap.hardware.host import cpu_model
+
+    return {"name": platform.node(), "os": platform.platform(), "cpu": cpu_model(), "cpus": os.cpu_count()}
 
 
 def _metrics_url(value: str, url: str | None) -> str | None:
