@@ -106,7 +106,10 @@ def spec_table_cost(model: str, hardware: str, dtype: str, tp: int, spec: SpecDe
     """``model`` on ``hardware`` served with ``spec``: the target, its verify step and the draft, each priced by
     ``model_table_cost`` (``kw``: its runtime, KV format, memory utilization and context options)."""
     from opmap.serve.model_cost import model_table_cost
+    from opmap.serve.resolve import Resolved
 
+    if spec.kind == "draft":  # an unknown or unusable draft model refused before the target is priced
+        Resolved.build(spec.draft, dtype)
     say = progress or (lambda s: None)
     target = model_table_cost(model, hardware, dtype, tp, pp=pp, progress=say, **kw)
     verify = model_table_cost(model, hardware, dtype, tp, pp=pp, queries=spec.k + 1,
