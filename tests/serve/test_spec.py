@@ -220,9 +220,14 @@ def test_the_counting_scheduler_is_the_reference_on_priced_models(tmp_path, case
                    "hf-deepseek-v3-mtp": (None, parse_spec("mtp:2"))}[case]
     model = model or _small_deepseek(tmp_path)
     cost = spec_table_cost(model, "h100-sxm", "bf16", 1, spec)
-    for b, kv in ((1, 300), (16, 16 * 900)):
+    for b, kv in ((1, 300), (1024, 1024 * 900)):
         assert cost.decode_s(b, kv) == pytest.approx(spec.k * cost.draft.decode_s(b, kv) + cost.verify.decode_s(b, kv))
-        assert cost.verify.decode_s(b, kv) > cost.target.decode_s(b, kv)  # K + 1 tokens' work, the same weights
+        # K + 1 tokens a sequence: the same weights and KV read, more FLOPs; never cheaper than one token (a GEMM of
+        # M = 4 may tile better than a GEMV of M = 1: within 1%)
+        assert cost.verify.decode_s(b, kv) >= 0.99 * cost.target.decode_s(b, kv)
+    if "deepseek" not in case:  # one sequence of a dense model: about as dear (the weights' read bounds both); a
+        # MoE's K + 1 tokens route to more experts (8 (1 - (1 - 2/8)^3) = 4.6 of 8 for 3 tokens, 2 for one)
+        assert cost.verify.decode_s(1, 300) == pytest.approx(cost.target.decode_s(1, 300), rel=0.05)
     assert cost.kv_capacity_tokens < cost.target.kv_capacity_tokens  # the draft's weights and KV take their share
     cost = replace(cost, kv_capacity_tokens=4000)
     reqs = make_requests("poisson:200", "uniform:16,400", "uniform:2,300", 120, seed=7)
