@@ -198,7 +198,7 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
         if kv_write == "in-place":
             write_in_place(cache, layers, queries)
         ids = torch.zeros(w.batch, queries, dtype=torch.long)
-        pos = torch.arange(past, kv_len, dtype=torch.long).expand(w.batch, queries)
+        pos = torch.arange(past, kv_len, dtype=torch.long).repeat(w.batch, 1)  # contiguous, as the model makes them
     window = window_of(w.module)
     shapes = sorted({lc.describe() for lc in layout})
     note = (f"decode: {_new_tokens(queries)} for each of {w.batch} sequences against a KV cache of {kv_len} tokens "
