@@ -26,6 +26,7 @@ TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json")
     (("--spec", "mtp:1", "--disaggregate", "1:1"), "without --disaggregate"),
     (("--spec", "mtp:1", "--service-time", "fixed:10", "--policy", "none"), "drop --service-time"),
     (("--spec", "draft:no-such-model:3", "--spec-accept", 0.6), "unknown model 'no-such-model'"),
+    (("--spec", "mtp:1"), "has no MTP module (num_nextn_predict_layers"),
 ])
 def test_serve_refuses_bad_spec_before_pricing(refused, fail_if_called, args, needle):
     fail_if_called("opmap.serve.model_cost.model_table_cost")

@@ -110,6 +110,8 @@ def spec_table_cost(model: str, hardware: str, dtype: str, tp: int, spec: SpecDe
 
     if spec.kind == "draft":  # an unknown or unusable draft model refused before the target is priced
         Resolved.build(spec.draft, dtype)
+    if spec.kind == "mtp":
+        check_mtp(Resolved.build(model, dtype), model)
     say = progress or (lambda s: None)
     target = model_table_cost(model, hardware, dtype, tp, pp=pp, progress=say, **kw)
     verify = model_table_cost(model, hardware, dtype, tp, pp=pp, queries=spec.k + 1,
@@ -129,3 +131,12 @@ def spec_table_cost(model: str, hardware: str, dtype: str, tp: int, spec: SpecDe
                              f"the draft's weights take {w / 2**30:.2f} GiB per device of the "
                              f"{float(mem['usable_bytes']) / 2**30:.2f} GiB left for the KV cache; raise --tp")
     return SpecCost(target, verify, draft, spec, cap, w)
+
+
+def check_mtp(m, model: str) -> None:
+    """``--spec mtp`` needs a model that has MTP modules: a Hugging Face config with ``num_nextn_predict_layers`` >= 1
+    (DeepSeek-V3 / R1, GLM-4.5, MiMo); more drafted tokens than modules chain the last, as vLLM and SGLang do."""
+    n = int(getattr(m.config, "num_nextn_predict_layers", 0) or 0) if m.hf else 0
+    if n < 1:
+        raise OpmapError(f"{model} has no MTP module (num_nextn_predict_layers in its config.json): use --spec "
+                         "eagle:K or draft:MODEL:K")
