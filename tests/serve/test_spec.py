@@ -63,6 +63,8 @@ def test_defaults_name_their_sources():
     deep = parse_spec("mtp:3")
     assert expected_tokens(deep.alpha, 7) == pytest.approx(3.20, rel=1e-6) and "MTP-DeepSeek-V3-0324" in deep.basis
     assert parse_spec("eagle:2", accepted=2.0).alpha == pytest.approx(alpha_for(2.0, 2))
+    hf = parse_spec("draft:hf:meta-llama/Llama-3.2-1B:4", 0.6)  # a draft's own name may hold colons
+    assert (hf.draft, hf.k, hf.spec()) == ("hf:meta-llama/Llama-3.2-1B", 4, "draft:hf:meta-llama/Llama-3.2-1B:4")
 
 
 @pytest.mark.parametrize("text,accept,accepted,needle", [
@@ -70,6 +72,8 @@ def test_defaults_name_their_sources():
     ("eagle:x", 0.5, None, "K must be an integer"),
     ("medusa:2", 0.5, None, "unknown --spec kind 'medusa'"),
     ("draft:3", 0.5, None, "bad --spec 'draft:3'"),
+    ("draft: :3", 0.5, None, "bad --spec 'draft: :3'"),
+    ("eagle:3:1", 0.5, None, "bad --spec 'eagle:3:1'"),
     ("eagle:3", 1.0, None, "--spec-accept must be a number from 0 to below 1"),
     ("eagle:3", -0.1, None, "--spec-accept must be a number from 0 to below 1"),
     ("eagle:3", None, 4.0, "--spec-accepted must be a number from 1 to below K + 1 = 4"),

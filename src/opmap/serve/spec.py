@@ -93,8 +93,9 @@ def parse_spec(text: str, accept: float | None = None, accepted: float | None = 
     kind = parts[0].strip().lower()
     if kind not in KINDS:
         raise OpmapError(f"unknown --spec kind {parts[0]!r}; accepted: {SPEC_ACCEPTED}")
-    want = 3 if kind == "draft" else 2
-    if len(parts) != want or (kind == "draft" and not parts[1].strip()):
+    # a draft model's name may hold colons itself (hf:NAME, path/to/file.py:factory): all between the first and last
+    ok = len(parts) >= 3 and ":".join(parts[1:-1]).strip() if kind == "draft" else len(parts) == 2
+    if not ok:
         raise OpmapError(f"bad --spec {text!r}; accepted: {SPEC_ACCEPTED}")
     try:
         k = int(parts[-1])
@@ -102,7 +103,7 @@ def parse_spec(text: str, accept: float | None = None, accepted: float | None = 
         k = 0
     if not 1 <= k <= MAX_K or parts[-1].strip() != str(k):
         raise OpmapError(f"bad --spec {text!r}: K must be an integer from 1 to {MAX_K}, got {parts[-1]!r}")
-    draft = parts[1].strip() if kind == "draft" else None
+    draft = ":".join(parts[1:-1]).strip() if kind == "draft" else None
     alpha, basis = _acceptance(kind, k, accept, accepted)
     return SpecDecode(kind, k, alpha, basis, draft, seed)
 
