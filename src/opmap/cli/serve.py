@@ -70,6 +70,13 @@ def serve(
     service_time: str | None = typer.Option(None, "--service-time", help="fixed:MS or exp:MS: a per-request "
                                                                          "service time instead of the cost model."),
     dtype: str = typer.Option("bf16", help="Precision of the priced model."),
+    spec: str | None = typer.Option(None, "--spec", help="Speculative decoding: mtp:K (the model's MTP module), "
+                                    "eagle:K (an EAGLE-3 head) or draft:MODEL:K (a draft model), K drafted tokens "
+                                    "a step; policy continuous (the default with --spec) or chunked."),
+    spec_accept: float | None = typer.Option(None, "--spec-accept", help="--spec: probability each drafted token "
+                                             "is accepted (0 <= RATE < 1; default: the kind's published figure)."),
+    spec_accepted: float | None = typer.Option(None, "--spec-accepted", help="--spec: mean tokens a step emits "
+                                               "(1 <= A < K + 1), instead of --spec-accept."),
     out: Path | None = typer.Option(None, help="Write serve.json (and latency_cdf.png with matplotlib) here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
@@ -80,7 +87,7 @@ def serve(
     o = _Options(model, hardware, tp, pp, runtime, kv_dtype, gpu_memory_utilization, allow_long_context, arrival,
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
-                 out)
+                 out, spec, spec_accept, spec_accepted)
     o, choice = _on_device(o)
     p = _parse(o)
     reqs, cost, transfer, probe = _price(o, p)
@@ -122,12 +129,15 @@ class _Options:
     service_time: str | None
     dtype: str
     out: Path | None
+    spec: str | None = None
+    spec_accept: float | None = None
+    spec_accepted: float | None = None
 
 
 @dataclass(frozen=True)
 class _Parsed:
     """What the options parse to: the arrival process, the lengths, the policy, the SLO, the disaggregation (P, D)
-    or None, and the replicas (P + D with --disaggregate)."""
+    or None, the replicas (P + D with --disaggregate) and the speculative decoding (or None)."""
 
     arrival: Any
     input_len: Any
@@ -136,6 +146,7 @@ class _Parsed:
     slo: Any
     pd: tuple[int, int] | None
     replicas: int
+    spec: Any = None
 
 
 def _on_device(o: _Options) -> tuple[_Options, Any]:
@@ -167,7 +178,9 @@ def _parse(o: _Options) -> _Parsed:
     check_kv_dtype(o.kv_dtype, o.dtype)
     arr = parse_arrival(o.arrival)
     ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
-    pol = _policy(o.policy, o.disaggregate is not None, o.max_num_seqs, o.max_num_batched_tokens, o.kv_block)
+    spec = _spec(o)
+    pol = _policy(o.policy if o.policy is not None or spec is None else "continuous", o.disaggregate is not None,
+                  o.max_num_seqs, o.max_num_batched_tokens, o.kv_block)
     slo = _slo(o.slo_ttft, o.slo_tpot, o.slo_p99)
     check_engine(o.engine)
     if o.find_capacity and arr.kind not in ("poisson", "gamma"):
@@ -175,7 +188,25 @@ def _parse(o: _Options) -> _Parsed:
     pd = _disaggregation(o.disaggregate, o.replicas, o.service_time, o.router, pol)
     if o.out is not None:
         check_out_dir(o.out)
-    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas)
+    if spec is not None and (pol.name not in ("continuous", "chunked") or pd is not None):
+        raise OpmapError(f"--spec {spec.spec()} is simulated under --policy continuous[:TOKEN_BUDGET] (its default) "
+                         f"or chunked:CHUNK, without --disaggregate; got --policy {pol.spec()}"
+                         + (" with --disaggregate" if pd is not None else ""))
+    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec)
+
+
+def _spec(o: _Options):
+    """--spec with its acceptance, checked (opmap.serve.spec.parse_spec); None without it."""
+    if o.spec is None:
+        if o.spec_accept is not None or o.spec_accepted is not None:
+            raise OpmapError("--spec-accept and --spec-accepted set speculative decoding's acceptance: give --spec too")
+        return None
+    if o.service_time is not None:
+        raise OpmapError("--spec prices draft and verify passes, which a service time does not have: drop "
+                         "--service-time")
+    from opmap.serve.spec import parse_spec
+
+    return parse_spec(o.spec, o.spec_accept, o.spec_accepted, o.seed)
 
 
 def _price(o: _Options, p: _Parsed):
@@ -184,7 +215,7 @@ def _price(o: _Options, p: _Parsed):
 
     reqs = make_requests(p.arrival, p.input_len, p.output_len, o.requests, o.seed)
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
-                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context)
+                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context, p.spec)
     transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
     probe = None
     if o.find_capacity:
@@ -209,6 +240,8 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "output_len": p.output_len.spec(),
                              "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
                              "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas)}
+    if p.spec is not None:  # only with --spec: the outputs of a run without it are unchanged
+        report["assumptions"]["speculative_decoding"] = {**p.spec.to_dict(), "line": p.spec.text()}
     from opmap.report.serve_text import print_serve
 
     print_serve(console, report, o.model, o.hardware)
@@ -266,7 +299,7 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
 
 
 def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
-          gpu_memory_utilization, allow_long_context):
+          gpu_memory_utilization, allow_long_context, spec=None):
     """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (the router, and the policy
     against a service time, checked first, so a bad one is refused before the pricing)."""
     from opmap.serve import parse_service_time
@@ -284,10 +317,13 @@ def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp,
 
     longest = int((reqs.input_len + reqs.output_len).max()) if len(reqs.input_len) else None
     with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
-        return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, kv_dtype=kv_dtype,
-                                gpu_memory_utilization=gpu_memory_utilization,
-                                allow_long_context=allow_long_context, max_context=longest,
-                                progress=lambda s: st.update(safe(s)))
+        kw = dict(runtime=runtime, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
+                  allow_long_context=allow_long_context, max_context=longest, progress=lambda s: st.update(safe(s)))
+        if spec is not None:
+            from opmap.serve.spec_cost import spec_table_cost
+
+            return spec_table_cost(model, hardware, dtype, tp, spec, pp=pp, **kw)
+        return model_table_cost(model, hardware, dtype, tp, pp=pp, **kw)
 
 
 def _kv_transfer(pd, hardware: str, cost, devices: int, replicas: int):

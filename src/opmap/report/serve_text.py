@@ -37,10 +37,13 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
     m = a.get("memory")
     if m:
         g = 2 ** 30
+        draft = f" - draft weights {m['draft_weights_bytes'] / g:.4g} GiB" if "draft_weights_bytes" in m else ""
         console.print(f"memory per device: {m['capacity_bytes'] / g:.4g} GiB x {m['utilization']:g} - weights "
-                      f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB = KV "
+                      f"{m['weights_bytes'] / g:.4g} GiB{draft} - reserve {m['reserve_bytes'] / g:.3g} GiB = KV "
                       f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {a.get('kv_dtype')})",
                       highlight=False)
+    if a.get("speculative_decoding"):
+        console.print(plain(a["speculative_decoding"]["line"]), highlight=False)
     console.print(t)
     th, g = r["throughput"], r["goodput"]
     console.print(f"throughput {th['requests_per_s']:.4g} req/s, {si(th['tokens_per_s'], 'tok/s')} "

@@ -45,7 +45,11 @@ def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs:
     (d, t) costs P(t) + b d t, and b d t = P(d + t) - P(d) - P(t) + P(0), added here (0 for a P linear in
     n). Without it a long prompt cut into chunks cost less than the same prompt in one step (a 10,000-token
     prompt in chunks of 4096 priced as three short prompts); with it a lone prompt's chunks add up to the
-    whole prompt's P(n) plus one c per extra step."""
+    whole prompt's P(n) plus one c per extra step. A cost with a ``mixed_s`` of its own (speculative decoding:
+    opmap.serve.spec_cost) prices the step itself."""
+    own = getattr(cost, "mixed_s", None)
+    if own is not None:
+        return own(prefill_tokens, prefill_seqs, decode_seqs, kv_tokens, prefix)
     if decode_seqs == 0:
         t = cost.prefill_s(prefill_tokens, prefill_seqs)
     elif prefill_tokens == 0:
@@ -53,6 +57,12 @@ def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs:
     else:
         kv_read = max(0.0, cost.decode_s(decode_seqs, kv_tokens) - cost.decode_s(decode_seqs, 0))
         t = cost.prefill_s(prefill_tokens + decode_seqs, prefill_seqs + decode_seqs) + kv_read
+    return prefix_s(cost, prefix, t)
+
+
+def prefix_s(cost: StepCost, prefix: Sequence[tuple[int, int]], t: float = 0.0) -> float:
+    """``t`` plus the attention of each chunk (d tokens already prefilled, n in this step) to its prompt's earlier
+    chunks: P(d + n) - P(d) - P(n) + P(0) (``mixed_s``), added one by one."""
     if prefix:
         p0 = cost.prefill_s(0, 1)
         for d, n in prefix:

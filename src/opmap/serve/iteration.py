@@ -7,6 +7,13 @@ preemption, no paging); admission is first come, first served, a request that do
 its queue. Decodes are counted, not visited: their finishes sit in a heap keyed by the decode iteration of their
 last token. A decode pool (disagg.py, continuous only) admits requests whose prompt was processed elsewhere:
 no prefill step, they join the next decode iteration, their first gap running from their first token.
+
+Speculative decoding (a cost with a ``spec``: opmap.serve.spec_cost): a decode iteration emits 1 to K + 1 tokens
+per request, drawn per request per step (opmap.serve.spec.step_tokens, seeded: the same draws as the reference).
+Still counted, not visited: a request's steps are known when it joins, so its finish is keyed by the iteration of
+its last step, and the tokens it adds to the KV at each of its steps are added ahead into ``grow`` (by iteration),
+which each decode iteration reads once. A step's tokens stream together: one inter-token gap for the first, 0 for
+the others (added when the request finishes).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from typing import Any
+
+import numpy as np
 
 from opmap.serve.cost import mixed_s
 from opmap.serve.request import Batch, Events, Trace
@@ -23,12 +32,20 @@ class IterationFamily:
     policies = ("continuous", "chunked")  # the policy names it schedules (scheduler.REGISTRY)
     iterative = True
     pages_kv = preempts = False
+    speculates = True  # schedules speculative decoding (a cost with a spec)
 
     def __init__(self, policy: Any, cost: Any, trace: Trace) -> None:
         self.policy, self.cost, self.trace = policy, cost, trace
         self.continuous = policy.name == "continuous"
         self.decode_pool = self.continuous  # only continuous runs a decode pool
         self.cap = cost.kv_capacity_tokens
+        spec = getattr(cost, "spec", None)
+        if spec is not None:
+            from opmap.serve.spec import step_tokens
+
+            self.steps: list[np.ndarray] | None = step_tokens(spec, trace.out)  # per request, tokens per step
+        else:
+            self.steps = None
 
     def check(self) -> None:
         pass
@@ -43,7 +60,7 @@ class IterationFamily:
 
 class IterationReplica:
     __slots__ = ("f", "q", "wake", "dec", "n_dec", "n_cont", "D", "kv_sum", "kv_res", "groups", "last_dec",
-                 "prefilling")
+                 "prefilling", "grow")
 
     def __init__(self, family: IterationFamily, q: deque) -> None:
         self.f, self.q, self.wake = family, q, -1.0
@@ -52,6 +69,8 @@ class IterationReplica:
         self.groups: list[tuple[float, int]] = []  # (first-token time, count) of decoders new since the last decode
         self.last_dec = 0.0
         self.prefilling: list[list[int]] = []  # [request, prompt tokens left] (chunked)
+        # speculative decoding: KV tokens the running requests add at each decode iteration, by iteration
+        self.grow = np.zeros(1024, dtype=np.int64) if family.steps is not None else None
 
     def _admit(self, budget: int, seqs: int) -> list[int]:
         f, q = self.f, self.q
@@ -144,13 +163,23 @@ class IterationReplica:
                 ev.finished.append((rid, t))
                 self.kv_res -= inp[rid] + out[rid]
             else:
-                heapq.heappush(self.dec, (self.D + out[rid] - 1, rid))
+                steps = self.f.steps[rid] if self.grow is not None else None
+                heapq.heappush(self.dec, (self.D + (out[rid] - 1 if steps is None else len(steps)), rid))
                 self.kv_sum += inp[rid] + 1
                 c += 1
+                if steps is not None:
+                    self._grow(steps)
         if c:
             self.n_dec += c
             if origin is None:
                 self.groups.append((now, c))
+
+    def _grow(self, steps: np.ndarray) -> None:
+        """A request joining now adds ``steps[i]`` KV tokens at decode iteration D + 1 + i."""
+        a, b = self.D + 1, self.D + 1 + len(steps)
+        if b > len(self.grow):
+            self.grow = np.concatenate([self.grow, np.zeros(max(b, 2 * len(self.grow)), dtype=np.int64)])
+        self.grow[a:b] += steps
 
     def _decode_done(self, now: float, ev: Events) -> None:
         inp, out = self.f.trace.inp, self.f.trace.out
@@ -164,11 +193,15 @@ class IterationReplica:
             gw.append(c)
         self.groups.clear()
         self.last_dec = now
-        self.kv_sum += self.n_dec
+        steps = self.f.steps
+        self.kv_sum += self.n_dec if steps is None else int(self.grow[self.D])
         dec, D = self.dec, self.D
         while dec and dec[0][0] <= D:
             rid = heapq.heappop(dec)[1]
             ev.finished.append((rid, now))
+            if steps is not None and out[rid] - 1 > len(steps[rid]):  # the tokens after a step's first: gap 0
+                gs.append(0.0)
+                gw.append(out[rid] - 1 - len(steps[rid]))
             self.n_dec -= 1
             self.kv_sum -= inp[rid] + out[rid]
             self.kv_res -= inp[rid] + out[rid]

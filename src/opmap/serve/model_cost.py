@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opmap.errors import OpmapError
 from opmap.serve.cost import DecodeFloor, TableCost
@@ -109,10 +109,13 @@ def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
 def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1, *, pp: int = 1,
                      runtime: str = "engine", kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9,
                      allow_long_context: bool = False, max_context: int | None = None,
-                     progress: Callable[[str], None] | None = None) -> TableCost:
+                     progress: Callable[[str], None] | None = None, queries: int = 1,
+                     layers: int | None = None) -> TableCost:
     """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
     sequence (prompt + output) the run will hold, refused past the model's position limit unless
-    ``allow_long_context`` (rope scaling)."""
+    ``allow_long_context`` (rope scaling). Speculative decoding (opmap.serve.spec) prices with the same points:
+    ``queries`` new tokens per sequence in each decode step (a verify: K + 1), and ``layers`` to price the model
+    cut to its first ``layers`` layers, its embedding and head kept (a one-layer draft head: MTP, EAGLE)."""
     from opmap.hardware import get_hardware
     from opmap.phases.runtime import get_runtime
 
@@ -130,6 +133,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     hw = rt.apply(hw0)
     say = progress or (lambda s: None)
     m = Resolved.build(model, dtype)
+    if layers is not None and layers < m.layers:
+        m = replace(m, layers=layers, held_bytes=m.held_bytes * layers / m.layers)
     limit = m.max_positions
     if max_context is not None and limit is not None and max_context > limit and not (allow_long_context and m.rope):
         way = ("shorten the lengths or pass --allow-long-context (rope scaling)" if m.rope else
@@ -138,7 +143,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                          f"{max_context} (prompt + output); {way}")
     if pp > m.layers:
         raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
-    pricer = Pricer(m, hw, dtype, tp, pp, rt)
+    pricer = Pricer(m, hw, dtype, tp, pp, rt, queries)
     cap = limit or max(PREFILL_SEQS)
     seqs = sorted({min(s, cap) for s in PREFILL_SEQS})
     pre = []
@@ -156,7 +161,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     for b in batches:
         pts = []
         for k in kvs[:2]:
-            say(f"pricing decode of {b} sequences at {k} KV tokens each")
+            say(f"pricing decode of {b} sequences at {k} KV tokens each"
+                + (f", {queries} new tokens each" if queries > 1 else ""))
             pts.append((b * k, pricer.decode(b, k)))
         rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
         stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
@@ -196,8 +202,9 @@ def _kv_line(pts, f, scale: float) -> list[float]:
 class Pricer:
     """Prices prefill and decode points of one resolved model on one device under a layout and runtime."""
 
-    def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt):
+    def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt, queries: int = 1):
         self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
+        self.queries = queries  # new tokens per sequence in a decode step (a speculative verify: K + 1)
         why = m.uneven
         if not why and m.layers < 3:
             why = f"{m.layers} layers"
@@ -368,7 +375,9 @@ class Pricer:
         from opmap.workloads.phases import PhaseSpec
 
         spec = PhaseSpec("decode", kv_len=kv, kv_write=self.rt.kv_write)
-        return self._point(lambda: self.m.decode(batch, kv, spec.kv_write), spec, ("decode", batch, kv))
+        q = self.queries
+        phase = "decode" if q == 1 else f"decode q{q}"  # a verify step's graph is cached apart
+        return self._point(lambda: self.m.decode(batch, kv, spec.kv_write, q), spec, (phase, batch, kv))
 
     def memory(self, kv_dtype: str, utilization: float):
         """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""

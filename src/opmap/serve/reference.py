@@ -11,7 +11,8 @@ step's token budget and max_num_seqs. Priced by ``mixed_s`` as the counting sche
 ``reference_continuous``: the same for the continuous policy (iteration.py counts its decodes too): every request
 held and visited every iteration; a prefill iteration of the prompts admitted at its start (first come, first
 served, under the token budget, max_seqs and the KV cache reserved whole), else a decode iteration of every
-running request.
+running request. With speculative decoding (a cost with a ``spec``), each request emits the tokens drawn for its
+step (opmap.serve.spec.step_tokens): one gap for the first, 0 for each other, and its KV grows by all of them.
 """
 
 from __future__ import annotations
@@ -191,7 +192,12 @@ def reference_continuous(reqs: Requests, pol: Continuous, cost: StepCost) -> Ref
     inp, out = reqs.input_len.tolist(), reqs.output_len.tolist()
     n, cap = len(reqs), cost.kv_capacity_tokens
     res = Reference([math.nan] * n, [math.nan] * n, [math.nan] * n, [0] * n)
-    gen, last = [0] * n, [0.0] * n
+    gen, last, done = [0] * n, [0.0] * n, [0] * n  # done: speculative steps taken
+    spec = getattr(cost, "spec", None)
+    if spec is not None:
+        from opmap.serve.spec import step_tokens
+
+        steps = [s.tolist() for s in step_tokens(spec, out)]
     waiting: deque[int] = deque()
     running: list[int] = []  # decoding, in admission order
 
@@ -217,8 +223,11 @@ def reference_continuous(reqs: Requests, pol: Continuous, cost: StepCost) -> Ref
             return end
         end = t + cost.decode_s(len(running), sum(inp[r] + gen[r] for r in running))
         for r in list(running):
-            gen[r] += 1
+            a = 1 if spec is None else steps[r][done[r]]
+            done[r] += 1
+            gen[r] += a
             res.gaps.append(end - last[r])
+            res.gaps.extend([0.0] * (a - 1))
             last[r] = end
             if gen[r] == out[r]:
                 res.finish[r] = end

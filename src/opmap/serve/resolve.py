@@ -106,13 +106,16 @@ class Resolved:
         inputs = {"input_ids": ids, "use_cache": False} if self.hf else (ids,)
         return replace(w, inputs=inputs, batch=1, seq=seq)
 
-    def decode(self, batch: int, kv: int, kv_write: str = "in-place"):
-        """The decode step of ``batch`` sequences at ``kv`` tokens; a Hugging Face model's new K and V stored as
-        ``kv_write`` says (opmap.workloads.phases.KV_WRITES: the runtime's)."""
+    def decode(self, batch: int, kv: int, kv_write: str = "in-place", queries: int = 1):
+        """The decode step of ``batch`` sequences at ``kv`` tokens, ``queries`` new tokens each (a speculative
+        verify: K + 1); a Hugging Face model's new K and V stored as ``kv_write`` says
+        (opmap.workloads.phases.KV_WRITES: the runtime's)."""
         from opmap.workloads.phases import decode_workload, hf_decode_workload
 
         w = replace(self.workload, batch=batch)
-        return hf_decode_workload(w, kv, kv_write=kv_write) if self.hf else decode_workload(w, kv)
+        if self.hf:
+            return hf_decode_workload(w, kv, kv_write=kv_write, queries=queries)
+        return decode_workload(w, kv, queries=queries)
 
     def capture_key(self, layers: int, phase: str, batch: int, length: int) -> str | None:
         """The capture-cache key of this model's graph at ``layers`` layers (None: not cacheable: a model

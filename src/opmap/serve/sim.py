@@ -110,6 +110,11 @@ def _check(reqs: Requests, policy: Policy, fam: Family, cost: StepCost | Service
     if service and fam.iterative:
         raise OpmapError(f"policy {policy.spec()!r} schedules iterations, which a service time does not have: "
                          "use none, static:B or dynamic:B,WAIT_MS with --service-time")
+    spec = getattr(cost, "spec", None)
+    if spec is not None and (not getattr(fam, "speculates", False) or decode_only):
+        raise OpmapError(f"speculative decoding ({spec.spec()}) is simulated under --policy continuous[:TOKEN_BUDGET] "
+                         f"or chunked:CHUNK without --disaggregate, got {policy.spec()!r}"
+                         + (" with --disaggregate" if decode_only else ""))
     cap = cost.kv_capacity_tokens
     if cap is not None and len(reqs) and not fam.pages_kv:
         need = int((reqs.input_len + reqs.output_len).max())

@@ -76,9 +76,9 @@ def filled_cache(tf, cfg, layout: tuple[LayerCache, ...], past: int, dtype: torc
     return cache
 
 
-def write_in_place(cache, layers: int) -> None:
-    """``cache.update`` as an engine runs it: each layer's K and V held whole, one slot past what the cache holds
-    now (its window, for a sliding-window layer), the step's new tokens written into the last slots in place
+def write_in_place(cache, layers: int, new: int = 1) -> None:
+    """``cache.update`` as an engine runs it: each layer's K and V held whole, ``new`` slots past what the cache
+    holds now (its window, for a sliding-window layer), the step's new tokens written into the last slots in place
     (opmap.workloads.llama.write_cache, as the zoo decoders; a zero-width V, MLA's, written by nothing); what
     the cache reports to the mask builder (its length, its window) is left as it was."""
     held = getattr(cache, "layers", None)  # transformers >= 4.56: per-layer objects; before: key_cache lists
@@ -86,8 +86,8 @@ def write_in_place(cache, layers: int) -> None:
     for i in range(layers):
         k = held[i].keys if held is not None else cache.key_cache[i]
         v = held[i].values if held is not None else cache.value_cache[i]
-        whole.append((torch.zeros((*k.shape[:-2], k.shape[-2] + 1, k.shape[-1]), dtype=k.dtype),
-                      torch.zeros((*v.shape[:-2], v.shape[-2] + 1, v.shape[-1]), dtype=v.dtype)))
+        whole.append((torch.zeros((*k.shape[:-2], k.shape[-2] + new, k.shape[-1]), dtype=k.dtype),
+                      torch.zeros((*v.shape[:-2], v.shape[-2] + new, v.shape[-1]), dtype=v.dtype)))
 
     def update(key_states, value_states, layer_idx, *args, **kwargs):
         kc, vc = whole[layer_idx]

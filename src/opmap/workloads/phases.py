@@ -167,7 +167,7 @@ def kv_layout(module: torch.nn.Module) -> tuple[int, int, int]:
 
 
 def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_long_context: bool = False,
-                       kv_write: str = "in-place") -> Workload:
+                       kv_write: str = "in-place", queries: int = 1) -> Workload:
     """The decode step of a Hugging Face model: one new token per sequence against a ``DynamicCache`` that
     already holds ``kv_len - 1`` tokens per layer (meta tensors; a sliding-window layer keeps only its window, as
     transformers' cache does) in the layout the model's attention writes (opmap.workloads.hf_cache: K and V per KV
@@ -175,7 +175,9 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
     latent cache, as serving engines do (opmap.workloads.hf_mla). ``kv_write`` (KV_WRITES): "in-place", the
     cache's ``update`` writes the new token's K and V into the last slot of a cache held whole and attention reads
     all of it, as an engine writes its paged blocks (the zoo decoders' ``write_cache``); "append", transformers'
-    own ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it."""
+    own ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it.
+    ``queries`` > 1: a speculative decoding verify step, ``queries`` new tokens per sequence (the last accepted
+    and the K drafted) against the cache (``kv_len`` the tokens held after the step), causal among themselves."""
     from opmap.workloads.hf import PREFILL_NOTE, _transformers, check_positions
     from opmap.workloads.hf_cache import cache_layout, filled_cache, write_in_place
     from opmap.workloads.hf_mla import absorb_mla
@@ -190,16 +192,16 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
     layout = cache_layout(tf, w.module, w.batch, key, w.name)
     layers = len(layout)
     dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
-    past = kv_len - 1
+    past = kv_len - queries
     cache = filled_cache(tf, cfg, layout, past, dt, device)
     with torch.device(device):
         if kv_write == "in-place":
-            write_in_place(cache, layers)
-        ids = torch.zeros(w.batch, 1, dtype=torch.long)
-        pos = torch.full((w.batch, 1), past, dtype=torch.long)
+            write_in_place(cache, layers, queries)
+        ids = torch.zeros(w.batch, queries, dtype=torch.long)
+        pos = torch.arange(past, kv_len, dtype=torch.long).repeat(w.batch, 1)  # contiguous, as the model makes them
     window = window_of(w.module)
     shapes = sorted({lc.describe() for lc in layout})
-    note = (f"decode: one new token for each of {w.batch} sequences against a KV cache of {kv_len} tokens "
+    note = (f"decode: {_new_tokens(queries)} for each of {w.batch} sequences against a KV cache of {kv_len} tokens "
             f"({layers} layers, per token {'; '.join(shapes)}"
             + (f"; MLA: the latent of kv_lora_rank {cfg.kv_lora_rank} and the RoPE key of {cfg.qk_rope_head_dim}, "
                "decoded with absorbed weights (W_UK into the query, W_UV after attention, attention as MQA over the "
@@ -211,25 +213,33 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
                "eager transformers runs it (an engine writes one token in place: --runtime engine)"))
     inputs = {"input_ids": ids, key: cache, "position_ids": pos, "use_cache": True}
     kept = tuple(n for n in w.assumptions if n != PREFILL_NOTE)
-    return Workload(w.name, w.module, inputs, w.batch, 1, kept + (note,), geometry=w.geometry)
+    return Workload(w.name, w.module, inputs, w.batch, queries, kept + (note,), geometry=w.geometry)
 
 
-def decode_workload(w: Workload, kv_len: int, device: str = "meta") -> Workload:
-    """The decode step of a built zoo decoder ``w``: ``w.batch`` new tokens (one per sequence) against a KV cache
-    of ``kv_len`` tokens (capped at a sliding window), the cache made on ``device`` as inputs."""
+def _new_tokens(queries: int) -> str:
+    """The new tokens of a decode step, in words: one, or a speculative verify's K + 1."""
+    if queries == 1:
+        return "one new token"
+    return f"{queries} new tokens (a speculative decoding verify: the last accepted token and {queries - 1} drafted)"
+
+
+def decode_workload(w: Workload, kv_len: int, device: str = "meta", queries: int = 1) -> Workload:
+    """The decode step of a built zoo decoder ``w``: ``w.batch`` x ``queries`` new tokens (one per sequence; a
+    speculative verify: K + 1) against a KV cache of ``kv_len`` tokens (capped at a sliding window), the cache made
+    on ``device`` as inputs."""
     layers, kv_heads, head_dim = kv_layout(w.module)
     window = window_of(w.module)
     cached = min(kv_len, window) if window else kv_len
     dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
     with torch.device(device):
-        ids = torch.zeros(w.batch, 1, dtype=torch.long)
+        ids = torch.zeros(w.batch, queries, dtype=torch.long)
         cache = tuple((torch.zeros(w.batch, kv_heads, cached, head_dim, dtype=dt),
                        torch.zeros(w.batch, kv_heads, cached, head_dim, dtype=dt)) for _ in range(layers))
-    note = (f"decode: one new token for each of {w.batch} sequences against a KV cache of {kv_len} tokens"
+    note = (f"decode: {_new_tokens(queries)} for each of {w.batch} sequences against a KV cache of {kv_len} tokens"
             + (f" ({cached} kept: sliding window {window})" if cached != kv_len else "")
             + f" ({layers} layers x {kv_heads} KV heads x head dim {head_dim}); the new K and V are written into "
               "the cache in place, attention reads all of it (flash-decoding)")
-    return Workload(w.name, w.module, (ids, cache), w.batch, 1, w.assumptions + (note,), geometry=w.geometry)
+    return Workload(w.name, w.module, (ids, cache), w.batch, queries, w.assumptions + (note,), geometry=w.geometry)
 
 
 def phase_workload(target: str, spec: PhaseSpec, batch: int, seq: int | None, dtype: str,
