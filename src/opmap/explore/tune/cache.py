@@ -97,7 +97,7 @@ def read_entry(d: Path, key: str, candidate_hash: str | None = None) -> Signatur
         return None
     try:
         return SignatureResult.from_dict(entry)
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
 
 
@@ -106,7 +106,7 @@ def read_whole(d: Path, key: str) -> WholeModel | None:
     entry = _load(d, key, WHOLE_FIELDS)
     try:
         return WholeModel.from_dict(entry["whole_model"]) if entry is not None else None
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
 
 
