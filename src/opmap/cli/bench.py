@@ -238,7 +238,7 @@ def _check_options(concurrency, requests, warmup, seed, min_queries, duration, t
     from opmap.bench.client import APIS
     from opmap.serve.arrivals import MAX_REQUESTS
 
-    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, INT_GE1.but(hi=MAX_REQUESTS)),
              "--warmup": (warmup, INT_GE0), "--seed": (seed, SEED), "--min-queries": (min_queries, INT_GE0),
              "--duration": (duration, positive_in("s")), "--timeout": (timeout, positive_in("s")),
              "--min-duration": (min_duration, plausible("s")),

@@ -42,9 +42,9 @@ def tune(
     from opmap.explore.tune.run import MAX_TOP_K, check_setup
     from opmap.report.sheet import check_out_dir, write_set
 
-    options({"--top-k": (top_k, {"lo": 1, "hi": MAX_TOP_K, "integer": True}), "--batch": (batch, INT_GE1),
+    options({"--top-k": (top_k, INT_GE1.but(hi=MAX_TOP_K)), "--batch": (batch, INT_GE1),
              "--seq": (seq, INT_GE1), "--image-size": (image_size, INT_GE1),
-             "--rounds": (rounds, {"lo": 3, "hi": MAX_ROUNDS, "integer": True})})
+             "--rounds": (rounds, INT_GE1.but(lo=3, hi=MAX_ROUNDS))})
     if model.lower().endswith(".onnx"):
         from opmap.errors import OpmapError
 

@@ -42,7 +42,7 @@ from opmap.errors import OpmapError
 from opmap.formats import registry
 from opmap.measure.blockscale import BLOCK_FORMATS, METHOD, qdq
 from opmap.precision import torch_dtype
-from opmap.validate import finite_number, shown
+from opmap.validate import Rule, shown
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
 INT4_GROUP = 128
@@ -87,14 +87,14 @@ class Quality:
 
 # quality.json's fields as ``parse_quality`` checks them: text fields, and numbers with their ranges
 QUALITY_TEXT = ("workload", "dtype", "agreement_kind")
-QUALITY_NUMBERS: dict[str, dict[str, Any]] = {
-    "rel_error": {"lo": 0},  # ||y - y_ref|| / ||y_ref||: 0 is exact agreement, any finite size possible
-    "agreement": {"lo": 0, "hi": 1},  # a fraction of positions
-    "max_abs_error": {"lo": 0},
-    "positions": {"lo": 1, "integer": True},
-    "seed": {"lo": 0, "integer": True},
-    "snr_db": {},  # any finite dB (negative: the error outweighs the signal); null where outputs are identical
-    "kl": {"lo": 0},
+QUALITY_NUMBERS: dict[str, Rule] = {
+    "rel_error": Rule(lo=0),  # ||y - y_ref|| / ||y_ref||: 0 is exact agreement, any finite size possible
+    "agreement": Rule(lo=0, hi=1),  # a fraction of positions
+    "max_abs_error": Rule(lo=0),
+    "positions": Rule(lo=1, integer=True),
+    "seed": Rule(lo=0, integer=True),
+    "snr_db": Rule(),  # any finite dB (negative: the error outweighs the signal); null where outputs are identical
+    "kl": Rule(lo=0),
 }
 
 
@@ -118,7 +118,7 @@ def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, 
             raise OpmapError(f"quality file {origin}: {key} must be a string (got {shown(q[key])})")
     for key, rule in QUALITY_NUMBERS.items():
         if key in q and not (key in ("snr_db", "kl") and q[key] is None):
-            q[key] = finite_number(q[key], f"quality file {origin}: {key}", **rule)
+            q[key] = rule.check(q[key], f"quality file {origin}: {key}")
     return q
 
 
