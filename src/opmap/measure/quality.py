@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,26 @@ QUALITY_NUMBERS: dict[str, Rule] = {
 }
 
 
-def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, Any]:
-    """quality.json (``Quality.to_dict``) read from its text, nothing else touched: the dict, or OpmapError naming
+@dataclass(frozen=True)
+class QualityEvidence:
+    """quality.json as read back (``parse_quality``): the workload and format it covers and its end-to-end figures
+    against fp32; an optional field the file leaves out is None (``weights``: files before the key)."""
+
+    workload: str
+    dtype: str
+    rel_error: float
+    agreement: float
+    agreement_kind: str
+    weights: str | None = None
+    snr_db: float | None = None  # None: identical outputs
+    kl: float | None = None
+    max_abs_error: float | None = None
+    positions: int | None = None
+    seed: int | None = None
+
+
+def parse_quality(text: str | bytes, origin: str = "quality.json") -> QualityEvidence:
+    """quality.json (``Quality.to_dict``) read from its text, nothing else touched: its figures, or OpmapError naming
     the field when it is not JSON, not an object, lacks workload / dtype / rel_error / agreement /
     agreement_kind, holds a non-string where text belongs (``weights`` too, where present), or a number that is
     a bool, a string, NaN, infinite or out of range (rel_error >= 0, agreement from 0 to 1)."""
@@ -119,10 +137,10 @@ def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, 
     for key, rule in QUALITY_NUMBERS.items():
         if key in q and not (key in ("snr_db", "kl") and q[key] is None):
             q[key] = rule.check(q[key], f"quality file {origin}: {key}")
-    return q
+    return QualityEvidence(**{f.name: q.get(f.name) for f in fields(QualityEvidence)})
 
 
-def read_quality(path: Path) -> dict[str, Any]:
+def read_quality(path: Path) -> QualityEvidence:
     """``parse_quality`` of the file at ``path``: the user's path (their own link is followed), what it names a
     regular file of at most LIMIT_JSON_BYTES (opmap.safeio), else one line saying what it is."""
     from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
