@@ -314,8 +314,18 @@ def _folder_read(path: Path):
     load(str(folder), path.parent / "no-store.duckdb")
 
 
-_TUNE = {"schema_version": 1, "key": "k", "candidate_hash": "h", "signature": {"key": "gemm:1x2x3x0:fp32:nt"},
-         "candidates": [{"label": "default", "s": 1e-4}], "chosen": {"label": "default"}, "default": {"s": 1e-4}}
+_TUNE_CAND = {"label": "threads=1,dtype=fp32", "threads": 1, "dtype": "fp32", "channels_last": False, "sdpa": "auto",
+              "chunks": 1}
+# a whole entry as cache.write_entry writes it (tune/result.py's SignatureResult), so mutations reach the typed read
+_TUNE = {"signature": {"key": "gemm:1x2x3x0:fp32:nt", "family": "gemm", "shape": [1, 2, 3, 0], "dtype": "fp32",
+                       "layout": "nt", "count": 1, "modules": ["fc"]},
+         "candidates": [{**_TUNE_CAND, "predicted_s": 1e-4, "predicted_rank": 1, "timed": True, "default": True,
+                         "changes_precision": False, "measured_s": 1e-4, "min_s": 1e-4, "max_s": 1e-4, "iqr_s": 0.0,
+                         "samples": 3}],
+         "chosen": _TUNE_CAND, "default": _TUNE_CAND, "default_s": 1e-4, "chosen_s": 1e-4, "gain": 1.0,
+         "kept_default_because": "", "predicted_chosen_s": 1e-4, "predicted_default_s": 1e-4,
+         "parallel_region_s": 0.0, "parallel_region_probe_s": None, "candidate_hash": "h", "fingerprint": {},
+         "versions": {}, "schema_version": 1, "key": "k"}
 
 
 def _tune_read(path: Path):
@@ -325,7 +335,7 @@ def _tune_read(path: Path):
 
     (path.parent / "tune").mkdir(exist_ok=True)
     (path.parent / "tune" / "k.json").write_bytes(path.read_bytes())
-    if tune_cache.read(path.parent / "tune", "k") is None:
+    if tune_cache.read_entry(path.parent / "tune", "k") is None:
         raise OpmapError("absent")
 
 
@@ -422,7 +432,8 @@ def _special_cases(tmp: Path, table: dict) -> dict[str, tuple[Path, Callable[[],
           ("hf-config", "hardware-toml", "trace", "fusion-plan", "quality-json")}
     cases = {n: (p, (lambda r, p: lambda: r(p))(table[n][0], p)) for n, p in at.items()}
     cases["graph-cache"] = (graph_cache.cache_dir() / "special.json", lambda: miss(graph_cache.load("special")))
-    cases["tune-cache"] = (tmp / "special-tune" / "k.json", lambda: miss(tune_cache.read(tmp / "special-tune", "k")))
+    cases["tune-cache"] = (tmp / "special-tune" / "k.json",
+                           lambda: miss(tune_cache.read_entry(tmp / "special-tune", "k")))
     cases["run-folder"] = (tmp / "special-run" / "analysis.json",
                            lambda: load(str(tmp / "special-run"), tmp / "no-store.duckdb"))
     return cases

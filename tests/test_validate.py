@@ -111,17 +111,17 @@ def test_visible_shows_a_name_as_written():
 def test_every_unit_with_a_ceiling_refuses_past_it_and_says_the_range():
     """A finite number far past anything real (1e308 ms for a latency, 1e300 W for a power budget) was taken as
     it was; positive_in / positive now close each unit at its plausibility ceiling (validate.CEILINGS)."""
-    from opmap.validate import CEILINGS, plausible, positive_in
+    from opmap.validate import CEILINGS, Rule, plausible, positive_in
 
     for unit, (hi, _why) in CEILINGS.items():
-        assert finite_number(hi, "x", **positive_in(unit)) == hi  # the ceiling itself is accepted
+        assert positive_in(unit).check(hi, "x") == hi  # the ceiling itself is accepted
         with pytest.raises(OpmapError, match=rf"^x must be a number > 0 and <= {hi:.15g}".replace("+", r"\+")):
-            finite_number(1e308, "x", **positive_in(unit))
+            positive_in(unit).check(1e308, "x")
         assert positive(hi, "x", unit=unit) == hi
         with pytest.raises(OpmapError):
             positive(hi * 2, "x", unit=unit)
-    assert finite_number(0, "x", **plausible("s")) == 0.0  # a closed lower end where a zero means something
+    assert plausible("s").check(0, "x") == 0.0  # a closed lower end where a zero means something
     with pytest.raises(OpmapError, match=r"^--slo-ttft must be a number > 0 and <= 86400000 ms \(one day at most\) "
                                          r"\(got 1e\+308\)$"):
-        finite_number(1e308, "--slo-ttft", **positive_in("ms"))
-    assert positive_in("tokens") == {"lo": 0, "lo_open": True, "unit": "tokens"}  # no ceiling known: none imposed
+        positive_in("ms").check(1e308, "--slo-ttft")
+    assert positive_in("tokens") == Rule(lo=0, lo_open=True, unit="tokens")  # no ceiling known: none imposed

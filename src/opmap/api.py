@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
-from opmap.validate import INT_GE1, options
+from opmap.validate import INT_GE1, Rule, options
 
 if TYPE_CHECKING:
     from opmap.capture.cache import CachedWorkload
@@ -151,7 +151,7 @@ class Phase:
 
         options({"--kv-len": (self.kv_len, INT_GE1), "--microbatch": (self.microbatch, INT_GE1),
                  "--global-batch": (self.global_batch, INT_GE1), "--dp": (self.dp, INT_GE1),
-                 "--zero": (self.zero, {"lo": 0, "hi": 3, "integer": True})})
+                 "--zero": (self.zero, Rule(lo=0, hi=3, integer=True))})
         if self.name not in PHASES:
             raise OpmapError(f"unknown phase {self.name!r}; accepted: {', '.join(PHASES)}")
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.errors import OpmapError
@@ -90,10 +91,32 @@ def finite_number(value: Any, field: str, *, lo: float | None = None, hi: float 
     return int(value) if integer else float(value)
 
 
+@dataclass(frozen=True)
+class Rule:
+    """What a number read from outside must be: finite, within [lo, hi] (open ends with ``lo_open`` /
+    ``hi_open``), an integer with ``integer``; ``unit`` is named in the refusal. ``check`` applies it."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+    unit: str = ""
+
+    def check(self, value: Any, field: str) -> Any:
+        """``value`` as a float (an int with ``integer``), or OpmapError naming ``field`` (``finite_number``)."""
+        return finite_number(value, field, lo=self.lo, hi=self.hi, lo_open=self.lo_open, hi_open=self.hi_open,
+                             integer=self.integer, unit=self.unit)
+
+    def but(self, **changes: Any) -> Rule:
+        """This rule with some bounds changed: ``INT_GE1.but(hi=65535)``."""
+        return replace(self, **changes)
+
+
 def positive(value: Any, field: str, *, hi: float | None = None, unit: str = "") -> float:
     """A finite number > 0, at most ``hi`` (by default the unit's plausibility ceiling, ``CEILINGS``)."""
     rule = positive_in(unit)
-    return finite_number(value, field, **({**rule, "hi": hi} if hi is not None else rule))
+    return (rule.but(hi=hi) if hi is not None else rule).check(value, field)
 
 
 def count(value: Any, field: str, *, lo: int = 1, hi: int | None = None) -> int:
@@ -101,21 +124,21 @@ def count(value: Any, field: str, *, lo: int = 1, hi: int | None = None) -> int:
     return finite_number(value, field, lo=lo, hi=hi, integer=True)
 
 
-def options(checks: Mapping[str, tuple[Any, dict[str, Any]]]) -> None:
-    """Check command-line options in one call: ``{"--batch": (batch, dict(lo=1, integer=True)), ...}``; an
-    option left at None (not given) is skipped."""
+def options(checks: Mapping[str, tuple[Any, Rule]]) -> None:
+    """Check command-line options in one call: ``{"--batch": (batch, INT_GE1), ...}``; an option left at None
+    (not given) is skipped."""
     for name, (value, rule) in checks.items():
         if value is not None:
-            finite_number(value, name, **rule)
+            rule.check(value, name)
 
 
 # Rules for ``options``. A size or count past 2**31 - 1 is a typo, not a workload (torch's shape arithmetic and
 # the tiler's int32 grid both overflow beyond it).
 INT_MAX = 2**31 - 1
-INT_GE1 = {"lo": 1, "hi": INT_MAX, "integer": True}  # sizes and counts: batch, sequence, devices, iterations
-INT_GE0 = {"lo": 0, "hi": INT_MAX, "integer": True}  # rows shown (0: all), warm-up iterations
-SEED = {"lo": 0, "hi": SEED_MAX, "integer": True}
-POSITIVE = {"lo": 0, "lo_open": True}
+INT_GE1 = Rule(lo=1, hi=INT_MAX, integer=True)  # sizes and counts: batch, sequence, devices, iterations
+INT_GE0 = Rule(lo=0, hi=INT_MAX, integer=True)  # rows shown (0: all), warm-up iterations
+SEED = Rule(lo=0, hi=SEED_MAX, integer=True)
+POSITIVE = Rule(lo=0, lo_open=True)
 
 
 # Plausibility ceilings, by unit. A finite number far past anything real is a typo or a unit slip (1e308 for 1e3),
@@ -140,17 +163,16 @@ CEILINGS: dict[str, tuple[float, str]] = {
 }
 
 
-def plausible(unit: str, *, lo: float = 0, lo_open: bool = False) -> dict[str, Any]:
+def plausible(unit: str, *, lo: float = 0, lo_open: bool = False) -> Rule:
     """The rule of a finite number from ``lo`` to ``unit``'s plausibility ceiling (``CEILINGS``; no ceiling for a
-    unit not listed there): for ``options`` and ``finite_number``."""
-    rule: dict[str, Any] = {"lo": lo, "lo_open": lo_open, "unit": unit}
-    if unit in CEILINGS:
-        hi, why = CEILINGS[unit]
-        rule.update(hi=hi, unit=f"{unit} ({why} at most)" if why else unit)
-    return rule
+    unit not listed there): for ``options`` and ``Rule.check``."""
+    if unit not in CEILINGS:
+        return Rule(lo=lo, lo_open=lo_open, unit=unit)
+    hi, why = CEILINGS[unit]
+    return Rule(lo=lo, hi=hi, lo_open=lo_open, unit=f"{unit} ({why} at most)" if why else unit)
 
 
-def positive_in(unit: str) -> dict[str, Any]:
+def positive_in(unit: str) -> Rule:
     """The rule of a finite number > 0 in ``unit`` (ms, W, MB), at most its plausibility ceiling: for ``options``."""
     return plausible(unit, lo_open=True)
 

@@ -79,10 +79,10 @@ def test_the_figures_match_the_servers_own_pacing():
     loopback and the loops' wake-ups (a few ms on a loaded machine)."""
     with ThreadServer(NullServer(NullConfig(first_token_s=0.04, token_s=0.01))) as port:
         res = run_load(f"http://127.0.0.1:{port}", "null", closed(10, out=6), concurrency=2)
-    lat = summarize(res.records, min_duration_s=0, min_queries=0)["latency"]
-    assert 0.04 <= lat["ttft"]["p50_s"] < 0.07
-    assert 0.009 <= lat["tpot"]["p50_s"] < 0.016 and 0.008 <= lat["itl"]["p50_s"] < 0.016
-    assert 0.09 <= lat["e2e"]["p50_s"] < 0.13
+    lat = summarize(res.records, min_duration_s=0, min_queries=0).latency
+    assert 0.04 <= lat.ttft.p50_s < 0.07
+    assert 0.009 <= lat.tpot.p50_s < 0.016 and 0.008 <= lat.itl.p50_s < 0.016
+    assert 0.09 <= lat.e2e.p50_s < 0.13
 
 
 def test_ttft_through_a_line_per_chunk_proxy_agrees_with_an_independent_client():
@@ -283,10 +283,10 @@ def test_an_implausible_usage_count_is_set_aside_and_the_run_says_so(usage, why)
     assert all(why in r.usage_error and "is not a count from 0 to" in r.usage_error for r in bad)
     s = summarize(res.records, min_duration_s=0, min_queries=0)
     prompt_bad = why.startswith("prompt")
-    assert s["requests"]["output_tokens"] == 2 * ASKED_OUT + 2 * (4 if prompt_bad else 2)
-    assert s["requests"]["input_tokens"] == 4 * ASKED_IN  # the usage's 3 twice, the asked 3 twice
-    assert s["usage_check"]["implausible"] == 2 and s["validity"]["verdict"] == "INVALID"
-    assert "2 of 4 ok requests reported implausible usage counts" in s["validity"]["reason"]
+    assert s.requests.output_tokens == 2 * ASKED_OUT + 2 * (4 if prompt_bad else 2)
+    assert s.requests.input_tokens == 4 * ASKED_IN  # the usage's 3 twice, the asked 3 twice
+    assert s.usage_check.implausible == 2 and s.validity.verdict == "INVALID"
+    assert "2 of 4 ok requests reported implausible usage counts" in s.validity.reason
 
 
 def test_usage_counts_at_the_stated_maximum_are_taken():

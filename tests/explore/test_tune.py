@@ -126,16 +126,45 @@ def test_choice_within_the_spread_keeps_the_default():
 # -- the cache -------------------------------------------------------------------------------------------------
 
 
+def _result(sig=None, chosen=None, default=None, **kw):
+    """A signature's outcome as tune_signature returns it: a timed default (2e-5 s) and a chosen (1e-5 s)."""
+    from opmap.explore.tune.result import CandidateRow, SignatureResult, Timing
+
+    sig = sig or Signature("gemm", (1, 2, 3, 0), "fp32", "nt", ("fc",), 1)
+    chosen, default = chosen or Candidate(1, "bf16"), default or Candidate(2, "fp32")
+    rows = (CandidateRow(chosen, 1e-5, 1, True, False, chosen.dtype != sig.dtype, Timing(1e-5, 9e-6, 2e-5, 1e-6, 5)),
+            CandidateRow(default, 3e-5, 2, True, True, False, Timing(2e-5, 2e-5, 3e-5, 2e-6, 5)))
+    base = {"chosen_s": 1e-5, "default_s": 2e-5, "gain": 2.0, "kept_default_because": "", "predicted_chosen_s": 1e-5,
+            "predicted_default_s": 3e-5, "parallel_region_s": 0.0, "parallel_region_probe_s": None}
+    return SignatureResult(sig, rows, chosen, default, **{**base, **kw})
+
+
 def test_cache_hit_and_fingerprint_miss(tmp_path):
     fp = {"model": "cpu A", "threads": 2}
-    key = cache.entry_key(fp, "gemm:1x2x3x0:fp32:nt")
-    entry = {"candidate_hash": "h", "signature": {}, "candidates": [], "chosen": {}, "default": {}}
-    cache.write(tmp_path, key, entry)
-    assert cache.read(tmp_path, key)["candidate_hash"] == "h"
-    other = cache.entry_key({**fp, "threads": 4}, "gemm:1x2x3x0:fp32:nt")
-    assert other != key and cache.read(tmp_path, other) is None
+    e = _result()
+    key = cache.entry_key(fp, e.signature.key)
+    cache.write_entry(tmp_path, key, e, "h", fp)
+    assert cache.read_entry(tmp_path, key, "h") == e  # read back whole, typed
+    assert cache.read_entry(tmp_path, key, "other candidate list") is None  # stale: tuned again
+    other = cache.entry_key({**fp, "threads": 4}, e.signature.key)
+    assert other != key and cache.read_entry(tmp_path, other) is None
     (tmp_path / f"{key}.json").write_text("{not json")
-    assert cache.read(tmp_path, key) is None  # unparsable: absent, tuned again
+    assert cache.read_entry(tmp_path, key) is None  # unparsable: absent, tuned again
+
+
+def test_a_cache_entry_of_another_layout_is_a_miss(tmp_path):
+    """An entry with every required top-level field but a candidate row lacking its prediction, or a gain that is
+    text: a miss (tuned again, the entry rewritten), never a crash."""
+    e = _result()
+    cache.write_entry(tmp_path, "k", e, "h", {})
+    body = json.loads((tmp_path / "k.json").read_text())
+    del body["candidates"][0]["predicted_s"]
+    (tmp_path / "k.json").write_text(json.dumps(body))
+    assert cache.read_entry(tmp_path, "k") is None
+    cache.write(tmp_path, "k", {**e.to_dict(with_cached=False), "gain": "2", "candidate_hash": "h"})
+    assert cache.read_entry(tmp_path, "k") is None
+    cache.write(tmp_path, "w", {"whole_model": {"gain": 1.0}})
+    assert cache.read_whole(tmp_path, "w") is None
 
 
 def test_cache_never_follows_a_symlink(tmp_path):
@@ -145,11 +174,12 @@ def test_cache_never_follows_a_symlink(tmp_path):
     link.symlink_to(real)
     assert cache.write(link, "k", {"candidate_hash": "h"}) is None and not list(real.iterdir())
     target = tmp_path / "elsewhere.json"
-    target.write_text(json.dumps({"schema_version": 1, "key": "k"}))
+    cache.write(tmp_path, "k", {**_result().to_dict(with_cached=False), "candidate_hash": "h"})
+    (tmp_path / "k.json").rename(target)
     d = tmp_path / "d"
     d.mkdir()
     (d / "k.json").symlink_to(target)
-    assert cache.read(d, "k") is None
+    assert cache.read_entry(d, "k") is None
 
 
 def test_a_fifo_or_a_truncated_entry_is_absent(tmp_path):
@@ -158,11 +188,12 @@ def test_a_fifo_or_a_truncated_entry_is_absent(tmp_path):
     import os
 
     os.mkfifo(tmp_path / "k.json")
-    assert cache.read(tmp_path, "k") is None
-    body = json.dumps({"schema_version": 1, "key": "big", "candidate_hash": "h", "signature": {}, "candidates": [],
-                       "chosen": {}, "default": {}})
+    assert cache.read_entry(tmp_path, "k") is None
+    cache.write_entry(tmp_path, "big", _result(), "h", {})
+    assert cache.read_entry(tmp_path, "big") is not None
+    body = (tmp_path / "big.json").read_text()
     (tmp_path / "big.json").write_text(body + " " * cache.ENTRY_LIMIT_BYTES)  # valid JSON past the limit
-    assert cache.read(tmp_path, "big") is None
+    assert cache.read_entry(tmp_path, "big") is None
 
 
 # -- a whole run on a tiny model -------------------------------------------------------------------------------
@@ -209,8 +240,15 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     _env(monkeypatch, base)
     out = tmp_path / "out"
     args = ["tune", model_file, "--top-k", "2", "--rounds", "5", "--no-store", "--out", str(out)]
+    import opmap.explore.tune as tune_pkg
+
+    results, real_tune = [], tune_pkg.tune
+    monkeypatch.setattr(tune_pkg, "tune", lambda *a, **k: results.append(real_tune(*a, **k)) or results[-1])
     assert main(args) == 0
     d = json.loads((out / "tune.json").read_text())
+    from opmap.validate import json_text
+
+    assert json.loads(json_text(results[0].to_dict())) == d  # tune.json is the typed result's one to_dict
     assert d["schema_version"] == 1 and d["model"] == model_file
     fams = sorted(e["signature"]["family"] for e in d["signatures"])
     assert fams == ["gemm", "layer_norm"]
@@ -236,17 +274,16 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
 
         fp = fingerprint(torch.device("cpu"))
         for e in d["signatures"]:
-            hit = cache.read(cache.cache_dir(), cache.entry_key(fp, e["signature"]["key"]))
-            assert hit is not None and hit["chosen"] == hit["default"]
+            hit = cache.read_entry(cache.cache_dir(), cache.entry_key(fp, e["signature"]["key"]))
+            assert hit is not None and hit.chosen == hit.default
     assert d["cache"] == {"dir": str(base / "opmap" / "tune"), "hits": 0, "misses": 2}
     assert "torch_compile" in d["axes"]["left_out"]
 
     # the figures go into the run store: a kernel row per timed candidate, the whole-model samples
-    from opmap.explore.tune.run import store_payload
     from opmap.store import record
     from opmap.store.reading import run_rows
 
-    rid = record("tune", store_payload(d), Tags("sweep", workload="tiny", hardware="local"),
+    rid = record("tune", results[0].to_dict(store=True), Tags("sweep", workload="tiny", hardware="local"),
                  base / "store.duckdb")
     kernels, _ = run_rows(rid, base / "store.duckdb")
     timed = [(e, c) for e in d["signatures"] for c in e["candidates"] if c["timed"]]
@@ -258,6 +295,9 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     assert main(args) == 0
     again = json.loads((out / "tune.json").read_text())
     assert again["cache"]["hits"] == 2 and all(e["cached"] for e in again["signatures"])
+    # the same layout, key for key in the same order, whether an entry was tuned or read from the cache
+    assert [list(e) for e in again["signatures"]] == [list(e) for e in d["signatures"]]
+    assert list(again) == list(d) and list(again["whole_model"]) == list(d["whole_model"])
     assert [e["chosen"] for e in again["signatures"]] == [e["chosen"] for e in d["signatures"]]
     # and the whole-model measurement of the same choices: nothing runs again
     assert again["whole_model"]["cached"] and again["whole_model"]["gain"] == d["whole_model"]["gain"]
@@ -299,11 +339,11 @@ def test_analyze_tuned_follows_the_cached_choices(local_profile, model_file, mon
     checked = 0
     for r0, r1 in zip(a.results, t.results):
         s = node_signature(r0.node)
-        e = cache.read(cache.cache_dir(), cache.entry_key(fp, s.key)) if s is not None else None
+        e = cache.read_entry(cache.cache_dir(), cache.entry_key(fp, s.key)) if s is not None else None
         if e is None:
             assert r1.pred == r0.pred
             continue
-        f = e["predicted_chosen_s"] / e["predicted_default_s"]
+        f = e.predicted_chosen_s / e.predicted_default_s
         assert r1.pred.matrix_s == pytest.approx(r0.pred.matrix_s * f)
         assert r1.pred.memory_s == pytest.approx(r0.pred.memory_s * f)
         checked += 1
@@ -393,27 +433,36 @@ def test_choices_that_slow_the_whole_model_are_not_adopted(tmp_path):
     """The whole model measured 3.7x slower with a signature's bf16 choice applied (gain 0.27, beyond the spread):
     the signature keeps its default, in the entry (gain 1, what it measured best alone kept as chosen_alone) and
     in the cache analyze --tuned reads."""
+    from dataclasses import replace
+
     from opmap.explore.tune.run import _keep_defaults
 
     sig = Signature("gemm", (64, 64, 64, 0), "fp32", "nt")
-    fast, dflt = Candidate(1, "bf16").to_dict(), Candidate(2, "fp32").to_dict()
-    e = {"signature": sig.to_dict(), "candidates": [], "chosen": fast, "default": dflt, "chosen_s": 1e-5,
-         "default_s": 2e-5, "gain": 2.0, "predicted_chosen_s": 1e-5, "predicted_default_s": 3e-5, "cached": False}
-    out = _keep_defaults([e], [sig], tmp_path, "fp0", lambda s: ["a", "b"], 2, {"gain": 0.27})
-    assert out[0]["chosen"] == dflt and out[0]["chosen_alone"] == fast and out[0]["gain"] == 1.0
-    assert out[0]["chosen_s"] == 2e-5 and out[0]["predicted_chosen_s"] == 3e-5
-    assert "3.7x slower" in out[0]["kept_default_because"]
-    hit = cache.read(tmp_path, cache.entry_key("fp0", sig.key))
-    assert hit is not None and hit["chosen"] == dflt
+    fast, dflt = Candidate(1, "bf16"), Candidate(2, "fp32")
+    e = _result(sig, fast, dflt)
+    whole = _whole_figures(1e-3, 1e-3 / 0.27)
+    assert whole.gain == pytest.approx(0.27)
+    (out,) = _keep_defaults([e], tmp_path, "fp0", lambda s: ["a", "b"], 2, whole)
+    assert out.chosen == dflt and out.chosen_alone == fast and out.gain == 1.0
+    assert out.chosen_s == 2e-5 and out.predicted_chosen_s == 3e-5
+    assert "3.7x slower" in out.kept_default_because
+    hit = cache.read_entry(tmp_path, cache.entry_key("fp0", sig.key))
+    assert hit == replace(out, signature=sig) and hit.chosen == dflt
+    assert out.to_dict()["chosen_alone"] == fast.to_dict() and "chosen_alone" not in e.to_dict()
 
 
-def _entry(key, sig_dtype, chosen_dtype, default_s=2e-4, chosen_s=1e-4):
-    chosen = {"threads": 2, "dtype": chosen_dtype, "channels_last": False, "sdpa": "auto", "chunks": 1}
-    label = f"threads=2,dtype={chosen_dtype}"
-    return {"signature": {"key": key, "count": 3, "dtype": sig_dtype}, "chosen": {**chosen, "label": label},
-            "default": {**chosen, "dtype": sig_dtype, "label": f"threads=2,dtype={sig_dtype}"},
-            "candidates": [{"label": label, "predicted_s": chosen_s, "measured_s": chosen_s}],
-            "default_s": default_s, "chosen_s": chosen_s, "gain": default_s / chosen_s}
+def _whole_figures(default_s, tuned_s, within=False, applied=1):
+    from opmap.explore.tune.result import Timing, WholeModel
+
+    def t(x):
+        return Timing(x, x, x, 0.0, 3, (x,) * 3)
+    return WholeModel(t(default_s), t(tuned_s), default_s / tuned_s, 0.0, within, applied, ())
+
+
+def _entry(shape, family, chosen_dtype, default_s=2e-4, chosen_s=1e-4):
+    sig = Signature(family, shape, "fp32", "nt" if family == "gemm" else "rows", (), 3)
+    return _result(sig, Candidate(2, chosen_dtype), Candidate(2, "fp32"), default_s=default_s, chosen_s=chosen_s,
+                   gain=default_s / chosen_s)
 
 
 def test_the_screen_marks_a_precision_change():
@@ -424,19 +473,17 @@ def test_the_screen_marks_a_precision_change():
 
     from opmap.cli.tune import _table, precision_changes
 
-    result = {"model": "tiny", "hardware": "local", "dtype": "fp32", "threads": 2,
-              "signatures": [_entry("gemm:64x256x64:fp32:nt", "fp32", "bf16"),
-                             _entry("layer_norm:64x64:fp32:rowmajor", "fp32", "fp32")]}
+    entries = [_entry((64, 256, 64, 0), "gemm", "bf16"), _entry((64, 64), "layer_norm", "fp32")]
     con = Console(width=200, record=True, color_system=None)
-    con.print(_table(result))
+    con.print(_table("opmap tune tiny on local (fp32 model, 2 threads)", entries))
     screen = con.export_text()
     assert "(fp32 model, 2 threads)" in screen
     rows = {line.split("│")[1].strip(): line for line in screen.splitlines() if line.count("│") > 3}
-    assert "fp32 -> bf16" in rows["gemm:64x256x64:fp32:nt"]
-    assert "->" not in rows["layer_norm:64x64:fp32:rowmajor"] and " fp32 " in rows["layer_norm:64x64:fp32:rowmajor"]
-    line = precision_changes(result)
+    assert "fp32 -> bf16" in rows["gemm:64x256x64x0:fp32:nt"]
+    assert "->" not in rows["layer_norm:64x64:fp32:rows"] and " fp32 " in rows["layer_norm:64x64:fp32:rows"]
+    line = precision_changes(entries)
     assert line.startswith("precision changed: 1 of 2 signatures fp32 -> bf16") and "opmap quality" in line
-    assert precision_changes({**result, "signatures": result["signatures"][1:]}) == ""
+    assert precision_changes(entries[1:]) == ""
 
 
 def test_a_run_that_kept_the_defaults_reads_its_whole_model_figure_from_the_cache(local_profile, model_file,
@@ -457,17 +504,17 @@ def test_a_run_that_kept_the_defaults_reads_its_whole_model_figure_from_the_cach
     _env(monkeypatch, base)
     real_sig, calls = run.tune_signature, []
 
+    from dataclasses import replace
+
     def noisy_sig(sig, hw, st):
         e = real_sig(sig, hw, st)
-        other = next(c for c in e["candidates"] if c["timed"] and not c["default"])
-        pick = {k: other[k] for k in e["default"]}
-        return {**e, "chosen": pick, "chosen_s": other["measured_s"], "gain": e["default_s"] / other["measured_s"]}
+        other = next(r for r in e.candidates if r.timed and not r.default)
+        return replace(e, chosen=other.candidate, chosen_s=other.timing.measured_s,
+                       gain=e.default_s / other.timing.measured_s)
 
     def slower_whole(load, choices, dtype, rounds):
         calls.append([c.label for _, c, _ in choices])
-        t = {"measured_s": 2e-3, "min_s": 2e-3, "max_s": 2e-3, "iqr_s": 0.0, "samples": 3, "samples_s": [2e-3] * 3}
-        return {"default": {**t, "measured_s": 1e-3, "samples_s": [1e-3] * 3}, "tuned": t, "gain": 0.5,
-                "spread_s": 0.0, "tuned_within_spread": False, "applied": len(choices), "not_applied": []}
+        return _whole_figures(1e-3, 2e-3, applied=len(choices))
 
     monkeypatch.setattr(run, "tune_signature", noisy_sig)
     monkeypatch.setattr(run, "whole_model", slower_whole)

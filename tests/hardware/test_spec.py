@@ -84,7 +84,7 @@ def test_every_scalar_field_has_a_ceiling():
     from opmap.hardware.spec import FIELD_RULES, SCALAR_FIELDS
 
     assert set(FIELD_RULES) == set(SCALAR_FIELDS)
-    assert all(rule.get("hi") is not None for rule in FIELD_RULES.values())
+    assert all(rule.hi is not None for rule in FIELD_RULES.values())
 
 
 def test_the_catalog_is_inside_its_ceilings():

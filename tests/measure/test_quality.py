@@ -116,7 +116,8 @@ def test_quality_json_shape_is_checked():
                            ('{"workload": "gpt2"}', "missing dtype"), (b"\xff\xfe\x00", "cannot read quality")):
         with pytest.raises(OpmapError, match=re.escape(expected)):
             parse_quality(text, "q.json")
-    assert parse_quality(json.dumps(GOOD_Q).encode())["agreement"] == 0.97
+    q = parse_quality(json.dumps(GOOD_Q).encode())
+    assert q.agreement == 0.97 and q.workload == GOOD_Q["workload"] and q.dtype == GOOD_Q["dtype"]
 
 
 def test_analyze_refuses_a_nan_quality_file_in_one_line(tmp_path, capsys):

@@ -161,7 +161,7 @@ def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
 
     ttfts = [(10 + i) / 1e3 for i in range(100)]
     assert [round(_pct(ttfts, q) * 1e3, 4) for q in (50, 95, 99)] == [59.5, 104.05, 108.01]
-    payload = summarize(_bench_records(), slo_ttft_s=0.1, slo_tpot_s=0.005)
+    payload = summarize(_bench_records(), slo_ttft_s=0.1, slo_tpot_s=0.005).to_dict()  # bench.json's figures
     run = Run("out/b", "bench", None, {"workload": "Qwen/Qwen2.5-7B", "hardware": "http://gpu:8000", "phase": "bench"},
               payload, False)
     fs, pits = memo_parts(run)

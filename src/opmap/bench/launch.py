@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.validate import INT_GE1, options
+from opmap.validate import INT_GE1, POSITIVE, options
 
 PAGE_TOKENS = 256  # ContinuousBatchingConfig.page_size default (transformers 5.25): tokens per KV block
 DEFAULT_KV_BLOCKS = 64  # 16,384 tokens of KV: enough for a bench of short requests, tens of MB for a tiny model
@@ -297,8 +297,8 @@ def launch_server(config: str, *, device: str = "cpu", port: int | None = None, 
     ends, however it ends. ``threads``: torch threads (default: the cores this process may use, minus one);
     ``kv_blocks``: KV cache blocks of PAGE_TOKENS tokens; ``max_batch_tokens``: tokens per step."""
     options({"--kv-blocks": (kv_blocks, INT_GE1), "--max-batch-tokens": (max_batch_tokens, INT_GE1),
-             "--threads": (threads, INT_GE1), "--port": (port, {**INT_GE1, "hi": 65535}),
-             "--startup-timeout": (startup_timeout_s, {"lo": 0, "lo_open": True})})
+             "--threads": (threads, INT_GE1), "--port": (port, INT_GE1.but(hi=65535)),
+             "--startup-timeout": (startup_timeout_s, POSITIVE)})
     if device != "cpu" and not device.startswith("cuda"):
         raise OpmapError(f"--device {device!r}: accepted: cpu, cuda, cuda:N")
     import importlib.util

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from opmap.bench.records import STATUSES, RequestRecord
-from opmap.serve.metrics import cdf, stats
+from opmap.serve.metrics import Cdf, Percentiles
 
 SCHEMA_VERSION = 1
 # A scheduler whose p99 send lag exceeds 10 ms has fallen behind: the TTFT figures a run reports are tens of
@@ -107,13 +107,118 @@ def _usage(measured: Sequence[RequestRecord]) -> UsageCheck:
                       int(np.max(np.abs(out_diff))) if out_diff else None)
 
 
-def _lag(measured: Sequence[RequestRecord]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SchedulerLag:
+    """Open loop: actual send - scheduled send (s), its percentiles and maximum, and whether its p99 passed
+    LAG_LIMIT_S (the run fell behind); a closed loop has no schedule (``open_loop`` False, nothing else)."""
+
+    open_loop: bool
+    behind: bool = False
+    stats: Percentiles | None = None
+    max_s: float | None = None
+    limit_s: float = LAG_LIMIT_S
+
+    def to_dict(self) -> dict[str, bool | float | None]:
+        if not self.open_loop or self.stats is None:
+            return {"open_loop": False, "behind": False}
+        return {"open_loop": True, **self.stats.to_dict(), "max_s": self.max_s, "limit_s": self.limit_s,
+                "behind": self.behind}
+
+
+def _lag(measured: Sequence[RequestRecord]) -> SchedulerLag:
     lag = np.array([r.sent_s - r.scheduled_s for r in measured if r.scheduled_s is not None])
     if lag.size == 0:
-        return {"open_loop": False, "behind": False}
-    s = stats(lag)
-    behind = s["p99_s"] > LAG_LIMIT_S
-    return {"open_loop": True, **s, "max_s": float(lag.max()), "limit_s": LAG_LIMIT_S, "behind": bool(behind)}
+        return SchedulerLag(False)
+    s = Percentiles.of(lag)
+    return SchedulerLag(True, bool(s.p99_s > LAG_LIMIT_S), s, float(lag.max()))
+
+
+@dataclass(frozen=True)
+class BenchRequests:
+    """What the run measured: requests (warm-up apart), ok and failed, tokens (ok requests), the window (s)."""
+
+    measured: int
+    warmup: int
+    ok: int
+    failed: int
+    input_tokens: int
+    output_tokens: int
+    window_s: float  # first measured send to last measured end
+    window_start_s: float
+    window_end_s: float
+
+
+@dataclass(frozen=True)
+class BenchLatency:
+    """Each latency's percentiles (s), over the ok requests (module docstring)."""
+
+    ttft: Percentiles
+    tpot: Percentiles
+    itl: Percentiles
+    e2e: Percentiles
+
+
+@dataclass(frozen=True)
+class BenchRates:
+    """Per second over the window: ok requests, output tokens, prompt + output tokens (bench.json
+    ``throughput``)."""
+
+    requests_per_s: float
+    output_tokens_per_s: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class BenchGoodput:
+    """The ok requests within the SLO (DistServe's goodput), per second over the window, and their share."""
+
+    requests_per_s: float
+    output_tokens_per_s: float
+    slo_ttft_s: float | None
+    slo_tpot_s: float | None
+    attainment: float  # requests within the SLO over those measured
+
+
+@dataclass(frozen=True)
+class BenchFigures:
+    """The figures of a run (``summarize``; the module docstring): what bench.json holds beside the run's spec,
+    endpoint and client (``to_dict``)."""
+
+    requests: BenchRequests
+    latency: BenchLatency
+    cdf: Cdf  # e2e, ttft and tpot at evenly spaced quantiles
+    throughput: BenchRates
+    offered_per_s: float | None  # open loop: measured requests over the span of their scheduled sends
+    sent_per_s: float  # measured requests sent over the window
+    goodput: BenchGoodput
+    errors: tuple[tuple[str, int], ...]  # per failure kind (STATUSES but ok), in that order
+    error_examples: tuple[tuple[str, str], ...]  # the first failure's reason per kind that failed
+    usage_check: UsageCheck
+    scheduler_lag: SchedulerLag
+    validity: Validity
+    samples_s: tuple[tuple[str, tuple[float, ...]], ...]  # raw per-request ttft_s, tpot_s, e2e_s (the store's)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every measured request failed (at least one measured): a run with nothing to show."""
+        return self.requests.measured > 0 and self.requests.ok == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """bench.json's figures (the rest is opmap.bench.outputs.bench_body's)."""
+        lat, th, g = self.latency, self.throughput, self.goodput
+        return {
+            "schema_version": SCHEMA_VERSION, "requests": asdict(self.requests),
+            "latency": {k: getattr(lat, k).to_dict() for k in ("ttft", "tpot", "itl", "e2e")},
+            "cdf": self.cdf.to_dict(), "throughput": asdict(th),
+            "rate": {"offered_per_s": self.offered_per_s, "achieved_per_s": th.requests_per_s,
+                     "sent_per_s": self.sent_per_s},
+            "goodput": {"requests_per_s": g.requests_per_s, "output_tokens_per_s": g.output_tokens_per_s,
+                        "slo": {"ttft_s": g.slo_ttft_s, "tpot_s": g.slo_tpot_s}, "attainment": g.attainment},
+            "errors": dict(self.errors), "error_examples": dict(self.error_examples),
+            "usage_check": asdict(self.usage_check), "scheduler_lag": self.scheduler_lag.to_dict(),
+            "validity": asdict(self.validity),
+            # raw per-request samples (s) for the store: compare's rank test runs on them
+            "samples": {k: list(v) for k, v in self.samples_s}}
 
 
 def _offered(measured: Sequence[RequestRecord]) -> float | None:
@@ -126,7 +231,7 @@ def _offered(measured: Sequence[RequestRecord]) -> float | None:
 
 def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = None,
               slo_tpot_s: float | None = None, min_duration_s: float = MLPERF_MIN_DURATION_S,
-              min_queries: int = MLPERF_MIN_QUERIES, interrupted: bool = False) -> dict[str, Any]:
+              min_queries: int = MLPERF_MIN_QUERIES, interrupted: bool = False) -> BenchFigures:
     """The figures of a run (see the module docstring): requests, latency, throughput, goodput, errors, usage
     check, scheduler lag, rates, validity. Warm-up records are left out of every figure but the count."""
     measured = [r for r in records if not r.warmup]
@@ -140,33 +245,19 @@ def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = No
     kinds = Counter(r.status for r in measured)
     good = _good(ok, lat, slo_ttft_s, slo_tpot_s)
     lag = _lag(measured)
-    offered = _offered(measured)
     usage = _usage(measured)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "requests": {"measured": len(measured), "warmup": len(records) - len(measured), "ok": len(ok),
-                     "failed": len(measured) - len(ok), "input_tokens": in_tok, "output_tokens": out_tok,
-                     "window_s": span, "window_start_s": window[0], "window_end_s": window[1]},
-        "latency": {"ttft": stats(lat["ttft"]), "tpot": stats(lat["tpot"]), "itl": stats(lat["itl"]),
-                    "e2e": stats(lat["e2e"])},
-        "cdf": cdf({"e2e_s": lat["e2e"], "ttft_s": lat["ttft"], "tpot_s": lat["tpot"]}),
-        "throughput": {"requests_per_s": rate(len(ok)), "output_tokens_per_s": rate(out_tok),
-                       "tokens_per_s": rate(in_tok + out_tok)},
-        "rate": {"offered_per_s": offered, "achieved_per_s": rate(len(ok)),
-                 "sent_per_s": rate(len(measured))},
-        "goodput": {"requests_per_s": rate(good["met"]), "output_tokens_per_s": rate(good["tokens"]),
-                    "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
-                    "attainment": good["met"] / len(measured) if measured else 0.0},
-        "errors": {k: kinds.get(k, 0) for k in STATUSES if k != "ok"},
-        "error_examples": _examples(measured),
-        "usage_check": asdict(usage),
-        "scheduler_lag": lag,
-        "validity": asdict(validity(span, len(measured), len(ok), lag["behind"], interrupted, min_duration_s,
-                                    min_queries, implausible_usage=usage.implausible)),
-        # raw per-request samples (s) for the store: compare's rank test runs on them
-        "samples": {"ttft_s": [float(x) for x in lat["ttft"]], "tpot_s": [float(x) for x in lat["tpot"]],
-                    "e2e_s": [float(x) for x in lat["e2e"]]},
-    }
+    return BenchFigures(
+        BenchRequests(len(measured), len(records) - len(measured), len(ok), len(measured) - len(ok), in_tok, out_tok,
+                      span, window[0], window[1]),
+        BenchLatency(*(Percentiles.of(lat[k]) for k in ("ttft", "tpot", "itl", "e2e"))),
+        Cdf.of({"e2e_s": lat["e2e"], "ttft_s": lat["ttft"], "tpot_s": lat["tpot"]}),
+        BenchRates(rate(len(ok)), rate(out_tok), rate(in_tok + out_tok)), _offered(measured), rate(len(measured)),
+        BenchGoodput(rate(good["met"]), rate(good["tokens"]), slo_ttft_s, slo_tpot_s,
+                     good["met"] / len(measured) if measured else 0.0),
+        tuple((k, kinds.get(k, 0)) for k in STATUSES if k != "ok"), tuple(_examples(measured).items()), usage, lag,
+        validity(span, len(measured), len(ok), lag.behind, interrupted, min_duration_s, min_queries,
+                 implausible_usage=usage.implausible),
+        tuple((k, tuple(float(x) for x in lat[k.removesuffix("_s")])) for k in ("ttft_s", "tpot_s", "e2e_s")))
 
 
 def _examples(measured: Sequence[RequestRecord]) -> dict[str, str]:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmap.bench.records import BenchResult
 from opmap.tags import Tags
+
+if TYPE_CHECKING:
+    from opmap.bench.metrics import BenchFigures
 
 SCHEMA_VERSION = 1
 PARQUET_COLUMNS = {
@@ -51,7 +54,7 @@ def client_version() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-def bench_body(result: BenchResult, figures: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+def bench_body(result: BenchResult, figures: BenchFigures, spec: dict[str, Any]) -> dict[str, Any]:
     """bench.json: schema_version, kind, the workload spec, the endpoint (as /v1/models reports it), the client,
     how the run went, and the figures (opmap.bench.metrics.summarize)."""
     return {"schema_version": SCHEMA_VERSION, "kind": "bench", "spec": spec,
@@ -62,7 +65,7 @@ def bench_body(result: BenchResult, figures: dict[str, Any], spec: dict[str, Any
             "run": {"started_unix_s": result.started_unix_s, "wall_s": result.wall_s,
                     "interrupted": result.interrupted, "in_flight_at_stop": result.in_flight_at_stop,
                     "recorded": len(result.records)},
-            **figures}
+            **figures.to_dict()}
 
 
 def _row_json(r) -> str:

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from opmap.errors import OpmapError
+
+if TYPE_CHECKING:
+    from opmap.bench.metrics import BenchFigures
 
 SCHEMA_VERSION = 1
 PCTS = (50, 90, 99)
@@ -329,8 +332,8 @@ class BenchPrediction:
         return out
 
 
-def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None, measured: dict | None = None,
-                seed: int = 0, stack=None) -> BenchPrediction:
+def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
+                measured: BenchFigures | None = None, seed: int = 0, stack=None) -> BenchPrediction:
     """The join of a BenchResult with its simulation on ``cost`` under ``policy``: the model alone, and with the
     server's measured overhead where given, or with a stack profile's fitted parameters (``stack``:
     opmap.calibrate.stack_profile.StackProfile, opmap.bench.stack_fit.apply). ``measured``: the run's figures
@@ -340,7 +343,8 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
 
         measured = summarize(result.records)
     w = workload(result.records, result.mode, result.concurrency)
-    m = {"latency": measured["latency"], "throughput": measured["throughput"]}
+    fig = measured.to_dict()
+    m = {"latency": fig["latency"], "throughput": fig["throughput"]}
     variants = [("model", cost, None)]
     if overhead is not None:
         variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),

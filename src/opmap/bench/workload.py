@@ -31,7 +31,7 @@ from opmap.serve.arrivals import (
     make_requests,
     parse_arrival,
 )
-from opmap.validate import finite_number, positive_in
+from opmap.validate import positive_in
 
 ARRIVALS_ACCEPTED = "poisson:RATE, constant:RATE, gamma:RATE,CV, offline, trace:FILE"
 WORDS = tuple(dict.fromkeys((
@@ -70,7 +70,7 @@ def parse_load_arrival(spec: str) -> Arrival:
         except ValueError:
             rate = float("nan")
         try:  # serve's rule for a rate: > 0, at most the plausibility ceiling (opmap.validate.CEILINGS)
-            rate = finite_number(rate, f"arrival {spec!r}: RATE", **positive_in("requests/s"))
+            rate = positive_in("requests/s").check(rate, f"arrival {spec!r}: RATE")
         except OpmapError as e:
             raise OpmapError(f"{e}; accepted: {ARRIVALS_ACCEPTED}") from None
         return Constant("constant", rate)

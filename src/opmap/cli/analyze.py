@@ -224,10 +224,11 @@ def _evidence(path: Path | None, workload: str, dtype: str) -> str:
     from opmap.measure.quality import read_quality
 
     q = read_quality(path)
-    got = (q["workload"], q["dtype"], q["rel_error"], q["agreement"], q["agreement_kind"])
-    if got[0] != workload or got[1] != dtype:
-        raise OpmapError(f"quality file {path} is for {got[0]} at {got[1]}, not {workload} at {dtype}")
+    if q.workload != workload or q.dtype != dtype:
+        raise OpmapError(f"quality file {path} is for {q.workload} at {q.dtype}, not {workload} at {dtype}")
     # quality.json before the "weights" key: the zoo's weights were random, a model file's its own
-    weights = q.get("weights", "random" if ":" not in workload else "as the model file builds them")
+    weights = q.weights if q.weights is not None else ("random" if ":" not in workload
+                                                       else "as the model file builds them")
     on = "on random weights" if weights == "random" else f"on weights {weights}"
-    return f"verified {on} by {path}: relative error {got[2]:.3g}, {got[4]} {got[3]:.1%} against fp32"
+    return (f"verified {on} by {path}: relative error {q.rel_error:.3g}, {q.agreement_kind} {q.agreement:.1%} "
+            "against fp32")

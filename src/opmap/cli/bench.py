@@ -20,6 +20,7 @@ from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, plausible
 if TYPE_CHECKING:
     import numpy as np
 
+    from opmap.bench.metrics import BenchFigures
     from opmap.serve.arrivals import Length
     from opmap.serve.cost import TableCost
 
@@ -241,19 +242,19 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
         body["server_metrics"] = result.server_metrics.to_dict()
     body["endpoint"]["server_info"] = result.server_info
     body["client"]["host"] = client_host()
-    print_summary(body)
+    print_summary(figures, result, plan.spec)
     if o.out is not None:
         write_outputs(o.out, body, result)
     tags = record(body, store, no_store)
     if o.predict:
-        bp.predict_and_report(result, body, target.cost, policy, overhead, target.stack,
+        bp.predict_and_report(result, figures, target.cost, policy, overhead, target.stack,
                               {"model": target.config, "hardware": target.hardware, "dtype": target.dtype,
                                "runtime": o.runtime, "server": "launched" if srv is not None else o.url},
                               tags, o.out, store, no_store)
     if result.interrupted:
         # what was measured is kept (printed, written, recorded); the exit says it stopped, and by which signal
         raise typer.Exit(128 + (result.stop_signal or signal.SIGINT))
-    if all_failed(body):
+    if figures.all_failed:
         raise typer.Exit(1)  # printed, written and recorded as any run; the exit says none of it is a measurement
 
 
@@ -263,7 +264,7 @@ def _check_options(concurrency, requests, warmup, seed, min_queries, duration, t
     from opmap.bench.client import APIS
     from opmap.serve.arrivals import MAX_REQUESTS
 
-    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
+    options({"--concurrency": (concurrency, INT_GE1), "--requests": (requests, INT_GE1.but(hi=MAX_REQUESTS)),
              "--warmup": (warmup, INT_GE0), "--seed": (seed, SEED), "--min-queries": (min_queries, INT_GE0),
              "--duration": (duration, positive_in("s")), "--timeout": (timeout, positive_in("s")),
              "--min-duration": (min_duration, plausible("s")),
@@ -329,12 +330,6 @@ def _metrics_url(value: str, url: str | None) -> str | None:
         raise OpmapError(f"--metrics-url {safe(value[:200])!r}: accepted: auto, none, or an http:// or https:// URL "
                          "(the server's Prometheus page, such as http://host:8000/metrics)")
     return value
-
-
-def all_failed(body: dict) -> bool:
-    """Whether every measured request of a run failed (at least one measured): a run with nothing to show."""
-    r = body["requests"]
-    return r["measured"] > 0 and r["ok"] == 0
 
 
 @dataclass
@@ -432,51 +427,49 @@ def record(body: dict, store: Path | None, no_store: bool) -> Tags:
     return tags
 
 
-def print_summary(body: dict) -> None:
+def print_summary(f: BenchFigures, result, spec: dict) -> None:
     """The figures as a terminal table, and the lines under it (rates, errors, usage, lag, validity)."""
     from rich.table import Table
 
     from opmap.report.sheet import si
 
-    e, s, r = body["endpoint"], body["spec"], body["requests"]
-    load = f"open loop {s['arrival']}" if s["arrival"] else f"closed loop, concurrency {s['concurrency']}"
-    t = Table(title=plain(f"opmap bench {e['base_url']} {e['model']} ({e['api']}): {load}, {r['ok']} of "
-                          f"{r['measured']} requests ok over {r['window_s']:.3g} s"), title_justify="left")
+    r = f.requests
+    load = f"open loop {spec['arrival']}" if spec["arrival"] else f"closed loop, concurrency {spec['concurrency']}"
+    t = Table(title=plain(f"opmap bench {result.base_url} {result.model} ({result.api}): {load}, {r.ok} of "
+                          f"{r.measured} requests ok over {r.window_s:.3g} s"), title_justify="left")
     for col in ("latency", "mean", "p50", "p90", "p95", "p99"):
         t.add_column(col, justify="left" if col == "latency" else "right")
     for k in ("ttft", "tpot", "itl", "e2e"):
-        x = body["latency"][k]
-        t.add_row(k, *[si(x[f], "s") if x[f] is not None else "-" for f in ("mean_s", "p50_s", "p90_s", "p95_s",
-                                                                            "p99_s")])
+        x = getattr(f.latency, k)
+        t.add_row(k, *[si(v, "s") if v is not None else "-" for v in (x.mean_s, x.p50_s, x.p90_s, x.p95_s, x.p99_s)])
     console.print(t)
-    th, g, rate = body["throughput"], body["goodput"], body["rate"]
-    offered = f"offered {rate['offered_per_s']:.4g} req/s, " if rate["offered_per_s"] else ""
-    console.print(f"throughput {th['requests_per_s']:.4g} req/s ({offered}achieved {rate['achieved_per_s']:.4g}), "
-                  f"{si(th['output_tokens_per_s'], 'tok/s')} out, {si(th['tokens_per_s'], 'tok/s')} total; "
-                  f"goodput {g['requests_per_s']:.4g} req/s ({g['attainment']:.1%} of requests)", highlight=False)
-    print_errors(body)
-    u = body["usage_check"]
-    if u["output_mismatches"] or u["input_mismatches"] or u["requests_without_usage"]:
-        console.print(f"usage check: output tokens differ from max_tokens on {u['output_mismatches']} requests "
-                      f"(mean {_signed(u['output_diff_mean'])}), prompt tokens from the asked length on "
-                      f"{u['input_mismatches']} (mean {_signed(u['input_diff_mean'])}); "
-                      f"{u['requests_without_usage']} without usage", highlight=False)
-    if u["implausible"]:
-        console.print(f"usage check: {u['implausible']} requests reported implausible counts, set aside (first: "
-                      f"{safe(u['implausible_example'])})", highlight=False)
-    lag = body["scheduler_lag"]
-    if lag["open_loop"]:
-        console.print(f"send lag behind schedule: p50 {si(lag['p50_s'], 's')}, p99 {si(lag['p99_s'], 's')}, max "
-                      f"{si(lag['max_s'], 's')}" + (" [bold red]: the sends fell behind schedule[/]" if lag["behind"]
-                                                    else ""), highlight=False)
-    run = body["run"]
-    if run["interrupted"]:
-        console.print(f"interrupted: {run['recorded']} requests kept, {run['in_flight_at_stop']} in flight "
+    th, g = f.throughput, f.goodput
+    offered = f"offered {f.offered_per_s:.4g} req/s, " if f.offered_per_s else ""
+    console.print(f"throughput {th.requests_per_s:.4g} req/s ({offered}achieved {th.requests_per_s:.4g}), "
+                  f"{si(th.output_tokens_per_s, 'tok/s')} out, {si(th.tokens_per_s, 'tok/s')} total; "
+                  f"goodput {g.requests_per_s:.4g} req/s ({g.attainment:.1%} of requests)", highlight=False)
+    print_errors(f)
+    u = f.usage_check
+    if u.output_mismatches or u.input_mismatches or u.requests_without_usage:
+        console.print(f"usage check: output tokens differ from max_tokens on {u.output_mismatches} requests "
+                      f"(mean {_signed(u.output_diff_mean)}), prompt tokens from the asked length on "
+                      f"{u.input_mismatches} (mean {_signed(u.input_diff_mean)}); "
+                      f"{u.requests_without_usage} without usage", highlight=False)
+    if u.implausible:
+        console.print(f"usage check: {u.implausible} requests reported implausible counts, set aside (first: "
+                      f"{safe(u.implausible_example)})", highlight=False)
+    lag = f.scheduler_lag
+    if lag.open_loop and lag.stats is not None:
+        console.print(f"send lag behind schedule: p50 {si(lag.stats.p50_s, 's')}, p99 {si(lag.stats.p99_s, 's')}, "
+                      f"max {si(lag.max_s, 's')}" + (" [bold red]: the sends fell behind schedule[/]" if lag.behind
+                                                     else ""), highlight=False)
+    if result.interrupted:
+        console.print(f"interrupted: {len(result.records)} requests kept, {result.in_flight_at_stop} in flight "
                       "cancelled", highlight=False)
-    v = body["validity"]
-    console.print(f"MLPerf-style validity: {v['verdict']} ({safe(v['reason'])})", highlight=False)
-    if body.get("server_metrics"):
-        console.print(server_metrics_line(body["server_metrics"]), highlight=False)
+    v = f.validity
+    console.print(f"MLPerf-style validity: {v.verdict} ({safe(v.reason)})", highlight=False)
+    if result.server_metrics is not None:
+        console.print(server_metrics_line(result.server_metrics.to_dict()), highlight=False)
 
 
 def server_metrics_line(m: dict) -> str:
@@ -498,16 +491,16 @@ def server_metrics_line(m: dict) -> str:
             + ("; ".join(parts) or "no watched series"))
 
 
-def print_errors(body: dict) -> None:
+def print_errors(f: BenchFigures) -> None:
     """The failures by kind, each with the first one's reason; a line saying so when every request failed."""
-    errs = {k: v for k, v in body["errors"].items() if v}
+    errs = {k: v for k, v in f.errors if v}
     if not errs:
         return
     console.print("errors: " + ", ".join(f"{k} {v}" for k, v in errs.items()), highlight=False)
-    for k, why in body.get("error_examples", {}).items():
+    for k, why in f.error_examples:
         console.print(f"  {k}: {safe(why)}", highlight=False)
-    if all_failed(body):
-        console.print(f"[bold red]every one of the {body['requests']['measured']} measured requests failed[/]: "
+    if f.all_failed:
+        console.print(f"[bold red]every one of the {f.requests.measured} measured requests failed[/]: "
                       "exit status 1", highlight=False)
 
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opmap.cli.common import console
 from opmap.errors import OpmapError
 from opmap.report.text import plain, safe
 from opmap.tags import Tags
+
+if TYPE_CHECKING:
+    from opmap.bench.metrics import BenchFigures
 
 PROBE_INPUT = 32  # the overhead probe's prompt, tokens: a short prefill, so the step overhead dominates its TTFT
 PROBE_OUTPUT = 32  # its long answers, tokens: enough steps for a per-token median
@@ -102,8 +106,8 @@ def overhead(cost, before: tuple[tuple, tuple], after: tuple[tuple, tuple], batc
                                min(batch, PROBE_MAX_BATCH))
 
 
-def predict_and_report(result, body: dict, cost, policy, overhead, stack, assumptions: dict, bench_tags: Tags,
-                       out: Path | None, store: Path | None, no_store: bool):
+def predict_and_report(result, figures: BenchFigures, cost, policy, overhead, stack, assumptions: dict,
+                       bench_tags: Tags, out: Path | None, store: Path | None, no_store: bool):
     """Simulate the run's workload, print measured / predicted, write bench_predict.json, record the prediction
     as a serve run (the figures of the last variant: with the overhead where measured); the BenchPrediction."""
     from dataclasses import replace
@@ -113,7 +117,7 @@ def predict_and_report(result, body: dict, cost, policy, overhead, stack, assump
 
     with console.status("simulating the same workload"):
         # the measured side is the bench run's own figures (opmap.bench.metrics), as compare will read them
-        rep = replace(predict_run(result, cost, policy, overhead=overhead, measured=body, stack=stack),
+        rep = replace(predict_run(result, cost, policy, overhead=overhead, measured=figures, stack=stack),
                       assumptions=assumptions)
     doc = rep.to_dict()
     print_join(doc)

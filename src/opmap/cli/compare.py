@@ -11,7 +11,7 @@ import typer
 
 from opmap.cli.common import console
 from opmap.report.text import clean, plain
-from opmap.validate import INT_GE0, POSITIVE, json_text, options
+from opmap.validate import INT_GE0, POSITIVE, Rule, json_text, options
 
 if TYPE_CHECKING:
     from opmap.store.bench_compare import BenchComparison, MetricChange
@@ -52,8 +52,8 @@ def compare(
     from opmap.store.compare import compare as run_compare
     from opmap.store.shapes import class_changes, production_check
 
-    options({"--min-effect": (min_effect, {"lo": 0}), "--alpha": (alpha, {**POSITIVE, "hi": 1, "hi_open": True}),
-             "--rows": (rows, INT_GE0), "--rerun": (rerun, {**INT_GE0, "hi": MAX_RERUNS})})
+    options({"--min-effect": (min_effect, Rule(lo=0)), "--alpha": (alpha, POSITIVE.but(hi=1, hi_open=True)),
+             "--rows": (rows, INT_GE0), "--rerun": (rerun, INT_GE0.but(hi=MAX_RERUNS))})
     if b is None and production is None:
         raise OpmapError("compare takes two runs (A B), or one run with --production RUN")
     r = None

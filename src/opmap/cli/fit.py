@@ -11,7 +11,7 @@ from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
 from opmap.serve.capacity import CAPACITY_REQUESTS
-from opmap.validate import INT_GE1, json_text, options, positive, positive_in
+from opmap.validate import INT_GE1, Rule, json_text, options, positive, positive_in
 
 _KV = spoken(registry().names(kv=True))  # --kv-dtype accepts the registry's KV formats
 
@@ -110,11 +110,11 @@ def _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, r
     from opmap.serve.model_cost import check_kv_dtype
 
     check_runtime(runtime)
-    options({"--devices-budget": (devices_budget, {**INT_GE1, "hi": MAX_BUDGET}),
+    options({"--devices-budget": (devices_budget, INT_GE1.but(hi=MAX_BUDGET)),
              "--slo-ttft": (slo_ttft, positive_in("ms")), "--slo-tpot": (slo_tpot, positive_in("ms")),
              "--slo-p99": (slo_p99, positive_in("ms")), "--power-budget": (power_budget, positive_in("W")),
-             "--requests": (requests, {**INT_GE1, "lo": 10, "hi": MAX_REQUESTS}), "--devices": (devices, INT_GE1),
-             "--gpu-memory-utilization": (gpu_memory_utilization, {"lo": 0, "hi": 1, "lo_open": True})})
+             "--requests": (requests, INT_GE1.but(lo=10, hi=MAX_REQUESTS)), "--devices": (devices, INT_GE1),
+             "--gpu-memory-utilization": (gpu_memory_utilization, Rule(lo=0, hi=1, lo_open=True))})
     check_kv_dtype(kv_dtype, dtype)
     ms = [m.strip() for m in models.split(",") if m.strip()]
     hws = [h.strip() for h in hardware.split(",") if h.strip()]

@@ -48,7 +48,7 @@ def plan(
     from opmap.report.sheet import check_out_dir, si, write_set
     from opmap.workloads import load_workload
 
-    options({"--devices": (devices, {**INT_GE1, "hi": MAX_DEVICES}), "--seq": (seq, INT_GE1),
+    options({"--devices": (devices, INT_GE1.but(hi=MAX_DEVICES)), "--seq": (seq, INT_GE1),
              "--global-batch": (global_batch, INT_GE1), "--rows": (rows, INT_GE0), "--cp": (cp, INT_GE1)})
     hw = stack_hardware(hardware, attention_kernel, attention_dropout)
     if phase == "train":  # fp8 training needs an fp8 matrix engine: refused before any capture

@@ -13,7 +13,7 @@ from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP
 from opmap.report.text import safe
-from opmap.validate import INT_GE1, SEED, json_text, options, positive_in
+from opmap.validate import INT_GE1, SEED, Rule, json_text, options, positive_in
 
 _KV = spoken(registry().names(kv=True))  # --kv-dtype accepts the registry's KV formats
 
@@ -259,9 +259,9 @@ def _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo
     from opmap.serve.sim import MAX_REPLICAS
 
     options({"--tp": (tp, INT_GE1), "--pp": (pp, INT_GE1),
-             "--gpu-memory-utilization": (gpu_memory_utilization, {"lo": 0, "hi": 1, "lo_open": True}),
-             "--requests": (requests, {**INT_GE1, "hi": MAX_REQUESTS}),
-             "--replicas": (replicas, {**INT_GE1, "hi": MAX_REPLICAS}),
+             "--gpu-memory-utilization": (gpu_memory_utilization, Rule(lo=0, hi=1, lo_open=True)),
+             "--requests": (requests, INT_GE1.but(hi=MAX_REQUESTS)),
+             "--replicas": (replicas, INT_GE1.but(hi=MAX_REPLICAS)),
              "--seed": (seed, SEED), **{k: (v, positive_in("ms")) for k, v in (
                  ("--slo-ttft", slo_ttft), ("--slo-tpot", slo_tpot), ("--slo-p99", slo_p99))}})
 

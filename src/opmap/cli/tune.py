@@ -3,13 +3,18 @@ device, keep the fastest, cache the choices (read by ``opmap analyze --tuned``),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from opmap.cli.common import build_workload, console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
 from opmap.validate import INT_GE1, json_text, options
+
+if TYPE_CHECKING:
+    from opmap.explore.tune.result import SignatureResult
 
 MAX_ROUNDS = 100  # samples per candidate: far above what a noisy host needs (the default 5 takes a minute or two)
 
@@ -37,9 +42,9 @@ def tune(
     from opmap.explore.tune.run import MAX_TOP_K, check_setup
     from opmap.report.sheet import check_out_dir, write_set
 
-    options({"--top-k": (top_k, {"lo": 1, "hi": MAX_TOP_K, "integer": True}), "--batch": (batch, INT_GE1),
+    options({"--top-k": (top_k, INT_GE1.but(hi=MAX_TOP_K)), "--batch": (batch, INT_GE1),
              "--seq": (seq, INT_GE1), "--image-size": (image_size, INT_GE1),
-             "--rounds": (rounds, {"lo": 3, "hi": MAX_ROUNDS, "integer": True})})
+             "--rounds": (rounds, INT_GE1.but(lo=3, hi=MAX_ROUNDS))})
     if model.lower().endswith(".onnx"):
         from opmap.errors import OpmapError
 
@@ -61,69 +66,66 @@ def tune(
         result = run_tune(model, lambda: build_workload(model, batch, seq, image_size, dtype, "meta"),
                           lambda: build_workload(model, batch, seq, image_size, dtype, "cpu"), hw, dtype, top_k,
                           rounds, use_cache=not no_cache, progress=progress)
-    console.print(_table(result))
-    changed = precision_changes(result)
+    console.print(_table(f"opmap tune {result.model} on {result.hardware} ({result.dtype} model, "
+                         f"{result.threads} threads)", result.signatures))
+    changed = precision_changes(result.signatures)
     if changed:
         console.print(changed, highlight=False, soft_wrap=True)
-    w = result["whole_model"]
-    tau = result["kendall_tau"]
+    w, tau = result.whole_model, result.kendall_tau
     console.print(f"Kendall tau (predicted vs measured order, within signatures): "
-                  f"{'n/a' if tau is None else f'{tau:.2f}'}; cache: {result['cache']['hits']} hits, "
-                  f"{result['cache']['misses']} tuned", highlight=False)
-    d, tu = w["default"], w["tuned"]
-    console.print(f"whole model: default {d['measured_s'] * 1e3:.3g} ms (IQR {d['iqr_s'] * 1e3:.2g}), "
-                  f"tuned {tu['measured_s'] * 1e3:.3g} ms (IQR {tu['iqr_s'] * 1e3:.2g}): "
-                  f"gain {w['gain']:.2f}x over {result['rounds']} interleaved rounds; timed on a shared host",
+                  f"{'n/a' if tau is None else f'{tau:.2f}'}; cache: {result.hits} hits, "
+                  f"{result.misses} tuned", highlight=False)
+    d, tu = w.default, w.tuned
+    console.print(f"whole model: default {d.measured_s * 1e3:.3g} ms (IQR {d.iqr_s * 1e3:.2g}), "
+                  f"tuned {tu.measured_s * 1e3:.3g} ms (IQR {tu.iqr_s * 1e3:.2g}): "
+                  f"gain {w.gain:.2f}x over {result.rounds} interleaved rounds; timed on a shared host",
                   highlight=False)
     if out is not None:
-        print_wrote(write_set(out, {"tune.json": json_text(result, indent=1)}))
+        print_wrote(write_set(out, {"tune.json": json_text(result.to_dict(), indent=1)}))
     from opmap.cli.common import record_run
-    from opmap.explore.tune.run import store_payload
     from opmap.tags import Tags
 
     tags = Tags("sweep", workload=model, hardware=hw.name, phase="tune", precision=dtype)
-    record_run("tune", store_payload(result), tags, store, no_store)
+    record_run("tune", result.to_dict(store=True), tags, store, no_store)
 
 
-def _table(result: dict):
+def _table(title: str, entries: Sequence[SignatureResult]):
     from rich.table import Table
 
     from opmap.report.text import safe
 
-    t = Table(title=f"opmap tune {safe(result['model'])} on {safe(result['hardware'])} ({safe(result['dtype'])} "
-                    f"model, {result['threads']} threads)",
-              title_justify="left")
+    t = Table(title=safe(title), title_justify="left")
     for col in ("signature", "nodes", "default", "chosen", "chosen mapping", "precision", "gain",
                 "predicted / measured"):
         t.add_column(col, justify="left" if col in ("signature", "chosen mapping", "precision") else "right")
-    for e in result["signatures"]:
-        ch = [c for c in e["candidates"] if c["label"] == e["chosen"]["label"]]
-        ratio = f"{ch[0]['predicted_s'] / ch[0]['measured_s']:.2f}" if ch and ch[0].get("measured_s") else ""
+    for e in entries:
+        ch = [r for r in e.candidates if r.label == e.chosen.label and r.timing is not None]
+        ratio = f"{ch[0].predicted_s / ch[0].timing.measured_s:.2f}" if ch and ch[0].timing.measured_s else ""
         was, now = _precision(e)
-        t.add_row(safe(e["signature"]["key"]), str(e["signature"]["count"]), f"{e['default_s'] * 1e6:.4g} us",
-                  f"{e['chosen_s'] * 1e6:.4g} us", safe(e["chosen"]["label"]),
-                  safe(was) if now == was else f"[bold yellow]{safe(was)} -> {safe(now)}[/]", f"{e['gain']:.2f}x",
+        t.add_row(safe(e.signature.key), str(e.signature.count), f"{e.default_s * 1e6:.4g} us",
+                  f"{e.chosen_s * 1e6:.4g} us", safe(e.chosen.label),
+                  safe(was) if now == was else f"[bold yellow]{safe(was)} -> {safe(now)}[/]", f"{e.gain:.2f}x",
                   ratio)
     return t
 
 
-def _precision(entry: dict) -> tuple[str, str]:
+def _precision(entry: SignatureResult) -> tuple[str, str]:
     """(the signature's own format, the format its chosen mapping computes in)."""
-    was = str(entry["signature"].get("dtype") or "")
-    return was, str(entry["chosen"].get("dtype") or was)
+    was = entry.signature.dtype or ""
+    return was, entry.chosen.dtype or was
 
 
-def precision_changes(result: dict) -> str:
+def precision_changes(entries: Sequence[SignatureResult]) -> str:
     """The line that says which chosen mappings compute in another format than the model's own (fp32 -> bf16),
     and that their numerics are not checked by the timing; "" when none does."""
     moved: dict[tuple[str, str], int] = {}
-    for e in result["signatures"]:
+    for e in entries:
         was, now = _precision(e)
         if now != was:
             moved[(was, now)] = moved.get((was, now), 0) + 1
     if not moved:
         return ""
-    n = len(result["signatures"])
+    n = len(entries)
     what = ", ".join(f"{k} of {n} signatures {a} -> {b}" for (a, b), k in moved.items())
     fmt = sorted({b for _, b in moved})
     return (f"precision changed: {what}: the tuned model computes those operators in {', '.join(fmt)}; tune times "
@@ -138,7 +140,7 @@ def _tune_cuda(model, hw, batch, seq, image_size, dtype, top_k, rounds, out) -> 
     from opmap.errors import OpmapError
     from opmap.explore.tune.gpu import tune_gpu
     from opmap.explore.tune.rank import kendall_tau
-    from opmap.explore.tune.run import SCHEMA_VERSION, _tau_groups
+    from opmap.explore.tune.run import SCHEMA_VERSION
     from opmap.explore.tune.signatures import signatures
     from opmap.report.sheet import check_out_dir, write_set
 
@@ -152,7 +154,9 @@ def _tune_cuda(model, hw, batch, seq, image_size, dtype, top_k, rounds, out) -> 
     entries = tune_gpu(signatures(capture(w.module, w.inputs)), hw, top_k, rounds)
     result = {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype, "device": "cuda",
               "top_k": top_k, "rounds": rounds, "signatures": entries,
-              "kendall_tau": kendall_tau(_tau_groups(entries)),
+              "kendall_tau": kendall_tau([([c["predicted_s"] for c in e["candidates"] if c["timed"]],
+                                           [c["measured_s"] for c in e["candidates"] if c["timed"]])
+                                          for e in entries]),
               "whole_model": None, "note": "GPU: per-signature choices; the whole model is not re-run with them"}
     console.print(f"{len(entries)} signatures tuned on {torch.cuda.get_device_name()}; Kendall tau "
                   f"{result['kendall_tau']}", highlight=False)

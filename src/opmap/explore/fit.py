@@ -384,10 +384,10 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     requests = requests or CAPACITY_REQUESTS
     policy = policy or default_policy()
     from opmap.serve.model_cost import check_kv_dtype
-    from opmap.validate import options
+    from opmap.validate import Rule, options
 
     kvd = check_kv_dtype(kv_dtype, dtype)  # the engine settings checked once, as serve checks them
-    options({"--gpu-memory-utilization": (gpu_memory_utilization, {"lo": 0, "hi": 1, "lo_open": True})})
+    options({"--gpu-memory-utilization": (gpu_memory_utilization, Rule(lo=0, hi=1, lo_open=True))})
     if devices is not None and devices_budget is not None and devices > devices_budget:
         raise OpmapError(f"--devices {devices} per replica exceeds --devices-budget {devices_budget}")
     prices = prices or {}

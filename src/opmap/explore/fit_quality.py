@@ -9,10 +9,14 @@ The files are read and matched to the fit's models before any cell runs; the cel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
+
+if TYPE_CHECKING:
+    from opmap.measure.quality import QualityEvidence
 
 NO_EVIDENCE = "no quality evidence"
 
@@ -23,27 +27,33 @@ def _names(model: str) -> set[str]:
     return {model, Path(model).name}  # path/to/config.json -> config.json; dir/m.py:make -> m.py:make
 
 
-def read_evidence(paths: Sequence[Path], models: Sequence[str]) -> dict[tuple[str, str], dict[str, Any]]:
+@dataclass(frozen=True)
+class Evidence:
+    """One quality file matched to a fit model: where it is and what it says."""
+
+    file: str
+    quality: QualityEvidence
+
+
+def read_evidence(paths: Sequence[Path], models: Sequence[str]) -> dict[tuple[str, str], Evidence]:
     """Each quality file (``opmap.measure.quality.read_quality``) by (fit model, format): its path and figures.
     A file for a workload that is none of ``models``, or two files for the same workload and format, are
     refused in one line."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
+    out: dict[tuple[str, str], Evidence] = {}
     if not paths:
         return out  # no file: torch (the quality module's) stays unimported in fit's parent process
     from opmap.measure.quality import read_quality
 
     for p in paths:
         q = read_quality(p)
-        model = next((m for m in models if q["workload"] in _names(m)), None)
+        model = next((m for m in models if q.workload in _names(m)), None)
         if model is None:
-            raise OpmapError(f"quality file {p} is for {q['workload']}, not one of the fit's models "
+            raise OpmapError(f"quality file {p} is for {q.workload}, not one of the fit's models "
                              f"({', '.join(models)})")
-        key = (model, q["dtype"])
+        key = (model, q.dtype)
         if key in out:
-            raise OpmapError(f"two quality files for {model} at {q['dtype']}: {out[key]['file']} and {p}")
-        out[key] = {"file": str(p), "snr_db": q.get("snr_db"), "agreement": q["agreement"],
-                    "agreement_kind": q["agreement_kind"], "kl": q.get("kl"), "weights": q.get("weights", "random"),
-                    "rel_error": q["rel_error"]}
+            raise OpmapError(f"two quality files for {model} at {q.dtype}: {out[key].file} and {p}")
+        out[key] = Evidence(str(p), q)
     return out
 
 
@@ -61,7 +71,7 @@ def cell_format(cell: dict[str, Any], fit_dtype: str) -> str:
     return cell.get("dtype") or fit_dtype
 
 
-def attach(r: dict[str, Any], evidence: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+def attach(r: dict[str, Any], evidence: dict[tuple[str, str], Evidence]) -> dict[str, Any]:
     """fit.json's body with each cell's ``quality``: {format, file, figures} where a file covers its workload
     and format, {format, file: null, note: "no quality evidence"} where the format needs evidence and none was
     given; no key otherwise."""
@@ -70,7 +80,11 @@ def attach(r: dict[str, Any], evidence: dict[tuple[str, str], dict[str, Any]]) -
         fmt = cell_format(c, r["dtype"])
         ev = evidence.get((c["model"], fmt))
         if ev is not None:
-            c = {**c, "quality": {"format": fmt, **ev}}
+            q = ev.quality
+            weights = "random" if q.weights is None else q.weights  # files before the key: the zoo's random ones
+            c = {**c, "quality": {"format": fmt, "file": ev.file, "snr_db": q.snr_db, "agreement": q.agreement,
+                                  "agreement_kind": q.agreement_kind, "kl": q.kl, "weights": weights,
+                                  "rel_error": q.rel_error}}
         elif needs_evidence(fmt):
             c = {**c, "quality": {"format": fmt, "file": None, "note": NO_EVIDENCE}}
         cells.append(c)

@@ -34,7 +34,7 @@ from typing import Any
 from opmap.errors import OpmapError
 from opmap.hardware.curves import MAX_BYTES_PER_S, MAX_FLOPS_PER_S, MIN_BYTES_PER_S, MIN_FLOPS_PER_S
 from opmap.precision import FORMATS
-from opmap.validate import finite_number, shown
+from opmap.validate import Rule, shown
 
 KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed", "estimate", "assessed")
 
@@ -122,26 +122,26 @@ REQUIRED_FIELDS = ("memory_bytes", "memory_bandwidth_bytes_per_s", "launch_overh
 # of a year) is a typo that would price absurd figures without a word, so every field has a ceiling well above
 # the largest real value of its kind, named beside it (rates: opmap.hardware.curves.MAX_FLOPS_PER_S and
 # MAX_BYTES_PER_S, with their reasons).
-RATE = {"lo": 0, "lo_open": True}
-FLOPS = {"lo": MIN_FLOPS_PER_S, "hi": MAX_FLOPS_PER_S, "unit": "FLOP/s"}  # every peak, achievable, sustained rate
-BANDWIDTH = {"lo": MIN_BYTES_PER_S, "hi": MAX_BYTES_PER_S, "unit": "B/s"}
+RATE = Rule(lo=0, lo_open=True)
+FLOPS = Rule(lo=MIN_FLOPS_PER_S, hi=MAX_FLOPS_PER_S, unit="FLOP/s")  # every peak, achievable, sustained rate
+BANDWIDTH = Rule(lo=MIN_BYTES_PER_S, hi=MAX_BYTES_PER_S, unit="B/s")
 # memory and caches: Cerebras MemoryX holds up to 1.2 PB for one CS-3, a CPU host tens of TB; 10 PB is past both
-CAPACITY = {**RATE, "hi": 1e16, "unit": "B"}
+CAPACITY = RATE.but(hi=1e16, unit="B")
 # launch, hop and network latencies are microseconds (the catalog's: 0.6 to 5 us); a second is a hang, not a latency
-LATENCY = {**RATE, "hi": 1.0, "unit": "s"}
+LATENCY = RATE.but(hi=1.0, unit="s")
 # a device's draw: a GB300 GPU about 1.4 kW, a Cerebras CS-3 system 23 kW; a megawatt is no one device
-POWER = {**RATE, "hi": 1e6, "unit": "W"}
+POWER = RATE.but(hi=1e6, unit="W")
 # per compute unit per clock (shared memory bytes, transcendental results): 128 and 16 in the catalog
-PER_CLOCK = {**RATE, "hi": 1e6}
-FIELD_RULES: dict[str, dict[str, Any]] = {
-    "sparsity_factor": {"lo": 1, "hi": 16},  # sparse over dense: 2 for 2:4 (the only structured sparsity sold)
+PER_CLOCK = RATE.but(hi=1e6)
+FIELD_RULES: dict[str, Rule] = {
+    "sparsity_factor": Rule(lo=1, hi=16),  # sparse over dense: 2 for 2:4 (the only structured sparsity sold)
     "memory_bytes": CAPACITY,
     "memory_bandwidth_bytes_per_s": BANDWIDTH,
     "achievable_memory_bandwidth_bytes_per_s": BANDWIDTH,
     "l2_bytes": CAPACITY,
     "sram_per_unit_bytes": CAPACITY,
-    "compute_units": {"lo": 1, "hi": 10**7, "integer": True},  # Cerebras WSE-3: 900,000 cores on a wafer
-    "clock_hz": {"lo": 1e6, "hi": 1e11, "unit": "Hz"},  # shipping clocks: 0.5 to 6.2 GHz
+    "compute_units": Rule(lo=1, hi=10**7, integer=True),  # Cerebras WSE-3: 900,000 cores on a wafer
+    "clock_hz": Rule(lo=1e6, hi=1e11, unit="Hz"),  # shipping clocks: 0.5 to 6.2 GHz
     "tdp_w": POWER,
     "idle_power_w": POWER,
     "scale_up_bandwidth_bytes_per_s": BANDWIDTH,
@@ -152,17 +152,17 @@ FIELD_RULES: dict[str, dict[str, Any]] = {
     "scale_out_latency_s": LATENCY,
     "sram_bandwidth_bytes_per_clk": PER_CLOCK,
     "sfu_ops_per_clk": PER_CLOCK,
-    "power_window_s": {**RATE, "hi": 3600.0, "unit": "s"},  # boost to sustained: 0.03 s on the L4; an hour at most
-    "mma_min_m": {"lo": 1, "hi": 4096, "integer": True},  # 64 rows (Hopper wgmma)
-    "devices_per_node": {"lo": 1, "hi": 10**6, "integer": True},  # a TPU v5p pod: 8,960 chips on one torus
-    "stream_k_gemm": {"lo": 0, "hi": 1, "integer": True},  # a flag: 0 or 1
-    "in_switch_reduction": {"lo": 0, "hi": 1, "integer": True},
+    "power_window_s": RATE.but(hi=3600.0, unit="s"),  # boost to sustained: 0.03 s on the L4; an hour at most
+    "mma_min_m": Rule(lo=1, hi=4096, integer=True),  # 64 rows (Hopper wgmma)
+    "devices_per_node": Rule(lo=1, hi=10**6, integer=True),  # a TPU v5p pod: 8,960 chips on one torus
+    "stream_k_gemm": Rule(lo=0, hi=1, integer=True),  # a flag: 0 or 1
+    "in_switch_reduction": Rule(lo=0, hi=1, integer=True),
 }
 # Fields whose table may leave ``value`` out (TOML has no null): the source then says why there is no figure
 EMPTY_ALLOWED = ("idle_power_w",)
 
 
-def read_value(raw: Any, where: str, rule: dict[str, Any] = RATE) -> Value:
+def read_value(raw: Any, where: str, rule: Rule = RATE) -> Value:
     """One ``{value, kind, source[, note]}`` table; ``value`` checked by ``rule`` (finite, in range)."""
     if not isinstance(raw, dict):
         raise OpmapError(f"{where}: expected a table with value, kind and source, got {shown(raw)}")
@@ -174,7 +174,7 @@ def read_value(raw: Any, where: str, rule: dict[str, Any] = RATE) -> Value:
         raise OpmapError(f"{where}: kind {shown(kind)} is not one of {', '.join(KINDS)}")
     val = raw["value"]
     if val is not None:
-        val = finite_number(val, f"{where}.value", **rule)
+        val = rule.check(val, f"{where}.value")
     if not isinstance(raw["source"], str) or not raw["source"].strip():
         raise OpmapError(f"{where}: source must be a non-empty string (got {shown(raw['source'])})")
     return Value(None if val is None else float(val), kind, raw["source"], str(raw.get("note", "")))
@@ -185,7 +185,7 @@ def read_text_value(raw: Any, where: str, accepted: tuple[str, ...]) -> Value:
         raise OpmapError(f"{where}: expected a table with value, kind and source, got {shown(raw)}")
     if not isinstance(raw["value"], str) or raw["value"] not in accepted:
         raise OpmapError(f"{where}: value {shown(raw['value'])} is not one of {', '.join(accepted)}")
-    v = read_value({**raw, "value": None}, where, {})
+    v = read_value({**raw, "value": None}, where, Rule())
     return Value(str(raw["value"]), v.kind, v.source, v.note)
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from opmap.errors import OpmapError
 from opmap.formats import registry
 from opmap.measure.blockscale import BLOCK_FORMATS, METHOD, qdq
 from opmap.precision import torch_dtype
-from opmap.validate import finite_number, shown
+from opmap.validate import Rule, shown
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn (OCP FP8 spec)
 INT4_GROUP = 128
@@ -87,19 +87,37 @@ class Quality:
 
 # quality.json's fields as ``parse_quality`` checks them: text fields, and numbers with their ranges
 QUALITY_TEXT = ("workload", "dtype", "agreement_kind")
-QUALITY_NUMBERS: dict[str, dict[str, Any]] = {
-    "rel_error": {"lo": 0},  # ||y - y_ref|| / ||y_ref||: 0 is exact agreement, any finite size possible
-    "agreement": {"lo": 0, "hi": 1},  # a fraction of positions
-    "max_abs_error": {"lo": 0},
-    "positions": {"lo": 1, "integer": True},
-    "seed": {"lo": 0, "integer": True},
-    "snr_db": {},  # any finite dB (negative: the error outweighs the signal); null where outputs are identical
-    "kl": {"lo": 0},
+QUALITY_NUMBERS: dict[str, Rule] = {
+    "rel_error": Rule(lo=0),  # ||y - y_ref|| / ||y_ref||: 0 is exact agreement, any finite size possible
+    "agreement": Rule(lo=0, hi=1),  # a fraction of positions
+    "max_abs_error": Rule(lo=0),
+    "positions": Rule(lo=1, integer=True),
+    "seed": Rule(lo=0, integer=True),
+    "snr_db": Rule(),  # any finite dB (negative: the error outweighs the signal); null where outputs are identical
+    "kl": Rule(lo=0),
 }
 
 
-def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, Any]:
-    """quality.json (``Quality.to_dict``) read from its text, nothing else touched: the dict, or OpmapError naming
+@dataclass(frozen=True)
+class QualityEvidence:
+    """quality.json as read back (``parse_quality``): the workload and format it covers and its end-to-end figures
+    against fp32; an optional field the file leaves out is None (``weights``: files before the key)."""
+
+    workload: str
+    dtype: str
+    rel_error: float
+    agreement: float
+    agreement_kind: str
+    weights: str | None = None
+    snr_db: float | None = None  # None: identical outputs
+    kl: float | None = None
+    max_abs_error: float | None = None
+    positions: int | None = None
+    seed: int | None = None
+
+
+def parse_quality(text: str | bytes, origin: str = "quality.json") -> QualityEvidence:
+    """quality.json (``Quality.to_dict``) read from its text, nothing else touched: its figures, or OpmapError naming
     the field when it is not JSON, not an object, lacks workload / dtype / rel_error / agreement /
     agreement_kind, holds a non-string where text belongs (``weights`` too, where present), or a number that is
     a bool, a string, NaN, infinite or out of range (rel_error >= 0, agreement from 0 to 1)."""
@@ -118,11 +136,11 @@ def parse_quality(text: str | bytes, origin: str = "quality.json") -> dict[str, 
             raise OpmapError(f"quality file {origin}: {key} must be a string (got {shown(q[key])})")
     for key, rule in QUALITY_NUMBERS.items():
         if key in q and not (key in ("snr_db", "kl") and q[key] is None):
-            q[key] = finite_number(q[key], f"quality file {origin}: {key}", **rule)
-    return q
+            q[key] = rule.check(q[key], f"quality file {origin}: {key}")
+    return QualityEvidence(**{f.name: q.get(f.name) for f in fields(QualityEvidence)})
 
 
-def read_quality(path: Path) -> dict[str, Any]:
+def read_quality(path: Path) -> QualityEvidence:
     """``parse_quality`` of the file at ``path``: the user's path (their own link is followed), what it names a
     regular file of at most LIMIT_JSON_BYTES (opmap.safeio), else one line saying what it is."""
     from opmap.safeio import LIMIT_JSON_BYTES, read_bounded

@@ -29,7 +29,7 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.safeio import LIMIT_TRACE_BYTES, read_bounded
-from opmap.validate import count, finite_number, positive_in, shown
+from opmap.validate import Rule, count, positive_in, shown
 
 ARRIVALS_ACCEPTED = "poisson:RATE, gamma:RATE,CV, offline, trace:FILE"
 LENGTHS_ACCEPTED = "N, uniform:A,B, normal:MEAN,STD[,MAX], lognormal:MEDIAN,SIGMA[,MAX], trace"
@@ -48,8 +48,8 @@ CV_RANGE = (1e-3, 1e3)
 # does 100k in ~0.5 s, so 10M in about a minute). Past it the arrays alone outgrow memory (2e9 requests: 16 GB
 # per column).
 MAX_REQUESTS = 10_000_000
-ARRIVAL_RULE = {"lo": 0, "hi": MAX_ARRIVAL_S, "unit": "s (one year at most)"}
-LENGTH_RULE = {"lo": 1, "hi": MAX_TOKENS, "integer": True}
+ARRIVAL_RULE = Rule(lo=0, hi=MAX_ARRIVAL_S, unit="s (one year at most)")
+LENGTH_RULE = Rule(lo=1, hi=MAX_TOKENS, integer=True)
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,10 @@ def _floats(spec: str, body: str, n: int, what: str) -> list[float]:
     return vals
 
 
-def _spec_number(value: float, field: str, accepted: str, **rule) -> float:
+def _spec_number(value: float, field: str, accepted: str, rule: Rule) -> float:
     """``finite_number`` for a number inside a one-line spec: its message ends with the accepted forms."""
     try:
-        return finite_number(value, field, **rule)
+        return rule.check(value, field)
     except OpmapError as e:
         raise OpmapError(f"{e}; accepted: {accepted}") from None
 
@@ -138,11 +138,12 @@ def parse_arrival(spec: str) -> Arrival:
     rate_rule = positive_in("requests/s")  # at most the plausibility ceiling (opmap.validate.CEILINGS)
     if kind == "poisson":
         (rate,) = _floats(spec, body, 1, "arrival")
-        return Arrival("poisson", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, **rate_rule))
+        return Arrival("poisson", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, rate_rule))
     if kind == "gamma":
         rate, cv = _floats(spec, body, 2, "arrival")
-        return Arrival("gamma", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, **rate_rule),
-                       _spec_number(cv, f"arrival {spec!r}: CV", ARRIVALS_ACCEPTED, lo=CV_RANGE[0], hi=CV_RANGE[1]))
+        return Arrival("gamma", _spec_number(rate, f"arrival {spec!r}: RATE", ARRIVALS_ACCEPTED, rate_rule),
+                       _spec_number(cv, f"arrival {spec!r}: CV", ARRIVALS_ACCEPTED,
+                                   Rule(lo=CV_RANGE[0], hi=CV_RANGE[1])))
     raise OpmapError(f"bad arrival {spec!r}: accepted: {ARRIVALS_ACCEPTED}")
 
 
@@ -151,7 +152,7 @@ def parse_length(spec: str | int) -> Length:
     MEAN and MEDIAN from 1 to MAX_TOKENS (A, B integers, A <= B), STD and SIGMA finite and >= 0."""
     s = str(spec).strip()
     if s.isdigit():
-        return Length("fixed", _spec_number(int(s), f"length {s}", LENGTHS_ACCEPTED, **LENGTH_RULE))
+        return Length("fixed", _spec_number(int(s), f"length {s}", LENGTHS_ACCEPTED, LENGTH_RULE))
     kind, _, body = s.partition(":")
     if kind == "trace" and not body:
         return Length("trace")
@@ -160,14 +161,14 @@ def parse_length(spec: str | int) -> Length:
         vals = _floats(spec, body, 3 if capped else 2, "length")
         a, b = vals[0], vals[1]
         names = {"uniform": ("A", "B"), "normal": ("MEAN", "STD"), "lognormal": ("MEDIAN", "SIGMA")}[kind]
-        a = _spec_number(a, f"length {spec!r}: {names[0]}", LENGTHS_ACCEPTED, lo=1, hi=MAX_TOKENS,
-                         integer=kind == "uniform")
-        b_rule = {"lo": a, "hi": MAX_TOKENS, "integer": True} if kind == "uniform" else {"lo": 0}
-        b = _spec_number(b, f"length {spec!r}: {names[1]}", LENGTHS_ACCEPTED, **b_rule)
+        a = _spec_number(a, f"length {spec!r}: {names[0]}", LENGTHS_ACCEPTED,
+                         Rule(lo=1, hi=MAX_TOKENS, integer=kind == "uniform"))
+        b_rule = Rule(lo=a, hi=MAX_TOKENS, integer=True) if kind == "uniform" else Rule(lo=0)
+        b = _spec_number(b, f"length {spec!r}: {names[1]}", LENGTHS_ACCEPTED, b_rule)
         cap = None
         if capped:  # at least the median / mean: a cap below it would redraw most draws
-            cap = int(_spec_number(vals[2], f"length {spec!r}: MAX", LENGTHS_ACCEPTED, lo=max(1.0, a),
-                                   hi=MAX_TOKENS, integer=True))
+            cap = int(_spec_number(vals[2], f"length {spec!r}: MAX", LENGTHS_ACCEPTED,
+                                   Rule(lo=max(1.0, a), hi=MAX_TOKENS, integer=True)))
         return Length(kind, a, b, cap)
     raise OpmapError(f"bad length {spec!r} (tokens must be >= 1): accepted: {LENGTHS_ACCEPTED}")
 
@@ -204,7 +205,7 @@ def _rows(lines: list[str], origin: str) -> tuple[list[dict], bool]:
     return rows, False
 
 
-def _cell(v, field: str, rule: dict, text: bool):
+def _cell(v, field: str, rule: Rule, text: bool):
     """One trace value checked by ``rule``: a JSON value as it is (a string is refused), a CSV cell read as a
     number first."""
     if text and isinstance(v, str):
@@ -212,7 +213,7 @@ def _cell(v, field: str, rule: dict, text: bool):
             v = float(v.strip())
         except ValueError:
             pass  # finite_number refuses the text, quoting it
-    return finite_number(v, field, **rule)
+    return rule.check(v, field)
 
 
 def parse_trace(data: str | bytes, origin: str = "<trace>") -> dict[str, np.ndarray]:

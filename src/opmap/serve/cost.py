@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.validate import finite_number, positive_in
+from opmap.validate import positive_in
 
 SERVICE_ACCEPTED = "fixed:MS, exp:MS (MS the mean service time in milliseconds, > 0, at most a day)"
 
@@ -278,7 +278,7 @@ def parse_service_time(spec: str) -> ServiceTime:
     if kind not in ("fixed", "exp") or ms is None:
         raise OpmapError(f"bad service time {spec!r}: accepted: {SERVICE_ACCEPTED}")
     try:
-        ms = finite_number(ms, f"service time {spec!r}: MS", **positive_in("ms"))
+        ms = positive_in("ms").check(ms, f"service time {spec!r}: MS")
     except OpmapError as e:
         raise OpmapError(f"{e}; accepted: {SERVICE_ACCEPTED}") from None
     return ServiceTime(kind, ms / 1e3)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.validate import INT_GE1, INT_MAX, finite_number, options, plausible
+from opmap.validate import INT_GE1, INT_MAX, options, plausible
 
 ACCEPTED = ("none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK, "
             "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict]]")
@@ -209,7 +209,7 @@ def parse_policy(spec: str) -> Policy:
         except ValueError:
             raise _bad(spec, "WAIT_MS is a number of milliseconds") from None
         try:
-            wait_ms = finite_number(wait_ms, "WAIT_MS", **plausible("ms"))  # at most a day (validate.CEILINGS)
+            wait_ms = plausible("ms").check(wait_ms, "WAIT_MS")  # at most a day (validate.CEILINGS)
         except OpmapError as e:
             raise _bad(spec, str(e)) from None
         return Dynamic(_ints(spec, b), wait_ms / 1e3)

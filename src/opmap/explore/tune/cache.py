@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.explore.tune.result import SignatureResult, WholeModel
 from opmap.safeio import read_bounded
 from opmap.validate import json_text
 
@@ -72,8 +73,9 @@ def _safe_dir(d: Path) -> bool:
 WHOLE_FIELDS = ("schema_version", "key", "whole_model")  # a model's measured default-vs-tuned entry
 
 
-def read(d: Path, key: str, fields: tuple[str, ...] = _FIELDS) -> dict[str, Any] | None:
-    """The entry ``key`` in folder ``d``, or None: absent, a symlink, unparsable or missing one of ``fields``."""
+def _load(d: Path, key: str, fields: tuple[str, ...]) -> Any:
+    """The parsed entry ``key`` in folder ``d``, or None: absent, a symlink, unparsable, of another schema version
+    or key, or missing one of ``fields``."""
     if not _safe_dir(d):
         return None
     try:  # a regular file of at most 4 MiB (far above any entry), no link followed, a FIFO never blocking
@@ -85,6 +87,38 @@ def read(d: Path, key: str, fields: tuple[str, ...] = _FIELDS) -> dict[str, Any]
     if entry["schema_version"] != CACHE_SCHEMA_VERSION or entry["key"] != key:
         return None
     return entry
+
+
+def read_entry(d: Path, key: str, candidate_hash: str | None = None) -> SignatureResult | None:
+    """The signature entry ``key`` in folder ``d``, or None: absent or unreadable (see ``_load``), a field missing
+    or mistyped, or (where ``candidate_hash`` is given) tuned over another candidate list."""
+    entry = _load(d, key, _FIELDS)
+    if entry is None or (candidate_hash is not None and entry["candidate_hash"] != candidate_hash):
+        return None
+    try:
+        return SignatureResult.from_dict(entry)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def read_whole(d: Path, key: str) -> WholeModel | None:
+    """The whole-model entry ``key`` in folder ``d``, or None (as ``read_entry``)."""
+    entry = _load(d, key, WHOLE_FIELDS)
+    try:
+        return WholeModel.from_dict(entry["whole_model"]) if entry is not None else None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def write_entry(d: Path, key: str, e: SignatureResult, candidate_hash: str, fingerprint: Any) -> Path | None:
+    """Cache signature entry ``e`` as ``key`` with the candidate list's hash and the device it was tuned on."""
+    return write(d, key, {**e.to_dict(with_cached=False), "candidate_hash": candidate_hash,
+                          "fingerprint": fingerprint, "versions": versions()})
+
+
+def write_whole(d: Path, key: str, w: WholeModel) -> Path | None:
+    """Cache the whole-model measurement ``w`` as ``key``."""
+    return write(d, key, {"whole_model": w.to_dict(with_cached=False)})
 
 
 def write(d: Path, key: str, entry: dict[str, Any]) -> Path | None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from opmap.explore.tune.candidates import (
     thread_counts,
 )
 from opmap.explore.tune.rank import kendall_tau, predict_candidate
+from opmap.explore.tune.result import CandidateRow, SignatureResult, Timing, TuneAxes, TuneResult, WholeModel
 from opmap.explore.tune.signatures import Signature, signatures
 from opmap.hardware.spec import HardwareSpec
 from opmap.timing import Sample, time_interleaved
@@ -47,10 +48,6 @@ from opmap.timing import Sample, time_interleaved
 SCHEMA_VERSION = 1
 MAX_TOP_K = 16
 Progress = Callable[[str, int, int], None]
-
-
-def _median_spread(s: Sample) -> dict[str, float]:
-    return {"measured_s": s.median_s, **{k: v for k, v in s.spread().items()}}
 
 
 def _choose(timed: list[tuple[Candidate, Sample]], default: Candidate) -> tuple[Candidate, str]:
@@ -78,7 +75,7 @@ class Setup:
     probes: list[float] = field(default_factory=list)  # this run's fork / join probes, seconds (appended)
 
 
-def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any]:
+def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> SignatureResult:
     """One signature's entry: every candidate predicted, the top k and the default timed, the choice."""
     threads, top_k = st.threads, st.top_k
     # the fork / join cost, probed again just before this signature is ranked: on a shared host it follows the
@@ -99,43 +96,39 @@ def tune_signature(sig: Signature, hw: HardwareSpec, st: Setup) -> dict[str, Any
     timed = list(zip(timed_c, samples))
     chosen, kept = _choose(timed, default)
     meas = dict(timed)
-    rows = [{**c.to_dict(), "predicted_s": pred[c], "predicted_rank": i + 1, "timed": c in meas,
-             "default": c == default, "changes_precision": c.dtype != sig.dtype,
-             **(_median_spread(meas[c]) if c in meas else {})} for i, c in enumerate(ranked)]
+    rows = tuple(CandidateRow(c, pred[c], i + 1, c in meas, c == default, c.dtype != sig.dtype,
+                              Timing.of(meas[c]) if c in meas else None) for i, c in enumerate(ranked))
     d_s, c_s = meas[default].median_s, meas[chosen].median_s
-    return {"signature": sig.to_dict(), "candidates": rows, "chosen": chosen.to_dict(), "default": default.to_dict(),
-            "default_s": d_s, "chosen_s": c_s, "gain": d_s / c_s, "kept_default_because": kept,
-            "predicted_chosen_s": pred[chosen], "predicted_default_s": pred[default], "parallel_region_s": par,
-            "parallel_region_probe_s": probe}
+    return SignatureResult(sig, rows, chosen, default, d_s, c_s, d_s / c_s, kept, pred[chosen], pred[default], par,
+                           probe)
 
 
-def _keep_defaults(entries: list[dict], sigs: list[Signature], d, fp: str, labels_of, top_k: int,
-                   whole: dict) -> list[dict]:
+def _keep_defaults(entries: list[SignatureResult], d, fp: Mapping[str, Any], labels_of, top_k: int,
+                   whole: WholeModel) -> list[SignatureResult]:
     """The whole model ran slower with the choices applied than as built, beyond the spread (casts between
     operators of different formats, thread-count switches between kernels: costs no single signature's timing
     sees): the measurement decides, so every signature keeps its default, in tune.json and in the cache that
     ``analyze --tuned`` reads; what each signature alone measured best stays as ``chosen_alone``."""
     out = []
-    why = (f"the whole model ran {1 / whole['gain']:.3g}x slower with the choices applied (beyond the spread): "
+    why = (f"the whole model ran {1 / whole.gain:.3g}x slower with the choices applied (beyond the spread): "
            "defaults kept")
-    for e, sig in zip(entries, sigs):
-        if e["chosen"] != e["default"]:
-            e = {**e, "chosen_alone": e["chosen"], "chosen": e["default"], "chosen_s": e["default_s"], "gain": 1.0,
-                 "predicted_chosen_s": e["predicted_default_s"], "kept_default_because": why}
-            key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels_of(sig), top_k)
-            body = {k: v for k, v in e.items() if k != "cached"}
-            cache.write(d, key, {**body, "candidate_hash": chash, "fingerprint": fp, "versions": cache.versions()})
+    for e in entries:
+        if e.chosen != e.default:
+            e = replace(e, chosen_alone=e.chosen, chosen=e.default, chosen_s=e.default_s, gain=1.0,
+                        predicted_chosen_s=e.predicted_default_s, kept_default_because=why)
+            cache.write_entry(d, cache.entry_key(fp, e.signature.key), e,
+                              cache.candidate_hash(labels_of(e.signature), top_k), fp)
         out.append(e)
     return out
 
 
-def _tau_groups(entries: list[dict], noise: bool = False) -> list[tuple[list[float], ...]]:
+def _tau_groups(entries: list[SignatureResult], noise: bool = False) -> list[tuple[list[float], ...]]:
     """Per signature, the timed candidates' (predicted, measured[, IQR]) lists."""
     out = []
     for e in entries:
-        rows = [r for r in e["candidates"] if r["timed"]]
-        g = ([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
-        out.append((*g, [r["iqr_s"] for r in rows]) if noise else g)
+        rows = [(r.predicted_s, r.timing) for r in e.candidates if r.timed and r.timing is not None]
+        g = ([p for p, _ in rows], [t.measured_s for _, t in rows])
+        out.append((*g, [t.iqr_s for _, t in rows]) if noise else g)
     return out
 
 
@@ -153,7 +146,7 @@ def device_dtypes(hw: HardwareSpec) -> tuple[str, ...]:
 
 
 def whole_model(load: Callable[[], Any], choices: list[tuple[Signature, Candidate, Candidate]], model_dtype: str,
-                rounds: int) -> dict[str, Any]:
+                rounds: int) -> WholeModel:
     """The model as built and with the choices applied, timed interleaved (seconds per forward)."""
     from opmap.precision import torch_dtype
 
@@ -170,23 +163,9 @@ def whole_model(load: Callable[[], Any], choices: list[tuple[Signature, Candidat
     with torch.no_grad():
         d, t = time_interleaved([call(base), call(tuned)], torch.device("cpu"), rounds=rounds, min_time_s=0.0)
     spread = max(d.spread()["iqr_s"], t.spread()["iqr_s"])
-    return {"default": {**_median_spread(d), "samples_s": list(d.times_s)},
-            "tuned": {**_median_spread(t), "samples_s": list(t.times_s)}, "gain": d.median_s / t.median_s,
-            "spread_s": spread, "tuned_within_spread": t.median_s <= d.median_s + spread,
-            "applied": sum(1 for s, c, dft in choices if c != dft), "not_applied": notes}
-
-
-def store_payload(result: dict[str, Any]) -> dict[str, Any]:
-    """tune.json as the run store takes it: beside the document, one kernel row per timed candidate (name: the
-    signature and mapping; predicted and measured seconds; layer type: the family) and the whole-model samples
-    (metrics ``whole_model:default`` / ``whole_model:tuned``), so the store's tables hold the figures."""
-    rows = [{"op": f"{e['signature']['key']} {c['label']}", "layer_type": e["signature"]["family"],
-             "predicted_s": c["predicted_s"], "measured_s": c["measured_s"],
-             "bound": "chosen" if c["label"] == e["chosen"]["label"] else ("default" if c["default"] else "")}
-            for e in result["signatures"] for c in e["candidates"] if c.get("timed")]
-    w = result["whole_model"]
-    return {**result, "kind": "tune", "kernels": rows,
-            "samples": {"whole_model:default": w["default"]["samples_s"], "whole_model:tuned": w["tuned"]["samples_s"]}}
+    return WholeModel(Timing.of(d, keep_samples=True), Timing.of(t, keep_samples=True), d.median_s / t.median_s,
+                      spread, t.median_s <= d.median_s + spread, sum(1 for s, c, dft in choices if c != dft),
+                      tuple(notes))
 
 
 def check_setup(hw: HardwareSpec, top_k: int) -> None:
@@ -203,8 +182,8 @@ def check_setup(hw: HardwareSpec, top_k: int) -> None:
 def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], hw: HardwareSpec,
          dtype: str = "fp32", top_k: int = 3, rounds: int = 5, min_time_s: float = 0.005,
          use_cache: bool = True, progress: Progress | None = None,
-         cache_dir=None) -> dict[str, Any]:
-    """Tune every signature of ``model`` (see the module docstring); returns tune.json's content."""
+         cache_dir=None) -> TuneResult:
+    """Tune every signature of ``model`` (see the module docstring); tune.json is its ``to_dict()``."""
     from opmap.calibrate.fingerprint import fingerprint
     from opmap.capture import capture
 
@@ -213,62 +192,62 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
     t0 = time.perf_counter()
     w = load_meta()
     sigs = signatures(capture(w.module, w.inputs))
-    par = {"calibrated": (hw.calibration or {}).get("parallel", {}), "now": parallel_overhead(torch.device("cpu"))}
+    par_cal, par_now = (hw.calibration or {}).get("parallel", {}), parallel_overhead(torch.device("cpu"))
     threads = torch.get_num_threads()
     st = Setup(threads, device_dtypes(hw), sdpa_backends_here(), top_k, rounds, min_time_s,
-               par["now"].get("overhead_s", 0.0),
+               par_now.get("overhead_s", 0.0),
                int((hw.calibration or {}).get("fingerprint", {}).get("threads", threads)),
-               [par["now"]["overhead_s"]] if "overhead_s" in par["now"] else [])
+               [par_now["overhead_s"]] if "overhead_s" in par_now else [])
     fp = fingerprint(torch.device("cpu"))
     d = cache_dir or cache.cache_dir()
-    entries, hits = [], 0
+    entries: list[SignatureResult] = []
+    hits = 0
+
     def labels_of(sig: Signature) -> list[str]:
         return [c.label for c in enumerate_candidates(sig, threads, st.dtypes, st.backends)]
 
     for i, sig in enumerate(sigs):
         progress(f"tuning {sig.key}", i, len(sigs))
-        labels = labels_of(sig)
-        key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels, top_k)
-        hit = cache.read(d, key) if use_cache else None
-        if hit is not None and hit["candidate_hash"] == chash:
-            entries.append({**hit, "signature": sig.to_dict(), "cached": True})
+        key, chash = cache.entry_key(fp, sig.key), cache.candidate_hash(labels_of(sig), top_k)
+        hit = cache.read_entry(d, key, chash) if use_cache else None
+        if hit is not None:
+            entries.append(replace(hit, signature=sig, cached=True))
             hits += 1
             continue
         e = tune_signature(sig, hw, st)
-        cache.write(d, key, {**e, "candidate_hash": chash, "fingerprint": fp, "versions": cache.versions()})
-        entries.append({**e, "cached": False})
+        cache.write_entry(d, key, e, chash, fp)
+        entries.append(e)
     progress("whole model: default vs tuned", len(sigs), len(sigs))
-    choices = [(s, Candidate.from_dict(e["chosen"]), Candidate.from_dict(e["default"])) for s, e in zip(sigs, entries)]
+    whole, entries = _whole(model, dtype, rounds, load_cpu, sigs, entries, use_cache and hits == len(sigs), d, fp,
+                            labels_of, top_k)
+    return TuneResult(SCHEMA_VERSION, model, hw.name, dtype, threads, top_k, rounds, fp, cache.versions(),
+                      TuneAxes(thread_counts(threads), st.dtypes, st.backends, CHUNKS, LEFT_OUT), par_cal, par_now,
+                      tuple(entries), kendall_tau(_tau_groups(entries)),
+                      # the same over the pairs the measurement can order: a measured difference within the larger
+                      # IQR of the two is a tie (a shared host's noise decides those pairs, not the model)
+                      kendall_tau(_tau_groups(entries, noise=True)), str(d), hits, whole,
+                      time.perf_counter() - t0)
 
+
+def _whole(model: str, dtype: str, rounds: int, load_cpu: Callable[[], Any], sigs: list[Signature],
+           entries: list[SignatureResult], all_cached: bool, d, fp: Mapping[str, Any], labels_of,
+           top_k: int) -> tuple[WholeModel, list[SignatureResult]]:
+    """The whole model default vs tuned: read from the cache where every signature was a hit and the same choices
+    were measured before, else timed (and the defaults kept where the choices made it slower)."""
     def whole_key(chosen: list[Candidate]) -> str:
         return cache.entry_key(fp, "whole:" + cache.candidate_hash(
             [model, dtype, *(f"{s.key}={c.label}" for s, c in zip(sigs, chosen))], rounds))
 
+    choices = [(s, e.chosen, e.default) for s, e in zip(sigs, entries)]
     wkey = whole_key([c for _, c, _ in choices])
-    cached_whole = cache.read(d, wkey, cache.WHOLE_FIELDS) if use_cache and hits == len(sigs) else None
+    cached_whole = cache.read_whole(d, wkey) if all_cached else None
     if cached_whole is not None:
-        whole = {**cached_whole["whole_model"], "cached": True}
-    else:
-        whole = whole_model(load_cpu, choices, dtype, rounds)
-        if not whole["tuned_within_spread"]:  # the choices did not carry over to the whole model: defaults stand
-            entries = _keep_defaults(entries, sigs, d, fp, labels_of, top_k, whole)
-            # the cache now holds the defaults as the choices: the next run keys its whole-model entry by them
-            wkey = whole_key([Candidate.from_dict(e["chosen"]) for e in entries])
-        whole = {**whole, "adopted": whole["tuned_within_spread"]}
-        cache.write(d, wkey, {"whole_model": whole})
-        whole = {**whole, "cached": False}
-    return {"schema_version": SCHEMA_VERSION, "model": model, "hardware": hw.name, "dtype": dtype,
-            "device": "cpu", "threads": threads, "top_k": top_k, "rounds": rounds,
-            "fingerprint": fp, "versions": cache.versions(),
-            "axes": {"threads": list(thread_counts(threads)), "dtypes": list(st.dtypes),
-                     "sdpa_backends": list(st.backends), "chunks": list(CHUNKS),
-                     "channels_last": "conv and batch norm signatures", "left_out": LEFT_OUT},
-            "parallel_region": par, "signatures": entries,
-            "kendall_tau": kendall_tau(_tau_groups(entries)),
-            # the same over the pairs the measurement can order: a measured difference within the larger IQR of
-            # the two is a tie (a shared host's noise decides those pairs, not the model)
-            "kendall_tau_resolved": kendall_tau(_tau_groups(entries, noise=True)),
-            "tau_pairs": "candidates of one signature compared with each other, pooled over signatures (tau-b)",
-            "cache": {"dir": str(d), "hits": hits, "misses": len(sigs) - hits},
-            "whole_model": whole, "elapsed_s": time.perf_counter() - t0,
-            "note": "timed on a shared machine: medians with their spread (min, max, IQR) per candidate"}
+        return replace(cached_whole, cached=True), entries
+    whole = whole_model(load_cpu, choices, dtype, rounds)
+    if not whole.tuned_within_spread:  # the choices did not carry over to the whole model: defaults stand
+        entries = _keep_defaults(entries, d, fp, labels_of, top_k, whole)
+        # the cache now holds the defaults as the choices: the next run keys its whole-model entry by them
+        wkey = whole_key([e.chosen for e in entries])
+    whole = replace(whole, adopted=whole.tuned_within_spread)
+    cache.write_whole(d, wkey, whole)
+    return whole, entries

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from opmap.errors import OpmapError
 from opmap.explore.tune import cache
+from opmap.explore.tune.result import SignatureResult
 from opmap.explore.tune.signatures import node_signature
 from opmap.roofline import roofline
 
 
-def tuned_choices(graph, cache_dir: Path | None = None) -> dict[str, dict]:
+def tuned_choices(graph, cache_dir: Path | None = None) -> dict[str, SignatureResult]:
     """Signature key -> the cached entry, for the signatures of ``graph`` tuned on this device."""
     import torch
 
@@ -26,12 +27,12 @@ def tuned_choices(graph, cache_dir: Path | None = None) -> dict[str, dict]:
 
     fp = fingerprint(torch.device("cpu"))
     d = cache_dir or cache.cache_dir()
-    out: dict[str, dict] = {}
+    out: dict[str, SignatureResult] = {}
     for n in graph.nodes:
         s = node_signature(n)
         if s is None or s.key in out:
             continue
-        e = cache.read(d, cache.entry_key(fp, s.key))
+        e = cache.read_entry(d, cache.entry_key(fp, s.key))
         if e is not None:
             out[s.key] = e
     return out
@@ -51,17 +52,17 @@ def tuned_analysis(a, cache_dir: Path | None = None):
     for r in a.results:
         s = node_signature(r.node)
         e = choices.get(s.key) if s is not None else None
-        if e is None or not e["predicted_default_s"]:
+        if e is None or not e.predicted_default_s:
             results.append(r)
             continue
-        f = e["predicted_chosen_s"] / e["predicted_default_s"]
+        f = e.predicted_chosen_s / e.predicted_default_s
         p = r.pred
         results.append(replace(r, pred=roofline(p.matrix_s * f, p.vector_s * f, p.memory_s * f, p.overhead_s)))
         tuned += 1
     costs = [r.cost for r in results]
     kernels = tuple(map_kernels(a.plan, a.graph.nodes, costs, [r.pred for r in results], a.hardware,
                                 a.precision, a.hardware.curves)) if a.plan is not None else a.kernel_results
-    labels = sorted({e["chosen"]["label"] for e in choices.values()})
+    labels = sorted({e.chosen.label for e in choices.values()})
     note = (f"tuned: {tuned} nodes over {len(choices)} signatures predicted under the mappings opmap tune measured "
             f"best on this device ({', '.join(labels)})")
     return replace(a, results=tuple(results), kernel_results=kernels, assumptions={**a.assumptions, "tuned": note})
