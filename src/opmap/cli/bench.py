@@ -185,7 +185,7 @@ def _parse(o: _Options) -> _Load:
         if v is not None:
             count(v, name, hi=1 << 20)
     _metrics_url(o.metrics_url, "http://x")  # a bad --metrics-url fails before anything is sent
-    options({"--metrics-interval": (o.metrics_interval, {**positive_in("s"), "lo": 0.05, "hi": 3600})})
+    options({"--metrics-interval": (o.metrics_interval, positive_in("s").but(lo=0.05, lo_open=False, hi=3600))})
     ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
     requests = DEFAULT_REQUESTS if o.requests is None and o.duration is None else o.requests
     if o.out is not None:
