@@ -48,11 +48,12 @@ class PagedKv:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """The engine policy's own figures of a run (opmap.serve.inflight): serve.json's ``preemptions`` and
-    ``kv_cache``."""
+    """The engine policy's own figures of a run (opmap.serve.inflight): serve.json's ``preemptions``, ``kv_cache``
+    and, where prompts share prefixes, ``prefix_cache`` (opmap.serve.prefix.PrefixCache)."""
 
     preemptions: Preemptions
     kv_cache: PagedKv
+    prefix_cache: Any = None
 
 
 @dataclass(frozen=True)
