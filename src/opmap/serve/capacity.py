@@ -183,12 +183,14 @@ class RateProbe:
     disaggregate: tuple[int, int] | None = None  # (prefill, decode) replicas: serve.disagg instead of replicas
     transfer: Any = None  # opmap.serve.disagg.KvTransfer, with disaggregate
     warmup: int | None = None  # requests left out as warm-up (None: WARMUP_FRACTION of them)
+    prefix: Any = None  # opmap.serve.prefix.PrefixShare: the prompts' shared prefixes (None: none shared)
 
     def _requests(self, rate: float, n: int | None = None):
         from opmap.serve.arrivals import make_requests
 
-        return make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, n or self.requests,
+        reqs = make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, n or self.requests,
                              self.seed, max_span_s=None)  # the search moves the rate, down to very low ones
+        return self.prefix.apply(reqs) if self.prefix is not None else reqs
 
     def _simulate(self, reqs) -> SimResult:
         from opmap.serve.sim import simulate
