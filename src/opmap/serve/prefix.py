@@ -157,19 +157,19 @@ class PrefixPool:
 
     def take(self, n: int) -> None:
         """``n`` blocks off the head of the queue (the caller checked they are there); a cached one is evicted."""
-        q = self.q
+        q, where, ref = self.q, self.where, self.ref
         while n:
-            key, v = next(iter(q.items()))
+            key, v = q.popitem(last=False)
             if type(v) is list:
-                k = min(v[0], n)
-                v[0] -= k
-                n -= k
-                if not v[0]:
-                    del q[key]
+                if v[0] > n:  # a run longer than needed: the rest stays at the head
+                    v[0] -= n
+                    q[key] = v
+                    q.move_to_end(key, last=False)
+                    return
+                n -= v[0]
             else:
-                del q[key]
-                del self.where[v]
-                del self.ref[v]
+                del where[v]
+                del ref[v]
                 n -= 1
 
     def lookup(self, hashes: list[int], most: int) -> tuple[int, int]:
