@@ -183,3 +183,19 @@ def test_prefix_share_is_checked_and_needs_the_engine_policy():
     reqs = PrefixShare(0.5).apply(_spaced(3, 100))
     with pytest.raises(OpmapError, match="use --policy engine"):
         simulate(reqs, Continuous(), _linear())
+
+
+def test_a_capacity_search_keeps_the_shared_prefixes():
+    """--find-capacity draws its requests again at each rate (RateProbe): with the same prompts' shares, so the runs
+    it compares all find the prefix cached; the measured window keeps each request's hit tokens."""
+    from opmap.serve.arrivals import parse_arrival, parse_length
+    from opmap.serve.capacity import RateProbe, steady_window
+
+    probe = RateProbe(parse_arrival("poisson:5"), parse_length(300), parse_length(4), 40, Engine(), _linear(),
+                      prefix=PrefixShare(0.5, 2))
+    reqs = probe._requests(50.0)
+    assert reqs.prompt.source == "share:0.5,groups:2" and len(reqs.prompt) == 40
+    res = probe.result(5.0)
+    assert res.prefix_hit_tokens[2:].tolist() == [144] * (len(res.arrival_s) - 2)  # floor(150 / 16) x 16
+    part = steady_window(res, np.arange(5, 10))
+    assert part.prefix_hit_tokens.tolist() == [144] * 5

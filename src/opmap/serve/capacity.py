@@ -92,7 +92,8 @@ def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
     return replace(res, arrival_s=res.arrival_s[keep], start_s=res.start_s[keep], first_s=res.first_s[keep],
                    finish_s=res.finish_s[keep], input_len=res.input_len[keep], output_len=res.output_len[keep],
                    replica=res.replica[keep], busy_s=[b * scale for b in res.busy_s],
-                   preemptions=None if res.preemptions is None else res.preemptions[keep])
+                   preemptions=None if res.preemptions is None else res.preemptions[keep],
+                   prefix_hit_tokens=None if res.prefix_hit_tokens is None else res.prefix_hit_tokens[keep])
 
 
 def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> QueueTrend:
