@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.serve.prefix import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class EngineStats:
 
     preemptions: Preemptions
     kv_cache: PagedKv
-    prefix_cache: Any = None
+    prefix_cache: PrefixCache | None = None
 
 
 @dataclass(frozen=True)
