@@ -41,6 +41,13 @@ def serve(
     input_len: str = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
                                                              "lognormal:MEDIAN,SIGMA ([,MAX]) or trace."),
     output_len: str = typer.Option("128", "--output-len", help="As --input-len."),
+    prefix_share: float | None = typer.Option(None, "--prefix-share", help="engine: the fraction R (0 to 1) of each "
+                                              "prompt that is a prefix shared with its group (a system prompt of R x "
+                                              "input_len tokens), served from the prefix cache; a Mooncake trace "
+                                              "(--arrival trace:FILE with hash_ids) brings its own."),
+    prefix_groups: int | None = typer.Option(None, "--prefix-groups", help="With --prefix-share: G distinct shared "
+                                                                           "prefixes, request i in group i mod G "
+                                                                           "(default 1)."),
     policy: str | None = typer.Option(None, help="engine (in-flight batching as vLLM / TensorRT-LLM: the default; "
                                                  "continuous with --disaggregate), none, static:B, dynamic:B,WAIT_MS, "
                                                  "continuous[:TOKEN_BUDGET], chunked:CHUNK."),
@@ -87,7 +94,7 @@ def serve(
     o = _Options(model, hardware, tp, pp, runtime, kv_dtype, gpu_memory_utilization, allow_long_context, arrival,
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
-                 out, spec, spec_accept, spec_accepted)
+                 out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups)
     o, choice = _on_device(o)
     p = _parse(o)
     reqs, cost, transfer, probe = _price(o, p)
@@ -132,6 +139,8 @@ class _Options:
     spec: str | None = None
     spec_accept: float | None = None
     spec_accepted: float | None = None
+    prefix_share: float | None = None
+    prefix_groups: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,7 @@ class _Parsed:
     pd: tuple[int, int] | None
     replicas: int
     spec: Any = None
+    prefix: Any = None  # opmap.serve.prefix.PrefixShare, with --prefix-share
 
 
 def _on_device(o: _Options) -> tuple[_Options, Any]:
@@ -186,13 +196,14 @@ def _parse(o: _Options) -> _Parsed:
     if o.find_capacity and arr.kind not in ("poisson", "gamma"):
         raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
     pd = _disaggregation(o.disaggregate, o.replicas, o.service_time, o.router, pol)
+    prefix = _prefix(o.prefix_share, o.prefix_groups, pol, pd)
     if o.out is not None:
         check_out_dir(o.out)
     if spec is not None and (pol.name not in ("continuous", "chunked") or pd is not None):
         raise OpmapError(f"--spec {spec.spec()} is simulated under --policy continuous[:TOKEN_BUDGET] (its default) "
                          f"or chunked:CHUNK, without --disaggregate; got --policy {pol.spec()}"
                          + (" with --disaggregate" if pd is not None else ""))
-    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec)
+    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec, prefix)
 
 
 def _spec(o: _Options):
@@ -214,6 +225,8 @@ def _price(o: _Options, p: _Parsed):
     from opmap.serve import make_requests
 
     reqs = make_requests(p.arrival, p.input_len, p.output_len, o.requests, o.seed)
+    if p.prefix is not None:
+        reqs = p.prefix.apply(reqs)
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
                  o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context, p.spec)
     transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
@@ -222,7 +235,7 @@ def _price(o: _Options, p: _Parsed):
         from opmap.serve.capacity import RateProbe
 
         probe = RateProbe(p.arrival, p.input_len, p.output_len, o.requests, p.policy, cost, p.replicas, o.router,
-                          o.seed, p.slo, p.pd, transfer)
+                          o.seed, p.slo, p.pd, transfer, prefix=p.prefix)
     return reqs, cost, transfer, probe
 
 
@@ -242,6 +255,8 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas)}
     if p.spec is not None:  # only with --spec: the outputs of a run without it are unchanged
         report["assumptions"]["speculative_decoding"] = {**p.spec.to_dict(), "line": p.spec.text()}
+    if p.prefix is not None:
+        report["assumptions"]["prefix"] = p.prefix.spec()
     from opmap.report.serve_text import print_serve
 
     print_serve(console, report, o.model, o.hardware)
@@ -275,6 +290,21 @@ def _slo(slo_ttft: float | None, slo_tpot: float | None, slo_p99: float | None):
     if slo_p99 is not None:
         return Slo(None, None, slo_p99 / 1e3)
     return Slo(2.0 if slo_ttft is None else slo_ttft / 1e3, 0.2 if slo_tpot is None else slo_tpot / 1e3)
+
+
+def _prefix(share: float | None, groups: int | None, pol, pd):
+    """--prefix-share R [--prefix-groups G] checked (the engine policy, one pool): a PrefixShare, or None."""
+    if share is None:
+        if groups is not None:
+            raise OpmapError("--prefix-groups G splits the prefix --prefix-share R shares: give --prefix-share too")
+        return None
+    from opmap.serve.prefix import PrefixShare
+
+    if pd is not None or pol.name != "engine":
+        raise OpmapError("--prefix-share is served from the prefix cache of the engine policy's paged KV, in one "
+                         f"pool: use --policy engine without --disaggregate (got {pol.spec()!r}"
+                         + (", --disaggregate)" if pd is not None else ")"))
+    return PrefixShare(share, 1 if groups is None else groups)
 
 
 def _disaggregation(disaggregate: str | None, replicas: int, service_time: str | None, router: str, pol):

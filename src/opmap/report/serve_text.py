@@ -56,6 +56,12 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
                   if kv.get("blocks") is not None else f"KV unlimited, blocks of {kv.get('kv_block')} tokens")
         console.print(f"{blocks}; preemptions {p['total']} ({p['requests_preempted']} requests, recomputed)",
                       highlight=False)
+        pc = r.get("prefix_cache")
+        if pc:
+            console.print(f"prefix cache ({plain(pc['prompts'])}): hit rate {pc['hit_rate']:.1%} ({pc['hit_tokens']:,} "
+                          f"of {pc['prompt_tokens']:,} prompt tokens cached at admission, blocks of {pc['kv_block']}); "
+                          f"{pc['recompute_hit_tokens']:,} more found by preempted requests' recompute",
+                          highlight=False)
     v = r["validity"]
     console.print(f"MLPerf-style validity: {v['verdict']} ({v['reason']})", highlight=False)
     if "disaggregation" in r:

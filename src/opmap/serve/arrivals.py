@@ -14,7 +14,9 @@ again until under it (a truncated distribution, as a set that drops its longer s
 Trace file format: UTF-8 JSON Lines, one object per request with ``arrival_s`` and optionally ``input_len`` and
 ``output_len`` (JSON numbers), or CSV with a header row naming the same columns. Arrival times are seconds from
 the start of the run, from 0 to MAX_ARRIVAL_S (one year); lengths are integers from 1 to MAX_TOKENS; rows need
-not be sorted (they are sorted on load). Lines starting with ``#`` and blank lines are skipped.
+not be sorted (they are sorted on load). Lines starting with ``#`` and blank lines are skipped. JSONL rows in
+Mooncake's format (``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``: opmap.serve.mooncake)
+are read as such: their prompts' shared blocks come with them (``Requests.prompt``; lengths ``trace``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.safeio import LIMIT_TRACE_BYTES, read_bounded
+from opmap.serve.mooncake import is_mooncake, mooncake_columns, mooncake_prompts
+from opmap.serve.prefix import Prompts
 from opmap.validate import Rule, count, positive_in, shown
 
 ARRIVALS_ACCEPTED = "poisson:RATE, gamma:RATE,CV, offline, trace:FILE"
@@ -95,12 +99,14 @@ class Length:
 
 @dataclass(frozen=True)
 class Requests:
-    """The workload: per-request arrival time (s, sorted), prompt and output lengths (tokens, >= 1)."""
+    """The workload: per-request arrival time (s, sorted), prompt and output lengths (tokens, >= 1); ``prompt``:
+    what each prompt holds where prompts share prefixes (None: every prompt its own; opmap.serve.prefix)."""
 
     arrival_s: np.ndarray
     input_len: np.ndarray
     output_len: np.ndarray
     arrival: str = ""
+    prompt: Prompts | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -229,6 +235,8 @@ def parse_trace(data: str | bytes, origin: str = "<trace>") -> dict[str, np.ndar
     rows, text_cells = _rows(lines, origin)
     if not rows:
         raise OpmapError(f"trace file {origin} holds a header row and no requests: {TRACE_ACCEPTED}")
+    if not text_cells and is_mooncake(rows[0]):
+        return mooncake_columns(rows, origin, ARRIVAL_RULE, LENGTH_RULE)
     cols: dict[str, list] = {"arrival_s": [], "input_len": [], "output_len": []}
     for i, r in enumerate(rows):
         for k, rule in (("arrival_s", ARRIVAL_RULE), ("input_len", LENGTH_RULE), ("output_len", LENGTH_RULE)):
@@ -328,4 +336,10 @@ def make_requests(arrival: Arrival | str, input_len: Length | str | int, output_
             lens.append(np.maximum(trace[name][:m], 1))
         else:
             lens.append(draw_lengths(ln, m, rng))
-    return Requests(t, lens[0], lens[1], arrival.spec())
+    prompt = None
+    if trace is not None and "hash_ids" in trace:  # a Mooncake trace: its prompts' blocks are its lengths'
+        if ilen.kind != "trace":
+            raise OpmapError(f"trace file {arrival.path!r} is a Mooncake trace: its hash_ids give each prompt's "
+                             "blocks, so its prompt lengths are the trace's: use --input-len trace")
+        prompt = mooncake_prompts(trace["hash_ids"][:m], lens[0])
+    return Requests(t, lens[0], lens[1], arrival.spec(), prompt)

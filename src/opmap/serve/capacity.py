@@ -92,7 +92,8 @@ def steady_window(res: SimResult, keep: np.ndarray) -> SimResult:
     return replace(res, arrival_s=res.arrival_s[keep], start_s=res.start_s[keep], first_s=res.first_s[keep],
                    finish_s=res.finish_s[keep], input_len=res.input_len[keep], output_len=res.output_len[keep],
                    replica=res.replica[keep], busy_s=[b * scale for b in res.busy_s],
-                   preemptions=None if res.preemptions is None else res.preemptions[keep])
+                   preemptions=None if res.preemptions is None else res.preemptions[keep],
+                   prefix_hit_tokens=None if res.prefix_hit_tokens is None else res.prefix_hit_tokens[keep])
 
 
 def queue_trend(arrival_s: np.ndarray, time_s: np.ndarray) -> QueueTrend:
@@ -183,12 +184,14 @@ class RateProbe:
     disaggregate: tuple[int, int] | None = None  # (prefill, decode) replicas: serve.disagg instead of replicas
     transfer: Any = None  # opmap.serve.disagg.KvTransfer, with disaggregate
     warmup: int | None = None  # requests left out as warm-up (None: WARMUP_FRACTION of them)
+    prefix: Any = None  # opmap.serve.prefix.PrefixShare: the prompts' shared prefixes (None: none shared)
 
     def _requests(self, rate: float, n: int | None = None):
         from opmap.serve.arrivals import make_requests
 
-        return make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, n or self.requests,
+        reqs = make_requests(self.arrival.with_rate(rate), self.input_len, self.output_len, n or self.requests,
                              self.seed, max_span_s=None)  # the search moves the rate, down to very low ones
+        return self.prefix.apply(reqs) if self.prefix is not None else reqs
 
     def _simulate(self, reqs) -> SimResult:
         from opmap.serve.sim import simulate

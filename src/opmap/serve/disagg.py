@@ -81,6 +81,9 @@ def simulate_disaggregated(reqs: Requests, policy: Policy, cost: StepCost, prefi
     dcost = cost if decode_cost is None else decode_cost
     n = len(reqs)
     ones = np.ones(n, dtype=reqs.output_len.dtype)
+    if reqs.prompt is not None:
+        raise OpmapError(f"prompts that share prefixes ({reqs.prompt.source}) are served from the engine policy's "
+                         "prefix cache, in one pool: drop --disaggregate")
     _check(Requests(reqs.arrival_s, reqs.input_len, ones, reqs.arrival), policy, IterationFamily(policy, cost, None),
            cost, prefill_replicas, router, False)
     _check(reqs, policy, IterationFamily(policy, dcost, None), dcost, decode_replicas, "least_loaded", True)

@@ -29,8 +29,14 @@ when its KV blocks at its last token (prompt + output - 1 tokens), with those re
 fit the replica's blocks; the blocks are still taken as tokens are produced, but the reservation guarantees they
 are there, so nothing is preempted, at the price of fewer requests running while the reserved blocks sit empty.
 
-Left out, as a plain ``vllm serve`` of distinct prompts would run: prefix caching (no prompts shared here),
-speculative decoding, priorities, swapping to host memory. vLLM V1 walks its running list in admission order,
+Prefix caching (vLLM's, on by default in V1), where the requests' prompts share prefixes (``Trace.prompt``:
+``--prefix-share``, a Mooncake trace): a request admitted holds the cached blocks of its longest cached prefix
+(shared, reference-counted; at most ``(tokens - 1) // kv_block`` blocks, the last token always recomputed) and its
+prefill computes only the tokens after them, its first chunk attending to the cached ones; the full blocks of a
+prompt are cached as a chunk fills them, and a block no request holds waits in the free queue, evicted least
+recently freed first (``PrefixPool``, opmap.serve.prefix, where the rules are). Without shared prompts the blocks
+are only counted, as a plain ``vllm serve`` of distinct prompts runs. Left out: speculative decoding, priorities,
+swapping to host memory. vLLM V1 walks its running list in admission order,
 decodes and partly prefilled prompts interleaved; a prompt still prefilling is always the newest running
 request when decodes come first in the budget, so the two orders schedule the same tokens.
 
@@ -48,6 +54,7 @@ from collections import deque
 from opmap.errors import OpmapError
 from opmap.serve.cost import StepCost, mixed_s
 from opmap.serve.policies import Engine
+from opmap.serve.prefix import PrefixCache, PrefixPool, block_hashes
 from opmap.serve.request import Batch, Events, Trace
 from opmap.serve.run_stats import EngineStats, PagedKv, Preemptions
 
@@ -60,7 +67,7 @@ class _Run:
     """One admission of a request, from the first chunk of its (re)prefill to its last token or its preemption.
     Only running requests have one, so memory follows the running batch, not the trace."""
 
-    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial", "commit")
+    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial", "commit", "held")
 
     def __init__(self, rid: int, gen: int, target: int, serial: int) -> None:
         self.rid, self.state, self.serial = rid, PREFILLING, serial
@@ -69,6 +76,7 @@ class _Run:
         self.h0 = self.j0 = self.res = 0  # a decode: KV tokens and the replica's decode step count at its join;
         # the residue (mod kv_block) of the decode steps at which it needs a new block
         self.commit = 0  # no_evict: the KV blocks reserved for it, those it holds at its last token
+        self.held: list[int | None] = []  # shared prefixes: its prompt's full blocks held (hash, None: uncached)
 
 
 class InflightScheduler:
@@ -88,6 +96,10 @@ class InflightScheduler:
         self.inp, self.out = trace.inp, trace.out
         self.parked: dict[int, tuple[int, float]] = {}  # preempted, waiting: (tokens emitted, last token's time)
         self.serial = 0
+        self.prompt = trace.prompt  # shared prefixes (opmap.serve.prefix.Prompts) or None: no prefix cache
+        self.hit = [0] * len(self.inp) if self.prompt is not None else None  # first admission's cached tokens
+        self.rehit = 0  # cached tokens found by readmitted (preempted) requests
+        self.hashes: dict[int, list[int]] = {}  # a request's prompt block hashes, from its first lookup to its end
 
     def check(self) -> None:
         """Refuse, in one line, a request that could never run: its KV at its last token does not fit the
@@ -114,8 +126,17 @@ class InflightScheduler:
         the paged KV cache of a replica (block size, blocks, the most blocks any replica held at once)."""
         limited = self.blocks != _UNLIMITED
         peak = max((self.blocks - e.min_free for e in reps), default=0) if limited else None
+        pc = (PrefixCache.of(self.inp, self.hit, self.rehit, self.B, self.prompt.source)
+              if self.hit is not None else None)
         return EngineStats(Preemptions.of(preempted),
-                           PagedKv(self.B, self.blocks if limited else None, self.cost.kv_capacity_tokens, peak))
+                           PagedKv(self.B, self.blocks if limited else None, self.cost.kv_capacity_tokens, peak), pc)
+
+    def prompt_hashes(self, rid: int) -> list[int]:
+        """Request ``rid``'s prompt block hashes (kept from its first lookup until it finishes)."""
+        hs = self.hashes.get(rid)
+        if hs is None:
+            hs = self.hashes[rid] = block_hashes(self.prompt.segments[rid], self.B)
+        return hs
 
 
 class EngineReplica:
@@ -123,7 +144,7 @@ class EngineReplica:
     steps formed by ``schedule`` and closed by ``on_batch_end``."""
 
     __slots__ = ("f", "q", "wake", "free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running",
-                 "last_end", "min_free", "committed")
+                 "last_end", "min_free", "committed", "pool")
 
     def __init__(self, family: InflightScheduler, q: deque) -> None:
         self.f, self.q, self.wake = family, q, -1.0
@@ -140,6 +161,7 @@ class EngineReplica:
         self.last_end = 0.0  # when the last step ended: every running decode's last token came then
         self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
         self.committed = 0  # no_evict: blocks reserved by the running requests (each its blocks at its last token)
+        self.pool = PrefixPool(blocks) if family.prompt is not None else None  # the free queue, cached blocks' hashes
 
     # -- eviction ---------------------------------------------------------------------------------------------
 
@@ -157,14 +179,14 @@ class EngineReplica:
         f = self.f
         B = f.B
         if r.state == PREFILLING:
-            self.free += -(-r.done // B)
+            self._give(r, -(-r.done // B))
             self.prefilling.remove(r)
             gen, last = r.gen, f.parked.get(r.rid, (0, 0.0))[1]
             was_decode = False
         else:
             h = r.h0 + self.D - r.j0
             grows = r.res == step % B  # it needed a new block in this step
-            self.free += -(-h // B) + (1 if scheduled and grows else 0)
+            self._give(r, -(-h // B) + (1 if scheduled and grows else 0))
             self.n_dec -= 1
             self.kv_sum -= h + 1
             self.cnt[r.res] -= 1
@@ -194,6 +216,8 @@ class EngineReplica:
             if self._evict(v, step, False) and v.res == step % B:
                 need -= 1
         self.free -= need
+        if self.pool is not None and need:
+            self.pool.take(need)
         budget = M - self.n_dec
         chunks: list[tuple[_Run, int]] = []
         prefilling = self.prefilling
@@ -215,6 +239,8 @@ class EngineReplica:
             if r.state == GONE:
                 break
             self.free -= nb
+            if self.pool is not None:
+                self._fill(r, nb, r.done + take)
             chunks.append((r, take))
             budget -= take
             i += 1
@@ -242,20 +268,28 @@ class EngineReplica:
             rid = q[0]
             gen = parked[rid][0] if rid in parked else 0
             tot = inp[rid] + gen  # a preempted request recomputes its prompt and the tokens it emitted
-            take = min(tot, budget) if chunked else tot
+            k = waiting = 0  # its cached prefix, in blocks; of those, the blocks no request holds
+            if self.pool is not None:
+                hs = f.prompt_hashes(rid)
+                k, waiting = self.pool.lookup(hs, min(len(hs), (tot - 1) // B))
+            hit = k * B
+            take = min(tot - hit, budget) if chunked else tot - hit
             if take > budget:
                 break
-            nb = -(-take // B)
-            if nb > self.free:
+            nb = -(-(hit + take) // B) - k
+            if nb > self.free - waiting:
                 break
             commit = -(-(inp[rid] + f.out[rid] - 1) // B) if no_evict else 0
             if commit and self.committed + commit > f.blocks:  # GUARANTEED_NO_EVICT: its whole KV must be free
                 break
             q.popleft()
-            self.free -= nb
+            self.free -= nb + waiting
             f.serial += 1
             r = _Run(rid, gen, tot, f.serial)
             r.commit = commit
+            if self.pool is not None:
+                self._hit(r, hs[:k], rid in parked)
+                self._fill(r, nb, hit + take)
             self.committed += commit
             if len(self.stack) > 2 * self.running + 64:  # drop finished and preempted entries now and then
                 self.stack = [x for x in self.stack if x.state != GONE]
@@ -286,7 +320,7 @@ class EngineReplica:
                 if r.state != DECODING:
                     continue  # preempted since
                 h = r.h0 + D - r.j0
-                self.free += -(-h // B)
+                self._give(r, -(-h // B))
                 self.n_dec -= 1
                 self.kv_sum -= h + 1
                 self.cnt[r.res] -= 1
@@ -322,7 +356,7 @@ class EngineReplica:
                 ev.gap_s.append(now - parked.pop(rid)[1])
                 ev.gap_w.append(1)
             if r.gen >= out[rid]:
-                self.free += -(-r.done // B)
+                self._give(r, -(-r.done // B))
                 self._done(r)
                 if ev.finished is _NONE:
                     ev.finished = []
@@ -343,3 +377,35 @@ class EngineReplica:
         r.state = GONE
         self.running -= 1
         self.committed -= r.commit
+        if self.pool is not None:
+            self.f.hashes.pop(r.rid, None)
+
+    # -- the prefix cache (shared prompts only) ------------------------------------------------------------------
+
+    def _give(self, r: _Run, blocks: int) -> None:
+        """``r`` (finished or preempted) lets go of its ``blocks`` KV blocks: free, but for its cached prompt
+        blocks other requests still hold."""
+        self.free += blocks if self.pool is None else self.pool.release(r.held, blocks)
+
+    def _hit(self, r: _Run, hashes: list[int], again: bool) -> None:
+        """``r`` admitted holds the cached blocks ``hashes`` (its prefix, already computed); the hit is its first
+        admission's or a readmission's."""
+        self.pool.hold(hashes)
+        r.held = list(hashes)
+        r.done = len(hashes) * self.f.B
+        if again:
+            self.f.rehit += r.done
+        else:
+            self.f.hit[r.rid] = r.done
+
+    def _fill(self, r: _Run, nb: int, upto: int) -> None:
+        """``r``'s step takes ``nb`` new blocks off the free queue (evicting the cached ones there) and computes its
+        KV up to ``upto`` tokens: the prompt's blocks it fills are cached."""
+        pool = self.pool
+        if nb:
+            pool.take(nb)
+        full = min(upto, self.f.inp[r.rid]) // self.f.B
+        if len(r.held) < full:
+            hs = self.f.prompt_hashes(r.rid)
+            for i in range(len(r.held), full):
+                r.held.append(pool.fill(hs[i]))

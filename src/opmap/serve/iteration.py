@@ -26,6 +26,7 @@ import numpy as np
 
 from opmap.serve.cost import mixed_s
 from opmap.serve.request import Batch, Events, Trace
+from opmap.serve.spec import spec_of
 
 
 class IterationFamily:
@@ -39,7 +40,7 @@ class IterationFamily:
         self.continuous = policy.name == "continuous"
         self.decode_pool = self.continuous  # only continuous runs a decode pool
         self.cap = cost.kv_capacity_tokens
-        spec = getattr(cost, "spec", None)
+        spec = spec_of(cost)
         if spec is not None:
             from opmap.serve.spec import step_tokens
 

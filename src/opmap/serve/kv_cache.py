@@ -8,8 +8,10 @@ queue and keeps its hash (its KV stays usable: a later request with the same pre
 again). A new block is taken from the head of the free queue (least recently freed first); a block taken that
 still carries a hash is evicted: its hash is forgotten. ``caching=False``: no hashes, blocks are only counted.
 
-Token ids are what the caller says they are (the serving simulator has none: its reference scheduler gives
-each request its own, so nothing is shared unless a test shares it on purpose).
+Token ids are what the caller says they are (the serving simulator has none: its reference scheduler gives each
+request its own, or, where prompts share prefixes, the tokens of opmap.serve.prefix's segments). ``cache_upto``
+(``allocate``): only the blocks inside a request's first that many tokens are hashed and cached (its prompt: the
+blocks holding output tokens are freed uncached, as opmap.serve.prefix states).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from opmap.errors import OpmapError
 
 
 class _Req:
-    __slots__ = ("table", "tokens", "hashes")
+    __slots__ = ("table", "tokens", "hashes", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.table: list[int] = []  # block ids, in order
-        self.tokens: list[int] = []  # the token ids whose KV the request holds
-        self.hashes: list[int] = []  # the chained hashes of its full blocks
+        self.tokens: list = []  # the token ids whose KV the request holds
+        self.hashes: list[int] = []  # the chained hashes of its full blocks (inside ``limit`` tokens)
+        self.limit = limit  # the blocks cached lie inside its first ``limit`` tokens (None: all)
 
 
 class KVCacheManager:
@@ -58,35 +61,38 @@ class KVCacheManager:
             out.append(parent)
         return out
 
-    def lookup(self, tokens: Sequence[int]) -> int:
-        """How many leading full blocks of ``tokens`` are cached (the longest cached prefix, in blocks)."""
+    def lookup(self, tokens: Sequence, most: int | None = None) -> int:
+        """How many leading full blocks of ``tokens`` are cached (the longest cached prefix, in blocks; at most
+        ``most``)."""
         if not self.caching:
             return 0
         k = 0
         for h in self.block_hashes(tokens):
-            if h not in self.cached:
+            if h not in self.cached or (most is not None and k >= most):
                 break
             k += 1
         return k
 
     # -- taking and giving back ---------------------------------------------------------------------------------
 
-    def allocate(self, rid: int, tokens: Sequence[int]) -> bool:
-        """Admit request ``rid`` holding the KV of ``tokens``: its longest cached prefix shared, new blocks for
-        the rest. False (nothing taken) when the blocks are not there."""
+    def allocate(self, rid: int, tokens: Sequence, max_hit: int | None = None, cache_upto: int | None = None) -> bool:
+        """Admit request ``rid`` holding the KV of ``tokens``: its longest cached prefix (at most ``max_hit``
+        blocks) shared, new blocks for the rest. False (nothing taken) when the blocks are not there."""
         if rid in self.reqs:
             raise OpmapError(f"request {rid} already holds KV blocks")
         hashes = self.block_hashes(tokens) if self.caching else []
+        if cache_upto is not None:
+            hashes = hashes[:cache_upto // self.block_size]
         hit = []
         for h in hashes:
             b = self.cached.get(h)
-            if b is None:
+            if b is None or (max_hit is not None and len(hit) >= max_hit):
                 break
             hit.append(b)
         need = -(-len(tokens) // self.block_size) - len(hit)
         if need > len(self.free_q) - sum(1 for b in hit if self.ref[b] == 0):
             return False
-        req = self.reqs[rid] = _Req()
+        req = self.reqs[rid] = _Req(cache_upto)
         for b in hit:
             self._touch(b)
         req.table = hit
@@ -139,7 +145,8 @@ class KVCacheManager:
             req.table.append(self._take())
         if not self.caching:
             return
-        while len(req.hashes) < len(req.tokens) // bs:  # blocks just filled: hash them, cache them
+        full = len(req.tokens) if req.limit is None else min(len(req.tokens), req.limit)
+        while len(req.hashes) < full // bs:  # blocks just filled: hash them, cache them
             i = len(req.hashes)
             h = hash((req.hashes[-1] if req.hashes else None, tuple(req.tokens[i * bs:(i + 1) * bs])))
             req.hashes.append(h)

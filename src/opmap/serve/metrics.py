@@ -219,6 +219,8 @@ class ServeReport:
              "scheduler": asdict(self.scheduler), "validity": asdict(self.validity)}
         if self.engine is not None:
             d["kv_cache"] = {"paged": True, **asdict(self.engine.kv_cache)}
+            if self.engine.prefix_cache is not None:
+                d["prefix_cache"] = asdict(self.engine.prefix_cache)
         if self.disaggregation is not None:
             d["disaggregation"] = self.disaggregation.to_dict()
         if self.steady_state is not None:

@@ -1,7 +1,9 @@
 """The reference scheduler: vLLM V1's scheduler loop as written there, one replica, every request held and visited
-every step, its blocks in a real block manager (kv_cache.py, prefix caching off: the counting scheduler models
-recompute in full). It is the oracle the counting scheduler (inflight.py, the fast path that counts decodes
-instead of visiting them) is held equal to in tests; far too slow for the fit matrix.
+every step, its blocks in a real block manager (kv_cache.py; prefix caching on where the requests' prompts share
+prefixes, ``Requests.prompt``: a request admitted computes only the tokens after its longest cached prefix, at most
+``(tokens - 1) // block`` blocks, opmap.serve.prefix; off otherwise: every prompt its own, recompute in full). It
+is the oracle the counting scheduler (inflight.py, the fast path that counts decodes instead of visiting them) is
+held equal to in tests; far too slow for the fit matrix.
 
 Each step: running decodes in admission order take one token each (a block short: preempt ``running[-1]``, the
 most recently admitted, back to the front of the waiting queue), then partial prompts their next chunk, then
@@ -26,6 +28,8 @@ from opmap.serve.arrivals import Requests
 from opmap.serve.cost import StepCost, mixed_s
 from opmap.serve.kv_cache import KVCacheManager
 from opmap.serve.policies import Continuous, Engine
+from opmap.serve.prefix import prompt_tokens
+from opmap.serve.spec import spec_of
 
 
 def _tokens(rid: int, start: int, n: int) -> list[int]:
@@ -35,13 +39,16 @@ def _tokens(rid: int, start: int, n: int) -> list[int]:
 
 @dataclass
 class Reference:
-    """Per request: start, first-token and finish times, preemptions; every inter-token gap."""
+    """Per request: start, first-token and finish times, preemptions, prompt tokens found cached when first
+    admitted; every inter-token gap; the tokens found cached when preempted requests were readmitted."""
 
     start: list[float]
     first: list[float]
     finish: list[float]
     preemptions: list[int]
     gaps: list[float] = field(default_factory=list)
+    hit: list[int] = field(default_factory=list)
+    rehit: int = 0
 
 
 class _State:
@@ -49,14 +56,27 @@ class _State:
         n = len(reqs)
         self.arr, self.inp, self.out = reqs.arrival_s.tolist(), reqs.input_len.tolist(), reqs.output_len.tolist()
         self.pol, self.cost = pol, cost
-        self.kv = KVCacheManager(int(cost.kv_capacity_tokens) // pol.kv_block, pol.kv_block, caching=False)
+        self.prompt = reqs.prompt
+        self.kv = KVCacheManager(int(cost.kv_capacity_tokens) // pol.kv_block, pol.kv_block,
+                                 caching=self.prompt is not None)
+        self.ptoks: dict[int, list] = {}  # with shared prefixes: a request's prompt tokens, while it is there
         self.comp, self.gen, self.target, self.dec = [0] * n, [0] * n, [0] * n, [False] * n
         self.last = [0.0] * n
-        self.res = Reference([math.nan] * n, [math.nan] * n, [math.nan] * n, [0] * n)
+        self.res = Reference([math.nan] * n, [math.nan] * n, [math.nan] * n, [0] * n, hit=[0] * n)
         self.waiting: deque[int] = deque()
         self.running: list[int] = []
         self.sched: dict[int, int] = {}
         self.reserved: dict[int, int] = {}  # noevict: the running requests' blocks at their last token
+
+    def tokens(self, r: int, start: int, n: int) -> list:
+        """Request ``r``'s tokens ``start`` .. ``start + n - 1``: its own ids, or with shared prefixes its prompt's
+        tokens (opmap.serve.prefix) and then its output's, ``("out", r, position)``."""
+        if self.prompt is None:
+            return _tokens(r, start, n)
+        if r not in self.ptoks:
+            self.ptoks[r] = prompt_tokens(self.prompt.segments[r])
+        p, inp = self.ptoks[r], self.inp[r]
+        return p[start:min(start + n, inp)] + [("out", r, k) for k in range(max(start, inp), start + n)]
 
     def evict(self, v: int) -> None:
         self.kv.free(v)
@@ -71,7 +91,7 @@ class _State:
     def grow(self, r: int, take: int) -> bool:
         """Blocks for ``r``'s next ``take`` tokens, preempting from the most recent until they fit; False when
         ``r`` itself was preempted. ``budget`` comes back for a preempted decode of this step."""
-        while not self.kv.append(r, _tokens(r, self.comp[r], take)):
+        while not self.kv.append(r, self.tokens(r, self.comp[r], take)):
             v = self.running[-1]
             if v in self.sched and self.dec[v]:
                 self.budget += 1
@@ -115,18 +135,25 @@ class _State:
         while self.waiting and self.budget > 0 and len(self.running) < self.pol.max_num_seqs:
             r = self.waiting[0]
             tot = self.inp[r] + self.gen[r]
-            take = min(tot, self.budget) if self.pol.chunked_prefill else tot
+            k = self.kv.lookup(self.tokens(r, 0, tot), (tot - 1) // B) if self.prompt is not None else 0
+            hit = k * B  # the longest cached prefix, the last token always computed
+            take = min(tot - hit, self.budget) if self.pol.chunked_prefill else tot - hit
             if take > self.budget:
                 break
             whole = math.ceil((self.inp[r] + self.out[r] - 1) / B) if self.pol.no_evict else 0
             if whole and sum(self.reserved.values()) + whole > blocks:
                 break
-            if not self.kv.allocate(r, _tokens(r, 0, take)):
+            upto = self.inp[r] if self.prompt is not None else None
+            if not self.kv.allocate(r, self.tokens(r, 0, hit + take), k, upto):
                 break
             self.waiting.popleft()
             if whole:
                 self.reserved[r] = whole
-            self.comp[r], self.target[r] = 0, tot
+            if math.isnan(self.res.start[r]):
+                self.res.hit[r] = hit
+            else:
+                self.res.rehit += hit
+            self.comp[r], self.target[r] = hit, tot
             self.running.append(r)
             if math.isnan(self.res.start[r]):
                 self.res.start[r] = t
@@ -150,6 +177,7 @@ class _State:
             if self.gen[r] == self.out[r]:
                 res.finish[r] = t
                 self.kv.free(r)
+                self.ptoks.pop(r, None)
                 self.running.remove(r)
                 self.reserved.pop(r, None)
 
@@ -193,7 +221,7 @@ def reference_continuous(reqs: Requests, pol: Continuous, cost: StepCost) -> Ref
     n, cap = len(reqs), cost.kv_capacity_tokens
     res = Reference([math.nan] * n, [math.nan] * n, [math.nan] * n, [0] * n)
     gen, last, done = [0] * n, [0.0] * n, [0] * n  # done: speculative steps taken
-    spec = getattr(cost, "spec", None)
+    spec = spec_of(cost)
     if spec is not None:
         from opmap.serve.spec import step_tokens
 

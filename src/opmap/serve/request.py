@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from opmap.serve.prefix import Prompts
+
 _NONE: tuple = ()  # an empty list of events, shared (never appended to)
 
 
@@ -34,6 +36,7 @@ class Trace:
     svc: list[float] | None = None  # per request, its drawn service time (a ServiceTime instead of a step cost)
     origin: list[float] | None = None  # a decode pool: each request's first token, out of the prefill pool
     arrived: int = 0  # requests arrived so far (the simulator's; static batching waits for more unless all in)
+    prompt: Prompts | None = None  # shared prefixes: what each prompt holds (engine policy only)
 
     @property
     def n(self) -> int:

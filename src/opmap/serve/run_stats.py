@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.serve.prefix import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ class PagedKv:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """The engine policy's own figures of a run (opmap.serve.inflight): serve.json's ``preemptions`` and
-    ``kv_cache``."""
+    """The engine policy's own figures of a run (opmap.serve.inflight): serve.json's ``preemptions``, ``kv_cache``
+    and, where prompts share prefixes, ``prefix_cache`` (opmap.serve.prefix.PrefixCache)."""
 
     preemptions: Preemptions
     kv_cache: PagedKv
+    prefix_cache: PrefixCache | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from opmap.serve.policies import Policy
 from opmap.serve.request import Batch, Events, Trace
 from opmap.serve.run_stats import Disaggregation, EngineStats
 from opmap.serve.scheduler import Family, family_for
+from opmap.serve.spec import spec_of
 from opmap.validate import count
 
 # The most replicas one simulation runs: 10k, a fleet beyond any one deployment a capacity plan is made for; the
@@ -68,6 +69,7 @@ class SimResult:
     engine: EngineStats | None = None  # the engine policy's preemptions and paged KV (its scheduler's ``extra``)
     preemptions: np.ndarray | None = None  # per request, how often it was preempted (policy engine)
     disaggregation: Disaggregation | None = None  # a disaggregated run's pools (opmap.serve.disagg)
+    prefix_hit_tokens: np.ndarray | None = None  # shared prefixes: per request, its prompt tokens found cached
 
 
 def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, replicas: int = 1,
@@ -94,7 +96,14 @@ def simulate(reqs: Requests, policy: Policy, cost: StepCost | ServiceTime, repli
                      cost.to_dict() if hasattr(cost, "to_dict") else {"kind": type(cost).__name__},
                      router, replicas, reqs.arrival, sim.steps, list(sim.busy_s),
                      streams_tokens=not sim.service, engine=fam.extra(sim.scheds, sim.pre),
-                     preemptions=np.asarray(sim.pre) if fam.preempts else None)
+                     preemptions=np.asarray(sim.pre) if fam.preempts else None,
+                     prefix_hit_tokens=_hits(fam))
+
+
+def _hits(fam: Family) -> np.ndarray | None:
+    """Per request, the prompt tokens found cached when it was first admitted (None: no prompts shared)."""
+    hit = getattr(fam, "hit", None)
+    return np.asarray(hit, dtype=np.int64) if hit is not None else None
 
 
 def _check(reqs: Requests, policy: Policy, fam: Family, cost: StepCost | ServiceTime, replicas: int, router: str,
@@ -110,11 +119,14 @@ def _check(reqs: Requests, policy: Policy, fam: Family, cost: StepCost | Service
     if service and fam.iterative:
         raise OpmapError(f"policy {policy.spec()!r} schedules iterations, which a service time does not have: "
                          "use none, static:B or dynamic:B,WAIT_MS with --service-time")
-    spec = getattr(cost, "spec", None)
+    spec = spec_of(cost)
     if spec is not None and (not getattr(fam, "speculates", False) or decode_only):
         raise OpmapError(f"speculative decoding ({spec.spec()}) is simulated under --policy continuous[:TOKEN_BUDGET] "
                          f"or chunked:CHUNK without --disaggregate, got {policy.spec()!r}"
                          + (" with --disaggregate" if decode_only else ""))
+    if reqs.prompt is not None and not fam.pages_kv:
+        raise OpmapError(f"prompts that share prefixes ({reqs.prompt.source}) are served from the prefix cache of "
+                         f"the engine policy's paged KV: use --policy engine, got {policy.spec()!r}")
     cap = cost.kv_capacity_tokens
     if cap is not None and len(reqs) and not fam.pages_kv:
         need = int((reqs.input_len + reqs.output_len).max())
@@ -135,7 +147,8 @@ class _Sim:
         self.n = n = len(reqs)
         svc = cost.draw(n, np.random.default_rng([seed, 1])).tolist() if service else None
         self.trace = Trace(reqs.arrival_s.tolist(), reqs.input_len.tolist(), reqs.output_len.tolist(), svc,
-                           prefilled_first_s.tolist() if prefilled_first_s is not None else None)
+                           prefilled_first_s.tolist() if prefilled_first_s is not None else None,
+                           prompt=reqs.prompt)
         self.family = fam = family_for(policy)(policy, cost, self.trace)
         _check(reqs, policy, fam, cost, replicas, router, prefilled_first_s is not None)
         fam.check()

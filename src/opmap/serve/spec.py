@@ -162,3 +162,10 @@ def step_tokens(spec: SpecDecode, out_len: list[int]) -> list[np.ndarray]:
         steps[i] -= int(c[i]) - need
         out.append(steps)
     return out
+
+
+def spec_of(cost) -> SpecDecode | None:
+    """The speculative decoding a step cost prices (opmap.serve.spec_cost sets ``cost.spec``), None for any other
+    cost (a ServiceTime's ``spec`` is its text, a method)."""
+    s = getattr(cost, "spec", None)
+    return s if isinstance(s, SpecDecode) else None
