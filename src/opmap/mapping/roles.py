@@ -105,6 +105,7 @@ class Roles:
     expert_params: float = 0.0
     kv_width: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    expert_blocks: tuple[str, ...] = ()  # the captured blocks with routed experts (a MoE layer each)
 
     def counts(self, block: str, role: str) -> int:
         return sum(1 for i, r in self.role.items() if r == role and self.block[i] == block)
@@ -264,7 +265,12 @@ def infer_roles(graph: OpGraph) -> Roles:
     b0 = order[0] if order else None
     n_experts = _held_experts(graph, experts, b0, w)
     geo = Geometry(len(order), heads, kv, hd, hidden, n_experts, act)
+    # the routed bytes of a MoE block: the first block's, or, where the first blocks are dense (DeepSeek-V3's
+    # first_k_dense_replace), the largest block's
+    routed = {b: float(sum(k[2] for k in keys)) for b, keys in w.routed_keys.items()}
+    first = routed.get(b0, 0.0) if b0 else 0.0
     return Roles(w.role, block, tuple(order), geo,
                  len(w.row_parents.get(b0, ())) if b0 else 0, len(w.col_inputs.get(b0, ())) if b0 else 0,
-                 float(sum(k[2] for k in w.routed_keys.get(b0, ()))) if b0 else 0.0,
-                 float(sum(w.expert_params.values())), kv * hd if kv < heads else 0)
+                 first or max(routed.values(), default=0.0),
+                 float(sum(w.expert_params.values())), kv * hd if kv < heads else 0,
+                 expert_blocks=tuple(b for b in order if routed.get(b)))
