@@ -225,3 +225,26 @@ def test_mixtral_dp_attention_holds_its_own_kv_and_e_over_ep_experts(mixtral):
     assert t.fit.weights_bytes == pytest.approx(2 * (dense / 2 + experts / 2), rel=1e-9)
     # ep 1 keeps its imbalance at 1 whatever the default
     assert Layout(tp=2).parallelism(spec, 16).ep_imbalance == 1.0
+
+
+def test_deepseek_mla_latent_is_whole_on_every_tp_rank(deepseek):
+    """MLA caches one latent a token and layer (kv_lora_rank 512 + RoPE key 64, bf16 here) that every head reads:
+    tensor parallelism cannot split it, each of tp 8 ranks holds all 4 sequences' x 128 tokens x 2 layers; DP
+    attention over 8 ranks holds each rank's own sequences only."""
+    from opmap.phases.sharded import sharded_fit
+
+    c = DEEPSEEK_R1
+    latent = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 2
+    assert deepseek.cache_kv_heads == 1
+    whole = 4 * 128 * 2 * latent
+    tp8 = sharded_fit(deepseek.a, Parallelism(tp=8, microbatch=4, global_batch=4), deepseek)
+    assert tp8.kv_cache_bytes == pytest.approx(whole, rel=1 / 128)
+    # the same 4 sequences' cache is 4 x 128 x 2 x latent however the layout lays the step
+    dpa = sharded_fit(deepseek.a, Parallelism(dp=8, ep=8, microbatch=4, global_batch=32, dp_attention=True),
+                      deepseek)
+    assert dpa.kv_cache_bytes == tp8.kv_cache_bytes
+    # and each tp rank's attention reads all of it: its memory term is not split
+    sh = deepseek.shard(Parallelism(tp=8, microbatch=4, global_batch=4))
+    for r, t in zip(deepseek.rows, sh.kernel_s):
+        if r.sdpa:
+            assert t >= r.memory_s

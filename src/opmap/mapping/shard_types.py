@@ -173,6 +173,7 @@ class SharderView(Protocol):
     kv: Any  # context.kv_shape of the graph: None without a KV cache
     itemsize: float
     moe_layers: int  # the model's MoE layers (blocks with routed experts) at its depth
+    cache_kv_heads: int  # the heads a layer's KV cache splits over tp (1 for MLA's latent)
 
     def params_per_device(self, p: Parallelism) -> float: ...
 

@@ -218,6 +218,7 @@ class Sharder:
             g.param_bytes / max(1, g.params)
         self._opt = self._optimizer_sums(rows, opt_block, g.params)
         self.kv = context.kv_shape(g)
+        self.cache_kv_heads = _cache_kv_heads(g, geo.kv_heads)
         moe_blocks = set(self.roles.expert_blocks)
         self.moe_layers = sum(1 for i in self.layer_block if i < len(self.roles.blocks)
                               and self.roles.blocks[i] in moe_blocks)
@@ -315,7 +316,7 @@ class Sharder:
                         ep_imbalance=p.ep_imbalance)
         L = self.L
         pos_sums = [[0.0] * 6 for _ in range(L + 2)]
-        kvh = self.geo.kv_heads
+        kvh = self.cache_kv_heads  # MLA: every rank reads the whole latent
         for r in self.rows:
             if r.role == "optimizer":
                 continue
@@ -411,7 +412,7 @@ class Sharder:
                          "cp rank")
         if p.ep > 1:
             notes.append(ep_note(p))
-        kvh = self.geo.kv_heads
+        kvh = self.cache_kv_heads
         per_k = tuple(device_time(r, p, kvh) for r in self.rows) if per_kernel else ()
         rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
                  else 0.0) if self.training else 0.0
@@ -438,6 +439,18 @@ class Sharder:
         each over tp / ep, experts / (tp pp)) (ZeRO shards come on top; cp ranks hold the same parameters)."""
         experts = self.expert_params
         return (self.params - experts) / (p.tp * p.pp) + experts / (p.expert_split * p.pp)
+
+
+def _cache_kv_heads(graph, kv_heads: int) -> int:
+    """The heads a layer's KV cache splits over tp: the KV heads, or 1 for MLA, whose one latent (kv_lora_rank +
+    the RoPE key) every head reads, so each tp rank holds all of it (SGLang's and vLLM's MLA cache; DP attention
+    is how engines stop replicating it)."""
+    from opmap.mapping.memory import kv_geometry
+
+    geo = kv_geometry(graph).geometry
+    if geo is not None and any(a.kind == "mla" for a in geo.attention):
+        return 1
+    return kv_heads
 
 
 def ep_note(p: Parallelism) -> str:
