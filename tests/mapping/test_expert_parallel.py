@@ -184,10 +184,6 @@ def test_deepseek_dense_first_layers_keep_their_moe_layers_apart(deepseek):
     assert len(a2a) == 1 and a2a[0].count == 2
 
 
-@pytest.mark.xfail(strict=True, reason="MLA's absorbed decode leaves the residual stream marked tensor-split in "
-                                       "opmap.mapping.roles (Geometry.hidden reads 24576, not 7168): the experts' "
-                                       "up projections count as row-parallel and the routed bytes are the down "
-                                       "projections' inputs (4 x 8 x 2048 x 2), not the hidden states'")
 def test_deepseek_all_to_all_carries_the_hidden_states(deepseek):
     """4 tokens x top 8 x hidden 7168 x 2 bytes a rank and MoE layer."""
     c = DEEPSEEK_R1

@@ -124,6 +124,7 @@ class _Walk:
     routed_keys: dict[str, set] = field(default_factory=lambda: defaultdict(set))
     stacked: dict[int, str] = field(default_factory=dict)  # _stacked_experts' names
     n_stacked: int = 0  # the experts a stacked-experts parameter holds
+    first_read: dict[str, int | None] = field(default_factory=dict)  # expert -> its first GEMM's input producer
     expert_params: dict[str, float] = field(default_factory=dict)
 
 
@@ -187,7 +188,10 @@ def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None,
         for t in n.inputs:
             if t.param is not None:
                 w.expert_params[t.param] = t.numel
-        if not x_split and x is not None:
+        # what is routed to the expert: its first GEMM's input (the tokens' hidden states), whatever the walk
+        # took that input to be (MLA's absorbed attention can leave the residual stream marked split)
+        if x is not None and (expert not in w.first_read or w.first_read[expert] == x.producer):
+            w.first_read.setdefault(expert, x.producer)
             w.routed_keys[b].add((expert, x.producer, x.nbytes))
         if x_split:
             return  # an expert's row-parallel output is whole
