@@ -196,7 +196,8 @@ class Layout:
         if not self.dp_attention:
             return self, batch
         if train:
-            raise OpmapError("--dp-attention is an inference layout (prefill, decode, serve): training's --dp with --ep "
+            raise OpmapError("--dp-attention is an inference layout (prefill, decode, serve): training's --dp with "
+                             "--ep "
                              "already runs the attention data-parallel")
         dp = self.dp if self.dp > 1 else self.ep
         if dp % self.ep or batch % dp:

@@ -52,3 +52,23 @@ def test_ep_over_tp_has_no_all_to_all(cli, tmp_path):
     kinds = {c["collective"] for c in a["collectives"]}
     assert "all_to_all" not in kinds and "all_reduce" in kinds
     assert "tp2 pp1 dp1 ep2 imb1.5" in out
+
+
+def test_plan_prices_inference_ep_layouts(cli, tmp_path):
+    """plan --phase prefill of a MoE config (Qwen3-30B-A3B cut to 2 layers) on 4 GPUs lays experts over the dp ranks
+    (DP attention, at the default imbalance) and over the tp group; every such layout holds E / ep experts a
+    device."""
+    from hf_family_configs import QWEN3_30B_A3B, shallow
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(shallow(QWEN3_30B_A3B, 2)))
+    rc, _, err = cli("plan", cfg, "--devices", "4", "--phase", "prefill", "--seq", "128", "--rows", "0",
+                     "--hardware", "h200", "--no-store", "--out", tmp_path / "p")
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    rows = doc["ranked"] + doc["rejected"]
+    dpa = [r for r in rows if r["ep"] == 4 and r.get("dp_attention")]
+    over_tp = [r for r in rows if r["ep"] == 4 and r["tp"] == 4]
+    assert dpa and over_tp and all(r["ok"] for r in dpa + over_tp)
+    assert all(r["ep_imbalance"] == default_imbalance().value for r in dpa + over_tp)
+    assert all("ep_imbalance" not in r for r in rows if r["ep"] == 1)

@@ -96,7 +96,6 @@ def test_default_imbalance_is_sourced_and_only_under_ep():
 pytest.importorskip("transformers")
 
 from hf_family_configs import DEEPSEEK_R1, QWEN3_30B_A3B, shallow  # noqa: E402
-
 from opmap.api import Layout, Model, Phase, RuntimeChoice, Shape  # noqa: E402
 from opmap.hardware import get_hardware  # noqa: E402
 from opmap.phases.sharded import shard_analysis  # noqa: E402

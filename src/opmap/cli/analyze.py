@@ -28,7 +28,8 @@ EP_HELP = ("Expert-parallel size (MoE): E / ep experts a device. Taken from insi
 EP_IMBALANCE_HELP = ("With --ep: the busiest EP rank's routed tokens over the mean, >= 1 (default for prefill / decode "
                      "from a published measurement, opmap/mapping/expert_parallel.toml; 1 for train).")
 DP_ATTENTION_HELP = ("With --ep: attention data-parallel over the EP ranks (SGLang --enable-dp-attention): dp = ep "
-                     "attention ranks, each its own batch / dp sequences and KV cache; --batch is the step's sequences.")
+                     "attention ranks, each its own batch / dp sequences and KV cache; --batch is the step's "
+                     "sequences.")
 
 # --dtype's help: the registry's requestable formats, the weight-only ones marked
 _DTYPES = ", ".join([*(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable()),

@@ -10,7 +10,7 @@ imports among them run one way only: sharding -> layout_collectives, sharded_mem
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opmap.errors import OpmapError
@@ -85,8 +85,9 @@ class Parallelism:
               "the tensor-parallel group)")
         imb = self.ep_imbalance
         check(isinstance(imb, (int, float)) and not isinstance(imb, bool) and math.isfinite(imb) and 1.0 <= imb
-              and (self.ep == 1 or imb <= self.ep), f"--ep-imbalance must be a number from 1 (every EP rank as busy) to --ep {self.ep} (one rank "
-                          f"takes every routed token), got {imb!r}")
+              and (self.ep == 1 or imb <= self.ep),
+              f"--ep-imbalance must be a number from 1 (every EP rank as busy) to --ep {self.ep} (one rank takes "
+              f"every routed token), got {imb!r}")
         check(not self.dp_attention or (self.ep > 1 and self.dp % self.ep == 0),
               f"--dp-attention needs --ep above 1 and the attention data-parallel over the EP ranks (--dp {self.dp} a "
               f"multiple of --ep {self.ep})")
@@ -104,6 +105,14 @@ class Parallelism:
     @property
     def microbatches(self) -> int:
         return self.global_batch // (self.dp * self.microbatch)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a file writes them; without ep the EP fields are left out (files written before stay
+        as they were)."""
+        d = asdict(self)
+        if self.ep == 1:
+            d.pop("ep_imbalance"), d.pop("dp_attention")
+        return d
 
     @property
     def ep_over_tp(self) -> bool:

@@ -39,7 +39,7 @@ time per microbatch + the exposed DP reduction + the optimizer step.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.hardware.spec import HardwareSpec
@@ -123,10 +123,7 @@ class Sharded:
         return self.tokens / self.step_s if self.step_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        par = asdict(self.parallelism)
-        if self.parallelism.ep == 1:  # a layout without experts spread writes what it wrote before
-            par.pop("ep_imbalance"), par.pop("dp_attention")
-        return {**par, "stage_compute_s": list(self.stage_compute_s),
+        return {**self.parallelism.to_dict(), "stage_compute_s": list(self.stage_compute_s),
                 "microbatch_s": self.microbatch_s, "microbatches": self.parallelism.microbatches,
                 "bubble_fraction": self.bubble_fraction,
                 "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
