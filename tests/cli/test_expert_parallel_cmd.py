@@ -72,3 +72,15 @@ def test_plan_prices_inference_ep_layouts(cli, tmp_path):
     assert dpa and over_tp and all(r["ok"] for r in dpa + over_tp)
     assert all(r["ep_imbalance"] == default_imbalance().value for r in dpa + over_tp)
     assert all("ep_imbalance" not in r for r in rows if r["ep"] == 1)
+
+
+def test_serve_takes_ep_over_its_tp_group(cli, tmp_path):
+    rc, _, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--ep-imbalance", "1.5",
+                     "--requests", "20", "--input-len", "128", "--output-len", "16", "--arrival", "poisson:5",
+                     "--no-store", "--out", tmp_path)
+    assert rc == 0, err
+    s = json.loads((tmp_path / "serve.json").read_text())
+    assert s["assumptions"]["layout"] == {"tp": 2, "pp": 1, "replicas": 1, "ep": 2, "ep_imbalance": 1.5}
+    rc, _, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--ep-imbalance", "3",
+                     "--no-store")
+    assert rc == 2 and "--ep-imbalance must be a number from 1 to 2" in err
