@@ -16,9 +16,9 @@ Device placement (Megatron-LM's default order tp-cp-ep-dp-pp): TP innermost, the
 from inside DP, as Megatron-core and DeepSpeed-MoE do: ep divides dp; for inference this is DP attention, or, where ep
 divides tp instead, the experts sit over the tp group: opmap.mapping.expert_parallel), then PP outermost:
 rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank)). Context parallelism (the sequence over cp ranks,
-attention as a K / V ring): opmap.mapping.context. A group whose span of consecutive ranks fits one domain of the innermost tier
-(an HGX board's 8 GPUs, an NVL72 rack's 72) runs over that link (NVLS where its switch reduces); one that spans
-more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's torus, then
+attention as a K / V ring): opmap.mapping.context. A group whose span of consecutive ranks fits one domain of the
+innermost tier (an HGX board's 8 GPUs, an NVL72 rack's 72) runs over that link (NVLS where its switch reduces); one
+that spans more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's torus, then
 the UltraServer's links, then the scale-out network), each hop of a group with one member a domain through the
 NIC.
 
