@@ -18,9 +18,9 @@ divides tp instead, the experts sit over the tp group: opmap.mapping.expert_para
 rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank)). Context parallelism (the sequence over cp ranks,
 attention as a K / V ring): opmap.mapping.context. A group whose span of consecutive ranks fits one domain of the
 innermost tier (an HGX board's 8 GPUs, an NVL72 rack's 72) runs over that link (NVLS where its switch reduces); one
-that spans more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's torus, then
-the UltraServer's links, then the scale-out network), each hop of a group with one member a domain through the
-NIC.
+that spans more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's
+torus, then the UltraServer's links, then the scale-out network), each hop of a group with one member a domain
+through the NIC.
 
 Collectives (per microbatch unless said): TP all-reduce of the activation (b s h bytes) after each row-parallel
 group in forward and for each column-parallel group's input gradient in backward (Shoeybi et al. 2019: two
