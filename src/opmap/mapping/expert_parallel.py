@@ -47,9 +47,3 @@ def imbalance_for(ep: int, given: float | None) -> float:
         return 1.0
     return default_imbalance().value if given is None else given
 
-
-def imbalance_note(ep: int, imbalance: float, given: bool) -> str:
-    """The assumption line of a layout with ep > 1."""
-    src = "as given (--ep-imbalance)" if given else f"default, {default_imbalance().source}"
-    return (f"ep {ep}: expert load imbalance {imbalance:g} (the busiest EP rank's routed tokens over the mean) "
-            f"multiplies its expert GEMMs' token work; {src}")
