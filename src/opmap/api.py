@@ -166,7 +166,10 @@ class Phase:
 
 @dataclass(frozen=True)
 class Layout:
-    """How a step is laid over devices (opmap.mapping.sharding.Parallelism's sizes, checked together there)."""
+    """How a step is laid over devices (opmap.mapping.sharding.Parallelism's sizes, checked together there).
+    ``ep_imbalance``: the busiest EP rank's routed tokens over the mean (None: opmap.mapping.expert_parallel's
+    default for inference, 1 for training); ``dp_attention``: the attention data-parallel over the EP ranks
+    (``per_rank``)."""
 
     tp: int = 1
     pp: int = 1
@@ -177,20 +180,44 @@ class Layout:
     cp: int = 1
     cp_comm: str = "p2p"
     devices: int | None = None
+    ep_imbalance: float | None = None
+    dp_attention: bool = False
 
     def __post_init__(self) -> None:
         options({f"--{k}": (getattr(self, k), INT_GE1) for k in ("tp", "pp", "dp", "ep", "vp", "cp", "devices")})
+        if self.ep_imbalance is not None:
+            options({"--ep-imbalance": (self.ep_imbalance, Rule(lo=1.0, hi=float(max(1, self.ep))))})
+        if self.dp_attention and self.ep <= 1:
+            raise OpmapError("--dp-attention runs the attention data-parallel over the EP ranks: it needs --ep above 1")
+
+    def per_rank(self, batch: int, train: bool = False) -> tuple[Layout, int]:
+        """With ``dp_attention``: (the layout with dp = ep unless --dp names a multiple of ep, the batch each
+        attention rank runs: ``batch``, the step's sequences, over dp); else (self, batch)."""
+        if not self.dp_attention:
+            return self, batch
+        if train:
+            raise OpmapError("--dp-attention is an inference layout (prefill, decode, serve): training's --dp with "
+                             "--ep "
+                             "already runs the attention data-parallel")
+        dp = self.dp if self.dp > 1 else self.ep
+        if dp % self.ep or batch % dp:
+            raise OpmapError(f"--dp-attention splits the batch over {dp} attention ranks: --batch {batch} must be a "
+                             f"multiple of {dp} (and --dp {self.dp} a multiple of --ep {self.ep})")
+        return replace(self, dp=dp), batch // dp
 
     def parallelism(self, spec, batch: int):
         """The Parallelism of this layout: the microbatch and global batch of a training step, the batch of a
         prefill or decode step on each data-parallel replica."""
+        from opmap.mapping.expert_parallel import imbalance_for
         from opmap.mapping.sharding import Parallelism
 
         mb = spec.microbatch or batch if spec.train else batch
+        imb = (self.ep_imbalance or 1.0) if spec.train else imbalance_for(self.ep, self.ep_imbalance)
         return Parallelism(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, sp=self.sp, vp=self.vp, cp=self.cp,
                            cp_comm=self.cp_comm, devices=self.devices, microbatch=mb,
                            global_batch=(spec.global_batch or mb * self.dp) if spec.train else batch * self.dp,
-                           recompute=spec.recompute if spec.train else "none", zero=spec.zero)
+                           recompute=spec.recompute if spec.train else "none", zero=spec.zero,
+                           ep_imbalance=imb, dp_attention=self.dp_attention)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,15 @@ from opmap.errors import OpmapError
 from opmap.precision import aliases, policy, requestable, resolve_dtype
 from opmap.validate import INT_GE0, options
 
+EP_HELP = ("Expert-parallel size (MoE): E / ep experts a device. Taken from inside --dp (each EP rank its own tokens; "
+           "training, or inference's DP attention) or, for prefill / decode, from inside --tp (attention "
+           "tensor-parallel, vLLM's --enable-expert-parallel).")
+EP_IMBALANCE_HELP = ("With --ep: the busiest EP rank's routed tokens over the mean, >= 1 (default for prefill / decode "
+                     "from a published measurement, opmap/mapping/expert_parallel.toml; 1 for train).")
+DP_ATTENTION_HELP = ("With --ep: attention data-parallel over the EP ranks (SGLang --enable-dp-attention): dp = ep "
+                     "attention ranks, each its own batch / dp sequences and KV cache; --batch is the step's "
+                     "sequences.")
+
 # --dtype's help: the registry's requestable formats, the weight-only ones marked
 _DTYPES = ", ".join([*(f + (" (weight-only)" if policy(f).weight_only else "") for f in requestable()),
                      *(f"{a} (per device: {' or '.join(m)}, else the narrowest float format it runs)"
@@ -73,7 +82,9 @@ def analyze(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size (Megatron column / row splits)."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel stages."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel replicas."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel size (MoE; taken from inside dp)."),
+    ep: int = typer.Option(1, "--ep", help=EP_HELP),
+    ep_imbalance: float | None = typer.Option(None, "--ep-imbalance", help=EP_IMBALANCE_HELP),
+    dp_attention: bool = typer.Option(False, "--dp-attention", help=DP_ATTENTION_HELP),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (needs --tp above 1)."),
     vp: int = typer.Option(1, "--vp", help="Virtual stages per device (interleaved 1F1B)."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel size: each sequence split over cp devices per TP "
@@ -95,9 +106,11 @@ def analyze(
     # torch's import leaves a large heap that every garbage collection during capture would walk again: move
     # it to the permanent generation (the 70B analysis: 3.5 s to 2.9 s whole process, benchmarks/README.md)
     gc.freeze()
+    lay = Layout(tp, pp, dp, ep, sp, vp, cp, cp_comm, devices, ep_imbalance, dp_attention)
+    # --dp-attention: --batch is the step's sequences, each attention rank runs batch / dp of them
+    lay, batch = lay.per_rank(batch, train=phase == "train")
     shape = Shape(batch, seq, image_size)
-    step = Phase(phase, kv_len, recompute, microbatch, global_batch, zero, dp, optimizer)
-    lay = Layout(tp, pp, dp, ep, sp, vp, cp, cp_comm, devices)
+    step = Phase(phase, kv_len, recompute, microbatch, global_batch, zero, lay.dp, optimizer)
     options({"--rows": (rows, INT_GE0)})
     req = _Request(model, hardware, dtype, device, tuple(layer_type), fusion, runtime, fusion_plan, quality, layout,
                    tuned, allow_long_context, tuple(dim), attention_kernel, attention_dropout, out)

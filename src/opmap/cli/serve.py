@@ -25,6 +25,11 @@ def serve(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices per replica."),
     pp: int = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
                                            "tp x pp devices)."),
+    ep: int = typer.Option(1, "--ep", help="MoE: the experts over each replica's tp group, E / ep a device (divides "
+                                           "--tp; the attention stays tensor-parallel)."),
+    ep_imbalance: float | None = typer.Option(None, "--ep-imbalance", help="With --ep: the busiest EP rank's routed "
+                                                                          "tokens over the mean, >= 1 (default from "
+                                                                          "a published measurement)."),
     runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"KV cache format: {_KV} "
                                                                  "(default: the model dtype's activations')."),
@@ -94,7 +99,7 @@ def serve(
     o = _Options(model, hardware, tp, pp, runtime, kv_dtype, gpu_memory_utilization, allow_long_context, arrival,
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
-                 out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups)
+                 out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups, ep, ep_imbalance)
     o, choice = _on_device(o)
     p = _parse(o)
     reqs, cost, transfer, probe = _price(o, p)
@@ -141,6 +146,8 @@ class _Options:
     spec_accepted: float | None = None
     prefix_share: float | None = None
     prefix_groups: int | None = None
+    ep: int = 1
+    ep_imbalance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,9 @@ def _parse(o: _Options) -> _Parsed:
 
     _check_options(o.tp, o.pp, o.gpu_memory_utilization, o.requests, o.replicas, o.seed, o.slo_ttft, o.slo_tpot,
                    o.slo_p99)
+    options({"--ep": (o.ep, INT_GE1)})
+    if o.ep_imbalance is not None:
+        options({"--ep-imbalance": (o.ep_imbalance, Rule(lo=1.0, hi=float(max(1, o.ep))))})
     check_runtime(o.runtime)
     check_kv_dtype(o.kv_dtype, o.dtype)
     arr = parse_arrival(o.arrival)
@@ -228,7 +238,8 @@ def _price(o: _Options, p: _Parsed):
     if p.prefix is not None:
         reqs = p.prefix.apply(reqs)
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
-                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context, p.spec)
+                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context, p.spec,
+                 (o.ep, o.ep_imbalance))
     transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
     probe = None
     if o.find_capacity:
@@ -329,7 +340,7 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
 
 
 def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
-          gpu_memory_utilization, allow_long_context, spec=None):
+          gpu_memory_utilization, allow_long_context, spec=None, ep=(1, None)):
     """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (the router, and the policy
     against a service time, checked first, so a bad one is refused before the pricing)."""
     from opmap.serve import parse_service_time
@@ -348,7 +359,8 @@ def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp,
     longest = int((reqs.input_len + reqs.output_len).max()) if len(reqs.input_len) else None
     with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
         kw = dict(runtime=runtime, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                  allow_long_context=allow_long_context, max_context=longest, progress=lambda s: st.update(safe(s)))
+                  allow_long_context=allow_long_context, max_context=longest, progress=lambda s: st.update(safe(s)),
+                  ep=ep[0], ep_imbalance=ep[1])
         if spec is not None:
             from opmap.serve.spec_cost import spec_table_cost
 
@@ -467,7 +479,9 @@ def _pricing_assumptions(cost, tp: int, pp: int, replicas: int) -> dict:
     """What the step pricing assumed (opmap.serve.model_cost): runtime, KV format, layout, memory per device."""
     rt = getattr(cost, "runtime", None)
     return {"runtime": rt, "kv_dtype": getattr(cost, "kv_dtype", None),
-            "layout": {"tp": tp, "pp": pp, "replicas": replicas}, "memory": getattr(cost, "memory", None)}
+            "layout": {"tp": tp, "pp": pp, "replicas": replicas,
+                       **{k: v for k, v in (getattr(cost, "layout", None) or {}).items() if k.startswith("ep")}},
+            "memory": getattr(cost, "memory", None)}
 
 
 def _check_router(router: str, replicas: int) -> None:

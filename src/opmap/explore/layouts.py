@@ -115,14 +115,28 @@ def layout_candidates(model: str, hw, budget: int, dtype: str, devices: int | No
 
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
                  progress: Callable[[str], None] | None = None, max_context: int | None = None,
-                 kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9):
+                 kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, ep: int = 1):
     """``model_table_cost`` for one layout: ``max_context`` is the longest prompt + output the run holds (refused
     past the model's positions); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
-    --gpu-memory-utilization."""
+    --gpu-memory-utilization; ``ep``: the experts over the tp group, at the default expert load imbalance."""
     from opmap.serve.model_cost import model_table_cost
 
     return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
-                            progress=progress, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization)
+                            progress=progress, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
+                            ep=ep)
+
+
+def _with_ep(todo: list[tuple[int, int]], geo) -> list[tuple[int, int, int]]:
+    """(tp, pp, ep) of every layout tried: each (tp, pp) with tensor-parallel experts, and for a MoE model whose
+    experts tp divides, beside it the experts over the tp group (ep = tp: E / tp whole experts a device, as vLLM's
+    --enable-expert-parallel lays them), priced at the default expert load imbalance."""
+    experts = getattr(geo, "n_experts", 0) or 0
+    out = []
+    for tp, pp in todo:
+        out.append((tp, pp, 1))
+        if tp > 1 and experts and experts % tp == 0:
+            out.append((tp, pp, tp))
+    return out
 
 
 def weights_outgrow(model: str, hw, dtype: str, devices: int) -> str | None:
@@ -164,7 +178,8 @@ def label(layout: LayoutResult | Mapping[str, Any]) -> str:
     """'2 x tp4' or '1 x tp2 pp2': replicas x the split of one (a LayoutResult or fit.json's form of one)."""
     tp, pp, replicas = ((layout["tp"], layout["pp"], layout["replicas"]) if isinstance(layout, Mapping)
                         else (layout.tp, layout.pp, layout.replicas))
-    split = f"tp{tp}" + (f" pp{pp}" if pp > 1 else "")
+    ep = layout.get("ep", 1) if isinstance(layout, Mapping) else layout.ep
+    split = f"tp{tp}" + (f" pp{pp}" if pp > 1 else "") + (f" ep{ep}" if ep > 1 else "")
     return f"{replicas} x {split}"
 
 
@@ -180,13 +195,13 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     ilen, olen = parse_length(input_len), parse_length(output_len)
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
     longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
-    todo = layout_candidates(model, hw, budget, dtype, devices)
+    todo = _with_ep(layout_candidates(model, hw, budget, dtype, devices), model_geometry(model))
     say = progress or (lambda s: None)  # two notes a layout: priced (or skipped), then searched (or not)
     tried: list[LayoutResult] = []
     bounded: list[tuple[int, Any, Any]] = []  # (index in tried, its RateProbe, its saturation run: a ServeReport)
     rt: dict[str, Any] | None = None
-    for tp, pp in todo:
-        lay = LayoutResult.of(tp, pp, budget)
+    for tp, pp, ep in todo:
+        lay = LayoutResult.of(tp, pp, budget, ep)
         say(f"{model} on {hw.name}: layout {len(tried) + 1} of {len(todo)}, {label(lay)}: pricing")
         lay, probe, sat, runtime_used = _bound(lay, model, hw, budget, slo, ilen, olen, requests, dtype, runtime,
                                               policy, seed, longest, kv_dtype, gpu_memory_utilization)
@@ -221,7 +236,7 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
         return replace(lay, reason=why), None, None, None
     try:
         cost = price_layout(model, hw.name, dtype, lay.tp, lay.pp, runtime, max_context=longest, kv_dtype=kv_dtype,
-                            gpu_memory_utilization=gpu_memory_utilization)
+                            gpu_memory_utilization=gpu_memory_utilization, ep=lay.ep)
     except OpmapError as e:
         return replace(lay, reason=str(e)), None, None, None
     lay = replace(lay, fits=True, memory={"kv_dtype": cost.kv_dtype,

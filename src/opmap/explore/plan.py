@@ -7,7 +7,8 @@ is then arithmetic on that capture (``opmap.mapping.sharding.Sharder``: kernels 
 (tp, sp, ep, cp), stages from prefix sums over the layers).
 
 Searched: tp up to a node; cp (context parallelism) every divisor of the devices the sequence splits over (2 cp
-chunks for causal attention); pp, dp; ep inside dp for MoE; sp with tp; vp every divisor of the layers per stage;
+chunks for causal attention); pp, dp; ep inside dp for MoE (prefill: DP attention, with the default expert load
+imbalance; also ep inside tp); sp with tp; vp every divisor of the layers per stage;
 the microbatches; the recomputation policies and ZeRO stages (training).
 
 Memory per device (training): the model state (``training_state_bytes`` of the parameters one device holds,
@@ -24,7 +25,7 @@ step (its heads / min(tp, kv heads), its layers / pp), the activations in flight
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.analyze import analyze_graph
@@ -33,6 +34,7 @@ from opmap.errors import OpmapError
 from opmap.explore.depth import captured_blocks_match, shallow
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
+from opmap.mapping.expert_parallel import imbalance_for
 from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, saved_per_block, sharded_memory
 
 MICROBATCHES = (1, 2, 4, 8)
@@ -63,7 +65,7 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         """plan.json's row: the layout's parallelism fields, its label, the verdict and the figures."""
-        return {**asdict(self.parallelism), "layout": self.layout, "ok": self.ok,
+        return {**self.parallelism.to_dict(), "layout": self.layout, "ok": self.ok,
                 "reason": self.reason, "memory_bytes": self.memory_bytes, "capacity_bytes": self.capacity_bytes,
                 "step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "latency_s": self.latency_s,
                 "bubble_fraction": self.bubble_fraction, "mfu": self.mfu}
@@ -130,7 +132,9 @@ def layouts(devices: int, per_node: int, geo, global_batch: int, training: bool,
 def _rest(devices, tp, cp, geo, global_batch, training, microbatches):
     for pp in divisors(devices // (tp * cp)):
         dp = devices // (tp * cp * pp)
-        for ep in (divisors(dp) if geo.experts else [1]):
+        for ep in _ep_candidates(geo, tp, dp, training):
+            imb = imbalance_for(ep, None) if not training else 1.0
+            dpa = not training and ep > 1 and dp % ep == 0  # inference EP over dp ranks: DP attention
             for sp in ((False, True) if tp > 1 else (False,)):
                 for vp in vp_candidates(geo.layers, pp):
                     for mb in microbatches:
@@ -140,7 +144,16 @@ def _rest(devices, tp, cp, geo, global_batch, training, microbatches):
                             for zero in ((0, 1, 2, 3) if training and dp > 1 else (0,)):
                                 yield Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, sp=sp, vp=vp, microbatch=mb,
                                                   global_batch=global_batch, recompute=rc, zero=zero,
-                                                  devices=devices, cp=cp)
+                                                  devices=devices, cp=cp, ep_imbalance=imb, dp_attention=dpa)
+
+
+def _ep_candidates(geo, tp: int, dp: int, training: bool) -> list[int]:
+    """Expert-parallel sizes of a MoE model: every divisor of dp (training's EP, inference's DP attention), and
+    for inference every divisor of tp that does not divide dp (experts over the attention's tp group)."""
+    if not geo.experts:
+        return [1]
+    over_dp = divisors(dp)
+    return over_dp + ([] if training else [e for e in divisors(tp) if e > 1 and e not in over_dp])
 
 
 def memory_bytes(p: Parallelism, sharder: Sharder, saved: SavedPerBlock, fmt: str, training: bool,

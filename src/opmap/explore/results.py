@@ -51,12 +51,14 @@ class LayoutResult:
     power_limited: str | None = None
     power_w: float | None = None
     over_power_budget: bool | None = None
+    ep: int = 1  # a MoE model's experts over the replica's tp group (serve's --ep), 1: tensor-parallel experts
 
     @classmethod
-    def of(cls, tp: int, pp: int, budget: int) -> LayoutResult:
-        """The layout of ``tp`` x ``pp`` devices a replica, as many replicas as the ``budget`` holds."""
+    def of(cls, tp: int, pp: int, budget: int, ep: int = 1) -> LayoutResult:
+        """The layout of ``tp`` x ``pp`` devices a replica, as many replicas as the ``budget`` holds; ``ep``: the
+        experts over the tp group."""
         d = tp * pp
-        return cls(tp, pp, d, budget // d, budget // d * d)
+        return cls(tp, pp, d, budget // d, budget // d * d, ep=ep)
 
     @property
     def figure_of_merit(self) -> float:
@@ -68,6 +70,8 @@ class LayoutResult:
                              "replicas": self.replicas, "devices_used": self.devices_used, "fits": self.fits,
                              "rate_per_s": self.rate_per_s, "reason": self.reason}
         d.update({k: getattr(self, k) for k in _LAYOUT_LATER if getattr(self, k) is not None})
+        if self.ep > 1:
+            d["ep"] = self.ep
         return d
 
 
@@ -137,7 +141,7 @@ class FitCell:
                 continue
             v = getattr(self, f.name)
             if f.name in ("layout", "runner_up"):
-                v = None if v is None else {k: getattr(v, k) for k in BRIEF}
+                v = None if v is None else {k: getattr(v, k) for k in BRIEF} | ({"ep": v.ep} if v.ep > 1 else {})
             elif f.name == "layouts":
                 v = [lay.to_dict() for lay in v]
             elif f.name in ("datasheet_only", "devices_tried"):

@@ -7,7 +7,8 @@ Rules (Megatron-LM's splits; the assumptions are listed in opmap.mapping.shardin
 kernel's matrix, vector and memory terms, and the time past them (``extra_s``), are divided by its split, the
 launch overhead is not; a K / V projection narrower than tp splits over the KV heads only; attention past the KV
 heads reads each (replicated) KV head whole; a replicated kernel splits over tp under sequence parallelism; with
-cp each rank runs s / cp tokens and reads the weights whole; an expert's weights split over ep; the optimizer's
+cp each rank runs s / cp tokens and reads the weights whole; an expert's weights split over ep (its token work
+x the EP load imbalance); the optimizer's
 update splits over tp x pp (x dp from ZeRO 1).
 """
 
@@ -40,6 +41,9 @@ class KernelRow:
     matrix_flops: float
     attention_backward: bool  # a fused attention's backward
     busy_s: float  # max(matrix_s, vector_s, memory_s): kept, the hot path reads it
+    # matrix_flops at the analysis's matrix rate: the token-proportional floor of matrix_s (a skinny GEMM's
+    # matrix_s is its padded tiles', flat in the tokens up to a tile); 0: not known (matrix_s is taken as linear)
+    matrix_linear_s: float = 0.0
 
 
 def tp_split(role: str, kv_narrow: bool, tp: int, kv_heads: int) -> int:
@@ -82,10 +86,19 @@ def _past_kv_heads(m: float, v: float, mem: float, extra: float, o: float, tp: i
 def _spread_time(row: KernelRow, p: Parallelism, kv_heads: int, expert: bool) -> float:
     """Under cp, or an expert under ep: each rank runs s / cp tokens (the token work splits, the weights are read
     whole on every cp rank); E / ep experts on ep times the tokens (matrix and activation traffic unchanged,
-    weights / ep); then the tensor-parallel split."""
+    weights / ep), or, ep over the tp group, E / ep experts on the tokens every rank holds (each expert over tp /
+    ep: all of it / tp); an expert's token work (matrix, vector, activation traffic and the time past them) x the
+    busiest EP rank's load over the mean (``ep_imbalance``); then the tensor-parallel split."""
     wfrac = row.weight_fraction
-    m, v, extra = row.matrix_s / p.cp, row.vector_s / p.cp, row.extra_s / p.cp
-    mem = row.memory_s * ((1 - wfrac) / p.cp + wfrac / (p.ep if expert else 1))
+    imb = p.ep_imbalance if expert else 1.0
+    m, v, extra = row.matrix_s * imb / p.cp, row.vector_s * imb / p.cp, row.extra_s * imb / p.cp
+    if expert:
+        # the busiest rank's E / ep experts at ep x imb x the captured tokens each (ep over the tp group: the
+        # captured tokens x imb, each expert over tp / ep): a GEMM's matrix time is its padded tiles' (flat in the
+        # tokens, matrix_s per kernel run) or its FLOPs' (linear), whichever is more
+        lin = (row.matrix_linear_s or row.matrix_s) * imb / p.cp
+        m = max(row.matrix_s / (1 if p.ep_over_tp else p.ep), lin)
+    mem = row.memory_s * ((1 - wfrac) * imb / p.cp + wfrac / (p.ep if expert and not p.ep_over_tp else 1))
     o = row.overhead_s / p.ep if expert else row.overhead_s
     role = row.role
     if role in SPLIT_ROLES and row.sdpa and kv_heads and p.tp > kv_heads:

@@ -140,11 +140,14 @@ def layout_collectives(sharder: SharderView, p: Parallelism, hw: HardwareSpec, b
             if p.recompute != "none":
                 add("send_recv", chunk, 2, span, "CP K/V ring step (recomputed forward)", "backward", steps,
                     f_step)
-    if p.ep > 1 and r.routed_bytes:
-        msg = r.routed_bytes / (p.tp if p.sp else 1) / p.cp
-        add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * n_blocks)
+    if p.ep > 1 and r.routed_bytes and not p.ep_over_tp:
+        # each rank's routed tokens (tokens x top_k x hidden bytes); the busiest receives ep_imbalance x the mean.
+        # ep over the tp group has no all-to-all: every rank holds the tokens, the TP all-reduce combines
+        msg = r.routed_bytes / (p.tp if p.sp else 1) / p.cp * p.ep_imbalance
+        moe = min(n_blocks, sharder.moe_layers)
+        add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * moe)
         add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine (gradients)", "backward",
-            2 * n_blocks if bwd else 0)
+            2 * moe if bwd else 0)
     if p.pp > 1 and act:
         span = 2 * p.tp * p.cp * p.dp
         add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)

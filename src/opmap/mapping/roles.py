@@ -105,6 +105,7 @@ class Roles:
     expert_params: float = 0.0
     kv_width: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    expert_blocks: tuple[str, ...] = ()  # the captured blocks with routed experts (a MoE layer each)
 
     def counts(self, block: str, role: str) -> int:
         return sum(1 for i, r in self.role.items() if r == role and self.block[i] == block)
@@ -121,6 +122,9 @@ class _Walk:
     row_parents: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     col_inputs: dict[str, set[int | None]] = field(default_factory=lambda: defaultdict(set))
     routed_keys: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    stacked: dict[int, str] = field(default_factory=dict)  # _stacked_experts' names
+    n_stacked: int = 0  # the experts a stacked-experts parameter holds
+    first_read: dict[str, int | None] = field(default_factory=dict)  # expert -> its first GEMM's input producer
     expert_params: dict[str, float] = field(default_factory=dict)
 
 
@@ -133,13 +137,37 @@ def _block_order(nodes, block: dict[int, str | None]) -> list[str]:
     return order
 
 
-def _experts(fwd, block: dict[int, str | None]) -> dict[str, set[str]]:
-    """Experts per block: ModuleList children inside the block that hold weight GEMMs."""
+def _stacked_experts(graph: OpGraph, fwd) -> tuple[dict[int, str], int]:
+    """The GEMMs of stacked-experts modules (transformers 5's experts: one 3-D ``gate_up_proj`` / ``down_proj``
+    parameter a layer, each expert's GEMM reading its slice ``[i]``): node id -> the expert's name (the module path
+    and the slice's index, counted in the order the GEMMs read the parameter), and the experts a parameter stacks
+    (its elements over one slice's); ({}, 0) for ModuleList experts."""
+    sizes = dict(graph.param_sizes or ())
+    seen: dict[str, int] = defaultdict(int)
+    names: dict[int, str] = {}
+    stacked = 0
+    for n in fwd:
+        if n.packet not in GEMM_OPS:
+            continue
+        w = next((t for t in n.inputs if t.param is not None), None)
+        full = sizes.get(w.param, 0) if w is not None else 0
+        if (w is None or not n.module or n.module.rsplit(".", 1)[-1] != "experts"
+                or not w.param.startswith(n.module + ".") or full <= w.numel or not w.numel):
+            continue
+        names[n.id] = f"{n.module}.{seen[w.param]}"
+        seen[w.param] += 1
+        stacked = max(stacked, full // w.numel)
+    return names, stacked
+
+
+def _experts(fwd, block: dict[int, str | None], stacked: dict[int, str]) -> dict[str, set[str]]:
+    """Experts per block: ModuleList children inside the block that hold weight GEMMs, or the slices of a
+    stacked-experts module (``_stacked_experts``)."""
     experts: dict[str, set[str]] = defaultdict(set)
     for n in fwd:
         b = block[n.id]
         if b is not None and is_weight_gemm(n):
-            e = _expert_of(n.module, b)
+            e = stacked.get(n.id) or _expert_of(n.module, b)
             if e is not None:
                 experts[b].add(e)
     return experts
@@ -154,16 +182,21 @@ def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None,
         return
     x = _activation_input(n)
     x_split = x is not None and x.producer in w.split
-    if _expert_of(n.module, b) is not None:
+    expert = w.stacked.get(n.id) or _expert_of(n.module, b)
+    if expert is not None:
         w.role[n.id] = "expert_row" if x_split else "expert_column"
         for t in n.inputs:
             if t.param is not None:
                 w.expert_params[t.param] = t.numel
-        if not x_split and x is not None:
-            w.routed_keys[b].add((_expert_of(n.module, b), x.producer, x.nbytes))
+        # what is routed to the expert: its first GEMM's input (the tokens' hidden states), whatever the walk
+        # took that input to be (MLA's absorbed attention can leave the residual stream marked split)
+        if x is not None and (expert not in w.first_read or w.first_read[expert] == x.producer):
+            w.first_read.setdefault(expert, x.producer)
+            w.routed_keys[b].add((expert, x.producer, x.nbytes))
         if x_split:
             return  # an expert's row-parallel output is whole
-    elif experts.get(b) and n.outputs and n.outputs[0].shape[-1] == len(experts[b]):
+    elif experts.get(b) and n.outputs and n.outputs[0].shape[-1] in (len(experts[b]), w.n_stacked):
+        # the router: one logit per expert (a decode step may run fewer experts than the stack holds)
         w.role[n.id] = "router"
         return
     elif x_split:
@@ -176,11 +209,12 @@ def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None,
     w.split.add(n.id)
 
 
-def _forward_roles(nodes, fwd, block, order, experts, fused: set[int]) -> _Walk:
+def _forward_roles(nodes, fwd, block, order, experts, fused: set[int],
+                   stacked: dict[int, str] | None = None, n_stacked: int = 0) -> _Walk:
     gemms_out = [n for n in fwd if is_weight_gemm(n) and block[n.id] is None]
     head = gemms_out[-1].id if gemms_out and order and gemms_out[-1].id > max(
         n.id for n in fwd if block[n.id] == order[-1]) else None
-    w = _Walk()
+    w = _Walk(stacked=stacked or {}, n_stacked=n_stacked)
     for n in fwd:
         if n.packet == "embedding":
             w.role[n.id] = "vocab"
@@ -242,10 +276,11 @@ def infer_roles(graph: OpGraph) -> Roles:
     block = {n.id: block_of(n.module) for n in nodes}
     order = _block_order(nodes, block)
     fwd = [n for n in nodes if phase_of(n) == "forward"]
-    experts = _experts(fwd, block)
+    stacked, n_stacked = _stacked_experts(graph, fwd)
+    experts = _experts(fwd, block, stacked)
     calls = forward_calls(graph)
     specs = {c.node_id: s for c, s in zip(calls, layer_specs(graph, calls)) if c.fused}
-    w = _forward_roles(nodes, fwd, block, order, experts, set(specs))
+    w = _forward_roles(nodes, fwd, block, order, experts, set(specs), stacked, n_stacked)
     # an MoE block's experts end in one combine, and their inputs' gradients in one reduction
     for b, e in experts.items():
         if e:
@@ -257,14 +292,27 @@ def infer_roles(graph: OpGraph) -> Roles:
     hidden = 0
     act = 0.0
     if order:
-        first_row = next((n for n in fwd if w.role.get(n.id) == "row"), None)
+        # the residual stream's width: the embedding's, where there is one (MLA's absorbed W_UV is a row GEMM
+        # whose output is heads x v_head_dim wide, not the hidden size)
+        emb = next((n for n in fwd if n.packet == "embedding" and n.outputs), None)
+        want = emb.outputs[0].shape[-1] if emb is not None else None
+        first_row = next((n for n in fwd if w.role.get(n.id) == "row" and n.outputs
+                          and (want is None or n.outputs[0].shape[-1] == want)), None)
+        first_row = first_row or next((n for n in fwd if w.role.get(n.id) == "row"), None)
         if first_row is not None and first_row.outputs:
             hidden = first_row.outputs[0].shape[-1]
             act = first_row.outputs[0].nbytes
     b0 = order[0] if order else None
-    n_experts = _held_experts(graph, experts, b0, w)
+    # the first MoE block (DeepSeek-V3's first_k_dense_replace blocks are dense)
+    eb0 = b0 if not b0 or experts.get(b0) else next((b for b in order if experts.get(b)), b0)
+    n_experts = max(_held_experts(graph, experts, eb0, w), n_stacked)
     geo = Geometry(len(order), heads, kv, hd, hidden, n_experts, act)
+    # the routed bytes of a MoE block: the first block's, or, where the first blocks are dense (DeepSeek-V3's
+    # first_k_dense_replace), the largest block's
+    routed = {b: float(sum(k[2] for k in keys)) for b, keys in w.routed_keys.items()}
+    first = routed.get(b0, 0.0) if b0 else 0.0
     return Roles(w.role, block, tuple(order), geo,
                  len(w.row_parents.get(b0, ())) if b0 else 0, len(w.col_inputs.get(b0, ())) if b0 else 0,
-                 float(sum(k[2] for k in w.routed_keys.get(b0, ()))) if b0 else 0.0,
-                 float(sum(w.expert_params.values())), kv * hd if kv < heads else 0)
+                 first or max(routed.values(), default=0.0),
+                 float(sum(w.expert_params.values())), kv * hd if kv < heads else 0,
+                 expert_blocks=tuple(b for b in order if routed.get(b)))

@@ -9,7 +9,8 @@ imports among them run one way only: sharding -> layout_collectives, sharded_mem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opmap.errors import OpmapError
@@ -35,9 +36,13 @@ def check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """A layout. ``devices`` = tp x cp x pp x dp (checked); ep is drawn from inside dp; ``cp`` splits each
-    sequence over cp ranks (opmap.mapping.context); ``global_batch`` defaults to dp x microbatch (one microbatch
-    per data-parallel rank)."""
+    """A layout. ``devices`` = tp x cp x pp x dp (checked); ep is drawn from inside dp (each EP rank its own
+    tokens: training's data parallelism, inference's DP attention) or, for inference only, from inside the tp
+    group (``ep_over_tp``: the attention tensor-parallel, every rank holding the same tokens, as vLLM's
+    --enable-expert-parallel with dp 1); ``cp`` splits each sequence over cp ranks (opmap.mapping.context);
+    ``global_batch`` defaults to dp x microbatch (one microbatch per data-parallel rank). ``ep_imbalance``: the
+    busiest EP rank's routed tokens over the mean (opmap.mapping.expert_parallel), 1 without ep;
+    ``dp_attention``: the dp ranks are the EP ranks' attention data parallelism (a label: the split is dp's)."""
 
     tp: int = 1
     pp: int = 1
@@ -55,6 +60,8 @@ class Parallelism:
     dp_overlap: float = DP_OVERLAP
     cp: int = 1
     cp_comm: str = "p2p"  # context.CP_COMMS: the K/V ring (Megatron-Core's default) or one all-gather (Llama 3)
+    ep_imbalance: float = 1.0
+    dp_attention: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep", "vp", "microbatch", "cp"):
@@ -72,8 +79,18 @@ class Parallelism:
         check(not self.sp or self.tp > 1, "--sp (sequence parallelism) needs --tp above 1")
         check(self.cp_comm in context.CP_COMMS, f"unknown --cp-comm {self.cp_comm!r}; accepted: "
                                                  f"{', '.join(context.CP_COMMS)}")
-        check(self.dp % self.ep == 0, f"--ep {self.ep} must divide --dp {self.dp} (experts are spread over "
-                                       "data-parallel ranks, as Megatron-core and DeepSpeed-MoE do)")
+        check(self.dp % self.ep == 0 or self.tp % self.ep == 0,
+              f"--ep {self.ep} must divide --dp {self.dp} (experts spread over data-parallel ranks, as Megatron-core "
+              f"and DeepSpeed-MoE do; DP attention for inference) or --tp {self.tp} (inference: experts spread over "
+              "the tensor-parallel group)")
+        imb = self.ep_imbalance
+        check(isinstance(imb, (int, float)) and not isinstance(imb, bool) and math.isfinite(imb) and 1.0 <= imb
+              and (self.ep == 1 or imb <= self.ep),
+              f"--ep-imbalance must be a number from 1 (every EP rank as busy) to --ep {self.ep} (one rank takes "
+              f"every routed token), got {imb!r}")
+        check(not self.dp_attention or (self.ep > 1 and self.dp % self.ep == 0),
+              f"--dp-attention needs --ep above 1 and the attention data-parallel over the EP ranks (--dp {self.dp} a "
+              f"multiple of --ep {self.ep})")
         check(self.vp == 1 or self.pp > 1, f"--vp {self.vp} (interleaved stages) needs --pp above 1")
         check(self.recompute in RECOMPUTE, f"unknown recompute {self.recompute!r}; accepted: "
                                             f"{', '.join(RECOMPUTE)}")
@@ -88,6 +105,26 @@ class Parallelism:
     @property
     def microbatches(self) -> int:
         return self.global_batch // (self.dp * self.microbatch)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a file writes them; without ep the EP fields are left out (files written before stay
+        as they were)."""
+        d = asdict(self)
+        if self.ep == 1:
+            d.pop("ep_imbalance"), d.pop("dp_attention")
+        return d
+
+    @property
+    def ep_over_tp(self) -> bool:
+        """Experts spread over the tensor-parallel group (inference only): ep does not divide dp."""
+        return self.ep > 1 and self.dp % self.ep != 0
+
+    @property
+    def expert_split(self) -> int:
+        """The devices an expert's weights (and, balanced, its routed work) divide over: E / ep experts a device,
+        each tensor-parallel over tp (ep inside dp: tp x ep); over the tp group, E / ep experts a device, each over
+        tp / ep (tp)."""
+        return self.tp if self.ep_over_tp else self.tp * self.ep
 
     @property
     def trivial(self) -> bool:
@@ -117,6 +154,8 @@ class Parallelism:
         cp = f" cp{self.cp}" + (" ag" if self.cp_comm == "all_gather" else "") if self.cp > 1 else ""
         s = f"tp{self.tp}{cp} pp{self.pp} dp{self.dp}"
         s += f" ep{self.ep}" if self.ep > 1 else ""
+        s += " dpa" if self.dp_attention else ""
+        s += f" imb{self.ep_imbalance:g}" if self.ep > 1 and self.ep_imbalance != 1.0 else ""
         s += " sp" if self.sp else ""
         s += f" vp{self.vp}" if self.vp > 1 else ""
         return s + f" mb{self.microbatch}" + (f" rc-{self.recompute}" if self.recompute != "none" else "") + (
@@ -142,6 +181,8 @@ class SharderView(Protocol):
     training: bool
     kv: Any  # context.kv_shape of the graph: None without a KV cache
     itemsize: float
+    moe_layers: int  # the model's MoE layers (blocks with routed experts) at its depth
+    cache_kv_heads: int  # the heads a layer's KV cache splits over tp (1 for MLA's latent)
 
     def params_per_device(self, p: Parallelism) -> float: ...
 

@@ -201,7 +201,7 @@ def sharded_memory(p: Parallelism, sharder: SharderView, saved: SavedPerBlock, f
                          0.0, WORKSPACE.value, cap, "training", assumptions=notes + (how, st.note) + cp_note)
     weights = params * sharder.itemsize * sharder.a.precision.weight_scale
     kv_all = sharder.kv_cache_bytes() * p.microbatches
-    kv_bytes = kv_bytes_per_token_per_device(kv_all, geo.layers, geo.kv_heads, p.tp, p.pp) / p.cp
+    kv_bytes = kv_bytes_per_token_per_device(kv_all, geo.layers, sharder.cache_kv_heads, p.tp, p.pp) / p.cp
     act = inflight_activation_bytes(sharder.a.graph) / p.tp
     kv_note = (f"KV cache: {kv_all / 2**30:.4g} GiB for the replica's {p.global_batch // p.dp} sequences, "
                f"{kv_bytes / 2**30:.4g} GiB on this device",)

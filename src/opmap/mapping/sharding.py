@@ -13,13 +13,14 @@ Per device, a split kernel's terms (matrix, vector, memory) are divided by its s
 not. Tiles are not searched again at the sharded shape (the terms scale linearly: stated in the assumptions).
 
 Device placement (Megatron-LM's default order tp-cp-ep-dp-pp): TP innermost, then CP, then DP (with EP taken
-from inside DP, as Megatron-core and DeepSpeed-MoE do: ep divides dp), then PP outermost: rank = tp_rank + tp
-(cp_rank + cp (dp_rank + dp pp_rank)). Context parallelism (the sequence over cp ranks, attention as a K / V
-ring): opmap.mapping.context. A group whose span of consecutive ranks fits one domain of the innermost tier
-(an HGX board's 8 GPUs, an NVL72 rack's 72) runs over that link (NVLS where its switch reduces); one that spans
-more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's torus, then
-the UltraServer's links, then the scale-out network), each hop of a group with one member a domain through the
-NIC.
+from inside DP, as Megatron-core and DeepSpeed-MoE do: ep divides dp; for inference this is DP attention, or, where ep
+divides tp instead, the experts sit over the tp group: opmap.mapping.expert_parallel), then PP outermost:
+rank = tp_rank + tp (cp_rank + cp (dp_rank + dp pp_rank)). Context parallelism (the sequence over cp ranks,
+attention as a K / V ring): opmap.mapping.context. A group whose span of consecutive ranks fits one domain of the
+innermost tier (an HGX board's 8 GPUs, an NVL72 rack's 72) runs over that link (NVLS where its switch reduces); one
+that spans more crosses the tiers its members do (opmap.mapping.layout_collectives.placement: a Trn2 instance's
+torus, then the UltraServer's links, then the scale-out network), each hop of a group with one member a domain
+through the NIC.
 
 Collectives (per microbatch unless said): TP all-reduce of the activation (b s h bytes) after each row-parallel
 group in forward and for each column-parallel group's input gradient in backward (Shoeybi et al. 2019: two
@@ -39,7 +40,7 @@ time per microbatch + the exposed DP reduction + the optimizer step.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.hardware.spec import HardwareSpec
@@ -123,7 +124,7 @@ class Sharded:
         return self.tokens / self.step_s if self.step_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self.parallelism), "stage_compute_s": list(self.stage_compute_s),
+        return {**self.parallelism.to_dict(), "stage_compute_s": list(self.stage_compute_s),
                 "microbatch_s": self.microbatch_s, "microbatches": self.parallelism.microbatches,
                 "bubble_fraction": self.bubble_fraction,
                 "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
@@ -164,6 +165,7 @@ class Sharder:
         self.a = analysis
         g = analysis.graph
         self.roles = infer_roles(g)
+        rate = analysis.precision.matrix_rate_flops_per_s
         geo = self.roles.geometry
         self.training = any(phase_of(n) == "backward" for n in g.nodes)
         blocks = {b: i for i, b in enumerate(self.roles.blocks)}
@@ -199,7 +201,7 @@ class Sharder:
             rows.append(KernelRow(role, pos, phase_of(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
                                   wfrac, kv_narrow, anchor.op == "aten.scaled_dot_product_attention.default",
                                   mflops, "scaled_dot_product" in anchor.op and phase_of(anchor) == "backward",
-                                  busy))
+                                  busy, mflops / rate if rate else 0.0))
         self.rows: list[KernelRow] = rows  # one per kernel, in the analysis's kernel order
         self.L = L  # captured blocks
         self.depth = depth
@@ -214,6 +216,10 @@ class Sharder:
             g.param_bytes / max(1, g.params)
         self._opt = self._optimizer_sums(rows, opt_block, g.params)
         self.kv = context.kv_shape(g)
+        self.cache_kv_heads = _cache_kv_heads(g, geo.kv_heads)
+        moe_blocks = set(self.roles.expert_blocks)
+        self.moe_layers = sum(1 for i in self.layer_block if i < len(self.roles.blocks)
+                              and self.roles.blocks[i] in moe_blocks)
         self._tables: dict[tuple, tuple[list[list[float]], list[list[float]]]] = {}
         self._ctimes: dict[tuple, tuple[Collective, float, str]] = {}
         extra = self.layers - L
@@ -280,7 +286,8 @@ class Sharder:
             moe = role in EXPERT_ROLES
             d = 1
             if role in SPLIT_ROLES:
-                d = tp_split(role, self._kv_narrow(role, r.node), p.tp, kvh) * (p.ep if moe else 1)
+                d = tp_split(role, self._kv_narrow(role, r.node), p.tp, kvh) * (
+                    p.ep if moe and not p.ep_over_tp else 1)
             (expert if moe else dense)[index.get(self.roles.block.get(r.node.id), -1) + 1] += read / d
         return dense, expert
 
@@ -299,14 +306,15 @@ class Sharder:
     def _table(self, p: Parallelism) -> tuple[list[list[float]], list[list[float]]]:
         """Per position (index 0 before the blocks, 1 + i block i, L + 1 after them) the sums ``_TOTAL`` ..
         ``_MFLOPS`` under (tp, sp, ep, cp), and their prefix sums over the model's layers (kept per key)."""
-        key = (p.tp, p.sp, p.ep, p.cp)
+        key = (p.tp, p.sp, p.ep, p.cp, p.ep_over_tp, p.ep_imbalance)
         hit = self._tables.get(key)
         if hit is not None:
             return hit
-        q = Parallelism(tp=p.tp, sp=p.sp, ep=p.ep, cp=p.cp, dp=p.ep)
+        q = Parallelism(tp=p.tp, sp=p.sp, ep=p.ep, cp=p.cp, dp=1 if p.ep_over_tp else p.ep,
+                        ep_imbalance=p.ep_imbalance)
         L = self.L
         pos_sums = [[0.0] * 6 for _ in range(L + 2)]
-        kvh = self.geo.kv_heads
+        kvh = self.cache_kv_heads  # MLA: every rank reads the whole latent
         for r in self.rows:
             if r.role == "optimizer":
                 continue
@@ -337,6 +345,8 @@ class Sharder:
         if p.trivial is False or p.devices > 1:
             p.check(self.geo)
         seq = int(self.a.assumptions.get("seq") or 1)
+        _check(not (self.training and p.ep_over_tp), f"--ep {p.ep} must divide --dp {p.dp} for training (experts "
+                                                     "spread over data-parallel ranks, as Megatron-core does)")
         if p.cp > 1:
             _check(self.kv is not None, f"--cp {p.cp} splits attention as a ring of fused attention calls "
                                         "(scaled_dot_product_attention), and this model has none")
@@ -398,7 +408,9 @@ class Sharder:
         elif p.cp > 1:
             notes.append(f"cp {p.cp}: {context.CP_ALL_GATHER_SOURCE}; not overlapped; weights read whole on every "
                          "cp rank")
-        kvh = self.geo.kv_heads
+        if p.ep > 1:
+            notes.append(ep_note(p))
+        kvh = self.cache_kv_heads
         per_k = tuple(device_time(r, p, kvh) for r in self.rows) if per_kernel else ()
         rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
                  else 0.0) if self.training else 0.0
@@ -421,10 +433,38 @@ class Sharder:
         return hit
 
     def params_per_device(self, p: Parallelism) -> float:
-        """Parameters one device holds: dense / (tp pp), experts / (tp pp ep) (ZeRO shards come on top; cp ranks
-        hold the same parameters)."""
+        """Parameters one device holds: dense / (tp pp), experts / (tp pp ep) (ep over the tp group: E / ep experts
+        each over tp / ep, experts / (tp pp)) (ZeRO shards come on top; cp ranks hold the same parameters)."""
         experts = self.expert_params
-        return (self.params - experts) / (p.tp * p.pp) + experts / (p.tp * p.pp * p.ep)
+        return (self.params - experts) / (p.tp * p.pp) + experts / (p.expert_split * p.pp)
+
+
+def _cache_kv_heads(graph, kv_heads: int) -> int:
+    """The heads a layer's KV cache splits over tp: the KV heads, or 1 for MLA, whose one latent (kv_lora_rank +
+    the RoPE key) every head reads, so each tp rank holds all of it (SGLang's and vLLM's MLA cache; DP attention
+    is how engines stop replicating it)."""
+    from opmap.mapping.memory import kv_geometry
+
+    geo = kv_geometry(graph).geometry
+    if geo is not None and any(a.kind == "mla" for a in geo.attention):
+        return 1
+    return kv_heads
+
+
+def ep_note(p: Parallelism) -> str:
+    """The words of a layout's expert parallelism: where the experts sit, what the dispatch costs, the imbalance."""
+    from opmap.mapping.expert_parallel import default_imbalance
+
+    d = default_imbalance()
+    where = (f"E / {p.ep} experts a device, each over tp / ep = {p.tp // p.ep}; every rank holds the step's tokens "
+             "(attention tensor-parallel), so the dispatch is local and the combine is the TP all-reduce after the "
+             "MoE (vLLM --enable-expert-parallel at dp 1)" if p.ep_over_tp else
+             f"E / {p.ep} experts a device, each over tp {p.tp}; each EP rank its own tokens"
+             + (" (DP attention: each rank its own batch and KV cache, as SGLang --enable-dp-attention)"
+                if p.dp_attention else "") + "; dispatch and combine an all-to-all each per MoE layer of tokens x "
+             "top_k x hidden bytes a rank (x (ep - 1) / ep on the wire, x the imbalance for the busiest)")
+    return (f"ep {p.ep}: {where}; expert load imbalance {p.ep_imbalance:g} (the busiest rank's routed tokens over "
+            f"the mean; default {d.value:g}: {d.source})")
 
 
 def shard(analysis, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:

@@ -41,7 +41,7 @@ def decode_floor(a: Analysis, s: Sharder, p: Parallelism) -> tuple[float, float]
     passes (the floor of the time per output token, which passes them all): the weights' shares
     (``Sharder.weight_bytes_read``) and the KV cache's (opmap.mapping.memory.kv_bytes_per_token_per_device, as
     serve sizes it: KV heads / min(tp, KV heads))."""
-    kv = kv_bytes_per_token_per_device(s.kv_cache_bytes(), s.geo.layers, s.geo.kv_heads, p.tp)
+    kv = kv_bytes_per_token_per_device(s.kv_cache_bytes(), s.geo.layers, s.cache_kv_heads, p.tp)
     return s.weight_bytes_read(p), kv
 
 

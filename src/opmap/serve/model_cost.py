@@ -110,18 +110,26 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      runtime: str = "engine", kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9,
                      allow_long_context: bool = False, max_context: int | None = None,
                      progress: Callable[[str], None] | None = None, queries: int = 1,
-                     layers: int | None = None) -> TableCost:
+                     layers: int | None = None, ep: int = 1, ep_imbalance: float | None = None) -> TableCost:
     """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
     sequence (prompt + output) the run will hold, refused past the model's position limit unless
     ``allow_long_context`` (rope scaling). Speculative decoding (opmap.serve.spec) prices with the same points:
     ``queries`` new tokens per sequence in each decode step (a verify: K + 1), and ``layers`` to price the model
-    cut to its first ``layers`` layers, its embedding and head kept (a one-layer draft head: MTP, EAGLE)."""
+    cut to its first ``layers`` layers, its embedding and head kept (a one-layer draft head: MTP, EAGLE). ``ep``:
+    the experts spread over the replica's tp group (E / ep a device, the attention tensor-parallel;
+    opmap.mapping.device_time), its busiest rank ``ep_imbalance`` x the mean (None: opmap.mapping.expert_parallel's
+    default)."""
     from opmap.hardware import get_hardware
+    from opmap.mapping.expert_parallel import imbalance_for
     from opmap.phases.runtime import get_runtime
 
-    for name, v in (("--tp", tp), ("--pp", pp)):
+    for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise OpmapError(f"{name} must be a positive integer, got {v!r}")
+    if tp % ep:
+        raise OpmapError(f"--ep {ep} must divide --tp {tp}: serve spreads the experts over each replica's tensor-"
+                         "parallel group (DP attention is priced by analyze --dp-attention, not simulated)")
+    imb = imbalance_for(ep, ep_imbalance)
     if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
         raise OpmapError(f"--gpu-memory-utilization must be above 0 and at most 1, got {gpu_memory_utilization!r}")
     kvd = check_kv_dtype(kv_dtype, dtype)
@@ -143,7 +151,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                          f"{max_context} (prompt + output); {way}")
     if pp > m.layers:
         raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
-    pricer = Pricer(m, hw, dtype, tp, pp, rt, queries)
+    pricer = Pricer(m, hw, dtype, tp, pp, rt, queries, ep, imb)
     cap = limit or max(PREFILL_SEQS)
     seqs = sorted({min(s, cap) for s in PREFILL_SEQS})
     pre = []
@@ -183,7 +191,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, tp {tp}, pp {pp}, runtime "
                             f"{rt.name}; {how})",
                      kv_bytes_per_token=memory.kv_bytes_per_token, runtime=rt.to_dict(), memory=memory.to_dict(),
-                     layout={"tp": tp, "pp": pp}, kv_dtype=kvd, pp=pp,
+                     layout={"tp": tp, "pp": pp, **({"ep": ep, "ep_imbalance": imb} if ep > 1 else {})},
+                     kv_dtype=kvd, pp=pp,
                      stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
                      stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor)
 
@@ -202,9 +211,11 @@ def _kv_line(pts, f, scale: float) -> list[float]:
 class Pricer:
     """Prices prefill and decode points of one resolved model on one device under a layout and runtime."""
 
-    def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt, queries: int = 1):
+    def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt, queries: int = 1, ep: int = 1,
+                 ep_imbalance: float = 1.0):
         self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
         self.queries = queries  # new tokens per sequence in a decode step (a speculative verify: K + 1)
+        self.ep, self.ep_imbalance = ep, ep_imbalance  # experts over the tp group (opmap.mapping.device_time)
         why = m.uneven
         if not why and m.layers < 3:
             why = f"{m.layers} layers"
@@ -260,9 +271,8 @@ class Pricer:
     def _terms(self, a, s) -> dict:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
         each block with its TP all-reduces) and weight bytes read per device; the weights held."""
-        from opmap.mapping.sharding import Parallelism
 
-        sh = s.shard(Parallelism(tp=self.tp, devices=self.tp)) if self.tp > 1 else None
+        sh = s.shard(self._layout()) if self.tp > 1 else None
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
         n = len(s.roles.blocks)
         index = {b: i for i, b in enumerate(s.roles.blocks)}
@@ -283,15 +293,21 @@ class Pricer:
             elif sh is None and not r.cost.kernel:
                 post += r.pred.predicted_s
         # weight bytes read per device, [outside, block 0, block 1, ...]: the shares analyze's floor reads too
-        dense, expert = s.weight_bytes_by_position(Parallelism(tp=self.tp, devices=self.tp))
+        dense, expert = s.weight_bytes_by_position(self._layout())
         kvh = s.geo.kv_heads
         lat = sh.latency_s if sh is not None else a.predicted_latency_s
         return {"lat": lat, "pre": pre, "post": lat - pre - sum(blk), "blk": blk, "dense": dense,
                 "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
                 "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
 
+    def _layout(self, pp: int = 1):
+        """The replica's layout: tp x pp devices, the experts over the tp group when ep > 1."""
+        from opmap.mapping.sharding import Parallelism
+
+        return Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp, ep=self.ep, ep_imbalance=self.ep_imbalance)
+
     def _point(self, make, spec, at: tuple[str, int, int]) -> Point:
-        from opmap.mapping.sharding import Parallelism, shard
+        from opmap.mapping.sharding import shard
 
         L, pp, step = self.m.layers, self.pp, self.rt.per_step_s
         if not self.extrapolate:
@@ -299,7 +315,7 @@ class Pricer:
             t = self._terms(a, s)
             self._note(a, s, t)
             if pp > 1 or self.tp > 1:
-                sh = shard(a, Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp))
+                sh = shard(a, self._layout(pp))
                 lat, stage = sh.latency_s, sh.microbatch_s
             else:
                 lat = stage = t["lat"]

@@ -1,0 +1,86 @@
+"""``opmap analyze --ep N [--dp-attention] [--ep-imbalance F]`` for inference: the layouts run end to end on the zoo's
+Mixtral 8x7B (8 experts, top 2, hidden 4096, bf16) and bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opmap.mapping.expert_parallel import default_imbalance
+
+MIX = ("mixtral-8x7b", "--phase", "decode", "--kv-len", "256", "--hardware", "h200", "--no-store")
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--dp-attention",), "--dp-attention runs the attention data-parallel over the EP ranks: it needs --ep above 1"),
+    (("--ep", "2", "--dp", "2", "--ep-imbalance", "0.5"), "--ep-imbalance must be a number from 1 to 2"),
+    (("--ep", "2", "--dp-attention", "--batch", "3"), "--batch 3 must be a multiple of 2"),
+    (("--ep", "4", "--tp", "2", "--dp", "2"), "--ep 4 must divide --dp 2"),
+])
+def test_bad_ep_options_are_one_line(cli, args, words):
+    rc, _, err = cli("analyze", *MIX, *args)
+    assert rc == 2 and words in err and "Traceback" not in err, err
+
+
+def test_ep_over_tp_refused_for_training(cli):
+    rc, _, err = cli("analyze", "mixtral-8x7b", "--phase", "train", "--seq", "64", "--tp", "2", "--ep", "2",
+                     "--no-store")
+    assert rc == 2 and "must divide --dp 1 for training" in err, err
+
+
+def test_dp_attention_dispatches_each_ranks_tokens(cli, tmp_path):
+    """16 sequences over 2 attention ranks: 8 tokens a rank x top 2 x 4096 x 2 bytes, x the default imbalance for
+    the busiest rank, one dispatch and one combine per layer (32 layers)."""
+    rc, out, err = cli("analyze", *MIX, "--batch", "16", "--ep", "2", "--dp-attention", "--out", tmp_path)
+    assert rc == 0, err
+    a = json.loads((tmp_path / "analysis.json").read_text())
+    a2a = [c for c in a["collectives"] if c["collective"] == "all_to_all"]
+    assert len(a2a) == 1 and a2a[0]["count"] == 64 and a2a[0]["group_size"] == 2
+    assert a2a[0]["message_bytes"] == pytest.approx(8 * 2 * 4096 * 2 * default_imbalance().value, rel=1e-12)
+    assert "dp2 ep2 dpa" in out
+    sh = a["parallelism"]
+    assert sh["dp_attention"] is True and sh["ep_imbalance"] == default_imbalance().value
+    assert any("lmsys.org/blog/2025-05-05-large-scale-ep" in x for x in sh["assumptions"])
+
+
+def test_ep_over_tp_has_no_all_to_all(cli, tmp_path):
+    rc, out, err = cli("analyze", *MIX, "--batch", "16", "--tp", "2", "--ep", "2", "--ep-imbalance", "1.5", "--out",
+                       tmp_path)
+    assert rc == 0, err
+    a = json.loads((tmp_path / "analysis.json").read_text())
+    kinds = {c["collective"] for c in a["collectives"]}
+    assert "all_to_all" not in kinds and "all_reduce" in kinds
+    assert "tp2 pp1 dp1 ep2 imb1.5" in out
+
+
+def test_plan_prices_inference_ep_layouts(cli, tmp_path):
+    """plan --phase prefill of a MoE config (Qwen3-30B-A3B cut to 2 layers) on 4 GPUs lays experts over the dp ranks
+    (DP attention, at the default imbalance) and over the tp group; every such layout holds E / ep experts a
+    device."""
+    from hf_family_configs import QWEN3_30B_A3B, shallow
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(shallow(QWEN3_30B_A3B, 2)))
+    rc, _, err = cli("plan", cfg, "--devices", "4", "--phase", "prefill", "--seq", "128", "--rows", "0",
+                     "--hardware", "h200", "--no-store", "--out", tmp_path / "p")
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    rows = doc["ranked"] + doc["rejected"]
+    dpa = [r for r in rows if r["ep"] == 4 and r.get("dp_attention")]
+    over_tp = [r for r in rows if r["ep"] == 4 and r["tp"] == 4]
+    assert dpa and over_tp and all(r["ok"] for r in dpa + over_tp)
+    assert all(r["ep_imbalance"] == default_imbalance().value for r in dpa + over_tp)
+    assert all("ep_imbalance" not in r for r in rows if r["ep"] == 1)
+
+
+def test_serve_takes_ep_over_its_tp_group(cli, tmp_path):
+    rc, _, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--ep-imbalance", "1.5",
+                     "--requests", "20", "--input-len", "128", "--output-len", "16", "--arrival", "poisson:5",
+                     "--no-store", "--out", tmp_path)
+    assert rc == 0, err
+    s = json.loads((tmp_path / "serve.json").read_text())
+    assert s["assumptions"]["layout"] == {"tp": 2, "pp": 1, "replicas": 1, "ep": 2, "ep_imbalance": 1.5}
+    rc, _, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--ep-imbalance", "3",
+                     "--no-store")
+    assert rc == 2 and "--ep-imbalance must be a number from 1 to 2" in err
