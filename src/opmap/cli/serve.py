@@ -28,9 +28,12 @@ def serve(
     runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"KV cache format: {_KV} "
                                                                  "(default: the model dtype's activations')."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization",
-                                                 help="Fraction of each device's memory the engine takes (0 < u "
-                                                      "<= 1): weights, runtime reserve and the KV cache."),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
+                                                        help="Fraction of each device's memory the engine takes (0 < "
+                                                             "u <= 1): weights, runtime reserve and the KV cache "
+                                                             "(default 0.9; with --engine-preset, in that engine's "
+                                                             "sense: SGLang's mem_fraction_static, TensorRT-LLM's "
+                                                             "free_gpu_memory_fraction)."),
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow prompt + output past the model's max_position_embeddings "
                                                  "(rope scaling)."),
@@ -51,6 +54,14 @@ def serve(
                                                            "prompt chunks (default 8192)."),
     kv_block: int | None = typer.Option(None, "--kv-block", help="engine: KV cache block, tokens (default 16); "
                                                                  "blocks run out: preemption by recompute."),
+    chunked_prefill: bool | None = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
+                                                help="engine: split prompts over steps (default on; a preset's "
+                                                     "default otherwise)."),
+    engine_preset: str | None = typer.Option(None, "--engine-preset",
+                                             help="vllm, sglang, trtllm or trtllm-bench (NAME@VERSION for a "
+                                                  "version): that engine's scheduler defaults and sizing rules "
+                                                  "(max sequences, token budget, chunking, KV block, memory "
+                                                  "fraction, CUDA graphs), each sourced; flags given override."),
     replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
     router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
     disaggregate: str | None = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
@@ -80,10 +91,10 @@ def serve(
     o = _Options(model, hardware, tp, pp, runtime, kv_dtype, gpu_memory_utilization, allow_long_context, arrival,
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
-                 out)
+                 out, chunked_prefill, engine_preset)
     o, choice = _on_device(o)
     p = _parse(o)
-    reqs, cost, transfer, probe = _price(o, p)
+    reqs, cost, transfer, probe, p = _price(o, p)
     report, res, stop = _run(reqs, p.arrival, p.policy, cost, p.replicas, o.router, o.seed, p.slo, p.pd, transfer,
                              probe, o.engine, out is not None)
     _render(o, p, report, res, cost, store, no_store, choice)
@@ -122,6 +133,8 @@ class _Options:
     service_time: str | None
     dtype: str
     out: Path | None
+    chunked_prefill: bool | None = None
+    engine_preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,8 @@ class _Parsed:
     slo: Any
     pd: tuple[int, int] | None
     replicas: int
+    preset: Any = None  # an EnginePreset (--engine-preset), or None
+    setting: Any = None  # its EngineSetting once the replica is priced (opmap.engines), or None
 
 
 def _on_device(o: _Options) -> tuple[_Options, Any]:
@@ -167,7 +182,9 @@ def _parse(o: _Options) -> _Parsed:
     check_kv_dtype(o.kv_dtype, o.dtype)
     arr = parse_arrival(o.arrival)
     ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
-    pol = _policy(o.policy, o.disaggregate is not None, o.max_num_seqs, o.max_num_batched_tokens, o.kv_block)
+    preset = _preset(o)
+    pol = _policy(o.policy, o.disaggregate is not None, o.max_num_seqs, o.max_num_batched_tokens, o.kv_block,
+                  o.chunked_prefill)
     slo = _slo(o.slo_ttft, o.slo_tpot, o.slo_p99)
     check_engine(o.engine)
     if o.find_capacity and arr.kind not in ("poisson", "gamma"):
@@ -175,7 +192,23 @@ def _parse(o: _Options) -> _Parsed:
     pd = _disaggregation(o.disaggregate, o.replicas, o.service_time, o.router, pol)
     if o.out is not None:
         check_out_dir(o.out)
-    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas)
+    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, preset)
+
+
+def _preset(o: _Options):
+    """--engine-preset parsed and checked against the options it replaces (None without one)."""
+    if o.engine_preset is None:
+        return None
+    from opmap.engines import parse_preset
+
+    preset = parse_preset(o.engine_preset)
+    clash = [f for f, v in (("--policy", o.policy), ("--disaggregate", o.disaggregate),
+                            ("--service-time", o.service_time)) if v is not None]
+    if clash:
+        raise OpmapError(f"--engine-preset sets the engine policy from {preset.display}'s defaults; {clash[0]} "
+                         "replaces it: drop one (--max-num-seqs, --max-num-batched-tokens, --kv-block, "
+                         "--[no-]chunked-prefill and --gpu-memory-utilization override a preset's values)")
+    return preset
 
 
 def _price(o: _Options, p: _Parsed):
@@ -183,8 +216,11 @@ def _price(o: _Options, p: _Parsed):
     from opmap.serve import make_requests
 
     reqs = make_requests(p.arrival, p.input_len, p.output_len, o.requests, o.seed)
+    memory = _memory(o, p.preset)
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
-                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context)
+                 o.runtime, o.kv_dtype, memory.fraction, o.allow_long_context, memory.of)
+    if p.preset is not None:
+        p = _with_setting(o, p, reqs, cost, memory)
     transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
     probe = None
     if o.find_capacity:
@@ -192,7 +228,44 @@ def _price(o: _Options, p: _Parsed):
 
         probe = RateProbe(p.arrival, p.input_len, p.output_len, o.requests, p.policy, cost, p.replicas, o.router,
                           o.seed, p.slo, p.pd, transfer)
-    return reqs, cost, transfer, probe
+    return reqs, cost, transfer, probe, p
+
+
+def _memory(o: _Options, preset):
+    """The memory fraction priced and what it is of: --gpu-memory-utilization (default 0.9 of the whole device),
+    or the preset's rule on this device and layout (a value given wins, in the engine's sense)."""
+    from opmap.engines import MemoryRule, memory_rule
+
+    if preset is None:
+        u = 0.9 if o.gpu_memory_utilization is None else o.gpu_memory_utilization
+        return MemoryRule(u, "total", "--gpu-memory-utilization" if o.gpu_memory_utilization is not None else
+                          "opmap's default (vLLM's)")
+    from opmap.hardware import get_hardware
+
+    hw = get_hardware(o.hardware)
+    return memory_rule(preset, hw.name, hw.memory_bytes, o.tp, o.pp, o.gpu_memory_utilization)
+
+
+def _with_setting(o: _Options, p: _Parsed, reqs, cost, memory) -> _Parsed:
+    """``p`` with the preset's engine setting for the priced replica (its KV capacity, the run's mean lengths,
+    offline or not), the flags given applied over it, and the policy it runs."""
+    from opmap.engines import SizingInputs, engine_setting, override
+    from opmap.hardware import get_hardware
+    from opmap.serve.resolve import Resolved
+
+    hw, m = get_hardware(o.hardware), cost.memory or {}
+    r = Resolved.build(o.model, o.dtype)
+    x = SizingInputs(hw.name, hw.memory_bytes, o.tp, o.pp, int(cost.kv_capacity_tokens or 0),
+                     float(m.get("weights_bytes", 0.0)), float(cost.kv_bytes_per_token or 0.0),
+                     r.held_bytes / r.kv_itemsize, int(r.max_positions or 0),
+                     float(reqs.input_len.mean()), float(reqs.output_len.mean()), p.arrival.kind == "offline",
+                     o.dtype)
+    s = override(engine_setting(p.preset, x, memory), o.max_num_seqs, o.max_num_batched_tokens, o.kv_block,
+                 o.chunked_prefill)
+    if o.gpu_memory_utilization is not None:
+        s = replace(s, overrides=(*s.overrides, f"memory fraction {o.gpu_memory_utilization:g} of {memory.of} "
+                                                "(--gpu-memory-utilization)"))
+    return replace(p, policy=s.policy(), setting=s)
 
 
 def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None, no_store: bool,
@@ -208,7 +281,8 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "router": o.router, "seed": o.seed, "input_len": p.input_len.spec(),
                              "output_len": p.output_len.spec(),
                              "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
-                             "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas)}
+                             "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas),
+                             **({"engine_preset": p.setting.to_dict()} if p.setting is not None else {})}
     from opmap.report.serve_text import print_serve
 
     print_serve(console, report, o.model, o.hardware)
@@ -266,7 +340,7 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
 
 
 def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
-          gpu_memory_utilization, allow_long_context):
+          gpu_memory_utilization, allow_long_context, memory_of: str = "total"):
     """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (the router, and the policy
     against a service time, checked first, so a bad one is refused before the pricing)."""
     from opmap.serve import parse_service_time
@@ -287,7 +361,7 @@ def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp,
         return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, kv_dtype=kv_dtype,
                                 gpu_memory_utilization=gpu_memory_utilization,
                                 allow_long_context=allow_long_context, max_context=longest,
-                                progress=lambda s: st.update(safe(s)))
+                                progress=lambda s: st.update(safe(s)), memory_of=memory_of)
 
 
 def _kv_transfer(pd, hardware: str, cost, devices: int, replicas: int):
@@ -367,12 +441,12 @@ def _find_capacity(probe, engine: str, figure: bool):
 
 
 def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-            kv_block: int | None):
+            kv_block: int | None, chunked_prefill: bool | None = None):
     """--policy (default engine; continuous with --disaggregate) and the engine's sizes from their flags."""
     from opmap.serve import Engine, parse_policy
 
     flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
-             "--kv-block": kv_block}
+             "--kv-block": kv_block, "--[no-]chunked-prefill": chunked_prefill}
     given = [k for k, v in flags.items() if v is not None]
     if spec is None:
         spec = "continuous" if disaggregate and not given else "engine"
@@ -384,7 +458,8 @@ def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_
                          f"got {spec!r}")
     return Engine(*(d if v is None else v for v, d in ((max_num_seqs, pol.max_num_seqs),
                                                        (max_num_batched_tokens, pol.max_num_batched_tokens),
-                                                       (kv_block, pol.kv_block))))
+                                                       (kv_block, pol.kv_block),
+                                                       (chunked_prefill, pol.chunked_prefill))))
 
 
 def _kv_words(pol) -> str:

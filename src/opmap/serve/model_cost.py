@@ -109,10 +109,11 @@ def check_kv_dtype(kv_dtype: str | None, dtype: str) -> str:
 def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1, *, pp: int = 1,
                      runtime: str = "engine", kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9,
                      allow_long_context: bool = False, max_context: int | None = None,
-                     progress: Callable[[str], None] | None = None) -> TableCost:
+                     progress: Callable[[str], None] | None = None, memory_of: str = "total") -> TableCost:
     """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
     sequence (prompt + output) the run will hold, refused past the model's position limit unless
-    ``allow_long_context`` (rope scaling)."""
+    ``allow_long_context`` (rope scaling). ``memory_of``: what ``gpu_memory_utilization`` is a fraction of
+    (opmap.mapping.memory.ServingMemory.fraction_of: an engine preset's memory semantics; default vLLM's)."""
     from opmap.hardware import get_hardware
     from opmap.phases.runtime import get_runtime
 
@@ -161,7 +162,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
         rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
         stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
         dense.append(pts[0][1])
-    memory = pricer.memory(kvd, gpu_memory_utilization)
+    memory = pricer.memory(kvd, gpu_memory_utilization, memory_of)
     if memory.kv_capacity_tokens < 1:
         raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp} pp {pp}: the weights need "
                          f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
@@ -370,8 +371,9 @@ class Pricer:
         spec = PhaseSpec("decode", kv_len=kv, kv_write=self.rt.kv_write)
         return self._point(lambda: self.m.decode(batch, kv, spec.kv_write), spec, ("decode", batch, kv))
 
-    def memory(self, kv_dtype: str, utilization: float):
-        """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""
+    def memory(self, kv_dtype: str, utilization: float, fraction_of: str = "total"):
+        """Per device: capacity x utilization - weights held - runtime reserve (as ``fraction_of`` defines the
+        fraction: ServingMemory), over KV bytes per token."""
         from opmap.mapping.memory import (
             ACTIVATION_TOKENS,
             ServingMemory,
@@ -384,4 +386,5 @@ class Pricer:
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
         reserve = runtime_reserve(act, self.rt.name != "eager")
-        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev)
+        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev,
+                             fraction_of)
