@@ -231,10 +231,18 @@ def _price(o: _Options, p: _Parsed):
     return reqs, cost, transfer, probe, p
 
 
+def _applied(o: _Options, preset):
+    """The preset with the flags given over it (opmap.engines.apply.Applied)."""
+    from opmap.engines.apply import Applied
+
+    return Applied(preset, o.gpu_memory_utilization, o.max_num_seqs, o.max_num_batched_tokens, o.kv_block,
+                   o.chunked_prefill)
+
+
 def _memory(o: _Options, preset):
     """The memory fraction priced and what it is of: --gpu-memory-utilization (default 0.9 of the whole device),
     or the preset's rule on this device and layout (a value given wins, in the engine's sense)."""
-    from opmap.engines import MemoryRule, memory_rule
+    from opmap.engines import MemoryRule
 
     if preset is None:
         u = 0.9 if o.gpu_memory_utilization is None else o.gpu_memory_utilization
@@ -242,29 +250,18 @@ def _memory(o: _Options, preset):
                           "opmap's default (vLLM's)")
     from opmap.hardware import get_hardware
 
-    hw = get_hardware(o.hardware)
-    return memory_rule(preset, hw.name, hw.memory_bytes, o.tp, o.pp, o.gpu_memory_utilization)
+    return _applied(o, preset).memory(get_hardware(o.hardware), o.tp, o.pp)
 
 
 def _with_setting(o: _Options, p: _Parsed, reqs, cost, memory) -> _Parsed:
     """``p`` with the preset's engine setting for the priced replica (its KV capacity, the run's mean lengths,
     offline or not), the flags given applied over it, and the policy it runs."""
-    from opmap.engines import SizingInputs, engine_setting, override
+    from opmap.engines.apply import sizing_inputs
     from opmap.hardware import get_hardware
-    from opmap.serve.resolve import Resolved
 
-    hw, m = get_hardware(o.hardware), cost.memory or {}
-    r = Resolved.build(o.model, o.dtype)
-    x = SizingInputs(hw.name, hw.memory_bytes, o.tp, o.pp, int(cost.kv_capacity_tokens or 0),
-                     float(m.get("weights_bytes", 0.0)), float(cost.kv_bytes_per_token or 0.0),
-                     r.held_bytes / r.kv_itemsize, int(r.max_positions or 0),
-                     float(reqs.input_len.mean()), float(reqs.output_len.mean()), p.arrival.kind == "offline",
-                     o.dtype)
-    s = override(engine_setting(p.preset, x, memory), o.max_num_seqs, o.max_num_batched_tokens, o.kv_block,
-                 o.chunked_prefill)
-    if o.gpu_memory_utilization is not None:
-        s = replace(s, overrides=(*s.overrides, f"memory fraction {o.gpu_memory_utilization:g} of {memory.of} "
-                                                "(--gpu-memory-utilization)"))
+    x = sizing_inputs(o.model, o.dtype, get_hardware(o.hardware), o.tp, o.pp, cost, reqs.input_len.mean(),
+                      reqs.output_len.mean(), p.arrival.kind == "offline")
+    s = _applied(o, p.preset).setting(x, memory)
     return replace(p, policy=s.policy(), setting=s)
 
 
