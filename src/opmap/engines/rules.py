@@ -284,3 +284,29 @@ def _round_up(x: float, steps: list, above: int, floor: int) -> int:
             v = step * math.ceil(x / step)
             return max(floor, v) if i == 0 else v
     return above * math.ceil(x / above)
+
+
+# --- CUDA graphs, without a priced replica (sweep) -----------------------------------------------------------
+
+
+def device_graph_sizes(preset: EnginePreset, device: str, device_bytes: float, tp: int,
+                       offline: bool = False) -> tuple[tuple[int, ...], str]:
+    """The CUDA graph capture sizes the engine takes on this device and TP degree where they do not depend on the
+    KV pool (vLLM: from its device's max_num_seqs; SGLang: from its memory bucket; TensorRT-LLM: fixed), and where
+    they come from; () for trtllm-bench (its engine's graphs are not among the values read)."""
+    if preset.engine == "vllm":
+        x = SizingInputs(device, device_bytes, tp, 1, 0, 0.0, 0.0, 0.0, 0, 1.0, 1.0, offline, "")
+        seqs = _vllm(preset, x, MemoryRule(0.9, "total", ""))[0]
+        return tuple(vllm_graph_sizes(preset, seqs)), preset.table("cuda_graphs")["source"]
+    if preset.engine == "sglang":
+        return (tuple(sglang_graph_sizes(preset, sglang_bucket(preset, device_bytes, tp)[1])),
+                preset.table("cuda_graphs")["source"])
+    if preset.engine == "trtllm":
+        return tuple(trtllm_graph_sizes(preset)), preset.table("cuda_graphs")["source"]
+    return (), "trtllm-bench's CUDA graph sizes are not among the values read"
+
+
+def graph_batch(batch: int, sizes: tuple[int, ...]) -> int | None:
+    """The captured graph a decode step of ``batch`` sequences replays: the smallest capture size at least
+    ``batch`` (the step padded up to it); None past the largest (the step runs without a full graph)."""
+    return next((s for s in sorted(sizes) if s >= batch), None)
