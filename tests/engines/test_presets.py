@@ -24,7 +24,8 @@ def test_vllm_defaults_equal_its_source():
             d["large_server_seqs"]) == (16384, 8192, 1024, 1024)
     assert (d["small_offline_tokens"], d["small_server_tokens"], d["small_offline_seqs"],
             d["small_server_seqs"]) == (8192, 2048, 256, 256)
-    g = p.table("cuda_graphs")  # "[1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max + 1, 16))", min(2 x seqs, 512)
+    # compilation.py: "[1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max + 1, 16))", max min(2 x seqs, 512)
+    g = p.table("cuda_graphs")
     assert (g["first"], g["step8_below"], g["step16_from"], g["cap"], g["per_seq"]) == ([1, 2, 4], 256, 256, 512, 2)
 
 

@@ -75,13 +75,6 @@ class EngineSetting:
         return Engine(self.max_num_seqs, self.max_num_batched_tokens, self.kv_block, self.chunked_prefill,
                       self.no_evict)
 
-    def header(self) -> str:
-        """One line: the engine, its version and the sizes it runs."""
-        return (f"engine preset {self.preset.spec} ({self.preset.display}): {self.max_num_seqs} sequences, "
-                f"{self.max_num_batched_tokens} tokens a step, {'chunked' if self.chunked_prefill else 'whole'} "
-                f"prompts, KV blocks of {self.kv_block}, {'GUARANTEED_NO_EVICT' if self.no_evict else 'preemption'}"
-                f", memory {self.memory.fraction:g} of {self.memory.of}")
-
     def to_dict(self) -> dict[str, Any]:
         return {**self.preset.to_dict(), "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens, "kv_block": self.kv_block,

@@ -86,8 +86,8 @@ def _memory_line(m: dict[str, Any], kv_dtype: str | None) -> str:
                 f"{m['weights_bytes'] / g:.4g} GiB = KV {m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} "
                 f"tokens, {kv_dtype}); reserve {m['reserve_bytes'] / g:.3g} GiB outside it")
     return (f"memory per device: {m['utilization']:g} x ({m['capacity_bytes'] / g:.4g} GiB - weights "
-            f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB) = KV {m['kv_bytes'] / g:.4g} "
-            f"GiB ({m['kv_capacity_tokens']:,} tokens, {kv_dtype})")
+            f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB) = KV "
+            f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {kv_dtype})")
 
 
 def capacity_line(c: dict[str, Any]) -> str:
