@@ -136,26 +136,23 @@ ENGINE_FLAGS = {"--runtime": "engine"}
 
 
 # --- engine configuration per row (what the published run's engine was set to) --------------------------------
-# trtllm-bench picks max_batch_size / max_num_tokens from the dataset's ISL/OSL and the KV memory left after the
-# weights (TensorRT-LLM tensorrt_llm/bench/build/tuning.py, calc_engine_setting + finetune_setting; read at
-# 04cba882084a25665e7f80f5bda71b35b9790b6f, the version stored in the index: the v0.17 tag's copy was not):
-#   engine = params x bytes/elem / 2^30; free = device GiB x tp x pp - engine; cache = free x 0.95;
-#   requests = cache / (KV bytes per token x (ISL + OSL)); raw_bs = min(requests, 4096) / pp;
-#   raw_tokens = min(raw_bs x (1 + ISL / OSL), 32768); max_bs rounded up to 32 (< 256, at least 64), 128
-#   (< 1024) or 256; max_tokens rounded up to 256 (< 4096, at least 2048), 512 (< 8192) or 1024.
-# The KV per token counts max(tp, kv heads) heads (each TP rank holds at least one).
-TRT_TUNING = ("TensorRT-LLM tensorrt_llm/bench/build/tuning.py @ 04cba882084a25665e7f80f5bda71b35b9790b6f "
-              "(calc_engine_setting, finetune_setting): trtllm-bench's max_batch_size / max_num_tokens heuristic")
-TRT_BENCH_DEFAULTS = ("tensorrt_llm/bench/benchmark/throughput.py @ 000a01de66f0eab4ab05640711f0253f50f5209c: "
-                      "--scheduler_policy default guaranteed_no_evict, --enable_chunked_context default off")
-TRT_KV_BLOCK = 64  # assumed: TensorRT-LLM's build scripts default tokens_per_block to 64 (32 and 128 in others)
+# trtllm-bench rows run opmap serve's trtllm-bench engine preset (src/opmap/engines/trtllm-bench.toml and
+# opmap.engines.rules: the one implementation of trtllm-bench's max_batch_size / max_num_tokens heuristic,
+# tensorrt_llm/bench/build/tuning.py calc_engine_setting + finetune_setting, GUARANTEED_NO_EVICT, KV blocks of
+# tokens_per_block 32, the KV cache a fraction of the memory free after the weights). The preset sizes the engine
+# from the run's own lengths and the model opmap prices; the rows add only what the published run set.
+TRT_PRESET = "trtllm-bench@1.0"
 TRT_FREE_FRACTION = 0.95  # perf-overview (both versions): "--kv_cache_free_gpu_mem_fraction 0.95" in most runs
+TRT_CHUNKED = ("chunked context is off by default in trtllm-bench (the preset's whole prompts); opmap chunks here "
+               "(--chunked-prefill): with whole prompts a budget of max_num_tokens close to the prompt, as the "
+               "heuristic gives at 2048/2048, would admit a prompt only when no decode runs, which the published "
+               "rates rule out")
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """What the engine's sizing reads of a model: parameters, layers, KV heads, head size (the model's published
-    config.json on Hugging Face)."""
+    """What trtllm-bench's sizing reads of a model, for an engine built for another data set than the row runs
+    (``sizing_input_len``): parameters, layers, KV heads, head size (the model's published config.json)."""
 
     params: float
     layers: int
@@ -189,35 +186,23 @@ def geometry(model: str) -> Geometry:
 
 def trtllm_bench_setting(model: str, hw: str, tp: int, pp: int, isl: int, osl: int, weight_bytes: float,
                          kv_bytes: float, fraction: float = TRT_FREE_FRACTION) -> tuple[int, int]:
-    """(max_batch_size, max_num_tokens) as trtllm-bench's heuristic picks them (``TRT_TUNING``)."""
+    """(max_batch_size, max_num_tokens) as trtllm-bench's heuristic picks them for ``model``'s published geometry
+    (opmap.engines.trtllm_bench_setting: the one implementation)."""
+    from opmap.engines import trtllm_bench_setting as sizing
+
     g = geometry(model)
-    per_token_gib = 2 * g.layers * max(tp, g.kv_heads) * g.head_dim * kv_bytes / 2**30
-    engine = g.params * weight_bytes / 2**30
-    cache = (device_gib(hw) * tp * pp - engine) * fraction
-    requests = cache / (per_token_gib * (isl + osl))
-    raw_bs = min(requests, 4096) / pp
-    raw_tok = min(raw_bs * (1 + isl / osl), 32768)
-    if raw_bs < 256:
-        bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        bs = 256 * math.ceil(raw_bs / 256)
-    if raw_tok < 4096:
-        tok = max(2048, 256 * math.ceil(raw_tok / 256))
-    elif raw_tok < 8192:
-        tok = 512 * math.ceil(raw_tok / 512)
-    else:
-        tok = 1024 * math.ceil(raw_tok / 1024)
-    return bs, tok
+    per_token = 2 * g.layers * max(tp, g.kv_heads) * g.head_dim * kv_bytes
+    h = sizing(g.params, weight_bytes, per_token, device_gib(hw) * 2**30, tp, pp, isl, osl, fraction)
+    return h.max_batch_size, h.max_num_tokens
 
 
 def free_fraction_as_utilization(model: str, hw: str, tp: int, pp: int, weight_bytes: float,
                                  fraction: float) -> float:
-    """TensorRT-LLM's KV fraction is of the memory free after the weights; opmap's --gpu-memory-utilization is
-    vLLM's, of the whole device (usable = capacity x u - weights - reserve). The same KV pool: capacity x u -
-    weights = fraction x (capacity - weights), so u = fraction + (1 - fraction) x weights / capacity, per device
-    (the runtime reserve is left inside the free memory on both sides)."""
+    """A ``given`` row's KV fraction of the memory free after the weights (a TensorRT-LLM harness outside
+    trtllm-bench, such as MLPerf's) as opmap's default --gpu-memory-utilization, vLLM's, of the whole device
+    (usable = capacity x u - weights - reserve). The same KV pool: capacity x u - weights = fraction x (capacity -
+    weights), so u = fraction + (1 - fraction) x weights / capacity, per device (the runtime reserve is left inside
+    the free memory on both sides)."""
     g = geometry(model)
     weights = g.params * weight_bytes / (tp * pp) / 2**30
     return min(1.0, fraction + (1 - fraction) * weights / device_gib(hw))
@@ -249,30 +234,37 @@ def mlperf_output_spec(mean: float) -> str:
 
 
 def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float) -> tuple[dict[str, str], str]:
-    """The engine flags of a trtllm-bench throughput row and their citation. A row whose engine was built for
-    another data set (``sizing_input_len`` / ``sizing_output_len``: ``trtllm-bench build --dataset``) is sized at
-    those lengths with the build's default KV fraction (``TRT_FREE_FRACTION``), and runs at its own fraction."""
-    model, hw, tp, pp, isl, osl = (ref[k] for k in ("model", "hardware", "tp", "pp", "input_len", "output_len"))
-    s_isl, s_osl = ref["sizing_input_len"] or isl, ref["sizing_output_len"] or round(osl)
-    s_frac = TRT_FREE_FRACTION if ref["sizing_input_len"] else fraction
-    bs, tok = trtllm_bench_setting(model, hw, tp, pp, s_isl, s_osl, weight_bytes, kv_bytes, s_frac)
-    u = free_fraction_as_utilization(model, hw, tp, pp, weight_bytes, fraction)
-    flags = {"--policy": f"engine:{bs},{tok},{TRT_KV_BLOCK},noevict", "--gpu-memory-utilization": f"{u:.4f}"}
-    cfg = (f"engine: max_batch_size {bs}, max_num_tokens {tok} ({TRT_TUNING}, at {s_isl}/{s_osl:g}, tp {tp}); "
-           f"scheduler GUARANTEED_NO_EVICT ({TRT_BENCH_DEFAULTS}; chunked context is off by default there, opmap "
-           "chunks: with whole prompts a budget of max_num_tokens close to the prompt, as the heuristic gives at "
-           "2048/2048, would admit a prompt only when no decode runs, which the published rates rule out); KV "
-           f"blocks of {TRT_KV_BLOCK} tokens (assumed: the build scripts' tokens_per_block default); KV "
-           f"--kv_cache_free_gpu_mem_fraction {fraction} of the memory free after the weights = "
-           f"--gpu-memory-utilization {u:.4f} of the device; {ref['requests']} requests (perf-overview's "
-           "table for this ISL/OSL)")
+    """The flags of a trtllm-bench throughput row: the trtllm-bench preset at the row's KV fraction (of the memory
+    free after the weights, as the engine reads it), chunked. A row whose engine was built for another data set
+    (``sizing_input_len`` / ``sizing_output_len``: ``trtllm-bench build --dataset``) gets the batch and token
+    budget the heuristic gives at those lengths and the build's default fraction (``TRT_FREE_FRACTION``), given
+    as --max-num-seqs / --max-num-batched-tokens (the preset states the override)."""
+    flags = {"--engine-preset": TRT_PRESET, "--chunked-prefill": "", "--gpu-memory-utilization": f"{fraction:g}"}
+    cfg = (f"engine: opmap's {TRT_PRESET} preset (src/opmap/engines/trtllm-bench.toml: the heuristic of "
+           f"tensorrt_llm/bench/build/tuning.py at the run's lengths, GUARANTEED_NO_EVICT, KV blocks of 32); "
+           f"--kv_cache_free_gpu_mem_fraction {fraction:g}; {TRT_CHUNKED}; {ref['requests']} requests "
+           "(perf-overview's table for this ISL/OSL)")
+    if ref["sizing_input_len"]:
+        s_isl, s_osl = ref["sizing_input_len"], ref["sizing_output_len"] or round(ref["output_len"])
+        bs, tok = trtllm_bench_setting(ref["model"], ref["hardware"], ref["tp"], ref["pp"], s_isl, s_osl,
+                                       weight_bytes, kv_bytes, TRT_FREE_FRACTION)
+        flags.update({"--max-num-seqs": str(bs), "--max-num-batched-tokens": str(tok)})
+        cfg += (f"; engine built for {s_isl}/{s_osl} at {TRT_FREE_FRACTION}: max_batch_size {bs}, max_num_tokens "
+                f"{tok} (opmap.engines.trtllm_bench_setting with the model's published geometry)")
     return flags, cfg
 
 
-# Bytes a weight or a KV element takes in the engine's sizing, as trtllm-bench's tuning.py counts them
-# (BYTES_PER_ELEM: NO_QUANT 2.0, FP8 1.0, NVFP4 0.5: its block scales are left out); mxfp4 = 4 bits + an E8M0 scale
-# per 32 (OCP Microscaling v1.0). A row's KV cache is 16-bit unless its kv_dtype column says otherwise.
-SIZING_BYTES = {"fp8": 1.0, "fp16": 2.0, "bf16": 2.0, "nvfp4": 0.5, "mxfp4": 0.53125}
+# Bytes a weight or a KV element takes in the engine's sizing: the trtllm-bench preset's table (tuning.py's
+# BYTES_PER_ELEM: NO_QUANT 2.0, FP8 1.0, NVFP4 0.5; mxfp4 opmap's), src/opmap/engines/trtllm-bench.toml. A row's KV
+# cache is 16-bit unless its kv_dtype column says otherwise.
+def _bytes_table() -> dict[str, float]:
+    from opmap.engines import parse_preset
+
+    t = parse_preset(TRT_PRESET).table("bytes_per_element")
+    return {k: float(v) for k, v in t.items() if k != "source"}
+
+
+SIZING_BYTES = _bytes_table()
 
 
 def _sizing_bytes(ref: dict, key: str, default: str) -> float:

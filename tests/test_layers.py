@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measure", ("opmap.measure",)),  # real runs joined to predictions
     ("api", ("opmap.api",)),  # the facade every command and explorer steps a model through
     ("serve", ("opmap.serve",)),  # serving simulator (the fit matrix runs it: below explore)
+    ("engines", ("opmap.engines",)),  # engine presets: sizing rules over a priced replica, an engine policy out
     ("explore", ("opmap.explore",)),  # plans, sweeps, the fit matrix
     ("bench", ("opmap.bench",)),  # load against a real endpoint (its --predict runs serve)
     ("store", ("opmap.store",)),  # run store (to come)

@@ -127,8 +127,9 @@ def test_trtllm_bench_engine_setting_by_hand():
     u = sr.free_fraction_as_utilization("llama-3-8b", "h100-sxm", 1, 1, 1.0, 0.95)
     assert u == pytest.approx(0.95 + 0.05 * 8.03e9 / 2**30 / 80) == pytest.approx(0.954674, abs=1e-6)
     ref = by_id("trt17-8b-h100-128-128")
-    cmd = ref.command(Path("OUT"))
-    assert cmd[cmd.index("--policy") + 1] == "engine:4096,8192,64,noevict"
+    cmd = ref.command(Path("OUT"))  # the trtllm-bench preset sizes it from the run (tests/engines/test_rules.py)
+    assert cmd[cmd.index("--engine-preset") + 1] == "trtllm-bench@1.0" and "--policy" not in cmd
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.95" and "--chunked-prefill" in cmd
     assert ref.requests == 30000
 
 
@@ -187,10 +188,11 @@ def test_per_gpu_figures_and_engine_built_for_another_data_set_by_hand():
     # Azure's GB200 runs build one engine for the longest data set (2048/2048) at trtllm-bench build's default KV
     # fraction 0.95, then run at 0.83: Llama 3.1 8B FP8 on one GB200 (186 GiB): engine 8.03e9 / 2^30 = 7.4785 GiB;
     # cache (186 - 7.4785) x 0.95 = 169.595 GiB; KV 65,536 B a token x 4096 = 0.25 GiB a request: 678.4 requests ->
-    # 128 x ceil(678.4 / 128) = 768; tokens 678.4 x 2 = 1356.8 -> at least 2048; utilisation 0.83 + 0.17 x 7.4785 /
-    # 186 = 0.83684
+    # 128 x ceil(678.4 / 128) = 768; tokens 678.4 x 2 = 1356.8 -> at least 2048; the run's KV 0.83 of the free memory
+    # (the trtllm-bench preset's sense of --gpu-memory-utilization)
     ref = by_id("azgb200-8b-tp1-128-128")
     cmd = ref.command(Path("OUT"))
-    assert cmd[cmd.index("--policy") + 1] == "engine:768,2048,64,noevict"
-    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.8368"
+    assert cmd[cmd.index("--engine-preset") + 1] == "trtllm-bench@1.0"
+    assert (cmd[cmd.index("--max-num-seqs") + 1], cmd[cmd.index("--max-num-batched-tokens") + 1]) == ("768", "2048")
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.83"
     assert ref.requests == 1000 and ref.published_per_device == 41058

@@ -58,9 +58,15 @@ def fit(
                                                                          "as serve (default 256, vLLM's)."),
     max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens",
                                                       help="engine: tokens per step, as serve (default 8192)."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization",
-                                                 help="Fraction of each device's memory the engine takes (0 < u "
-                                                      "<= 1), as serve."),
+    engine_preset: str | None = typer.Option(None, "--engine-preset",
+                                             help="The engine stack: NAME[@VERSION] for every platform (vllm, "
+                                                  "sglang, trtllm, trtllm-bench) or one per vendor "
+                                                  "(nvidia=trtllm,amd=vllm); each cell sized and scheduled as that "
+                                                  "engine would, and named in its cell."),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
+                                                        help="Fraction of each device's memory the engine takes "
+                                                             "(0 < u <= 1; default 0.9), as serve (with "
+                                                             "--engine-preset, in that engine's sense)."),
     include_datasheet_only: bool = typer.Option(False, "--include-datasheet-only",
                                                 help="Rank devices whose catalog lacks achievable figures with the "
                                                      "others (by default after them)."),
@@ -78,7 +84,7 @@ def fit(
     ranked per workload (by cost per token where prices are given), under the engine settings stated."""
     a = _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, requests, devices,
                devices_budget, runtime, kv_dtype, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
-               dtype, engine, out)
+               dtype, engine, out, engine_preset)
     from opmap.explore.fit_quality import attach, read_evidence
 
     evidence = read_evidence(quality, a["models"])  # read and matched before any cell runs
@@ -98,7 +104,7 @@ def fit(
 
 def _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, requests, devices, devices_budget,
            runtime, kv_dtype, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, dtype, engine,
-           out) -> dict:
+           out, engine_preset=None) -> dict:
     """Every option checked before any cell runs (the engine settings by serve's own checks): the models, the
     platforms, the SLO, the prices and the engine policy."""
     from opmap.cli.serve import _policy
@@ -131,7 +137,18 @@ def _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, r
     policy = _policy(None, False, max_num_seqs, max_num_batched_tokens, None)  # serve's engine, serve's checks
     if out is not None:
         check_out_dir(out)
-    return {"models": ms, "hardware": hws, "slo": slo, "prices": prices, "policy": policy}
+    return {"models": ms, "hardware": hws, "slo": slo, "prices": prices, "policy": policy,
+            "presets": _presets(engine_preset, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)}
+
+
+def _presets(spec: str | None, fraction, max_num_seqs, max_num_batched_tokens) -> dict | None:
+    """--engine-preset as vendor -> the preset with the flags given over it (None without one)."""
+    if spec is None:
+        return None
+    from opmap.engines import parse_presets
+    from opmap.engines.apply import Applied
+
+    return {v: Applied(p, fraction, max_num_seqs, max_num_batched_tokens) for v, p in parse_presets(spec).items()}
 
 
 def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtime, devices_budget,
@@ -145,7 +162,8 @@ def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtim
             r = fit_matrix(a["models"], a["hardware"], a["slo"], input_len, output_len, requests, dtype, devices,
                            power_budget, a["prices"], progress=progress, engine=engine, runtime=runtime,
                            devices_budget=devices_budget, include_datasheet_only=include_datasheet_only,
-                           policy=a["policy"], kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization)
+                           policy=a["policy"], kv_dtype=kv_dtype, presets=a["presets"],
+                           gpu_memory_utilization=0.9 if gpu_memory_utilization is None else gpu_memory_utilization)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished cells shown, written, recorded, marked
         partial, stop = kept(e)
         return partial.to_dict(), stop

@@ -33,9 +33,12 @@ def serve(
     runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"KV cache format: {_KV} "
                                                                  "(default: the model dtype's activations')."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization",
-                                                 help="Fraction of each device's memory the engine takes (0 < u "
-                                                      "<= 1): weights, runtime reserve and the KV cache."),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
+                                                        help="Fraction of each device's memory the engine takes (0 < "
+                                                             "u <= 1): weights, runtime reserve and the KV cache "
+                                                             "(default 0.9; with --engine-preset, in that engine's "
+                                                             "sense: SGLang's mem_fraction_static, TensorRT-LLM's "
+                                                             "free_gpu_memory_fraction)."),
     allow_long_context: bool = typer.Option(False, "--allow-long-context",
                                             help="Allow prompt + output past the model's max_position_embeddings "
                                                  "(rope scaling)."),
@@ -63,6 +66,14 @@ def serve(
                                                            "prompt chunks (default 8192)."),
     kv_block: int | None = typer.Option(None, "--kv-block", help="engine: KV cache block, tokens (default 16); "
                                                                  "blocks run out: preemption by recompute."),
+    chunked_prefill: bool | None = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
+                                                help="engine: split prompts over steps (default on; a preset's "
+                                                     "default otherwise)."),
+    engine_preset: str | None = typer.Option(None, "--engine-preset",
+                                             help="vllm, sglang, trtllm or trtllm-bench (NAME@VERSION for a "
+                                                  "version): that engine's scheduler defaults and sizing rules "
+                                                  "(max sequences, token budget, chunking, KV block, memory "
+                                                  "fraction, CUDA graphs), each sourced; flags given override."),
     replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
     router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
     disaggregate: str | None = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
@@ -99,10 +110,11 @@ def serve(
     o = _Options(model, hardware, tp, pp, runtime, kv_dtype, gpu_memory_utilization, allow_long_context, arrival,
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
-                 out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups, ep, ep_imbalance)
+                 out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups, ep, ep_imbalance,
+                 chunked_prefill, engine_preset)
     o, choice = _on_device(o)
     p = _parse(o)
-    reqs, cost, transfer, probe = _price(o, p)
+    reqs, cost, transfer, probe, p = _price(o, p)
     report, res, stop = _run(reqs, p.arrival, p.policy, cost, p.replicas, o.router, o.seed, p.slo, p.pd, transfer,
                              probe, o.engine, out is not None)
     _render(o, p, report, res, cost, store, no_store, choice)
@@ -148,6 +160,8 @@ class _Options:
     prefix_groups: int | None = None
     ep: int = 1
     ep_imbalance: float | None = None
+    chunked_prefill: bool | None = None
+    engine_preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,8 @@ class _Parsed:
     replicas: int
     spec: Any = None
     prefix: Any = None  # opmap.serve.prefix.PrefixShare, with --prefix-share
+    preset: Any = None  # an EnginePreset (--engine-preset), or None
+    setting: Any = None  # its EngineSetting once the replica is priced (opmap.engines), or None
 
 
 def _on_device(o: _Options) -> tuple[_Options, Any]:
@@ -199,8 +215,9 @@ def _parse(o: _Options) -> _Parsed:
     arr = parse_arrival(o.arrival)
     ilen, olen = parse_length(o.input_len), parse_length(o.output_len)
     spec = _spec(o)
+    preset = _preset(o)
     pol = _policy(o.policy if o.policy is not None or spec is None else "continuous", o.disaggregate is not None,
-                  o.max_num_seqs, o.max_num_batched_tokens, o.kv_block)
+                  o.max_num_seqs, o.max_num_batched_tokens, o.kv_block, o.chunked_prefill)
     slo = _slo(o.slo_ttft, o.slo_tpot, o.slo_p99)
     check_engine(o.engine)
     if o.find_capacity and arr.kind not in ("poisson", "gamma"):
@@ -213,7 +230,7 @@ def _parse(o: _Options) -> _Parsed:
         raise OpmapError(f"--spec {spec.spec()} is simulated under --policy continuous[:TOKEN_BUDGET] (its default) "
                          f"or chunked:CHUNK, without --disaggregate; got --policy {pol.spec()}"
                          + (" with --disaggregate" if pd is not None else ""))
-    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec, prefix)
+    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec, prefix, preset)
 
 
 def _spec(o: _Options):
@@ -230,6 +247,22 @@ def _spec(o: _Options):
     return parse_spec(o.spec, o.spec_accept, o.spec_accepted, o.seed)
 
 
+def _preset(o: _Options):
+    """--engine-preset parsed and checked against the options it replaces (None without one)."""
+    if o.engine_preset is None:
+        return None
+    from opmap.engines import parse_preset
+
+    preset = parse_preset(o.engine_preset)
+    clash = [f for f, v in (("--policy", o.policy), ("--disaggregate", o.disaggregate),
+                            ("--service-time", o.service_time)) if v is not None]
+    if clash:
+        raise OpmapError(f"--engine-preset sets the engine policy from {preset.display}'s defaults; {clash[0]} "
+                         "replaces it: drop one (--max-num-seqs, --max-num-batched-tokens, --kv-block, "
+                         "--[no-]chunked-prefill and --gpu-memory-utilization override a preset's values)")
+    return preset
+
+
 def _price(o: _Options, p: _Parsed):
     """(the requests, the step cost, the KV move of a disaggregated run, the --find-capacity probe)."""
     from opmap.serve import make_requests
@@ -237,9 +270,12 @@ def _price(o: _Options, p: _Parsed):
     reqs = make_requests(p.arrival, p.input_len, p.output_len, o.requests, o.seed)
     if p.prefix is not None:
         reqs = p.prefix.apply(reqs)
+    memory = _memory(o, p.preset)
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
-                 o.runtime, o.kv_dtype, o.gpu_memory_utilization, o.allow_long_context, p.spec,
+                 o.runtime, o.kv_dtype, memory.fraction, o.allow_long_context, memory.of, p.spec,
                  (o.ep, o.ep_imbalance))
+    if p.preset is not None:
+        p = _with_setting(o, p, reqs, cost, memory)
     transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
     probe = None
     if o.find_capacity:
@@ -247,7 +283,41 @@ def _price(o: _Options, p: _Parsed):
 
         probe = RateProbe(p.arrival, p.input_len, p.output_len, o.requests, p.policy, cost, p.replicas, o.router,
                           o.seed, p.slo, p.pd, transfer, prefix=p.prefix)
-    return reqs, cost, transfer, probe
+    return reqs, cost, transfer, probe, p
+
+
+def _applied(o: _Options, preset):
+    """The preset with the flags given over it (opmap.engines.apply.Applied)."""
+    from opmap.engines.apply import Applied
+
+    return Applied(preset, o.gpu_memory_utilization, o.max_num_seqs, o.max_num_batched_tokens, o.kv_block,
+                   o.chunked_prefill)
+
+
+def _memory(o: _Options, preset):
+    """The memory fraction priced and what it is of: --gpu-memory-utilization (default 0.9 of the whole device),
+    or the preset's rule on this device and layout (a value given wins, in the engine's sense)."""
+    from opmap.engines import MemoryRule
+
+    if preset is None:
+        u = 0.9 if o.gpu_memory_utilization is None else o.gpu_memory_utilization
+        return MemoryRule(u, "total", "--gpu-memory-utilization" if o.gpu_memory_utilization is not None else
+                          "opmap's default (vLLM's)")
+    from opmap.hardware import get_hardware
+
+    return _applied(o, preset).memory(get_hardware(o.hardware), o.tp, o.pp)
+
+
+def _with_setting(o: _Options, p: _Parsed, reqs, cost, memory) -> _Parsed:
+    """``p`` with the preset's engine setting for the priced replica (its KV capacity, the run's mean lengths,
+    offline or not), the flags given applied over it, and the policy it runs."""
+    from opmap.engines.apply import sizing_inputs
+    from opmap.hardware import get_hardware
+
+    x = sizing_inputs(o.model, o.dtype, get_hardware(o.hardware), o.tp, o.pp, cost, reqs.input_len.mean(),
+                      reqs.output_len.mean(), p.arrival.kind == "offline")
+    s = _applied(o, p.preset).setting(x, memory)
+    return replace(p, policy=s.policy(), setting=s)
 
 
 def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None, no_store: bool,
@@ -263,7 +333,8 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "router": o.router, "seed": o.seed, "input_len": p.input_len.spec(),
                              "output_len": p.output_len.spec(),
                              "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
-                             "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas)}
+                             "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas),
+                             **({"engine_preset": p.setting.to_dict()} if p.setting is not None else {})}
     if p.spec is not None:  # only with --spec: the outputs of a run without it are unchanged
         report["assumptions"]["speculative_decoding"] = {**p.spec.to_dict(), "line": p.spec.text()}
     if p.prefix is not None:
@@ -340,7 +411,7 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
 
 
 def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
-          gpu_memory_utilization, allow_long_context, spec=None, ep=(1, None)):
+          gpu_memory_utilization, allow_long_context, memory_of: str = "total", spec=None, ep=(1, None)):
     """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (the router, and the policy
     against a service time, checked first, so a bad one is refused before the pricing)."""
     from opmap.serve import parse_service_time
@@ -360,7 +431,7 @@ def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp,
     with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
         kw = dict(runtime=runtime, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
                   allow_long_context=allow_long_context, max_context=longest, progress=lambda s: st.update(safe(s)),
-                  ep=ep[0], ep_imbalance=ep[1])
+                  ep=ep[0], ep_imbalance=ep[1], memory_of=memory_of)
         if spec is not None:
             from opmap.serve.spec_cost import spec_table_cost
 
@@ -445,12 +516,12 @@ def _find_capacity(probe, engine: str, figure: bool):
 
 
 def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_num_batched_tokens: int | None,
-            kv_block: int | None):
+            kv_block: int | None, chunked_prefill: bool | None = None):
     """--policy (default engine; continuous with --disaggregate) and the engine's sizes from their flags."""
     from opmap.serve import Engine, parse_policy
 
     flags = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
-             "--kv-block": kv_block}
+             "--kv-block": kv_block, "--[no-]chunked-prefill": chunked_prefill}
     given = [k for k, v in flags.items() if v is not None]
     if spec is None:
         spec = "continuous" if disaggregate and not given else "engine"
@@ -462,7 +533,8 @@ def _policy(spec: str | None, disaggregate: bool, max_num_seqs: int | None, max_
                          f"got {spec!r}")
     return Engine(*(d if v is None else v for v, d in ((max_num_seqs, pol.max_num_seqs),
                                                        (max_num_batched_tokens, pol.max_num_batched_tokens),
-                                                       (kv_block, pol.kv_block))))
+                                                       (kv_block, pol.kv_block),
+                                                       (chunked_prefill, pol.chunked_prefill))))
 
 
 def _kv_words(pol) -> str:

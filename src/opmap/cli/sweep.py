@@ -9,6 +9,7 @@ import typer
 
 from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, result_only_on_stdout, step_progress
 from opmap.cli.common import hardware as get_hardware
+from opmap.errors import OpmapError
 from opmap.phases.runtime import RUNTIME_HELP
 from opmap.validate import INT_GE1, json_text, options, visible
 
@@ -42,6 +43,10 @@ def sweep(
     out: Path | None = typer.Option(None, help="Write sweep.json and sweep.md here."),
     store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
     no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+    engine_preset: str | None = typer.Option(None, "--engine-preset",
+                                             help="vllm, sglang, trtllm or trtllm-bench (NAME@VERSION): decode "
+                                                  "points under that engine's CUDA graphs (the capture size each "
+                                                  "batch pads to, stated per point; runtime engine) in sweep.json."),
     as_json: bool = typer.Option(False, "--json", help="Print sweep.json on stdout instead of the table (the "
                                                        "progress and every other line on stderr)."),
 ) -> None:
@@ -55,6 +60,7 @@ def sweep(
     dtype = dtype or ("fp32" if measure else "bf16")
     batches, seqs = parse_ints(batch, "batch"), parse_ints(seq, "seq")
     check_sweep(model, batches, seqs, phase, dtype, measure, engine, runtime, tp, pp)  # before a calibration
+    preset = _preset(engine_preset, measure)
     if out is not None:
         check_out_dir(out)
     stop = None
@@ -66,19 +72,57 @@ def sweep(
                               runtime=runtime, tp=tp, pp=pp)
         except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished lengths shown, written, recorded, marked
             r, stop = kept(e)
+        body = r.to_dict()
+        if preset is not None:
+            body["engine_preset"] = _graphs(preset, hw, tp, phase, batches)
         if not as_json:
             _print_table(r, model, phase, dtype, measure)
+            if preset is not None:
+                _print_graphs(body["engine_preset"])
         if out is not None:
-            print_wrote(write_set(out, {"sweep.json": json_text(r.to_dict(), indent=1),
+            print_wrote(write_set(out, {"sweep.json": json_text(body, indent=1),
                                         "sweep.md": _markdown(r, model, phase)}))
         from opmap.cli.common import record_run
         from opmap.tags import Tags
 
-        record_run("sweep", r.to_dict(), Tags("sweep", workload=model, hardware=r.hardware, phase=phase,
+        record_run("sweep", body, Tags("sweep", workload=model, hardware=r.hardware, phase=phase,
                                               precision=dtype), store, no_store)
     if as_json:
-        print(json_text(r.to_dict(), indent=1))
+        print(json_text(body, indent=1))
     exit_if_stopped(stop)
+
+
+def _preset(spec: str | None, measure: bool):
+    """--engine-preset parsed (None without one); a measured sweep runs eager PyTorch, no engine."""
+    if spec is None:
+        return None
+    if measure:
+        raise OpmapError("--engine-preset describes a serving engine's predicted steps; --measure times eager "
+                         "PyTorch here: drop one")
+    from opmap.engines import parse_preset
+
+    return parse_preset(spec)
+
+
+def _graphs(preset, hw, tp: int, phase: str, batches: list[int]) -> dict:
+    """sweep.json's engine_preset: the engine, its CUDA graph capture sizes on this device and TP degree, and the
+    graph each decode batch replays (padded up to it; None: past the largest, no full graph)."""
+    from opmap.engines.rules import device_graph_sizes, graph_batch
+
+    sizes, source = device_graph_sizes(preset, hw.name, hw.memory_bytes, tp)
+    pads = {str(b): graph_batch(b, sizes) for b in batches} if phase == "decode" and sizes else {}
+    return {**preset.to_dict(), "cuda_graph_sizes": list(sizes), "cuda_graph_source": source,
+            "decode_graph_batch": pads,
+            "note": "points priced as --runtime engine prices them; the padding to each graph's batch is stated, "
+                    "not priced"}
+
+
+def _print_graphs(ep: dict) -> None:
+    pads = ", ".join(f"{b} -> {g if g is not None else 'no graph'}" for b, g in ep["decode_graph_batch"].items())
+    console.print(f"engine preset {ep['engine']}@{ep['version']} ({ep['name']}): {len(ep['cuda_graph_sizes'])} CUDA "
+                  f"graph sizes" + (f", up to {ep['cuda_graph_sizes'][-1]}" if ep["cuda_graph_sizes"] else "")
+                  + (f"; decode batch -> graph batch: {pads}" if pads else "") + f" ({ep['note']})",
+                  highlight=False, markup=False)
 
 
 def _marks(r: Sweep, p: SweepPoint) -> list[str]:

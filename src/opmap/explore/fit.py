@@ -134,11 +134,13 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
              devices: int | None = None, power_budget_w: float | None = None, price_per_hour: float | None = None,
              seed: int = 0, progress: Callable[[str], None] | None = None, runtime: str = "engine",
              devices_budget: int | None = None, *, policy=None, kv_dtype: str | None = None,
-             gpu_memory_utilization: float = 0.9) -> FitCell:
+             gpu_memory_utilization: float = 0.9, preset=None) -> FitCell:
     """One (model, platform) cell: the layout search (opmap.explore.layouts) over ``devices_budget`` devices
     (default one node) under the engine ``policy`` (default serve's), the KV cache at ``kv_dtype`` in
     ``gpu_memory_utilization`` of each device; its chosen layout's figures, power and price. Under a power budget
-    a layout keeps the replicas the budget powers (``power_fit``)."""
+    a layout keeps the replicas the budget powers (``power_fit``). ``preset`` (an opmap.engines.apply.Applied, or
+    None): the engine stack of this platform, sizing each layout's memory and scheduler as that engine would; the
+    cell names it (``engine_preset``: the chosen layout's setting)."""
     from opmap.api import dtype_on
     from opmap.explore.layouts import choose, default_budget, search
     from opmap.precision import check_kv_format
@@ -155,7 +157,7 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
         return FitCell(model, hw.name, risk=_risk(hw), devices_budget=budget, excluded_reason=str(e), **named)
     found = search(model, hw, budget, slo, input_len, output_len, requests, dtype, runtime,
                    policy or default_policy(), seed, devices, progress, kv_dtype=kv_dtype,
-                   gpu_memory_utilization=gpu_memory_utilization)
+                   gpu_memory_utilization=gpu_memory_utilization, preset=preset)
     tried = found.tried
     cell = FitCell(model, hw.name, power_method=power_method(hw), risk=_risk(hw), risk_source=_risk_source(hw),
                    datasheet_only=tuple(getattr(hw, "datasheet_only", ())), devices_budget=budget,
@@ -177,6 +179,10 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
         else:  # struck, its best layout's figures kept beside the reason
             over = _over_budget(tried, power_budget_w)
     cell = replace(cell, layouts=tried, layout=best, runner_up=runner)
+    if found.settings is not None:  # the stack this cell ran: the chosen layout's (else the first priced one's)
+        s = found.settings.get((best.tp, best.pp)) if best is not None else None
+        s = s or next(iter(found.settings.values()), None)
+        cell = replace(cell, engine_preset=s.to_dict() if s is not None else None)
     if best is None:
         return replace(cell, excluded_reason=f"no layout meets the SLO at any rate: {fitting[0].reason}")
     return _priced(cell, best, hw, power_budget_w, price_per_hour, over)
@@ -278,6 +284,7 @@ class CellJob:
     policy: Any = None
     kv_dtype: str | None = None
     gpu_memory_utilization: float = 0.9
+    preset: Any = None  # an opmap.engines.apply.Applied: this platform's engine stack, or None
     notes: Any = None  # a queue (a multiprocessing manager's, across processes) for the search's progress notes
 
 
@@ -310,7 +317,7 @@ def cell_task(job: CellJob) -> FitCell:
     return fit_cell(job.model, job.hardware, job.slo, job.input_len, job.output_len, job.requests, job.dtype,
                     job.devices, job.power_budget_w, job.price_per_hour, job.seed, progress=say, runtime=job.runtime,
                     devices_budget=job.devices_budget, policy=job.policy, kv_dtype=job.kv_dtype,
-                    gpu_memory_utilization=job.gpu_memory_utilization)
+                    gpu_memory_utilization=job.gpu_memory_utilization, preset=job.preset)
 
 
 MODELS_ACCEPTED = "a zoo decoder ({zoo}), path/to/config.json, hf:NAME or path/to/file.py:factory"
@@ -366,11 +373,13 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                progress: Callable[[str, int, int], None] | None = None, engine: str = "local",
                workers: int | None = None, runtime: str = "engine", devices_budget: int | None = None,
                include_datasheet_only: bool = False, *, policy=None, kv_dtype: str | None = None,
-               gpu_memory_utilization: float = 0.9) -> FitMatrix:
+               gpu_memory_utilization: float = 0.9, presets=None) -> FitMatrix:
     """Every (model, platform) cell, one task each on ``engine`` (``opmap.explore.engine``: a local process pool
     or Ray; the same cells either way), then ranked per workload (by cost per token where ``prices`` are
     given). ``requests``: per capacity run (default ``CAPACITY_REQUESTS``, serve's). ``policy`` (default serve's),
     ``kv_dtype`` and ``gpu_memory_utilization``: the engine settings every cell's search runs under, as serve's.
+    ``presets``: vendor (lower case, "*" for all) -> an opmap.engines.apply.Applied: each platform's engine stack
+    (a platform whose vendor has none runs ``policy``).
     Stopped (``Interrupted``: Ctrl-C, SIGTERM) once a cell has finished, the stop
     carries as ``partial`` the matrix of the finished cells, ranked among themselves, with ``interrupted``: the
     signal, the cells done and the cells not run."""
@@ -396,7 +405,7 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
         raise OpmapError(f"--price names {', '.join(unknown)}, not among --hardware {', '.join(hardware)}")
     jobs = [CellJob(m, h, slo, input_len, output_len, requests, dtype, devices, power_budget_w,
                     prices.get(get_hardware(h).name), seed, runtime, devices_budget, policy, kv_dtype,
-                    gpu_memory_utilization) for m in models for h in hardware]
+                    gpu_memory_utilization, _stack(presets, h)) for m in models for h in hardware]
     if progress:
         progress(f"{len(jobs)} cells on {engine}", 0, len(jobs))
     stop = None
@@ -410,7 +419,7 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     r = FitMatrix(SCHEMA_VERSION, tuple(models), tuple(get_hardware(h).name for h in hardware), slo, input_len,
                   output_len, requests, dtype, runtime, devices_budget, include_datasheet_only,
                   tuple(rank(cells, models, include_datasheet_only, by_cost=bool(prices))), engine,
-                  engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization), power_budget_w, prices)
+                  engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization, presets), power_budget_w, prices)
     r = replace(r, assumptions=tuple(assumptions(r)))
     if stop is not None and cells:
         stop.partial = replace(r, interrupted=stop.note(
@@ -421,14 +430,27 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
     return r
 
 
-def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memory_utilization: float) -> dict:
+def _stack(presets, hardware: str):
+    """The engine preset (an Applied) of ``hardware``'s vendor among ``presets``; None without one."""
+    if not presets:
+        return None
+    vendor = str(get_hardware(hardware).vendor).lower()
+    return presets.get(vendor, presets.get("*"))
+
+
+def engine_settings(policy, kv_dtype: str, kv_dtype_given: str | None, gpu_memory_utilization: float,
+                    presets=None) -> dict:
     """The engine settings every cell ran under (serve's --kv-dtype, --max-num-seqs, --max-num-batched-tokens,
-    --gpu-memory-utilization): what fit.json and the header state."""
+    --gpu-memory-utilization): what fit.json and the header state; with ``presets``, each vendor's engine stack
+    (a cell's own sizes in its ``engine_preset``)."""
     lim = policy.limits  # the policy's own limits (serve.json's ``scheduler``), None where it has none
-    return {"policy": policy.spec(), "max_num_seqs": lim.max_num_seqs,
-            "max_num_batched_tokens": lim.max_num_batched_tokens, "kv_block": lim.kv_block, "kv_dtype": kv_dtype,
-            "kv_dtype_source": "--kv-dtype" if kv_dtype_given else "default: the model dtype's activation format",
-            "gpu_memory_utilization": gpu_memory_utilization}
+    out = {"policy": policy.spec(), "max_num_seqs": lim.max_num_seqs,
+           "max_num_batched_tokens": lim.max_num_batched_tokens, "kv_block": lim.kv_block, "kv_dtype": kv_dtype,
+           "kv_dtype_source": "--kv-dtype" if kv_dtype_given else "default: the model dtype's activation format",
+           "gpu_memory_utilization": gpu_memory_utilization}
+    if presets:
+        out["engine_presets"] = {v: a.preset.spec for v, a in presets.items()}
+    return out
 
 
 def assumptions(r: FitMatrix) -> list[str]:
@@ -452,6 +474,11 @@ def assumptions(r: FitMatrix) -> list[str]:
            f"(measured or estimated, each cell's power_method says which and why; {IDLE_FRACTION:.0%} of TDP, "
            "assumed, only where a device has none); no device's draw is measured here",
            "one task per cell on the engine (local process pool or Ray): the same cells either way"]
+    if es.get("engine_presets"):
+        stacks = ", ".join(f"{'every vendor' if v == '*' else v}: {s}" for v, s in es["engine_presets"].items())
+        out.insert(1, f"engine stacks ({stacks}): each platform's memory fraction and scheduler sized by that "
+                      "engine's rules (opmap.engines) per layout, in its cell's engine_preset; a platform whose "
+                      f"vendor has none runs {es.get('policy')}")
     if r.power_budget_w is not None:
         out.append(f"power budget {r.power_budget_w:g} W: each layout keeps the replicas whose modelled draw at "
                    "the SLO rate fits it (fewer devices than the budget where needed); a cell is struck only where "

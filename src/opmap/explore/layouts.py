@@ -115,15 +115,17 @@ def layout_candidates(model: str, hw, budget: int, dtype: str, devices: int | No
 
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
                  progress: Callable[[str], None] | None = None, max_context: int | None = None,
-                 kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, ep: int = 1):
+                 kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, ep: int = 1,
+                 memory_of: str = "total"):
     """``model_table_cost`` for one layout: ``max_context`` is the longest prompt + output the run holds (refused
     past the model's positions); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
-    --gpu-memory-utilization; ``ep``: the experts over the tp group, at the default expert load imbalance."""
+    --gpu-memory-utilization (``memory_of``: what that fraction is of, an engine preset's); ``ep``: the experts
+    over the tp group, at the default expert load imbalance."""
     from opmap.serve.model_cost import model_table_cost
 
     return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
                             progress=progress, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            ep=ep)
+                            ep=ep, memory_of=memory_of)
 
 
 def _with_ep(todo: list[tuple[int, int]], geo) -> list[tuple[int, int, int]]:
@@ -186,10 +188,12 @@ def label(layout: LayoutResult | Mapping[str, Any]) -> str:
 def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, requests: int, dtype: str,
            runtime: str, policy, seed: int = 0, devices: int | None = None,
            progress: Callable[[str], None] | None = None, *, kv_dtype: str | None = None,
-           gpu_memory_utilization: float = 0.9) -> LayoutSearch:
+           gpu_memory_utilization: float = 0.9, preset=None) -> LayoutSearch:
     """Every candidate layout of ``model`` on ``hw`` priced and served (see the module docstring); a layout that
     does not fit or meets the SLO at no rate is kept with its ``reason``; one priced keeps its per-device
-    ``memory`` (the KV cache at ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it)."""
+    ``memory`` (the KV cache at ``kv_dtype`` in ``gpu_memory_utilization`` of each device, as serve sizes it).
+    ``preset`` (an opmap.engines.apply.Applied): each layout sized and scheduled as that engine would (its memory
+    rule, its scheduler sizes from the layout's KV capacity), instead of ``policy`` and ``gpu_memory_utilization``."""
     from opmap.serve.arrivals import Arrival, make_requests, parse_length
 
     ilen, olen = parse_length(input_len), parse_length(output_len)
@@ -200,11 +204,14 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     tried: list[LayoutResult] = []
     bounded: list[tuple[int, Any, Any]] = []  # (index in tried, its RateProbe, its saturation run: a ServeReport)
     rt: dict[str, Any] | None = None
+    settings: dict[tuple[int, int], Any] = {}
+    means = (float(drawn.input_len.mean()), float(drawn.output_len.mean()))
     for tp, pp, ep in todo:
         lay = LayoutResult.of(tp, pp, budget, ep)
         say(f"{model} on {hw.name}: layout {len(tried) + 1} of {len(todo)}, {label(lay)}: pricing")
+        engine = (preset, means, settings) if preset is not None else None
         lay, probe, sat, runtime_used = _bound(lay, model, hw, budget, slo, ilen, olen, requests, dtype, runtime,
-                                              policy, seed, longest, kv_dtype, gpu_memory_utilization)
+                                              policy, seed, longest, kv_dtype, gpu_memory_utilization, engine)
         rt = rt or runtime_used
         tried.append(lay)
         if sat is not None:
@@ -220,23 +227,29 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
         if tried[i].per_device_tokens_per_s is not None:
             found.append(tried[i].per_device_tokens_per_s)
     chosen, runner = choose(tried)
-    return LayoutSearch(tuple(tried), chosen, runner, rt)
+    return LayoutSearch(tuple(tried), chosen, runner, rt, settings if preset is not None else None)
 
 
 def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requests: int, dtype: str,
-           runtime: str, policy, seed: int, longest: int, kv_dtype: str | None, gpu_memory_utilization: float):
+           runtime: str, policy, seed: int, longest: int, kv_dtype: str | None, gpu_memory_utilization: float,
+           engine: tuple | None = None):
     """``lay`` skipped (weights outgrow the devices, or its pricing refused) or priced and bounded by its offline
     saturation run: (the layout, its RateProbe, the saturation summary, the runtime priced under); the last
-    three None where it was not priced or not bounded."""
+    three None where it was not priced or not bounded. ``engine``: (an Applied preset, the run's mean lengths,
+    the search's settings by (tp, pp), filled here) sizes the memory and the policy as that engine would."""
     from opmap.serve.arrivals import Arrival
     from opmap.serve.capacity import RateProbe
 
     why = weights_outgrow(model, hw, dtype, lay.devices_per_replica)
     if why:
         return replace(lay, reason=why), None, None, None
+    memory = engine[0].memory(hw, lay.tp, lay.pp) if engine is not None else None
     try:
         cost = price_layout(model, hw.name, dtype, lay.tp, lay.pp, runtime, max_context=longest, kv_dtype=kv_dtype,
-                            gpu_memory_utilization=gpu_memory_utilization, ep=lay.ep)
+                            gpu_memory_utilization=memory.fraction if memory else gpu_memory_utilization,
+                            memory_of=memory.of if memory else "total", ep=lay.ep)
+        if engine is not None:
+            policy = _preset_policy(engine, model, dtype, hw, lay, cost, memory)
     except OpmapError as e:
         return replace(lay, reason=str(e)), None, None, None
     lay = replace(lay, fits=True, memory={"kv_dtype": cost.kv_dtype,
@@ -249,6 +262,16 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
     lay = replace(lay, bound_per_device_tokens_per_s=sat.throughput.output_tokens_per_s * lay.replicas / budget,
                   saturation_per_s=float(sat.throughput.requests_per_s))
     return lay, probe, sat, dict(cost.runtime)
+
+
+def _preset_policy(engine: tuple, model: str, dtype: str, hw, lay: LayoutResult, cost, memory):
+    """The engine preset's policy for this priced layout (its setting kept in the search's settings)."""
+    from opmap.engines.apply import sizing_inputs
+
+    applied, (isl, osl), settings = engine
+    s = applied.setting(sizing_inputs(model, dtype, hw, lay.tp, lay.pp, cost, isl, osl, False), memory)
+    settings[(lay.tp, lay.pp)] = s
+    return s.policy()
 
 
 def _floor(lay: LayoutResult, sat, budget: int, bar: float | None) -> float | None:

@@ -83,6 +83,7 @@ class LayoutSearch:
     chosen: LayoutResult | None
     runner_up: LayoutResult | None
     runtime: dict[str, Any] | None  # the runtime the layouts were priced under (Runtime.to_dict), None if none was
+    settings: dict[tuple[int, int], Any] | None = None  # (tp, pp) -> its EngineSetting under an engine preset
 
 
 # a layout's name and figures without its search record: fit.json's ``layout`` and ``runner_up``
@@ -131,13 +132,14 @@ class FitCell:
     power_limited: str | None = None
     dtype: str = ""  # the format priced on this platform (--dtype fp4 resolves per platform)
     dtype_line: str = ""  # that format, how an alias resolved and why it fell back (opmap.precision.DtypeChoice)
+    engine_preset: dict[str, Any] | None = None  # the engine stack of the cell (EngineSetting.to_dict), written if set
 
     def to_dict(self) -> dict[str, Any]:
         """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``)."""
         skip = {"chosen", *_CELL_CHOSEN}
         d: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in skip:
+            if f.name in skip or (f.name == "engine_preset" and self.engine_preset is None):
                 continue
             v = getattr(self, f.name)
             if f.name in ("layout", "runner_up"):

@@ -346,18 +346,32 @@ def kv_bytes_per_token_per_device(bytes_per_token: float, layers: int, kv_heads:
     return bytes_per_token * math.ceil(layers / pp) / layers / max(1, min(tp, kv_heads or tp))
 
 
+FRACTION_OF = ("total", "static", "free")  # what an engine's memory fraction is of (ServingMemory.fraction_of)
+
+
 @dataclass(frozen=True)
 class ServingMemory:
     """One device of a serving replica: ``capacity_bytes`` (as the catalog states it), the ``utilization``
     fraction the engine may take (vLLM's --gpu-memory-utilization), the weights it holds, the runtime reserve
     (workspace, activations of the largest step in flight, the CUDA graph pool), and the KV cache that fits in
-    the rest: usable = capacity x utilization - weights - reserve; KV tokens = usable / KV bytes per token."""
+    the rest: usable = capacity x utilization - weights - reserve; KV tokens = usable / KV bytes per token.
+    ``fraction_of`` says what ``utilization`` is a fraction of, as engines define their memory knob
+    (opmap.engines): "total" (vLLM's gpu_memory_utilization, the default: the whole device holds weights, reserve
+    and KV), "static" (SGLang's mem_fraction_static: of the whole device for weights + KV only, the activations and
+    graphs outside it: usable = capacity x utilization - weights) or "free" (TensorRT-LLM's
+    free_gpu_memory_fraction: of what is free after the weights and the runtime's buffers: usable = utilization x
+    (capacity - weights - reserve))."""
 
     capacity_bytes: float
     utilization: float
     weights_bytes: float
     reserve: dict[str, Assumed]
     kv_bytes_per_token: float
+    fraction_of: str = "total"
+
+    def __post_init__(self) -> None:
+        if self.fraction_of not in FRACTION_OF:
+            raise ValueError(f"fraction_of {self.fraction_of!r}: accepted {', '.join(FRACTION_OF)}")
 
     @property
     def reserve_bytes(self) -> float:
@@ -365,6 +379,10 @@ class ServingMemory:
 
     @property
     def usable_bytes(self) -> float:
+        if self.fraction_of == "static":
+            return self.capacity_bytes * self.utilization - self.weights_bytes
+        if self.fraction_of == "free":
+            return self.utilization * (self.capacity_bytes - self.weights_bytes - self.reserve_bytes)
         return self.capacity_bytes * self.utilization - self.weights_bytes - self.reserve_bytes
 
     @property
@@ -384,10 +402,19 @@ class ServingMemory:
                 "reserve_bytes": self.reserve_bytes, "kv_bytes": self.kv_bytes,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "kv_capacity_tokens": self.kv_capacity_tokens,
                 "reserve": {k: asdict(v) for k, v in self.reserve.items()},
-                "units": "bytes per device; capacity as the catalog states it (GiB of HBM)"}
+                "units": "bytes per device; capacity as the catalog states it (GiB of HBM)",
+                **({"utilization_of": self.fraction_of} if self.fraction_of != "total" else {})}
 
     def line(self) -> str:
         g = 2 ** 30
+        if self.fraction_of == "static":
+            return (f"memory per device: {self.capacity_bytes / g:.4g} GiB x {self.utilization:g} (weights + KV) - "
+                    f"weights {self.weights_bytes / g:.4g} GiB = KV {max(0.0, self.usable_bytes) / g:.4g} GiB "
+                    f"({self.kv_capacity_tokens:,} tokens); reserve {self.reserve_bytes / g:.3g} GiB outside it")
+        if self.fraction_of == "free":
+            return (f"memory per device: {self.utilization:g} x ({self.capacity_bytes / g:.4g} GiB - weights "
+                    f"{self.weights_bytes / g:.4g} GiB - reserve {self.reserve_bytes / g:.3g} GiB) = KV "
+                    f"{max(0.0, self.usable_bytes) / g:.4g} GiB ({self.kv_capacity_tokens:,} tokens)")
         return (f"memory per device: {self.capacity_bytes / g:.4g} GiB x {self.utilization:g} - weights "
                 f"{self.weights_bytes / g:.4g} GiB - reserve {self.reserve_bytes / g:.3g} GiB = KV "
                 f"{max(0.0, self.usable_bytes) / g:.4g} GiB ({self.kv_capacity_tokens:,} tokens)")

@@ -30,6 +30,10 @@ def engine_words(es: dict[str, Any], runtime: str) -> str:
         pol += (f": at most {n} sequence{'s' if n != 1 else ''} (--max-num-seqs) and {es['max_num_batched_tokens']} "
                 f"tokens a step (--max-num-batched-tokens), KV blocks of {es['kv_block']} tokens")
     src = "--kv-dtype" if es.get("kv_dtype_source") == "--kv-dtype" else "default: the model dtype's"
+    stacks = es.get("engine_presets")
+    if stacks:  # fit --engine-preset: the stacks' own sizes per cell; the policy above only where a vendor has none
+        return (f"engine: runtime {runtime}; engine stacks {', '.join(f'{v}={s}' for v, s in stacks.items())} (each "
+                f"cell's sizes and memory in its notes); elsewhere {pol}; KV cache {es.get('kv_dtype')} ({src})")
     return (f"engine: runtime {runtime}, {pol}; KV cache {es.get('kv_dtype')} ({src}) in "
             f"{es.get('gpu_memory_utilization'):g} of each device's memory (--gpu-memory-utilization)")
 
@@ -65,6 +69,11 @@ def _notes(c: dict[str, Any]) -> str:
     from opmap.explore.layouts import label
 
     parts = [f"dtype {c['dtype_line']}"] if c.get("dtype_line") else []  # the format priced, and why
+    ep = c.get("engine_preset")
+    if ep:  # the engine stack this platform ran (fit --engine-preset)
+        parts.insert(0, f"stack {ep['engine']}@{ep['version']} ({ep['max_num_seqs']} seqs, "
+                        f"{ep['max_num_batched_tokens']} tokens, memory {ep['memory']['fraction']:g} of "
+                        f"{ep['memory']['of']})")
     if c.get("throughput_at_slo") is not None:
         ppw = "power not modelled" if c["perf_per_watt"] is None else f"{c['perf_per_watt']:.3g} tok/J"
         parts.append(f"p99 {si(c['latency_p99_s'], 's')}, {ppw}, {c['bound']}, risk {c['risk']}")
@@ -144,6 +153,8 @@ def markdown(r: dict[str, Any]) -> str:
                if c["runner_up"] else "-")
         ds = f" (datasheet only: {', '.join(c['datasheet_only'])})" if c["datasheet_only"] else ""
         ds += f" [dtype {c['dtype_line']}]" if c.get("dtype_line") else ""  # the format priced there, and why
+        ep = c.get("engine_preset")
+        ds += f" [stack {ep['engine']}@{ep['version']}]" if ep else ""  # the engine stack it ran
         md.append(f"| {c['model']} | {c['hardware']}{ds} | {lay} | {run} | {f(c.get('devices'), 'd')} | "
                   f"{f(c['throughput_at_slo'])} | {f(c['throughput_per_device'])} | {f(c['latency_p99_s'])} | "
                   f"{f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | {f(c['energy_per_token_j'])} | "

@@ -34,8 +34,19 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
     rt = a.get("runtime")
     if rt:
         console.print(plain(Runtime.from_dict(rt).line()), highlight=False)
+    ep = a.get("engine_preset")
+    if ep:  # the engine whose defaults and sizing rules set the scheduler (opmap.engines)
+        console.print(plain(f"engine preset {ep['engine']}@{ep['version']} ({ep['name']}; {ep['release']}): "
+                            f"{ep['max_num_seqs']} sequences, {ep['max_num_batched_tokens']} tokens a step, "
+                            f"{'chunked' if ep['chunked_prefill'] else 'whole'} prompts, KV blocks of {ep['kv_block']}"
+                            f", {'GUARANTEED_NO_EVICT' if ep['no_evict'] else 'preemption by recompute'}, memory "
+                            f"{ep['memory']['fraction']:g} of {ep['memory']['of']}"
+                            + (f"; overridden: {', '.join(ep['overrides'])}" if ep["overrides"] else "")),
+                      highlight=False)
     m = a.get("memory")
-    if m:
+    if m and m.get("utilization_of") in ("static", "free"):
+        console.print(plain(_memory_line(m, a.get("kv_dtype"))), highlight=False)
+    elif m:
         g = 2 ** 30
         draft = f" - draft weights {m['draft_weights_bytes'] / g:.4g} GiB" if "draft_weights_bytes" in m else ""
         console.print(f"memory per device: {m['capacity_bytes'] / g:.4g} GiB x {m['utilization']:g} - weights "
@@ -74,6 +85,18 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
                       highlight=False)
     if "capacity" in r:
         console.print(capacity_line(r["capacity"]), highlight=False)
+
+
+def _memory_line(m: dict[str, Any], kv_dtype: str | None) -> str:
+    """serve.json's memory of an engine whose fraction is not of the whole device (ServingMemory.fraction_of)."""
+    g = 2 ** 30
+    if m["utilization_of"] == "static":
+        return (f"memory per device: {m['capacity_bytes'] / g:.4g} GiB x {m['utilization']:g} (weights + KV) - weights "
+                f"{m['weights_bytes'] / g:.4g} GiB = KV {m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} "
+                f"tokens, {kv_dtype}); reserve {m['reserve_bytes'] / g:.3g} GiB outside it")
+    return (f"memory per device: {m['utilization']:g} x ({m['capacity_bytes'] / g:.4g} GiB - weights "
+            f"{m['weights_bytes'] / g:.4g} GiB - reserve {m['reserve_bytes'] / g:.3g} GiB) = KV "
+            f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {kv_dtype})")
 
 
 def capacity_line(c: dict[str, Any]) -> str:

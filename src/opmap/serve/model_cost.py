@@ -110,7 +110,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      runtime: str = "engine", kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9,
                      allow_long_context: bool = False, max_context: int | None = None,
                      progress: Callable[[str], None] | None = None, queries: int = 1,
-                     layers: int | None = None, ep: int = 1, ep_imbalance: float | None = None) -> TableCost:
+                     layers: int | None = None, ep: int = 1, ep_imbalance: float | None = None,
+                     memory_of: str = "total") -> TableCost:
     """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
     sequence (prompt + output) the run will hold, refused past the model's position limit unless
     ``allow_long_context`` (rope scaling). Speculative decoding (opmap.serve.spec) prices with the same points:
@@ -118,7 +119,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     cut to its first ``layers`` layers, its embedding and head kept (a one-layer draft head: MTP, EAGLE). ``ep``:
     the experts spread over the replica's tp group (E / ep a device, the attention tensor-parallel;
     opmap.mapping.device_time), its busiest rank ``ep_imbalance`` x the mean (None: opmap.mapping.expert_parallel's
-    default)."""
+    default). ``memory_of``: what ``gpu_memory_utilization`` is a fraction of (opmap.mapping.memory.ServingMemory.
+    fraction_of: an engine preset's memory semantics; default vLLM's)."""
     from opmap.hardware import get_hardware
     from opmap.mapping.expert_parallel import imbalance_for
     from opmap.phases.runtime import get_runtime
@@ -175,7 +177,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
         rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
         stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
         dense.append(pts[0][1])
-    memory = pricer.memory(kvd, gpu_memory_utilization)
+    memory = pricer.memory(kvd, gpu_memory_utilization, memory_of)
     if memory.kv_capacity_tokens < 1:
         raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp} pp {pp}: the weights need "
                          f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
@@ -395,8 +397,9 @@ class Pricer:
         phase = "decode" if q == 1 else f"decode q{q}"  # a verify step's graph is cached apart
         return self._point(lambda: self.m.decode(batch, kv, spec.kv_write, q), spec, (phase, batch, kv))
 
-    def memory(self, kv_dtype: str, utilization: float):
-        """Per device: capacity x utilization - weights held - runtime reserve, over KV bytes per token."""
+    def memory(self, kv_dtype: str, utilization: float, fraction_of: str = "total"):
+        """Per device: capacity x utilization - weights held - runtime reserve (as ``fraction_of`` defines the
+        fraction: ServingMemory), over KV bytes per token."""
         from opmap.mapping.memory import (
             ACTIVATION_TOKENS,
             ServingMemory,
@@ -409,4 +412,5 @@ class Pricer:
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
         reserve = runtime_reserve(act, self.rt.name != "eager")
-        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev)
+        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev,
+                             fraction_of)
