@@ -3,6 +3,7 @@ and the unit conversions checked by hand. Runs no opmap serve (that is the bench
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from opmap.workloads.zoo import MODELS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import serving_reference as sr  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 COMMIT = re.compile(r"@ [0-9a-f]{40}\b")
 
 
@@ -39,6 +41,9 @@ def test_row_is_sourced_and_runnable_by_opmap(ref: sr.Ref):
     assert ref.hardware in catalog()
     if ref.model.startswith("hf:"):  # a model the zoo lacks, named by its hub id: runs once its config is cached
         assert "not in opmap's zoo" in ref.notes
+    elif ref.model.startswith("examples/hf/"):  # a published config.json the repository holds (examples/hf/README.md)
+        cfg = json.loads((ROOT / ref.model).read_text())
+        assert ref.input_len + round(ref.output_len) <= cfg["max_position_embeddings"]
     else:
         assert ref.model in MODELS and MODELS[ref.model].kind == "text"
         # the prompt plus the generated tokens fit the model's context
