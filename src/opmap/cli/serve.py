@@ -74,6 +74,9 @@ def serve(
                                                   "version): that engine's scheduler defaults and sizing rules "
                                                   "(max sequences, token budget, chunking, KV block, memory "
                                                   "fraction, CUDA graphs), each sourced; flags given override."),
+    stack: Path | None = typer.Option(None, "--stack", help="A stack profile (opmap calibrate --from-bench): its "
+                                                           "fitted host times and decode / prefill scales applied "
+                                                           "to every priced step."),
     replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
     router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
     disaggregate: str | None = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
@@ -111,7 +114,7 @@ def serve(
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
                  out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups, ep, ep_imbalance,
-                 chunked_prefill, engine_preset)
+                 chunked_prefill, engine_preset, stack)
     o, choice = _on_device(o)
     p = _parse(o)
     reqs, cost, transfer, probe, p = _price(o, p)
@@ -162,6 +165,7 @@ class _Options:
     ep_imbalance: float | None = None
     chunked_prefill: bool | None = None
     engine_preset: str | None = None
+    stack_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ class _Parsed:
     prefix: Any = None  # opmap.serve.prefix.PrefixShare, with --prefix-share
     preset: Any = None  # an EnginePreset (--engine-preset), or None
     setting: Any = None  # its EngineSetting once the replica is priced (opmap.engines), or None
+    stack: Any = None  # opmap.calibrate.stack_profile.StackProfile (--stack), or None
 
 
 def _on_device(o: _Options) -> tuple[_Options, Any]:
@@ -230,7 +235,20 @@ def _parse(o: _Options) -> _Parsed:
         raise OpmapError(f"--spec {spec.spec()} is simulated under --policy continuous[:TOKEN_BUDGET] (its default) "
                          f"or chunked:CHUNK, without --disaggregate; got --policy {pol.spec()}"
                          + (" with --disaggregate" if pd is not None else ""))
-    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec, prefix, preset)
+    stack = _stack(o)
+    return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec, prefix, preset,
+                   stack=stack)
+
+
+def _stack(o: _Options):
+    """--stack read and checked (opmap.calibrate.stack_profile): None without it."""
+    if o.stack_path is None:
+        return None
+    if o.service_time is not None:
+        raise OpmapError("--stack scales the cost model's steps, which --service-time replaces: give one")
+    from opmap.calibrate.stack_profile import read_stack_profile
+
+    return read_stack_profile(o.stack_path)
 
 
 def _spec(o: _Options):
@@ -274,6 +292,10 @@ def _price(o: _Options, p: _Parsed):
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
                  o.runtime, o.kv_dtype, memory.fraction, o.allow_long_context, memory.of, p.spec,
                  (o.ep, o.ep_imbalance))
+    if p.stack is not None:  # the fitted host times and scales on every priced step (opmap.bench.stack_fit)
+        from opmap.bench.predict import with_stack
+
+        cost = with_stack(cost, p.stack)[0]
     if p.preset is not None:
         p = _with_setting(o, p, reqs, cost, memory)
     transfer = _kv_transfer(p.pd, o.hardware, cost, o.tp * o.pp, p.replicas)
@@ -328,6 +350,7 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
 
     pd, tp, pp, replicas = p.pd, o.tp, o.pp, p.replicas
     report["assumptions"] = {"model": o.model, "hardware": o.hardware, "tp": tp, "dtype": o.dtype,
+                             "confidence": _confidence(o, p),
                              **({"dtype_line": choice.header(), **choice.to_dict()} if choice is not None else {}),
                              "replicas": replicas, "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None,
                              "router": o.router, "seed": o.seed, "input_len": p.input_len.spec(),
@@ -348,6 +371,25 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                                      parallelism=f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
                                                  + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")),
                store, no_store)
+
+
+def _confidence(o: _Options, p: _Parsed) -> dict:
+    """How far to trust the run's figures (opmap.hardware.trust): the weakest input that priced its steps; a
+    service time is the user's own figure."""
+    from opmap.hardware import get_hardware
+    from opmap.hardware.trust import Input, Trust, trust
+
+    if o.service_time is not None:
+        given = Input("service time", "assumed", f"--service-time {o.service_time}")
+        return {**Trust("datasheet", given, (given,)).to_dict(), "line": f"confidence: datasheet (weakest input: "
+                                                                       f"the given service time {o.service_time})"}
+    extra = ()
+    if p.spec is not None:
+        published = p.spec.basis.startswith("default")  # a published measurement (spec_defaults.toml), else given
+        extra = (Input("speculative acceptance", "measured" if published else "assumed",
+                       f"{p.spec.alpha:.4g} per token ({p.spec.basis})"),)
+    t = trust(get_hardware(o.hardware), o.dtype, o.runtime, o.tp * o.pp, extra, stack=p.stack)
+    return {**t.to_dict(), "line": t.line()}
 
 
 def _check_options(tp, pp, gpu_memory_utilization, requests, replicas, seed, slo_ttft, slo_tpot, slo_p99) -> None:

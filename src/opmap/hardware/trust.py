@@ -131,13 +131,28 @@ def runtime_inputs(hw: HardwareSpec, runtime: str) -> tuple[Input, ...]:
     return tuple(out)
 
 
+def stack_input(hw: HardwareSpec, stack) -> Input:
+    """A stack profile (opmap.calibrate.stack_profile) as an input: measured here when it was fitted to runs on
+    this device (``hw``'s name, or ``local`` for a calibrated profile), else an assumption carried over."""
+    where = f"fitted on {len(stack.runs)} measured runs of {stack.model} on {stack.device} ({stack.source})"
+    here = stack.device == hw.name or (stack.device.endswith(".toml") and _calibrated(hw)) or \
+        (stack.device == "local" and _calibrated(hw))
+    return Input("stack profile", "calibrated" if here else "assumed",
+                 where if here else f"{where}: another device than {hw.name}")
+
+
 def trust(hw: HardwareSpec, dtype: str, runtime: str = "eager", group: int = 1,
-          extra: tuple[Input, ...] = ()) -> Trust:
+          extra: tuple[Input, ...] = (), stack=None) -> Trust:
     """The label of a prediction made on ``hw`` at ``dtype`` under ``runtime`` with collectives over ``group``
-    devices; ``extra``: further inputs the caller priced with (a stack profile's fitted figures, an assumed
-    acceptance rate), each with its kind."""
-    inputs = (matrix_input(hw, dtype), memory_input(hw), *link_inputs(hw, group), *runtime_inputs(hw, runtime),
-              *extra)
+    devices; ``extra``: further inputs the caller priced with (an assumed acceptance rate), each with its kind.
+    ``stack``: a stack profile fitted to measured runs of this stack on this device stands for the device's and
+    the runtime's figures (its scales and host times absorb their error): the label is then calibrated unless an
+    ``extra`` input is weaker."""
+    if stack is not None:
+        inputs = (stack_input(hw, stack), *extra)
+    else:
+        inputs = (matrix_input(hw, dtype), memory_input(hw), *link_inputs(hw, group), *runtime_inputs(hw, runtime),
+                  *extra)
     weakest = min(inputs, key=lambda i: i.rank)  # min keeps the first of equal ranks
     if weakest.rank >= RANK["calibrated"]:
         label = "calibrated"

@@ -31,6 +31,8 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
                        ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
     if a.get("dtype_line"):  # the format priced; an alias resolved and a fallback, why
         console.print(plain("dtype: " + a["dtype_line"]), highlight=False)
+    if a.get("confidence"):  # how far to trust these figures: the weakest input that priced them
+        console.print(plain(a["confidence"]["line"]), highlight=False)
     rt = a.get("runtime")
     if rt:
         console.print(plain(Runtime.from_dict(rt).line()), highlight=False)
