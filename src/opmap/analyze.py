@@ -363,7 +363,16 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
             precs = [prec if i in fp8.fp8_nodes else other for i in range(len(costs))]
         else:
             precs = [other if i in keep else prec for i in range(len(costs))]
-        return precs, [predict_cost(c, hw, p, curves) for c, p in zip(costs, precs)]
+        # one prediction per distinct (cost, precision): a pure function of them, and 58 MoE layers x 256 experts
+        # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes)
+        memo: dict[tuple[OpCost, int], Prediction] = {}
+        preds = []
+        for c, p in zip(costs, precs):
+            pred = memo.get((c, id(p)))
+            if pred is None:
+                pred = memo[(c, id(p))] = predict_cost(c, hw, p, curves)
+            preds.append(pred)
+        return precs, preds
 
     other = resolve_precision(hw, "bf16") if mixed else prec
     precs, preds = node_preds(prec, other)
