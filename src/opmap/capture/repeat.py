@@ -11,7 +11,8 @@ layout appends the same nodes with their ids and internal edges shifted and thos
 and returns a fresh meta tensor of the recorded result's layout, made by the replayed node that made it. The graph
 is the one running every call would record, node for node (tests/capture/test_repeat.py checks it against the full
 capture for each MoE family); only the Python and torch's meta kernels are skipped (a 671B DeepSeek-R1 prefill:
-58 layers x 256 experts). Calls that do not match, and any call outside a replaying capture, simply run."""
+58 layers x 256 experts). Calls that do not match, and calls in a training capture, simply run. Outside a capture,
+on meta without autograd (a forward run for its shapes alone), only the first call of each input layout runs."""
 
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ def repeat_calls(fn: Callable[[torch.Tensor, int], torch.Tensor],
     """``[fn(x, i) for x, i in calls]``, the later calls of one input layout replayed under a replaying capture
     (module docstring)."""
     t = _ACTIVE[-1] if _ACTIVE else None
-    if t is None or t.train or t.suppress:
+    if t is None:
+        return _shapes_only(fn, calls)
+    if t.train or t.suppress:
         return [fn(x, i) for x, i in calls]
     seen: dict[tuple, _Call | _Template | None] = {}  # input layout -> its first call, its template, or None
     outs = []
@@ -106,6 +109,35 @@ def repeat_calls(fn: Callable[[torch.Tensor, int], torch.Tensor],
         elif isinstance(known, _Call):
             seen[key] = _template(t, known, call) if call is not None else None
     return outs
+
+
+def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
+                 calls: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+    """Outside a capture, on meta tensors without autograd (a forward run for its shapes alone: a decode step's
+    cache layout probe, opmap.workloads.hf_cache), the first call of each input layout runs and the later ones get
+    a fresh tensor of its result's layout (nothing records their ops, and a meta result holds no values)."""
+    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls):
+        return [fn(x, i) for x, i in calls]
+    seen: dict[tuple, tuple | None] = {}
+    outs = []
+    for x, i in calls:
+        key = _plain(x)
+        layout = seen.get(key)
+        if layout is not None:
+            shape, stride, dtype = layout
+            outs.append(torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
+            continue
+        y = fn(x, i)
+        outs.append(y)
+        seen[key] = _plain(y) if key not in seen else None
+    return outs
+
+
+def _plain(x) -> tuple | None:
+    """(shape, stride, dtype) of a plain meta tensor, else None."""
+    if type(x) is not torch.Tensor or x.device.type != "meta" or x.layout != torch.strided or x.requires_grad:
+        return None
+    return tuple(x.shape), x.stride(), x.dtype
 
 
 def _layout_key(t: Tracker, x: torch.Tensor) -> tuple | None:
