@@ -12,7 +12,8 @@ and returns a fresh meta tensor of the recorded result's layout, made by the rep
 is the one running every call would record, node for node (tests/capture/test_repeat.py checks it against the full
 capture for each MoE family); only the Python and torch's meta kernels are skipped (a 671B DeepSeek-R1 prefill:
 58 layers x 256 experts). Calls that do not match, and calls in a training capture, simply run. Outside a capture,
-on meta without autograd (a forward run for its shapes alone), only the first call of each input layout runs."""
+on meta without autograd or a torch mode watching (a forward run for its shapes alone), only the first call of each
+input layout runs."""
 
 from __future__ import annotations
 
@@ -25,17 +26,19 @@ import torch
 from opmap.capture.tracker import Tracker
 from opmap.graph import Node, TensorMeta
 
-_ACTIVE: list[Tracker] = []  # the replaying captures in progress, innermost last
+_ACTIVE: list[tuple[Tracker, bool]] = []  # the captures in progress (innermost last), whether each replays
 
 
 @contextlib.contextmanager
-def replaying(tracker: Tracker) -> Iterator[None]:
-    """Let ``repeat_calls`` replay into ``tracker`` while the block runs (opmap.capture.tracer.capture)."""
-    _ACTIVE.append(tracker)
+def replaying(tracker: Tracker, replay: bool = True) -> Iterator[None]:
+    """A capture into ``tracker`` while the block runs (opmap.capture.tracer.capture): ``repeat_calls`` replays into
+    it where ``replay``, else runs every call."""
+    entry = (tracker, replay)
+    _ACTIVE.append(entry)
     try:
         yield
     finally:
-        _ACTIVE.remove(tracker)
+        _ACTIVE.remove(entry)
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,10 @@ def repeat_calls(fn: Callable[[torch.Tensor, int], torch.Tensor],
                  calls: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
     """``[fn(x, i) for x, i in calls]``, the later calls of one input layout replayed under a replaying capture
     (module docstring)."""
-    t = _ACTIVE[-1] if _ACTIVE else None
-    if t is None:
+    if not _ACTIVE:
         return _shapes_only(fn, calls)
-    if t.train or t.suppress:
+    t, replay = _ACTIVE[-1]
+    if not replay or t.train or t.suppress:
         return [fn(x, i) for x, i in calls]
     seen: dict[tuple, _Call | _Template | None] = {}  # input layout -> its first call, its template, or None
     outs = []
@@ -116,7 +119,8 @@ def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
     """Outside a capture, on meta tensors without autograd (a forward run for its shapes alone: a decode step's
     cache layout probe, opmap.workloads.hf_cache), the first call of each input layout runs and the later ones get
     a fresh tensor of its result's layout (nothing records their ops, and a meta result holds no values)."""
-    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls):
+    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls) or torch._C._len_torch_dispatch_stack() \
+            or torch._C._len_torch_function_stack():  # another mode (a FLOP counter) sees every op: run them all
         return [fn(x, i) for x, i in calls]
     seen: dict[tuple, tuple | None] = {}
     outs = []

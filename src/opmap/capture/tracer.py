@@ -281,9 +281,8 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
                 else:
                     sgd_step(trainable)
         else:
-            replay = replaying(tracker) if memoize else contextlib.nullcontext()
             with torch.no_grad(), _module_hooks(model, tracker), FunctionRecorder(tracker, memoize), \
-                    _DispatchRecorder(tracker, memoize), replay:
+                    _DispatchRecorder(tracker, memoize), replaying(tracker, memoize):
                 fn(*args, **kwargs)
     finally:
         model.train(was_training)
