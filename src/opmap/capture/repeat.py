@@ -96,22 +96,30 @@ def repeat_calls(fn: Callable[[torch.Tensor, int], torch.Tensor],
     seen: dict[tuple, _Call | _Template | None] = {}  # input layout -> its first call, its template, or None
     outs = []
     for x, i in calls:
-        key = _layout_key(t, x)
-        known = seen.get(key, False) if key is not None else None
-        if isinstance(known, _Template):
-            outs.append(known.replay(t, i))
-            continue
+        with _unwatched():
+            key = _layout_key(t, x)
+            known = seen.get(key, False) if key is not None else None
+            if isinstance(known, _Template):
+                outs.append(known.replay(t, i))
+                continue
         start = len(t.nodes)
         y = fn(x, i)
         outs.append(y)
         if known is None:
             continue
-        call = _ran(t, start, i, y)
+        with _unwatched():
+            call = _ran(t, start, i, y)
         if known is False:
             seen[key] = call
         elif isinstance(known, _Call):
             seen[key] = _template(t, known, call) if call is not None else None
     return outs
+
+
+def _unwatched():
+    """The bookkeeping's own tensor reads (shape, stride, storage) unseen by the capture's function mode, which
+    would otherwise take each as a call (thousands per MoE layer)."""
+    return torch._C.DisableTorchFunction()
 
 
 def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
