@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from opmap.capture.tracker import Tracker
-from opmap.graph import Node, TensorMeta
+from opmap.graph import Node
 
 _ACTIVE: list[tuple[Tracker, bool]] = []  # the captures in progress (innermost last), whether each replays
 
@@ -66,11 +66,10 @@ class _Template:
         shift = len(t.nodes) - c.start
         step = index - c.index
         for n, moving in zip(self.nodes, self.moving):
-            inputs = tuple(TensorMeta(m.shape, m.dtype, m.stride, m.producer + shift, m.param)
+            inputs = tuple(_copy(m, producer=m.producer + shift)
                            if m.producer is not None and c.start <= m.producer < c.end else m for m in n.inputs)
             args = {**n.args, **{k: n.args[k] + step for k in moving}} if moving else dict(n.args)
-            t.nodes.append(Node(n.id + shift, n.op, n.module, n.module_class, n.layer_type, inputs, n.outputs,
-                                n.input_names, args, n.is_view, n.is_inplace))
+            t.nodes.append(_copy(n, id=n.id + shift, inputs=inputs, args=args))
         shape, stride, dtype = c.layout
         start = len(t.suppressed_ops)
         t.suppress += 1
@@ -82,6 +81,16 @@ class _Template:
         t.producer[out] = c.producer + shift
         t.storage_writer[out.untyped_storage()] = c.writer + shift
         return out
+
+
+def _copy(obj, **changes):
+    """``dataclasses.replace`` for the frozen Node and TensorMeta (no __post_init__, no slots) without their
+    __init__'s per-field checks: a fresh instance holding the fields as they are, ``changes`` applied (the replay
+    appends 140,000 nodes for a DeepSeek-R1 prefill)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def repeat_calls(fn: Callable[[torch.Tensor, int], torch.Tensor],
