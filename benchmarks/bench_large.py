@@ -205,7 +205,7 @@ def main() -> int:
                                                                     "capture cache; CPU = user + sys"})
         passed = passed and r1_pass
     payload["pass"] = passed
-    out = write_json(Path(__file__).stem, payload)
+    out = write_json(Path(__file__).stem + ("_r1" if args.only == "r1" else ""), payload)  # --only r1: its own file
     console.print(f"wrote {out}")
     return 0 if passed else 1
 

@@ -129,9 +129,15 @@ def test_outside_a_capture_only_the_shapes(monkeypatch):
 
     with torch.device("meta"):
         xs = [(torch.empty(3, 4), i) for i in range(5)]
-    with torch.no_grad():
-        out = rep.repeat_calls(fn, xs)
+        with torch.no_grad():  # under torch.device's own mode, as opmap.workloads.hf_cache probes
+            out = rep.repeat_calls(fn, xs)
     assert calls == [0] and [tuple(o.shape) for o in out] == [(3, 4)] * 5
+    calls.clear()
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False):  # a mode that counts every op: every call runs
+        rep.repeat_calls(fn, xs)
+    assert calls == [0, 1, 2, 3, 4]
     calls.clear()
     real = rep.repeat_calls(fn, [(torch.ones(3, 4), i) for i in range(3)])
     assert calls == [0, 1, 2] and all(torch.equal(r, torch.full((3, 4), 2.0)) for r in real)

@@ -136,8 +136,7 @@ def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
     """Outside a capture, on meta tensors without autograd (a forward run for its shapes alone: a decode step's
     cache layout probe, opmap.workloads.hf_cache), the first call of each input layout runs and the later ones get
     a fresh tensor of its result's layout (nothing records their ops, and a meta result holds no values)."""
-    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls) or torch._C._len_torch_dispatch_stack() \
-            or torch._C._len_torch_function_stack():  # another mode (a FLOP counter) sees every op: run them all
+    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls) or _watched():
         return [fn(x, i) for x, i in calls]
     seen: dict[tuple, tuple | None] = {}
     outs = []
@@ -152,6 +151,16 @@ def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
         outs.append(y)
         seen[key] = _plain(y) if key not in seen else None
     return outs
+
+
+def _watched() -> bool:
+    """Whether a torch mode other than ``with torch.device(...)``'s sees every op (a FLOP counter): then every call
+    runs."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return bool(torch._C._len_torch_dispatch_stack()) or any(
+        not isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
 
 
 def _plain(x) -> tuple | None:
