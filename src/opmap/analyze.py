@@ -279,8 +279,7 @@ class Analysis:
                 for s in self.layer_types()
             },
             # each node: its graph row, its cost and its prediction (a later key keeps the earlier's place)
-            "nodes": [{**r.node.to_dict(), **r.cost.to_dict(), **r.pred.to_dict(), "counted": r.cost.counted}
-                      for r in self.results] if nodes else [
+            "nodes": _node_rows(self.results) if nodes else [
                 {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
                  "flops": r.cost.flops} for r in self.results],
             "kernels": [k.to_dict() for k in self.kernel_results] + (
@@ -294,6 +293,21 @@ class Analysis:
             "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
             "collectives": [c.to_dict() for c in s.collectives]})
 
+
+
+def _node_rows(results: Sequence[NodeResult]) -> list[dict[str, Any]]:
+    """Each node's row of analysis.json: its graph row, its cost and its prediction (a later key keeps the earlier's
+    place). Nodes of one signature share their cost and prediction objects (cost_graph, analyze_graph): each one's
+    dict is made once and copied into the rows."""
+    made: dict[int, dict[str, Any]] = {}
+
+    def once(x) -> dict[str, Any]:
+        d = made.get(id(x))
+        if d is None:
+            d = made[id(x)] = x.to_dict()
+        return d
+
+    return [{**r.node.to_dict(), **once(r.cost), **once(r.pred), "counted": r.cost.counted} for r in results]
 
 
 def cap_at_positions(fit: MemoryFit, assumptions: dict[str, Any], length: int | None) -> MemoryFit:
@@ -363,7 +377,16 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
             precs = [prec if i in fp8.fp8_nodes else other for i in range(len(costs))]
         else:
             precs = [other if i in keep else prec for i in range(len(costs))]
-        return precs, [predict_cost(c, hw, p, curves) for c, p in zip(costs, precs)]
+        # one prediction per distinct (cost, precision): a pure function of them, and 58 MoE layers x 256 experts
+        # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes)
+        memo: dict[tuple[OpCost, int], Prediction] = {}
+        preds = []
+        for c, p in zip(costs, precs):
+            pred = memo.get((c, id(p)))
+            if pred is None:
+                pred = memo[(c, id(p))] = predict_cost(c, hw, p, curves)
+            preds.append(pred)
+        return precs, preds
 
     other = resolve_precision(hw, "bf16") if mixed else prec
     precs, preds = node_preds(prec, other)

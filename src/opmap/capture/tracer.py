@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from opmap.capture.functions import FunctionRecorder
+from opmap.capture.repeat import replaying
 from opmap.capture.tracker import NoMemo, Tracker, bind_args, dtype_name, freeze, split_args
 from opmap.capture.training import OPTIMIZERS, AdamW, sgd_step, training_loss
 from opmap.errors import OpmapError
@@ -241,7 +242,8 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
     of the forward op whose autograd node ran them; the update's ops carry ``"optimizer"``.
 
     ``memoize``: on meta, replay repeated functional calls from their signature (the same graph, faster;
-    see _DispatchRecorder). Off: every call runs torch's meta kernel."""
+    see _DispatchRecorder), and the repeated calls of an expert loop from their first two
+    (opmap.capture.repeat). Off: every call runs torch's meta kernel."""
     if isinstance(inputs, dict):
         args, kwargs = (), {**inputs, **(kwargs or {})}
     elif isinstance(inputs, (tuple, list)):
@@ -280,7 +282,7 @@ def capture(model: torch.nn.Module, inputs: Any = (), kwargs: dict | None = None
                     sgd_step(trainable)
         else:
             with torch.no_grad(), _module_hooks(model, tracker), FunctionRecorder(tracker, memoize), \
-                    _DispatchRecorder(tracker, memoize):
+                    _DispatchRecorder(tracker, memoize), replaying(tracker, memoize):
                 fn(*args, **kwargs)
     finally:
         model.train(was_training)

@@ -57,8 +57,40 @@ def cost_node(node: Node) -> OpCost:
 
 
 def cost_graph(graph: OpGraph) -> list[OpCost]:
-    """Costs of every node, in node order."""
-    return [cost_node(n) for n in graph.nodes]
+    """Costs of every node, in node order: one rule call per distinct node signature (a cost is a function of the
+    op, its tensors' shapes, dtypes, strides and parameters, and its arguments; never of its id, edges or
+    module), so the repeated nodes of 58 MoE layers x 256 experts share theirs."""
+    memo: dict[tuple, OpCost] = {}
+    out = []
+    for n in graph.nodes:
+        key = _signature(n)
+        c = memo.get(key) if key is not None else None
+        if c is None:
+            c = cost_node(n)
+            if key is not None:
+                memo[key] = c
+        out.append(c)
+    return out
+
+
+def _signature(n: Node) -> tuple | None:
+    """What a cost rule reads of a node (cost_graph); None where an argument is not a plain value."""
+    try:
+        args = tuple((k, _frozen(v)) for k, v in n.args.items())
+    except TypeError:
+        return None
+    return (n.op, n.is_view, n.is_inplace, n.input_names, args,
+            tuple((m.shape, m.dtype, m.stride, m.param) for m in n.inputs),
+            tuple((m.shape, m.dtype, m.stride, m.param) for m in n.outputs))
+
+
+def _frozen(v):
+    """A JSON-like argument as a hashable value (lists as tuples, typed: 1 and 1.0 and True differ)."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return (type(v), v)
+    raise TypeError(type(v).__name__)
 
 
 def uncounted(graph: OpGraph, costs: list[OpCost]) -> dict[str, int]:

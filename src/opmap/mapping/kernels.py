@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opmap.costs.base import OpCost
 from opmap.graph import Node
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
@@ -115,6 +116,7 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
     """The kernels of ``plan`` with their tiles, formats and times. ``node_prec``: a precision per node where they
     differ (fp8 training: the Linear GEMMs fp8, the rest bf16); a kernel runs at its anchor's."""
     out = []
+    tiles: dict[tuple[OpCost, int], Any] = {}  # (anchor cost, precision) -> its tile choice: a pure function of them
     for k in plan.kernels:
         anchor, ac = nodes[k.anchor], costs[k.anchor]
         kp = node_prec[k.anchor] if node_prec is not None else prec
@@ -123,7 +125,9 @@ def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: Hardw
         traffic = k.min_bytes  # parameters at their stored format (analyze.stored_weights)
         tile = runner = None
         why_tile = ""
-        choice = choose_tile(ac, hw, kp, curves)
+        choice = tiles.get((ac, id(kp)))
+        if choice is None:
+            choice = tiles[(ac, id(kp))] = choose_tile(ac, hw, kp, curves)
         if isinstance(choice, NoTile):
             why_tile = choice.reason
         elif isinstance(choice, TileChoice):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from opmap.capture.repeat import repeat_calls
 from opmap.errors import OpmapError
 from opmap.ops import active_experts
 
@@ -99,7 +100,8 @@ def dispatch(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
     n = flat.numel()
     a = active_experts(n_experts, k, hidden_states.shape[0])  # the experts the tokens are expected to activate
     sizes = [n // a + (1 if i < n % a else 0) if i < a else 0 for i in range(n_experts)]
-    outs = [expert(chunk, i) for i, chunk in enumerate(routed.split(sizes)) if chunk.shape[0]]
+    # a meta capture records the first two experts of a slice size and replays the rest (opmap.capture.repeat)
+    outs = repeat_calls(expert, [(chunk, i) for i, chunk in enumerate(routed.split(sizes)) if chunk.shape[0]])
     y = torch.cat(outs) if weight_inputs else torch.cat(outs) * w
     return torch.zeros_like(hidden_states).index_add_(0, token, y)
 
