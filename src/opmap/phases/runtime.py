@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
 from opmap.hardware.spec import HardwareSpec, Value
+from opmap.record import record
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -71,9 +72,9 @@ class Runtime:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "stack": self.stack, "fusion": self.fusion,
-                "per_kernel_s": self.per_kernel.to_dict(), "per_step_s": self.per_step_s,
-                "graph_launch_s": self.graph_launch.to_dict() if self.graph_launch else None,
-                "step_host_s": self.step_host.to_dict() if self.step_host else None}
+                "per_kernel_s": record(self.per_kernel), "per_step_s": self.per_step_s,
+                "graph_launch_s": record(self.graph_launch) if self.graph_launch else None,
+                "step_host_s": record(self.step_host) if self.step_host else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
