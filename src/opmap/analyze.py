@@ -49,6 +49,7 @@ from opmap.precision import (
     resolve_training_precision,
 )
 from opmap.predict import Prediction, mfu, predict_cost, ridge_point
+from opmap.record import record
 from opmap.workloads.zoo import Workload
 
 if TYPE_CHECKING:
@@ -288,7 +289,7 @@ class Analysis:
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
             # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
-            "phase": self.phase_figures.to_dict() if self.phase_figures is not None else {},
+            "phase": record(self.phase_figures) if self.phase_figures is not None else {},
             "memory": mem.to_dict(),
         } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
             "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},

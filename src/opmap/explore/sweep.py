@@ -42,6 +42,7 @@ from opmap.measure.energy import RAPL_ROOT
 from opmap.measure.oom import check_fits, refusal_as_error, run_bytes
 from opmap.phases.runtime import get_runtime
 from opmap.precision import build_bytes
+from opmap.record import record
 from opmap.validate import INT_MAX
 
 SCHEMA_VERSION = 1
@@ -288,7 +289,7 @@ def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool
     wall = time.perf_counter() - t0
     return Sweep(
         target, hw.name, measured_device() if measure else None, phase, dtype,
-        get_runtime(hw, runtime).to_dict() if not measure else
+        record(get_runtime(hw, runtime)) if not measure else
         {"name": "eager", "note": f"measured: eager PyTorch in {dtype} on this CPU, predicted on {hw.name}"},
         tp, pp, points, knees(points), pareto(points), len(points) / wall if wall else 0.0, captures, wall, ran_on,
         assumptions=(
