@@ -271,7 +271,7 @@ class Analysis:
                 # the memory fit on one device: the weights at their stored format, the verdict and its sentence
                 "memory_fit": {"weights_bytes": mem.weights_bytes, "weights_format": self.precision.policy["weights"],
                                "device_memory_bytes": mem.capacity_bytes, "fits": mem.fits, "text": self.memory_text,
-                               **mem.to_dict()},
+                               **record(mem)},
             },
             "layer_types": {
                 s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
@@ -290,9 +290,9 @@ class Analysis:
             "uncounted": self.uncounted,
             # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
             "phase": record(self.phase_figures) if self.phase_figures is not None else {},
-            "memory": mem.to_dict(),
+            "memory": record(mem),
         } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
-            "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
+            "parallelism": {**record(s), "kernel_per_device_s": list(s.kernel_s)},
             "collectives": [c.to_dict() for c in s.collectives]})
 
 

@@ -222,7 +222,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
                  "memory: model state (AdamW, ZeRO), saved activations of the first stage's in-flight "
                  "microbatches, 1 GiB workspace" if training else
                  "memory: weights, KV cache, activations in flight, 1 GiB workspace",
-                 *next(iter(sharders.values()))[0].shard(Parallelism()).to_dict()["assumptions"]),
+                 *next(iter(sharders.values()))[0].shard(Parallelism()).assumptions),
                 tuple(ok), tuple(bad))
 
 
