@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from opmap.errors import Interrupted, OpmapError
+from opmap.record import record
 from opmap.serve.metrics import Goodput, ServeReport, Slo, Throughput, Validity, summarize
 from opmap.serve.rate_search import CapacitySearch, MapFn, find_capacity
 from opmap.serve.run_stats import QueueTrend, SteadyState
@@ -303,7 +304,7 @@ class CapacityRecord:
         if self.reason is not None:
             d["reason"] = self.reason
         if self.headline is not None:
-            d["run"] = self.headline.steady_state.to_dict()
+            d["run"] = record(self.headline.steady_state)
             d["run"]["span_s"] = self.headline.requests.span_s  # the measured span (the trend's window's before)
         if self.interrupted is not None:
             d["interrupted"] = self.interrupted

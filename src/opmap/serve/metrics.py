@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.serve.policies import Policy, SchedulerLimits
 from opmap.serve.run_stats import NO_PREEMPTIONS, Disaggregation, EngineStats, SteadyState
 from opmap.serve.sim import SimResult
@@ -220,9 +221,9 @@ class ServeReport:
         if self.engine is not None:
             d["kv_cache"] = {"paged": True, **asdict(self.engine.kv_cache)}
         if self.disaggregation is not None:
-            d["disaggregation"] = self.disaggregation.to_dict()
+            d["disaggregation"] = record(self.disaggregation)
         if self.steady_state is not None:
-            d["steady_state"] = self.steady_state.to_dict()
+            d["steady_state"] = record(self.steady_state)
         return d
 
 
