@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.record import record
 
 SCHEMA_VERSION = 1
 PCTS = (50, 90, 99)
@@ -48,8 +49,10 @@ LOAD_GAP_S = 0.01  # the load probe's 1-token requests, 10 ms apart: all inside 
 @dataclass(frozen=True)
 class ServerOverhead:
     """Measured server time outside the model's kernels (s): ``step_s`` per engine step, ``per_seq_s`` per
-    sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured."""
+    sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured. Its record is
+    bench_predict.json's ``overhead``: the per-step, per-sequence and per-request times first (``RECORD``)."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("step_s", "per_seq_s", "request_s", "request_load_s", "load_batch", "basis")
     step_s: float
     request_s: float
     basis: dict[str, Any]
@@ -64,10 +67,6 @@ class ServerOverhead:
             return self.request_s
         f = min(1.0, max(0.0, running / self.load_batch))
         return self.request_s + f * (self.request_load_s - self.request_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step_s": self.step_s, "per_seq_s": self.per_seq_s, "request_s": self.request_s,
-                "request_load_s": self.request_load_s, "load_batch": self.load_batch, "basis": self.basis}
 
 
 @dataclass(frozen=True)
@@ -304,7 +303,7 @@ class BenchPrediction:
                                "predictions": {p.name: {"figures": p.figures.to_dict(), "rows": list(p.rows),
                                                         "steps": p.steps} for p in self.predictions}}
         if self.overhead is not None:
-            out["overhead"] = self.overhead.to_dict()
+            out["overhead"] = record(self.overhead)
         if self.assumptions is not None:
             out["assumptions"] = self.assumptions
         return out

@@ -13,6 +13,7 @@ import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.record import record as json_record
 from opmap.report.text import plain, safe
 from opmap.tags import Tags
 from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, plausible, positive_in
@@ -215,7 +216,7 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
 
     figures, body = finish(result, plan, o.slo_ttft, o.slo_tpot, o.min_duration, o.min_queries)
     if srv is not None:
-        body["launched"] = srv.to_dict()
+        body["launched"] = json_record(srv)
     print_summary(body)
     if o.out is not None:
         write_outputs(o.out, body, result)
