@@ -35,6 +35,14 @@ class TraceEvent:
 
 
 @dataclass(frozen=True)
+class OtherData:
+    """The trace format's free block (``otherData``): the run's telemetry tags and the trace's schema name."""
+
+    opmap_tags: dict[str, Any]
+    schema: str
+
+
+@dataclass(frozen=True)
 class ChromeTrace:
     """A trace opmap writes (trace.json, PAGE_trace.json): its events, the run's telemetry tags and the schema
     name (``otherData.schema``: how ``opmap report`` knows a trace it may replace). Its record is the trace file's
@@ -47,9 +55,8 @@ class ChromeTrace:
     schema: str
 
     @property
-    def otherData(self) -> dict[str, Any]:  # noqa: N802 (the format's key)
-        """The format's free block: the run's telemetry tags and the schema name."""
-        return {"opmap_tags": self.tags, "schema": self.schema}
+    def otherData(self) -> OtherData:  # noqa: N802 (the format's key)
+        return OtherData(self.tags, self.schema)
 
 
 def _names(pid: int, process: str, tracks: list[tuple[int, str]]) -> list[TraceEvent]:
