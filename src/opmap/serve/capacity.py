@@ -299,7 +299,7 @@ class CapacityRecord:
             "runs": [{"rate_per_s": r.rate_per_s, "valid": r.valid, "reason": r.reason} for r in c.runs],
             "saturation_per_s": self.saturation_per_s,
             "saturation": {"arrival": "offline", "requests": sat.requests.count, "span_s": sat.requests.span_s,
-                           **sat.throughput.to_dict()},
+                           **record(sat.throughput)},
             "method": self.method}
         if self.reason is not None:
             d["reason"] = self.reason

@@ -26,13 +26,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.record import record
+from opmap.record import key, record
 from opmap.serve.policies import Policy, SchedulerLimits
 from opmap.serve.run_stats import NO_PREEMPTIONS, Disaggregation, EngineStats, SteadyState
 from opmap.serve.sim import SimResult
@@ -118,9 +118,6 @@ class Percentiles:
     def of(cls, x: np.ndarray, w: np.ndarray | None = None) -> Percentiles:
         return cls(**stats(x, w))
 
-    def to_dict(self) -> dict[str, float | None]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Latency:
@@ -132,9 +129,6 @@ class Latency:
     itl: Percentiles
     queue: Percentiles
 
-    def to_dict(self) -> dict[str, dict[str, float | None]]:
-        return {f.name: getattr(self, f.name).to_dict() for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class Throughput:
@@ -144,13 +138,7 @@ class Throughput:
     requests_per_s: float
     tokens_per_s: float
     output_tokens_per_s: float
-    window: str | None = None  # None: the run's span (not written)
-
-    def to_dict(self) -> dict[str, float | str]:
-        d = asdict(self)
-        if self.window is None:
-            del d["window"]
-        return d
+    window: str | None = field(default=None, metadata=key(omit="none"))  # None: the run's span (not written)
 
 
 @dataclass(frozen=True)
@@ -213,7 +201,7 @@ class ServeReport:
     def to_dict(self) -> dict[str, Any]:
         d = {"schema_version": SCHEMA_VERSION, "policy": self.policy.to_dict(), "arrival": self.arrival,
              "router": self.router, "replicas": self.replicas, "cost": self.cost, "requests": asdict(self.requests),
-             "throughput": self.throughput.to_dict(), "latency": self.latency.to_dict(), "cdf": self.cdf.to_dict(),
+             "throughput": record(self.throughput), "latency": record(self.latency), "cdf": self.cdf.to_dict(),
              "goodput": asdict(self.goodput), "slo": self.slo.to_dict(), "slo_attainment": self.slo_attainment,
              "queueing_share": self.queueing_share, "utilization": list(self.utilization),
              "preemptions": asdict(self.engine.preemptions if self.engine else NO_PREEMPTIONS),
