@@ -1,6 +1,6 @@
 """Typed results of the layout search and the fit matrix: frozen values handed between the search
-(``opmap.explore.layouts``), the cell (``opmap.explore.fit``) and the file; ``to_dict`` only where fit.json is
-written (its keys and their order as schema 3 has them).
+(``opmap.explore.layouts``), the cell (``opmap.explore.fit``) and the file; recorded (``opmap.record``) only where
+fit.json is written (its keys and their order as schema 3 has them).
 
 - ``LayoutResult``: one (tp, pp) layout of a model on a platform as the search left it: skipped (``reason``),
   priced (``memory``), bounded by its saturation run, pruned or searched (``capacity``, the figures at the SLO),
@@ -77,7 +77,7 @@ class LayoutSearch:
     tried: tuple[LayoutResult, ...]
     chosen: LayoutResult | None
     runner_up: LayoutResult | None
-    runtime: dict[str, Any] | None  # the runtime the layouts were priced under (Runtime.to_dict), None if none was
+    runtime: dict[str, Any] | None  # the runtime the layouts were priced under (its record), None if none was
 
 
 # a layout's name and figures without its search record: fit.json's ``layout`` and ``runner_up``

@@ -141,7 +141,7 @@ class Sweep:
     measured_on: str | None
     phase: str
     dtype: str
-    runtime: dict[str, Any]  # the runtime the points were priced under, as sweep.json writes it (Runtime.to_dict)
+    runtime: dict[str, Any]  # the runtime the points were priced under, as sweep.json writes it (its record)
     tp: int
     pp: int
     points: tuple[SweepPoint, ...]

@@ -1,5 +1,5 @@
 """The typed figures of a phase's step: ``PhaseResult`` (prefill, decode) and ``TrainStep`` (an iteration), each a
-frozen value whose step time is the sum of its parts (checked on construction), with ``to_dict`` giving
+frozen value whose step time is the sum of its parts (checked on construction), whose record (``opmap.record``) is
 analysis.json's ``phase`` block, the one place the figures become string keys."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class TableCost:
     kv_capacity_tokens: int | None = None
     source: str = "table"
     kv_bytes_per_token: float | None = None  # per device: what a token's KV cache costs to hold and to move
-    runtime: dict | None = None  # opmap.phases.runtime.Runtime.to_dict() of the runtime the steps were priced under
+    runtime: dict | None = None  # the record (opmap.record) of the Runtime the steps were priced under
     memory: dict | None = None  # per device: capacity, utilization, weights, reserve, usable, KV (model_cost)
     layout: dict | None = None  # {"tp", "pp"}: the devices of one replica
     kv_dtype: str | None = None

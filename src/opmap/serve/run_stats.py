@@ -1,5 +1,6 @@
 """What a simulated run reports beside its per-request times: frozen values the schedulers and the simulators hand
-to the summary (``opmap.serve.metrics.ServeReport``), each with ``to_dict`` for serve.json, where it is written.
+to the summary (``opmap.serve.metrics.ServeReport``), each recorded (``opmap.record``) for serve.json, where it is
+written.
 
 - ``EngineStats``: the engine policy's preemptions (``Preemptions``) and paged KV cache (``PagedKv``);
 - ``Disaggregation``: a disaggregated run's pools, its KV move (``KvTransfer``) and the waits it caused;
