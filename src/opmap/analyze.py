@@ -238,7 +238,9 @@ class Analysis:
     # -- the JSON contract ----------------------------------------------------------------------------
     def to_dict(self, nodes: bool = True) -> dict[str, Any]:
         """analysis.json. ``nodes=False``: each node as its id, op, module, layer type and FLOPs only (what the
-        run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large."""
+        run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large.
+        A computed shape: totals, layer types, nodes, kernels and the layout are built from the pipeline's results,
+        not this class's fields."""
         total = self.total
         lat = self.predicted_latency_s
         head, head_s = self.headline

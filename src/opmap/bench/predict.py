@@ -212,6 +212,7 @@ class Figures:
     span_s: float
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the latencies and rates regrouped into ``latency`` and ``throughput`` blocks."""
         return {"latency": {m: getattr(self, m).to_dict() for m in METRICS},
                 "throughput": {"requests_per_s": self.requests_per_s,
                                "output_tokens_per_s": self.output_tokens_per_s},
@@ -295,6 +296,8 @@ class BenchPrediction:
         return self.predictions[-1]
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the workload block regroups fields, each prediction is keyed by name, the optional
+        blocks only where set."""
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": self.measured,
                                "workload": {"requests": self.requests, "warmup": self.warmup, "mode": self.mode,
                                             "concurrency": self.concurrency,

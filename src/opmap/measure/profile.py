@@ -179,6 +179,7 @@ class Profile:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: analysis.json with every node and kernel joined to its measurement."""
         d = self.analysis.to_dict()
         # profile.json versions on its own: analysis.json's version 2 only added keys profile.json carries along
         d["schema_version"] = PROFILE_SCHEMA_VERSION

@@ -292,6 +292,7 @@ class CapacityRecord:
         return float(self.saturation.throughput.requests_per_s)
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the search, its runs and the saturation run regrouped, optional keys only where set."""
         c, sat = self.search, self.saturation
         d: dict[str, Any] = {
             "rate_per_s": self.rate_per_s, "bracket": list(c.bracket), "converged": c.converged,

@@ -51,6 +51,7 @@ class Slo:
     p99_s: float | None = None  # an end-to-end p99 limit instead (MLPerf's non-LLM Server scenarios)
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: one SLO kind or the other, by which fields are set."""
         if self.p99_s is not None:
             return {"kind": "e2e_p99", "p99_s": self.p99_s}
         return {"kind": "ttft_tpot_p99", "ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
@@ -199,6 +200,8 @@ class ServeReport:
         check_finite(self)
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: serve.json's blocks come from several values (policy, engine stats) and only where
+        set."""
         d = {"schema_version": SCHEMA_VERSION, "policy": self.policy.to_dict(), "arrival": self.arrival,
              "router": self.router, "replicas": self.replicas, "cost": self.cost, "requests": asdict(self.requests),
              "throughput": record(self.throughput), "latency": record(self.latency), "cdf": self.cdf.to_dict(),

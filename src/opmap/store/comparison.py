@@ -194,7 +194,8 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The comparison as ``opmap compare --json`` prints it (the kernel pairs' and layer types' rows with their
-        rank test's figures beside them, where tested)."""
+        rank test's figures beside them, where tested).
+        A computed shape: kernel pairs, layer types and the verdict's test or noise blocks regrouped."""
         t = self.totals
         kernels = [{"a_idx": k.a_idx, "b_idx": k.b_idx, "name": k.name, "layer_type": k.layer_type, "a_s": k.a_s,
                     "b_s": k.b_s, "delta_s": k.delta_s, "rel": k.rel, "measured": k.measured, "mfu_a": k.mfu_a,
