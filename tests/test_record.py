@@ -139,3 +139,11 @@ def test_misuse_is_named():
         record(BadName(1))
     with pytest.raises(ValueError, match="omit='never'"):
         key(omit="never")
+
+
+def test_a_class_annotated_with_real_types_records_alike():
+    # without ``from __future__ import annotations`` a field's annotation is a type, not its text
+    from dataclasses import make_dataclass
+
+    c = make_dataclass("C", [("n", int), ("xs", tuple[int, ...]), ("where", Path), ("note", str | None)], frozen=True)
+    assert record(c(1, (2, 3), Path("/x"), None)) == {"n": 1, "xs": [2, 3], "where": "/x", "note": None}
