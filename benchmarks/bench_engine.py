@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from opmap.record import record
+
 HERE = Path(__file__).resolve().parent
 SWEEP = ("llama-3-8b", (1, 2, 4, 8, 16, 32), (512, 1024, 2048, 4096))
 FIT = (("gpt2", "llama-3-8b"), ("h100-sxm", "l4", "mi300x"))
@@ -48,7 +50,7 @@ def run_fit(engine: str, workers: int | None) -> str:
     from opmap.serve.metrics import Slo
 
     r = fit_matrix(list(FIT[0]), list(FIT[1]), Slo(0.5, 0.05), "256", "32", 150, engine=engine, workers=workers)
-    return json.dumps(r.to_dict()["cells"], sort_keys=True)
+    return json.dumps(record(r)["cells"], sort_keys=True)
 
 
 def main() -> int:

@@ -25,6 +25,7 @@ os.environ.setdefault("OPMAP_GRAPH_CACHE", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, now_iso, write_json  # noqa: E402
+from opmap.record import record
 
 GOAL_S = 10.0
 FIT_GOAL_S = 30.0
@@ -159,7 +160,7 @@ def fit_bench(args) -> None:
     r = fit_matrix(models, devices, Slo(args.slo_ttft / 1e3, args.slo_tpot / 1e3), "512", "128")
     wall = time.perf_counter() - t0
     rows = []
-    for c in r.to_dict()["cells"]:  # fit.json's cells
+    for c in record(r)["cells"]:  # fit.json's cells
         tried = c["layouts"]
         rows.append({"model": c["model"], "hardware": c["hardware"], "layouts_tried": len(tried),
                      "layouts_priced": sum(1 for lay in tried if lay["fits"]),

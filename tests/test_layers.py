@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Lowest first. A module belongs to the first entry whose prefix it matches (a package covers its modules).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("opmap", "opmap.errors", "opmap.formats", "opmap.precision", "opmap.ops", "opmap.timing", "opmap.tags",
-                "opmap.validate", "opmap.safeio", "opmap.geometry")),
+                "opmap.validate", "opmap.safeio", "opmap.geometry", "opmap.record")),
     ("graph", ("opmap.graph",)),
     ("costs", ("opmap.costs",)),
     ("hardware", ("opmap.hardware",)),  # the device description: a leaf but for precision and ops

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from opmap.record import record
 from opmap.tags import KEYS, TAGS_VERSION, Fingerprint, Tags
 
 
@@ -54,6 +55,7 @@ def test_a_calibration_runs_fingerprint_and_a_bench_runs_models_are_json():
     assert c.to_dict()["fingerprint"] == {"model": "EPYC", "machine": "x86_64", "threads": 2, "cores": 2,
                                           "memory_bytes": 8589934592}
     assert c.to_dict()["precision"] is None and c.to_dict()["tags_version"] == TAGS_VERSION
+    assert record(c) == c.to_dict() and record(c.fingerprint) == c.to_dict()["fingerprint"]
     b = Tags("bench", served_models=("a", "b"))
     assert b.to_dict()["served_models"] == ["a", "b"] and len(b.to_dict()) == len(KEYS["bench"]) == 12
 

@@ -49,6 +49,7 @@ from opmap.precision import (
     resolve_training_precision,
 )
 from opmap.predict import Prediction, mfu, predict_cost, ridge_point
+from opmap.record import record
 from opmap.workloads.zoo import Workload
 
 if TYPE_CHECKING:
@@ -237,7 +238,9 @@ class Analysis:
     # -- the JSON contract ----------------------------------------------------------------------------
     def to_dict(self, nodes: bool = True) -> dict[str, Any]:
         """analysis.json. ``nodes=False``: each node as its id, op, module, layer type and FLOPs only (what the
-        run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large."""
+        run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large.
+        A computed shape: totals, layer types, nodes, kernels and the layout are built from the pipeline's results,
+        not this class's fields."""
         total = self.total
         lat = self.predicted_latency_s
         head, head_s = self.headline
@@ -270,7 +273,7 @@ class Analysis:
                 # the memory fit on one device: the weights at their stored format, the verdict and its sentence
                 "memory_fit": {"weights_bytes": mem.weights_bytes, "weights_format": self.precision.policy["weights"],
                                "device_memory_bytes": mem.capacity_bytes, "fits": mem.fits, "text": self.memory_text,
-                               **mem.to_dict()},
+                               **record(mem)},
             },
             "layer_types": {
                 s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
@@ -287,10 +290,10 @@ class Analysis:
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
             # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
-            "phase": self.phase_figures.to_dict() if self.phase_figures is not None else {},
-            "memory": mem.to_dict(),
+            "phase": record(self.phase_figures) if self.phase_figures is not None else {},
+            "memory": record(mem),
         } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
-            "parallelism": {**s.to_dict(), "kernel_per_device_s": list(s.kernel_s)},
+            "parallelism": {**record(s), "kernel_per_device_s": list(s.kernel_s)},
             "collectives": [c.to_dict() for c in s.collectives]})
 
 

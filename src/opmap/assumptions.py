@@ -17,6 +17,7 @@ from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
 from opmap.precision import Precision
 from opmap.predict import TRANSCENDENTAL_SLOTS
+from opmap.record import record
 from opmap.workloads.load import position_limit
 from opmap.workloads.zoo import Workload
 
@@ -120,11 +121,11 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},
         "matrix_rate_flops_per_s": _rate(hw, prec),
         "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
-        "memory_bandwidth_bytes_per_s": hw.fields["memory_bandwidth_bytes_per_s"].to_dict(),
+        "memory_bandwidth_bytes_per_s": record(hw.fields["memory_bandwidth_bytes_per_s"]),
         "memory_rate_bytes_per_s": {"value": hw.memory_rate_bytes_per_s, "basis": hw.memory_rate_basis},
         # achievable figures the catalog lacks for this device: those run on datasheet figures (empty: like for like)
         "datasheet_only": list(hw.datasheet_only),
-        "launch_overhead_s": hw.fields["launch_overhead_s"].to_dict(),
+        "launch_overhead_s": record(hw.fields["launch_overhead_s"]),
         "transcendental_slots": TRANSCENDENTAL_SLOTS,
         "time_model": time_model_line(hw),
         "attention_kernel": (f"{hw.calibration['attention_kernel']}: fused attention from its measured rows in the "

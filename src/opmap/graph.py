@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opmap.precision import dtype_bytes
+from opmap.record import key, record
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,8 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: str
     stride: tuple[int, ...]
-    producer: int | None = None
-    param: str | None = None
+    producer: int | None = field(default=None, metadata=key(omit="none"))
+    param: str | None = field(default=None, metadata=key(omit="none"))
 
     @property
     def numel(self) -> int:
@@ -54,14 +55,6 @@ class TensorMeta:
             if st != 0:
                 n *= size
         return n * self.itemsize
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "stride": list(self.stride)}
-        if self.producer is not None:
-            d["producer"] = self.producer
-        if self.param is not None:
-            d["param"] = self.param
-        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> TensorMeta:
@@ -106,11 +99,13 @@ class Node:
         return None
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: each input's record carries its schema name (``input_names``, zipped in), which is
+        not written as a field of its own."""
         return {
             "id": self.id, "op": self.op, "module": self.module, "module_class": self.module_class,
             "layer_type": self.layer_type,
-            "inputs": [dict(t.to_dict(), name=n) for t, n in zip(self.inputs, self.input_names)],
-            "outputs": [t.to_dict() for t in self.outputs],
+            "inputs": [dict(record(t), name=n) for t, n in zip(self.inputs, self.input_names)],
+            "outputs": [record(t) for t in self.outputs],
             "args": self.args, "is_view": self.is_view, "is_inplace": self.is_inplace,
         }
 

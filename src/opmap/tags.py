@@ -10,8 +10,10 @@ and bench build tags, so their schema lives below all three.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
+
+from opmap.record import record
 
 TAGS_VERSION = 1  # the tag names below; a new tag may be added, a renamed one bumps this
 
@@ -44,9 +46,6 @@ class Fingerprint:
     threads: int | None = None
     cores: int | None = None
     memory_bytes: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -113,11 +112,12 @@ class Tags:
         return self.to_dict().get(key)
 
     def to_dict(self) -> dict[str, Any]:
-        """The tags as JSON writes them (the store's tags column, profile.json, traces, the HTML report)."""
+        """The tags as JSON writes them (the store's tags column, profile.json, traces, the HTML report). A computed
+        shape: the keys written are the command's tag set (``keys``), not the fields."""
         out: dict[str, Any] = {}
         for k in self.keys():
             v = getattr(self, k)
-            out[k] = v.to_dict() if isinstance(v, Fingerprint) else list(v) if isinstance(v, tuple) else v
+            out[k] = record(v) if isinstance(v, Fingerprint) else list(v) if isinstance(v, tuple) else v
         return out
 
     def as_recorded(self, version: str, git_commit: str | None, command: str | None) -> Tags:

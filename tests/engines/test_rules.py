@@ -9,6 +9,7 @@ import pytest
 from opmap.engines import SizingInputs, engine_setting, memory_rule, override, parse_preset, trtllm_bench_setting
 from opmap.engines.rules import sglang_graph_sizes, sglang_max_running, trtllm_graph_sizes, vllm_graph_sizes
 from opmap.mapping.memory import Assumed, ServingMemory
+from opmap.record import record
 
 GiB = 2 ** 30
 
@@ -126,6 +127,6 @@ def test_memory_fraction_semantics_by_hand():
     assert tokens(0.9, "total") == 442368 and 442368 // 16 == 27648
     assert tokens(0.836, "static") == 416808
     assert tokens(0.9, "free") == 457113 and 457113 // 32 == 14284
-    m = ServingMemory(80 * GiB, 0.9, 16 * GiB, reserve, 128 * 1024, "free").to_dict()
+    m = record(ServingMemory(80 * GiB, 0.9, 16 * GiB, reserve, 128 * 1024, "free"))
     assert m["utilization_of"] == "free"
-    assert "utilization_of" not in ServingMemory(80 * GiB, 0.9, 16 * GiB, reserve, 128 * 1024).to_dict()
+    assert "utilization_of" not in record(ServingMemory(80 * GiB, 0.9, 16 * GiB, reserve, 128 * 1024))

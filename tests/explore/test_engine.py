@@ -18,6 +18,7 @@ from opmap.explore.engine import ENGINES, LocalEngine, check_engine, get_engine
 from opmap.explore.fit import fit_matrix
 from opmap.explore.sweep import sweep
 from opmap.hardware import get_hardware
+from opmap.record import record
 from opmap.serve.metrics import Slo
 
 SWEEP = ("gpt2", [1, 2, 8], [32, 64])  # two sequence lengths: two tasks
@@ -73,7 +74,7 @@ def test_local_pool_sweep_equals_inline():
 def test_local_pool_fit_equals_inline():
     args = (["gpt2"], ["h100-sxm", "l4"], Slo(0.5, 0.05), "256", "32", 100)
     inline, pooled = fit_matrix(*args, workers=1, devices_budget=1), fit_matrix(*args, workers=2, devices_budget=1)
-    cells = [json.dumps(r.to_dict()["cells"], sort_keys=True) for r in (pooled, inline)]
+    cells = [json.dumps(record(r)["cells"], sort_keys=True) for r in (pooled, inline)]
     assert cells[0] == cells[1]
     assert [c.hardware for c in pooled.cells] == ["h100-sxm", "l4"]
 

@@ -11,6 +11,7 @@ from opmap.errors import OpmapError
 from opmap.explore.fit import IDLE_FRACTION, _power_w, check_models, fit_cell, fit_matrix, power_method, rank
 from opmap.explore.results import FitCell, LayoutResult
 from opmap.hardware import get_hardware
+from opmap.record import record
 from opmap.serve.metrics import Slo
 
 
@@ -42,7 +43,7 @@ def test_a_served_cell_and_a_struck_one():
     slo = Slo(0.5, 0.05)
     r = fit_matrix(["gpt2"], ["h100-sxm", "l4"], slo, "256", "32", 150, power_budget_w=100.0,
                    prices={"h100-sxm": 2.0}, devices=1, devices_budget=1, workers=1)
-    h100, l4 = (next(c for c in r.to_dict()["cells"] if c["hardware"] == h) for h in ("h100-sxm", "l4"))
+    h100, l4 = (next(c for c in record(r)["cells"] if c["hardware"] == h) for h in ("h100-sxm", "l4"))
     assert h100["fits"] and h100["devices"] == 1 and h100["throughput_at_slo"] > 0
     assert h100["layout"]["tp"] == 1 and h100["layout"]["replicas"] == 1 and h100["runner_up"] is None
     # one device in the budget: the throughput per device is the cell's throughput

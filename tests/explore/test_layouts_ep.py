@@ -7,6 +7,7 @@ from __future__ import annotations
 from opmap.explore.layouts import _with_ep, label, layout_candidates, model_geometry
 from opmap.explore.results import LayoutResult
 from opmap.hardware import get_hardware
+from opmap.record import record
 
 
 def test_moe_layouts_are_tried_with_experts_over_the_tp_group():
@@ -21,7 +22,7 @@ def test_moe_layouts_are_tried_with_experts_over_the_tp_group():
 
 def test_an_ep_layout_is_named_and_written():
     lay = LayoutResult.of(4, 1, 8, ep=4)
-    assert label(lay) == "2 x tp4 ep4" and lay.to_dict()["ep"] == 4
-    assert label(lay.to_dict()) == "2 x tp4 ep4"
+    assert label(lay) == "2 x tp4 ep4" and record(lay)["ep"] == 4
+    assert label(record(lay)) == "2 x tp4 ep4"
     plain = LayoutResult.of(4, 1, 8)
-    assert label(plain) == "2 x tp4" and "ep" not in plain.to_dict()
+    assert label(plain) == "2 x tp4" and "ep" not in record(plain)

@@ -20,6 +20,7 @@ from opmap.mapping.memory import (
     kv_geometry,
     training_state_bytes,
 )
+from opmap.record import record
 from opmap.workloads import build_zoo
 
 
@@ -91,7 +92,7 @@ def test_inference_fit_max_batch_and_context_by_hand():
     # shown in binary units, as vendors state device memory: 11e9 B = 10.24 GiB, 10e9 B = 9.313 GiB
     assert bad.reason.startswith("needs 10.24 GiB per device, the device has 9.313 GiB (1.10x)")
     assert "kv cache" in bad.reason and bad.text.startswith("does not fit")
-    d = bad.to_dict()
+    d = record(bad)
     assert set(d["per_device"]) == {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
                                     "kv_cache_bytes", "workspace_bytes", "total_bytes"}
     assert d["capacity_bytes"] == 10e9 and d["fits"] is False
@@ -127,3 +128,20 @@ def test_training_fit_on_a_small_model_by_hand():
     def longest(b):
         return max(ss for ss in range(1, 513) if b * 3 * (34 * ss * h + 5 * a * ss * ss + 16 * ss) <= 7.5 * per_seq)
     assert (f.max_context, bigger.max_context) == (longest(4), longest(8)) == (104, 60)
+
+
+def test_a_serving_memory_records_the_derived_bytes_beside_its_inputs():
+    """serve.json's cost.memory: usable = capacity x utilization - weights - reserve, KV tokens = floor(usable / KV
+    bytes per token), the KV cache those whole tokens take; the reserve's entries as their fields."""
+    from opmap.mapping.memory import ServingMemory
+
+    cap = 80 * 2 ** 30  # an H100's 80 GiB as the catalog states it
+    m = ServingMemory(cap, 0.9, 16e9, {"workspace": Assumed(1e9, "assumed", "test")}, 131072.0)
+    d = record(m)
+    assert list(d) == ["capacity_bytes", "utilization", "usable_bytes", "weights_bytes", "reserve_bytes", "kv_bytes",
+                       "kv_bytes_per_token", "kv_capacity_tokens", "reserve", "units"]
+    usable = cap * 0.9 - 16e9 - 1e9
+    assert d["usable_bytes"] == usable and d["kv_capacity_tokens"] == int(usable // 131072.0)
+    assert d["kv_bytes"] == int(usable // 131072.0) * 131072.0
+    assert d["reserve"] == {"workspace": {"value": 1e9, "kind": "assumed", "source": "test"}}
+    assert d["units"].startswith("bytes per device")

@@ -12,6 +12,7 @@ from opmap.cli import main
 from opmap.hardware.match import match_datasheet
 from opmap.hardware.spec import spec_from_dict
 from opmap.measure import run_profile
+from opmap.record import record
 from opmap.workloads.zoo import Workload
 
 TINY = '''
@@ -176,7 +177,7 @@ def test_calibration_check_compares_with_the_profile(prof):
     # GEMM is under 1e13 FLOP/s): the check reads far below 1 and says so
     assert chk.ratio < 1e-4 and chk.within_tolerance is False and "256x256x256" in chk.what
     # profile.json's calibration_check: ratio = now / calibrated, the tolerance beside it
-    d = chk.to_dict()
+    d = record(chk)
     assert d["ratio"] == d["now_flops_per_s"] / 1e18 and d["within_tolerance"] is False and d["tolerance"] == 0.10
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.measure.quality import fake_fp8, fake_int4, fake_int8, measure_quality
+from opmap.record import record
 
 
 def test_int8_per_channel_by_hand():
@@ -58,9 +59,13 @@ def test_error_grows_as_the_format_narrows():
     # int4 steps are 127/7 (18x) coarser than int8's: the error must be larger
     assert q["int8"].rel_error < q["int4"].rel_error
     assert q["int8"].agreement_kind == "top-1 agreement" and q["int8"].positions == 16
-    d = q["int4"].to_dict()
+    d = record(q["int4"])
     assert set(d) >= {"dtype", "rel_error", "max_abs_error", "agreement", "reference_dtype"}
     assert d["reference_dtype"] == "fp32"
+    # quality.json's order: the version and the compared formats first, the torch it ran under after the seed
+    assert list(d)[:4] == ["schema_version", "workload", "dtype", "reference_dtype"] and d["schema_version"] == 1
+    assert list(d)[list(d).index("seed") + 2] == "torch_version" and d["torch_version"] == torch.__version__
+    assert list(d)[-3:] == ["snr_db", "kl", "layers"] and isinstance(d["layers"], list)
     with pytest.raises(OpmapError, match="accepted: bf16, fp16, fp8, int8, int4"):
         measure_quality("net", net, x, "fp32")
 

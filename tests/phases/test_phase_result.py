@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 from opmap.hardware import get_hardware  # noqa: E402
 from opmap.phases.runtime import get_runtime  # noqa: E402
 from opmap.phases.step import analyze_phase, capture_phase  # noqa: E402
+from opmap.record import record
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload  # noqa: E402
 
 TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json")  # a Hugging Face config.json
@@ -36,7 +37,7 @@ def _train(step_s: float) -> TrainStep:
 def test_a_train_step_is_the_sum_of_its_parts():
     t = _train(3.5e-3)
     assert t.step_s == t.iteration_s == pytest.approx(2 * (1.0e-3 + 0.25e-3) + 0.3e-3 + 0.2e-3 + 0.5e-3)
-    assert t.to_dict()["step_s"] == t.to_dict()["iteration_s"] == 3.5e-3
+    assert record(t)["step_s"] == record(t)["iteration_s"] == 3.5e-3
 
 
 def test_a_train_step_whose_parts_do_not_add_up_raises():
@@ -68,5 +69,5 @@ def test_decode_step_is_its_parts_and_its_throughput_batch_over_step(target):
     assert f.step_s == pytest.approx(f.kernel_time_s + f.runtime_per_step_s, rel=1e-12)
     assert f.tokens_per_s == pytest.approx(BATCH / f.step_s, rel=1e-12)
     assert a.headline == ("time per output token", f.step_s)
-    d = a.phase_figures.to_dict()
+    d = record(a.phase_figures)
     assert d["tpot_s"] == f.step_s and d["tokens_per_s"] == f.tokens_per_s and d["kv_len"] == 128

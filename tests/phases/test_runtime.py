@@ -11,6 +11,7 @@ from opmap.hardware.runtimes import stack_for, stacks
 from opmap.hardware.spec import KINDS
 from opmap.phases.runtime import RUNTIMES, check_runtime, get_runtime
 from opmap.phases.step import analyze_phase, capture_phase
+from opmap.record import record
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 
 # The overheads the closed forms use, each from its source (not from the code under test):
@@ -94,7 +95,7 @@ def test_apply_replaces_only_the_per_kernel_overhead(h100):
     assert g.launch_overhead_s == GRAPH_GAP_S and g.memory_bandwidth_bytes_per_s == h100.memory_bandwidth_bytes_per_s
     rt = get_runtime(h100, "engine")
     assert rt.fusion == "engine" and rt.stack == "cuda-graphs" and rt.per_step_s == GRAPH_LAUNCH_S + ENGINE_GAP_S
-    d = rt.to_dict()
+    d = record(rt)
     assert d["step_host_s"]["kind"] == "measured" and "11133" in d["step_host_s"]["source"]
     assert "runtime engine (cuda-graphs)" in rt.line() and get_runtime(h100, "graphs").fusion == "eager"
     ee = get_runtime(h100, "engine-eager")
@@ -129,4 +130,4 @@ def test_a_runtime_block_reads_back_as_the_runtime(name, device):
     from opmap.phases.runtime import Runtime, get_runtime
 
     rt = get_runtime(get_hardware(device), name)
-    assert Runtime.from_dict(rt.to_dict()) == rt
+    assert Runtime.from_dict(record(rt)) == rt

@@ -18,6 +18,7 @@ import pytest
 from opmap.hardware import get_hardware
 from opmap.mapping.sharding import Parallelism
 from opmap.phases.step import analyze_phase, capture_phase
+from opmap.record import record
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 
 H200 = get_hardware("h200")
@@ -68,7 +69,7 @@ def test_decode_kv_cache_and_floor_per_device_are_the_formulas(decodes, model, t
     p = Parallelism(tp=tp, pp=pp, microbatch=BATCH, global_batch=BATCH)
     out = shard_analysis(a, p)
     assert out.fit.kv_cache_bytes == pytest.approx(_kv(geo, tp, pp), rel=1e-12)
-    f = out.phase_figures.to_dict()
+    f = record(out.phase_figures)
     assert f["kv_cache_read_bytes"] == pytest.approx(_kv(geo, tp), rel=1e-12)  # every stage's share, in turn
     assert f["weights_bytes"] == pytest.approx(_weights(geo, tp), rel=1e-12)
     floor = (_weights(geo, tp) + _kv(geo, tp)) / H200.memory_rate_bytes_per_s

@@ -15,6 +15,7 @@ from opmap.mapping.sharding import Parallelism, shard
 from opmap.phases.sharded import sharded_phase_figures
 from opmap.phases.step import analyze_phase, capture_phase
 from opmap.phases.train import train_activations
+from opmap.record import record
 from opmap.workloads.llama import Llama, LlamaConfig
 from opmap.workloads.phases import PhaseSpec, check_phase
 from opmap.workloads.zoo import Workload
@@ -43,7 +44,7 @@ def _train(recompute: str, global_batch: int = 8):
 def _sharded(recompute: str):
     a = _train(recompute)
     sh = shard(a, Parallelism(**LAYOUT, recompute=recompute))
-    return sh, sharded_phase_figures(a.phase_figures, sh, a).to_dict()
+    return sh, record(sharded_phase_figures(a.phase_figures, sh, a))
 
 
 def _parts(f) -> float:
@@ -53,7 +54,7 @@ def _parts(f) -> float:
 
 @pytest.mark.parametrize("recompute", POLICIES)
 def test_step_equals_its_parts_on_one_device(recompute):
-    f = _train(recompute).phase_figures.to_dict()
+    f = record(_train(recompute).phase_figures)
     assert f["microsteps"] == 8 // MB and f["devices"] == 1
     assert f["step_s"] == pytest.approx(_parts(f), rel=0.01)
     assert f["step_s"] == f["iteration_s"] and f["bubble_s"] == 0 and f["exposed_comm_s"] == 0
@@ -79,7 +80,7 @@ def test_step_equals_its_parts_under_a_layout(recompute):
 def test_selective_recompute_never_shortens_the_step():
     """Selective recomputation runs the attention core again (Megatron-Core checkpoints core_attention, fused or
     not): the step grows by it, on one device and under the layout, and the note never says it adds nothing."""
-    none, sel, full = (_train(r).phase_figures.to_dict() for r in POLICIES)
+    none, sel, full = (record(_train(r).phase_figures) for r in POLICIES)
     assert sel["step_s"] > none["step_s"] and sel["recompute_s"] > 0
     assert full["step_s"] >= sel["step_s"]
     assert "adds nothing" not in sel["recompute_note"]
@@ -91,7 +92,7 @@ def test_selective_recompute_never_shortens_the_step():
 @pytest.mark.parametrize("recompute", POLICIES)
 def test_hfu_is_at_least_mfu(recompute):
     """Both count attention dense; HFU adds the recomputed FLOPs (the flash backward's scores at least)."""
-    for f in (_train(recompute).phase_figures.to_dict(), _sharded(recompute)[1]):
+    for f in (record(_train(recompute).phase_figures), _sharded(recompute)[1]):
         assert f["hfu"] > f["mfu"] > 0
         assert f["hardware_flops"] == pytest.approx(f["model_flops"] + f["recompute_flops"]
                                                     + f["attention_recompute_flops"])

@@ -19,6 +19,7 @@ from opmap.mapping.fp8 import CAST_OP, SCALE_OP
 from opmap.mapping.sharding import Parallelism, shard
 from opmap.phases.step import analyze_phase, capture_phase
 from opmap.phases.train import train_activations
+from opmap.record import record
 from opmap.report.sheet import assumption_lines
 from opmap.workloads.llama import Llama, LlamaConfig
 from opmap.workloads.phases import PhaseSpec, check_phase
@@ -62,7 +63,7 @@ def _nodes(a, op):
 
 
 def test_fp8_step_faster_than_bf16_by_less_than_the_gemm_rate_ratio():
-    bf, f8 = _train("bf16", True).phase_figures.to_dict(), _train("fp8", True).phase_figures.to_dict()
+    bf, f8 = record(_train("bf16", True).phase_figures), record(_train("fp8", True).phase_figures)
     for key in ("microstep_s", "iteration_s"):
         speedup = bf[key] / f8[key]
         # the casts and the bf16 parts (LM head, attention core, norms, optimizer) bound it below the GEMM ratio

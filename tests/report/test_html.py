@@ -9,6 +9,7 @@ import re
 import pytest
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.report.chart import sig
 from opmap.report.dashboard import from_dir
 from opmap.report.html import write_report
@@ -133,7 +134,8 @@ def test_kernel_trace_lays_kernels_end_to_end(page):
     assert len(pred) == len(body["kernels"])
     assert sum(e.dur_us for e in pred) == pytest.approx(sum(k["predicted_s"] for k in body["kernels"]) * 1e6)
     assert all(a.ts_us + a.dur_us == pytest.approx(b.ts_us) for a, b in zip(pred, pred[1:]))
-    written = t.to_dict()  # the file: Chrome's names (ts, dur in microseconds), the tags and the schema
+    written = record(t)  # the file: Chrome's names (ts, dur in microseconds), the tags and the schema
+    assert list(written) == ["traceEvents", "displayTimeUnit", "otherData"] and written["displayTimeUnit"] == "ms"
     assert written["otherData"] == {"opmap_tags": {"x": 1}, "schema": "opmap kernel trace 1"}
     durs = [e["dur"] for e in written["traceEvents"] if e.get("tid") == 2 and e["ph"] == "X"]
     assert durs == [e.dur_us for e in pred]

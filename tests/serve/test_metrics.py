@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 
@@ -86,3 +87,18 @@ def test_a_serve_report_is_frozen_and_writes_its_figures():
     assert d["latency"]["e2e"]["p50_s"] == r.latency.e2e.p50_s == pytest.approx(2.0)
     assert d["throughput"]["requests_per_s"] == pytest.approx(3 / 3.0)  # 3 requests over the 3 s span
     assert d["scheduler"]["max_num_seqs"] == 1
+
+
+def test_the_rates_and_percentiles_records():
+    """serve.json's throughput (the window only where named) and latency (each latency's percentiles by name)."""
+    from opmap.record import record
+    from opmap.serve.metrics import Latency, Percentiles, Throughput
+
+    assert record(Throughput(2.0, 600.0, 64.0)) == {"requests_per_s": 2.0, "tokens_per_s": 600.0,
+                                                     "output_tokens_per_s": 64.0}
+    assert record(Throughput(2.0, 600.0, 64.0, "measured arrivals"))["window"] == "measured arrivals"
+    p = Percentiles.of(np.array([1.0, 2.0, 3.0]))
+    lat = record(Latency(p, p, p, p, Percentiles.of(np.array([]))))
+    assert list(lat) == ["e2e", "ttft", "tpot", "itl", "queue"]
+    assert lat["e2e"]["mean_s"] == 2.0 and lat["e2e"]["p50_s"] == 2.0  # the mean and median of 1, 2, 3
+    assert lat["queue"] == {"mean_s": None, "p50_s": None, "p90_s": None, "p95_s": None, "p99_s": None}

@@ -15,6 +15,7 @@ from opmap.hardware import get_hardware
 from opmap.phases.decode import decode_kv_read_bytes
 from opmap.phases.step import analyze_phase, capture_phase
 from opmap.phases.train import recomputed_nodes, train_activations
+from opmap.record import record
 from opmap.workloads.llama import Llama, LlamaConfig
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
 from opmap.workloads.zoo import Workload
@@ -59,7 +60,7 @@ def test_decode_reads_the_kv_cache_of_the_closed_form():
     assert per_token == 131_072
     assert decode_kv_read_bytes(a.graph) == per_token * 4096 * 2
     assert pa.memory.kv_cache_bytes == per_token * 4096 * 2
-    f = pa.figures.to_dict()
+    f = record(pa.figures)
     assert f["name"] == "decode" and f["kv_len"] == 4096
     assert f["tokens_per_s"] == pytest.approx(2 / f["tpot_s"])
     # one new token per sequence: every SDPA has 1 query and 4096 keys over the 8 KV heads (GQA)
@@ -81,7 +82,7 @@ def test_decode_attention_reads_each_kv_head_once():
 
 def test_llama3_8b_decode_is_memory_bound_near_the_weights_floor():
     pa = _llama8b_decode(1, 1024)
-    a, f = pa.analysis, pa.figures.to_dict()
+    a, f = pa.analysis, record(pa.figures)
     weights = a.graph.param_bytes  # bf16, as built
     floor = weights / H100.memory_bandwidth_bytes_per_s
     assert f["bound"] == "memory"
@@ -106,7 +107,7 @@ def test_moe_decode_routes_the_batch_tokens_only():
 
 def test_train_model_flops_are_three_forwards_and_palm_agrees():
     pa = _small_train()
-    a, f = pa.analysis, pa.figures.to_dict()
+    a, f = pa.analysis, record(pa.figures)
     fwd = [r for r in a.results if r.node.args.get("phase") is None and r.cost.counted]
     dense = sum(r.cost.matrix_flops + r.cost.skipped_flops for r in fwd)
     assert f["model_flops"] == pytest.approx(3 * dense)
@@ -127,7 +128,7 @@ def test_train_model_flops_are_three_forwards_and_palm_agrees():
 
 def test_train_iteration_mfu_and_hfu_by_hand():
     pa = _small_train("none", 2, 8)
-    f = pa.figures.to_dict()
+    f = record(pa.figures)
     assert f["microsteps"] == 4
     assert f["iteration_s"] == pytest.approx(4 * (f["microstep_s"] + f["recompute_s"]) + f["optimizer_s"])
     assert f["optimizer_s"] > 0 and f["recompute_s"] == 0
@@ -136,7 +137,7 @@ def test_train_iteration_mfu_and_hfu_by_hand():
     assert f["mfu"] == pytest.approx(f["model_flops"] / f["iteration_s"] / peak)
     assert f["hfu"] == pytest.approx(f["hardware_flops"] / f["iteration_s"] / peak)
     assert f["tokens_per_s"] == pytest.approx(8 * 64 / f["iteration_s"])
-    one = _small_train("none", 2, 2).figures.to_dict()
+    one = record(_small_train("none", 2, 2).figures)
     assert f["model_flops"] == pytest.approx(4 * one["model_flops"])
     assert "PaLM" in f["mfu_definition"]
 
@@ -151,7 +152,7 @@ def test_adamw_step_is_about_ten_elementwise_ops_per_parameter():
 
 
 def test_recompute_full_adds_one_forward_of_the_blocks():
-    none, full = _small_train("none").figures.to_dict(), _small_train("full").figures.to_dict()
+    none, full = record(_small_train("none").figures), record(_small_train("full").figures)
     a = _small_train("full").analysis
     fwd = [r.cost for r in a.results
            if r.node.args.get("phase") is None and r.node.module.startswith("layers.") and r.cost.counted]
@@ -204,7 +205,7 @@ def test_decode_floor_counts_what_the_step_reads_and_tpot_stays_above_it():
     """The floor reads the gathered embedding rows, not the table (llama-3-8b: 128,256 x 4,096 x 2 bytes less the
     one row read), at the achievable memory rate; the priced step is never below it."""
     pa = _run("llama-3-8b", PhaseSpec("decode", kv_len=256), 1)
-    f, a = pa.figures.to_dict(), pa.analysis
+    f, a = record(pa.figures), pa.analysis
     table = 128256 * 4096 * 2
     assert f["weights_bytes"] == pytest.approx(a.graph.param_bytes - table + 4096 * 2, rel=1e-6)
     assert f["lower_bound_s"] == pytest.approx((f["weights_bytes"] + f["kv_cache_read_bytes"])

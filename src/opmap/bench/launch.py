@@ -34,9 +34,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.validate import INT_GE1, POSITIVE, options
@@ -93,7 +92,8 @@ class LaunchSettings:
 class LaunchedServer:
     """A running server: ``base_url`` (http://127.0.0.1:PORT, no /v1), ``model_id`` as /v1/models reports it,
     the folders it serves from, its PID, the context it accepts (tokens, prompt + answer), and how it was
-    started (``settings``: threads, KV blocks, step budget, start-up seconds, ...)."""
+    started (``settings``: threads, KV blocks, step budget, start-up seconds, ...). Its record is bench.json's
+    ``launched`` (the folders as their paths' text)."""
 
     base_url: str
     model_id: str
@@ -102,11 +102,6 @@ class LaunchedServer:
     pid: int
     context: int | None
     settings: LaunchSettings
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["model_dir"], d["tokenizer_dir"] = str(self.model_dir), str(self.tokenizer_dir)
-        return d
 
 
 def available_cores() -> int:

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.record import record
 
 if TYPE_CHECKING:
     from opmap.bench.metrics import BenchFigures
@@ -51,8 +52,10 @@ LOAD_GAP_S = 0.01  # the load probe's 1-token requests, 10 ms apart: all inside 
 @dataclass(frozen=True)
 class ServerOverhead:
     """Measured server time outside the model's kernels (s): ``step_s`` per engine step, ``per_seq_s`` per
-    sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured."""
+    sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured. Its record is
+    bench_predict.json's ``overhead``: the per-step, per-sequence and per-request times first (``RECORD``)."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("step_s", "per_seq_s", "request_s", "request_load_s", "load_batch", "basis")
     step_s: float
     request_s: float
     basis: dict[str, Any]
@@ -67,10 +70,6 @@ class ServerOverhead:
             return self.request_s
         f = min(1.0, max(0.0, running / self.load_batch))
         return self.request_s + f * (self.request_load_s - self.request_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step_s": self.step_s, "per_seq_s": self.per_seq_s, "request_s": self.request_s,
-                "request_load_s": self.request_load_s, "load_batch": self.load_batch, "basis": self.basis}
 
 
 @dataclass(frozen=True)
@@ -232,6 +231,7 @@ class Figures:
     span_s: float
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the latencies and rates regrouped into ``latency`` and ``throughput`` blocks."""
         return {"latency": {m: getattr(self, m).to_dict() for m in METRICS},
                 "throughput": {"requests_per_s": self.requests_per_s,
                                "output_tokens_per_s": self.output_tokens_per_s},
@@ -316,6 +316,8 @@ class BenchPrediction:
         return self.predictions[-1]
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the workload block regroups fields, each prediction is keyed by name, the optional
+        blocks only where set."""
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": self.measured,
                                "workload": {"requests": self.requests, "warmup": self.warmup, "mode": self.mode,
                                             "concurrency": self.concurrency,
@@ -324,7 +326,7 @@ class BenchPrediction:
                                "predictions": {p.name: {"figures": p.figures.to_dict(), "rows": list(p.rows),
                                                         "steps": p.steps} for p in self.predictions}}
         if self.overhead is not None:
-            out["overhead"] = self.overhead.to_dict()
+            out["overhead"] = record(self.overhead)
         if self.stack is not None:
             out["stack"] = self.stack.to_dict()
         if self.assumptions is not None:

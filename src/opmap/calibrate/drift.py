@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import torch
 
@@ -17,8 +17,10 @@ DRIFT_TOLERANCE = 0.10  # beyond this, the device is not in the state it was cal
 @dataclass(frozen=True)
 class DriftCheck:
     """One calibrated GEMM (``what``) re-timed now: its calibrated and its present rate, FLOP/s, and their ratio
-    (now over calibrated), within ``tolerance`` of 1 or not."""
+    (now over calibrated), within ``tolerance`` of 1 or not. Its record is profile.json's ``calibration_check``."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("what", "calibrated_flops_per_s", "now_flops_per_s", "ratio",
+                                         "within_tolerance", "tolerance")
     what: str
     calibrated_flops_per_s: float
     now_flops_per_s: float
@@ -31,12 +33,6 @@ class DriftCheck:
     @property
     def within_tolerance(self) -> bool:
         return abs(self.ratio - 1.0) <= self.tolerance
-
-    def to_dict(self) -> dict[str, Any]:
-        """profile.json's ``calibration_check``."""
-        return {"what": self.what, "calibrated_flops_per_s": self.calibrated_flops_per_s,
-                "now_flops_per_s": self.now_flops_per_s, "ratio": self.ratio,
-                "within_tolerance": self.within_tolerance, "tolerance": self.tolerance}
 
 
 def calibration_check(hw: HardwareSpec, dev: torch.device) -> DriftCheck | None:

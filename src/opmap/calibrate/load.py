@@ -119,7 +119,8 @@ class Conditions:
         return self.verdict.busy
 
     def to_dict(self) -> dict[str, Any]:
-        """[calibration.conditions] as the profile file holds it."""
+        """[calibration.conditions] as the profile file holds it.
+        A computed shape: the before / run samples' optional keys and the verdict's parts regrouped."""
         b, r = self.before, self.run
         before = {"cpus": b.cpus, "window_s": b.window_s,
                   **({"others_cpu_share": b.others_cpu_share} if b.others_cpu_share is not None else {}),

@@ -36,6 +36,7 @@ from opmap.capture.codec import BadEntry, decode_graph, encode_graph
 from opmap.errors import OpmapError
 from opmap.geometry import AttentionSpec, ModelGeometry
 from opmap.graph import OpGraph
+from opmap.record import record
 from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
 
 T = TypeVar("T")
@@ -109,19 +110,14 @@ def _opt(v, f):
 @dataclass(frozen=True)
 class CachedWorkload:
     """What a cached graph keeps of its workload: its name, batch, sequence and notes, and its geometry (as the
-    captured model's layers are); not its module or inputs (a cached graph needs neither)."""
+    captured model's layers are); not its module or inputs (a cached graph needs neither). Its record is the
+    entry's ``workload`` JSON (``_workload`` reads it back)."""
 
     name: str
     batch: int
     seq: int | None
     assumptions: tuple[str, ...]
     geometry: ModelGeometry | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The entry's ``workload`` JSON (``_workload`` reads it back)."""
-        g = self.geometry
-        return {"name": self.name, "batch": self.batch, "seq": self.seq, "assumptions": list(self.assumptions),
-                "geometry": None if g is None else {**asdict(g), "attention": [asdict(a) for a in g.attention]}}
 
 
 def _workload(d) -> CachedWorkload:
@@ -212,7 +208,7 @@ def store(k: str, graph: OpGraph, workload: CachedWorkload, *saved: Any) -> None
     name is replaced, not followed."""
     if not enabled():
         return
-    body: dict[str, Any] = {"graph": encode_graph(graph), "workload": workload.to_dict()}
+    body: dict[str, Any] = {"graph": encode_graph(graph), "workload": record(workload)}
     if saved:
         s = saved[0]
         body["saved"] = None if s is None else {**asdict(s), "notes": list(s.notes)}

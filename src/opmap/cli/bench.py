@@ -13,6 +13,7 @@ import typer
 
 from opmap.cli.common import console, print_wrote
 from opmap.errors import OpmapError
+from opmap.record import record as json_record
 from opmap.report.text import plain, safe
 from opmap.tags import Tags
 from opmap.validate import INT_GE0, INT_GE1, SEED, json_text, options, plausible, positive_in
@@ -237,7 +238,7 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
 
     figures, body = finish(result, plan, o.slo_ttft, o.slo_tpot, o.min_duration, o.min_queries)
     if srv is not None:
-        body["launched"] = srv.to_dict()
+        body["launched"] = json_record(srv)
     if result.server_metrics is not None:
         body["server_metrics"] = result.server_metrics.to_dict()
     body["endpoint"]["server_info"] = result.server_info

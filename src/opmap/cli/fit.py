@@ -10,6 +10,7 @@ from opmap.cli.common import console, exit_if_stopped, kept, print_wrote
 from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP, check_runtime
+from opmap.record import record
 from opmap.serve.capacity import CAPACITY_REQUESTS
 from opmap.validate import INT_GE1, Rule, json_text, options, positive, positive_in
 
@@ -166,8 +167,8 @@ def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtim
                            gpu_memory_utilization=0.9 if gpu_memory_utilization is None else gpu_memory_utilization)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished cells shown, written, recorded, marked
         partial, stop = kept(e)
-        return partial.to_dict(), stop
-    return r.to_dict(), None
+        return record(partial), stop
+    return record(r), None
 
 
 def _print(r: dict, models: list[str]) -> None:

@@ -14,6 +14,7 @@ from opmap.cli.common import (
     stack_hardware,
     step_progress,
 )
+from opmap.record import record
 from opmap.validate import INT_GE0, INT_GE1, json_text, options
 
 # 2**17: above the largest clusters published (~100k GPUs); 131072 devices plan in about a minute, 2**30 ran on
@@ -88,10 +89,10 @@ def plan(
                f"{c.bubble_fraction:.1%} | {c.mfu:.1%} | {c.memory_bytes / 2**30:.4g} |"
                for i, c in enumerate(ranked)]
         md += ["", "## Rejected", ""] + [f"- {c.layout}: {c.reason}" for c in rej]
-        print_wrote(write_set(out, {"plan.json": json_text(result.to_dict(), indent=1),
+        print_wrote(write_set(out, {"plan.json": json_text(record(result), indent=1),
                                     "plan.md": "\n".join(md) + "\n"}))
     from opmap.cli.common import record_run
     from opmap.tags import Tags
 
-    record_run("plan", result.to_dict(), Tags("plan", workload=model, hardware=hw.name, phase=phase, precision=dtype,
+    record_run("plan", record(result), Tags("plan", workload=model, hardware=hw.name, phase=phase, precision=dtype,
                                               parallelism=f"{devices} devices"), store, no_store)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from opmap.cli.common import build_workload, console, print_wrote
 from opmap.formats import registry
+from opmap.record import record
 from opmap.report.text import plain, safe
 from opmap.validate import INT_GE1, SEED, json_text, options
 
@@ -50,7 +51,7 @@ def quality(
     if q.layers:
         console.print(_layer_table(q))
     if out is not None:
-        print_wrote(write_set(out, {"quality.json": json_text(q.to_dict(), indent=1) + "\n"}))
+        print_wrote(write_set(out, {"quality.json": json_text(record(q), indent=1) + "\n"}))
 
 
 def _quality_table(q, workload: str, dtype: str, seed: int) -> Table:

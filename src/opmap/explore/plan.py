@@ -25,8 +25,8 @@ step (its heads / min(tp, kv heads), its layers / pp), the activations in flight
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from opmap.analyze import analyze_graph
 from opmap.capture import capture
@@ -36,6 +36,7 @@ from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
 from opmap.mapping.expert_parallel import imbalance_for
 from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, saved_per_block, sharded_memory
+from opmap.record import key
 
 MICROBATCHES = (1, 2, 4, 8)
 RECOMPUTES = ("none", "selective", "full")
@@ -45,7 +46,11 @@ PHASES = ("train", "prefill")
 
 @dataclass(frozen=True)
 class Candidate:
-    parallelism: Parallelism
+    """One layout priced. Its record is plan.json's row: the layout's parallelism fields in place, its label, the
+    verdict and the figures (``RECORD``)."""
+
+    RECORD: ClassVar[tuple[Any, ...]] = ("parallelism", "layout", "ok", "reason", ...)
+    parallelism: Parallelism = field(metadata=key(flatten=True))
     memory_bytes: float
     capacity_bytes: float
     reason: str = ""  # empty: legal and fits
@@ -63,18 +68,17 @@ class Candidate:
     def layout(self) -> str:
         return self.parallelism.label()
 
-    def to_dict(self) -> dict[str, Any]:
-        """plan.json's row: the layout's parallelism fields, its label, the verdict and the figures."""
-        return {**self.parallelism.to_dict(), "layout": self.layout, "ok": self.ok,
-                "reason": self.reason, "memory_bytes": self.memory_bytes, "capacity_bytes": self.capacity_bytes,
-                "step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "latency_s": self.latency_s,
-                "bubble_fraction": self.bubble_fraction, "mfu": self.mfu}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Every layout priced: the legal and fitting ones ranked by the objective, the others by memory."""
+    """Every layout priced: the legal and fitting ones ranked by the objective, the others by memory. Its record is
+    plan.json (``RECORD``: the counts after the inputs, the candidates last)."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "schema_version", "hardware", "devices", "phase", "objective", "global_batch", "seq", "dtype", "layouts",
+        "legal_fitting", ...)
+    schema_version: ClassVar[int] = 1  # plan.json's
     hardware: str
     devices: int
     phase: str
@@ -92,13 +96,9 @@ class Plan:
     def layouts(self) -> int:
         return len(self.ranked) + len(self.rejected)
 
-    def to_dict(self) -> dict[str, Any]:
-        """plan.json."""
-        return {"schema_version": 1, "hardware": self.hardware, "devices": self.devices, "phase": self.phase,
-                "objective": self.objective, "global_batch": self.global_batch, "seq": self.seq, "dtype": self.dtype,
-                "layouts": self.layouts, "legal_fitting": len(self.ranked), "cp_searched": list(self.cp_searched),
-                "capture": self.capture, "assumptions": list(self.assumptions),
-                "ranked": [c.to_dict() for c in self.ranked], "rejected": [c.to_dict() for c in self.rejected]}
+    @property
+    def legal_fitting(self) -> int:
+        return len(self.ranked)
 
 
 def divisors(n: int) -> list[int]:
@@ -235,7 +235,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
                  "memory: model state (AdamW, ZeRO), saved activations of the first stage's in-flight "
                  "microbatches, 1 GiB workspace" if training else
                  "memory: weights, KV cache, activations in flight, 1 GiB workspace",
-                 *next(iter(sharders.values()))[0].shard(Parallelism()).to_dict()["assumptions"]),
+                 *next(iter(sharders.values()))[0].shard(Parallelism()).assumptions),
                 tuple(ok), tuple(bad))
 
 

@@ -1,6 +1,6 @@
 """Typed results of the layout search and the fit matrix: frozen values handed between the search
-(``opmap.explore.layouts``), the cell (``opmap.explore.fit``) and the file; ``to_dict`` only where fit.json is
-written (its keys and their order as schema 3 has them).
+(``opmap.explore.layouts``), the cell (``opmap.explore.fit``) and the file; recorded (``opmap.record``) only where
+fit.json is written (its keys and their order as schema 3 has them).
 
 - ``LayoutResult``: one (tp, pp) layout of a model on a platform as the search left it: skipped (``reason``),
   priced (``memory``), bounded by its saturation run, pruned or searched (``capacity``, the figures at the SLO),
@@ -14,22 +14,23 @@ written (its keys and their order as schema 3 has them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from opmap.record import key, record
 
 if TYPE_CHECKING:
     from opmap.serve.metrics import Slo
 
-# a LayoutResult's fields written only once reached (None: that stage did not run), in fit.json's order
-_LAYOUT_LATER = ("memory", "bound_per_device_tokens_per_s", "saturation_per_s", "capacity", "limited_by",
-                 "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "utilization", "power_limited",
-                 "power_w", "over_power_budget")
+# a LayoutResult's fields from ``memory`` on are written only once reached (None: that stage did not run)
+_LATER = key(omit="none")
 
 
 @dataclass(frozen=True)
 class LayoutResult:
     """One layout tried: ``replicas`` of ``tp`` x ``pp`` devices filling the budget (``devices_used`` of it);
     ``rate_per_s`` one replica's capacity at the SLO (None: not found, ``reason`` why); ``output_tokens_per_s``
-    all replicas', ``per_device_tokens_per_s`` over the budget's devices (the figure of merit)."""
+    all replicas', ``per_device_tokens_per_s`` over the budget's devices (the figure of merit). Its record is
+    fit.json's layout: the fields in order, those from ``memory`` on only where their stage ran."""
 
     tp: int
     pp: int
@@ -39,19 +40,24 @@ class LayoutResult:
     fits: bool = False
     rate_per_s: float | None = None
     reason: str = ""
-    memory: dict[str, Any] | None = None  # per device, as serve sizes it (the KV format, weights, KV tokens)
-    bound_per_device_tokens_per_s: float | None = None  # the saturation run's output tokens/s per device
-    saturation_per_s: float | None = None
-    capacity: dict[str, Any] | None = None  # the capacity search's record (steady_capacity)
-    limited_by: str | None = None
-    output_tokens_per_s: float | None = None
-    per_device_tokens_per_s: float | None = None
-    latency_p99_s: float | None = None
-    utilization: list[float] | None = None  # each replica's busy fraction in the run at the SLO rate
-    power_limited: str | None = None
-    power_w: float | None = None
-    over_power_budget: bool | None = None
-    ep: int = 1  # a MoE model's experts over the replica's tp group (serve's --ep), 1: tensor-parallel experts
+    # per device, as serve sizes it (the KV format, weights, KV tokens)
+    memory: dict[str, Any] | None = field(default=None, metadata=_LATER)
+    # the saturation run's output tokens/s per device
+    bound_per_device_tokens_per_s: float | None = field(default=None, metadata=_LATER)
+    saturation_per_s: float | None = field(default=None, metadata=_LATER)
+    # the capacity search's record (steady_capacity)
+    capacity: dict[str, Any] | None = field(default=None, metadata=_LATER)
+    limited_by: str | None = field(default=None, metadata=_LATER)
+    output_tokens_per_s: float | None = field(default=None, metadata=_LATER)
+    per_device_tokens_per_s: float | None = field(default=None, metadata=_LATER)
+    latency_p99_s: float | None = field(default=None, metadata=_LATER)
+    # each replica's busy fraction in the run at the SLO rate
+    utilization: list[float] | None = field(default=None, metadata=_LATER)
+    power_limited: str | None = field(default=None, metadata=_LATER)
+    power_w: float | None = field(default=None, metadata=_LATER)
+    over_power_budget: bool | None = field(default=None, metadata=_LATER)
+    # a MoE model's experts over the replica's tp group (serve's --ep), 1: tensor-parallel experts (not written)
+    ep: int = field(default=1, metadata=key(omit="default"))
 
     @classmethod
     def of(cls, tp: int, pp: int, budget: int, ep: int = 1) -> LayoutResult:
@@ -65,14 +71,6 @@ class LayoutResult:
         """Output tokens per second per device of the budget (0 without a rate at the SLO)."""
         return self.per_device_tokens_per_s or 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "devices_per_replica": self.devices_per_replica,
-                             "replicas": self.replicas, "devices_used": self.devices_used, "fits": self.fits,
-                             "rate_per_s": self.rate_per_s, "reason": self.reason}
-        d.update({k: getattr(self, k) for k in _LAYOUT_LATER if getattr(self, k) is not None})
-        if self.ep > 1:
-            d["ep"] = self.ep
-        return d
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ class LayoutSearch:
     tried: tuple[LayoutResult, ...]
     chosen: LayoutResult | None
     runner_up: LayoutResult | None
-    runtime: dict[str, Any] | None  # the runtime the layouts were priced under (Runtime.to_dict), None if none was
+    runtime: dict[str, Any] | None  # the runtime the layouts were priced under (its record), None if none was
     settings: dict[tuple[int, int], Any] | None = None  # (tp, pp) -> its EngineSetting under an engine preset
 
 
@@ -135,7 +133,8 @@ class FitCell:
     engine_preset: dict[str, Any] | None = None  # the engine stack of the cell (EngineSetting.to_dict), written if set
 
     def to_dict(self) -> dict[str, Any]:
-        """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``)."""
+        """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``). A computed
+        shape: the brief is a subset of another class's fields, and the chosen-only fields depend on ``chosen``."""
         skip = {"chosen", *_CELL_CHOSEN}
         d: dict[str, Any] = {}
         for f in fields(self):
@@ -145,7 +144,7 @@ class FitCell:
             if f.name in ("layout", "runner_up"):
                 v = None if v is None else {k: getattr(v, k) for k in BRIEF} | ({"ep": v.ep} if v.ep > 1 else {})
             elif f.name == "layouts":
-                v = [lay.to_dict() for lay in v]
+                v = [record(lay) for lay in v]
             elif f.name in ("datasheet_only", "devices_tried"):
                 v = list(v)
             d[f.name] = v
@@ -157,8 +156,12 @@ class FitCell:
 @dataclass(frozen=True)
 class FitMatrix:
     """The fit matrix: every (model, platform) cell ranked per workload, with what every cell ran under;
-    ``to_dict``: fit.json (``schema_version``: the fit's, ``opmap.explore.fit.SCHEMA_VERSION``)."""
+    its record: fit.json (``schema_version``: the fit's, ``opmap.explore.fit.SCHEMA_VERSION``), its keys in schema
+    3's order (``RECORD``), ``interrupted`` only after a stop."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "schema_version", "models", "hardware", "slo", "input_len", "output_len", "requests", "dtype", "runtime",
+        "devices_budget", "include_datasheet_only", "cells", "engine", "assumptions", ...)
     schema_version: int
     models: tuple[str, ...]
     hardware: tuple[str, ...]  # the catalog names
@@ -176,15 +179,5 @@ class FitMatrix:
     power_budget_w: float | None
     prices_usd_per_device_hour: dict[str, float]
     assumptions: tuple[str, ...] = ()
-    interrupted: dict[str, Any] | None = None  # a stop's record (opmap.errors.Interrupted.note): cells kept
-
-    def to_dict(self) -> dict[str, Any]:
-        """fit.json: its keys in schema 3's order, ``interrupted`` only after a stop."""
-        d = {"schema_version": self.schema_version, "models": list(self.models), "hardware": list(self.hardware),
-             "slo": self.slo.to_dict(), "input_len": self.input_len, "output_len": self.output_len,
-             "requests": self.requests, "dtype": self.dtype, "runtime": self.runtime,
-             "devices_budget": self.devices_budget, "include_datasheet_only": self.include_datasheet_only,
-             "cells": [c.to_dict() for c in self.cells], "engine": self.engine, "assumptions": list(self.assumptions),
-             "engine_settings": self.engine_settings, "power_budget_w": self.power_budget_w,
-             "prices_usd_per_device_hour": self.prices_usd_per_device_hour}
-        return d if self.interrupted is None else {**d, "interrupted": self.interrupted}
+    # a stop's record (opmap.errors.Interrupted.note): cells kept
+    interrupted: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from opmap.measure.energy import RAPL_ROOT
 from opmap.measure.oom import check_fits, refusal_as_error, run_bytes
 from opmap.phases.runtime import get_runtime
 from opmap.precision import build_bytes
+from opmap.record import key, record
 from opmap.validate import INT_MAX
 
 SCHEMA_VERSION = 1
@@ -94,7 +95,8 @@ class Predicted:
 class SweepPoint:
     """One (batch, seq) point: its latency (prefill: time to first token; decode: time per output token), requests
     and tokens per second, share of predicted time by bound, MFU, the memory fit, and how it was got (``method``).
-    Percentiles and energy only where measured (None otherwise); ``predicted`` beside a measured point only."""
+    Percentiles and energy only where measured (None otherwise); ``predicted`` beside a measured point only. Its
+    record is sweep.json's point: every field in order, ``predicted`` only where set."""
 
     batch: int
     seq: int
@@ -118,12 +120,7 @@ class SweepPoint:
     energy_per_token_j: float | None = None
     tokens_per_j: float | None = None
     power_method: str = "not measured: a predicted point (opmap fit models power under load)"
-    predicted: Predicted | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """sweep.json's point: every field in order, ``predicted`` only beside a measurement."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "predicted"}
-        return d if self.predicted is None else {**d, "predicted": asdict(self.predicted)}
+    predicted: Predicted | None = field(default=None, metadata=key(omit="none"))
 
 
 @dataclass(frozen=True)
@@ -144,7 +141,7 @@ class Sweep:
     measured_on: str | None
     phase: str
     dtype: str
-    runtime: dict[str, Any]  # the runtime the points were priced under, as sweep.json writes it (Runtime.to_dict)
+    runtime: dict[str, Any]  # the runtime the points were priced under, as sweep.json writes it (its record)
     tp: int
     pp: int
     points: tuple[SweepPoint, ...]
@@ -158,13 +155,13 @@ class Sweep:
     interrupted: dict[str, Any] | None = None  # the stop's record (Interrupted.note)
 
     def to_dict(self) -> dict[str, Any]:
-        """sweep.json."""
+        """sweep.json. A computed shape: the layout block and the knee / Pareto pairs are built from the fields."""
         def pairs(ps):
             return [{"batch": b, "seq": s} for b, s in ps]
         d = {"schema_version": SCHEMA_VERSION, "model": self.model, "hardware": self.hardware,
              "measured_on": self.measured_on, "phase": self.phase, "dtype": self.dtype, "runtime": self.runtime,
              "layout": {"tp": self.tp, "pp": self.pp, "devices": self.tp * self.pp},
-             "points": [p.to_dict() for p in self.points], "knee": pairs(self.knee), "pareto": pairs(self.pareto),
+             "points": [record(p) for p in self.points], "knee": pairs(self.knee), "pareto": pairs(self.pareto),
              "points_per_s": self.points_per_s, "captures": self.captures, "wall_s": self.wall_s,
              "engine": self.engine, "assumptions": list(self.assumptions)}
         return d if self.interrupted is None else {**d, "interrupted": self.interrupted}
@@ -288,7 +285,7 @@ def _result(target: str, hw: HardwareSpec, phase: str, dtype: str, measure: bool
     wall = time.perf_counter() - t0
     return Sweep(
         target, hw.name, measured_device() if measure else None, phase, dtype,
-        get_runtime(hw, runtime).to_dict() if not measure else
+        record(get_runtime(hw, runtime)) if not measure else
         {"name": "eager", "note": f"measured: eager PyTorch in {dtype} on this CPU, predicted on {hw.name}"},
         tp, pp, points, knees(points), pareto(points), len(points) / wall if wall else 0.0, captures, wall, ran_on,
         assumptions=(

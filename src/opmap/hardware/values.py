@@ -28,12 +28,13 @@ Dense peaks are what every prediction uses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.hardware.curves import MAX_BYTES_PER_S, MAX_FLOPS_PER_S, MIN_BYTES_PER_S, MIN_FLOPS_PER_S
 from opmap.precision import FORMATS
+from opmap.record import key
 from opmap.validate import Rule, shown
 
 KINDS = ("datasheet_dense", "datasheet_sparse", "datasheet", "derived", "measured", "assumed", "estimate", "assessed")
@@ -53,13 +54,7 @@ class Value:
     value: float | str | None
     kind: str
     source: str
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"value": self.value, "kind": self.kind, "source": self.source}
-        if self.note:
-            d["note"] = self.note
-        return d
+    note: str = field(default="", metadata=key(omit="empty"))
 
 
 # Scalar fields of a spec, in display order, with their unit for rendering.

@@ -49,6 +49,7 @@ class KernelResult:
         return self.time.bound
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the kernel's, tile's and time's fields merged into one row (and on the hot path)."""
         k, t = self.kernel, self.tile
         terms = {key: v for key, v in self.time.to_dict().items() if key not in ("bound", "limiter")}
         return {

@@ -34,6 +34,7 @@ class CollectiveKernel:
         return self.predicted_s if self.exposed_s is None else self.exposed_s
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: a collective written as a kernel row, its roofline terms and totals derived."""
         c = self.collective
         r = roofline(interconnect_s=self.predicted_s)
         return {"id": self.id, "kernel_class": KERNEL_CLASS, "collective": c.kind, "message_bytes": c.message_bytes,

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from opmap.errors import OpmapError
 from opmap.geometry import ModelGeometry, attention_calls, forward_calls, layer_specs
+from opmap.record import key
 
 if TYPE_CHECKING:
     from opmap.graph import OpGraph
@@ -176,8 +177,11 @@ def kv_cache_held_bytes(graph: OpGraph) -> float:
 @dataclass(frozen=True)
 class MemoryFit:
     """Per-device bytes by kind, the device's capacity, the verdict (with its reason when it does not fit),
-    and the largest batch and longest context that fit (None: not searched; 0: not even one)."""
+    and the largest batch and longest context that fit (None: not searched; 0: not even one). Its record
+    (analysis.json's ``memory``) is the bytes by kind with their total, then the verdict (``RECORD``)."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("per_device", "capacity_bytes", "fits", "reason", "max_batch", "max_context",
+                                         "phase", "assumptions")
     weights_bytes: float
     gradients_bytes: float
     optimizer_bytes: float
@@ -224,11 +228,6 @@ class MemoryFit:
         head = "fits" if self.fits else "does not fit"
         return f"{head}: {parts}; total {_gb(self.total_bytes)} of {_gb(self.capacity_bytes)}" + (
             "" if self.fits else f" ({self.reason})")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"per_device": self.per_device, "capacity_bytes": self.capacity_bytes, "fits": self.fits,
-                "reason": self.reason, "max_batch": self.max_batch, "max_context": self.max_context,
-                "phase": self.phase, "assumptions": list(self.assumptions)}
 
 
 def _gb(x: float) -> str:
@@ -354,20 +353,25 @@ class ServingMemory:
     """One device of a serving replica: ``capacity_bytes`` (as the catalog states it), the ``utilization``
     fraction the engine may take (vLLM's --gpu-memory-utilization), the weights it holds, the runtime reserve
     (workspace, activations of the largest step in flight, the CUDA graph pool), and the KV cache that fits in
-    the rest: usable = capacity x utilization - weights - reserve; KV tokens = usable / KV bytes per token.
+    the rest: usable = capacity x utilization - weights - reserve; KV tokens = usable / KV bytes per token. Its
+    record (serve.json's ``cost.memory``) states the derived bytes beside the inputs (``RECORD``).
     ``fraction_of`` says what ``utilization`` is a fraction of, as engines define their memory knob
     (opmap.engines): "total" (vLLM's gpu_memory_utilization, the default: the whole device holds weights, reserve
     and KV), "static" (SGLang's mem_fraction_static: of the whole device for weights + KV only, the activations and
     graphs outside it: usable = capacity x utilization - weights) or "free" (TensorRT-LLM's
     free_gpu_memory_fraction: of what is free after the weights and the runtime's buffers: usable = utilization x
-    (capacity - weights - reserve))."""
+    (capacity - weights - reserve)); written as ``utilization_of`` where it is not "total"."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("capacity_bytes", "utilization", "usable_bytes", "weights_bytes",
+                                         "reserve_bytes", "kv_bytes", "kv_bytes_per_token", "kv_capacity_tokens",
+                                         "reserve", "units", "fraction_of")
+    units: ClassVar[str] = "bytes per device; capacity as the catalog states it (GiB of HBM)"
     capacity_bytes: float
     utilization: float
     weights_bytes: float
     reserve: dict[str, Assumed]
     kv_bytes_per_token: float
-    fraction_of: str = "total"
+    fraction_of: str = field(default="total", metadata=key("utilization_of", omit="default"))
 
     def __post_init__(self) -> None:
         if self.fraction_of not in FRACTION_OF:
@@ -395,15 +399,6 @@ class ServingMemory:
     def kv_bytes(self) -> float:
         """The KV cache allocated: whole tokens of the usable bytes."""
         return self.kv_capacity_tokens * self.kv_bytes_per_token
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"capacity_bytes": self.capacity_bytes, "utilization": self.utilization,
-                "usable_bytes": self.usable_bytes, "weights_bytes": self.weights_bytes,
-                "reserve_bytes": self.reserve_bytes, "kv_bytes": self.kv_bytes,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_capacity_tokens": self.kv_capacity_tokens,
-                "reserve": {k: asdict(v) for k, v in self.reserve.items()},
-                "units": "bytes per device; capacity as the catalog states it (GiB of HBM)",
-                **({"utilization_of": self.fraction_of} if self.fraction_of != "total" else {})}
 
     def line(self) -> str:
         g = 2 ** 30

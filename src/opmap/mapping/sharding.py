@@ -40,8 +40,8 @@ time per microbatch + the exposed DP reduction + the optimizer step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
@@ -57,6 +57,7 @@ from opmap.mapping.shard_types import (  # noqa: F401 (re-exported: the layout's
 )
 from opmap.mapping.shard_types import check as _check
 from opmap.mapping.sharded_memory import SavedPerBlock, saved_per_block, sharded_memory  # noqa: F401 (re-exported)
+from opmap.record import key, record
 from opmap.roofline import Bound
 
 # The backward that can hide it is the LAST microbatch's only: with gradient accumulation the first m - 1
@@ -96,9 +97,14 @@ ASSUMPTIONS = (
 @dataclass(frozen=True)
 class Sharded:
     """The per-device result of a layout: the kernels' per-device times (``kernel_s``, in the analysis's kernel
-    order), the collectives, the pipeline and the iteration (or batch) time."""
+    order), the collectives, the pipeline and the iteration (or batch) time. Its record (analysis.json's
+    ``parallelism`` block) is the layout's fields in place, then the pipeline's figures (``RECORD``)."""
 
-    parallelism: Parallelism
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "parallelism", "stage_compute_s", "microbatch_s", "microbatches", "bubble_fraction", "schedule", "step_s",
+        "latency_s", "tokens_per_s", "cp_exchange_s", "cp_exposed_s", "matrix_flops_per_device", "recompute_s",
+        "bubble_s", "exposed_comm_s", "optimizer_s", "assumptions")
+    parallelism: Parallelism = field(metadata=key(flatten=True))
     kernel_s: tuple[float, ...]
     stage_compute_s: tuple[float, ...]  # per stage, per microbatch (forward + backward + recompute)
     collectives: tuple[CollectiveKernel, ...]
@@ -123,18 +129,19 @@ class Sharded:
     def tokens_per_s(self) -> float:
         return self.tokens / self.step_s if self.step_s else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.parallelism.to_dict(), "stage_compute_s": list(self.stage_compute_s),
-                "microbatch_s": self.microbatch_s, "microbatches": self.parallelism.microbatches,
-                "bubble_fraction": self.bubble_fraction,
-                "schedule": "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B",
-                "step_s": self.step_s, "latency_s": self.latency_s, "tokens_per_s": self.tokens_per_s,
-                "cp_exchange_s": self.cp_exchange_s, "cp_exposed_s": self.cp_exposed_s,
-                "matrix_flops_per_device": self.matrix_flops_per_device, "recompute_s": self.recompute_s,
-                "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "optimizer_s": self.optimizer_s,
-                "assumptions": list(ASSUMPTIONS) + [
-                    f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%} of "
-                    f"{DP_WINDOW} hides it"] + list(self.notes)}
+    @property
+    def microbatches(self) -> int:
+        return self.parallelism.microbatches
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved 1F1B" if self.parallelism.vp > 1 else "1F1B"
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """What the layout's figures assume: the module's, the DP overlap, the layout's own notes."""
+        return (*ASSUMPTIONS, f"DP gradient reduction overlapped with backward: up to {self.parallelism.dp_overlap:.0%}"
+                f" of {DP_WINDOW} hides it", *self.notes)
 
 
 
@@ -478,7 +485,7 @@ def bubble_fraction(pp: int, microbatches: int, vp: int = 1) -> float:
 
 
 def collective_rows(s: Sharded) -> list[dict[str, Any]]:
-    return [c.to_dict() for c in s.collectives]
+    return [record(c) for c in s.collectives]
 
 
 def bound_of_collective() -> Bound:

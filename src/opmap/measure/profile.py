@@ -18,7 +18,7 @@ A layer type's fractions are its sums over its nodes divided by its measured tim
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opmap.analyze import Analysis
@@ -28,6 +28,7 @@ from opmap.measure.attribute import Attribution, NodeTiming
 from opmap.measure.energy import EnergyReading
 from opmap.measure.runner import ProfiledRun
 from opmap.predict import mfu
+from opmap.record import key, record
 from opmap.roofline import stall_split
 from opmap.tags import Tags
 from opmap.timing import LatencyStats
@@ -46,9 +47,10 @@ STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matr
 @dataclass(frozen=True)
 class MeasuredNode:
     """One node as measured: its timing, the rates it achieved over its median time, its predicted over measured
-    time and the roofline-estimated split of that time (compute-busy, memory-stall, other; they add up to it)."""
+    time and the roofline-estimated split of that time (compute-busy, memory-stall, other; they add up to it).
+    Its record is profile.json's ``measured`` block of a node: the timing's keys in place, then the figures."""
 
-    timing: NodeTiming
+    timing: NodeTiming = field(metadata=key(flatten=True))
     achieved_flops_per_s: float
     achieved_matrix_flops_per_s: float
     achieved_bytes_per_s: float
@@ -61,14 +63,6 @@ class MeasuredNode:
     def measured_s(self) -> float:
         """The median over the profiled iterations."""
         return self.timing.median_s
-
-    def to_dict(self) -> dict[str, Any]:
-        """profile.json's ``measured`` block of a node."""
-        return {**self.timing.to_dict(), "achieved_flops_per_s": self.achieved_flops_per_s,
-                "achieved_matrix_flops_per_s": self.achieved_matrix_flops_per_s,
-                "achieved_bytes_per_s": self.achieved_bytes_per_s,
-                "predicted_over_measured": self.predicted_over_measured, "compute_busy_s": self.compute_busy_s,
-                "memory_stall_s": self.memory_stall_s, "other_s": self.other_s}
 
 
 @dataclass(frozen=True)
@@ -185,13 +179,14 @@ class Profile:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: analysis.json with every node and kernel joined to its measurement."""
         d = self.analysis.to_dict()
         # profile.json versions on its own: analysis.json's version 2 only added keys profile.json carries along
         d["schema_version"] = PROFILE_SCHEMA_VERSION
         d["kind"] = "profile"
         for i, nd in enumerate(d["nodes"]):
             m = self.measured_block(i)
-            nd["measured"] = m.to_dict() if m is not None else None
+            nd["measured"] = record(m) if m is not None else None
         for kd in d.get("kernels", []):  # eager runs one kernel per node: a kernel's time is its nodes'
             ts = [self.attribution.timings.get(i) for i in kd["nodes"]]
             kd["measured_s"] = sum(t.median_s for t in ts) if ts and all(ts) else None
@@ -240,7 +235,7 @@ class Profile:
             "predicted_s": pred, "measured_p50_s": p50, "predicted_over_measured": pred / p50 if p50 else None,
             "layer_types": {lt: s["predicted_over_measured"] for lt, s in lts.items()},
         }
-        d["calibration_check"] = self.drift.to_dict() if self.drift is not None else None
+        d["calibration_check"] = record(self.drift) if self.drift is not None else None
         d["optimizer"] = self.optimizer
         d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
         d["tags"] = self.tags.to_dict() if self.tags is not None else {}

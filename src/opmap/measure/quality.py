@@ -33,7 +33,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -57,12 +57,17 @@ class LayerQuality:
     snr_db: float | None
     snr_db_in_model: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "snr_db": self.snr_db, "snr_db_in_model": self.snr_db_in_model}
-
 
 @dataclass(frozen=True)
 class Quality:
+    """One format's quality evidence against fp32 on the same inputs. Its record is quality.json (``RECORD``: the
+    reference format and the torch it ran under among the fields)."""
+
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "schema_version", "workload", "dtype", "reference_dtype", "rel_error", "max_abs_error", "agreement",
+        "agreement_kind", "positions", "method", "seed", "weights", "torch_version", ...)
+    schema_version: ClassVar[int] = 1  # quality.json's
+    reference_dtype: ClassVar[str] = "fp32"
     workload: str
     dtype: str
     rel_error: float
@@ -77,12 +82,10 @@ class Quality:
     kl: float | None = None  # mean KL(ref || quantized) of the next-token distributions, nats (language models)
     layers: tuple[LayerQuality, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": 1, "workload": self.workload, "dtype": self.dtype, "reference_dtype": "fp32",
-                "rel_error": self.rel_error, "max_abs_error": self.max_abs_error, "agreement": self.agreement,
-                "agreement_kind": self.agreement_kind, "positions": self.positions, "method": self.method,
-                "seed": self.seed, "weights": self.weights, "torch_version": torch.__version__,
-                "snr_db": self.snr_db, "kl": self.kl, "layers": [la.to_dict() for la in self.layers]}
+    @property
+    def torch_version(self) -> str:
+        """The torch that computed it (this process's)."""
+        return torch.__version__
 
 
 # quality.json's fields as ``parse_quality`` checks them: text fields, and numbers with their ranges

@@ -1,12 +1,14 @@
 """The typed figures of a phase's step: ``PhaseResult`` (prefill, decode) and ``TrainStep`` (an iteration), each a
-frozen value whose step time is the sum of its parts (checked on construction), with ``to_dict`` giving
+frozen value whose step time is the sum of its parts (checked on construction), whose record (``opmap.record``) is
 analysis.json's ``phase`` block, the one place the figures become string keys."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from opmap.record import key
 
 REL_TOL = 1e-9  # the parts are summed in another order than the step time was: float rounding only
 
@@ -72,6 +74,8 @@ class PhaseResult:
         return None  # an inference step's MFU is the pipeline's (Analysis.headline_mfu)
 
     def to_dict(self) -> dict[str, Any]:
+        """analysis.json's ``phase`` block. A computed shape: decode writes its floor's figures and ``tpot_s``,
+        prefill ``ttft_s`` (the step time under the phase's own name); the layout only under several devices."""
         if self.name == "decode":
             f = self.floor
             assert f is not None
@@ -113,15 +117,21 @@ class PalmFlops:
 
 
 STEP_PARTS = ("microsteps x (microstep_s + recompute_s)", "bubble_s", "exposed_comm_s", "optimizer_s")
-_OPTIONAL = ("fp8", "layout", "bubble_fraction", "cp_exchange_s", "cp_exposed_s")
 
 
 @dataclass(frozen=True)
 class TrainStep:
     """A training iteration per device: ``step_s`` (= ``iteration_s``) = microsteps x (microstep_s + recompute_s)
     + bubble_s (the pipeline's idle slots) + exposed_comm_s (collectives not overlapped) + optimizer_s
-    (``STEP_PARTS``); the model and hardware FLOPs, MFU and HFU at that time. Field order is analysis.json's."""
+    (``STEP_PARTS``); the model and hardware FLOPs, MFU and HFU at that time. Field order is analysis.json's: its
+    ``phase`` block is the record (``RECORD``), the name first, the iteration time and its parts after the
+    optimizer's, the optional fields only where set."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "name", "recompute", "recompute_note", "optimizer", "microbatch", "global_batch", "dp", "zero", "microsteps",
+        "devices", "step_s", "microstep_s", "recompute_s", "bubble_s", "exposed_comm_s", "optimizer_s", "iteration_s",
+        "step_parts", ...)
+    step_parts: ClassVar[tuple[str, ...]] = STEP_PARTS
     recompute: str
     recompute_note: str
     optimizer: str
@@ -154,11 +164,12 @@ class TrainStep:
     mfu_definition: str
     bound: str
     text: str = ""
-    fp8: Fp8Split | None = None
-    layout: str | None = None  # under a layout over several devices
-    bubble_fraction: float | None = None
-    cp_exchange_s: float | None = None  # context parallelism: the K/V ring per microbatch, all and exposed
-    cp_exposed_s: float | None = None
+    fp8: Fp8Split | None = field(default=None, metadata=key(omit="none"))
+    layout: str | None = field(default=None, metadata=key(omit="none"))  # under a layout over several devices
+    bubble_fraction: float | None = field(default=None, metadata=key(omit="none"))
+    # context parallelism: the K/V ring per microbatch, all and exposed
+    cp_exchange_s: float | None = field(default=None, metadata=key(omit="none"))
+    cp_exposed_s: float | None = field(default=None, metadata=key(omit="none"))
     name: str = field(default="train", init=False)
 
     def __post_init__(self) -> None:
@@ -177,13 +188,3 @@ class TrainStep:
     def headline(self) -> tuple[str, float]:
         return "iteration", self.step_s
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": "train"}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "name" or (f.name in _OPTIONAL and v is None):
-                continue
-            out[f.name] = asdict(v) if isinstance(v, (Fp8Split, PalmFlops)) else v
-            if f.name == "optimizer_s":
-                out.update(iteration_s=self.step_s, step_parts=list(STEP_PARTS))
-        return out

@@ -22,11 +22,12 @@ the catalog)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opmap.errors import OpmapError
 from opmap.hardware.spec import HardwareSpec, Value
+from opmap.record import key, record
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -41,10 +42,14 @@ RUNTIME_HELP = ("eager (a host launch per kernel), graphs (one graph launch per 
 class Runtime:
     """The runtime ``name`` on one device: seconds per kernel and per step, each with its source."""
 
+    # the record (a report's ``runtime`` block, read back by ``from_dict``): each Value under its ``_s`` name
+    RECORD: ClassVar[tuple[str, ...]] = ("name", "stack", "fusion", "per_kernel", "per_step_s", "graph_launch",
+                                         "step_host")
     name: str
-    per_kernel: Value  # what each kernel pays on top of its busy time (launch, or the in-graph gap)
-    graph_launch: Value | None  # one graph replay per step (None under eager)
-    step_host: Value | None  # the engine scheduler's host time per step (None unless engine)
+    # what each kernel pays on top of its busy time (launch, or the in-graph gap)
+    per_kernel: Value = field(metadata=key(name="per_kernel_s"))
+    graph_launch: Value | None = field(metadata=key(name="graph_launch_s"))  # one graph replay per step (eager: None)
+    step_host: Value | None = field(metadata=key(name="step_host_s"))  # the engine scheduler's host time per step
     fusion: str  # the fusion policy the step's kernels are planned with (opmap.mapping.fusion.POLICIES)
     stack: str  # the software stack the values come from (cuda-graphs, hip-graphs, ...)
 
@@ -69,15 +74,9 @@ class Runtime:
             return hw
         return replace(hw, fields={**hw.fields, "launch_overhead_s": self.per_kernel})
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "stack": self.stack, "fusion": self.fusion,
-                "per_kernel_s": self.per_kernel.to_dict(), "per_step_s": self.per_step_s,
-                "graph_launch_s": self.graph_launch.to_dict() if self.graph_launch else None,
-                "step_host_s": self.step_host.to_dict() if self.step_host else None}
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Runtime:
-        """The runtime a report's ``runtime`` block (``to_dict``) was written from."""
+        """The runtime a report's ``runtime`` block (its ``record``) was written from."""
         def value(v: dict[str, Any] | None) -> Value | None:
             return Value(**v) if v is not None else None
 
@@ -129,7 +128,7 @@ def with_runtime(a: Analysis, runtime) -> Analysis:
     """``a`` with the runtime it ran under (an opmap.phases.runtime.Runtime, applied to the device before the
     analysis: ``Runtime.apply``) in its assumptions: the prefill and decode figures add its per-step time once
     per step, and the report's header names it."""
-    return replace(a, assumptions=dict(a.assumptions, runtime=runtime.to_dict(), runtime_line=runtime.line()))
+    return replace(a, assumptions=dict(a.assumptions, runtime=record(runtime), runtime_line=runtime.line()))
 
 
 def runtime_text(a: Analysis) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.report.chart import Figure, sig
 from opmap.report.dashboard import Sources, figures
 from opmap.report.sheet import si
@@ -369,7 +370,7 @@ def write_report(src: Sources, out: Path, max_bytes: int = BUDGET_BYTES, png: bo
         files[trace_name] = read_input(src.trace)
     elif src.kernels:
         trace_name = beside(out, "trace.json")
-        files[trace_name] = json_text(kernel_trace(src.kernels, src.tags, src.title).to_dict())
+        files[trace_name] = json_text(record(kernel_trace(src.kernels, src.tags, src.title)))
     pngs: dict[str, bytes] = {}
     if png and importlib.util.find_spec("matplotlib") is not None:
         from opmap.report.figures import png_bytes

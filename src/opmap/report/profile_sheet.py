@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opmap.measure.profile import Profile
+from opmap.record import record
 from opmap.report.sheet import (
     SHEET_COLUMNS,
     assumption_lines,
@@ -166,7 +167,7 @@ def write_profile_outputs(p: Profile, out_dir: Path, d: dict | None = None) -> l
         "profile.json": json_text(d, indent=1) + "\n",
         "sheet.csv": render_profile_csv(p),
         "sheet.md": render_profile_markdown(p, d),
-        "trace.json": json_text(chrome_trace(p).to_dict()) + "\n",
+        "trace.json": json_text(record(chrome_trace(p))) + "\n",
     }
     raw = tagged_torch_trace_json(p)
     if raw is not None:

@@ -10,44 +10,53 @@ module, layer type, FLOPs, bytes, predicted and measured time. The run's telemet
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from opmap.measure.profile import Profile
+from opmap.record import key
 from opmap.report.sheet import op_label
 
 
 @dataclass(frozen=True)
 class TraceEvent:
     """One event of the Chrome trace format: ``ph`` "M" (metadata: a process's or a track's name, in ``args``)
-    or "X" (a complete event: ``ts_us`` its start, ``dur_us`` its duration, in microseconds)."""
+    or "X" (a complete event: ``ts_us`` its start, ``dur_us`` its duration, in microseconds). Its record is the
+    event in the format's names (``ts``, ``dur``), its unset fields left out."""
 
     name: str
     ph: str
     pid: int
-    tid: int | None = None  # the track; None: the process's metadata
-    ts_us: float | None = None
-    dur_us: float | None = None
-    args: dict[str, Any] | None = None  # the format's free key / value pairs, shown beside the event
+    tid: int | None = field(default=None, metadata=key(omit="none"))  # the track; None: the process's metadata
+    ts_us: float | None = field(default=None, metadata=key(name="ts", omit="none"))
+    dur_us: float | None = field(default=None, metadata=key(name="dur", omit="none"))
+    # the format's free key / value pairs, shown beside the event
+    args: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+
+
+@dataclass(frozen=True)
+class OtherData:
+    """The trace format's free block (``otherData``): the run's telemetry tags and the trace's schema name."""
+
+    opmap_tags: dict[str, Any]
+    schema: str
 
 
 @dataclass(frozen=True)
 class ChromeTrace:
     """A trace opmap writes (trace.json, PAGE_trace.json): its events, the run's telemetry tags and the schema
-    name (``otherData.schema``: how ``opmap report`` knows a trace it may replace)."""
+    name (``otherData.schema``: how ``opmap report`` knows a trace it may replace). Its record is the trace file's
+    JSON in Chrome's trace event format's own (camel-case) keys: the events, the time unit, the tags and schema."""
 
-    events: tuple[TraceEvent, ...]
+    RECORD: ClassVar[tuple[str, ...]] = ("events", "displayTimeUnit", "otherData")
+    displayTimeUnit: ClassVar[str] = "ms"  # noqa: N815 (the format's key)
+    events: tuple[TraceEvent, ...] = field(metadata=key(name="traceEvents"))
     tags: dict[str, Any]
     schema: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """The trace file's JSON (Chrome's trace event format, ``displayTimeUnit`` ms): each event's fields in
-        the format's names (``ts`` / ``dur`` in microseconds), its unset ones left out."""
-        events = [{k: v for k, v in (("name", e.name), ("ph", e.ph), ("pid", e.pid), ("tid", e.tid),
-                                     ("ts", e.ts_us), ("dur", e.dur_us), ("args", e.args)) if v is not None}
-                  for e in self.events]
-        return {"traceEvents": events, "displayTimeUnit": "ms",
-                "otherData": {"opmap_tags": self.tags, "schema": self.schema}}
+    @property
+    def otherData(self) -> OtherData:  # noqa: N802 (the format's key)
+        return OtherData(self.tags, self.schema)
 
 
 def _names(pid: int, process: str, tracks: list[tuple[int, str]]) -> list[TraceEvent]:
@@ -109,8 +118,8 @@ def kernel_trace(kernels: list[dict[str, Any]], tags: dict[str, Any], title: str
         args = {"kernel": k.get("idx"), "layer_type": k.get("layer_type"), "bound": k.get("bound"),
                 "flops": k.get("flops"), "bytes": k.get("bytes"), "predicted_us": (k.get("predicted_s") or 0) * 1e6,
                 "measured_us": None if k.get("measured_s") is None else k["measured_s"] * 1e6}
-        for tid, key in ((1, "measured_s"), (2, "predicted_s")):
-            t = k.get(key)
+        for tid, col in ((1, "measured_s"), (2, "predicted_s")):
+            t = k.get(col)
             if t:
                 events.append(TraceEvent(str(k.get("name")), "X", pid, tid, cursor[tid], t * 1e6, args))
                 cursor[tid] += t * 1e6

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from opmap.errors import Interrupted, OpmapError
+from opmap.record import record
 from opmap.serve.metrics import Goodput, ServeReport, Slo, Throughput, Validity, summarize
 from opmap.serve.rate_search import CapacitySearch, MapFn, find_capacity
 from opmap.serve.run_stats import QueueTrend, SteadyState
@@ -294,6 +295,7 @@ class CapacityRecord:
         return float(self.saturation.throughput.requests_per_s)
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the search, its runs and the saturation run regrouped, optional keys only where set."""
         c, sat = self.search, self.saturation
         d: dict[str, Any] = {
             "rate_per_s": self.rate_per_s, "bracket": list(c.bracket), "converged": c.converged,
@@ -301,12 +303,12 @@ class CapacityRecord:
             "runs": [{"rate_per_s": r.rate_per_s, "valid": r.valid, "reason": r.reason} for r in c.runs],
             "saturation_per_s": self.saturation_per_s,
             "saturation": {"arrival": "offline", "requests": sat.requests.count, "span_s": sat.requests.span_s,
-                           **sat.throughput.to_dict()},
+                           **record(sat.throughput)},
             "method": self.method}
         if self.reason is not None:
             d["reason"] = self.reason
         if self.headline is not None:
-            d["run"] = self.headline.steady_state.to_dict()
+            d["run"] = record(self.headline.steady_state)
             d["run"]["span_s"] = self.headline.requests.span_s  # the measured span (the trend's window's before)
         if self.interrupted is not None:
             d["interrupted"] = self.interrupted

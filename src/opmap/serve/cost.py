@@ -15,11 +15,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.validate import positive_in
 
 SERVICE_ACCEPTED = "fixed:MS, exp:MS (MS the mean service time in milliseconds, > 0, at most a day)"
@@ -96,7 +97,7 @@ class TableCost:
     kv_capacity_tokens: int | None = None
     source: str = "table"
     kv_bytes_per_token: float | None = None  # per device: what a token's KV cache costs to hold and to move
-    runtime: dict | None = None  # opmap.phases.runtime.Runtime.to_dict() of the runtime the steps were priced under
+    runtime: dict | None = None  # the record (opmap.record) of the Runtime the steps were priced under
     memory: dict | None = None  # per device: capacity, utilization, weights, reserve, usable, KV (model_cost)
     layout: dict | None = None  # {"tp", "pp"}: the devices of one replica
     kv_dtype: str | None = None
@@ -206,7 +207,7 @@ class TableCost:
         if self.stage_decode_time_s is not None:
             d["decode"]["stage_time_s"] = [list(r) for r in self.stage_decode_time_s]
         if self.floor is not None:
-            d["decode_floor"] = self.floor.to_dict()
+            d["decode_floor"] = record(self.floor)
         return d
 
 
@@ -217,8 +218,13 @@ class DecodeFloor:
     active expert (all its MoE layers' copy of that expert, its share under tp and pp), the experts a batch
     activates (``opmap.ops.expected_experts``: E (1 - (1 - k/E)^b), uniform routing), and ``kv_bytes_per_token``
     of KV cache; over ``rate_bytes_per_s`` (the device's achievable memory rate). Under pp a step runs
-    m = min(pp, seqs) microbatches, each reading the device's weights again."""
+    m = min(pp, seqs) microbatches, each reading the device's weights again. Its record is serve.json's
+    ``cost.decode_floor``: the bytes, the rate and the formula they stand in (``basis``)."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("dense_bytes", "expert_bytes", "experts", "top_k", "kv_bytes_per_token", "pp",
+                                         "rate_bytes_per_s", "rate_basis", "basis")
+    basis: ClassVar[str] = ("weights one device reads per step (active experts: E (1 - (1 - k/E)^b) under uniform "
+                            "top-k routing) + its KV read, over its achievable memory rate")
     dense_bytes: float
     kv_bytes_per_token: float
     rate_bytes_per_s: float
@@ -238,12 +244,6 @@ class DecodeFloor:
         m = max(1, min(self.pp, int(seqs)))
         return (m * self.weight_bytes(seqs / m) + kv_tokens * self.kv_bytes_per_token) / self.rate_bytes_per_s
 
-    def to_dict(self) -> dict:
-        return {"dense_bytes": self.dense_bytes, "expert_bytes": self.expert_bytes, "experts": self.experts,
-                "top_k": self.top_k, "kv_bytes_per_token": self.kv_bytes_per_token, "pp": self.pp,
-                "rate_bytes_per_s": self.rate_bytes_per_s, "rate_basis": self.rate_basis,
-                "basis": "weights one device reads per step (active experts: E (1 - (1 - k/E)^b) under uniform "
-                         "top-k routing) + its KV read, over its achievable memory rate"}
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.record import key, record
 from opmap.serve.policies import Policy, SchedulerLimits
 from opmap.serve.run_stats import NO_PREEMPTIONS, Disaggregation, EngineStats, SteadyState
 from opmap.serve.sim import SimResult
@@ -50,6 +51,7 @@ class Slo:
     p99_s: float | None = None  # an end-to-end p99 limit instead (MLPerf's non-LLM Server scenarios)
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: one SLO kind or the other, by which fields are set."""
         if self.p99_s is not None:
             return {"kind": "e2e_p99", "p99_s": self.p99_s}
         return {"kind": "ttft_tpot_p99", "ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
@@ -117,9 +119,6 @@ class Percentiles:
     def of(cls, x: np.ndarray, w: np.ndarray | None = None) -> Percentiles:
         return cls(**stats(x, w))
 
-    def to_dict(self) -> dict[str, float | None]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Latency:
@@ -131,9 +130,6 @@ class Latency:
     itl: Percentiles
     queue: Percentiles
 
-    def to_dict(self) -> dict[str, dict[str, float | None]]:
-        return {f.name: getattr(self, f.name).to_dict() for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class Throughput:
@@ -143,13 +139,7 @@ class Throughput:
     requests_per_s: float
     tokens_per_s: float
     output_tokens_per_s: float
-    window: str | None = None  # None: the run's span (not written)
-
-    def to_dict(self) -> dict[str, float | str]:
-        d = asdict(self)
-        if self.window is None:
-            del d["window"]
-        return d
+    window: str | None = field(default=None, metadata=key(omit="none"))  # None: the run's span (not written)
 
 
 @dataclass(frozen=True)
@@ -210,9 +200,11 @@ class ServeReport:
         check_finite(self)
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: serve.json's blocks come from several values (policy, engine stats) and only where
+        set."""
         d = {"schema_version": SCHEMA_VERSION, "policy": self.policy.to_dict(), "arrival": self.arrival,
              "router": self.router, "replicas": self.replicas, "cost": self.cost, "requests": asdict(self.requests),
-             "throughput": self.throughput.to_dict(), "latency": self.latency.to_dict(), "cdf": self.cdf.to_dict(),
+             "throughput": record(self.throughput), "latency": record(self.latency), "cdf": self.cdf.to_dict(),
              "goodput": asdict(self.goodput), "slo": self.slo.to_dict(), "slo_attainment": self.slo_attainment,
              "queueing_share": self.queueing_share, "utilization": list(self.utilization),
              "preemptions": asdict(self.engine.preemptions if self.engine else NO_PREEMPTIONS),
@@ -222,9 +214,9 @@ class ServeReport:
             if self.engine.prefix_cache is not None:
                 d["prefix_cache"] = asdict(self.engine.prefix_cache)
         if self.disaggregation is not None:
-            d["disaggregation"] = self.disaggregation.to_dict()
+            d["disaggregation"] = record(self.disaggregation)
         if self.steady_state is not None:
-            d["steady_state"] = self.steady_state.to_dict()
+            d["steady_state"] = record(self.steady_state)
         return d
 
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.serve.cost import DecodeFloor, TableCost
 from opmap.serve.resolve import Resolved
 
@@ -192,7 +193,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      kv_capacity_tokens=memory.kv_capacity_tokens,
                      source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, tp {tp}, pp {pp}, runtime "
                             f"{rt.name}; {how})",
-                     kv_bytes_per_token=memory.kv_bytes_per_token, runtime=rt.to_dict(), memory=memory.to_dict(),
+                     kv_bytes_per_token=memory.kv_bytes_per_token, runtime=record(rt), memory=record(memory),
                      layout={"tp": tp, "pp": pp, **({"ep": ep, "ep_imbalance": imb} if ep > 1 else {})},
                      kv_dtype=kvd, pp=pp,
                      stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,

@@ -60,6 +60,8 @@ class Policy:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: the name, version and spec line, then every field under ``params`` (each policy
+        class's own)."""
         return {"name": self.name, "version": self.version, "spec": self.spec(), "params": asdict(self)}
 
 

@@ -1,5 +1,6 @@
 """What a simulated run reports beside its per-request times: frozen values the schedulers and the simulators hand
-to the summary (``opmap.serve.metrics.ServeReport``), each with ``to_dict`` for serve.json, where it is written.
+to the summary (``opmap.serve.metrics.ServeReport``), each recorded (``opmap.record``) for serve.json, where it is
+written.
 
 - ``EngineStats``: the engine policy's preemptions (``Preemptions``) and paged KV cache (``PagedKv``);
 - ``Disaggregation``: a disaggregated run's pools, its KV move (``KvTransfer``) and the waits it caused;
@@ -9,12 +10,13 @@ to the summary (``opmap.serve.metrics.ServeReport``), each with ``to_dict`` for 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
 from opmap.errors import OpmapError
+from opmap.record import key
 from opmap.serve.prefix import PrefixCache
 
 
@@ -91,8 +93,12 @@ class Spread:
 class Disaggregation:
     """A disaggregated run (opmap.serve.disagg): its pools, the KV move and its time per request, the wait for a
     decode slot, each replica's busy time (s), the stated assumptions; the decode pool's own pricing where it has
-    one (``decode_cost``, as written) and the time prefilled KV was held back where back-pressure bound."""
+    one (``decode_cost``, as written) and the time prefilled KV was held back where back-pressure bound. Its record
+    is serve.json's ``disaggregation`` block: the busy times by pool (``busy_s``), the last two only where set."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("prefill_replicas", "decode_replicas", "kv_transfer", "kv_transfer_s",
+                                         "decode_admission_wait_s", "busy_s", "assumptions", "decode_cost",
+                                         "kv_held_on_prefill_s")
     prefill_replicas: int
     decode_replicas: int
     kv_transfer: KvTransfer
@@ -101,20 +107,13 @@ class Disaggregation:
     prefill_busy_s: tuple[float, ...]
     decode_busy_s: tuple[float, ...]
     assumptions: str
-    decode_cost: dict[str, Any] | None = None
-    kv_held_on_prefill_s: Spread | None = None
+    decode_cost: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+    kv_held_on_prefill_s: Spread | None = field(default=None, metadata=key(omit="none"))
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {"prefill_replicas": self.prefill_replicas, "decode_replicas": self.decode_replicas,
-             "kv_transfer": asdict(self.kv_transfer), "kv_transfer_s": asdict(self.kv_transfer_s),
-             "decode_admission_wait_s": asdict(self.decode_admission_wait_s),
-             "busy_s": {"prefill": list(self.prefill_busy_s), "decode": list(self.decode_busy_s)},
-             "assumptions": self.assumptions}
-        if self.decode_cost is not None:
-            d["decode_cost"] = self.decode_cost
-        if self.kv_held_on_prefill_s is not None:
-            d["kv_held_on_prefill_s"] = asdict(self.kv_held_on_prefill_s)
-        return d
+    @property
+    def busy_s(self) -> dict[str, tuple[float, ...]]:
+        """Each replica's busy time (s), by pool."""
+        return {"prefill": self.prefill_busy_s, "decode": self.decode_busy_s}
 
 
 @dataclass(frozen=True)
@@ -131,33 +130,22 @@ class QueueTrend:
     growth_s: float | None
     growth_se_s: float | None
     mean_s: float | None
-    span_s: float | None = None  # None: not written (a window too short to fit)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.span_s is None:
-            del d["span_s"]
-        return d
+    span_s: float | None = field(default=None, metadata=key(omit="none"))  # None: not written (window too short)
 
 
 @dataclass(frozen=True)
 class SteadyState:
     """The window a capacity run measured: its requests (lengthened as it needed), those left out as warm-up and
     cool-down, those measured, its queue's trend, and whether every request was served alone
-    (``RateProbe._alone``)."""
+    (``RateProbe._alone``). Its record writes the trend's keys in place."""
 
     requests: int
     warmup_requests: int
     cooldown_requests: int
     measured_requests: int
-    trend: QueueTrend
+    trend: QueueTrend = field(metadata=key(flatten=True))
     alone: bool = False
 
     @property
     def verdict(self) -> str:
         return self.trend.verdict
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "warmup_requests": self.warmup_requests,
-                "cooldown_requests": self.cooldown_requests, "measured_requests": self.measured_requests,
-                **self.trend.to_dict(), "alone": self.alone}

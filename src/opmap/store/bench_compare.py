@@ -81,7 +81,8 @@ class BenchComparison:
         return self.verdict == "regression"
 
     def to_dict(self) -> dict[str, Any]:
-        """The comparison as ``opmap compare --json`` prints it."""
+        """The comparison as ``opmap compare --json`` prints it.
+        A computed shape: the metrics' rows and the endpoints / validity pairs regrouped."""
         return {"kind": "bench", "a": self.a, "b": self.b, "forced_tags": list(self.forced_tags),
                 "metrics": [{"metric": m.metric, "n_a": m.n_a, "n_b": m.n_b, "p": m.p, "u": m.u,
                              "a_p50_s": m.a_p50_s, "b_p50_s": m.b_p50_s, "a_p99_s": m.a_p99_s, "b_p99_s": m.b_p99_s,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from opmap.record import record
 from opmap.store.noise import Floor
 
 
@@ -20,9 +21,6 @@ class RankTest:
     effect: float
     n_a: int
     n_b: int
-
-    def to_dict(self) -> dict[str, float]:
-        return {"p": self.p, "effect": self.effect, "n_a": self.n_a, "n_b": self.n_b}
 
 
 @dataclass(frozen=True)
@@ -196,18 +194,19 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The comparison as ``opmap compare --json`` prints it (the kernel pairs' and layer types' rows with their
-        rank test's figures beside them, where tested)."""
+        rank test's figures beside them, where tested).
+        A computed shape: kernel pairs, layer types and the verdict's test or noise blocks regrouped."""
         t = self.totals
         kernels = [{"a_idx": k.a_idx, "b_idx": k.b_idx, "name": k.name, "layer_type": k.layer_type, "a_s": k.a_s,
                     "b_s": k.b_s, "delta_s": k.delta_s, "rel": k.rel, "measured": k.measured, "mfu_a": k.mfu_a,
                     "mfu_b": k.mfu_b, "mfu_delta": k.mfu_delta, "stall_a": k.stall_a, "stall_b": k.stall_b,
                     "stall_delta": k.stall_delta, "bytes_a": k.bytes_a, "bytes_b": k.bytes_b,
-                    "bytes_delta": k.bytes_delta, **(k.test.to_dict() if k.test else {}), "matched_by": k.matched_by,
+                    "bytes_delta": k.bytes_delta, **(record(k.test) if k.test else {}), "matched_by": k.matched_by,
                     "verdict": k.verdict} for k in self.kernels]
         layer_types = {lt.layer_type: {"kernels": lt.kernels, "only_a": lt.only_a, "only_b": lt.only_b, "a_s": lt.a_s,
                                        "b_s": lt.b_s, "delta_s": lt.delta_s, "rel": lt.rel, "measured": lt.measured,
                                        "mfu_delta": lt.mfu_delta, "stall_delta": lt.stall_delta,
-                                       "bytes_delta": lt.bytes_delta, **(lt.test.to_dict() if lt.test else {}),
+                                       "bytes_delta": lt.bytes_delta, **(record(lt.test) if lt.test else {}),
                                        "verdict": lt.verdict} for lt in self.layer_types}
         out = {"a": self.a, "b": self.b, "forced_tags": list(self.forced_tags), "matched_by": dict(self.matched_by),
                "times": self.times, "kernels": kernels,

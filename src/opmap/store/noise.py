@@ -151,6 +151,7 @@ class Floor:
                 f"{self.sd_log:.3g} x sqrt(1/{self.n_a} + 1/{self.n_b})) - 1")
 
     def to_dict(self) -> dict[str, Any]:
+        """A computed shape: ``rule`` is the sentence ``rule()`` composes, written beside the fields."""
         return {"noise": self.noise, "measured": self.measured, "n_a": self.n_a, "n_b": self.n_b,
                 "sd_log": self.sd_log, "dof": self.dof, "t": self.t, "rule": self.rule()}
 

@@ -79,7 +79,8 @@ class ShapeCheck:
     expected_production_change: float | None  # None: no synthetic comparison given
 
     def to_dict(self) -> dict[str, Any]:
-        """The check as ``opmap compare --production --json`` prints it and the store records it."""
+        """The check as ``opmap compare --production --json`` prints it and the store records it.
+        A computed shape: each class's row with its optional changes, the times paired."""
         classes = []
         for c in self.classes:
             row = {"class": c.name, "synthetic_kernels": c.synthetic_kernels,
