@@ -84,6 +84,13 @@ def bench(
                                                            "launched model's, else bf16)."),
     runtime: str = typer.Option("engine", "--runtime", help="--predict: the runtime steps are priced under "
                                                             "(eager, graphs, engine; as opmap serve)."),
+    from_file: Path | None = typer.Option(None, "--from", help="Import another tool's result file instead of "
+                                          "measuring: vllm bench serve --save-result JSON, a GuideLLM JSON report, "
+                                          "AIPerf's profile export (JSON, JSONL or its folder), an inference-perf "
+                                          "summary report; the format is read from the content."),
+    fmt: str | None = typer.Option(None, "--format", help="--from: the file's tool (vllm, guidellm, aiperf, "
+                                                          "inference-perf), checked against its content."),
+    index: int = typer.Option(0, "--index", help="--from a GuideLLM report: which of its benchmarks (0-based)."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
@@ -91,7 +98,13 @@ def bench(
     or recorded). A failing request (an HTTP error, a redirect, an answer that is not an event stream, a broken
     or oversized stream, a timeout) is counted and the run goes on. Exit status: 0; 1 when every measured request
     failed (the run is still printed, written and recorded); 2 for bad input or an endpoint that cannot be
-    reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
+    reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM. ``--from FILE`` imports another tool's
+    result file instead (opmap.bench.imports): per-request rows where the file has them, its percentiles where
+    it has only those (bench.json's ``imported.granularity`` says which)."""
+    if from_file is not None or fmt is not None:
+        _from(from_file, fmt, index, url, launch, predict, config, hardware, dtype, runtime, min_duration,
+              min_queries, out, store, no_store)
+        return
     o = _Options(url, model, arrival, concurrency, requests, duration, warmup, input_len, output_len, api, timeout,
                  ignore_eos, slo_ttft, slo_tpot, min_duration, min_queries, seed, out, launch, device, threads,
                  kv_blocks, tokenizer, predict, hardware, config, dtype, runtime)
@@ -99,6 +112,24 @@ def bench(
     target = _prediction_target(o)
     srv, result, plan, policy, overhead = _drive_load(o, load, target.cost)
     _render(o, srv, result, plan, policy, overhead, target, store, no_store)
+
+
+def _from(path, fmt, index, url, launch, predict, config, hardware, dtype, runtime, min_duration, min_queries, out,
+          store, no_store) -> None:
+    """``--from FILE`` (opmap.cli.bench_import)."""
+    from opmap.cli import bench_import as bi
+
+    if path is None:
+        raise OpmapError("--format names the tool of a --from FILE: give --from FILE")
+    bi.check(url, launch, predict, config, hardware)
+    options({"--index": (index, INT_GE0), "--min-queries": (min_queries, INT_GE0),
+             "--min-duration": (min_duration, plausible("s"))})
+    if out is not None:
+        from opmap.report.outputs import check_out_dir
+
+        check_out_dir(out)
+    bi.import_run(path, fmt, index, min_duration=min_duration, min_queries=min_queries, out=out, store=store,
+                  no_store=no_store, predict=predict, config=config, hardware=hardware, dtype=dtype, runtime=runtime)
 
 
 @dataclass(frozen=True)
