@@ -314,6 +314,10 @@ def _tool_rates(fig: dict[str, Any], s: Summary, min_duration_s: float, min_quer
                          "tokens_per_s": s.tokens_per_s}
     fig["rate"] = {"offered_per_s": None, "achieved_per_s": s.requests_per_s, "sent_per_s": None}
     r = fig["requests"]
+    good = fig["goodput"]["attainment"] * r["measured"]  # requests within the limits, over vLLM's duration
+    w = s.window_s or 0.0
+    fig["goodput"]["requests_per_s"] = good / w if w > 0 else 0.0
+    fig["goodput"]["output_tokens_per_s"] = ((s.output_tokens_per_s or 0.0) * good / r["ok"]) if r["ok"] else 0.0
     fig["validity"] = asdict(validity(s.window_s or 0.0, r["measured"], r["ok"], False, False, min_duration_s,
                                       min_queries))
 
