@@ -10,6 +10,12 @@ OUT ?= out/demo
 # command's stderr. The tests run it in a subprocess with this folder on its path.
 TORCHAO_PIN ?= torchao==0.18.0
 TORCHAO_REF := $(VENV)/ref-torchao
+# The load tools whose result files `opmap bench --from` reads, each in a venv of its own beside the environment
+# (their pins clash with the dev environment's torch / transformers): tests/bench/test_imports.py runs each against
+# the tests' transformers serve. inference-perf needs Python >= 3.12 (PY312). Measured on a loaded 2-core host:
+# aiperf 8.8 min wall (1.2 GB), guidellm 11 min (6.0 GB: it pulls the CUDA torch), inference-perf 7.8 min (0.8 GB).
+EXT_TOOLS ?= aiperf==0.13.0 guidellm==0.8.1 inference-perf==0.7.0
+PY312 ?= python3.12
 
 .PHONY: setup demo test lint browser bench accuracy peers clean
 
@@ -18,6 +24,10 @@ $(BIN)/opmap: pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_PIN)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --upgrade --target $(TORCHAO_REF) $(TORCHAO_PIN)
+	for pin in $(EXT_TOOLS); do name=$${pin%%==*}; py=$(PY); [ $$name = inference-perf ] && py=$(PY312); \
+	  command -v $$py >/dev/null || { echo "note: $$py not found: $$name not installed (its test skips)"; continue; }; \
+	  test -x $(VENV)/ext-$$name/bin/$$name || { $$py -m venv $(VENV)/ext-$$name && \
+	  $(VENV)/ext-$$name/bin/pip install -q --disable-pip-version-check $$pin; } || exit 1; done
 	touch $(BIN)/opmap
 
 setup: $(BIN)/opmap

@@ -95,7 +95,7 @@ def run_inference_perf(srv, out: Path, timeout_s: float = 300.0) -> Path:
     streaming completions, per-request report on; the report folder."""
     rep = out / "inference-perf"
     cfg = {"api": {"type": "completion", "streaming": True},
-           "data": {"type": "synthetic",
+           "data": {"type": "random",
                     "input_distribution": {"min": INPUT_TOKENS, "max": INPUT_TOKENS, "mean": INPUT_TOKENS,
                                            "std_dev": 0, "total_count": REQUESTS, "type": "fixed"},
                     "output_distribution": {"min": OUTPUT_TOKENS, "max": OUTPUT_TOKENS, "mean": OUTPUT_TOKENS,

@@ -238,8 +238,12 @@ def guidellm(d: dict, path: Path, digest: str, index: int) -> Imported:
 # ---- inference-perf --------------------------------------------------------------------------------------------
 
 
-def inference_perf(d: dict, path: Path, digest: str, index: int) -> Imported:
-    """inference-perf's summary (or per-stage) lifecycle report: its successes' distributions (s)."""
+def inference_perf(d: Any, path: Path, digest: str, index: int) -> Imported:
+    """inference-perf's per-request report (a list), else its summary (or per-stage) lifecycle report: its
+    successes' distributions (s). The load is read from its config.yaml where it lies beside (not parsed: YAML is
+    left alone), so a per-request file's load is its own concurrency only where the summary beside says it."""
+    if isinstance(d, list):
+        return _ip_requests(d, path, digest)
     s, f, ld = d["successes"], d["failures"], d["load_summary"]
     lt = s.get("latency") or {}
 
@@ -266,3 +270,42 @@ def inference_perf(d: dict, path: Path, digest: str, index: int) -> Imported:
                     "closed" if conc else "open", conc, rate, n_in, n_out, (), summ, 0.0, window or 0.0,
                     ("inference-perf's summary report: its distributions are read (the model and server are in "
                      "its config, not its report)",))
+
+
+def _ip_requests(rows: list, path: Path, digest: str) -> Imported:
+    """per_request_lifecycle_metrics.json: one RequestLifecycleMetric a row; the load from a stage report beside
+    (stage_0_lifecycle_metrics.json's load_summary), if any."""
+    t0 = min(num(r["start_time"], "start_time") for r in rows)
+    recs = []
+    for i, r in enumerate(sorted(rows, key=lambda r: r["start_time"])):
+        where = f"request {i}"
+        info = r.get("info") or {}
+        n_in = count(((info.get("request_metrics") or {}).get("text") or {}).get("input_tokens"), where) or 0
+        rm = info.get("response_metrics") or {}
+        sent, end = num(r["start_time"], where) - t0, num(r["end_time"], where) - t0
+        err = r.get("error")
+        times = [num(t, f"{where} chunk_times") - t0 for t in rm.get("chunk_times") or []]
+        n_out = count(rm.get("output_tokens"), f"{where} output_tokens") or 0
+        if err or not times:
+            msg = (err or {}).get("error_msg") if isinstance(err, dict) else None
+            recs.append(record(i, sent, None, [], end, n_in, n_out, None, None,
+                               str(msg or "no streamed chunk")[:300], "http_error" if err else "stream_error"))
+            continue
+        usage = rm.get("server_usage") or {}
+        recs.append(record(i, sent, times[0] - sent, [b - a for a, b in zip(times, times[1:])], end, n_in, n_out,
+                           usage.get("prompt_tokens"), usage.get("completion_tokens")))
+    conc = rate = None
+    side = path.with_name("stage_0_lifecycle_metrics.json")
+    if side.is_file():
+        from opmap.bench.import_formats import _side
+
+        ld = (_side(side) or {}).get("load_summary") or {}
+        conc = count(ld.get("concurrency"), "load_summary.concurrency")
+        rate = num(ld.get("requested_rate"), "load_summary.requested_rate") if conc is None else None
+    ins = [r.input_tokens_asked for r in recs]
+    outs = [r.output_tokens_asked for r in recs]
+    return Imported("inference-perf", None, str(path), digest, "per-request", None, None, None,
+                    "closed" if conc else "open", conc, rate, sum(ins) / len(ins), sum(outs) / len(outs),
+                    tuple(recs), None, 0.0, max(r.end_s for r in recs),
+                    ("inference-perf's per-request report: each chunk's arrival is a text event; the lengths asked "
+                     "are the tokens it counted",))

@@ -21,7 +21,10 @@ computed by opmap.bench.metrics exactly as for ``opmap bench``), else the tool's
   .percentiles.p50 ... p99): request_latency (s), time_to_first_token_ms, time_per_output_token_ms,
   inter_token_latency_ms, requests_per_second, output_tokens_per_second, request_totals; one benchmark is read
   (``index``).
-- inference-perf: its summary report (inference-perf 0.7.0, inference_perf/reportgen/base.py ``summarize_requests``,
+- inference-perf: per_request_lifecycle_metrics.json (``report.request_lifecycle.per_request``: a list of
+  RequestLifecycleMetric, inference_perf/apis/base.py: start_time, end_time (s, monotonic), error, info.request_metrics
+  .text.input_tokens, info.response_metrics.{output_tokens, chunk_times, output_token_times, server_usage}), else
+  its summary report (inference-perf 0.7.0, inference_perf/reportgen/base.py ``summarize_requests``,
   written as summary_lifecycle_metrics.json or stage_N_lifecycle_metrics.json): load_summary, successes (count,
   latency.{request_latency, time_to_first_token, time_per_output_token, inter_token_latency} with mean, median,
   p90, p95, p99 in s; throughput), failures.count.
@@ -173,6 +176,8 @@ def detect(doc: Any) -> str | None:
         m = doc[0].get("metadata")
         if isinstance(m, dict) and "request_start_ns" in m and isinstance(doc[0].get("metrics"), dict):
             return "aiperf"
+        if {"start_time", "end_time", "info"} <= doc[0].keys():
+            return "inference-perf"
         return None
     if not isinstance(doc, dict):
         return None
@@ -218,7 +223,8 @@ def read_result(path: str | Path, fmt: str | None = None, index: int = 0) -> Imp
 def _in_folder(d: Path) -> Path:
     """The file to read in a tool's output folder: AIPerf's summary (its JSONL is read beside it), inference-perf's
     summary report."""
-    for name in ("profile_export_aiperf.json", "profile_export.jsonl", "summary_lifecycle_metrics.json"):
+    for name in ("profile_export_aiperf.json", "profile_export.jsonl", "per_request_lifecycle_metrics.json",
+                 "summary_lifecycle_metrics.json"):
         if (d / name).is_file():
             return d / name
     raise OpmapError(f"{d} holds no profile_export_aiperf.json (AIPerf) or summary_lifecycle_metrics.json "
