@@ -91,8 +91,15 @@ def run_guidellm(srv, out: Path, timeout_s: float = 300.0) -> Path:
 
 
 def run_inference_perf(srv, out: Path, timeout_s: float = 300.0) -> Path:
-    """``inference-perf`` with a concurrent stage (REQUESTS requests at CONCURRENCY), synthetic fixed lengths,
-    streaming completions, per-request report on; the report folder."""
+    """``inference-perf`` with a concurrent stage (REQUESTS requests at CONCURRENCY), random-token prompts of fixed
+    lengths (its "synthetic" type builds prompts from an English corpus, which the launched model's word-level
+    tokenizer turns into no tokens: "Could not generate a prompt of exactly 32 tokens"), streaming completions,
+    per-request report on, through DropField (ignore_eos); the report folder."""
+    with DropField(srv.base_url, "ignore_eos") as url:
+        return _inference_perf(srv, url, out, timeout_s)
+
+
+def _inference_perf(srv, url: str, out: Path, timeout_s: float) -> Path:
     rep = out / "inference-perf"
     cfg = {"api": {"type": "completion", "streaming": True},
            "data": {"type": "random",
@@ -102,10 +109,72 @@ def run_inference_perf(srv, out: Path, timeout_s: float = 300.0) -> Path:
                                             "std_dev": 0, "total_count": REQUESTS, "type": "fixed"}},
            "load": {"type": "concurrent", "num_workers": 1,
                     "stages": [{"num_requests": REQUESTS, "concurrency_level": CONCURRENCY}]},
-           "server": {"type": "vllm", "model_name": srv.model_id, "base_url": srv.base_url, "ignore_eos": False},
+           "server": {"type": "vllm", "model_name": srv.model_id, "base_url": url, "ignore_eos": False},
            "tokenizer": {"pretrained_model_name_or_path": str(srv.tokenizer_dir)},
            "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": True}},
            "storage": {"local_storage": {"path": str(rep)}}}
     (out / "inference-perf.json").write_text(json.dumps(cfg))
     _run("inference-perf", ["--config_file", str(out / "inference-perf.json")], out, timeout_s)
     return rep
+
+
+class DropField:
+    """``with DropField(upstream_url, "ignore_eos") as url:`` a reverse proxy on 127.0.0.1 (aiohttp, in a thread)
+    that forwards each request with that field taken out of its JSON body and streams the answer back chunk by
+    chunk. inference-perf 0.7.0 puts ``ignore_eos`` in every body (apis/completion.py, apis/chat.py, even when its
+    config says false), and transformers serve refuses the field (HTTP 422 "Unexpected fields in the request")."""
+
+    def __init__(self, upstream: str, field: str) -> None:
+        self.upstream, self.field = upstream.rstrip("/"), field
+
+    def __enter__(self) -> str:
+        import asyncio
+        import threading
+
+        from aiohttp import ClientSession, web
+
+        async def handle(req: web.Request) -> web.StreamResponse:
+            body = await req.read()
+            if body:
+                try:
+                    d = json.loads(body)
+                    d.pop(self.field, None)
+                    body = json.dumps(d).encode()
+                except ValueError:
+                    pass
+            async with ClientSession() as s, s.request(req.method, self.upstream + req.path_qs, data=body,
+                                                       headers={"Content-Type": "application/json"}) as up:
+                resp = web.StreamResponse(status=up.status, headers={
+                    "Content-Type": up.headers.get("Content-Type", "application/json")})
+                await resp.prepare(req)
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+
+        self.loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        self.runner = web.AppRunner(app)
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

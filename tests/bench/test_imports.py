@@ -134,3 +134,31 @@ def test_aiperf_real(server, tmp_path, opmap_cli):
     assert body["latency"]["ttft"]["p50_s"] == pytest.approx(summ["time_to_first_token"]["p50"] / 1e3, rel=1e-6)
     assert body["latency"]["e2e"]["p99_s"] == pytest.approx(summ["request_latency"]["p99"] / 1e3, rel=1e-3)
     assert body["usage_check"]["implausible"] == 0
+
+
+def test_inference_perf_real(server, tmp_path, opmap_cli):
+    """inference-perf run for real (through DropField: it sends ignore_eos, which transformers serve refuses), its
+    report folder imported: its per-request report's records, whose TTFT and end-to-end latency agree with its own
+    summary report (the same requests: TTFT = first token - start, latency = end - start)."""
+    import external_tools as et
+
+    why = et.missing("inference-perf")
+    if why:
+        pytest.skip(why)
+    rep = et.run_inference_perf(server, tmp_path)
+    out = tmp_path / "out"
+    store = tmp_path / "s.duckdb"
+    rc, so, se = opmap_cli("bench", "--from", rep, "--out", out, "--store", store)
+    assert rc == 0, so + se
+    body = json.loads((out / "bench.json").read_text())
+    own = json.loads((rep / "summary_lifecycle_metrics.json").read_text())["successes"]["latency"]
+    assert body["imported"]["granularity"] == "per-request" and body["requests"]["ok"] == et.REQUESTS
+    assert body["spec"]["concurrency"] == et.CONCURRENCY
+    for ours, theirs in (("ttft", "time_to_first_token"), ("e2e", "request_latency")):
+        assert body["latency"][ours]["mean_s"] == pytest.approx(own[theirs]["mean"], rel=1e-6)
+        assert body["latency"][ours]["p50_s"] == pytest.approx(own[theirs]["median"], rel=1e-6)
+    rc, so, se = opmap_cli("bench", "--from", rep / "summary_lifecycle_metrics.json", "--store", store)
+    assert rc == 0, so + se  # its summary alone: the percentiles
+    rid = so.split("recorded as run ")[1].split()[0]
+    rc, so, se = opmap_cli("memo", rid, "--store", store, "--out", tmp_path / "memo")
+    assert rc == 0, so + se
