@@ -76,18 +76,33 @@ def run_aiperf(srv, out: Path, timeout_s: float = 300.0) -> Path:
     return art
 
 
+def _words(n: int, seed: int) -> str:
+    """A prompt of ``n`` of the launched model's words (its word-level tokenizer: one token each)."""
+    return " ".join(f"w{(seed * 131 + 7 * k) % 2000 + 3}" for k in range(n))
+
+
 def run_guidellm(srv, out: Path, timeout_s: float = 300.0) -> Path:
-    """``guidellm run`` concurrent at CONCURRENCY streams, REQUESTS requests of synthetic INPUT_TOKENS ->
-    OUTPUT_TOKENS text; the JSON report."""
+    """``guidellm run`` concurrent at CONCURRENCY streams, REQUESTS prompts of INPUT_TOKENS words asking
+    OUTPUT_TOKENS (a JSON Lines data file: its synthetic_text data builds prompts from an English corpus, which
+    the launched model's word-level tokenizer encodes as nothing: "Cannot build /v1/completions prompt"); the
+    JSON report."""
     path = out / "guidellm.json"
-    _run("guidellm", ["run", "--backend", f"kind=openai_http,target={srv.base_url},model={srv.model_id},"
+    data = out / "guidellm-prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": _words(INPUT_TOKENS, i), "prompt_tokens_count": INPUT_TOKENS,
+                                        "output_tokens_count": OUTPUT_TOKENS}) + "\n" for i in range(REQUESTS)))
+    with DropField(srv.base_url, "ignore_eos") as url:
+        _guidellm(srv, url, data, path, out, timeout_s)
+    return path
+
+
+def _guidellm(srv, url: str, data: Path, path: Path, out: Path, timeout_s: float) -> None:
+    _run("guidellm", ["run", "--backend", f"kind=openai_http,target={url},model={srv.model_id},"
                                           "request_format=/v1/completions",
                       "--profile", f"kind=concurrent,streams={CONCURRENCY}",
-                      "--data", f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+                      "--data", f"kind=json_file,path={data}",
                       "--tokenizer", f"kind=huggingface_auto,model={srv.tokenizer_dir}",
                       "--constraint", f"kind=max_requests,count={REQUESTS}",
                       "--output", f"kind=json,path={path}", "--disable-console-interactive"], out, timeout_s)
-    return path
 
 
 def run_inference_perf(srv, out: Path, timeout_s: float = 300.0) -> Path:
@@ -120,12 +135,14 @@ def _inference_perf(srv, url: str, out: Path, timeout_s: float) -> Path:
 
 class DropField:
     """``with DropField(upstream_url, "ignore_eos") as url:`` a reverse proxy on 127.0.0.1 (aiohttp, in a thread)
-    that forwards each request with that field taken out of its JSON body and streams the answer back chunk by
+    that forwards each request with those fields taken out of its JSON body and streams the answer back chunk by
     chunk. inference-perf 0.7.0 puts ``ignore_eos`` in every body (apis/completion.py, apis/chat.py, even when its
-    config says false), and transformers serve refuses the field (HTTP 422 "Unexpected fields in the request")."""
+    config says false), GuideLLM 0.8.1 wherever a request asks an output length (backends/openai/
+    request_handlers.py), and transformers serve refuses the field (HTTP 422 "Unexpected fields in the request");
+    the launched model has no EOS, so its answers run to max_tokens without it."""
 
-    def __init__(self, upstream: str, field: str) -> None:
-        self.upstream, self.field = upstream.rstrip("/"), field
+    def __init__(self, upstream: str, *fields: str) -> None:
+        self.upstream, self.fields = upstream.rstrip("/"), fields
 
     def __enter__(self) -> str:
         import asyncio
@@ -138,7 +155,8 @@ class DropField:
             if body:
                 try:
                     d = json.loads(body)
-                    d.pop(self.field, None)
+                    for f in self.fields:
+                        d.pop(f, None)
                     body = json.dumps(d).encode()
                 except ValueError:
                     pass

@@ -162,3 +162,27 @@ def test_inference_perf_real(server, tmp_path, opmap_cli):
     rid = so.split("recorded as run ")[1].split()[0]
     rc, so, se = opmap_cli("memo", rid, "--store", store, "--out", tmp_path / "memo")
     assert rc == 0, so + se
+
+
+def test_guidellm_real(server, tmp_path, opmap_cli):
+    """GuideLLM run for real (a JSON Lines prompt file; through DropField: it sends ignore_eos), its JSON report
+    imported: the requests it kept (all of them here) as records, whose TTFT and latency means agree with its own
+    (means: GuideLLM's percentiles are not numpy's linear ones)."""
+    import external_tools as et
+
+    why = et.missing("guidellm")
+    if why:
+        pytest.skip(why)
+    rep = et.run_guidellm(server, tmp_path)
+    out = tmp_path / "out"
+    rc, so, se = opmap_cli("bench", "--from", rep, "--out", out, "--store", tmp_path / "s.duckdb")
+    assert rc == 0, so + se
+    body = json.loads((out / "bench.json").read_text())
+    m = json.loads(rep.read_text())["benchmarks"][0]["metrics"]
+    assert body["imported"]["granularity"] == "per-request" and body["requests"]["ok"] == et.REQUESTS
+    assert body["spec"]["concurrency"] == et.CONCURRENCY and body["endpoint"]["model"] == server.model_id
+    assert body["latency"]["ttft"]["mean_s"] == pytest.approx(m["time_to_first_token_ms"]["successful"]["mean"]
+                                                              / 1e3, rel=1e-6)
+    assert body["latency"]["e2e"]["mean_s"] == pytest.approx(m["request_latency"]["successful"]["mean"], rel=1e-6)
+    assert body["latency"]["itl"]["p50_s"] == pytest.approx(
+        m["inter_token_latency_ms"]["successful"]["percentiles"]["p50"] / 1e3)

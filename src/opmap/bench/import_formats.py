@@ -224,15 +224,52 @@ def guidellm(d: dict, path: Path, digest: str, index: int) -> Imported:
     strat = (b.get("config") or {}).get("strategy") or {}
     streams = count(strat.get("streams"), "strategy.streams") if isinstance(strat.get("streams"), int) else None
     rate = num(strat.get("rate"), "strategy.rate") if isinstance(strat.get("rate"), (int, float)) else None
-    backend = (d.get("config") or {}).get("backend") or {}
-    model = (b.get("config") or {}).get("requests", {}).get("model") if isinstance(
-        (b.get("config") or {}).get("requests"), dict) else backend.get("model")
+    cfg = d.get("config") or {}
+    backend = cfg.get("backend") or (cfg.get("spec") or {}).get("backend") or {}
+    model = backend.get("model")
+    fmt = backend.get("request_format")
     version = (d.get("metadata") or {}).get("guidellm_version")
-    return Imported("guidellm", version if isinstance(version, str) else None, str(path), digest, "percentiles",
-                    model if isinstance(model, str) else None, backend.get("target"), None,
-                    "closed" if streams else "open", streams, rate, n_in, n_out, (), summ,
-                    num(sch.get("start_time"), "start_time") or 0.0, window or 0.0,
-                    ("GuideLLM's report keeps sampled requests, not all: its distributions are read",))
+    records = _guidellm_records(b, measured)
+    notes = (("GuideLLM keeps each request's first and last token times, not every token's: ITL is its own "
+              "distribution",) if records else
+             ("GuideLLM's report holds a sample of the requests (or none): its distributions are read",))
+    return Imported("guidellm", version if isinstance(version, str) else None, str(path), digest,
+                    "per-request" if records else "percentiles", model if isinstance(model, str) else None,
+                    backend.get("target"), "chat" if fmt == "/v1/chat/completions" else "completions" if fmt else None,
+                    "closed" if streams else "open", streams, rate, n_in, n_out, records, summ,
+                    num(sch.get("start_time"), "start_time") or 0.0, window or 0.0, notes)
+
+
+def _guidellm_records(b: dict, total: int) -> tuple:
+    """The benchmark's requests (``requests.successful``, ``errored``, ``incomplete``: GenerativeRequestStats,
+    guidellm/benchmark/schemas/generative/entrypoints) as records, where the report kept all ``total`` of them:
+    send = request_start_time, first token = send + time_to_first_token_ms, the last token at
+    timings.last_token_iteration, end = request_end_time (the stream's end, as opmap's e2e and GuideLLM's
+    request_latency); () where it kept a sample."""
+    reqs = b.get("requests") or {}
+    rows = [(st, r) for st in ("successful", "errored", "incomplete") for r in reqs.get(st) or []]
+    if not rows or len(rows) != total:
+        return ()
+    t0 = min(num(r["request_start_time"], "request_start_time") for _, r in rows)
+    out = []
+    for i, (st, r) in enumerate(sorted(rows, key=lambda x: x[1]["request_start_time"])):
+        where = f"request {i}"
+        sent = num(r["request_start_time"], where) - t0
+        tm = (r.get("info") or {}).get("timings") or {}
+        last = tm.get("last_token_iteration")
+        last = None if last is None else num(last, f"{where} last_token_iteration") - t0
+        end = None if r.get("request_end_time") is None else num(r["request_end_time"], where) - t0
+        n_in, n_out = count(r.get("prompt_tokens"), where) or 0, count(r.get("output_tokens"), where) or 0
+        ttft = num(r.get("time_to_first_token_ms"), f"{where} time_to_first_token_ms")
+        if st != "successful" or ttft is None:
+            out.append(record(i, sent, None, [], end, n_in, n_out, None, None, f"GuideLLM: {st}",
+                              "http_error" if st == "errored" else "dropped"))
+            continue
+        first = sent + ttft * MS
+        gaps = [last - first] if last is not None and last > first else []
+        rec = record(i, sent, ttft * MS, gaps, end, n_in, n_out, n_in, n_out)
+        out.append(rec)
+    return tuple(out)
 
 
 # ---- inference-perf --------------------------------------------------------------------------------------------

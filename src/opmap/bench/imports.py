@@ -20,7 +20,9 @@ computed by opmap.bench.metrics exactly as for ``opmap bench``), else the tool's
   GenerativeBenchmarksReport): benchmarks[i].metrics with StatusDistributionSummary values (successful.mean,
   .percentiles.p50 ... p99): request_latency (s), time_to_first_token_ms, time_per_output_token_ms,
   inter_token_latency_ms, requests_per_second, output_tokens_per_second, request_totals; one benchmark is read
-  (``index``).
+  (``index``); its ``requests`` (GenerativeRequestStats: request_start_time, time_to_first_token_ms,
+  info.timings.last_token_iteration, request_end_time, prompt_tokens, output_tokens) as records where it kept
+  every request.
 - inference-perf: per_request_lifecycle_metrics.json (``report.request_lifecycle.per_request``: a list of
   RequestLifecycleMetric, inference_perf/apis/base.py: start_time, end_time (s, monotonic), error, info.request_metrics
   .text.input_tokens, info.response_metrics.{output_tokens, chunk_times, output_token_times, server_usage}), else
@@ -306,6 +308,8 @@ def figures(run: Imported, min_duration_s: float, min_queries: int) -> dict[str,
         fig = summarize(run.records, min_duration_s=min_duration_s, min_queries=min_queries)
         if run.fmt == "vllm" and run.summary is not None:  # no send times: the window and rates are vLLM's
             _tool_rates(fig, run.summary, min_duration_s, min_queries)
+        if run.fmt == "guidellm" and run.summary is not None:  # first and last token only: ITL is GuideLLM's
+            fig["latency"]["itl"] = run.summary.latency["itl"].to_dict()
         return fig
     return _percentile_figures(run.summary, min_duration_s, min_queries)
 
