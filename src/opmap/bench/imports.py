@@ -13,7 +13,8 @@ computed by opmap.bench.metrics exactly as for ``opmap bench``), else the tool's
   rates are the file's (``duration``).
 - aiperf: AIPerf's profile export (aiperf 0.13.0): profile_export.jsonl, one record per request (metadata
   request_start_ns / request_end_ns, metrics time_to_first_token, inter_chunk_latency, request_latency in ms,
-  usage_prompt_tokens, usage_completion_tokens; an ``error`` object on a failed one), beside
+  usage_prompt_tokens, usage_completion_tokens; an ``error`` object on a failed one; e2e here is request_end_ns -
+  request_start_ns, the stream's end as opmap's, where AIPerf's request_latency stops at the last chunk), beside
   profile_export_aiperf.json (the summary: aiperf_version, input_config, and per metric unit, avg, p50, p90, p95,
   p99). Either file, or the artifact folder.
 - guidellm: GuideLLM's JSON report (guidellm 0.8.1, guidellm/benchmark/schemas/report.py
