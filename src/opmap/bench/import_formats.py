@@ -9,10 +9,62 @@ import json
 from pathlib import Path
 from typing import Any
 
-from opmap.bench.imports import Imported, Stat, Summary, count, num, record
+from opmap.bench.imports import (
+    FORMATS,
+    SOURCES,
+    TOOLS,
+    Imported,
+    Stat,
+    Summary,
+    _accepted,
+    _jsonl,
+    _loads,
+    _read,
+    count,
+    detect,
+    num,
+    record,
+)
 from opmap.errors import OpmapError
 
 MS = 1e-3
+
+
+def read_result(path: str | Path, fmt: str | None = None, index: int = 0) -> Imported:
+    """The run in ``path`` (a file; an AIPerf artifact folder or an inference-perf report folder), its format
+    detected from the content unless ``fmt`` names it; one line (OpmapError) for a file none of the readers takes."""
+    if fmt is not None and fmt not in FORMATS:
+        raise OpmapError(f"--format {fmt!r}: accepted: {', '.join(FORMATS)}")
+    p = Path(path)
+    if p.is_dir():
+        p = _in_folder(p)
+    text, digest = _read(p)
+    stripped = text.lstrip()
+    doc = _jsonl(text, str(p)) if stripped.startswith("{") and "\n{" in text.strip() and p.suffix == ".jsonl" \
+        else _loads(text, str(p))
+    found = detect(doc)
+    if found is None:
+        raise OpmapError(f"{p}: not a result file of a known tool: accepted: {_accepted()}")
+    if fmt is not None and fmt != found:
+        raise OpmapError(f"{p} is a {TOOLS[found]} file, not {TOOLS[fmt]} (--format {fmt}): give --format {found} "
+                         "or leave it out")
+    reader = {"vllm": vllm, "aiperf": aiperf, "guidellm": guidellm, "inference-perf": inference_perf}[found]
+    try:
+        return reader(doc, p, digest, index)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise OpmapError(f"{p}: a malformed {TOOLS[found]} file ({type(e).__name__}: {str(e)[:80]}): expected "
+                         f"the format of {SOURCES[found]}") from None
+
+
+def _in_folder(d: Path) -> Path:
+    """The file to read in a tool's output folder: AIPerf's summary (its JSONL is read beside it), inference-perf's
+    summary report."""
+    for name in ("profile_export_aiperf.json", "profile_export.jsonl", "per_request_lifecycle_metrics.json",
+                 "summary_lifecycle_metrics.json"):
+        if (d / name).is_file():
+            return d / name
+    raise OpmapError(f"{d} holds no profile_export_aiperf.json (AIPerf) or summary_lifecycle_metrics.json "
+                     f"(inference-perf): give the result file itself ({_accepted()})")
 
 
 def _stat(get, where: str, scale: float) -> Stat:
@@ -105,8 +157,6 @@ def aiperf(doc: Any, path: Path, digest: str, index: int) -> Imported:
         summary, rows = doc, None
         jl = path.with_name("profile_export.jsonl")
         if jl.is_file():
-            from opmap.bench.imports import _jsonl, _read
-
             rows = _jsonl(_read(jl)[0], str(jl))
     cfg = (summary or {}).get("input_config") or {}
     phase = next((p for p in cfg.get("phases") or [] if p.get("kind") == "profiling"), {})
@@ -133,8 +183,6 @@ def aiperf(doc: Any, path: Path, digest: str, index: int) -> Imported:
 def _side(p: Path) -> dict | None:
     if not p.is_file():
         return None
-    from opmap.bench.imports import _loads, _read
-
     d = _loads(_read(p)[0], str(p))
     return d if isinstance(d, dict) else None
 
@@ -334,8 +382,6 @@ def _ip_requests(rows: list, path: Path, digest: str) -> Imported:
     conc = rate = None
     side = path.with_name("stage_0_lifecycle_metrics.json")
     if side.is_file():
-        from opmap.bench.import_formats import _side
-
         ld = (_side(side) or {}).get("load_summary") or {}
         conc = count(ld.get("concurrency"), "load_summary.concurrency")
         rate = num(ld.get("requested_rate"), "load_summary.requested_rate") if conc is None else None

@@ -48,7 +48,8 @@ from opmap.errors import OpmapError
 FORMATS = ("vllm", "guidellm", "aiperf", "inference-perf")
 TOOLS = {"vllm": "vllm bench serve", "guidellm": "GuideLLM", "aiperf": "AIPerf", "inference-perf": "inference-perf"}
 SOURCES = {
-    "vllm": "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/benchmarks/serve.py (benchmark(), main())",
+    "vllm": ("https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/benchmarks/serve.py (benchmark(), main(); "
+             "tag v0.11.0, commit f71952c1c as the release wheel's vllm/_version.py names it)"),
     "aiperf": "aiperf 0.13.0 (PyPI): profile_export.jsonl and profile_export_aiperf.json as `aiperf profile` writes",
     "guidellm": "guidellm 0.8.1 (PyPI): guidellm/benchmark/schemas/report.py GenerativeBenchmarksReport",
     "inference-perf": "inference-perf 0.7.0 (PyPI): inference_perf/reportgen/base.py summarize_requests"}
@@ -193,45 +194,6 @@ def detect(doc: Any) -> str | None:
     if {"completed", "duration", "request_throughput"} <= doc.keys() and ("backend" in doc or "model_id" in doc):
         return "vllm"
     return None
-
-
-def read_result(path: str | Path, fmt: str | None = None, index: int = 0) -> Imported:
-    """The run in ``path`` (a file; an AIPerf artifact folder or an inference-perf report folder), its format
-    detected from the content unless ``fmt`` names it; one line (OpmapError) for a file none of the readers takes."""
-    if fmt is not None and fmt not in FORMATS:
-        raise OpmapError(f"--format {fmt!r}: accepted: {', '.join(FORMATS)}")
-    p = Path(path)
-    if p.is_dir():
-        p = _in_folder(p)
-    text, digest = _read(p)
-    stripped = text.lstrip()
-    doc = _jsonl(text, str(p)) if stripped.startswith("{") and "\n{" in text.strip() and p.suffix == ".jsonl" \
-        else _loads(text, str(p))
-    found = detect(doc)
-    if found is None:
-        raise OpmapError(f"{p}: not a result file of a known tool: accepted: {_accepted()}")
-    if fmt is not None and fmt != found:
-        raise OpmapError(f"{p} is a {TOOLS[found]} file, not {TOOLS[fmt]} (--format {fmt}): give --format {found} "
-                         "or leave it out")
-    from opmap.bench import import_formats as f
-
-    reader = {"vllm": f.vllm, "aiperf": f.aiperf, "guidellm": f.guidellm, "inference-perf": f.inference_perf}[found]
-    try:
-        return reader(doc, p, digest, index)
-    except (KeyError, TypeError, AttributeError, IndexError) as e:
-        raise OpmapError(f"{p}: a malformed {TOOLS[found]} file ({type(e).__name__}: {str(e)[:80]}): expected "
-                         f"the format of {SOURCES[found]}") from None
-
-
-def _in_folder(d: Path) -> Path:
-    """The file to read in a tool's output folder: AIPerf's summary (its JSONL is read beside it), inference-perf's
-    summary report."""
-    for name in ("profile_export_aiperf.json", "profile_export.jsonl", "per_request_lifecycle_metrics.json",
-                 "summary_lifecycle_metrics.json"):
-        if (d / name).is_file():
-            return d / name
-    raise OpmapError(f"{d} holds no profile_export_aiperf.json (AIPerf) or summary_lifecycle_metrics.json "
-                     f"(inference-perf): give the result file itself ({_accepted()})")
 
 
 # ---- helpers the format readers share ---------------------------------------------------------------------------

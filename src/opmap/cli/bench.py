@@ -128,8 +128,22 @@ def _from(path, fmt, index, url, launch, predict, config, hardware, dtype, runti
         from opmap.report.outputs import check_out_dir
 
         check_out_dir(out)
-    bi.import_run(path, fmt, index, min_duration=min_duration, min_queries=min_queries, out=out, store=store,
-                  no_store=no_store, predict=predict, config=config, hardware=hardware, dtype=dtype, runtime=runtime)
+    cost = None
+    if predict:  # priced first: a bad --hardware or config costs nothing
+        from opmap.cli import bench_predict as bp
+
+        cost = bp.price(config, hardware, dtype or "bf16", runtime, None)
+    run, result, body = bi.load(path, fmt, index, min_duration, min_queries)
+    print_summary(body)
+    if out is not None:
+        write_outputs(out, body, result)
+    tags = record(body, store, no_store)
+    if predict:
+        bi.predict(run, result, body, cost, tags, out, store, no_store,
+                   {"model": config, "hardware": hardware, "dtype": dtype or "bf16", "runtime": runtime,
+                    "server": f"imported from {run.tool}"})
+    if all_failed(body):
+        raise typer.Exit(1)  # as a measured run: printed, written and recorded; none of it is a measurement
 
 
 @dataclass(frozen=True)

@@ -22,19 +22,14 @@ def check(url, launch, predict: bool, config, hardware) -> None:
                          "--hardware (the catalog device it ran on)")
 
 
-def import_run(path: Path, fmt: str | None, index: int, *, min_duration: float, min_queries: int, out,
-               store, no_store: bool, predict: bool, config, hardware, dtype, runtime) -> None:
-    """Read, print, write, record; with --predict, the join."""
+def load(path: Path, fmt: str | None, index: int, min_duration: float, min_queries: int):
+    """(the Imported run, its BenchResult, bench.json's body): the file read (opmap.bench.import_formats) and the
+    figures made; what was read, and how, printed."""
     from opmap.bench import imports
+    from opmap.bench.import_formats import read_result
     from opmap.bench.outputs import bench_body
-    from opmap.cli import bench as b
 
-    cost = None
-    if predict:
-        from opmap.cli import bench_predict as bp
-
-        cost = bp.price(config, hardware, dtype or "bf16", runtime, None)
-    run = imports.read_result(path, fmt, index)
+    run = read_result(path, fmt, index)
     result = imports.as_result(run)
     fig = imports.figures(run, min_duration, min_queries)
     body = bench_body(result, fig, imports.spec(run))
@@ -47,18 +42,7 @@ def import_run(path: Path, fmt: str | None, index: int, *, min_duration: float, 
                   highlight=False)
     for n in run.notes:
         console.print(f"  note: {safe(n)}", highlight=False)
-    b.print_summary(body)
-    if out is not None:
-        b.write_outputs(out, body, result)
-    tags = b.record(body, store, no_store)
-    if predict:
-        _predict(run, result, body, cost, tags, out, store, no_store,
-                 {"model": config, "hardware": hardware, "dtype": dtype or "bf16", "runtime": runtime,
-                  "server": f"imported from {run.tool}"})
-    if b.all_failed(body):
-        import typer
-
-        raise typer.Exit(1)  # as opmap bench: printed, written and recorded; none of it is a measurement
+    return run, result, body
 
 
 def workload_result(run, result):
@@ -88,7 +72,9 @@ def workload_result(run, result):
     return replace(result, records=recs)
 
 
-def _predict(run, result, body, cost, tags, out, store, no_store, assumptions) -> None:
+def predict(run, result, body, cost, tags, out, store, no_store, assumptions) -> None:
+    """--predict: the file's figures joined to a simulation of its workload (``workload_result``), printed,
+    written (bench_predict.json) and recorded as a serve run (opmap.cli.bench_predict.predict_and_report)."""
     from opmap.bench.predict import engine_policy
     from opmap.cli import bench_predict as bp
 
