@@ -64,17 +64,20 @@ def test_documented_formats(opmap_cli, tmp_path, name, tool, ttft_p99_s, e2e_p50
     assert body["throughput"]["requests_per_s"] == pytest.approx(rps)
 
 
-def test_store_round_trip_and_consumers(opmap_cli, tmp_path):
+@pytest.mark.parametrize("name", ["vllm_serve_detailed.json", "vllm_serve.json", "guidellm_report.json",
+                                  "inference_perf_stage_0_lifecycle_metrics.json"])
+def test_store_round_trip_and_consumers(opmap_cli, tmp_path, name):
     """An imported run is a bench run: runs show, compare (with another import of the same file), report and
-    memo work on it."""
+    memo work on it, per-request or percentiles only."""
     store = tmp_path / "s.duckdb"
     ids = []
     for _ in range(2):
-        rc, so, se = opmap_cli("bench", "--from", DATA / "vllm_serve_detailed.json", "--store", store)
+        rc, so, se = opmap_cli("bench", "--from", DATA / name, "--store", store)
         assert rc == 0, so + se
         ids.append(so.split("recorded as run ")[1].split()[0])
     rc, so, se = opmap_cli("runs", "show", ids[0], "--store", store)
-    assert rc == 0 and "vllm bench serve" in so + se
+    tool = {"v": "vllm bench serve", "g": "GuideLLM", "i": "inference-perf"}[name[0]]
+    assert rc == 0 and f"client_version: {tool}" in so + se
     rc, so, se = opmap_cli("compare", ids[0], ids[1], "--store", store)
     assert rc == 0, so + se  # the same file twice: no regression
     rc, so, se = opmap_cli("report", ids[0], "--store", store, "--out", tmp_path / "r.html")
@@ -102,11 +105,12 @@ def test_format_mismatch_and_sources(opmap_cli, tmp_path):
     assert rc == 2 and "one of them" in so + se
 
 
-def test_predict_joins(opmap_cli, tmp_path, tiny_config):
-    """--predict on an imported file: the file's figures beside a simulation of its load (a Hugging Face config,
-    a catalog device), recorded as a serve run."""
-    body, so = _body(opmap_cli, tmp_path, "vllm_serve.json", "--predict", "--config", tiny_config,
-                     "--hardware", "h100-sxm")
+@pytest.mark.parametrize("model", ["hf", "gpt2"])
+def test_predict_joins(opmap_cli, tmp_path, tiny_config, model):
+    """--predict on an imported file: the file's figures beside a simulation of its load (a Hugging Face config
+    or a zoo model, a catalog device), recorded as a serve run."""
+    body, so = _body(opmap_cli, tmp_path, "vllm_serve.json", "--predict", "--config",
+                     tiny_config if model == "hf" else model, "--hardware", "h100-sxm")
     doc = json.loads((tmp_path / "out" / "bench_predict.json").read_text())
     assert doc["workload"]["requests"] == 4 and doc["workload"]["mode"] == "closed"
     rows = {(r["metric"], r["stat"]): r for r in doc["predictions"]["model"]["rows"]}
