@@ -10,8 +10,18 @@ OUT ?= out/demo
 # command's stderr. The tests run it in a subprocess with this folder on its path.
 TORCHAO_PIN ?= torchao==0.18.0
 TORCHAO_REF := $(VENV)/ref-torchao
+# The load tools whose result files `opmap bench --from` reads, each in a venv of its own beside the environment
+# (their pins clash with the dev environment's torch / transformers): tests/bench/test_imports.py runs each against
+# the tests' transformers serve. guidellm needs torch: the local CPU build (TORCH_PIN) goes in first, so the CUDA
+# build (6 GB) is never pulled. inference-perf needs Python >= 3.12 (PY312): python3.12 where it runs (a pyenv shim
+# on PATH may not), else pyenv's newest 3.12; without one its test skips, with a note here. Measured on a loaded
+# 2-core host (`make ext-tools VENV=DIR`, PIP_NO_CACHE_DIR=1): 4 min 21 s wall for the three (172 s user + 14 s sys):
+# aiperf 1.4 min (1.2 GB), guidellm 1.7 min (1.5 GB, the CPU torch), inference-perf 1.2 min (0.8 GB).
+EXT_TOOLS ?= aiperf==0.13.0 guidellm==0.8.1 inference-perf==0.7.0
+PY312 ?= $(shell for p in $$(command -v python3.12) $$(ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null \
+                   | sort -V -r); do "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done)
 
-.PHONY: setup demo test lint browser bench accuracy peers clean
+.PHONY: setup ext-tools demo test lint browser bench accuracy peers clean
 
 $(BIN)/opmap: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,7 +30,15 @@ $(BIN)/opmap: pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --upgrade --target $(TORCHAO_REF) $(TORCHAO_PIN)
 	touch $(BIN)/opmap
 
-setup: $(BIN)/opmap
+setup: $(BIN)/opmap ext-tools
+
+ext-tools:
+	for pin in $(EXT_TOOLS); do name=$${pin%%==*}; py=$(PY); env=$(VENV)/ext-$$name; pre=; \
+	  [ $$name = inference-perf ] && py="$(PY312)"; [ $$name = guidellm ] && pre="$(TORCH_PIN)"; \
+	  [ -n "$$py" ] && command -v $$py >/dev/null || { echo "note: no Python for $$name: not installed (its test skips)"; \
+	  continue; }; test -x $$env/bin/$$name || { $$py -m venv $$env && { [ -z "$$pre" ] || \
+	  $$env/bin/pip install -q --disable-pip-version-check $$pre; } && \
+	  $$env/bin/pip install -q --disable-pip-version-check $$pin; } || exit 1; done
 
 demo: setup
 	$(BIN)/opmap analyze gpt2 --hardware h100-sxm --batch 1 --seq 1024 --dtype bf16 --out $(OUT)

@@ -81,11 +81,11 @@ class UsageCheck:
     was implausible and set aside (records.usage_counts) with the first reason, mismatches and differences
     (tokens). Written in bench.json as ``usage_check`` (``asdict``)."""
 
-    requests_without_usage: int
+    requests_without_usage: int | None  # None (and the mismatches): an imported run's tool did not say
     implausible: int
     implausible_example: str | None
-    output_mismatches: int
-    input_mismatches: int
+    output_mismatches: int | None
+    input_mismatches: int | None
     output_diff_mean: float | None
     input_diff_mean: float | None
     input_diff_max_abs: int | None
@@ -141,8 +141,8 @@ class BenchRequests:
     warmup: int
     ok: int
     failed: int
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int | None  # None: an imported run's tool did not report it (opmap.bench.imports)
+    output_tokens: int | None
     window_s: float  # first measured send to last measured end
     window_start_s: float
     window_end_s: float
@@ -161,19 +161,19 @@ class BenchLatency:
 @dataclass(frozen=True)
 class BenchRates:
     """Per second over the window: ok requests, output tokens, prompt + output tokens (bench.json
-    ``throughput``)."""
+    ``throughput``; None: an imported run's tool did not report it, opmap.bench.imports)."""
 
-    requests_per_s: float
-    output_tokens_per_s: float
-    tokens_per_s: float
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    tokens_per_s: float | None
 
 
 @dataclass(frozen=True)
 class BenchGoodput:
     """The ok requests within the SLO (DistServe's goodput), per second over the window, and their share."""
 
-    requests_per_s: float
-    output_tokens_per_s: float
+    requests_per_s: float | None  # None: an imported run's tool did not report its rates
+    output_tokens_per_s: float | None
     slo_ttft_s: float | None
     slo_tpot_s: float | None
     attainment: float  # requests within the SLO over those measured
@@ -189,7 +189,7 @@ class BenchFigures:
     cdf: Cdf  # e2e, ttft and tpot at evenly spaced quantiles
     throughput: BenchRates
     offered_per_s: float | None  # open loop: measured requests over the span of their scheduled sends
-    sent_per_s: float  # measured requests sent over the window
+    sent_per_s: float | None  # measured requests sent over the window (None: imported without send times)
     goodput: BenchGoodput
     errors: tuple[tuple[str, int], ...]  # per failure kind (STATUSES but ok), in that order
     error_examples: tuple[tuple[str, str], ...]  # the first failure's reason per kind that failed

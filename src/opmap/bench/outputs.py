@@ -112,7 +112,7 @@ def requests_parquet(result: BenchResult) -> bytes:
 def bench_tags(body: dict[str, Any]) -> Tags:
     """The store tags of a bench.json body: the model as /v1/models reports it (workload), the endpoint
     (hardware: the server is what the URL reaches), phase bench, the load (parallelism), the server, the workload
-    spec and the client version."""
+    spec and the client version (an imported run's: the tool and its version)."""
     e = body.get("endpoint") if isinstance(body.get("endpoint"), dict) else {}
     s = body.get("spec") if isinstance(body.get("spec"), dict) else {}
     c = body.get("client") if isinstance(body.get("client"), dict) else {}
@@ -124,4 +124,5 @@ def bench_tags(body: dict[str, Any]) -> Tags:
                 workload_spec=f"{load}, {e.get('api')}, input {s.get('input_len')}, output {s.get('output_len')}, "
                               f"requests {s.get('requests')}, duration {s.get('duration_s')}, warmup "
                               f"{s.get('warmup')}, seed {s.get('seed')}",
-                client_version=c.get("opmap"))
+                client_version=c.get("opmap") or (" ".join(str(x) for x in (c.get("tool"), c.get("tool_version")) if x)
+                                                  or None))  # an imported run (bench --from): the tool that measured

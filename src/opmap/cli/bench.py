@@ -92,6 +92,13 @@ def bench(
                                                                   "run lasts (vLLM, SGLang): auto (the URL's "
                                                                   "/metrics), a URL, or none."),
     metrics_interval: float = typer.Option(1.0, "--metrics-interval", help="Seconds between two scrapes."),
+    from_file: Path | None = typer.Option(None, "--from", help="Import another tool's result file instead of "
+                                          "measuring: vllm bench serve --save-result JSON, a GuideLLM JSON report, "
+                                          "AIPerf's profile export (JSON, JSONL or its folder), an inference-perf "
+                                          "summary report; the format is read from the content."),
+    fmt: str | None = typer.Option(None, "--format", help="--from: the file's tool (vllm, guidellm, aiperf, "
+                                                          "inference-perf), checked against its content."),
+    index: int = typer.Option(0, "--index", help="--from a GuideLLM report: which of its benchmarks (0-based)."),
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An
@@ -99,7 +106,13 @@ def bench(
     or recorded). A failing request (an HTTP error, a redirect, an answer that is not an event stream, a broken
     or oversized stream, a timeout) is counted and the run goes on. Exit status: 0; 1 when every measured request
     failed (the run is still printed, written and recorded); 2 for bad input or an endpoint that cannot be
-    reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM."""
+    reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM. ``--from FILE`` imports another tool's
+    result file instead (opmap.bench.imports): per-request rows where the file has them, its percentiles where
+    it has only those (bench.json's ``imported.granularity`` says which)."""
+    if from_file is not None or fmt is not None:
+        _from(from_file, fmt, index, url, launch, predict, config, hardware, dtype, runtime, min_duration,
+              min_queries, out, store, no_store)
+        return
     o = _Options(url, model, arrival, concurrency, requests, duration, warmup, input_len, output_len, api, timeout,
                  ignore_eos, slo_ttft, slo_tpot, min_duration, min_queries, seed, out, launch, device, threads,
                  kv_blocks, tokenizer, predict, hardware, config, dtype, runtime, stack, metrics_url,
@@ -108,6 +121,38 @@ def bench(
     target = _prediction_target(o)
     srv, result, plan, policy, overhead = _drive_load(o, load, target.cost)
     _render(o, srv, result, plan, policy, overhead, target, store, no_store)
+
+
+def _from(path, fmt, index, url, launch, predict, config, hardware, dtype, runtime, min_duration, min_queries, out,
+          store, no_store) -> None:
+    """``--from FILE`` (opmap.cli.bench_import)."""
+    from opmap.cli import bench_import as bi
+
+    if path is None:
+        raise OpmapError("--format names the tool of a --from FILE: give --from FILE")
+    bi.check(url, launch, predict, config, hardware)
+    options({"--index": (index, INT_GE0), "--min-queries": (min_queries, INT_GE0),
+             "--min-duration": (min_duration, plausible("s"))})
+    if out is not None:
+        from opmap.report.outputs import check_out_dir
+
+        check_out_dir(out)
+    cost = None
+    if predict:  # priced first: a bad --hardware or config costs nothing
+        from opmap.cli import bench_predict as bp
+
+        cost = bp.price(config, hardware, dtype or "bf16", runtime, None)
+    run, result, fig, body = bi.load(path, fmt, index, min_duration, min_queries)
+    print_summary(fig, result, body["spec"])
+    if out is not None:
+        write_outputs(out, body, result)
+    tags = record(body, store, no_store)
+    if predict:
+        bi.predict(run, result, fig, cost, tags, out, store, no_store,
+                   {"model": config, "hardware": hardware, "dtype": dtype or "bf16", "runtime": runtime,
+                    "server": f"imported from {run.tool}"})
+    if fig.all_failed:
+        raise typer.Exit(1)  # as a measured run: printed, written and recorded; none of it is a measurement
 
 
 @dataclass(frozen=True)
@@ -446,9 +491,9 @@ def print_summary(f: BenchFigures, result, spec: dict) -> None:
     console.print(t)
     th, g = f.throughput, f.goodput
     offered = f"offered {f.offered_per_s:.4g} req/s, " if f.offered_per_s else ""
-    console.print(f"throughput {th.requests_per_s:.4g} req/s ({offered}achieved {th.requests_per_s:.4g}), "
-                  f"{si(th.output_tokens_per_s, 'tok/s')} out, {si(th.tokens_per_s, 'tok/s')} total; "
-                  f"goodput {g.requests_per_s:.4g} req/s ({g.attainment:.1%} of requests)", highlight=False)
+    console.print(f"throughput {_g(th.requests_per_s)} req/s ({offered}achieved {_g(th.requests_per_s)}), "
+                  f"{_si(th.output_tokens_per_s, 'tok/s')} out, {_si(th.tokens_per_s, 'tok/s')} total; "
+                  f"goodput {_g(g.requests_per_s)} req/s ({g.attainment:.1%} of requests)", highlight=False)
     print_errors(f)
     u = f.usage_check
     if u.output_mismatches or u.input_mismatches or u.requests_without_usage:
@@ -503,6 +548,17 @@ def print_errors(f: BenchFigures) -> None:
     if f.all_failed:
         console.print(f"[bold red]every one of the {f.requests.measured} measured requests failed[/]: "
                       "exit status 1", highlight=False)
+
+
+def _g(x: float | None) -> str:
+    """A rate as printed; "-" where an imported run's tool reported none."""
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _si(x: float | None, unit: str) -> str:
+    from opmap.report.sheet import si
+
+    return "-" if x is None else si(x, unit)
 
 
 def _signed(x: float | None) -> str:
