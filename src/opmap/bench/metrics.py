@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from opmap.bench.records import STATUSES, RequestRecord
+from opmap.record import record
 from opmap.serve.metrics import Cdf, Percentiles
 
 SCHEMA_VERSION = 1
@@ -121,7 +122,7 @@ class SchedulerLag:
     def to_dict(self) -> dict[str, bool | float | None]:
         if not self.open_loop or self.stats is None:
             return {"open_loop": False, "behind": False}
-        return {"open_loop": True, **self.stats.to_dict(), "max_s": self.max_s, "limit_s": self.limit_s,
+        return {"open_loop": True, **record(self.stats), "max_s": self.max_s, "limit_s": self.limit_s,
                 "behind": self.behind}
 
 
@@ -208,7 +209,7 @@ class BenchFigures:
         lat, th, g = self.latency, self.throughput, self.goodput
         return {
             "schema_version": SCHEMA_VERSION, "requests": asdict(self.requests),
-            "latency": {k: getattr(lat, k).to_dict() for k in ("ttft", "tpot", "itl", "e2e")},
+            "latency": {k: record(getattr(lat, k)) for k in ("ttft", "tpot", "itl", "e2e")},
             "cdf": self.cdf.to_dict(), "throughput": asdict(th),
             "rate": {"offered_per_s": self.offered_per_s, "achieved_per_s": th.requests_per_s,
                      "sent_per_s": self.sent_per_s},
