@@ -28,6 +28,10 @@ def test_fit_writes_the_contract(tmp_path, cli):
     assert "| layout | runner-up |" in md and "runner-up" in out
     # the catalog's L4 has no achievable bandwidth: the cell says so (and would rank after like-for-like cells)
     assert c["datasheet_only"] and "l4 (datasheet only: achievable_" in md and "datasheet only" in out
+    # ... and its confidence label says the same (issue 39): a datasheet-priced cell, the weakest input named
+    conf = c["confidence"]
+    assert conf["label"] == "datasheet" and conf["weakest"]["kind"] in ("datasheet", "derived", "assumed")
+    assert f"[datasheet: {conf['weakest']['name']}]" in md
     png = tmp_path / "trade_curve.png"
     if importlib.util.find_spec("matplotlib"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

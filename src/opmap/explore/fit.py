@@ -178,7 +178,8 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
             best, runner = choose(within)
         else:  # struck, its best layout's figures kept beside the reason
             over = _over_budget(tried, power_budget_w)
-    cell = replace(cell, layouts=tried, layout=best, runner_up=runner)
+    cell = replace(cell, layouts=tried, layout=best, runner_up=runner,
+                   confidence=_confidence(hw, dtype, runtime, best or fitting[0]))
     if found.settings is not None:  # the stack this cell ran: the chosen layout's (else the first priced one's)
         s = found.settings.get((best.tp, best.pp)) if best is not None else None
         s = s or next(iter(found.settings.values()), None)
@@ -344,6 +345,14 @@ def check_models(models: Sequence[str]) -> None:
         zoo = ", ".join(sorted(n for n, sp in MODELS.items() if sp.kind == "text" and n != "bert-base"))
         raise OpmapError(f"opmap fit serves decoders (it simulates serving); not one: {', '.join(bad)} "
                          f"(accepted: {MODELS_ACCEPTED.format(zoo=zoo)})")
+
+
+def _confidence(hw, dtype: str, runtime: str, lay) -> dict[str, Any]:
+    """The cell's confidence label (opmap.hardware.trust) for its layout's collective group."""
+    from opmap.hardware.trust import trust
+
+    t = trust(hw, dtype, runtime, lay.tp * lay.pp)
+    return {**t.to_dict(), "line": t.line()}
 
 
 def rank(cells: Sequence[FitCell], models: Sequence[str], include_datasheet_only: bool = False,

@@ -131,6 +131,8 @@ class FitCell:
     dtype: str = ""  # the format priced on this platform (--dtype fp4 resolves per platform)
     dtype_line: str = ""  # that format, how an alias resolved and why it fell back (opmap.precision.DtypeChoice)
     engine_preset: dict[str, Any] | None = None  # the engine stack of the cell (EngineSetting.to_dict), written if set
+    # how far to trust the cell's figures (opmap.hardware.trust: label, weakest input, line), written if set
+    confidence: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``). A computed
@@ -138,7 +140,7 @@ class FitCell:
         skip = {"chosen", *_CELL_CHOSEN}
         d: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in skip or (f.name == "engine_preset" and self.engine_preset is None):
+            if f.name in skip or (f.name in ("engine_preset", "confidence") and getattr(self, f.name) is None):
                 continue
             v = getattr(self, f.name)
             if f.name in ("layout", "runner_up"):

@@ -69,6 +69,9 @@ def _notes(c: dict[str, Any]) -> str:
     from opmap.explore.layouts import label
 
     parts = [f"dtype {c['dtype_line']}"] if c.get("dtype_line") else []  # the format priced, and why
+    conf = c.get("confidence")
+    if conf:  # how far to trust the cell: its label and weakest input (opmap.hardware.trust)
+        parts.insert(0, f"{conf['label']} (weakest: {conf['weakest']['name']}, {conf['weakest']['kind']})")
     ep = c.get("engine_preset")
     if ep:  # the engine stack this platform ran (fit --engine-preset)
         parts.insert(0, f"stack {ep['engine']}@{ep['version']} ({ep['max_num_seqs']} seqs, "
@@ -155,6 +158,8 @@ def markdown(r: dict[str, Any]) -> str:
         ds += f" [dtype {c['dtype_line']}]" if c.get("dtype_line") else ""  # the format priced there, and why
         ep = c.get("engine_preset")
         ds += f" [stack {ep['engine']}@{ep['version']}]" if ep else ""  # the engine stack it ran
+        conf = c.get("confidence")
+        ds += f" [{conf['label']}: {conf['weakest']['name']}]" if conf else ""  # how far to trust it
         md.append(f"| {c['model']} | {c['hardware']}{ds} | {lay} | {run} | {f(c.get('devices'), 'd')} | "
                   f"{f(c['throughput_at_slo'])} | {f(c['throughput_per_device'])} | {f(c['latency_p99_s'])} | "
                   f"{f(c['power_w'], '.0f')} | {f(c['perf_per_watt'])} | {f(c['energy_per_token_j'])} | "
