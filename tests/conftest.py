@@ -125,3 +125,30 @@ def _export(folder, specs):
             torch.onnx.export(module, inputs, str(path), input_names=names, **kw)
         out[name] = (path, module, inputs)
     return out
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*args)`` runs ``opmap ARGS`` in-process: (exit status, stdout, stderr); the command-line and
+    engine-preset tests share it."""
+    def run(*args):
+        from opmap.cli import main
+
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run
+
+
+@pytest.fixture
+def refused(cli):
+    """``refused(*args, needle=...)``: exit status 2, one line on stderr holding ``needle``, no traceback."""
+    def run(*args, needle: str):
+        rc, out, err = cli(*args)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0], (rc, err)
+        assert "Traceback" not in err + out
+        return lines[0]
+
+    return run

@@ -8,35 +8,10 @@ import json
 import pytest
 
 from hf_family_configs import GPT_OSS_20B  # noqa: E402
-from opmap.cli import main
 
 TINY = ("import torch\n"
         "def tiny():\n"
         "    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()), (torch.randn(2, 16),)\n")
-
-
-@pytest.fixture
-def cli(capsys):
-    """``cli(*args)`` runs ``opmap ARGS`` in-process: (exit status, stdout, stderr)."""
-    def run(*args):
-        rc = main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return rc, out, err
-
-    return run
-
-
-@pytest.fixture
-def refused(cli):
-    """``refused(*args, needle=...)``: exit status 2, one line on stderr holding ``needle``, no traceback."""
-    def run(*args, needle: str):
-        rc, out, err = cli(*args)
-        lines = [x for x in err.splitlines() if x.strip()]
-        assert rc == 2 and len(lines) == 1 and needle in lines[0], (rc, err)
-        assert "Traceback" not in err + out
-        return lines[0]
-
-    return run
 
 
 @pytest.fixture
