@@ -15,8 +15,8 @@ TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json")
 
 @pytest.mark.parametrize("args,needle", [
     (("--spec", "mtp:0"), "K must be an integer from 1 to 16"),
-    (("--spec", "eagle:3", "--spec-accept", 1.0), "--spec-accept must be a number from 0 to below 1"),
-    (("--spec", "eagle:3", "--spec-accept", -0.2), "--spec-accept must be a number from 0 to below 1"),
+    (("--spec", "eagle:3", "--spec-accept", 1.0), "--spec-accept must be a number >= 0 and < 1"),
+    (("--spec", "eagle:3", "--spec-accept", -0.2), "--spec-accept must be a number >= 0 and < 1"),
     (("--spec", "eagle:3", "--spec-accepted", 5), "--spec-accepted must be a number from 1 to below K + 1 = 4"),
     (("--spec", "medusa:3", "--spec-accept", 0.5), "unknown --spec kind 'medusa'"),
     (("--spec", "eagle:3"), "no published default"),

@@ -109,6 +109,7 @@ def bench(
     reached (nothing sent); 130 when stopped by Ctrl-C, 143 by SIGTERM. ``--from FILE`` imports another tool's
     result file instead (opmap.bench.imports): per-request rows where the file has them, its percentiles where
     it has only those (bench.json's ``imported.granularity`` says which)."""
+    options({"--index": (index, INT_GE0)})  # its range first, whatever else is given
     if from_file is not None or fmt is not None:
         _from(from_file, fmt, index, url, launch, predict, config, hardware, dtype, runtime, min_duration,
               min_queries, out, store, no_store)

@@ -253,6 +253,11 @@ def _stack(o: _Options):
 
 def _spec(o: _Options):
     """--spec with its acceptance, checked (opmap.serve.spec.parse_spec); None without it."""
+    # their ranges first: a bad number is named as such, with or without --spec (below K + 1: parse_spec's)
+    from opmap.serve.spec import MAX_K
+
+    options({"--spec-accept": (o.spec_accept, Rule(lo=0, hi=1, hi_open=True)),
+             "--spec-accepted": (o.spec_accepted, Rule(lo=1, hi=MAX_K + 1, hi_open=True))})
     if o.spec is None:
         if o.spec_accept is not None or o.spec_accepted is not None:
             raise OpmapError("--spec-accept and --spec-accepted set speculative decoding's acceptance: give --spec too")
@@ -418,6 +423,11 @@ def _slo(slo_ttft: float | None, slo_tpot: float | None, slo_p99: float | None):
 
 def _prefix(share: float | None, groups: int | None, pol, pd):
     """--prefix-share R [--prefix-groups G] checked (the engine policy, one pool): a PrefixShare, or None."""
+    if groups is not None:  # its range first: a bad number is named as such, with or without --prefix-share
+        from opmap.serve.prefix import MAX_GROUPS
+        from opmap.validate import count
+
+        count(groups, "--prefix-groups", hi=MAX_GROUPS)
     if share is None:
         if groups is not None:
             raise OpmapError("--prefix-groups G splits the prefix --prefix-share R shares: give --prefix-share too")
