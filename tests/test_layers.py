@@ -143,3 +143,14 @@ def test_the_check_catches_an_upward_import(tmp_path):
                  "def f():\n    from opmap.report.sheet import si\n")
     assert _imports(f, {"opmap.report.sheet"}) == {"opmap.report.sheet"}
     assert _layer("opmap.report.sheet") > _layer("opmap.graph")
+
+
+def test_no_two_test_files_share_a_basename():
+    """pytest imports test files without packages (rootdir-relative basenames): two test_x.py in two folders make
+    the whole suite's collection fail (it did twice: serve's and hardware's test_spec.py, engines' and costs'
+    test_rules.py)."""
+    tests = Path(__file__).resolve().parent
+    names: dict[str, list[str]] = {}
+    for p in tests.rglob("test_*.py"):
+        names.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    assert not {k: v for k, v in names.items() if len(v) > 1}

@@ -132,7 +132,7 @@ def test_trtllm_bench_engine_setting_by_hand():
     u = sr.free_fraction_as_utilization("llama-3-8b", "h100-sxm", 1, 1, 1.0, 0.95)
     assert u == pytest.approx(0.95 + 0.05 * 8.03e9 / 2**30 / 80) == pytest.approx(0.954674, abs=1e-6)
     ref = by_id("trt17-8b-h100-128-128")
-    cmd = ref.command(Path("OUT"))  # the trtllm-bench preset sizes it from the run (tests/engines/test_rules.py)
+    cmd = ref.command(Path("OUT"))  # the trtllm-bench preset sizes it from the run (tests/engines/test_engine_rules.py)
     assert cmd[cmd.index("--engine-preset") + 1] == "trtllm-bench@1.0" and "--policy" not in cmd
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.95" and "--chunked-prefill" in cmd
     assert ref.requests == 30000
