@@ -210,7 +210,7 @@ def _aiperf_records(rows: list, isl: float | None, osl: float | None) -> tuple:
         err = r.get("error")
         if err:
             code = err.get("code") if isinstance(err, dict) else None
-            msg = json.dumps(err)[:300] if not isinstance(err, str) else err[:300]
+            msg = err[:300] if isinstance(err, str) else _quoted(err)
             out.append(record(i, sent, None, [], end, n_in, n_out, None, None, msg,
                               "http_error" if code else "stream_error"))
             continue
@@ -392,3 +392,12 @@ def _ip_requests(rows: list, path: Path, digest: str) -> Imported:
                     tuple(recs), None, 0.0, max(r.end_s for r in recs),
                     ("inference-perf's per-request report: each chunk's arrival is a text event; the lengths asked "
                      "are the tokens it counted",))
+
+
+def _quoted(v) -> str:
+    """A file's error object as the record's message: its JSON (a NaN in it quoted as Python writes it), 300
+    characters at most."""
+    try:
+        return json.dumps(v, allow_nan=False, default=str)[:300]
+    except ValueError:
+        return repr(v)[:300]
