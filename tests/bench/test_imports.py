@@ -169,7 +169,10 @@ def test_aiperf_real(server, tmp_path, opmap_cli):
     assert body["latency"]["ttft"]["p50_s"] == pytest.approx(summ["time_to_first_token"]["p50"] / 1e3, rel=1e-6)
     rows = [json.loads(x)["metadata"] for x in (art / "profile_export.jsonl").read_text().splitlines() if x.strip()]
     e2e = np.array([(r["request_end_ns"] - r["request_start_ns"]) / 1e9 for r in rows])
-    assert body["latency"]["e2e"]["p99_s"] == pytest.approx(np.percentile(e2e, 99), rel=1e-6)
+    # opmap's end is the later of request_end_ns and the last chunk (first token + AIPerf's inter-chunk gaps, ms
+    # floats off its own perf counter): that sum can overrun request_end_ns by a fraction of a microsecond (seen in
+    # CI: 144 ns), so the check allows 1 us, a thousandth of a millisecond, far below any latency this run measures.
+    assert body["latency"]["e2e"]["p99_s"] == pytest.approx(np.percentile(e2e, 99), abs=1e-6)
     assert body["latency"]["e2e"]["p50_s"] >= summ["request_latency"]["p50"] / 1e3 - 1e-9
     assert body["usage_check"]["implausible"] == 0
 
