@@ -5,6 +5,8 @@ runs can tell of them and predict a held-out load), and a profile written and re
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,21 @@ def test_a_malformed_profile_is_one_line(runs, tmp_path, edit, message):
     path.write_text(__import__("json").dumps(d))
     with pytest.raises(OpmapError, match=message):
         read_stack_profile(path)
+
+
+def test_a_profile_anchored_to_an_offline_run_round_trips_and_covers_lower_loads(tmp_path):
+    """benchmarks/serving_tails.py anchors a profile to a saturated (Offline) run: mode ``offline``, no rate and no
+    concurrency; every load below saturation is inside it, and an unknown mode is refused naming the accepted."""
+    from opmap.calibrate.stack_profile import FitRun, StackProfile
+
+    prof = StackProfile("h200", "llama-2-70b", "fp8", "engine-eager", 0.0166, 0.0, 0.0, 1.065, 1.065, None, None,
+                        None, (FitRun("mlperf41-h200x8-offline", "offline", None, None, 24576),), source="anchored")
+    write_stack_profile(prof, tmp_path / "a.json")
+    back = read_stack_profile(tmp_path / "a.json")
+    assert back.runs[0].mode == "offline" and back.decode_scale == 1.065 and back.step_s == 0.0166
+    assert back.outside(rate_per_s=12.7) == "" and back.outside(concurrency=64) == ""
+    d = json.loads((tmp_path / "a.json").read_text())
+    d["runs"][0]["mode"] = "burst"
+    (tmp_path / "b.json").write_text(json.dumps(d))
+    with pytest.raises(OpmapError, match="mode open, closed, offline"):
+        read_stack_profile(tmp_path / "b.json")

@@ -14,6 +14,11 @@ Parameters (each a fitted value, kind ``fit``, with the runs it was fitted on):
 - ``kv_blocks``: the KV pool in blocks where the runs say it (a launched server's settings, vLLM's
   ``num_gpu_blocks`` scraped from /metrics), else None (the model's memory fit decides it).
 
+A profile can also be anchored to one published or measured Offline run of the stack (every request queued at
+once: the stack's throughput at saturation; run mode ``offline``): a uniform decode and prefill scale, the
+predicted over the measured throughput, that sets the capacity an open-loop prediction's utilization is taken
+against (benchmarks/serving_tails.py: MLPerf Server tails from the same system's Offline run).
+
 The profile keeps the range it was fitted on (closed-loop concurrencies, open-loop rates) and the residuals
 (predicted / measured per run and figure) before and after the fit; a prediction outside the range says so.
 """
@@ -33,6 +38,7 @@ from opmap.safeio import read_json_object
 SCHEMA_VERSION = 1
 KIND = "stack-profile"
 MAX_BYTES = 4 << 20
+MODES = ("open", "closed", "offline")  # a fitted run's load (FitRun.mode)
 PARAMS = ("step_s", "per_seq_s", "request_s", "decode_scale", "prefill_scale")
 # what a fitted value may be: times in [0, 10 s], scales in [0.05, 20] (a stack 20x slower or faster than the
 # model's kernels is a wrong model or a wrong device, not a stack to profile)
@@ -57,7 +63,7 @@ class FitRun:
     at ``rate_per_s``) and its measured requests."""
 
     name: str
-    mode: str
+    mode: str  # closed | open | offline (every request queued at once: the run measured saturation)
     concurrency: int | None
     rate_per_s: float | None
     requests: int
@@ -103,6 +109,8 @@ class StackProfile:
     def outside(self, concurrency: int | None = None, rate_per_s: float | None = None) -> str:
         """Why a load lies outside the fitted range ("" inside it): a prediction there extrapolates."""
         c, r = self.concurrency_range, self.rate_range
+        if c is None and r is None and any(run.mode == "offline" for run in self.runs):
+            return ""  # anchored to a saturated run: every load up to its throughput lies below it
         if concurrency is not None:
             if c is None:
                 return f"concurrency {concurrency}: the profile was fitted on open-loop runs only"
@@ -167,8 +175,8 @@ def read_stack_profile(path: str | Path) -> StackProfile:
         raise OpmapError(f"{where}: runs must be a list of 1 to 1000 runs")
     runs = []
     for r in runs_raw:
-        if not isinstance(r, dict) or r.get("mode") not in ("open", "closed"):
-            raise OpmapError(f"{where}: a run must be an object with mode open or closed")
+        if not isinstance(r, dict) or r.get("mode") not in MODES:
+            raise OpmapError(f"{where}: a run must be an object with mode {', '.join(MODES)}")
         rate = r.get("rate_per_s")
         runs.append(FitRun(str(r.get("name", ""))[:200], r["mode"], _opt_int(r.get("concurrency"), "concurrency",
                                                                                 where),
