@@ -201,3 +201,20 @@ def test_per_gpu_figures_and_engine_built_for_another_data_set_by_hand():
     assert (cmd[cmd.index("--max-num-seqs") + 1], cmd[cmd.index("--max-num-batched-tokens") + 1]) == ("768", "2048")
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.83"
     assert ref.requests == 1000 and ref.published_per_device == 41058
+
+
+def test_mlperf_v40_rows_by_hand():
+    # MLPerf v4.0 DGX-H100 llama2-70b-99.9 Offline: 21805.8 tokens/s for 8 GPUs -> 2725.725 per GPU; mean output
+    # 21805.8 / 74.699 samples/s = 291.92 tokens; engine: batch 896 (Offline config), max_num_tokens 16384 (the v4.0
+    # builder's), KV blocks of 128, no chunked context
+    m = by_id("mlperf40-h100x8-offline")
+    assert m.published_per_device == pytest.approx(2725.725) and m.output_len == pytest.approx(291.92)
+    cmd = m.command(Path("OUT"))
+    assert cmd[cmd.index("--policy") + 1] == "engine:896,16384,128,nochunk" and cmd[cmd.index("--tp") + 1] == "2"
+    # v4.0 H200 (TP1 x 8) Server: 26485.43 completed tokens/s -> 3310.67875 per GPU, batch 896 (Server config)
+    s = by_id("mlperf40-h200x8-server")
+    assert s.published_per_device == pytest.approx(3310.67875)
+    assert (s.tp, s.slo_ttft_ms, s.slo_tpot_ms) == (1, 2000, 200)
+    cmd = s.command(Path("OUT"))
+    assert cmd[cmd.index("--policy") + 1] == "engine:896,16384,128,nochunk"
+
