@@ -50,7 +50,7 @@ if str(REPO / "src") not in sys.path:  # this checkout's opmap (its catalog size
     sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(HERE))
 from opmap.errors import OpmapError  # noqa: E402
-from tables import Column, read_tables  # noqa: E402
+from tables import Column, read_table, read_tables  # noqa: E402
 from tables import flags as table_flags  # noqa: E402
 
 BAND = (0.75, 1.33)
@@ -341,9 +341,58 @@ def to_ref(row: dict) -> Ref:
     return Ref(**keep, source=source, flags={**row["flags"], **kv, **flags})
 
 
+# Tables in SERVING_TABLES with columns of their own: load_refs leaves them out, each has its own reader below.
+LATENCY_TABLE = "mlperf_server_latency.csv"
+SIDE_TABLES = (LATENCY_TABLE,)
+
+
 def load_refs(folder: Path = SERVING_TABLES) -> list[Ref]:
-    """Every row of every table in ``folder``, as Refs, in file-name then row order."""
-    return [to_ref(r) for r in read_tables(folder, COLUMNS)]
+    """Every row of every table in ``folder`` (but ``SIDE_TABLES``), as Refs, in file-name then row order."""
+    return [to_ref(r) for r in read_tables(folder, COLUMNS, skip=SIDE_TABLES)]
+
+
+@dataclass(frozen=True)
+class ServerLatency:
+    """The latency statistics of one MLPerf Server run, exactly as its mlperf_log_summary.txt prints them (ns
+    written as ms / s): ``id`` is the Server row's id in its throughput table, ``anchor`` the same system's Offline
+    row; the scheduled (offered Poisson) and completed rates in samples/s; TTFT and TPOT percentiles in ms; the mean
+    request latency in s."""
+
+    id: str
+    anchor: str
+    scheduled_per_s: float
+    completed_per_s: float
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p90_ms: float
+    tpot_p99_ms: float
+    mean_latency_s: float
+    source: str
+
+
+LATENCY_COLUMNS = (Column("id", required=True), Column("anchor", required=True),
+                   *(Column(f.name, float, True) for f in ServerLatency.__dataclass_fields__.values()
+                     if f.name not in ("id", "anchor", "source")),
+                   Column("source", required=True))
+
+
+def load_server_latency(refs: list[Ref], folder: Path = SERVING_TABLES) -> list[ServerLatency]:
+    """The rows of ``folder``/mlperf_server_latency.csv, each checked against the throughput rows ``refs``: ``id``
+    names a server row, ``anchor`` an offline row of the same system (hardware and accelerator count)."""
+    by_id = {r.id: r for r in refs}
+    out = []
+    for row in read_table(folder / LATENCY_TABLE, LATENCY_COLUMNS):
+        where = f"{LATENCY_TABLE} row {row['id']}"
+        srv, off = by_id.get(row["id"]), by_id.get(row["anchor"])
+        if srv is None or srv.scenario != "server":
+            raise OpmapError(f"{where}: id must name a server row of the throughput tables")
+        if off is None or off.scenario != "offline" or (off.hardware, off.devices) != (srv.hardware, srv.devices):
+            raise OpmapError(f"{where}: anchor {row['anchor']!r} must name an offline row of the same system "
+                             f"({srv.devices} x {srv.hardware})")
+        out.append(ServerLatency(**{k: row[k] for k in ServerLatency.__dataclass_fields__}))
+    return out
 
 
 REFS: list[Ref] = load_refs()

@@ -108,10 +108,11 @@ def _row(path: Path, line: int, raw: dict, cols: dict[str, Column], seen: set) -
     return row
 
 
-def read_tables(folder: Path, columns: Iterable[Column]) -> list[dict]:
-    """Every ``*.csv`` in ``folder``, in name order, rows in file order; ids unique across the folder."""
-    cols = list(columns)
-    paths = sorted(folder.glob("*.csv"))
+def read_tables(folder: Path, columns: Iterable[Column], skip: Iterable[str] = ()) -> list[dict]:
+    """Every ``*.csv`` in ``folder`` but the file names in ``skip`` (tables with columns of their own, read by their
+    own reader), in name order, rows in file order; ids unique across the folder."""
+    cols, left_out = list(columns), set(skip)
+    paths = sorted(p for p in folder.glob("*.csv") if p.name not in left_out)
     if not paths:
         raise OpmapError(f"no reference tables (*.csv) in {folder}")
     rows, ids = [], {}

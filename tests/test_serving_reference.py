@@ -139,7 +139,7 @@ def test_trtllm_bench_engine_setting_by_hand():
 
 
 def test_every_row_comes_from_a_table_and_names_its_source():
-    tables = {p.stem for p in sr.SERVING_TABLES.glob("*.csv")}
+    tables = {p.stem for p in sr.SERVING_TABLES.glob("*.csv") if p.name not in sr.SIDE_TABLES}
     assert {r.table for r in sr.REFS} == tables  # every table file holds rows, every row names its table
     for r in sr.REFS:
         assert r.source.strip() and r.table
@@ -201,3 +201,52 @@ def test_per_gpu_figures_and_engine_built_for_another_data_set_by_hand():
     assert (cmd[cmd.index("--max-num-seqs") + 1], cmd[cmd.index("--max-num-batched-tokens") + 1]) == ("768", "2048")
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.83"
     assert ref.requests == 1000 and ref.published_per_device == 41058
+
+
+def test_mlperf_v40_rows_by_hand():
+    # MLPerf v4.0 DGX-H100 llama2-70b-99.9 Offline: 21805.8 tokens/s for 8 GPUs -> 2725.725 per GPU; mean output
+    # 21805.8 / 74.699 samples/s = 291.92 tokens; engine: batch 896 (Offline config), max_num_tokens 16384 (the v4.0
+    # builder's), KV blocks of 128, no chunked context
+    m = by_id("mlperf40-h100x8-offline")
+    assert m.published_per_device == pytest.approx(2725.725) and m.output_len == pytest.approx(291.92)
+    cmd = m.command(Path("OUT"))
+    assert cmd[cmd.index("--policy") + 1] == "engine:896,16384,128,nochunk" and cmd[cmd.index("--tp") + 1] == "2"
+    # v4.0 H200 (TP1 x 8) Server: 26485.43 completed tokens/s -> 3310.67875 per GPU, batch 896 (Server config)
+    s = by_id("mlperf40-h200x8-server")
+    assert s.published_per_device == pytest.approx(3310.67875)
+    assert (s.tp, s.slo_ttft_ms, s.slo_tpot_ms) == (1, 2000, 200)
+    cmd = s.command(Path("OUT"))
+    assert cmd[cmd.index("--policy") + 1] == "engine:896,16384,128,nochunk"
+
+
+def _mlperf_rows() -> dict[str, dict]:
+    rows = sr.read_tables(sr.SERVING_TABLES, sr.COLUMNS, skip=sr.SIDE_TABLES)
+    return {r["id"]: r for r in rows if r["table"].startswith("mlperf_inference_")}
+
+
+def test_server_latency_table_matches_the_server_rows():
+    lat = sr.load_server_latency(sr.REFS)
+    rows = _mlperf_rows()
+    assert {x.id for x in lat} == {i for i, r in rows.items() if r["scenario"] == "server"}
+    for x in lat:
+        assert COMMIT.search(x.source) and x.source.endswith("/Server/performance/run_1/mlperf_log_summary.txt")
+        assert x.source.split(" ")[0] == rows[x.id]["source"].split(" ")[0]  # same results repository
+        assert x.completed_per_s == rows[x.id]["samples_per_s"]  # the summary's 'Completed samples per second'
+        assert x.scheduled_per_s >= x.completed_per_s
+        assert x.ttft_p50_ms <= x.ttft_p90_ms <= x.ttft_p99_ms < 2000  # VALID runs: p99 within the SLO
+        assert x.tpot_p50_ms <= x.tpot_p90_ms <= x.tpot_p99_ms < 200
+    # v4.0 DGX-H100 Server summary: 50th percentile first token latency 381546051 ns = 381.546051 ms; 99th percentile
+    # time to output token 156076924 ns = 156.076924 ms; mean latency 40055013686 ns = 40.055013686 s
+    h = next(x for x in lat if x.id == "mlperf40-h100x8-server")
+    assert (h.ttft_p50_ms, h.tpot_p99_ms, h.mean_latency_s) == (381.546051, 156.076924, 40.055013686)
+
+
+def test_server_latency_loader_refuses_a_wrong_anchor(tmp_path):
+    good = (sr.SERVING_TABLES / sr.LATENCY_TABLE).read_text().splitlines()
+    bad = good[1].replace("mlperf40-h100x8-offline", "mlperf40-h200x8-offline", 1)
+    (tmp_path / sr.LATENCY_TABLE).write_text(good[0] + "\n" + bad + "\n")
+    with pytest.raises(OpmapError, match=r"anchor 'mlperf40-h200x8-offline' must name an offline row of the same"):
+        sr.load_server_latency(sr.REFS, tmp_path)
+    (tmp_path / sr.LATENCY_TABLE).write_text(good[0] + "\n" + good[1].replace("-server,", "-offline,", 1) + "\n")
+    with pytest.raises(OpmapError, match=r"id must name a server row"):
+        sr.load_server_latency(sr.REFS, tmp_path)
