@@ -18,94 +18,137 @@ from opmap.validate import INT_GE1, SEED, Rule, json_text, options, positive_in
 _KV = spoken(registry().names(kv=True))  # --kv-dtype accepts the registry's KV formats
 
 
+# the command's options (typer reads them from the signature's defaults)
+_MODEL = typer.Argument(..., help="A decoder: a zoo name (opmap models list), path/to/config.json, hf:NAME "
+                                  "or path/to/file.py:factory.")
+_HARDWARE = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list).")
+_TP = typer.Option(1, "--tp", help="Tensor-parallel devices per replica.")
+_PP = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
+                                   "tp x pp devices).")
+_EP = typer.Option(1, "--ep", help="MoE: the experts over each replica's tp group, E / ep a device (divides "
+                                   "--tp; the attention stays tensor-parallel).")
+_EP_IMBALANCE = typer.Option(None, "--ep-imbalance", help="With --ep: the busiest EP rank's routed "
+                                                         "tokens over the mean, >= 1 (default from "
+                                                         "a published measurement).")
+_RUNTIME = typer.Option("engine", "--runtime", help=RUNTIME_HELP + ".")
+_KV_DTYPE = typer.Option(None, "--kv-dtype", help=f"KV cache format: {_KV} "
+                                                  "(default: the model dtype's activations').")
+_GPU_MEMORY_UTILIZATION = typer.Option(None, "--gpu-memory-utilization",
+                                       help="Fraction of each device's memory the engine takes (0 < "
+                                            "u <= 1): weights, runtime reserve and the KV cache "
+                                            "(default 0.9; with --engine-preset, in that engine's "
+                                            "sense: SGLang's mem_fraction_static, TensorRT-LLM's "
+                                            "free_gpu_memory_fraction).")
+_ALLOW_LONG_CONTEXT = typer.Option(False, "--allow-long-context",
+                                   help="Allow prompt + output past the model's max_position_embeddings "
+                                        "(rope scaling).")
+_ARRIVAL = typer.Option("poisson:10", help="poisson:RATE, gamma:RATE,CV, offline or trace:FILE.")
+_REQUESTS = typer.Option(1000, "--requests", help="Requests to simulate (a trace: at most this many; "
+                                                  "--find-capacity: at least this many a run, more where "
+                                                  "they span under 20 request lifetimes).")
+_INPUT_LEN = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
+                                                     "lognormal:MEDIAN,SIGMA ([,MAX]) or trace.")
+_OUTPUT_LEN = typer.Option("128", "--output-len", help="As --input-len.")
+_PREFIX_SHARE = typer.Option(None, "--prefix-share", help="engine: the fraction R (0 to 1) of each "
+                             "prompt that is a prefix shared with its group (a system prompt of R x "
+                             "input_len tokens), served from the prefix cache; a Mooncake trace "
+                             "(--arrival trace:FILE with hash_ids) brings its own.")
+_PREFIX_GROUPS = typer.Option(None, "--prefix-groups", help="With --prefix-share: G distinct shared "
+                                                            "prefixes, request i in group i mod G "
+                                                            "(default 1).")
+_POLICY = typer.Option(None, help="engine (in-flight batching as vLLM / TensorRT-LLM: the default; "
+                                  "continuous with --disaggregate), none, static:B, dynamic:B,WAIT_MS, "
+                                  "continuous[:TOKEN_BUDGET], chunked:CHUNK.")
+_MAX_NUM_SEQS = typer.Option(None, "--max-num-seqs", help="engine: most sequences running in a "
+                                                           "step (default 256, vLLM's).")
+_MAX_NUM_BATCHED_TOKENS = typer.Option(None, "--max-num-batched-tokens",
+                                       help="engine: tokens per step, decodes first, the rest "
+                                            "prompt chunks (default 8192).")
+_KV_BLOCK = typer.Option(None, "--kv-block", help="engine: KV cache block, tokens (default 16); "
+                                                  "blocks run out: preemption by recompute.")
+_CHUNKED_PREFILL = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
+                                help="engine: split prompts over steps (default on; a preset's "
+                                     "default otherwise).")
+_ENGINE_PRESET = typer.Option(None, "--engine-preset",
+                              help="vllm, sglang, trtllm or trtllm-bench (NAME@VERSION for a "
+                                   "version): that engine's scheduler defaults and sizing rules "
+                                   "(max sequences, token budget, chunking, KV block, memory "
+                                   "fraction, CUDA graphs), each sourced; flags given override.")
+_STACK = typer.Option(None, "--stack", help="A stack profile (opmap calibrate --from-bench): its "
+                                           "fitted host times and decode / prefill scales applied "
+                                           "to every priced step.")
+_REPLICAS = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices.")
+_ROUTER = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue).")
+_DISAGGREGATE = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
+                             "(DistServe-style), each of --tp devices, the KV cache moved "
+                             "between them over the device's links; instead of --replicas.")
+_SLO_TTFT = typer.Option(None, "--slo-ttft", help="TTFT limit at p99, ms (default 2000).")
+_SLO_TPOT = typer.Option(None, "--slo-tpot", help="TPOT limit at p99, ms (default 200).")
+_SLO_P99 = typer.Option(None, "--slo-p99", help="End-to-end latency limit at p99, ms "
+                                                "(instead of TTFT and TPOT).")
+_FIND_CAPACITY = typer.Option(False, "--find-capacity", help="Search for the highest arrival rate "
+                             "meeting the SLO with a stationary queue, never above the offline "
+                             "saturation rate; the run printed is the one at that rate (probes run in "
+                             "parallel).")
+_ENGINE = typer.Option("local", help="Where --find-capacity's probes run: local (a process pool here) or "
+                                     "ray (a Ray cluster, the ray extra); the same capacity either way.")
+_SEED = typer.Option(0, "--seed", help="Seeds arrivals, lengths and service times.")
+_SERVICE_TIME = typer.Option(None, "--service-time", help="fixed:MS or exp:MS: a per-request "
+                                                          "service time instead of the cost model.")
+_DTYPE = typer.Option("bf16", help="Precision of the priced model.")
+_SPEC = typer.Option(None, "--spec", help="Speculative decoding: mtp:K (the model's MTP module), "
+                     "eagle:K (an EAGLE-3 head) or draft:MODEL:K (a draft model), K drafted tokens "
+                     "a step; policy continuous (the default with --spec) or chunked.")
+_SPEC_ACCEPT = typer.Option(None, "--spec-accept", help="--spec: probability each drafted token "
+                            "is accepted (0 <= RATE < 1; default: the kind's published figure).")
+_SPEC_ACCEPTED = typer.Option(None, "--spec-accepted", help="--spec: mean tokens a step emits "
+                              "(1 <= A < K + 1), instead of --spec-accept.")
+_OUT = typer.Option(None, help="Write serve.json (and latency_cdf.png with matplotlib) here.")
+_STORE = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE).")
+_NO_STORE = typer.Option(False, "--no-store", help="Do not record this run in the run store.")
+
+
 def serve(
-    model: str = typer.Argument(..., help="A decoder: a zoo name (opmap models list), path/to/config.json, hf:NAME "
-                                          "or path/to/file.py:factory."),
-    hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="Catalog name (opmap hardware list)."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel devices per replica."),
-    pp: int = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
-                                           "tp x pp devices)."),
-    ep: int = typer.Option(1, "--ep", help="MoE: the experts over each replica's tp group, E / ep a device (divides "
-                                           "--tp; the attention stays tensor-parallel)."),
-    ep_imbalance: float | None = typer.Option(None, "--ep-imbalance", help="With --ep: the busiest EP rank's routed "
-                                                                          "tokens over the mean, >= 1 (default from "
-                                                                          "a published measurement)."),
-    runtime: str = typer.Option("engine", "--runtime", help=RUNTIME_HELP + "."),
-    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help=f"KV cache format: {_KV} "
-                                                                 "(default: the model dtype's activations')."),
-    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
-                                                        help="Fraction of each device's memory the engine takes (0 < "
-                                                             "u <= 1): weights, runtime reserve and the KV cache "
-                                                             "(default 0.9; with --engine-preset, in that engine's "
-                                                             "sense: SGLang's mem_fraction_static, TensorRT-LLM's "
-                                                             "free_gpu_memory_fraction)."),
-    allow_long_context: bool = typer.Option(False, "--allow-long-context",
-                                            help="Allow prompt + output past the model's max_position_embeddings "
-                                                 "(rope scaling)."),
-    arrival: str = typer.Option("poisson:10", help="poisson:RATE, gamma:RATE,CV, offline or trace:FILE."),
-    requests: int = typer.Option(1000, "--requests", help="Requests to simulate (a trace: at most this many; "
-                                                          "--find-capacity: at least this many a run, more where "
-                                                          "they span under 20 request lifetimes)."),
-    input_len: str = typer.Option("512", "--input-len", help="N, uniform:A,B, normal:MEAN,STD, "
-                                                             "lognormal:MEDIAN,SIGMA ([,MAX]) or trace."),
-    output_len: str = typer.Option("128", "--output-len", help="As --input-len."),
-    prefix_share: float | None = typer.Option(None, "--prefix-share", help="engine: the fraction R (0 to 1) of each "
-                                              "prompt that is a prefix shared with its group (a system prompt of R x "
-                                              "input_len tokens), served from the prefix cache; a Mooncake trace "
-                                              "(--arrival trace:FILE with hash_ids) brings its own."),
-    prefix_groups: int | None = typer.Option(None, "--prefix-groups", help="With --prefix-share: G distinct shared "
-                                                                           "prefixes, request i in group i mod G "
-                                                                           "(default 1)."),
-    policy: str | None = typer.Option(None, help="engine (in-flight batching as vLLM / TensorRT-LLM: the default; "
-                                                 "continuous with --disaggregate), none, static:B, dynamic:B,WAIT_MS, "
-                                                 "continuous[:TOKEN_BUDGET], chunked:CHUNK."),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="engine: most sequences running in a "
-                                                                          "step (default 256, vLLM's)."),
-    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens",
-                                                      help="engine: tokens per step, decodes first, the rest "
-                                                           "prompt chunks (default 8192)."),
-    kv_block: int | None = typer.Option(None, "--kv-block", help="engine: KV cache block, tokens (default 16); "
-                                                                 "blocks run out: preemption by recompute."),
-    chunked_prefill: bool | None = typer.Option(None, "--chunked-prefill/--no-chunked-prefill",
-                                                help="engine: split prompts over steps (default on; a preset's "
-                                                     "default otherwise)."),
-    engine_preset: str | None = typer.Option(None, "--engine-preset",
-                                             help="vllm, sglang, trtllm or trtllm-bench (NAME@VERSION for a "
-                                                  "version): that engine's scheduler defaults and sizing rules "
-                                                  "(max sequences, token budget, chunking, KV block, memory "
-                                                  "fraction, CUDA graphs), each sourced; flags given override."),
-    stack: Path | None = typer.Option(None, "--stack", help="A stack profile (opmap calibrate --from-bench): its "
-                                                           "fitted host times and decode / prefill scales applied "
-                                                           "to every priced step."),
-    replicas: int = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices."),
-    router: str = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue)."),
-    disaggregate: str | None = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
-                                            "(DistServe-style), each of --tp devices, the KV cache moved "
-                                            "between them over the device's links; instead of --replicas."),
-    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="TTFT limit at p99, ms (default 2000)."),
-    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="TPOT limit at p99, ms (default 200)."),
-    slo_p99: float | None = typer.Option(None, "--slo-p99", help="End-to-end latency limit at p99, ms "
-                                                                 "(instead of TTFT and TPOT)."),
-    find_capacity: bool = typer.Option(False, "--find-capacity", help="Search for the highest arrival rate "
-                                      "meeting the SLO with a stationary queue, never above the offline "
-                                      "saturation rate; the run printed is the one at that rate (probes run in "
-                                      "parallel)."),
-    engine: str = typer.Option("local", help="Where --find-capacity's probes run: local (a process pool here) or "
-                                             "ray (a Ray cluster, the ray extra); the same capacity either way."),
-    seed: int = typer.Option(0, "--seed", help="Seeds arrivals, lengths and service times."),
-    service_time: str | None = typer.Option(None, "--service-time", help="fixed:MS or exp:MS: a per-request "
-                                                                         "service time instead of the cost model."),
-    dtype: str = typer.Option("bf16", help="Precision of the priced model."),
-    spec: str | None = typer.Option(None, "--spec", help="Speculative decoding: mtp:K (the model's MTP module), "
-                                    "eagle:K (an EAGLE-3 head) or draft:MODEL:K (a draft model), K drafted tokens "
-                                    "a step; policy continuous (the default with --spec) or chunked."),
-    spec_accept: float | None = typer.Option(None, "--spec-accept", help="--spec: probability each drafted token "
-                                             "is accepted (0 <= RATE < 1; default: the kind's published figure)."),
-    spec_accepted: float | None = typer.Option(None, "--spec-accepted", help="--spec: mean tokens a step emits "
-                                               "(1 <= A < K + 1), instead of --spec-accept."),
-    out: Path | None = typer.Option(None, help="Write serve.json (and latency_cdf.png with matplotlib) here."),
-    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
-    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
+    model: str = _MODEL,
+    hardware: str = _HARDWARE,
+    tp: int = _TP,
+    pp: int = _PP,
+    ep: int = _EP,
+    ep_imbalance: float | None = _EP_IMBALANCE,
+    runtime: str = _RUNTIME,
+    kv_dtype: str | None = _KV_DTYPE,
+    gpu_memory_utilization: float | None = _GPU_MEMORY_UTILIZATION,
+    allow_long_context: bool = _ALLOW_LONG_CONTEXT,
+    arrival: str = _ARRIVAL,
+    requests: int = _REQUESTS,
+    input_len: str = _INPUT_LEN,
+    output_len: str = _OUTPUT_LEN,
+    prefix_share: float | None = _PREFIX_SHARE,
+    prefix_groups: int | None = _PREFIX_GROUPS,
+    policy: str | None = _POLICY,
+    max_num_seqs: int | None = _MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = _MAX_NUM_BATCHED_TOKENS,
+    kv_block: int | None = _KV_BLOCK,
+    chunked_prefill: bool | None = _CHUNKED_PREFILL,
+    engine_preset: str | None = _ENGINE_PRESET,
+    stack: Path | None = _STACK,
+    replicas: int = _REPLICAS,
+    router: str = _ROUTER,
+    disaggregate: str | None = _DISAGGREGATE,
+    slo_ttft: float | None = _SLO_TTFT,
+    slo_tpot: float | None = _SLO_TPOT,
+    slo_p99: float | None = _SLO_P99,
+    find_capacity: bool = _FIND_CAPACITY,
+    engine: str = _ENGINE,
+    seed: int = _SEED,
+    service_time: str | None = _SERVICE_TIME,
+    dtype: str = _DTYPE,
+    spec: str | None = _SPEC,
+    spec_accept: float | None = _SPEC_ACCEPT,
+    spec_accepted: float | None = _SPEC_ACCEPTED,
+    out: Path | None = _OUT,
+    store: Path | None = _STORE,
+    no_store: bool = _NO_STORE,
 ) -> None:
     """A discrete-event simulation of serving: prefill and decode steps priced by opmap's cost model for the
     batch actually formed, admission limited by the KV cache that fits; TTFT, TPOT, ITL, goodput, MLPerf-style
