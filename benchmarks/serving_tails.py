@@ -13,8 +13,8 @@ it (opmap.calibrate.stack_profile: a uniform decode and prefill scale, predicted
 fixes rho; the Server prediction at the published rate is then the simulator's: the batch the arrivals build, the
 whole prompts admitted into steps (no chunked context), the queue.
 
-Per Server row of benchmarks/reference/serving_tails/*.csv (each row naming its throughput row in
-benchmarks/reference/serving/ and the Offline row of the same system, ``anchor``), three predictions (``MODES``):
+Per Server row of benchmarks/reference/serving/mlperf_server_latency.csv (each naming its throughput row and the
+Offline row of the same system, ``anchor``), three predictions (``MODES``):
 - ``uncalibrated``: ``opmap serve`` at the Server run's scheduled rate over the whole system (devices / tp
   replicas, round robin), MLPerf's minimum duration of arrivals (2,400 s), the row's engine flags;
 - ``anchored``: the same with a stack profile whose decode and prefill scale put the anchor's predicted Offline
@@ -43,21 +43,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import serving_reference as sr  # noqa: E402  (its sys.path puts this checkout's src first)
 from _common import SCHEMA_VERSION, machine, now_iso, write_json  # noqa: E402
-from tables import Column, read_tables  # noqa: E402
-
 from opmap.calibrate.stack_profile import FitRun, StackProfile, write_stack_profile  # noqa: E402
 from opmap.errors import OpmapError  # noqa: E402
 
-TABLES = HERE / "reference" / "serving_tails"
 BAND = (0.67, 1.5)  # issue 39: p99 TTFT and TPOT at the published rate within 0.67-1.5 of the submission
 MODES = ("uncalibrated", "anchored", "anchored+weights")
 ANCHOR_TRIES, ANCHOR_TOL = 4, 0.005  # fixed-point steps onto the Offline figure, and how close is on it
 FIGURES = (("ttft", "p50"), ("ttft", "p99"), ("tpot", "p50"), ("tpot", "p99"))
-COLUMNS = (Column("id", required=True), Column("anchor", required=True),
-           Column("scheduled_per_s", float, True), Column("completed_per_s", float, True),
-           *(Column(f"{k}_{q}_ms", float, q != "p90") for k in ("ttft", "tpot") for q in ("p50", "p90", "p99")),
-           Column("mean_latency_s", float), Column("source", required=True))
-
 
 @dataclass(frozen=True)
 class TailRow:
@@ -71,20 +63,13 @@ class TailRow:
     source: str
 
 
-def load_rows(folder: Path = TABLES) -> list[TailRow]:
+def load_rows() -> list[TailRow]:
+    """Every row of benchmarks/reference/serving/mlperf_server_latency.csv with its Server and Offline rows
+    (serving_reference.load_server_latency checks that they exist and are the same system)."""
     refs = {r.id: r for r in sr.REFS}
-    out = []
-    for row in read_tables(folder, COLUMNS):
-        for k in ("id", "anchor"):
-            if row[k] not in refs:
-                raise OpmapError(f"serving_tails row {row['id']}: {k} {row[k]!r} is not a row of "
-                                 f"benchmarks/reference/serving/*.csv")
-        server, anchor = refs[row["id"]], refs[row["anchor"]]
-        if server.scenario != "server" or anchor.scenario != "offline":
-            raise OpmapError(f"serving_tails row {row['id']}: needs a server row anchored to an offline row")
-        out.append(TailRow(row["id"], server, anchor, row["scheduled_per_s"],
-                           {(k, q): row[f"{k}_{q}_ms"] for k, q in FIGURES}, row["source"]))
-    return out
+    return [TailRow(x.id, refs[x.id], refs[x.anchor], x.scheduled_per_s,
+                    {(k, q): getattr(x, f"{k}_{q}_ms") for k, q in FIGURES}, x.source)
+            for x in sr.load_server_latency(sr.REFS)]
 
 
 def anchor_profile(row: TailRow, scale: float, step_s: float, folder: Path, name: str) -> Path:
@@ -206,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             want = a.rows.split(",")
             rows = [r for r in rows if r.id in want]
             if not rows:
-                raise OpmapError(f"--rows {a.rows}: no such server row in {TABLES}")
+                raise OpmapError(f"--rows {a.rows}: no such row in mlperf_server_latency.csv")
         results = []
         from rich.progress import Progress
 

@@ -25,12 +25,14 @@ def test_the_table_covers_h100_and_h200():
 def test_a_row_is_sourced_and_its_figures_agree(row: st.TailRow):
     assert COMMIT.search(row.source) and row.source.endswith("mlperf_log_summary.txt")
     s, a = row.server, row.anchor
-    # the Offline anchor is the same system under the same engine settings but the batch
+    # the Offline anchor is the same system, model, layout and formats (its engine settings may differ: AMD's
+    # v4.1 Server harness runs vLLM with graphs on and 0.97 of memory, its Offline one eager at 0.99; each row
+    # carries its own, and the anchor's scale is taken under the Offline row's)
     assert (s.model, s.hardware, s.devices, s.tp, s.dtype) == (a.model, a.hardware, a.devices, a.tp, a.dtype)
-    assert {k: v for k, v in s.flags.items() if k != "--policy"} == {k: v for k, v in a.flags.items()
-                                                                     if k != "--policy"}
-    # LoadGen schedules the offered rate; completions trail it by under 2% over a 2,400 s run
-    assert 0.98 * row.rate_per_s <= s.value / s.output_len <= row.rate_per_s
+    assert s.flags.get("--kv-dtype") == a.flags.get("--kv-dtype")
+    # LoadGen schedules the offered rate; completions trail it by under 3% over a 2,400 s run (NVIDIA's rows 0.9%,
+    # AMD's MI300X x 8 2.6%: 71.74 of 73.66 samples/s)
+    assert 0.97 * row.rate_per_s <= s.value / s.output_len <= row.rate_per_s
     # percentiles ordered; MLPerf's Server limits met (p99 TTFT 2 s, p99 TPOT 200 ms) by a VALID run
     for k, limit in (("ttft", s.slo_ttft_ms), ("tpot", s.slo_tpot_ms)):
         assert row.published_ms[k, "p50"] <= row.published_ms[k, "p99"] <= limit
