@@ -9,6 +9,7 @@ import math
 import pytest
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.store.compare import compare
 
 
@@ -40,7 +41,7 @@ def test_a_clear_shift_is_a_regression_with_the_hand_computed_p_value(tmp_path):
     assert ttft.verdict == "regression" and r.verdict == "regression" and r.regressed
     tpot = next(m for m in r.metrics if m.metric == "tpot")
     assert tpot.p == 1.0 and tpot.verdict == "no significant change"  # the same values on both sides
-    assert r.to_dict()["throughput"]["output_tokens_per_s"]["rel"] == pytest.approx(-0.2)
+    assert record(r)["throughput"]["output_tokens_per_s"]["rel"] == pytest.approx(-0.2)
     assert compare(b, a).verdict == "improvement"
 
 
