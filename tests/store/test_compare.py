@@ -136,7 +136,25 @@ def test_per_kernel_verdicts_find_only_the_injected_kernel(tmp_path):
     k3 = r.kernels[0]
     assert k3.a_idx == 3 and k3.test.effect == pytest.approx(0.5, abs=0.05) and k3.stall_delta is not None
     # the JSON keeps the test's figures beside the kernel's (opmap compare --json)
-    assert record_json(r)["kernels"][0]["effect"] == k3.test.effect
+    d = record_json(r)
+    assert d["kernels"][0]["effect"] == k3.test.effect
+    # compare --json's shape, key for key as Comparison.to_dict wrote it before it was declared: a tested verdict
+    assert list(d) == ["a", "b", "forced_tags", "matched_by", "times", "kernels", "unmatched", "totals",
+                       "layer_types", "min_effect", "alpha", "per_kernel_test", "kernel_floor", "warmup_rule", "test",
+                       "effect", "verdict", "verdict_line", "min_effect_used", "noise", "warmup", "host"]
+    assert d["matched_by"] == {"node identity": 4} and list(d["layer_types"]) == [lt.layer_type for lt in r.layer_types]
+    assert list(d["kernels"][0]) == [
+        "a_idx", "b_idx", "name", "layer_type", "a_s", "b_s", "delta_s", "rel", "measured", "mfu_a", "mfu_b",
+        "mfu_delta", "stall_a", "stall_b", "stall_delta", "bytes_a", "bytes_b", "bytes_delta", "p", "effect", "n_a",
+        "n_b", "matched_by", "verdict"]
+    assert list(d["layer_types"]["attention"]) == [
+        "kernels", "only_a", "only_b", "a_s", "b_s", "delta_s", "rel", "measured", "mfu_delta", "stall_delta",
+        "bytes_delta", "p", "effect", "n_a", "n_b", "verdict"]
+    assert list(d["test"]) == ["name", "u", "p", "n_a", "n_b"]
+    assert list(d["noise"]) == ["noise", "measured", "n_a", "n_b", "sd_log", "dof", "t", "rule", "minimum_effect",
+                                "runs_a", "runs_b"]
+    assert list(d["warmup"]) == ["rule", "dropped_a", "dropped_b"]
+    assert list(d["kernel_floor"]) == ["noise", "measured", "n_a", "n_b", "sd_log", "dof", "t", "rule"]
 
 
 def test_kernels_match_by_signature_then_by_module_where_graphs_differ(tmp_path):
@@ -286,7 +304,13 @@ def test_the_total_counts_every_kernel_matched_or_not(tmp_path):
     assert (t.only_a.kernels, t.only_a.time_s) == (1, pytest.approx(2e-6))
     assert (t.only_b.kernels, t.only_b.time_s) == (1, pytest.approx(0.5e-6))
     # the JSON's totals: each side's kernels without a partner under only_a / only_b
-    assert record_json(r)["totals"]["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
+    d = record_json(r)
+    assert d["totals"]["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
+    assert list(d["totals"]) == ["matched_a_s", "matched_b_s", "only_a", "a_s", "only_b", "b_s", "rel"]
+    # an untested verdict: its note after the line, none of a tested one's blocks
+    assert list(d)[-6:] == ["warmup_rule", "test", "effect", "verdict", "verdict_line", "note"] and d["test"] is None
+    assert list(d["unmatched"][0]) == ["side", "idx", "name", "layer_type", "time_s"]
+    assert "p" not in d["kernels"][0] and list(d["kernels"][0])[-2:] == ["matched_by", "verdict"]
     assert sorted((u.side, u.name, u.time_s) for u in r.unmatched) == [
         ("a", f"{gelu}@act", pytest.approx(2e-6)), ("b", f"{copy}@out", pytest.approx(0.5e-6))]
     # the layer types hold the kernels without a partner too: A's GELU, B's copy

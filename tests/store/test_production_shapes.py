@@ -93,7 +93,19 @@ def test_a_synthetic_win_is_carried_over_only_through_represented_kernels(tmp_pa
     # Amdahl over the represented kernels only: -20% x (0.3 ms of 0.5 ms) = -12% of the production total,
     # not -20% x 0.8 (all GEMMs) = -16%
     assert r.expected_production_change == pytest.approx(-0.2 * 0.6)
-    assert record_json(r)["expected_production_change"] == r.expected_production_change
+    d = record_json(r)
+    assert d["expected_production_change"] == r.expected_production_change
+    # the JSON's shape, key for key as the check's to_dict wrote it before it was declared (a stable output): the
+    # times paired, each class a row with its carried change last
+    assert list(d) == ["synthetic", "production", "forced_tags", "times", "rule", "classes",
+                       "expected_production_change"]
+    assert d["times"] == {"synthetic": "predicted", "production": "predicted"}
+    assert list(d["classes"][0]) == [
+        "class", "synthetic_kernels", "synthetic_bound", "synthetic_intensity", "production_kernels",
+        "production_share", "represented_kernels", "represented_share_of_class", "represented_share_of_total",
+        "production_intensity_p10_p50_p90", "production_bound_mix", "verdict", "synthetic_change",
+        "expected_production_change"]
+    assert d["classes"][0]["production_bound_mix"] == pytest.approx({"compute": 0.75, "memory": 0.25})
 
 
 def test_mismatched_hardware_is_refused(tmp_path):
