@@ -47,11 +47,10 @@ def _held_out(run_dir: Path, profile: Path, config: Path, hw: str) -> dict:
     from opmap.serve.model_cost import model_table_cost
 
     run = read_run(run_dir)
-    s = run.launched["settings"]
+    s = run.launched
     prof = read_stack_profile(profile)
-    cost = replace(model_table_cost(str(config), hw, "fp32", runtime="engine"), kv_capacity_tokens=s["kv_tokens"])
-    rep = predict_run(run.result, cost, engine_policy(s["max_batch_tokens"], s["page_tokens"]),
-                      stack=prof)
+    cost = replace(model_table_cost(str(config), hw, "fp32", runtime="engine"), kv_capacity_tokens=s.kv_tokens)
+    rep = predict_run(run.result, cost, engine_policy(s.max_batch_tokens, s.page_tokens), stack=prof)
     out = {}
     for p in rep.predictions:
         rows = {(r["metric"], r["stat"]): r["ratio"] for r in p.rows}

@@ -158,3 +158,33 @@ def test_omit_default_leaves_out_a_field_at_its_default():
         ep: int = field(default=1, metadata=key(omit="default"))
 
     assert record(Lay(4)) == {"tp": 4} and record(Lay(4, 4)) == {"tp": 4, "ep": 4}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    t_s: float
+    inner: Inner | None = field(default=None, metadata=key(flatten=True, omit="none"))
+
+
+@dataclass(frozen=True)
+class Table:
+    counts: tuple[tuple[str, int], ...] = field(metadata=key(mapping=True))
+    rows: tuple[Row, ...] = field(metadata=key("by_name", mapping="name"))
+    options: dict[str, Any] = field(default_factory=dict, metadata=key(flatten=True))
+    none: tuple[Row, ...] | None = field(default=None, metadata=key(mapping="name"))
+
+
+def test_mapping_writes_pairs_and_keyed_rows_as_objects_and_flatten_takes_a_dict():
+    t = Table((("b", 2), ("a", 1)), (Row("mlp", 1.5, Inner(7, (8,))), Row("attn", 0.5)), {"x": [1], "y": (2,)})
+    d = record(t)
+    # pairs in their order; each row under its name, its record less that key; the dict's items in place
+    assert json.dumps(d) == json.dumps({"counts": {"b": 2, "a": 1},
+                                        "by_name": {"mlp": {"t_s": 1.5, "a": 7, "b": [8]}, "attn": {"t_s": 0.5}},
+                                        "x": [1], "y": [2], "none": None})
+    assert record(Table((), ())) == {"counts": {}, "by_name": {}, "none": None}
+    d["options_copy"] = d.pop("x")
+    d["options_copy"].append(9)
+    assert t.options["x"] == [1]  # nothing mutable shared
+    with pytest.raises(ValueError, match="mapping='a b'"):
+        key(mapping="a b")

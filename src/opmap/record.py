@@ -7,7 +7,10 @@ booleans and None as they are). What a class changes is declared beside its fiel
 - per field, ``field(metadata=key(...))``: ``name`` writes the field under another key; ``omit="none"`` leaves the
   key out while the value is None, ``omit="empty"`` while it is falsy (``""``, ``()``, 0), ``omit="default"`` while
   it equals the field's default (a key that only a later feature's layouts carry: ``ep`` > 1); ``flatten=True`` writes
-  the nested record's keys in the field's place instead of one key holding it; ``skip=True`` never writes it;
+  the nested record's keys (a dict's items) in the field's place instead of one key holding it; ``skip=True`` never
+  writes it; ``mapping=True`` writes a tuple of (key, value) pairs as one object; ``mapping="attr"`` writes a tuple of
+  dataclasses as one object, each under its ``attr`` with its record less the key ``attr`` as the value (a table
+  keyed by a column: ``{"mlp": {...}, "attention": {...}}``);
 - per class, ``RECORD: ClassVar[tuple]``: the keys in order, by attribute name. A name that is not a field is a
   derived value (a property, or a class constant) written under that name; ``...`` stands for every field not
   named elsewhere in the tuple, in declaration order. Without ``RECORD`` a class writes ``(...,)``: its fields.
@@ -38,15 +41,18 @@ _SCALAR_TUPLES = {f"tuple[{t}, ...]" for t in ("str", "int", "float", "bool")}
 _BUILDERS: dict[type, Callable[[Any], dict[str, Any]]] = {}
 
 
-def key(name: str | None = None, *, omit: str | None = None, flatten: bool = False,
-        skip: bool = False) -> MappingProxyType[str, Any]:
+def key(name: str | None = None, *, omit: str | None = None, flatten: bool = False, skip: bool = False,
+        mapping: bool | str = False) -> MappingProxyType[str, Any]:
     """A field's metadata for ``record``: its key (``name``, default the field's name), when it is left out
     (``omit``: None never, ``"none"`` while None, ``"empty"`` while falsy, ``"default"`` while it equals the field's
     default), whether its record's keys are written
-    in its place (``flatten``) and whether it is never written (``skip``)."""
+    in its place (``flatten``), whether it is never written (``skip``) and whether its tuple is written as an object
+    (``mapping``: True for (key, value) pairs, an attribute's name for dataclasses keyed by it)."""
     if omit not in _OMITS:
-        raise ValueError(f"omit={omit!r}: accepted None, 'none', 'empty'")
-    return MappingProxyType({_META: (name, omit, flatten, skip)})
+        raise ValueError(f"omit={omit!r}: accepted None, 'none', 'empty', 'default'")
+    if not (isinstance(mapping, bool) or (isinstance(mapping, str) and mapping.isidentifier())):
+        raise ValueError(f"mapping={mapping!r}: accepted True, False or an attribute's name")
+    return MappingProxyType({_META: (name, omit, flatten, skip, mapping)})
 
 
 def record(value: Any) -> dict[str, Any]:
@@ -93,10 +99,14 @@ def _builder(cls: type) -> Callable[[Any], dict[str, Any]]:
                 test = {"none": "x is not None", "empty": "x", "default": f"x != DEFAULT_{attr}"}[omit]
                 lines.append(f"    if {test}:")
                 pad = "        "
-            value = {"scalar": "x", "tuple": "list(x)"}.get(kind, "x if type(x) in SCALARS else jsonable(x)")
-            lines.append(f"{pad}out.update(record(x))" if flatten else f"{pad}out[{k!r}] = {value}")
+            value = {"scalar": "x", "tuple": "list(x)", "pairs": "pairs(x)"}.get(kind, "x if type(x) in SCALARS else "
+                                                                                     "jsonable(x)")
+            if kind.startswith("by:"):
+                value = f"keyed(x, {kind[3:]!r})"
+            flat = "out.update(jsonable(x) if type(x) is dict else record(x))"
+            lines.append(f"{pad}{flat}" if flatten else f"{pad}out[{k!r}] = {value}")
         lines.append("    return out")
-        scope.update({"SCALARS": _SCALARS, "jsonable": jsonable, "record": record})
+        scope.update({"SCALARS": _SCALARS, "jsonable": jsonable, "record": record, "pairs": _pairs, "keyed": _keyed})
         exec("\n".join(lines), scope)  # noqa: S102 (source built above from the class's own field names)
         own = scope["build"]
     _BUILDERS[cls] = own
@@ -106,7 +116,8 @@ def _builder(cls: type) -> Callable[[Any], dict[str, Any]]:
 def _plan(cls: type) -> tuple[tuple[str, str, str | None, bool, str], ...]:
     """The entries of ``cls``'s record (key, attribute, omit, flatten, kind), in order (module docstring); kind
     is ``scalar`` or ``tuple`` where the field's annotation says its value needs no conversion or is a tuple of
-    scalars (a list is written), else ``any``."""
+    scalars (a list is written), ``pairs`` or ``by:ATTR`` where its metadata asks for an object (``mapping``), else
+    ``any``."""
     if not is_dataclass(cls):
         raise TypeError(f"record() takes a dataclass instance, not {cls.__name__}")
     fs = {f.name: f for f in fields(cls)}
@@ -121,10 +132,31 @@ def _plan(cls: type) -> tuple[tuple[str, str, str | None, bool, str], ...]:
                     raise TypeError(f"{cls.__name__}.RECORD names {name!r}: neither a field nor an attribute")
                 plan.append((name, name, None, False, "any"))
                 continue
-            k, omit, flatten, skip = f.metadata.get(_META, (None, None, False, False))
+            k, omit, flatten, skip, mapping = f.metadata.get(_META, (None, None, False, False, False))
             if not skip:
-                plan.append((k or name, name, omit, flatten, _kind(f.type)))
+                kind = ("pairs" if mapping is True else f"by:{mapping}" if mapping else _kind(f.type))
+                plan.append((k or name, name, omit, flatten, kind))
     return tuple(plan)
+
+
+def _pairs(x: Any) -> dict[Any, Any] | None:
+    """A field's (key, value) pairs as one object (``key(mapping=True)``); None as None."""
+    if x is None:
+        return None
+    return {k: v if type(v) in _SCALARS else jsonable(v) for k, v in x}
+
+
+def _keyed(x: Any, attr: str) -> dict[Any, Any] | None:
+    """A field's dataclasses as one object, each under its ``attr``, its record less the key ``attr`` as the value
+    (``key(mapping="attr")``); None as None."""
+    if x is None:
+        return None
+    out = {}
+    for item in x:
+        rec = record(item)
+        rec.pop(attr, None)
+        out[getattr(item, attr)] = rec
+    return out
 
 
 def _kind(annotation: Any) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from opmap.bench.metrics import LAG_LIMIT_S, summarize
 from opmap.bench.records import RequestRecord
+from opmap.record import record
 
 
 def rec(i, sched, sent, times, end, asked_out, usage_out, status="ok", warmup=False, asked_in=10, usage_in=10):
@@ -112,9 +113,9 @@ def test_each_kind_of_failure_keeps_its_first_reason():
 
 
 def test_the_figures_are_written_as_bench_json_had_them():
-    """BenchFigures.to_dict is bench.json's figures, key for key in the order the dict summarize returned before
+    """BenchFigures' record is bench.json's figures, key for key in the order the dict summarize returned before
     had them; the achieved rate is the ok requests' rate (2 of them over 2.01 s), the goodput's SLO nested."""
-    d = summarize([W, A, B, C], slo_ttft_s=0.2, min_duration_s=0, min_queries=0).to_dict()
+    d = record(summarize([W, A, B, C], slo_ttft_s=0.2, min_duration_s=0, min_queries=0))
     assert list(d) == ["schema_version", "requests", "latency", "cdf", "throughput", "rate", "goodput", "errors",
                        "error_examples", "usage_check", "scheduler_lag", "validity", "samples"]
     assert list(d["requests"]) == ["measured", "warmup", "ok", "failed", "input_tokens", "output_tokens", "window_s",

@@ -26,3 +26,45 @@ def test_a_request_of_two_million_event_times_is_written_whole(tmp_path):
         f"token_times_dropped FROM read_parquet('{path}') ORDER BY idx").fetchall()
     assert rows == [(0, n, times[0], times[-1], None, "usage completion_tokens -1 is not a count", 7),
                     (1, 2, 0.6, 0.7, 2, "", 0)]
+
+
+def test_bench_json_is_the_bench_file_record_key_for_key():
+    """bench.json's shape, key for key as opmap.bench.outputs.bench_body and the command wrote it before it was
+    declared (a stable output): a measured run's client with its options and host in place, the endpoint with the
+    server's metadata, the figures' keys at the top, the launched server last; an imported run's client the tool,
+    no server metadata, its ``imported`` block last."""
+    import json
+    from pathlib import Path
+
+    from opmap.bench import imports
+    from opmap.bench.import_formats import read_result
+    from opmap.bench.metrics import summarize
+    from opmap.bench.outputs import bench_file
+    from opmap.record import record
+
+    recs = (RequestRecord(0, None, 0.0, 0.1, (0.1, 0.2), 0.25, 8, 2, 8, 2, 3, "ok"),)
+    res = BenchResult(recs, "http://x:1", "m", "completions", "closed", 1, 1.7e9, 0.3, server_models=("m",),
+                      options={"timeout_s": 60.0, "ignore_eos": True}, server_info={"version": "1"})
+    spec = {"arrival": None, "concurrency": 1, "requests": 1}
+    d = record(bench_file(res, summarize(recs, min_duration_s=0, min_queries=0), spec, host={"name": "h"}))
+    figures = ["requests", "latency", "cdf", "throughput", "rate", "goodput", "errors", "error_examples",
+               "usage_check", "scheduler_lag", "validity", "samples"]
+    assert list(d) == ["schema_version", "kind", "spec", "endpoint", "client", "run", *figures]
+    assert d["schema_version"] == 1 and d["kind"] == "bench" and d["spec"] == spec
+    assert list(d["endpoint"]) == ["base_url", "api", "model", "server_models", "server_header", "server_info"]
+    assert list(d["client"]) == ["opmap", "transport", "python", "mode", "concurrency", "timeout_s", "ignore_eos",
+                                 "host"]
+    assert d["run"] == {"started_unix_s": 1.7e9, "wall_s": 0.3, "interrupted": False, "in_flight_at_stop": 0,
+                        "recorded": 1}
+    data = Path(__file__).parent / "data" / "vllm_serve.json"
+    run = read_result(data, None, 0)
+    d = json.loads(json.dumps(record(bench_file(imports.as_result(run), imports.figures(run, 0.0, 0),
+                                                imports.spec(run), imported=run))))
+    assert list(d) == ["schema_version", "kind", "spec", "endpoint", "client", "run", *figures, "imported"]
+    assert list(d["endpoint"]) == ["base_url", "api", "model", "server_models", "server_header"]
+    assert list(d["client"]) == ["tool", "tool_version", "mode", "concurrency"]
+    assert list(d["spec"]) == ["arrival", "concurrency", "requests", "duration_s", "warmup", "input_len",
+                               "output_len", "seed", "api", "imported_from"]
+    assert list(d["imported"]) == ["tool", "format", "tool_version", "format_source", "file", "sha256",
+                                   "granularity", "requests_in_file", "notes"]
+    assert d["imported"]["format"] == "vllm" and d["spec"]["imported_from"] == "vllm bench serve"

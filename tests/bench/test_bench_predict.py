@@ -27,6 +27,7 @@ from opmap.bench.predict import (
     workload,
 )
 from opmap.bench.records import BenchResult, RequestRecord, RequestSpec
+from opmap.record import record
 from opmap.serve.cost import TableCost
 
 ATTEMPTS = 3
@@ -64,10 +65,10 @@ def test_closed_loop_sends_follow_the_simulated_ends():
     sent, first, finish, res = simulate_workload(w, engine_policy(1024, 256), _flat_cost())
     assert np.allclose(sent, 0.022 * np.arange(5), atol=1e-9)
     f = figures(sent, first, finish, w.output_len, res.itl_gap_s, res.itl_weight)
-    assert f.ttft.p50_s == pytest.approx(0.010)
-    assert f.tpot.p50_s == pytest.approx(0.001)
-    assert f.e2e.p99_s == pytest.approx(0.020)
-    assert f.output_tokens_per_s == pytest.approx(55 / 0.108)
+    assert f.latency.ttft.p50_s == pytest.approx(0.010)
+    assert f.latency.tpot.p50_s == pytest.approx(0.001)
+    assert f.latency.e2e.p99_s == pytest.approx(0.020)
+    assert f.throughput.output_tokens_per_s == pytest.approx(55 / 0.108)
 
 
 def _fixed_point(w, policy, cost, lag_s, seed=0):
@@ -202,8 +203,8 @@ def test_warmup_is_simulated_but_not_counted():
     recs = [_rec(k, 0.1 * k, 0.1 * k + 0.02, 0.1 * k + 0.05, warmup=k < 2) for k in range(5)]
     res = BenchResult(tuple(recs), "http://x", "m", "completions", "open", None, 0.0, 0.5)
     rep = predict_run(res, _flat_cost(), engine_policy(1024, 256))
-    assert rep.warmup == 2 and rep.predictions[0].name == "model" and rep.predictions[0].figures.requests == 3
-    d = rep.to_dict()  # bench_predict.json
+    assert rep.workload.warmup == 2 and rep.predictions[0].name == "model" and rep.predictions[0].figures.requests == 3
+    d = record(rep)  # bench_predict.json
     assert d["workload"] == {"requests": 5, "warmup": 2, "mode": "open", "concurrency": None,
                              "closed_loop_sends": "as measured"}
     assert list(d) == ["schema_version", "measured", "workload", "policy", "cost", "predictions"]
@@ -238,7 +239,7 @@ def test_the_probe_through_a_line_per_chunk_proxy_predicts_the_ttft_an_independe
             finally:
                 c.close()
             rep = predict_run(res, cost, engine_policy(1024, 256), overhead=ov)
-            pred = rep.last().figures.ttft.p50_s
+            pred = rep.last().figures.latency.ttft.p50_s
             seen.append((round(pred * 1e3, 1), round(theirs * 1e3, 1)))
             if 0.85 <= pred / theirs <= 1.15:
                 break

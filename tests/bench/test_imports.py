@@ -68,18 +68,19 @@ def test_percentiles_only_figures_typed_and_shaped_as_measured(tmp_path):
     from opmap.bench import imports
     from opmap.bench.import_formats import read_result
     from opmap.bench.metrics import BenchFigures
+    from opmap.record import record
 
     figs = {n: imports.figures(read_result(DATA / n, None, 0), 600.0, 1)
             for n in ("vllm_serve.json", "vllm_serve_detailed.json")}
     assert all(isinstance(f, BenchFigures) for f in figs.values())
     pct, per = figs["vllm_serve.json"], figs["vllm_serve_detailed.json"]
-    assert _keys(pct.to_dict()) == _keys(per.to_dict())
+    assert _keys(record(pct)) == _keys(record(per))
     d = json.loads((DATA / "vllm_serve.json").read_text())
     assert pct.throughput.requests_per_s == pytest.approx(d["request_throughput"])
     assert pct.throughput.output_tokens_per_s == pytest.approx(d["output_throughput"])
-    assert pct.to_dict()["cdf"]["ttft_s"] is None and pct.latency.ttft.p95_s is None
+    assert record(pct)["cdf"]["ttft_s"] is None and pct.latency.ttft.p95_s is None
     assert not pct.all_failed and pct.requests.failed == d["num_prompts"] - d["completed"]
-    assert pct.to_dict()["errors"] == {"failed": d["num_prompts"] - d["completed"]}
+    assert record(pct)["errors"] == {"failed": d["num_prompts"] - d["completed"]}
 
 
 @pytest.mark.parametrize("name, tool, ttft_p99_s, e2e_p50_s, rps", [

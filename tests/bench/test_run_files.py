@@ -85,3 +85,24 @@ def test_a_servers_version_and_model_card_are_kept():
         res = run_load(f"http://127.0.0.1:{port}", "null", [RequestSpec(0, None, "a b", 2, 3)], concurrency=1)
     assert res.server_info == {"models": [{"id": "null", "max_model_len": 4096, "owned_by": "vllm",
                                            "root": "/models/x"}], "version": "0.9.1"}
+
+
+def test_the_launched_servers_settings_are_read_typed():
+    """bench.json's ``launched`` block (a LaunchedServer's record) read back as the settings a stack fit takes:
+    64 KV blocks of 16 tokens (kv_tokens 64 x 16 = 1024), 256 tokens a step; a run against a URL has none; a
+    setting of the wrong type (a damaged file) is absent, never a crash."""
+    from pathlib import Path
+
+    from opmap.bench.launch import LaunchedServer, LaunchSettings
+    from opmap.bench.run_files import Launched
+    from opmap.record import record
+
+    settings = LaunchSettings("cfg.json", "cpu", 2, 64, 16, 64 * 16, 256, "fifo", 0.5, 3.0, 1000, 32, "llama",
+                              "bfloat16", 128, "transformers serve", "5.0")
+    srv = LaunchedServer("http://127.0.0.1:1", "m", Path("/m"), Path("/t"), 1, 128, settings)
+    block = json.loads(json.dumps(record(srv)))  # as bench.json holds it
+    assert Launched.of(block) == Launched("cfg.json", "bfloat16", 256, 16, 64, 1024)
+    assert Launched.of(None) is None and Launched.of({}) is None
+    assert Launched.of({"settings": {"config": 3, "kv_blocks": True, "page_tokens": 16}}) == Launched(
+        None, None, None, 16, None, None)
+    assert Launched.of({"settings": "x"}) == Launched(None, None, None, None, None, None)

@@ -157,11 +157,12 @@ def test_a_bench_memo_states_throughput_latency_against_the_slo_and_goodput():
     end (9.9 + 0.109 + 0.008 = 10.017 s): 100 / 10.017 = 9.98 requests/s, 500 / 10.017 = 49.9 output tokens/s,
     2,500 / 10.017 = 250 tokens/s in all."""
     from opmap.bench.metrics import summarize
+    from opmap.record import record
     from opmap.report.sheet import si
 
     ttfts = [(10 + i) / 1e3 for i in range(100)]
     assert [round(_pct(ttfts, q) * 1e3, 4) for q in (50, 95, 99)] == [59.5, 104.05, 108.01]
-    payload = summarize(_bench_records(), slo_ttft_s=0.1, slo_tpot_s=0.005).to_dict()  # bench.json's figures
+    payload = record(summarize(_bench_records(), slo_ttft_s=0.1, slo_tpot_s=0.005))  # bench.json's figures
     run = Run("out/b", "bench", None, {"workload": "Qwen/Qwen2.5-7B", "hardware": "http://gpu:8000", "phase": "bench"},
               payload, False)
     fs, pits = memo_parts(run)

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.store.compare import compare
 
 
@@ -40,7 +41,17 @@ def test_a_clear_shift_is_a_regression_with_the_hand_computed_p_value(tmp_path):
     assert ttft.verdict == "regression" and r.verdict == "regression" and r.regressed
     tpot = next(m for m in r.metrics if m.metric == "tpot")
     assert tpot.p == 1.0 and tpot.verdict == "no significant change"  # the same values on both sides
-    assert r.to_dict()["throughput"]["output_tokens_per_s"]["rel"] == pytest.approx(-0.2)
+    d = record(r)
+    assert d["throughput"]["output_tokens_per_s"]["rel"] == pytest.approx(-0.2)
+    # compare --json's shape, key for key as BenchComparison.to_dict wrote it before it was declared
+    assert list(d) == ["kind", "a", "b", "forced_tags", "metrics", "throughput", "verdict", "verdict_line",
+                       "min_effect", "alpha", "test", "endpoints", "validity"]
+    assert d["kind"] == "bench" and list(d["throughput"]) == ["requests_per_s", "output_tokens_per_s", "tokens_per_s"]
+    assert list(d["metrics"][0]) == ["metric", "n_a", "n_b", "p", "u", "a_p50_s", "b_p50_s", "a_p99_s", "b_p99_s",
+                                     "rel", "verdict"]
+    assert d["throughput"]["tokens_per_s"] == {"a": None, "b": None, "rel": None}
+    assert d["endpoints"] == {"a": "http://a:8000", "b": "http://b:8000"}  # bench_dir's base_url per run
+    assert d["validity"] == {"a": "INVALID", "b": "INVALID"} and list(d["test"]) == ["name"]
     assert compare(b, a).verdict == "improvement"
 
 

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
+from opmap.record import record as record_json  # noqa: E402
 from opmap.store import record  # noqa: E402
 from opmap.store.compare import compare, mann_whitney  # noqa: E402
 from opmap.store.source import KernelRow  # noqa: E402
@@ -125,7 +126,8 @@ def test_per_kernel_verdicts_find_only_the_injected_kernel(tmp_path):
     assert {v.verdict for v in same.layer_types} == {"no significant change"}
     r = compare(a, c, path)
     assert r.matched_by == (("node identity", 4),) and r.regressed
-    assert r.verdict.noise.measured and len(r.verdict.noise.runs_a) == 4 and r.verdict.noise.runs_b == (c,)
+    n = r.verdict.evidence.noise
+    assert n.measured and len(n.runs_a) == 4 and n.runs_b == (c,)
     verdicts = {k.a_idx: k.verdict for k in r.kernels}
     assert verdicts == {0: "no significant change", 1: "no significant change", 2: "no significant change",
                         3: "regression"}
@@ -134,7 +136,25 @@ def test_per_kernel_verdicts_find_only_the_injected_kernel(tmp_path):
     k3 = r.kernels[0]
     assert k3.a_idx == 3 and k3.test.effect == pytest.approx(0.5, abs=0.05) and k3.stall_delta is not None
     # the JSON keeps the test's figures beside the kernel's (opmap compare --json)
-    assert r.to_dict()["kernels"][0]["effect"] == k3.test.effect
+    d = record_json(r)
+    assert d["kernels"][0]["effect"] == k3.test.effect
+    # compare --json's shape, key for key as Comparison.to_dict wrote it before it was declared: a tested verdict
+    assert list(d) == ["a", "b", "forced_tags", "matched_by", "times", "kernels", "unmatched", "totals",
+                       "layer_types", "min_effect", "alpha", "per_kernel_test", "kernel_floor", "warmup_rule", "test",
+                       "effect", "verdict", "verdict_line", "min_effect_used", "noise", "warmup", "host"]
+    assert d["matched_by"] == {"node identity": 4} and list(d["layer_types"]) == [lt.layer_type for lt in r.layer_types]
+    assert list(d["kernels"][0]) == [
+        "a_idx", "b_idx", "name", "layer_type", "a_s", "b_s", "delta_s", "rel", "measured", "mfu_a", "mfu_b",
+        "mfu_delta", "stall_a", "stall_b", "stall_delta", "bytes_a", "bytes_b", "bytes_delta", "p", "effect", "n_a",
+        "n_b", "matched_by", "verdict"]
+    assert list(d["layer_types"]["attention"]) == [
+        "kernels", "only_a", "only_b", "a_s", "b_s", "delta_s", "rel", "measured", "mfu_delta", "stall_delta",
+        "bytes_delta", "p", "effect", "n_a", "n_b", "verdict"]
+    assert list(d["test"]) == ["name", "u", "p", "n_a", "n_b"]
+    assert list(d["noise"]) == ["noise", "measured", "n_a", "n_b", "sd_log", "dof", "t", "rule", "minimum_effect",
+                                "runs_a", "runs_b"]
+    assert list(d["warmup"]) == ["rule", "dropped_a", "dropped_b"]
+    assert list(d["kernel_floor"]) == ["noise", "measured", "n_a", "n_b", "sd_log", "dof", "t", "rule"]
 
 
 def test_kernels_match_by_signature_then_by_module_where_graphs_differ(tmp_path):
@@ -191,13 +211,13 @@ def test_same_code_pairs_never_regress_and_a_40ms_stall_is_caught_10_of_10(tmp_p
     assert [r.verdict.verdict for r in same].count("regression") == 0
     assert [r.verdict.verdict for r in stalled] == ["regression"] * 10
     for r in same + stalled:
-        v, n = r.verdict, r.verdict.noise
+        e, n = r.verdict.evidence, r.verdict.evidence.noise
         assert n.measured and len(n.runs_a) == 5 and len(n.runs_b) == 5 and n.dof == 8
-        assert v.dropped_a == (1,) * 5  # every run's x18.5 first step, by the rule
-        assert v.min_effect_used == max(0.05, n.noise) and "max(--min-effect 5.0%" in n.minimum_effect
+        assert e.warmup.dropped_a == (1,) * 5  # every run's x18.5 first step, by the rule
+        assert e.min_effect_used == max(0.05, n.noise) and "max(--min-effect 5.0%" in n.minimum_effect
     # the stall's effect, +40 ms on 200 ms: +20%, within the noise of five runs a side
     assert all(0.12 < r.verdict.effect < 0.28 for r in stalled)
-    assert max(r.verdict.noise.noise for r in stalled) < 0.15
+    assert max(r.verdict.evidence.noise.noise for r in stalled) < 0.15
 
 
 def test_lone_same_code_pairs_are_inconclusive_never_regressions(tmp_path):
@@ -208,7 +228,7 @@ def test_lone_same_code_pairs_are_inconclusive_never_regressions(tmp_path):
     rs = _pairs(path, random.Random(5), 0.0, 1)
     vs = [r.verdict for r in rs]
     assert [v.verdict for v in vs] == ["inconclusive"] * 10
-    assert all(not v.noise.measured and v.min_effect_used == 0.05 for v in vs)
+    assert all(not v.evidence.noise.measured and v.evidence.min_effect_used == 0.05 for v in vs)
     beyond = [v for v in vs if v.test.p < 0.05 and abs(v.effect) > 0.05]
     assert beyond and all(v.line.startswith("inconclusive: noise not measured") for v in beyond)
 
@@ -240,8 +260,8 @@ def test_repeats_on_another_host_do_not_count_and_a_host_change_is_refused(tmp_p
         record("profile", _step_run(rng, host=other), _tags(command=CMD_A), path)
     b = record("profile", _step_run(rng), _tags(command=CMD_B), path)
     r = compare(a, b, path)
-    assert r.verdict.noise.runs_a == (a,) and not r.verdict.noise.measured
-    assert r.verdict.host == "AMD EPYC (cpu, 2 threads) on ci-1"
+    assert r.verdict.evidence.noise.runs_a == (a,) and not r.verdict.evidence.noise.measured
+    assert r.verdict.evidence.host == "AMD EPYC (cpu, 2 threads) on ci-1"
     c = record("profile", _step_run(rng, host=other), _tags(command=CMD_B), path)
     with pytest.raises(OpmapError, match=r"differ in host \(AMD EPYC \(cpu, 2 threads\) on ci-1 vs"):
         compare(a, c, path)
@@ -281,10 +301,16 @@ def test_the_total_counts_every_kernel_matched_or_not(tmp_path):
     assert "-17.5%" in r.verdict.line and "8 µs -> 6.6 µs" in r.verdict.line
     t = r.totals
     assert t.a_s == pytest.approx(8e-6) and t.b_s == pytest.approx(6.6e-6)
-    assert (t.only_a_kernels, t.only_a_s) == (1, pytest.approx(2e-6))
-    assert (t.only_b_kernels, t.only_b_s) == (1, pytest.approx(0.5e-6))
+    assert (t.only_a.kernels, t.only_a.time_s) == (1, pytest.approx(2e-6))
+    assert (t.only_b.kernels, t.only_b.time_s) == (1, pytest.approx(0.5e-6))
     # the JSON's totals: each side's kernels without a partner under only_a / only_b
-    assert r.to_dict()["totals"]["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
+    d = record_json(r)
+    assert d["totals"]["only_a"] == {"kernels": 1, "time_s": pytest.approx(2e-6)}
+    assert list(d["totals"]) == ["matched_a_s", "matched_b_s", "only_a", "a_s", "only_b", "b_s", "rel"]
+    # an untested verdict: its note after the line, none of a tested one's blocks
+    assert list(d)[-6:] == ["warmup_rule", "test", "effect", "verdict", "verdict_line", "note"] and d["test"] is None
+    assert list(d["unmatched"][0]) == ["side", "idx", "name", "layer_type", "time_s"]
+    assert "p" not in d["kernels"][0] and list(d["kernels"][0])[-2:] == ["matched_by", "verdict"]
     assert sorted((u.side, u.name, u.time_s) for u in r.unmatched) == [
         ("a", f"{gelu}@act", pytest.approx(2e-6)), ("b", f"{copy}@out", pytest.approx(0.5e-6))]
     # the layer types hold the kernels without a partner too: A's GELU, B's copy

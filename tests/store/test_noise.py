@@ -47,10 +47,10 @@ def test_the_floor_by_hand():
     f = floor([a, b], 3, 2, 0.15)
     assert f.measured and f.dof == 3 and f.sd_log == pytest.approx(s)
     assert f.noise == pytest.approx(math.expm1(5.841 * s * math.sqrt(1 / 3 + 1 / 2)))
-    assert "t(0.995, 3 dof) 5.84" in f.rule()
+    assert "t(0.995, 3 dof) 5.84" in f.rule
     # one degree of freedom is no estimate: the assumed floor stands, and says so
     g = floor([[0.0, 0.01], [0.3]], 1, 1, 0.15)
-    assert not g.measured and g.noise == 0.15 and g.rule().startswith("assumed 15%")
+    assert not g.measured and g.noise == 0.15 and g.rule.startswith("assumed 15%")
 
 
 def test_a_repeat_shares_tags_code_command_and_host():

@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from opmap.errors import OpmapError  # noqa: E402
+from opmap.record import record as record_json  # noqa: E402
 from opmap.store import record  # noqa: E402
 from opmap.store.compare import compare  # noqa: E402
 from opmap.store.shapes import kernel_class, production_check  # noqa: E402
@@ -65,7 +66,7 @@ def test_a_square_gemm_does_not_stand_for_skinny_decode_gemms(tmp_path):
     assert g.verdict == "partly"
     assert dict(g.production_bound_mix) == pytest.approx({"compute": 0.75, "memory": 0.25})
     # the JSON the store records: the class under "class", no carried change without a synthetic comparison
-    (row,) = r.to_dict()["classes"]
+    (row,) = record_json(r)["classes"]
     assert row["class"] == "gemm" and "expected_production_change" not in row
     # time-weighted quantiles: 25% of the time at ~15.9 FLOP/B, 75% at 1024
     p10, p50, p90 = g.production_intensity_p10_p50_p90
@@ -92,7 +93,19 @@ def test_a_synthetic_win_is_carried_over_only_through_represented_kernels(tmp_pa
     # Amdahl over the represented kernels only: -20% x (0.3 ms of 0.5 ms) = -12% of the production total,
     # not -20% x 0.8 (all GEMMs) = -16%
     assert r.expected_production_change == pytest.approx(-0.2 * 0.6)
-    assert r.to_dict()["expected_production_change"] == r.expected_production_change
+    d = record_json(r)
+    assert d["expected_production_change"] == r.expected_production_change
+    # the JSON's shape, key for key as the check's to_dict wrote it before it was declared (a stable output): the
+    # times paired, each class a row with its carried change last
+    assert list(d) == ["synthetic", "production", "forced_tags", "times", "rule", "classes",
+                       "expected_production_change"]
+    assert d["times"] == {"synthetic": "predicted", "production": "predicted"}
+    assert list(d["classes"][0]) == [
+        "class", "synthetic_kernels", "synthetic_bound", "synthetic_intensity", "production_kernels",
+        "production_share", "represented_kernels", "represented_share_of_class", "represented_share_of_total",
+        "production_intensity_p10_p50_p90", "production_bound_mix", "verdict", "synthetic_change",
+        "expected_production_change"]
+    assert d["classes"][0]["production_bound_mix"] == pytest.approx({"compute": 0.75, "memory": 0.25})
 
 
 def test_mismatched_hardware_is_refused(tmp_path):

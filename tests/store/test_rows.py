@@ -1,4 +1,4 @@
-"""A calibration profile read back as a calibrate run's payload (opmap.store.rows.read_profile)."""
+"""A calibration profile read back as a calibrate run: its payload and tags (opmap.store.rows.read_profile)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ def test_a_profile_is_a_bounded_regular_file_never_read_through_a_link(tmp_path)
 
     good = tmp_path / "local.toml"
     good.write_text('name = "local"\n[memory_bytes]\nvalue = 1e9\n')
-    assert read_profile(good) == {"name": "local", "memory_bytes": {"value": 1e9}}
+    run = read_profile(good, quick=True)
+    assert run.payload == {"name": "local", "memory_bytes": {"value": 1e9}}
+    # its tags: a calibrate run of this profile's device (no fingerprint in the file: its model unknown)
+    assert (run.tags.schema, run.tags.workload, run.tags.hardware) == ("calibration", "calibration (quick)", "local: ?")
     link = tmp_path / "link.toml"
     link.symlink_to("/dev/zero")
     with pytest.raises(OpmapError, match=r"calibration profile .*link.toml is a symbolic link"):

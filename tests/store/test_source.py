@@ -41,7 +41,7 @@ def test_compare_reads_two_output_folders_without_a_store(tmp_path):
     r = compare(a, b, nowhere)
     # +25% on steady samples, but folders have no repeats: the noise between runs is not measured, inconclusive
     assert r.verdict.verdict == "inconclusive" and r.verdict.effect == pytest.approx(0.25)
-    assert r.verdict.noise.runs_a == (a,) and r.times == "measured" and r.kernels[0].rel == pytest.approx(0.25)
+    assert r.verdict.evidence.noise.runs_a == (a,) and r.times == "measured" and r.kernels[0].rel == pytest.approx(0.25)
     assert not nowhere.exists()
     run = load(a, nowhere)
     assert (run.kind, run.stored, run.time_utc, run.tags["workload"]) == ("profile", False, "2026-12-04T00:00:00Z",

@@ -38,12 +38,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opmap.bench.records import RequestRecord, usage_counts
 from opmap.errors import OpmapError
+from opmap.record import key
 
 if TYPE_CHECKING:
     from opmap.bench.metrics import BenchFigures
@@ -97,10 +98,13 @@ class Imported:
     """One imported run. ``granularity``: "per-request" (``records`` hold every request, times in s from the
     first send; ``summary`` may hold the file's own rates where it has no send times) or "percentiles"
     (``summary`` only). ``mode`` open / closed with ``concurrency`` or ``rate_per_s`` (None: all at once);
-    ``input_len`` / ``output_len``: the mean lengths asked (tokens); ``notes``: what was approximated."""
+    ``input_len`` / ``output_len``: the mean lengths asked (tokens); ``notes``: what was approximated. Its record
+    is bench.json's ``imported`` block: where the run came from and how it was read (``RECORD``)."""
 
-    fmt: str
-    version: str | None
+    RECORD: ClassVar[tuple[str, ...]] = ("tool", "fmt", "version", "format_source", "file", "sha256", "granularity",
+                                         "requests_in_file", "notes")
+    fmt: str = field(metadata=key("format"))
+    version: str | None = field(metadata=key("tool_version"))
     file: str
     sha256: str
     granularity: str
@@ -122,13 +126,33 @@ class Imported:
     def tool(self) -> str:
         return TOOLS[self.fmt]
 
-    def to_dict(self) -> dict[str, Any]:
-        """bench.json's ``imported`` block: where the run came from and how it was read."""
-        return {"tool": self.tool, "format": self.fmt, "tool_version": self.version, "format_source": SOURCES[self.fmt],
-                "file": self.file, "sha256": self.sha256, "granularity": self.granularity,
-                "requests_in_file": len(self.records) if self.records else (self.summary.measured if self.summary
-                                                                             else 0),
-                "notes": list(self.notes)}
+    @property
+    def format_source(self) -> str:
+        """The code that writes the format, where opmap read it from (SOURCES)."""
+        return SOURCES[self.fmt]
+
+    @property
+    def requests_in_file(self) -> int:
+        """The requests the file holds: its rows, else those its statistics cover (0: neither)."""
+        return len(self.records) if self.records else (self.summary.measured if self.summary else 0)
+
+
+@dataclass(frozen=True)
+class ImportedSpec:
+    """bench.json's ``spec`` of an imported run: the load as the file states it (opmap.bench.outputs.bench_tags
+    reads it): the arrival (None: a closed loop; "rate:R" or "offline"), concurrency, requests, the mean lengths
+    asked (tokens, as text), the API and the tool; a file states no duration, warm-up or seed (None, 0, None)."""
+
+    arrival: str | None
+    concurrency: int | None
+    requests: int | None
+    duration_s: None
+    warmup: int
+    input_len: str | None
+    output_len: str | None
+    seed: None
+    api: str | None
+    imported_from: str
 
 
 # ---- reading --------------------------------------------------------------------------------------------------
@@ -254,15 +278,12 @@ def as_result(run: Imported):
                        options={"imported_from": run.tool})
 
 
-def spec(run: Imported) -> dict[str, Any]:
-    """bench.json's ``spec`` of an imported run: the load as the file states it (opmap.bench.outputs.bench_tags
-    reads it)."""
+def spec(run: Imported) -> ImportedSpec:
+    """The load of an imported run as its file states it (``ImportedSpec``)."""
     arrival = None if run.mode == "closed" else (f"rate:{run.rate_per_s:g}" if run.rate_per_s else "offline")
     n = len(run.records) if run.records else (run.summary.measured if run.summary else None)
-    return {"arrival": arrival, "concurrency": run.concurrency, "requests": n, "duration_s": None, "warmup": 0,
-            "input_len": None if run.input_len is None else f"{run.input_len:g}",
-            "output_len": None if run.output_len is None else f"{run.output_len:g}", "seed": None,
-            "api": run.api, "imported_from": run.tool}
+    return ImportedSpec(arrival, run.concurrency, n, None, 0, None if run.input_len is None else f"{run.input_len:g}",
+                        None if run.output_len is None else f"{run.output_len:g}", None, run.api, run.tool)
 
 
 def figures(run: Imported, min_duration_s: float, min_queries: int) -> BenchFigures:
@@ -314,7 +335,8 @@ def _percentile_figures(s: Summary, min_duration_s: float, min_queries: int) -> 
         Cdf.of({k: np.empty(0) for k in ("e2e_s", "ttft_s", "tpot_s")}),  # no sample: each series None
         bm.BenchRates(s.requests_per_s, s.output_tokens_per_s, s.tokens_per_s), None, None,
         # without limits every ok request counts (as opmap.bench.metrics.summarize does)
-        bm.BenchGoodput(s.requests_per_s, s.output_tokens_per_s, None, None, s.ok / s.measured if s.measured else 0.0),
+        bm.BenchGoodput(s.requests_per_s, s.output_tokens_per_s, bm.Slo(None, None),
+                        s.ok / s.measured if s.measured else 0.0),
         (("failed", s.measured - s.ok),), (),
         bm.UsageCheck(None, 0, None, None, None, None, None, None, None),
         bm.SchedulerLag(False),

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from opmap.bench.records import STATUSES, RequestRecord
-from opmap.record import record
+from opmap.record import key, record
 from opmap.serve.metrics import Cdf, Percentiles
 
 SCHEMA_VERSION = 1
@@ -80,7 +80,7 @@ def per_request(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
 class UsageCheck:
     """The server's usage counts against what was asked (ok requests): requests without usage, those whose usage
     was implausible and set aside (records.usage_counts) with the first reason, mismatches and differences
-    (tokens). Written in bench.json as ``usage_check`` (``asdict``)."""
+    (tokens). Written in bench.json as ``usage_check``."""
 
     requests_without_usage: int | None  # None (and the mismatches): an imported run's tool did not say
     implausible: int
@@ -170,21 +170,42 @@ class BenchRates:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """The limits a request's TTFT and TPOT must meet to count as goodput (s; None: no limit)."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+
+
+@dataclass(frozen=True)
 class BenchGoodput:
     """The ok requests within the SLO (DistServe's goodput), per second over the window, and their share."""
 
     requests_per_s: float | None  # None: an imported run's tool did not report its rates
     output_tokens_per_s: float | None
-    slo_ttft_s: float | None
-    slo_tpot_s: float | None
+    slo: Slo
     attainment: float  # requests within the SLO over those measured
+
+
+@dataclass(frozen=True)
+class BenchRate:
+    """bench.json's ``rate``: offered (open loop), achieved (ok requests) and sent requests per second."""
+
+    offered_per_s: float | None
+    achieved_per_s: float | None
+    sent_per_s: float | None
 
 
 @dataclass(frozen=True)
 class BenchFigures:
     """The figures of a run (``summarize``; the module docstring): what bench.json holds beside the run's spec,
-    endpoint and client (``to_dict``)."""
+    endpoint and client (opmap.bench.outputs.BenchFile). Its record is those keys: ``rate`` is derived (the achieved
+    rate is the throughput's), the errors, their examples and the samples are objects keyed by kind / metric."""
 
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "schema_version", "requests", "latency", "cdf", "throughput", "rate", "goodput", "errors", "error_examples",
+        "usage_check", "scheduler_lag", "validity", "samples_s")
+    schema_version: ClassVar[int] = SCHEMA_VERSION
     requests: BenchRequests
     latency: BenchLatency
     cdf: Cdf  # e2e, ttft and tpot at evenly spaced quantiles
@@ -192,34 +213,24 @@ class BenchFigures:
     offered_per_s: float | None  # open loop: measured requests over the span of their scheduled sends
     sent_per_s: float | None  # measured requests sent over the window (None: imported without send times)
     goodput: BenchGoodput
-    errors: tuple[tuple[str, int], ...]  # per failure kind (STATUSES but ok), in that order
-    error_examples: tuple[tuple[str, str], ...]  # the first failure's reason per kind that failed
+    # per failure kind (STATUSES but ok), in that order
+    errors: tuple[tuple[str, int], ...] = field(metadata=key(mapping=True))
+    # the first failure's reason per kind that failed
+    error_examples: tuple[tuple[str, str], ...] = field(metadata=key(mapping=True))
     usage_check: UsageCheck
     scheduler_lag: SchedulerLag
     validity: Validity
-    samples_s: tuple[tuple[str, tuple[float, ...]], ...]  # raw per-request ttft_s, tpot_s, e2e_s (the store's)
+    # raw per-request ttft_s, tpot_s, e2e_s (s): the store's samples, compare's rank test runs on them
+    samples_s: tuple[tuple[str, tuple[float, ...]], ...] = field(metadata=key("samples", mapping=True))
 
     @property
     def all_failed(self) -> bool:
         """Every measured request failed (at least one measured): a run with nothing to show."""
         return self.requests.measured > 0 and self.requests.ok == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        """bench.json's figures (the rest is opmap.bench.outputs.bench_body's)."""
-        lat, th, g = self.latency, self.throughput, self.goodput
-        return {
-            "schema_version": SCHEMA_VERSION, "requests": asdict(self.requests),
-            "latency": {k: record(getattr(lat, k)) for k in ("ttft", "tpot", "itl", "e2e")},
-            "cdf": self.cdf.to_dict(), "throughput": asdict(th),
-            "rate": {"offered_per_s": self.offered_per_s, "achieved_per_s": th.requests_per_s,
-                     "sent_per_s": self.sent_per_s},
-            "goodput": {"requests_per_s": g.requests_per_s, "output_tokens_per_s": g.output_tokens_per_s,
-                        "slo": {"ttft_s": g.slo_ttft_s, "tpot_s": g.slo_tpot_s}, "attainment": g.attainment},
-            "errors": dict(self.errors), "error_examples": dict(self.error_examples),
-            "usage_check": asdict(self.usage_check), "scheduler_lag": self.scheduler_lag.to_dict(),
-            "validity": asdict(self.validity),
-            # raw per-request samples (s) for the store: compare's rank test runs on them
-            "samples": {k: list(v) for k, v in self.samples_s}}
+    @property
+    def rate(self) -> BenchRate:
+        return BenchRate(self.offered_per_s, self.throughput.requests_per_s, self.sent_per_s)
 
 
 def _offered(measured: Sequence[RequestRecord]) -> float | None:
@@ -253,7 +264,7 @@ def summarize(records: Sequence[RequestRecord], *, slo_ttft_s: float | None = No
         BenchLatency(*(Percentiles.of(lat[k]) for k in ("ttft", "tpot", "itl", "e2e"))),
         Cdf.of({"e2e_s": lat["e2e"], "ttft_s": lat["ttft"], "tpot_s": lat["tpot"]}),
         BenchRates(rate(len(ok)), rate(out_tok), rate(in_tok + out_tok)), _offered(measured), rate(len(measured)),
-        BenchGoodput(rate(good["met"]), rate(good["tokens"]), slo_ttft_s, slo_tpot_s,
+        BenchGoodput(rate(good["met"]), rate(good["tokens"]), Slo(slo_ttft_s, slo_tpot_s),
                      good["met"] / len(measured) if measured else 0.0),
         tuple((k, kinds.get(k, 0)) for k in STATUSES if k != "ok"), tuple(_examples(measured).items()), usage, lag,
         validity(span, len(measured), len(ok), lag.behind, interrupted, min_duration_s, min_queries,
@@ -289,7 +300,7 @@ RULE = ("MLPerf LoadGen: minimum duration (600 s) and query count met, every que
 @dataclass(frozen=True)
 class Validity:
     """VALID or INVALID with every reason (module docstring), the limits applied and the rule. Written in
-    bench.json as ``validity`` (``asdict``)."""
+    bench.json as ``validity``."""
 
     valid: bool
     verdict: str

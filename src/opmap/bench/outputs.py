@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opmap.bench.records import BenchResult
+from opmap.record import key
 from opmap.tags import Tags
 
 if TYPE_CHECKING:
+    from opmap.bench.imports import Imported, ImportedSpec
+    from opmap.bench.launch import LaunchedServer
     from opmap.bench.metrics import BenchFigures
+    from opmap.bench.server_metrics import ServerSeries
 
 SCHEMA_VERSION = 1
 PARQUET_COLUMNS = {
@@ -54,18 +59,89 @@ def client_version() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-def bench_body(result: BenchResult, figures: BenchFigures, spec: dict[str, Any]) -> dict[str, Any]:
-    """bench.json: schema_version, kind, the workload spec, the endpoint (as /v1/models reports it), the client,
-    how the run went, and the figures (opmap.bench.metrics.summarize)."""
-    return {"schema_version": SCHEMA_VERSION, "kind": "bench", "spec": spec,
-            "endpoint": {"base_url": result.base_url, "api": result.api, "model": result.model,
-                         "server_models": list(result.server_models), "server_header": result.server_header},
-            "client": {**client_version(), "mode": result.mode, "concurrency": result.concurrency,
-                       **result.options},
-            "run": {"started_unix_s": result.started_unix_s, "wall_s": result.wall_s,
-                    "interrupted": result.interrupted, "in_flight_at_stop": result.in_flight_at_stop,
-                    "recorded": len(result.records)},
-            **figures.to_dict()}
+@dataclass(frozen=True)
+class Endpoint:
+    """bench.json's ``endpoint``: the URL and API asked, the model named, what /v1/models reported (``server_info``:
+    its metadata and the server's version; None for an imported run, and not written) and the server header."""
+
+    base_url: str
+    api: str
+    model: str
+    server_models: tuple[str, ...]
+    server_header: str | None
+    server_info: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+
+
+@dataclass(frozen=True)
+class Client:
+    """bench.json's ``client`` of a run opmap measured: opmap's version, its transport, Python's version, the loop,
+    the client's options (their keys in its place) and the host it ran on (None: not recorded, not written)."""
+
+    opmap: str
+    transport: str
+    python: str
+    mode: str
+    concurrency: int | None
+    options: dict[str, Any] = field(metadata=key(flatten=True))
+    host: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+
+
+@dataclass(frozen=True)
+class ToolClient:
+    """bench.json's ``client`` of an imported run: the tool that measured, its version and its loop."""
+
+    tool: str
+    tool_version: str | None
+    mode: str
+    concurrency: int | None
+
+
+@dataclass(frozen=True)
+class RunState:
+    """bench.json's ``run``: when it started (s since the epoch), how long it took (s), whether it was interrupted,
+    the requests in flight at the stop and those recorded."""
+
+    started_unix_s: float
+    wall_s: float
+    interrupted: bool
+    in_flight_at_stop: int
+    recorded: int
+
+
+@dataclass(frozen=True)
+class BenchFile:
+    """bench.json: schema_version, kind, the workload spec, the endpoint, the client, how the run went, the figures
+    (their keys in place), and where set the launched server, the server's metrics and the imported file."""
+
+    RECORD: ClassVar[tuple[Any, ...]] = ("schema_version", "kind", ...)
+    schema_version: ClassVar[int] = SCHEMA_VERSION
+    kind: ClassVar[str] = "bench"
+    spec: dict[str, Any] | ImportedSpec  # the load as the command asked it, or as an imported file states it
+    endpoint: Endpoint
+    client: Client | ToolClient
+    run: RunState
+    figures: BenchFigures = field(metadata=key(flatten=True))
+    launched: LaunchedServer | None = field(default=None, metadata=key(omit="none"))
+    server_metrics: ServerSeries | None = field(default=None, metadata=key(omit="none"))
+    imported: Imported | None = field(default=None, metadata=key(omit="none"))
+
+
+def bench_file(result: BenchResult, figures: BenchFigures, spec: dict[str, Any] | ImportedSpec, *,
+               launched: LaunchedServer | None = None, host: dict[str, Any] | None = None,
+               imported: Imported | None = None) -> BenchFile:
+    """bench.json of a run (opmap.bench.metrics.summarize's figures): one opmap measured, with the server's
+    metadata, its /metrics series, the client's host and the server it launched; or one ``imported`` from another
+    tool's file (its client is the tool)."""
+    endpoint = Endpoint(result.base_url, result.api, result.model, tuple(result.server_models), result.server_header,
+                        None if imported is not None else result.server_info)
+    if imported is not None:
+        client: Client | ToolClient = ToolClient(imported.tool, imported.version, imported.mode, imported.concurrency)
+    else:
+        v = client_version()
+        client = Client(v["opmap"], v["transport"], v["python"], result.mode, result.concurrency, result.options, host)
+    run = RunState(result.started_unix_s, result.wall_s, result.interrupted, result.in_flight_at_stop,
+                   len(result.records))
+    return BenchFile(spec, endpoint, client, run, figures, launched, result.server_metrics, imported)
 
 
 def _row_json(r) -> str:

@@ -31,16 +31,16 @@ warm-up requests are simulated (they load the server) but kept out of the figure
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.record import record
+from opmap.record import key, record
 
 if TYPE_CHECKING:
-    from opmap.bench.metrics import BenchFigures
+    from opmap.bench.metrics import BenchFigures, BenchLatency, BenchRates
 
 SCHEMA_VERSION = 1
 PCTS = (50, 90, 99)
@@ -204,9 +204,6 @@ class Latency:
     p90_s: float | None
     p99_s: float | None
 
-    def to_dict(self) -> dict[str, float | None]:
-        return {"mean_s": self.mean_s, "p50_s": self.p50_s, "p90_s": self.p90_s, "p99_s": self.p99_s}
-
 
 def _stats(x: np.ndarray, w: np.ndarray | None = None) -> Latency:
     from opmap.serve.metrics import stats
@@ -216,26 +213,33 @@ def _stats(x: np.ndarray, w: np.ndarray | None = None) -> Latency:
 
 
 @dataclass(frozen=True)
-class Figures:
-    """A run's latencies (TTFT, TPOT, ITL, e2e) and throughput over its span (first send to last token, s), one
-    formula for the measured and the predicted side (module docstring)."""
+class Latencies:
+    """A run's latencies: time to first token, time per output token, inter-token gaps, end to end."""
 
     ttft: Latency
     tpot: Latency
     itl: Latency
     e2e: Latency
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Requests and output tokens per second over a run's span."""
+
     requests_per_s: float
     output_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A run's latencies (TTFT, TPOT, ITL, e2e) and throughput over its span (first send to last token, s), one
+    formula for the measured and the predicted side (module docstring)."""
+
+    latency: Latencies
+    throughput: Throughput
     requests: int
     output_tokens: int
     span_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: the latencies and rates regrouped into ``latency`` and ``throughput`` blocks."""
-        return {"latency": {m: getattr(self, m).to_dict() for m in METRICS},
-                "throughput": {"requests_per_s": self.requests_per_s,
-                               "output_tokens_per_s": self.output_tokens_per_s},
-                "requests": self.requests, "output_tokens": self.output_tokens, "span_s": self.span_s}
 
 
 def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -> Figures:
@@ -248,8 +252,8 @@ def figures(sent_s, first_s, finish_s, output_len, itl_gap_s, itl_weight=None) -
     tpot = (e2e - ttft)[multi] / (out[multi] - 1)
     span = float(finish_s.max() - sent_s.min()) if len(sent_s) else 0.0
     rate = (lambda k: k / span) if span > 0 else (lambda k: 0.0)
-    return Figures(_stats(ttft), _stats(tpot), _stats(np.asarray(itl_gap_s), itl_weight), _stats(e2e),
-                   rate(len(sent_s)), rate(float(out.sum())), int(len(sent_s)), int(out.sum()), span)
+    return Figures(Latencies(_stats(ttft), _stats(tpot), _stats(np.asarray(itl_gap_s), itl_weight), _stats(e2e)),
+                   Throughput(rate(len(sent_s)), rate(float(out.sum()))), int(len(sent_s)), int(out.sum()), span)
 
 
 def predicted_figures(w: Workload, sent, first, finish, res) -> Figures:
@@ -293,45 +297,52 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class BenchPrediction:
-    """A measured run joined to its simulation (bench_predict.json, ``to_dict``): the measured figures (the run's
-    latency and throughput, as bench.json has them), the workload simulated, the policy and step cost, the
-    variants, the overhead where measured and the command's assumptions."""
+class Measured:
+    """The measured side: the run's latency and throughput, as bench.json has them (opmap.bench.metrics)."""
 
-    measured: dict[str, Any]  # {"latency", "throughput"} of bench.json (opmap.bench.metrics.summarize)
+    latency: BenchLatency
+    throughput: BenchRates
+
+
+@dataclass(frozen=True)
+class SimulatedLoad:
+    """The workload simulated: its requests (warm-up ones among them), the loop, and whether a closed loop's sends
+    were simulated (they follow the simulated ends) or taken as measured (written as ``closed_loop_sends``)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("requests", "warmup", "mode", "concurrency", "closed_loop_sends")
     requests: int
     warmup: int
     mode: str
     concurrency: int | None
     closed: bool
+
+    @property
+    def closed_loop_sends(self) -> str:
+        return "simulated" if self.closed else "as measured"
+
+
+@dataclass(frozen=True)
+class BenchPrediction:
+    """A measured run joined to its simulation (bench_predict.json, its record): the measured figures, the
+    workload simulated, the policy and step cost, the variants (keyed by name), the overhead where measured, the
+    stack profile where applied and the command's assumptions (each written only where set)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("schema_version", "measured", "workload", "policy", "cost", "predictions",
+                                         "overhead", "stack", "assumptions")
+    schema_version: ClassVar[int] = SCHEMA_VERSION
+    measured: Measured
+    workload: SimulatedLoad
     policy: Any
     cost: Any
-    predictions: tuple[Prediction, ...]
-    overhead: ServerOverhead | None = None
-    assumptions: dict[str, Any] | None = None
-    stack: Any = None  # opmap.calibrate.stack_profile.StackProfile: the "model+stack" variant's
+    predictions: tuple[Prediction, ...] = field(metadata=key(mapping="name"))
+    overhead: ServerOverhead | None = field(default=None, metadata=key(omit="none"))
+    assumptions: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+    # opmap.calibrate.stack_profile.StackProfile: the "model+stack" variant's
+    stack: Any = field(default=None, metadata=key(omit="none"))
 
     def last(self) -> Prediction:
         """The variant a run records: with the overhead where measured, else the model alone."""
         return self.predictions[-1]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: the workload block regroups fields, each prediction is keyed by name, the optional
-        blocks only where set."""
-        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "measured": self.measured,
-                               "workload": {"requests": self.requests, "warmup": self.warmup, "mode": self.mode,
-                                            "concurrency": self.concurrency,
-                                            "closed_loop_sends": "simulated" if self.closed else "as measured"},
-                               "policy": self.policy.to_dict(), "cost": self.cost.to_dict(),
-                               "predictions": {p.name: {"figures": p.figures.to_dict(), "rows": list(p.rows),
-                                                        "steps": p.steps} for p in self.predictions}}
-        if self.overhead is not None:
-            out["overhead"] = record(self.overhead)
-        if self.stack is not None:
-            out["stack"] = self.stack.to_dict()
-        if self.assumptions is not None:
-            out["assumptions"] = self.assumptions
-        return out
 
 
 def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
@@ -345,8 +356,8 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
 
         measured = summarize(result.records)
     w = workload(result.records, result.mode, result.concurrency)
-    fig = measured.to_dict()
-    m = {"latency": fig["latency"], "throughput": fig["throughput"]}
+    m = Measured(measured.latency, measured.throughput)
+    m_rec = record(m)
     variants = [("model", cost, None)]
     if overhead is not None:
         variants.append(("model+overhead", with_step_overhead(cost, overhead.step_s, overhead.per_seq_s),
@@ -359,9 +370,9 @@ def predict_run(result, cost, policy, *, overhead: ServerOverhead | None = None,
     for name, c, ov in variants:
         sent, first, finish, res = simulate_workload(w, policy, c, ov, seed)
         pred = predicted_figures(w, sent, first, finish, res)
-        preds.append(Prediction(name, pred, tuple(join(m, pred.to_dict())), res.steps))
-    return BenchPrediction(m, int(len(w.sent_s)), int(w.warmup.sum()), result.mode, result.concurrency, w.closed,
-                           policy, cost, tuple(preds), overhead, stack=stack)
+        preds.append(Prediction(name, pred, tuple(join(m_rec, record(pred))), res.steps))
+    load = SimulatedLoad(int(len(w.sent_s)), int(w.warmup.sum()), result.mode, result.concurrency, w.closed)
+    return BenchPrediction(m, load, policy, cost, tuple(preds), overhead, stack=stack)
 
 
 def probe_records(base_url: str, model: str, prompt: str, n_in: int, *, reps: int = 10, long_out: int = 32,

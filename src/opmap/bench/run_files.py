@@ -22,6 +22,37 @@ PARQUET_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
+class Launched:
+    """What a run's launched server was started with (bench.json's ``launched.settings``, opmap.bench.launch
+    .LaunchSettings), the settings a stack fit reads: the config, the dtype, the tokens a step, the KV page (tokens)
+    and pool (blocks, tokens). A setting the file lacks, or holds as another type, is None."""
+
+    config: str | None
+    dtype: str | None
+    max_batch_tokens: int | None
+    page_tokens: int | None
+    kv_blocks: int | None
+    kv_tokens: int | None
+
+    @classmethod
+    def of(cls, v: Any) -> Launched | None:
+        """The settings of bench.json's ``launched`` block ``v``; None where there is none (a run against a URL)."""
+        if not isinstance(v, dict) or not v:
+            return None
+        s = v.get("settings") if isinstance(v.get("settings"), dict) else {}
+
+        def text(k: str) -> str | None:
+            return s[k] if isinstance(s.get(k), str) else None
+
+        def count(k: str) -> int | None:
+            x = s.get(k)
+            return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+        return cls(text("config"), text("dtype"), count("max_batch_tokens"), count("page_tokens"),
+                   count("kv_blocks"), count("kv_tokens"))
+
+
+@dataclass(frozen=True)
 class BenchRun:
     """A run folder: its records (``result``), bench.json as written (``body``) and where it was read from."""
 
@@ -34,10 +65,9 @@ class BenchRun:
         return self.result.concurrency
 
     @property
-    def launched(self) -> dict[str, Any]:
-        """The launched server's settings (bench.json's ``launched``; empty for a run against a URL)."""
-        v = self.body.get("launched")
-        return v if isinstance(v, dict) else {}
+    def launched(self) -> Launched | None:
+        """The launched server's settings (bench.json's ``launched``; None for a run against a URL)."""
+        return Launched.of(self.body.get("launched"))
 
     def label(self) -> str:
         if self.result.mode == "closed":

@@ -69,8 +69,9 @@ def measured_figures(records, output_len: np.ndarray | None = None):
 
 
 def _values(f) -> dict[str, float | None]:
-    return {"ttft_mean": f.ttft.mean_s, "tpot_mean": f.tpot.mean_s, "ttft_p50": f.ttft.p50_s,
-            "tpot_p50": f.tpot.p50_s, "output_tokens_per_s": f.output_tokens_per_s}
+    lat = f.latency
+    return {"ttft_mean": lat.ttft.mean_s, "tpot_mean": lat.tpot.mean_s, "ttft_p50": lat.ttft.p50_s,
+            "tpot_p50": lat.tpot.p50_s, "output_tokens_per_s": f.throughput.output_tokens_per_s}
 
 
 @dataclass(frozen=True)

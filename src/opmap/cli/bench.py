@@ -282,13 +282,7 @@ def _render(o: _Options, srv, result, plan, policy, overhead, target: _Target, s
     """The run printed, written and recorded; with --predict its prediction beside; the exit status."""
     from opmap.cli import bench_predict as bp
 
-    figures, body = finish(result, plan, o.slo_ttft, o.slo_tpot, o.min_duration, o.min_queries)
-    if srv is not None:
-        body["launched"] = json_record(srv)
-    if result.server_metrics is not None:
-        body["server_metrics"] = result.server_metrics.to_dict()
-    body["endpoint"]["server_info"] = result.server_info
-    body["client"]["host"] = client_host()
+    figures, body = finish(result, plan, o.slo_ttft, o.slo_tpot, o.min_duration, o.min_queries, launched=srv)
     print_summary(figures, result, plan.spec)
     if o.out is not None:
         write_outputs(o.out, body, result)
@@ -441,10 +435,10 @@ def drive(root: str, model: str, plan: LoadPlan, **kw):
 
 
 def finish(result, plan: LoadPlan, slo_ttft: float | None, slo_tpot: float | None, min_duration: float,
-           min_queries: int):
-    """(figures, bench.json body) of a run."""
+           min_queries: int, launched=None):
+    """(figures, bench.json body) of a run (``launched``: the server started for it, or None)."""
     from opmap.bench.metrics import summarize
-    from opmap.bench.outputs import bench_body
+    from opmap.bench.outputs import bench_file
 
     o = result.options
     plan.spec.update(api=result.api, timeout_s=o.get("timeout_s"), ignore_eos=o.get("ignore_eos"),
@@ -452,7 +446,7 @@ def finish(result, plan: LoadPlan, slo_ttft: float | None, slo_tpot: float | Non
     figures = summarize(result.records, slo_ttft_s=None if slo_ttft is None else slo_ttft / 1e3,
                         slo_tpot_s=None if slo_tpot is None else slo_tpot / 1e3, min_duration_s=min_duration,
                         min_queries=min_queries, interrupted=result.interrupted)
-    return figures, bench_body(result, figures, plan.spec)
+    return figures, json_record(bench_file(result, figures, plan.spec, launched=launched, host=client_host()))
 
 
 def write_outputs(out: Path, body: dict, result) -> None:

@@ -27,15 +27,13 @@ def load(path: Path, fmt: str | None, index: int, min_duration: float, min_queri
     (opmap.bench.import_formats) and the figures made; what was read, and how, printed."""
     from opmap.bench import imports
     from opmap.bench.import_formats import read_result
-    from opmap.bench.outputs import bench_body
+    from opmap.bench.outputs import bench_file
+    from opmap.record import record
 
     run = read_result(path, fmt, index)
     result = imports.as_result(run)
     fig = imports.figures(run, min_duration, min_queries)
-    body = bench_body(result, fig, imports.spec(run))
-    body["client"] = {"tool": run.tool, "tool_version": run.version, "mode": run.mode,
-                      "concurrency": run.concurrency}
-    body["imported"] = run.to_dict()
+    body = record(bench_file(result, fig, imports.spec(run), imported=run))
     console.print(f"imported {safe(run.tool)} {safe(run.version or '')} result {safe(str(path))}: "
                   f"{run.granularity}" + (f" ({len(run.records)} requests)" if run.records else
                                           " (the tool's statistics; no per-request rows in the file)"),

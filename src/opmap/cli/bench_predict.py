@@ -114,12 +114,13 @@ def predict_and_report(result, figures: BenchFigures, cost, policy, overhead, st
 
     from opmap.bench.predict import SCHEMA_VERSION, predict_run
     from opmap.cli.common import record_run
+    from opmap.record import record
 
     with console.status("simulating the same workload"):
         # the measured side is the bench run's own figures (opmap.bench.metrics), as compare will read them
         rep = replace(predict_run(result, cost, policy, overhead=overhead, measured=figures, stack=stack),
                       assumptions=assumptions)
-    doc = rep.to_dict()
+    doc = record(rep)
     print_join(doc)
     if stack is not None:
         console.print(safe(stack.line()), highlight=False)
@@ -133,7 +134,7 @@ def predict_and_report(result, figures: BenchFigures, cost, policy, overhead, st
 
         print_wrote(write_set(out, {"bench_predict.json": json_text(doc, indent=2) + "\n"}))
     last = rep.last()
-    fig = last.figures.to_dict()
+    fig = record(last.figures)
     payload = {"schema_version": SCHEMA_VERSION, "latency": fig["latency"], "throughput": fig["throughput"],
                "requests": {"count": fig["requests"], "output_tokens": fig["output_tokens"], "span_s": fig["span_s"]},
                "policy": doc["policy"], "assumptions": {**assumptions, "prediction": last.name,

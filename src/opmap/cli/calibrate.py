@@ -54,10 +54,10 @@ def calibrate(
     path = run_calibration(device, quick, out, datasheet, budgeted=not no_budget, allow_busy=allow_busy)
     if not no_store:
         from opmap.cli.common import record_run
-        from opmap.store.db import calibration_tags, read_profile
+        from opmap.store.db import read_profile
 
-        d = read_profile(path)
-        record_run("calibrate", d, calibration_tags(d, quick), store, no_store)
+        run = read_profile(path, quick)
+        record_run("calibrate", run.payload, run.tags, store, no_store)
 
 
 def run_calibration(device: str, quick: bool = False, out: Path | None = None,

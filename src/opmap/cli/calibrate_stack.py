@@ -19,7 +19,7 @@ MAX_RUNS = 64
 def _launched_setting(runs, key: str):
     """A launched server's setting, the same in every run (None where no run was launched); runs of different
     servers are refused: one profile is one stack."""
-    vals = {r.launched.get("settings", {}).get(key) for r in runs if r.launched}
+    vals = {getattr(r.launched, key) for r in runs if r.launched is not None}
     vals.discard(None)
     if len(vals) > 1:
         raise OpmapError(f"--from-bench: the runs' servers differ in {key} ({', '.join(map(str, sorted(vals)))}): "
@@ -42,7 +42,7 @@ def calibrate_stack(runs_in: list[Path], out: Path, config: str | None, hardware
     config = config or _launched_setting(runs, "config")
     if config is None:
         raise OpmapError("--from-bench on runs against a URL needs --config (the served model's Hugging Face config)")
-    launched = any(r.launched for r in runs)
+    launched = any(r.launched is not None for r in runs)
     hardware = hardware or ("local" if launched else None)
     if hardware is None:
         raise OpmapError("--from-bench on runs against a URL needs --hardware (the catalog device it runs on)")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from opmap.cli.common import console
+from opmap.record import record as json_record
 from opmap.report.text import clean, plain
 from opmap.validate import INT_GE0, POSITIVE, Rule, json_text, options
 
@@ -73,7 +74,7 @@ def compare(
 
         tags = Tags("shape-check", workload=f"shape-check {a} -> {production}", command="opmap compare " + " ".join(
             x for x in (a, b or "", f"--production {production}") if x))
-        record_run("shape-check", shapes.to_dict(), tags, store, no_store)
+        record_run("shape-check", json_record(shapes), tags, store, no_store)
     _render(r, shapes, a, b, as_json, rows)
     if r is not None and r.regressed:
         raise typer.Exit(1)
@@ -85,8 +86,8 @@ def _render(r: Comparison | BenchComparison | None, shapes: ShapeCheck | None, a
     from opmap.store.bench_compare import BenchComparison
 
     if as_json:
-        d = r.to_dict() if r is not None else {}
-        print(json_text(d if shapes is None else {**d, "production_check": shapes.to_dict()}, indent=1))
+        d = json_record(r) if r is not None else {}
+        print(json_text(d if shapes is None else {**d, "production_check": json_record(shapes)}, indent=1))
     elif r is None:
         _print_shapes(shapes)
     elif isinstance(r, BenchComparison):
@@ -128,7 +129,7 @@ def _print_totals(r: Comparison) -> None:
 
     t = r.totals
     only = [f"{n} kernels only in {s}, {si(ts, 's')}"
-            for s, n, ts in (("A", t.only_a_kernels, t.only_a_s), ("B", t.only_b_kernels, t.only_b_s)) if n]
+            for s, n, ts in (("A", t.only_a.kernels, t.only_a.time_s), ("B", t.only_b.kernels, t.only_b.time_s)) if n]
     console.print(f"totals, every kernel: A {si(t.a_s, 's')}, B {si(t.b_s, 's')} ({_pct(t.rel)})"
                   + (f"; {'; '.join(only)} (the JSON's unmatched)" if only else "; every kernel matched"),
                   highlight=False)
@@ -142,15 +143,16 @@ def _print_verdict(r: Comparison) -> None:
 
     v = r.verdict
     say(v.line)
-    if v.test is None:
+    if v.evidence is None:
         say(f"  {v.note}")
         return
-    n = v.noise
+    e = v.evidence
+    n, w = e.noise, e.warmup
     say(f"  minimum effect {n.minimum_effect}; noise floor between runs: {n.rule}" if n.measured else
         f"  noise floor between runs {n.rule}")
-    say(f"  host: {v.host or 'not recorded'}; side A: {', '.join(n.runs_a)}; side B: {', '.join(n.runs_b)}")
-    say(f"  {v.warmup_rule}: dropped {sum(v.dropped_a)} leading samples on side A, {sum(v.dropped_b)} on B")
-    say(f"  kernels: minimum effect max(--min-effect, {r.kernel_floor.rule()})")
+    say(f"  host: {e.host or 'not recorded'}; side A: {', '.join(n.runs_a)}; side B: {', '.join(n.runs_b)}")
+    say(f"  {w.rule}: dropped {sum(w.dropped_a)} leading samples on side A, {sum(w.dropped_b)} on B")
+    say(f"  kernels: minimum effect max(--min-effect, {r.kernel_floor.rule})")
 
 
 def _print_bench(r: BenchComparison, a: str, b: str) -> None:
@@ -175,7 +177,7 @@ def _print_bench(r: BenchComparison, a: str, b: str) -> None:
                       "one value a run: not tested")
     console.print(t)
     console.print(plain(r.verdict_line), highlight=False)
-    console.print(plain(f"  {r.test}; validity A {r.validity_a}, B {r.validity_b}"), highlight=False)
+    console.print(plain(f"  {r.test.name}; validity A {r.validity.a}, B {r.validity.b}"), highlight=False)
 
 
 def _print_shapes(v: ShapeCheck) -> None:

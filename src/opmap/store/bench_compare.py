@@ -16,10 +16,11 @@ unless ``force``.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from opmap.errors import OpmapError
+from opmap.record import key
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 MUST_MATCH = ("workload", "workload_spec")
@@ -57,41 +58,44 @@ class ThroughputChange:
 
 
 @dataclass(frozen=True)
+class Sides:
+    """One value of each run: A's and B's (an endpoint, a validity verdict; None where the run has none)."""
+
+    a: str | None
+    b: str | None
+
+
+@dataclass(frozen=True)
+class Test:
+    """The test the latency metrics went through, by name."""
+
+    name: str = TEST
+
+
+@dataclass(frozen=True)
 class BenchComparison:
     """Bench run B against bench run A: each latency metric's change with its test, the throughputs, the verdict
-    (a regression where any metric regressed), the endpoints and each run's validity verdict."""
+    (a regression where any metric regressed), the endpoints and each run's validity verdict. Its record is the
+    JSON ``opmap compare --json`` prints, ``kind`` bench first and the throughputs keyed by name."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = ("kind", ...)
+    kind: ClassVar[str] = "bench"
     a: str
     b: str
     forced_tags: tuple[str, ...]
     metrics: tuple[MetricChange, ...]
-    throughput: tuple[ThroughputChange, ...]
+    throughput: tuple[ThroughputChange, ...] = field(metadata=key(mapping="name"))
     verdict: str
     verdict_line: str
     min_effect: float
     alpha: float
-    endpoint_a: str | None
-    endpoint_b: str | None
-    validity_a: str | None
-    validity_b: str | None
-    test: str = TEST
+    test: Test
+    endpoints: Sides
+    validity: Sides
 
     @property
     def regressed(self) -> bool:
         return self.verdict == "regression"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The comparison as ``opmap compare --json`` prints it.
-        A computed shape: the metrics' rows and the endpoints / validity pairs regrouped."""
-        return {"kind": "bench", "a": self.a, "b": self.b, "forced_tags": list(self.forced_tags),
-                "metrics": [{"metric": m.metric, "n_a": m.n_a, "n_b": m.n_b, "p": m.p, "u": m.u,
-                             "a_p50_s": m.a_p50_s, "b_p50_s": m.b_p50_s, "a_p99_s": m.a_p99_s, "b_p99_s": m.b_p99_s,
-                             "rel": m.rel, "verdict": m.verdict} for m in self.metrics],
-                "throughput": {t.name: {"a": t.a, "b": t.b, "rel": t.rel} for t in self.throughput},
-                "verdict": self.verdict, "verdict_line": self.verdict_line, "min_effect": self.min_effect,
-                "alpha": self.alpha, "test": {"name": self.test},
-                "endpoints": {"a": self.endpoint_a, "b": self.endpoint_b},
-                "validity": {"a": self.validity_a, "b": self.validity_b}}
 
 
 def _samples(run, con) -> dict[str, list[float]]:
@@ -151,9 +155,9 @@ def compare_bench(a, b, con, rank_test, bh_reject, force: bool = False, min_effe
                                         tb[k] / ta[k] - 1 if ta.get(k) and tb.get(k) is not None else None)
                        for k in THROUGHPUT)
     return BenchComparison(a.id, b.id, tuple(differ), tuple(rows), throughput, verdict, line, min_effect, alpha,
-                           a.tags.get("endpoint"), b.tags.get("endpoint"),
-                           (a.payload.get("validity") or {}).get("verdict"),
-                           (b.payload.get("validity") or {}).get("verdict"))
+                           Test(), Sides(a.tags.get("endpoint"), b.tags.get("endpoint")),
+                           Sides((a.payload.get("validity") or {}).get("verdict"),
+                                 (b.payload.get("validity") or {}).get("verdict")))
 
 
 def _p99(x: list[float]) -> float | None:

@@ -39,6 +39,7 @@ from opmap.errors import OpmapError
 from opmap.store.bench_compare import BenchComparison
 from opmap.store.comparison import (
     Comparison,
+    Evidence,
     KernelChange,
     LayerTypeChange,
     Noise,
@@ -46,7 +47,9 @@ from opmap.store.comparison import (
     RunTest,
     Totals,
     Unmatched,
+    Unpartnered,
     Verdict,
+    Warmup,
 )
 from opmap.store.noise import (
     ASSUMED_KERNEL_NOISE,
@@ -246,7 +249,7 @@ def compare(a_id: str, b_id: str, path: Path | None = None, force: bool = False,
         tuple(sorted(kernels, key=lambda k: -abs(k.delta_s))), tuple(unmatched), totals, tuple(by_lt), min_effect,
         alpha, "Mann-Whitney U on the profiled iterations of each kernel (and of each layer type's kernels summed) "
                "after the warm-up rule, A against B, Benjamini-Hochberg over the family; minimum effect "
-               "max(--min-effect, the kernel floor: " + kfloor.rule() + "); the run's verdict rests on its latency "
+               "max(--min-effect, the kernel floor: " + kfloor.rule + "); the run's verdict rests on its latency "
                "samples alone", kfloor, WARMUP_RULE, verdict)
 
 
@@ -254,8 +257,8 @@ def _totals(kernels: list[KernelChange], unmatched: list[Unmatched]) -> Totals:
     """Each run's total: every one of its kernels, matched or not (a fused kernel in B has no partner for the
     kernels it absorbed in A); the matched and the unmatched part of each."""
     only = {side: [u.time_s for u in unmatched if u.side == side] for side in ("a", "b")}
-    return Totals(sum(k.a_s for k in kernels), sum(k.b_s for k in kernels), len(only["a"]), sum(only["a"]),
-                  len(only["b"]), sum(only["b"]))
+    return Totals(sum(k.a_s for k in kernels), sum(k.b_s for k in kernels),
+                  *(Unpartnered(len(only[side]), sum(only[side])) for side in ("a", "b")))
 
 
 def _total_verdict(totals: Totals, times: str, min_effect: float) -> Verdict:
@@ -339,12 +342,13 @@ def _run_verdict(side_a: list[Run], side_b: list[Run], ser: dict[str, Series], m
     else:
         verdict = ("regression" if p < alpha and effect > need else
                    "improvement" if p < alpha and effect < -need else "no significant change")
-        noise = Noise(fl.noise, fl.measured, fl.n_a, fl.n_b, fl.sd_log, fl.dof, fl.t, fl.rule(),
+        noise = Noise(fl.noise, fl.measured, fl.n_a, fl.n_b, fl.sd_log, fl.dof, fl.t, fl.rule,
                       f"max(--min-effect {min_effect:.1%}, floor {fl.noise:.1%}) = {need:.1%}", ids_a, ids_b)
         line = _measured_line(verdict, effect, p, need, fl, min_effect, alpha, runs)
-    return Verdict(verdict, line, effect, RunTest(u, p, len(xa), len(xb)), min_effect_used=need, noise=noise,
-                   warmup_rule=WARMUP_RULE, dropped_a=tuple(drop_warmup(ser[r.id][0])[1] for r in side_a),
-                   dropped_b=tuple(drop_warmup(ser[r.id][0])[1] for r in side_b), host=host)
+    warmup = Warmup(WARMUP_RULE, tuple(drop_warmup(ser[r.id][0])[1] for r in side_a),
+                    tuple(drop_warmup(ser[r.id][0])[1] for r in side_b))
+    return Verdict(verdict, line, effect, RunTest(u, p, len(xa), len(xb)),
+                   evidence=Evidence(need, noise, warmup, host))
 
 
 def _measured_line(verdict: str, effect: float, p: float, need: float, fl: Floor, min_effect: float, alpha: float,

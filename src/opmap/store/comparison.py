@@ -1,14 +1,15 @@
 """The typed result of ``opmap compare`` (store/compare.py makes it, cli/compare.py renders it): frozen values
-for a kernel pair, a layer type, a kernel without a partner, the runs' totals and the verdict, with ``to_dict``
-on the whole comparison only, the JSON ``opmap compare --json`` prints (key order and values as before the
-values were typed: the JSON is a stable output). Times in s; relative changes as fractions (0.2: +20%)."""
+for a kernel pair, a layer type, a kernel without a partner, the runs' totals and the verdict. Their record
+(opmap.record) is the JSON ``opmap compare --json`` prints: each block a nested value declared in its place (a
+stable output: key order and values as before the values were typed). Times in s; relative changes as fractions
+(0.2: +20%)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from opmap.record import record
+from opmap.record import key
 from opmap.store.noise import Floor
 
 
@@ -46,7 +47,7 @@ class KernelChange:
     bytes_a: float | None
     bytes_b: float | None
     bytes_delta: float | None
-    test: RankTest | None
+    test: RankTest | None = field(metadata=key(flatten=True, omit="none"))  # its figures beside the pair's
     matched_by: str
     verdict: str = ""  # set once the family is tested (Benjamini-Hochberg over every pair)
 
@@ -70,7 +71,8 @@ class Unmatched:
 @dataclass(frozen=True)
 class LayerTypeChange:
     """A layer type: its kernels' times summed on each side, matched (``kernels`` pairs) or not (``only_a`` /
-    ``only_b``), the store's MFU / stall / bytes deltas, and the rank test on the per-iteration sums."""
+    ``only_b``), the store's MFU / stall / bytes deltas, and the rank test on the per-iteration sums (its figures
+    written beside the row's)."""
 
     layer_type: str
     kernels: int
@@ -84,7 +86,7 @@ class LayerTypeChange:
     mfu_delta: float | None
     stall_delta: float | None
     bytes_delta: float | None
-    test: RankTest | None
+    test: RankTest | None = field(metadata=key(flatten=True, omit="none"))
     verdict: str = ""
 
     @property
@@ -94,24 +96,32 @@ class LayerTypeChange:
 
 
 @dataclass(frozen=True)
+class Unpartnered:
+    """One side's kernels without a partner: how many, and their time (s)."""
+
+    kernels: int
+    time_s: float
+
+
+@dataclass(frozen=True)
 class Totals:
     """Each run's total over every one of its kernels: the matched part plus the kernels without a partner
-    (``only_a_kernels`` of them in A, taking ``only_a_s``; likewise B); ``rel`` B over A minus one."""
+    (``only_a`` in A; likewise B); ``rel`` B over A minus one. Recorded with each side's total after its own
+    kernels without a partner."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("matched_a_s", "matched_b_s", "only_a", "a_s", "only_b", "b_s", "rel")
     matched_a_s: float
     matched_b_s: float
-    only_a_kernels: int
-    only_a_s: float
-    only_b_kernels: int
-    only_b_s: float
+    only_a: Unpartnered
+    only_b: Unpartnered
 
     @property
     def a_s(self) -> float:
-        return self.matched_a_s + self.only_a_s
+        return self.matched_a_s + self.only_a.time_s
 
     @property
     def b_s(self) -> float:
-        return self.matched_b_s + self.only_b_s
+        return self.matched_b_s + self.only_b.time_s
 
     @property
     def rel(self) -> float | None:
@@ -138,8 +148,10 @@ class Noise:
 
 @dataclass(frozen=True)
 class RunTest:
-    """The run-level Mann-Whitney U test on the two sides' latency samples (``u`` of side A, two-sided ``p``)."""
+    """The run-level Mann-Whitney U test on the two sides' latency samples (``u`` of side A, two-sided ``p``),
+    recorded with its name first."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = ("name", ...)
     u: float
     p: float
     n_a: int
@@ -148,88 +160,63 @@ class RunTest:
 
 
 @dataclass(frozen=True)
+class Warmup:
+    """The warm-up rule applied to each run's latency samples, and the leading samples it dropped per run."""
+
+    rule: str
+    dropped_a: tuple[int, ...]
+    dropped_b: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a tested verdict rests on: the minimum effect used, the ``noise`` block, the warm-up and the host."""
+
+    min_effect_used: float
+    noise: Noise
+    warmup: Warmup
+    host: str | None
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The run's verdict: ``verdict`` (regression, improvement, no significant change, inconclusive, predicted
     change, no change) and its ``line``; ``effect`` the run's relative change. With latency samples on both sides:
-    the ``test``, the minimum effect used, the ``noise`` block, the warm-up samples dropped per run and the host;
-    without: ``test`` None and a ``note``."""
+    the ``test`` and its ``evidence``; without: ``test`` None and a ``note``. Recorded in the comparison's place
+    (flattened): test, effect, verdict, verdict_line, then the note or the evidence."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("test", "effect", "verdict", "line", "note", "evidence")
     verdict: str
-    line: str
+    line: str = field(metadata=key("verdict_line"))
     effect: float
     test: RunTest | None = None
-    note: str | None = None
-    min_effect_used: float | None = None
-    noise: Noise | None = None
-    warmup_rule: str | None = None
-    dropped_a: tuple[int, ...] = ()
-    dropped_b: tuple[int, ...] = ()
-    host: str | None = None
+    note: str | None = field(default=None, metadata=key(omit="none"))
+    evidence: Evidence | None = field(default=None, metadata=key(flatten=True, omit="none"))
 
 
 @dataclass(frozen=True)
 class Comparison:
     """Run B against run A (store/compare.py ``compare``): the kernel pairs largest absolute change first, the
-    kernels without a partner, the totals, the layer types largest absolute change first, and the verdict."""
+    kernels without a partner, the totals, the layer types largest absolute change first, and the verdict. Its
+    record is the JSON ``opmap compare --json`` prints: the kernel pairs' and layer types' rows with their rank
+    test's figures beside them where tested, the layer types keyed by name, the verdict's keys in its place."""
 
     a: str
     b: str
     forced_tags: tuple[str, ...]
-    matched_by: tuple[tuple[str, int], ...]  # (how, kernels) sorted by how
+    matched_by: tuple[tuple[str, int], ...] = field(metadata=key(mapping=True))  # (how, kernels) sorted by how
     times: str  # "measured" or "predicted"
     kernels: tuple[KernelChange, ...]
     unmatched: tuple[Unmatched, ...]
     totals: Totals
-    layer_types: tuple[LayerTypeChange, ...]
+    layer_types: tuple[LayerTypeChange, ...] = field(metadata=key(mapping="layer_type"))
     min_effect: float
     alpha: float
     per_kernel_test: str
     kernel_floor: Floor
     warmup_rule: str
-    verdict: Verdict
+    verdict: Verdict = field(metadata=key(flatten=True))
 
     @property
     def regressed(self) -> bool:
         return self.verdict.verdict == "regression"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The comparison as ``opmap compare --json`` prints it (the kernel pairs' and layer types' rows with their
-        rank test's figures beside them, where tested).
-        A computed shape: kernel pairs, layer types and the verdict's test or noise blocks regrouped."""
-        t = self.totals
-        kernels = [{"a_idx": k.a_idx, "b_idx": k.b_idx, "name": k.name, "layer_type": k.layer_type, "a_s": k.a_s,
-                    "b_s": k.b_s, "delta_s": k.delta_s, "rel": k.rel, "measured": k.measured, "mfu_a": k.mfu_a,
-                    "mfu_b": k.mfu_b, "mfu_delta": k.mfu_delta, "stall_a": k.stall_a, "stall_b": k.stall_b,
-                    "stall_delta": k.stall_delta, "bytes_a": k.bytes_a, "bytes_b": k.bytes_b,
-                    "bytes_delta": k.bytes_delta, **(record(k.test) if k.test else {}), "matched_by": k.matched_by,
-                    "verdict": k.verdict} for k in self.kernels]
-        layer_types = {lt.layer_type: {"kernels": lt.kernels, "only_a": lt.only_a, "only_b": lt.only_b, "a_s": lt.a_s,
-                                       "b_s": lt.b_s, "delta_s": lt.delta_s, "rel": lt.rel, "measured": lt.measured,
-                                       "mfu_delta": lt.mfu_delta, "stall_delta": lt.stall_delta,
-                                       "bytes_delta": lt.bytes_delta, **(record(lt.test) if lt.test else {}),
-                                       "verdict": lt.verdict} for lt in self.layer_types}
-        out = {"a": self.a, "b": self.b, "forced_tags": list(self.forced_tags), "matched_by": dict(self.matched_by),
-               "times": self.times, "kernels": kernels,
-               "unmatched": [{"side": u.side, "idx": u.idx, "name": u.name, "layer_type": u.layer_type,
-                              "time_s": u.time_s} for u in self.unmatched],
-               "totals": {"matched_a_s": t.matched_a_s, "matched_b_s": t.matched_b_s,
-                          "only_a": {"kernels": t.only_a_kernels, "time_s": t.only_a_s}, "a_s": t.a_s,
-                          "only_b": {"kernels": t.only_b_kernels, "time_s": t.only_b_s}, "b_s": t.b_s,
-                          "rel": t.rel},
-               "layer_types": layer_types,
-               "min_effect": self.min_effect, "alpha": self.alpha, "per_kernel_test": self.per_kernel_test,
-               "kernel_floor": self.kernel_floor.to_dict(), "warmup_rule": self.warmup_rule}
-        v = self.verdict
-        if v.test is None:
-            return {**out, "test": None, "effect": v.effect, "verdict": v.verdict, "verdict_line": v.line,
-                    "note": v.note}
-        n = v.noise
-        return {**out, "test": {"name": v.test.name, "u": v.test.u, "p": v.test.p, "n_a": v.test.n_a,
-                                "n_b": v.test.n_b},
-                "effect": v.effect, "verdict": v.verdict, "verdict_line": v.line, "min_effect_used": v.min_effect_used,
-                "noise": {"noise": n.noise, "measured": n.measured, "n_a": n.n_a, "n_b": n.n_b, "sd_log": n.sd_log,
-                          "dof": n.dof, "t": n.t, "rule": n.rule, "minimum_effect": n.minimum_effect,
-                          "runs_a": list(n.runs_a), "runs_b": list(n.runs_b)},
-                "warmup": {"rule": v.warmup_rule, "dropped_a": list(v.dropped_a), "dropped_b": list(v.dropped_b)},
-                "host": v.host}
-

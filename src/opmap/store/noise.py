@@ -30,7 +30,7 @@ import shlex
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 WARMUP_Z = 3.5  # Iglewicz & Hoaglin (1993), "How to Detect and Handle Outliers": |modified z| > 3.5
 MAD_SIGMA = 1.4826  # MAD x 1.4826 estimates a normal's standard deviation
@@ -133,8 +133,9 @@ class Floor:
 
     ``noise``: the floor as a relative change (0.12: 12%); ``measured``: from repeats (else assumed); ``sd_log``:
     the pooled between-run standard deviation of log run times; ``dof`` its degrees of freedom; ``t`` the
-    quantile used."""
+    quantile used. Its record (compare's ``kernel_floor``) writes ``rule``, the sentence it composes, after them."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (..., "rule")
     noise: float
     measured: bool
     n_a: int
@@ -143,17 +144,14 @@ class Floor:
     dof: int = 0
     t: float | None = None
 
+    @property
     def rule(self) -> str:
+        """How the floor was found, in a sentence."""
         if not self.measured:
             return (f"assumed {self.noise:.0%}: between-run noise not measured here ({self.n_a} + {self.n_b} runs; "
                     "record repeats with the same tags or use --rerun N)")
         return (f"measured {self.noise:.1%} = exp(t(0.995, {self.dof} dof) {self.t:.3g} x between-run sd "
                 f"{self.sd_log:.3g} x sqrt(1/{self.n_a} + 1/{self.n_b})) - 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: ``rule`` is the sentence ``rule()`` composes, written beside the fields."""
-        return {"noise": self.noise, "measured": self.measured, "n_a": self.n_a, "n_b": self.n_b,
-                "sd_log": self.sd_log, "dof": self.dof, "t": self.t, "rule": self.rule()}
 
 
 def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int]:

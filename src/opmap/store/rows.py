@@ -7,6 +7,7 @@ import hashlib
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,24 @@ def analysis_tags(d: dict[str, Any]) -> Tags:
                 opmap_version=_field(a, "opmap_version", __version__), torch_version=_field(a, "torch_version"))
 
 
-def read_profile(path: Path) -> dict[str, Any]:
-    """A calibration profile (TOML) as the payload of a calibrate run: the file calibrate wrote, a regular file of at
-    most LIMIT_TOML_BYTES read without following a link (opmap.safeio)."""
+@dataclass(frozen=True)
+class CalibrationRun:
+    """A calibration profile as a calibrate run: the file's tables as the store records them (``payload``) and the
+    run's telemetry tags read from them (``calibration_tags``)."""
+
+    payload: dict[str, Any]
+    tags: Tags
+
+
+def read_profile(path: Path, quick: bool = False) -> CalibrationRun:
+    """A calibration profile (TOML) as a calibrate run (``quick``: calibrated with --quick): the file calibrate
+    wrote, a regular file of at most LIMIT_TOML_BYTES read without following a link (opmap.safeio)."""
     import tomllib
 
     from opmap.safeio import LIMIT_TOML_BYTES, read_text_bounded
 
-    return tomllib.loads(read_text_bounded(path, LIMIT_TOML_BYTES, "calibration profile"))
+    payload = tomllib.loads(read_text_bounded(path, LIMIT_TOML_BYTES, "calibration profile"))
+    return CalibrationRun(payload, calibration_tags(payload, quick))
 
 
 def calibration_tags(d: dict[str, Any], quick: bool = False) -> Tags:

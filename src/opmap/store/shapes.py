@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
 from opmap.ops import CONV_OPS, GEMM_OPS, POINTWISE_OPS, packet
+from opmap.record import key
 
 if TYPE_CHECKING:
     from opmap.store.comparison import Comparison
@@ -47,9 +48,10 @@ class ClassCheck:
     """One kernel class: the synthetic run's kernels of it (count, bound classes, intensity range FLOP/B), the
     production run's (count, share of the production time, time-weighted p10 / p50 / p90 intensity, bound mix as
     shares of the class's time), how much of it the synthetic kernels represent, the verdict, and where a
-    synthetic comparison was given, its change and what it buys in production (None: not given)."""
+    synthetic comparison was given, its change and what it buys in production (None: not given, and not
+    written). Its record is a row of the check's ``classes``."""
 
-    name: str
+    name: str = field(metadata=key("class"))
     synthetic_kernels: int
     synthetic_bound: tuple[str, ...]
     synthetic_intensity: tuple[float, float] | None
@@ -59,49 +61,33 @@ class ClassCheck:
     represented_share_of_class: float
     represented_share_of_total: float
     production_intensity_p10_p50_p90: tuple[float | None, ...]
-    production_bound_mix: tuple[tuple[str, float], ...]
+    production_bound_mix: tuple[tuple[str, float], ...] = field(metadata=key(mapping=True))
     verdict: str
-    synthetic_change: float | None = None
-    expected_production_change: float | None = None
+    synthetic_change: float | None = field(default=None, metadata=key(omit="none"))
+    expected_production_change: float | None = field(default=None, metadata=key(omit="none"))
+
+
+@dataclass(frozen=True)
+class Times:
+    """Whether each run's times are "measured" or "predicted"."""
+
+    synthetic: str
+    production: str
 
 
 @dataclass(frozen=True)
 class ShapeCheck:
-    """Does the synthetic run stand for the production run, class by class (module docstring)."""
+    """Does the synthetic run stand for the production run, class by class (module docstring). Its record is the
+    check as ``opmap compare --production --json`` prints it and the store records it."""
 
     synthetic: str
     production: str
     forced_tags: tuple[str, ...]
-    synthetic_times: str  # "measured" or "predicted"
-    production_times: str
+    times: Times
     rule: str
     classes: tuple[ClassCheck, ...]
-    expected_production_change: float | None  # None: no synthetic comparison given
-
-    def to_dict(self) -> dict[str, Any]:
-        """The check as ``opmap compare --production --json`` prints it and the store records it.
-        A computed shape: each class's row with its optional changes, the times paired."""
-        classes = []
-        for c in self.classes:
-            row = {"class": c.name, "synthetic_kernels": c.synthetic_kernels,
-                   "synthetic_bound": list(c.synthetic_bound),
-                   "synthetic_intensity": None if c.synthetic_intensity is None else list(c.synthetic_intensity),
-                   "production_kernels": c.production_kernels, "production_share": c.production_share,
-                   "represented_kernels": c.represented_kernels,
-                   "represented_share_of_class": c.represented_share_of_class,
-                   "represented_share_of_total": c.represented_share_of_total,
-                   "production_intensity_p10_p50_p90": list(c.production_intensity_p10_p50_p90),
-                   "production_bound_mix": dict(c.production_bound_mix), "verdict": c.verdict}
-            if c.synthetic_change is not None:
-                row["synthetic_change"] = c.synthetic_change
-                row["expected_production_change"] = c.expected_production_change
-            classes.append(row)
-        out = {"synthetic": self.synthetic, "production": self.production, "forced_tags": list(self.forced_tags),
-               "times": {"synthetic": self.synthetic_times, "production": self.production_times},
-               "rule": self.rule, "classes": classes}
-        if self.expected_production_change is not None:
-            out["expected_production_change"] = self.expected_production_change
-        return out
+    # None: no synthetic comparison given (and not written)
+    expected_production_change: float | None = field(metadata=key(omit="none"))
 
 
 def kernel_class(name: str | None) -> str:
@@ -193,7 +179,7 @@ def production_check(synth_id: str, prod_id: str, path: Path | None = None, forc
             expected += c.expected_production_change
     rule = (f"same class and bound, intensity within x{INTENSITY_TOLERANCE:g}; carries over >= {CARRIES:.0%} of the "
             f"class's production time, partly >= {PARTLY:.0%}")
-    return ShapeCheck(synth_id, prod_id, tuple(differ), s_times, p_times, rule, tuple(classes),
+    return ShapeCheck(synth_id, prod_id, tuple(differ), Times(s_times, p_times), rule, tuple(classes),
                       expected if synthetic_change is not None else None)
 
 
