@@ -361,8 +361,11 @@ ACHIEVABLE = [
     ("h100-pcie", 495.93e12, 2.0e12 * 2.97 / 3.35),
     # MAMF MI300X 668.4; AMD's MI300X acceptance guide, expected BabelStream Triad 3,948,062 MB/s
     ("mi300x", 668.4e12, 3.948e12),
-    # MAMF Gaudi 2 418.7, Gaudi 3 1243.0, B200 1745.0; no published STREAM-like figure found for them
-    ("gaudi2", 418.7e12, None), ("gaudi3", 1243.0e12, None), ("b200", 1745.0e12, None),
+    # MAMF Gaudi 2 418.7, Gaudi 3 1243.0; no published STREAM-like figure found for them
+    ("gaudi2", 418.7e12, None), ("gaudi3", 1243.0e12, None),
+    # MAMF B200 1745.0; Tilebench's frozen B200 calibration (empirical/B200.json): peak_bw_GBs 6840.43, a Triton
+    # streaming copy over 4 GiB
+    ("b200", 1745.0e12, 6840.43e9),
     # no published achievable matrix rate nor streaming figure found
     ("mi250x", None, None), ("tpu-v5e", None, None), ("tpu-v5p", None, None),
 ]
