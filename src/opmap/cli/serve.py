@@ -12,6 +12,7 @@ from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP
+from opmap.record import record
 from opmap.report.text import safe
 from opmap.validate import INT_GE1, SEED, Rule, json_text, options, positive_in
 
@@ -362,7 +363,7 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "output_len": p.output_len.spec(),
                              "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
                              "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas),
-                             **({"engine_preset": p.setting.to_dict()} if p.setting is not None else {})}
+                             **({"engine_preset": record(p.setting)} if p.setting is not None else {})}
     if p.spec is not None:  # only with --spec: the outputs of a run without it are unchanged
         report["assumptions"]["speculative_decoding"] = {**p.spec.to_dict(), "line": p.spec.text()}
     if p.prefix is not None:
