@@ -322,7 +322,7 @@ class BenchPrediction:
                                "workload": {"requests": self.requests, "warmup": self.warmup, "mode": self.mode,
                                             "concurrency": self.concurrency,
                                             "closed_loop_sends": "simulated" if self.closed else "as measured"},
-                               "policy": self.policy.to_dict(), "cost": self.cost.to_dict(),
+                               "policy": record(self.policy), "cost": self.cost.to_dict(),
                                "predictions": {p.name: {"figures": p.figures.to_dict(), "rows": list(p.rows),
                                                         "steps": p.steps} for p in self.predictions}}
         if self.overhead is not None:

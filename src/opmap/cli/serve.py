@@ -514,9 +514,9 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
         if capacity.headline is None and stop is not None:  # stopped before any rate met the SLO: no table
             from opmap.report.serve_text import capacity_line
 
-            console.print(capacity_line({**capacity.to_dict(), "engine": engine}), highlight=False)
+            console.print(capacity_line({**record(capacity), "engine": engine}), highlight=False)
             exit_if_stopped(stop)
-        report = capacity.headline.to_dict() if capacity.headline is not None else None  # serve.json
+        report = record(capacity.headline) if capacity.headline is not None else None  # serve.json
     if report is None:
         with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
             if pd is not None:
@@ -525,9 +525,9 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
                 res = simulate_disaggregated(reqs, pol, cost, pd[0], pd[1], transfer, router, seed)
             else:
                 res = simulate(reqs, pol, cost, replicas, router, seed)
-            report = summarize(res, slo).to_dict()  # serve.json
+            report = record(summarize(res, slo))  # serve.json
     if capacity is not None:
-        report["capacity"] = {**capacity.to_dict(), "engine": engine}
+        report["capacity"] = {**record(capacity), "engine": engine}
         if stop is not None:
             report["interrupted"] = capacity.interrupted
     return report, res, stop
