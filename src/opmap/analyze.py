@@ -285,7 +285,7 @@ class Analysis:
             "nodes": _node_rows(self.results) if nodes else [
                 {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
                  "flops": r.cost.flops} for r in self.results],
-            "kernels": [k.to_dict() for k in self.kernel_results] + (
+            "kernels": [record(k) for k in self.kernel_results] + (
                 [record(c) for c in self.sharded.collectives] if self.sharded is not None else []),
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
