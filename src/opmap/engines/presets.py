@@ -1,7 +1,8 @@
 """Engine presets as data: one TOML per engine beside this module (vllm.toml, sglang.toml, trtllm.toml,
-trtllm-bench.toml), each a table of versions whose values carry their source. ``parse_preset("vllm@0.11")`` gives
-one version of one engine; ``parse_presets("nvidia=trtllm,amd=vllm")`` one per vendor (fit). The rules that turn
-a preset, a device and a run into scheduler sizes live in opmap.engines.rules."""
+trtllm-bench.toml), each a table of versions whose values carry their source, read once into typed values (an
+``EngineFile`` of ``EnginePreset``s: sourced defaults and each rule's table, opmap.engines.tables).
+``parse_preset("vllm@0.11")`` gives one version of one engine; ``parse_presets("nvidia=trtllm,amd=vllm")`` one per
+vendor (fit). The rules that turn a preset, a device and a run into scheduler sizes live in opmap.engines.rules."""
 
 from __future__ import annotations
 
