@@ -259,9 +259,9 @@ def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float
 # cache is 16-bit unless its kv_dtype column says otherwise.
 def _bytes_table() -> dict[str, float]:
     from opmap.engines import parse_preset
+    from opmap.engines.tables import BytesPerElement
 
-    t = parse_preset(TRT_PRESET).table("bytes_per_element")
-    return {k: float(v) for k, v in t.items() if k != "source"}
+    return {k: float(v) for k, v in parse_preset(TRT_PRESET).rule(BytesPerElement).by_format.items()}
 
 
 SIZING_BYTES = _bytes_table()

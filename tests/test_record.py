@@ -188,3 +188,49 @@ def test_mapping_writes_pairs_and_keyed_rows_as_objects_and_flatten_takes_a_dict
     assert t.options["x"] == [1]  # nothing mutable shared
     with pytest.raises(ValueError, match="mapping='a b'"):
         key(mapping="a b")
+
+
+def test_when_writes_a_field_only_while_its_flag_holds():
+    from dataclasses import dataclass, field
+
+    @dataclass(frozen=True)
+    class Lay:
+        tp: int
+        ep: int = 1
+        imbalance: float = field(default=1.0, metadata=key(when="expert_parallel"))
+
+        @property
+        def expert_parallel(self) -> bool:
+            return self.ep > 1
+
+    # at ep 1 the EP key is left out; at ep 2 it is written even at its default value (omit="default" would not)
+    assert record(Lay(2)) == {"tp": 2, "ep": 1}
+    assert list(record(Lay(2, 2))) == ["tp", "ep", "imbalance"] and record(Lay(2, 2))["imbalance"] == 1.0
+    with pytest.raises(ValueError, match="when='a b'"):
+        key(when="a b")
+
+
+@dataclass(frozen=True)
+class DerivedMeta:
+    RECORD: ClassVar[tuple[Any, ...]] = ("n", ("doubled", key("twice")), ("maybe", key(omit="none")),
+                                         ("inner", key(flatten=True, when="n")))
+    n: int
+
+    @property
+    def doubled(self) -> int:
+        return 2 * self.n
+
+    @property
+    def maybe(self) -> int | None:
+        return self.n or None
+
+    @property
+    def inner(self) -> Inner:
+        return Inner(self.n, (self.n,))
+
+
+def test_a_record_entry_gives_a_derived_value_a_fields_metadata():
+    # renamed, omitted while None, flattened and written only while ``n`` is truthy, as a field's metadata says
+    assert record(DerivedMeta(3)) == {"n": 3, "twice": 6, "maybe": 3, "a": 3, "b": [3]}
+    assert list(record(DerivedMeta(3))) == ["n", "twice", "maybe", "a", "b"]
+    assert record(DerivedMeta(0)) == {"n": 0, "twice": 0}

@@ -285,8 +285,8 @@ class Analysis:
             "nodes": _node_rows(self.results) if nodes else [
                 {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
                  "flops": r.cost.flops} for r in self.results],
-            "kernels": [k.to_dict() for k in self.kernel_results] + (
-                [c.to_dict() for c in self.sharded.collectives] if self.sharded is not None else []),
+            "kernels": [record(k) for k in self.kernel_results] + (
+                [record(c) for c in self.sharded.collectives] if self.sharded is not None else []),
             "fusion": self.plan.to_dict() if self.plan else None,
             "uncounted": self.uncounted,
             # the figures a phase set (``phase_figures``, typed: opmap.phases.result); empty without a phase
@@ -294,7 +294,7 @@ class Analysis:
             "memory": record(mem),
         } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
             "parallelism": {**record(s), "kernel_per_device_s": list(s.kernel_s)},
-            "collectives": [c.to_dict() for c in s.collectives]})
+            "collectives": [record(c) for c in s.collectives]})
 
 
 

@@ -10,10 +10,14 @@ booleans and None as they are). What a class changes is declared beside its fiel
   the nested record's keys (a dict's items) in the field's place instead of one key holding it; ``skip=True`` never
   writes it; ``mapping=True`` writes a tuple of (key, value) pairs as one object; ``mapping="attr"`` writes a tuple of
   dataclasses as one object, each under its ``attr`` with its record less the key ``attr`` as the value (a table
-  keyed by a column: ``{"mlp": {...}, "attention": {...}}``);
+  keyed by a column: ``{"mlp": {...}, "attention": {...}}``); ``when="attr"`` writes it only while the value's
+  attribute ``attr`` (a field or a property) is truthy (keys that belong to one mode of a value: a layout's EP keys
+  while it has expert parallelism);
 - per class, ``RECORD: ClassVar[tuple]``: the keys in order, by attribute name. A name that is not a field is a
   derived value (a property, or a class constant) written under that name; ``...`` stands for every field not
-  named elsewhere in the tuple, in declaration order. Without ``RECORD`` a class writes ``(...,)``: its fields.
+  named elsewhere in the tuple, in declaration order. An entry ``(attr, key(...))`` gives a derived value the
+  metadata a field takes (another key, omitted while None, flattened, conditional). Without ``RECORD`` a class
+  writes ``(...,)``: its fields.
 
 A class whose JSON shape is genuinely computed (keys chosen per instance, values regrouped into blocks that are
 not the class's fields) keeps a ``to_dict`` method saying why; ``record`` calls it, so every caller writes
@@ -42,17 +46,20 @@ _BUILDERS: dict[type, Callable[[Any], dict[str, Any]]] = {}
 
 
 def key(name: str | None = None, *, omit: str | None = None, flatten: bool = False, skip: bool = False,
-        mapping: bool | str = False) -> MappingProxyType[str, Any]:
+        mapping: bool | str = False, when: str | None = None) -> MappingProxyType[str, Any]:
     """A field's metadata for ``record``: its key (``name``, default the field's name), when it is left out
     (``omit``: None never, ``"none"`` while None, ``"empty"`` while falsy, ``"default"`` while it equals the field's
     default), whether its record's keys are written
-    in its place (``flatten``), whether it is never written (``skip``) and whether its tuple is written as an object
-    (``mapping``: True for (key, value) pairs, an attribute's name for dataclasses keyed by it)."""
+    in its place (``flatten``), whether it is never written (``skip``), whether its tuple is written as an object
+    (``mapping``: True for (key, value) pairs, an attribute's name for dataclasses keyed by it) and the attribute
+    that must be truthy for it to be written (``when``)."""
     if omit not in _OMITS:
         raise ValueError(f"omit={omit!r}: accepted None, 'none', 'empty', 'default'")
     if not (isinstance(mapping, bool) or (isinstance(mapping, str) and mapping.isidentifier())):
         raise ValueError(f"mapping={mapping!r}: accepted True, False or an attribute's name")
-    return MappingProxyType({_META: (name, omit, flatten, skip, mapping)})
+    if when is not None and not when.isidentifier():
+        raise ValueError(f"when={when!r}: accepted an attribute's name")
+    return MappingProxyType({_META: (name, omit, flatten, skip, mapping, when)})
 
 
 def record(value: Any) -> dict[str, Any]:
@@ -90,15 +97,18 @@ def _builder(cls: type) -> Callable[[Any], dict[str, Any]]:
         plan = _plan(cls)  # refuses what is not a dataclass, first
         defaults = {f.name: f.default for f in fields(cls)}
         scope: dict[str, Any] = {}
-        for k, attr, omit, flatten, kind in plan:
-            lines.append(f"    x = v.{attr}")
+        for k, attr, omit, flatten, kind, when in plan:
             pad = "    "
+            if when is not None:
+                lines.append(f"    if v.{when}:")
+                pad = "        "
+            lines.append(f"{pad}x = v.{attr}")
             if omit is not None:
                 if omit == "default":
                     scope[f"DEFAULT_{attr}"] = defaults[attr]
                 test = {"none": "x is not None", "empty": "x", "default": f"x != DEFAULT_{attr}"}[omit]
-                lines.append(f"    if {test}:")
-                pad = "        "
+                lines.append(f"{pad}if {test}:")
+                pad += "    "
             value = {"scalar": "x", "tuple": "list(x)", "pairs": "pairs(x)"}.get(kind, "x if type(x) in SCALARS else "
                                                                                      "jsonable(x)")
             if kind.startswith("by:"):
@@ -113,30 +123,36 @@ def _builder(cls: type) -> Callable[[Any], dict[str, Any]]:
     return own
 
 
-def _plan(cls: type) -> tuple[tuple[str, str, str | None, bool, str], ...]:
-    """The entries of ``cls``'s record (key, attribute, omit, flatten, kind), in order (module docstring); kind
-    is ``scalar`` or ``tuple`` where the field's annotation says its value needs no conversion or is a tuple of
-    scalars (a list is written), ``pairs`` or ``by:ATTR`` where its metadata asks for an object (``mapping``), else
-    ``any``."""
+def _plan(cls: type) -> tuple[tuple[str, str, str | None, bool, str, str | None], ...]:
+    """The entries of ``cls``'s record (key, attribute, omit, flatten, kind, when), in order (module docstring);
+    kind is ``scalar`` or ``tuple`` where the field's annotation says its value needs no conversion or is a tuple
+    of scalars (a list is written), ``pairs`` or ``by:ATTR`` where its metadata asks for an object (``mapping``),
+    else ``any``."""
     if not is_dataclass(cls):
         raise TypeError(f"record() takes a dataclass instance, not {cls.__name__}")
     fs = {f.name: f for f in fields(cls)}
-    order = getattr(cls, "RECORD", (...,))
-    named = {n for n in order if n is not ...}
-    plan: list[tuple[str, str, str | None, bool, str]] = []
-    for n in order:
+    order = [(n, None) if n is ... or isinstance(n, str) else n for n in getattr(cls, "RECORD", (...,))]
+    named = {n for n, _ in order if n is not ...}
+    plan: list[tuple[str, str, str | None, bool, str, str | None]] = []
+    for n, meta in order:
         for name in ([f for f in fs if f not in named] if n is ... else [n]):
             f = fs.get(name)
-            if f is None:
-                if not name.isidentifier() or not hasattr(cls, name):
-                    raise TypeError(f"{cls.__name__}.RECORD names {name!r}: neither a field nor an attribute")
-                plan.append((name, name, None, False, "any"))
-                continue
-            k, omit, flatten, skip, mapping = f.metadata.get(_META, (None, None, False, False, False))
+            _check_attr(cls, name, f)
+            k, omit, flatten, skip, mapping, when = (meta if meta is not None else f.metadata if f is not None
+                                                     else {}).get(_META, (None, None, False, False, False, None))
+            if when is not None:
+                _check_attr(cls, when, fs.get(when))
             if not skip:
-                kind = ("pairs" if mapping is True else f"by:{mapping}" if mapping else _kind(f.type))
-                plan.append((k or name, name, omit, flatten, kind))
+                kind = ("pairs" if mapping is True else f"by:{mapping}" if mapping
+                        else _kind(f.type) if f is not None else "any")
+                plan.append((k or name, name, omit, flatten, kind, when))
     return tuple(plan)
+
+
+def _check_attr(cls: type, name: str, f: Any) -> None:
+    """Refuse a RECORD entry (or a ``when``) that names neither a field nor an attribute of ``cls``."""
+    if f is None and (not isinstance(name, str) or not name.isidentifier() or not hasattr(cls, name)):
+        raise TypeError(f"{cls.__name__}.RECORD names {name!r}: neither a field nor an attribute")
 
 
 def _pairs(x: Any) -> dict[Any, Any] | None:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
 from opmap.hardware.host import allowed_cpus, cpu_busy_s
+from opmap.record import record
 
 
 @contextlib.contextmanager
@@ -106,7 +108,11 @@ def test_window_and_verdict_follow_their_formulas():
     assert c.verdict.reasons[:2] == ("other processes took 88% of the 2 CPUs' time during the run",
                                      "the run got 0.24 CPU seconds a wall second during the run")
     # as the profile file holds it under [calibration.conditions]
-    d = c.to_dict()
+    d = record(c)
+    after = ["load_average_1m_after"] if c.load_average_1m_after is not None else []  # where the OS has one
+    assert list(d) == ["cpus", "before", "run", "spread", *after, "busy", "reasons", "warnings"]
+    assert "load_average_1m_after" not in record(replace(c, load_average_1m_after=None))
+    assert list(d["run"]) == ["wall_s", "own_cpu_s", "own_cpu_per_wall", "others_cpu_share"]
     assert d["busy"] is True and d["run"]["own_cpu_per_wall"] == pytest.approx(0.24) and d["spread"]["rows"] == 5.0
     assert d["before"] == {"cpus": 2, "window_s": 0.5, "others_cpu_share": 0.0} and d["reasons"][0].startswith(
         "other processes took 88%")

@@ -91,6 +91,20 @@ def test_default_imbalance_is_sourced_and_only_under_ep():
     assert imbalance_for(1, None) == 1.0 and imbalance_for(8, None) == d.value and imbalance_for(8, 1.0) == 1.0
 
 
+def test_a_layout_records_its_ep_fields_only_with_ep():
+    from dataclasses import fields
+
+    from opmap.record import record
+
+    # the fields in declaration order; a layout without ep leaves its two EP fields out (files written before it
+    # stay as they were), one with ep writes them even at their defaults (ep 2 with a balanced 1.0)
+    names = [f.name for f in fields(Parallelism)]
+    dense = record(Parallelism(tp=2, dp=2))
+    assert list(dense) == [n for n in names if n not in ("ep_imbalance", "dp_attention")]
+    moe = record(Parallelism(tp=2, dp=2, ep=2))
+    assert list(moe) == names and moe["ep_imbalance"] == 1.0 and moe["dp_attention"] is False
+
+
 # -- on captured models -----------------------------------------------------------------------------------------
 
 pytest.importorskip("transformers")

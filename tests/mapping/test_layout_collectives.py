@@ -8,6 +8,8 @@ and 256 GB/s between the four instances of an UltraServer (both directions), EFA
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from opmap.hardware import get_hardware
@@ -99,3 +101,22 @@ def test_ep8_all_to_all_on_nvlink():
     c = collective_time(GB200, Collective("all_to_all", S, 8, link_for(GB200, 8)))
     assert c.algorithm == "direct"
     assert c.seconds == pytest.approx(BASE + NVLINK_HOP * HOP + 7 / 8 * S / NVLINK, rel=1e-12)
+
+
+def test_a_collective_kernel_records_a_kernel_row():
+    from opmap.mapping.layout_collectives import CollectiveKernel
+    from opmap.record import record
+
+    # a TP all-reduce of S bytes over 8 devices, 2 a microbatch, 3 us a call of which 1 us is not hidden
+    ck = CollectiveKernel("c0", Collective("all_reduce", S, 8, "scale_up"), "tp", "forward", 2, 3e-6, "ring/simple",
+                          "scale_up", exposed_s=1e-6)
+    d = record(ck)
+    assert list(d) == ["id", "kernel_class", "collective", "message_bytes", "group_size", "link", "predicted_s",
+                       "interconnect_s", "matrix_s", "vector_s", "memory_s", "overhead_s", "bound", "algorithm",
+                       "purpose", "phase", "count", "total_s", "exposed_s", "exposed_total_s"]
+    assert d == {"id": "c0", "kernel_class": "collective", "collective": "all_reduce", "message_bytes": S,
+                 "group_size": 8, "link": "scale_up", "predicted_s": 3e-6, "interconnect_s": 3e-6, "matrix_s": 0.0,
+                 "vector_s": 0.0, "memory_s": 0.0, "overhead_s": 0.0, "bound": "interconnect",
+                 "algorithm": "ring/simple", "purpose": "tp", "phase": "forward", "count": 2, "total_s": 2 * 3e-6,
+                 "exposed_s": 1e-6, "exposed_total_s": 2 * 1e-6}
+    assert record(replace(ck, exposed_s=None))["exposed_total_s"] == 2 * 3e-6  # None: all of it exposed

@@ -10,6 +10,7 @@ import pytest
 from step_runs import step_at  # noqa: E402
 
 from opmap.errors import Interrupted, OpmapError
+from opmap.record import record
 from opmap.serve.capacity import find_capacity
 
 
@@ -168,7 +169,15 @@ def test_capacity_never_above_the_closed_form_saturation():
     assert head.arrival == f"poisson:{c.rate_per_s:g}"
     assert head.steady_state.verdict == "stationary" and head.steady_state.warmup_requests >= 103
     assert head.throughput.requests_per_s == pytest.approx(c.rate_per_s, rel=0.1)
-    assert c.to_dict()["run"]["requests"] == head.steady_state.requests >= 1024
+    d = record(c)  # the capacity block serve.json and fit.json write
+    assert d["run"]["requests"] == head.steady_state.requests >= 1024
+    assert list(d) == ["rate_per_s", "bracket", "converged", "rel_tol", "limited_by", "runs", "saturation_per_s",
+                       "saturation", "method", "run"]  # no reason (a rate was found), no stop
+    assert list(d["saturation"]) == ["arrival", "requests", "span_s", "requests_per_s", "tokens_per_s",
+                                     "output_tokens_per_s"] and d["saturation"]["arrival"] == "offline"
+    # the steady state's keys (its trend's window span among them) with the span the measured run took
+    assert list(d["run"]) == list(record(head.steady_state)) and d["run"]["span_s"] == head.requests.span_s
+    assert list(d["runs"][0]) == ["rate_per_s", "valid", "reason"]
 
 
 def test_a_run_over_saturation_is_diverging_and_invalid_below_it_stationary():

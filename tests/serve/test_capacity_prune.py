@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from opmap.record import record
 from opmap.serve.alone import alone_breaks_slo
 from opmap.serve.arrivals import Arrival, parse_length
 from opmap.serve.capacity import RateProbe, find_capacity, steady_capacity
@@ -88,7 +89,7 @@ def test_a_configuration_too_slow_alone_is_answered_without_a_search_and_the_sam
     assert pruned.search.runs == () and len(full.search.runs) == 32
     assert "2590 ms end to end" in pruned.reason
     assert pruned.saturation_per_s == full.saturation_per_s
-    assert pruned.to_dict()["runs"] == [] and pruned.to_dict()["rate_per_s"] is None
+    assert record(pruned)["runs"] == [] and record(pruned)["rate_per_s"] is None
 
 
 def test_the_descent_stops_at_its_first_run_served_alone_with_the_same_record():

@@ -11,6 +11,7 @@ import pytest
 
 from opmap.errors import OpmapError
 from opmap.hardware import get_hardware
+from opmap.record import record
 from opmap.serve import Requests, Slo, TableCost, simulate, summarize
 from opmap.serve.disagg import KvTransfer, kv_transfer_for, parse_disaggregate, simulate_disaggregated
 from opmap.serve.policies import Continuous, Static
@@ -33,7 +34,7 @@ def test_one_request_by_hand():
     assert res.finish_s[0] == pytest.approx(0.1 + 0.102 + 9 * DEC_S)
     gaps = np.repeat(res.itl_gap_s, res.itl_weight.astype(int))
     assert sorted(gaps) == pytest.approx(sorted([0.102 + DEC_S] + [DEC_S] * 8))
-    s = summarize(res, Slo()).to_dict()
+    s = record(summarize(res, Slo()))
     assert s["disaggregation"]["kv_transfer_s"]["mean_s"] == pytest.approx(0.102)
     assert s["replicas"] == 2 and len(s["utilization"]) == 2
 
@@ -50,7 +51,7 @@ def test_decode_pool_kv_capacity_makes_the_second_request_wait():
     res = simulate_disaggregated(_reqs([0.0, 0.0], [50, 50], [60, 60]), Continuous(), cost, 1, 1, XFER)
     assert res.first_s == pytest.approx([0.1, 0.1])
     assert sorted(res.finish_s) == pytest.approx([0.742, 1.384])
-    s = summarize(res).to_dict()
+    s = record(summarize(res))
     assert s["disaggregation"]["decode_admission_wait_s"]["max_s"] == pytest.approx(0.642)
     assert s["disaggregation"]["kv_held_on_prefill_s"]["max_s"] == pytest.approx(0.642)
 
@@ -94,7 +95,7 @@ def test_back_pressure_a_full_decode_pool_holds_prefill_back():
     xfer_s = [0.2, 0.402, 0.604, 0.806]
     assert np.asarray(res.finish_s) - 0.202 == pytest.approx(xfer_s)
     assert _held_on_prefill(res.start_s, xfer_s, [101] * 4) == 202  # full, never over its capacity
-    d = summarize(res).to_dict()["disaggregation"]
+    d = record(summarize(res))["disaggregation"]
     assert d["kv_held_on_prefill_s"]["max_s"] == pytest.approx(0.604 - 0.3)  # requests 2 and 3: 0.304 s
     assert d["decode_cost"]["kv_capacity_tokens"] == 111
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.serve import Requests, TableCost, make_requests, simulate, summarize
 from opmap.serve.cost import mixed_s
 from opmap.serve.policies import Chunked, Engine
@@ -67,7 +68,7 @@ def test_running_decodes_take_their_token_of_the_budget_first():
     assert res.steps == 3
     np.testing.assert_allclose(res.first_s, [4.096, 10.01835])
     np.testing.assert_allclose(res.finish_s, [10.01835, 10.01835])
-    s = summarize(res).to_dict()
+    s = record(summarize(res))
     assert s["latency"]["itl"]["mean_s"] == pytest.approx((4.09617 + 1.82618) / 2)  # D's two gaps
 
 
@@ -103,7 +104,7 @@ def test_preemption_by_recompute_when_blocks_run_out():
         np.testing.assert_array_equal(res.preemptions, [0, 1])
         assert res.engine.preemptions == Preemptions(total=1, requests_preempted=1, max_per_request=1)
         assert res.engine.kv_cache.blocks == 4 and res.engine.kv_cache.peak_blocks_used == 4
-    s = summarize(res).to_dict()
+    s = record(summarize(res))
     assert s["preemptions"] == {"total": 1, "requests_preempted": 1, "max_per_request": 1}
     assert s["kv_cache"] == {"paged": True, "kv_block": 16, "blocks": 4, "capacity_tokens": 70,
                              "peak_blocks_used": 4, "preemption": "recompute"}  # the last cap: 70 tokens
@@ -165,7 +166,7 @@ def test_without_a_kv_limit_engine_is_sarathi_chunked():
     b = simulate(reqs, Chunked(512, max_seqs=16), cost)
     for k in ("start_s", "first_s", "finish_s"):
         np.testing.assert_allclose(getattr(a, k), getattr(b, k))
-    sa, sb = summarize(a).to_dict(), summarize(b).to_dict()
+    sa, sb = record(summarize(a)), record(summarize(b))
     assert sa["latency"]["itl"] == pytest.approx(sb["latency"]["itl"])
 
 

@@ -7,6 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from opmap.record import record
+
 
 @pytest.mark.parametrize("spec,want", [
     ("engine:8,64,32", {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_block": 32, "chunked_prefill": True}),
@@ -24,7 +26,7 @@ def test_summary_names_the_step_limits_and_preemptions(spec, want):
     from opmap.serve import Requests, TableCost, parse_policy, simulate, summarize
 
     reqs = Requests(np.zeros(3), np.full(3, 10), np.full(3, 2), "offline")
-    s = summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]]))).to_dict()
+    s = record(summarize(simulate(reqs, parse_policy(spec), TableCost([1000], [1.0], [1], [0], [[0.01]]))))
     assert s["scheduler"] == want
     assert s["preemptions"] == {"total": 0, "requests_preempted": 0, "max_per_request": 0}
 
@@ -60,7 +62,8 @@ def test_the_limits_come_from_the_typed_policy_the_run_wrote(spec):
     from opmap.serve.cost import TableCost
 
     p = parse_policy(spec)
-    assert p.to_dict()["params"] == dataclasses.asdict(p)
+    assert record(p)["params"] == dataclasses.asdict(p)
+    assert list(record(p)) == ["name", "version", "spec", "params"] and record(p)["spec"] == p.spec()
     cost = TableCost([1000], [0.01], [1, 8], [0, 1000], [[0.01, 0.01], [0.01, 0.01]])
     r = summarize(simulate(Requests(np.zeros(2), np.full(2, 8), np.full(2, 2), "offline"), p, cost))
     assert r.policy is p and r.scheduler == p.limits
@@ -83,7 +86,7 @@ def test_a_serve_report_is_frozen_and_writes_its_figures():
     r = summarize(simulate(reqs, parse_policy("none"), ServiceTime("fixed", 1.0)))  # 3 in a row: 1, 2, 3 s
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.slo_attainment = 1.0  # type: ignore[misc]
-    d = r.to_dict()
+    d = record(r)
     assert d["latency"]["e2e"]["p50_s"] == r.latency.e2e.p50_s == pytest.approx(2.0)
     assert d["throughput"]["requests_per_s"] == pytest.approx(3 / 3.0)  # 3 requests over the 3 s span
     assert d["scheduler"]["max_num_seqs"] == 1
@@ -91,7 +94,6 @@ def test_a_serve_report_is_frozen_and_writes_its_figures():
 
 def test_the_rates_and_percentiles_records():
     """serve.json's throughput (the window only where named) and latency (each latency's percentiles by name)."""
-    from opmap.record import record
     from opmap.serve.metrics import Latency, Percentiles, Throughput
 
     assert record(Throughput(2.0, 600.0, 64.0)) == {"requests_per_s": 2.0, "tokens_per_s": 600.0,
@@ -102,3 +104,29 @@ def test_the_rates_and_percentiles_records():
     assert list(lat) == ["e2e", "ttft", "tpot", "itl", "queue"]
     assert lat["e2e"]["mean_s"] == 2.0 and lat["e2e"]["p50_s"] == 2.0  # the mean and median of 1, 2, 3
     assert lat["queue"] == {"mean_s": None, "p50_s": None, "p90_s": None, "p95_s": None, "p99_s": None}
+
+
+def test_an_slo_records_its_kind_and_only_its_limits():
+    from opmap.serve.metrics import Slo
+
+    # MLPerf's LLM Server limits (TTFT 2 s, TPOT 200 ms at p99), or one end-to-end p99 limit instead of both
+    assert record(Slo()) == {"kind": "ttft_tpot_p99", "ttft_s": 2.0, "tpot_s": 0.2}
+    assert list(record(Slo(ttft_s=None, tpot_s=0.05))) == ["kind", "ttft_s", "tpot_s"]  # an unset limit: null
+    assert record(Slo(p99_s=1.5)) == {"kind": "e2e_p99", "p99_s": 1.5}
+
+
+def test_serve_json_blocks_in_order():
+    """serve.json's body: the blocks every run writes, in order; the engine's paged KV cache (its first key saying
+    it is paged) after them only under the engine policy."""
+    from opmap.serve import Requests, parse_policy, simulate, summarize
+    from opmap.serve.cost import TableCost
+
+    reqs = Requests(np.zeros(4), np.full(4, 100), np.full(4, 4), "offline")
+    cost = TableCost([1000], [0.01], [1, 8], [0, 1000], [[0.01, 0.01], [0.01, 0.01]])
+    every = ["schema_version", "policy", "arrival", "router", "replicas", "cost", "requests", "throughput", "latency",
+             "cdf", "goodput", "slo", "slo_attainment", "queueing_share", "utilization", "preemptions", "scheduler",
+             "validity"]
+    assert list(record(summarize(simulate(reqs, parse_policy("static:4"), cost)))) == every
+    d = record(summarize(simulate(reqs, parse_policy("engine"), cost)))
+    assert list(d) == [*every, "kv_cache"] and list(d["kv_cache"])[:2] == ["paged", "kv_block"]
+    assert d["kv_cache"]["paged"] is True and d["schema_version"] == 1

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.serve import (
     Requests,
     TableCost,
@@ -48,7 +49,7 @@ def test_static_batch_waits_for_b_and_holds_slots():
     np.testing.assert_allclose(res.start_s, [0.5, 0.5])
     np.testing.assert_allclose(res.first_s, [0.7, 0.7])
     np.testing.assert_allclose(res.finish_s, [0.72, 0.71])
-    s = summarize(res).to_dict()
+    s = record(summarize(res))
     assert s["latency"]["queue"]["mean_s"] == pytest.approx(0.25)
     assert s["latency"]["itl"]["mean_s"] == pytest.approx(0.01)
     assert s["latency"]["tpot"]["p50_s"] == pytest.approx(0.01)
@@ -84,7 +85,7 @@ def test_continuous_by_hand():
     res = simulate(_reqs([0, 0.05], [100, 200], [3, 2]), Continuous(), LINEAR)
     np.testing.assert_allclose(res.first_s, [0.1, 0.3])
     np.testing.assert_allclose(res.finish_s, [0.32904, 0.31802])
-    s = summarize(res).to_dict()
+    s = record(summarize(res))
     assert s["latency"]["ttft"]["mean_s"] == pytest.approx((0.1 + 0.25) / 2)
     assert s["latency"]["tpot"]["mean_s"] == pytest.approx((0.11452 + 0.01802) / 2)
     assert s["latency"]["itl"]["mean_s"] == pytest.approx((0.21802 + 0.01102 + 0.01802) / 3)
@@ -132,15 +133,15 @@ def test_deterministic_for_a_seed():
     def once(seed):
         reqs = make_requests("gamma:40,2", "normal:200,50", "uniform:5,50", 500, seed=seed)
         res = simulate(reqs, parse_policy("continuous:1024"), LINEAR, 2, "least_loaded")
-        return json.dumps(summarize(res).to_dict())
+        return json.dumps(record(summarize(res)))
     assert once(1) == once(1)
     assert once(1) != once(2)
 
 
 def test_policies_are_named_and_versioned():
-    d = parse_policy("dynamic:8,5").to_dict()
+    d = record(parse_policy("dynamic:8,5"))
     assert d == {"name": "dynamic", "version": 1, "spec": "dynamic:8,5", "params": {"batch": 8, "wait_s": 0.005}}
-    assert parse_policy("continuous").to_dict()["params"]["token_budget"] == 8192
+    assert record(parse_policy("continuous"))["params"]["token_budget"] == 8192
     assert parse_policy("chunked:256").spec() == "chunked:256"
 
 
@@ -149,7 +150,7 @@ def test_engine_is_named_with_vllm_defaults():
     max_num_batched_tokens for its server on H100-class devices, vllm/engine/arg_utils.py), blocks of 16."""
     e = parse_policy("engine")
     assert e == Engine() and e.spec() == "engine"
-    assert e.to_dict() == {"name": "engine", "version": 1, "spec": "engine",
+    assert record(e) == {"name": "engine", "version": 1, "spec": "engine",
                            "params": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "kv_block": 16,
                                       "chunked_prefill": True, "no_evict": False}}
     assert parse_policy("engine:8,64,32") == Engine(8, 64, 32)

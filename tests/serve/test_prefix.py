@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.serve import Requests, TableCost, make_requests, simulate, summarize
 from opmap.serve.kv_cache import KVCacheManager
 from opmap.serve.policies import Engine
@@ -169,7 +170,7 @@ def test_without_shared_prompts_nothing_changes():
     """No ``Requests.prompt``: no prefix cache, the run as before (no prefix_cache in serve.json)."""
     reqs = make_requests("poisson:30", "uniform:1,300", "uniform:1,200", 100, seed=3)
     res = simulate(reqs, Engine(8, 64, 8), _linear(cap=1000))
-    assert res.prefix_hit_tokens is None and "prefix_cache" not in summarize(res).to_dict()
+    assert res.prefix_hit_tokens is None and "prefix_cache" not in record(summarize(res))
 
 
 def test_prefix_share_is_checked_and_needs_the_engine_policy():

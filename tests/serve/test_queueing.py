@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from opmap.record import record
 from opmap.serve import make_requests, parse_policy, parse_service_time, simulate, summarize
 
 N = 200_000
@@ -17,7 +18,7 @@ N = 200_000
 def _run(rate: float, service: str, replicas: int = 1, router: str = "round_robin", seed: int = 7):
     reqs = make_requests(f"poisson:{rate}", "1", "1", N, seed=seed)
     res = simulate(reqs, parse_policy("none"), parse_service_time(service), replicas, router, seed=seed)
-    return res, summarize(res).to_dict()
+    return res, record(summarize(res))
 
 
 def test_mm1_mean_wait_and_sojourn_percentile():

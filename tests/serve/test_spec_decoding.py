@@ -14,6 +14,7 @@ import torch
 
 from hf_family_configs import DEEPSEEK_R1, shallow
 from opmap.errors import OpmapError
+from opmap.record import record
 from opmap.serve import TableCost, make_requests, simulate, summarize
 from opmap.serve.policies import Chunked, Continuous
 from opmap.serve.reference import reference_continuous
@@ -148,7 +149,7 @@ def test_tpot_by_hand_with_nothing_accepted():
     assert ref.first == pytest.approx([0.011]) and ref.finish == pytest.approx([0.063])
     assert ref.gaps == pytest.approx([0.013] * 4)
     res = simulate(reqs, Continuous(), c)
-    assert summarize(res).to_dict()["latency"]["tpot"]["p50_s"] == pytest.approx(0.013)
+    assert record(summarize(res))["latency"]["tpot"]["p50_s"] == pytest.approx(0.013)
 
 
 def test_tpot_ratio_against_the_plain_decode():
@@ -157,8 +158,8 @@ def test_tpot_ratio_against_the_plain_decode():
     from opmap.serve.arrivals import Requests
 
     reqs = Requests(np.array([0.0]), np.array([10]), np.array([20001]), "given")
-    spec = summarize(simulate(reqs, Continuous(), _spec_cost(0.7, 3))).to_dict()["latency"]["tpot"]["p50_s"]
-    plain = summarize(simulate(reqs, Continuous(), _flat(0.010, 1e-3))).to_dict()["latency"]["tpot"]["p50_s"]
+    spec = record(summarize(simulate(reqs, Continuous(), _spec_cost(0.7, 3))))["latency"]["tpot"]["p50_s"]
+    plain = record(summarize(simulate(reqs, Continuous(), _flat(0.010, 1e-3))))["latency"]["tpot"]["p50_s"]
     assert plain == pytest.approx(0.010)
     assert spec / plain == pytest.approx(0.013 / expected_tokens(0.7, 3) / 0.010, rel=0.02)
 
@@ -185,7 +186,7 @@ def test_the_counting_scheduler_is_the_reference_with_speculation(seed, cap, pol
     back admissions; TPOT percentiles spread (p99 above p50) where requests draw different steps."""
     reqs = make_requests("poisson:30", "uniform:1,300", "uniform:2,200", 250, seed=seed)
     res = _same_as_reference(reqs, pol, _spec_cost(alpha, k, seed, cap, slope=1e-6))
-    tpot = summarize(res).to_dict()["latency"]["tpot"]
+    tpot = record(summarize(res))["latency"]["tpot"]
     assert tpot["p99_s"] > tpot["p50_s"]
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from opmap.hardware.host import allowed_cpus, cpu_busy_s, load_average
+from opmap.record import key
 
 BUSY_SHARE = 0.25  # others held a quarter of the allowed CPUs' time: the timed threads waited for a CPU
 WARN_SHARE = 0.10  # others held a tenth: figures may read low, said
@@ -55,11 +56,13 @@ class Clock:
 @dataclass(frozen=True)
 class Window:
     """What happened between two readings: wall seconds, this process's CPU seconds, and (with /proc/stat) the
-    share of the allowed CPUs' time other processes took, 0 to 1 (None without it)."""
+    share of the allowed CPUs' time other processes took, 0 to 1 (None without it). Its record ([calibration.
+    conditions.run]) puts the CPU seconds a wall second after the CPU seconds, the share only where read."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("wall_s", "own_cpu_s", "own_cpu_per_wall", "others_cpu_share")
     wall_s: float
     own_cpu_s: float
-    others_cpu_share: float | None
+    others_cpu_share: float | None = field(metadata=key(omit="none"))
 
     @property
     def own_cpu_per_wall(self) -> float:
@@ -68,8 +71,9 @@ class Window:
 
 @dataclass(frozen=True)
 class LoadVerdict:
-    """Busy (its ``reasons``) or quiet (``warnings``, maybe)."""
+    """Busy (its ``reasons``) or quiet (``warnings``, maybe). Its record: busy, the reasons, the warnings."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("busy", "reasons", "warnings")
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
 
@@ -81,13 +85,14 @@ class LoadVerdict:
 @dataclass(frozen=True)
 class Precheck:
     """The host before a run: others' share of the allowed CPUs over a ``window_s`` window (None without
-    /proc/stat), the 1-minute load average (None where the OS has none), and the verdict on them."""
+    /proc/stat), the 1-minute load average (None where the OS has none), and the verdict on them. Its record
+    ([calibration.conditions.before]) is the readings, each only where read; the verdict is the conditions'."""
 
     cpus: int
     window_s: float
-    others_cpu_share: float | None
-    load_average_1m: float | None
-    verdict: LoadVerdict
+    others_cpu_share: float | None = field(metadata=key(omit="none"))
+    load_average_1m: float | None = field(metadata=key(omit="none"))
+    verdict: LoadVerdict = field(metadata=key(skip=True))
 
     @property
     def busy(self) -> bool:
@@ -98,40 +103,32 @@ class Precheck:
 class Spread:
     """The median, over ``rows`` timed rows, of the slowest sample over the fastest (1.0 without rows)."""
 
+    RECORD: ClassVar[tuple[object, ...]] = (("rows_written", key("rows")), "median_max_over_min")
     rows: int
     median_max_over_min: float
+
+    @property
+    def rows_written(self) -> float:
+        """``rows`` as the profile file holds it: a float (5.0), as its first files did."""
+        return float(self.rows)
 
 
 @dataclass(frozen=True)
 class Conditions:
-    """The host's load before and over a calibration, and the verdict over all of it (what a profile carries
-    under [calibration.conditions])."""
+    """The host's load before and over a calibration, and the verdict over all of it. Its record is what a
+    profile carries under [calibration.conditions]: the readings (the load average after only where read), then
+    the verdict's busy, reasons and warnings in place."""
 
     cpus: int
     before: Precheck
     run: Window
     spread: Spread
-    load_average_1m_after: float | None
-    verdict: LoadVerdict
+    load_average_1m_after: float | None = field(metadata=key(omit="none"))
+    verdict: LoadVerdict = field(metadata=key(flatten=True))
 
     @property
     def busy(self) -> bool:
         return self.verdict.busy
-
-    def to_dict(self) -> dict[str, Any]:
-        """[calibration.conditions] as the profile file holds it.
-        A computed shape: the before / run samples' optional keys and the verdict's parts regrouped."""
-        b, r = self.before, self.run
-        before = {"cpus": b.cpus, "window_s": b.window_s,
-                  **({"others_cpu_share": b.others_cpu_share} if b.others_cpu_share is not None else {}),
-                  **({"load_average_1m": b.load_average_1m} if b.load_average_1m is not None else {})}
-        run = {"wall_s": r.wall_s, "own_cpu_s": r.own_cpu_s, "own_cpu_per_wall": r.own_cpu_per_wall,
-               **({"others_cpu_share": r.others_cpu_share} if r.others_cpu_share is not None else {})}
-        return {"cpus": self.cpus, "before": before, "run": run,
-                "spread": {"rows": float(self.spread.rows), "median_max_over_min": self.spread.median_max_over_min},
-                **({"load_average_1m_after": self.load_average_1m_after}
-                   if self.load_average_1m_after is not None else {}),
-                "busy": self.busy, "reasons": list(self.verdict.reasons), "warnings": list(self.verdict.warnings)}
 
 
 def window(before: Clock, after: Clock) -> Window:

@@ -16,6 +16,7 @@ from opmap.calibrate.run import Calibration
 from opmap.errors import OpmapError
 from opmap.hardware.local import cache_path
 from opmap.hardware.spec import spec_from_dict
+from opmap.record import record
 from opmap.validate import visible
 
 
@@ -65,7 +66,7 @@ def to_spec_dict(cal: Calibration) -> dict:
                         "vector_kinds": cal.vector_kinds,
                         "vector_rates": {"transcendental_per_s": cal.transcendental_per_s,
                                          **{f"{k}_flops_per_s": v for k, v in cal.vector.items()}},
-                        "skipped": cal.skipped, **({"conditions": cal.conditions.to_dict()} if cal.conditions else {})},
+                        "skipped": cal.skipped, **({"conditions": record(cal.conditions)} if cal.conditions else {})},
     }
 
 

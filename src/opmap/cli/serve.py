@@ -12,6 +12,7 @@ from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP
+from opmap.record import record
 from opmap.report.text import safe
 from opmap.validate import INT_GE1, SEED, Rule, json_text, options, positive_in
 
@@ -405,7 +406,7 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
                              "output_len": p.output_len.spec(),
                              "cost": "service time " + o.service_time if o.service_time else "opmap cost model",
                              "kv_cache": _kv_words(p.policy), **_pricing_assumptions(cost, tp, pp, replicas),
-                             **({"engine_preset": p.setting.to_dict()} if p.setting is not None else {})}
+                             **({"engine_preset": record(p.setting)} if p.setting is not None else {})}
     if p.spec is not None:  # only with --spec: the outputs of a run without it are unchanged
         report["assumptions"]["speculative_decoding"] = {**p.spec.to_dict(), "line": p.spec.text()}
     if p.prefix is not None:
@@ -556,9 +557,9 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
         if capacity.headline is None and stop is not None:  # stopped before any rate met the SLO: no table
             from opmap.report.serve_text import capacity_line
 
-            console.print(capacity_line({**capacity.to_dict(), "engine": engine}), highlight=False)
+            console.print(capacity_line({**record(capacity), "engine": engine}), highlight=False)
             exit_if_stopped(stop)
-        report = capacity.headline.to_dict() if capacity.headline is not None else None  # serve.json
+        report = record(capacity.headline) if capacity.headline is not None else None  # serve.json
     if report is None:
         with console.status(f"simulating {len(reqs)} requests ({safe(pol.spec())}, {safe(arr.spec())})"):
             if pd is not None:
@@ -567,9 +568,9 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
                 res = simulate_disaggregated(reqs, pol, cost, pd[0], pd[1], transfer, router, seed)
             else:
                 res = simulate(reqs, pol, cost, replicas, router, seed)
-            report = summarize(res, slo).to_dict()  # serve.json
+            report = record(summarize(res, slo))  # serve.json
     if capacity is not None:
-        report["capacity"] = {**capacity.to_dict(), "engine": engine}
+        report["capacity"] = {**record(capacity), "engine": engine}
         if stop is not None:
             report["interrupted"] = capacity.interrupted
     return report, res, stop

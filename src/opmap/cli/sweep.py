@@ -11,6 +11,7 @@ from opmap.cli.common import console, exit_if_stopped, kept, print_wrote, result
 from opmap.cli.common import hardware as get_hardware
 from opmap.errors import OpmapError
 from opmap.phases.runtime import RUNTIME_HELP
+from opmap.record import record
 from opmap.validate import INT_GE1, json_text, options, visible
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def _graphs(preset, hw, tp: int, phase: str, batches: list[int]) -> dict:
 
     sizes, source = device_graph_sizes(preset, hw.name, hw.memory_bytes, tp)
     pads = {str(b): graph_batch(b, sizes) for b in batches} if phase == "decode" and sizes else {}
-    return {**preset.to_dict(), "cuda_graph_sizes": list(sizes), "cuda_graph_source": source,
+    return {**record(preset), "cuda_graph_sizes": list(sizes), "cuda_graph_source": source,
             "decode_graph_batch": pads,
             "note": "points priced as --runtime engine prices them; the padding to each graph's batch is stated, "
                     "not priced"}

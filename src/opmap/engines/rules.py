@@ -12,11 +12,22 @@ presets' data (opmap/engines/*.toml); the code here is only the rules (which buc
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from opmap.engines.presets import EnginePreset
+from opmap.engines.tables import (
+    BatchDefaults,
+    BenchHeuristic,
+    BytesPerElement,
+    MaxRunning,
+    MemFraction,
+    MemoryBuckets,
+    SglangGraphs,
+    TrtllmGraphs,
+    VllmGraphs,
+)
 from opmap.errors import OpmapError
+from opmap.record import key
 
 GiB, MiB = 2 ** 30, 2 ** 20
 
@@ -56,9 +67,10 @@ class SizingInputs:
 class EngineSetting:
     """An engine preset applied to one replica: the scheduler's sizes, the memory rule, the CUDA graph capture
     sizes, why each value is what it is (``why``, each naming its source) and the explicit flags that overrode the
-    preset (``overrides``)."""
+    preset (``overrides``). Its record (serve.json's ``engine_preset``, fit's cells) is the preset's in place, then
+    the sizes, the memory rule and the reasons."""
 
-    preset: EnginePreset
+    preset: EnginePreset = field(metadata=key(flatten=True))
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_block: int
@@ -74,13 +86,6 @@ class EngineSetting:
 
         return Engine(self.max_num_seqs, self.max_num_batched_tokens, self.kv_block, self.chunked_prefill,
                       self.no_evict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.preset.to_dict(), "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "kv_block": self.kv_block,
-                "chunked_prefill": self.chunked_prefill, "no_evict": self.no_evict,
-                "memory": asdict(self.memory), "cuda_graph_sizes": list(self.cuda_graph_sizes),
-                "why": list(self.why), "overrides": list(self.overrides)}
 
 
 # --- memory -------------------------------------------------------------------------------------------------
@@ -101,27 +106,27 @@ def memory_rule(preset: EnginePreset, device: str, device_bytes: float, tp: int,
 
 def sglang_bucket(preset: EnginePreset, device_bytes: float, tp: int) -> tuple[int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs) of the device's memory bucket (SGLang's gpu_mem is MiB)."""
-    b = preset.table("memory_buckets")
+    b = preset.rule(MemoryBuckets)
     mib = device_bytes / MiB
-    for i, bound in enumerate(b["below_mib"]):
+    for i, bound in enumerate(b.below_mib):
         if mib < bound:
-            graph = b["cuda_graph_max_bs_small_tp"][i] if tp < 4 else b["cuda_graph_max_bs_large_tp"][i]
-            return int(b["chunked_prefill_size"][i]), int(graph)
-    return int(b["above_chunked_prefill_size"]), int(b["above_cuda_graph_max_bs"])
+            graph = b.cuda_graph_max_bs_small_tp[i] if tp < 4 else b.cuda_graph_max_bs_large_tp[i]
+            return int(b.chunked_prefill_size[i]), int(graph)
+    return int(b.above_chunked_prefill_size), int(b.above_cuda_graph_max_bs)
 
 
 def sglang_mem_fraction(preset: EnginePreset, device_bytes: float, tp: int, pp: int) -> tuple[float, str]:
     """SGLang's default mem_fraction_static: round((gpu_mem - reserved) / gpu_mem, 3), reserved in MiB."""
-    m = preset.table("mem_fraction")
+    m = preset.rule(MemFraction)
     chunk, graph_bs = sglang_bucket(preset, device_bytes, tp)
     mib = device_bytes / MiB
-    reserved = (m["base_mib"] + max(chunk, m["min_chunk"]) * m["per_chunk_token_mib"]
-                + graph_bs * m["per_graph_bs_mib"] + tp * pp * m["per_rank_mib"])
-    if mib > m["floor_above_mib"]:
-        reserved = max(reserved, m["floor_mib"])
+    reserved = (m.base_mib + max(chunk, m.min_chunk) * m.per_chunk_token_mib
+                + graph_bs * m.per_graph_bs_mib + tp * pp * m.per_rank_mib)
+    if mib > m.floor_above_mib:
+        reserved = max(reserved, m.floor_mib)
     f = round((mib - reserved) / mib, 3)
     return f, (f"mem_fraction_static {f:g} = ({mib:.0f} - {reserved:.0f}) / {mib:.0f} MiB (chunked_prefill_size "
-               f"{chunk}, cuda_graph_max_bs {graph_bs}, tp {tp} pp {pp}; {m['source']})")
+               f"{chunk}, cuda_graph_max_bs {graph_bs}, tp {tp} pp {pp}; {m.source})")
 
 
 # --- scheduler ----------------------------------------------------------------------------------------------
@@ -148,34 +153,33 @@ def override(s: EngineSetting, max_num_seqs: int | None = None, max_num_batched_
              "max_num_batched_tokens": (max_num_batched_tokens, "--max-num-batched-tokens"),
              "kv_block": (kv_block, "--kv-block"), "chunked_prefill": (chunked_prefill, "--chunked-prefill")}
     changes, said = {}, []
-    for key, (v, flag) in given.items():
-        if v is not None and v != getattr(s, key):
-            changes[key] = v
-            said.append(f"{key} {v} ({flag}; the preset's {getattr(s, key)})")
+    for name, (v, flag) in given.items():
+        if v is not None and v != getattr(s, name):
+            changes[name] = v
+            said.append(f"{name} {v} ({flag}; the preset's {getattr(s, name)})")
     if not changes:
         return s
     return replace(s, **changes, overrides=(*s.overrides, *said))
 
 
 def _vllm(p: EnginePreset, x: SizingInputs, memory: MemoryRule) -> tuple[int, int, list[int], tuple[str, ...]]:
-    d = p.table("batch_defaults")
-    large = x.device_bytes >= d["large_memory_gib"] * GiB and d["excluded_name"] not in x.device.lower()
-    size, ctx = ("large" if large else "small"), ("offline" if x.offline else "server")
-    tokens = int(d[f"{size}_{ctx}_tokens"])
-    seqs = min(int(d[f"{size}_{ctx}_seqs"]), tokens)
+    d = p.rule(BatchDefaults)
+    large = x.device_bytes >= d.large_memory_gib * GiB and d.excluded_name not in x.device.lower()
+    tokens, seqs = d.sizes(large, x.offline)
+    seqs = min(seqs, tokens)
     why = (f"{seqs} sequences, {tokens} tokens: {'LLM class (offline run)' if x.offline else 'OpenAI API server'} "
-           f"on a {'>= ' if large else '< '}{d['large_memory_gib']} GiB{' non-A100' if large else ' or A100'} "
-           f"device ({d['source']})",)
+           f"on a {'>= ' if large else '< '}{d.large_memory_gib} GiB{' non-A100' if large else ' or A100'} "
+           f"device ({d.source})",)
     return seqs, tokens, vllm_graph_sizes(p, seqs), why
 
 
 def vllm_graph_sizes(p: EnginePreset, max_num_seqs: int) -> list[int]:
     """vLLM's default cudagraph_capture_sizes for ``max_num_seqs`` (no speculative tokens)."""
-    g = p.table("cuda_graphs")
-    top = min(max_num_seqs * g["per_seq"], g["cap"])
-    sizes = [s for s in g["first"] if s <= top]
-    sizes += list(range(8, min(top + 1, g["step8_below"]), 8)) if top >= 8 else []
-    sizes += list(range(g["step16_from"], top + 1, 16)) if top >= g["step16_from"] else []
+    g = p.rule(VllmGraphs)
+    top = min(max_num_seqs * g.per_seq, g.cap)
+    sizes = [s for s in g.first if s <= top]
+    sizes += list(range(8, min(top + 1, g.step8_below), 8)) if top >= 8 else []
+    sizes += list(range(g.step16_from, top + 1, 16)) if top >= g.step16_from else []
     return sorted(set(sizes))
 
 
@@ -184,21 +188,21 @@ def _sglang(p: EnginePreset, x: SizingInputs, memory: MemoryRule) -> tuple[int, 
     seqs = sglang_max_running(p, x.kv_capacity_tokens, x.context_len)
     tokens = chunk + seqs  # one prefill chunk beside a decode batch of every running request (see why)
     why = (f"{seqs} running requests = min(KV tokens {x.kv_capacity_tokens} // 2, the request pool "
-           f"min(max(int(KV tokens / context {x.context_len} x 512), 2048), 4096)) ({p.source('max_running')})",
-           f"chunked_prefill_size {chunk}, cuda_graph_max_bs {graph_bs} ({p.table('memory_buckets')['source']})",
+           f"min(max(int(KV tokens / context {x.context_len} x 512), 2048), 4096)) ({p.rule(MaxRunning).source})",
+           f"chunked_prefill_size {chunk}, cuda_graph_max_bs {graph_bs} ({p.rule(MemoryBuckets).source})",
            f"a step's budget {tokens} = chunk {chunk} + {seqs} decodes: SGLang runs a prefill batch and a decode "
            "batch as separate steps (mixed chunks off by default); opmap's engine step carries both (approximated)")
     return seqs, tokens, sglang_graph_sizes(p, graph_bs), why
 
 
 def sglang_max_running(p: EnginePreset, kv_tokens: int, context_len: int) -> int:
-    r = p.table("max_running")
-    pool = min(max(int(kv_tokens / max(1, context_len) * r["pool_per_context"]), r["pool_min"]), r["pool_max"])
-    return max(1, min(int(kv_tokens * r["per_token"]), pool))
+    r = p.rule(MaxRunning)
+    pool = min(max(int(kv_tokens / max(1, context_len) * r.pool_per_context), r.pool_min), r.pool_max)
+    return max(1, min(int(kv_tokens * r.per_token), pool))
 
 
 def sglang_graph_sizes(p: EnginePreset, max_bs: int) -> list[int]:
-    first = list(p.table("cuda_graphs")["first"])
+    first = list(p.rule(SglangGraphs).first)
     sizes = first + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
     return [s for s in sizes if s <= max_bs]
 
@@ -212,23 +216,23 @@ def _trtllm(p: EnginePreset, x: SizingInputs, memory: MemoryRule) -> tuple[int, 
 
 def trtllm_graph_sizes(p: EnginePreset) -> list[int]:
     """TensorRT-LLM's default CUDA graph batch sizes (CudaGraphConfig without padding, max_batch_size 128)."""
-    g = p.table("cuda_graphs")
-    top = int(g["max_batch_size"])
-    sizes = list(range(1, 32)) + list(g["first"]) + [2 ** i for i in range(8, math.ceil(math.log2(top)))]
+    g = p.rule(TrtllmGraphs)
+    top = int(g.max_batch_size)
+    sizes = list(range(1, 32)) + list(g.first) + [2 ** i for i in range(8, math.ceil(math.log2(top)))]
     return sorted(s for s in set(sizes) if s <= top)
 
 
 def _trtllm_bench(p: EnginePreset, x: SizingInputs, memory: MemoryRule):
-    b = p.table("bytes_per_element")
-    wb = float(b.get(x.dtype, 2.0))  # tuning.py: BYTES_PER_ELEM.get(quant_algo, 2)
+    b = p.rule(BytesPerElement)
+    wb = b.of(x.dtype)  # tuning.py: BYTES_PER_ELEM.get(quant_algo, 2)
     kv_total = x.kv_bytes_per_token * x.tp * x.pp  # = 2 x layers x max(tp, KV heads) x head dim x KV bytes
     h = trtllm_bench_setting(x.params, wb, kv_total, x.device_bytes, x.tp, x.pp, x.input_len, x.output_len,
-                             memory.fraction, p.table("heuristic"))
+                             memory.fraction, p.rule(BenchHeuristic))
     why = (f"max_batch_size {h.max_batch_size}, max_num_tokens {h.max_num_tokens} from the data set's "
            f"{x.input_len:g}/{x.output_len:g} tokens: engine {h.engine_gib:.3g} GiB ({x.params / 1e9:.4g}B parameters "
            f"x {wb:g} B), KV cache {h.cache_gib:.4g} GiB = ({x.device_bytes / GiB:.4g} GiB x {x.tp * x.pp} - engine) x "
            f"{memory.fraction:g}, {h.requests:.1f} requests of {x.input_len + x.output_len:g} tokens "
-           f"({p.table('heuristic')['source']}; {b['source']})",)
+           f"({p.rule(BenchHeuristic).source}; {b.source})",)
     return h.max_batch_size, h.max_num_tokens, [], why
 
 
@@ -246,7 +250,7 @@ class BenchSizing:
 
 def trtllm_bench_setting(params: float, weight_bytes: float, kv_bytes_per_token: float, device_bytes: float,
                          tp: int, pp: int, isl: float, osl: float, fraction: float,
-                         h: dict[str, Any] | None = None) -> BenchSizing:
+                         h: BenchHeuristic | None = None) -> BenchSizing:
     """trtllm-bench's calc_engine_setting + finetune_setting: ``params`` x ``weight_bytes`` is the engine,
     ``kv_bytes_per_token`` the whole replica's (2 x layers x max(tp, KV heads) x head dim x KV bytes), the device's
     memory in GiB x tp x pp less the engine x ``fraction`` the KV cache; ``h``: the heuristic's constants (the
@@ -254,7 +258,7 @@ def trtllm_bench_setting(params: float, weight_bytes: float, kv_bytes_per_token:
     if h is None:
         from opmap.engines.presets import parse_preset
 
-        h = parse_preset("trtllm-bench").table("heuristic")
+        h = parse_preset("trtllm-bench").rule(BenchHeuristic)
     if not (isl > 0 and osl > 0 and kv_bytes_per_token > 0):
         raise OpmapError("trtllm-bench sizing needs prompt and output lengths above 0 and a KV cache")
     engine = params * weight_bytes / GiB
@@ -263,13 +267,13 @@ def trtllm_bench_setting(params: float, weight_bytes: float, kv_bytes_per_token:
     if requests < 1:
         raise OpmapError(f"trtllm-bench sizing: the KV cache ({cache:.3g} GiB) holds no request of {isl + osl:g} "
                          "tokens; raise --tp or --pp")
-    raw_bs = min(requests, h["max_requests"]) / pp
-    raw_tok = min(raw_bs * (1 + isl / osl), h["max_tokens"])
-    return BenchSizing(engine, cache, requests, _round_up(raw_bs, h["bs_steps"], h["bs_step_above"], h["bs_min"]),
-                       _round_up(raw_tok, h["token_steps"], h["token_step_above"], h["token_min"]))
+    raw_bs = min(requests, h.max_requests) / pp
+    raw_tok = min(raw_bs * (1 + isl / osl), h.max_tokens)
+    return BenchSizing(engine, cache, requests, _round_up(raw_bs, h.bs_steps, h.bs_step_above, h.bs_min),
+                       _round_up(raw_tok, h.token_steps, h.token_step_above, h.token_min))
 
 
-def _round_up(x: float, steps: list, above: int, floor: int) -> int:
+def _round_up(x: float, steps: tuple[tuple[int, int], ...], above: int, floor: int) -> int:
     """finetune_setting's rounding: up to the first step whose bound ``x`` is under (the first step with
     ``floor`` as a minimum), else to ``above``."""
     for i, (bound, step) in enumerate(steps):
@@ -290,12 +294,12 @@ def device_graph_sizes(preset: EnginePreset, device: str, device_bytes: float, t
     if preset.engine == "vllm":
         x = SizingInputs(device, device_bytes, tp, 1, 0, 0.0, 0.0, 0.0, 0, 1.0, 1.0, offline, "")
         seqs = _vllm(preset, x, MemoryRule(0.9, "total", ""))[0]
-        return tuple(vllm_graph_sizes(preset, seqs)), preset.table("cuda_graphs")["source"]
+        return tuple(vllm_graph_sizes(preset, seqs)), preset.rule(VllmGraphs).source
     if preset.engine == "sglang":
         return (tuple(sglang_graph_sizes(preset, sglang_bucket(preset, device_bytes, tp)[1])),
-                preset.table("cuda_graphs")["source"])
+                preset.rule(SglangGraphs).source)
     if preset.engine == "trtllm":
-        return tuple(trtllm_graph_sizes(preset)), preset.table("cuda_graphs")["source"]
+        return tuple(trtllm_graph_sizes(preset)), preset.rule(TrtllmGraphs).source
     return (), "trtllm-bench's CUDA graph sizes are not among the values read"
 
 

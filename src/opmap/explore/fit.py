@@ -61,6 +61,7 @@ from typing import Any
 from opmap.errors import Interrupted, OpmapError
 from opmap.explore.results import FitCell, FitMatrix, LayoutResult
 from opmap.hardware import get_hardware
+from opmap.record import record
 
 SCHEMA_VERSION = 3
 # of the TDP, assumed, only for a device whose catalog entry has no idle_power_w: the draw of an idle device with
@@ -183,7 +184,7 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     if found.settings is not None:  # the stack this cell ran: the chosen layout's (else the first priced one's)
         s = found.settings.get((best.tp, best.pp)) if best is not None else None
         s = s or next(iter(found.settings.values()), None)
-        cell = replace(cell, engine_preset=s.to_dict() if s is not None else None)
+        cell = replace(cell, engine_preset=record(s) if s is not None else None)
     if best is None:
         return replace(cell, excluded_reason=f"no layout meets the SLO at any rate: {fitting[0].reason}")
     return _priced(cell, best, hw, power_budget_w, price_per_hour, over)

@@ -34,6 +34,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.explore.results import LayoutResult, LayoutSearch
+from opmap.record import record
 
 # prune layouts that provably cannot be chosen nor be the runner-up (the module docstring's bound and prune, and
 # capacity.alone_breaks_slo); False searches every layout that fits (the tests compare the two)
@@ -302,7 +303,7 @@ def _searched(lay: LayoutResult, probe, sat, budget: int, found: list[float]) ->
     except OpmapError as e:  # an offline run that completes nothing
         return replace(lay, reason=str(e))
     head = cap.headline
-    lay = replace(lay, capacity=cap.to_dict(), saturation_per_s=cap.saturation_per_s)  # as fit.json writes it
+    lay = replace(lay, capacity=record(cap), saturation_per_s=cap.saturation_per_s)  # as fit.json writes it
     if cap.limited_by == "floor":
         return replace(lay, limited_by="pruned", reason=f"searched in part: its {cap.reason} (the rate whose "
                                                         f"output tokens/s per device match the runner-up's {bar:.4g})")

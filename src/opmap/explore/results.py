@@ -130,7 +130,7 @@ class FitCell:
     power_limited: str | None = None
     dtype: str = ""  # the format priced on this platform (--dtype fp4 resolves per platform)
     dtype_line: str = ""  # that format, how an alias resolved and why it fell back (opmap.precision.DtypeChoice)
-    engine_preset: dict[str, Any] | None = None  # the engine stack of the cell (EngineSetting.to_dict), written if set
+    engine_preset: dict[str, Any] | None = None  # the engine stack of the cell (record(EngineSetting)), written if set
     # how far to trust the cell's figures (opmap.hardware.trust: label, weakest input, line), written if set
     confidence: dict[str, Any] | None = None
 

@@ -5,24 +5,38 @@ gives the counts and sources); and the link a group runs on."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
 from opmap.mapping.collectives import KERNEL_CLASS, Collective
 from opmap.mapping.shard_types import Parallelism, SharderView
+from opmap.record import key
 from opmap.roofline import roofline
 
 
 @dataclass(frozen=True)
 class CollectiveKernel:
-    """A collective as a kernel row: class ``collective``, bound ``interconnect``."""
+    """A collective as a kernel row: class ``collective``, bound ``interconnect``. Its record (a row of
+    analysis.json's ``kernels`` and the ``parallelism`` block's ``collectives``) is a kernel row's: the collective's
+    kind and sizes, its one roofline term (``interconnect_s``, the others 0), then what it is for, how often, and the
+    totals and exposed times derived (``RECORD``)."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "id", "kernel_class", ("kind", key("collective")), "message_bytes", "group_size", "link", "predicted_s",
+        "interconnect_s", "matrix_s", "vector_s", "memory_s", "overhead_s", "bound", "algorithm", "purpose", "stage",
+        "count", "total_s", ("exposed", key("exposed_s")), "exposed_total_s")
+    kernel_class: ClassVar[str] = KERNEL_CLASS
+    # the roofline terms a collective kernel does not have: it only moves bytes over a link
+    matrix_s: ClassVar[float] = 0.0
+    vector_s: ClassVar[float] = 0.0
+    memory_s: ClassVar[float] = 0.0
+    overhead_s: ClassVar[float] = 0.0
     id: str
     collective: Collective
     purpose: str
-    stage: str  # forward | backward | iteration
+    stage: str = field(metadata=key("phase"))  # forward | backward | iteration
     count: int  # how many per microbatch (per iteration for the DP reduction) on the slowest stage
     predicted_s: float  # one call
     algorithm: str
@@ -33,16 +47,34 @@ class CollectiveKernel:
     def exposed(self) -> float:
         return self.predicted_s if self.exposed_s is None else self.exposed_s
 
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: a collective written as a kernel row, its roofline terms and totals derived."""
-        c = self.collective
-        r = roofline(interconnect_s=self.predicted_s)
-        return {"id": self.id, "kernel_class": KERNEL_CLASS, "collective": c.kind, "message_bytes": c.message_bytes,
-                "group_size": c.group_size, "link": self.link, "predicted_s": self.predicted_s,
-                "interconnect_s": self.predicted_s, "matrix_s": 0.0, "vector_s": 0.0, "memory_s": 0.0,
-                "overhead_s": 0.0, "bound": str(r.bound), "algorithm": self.algorithm, "purpose": self.purpose,
-                "phase": self.stage, "count": self.count, "total_s": self.predicted_s * self.count,
-                "exposed_s": self.exposed, "exposed_total_s": self.exposed * self.count}
+    @property
+    def kind(self) -> str:
+        return self.collective.kind
+
+    @property
+    def message_bytes(self) -> float:
+        return self.collective.message_bytes
+
+    @property
+    def group_size(self) -> int:
+        return self.collective.group_size
+
+    @property
+    def interconnect_s(self) -> float:
+        """One call's only roofline term."""
+        return self.predicted_s
+
+    @property
+    def bound(self) -> str:
+        return str(roofline(interconnect_s=self.predicted_s).bound)
+
+    @property
+    def total_s(self) -> float:
+        return self.predicted_s * self.count
+
+    @property
+    def exposed_total_s(self) -> float:
+        return self.exposed * self.count
 
 
 

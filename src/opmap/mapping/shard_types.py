@@ -10,12 +10,13 @@ imports among them run one way only: sharding -> layout_collectives, sharded_mem
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opmap.errors import OpmapError
 from opmap.mapping import context
 from opmap.mapping.roles import Geometry
+from opmap.record import key
 
 if TYPE_CHECKING:
     from opmap.hardware.spec import HardwareSpec
@@ -42,7 +43,9 @@ class Parallelism:
     --enable-expert-parallel with dp 1); ``cp`` splits each sequence over cp ranks (opmap.mapping.context);
     ``global_batch`` defaults to dp x microbatch (one microbatch per data-parallel rank). ``ep_imbalance``: the
     busiest EP rank's routed tokens over the mean (opmap.mapping.expert_parallel), 1 without ep;
-    ``dp_attention``: the dp ranks are the EP ranks' attention data parallelism (a label: the split is dp's)."""
+    ``dp_attention``: the dp ranks are the EP ranks' attention data parallelism (a label: the split is dp's). Its
+    record (analysis.json's ``parallelism``) is its fields, the two EP ones only with ep (``expert_parallel``), so
+    the files of layouts without it stay as they were."""
 
     tp: int = 1
     pp: int = 1
@@ -60,8 +63,8 @@ class Parallelism:
     dp_overlap: float = DP_OVERLAP
     cp: int = 1
     cp_comm: str = "p2p"  # context.CP_COMMS: the K/V ring (Megatron-Core's default) or one all-gather (Llama 3)
-    ep_imbalance: float = 1.0
-    dp_attention: bool = False
+    ep_imbalance: float = field(default=1.0, metadata=key(when="expert_parallel"))
+    dp_attention: bool = field(default=False, metadata=key(when="expert_parallel"))
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep", "vp", "microbatch", "cp"):
@@ -106,13 +109,10 @@ class Parallelism:
     def microbatches(self) -> int:
         return self.global_batch // (self.dp * self.microbatch)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a file writes them; without ep the EP fields are left out (files written before stay
-        as they were)."""
-        d = asdict(self)
-        if self.ep == 1:
-            d.pop("ep_imbalance"), d.pop("dp_attention")
-        return d
+    @property
+    def expert_parallel(self) -> bool:
+        """The experts spread over more than one rank (ep above 1)."""
+        return self.ep > 1
 
     @property
     def ep_over_tp(self) -> bool:

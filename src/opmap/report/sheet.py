@@ -17,6 +17,7 @@ from rich.table import Table
 
 from opmap.analyze import Analysis, NodeResult
 from opmap.phases.result import TrainStep
+from opmap.record import record
 from opmap.report.outputs import check_out_dir as check_out_dir  # re-exported: the commands import them here
 from opmap.report.outputs import write_set as write_set
 from opmap.report.text import clean, plain, safe
@@ -79,7 +80,7 @@ KERNEL_COLUMNS = ("id", "nodes", "ops", "kernel_class", "tile", "runner_up_tile"
 def kernel_rows(a: Analysis) -> list[dict]:
     rows = []
     for k in a.kernel_results:
-        d = k.to_dict()
+        d = record(k)
         d["ops"] = "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes)
         d["nodes"] = " ".join(map(str, k.kernel.nodes))
         d["tile"] = k.tile.label() if k.tile else ""

@@ -3,7 +3,7 @@
     from opmap.serve import parse_arrival, parse_length, parse_policy, TableCost, ServiceTime, simulate
     reqs = make_requests(parse_arrival("poisson:5"), parse_length("512"), parse_length("128"), 1000, seed=0)
     res = simulate(reqs, parse_policy("continuous:8192"), cost, replicas=2, router="least_loaded")
-    report = summarize(res, slo=Slo(ttft_s=2.0, tpot_s=0.2)).to_dict()
+    report = record(summarize(res, slo=Slo(ttft_s=2.0, tpot_s=0.2)))  # serve.json's body (opmap.record.record)
 
 The layer sits above analyze/measure: a StepCost is the only thing it needs from the cost model, and the
 integrator builds a TableCost from opmap's analysis of the model (see cost.py).

@@ -7,7 +7,7 @@
   ``saturation()``: the same requests all at t = 0 (offline), whose completions per second cap the search;
 - ``steady_capacity``: the search serve --find-capacity and fit both run (one search, one answer), never above
   the saturation rate, with the headline summary of the very run at the rate found: a ``CapacityRecord``, whose
-  ``to_dict`` is the ``capacity`` block serve.json and fit.json write.
+  record (``opmap.record.record``) is the ``capacity`` block serve.json and fit.json write.
 
 Summaries come from ``opmap.serve.metrics.summarize`` (a ``ServeReport``; a probe's carries its ``steady_state``).
 """
@@ -15,15 +15,15 @@ Summaries come from ``opmap.serve.metrics.summarize`` (a ``ServeReport``; a prob
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
 from opmap.errors import Interrupted, OpmapError
-from opmap.record import record
+from opmap.record import key
 from opmap.serve.metrics import Goodput, ServeReport, Slo, Throughput, Validity, summarize
-from opmap.serve.rate_search import CapacitySearch, MapFn, find_capacity
+from opmap.serve.rate_search import CapacitySearch, MapFn, ProbeRun, find_capacity
 from opmap.serve.run_stats import QueueTrend, SteadyState
 from opmap.serve.sim import SimResult
 
@@ -272,47 +272,80 @@ class RateProbe:
 
 
 @dataclass(frozen=True)
+class SaturationRun:
+    """The offline run a capacity search is bounded by, as the ``capacity`` block writes it: all requests at t = 0,
+    how many, their span (s) and the rates completed (the throughput's keys in place)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("arrival", ...)
+    arrival: ClassVar[str] = "offline"
+    requests: int
+    span_s: float
+    throughput: Throughput = field(metadata=key(flatten=True))
+
+
+@dataclass(frozen=True)
+class CapacityRun:
+    """The run at the capacity found, as the ``capacity`` block writes it (its ``run``): the steady state's keys,
+    its ``span_s`` the measured run's (s; written in the trend's place, the trend's window lying inside it)."""
+
+    steady_state: SteadyState = field(metadata=key(flatten=True))
+    span_s: float
+
+
+@dataclass(frozen=True)
 class CapacityRecord:
     """``steady_capacity``'s answer: the search (``search``: its bracket, runs, convergence), the rate found
     (``rate_per_s``, None where no rate is valid, ``reason`` why) and what limited it ("saturation", "slo",
     "stationarity", "search range", "interrupted"), the offline saturation run (``saturation``, its requests/s
     ``saturation_per_s``), the method in words, and ``headline``: the summary of the run at ``rate_per_s`` (None
-    without one), the very run whose figures are reported. ``to_dict``: the ``capacity`` block serve.json and
-    fit.json write (the headline is not in it: serve.json's body is the headline itself); its ``run``, the
-    headline's steady state and measured span."""
+    without one), the very run whose figures are reported. Its record is the ``capacity`` block serve.json and
+    fit.json write (the headline is not in it: serve.json's body is the headline itself): the search's figures in
+    place, the saturation run's summary (``SaturationRun``) and the headline's steady state and measured span
+    (``run``, a ``CapacityRun``), the reason and the stop only where set."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "rate_per_s", "bracket", "converged", "rel_tol", "limited_by", "runs", "saturation_per_s",
+        ("saturation_run", key("saturation")), "method", "reason", ("run", key(omit="none")), "interrupted")
     search: CapacitySearch
     rate_per_s: float | None
     limited_by: str
     saturation: ServeReport
     method: str
     headline: ServeReport | None
-    reason: str | None = None
-    interrupted: dict[str, Any] | None = None  # a stopped search: the signal and the runs (Interrupted.note)
+    reason: str | None = field(default=None, metadata=key(omit="none"))
+    # a stopped search: the signal and the runs (Interrupted.note)
+    interrupted: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
 
     @property
     def saturation_per_s(self) -> float:
         return float(self.saturation.throughput.requests_per_s)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: the search, its runs and the saturation run regrouped, optional keys only where set."""
-        c, sat = self.search, self.saturation
-        d: dict[str, Any] = {
-            "rate_per_s": self.rate_per_s, "bracket": list(c.bracket), "converged": c.converged,
-            "rel_tol": c.rel_tol, "limited_by": self.limited_by,
-            "runs": [{"rate_per_s": r.rate_per_s, "valid": r.valid, "reason": r.reason} for r in c.runs],
-            "saturation_per_s": self.saturation_per_s,
-            "saturation": {"arrival": "offline", "requests": sat.requests.count, "span_s": sat.requests.span_s,
-                           **record(sat.throughput)},
-            "method": self.method}
-        if self.reason is not None:
-            d["reason"] = self.reason
-        if self.headline is not None:
-            d["run"] = record(self.headline.steady_state)
-            d["run"]["span_s"] = self.headline.requests.span_s  # the measured span (the trend's window's before)
-        if self.interrupted is not None:
-            d["interrupted"] = self.interrupted
-        return d
+    @property
+    def bracket(self) -> tuple[float | None, float | None]:
+        return self.search.bracket
+
+    @property
+    def converged(self) -> bool:
+        return self.search.converged
+
+    @property
+    def rel_tol(self) -> float:
+        return self.search.rel_tol
+
+    @property
+    def runs(self) -> tuple[ProbeRun, ...]:
+        return self.search.runs
+
+    @property
+    def saturation_run(self) -> SaturationRun:
+        s = self.saturation
+        return SaturationRun(s.requests.count, s.requests.span_s, s.throughput)
+
+    @property
+    def run(self) -> CapacityRun | None:
+        """The headline's steady state and its measured span (the trend's window's before); None without one."""
+        h = self.headline
+        return CapacityRun(h.steady_state, h.requests.span_s) if h is not None and h.steady_state is not None else None
 
 
 def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: float = 0.01, max_runs: int = 64,

@@ -16,7 +16,8 @@
 - scheduler: the step limits as engines name them (max_num_seqs, max_num_batched_tokens, kv_block,
   chunked_prefill), None where the policy has no such limit; kv_cache (engine): the paged KV of a replica.
 - The summary is a ``ServeReport``, a frozen value (percentiles, rates, the step limits read once from the typed
-  policy); ``ServeReport.to_dict`` is serve.json's body, made where the file (or a capacity record) is written.
+  policy); its record (``opmap.record.record``) is serve.json's body, made where the file (or a capacity record) is
+  written.
 - validity (MLPerf Server style): VALID when p99 TTFT <= the TTFT limit and p99 TPOT <= the TPOT limit
   (or p99 e2e <= the latency limit). MLPerf v4 llama2-70b Server: TTFT 2 s, TPOT 200 ms, both at p99.
   The real rule also asks for a 600 s minimum run and a minimum query count, which a simulation is not
@@ -26,15 +27,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.record import key, record
+from opmap.record import key
 from opmap.serve.policies import Policy, SchedulerLimits
-from opmap.serve.run_stats import NO_PREEMPTIONS, Disaggregation, EngineStats, SteadyState
+from opmap.serve.prefix import PrefixCache
+from opmap.serve.run_stats import NO_PREEMPTIONS, Disaggregation, EngineStats, PagedKv, Preemptions, SteadyState
 from opmap.serve.sim import SimResult
 
 SCHEMA_VERSION = 1
@@ -44,17 +46,23 @@ CDF_POINTS = 101  # quantiles 0, 0.01, ..., 1: a CDF drawn at 1% steps, about 4 
 
 @dataclass(frozen=True)
 class Slo:
-    """Latency limits (s). Default: MLPerf Inference v4 llama2-70b Server, TTFT 2 s and TPOT 200 ms at p99."""
+    """Latency limits (s). Default: MLPerf Inference v4 llama2-70b Server, TTFT 2 s and TPOT 200 ms at p99. Its
+    record: its ``kind``, then the limits of that kind (an end-to-end limit replaces the per-token ones)."""
 
-    ttft_s: float | None = 2.0
-    tpot_s: float | None = 0.2
-    p99_s: float | None = None  # an end-to-end p99 limit instead (MLPerf's non-LLM Server scenarios)
+    RECORD: ClassVar[tuple[str, ...]] = ("kind", ...)
+    ttft_s: float | None = field(default=2.0, metadata=key(when="per_token"))
+    tpot_s: float | None = field(default=0.2, metadata=key(when="per_token"))
+    # an end-to-end p99 limit instead (MLPerf's non-LLM Server scenarios)
+    p99_s: float | None = field(default=None, metadata=key(omit="none"))
 
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: one SLO kind or the other, by which fields are set."""
-        if self.p99_s is not None:
-            return {"kind": "e2e_p99", "p99_s": self.p99_s}
-        return {"kind": "ttft_tpot_p99", "ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
+    @property
+    def per_token(self) -> bool:
+        """The LLM Server limits (TTFT and TPOT), not an end-to-end one."""
+        return self.p99_s is None
+
+    @property
+    def kind(self) -> str:
+        return "ttft_tpot_p99" if self.per_token else "e2e_p99"
 
 
 def stats(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float | None]:
@@ -173,9 +181,16 @@ VALIDITY_RULE = ("MLPerf Server: the latency limits hold at p99 (LLM: TTFT and T
 
 @dataclass(frozen=True)
 class ServeReport:
-    """A simulated run's summary: what serve.json holds (``to_dict``) but for the command's assumptions. Every
-    latency and throughput figure is finite (checked on construction: ``check_finite``)."""
+    """A simulated run's summary: what serve.json holds (its record) but for the command's assumptions. Every
+    latency and throughput figure is finite (checked on construction: ``check_finite``). The record's blocks in
+    serve.json's order (``RECORD``): the preemptions always (none but the engine policy's), the engine's paged KV
+    cache and prefix cache, a disaggregated run's pools and a capacity run's steady state only where set."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "schema_version", "policy", "arrival", "router", "replicas", "cost", "requests", "throughput", "latency", "cdf",
+        "goodput", "slo", "slo_attainment", "queueing_share", "utilization", "preemptions", "scheduler", "validity",
+        ("kv_cache", key(omit="none")), ("prefix_cache", key(omit="none")), "disaggregation", "steady_state")
+    schema_version: ClassVar[int] = SCHEMA_VERSION
     policy: Policy
     arrival: str
     router: str
@@ -192,32 +207,27 @@ class ServeReport:
     utilization: tuple[float, ...]
     scheduler: SchedulerLimits
     validity: Validity
-    engine: EngineStats | None = None  # the engine policy's preemptions and paged KV
-    disaggregation: Disaggregation | None = None  # a disaggregated run's pools
-    steady_state: SteadyState | None = None  # a capacity run's measured window (opmap.serve.capacity.RateProbe)
+    # the engine policy's preemptions, paged KV and prefix cache (written as the blocks above)
+    engine: EngineStats | None = None
+    # a disaggregated run's pools
+    disaggregation: Disaggregation | None = field(default=None, metadata=key(omit="none"))
+    # a capacity run's measured window (opmap.serve.capacity.RateProbe)
+    steady_state: SteadyState | None = field(default=None, metadata=key(omit="none"))
 
     def __post_init__(self) -> None:
         check_finite(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: serve.json's blocks come from several values (policy, engine stats) and only where
-        set."""
-        d = {"schema_version": SCHEMA_VERSION, "policy": self.policy.to_dict(), "arrival": self.arrival,
-             "router": self.router, "replicas": self.replicas, "cost": self.cost, "requests": asdict(self.requests),
-             "throughput": record(self.throughput), "latency": record(self.latency), "cdf": self.cdf.to_dict(),
-             "goodput": asdict(self.goodput), "slo": self.slo.to_dict(), "slo_attainment": self.slo_attainment,
-             "queueing_share": self.queueing_share, "utilization": list(self.utilization),
-             "preemptions": asdict(self.engine.preemptions if self.engine else NO_PREEMPTIONS),
-             "scheduler": asdict(self.scheduler), "validity": asdict(self.validity)}
-        if self.engine is not None:
-            d["kv_cache"] = {"paged": True, **asdict(self.engine.kv_cache)}
-            if self.engine.prefix_cache is not None:
-                d["prefix_cache"] = asdict(self.engine.prefix_cache)
-        if self.disaggregation is not None:
-            d["disaggregation"] = record(self.disaggregation)
-        if self.steady_state is not None:
-            d["steady_state"] = record(self.steady_state)
-        return d
+    @property
+    def preemptions(self) -> Preemptions:
+        return self.engine.preemptions if self.engine is not None else NO_PREEMPTIONS
+
+    @property
+    def kv_cache(self) -> PagedKv | None:
+        return self.engine.kv_cache if self.engine is not None else None
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.engine.prefix_cache if self.engine is not None else None
 
 
 def check_finite(r: ServeReport) -> None:
@@ -264,7 +274,7 @@ def _validity(slo: Slo, e2e: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
 
 
 def summarize(res: SimResult, slo: Slo | None = None) -> ServeReport:
-    """The run's summary (serve.json's body but for the command's assumptions: ``ServeReport.to_dict``); one whose
+    """The run's summary (serve.json's body but for the command's assumptions: the ``ServeReport``'s record); one whose
     figures overflowed is refused (``check_finite``)."""
     slo = slo or Slo()
     n = len(res.arrival_s)

@@ -1,4 +1,5 @@
-"""Batching policies: named, versioned, immutable values. Every result records ``policy.to_dict()``.
+"""Batching policies: named, versioned, immutable values. Every result records the policy (``opmap.record.record``:
+its name, version, spec line and parameters).
 
 ``none``                one request at a time (request-level, no batching)
 ``static:B``            wait for B requests, run them as one batch to the end (slots stay held until the
@@ -22,10 +23,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 from opmap.errors import OpmapError
+from opmap.record import key
 from opmap.validate import INT_GE1, INT_MAX, options, plausible
 
 ACCEPTED = ("none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK, "
@@ -46,8 +48,10 @@ class SchedulerLimits:
 
 @dataclass(frozen=True)
 class Policy:
-    """A batching policy: its parameters are its typed fields (written, as ``params``, by ``to_dict``)."""
+    """A batching policy: its parameters are its typed fields. Its record: the name, version and spec line, then
+    the fields under ``params`` (each policy class's own)."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = ("name", "version", ("spec_line", key("spec")), "params")
     name = "policy"
     version = 1
 
@@ -55,14 +59,20 @@ class Policy:
         raise NotImplementedError
 
     @property
+    def spec_line(self) -> str:
+        """``spec()``, the line that parses back to this policy (``parse_policy``)."""
+        return self.spec()
+
+    @property
+    def params(self) -> dict[str, int | float | bool]:
+        """The policy's parameters by name: its fields (every one a number or a flag)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
     def limits(self) -> SchedulerLimits:
         """Its per-step limits, each policy's own (no limits read back from a written dict)."""
         raise NotImplementedError
 
-    def to_dict(self) -> dict[str, Any]:
-        """A computed shape: the name, version and spec line, then every field under ``params`` (each policy
-        class's own)."""
-        return {"name": self.name, "version": self.version, "spec": self.spec(), "params": asdict(self)}
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,11 @@ NO_PREEMPTIONS = Preemptions(0, 0, 0)  # the policies that never preempt
 @dataclass(frozen=True)
 class PagedKv:
     """The paged KV cache of a replica: block size (tokens), blocks (None: no capacity given), the capacity in
-    tokens, the most blocks any replica held at once (None without a capacity), how a preemption is undone."""
+    tokens, the most blocks any replica held at once (None without a capacity), how a preemption is undone. Its
+    record (serve.json's ``kv_cache``) says first that the cache is paged."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("paged", ...)
+    paged: ClassVar[bool] = True
     kv_block: int
     blocks: int | None
     capacity_tokens: int | None
