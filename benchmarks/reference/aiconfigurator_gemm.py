@@ -34,7 +34,9 @@ DEVICES = {
     "h200": ("h200_sxm", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
     "a100-sxm-80gb": ("a100_sxm", "trtllm", "1.0.0", {"bf16": "bfloat16"}),
     "l40s": ("l40s", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
-    "b200": ("b200_sxm", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8"}),
+    "b200": ("b200_sxm", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}),
+    # the GB200 NVL72's Blackwell GPU, measured on its own (the table's device column: 'NVIDIA GB200')
+    "gb200": ("gb200", "trtllm", "1.3.0rc20", {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}),
 }
 # The grid kept: every measured N and K from 128 up, and the M values that are not a tile boundary's +1 probe (the
 # table measures M = 2^j and 2^j + 1 to see the tile step; interpolation between neighbours 1 apart adds nothing)
@@ -47,7 +49,12 @@ MAX_NK = 16384
 # dense datasheet peaks (the catalog's matrix_peak_flops_per_s), TFLOP/s
 PEAK = {("h100-sxm", "bf16"): 989.4, ("h100-sxm", "fp8"): 1978.9, ("h200", "bf16"): 989.4, ("h200", "fp8"): 1978.9,
         ("a100-sxm-80gb", "bf16"): 312.0, ("l40s", "bf16"): 366.5, ("l40s", "fp8"): 733.0, ("b200", "bf16"): 2250.0,
-        ("b200", "fp8"): 4500.0}
+        ("b200", "fp8"): 4500.0, ("b200", "nvfp4"): 9000.0, ("gb200", "bf16"): 2500.0, ("gb200", "fp8"): 5000.0,
+        ("gb200", "nvfp4"): 10000.0}
+# Bytes per element of the activation's quantization inside a quantized row's timed call (the collector's
+# Linear.forward takes a bf16 x and quantizes it before the GEMM): fp8 reads 2 and writes 1; nvfp4
+# (torch.ops.trtllm.fp4_quantize, an e4m3 scale per 16 elements) reads 2 and writes 0.5 + 1/16
+QUANT_BYTES = {"fp8": 3.0, "nvfp4": 2.0 + 0.5 + 1.0 / 16}
 
 
 def _fill(grid: dict, axes: tuple[list[int], list[int], list[int]]) -> tuple[list[float], int]:
@@ -84,12 +91,13 @@ def _achievable(device: str, fmt: str) -> float:
     return matrix_rate(get_hardware(device), fmt)[0]
 
 
-def quantization_s(device: str, m: int, k: int) -> float:
-    """The activation's quantization inside an fp8 row's timed call (the torch flow quantizes x with its static
-    per-tensor scale before the GEMM): it reads M x K bf16 and writes M x K fp8, 3 bytes an element, at the device's
-    achievable memory rate (the catalog's). Engines fuse that cast into the norm or activation before the GEMM, and
-    opmap prices it there (and Transformer Engine's casts as kernels of their own), so it comes out of the table."""
-    return 3.0 * m * k / _memory_rate(device)
+def quantization_s(device: str, m: int, k: int, fmt: str = "fp8") -> float:
+    """The activation's quantization inside a quantized row's timed call (the torch flow quantizes x before the
+    GEMM: fp8 with its static per-tensor scale, M x K bf16 read and M x K fp8 written, 3 bytes an element; nvfp4 with
+    fp4_quantize, 2.5625: QUANT_BYTES), at the device's achievable memory rate (the catalog's). Engines fuse that
+    cast into the norm or activation before the GEMM, and opmap prices it there (and Transformer Engine's casts as
+    kernels of their own), so it comes out of the table."""
+    return QUANT_BYTES[fmt] * m * k / _memory_rate(device)
 
 
 def extract(root: Path, device: str) -> dict:
@@ -107,25 +115,27 @@ def extract(root: Path, device: str) -> dict:
         grid = {(int(m), int(n), int(k)): float(lat) * 1e3 for m, n, k, lat in rows
                 if 2 * m * n * k / (lat * 1e-3) <= PEAK[device, fmt] * 1e12}
         dropped = len(rows) - len(grid)
-        if fmt == "fp8":
+        if fmt in QUANT_BYTES:
             # the activation's quantization out, but a GEMM never faster than the device's achievable rate (the
             # catalog's best measured shape, or its derivation): where the activation sits in L2 (the L40S has 96
             # MB) the cast is cheaper than a pass over DRAM, and the estimate would overshoot
             best = _achievable(device, fmt)
-            grid = {(m, n, k): min(v, max(v - quantization_s(device, m, k) * 1e6, 2 * m * n * k / best * 1e6))
+            grid = {(m, n, k): min(v, max(v - quantization_s(device, m, k, fmt) * 1e6, 2 * m * n * k / best * 1e6))
                     for (m, n, k), v in grid.items()}
         ms = sorted({m for m, _, _ in grid if (m - 1) & (m - 2) != 0 or m <= 2 or m % 2 == 0})
         ms = [m for m in ms if m <= 2 or m % 2 == 0]
         ns = sorted({n for _, n, _ in grid})
         ks = sorted({k for _, _, k in grid})
         lat, filled = _fill({key: v for key, v in grid.items() if key[0] in ms}, (ms, ns, ks))
-        tables[fmt] = {"table_dtype": gd, "quantization_removed": fmt == "fp8", "m": ms, "n": ns, "k": ks,
+        tables[fmt] = {"table_dtype": gd, "quantization_removed": fmt in QUANT_BYTES, "m": ms, "n": ns, "k": ks,
                        "latency_us": lat, "filled": filled,
                        "dropped_above_peak": dropped}
     return {"source": f"{WHEEL}, {rel}: NVIDIA's measured time of one GEMM x @ W.T on the device "
                       f"({fw} {ver}, kernel source torch_flow; fp8: per-tensor scaled, the activation's "
                       "quantization inside the timed call, taken out here: 3 M K bytes at the catalog's achievable "
-                      "memory rate), latency in us",
+                      "memory rate" + ("; nvfp4: e2m1 with an e4m3 scale per 16, the activation's fp4_quantize "
+                                       "taken out the same way, 2.5625 M K bytes" if "nvfp4" in formats else "")
+                      + "), latency in us",
             "framework": f"{fw} {ver}", "tables": tables,
             # the tables time bfloat16; FP16 and BF16 tensor-core peaks are one figure on Ampere and Hopper (NVIDIA
             # A100 / H100 datasheets), so fp16 GEMMs read the bf16 table

@@ -244,6 +244,30 @@ def test_the_catalog_grids_reproduce_nvidias_table_at_its_own_points():
     assert t[MatrixFamily.GEMM, "fp16"] is t[MatrixFamily.GEMM, "bf16"]
 
 
+def test_the_blackwell_grids_reproduce_nvidias_tables_nvfp4_included():
+    # aiconfigurator-core 0.12.0, b200_sxm and gb200 gemm/trtllm/1.3.0rc20/gemm_perf.parquet (NVIDIA's measurement,
+    # the latency column in ms x 1000): B200 nvfp4 x @ W.T at 512 x 8192 x 8192 in 26.6747 us and at 2048 x 16384 x
+    # 8192 in 140.781 us; GB200 nvfp4 at 1024 x 10240 x 8192 in 59.7413 us, fp8 at 512 x 8192 x 8192 in 44.064 us,
+    # bf16 at 16 x 1024 x 8192 in 8.83733 us. The quantized rows time the activation's quantization too
+    # (collector/trtllm/collect_gemm.py: TensorRT-LLM's Linear.forward on a bf16 x), which the catalog takes out: fp8
+    # 3 M K bytes, nvfp4 2 + 1/2 + 1/16 (bf16 read, e2m1 and an e4m3 scale per 16 written) at the achievable
+    # memory rate (B200 6.84043 TB/s, GB200 6.977 TB/s: catalog, measured)
+    from opmap.hardware import get_hardware
+
+    q = lambda per, m, k, bw: per * m * k / bw * 1e6  # noqa: E731
+    cases = (("b200", "nvfp4", (512, 8192, 8192), 26.6747 - q(2.5625, 512, 8192, 6.84043e12)),
+             ("b200", "nvfp4", (2048, 16384, 8192), 140.781 - q(2.5625, 2048, 8192, 6.84043e12)),
+             ("gb200", "nvfp4", (1024, 10240, 8192), 59.7413 - q(2.5625, 1024, 8192, 6.977e12)),
+             ("gb200", "fp8", (512, 8192, 8192), 44.064 - q(3, 512, 8192, 6.977e12)),
+             ("gb200", "bf16", (16, 1024, 8192), 8.83733))
+    for name, dt, (m, n, k), us in cases:
+        t = get_hardware(name).curves.tables[MatrixFamily.GEMM, dt]
+        assert 2 * m * n * k / t.rate(m, n, k) == pytest.approx(us * 1e-6, rel=1e-3), (name, dt)
+    # a serving GEMM runs far below the one rate the catalog gave every nvfp4 shape before: 512 x 8192 x 8192 at
+    # 2.73 PFLOP/s on the B200, not 9 PFLOPS dense x the bf16 fraction 0.78 = 6.98
+    assert get_hardware("b200").curves.tables[MatrixFamily.GEMM, "nvfp4"].rate(512, 8192, 8192) < 0.4 * 9e15 * 0.7756
+
+
 # Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), H100 SXM5, head dim 128, TFLOP/s printed atop the bars at
 # sequence 2048 (Figure 5: forward without / with the causal mask; Figure 6: backward): cuDNN 617 / 484 / 465,
 # FlashAttention-2 362 / 298 / 291, FlashAttention-3 625 / 521 / 501
