@@ -347,7 +347,7 @@ def test_analyze_tuned_follows_the_cached_choices(local_profile, model_file, mon
         assert r1.pred.matrix_s == pytest.approx(r0.pred.matrix_s * f)
         assert r1.pred.memory_s == pytest.approx(r0.pred.memory_s * f)
         checked += 1
-    assert checked == 2 and "tuned" in t.assumptions
+    assert checked == 2 and t.assumptions.tuned
     assert main(["analyze", model_file, "--hardware", "local", "--dtype", "fp32", "--tuned", "--no-store"]) == 0
     assert main(["analyze", model_file, "--hardware", "h100-sxm", "--tuned", "--no-store"]) == 2
     assert "--tuned" in capsys.readouterr().err
