@@ -638,7 +638,8 @@ def llama3_rows() -> list[Row]:
             bare = replace(short, module=None, inputs=None)
             s = Sharder(analyze_graph(g, bare, hw, "bf16", fusion=_fusion("eager")), depth)
             s_cudnn = Sharder(analyze_graph(g, bare, cudnn, "bf16", fusion=_fusion("eager")), depth)
-            sharders[seq] = (s, depth, saved_per_block(g, s.roles, seq, fp8=s.a.assumptions.fp8_training is not None), s_cudnn)
+            fp8 = s.a.assumptions.fp8_training is not None
+            sharders[seq] = (s, depth, saved_per_block(g, s.roles, seq, fp8=fp8), s_cudnn)
         s, depth, saved, s_cudnn = sharders[seq]
         gb = dp * per_dp
         runs = []

@@ -9,8 +9,10 @@ booleans and None as they are). What a class changes is declared beside its fiel
   it equals the field's default (a key that only a later feature's layouts carry: ``ep`` > 1); ``flatten=True`` writes
   the nested record's keys in the field's place instead of one key holding it; ``skip=True`` never writes it;
 - per class, ``RECORD: ClassVar[tuple]``: the keys in order, by attribute name. A name that is not a field is a
-  derived value (a property, or a class constant) written under that name; ``...`` stands for every field not
-  named elsewhere in the tuple, in declaration order. Without ``RECORD`` a class writes ``(...,)``: its fields.
+  derived value (a property, or a class constant) written under that name; a pair ``(key, name)`` writes the
+  derived value ``name`` under ``key`` (a view of a field written in the field's place under the field's key:
+  ``("layout", "layout_brief")``); ``...`` stands for every field not named elsewhere in the tuple, in declaration
+  order. Without ``RECORD`` a class writes ``(...,)``: its fields.
 
 A class whose JSON shape is genuinely computed (keys chosen per instance, values regrouped into blocks that are
 not the class's fields) keeps a ``to_dict`` method saying why; ``record`` calls it, so every caller writes
@@ -111,9 +113,15 @@ def _plan(cls: type) -> tuple[tuple[str, str, str | None, bool, str], ...]:
         raise TypeError(f"record() takes a dataclass instance, not {cls.__name__}")
     fs = {f.name: f for f in fields(cls)}
     order = getattr(cls, "RECORD", (...,))
-    named = {n for n in order if n is not ...}
+    named = {n for n in order if n is not ... and not isinstance(n, tuple)}
     plan: list[tuple[str, str, str | None, bool, str]] = []
     for n in order:
+        if isinstance(n, tuple):  # (key, a derived value's name)
+            k, name = n
+            if name in fs or not name.isidentifier() or not hasattr(cls, name):
+                raise TypeError(f"{cls.__name__}.RECORD pairs {k!r} with {name!r}: not a derived attribute")
+            plan.append((k, name, None, False, "any"))
+            continue
         for name in ([f for f in fs if f not in named] if n is ... else [n]):
             f = fs.get(name)
             if f is None:

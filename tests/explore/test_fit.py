@@ -81,8 +81,8 @@ def test_serve_and_fit_give_the_same_capacity_for_the_same_cell(tmp_path, capsys
     assert rc == 0, err
     served = json.loads((tmp_path / "serve.json").read_text())
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices=1, devices_budget=1)
-    assert cell.capacity["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
-    assert cell.capacity["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
+    assert cell.chosen.capacity["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
+    assert cell.chosen.capacity["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
     # serve prints the run at that rate: its arrival and its figures are the capacity run's, the rate once
     assert served["arrival"] == f"poisson:{served['capacity']['rate_per_s']:g}"
     assert served["latency"]["e2e"]["p99_s"] == pytest.approx(cell.latency_p99_s, rel=1e-12)

@@ -64,7 +64,7 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
         assert lay.rate_per_s <= lay.saturation_per_s
     rest = [lay for lay in tried if (lay.tp, lay.pp) != (best.tp, best.pp)]
     assert cell.runner_up.per_device_tokens_per_s == max(figure_of_merit(lay) for lay in rest)
-    assert cell.devices == best.devices_used == 2
+    assert cell.chosen.devices == best.devices_used == 2
     assert cell.throughput_per_device == best.per_device_tokens_per_s
     # fit.json's form of the cell: the chosen layout and the runner-up in brief, the layouts whole
     d = cell.to_dict()

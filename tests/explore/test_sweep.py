@@ -6,8 +6,9 @@ import pytest
 
 from opmap.analyze import analyze
 from opmap.errors import OpmapError
-from opmap.explore.sweep import SweepPoint, knees, pareto, sweep
+from opmap.explore.sweep import BatchSeq, SweepPoint, knees, pareto, sweep
 from opmap.hardware import get_hardware
+from opmap.record import record
 from opmap.workloads import build_zoo
 
 
@@ -19,14 +20,14 @@ def _pt(b, s, lat, tps):
 def test_pareto_front_by_hand():
     pts = [_pt(1, 1, 1.0, 10.0), _pt(2, 1, 2.0, 30.0), _pt(4, 1, 3.0, 25.0), _pt(8, 1, 4.0, 40.0)]
     # (3.0, 25) is beaten by (2.0, 30): lower latency and more tokens per second
-    assert pareto(pts) == ((1, 1), (2, 1), (8, 1))
+    assert pareto(pts) == (BatchSeq(1, 1), BatchSeq(2, 1), BatchSeq(8, 1))
 
 
 def test_knee_is_farthest_above_the_chord():
     # normalised: latency 0, 1/7, 3/7, 1; tokens 0, 0.8, 0.95, 1. Distance above the chord y = x:
     # 0.8 - 1/7 = 0.657 at batch 2 (the largest), 0.95 - 3/7 = 0.52 at batch 4
     pts = [_pt(1, 8, 1.0, 100.0), _pt(2, 8, 2.0, 180.0), _pt(4, 8, 4.0, 195.0), _pt(8, 8, 8.0, 200.0)]
-    assert knees(pts) == ((2, 8),)
+    assert knees(pts) == (BatchSeq(2, 8),)
     assert knees([_pt(1, 8, 1.0, 1.0), _pt(2, 8, 2.0, 2.0), _pt(4, 8, 4.0, 4.0)]) == ()  # a straight line
 
 
@@ -60,7 +61,7 @@ def test_a_predicted_sweep_prices_the_runtime_and_the_layout():
     (q,) = two.points
     one = analyze(build_zoo("gpt2", 2, 32, "bf16"), hw, "bf16")
     assert q.latency_s == pytest.approx(shard(one, Parallelism(tp=2, devices=2)).latency_s, rel=1e-12)
-    assert (two.tp, two.pp) == (2, 1) and two.to_dict()["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q.mfu is None
+    assert (two.tp, two.pp) == (2, 1) and record(two)["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q.mfu is None
     assert q.memory_bytes < one.memory.total_bytes  # per device: half the weights
 
 

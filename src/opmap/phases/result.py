@@ -1,6 +1,6 @@
-"""The typed figures of a phase's step: ``PhaseResult`` (``Prefill``, ``Decode``) and ``TrainStep`` (an iteration), each a
-frozen value whose step time is the sum of its parts (checked on construction), whose record (``opmap.record``) is
-analysis.json's ``phase`` block, the one place the figures become string keys."""
+"""The typed figures of a phase's step: ``PhaseResult`` (``Prefill``, ``Decode``) and ``TrainStep`` (an
+iteration), each a frozen value whose step time is the sum of its parts (checked on construction), whose record
+(``opmap.record``) is analysis.json's ``phase`` block, the one place the figures become string keys."""
 
 from __future__ import annotations
 

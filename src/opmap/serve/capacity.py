@@ -272,6 +272,14 @@ class RateProbe:
 
 
 @dataclass(frozen=True)
+class CapacityStop:
+    """A capacity search stopped by a signal: the signal's name and the runs made."""
+
+    signal: str
+    runs: int
+
+
+@dataclass(frozen=True)
 class CapacityRecord:
     """``steady_capacity``'s answer: the search (``search``: its bracket, runs, convergence), the rate found
     (``rate_per_s``, None where no rate is valid, ``reason`` why) and what limited it ("saturation", "slo",
@@ -288,7 +296,7 @@ class CapacityRecord:
     method: str
     headline: ServeReport | None
     reason: str | None = None
-    interrupted: dict[str, Any] | None = None  # a stopped search: the signal and the runs (Interrupted.note)
+    interrupted: CapacityStop | None = None  # a stopped search: the signal and the runs
 
     @property
     def saturation_per_s(self) -> float:
@@ -311,7 +319,7 @@ class CapacityRecord:
             d["run"] = record(self.headline.steady_state)
             d["run"]["span_s"] = self.headline.requests.span_s  # the measured span (the trend's window's before)
         if self.interrupted is not None:
-            d["interrupted"] = self.interrupted
+            d["interrupted"] = record(self.interrupted)
         return d
 
 
@@ -349,7 +357,7 @@ def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: floa
     except Interrupted as e:
         if e.partial is not None:
             part = _steady_record(probe, e.partial, sat)
-            e.partial = replace(part, interrupted=e.note(runs=len(part.search.runs)))
+            e.partial = replace(part, interrupted=CapacityStop(e.name, len(part.search.runs)))
         raise
     out = _steady_record(probe, cap, sat)
     if cap.limited_by == "floor":  # stopped under the caller's floor: no answer, only its bound
