@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from opmap.analyze import analyze
 from opmap.errors import OpmapError
-from opmap.explore.sweep import BatchSeq, SweepPoint, knees, pareto, sweep
+from opmap.explore.sweep import BatchSeq, Sweep, SweepPoint, SweepStop, knees, pareto, sweep
 from opmap.hardware import get_hardware
 from opmap.record import record
 from opmap.workloads import build_zoo
@@ -179,3 +181,19 @@ def test_a_measured_point_runs_and_carries_its_dtype_beside_a_prediction_for_thi
     assert p.predicted.hardware == r.hardware == hw.name and p.predicted.dtype == dtype
     one = analyze(build_zoo("gpt2", 1, 8, dtype), hw, dtype)
     assert p.predicted.latency_s == pytest.approx(one.predicted_latency_s, rel=1e-9)
+
+
+def test_sweep_json_keys_in_order():
+    """sweep.json (schema 1): the layout as its block, knee and Pareto entries as {batch, seq}, ``interrupted`` last
+    and only after a stop."""
+    pts = (_pt(1, 8, 1.0, 1.0), _pt(2, 8, 1.5, 2.0))
+    r = Sweep("m", "h100-sxm", None, "prefill", "bf16", {"name": "engine"}, 2, 1, pts, (BatchSeq(2, 8),),
+              (BatchSeq(1, 8), BatchSeq(2, 8)), 1.0, 2, 2.0, "local", ("a",))
+    d = record(r)
+    assert list(d) == ["schema_version", "model", "hardware", "measured_on", "phase", "dtype", "runtime", "layout",
+                       "points", "knee", "pareto", "points_per_s", "captures", "wall_s", "engine", "assumptions"]
+    assert d["layout"] == {"tp": 2, "pp": 1, "devices": 2} and d["knee"] == [{"batch": 2, "seq": 8}]
+    assert d["assumptions"] == ["a"] and d["schema_version"] == 1
+    stopped = record(dataclasses.replace(r, interrupted=SweepStop("SIGINT", (8,), (16, 32))))
+    assert list(stopped)[-1] == "interrupted"
+    assert stopped["interrupted"] == {"signal": "SIGINT", "seqs_done": [8], "seqs_not_run": [16, 32]}
