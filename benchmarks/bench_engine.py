@@ -42,7 +42,7 @@ def run_sweep(engine: str, workers: int | None) -> str:
 
     model, batches, seqs = SWEEP
     r = sweep(model, get_hardware("h100-sxm"), batches, seqs, "prefill", "bf16", engine=engine, workers=workers)
-    return json.dumps(r.to_dict()["points"], sort_keys=True)
+    return json.dumps(record(r)["points"], sort_keys=True)
 
 
 def run_fit(engine: str, workers: int | None) -> str:

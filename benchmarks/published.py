@@ -454,7 +454,7 @@ def nemo_long_rows() -> list[Row]:
         fusion = _fusion("library")
         s = Sharder(analyze_phase(g, short, hw, "fp8", spec, fusion=fusion).analysis, depth)
         s_cudnn = Sharder(analyze_phase(g, short, cudnn, "fp8", spec, fusion=fusion).analysis, depth)
-        saved = saved_per_block(g, s.roles, seq, fp8="fp8_training" in s.a.assumptions)
+        saved = saved_per_block(g, s.roles, seq, fp8=s.a.assumptions.fp8_training is not None)
         runs = []
         for rc in ("none", "selective", "full"):
             p = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, sp=tp > 1, microbatch=1, global_batch=gb, recompute=rc,
@@ -505,7 +505,7 @@ def mcore_fp8_rows() -> list[Row]:
             spec = PhaseSpec("train", None, "none", mb, gb, 1, dp=dp, optimizer="adamw-fused")
             g = capture_phase(short, spec)
             s = Sharder(analyze_phase(g, short, hw, "fp8", spec, fusion=_fusion("library")).analysis, depth)
-            saved = saved_per_block(g, s.roles, seq, fp8="fp8_training" in s.a.assumptions)
+            saved = saved_per_block(g, s.roles, seq, fp8=s.a.assumptions.fp8_training is not None)
             runs = []
             for rc in ("none", "selective", "full"):
                 p = Parallelism(tp=tp, pp=pp, dp=dp, vp=vp, cp=cp, sp=True, microbatch=mb, global_batch=gb,
@@ -580,7 +580,7 @@ def mcore_weak_rows() -> list[Row]:
             s = Sharder(analyze_phase(g, short, hw, "bf16", spec, fusion=fusion).analysis, depth)
             s_cudnn = Sharder(analyze_phase(g, short, cudnn, "bf16", spec, fusion=fusion).analysis, depth)
             s_free = Sharder(analyze_phase(g, short, free, "bf16", spec, fusion=fusion).analysis, depth)
-            saved = saved_per_block(g, s.roles, seq, fp8="fp8_training" in s.a.assumptions)
+            saved = saved_per_block(g, s.roles, seq, fp8=s.a.assumptions.fp8_training is not None)
             for vp in vp_candidates(layers, pp):
                 for rc in ("none", "selective", "full"):
                     p = Parallelism(tp=tp, pp=pp, dp=dp, vp=vp, sp=tp > 1, microbatch=mb, global_batch=gb,
@@ -638,7 +638,8 @@ def llama3_rows() -> list[Row]:
             bare = replace(short, module=None, inputs=None)
             s = Sharder(analyze_graph(g, bare, hw, "bf16", fusion=_fusion("eager")), depth)
             s_cudnn = Sharder(analyze_graph(g, bare, cudnn, "bf16", fusion=_fusion("eager")), depth)
-            sharders[seq] = (s, depth, saved_per_block(g, s.roles, seq, fp8="fp8_training" in s.a.assumptions), s_cudnn)
+            fp8 = s.a.assumptions.fp8_training is not None
+            sharders[seq] = (s, depth, saved_per_block(g, s.roles, seq, fp8=fp8), s_cudnn)
         s, depth, saved, s_cudnn = sharders[seq]
         gb = dp * per_dp
         runs = []

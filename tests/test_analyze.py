@@ -178,3 +178,38 @@ def test_fp8_decode_without_an_fp8_engine_is_weight_only_at_the_bf16_rate():
     assert gemm.pred.matrix_s == pytest.approx(2 * kn / 271.2e12)
     assert gemm.cost.param_bytes_read == pytest.approx(kn * 1.0)
     assert gemm.pred.memory_s >= kn / 1.70e12
+
+
+# analysis.json's assumptions block, in the order its keys have always been written (schema 2): the pipeline's,
+# then what the pipeline, tuning, the runtime and the phase add, each only where set
+ASSUMPTION_KEYS = [
+    "workload", "hardware", "hardware_display_name", "dtype", "matrix_dtype", "precision_note", "weights_dtype",
+    "activations_dtype", "accumulate_dtype", "precision_policy", "precision_evidence", "batch", "seq", "position_limit",
+    "capture_device", "mode", "fusion_policy", "tiling", "matrix_peak_flops_per_s", "matrix_rate_flops_per_s",
+    "vector_peak_flops_per_s", "memory_bandwidth_bytes_per_s", "memory_rate_bytes_per_s", "datasheet_only",
+    "launch_overhead_s", "transcendental_slots", "time_model", "attention_kernel", "layer_type_overrides",
+    "workload_notes", "capture_notes", "torch_version", "opmap_version", "python_version"]
+
+
+def test_assumptions_keys_in_order(analysis_of):
+    from dataclasses import replace
+
+    from opmap.hardware import get_hardware
+    from opmap.phases.runtime import get_runtime, with_runtime
+    from opmap.workloads.phases import PhaseSpec
+
+    a = analysis_of("gpt2", 1, 32)
+    d = a.to_dict()["assumptions"]
+    assert list(d) == ASSUMPTION_KEYS
+    assert list(d["matrix_peak_flops_per_s"]) == ["value", "kind", "source"]
+    assert list(d["matrix_rate_flops_per_s"])[:6] == ["value", "kind", "basis", "source", "of_peak", "power_state"]
+    assert list(d["memory_rate_bytes_per_s"]) == ["value", "basis"]
+    assert d["position_limit"] == {"max_positions": 1024, "rope": False}  # GPT-2's 1,024 learned positions
+    rt = get_runtime(get_hardware("h100-sxm"), "engine")
+    b = with_runtime(replace(a, assumptions=replace(a.assumptions, tuned="t", dtype_requested="fp4",
+                                                      dtype_resolution="r", fp8_inference="f")), rt)
+    b = replace(b, assumptions=replace(b.assumptions, phase=PhaseSpec("decode", kv_len=8)))
+    d = b.to_dict()["assumptions"]
+    assert list(d) == [*ASSUMPTION_KEYS, "fp8_inference", "dtype_requested", "dtype_resolution", "tuned", "runtime",
+                       "runtime_line", "phase"]
+    assert d["runtime"]["name"] == "engine" and d["phase"]["name"] == "decode" and b.runtime_per_step_s > 0

@@ -132,6 +132,33 @@ class BadName:
     x: int
 
 
+@dataclass(frozen=True)
+class Wide:
+    """A field written in brief under its own key: RECORD's pair (derived name, key(field's name))."""
+
+    RECORD: ClassVar[tuple[Any, ...]] = ("name", ("inner_brief", key("inner")), "n")
+    name: str
+    inner: Inner
+    n: int = 0
+
+    @property
+    def inner_brief(self) -> int:
+        return self.inner.a
+
+
+@dataclass(frozen=True)
+class BadPair:
+    RECORD: ClassVar[tuple[Any, ...]] = (("x", "x"),)
+    x: int
+
+
+def test_a_pair_writes_a_derived_value_under_another_key():
+    w = Wide("w", Inner(5, (6,)), 2)
+    assert json.dumps(record(w)) == '{"name": "w", "inner": 5, "n": 2}'  # in RECORD's order, the field not written
+    with pytest.raises(TypeError, match=r"BadPair.RECORD entry \('x', 'x'\): a pair is \(attribute, key\(...\)\)"):
+        record(BadPair(1))
+
+
 def test_misuse_is_named():
     with pytest.raises(TypeError, match="not int"):
         record(3)

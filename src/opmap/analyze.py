@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opmap.assumptions import build_assumptions
+from opmap.assumptions import Assumptions, build_assumptions
 from opmap.capture import capture
 from opmap.costs import cost_graph, uncounted
 from opmap.costs.base import OpCost
@@ -84,7 +84,7 @@ class Analysis:
     results: tuple[NodeResult, ...]
     hardware: HardwareSpec
     precision: Precision
-    assumptions: dict[str, Any]
+    assumptions: Assumptions
     plan: FusionPlan | None = None
     kernel_results: tuple[KernelResult, ...] = ()
     # a layout over several devices (opmap.mapping.sharding.Sharded); None: one device, today's output
@@ -113,8 +113,8 @@ class Analysis:
     def runtime_per_step_s(self) -> float:
         """What the runtime adds once per step (a graph launch, an engine's scheduler gap; 0 under eager), from
         the runtime recorded in the assumptions (``with_runtime``)."""
-        rt = self.assumptions.get("runtime")
-        return float(rt["per_step_s"]) if isinstance(rt, dict) else 0.0
+        rt = self.assumptions.runtime
+        return float(rt.per_step_s) if rt is not None else 0.0
 
     @property
     def headline(self) -> tuple[str, float]:
@@ -155,8 +155,8 @@ class Analysis:
             return self.fit
         weights = self.graph.param_bytes * self.precision.weight_scale
         geo = kv_geometry(self.graph)
-        batch = int(self.assumptions.get("batch") or 1)
-        seq = self.assumptions.get("seq")
+        batch = int(self.assumptions.batch or 1)
+        seq = self.assumptions.seq
         tokens = batch * (seq or 1)
         inflight = inflight_activation_bytes(self.graph)
         fit = fit_inference(weights, geo.bytes_per_token, self.hardware.memory_bytes, batch, seq or 1,
@@ -165,8 +165,7 @@ class Analysis:
         if seq is None:
             fit = replace(fit, max_context=None)
         fit = cap_at_positions(fit, self.assumptions, seq)
-        training = self.assumptions.get("mode") == "training step"
-        if training and self.precision.requested in train_formats():
+        if self.assumptions.training and self.precision.requested in train_formats():
             st = training_state_bytes(self.graph.params, 0, 1, self.precision.requested)
             fit = replace(fit, gradients_bytes=st.gradients_bytes, optimizer_bytes=st.optimizer_bytes,
                           kv_cache_bytes=0.0,
@@ -247,7 +246,7 @@ class Analysis:
         mem = self.memory
         return {
             "schema_version": SCHEMA_VERSION,
-            "assumptions": self.assumptions,
+            "assumptions": record(self.assumptions),
             "totals": {
                 "params": self.graph.params,
                 "param_bytes": self.graph.param_bytes * self.precision.weight_scale,
@@ -303,25 +302,22 @@ def _node_rows(results: Sequence[NodeResult]) -> list[dict[str, Any]]:
     place). Nodes of one signature share their cost and prediction objects (cost_graph, analyze_graph): each one's
     dict is made once and copied into the rows."""
     made: dict[int, dict[str, Any]] = {}
-
-    def once(x) -> dict[str, Any]:
-        d = made.get(id(x))
-        if d is None:
-            d = made[id(x)] = x.to_dict()
-        return d
-
-    return [{**r.node.to_dict(), **once(r.cost), **once(r.pred), "counted": r.cost.counted} for r in results]
+    for r in results:
+        for x in (r.cost, r.pred):
+            if id(x) not in made:
+                made[id(x)] = x.to_dict()
+    return [{**r.node.to_dict(), **made[id(r.cost)], **made[id(r.pred)], "counted": r.cost.counted} for r in results]
 
 
-def cap_at_positions(fit: MemoryFit, assumptions: dict[str, Any], length: int | None) -> MemoryFit:
-    """``fit`` with its longest context cut to the model's position limit (assumptions["position_limit"]) where
+def cap_at_positions(fit: MemoryFit, assumptions: Assumptions, length: int | None) -> MemoryFit:
+    """``fit`` with its longest context cut to the model's position limit (``assumptions.position_limit``) where
     memory alone holds more and the captured ``length`` is within it (a run past it, --allow-long-context, keeps
     memory's figure)."""
-    pos = assumptions.get("position_limit") or {}
-    limit = pos.get("max_positions")
+    pos = assumptions.position_limit
+    limit = pos.max_positions if pos is not None else None
     if not limit or not fit.max_context or fit.max_context <= limit or (length or 0) > limit:
         return fit
-    way = ("past it takes rope scaling, --allow-long-context" if pos.get("rope") else
+    way = ("past it takes rope scaling, --allow-long-context" if pos is not None and pos.rope else
            "learned positions: no rope scaling goes past it")
     return replace(fit, max_context=limit, assumptions=fit.assumptions + (
         f"longest context capped at the model's {limit} positions (max_position_embeddings, or its rope-scaled "
@@ -407,12 +403,11 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
         "reference precision" if reference(dtype) else "unverified: no quality evidence"))
-    if fp8 is not None:
-        assumptions["fp8_training"] = fp8_assumptions(fp8, other)
-    if kept:
-        assumptions["fp8_inference"] = FP8_INFERENCE_NOTE.format(what=" and ".join(kept), fmt=dtype)
-    if choice.resolved:
-        assumptions.update(dtype_requested=choice.requested, dtype_resolution=choice.reason)
+    assumptions = replace(
+        assumptions, fp8_training=fp8_assumptions(fp8, other) if fp8 is not None else None,
+        fp8_inference=FP8_INFERENCE_NOTE.format(what=" and ".join(kept), fmt=dtype) if kept else None,
+        dtype_requested=choice.requested if choice.resolved else None,
+        dtype_resolution=choice.reason if choice.resolved else None)
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels)
 
 

@@ -1,46 +1,151 @@
 """analysis.json's ``assumptions`` block: everything an analysis assumed, with its provenance (the device and its
 rates, the precision policy, the fusion and tiling policies, the time model in words, the capture's notes, the
-versions). opmap.analyze builds it once per analysis (``build_assumptions``); the phases add their own keys.
+versions), as one typed frozen value (``Assumptions``) that travels with the analysis and is recorded
+(``opmap.record``) where analysis.json, profile.json or a report is written. opmap.analyze builds it once per
+analysis (``build_assumptions``); the pipeline, the phases and tuning set what they add (fp8, the resolved dtype,
+the tuned note, the runtime, the phase) with ``dataclasses.replace``: each is written only where set, in the field
+order below (the order the keys were added in).
 """
 
 from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from opmap import __version__
 from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
+from opmap.hardware.values import Value
+from opmap.mapping.fp8 import Fp8Training
 from opmap.precision import Precision
 from opmap.predict import TRANSCENDENTAL_SLOTS
-from opmap.record import record
-from opmap.workloads.load import position_limit
+from opmap.record import key
+from opmap.workloads.load import PositionLimit, position_limit
 from opmap.workloads.zoo import Workload
 
+if TYPE_CHECKING:
+    from opmap.workloads.phases import PhaseSpec
 
-def _rate(hw: HardwareSpec, prec: Precision) -> dict[str, Any]:
+_SET = key(omit="none")  # a key only some analyses carry: written where set
+
+
+class StepRuntime(Protocol):
+    """What the pipeline reads of the runtime a step ran under: opmap.phases.runtime.Runtime (a layer above, a frozen
+    dataclass: its record is the ``runtime`` block)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def per_step_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class MatrixPeak:
+    """The dense matrix peak of the matrix format (the MFU denominator), with its provenance."""
+
+    value: float | None
+    kind: str
+    source: str
+
+
+@dataclass(frozen=True)
+class MatrixRate:
+    """The matrix rate the time model runs at (``_rate``), with its provenance: ``kind`` (measured achievable,
+    derived, dense peak), ``basis`` and ``source`` in words, its fraction of the peak, the power state it holds in
+    and, on a power-limited card, the power window (s)."""
+
+    value: float
+    kind: str
+    basis: str
+    source: str
+    of_peak: float
+    power_state: str  # "boost" | "power-limited"
+    power_window_s: float | None = field(default=None, metadata=_SET)
+
+
+@dataclass(frozen=True)
+class MemoryRate:
+    """The memory rate the time model runs at and where it comes from."""
+
+    value: float
+    basis: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assumptions:
+    """What one analysis assumed (module docstring); its record is analysis.json's ``assumptions`` block, its
+    fields in the block's order, those after ``python_version`` (and ``attention_dropout``) only where set."""
+
+    workload: str
+    hardware: str
+    hardware_display_name: str
+    dtype: str  # the format priced (an alias resolved: ``dtype_requested``)
+    matrix_dtype: str
+    precision_note: str
+    weights_dtype: str
+    activations_dtype: str
+    accumulate_dtype: str
+    precision_policy: dict[str, str]
+    precision_evidence: str
+    batch: int
+    seq: int | None
+    position_limit: PositionLimit | None  # opmap.workloads.load
+    capture_device: str
+    mode: str  # "training step" | "inference"
+    fusion_policy: str
+    tiling: str
+    matrix_peak_flops_per_s: MatrixPeak
+    matrix_rate_flops_per_s: MatrixRate
+    vector_peak_flops_per_s: float
+    memory_bandwidth_bytes_per_s: Value
+    memory_rate_bytes_per_s: MemoryRate
+    # achievable figures the catalog lacks for this device: those run on datasheet figures (empty: like for like)
+    datasheet_only: tuple[str, ...]
+    launch_overhead_s: Value
+    transcendental_slots: float
+    time_model: str
+    attention_kernel: str
+    attention_dropout: str | None = field(default=None, metadata=_SET)  # where an attention call drops scores
+    layer_type_overrides: tuple[str, ...]
+    workload_notes: tuple[str, ...]
+    capture_notes: tuple[str, ...]
+    torch_version: str
+    opmap_version: str
+    python_version: str
+    # set by opmap.analyze.analyze_graph: fp8 training, fp8 inference's bf16 head, an alias's resolution
+    fp8_training: Fp8Training | None = field(default=None, metadata=_SET)
+    fp8_inference: str | None = field(default=None, metadata=_SET)
+    dtype_requested: str | None = field(default=None, metadata=_SET)
+    dtype_resolution: str | None = field(default=None, metadata=_SET)
+    tuned: str | None = field(default=None, metadata=_SET)  # opmap.explore.tune.tuned.tuned_analysis
+    runtime: StepRuntime | None = field(default=None, metadata=_SET)  # opmap.phases.runtime.with_runtime
+    runtime_line: str | None = field(default=None, metadata=_SET)
+    phase: PhaseSpec | None = field(default=None, metadata=_SET)  # opmap.phases.step.analyze_phase
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "training step"
+
+
+def _rate(hw: HardwareSpec, prec: Precision) -> MatrixRate:
     """The matrix rate the time model runs at, with its provenance: a measured achievable figure, another
     format's measured fraction of peak, else the peak; on a power-limited card past its power window, the blend
     of boost and sustained rates (``precision.power_limited``)."""
     v = hw.achievable_matrix_flops_per_s.get(prec.matrix)
     own = v is not None and bool(v.value) and prec.rate_basis == f"{v.kind} achievable {prec.matrix} rate"
-    out = {"value": prec.matrix_rate_flops_per_s, "kind": v.kind if own else "derived",
-           "basis": prec.rate_basis, "source": v.source if own else prec.rate_basis,
-           "of_peak": prec.matrix_rate_flops_per_s / prec.matrix_peak_flops_per_s,
-           "power_state": "power-limited" if prec.sustained else "boost"}
-    if prec.sustained:
-        out["kind"] = "derived"
+    kind = v.kind if own and not prec.sustained else "derived"
+    source = v.source if own else prec.rate_basis
     if prec.rate_basis.startswith("dense peak"):
-        out.update(kind="dense peak",
-                   source=f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it")
-    if hw.power_window_s is not None:
-        out["power_window_s"] = hw.power_window_s
-    return out
-
+        kind = "dense peak"
+        source = f"no measured sustained {prec.matrix} rate for {hw.name}: the dense peak stands for it"
+    return MatrixRate(prec.matrix_rate_flops_per_s, kind, prec.rate_basis, source,
+                      prec.matrix_rate_flops_per_s / prec.matrix_peak_flops_per_s,
+                      "power-limited" if prec.sustained else "boost", hw.power_window_s)
 
 
 def time_model_line(hw: HardwareSpec) -> str:
@@ -93,49 +198,38 @@ def attention_dropout_line(hw: HardwareSpec) -> str:
             + (f" ({row.source})" if row.source else ""))
 
 
+def _tiling(hw: HardwareSpec) -> str:
+    """The tiling the kernels were mapped with, in words."""
+    if hw.device_type == "cpu":
+        return "none (CPU: the BLAS library blocks for the caches; measured shape curves stand for it)"
+    if hw.sram_per_unit_bytes:
+        return "GEMM / conv tile search against shared memory per compute unit, tile and wave quantization"
+    return "none (the device lists no shared memory per compute unit)"
+
+
 def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, graph: OpGraph,
                       overrides: Sequence[tuple[str, str]], fusion: str = "eager",
-                      evidence: str = "") -> dict[str, Any]:
+                      evidence: str = "") -> Assumptions:
     mp = hw.matrix_peak_flops_per_s[prec.matrix]
-    return {
-        "workload": workload.name,
-        "hardware": hw.name,
-        "hardware_display_name": hw.display_name,
-        "dtype": prec.requested,
-        "matrix_dtype": prec.matrix,
-        "precision_note": prec.note,
-        "weights_dtype": prec.policy["weights"], "activations_dtype": prec.policy["activations"],
-        "accumulate_dtype": prec.policy["accumulate"],
-        "precision_policy": prec.policy,
-        "precision_evidence": evidence,
-        "batch": workload.batch,
-        "seq": workload.seq,
-        "position_limit": None if (pos := position_limit(workload)) is None else asdict(pos),  # opmap.workloads.load
-        "capture_device": graph.device,
-        "mode": "training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
-        "fusion_policy": FUSION_TEXT.get(fusion, fusion),
-        "tiling": ("GEMM / conv tile search against shared memory per compute unit, tile and wave quantization"
-                   if hw.device_type != "cpu" and hw.sram_per_unit_bytes else
-                   "none (CPU: the BLAS library blocks for the caches; measured shape curves stand for it)"
-                   if hw.device_type == "cpu" else "none (the device lists no shared memory per compute unit)"),
-        "matrix_peak_flops_per_s": {"value": mp.value, "kind": mp.kind, "source": mp.source},
-        "matrix_rate_flops_per_s": _rate(hw, prec),
-        "vector_peak_flops_per_s": prec.vector_peak_flops_per_s,
-        "memory_bandwidth_bytes_per_s": record(hw.fields["memory_bandwidth_bytes_per_s"]),
-        "memory_rate_bytes_per_s": {"value": hw.memory_rate_bytes_per_s, "basis": hw.memory_rate_basis},
-        # achievable figures the catalog lacks for this device: those run on datasheet figures (empty: like for like)
-        "datasheet_only": list(hw.datasheet_only),
-        "launch_overhead_s": record(hw.fields["launch_overhead_s"]),
-        "transcendental_slots": TRANSCENDENTAL_SLOTS,
-        "time_model": time_model_line(hw),
-        "attention_kernel": (f"{hw.calibration['attention_kernel']}: fused attention from its measured rows in the "
-                             "catalog (--attention-kernel picks another)" if hw.calibration.get("attention_kernel")
-                             else "no measured kernel: flash tiles on the device's peaks"),
-        **({"attention_dropout": attention_dropout_line(hw)} if _drops_scores(graph) else {}),
-        "layer_type_overrides": [f"{p}={t}" for p, t in overrides],
-        "workload_notes": list(workload.assumptions),
-        "capture_notes": list(graph.notes),
-        "torch_version": torch.__version__,
-        "opmap_version": __version__,
-        "python_version": platform.python_version(),
-    }
+    pol = prec.policy
+    kernel = hw.calibration.get("attention_kernel")
+    return Assumptions(
+        workload=workload.name, hardware=hw.name, hardware_display_name=hw.display_name, dtype=prec.requested,
+        matrix_dtype=prec.matrix, precision_note=prec.note, weights_dtype=pol["weights"],
+        activations_dtype=pol["activations"], accumulate_dtype=pol["accumulate"], precision_policy=pol,
+        precision_evidence=evidence, batch=workload.batch, seq=workload.seq, position_limit=position_limit(workload),
+        capture_device=graph.device,
+        mode="training step" if any(n.args.get("phase") == "backward" for n in graph.nodes) else "inference",
+        fusion_policy=FUSION_TEXT.get(fusion, fusion), tiling=_tiling(hw),
+        matrix_peak_flops_per_s=MatrixPeak(mp.value, mp.kind, mp.source), matrix_rate_flops_per_s=_rate(hw, prec),
+        vector_peak_flops_per_s=prec.vector_peak_flops_per_s,
+        memory_bandwidth_bytes_per_s=hw.fields["memory_bandwidth_bytes_per_s"],
+        memory_rate_bytes_per_s=MemoryRate(hw.memory_rate_bytes_per_s, hw.memory_rate_basis),
+        datasheet_only=tuple(hw.datasheet_only), launch_overhead_s=hw.fields["launch_overhead_s"],
+        transcendental_slots=TRANSCENDENTAL_SLOTS, time_model=time_model_line(hw),
+        attention_kernel=(f"{kernel}: fused attention from its measured rows in the catalog (--attention-kernel "
+                          "picks another)" if kernel else "no measured kernel: flash tiles on the device's peaks"),
+        attention_dropout=attention_dropout_line(hw) if _drops_scores(graph) else None,
+        layer_type_overrides=tuple(f"{p}={t}" for p, t in overrides), workload_notes=tuple(workload.assumptions),
+        capture_notes=tuple(graph.notes), torch_version=torch.__version__, opmap_version=__version__,
+        python_version=platform.python_version())

@@ -15,7 +15,8 @@ class Interrupted(KeyboardInterrupt):
     """A stop signal (Ctrl-C's SIGINT, or SIGTERM) reached the process: the work in hand stops. A KeyboardInterrupt,
     so that whatever lets Ctrl-C through lets it through too. ``done``: the results an engine's map finished
     before the stop, by task index; ``partial``: what a library call keeps of its work (a result marked
-    ``interrupted``), or None where nothing was finished."""
+    ``interrupted`` with its own typed stop record: the signal's ``name`` and what was kept), or None where nothing
+    was finished."""
 
     def __init__(self, signum: int = signal.SIGINT, done: dict[int, Any] | None = None, partial: Any = None):
         super().__init__(signum)
@@ -37,7 +38,3 @@ class Interrupted(KeyboardInterrupt):
     def exit_status(self) -> int:
         """The shell's convention for a process ended by a signal: 128 + its number."""
         return 128 + self.signum
-
-    def note(self, **kept: Any) -> dict[str, Any]:
-        """The ``interrupted`` record a partial result carries: the signal and what was kept."""
-        return {"signal": self.name, **kept}

@@ -132,6 +132,9 @@ def _plan(cls: type) -> tuple[tuple[str, str, str | None, bool, str, str | None]
         raise TypeError(f"record() takes a dataclass instance, not {cls.__name__}")
     fs = {f.name: f for f in fields(cls)}
     order = [(n, None) if n is ... or isinstance(n, str) else n for n in getattr(cls, "RECORD", (...,))]
+    for n, meta in order:
+        if meta is not None and not (isinstance(meta, MappingProxyType) and _META in meta):
+            raise TypeError(f"{cls.__name__}.RECORD entry ({n!r}, {meta!r}): a pair is (attribute, key(...))")
     named = {n for n, _ in order if n is not ...}
     plan: list[tuple[str, str, str | None, bool, str, str | None]] = []
     for n, meta in order:

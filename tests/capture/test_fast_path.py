@@ -46,7 +46,7 @@ def test_profile_measures_the_unfused_path_it_captured():
 
     w = Workload("enc", Probe().eval(), (torch.randn(2, 8, 32),), 2, 8)
     p = run_profile(w, get_hardware("h100-sxm"), "fp32", "cpu", warmup=1, iters=2, profile_iters=1)
-    assert any("fast path" in n for n in p.analysis.assumptions["capture_notes"])
+    assert any("fast path" in n for n in p.analysis.assumptions.capture_notes)
     assert seen and not any(seen[1:])  # every run after the capture ran with the fast path off
     assert torch.backends.mha.get_fastpath_enabled()  # and it is restored after
     with fast_path(False):

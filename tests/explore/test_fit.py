@@ -9,7 +9,7 @@ import pytest
 
 from opmap.errors import OpmapError
 from opmap.explore.fit import IDLE_FRACTION, _power_w, check_models, fit_cell, fit_matrix, power_method, rank
-from opmap.explore.results import FitCell, LayoutResult
+from opmap.explore.results import ChosenLayout, Confidence, FitCell, FitStop, LayoutResult
 from opmap.hardware import get_hardware
 from opmap.record import record
 from opmap.serve.metrics import Slo
@@ -81,8 +81,8 @@ def test_serve_and_fit_give_the_same_capacity_for_the_same_cell(tmp_path, capsys
     assert rc == 0, err
     served = json.loads((tmp_path / "serve.json").read_text())
     cell = fit_cell("gpt2", "h100-sxm", Slo(0.5, 0.05), "128", "16", 1000, devices=1, devices_budget=1)
-    assert cell.capacity["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
-    assert cell.capacity["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
+    assert cell.chosen.capacity["rate_per_s"] == pytest.approx(served["capacity"]["rate_per_s"], rel=1e-12)
+    assert cell.chosen.capacity["saturation_per_s"] == pytest.approx(served["capacity"]["saturation_per_s"], rel=1e-12)
     # serve prints the run at that rate: its arrival and its figures are the capacity run's, the rate once
     assert served["arrival"] == f"poisson:{served['capacity']['rate_per_s']:g}"
     assert served["latency"]["e2e"]["p99_s"] == pytest.approx(cell.latency_p99_s, rel=1e-12)
@@ -134,3 +134,35 @@ def test_a_power_budget_keeps_the_replicas_it_powers_by_hand():
     tried, within = power_fit(layouts(), h100, 600.0)
     assert within == [] and choose(within) == (None, None)
     assert _over_budget(tried, 600.0).endswith("1 x tp1 (1 device), draws 700 W at its SLO rate, over the 600 W budget")
+
+
+def test_fit_cell_keys_in_order():
+    """fit.json's cell (schema 3): the layouts whole, the chosen layout and the runner-up in brief (``ep`` only past
+    1), the engine preset and confidence only where set, the chosen layout's figures last and only where one was
+    chosen."""
+    from opmap.hardware.trust import Input, Trust
+
+    keys = ["model", "hardware", "fits", "throughput_at_slo", "throughput_per_device", "latency_p99_s",
+            "perf_per_watt", "energy_per_token_j", "power_w", "power_method", "perf_per_dollar",
+            "cost_per_million_output_tokens", "bound", "risk", "risk_source", "datasheet_only", "devices_budget",
+            "layout", "runner_up", "layouts", "rank", "excluded_reason", "runtime", "devices_tried", "dtype",
+            "dtype_line"]
+    bare = FitCell("m", "h", devices_tried=(1, 2))
+    assert list(record(bare)) == keys and record(bare)["layout"] is None and record(bare)["devices_tried"] == [1, 2]
+    lay = dataclasses.replace(LayoutResult.of(2, 1, 4), fits=True, rate_per_s=3.0, limited_by="slo")
+    moe = LayoutResult.of(2, 1, 4, ep=2)
+    trust = Trust("datasheet", Input("peak", "datasheet", "s"), (Input("peak", "datasheet", "s"),))
+    chosen = ChosenLayout(4, 6.0, {"rate_per_s": 3.0}, None, None)
+    cell = dataclasses.replace(bare, layout=lay, runner_up=moe, layouts=(lay, moe), engine_preset={"engine": "vllm"},
+                               confidence=Confidence(trust), chosen=chosen)
+    d = record(cell)
+    assert list(d) == [*keys, "engine_preset", "confidence", "devices", "rate_at_slo_per_s", "capacity", "memory",
+                       "power_limited"]
+    brief = ["tp", "pp", "devices_per_replica", "replicas", "devices_used", "rate_per_s", "saturation_per_s",
+             "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "limited_by"]
+    assert list(d["layout"]) == brief and list(d["runner_up"]) == [*brief, "ep"] and d["runner_up"]["ep"] == 2
+    assert d["layouts"][0] == record(lay) and d["layout"]["rate_per_s"] == 3.0
+    assert list(d["confidence"]) == ["label", "weakest", "inputs", "line"]
+    assert d["confidence"]["line"] == trust.line() and d["devices"] == 4
+    stop = FitStop("SIGTERM", 1, 2, ("m on h",))
+    assert record(stop) == {"signal": "SIGTERM", "cells_done": 1, "cells_total": 2, "cells_not_run": ["m on h"]}

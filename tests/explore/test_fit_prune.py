@@ -10,6 +10,7 @@ import pytest
 
 from opmap.explore import layouts
 from opmap.explore.fit import default_policy, fit_cell
+from opmap.record import record
 from opmap.serve.arrivals import Requests
 from opmap.serve.metrics import Slo
 from opmap.serve.model_cost import model_table_cost
@@ -45,7 +46,7 @@ def test_pruning_changes_neither_the_chosen_layout_nor_the_runner_up(model, tmp_
         for prune in (True, False):
             monkeypatch.setattr(layouts, "PRUNE", prune)
             cells[prune] = fit_cell(model, "h100-sxm", slo, "512", "128", 300, devices_budget=4)
-        pruned, full = cells[True].to_dict(), cells[False].to_dict()  # as fit.json holds them
+        pruned, full = record(cells[True]), record(cells[False])  # as fit.json holds them
         for k in ("layout", "runner_up"):
             assert (pruned[k] is None) == (full[k] is None)
             if full[k] is not None:

@@ -12,6 +12,8 @@ import pytest
 from opmap.cli import main
 from opmap.errors import OpmapError
 from opmap.explore.fit_quality import NO_EVIDENCE, attach, needs_evidence, read_evidence, words
+from opmap.explore.results import FitCell, FitMatrix
+from opmap.record import record
 
 Q = {"schema_version": 1, "workload": "tiny-llama.json", "dtype": "nvfp4", "rel_error": 0.21, "max_abs_error": 0.3,
      "agreement": 0.655, "agreement_kind": "next-token agreement", "positions": 128, "seed": 0, "snr_db": 13.4,
@@ -33,20 +35,22 @@ def test_cells_cite_their_format_s_file_or_say_there_is_none(tmp_path):
     models = ["examples/tiny-llama.json", "gpt2"]
     ev = read_evidence([write(tmp_path, "q.json")], models)
     assert set(ev) == {("examples/tiny-llama.json", "nvfp4")}
-    r = {"dtype": "bf16", "cells": [
-        {"model": "examples/tiny-llama.json", "hardware": "b200", "dtype": "nvfp4"},  # a per-device format
-        {"model": "gpt2", "hardware": "b200", "dtype": "nvfp4"},  # no file for gpt2
-        {"model": "examples/tiny-llama.json", "hardware": "h100-sxm", "dtype": "fp8"},  # fp8: no claim either way
-        {"model": "gpt2", "hardware": "h100-sxm"}]}  # the fit's --dtype, bf16
-    cells = attach(r, ev)["cells"]
+    fit = FitMatrix(1, tuple(models), ("b200", "h100-sxm"), None, "512", "128", 100, "bf16", "engine", None, False, (
+        FitCell("examples/tiny-llama.json", "b200", dtype="nvfp4"),  # a per-device format
+        FitCell("gpt2", "b200", dtype="nvfp4"),  # no file for gpt2
+        FitCell("examples/tiny-llama.json", "h100-sxm", dtype="fp8"),  # fp8: no claim either way
+        FitCell("gpt2", "h100-sxm")), "local", {}, None, {})  # the fit's --dtype, bf16
+    cells = record(attach(fit, ev))["cells"]
     q = cells[0]["quality"]
+    assert list(q) == ["format", "file", "snr_db", "agreement", "agreement_kind", "kl", "weights", "rel_error"]
     assert q["file"] == str(tmp_path / "q.json") and (q["snr_db"], q["agreement"], q["kl"]) == (13.4, 0.655, 0.00117)
     assert words(cells[0]) == (f"quality nvfp4 vs fp32 ({tmp_path / 'q.json'}): SNR 13.4 dB, top-1 65.5%, "
                                "KL 0.00117 nats")
-    assert cells[1]["quality"] == {"format": "nvfp4", "file": None, "note": NO_EVIDENCE}
+    assert list(cells[1])[-1] == "quality"  # the cell's last key
+    assert json.dumps(cells[1]["quality"]) == json.dumps({"format": "nvfp4", "file": None, "note": NO_EVIDENCE})
     assert words(cells[1]) == "no quality evidence for nvfp4"
     assert "quality" not in cells[2] and "quality" not in cells[3] and words(cells[3]) == ""
-    assert "quality" not in r["cells"][0]  # the input left as it was
+    assert fit.cells[0].quality is None  # the input left as it was
 
 
 def test_a_file_for_another_workload_or_twice_the_same_is_refused(tmp_path):

@@ -41,4 +41,4 @@ def test_fit_and_serve_give_one_capacity_for_the_same_layout(model, tmp_path):
     lay = cell.layout
     assert (lay.tp, lay.pp, lay.replicas) == (1, 1, 4)
     assert serve.saturation_per_s == pytest.approx(4 * lay.saturation_per_s, rel=1e-9)
-    assert cell.rate_at_slo_per_s == pytest.approx(serve.rate_per_s, rel=0.02)
+    assert cell.chosen.rate_at_slo_per_s == pytest.approx(serve.rate_per_s, rel=0.02)

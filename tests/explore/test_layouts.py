@@ -14,6 +14,7 @@ from opmap.explore.layouts import (
     figure_of_merit,
 )
 from opmap.explore.results import LayoutResult
+from opmap.record import record
 
 
 def test_candidates_split_each_device_count_into_tp_x_pp():
@@ -64,10 +65,10 @@ def test_the_chosen_layout_is_at_least_as_good_as_every_layout_tried():
         assert lay.rate_per_s <= lay.saturation_per_s
     rest = [lay for lay in tried if (lay.tp, lay.pp) != (best.tp, best.pp)]
     assert cell.runner_up.per_device_tokens_per_s == max(figure_of_merit(lay) for lay in rest)
-    assert cell.devices == best.devices_used == 2
+    assert cell.chosen.devices == best.devices_used == 2
     assert cell.throughput_per_device == best.per_device_tokens_per_s
     # fit.json's form of the cell: the chosen layout and the runner-up in brief, the layouts whole
-    d = cell.to_dict()
+    d = record(cell)
     assert d["layout"]["per_device_tokens_per_s"] == best.per_device_tokens_per_s and "capacity" not in d["layout"]
     assert d["devices"] == 2 and [x["tp"] for x in d["layouts"]] == [lay.tp for lay in cell.layouts]
 

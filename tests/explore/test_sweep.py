@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from opmap.analyze import analyze
 from opmap.errors import OpmapError
-from opmap.explore.sweep import SweepPoint, knees, pareto, sweep
+from opmap.explore.sweep import BatchSeq, Sweep, SweepPoint, SweepStop, knees, pareto, sweep
 from opmap.hardware import get_hardware
+from opmap.record import record
 from opmap.workloads import build_zoo
 
 
@@ -19,14 +22,14 @@ def _pt(b, s, lat, tps):
 def test_pareto_front_by_hand():
     pts = [_pt(1, 1, 1.0, 10.0), _pt(2, 1, 2.0, 30.0), _pt(4, 1, 3.0, 25.0), _pt(8, 1, 4.0, 40.0)]
     # (3.0, 25) is beaten by (2.0, 30): lower latency and more tokens per second
-    assert pareto(pts) == ((1, 1), (2, 1), (8, 1))
+    assert pareto(pts) == (BatchSeq(1, 1), BatchSeq(2, 1), BatchSeq(8, 1))
 
 
 def test_knee_is_farthest_above_the_chord():
     # normalised: latency 0, 1/7, 3/7, 1; tokens 0, 0.8, 0.95, 1. Distance above the chord y = x:
     # 0.8 - 1/7 = 0.657 at batch 2 (the largest), 0.95 - 3/7 = 0.52 at batch 4
     pts = [_pt(1, 8, 1.0, 100.0), _pt(2, 8, 2.0, 180.0), _pt(4, 8, 4.0, 195.0), _pt(8, 8, 8.0, 200.0)]
-    assert knees(pts) == ((2, 8),)
+    assert knees(pts) == (BatchSeq(2, 8),)
     assert knees([_pt(1, 8, 1.0, 1.0), _pt(2, 8, 2.0, 2.0), _pt(4, 8, 4.0, 4.0)]) == ()  # a straight line
 
 
@@ -60,7 +63,7 @@ def test_a_predicted_sweep_prices_the_runtime_and_the_layout():
     (q,) = two.points
     one = analyze(build_zoo("gpt2", 2, 32, "bf16"), hw, "bf16")
     assert q.latency_s == pytest.approx(shard(one, Parallelism(tp=2, devices=2)).latency_s, rel=1e-12)
-    assert (two.tp, two.pp) == (2, 1) and two.to_dict()["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q.mfu is None
+    assert (two.tp, two.pp) == (2, 1) and record(two)["layout"] == {"tp": 2, "pp": 1, "devices": 2} and q.mfu is None
     assert q.memory_bytes < one.memory.total_bytes  # per device: half the weights
 
 
@@ -178,3 +181,19 @@ def test_a_measured_point_runs_and_carries_its_dtype_beside_a_prediction_for_thi
     assert p.predicted.hardware == r.hardware == hw.name and p.predicted.dtype == dtype
     one = analyze(build_zoo("gpt2", 1, 8, dtype), hw, dtype)
     assert p.predicted.latency_s == pytest.approx(one.predicted_latency_s, rel=1e-9)
+
+
+def test_sweep_json_keys_in_order():
+    """sweep.json (schema 1): the layout as its block, knee and Pareto entries as {batch, seq}, ``interrupted`` last
+    and only after a stop."""
+    pts = (_pt(1, 8, 1.0, 1.0), _pt(2, 8, 1.5, 2.0))
+    r = Sweep("m", "h100-sxm", None, "prefill", "bf16", {"name": "engine"}, 2, 1, pts, (BatchSeq(2, 8),),
+              (BatchSeq(1, 8), BatchSeq(2, 8)), 1.0, 2, 2.0, "local", ("a",))
+    d = record(r)
+    assert list(d) == ["schema_version", "model", "hardware", "measured_on", "phase", "dtype", "runtime", "layout",
+                       "points", "knee", "pareto", "points_per_s", "captures", "wall_s", "engine", "assumptions"]
+    assert d["layout"] == {"tp": 2, "pp": 1, "devices": 2} and d["knee"] == [{"batch": 2, "seq": 8}]
+    assert d["assumptions"] == ["a"] and d["schema_version"] == 1
+    stopped = record(dataclasses.replace(r, interrupted=SweepStop("SIGINT", (8,), (16, 32))))
+    assert list(stopped)[-1] == "interrupted"
+    assert stopped["interrupted"] == {"signal": "SIGINT", "seqs_done": [8], "seqs_not_run": [16, 32]}

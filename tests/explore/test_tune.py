@@ -21,6 +21,7 @@ from opmap.explore.tune.candidates import (
 from opmap.explore.tune.rank import kendall_tau, pair_counts
 from opmap.explore.tune.run import _choose
 from opmap.explore.tune.signatures import Signature, signatures
+from opmap.record import record as as_record
 from opmap.tags import Tags
 from opmap.timing import Sample
 
@@ -161,7 +162,7 @@ def test_a_cache_entry_of_another_layout_is_a_miss(tmp_path):
     del body["candidates"][0]["predicted_s"]
     (tmp_path / "k.json").write_text(json.dumps(body))
     assert cache.read_entry(tmp_path, "k") is None
-    cache.write(tmp_path, "k", {**e.to_dict(with_cached=False), "gain": "2", "candidate_hash": "h"})
+    cache.write(tmp_path, "k", {**as_record(e), "gain": "2", "candidate_hash": "h"})
     assert cache.read_entry(tmp_path, "k") is None
     cache.write(tmp_path, "w", {"whole_model": {"gain": 1.0}})
     assert cache.read_whole(tmp_path, "w") is None
@@ -174,7 +175,7 @@ def test_cache_never_follows_a_symlink(tmp_path):
     link.symlink_to(real)
     assert cache.write(link, "k", {"candidate_hash": "h"}) is None and not list(real.iterdir())
     target = tmp_path / "elsewhere.json"
-    cache.write(tmp_path, "k", {**_result().to_dict(with_cached=False), "candidate_hash": "h"})
+    cache.write(tmp_path, "k", {**as_record(_result()), "candidate_hash": "h"})
     (tmp_path / "k.json").rename(target)
     d = tmp_path / "d"
     d.mkdir()
@@ -248,7 +249,24 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     d = json.loads((out / "tune.json").read_text())
     from opmap.validate import json_text
 
-    assert json.loads(json_text(results[0].to_dict())) == d  # tune.json is the typed result's one to_dict
+    assert json_text(as_record(results[0]), indent=1) == (out / "tune.json").read_text()  # the typed result's record
+    # tune.json's keys in the order a fresh run has always written them
+    assert list(d) == ["schema_version", "model", "hardware", "dtype", "device", "threads", "top_k", "rounds",
+                       "fingerprint", "versions", "axes", "parallel_region", "signatures", "kendall_tau",
+                       "kendall_tau_resolved", "tau_pairs", "cache", "whole_model", "elapsed_s", "note"]
+    assert list(d["axes"]) == ["threads", "dtypes", "sdpa_backends", "chunks", "channels_last", "left_out"]
+    assert list(d["parallel_region"]) == ["calibrated", "now"] and list(d["cache"]) == ["dir", "hits", "misses"]
+    assert list(d["signatures"][0])[:4] == ["signature", "candidates", "chosen", "default"]
+    assert list(d["signatures"][0])[-4:] in (
+        ["predicted_default_s", "parallel_region_s", "parallel_region_probe_s", "cached"],
+        ["parallel_region_s", "parallel_region_probe_s", "chosen_alone", "cached"])
+    row = next(c for e in d["signatures"] for c in e["candidates"] if c["timed"])
+    assert list(row) == ["label", "threads", "dtype", "channels_last", "sdpa", "chunks", "predicted_s",
+                         "predicted_rank", "timed", "default", "changes_precision", "measured_s", "min_s", "max_s",
+                         "iqr_s", "samples"]
+    assert list(d["whole_model"])[:2] == ["default", "tuned"] and list(d["whole_model"]["default"])[-1] == "samples_s"
+    assert list(d["whole_model"])[2:] == ["gain", "spread_s", "tuned_within_spread", "applied", "not_applied",
+                                          "adopted", "cached"]
     assert d["schema_version"] == 1 and d["model"] == model_file
     fams = sorted(e["signature"]["family"] for e in d["signatures"])
     assert fams == ["gemm", "layer_norm"]
@@ -283,7 +301,11 @@ def test_tune_json_schema_cache_and_gain(local_profile, model_file, tmp_path, mo
     from opmap.store import record
     from opmap.store.reading import run_rows
 
-    rid = record("tune", results[0].to_dict(store=True), Tags("sweep", workload="tiny", hardware="local"),
+    stored = as_record(results[0].stored)
+    assert list(stored)[-3:] == ["kind", "kernels", "samples"] and list(stored)[:-3] == list(d)
+    assert list(stored["samples"]) == ["whole_model:default", "whole_model:tuned"]
+    assert list(stored["kernels"][0]) == ["op", "layer_type", "predicted_s", "measured_s", "bound"]
+    rid = record("tune", stored, Tags("sweep", workload="tiny", hardware="local"),
                  base / "store.duckdb")
     kernels, _ = run_rows(rid, base / "store.duckdb")
     timed = [(e, c) for e in d["signatures"] for c in e["candidates"] if c["timed"]]
@@ -347,7 +369,7 @@ def test_analyze_tuned_follows_the_cached_choices(local_profile, model_file, mon
         assert r1.pred.matrix_s == pytest.approx(r0.pred.matrix_s * f)
         assert r1.pred.memory_s == pytest.approx(r0.pred.memory_s * f)
         checked += 1
-    assert checked == 2 and "tuned" in t.assumptions
+    assert checked == 2 and t.assumptions.tuned
     assert main(["analyze", model_file, "--hardware", "local", "--dtype", "fp32", "--tuned", "--no-store"]) == 0
     assert main(["analyze", model_file, "--hardware", "h100-sxm", "--tuned", "--no-store"]) == 2
     assert "--tuned" in capsys.readouterr().err
@@ -448,7 +470,7 @@ def test_choices_that_slow_the_whole_model_are_not_adopted(tmp_path):
     assert "3.7x slower" in out.kept_default_because
     hit = cache.read_entry(tmp_path, cache.entry_key("fp0", sig.key))
     assert hit == replace(out, signature=sig) and hit.chosen == dflt
-    assert out.to_dict()["chosen_alone"] == fast.to_dict() and "chosen_alone" not in e.to_dict()
+    assert as_record(out)["chosen_alone"] == fast.to_dict() and "chosen_alone" not in as_record(e)
 
 
 def _whole_figures(default_s, tuned_s, within=False, applied=1):

@@ -69,6 +69,6 @@ def test_fp8_inference_keeps_the_lm_head_in_bf16():
     assert [k.format for k in a.kernel_results if a.graph.nodes[k.kernel.anchor].module == "lm_head"] == ["bf16"]
     fc = next(r for r in a.results if r.node.module.endswith("h.0.mlp.c_fc") and r.cost.param_bytes_read)
     assert fc.cost.param_bytes_read == (768 * 3072 + 3072) * 1  # weight and bias, each at the stored 1 byte
-    assert "LM head in bf16" in a.assumptions["fp8_inference"]
+    assert "LM head in bf16" in a.assumptions.fp8_inference
     a100 = analyze_phase(g, w, get_hardware("a100-sxm-80gb"), "fp8", spec).analysis
-    assert "fp8_inference" not in a100.assumptions
+    assert a100.assumptions.fp8_inference is None

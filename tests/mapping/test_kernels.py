@@ -33,7 +33,7 @@ def test_gemm_layout_and_quantized_format():
     assert "weights int8" in gemm.format and "accumulate int32" in gemm.format
     norm = next(k for k in a.kernel_results if k.kernel.kernel_class == "reduction")
     assert norm.format == "bf16 storage, fp32 compute"
-    assert "unverified" in a.assumptions["precision_evidence"]
+    assert "unverified" in a.assumptions.precision_evidence
 
 
 def test_compiler_fusion_lowers_a_memory_bound_prediction():

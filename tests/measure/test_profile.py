@@ -77,6 +77,10 @@ def test_mfu_is_the_stated_formula(prof):
     assert d["mfu"]["calibrated"]["mfu"] == pytest.approx(flops / (p50 * PEAK))
     assert d["mfu"]["datasheet"]["mfu"] is None and "datasheet" in d["mfu"]["datasheet"]["why"]
     assert "p50 latency" in d["mfu"]["formula"]
+    # profile.json's mfu block in its order: a peak's figures, its MFU, the reason where there is none
+    assert list(d["mfu"]) == ["formula", "model_matrix_flops", "latency_s", "dtype", "calibrated", "datasheet", "hfu"]
+    assert list(d["mfu"]["calibrated"]) == ["peak_flops_per_s", "kind", "source", "mfu"]
+    assert list(d["mfu"]["datasheet"]) == ["mfu", "why"] and list(d["mfu"]["hfu"]) == ["mfu", "why"]
 
 
 def test_latency_stall_energy_and_tags(prof):

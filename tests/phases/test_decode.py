@@ -144,7 +144,7 @@ def test_eager_prices_transformers_dynamic_cache_and_says_so(tmp_path):
     t_eager, a_eager = tpot(path, kv_len, "eager")
     t_engine, a_engine = tpot(path, kv_len, "engine")
     assert t_eager > t_engine + 2 * past / HBM_BYTES_PER_S  # torch.cat reads the held tokens, writes them again
-    eager_notes, engine_notes = (" ".join(x.assumptions["workload_notes"]) for x in (a_eager, a_engine))
+    eager_notes, engine_notes = (" ".join(x.assumptions.workload_notes) for x in (a_eager, a_engine))
     assert "DynamicCache appends by torch.cat" in eager_notes and "DynamicCache" not in engine_notes
     assert "written into the cache in place" in engine_notes
     assert "prefill" not in eager_notes + engine_notes

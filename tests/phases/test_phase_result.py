@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opmap.phases.result import PalmFlops, PhaseResult, TrainStep
+from opmap.phases.result import Decode, DecodeFloor, PalmFlops, PhaseResult, Prefill, TrainStep
 
 pytest.importorskip("transformers")
 
@@ -49,7 +49,7 @@ def test_a_train_step_whose_parts_do_not_add_up_raises():
 
 def test_a_phase_result_whose_parts_do_not_add_up_raises():
     with pytest.raises(ValueError, match="not the sum of its parts"):
-        PhaseResult("decode", 2.0e-3, 1.5e-3, 0.2e-3, "memory", 10, BATCH, "")  # 1.5 + 0.2 ms is not 2 ms
+        Prefill(2.0e-3, 1.5e-3, 0.2e-3, "memory", 10, BATCH, "")  # 1.5 + 0.2 ms is not 2 ms
 
 
 @pytest.mark.parametrize("target", [TINY, "llama-3-8b"])
@@ -71,3 +71,19 @@ def test_decode_step_is_its_parts_and_its_throughput_batch_over_step(target):
     assert a.headline == ("time per output token", f.step_s)
     d = record(a.phase_figures)
     assert d["tpot_s"] == f.step_s and d["tokens_per_s"] == f.tokens_per_s and d["kv_len"] == 128
+
+
+def test_phase_blocks_keep_their_keys_in_order():
+    """analysis.json's ``phase`` block, as schema 2 writes it: the step time under the phase's own name (ttft_s,
+    tpot_s), decode's floor figures around its bound, the layout only under several devices."""
+    pre = Prefill(2.0e-3, 1.5e-3, 0.5e-3, "matrix", 10, 64, "p")
+    assert list(record(pre)) == ["name", "ttft_s", "bound", "kernel_time_s", "runtime_per_step_s", "kernels", "text"]
+    assert record(pre)["name"] == "prefill" and record(pre)["ttft_s"] == 2.0e-3
+    dec = Decode(2.0e-3, 1.5e-3, 0.5e-3, "memory", 10, BATCH, "d", floor=DecodeFloor(512, 1e9, 2e8, 1e-3, "b"),
+                 devices=2, layout="tp2")
+    assert list(record(dec)) == ["name", "kv_len", "tpot_s", "tokens_per_s", "bound", "weights_bytes",
+                                 "kv_cache_read_bytes", "lower_bound_s", "lower_bound_basis", "kernel_time_s",
+                                 "runtime_per_step_s", "kernels", "text", "devices", "layout"]
+    assert record(dec)["tokens_per_s"] == BATCH / 2.0e-3 and record(dec)["kv_len"] == 512
+    with pytest.raises(TypeError):
+        Decode(2.0e-3, 1.5e-3, 0.5e-3, "memory", 10, BATCH, "d")  # no floor

@@ -132,11 +132,11 @@ def test_attention_dropout_costs_the_kernels_measured_factor_and_says_so():
     FlashAttention-2 has no measured pair on sm90: priced at its no-dropout rows, and the line says so."""
     plain, dropped = _gpt_train(0.0), _gpt_train(0.1)
     assert _attention_matrix_s(dropped) / _attention_matrix_s(plain) == pytest.approx(0.614 / 0.594, rel=1e-3)
-    assert "attention_dropout" not in plain.assumptions
-    line = dropped.assumptions["attention_dropout"]
+    assert plain.assumptions.attention_dropout is None
+    line = dropped.assumptions.attention_dropout
     assert "cudnn runs 1.03x its no-dropout time" in line and "3312" in line
     fa2 = _gpt_train(0.1, "fa2")
-    assert "priced at fa2's no-dropout rate" in fa2.assumptions["attention_dropout"]
+    assert "priced at fa2's no-dropout rate" in fa2.assumptions.attention_dropout
     assert _attention_matrix_s(fa2) == pytest.approx(_attention_matrix_s(_gpt_train(0.0, "fa2")))
 
 

@@ -143,17 +143,17 @@ def test_fp8_training_memory_by_formula():
 
 def test_assumptions_and_figures_say_what_is_fp8():
     a = _train("fp8")
-    f = a.assumptions["fp8_training"]
-    assert f["fp8_gemms"] == 3 * 7 * CFG.n_layer  # 7 Linear layers per block, three GEMMs each
-    assert any(x.startswith("LM head") for x in f["bf16"]) and any(x.startswith("attention core") for x in f["bf16"])
-    assert f["bf16_matrix_rate_flops_per_s"] == BF16_RATE
+    f = a.assumptions.fp8_training
+    assert f.fp8_gemms == 3 * 7 * CFG.n_layer  # 7 Linear layers per block, three GEMMs each
+    assert any(x.startswith("LM head") for x in f.bf16) and any(x.startswith("attention core") for x in f.bf16)
+    assert f.bf16_matrix_rate_flops_per_s == BF16_RATE
     assert a.precision.matrix == "fp8" and a.precision.weight_scale == 1.0  # bf16 weights stored
     ph = a.phase_figures.fp8
     assert ph.gemm_s > 0 and ph.bf16_matrix_s > 0 and ph.cast_s > 0 and ph.weight_cast_s > 0
     assert "fp8 GEMMs" in a.phase_figures.text
     lines = assumption_lines(a)
     assert any(x.startswith("fp8: fp8 training (Transformer Engine)") for x in lines)
-    assert not _train("bf16").assumptions.get("fp8_training")
+    assert _train("bf16").assumptions.fp8_training is None
 
 
 def test_fp8_step_under_a_layout_is_faster_than_bf16():

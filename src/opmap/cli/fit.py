@@ -89,9 +89,9 @@ def fit(
     from opmap.explore.fit_quality import attach, read_evidence
 
     evidence = read_evidence(quality, a["models"])  # read and matched before any cell runs
-    r, stop = _run(a, input_len, output_len, requests, devices, power_budget, runtime, devices_budget,
+    m, stop = _run(a, input_len, output_len, requests, devices, power_budget, runtime, devices_budget,
                    include_datasheet_only, dtype, engine, kv_dtype, gpu_memory_utilization)
-    r = attach(r, evidence)
+    r = record(attach(m, evidence))  # fit.json's body
     _print(r, a["models"])
     if out is not None:
         _write(out, r, stop)
@@ -154,7 +154,8 @@ def _presets(spec: str | None, fraction, max_num_seqs, max_num_batched_tokens) -
 
 def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtime, devices_budget,
          include_datasheet_only, dtype, engine, kv_dtype, gpu_memory_utilization) -> tuple:
-    """The fit matrix with a progress bar: (fit.json's body, the stop that ended it early or None)."""
+    """The fit matrix with a progress bar: (the opmap.explore.results.FitMatrix, the stop that ended it early or
+    None)."""
     from opmap.cli.common import step_progress
     from opmap.explore.fit import fit_matrix
 
@@ -166,9 +167,8 @@ def _run(a: dict, input_len, output_len, requests, devices, power_budget, runtim
                            policy=a["policy"], kv_dtype=kv_dtype, presets=a["presets"],
                            gpu_memory_utilization=0.9 if gpu_memory_utilization is None else gpu_memory_utilization)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished cells shown, written, recorded, marked
-        partial, stop = kept(e)
-        return record(partial), stop
-    return record(r), None
+        return kept(e)
+    return r, None
 
 
 def _print(r: dict, models: list[str]) -> None:

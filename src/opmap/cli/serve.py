@@ -12,7 +12,7 @@ from opmap.cli.common import console, exit_if_stopped, print_wrote
 from opmap.errors import OpmapError
 from opmap.formats import registry, spoken
 from opmap.phases.runtime import RUNTIME_HELP
-from opmap.record import record
+from opmap.record import jsonable, record
 from opmap.report.text import safe
 from opmap.validate import INT_GE1, SEED, Rule, json_text, options, positive_in
 
@@ -572,7 +572,7 @@ def _run(reqs, arr, pol, cost, replicas, router, seed, slo, pd, transfer, probe,
     if capacity is not None:
         report["capacity"] = {**record(capacity), "engine": engine}
         if stop is not None:
-            report["interrupted"] = capacity.interrupted
+            report["interrupted"] = jsonable(capacity.interrupted)  # its record (None: no run made)
     return report, res, stop
 
 

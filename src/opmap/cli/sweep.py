@@ -73,7 +73,7 @@ def sweep(
                               runtime=runtime, tp=tp, pp=pp)
         except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished lengths shown, written, recorded, marked
             r, stop = kept(e)
-        body = r.to_dict()
+        body = record(r)
         if preset is not None:
             body["engine_preset"] = _graphs(preset, hw, tp, phase, batches)
         if not as_json:
@@ -127,7 +127,10 @@ def _print_graphs(ep: dict) -> None:
 
 
 def _marks(r: Sweep, p: SweepPoint) -> list[str]:
-    return [m for m, on in (("knee", (p.batch, p.seq) in r.knee), ("pareto", (p.batch, p.seq) in r.pareto)) if on]
+    from opmap.explore.sweep import BatchSeq
+
+    at = BatchSeq(p.batch, p.seq)
+    return [m for m, on in (("knee", at in r.knee), ("pareto", at in r.pareto)) if on]
 
 
 def _print_table(r: Sweep, model: str, phase: str, dtype: str, measure: bool) -> None:
@@ -205,5 +208,5 @@ def _hardware(name: str):
 def _stopped_words(r: Sweep) -> str:
     """The words that mark a sweep stopped by a signal (its finished sequence lengths only); empty otherwise."""
     i = r.interrupted
-    return "" if not i else (f": INTERRUPTED by {i['signal']}, seq {', '.join(map(str, i['seqs_done']))} run, "
-                             f"{', '.join(map(str, i['seqs_not_run']))} not run")
+    return "" if not i else (f": INTERRUPTED by {i.signal}, seq {', '.join(map(str, i.seqs_done))} run, "
+                             f"{', '.join(map(str, i.seqs_not_run))} not run")

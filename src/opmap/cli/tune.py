@@ -11,6 +11,7 @@ import typer
 
 from opmap.cli.common import build_workload, console, print_wrote, step_progress
 from opmap.cli.common import hardware as get_hardware
+from opmap.record import record
 from opmap.validate import INT_GE1, json_text, options
 
 if TYPE_CHECKING:
@@ -81,12 +82,12 @@ def tune(
                   f"gain {w.gain:.2f}x over {result.rounds} interleaved rounds; timed on a shared host",
                   highlight=False)
     if out is not None:
-        print_wrote(write_set(out, {"tune.json": json_text(result.to_dict(), indent=1)}))
+        print_wrote(write_set(out, {"tune.json": json_text(record(result), indent=1)}))
     from opmap.cli.common import record_run
     from opmap.tags import Tags
 
     tags = Tags("sweep", workload=model, hardware=hw.name, phase="tune", precision=dtype)
-    record_run("tune", result.to_dict(store=True), tags, store, no_store)
+    record_run("tune", record(result.stored), tags, store, no_store)
 
 
 def _table(title: str, entries: Sequence[SignatureResult]):

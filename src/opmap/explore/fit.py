@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.errors import Interrupted, OpmapError
-from opmap.explore.results import FitCell, FitMatrix, LayoutResult
+from opmap.explore.results import ChosenLayout, Confidence, FitCell, FitMatrix, FitStop, LayoutResult
 from opmap.hardware import get_hardware
 from opmap.record import record
 
@@ -196,11 +196,10 @@ def _priced(cell: FitCell, best, hw, power_budget_w: float | None, price_per_hou
     struck it ("" where it did not)."""
     tok_s = best.output_tokens_per_s
     watts = _power_w(hw, best.devices_used, best.utilization or []) if hw.tdp_w is not None else None
-    cell = replace(cell, chosen=True, devices=best.devices_used, throughput_at_slo=tok_s,
-                   throughput_per_device=best.per_device_tokens_per_s,
-                   rate_at_slo_per_s=best.rate_per_s * best.replicas, capacity=best.capacity,
-                   latency_p99_s=best.latency_p99_s, memory=best.memory, power_limited=best.power_limited,
-                   power_w=watts, perf_per_watt=tok_s / watts if watts else None,
+    cell = replace(cell, chosen=ChosenLayout(best.devices_used, best.rate_per_s * best.replicas, best.capacity,
+                                             best.memory, best.power_limited),
+                   throughput_at_slo=tok_s, throughput_per_device=best.per_device_tokens_per_s,
+                   latency_p99_s=best.latency_p99_s, power_w=watts, perf_per_watt=tok_s / watts if watts else None,
                    energy_per_token_j=watts / tok_s if watts is not None and tok_s else None)
     if price_per_hour:
         cell = replace(cell, perf_per_dollar=tok_s * 3600.0 / (best.devices_used * price_per_hour),
@@ -348,12 +347,11 @@ def check_models(models: Sequence[str]) -> None:
                          f"(accepted: {MODELS_ACCEPTED.format(zoo=zoo)})")
 
 
-def _confidence(hw, dtype: str, runtime: str, lay) -> dict[str, Any]:
+def _confidence(hw, dtype: str, runtime: str, lay) -> Confidence:
     """The cell's confidence label (opmap.hardware.trust) for its layout's collective group."""
     from opmap.hardware.trust import trust
 
-    t = trust(hw, dtype, runtime, lay.tp * lay.pp)
-    return {**t.to_dict(), "line": t.line()}
+    return Confidence(trust(hw, dtype, runtime, lay.tp * lay.pp))
 
 
 def rank(cells: Sequence[FitCell], models: Sequence[str], include_datasheet_only: bool = False,
@@ -432,9 +430,8 @@ def fit_matrix(models: Sequence[str], hardware: Sequence[str], slo, input_len: s
                   engine_settings(policy, kvd, kv_dtype, gpu_memory_utilization, presets), power_budget_w, prices)
     r = replace(r, assumptions=tuple(assumptions(r)))
     if stop is not None and cells:
-        stop.partial = replace(r, interrupted=stop.note(
-            cells_done=len(cells), cells_total=len(jobs), cells_not_run=[
-                f"{j.model} on {get_hardware(j.hardware).name}" for i, j in enumerate(jobs) if i not in stop.done]))
+        stop.partial = replace(r, interrupted=FitStop(stop.name, len(cells), len(jobs), tuple(
+            f"{j.model} on {get_hardware(j.hardware).name}" for i, j in enumerate(jobs) if i not in stop.done)))
     if stop is not None:
         raise stop
     return r

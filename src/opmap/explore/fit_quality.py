@@ -4,16 +4,18 @@ where an ``opmap quality`` file covers that workload in that format, cites the f
 or 4-bit float format (MX, NVFP4, fp8-block) with no such file says "no quality evidence": a narrower format's
 throughput is not a win until its accuracy is shown.
 
-The files are read and matched to the fit's models before any cell runs; the cells get their evidence after."""
+The files are read and matched to the fit's models before any cell runs; the cells get their evidence after (typed:
+``opmap.explore.results.QualityCited`` / ``QualityMissing``); ``words`` reads a cell of fit.json."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opmap.errors import OpmapError
+from opmap.explore.results import FitCell, FitMatrix, QualityCited, QualityMissing
 
 if TYPE_CHECKING:
     from opmap.measure.quality import QualityEvidence
@@ -65,30 +67,29 @@ def needs_evidence(fmt: str) -> bool:
     return f is not None and (f.scaled or (f.kind == "float" and f.bits <= 4))
 
 
-def cell_format(cell: dict[str, Any], fit_dtype: str) -> str:
+def cell_format(cell: FitCell, fit_dtype: str) -> str:
     """The format a cell's matrices run in: the cell's own where it names one (resolved per device), else the
     fit's --dtype."""
-    return cell.get("dtype") or fit_dtype
+    return cell.dtype or fit_dtype
 
 
-def attach(r: dict[str, Any], evidence: dict[tuple[str, str], Evidence]) -> dict[str, Any]:
-    """fit.json's body with each cell's ``quality``: {format, file, figures} where a file covers its workload
-    and format, {format, file: null, note: "no quality evidence"} where the format needs evidence and none was
-    given; no key otherwise."""
+def attach(r: FitMatrix, evidence: dict[tuple[str, str], Evidence]) -> FitMatrix:
+    """``r`` with each cell's ``quality``: the file and its figures (``QualityCited``) where a file covers its
+    workload and format, "no quality evidence" (``QualityMissing``) where the format needs evidence and none was
+    given; none otherwise."""
     cells = []
-    for c in r["cells"]:
-        fmt = cell_format(c, r["dtype"])
-        ev = evidence.get((c["model"], fmt))
+    for c in r.cells:
+        fmt = cell_format(c, r.dtype)
+        ev = evidence.get((c.model, fmt))
         if ev is not None:
             q = ev.quality
             weights = "random" if q.weights is None else q.weights  # files before the key: the zoo's random ones
-            c = {**c, "quality": {"format": fmt, "file": ev.file, "snr_db": q.snr_db, "agreement": q.agreement,
-                                  "agreement_kind": q.agreement_kind, "kl": q.kl, "weights": weights,
-                                  "rel_error": q.rel_error}}
+            c = replace(c, quality=QualityCited(fmt, ev.file, q.snr_db, q.agreement, q.agreement_kind, q.kl, weights,
+                                                q.rel_error))
         elif needs_evidence(fmt):
-            c = {**c, "quality": {"format": fmt, "file": None, "note": NO_EVIDENCE}}
+            c = replace(c, quality=QualityMissing(fmt, NO_EVIDENCE))
         cells.append(c)
-    return {**r, "cells": cells}
+    return replace(r, cells=tuple(cells))
 
 
 def words(c: dict[str, Any]) -> str:

@@ -185,7 +185,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
         if progress:
             progress(f"capturing at microbatch {mb}", i, len(mbs))
         s, g, seq_mb, depth_note = _sharder(build, mb, hw, dtype, training, depth_note)
-        saved = (saved_per_block(g, s.roles, seq_mb, fp8="fp8_training" in s.a.assumptions) if training
+        saved = (saved_per_block(g, s.roles, seq_mb, fp8=s.a.assumptions.fp8_training is not None) if training
                  else SavedPerBlock(0, 0, 0, 0))
         sharders[mb] = (s, saved, seq_mb)
     first = next(iter(sharders.values()))

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from opmap.record import key, record
+from opmap.record import key
 
 if TYPE_CHECKING:
+    from opmap.hardware.trust import Trust
     from opmap.serve.metrics import Slo
 
 # a LayoutResult's fields from ``memory`` on are written only once reached (None: that stage did not run)
@@ -84,20 +85,92 @@ class LayoutSearch:
     settings: dict[tuple[int, int], Any] | None = None  # (tp, pp) -> its EngineSetting under an engine preset
 
 
-# a layout's name and figures without its search record: fit.json's ``layout`` and ``runner_up``
-BRIEF = ("tp", "pp", "devices_per_replica", "replicas", "devices_used", "rate_per_s", "saturation_per_s",
-         "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s", "limited_by")
+@dataclass(frozen=True)
+class LayoutBrief:
+    """A layout's name and figures without its search record: fit.json's ``layout`` and ``runner_up``; ``ep``
+    only where experts are spread (ep > 1)."""
+
+    tp: int
+    pp: int
+    devices_per_replica: int
+    replicas: int
+    devices_used: int
+    rate_per_s: float | None
+    saturation_per_s: float | None
+    output_tokens_per_s: float | None
+    per_device_tokens_per_s: float | None
+    latency_p99_s: float | None
+    limited_by: str | None
+    ep: int = field(default=1, metadata=key(omit="default"))
+
+    @classmethod
+    def of(cls, lay: LayoutResult | None) -> LayoutBrief | None:
+        return None if lay is None else cls(*(getattr(lay, f.name) for f in fields(cls)))
 
 
-# a FitCell's fields written only where a layout was chosen (schema 3: ``devices`` absent, never null, otherwise)
-_CELL_CHOSEN = ("devices", "rate_at_slo_per_s", "capacity", "memory", "power_limited")
+@dataclass(frozen=True)
+class ChosenLayout:
+    """The chosen layout's figures a cell carries (``FitCell.chosen``), written at the cell's end (schema 3: a
+    cell with no layout chosen has none of these keys, never a null ``devices``)."""
+
+    devices: int  # the devices the chosen layout uses (replicas x devices per replica)
+    rate_at_slo_per_s: float | None
+    capacity: dict[str, Any] | None  # one replica's capacity search (its record)
+    memory: dict[str, Any] | None
+    power_limited: str | None
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """How far to trust a cell's figures (opmap.hardware.trust): the label, its weakest input, every input, and
+    the label in words (``line``)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("trust", "line")
+    trust: Trust = field(metadata=key(flatten=True))
+
+    @property
+    def line(self) -> str:
+        return self.trust.line()
+
+
+@dataclass(frozen=True)
+class QualityCited:
+    """A quality file covering the cell's workload in its format (``opmap.explore.fit_quality``): where it is and
+    its end-to-end figures against fp32."""
+
+    format: str
+    file: str
+    snr_db: float | None  # None: exact
+    agreement: float
+    agreement_kind: str
+    kl: float | None
+    weights: str
+    rel_error: float
+
+
+@dataclass(frozen=True)
+class QualityMissing:
+    """A cell whose format needs quality evidence (block-scaled, 4-bit float) and has none."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("format", "file", "note")
+    file: ClassVar[None] = None
+    format: str
+    note: str
 
 
 @dataclass(frozen=True)
 class FitCell:
-    """One (model, platform) cell: its search's layouts, the chosen one's figures (None where none was chosen,
-    ``excluded_reason`` why, or where a constraint struck it), modelled power, price and rank."""
+    """One (model, platform) cell: its search's layouts, the chosen one's figures (``chosen``: None where none was
+    chosen, ``excluded_reason`` why, or where a constraint struck it), modelled power, price, rank and quality
+    evidence. Its record is fit.json's cell (``RECORD``): the layouts whole, the chosen one and the runner-up in
+    brief, the chosen layout's figures at the end."""
 
+    RECORD: ClassVar[tuple[Any, ...]] = (
+        "model", "hardware", "fits", "throughput_at_slo", "throughput_per_device", "latency_p99_s", "perf_per_watt",
+        "energy_per_token_j", "power_w", "power_method", "perf_per_dollar", "cost_per_million_output_tokens", "bound",
+        "risk", "risk_source", "datasheet_only", "devices_budget", ("layout_brief", key("layout")),
+        ("runner_up_brief", key("runner_up")), "layouts", "rank", "excluded_reason", "runtime", "devices_tried", "dtype",
+        "dtype_line", "engine_preset", "confidence", "chosen", "quality")
     model: str
     hardware: str
     fits: bool = False
@@ -122,37 +195,33 @@ class FitCell:
     excluded_reason: str = ""
     runtime: dict[str, Any] | None = None
     devices_tried: tuple[int, ...] = ()
-    chosen: bool = field(default=False)  # a layout was chosen: the fields of _CELL_CHOSEN are written
-    devices: int | None = None
-    rate_at_slo_per_s: float | None = None
-    capacity: dict[str, Any] | None = None
-    memory: dict[str, Any] | None = None
-    power_limited: str | None = None
     dtype: str = ""  # the format priced on this platform (--dtype fp4 resolves per platform)
     dtype_line: str = ""  # that format, how an alias resolved and why it fell back (opmap.precision.DtypeChoice)
-    engine_preset: dict[str, Any] | None = None  # the engine stack of the cell (record(EngineSetting)), written if set
-    # how far to trust the cell's figures (opmap.hardware.trust: label, weakest input, line), written if set
-    confidence: dict[str, Any] | None = None
+    # the engine stack of the cell (record(EngineSetting)), written if set
+    engine_preset: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+    confidence: Confidence | None = field(default=None, metadata=key(omit="none"))
+    chosen: ChosenLayout | None = field(default=None, metadata=key(flatten=True, omit="none"))
+    # the quality evidence of the cell's format (opmap.explore.fit_quality.attach), written if set
+    quality: QualityCited | QualityMissing | None = field(default=None, metadata=key(omit="none"))
 
-    def to_dict(self) -> dict[str, Any]:
-        """fit.json's cell: the layouts whole, the chosen one and the runner-up in brief (``BRIEF``). A computed
-        shape: the brief is a subset of another class's fields, and the chosen-only fields depend on ``chosen``."""
-        skip = {"chosen", *_CELL_CHOSEN}
-        d: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name in skip or (f.name in ("engine_preset", "confidence") and getattr(self, f.name) is None):
-                continue
-            v = getattr(self, f.name)
-            if f.name in ("layout", "runner_up"):
-                v = None if v is None else {k: getattr(v, k) for k in BRIEF} | ({"ep": v.ep} if v.ep > 1 else {})
-            elif f.name == "layouts":
-                v = [record(lay) for lay in v]
-            elif f.name in ("datasheet_only", "devices_tried"):
-                v = list(v)
-            d[f.name] = v
-        if self.chosen:
-            d.update({k: getattr(self, k) for k in _CELL_CHOSEN})
-        return d
+    @property
+    def layout_brief(self) -> LayoutBrief | None:
+        return LayoutBrief.of(self.layout)
+
+    @property
+    def runner_up_brief(self) -> LayoutBrief | None:
+        return LayoutBrief.of(self.runner_up)
+
+
+@dataclass(frozen=True)
+class FitStop:
+    """A fit stopped by a signal: the signal's name, the cells finished of all, the cells not run (model on
+    platform)."""
+
+    signal: str
+    cells_done: int
+    cells_total: int
+    cells_not_run: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -181,5 +250,4 @@ class FitMatrix:
     power_budget_w: float | None
     prices_usd_per_device_hour: dict[str, float]
     assumptions: tuple[str, ...] = ()
-    # a stop's record (opmap.errors.Interrupted.note): cells kept
-    interrupted: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+    interrupted: FitStop | None = field(default=None, metadata=key(omit="none"))  # a stop: the cells kept

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from opmap.analyze import analyze_graph
 from opmap.capture import capture
@@ -132,10 +132,45 @@ class SeqPoints:
 
 
 @dataclass(frozen=True)
-class Sweep:
-    """A sweep (``sweep``): its points, the knee per sequence length and the Pareto front (as (batch, seq)), how
-    fast it ran and on what, its assumptions; ``interrupted`` where a stop kept the lengths finished."""
+class BatchSeq:
+    """One point's place in the grid: sweep.json's knee and Pareto entries."""
 
+    batch: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """The layout every point was priced as: sweep.json's ``layout`` block."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("tp", "pp", "devices")
+    tp: int
+    pp: int
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class SweepStop:
+    """A sweep stopped by a signal: the signal's name, the sequence lengths finished and those not run."""
+
+    signal: str
+    seqs_done: tuple[int, ...]
+    seqs_not_run: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep (``sweep``): its points, the knee per sequence length and the Pareto front, how fast it ran and on
+    what, its assumptions; ``interrupted`` where a stop kept the lengths finished. Its record is sweep.json
+    (``RECORD``: the layout as its block)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "schema_version", "model", "hardware", "measured_on", "phase", "dtype", "runtime", "layout", "points", "knee",
+        "pareto", "points_per_s", "captures", "wall_s", "engine", "assumptions", "interrupted")
+    schema_version: ClassVar[int] = SCHEMA_VERSION
     model: str
     hardware: str
     measured_on: str | None
@@ -145,26 +180,18 @@ class Sweep:
     tp: int
     pp: int
     points: tuple[SweepPoint, ...]
-    knee: tuple[tuple[int, int], ...]
-    pareto: tuple[tuple[int, int], ...]
+    knee: tuple[BatchSeq, ...]
+    pareto: tuple[BatchSeq, ...]
     points_per_s: float
     captures: int
     wall_s: float
     engine: str
     assumptions: tuple[str, ...]
-    interrupted: dict[str, Any] | None = None  # the stop's record (Interrupted.note)
+    interrupted: SweepStop | None = field(default=None, metadata=key(omit="none"))
 
-    def to_dict(self) -> dict[str, Any]:
-        """sweep.json. A computed shape: the layout block and the knee / Pareto pairs are built from the fields."""
-        def pairs(ps):
-            return [{"batch": b, "seq": s} for b, s in ps]
-        d = {"schema_version": SCHEMA_VERSION, "model": self.model, "hardware": self.hardware,
-             "measured_on": self.measured_on, "phase": self.phase, "dtype": self.dtype, "runtime": self.runtime,
-             "layout": {"tp": self.tp, "pp": self.pp, "devices": self.tp * self.pp},
-             "points": [record(p) for p in self.points], "knee": pairs(self.knee), "pareto": pairs(self.pareto),
-             "points_per_s": self.points_per_s, "captures": self.captures, "wall_s": self.wall_s,
-             "engine": self.engine, "assumptions": list(self.assumptions)}
-        return d if self.interrupted is None else {**d, "interrupted": self.interrupted}
+    @property
+    def layout(self) -> SweepLayout:
+        return SweepLayout(self.tp, self.pp)
 
 
 def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[int], phase: str = "prefill",
@@ -198,8 +225,8 @@ def sweep(target: str, hw: HardwareSpec, batches: Sequence[int], seqs: Sequence[
         done = [e.done[i] for i in sorted(e.done)]
         if done:
             e.partial = replace(_result(target, hw, phase, dtype, measure, runtime, tp, pp, done, t0, ran_on),
-                                interrupted=e.note(seqs_done=[j.seq for i, j in enumerate(jobs) if i in e.done],
-                                                   seqs_not_run=[j.seq for i, j in enumerate(jobs) if i not in e.done]))
+                                interrupted=SweepStop(e.name, tuple(j.seq for i, j in enumerate(jobs) if i in e.done),
+                                                      tuple(j.seq for i, j in enumerate(jobs) if i not in e.done)))
         raise
     if progress:
         progress("done", total, total)
@@ -446,17 +473,17 @@ def _measure(pt: SweepPoint, target: str, repeats: int, rapl_root: Path, predict
                    predicted=Predicted(pt.latency_s, pt.mfu, pt.bound_mix, predicted_on, dtype))
 
 
-def pareto(points: Sequence[SweepPoint]) -> tuple[tuple[int, int], ...]:
+def pareto(points: Sequence[SweepPoint]) -> tuple[BatchSeq, ...]:
     """(batch, seq) of the points no other point beats on both latency and tokens per second."""
     out = []
     for p in points:
         if not any(q is not p and q.latency_s <= p.latency_s and q.tokens_per_s >= p.tokens_per_s
                    and (q.latency_s < p.latency_s or q.tokens_per_s > p.tokens_per_s) for q in points):
-            out.append((p.batch, p.seq))
+            out.append(BatchSeq(p.batch, p.seq))
     return tuple(out)
 
 
-def knees(points: Sequence[SweepPoint]) -> tuple[tuple[int, int], ...]:
+def knees(points: Sequence[SweepPoint]) -> tuple[BatchSeq, ...]:
     """Per seq, along the batch, (batch, seq) of the point farthest above the chord from the first to the last point
     in normalised (latency, tokens per second); none with fewer than three batches or a straight curve."""
     by_seq: dict[int, list[SweepPoint]] = defaultdict(list)
@@ -479,5 +506,5 @@ def knees(points: Sequence[SweepPoint]) -> tuple[tuple[int, int], ...]:
         dist = [((bx - ax) * (y - ay) - (by - ay) * (x - ax)) for x, y in zip(nx, ny)]
         i = max(range(len(ps)), key=lambda k: dist[k])
         if dist[i] > 0:
-            out.append((ps[i].batch, s))
+            out.append(BatchSeq(ps[i].batch, s))
     return tuple(out)

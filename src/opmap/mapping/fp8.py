@@ -19,6 +19,7 @@ for). The casts (``fp8_cast_transpose``: bf16 in, fp8 and its transpose out, ama
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from opmap.costs.base import OpCost
 from opmap.graph import Node, OpGraph, TensorMeta
@@ -152,26 +153,37 @@ def fp8_operand_bytes(costs: list[OpCost], fp8_nodes: frozenset[int]) -> list[Op
             if i in fp8_nodes else c for i, c in enumerate(costs)]
 
 
-def fp8_assumptions(plan: Fp8Plan, bf16) -> dict:
-    """analysis.json's ``assumptions.fp8_training``: what is fp8 and what is not, and the rate each runs at
-    (``bf16``: the opmap.precision.Precision the bf16 matrix work runs at)."""
-    return {
-        "recipe": "Transformer Engine delayed scaling: per-tensor scales from the amax history "
-                  f"({AMAX_HISTORY} steps), e4m3 forward, e5m2 gradients (the HYBRID format)",
-        "fp8_gemms": len(plan.fp8_nodes),
-        "fp8": "Linear layers of the repeated blocks, all three GEMMs: fprop e4m3 x e4m3, dgrad e5m2 x e4m3, wgrad "
-               "e4m3 x e5m2; fp32 accumulate, bf16 output",
-        "bf16": list(plan.bf16_matrix) + ["embedding lookup", "norms, activations, softmax (fp32 compute)"],
-        "bf16_matrix_rate_flops_per_s": bf16.matrix_rate_flops_per_s,
-        "cast_kernels": plan.casts,
-        "weights": "bf16 weights with an fp32 master copy and fp32 AdamW moments; the fp8 weight and its transpose "
-                   "cached for the iteration (1 + 1 B per parameter)",
-        "activations_saved": "each Linear's input saved for the weight gradient as its fp8 copy, 1 byte an "
-                             "element (as TE saves it); the rest at the captured bf16 / fp32",
-        "mfu_denominator": "the fp8 dense matrix peak (the step's matrix format); against the bf16 peak MFU and HFU "
-                           "scale by fp8 peak / bf16 peak",
-        "notes": list(plan.notes),
-    }
+@dataclass(frozen=True)
+class Fp8Training:
+    """analysis.json's ``assumptions.fp8_training``: what is fp8 and what is not, and the rate each runs at. Its
+    record: the recipe, the fp8 GEMMs and what runs in fp8, what stays bf16 and its rate, the casts, the weights and
+    saved activations, the MFU denominator, the plan's notes (``RECORD``; the sentences are the class's)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("recipe", "fp8_gemms", "fp8", "bf16", "bf16_matrix_rate_flops_per_s",
+                                         "cast_kernels", "weights", "activations_saved", "mfu_denominator", "notes")
+    recipe: ClassVar[str] = ("Transformer Engine delayed scaling: per-tensor scales from the amax history "
+                             f"({AMAX_HISTORY} steps), e4m3 forward, e5m2 gradients (the HYBRID format)")
+    fp8: ClassVar[str] = ("Linear layers of the repeated blocks, all three GEMMs: fprop e4m3 x e4m3, dgrad e5m2 x "
+                          "e4m3, wgrad e4m3 x e5m2; fp32 accumulate, bf16 output")
+    weights: ClassVar[str] = ("bf16 weights with an fp32 master copy and fp32 AdamW moments; the fp8 weight and its "
+                              "transpose cached for the iteration (1 + 1 B per parameter)")
+    activations_saved: ClassVar[str] = ("each Linear's input saved for the weight gradient as its fp8 copy, 1 byte "
+                                        "an element (as TE saves it); the rest at the captured bf16 / fp32")
+    mfu_denominator: ClassVar[str] = ("the fp8 dense matrix peak (the step's matrix format); against the bf16 peak "
+                                      "MFU and HFU scale by fp8 peak / bf16 peak")
+    fp8_gemms: int
+    bf16: tuple[str, ...]  # what stays bf16: the plan's matrix ops, the embedding lookup, the vector work
+    bf16_matrix_rate_flops_per_s: float
+    cast_kernels: int
+    notes: tuple[str, ...]
+
+
+def fp8_assumptions(plan: Fp8Plan, bf16) -> Fp8Training:
+    """What an fp8 training analysis assumes (``Fp8Training``) of ``plan`` (``bf16``: the
+    opmap.precision.Precision the bf16 matrix work runs at)."""
+    return Fp8Training(len(plan.fp8_nodes),
+                       (*plan.bf16_matrix, "embedding lookup", "norms, activations, softmax (fp32 compute)"),
+                       bf16.matrix_rate_flops_per_s, plan.casts, tuple(plan.notes))
 
 
 def cast_formats(kernels, nodes) -> tuple:

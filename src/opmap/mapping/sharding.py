@@ -351,7 +351,7 @@ class Sharder:
         hw = hw or self.a.hardware
         if p.trivial is False or p.devices > 1:
             p.check(self.geo)
-        seq = int(self.a.assumptions.get("seq") or 1)
+        seq = int(self.a.assumptions.seq or 1)
         _check(not (self.training and p.ep_over_tp), f"--ep {p.ep} must divide --dp {p.dp} for training (experts "
                                                      "spread over data-parallel ranks, as Megatron-core does)")
         if p.cp > 1:
@@ -399,7 +399,7 @@ class Sharder:
         step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
         p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
         latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
-        tokens = p.global_batch * (seq if self.a.assumptions.get("seq") else 1)
+        tokens = p.global_batch * (seq if self.a.assumptions.seq else 1)
         ring = [c for c in colls if c.purpose.startswith("CP")]  # the ring's sends or the all-gathers
         notes = []
         if self.geo.kv_heads and p.tp > self.geo.kv_heads:

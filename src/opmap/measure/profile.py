@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from opmap.analyze import Analysis
 from opmap.calibrate.drift import DriftCheck
@@ -43,6 +43,42 @@ RATIO_LIMIT = 3.0
 STALL_METHOD = ("roofline-estimated: per node, compute-busy = the predicted matrix and vector time (calibrated "
                 "curves at its shape), memory-stall = time beyond that which its bytes at the bandwidth curve "
                 "explain, other = the rest")
+
+_STATED = key(omit="none")  # a peak's figures where it has one, the reason where there is no MFU
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeakMfu:
+    """MFU against one peak: the device it belongs to (the datasheet's), the peak with its kind and source, the
+    MFU, or None and why (no datasheet, no peak at the dtype; HFU: not stated)."""
+
+    hardware: str | None = field(default=None, metadata=_STATED)
+    peak_flops_per_s: float | None = field(default=None, metadata=_STATED)
+    kind: str | None = field(default=None, metadata=_STATED)
+    source: str | None = field(default=None, metadata=_STATED)
+    mfu: float | None
+    why: str | None = field(default=None, metadata=_STATED)
+
+
+@dataclass(frozen=True)
+class MfuBlock:
+    """profile.json's ``mfu`` (``Profile.mfu_block``): the formula, its inputs, MFU against the calibrated peak
+    and against the datasheet's, and HFU (not stated: this run computes no FLOPs the model does not need)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("formula", "model_matrix_flops", "latency_s", "dtype", "calibrated",
+                                         "datasheet", "hfu")
+    formula: ClassVar[str] = MFU_FORMULA
+    # Hardware FLOPs differ from model FLOPs where a kernel computes work the model does not need (recomputation,
+    # the masked half of a causal product). The eager inference run does neither: attention kernels that skip the
+    # masked half are counted at what they compute.
+    hfu: ClassVar[PeakMfu] = PeakMfu(mfu=None, why="hardware FLOPs equal model FLOPs in this run (no recomputation; "
+                                                   "causal attention counted at the half it computes)")
+    model_matrix_flops: float
+    latency_s: float  # the p50
+    dtype: str  # the matrix format
+    calibrated: PeakMfu
+    datasheet: PeakMfu
+
 
 @dataclass(frozen=True)
 class MeasuredNode:
@@ -130,43 +166,37 @@ class Profile:
         return out
 
     # -- run level --------------------------------------------------------------------------------------
-    def mfu_block(self) -> dict[str, Any]:
+    def mfu_block(self) -> MfuBlock:
+        """profile.json's ``mfu``: the model's matrix FLOPs over the p50 latency, against the calibrated peak and
+        the datasheet's (or why not); HFU not stated (``MfuBlock.hfu``)."""
         a = self.analysis
         flops = a.total.matrix_flops
         p50 = self.latency.p50_s
         mp = a.hardware.matrix_peak_flops_per_s[a.precision.matrix]
-        out: dict[str, Any] = {
-            "formula": MFU_FORMULA, "model_matrix_flops": flops, "latency_s": p50, "dtype": a.precision.matrix,
-            "calibrated": {"peak_flops_per_s": mp.value, "kind": mp.kind, "source": mp.source,
-                           "mfu": mfu(flops, p50, a.precision)},
-        }
+        calibrated = PeakMfu(peak_flops_per_s=mp.value, kind=mp.kind, source=mp.source,
+                             mfu=mfu(flops, p50, a.precision))
         if self.datasheet is not None:
             dp = self.datasheet.matrix_peak_flops_per_s.get(a.precision.matrix)
             if dp is not None and dp.value:
-                out["datasheet"] = {"hardware": self.datasheet.name, "peak_flops_per_s": dp.value,
-                                    "kind": dp.kind, "source": dp.source, "mfu": flops / (p50 * dp.value)}
+                datasheet = PeakMfu(hardware=self.datasheet.name, peak_flops_per_s=dp.value, kind=dp.kind,
+                                    source=dp.source, mfu=flops / (p50 * dp.value))
             else:
-                out["datasheet"] = {"hardware": self.datasheet.name, "mfu": None,
-                                    "why": f"{self.datasheet.name} lists no {a.precision.matrix} matrix peak"}
+                datasheet = PeakMfu(hardware=self.datasheet.name, mfu=None,
+                                    why=f"{self.datasheet.name} lists no {a.precision.matrix} matrix peak")
         else:
-            out["datasheet"] = {"mfu": None, "why": self.datasheet_why}
-        # Hardware FLOPs differ from model FLOPs where a kernel computes work the model does not need
-        # (recomputation, the masked half of a causal product). The eager inference run does neither:
-        # attention kernels that skip the masked half are counted at what they compute.
-        out["hfu"] = {"mfu": None, "why": "hardware FLOPs equal model FLOPs in this run (no recomputation; "
-                                          "causal attention counted at the half it computes)"}
-        return out
+            datasheet = PeakMfu(mfu=None, why=self.datasheet_why)
+        return MfuBlock(flops, p50, a.precision.matrix, calibrated, datasheet)
 
-    def warnings(self, mfu_block: dict[str, Any], ratio: float | None) -> list[str]:
+    def warnings(self, block: MfuBlock, ratio: float | None) -> list[str]:
         """The figures that cannot be right, each in one line with what it suggests: an MFU above 100% of a peak
         (MFU = FLOPs / (time x peak) cannot pass 1: the FLOPs, the time or the peak is wrong) and a predicted /
         measured ratio beyond RATIO_LIMIT either way."""
         out = []
         hw = self.analysis.hardware.name
-        for which, b in (("calibrated", mfu_block["calibrated"]), ("datasheet", mfu_block["datasheet"])):
-            if b.get("mfu") is not None and b["mfu"] > 1.0:
-                name = b.get("hardware", hw)
-                out.append(f"MFU {b['mfu']:.0%} of the {which} peak ({name}, {b['peak_flops_per_s']:.3g} FLOP/s) is "
+        for which, b in (("calibrated", block.calibrated), ("datasheet", block.datasheet)):
+            if b.mfu is not None and b.mfu > 1.0:
+                name = b.hardware or hw
+                out.append(f"MFU {b.mfu:.0%} of the {which} peak ({name}, {b.peak_flops_per_s:.3g} FLOP/s) is "
                            "impossible (above 100%): the FLOPs, the time or the peak is wrong. The peak may not be "
                            f"this device's ({self.device_name}: profile with --hardware local), or was calibrated "
                            "on a loaded host (recalibrate on a quiet one); or the run does less work, or runs a "
@@ -221,7 +251,8 @@ class Profile:
                       "event's subtree belongs to its node" + ("; device time = kernels under the op, linked by "
                                                                "correlation id" if att.timebase == "device" else ""),
         }
-        d["mfu"] = self.mfu_block()
+        block = self.mfu_block()
+        d["mfu"] = record(block)
         d["stall_fraction"] = {"method": STALL_METHOD,
                                "layer_types": {lt: {k: s[k] for k in ("compute_busy", "memory_stall", "other",
                                                                        "measured_s")}
@@ -237,6 +268,6 @@ class Profile:
         }
         d["calibration_check"] = record(self.drift) if self.drift is not None else None
         d["optimizer"] = self.optimizer
-        d["warnings"] = self.warnings(d["mfu"], d["accuracy"]["predicted_over_measured"])
+        d["warnings"] = self.warnings(block, d["accuracy"]["predicted_over_measured"])
         d["tags"] = self.tags.to_dict() if self.tags is not None else {}
         return d

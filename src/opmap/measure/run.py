@@ -135,8 +135,7 @@ def _train_analysis(analysis: Analysis, optimizer: str) -> Analysis:
 
     spec = PhaseSpec("train", optimizer=optimizer)
     a = analysis.assumptions
-    figures = with_fp8_figures(analysis, train_figures(analysis, spec, int(a.get("batch") or 1),
-                                                       int(a.get("seq") or 1)))
+    figures = with_fp8_figures(analysis, train_figures(analysis, spec, int(a.batch or 1), int(a.seq or 1)))
     out = replace(analysis, phase_figures=figures)
     if optimizer == "sgd":
         m = out.memory

@@ -18,7 +18,7 @@ from opmap.mapping.memory import (
     runtime_reserve,
 )
 from opmap.phases.common import dominant_bound, kernel_times
-from opmap.phases.result import DecodeFloor, PhaseResult
+from opmap.phases.result import Decode, DecodeFloor
 from opmap.phases.runtime import runtime_text
 
 if TYPE_CHECKING:
@@ -26,14 +26,14 @@ if TYPE_CHECKING:
     from opmap.workloads.zoo import Workload
 
 
-def decode_figures(a: Analysis, kv_len: int) -> PhaseResult:
+def decode_figures(a: Analysis, kv_len: int) -> Decode:
     """One decode step: time per output token (the kernels plus the runtime's per-step time), tokens per second
     over the batch, the memory lower bound (the weights the step reads, each once: the embedding rows gathered,
     not the table; the experts the batch runs, not all of them; and the whole KV cache, at the device's achievable
     memory rate, the rate the time model streams at) and how far above it the step is."""
     step = a.runtime_per_step_s
     tpot = a.predicted_latency_s + step
-    batch = int(a.assumptions.get("batch") or 1)
+    batch = int(a.assumptions.batch or 1)
     bound = dominant_bound([(b, t) for _, b, t in kernel_times(a)])
     weights = sum(r.cost.param_bytes_read for r in a.results if r.cost.counted)
     kv = decode_kv_read_bytes(a.graph)
@@ -45,8 +45,8 @@ def decode_figures(a: Analysis, kv_len: int) -> PhaseResult:
             f"batch {batch}, KV cache {kv_len} tokens ({bound}-bound; {tpot / floor if floor else 0:.2f}x the "
             f"weights + KV read floor {floor * 1e3:.4g} ms{runtime_text(a)})")
     # tokens per second = batch / tpot: one new token per sequence per step
-    return PhaseResult("decode", tpot, a.predicted_latency_s, step, bound, a.kernels, batch, text,
-                       floor=DecodeFloor(kv_len, weights, kv, floor, basis))
+    return Decode(tpot, a.predicted_latency_s, step, bound, a.kernels, batch, text,
+                  floor=DecodeFloor(kv_len, weights, kv, floor, basis))
 
 
 def decode_kv_read_bytes(graph: OpGraph) -> float:

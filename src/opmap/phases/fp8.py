@@ -18,8 +18,8 @@ def fp8_figures(a: Analysis) -> Fp8Split | None:
     kernels left in bf16 (forward + backward, per microstep), ``cast_s`` the activation and gradient casts per
     microstep, ``weight_cast_s`` the weight casts and the amax / scale update once per iteration (inside
     ``optimizer_s``: they run once per optimizer step). None when the step is not fp8 training."""
-    fp8 = a.assumptions.get("fp8_training")
-    if not fp8 or not a.kernel_results:
+    fp8 = a.assumptions.fp8_training
+    if fp8 is None or not a.kernel_results:
         return None
     gemm = bf16 = cast = once = 0.0
     for k in a.kernel_results:
@@ -37,7 +37,7 @@ def fp8_figures(a: Analysis) -> Fp8Split | None:
                 bf16 += k.predicted_s
     text = (f"fp8 GEMMs {gemm * 1e3:.4g} ms, bf16 matrix {bf16 * 1e3:.4g} ms and casts {cast * 1e3:.4g} ms per "
             f"microstep; weight casts {once * 1e3:.3g} ms per iteration (in the optimizer step)")
-    return Fp8Split(gemm, bf16, cast, once, fp8["cast_kernels"], text)
+    return Fp8Split(gemm, bf16, cast, once, fp8.cast_kernels, text)
 
 
 def with_fp8_figures(a: Analysis, figures: TrainStep) -> TrainStep:

@@ -1,6 +1,6 @@
-"""The typed figures of a phase's step: ``PhaseResult`` (prefill, decode) and ``TrainStep`` (an iteration), each a
-frozen value whose step time is the sum of its parts (checked on construction), whose record (``opmap.record``) is
-analysis.json's ``phase`` block, the one place the figures become string keys."""
+"""The typed figures of a phase's step: ``PhaseResult`` (``Prefill``, ``Decode``) and ``TrainStep`` (an
+iteration), each a frozen value whose step time is the sum of its parts (checked on construction), whose record
+(``opmap.record``) is analysis.json's ``phase`` block, the one place the figures become string keys."""
 
 from __future__ import annotations
 
@@ -31,15 +31,20 @@ class DecodeFloor:
     lower_bound_basis: str
 
 
+# a step over several devices names them and its layout; one device writes neither
+_LAID_OUT = key(omit="none")
+
+
 @dataclass(frozen=True)
 class PhaseResult:
-    """A prefill pass (time to first token) or a decode step (time per output token): ``step_s`` = ``kernel_time_s``
-    (the kernels of the step on one device, views' dispatch included; under a layout the sharded step, its
-    collectives on the critical path included) + ``runtime_per_step_s`` (the runtime's per-step overhead: a graph
-    launch, an engine's scheduler gap; 0 under eager). ``tokens``: the tokens one step yields (decode: one per
-    sequence, every replica's), so ``tokens_per_s`` = tokens / step_s."""
+    """A prefill pass (``Prefill``: time to first token) or a decode step (``Decode``: time per output token):
+    ``step_s`` = ``kernel_time_s`` (the kernels of the step on one device, views' dispatch included; under a layout
+    the sharded step, its collectives on the critical path included) + ``runtime_per_step_s`` (the runtime's
+    per-step overhead: a graph launch, an engine's scheduler gap; 0 under eager). ``tokens``: the tokens one step
+    yields (decode: one per sequence, every replica's), so ``tokens_per_s`` = tokens / step_s. Each kind's record
+    (its ``RECORD``) is analysis.json's ``phase`` block: the step time under the phase's own name."""
 
-    name: str  # "prefill" | "decode"
+    name: ClassVar[str]  # "prefill" | "decode": the kind's
     step_s: float
     kernel_time_s: float
     runtime_per_step_s: float
@@ -47,13 +52,13 @@ class PhaseResult:
     kernels: int
     tokens: int
     text: str
-    floor: DecodeFloor | None = None  # decode only
-    devices: int | None = None  # under a layout over several devices
-    layout: str | None = None
+    floor: DecodeFloor | None = field(default=None, metadata=key(skip=True))  # decode only
+    devices: int | None = field(default=None, metadata=_LAID_OUT)  # under a layout over several devices
+    layout: str | None = field(default=None, metadata=_LAID_OUT)
 
     def __post_init__(self) -> None:
-        if self.name not in ("prefill", "decode"):
-            raise ValueError(f"PhaseResult is prefill or decode, not {self.name!r}")
+        if type(self) is PhaseResult:
+            raise TypeError("PhaseResult is a prefill (Prefill) or a decode step (Decode)")
         _check_sum(self.name, self.step_s, self.parts)
 
     @property
@@ -73,23 +78,66 @@ class PhaseResult:
     def mfu(self) -> float | None:
         return None  # an inference step's MFU is the pipeline's (Analysis.headline_mfu)
 
-    def to_dict(self) -> dict[str, Any]:
-        """analysis.json's ``phase`` block. A computed shape: decode writes its floor's figures and ``tpot_s``,
-        prefill ``ttft_s`` (the step time under the phase's own name); the layout only under several devices."""
-        if self.name == "decode":
-            f = self.floor
-            assert f is not None
-            out: dict[str, Any] = {
-                "name": "decode", "kv_len": f.kv_len, "tpot_s": self.step_s, "tokens_per_s": self.tokens_per_s,
-                "bound": self.bound, "weights_bytes": f.weights_bytes, "kv_cache_read_bytes": f.kv_cache_read_bytes,
-                "lower_bound_s": f.lower_bound_s, "lower_bound_basis": f.lower_bound_basis}
-        else:
-            out = {"name": "prefill", "ttft_s": self.step_s, "bound": self.bound}
-        out.update(kernel_time_s=self.kernel_time_s, runtime_per_step_s=self.runtime_per_step_s, kernels=self.kernels,
-                   text=self.text)
-        if self.devices is not None:
-            out.update(devices=self.devices, layout=self.layout)
-        return out
+
+# what every phase block ends with: the step's parts, its kernels and sentence, the layout where there is one
+_TAIL = ("kernel_time_s", "runtime_per_step_s", "kernels", "text", "devices", "layout")
+
+
+@dataclass(frozen=True)
+class Prefill(PhaseResult):
+    """The prompt's forward pass: its record names the step time ``ttft_s``."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("name", "ttft_s", "bound", *_TAIL)
+    name: ClassVar[str] = "prefill"
+
+    @property
+    def ttft_s(self) -> float:
+        return self.step_s
+
+
+@dataclass(frozen=True)
+class Decode(PhaseResult):
+    """One decode step: its record names the step time ``tpot_s`` and carries its memory floor's figures
+    (``floor``, required)."""
+
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "name", "kv_len", "tpot_s", "tokens_per_s", "bound", "weights_bytes", "kv_cache_read_bytes", "lower_bound_s",
+        "lower_bound_basis", *_TAIL)
+    name: ClassVar[str] = "decode"
+
+    def __post_init__(self) -> None:
+        if self.floor is None:
+            raise TypeError("a decode step carries its memory floor (DecodeFloor)")
+        super().__post_init__()
+
+    @property
+    def tpot_s(self) -> float:
+        return self.step_s
+
+    @property
+    def _floor(self) -> DecodeFloor:
+        assert self.floor is not None  # __post_init__
+        return self.floor
+
+    @property
+    def kv_len(self) -> int:
+        return self._floor.kv_len
+
+    @property
+    def weights_bytes(self) -> float:
+        return self._floor.weights_bytes
+
+    @property
+    def kv_cache_read_bytes(self) -> float:
+        return self._floor.kv_cache_read_bytes
+
+    @property
+    def lower_bound_s(self) -> float:
+        return self._floor.lower_bound_s
+
+    @property
+    def lower_bound_basis(self) -> str:
+        return self._floor.lower_bound_basis
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from opmap.errors import OpmapError
 from opmap.hardware.spec import HardwareSpec, Value
-from opmap.record import key, record
+from opmap.record import key
 
 if TYPE_CHECKING:
     from opmap.analyze import Analysis
@@ -128,12 +128,11 @@ def with_runtime(a: Analysis, runtime) -> Analysis:
     """``a`` with the runtime it ran under (an opmap.phases.runtime.Runtime, applied to the device before the
     analysis: ``Runtime.apply``) in its assumptions: the prefill and decode figures add its per-step time once
     per step, and the report's header names it."""
-    return replace(a, assumptions=dict(a.assumptions, runtime=record(runtime), runtime_line=runtime.line()))
+    return replace(a, assumptions=replace(a.assumptions, runtime=runtime, runtime_line=runtime.line()))
 
 
 def runtime_text(a: Analysis) -> str:
-    step = a.runtime_per_step_s
-    if not step:
+    rt, step = a.assumptions.runtime, a.runtime_per_step_s
+    if rt is None or not step:
         return ""
-    rt = a.assumptions["runtime"]
-    return f", {a.kernels} kernels + {step * 1e6:.3g} us per step ({rt['name']})"
+    return f", {a.kernels} kernels + {step * 1e6:.3g} us per step ({rt.name})"

@@ -29,9 +29,9 @@ def sharded_fit(a: Analysis, par: Parallelism, s: Sharder | None = None) -> Memo
     activations read off its graph, an inference step's KV cache and activations in flight; the largest batch
     and longest context are not searched under sharding (plan does that, layout by layout)."""
     s = s or Sharder(a)
-    training = a.assumptions.get("mode") == "training step"
-    seq = int(a.assumptions.get("seq") or 1)
-    saved = (saved_per_block(a.graph, s.roles, seq, fp8="fp8_training" in a.assumptions) if training
+    training = a.assumptions.training
+    seq = int(a.assumptions.seq or 1)
+    saved = (saved_per_block(a.graph, s.roles, seq, fp8=a.assumptions.fp8_training is not None) if training
              else SavedPerBlock(0.0, 0.0, 0.0, 0.0))
     return sharded_memory(par, s, saved, a.precision.requested, training)
 
@@ -58,7 +58,7 @@ def sharded_phase_figures(fig: PhaseResult | TrainStep, sh, a: Analysis,
     lat = sh.latency_s + a.runtime_per_step_s
     if fig.name == "decode":
         assert fig.floor is not None
-        seqs = int(a.assumptions.get("batch") or 1) * p.dp
+        seqs = int(a.assumptions.batch or 1) * p.dp
         tok_s = seqs / lat if lat else 0.0
         weights, kv = decode_floor(a, sharder or Sharder(a), p)
         bw = a.hardware.memory_rate_bytes_per_s

@@ -28,11 +28,11 @@ from opmap.workloads.zoo import Workload
 def default_figures(a: Analysis) -> PhaseResult | TrainStep:
     """The figures of the step a bare pipeline result holds: a training capture's iteration (one microstep, its
     optimizer step, at the captured batch and sequence), else the forward pass as prefill."""
-    if a.assumptions.get("mode") == "training step":
+    if a.assumptions.training:
         from opmap.workloads.phases import PhaseSpec
 
-        return with_fp8_figures(a, train_figures(a, PhaseSpec("train"), int(a.assumptions.get("batch") or 1),
-                                                 int(a.assumptions.get("seq") or 1)))
+        return with_fp8_figures(a, train_figures(a, PhaseSpec("train"), int(a.assumptions.batch or 1),
+                                                 int(a.assumptions.seq or 1)))
     return prefill_figures(a)
 
 
@@ -81,7 +81,7 @@ def analyze_phase(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
                       repeats=math.inf if steady else 1)
     if runtime is not None:
         a = with_runtime(a, runtime)
-    assumptions = dict(a.assumptions, phase=spec.to_dict())
+    assumptions = replace(a.assumptions, phase=spec)
     a = replace(a, assumptions=assumptions)
     if spec.decode:
         figures = decode_figures(a, spec.kv_len)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opmap.analyze import Analysis, NodeResult
+from opmap.assumptions import Assumptions
 from opmap.phases.result import TrainStep
 from opmap.record import record
 from opmap.report.outputs import check_out_dir as check_out_dir  # re-exported: the commands import them here
@@ -106,32 +107,30 @@ def render_csv(a: Analysis) -> str:
     return to_csv(SHEET_COLUMNS, sheet_rows(a))
 
 
-def _rate_text(s: dict) -> str:
-    r = s.get("matrix_rate_flops_per_s")
-    if not r or r["kind"] == "dense peak":
+def _rate_text(s: Assumptions) -> str:
+    r = s.matrix_rate_flops_per_s
+    if r.kind == "dense peak":
         return ""
-    return f", run at {si(r['value'], 'FLOP/s')} ({r['of_peak']:.0%} of peak, {r['kind']})"
+    return f", run at {si(r.value, 'FLOP/s')} ({r.of_peak:.0%} of peak, {r.kind})"
 
 
 def assumption_lines(a: Analysis) -> list[str]:
     s = a.assumptions
-    mp = s["matrix_peak_flops_per_s"]
-    bw = s["memory_bandwidth_bytes_per_s"]
+    mp, bw, lo = s.matrix_peak_flops_per_s, s.memory_bandwidth_bytes_per_s, s.launch_overhead_s
     lines = [
-        f"workload {s['workload']}  batch {s['batch']}  seq {s['seq']}  dtype {s['dtype']} "
-        f"(weights {s['weights_dtype']}, activations {s['activations_dtype']}, accumulate {s['accumulate_dtype']})",
-        f"hardware {s['hardware']} ({s['hardware_display_name']}): matrix peak {si(mp['value'], 'FLOP/s')} "
-        f"[{s['matrix_dtype']}, {mp['kind']}]" + _rate_text(s)
-        + f", bandwidth {si(bw['value'], 'B/s')} [{bw['kind']}], "
-        f"launch overhead {si(s['launch_overhead_s']['value'], 's')} [{s['launch_overhead_s']['kind']}]",
-        f"time model: {s['time_model']}" + ("" if "transcendental/rate" in s["time_model"] else
-                                            f"; transcendental = {s['transcendental_slots']:g} vector slots"),
-        *([s["runtime_line"]] if s.get("runtime_line") else []),
-        f"fusion: {s['fusion_policy']}; tiling: {s.get('tiling', 'none')}; captured on {s['capture_device']}",
-        f"torch {s['torch_version']}, opmap {s['opmap_version']}, python {s['python_version']}",
+        f"workload {s.workload}  batch {s.batch}  seq {s.seq}  dtype {s.dtype} "
+        f"(weights {s.weights_dtype}, activations {s.activations_dtype}, accumulate {s.accumulate_dtype})",
+        f"hardware {s.hardware} ({s.hardware_display_name}): matrix peak {si(mp.value, 'FLOP/s')} "
+        f"[{s.matrix_dtype}, {mp.kind}]" + _rate_text(s)
+        + f", bandwidth {si(bw.value, 'B/s')} [{bw.kind}], launch overhead {si(lo.value, 's')} [{lo.kind}]",
+        f"time model: {s.time_model}" + ("" if "transcendental/rate" in s.time_model else
+                                         f"; transcendental = {s.transcendental_slots:g} vector slots"),
+        *([s.runtime_line] if s.runtime_line else []),
+        f"fusion: {s.fusion_policy}; tiling: {s.tiling}; captured on {s.capture_device}",
+        f"torch {s.torch_version}, opmap {s.opmap_version}, python {s.python_version}",
     ]
-    if s.get("dtype_resolution"):  # an alias (--dtype fp4) resolved on this device: the format used and why
-        lines.insert(1, f"dtype: --dtype {s['dtype_requested']} -> {s['dtype']}: {s['dtype_resolution']}")
+    if s.dtype_resolution:  # an alias (--dtype fp4) resolved on this device: the format used and why
+        lines.insert(1, f"dtype: --dtype {s.dtype_requested} -> {s.dtype}: {s.dtype_resolution}")
     ph = a.phase_figures
     if ph is not None and ph.text:
         lines.append("phase: " + ph.text)
@@ -140,16 +139,16 @@ def assumption_lines(a: Analysis) -> list[str]:
         if ph.recompute_note:
             lines.append("phase: recompute " + ph.recompute_note)
     lines.append("memory: " + a.memory_text)
-    if s["precision_note"]:
-        lines.append("precision: " + s["precision_note"])
-    lines += [f"fp8: {n}" for n in (s.get("fp8_training") or {}).get("notes", [])]
-    if s.get("fp8_inference"):
-        lines.append("fp8: " + s["fp8_inference"])
-    if s.get("precision_evidence"):
-        lines.append("precision evidence: " + s["precision_evidence"])
-    lines += [f"note: {n}" for n in s["workload_notes"] + s.get("capture_notes", [])]
-    if s["layer_type_overrides"]:
-        lines.append("layer-type overrides: " + ", ".join(s["layer_type_overrides"]))
+    if s.precision_note:
+        lines.append("precision: " + s.precision_note)
+    lines += [f"fp8: {n}" for n in (s.fp8_training.notes if s.fp8_training is not None else ())]
+    if s.fp8_inference:
+        lines.append("fp8: " + s.fp8_inference)
+    if s.precision_evidence:
+        lines.append("precision evidence: " + s.precision_evidence)
+    lines += [f"note: {n}" for n in s.workload_notes + s.capture_notes]
+    if s.layer_type_overrides:
+        lines.append("layer-type overrides: " + ", ".join(s.layer_type_overrides))
     return lines
 
 

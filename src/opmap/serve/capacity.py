@@ -293,6 +293,14 @@ class CapacityRun:
 
 
 @dataclass(frozen=True)
+class CapacityStop:
+    """A capacity search stopped by a signal: the signal's name and the runs made."""
+
+    signal: str
+    runs: int
+
+
+@dataclass(frozen=True)
 class CapacityRecord:
     """``steady_capacity``'s answer: the search (``search``: its bracket, runs, convergence), the rate found
     (``rate_per_s``, None where no rate is valid, ``reason`` why) and what limited it ("saturation", "slo",
@@ -313,8 +321,8 @@ class CapacityRecord:
     method: str
     headline: ServeReport | None
     reason: str | None = field(default=None, metadata=key(omit="none"))
-    # a stopped search: the signal and the runs (Interrupted.note)
-    interrupted: dict[str, Any] | None = field(default=None, metadata=key(omit="none"))
+    # a stopped search: the signal and the runs
+    interrupted: CapacityStop | None = field(default=None, metadata=key(omit="none"))
 
     @property
     def saturation_per_s(self) -> float:
@@ -382,7 +390,7 @@ def steady_capacity(probe: RateProbe, map_fn: MapFn | None = None, rel_tol: floa
     except Interrupted as e:
         if e.partial is not None:
             part = _steady_record(probe, e.partial, sat)
-            e.partial = replace(part, interrupted=e.note(runs=len(part.search.runs)))
+            e.partial = replace(part, interrupted=CapacityStop(e.name, len(part.search.runs)))
         raise
     out = _steady_record(probe, cap, sat)
     if cap.limited_by == "floor":  # stopped under the caller's floor: no answer, only its bound

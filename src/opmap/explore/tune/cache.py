@@ -26,6 +26,7 @@ from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.explore.tune.result import SignatureResult, WholeModel
+from opmap.record import record
 from opmap.safeio import read_bounded
 from opmap.validate import json_text
 
@@ -112,13 +113,14 @@ def read_whole(d: Path, key: str) -> WholeModel | None:
 
 def write_entry(d: Path, key: str, e: SignatureResult, candidate_hash: str, fingerprint: Any) -> Path | None:
     """Cache signature entry ``e`` as ``key`` with the candidate list's hash and the device it was tuned on."""
-    return write(d, key, {**e.to_dict(with_cached=False), "candidate_hash": candidate_hash,
-                          "fingerprint": fingerprint, "versions": versions()})
+    body = {k: v for k, v in record(e).items() if k != "cached"}  # ``cached``: a run's flag, not the entry's
+    return write(d, key, {**body, "candidate_hash": candidate_hash, "fingerprint": fingerprint,
+                          "versions": versions()})
 
 
 def write_whole(d: Path, key: str, w: WholeModel) -> Path | None:
     """Cache the whole-model measurement ``w`` as ``key``."""
-    return write(d, key, {"whole_model": w.to_dict(with_cached=False)})
+    return write(d, key, {"whole_model": {k: v for k, v in record(w).items() if k != "cached"}})
 
 
 def write(d: Path, key: str, entry: dict[str, Any]) -> Path | None:

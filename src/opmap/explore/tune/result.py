@@ -2,9 +2,10 @@
 (CandidateRow), one signature's outcome (SignatureResult, also the cache entry), the whole model default vs tuned
 (WholeModel) and the run (TuneResult, tune.json).
 
-Callers read them by attribute; each ``to_dict`` writes a file's part with a fixed key order (the order tune.json
-had on a fresh run), so a run that read its entries from the cache writes the same layout as one that tuned them.
-``from_dict`` reads a cache file's part back; a missing or mistyped field raises KeyError / TypeError /
+Callers read them by attribute; each one's record (``opmap.record``) is a file's part with a fixed key order (the
+order tune.json had on a fresh run: the fields in order, ``RECORD`` where derived blocks join them), so a run that
+read its entries from the cache writes the same layout as one that tuned them. ``TuneResult.stored`` is what the run
+store takes. ``from_dict`` reads a cache file's part back; a missing or mistyped field raises KeyError / TypeError /
 ValueError, which cache.py turns into a miss.
 """
 
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from opmap.explore.tune.candidates import Candidate
 from opmap.explore.tune.signatures import Signature
+from opmap.record import key
 from opmap.timing import Sample
 
 TAU_PAIRS = "candidates of one signature compared with each other, pooled over signatures (tau-b)"
@@ -41,20 +43,13 @@ class Timing:
     max_s: float
     iqr_s: float
     samples: int
-    samples_s: tuple[float, ...] = ()  # every sample, where written (the whole model's)
+    samples_s: tuple[float, ...] = field(default=(), metadata=key(omit="empty"))  # every sample, where kept
 
     @staticmethod
     def of(s: Sample, keep_samples: bool = False) -> Timing:
         sp = s.spread()
         return Timing(s.median_s, sp["min_s"], sp["max_s"], sp["iqr_s"], int(sp["samples"]),
                       tuple(s.times_s) if keep_samples else ())
-
-    def to_dict(self) -> dict[str, float | list[float]]:
-        d: dict[str, float | list[float]] = {"measured_s": self.measured_s, "min_s": self.min_s,
-                                             "max_s": self.max_s, "iqr_s": self.iqr_s, "samples": self.samples}
-        if self.samples_s:
-            d["samples_s"] = list(self.samples_s)
-        return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Timing:
@@ -64,15 +59,16 @@ class Timing:
 
 @dataclass(frozen=True)
 class CandidateRow:
-    """One candidate of a signature: its prediction, rank, and (where timed) its measured figures."""
+    """One candidate of a signature: its prediction, rank, and (where timed) its measured figures. Its record:
+    the candidate's keys, the prediction, the timing's keys where timed."""
 
-    candidate: Candidate
+    candidate: Candidate = field(metadata=key(flatten=True))
     predicted_s: float
     predicted_rank: int  # 1 = fastest predicted
     timed: bool
     default: bool  # the mapping eager PyTorch runs
     changes_precision: bool  # computes in another format than the signature's
-    timing: Timing | None = None  # where timed
+    timing: Timing | None = field(default=None, metadata=key(flatten=True, omit="none"))  # where timed
 
     @property
     def label(self) -> str:
@@ -87,7 +83,8 @@ class CandidateRow:
 
 @dataclass(frozen=True)
 class SignatureResult:
-    """One signature's tuning outcome (run.tune_signature); the cache entry is this without ``cached``."""
+    """One signature's tuning outcome (run.tune_signature): tune.json's entry; the cache entry is its record
+    without ``cached`` (cache.write_entry)."""
 
     signature: Signature
     candidates: tuple[CandidateRow, ...]  # by predicted rank
@@ -101,25 +98,9 @@ class SignatureResult:
     predicted_default_s: float
     parallel_region_s: float  # the fork / join cost the ranking charged
     parallel_region_probe_s: float | None  # this signature's probe of it
-    chosen_alone: Candidate | None = None  # set where the whole model rejected the choice (run._keep_defaults)
+    # set where the whole model rejected the choice (run._keep_defaults)
+    chosen_alone: Candidate | None = field(default=None, metadata=key(omit="none"))
     cached: bool = False  # read from the cache this run
-
-    def to_dict(self, with_cached: bool = True) -> dict[str, Any]:
-        """tune.json's entry (``with_cached``) or the cache file's body (without)."""
-        rows = [{**r.candidate.to_dict(), "predicted_s": r.predicted_s, "predicted_rank": r.predicted_rank,
-                 "timed": r.timed, "default": r.default, "changes_precision": r.changes_precision,
-                 **(r.timing.to_dict() if r.timing is not None else {})} for r in self.candidates]
-        d: dict[str, Any] = {
-            "signature": self.signature.to_dict(), "candidates": rows, "chosen": self.chosen.to_dict(),
-            "default": self.default.to_dict(), "default_s": self.default_s, "chosen_s": self.chosen_s,
-            "gain": self.gain, "kept_default_because": self.kept_default_because,
-            "predicted_chosen_s": self.predicted_chosen_s, "predicted_default_s": self.predicted_default_s,
-            "parallel_region_s": self.parallel_region_s, "parallel_region_probe_s": self.parallel_region_probe_s}
-        if self.chosen_alone is not None:
-            d["chosen_alone"] = self.chosen_alone.to_dict()
-        if with_cached:
-            d["cached"] = self.cached
-        return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> SignatureResult:
@@ -137,7 +118,8 @@ class SignatureResult:
 
 @dataclass(frozen=True)
 class WholeModel:
-    """The model as built and with the choices applied, timed interleaved (seconds per forward)."""
+    """The model as built and with the choices applied, timed interleaved (seconds per forward): tune.json's
+    ``whole_model``; the cache entry is its record without ``cached`` (cache.write_whole)."""
 
     default: Timing  # with its samples
     tuned: Timing
@@ -146,18 +128,9 @@ class WholeModel:
     tuned_within_spread: bool
     applied: int  # choices that differ from their default
     not_applied: tuple[str, ...]  # one note per choice that could not be put on the model
-    adopted: bool | None = None  # set once the run decided (the cache entry always has it)
+    # set once the run decided (the cache entry always has it)
+    adopted: bool | None = field(default=None, metadata=key(omit="none"))
     cached: bool = False
-
-    def to_dict(self, with_cached: bool = True) -> dict[str, Any]:
-        d: dict[str, Any] = {"default": self.default.to_dict(), "tuned": self.tuned.to_dict(), "gain": self.gain,
-                             "spread_s": self.spread_s, "tuned_within_spread": self.tuned_within_spread,
-                             "applied": self.applied, "not_applied": list(self.not_applied)}
-        if self.adopted is not None:
-            d["adopted"] = self.adopted
-        if with_cached:
-            d["cached"] = self.cached
-        return d
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> WholeModel:
@@ -169,21 +142,45 @@ class WholeModel:
 
 @dataclass(frozen=True)
 class TuneAxes:
-    """The candidate axes of the run (what was enumerated) and those left out, with why."""
+    """The candidate axes of the run (what was enumerated) and those left out, with why: tune.json's ``axes``."""
 
+    RECORD: ClassVar[tuple[str, ...]] = ("threads", "dtypes", "sdpa_backends", "chunks", "channels_last", "left_out")
     threads: tuple[int, ...]
     dtypes: tuple[str, ...]
     sdpa_backends: tuple[str, ...]
     chunks: tuple[int, ...]
-    left_out: Mapping[str, str]
+    left_out: dict[str, str]
     channels_last: str = "conv and batch norm signatures"
 
 
 @dataclass(frozen=True)
-class TuneResult:
-    """One ``opmap tune`` run on a CPU: tune.json (``to_dict()``) and the run store's payload
-    (``to_dict(store=True)``)."""
+class ParallelRegion:
+    """The fork / join cost of a parallel region: the profile's calibrated figures and the run's own probe."""
 
+    calibrated: dict[str, Any]
+    now: dict[str, float]
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """Where the run's cache is and how many signatures it answered: tune.json's ``cache``."""
+
+    dir: str
+    hits: int
+    misses: int
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """One ``opmap tune`` run on a CPU: its record is tune.json (``RECORD``); ``stored`` is the run store's
+    payload."""
+
+    RECORD: ClassVar[tuple[str, ...]] = (
+        "schema_version", "model", "hardware", "dtype", "device", "threads", "top_k", "rounds", "fingerprint",
+        "versions", "axes", "parallel_region", "signatures", "kendall_tau", "kendall_tau_resolved", "tau_pairs",
+        "cache", "whole_model", "elapsed_s", "note")
+    tau_pairs: ClassVar[str] = TAU_PAIRS
+    note: ClassVar[str] = NOTE
     schema_version: int
     model: str
     hardware: str
@@ -191,11 +188,11 @@ class TuneResult:
     threads: int
     top_k: int
     rounds: int
-    fingerprint: Mapping[str, Any]  # calibrate.fingerprint's device description
-    versions: Mapping[str, str]  # cache.versions()
+    fingerprint: dict[str, Any]  # calibrate.fingerprint's device description
+    versions: dict[str, str]  # cache.versions()
     axes: TuneAxes
-    parallel_calibrated: Mapping[str, Any]  # the profile's parallel-region figures
-    parallel_now: Mapping[str, float]  # calibrate.run.parallel_overhead at the start of the run
+    parallel_calibrated: dict[str, Any]  # the profile's parallel-region figures
+    parallel_now: dict[str, float]  # calibrate.run.parallel_overhead at the start of the run
     signatures: tuple[SignatureResult, ...]
     kendall_tau: float | None
     kendall_tau_resolved: float | None  # ties within the noise not counted
@@ -209,29 +206,56 @@ class TuneResult:
     def misses(self) -> int:
         return len(self.signatures) - self.hits
 
-    def to_dict(self, store: bool = False) -> dict[str, Any]:
-        """tune.json; with ``store``, as the run store takes it: beside the document, one kernel row per timed
-        candidate (name: the signature and mapping; predicted and measured seconds; layer type: the family) and
-        the whole-model samples (metrics ``whole_model:default`` / ``whole_model:tuned``)."""
-        ax = self.axes
-        d: dict[str, Any] = {
-            "schema_version": self.schema_version, "model": self.model, "hardware": self.hardware,
-            "dtype": self.dtype, "device": self.device, "threads": self.threads, "top_k": self.top_k,
-            "rounds": self.rounds, "fingerprint": dict(self.fingerprint), "versions": dict(self.versions),
-            "axes": {"threads": list(ax.threads), "dtypes": list(ax.dtypes), "sdpa_backends": list(ax.sdpa_backends),
-                     "chunks": list(ax.chunks), "channels_last": ax.channels_last, "left_out": dict(ax.left_out)},
-            "parallel_region": {"calibrated": dict(self.parallel_calibrated), "now": dict(self.parallel_now)},
-            "signatures": [e.to_dict() for e in self.signatures], "kendall_tau": self.kendall_tau,
-            "kendall_tau_resolved": self.kendall_tau_resolved, "tau_pairs": TAU_PAIRS,
-            "cache": {"dir": self.cache_dir, "hits": self.hits, "misses": self.misses},
-            "whole_model": self.whole_model.to_dict(), "elapsed_s": self.elapsed_s, "note": NOTE}
-        if not store:
-            return d
-        rows = [{"op": f"{e.signature.key} {r.label}", "layer_type": e.signature.family,
-                 "predicted_s": r.predicted_s, "measured_s": r.timing.measured_s,
-                 "bound": "chosen" if r.label == e.chosen.label else ("default" if r.default else "")}
-                for e in self.signatures for r in e.candidates if r.timed and r.timing is not None]
-        w = self.whole_model
-        return {**d, "kind": "tune", "kernels": rows,
-                "samples": {"whole_model:default": list(w.default.samples_s),
-                            "whole_model:tuned": list(w.tuned.samples_s)}}
+    @property
+    def parallel_region(self) -> ParallelRegion:
+        return ParallelRegion(self.parallel_calibrated, self.parallel_now)
+
+    @property
+    def cache(self) -> CacheUse:
+        return CacheUse(self.cache_dir, self.hits, self.misses)
+
+    @property
+    def stored(self) -> TuneStored:
+        return TuneStored(self)
+
+
+@dataclass(frozen=True)
+class TunedKernel:
+    """A timed candidate as the run store's kernel row: the signature and mapping, predicted and measured
+    seconds, the family as the layer type, whether it is the chosen or the default mapping."""
+
+    op: str
+    layer_type: str
+    predicted_s: float
+    measured_s: float
+    bound: str  # "chosen" | "default" | ""
+
+
+@dataclass(frozen=True)
+class WholeModelSamples:
+    """The whole model's samples, as the run store's metrics ``whole_model:default`` / ``whole_model:tuned``."""
+
+    default: tuple[float, ...] = field(metadata=key("whole_model:default"))
+    tuned: tuple[float, ...] = field(metadata=key("whole_model:tuned"))
+
+
+@dataclass(frozen=True)
+class TuneStored:
+    """What the run store takes of a tune run: tune.json, and beside it one kernel row per timed candidate and the
+    whole-model samples."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("result", "kind", "kernels", "samples")
+    kind: ClassVar[str] = "tune"
+    result: TuneResult = field(metadata=key(flatten=True))
+
+    @property
+    def kernels(self) -> tuple[TunedKernel, ...]:
+        return tuple(TunedKernel(f"{e.signature.key} {r.label}", e.signature.family, r.predicted_s,
+                                 r.timing.measured_s,
+                                 "chosen" if r.label == e.chosen.label else ("default" if r.default else ""))
+                     for e in self.result.signatures for r in e.candidates if r.timed and r.timing is not None)
+
+    @property
+    def samples(self) -> WholeModelSamples:
+        w = self.result.whole_model
+        return WholeModelSamples(w.default.samples_s, w.tuned.samples_s)

@@ -183,7 +183,7 @@ def tune(model: str, load_meta: Callable[[], Any], load_cpu: Callable[[], Any], 
          dtype: str = "fp32", top_k: int = 3, rounds: int = 5, min_time_s: float = 0.005,
          use_cache: bool = True, progress: Progress | None = None,
          cache_dir=None) -> TuneResult:
-    """Tune every signature of ``model`` (see the module docstring); tune.json is its ``to_dict()``."""
+    """Tune every signature of ``model`` (see the module docstring); tune.json is its record (opmap.record)."""
     from opmap.calibrate.fingerprint import fingerprint
     from opmap.capture import capture
 

@@ -65,4 +65,4 @@ def tuned_analysis(a, cache_dir: Path | None = None):
     labels = sorted({e.chosen.label for e in choices.values()})
     note = (f"tuned: {tuned} nodes over {len(choices)} signatures predicted under the mappings opmap tune measured "
             f"best on this device ({', '.join(labels)})")
-    return replace(a, results=tuple(results), kernel_results=kernels, assumptions={**a.assumptions, "tuned": note})
+    return replace(a, results=tuple(results), kernel_results=kernels, assumptions=replace(a.assumptions, tuned=note))
