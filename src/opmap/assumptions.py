@@ -19,6 +19,7 @@ import torch
 from opmap import __version__
 from opmap.graph import OpGraph
 from opmap.hardware.spec import HardwareSpec
+from opmap.hardware.trust import Confidence
 from opmap.hardware.values import Value
 from opmap.mapping.fp8 import Fp8Training
 from opmap.precision import Precision
@@ -126,6 +127,8 @@ class Assumptions:
     runtime: StepRuntime | None = field(default=None, metadata=_SET)  # opmap.phases.runtime.with_runtime
     runtime_line: str | None = field(default=None, metadata=_SET)
     phase: PhaseSpec | None = field(default=None, metadata=_SET)  # opmap.phases.step.analyze_phase
+    # how far to trust the figures (opmap.hardware.trust), set once laid out: opmap.phases.runtime.with_confidence
+    confidence: Confidence | None = field(default=None, metadata=_SET)
 
     @property
     def training(self) -> bool:

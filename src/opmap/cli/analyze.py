@@ -178,7 +178,17 @@ def _analysis(req: _Request, shape: Shape, step: Phase, lay: Layout):
 
             a = tuned_analysis(a)
         a = with_figures(with_runtime(a, rt))
-    return _sharded(a, par), overrides
+    from opmap.phases.runtime import with_confidence
+
+    return with_confidence(_sharded(a, par), _group(par, spec.name)), overrides
+
+
+def _group(par, phase: str) -> int:
+    """The devices a collective of the step spans: a training step's gradients over every device, an inference
+    step's tensor / pipeline group, or its expert-parallel all-to-all where that is wider."""
+    if par is None:
+        return 1
+    return par.devices if phase == "train" else max(par.tp * par.pp, par.ep)
 
 
 def _sharded(a, par):

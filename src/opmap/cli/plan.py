@@ -72,6 +72,7 @@ def plan(
         t.add_row(str(i + 1), c.layout, si(c.tokens_per_s), si(c.step_s, "s"), si(c.latency_s, "s"),
                   f"{c.bubble_fraction:.1%}", f"{c.mfu:.1%}", f"{c.memory_bytes / 2**30:.4g} GiB")
     console.print(t)
+    console.print(result.confidence.line, highlight=False, markup=False)  # how far to trust the figures
     rej = result.rejected
     if rej:
         console.print(f"{len(rej)} rejected, e.g.:")
@@ -82,6 +83,7 @@ def plan(
     if out is not None:
         md = [f"# opmap plan: {model} on {devices} x {hw.name}", "",
               f"Sequence {result.seq} tokens, global batch {result.global_batch} sequences.", "",
+              result.confidence.line, "",
               *[f"- {a}" for a in result.assumptions], "",
               "| rank | layout | tokens/s | step (s) | latency (s) | bubble | MFU | memory (GiB) |",
               "|---|---|---|---|---|---|---|---|"]

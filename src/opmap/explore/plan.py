@@ -33,6 +33,7 @@ from opmap.capture import capture
 from opmap.errors import OpmapError
 from opmap.explore.depth import captured_blocks_match, shallow
 from opmap.hardware.spec import HardwareSpec
+from opmap.hardware.trust import Confidence, confidence
 from opmap.mapping import context
 from opmap.mapping.expert_parallel import imbalance_for
 from opmap.mapping.sharding import Parallelism, SavedPerBlock, Sharder, saved_per_block, sharded_memory
@@ -89,6 +90,8 @@ class Plan:
     cp_searched: tuple[int, ...]  # the context-parallel sizes searched
     capture: str  # how the model was captured (whole, or a short capture standing for the rest)
     assumptions: tuple[str, ...]
+    # how far to trust the figures (opmap.hardware.trust): the weakest input over every device's links
+    confidence: Confidence
     ranked: tuple[Candidate, ...]  # legal and fitting, best first
     rejected: tuple[Candidate, ...]  # illegal or not fitting, smallest memory first
 
@@ -236,7 +239,7 @@ def plan(build: Callable[[int], Any], hw: HardwareSpec, devices: int, phase: str
                  "microbatches, 1 GiB workspace" if training else
                  "memory: weights, KV cache, activations in flight, 1 GiB workspace",
                  *next(iter(sharders.values()))[0].shard(Parallelism()).assumptions),
-                tuple(ok), tuple(bad))
+                confidence(hw, dtype, "eager", devices), tuple(ok), tuple(bad))
 
 
 def _sharder(build, mb: int, hw: HardwareSpec, dtype: str, training: bool, note: str):

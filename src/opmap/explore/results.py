@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from opmap.hardware.trust import Confidence
 from opmap.record import key
 
 if TYPE_CHECKING:
-    from opmap.hardware.trust import Trust
     from opmap.serve.metrics import Slo
 
 # a LayoutResult's fields from ``memory`` on are written only once reached (None: that stage did not run)
@@ -121,19 +121,6 @@ class ChosenLayout:
 
 
 @dataclass(frozen=True)
-class Confidence:
-    """How far to trust a cell's figures (opmap.hardware.trust): the label, its weakest input, every input, and
-    the label in words (``line``)."""
-
-    RECORD: ClassVar[tuple[str, ...]] = ("trust", "line")
-    trust: Trust = field(metadata=key(flatten=True))
-
-    @property
-    def line(self) -> str:
-        return self.trust.line()
-
-
-@dataclass(frozen=True)
 class QualityCited:
     """A quality file covering the cell's workload in its format (``opmap.explore.fit_quality``): where it is and
     its end-to-end figures against fp32."""
@@ -169,8 +156,8 @@ class FitCell:
         "model", "hardware", "fits", "throughput_at_slo", "throughput_per_device", "latency_p99_s", "perf_per_watt",
         "energy_per_token_j", "power_w", "power_method", "perf_per_dollar", "cost_per_million_output_tokens", "bound",
         "risk", "risk_source", "datasheet_only", "devices_budget", ("layout_brief", key("layout")),
-        ("runner_up_brief", key("runner_up")), "layouts", "rank", "excluded_reason", "runtime", "devices_tried", "dtype",
-        "dtype_line", "engine_preset", "confidence", "chosen", "quality")
+        ("runner_up_brief", key("runner_up")), "layouts", "rank", "excluded_reason", "runtime", "devices_tried",
+        "dtype", "dtype_line", "engine_preset", "confidence", "chosen", "quality")
     model: str
     hardware: str
     fits: bool = False

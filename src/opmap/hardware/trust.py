@@ -19,11 +19,13 @@ measured (published), calibrated (measured here).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from opmap.hardware.runtimes import stack_for
 from opmap.hardware.spec import HardwareSpec
 from opmap.precision import matrix_rate
+from opmap.record import key
 
 LABELS = ("datasheet", "anchored", "calibrated")
 # weakest first: a kind's rank; datasheet figures and their derivations sit below every measurement
@@ -68,6 +70,23 @@ class Trust:
                 "inputs": [{"name": i.name, "kind": i.kind, "source": i.source} for i in self.inputs]}
 
 
+@dataclass(frozen=True)
+class Confidence:
+    """How far to trust a result's figures, as its record writes it: the label, its weakest input, every input,
+    and the label in words (``line``). Carried by fit cells, serve runs, analyses (their assumptions) and plans."""
+
+    RECORD: ClassVar[tuple[str, ...]] = ("trust", "line")
+    trust: Trust = field(metadata=key(flatten=True))
+
+    @property
+    def line(self) -> str:
+        return self.trust.line()
+
+    @property
+    def label(self) -> str:
+        return self.trust.label
+
+
 def _calibrated(hw: HardwareSpec) -> bool:
     """A profile ``opmap calibrate`` wrote: its ``calibration`` table carries the host's fingerprint (a catalog
     device's table holds published curves, with their source, and no fingerprint)."""
@@ -83,6 +102,9 @@ def matrix_input(hw: HardwareSpec, dtype: str) -> Input:
     applied to this one's dense peak (``derived``: the same fraction is an assumption), or the dense peak."""
     if dtype not in hw.matrix_peak_flops_per_s:
         return Input(f"matrix rate {dtype}", "assumed", f"{hw.name} lists no {dtype} matrix peak")
+    grid = _grid_source(hw, dtype)
+    if grid:  # the time model prices each GEMM off the measured grid (opmap.hardware.curves), not one rate
+        return Input(f"matrix rate {dtype}", _kind(hw, "measured"), grid)
     _, basis = matrix_rate(hw, dtype)
     own = hw.achievable_matrix_flops_per_s.get(dtype)
     if own is not None and own.value:
@@ -91,6 +113,23 @@ def matrix_input(hw: HardwareSpec, dtype: str) -> Input:
         return Input(f"matrix rate {dtype}", "derived", basis)
     peak = hw.matrix_peak_flops_per_s[dtype]
     return Input(f"matrix rate {dtype}", peak.kind, peak.source)
+
+
+def _grid_source(hw: HardwareSpec, dtype: str) -> str:
+    """Where ``hw``'s measured GEMM grid for ``dtype`` comes from ("" without one: no grid, or none for the
+    format)."""
+    name = hw.calibration.get("gemm_grid")
+    if not isinstance(name, str):
+        return ""
+    from opmap.errors import OpmapError
+    from opmap.hardware.curves import load_gemm_grid
+
+    try:
+        if dtype not in load_gemm_grid(name):
+            return ""
+    except OpmapError:
+        return ""
+    return f"the measured GEMM grid {name}, {dtype} at every M x N x K point: {hw.calibration.get('source', name)}"
 
 
 def memory_input(hw: HardwareSpec) -> Input:
@@ -120,14 +159,14 @@ def link_inputs(hw: HardwareSpec, group: int) -> tuple[Input, ...]:
 
 def runtime_inputs(hw: HardwareSpec, runtime: str) -> tuple[Input, ...]:
     out = []
-    for key in RUNTIME_INPUTS.get(runtime, ("",)):
-        if key == "":
+    for name in RUNTIME_INPUTS.get(runtime, ("",)):
+        if name == "":
             v = hw.fields.get("launch_overhead_s")
             if v is not None:
                 out.append(Input("launch overhead", _kind(hw, v.kind), v.source))
             continue
-        v = stack_for(hw).values[key]
-        out.append(Input(key.removesuffix("_s").replace("_", " "), v.kind, v.source))
+        v = stack_for(hw).values[name]
+        out.append(Input(name.removesuffix("_s").replace("_", " "), v.kind, v.source))
     return tuple(out)
 
 
@@ -161,3 +200,8 @@ def trust(hw: HardwareSpec, dtype: str, runtime: str = "eager", group: int = 1,
     else:
         label = "datasheet"
     return Trust(label, weakest, inputs)
+
+
+def confidence(hw: HardwareSpec, dtype: str, runtime: str = "eager", group: int = 1, stack=None) -> Confidence:
+    """``trust`` as the Confidence a result carries."""
+    return Confidence(trust(hw, dtype, runtime, group, stack=stack))

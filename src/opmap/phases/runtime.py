@@ -131,6 +131,17 @@ def with_runtime(a: Analysis, runtime) -> Analysis:
     return replace(a, assumptions=replace(a.assumptions, runtime=runtime, runtime_line=runtime.line()))
 
 
+def with_confidence(a: Analysis, group: int = 1) -> Analysis:
+    """``a`` with how far to trust its figures (opmap.hardware.trust) in its assumptions: the weakest of the matrix
+    rate of the format priced, the memory rate, the links a collective group of ``group`` devices crosses and the
+    runtime's overheads."""
+    from opmap.hardware.trust import confidence
+
+    s = a.assumptions
+    c = confidence(a.hardware, s.dtype, s.runtime.name if s.runtime is not None else "eager", group)
+    return replace(a, assumptions=replace(s, confidence=c))
+
+
 def runtime_text(a: Analysis) -> str:
     rt, step = a.assumptions.runtime, a.runtime_per_step_s
     if rt is None or not step:

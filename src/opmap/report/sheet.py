@@ -126,6 +126,7 @@ def assumption_lines(a: Analysis) -> list[str]:
         f"time model: {s.time_model}" + ("" if "transcendental/rate" in s.time_model else
                                          f"; transcendental = {s.transcendental_slots:g} vector slots"),
         *([s.runtime_line] if s.runtime_line else []),
+        *([s.confidence.line] if s.confidence is not None else []),
         f"fusion: {s.fusion_policy}; tiling: {s.tiling}; captured on {s.capture_device}",
         f"torch {s.torch_version}, opmap {s.opmap_version}, python {s.python_version}",
     ]
