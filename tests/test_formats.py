@@ -12,6 +12,7 @@ from opmap.errors import OpmapError
 from opmap.formats import FORMATS_TOML, load_formats, parse_formats, registry, use
 from opmap.hardware import get_hardware
 from opmap.precision import FORMATS, check_requestable, format_bytes, policy, requestable, resolve_precision
+from opmap.record import record  # noqa: E402
 
 
 @pytest.mark.parametrize("name, bits, block, scale_bits, expected", [
@@ -222,7 +223,7 @@ def test_a_fit_cell_names_its_format_and_strikes_an_unshipped_kv_format():
     c = fit_cell("examples/tiny-llama.json", "h100-sxm", None, "128", "16", 10, "fp4", kv_dtype="nvfp4")
     assert c.dtype == "fp8" and c.dtype_line.startswith("fp8 (--dtype fp4: h100-sxm has no fp4 matrix engine")
     assert "h100-sxm lists no nvfp4 matrix peak" in c.excluded_reason and not c.fits
-    d = c.to_dict()
+    d = record(c)
     assert d["dtype"] == "fp8" and _notes(d).startswith("dtype fp8 (--dtype fp4: h100-sxm has no fp4")
 
 

@@ -54,7 +54,10 @@ def test_an_assumed_launch_overhead_decides_an_eager_prediction():
 def test_a_format_without_its_own_measurement_is_derived_from_anothers_fraction():
     hw = _measured_memory(get_hardware("h100-sxm"))
     assert "fp8" in hw.matrix_peak_flops_per_s
-    hw = dataclasses.replace(hw, achievable_matrix_flops_per_s={"bf16": hw.achievable_matrix_flops_per_s["bf16"]})
+    # neither its own achievable figure nor a measured GEMM grid (a grid is the input where there is one)
+    cal = {k: v for k, v in hw.calibration.items() if k != "gemm_grid"}
+    hw = dataclasses.replace(hw, achievable_matrix_flops_per_s={"bf16": hw.achievable_matrix_flops_per_s["bf16"]},
+                             calibration=cal)
     t = trust(hw, "fp8", "engine", 1)
     assert t.weakest.name == "matrix rate fp8" and t.weakest.kind == "derived" and t.label == "datasheet"
     assert "fraction" in t.weakest.source
