@@ -257,3 +257,35 @@ def test_deepseek_mla_latent_is_whole_on_every_tp_rank(deepseek):
     for r, t in zip(deepseek.rows, sh.kernel_s):
         if r.sdpa:
             assert t >= r.memory_s
+
+
+def test_deepseek_mla_down_projections_are_replicated_and_one_all_reduce_a_half_layer(deepseek):
+    """MLA under TP as vLLM and SGLang hold it (DeepSeek-V2, arXiv 2405.04434 sec. 2.1): the down projections
+    q_a_proj and kv_a_proj_with_mqa are normalized over their whole width (q_a_layernorm, kv_a_layernorm), so they
+    run whole on every rank (ReplicatedLinear); q_b_proj and the absorbed per-head W_UK / W_UV split with the heads;
+    o_proj is the row GEMM. So each layer all-reduces the residual stream twice (after o_proj, after the MLP or
+    the experts' combine): 4 tokens x hidden 7168 x 2 bytes, not the 128 x 192-wide query."""
+    c, s = DEEPSEEK_R1, deepseek
+    roles = s.roles
+    by_module: dict[str, set[str]] = {}
+    for n in s.a.graph.nodes:
+        if n.module.startswith("model.layers.1.self_attn") and n.packet in ("mm", "bmm"):
+            by_module.setdefault(n.module.rsplit(".", 1)[-1], set()).add(roles.role[n.id])
+    assert by_module["q_a_proj"] == {"replicated"} and by_module["kv_a_proj_with_mqa"] == {"replicated"}
+    assert by_module["q_b_proj"] == {"column"} and by_module["self_attn"] == {"column"}  # the two absorbed bmm
+    assert by_module["o_proj"] == {"row"}
+    assert s.geo.hidden == c["hidden_size"] and s.geo.heads == c["num_attention_heads"]
+    sh = s.shard(Parallelism(tp=8, microbatch=4, global_batch=4))
+    ar = [x for x in sh.collectives if x.collective.kind == "all_reduce"]
+    assert len(ar) == 1 and ar[0].collective.message_bytes == 4 * c["hidden_size"] * 2
+    assert ar[0].count == 2 * 2  # 2 layers x (attention + MLP)
+
+
+def test_qwen3_per_head_norm_keeps_q_and_k_column_parallel(qwen3_moe):
+    """Qwen3 normalizes q and k per head (q_norm / k_norm over head_dim 128 of a 32 x 128-wide query): a norm over a
+    head's slice runs on a TP rank's heads, so q_proj and k_proj stay column-parallel (not replicated)."""
+    s = Sharder(qwen3_moe)
+    roles = {n.module.rsplit(".", 1)[-1]: s.roles.role[n.id] for n in s.a.graph.nodes
+             if n.module.startswith("model.layers.1.self_attn.") and n.packet == "mm"}
+    assert roles["q_proj"] == roles["k_proj"] == roles["v_proj"] == "column" and roles["o_proj"] == "row"
+    assert s.geo.hidden == QWEN3_30B_A3B["hidden_size"]

@@ -11,6 +11,13 @@ Roles come from graph edges and module structure, never from the model's name:
   norm's output); one whose input *is* in that region is **row-parallel** (attention out, MLP down / fc2: their
   output goes to the residual add). The region starts at column-parallel outputs and spreads along edges to
   every op that reads a split tensor (reshapes, RoPE, SDPA, the activation function) until a row GEMM;
+- a GEMM whose output is normalized over (most of) its width before anything else reads it is a **low-rank down
+  projection**, run whole on every rank (**replicated**): a norm cannot run on a slice of the vector it
+  normalizes. MLA's q_a_proj and kv_a_proj_with_mqa (DeepSeek-V2, arXiv 2405.04434 sec. 2.1) are held so by vLLM
+  and SGLang (ReplicatedLinear), and the up projections after them (q_b_proj, kv_b_proj) are the column GEMMs.
+  A norm over one head's slice (Qwen3's q_norm / k_norm over head_dim) leaves the split alone;
+- a batched weight GEMM (bmm) reading a split tensor stays in the region: its batch is the heads (MLA's absorbed
+  W_UK and W_UV, one matrix a head), split with them;
 - GEMMs of a ModuleList inside a block (``mlp.experts.3``) are **expert** GEMMs, split over EP (and each expert
   over TP, Megatron-core's expert tensor parallelism = tp); the block's other GEMM whose width is the expert
   count is the **router** (replicated);
@@ -126,6 +133,8 @@ class _Walk:
     n_stacked: int = 0  # the experts a stacked-experts parameter holds
     first_read: dict[str, int | None] = field(default_factory=dict)  # expert -> its first GEMM's input producer
     expert_params: dict[str, float] = field(default_factory=dict)
+    origin: dict[int, int] = field(default_factory=dict)  # a split node -> the column GEMM its split came from
+    lowrank: set[int] = field(default_factory=set)  # low-rank down projections (module docstring): replicated
 
 
 def _block_order(nodes, block: dict[int, str | None]) -> list[str]:
@@ -175,7 +184,7 @@ def _experts(fwd, block: dict[int, str | None], stacked: dict[int, str]) -> dict
 
 def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None, experts) -> None:
     """A weight GEMM's role (module docstring); its output joins the region unless it ends it."""
-    if b is None:
+    if b is None or n.id in w.lowrank:
         w.role[n.id] = "vocab" if n.id == head else "replicated"
         if n.id == head:
             w.split.add(n.id)
@@ -199,6 +208,8 @@ def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None,
         # the router: one logit per expert (a decode step may run fewer experts than the stack holds)
         w.role[n.id] = "router"
         return
+    elif x_split and n.packet == "bmm":
+        w.role[n.id] = "column"  # a GEMM a head over split heads (module docstring): no collective
     elif x_split:
         w.role[n.id] = "row"
         w.row_parents[b].add(n.module.rsplit(".", 1)[0])
@@ -206,28 +217,64 @@ def _weight_gemm_role(w: _Walk, nodes, n: Node, b: str | None, head: int | None,
     else:
         w.role[n.id] = "column"
         w.col_inputs[b].add(_source(nodes, x.producer) if x is not None else None)
+        w.origin[n.id] = n.id
     w.split.add(n.id)
+
+
+_NORMS = frozenset({"mean", "var", "var_mean", "native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"})
+
+
+def _normalized_extent(n: Node) -> int:
+    """The elements a norm-like reduction ``n`` reduces over its input's last dimension (0: not one)."""
+    if n.packet not in _NORMS or not n.inputs or not n.inputs[0].shape:
+        return 0
+    shape = n.inputs[0].shape
+    if n.packet in ("native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"):
+        norm = n.args.get("normalized_shape") or [shape[-1]]
+        return shape[-1] if list(norm)[-1:] == [shape[-1]] else 0
+    dims = n.args.get("dim")
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    return shape[-1] if any(d in (-1, len(shape) - 1) for d in dims) else 0
+
+
+def _spread(w: _Walk, nodes, n: Node) -> None:
+    """``n`` reads the split region: it joins it, carrying the column GEMM its split came from, and marks that
+    GEMM a low-rank down projection where ``n`` normalizes over more than half its output's width."""
+    w.role[n.id] = "split"
+    w.split.add(n.id)
+    src = next((w.origin[t.producer] for t in n.inputs if t.producer in w.origin), None)
+    if src is None or n.packet in GEMM_OPS:
+        return  # a product of split tensors (eager attention's scores) starts nothing a norm can undo
+    w.origin[n.id] = src
+    extent = _normalized_extent(n)
+    if extent and 2 * extent > nodes[src].outputs[0].shape[-1]:
+        w.lowrank.add(src)
 
 
 def _forward_roles(nodes, fwd, block, order, experts, fused: set[int],
                    stacked: dict[int, str] | None = None, n_stacked: int = 0) -> _Walk:
+    """The forward walk; walked again with the low-rank down projections it found held whole (a projection is
+    known low-rank only once its norm is reached), until none is new."""
     gemms_out = [n for n in fwd if is_weight_gemm(n) and block[n.id] is None]
     head = gemms_out[-1].id if gemms_out and order and gemms_out[-1].id > max(
         n.id for n in fwd if block[n.id] == order[-1]) else None
-    w = _Walk(stacked=stacked or {}, n_stacked=n_stacked)
-    for n in fwd:
-        if n.packet == "embedding":
-            w.role[n.id] = "vocab"
-        elif is_weight_gemm(n):
-            _weight_gemm_role(w, nodes, n, block[n.id], head, experts)
-        elif any(t.producer in w.split for t in n.inputs):
-            w.role[n.id] = "split"
-            w.split.add(n.id)
-            if n.id in fused and w.attention is None:
-                w.attention = n.id
-        else:
-            w.role[n.id] = "replicated"
-    return w
+    lowrank: set[int] = set()
+    while True:
+        w = _Walk(stacked=stacked or {}, n_stacked=n_stacked, lowrank=set(lowrank))
+        for n in fwd:
+            if n.packet == "embedding":
+                w.role[n.id] = "vocab"
+            elif is_weight_gemm(n):
+                _weight_gemm_role(w, nodes, n, block[n.id], head, experts)
+            elif any(t.producer in w.split for t in n.inputs):
+                _spread(w, nodes, n)
+                if n.id in fused and w.attention is None:
+                    w.attention = n.id
+            else:
+                w.role[n.id] = "replicated"
+        if w.lowrank <= lowrank:
+            return w
+        lowrank |= w.lowrank
 
 
 def _other_roles(nodes, fwd, role: dict[int, str]) -> None:
