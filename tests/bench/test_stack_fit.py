@@ -94,6 +94,46 @@ def test_a_profile_round_trips_and_names_its_range(runs, tmp_path):
     assert r0.after == pytest.approx(predict(runs[0], COST, POLICY, p)["ttft_p50"] / runs[0].measured["ttft_p50"])
 
 
+# a closed loop's way in: 4 ms a request plus 1.1 ms for each other stream in flight (transformers serve on the CPU
+# measured ~1.1 ms a stream: benchmarks/README.md, bench_stack_calibration.py)
+STREAMS = Params(step_s=1e-3, per_seq_s=0.2e-3, request_s=4e-3, decode_scale=1.0, prefill_scale=1.0,
+                 per_stream_s=1.1e-3)
+
+
+def _closed(concurrency: int, n: int) -> BenchResult:
+    """A closed loop of ``concurrency`` clients, no think time, every request 128 prompt and 32 output tokens, its
+    times the simulator's under STREAMS (the stub's chain: request k follows k - concurrency)."""
+    c = concurrency
+    stub = [RequestRecord(i, float(i), float(i), 0.0, (), float(i + c), 128, 32, 128, 32, 0, "ok") for i in range(n)]
+    w = workload(stub, "closed", c)
+    cost, ov = apply(COST, STREAMS)
+    sent, first, finish, _ = simulate_workload(w, POLICY, cost, ov)
+    recs = [RequestRecord(i, float(sent[i]), float(sent[i]), float(first[i]),
+                          tuple(np.linspace(first[i], finish[i], 32).tolist()), float(finish[i]), 128, 32, 128, 32, 32,
+                          "ok") for i in range(n)]
+    return BenchResult(tuple(recs), "http://x", "m", "completions", "closed", c, 0.0, float(finish.max()))
+
+
+def test_apply_adds_the_streams_in_flight_to_a_closed_loop_request():
+    """lag = request_s + per_stream_s x the other streams (uncapped): 4 + 1.1 x 7 = 11.7 ms at concurrency 8."""
+    _, ov = apply(COST, STREAMS)
+    assert ov.lag_s(0) == pytest.approx(4e-3) and ov.lag_s(7) == pytest.approx(4e-3 + 7 * 1.1e-3)
+
+
+def test_the_fit_recovers_the_time_a_stream_in_flight_adds_and_predicts_a_held_out_concurrency():
+    """Fitted on closed loops at 1, 4 and 16 clients whose TTFT grows by 1.1 ms a stream, the fit gives that back
+    (within 15%) beside the request's own 4 ms, and predicts the held-out 8 clients' TTFT p50 within 5%."""
+    runs = {c: Run.of(f"c{c}", _closed(c, 6 * c + 8)) for c in (1, 4, 8, 16)}
+    p, _ = fit([runs[1], runs[4], runs[16]], COST, POLICY)
+    assert p.per_stream_s == pytest.approx(STREAMS.per_stream_s, rel=0.15)
+    assert p.request_s == pytest.approx(STREAMS.request_s, rel=0.15)
+    held = predict(runs[8], COST, POLICY, p)
+    assert held["ttft_p50"] / runs[8].measured["ttft_p50"] == pytest.approx(1.0, abs=0.05)
+    # without the term the held-out TTFT is off by more than the band
+    flat = predict(runs[8], COST, POLICY, Params(p.step_s, p.per_seq_s, p.request_s, p.decode_scale, p.prefill_scale))
+    assert flat["ttft_p50"] / runs[8].measured["ttft_p50"] < 0.85
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.update(kind="bench"), "not a stack profile"),
     (lambda d: d["parameters"].update(step_s={"value": -1.0, "kind": "fit"}), "step_s -1.0 is not a number in"),

@@ -55,21 +55,25 @@ class ServerOverhead:
     sequence of a decode step, ``request_s`` per request; ``basis`` says how each was measured. Its record is
     bench_predict.json's ``overhead``: the per-step, per-sequence and per-request times first (``RECORD``)."""
 
-    RECORD: ClassVar[tuple[str, ...]] = ("step_s", "per_seq_s", "request_s", "request_load_s", "load_batch", "basis")
+    RECORD: ClassVar[tuple[str, ...]] = ("step_s", "per_seq_s", "request_s", "request_load_s", "load_batch",
+                                         "per_stream_s", "basis")
     step_s: float
     request_s: float
     basis: dict[str, Any]
     per_seq_s: float = 0.0
     request_load_s: float | None = None  # request_s with ``load_batch`` other sequences decoding
     load_batch: int = 1
+    per_stream_s: float = 0.0  # a fitted stack's time a request waits per other stream in flight (no cap)
 
     def lag_s(self, running: float) -> float:
         """A request's own overhead (s) with ``running`` other sequences decoding: request_s, growing linearly to
-        request_load_s at load_batch (held there past it)."""
+        request_load_s at load_batch (held there past it) where the load probe measured that, and by per_stream_s
+        a stream where a stack profile fitted it."""
+        base = self.request_s + self.per_stream_s * max(0.0, running)
         if self.request_load_s is None or self.load_batch <= 0:
-            return self.request_s
+            return base
         f = min(1.0, max(0.0, running / self.load_batch))
-        return self.request_s + f * (self.request_load_s - self.request_s)
+        return base + f * (self.request_load_s - self.request_s)
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,8 @@ def with_stack(cost, p) -> tuple[Any, ServerOverhead]:
         scaled = replace(scaled, stage_decode_time_s=[[t * p.decode_scale for t in row]
                                                       for row in cost.stage_decode_time_s])
     return (with_step_overhead(scaled, p.step_s, p.per_seq_s),
-            ServerOverhead(p.step_s, p.request_s, {"stack profile": "fitted"}, p.per_seq_s))
+            ServerOverhead(p.step_s, p.request_s, {"stack profile": "fitted"}, p.per_seq_s,
+                           per_stream_s=p.per_stream_s))
 
 
 def _simulate_open(arr_s: np.ndarray, w: Workload, policy, cost, seed: int):

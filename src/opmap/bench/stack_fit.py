@@ -3,7 +3,8 @@ model (opmap.serve.model_cost) scaled and offset by the few parameters of opmap.
 simulated runs (opmap.bench.predict.simulate_workload, the workload each run actually sent) match the measured
 ones.
 
-The fit minimises, over every run, the squared log ratio predicted / measured of three figures: TTFT p50, TPOT
+The parameters: opmap.calibrate.stack_profile's (a step, a decoding sequence, a request, a stream in flight at the
+request's send, the decode and prefill scales). The fit minimises, over every run, the squared log ratio predicted / measured of three figures: TTFT p50, TPOT
 p50 and output tokens/s (the same formula on both sides: opmap.bench.predict.figures), plus a small pull of the
 scales toward 1 (``PRIOR``) so that parameters the runs cannot tell apart stay at the model's values rather than
 drifting. Nelder-Mead (Nelder and Mead 1965, the standard coefficients: reflection 1, expansion 2, contraction
@@ -44,6 +45,7 @@ class Params:
     request_s: float = 0.0
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
+    per_stream_s: float = 0.0
 
     def clipped(self) -> Params:
         return Params(*(min(max(getattr(self, k), BOUNDS[k][0]), BOUNDS[k][1]) for k in BOUNDS))
@@ -108,13 +110,23 @@ def _ratio(pred: float | None, meas: float | None) -> float | None:
     return pred / meas
 
 
-def _from_x(x: Sequence[float]) -> Params:
-    return Params(abs(x[2]) / 1e3, abs(x[3]) / 1e3, abs(x[4]) / 1e3, math.exp(x[0]), math.exp(x[1])).clipped()
+def _from_x(x: Sequence[float], per_stream_s: float = 0.0) -> Params:
+    """The parameters of a point of the search: log scales, then times in ms; the time a stream in flight adds
+    the sixth coordinate where the runs can tell it (``streams``), else held at ``per_stream_s``."""
+    streams = abs(x[5]) / 1e3 if len(x) > 5 else per_stream_s
+    return Params(abs(x[2]) / 1e3, abs(x[3]) / 1e3, abs(x[4]) / 1e3, math.exp(x[0]), math.exp(x[1]),
+                  streams).clipped()
 
 
-def objective(runs: Sequence[Run], cost, policy) -> Callable[[Sequence[float]], float]:
+def streams_tell(runs: Sequence[Run]) -> bool:
+    """Whether the runs can tell the time a stream in flight adds: a closed loop of more than one client (an open
+    loop's arrivals are taken with none in flight: opmap.bench.predict.simulate_workload)."""
+    return any(r.workload.closed and (r.workload.concurrency or 0) > 1 for r in runs)
+
+
+def objective(runs: Sequence[Run], cost, policy, per_stream_s: float = 0.0) -> Callable[[Sequence[float]], float]:
     def f(x: Sequence[float]) -> float:
-        p = _from_x(x)
+        p = _from_x(x, per_stream_s)
         total = PRIOR * (math.log(p.decode_scale) ** 2 + math.log(p.prefill_scale) ** 2)
         for r in runs:
             pred = predict(r, cost, policy, p)
@@ -173,7 +185,7 @@ def fit(runs: Sequence[Run], cost, policy, start: Params = Params(), progress=No
     """The parameters that best fit ``runs`` (module docstring) and the simulations of the run set it took."""
     if not runs:
         raise OpmapError("--from-bench needs at least one run to fit")
-    f = objective(runs, cost, policy)
+    f = objective(runs, cost, policy, start.per_stream_s)
     if progress is not None:
         inner = f
 
@@ -183,9 +195,11 @@ def fit(runs: Sequence[Run], cost, policy, start: Params = Params(), progress=No
     x0 = [math.log(start.decode_scale), math.log(start.prefill_scale), start.step_s * 1e3, start.per_seq_s * 1e3,
           start.request_s * 1e3]
     steps = [0.4, 0.4, 2.0, 0.5, 5.0]
+    if streams_tell(runs):
+        x0, steps = [*x0, start.per_stream_s * 1e3], [*steps, 1.0]
     x, _, evals = nelder_mead(f, x0, steps)
     x, _, more = nelder_mead(f, x, [s / 4 for s in steps])  # a restart: a collapsed simplex stalls Nelder-Mead
-    return _from_x(x), evals + more
+    return _from_x(x, start.per_stream_s), evals + more
 
 
 def residuals(runs: Sequence[Run], cost, policy, before: Params, after: Params) -> tuple[Residual, ...]:
@@ -203,8 +217,10 @@ def profile(runs: Sequence[Run], cost, policy, p: Params, *, device: str, model:
                    for r in runs)
     return StackProfile(device, model, dtype, runtime, p.step_s, p.per_seq_s, p.request_s, p.decode_scale,
                         p.prefill_scale, kv_blocks, page_tokens, max_batch_tokens, fitted,
-                        residuals(runs, cost, policy, before, p), source="opmap calibrate --from-bench")
+                        residuals(runs, cost, policy, before, p), source="opmap calibrate --from-bench",
+                        per_stream_s=p.per_stream_s)
 
 
 def params_of(profile: StackProfile) -> Params:
-    return Params(profile.step_s, profile.per_seq_s, profile.request_s, profile.decode_scale, profile.prefill_scale)
+    return Params(profile.step_s, profile.per_seq_s, profile.request_s, profile.decode_scale, profile.prefill_scale,
+                  profile.per_stream_s)

@@ -8,6 +8,10 @@ Parameters (each a fitted value, kind ``fit``, with the runs it was fitted on):
   dispatch), added to every priced step;
 - ``per_seq_s``: host time per sequence of a decode step (each token's hand-off, detokenizing, its event);
 - ``request_s``: per request, before its first step (HTTP, tokenizing, the queue into the engine);
+- ``per_stream_s``: what each other stream in flight adds to a request's way into the engine (a closed loop of C
+  clients: C - 1 others; the front end's event loop serves their token events before the new request: measured on
+  transformers serve, ~1.1 ms a stream, benchmarks/README.md "bench_stack_calibration.py"); 0 in a profile written
+  before it existed;
 - ``decode_scale``: measured over priced decode step time (1 / the fraction of the model's decode rate the stack
   achieves: a decode step is memory-bound, so this is the achievable decode bandwidth's shortfall);
 - ``prefill_scale``: measured over priced prefill time (the prefill efficiency's shortfall);
@@ -40,10 +44,11 @@ KIND = "stack-profile"
 MAX_BYTES = 4 << 20
 MODES = ("open", "closed", "offline")  # a fitted run's load (FitRun.mode)
 PARAMS = ("step_s", "per_seq_s", "request_s", "decode_scale", "prefill_scale")
+LATER_PARAMS = ("per_stream_s",)  # read as 0 where a profile predates them
 # what a fitted value may be: times in [0, 10 s], scales in [0.05, 20] (a stack 20x slower or faster than the
 # model's kernels is a wrong model or a wrong device, not a stack to profile)
 BOUNDS = {"step_s": (0.0, 10.0), "per_seq_s": (0.0, 10.0), "request_s": (0.0, 10.0), "decode_scale": (0.05, 20.0),
-          "prefill_scale": (0.05, 20.0)}
+          "prefill_scale": (0.05, 20.0), "per_stream_s": (0.0, 10.0)}
 
 
 @dataclass(frozen=True)
@@ -86,9 +91,10 @@ class StackProfile:
     runs: tuple[FitRun, ...]
     residuals: tuple[Residual, ...] = ()
     source: str = ""
+    per_stream_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for k in PARAMS:
+        for k in (*PARAMS, *LATER_PARAMS):
             lo, hi = BOUNDS[k]
             v = getattr(self, k)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
@@ -125,7 +131,8 @@ class StackProfile:
 
     def line(self) -> str:
         return (f"stack profile ({self.source or 'fitted'}): {self.step_s * 1e3:.3g} ms a step, "
-                f"{self.per_seq_s * 1e3:.3g} ms a decoding sequence, {self.request_s * 1e3:.3g} ms a request, "
+                f"{self.per_seq_s * 1e3:.3g} ms a decoding sequence, {self.request_s * 1e3:.3g} ms a request"
+                + (f" + {self.per_stream_s * 1e3:.3g} ms a stream in flight" if self.per_stream_s else "") + ", "
                 f"decode x{self.decode_scale:.3g}, prefill x{self.prefill_scale:.3g}"
                 + (f", KV {self.kv_blocks} blocks" if self.kv_blocks else "")
                 + f"; fitted on {len(self.runs)} runs")
@@ -133,7 +140,7 @@ class StackProfile:
     def to_dict(self) -> dict[str, object]:
         return {"schema_version": SCHEMA_VERSION, "kind": KIND, "device": self.device, "model": self.model,
                 "dtype": self.dtype, "runtime": self.runtime, "source": self.source,
-                "parameters": {k: {"value": getattr(self, k), "kind": "fit"} for k in PARAMS},
+                "parameters": {k: {"value": getattr(self, k), "kind": "fit"} for k in (*PARAMS, *LATER_PARAMS)},
                 "kv_blocks": self.kv_blocks, "page_tokens": self.page_tokens,
                 "max_batch_tokens": self.max_batch_tokens,
                 "runs": [{"name": r.name, "mode": r.mode, "concurrency": r.concurrency, "rate_per_s": r.rate_per_s,
@@ -193,7 +200,8 @@ def read_stack_profile(path: str | Path) -> StackProfile:
                         _opt_int(d.get("kv_blocks"), "kv_blocks", where),
                         _opt_int(d.get("page_tokens"), "page_tokens", where),
                         _opt_int(d.get("max_batch_tokens"), "max_batch_tokens", where), tuple(runs), residuals,
-                        source=texts["source"])
+                        source=texts["source"],
+                        **{k: _num(params, k, where) if k in params else 0.0 for k in LATER_PARAMS})
 
 
 def write_stack_profile(profile: StackProfile, path: str | Path) -> Path:
