@@ -362,7 +362,8 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     graph = fp8.graph if fp8 is not None else graph
     # a quantized float checkpoint (fp8, fp8-block, nvfp4, mx) on its engine: the LM head and MoE router GEMMs stay
     # bf16, weights and rate (ModelOpt's default configs leave them out for every format)
-    keep, kept = (inference_bf16_nodes(graph) if not training and _keeps_bf16_head(fmt, prec) else (frozenset(), ()))
+    keep, kept = (inference_bf16_nodes(graph, checkpoint_unquantized(graph.geometry, fmt.name))
+                  if not training and _keeps_bf16_head(fmt, prec) else (frozenset(), ()))
     raw = cost_graph(graph)
     costs = stored_weights(raw, prec)
     costs = [raw[i] if i in keep else c for i, c in enumerate(costs)] if keep else costs
@@ -409,6 +410,16 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         dtype_requested=choice.requested if choice.resolved else None,
         dtype_resolution=choice.reason if choice.resolved else None)
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels)
+
+
+def checkpoint_unquantized(geo, fmt: str) -> tuple[str, ...]:
+    """The modules the model's published checkpoint keeps in bf16 (opmap.workloads.hf_geometry.
+    checkpoint_quantization) where the run is in that checkpoint's format (fp8 and block fp8 one family)."""
+    if geo is None or not geo.unquantized:
+        return ()
+    fp8 = {"fp8", "fp8-block"}
+    same = fmt == geo.checkpoint_format or (fmt in fp8 and geo.checkpoint_format in fp8)
+    return geo.unquantized if same else ()
 
 
 def _keeps_bf16_head(fmt, prec: Precision) -> bool:

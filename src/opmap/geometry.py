@@ -90,6 +90,10 @@ class ModelGeometry:
     top_k: int = 0
     expert_ffn: int = 0
     source: str = field(default="", compare=False)
+    # the published checkpoint's quantization (a config's quantization_config): the opmap format its quantized
+    # weights are in ("" where the config names none) and the modules it leaves unquantized (bf16), as patterns
+    checkpoint_format: str = ""
+    unquantized: tuple[str, ...] = ()
 
     def kv_bytes_per_token(self, dtype_bytes: float) -> float:
         """K and V (or MLA's latent) bytes one token adds over every layer, one sequence (module docstring)."""

@@ -136,7 +136,8 @@ def _geometry(d) -> ModelGeometry:
 
 
 _KINDS = {"int": _int, "str": _str, "bool": lambda v: (_check(type(v) is bool), v)[1],
-          "int | None": lambda v: _opt(v, _int)}
+          "int | None": lambda v: _opt(v, _int),
+          "tuple[str, ...]": lambda v: (_check(type(v) is list), tuple(_str(x) for x in v))[1]}
 
 
 def _fields(cls, d, whole: bool = True):

@@ -18,6 +18,7 @@ for). The casts (``fp8_cast_transpose``: bf16 in, fp8 and its transpose out, ama
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -209,11 +210,30 @@ FP8_INFERENCE_NOTE = ("{fmt} inference as ModelOpt quantizes a checkpoint (its d
                       "Linear in {fmt}")
 
 
-def inference_bf16_nodes(graph: OpGraph) -> tuple[frozenset[int], tuple[str, ...]]:
-    """The GEMMs an fp8-quantized checkpoint keeps in bf16 (the LM head, the MoE router), and what they are."""
+def inference_bf16_nodes(graph: OpGraph, unquantized: tuple[str, ...] = ()) -> tuple[frozenset[int],
+                                                                                   tuple[str, ...]]:
+    """The GEMMs a quantized checkpoint keeps in bf16 (the LM head, the MoE router, and the modules the checkpoint's
+    quantization_config leaves unquantized: ``unquantized``, patterns as transformers matches them), and what they
+    are."""
     roles = infer_roles(graph)
     keep = {n.id: roles.role.get(n.id) for n in graph.nodes
             if n.packet in GEMM_OPS and roles.role.get(n.id) in FP8_INFERENCE_BF16_ROLES}
     names = {"vocab": "the LM head", "router": "the MoE router"}
-    return frozenset(keep), tuple(dict.fromkeys(names[r] for r in keep.values()))
+    what = [names[r] for r in keep.values()]
+    if unquantized:
+        hit = [n.id for n in graph.nodes if n.packet in GEMM_OPS and n.id not in keep
+               and any(t.param is not None for t in n.inputs) and module_matches(n.module, unquantized)]
+        keep.update(dict.fromkeys(hit, "checkpoint"))
+        if hit:
+            what.append("the checkpoint's unquantized modules (" + ", ".join(unquantized) + ")")
+    return frozenset(keep), tuple(dict.fromkeys(what))
 
+
+def module_matches(module: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``module`` (a module path) is, or sits under, one of ``patterns``: a name, or a pattern with ``*``
+    standing for one path segment or more (transformers' modules_to_not_convert: ``model.layers.*.self_attn``)."""
+    for p in patterns:
+        if module == p or module.startswith(p + ".") or fnmatch.fnmatchcase(module, p) or \
+                fnmatch.fnmatchcase(module, p + ".*"):
+            return True
+    return False

@@ -10,13 +10,20 @@ and full layers; its attention "sinks" are a learned logit per head added to the
 token, so no sink tokens are held), Qwen3 and Qwen3-MoE, Llama 4 (its chunked-attention layers counted as full: the
 cache of a chunked layer is not capped here). Fields are read off the config object transformers built
 (a PretrainedConfig: its defaults filled in) or a plain dict of config.json.
+
+The checkpoint's quantization (``quantization_config``) is read too: the format its quantized weights are in
+(``quant_method`` mxfp4: gpt-oss's MXFP4 experts; fp8 with ``weight_block_size`` [128, 128]: DeepSeek-V3's block
+fp8; ModelOpt's nvfp4) and ``modules_to_not_convert`` (the modules the checkpoint keeps in bf16: gpt-oss's
+attention, router, embedding and LM head), so an analysis in that format prices those modules as shipped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from opmap.errors import OpmapError
 from opmap.geometry import AttentionSpec, ModelGeometry, attention_kind
 
 _MISSING = object()
@@ -120,7 +127,37 @@ ADAPTERS: dict[str, Callable[[Any], ModelGeometry]] = {
 }
 
 
+MAX_UNQUANTIZED = 256  # published configs list a handful of module patterns (gpt-oss: 4)
+MAX_PATTERN = 200
+
+
+def checkpoint_quantization(cfg: Any) -> tuple[str, tuple[str, ...]]:
+    """(the opmap format of the checkpoint's quantized weights, the module patterns it keeps unquantized) from a
+    config's ``quantization_config`` (module docstring); ("", ()) without one or for a method opmap has no format
+    for. A malformed ``modules_to_not_convert`` is refused in one line."""
+    q = _get(cfg, "quantization_config", default=None)
+    if q is not None and not isinstance(q, dict):
+        q = q.to_dict() if hasattr(q, "to_dict") else None
+    if not isinstance(q, dict):
+        return "", ()
+    method = str(q.get("quant_method", "")).lower()
+    algo = str(q.get("quant_algo", "")).lower()
+    fmt = ("mxfp4" if method == "mxfp4" else
+           ("fp8-block" if q.get("weight_block_size") else "fp8") if method == "fp8" else
+           "nvfp4" if method == "modelopt" and "nvfp4" in algo else
+           "fp8" if method == "modelopt" and algo == "fp8" else "")
+    keep = q.get("modules_to_not_convert") or q.get("ignore") or q.get("exclude_modules") or []
+    if not isinstance(keep, list) or len(keep) > MAX_UNQUANTIZED or not all(
+            isinstance(k, str) and 0 < len(k) <= MAX_PATTERN for k in keep):
+        raise OpmapError(f"quantization_config.modules_to_not_convert must be a list of at most {MAX_UNQUANTIZED} "
+                         f"module names or patterns (each 1-{MAX_PATTERN} characters), got {str(keep)[:80]!r}")
+    return fmt, tuple(keep) if fmt else ()
+
+
 def hf_geometry(cfg: Any) -> ModelGeometry:
     """The geometry of the model a config describes: its family's adapter (``ADAPTERS`` by ``model_type``), else
-    the generic reading (llama, mistral, mixtral, gpt2, phi, gemma and the rest)."""
-    return ADAPTERS.get(str(_get(cfg, "model_type", default="")), generic)(cfg)
+    the generic reading (llama, mistral, mixtral, gpt2, phi, gemma and the rest); with the checkpoint's
+    quantization (``checkpoint_quantization``)."""
+    geo = ADAPTERS.get(str(_get(cfg, "model_type", default="")), generic)(cfg)
+    fmt, keep = checkpoint_quantization(cfg)
+    return replace(geo, checkpoint_format=fmt, unquantized=keep) if fmt else geo

@@ -1,0 +1,75 @@
+"""A quantized checkpoint priced as it ships (opmap.analyze.checkpoint_unquantized, opmap.mapping.fp8.
+inference_bf16_nodes, opmap.workloads.hf_geometry.checkpoint_quantization): gpt-oss's config.json says its experts
+are MXFP4 and its attention, router, embedding and LM head are not (quantization_config.modules_to_not_convert), so
+an mxfp4 analysis reads the attention projections' weights at 2 bytes and the experts' at MXFP4's 17/32 (4-bit
+values and an 8-bit scale per 32: OCP Microscaling v1.0); a zoo model without a checkpoint puts every Linear but the
+LM head in the run's format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opmap.errors import OpmapError
+from opmap.mapping.fp8 import module_matches
+
+pytest.importorskip("transformers")
+
+from hf_family_configs import DEEPSEEK_R1, GPT_OSS_20B, shallow  # noqa: E402
+from opmap.api import Model, Shape  # noqa: E402
+from opmap.hardware import get_hardware  # noqa: E402
+from opmap.workloads.hf_geometry import checkpoint_quantization  # noqa: E402
+
+MXFP4_BYTES = 0.5 + 1 / 32  # E2M1 (4 bits) + one E8M0 scale byte per 32 elements
+
+
+def test_the_checkpoint_formats_of_the_published_configs():
+    assert checkpoint_quantization(GPT_OSS_20B) == ("mxfp4", ("model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                              "model.embed_tokens", "lm_head"))
+    assert checkpoint_quantization(DEEPSEEK_R1) == ("fp8-block", ())  # weight_block_size [128, 128]
+    assert checkpoint_quantization({"model_type": "llama"}) == ("", ())
+    with pytest.raises(OpmapError, match="modules_to_not_convert must be a list"):
+        checkpoint_quantization({"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": "x"}})
+
+
+def test_module_patterns_match_as_transformers_names_them():
+    pats = ("model.layers.*.self_attn", "lm_head")
+    assert module_matches("model.layers.3.self_attn.q_proj", pats) and module_matches("lm_head", pats)
+    assert not module_matches("model.layers.3.mlp.experts", pats) and not module_matches("lm_head2", pats)
+
+
+def _weights(a, fragment: str) -> list[tuple[float, float]]:
+    """(weight bytes read, weight elements) of each weight GEMM whose module holds ``fragment``."""
+    out = []
+    for r in a.results:
+        params = [t for t in r.node.inputs if t.param is not None]
+        if r.node.packet in ("mm", "addmm", "bmm", "linear") and params and fragment in r.node.module:
+            out.append((r.cost.param_bytes_read, sum(t.numel for t in params)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4(tmp_path_factory):
+    path = tmp_path_factory.mktemp("g") / "config.json"
+    path.write_text(json.dumps(shallow(GPT_OSS_20B, 2)))
+    m = Model(str(path), "mxfp4")
+    return m.prefill(Shape(1, 16), get_hardware("b200"), "eager")
+
+
+def test_gpt_oss_attention_stays_bf16_and_its_experts_are_mxfp4(gpt_oss_mxfp4):
+    a = gpt_oss_mxfp4
+    attn = _weights(a, "self_attn")
+    experts = _weights(a, "mlp.experts")
+    assert attn and experts
+    for read, n in attn:  # q / k / v / o weights (their biases too) at bf16
+        assert read == pytest.approx(2 * n)
+    for read, n in experts:
+        assert read == pytest.approx(MXFP4_BYTES * n)
+    assert "the checkpoint's unquantized modules (model.layers.*.self_attn" in a.assumptions.fp8_inference
+
+
+def test_a_zoo_model_without_a_checkpoint_runs_its_attention_in_the_format():
+    a = Model("mixtral-8x7b", "mxfp4").prefill(Shape(1, 16), get_hardware("b200"), "eager")
+    attn = _weights(a, "attn")
+    assert attn and all(read == pytest.approx(MXFP4_BYTES * n) for read, n in attn)
