@@ -50,6 +50,13 @@ LLAMA4_SCOUT = {
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "torch_dtype": "bfloat16",
     "use_cache": True, "use_qk_norm": True, "vocab_size": 202048, "tie_word_embeddings": False}
+# Llama 4 Maverick (meta-llama/Llama-4-Maverick-17B-128E-Instruct's text_config, as NVIDIA/TensorRT-LLM's tests hold it:
+# LLAMA_4_MAVERICK_TWO_LAYER_CONFIG, "Llama4 Maverick config but with only 2 layers" of 48): Scout's attention, 128
+# experts in every other layer (interleave_moe_layer_step 2: transformers makes layers 1, 3, ... 47 MoE, the others
+# dense MLPs of intermediate_size_mlp), no QK norm, no rope scaling, 1M positions
+LLAMA4_MAVERICK = {**{k: v for k, v in LLAMA4_SCOUT.items() if k != "moe_layers"}, "interleave_moe_layer_step": 2,
+                   "num_local_experts": 128, "use_qk_norm": False, "max_position_embeddings": 1048576,
+                   "rope_scaling": None}
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
@@ -68,7 +75,7 @@ QWEN3_30B_A3B = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
     "vocab_size": 151936}
 FAMILIES = {"gpt_oss": GPT_OSS_120B, "deepseek_v3": DEEPSEEK_R1, "llama4_text": LLAMA4_SCOUT, "qwen3": QWEN3_8B,
-            "qwen3_moe": QWEN3_30B_A3B}
+            "qwen3_moe": QWEN3_30B_A3B, "llama4_maverick": LLAMA4_MAVERICK}
 
 
 def shallow(d: dict, layers: int) -> dict:

@@ -23,7 +23,8 @@ BATCH, KV_LEN, LAYERS, BF16 = 8, 1024, 2, 2
 # bytes one token adds to one layer's cache at bf16: K and V of each KV head, or MLA's latent + RoPE key
 # (DeepSeek-V2 arXiv 2405.04434 sec. 2.1.2: 512 + 64)
 PER_LAYER_TOKEN = {"gpt_oss": 2 * 8 * 64 * BF16, "deepseek_v3": (512 + 64) * BF16, "llama4_text": 2 * 8 * 128 * BF16,
-                   "qwen3": 2 * 8 * 128 * BF16, "qwen3_moe": 2 * 4 * 128 * BF16}
+                   "qwen3": 2 * 8 * 128 * BF16, "qwen3_moe": 2 * 4 * 128 * BF16,
+                   "llama4_maverick": 2 * 8 * 128 * BF16}
 # tokens each of the two layers holds at KV_LEN: gpt-oss's first layer slides over a 128-token window
 HELD = {"gpt_oss": (128, KV_LEN)}
 

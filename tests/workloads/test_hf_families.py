@@ -19,6 +19,7 @@ from hf_family_configs import (  # noqa: E402
     DEEPSEEK_R1,
     FAMILIES,
     GPT_OSS_120B,
+    LLAMA4_MAVERICK,
     LLAMA4_SCOUT,
     QWEN3_8B,
     QWEN3_30B_A3B,
@@ -49,6 +50,7 @@ KV_PER_TOKEN = {
     "llama4_text": 2 * 48 * 8 * 128 * BF16,  # 196,608 B
     "qwen3": 2 * 36 * 8 * 128 * BF16,  # 147,456 B
     "qwen3_moe": 2 * 48 * 4 * 128 * BF16,  # 98,304 B
+    "llama4_maverick": 2 * 48 * 8 * 128 * BF16,  # 196,608 B: Scout's attention
 }
 
 
@@ -82,6 +84,21 @@ def test_gpt_oss_120b_parameters_match_the_model_card(tmp_path):
     assert total == pytest.approx(116.8e9, rel=0.002)
     active = 201088 * 2880 + 36 * (attn + 2880 * 128 + 4 * expert)  # the head, attention, 4 experts a layer
     assert active == pytest.approx(5.1e9, rel=0.01)
+
+
+def test_llama4_maverick_parameters_match_the_model_card(tmp_path):
+    """Meta's Llama 4 model card: Maverick 400 B total, 17 B active. Per layer: q and o 5,120 x 5,120, k and v 5,120 x
+    1,024, two norms; the 24 odd layers MoE (interleave_moe_layer_step 2) of 128 routed experts and a shared one,
+    each 3 x 5,120 x 8,192, and a router 5,120 x 128; the 24 even layers a dense MLP of 3 x 5,120 x 16,384;
+    embeddings and the untied head 202,048 x 5,120 each."""
+    attn = 2 * 5120 * 5120 + 2 * 5120 * 1024
+    expert = 3 * 5120 * 8192
+    total = (2 * 202048 * 5120 + 48 * (attn + 2 * 5120) + 24 * (129 * expert + 5120 * 128) + 24 * 3 * 5120 * 16384
+             + 5120)
+    assert _params(tmp_path, LLAMA4_MAVERICK) == total
+    assert total == pytest.approx(400e9, rel=0.005)
+    active = 2 * 202048 * 5120 + 48 * attn + 24 * 2 * expert + 24 * 3 * 5120 * 16384  # 1 routed + the shared
+    assert active == pytest.approx(17e9, rel=0.02)
 
 
 def test_deepseek_v3_parameters_match_the_report(tmp_path):
