@@ -189,7 +189,7 @@ def test_loader_refuses_a_repeated_id(tmp_path):
 def test_per_gpu_figures_and_engine_built_for_another_data_set_by_hand():
     # TensorRT-LLM's developer-guide table prints output tokens/s per GPU: DeepSeek R1 on 4 B200 (DEP4), 6,463 per
     # GPU, is 6,463 per device, not 6,463 / 4
-    assert by_id("trtdg-dsr1-b200-dep4-1000-1000").published_per_device == 6463
+    assert by_id("trtdg-deepseek-r1-b200-dep4-1000-1000").published_per_device == 6463
     # Azure's GB200 runs build one engine for the longest data set (2048/2048) at trtllm-bench build's default KV
     # fraction 0.95, then run at 0.83: Llama 3.1 8B FP8 on one GB200 (186 GiB): engine 8.03e9 / 2^30 = 7.4785 GiB;
     # cache (186 - 7.4785) x 0.95 = 169.595 GiB; KV 65,536 B a token x 4096 = 0.25 GiB a request: 678.4 requests ->
