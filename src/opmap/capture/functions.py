@@ -165,16 +165,16 @@ class FunctionRecorder(TorchFunctionMode):
         return self._record(tensors, scalars, backend, out)
 
     def _sink_attention(self, query, key, value, sinks, attn_mask=None, scale=None, window=None, dropout_p=0.0):
-        """``sink_attention`` recorded as one SDPA node (its docstring): on meta the output in the fused kernels'
-        layout, nothing run; on a real device the exact computation, its ops not recorded."""
+        """``sink_attention`` recorded as one SDPA node (its docstring): on meta nothing run, the output laid out
+        (B, Sq, H, Dv) as the engines' kernels write it (tokens, heads, head dim: the transpose back to the
+        hidden states is a view); on a real device the exact computation, its ops not recorded."""
         t = self.t
         start = len(t.suppressed_ops)
         t.suppress += 1
         try:
             if query.device.type == "meta":
                 b, h, sq, _ = query.shape
-                out = torch.empty_like(query) if value.shape[-1] == query.shape[-1] else \
-                    torch.empty((b, sq, h, value.shape[-1]), dtype=query.dtype, device="meta").transpose(1, 2)
+                out = torch.empty((b, sq, h, value.shape[-1]), dtype=query.dtype, device="meta").transpose(1, 2)
             else:
                 out = _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p)
         finally:
