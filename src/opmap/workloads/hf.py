@@ -9,12 +9,10 @@ always called with ``trust_remote_code=False``, so it never prompts on stdin.
 ``transformers`` builds the model from the config alone, on ``torch.device(device)`` (meta by default: random
 weights, none allocated, never the real ones), with ``attn_implementation="sdpa"`` so each attention is one
 ``scaled_dot_product_attention`` node, and the KV cache off (``use_cache=False``: a prefill). A model class that
-has no SDPA attention in transformers (``_supports_sdpa = False``) is built with its eager attention instead.
-Attention with sinks (gpt-oss: a learned logit per head in the softmax's denominator) then runs opmap's own
-attention function (opmap.workloads.hf_sinks): one SDPA call per layer, exactly the eager result, recorded as the
-one kernel with sinks that FlashInfer, TensorRT-LLM and vLLM run (the sliding window a kernel parameter). Any other
-(Gemma-2's logit softcapping) is counted as its eager path computes it (the scores Q K^T over every (query, key)
-pair, their softcapping, softmax, P V: separate kernels, the scores through memory). The class is a causal LM where transformers has one for the config, the image classifier
+has no SDPA attention in transformers (``_supports_sdpa = False``) is built with its eager attention, then:
+attention with sinks (gpt-oss) runs as the engines' one fused kernel with sinks, exactly (opmap.workloads.hf_sinks);
+any other (Gemma-2's logit softcapping) is counted as its eager path computes it (Q K^T over every (query, key)
+pair, softcapping, softmax, P V: separate kernels, the scores through memory). The class is a causal LM where transformers has one for the config, the image classifier
 where the config's ``architectures`` names one, else the bare model. The inputs are what the class reads
 (``main_input_name``): ``input_ids`` of shape (batch, seq), one unpadded, unpacked sequence per row, or
 ``pixel_values`` of shape (batch, num_channels, side, side), the side the config's image_size unless given.
@@ -271,11 +269,10 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
         return Workload(name, model, inputs, batch, None, tuple(notes), geometry=_geometry(config))
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False and seq > window:
-        notes.append(f"sliding window {window} < seq {seq}: a parameter of the sink attention kernel, as the "
-                     f"engines' kernels take it, so a sliding layer's attention counts at most {window} keys per query"
-                     if attn == "sinks" else
-                     f"sliding window {window} < seq {seq}: transformers passes an explicit mask to "
-                     f"{'SDPA' if attn == 'sdpa' else 'the eager attention'}, so attention is counted dense")
+        notes.append(f"sliding window {window} < seq {seq}: " + (
+            f"a parameter of the sink attention kernel, as engines take it, so a sliding layer's attention counts at "
+            f"most {window} keys per query" if attn == "sinks" else f"transformers passes an explicit mask to "
+            f"{'SDPA' if attn == 'sdpa' else 'the eager attention'}, so attention is counted dense"))
     with torch.device(device):
         ids = torch.zeros(batch, seq, dtype=torch.long)
     return Workload(name, model, {"input_ids": ids, "use_cache": False}, batch, seq, tuple(notes),
@@ -298,10 +295,9 @@ def _built_note(mt: str, cls: type, target: str, attn: str) -> str:
         return head + "attention as SDPA"
     if attn == "sinks":
         return head + (f"attention with sinks ({cls.__name__} has no SDPA attention in transformers) as one fused "
-                       "kernel per layer, as the engines run it (FlashInfer's and TensorRT-LLM's attention kernels "
-                       "with sinks, vLLM's FlashAttention-3 s_aux): Q, K and V read once (K and V per KV head, no "
-                       "repeat_kv copies), the sink logits added to the softmax's denominator, the scores on chip; "
-                       "computed exactly as transformers' eager attention by one SDPA call over a zero sink column")
+                       "kernel per layer, as engines run it (FlashInfer's and TensorRT-LLM's kernels with sinks, "
+                       "vLLM's FlashAttention-3 s_aux): Q, K and V read once (no repeat_kv copies), the sinks in "
+                       "the softmax's denominator, the scores on chip; exactly transformers' eager attention")
     return head + (f"eager attention ({cls.__name__} has no SDPA attention in transformers), counted as the eager "
                    "path computes it: the scores Q K^T over every (query, key) pair, softmax and P V, each its own "
                    "kernel with the scores through memory (no fused attention kernel)")
