@@ -76,6 +76,22 @@ def causal_pairs(sq: int, sk: int) -> int:
     return sk * (sk + 1) // 2 + (sq - sk) * sk
 
 
+def end_aligned_pairs(sq: int, sk: int, window: int | None = None) -> int:
+    """Unmasked (query, key) pairs under a causal mask aligned to the last key, as a decode or chunked-prefill
+    kernel applies it (FlashAttention 2.1+'s ``causal``, FlashInfer's, TensorRT-LLM's): query i of Sq sits at
+    position p = Sk - Sq + i and sees keys max(0, p - window + 1) .. p, at most ``window`` of them (a sliding window
+    as a kernel parameter: FlashAttention's ``window_size=(window - 1, 0)``, FlashInfer's ``window_left``). With
+    f(n) = sum over t = 1..n of min(t, window): f(Sk) - f(Sk - Sq); Sq (Sq + 1) / 2 when Sq == Sk and no window
+    binds, Sk for one query (a decode step)."""
+    def f(n: int) -> int:
+        if window is None or n <= window:
+            return n * (n + 1) // 2
+        return window * (window + 1) // 2 + (n - window) * window
+    if sq > sk:  # queries before the first key see none of them
+        sq = sk
+    return f(sk) - f(sk - sq)
+
+
 def expected_experts(experts: int, top_k: int, tokens: float) -> float:
     """Expected distinct experts that ``tokens`` tokens activate under top-k of E with uniform, independent
     routing: each token leaves a given expert unchosen with probability 1 - k / E, so E (1 - (1 - k / E)^b)
@@ -147,7 +163,9 @@ class MatrixProblem:
     ``batch`` counts independent problems of m x n x k: the batch of a bmm, the groups of a grouped
     convolution, batch x heads of attention. ``dropout``: fused attention that drops scores (a training call with
     ``dropout_p`` above 0), which a measured no-dropout curve prices through its kernel's dropout factor
-    (opmap.hardware.curves)."""
+    (opmap.hardware.curves). ``pairs``: attention's unmasked (query, key) pairs per problem where the kernel
+    counts them otherwise than ``attention_pairs`` does from the family alone (a sliding window, a causal mask
+    aligned to the last key: ``end_aligned_pairs``); None: m x n, or PyTorch's top-left causal count."""
 
     family: MatrixFamily
     batch: int
@@ -155,6 +173,14 @@ class MatrixProblem:
     n: int
     k: int
     dropout: bool = False
+    pairs: int | None = None
+
+    @property
+    def attention_pairs(self) -> int:
+        """(query, key) pairs per problem an attention kernel computes (m = queries, n = keys)."""
+        if self.pairs is not None:
+            return self.pairs
+        return causal_pairs(self.m, self.n) if self.family.causal else self.m * self.n
 
     @property
     def flops(self) -> float:

@@ -220,20 +220,21 @@ def test_a_config_without_sdpa_attention_runs_eager(tmp_path, cli, published_con
     assert "eager attention (Gemma2ForCausalLM has no SDPA attention in transformers)" in notes
 
 
-def test_gpt_oss_runs_eager_with_its_biased_experts(tmp_path, cli, published_config):
-    """gpt-oss-20b (hub: openai/gpt-oss-20b): no SDPA attention in transformers (attention sinks), and experts with
-    biases and (in, out) weights. Parameters 20,914,757,184 (OpenAI's model card: 20.91 B): embeddings and the
+def test_gpt_oss_runs_fused_sink_attention_with_its_biased_experts(tmp_path, cli, published_config):
+    """gpt-oss-20b (hub: openai/gpt-oss-20b): no SDPA attention in transformers (attention sinks), run as the
+    engines' fused attention with sinks (opmap.workloads.hf_sinks), and experts with biases and (in, out) weights. Parameters 20,914,757,184 (OpenAI's model card: 20.91 B): embeddings and the
     untied head 2 x 201,088 x 2,880; per layer q 2,880 x 4,096 + 4,096, k and v 2,880 x 512 + 512 each, o 4,096 x
     2,880 + 2,880, 64 sinks, router 2,880 x 32 + 32, 32 experts of gate-up 2,880 x 5,760 + 5,760 and down 2,880 x
     2,880 + 2,880, two norms; final norm. Multiply-adds per token 3.61 G (the card's 3.6 B active parameters): the
-    attention projections, the router and 4 experts a layer, the head; plus the eager products over all 64^2
-    (query, key) pairs at seq 64."""
+    attention projections, the router and 4 experts a layer, the head; plus the fused kernel's products over the
+    64 x 65 / 2 causal (query, key) pairs at seq 64 (64 heads, QK^T and PV of head dim 64; the window of 128 binds
+    no query at 64 tokens)."""
     d = _totals(cli, published_config("openai/gpt-oss-20b"), "--seq", "64", "--out", tmp_path)
     attn = 2880 * 4096 + 4096 + 2 * (2880 * 512 + 512) + 4096 * 2880 + 2880 + 64
     moe = 2880 * 32 + 32 + 32 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880)
     assert d["totals"]["params"] == 2 * 201088 * 2880 + 24 * (attn + moe + 2 * 2880) + 2880 == 20_914_757_184
     per_token = 24 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880 + 2880 * 32 + 4 * 3 * 2880 * 2880) + 2880 * 201088
-    assert d["totals"]["macs"] == 64 * per_token + 24 * 64 * 2 * 64 ** 2 * 64
+    assert d["totals"]["macs"] == 64 * per_token + 24 * 64 * 2 * (64 * 65 // 2) * 64
     # sliding layers (window 128) and full ones alike cache all 64 tokens: 2 x 24 x 8 KV heads x 64 x 2 bytes
     assert ("KV cache 49152 B per token (12 of 24 layers slide over a 128-token window and hold at most that many "
             "tokens)") in d["totals"]["memory_fit"]["assumptions"]

@@ -118,3 +118,43 @@ def test_attention_dropout_is_counted_forward_and_backward_and_marks_the_problem
     assert f0.vector_flops == scores * 5 and f1.vector_flops == scores * (5 + 8)
     assert b0.vector_flops == scores * 4 and b1.vector_flops == scores * (4 + 9)
     assert f1.matrix_flops == f0.matrix_flops and b1.matrix_flops == b0.matrix_flops  # the products are the same
+
+
+class Sinks(torch.nn.Module):
+    """Attention with a sink logit per head (opmap.capture.functions.sink_attention), a sliding window of 4."""
+
+    def __init__(self, heads: int, window: int | None):
+        super().__init__()
+        self.sinks = torch.nn.Parameter(torch.zeros(heads))
+        self.window = window
+
+    def forward(self, q, k, v):
+        from opmap.capture.functions import sink_attention
+
+        return sink_attention(q, k, v, self.sinks, window=self.window)
+
+
+def test_sink_attention_is_one_kernel_reading_no_mask():
+    """Sink attention as the engines' kernel: Q, K and V (per KV head) and the H sink logits read, no mask; causal
+    with a 4-token window over 16 tokens: the first 4 queries see 1..4 keys, the other 12 four each."""
+    with torch.device("meta"):
+        q, k = torch.empty(1, 8, 16, 32), torch.empty(1, 2, 16, 32)
+    for window, pairs in ((4, 4 * 5 // 2 + 12 * 4), (None, 16 * 17 // 2)):
+        g = capture(Sinks(8, window), (q, k, k))
+        n = _sdpa_node(g)
+        assert n.input_names == ("query", "key", "value", "sinks")
+        c = cost_node(n)
+        assert c.matrix_flops == 8 * pairs * (2 * 32 + 2 * 32)
+        assert c.skipped_flops == 8 * (16 * 16 - pairs) * (2 * 32 + 2 * 32)
+        assert c.bytes_read == (8 * 16 * 32 + 2 * 2 * 16 * 32) * 4  # Q, K and V, fp32: no mask
+        assert c.param_bytes_read == 8 * 4  # the sink logit of each head
+        assert c.problem.attention_pairs == pairs
+
+
+def test_sink_attention_decode_reads_every_cached_key():
+    """One new query against 40 cached keys: causal aligned to the last key, so it sees all 40 (PyTorch's
+    top-left is_causal would give it one)."""
+    with torch.device("meta"):
+        q, k = torch.empty(2, 8, 1, 32), torch.empty(2, 2, 40, 32)
+    c = cost_node(_sdpa_node(capture(Sinks(8, None), (q, k, k))))
+    assert c.matrix_flops == 2 * 8 * 40 * (2 * 32 + 2 * 32) and c.skipped_flops == 0

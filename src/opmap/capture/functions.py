@@ -2,8 +2,9 @@
 product attention, recorded as the one fused kernel it is on CPU and CUDA (on meta, which has no fused kernel,
 the math path's S x S scores would otherwise look as if they went through memory), with the aten op that ran
 underneath kept in ``args["backend_op"]``; training dropout as CUDA's one fused kernel; in training captures on meta,
-a flash-attention backward node standing in for the fused kernel's backward; and ``kv_cache`` marks, the K and V an
-attention that is not one SDPA call (transformers' eager path) holds in its cache."""
+a flash-attention backward node standing in for the fused kernel's backward; ``kv_cache`` marks, the K and V an
+attention that is not one SDPA call (transformers' eager path) holds in its cache; and ``sink_attention``, attention
+with a learned sink logit per head (gpt-oss), recorded as the one fused kernel serving engines run for it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,47 @@ def kv_cache(key: torch.Tensor, value: torch.Tensor, is_causal: bool = True) -> 
         torch.overrides.handle_torch_function(kv_cache, (key, value), key, value, is_causal=is_causal)
 
 
+def sink_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor,
+                   attn_mask: torch.Tensor | None = None, scale: float | None = None, window: int | None = None,
+                   dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention whose softmax denominator holds one more term per head, exp(sinks[h]) (gpt-oss's attention sinks:
+    transformers' ``GptOssAttention`` eager path, softmax over [scores, sink] with the sink's column dropped), for
+    queries (B, H, Sq, D), keys and values (B, H_kv, Sk, D) and ``sinks`` (H,). Causal, aligned to the last key, at
+    most ``window`` keys per query where one is given; ``attn_mask`` (transformers' boolean or additive mask, which
+    says the same for the unpadded inputs opmap builds) overrides that where given. Returns (B, H, Sq, Dv).
+
+    Computed as one ``scaled_dot_product_attention`` call, exactly: one key column more, its K and V zero and its
+    additive mask entry the head's sink logit, so exp(sink) joins the denominator and adds nothing to the output;
+    the causal / window mask folded into the same additive mask. A capture records the call as the one kernel
+    FlashInfer, TensorRT-LLM and vLLM (FlashAttention-3 ``s_aux``) run for it: Q, K, V and the H sink logits read,
+    no mask (the causal alignment and the window are kernel parameters), no extra column
+    (opmap.costs.attention)."""
+    if torch.overrides.has_torch_function_variadic(query, key, value, sinks):
+        return torch.overrides.handle_torch_function(
+            sink_attention, (query, key, value, sinks), query, key, value, sinks, attn_mask=attn_mask, scale=scale,
+            window=window, dropout_p=dropout_p)
+    return _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p)
+
+
+def _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p) -> torch.Tensor:
+    """``sink_attention`` as one SDPA call over the keys and a zero sink column (its docstring)."""
+    b, h, sq, _ = query.shape
+    sk = key.shape[-2]
+    if attn_mask is None:  # causal, aligned to the last key: query i at position Sk - Sq + i
+        pos = torch.arange(sk - sq, sk, device=query.device).unsqueeze(-1)
+        keys = torch.arange(sk, device=query.device)
+        attn_mask = (keys <= pos) & ((keys > pos - window) if window else True)
+    if attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attn_mask, float("-inf"))
+    attn_mask = attn_mask.to(query.dtype).expand(b, h, sq, sk)
+    sink = sinks.to(query.dtype).reshape(1, h, 1, 1).expand(b, h, sq, 1)
+    k = torch.cat((key, key.new_zeros(*key.shape[:-2], 1, key.shape[-1])), dim=-2)
+    v = torch.cat((value, value.new_zeros(*value.shape[:-2], 1, value.shape[-1])), dim=-2)
+    return F.scaled_dot_product_attention(query, k, v, attn_mask=torch.cat((attn_mask, sink), dim=-1),
+                                          dropout_p=dropout_p, scale=scale, enable_gqa=h != key.shape[-3])
+
+
 class FunctionRecorder(TorchFunctionMode):
     """Records calls that opmap costs whole (fused SDPA) instead of by their decomposition. On meta, a repeat
     of an SDPA signature reuses the first call's output layout and backend instead of running the decomposed
@@ -47,6 +89,8 @@ class FunctionRecorder(TorchFunctionMode):
                 self.t.add_node(KV_CACHE_OP, "kv_cache", [("key", key), ("value", value)],
                                 {"is_causal": bool(kwargs.get("is_causal", True))}, [], is_view=True, is_inplace=False)
             return None
+        if func is sink_attention and not self.t.suppress:
+            return self._sink_attention(*args, **kwargs)
         if func is F.dropout and not self.t.suppress:
             # CUDA runs training dropout as one fused kernel (aten.native_dropout: the output and a bool mask);
             # meta and CPU take the composite path (bernoulli_, div_, mul: three kernels and a mask the input's
@@ -119,6 +163,31 @@ class FunctionRecorder(TorchFunctionMode):
         if key is not None and isinstance(out, torch.Tensor) and out.device.type == "meta":
             self.memo[key] = ((tuple(out.shape), out.stride(), out.dtype), backend)
         return self._record(tensors, scalars, backend, out)
+
+    def _sink_attention(self, query, key, value, sinks, attn_mask=None, scale=None, window=None, dropout_p=0.0):
+        """``sink_attention`` recorded as one SDPA node (its docstring): on meta nothing run, the output laid out
+        (B, Sq, H, Dv) as the engines' kernels write it (tokens, heads, head dim: the transpose back to the
+        hidden states is a view); on a real device the exact computation, its ops not recorded."""
+        t = self.t
+        start = len(t.suppressed_ops)
+        t.suppress += 1
+        try:
+            if query.device.type == "meta":
+                b, h, sq, _ = query.shape
+                out = torch.empty((b, sq, h, value.shape[-1]), dtype=query.dtype, device="meta").transpose(1, 2)
+            else:
+                out = _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p)
+        finally:
+            t.suppress -= 1
+        del t.suppressed_ops[start:]
+        if t.train and torch.is_grad_enabled() and query.device.type == "meta":
+            out = MetaFlashAttention.apply(out, t, query, key, value, None, True, scale, float(dropout_p or 0.0))
+        scalars = {"dropout_p": float(dropout_p or 0.0), "is_causal": True, "scale": scale,
+                   "enable_gqa": query.shape[-3] != key.shape[-3], "causal_align": "bottom-right",
+                   "window": int(window) if window else None}
+        return self._record([("query", query), ("key", key), ("value", value), ("sinks", sinks)], scalars,
+                            "attention with sinks (FlashInfer / TensorRT-LLM sink kernels; computed exactly as SDPA "
+                            "over a zero sink column)", out)
 
     def _record(self, tensors, scalars, backend: str, out):
         t = self.t

@@ -10,6 +10,13 @@ masked blocks, so P counts only the unmasked pairs, sum over queries i of min(i 
 top-left-aligned mask (Sq*(Sq+1)/2 when Sq == Sk); the skipped half goes to ``skipped_flops`` and the
 node says so. An explicit ``attn_mask`` is dense work: the kernel computes every score and then masks.
 
+Attention with sinks (gpt-oss: opmap.capture.functions.sink_attention) is recorded as the kernel serving engines
+run for it (FlashInfer's and TensorRT-LLM's attention with ``sinks``, vLLM's FlashAttention-3 ``s_aux``): no mask
+read, the causal mask aligned to the last key and the sliding window kernel parameters (args ``causal_align``
+"bottom-right" and ``window``), so P counts the pairs the kernel computes (opmap.ops.end_aligned_pairs: per query at
+most ``window`` keys); the sinks are one logit per head added to the softmax's denominator (its H values read; one
+exp and add per query row, counted with the row's softmax).
+
 Bytes: a fused kernel reads Q, K, V (and the mask, if any) once (V once with K where it is a view of K's first
 columns: ``values_in_keys``) and writes the output (plus the
 log-sum-exp where the variant returns it); the S x S scores never reach device memory.
@@ -30,7 +37,7 @@ from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node, TensorMeta
-from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs
+from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs, end_aligned_pairs
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
@@ -80,7 +87,12 @@ def sdpa_cost(node: Node) -> OpCost:
         sk, dv = k.shape[-2], v.shape[-1]
     dense = sq * sk
     causal = is_causal(node) and not any(n in ("attn_mask", "attn_bias", "bias") for n in node.input_names)
-    pairs = causal_pairs(sq, sk) if causal else dense
+    given = None  # pairs counted otherwise than the family says (a window, a mask aligned to the last key)
+    if causal and node.args.get("causal_align") == "bottom-right":
+        w = node.args.get("window")
+        given = end_aligned_pairs(sq, sk, w if isinstance(w, int) and w > 0 else None)
+        causal = given < dense
+    pairs = given if given is not None else causal_pairs(sq, sk) if causal else dense
     per_pair = 2 * d + 2 * dv
     matrix = float(b * h * pairs * per_pair)
     skipped = float(b * h * (dense - pairs) * per_pair)
@@ -93,4 +105,5 @@ def sdpa_cost(node: Node) -> OpCost:
                    vector_flops=float(b * h * pairs * per_score),
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
                    problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
-                                         int(b * h), int(sq), int(sk), int(d), dropout=drop))
+                                         int(b * h), int(sq), int(sk), int(d), dropout=drop,
+                                         pairs=given if given is not None and given != causal_pairs(sq, sk) else None))

@@ -118,12 +118,15 @@ class _Attention(TorchFunctionMode):
             if train and 0.0 < p < 1.0 and torch.is_grad_enabled():
                 return torch.native_dropout(x, p, True)[0]
             return func(*args, **kwargs)
-        if name != "scaled_dot_product_attention":
+        if name not in ("scaled_dot_product_attention", "sink_attention"):
             return func(*args, **kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        # attention with sinks (opmap.capture.functions.sink_attention) keeps what fused SDPA keeps (its sinks are
+        # a parameter); under math, its exact construction's decomposition
+        names = ("query", "key", "value", "sinks" if name == "sink_attention" else "attn_mask", "dropout_p",
+                 "is_causal", "scale", "enable_gqa")
         b = dict(zip(names, args), **kwargs)
         if self.attention == "math":
-            return _math_sdpa(**b)
+            return func(*args, **kwargs) if name == "sink_attention" else _math_sdpa(**b)
         self.rec.paused += 1
         try:
             out = _fused_layout(func(*args, **kwargs), b["query"])

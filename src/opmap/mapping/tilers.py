@@ -24,7 +24,7 @@ from opmap.errors import OpmapError
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, cpu_tile_candidates, tile_candidates
-from opmap.ops import MatrixFamily, causal_pairs
+from opmap.ops import MatrixFamily
 from opmap.precision import Precision, format_bytes
 
 
@@ -132,7 +132,7 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         cands = attention_candidates(bh, sq, sk, d, prec.matrix, causal=p.family.causal,
                                      sram_per_unit=hw.sram_per_unit_bytes, units=hw.compute_units,
                                      l2_bytes=hw.l2_bytes or 0.0, peak_flops_per_s=prec.matrix_rate_flops_per_s,
-                                     bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s)
+                                     bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s, pairs=p.pairs)
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile = cands[0]
@@ -153,7 +153,7 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
                 "scores stay on chip")
     # the tiles price one forward pass (QK^T and PV over the pairs); a backward runs 2.5x its matrix work (five
     # GEMMs over the same pairs, FlashAttention-2 section 3.2) through the same tiling
-    fwd = 4.0 * bh * (causal_pairs(sq, sk) if p.family.causal else sq * sk) * d
+    fwd = 4.0 * bh * p.attention_pairs * d
     reps = c.matrix_flops / fwd if fwd and c.matrix_flops > fwd else 1.0
     if reps > 1.0:
         note += f"; backward: {reps:.3g}x the forward's matrix work on the same tiles"

@@ -202,7 +202,7 @@ DECODE_SPLIT = 256  # keys per split in decode
 @functools.lru_cache(maxsize=4096)  # repeated layers repeat their shapes
 def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causal: bool, sram_per_unit: float,
                          units: int, l2_bytes: float, peak_flops_per_s: float,
-                         bandwidth_bytes_per_s: float) -> tuple[Tile, ...]:
+                         bandwidth_bytes_per_s: float, pairs: int | None = None) -> tuple[Tile, ...]:
     """Flash-style attention tiles, best first. Per block of Br queries the kernel streams all (causal: the
     unmasked) K and V blocks of Bc rows through SRAM; the S x S scores stay on chip.
 
@@ -212,10 +212,12 @@ def attention_candidates(bh: int, sq: int, sk: int, d: int, dtype: str, *, causa
     wave) and each head's K and V come from DRAM once per wave its query blocks span (ceil(blocks / units)
     times); when not even those fit, once per query block (ceil(Sq/Br) times; causal: the unmasked share).
     Decode (Sq <= DECODE_MAX_Q): one query block, the KV sequence split in DECODE_SPLIT-key chunks across
-    the compute units; the KV cache read bounds it.
+    the compute units; the KV cache read bounds it. ``pairs``: the unmasked pairs per head where the kernel
+    counts them otherwise (MatrixProblem.pairs: a sliding window); None: PyTorch's causal count, or Sq x Sk.
     """
     e = format_bytes(dtype)
-    pairs = causal_pairs(sq, sk) if causal else sq * sk
+    if pairs is None:
+        pairs = causal_pairs(sq, sk) if causal else sq * sk
     flops = 4.0 * bh * pairs * d
     kv = 2.0 * bh * sk * d * e
     qo = 2.0 * bh * sq * d * e

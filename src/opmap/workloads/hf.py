@@ -9,10 +9,10 @@ always called with ``trust_remote_code=False``, so it never prompts on stdin.
 ``transformers`` builds the model from the config alone, on ``torch.device(device)`` (meta by default: random
 weights, none allocated, never the real ones), with ``attn_implementation="sdpa"`` so each attention is one
 ``scaled_dot_product_attention`` node, and the KV cache off (``use_cache=False``: a prefill). A model class that
-has no SDPA attention in transformers (``_supports_sdpa = False``: Gemma-2's logit softcapping, gpt-oss's
-attention sinks) is built with its eager attention instead, and the attention is counted as that path computes it
-(the scores Q K^T over every (query, key) pair, their softcapping or sinks, softmax, P V: separate kernels, the
-scores through memory). The class is a causal LM where transformers has one for the config, the image classifier
+has no SDPA attention in transformers (``_supports_sdpa = False``) is built with its eager attention, then:
+attention with sinks (gpt-oss) runs as the engines' one fused kernel with sinks, exactly (opmap.workloads.hf_sinks);
+any other (Gemma-2's logit softcapping) is counted as its eager path computes it (Q K^T over every (query, key)
+pair, softcapping, softmax, P V: separate kernels, the scores through memory). The class is a causal LM where transformers has one for the config, the image classifier
 where the config's ``architectures`` names one, else the bare model. The inputs are what the class reads
 (``main_input_name``): ``input_ids`` of shape (batch, seq), one unpadded, unpacked sequence per row, or
 ``pixel_values`` of shape (batch, num_channels, side, side), the side the config's image_size unless given.
@@ -59,6 +59,7 @@ from opmap.workloads.hf_config import (
 )
 from opmap.workloads.hf_experts import balance_experts as _balance_experts
 from opmap.workloads.hf_geometry import hf_geometry
+from opmap.workloads.hf_sinks import install_sink_attention
 from opmap.workloads.zoo import Workload, cast_to, parse_dtype
 
 __all__ = ["ACCEPTED", "TESTED", "build_hf", "cached_config", "is_hf_target", "load_config", "max_positions",
@@ -233,6 +234,8 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
         seq = _text_seq(config, cls, target, seq, allow_long_context)
     config.use_cache = False
     model = _build(config, target, device, auto, attn)
+    if attn == "eager" and install_sink_attention(model):
+        attn = "sinks"
     model.eval()
     notes = [_built_note(mt, cls, target, attn), *((PREFILL_NOTE,) if image is None else ())]
     if ignored:
@@ -266,8 +269,10 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
         return Workload(name, model, inputs, batch, None, tuple(notes), geometry=_geometry(config))
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and getattr(config, "use_sliding_window", True) is not False and seq > window:
-        notes.append(f"sliding window {window} < seq {seq}: transformers passes an explicit mask to "
-                     f"{'SDPA' if attn == 'sdpa' else 'the eager attention'}, so attention is counted dense")
+        notes.append(f"sliding window {window} < seq {seq}: " + (
+            f"a parameter of the sink attention kernel, as engines take it, so a sliding layer's attention counts at "
+            f"most {window} keys per query" if attn == "sinks" else f"transformers passes an explicit mask to "
+            f"{'SDPA' if attn == 'sdpa' else 'the eager attention'}, so attention is counted dense"))
     with torch.device(device):
         ids = torch.zeros(batch, seq, dtype=torch.long)
     return Workload(name, model, {"input_ids": ids, "use_cache": False}, batch, seq, tuple(notes),
@@ -288,6 +293,11 @@ def _built_note(mt: str, cls: type, target: str, attn: str) -> str:
     head = f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: random weights, "
     if attn == "sdpa":
         return head + "attention as SDPA"
+    if attn == "sinks":
+        return head + (f"attention with sinks ({cls.__name__} has no SDPA attention in transformers) as one fused "
+                       "kernel per layer, as engines run it (FlashInfer's and TensorRT-LLM's kernels with sinks, "
+                       "vLLM's FlashAttention-3 s_aux): Q, K and V read once (no repeat_kv copies), the sinks in "
+                       "the softmax's denominator, the scores on chip; exactly transformers' eager attention")
     return head + (f"eager attention ({cls.__name__} has no SDPA attention in transformers), counted as the eager "
                    "path computes it: the scores Q K^T over every (query, key) pair, softmax and P V, each its own "
                    "kernel with the scores through memory (no fused attention kernel)")
