@@ -176,7 +176,7 @@ def test_build_bytes_and_reference_come_from_the_build_dtype():
 
     assert {f: build_bytes(f) for f in requestable()} == \
         {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "int8": 2, "int4": 2, "fp8-block": 2, "nvfp4": 2,
-         "mxfp8": 2, "mxfp6": 2, "mxfp4": 2}
+         "mxfp8": 2, "mxfp6": 2, "mxfp4": 2, "w4a8-mxfp4": 2}
     assert build_bytes("fp4") == 2  # the alias is built as its formats are, before a device resolves it
     assert [f for f in requestable() if reference(f)] == ["fp32", "tf32"]
 
@@ -243,3 +243,18 @@ def test_serve_names_the_format_and_prices_an_nvfp4_kv_cache(tmp_path, capsys):
                "--no-store"])
     err = capsys.readouterr().err
     assert rc == 2 and "h100-sxm lists no nvfp4 matrix peak; accepted on h100-sxm: bf16, fp16, fp8, int8" in err
+
+
+def test_w4a8_mxfp4_runs_on_the_mxfp8_engine_with_mxfp4_weights():
+    """gpt-oss's MoE on Blackwell (TensorRT-LLM's gpt-oss MoE support matrix, PR 6908: mxfp4 weights x mxfp8
+    activations): the GEMM at the device's MXFP8 rate (B200: 4.5 PFLOP/s dense, half its 9 PFLOP/s FP4), the weights
+    read at MXFP4's 4.25 bits (17/32 B against bf16's 2 B); on an H200 (no MXFP8 engine) the W4A16 fallback: the
+    bf16 rate, the same weight bytes."""
+    b200 = get_hardware("b200")
+    p = resolve_precision(b200, "w4a8-mxfp4")
+    assert p.matrix == "mxfp8" and p.fallback_policy is None
+    assert p.matrix_peak_flops_per_s == b200.matrix_peak_flops_per_s["mxfp8"].value == 4.5e15
+    assert p.weight_scale == pytest.approx((17 / 32) / 2)
+    h = resolve_precision(get_hardware("h200"), "w4a8-mxfp4")
+    assert h.matrix == "bf16" and h.fallback_policy is not None and h.weight_scale == pytest.approx((17 / 32) / 2)
+    assert "W4A16" in h.fallback_policy.weights

@@ -48,8 +48,8 @@ def test_format_sizes_and_weight_scales():
     assert resolve_precision(h100, "int8").weight_scale == pytest.approx((1 + 2 / 4096) / 2)
     assert resolve_precision(h100, "fp32").weight_scale == 1.0
     assert set(requestable()) == {"fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4", "fp8-block", "nvfp4",
-                                  "mxfp8", "mxfp6", "mxfp4"}
-    assert set(FORMATS) >= set(requestable()) - {"fp8-block"}  # block-scaled fp8 runs on the fp8 engine
+                                  "mxfp8", "mxfp6", "mxfp4", "w4a8-mxfp4"}
+    assert set(FORMATS) >= set(requestable()) - {"fp8-block", "w4a8-mxfp4"}  # block-scaled fp8 runs on the fp8 engine
 
 
 def test_kernel_formats_follow_the_policy():

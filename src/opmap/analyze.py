@@ -414,11 +414,13 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
 
 def checkpoint_unquantized(geo, fmt: str) -> tuple[str, ...]:
     """The modules the model's published checkpoint keeps in bf16 (opmap.workloads.hf_geometry.
-    checkpoint_quantization) where the run is in that checkpoint's format (fp8 and block fp8 one family)."""
+    checkpoint_quantization) where the run stores its weights in that checkpoint's format (fp8 and block fp8 one
+    family; W4A8's weights are mxfp4)."""
     if geo is None or not geo.unquantized:
         return ()
     fp8 = {"fp8", "fp8-block"}
-    same = fmt == geo.checkpoint_format or (fmt in fp8 and geo.checkpoint_format in fp8)
+    stored = get_format(fmt).policy.weights.split(" ")[0]  # the stored format first: W4A8 stores mxfp4
+    same = geo.checkpoint_format in (fmt, stored) or (fmt in fp8 and geo.checkpoint_format in fp8)
     return geo.unquantized if same else ()
 
 

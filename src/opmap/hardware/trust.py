@@ -22,9 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from opmap.errors import OpmapError
+from opmap.formats import get_format
 from opmap.hardware.runtimes import stack_for
 from opmap.hardware.spec import HardwareSpec
-from opmap.precision import matrix_rate
+from opmap.precision import fallback, matrix_rate
 from opmap.record import key
 
 LABELS = ("datasheet", "anchored", "calibrated")
@@ -101,7 +103,16 @@ def matrix_input(hw: HardwareSpec, dtype: str) -> Input:
     """The matrix rate ``dtype`` runs at: its own measured figure, another format's measured fraction of peak
     applied to this one's dense peak (``derived``: the same fraction is an assumption), or the dense peak."""
     if dtype not in hw.matrix_peak_flops_per_s:
-        return Input(f"matrix rate {dtype}", "assumed", f"{hw.name} lists no {dtype} matrix peak")
+        # a format no catalog lists, run on another format's engine (W4A8 on the mxfp8 one, block fp8 on fp8's):
+        # that engine's rate
+        try:
+            ran = None if get_format(dtype).catalog else next(
+                (d for d in fallback(dtype) if d in hw.matrix_peak_flops_per_s), None)
+        except OpmapError:
+            ran = None
+        if ran is None:
+            return Input(f"matrix rate {dtype}", "assumed", f"{hw.name} lists no {dtype} matrix peak")
+        dtype = ran
     grid = _grid_source(hw, dtype)
     if grid:  # the time model prices each GEMM off the measured grid (opmap.hardware.curves), not one rate
         return Input(f"matrix rate {dtype}", _kind(hw, "measured"), grid)
@@ -121,7 +132,6 @@ def _grid_source(hw: HardwareSpec, dtype: str) -> str:
     name = hw.calibration.get("gemm_grid")
     if not isinstance(name, str):
         return ""
-    from opmap.errors import OpmapError
     from opmap.hardware.curves import load_gemm_grid
 
     try:
