@@ -410,7 +410,10 @@ def _memory(o: _Options, preset):
 
 def _with_setting(o: _Options, p: _Parsed, reqs, cost, memory) -> _Parsed:
     """``p`` with the preset's engine setting for the priced replica (its KV capacity, the run's mean lengths,
-    offline or not), the flags given applied over it, and the policy it runs."""
+    offline or not), the flags given applied over it, and the policy it runs. With --dp-attention the cost's KV
+    capacity and bytes a token are one rank's (one device's, the KV whole), so a rule that reads the replica's KV as
+    bytes a token x tp (trtllm-bench's) sizes the requests of tp devices' memory at tp x a rank's KV each: one rank's
+    requests, the batch each rank's scheduler runs."""
     from opmap.engines.apply import sizing_inputs
     from opmap.hardware import get_hardware
 
