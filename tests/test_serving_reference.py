@@ -250,3 +250,15 @@ def test_server_latency_loader_refuses_a_wrong_anchor(tmp_path):
     (tmp_path / sr.LATENCY_TABLE).write_text(good[0] + "\n" + good[1].replace("-server,", "-offline,", 1) + "\n")
     with pytest.raises(OpmapError, match=r"id must name a server row"):
         sr.load_server_latency(sr.REFS, tmp_path)
+
+
+def test_dep_rows_run_serve_with_dp_attention():
+    """TensorRT-LLM's DEPn columns (enable_attention_dp, experts over n GPUs) run as serve --tp n --ep n
+    --dp-attention: n attention ranks of one GPU, not tensor-parallel attention."""
+    dep = [r for r in sr.REFS if r.notes.startswith("DEP")]
+    assert len(dep) >= 40
+    for r in dep:
+        cmd = r.command(Path("OUT"))
+        n = int(r.notes[3:r.notes.index(":")])
+        assert cmd[cmd.index("--tp") + 1] == cmd[cmd.index("--ep") + 1] == str(n) == str(r.tp), r.id
+        assert "--dp-attention" in cmd and "simulates DP attention" in r.notes, r.id

@@ -84,3 +84,33 @@ def test_serve_takes_ep_over_its_tp_group(cli, tmp_path):
     rc, _, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--ep-imbalance", "3",
                      "--no-store")
     assert rc == 2 and "--ep-imbalance must be a number from 1 to 2" in err
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--tp", "2"), "--dp-attention runs the attention data-parallel over the EP ranks: it needs --ep above 1"),
+    (("--tp", "4", "--ep", "2"), "--ep must equal --tp (the replica's devices), got --ep 2 --tp 4"),
+    (("--tp", "4", "--ep", "3"), "--ep must equal --tp (the replica's devices), got --ep 3 --tp 4"),
+    (("--tp", "2", "--ep", "2", "--pp", "2"), "drop --pp 2"),
+    (("--tp", "2", "--ep", "2", "--policy", "static:4"), "use --policy engine, continuous or chunked, got 'static:4'"),
+    (("--tp", "2", "--ep", "2", "--router", "shared"), "use --router round_robin or least_loaded, not shared"),
+    (("--tp", "2", "--ep", "2", "--disaggregate", "1:1"), "drop --disaggregate"),
+    (("--tp", "2", "--ep", "2", "--service-time", "fixed:10"), "drop --service-time"),
+])
+def test_serve_dp_attention_bad_input_is_one_line(cli, args, words):
+    rc, _, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--dp-attention", *args, "--no-store")
+    assert rc == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_serve_runs_dp_attention_ranks(cli, tmp_path):
+    """Mixtral over 2 H200s as 2 attention ranks: the layout and the per-rank KV pool are written, the memory line
+    and the DP-attention line printed."""
+    rc, out, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--dp-attention",
+                       "--requests", "20", "--input-len", "128", "--output-len", "16", "--arrival", "poisson:5",
+                       "--no-store", "--out", tmp_path)
+    assert rc == 0, err
+    s = json.loads((tmp_path / "serve.json").read_text())
+    lay = s["assumptions"]["layout"]
+    assert lay["dp_attention"] is True and lay["attention_ranks"] == 2 and lay["ep"] == 2 and lay["tp"] == 2
+    m = s["assumptions"]["memory"]
+    assert m["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2  # Mixtral's whole KV a token on each rank: no TP split
+    assert "DP attention: 2 attention ranks a replica" in out and "memory per device" in out

@@ -27,7 +27,12 @@ _TP = typer.Option(1, "--tp", help="Tensor-parallel devices per replica.")
 _PP = typer.Option(1, "--pp", help="Pipeline stages per replica (the layers split over them; a replica is "
                                    "tp x pp devices).")
 _EP = typer.Option(1, "--ep", help="MoE: the experts over each replica's tp group, E / ep a device (divides "
-                                   "--tp; the attention stays tensor-parallel).")
+                                   "--tp; the attention stays tensor-parallel, or with --dp-attention data-parallel "
+                                   "over ep = tp ranks).")
+_DP_ATTENTION = typer.Option(False, "--dp-attention", help="MoE, with --ep N --tp N: N attention ranks of one "
+                             "device each (SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp), each its "
+                             "own batch, scheduler and KV pool, requests round-robin over them, E / N experts a "
+                             "device, the ranks' steps in lockstep.")
 _EP_IMBALANCE = typer.Option(None, "--ep-imbalance", help="With --ep: the busiest EP rank's routed "
                                                          "tokens over the mean, >= 1 (default from "
                                                          "a published measurement).")
@@ -116,6 +121,7 @@ def serve(
     pp: int = _PP,
     ep: int = _EP,
     ep_imbalance: float | None = _EP_IMBALANCE,
+    dp_attention: bool = _DP_ATTENTION,
     runtime: str = _RUNTIME,
     kv_dtype: str | None = _KV_DTYPE,
     gpu_memory_utilization: float | None = _GPU_MEMORY_UTILIZATION,
@@ -158,7 +164,7 @@ def serve(
                  requests, input_len, output_len, policy, max_num_seqs, max_num_batched_tokens, kv_block, replicas,
                  router, disaggregate, slo_ttft, slo_tpot, slo_p99, find_capacity, engine, seed, service_time, dtype,
                  out, spec, spec_accept, spec_accepted, prefix_share, prefix_groups, ep, ep_imbalance,
-                 chunked_prefill, engine_preset, stack)
+                 chunked_prefill, engine_preset, stack, dp_attention)
     o, choice = _on_device(o)
     p = _parse(o)
     reqs, cost, transfer, probe, p = _price(o, p)
@@ -210,6 +216,7 @@ class _Options:
     chunked_prefill: bool | None = None
     engine_preset: str | None = None
     stack_path: Path | None = None
+    dp_attention: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,6 +266,7 @@ def _parse(o: _Options) -> _Parsed:
     options({"--ep": (o.ep, INT_GE1)})
     if o.ep_imbalance is not None:
         options({"--ep-imbalance": (o.ep_imbalance, Rule(lo=1.0, hi=float(max(1, o.ep))))})
+    _check_dp_attention(o)
     check_runtime(o.runtime)
     check_kv_dtype(o.kv_dtype, o.dtype)
     arr = parse_arrival(o.arrival)
@@ -272,6 +280,9 @@ def _parse(o: _Options) -> _Parsed:
     if o.find_capacity and arr.kind not in ("poisson", "gamma"):
         raise OpmapError("--find-capacity varies the arrival rate: use --arrival poisson:RATE or gamma:RATE,CV")
     pd = _disaggregation(o.disaggregate, o.replicas, o.service_time, o.router, pol)
+    if o.dp_attention and pol.name not in ("engine", "continuous", "chunked"):
+        raise OpmapError(f"--dp-attention runs its ranks' iterations in lockstep: use --policy engine, continuous or "
+                         f"chunked, got {pol.spec()!r}")
     prefix = _prefix(o.prefix_share, o.prefix_groups, pol, pd)
     if o.out is not None:
         check_out_dir(o.out)
@@ -282,6 +293,24 @@ def _parse(o: _Options) -> _Parsed:
     stack = _stack(o)
     return _Parsed(arr, ilen, olen, pol, slo, pd, pd[0] + pd[1] if pd is not None else o.replicas, spec, prefix, preset,
                    stack=stack)
+
+
+def _check_dp_attention(o: _Options) -> None:
+    """--dp-attention against the layout (opmap.serve.model_cost.check_dp_attention) and the options that do not
+    run with it, in one line each."""
+    if not o.dp_attention:
+        return
+    from opmap.serve.model_cost import check_dp_attention
+
+    check_dp_attention(o.tp, o.pp, o.ep, True)
+    clash = [f for f, v in (("--service-time", o.service_time), ("--disaggregate", o.disaggregate),
+                            ("--spec", o.spec)) if v is not None]
+    if clash:
+        raise OpmapError(f"--dp-attention simulates one pool of attention ranks stepping in lockstep, priced by the "
+                         f"cost model, without speculative decoding: drop {clash[0]}")
+    if o.router == "shared":
+        raise OpmapError("--dp-attention deals each replica's requests over its attention ranks: use --router "
+                         "round_robin or least_loaded, not shared")
 
 
 def _stack(o: _Options):
@@ -340,7 +369,7 @@ def _price(o: _Options, p: _Parsed):
     memory = _memory(o, p.preset)
     cost = _cost(reqs, p.policy, p.replicas, o.router, o.service_time, o.model, o.hardware, o.dtype, o.tp, o.pp,
                  o.runtime, o.kv_dtype, memory.fraction, o.allow_long_context, memory.of, p.spec,
-                 (o.ep, o.ep_imbalance))
+                 (o.ep, o.ep_imbalance, o.dp_attention))
     if p.stack is not None:  # the fitted host times and scales on every priced step (opmap.bench.stack_fit)
         from opmap.bench.predict import with_stack
 
@@ -381,7 +410,10 @@ def _memory(o: _Options, preset):
 
 def _with_setting(o: _Options, p: _Parsed, reqs, cost, memory) -> _Parsed:
     """``p`` with the preset's engine setting for the priced replica (its KV capacity, the run's mean lengths,
-    offline or not), the flags given applied over it, and the policy it runs."""
+    offline or not), the flags given applied over it, and the policy it runs. With --dp-attention the cost's KV
+    capacity and bytes a token are one rank's (one device's, the KV whole), so a rule that reads the replica's KV as
+    bytes a token x tp (trtllm-bench's) sizes the requests of tp devices' memory at tp x a rank's KV each: one rank's
+    requests, the batch each rank's scheduler runs."""
     from opmap.engines.apply import sizing_inputs
     from opmap.hardware import get_hardware
 
@@ -416,8 +448,9 @@ def _render(o: _Options, p: _Parsed, report: dict, res, cost, store: Path | None
     print_serve(console, report, o.model, o.hardware)
     if o.out is not None:
         _write(o.out, report, res)
+    dpa = f" ep{o.ep} dpa" if o.dp_attention else ""
     record_run("serve", report, Tags("serve", workload=o.model, hardware=o.hardware, phase="serve", precision=o.dtype,
-                                     parallelism=f"tp{tp}{f' pp{pp}' if pp > 1 else ''} x {replicas} replicas"
+                                     parallelism=f"tp{tp}{f' pp{pp}' if pp > 1 else ''}{dpa} x {replicas} replicas"
                                                  + (f" (prefill:decode {pd[0]}:{pd[1]})" if pd else "")),
                store, no_store)
 
@@ -507,7 +540,7 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
 
 
 def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp, pp, runtime, kv_dtype,
-          gpu_memory_utilization, allow_long_context, memory_of: str = "total", spec=None, ep=(1, None)):
+          gpu_memory_utilization, allow_long_context, memory_of: str = "total", spec=None, ep=(1, None, False)):
     """The step pricing: a service time, or opmap's cost model of MODEL on HARDWARE (the router, and the policy
     against a service time, checked first, so a bad one is refused before the pricing)."""
     from opmap.serve import parse_service_time
@@ -528,6 +561,8 @@ def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp,
         kw = dict(runtime=runtime, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
                   allow_long_context=allow_long_context, max_context=longest, progress=lambda s: st.update(safe(s)),
                   ep=ep[0], ep_imbalance=ep[1], memory_of=memory_of)
+        if len(ep) > 2 and ep[2]:
+            kw["dp_attention"] = True
         if spec is not None:
             from opmap.serve.spec_cost import spec_table_cost
 
@@ -648,7 +683,8 @@ def _pricing_assumptions(cost, tp: int, pp: int, replicas: int) -> dict:
     rt = getattr(cost, "runtime", None)
     return {"runtime": rt, "kv_dtype": getattr(cost, "kv_dtype", None),
             "layout": {"tp": tp, "pp": pp, "replicas": replicas,
-                       **{k: v for k, v in (getattr(cost, "layout", None) or {}).items() if k.startswith("ep")}},
+                       **{k: v for k, v in (getattr(cost, "layout", None) or {}).items()
+                          if k.startswith("ep") or k in ("dp_attention", "attention_ranks")}},
             "memory": getattr(cost, "memory", None)}
 
 

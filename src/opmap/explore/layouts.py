@@ -117,28 +117,33 @@ def layout_candidates(model: str, hw, budget: int, dtype: str, devices: int | No
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
                  progress: Callable[[str], None] | None = None, max_context: int | None = None,
                  kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, ep: int = 1,
-                 memory_of: str = "total"):
+                 memory_of: str = "total", dp_attention: bool = False):
     """``model_table_cost`` for one layout: ``max_context`` is the longest prompt + output the run holds (refused
     past the model's positions); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
     --gpu-memory-utilization (``memory_of``: what that fraction is of, an engine preset's); ``ep``: the experts
-    over the tp group, at the default expert load imbalance."""
+    over the tp group, at the default expert load imbalance; ``dp_attention``: the attention data-parallel over the
+    ep = tp ranks (serve's --dp-attention)."""
     from opmap.serve.model_cost import model_table_cost
 
     return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
                             progress=progress, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            ep=ep, memory_of=memory_of)
+                            ep=ep, memory_of=memory_of, dp_attention=dp_attention)
 
 
-def _with_ep(todo: list[tuple[int, int]], geo) -> list[tuple[int, int, int]]:
-    """(tp, pp, ep) of every layout tried: each (tp, pp) with tensor-parallel experts, and for a MoE model whose
-    experts tp divides, beside it the experts over the tp group (ep = tp: E / tp whole experts a device, as vLLM's
-    --enable-expert-parallel lays them), priced at the default expert load imbalance."""
+def _with_ep(todo: list[tuple[int, int]], geo) -> list[tuple[int, int, int, bool]]:
+    """(tp, pp, ep, DP attention) of every layout tried: each (tp, pp) with tensor-parallel experts, and for a MoE
+    model whose experts tp divides, beside it the experts over the tp group (ep = tp: E / tp whole experts a device,
+    as vLLM's --enable-expert-parallel lays them) and, on one stage, the same experts under DP attention (the tp
+    devices tp attention ranks, each its own batch and KV pool: SGLang --enable-dp-attention, TensorRT-LLM's DEP),
+    priced at the default expert load imbalance."""
     experts = getattr(geo, "n_experts", 0) or 0
     out = []
     for tp, pp in todo:
-        out.append((tp, pp, 1))
+        out.append((tp, pp, 1, False))
         if tp > 1 and experts and experts % tp == 0:
-            out.append((tp, pp, tp))
+            out.append((tp, pp, tp, False))
+            if pp == 1:
+                out.append((tp, pp, tp, True))
     return out
 
 
@@ -182,7 +187,8 @@ def label(layout: LayoutResult | Mapping[str, Any]) -> str:
     tp, pp, replicas = ((layout["tp"], layout["pp"], layout["replicas"]) if isinstance(layout, Mapping)
                         else (layout.tp, layout.pp, layout.replicas))
     ep = layout.get("ep", 1) if isinstance(layout, Mapping) else layout.ep
-    split = f"tp{tp}" + (f" pp{pp}" if pp > 1 else "") + (f" ep{ep}" if ep > 1 else "")
+    dpa = layout.get("dp_attention", False) if isinstance(layout, Mapping) else layout.dp_attention
+    split = f"tp{tp}" + (f" pp{pp}" if pp > 1 else "") + (f" ep{ep}" if ep > 1 else "") + (" dpa" if dpa else "")
     return f"{replicas} x {split}"
 
 
@@ -207,8 +213,8 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     rt: dict[str, Any] | None = None
     settings: dict[tuple[int, int], Any] = {}
     means = (float(drawn.input_len.mean()), float(drawn.output_len.mean()))
-    for tp, pp, ep in todo:
-        lay = LayoutResult.of(tp, pp, budget, ep)
+    for tp, pp, ep, dpa in todo:
+        lay = LayoutResult.of(tp, pp, budget, ep, dpa)
         say(f"{model} on {hw.name}: layout {len(tried) + 1} of {len(todo)}, {label(lay)}: pricing")
         engine = (preset, means, settings) if preset is not None else None
         lay, probe, sat, runtime_used = _bound(lay, model, hw, budget, slo, ilen, olen, requests, dtype, runtime,
@@ -248,7 +254,7 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
     try:
         cost = price_layout(model, hw.name, dtype, lay.tp, lay.pp, runtime, max_context=longest, kv_dtype=kv_dtype,
                             gpu_memory_utilization=memory.fraction if memory else gpu_memory_utilization,
-                            memory_of=memory.of if memory else "total", ep=lay.ep)
+                            memory_of=memory.of if memory else "total", ep=lay.ep, dp_attention=lay.dp_attention)
         if engine is not None:
             policy = _preset_policy(engine, model, dtype, hw, lay, cost, memory)
     except OpmapError as e:

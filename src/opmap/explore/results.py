@@ -59,13 +59,15 @@ class LayoutResult:
     over_power_budget: bool | None = field(default=None, metadata=_LATER)
     # a MoE model's experts over the replica's tp group (serve's --ep), 1: tensor-parallel experts (not written)
     ep: int = field(default=1, metadata=key(omit="default"))
+    # serve's --dp-attention: the tp devices are ep = tp attention ranks, each its own batch (not written when False)
+    dp_attention: bool = field(default=False, metadata=key(omit="default"))
 
     @classmethod
-    def of(cls, tp: int, pp: int, budget: int, ep: int = 1) -> LayoutResult:
+    def of(cls, tp: int, pp: int, budget: int, ep: int = 1, dp_attention: bool = False) -> LayoutResult:
         """The layout of ``tp`` x ``pp`` devices a replica, as many replicas as the ``budget`` holds; ``ep``: the
-        experts over the tp group."""
+        experts over the tp group; ``dp_attention``: the attention data-parallel over them (ep = tp)."""
         d = tp * pp
-        return cls(tp, pp, d, budget // d, budget // d * d, ep=ep)
+        return cls(tp, pp, d, budget // d, budget // d * d, ep=ep, dp_attention=dp_attention)
 
     @property
     def figure_of_merit(self) -> float:
@@ -102,6 +104,7 @@ class LayoutBrief:
     latency_p99_s: float | None
     limited_by: str | None
     ep: int = field(default=1, metadata=key(omit="default"))
+    dp_attention: bool = field(default=False, metadata=key(omit="default"))
 
     @classmethod
     def of(cls, lay: LayoutResult | None) -> LayoutBrief | None:

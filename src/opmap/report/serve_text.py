@@ -55,6 +55,14 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
                       f"{m['weights_bytes'] / g:.4g} GiB{draft} - reserve {m['reserve_bytes'] / g:.3g} GiB = KV "
                       f"{m['kv_bytes'] / g:.4g} GiB ({m['kv_capacity_tokens']:,} tokens, {a.get('kv_dtype')})",
                       highlight=False)
+    lay_ = a.get("layout") or {}
+    if lay_.get("dp_attention"):
+        n = lay_["attention_ranks"]
+        console.print(f"DP attention: {n} attention ranks a replica, one device each, each its own batch, scheduler "
+                      f"and KV pool (the memory line's KV, per rank: not split by TP); E / {n} experts a device; "
+                      f"requests round-robin over the ranks; the ranks step in lockstep, each step as long as the "
+                      f"busiest rank's (its batch priced as if every rank carried it, with the dispatch and combine "
+                      f"all-to-all of every MoE layer)", highlight=False)
     if a.get("speculative_decoding"):
         console.print(plain(a["speculative_decoding"]["line"]), highlight=False)
     console.print(t)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from opmap.errors import OpmapError
-from opmap.record import record
+from opmap.record import key, record
 from opmap.validate import positive_in
 
 SERVICE_ACCEPTED = "fixed:MS, exp:MS (MS the mean service time in milliseconds, > 0, at most a day)"
@@ -107,6 +107,9 @@ class TableCost:
     stage_prefill_time_s: Sequence[float] | None = None
     stage_decode_time_s: Sequence[Sequence[float]] | None = None
     floor: DecodeFloor | None = None
+    # DP attention: the replica's steps are this many attention ranks' in lockstep, each priced by this table at its
+    # own batch (opmap.serve.lockstep); 1: the replica runs one batch
+    attention_ranks: int = 1
 
     def __post_init__(self) -> None:
         self.prefill_tokens = [float(x) for x in self.prefill_tokens]
@@ -131,6 +134,10 @@ class TableCost:
                 and all(len(r) == len(self.decode_kv) for r in self.stage_decode_time_s))):
             raise OpmapError("TableCost with pp > 1 needs stage_prefill_time_s and stage_decode_time_s on the "
                              "prefill and decode grids")
+        if not (isinstance(self.attention_ranks, int) and self.attention_ranks >= 1
+                and (self.attention_ranks == 1 or self.pp == 1)):
+            raise OpmapError("TableCost's attention_ranks must be a positive integer, with pp 1 above 1 (DP "
+                             f"attention on one stage), got {self.attention_ranks!r} at pp {self.pp}")
 
     def _prefill(self, ys: Sequence[float], tokens: float) -> float:
         xs = self.prefill_tokens
@@ -199,7 +206,9 @@ class TableCost:
     def to_dict(self) -> dict:
         d = {"kind": "table", "source": self.source, "kv_capacity_tokens": self.kv_capacity_tokens,
              "kv_bytes_per_token": self.kv_bytes_per_token, "kv_dtype": self.kv_dtype, "runtime": self.runtime,
-             "memory": self.memory, "layout": self.layout or {"tp": 1, "pp": self.pp},
+             "memory": self.memory, "layout": self.layout or {"tp": 1, "pp": self.pp,
+                                                             **({"attention_ranks": self.attention_ranks}
+                                                                if self.attention_ranks > 1 else {})},
              "prefill": {"tokens": self.prefill_tokens, "time_s": self.prefill_time_s},
              "decode": {"batch": self.decode_batch, "kv_tokens": self.decode_kv, "time_s": self.decode_time_s}}
         if self.stage_prefill_time_s is not None:
@@ -217,12 +226,14 @@ class DecodeFloor:
     every step reads (its share under tp and pp: embedding rows gathered, not the table), ``expert_bytes`` per
     active expert (all its MoE layers' copy of that expert, its share under tp and pp), the experts a batch
     activates (``opmap.ops.expected_experts``: E (1 - (1 - k/E)^b), uniform routing), and ``kv_bytes_per_token``
-    of KV cache; over ``rate_bytes_per_s`` (the device's achievable memory rate). Under pp a step runs
+    of KV cache; over ``rate_bytes_per_s`` (the device's achievable memory rate). With DP attention over ``ranks``
+    (> 1) each device holds E / ranks whole experts and the ranks' tokens together activate
+    E (1 - (1 - k/E)^(ranks b)), its share 1 / ranks of them (every rank at b sequences). Under pp a step runs
     m = min(pp, seqs) microbatches, each reading the device's weights again. Its record is serve.json's
     ``cost.decode_floor``: the bytes, the rate and the formula they stand in (``basis``)."""
 
     RECORD: ClassVar[tuple[str, ...]] = ("dense_bytes", "expert_bytes", "experts", "top_k", "kv_bytes_per_token", "pp",
-                                         "rate_bytes_per_s", "rate_basis", "basis")
+                                         "rate_bytes_per_s", "rate_basis", "basis", "ranks")
     basis: ClassVar[str] = ("weights one device reads per step (active experts: E (1 - (1 - k/E)^b) under uniform "
                             "top-k routing) + its KV read, over its achievable memory rate")
     dense_bytes: float
@@ -233,12 +244,14 @@ class DecodeFloor:
     top_k: int = 0
     pp: int = 1
     rate_basis: str = ""
+    ranks: int = field(default=1, metadata=key(omit="default"))  # DP attention's ranks (1: none)
 
     def weight_bytes(self, seqs: float) -> float:
         """Weight bytes one device reads for one microbatch of ``seqs`` sequences (one token each)."""
         from opmap.ops import expected_experts
 
-        return self.dense_bytes + self.expert_bytes * expected_experts(self.experts, self.top_k, seqs)
+        r = self.ranks
+        return self.dense_bytes + self.expert_bytes * expected_experts(self.experts, self.top_k, r * seqs) / r
 
     def s(self, seqs: int, kv_tokens: int) -> float:
         m = max(1, min(self.pp, int(seqs)))

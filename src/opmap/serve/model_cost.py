@@ -28,7 +28,14 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   as min(pp, n) microbatches in flight, steady state (TableCost._piped);
 - memory: per device, usable = capacity x utilization - weights - runtime reserve; KV tokens = usable / KV bytes per
   token per device (opmap.mapping.memory.ServingMemory);
-- floor: the weight and KV bytes one device reads per decode step over its achievable memory rate (DecodeFloor).
+- floor: the weight and KV bytes one device reads per decode step over its achievable memory rate (DecodeFloor);
+- DP attention (``dp_attention``, with ep = tp = N): the replica is N attention ranks of one device each, as SGLang
+  --enable-dp-attention and TensorRT-LLM enable_attention_dp run a MoE: every point is one rank's step at its own
+  batch, priced by the sharder under Parallelism(tp 1, dp N, ep N, dp_attention) (the layout ``analyze --ep N
+  --dp-attention`` prices: the attention and dense weights whole on every rank, E / N whole experts a device at
+  the N ranks' tokens, a dispatch and a combine all-to-all per MoE layer), every rank assumed to carry the same
+  batch; each rank holds its own KV pool (one device's free memory over the whole KV bytes per token: no split by
+  TP, MLA's latent whole). The simulator runs the ranks in lockstep (opmap.serve.lockstep, ``attention_ranks``).
 """
 
 from __future__ import annotations
@@ -112,7 +119,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      allow_long_context: bool = False, max_context: int | None = None,
                      progress: Callable[[str], None] | None = None, queries: int = 1,
                      layers: int | None = None, ep: int = 1, ep_imbalance: float | None = None,
-                     memory_of: str = "total") -> TableCost:
+                     memory_of: str = "total", dp_attention: bool = False) -> TableCost:
     """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
     sequence (prompt + output) the run will hold, refused past the model's position limit unless
     ``allow_long_context`` (rope scaling). Speculative decoding (opmap.serve.spec) prices with the same points:
@@ -121,7 +128,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     the experts spread over the replica's tp group (E / ep a device, the attention tensor-parallel;
     opmap.mapping.device_time), its busiest rank ``ep_imbalance`` x the mean (None: opmap.mapping.expert_parallel's
     default). ``memory_of``: what ``gpu_memory_utilization`` is a fraction of (opmap.mapping.memory.ServingMemory.
-    fraction_of: an engine preset's memory semantics; default vLLM's)."""
+    fraction_of: an engine preset's memory semantics; default vLLM's). ``dp_attention``: the tp devices are ep = tp
+    attention ranks, each its own batch and KV pool (module docstring); the points are one rank's."""
     from opmap.hardware import get_hardware
     from opmap.mapping.expert_parallel import imbalance_for
     from opmap.phases.runtime import get_runtime
@@ -129,9 +137,10 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise OpmapError(f"{name} must be a positive integer, got {v!r}")
+    check_dp_attention(tp, pp, ep, dp_attention)
     if tp % ep:
         raise OpmapError(f"--ep {ep} must divide --tp {tp}: serve spreads the experts over each replica's tensor-"
-                         "parallel group (DP attention is priced by analyze --dp-attention, not simulated)")
+                         "parallel group, or with --dp-attention over its tp attention ranks (--ep equal to --tp)")
     imb = imbalance_for(ep, ep_imbalance)
     if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
         raise OpmapError(f"--gpu-memory-utilization must be above 0 and at most 1, got {gpu_memory_utilization!r}")
@@ -154,7 +163,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                          f"{max_context} (prompt + output); {way}")
     if pp > m.layers:
         raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
-    pricer = Pricer(m, hw, dtype, tp, pp, rt, queries, ep, imb)
+    pricer = Pricer(m, hw, dtype, 1 if dp_attention else tp, pp, rt, queries, ep, imb, dp_attention)
     cap = limit or max(PREFILL_SEQS)
     seqs = sorted({min(s, cap) for s in PREFILL_SEQS})
     pre = []
@@ -180,24 +189,44 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
         dense.append(pts[0][1])
     memory = pricer.memory(kvd, gpu_memory_utilization, memory_of)
     if memory.kv_capacity_tokens < 1:
-        raise OpmapError(f"{model} does not fit on {hw.name} at tp {tp} pp {pp}: the weights need "
+        where = f"tp {tp} pp {pp}" + (f" with DP attention over {ep} ranks" if dp_attention else "")
+        raise OpmapError(f"{model} does not fit on {hw.name} at {where}: the weights need "
                          f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
                          f"{memory.reserve_bytes / 2**30:.2f} GiB, of {memory.capacity_bytes / 2**30:.1f} GiB x "
                          f"{gpu_memory_utilization:g}; raise --tp or --pp")
     floor = DecodeFloor(dense[0].dense_bytes, memory.kv_bytes_per_token, hw.memory_rate_bytes_per_s,
-                        pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis)
+                        pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis,
+                        ep if dp_attention else 1)
     how = "extrapolated in the layer count from 2-layer captures" if pricer.extrapolate else \
         f"captured whole ({pricer.why_whole})"
     how += f"; steady load, matrix rate: {pricer.rate_basis}"
+    where = f"tp {tp}, pp {pp}" if not dp_attention else \
+        f"DP attention: {ep} ranks of one device, each step one rank's at its own batch, ep {ep}"
+    dpa = {"dp_attention": True, "attention_ranks": ep} if dp_attention else {}
     return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
                      kv_capacity_tokens=memory.kv_capacity_tokens,
-                     source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, tp {tp}, pp {pp}, runtime "
+                     source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, {where}, runtime "
                             f"{rt.name}; {how})",
                      kv_bytes_per_token=memory.kv_bytes_per_token, runtime=record(rt), memory=record(memory),
-                     layout={"tp": tp, "pp": pp, **({"ep": ep, "ep_imbalance": imb} if ep > 1 else {})},
-                     kv_dtype=kvd, pp=pp,
+                     layout={"tp": tp, "pp": pp, **({"ep": ep, "ep_imbalance": imb} if ep > 1 else {}), **dpa},
+                     kv_dtype=kvd, pp=pp, attention_ranks=ep if dp_attention else 1,
                      stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
                      stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor)
+
+
+def check_dp_attention(tp: int, pp: int, ep: int, dp_attention: bool) -> None:
+    """DP attention's layout against tp, pp and ep, in one line: ep above 1 and equal to tp (one attention rank a
+    device, the experts over all of them, as TensorRT-LLM's DEP N), one pipeline stage."""
+    if not dp_attention:
+        return
+    if ep <= 1:
+        raise OpmapError("--dp-attention runs the attention data-parallel over the EP ranks: it needs --ep above 1 "
+                         "(--ep N --tp N: N attention ranks of one device, E / N experts a device)")
+    if ep != tp:
+        raise OpmapError(f"--dp-attention runs one attention rank a device and the experts over all of them: --ep "
+                         f"must equal --tp (the replica's devices), got --ep {ep} --tp {tp}")
+    if pp != 1:
+        raise OpmapError(f"--dp-attention is simulated on one pipeline stage: drop --pp {pp}")
 
 
 def _kv_line(pts, f, scale: float) -> list[float]:
@@ -215,10 +244,13 @@ class Pricer:
     """Prices prefill and decode points of one resolved model on one device under a layout and runtime."""
 
     def __init__(self, m: Resolved, hw, dtype: str, tp: int, pp: int, rt, queries: int = 1, ep: int = 1,
-                 ep_imbalance: float = 1.0):
+                 ep_imbalance: float = 1.0, dp_attention: bool = False):
         self.m, self.hw, self.dtype, self.tp, self.pp, self.rt = m, hw, dtype, tp, pp, rt
         self.queries = queries  # new tokens per sequence in a decode step (a speculative verify: K + 1)
         self.ep, self.ep_imbalance = ep, ep_imbalance  # experts over the tp group (opmap.mapping.device_time)
+        # DP attention: tp is each rank's (1), the experts over the ep ranks, each rank its own batch
+        self.dpa = dp_attention
+        self._expert_held = 0.0  # the whole model's expert weight bytes at their stored format
         why = m.uneven
         if not why and m.layers < 3:
             why = f"{m.layers} layers"
@@ -275,7 +307,7 @@ class Pricer:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
         each block with its TP all-reduces) and weight bytes read per device; the weights held."""
 
-        sh = s.shard(self._layout()) if self.tp > 1 else None
+        sh = s.shard(self._layout()) if self.tp > 1 or self.dpa else None
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
         n = len(s.roles.blocks)
         index = {b: i for i, b in enumerate(s.roles.blocks)}
@@ -304,9 +336,13 @@ class Pricer:
                 "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
 
     def _layout(self, pp: int = 1):
-        """The replica's layout: tp x pp devices, the experts over the tp group when ep > 1."""
+        """The replica's layout: tp x pp devices, the experts over the tp group when ep > 1; with DP attention ep
+        ranks of one device, each its own batch (analyze's Layout(ep=N, dp_attention=True).per_rank)."""
         from opmap.mapping.sharding import Parallelism
 
+        if self.dpa:
+            return Parallelism(tp=1, pp=1, dp=self.ep, devices=self.ep, ep=self.ep, ep_imbalance=self.ep_imbalance,
+                               dp_attention=True)
         return Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp, ep=self.ep, ep_imbalance=self.ep_imbalance)
 
     def _point(self, make, spec, at: tuple[str, int, int]) -> Point:
@@ -317,7 +353,7 @@ class Pricer:
             a, s = self._analyze(make, spec, L, at)
             t = self._terms(a, s)
             self._note(a, s, t)
-            if pp > 1 or self.tp > 1:
+            if pp > 1 or self.tp > 1 or self.dpa:
                 sh = shard(a, self._layout(pp))
                 lat, stage = sh.latency_s, sh.microbatch_s
             else:
@@ -364,6 +400,7 @@ class Pricer:
             itemsize = a.graph.param_bytes / max(1, a.graph.params)
             self.expert_bytes_per_expert = (per_layer_expert * itemsize * a.precision.weight_scale * L
                                             / self.tp / self.pp)
+            self._expert_held = per_layer_expert * self.experts * itemsize * a.precision.weight_scale * L
         self._kv_heads = t["kv_heads"] or self._kv_heads
         geo = kv_geometry(a.graph)
         if geo.layers:
@@ -413,5 +450,6 @@ class Pricer:
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
         reserve = runtime_reserve(act, self.rt.name != "eager")
-        return ServingMemory(self.hw.memory_bytes, float(utilization), held / (self.tp * self.pp), reserve, per_dev,
-                             fraction_of)
+        # DP attention: every rank holds the dense weights whole and E / ep of the experts
+        weights = held - self._expert_held * (1 - 1 / self.ep) if self.dpa else held / (self.tp * self.pp)
+        return ServingMemory(self.hw.memory_bytes, float(utilization), weights, reserve, per_dev, fraction_of)

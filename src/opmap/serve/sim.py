@@ -13,6 +13,9 @@ KV cache (policies continuous and chunked): a request reserves input_len + outpu
 frees them when it finishes (no preemption, no paging). Admission is first come, first served; a request that
 does not fit waits at the head of its queue. Policy ``engine`` pages the KV cache in blocks allocated as tokens
 are produced and preempts by recompute when they run out, as vLLM does (inflight.py).
+
+DP attention (a cost with ``attention_ranks`` N > 1): each replica is N attention ranks stepping in lockstep, the
+replica's requests dealt round-robin over them, each with its own scheduler and KV pool (lockstep.py).
 """
 
 from __future__ import annotations
@@ -150,6 +153,14 @@ class _Sim:
                            prefilled_first_s.tolist() if prefilled_first_s is not None else None,
                            prompt=reqs.prompt)
         self.family = fam = family_for(policy)(policy, cost, self.trace)
+        ranks = getattr(cost, "attention_ranks", 1)
+        if ranks > 1:  # DP attention: each replica's ranks in lockstep (opmap.serve.lockstep)
+            from opmap.serve.lockstep import Lockstep
+
+            if router == "shared":
+                raise OpmapError("DP attention deals each replica's requests over its attention ranks: use router "
+                                 "round_robin or least_loaded, not shared")
+            self.family = fam = Lockstep(fam, ranks, policy)
         _check(reqs, policy, fam, cost, replicas, router, prefilled_first_s is not None)
         fam.check()
         # a closed loop's requests arrive as the client sends them (record): in arrival order at client.at_s
