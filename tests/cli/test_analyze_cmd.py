@@ -222,7 +222,8 @@ def test_a_config_without_sdpa_attention_runs_eager(tmp_path, cli, published_con
 
 def test_gpt_oss_runs_fused_sink_attention_with_its_biased_experts(tmp_path, cli, published_config):
     """gpt-oss-20b (hub: openai/gpt-oss-20b): no SDPA attention in transformers (attention sinks), run as the
-    engines' fused attention with sinks (opmap.workloads.hf_sinks), and experts with biases and (in, out) weights. Parameters 20,914,757,184 (OpenAI's model card: 20.91 B): embeddings and the
+    engines' fused attention with sinks (opmap.workloads.hf_sinks), and experts with biases and (in, out) weights.
+    Parameters 20,914,757,184 (OpenAI's model card: 20.91 B): embeddings and the
     untied head 2 x 201,088 x 2,880; per layer q 2,880 x 4,096 + 4,096, k and v 2,880 x 512 + 512 each, o 4,096 x
     2,880 + 2,880, 64 sinks, router 2,880 x 32 + 32, 32 experts of gate-up 2,880 x 5,760 + 5,760 and down 2,880 x
     2,880 + 2,880, two norms; final norm. Multiply-adds per token 3.61 G (the card's 3.6 B active parameters): the

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from hf_family_configs import GPT_OSS_120B, GPT_OSS_20B, shallow  # noqa: E402
+from hf_family_configs import GPT_OSS_20B, GPT_OSS_120B, shallow  # noqa: E402
 from opmap.hardware import get_hardware  # noqa: E402
 from opmap.phases.runtime import get_runtime  # noqa: E402
 from opmap.phases.step import analyze_phase, capture_phase  # noqa: E402

@@ -4,12 +4,12 @@ simulated runs (opmap.bench.predict.simulate_workload, the workload each run act
 ones.
 
 The parameters: opmap.calibrate.stack_profile's (a step, a decoding sequence, a request, a stream in flight at the
-request's send, the decode and prefill scales). The fit minimises, over every run, the squared log ratio predicted / measured of three figures: TTFT p50, TPOT
-p50 and output tokens/s (the same formula on both sides: opmap.bench.predict.figures), plus a small pull of the
-scales toward 1 (``PRIOR``) so that parameters the runs cannot tell apart stay at the model's values rather than
-drifting. Nelder-Mead (Nelder and Mead 1965, the standard coefficients: reflection 1, expansion 2, contraction
-0.5, shrink 0.5) over log scales and times in ms; times held at >= 0 by their absolute value; at most
-two passes of at most ``MAX_EVALS`` simulations of the run set
+request's send, the decode and prefill scales). The fit minimises, over every run, the squared log ratio predicted /
+measured of three figures: TTFT p50, TPOT p50 and output tokens/s (the same formula on both sides:
+opmap.bench.predict.figures), plus a small pull of the scales toward 1 (``PRIOR``) so that parameters the runs
+cannot tell apart stay at the model's values rather than drifting. Nelder-Mead (Nelder and Mead 1965, the standard
+coefficients: reflection 1, expansion 2, contraction 0.5, shrink 0.5) over log scales and times in ms; times held at
+>= 0 by their absolute value; at most two passes of at most ``MAX_EVALS`` simulations of the run set
 (the second restarted from the first's best on a smaller simplex).
 """
 

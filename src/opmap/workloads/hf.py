@@ -12,10 +12,11 @@ weights, none allocated, never the real ones), with ``attn_implementation="sdpa"
 has no SDPA attention in transformers (``_supports_sdpa = False``) is built with its eager attention, then:
 attention with sinks (gpt-oss) runs as the engines' one fused kernel with sinks, exactly (opmap.workloads.hf_sinks);
 any other (Gemma-2's logit softcapping) is counted as its eager path computes it (Q K^T over every (query, key)
-pair, softcapping, softmax, P V: separate kernels, the scores through memory). The class is a causal LM where transformers has one for the config, the image classifier
-where the config's ``architectures`` names one, else the bare model. The inputs are what the class reads
-(``main_input_name``): ``input_ids`` of shape (batch, seq), one unpadded, unpacked sequence per row, or
-``pixel_values`` of shape (batch, num_channels, side, side), the side the config's image_size unless given.
+pair, softcapping, softmax, P V: separate kernels, the scores through memory). The class is a causal LM where
+transformers has one for the config, the image classifier where the config's ``architectures`` names one, else the
+bare model. The inputs are what the class reads (``main_input_name``): ``input_ids`` of shape (batch, seq), one
+unpadded, unpacked sequence per row, or ``pixel_values`` of shape (batch, num_channels, side, side), the side the
+config's image_size unless given.
 
 Two places where transformers reads a tensor's value, which the meta device does not have, are answered as
 transformers itself answers them for these inputs (each recorded in the workload's assumptions):
