@@ -259,6 +259,6 @@ def test_dep_rows_run_serve_with_dp_attention():
     assert len(dep) >= 40
     for r in dep:
         cmd = r.command(Path("OUT"))
-        n = int(r.notes[3:r.notes.index(":")])
+        n = int(re.match(r"DEP(\d+)", r.notes).group(1))
         assert cmd[cmd.index("--tp") + 1] == cmd[cmd.index("--ep") + 1] == str(n) == str(r.tp), r.id
         assert "--dp-attention" in cmd and "simulates DP attention" in r.notes, r.id
