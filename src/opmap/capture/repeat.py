@@ -142,20 +142,25 @@ def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
     """Outside a capture, on meta tensors without autograd (a forward run for its shapes alone: a decode step's
     cache layout probe, opmap.workloads.hf_cache), the first call of each input layout runs and the later ones get
     a fresh tensor of its result's layout (nothing records their ops, and a meta result holds no values)."""
-    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls) or _watched():
+    if torch.is_grad_enabled() or _watched():
+        return [fn(x, i) for x, i in calls]
+    with _unwatched():  # ``with torch.device("meta")``'s mode would see each shape and stride read as a call
+        keys = [_plain(x) for x, _ in calls]
+    if any(k is None for k in keys):
         return [fn(x, i) for x, i in calls]
     seen: dict[tuple, tuple | None] = {}
     outs = []
-    for x, i in calls:
-        key = _plain(x)
+    for (x, i), key in zip(calls, keys):
         layout = seen.get(key)
         if layout is not None:
             shape, stride, dtype = layout
-            outs.append(torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
+            with _unwatched():
+                outs.append(torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
             continue
         y = fn(x, i)
         outs.append(y)
-        seen[key] = _plain(y) if key not in seen else None
+        with _unwatched():
+            seen[key] = _plain(y) if key not in seen else None
     return outs
 
 
