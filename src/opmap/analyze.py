@@ -100,7 +100,7 @@ class Analysis:
         per-node OpCost: 142,806 nodes for DeepSeek-R1)."""
         return OpCost.sum(r.cost for r in self.results)
 
-    @property
+    @cached_property
     def predicted_latency_s(self) -> float:
         """Kernel times (the fusion plan's kernels) plus what non-kernel nodes cost (host dispatch of views)."""
         if not self.kernel_results:
@@ -392,13 +392,18 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         else:
             precs = [other if i in keep else prec for i in range(len(costs))]
         # one prediction per distinct (cost, precision): a pure function of them, and 58 MoE layers x 256 experts
-        # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes)
+        # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes); looked up by the cost object first (nodes of
+        # one signature share it, cost_graph), then by value
         memo: dict[tuple[OpCost, int], Prediction] = {}
+        by_id: dict[tuple[int, int], Prediction] = {}
         preds = []
         for c, p in zip(costs, precs):
-            pred = memo.get((c, id(p)))
+            pred = by_id.get((id(c), id(p)))
             if pred is None:
-                pred = memo[(c, id(p))] = predict_cost(c, hw, p, curves)
+                pred = memo.get((c, id(p)))
+                if pred is None:
+                    pred = memo[(c, id(p))] = predict_cost(c, hw, p, curves)
+                by_id[(id(c), id(p))] = pred
             preds.append(pred)
         return precs, preds
 
