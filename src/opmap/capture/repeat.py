@@ -154,7 +154,7 @@ def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
         layout = seen.get(key)
         if layout is not None:
             shape, stride, dtype = layout
-            with _unwatched():
+            with _unwatched(), no_dispatch():  # unseen by shapes_only's memo too (a fresh tensor is no op of the model)
                 outs.append(torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
             continue
         y = fn(x, i)
@@ -169,8 +169,10 @@ def _watched() -> bool:
     runs."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._device import DeviceContext
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    return bool(torch._C._len_torch_dispatch_stack()) or any(
+    # a mode that keeps no ops (opmap.capture.tracer.shapes_only: a memo of meta outputs) watches nothing
+    return any(getattr(m, "records_ops", True) for m in _get_current_dispatch_mode_stack()) or any(
         not isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
 
 
