@@ -56,7 +56,6 @@ def test_a_repeated_kernel_is_mapped_once_as_mapping_each_would(tmp_path, monkey
 
     pytest.importorskip("transformers")
     from hf_family_configs import DEEPSEEK_R1, shallow
-
     from opmap.analyze import analyze_graph
     from opmap.capture import capture
     from opmap.mapping import kernels as km
