@@ -96,12 +96,11 @@ class Analysis:
     # -- totals ---------------------------------------------------------------------------------------
     @cached_property
     def total(self) -> OpCost:
-        t = OpCost()
-        for r in self.results:
-            t = t + r.cost if r.cost.counted else t
-        return t
+        """The counted nodes' costs added up in node order (``OpCost.__add__`` field by field, without its
+        per-node OpCost: 142,806 nodes for DeepSeek-R1)."""
+        return OpCost.sum(r.cost for r in self.results)
 
-    @property
+    @cached_property
     def predicted_latency_s(self) -> float:
         """Kernel times (the fusion plan's kernels) plus what non-kernel nodes cost (host dispatch of views)."""
         if not self.kernel_results:
@@ -240,46 +239,12 @@ class Analysis:
         run store keeps of them), skipping the per-tensor detail that makes a 70B model's JSON large.
         A computed shape: totals, layer types, nodes, kernels and the layout are built from the pipeline's results,
         not this class's fields."""
-        total = self.total
-        lat = self.predicted_latency_s
-        head, head_s = self.headline
         mem = self.memory
         return {
             "schema_version": SCHEMA_VERSION,
             "assumptions": record(self.assumptions),
-            "totals": {
-                "params": self.graph.params,
-                "param_bytes": self.graph.param_bytes * self.precision.weight_scale,
-                "flops": total.flops,
-                "matrix_flops": total.matrix_flops,
-                "vector_flops": total.vector_flops,
-                "transcendental_flops": total.transcendental_flops,
-                "macs": total.macs,
-                "skipped_flops": total.skipped_flops,
-                "bytes": total.bytes,
-                "bytes_read": total.bytes_read,
-                "param_bytes_read": total.param_bytes_read,
-                "bytes_written": total.bytes_written,
-                "nodes": len(self.results),
-                "kernels": self.kernels,
-                # the headline (``headline``): the phase's step time, which the phase line and the Totals box print
-                "predicted_latency_s": head_s,
-                "predicted_latency_name": head,
-                "predicted_mfu": self.headline_mfu,
-                "kernel_time_s": lat,  # the kernels (and view dispatch) of the captured step on one device
-                "runtime_per_step_s": self.runtime_per_step_s,
-                "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
-                # the memory fit on one device: the weights at their stored format, the verdict and its sentence
-                "memory_fit": {"weights_bytes": mem.weights_bytes, "weights_format": self.precision.policy["weights"],
-                               "device_memory_bytes": mem.capacity_bytes, "fits": mem.fits, "text": self.memory_text,
-                               **record(mem)},
-            },
-            "layer_types": {
-                s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
-                               "bytes": s.bytes, "predicted_s": s.predicted_s,
-                               "share_of_time": s.predicted_s / lat if lat else 0.0, "bound": s.bound}
-                for s in self.layer_types()
-            },
+            "totals": self.totals_dict(),
+            "layer_types": self.layer_types_dict(),
             # each node: its graph row, its cost and its prediction (a later key keeps the earlier's place)
             "nodes": _node_rows(self.results) if nodes else [
                 {"id": r.node.id, "op": r.node.op, "module": r.node.module, "layer_type": r.node.layer_type,
@@ -294,6 +259,48 @@ class Analysis:
         } | ({} if (s := self.sharded) is None else {  # a layout over several devices: its block, its collectives
             "parallelism": {**record(s), "kernel_per_device_s": list(s.kernel_s)},
             "collectives": [record(c) for c in s.collectives]})
+
+    def totals_dict(self) -> dict[str, Any]:
+        """analysis.json's ``totals`` (the sheet's Totals box prints it without building the node rows)."""
+        total = self.total
+        lat = self.predicted_latency_s
+        head, head_s = self.headline
+        mem = self.memory
+        return {
+            "params": self.graph.params,
+            "param_bytes": self.graph.param_bytes * self.precision.weight_scale,
+            "flops": total.flops,
+            "matrix_flops": total.matrix_flops,
+            "vector_flops": total.vector_flops,
+            "transcendental_flops": total.transcendental_flops,
+            "macs": total.macs,
+            "skipped_flops": total.skipped_flops,
+            "bytes": total.bytes,
+            "bytes_read": total.bytes_read,
+            "param_bytes_read": total.param_bytes_read,
+            "bytes_written": total.bytes_written,
+            "nodes": len(self.results),
+            "kernels": self.kernels,
+            # the headline (``headline``): the phase's step time, which the phase line and the Totals box print
+            "predicted_latency_s": head_s,
+            "predicted_latency_name": head,
+            "predicted_mfu": self.headline_mfu,
+            "kernel_time_s": lat,  # the kernels (and view dispatch) of the captured step on one device
+            "runtime_per_step_s": self.runtime_per_step_s,
+            "ridge_point_flops_per_byte": ridge_point(self.precision, self.hardware),
+            # the memory fit on one device: the weights at their stored format, the verdict and its sentence
+            "memory_fit": {"weights_bytes": mem.weights_bytes, "weights_format": self.precision.policy["weights"],
+                           "device_memory_bytes": mem.capacity_bytes, "fits": mem.fits, "text": self.memory_text,
+                           **record(mem)},
+        }
+
+    def layer_types_dict(self) -> dict[str, dict[str, Any]]:
+        """analysis.json's ``layer_types``: ``layer_types()`` with each one's share of the kernel time."""
+        lat = self.predicted_latency_s
+        return {s.layer_type: {"nodes": s.nodes, "flops": s.flops, "matrix_flops": s.matrix_flops,
+                               "bytes": s.bytes, "predicted_s": s.predicted_s,
+                               "share_of_time": s.predicted_s / lat if lat else 0.0, "bound": s.bound}
+                for s in self.layer_types()}
 
 
 
@@ -339,8 +346,16 @@ def stored_weights(costs: Sequence[OpCost], prec: Precision) -> list[OpCost]:
     bytes."""
     if prec.weight_scale == 1.0:
         return list(costs)
-    return [replace(c, param_bytes_read=c.param_bytes_read * prec.weight_scale) if c.param_bytes_read else c
-            for c in costs]
+    made: dict[int, OpCost] = {}  # one rescaled cost per cost object: nodes that shared a cost share its rescaling
+    out = []
+    for c in costs:
+        if c.param_bytes_read:
+            r = made.get(id(c))
+            if r is None:
+                r = made[id(c)] = replace(c, param_bytes_read=c.param_bytes_read * prec.weight_scale)
+            c = r
+        out.append(c)
+    return out
 
 
 def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: str,
@@ -378,13 +393,18 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         else:
             precs = [other if i in keep else prec for i in range(len(costs))]
         # one prediction per distinct (cost, precision): a pure function of them, and 58 MoE layers x 256 experts
-        # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes)
+        # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes); looked up by the cost object first (nodes of
+        # one signature share it, cost_graph), then by value
         memo: dict[tuple[OpCost, int], Prediction] = {}
+        by_id: dict[tuple[int, int], Prediction] = {}
         preds = []
         for c, p in zip(costs, precs):
-            pred = memo.get((c, id(p)))
+            pred = by_id.get((id(c), id(p)))
             if pred is None:
-                pred = memo[(c, id(p))] = predict_cost(c, hw, p, curves)
+                pred = memo.get((c, id(p)))
+                if pred is None:
+                    pred = memo[(c, id(p))] = predict_cost(c, hw, p, curves)
+                by_id[(id(c), id(p))] = pred
             preds.append(pred)
         return precs, preds
 

@@ -141,3 +141,44 @@ def test_outside_a_capture_only_the_shapes(monkeypatch):
     calls.clear()
     real = rep.repeat_calls(fn, [(torch.ones(3, 4), i) for i in range(3)])
     assert calls == [0, 1, 2] and all(torch.equal(r, torch.full((3, 4), 2.0)) for r in real)
+
+    calls.clear()
+    from opmap.capture.tracer import shapes_only
+
+    with torch.device("meta"), torch.no_grad(), shapes_only():  # a mode that keeps no ops watches nothing
+        rep.repeat_calls(fn, xs)
+    assert calls == [0]
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "mixtral"])
+def test_the_cache_probe_under_the_meta_memo_is_the_plain_probe(tmp_path, monkeypatch, family):
+    """A decode step's cache layout probe (opmap.workloads.hf_cache.cache_layout: one token through every layer on
+    meta) under shapes_only (a functional op seen before gets outputs of the recorded layout) gives each layer's K
+    and V shapes as the probe running every meta kernel does; the memo served the second layer's ops (its kernels
+    run fewer times than ops were dispatched)."""
+    import transformers
+
+    from opmap.capture import tracer
+    from opmap.workloads import hf_cache
+
+    w = _workload(tmp_path, family)
+    ran, seen = [0], [0]
+    call, dispatch = tracer._ShapesOnly._call, tracer._ShapesOnly.__torch_dispatch__
+
+    def counted_call(self, *a):
+        ran[0] += 1
+        return call(self, *a)
+
+    def counted_dispatch(self, *a, **k):
+        seen[0] += 1
+        return dispatch(self, *a, **k)
+
+    monkeypatch.setattr(tracer._ShapesOnly, "_call", counted_call)
+    monkeypatch.setattr(tracer._ShapesOnly, "__torch_dispatch__", counted_dispatch)
+    memo = hf_cache.cache_layout(transformers, w.module, 4, "cache", family)
+    assert 0 < ran[0] < seen[0]
+    import contextlib
+
+    monkeypatch.setattr(tracer, "shapes_only", contextlib.nullcontext)
+    plain = hf_cache.cache_layout(transformers, w.module, 4, "cache", family)
+    assert memo == plain and len(plain) == 2

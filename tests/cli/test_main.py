@@ -143,3 +143,21 @@ def test_an_out_path_with_escape_sequences_is_printed_as_the_name_written(cli, r
     line = refused("serve", "gpt2", "--service-time", "fixed:10", "--requests", 20, "--no-store",
                    "--out", tmp_path / "f\x1b[2Jg", needle="it exists and is not a folder")
     assert repr(str(tmp_path / "f\x1b[2Jg")) in line
+
+
+def test_the_collector_pauses_for_an_analysis_and_freezes_what_it_left():
+    """collector_paused: the cyclic collector off inside, on after, with what the block made and kept moved to the
+    permanent generation (the first collection after it does not walk a DeepSeek-R1 graph again)."""
+    import gc
+
+    from opmap.cli.common import collector_paused
+
+    assert gc.isenabled()
+    before = gc.get_freeze_count()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+            kept = [[i] for i in range(1000)]  # 1,001 tracked containers
+        assert gc.isenabled() and gc.get_freeze_count() >= before + len(kept) + 1
+    finally:
+        gc.unfreeze()

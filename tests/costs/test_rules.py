@@ -158,3 +158,22 @@ def test_cuda_variants_layouts(variant, layout):
     pairs = s * (s + 1) // 2
     assert c.matrix_flops == b * h * pairs * 4 * d
     assert c.skipped_flops == b * h * (s * s - pairs) * 4 * d
+
+
+def test_costs_add_up_in_order_skipping_the_uncounted():
+    """OpCost.sum: the counted costs' fields added (a GEMM's 2*M*N*K = 2*64*64*64 matrix FLOPs and its bytes, a
+    pointwise op's M*N FLOPs), an op without a rule left out, as chaining ``+`` over the counted ones gives."""
+    from functools import reduce
+
+    from opmap.costs.base import OpCost
+
+    gemm = OpCost(matrix_flops=2 * 64**3, macs=64**3, bytes_read=64 * 64 * 2, param_bytes_read=64 * 64 * 2,
+                  bytes_written=64 * 64 * 2)
+    add = OpCost(vector_flops=64 * 64, bytes_read=2 * 64 * 64 * 2, bytes_written=64 * 64 * 2)
+    missing = OpCost(matrix_flops=1e9, counted=False)
+    t = OpCost.sum([gemm, missing, add])
+    assert t.matrix_flops == 2 * 64**3 and t.vector_flops == 64 * 64 and t.macs == 64**3
+    assert t.bytes == 64 * 64 * 2 * 6
+    assert t.counted and t.kernel and not t.is_view
+    assert t == reduce(lambda a, c: a + c if c.counted else a, [gemm, missing, add], OpCost())
+    assert OpCost.sum([]) == OpCost()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 from opmap.capture.tracker import Tracker
 from opmap.graph import Node
@@ -55,29 +56,33 @@ class _Call:
 
 @dataclass(frozen=True)
 class _Template:
-    """A call's nodes and, per node, the arguments that move with the index."""
+    """A call's nodes and, per node, the arguments that move with the index and the inputs made inside the call
+    (their producer shifts)."""
 
     call: _Call
     nodes: tuple[Node, ...]
     moving: tuple[tuple[str, ...], ...]
+    inside: tuple[tuple[int, ...], ...]
 
     def replay(self, t: Tracker, index: int) -> torch.Tensor:
         c = self.call
         shift = len(t.nodes) - c.start
         step = index - c.index
-        for n, moving in zip(self.nodes, self.moving):
-            inputs = tuple(_copy(m, producer=m.producer + shift)
-                           if m.producer is not None and c.start <= m.producer < c.end else m for m in n.inputs)
-            args = {**n.args, **{k: n.args[k] + step for k in moving}} if moving else dict(n.args)
-            t.nodes.append(_copy(n, id=n.id + shift, inputs=inputs, args=args))
+        append = t.nodes.append
+        for n, moving, inside in zip(self.nodes, self.moving, self.inside):
+            inputs = n.inputs
+            if inside:
+                inputs = list(inputs)
+                for j in inside:
+                    inputs[j] = _copy(inputs[j], producer=inputs[j].producer + shift)
+                inputs = tuple(inputs)
+            args = n.args
+            args = {**args, **{k: args[k] + step for k in moving}} if moving else dict(args)
+            append(_copy(n, id=n.id + shift, inputs=inputs, args=args))
         shape, stride, dtype = c.layout
-        start = len(t.suppressed_ops)
-        t.suppress += 1
-        try:
+        # a fresh meta tensor made unseen by the capture's modes (what they would record of it is dropped anyway)
+        with torch._C.DisableTorchFunction(), no_dispatch():
             out = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        finally:
-            t.suppress -= 1
-        del t.suppressed_ops[start:]
         t.producer[out] = c.producer + shift
         t.storage_writer[out.untyped_storage()] = c.writer + shift
         return out
@@ -88,8 +93,9 @@ def _copy(obj, **changes):
     __init__'s per-field checks: a fresh instance holding the fields as they are, ``changes`` applied (the replay
     appends 140,000 nodes for a DeepSeek-R1 prefill)."""
     new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
+    d = new.__dict__
+    d.update(obj.__dict__)
+    d.update(changes)
     return new
 
 
@@ -136,20 +142,25 @@ def _shapes_only(fn: Callable[[torch.Tensor, int], torch.Tensor],
     """Outside a capture, on meta tensors without autograd (a forward run for its shapes alone: a decode step's
     cache layout probe, opmap.workloads.hf_cache), the first call of each input layout runs and the later ones get
     a fresh tensor of its result's layout (nothing records their ops, and a meta result holds no values)."""
-    if torch.is_grad_enabled() or any(_plain(x) is None for x, _ in calls) or _watched():
+    if torch.is_grad_enabled() or _watched():
+        return [fn(x, i) for x, i in calls]
+    with _unwatched():  # ``with torch.device("meta")``'s mode would see each shape and stride read as a call
+        keys = [_plain(x) for x, _ in calls]
+    if any(k is None for k in keys):
         return [fn(x, i) for x, i in calls]
     seen: dict[tuple, tuple | None] = {}
     outs = []
-    for x, i in calls:
-        key = _plain(x)
+    for (x, i), key in zip(calls, keys):
         layout = seen.get(key)
         if layout is not None:
             shape, stride, dtype = layout
-            outs.append(torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
+            with _unwatched(), no_dispatch():  # unseen by shapes_only's memo too (a fresh tensor is no op of the model)
+                outs.append(torch.empty_strided(shape, stride, dtype=dtype, device="meta"))
             continue
         y = fn(x, i)
         outs.append(y)
-        seen[key] = _plain(y) if key not in seen else None
+        with _unwatched():
+            seen[key] = _plain(y) if key not in seen else None
     return outs
 
 
@@ -158,8 +169,10 @@ def _watched() -> bool:
     runs."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._device import DeviceContext
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    return bool(torch._C._len_torch_dispatch_stack()) or any(
+    # a mode that keeps no ops (opmap.capture.tracer.shapes_only: a memo of meta outputs) watches nothing
+    return any(getattr(m, "records_ops", True) for m in _get_current_dispatch_mode_stack()) or any(
         not isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
 
 
@@ -208,7 +221,9 @@ def _template(t: Tracker, a: _Call, b: _Call) -> _Template | None:
         if keys is None or not _same_node(na, nb, a, shift):
             return None
         moving.append(keys)
-    return _Template(a, tuple(nodes), tuple(moving))
+    inside = tuple(tuple(j for j, m in enumerate(n.inputs) if m.producer is not None and a.start <= m.producer < a.end)
+                   for n in nodes)
+    return _Template(a, tuple(nodes), tuple(moving), inside)
 
 
 def _same_node(na: Node, nb: Node, a: _Call, shift: int) -> bool:

@@ -20,7 +20,7 @@ Mechanism:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -139,6 +139,28 @@ class _DispatchRecorder(TorchDispatchMode):
         outs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         t.add_node(name, packet, tensors, scalars, outs, is_view, is_inplace)
         return out
+
+
+class _ShapesOnly(_DispatchRecorder):
+    """``_DispatchRecorder``'s memo without its graph (``shapes_only``): it sees every op but records none."""
+
+    records_ops = False
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """A forward run on meta for its shapes alone, no graph kept (a decode step's cache layout probe,
+    opmap.workloads.hf_cache): a functional op called again with the same signature gets fresh outputs of the
+    recorded layout instead of running torch's Python meta kernel again, as a capture does (``_DispatchRecorder``;
+    DeepSeek-R1's 58 identical MoE layers). An expert loop inside still runs only its first call of each input
+    layout (opmap.capture.repeat)."""
+    t = Tracker(())
+    t.suppress = 1  # nothing recorded: each op's name only, dropped after
+    try:
+        with _ShapesOnly(t):
+            yield
+    finally:
+        t.suppressed_ops.clear()
 
 
 class MetaCaptureError(OpmapError):

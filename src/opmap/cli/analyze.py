@@ -12,6 +12,7 @@ from opmap.api import Layout, Model, Phase, RuntimeChoice, Shape, graph_hash
 from opmap.cli.common import (
     ATTENTION_DROPOUT_HELP,
     ATTENTION_KERNEL_HELP,
+    collector_paused,
     console,
     print_wrote,
     stack_hardware,
@@ -114,8 +115,9 @@ def analyze(
     options({"--rows": (rows, INT_GE0)})
     req = _Request(model, hardware, dtype, device, tuple(layer_type), fusion, runtime, fusion_plan, quality, layout,
                    tuned, allow_long_context, tuple(dim), attention_kernel, attention_dropout, out)
-    a, overrides = _analysis(req, shape, step, lay)
-    _report(a, overrides, rows, out, store, no_store)
+    with collector_paused():
+        a, overrides = _analysis(req, shape, step, lay)
+        _report(a, overrides, rows, out, store, no_store)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,26 @@ def result_only_on_stdout(on: bool = True):
         console.stderr = False
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """The cyclic garbage collector off while a command builds one analysis, on again after, with what the block
+    left alive moved to the permanent generation (``gc.freeze``; the command ends soon after): what it builds (the
+    graph, costs, predictions, kernels and rows) is acyclic, freed by reference counting, and with the collector on
+    each collection walks the growing graph again. `opmap analyze` of DeepSeek-R1 (142,806 nodes) spent ~3 s of its
+    ~18 s CPU in collections at GC_THRESHOLD, for a peak RSS within 3% of the collector-off run's; unfrozen, the
+    first collection after the block would walk every object made in it."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
+
+
 def status(message: str):
     """A spinner on the console showing ``message`` as plain text (never read as markup): opmap.api's Status."""
     from opmap.report.text import plain

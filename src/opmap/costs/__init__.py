@@ -76,21 +76,27 @@ def cost_graph(graph: OpGraph) -> list[OpCost]:
 def _signature(n: Node) -> tuple | None:
     """What a cost rule reads of a node (cost_graph); None where an argument is not a plain value."""
     try:
-        args = tuple((k, _frozen(v)) for k, v in n.args.items())
+        args = tuple([(k, _frozen(v)) for k, v in n.args.items()])
     except TypeError:
         return None
     return (n.op, n.is_view, n.is_inplace, n.input_names, args,
-            tuple((m.shape, m.dtype, m.stride, m.param) for m in n.inputs),
-            tuple((m.shape, m.dtype, m.stride, m.param) for m in n.outputs))
+            tuple([(m.shape, m.dtype, m.stride, m.param) for m in n.inputs]),
+            tuple([(m.shape, m.dtype, m.stride, m.param) for m in n.outputs]))
 
 
 def _frozen(v):
     """A JSON-like argument as a hashable value (lists as tuples, typed: 1 and 1.0 and True differ)."""
+    t = type(v)
+    if t in _PLAIN:
+        return (t, v)
     if isinstance(v, (list, tuple)):
-        return tuple(_frozen(x) for x in v)
+        return tuple([_frozen(x) for x in v])
     if v is None or isinstance(v, (bool, int, float, str)):
         return (type(v), v)
     raise TypeError(type(v).__name__)
+
+
+_PLAIN = frozenset({bool, int, float, str, type(None)})  # _frozen's common case, by exact type
 
 
 def uncounted(graph: OpGraph, costs: list[OpCost]) -> dict[str, int]:

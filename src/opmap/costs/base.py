@@ -9,7 +9,7 @@ once and each output written once, parameters apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 from opmap.graph import Node, TensorMeta
@@ -57,6 +57,18 @@ class OpCost:
         kw = {f: getattr(self, f) + getattr(other, f) for f in _ADDITIVE}
         return OpCost(**kw, counted=self.counted and other.counted, is_view=self.is_view and other.is_view,
                       kernel=self.kernel or other.kernel)
+
+    @staticmethod
+    def sum(costs: Iterable[OpCost]) -> OpCost:
+        """The counted ``costs`` added up in order: ``OpCost() + c1 + c2 + ...`` over those with ``counted``, the
+        same additions field by field without an OpCost per step (a 142,806-node graph's totals)."""
+        acc = dict.fromkeys(_ADDITIVE, 0.0)
+        for c in costs:
+            if c.counted:
+                d = c.__dict__
+                for f in _ADDITIVE:
+                    acc[f] += d[f]
+        return OpCost(**acc)
 
     def to_dict(self) -> dict[str, float]:
         return {

@@ -198,6 +198,8 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         raise OpmapError(f"unknown fusion policy {policy!r}; accepted: {', '.join(POLICIES)}, or a plan file")
     is_kernel = [c.kernel for c in costs]
     classes = [kernel_class(n, c) if c.kernel else "none" for n, c in zip(graph.nodes, costs)]
+    if policy == "eager" and plan_file is None:  # a kernel per node: no edges to read
+        return _eager_plan(costs, classes, is_kernel)
     producers = _real_producers(graph, is_kernel)
     consumers = _real_consumers(graph, is_kernel)
     kinds = [c.vector_kind for c in costs]
@@ -262,6 +264,19 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel))
         kernels.append(Kernel(g, tuple(members), classes[anchor], anchor, eager - saved, eager))
     return FusionPlan(policy, tuple(kernels), group_of)
+
+
+def _eager_plan(costs: Sequence[OpCost], classes: list[str], is_kernel: list[bool]) -> FusionPlan:
+    """The eager plan: each kernel node a kernel of its own, its bytes its cost's (the grouping loop of
+    ``plan_fusion`` with no target, without the producer and consumer lists it would not read)."""
+    kernels = []
+    group_of: dict[int, int] = {}
+    for nid, c in enumerate(costs):
+        if is_kernel[nid]:
+            group_of[nid] = g = len(kernels)
+            eager = c.bytes
+            kernels.append(Kernel(g, (nid,), classes[nid], nid, eager - min(eager, 0.0), eager))
+    return FusionPlan("eager", tuple(kernels), group_of)
 
 
 def _reduction_prologues(graph: OpGraph, classes: list[str], kinds: list, consumers: list[list[int]]) -> set[int]:

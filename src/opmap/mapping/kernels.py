@@ -115,62 +115,97 @@ def _contiguous(shape, stride) -> bool:
 def map_kernels(plan: FusionPlan, nodes: Sequence[Node], costs, preds, hw: HardwareSpec, prec: Precision,
                 curves: Curves, node_prec: Sequence[Precision] | None = None) -> list[KernelResult]:
     """The kernels of ``plan`` with their tiles, formats and times. ``node_prec``: a precision per node where they
-    differ (fp8 training: the Linear GEMMs fp8, the rest bf16); a kernel runs at its anchor's."""
+    differ (fp8 training: the Linear GEMMs fp8, the rest bf16); a kernel runs at its anchor's.
+
+    A kernel's row is a pure function of its nodes' costs and predictions, its bytes, its class, its anchor's
+    place and operand layout and its precision (``_signature``): each distinct one is mapped once and the kernels
+    that repeat it (58 MoE layers x 256 experts of DeepSeek-R1) take its row with their own kernel."""
     out = []
     tiles: dict[tuple[OpCost, int], Any] = {}  # (anchor cost, precision) -> its tile choice: a pure function of them
+    rows: dict[tuple, KernelResult] = {}
     for k in plan.kernels:
-        anchor, ac = nodes[k.anchor], costs[k.anchor]
         kp = node_prec[k.anchor] if node_prec is not None else prec
-        matrix_s = sum(preds[m].matrix_s for m in k.nodes)
-        vector_s = sum(preds[m].vector_s for m in k.nodes)
-        traffic = k.min_bytes  # parameters at their stored format (analyze.stored_weights)
-        tile = runner = None
-        why_tile = ""
-        choice = tiles.get((ac, id(kp)))
-        if choice is None:
-            choice = tiles[(ac, id(kp))] = choose_tile(ac, hw, kp, curves)
-        if isinstance(choice, NoTile):
-            why_tile = choice.reason
-        elif isinstance(choice, TileChoice):
-            tile, runner, why_tile = choice.tile, choice.runner_up, choice.note
-            if choice.compute_s is not None:
-                matrix_s += choice.compute_s - preds[k.anchor].matrix_s
-            if choice.traffic_bytes is not None:
-                traffic = choice.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
-        bw = curves.bandwidth(traffic) or hw.memory_rate_bytes_per_s
-        # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
-        # pages that fault in on first touch
-        fresh_s = curves.fresh_page_s(costs[k.nodes[-1]].allocated_bytes) if hw.device_type == "cpu" else 0.0
-        measured = isinstance(choice, TileChoice) and choice.compute_s is None  # the time from a measured curve
-        exposed = attention_exposed_s(ac, hw, matrix_s, vector_s) if not curves.transcendental_per_s and \
-            not measured else 0.0
-        r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
-                     exposed_s=exposed)
-        if not ac.counted:
-            r = replace(r, bound=Bound.UNCOUNTED)
-        elif isinstance(choice, TileChoice) and choice.compute_s is None and hw.device_type != "cpu" and \
-                r.bound == Bound.COMPUTE and traffic / bw >= ac.matrix_flops / kp.matrix_rate_flops_per_s:
-            # a measured GEMM time covers the whole kernel, its operand reads included, so it lands in the matrix
-            # term; where the bytes bound it in first principles (a decode GEMV), the bottleneck is memory: the
-            # kernel streams below the catalog's bandwidth, the time stays the measured one
-            r = replace(r, bound=Bound.MEMORY)
-            why_tile += "; bytes-bound by its arithmetic intensity (the measured time runs below the bandwidth)"
-        why = _why(r, tile) + why_tile
-        if fresh_s > 0.25 * r.memory_s:
-            why += (f"; {fresh_s * 1e6:.3g} us of the memory time is first-touch page faults of its fresh "
-                    f"{costs[k.nodes[-1]].allocated_bytes / 1e6:.3g} MB output")
-        transform = layout_transform(anchor)
-        if transform:
-            why = f"layout transform {transform}; " + why
-        if k.kernel_class == "matrix" and sum(costs[m].matrix_flops > 0 for m in k.nodes) > 1 and any(
-                costs[m].vector_kind == "softmax" for m in k.nodes):
-            why += "; fused attention: the scores and their softmax stay on chip"
-        if len(k.nodes) > 1:
-            why += (f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and "
-                    f"{k.launches_saved} launches")
-        out.append(KernelResult(k, r, traffic, tile, runner, kp.kernel_format(k.kernel_class), layout_of(anchor),
-                                why))
+        key = _signature(k, nodes[k.anchor], costs, preds, kp)
+        r = rows.get(key)
+        if r is None:
+            ac = costs[k.anchor]
+            choice = tiles.get((ac, id(kp)))
+            if choice is None:
+                choice = tiles[(ac, id(kp))] = choose_tile(ac, hw, kp, curves)
+            r = rows[key] = _map_kernel(k, nodes[k.anchor], costs, preds, hw, kp, curves, choice)
+        elif r.kernel is not k:
+            r = _with_kernel(r, k)
+        out.append(r)
     return out
+
+
+def _signature(k: Kernel, anchor: Node, costs, preds, kp: Precision) -> tuple:
+    """What ``_map_kernel`` reads of a kernel: its class, bytes, anchor's place among its nodes, each node's cost
+    and prediction (the objects: cost_graph and analyze share one per distinct node, and a value is never
+    mutated), the anchor's operand layout (op, shapes, strides, parameter or not) and the precision."""
+    return (k.kernel_class, k.min_bytes, k.eager_bytes, k.nodes.index(k.anchor), id(kp),
+            tuple([(id(costs[m]), id(preds[m])) for m in k.nodes]),
+            anchor.op, anchor.input_names, tuple([(t.shape, t.stride, t.param is None) for t in anchor.inputs]),
+            tuple([(t.shape, t.stride) for t in anchor.outputs]))
+
+
+def _with_kernel(r: KernelResult, k: Kernel) -> KernelResult:
+    """``replace(r, kernel=k)`` without the dataclass __init__ (a row copied per repeated kernel)."""
+    new = object.__new__(KernelResult)
+    new.__dict__.update(r.__dict__)
+    new.__dict__["kernel"] = k
+    return new
+
+
+def _map_kernel(k: Kernel, anchor: Node, costs, preds, hw: HardwareSpec, kp: Precision, curves: Curves,
+                choice) -> KernelResult:
+    """One kernel's row: its tile (``choice``), traffic, roofline time, format, layout and why."""
+    ac = costs[k.anchor]
+    matrix_s = sum(preds[m].matrix_s for m in k.nodes)
+    vector_s = sum(preds[m].vector_s for m in k.nodes)
+    traffic = k.min_bytes  # parameters at their stored format (analyze.stored_weights)
+    tile = runner = None
+    why_tile = ""
+    if isinstance(choice, NoTile):
+        why_tile = choice.reason
+    elif isinstance(choice, TileChoice):
+        tile, runner, why_tile = choice.tile, choice.runner_up, choice.note
+        if choice.compute_s is not None:
+            matrix_s += choice.compute_s - preds[k.anchor].matrix_s
+        if choice.traffic_bytes is not None:
+            traffic = choice.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
+    bw = curves.bandwidth(traffic) or hw.memory_rate_bytes_per_s
+    # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
+    # pages that fault in on first touch
+    fresh_s = curves.fresh_page_s(costs[k.nodes[-1]].allocated_bytes) if hw.device_type == "cpu" else 0.0
+    measured = isinstance(choice, TileChoice) and choice.compute_s is None  # the time from a measured curve
+    exposed = attention_exposed_s(ac, hw, matrix_s, vector_s) if not curves.transcendental_per_s and \
+        not measured else 0.0
+    r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
+                 exposed_s=exposed)
+    if not ac.counted:
+        r = replace(r, bound=Bound.UNCOUNTED)
+    elif isinstance(choice, TileChoice) and choice.compute_s is None and hw.device_type != "cpu" and \
+            r.bound == Bound.COMPUTE and traffic / bw >= ac.matrix_flops / kp.matrix_rate_flops_per_s:
+        # a measured GEMM time covers the whole kernel, its operand reads included, so it lands in the matrix
+        # term; where the bytes bound it in first principles (a decode GEMV), the bottleneck is memory: the
+        # kernel streams below the catalog's bandwidth, the time stays the measured one
+        r = replace(r, bound=Bound.MEMORY)
+        why_tile += "; bytes-bound by its arithmetic intensity (the measured time runs below the bandwidth)"
+    why = _why(r, tile) + why_tile
+    if fresh_s > 0.25 * r.memory_s:
+        why += (f"; {fresh_s * 1e6:.3g} us of the memory time is first-touch page faults of its fresh "
+                f"{costs[k.nodes[-1]].allocated_bytes / 1e6:.3g} MB output")
+    transform = layout_transform(anchor)
+    if transform:
+        why = f"layout transform {transform}; " + why
+    if k.kernel_class == "matrix" and sum(costs[m].matrix_flops > 0 for m in k.nodes) > 1 and any(
+            costs[m].vector_kind == "softmax" for m in k.nodes):
+        why += "; fused attention: the scores and their softmax stay on chip"
+    if len(k.nodes) > 1:
+        why += (f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and "
+                f"{k.launches_saved} launches")
+    return KernelResult(k, r, traffic, tile, runner, kp.kernel_format(k.kernel_class), layout_of(anchor), why)
 
 
 def _why(r: Roofline, tile: Tile | None) -> str:

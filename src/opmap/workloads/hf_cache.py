@@ -54,7 +54,9 @@ def cache_layout(tf, module: torch.nn.Module, batch: int, key: str, name: str) -
         return update(key_states, value_states, layer_idx, *args, **kwargs)
 
     cache.update = record
-    with torch.device("meta"), torch.no_grad():
+    from opmap.capture.tracer import shapes_only
+
+    with torch.device("meta"), torch.no_grad(), shapes_only():
         ids = torch.zeros(batch, 1, dtype=torch.long)
         module(input_ids=ids, **{key: cache}, position_ids=torch.zeros(batch, 1, dtype=torch.long), use_cache=True)
     layers = cfg.num_hidden_layers
