@@ -29,7 +29,11 @@ Policies (recorded in the assumptions):
     attention kernel instead: the same launches);
   * so a gated activation (SiLU x up) is the merged gate/up GEMM's epilogue, and the residual add the epilogue
     of the GEMM before it (o_proj, down_proj), as under ``compiler``; attention is one fused kernel (SDPA:
-    flash attention in prefill, paged decode attention in decode).
+    flash attention in prefill, paged decode attention in decode);
+  * an MoE layer's experts run as one grouped GEMM per projection (TensorRT-LLM's and vLLM's fused MoE, CUTLASS /
+    Triton grouped GEMMs): the per-expert GEMMs of one expert weight (``experts.gate_up_proj``, ``experts.N.w1``)
+    in one layer are one kernel (``Kernel.grouped``: how many), priced in opmap.mapping.kernels from the group's
+    FLOPs and bytes, one launch, where the captured loop runs each expert's GEMM as a kernel of its own.
 - ``library``: what training frameworks run (Megatron-Core with Transformer Engine, NeMo; Megatron-LM's fused
   kernels before it): GEMMs from a vendor library run alone (cuBLAS / cuBLASLt, the bias in their epilogue as
   ``addmm`` already has it) and hand-written fused kernels run between them, so ``engine``'s grouping minus every
@@ -92,6 +96,23 @@ def is_pointwise(node: Node) -> bool:
     return _op_is_pointwise(node.op)
 
 
+def expert_gemm_key(node: Node) -> tuple[str, str] | None:
+    """The grouped GEMM an expert's weight GEMM belongs to: (the experts module, the expert weight), for stacked
+    experts (``mlp.experts`` reading ``mlp.experts.gate_up_proj[i]``) and a ModuleList's (``experts.3.w1`` ->
+    (``...experts``, ``w1``)); None for any other node."""
+    params = [t.param for t in node.inputs if t.param is not None]
+    if not params or not node.module:
+        return None
+    container, _, weight = params[0].rpartition(".")
+    if container.rsplit(".", 1)[-1] == "experts":  # stacked: the parameter is the experts container's projection
+        return container, weight
+    parts = node.module.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i].isdigit() and parts[i - 1] == "experts":
+            return ".".join(parts[:i]), ".".join(parts[i + 1:])
+    return None
+
+
 @dataclass(frozen=True)
 class Kernel:
     id: int
@@ -100,6 +121,7 @@ class Kernel:
     anchor: int  # the node that defines the kernel (its GEMM, its reduction, else its first node)
     min_bytes: float = 0.0  # what crosses the kernel boundary (each tensor once)
     eager_bytes: float = 0.0  # the same nodes run one kernel each
+    grouped: int = 0  # experts' GEMMs run as one grouped GEMM (engine policy): how many; 0: not grouped
 
     @property
     def launches_saved(self) -> int:
@@ -159,13 +181,16 @@ def _real_consumers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]
     return [sorted({q for c in direct[n.id] for q in through(c)}) for n in graph.nodes]
 
 
-def _saved_bytes(graph: OpGraph, members: set[int], consumers: list[list[int]], is_kernel) -> float:
+def _saved_bytes(graph: OpGraph, members: set[int], consumers: list[list[int]], is_kernel,
+                 param_bytes: dict[str, float] | None = None) -> float:
     """Traffic the eager kernels of ``members`` move that one fused kernel does not: reads of tensors made
-    inside it, writes of tensors nobody outside reads, and repeated reads of the same outside tensor."""
+    inside it, writes of tensors nobody outside reads, and repeated reads of the same outside tensor. A parameter
+    read in slices (stacked experts: ``gate_up_proj[i]``, one slice per expert's GEMM) is read once in whole: only
+    what its reads add past the parameter's size (``param_bytes``, from the graph's parameter sizes) is saved."""
     if len(members) == 1:
         return 0.0
     saved = 0.0
-    outside_reads: dict[tuple, int] = {}
+    outside_reads: dict[tuple, float] = {}
     for nid in members:
         n = graph.nodes[nid]
         for t in n.inputs:
@@ -173,9 +198,14 @@ def _saved_bytes(graph: OpGraph, members: set[int], consumers: list[list[int]], 
                 saved += t.storage_bytes
             else:
                 key = ("param", t.param) if t.param else ("t", t.producer, t.shape, t.dtype, t.stride)
-                if key in outside_reads:
-                    saved += t.storage_bytes
-                outside_reads[key] = 1
+                before = outside_reads.get(key)
+                if before is not None:
+                    whole = (param_bytes or {}).get(t.param, 0.0) * t.itemsize if t.param else 0.0
+                    read = before + t.storage_bytes
+                    saved += max(0.0, read - max(whole, before)) if whole > before else t.storage_bytes
+                    outside_reads[key] = read
+                    continue
+                outside_reads[key] = t.storage_bytes
         if consumers[nid] and all(c in members for c in consumers[nid]):
             saved += sum(t.nbytes for t in n.outputs)
     return saved
@@ -221,6 +251,7 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     fuse_classes = [("vector" if engine and c == "data_movement" and n.op in ENGINE_ELEMENTWISE else c)
                     for n, c in zip(graph.nodes, classes)]
     sibling_of: dict[tuple, int] = {}  # engine: a GEMM's activation input -> the kernel of the first GEMM reading it
+    grouped_of: dict[tuple[str, str], int] = {}  # engine: an expert weight -> its grouped GEMM's kernel
     prologue = _reduction_prologues(graph, fuse_classes, kinds, consumers) if engine else set()
 
     if plan_file is not None:
@@ -235,6 +266,15 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     else:
         for n in graph.nodes:
             if not is_kernel[n.id]:
+                continue
+            gkey = expert_gemm_key(n) if engine and not gemm_alone and classes[n.id] == "matrix" else None
+            if gkey is not None:  # one grouped GEMM per expert weight and layer (module docstring)
+                if gkey in grouped_of:
+                    group_of[n.id] = grouped_of[gkey]
+                    groups[grouped_of[gkey]].append(n.id)
+                else:
+                    grouped_of[gkey] = group_of[n.id] = len(groups)
+                    groups.append([n.id])
                 continue
             target = (_fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems,
                                    first_inside_of, n.id in prologue or gemm_alone)
@@ -256,13 +296,16 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
                 groups[target].append(n.id)
 
     kernels = []
+    grouped_ids = set(grouped_of.values())
+    param_numel = dict(graph.param_sizes or ())
     for g, members in enumerate(groups):
         anchor = next((m for m in members if classes[m] == "matrix"), None)
         if anchor is None:
             anchor = next((m for m in members if classes[m] == "reduction"), members[0])
         eager = sum(costs[m].bytes for m in members)
-        saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel))
-        kernels.append(Kernel(g, tuple(members), classes[anchor], anchor, eager - saved, eager))
+        saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel, param_numel))
+        experts = sum(1 for m in members if classes[m] == "matrix") if g in grouped_ids else 0
+        kernels.append(Kernel(g, tuple(members), classes[anchor], anchor, eager - saved, eager, experts))
     return FusionPlan(policy, tuple(kernels), group_of)
 
 

@@ -174,6 +174,8 @@ def _map_kernel(k: Kernel, anchor: Node, costs, preds, hw: HardwareSpec, kp: Pre
             matrix_s += choice.compute_s - preds[k.anchor].matrix_s
         if choice.traffic_bytes is not None:
             traffic = choice.traffic_bytes + max(0.0, k.min_bytes - ac.bytes)  # + the epilogue's bytes
+    if k.grouped > 1:  # the experts' GEMMs as one grouped GEMM (opmap.mapping.fusion)
+        matrix_s, traffic, why_tile = _grouped(k, costs, preds, kp, tile, why_tile)
     bw = curves.bandwidth(traffic) or hw.memory_rate_bytes_per_s
     # on a CPU the kernel's output (its last node's, the one a fused kernel writes out) comes from fresh
     # pages that fault in on first touch
@@ -206,6 +208,29 @@ def _map_kernel(k: Kernel, anchor: Node, costs, preds, hw: HardwareSpec, kp: Pre
         why += (f"; fuses {len(k.nodes)} nodes, saves {k.eager_bytes - k.min_bytes:.3g} B and "
                 f"{k.launches_saved} launches")
     return KernelResult(k, r, traffic, tile, runner, kp.kernel_format(k.kernel_class), layout_of(anchor), why)
+
+
+SWAP_AB_M = 64  # per-expert rows below one MMA tile's M: the grouped kernel swaps the operands
+
+
+def _grouped(k: Kernel, costs, preds, kp: Precision, tile: Tile | None, why: str) -> tuple[float, float, str]:
+    """(matrix time, traffic, why) of a grouped GEMM: every expert's GEMM in one kernel, as engines run an MoE layer
+    (TensorRT-LLM / vLLM fused MoE over CUTLASS or Triton grouped GEMMs). The group's tiles fill the device whatever
+    one expert's M, so its matrix time is the group's FLOPs at the format's achievable rate and the tile efficiency
+    of one expert's shape (its M padded to the tile), not the sum of each small GEMM's measured or wave-quantized
+    time; its bytes are what the group reads and writes (every expert's weights once, the routed tokens)."""
+    flops = sum(costs[m].matrix_flops for m in k.nodes)
+    eff = tile.tile_efficiency if tile is not None and tile.tile_efficiency > 0 else 1.0
+    prob = costs[k.anchor].problem
+    if prob is not None and 0 < prob.m < SWAP_AB_M:
+        # a few tokens an expert: the grouped kernels put them on the MMA's narrow side (swap AB, as TensorRT-LLM's
+        # and vLLM's MoE GEMMs do at decode), M padded to 8 rather than to a 64-row tile
+        eff = max(eff, prob.m / (8 * -(-prob.m // 8)))
+    rate = kp.matrix_rate_flops_per_s
+    other = sum(preds[m].matrix_s for m in k.nodes if costs[m].matrix_flops == 0)
+    note = (f"; grouped GEMM of {k.grouped} experts (one kernel, as engines run an MoE layer): "
+            f"{flops:.3g} FLOPs at {rate:.3g} FLOP/s x tile efficiency {eff:.2f}, its bytes once")
+    return flops / (rate * eff) + other, k.min_bytes, why.split(";")[0] + note if why else note.lstrip("; ")
 
 
 def _why(r: Roofline, tile: Tile | None) -> str:

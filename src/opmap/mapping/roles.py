@@ -160,10 +160,11 @@ def _stacked_experts(graph: OpGraph, fwd) -> tuple[dict[int, str], int]:
             continue
         w = next((t for t in n.inputs if t.param is not None), None)
         full = sizes.get(w.param, 0) if w is not None else 0
-        if (w is None or not n.module or n.module.rsplit(".", 1)[-1] != "experts"
-                or not w.param.startswith(n.module + ".") or full <= w.numel or not w.numel):
+        # the experts container is the parameter's module (Llama 4's loop records the GEMM at its feed_forward)
+        container = w.param.rsplit(".", 1)[0] if w is not None else ""
+        if (w is None or container.rsplit(".", 1)[-1] != "experts" or full <= w.numel or not w.numel):
             continue
-        names[n.id] = f"{n.module}.{seen[w.param]}"
+        names[n.id] = f"{container}.{seen[w.param]}"
         seen[w.param] += 1
         stacked = max(stacked, full // w.numel)
     return names, stacked
