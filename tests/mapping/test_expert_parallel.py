@@ -117,11 +117,11 @@ from opmap.phases.sharded import shard_analysis  # noqa: E402
 HW = "h200"
 
 
-def decode(model: str, batch: int, kv_len: int):
-    """The decode step of ``model`` at ``batch`` sequences and ``kv_len`` cached tokens, bf16, engine runtime."""
+def decode(model: str, batch: int, kv_len: int, runtime: str = "engine"):
+    """The decode step of ``model`` at ``batch`` sequences and ``kv_len`` cached tokens, bf16, under ``runtime``."""
     hw = get_hardware(HW)
     spec = Phase("decode", kv_len, "none", None, None, 0, 1, "adamw").spec(model, batch)
-    rt, fusion = RuntimeChoice("engine").resolve(hw, spec)
+    rt, fusion = RuntimeChoice(runtime).resolve(hw, spec)
     spec = replace(spec, kv_write=rt.kv_write)
     m = Model(model, "bf16", "meta", "nchw", {}, False, {}, lambda *a, **k: contextlib.nullcontext())
     return m.phase(spec, Shape(batch, None, None), hw, rt, fusion, None, lambda n: "-").analysis

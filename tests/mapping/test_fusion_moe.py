@@ -6,37 +6,26 @@ kernel; its FLOPs every routed token's 2 x in x out; its bytes every expert's we
 
 from __future__ import annotations
 
-import contextlib
 import json
-from dataclasses import replace
 
 import pytest
 
-from opmap.hardware import get_hardware
 from opmap.mapping.fusion import expert_gemm_key
 
 pytest.importorskip("transformers")
 
+from test_expert_parallel import decode  # noqa: E402  (the decode step of a model at h200, bf16, a runtime)
+
 from hf_family_configs import QWEN3_30B_A3B, shallow  # noqa: E402
-from opmap.api import Model, Phase, RuntimeChoice, Shape  # noqa: E402
 
 BATCH, KV = 64, 256
-
-
-def _decode(model: str, runtime: str):
-    hw = get_hardware("h200")
-    spec = Phase("decode", KV, "none", None, None, 0, 1, "adamw").spec(model, BATCH)
-    rt, fusion = RuntimeChoice(runtime).resolve(hw, spec)
-    spec = replace(spec, kv_write=rt.kv_write)
-    m = Model(model, "bf16", "meta", "nchw", {}, False, {}, lambda *a, **k: contextlib.nullcontext())
-    return m.phase(spec, Shape(BATCH, None, None), hw, rt, fusion, None, lambda n: "-").analysis
 
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     path = tmp_path_factory.mktemp("q") / "config.json"
     path.write_text(json.dumps(shallow(QWEN3_30B_A3B, 2)))
-    return {rt: _decode(str(path), rt) for rt in ("engine", "eager")}
+    return {rt: decode(str(path), BATCH, KV, rt) for rt in ("engine", "eager")}
 
 
 def _grouped(a):
@@ -70,7 +59,7 @@ def test_qwen3_moe_experts_are_one_grouped_gemm_per_weight_and_layer(qwen):
 def test_mixtral_modulelist_experts_group_by_weight():
     """Mixtral's experts are a ModuleList (experts.N.w1 / w2 / w3): grouped per weight name and layer, 32 layers
     x 3 weights (w1 and w3 may be merged as siblings first: each group then holds the 8 experts' GEMMs)."""
-    a = _decode("mixtral-8x7b", "engine")
+    a = decode("mixtral-8x7b", BATCH, KV)
     g = _grouped(a)
     assert g and all(x.kernel.grouped == 8 for x in g)
     keys = {expert_gemm_key(a.graph.nodes[x.kernel.anchor]) for x in g}
