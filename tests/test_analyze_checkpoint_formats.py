@@ -73,3 +73,46 @@ def test_a_zoo_model_without_a_checkpoint_runs_its_attention_in_the_format():
     a = Model("mixtral-8x7b", "mxfp4").prefill(Shape(1, 16), get_hardware("b200"), "eager")
     attn = _weights(a, "attn")
     assert attn and all(read == pytest.approx(MXFP4_BYTES * n) for read, n in attn)
+
+
+# -- the weights held (opmap.mapping.memory.held_weight_bytes) ------------------------------------------------
+
+def _gpt_oss_params(c: dict) -> tuple[int, int]:
+    """(all parameters, those the checkpoint keeps in bf16) of a gpt-oss config, counted from its published
+    structure (transformers' GptOssModel: q / k / v / o with biases and per-head sinks; a router with bias; experts'
+    gate_up_proj (E, H, 2I) and down_proj (E, I, H) with biases; two RMSNorms a layer and a final one; an untied LM
+    head). Kept: the embedding, the LM head, q / k / v / o and the router (modules_to_not_convert; the sinks are no
+    GEMM weight and stay in the format)."""
+    h, v, e, i = c["hidden_size"], c["vocab_size"], c["num_local_experts"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    attn = (h * q + q) + 2 * (h * kv + kv) + (q * h + h)
+    router = h * e + e
+    experts = e * h * 2 * i + e * 2 * i + e * i * h + e * h
+    layer = attn + c["num_attention_heads"] + router + experts + 2 * h
+    total = 2 * v * h + c["num_hidden_layers"] * layer + h
+    kept = 2 * v * h + c["num_hidden_layers"] * (attn + router)
+    return total, kept
+
+
+def test_gpt_oss_holds_its_unquantized_modules_in_bf16(gpt_oss_mxfp4):
+    c = shallow(GPT_OSS_20B, 2)
+    total, kept = _gpt_oss_params(c)
+    assert gpt_oss_mxfp4.graph.params == total
+    # every parameter at MXFP4's 17/32 byte, the kept ones at 2 bytes
+    want = MXFP4_BYTES * total + (2 - MXFP4_BYTES) * kept
+    assert gpt_oss_mxfp4.weights_held_bytes == pytest.approx(want, rel=1e-9)
+    assert gpt_oss_mxfp4.totals_dict()["param_bytes"] == pytest.approx(want, rel=1e-9)
+    assert gpt_oss_mxfp4.memory.weights_bytes == pytest.approx(want, rel=1e-9)
+    assert "in bf16" in gpt_oss_mxfp4.memory_text
+
+
+def test_a_zoo_llama_at_fp8_holds_its_embedding_and_head_in_bf16():
+    # Llama 3 8B (Meta's config: vocab 128,256, hidden 4,096, 32 layers, MLP 14,336, 8 KV heads of 128): 8,030,261,248
+    # parameters, the embedding and the untied LM head 128,256 x 4,096 each; fp8 stores 1 byte a weight, bf16 2
+    v, h, layers, inter, kv = 128256, 4096, 32, 14336, 8 * 128
+    total = 2 * v * h + layers * (2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h) + h
+    assert total == 8_030_261_248
+    a = Model("llama-3-8b", "fp8").prefill(Shape(1, 16), get_hardware("h100-sxm"), "eager")
+    assert a.weights_held_bytes == pytest.approx(total * 1 + 2 * v * h * (2 - 1), rel=1e-9)
+    bf16 = Model("llama-3-8b", "bf16").prefill(Shape(1, 16), get_hardware("h100-sxm"), "eager")
+    assert bf16.weights_held_bytes == pytest.approx(2 * total, rel=1e-9)  # nothing narrower than bf16: unchanged

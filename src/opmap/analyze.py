@@ -35,6 +35,7 @@ from opmap.mapping.kernels import KernelResult, map_kernels
 from opmap.mapping.memory import (
     MemoryFit,
     fit_inference,
+    held_weight_bytes,
     inflight_activation_bytes,
     kv_geometry,
     train_formats,
@@ -92,6 +93,7 @@ class Analysis:
     # set by opmap.phases (analyze_phase, with_figures; opmap.phases.result): None: no phase
     phase_figures: PhaseResult | TrainStep | None = None
     fit: MemoryFit | None = None  # set by analyze_phase (decode, train); None: ``memory`` computes inference's
+    kept_gemms: frozenset[int] = frozenset()  # GEMMs a quantized checkpoint keeps in bf16 (weights and rate)
 
     # -- totals ---------------------------------------------------------------------------------------
     @cached_property
@@ -143,6 +145,12 @@ class Analysis:
         return mfu(self.total.matrix_flops, self.predicted_latency_s, self.precision)
 
     @cached_property
+    def weights_held_bytes(self) -> float:
+        """The weights the model holds at their stored formats (opmap.mapping.memory.held_weight_bytes: a quantized
+        run's embedding and kept GEMMs in bf16)."""
+        return held_weight_bytes(self.graph, self.precision.weight_scale, self.kept_gemms)
+
+    @cached_property
     def memory(self) -> MemoryFit:
         """Inference on one device (opmap.mapping.memory.fit_inference): the weights at their stored format, the
         KV cache of the captured batch and sequence (read off the graph's causal attention calls), the
@@ -152,7 +160,7 @@ class Analysis:
         measures them from the module; analyze_phase does)."""
         if self.fit is not None:
             return self.fit
-        weights = self.graph.param_bytes * self.precision.weight_scale
+        weights = self.weights_held_bytes
         geo = kv_geometry(self.graph)
         batch = int(self.assumptions.batch or 1)
         seq = self.assumptions.seq
@@ -179,6 +187,8 @@ class Analysis:
         fit (analysis.json's ``totals.memory_fit.text``; the sheet's memory line)."""
         m = self.memory
         fmt = self.precision.policy["weights"]
+        if m.weights_bytes > self.graph.param_bytes * self.precision.weight_scale * (1 + 1e-9):
+            fmt += " (the embedding and the GEMMs the checkpoint keeps unquantized in bf16)"
         have = m.capacity_bytes
         w, total = m.weights_bytes, m.total_bytes
         # a training step's memory holds gradients, optimizer state and saved activations; inference's a KV cache
@@ -268,7 +278,7 @@ class Analysis:
         mem = self.memory
         return {
             "params": self.graph.params,
-            "param_bytes": self.graph.param_bytes * self.precision.weight_scale,
+            "param_bytes": self.weights_held_bytes,
             "flops": total.flops,
             "matrix_flops": total.matrix_flops,
             "vector_flops": total.vector_flops,
@@ -429,7 +439,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         fp8_inference=FP8_INFERENCE_NOTE.format(what=" and ".join(kept), fmt=dtype) if kept else None,
         dtype_requested=choice.requested if choice.resolved else None,
         dtype_resolution=choice.reason if choice.resolved else None)
-    return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels)
+    return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels, kept_gemms=keep)
 
 
 def checkpoint_unquantized(geo, fmt: str) -> tuple[str, ...]:

@@ -50,6 +50,28 @@ WORKSPACE = Assumed(
 
 # -- weights, gradients, optimizer state --------------------------------------------------------------------
 
+BF16_BYTES = 2.0
+
+
+def held_weight_bytes(graph: OpGraph, weight_scale: float, kept_gemms: frozenset[int] = frozenset()) -> float:
+    """The weights one device holds for inference at their stored formats: every parameter at the run's format
+    (``weight_scale``: stored over captured bytes) except those a quantized checkpoint keeps in bf16, where the run's
+    format is narrower than bf16: the embedding tables (ModelOpt, AWQ and GPTQ quantize nn.Linear weights only:
+    NVIDIA/TensorRT-Model-Optimizer modelopt/torch/quantization/config.py's default configs quantize ``*weight_
+    quantizer`` of Linear modules; the embedding is no Linear) and the weights of ``kept_gemms`` (the LM head, the
+    MoE routers and the checkpoint's modules_to_not_convert: opmap.mapping.fp8.inference_bf16_nodes). A parameter
+    is counted once (a tied embedding and LM head)."""
+    itemsize = graph.param_bytes / graph.params if graph.params else 0.0
+    stored = itemsize * weight_scale
+    base = graph.param_bytes * weight_scale
+    if stored >= BF16_BYTES or not graph.param_sizes:
+        return base
+    kept = {t.param for n in graph.nodes if n.packet == "embedding" or n.id in kept_gemms
+            for t in n.inputs if t.param is not None}
+    sizes = dict(graph.param_sizes)
+    return base + sum(sizes.get(p, 0) for p in kept) * (BF16_BYTES - stored)
+
+
 @dataclass(frozen=True)
 class TrainingState:
     """Per-device bytes of the model state under mixed-precision AdamW and a ZeRO stage."""

@@ -64,7 +64,7 @@ def decode_fit(a: Analysis, workload: Workload, kv_len: int) -> MemoryFit:
     tokens per sequence (a sliding window caps what is cached), the activations in flight; with the KV pool serve
     would size (opmap.mapping.memory.ServingMemory at utilization 1, eager) stated beside it."""
     graph, hw = a.graph, a.hardware
-    weights = graph.param_bytes * a.precision.weight_scale
+    weights = a.weights_held_bytes
     per_seq = decode_kv_read_bytes(graph) / max(workload.batch, 1)
     calls = attention_calls(graph)
     cached = max((s.tokens_held(c.kv_tokens) for c, s in zip(calls, layer_specs(graph, calls))), default=kv_len)
