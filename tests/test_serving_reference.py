@@ -262,3 +262,22 @@ def test_dep_rows_run_serve_with_dp_attention():
         n = int(re.match(r"DEP(\d+)", r.notes).group(1))
         assert cmd[cmd.index("--tp") + 1] == cmd[cmd.index("--ep") + 1] == str(n) == str(r.tp), r.id
         assert "--dp-attention" in cmd and "simulates DP attention" in r.notes, r.id
+
+
+def test_rocm_blog_mi355x_rows_by_hand():
+    # ROCm blog w4a6-quant-mm (26 Jun 2026), Llama-3.1-8B on one MI355X, vllm bench throughput, sonnet 1024/128:
+    # the mean prompt is (total - output tokens/s) / requests/s, not the command's 1024: bf16 (65725 - 7878) / 61.5 =
+    # 940.6, fp8 (83253 - 9979) / 78.0 = 939.4, mxfp4 (87460 - 10483) / 81.9 = 939.9; output 7878 / 61.5 = 128.1
+    for fmt, total, out, rps in (("bf16", 65725, 7878, 61.5), ("fp8", 83253, 9979, 78.0),
+                                 ("mxfp4", 87460, 10483, 81.9)):
+        ref = by_id(f"rocm-w4a6-8b-mi355x-{fmt}")
+        assert ref.input_len == round((total - out) / rps, -1) == 940 and round(out / rps) == ref.output_len == 128
+        assert ref.published_per_device == out and (ref.dtype, ref.devices, ref.requests) == (fmt, 1, 16384)
+        cmd = ref.command(Path("OUT"))  # vLLM's LLM class: the preset's offline sizes (1024 sequences, 16384 tokens)
+        assert cmd[cmd.index("--engine-preset") + 1] == "vllm@0.11" and "--max-num-batched-tokens" not in cmd
+        assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.85"
+    # vllm bench serve, 500 random 1024/128 prompts at rate inf against vllm serve (OPENAI_API_SERVER: 8192 tokens)
+    s = by_id("rocm-w4a6-8b-mi355x-serve-mxfp4")
+    cmd = s.command(Path("OUT"))
+    assert (s.input_len, s.output_len, s.requests, s.published_per_device) == (1024, 128, 500, 5764)
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192" and cmd[cmd.index("--arrival") + 1] == "offline"
