@@ -29,8 +29,30 @@ def test_memory_power_and_measured_matmul(specs):
     assert f["tdp_w"] == 1000 and f["compute_units"] == 304 and f["clock_hz"] == 2.1e9
     mamf = s.achievable_matrix_flops_per_s["bf16"]
     assert mamf.kind == "measured" and mamf.value == pytest.approx(784.9e12)
-    assert "fp8" not in s.achievable_matrix_flops_per_s  # the MI300X's measurements are not carried over
-    assert s.datasheet_only == ("achievable_memory_bandwidth_bytes_per_s",)
+    # AMD's Max-Achievable FLOPs blog, Part 2, Table 1, MI325X (hipblaslt-bench): FP16 794, FP8 1519 TFLOPs
+    ach = s.achievable_matrix_flops_per_s
+    assert ach["fp16"].value == 794e12 and ach["fp8"].value == 1519e12
+    assert ach["fp8"].kind == ach["fp16"].kind == "measured" and "MI325X" in ach["fp8"].source
+    assert ach["fp8"].value != specs["mi300x"].achievable_matrix_flops_per_s["fp8"].value  # its own, not the MI300X's
+    # rocprofiler-compute's metric test: 'MI 325X: 4287.31 GB/s' of HBM traffic from its memcopy workload
+    bw = s.fields["achievable_memory_bandwidth_bytes_per_s"]
+    assert bw.kind == "measured" and bw.value == 4287.31e9 and s.memory_rate_bytes_per_s == 4287.31e9
+    assert s.datasheet_only == ()
+
+
+def test_measured_fp8_rate_prices_an_fp8_gemm(specs):
+    """An fp8 GEMM on an MI325X runs at AMD's measured 1519 TFLOP/s, not the 2614.9 dense peak x bf16's fraction:
+    8192^3 at 2 * 8192^3 / 1519e12 = 0.724 ms (plus the launch), compute-bound."""
+    from opmap.costs.base import OpCost
+    from opmap.precision import resolve_precision
+    from opmap.predict import predict_cost
+
+    s = specs["mi325x"]
+    prec = resolve_precision(s, "fp8")
+    assert prec.matrix_rate_flops_per_s == 1519e12 and prec.rate_basis == "measured achievable fp8 rate"
+    n = 8192
+    p = predict_cost(OpCost(matrix_flops=2.0 * n ** 3, bytes_read=2 * n * n, bytes_written=2 * n * n), s, prec)
+    assert p.bound == "compute" and p.predicted_s == pytest.approx(2 * n ** 3 / 1519e12 + s.launch_overhead_s)
 
 
 def test_xgmi_mesh_as_the_mi300x_platform(specs):

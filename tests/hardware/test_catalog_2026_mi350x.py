@@ -39,6 +39,14 @@ def test_same_memory_and_fabric_as_the_mi355x_less_power(specs):
     # no published MI350X measurement: the bf16 rate is the MI355X's measured fraction of peak, marked an estimate
     est, meas = s.achievable_matrix_flops_per_s["bf16"], big.achievable_matrix_flops_per_s["bf16"]
     assert est.kind == "estimate" and meas.kind == "measured"
-    assert est.value / s.matrix_peak_flops_per_s["bf16"].value == pytest.approx(
-        meas.value / big.matrix_peak_flops_per_s["bf16"].value, rel=1e-3)
-    assert s.datasheet_only == ("achievable_memory_bandwidth_bytes_per_s",)
+    # every MI355X-measured format carries over as the same fraction of this device's (clock-scaled) dense peak
+    for fmt in ("bf16", "fp8", "mxfp4", "mxfp6"):
+        est, meas = s.achievable_matrix_flops_per_s[fmt], big.achievable_matrix_flops_per_s[fmt]
+        assert est.kind == "estimate" and meas.kind == "measured", fmt
+        assert est.value / s.matrix_peak_flops_per_s[fmt].value == pytest.approx(
+            meas.value / big.matrix_peak_flops_per_s[fmt].value, rel=1e-3), fmt
+    # the same HBM3E memory system: the MI355X's measured streaming rate, marked derived
+    key = "achievable_memory_bandwidth_bytes_per_s"
+    bw, big_bw = s.fields[key], big.fields[key]
+    assert bw.kind == "derived" and big_bw.kind == "measured" and bw.value == big_bw.value
+    assert s.datasheet_only == ()
