@@ -232,17 +232,34 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         return _eager_plan(costs, classes, is_kernel)
     producers = _real_producers(graph, is_kernel)
     consumers = _real_consumers(graph, is_kernel)
+    if plan_file is not None:
+        groups, group_of = _plan_file_groups(plan_file, graph, is_kernel, producers)
+        grouped_ids: set[int] = set()
+        policy = f"plan file {plan_file}"
+    else:
+        groups, group_of, grouped_ids = _policy_groups(graph, costs, policy, classes, is_kernel, producers, consumers)
+    return FusionPlan(policy, _kernels(graph, costs, groups, grouped_ids, classes, consumers, is_kernel), group_of)
+
+
+def _plan_file_groups(plan_file: Path, graph: OpGraph, is_kernel: list[bool],
+                      producers: list[list[int]]) -> tuple[list[list[int]], dict[int, int]]:
+    """(kernels, node -> kernel) of the user's plan file: checked for cycles, the kernels in execution order."""
+    groups = _read_plan(plan_file, graph, is_kernel)
+    group_of = {nid: g for g, members in enumerate(groups) for nid in members}
+    _check_plan(groups, group_of, producers)
+    groups = _execution_order(groups, group_of, producers)
+    return groups, {nid: g for g, members in enumerate(groups) for nid in members}
+
+
+def _policy_groups(graph: OpGraph, costs: Sequence[OpCost], policy: str, classes: list[str], is_kernel: list[bool],
+                   producers: list[list[int]], consumers: list[list[int]],
+                   ) -> tuple[list[list[int]], dict[int, int], set[int]]:
+    """(kernels, node -> kernel, the kernels that are grouped GEMMs) under ``policy`` (compiler, engine or library;
+    the module docstring): each kernel node, in execution order, joins the kernel its rules allow, else starts one."""
     kinds = [c.vector_kind for c in costs]
     problems = [c.problem for c in costs]
-
-    def first_inside(nid: int):
-        """Whether the node's first tensor operand was made inside a given set of nodes (through views)."""
-        n = graph.nodes[nid]
-        src = n.inputs[0].producer if n.inputs else None
-        roots = _root(graph, src, is_kernel) if src is not None else set()
-        return lambda members: bool(roots) and roots <= members
-
-    first_inside_of = {n.id: first_inside(n.id) for n in graph.nodes if is_kernel[n.id] and classes[n.id] == "matrix"}
+    first_inside_of = {n.id: _first_inside(graph, n.id, is_kernel) for n in graph.nodes
+                       if is_kernel[n.id] and classes[n.id] == "matrix"}
     groups: list[list[int]] = []
     group_of: dict[int, int] = {}
     engine = policy in ("engine", "library")
@@ -253,50 +270,62 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     sibling_of: dict[tuple, int] = {}  # engine: a GEMM's activation input -> the kernel of the first GEMM reading it
     grouped_of: dict[tuple[str, str], int] = {}  # engine: an expert weight -> its grouped GEMM's kernel
     prologue = _reduction_prologues(graph, fuse_classes, kinds, consumers) if engine else set()
+    for n in graph.nodes:
+        if not is_kernel[n.id]:
+            continue
+        matrix = classes[n.id] == "matrix"
+        gkey = expert_gemm_key(n) if engine and not gemm_alone and matrix else None
+        if gkey is not None:  # one grouped GEMM per expert weight and layer (module docstring)
+            _place(n.id, _grouped_target(gkey, grouped_of, len(groups)), groups, group_of)
+            continue
+        target = (None if gemm_alone and matrix else
+                  _fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems, first_inside_of,
+                               n.id in prologue or gemm_alone))
+        key = _gemm_input_key(graph, n.id, is_kernel) if engine and matrix and not _is_batched_gemm(problems[n.id]) \
+            else None
+        if target is None and gemm_alone and fuse_classes[n.id] == "vector":
+            target = _consumer_sibling_target(n.id, producers, consumers, groups, group_of, fuse_classes)
+        if target is None and key is not None and key in sibling_of:
+            target = _sibling_target(n.id, sibling_of[key], producers, groups, group_of)
+        if key is not None:
+            sibling_of.setdefault(key, target if target is not None else len(groups))
+        _place(n.id, target, groups, group_of)
+    return groups, group_of, set(grouped_of.values())
 
-    if plan_file is not None:
-        groups = _read_plan(plan_file, graph, is_kernel)
-        for g, members in enumerate(groups):
-            for nid in members:
-                group_of[nid] = g
-        _check_plan(groups, group_of, producers)
-        groups = _execution_order(groups, group_of, producers)
-        group_of = {nid: g for g, members in enumerate(groups) for nid in members}
-        policy = f"plan file {plan_file}"
+
+def _first_inside(graph: OpGraph, nid: int, is_kernel: list[bool]):
+    """Whether the node's first tensor operand was made inside a given set of nodes (through views): a test of a
+    set of node ids."""
+    n = graph.nodes[nid]
+    src = n.inputs[0].producer if n.inputs else None
+    roots = _root(graph, src, is_kernel) if src is not None else set()
+    return lambda members: bool(roots) and roots <= members
+
+
+def _grouped_target(gkey: tuple[str, str], grouped_of: dict[tuple[str, str], int], new: int) -> int | None:
+    """Engine: the kernel of the grouped GEMM an expert's weight GEMM (``gkey``: expert_gemm_key) joins; None for the
+    first GEMM of its group, which starts kernel ``new``, recorded as the group's."""
+    if gkey in grouped_of:
+        return grouped_of[gkey]
+    grouped_of[gkey] = new
+    return None
+
+
+def _place(nid: int, target: int | None, groups: list[list[int]], group_of: dict[int, int]) -> None:
+    """Node ``nid`` into kernel ``target``, or into a kernel of its own (``target`` None)."""
+    if target is None:
+        group_of[nid] = len(groups)
+        groups.append([nid])
     else:
-        for n in graph.nodes:
-            if not is_kernel[n.id]:
-                continue
-            gkey = expert_gemm_key(n) if engine and not gemm_alone and classes[n.id] == "matrix" else None
-            if gkey is not None:  # one grouped GEMM per expert weight and layer (module docstring)
-                if gkey in grouped_of:
-                    group_of[n.id] = grouped_of[gkey]
-                    groups[grouped_of[gkey]].append(n.id)
-                else:
-                    grouped_of[gkey] = group_of[n.id] = len(groups)
-                    groups.append([n.id])
-                continue
-            target = (_fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems,
-                                   first_inside_of, n.id in prologue or gemm_alone)
-                      if policy in ("compiler", "engine", "library") and not (gemm_alone and classes[n.id] == "matrix")
-                      else None)
-            key = _gemm_input_key(graph, n.id, is_kernel) if engine and classes[n.id] == "matrix" \
-                and not _is_batched_gemm(problems[n.id]) else None
-            if target is None and gemm_alone and fuse_classes[n.id] == "vector":
-                target = _consumer_sibling_target(n.id, producers, consumers, groups, group_of, fuse_classes)
-            if target is None and key is not None and key in sibling_of:
-                target = _sibling_target(n.id, sibling_of[key], producers, groups, group_of)
-            if key is not None:
-                sibling_of.setdefault(key, target if target is not None else len(groups))
-            if target is None:
-                group_of[n.id] = len(groups)
-                groups.append([n.id])
-            else:
-                group_of[n.id] = target
-                groups[target].append(n.id)
+        group_of[nid] = target
+        groups[target].append(nid)
 
+
+def _kernels(graph: OpGraph, costs: Sequence[OpCost], groups: list[list[int]], grouped_ids: set[int],
+             classes: list[str], consumers: list[list[int]], is_kernel: list[bool]) -> tuple[Kernel, ...]:
+    """The groups as kernels: each anchored on its GEMM (else its reduction, else its first node), its bytes its
+    nodes' eager bytes less what fusion saves (``_saved_bytes``); a grouped GEMM's count of experts."""
     kernels = []
-    grouped_ids = set(grouped_of.values())
     param_numel = dict(graph.param_sizes or ())
     for g, members in enumerate(groups):
         anchor = next((m for m in members if classes[m] == "matrix"), None)
@@ -306,7 +335,7 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel, param_numel))
         experts = sum(1 for m in members if classes[m] == "matrix") if g in grouped_ids else 0
         kernels.append(Kernel(g, tuple(members), classes[anchor], anchor, eager - saved, eager, experts))
-    return FusionPlan(policy, tuple(kernels), group_of)
+    return tuple(kernels)
 
 
 def _eager_plan(costs: Sequence[OpCost], classes: list[str], is_kernel: list[bool]) -> FusionPlan:
