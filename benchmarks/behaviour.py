@@ -31,7 +31,8 @@ DEVICES = (("h100-sxm", "bf16"), ("a100-sxm-80gb", "fp8"), ("l4", "int4"), ("xeo
 SEQ = {"llama-3-8b": 512, "llama-3-70b": 512, "mixtral-8x7b": 512}  # shorter: the check is of numbers, not scale
 # Fields that measure time on this machine or name the run: they differ between any two runs.
 IGNORED = {"measured", "latency", "profiler", "mfu", "stall_fraction", "energy", "accuracy", "calibration_check",
-           "tags", "measured_s", "predicted_over_measured", "torch_version", "opmap_version", "python_version",
+           "tags", "measured_s", "measured_samples_s", "predicted_over_measured", "torch_version", "opmap_version",
+           "python_version",
            }
 
 

@@ -341,7 +341,7 @@ def _tune_read(path: Path):
 
 def _formats(tmp: Path) -> dict[str, tuple]:
     from opmap.hardware.spec import load_spec_file
-    from opmap.mapping.fusion import read_fusion_plan
+    from opmap.mapping.fusion_plan import read_fusion_plan
     from opmap.measure.quality import read_quality
     from opmap.serve.arrivals import read_trace
 

@@ -84,31 +84,47 @@ class FunctionRecorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is kv_cache:
-            if not self.t.suppress:
-                key, value = args
-                self.t.add_node(KV_CACHE_OP, "kv_cache", [("key", key), ("value", value)],
-                                {"is_causal": bool(kwargs.get("is_causal", True))}, [], is_view=True, is_inplace=False)
+            self._kv_cache(args, kwargs)
             return None
         if func is sink_attention and not self.t.suppress:
             return self._sink_attention(*args, **kwargs)
         if func is F.dropout and not self.t.suppress:
-            # CUDA runs training dropout as one fused kernel (aten.native_dropout: the output and a bool mask);
-            # meta and CPU take the composite path (bernoulli_, div_, mul: three kernels and a mask the input's
-            # size). Record what the GPU runs; in eval (or p 0) dropout is the identity either way.
-            x = args[0] if args else kwargs.get("input")
-            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
-            training = args[2] if len(args) > 2 else kwargs.get("training", True)
-            inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
-            if isinstance(x, torch.Tensor) and x.device.type == "meta" and training and 0 < p < 1 and not inplace:
-                out = torch.native_dropout(x, p, True)[0]
-                if self.t.train and self.t.stack:
-                    self.t.remember_grad_fns(out)
+            out = self._fused_dropout(args, kwargs)
+            if out is not None:
                 return out
         if getattr(func, "__name__", "") != SDPA_NAME or self.t.suppress:
             out = func(*args, **kwargs)
             if self.t.train and self.t.stack:
                 self.t.remember_grad_fns(out)
             return out
+        return self._sdpa(func, args, kwargs)
+
+    def _kv_cache(self, args, kwargs) -> None:
+        """``kv_cache``'s K and V recorded as a view node (its docstring), unless recording is suppressed."""
+        if not self.t.suppress:
+            key, value = args
+            self.t.add_node(KV_CACHE_OP, "kv_cache", [("key", key), ("value", value)],
+                            {"is_causal": bool(kwargs.get("is_causal", True))}, [], is_view=True, is_inplace=False)
+
+    def _fused_dropout(self, args, kwargs):
+        """CUDA runs training dropout as one fused kernel (aten.native_dropout: the output and a bool mask); meta and
+        CPU take the composite path (bernoulli_, div_, mul: three kernels and a mask the input's size). Record what
+        the GPU runs: its output on meta; None where the call is not that (eval, p 0, in place, not meta: dropout
+        runs as it is)."""
+        x = args[0] if args else kwargs.get("input")
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        training = args[2] if len(args) > 2 else kwargs.get("training", True)
+        inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+        if isinstance(x, torch.Tensor) and x.device.type == "meta" and training and 0 < p < 1 and not inplace:
+            out = torch.native_dropout(x, p, True)[0]
+            if self.t.train and self.t.stack:
+                self.t.remember_grad_fns(out)
+            return out
+        return None
+
+    def _sdpa(self, func, args, kwargs):
+        """An SDPA call recorded as one node, with the aten op that ran underneath as its backend; on meta a repeat
+        of a signature takes the first call's output layout and backend (``memo``)."""
         t = self.t
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         bound = list(zip(names, args)) + [(k, v) for k, v in kwargs.items()]
@@ -139,30 +155,35 @@ class FunctionRecorder(TorchFunctionMode):
         del t.suppressed_ops[start:]
         fused = [o for o in ran if "attention" in o]
         if not fused and isinstance(out, torch.Tensor) and out.device.type == "meta" and out.dim() == 4:
-            # The fused CPU kernel lays its output out like the query (the CUDA ones as (B, S, H, D)), so
-            # the usual transpose(1, 2).reshape after attention is a view there; give the meta result the
-            # query's layout too instead of the math path's contiguous one.
-            q = args[0] if args else kwargs.get("query")
-            t.suppress += 1
-            try:
-                if isinstance(q, torch.Tensor) and q.shape == out.shape:
-                    out = torch.empty_like(q)
-                else:
-                    b, h, s, d = out.shape
-                    out = torch.empty((b, s, h, d), dtype=out.dtype, device=out.device).transpose(1, 2)
-            finally:
-                t.suppress -= 1
-            del t.suppressed_ops[start:]
-            if t.train and torch.is_grad_enabled():
-                # the fresh output has no autograd history: give it the fused kernel's backward
-                b = dict(zip(names, args), **kwargs)
-                out = MetaFlashAttention.apply(out, t, b["query"], b["key"], b["value"], b.get("attn_mask"),
-                                                bool(b.get("is_causal", False)), b.get("scale"),
-                                                float(b.get("dropout_p", 0.0) or 0.0))
+            out = self._fused_layout(out, args, kwargs, names, start)
         backend = fused[0] if fused else "math (decomposed: no fused kernel on this device)"
         if key is not None and isinstance(out, torch.Tensor) and out.device.type == "meta":
             self.memo[key] = ((tuple(out.shape), out.stride(), out.dtype), backend)
         return self._record(tensors, scalars, backend, out)
+
+    def _fused_layout(self, out, args, kwargs, names, start: int):
+        """The meta result of a decomposed SDPA in the fused kernel's layout: the fused CPU kernel lays its output
+        out like the query (the CUDA ones as (B, S, H, D)), so the usual transpose(1, 2).reshape after attention is
+        a view there; give the meta result the query's layout too instead of the math path's contiguous one. In a
+        training capture it gets the fused kernel's backward (the fresh output has no autograd history)."""
+        t = self.t
+        q = args[0] if args else kwargs.get("query")
+        t.suppress += 1
+        try:
+            if isinstance(q, torch.Tensor) and q.shape == out.shape:
+                out = torch.empty_like(q)
+            else:
+                b, h, s, d = out.shape
+                out = torch.empty((b, s, h, d), dtype=out.dtype, device=out.device).transpose(1, 2)
+        finally:
+            t.suppress -= 1
+        del t.suppressed_ops[start:]
+        if t.train and torch.is_grad_enabled():
+            b = dict(zip(names, args), **kwargs)
+            out = MetaFlashAttention.apply(out, t, b["query"], b["key"], b["value"], b.get("attn_mask"),
+                                            bool(b.get("is_causal", False)), b.get("scale"),
+                                            float(b.get("dropout_p", 0.0) or 0.0))
+        return out
 
     def _sink_attention(self, query, key, value, sinks, attn_mask=None, scale=None, window=None, dropout_p=0.0):
         """``sink_attention`` recorded as one SDPA node (its docstring): on meta nothing run, the output laid out

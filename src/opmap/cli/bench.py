@@ -28,77 +28,104 @@ if TYPE_CHECKING:
 DEFAULT_REQUESTS = 100
 
 
+# the command's options (typer reads them from the signature's defaults)
+_URL = typer.Argument(None, help="The server's base URL, with or without /v1 (http://localhost:8000); none with "
+                                 "--launch.")
+_MODEL = typer.Option(None, "--model", help="The model name the server serves (as /v1/models lists it); none with "
+                                            "--launch.")
+_ARRIVAL = typer.Option(None, help="Open loop: poisson:RATE, constant:RATE, gamma:RATE,CV, offline or trace:FILE (as "
+                                   "opmap serve); sends keep this schedule whatever the server does.")
+_CONCURRENCY = typer.Option(None, "--concurrency", help="Closed loop: C requests in flight, each sent when one ends "
+                                                        "(default 1 without --arrival).")
+_REQUESTS = typer.Option(None, "--requests", help=f"Requests measured (default {DEFAULT_REQUESTS} without --duration; "
+                                                  "a trace: at most this many rows, as opmap serve).")
+_DURATION = typer.Option(None, "--duration", help="Send for this long, s (in-flight requests still finish).")
+_WARMUP = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures.")
+_INPUT_LEN = typer.Option("128", "--input-len", help="Prompt tokens: N, uniform:A,B, normal:MEAN,STD, "
+                                                     "lognormal:MEDIAN,SIGMA ([,MAX]) or trace.")
+_OUTPUT_LEN = typer.Option("128", "--output-len", help="Output tokens (max_tokens), as --input-len.")
+_API = typer.Option("completions", "--api", help="completions (/v1/completions) or chat (/v1/chat/completions).")
+_TIMEOUT = typer.Option(600.0, "--timeout", help="Limit on one request, send to end of stream, s.")
+_IGNORE_EOS = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Send ignore_eos (vLLM, SGLang) so outputs run "
+                                                                      "to max_tokens.")
+_SLO_TTFT = typer.Option(None, "--slo-ttft", help="Goodput: TTFT limit per request, ms.")
+_SLO_TPOT = typer.Option(None, "--slo-tpot", help="Goodput: TPOT limit per request, ms.")
+_MIN_DURATION = typer.Option(600.0, "--min-duration", help="Validity: the shortest valid run, s (MLPerf: 600).")
+_MIN_QUERIES = typer.Option(24576, "--min-queries", help="Validity: the fewest measured requests (MLPerf LLM: 24576).")
+_SEED = typer.Option(0, "--seed", help="Seeds arrivals, lengths and prompts.")
+_OUT = typer.Option(None, help="Write bench.json and requests.parquet here.")
+_STORE = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE).")
+_NO_STORE = typer.Option(False, "--no-store", help="Do not record this run in the run store.")
+_LAUNCH = typer.Option(None, "--launch", help="Start a local transformers serve on a random-weight model from this "
+                                              "Hugging Face config (config.json, a folder holding one, or hf:NAME in "
+                                              "the local cache), bench it, stop it.")
+_DEVICE = typer.Option("cpu", "--device", help="--launch: cpu, cuda or cuda:N.")
+_THREADS = typer.Option(None, "--threads", help="--launch: torch threads (default: the cores available minus one, "
+                                                "left to the web process).")
+_KV_BLOCKS = typer.Option(None, "--kv-blocks", help="--launch: KV cache blocks of 256 tokens (default 64).")
+_TOKENIZER = typer.Option(None, "--tokenizer", help="A local tokenizer folder: prompts of exact token counts (the "
+                                                    "launched model's with --launch).")
+_PREDICT = typer.Option(False, "--predict", help="Run the same workload (send times, token counts) through opmap "
+                                                 "serve's simulator and print measured / predicted; recorded as a "
+                                                 "serve run.")
+_HARDWARE = typer.Option(None, "--hardware", help="--predict: the device the server runs on (default with --launch: "
+                                                  "local, after opmap calibrate).")
+_CONFIG = typer.Option(None, "--config", help="--predict against a URL: the served model's Hugging Face config.")
+_DTYPE = typer.Option(None, "--dtype", help="--predict: the served precision (default: the launched model's, else "
+                                            "bf16).")
+_RUNTIME = typer.Option("engine", "--runtime", help="--predict: the runtime steps are priced under (eager, graphs, "
+                                                    "engine; as opmap serve).")
+_STACK = typer.Option(None, "--stack", help="--predict with a stack profile (opmap calibrate --from-bench) in place "
+                                            "of the overhead probes.")
+_METRICS_URL = typer.Option("auto", "--metrics-url", help="The server's Prometheus page, scraped while the run lasts "
+                                                          "(vLLM, SGLang): auto (the URL's /metrics), a URL, or none.")
+_METRICS_INTERVAL = typer.Option(1.0, "--metrics-interval", help="Seconds between two scrapes.")
+_FROM_FILE = typer.Option(None, "--from", help="Import another tool's result file instead of measuring: vllm bench "
+                                               "serve --save-result JSON, a GuideLLM JSON report, AIPerf's profile "
+                                               "export (JSON, JSONL or its folder), an inference-perf summary report; "
+                                               "the format is read from the content.")
+_FMT = typer.Option(None, "--format", help="--from: the file's tool (vllm, guidellm, aiperf, inference-perf), checked "
+                                           "against its content.")
+_INDEX = typer.Option(0, "--index", help="--from a GuideLLM report: which of its benchmarks (0-based).")
+
+
 def bench(
-    url: str | None = typer.Argument(None, help="The server's base URL, with or without /v1 "
-                                                "(http://localhost:8000); none with --launch."),
-    model: str | None = typer.Option(None, "--model", help="The model name the server serves (as /v1/models lists "
-                                                           "it); none with --launch."),
-    arrival: str | None = typer.Option(None, help="Open loop: poisson:RATE, constant:RATE, gamma:RATE,CV, offline "
-                                                  "or trace:FILE (as opmap serve); sends keep this schedule "
-                                                  "whatever the server does."),
-    concurrency: int | None = typer.Option(None, "--concurrency", help="Closed loop: C requests in flight, each "
-                                                                       "sent when one ends (default 1 without "
-                                                                       "--arrival)."),
-    requests: int | None = typer.Option(None, "--requests", help=f"Requests measured (default {DEFAULT_REQUESTS} "
-                                                                 "without --duration; a trace: at most this "
-                                                                 "many rows, as opmap serve)."),
-    duration: float | None = typer.Option(None, "--duration", help="Send for this long, s (in-flight requests "
-                                                                   "still finish)."),
-    warmup: int = typer.Option(0, "--warmup", help="Requests sent first and kept out of the figures."),
-    input_len: str = typer.Option("128", "--input-len", help="Prompt tokens: N, uniform:A,B, normal:MEAN,STD, "
-                                                             "lognormal:MEDIAN,SIGMA ([,MAX]) or trace."),
-    output_len: str = typer.Option("128", "--output-len", help="Output tokens (max_tokens), as --input-len."),
-    api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat "
-                                                         "(/v1/chat/completions)."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Limit on one request, send to end of stream, s."),
-    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos",
-                                    help="Send ignore_eos (vLLM, SGLang) so outputs run to max_tokens."),
-    slo_ttft: float | None = typer.Option(None, "--slo-ttft", help="Goodput: TTFT limit per request, ms."),
-    slo_tpot: float | None = typer.Option(None, "--slo-tpot", help="Goodput: TPOT limit per request, ms."),
-    min_duration: float = typer.Option(600.0, "--min-duration", help="Validity: the shortest valid run, s "
-                                                                     "(MLPerf: 600)."),
-    min_queries: int = typer.Option(24576, "--min-queries", help="Validity: the fewest measured requests "
-                                                                 "(MLPerf LLM: 24576)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds arrivals, lengths and prompts."),
-    out: Path | None = typer.Option(None, help="Write bench.json and requests.parquet here."),
-    store: Path | None = typer.Option(None, "--store", help="Run store file (default $OPMAP_STORE)."),
-    no_store: bool = typer.Option(False, "--no-store", help="Do not record this run in the run store."),
-    launch: str | None = typer.Option(None, "--launch", help="Start a local transformers serve on a random-weight "
-                                      "model from this Hugging Face config (config.json, a folder holding one, or "
-                                      "hf:NAME in the local cache), bench it, stop it."),
-    device: str = typer.Option("cpu", "--device", help="--launch: cpu, cuda or cuda:N."),
-    threads: int | None = typer.Option(None, "--threads", help="--launch: torch threads (default: the cores "
-                                                               "available minus one, left to the web process)."),
-    kv_blocks: int | None = typer.Option(None, "--kv-blocks", help="--launch: KV cache blocks of 256 tokens "
-                                                                   "(default 64)."),
-    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="A local tokenizer folder: prompts of exact "
-                                                                    "token counts (the launched model's with "
-                                                                    "--launch)."),
-    predict: bool = typer.Option(False, "--predict", help="Run the same workload (send times, token counts) "
-                                                          "through opmap serve's simulator and print measured / "
-                                                          "predicted; recorded as a serve run."),
-    hardware: str | None = typer.Option(None, "--hardware", help="--predict: the device the server runs on "
-                                                                 "(default with --launch: local, after opmap "
-                                                                 "calibrate)."),
-    config: str | None = typer.Option(None, "--config", help="--predict against a URL: the served model's "
-                                                             "Hugging Face config."),
-    dtype: str | None = typer.Option(None, "--dtype", help="--predict: the served precision (default: the "
-                                                           "launched model's, else bf16)."),
-    runtime: str = typer.Option("engine", "--runtime", help="--predict: the runtime steps are priced under "
-                                                            "(eager, graphs, engine; as opmap serve)."),
-    stack: Path | None = typer.Option(None, "--stack", help="--predict with a stack profile (opmap calibrate "
-                                                           "--from-bench) in place of the overhead probes."),
-    metrics_url: str = typer.Option("auto", "--metrics-url", help="The server's Prometheus page, scraped while the "
-                                                                  "run lasts (vLLM, SGLang): auto (the URL's "
-                                                                  "/metrics), a URL, or none."),
-    metrics_interval: float = typer.Option(1.0, "--metrics-interval", help="Seconds between two scrapes."),
-    from_file: Path | None = typer.Option(None, "--from", help="Import another tool's result file instead of "
-                                          "measuring: vllm bench serve --save-result JSON, a GuideLLM JSON report, "
-                                          "AIPerf's profile export (JSON, JSONL or its folder), an inference-perf "
-                                          "summary report; the format is read from the content."),
-    fmt: str | None = typer.Option(None, "--format", help="--from: the file's tool (vllm, guidellm, aiperf, "
-                                                          "inference-perf), checked against its content."),
-    index: int = typer.Option(0, "--index", help="--from a GuideLLM report: which of its benchmarks (0-based)."),
+    url: str | None = _URL,
+    model: str | None = _MODEL,
+    arrival: str | None = _ARRIVAL,
+    concurrency: int | None = _CONCURRENCY,
+    requests: int | None = _REQUESTS,
+    duration: float | None = _DURATION,
+    warmup: int = _WARMUP,
+    input_len: str = _INPUT_LEN,
+    output_len: str = _OUTPUT_LEN,
+    api: str = _API,
+    timeout: float = _TIMEOUT,
+    ignore_eos: bool = _IGNORE_EOS,
+    slo_ttft: float | None = _SLO_TTFT,
+    slo_tpot: float | None = _SLO_TPOT,
+    min_duration: float = _MIN_DURATION,
+    min_queries: int = _MIN_QUERIES,
+    seed: int = _SEED,
+    out: Path | None = _OUT,
+    store: Path | None = _STORE,
+    no_store: bool = _NO_STORE,
+    launch: str | None = _LAUNCH,
+    device: str = _DEVICE,
+    threads: int | None = _THREADS,
+    kv_blocks: int | None = _KV_BLOCKS,
+    tokenizer: Path | None = _TOKENIZER,
+    predict: bool = _PREDICT,
+    hardware: str | None = _HARDWARE,
+    config: str | None = _CONFIG,
+    dtype: str | None = _DTYPE,
+    runtime: str = _RUNTIME,
+    stack: Path | None = _STACK,
+    metrics_url: str = _METRICS_URL,
+    metrics_interval: float = _METRICS_INTERVAL,
+    from_file: Path | None = _FROM_FILE,
+    fmt: str | None = _FMT,
+    index: int = _INDEX,
 ) -> None:
     """Measure a serving endpoint under load: streaming requests, timed per event; TTFT, TPOT, ITL and e2e
     percentiles, throughput, goodput, errors per kind, the open loop's own lag, MLPerf-style validity. An

@@ -7,6 +7,7 @@ against. opmap.mapping.memory puts these bytes into a training step's memory fit
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable
@@ -248,12 +249,7 @@ def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str 
     if attention not in ATTENTION:
         raise OpmapError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTION)}")
     module, inputs = _to_meta(module, inputs)
-    if isinstance(inputs, dict):
-        args, kwargs = (), inputs
-    elif isinstance(inputs, (tuple, list)):
-        args, kwargs = tuple(inputs), {}
-    else:
-        args, kwargs = (inputs,), {}
+    args, kwargs = _call_args(inputs)
     state = list(module.parameters()) + list(module.buffers())
     exclude = {_sid(p) for p in state}
     marked: set[int] = set()
@@ -262,6 +258,36 @@ def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str 
     if recompute == "full" and not blocks:
         raise OpmapError("recompute 'full' checkpoints each repeated block, and the model has no nn.ModuleList "
                          "of one block class; accepted for it: none, selective")
+    handles = _block_hooks(blocks, rec, recompute)
+    keep: list = []
+    with _training_mode(module, state, handles):
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(rec.hook, lambda t: t), \
+                _Attention(rec, attention), _ScoreTaint(marked, keep):
+            out = (forward or module)(*args, **kwargs)
+            if loss is not None:
+                out = loss(out)
+        del out
+    notes = []
+    if attention == "fused" and recompute == "selective":
+        notes.append("fused attention (SDPA as flash) saves nothing S x S: selective recomputation drops only "
+                     "what explicit attention math saves")
+    return SavedActivations(sum(rec.by_block.values()), dict(rec.by_block), recompute, attention,
+                            len(rec.seen), tuple(notes))
+
+
+def _call_args(inputs: Any) -> tuple[tuple, dict]:
+    """(positional, keyword) arguments of a forward call: ``inputs`` a dict of keyword args, a tuple or list of
+    positional ones, or one tensor."""
+    if isinstance(inputs, dict):
+        return (), inputs
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _block_hooks(blocks: list[tuple[str, torch.nn.Module]], rec: _Recorder, recompute: str) -> list:
+    """Hooks on each block that tell the recorder which block runs (and under full recomputation keep the block's
+    tensor inputs, as its checkpoint does); the handles, to remove them."""
     handles = []
     for path, blk in blocks:
         def pre(m, a, kw, path=path):
@@ -275,22 +301,24 @@ def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str 
             rec.block = ""
         handles.append(blk.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(blk.register_forward_hook(post, with_kwargs=True))
+    return handles
+
+
+@contextlib.contextmanager
+def _training_mode(module: torch.nn.Module, state: list, handles: list):
+    """The module in training mode with every floating-point parameter requiring grad and its parameters and buffers
+    (``state``) marked as module state, for the forward measured inside; afterwards the hooks (``handles``)
+    removed and the module as it was."""
     grads = [(p, p.requires_grad) for p in module.parameters()]
     for p in state:
         p._opmap_state = True
     was_training = module.training
     module.train(True)
-    keep: list = []
     try:
         for p, _ in grads:
             if p.is_floating_point():
                 p.requires_grad_(True)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(rec.hook, lambda t: t), \
-                _Attention(rec, attention), _ScoreTaint(marked, keep):
-            out = (forward or module)(*args, **kwargs)
-            if loss is not None:
-                out = loss(out)
-        del out
+        yield
     finally:
         for h in handles:
             h.remove()
@@ -299,12 +327,6 @@ def saved_activation_bytes(module: torch.nn.Module, inputs: Any, recompute: str 
         for p in state:
             del p._opmap_state
         module.train(was_training)
-    notes = []
-    if attention == "fused" and recompute == "selective":
-        notes.append("fused attention (SDPA as flash) saves nothing S x S: selective recomputation drops only "
-                     "what explicit attention math saves")
-    return SavedActivations(sum(rec.by_block.values()), dict(rec.by_block), recompute, attention,
-                            len(rec.seen), tuple(notes))
 
 
 # -- the activation formula (for checking) ---------------------------------------------------------------

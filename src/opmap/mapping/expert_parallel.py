@@ -13,8 +13,12 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opmap.errors import OpmapError
+
+if TYPE_CHECKING:
+    from opmap.mapping.shard_types import Parallelism
 
 FILE = Path(__file__).with_name("expert_parallel.toml")
 
@@ -47,3 +51,16 @@ def imbalance_for(ep: int, given: float | None) -> float:
         return 1.0
     return default_imbalance().value if given is None else given
 
+
+def ep_note(p: Parallelism) -> str:
+    """The words of a layout's expert parallelism: where the experts sit, what the dispatch costs, the imbalance."""
+    d = default_imbalance()
+    where = (f"E / {p.ep} experts a device, each over tp / ep = {p.tp // p.ep}; every rank holds the step's tokens "
+             "(attention tensor-parallel), so the dispatch is local and the combine is the TP all-reduce after the "
+             "MoE (vLLM --enable-expert-parallel at dp 1)" if p.ep_over_tp else
+             f"E / {p.ep} experts a device, each over tp {p.tp}; each EP rank its own tokens"
+             + (" (DP attention: each rank its own batch and KV cache, as SGLang --enable-dp-attention)"
+                if p.dp_attention else "") + "; dispatch and combine an all-to-all each per MoE layer of tokens x "
+             "top_k x hidden bytes a rank (x (ep - 1) / ep on the wire, x the imbalance for the busiest)")
+    return (f"ep {p.ep}: {where}; expert load imbalance {p.ep_imbalance:g} (the busiest rank's routed tokens over "
+            f"the mean; default {d.value:g}: {d.source})")

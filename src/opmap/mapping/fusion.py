@@ -49,7 +49,8 @@ Policies (recorded in the assumptions):
     kernel (RoPE's two halves); the legality rule is capture order, so a gated activation whose two GEMMs were
     captured apart (HF's ``act(gate(x)) * up(x)``: SiLU runs before ``up``) stays two kernels, SiLU and the
     product, where Megatron-Core's one ``linear_fc1`` output feeds one bias-SwiGLU kernel.
-- a plan file (JSON ``{"kernels": [[node ids], ...]}``): the user's groups, checked for the same legality.
+- a plan file (JSON ``{"kernels": [[node ids], ...]}``): the user's groups, checked for the same legality
+  (opmap.mapping.fusion_plan).
 
 A kernel's bytes are its nodes' eager bytes (each cost rule's minimum traffic) less what fusion removes:
 reads of tensors produced inside the kernel, writes of tensors no node outside it reads (a graph output
@@ -59,7 +60,6 @@ eager.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +67,9 @@ from pathlib import Path
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.graph import Node, OpGraph
+from opmap.mapping.fusion_plan import plan_file_groups
 from opmap.ops import KernelClass, MatrixProblem
 from opmap.ops import is_pointwise as _op_is_pointwise
-from opmap.safeio import LIMIT_JSON_BYTES, read_bounded
-from opmap.validate import count, shown
 
 POLICIES = ("eager", "compiler", "engine", "library")
 # Data-movement ops the engine policy fuses as elementwise work (a cast, a concatenation, a store into a cache).
@@ -232,17 +231,24 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         return _eager_plan(costs, classes, is_kernel)
     producers = _real_producers(graph, is_kernel)
     consumers = _real_consumers(graph, is_kernel)
+    if plan_file is not None:
+        groups, group_of = plan_file_groups(plan_file, graph, is_kernel, producers)
+        grouped_ids: set[int] = set()
+        policy = f"plan file {plan_file}"
+    else:
+        groups, group_of, grouped_ids = _policy_groups(graph, costs, policy, classes, is_kernel, producers, consumers)
+    return FusionPlan(policy, _kernels(graph, costs, groups, grouped_ids, classes, consumers, is_kernel), group_of)
+
+
+def _policy_groups(graph: OpGraph, costs: Sequence[OpCost], policy: str, classes: list[str], is_kernel: list[bool],
+                   producers: list[list[int]], consumers: list[list[int]],
+                   ) -> tuple[list[list[int]], dict[int, int], set[int]]:
+    """(kernels, node -> kernel, the kernels that are grouped GEMMs) under ``policy`` (compiler, engine or library;
+    the module docstring): each kernel node, in execution order, joins the kernel its rules allow, else starts one."""
     kinds = [c.vector_kind for c in costs]
     problems = [c.problem for c in costs]
-
-    def first_inside(nid: int):
-        """Whether the node's first tensor operand was made inside a given set of nodes (through views)."""
-        n = graph.nodes[nid]
-        src = n.inputs[0].producer if n.inputs else None
-        roots = _root(graph, src, is_kernel) if src is not None else set()
-        return lambda members: bool(roots) and roots <= members
-
-    first_inside_of = {n.id: first_inside(n.id) for n in graph.nodes if is_kernel[n.id] and classes[n.id] == "matrix"}
+    first_inside_of = {n.id: _first_inside(graph, n.id, is_kernel) for n in graph.nodes
+                       if is_kernel[n.id] and classes[n.id] == "matrix"}
     groups: list[list[int]] = []
     group_of: dict[int, int] = {}
     engine = policy in ("engine", "library")
@@ -253,50 +259,62 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     sibling_of: dict[tuple, int] = {}  # engine: a GEMM's activation input -> the kernel of the first GEMM reading it
     grouped_of: dict[tuple[str, str], int] = {}  # engine: an expert weight -> its grouped GEMM's kernel
     prologue = _reduction_prologues(graph, fuse_classes, kinds, consumers) if engine else set()
+    for n in graph.nodes:
+        if not is_kernel[n.id]:
+            continue
+        matrix = classes[n.id] == "matrix"
+        gkey = expert_gemm_key(n) if engine and not gemm_alone and matrix else None
+        if gkey is not None:  # one grouped GEMM per expert weight and layer (module docstring)
+            _place(n.id, _grouped_target(gkey, grouped_of, len(groups)), groups, group_of)
+            continue
+        target = (None if gemm_alone and matrix else
+                  _fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems, first_inside_of,
+                               n.id in prologue or gemm_alone))
+        key = _gemm_input_key(graph, n.id, is_kernel) if engine and matrix and not _is_batched_gemm(problems[n.id]) \
+            else None
+        if target is None and gemm_alone and fuse_classes[n.id] == "vector":
+            target = _consumer_sibling_target(n.id, producers, consumers, groups, group_of, fuse_classes)
+        if target is None and key is not None and key in sibling_of:
+            target = _sibling_target(n.id, sibling_of[key], producers, groups, group_of)
+        if key is not None:
+            sibling_of.setdefault(key, target if target is not None else len(groups))
+        _place(n.id, target, groups, group_of)
+    return groups, group_of, set(grouped_of.values())
 
-    if plan_file is not None:
-        groups = _read_plan(plan_file, graph, is_kernel)
-        for g, members in enumerate(groups):
-            for nid in members:
-                group_of[nid] = g
-        _check_plan(groups, group_of, producers)
-        groups = _execution_order(groups, group_of, producers)
-        group_of = {nid: g for g, members in enumerate(groups) for nid in members}
-        policy = f"plan file {plan_file}"
+
+def _first_inside(graph: OpGraph, nid: int, is_kernel: list[bool]):
+    """Whether the node's first tensor operand was made inside a given set of nodes (through views): a test of a
+    set of node ids."""
+    n = graph.nodes[nid]
+    src = n.inputs[0].producer if n.inputs else None
+    roots = _root(graph, src, is_kernel) if src is not None else set()
+    return lambda members: bool(roots) and roots <= members
+
+
+def _grouped_target(gkey: tuple[str, str], grouped_of: dict[tuple[str, str], int], new: int) -> int | None:
+    """Engine: the kernel of the grouped GEMM an expert's weight GEMM (``gkey``: expert_gemm_key) joins; None for the
+    first GEMM of its group, which starts kernel ``new``, recorded as the group's."""
+    if gkey in grouped_of:
+        return grouped_of[gkey]
+    grouped_of[gkey] = new
+    return None
+
+
+def _place(nid: int, target: int | None, groups: list[list[int]], group_of: dict[int, int]) -> None:
+    """Node ``nid`` into kernel ``target``, or into a kernel of its own (``target`` None)."""
+    if target is None:
+        group_of[nid] = len(groups)
+        groups.append([nid])
     else:
-        for n in graph.nodes:
-            if not is_kernel[n.id]:
-                continue
-            gkey = expert_gemm_key(n) if engine and not gemm_alone and classes[n.id] == "matrix" else None
-            if gkey is not None:  # one grouped GEMM per expert weight and layer (module docstring)
-                if gkey in grouped_of:
-                    group_of[n.id] = grouped_of[gkey]
-                    groups[grouped_of[gkey]].append(n.id)
-                else:
-                    grouped_of[gkey] = group_of[n.id] = len(groups)
-                    groups.append([n.id])
-                continue
-            target = (_fuse_target(n.id, fuse_classes, producers, groups, group_of, kinds, problems,
-                                   first_inside_of, n.id in prologue or gemm_alone)
-                      if policy in ("compiler", "engine", "library") and not (gemm_alone and classes[n.id] == "matrix")
-                      else None)
-            key = _gemm_input_key(graph, n.id, is_kernel) if engine and classes[n.id] == "matrix" \
-                and not _is_batched_gemm(problems[n.id]) else None
-            if target is None and gemm_alone and fuse_classes[n.id] == "vector":
-                target = _consumer_sibling_target(n.id, producers, consumers, groups, group_of, fuse_classes)
-            if target is None and key is not None and key in sibling_of:
-                target = _sibling_target(n.id, sibling_of[key], producers, groups, group_of)
-            if key is not None:
-                sibling_of.setdefault(key, target if target is not None else len(groups))
-            if target is None:
-                group_of[n.id] = len(groups)
-                groups.append([n.id])
-            else:
-                group_of[n.id] = target
-                groups[target].append(n.id)
+        group_of[nid] = target
+        groups[target].append(nid)
 
+
+def _kernels(graph: OpGraph, costs: Sequence[OpCost], groups: list[list[int]], grouped_ids: set[int],
+             classes: list[str], consumers: list[list[int]], is_kernel: list[bool]) -> tuple[Kernel, ...]:
+    """The groups as kernels: each anchored on its GEMM (else its reduction, else its first node), its bytes its
+    nodes' eager bytes less what fusion saves (``_saved_bytes``); a grouped GEMM's count of experts."""
     kernels = []
-    grouped_ids = set(grouped_of.values())
     param_numel = dict(graph.param_sizes or ())
     for g, members in enumerate(groups):
         anchor = next((m for m in members if classes[m] == "matrix"), None)
@@ -306,7 +324,7 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
         saved = min(eager, _saved_bytes(graph, set(members), consumers, is_kernel, param_numel))
         experts = sum(1 for m in members if classes[m] == "matrix") if g in grouped_ids else 0
         kernels.append(Kernel(g, tuple(members), classes[anchor], anchor, eager - saved, eager, experts))
-    return FusionPlan(policy, tuple(kernels), group_of)
+    return tuple(kernels)
 
 
 def _eager_plan(costs: Sequence[OpCost], classes: list[str], is_kernel: list[bool]) -> FusionPlan:
@@ -441,101 +459,3 @@ def _fuse_target(nid: int, classes: list[str], producers: list[list[int]], group
                for p in producers[nid]):
             return g
     return None
-
-
-PLAN_ACCEPTED = 'expected JSON {"kernels": [[node ids], ...]}, node ids integers >= 0'
-
-
-def parse_fusion_plan(text: str | bytes, origin: str = "<plan>") -> list[list[int]]:
-    """The kernels of a fusion plan file's text, as lists of node ids, unchecked against any graph (no file
-    read). OpmapError on anything but JSON ``{"kernels": [[id, ...], ...]}`` with integer ids >= 0: a bool
-    (``true`` is not node 1), a string (``"1"``), a fraction (1.9) or an overflow (1e400 reads as inf) is
-    refused, naming the kernel and the position."""
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise OpmapError(f"cannot read fusion plan {origin}: {PLAN_ACCEPTED} ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:80]})") from None
-    kernels = raw.get("kernels") if isinstance(raw, dict) else None
-    if not isinstance(kernels, list):
-        raise OpmapError(f"fusion plan {origin}: no \"kernels\" list at the top level: {PLAN_ACCEPTED}")
-    groups = []
-    for i, g in enumerate(kernels):
-        if not isinstance(g, list):
-            raise OpmapError(f"fusion plan {origin}: kernels[{i}] must be a list of node ids (got {shown(g)})")
-        groups.append([count(x, f"fusion plan {origin}: kernels[{i}][{j}] (a node id)", lo=0)
-                       for j, x in enumerate(g)])
-    return groups
-
-
-def read_fusion_plan(path: Path) -> list[list[int]]:
-    """The kernels of the plan file at ``path`` (``parse_fusion_plan``), unchecked against any graph. The path is
-    the user's (their own link is followed); what it names must be a regular file of at most LIMIT_JSON_BYTES
-    (opmap.safeio): a link to /dev/zero, a FIFO or a folder is one line, never a hang or a MemoryError."""
-    return parse_fusion_plan(read_bounded(path, LIMIT_JSON_BYTES, "fusion plan", follow_links=True), str(path))
-
-
-def _read_plan(path: Path, graph: OpGraph, is_kernel) -> list[list[int]]:
-    groups = read_fusion_plan(path)
-    seen: set[int] = set()
-    for g in groups:
-        for nid in g:
-            if not 0 <= nid < len(graph.nodes):
-                raise OpmapError(f"fusion plan {path}: node {nid} does not exist (the graph has "
-                                 f"{len(graph.nodes)} nodes)")
-            if not is_kernel[nid]:
-                raise OpmapError(f"fusion plan {path}: node {nid} ({graph.nodes[nid].op}) is a view or allocation, "
-                                 "not a kernel")
-            if nid in seen:
-                raise OpmapError(f"fusion plan {path}: node {nid} is in two kernels")
-            seen.add(nid)
-    missing = [i for i, k in enumerate(is_kernel) if k and i not in seen]
-    groups += [[i] for i in missing]  # nodes the plan leaves out run alone
-    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
-
-
-def _execution_order(groups: list[list[int]], group_of: dict[int, int], producers: list[list[int]]) -> list[list[int]]:
-    """The kernels in the order they can run: a fused kernel launches once every kernel it reads from is done,
-    so it follows all of them even where one of its own nodes comes first in the graph (Kahn's algorithm; among
-    the ready kernels, the one whose first node comes first)."""
-    import heapq
-
-    deps = [{group_of[p] for m in members for p in producers[m] if group_of.get(p, g) != g}
-            for g, members in enumerate(groups)]
-    users: list[list[int]] = [[] for _ in groups]
-    for g, ds in enumerate(deps):
-        for d in ds:
-            users[d].append(g)
-    waiting = [len(ds) for ds in deps]
-    ready = [(groups[g][0], g) for g in range(len(groups)) if not waiting[g]]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, g = heapq.heappop(ready)
-        order.append(groups[g])
-        for u in users[g]:
-            waiting[u] -= 1
-            if not waiting[u]:
-                heapq.heappush(ready, (groups[u][0], u))
-    return order  # _check_plan has refused cycles, so every kernel is placed
-
-
-def _check_plan(groups: list[list[int]], group_of: dict[int, int], producers: list[list[int]]) -> None:
-    """A kernel may not need an output of a kernel that needs one of its own (a cycle)."""
-    deps = {g: {group_of[p] for m in members for p in producers[m] if group_of.get(p, g) != g}
-            for g, members in enumerate(groups)}
-    state: dict[int, int] = {}
-
-    def visit(g: int, path: list[int]) -> None:
-        if state.get(g) == 2:
-            return
-        if state.get(g) == 1:
-            cyc = " -> ".join(str(groups[x][0]) for x in path[path.index(g):] + [g])
-            raise OpmapError(f"fusion plan is illegal: kernels (named by first node) form a cycle {cyc}")
-        state[g] = 1
-        for d in deps[g]:
-            visit(d, path + [g])
-        state[g] = 2
-
-    for g in range(len(groups)):
-        visit(g, [])

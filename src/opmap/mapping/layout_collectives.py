@@ -114,94 +114,129 @@ def dp_link(hw: HardwareSpec, tp: int, group: int) -> tuple[str, int] | None:
     return "auto", per // tp
 
 
+class _Layout:
+    """The collectives of one layout, as ``layout_collectives`` adds them: each placed on its link and priced by the
+    sharder, in the order added (the ids ``c0``, ``c1``, ...)."""
+
+    def __init__(self, sharder: SharderView, hw: HardwareSpec) -> None:
+        self.sharder, self.hw = sharder, hw
+        self.out: list[CollectiveKernel] = []
+
+    def add(self, kind: str, msg: float, group: int, span: int, purpose: str, stage: str, count: int,
+            hide: float | None = None, link: tuple[str, int] | None = None) -> None:
+        """One collective of ``group`` members spread over ``span`` ranks, ``count`` times; ``hide``: the compute
+        its time hides behind (None: all exposed); ``link``: dp_link's (link, members a node), else the group's
+        placement over the tiers. Nothing for a group of one, no calls or no bytes."""
+        if group <= 1 or count <= 0 or msg <= 0:
+            return
+        if link:
+            (name, per_node), stride = link, None
+        else:
+            (name, stride), per_node = placement(self.hw, span, group), None
+        c, t, alg = self.sharder.collective(self.hw, kind, msg, group, name, per_node, stride)
+        ex = None if hide is None else context.exposed(t, hide)
+        self.out.append(CollectiveKernel(f"c{len(self.out)}", c, purpose, stage, count, t, alg, name, ex))
+
+
 def layout_collectives(sharder: SharderView, p: Parallelism, hw: HardwareSpec, blocks_per_stage: int,
                        attn: tuple[float, float] = (0.0, 0.0)) -> list[CollectiveKernel]:
     """The layout's collectives; ``attn``: one layer's attention forward and backward time on one device (the
     compute a CP ring step hides its send behind)."""
-    out: list[CollectiveKernel] = []
-    r, geo = sharder.roles, sharder.geo
+    lay = _Layout(sharder, hw)
     # the activation the captured graph ran at is one microbatch already; with cp each rank holds s / cp
-    act = geo.act_bytes / p.cp
-    bwd = sharder.training
-
-    def add(kind, msg, group, span, purpose, stage, count, hide=None, link=None):
-        if group <= 1 or count <= 0 or msg <= 0:
-            return
-        # a given link is dp_link's (link, members a node); else the group's placement over the tiers
-        if link:
-            (link, per_node), stride = link, None
-        else:
-            (link, stride), per_node = placement(hw, span, group), None
-        c, t, alg = sharder.collective(hw, kind, msg, group, link, per_node, stride)
-        ex = None if hide is None else context.exposed(t, hide)
-        out.append(CollectiveKernel(f"c{len(out)}", c, purpose, stage, count, t, alg, link, ex))
-
-    n_blocks = blocks_per_stage
+    act = sharder.geo.act_bytes / p.cp
     if p.tp > 1 and act:
-        fwd_n = r.row_groups * n_blocks
-        bwd_n = r.column_groups * n_blocks if bwd else 0
-        if p.sp:
-            add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter after row-parallel", "forward", fwd_n)
-            add("all_gather", act, p.tp, p.tp, "SP all-gather before column-parallel", "forward", fwd_n)
-            add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter of column-parallel input gradients",
-                "backward", bwd_n)
-            add("all_gather", act, p.tp, p.tp, "SP all-gather of row-parallel output gradients", "backward",
-                bwd_n)
-        else:
-            add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
-            add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
-                "backward", bwd_n)
+        _tp_collectives(lay, p, act, blocks_per_stage)
     if p.cp > 1 and sharder.kv is not None and p.cp_comm == "all_gather":
-        # Llama 3 (paper sec. 3.3.2): K / V all-gathered before the local queries' attention, exposed; the
-        # backward gathers them again and reduce-scatters dK / dV (message: the gathered K / V per rank)
-        whole = context.chunk_bytes(sharder.kv, p.tp, p.cp) * p.cp
-        span = p.tp * p.cp
-        add("all_gather", whole, p.cp, span, "CP K/V all-gather", "forward", n_blocks)
-        if bwd:
-            times = 2 if p.recompute != "none" else 1
-            add("all_gather", whole, p.cp, span, "CP K/V all-gather (backward)", "backward", times * n_blocks)
-            add("reduce_scatter", whole, p.cp, span, "CP dK/dV reduce-scatter", "backward", n_blocks)
+        _cp_all_gather(lay, p, blocks_per_stage)
     elif p.cp > 1 and sharder.kv is not None:
-        chunk = context.chunk_bytes(sharder.kv, p.tp, p.cp)
-        steps = (p.cp - 1) * n_blocks
-        span = p.tp * p.cp
-        f_step, b_step = attn[0] / p.cp, attn[1] / p.cp
-        add("send_recv", chunk, 2, span, "CP K/V ring step (forward)", "forward", steps, f_step)
-        if bwd:
-            add("send_recv", 2 * chunk, 2, span, "CP K/V and dK/dV ring step (backward)", "backward", steps,
-                b_step)
-            if p.recompute != "none":
-                add("send_recv", chunk, 2, span, "CP K/V ring step (recomputed forward)", "backward", steps,
-                    f_step)
-    if p.ep > 1 and r.routed_bytes and not p.ep_over_tp:
-        # each rank's routed tokens (tokens x top_k x hidden bytes); the busiest receives ep_imbalance x the mean.
-        # ep over the tp group has no all-to-all: every rank holds the tokens, the TP all-reduce combines
-        msg = r.routed_bytes / (p.tp if p.sp else 1) / p.cp * p.ep_imbalance
-        moe = min(n_blocks, sharder.moe_layers)
-        add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * moe)
-        add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine (gradients)", "backward",
-            2 * moe if bwd else 0)
+        _cp_ring(lay, p, blocks_per_stage, attn)
+    if p.ep > 1 and sharder.roles.routed_bytes and not p.ep_over_tp:
+        _ep_all_to_all(lay, p, blocks_per_stage)
     if p.pp > 1 and act:
         span = 2 * p.tp * p.cp * p.dp
-        add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)
-        add("send_recv", act / p.tp, 2, span, "PP gradient to the previous stage", "backward",
-            p.vp if bwd else 0)
+        lay.add("send_recv", act / p.tp, 2, span, "PP activation to the next stage", "forward", p.vp)
+        lay.add("send_recv", act / p.tp, 2, span, "PP gradient to the previous stage", "backward",
+                p.vp if sharder.training else 0)
+    if sharder.training and p.dp * p.cp > 1:
+        _dp_reduction(lay, p)
+    return lay.out
+
+
+def _tp_collectives(lay: _Layout, p: Parallelism, act: float, n_blocks: int) -> None:
+    """TP's all-reduces after the row-parallel GEMMs (forward) and of the column-parallel input gradients
+    (backward), or with SP each as a reduce-scatter and an all-gather."""
+    r = lay.sharder.roles
+    fwd_n = r.row_groups * n_blocks
+    bwd_n = r.column_groups * n_blocks if lay.sharder.training else 0
+    if p.sp:
+        lay.add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter after row-parallel", "forward", fwd_n)
+        lay.add("all_gather", act, p.tp, p.tp, "SP all-gather before column-parallel", "forward", fwd_n)
+        lay.add("reduce_scatter", act, p.tp, p.tp, "SP reduce-scatter of column-parallel input gradients",
+                "backward", bwd_n)
+        lay.add("all_gather", act, p.tp, p.tp, "SP all-gather of row-parallel output gradients", "backward",
+                bwd_n)
+    else:
+        lay.add("all_reduce", act, p.tp, p.tp, "TP all-reduce after row-parallel", "forward", fwd_n)
+        lay.add("all_reduce", act, p.tp, p.tp, "TP all-reduce of column-parallel input gradients",
+                "backward", bwd_n)
+
+
+def _cp_all_gather(lay: _Layout, p: Parallelism, n_blocks: int) -> None:
+    """Llama 3 (paper sec. 3.3.2): K / V all-gathered before the local queries' attention, exposed; the backward
+    gathers them again and reduce-scatters dK / dV (message: the gathered K / V per rank)."""
+    whole = context.chunk_bytes(lay.sharder.kv, p.tp, p.cp) * p.cp
+    span = p.tp * p.cp
+    lay.add("all_gather", whole, p.cp, span, "CP K/V all-gather", "forward", n_blocks)
+    if lay.sharder.training:
+        times = 2 if p.recompute != "none" else 1
+        lay.add("all_gather", whole, p.cp, span, "CP K/V all-gather (backward)", "backward", times * n_blocks)
+        lay.add("reduce_scatter", whole, p.cp, span, "CP dK/dV reduce-scatter", "backward", n_blocks)
+
+
+def _cp_ring(lay: _Layout, p: Parallelism, n_blocks: int, attn: tuple[float, float]) -> None:
+    """The CP ring (opmap.mapping.context): cp - 1 K / V sends a layer, each hidden behind the attention of the
+    chunk in hand; the backward sends K / V and dK / dV, and the recomputed forward its K / V again."""
+    chunk = context.chunk_bytes(lay.sharder.kv, p.tp, p.cp)
+    steps = (p.cp - 1) * n_blocks
+    span = p.tp * p.cp
+    f_step, b_step = attn[0] / p.cp, attn[1] / p.cp
+    lay.add("send_recv", chunk, 2, span, "CP K/V ring step (forward)", "forward", steps, f_step)
+    if lay.sharder.training:
+        lay.add("send_recv", 2 * chunk, 2, span, "CP K/V and dK/dV ring step (backward)", "backward", steps,
+                b_step)
+        if p.recompute != "none":
+            lay.add("send_recv", chunk, 2, span, "CP K/V ring step (recomputed forward)", "backward", steps,
+                    f_step)
+
+
+def _ep_all_to_all(lay: _Layout, p: Parallelism, n_blocks: int) -> None:
+    """EP's dispatch and combine all-to-alls of each MoE layer (forward, and their gradients): each rank's routed
+    tokens (tokens x top_k x hidden bytes); the busiest receives ep_imbalance x the mean. ep over the tp group has
+    none (every rank holds the tokens, the TP all-reduce combines): the caller leaves it out."""
+    msg = lay.sharder.roles.routed_bytes / (p.tp if p.sp else 1) / p.cp * p.ep_imbalance
+    moe = min(n_blocks, lay.sharder.moe_layers)
+    lay.add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * moe)
+    lay.add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine (gradients)", "backward",
+            2 * moe if lay.sharder.training else 0)
+
+
+def _dp_reduction(lay: _Layout, p: Parallelism) -> None:
+    """The DP (x CP) gradient reduction, once an iteration. ZeRO >= 1 shards the optimizer state: each rank updates
+    its shard, so the gradients are reduce-scattered and the updated parameters all-gathered (Megatron's
+    distributed optimizer, NeMo's distributed_fused_adam): the all-reduce's bytes in two halves, each overlapped on
+    its own (opmap.mapping.sharding.DP_WINDOW); ZeRO-3 gathers the parameters again in every microbatch."""
     group = p.dp * p.cp
-    if bwd and group > 1:
-        grad = sharder.params_per_device(p) * sharder.itemsize
-        span = p.tp * p.cp * p.dp
-        over = f" (over dp x cp = {p.dp} x {p.cp})" if p.cp > 1 else ""
-        link = dp_link(hw, p.tp, group)
-        # ZeRO >= 1 shards the optimizer state: each rank updates its shard, so the gradients are reduce-scattered
-        # and the updated parameters all-gathered (Megatron's distributed optimizer, NeMo's distributed_fused_adam):
-        # the all-reduce's bytes in two halves, each overlapped on its own (opmap.mapping.sharding.DP_WINDOW)
-        if p.zero == 0:
-            add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1, link=link)
-        else:
-            add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1, link=link)
-            add("all_gather", grad, group, span, "DP all-gather of updated parameters" + over, "iteration", 1,
+    grad = lay.sharder.params_per_device(p) * lay.sharder.itemsize
+    span = p.tp * p.cp * p.dp
+    over = f" (over dp x cp = {p.dp} x {p.cp})" if p.cp > 1 else ""
+    link = dp_link(lay.hw, p.tp, group)
+    if p.zero == 0:
+        lay.add("all_reduce", grad, group, span, "DP gradient all-reduce" + over, "iteration", 1, link=link)
+    else:
+        lay.add("reduce_scatter", grad, group, span, "DP gradient reduce-scatter" + over, "iteration", 1, link=link)
+        lay.add("all_gather", grad, group, span, "DP all-gather of updated parameters" + over, "iteration", 1,
                 link=link)
-            if p.zero == 3:
-                add("all_gather", grad, group, span, "ZeRO-3 parameter all-gather (forward and backward)",
+        if p.zero == 3:
+            lay.add("all_gather", grad, group, span, "ZeRO-3 parameter all-gather (forward and backward)",
                     "iteration", 2 * p.microbatches, link=link)
-    return out

@@ -47,6 +47,7 @@ from opmap.hardware.spec import HardwareSpec
 from opmap.mapping import context
 from opmap.mapping.collectives import Collective, collective_time
 from opmap.mapping.device_time import EXPERT_ROLES, KernelRow, device_time, tp_split
+from opmap.mapping.expert_parallel import ep_note
 from opmap.mapping.layout_collectives import CollectiveKernel, layout_collectives, link_for  # noqa: F401 (re-exported)
 from opmap.mapping.roles import SPLIT_ROLES, block_of, infer_roles, phase_of
 from opmap.mapping.shard_types import (  # noqa: F401 (re-exported: the layout's types live below this module)
@@ -87,12 +88,6 @@ ASSUMPTIONS = (
     "PP send / recv carries b s h / tp bytes (Narayanan et al. 2021 scatter / gather optimisation)",
 )
 
-
-# -- roles --------------------------------------------------------------------------------------------------
-
-
-
-# -- per-device kernels -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Sharded:
@@ -349,6 +344,41 @@ class Sharder:
         """One layout's per-device result. ``per_kernel`` False: ``kernel_s`` is left empty (a layout search needs
         only the totals)."""
         hw = hw or self.a.hardware
+        seq = self._check_layout(p)
+        pos_sums, prefix = self._table(p)
+        L, pp, vp = self.layers, p.pp, p.vp
+        per, stage, fwd_block, sdpa_fwd, mflops = self._stages(p, pos_sums, prefix)
+        opt_base, opt_o = self._opt
+        d_opt = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
+        opt_s = opt_base / d_opt + opt_o
+        total = prefix[-1]
+        attn = (total[_SDPA_FWD] / L, total[_ATTN_BWD] / L) if L else (0.0, 0.0)
+        colls = layout_collectives(self, p, hw, per, attn)
+        per_mb_coll = sum(c.exposed * c.count for c in colls if c.stage != "iteration")
+        slow = max(range(pp), key=lambda i: stage[i])
+        mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
+        m = p.microbatches
+        bubble = (pp - 1) / (m * vp)
+        bwd_s = (total[_BWD] + pos_sums[0][_BWD] + pos_sums[-1][_BWD]) / pp
+        fwd_s = (total[_TOTAL] + pos_sums[0][_TOTAL] + pos_sums[-1][_TOTAL]) / pp - bwd_s
+        exposed_dp = _exposed_dp_s(colls, p, fwd_s, bwd_s) if self.training else 0.0
+        step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
+        p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
+        latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
+        tokens = p.global_batch * (seq if self.a.assumptions.seq else 1)
+        ring = [c for c in colls if c.purpose.startswith("CP")]  # the ring's sends or the all-gathers
+        kvh = self.cache_kv_heads
+        per_k = tuple(device_time(r, p, kvh) for r in self.rows) if per_kernel else ()
+        rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
+                 else 0.0) if self.training else 0.0
+        return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
+                       tokens, mflops[slow], self._notes(p), cp_exchange_s=sum(c.predicted_s * c.count for c in ring),
+                       cp_exposed_s=sum(c.exposed * c.count for c in ring), recompute_s=rec_s,
+                       bubble_s=(pp - 1) / vp * mb_s, exposed_comm_s=m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp,
+                       optimizer_s=opt_s)
+
+    def _check_layout(self, p: Parallelism) -> int:
+        """The layout checked against the model (its sequence for cp, training for ep); the sequence."""
         if p.trivial is False or p.devices > 1:
             p.check(self.geo)
         seq = int(self.a.assumptions.seq or 1)
@@ -359,8 +389,13 @@ class Sharder:
                                         "(scaled_dot_product_attention), and this model has none")
             why = context.check_sequence(seq, p.cp, self.kv.causal)
             _check(not why, why)
-        pos_sums, prefix = self._table(p)
-        L, pp, vp = self.layers, p.pp, p.vp
+        return seq
+
+    def _stages(self, p: Parallelism, pos_sums: list[list[float]], prefix: list[list[float]]):
+        """(layers a stage, and per stage: its time a microbatch, recomputation included, its blocks' forward, their
+        SDPA forward, its matrix FLOPs): the layers split over pp stages, the first stage holding what comes before
+        the layers (embeddings) and the last what comes after them (the head, the loss)."""
+        L, pp = self.layers, p.pp
         per = L // pp if L % pp == 0 else math.ceil(L / pp)
         stage, fwd_block, sdpa_fwd, mflops = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
         for s in range(pp):
@@ -376,31 +411,10 @@ class Sharder:
             stage = [a + b for a, b in zip(stage, fwd_block)]
         elif self.training and p.recompute == "selective":
             stage = [a + b for a, b in zip(stage, sdpa_fwd)]
-        opt_base, opt_o = self._opt
-        d_opt = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
-        opt_s = opt_base / d_opt + opt_o
-        total = prefix[-1]
-        attn = (total[_SDPA_FWD] / L, total[_ATTN_BWD] / L) if L else (0.0, 0.0)
-        colls = layout_collectives(self, p, hw, per, attn)
-        per_mb_coll = sum(c.exposed * c.count for c in colls if c.stage != "iteration")
-        slow = max(range(pp), key=lambda i: stage[i])
-        mb_s = stage[slow] + per_mb_coll * (1 - TP_OVERLAP)
-        m = p.microbatches
-        bubble = (pp - 1) / (m * vp)
-        dp = [c for c in colls if c.stage == "iteration"]
-        gather_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith(PARAM_GATHER))
-        z3_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith("ZeRO-3"))
-        grad_s = sum(c.predicted_s * c.count for c in dp) - gather_s - z3_s
-        bwd_s = (total[_BWD] + pos_sums[0][_BWD] + pos_sums[-1][_BWD]) / pp
-        fwd_s = (total[_TOTAL] + pos_sums[0][_TOTAL] + pos_sums[-1][_TOTAL]) / pp - bwd_s
-        # ZeRO-3's gathers run in every microbatch: hidden behind the m backwards
-        exposed_dp = (dp_exposed_s(grad_s, bwd_s, p.dp_overlap) + dp_exposed_s(gather_s, fwd_s, p.dp_overlap)
-                      + dp_exposed_s(z3_s, m * bwd_s, p.dp_overlap)) if self.training else 0.0
-        step = (m + (pp - 1) / vp) * mb_s + exposed_dp + opt_s
-        p2p = sum(c.predicted_s for c in colls if c.purpose.startswith("PP") and c.stage == "forward")
-        latency = sum(stage) + per_mb_coll * pp - p2p * (1 if pp > 1 else 0)
-        tokens = p.global_batch * (seq if self.a.assumptions.seq else 1)
-        ring = [c for c in colls if c.purpose.startswith("CP")]  # the ring's sends or the all-gathers
+        return per, stage, fwd_block, sdpa_fwd, mflops
+
+    def _notes(self, p: Parallelism) -> tuple[str, ...]:
+        """What a layout assumes beyond the module docstring: KV heads replicated, recomputation, CP, EP."""
         notes = []
         if self.geo.kv_heads and p.tp > self.geo.kv_heads:
             notes.append(f"tp {p.tp} > {self.geo.kv_heads} KV heads: each KV head replicated on "
@@ -417,15 +431,7 @@ class Sharder:
                          "cp rank")
         if p.ep > 1:
             notes.append(ep_note(p))
-        kvh = self.cache_kv_heads
-        per_k = tuple(device_time(r, p, kvh) for r in self.rows) if per_kernel else ()
-        rec_s = (fwd_block[slow] if p.recompute == "full" else sdpa_fwd[slow] if p.recompute == "selective"
-                 else 0.0) if self.training else 0.0
-        return Sharded(p, per_k, tuple(stage), tuple(colls), mb_s, bubble, step, latency, self.training,
-                       tokens, mflops[slow], tuple(notes), cp_exchange_s=sum(c.predicted_s * c.count for c in ring),
-                       cp_exposed_s=sum(c.exposed * c.count for c in ring), recompute_s=rec_s,
-                       bubble_s=(pp - 1) / vp * mb_s, exposed_comm_s=m * per_mb_coll * (1 - TP_OVERLAP) + exposed_dp,
-                       optimizer_s=opt_s)
+        return tuple(notes)
 
     def collective(self, hw: HardwareSpec, kind: str, msg: float, group: int, link: str,
                    per_node: int | None = None, stride: int | None = None) -> tuple[Collective, float, str]:
@@ -446,6 +452,17 @@ class Sharder:
         return (self.params - experts) / (p.tp * p.pp) + experts / (p.expert_split * p.pp)
 
 
+def _exposed_dp_s(colls: list[CollectiveKernel], p: Parallelism, fwd_s: float, bwd_s: float) -> float:
+    """The DP reduction's exposed time: the gradients' reduction behind the backward, the updated parameters'
+    gather behind the forward, and ZeRO-3's gathers, which run in every microbatch, behind the m backwards."""
+    dp = [c for c in colls if c.stage == "iteration"]
+    gather_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith(PARAM_GATHER))
+    z3_s = sum(c.predicted_s * c.count for c in dp if c.purpose.startswith("ZeRO-3"))
+    grad_s = sum(c.predicted_s * c.count for c in dp) - gather_s - z3_s
+    return (dp_exposed_s(grad_s, bwd_s, p.dp_overlap) + dp_exposed_s(gather_s, fwd_s, p.dp_overlap)
+            + dp_exposed_s(z3_s, p.microbatches * bwd_s, p.dp_overlap))
+
+
 def _cache_kv_heads(graph, kv_heads: int) -> int:
     """The heads a layer's KV cache splits over tp: the KV heads, or 1 for MLA, whose one latent (kv_lora_rank +
     the RoPE key) every head reads, so each tp rank holds all of it (SGLang's and vLLM's MLA cache; DP attention
@@ -456,22 +473,6 @@ def _cache_kv_heads(graph, kv_heads: int) -> int:
     if geo is not None and any(a.kind == "mla" for a in geo.attention):
         return 1
     return kv_heads
-
-
-def ep_note(p: Parallelism) -> str:
-    """The words of a layout's expert parallelism: where the experts sit, what the dispatch costs, the imbalance."""
-    from opmap.mapping.expert_parallel import default_imbalance
-
-    d = default_imbalance()
-    where = (f"E / {p.ep} experts a device, each over tp / ep = {p.tp // p.ep}; every rank holds the step's tokens "
-             "(attention tensor-parallel), so the dispatch is local and the combine is the TP all-reduce after the "
-             "MoE (vLLM --enable-expert-parallel at dp 1)" if p.ep_over_tp else
-             f"E / {p.ep} experts a device, each over tp {p.tp}; each EP rank its own tokens"
-             + (" (DP attention: each rank its own batch and KV cache, as SGLang --enable-dp-attention)"
-                if p.dp_attention else "") + "; dispatch and combine an all-to-all each per MoE layer of tokens x "
-             "top_k x hidden bytes a rank (x (ep - 1) / ep on the wire, x the imbalance for the busiest)")
-    return (f"ep {p.ep}: {where}; expert load imbalance {p.ep_imbalance:g} (the busiest rank's routed tokens over "
-            f"the mean; default {d.value:g}: {d.source})")
 
 
 def shard(analysis, p: Parallelism, hw: HardwareSpec | None = None) -> Sharded:

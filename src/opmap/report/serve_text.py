@@ -17,7 +17,15 @@ from opmap.report.text import plain
 def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) -> None:
     """serve.json's figures as the terminal shows them: the title, the assumptions' lines, the latency table,
     throughput and goodput, the engine's KV blocks and preemptions, validity, disaggregation, capacity."""
+    t = _latency_table(r, model, hardware)
+    _print_assumptions(console, r["assumptions"])
+    console.print(t)
+    _print_figures(console, r)
 
+
+def _latency_table(r: dict[str, Any], model: str, hardware: str) -> Table:
+    """The latency table (mean and percentiles of e2e, TTFT, queueing, TPOT, ITL) under the run's title: model,
+    layout, device, policy, arrivals, requests, how steps were priced."""
     a = r["assumptions"]
     lay = f"{a['tp']} x {a['layout']['pp']}" if a.get("layout") and a["layout"]["pp"] > 1 else f"{a['tp']}"
     t = Table(title=plain(f"opmap serve {model} on {a['replicas']} x {lay} {hardware}: {r['policy']['spec']}, "
@@ -29,6 +37,12 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
         s = r["latency"][k]
         t.add_row(k, *[si(s[f], "s") if s[f] is not None else "-" for f in
                        ("mean_s", "p50_s", "p90_s", "p95_s", "p99_s")])
+    return t
+
+
+def _print_assumptions(console: Console, a: dict[str, Any]) -> None:
+    """The lines over the table: the format priced, the confidence, the runtime, the engine preset, the memory per
+    device, DP attention, speculative decoding."""
     if a.get("dtype_line"):  # the format priced; an alias resolved and a fallback, why
         console.print(plain("dtype: " + a["dtype_line"]), highlight=False)
     if a.get("confidence"):  # how far to trust these figures: the weakest input that priced them
@@ -65,7 +79,11 @@ def print_serve(console: Console, r: dict[str, Any], model: str, hardware: str) 
                       f"all-to-all of every MoE layer)", highlight=False)
     if a.get("speculative_decoding"):
         console.print(plain(a["speculative_decoding"]["line"]), highlight=False)
-    console.print(t)
+
+
+def _print_figures(console: Console, r: dict[str, Any]) -> None:
+    """The lines under the table: throughput and goodput, the engine's KV blocks, preemptions and prefix cache,
+    validity, disaggregation, capacity."""
     th, g = r["throughput"], r["goodput"]
     console.print(f"throughput {th['requests_per_s']:.4g} req/s, {si(th['tokens_per_s'], 'tok/s')} "
                   f"({si(th['output_tokens_per_s'], 'tok/s')} out); goodput {g['requests_per_s']:.4g} req/s; "

@@ -19,7 +19,8 @@ unpadded, unpacked sequence per row, or ``pixel_values`` of shape (batch, num_ch
 config's image_size unless given.
 
 Two places where transformers reads a tensor's value, which the meta device does not have, are answered as
-transformers itself answers them for these inputs (each recorded in the workload's assumptions):
+transformers itself answers them for these inputs (each recorded in the workload's assumptions; the wrappers of the
+built model's forward that do it, and mark eager attention's K and V, are opmap.workloads.hf_forward's):
 
 - the packed-sequence probe of the mask builder (``masking_utils.find_packed_sequence_indices``, which calls
   ``.all()`` on the position ids): the positions are 0..seq-1 in every row, so there is no packing and the
@@ -37,8 +38,6 @@ inside these functions (the optional ``hf`` extra).
 from __future__ import annotations
 
 import contextlib
-import functools
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from opmap.workloads.hf_config import (
     validate_config,
 )
 from opmap.workloads.hf_experts import balance_experts as _balance_experts
+from opmap.workloads.hf_forward import answer_packing_probe, errors_named, mark_eager_kv
 from opmap.workloads.hf_geometry import hf_geometry
 from opmap.workloads.hf_sinks import install_sink_attention
 from opmap.workloads.zoo import Workload, cast_to, parse_dtype
@@ -251,14 +251,14 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
                          + ("; transformers' Llama 4 runs every expert on every token (the unpicked weighted 0), "
                             "opmap the top-k dispatch an engine runs (vLLM's fused MoE)" if mt.startswith("llama4")
                             else ""))
-        if image is None and attn == "eager" and _mark_eager_kv(model):
+        if image is None and attn == "eager" and mark_eager_kv(model):
             notes.append("eager attention's K and V (before the KV heads are repeated for the query heads) marked as "
                          "the KV cache each layer holds, as an SDPA call's K and V are read")
-        if image is None and _answer_packing_probe(model):
+        if image is None and answer_packing_probe(model):
             notes.append("unpadded, unpacked inputs (positions 0..seq-1 in every row): transformers' "
                          "packed-sequence probe answered 'none' on meta, as it answers on real tensors")
     name = target if target.startswith("hf:") else Path(target).name
-    _errors_named(model, f"{target} ({mt})", type(model).__name__)
+    errors_named(model, f"{target} ({mt})", type(model).__name__, _transformers().__version__, _tested())
     model, _ = cast_to(model, (), tdt)
     if image is not None:
         channels, side, interpolate = image
@@ -382,120 +382,3 @@ def _build(config, target: str, device: str, auto, attn: str) -> torch.nn.Module
     except Exception as e:
         raise OpmapError(f"transformers cannot build {target} ({mt}) on {device}: {first_line(e)}; "
                          f"accepted: {_tested()}") from None
-
-
-def _wrap_forward(model: torch.nn.Module, around) -> None:
-    """Replace ``model.forward`` by ``around(call, *args, **kwargs)``, ``call`` the forward it replaces bound, at call
-    time, to the module it is called on: a bound method of the model, not a closure over it, so a copy of the model
-    (``copy.deepcopy``: opmap quality's reduced-precision twin) runs its own weights, not the original's."""
-    inner = model.__dict__.get("forward")  # an earlier wrapper (a method of the model) or none: the class's
-    if inner is not None and not isinstance(inner, types.MethodType):
-        def call_of(_self, f=inner):
-            return f  # a foreign plain callable: called as it is (it may close over the original)
-    else:
-        fn = inner.__func__ if inner is not None else type(model).forward
-
-        def call_of(self, f=fn):
-            return types.MethodType(f, self)
-
-    @functools.wraps(type(model).forward)
-    def forward(self, *args, **kwargs):
-        return around(call_of(self), *args, **kwargs)
-
-    model.forward = types.MethodType(forward, model)
-
-
-def _mark_eager_kv(model: torch.nn.Module) -> bool:
-    """Wrap the model's forward so that, while it runs, each transformers modeling module's
-    ``eager_attention_forward`` (which its attention layers call by name, as their default) first marks its K and
-    V (B, H_kv, S, D) as the layer's KV cache (opmap.capture.functions.kv_cache), then runs unchanged. False where
-    no module of the model has one."""
-    import sys
-
-    from opmap.capture.functions import kv_cache
-
-    where = {sys.modules.get(type(m).__module__) for m in model.modules()}
-    owners = [mod for mod in where if callable(getattr(mod, "eager_attention_forward", None))]
-    if not owners:
-        return False
-
-    def marked(original):
-        @functools.wraps(original)
-        def eager(module, query, key, value, *args, **kwargs):
-            kv_cache(key, value, is_causal=bool(getattr(module, "is_causal", True)))
-            return original(module, query, key, value, *args, **kwargs)
-        return eager
-
-    def wrapped(forward, *args, **kwargs):
-        originals = [(mod, mod.eager_attention_forward) for mod in owners]
-        try:
-            for mod, original in originals:
-                mod.eager_attention_forward = marked(original)
-            return forward(*args, **kwargs)
-        finally:
-            for mod, original in originals:
-                mod.eager_attention_forward = original
-
-    _wrap_forward(model, wrapped)
-    return True
-
-
-def _errors_named(model: torch.nn.Module, where: str, cls: str) -> None:
-    """Wrap the model's forward so that an error inside transformers' code, run on inputs opmap built, is one line
-    that says so: opmap's inputs or patches for this family and transformers version, not the user's config (the
-    config was checked and transformers built it). The meta device's own limits (MetaCaptureError) pass as they
-    are."""
-    from opmap.capture import MetaCaptureError, ModelForwardError
-
-    def wrapped(forward, *args, **kwargs):
-        try:
-            return forward(*args, **kwargs)
-        except MetaCaptureError:
-            raise
-        except torch.OutOfMemoryError:
-            raise  # the allocator's refusal on a real device: the size asked for (opmap.measure.oom)
-        except (ModelForwardError, TypeError, ValueError, AttributeError, IndexError, KeyError, RuntimeError) as e:
-            if "can't allocate memory" in str(e):
-                raise
-            detail = str(e) if isinstance(e, ModelForwardError) else first_line(e)
-            detail = detail.split(". This is an error in the model")[0]
-            raise OpmapError(f"{where}: transformers {_transformers().__version__}'s {cls} fails on the inputs opmap "
-                             f"built for it ({detail[:400]}); the config was accepted, so this is a gap in opmap's "
-                             f"support for this family and transformers version, not an error in the config; "
-                             f"accepted: {_tested()}") from None
-
-    _wrap_forward(model, wrapped)
-
-
-def _answer_packing_probe(model: torch.nn.Module) -> bool:
-    """Wrap the model's forward so that, for meta position ids, the mask builder's packed-sequence probe gets
-    the answer transformers gives for one unpacked sequence per row (None). False where this transformers has
-    no such probe."""
-    try:
-        from transformers import masking_utils
-    except ImportError:
-        return False
-    if not hasattr(masking_utils, "find_packed_sequence_indices"):
-        return False
-    def wrapped(forward, *args, **kwargs):
-        with _packing_probe_answered(masking_utils):
-            return forward(*args, **kwargs)
-
-    _wrap_forward(model, wrapped)
-    return True
-
-
-@contextlib.contextmanager
-def _packing_probe_answered(masking_utils):
-    original = masking_utils.find_packed_sequence_indices
-
-    def probe(position_ids, *args, **kwargs):
-        if isinstance(position_ids, torch.Tensor) and position_ids.device.type == "meta":
-            return None
-        return original(position_ids, *args, **kwargs)
-
-    masking_utils.find_packed_sequence_indices = probe
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
