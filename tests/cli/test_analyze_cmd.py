@@ -220,6 +220,21 @@ def test_a_config_without_sdpa_attention_runs_eager(tmp_path, cli, published_con
     assert "eager attention (Gemma2ForCausalLM has no SDPA attention in transformers)" in notes
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_an_eager_attention_config_captures_on_real_tensors(tmp_path, cli, published_config, device):
+    """Gemma-2 (eager attention) cut to 2 layers of hidden 256 on --device cpu. Before: "cannot run on the meta
+    device" (a memoized factory call, the mask's torch.zeros((), device=cpu), replayed as a meta tensor into a CPU
+    capture). Multiply-adds at 32 tokens, as the 2B test counts them: the linear weights once a token (q 256 x 256, k
+    and v 256 x 128, o 256 x 256, MLP 3 x 256 x 512; the tied LM head 256 x 1,024) plus 2 layers x 4 heads x 2
+    products x 32^2 x 64; the same on meta and on real tensors."""
+    cfg = published_config("google/gemma-2-2b", num_hidden_layers=2, hidden_size=256, intermediate_size=512,
+                           head_dim=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
+                           query_pre_attn_scalar=64)
+    d = _totals(cli, cfg, "--seq", "32", "--device", device, "--out", tmp_path)
+    linear = 2 * (256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 512)
+    assert d["totals"]["macs"] == 32 * (linear + 256 * 1024) + 2 * 4 * 2 * 32 ** 2 * 64
+
+
 def test_gpt_oss_runs_fused_sink_attention_with_its_biased_experts(tmp_path, cli, published_config):
     """gpt-oss-20b (hub: openai/gpt-oss-20b): no SDPA attention in transformers (attention sinks), run as the
     engines' fused attention with sinks (opmap.workloads.hf_sinks), and experts with biases and (in, out) weights.

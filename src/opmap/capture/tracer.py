@@ -89,8 +89,10 @@ class _DispatchRecorder(TorchDispatchMode):
             leaves, spec = tree_flatten(out)
             outs = [x for x in leaves if isinstance(x, torch.Tensor)]
             out_ids = _storage_ids(outs)
+            # a factory call (torch.zeros((), device=...): no tensor argument) on a real device is no meta call: its
+            # replay would hand a meta tensor to a capture on real tensors (eager attention's mask on --device cpu)
             fresh = (all(type(x) is torch.Tensor and x.storage_offset() == 0 and x.layout == torch.strided
-                         for x in outs)
+                         and x.device.type == "meta" for x in outs)
                      and len(set(out_ids)) == len(out_ids)
                      and not set(out_ids) & set(_storage_ids(tree_flatten((args, kwargs))[0])))
             if fresh:
