@@ -3,9 +3,10 @@
 AMD's AITER (github.com/ROCm/aiter, MIT) ships, per GEMM kernel family, the tuner's result for every shape it was
 tuned at: ``aiter/configs/<table>.csv`` and, per model, ``aiter/configs/model_configs/*<table>*.csv``, columns gfx,
 cu_num, M, N, K, ..., us (the fastest candidate kernel's time of one GEMM x @ W.T, [M, K] x [N, K]^T, in
-microseconds). The tuners (csrc/ck_gemm_*/..._tune.py, gradlib for bf16) quantize the inputs before the timed call
-and time the kernel alone on the device: 10 warm-up and 101 timed calls (aiter/test_common.py run_perftest, torch
-profiler device time), the inputs rotated over copies spanning more than the caches. At run time AITER reads the
+microseconds). The tuners (csrc/ck_gemm_*/..._tune.py, csrc/gemm_a16w16/gemm_a16w16_tune.py for bf16) quantize the
+inputs before the timed call and time the kernel alone on the device: 10 warm-up and 101 timed calls by default
+(aiter/utility/mp_tuner.py, aiter/test_common.py run_perftest: torch profiler device time, the inputs rotated over up
+to 101 copies so that most calls read them from memory, not cache). At run time AITER reads the
 default table merged with the model tables, the fastest row per shape (aiter/jit/core.py get_config_file,
 update_config_files); this script merges them the same way and keeps the rows of gfx950 with 256 CUs (cu_num: the
 device's compute-unit count; gfx950 with 256 is the MI355X's and the MI350X's silicon, tuned on MI355X per AITER's
