@@ -114,12 +114,14 @@ def test_the_time_model_runs_each_format_at_its_measured_rate(s, fmt, rate):
     assert 0.9 * rate <= p.flops / c.compute_s <= rate * (1 + 1e-9)
 
 
-def test_llama_decode_prices_fp8_gemms_and_weight_reads_at_the_measured_rates():
-    """llama-3-8b decode at fp8 on an MI355X (zoo model): a weight GEMM at batch 1 does 2 K N FLOPs at the measured
-    3293.23 TFLOP/s (not 5033.2 x 0.622 = 3130) and reads its K N bytes of fp8 weights at the measured 6.134 TB/s
-    (not DRAM_EFFICIENCY 0.896 x 8 TB/s = 7.16)."""
+def test_llama_decode_prices_fp8_gemms_off_aiters_grid_and_weight_reads_at_the_measured_rate():
+    """llama-3-8b decode at fp8 on an MI355X (zoo model): the precision carries the measured 3293.23 TFLOP/s (not
+    5033.2 x 0.622 = 3130) and the weights are read at the measured 6.134 TB/s (not DRAM_EFFICIENCY 0.896 x 8 TB/s =
+    7.16); a weight GEMM's time comes from AITER's tuned fp8 grid (mi355x.gemm.json) at its own shape, and at batch 1
+    (2 FLOP per weight byte, far under the ridge 3293 / 6.134 = 537) the kernel is named memory-bound."""
     from opmap.analyze import analyze
     from opmap.hardware import get_hardware
+    from opmap.ops import MatrixFamily
     from opmap.workloads import build_zoo
     from opmap.workloads.phases import decode_workload
 
@@ -133,11 +135,91 @@ def test_llama_decode_prices_fp8_gemms_and_weight_reads_at_the_measured_rates():
     fp8 = [r for r in a.results if r.node.op == "aten.mm.default"
            and r.cost.param_bytes_read == pytest.approx(r.cost.matrix_flops / 2)]
     gemm = max(fp8, key=lambda r: r.cost.param_bytes_read)
-    kn = gemm.cost.matrix_flops / 2
-    assert gemm.cost.param_bytes_read == pytest.approx(4096 * 14336 * 1.0, rel=1e-3)
-    assert gemm.pred.matrix_s == pytest.approx(2 * kn / 3293.23e12, rel=1e-5)
+    p = gemm.cost.problem
+    assert gemm.cost.param_bytes_read == pytest.approx(4096 * 14336 * 1.0, rel=1e-3) and p.m == 1
+    grid = hw.curves.tables[MatrixFamily.GEMM, "fp8"]
+    assert gemm.pred.matrix_s == pytest.approx(p.flops / grid.rate(1, p.n, p.k), rel=1e-12)
     assert gemm.pred.memory_s == pytest.approx(gemm.cost.bytes / 6.134e12, rel=1e-9)
-    assert gemm.pred.bound == "memory"  # batch 1: 2 FLOP per weight byte, far under the ridge (3293 / 6.134 = 537)
+    # AITER's GEMV streams this 58.7 MB slower than its 436 MB one (6.134 TB/s): the measured time is the longer
+    assert gemm.pred.matrix_s > gemm.pred.memory_s
+    kernel = next(k for k in a.kernel_results if k.kernel.anchor == gemm.node.id)
+    assert kernel.bound == "memory" and "bytes-bound by its arithmetic intensity" in kernel.why
+
+
+# Llama-3-8B's and Qwen3-8B's MXFP4 GEMMs at M 64 as AITER timed them (aiter/configs/a4w4_blockscale_tuned_gemm.csv @
+# e4048607, gfx950, cu_num 256, the us column): N x K 4096 x 4096 in 9.9442 us, 1024 x 4096 in 8.9889, 12288 x 4096 in
+# 10.0, 4096 x 14336 in 23.3334
+A4W4_M64_US = {(4096, 4096): 9.9442, (1024, 4096): 8.9889, (12288, 4096): 10.0, (4096, 14336): 23.3334}
+
+
+def _mxfp4_gemm_kernels(a):
+    """(N, K) -> the kernel of each weight GEMM that runs in mxfp4 (the lm_head a checkpoint keeps in bf16 aside)."""
+    from opmap.ops import MatrixFamily
+
+    res = {r.node.id: r for r in a.results}
+    out = {}
+    for k in a.kernel_results:
+        r = res[k.kernel.anchor]
+        p = r.cost.problem
+        if p is not None and p.family == MatrixFamily.GEMM and r.node.id not in a.kept_gemms:
+            out[p.n, p.k] = (p, k)
+    return out
+
+
+def _check_decode_gemms_on_the_grid(a, hw, measured):
+    from opmap.ops import MatrixFamily
+
+    grid = hw.curves.tables[MatrixFamily.GEMM, "mxfp4"]
+    kernels = _mxfp4_gemm_kernels(a)
+    assert a.precision.matrix == "mxfp4" and kernels
+    for (n, k), (p, kr) in kernels.items():
+        assert p.m == 64
+        # every mxfp4 GEMM is priced off the grid at its shape, far below the 5806 TFLOP/s ceiling at M 64
+        assert kr.time.matrix_s == pytest.approx(p.flops / grid.rate(64, n, k), rel=1e-12)
+        assert kr.time.matrix_s > 5 * p.flops / MXFP4_AITER
+        assert "measured shape curve" in kr.why and kr.bound == "memory"
+    for nk, us in measured.items():  # where AITER timed the shape, its time
+        assert kernels[nk][1].time.matrix_s == pytest.approx(us * 1e-6, rel=1e-9), nk
+    return kernels
+
+
+def test_hf_config_decode_prices_mxfp4_gemms_off_aiters_grid(tmp_path):
+    """Qwen3-8B from its published config.json (two of 36 layers), a decode step of 64 sequences at mxfp4 on an
+    MI355X: q / o (4096 x 4096), k / v (1024 x 4096) and gate / up (12288 x 4096) run AITER's timed times; the
+    down projection (4096 x 12288, a shape AITER did not tune) the grid's fill, read by the same formula."""
+    import json
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hf_family_configs import QWEN3_8B, shallow
+    from opmap.analyze import analyze
+    from opmap.hardware import get_hardware
+    from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(shallow(QWEN3_8B, 2)))
+    w = phase_workload(str(path), check_phase(PhaseSpec("decode", kv_len=512), str(path), 64), 64, None, "mxfp4")
+    hw = get_hardware("mi355x")
+    measured = {nk: us for nk, us in A4W4_M64_US.items() if nk != (4096, 14336)}
+    kernels = _check_decode_gemms_on_the_grid(analyze(w, hw, "mxfp4"), hw, measured)
+    assert set(kernels) == {(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288)}
+
+
+def test_zoo_llama_decode_prices_mxfp4_gemms_off_aiters_grid():
+    """llama-3-8b (zoo) decode of 64 sequences at mxfp4 on an MI355X: q / o, k / v and the down projection run AITER's
+    timed times at M 64; gate / up (14336 x 4096, not tuned) the grid's fill."""
+    from opmap.analyze import analyze
+    from opmap.hardware import get_hardware
+    from opmap.workloads import build_zoo
+    from opmap.workloads.phases import decode_workload
+
+    hw = get_hardware("mi355x")
+    a = analyze(decode_workload(build_zoo("llama-3-8b", 64, 16, "mxfp4"), 16), hw, "mxfp4")
+    measured = {nk: us for nk, us in A4W4_M64_US.items() if nk != (12288, 4096)}
+    kernels = _check_decode_gemms_on_the_grid(a, hw, measured)
+    assert set(kernels) == {(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)}
 
 
 def test_hf_config_prefill_runs_mxfp4_at_aiters_measured_rate(tmp_path):

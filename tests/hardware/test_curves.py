@@ -268,6 +268,58 @@ def test_the_blackwell_grids_reproduce_nvidias_tables_nvfp4_included():
     assert get_hardware("b200").curves.tables[MatrixFamily.GEMM, "nvfp4"].rate(512, 8192, 8192) < 0.4 * 9e15 * 0.7756
 
 
+# AMD's tuned times on gfx950 with 256 CUs (the MI355X), ROCm/aiter @ e4048607a535ace3a2b51ded31b1c8c2d45c0879, the
+# us column of aiter/configs/<table>.csv (the fastest kernel's device time of one x @ W.T; the tuners quantize the
+# inputs before the timed call, so no cast is in it): a4w4_blockscale_tuned_gemm.csv (MXFP4), a8w8_bpreshuffle_tuned_
+# gemm.csv (fp8 E4M3, per-token scales) and model_configs/llama70B_bf16_tuned_gemm.csv (bf16)
+AITER_GFX950_US = {
+    ("mxfp4", 1024, 4096, 4096): 14.6518, ("mxfp4", 2048, 4096, 4096): 22.0307,
+    ("mxfp4", 64, 6144, 4096): 9.8189, ("mxfp4", 16384, 8192, 28672): 1325.5902,
+    ("mxfp4", 1024, 14336, 8192): 60.3453, ("mxfp4", 1024, 16384, 8192): 59.9643,
+    ("fp8", 1, 16384, 26624): 71.1231, ("fp8", 4096, 16384, 26624): 1192.4676,
+    ("bf16", 1024, 8192, 8192): 149.1713, ("bf16", 1, 8192, 8192): 25.75,
+}
+
+
+def _aiter_rate(dt, m, n, k):
+    return 2 * m * n * k / (AITER_GFX950_US[dt, m, n, k] * 1e-6)
+
+
+def test_the_mi355x_grid_reproduces_aiters_tuned_tables_at_their_own_points():
+    from opmap.hardware import get_hardware
+
+    t = get_hardware("mi355x").curves.tables
+    for (dt, m, n, k), us in AITER_GFX950_US.items():
+        assert 2 * m * n * k / t[MatrixFamily.GEMM, dt].rate(m, n, k) == pytest.approx(us * 1e-6, rel=1e-9), (dt, m)
+    # MI355X runs fp16 and bf16 at one dense peak (2516.6 TFLOPS): fp16 reads the bf16 table
+    assert t[MatrixFamily.GEMM, "fp16"] is t[MatrixFamily.GEMM, "bf16"]
+    # mxfp6 has no table on AITER's main branch: its GEMMs keep the catalog's measured rate
+    assert (MatrixFamily.GEMM, "mxfp6") not in t
+
+
+def test_the_mi355x_grid_interpolates_between_aiters_points_in_log_shape_and_log_rate():
+    """Between two measured points the reader interpolates log rate linearly in log2 of the shape (curves module
+    docstring): along M inside a tuned (N, K) (the grid's 1152 and 1536 between AITER's 1024 and 2048 lie on that line,
+    the extractor's in-sweep fill), along N between two tuned (N, K) that are neighbours on the grid's N axis."""
+    from opmap.hardware import get_hardware
+
+    g = get_hardware("mi355x").curves.tables[MatrixFamily.GEMM, "mxfp4"]
+
+    def between(x, x0, x1, r0, r1):
+        f = (math.log2(x) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+        return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+
+    # M 1448 between 1024 (2345 TFLOP/s) and 2048 (3119): the grid points between carry 4 significant digits
+    want = between(1448, 1024, 2048, _aiter_rate("mxfp4", 1024, 4096, 4096), _aiter_rate("mxfp4", 2048, 4096, 4096))
+    assert g.rate(1448, 4096, 4096) == pytest.approx(want, rel=1e-3)
+    # N 15360 between 14336 and 16384 at M 1024, K 8192: two measured points, nothing filled between them
+    want = between(15360, 14336, 16384, _aiter_rate("mxfp4", 1024, 14336, 8192),
+                   _aiter_rate("mxfp4", 1024, 16384, 8192))
+    assert g.rate(1024, 15360, 8192) == pytest.approx(want, rel=1e-9)
+    # past the grid's edges the rate is clamped: M 65536 reads the 32768 edge's rate, no extrapolated growth
+    assert g.rate(65536, 16384, 8192) == pytest.approx(g.rate(32768, 16384, 8192), rel=1e-12)
+
+
 # Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), H100 SXM5, head dim 128, TFLOP/s printed atop the bars at
 # sequence 2048 (Figure 5: forward without / with the causal mask; Figure 6: backward): cuDNN 617 / 484 / 465,
 # FlashAttention-2 362 / 298 / 291, FlashAttention-3 625 / 521 / 501

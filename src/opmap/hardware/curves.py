@@ -268,7 +268,7 @@ def load_gemm_grid(name: str) -> dict[str, GridTable]:
         raw = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise OpmapError(f"cannot read GEMM grid {name}: {e}; expected the JSON benchmarks/reference/"
-                         "aiconfigurator_gemm.py writes") from None
+                         "aiconfigurator_gemm.py or aiter_gemm.py writes") from None
     tables = raw.get("tables") if isinstance(raw, dict) else None
     if not isinstance(tables, dict) or not tables:
         raise OpmapError(f"GEMM grid {name}: missing 'tables' (a table per format)")
