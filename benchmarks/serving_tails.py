@@ -11,12 +11,14 @@ plus the prompt's own): a throughput model within 0.75-1.33 of a Server figure c
 The Offline run measures the same system's capacity under the same engine settings, so a stack profile anchored to
 it (opmap.calibrate.stack_profile: a uniform decode and prefill scale, predicted / published Offline throughput)
 fixes rho; the Server prediction at the published rate is then the simulator's: the batch the arrivals build, the
-whole prompts admitted into steps (no chunked context), the queue.
+whole prompts admitted into steps (no chunked context), the queue, and how the harness routes requests and the
+engine orders prompts and decodes (the rows' flags: --router, the engine policy's words).
 
 Per Server row of benchmarks/reference/serving/mlperf_server_latency.csv (each naming its throughput row and the
 Offline row of the same system, ``anchor``), three predictions (``MODES``):
 - ``uncalibrated``: ``opmap serve`` at the Server run's scheduled rate over the whole system (devices / tp
-  replicas, round robin), MLPerf's minimum duration of arrivals (2,400 s), the row's engine flags;
+  replicas, routed as the row's ``--router`` says: the harness's own routing, round robin without one), MLPerf's
+  minimum duration of arrivals (2,400 s), the row's engine flags;
 - ``anchored``: the same with a stack profile whose decode and prefill scale put the anchor's predicted Offline
   throughput (serving_reference.py's command for it) on the published one;
 - ``anchored+weights``: the same, with the step's fixed part raised to one read of the weights at the device's
@@ -112,7 +114,7 @@ def weight_stream_s(report: dict) -> float:
 
 def server_args(row: TailRow, out: Path, duration_s: float, stack: Path | None) -> list[str]:
     """The Server row's serve command at the published scheduled rate over the whole system: its replicas behind
-    a round-robin router, ``duration_s`` of arrivals."""
+    the row's router (its flags), ``duration_s`` of arrivals."""
     s = row.server
     ref = replace(s, scenario="itl", rate_per_s=row.rate_per_s, requests=round(row.rate_per_s * duration_s))
     args = ref.command(out) + ["--replicas", str(s.devices // s.per_replica), "--slo-ttft", f"{s.slo_ttft_ms:g}",

@@ -179,6 +179,9 @@ def test_serve_refuses_bad_input(refused, args, needle):
     (("--service-time", "exp:100", "--policy", "engine"), "use none, static:B"),
     (("--policy", "none", "--router", "random"), "accepted: round_robin"),
     (("--policy", "continuous", "--router", "random"), "accepted: round_robin"),
+    (("--policy", "continuous", "--router", "batched:0,300"), "integer SIZE >= 1"),
+    (("--policy", "continuous", "--disaggregate", "1:1", "--router", "batched:4,50"), "not batched:4,50"),
+    (("--policy", "engine:nomix"), "runs whole prompts: add nochunk"),
 ])
 def test_a_bad_policy_or_router_is_refused_by_parsing_not_by_a_simulation(refused, fail_if_called, args, needle):
     """The policy and router are checked by parsing them: no simulation runs (an empty one did before), and the

@@ -83,6 +83,40 @@ def test_without_chunked_prefill_a_prompt_waits_to_fit_whole():
         simulate(_reqs([0], [100], [2]), Engine(4, 64, 16, chunked_prefill=False), _cost())
 
 
+# -- vLLM V0's default scheduler (nomix): prompt steps apart from decode steps -----------------------------------
+
+def test_nomix_a_prompt_arriving_during_a_decode_step_gets_a_step_of_its_own():
+    """engine:nochunk,nomix (vLLM 0.4's ``_schedule_default``), prefill 1 ms/token, decode 10 ms. A (40 prompt,
+    3 out) at 0, B (20 prompt, 2 out) at 0.045. Step 1: A's prompt, 0 -> 0.040 (A's first token). Step 2: nothing
+    waits, so A decodes, 0.040 -> 0.050. Step 3: B waits, so the step is B's prompt alone, 20 ms, 0.050 -> 0.070
+    (A sits it out): B's TTFT = 0.005 (the rest of the decode step it arrived in) + 0.020 = 0.025 s. Step 4: both
+    decode, 0.070 -> 0.080: A's last token (its gap 0.080 - 0.050 = 0.030 spans B's prompt step), B's last (gap
+    0.010). A's TPOT = (0.080 - 0.040) / 2 = 0.020 s. Mixing B's prompt with A's decode (vLLM V1) instead runs
+    step 3 as 21 tokens, 0.050 -> 0.071, B first at 0.071."""
+    pol = Engine(4, 64, 16, chunked_prefill=False, no_mix=True)
+    res = simulate(_reqs([0, 0.045], [40, 20], [3, 2]), pol, _cost())
+    np.testing.assert_allclose(res.first_s, [0.040, 0.070])
+    np.testing.assert_allclose(res.first_s - res.arrival_s, [0.040, 0.025])
+    np.testing.assert_allclose(res.finish_s, [0.080, 0.080])
+    np.testing.assert_allclose(np.sort(np.repeat(res.itl_gap_s, res.itl_weight.astype(int))), [0.01, 0.01, 0.03])
+    assert res.steps == 4
+    mixed = simulate(_reqs([0, 0.045], [40, 20], [3, 2]), Engine(4, 64, 16, chunked_prefill=False), _cost())
+    np.testing.assert_allclose(mixed.first_s, [0.040, 0.071])
+
+
+def test_nomix_keeps_one_percent_of_the_blocks_free_at_admission():
+    """vLLM V0's block manager admits a prompt only while int(0.01 x blocks) stay free after it (its watermark):
+    1600 tokens of KV in blocks of 16 = 100 blocks, watermark 1. A and B (800-token prompts, 50 blocks each; 2
+    out) at 0: A is admitted (50 left), B is not (0 < 1 left). A's prompt 0 -> 0.8; B still does not fit, so A
+    decodes (its 801st token's KV takes block 51), 0.8 -> 0.81, and finishes; B's prompt 0.81 -> 1.61, its
+    decode 1.61 -> 1.62. Without the watermark both prompts would run in one 1.6 s step."""
+    pol = Engine(4, 2048, 16, chunked_prefill=False, no_mix=True)
+    res = simulate(_reqs([0, 0], [800, 800], [2, 2]), pol, _cost(cap=1600))
+    np.testing.assert_allclose(res.first_s, [0.8, 1.61])
+    np.testing.assert_allclose(res.finish_s, [0.81, 1.62])
+    assert not res.preemptions.any()
+
+
 # -- (b) preemption when the KV blocks run out ----------------------------------------------------------------
 
 def test_preemption_by_recompute_when_blocks_run_out():
@@ -182,6 +216,8 @@ def _same_as_reference(reqs, pol, cost, min_preemptions):
     np.testing.assert_array_equal(res.preemptions, ref.preemptions)
     assert res.itl_weight.sum() == len(ref.gaps)
     assert float((res.itl_gap_s * res.itl_weight).sum()) == pytest.approx(sum(ref.gaps))
+    gaps = np.repeat(res.itl_gap_s, res.itl_weight.astype(np.int64))  # every gap, not their sum alone
+    np.testing.assert_allclose(np.sort(gaps), np.sort(ref.gaps))
 
 
 @pytest.mark.parametrize("seed,cap,pol", [(1, 2048, Engine(32, 256, 16)), (2, 1000, Engine(8, 64, 8)),
@@ -197,7 +233,8 @@ def test_the_counting_scheduler_is_the_plain_one(seed, cap, pol):
 @pytest.mark.parametrize("seed,cap,pol,preempted", [
     (5, 1000, Engine(8, 700, 8, chunked_prefill=False), 5),  # nochunk: a prompt (and its recompute) whole
     (6, 2048, Engine(32, 256, 16, no_evict=True), 0),  # GUARANTEED_NO_EVICT: admitted only with its KV to the end
-    (7, 1000, Engine(8, 700, 8, chunked_prefill=False, no_evict=True), 0)])
+    (7, 1000, Engine(8, 700, 8, chunked_prefill=False, no_evict=True), 0),
+    (8, 1000, Engine(8, 700, 8, chunked_prefill=False, no_mix=True), 5)])  # vLLM V0: prompt steps apart
 def test_the_counting_scheduler_is_the_plain_one_without_chunking_or_eviction(seed, cap, pol, preempted):
     """The engine's other modes against the reference: without chunked prefill (the budget 700 holds the
     longest recompute, 300 + 200 - 1 tokens) and with TensorRT-LLM's no-evict admission, which never preempts."""
@@ -211,6 +248,7 @@ def test_the_counting_scheduler_is_the_plain_one_without_chunking_or_eviction(se
 
 @pytest.mark.parametrize("pol,preempted", [(Engine(32, 512, 16), 5),
                                            (Engine(32, 1024, 16, chunked_prefill=False), 5),
+                                           (Engine(32, 1024, 16, chunked_prefill=False, no_mix=True), 5),
                                            (Engine(32, 512, 16, no_evict=True), 0)])
 @pytest.mark.parametrize("model,arrival,cap", [("examples/tiny-llama.json", "poisson:400", 3000),
                                                ("gpt2", "poisson:100", 3000)])

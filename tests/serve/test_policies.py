@@ -152,7 +152,7 @@ def test_engine_is_named_with_vllm_defaults():
     assert e == Engine() and e.spec() == "engine"
     assert record(e) == {"name": "engine", "version": 1, "spec": "engine",
                            "params": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "kv_block": 16,
-                                      "chunked_prefill": True, "no_evict": False}}
+                                      "chunked_prefill": True, "no_evict": False, "no_mix": False}}
     assert parse_policy("engine:8,64,32") == Engine(8, 64, 32)
     assert parse_policy("engine:8,64,32").spec() == "engine:8,64,32"
     assert parse_policy(" engine:nochunk ") == Engine(chunked_prefill=False)
@@ -168,6 +168,16 @@ def test_engine_takes_tensorrt_llms_guaranteed_no_evict():
         assert parse_policy(e.spec()) == e
     with pytest.raises(OpmapError, match="engine takes"):
         parse_policy("engine:8,64,32,noevict,noevict")
+
+
+def test_engine_takes_vllm_v0s_prompt_steps_apart():
+    """``nomix`` (vLLM V0's default scheduler: prompt steps apart from decode steps) after nochunk, with or without
+    sizes; it needs nochunk (V0 runs whole prompts in its prompt steps) and reads back as the same policy."""
+    assert parse_policy("engine:1024,49152,16,nochunk,nomix") == Engine(1024, 49152, 16, False, False, True)
+    for e in (Engine(chunked_prefill=False, no_mix=True), Engine(8, 64, 32, False, True, True)):
+        assert parse_policy(e.spec()) == e
+    with pytest.raises(OpmapError, match="runs whole prompts: add nochunk"):
+        parse_policy("engine:nomix")
 
 
 @pytest.mark.parametrize("fn,spec,match", [

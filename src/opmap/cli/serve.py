@@ -84,7 +84,9 @@ _STACK = typer.Option(None, "--stack", help="A stack profile (opmap calibrate --
                                            "fitted host times and decode / prefill scales applied "
                                            "to every priced step.")
 _REPLICAS = typer.Option(1, "--replicas", help="Model replicas, each of --tp devices.")
-_ROUTER = typer.Option("round_robin", help="round_robin, least_loaded or shared (one queue).")
+_ROUTER = typer.Option("round_robin", help="round_robin, least_loaded, shared (one queue) or "
+                       "batched:SIZE,WAIT_MS (a harness batcher: groups of up to SIZE, one at least WAIT_MS after "
+                       "the last, each to the next replica).")
 _DISAGGREGATE = typer.Option(None, "--disaggregate", help="P:D prefill and decode replicas "
                              "(DistServe-style), each of --tp devices, the KV cache moved "
                              "between them over the device's links; instead of --replicas.")
@@ -530,9 +532,9 @@ def _disaggregation(disaggregate: str | None, replicas: int, service_time: str |
     if service_time is not None:
         raise OpmapError("--disaggregate splits a request into prefill and decode steps, which a service "
                          "time does not have: drop --service-time")
-    if router == "shared":
-        raise OpmapError("--disaggregate routes to prefill replicas with round_robin or least_loaded, "
-                         "not shared")
+    if router not in ("round_robin", "least_loaded"):
+        raise OpmapError(f"--disaggregate routes to prefill replicas with round_robin or least_loaded, "
+                         f"not {router}")
     if pol.name != "continuous":
         raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
                          f"continuous[:TOKEN_BUDGET], got {pol.spec()!r}")
@@ -690,9 +692,8 @@ def _pricing_assumptions(cost, tp: int, pp: int, replicas: int) -> dict:
 
 def _check_router(router: str, replicas: int) -> None:
     """The router by name and the replicas (P + D with --disaggregate) against the simulator's limit."""
-    from opmap.serve.sim import MAX_REPLICAS, ROUTERS
+    from opmap.serve.sim import MAX_REPLICAS, check_router
     from opmap.validate import count
 
-    if router not in ROUTERS:
-        raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
+    check_router(router)
     count(replicas, "--replicas", hi=MAX_REPLICAS)

@@ -78,6 +78,8 @@ def simulate_disaggregated(reqs: Requests, policy: Policy, cost: StepCost, prefi
     if policy.name != "continuous":
         raise OpmapError(f"--disaggregate runs iteration-level batching in both pools: use --policy "
                          f"continuous[:TOKEN_BUDGET], got {policy.spec()!r}")
+    if router not in ("round_robin", "least_loaded", "shared"):
+        raise OpmapError(f"--disaggregate routes to prefill replicas with round_robin or least_loaded, not {router}")
     dcost = cost if decode_cost is None else decode_cost
     n = len(reqs)
     ones = np.ones(n, dtype=reqs.output_len.dtype)

@@ -24,6 +24,11 @@ recompute emits its next token: the gap since its previous token is one inter-to
 preempted admits no new request (as vLLM V1). A request waiting at the head of the queue whose first chunk's
 blocks are not free waits (new requests never preempt).
 
+vLLM V0's default scheduler (``Engine.no_mix``, nomix, whole prompts): a step runs the waiting prompts that fit
+alone, ahead of the decodes, else the decodes alone, admitting nothing; a prompt is admitted only while the blocks
+left free after it stay at 1% of the blocks (the V0 block manager's watermark). The decodes' inter-token gaps then
+span the prompt steps between their tokens.
+
 GUARANTEED_NO_EVICT (``Engine.no_evict``, TensorRT-LLM's default capacity scheduler): a request is admitted only
 when its KV blocks at its last token (prompt + output - 1 tokens), with those reserved by every running request,
 fit the replica's blocks; the blocks are still taken as tokens are produced, but the reservation guarantees they
@@ -59,6 +64,9 @@ from opmap.serve.request import Batch, Events, Trace
 from opmap.serve.run_stats import EngineStats, PagedKv, Preemptions
 
 _UNLIMITED = 1 << 62  # blocks of a KV cache without a capacity (kv_capacity_tokens None)
+# vLLM V0's block manager keeps 1% of the blocks free at admission, "to avoid frequent cache eviction"
+# (vllm/core/block_manager_v1.py, BlockSpaceManagerV1(watermark=0.01); vllm-project/vllm @ 00a456f1)
+V0_WATERMARK = 0.01
 _NONE: tuple = ()  # no events (shared, never appended to)
 PREFILLING, DECODING, GONE = 1, 2, 3  # GONE: finished or preempted (its entries in heaps and stacks are stale)
 
@@ -67,7 +75,7 @@ class _Run:
     """One admission of a request, from the first chunk of its (re)prefill to its last token or its preemption.
     Only running requests have one, so memory follows the running batch, not the trace."""
 
-    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial", "commit", "held")
+    __slots__ = ("rid", "state", "gen", "done", "target", "h0", "j0", "res", "serial", "commit", "held", "tj")
 
     def __init__(self, rid: int, gen: int, target: int, serial: int) -> None:
         self.rid, self.state, self.serial = rid, PREFILLING, serial
@@ -77,6 +85,7 @@ class _Run:
         # the residue (mod kv_block) of the decode steps at which it needs a new block
         self.commit = 0  # no_evict: the KV blocks reserved for it, those it holds at its last token
         self.held: list[int | None] = []  # shared prefixes: its prompt's full blocks held (hash, None: uncached)
+        self.tj = 0.0  # a decode: when it joined the decodes (its (re)prefill's token came out then)
 
 
 class InflightScheduler:
@@ -93,6 +102,9 @@ class InflightScheduler:
         self.B = policy.kv_block
         cap = cost.kv_capacity_tokens
         self.blocks = _UNLIMITED if cap is None else int(cap) // self.B
+        # nomix (vLLM V0): a prompt is admitted only while the blocks left free after it stay at the block
+        # manager's watermark, 1% of the blocks (BlockSpaceManagerV1.can_allocate, watermark=0.01)
+        self.watermark = int(V0_WATERMARK * self.blocks) if policy.no_mix and cap is not None else 0
         self.inp, self.out = trace.inp, trace.out
         self.parked: dict[int, tuple[int, float]] = {}  # preempted, waiting: (tokens emitted, last token's time)
         self.serial = 0
@@ -144,7 +156,7 @@ class EngineReplica:
     steps formed by ``schedule`` and closed by ``on_batch_end``."""
 
     __slots__ = ("f", "q", "wake", "free", "D", "n_dec", "kv_sum", "cnt", "fin", "prefilling", "stack", "running",
-                 "last_end", "min_free", "committed", "pool")
+                 "last_end", "min_free", "committed", "pool", "apart", "dec_end", "joined")
 
     def __init__(self, family: InflightScheduler, q: deque) -> None:
         self.f, self.q, self.wake = family, q, -1.0
@@ -162,6 +174,11 @@ class EngineReplica:
         self.min_free = blocks  # the fewest blocks free at any step: the peak use is blocks - min_free
         self.committed = 0  # no_evict: blocks reserved by the running requests (each its blocks at its last token)
         self.pool = PrefixPool(blocks) if family.prompt is not None else None  # the free queue, cached blocks' hashes
+        # nomix (vLLM V0): whether the step in flight runs prompts alone (the decodes sit it out); when the last
+        # step that carried decodes ended; the decodes that joined since, as [join time, count] groups
+        self.apart = False
+        self.dec_end = 0.0
+        self.joined: list[list] = []
 
     # -- eviction ---------------------------------------------------------------------------------------------
 
@@ -191,6 +208,8 @@ class EngineReplica:
             self.kv_sum -= h + 1
             self.cnt[r.res] -= 1
             gen, last = r.gen + self.D - r.j0, self.last_end
+            if f.p.no_mix:  # its last token: the last decode step's, or its join's if it joined since
+                last = self._left(r)
             was_decode = True
         r.state = GONE
         self.running -= 1
@@ -203,9 +222,13 @@ class EngineReplica:
 
     def schedule(self, now: float) -> Batch | None:
         """Form the next step at ``now`` (None when there is nothing to run): the requests admitted and those
-        preempted to form it."""
+        preempted to form it. nomix: a step of prompts alone when any is admitted, else the decodes alone."""
         f = self.f
         B, M = f.B, f.p.max_num_batched_tokens
+        if f.p.no_mix:
+            b = self._prompts_apart(now)
+            if b is not None:
+                return b
         step = self.D + 1
         pre: list[int] = _NONE  # the requests preempted to form it (a list once one is)
         need = self.cnt[step % B] if self.n_dec else 0  # decodes whose KV length is a multiple of the block size
@@ -244,7 +267,8 @@ class EngineReplica:
             chunks.append((r, take))
             budget -= take
             i += 1
-        started = self._admit(budget, chunks) if not pre or (not chunks and not self.n_dec) else _NONE
+        admits = not f.p.no_mix and (not pre or (not chunks and not self.n_dec))
+        started = self._admit(budget, chunks) if admits else _NONE
         if not chunks and not self.n_dec:
             return None if not pre else Batch(started=started, preempted=pre)
         if self.free < self.min_free:
@@ -256,6 +280,45 @@ class EngineReplica:
         else:  # decodes only (most steps): what mixed_s comes to without prompt tokens
             d = f.cost.decode_s(self.n_dec, self.kv_sum)
         return Batch(_NONE, _NONE, _NONE, _NONE, now + d, d, started, pre, chunks)  # positional: the hot path
+
+    def _prompts_apart(self, now: float) -> Batch | None:
+        """nomix: the waiting prompts that fit admitted into a step of their own (None: none fits, the step is the
+        decodes'). Its budget is all prompt tokens: the running decodes count against max_num_seqs alone."""
+        chunks: list[tuple[_Run, int]] = []
+        started = self._admit(self.f.p.max_num_batched_tokens, chunks)
+        self.apart = bool(started)
+        if not started:
+            return None
+        if self.free < self.min_free:
+            self.min_free = self.free
+        pt = sum(t for _, t in chunks)
+        prefix = [(r.done, t) for r, t in chunks if r.done]  # prompts found cached attend to their prefix
+        d = mixed_s(self.f.cost, pt, len(chunks), 0, 0, prefix)
+        return Batch(end_s=now + d, duration_s=d, started=started, state=chunks)
+
+    def _left(self, r: _Run) -> float:
+        """nomix: a decode leaving (finished or preempted): when its last token came out; dropped from its join
+        group if it joined since the last decode step."""
+        if r.tj <= self.dec_end:
+            return self.dec_end
+        for g in self.joined:
+            if g[0] == r.tj:
+                g[1] -= 1
+                break
+        return r.tj
+
+    def _gaps(self, now: float) -> tuple[list[float], list[int]]:
+        """nomix: the inter-token gaps of a decode step ending at ``now``: the decodes running at the last decode
+        step wait since it ended, those that joined since (prompt steps between) since they joined."""
+        new = sum(c for _, c in self.joined)
+        gs, gw = ([now - self.dec_end], [self.n_dec - new]) if self.n_dec > new else ([], [])
+        for t, c in self.joined:
+            if c:
+                gs.append(now - t)
+                gw.append(c)
+        self.joined = []
+        self.dec_end = now
+        return gs, gw
 
     def _admit(self, budget: int, chunks: list[tuple[_Run, int]]) -> list[int]:
         """New requests from the head of the queue, FCFS, while the budget, max_num_seqs and free blocks allow;
@@ -277,7 +340,7 @@ class EngineReplica:
             if take > budget:
                 break
             nb = -(-(hit + take) // B) - k
-            if nb > self.free - waiting:
+            if nb > self.free - waiting - f.watermark:
                 break
             commit = -(-(inp[rid] + f.out[rid] - 1) // B) if no_evict else 0
             if commit and self.committed + commit > f.blocks:  # GUARANTEED_NO_EVICT: its whole KV must be free
@@ -310,8 +373,8 @@ class EngineReplica:
         self.last_end = now
         B = f.B
         ev = batch  # its events (none known when it was formed) become the end's: no new object on the hot path
-        if self.n_dec:
-            ev.gap_s, ev.gap_w = [batch.duration_s], [self.n_dec]
+        if self.n_dec and not self.apart:  # nomix: the decodes sat out a step of prompts
+            ev.gap_s, ev.gap_w = self._gaps(now) if f.p.no_mix else ([batch.duration_s], [self.n_dec])
             self.D += 1
             self.kv_sum += self.n_dec
             fin, D = self.fin, self.D
@@ -364,7 +427,12 @@ class EngineReplica:
                 continue
             h = r.done
             r.state = DECODING
-            r.h0, r.j0 = h, self.D
+            r.h0, r.j0, r.tj = h, self.D, now
+            if f.p.no_mix:  # joins the decodes between decode steps: its first gap runs from now
+                if self.joined and self.joined[-1][0] == now:
+                    self.joined[-1][1] += 1
+                else:
+                    self.joined.append([now, 1])
             r.res = (self.D + 1 - h) % B
             self.cnt[r.res] += 1
             self.n_dec += 1

@@ -18,7 +18,9 @@ its name, version, spec line and parameters).
                         prompt chunks (chunked prefill), the KV cache paged in blocks of BLOCK tokens (16)
                         allocated as tokens are produced, preemption by recompute when blocks run out
                         (serve/inflight.py); ``,nochunk``: a prompt runs whole in one step; ``,noevict``:
-                        TensorRT-LLM's GUARANTEED_NO_EVICT admission (a request's KV to its last token reserved)
+                        TensorRT-LLM's GUARANTEED_NO_EVICT admission (a request's KV to its last token reserved);
+                        ``,nomix`` (with ``nochunk``): vLLM V0's default scheduler, prompts in steps of their own
+                        ahead of the decodes, which sit those steps out
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from opmap.record import key
 from opmap.validate import INT_GE1, INT_MAX, options, plausible
 
 ACCEPTED = ("none, static:B, dynamic:B,WAIT_MS, continuous[:TOKEN_BUDGET], chunked:CHUNK, "
-            "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict]]")
+            "engine[:MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict][,nomix]]")
 MAX_SEQS = 256  # vLLM's default max_num_seqs: the most sequences in one iteration
+WORDS = ("nochunk", "noevict", "nomix")  # the engine policy's words after its sizes
 
 
 @dataclass(frozen=True)
@@ -155,24 +158,36 @@ class Engine(Policy):
     ``trtllm-bench throughput``, tensorrt_llm/bench/benchmark/throughput.py ``--scheduler_policy``): a request is
     admitted only when the KV blocks of every running request at its last token, plus its own, fit the cache,
     so nothing is ever preempted; the default (False) is vLLM's, blocks taken as tokens are produced and
-    preemption by recompute when they run out (TensorRT-LLM's MAX_UTILIZATION)."""
+    preemption by recompute when they run out (TensorRT-LLM's MAX_UTILIZATION).
+
+    ``no_mix`` (needs ``chunked_prefill`` off): vLLM V0's default scheduler (``Scheduler._schedule_default``,
+    vllm/core/scheduler.py; vLLM 0.4.x, vllm-project/vllm @ 0054e1fa): each step first tries the waiting prompts,
+    first come first served, whole, while their tokens fit ``max_num_batched_tokens`` (the decodes count against
+    ``max_num_seqs`` only) and their blocks are free; if any is admitted the step runs those prompts alone ("Don't
+    schedule decodes if prefills are scheduled"), else it runs every running decode (preempting by recompute when
+    blocks run out) and admits nothing."""
 
     max_num_seqs: int = MAX_SEQS
     max_num_batched_tokens: int = 8192
     kv_block: int = 16
     chunked_prefill: bool = True
     no_evict: bool = False
+    no_mix: bool = False
     name = "engine"
 
     def __post_init__(self) -> None:
         check_engine(self.max_num_seqs, self.max_num_batched_tokens, self.kv_block)
+        if self.no_mix and self.chunked_prefill:
+            raise OpmapError("engine policy: nomix (vLLM V0's prompt steps apart from decode steps) runs whole "
+                             "prompts: add nochunk")
 
     def spec(self) -> str:
         if (self.max_num_seqs, self.max_num_batched_tokens, self.kv_block) == (MAX_SEQS, 8192, 16):
             body = ""
         else:
             body = f":{self.max_num_seqs},{self.max_num_batched_tokens},{self.kv_block}"
-        words = ("" if self.chunked_prefill else ",nochunk") + (",noevict" if self.no_evict else "")
+        words = (("" if self.chunked_prefill else ",nochunk") + (",noevict" if self.no_evict else "")
+                 + (",nomix" if self.no_mix else ""))
         return f"engine{body}{words}" if body or not words else f"engine:{words[1:]}"
 
     @property
@@ -234,11 +249,14 @@ def parse_policy(spec: str) -> Policy:
     if kind == "engine" and body:
         parts = [p.strip() for p in body.split(",")]
         n = len(parts)
-        while n and parts[n - 1] in ("nochunk", "noevict"):
+        while n and parts[n - 1] in WORDS:
             n -= 1
         sizes, words = parts[:n], parts[n:]
         if len(sizes) not in (0, 3) or len(set(words)) != len(words):
-            raise _bad(spec, "engine takes MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict]")
-        return Engine(*[_ints(spec, p) for p in sizes], chunked_prefill="nochunk" not in words,
-                      no_evict="noevict" in words)
+            raise _bad(spec, "engine takes MAX_NUM_SEQS,MAX_NUM_BATCHED_TOKENS,KV_BLOCK[,nochunk][,noevict][,nomix]")
+        try:
+            return Engine(*[_ints(spec, p) for p in sizes], chunked_prefill="nochunk" not in words,
+                          no_evict="noevict" in words, no_mix="nomix" in words)
+        except OpmapError as e:
+            raise _bad(spec, str(e)) from None
     raise _bad(spec)

@@ -8,7 +8,9 @@ held equal to in tests; far too slow for the fit matrix.
 Each step: running decodes in admission order take one token each (a block short: preempt ``running[-1]``, the
 most recently admitted, back to the front of the waiting queue), then partial prompts their next chunk, then
 (when nothing was preempted, or nothing else runs) the waiting queue, first come first served, under the
-step's token budget and max_num_seqs. Priced by ``mixed_s`` as the counting scheduler prices its steps.
+step's token budget and max_num_seqs. Priced by ``mixed_s`` as the counting scheduler prices its steps. With
+``nomix`` (vLLM V0's default scheduler) the waiting queue goes first: a step of the prompts admitted alone, else
+a step of every running decode, admitting nothing.
 
 ``reference_continuous``: the same for the continuous policy (iteration.py counts its decodes too): every request
 held and visited every iteration; a prefill iteration of the prompts admitted at its start (first come, first
@@ -104,6 +106,10 @@ class _State:
     def step(self, t: float) -> float:
         """Form and price one step at ``t``; returns its duration."""
         self.sched, self.evicted, self.budget = {}, False, self.pol.max_num_batched_tokens
+        if self.pol.no_mix:  # vLLM V0: the waiting prompts first, in a step of their own when any fits
+            self.admit(t)
+            if self.sched:
+                return self.price()
         for r in [r for r in self.running if self.dec[r]]:
             if r in self.running and self.grow(r, 1):
                 self.sched[r] = 1
@@ -118,8 +124,12 @@ class _State:
                 break
             self.sched[r] = take
             self.budget -= take
-        if not self.evicted or not self.sched:
+        if (not self.evicted or not self.sched) and not self.pol.no_mix:
             self.admit(t)
+        return self.price()
+
+    def price(self) -> float:
+        """The step's duration: its decodes and prompt tokens priced by ``mixed_s``."""
         dec, comp, sched = self.dec, self.comp, self.sched
         nd = sum(1 for r in sched if dec[r])
         kv = sum(comp[r] + 1 for r in sched if dec[r])
@@ -144,6 +154,8 @@ class _State:
             if whole and sum(self.reserved.values()) + whole > blocks:
                 break
             upto = self.inp[r] if self.prompt is not None else None
+            if self.pol.no_mix and self.kv.num_free - math.ceil((hit + take) / B) + k < int(0.01 * blocks):
+                break  # vLLM V0's block manager: 1% of the blocks kept free at admission (its watermark)
             if not self.kv.allocate(r, self.tokens(r, 0, hit + take), k, upto):
                 break
             self.waiting.popleft()

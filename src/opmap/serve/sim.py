@@ -3,7 +3,9 @@ sorted arrival times, R replicas behind a router.
 
 Routers: ``round_robin`` (request i to replica i mod R), ``least_loaded`` (join the shortest queue: the
 replica with the fewest outstanding requests, queued or running; ties to the lowest index), ``shared`` (one
-queue for all replicas: an M/M/c system with policy none).
+queue for all replicas: an M/M/c system with policy none; a replica takes from it whenever it forms a step),
+``batched:SIZE,WAIT_MS`` (a harness batcher in front: requests held and handed over in groups, each group to the
+next replica; batcher.py). A request's latencies run from its arrival, a batcher's hold included.
 
 Time of a request: ``start_s`` when it is first scheduled (its queueing ends), ``first_s`` when its first
 token is out (end of the step that finishes its prompt), ``finish_s`` when its last token is out. Tokens
@@ -29,6 +31,7 @@ import numpy as np
 
 from opmap.errors import OpmapError
 from opmap.serve.arrivals import Requests
+from opmap.serve.batcher import dispatch, parse_batcher
 from opmap.serve.closed_loop import Client, ClosedLoop
 from opmap.serve.cost import ServiceTime, StepCost
 from opmap.serve.policies import Policy
@@ -43,7 +46,13 @@ from opmap.validate import count
 # seconds).
 MAX_REPLICAS = 10_000
 
-ROUTERS = ("round_robin", "least_loaded", "shared")
+ROUTERS = ("round_robin", "least_loaded", "shared")  # and batched:SIZE,WAIT_MS (check_router)
+
+
+def check_router(router: str) -> None:
+    """The router by name, or a batcher's spec (one line naming what is accepted otherwise)."""
+    if router not in ROUTERS and parse_batcher(router) is None:
+        raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}, batched:SIZE,WAIT_MS")
 
 
 @dataclass
@@ -113,8 +122,7 @@ def _check(reqs: Requests, policy: Policy, fam: Family, cost: StepCost | Service
            decode_only: bool) -> None:
     """The router, the replicas, the policy against the cost (iterations need a step cost) and every request's KV
     cache against the device's (the engine policy pages it: checked by its scheduler)."""
-    if router not in ROUTERS:
-        raise OpmapError(f"bad router {router!r}: accepted: {', '.join(ROUTERS)}")
+    check_router(router)
     count(replicas, "--replicas", hi=MAX_REPLICAS)
     service = isinstance(cost, ServiceTime)
     if decode_only and not fam.decode_pool:
@@ -149,7 +157,15 @@ class _Sim:
         self.service = service = isinstance(cost, ServiceTime)
         self.n = n = len(reqs)
         svc = cost.draw(n, np.random.default_rng([seed, 1])).tolist() if service else None
-        self.trace = Trace(reqs.arrival_s.tolist(), reqs.input_len.tolist(), reqs.output_len.tolist(), svc,
+        batcher = parse_batcher(router)
+        arr, self.fixed = reqs.arrival_s, None  # fixed: each request's replica, chosen before the run (a batcher)
+        if batcher is not None:
+            if closed is not None:
+                raise OpmapError(f"router {router!r} holds an open loop's arrivals: a closed loop's users are "
+                                 "served as they send (use round_robin, least_loaded or shared)")
+            arr, where = dispatch(reqs.arrival_s, batcher, replicas)
+            self.fixed = where.tolist()
+        self.trace = Trace(arr.tolist(), reqs.input_len.tolist(), reqs.output_len.tolist(), svc,
                            prefilled_first_s.tolist() if prefilled_first_s is not None else None,
                            prompt=reqs.prompt)
         self.family = fam = family_for(policy)(policy, cost, self.trace)
@@ -262,7 +278,7 @@ class _Sim:
         deferred: list[int] = []  # replicas whose next step waits on an arrival at this time (closed loop)
         shared, begin, record, busy, timer_at = self.shared, self.begin, self.record, self.busy, self.timer_at
         queues, outstanding, trace, pending = self.queues, self.outstanding, self.trace, self.pending
-        scheds, itl_g, itl_w, busy_s = self.scheds, self.itl_g, self.itl_w, self.busy_s
+        scheds, itl_g, itl_w, busy_s, fixed = self.scheds, self.itl_g, self.itl_w, self.busy_s, self.fixed
         ia = 0
         while ia < n or heap:
             ta = arr[ia] if ia < n else float("inf")
@@ -305,7 +321,9 @@ class _Sim:
             deferred.clear()
             while ia < n and arr[ia] == now:  # requests arriving together are queued together (offline)
                 rid = ia if client is None else client.arrive(ia)
-                if router == "round_robin":
+                if fixed is not None:  # a batcher's group: its replica was chosen when it left the batcher
+                    r = fixed[rid]
+                elif router == "round_robin":
                     r = ia % replicas
                 elif router == "least_loaded":
                     r = min(range(replicas), key=outstanding.__getitem__)
