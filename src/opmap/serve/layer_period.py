@@ -140,14 +140,14 @@ def _settings(block) -> tuple:
 
 def _config_entries(config: Any, n: int) -> list[tuple[str, Any]]:
     """(name, layer -> entry) of the config's per-layer lists: a list of n entries gives the layer's entry, a list
-    of layer indices (strictly increasing integers below n, its name ending in ``layers``: ``moe_layers``,
-    ``mlp_only_layers``) whether the layer is in it."""
+    of layer indices (strictly increasing integers, its name ending in ``layers``: ``moe_layers``, ``mlp_only_layers``;
+    left whole when the stack is cut) whether the layer is in it."""
     out: list[tuple[str, Any]] = []
     for k, v in sorted((vars(config) if config is not None and hasattr(config, "__dict__") else {}).items()):
         if k.startswith("_") or not isinstance(v, (list, tuple)):
             continue
         ints = all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-        if k.endswith("layers") and ints and all(0 <= x < n for x in v) and all(a < b for a, b in zip(v, v[1:])):
+        if k.endswith("layers") and ints and all(x >= 0 for x in v) and all(a < b for a, b in zip(v, v[1:])):
             out.append((k, frozenset(v).__contains__))
         elif len(v) == n:
             out.append((k, lambda i, v=v: _hashable(v[i])))

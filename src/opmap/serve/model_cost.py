@@ -11,8 +11,15 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   gives both terms: the kernels of the second block (its TP all-reduces and view dispatch included) are one
   layer, the rest is t(1) - layer, where the first block prices the same; where a kernel straddles the blocks'
   boundary (they differ), a 1-layer capture gives the layer as t(2) - t(1).
-  ``Resolved.uneven`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
-  dense first layers); those are captured whole. Every step is priced under steady load (a serving run keeps the
+  An uneven stack repeats with a period (opmap.serve.layer_period: a prefix of p layers, then a period of q; R1's 3
+  dense layers then one MoE layer, gpt-oss's sliding and full layers in turn, Llama 4's four with a NoPE global
+  last): with L = p + m q + r, the same holds with the ``long`` capture of p + 2q + r layers in place of 2 and the
+  ``short`` one of p + q + r in place of 1, t(L) = t(short) + (m - 1)(t(long) - t(short)), the homogeneous stack
+  being p 0 q 1. Each layer of the model is priced as the block of the long capture with its signature (a prefix
+  or tail layer as itself, a period layer as the second period's), so a pipeline stage sums its own layers, the
+  EP all-to-alls in the MoE blocks only; the expert weights and KV bytes per token are summed the same way (R1's
+  dense layers hold no experts). Where no period leaves fewer layers to capture than the model has, it is
+  captured whole (``Resolved.stack`` says why). Every step is priced under steady load (a serving run keeps the
   device busy for minutes): a power-limited card at its sustained matrix rate (opmap.precision.power_limited),
   the same in every step whatever its length, so the extrapolation holds there too;
 - prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
