@@ -70,7 +70,7 @@ class Stack:
 
     @property
     def text(self) -> str:
-        lead = f"{self.prefix} layers, then " if self.prefix else ""
+        lead = f"{self.prefix} layer{'s' if self.prefix > 1 else ''}, then " if self.prefix else ""
         return (f"{lead}a period of {self.period} layer{'s' if self.period > 1 else ''} x {self.repeats}"
                 + (f" and {self.tail} more" if self.tail else ""))
 

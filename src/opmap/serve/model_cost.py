@@ -359,8 +359,8 @@ class Pricer:
     def how(self) -> str:
         """How the points were priced, for the table's source line."""
         st = self.stack
-        if st is None:
-            how = f"captured whole ({self.why_whole})"
+        if st is None or not self.extrapolate:
+            how = f"captured whole ({self.why_whole or 'as asked'})"
         elif st.prefix == 0 and st.period == 1:
             how = "extrapolated in the layer count from 2-layer captures"
         else:
