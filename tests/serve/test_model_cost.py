@@ -3,8 +3,11 @@ decode floors, context limits."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -292,3 +295,77 @@ def test_a_power_limited_card_is_priced_at_its_sustained_rate_and_still_extrapol
     assert full.prefill(1024).latency_s == pytest.approx(t, rel=1e-9)
     c = model_table_cost("gpt2", "l4", "bf16")
     assert "sustained" in c.source and "extrapolated" in c.source
+
+
+# -- uneven stacks: priced per layer period (opmap.serve.layer_period) -----------------------------------------------
+
+def _narrow(family: str, layers: int) -> dict:
+    """A published config (tests/hf_family_configs.py) cut to ``layers`` layers and narrowed (hidden 256, 4 heads,
+    few experts) so a whole capture stays quick; its layer pattern kept: DeepSeek-V3 one dense layer then MoE (p 1,
+    q 1), gpt-oss sliding and full layers in turn (p 0, q 2), Llama 4 Maverick a NoPE layer every 4th and MoE every
+    2nd (p 0, q 4; 13 layers leave a tail of 1)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hf_family_configs import DEEPSEEK_R1, GPT_OSS_20B, LLAMA4_MAVERICK, shallow
+
+    small = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+             "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 4096, "pad_token_id": 0}
+    if family == "deepseek_v3":
+        d = {**shallow(DEEPSEEK_R1, layers), **small, "num_key_value_heads": 4, "kv_lora_rank": 64, "q_lora_rank": 96,
+             "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
+             "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "moe_intermediate_size": 128}
+        d.pop("quantization_config"), d.pop("head_dim")  # MLA's head widths are its own
+    elif family == "gpt_oss":
+        d = {**shallow(GPT_OSS_20B, layers), **small, "num_local_experts": 8, "intermediate_size": 256}
+    else:
+        d = {**shallow(LLAMA4_MAVERICK, layers), **small, "intermediate_size_mlp": 512, "num_local_experts": 4,
+             "bos_token_id": 1, "eos_token_id": 2}
+    return d
+
+
+def _close(a, b, rel: float, path: str = "") -> None:
+    """``a`` equals ``b`` (a serve.json cost record): integers exactly, floats to ``rel``."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], rel, f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, rel, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, rel=rel, abs=1e-300), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("family,layers,kw,pq", [
+    ("deepseek_v3", 6, {"tp": 2, "ep": 2, "dp_attention": True}, (1, 1)),
+    ("gpt_oss", 8, {"pp": 2}, (0, 2)),
+    ("llama4_maverick", 13, {"tp": 2}, (0, 4))])
+def test_an_uneven_stack_priced_per_period_equals_its_whole_capture(tmp_path, monkeypatch, family, layers, kw, pq):
+    """The table from the short and long captures (p + q + r and p + 2q + r layers) equals the one from capturing the
+    whole model: every prefill time, decode row, KV bytes per token and capacity, weights, reserve and decode floor,
+    to 1e-9 relative (the same kernels summed in another order: float rounding only; the captures are a meta trace,
+    deterministic). Under pp 2 the slowest stage to 1e-3: the engine fusion folds a layer's closing residual add into
+    the next layer's norm, so at the stage boundary that add lands on the other side (as for a homogeneous stack,
+    test_extrapolated_point_equals_the_full_capture_on_llama_3_8b). DeepSeek-V3 under DP attention puts each MoE
+    layer's dispatch and combine all-to-all on that layer, none on the dense one; gpt-oss's sliding and full layers
+    alternate; Maverick's 13 layers end in a tail of one (a rope dense layer, as the period's first)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(_narrow(family, layers)))
+    m = Resolved.build(str(p), "bf16")
+    st, why = m.stack()
+    assert (m.prefix, m.period) == pq and st is not None and st.long < layers, why
+    periodic = model_table_cost(str(p), "h100-sxm", "bf16", **kw)
+    assert f"from {st.long}-layer captures" in periodic.source
+    monkeypatch.setattr(Resolved, "stack", lambda self: (None, "test: the whole model"))
+    whole = model_table_cost(str(p), "h100-sxm", "bf16", **kw)
+    assert "captured whole (test: the whole model)" in whole.source
+    a, b = periodic.to_dict(), whole.to_dict()
+    a.pop("source"), b.pop("source")
+    stage = (a["prefill"].pop("stage_time_s", None), b["prefill"].pop("stage_time_s", None),
+             a["decode"].pop("stage_time_s", None), b["decode"].pop("stage_time_s", None))
+    _close(a, b, 1e-9)
+    _close(stage[0], stage[1], 1e-3)
+    _close(stage[2], stage[3], 1e-3)
+    assert periodic.kv_capacity_tokens == whole.kv_capacity_tokens > 0

@@ -11,8 +11,15 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   gives both terms: the kernels of the second block (its TP all-reduces and view dispatch included) are one
   layer, the rest is t(1) - layer, where the first block prices the same; where a kernel straddles the blocks'
   boundary (they differ), a 1-layer capture gives the layer as t(2) - t(1).
-  ``Resolved.uneven`` says where the stack is not one repeated layer (alternating sliding-window layers, MoE with
-  dense first layers); those are captured whole. Every step is priced under steady load (a serving run keeps the
+  An uneven stack repeats with a period (opmap.serve.layer_period: a prefix of p layers, then a period of q; R1's 3
+  dense layers then one MoE layer, gpt-oss's sliding and full layers in turn, Llama 4's four with a NoPE global
+  last): with L = p + m q + r, the same holds with the ``long`` capture of p + 2q + r layers in place of 2 and the
+  ``short`` one of p + q + r in place of 1, t(L) = t(short) + (m - 1)(t(long) - t(short)), the homogeneous stack
+  being p 0 q 1. Each layer of the model is priced as the block of the long capture with its signature (a prefix
+  or tail layer as itself, a period layer as the second period's), so a pipeline stage sums its own layers, the
+  EP all-to-alls in the MoE blocks only; the expert weights and KV bytes per token are summed the same way (R1's
+  dense layers hold no experts). Where no period leaves fewer layers to capture than the model has, it is
+  captured whole (``Resolved.stack`` says why). Every step is priced under steady load (a serving run keeps the
   device busy for minutes): a power-limited card at its sustained matrix rate (opmap.precision.power_limited),
   the same in every step whatever its length, so the extrapolation holds there too;
 - prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
@@ -130,27 +137,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     default). ``memory_of``: what ``gpu_memory_utilization`` is a fraction of (opmap.mapping.memory.ServingMemory.
     fraction_of: an engine preset's memory semantics; default vLLM's). ``dp_attention``: the tp devices are ep = tp
     attention ranks, each its own batch and KV pool (module docstring); the points are one rank's."""
-    from opmap.hardware import get_hardware
-    from opmap.mapping.expert_parallel import imbalance_for
-    from opmap.phases.runtime import get_runtime
-
-    for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise OpmapError(f"{name} must be a positive integer, got {v!r}")
-    check_dp_attention(tp, pp, ep, dp_attention)
-    if tp % ep:
-        raise OpmapError(f"--ep {ep} must divide --tp {tp}: serve spreads the experts over each replica's tensor-"
-                         "parallel group, or with --dp-attention over its tp attention ranks (--ep equal to --tp)")
-    imb = imbalance_for(ep, ep_imbalance)
-    if not (isinstance(gpu_memory_utilization, (int, float)) and 0 < gpu_memory_utilization <= 1):
-        raise OpmapError(f"--gpu-memory-utilization must be above 0 and at most 1, got {gpu_memory_utilization!r}")
-    kvd = check_kv_dtype(kv_dtype, dtype)
-    hw0 = get_hardware(hardware)
-    from opmap.precision import resolve_precision
-
-    resolve_precision(hw0, dtype)  # a dtype the device lacks fails before anything is built
-    rt = get_runtime(hw0, runtime)
-    hw = rt.apply(hw0)
+    imb, kvd, rt, hw = _check_options(hardware, dtype, tp, pp, ep, ep_imbalance, dp_attention, runtime, kv_dtype,
+                                      gpu_memory_utilization)
     say = progress or (lambda s: None)
     m = Resolved.build(model, dtype)
     if layers is not None and layers < m.layers:
@@ -176,17 +164,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     if len(kvs) < 2:
         raise OpmapError(f"{model} holds {cap} positions: decode pricing needs two KV lengths")
     batches = MOE_DECODE_BATCHES if pricer.experts else DECODE_BATCHES
-    scale = kv_dtype_bytes(kvd) / m.kv_itemsize  # the KV read at --kv-dtype over the captured cache's
-    rows, stage_rows, dense = [], [], []
-    for b in batches:
-        pts = []
-        for k in kvs[:2]:
-            say(f"pricing decode of {b} sequences at {k} KV tokens each"
-                + (f", {queries} new tokens each" if queries > 1 else ""))
-            pts.append((b * k, pricer.decode(b, k)))
-        rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
-        stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
-        dense.append(pts[0][1])
+    rows, stage_rows, first = _decode_rows(pricer, batches, kvs[:2], kv_dtype_bytes(kvd) / m.kv_itemsize, say)
     memory = pricer.memory(kvd, gpu_memory_utilization, memory_of)
     if memory.kv_capacity_tokens < 1:
         where = f"tp {tp} pp {pp}" + (f" with DP attention over {ep} ranks" if dp_attention else "")
@@ -194,24 +172,64 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                          f"{memory.weights_bytes / 2**30:.1f} GiB per device and the runtime reserve "
                          f"{memory.reserve_bytes / 2**30:.2f} GiB, of {memory.capacity_bytes / 2**30:.1f} GiB x "
                          f"{gpu_memory_utilization:g}; raise --tp or --pp")
-    floor = DecodeFloor(dense[0].dense_bytes, memory.kv_bytes_per_token, hw.memory_rate_bytes_per_s,
+    floor = DecodeFloor(first.dense_bytes, memory.kv_bytes_per_token, hw.memory_rate_bytes_per_s,
                         pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis,
                         ep if dp_attention else 1)
-    how = "extrapolated in the layer count from 2-layer captures" if pricer.extrapolate else \
-        f"captured whole ({pricer.why_whole})"
-    how += f"; steady load, matrix rate: {pricer.rate_basis}"
     where = f"tp {tp}, pp {pp}" if not dp_attention else \
         f"DP attention: {ep} ranks of one device, each step one rank's at its own batch, ep {ep}"
     dpa = {"dp_attention": True, "attention_ranks": ep} if dp_attention else {}
     return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
                      kv_capacity_tokens=memory.kv_capacity_tokens,
                      source=f"opmap phase analyses of {m.name} on {hw.name} ({dtype}, {where}, runtime "
-                            f"{rt.name}; {how})",
+                            f"{rt.name}; {pricer.how})",
                      kv_bytes_per_token=memory.kv_bytes_per_token, runtime=record(rt), memory=record(memory),
                      layout={"tp": tp, "pp": pp, **({"ep": ep, "ep_imbalance": imb} if ep > 1 else {}), **dpa},
                      kv_dtype=kvd, pp=pp, attention_ranks=ep if dp_attention else 1,
                      stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
                      stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor)
+
+
+def _check_options(hardware: str, dtype: str, tp: int, pp: int, ep: int, ep_imbalance: float | None,
+                   dp_attention: bool, runtime: str, kv_dtype: str | None, utilization: float) -> tuple:
+    """model_table_cost's options checked, each refused in one line before anything is built: (the busiest EP
+    rank's load over the mean, the KV format, the runtime, the device as the runtime runs it)."""
+    from opmap.hardware import get_hardware
+    from opmap.mapping.expert_parallel import imbalance_for
+    from opmap.phases.runtime import get_runtime
+    from opmap.precision import resolve_precision
+
+    for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise OpmapError(f"{name} must be a positive integer, got {v!r}")
+    check_dp_attention(tp, pp, ep, dp_attention)
+    if tp % ep:
+        raise OpmapError(f"--ep {ep} must divide --tp {tp}: serve spreads the experts over each replica's tensor-"
+                         "parallel group, or with --dp-attention over its tp attention ranks (--ep equal to --tp)")
+    imb = imbalance_for(ep, ep_imbalance)
+    if not (isinstance(utilization, (int, float)) and 0 < utilization <= 1):
+        raise OpmapError(f"--gpu-memory-utilization must be above 0 and at most 1, got {utilization!r}")
+    kvd = check_kv_dtype(kv_dtype, dtype)
+    hw0 = get_hardware(hardware)
+    resolve_precision(hw0, dtype)  # a dtype the device lacks fails before anything is built
+    rt = get_runtime(hw0, runtime)
+    return imb, kvd, rt, rt.apply(hw0)
+
+
+def _decode_rows(pricer: Pricer, batches, kvs: list[int], scale: float, say) -> tuple[list, list, Point]:
+    """Per decode batch, the step's time on KV_GRID (one microbatch through every stage, and the slowest stage),
+    each a line through the batch's two KV lengths ``kvs`` with its KV read scaled by ``scale`` (the KV format's
+    bytes over the captured cache's); and the first batch's first point (the decode floor's dense bytes)."""
+    rows, stage_rows, first = [], [], None
+    q = pricer.queries
+    for b in batches:
+        pts = []
+        for k in kvs:
+            say(f"pricing decode of {b} sequences at {k} KV tokens each" + (f", {q} new tokens each" if q > 1 else ""))
+            pts.append((b * k, pricer.decode(b, k)))
+        rows.append(_kv_line(pts, lambda p: p.latency_s, scale))
+        stage_rows.append(_kv_line(pts, lambda p: p.stage_s, scale))
+        first = first or pts[0][1]
+    return rows, stage_rows, first
 
 
 def check_dp_attention(tp: int, pp: int, ep: int, dp_attention: bool) -> None:
@@ -251,11 +269,9 @@ class Pricer:
         # DP attention: tp is each rank's (1), the experts over the ep ranks, each rank its own batch
         self.dpa = dp_attention
         self._expert_held = 0.0  # the whole model's expert weight bytes at their stored format
-        why = m.uneven
-        if not why and m.layers < 3:
-            why = f"{m.layers} layers"
-        self.extrapolate = not why
-        self.why_whole = why
+        # the stack as a prefix and a period (opmap.serve.layer_period), or why it is captured whole
+        self.stack, self.why_whole = m.stack()
+        self.extrapolate = self.stack is not None
         self.experts = self.top_k = 0
         self.expert_bytes_per_expert = 0.0
         self._held: float | None = None  # weight bytes the whole model holds at its stored format
@@ -311,8 +327,12 @@ class Pricer:
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
         n = len(s.roles.blocks)
         index = {b: i for i, b in enumerate(s.roles.blocks)}
-        coll = sum(c.predicted_s * c.count for c in sh.collectives) / max(1, n) if sh is not None else 0.0
-        blk = [coll] * n
+        moe = tuple(index[b] for b in s.roles.expert_blocks if b in index)
+        blk = [0.0] * n
+        for c in sh.collectives if sh is not None else ():  # the EP all-to-alls in the MoE blocks, the rest in each
+            on = moe if c.collective.kind == "all_to_all" and moe else range(n)
+            for i in on:
+                blk[i] += c.predicted_s * c.count / len(on)
         pre = post = 0.0
         for r, t in zip(s.rows, per_k):
             if r.pos < 0:
@@ -333,7 +353,19 @@ class Pricer:
         lat = sh.latency_s if sh is not None else a.predicted_latency_s
         return {"lat": lat, "pre": pre, "post": lat - pre - sum(blk), "blk": blk, "dense": dense,
                 "expert": expert, "act": s.geo.act_bytes, "expert_params": s.roles.expert_params,
-                "experts": s.geo.experts, "kv_heads": kvh, "blocks": n}
+                "experts": s.geo.experts, "kv_heads": kvh, "blocks": n, "moe_blocks": moe}
+
+    @property
+    def how(self) -> str:
+        """How the points were priced, for the table's source line."""
+        st = self.stack
+        if st is None or not self.extrapolate:
+            how = f"captured whole ({self.why_whole or 'as asked'})"
+        elif st.prefix == 0 and st.period == 1:
+            how = "extrapolated in the layer count from 2-layer captures"
+        else:
+            how = f"extrapolated in the layer count from {st.long}-layer captures: {st.text}"
+        return how + f"; steady load, matrix rate: {self.rate_basis}"
 
     def _layout(self, pp: int = 1):
         """The replica's layout: tp x pp devices, the experts over the tp group when ep > 1; with DP attention ep
@@ -346,49 +378,61 @@ class Pricer:
         return Parallelism(tp=self.tp, pp=pp, devices=self.tp * pp, ep=self.ep, ep_imbalance=self.ep_imbalance)
 
     def _point(self, make, spec, at: tuple[str, int, int]) -> Point:
-        from opmap.mapping.sharding import shard
-
         L, pp, step = self.m.layers, self.pp, self.rt.per_step_s
         if not self.extrapolate:
+            from opmap.mapping.sharding import shard
+
             a, s = self._analyze(make, spec, L, at)
             t = self._terms(a, s)
-            self._note(a, s, t)
+            self._note(a, t, tuple(range(L)))
             if pp > 1 or self.tp > 1 or self.dpa:
                 sh = shard(a, self._layout(pp))
                 lat, stage = sh.latency_s, sh.microbatch_s
             else:
                 lat = stage = t["lat"]
             return Point(lat + step, stage + step, sum(t["dense"]) / pp, sum(t["expert"]) / pp)
-        a, s = self._analyze(make, spec, 2, at)
+        st = self.stack
+        a, s = self._analyze(make, spec, st.long, at)
         t = self._terms(a, s)
-        self._note(a, s, t)
-        b0, b1 = t["blk"]
-        if abs(b0 - b1) <= 1e-9 * max(abs(b1), 1e-30):
-            d, dense_l, expert_l = b1, t["dense"][2], t["expert"][2]  # the second block is one layer
-        else:  # a kernel straddles the blocks' boundary: one layer is t(2) - t(1)
-            t1 = self._terms(*self._analyze(make, spec, 1, at))
-            d = t["lat"] - t1["lat"]
-            dense_l, expert_l = sum(t["dense"]) - sum(t1["dense"]), sum(t["expert"]) - sum(t1["expert"])
-        pre, post = t["pre"], t["lat"] - t["pre"] - 2 * d
+        where = st.blocks()
+        self._note(a, t, where)
+        pre, layer_s, post = self._layer_times(make, spec, at, t)
         per = math.ceil(L / pp)
-        counts = [0] * pp
-        for i in range(L):
-            counts[min(pp - 1, i // per)] += 1
-        stages = [n * d for n in counts]
+        stages = [0.0] * pp
+        for i, x in enumerate(layer_s):
+            stages[min(pp - 1, i // per)] += x
         stages[0] += pre
         stages[-1] += post
         send = self._send(t["act"]) if pp > 1 else 0.0
-        lat = pre + post + L * d + (pp - 1) * send
-        stage = max(stages) + send
-        dense = sum(t["dense"]) + (L - 2) * dense_l
-        expert = sum(t["expert"]) + (L - 2) * expert_l
-        return Point(lat + step, stage + step, dense / pp, expert / pp)
+        lat = pre + post + sum(layer_s) + (pp - 1) * send
+        dense = t["dense"][0] + sum(t["dense"][1 + j] for j in where)
+        expert = t["expert"][0] + sum(t["expert"][1 + j] for j in where)
+        return Point(lat + step, max(stages) + send + step, dense / pp, expert / pp)
 
-    def _note(self, a, s, t) -> None:
-        """The whole model's geometry, from a capture (per layer times the layer count)."""
-        from opmap.mapping.memory import kv_geometry
+    def _layer_times(self, make, spec, at, t: dict) -> tuple[float, list[float], float]:
+        """(before the blocks, each of the model's layers, after them) from the ``long`` capture's terms ``t``
+        (module docstring): the prefix and tail layers as their own blocks, each period layer as the capture's
+        second period. Where a block of the first period prices differently from its twin in the second (a kernel
+        straddles a boundary the two periods do not share), the period is t(long) - t(short) from a ``short``
+        capture, its layers the second period's blocks plus an equal share of the difference; the total is exact
+        either way, a stage boundary inside the stack off by at most that kernel."""
+        st = self.stack
+        p, q, blk = st.prefix, st.period, t["blk"]
+        first, second = blk[p:p + q], blk[p + q:p + 2 * q]
+        period = sum(second)
+        if any(abs(a - b) > 1e-9 * max(abs(b), 1e-30) for a, b in zip(first, second)):
+            period = t["lat"] - self._terms(*self._analyze(make, spec, st.short, at))["lat"]
+        d = [x + (period - sum(second)) / q for x in second]
+        layer_s = [blk[j] if j < p or j >= p + 2 * q else d[(j - p) % q] for j in st.blocks()]
+        pre = t["pre"]
+        post = t["lat"] - pre - sum(blk[:p]) - 2 * period - sum(blk[p + 2 * q:])
+        return pre, layer_s, post
 
-        L = self.m.layers
+    def _note(self, a, t, where: tuple[int, ...]) -> None:
+        """The whole model's geometry, from a capture whose block ``where[i]`` prices layer i of the model (the
+        identity for a whole capture): per-layer figures (experts held, KV bytes per token) summed over the
+        model's layers, each as its block says (R1's dense layers hold no experts)."""
+        L = len(where)
         n = max(1, t["blocks"])
         self.rate_basis = self.rate_basis or a.precision.rate_basis
         if self._held is None:
@@ -396,15 +440,30 @@ class Pricer:
         if t["experts"]:
             self.experts = t["experts"]
             self.top_k = self.m.top_k
-            per_layer_expert = t["expert_params"] / n / self.experts  # one expert's parameters in one layer
+            moe = set(t["moe_blocks"])
+            moe_layers = sum(1 for j in where if j in moe) if moe else L
+            per_layer_expert = t["expert_params"] / (len(moe) or n) / self.experts  # one expert in one MoE layer
             itemsize = a.graph.param_bytes / max(1, a.graph.params)
-            self.expert_bytes_per_expert = (per_layer_expert * itemsize * a.precision.weight_scale * L
-                                            / self.tp / self.pp)
-            self._expert_held = per_layer_expert * self.experts * itemsize * a.precision.weight_scale * L
+            one = per_layer_expert * itemsize * a.precision.weight_scale
+            self.expert_bytes_per_expert = one * moe_layers / self.tp / self.pp
+            self._expert_held = one * self.experts * moe_layers
         self._kv_heads = t["kv_heads"] or self._kv_heads
-        geo = kv_geometry(a.graph)
-        if geo.layers:
-            self._kv_per_token = geo.bytes_per_token / geo.layers * L
+        self._kv_per_token = self._kv_bytes_per_token(a.graph, where, n) or self._kv_per_token
+
+    @staticmethod
+    def _kv_bytes_per_token(graph, where: tuple[int, ...], blocks: int) -> float:
+        """KV bytes per token of the model, the captured ``graph``'s causal layers summed as ``where`` maps the
+        model's layers onto its blocks (one causal attention a block); where the capture has not one a block, its
+        mean per layer times the model's layers. 0: no KV cache."""
+        from opmap.mapping.memory import kv_geometry
+
+        geo = kv_geometry(graph)
+        if not geo.layers:
+            return 0.0
+        if geo.layers != blocks or geo.geometry is None:
+            return geo.bytes_per_token / geo.layers * len(where)
+        per = [spec.kv_elements_per_token * geo.itemsize for spec in geo.geometry.attention]
+        return float(sum(per[j] for j in where))
 
     def _send(self, act_bytes: float) -> float:
         """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send)."""

@@ -3,10 +3,11 @@
 ``Resolved.build`` takes anything ``opmap analyze`` takes (a zoo text decoder, a Hugging Face config, ``hf:NAME``, a
 model file) through analyze's resolver (``opmap.workloads.load.load_workload``) at batch 1 on meta, and keeps what
 pricing needs of it: its stack of layers (the largest ``nn.ModuleList`` of one block class), the layer count, the
-position limit and whether positions are rotary, the KV dtype's size, the weights the whole model holds, top-k, and
-whether every layer is the same (``uneven``: why not). ``set_layers`` shortens the stack in place (the config's
-layer count and its per-layer lists, such as ``layer_types``, and the workload's geometry follow) for the 1- and
-2-layer captures.
+position limit and whether positions are rotary, the KV dtype's size, the weights the whole model holds, top-k,
+whether every layer is the same (``uneven``: how they differ) and, where not, the prefix and period the stack repeats
+with (opmap.serve.layer_period: DeepSeek-R1's 3 dense layers then a MoE layer repeated, gpt-oss's sliding and full
+layers in turn). ``set_layers`` shortens the stack in place (the config's layer count and its per-layer lists, such
+as ``layer_types``, and the workload's geometry follow) for the shallow captures (``stack``: one and two periods).
 
 A zoo model on meta is a pure function of its name, its build dtype and opmap's source: its summary is kept in the
 capture cache (opmap.capture.cache, beside the captured graphs), so a second pricing builds nothing and captures
@@ -20,8 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.serve.layer_period import Stack, describe, find_period, layer_signatures
 
-SUMMARY = ("name", "hf", "layers", "max_positions", "kv_itemsize", "rope", "top_k", "held_bytes", "uneven")
+SUMMARY = ("name", "hf", "layers", "max_positions", "kv_itemsize", "rope", "top_k", "held_bytes", "uneven", "prefix",
+           "period")
 
 
 @dataclass
@@ -36,7 +39,9 @@ class Resolved:
     rope: bool  # rotary positions: rope scaling can go past max_positions
     top_k: int
     held_bytes: float  # every parameter of the whole model at its build dtype, each once
-    uneven: str  # empty when every layer is the same; else why not
+    uneven: str  # empty when every layer is the same; else how they differ
+    prefix: int = 0  # layer i >= prefix has the signature of layer prefix + (i - prefix) mod period (layer_period)
+    period: int = 1
     _built: tuple | None = field(default=None, repr=False)  # (workload, parent, attribute, blocks)
     _per_layer: dict | None = field(default=None, repr=False)  # the config's per-layer lists, whole (set_layers)
     _geometry: tuple | None = field(default=None, repr=False)  # (the workload's geometry, whole,) (set_layers)
@@ -96,6 +101,17 @@ class Resolved:
                 setattr(c, k, type(v)(v[:n]))
         else:
             w.module.config = replace(c, n_layer=n)
+
+    def stack(self) -> tuple[Stack | None, str]:
+        """How the ``layers`` layers are priced: a Stack (captured at its ``short`` and ``long`` layer counts and
+        extrapolated), or None and why the model is captured whole (no period leaves fewer layers to capture)."""
+        st = Stack(self.layers, self.prefix, self.period)
+        if st.long < self.layers:
+            return st, ""
+        if not self.uneven:
+            return None, f"{self.layers} layers"
+        return None, (f"{self.uneven}, and no repeating period leaves fewer than its {self.layers} layers to "
+                      f"capture (from layer {self.prefix} every {self.period}: {st.long})")
 
     def prefill(self, seq: int):
         import torch
@@ -174,22 +190,10 @@ def _summary(target: str, dtype: str, built: tuple) -> Resolved:
         seen.update({id(p): p for p in b.parameters()})
     held = float(sum(p.numel() * p.element_size() for p in seen.values()))
     top_k = int(getattr(cfg, "top_k", 0) or getattr(cfg, "num_experts_per_tok", 0) or 0)
+    sigs = layer_signatures(cfg, blocks, w.geometry)
+    prefix, period = find_period(sigs)
     return Resolved(target, dtype, w.name, bool(hf), len(blocks), limit, float(torch.empty((), dtype=dt).itemsize),
-                    bool(rope), top_k, held, _uneven(cfg, blocks), _built=built)
-
-
-def _uneven(cfg, blocks) -> str:
-    """Empty when every layer is the same (parameter shapes and attention kind); else why not."""
-    sig = {tuple((n, tuple(p.shape)) for n, p in b.named_parameters()) for b in blocks}
-    if len(sig) > 1:
-        return "layers of different shapes (a MoE with dense layers, or mixed blocks)"
-    types = getattr(cfg, "layer_types", None)
-    if isinstance(types, (list, tuple)) and len(set(types)) > 1:
-        return f"layer types {sorted(set(map(str, types)))} (alternating attention)"
-    mw = getattr(cfg, "max_window_layers", None)
-    if getattr(cfg, "use_sliding_window", False) and isinstance(mw, int) and 0 < mw < len(blocks):
-        return f"sliding-window attention on layers past {mw} only"
-    return ""
+                    bool(rope), top_k, held, describe(sigs), prefix, period, _built=built)
 
 
 def _layer_list(module) -> tuple:
