@@ -369,3 +369,21 @@ def test_an_uneven_stack_priced_per_period_equals_its_whole_capture(tmp_path, mo
     _close(stage[0], stage[1], 1e-3)
     _close(stage[2], stage[3], 1e-3)
     assert periodic.kv_capacity_tokens == whole.kv_capacity_tokens > 0
+
+
+def test_a_quantized_uneven_stack_holds_its_bf16_modules_once_a_layer(tmp_path, monkeypatch):
+    """gpt-oss at MXFP4 keeps its attention, router, embedding and LM head in bf16 (quantization_config's
+    modules_to_not_convert): serve's weights per device, priced from the 2- and 4-layer captures of an 8-layer stack,
+    count each layer's bf16 attention once a layer, as the whole capture does and as analyze's memory line of the whole
+    model holds them (opmap.analyze.Analysis.weights_held_bytes, an independent path: one capture, no blocks)."""
+    from opmap.api import Model, Shape
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(_narrow("gpt_oss", 8)))
+    periodic = model_table_cost(str(p), "b200", "mxfp4")
+    held = Model(str(p), "mxfp4").prefill(Shape(1, 16), get_hardware("b200"), "eager")
+    assert held.weights_held_bytes > held.graph.param_bytes * held.precision.weight_scale * 1.01  # bf16 parts
+    assert periodic.memory["weights_bytes"] == pytest.approx(held.weights_held_bytes, rel=1e-9)
+    monkeypatch.setattr(Resolved, "stack", lambda self: (None, "test: the whole model"))
+    whole = model_table_cost(str(p), "b200", "mxfp4")
+    assert whole.memory["weights_bytes"] == pytest.approx(held.weights_held_bytes, rel=1e-9)

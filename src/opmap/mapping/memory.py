@@ -61,15 +61,21 @@ def held_weight_bytes(graph: OpGraph, weight_scale: float, kept_gemms: frozenset
     quantizer`` of Linear modules; the embedding is no Linear) and the weights of ``kept_gemms`` (the LM head, the
     MoE routers and the checkpoint's modules_to_not_convert: opmap.mapping.fp8.inference_bf16_nodes). A parameter
     is counted once (a tied embedding and LM head)."""
+    return graph.param_bytes * weight_scale + sum(bf16_extra_bytes(graph, weight_scale, kept_gemms).values())
+
+
+def bf16_extra_bytes(graph: OpGraph, weight_scale: float, kept_gemms: frozenset[int] = frozenset()
+                     ) -> dict[str, float]:
+    """Per parameter a quantized run keeps in bf16 (held_weight_bytes), the bytes it holds over its size at the run's
+    format; empty where the format is not narrower than bf16."""
     itemsize = graph.param_bytes / graph.params if graph.params else 0.0
     stored = itemsize * weight_scale
-    base = graph.param_bytes * weight_scale
     if stored >= BF16_BYTES or not graph.param_sizes:
-        return base
+        return {}
     kept = {t.param for n in graph.nodes if n.packet == "embedding" or n.id in kept_gemms
             for t in n.inputs if t.param is not None}
     sizes = dict(graph.param_sizes)
-    return base + sum(sizes.get(p, 0) for p in kept) * (BF16_BYTES - stored)
+    return {p: sizes[p] * (BF16_BYTES - stored) for p in sorted(kept) if p in sizes}
 
 
 @dataclass(frozen=True)

@@ -258,6 +258,22 @@ def _kv_line(pts, f, scale: float) -> list[float]:
 
 # -- pricing points ----------------------------------------------------------------------------------------------
 
+def _bf16_extra(a, where: tuple[int, ...]) -> float:
+    """What the whole model holds in bf16 beyond its run's format (opmap.mapping.memory.held_weight_bytes: the
+    embedding, the LM head, the checkpoint's unquantized modules), from a capture whose block ``where[i]`` prices
+    layer i: a parameter of block j (its path's first index, ``model.layers.j.``) counted once per layer it prices,
+    one outside the blocks once."""
+    import re
+
+    from opmap.mapping.memory import bf16_extra_bytes
+
+    total = 0.0
+    for name, extra in bf16_extra_bytes(a.graph, a.precision.weight_scale, a.kept_gemms).items():
+        hit = re.search(r"\.(\d+)\.", "." + name)
+        total += extra * (where.count(int(hit.group(1))) if hit else 1)
+    return total
+
+
 class Pricer:
     """Prices prefill and decode points of one resolved model on one device under a layout and runtime."""
 
@@ -436,7 +452,7 @@ class Pricer:
         n = max(1, t["blocks"])
         self.rate_basis = self.rate_basis or a.precision.rate_basis
         if self._held is None:
-            self._held = self.m.held_bytes * a.precision.weight_scale
+            self._held = self.m.held_bytes * a.precision.weight_scale + _bf16_extra(a, where)
         if t["experts"]:
             self.experts = t["experts"]
             self.top_k = self.m.top_k
