@@ -90,7 +90,7 @@ def test_serve_takes_ep_over_its_tp_group(cli, tmp_path):
     (("--tp", "2"), "--dp-attention runs the attention data-parallel over the EP ranks: it needs --ep above 1"),
     (("--tp", "4", "--ep", "2"), "--ep must equal --tp (the replica's devices), got --ep 2 --tp 4"),
     (("--tp", "4", "--ep", "3"), "--ep must equal --tp (the replica's devices), got --ep 3 --tp 4"),
-    (("--tp", "2", "--ep", "2", "--pp", "2"), "drop --pp 2"),
+    (("--tp", "2", "--ep", "2", "--pp", "64"), "--pp 64 exceeds the 32 layers of mixtral-8x7b"),
     (("--tp", "2", "--ep", "2", "--policy", "static:4"), "use --policy engine, continuous or chunked, got 'static:4'"),
     (("--tp", "2", "--ep", "2", "--router", "shared"), "use --router round_robin or least_loaded, not shared"),
     (("--tp", "2", "--ep", "2", "--disaggregate", "1:1"), "drop --disaggregate"),
@@ -114,3 +114,17 @@ def test_serve_runs_dp_attention_ranks(cli, tmp_path):
     m = s["assumptions"]["memory"]
     assert m["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2  # Mixtral's whole KV a token on each rank: no TP split
     assert "DP attention: 2 attention ranks a replica" in out and "memory per device" in out
+
+
+def test_serve_runs_dp_attention_ranks_over_pipeline_stages(cli, tmp_path):
+    """Mixtral as DEP2 PP2 (TensorRT-LLM's layout on 4 GPUs): 2 attention ranks of 2 stages each, each device holding
+    16 of the 32 layers' KV (2 x 16 x 8 x 128 x 2 bytes a token)."""
+    rc, out, err = cli("serve", "mixtral-8x7b", "--hardware", "h200", "--tp", "2", "--ep", "2", "--dp-attention",
+                       "--pp", "2", "--requests", "20", "--input-len", "128", "--output-len", "16", "--arrival",
+                       "poisson:5", "--no-store", "--out", tmp_path)
+    assert rc == 0, err
+    s = json.loads((tmp_path / "serve.json").read_text())
+    lay = s["assumptions"]["layout"]
+    assert lay["dp_attention"] is True and lay["attention_ranks"] == 2 and lay["pp"] == 2 and lay["tp"] == 2
+    assert s["assumptions"]["memory"]["kv_bytes_per_token"] == 2 * 16 * 8 * 128 * 2
+    assert "DP attention: 2 attention ranks a replica" in out

@@ -141,7 +141,7 @@ def test_mixtral_ranks_hold_a_device_of_kv_each():
 @pytest.mark.parametrize("kw,words", [
     ({"tp": 2, "ep": 1}, "--dp-attention runs the attention data-parallel over the EP ranks: it needs --ep above 1"),
     ({"tp": 4, "ep": 2}, "--ep must equal --tp (the replica's devices), got --ep 2 --tp 4"),
-    ({"tp": 2, "ep": 2, "pp": 2}, "--dp-attention is simulated on one pipeline stage: drop --pp 2"),
+    ({"tp": 2, "ep": 2, "pp": 64}, "--pp 64 exceeds the 32 layers of mixtral-8x7b"),
 ])
 def test_bad_layouts_are_refused_before_pricing(kw, words):
     tp = kw.pop("tp")

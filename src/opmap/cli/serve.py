@@ -32,7 +32,7 @@ _EP = typer.Option(1, "--ep", help="MoE: the experts over each replica's tp grou
 _DP_ATTENTION = typer.Option(False, "--dp-attention", help="MoE, with --ep N --tp N: N attention ranks of one "
                              "device each (SGLang --enable-dp-attention, TensorRT-LLM enable_attention_dp), each its "
                              "own batch, scheduler and KV pool, requests round-robin over them, E / N experts a "
-                             "device, the ranks' steps in lockstep.")
+                             "device, the ranks' steps in lockstep; with --pp P each rank P pipeline stages.")
 _EP_IMBALANCE = typer.Option(None, "--ep-imbalance", help="With --ep: the busiest EP rank's routed "
                                                          "tokens over the mean, >= 1 (default from "
                                                          "a published measurement).")

@@ -72,7 +72,9 @@ def _print_assumptions(console: Console, a: dict[str, Any]) -> None:
     lay_ = a.get("layout") or {}
     if lay_.get("dp_attention"):
         n = lay_["attention_ranks"]
-        console.print(f"DP attention: {n} attention ranks a replica, one device each, each its own batch, scheduler "
+        pp = lay_.get("pp", 1)
+        each = "one device each" if pp == 1 else f"each a pipeline of {pp} stages, one device a stage"
+        console.print(f"DP attention: {n} attention ranks a replica, {each}, each its own batch, scheduler "
                       f"and KV pool (the memory line's KV, per rank: not split by TP); E / {n} experts a device; "
                       f"requests round-robin over the ranks; the ranks step in lockstep, each step as long as the "
                       f"busiest rank's (its batch priced as if every rank carried it, with the dispatch and combine "

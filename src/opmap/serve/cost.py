@@ -108,7 +108,8 @@ class TableCost:
     stage_decode_time_s: Sequence[Sequence[float]] | None = None
     floor: DecodeFloor | None = None
     # DP attention: the replica's steps are this many attention ranks' in lockstep, each priced by this table at its
-    # own batch (opmap.serve.lockstep); 1: the replica runs one batch
+    # own batch (opmap.serve.lockstep), under pp each rank's step its own microbatches through its stages (``_piped``);
+    # 1: the replica runs one batch
     attention_ranks: int = 1
 
     def __post_init__(self) -> None:
@@ -134,10 +135,8 @@ class TableCost:
                 and all(len(r) == len(self.decode_kv) for r in self.stage_decode_time_s))):
             raise OpmapError("TableCost with pp > 1 needs stage_prefill_time_s and stage_decode_time_s on the "
                              "prefill and decode grids")
-        if not (isinstance(self.attention_ranks, int) and self.attention_ranks >= 1
-                and (self.attention_ranks == 1 or self.pp == 1)):
-            raise OpmapError("TableCost's attention_ranks must be a positive integer, with pp 1 above 1 (DP "
-                             f"attention on one stage), got {self.attention_ranks!r} at pp {self.pp}")
+        if not (isinstance(self.attention_ranks, int) and self.attention_ranks >= 1):
+            raise OpmapError(f"TableCost's attention_ranks must be a positive integer, got {self.attention_ranks!r}")
 
     def _prefill(self, ys: Sequence[float], tokens: float) -> float:
         xs = self.prefill_tokens

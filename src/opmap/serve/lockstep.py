@@ -8,7 +8,8 @@ dispatch and combine all-to-all needs every rank (an idle rank runs an empty bat
 replica starts when the ranks are all free, each rank forms its own step from its own state, and the step lasts as
 long as its busiest rank's (``TableCost`` prices a rank's step at its own batch as if every rank carried the same:
 the expert work and the all-to-all of the busiest rank's tokens, an upper bound where the others carry fewer).
-Every rank's step is then closed at that common end: its inter-token gaps are the group's step time.
+Every rank's step is then closed at that common end: its inter-token gaps are the group's step time. With pp
+pipeline stages a rank is a pipeline of pp devices, its step its own microbatches through them (``TableCost._piped``).
 
 ``Lockstep`` wraps the policy's family (the simulator builds it where the cost has ranks: sim.py), ``Group`` is the
 replica scheduler it hands the simulator; both keep the scheduler protocol (scheduler.py).

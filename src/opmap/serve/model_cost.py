@@ -43,6 +43,10 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   the N ranks' tokens, a dispatch and a combine all-to-all per MoE layer), every rank assumed to carry the same
   batch; each rank holds its own KV pool (one device's free memory over the whole KV bytes per token: no split by
   TP, MLA's latent whole). The simulator runs the ranks in lockstep (opmap.serve.lockstep, ``attention_ranks``).
+  With pp stages (TensorRT-LLM's DEP2 PP2: 2 ranks x 2 stages) each rank is a pipeline of pp devices, its layers
+  split as above, each stage's layers priced under the DP-attention layout (its MoE layers' all-to-alls among the
+  stage's N devices), a rank's microbatches piped as above; a device holds its stage's dense weights whole, E / N
+  of its MoE layers' experts and its layers' KV (weights and KV per device / pp).
 """
 
 from __future__ import annotations
@@ -176,7 +180,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                         pricer.expert_bytes_per_expert, pricer.experts, pricer.top_k, pp, hw.memory_rate_basis,
                         ep if dp_attention else 1)
     where = f"tp {tp}, pp {pp}" if not dp_attention else \
-        f"DP attention: {ep} ranks of one device, each step one rank's at its own batch, ep {ep}"
+        f"DP attention: {ep} ranks of one device{f' a stage, pp {pp}' if pp > 1 else ''}, each step one rank's at " \
+        f"its own batch, ep {ep}"
     dpa = {"dp_attention": True, "attention_ranks": ep} if dp_attention else {}
     return TableCost(seqs, [p.latency_s for p in pre], list(batches), KV_GRID, rows,
                      kv_capacity_tokens=memory.kv_capacity_tokens,
@@ -233,8 +238,8 @@ def _decode_rows(pricer: Pricer, batches, kvs: list[int], scale: float, say) -> 
 
 
 def check_dp_attention(tp: int, pp: int, ep: int, dp_attention: bool) -> None:
-    """DP attention's layout against tp, pp and ep, in one line: ep above 1 and equal to tp (one attention rank a
-    device, the experts over all of them, as TensorRT-LLM's DEP N), one pipeline stage."""
+    """DP attention's layout against tp and ep, in one line: ep above 1 and equal to tp (one attention rank a
+    device of each pipeline stage, the experts over all of them, as TensorRT-LLM's DEP N; any pp, as DEP2 PP2)."""
     if not dp_attention:
         return
     if ep <= 1:
@@ -243,8 +248,6 @@ def check_dp_attention(tp: int, pp: int, ep: int, dp_attention: bool) -> None:
     if ep != tp:
         raise OpmapError(f"--dp-attention runs one attention rank a device and the experts over all of them: --ep "
                          f"must equal --tp (the replica's devices), got --ep {ep} --tp {tp}")
-    if pp != 1:
-        raise OpmapError(f"--dp-attention is simulated on one pipeline stage: drop --pp {pp}")
 
 
 def _kv_line(pts, f, scale: float) -> list[float]:
@@ -401,7 +404,9 @@ class Pricer:
             a, s = self._analyze(make, spec, L, at)
             t = self._terms(a, s)
             self._note(a, t, tuple(range(L)))
-            if pp > 1 or self.tp > 1 or self.dpa:
+            if self.dpa and pp > 1:  # each rank's stages: the capture's blocks are the model's layers
+                lat, stage = self._stages(t["pre"], t["blk"], t["post"], t["act"])
+            elif pp > 1 or self.tp > 1 or self.dpa:
                 sh = shard(a, self._layout(pp))
                 lat, stage = sh.latency_s, sh.microbatch_s
             else:
@@ -412,18 +417,23 @@ class Pricer:
         t = self._terms(a, s)
         where = st.blocks()
         self._note(a, t, where)
-        pre, layer_s, post = self._layer_times(make, spec, at, t)
-        per = math.ceil(L / pp)
+        lat, stage = self._stages(*self._layer_times(make, spec, at, t), t["act"])
+        dense = t["dense"][0] + sum(t["dense"][1 + j] for j in where)
+        expert = t["expert"][0] + sum(t["expert"][1 + j] for j in where)
+        return Point(lat + step, stage + step, dense / pp, expert / pp)
+
+    def _stages(self, pre: float, layer_s: list[float], post: float, act: float) -> tuple[float, float]:
+        """(one microbatch through every stage, the slowest stage with its send): ceil(L / pp) layers a stage, the
+        embedding on the first, the head on the last, pp - 1 activation sends."""
+        pp = self.pp
+        per = math.ceil(len(layer_s) / pp)
         stages = [0.0] * pp
         for i, x in enumerate(layer_s):
             stages[min(pp - 1, i // per)] += x
         stages[0] += pre
         stages[-1] += post
-        send = self._send(t["act"]) if pp > 1 else 0.0
-        lat = pre + post + sum(layer_s) + (pp - 1) * send
-        dense = t["dense"][0] + sum(t["dense"][1 + j] for j in where)
-        expert = t["expert"][0] + sum(t["expert"][1 + j] for j in where)
-        return Point(lat + step, max(stages) + send + step, dense / pp, expert / pp)
+        send = self._send(act) if pp > 1 else 0.0
+        return pre + post + sum(layer_s) + (pp - 1) * send, max(stages) + send
 
     def _layer_times(self, make, spec, at, t: dict) -> tuple[float, list[float], float]:
         """(before the blocks, each of the model's layers, after them) from the ``long`` capture's terms ``t``
@@ -482,13 +492,15 @@ class Pricer:
         return float(sum(per[j] for j in where))
 
     def _send(self, act_bytes: float) -> float:
-        """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send)."""
+        """One stage's activation to the next: b s h / tp bytes point to point (opmap.mapping.sharding's PP send);
+        under DP attention each rank's own b s h to its next stage's device, ep further on."""
         from opmap.mapping.collectives import Collective, collective_time
         from opmap.mapping.layout_collectives import placement
 
         if act_bytes <= 0:
             return 0.0
-        link, stride = placement(self.hw, 2 * self.tp, 2)  # the next stage's rank is tp further on
+        width = self.ep if self.dpa else self.tp  # the devices of one stage
+        link, stride = placement(self.hw, 2 * width, 2)  # the next stage's rank is a stage's width further on
         c = Collective("send_recv", act_bytes / self.tp, 2, link, stride=stride)
         return collective_time(self.hw, c).seconds
 
@@ -525,6 +537,6 @@ class Pricer:
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
         reserve = runtime_reserve(act, self.rt.name != "eager")
-        # DP attention: every rank holds the dense weights whole and E / ep of the experts
-        weights = held - self._expert_held * (1 - 1 / self.ep) if self.dpa else held / (self.tp * self.pp)
+        # DP attention: every rank's stage holds its layers' dense weights whole and E / ep of their experts
+        weights = (held - self._expert_held * (1 - 1 / self.ep)) / self.pp if self.dpa else held / (self.tp * self.pp)
         return ServingMemory(self.hw.memory_bytes, float(utilization), weights, reserve, per_dev, fraction_of)
