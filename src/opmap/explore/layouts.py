@@ -122,7 +122,7 @@ def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, ru
     past the model's positions); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
     --gpu-memory-utilization (``memory_of``: what that fraction is of, an engine preset's); ``ep``: the experts
     over the tp group, at the default expert load imbalance; ``dp_attention``: the attention data-parallel over the
-    ep = tp ranks (serve's --dp-attention)."""
+    ep = tp ranks (serve's --dp-attention), each rank ``pp`` stages."""
     from opmap.serve.model_cost import model_table_cost
 
     return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
@@ -133,17 +133,15 @@ def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, ru
 def _with_ep(todo: list[tuple[int, int]], geo) -> list[tuple[int, int, int, bool]]:
     """(tp, pp, ep, DP attention) of every layout tried: each (tp, pp) with tensor-parallel experts, and for a MoE
     model whose experts tp divides, beside it the experts over the tp group (ep = tp: E / tp whole experts a device,
-    as vLLM's --enable-expert-parallel lays them) and, on one stage, the same experts under DP attention (the tp
-    devices tp attention ranks, each its own batch and KV pool: SGLang --enable-dp-attention, TensorRT-LLM's DEP),
-    priced at the default expert load imbalance."""
+    as vLLM's --enable-expert-parallel lays them) and the same experts under DP attention (the tp devices of a stage
+    tp attention ranks, each its own batch and KV pool: SGLang --enable-dp-attention, TensorRT-LLM's DEP; at pp > 1
+    each rank a pipeline of pp devices, TensorRT-LLM's DEP2 PP2), priced at the default expert load imbalance."""
     experts = getattr(geo, "n_experts", 0) or 0
     out = []
     for tp, pp in todo:
         out.append((tp, pp, 1, False))
         if tp > 1 and experts and experts % tp == 0:
-            out.append((tp, pp, tp, False))
-            if pp == 1:
-                out.append((tp, pp, tp, True))
+            out += [(tp, pp, tp, False), (tp, pp, tp, True)]
     return out
 
 
