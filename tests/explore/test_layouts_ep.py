@@ -1,6 +1,7 @@
 """fit's layout search with expert parallelism (opmap.explore.layouts): a MoE model's layouts are tried with the
 experts tensor-parallel and, beside each, over the replica's tp group (ep = tp, priced by serve's --ep) and under DP
-attention (serve's --dp-attention, with --pp at several stages: DEP2 PP2); a dense model's are not. The label and fit.json name the split."""
+attention (serve's --dp-attention, with --pp at several stages: DEP2 PP2); a dense model's are not. The label and
+fit.json name the split."""
 
 from __future__ import annotations
 
