@@ -182,7 +182,7 @@ def fit_cell(model: str, hardware: str, slo, input_len: str, output_len: str, re
     cell = replace(cell, layouts=tried, layout=best, runner_up=runner,
                    confidence=_confidence(hw, dtype, runtime, best or fitting[0]))
     if found.settings is not None:  # the stack this cell ran: the chosen layout's (else the first priced one's)
-        s = found.settings.get((best.tp, best.pp)) if best is not None else None
+        s = found.settings.get((best.tp, best.pp, best.ep, best.dp_attention)) if best is not None else None
         s = s or next(iter(found.settings.values()), None)
         cell = replace(cell, engine_preset=record(s) if s is not None else None)
     if best is None:

@@ -209,7 +209,7 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
     tried: list[LayoutResult] = []
     bounded: list[tuple[int, Any, Any]] = []  # (index in tried, its RateProbe, its saturation run: a ServeReport)
     rt: dict[str, Any] | None = None
-    settings: dict[tuple[int, int], Any] = {}
+    settings: dict[tuple[int, int, int, bool], Any] = {}
     means = (float(drawn.input_len.mean()), float(drawn.output_len.mean()))
     for tp, pp, ep, dpa in todo:
         lay = LayoutResult.of(tp, pp, budget, ep, dpa)
@@ -241,7 +241,8 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
     """``lay`` skipped (weights outgrow the devices, or its pricing refused) or priced and bounded by its offline
     saturation run: (the layout, its RateProbe, the saturation summary, the runtime priced under); the last
     three None where it was not priced or not bounded. ``engine``: (an Applied preset, the run's mean lengths,
-    the search's settings by (tp, pp), filled here) sizes the memory and the policy as that engine would."""
+    the search's settings by (tp, pp, ep, dp_attention), filled here) sizes the memory and the policy as that
+    engine would."""
     from opmap.serve.arrivals import Arrival
     from opmap.serve.capacity import RateProbe
 
@@ -275,7 +276,7 @@ def _preset_policy(engine: tuple, model: str, dtype: str, hw, lay: LayoutResult,
 
     applied, (isl, osl), settings = engine
     s = applied.setting(sizing_inputs(model, dtype, hw, lay.tp, lay.pp, cost, isl, osl, False), memory)
-    settings[(lay.tp, lay.pp)] = s
+    settings[(lay.tp, lay.pp, lay.ep, lay.dp_attention)] = s  # ep / DP-attention twins size apart
     return s.policy()
 
 

@@ -84,7 +84,7 @@ class LayoutSearch:
     chosen: LayoutResult | None
     runner_up: LayoutResult | None
     runtime: dict[str, Any] | None  # the runtime the layouts were priced under (its record), None if none was
-    settings: dict[tuple[int, int], Any] | None = None  # (tp, pp) -> its EngineSetting under an engine preset
+    settings: dict[tuple[int, int, int, bool], Any] | None = None  # (tp, pp, ep, dp_attention) -> its EngineSetting
 
 
 @dataclass(frozen=True)
