@@ -260,3 +260,23 @@ def test_dp_group_across_nodes_runs_one_ring_per_nic():
         size = dp[0].collective.message_bytes
         floor = 2 * 15 / 16 * size / rate
         assert floor <= dp[0].predicted_s <= 1.25 * floor
+
+
+def test_roles_are_inferred_once_a_graph():
+    """A graph's precision rules and its sharder share one inference (by identity: kept for the last few graphs),
+    equal to a fresh one; another graph, even of the same model, is inferred anew."""
+    import torch
+
+    from opmap.mapping.roles import _infer_roles
+
+    w = build_zoo("llama-3-8b", 1, 8, "bf16")
+    w.module.layers = torch.nn.ModuleList(list(w.module.layers)[:2])
+    g = capture(w.module, w.inputs)
+    r = infer_roles(g)
+    assert infer_roles(g) is r
+    fresh = _infer_roles(g)
+    assert fresh is not r and fresh == r
+    # per layer two row-parallel GEMMs (attention's output and the MLP's down projection: Megatron-LM)
+    assert r.geometry.layers == 2 and [r.role[n.id] for n in g.nodes if is_weight_gemm(n)].count("row") == 4
+    g2 = capture(w.module, w.inputs)
+    assert infer_roles(g2) is not r and infer_roles(g2) == r

@@ -95,3 +95,18 @@ def test_each_layer_maps_to_a_block_of_its_kind(kinds, pq):
     assert st.prefix + st.repeats * st.period + st.tail == len(kinds)
     for i, k in enumerate(kinds):
         assert st.block(i) < st.long and kinds[st.block(i)] == k, i
+
+
+def test_describe_names_what_differs():
+    """What differs among the layers' signatures, by part: shapes, the config's per-layer entries and the modules'
+    settings that differ (keys of one value throughout left out), attention; one signature throughout: nothing."""
+    from opmap.serve.layer_period import describe
+
+    dense = ((("mlp.w", (8, 4)),), (("attn.window", None), ("attn.scale", 0.5)), (("layer_types", "full"),), "a")
+    moe = ((("mlp.experts", (4, 8, 4)),), (("attn.window", None), ("attn.scale", 0.5)), (("layer_types", "full"),),
+           "a")
+    slide = ((("mlp.w", (8, 4)),), (("attn.window", 128), ("attn.scale", 0.5)), (("layer_types", "sliding"),), "w")
+    assert describe([dense] * 5) == ""
+    assert describe([dense] * 3 + [moe] * 58) == "layers of different shapes (a MoE with dense layers, or mixed blocks)"
+    assert describe([slide, dense] * 12) == ("per-layer config entries layer_types; per-layer settings attn.window; "
+                                             "attention that differs by layer")

@@ -317,9 +317,26 @@ def _held_experts(graph: OpGraph, experts, b0: str | None, w: _Walk) -> int:
     return n_experts
 
 
+# the graphs last inferred and their roles, by identity: one graph's analysis and sharding each ask (a pure function
+# of an immutable graph)
+_INFERRED: list[tuple[OpGraph, Roles]] = []
+_INFERRED_KEPT = 4
+
+
 def infer_roles(graph: OpGraph) -> Roles:
     """Roles of every node from graph edges and module structure (module docstring); the heads from the first
-    attention call in the tensor-parallel region, as the layer is (opmap.geometry.layer_specs)."""
+    attention call in the tensor-parallel region, as the layer is (opmap.geometry.layer_specs). Kept for the last
+    few graphs (by identity), so a graph's precision rules and its sharder infer them once."""
+    for g, r in _INFERRED:
+        if g is graph:
+            return r
+    r = _infer_roles(graph)
+    _INFERRED.append((graph, r))
+    del _INFERRED[:-_INFERRED_KEPT]
+    return r
+
+
+def _infer_roles(graph: OpGraph) -> Roles:
     nodes = graph.nodes
     block = {n.id: block_of(n.module) for n in nodes}
     order = _block_order(nodes, block)

@@ -110,17 +110,18 @@ def layer_signatures(config: Any, blocks: list, geometry: Any = None) -> list[tu
 
 def describe(signatures: list) -> str:
     """Empty when every layer has one signature; else what differs between them, in words."""
-    if len(set(signatures)) <= 1:
+    distinct = set(signatures)  # what differs among the layers differs among their distinct signatures
+    if len(distinct) <= 1:
         return ""
     parts = []
-    if len({s[0] for s in signatures}) > 1:
+    if len({s[0] for s in distinct}) > 1:
         parts.append("layers of different shapes (a MoE with dense layers, or mixed blocks)")
     for idx, what in ((2, "per-layer config entries"), (1, "per-layer settings")):
-        keys = sorted({k for s in signatures for k, _ in s[idx]
-                       if len({dict(t[idx]).get(k) for t in signatures}) > 1})
+        entries = [dict(e) for e in {s[idx] for s in distinct}]
+        keys = sorted(k for k in {k for e in entries for k in e} if len({e.get(k) for e in entries}) > 1)
         if keys:
             parts.append(f"{what} {', '.join(keys)}")
-    if len({s[3] for s in signatures}) > 1:
+    if len({s[3] for s in distinct}) > 1:
         parts.append("attention that differs by layer")
     return "; ".join(parts)
 

@@ -45,6 +45,7 @@ class Resolved:
     _built: tuple | None = field(default=None, repr=False)  # (workload, parent, attribute, blocks)
     _per_layer: dict | None = field(default=None, repr=False)  # the config's per-layer lists, whole (set_layers)
     _geometry: tuple | None = field(default=None, repr=False)  # (the workload's geometry, whole,) (set_layers)
+    _layouts: dict = field(default_factory=dict, repr=False)  # the module's decode-cache layouts, probed once
 
     @classmethod
     def build(cls, target: str, dtype: str) -> Resolved:
@@ -130,7 +131,7 @@ class Resolved:
 
         w = replace(self.workload, batch=batch)
         if self.hf:
-            return hf_decode_workload(w, kv, kv_write=kv_write, queries=queries)
+            return hf_decode_workload(w, kv, kv_write=kv_write, queries=queries, layouts=self._layouts)
         return decode_workload(w, kv, queries=queries)
 
     def capture_key(self, layers: int, phase: str, batch: int, length: int) -> str | None:

@@ -42,8 +42,30 @@ def new_cache(tf, cfg):
         return tf.DynamicCache()
 
 
-def cache_layout(tf, module: torch.nn.Module, batch: int, key: str, name: str) -> tuple[LayerCache, ...]:
-    """Per layer, the shapes its attention passes to ``cache.update`` for one new token (module docstring)."""
+# the batch a memoised probe runs at: above 1, so that a layout whose every entry leads with it is known batch-first
+PROBE_BATCH = 2
+
+
+def cache_layout(tf, module: torch.nn.Module, batch: int, key: str, name: str,
+                 memo: dict | None = None) -> tuple[LayerCache, ...]:
+    """Per layer, the shapes its attention passes to ``cache.update`` for one new token (module docstring).
+    ``memo``: the layouts already probed on this module, by (layer count, cache argument): each entry is per
+    sequence, its first dimension the batch, so one probe at PROBE_BATCH serves every batch (its batch swapped in),
+    kept only where every entry of it leads with PROBE_BATCH (else each batch is probed)."""
+    if memo is None:
+        return _probe(tf, module, batch, key, name)
+    at = (module.config.num_hidden_layers, key)
+    if at not in memo:
+        probed = _probe(tf, module, PROBE_BATCH, key, name)
+        lead = all(lc.key[0] == lc.value[0] == PROBE_BATCH for lc in probed)
+        memo[at] = probed if lead else None
+    if memo[at] is None:
+        return _probe(tf, module, batch, key, name)
+    return tuple(LayerCache((batch, *lc.key[1:]), (batch, *lc.value[1:])) for lc in memo[at])
+
+
+def _probe(tf, module: torch.nn.Module, batch: int, key: str, name: str) -> tuple[LayerCache, ...]:
+    """One step of one token on meta against an empty cache, every layer's ``cache.update`` shapes recorded."""
     cfg = module.config
     cache = new_cache(tf, cfg)
     seen: dict[int, LayerCache] = {}

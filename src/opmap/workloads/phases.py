@@ -167,7 +167,7 @@ def kv_layout(module: torch.nn.Module) -> tuple[int, int, int]:
 
 
 def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_long_context: bool = False,
-                       kv_write: str = "in-place", queries: int = 1) -> Workload:
+                       kv_write: str = "in-place", queries: int = 1, layouts: dict | None = None) -> Workload:
     """The decode step of a Hugging Face model: one new token per sequence against a ``DynamicCache`` that
     already holds ``kv_len - 1`` tokens per layer (meta tensors; a sliding-window layer keeps only its window, as
     transformers' cache does) in the layout the model's attention writes (opmap.workloads.hf_cache: K and V per KV
@@ -177,7 +177,9 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
     all of it, as an engine writes its paged blocks (the zoo decoders' ``write_cache``); "append", transformers'
     own ``torch.cat``, so each step copies every layer's K and V once, as eager transformers runs it.
     ``queries`` > 1: a speculative decoding verify step, ``queries`` new tokens per sequence (the last accepted
-    and the K drafted) against the cache (``kv_len`` the tokens held after the step), causal among themselves."""
+    and the K drafted) against the cache (``kv_len`` the tokens held after the step), causal among themselves.
+    ``layouts``: a memo of the module's cache layouts (opmap.workloads.hf_cache.cache_layout), kept by a caller
+    that steps one module at many batches."""
     from opmap.workloads.hf import PREFILL_NOTE, _transformers, check_positions
     from opmap.workloads.hf_cache import cache_layout, filled_cache, write_in_place
     from opmap.workloads.hf_mla import absorb_mla
@@ -189,7 +191,7 @@ def hf_decode_workload(w: Workload, kv_len: int, device: str = "meta", allow_lon
     cfg.use_cache = True
     mla = absorb_mla(w.module)
     key = "cache" if "cache" in inspect.signature(w.module.forward).parameters else "past_key_values"
-    layout = cache_layout(tf, w.module, w.batch, key, w.name)
+    layout = cache_layout(tf, w.module, w.batch, key, w.name, layouts)
     layers = len(layout)
     dt = next((p.dtype for p in w.module.parameters() if p.is_floating_point()), torch.float32)
     past = kv_len - queries
