@@ -41,12 +41,12 @@ def _started_at(seconds: float) -> float:
 
 def test_the_costliest_task_is_handed_out_first():
     """Two workers, two short tasks listed before a long one: in input order the long task waits for a short one
-    to finish (0.6 s); handed out by cost it starts with the first (longest processing time first, so the wall is
-    1.2 s, not 1.8). The results stay in input order."""
+    to finish (0.6 s) and starts last; handed out by cost it starts before one of the short ones (longest
+    processing time first, so the wall is 1.2 s, not 1.8). The results stay in input order. Start order, not a
+    time bound: a loaded host may start the second worker late, which moves every start alike."""
     with LocalEngine(workers=2) as eng:
         out = eng.map(_started_at, [0.6, 0.6, 1.2], cost=lambda s: s)
-    assert out[2] - min(out) < 0.4
-    assert out[2] <= max(out[:2])
+    assert out[2] < max(out[:2])
 
 
 def test_fit_hands_out_the_largest_model_on_the_slowest_device_first():
