@@ -4,11 +4,12 @@ measured for TTFT p50 and output tokens/s, in two rounds that agree (uncalibrate
 
 Each run is one whole CLI run, as a user runs it: ``opmap bench --launch`` on a 2-layer Llama config (random
 weights, hidden 128, fp32; a real ``transformers serve``), 48 measured requests of 32 prompt and 32 output tokens
-(4 warm-up), closed loop, written with --out. A round runs the five concurrencies interleaved, fits a profile on
-1, 4 and 16 (``opmap calibrate --from-bench``), and predicts the runs at 2 and 8 from their own records with the
-profile (opmap.bench.predict.predict_run, ``stack=``: the same join ``opmap bench --predict --stack`` prints),
-beside the model alone. The device is the calibrated CPU (``--hardware local``; a quick calibration is written
-first where none exists).
+(4 warm-up), closed loop, written with --out. A round runs the five concurrencies twice, in the order 1 2 4 8 16
+16 8 4 2 1 (drift cancels), fits a profile on the six runs at 1, 4 and 16 (``opmap calibrate --from-bench``), and
+predicts the four runs at 2 and 8 from their own records with the profile (a concurrency's figure: the geometric
+mean of its two runs' predicted / measured; opmap.bench.predict.predict_run, ``stack=``: the same join ``opmap bench
+--predict --stack`` prints), beside the model alone. The device is the calibrated CPU (``--hardware local``; a quick
+calibration is written first where none exists).
 
 Run:  PYTHONPATH=src python benchmarks/bench_stack_calibration.py [--rounds 2]
 Writes benchmarks/results/bench_stack_calibration.json."""
@@ -58,21 +59,52 @@ def _held_out(run_dir: Path, profile: Path, config: Path, hw: str) -> dict:
     return out
 
 
+# Each concurrency is run twice in a round, in the order 1 2 4 8 16 16 8 4 2 1 (ABBA): a host that drifts (another
+# tenant, clock or cache state) over the round's ~5 minutes moves both halves of a pair oppositely, so the fitted and
+# the held-out runs share the same mean conditions. With the fit first and the held-out last (the first design) the
+# held-out runs took all the drift: the same code read c = 8 output tok/s 0.79-2.00 over three rounds of one session.
+ORDER = (1, 2, 4, 8, 16, 16, 8, 4, 2, 1)
+
+
+def _order() -> list[tuple[int, str]]:
+    seen: dict[int, int] = {}
+    out = []
+    for c in ORDER:
+        seen[c] = seen.get(c, 0) + 1
+        out.append((c, f"c{c}{'ab'[seen[c] - 1]}"))
+    return out
+
+
+def _geomean(xs: list[float | None]) -> float | None:
+    import math
+
+    if not xs or any(x is None or x <= 0 for x in xs):
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
 def _round(config: Path, hw: str, d: Path) -> dict:
-    errors = {c: _run(config, c, d / f"c{c}") for c in (*FIT, *HELD)}
+    runs = _order()
+    errors = {name: _run(config, c, d / name) for c, name in runs}
     if any(errors.values()):
         return {"error": {c: e for c, e in errors.items() if e}}
     prof = d / "stack.json"
     args = ["calibrate", "--hardware", hw, "--dtype", "fp32", "--out", str(prof)]
-    for c in FIT:
-        args += ["--from-bench", str(d / f"c{c}")]
+    for c, name in runs:
+        if c in FIT:
+            args += ["--from-bench", str(d / name)]
     r = _opmap(args)
     if r.returncode != 0:
         return {"error": {"calibrate": (r.stderr.strip().splitlines() or ["?"])[-1]}}
     profile = json.loads(prof.read_text())
-    held = {c: _held_out(d / f"c{c}", prof, config, hw) for c in HELD}
+    per_run = {name: _held_out(d / name, prof, config, hw) for c, name in runs if c in HELD}
+    held = {}
+    for c in HELD:
+        names = [name for cc, name in runs if cc == c]
+        held[c] = {v: {fig: _geomean([per_run[n][v][fig] for n in names]) for fig in per_run[names[0]][v]}
+                   for v in per_run[names[0]]}
     return {"profile": {k: v["value"] for k, v in profile["parameters"].items()},
-            "fit_residuals": profile["residuals"], "held_out": held}
+            "fit_residuals": profile["residuals"], "held_out": held, "held_out_per_run": per_run}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{a.rounds} rounds")
     write_json("bench_stack_calibration", {"schema_version": 1, "when": now_iso(), "machine": machine(),
                                            "config": {"fit": FIT, "held_out": HELD, "target": TARGET,
-                                                      "rounds": a.rounds}, "rounds": rounds, "verdict": verdict})
+                                                      "rounds": a.rounds, "order": ORDER},
+                                           "rounds": rounds, "verdict": verdict})
     return 0 if ok else 1
 
 

@@ -108,7 +108,7 @@ def _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, r
            out, engine_preset=None) -> dict:
     """Every option checked before any cell runs (the engine settings by serve's own checks): the models, the
     platforms, the SLO, the prices and the engine policy."""
-    from opmap.cli.serve import _policy
+    from opmap.cli.serve_args import policy as serve_policy
     from opmap.explore.engine import check_engine
     from opmap.explore.sweep import parse_ints
     from opmap.report.sheet import check_out_dir
@@ -135,7 +135,7 @@ def _parse(models, hardware, slo_ttft, slo_tpot, slo_p99, power_budget, price, r
     slo = Slo(None, None, slo_p99 / 1e3) if slo_p99 is not None else Slo(
         (slo_ttft if slo_ttft is not None else 2000.0) / 1e3, (slo_tpot if slo_tpot is not None else 200.0) / 1e3)
     prices = _prices(price)
-    policy = _policy(None, False, max_num_seqs, max_num_batched_tokens, None)  # serve's engine, serve's checks
+    policy = serve_policy(None, False, max_num_seqs, max_num_batched_tokens, None)  # serve's engine, serve's checks
     if out is not None:
         check_out_dir(out)
     return {"models": ms, "hardware": hws, "slo": slo, "prices": prices, "policy": policy,
