@@ -233,7 +233,8 @@ def mlperf_output_spec(mean: float) -> str:
     return f"lognormal:{mean / math.exp(MLPERF_OSL_SIGMA ** 2 / 2):.1f},{MLPERF_OSL_SIGMA},{MLPERF_OSL_MAX}"
 
 
-def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float) -> tuple[dict[str, str], str]:
+def _trt_engine(ref: dict, weight_bytes: float | None, kv_bytes: float,
+                fraction: float) -> tuple[dict[str, str], str]:
     """The flags of a trtllm-bench throughput row: the trtllm-bench preset at the row's KV fraction (of the memory
     free after the weights, as the engine reads it), chunked. A row whose engine was built for another data set
     (``sizing_input_len`` / ``sizing_output_len``: ``trtllm-bench build --dataset``) gets the batch and token
@@ -246,8 +247,12 @@ def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float
            "(perf-overview's table for this ISL/OSL)")
     if ref["sizing_input_len"]:
         s_isl, s_osl = ref["sizing_input_len"], ref["sizing_output_len"] or round(ref["output_len"])
-        bs, tok = trtllm_bench_setting(ref["model"], ref["hardware"], ref["tp"], ref["pp"], s_isl, s_osl,
-                                       weight_bytes, kv_bytes, TRT_FREE_FRACTION)
+        if weight_bytes is None:  # a quant_algo the heuristic does not size: BuildConfig's defaults (build.py)
+            u = _untuned()
+            bs, tok = u.max_batch_size, u.max_num_tokens
+        else:
+            bs, tok = trtllm_bench_setting(ref["model"], ref["hardware"], ref["tp"], ref["pp"], s_isl, s_osl,
+                                           weight_bytes, kv_bytes, TRT_FREE_FRACTION)
         flags.update({"--max-num-seqs": str(bs), "--max-num-batched-tokens": str(tok)})
         cfg += (f"; engine built for {s_isl}/{s_osl} at {TRT_FREE_FRACTION}: max_batch_size {bs}, max_num_tokens "
                 f"{tok} (opmap.engines.trtllm_bench_setting with the model's published geometry)")
@@ -255,8 +260,10 @@ def _trt_engine(ref: dict, weight_bytes: float, kv_bytes: float, fraction: float
 
 
 # Bytes a weight or a KV element takes in the engine's sizing: the trtllm-bench preset's table (tuning.py's
-# BYTES_PER_ELEM: NO_QUANT 2.0, FP8 1.0, NVFP4 0.5; mxfp4 opmap's), src/opmap/engines/trtllm-bench.toml. A row's KV
-# cache is 16-bit unless its kv_dtype column says otherwise.
+# BYTES_PER_ELEM: NO_QUANT 2.0, FP8 1.0, FP8_BLOCK_SCALES 1.0, NVFP4 0.5), src/opmap/engines/trtllm-bench.toml. A
+# row's KV cache is 16-bit unless its kv_dtype column says otherwise. A weight format whose quant_algo the heuristic
+# does not size (gpt-oss's MXFP4: build.py's TUNED_QUANTS) has no bytes here: the engine takes BuildConfig's
+# defaults (the preset's [untuned] table).
 def _bytes_table() -> dict[str, float]:
     from opmap.engines import parse_preset
     from opmap.engines.tables import BytesPerElement
@@ -275,10 +282,20 @@ def _sizing_bytes(ref: dict, key: str, default: str) -> float:
     return SIZING_BYTES[fmt]
 
 
+def _untuned():
+    from opmap.engines import parse_preset
+    from opmap.engines.tables import BenchUntuned
+
+    return parse_preset(TRT_PRESET).rule(BenchUntuned)
+
+
 def _recipe_trtllm_bench(ref: dict) -> tuple[dict[str, str], str]:
-    """trtllm-bench throughput: the engine's batch and token budget from its heuristic, GUARANTEED_NO_EVICT, KV as
-    the row's fraction of the memory free after the weights (``TRT_FREE_FRACTION`` when the row names none)."""
-    wb, kv = _sizing_bytes(ref, "dtype", "bf16"), _sizing_bytes(ref, "kv_dtype", "bf16")
+    """trtllm-bench throughput: the engine's batch and token budget from its heuristic (BuildConfig's defaults for
+    a quant_algo it does not size), GUARANTEED_NO_EVICT, KV as the row's fraction of the memory free after the
+    weights (``TRT_FREE_FRACTION`` when the row names none)."""
+    untuned = _untuned().applies(ref["dtype"] or "bf16")
+    wb = None if untuned else _sizing_bytes(ref, "dtype", "bf16")
+    kv = _sizing_bytes(ref, "kv_dtype", "bf16")
     return _trt_engine(ref, wb, kv, ref["kv_free_fraction"] or TRT_FREE_FRACTION)
 
 

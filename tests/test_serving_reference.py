@@ -281,3 +281,22 @@ def test_rocm_blog_mi355x_rows_by_hand():
     cmd = s.command(Path("OUT"))
     assert (s.input_len, s.output_len, s.requests, s.published_per_device) == (1024, 128, 500, 5764)
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "8192" and cmd[cmd.index("--arrival") + 1] == "offline"
+
+
+def test_gpt_oss_rows_run_mxfp4_and_the_build_defaults():
+    """gpt-oss's checkpoint is MXFP4 experts on every device (openai/gpt-oss-*: quant_method mxfp4; the page's own
+    llm_options run it with the TRITON MoE backend and KV 'auto' on Hopper, and list it in neither its FP4 nor its FP8
+    ModelOpt models): Hopper rows --dtype mxfp4 (W4A16_MXFP4, tensorrt_llm/_torch/model_config.py
+    get_mxfp4_quant_algo), Blackwell rows w4a8-mxfp4 (W4A8_MXFP4_MXFP8). Neither quant_algo is in build.py's
+    TUNED_QUANTS, so trtllm-bench sizes them with BuildConfig's 2048 / 8192, the preset's own (no --max-num-seqs);
+    a row whose engine was built for another data set takes the same defaults."""
+    rows = [r for r in sr.REFS if r.id.startswith("trtdg-gpt-oss")]
+    assert len(rows) == 44
+    for r in rows:
+        cmd = r.command(Path("OUT"))
+        want = "mxfp4" if r.hardware in ("h100-sxm", "h200") else "w4a8-mxfp4"
+        assert cmd[cmd.index("--dtype") + 1] == want and "--max-num-seqs" not in cmd, r.id
+        assert ("--kv-dtype" in cmd) == (want == "w4a8-mxfp4"), r.id  # KV fp8 on Blackwell, auto (bf16) on Hopper
+    ref = {"sizing_input_len": 2048, "sizing_output_len": 2048, "output_len": 2048.0, "requests": 1000}
+    flags, _ = sr._trt_engine(ref, None, 2.0, 0.95)  # None: no bytes per weight, the heuristic does not run
+    assert (flags["--max-num-seqs"], flags["--max-num-batched-tokens"]) == ("2048", "8192")

@@ -114,6 +114,22 @@ def test_trtllm_bench_preset_sizes_from_the_run():
                            "chunked_prefill True (--chunked-prefill; the preset's False)")
 
 
+@pytest.mark.parametrize("dtype,want", [
+    # an MXFP4 checkpoint (gpt-oss: W4A8_MXFP4_MXFP8 on Blackwell, W4A16_MXFP4 on Hopper) is not in build.py's
+    # TUNED_QUANTS: BuildConfig's max_batch_size 2048, max_num_tokens 8192 whatever the KV cache holds
+    ("w4a8-mxfp4", (2048, 8192)), ("mxfp4", (2048, 8192)), ("int4", (2048, 8192)),
+    # the same run in fp8 is sized by the heuristic: 70.6e9 x 1 B, 128/2048 at TP2 on H200s: 640 and 2048 (above)
+    ("fp8", (640, 2048)),
+])
+def test_trtllm_bench_untuned_formats_take_the_build_defaults(dtype, want):
+    p = parse_preset("trtllm-bench")
+    x = inputs(isl=128, osl=2048, params=70.6e9, kv_per_token=2 * 80 * 8 * 128 * 1.0, gib=141, tp=2, device="h200",
+               dtype=dtype)
+    s = engine_setting(p, x, memory_rule(p, "h200", 141 * GiB, 2, 1, fraction=0.95))
+    assert (s.max_num_seqs, s.max_num_batched_tokens) == want
+    assert ("TUNED" in s.why[0] or "tuned" in s.why[0]) == (dtype != "fp8")
+
+
 def test_memory_fraction_semantics_by_hand():
     """One H100 (80 GiB), weights 16 GiB, runtime reserve 2 GiB, 128 KiB of KV a token:
     vLLM 0.9 of the whole device: 72 - 16 - 2 = 54 GiB = 54 x 8192 = 442368 tokens = 27648 blocks of 16;

@@ -9,6 +9,7 @@ from opmap.engines import ENGINES, for_vendor, parse_preset, parse_presets
 from opmap.engines.tables import (
     BatchDefaults,
     BenchHeuristic,
+    BenchUntuned,
     BytesPerElement,
     MaxRunning,
     MemFraction,
@@ -81,6 +82,13 @@ def test_trtllm_bench_defaults_equal_its_source():
     b = p.rule(BytesPerElement)  # tuning.py BYTES_PER_ELEM: NO_QUANT 2.0, FP8 1.0, NVFP4 .5
     assert (b.of("bf16"), b.of("fp8"), b.of("nvfp4")) == (2.0, 1.0, 0.5)
     assert b.of("int4") == 2.0  # BYTES_PER_ELEM.get(quant_algo, 2)
+    assert b.of("fp8-block") == 1.0  # FP8_BLOCK_SCALES: 1.0
+    # build.py @ 000a01de: TUNED_QUANTS {NVFP4, FP8, FP8_BLOCK_SCALES, NO_QUANT, None}, any other quant_algo takes
+    # BuildConfig's max_batch_size 2048 and max_num_tokens 8192 (builder.py)
+    u = p.rule(BenchUntuned)
+    assert (u.max_batch_size, u.max_num_tokens) == (2048, 8192)
+    assert not any(u.applies(f) for f in ("bf16", "fp16", "fp32", "fp8", "fp8-block", "nvfp4", ""))
+    assert all(u.applies(f) for f in ("mxfp4", "w4a8-mxfp4", "int4", "int8", "mxfp8"))
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -4,9 +4,13 @@ each engine's defaults; the values checked against the engines' formulas; bad pr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hf_family_configs import GPT_OSS_120B, shallow  # noqa: E402
 
 TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json")
 SERVE = ("--requests", 40, "--input-len", 64, "--output-len", 8, "--arrival", "poisson:20", "--no-store")
@@ -68,6 +72,22 @@ def test_trtllm_bench_preset_on_a_zoo_model_sizes_from_the_data_set(cli, tmp_pat
     assert "memory fraction 0.95 of free (--gpu-memory-utilization)" in ep["overrides"]
     assert d["policy"]["spec"] == "engine:2048,8192,32,nochunk,noevict"
     assert "overridden: max_num_seqs 2048" in out
+
+
+def test_trtllm_bench_on_gpt_oss_takes_the_build_defaults(cli, tmp_path):
+    """gpt-oss's published config (MXFP4 experts, quant_method mxfp4; two layers kept) under trtllm-bench on a B200:
+    its quant_algo (W4A8_MXFP4_MXFP8) is not among build.py's TUNED_QUANTS, so max_batch_size and max_num_tokens are
+    BuildConfig's 2048 and 8192 (builder.py), not the heuristic's: two layers' KV (2 x 2 x 8 x 64 x 1 B = 2 KiB a
+    token) would fit far over 4096 requests of 2048 tokens, capped at 4096 (tuning.py), a budget of 8192."""
+    cfg = tmp_path / "gpt-oss.json"
+    cfg.write_text(json.dumps(shallow(GPT_OSS_120B, 2)))
+    d, out = _serve(cli, tmp_path, str(cfg), "--hardware", "b200", "--dtype", "w4a8-mxfp4", "--kv-dtype", "fp8",
+                    "--requests", 16, "--input-len", 1024, "--output-len", 1024, "--arrival", "offline",
+                    "--no-store", "--engine-preset", "trtllm-bench", "--gpu-memory-utilization", "0.95")
+    ep = d["assumptions"]["engine_preset"]
+    assert (ep["max_num_seqs"], ep["max_num_batched_tokens"]) == (2048, 8192)
+    assert "not among the heuristic's tuned" in ep["why"][0] and "000a01de" in ep["why"][0]
+    assert d["policy"]["spec"] == "engine:2048,8192,32,nochunk,noevict"
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -18,6 +18,7 @@ from opmap.engines.presets import EnginePreset
 from opmap.engines.tables import (
     BatchDefaults,
     BenchHeuristic,
+    BenchUntuned,
     BytesPerElement,
     MaxRunning,
     MemFraction,
@@ -223,6 +224,12 @@ def trtllm_graph_sizes(p: EnginePreset) -> list[int]:
 
 
 def _trtllm_bench(p: EnginePreset, x: SizingInputs, memory: MemoryRule):
+    u = p.rule(BenchUntuned)
+    if u.applies(x.dtype):  # build.py: the heuristic only for TUNED_QUANTS, else BuildConfig's defaults
+        why = (f"max_batch_size {u.max_batch_size}, max_num_tokens {u.max_num_tokens}: a {x.dtype} checkpoint's "
+               f"quant_algo is not among the heuristic's tuned ones ({', '.join(f for f in u.tuned if f)}), so "
+               f"trtllm-bench takes BuildConfig's defaults ({u.source})",)
+        return u.max_batch_size, u.max_num_tokens, [], why
     b = p.rule(BytesPerElement)
     wb = b.of(x.dtype)  # tuning.py: BYTES_PER_ELEM.get(quant_algo, 2)
     kv_total = x.kv_bytes_per_token * x.tp * x.pp  # = 2 x layers x max(tp, KV heads) x head dim x KV bytes

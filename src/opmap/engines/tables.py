@@ -159,12 +159,29 @@ class BytesPerElement:
         return cls(by, table["source"])
 
 
+@dataclass(frozen=True)
+class BenchUntuned:
+    """trtllm-bench's sizing for a checkpoint whose quantization is not among the heuristic's (build.py
+    ``get_benchmark_engine_settings``: calc_engine_setting only for ``TUNED_QUANTS``, else BuildConfig's default
+    max_batch_size and max_num_tokens): the opmap formats that map to a tuned quant_algo, and the defaults."""
+
+    TABLE: ClassVar[str] = "untuned"
+    tuned: tuple[str, ...]  # opmap formats whose TensorRT-LLM quant_algo is in TUNED_QUANTS
+    max_batch_size: int
+    max_num_tokens: int
+    source: str
+
+    def applies(self, fmt: str) -> bool:
+        """True where ``fmt`` (an opmap format) is not sized by the heuristic (its quant_algo is not tuned)."""
+        return fmt not in self.tuned
+
+
 # the rule tables each engine's versions carry (every other table of a version is a Sourced default)
 RULES: dict[str, tuple[type, ...]] = {
     "vllm": (BatchDefaults, VllmGraphs),
     "sglang": (MemoryBuckets, MemFraction, MaxRunning, SglangGraphs),
     "trtllm": (TrtllmGraphs,),
-    "trtllm-bench": (BenchHeuristic, BytesPerElement),
+    "trtllm-bench": (BenchHeuristic, BytesPerElement, BenchUntuned),
 }
 
 
