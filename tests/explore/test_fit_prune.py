@@ -3,6 +3,7 @@ same runner-up whether layouts are pruned or every one that fits is searched."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -16,6 +17,12 @@ from opmap.serve.metrics import Slo
 from opmap.serve.model_cost import model_table_cost
 from opmap.serve.sim import simulate
 
+# requests a run: pruning is exact at any count; 100 (not serve's 1000) keeps the exhaustive searches short (under
+# the second SLO no layout meets it at any rate: the exhaustive search probes each down to 2^-31 of its saturation
+# rate, each run's requests served one by one). The cells choose as at 300 (4 x tp1, the runner-up 2 x tp2,
+# under the first SLO; none under the second), the pruned search skipping 3 of the 5 layouts under the first SLO
+# (at 300: 2 for gpt2, 3 for the Hugging Face config) and the same ones answered 'no rate' alone under the second
+REQUESTS = 100
 KEYS = ("tp", "pp", "replicas", "rate_per_s", "output_tokens_per_s", "per_device_tokens_per_s", "latency_p99_s")
 
 
@@ -40,12 +47,15 @@ def test_pruning_changes_neither_the_chosen_layout_nor_the_runner_up(model, tmp_
     request takes alone on one device, the layouts that slow alone are answered 'no rate' without a search. Either way
     the cell is the one an exhaustive search gives."""
     model = _tiny_config(tmp_path) if model == "hf" else model
+    # each layout priced once for the four searches: pricing is the same whether layouts are pruned or not (what
+    # differs is which capacity searches run), and the cost tables are only read by the simulator
+    monkeypatch.setattr(layouts, "price_layout", functools.cache(layouts.price_layout))
     slos = [Slo(None, None, 0.3), Slo(None, None, 0.99 * _alone_e2e(model))]
     for i, slo in enumerate(slos):
         cells = {}
         for prune in (True, False):
             monkeypatch.setattr(layouts, "PRUNE", prune)
-            cells[prune] = fit_cell(model, "h100-sxm", slo, "512", "128", 300, devices_budget=4)
+            cells[prune] = fit_cell(model, "h100-sxm", slo, "512", "128", REQUESTS, devices_budget=4)
         pruned, full = record(cells[True]), record(cells[False])  # as fit.json holds them
         for k in ("layout", "runner_up"):
             assert (pruned[k] is None) == (full[k] is None)

@@ -10,6 +10,7 @@ half the KV a token that pp 1 holds."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -34,16 +35,33 @@ SMALL = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 4096}
 
 
-def _qwen(tmp_path, layers: int) -> str:
-    p = tmp_path / f"qwen{layers}" / "config.json"
-    p.parent.mkdir()
-    p.write_text(json.dumps({**shallow(QWEN3_30B_A3B, layers), **SMALL}))
-    return str(p)
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """``qwen(layers)``: the narrowed Qwen3 config.json cut to ``layers``, written once for the module's tests."""
+    root = tmp_path_factory.mktemp("qwen")
+
+    @functools.cache
+    def write(layers: int) -> str:
+        p = root / f"qwen{layers}" / "config.json"
+        p.parent.mkdir()
+        p.write_text(json.dumps({**shallow(QWEN3_30B_A3B, layers), **SMALL}))
+        return str(p)
+
+    return write
 
 
-def _priced(monkeypatch, model: str, hw: str, pp: int):
-    """The DP-attention table over 2 ranks at ``pp`` and, per priced point in pricing order, the parts the pricer
-    split it into: (before the blocks, each layer, after them, the activation bytes a stage sends)."""
+@functools.cache
+def _dep(model: str, pp: int):
+    """The DP-attention table over 2 ranks at ``pp`` on H100s (the default expert load imbalance), priced once for
+    the module's tests (a TableCost they only read)."""
+    return model_table_cost(model, "h100-sxm", "bf16", 2, ep=2, dp_attention=True, pp=pp)
+
+
+@functools.cache
+def _priced(model: str, hw: str, pp: int):
+    """The DP-attention table over 2 ranks at ``pp`` (experts evenly loaded) and, per priced point in pricing order,
+    the parts the pricer split it into: (before the blocks, each layer, after them, the activation bytes a stage
+    sends). Priced once for the module's tests (they only read it)."""
     parts = []
     stages = Pricer._stages
 
@@ -51,9 +69,11 @@ def _priced(monkeypatch, model: str, hw: str, pp: int):
         parts.append((pre, list(layer_s), post, act))
         return stages(self, pre, layer_s, post, act)
 
-    monkeypatch.setattr(Pricer, "_stages", record)
-    c = model_table_cost(model, hw, "bf16", 2, ep=2, ep_imbalance=1.0, dp_attention=True, pp=pp)
-    monkeypatch.setattr(Pricer, "_stages", stages)
+    Pricer._stages = record
+    try:
+        c = model_table_cost(model, hw, "bf16", 2, ep=2, ep_imbalance=1.0, dp_attention=True, pp=pp)
+    finally:
+        Pricer._stages = stages
     return c, parts
 
 
@@ -94,27 +114,27 @@ def _check_stages(one, parts, two, hw_name: str, hidden: int, layers: int):
 
 
 @pytest.mark.parametrize("layers", [4, 3])
-def test_qwen_stage_is_its_layers_dp_attention_times_plus_the_send(tmp_path, monkeypatch, layers):
+def test_qwen_stage_is_its_layers_dp_attention_times_plus_the_send(qwen, layers):
     """4 layers split 2 / 2, 3 layers 2 / 1 (ceil(L / pp) a stage)."""
-    path = _qwen(tmp_path, layers)
-    one, parts = _priced(monkeypatch, path, "h100-sxm", 1)
-    two, _ = _priced(monkeypatch, path, "h100-sxm", 2)
+    path = qwen(layers)
+    one, parts = _priced(path, "h100-sxm", 1)
+    two, _ = _priced(path, "h100-sxm", 2)
     _check_stages(one, parts, two, "h100-sxm", SMALL["hidden_size"], layers)
     assert two.pp == 2 and two.attention_ranks == 2 and two.layout["dp_attention"] and two.layout["pp"] == 2
 
 
-def test_mixtral_stage_is_its_layers_dp_attention_times_plus_the_send(monkeypatch):
-    one, parts = _priced(monkeypatch, "mixtral-8x7b", "h200", 1)
-    two, _ = _priced(monkeypatch, "mixtral-8x7b", "h200", 2)
+def test_mixtral_stage_is_its_layers_dp_attention_times_plus_the_send():
+    one, parts = _priced("mixtral-8x7b", "h200", 1)
+    two, _ = _priced("mixtral-8x7b", "h200", 2)
     _check_stages(one, parts, two, "h200", 4096, 32)
 
 
-def test_qwen_weights_and_kv_per_device_halve(tmp_path):
+def test_qwen_weights_and_kv_per_device_halve(qwen):
     """Qwen3 narrowed, 4 layers, bf16: dense = 2 x vocab x h (untied embedding and head) + per layer q / k / v / o,
     q and k norms, two RMSNorms, the router + the final norm; experts = layers x E x 3 x h x moe_intermediate. A
     device of a rank holds (dense + experts / 2) / pp x 2 bytes and its stage's KV: 2 x L / pp x KV heads x head dim
     x 2 bytes a token."""
-    path = _qwen(tmp_path, 4)
+    path = qwen(4)
     s, L = SMALL, 4
     h, hd, e = s["hidden_size"], s["head_dim"], s["num_experts"]
     heads, kv = s["num_attention_heads"], s["num_key_value_heads"]
@@ -122,7 +142,7 @@ def test_qwen_weights_and_kv_per_device_halve(tmp_path):
     dense = 2 * s["vocab_size"] * h + L * per_layer + h
     experts = L * e * 3 * h * s["moe_intermediate_size"]
     for pp in (1, 2, 4):
-        c = model_table_cost(path, "h100-sxm", "bf16", 2, ep=2, dp_attention=True, pp=pp)
+        c = _dep(path, pp)
         assert c.memory["weights_bytes"] == pytest.approx((dense + experts / 2) * 2 / pp, rel=1e-9)
         assert c.kv_bytes_per_token == 2 * (L // pp) * kv * hd * 2
         assert c.kv_capacity_tokens == int(c.memory["usable_bytes"] // c.kv_bytes_per_token)
@@ -141,10 +161,10 @@ def test_mixtral_weights_and_kv_per_device_halve():
     assert c.kv_bytes_per_token == 2 * (L // 2) * 8 * 128 * 2
 
 
-def test_a_request_alone_on_piped_ranks(tmp_path):
+def test_a_request_alone_on_piped_ranks(qwen):
     """Requests 10 s apart on DEP2 PP2: each runs alone on its rank, its TTFT one prefill of its prompt (one
     microbatch through both stages) and its tokens as a lone rank's piped decode steps price them."""
-    c = model_table_cost(_qwen(tmp_path, 4), "h100-sxm", "bf16", 2, ep=2, dp_attention=True, pp=2)
+    c = _dep(qwen(4), 2)
     n = 6
     reqs = Requests(np.arange(n) * 10.0, np.full(n, 256), np.full(n, 32), "poisson")
     group = simulate(reqs, parse_policy("engine"), c)
@@ -154,13 +174,14 @@ def test_a_request_alone_on_piped_ranks(tmp_path):
     assert np.allclose(group.finish_s, alone.finish_s, rtol=1e-12)
 
 
-def test_qwen_captured_whole_prices_the_stages_alike(tmp_path, monkeypatch):
+def test_qwen_captured_whole_prices_the_stages_alike(qwen, monkeypatch):
     """The model captured whole (its blocks its layers) gives the stages the 4-layer extrapolation gives: the same
     layers' DP-attention times on each stage."""
     from opmap.serve.resolve import Resolved
 
-    path = _qwen(tmp_path, 4)
-    periodic = model_table_cost(path, "h100-sxm", "bf16", 2, ep=2, ep_imbalance=1.0, dp_attention=True, pp=2)
+    path = qwen(4)
+    periodic, _ = _priced(path, "h100-sxm", 2)  # priced before the patch below: from the 4-layer extrapolation
+    assert "captured whole" not in periodic.source
     monkeypatch.setattr(Resolved, "stack", lambda self: (None, "test: the whole model"))
     whole = model_table_cost(path, "h100-sxm", "bf16", 2, ep=2, ep_imbalance=1.0, dp_attention=True, pp=2)
     assert "captured whole" in whole.source
