@@ -88,7 +88,7 @@ def prefill_lengths(limit: int | None, longest_prompt: int | None) -> list[int]:
     constant at every depth d (gpt-oss-20b on a B200, 32768/1024: 120 ms a prompt against the 203 ms ``opmap
     analyze --seq 32768`` prices). With a point at the longest context, a lone prompt's chunks add up to that
     point's price plus one fixed cost per extra step (prefix_s), the whole causal attention counted."""
-    cap = limit or max(PREFILL_SEQS)
+    cap = limit or max(max(PREFILL_SEQS), longest_prompt or 0)  # no position limit: the run's prompts
     seqs = {min(s, cap) for s in PREFILL_SEQS}
     top = min(longest_prompt or 0, cap)
     if top > max(PREFILL_SEQS):
