@@ -417,7 +417,6 @@ def test_a_chunked_long_prompt_pays_its_attention_to_earlier_chunks(model, tmp_p
     ms bound on Llama 3 8B). Qwen3-8B's published config cut to 2 layers, and the zoo Llama 3 8B (32 layers of 32
     query heads of 128: Meta's config)."""
     from hf_family_configs import QWEN3_8B, shallow
-
     from opmap.serve.cost import prefix_s
 
     if model == "qwen3":
