@@ -116,3 +116,40 @@ def test_a_zoo_llama_at_fp8_holds_its_embedding_and_head_in_bf16():
     assert a.weights_held_bytes == pytest.approx(total * 1 + 2 * v * h * (2 - 1), rel=1e-9)
     bf16 = Model("llama-3-8b", "bf16").prefill(Shape(1, 16), get_hardware("h100-sxm"), "eager")
     assert bf16.weights_held_bytes == pytest.approx(2 * total, rel=1e-9)  # nothing narrower than bf16: unchanged
+
+
+# -- the attention core of a sub-byte run (opmap.precision.attention_core_precision) --------------------------------
+
+def _sdpa(a) -> list:
+    return [r for r in a.results if r.cost.problem is not None and r.cost.problem.family.attention]
+
+
+@pytest.mark.parametrize("model", ["qwen3_moe", "mixtral-8x7b"])
+def test_a_sub_byte_run_prices_its_attention_products_at_fp8_not_fp4(model, tmp_path):
+    """TensorRT-LLM's context FMHA runs bf16 or e4m3, never fp4 (precision.ATTENTION_CORE_FLOOR): an nvfp4 run of
+    Qwen3-30B-A3B (its published config cut to 2 layers) or a zoo Mixtral on a B200 prices QK^T and PV as the fp8 run
+    does, at no more than the B200's 4.5 PFLOP/s dense FP8 (NVIDIA HGX B200 specifications), while its expert GEMMs
+    keep the FP4 rate (faster than fp8's)."""
+    from hf_family_configs import FAMILIES
+
+    if model in FAMILIES:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(shallow(FAMILIES[model], 2)))
+        model = str(path)
+    hw = get_hardware("b200")
+    fp4, fp8 = (Model(model, d).prefill(Shape(1, 4096), hw, "eager") for d in ("nvfp4", "fp8"))
+    a4, a8 = _sdpa(fp4), _sdpa(fp8)
+    assert a4 and len(a4) == len(a8)
+    for r4, r8 in zip(a4, a8):
+        assert r4.pred.matrix_s == pytest.approx(r8.pred.matrix_s, rel=1e-9)
+        assert r4.pred.matrix_s >= r4.cost.matrix_flops / 4.5e15
+    ids = {r.node.id for r in a4}
+    k4 = [k for k in fp4.kernel_results if k.kernel.anchor in ids]
+    assert k4 and all(k.format.startswith("fp8") for k in k4), k4[0].format
+    e4, e8 = _weights_time(fp4, "experts"), _weights_time(fp8, "experts")
+    assert e4 < e8
+
+
+def _weights_time(a, fragment: str) -> float:
+    """The matrix time of the weight GEMMs whose module holds ``fragment``."""
+    return sum(r.pred.matrix_s for r in a.results if fragment in r.node.module and r.cost.param_bytes_read)

@@ -173,3 +173,31 @@ def test_a_compute_bound_gemm_in_nvfp4_on_b200_runs_at_the_fp4_rate():
     assert measured.matrix_s == pytest.approx(284.556e-6 - 2.5625 * 8192 ** 2 / 6.84043e12, rel=1e-3)
     # the fp8 time of the same GEMM is twice as long at the peaks (4.5 PFLOPS dense)
     assert prec.matrix_peak_flops_per_s == 2 * resolve_precision(b200, "fp8").matrix_peak_flops_per_s
+
+
+@pytest.mark.parametrize("device,dtype,core,peak", [
+    # B200 (NVIDIA HGX B200 specifications): FP4 9 PFLOPS dense, FP8 4.5 PFLOPS dense; an nvfp4 or w4a8 run's
+    # attention core runs TensorRT-LLM's bf16 / e4m3 context FMHA, never fp4 (precision.ATTENTION_CORE_FLOOR)
+    ("b200", "nvfp4", "fp8", 4.5e15),
+    ("b200", "mxfp4", "fp8", 4.5e15),
+    # MI355X: mxfp4 is sub-byte, its fp8 engine runs the attention (the catalog's fp8 dense peak)
+    ("mi355x", "mxfp4", "fp8", None),
+])
+def test_a_sub_byte_run_prices_its_attention_core_at_fp8(device, dtype, core, peak):
+    from opmap.precision import attention_core_precision
+
+    hw = get_hardware(device)
+    got = attention_core_precision(hw, resolve_precision(hw, dtype))
+    assert got is not None and got.matrix == core
+    assert got.matrix_peak_flops_per_s == (peak or float(hw.matrix_peak_flops_per_s["fp8"].value))
+    assert "attention core in fp8" in got.note
+
+
+@pytest.mark.parametrize("device,dtype", [("b200", "fp8"), ("b200", "bf16"), ("b200", "mxfp8"),
+                                          ("h100-sxm", "fp8"), ("h100-sxm", "bf16")])
+def test_an_8_bit_or_wider_run_keeps_its_attention_core_in_its_own_format(device, dtype):
+    """fp8 context FMHA runs e4m3 (the run's own fp8 rate), bf16 runs bf16: nothing to change."""
+    from opmap.precision import attention_core_precision
+
+    hw = get_hardware(device)
+    assert attention_core_precision(hw, resolve_precision(hw, dtype)) is None

@@ -43,6 +43,7 @@ from opmap.mapping.memory import (
 )
 from opmap.precision import (
     Precision,
+    attention_core_precision,
     power_limited,
     reference,
     resolve_dtype,
@@ -395,13 +396,17 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     costs = fp8_operand_bytes(costs, fp8.fp8_nodes) if fp8 is not None else costs
     curves = hw.curves
     plan = plan_fusion(graph, costs, fusion, plan_file)
-    mixed = fp8 is not None or bool(keep)
+    # inference in a sub-byte format: the fused attention products at fp8 (precision.attention_core_precision)
+    core = None if training else attention_core_precision(hw, prec)
+    attn = frozenset(i for i, c in enumerate(costs) if c.problem is not None and c.problem.family.attention) \
+        if core is not None else frozenset()
+    mixed = fp8 is not None or bool(keep) or bool(attn)
 
-    def node_preds(prec: Precision, other: Precision):
+    def node_preds(prec: Precision, other: Precision, core: Precision | None):
         if fp8 is not None:
             precs = [prec if i in fp8.fp8_nodes else other for i in range(len(costs))]
         else:
-            precs = [other if i in keep else prec for i in range(len(costs))]
+            precs = [core if i in attn else other if i in keep else prec for i in range(len(costs))]
         # one prediction per distinct (cost, precision): a pure function of them, and 58 MoE layers x 256 experts
         # repeat a few hundred costs (DeepSeek-R1's 142,806 nodes); looked up by the cost object first (nodes of
         # one signature share it, cost_graph), then by value
@@ -418,16 +423,17 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
             preds.append(pred)
         return precs, preds
 
-    other = resolve_precision(hw, "bf16") if mixed else prec
-    precs, preds = node_preds(prec, other)
+    other = resolve_precision(hw, "bf16") if keep or fp8 is not None else prec
+    precs, preds = node_preds(prec, other, core)
     if hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
         # a power-limited card: its rate for this run from the nodes' busy time at boost (steady load: the sustained
         # rate), so the kernels are mapped and tiled once, at that rate
         busy = math.inf if math.isinf(repeats) else repeats * sum(p.predicted_s for p in preds)
         limited = power_limited(prec, hw, busy)
         if limited is not prec:
-            prec, other = limited, power_limited(other, hw, busy) if mixed else limited
-            precs, preds = node_preds(prec, other)
+            prec, other = limited, power_limited(other, hw, busy) if other is not prec else limited
+            core = power_limited(core, hw, busy) if core is not None else None
+            precs, preds = node_preds(prec, other, core)
     kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
                                 node_prec=precs if mixed else None))
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels

@@ -367,6 +367,30 @@ def resolve_training_precision(hw: HardwareSpec, dtype: str) -> Precision:
                      fallback_policy=FP8_TRAINING)
 
 
+# The attention core of an inference run (QK^T and PV of a fused attention kernel) takes Q, K and V in a 16-bit format
+# or fp8, never a sub-byte one: TensorRT-LLM's context FMHA runs bf16, or e4m3 when its FP8 context FMHA is on, and
+# the torch op turns that on for an fp4 (or fp8) output, or an fp8 KV cache with paged context FMHA:
+# ``mFP8ContextFMHA = is_fp8_out || is_fp4_out || (hasFp8KvCache() && use_paged_context_fmha)``
+# (NVIDIA/TensorRT-LLM cpp/tensorrt_llm/thop/attentionOp.cpp @ 38134b130944ed5c037949456df20300126ec728); the FMHA
+# kernels it dispatches are fp16 / bf16 / e4m3 ones. So a run in a 4- or 6-bit format prices its attention products
+# at fp8 (bf16 on a device without fp8), not at its GEMMs' fp4 rate.
+ATTENTION_CORE_FLOOR = ("fp8", "bf16")
+
+
+def attention_core_precision(hw: HardwareSpec, prec: Precision) -> Precision | None:
+    """The precision an inference run's fused attention products run in where it differs from ``prec``'s GEMMs:
+    a matrix format narrower than 8 bits gives fp8 (bf16 without an fp8 engine; ``ATTENTION_CORE_FLOOR``), None
+    otherwise (the attention core runs in the run's own matrix format)."""
+    if get_format(prec.matrix).bits >= 8:
+        return None
+    fmt = next((d for d in ATTENTION_CORE_FLOOR if (v := hw.matrix_peak_flops_per_s.get(d)) and v.value), None)
+    if fmt is None:
+        return None
+    core = resolve_precision(hw, fmt)
+    return replace(core, note=(f"attention core in {fmt}: a fused attention kernel takes Q, K, V in 16 bits or fp8, "
+                               f"not {prec.matrix}"))
+
+
 @dataclass(frozen=True)
 class DtypeChoice:
     """A --dtype resolved on one device: the format priced, and why where it is not the one asked for by name (an

@@ -387,3 +387,49 @@ def test_a_quantized_uneven_stack_holds_its_bf16_modules_once_a_layer(tmp_path, 
     monkeypatch.setattr(Resolved, "stack", lambda self: (None, "test: the whole model"))
     whole = model_table_cost(str(p), "b200", "mxfp4")
     assert whole.memory["weights_bytes"] == pytest.approx(held.weights_held_bytes, rel=1e-9)
+
+
+# -- prefill points up to the run's longest prompt (prefill_lengths) ------------------------------------------------
+
+@pytest.mark.parametrize("limit,longest,want", [
+    (131072, 32768, [128, 512, 2048, 8192, 32768]),  # gpt-oss, 32768/1024: x4 from 2048 while <= half, then the top
+    (131072, 8192, [128, 512, 2048, 8192]),  # 8192/1024
+    (131072, 33792, [128, 512, 2048, 8192, 33792]),  # 32768 is over half of 33792: the top point alone
+    (131072, 2000, [128, 512, 2048]),  # 1000/1000: the grid, unchanged
+    (131072, None, [128, 512, 2048]),
+    (4096, 32768, [128, 512, 2048, 4096]),  # capped at the model's positions
+    (None, 9000, [128, 512, 2048, 9000]),  # no position limit: the run's prompt
+])
+def test_prefill_points_reach_the_longest_prompt(limit, longest, want):
+    from opmap.serve.model_cost import prefill_lengths
+
+    assert prefill_lengths(limit, longest) == want
+
+
+@pytest.mark.parametrize("model", ["qwen3", "llama-3-8b"])
+def test_a_chunked_long_prompt_pays_its_attention_to_earlier_chunks(model, tmp_path):
+    """An 8192-token prompt in four chunks of 2048 (opmap.serve.cost.prefix_s) costs P(8192) + 3 P(0) (the chunks'
+    P(d + n) - P(d) - P(n) + P(0) telescope), and more than four 2048-token prompts by at least the causal pairs
+    across chunks, 8192^2 / 2 - 4 x 2048^2 / 2 = 25,165,824 per query head, at 4 x head dim FLOPs a pair (QK^T
+    and PV) over the fastest causal forward the H100's attention kernel (cuDNN, the catalog's) is measured at, 539
+    TFLOP/s (Shah et al. 2024, FlashAttention-3, Figure 5: cuDNN, causal, head dim 128, 16k): points priced only
+    to 2048 extrapolated the table linearly and left most of that out (a constant per chunk: 15.2 ms of the 24.5
+    ms bound on Llama 3 8B). Qwen3-8B's published config cut to 2 layers, and the zoo Llama 3 8B (32 layers of 32
+    query heads of 128: Meta's config)."""
+    from hf_family_configs import QWEN3_8B, shallow
+    from opmap.serve.cost import prefix_s
+
+    if model == "qwen3":
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(shallow(QWEN3_8B, 2)))
+        model, layers = str(path), 2
+    else:
+        layers = 32
+    c = model_table_cost(model, "h100-sxm", "bf16", longest_prompt=8192)
+    assert c.prefill_tokens == [128, 512, 2048, 8192]
+    chunks = [(d, 2048) for d in (0, 2048, 4096, 6144)]
+    chunked = sum(c.prefill_s(n, 1) for _, n in chunks) + prefix_s(c, chunks)
+    p0 = c.prefill_s(0, 1)
+    assert chunked == pytest.approx(c.prefill_s(8192, 1) + 3 * p0, rel=1e-9)
+    cross = (8192 ** 2 / 2 - 4 * 2048 ** 2 / 2) * 32 * 4 * 128 * layers / 539e12
+    assert chunked - 4 * c.prefill_s(2048, 1) >= cross

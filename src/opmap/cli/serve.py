@@ -311,6 +311,7 @@ def _cost(reqs, pol, replicas, router, service_time, model, hardware, dtype, tp,
     with console.status(f"pricing {safe(model)} on {safe(hardware)}") as st:
         kw = dict(runtime=runtime, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
                   allow_long_context=allow_long_context, max_context=longest, progress=lambda s: st.update(safe(s)),
+                  longest_prompt=int(reqs.input_len.max()) if len(reqs.input_len) else None,
                   ep=ep[0], ep_imbalance=ep[1], memory_of=memory_of)
         if len(ep) > 2 and ep[2]:
             kw["dp_attention"] = True

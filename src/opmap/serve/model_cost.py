@@ -22,7 +22,8 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   captured whole (``Resolved.stack`` says why). Every step is priced under steady load (a serving run keeps the
   device busy for minutes): a power-limited card at its sustained matrix rate (opmap.precision.power_limited),
   the same in every step whatever its length, so the extrapolation holds there too;
-- prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` (capped at the model's context); a step of several
+- prefill: one sequence of S tokens for S in ``PREFILL_SEQS`` and, for a run with longer prompts, up to its
+  longest (``prefill_lengths``), capped at the model's context; a step of several
   prompts is priced at its total tokens (attention's quadratic part counted as one long prompt's: an upper bound);
 - decode: batch b against k KV tokens per sequence for b in ``DECODE_BATCHES`` (more for a MoE, whose expert reads
   are concave in b) and k in ``DECODE_KV``; time is linear in the KV read, so each batch's two points give a line
@@ -75,6 +76,28 @@ DECODE_BATCHES = (1, 16, 64, 256, 1024, 4096)
 MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)  # distinct experts grow as E (1 - (1 - k/E)^b): concave
 DECODE_KV = (256, 1024)
 KV_GRID = (0, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
+
+
+def prefill_lengths(limit: int | None, longest_prompt: int | None) -> list[int]:
+    """The prompt lengths the prefill points are priced at: ``PREFILL_SEQS``, then, for a run whose prompts are
+    longer (``longest_prompt``), x4 steps on while at most half that length, and the longest prompt itself, all
+    capped at the model's position ``limit``. The table is linear between points and past the last, so a
+    prompt's causal attention, quadratic in its length, is only counted up to the longest point: a 32,768-token
+    prompt priced off points to 2048 paid per token what a 2048-token prompt pays, and a chunk's attention to its
+    prompt's earlier chunks (``opmap.serve.cost.prefix_s``: P(d + n) - P(d) - P(n) + P(0)) came out the same
+    constant at every depth d (gpt-oss-20b on a B200, 32768/1024: 120 ms a prompt against the 203 ms ``opmap
+    analyze --seq 32768`` prices). With a point at the longest context, a lone prompt's chunks add up to that
+    point's price plus one fixed cost per extra step (prefix_s), the whole causal attention counted."""
+    cap = limit or max(max(PREFILL_SEQS), longest_prompt or 0)  # no position limit: the run's prompts
+    seqs = {min(s, cap) for s in PREFILL_SEQS}
+    top = min(longest_prompt or 0, cap)
+    if top > max(PREFILL_SEQS):
+        s = 4 * max(PREFILL_SEQS)
+        while 2 * s <= top:  # a grid point well below the top one (not two captures of about one length)
+            seqs.add(s)
+            s *= 4
+        seqs.add(top)
+    return sorted(seqs)
 
 
 def kv_dtypes() -> tuple[str, ...]:
@@ -130,7 +153,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      allow_long_context: bool = False, max_context: int | None = None,
                      progress: Callable[[str], None] | None = None, queries: int = 1,
                      layers: int | None = None, ep: int = 1, ep_imbalance: float | None = None,
-                     memory_of: str = "total", dp_attention: bool = False) -> TableCost:
+                     memory_of: str = "total", dp_attention: bool = False,
+                     longest_prompt: int | None = None) -> TableCost:
     """Price ``model`` on ``hardware`` for the serving simulator (module docstring). ``max_context``: the longest
     sequence (prompt + output) the run will hold, refused past the model's position limit unless
     ``allow_long_context`` (rope scaling). Speculative decoding (opmap.serve.spec) prices with the same points:
@@ -140,7 +164,8 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     opmap.mapping.device_time), its busiest rank ``ep_imbalance`` x the mean (None: opmap.mapping.expert_parallel's
     default). ``memory_of``: what ``gpu_memory_utilization`` is a fraction of (opmap.mapping.memory.ServingMemory.
     fraction_of: an engine preset's memory semantics; default vLLM's). ``dp_attention``: the tp devices are ep = tp
-    attention ranks, each its own batch and KV pool (module docstring); the points are one rank's."""
+    attention ranks, each its own batch and KV pool (module docstring); the points are one rank's.
+    ``longest_prompt``: the run's longest prompt, where the prefill points reach (``prefill_lengths``)."""
     imb, kvd, rt, hw = _check_options(hardware, dtype, tp, pp, ep, ep_imbalance, dp_attention, runtime, kv_dtype,
                                       gpu_memory_utilization)
     say = progress or (lambda s: None)
@@ -157,7 +182,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
         raise OpmapError(f"--pp {pp} exceeds the {m.layers} layers of {model}")
     pricer = Pricer(m, hw, dtype, 1 if dp_attention else tp, pp, rt, queries, ep, imb, dp_attention)
     cap = limit or max(PREFILL_SEQS)
-    seqs = sorted({min(s, cap) for s in PREFILL_SEQS})
+    seqs = prefill_lengths(limit, longest_prompt)
     pre = []
     for s in seqs:
         say(f"pricing prefill of {s} tokens")
