@@ -419,15 +419,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         return precs, preds
 
     other = resolve_precision(hw, "bf16") if mixed else prec
-    precs, preds = node_preds(prec, other)
-    if hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
-        # a power-limited card: its rate for this run from the nodes' busy time at boost (steady load: the sustained
-        # rate), so the kernels are mapped and tiled once, at that rate
-        busy = math.inf if math.isinf(repeats) else repeats * sum(p.predicted_s for p in preds)
-        limited = power_limited(prec, hw, busy)
-        if limited is not prec:
-            prec, other = limited, power_limited(other, hw, busy) if mixed else limited
-            precs, preds = node_preds(prec, other)
+    prec, precs, preds = _at_run_rate(node_preds, prec, other, hw, repeats, mixed)
     kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
                                 node_prec=precs if mixed else None))
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
@@ -440,6 +432,30 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         dtype_requested=choice.requested if choice.resolved else None,
         dtype_resolution=choice.reason if choice.resolved else None)
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels, kept_gemms=keep)
+
+
+def _at_run_rate(node_preds, prec: Precision, other: Precision, hw: HardwareSpec, repeats: float,
+                 mixed: bool) -> tuple[Precision, list, list]:
+    """(the run's precision, each node's, each node's prediction: ``node_preds(prec, other)``) at the rate the run
+    sustains: a power-limited card's from the nodes' busy time at boost (steady load, ``repeats`` infinite: the
+    sustained rate, with no predictions at boost to make first), so the kernels are mapped and tiled once, at that
+    rate."""
+    limits = hw.sustained_matrix_flops_per_s and hw.power_window_s is not None
+    if not limits:
+        return (prec, *node_preds(prec, other))
+    precs = preds = None
+    if math.isinf(repeats):
+        busy = math.inf
+    else:
+        precs, preds = node_preds(prec, other)
+        busy = repeats * sum(p.predicted_s for p in preds)
+    limited = power_limited(prec, hw, busy)
+    if limited is not prec:
+        prec, other = limited, power_limited(other, hw, busy) if mixed else limited
+        precs, preds = node_preds(prec, other)
+    elif preds is None:
+        precs, preds = node_preds(prec, other)
+    return prec, precs, preds
 
 
 def checkpoint_unquantized(geo, fmt: str) -> tuple[str, ...]:
