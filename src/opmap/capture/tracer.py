@@ -52,7 +52,7 @@ def _storage_ids(xs) -> list[int]:
 # the same output layout in any capture (a serve pricing's decode steps at two KV lengths repeat every call outside
 # attention). One per default dtype (a factory call without a dtype takes it); emptied past MEMO_KEPT entries.
 _MEMOS: dict[Any, dict[Any, Any]] = {}
-MEMO_KEPT = 200_000
+MEMO_KEPT = 20_000  # a serve pricing of DeepSeek-R1 keeps about 1,300
 
 
 def _shared_memo() -> dict[Any, Any]:
