@@ -424,16 +424,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         return precs, preds
 
     other = resolve_precision(hw, "bf16") if keep or fp8 is not None else prec
-    precs, preds = node_preds(prec, other, core)
-    if hw.sustained_matrix_flops_per_s and hw.power_window_s is not None:
-        # a power-limited card: its rate for this run from the nodes' busy time at boost (steady load: the sustained
-        # rate), so the kernels are mapped and tiled once, at that rate
-        busy = math.inf if math.isinf(repeats) else repeats * sum(p.predicted_s for p in preds)
-        limited = power_limited(prec, hw, busy)
-        if limited is not prec:
-            prec, other = limited, power_limited(other, hw, busy) if other is not prec else limited
-            core = power_limited(core, hw, busy) if core is not None else None
-            precs, preds = node_preds(prec, other, core)
+    prec, precs, preds = _at_run_rate(node_preds, prec, other, core, hw, repeats)
     kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
                                 node_prec=precs if mixed else None))
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
@@ -446,6 +437,33 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         dtype_requested=choice.requested if choice.resolved else None,
         dtype_resolution=choice.reason if choice.resolved else None)
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels, kept_gemms=keep)
+
+
+def _at_run_rate(node_preds, prec: Precision, other: Precision, core: Precision | None, hw: HardwareSpec,
+                 repeats: float) -> tuple[Precision, list, list]:
+    """(the run's precision, each node's, each node's prediction: ``node_preds(prec, other, core)``) at the rate the
+    run sustains: a power-limited card's from the nodes' busy time at boost (steady load, ``repeats`` infinite: the
+    sustained rate, with no predictions at boost to make first), so the kernels are mapped and tiled once, at that
+    rate. ``other``: the precision of the nodes kept apart (``prec`` itself where none are); ``core``: the attention
+    products' (opmap.precision.attention_core_precision), or None."""
+    limits = hw.sustained_matrix_flops_per_s and hw.power_window_s is not None
+    if not limits:
+        return (prec, *node_preds(prec, other, core))
+    precs = preds = None
+    if math.isinf(repeats):
+        busy = math.inf
+    else:
+        precs, preds = node_preds(prec, other, core)
+        busy = repeats * sum(p.predicted_s for p in preds)
+    limited = power_limited(prec, hw, busy)
+    if limited is not prec:
+        other = power_limited(other, hw, busy) if other is not prec else limited
+        core = power_limited(core, hw, busy) if core is not None else None
+        prec = limited
+        precs, preds = node_preds(prec, other, core)
+    elif preds is None:
+        precs, preds = node_preds(prec, other, core)
+    return prec, precs, preds
 
 
 def checkpoint_unquantized(geo, fmt: str) -> tuple[str, ...]:

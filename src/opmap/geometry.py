@@ -189,10 +189,22 @@ def _call(n: Node) -> AttentionCall:
                          q.shape[-2] if q is not None else k.shape[-2], k.shape[-2], k.nbytes, v.nbytes, k.itemsize)
 
 
+# the graphs last read and their attention calls, by identity: an analysis, its sharder, the decode figures and the
+# memory fit each ask (a pure function of an immutable graph; six scans of every node a serve point)
+_CALLS: list[tuple[OpGraph, tuple[AttentionCall, ...]]] = []
+_CALLS_KEPT = 4
+
+
 def attention_calls(graph: OpGraph) -> tuple[AttentionCall, ...]:
     """Every attention node of the graph (fused SDPA calls and kv_cache marks), in order: the one place that reads
-    them for the model's attention and the capture's KV cache."""
-    return tuple(_call(n) for n in graph.nodes if n.op in KV_OPS)
+    them for the model's attention and the capture's KV cache. Kept for the last few graphs (by identity)."""
+    for g, calls in _CALLS:
+        if g is graph:
+            return calls
+    calls = tuple(_call(n) for n in graph.nodes if n.op in KV_OPS)
+    _CALLS.append((graph, calls))
+    del _CALLS[:-_CALLS_KEPT]
+    return calls
 
 
 def forward_calls(graph: OpGraph) -> tuple[AttentionCall, ...]:

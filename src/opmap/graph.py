@@ -7,6 +7,7 @@ records the node that produced it (None for graph inputs, parameters and buffers
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +83,10 @@ class Node:
     is_view: bool = False
     is_inplace: bool = False
 
-    @property
+    @functools.cached_property
     def packet(self) -> str:
-        """The overload packet: "aten.addmm.default" -> "addmm"."""
+        """The overload packet: "aten.addmm.default" -> "addmm". Kept on the node once read (a pure function of
+        ``op``, which a node never changes; the passes over a graph read it about ten times a node)."""
         parts = self.op.split(".")
         return parts[1] if len(parts) >= 2 else parts[0]
 

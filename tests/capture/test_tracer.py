@@ -120,6 +120,33 @@ def test_memoised_capture_of_a_small_llama_with_moe_and_gqa():
     assert _nodes(capture(m, (ids,))) == _nodes(capture(m, (ids,), memoize=False))
 
 
+def test_a_capture_after_another_takes_the_process_memo_and_gives_the_same_graph():
+    """The meta-call memo is the process's (opmap.capture.tracer._MEMOS): a second capture whose calls the first
+    already made (serve's decode steps at two KV lengths) replays them, and its graph is the one running every
+    meta kernel gives; a capture under another default dtype keeps a memo of its own."""
+    from opmap.capture import tracer
+    from opmap.workloads.llama import Llama, LlamaConfig
+
+    with torch.device("meta"):
+        m = Llama(LlamaConfig(vocab_size=64, dim=64, n_layer=2, n_head=4, n_kv_head=2, ffn_dim=96, n_experts=4))
+        short, long = torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 24, dtype=torch.long)
+    tracer._MEMOS.clear()
+    capture(m, (short,))
+    memo = tracer._MEMOS[torch.get_default_dtype()]
+    warm = len(memo)
+    assert warm > 0
+    again = capture(m, (short,))
+    assert len(memo) == warm  # every memoisable call was a hit
+    assert _nodes(again) == _nodes(capture(m, (short,), memoize=False))
+    assert _nodes(capture(m, (long,))) == _nodes(capture(m, (long,), memoize=False))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert tracer._shared_memo() is not memo
+    finally:
+        torch.set_default_dtype(before)
+
+
 class ShapeError(nn.Module):
     def __init__(self):
         super().__init__()

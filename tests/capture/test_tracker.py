@@ -41,3 +41,34 @@ def test_a_write_through_a_view_still_reaches_the_base_while_the_storage_lives()
     del view
     gc.collect()
     assert t.meta(base).producer == 0
+
+
+def test_an_id_map_forgets_a_dead_key_whose_id_a_new_object_takes():
+    """The tracker's identity maps (opmap.capture.tracker.IdMap) answer as torch's WeakIdKeyDictionary: a key's
+    value while it lives, nothing for another object equal to it, and nothing for a new object that takes a dead
+    key's id (CPython hands a freed object's memory, and so its id, to the next object of its size)."""
+    from opmap.capture.tracker import IdMap
+
+    class Key:
+        def __eq__(self, other):  # equal to every Key: the map must go by identity
+            return isinstance(other, Key)
+
+        __hash__ = object.__hash__
+
+    m = IdMap()
+    a = Key()
+    m[a] = 7
+    assert m.get(a) == 7 and m.get(Key()) is None and m.get(Key(), -1) == -1
+    dead = id(a)
+    del a  # freed at once (no cycle): its memory goes to the next Key
+    reused = False
+    for _ in range(200):
+        b = Key()
+        assert m.get(b) is None
+        if id(b) == dead:
+            reused = True
+            break
+        del b
+    assert reused  # the id was handed back: the case was exercised
+    m[b] = 8
+    assert m.get(b) == 8

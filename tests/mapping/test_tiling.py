@@ -182,3 +182,23 @@ def test_stream_k_deals_k_iterations_evenly_and_pays_a_fixup():
     # a shape that fills its waves exactly has no stream-K variant: there is nothing to even out
     assert not any(t.stream_k for t in tile_candidates(1, 128 * 12, 128 * 11, 4096, "bf16", **H100, stream_k=True)
                    if (t.bm, t.bn, t.split_k) == (128, 128, 1))
+
+
+@pytest.mark.parametrize("m,n,k,stream_k", [(1, 7168, 2048, True), (64, 576, 7168, True), (1000, 4096, 4096, False),
+                                            (4096, 4096, 4096, True), (7, 129280, 100, False)])
+def test_best_tiles_are_the_first_two_candidates(m, n, k, stream_k):
+    """A kernel row's tile and runner-up (opmap.mapping.tilers.gpu_gemm) come from ``best_tiles``, which ranks the
+    candidates without making a Tile of each: it must hand back exactly the first two ``tile_candidates`` ranks,
+    ties in the same order (the Stream-K twin of a tile ties on every field the rank reads but one)."""
+    from opmap.mapping.tiling import best_tiles
+
+    kw = dict(H100, sram_bytes_per_s=33e12, min_bm=64, stream_k=stream_k, b_elem_bytes=1.0)
+    assert best_tiles(1, m, n, k, "fp8", **kw) == tile_candidates(1, m, n, k, "fp8", **kw)[:2]
+    assert best_tiles(1, m, n, k, "bf16", **kw, count=5) == tile_candidates(1, m, n, k, "bf16", **kw)[:5]
+
+
+def test_best_tiles_name_the_limit_as_the_candidates_do():
+    from opmap.mapping.tiling import best_tiles
+
+    with pytest.raises(OpmapError, match="no legal GEMM tile"):
+        best_tiles(1, 128, 128, 128, "bf16", **{**H100, "sram_per_unit": 4096})

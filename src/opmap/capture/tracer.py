@@ -48,18 +48,33 @@ def _storage_ids(xs) -> list[int]:
     return [x.untyped_storage()._cdata for x in xs if isinstance(x, torch.Tensor)]
 
 
+# The memo of functional meta calls (_DispatchRecorder), shared by the captures of a process: the same signature gives
+# the same output layout in any capture (a serve pricing's decode steps at two KV lengths repeat every call outside
+# attention). One per default dtype (a factory call without a dtype takes it); emptied past MEMO_KEPT entries.
+_MEMOS: dict[Any, dict[Any, Any]] = {}
+MEMO_KEPT = 20_000  # a serve pricing of DeepSeek-R1 keeps about 1,300
+
+
+def _shared_memo() -> dict[Any, Any]:
+    memo = _MEMOS.setdefault(torch.get_default_dtype(), {})
+    if len(memo) > MEMO_KEPT:
+        memo.clear()
+    return memo
+
+
 class _DispatchRecorder(TorchDispatchMode):
     """Records every aten call. On the meta device, a functional op called again with the same signature (80
     identical layers repeat every call) gets fresh outputs of the recorded shapes, strides and dtypes instead
     of running torch's Python meta kernel again: the output metadata of a functional op is a function of its
-    inputs' metadata and its other arguments. Views, in-place ops, outputs that alias an input or carry a
-    storage offset, and training captures always run the op."""
+    inputs' metadata and its other arguments (the memo is the process's, ``_MEMOS``). Views, in-place ops,
+    outputs that alias an input or carry a storage offset, and training captures always run the op."""
 
     def __init__(self, tracker: Tracker, memoize: bool = True):
         super().__init__()
         self.t = tracker
         self.memoize = memoize and not tracker.train
-        self.memo: dict[Any, Any] = {}  # signature -> (output leaves' metadata, output tree spec), or None
+        # signature -> (output leaves' metadata, output tree spec)
+        self.memo: dict[Any, Any] = _shared_memo() if self.memoize else {}
         self.ops: dict[Any, tuple[str, str, bool, bool]] = {}  # func -> (name, packet, is_view, is_inplace)
 
     def _op(self, func) -> tuple[str, str, bool, bool]:

@@ -7,12 +7,12 @@ and split into tensors and JSON scalars, and a call's signature for replaying it
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakIdKeyDictionary
 
 from opmap.capture.layer_types import classify
 from opmap.graph import Node, TensorMeta
@@ -43,18 +43,40 @@ def jsonable(v: Any) -> Any:
     return repr(v)
 
 
+class IdMap:
+    """A map keyed by an object's identity that holds the object weakly, as torch.utils.weak.WeakIdKeyDictionary
+    does for ``get`` and item assignment, at the cost of a dict look-up: each entry keeps a weak reference to its
+    key beside the value, and a look-up answers only while that reference still points at the object asked for.
+    An id left behind by a dead key (and reused by a new object) so reads as absent, as the weak dictionary's
+    entry, dropped by its callback, would; the dead entry stays until it is overwritten or the map is dropped (a
+    capture's: thousands of entries). The weak dictionary makes a weak reference on every look-up (a capture
+    does about ten a node)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self):
+        self._d: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        e = self._d.get(id(key))
+        return e[1] if e is not None and e[0]() is key else default
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._d[id(key)] = (weakref.ref(key), value)
+
+
 class Tracker:
     """State shared by the dispatch and function modes during one capture."""
 
     def __init__(self, overrides: Sequence[tuple[str, str]]):
         self.nodes: list[Node] = []
-        self.producer = WeakIdKeyDictionary()  # tensor -> node id that produced it
-        self.param_of = WeakIdKeyDictionary()  # tensor -> parameter / buffer name (views included)
+        self.producer = IdMap()  # tensor -> node id that produced it
+        self.param_of = IdMap()  # tensor -> parameter / buffer name (views included)
         # storage -> last node that wrote it, keyed by the storage's own Python object (torch keeps one a storage,
         # as it does a tensor's): a raw storage address is reused once its storage is freed, and a new tensor that
         # lands there (an optimizer's step counter, a late scratch tensor) would read as written by a dead one's
         # writer, differently each run
-        self.storage_writer = WeakIdKeyDictionary()
+        self.storage_writer = IdMap()
         self.stack: list[tuple[str, str]] = []  # (module path, class name), outermost first
         self.overrides = overrides
         self.suppress = 0  # >0 while a whole-recorded call runs its own aten ops

@@ -151,8 +151,9 @@ class FusionPlan:
                 "max_kernel_nodes": MAX_KERNEL_NODES}
 
 
-def _real_producers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]]:
-    """Per node, the kernel nodes whose outputs it reads, looking through views."""
+def _real_producers(graph: OpGraph, is_kernel: Sequence[bool], direct: list[tuple[int, ...]]) -> list[list[int]]:
+    """Per node, the kernel nodes whose outputs it reads, looking through views (``direct``: each node's producers,
+    ``Node.producers``)."""
     memo: dict[int, list[int]] = {}
 
     def through(pid: int) -> list[int]:
@@ -161,14 +162,21 @@ def _real_producers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]
         if is_kernel[pid]:
             memo[pid] = [pid]
         else:
-            memo[pid] = sorted({q for p in graph.nodes[pid].producers for q in through(p)})
+            memo[pid] = sorted({q for p in direct[pid] for q in through(p)})
         return memo[pid]
 
-    return [sorted({q for p in n.producers for q in through(p)}) for n in graph.nodes]
+    # a node reading kernels only: its producers as they are (sorted, each once)
+    return [list(ps) if all(is_kernel[p] for p in ps) else sorted({q for p in ps for q in through(p)})
+            for ps in direct]
 
 
-def _real_consumers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]]:
-    direct = graph.consumers()
+def _real_consumers(graph: OpGraph, is_kernel: Sequence[bool], producers: list[tuple[int, ...]]) -> list[list[int]]:
+    """Per node, the kernel nodes that read its outputs, looking through views (``producers``: each node's,
+    ``Node.producers``; the direct consumers are ``OpGraph.consumers``, read off them)."""
+    direct: list[list[int]] = [[] for _ in graph.nodes]
+    for nid, ps in enumerate(producers):
+        for p in ps:
+            direct[p].append(nid)
     memo: dict[int, list[int]] = {}
 
     def through(cid: int) -> list[int]:
@@ -177,7 +185,9 @@ def _real_consumers(graph: OpGraph, is_kernel: Sequence[bool]) -> list[list[int]
         memo[cid] = [cid] if is_kernel[cid] else sorted({q for c in direct[cid] for q in through(c)})
         return memo[cid]
 
-    return [sorted({q for c in direct[n.id] for q in through(c)}) for n in graph.nodes]
+    # consumers appended in node order, each once: a node read by kernels only keeps its list as it is
+    return [list(cs) if all(is_kernel[c] for c in cs) else sorted({q for c in cs for q in through(c)})
+            for cs in direct]
 
 
 def _saved_bytes(graph: OpGraph, members: set[int], consumers: list[list[int]], is_kernel,
@@ -193,7 +203,8 @@ def _saved_bytes(graph: OpGraph, members: set[int], consumers: list[list[int]], 
     for nid in members:
         n = graph.nodes[nid]
         for t in n.inputs:
-            if t.producer is not None and _root(graph, t.producer, is_kernel) & members:
+            p = t.producer
+            if p is not None and (p in members if is_kernel[p] else _root(graph, p, is_kernel) & members):
                 saved += t.storage_bytes
             else:
                 key = ("param", t.param) if t.param else ("t", t.producer, t.shape, t.dtype, t.stride)
@@ -229,8 +240,9 @@ def plan_fusion(graph: OpGraph, costs: Sequence[OpCost], policy: str = "eager",
     classes = [kernel_class(n, c) if c.kernel else "none" for n, c in zip(graph.nodes, costs)]
     if policy == "eager" and plan_file is None:  # a kernel per node: no edges to read
         return _eager_plan(costs, classes, is_kernel)
-    producers = _real_producers(graph, is_kernel)
-    consumers = _real_consumers(graph, is_kernel)
+    direct = [n.producers for n in graph.nodes]
+    producers = _real_producers(graph, is_kernel, direct)
+    consumers = _real_consumers(graph, is_kernel, direct)
     if plan_file is not None:
         groups, group_of = plan_file_groups(plan_file, graph, is_kernel, producers)
         grouped_ids: set[int] = set()

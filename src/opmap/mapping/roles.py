@@ -256,16 +256,18 @@ def _forward_roles(nodes, fwd, block, order, experts, fused: set[int],
                    stacked: dict[int, str] | None = None, n_stacked: int = 0) -> _Walk:
     """The forward walk; walked again with the low-rank down projections it found held whole (a projection is
     known low-rank only once its norm is reached), until none is new."""
-    gemms_out = [n for n in fwd if is_weight_gemm(n) and block[n.id] is None]
+    # what each node is, read once for every walk: 1 an embedding, 2 a weight GEMM, 0 anything else
+    kinds = [1 if n.packet == "embedding" else 2 if is_weight_gemm(n) else 0 for n in fwd]
+    gemms_out = [n for n, kind in zip(fwd, kinds) if kind == 2 and block[n.id] is None]
     head = gemms_out[-1].id if gemms_out and order and gemms_out[-1].id > max(
         n.id for n in fwd if block[n.id] == order[-1]) else None
     lowrank: set[int] = set()
     while True:
         w = _Walk(stacked=stacked or {}, n_stacked=n_stacked, lowrank=set(lowrank))
-        for n in fwd:
-            if n.packet == "embedding":
+        for n, kind in zip(fwd, kinds):
+            if kind == 1:
                 w.role[n.id] = "vocab"
-            elif is_weight_gemm(n):
+            elif kind == 2:
                 _weight_gemm_role(w, nodes, n, block[n.id], head, experts)
             elif any(t.producer in w.split for t in n.inputs):
                 _spread(w, nodes, n)
@@ -338,7 +340,13 @@ def infer_roles(graph: OpGraph) -> Roles:
 
 def _infer_roles(graph: OpGraph) -> Roles:
     nodes = graph.nodes
-    block = {n.id: block_of(n.module) for n in nodes}
+    of_module: dict[str, str | None] = {}  # a module's block, read once per module path
+    block = {}
+    for n in nodes:
+        b = of_module.get(n.module, False)
+        if b is False:
+            b = of_module[n.module] = block_of(n.module)
+        block[n.id] = b
     order = _block_order(nodes, block)
     fwd = [n for n in nodes if phase_of(n) == "forward"]
     stacked, n_stacked = _stacked_experts(graph, fwd)

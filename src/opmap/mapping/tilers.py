@@ -23,7 +23,7 @@ from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
-from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, cpu_tile_candidates, tile_candidates
+from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, best_tiles, cpu_tile_candidates
 from opmap.ops import MatrixFamily
 from opmap.precision import Precision, format_bytes
 
@@ -80,14 +80,14 @@ def gpu_gemm(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> Ti
     # an implicit-GEMM convolution reads its input, not the unfolded im2col matrix (k x k windows overlap)
     im2col = p.batch * p.m * p.k * format_bytes(prec.operand_format)
     a_unique = min(1.0, c.bytes_read / im2col) if p.family == MatrixFamily.CONV and c.bytes_read else 1.0
-    try:
-        cands = tile_candidates(p.batch, p.m, p.n, p.k, prec.operand_format, sram_per_unit=hw.sram_per_unit_bytes,
-                                units=hw.compute_units, l2_bytes=hw.l2_bytes or 0.0,
-                                peak_flops_per_s=prec.matrix_rate_flops_per_s,
-                                bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s,
-                                b_elem_bytes=prec.weight_operand_bytes, sram_bytes_per_s=hw.sram_bytes_per_s,
-                                min_bm=hw.mma_min_m, a_unique=round(a_unique, 6),
-                                dense_peak_flops_per_s=prec.matrix_peak_flops_per_s, stream_k=hw.stream_k_gemm)
+    try:  # the best tile and the runner-up (tiling.tile_candidates' first two)
+        cands = best_tiles(p.batch, p.m, p.n, p.k, prec.operand_format, sram_per_unit=hw.sram_per_unit_bytes,
+                           units=hw.compute_units, l2_bytes=hw.l2_bytes or 0.0,
+                           peak_flops_per_s=prec.matrix_rate_flops_per_s,
+                           bandwidth_bytes_per_s=hw.memory_rate_bytes_per_s,
+                           b_elem_bytes=prec.weight_operand_bytes, sram_bytes_per_s=hw.sram_bytes_per_s,
+                           min_bm=hw.mma_min_m, a_unique=round(a_unique, 6),
+                           dense_peak_flops_per_s=prec.matrix_peak_flops_per_s, stream_k=hw.stream_k_gemm)
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile, reps = cands[0], _reps(c)

@@ -32,6 +32,7 @@ byte), else the kernel pads K and the sheet says so.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from dataclasses import dataclass
 from itertools import product
@@ -138,6 +139,45 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
     ``dense_peak_flops_per_s`` (the instruction rate at the same clock; default ``peak_flops_per_s``);
     ``min_bm`` the matrix instruction's row count; ``a_unique`` see operand_traffic; ``stream_k``: the device's
     GEMM library also schedules Stream-K (a candidate beside each tile whose last wave is partial)."""
+    rows = _gemm_rows(batch, m, n, k, dtype, sram_per_unit, units, l2_bytes, peak_flops_per_s, bandwidth_bytes_per_s,
+                      out_dtype_bytes, b_elem_bytes, sram_bytes_per_s, min_bm, a_unique, dense_peak_flops_per_s,
+                      stream_k)
+    return tuple(sorted((Tile(*r) for r in rows), key=_gemm_rank))
+
+
+@functools.lru_cache(maxsize=4096)
+def best_tiles(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_unit: float, units: int,
+               l2_bytes: float, peak_flops_per_s: float, bandwidth_bytes_per_s: float,
+               out_dtype_bytes: float | None = None, b_elem_bytes: float | None = None,
+               sram_bytes_per_s: float | None = None, min_bm: int = 16,
+               a_unique: float = 1.0, dense_peak_flops_per_s: float | None = None,
+               stream_k: bool = False, count: int = 2) -> tuple[Tile, ...]:
+    """``tile_candidates(...)[:count]`` (the best tile and the runner-up a kernel row shows) without making a Tile
+    of every candidate: the same rows ranked by the same key (``heapq.nsmallest`` is ``sorted(...)[:count]``, ties
+    in the same order), a Tile made of the first ``count`` only."""
+    rows = _gemm_rows(batch, m, n, k, dtype, sram_per_unit, units, l2_bytes, peak_flops_per_s, bandwidth_bytes_per_s,
+                      out_dtype_bytes, b_elem_bytes, sram_bytes_per_s, min_bm, a_unique, dense_peak_flops_per_s,
+                      stream_k)
+    return tuple(Tile(*r) for r in heapq.nsmallest(count, rows, key=_row_rank))
+
+
+def _gemm_rank(t: Tile) -> tuple:
+    """The order of GEMM tiles (module docstring): time, then fewer split-K slices, data-parallel before Stream-K,
+    the deeper pipeline, the larger tile, the deeper K step."""
+    return round(t.time_s, 15), t.split_k, t.stream_k, -t.stages, -(t.bm * t.bn), -t.bk
+
+
+def _row_rank(r: tuple) -> tuple:
+    """``_gemm_rank`` of the Tile ``r`` makes (``Tile(*r)``), read off the row: (bm, bn, bk, stages, sram, tiles,
+    waves, tile eff, wave eff, traffic, compute_s, memory_s, k_padded, split_k, feed, stream_k)."""
+    return round(max(r[10], r[11]), 15), r[13], r[15], -r[3], -(r[0] * r[1]), -r[2]
+
+
+def _gemm_rows(batch, m, n, k, dtype, sram_per_unit, units, l2_bytes, peak_flops_per_s, bandwidth_bytes_per_s,
+               out_dtype_bytes, b_elem_bytes, sram_bytes_per_s, min_bm, a_unique, dense_peak_flops_per_s,
+               stream_k) -> list[tuple]:
+    """Every legal GEMM candidate as the fields of its Tile, in search order (``tile_candidates``' docstring);
+    raises OpmapError naming the limit when none is legal."""
     e = format_bytes(dtype)
     out_e = out_dtype_bytes if out_dtype_bytes is not None else max(e, 2)
     align = max(1, 128 // get_format(dtype).bits)  # K padded to 16 bytes of elements (a block's scales aside)
@@ -170,8 +210,8 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
         # the split-K partial sums are reduced after the K loop, serially: the matrix units wait for them
         compute = (flops * (k_pad / k) / (peak_flops_per_s * tile_eff * wave_eff * feed)
                    + batch * partials / bandwidth_bytes_per_s)
-        out.append(Tile(bm, bn, bk, st, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
-                        traffic / bandwidth_bytes_per_s, k_pad, sk, feed))
+        out.append((bm, bn, bk, st, sram, tiles, waves, tile_eff, wave_eff, traffic, compute,
+                    traffic / bandwidth_bytes_per_s, k_pad, sk, feed, False))
         if stream_k and sk == 1 and wave_eff < 1.0:
             # Stream-K (Osama et al., PPoPP 2023; the persistent tile schedulers of CUTLASS 3 / cuBLAS on
             # Hopper and Blackwell): the tiles' K iterations are dealt evenly to the units, so the last wave's
@@ -183,14 +223,13 @@ def tile_candidates(batch: int, m: int, n: int, k: int, dtype: str, *, sram_per_
             sk_compute = (flops * (k_pad / k) / (peak_flops_per_s * tile_eff * sk_eff * feed)
                           + batch * fixup / bandwidth_bytes_per_s)
             sk_traffic = traffic + batch * fixup
-            out.append(Tile(bm, bn, bk, st, sram, tiles, waves, tile_eff, sk_eff, sk_traffic, sk_compute,
-                            sk_traffic / bandwidth_bytes_per_s, k_pad, 1, feed, True))
+            out.append((bm, bn, bk, st, sram, tiles, waves, tile_eff, sk_eff, sk_traffic, sk_compute,
+                        sk_traffic / bandwidth_bytes_per_s, k_pad, 1, feed, True))
     if not out:
         sram, bm, bn, bk, st = smallest
         raise OpmapError(f"no legal GEMM tile: the smallest ({bm}x{bn}x{bk}, {st} stages) needs "
                          f"{sram / 1e3:.3g} kB of shared memory, the device has {sram_per_unit / 1e3:.3g} kB")
-    return tuple(sorted(out, key=lambda t: (round(t.time_s, 15), t.split_k, t.stream_k, -t.stages, -(t.bm * t.bn),
-                                            -t.bk)))
+    return out
 
 
 BR_CHOICES = (64, 128)  # query rows per block (FlashAttention-2 uses 64 / 128 on Ampere / Hopper)
