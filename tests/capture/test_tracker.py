@@ -61,14 +61,14 @@ def test_an_id_map_forgets_a_dead_key_whose_id_a_new_object_takes():
     assert m.get(a) == 7 and m.get(Key()) is None and m.get(Key(), -1) == -1
     dead = id(a)
     del a  # freed at once (no cycle): its memory goes to the next Key
-    reused = False
+    same = None  # the new Key that got the dead one's id
     for _ in range(200):
         b = Key()
         assert m.get(b) is None
         if id(b) == dead:
-            reused = True
+            same = b
             break
         del b
-    assert reused  # the id was handed back: the case was exercised
-    m[b] = 8
-    assert m.get(b) == 8
+    assert same is not None  # the id was handed back: the case was exercised
+    m[same] = 8
+    assert m.get(same) == 8
