@@ -60,3 +60,18 @@ def test_bad_targets_are_one_line_errors(refused, fail_if_called, args, needle):
     fail_if_called("opmap.bench.launch.write_model")
     fail_if_called("opmap.bench.client.run_load")
     refused("bench", *args, needle=needle)
+
+
+def test_the_prediction_is_priced_to_the_loads_longest_prompt(tmp_path):
+    """bench --predict prices before the load is drawn: its prefill points reach the longest prompt the length spec
+    draws (Length.longest), as serve's do, past the default points (to 2048), so a 6000-token prompt's causal
+    attention is priced at its own length (opmap.serve.model_cost.prefill_lengths: 2048, then 6000)."""
+    from opmap.cli import bench_predict as bp
+    from opmap.serve.arrivals import parse_length
+
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, "max_position_embeddings": 8192}))
+    cfg = str(tmp_path / "config.json")
+    longest = parse_length("uniform:1000,6000").longest()
+    cost = bp.price(cfg, "h100-sxm", "bf16", "engine", None, longest)
+    assert max(cost.prefill_tokens) == 6000
+    assert max(bp.price(cfg, "h100-sxm", "bf16", "engine", None).prefill_tokens) == 2048

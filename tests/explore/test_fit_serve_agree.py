@@ -42,3 +42,28 @@ def test_fit_and_serve_give_one_capacity_for_the_same_layout(model, tmp_path):
     assert (lay.tp, lay.pp, lay.replicas) == (1, 1, 4)
     assert serve.saturation_per_s == pytest.approx(4 * lay.saturation_per_s, rel=1e-9)
     assert cell.chosen.rate_at_slo_per_s == pytest.approx(serve.rate_per_s, rel=0.02)
+
+
+def test_fit_prices_a_long_prompt_run_as_serve_does(tmp_path):
+    """8192-token prompts, past the last default prefill point (2048): serve prices a prefill point at the run's
+    longest prompt (opmap.serve.model_cost.prefill_lengths), so the quadratic attention of an 8192-token prompt is
+    counted; fit's layout search prices the same way, so its saturation rate is serve's for the same layout, and
+    not the rate of a table whose prefill stops at 2048 (which pays per token what a 2048-token prompt pays)."""
+    cfg = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 16384}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = str(tmp_path / "config.json")
+    cell = fit_cell(model, "h100-sxm", SLO, "8192", "16", 50, devices=1, devices_budget=1)
+
+    def saturation(longest_prompt):
+        cost = model_table_cost(model, "h100-sxm", "bf16", 1, max_context=8192 + 16, longest_prompt=longest_prompt)
+        probe = RateProbe(Arrival("poisson", 10.0), parse_length("8192"), parse_length("16"), 50, default_policy(),
+                          cost, 1, "round_robin", 0, SLO)
+        return cost, steady_capacity(probe).saturation_per_s
+
+    cost, as_serve = saturation(8192)
+    assert max(cost.prefill_tokens) >= 8192  # a point at the longest prompt
+    assert cell.layout.saturation_per_s == pytest.approx(as_serve, rel=1e-9)
+    _, short_table = saturation(None)
+    assert short_table > as_serve * 1.001  # the table without that point undercounts the attention: faster

@@ -199,3 +199,19 @@ def test_a_capped_length_is_truncated_at_its_max():
         parse_length("lognormal:152,0.872,100")
     with pytest.raises(OpmapError, match="accepted"):
         parse_length("uniform:1,5,9")
+
+
+@pytest.mark.parametrize("spec, longest", [("512", 512), ("uniform:100,3000", 3000), ("normal:800,200,1500", 1500),
+                                           ("lognormal:1000,0.5,4096", 4096), ("lognormal:1000,0.5", None),
+                                           ("trace", None)])
+def test_the_longest_length_a_spec_draws_is_known_before_drawing(spec, longest):
+    """What bench --predict prices its prefill points to before the load is drawn: N, B, or the cap; None where a
+    distribution has no bound. Every draw stays within it."""
+    from opmap.serve.arrivals import Arrival
+
+    length = parse_length(spec)
+    assert length.longest() == longest
+    if longest is not None:
+        drawn = make_requests(Arrival("poisson", 1.0), length, parse_length("1"), 2000, 0, max_span_s=None)
+        assert int(drawn.input_len.max()) <= longest
+        assert int(drawn.input_len.max()) >= 0.5 * longest  # 2000 draws reach near the top of these specs

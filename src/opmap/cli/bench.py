@@ -146,7 +146,7 @@ def bench(
                  kv_blocks, tokenizer, predict, hardware, config, dtype, runtime, stack, metrics_url,
                  metrics_interval)
     load = _parse(o)
-    target = _prediction_target(o)
+    target = _prediction_target(o, load)
     srv, result, plan, policy, overhead = _drive_load(o, load, target.cost)
     _render(o, srv, result, plan, policy, overhead, target, store, no_store)
 
@@ -269,7 +269,7 @@ def _parse(o: _Options) -> _Load:
     return _Load(o.arrival, o.concurrency, requests, o.duration, o.warmup, ilen, olen, o.seed)
 
 
-def _prediction_target(o: _Options) -> _Target:
+def _prediction_target(o: _Options, load: _Load) -> _Target:
     """--predict's model, device and dtype and, with --predict, the step cost: priced before the server starts (a
     bad --hardware or config costs nothing)."""
     from opmap.cli import bench_predict as bp
@@ -284,7 +284,7 @@ def _prediction_target(o: _Options) -> _Target:
     config = o.launch or o.config
     hw = o.hardware or ("local" if o.launch else None)
     dtype = o.dtype or (bp.launched_dtype(o.launch) if o.launch else "bf16")
-    cost = bp.price(config, hw, dtype, o.runtime, None) if o.predict else None
+    cost = bp.price(config, hw, dtype, o.runtime, None, load.ilen.longest()) if o.predict else None
     return _Target(config, hw, dtype, cost, stack)
 
 

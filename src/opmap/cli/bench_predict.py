@@ -62,13 +62,15 @@ def launched(config: str | None, device: str, threads: int | None, kv_blocks: in
     console.print(f"stopped the server (pid {srv.pid})", highlight=False)
 
 
-def price(config: str, hardware: str, dtype: str, runtime: str, max_context: int | None):
-    """The step cost of ``config`` on ``hardware`` (opmap.serve.model_cost), priced before anything starts."""
+def price(config: str, hardware: str, dtype: str, runtime: str, max_context: int | None,
+          longest_prompt: int | None = None):
+    """The step cost of ``config`` on ``hardware`` (opmap.serve.model_cost), priced before anything starts;
+    ``longest_prompt``: the load's longest prompt, where the prefill points reach (as serve prices them)."""
     from opmap.serve.model_cost import model_table_cost
 
     with console.status(f"pricing {safe(config)} on {safe(hardware)}") as st:
         return model_table_cost(config, hardware, dtype, runtime=runtime, max_context=max_context,
-                                progress=lambda s: st.update(safe(s)))
+                                progress=lambda s: st.update(safe(s)), longest_prompt=longest_prompt)
 
 
 def launched_dtype(config: str) -> str:

@@ -117,9 +117,10 @@ def layout_candidates(model: str, hw, budget: int, dtype: str, devices: int | No
 def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, runtime: str = "engine",
                  progress: Callable[[str], None] | None = None, max_context: int | None = None,
                  kv_dtype: str | None = None, gpu_memory_utilization: float = 0.9, ep: int = 1,
-                 memory_of: str = "total", dp_attention: bool = False):
+                 memory_of: str = "total", dp_attention: bool = False, longest_prompt: int | None = None):
     """``model_table_cost`` for one layout: ``max_context`` is the longest prompt + output the run holds (refused
-    past the model's positions); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
+    past the model's positions), ``longest_prompt`` its longest prompt (where the prefill points reach, as serve
+    prices them); ``kv_dtype`` and ``gpu_memory_utilization`` as serve's --kv-dtype and
     --gpu-memory-utilization (``memory_of``: what that fraction is of, an engine preset's); ``ep``: the experts
     over the tp group, at the default expert load imbalance; ``dp_attention``: the attention data-parallel over the
     ep = tp ranks (serve's --dp-attention), each rank ``pp`` stages."""
@@ -127,7 +128,7 @@ def price_layout(model: str, hardware: str, dtype: str, tp: int, pp: int = 1, ru
 
     return model_table_cost(model, hardware, dtype, tp, pp=pp, runtime=runtime, max_context=max_context,
                             progress=progress, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
-                            ep=ep, memory_of=memory_of, dp_attention=dp_attention)
+                            ep=ep, memory_of=memory_of, dp_attention=dp_attention, longest_prompt=longest_prompt)
 
 
 def _with_ep(todo: list[tuple[int, int]], geo) -> list[tuple[int, int, int, bool]]:
@@ -203,7 +204,8 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
 
     ilen, olen = parse_length(input_len), parse_length(output_len)
     drawn = make_requests(Arrival("poisson", 1.0), ilen, olen, requests, seed, max_span_s=None)
-    longest = int((drawn.input_len + drawn.output_len).max())  # as serve prices it: the longest request drawn
+    # as serve prices it: the longest request drawn (prompt + output) and the longest prompt
+    longest = (int((drawn.input_len + drawn.output_len).max()), int(drawn.input_len.max()))
     todo = _with_ep(layout_candidates(model, hw, budget, dtype, devices), model_geometry(model))
     say = progress or (lambda s: None)  # two notes a layout: priced (or skipped), then searched (or not)
     tried: list[LayoutResult] = []
@@ -236,11 +238,12 @@ def search(model: str, hw, budget: int, slo, input_len: str, output_len: str, re
 
 
 def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requests: int, dtype: str,
-           runtime: str, policy, seed: int, longest: int, kv_dtype: str | None, gpu_memory_utilization: float,
-           engine: tuple | None = None):
+           runtime: str, policy, seed: int, longest: tuple[int, int], kv_dtype: str | None,
+           gpu_memory_utilization: float, engine: tuple | None = None):
     """``lay`` skipped (weights outgrow the devices, or its pricing refused) or priced and bounded by its offline
     saturation run: (the layout, its RateProbe, the saturation summary, the runtime priced under); the last
-    three None where it was not priced or not bounded. ``engine``: (an Applied preset, the run's mean lengths,
+    three None where it was not priced or not bounded. ``longest``: (the longest request, the longest prompt)
+    drawn. ``engine``: (an Applied preset, the run's mean lengths,
     the search's settings by (tp, pp, ep, dp_attention), filled here) sizes the memory and the policy as that
     engine would."""
     from opmap.serve.arrivals import Arrival
@@ -251,9 +254,10 @@ def _bound(lay: LayoutResult, model: str, hw, budget: int, slo, ilen, olen, requ
         return replace(lay, reason=why), None, None, None
     memory = engine[0].memory(hw, lay.tp, lay.pp) if engine is not None else None
     try:
-        cost = price_layout(model, hw.name, dtype, lay.tp, lay.pp, runtime, max_context=longest, kv_dtype=kv_dtype,
+        cost = price_layout(model, hw.name, dtype, lay.tp, lay.pp, runtime, max_context=longest[0], kv_dtype=kv_dtype,
                             gpu_memory_utilization=memory.fraction if memory else gpu_memory_utilization,
-                            memory_of=memory.of if memory else "total", ep=lay.ep, dp_attention=lay.dp_attention)
+                            memory_of=memory.of if memory else "total", ep=lay.ep, dp_attention=lay.dp_attention,
+                            longest_prompt=longest[1])
         if engine is not None:
             policy = _preset_policy(engine, model, dtype, hw, lay, cost, memory)
     except OpmapError as e:

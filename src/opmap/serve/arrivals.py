@@ -96,6 +96,15 @@ class Length:
                 "normal": f"normal:{self.a:g},{self.b:g}{cap}", "lognormal": f"lognormal:{self.a:g},{self.b:g}{cap}",
                 "trace": "trace"}[self.kind]
 
+    def longest(self) -> int | None:
+        """The longest length this distribution draws: N, B, or a normal / lognormal's cap; None where no bound is
+        known before drawing (an uncapped normal / lognormal, a trace)."""
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return int(self.b)
+        return self.cap
+
 
 @dataclass(frozen=True)
 class Requests:
