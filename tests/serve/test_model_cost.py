@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -433,3 +434,33 @@ def test_a_chunked_long_prompt_pays_its_attention_to_earlier_chunks(model, tmp_p
     assert chunked == pytest.approx(c.prefill_s(8192, 1) + 3 * p0, rel=1e-9)
     cross = (8192 ** 2 / 2 - 4 * 2048 ** 2 / 2) * 32 * 4 * 128 * layers / 539e12
     assert chunked - 4 * c.prefill_s(2048, 1) >= cross
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "qwen3"])
+def test_a_prefill_point_prices_the_lm_head_over_the_last_token(model, tmp_path):
+    """Engines compute the logits they sample, one row per prompt (vLLM v1 ``logits_indices = query_start_loc[1:] -
+    1``; TensorRT-LLM's gather_context_logits off by default): a prefill point's LM head is one token's, 2 x hidden x
+    vocab FLOPs (Llama 3 8B: 2 x 4096 x 128,256 = 1,050,673,152; Qwen3-8B: 2 x 4096 x 151,936), and the point's
+    graph has 2 x (S - 1) x hidden x vocab FLOPs fewer than analyze's prefill of S tokens (every position's
+    logits, as a model's plain forward computes them), the rest the same."""
+    from hf_family_configs import QWEN3_8B, shallow
+    from opmap.phases.step import analyze_phase, capture_phase
+    from opmap.workloads.phases import PhaseSpec, phase_workload
+
+    vocab, hidden = (128256, 4096) if model == "llama-3-8b" else (151936, 4096)
+    if model == "qwen3":
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(shallow(QWEN3_8B, 2)))
+        model = str(path)
+    hw, spec, s = get_hardware("h100-sxm"), PhaseSpec("prefill"), 512
+    m = Resolved.build(model, "bf16")
+    m.set_layers(2)
+    served = m.prefill(s)
+    a = analyze_phase(capture_phase(served, spec), served, hw, "bf16", spec).analysis
+    head = sum(r.cost.flops for r in a.results if r.node.module == "lm_head")
+    assert head == 2 * hidden * vocab
+    # the same two layers, every position's logits: the shallow config through analyze's loader; the zoo module
+    # cut to two layers, called with its prompt alone
+    plain = phase_workload(model, spec, 1, s, "bf16") if m.hf else replace(served, inputs=(served.inputs[0],))
+    b = analyze_phase(capture_phase(plain, spec), plain, hw, "bf16", spec).analysis
+    assert sum(r.cost.flops for r in b.results) - sum(r.cost.flops for r in a.results) == 2 * (s - 1) * hidden * vocab

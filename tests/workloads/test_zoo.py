@@ -242,3 +242,25 @@ def test_gpt_attention_dropout_is_in_the_fused_kernel_in_training_only():
 
     assert sdpa_dropout(0.1, True) == [0.1] and sdpa_dropout(0.1, False) == [0.0]
     assert sdpa_dropout(0.0, True) == [0.0]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_logits_to_keep_gives_the_last_rows_of_the_full_logits(family):
+    """The zoo decoders take transformers' ``logits_to_keep`` (serve prices a prompt's LM head over its last token,
+    as engines sample it): on real CPU weights, the kept rows are the full forward's last rows, and 0 keeps all."""
+    from opmap.workloads.gpt2 import GPT2, GPT2Config
+    from opmap.workloads.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    if family == "llama":
+        model = Llama(LlamaConfig(vocab_size=97, dim=64, n_layer=2, n_head=4, n_kv_head=2, ffn_dim=96))
+    else:
+        model = GPT2(GPT2Config(vocab_size=97, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    ids = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        full = model(ids)
+        assert full.shape == (2, 11, 97) and torch.equal(model(ids, None, 0), full)
+        for keep in (1, 3):
+            kept = model(ids, None, keep)
+            assert kept.shape == (2, keep, 97)
+            torch.testing.assert_close(kept, full[:, -keep:], rtol=1e-5, atol=1e-5)

@@ -115,12 +115,25 @@ class Resolved:
                       f"capture (from layer {self.prefix} every {self.period}: {st.long})")
 
     def prefill(self, seq: int):
+        """A prompt of ``seq`` tokens, the LM head over its last token only where the model takes transformers'
+        ``logits_to_keep`` (every Hugging Face causal LM and opmap's zoo decoders): a serving engine computes the
+        logits it samples, one per prompt (vLLM v1 gpu_model_runner.py: ``logits_indices = query_start_loc[1:] - 1``;
+        TensorRT-LLM's gather_context_logits is off by default), not a vocabulary-wide row per prompt token."""
+        import inspect
+
         import torch
 
         w = self.workload
         with torch.device("meta"):
             ids = torch.zeros(1, seq, dtype=torch.long)
-        inputs = {"input_ids": ids, "use_cache": False} if self.hf else (ids,)
+        try:
+            last = "logits_to_keep" in inspect.signature(w.module.forward).parameters
+        except (TypeError, ValueError):  # a forward without a signature to read: every position, as it runs
+            last = False
+        if self.hf:
+            inputs = {"input_ids": ids, "use_cache": False, **({"logits_to_keep": 1} if last else {})}
+        else:
+            inputs = (ids, None, 1) if last else (ids,)
         return replace(w, inputs=inputs, batch=1, seq=seq)
 
     def decode(self, batch: int, kv: int, kv_write: str = "in-place", queries: int = 1):

@@ -103,12 +103,15 @@ class GPT2(nn.Module):
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
 
-    def forward(self, idx, kv_cache=None):
-        """``kv_cache``: decode, one (K, V) pair of (B, H, L, D) per block; the new tokens take its last slots."""
+    def forward(self, idx, kv_cache=None, logits_to_keep: int = 0):
+        """``kv_cache``: decode, one (K, V) pair of (B, H, L, D) per block; the new tokens take its last slots.
+        ``logits_to_keep``: the LM head over the last that many positions only (0: every position), as
+        transformers' argument of that name."""
         t = idx.shape[1]
         start = kv_cache[0][0].shape[-2] - t if kv_cache is not None else 0
         pos = torch.arange(start, start + t, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for i, block in enumerate(self.h):
             x = block(x, kv_cache[i] if kv_cache is not None else None)
-        return self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        return self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)

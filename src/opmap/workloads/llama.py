@@ -188,13 +188,15 @@ class Llama(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids, kv_cache=None):
+    def forward(self, input_ids, kv_cache=None, logits_to_keep: int = 0):
         """``kv_cache``: decode, one (K, V) pair of (B, H_kv, L, D) per layer holding L tokens, the last
-        ``input_ids.shape[1]`` of them the new tokens' (positions L - t .. L - 1)."""
+        ``input_ids.shape[1]`` of them the new tokens' (positions L - t .. L - 1). ``logits_to_keep``: the LM head
+        over the last that many positions only (0: every position), as transformers' argument of that name."""
         x = self.embed_tokens(input_ids)
         t = input_ids.shape[1]
         start = kv_cache[0][0].shape[-2] - t if kv_cache is not None else 0
         cos, sin = self.rotary(t, x.dtype, start)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None)
-        return self.lm_head(self.norm(x))
+        x = self.norm(x)
+        return self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)
