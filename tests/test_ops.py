@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from opmap.costs.pointwise import POINTWISE_WEIGHTS
-from opmap.ops import (POINTWISE_OPS, base_name, causal_pairs, chunked_keys_read, chunked_pairs, end_aligned_pairs,
-                       is_pointwise, packet)
+from opmap.ops import (
+    POINTWISE_OPS,
+    base_name,
+    causal_pairs,
+    chunked_keys_read,
+    chunked_pairs,
+    end_aligned_pairs,
+    is_pointwise,
+    packet,
+)
 
 
 def test_pointwise_taxonomy_and_cost_weights_agree():

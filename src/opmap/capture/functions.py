@@ -5,7 +5,8 @@ underneath kept in ``args["backend_op"]``; training dropout as CUDA's one fused 
 a flash-attention backward node standing in for the fused kernel's backward; ``kv_cache`` marks, the K and V an
 attention that is not one SDPA call (transformers' eager path) holds in its cache; and ``sink_attention``, attention
 with a learned sink logit per head (gpt-oss), recorded as the one fused kernel serving engines run for it; and
-``chunked_attention``, chunked local attention (Llama 4's chunked layers), recorded as the chunked kernel engines run."""
+``chunked_attention``, chunked local attention (Llama 4's chunked layers), recorded as the chunked kernel engines
+run."""
 
 from __future__ import annotations
 

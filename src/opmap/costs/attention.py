@@ -127,5 +127,6 @@ def sdpa_cost(node: Node) -> OpCost:
         return cost
     # a chunked kernel reads K and V only where some query's chunk reaches (the keys before the first query's chunk
     # start are held in the cache, never read)
-    unread = sum(t.storage_bytes for t in reads if (t is k or t is v) and t.param is None) * (1.0 - chunked_keys_read(sq, sk, chunk, q0) / sk)
+    kv = sum(t.storage_bytes for t in reads if (t is k or t is v) and t.param is None)
+    unread = kv * (1.0 - chunked_keys_read(sq, sk, chunk, q0) / sk)
     return replace(cost, bytes_read=cost.bytes_read - unread)

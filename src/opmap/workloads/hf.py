@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
+from opmap.workloads.hf_chunked import install_chunked_attention
 from opmap.workloads.hf_config import (
     ACCEPTED,
     TESTED,
@@ -61,7 +62,6 @@ from opmap.workloads.hf_config import (
 from opmap.workloads.hf_experts import balance_experts as _balance_experts
 from opmap.workloads.hf_forward import answer_packing_probe, errors_named, mark_eager_kv
 from opmap.workloads.hf_geometry import hf_geometry
-from opmap.workloads.hf_chunked import install_chunked_attention
 from opmap.workloads.hf_sinks import install_sink_attention
 from opmap.workloads.zoo import Workload, cast_to, parse_dtype
 
