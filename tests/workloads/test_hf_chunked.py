@@ -82,7 +82,7 @@ def _analyze(tmp_path, phase: PhaseSpec, seq: int | None):
     spec = replace(check_phase(phase, path, 1), kv_write=rt.kv_write)
     w = phase_workload(path, spec, 1, seq, "bf16")
     a = analyze_phase(capture_phase(w, spec), w, h, "bf16", spec, fusion=rt.fusion, runtime=rt).analysis
-    return [r for r in a.results if r.node.op == SDPA]
+    return [r for r in a.results if r.node.op == SDPA], a
 
 
 def test_maverick_prefill_counts_in_chunk_pairs(tmp_path):
@@ -90,7 +90,7 @@ def test_maverick_prefill_counts_in_chunk_pairs(tmp_path):
     the three chunked layers (chunk 8192) compute n C (C + 1) / 2 pairs per head, n = 2, C = 8192, each pair 2 x 128
     (Q K^T) + 2 x 128 (P V) FLOPs; the global NoPE layer the causal S (S + 1) / 2."""
     s, c, heads, per_pair = 16384, 8192, 40, 4 * 128
-    rows = _analyze(tmp_path, PhaseSpec("prefill"), s)
+    rows, _ = _analyze(tmp_path, PhaseSpec("prefill"), s)
     assert [r.node.args.get("chunk") for r in rows] == [c, c, c, None]
     for r in rows[:3]:
         assert r.cost.matrix_flops == heads * 2 * c * (c + 1) // 2 * per_pair
@@ -101,8 +101,8 @@ def test_maverick_prefill_counts_in_chunk_pairs(tmp_path):
 def test_maverick_decode_reads_the_chunk_of_its_position(tmp_path):
     """A decode step with 20,000 tokens in the cache (the new one at position 19,999): a chunked layer's query sees
     its chunk's keys 16,384 .. 19,999, 3,616 of them, and reads only their K and V (8 KV heads x 128, bf16); the
-    global layer all 20,000."""
-    rows = _analyze(tmp_path, PhaseSpec("decode", 20000), None)
+    global layer all 20,000; the step's memory floor reads the same KV bytes."""
+    rows, a = _analyze(tmp_path, PhaseSpec("decode", 20000), None)
     kv_bytes = 2 * 8 * 128 * 2  # K and V per token, bf16
     q_and_out = 2 * 40 * 128 * 2
     for r in rows[:3]:
@@ -110,3 +110,4 @@ def test_maverick_decode_reads_the_chunk_of_its_position(tmp_path):
         assert r.cost.matrix_flops == 40 * 3616 * 4 * 128
         assert r.cost.bytes_read + r.cost.bytes_written == 3616 * kv_bytes + q_and_out
     assert rows[3].cost.matrix_flops == 40 * 20000 * 4 * 128
+    assert a.phase_figures.floor.kv_cache_read_bytes == (3 * 3616 + 20000) * kv_bytes
