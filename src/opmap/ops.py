@@ -92,6 +92,43 @@ def end_aligned_pairs(sq: int, sk: int, window: int | None = None) -> int:
     return f(sk) - f(sk - sq)
 
 
+def chunked_pairs(sq: int, sk: int, chunk: int, q_offset: int | None = None) -> int:
+    """Unmasked (query, key) pairs under chunked local attention (Llama 4's chunked layers: a token attends to the
+    tokens of its own ``chunk``-token chunk up to itself, chunks starting at position 0), as a chunked kernel counts
+    them (TensorRT-LLM's ``attention_chunk_size``, vLLM's chunked-local attention): query i of Sq at absolute
+    position p = q_offset + i sees keys c(p) .. p, c(p) = floor(p / chunk) * chunk, of the Sk keys, which end with
+    the last query (positions q_offset + Sq - Sk .. q_offset + Sq - 1; a key before the first held one is not seen).
+    ``q_offset`` None: Sk - Sq (the keys start at position 0). From 0 (prefill of S = n chunk + r tokens):
+    n chunk (chunk + 1) / 2 + r (r + 1) / 2. Summed per chunk the queries touch: a chunk's queries a .. b from a
+    first key L give sum (p - L + 1) = (b - a + 1)(a + b) / 2 - (L - 1)(b - a + 1)."""
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    q0 = sk - sq if q_offset is None else q_offset
+    first_key = q0 + sq - sk  # absolute position of the first held key
+    total = 0
+    a = q0
+    while a < q0 + sq:
+        start = (a // chunk) * chunk
+        b = min(q0 + sq - 1, start + chunk - 1)
+        low = max(start, first_key)
+        lo = max(a, low)
+        if lo <= b:
+            n = b - lo + 1
+            total += n * (lo + b) // 2 - (low - 1) * n
+        a = b + 1
+    return total
+
+
+def chunked_keys_read(sq: int, sk: int, chunk: int, q_offset: int | None = None) -> int:
+    """The distinct keys of Sk that chunked local attention's queries see (``chunked_pairs``: the keys from the first
+    query's chunk start, or the first held key, to the last query): what a chunked kernel reads of K and V. A decode
+    step at position p reads p - c(p) + 1 of them, at most ``chunk``."""
+    q0 = sk - sq if q_offset is None else q_offset
+    first_key = q0 + sq - sk
+    low = max((max(q0, 0) // chunk) * chunk, first_key)
+    return max(0, min(sk, q0 + sq - low))
+
+
 def expected_experts(experts: int, top_k: int, tokens: float) -> float:
     """Expected distinct experts that ``tokens`` tokens activate under top-k of E with uniform, independent
     routing: each token leaves a given expert unchosen with probability 1 - k / E, so E (1 - (1 - k / E)^b)

@@ -50,7 +50,8 @@ SLEEPY = ("import os, time, torch\n"
 
 def test_lone_real_profile_runs_are_inconclusive_with_their_change_shown(tmp_path, cli, monkeypatch):
     # three real opmap profile runs of one model (a 2 ms sleep in its forward makes the latency steady); the
-    # third quadruples the sleep (8 ms: a change a loaded host's scheduling delays, a few ms, cannot hide). Too few runs to measure the noise between runs (issue 35: two lone profiles of the
+    # third quadruples the sleep (8 ms: a change a loaded host's scheduling delays,
+    # a few ms, cannot hide). Too few runs to measure the noise between runs (issue 35: two lone profiles of the
     # same MLP were once called a regression): inconclusive, exit 0, the change shown and the --rerun that
     # measures the noise named (tests/cli/test_compare_cmd.py::test_rerun_... catches the stall once measured)
     import json

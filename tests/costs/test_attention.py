@@ -158,3 +158,51 @@ def test_sink_attention_decode_reads_every_cached_key():
         q, k = torch.empty(2, 8, 1, 32), torch.empty(2, 2, 40, 32)
     c = cost_node(_sdpa_node(capture(Sinks(8, None), (q, k, k))))
     assert c.matrix_flops == 2 * 8 * 40 * (2 * 32 + 2 * 32) and c.skipped_flops == 0
+
+
+class Chunked(torch.nn.Module):
+    """Chunked local attention (opmap.capture.functions.chunked_attention) over chunks of ``chunk`` tokens, the first
+    query at absolute position ``q_offset``."""
+
+    def __init__(self, chunk: int, q_offset: int):
+        super().__init__()
+        self.chunk, self.q_offset = chunk, q_offset
+
+    def forward(self, q, k, v):
+        from opmap.capture.functions import chunked_attention
+
+        return chunked_attention(q, k, v, self.chunk, self.q_offset)
+
+
+def test_chunked_attention_counts_in_chunk_pairs_and_reads_in_chunk_keys():
+    """Prefill of 10 tokens in chunks of 4 (Llama 4's chunked layers, at small sizes): pairs n C (C + 1) / 2 +
+    r (r + 1) / 2 = 2 x 10 + 3 = 23 of the 55 causal ones, no mask read; a decode step at position 9 against 8 held
+    keys (positions 2..9) sees its chunk's keys 8 and 9 only: 2 pairs, and reads K and V of those 2 of the 8."""
+    with torch.device("meta"):
+        q, k = torch.empty(1, 8, 10, 32), torch.empty(1, 2, 10, 32)
+    n = _sdpa_node(capture(Chunked(4, 0), (q, k, k)))
+    assert n.input_names == ("query", "key", "value") and n.args["chunk"] == 4
+    c = cost_node(n)
+    pairs = 2 * 4 * 5 // 2 + 2 * 3 // 2
+    assert c.matrix_flops == 8 * pairs * (2 * 32 + 2 * 32)
+    assert c.skipped_flops == 8 * (10 * 10 - pairs) * (2 * 32 + 2 * 32)
+    assert c.bytes_read == (8 * 10 * 32 + 2 * 2 * 10 * 32) * 4  # Q, K and V once, fp32: every key in some chunk
+    assert c.problem.attention_pairs == pairs
+    with torch.device("meta"):
+        q, k = torch.empty(1, 8, 1, 32), torch.empty(1, 2, 8, 32)
+    c = cost_node(_sdpa_node(capture(Chunked(4, 9), (q, k, k))))
+    assert c.matrix_flops == 8 * 2 * (2 * 32 + 2 * 32)
+    assert c.bytes_read == (8 * 1 * 32 + 2 * 2 * 2 * 32) * 4  # Q, and K and V of the 2 keys in the query's chunk
+
+
+def test_chunked_attention_equals_masked_sdpa_on_cpu():
+    """On real tensors chunked_attention is SDPA under transformers' chunked mask: key j visible to query i when
+    j <= i and j // C == i // C (masking_utils.chunked_overlay), here C 4 over 10 tokens."""
+    from opmap.capture.functions import chunked_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 10, 8, generator=g) for _ in range(3))
+    i, j = torch.arange(10).unsqueeze(-1), torch.arange(10)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j // 4 == i // 4))
+    assert torch.allclose(chunked_attention(q, k, v, 4, 0), want, atol=1e-6)
+    assert not torch.allclose(want, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))

@@ -4,7 +4,9 @@ the math path's S x S scores would otherwise look as if they went through memory
 underneath kept in ``args["backend_op"]``; training dropout as CUDA's one fused kernel; in training captures on meta,
 a flash-attention backward node standing in for the fused kernel's backward; ``kv_cache`` marks, the K and V an
 attention that is not one SDPA call (transformers' eager path) holds in its cache; and ``sink_attention``, attention
-with a learned sink logit per head (gpt-oss), recorded as the one fused kernel serving engines run for it."""
+with a learned sink logit per head (gpt-oss), recorded as the one fused kernel serving engines run for it; and
+``chunked_attention``, chunked local attention (Llama 4's chunked layers), recorded as the chunked kernel engines
+run."""
 
 from __future__ import annotations
 
@@ -51,6 +53,35 @@ def sink_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p)
 
 
+def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chunk: int, q_offset: int,
+                      attn_mask: torch.Tensor | None = None, scale: float | None = None,
+                      dropout_p: float = 0.0) -> torch.Tensor:
+    """Chunked local attention (Llama 4's chunked layers, transformers' ``create_chunked_causal_mask``): query i of
+    (B, H, Sq, D) at absolute position q_offset + i attends causally to the keys of its own ``chunk``-token chunk
+    (chunks from position 0), the keys (B, H_kv, Sk, D) ending with the last query. ``attn_mask`` (transformers'
+    boolean chunked mask, which says the same for the unpadded inputs opmap builds) overrides that where given.
+    Returns (B, H, Sq, Dv), computed as one ``scaled_dot_product_attention`` with the chunked mask. A capture
+    records the call as the kernel TensorRT-LLM (``attention_chunk_size``) and vLLM (chunked local attention) run:
+    Q, K and V read, no mask, the chunk and the query's position kernel parameters, so only the in-chunk causal
+    pairs and the in-chunk keys are counted (opmap.costs.attention)."""
+    if torch.overrides.has_torch_function_variadic(query, key, value):
+        return torch.overrides.handle_torch_function(
+            chunked_attention, (query, key, value), query, key, value, chunk, q_offset, attn_mask=attn_mask,
+            scale=scale, dropout_p=dropout_p)
+    return _chunked_sdpa(query, key, value, chunk, q_offset, attn_mask, scale, dropout_p)
+
+
+def _chunked_sdpa(query, key, value, chunk, q_offset, attn_mask, scale, dropout_p) -> torch.Tensor:
+    """``chunked_attention`` as one SDPA call under the chunked mask (its docstring)."""
+    sq, sk = query.shape[-2], key.shape[-2]
+    if attn_mask is None:
+        pos = torch.arange(q_offset, q_offset + sq, device=query.device).unsqueeze(-1)
+        keys = torch.arange(q_offset + sq - sk, q_offset + sq, device=query.device)
+        attn_mask = (keys <= pos) & (keys // chunk == pos // chunk)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=query.shape[-3] != key.shape[-3])
+
+
 def _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p) -> torch.Tensor:
     """``sink_attention`` as one SDPA call over the keys and a zero sink column (its docstring)."""
     b, h, sq, _ = query.shape
@@ -88,6 +119,8 @@ class FunctionRecorder(TorchFunctionMode):
             return None
         if func is sink_attention and not self.t.suppress:
             return self._sink_attention(*args, **kwargs)
+        if func is chunked_attention and not self.t.suppress:
+            return self._chunked_attention(*args, **kwargs)
         if func is F.dropout and not self.t.suppress:
             out = self._fused_dropout(args, kwargs)
             if out is not None:
@@ -209,6 +242,31 @@ class FunctionRecorder(TorchFunctionMode):
         return self._record([("query", query), ("key", key), ("value", value), ("sinks", sinks)], scalars,
                             "attention with sinks (FlashInfer / TensorRT-LLM sink kernels; computed exactly as SDPA "
                             "over a zero sink column)", out)
+
+    def _chunked_attention(self, query, key, value, chunk, q_offset, attn_mask=None, scale=None, dropout_p=0.0):
+        """``chunked_attention`` recorded as one SDPA node (its docstring): on meta nothing run, the output laid out
+        (B, Sq, H, Dv) as the engines' kernels write it; on a real device the exact computation, its ops not
+        recorded."""
+        t = self.t
+        start = len(t.suppressed_ops)
+        t.suppress += 1
+        try:
+            if query.device.type == "meta":
+                b, h, sq, _ = query.shape
+                out = torch.empty((b, sq, h, value.shape[-1]), dtype=query.dtype, device="meta").transpose(1, 2)
+            else:
+                out = _chunked_sdpa(query, key, value, chunk, q_offset, attn_mask, scale, dropout_p)
+        finally:
+            t.suppress -= 1
+        del t.suppressed_ops[start:]
+        if t.train and torch.is_grad_enabled() and query.device.type == "meta":
+            out = MetaFlashAttention.apply(out, t, query, key, value, None, True, scale, float(dropout_p or 0.0))
+        scalars = {"dropout_p": float(dropout_p or 0.0), "is_causal": True, "scale": scale,
+                   "enable_gqa": query.shape[-3] != key.shape[-3], "causal_align": "bottom-right",
+                   "chunk": int(chunk), "q_offset": int(q_offset)}
+        return self._record([("query", query), ("key", key), ("value", value)], scalars,
+                            "chunked local attention (TensorRT-LLM attention_chunk_size, vLLM chunked local "
+                            "attention; computed exactly as SDPA under the chunked mask)", out)
 
     def _record(self, tensors, scalars, backend: str, out):
         t = self.t

@@ -17,6 +17,13 @@ read, the causal mask aligned to the last key and the sliding window kernel para
 most ``window`` keys); the sinks are one logit per head added to the softmax's denominator (its H values read; one
 exp and add per query row, counted with the row's softmax).
 
+Chunked local attention (Llama 4's chunked layers: opmap.capture.functions.chunked_attention) is recorded as the
+kernel engines run for it (TensorRT-LLM's ``attention_chunk_size``, vLLM's chunked local attention): args ``chunk``
+and ``q_offset`` (the first query's absolute position), so P counts the causal pairs inside each query's chunk
+(opmap.ops.chunked_pairs: for S = n C + r tokens from position 0, n C (C + 1) / 2 + r (r + 1) / 2) and K and V are
+read only where a query's chunk reaches them (opmap.ops.chunked_keys_read: a decode step at position p reads
+p - floor(p / C) C + 1 keys of the cache, at most C).
+
 Bytes: a fused kernel reads Q, K, V (and the mask, if any) once (V once with K where it is a view of K's first
 columns: ``values_in_keys``) and writes the output (plus the
 log-sum-exp where the variant returns it); the S x S scores never reach device memory.
@@ -35,9 +42,11 @@ Layouts: the ``_scaled_dot_product_*`` ops and ``scaled_dot_product_attention`` 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node, TensorMeta
-from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs, end_aligned_pairs
+from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs, chunked_keys_read, chunked_pairs, end_aligned_pairs
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
@@ -88,7 +97,14 @@ def sdpa_cost(node: Node) -> OpCost:
     dense = sq * sk
     causal = is_causal(node) and not any(n in ("attn_mask", "attn_bias", "bias") for n in node.input_names)
     given = None  # pairs counted otherwise than the family says (a window, a mask aligned to the last key)
-    if causal and node.args.get("causal_align") == "bottom-right":
+    chunk = node.args.get("chunk")
+    chunk = chunk if causal and isinstance(chunk, int) and chunk > 0 else None
+    q0 = node.args.get("q_offset")
+    q0 = q0 if isinstance(q0, int) else None
+    if chunk is not None:
+        given = chunked_pairs(sq, sk, chunk, q0)
+        causal = given < dense
+    elif causal and node.args.get("causal_align") == "bottom-right":
         w = node.args.get("window")
         given = end_aligned_pairs(sq, sk, w if isinstance(w, int) and w > 0 else None)
         causal = given < dense
@@ -101,9 +117,16 @@ def sdpa_cost(node: Node) -> OpCost:
     drop = dropout_p(node) > 0.0
     per_score = VECTOR_PER_SCORE + (DROPOUT_OPS_PER_SCORE if drop else 0)
     reads = [t for t in node.inputs if not (t is v and values_in_keys(k, v))]
-    return io_cost(node, reads=reads, written=written, matrix_flops=matrix, macs=matrix / 2,
+    cost = io_cost(node, reads=reads, written=written, matrix_flops=matrix, macs=matrix / 2,
                    vector_flops=float(b * h * pairs * per_score),
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
                    problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
                                          int(b * h), int(sq), int(sk), int(d), dropout=drop,
                                          pairs=given if given is not None and given != causal_pairs(sq, sk) else None))
+    if chunk is None:
+        return cost
+    # a chunked kernel reads K and V only where some query's chunk reaches (the keys before the first query's chunk
+    # start are held in the cache, never read)
+    kv = sum(t.storage_bytes for t in reads if (t is k or t is v) and t.param is None)
+    unread = kv * (1.0 - chunked_keys_read(sq, sk, chunk, q0) / sk)
+    return replace(cost, bytes_read=cost.bytes_read - unread)

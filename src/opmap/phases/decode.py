@@ -17,6 +17,7 @@ from opmap.mapping.memory import (
     kv_geometry,
     runtime_reserve,
 )
+from opmap.ops import chunked_keys_read
 from opmap.phases.common import dominant_bound, kernel_times
 from opmap.phases.result import Decode, DecodeFloor
 from opmap.phases.runtime import runtime_text
@@ -49,13 +50,21 @@ def decode_figures(a: Analysis, kv_len: int) -> Decode:
                   floor=DecodeFloor(kv_len, weights, kv, floor, basis))
 
 
-def decode_kv_read_bytes(graph: OpGraph) -> float:
+def decode_kv_read_bytes(graph: OpGraph, read: bool = True) -> float:
     """Bytes of K and V the decode step's attention calls read (the KV cache: GQA's KV heads, the window), from
-    its SDPA calls or, where attention runs eager, its kv_cache marks (opmap.geometry.attention_calls)."""
+    its SDPA calls or, where attention runs eager, its kv_cache marks (opmap.geometry.attention_calls). A chunked
+    layer's call (Llama 4: opmap.capture.functions.chunked_attention) reads only its query's chunk of what it holds
+    (opmap.ops.chunked_keys_read); ``read`` False: the bytes held instead (the memory a sequence takes)."""
     calls = attention_calls(graph)
+    nodes = {n.id: n for n in graph.nodes} if read else {}
     total = 0.0
     for c, s in zip(calls, layer_specs(graph, calls)):
-        total += c.held_bytes(s)
+        held = c.held_bytes(s)
+        n = nodes.get(c.node_id)
+        chunk = n.args.get("chunk") if n is not None else None
+        if isinstance(chunk, int) and chunk > 0 and c.kv_tokens:
+            held *= chunked_keys_read(c.q_tokens, c.kv_tokens, chunk, n.args.get("q_offset")) / c.kv_tokens
+        total += held
     return total
 
 
@@ -65,7 +74,7 @@ def decode_fit(a: Analysis, workload: Workload, kv_len: int) -> MemoryFit:
     would size (opmap.mapping.memory.ServingMemory at utilization 1, eager) stated beside it."""
     graph, hw = a.graph, a.hardware
     weights = a.weights_held_bytes
-    per_seq = decode_kv_read_bytes(graph) / max(workload.batch, 1)
+    per_seq = decode_kv_read_bytes(graph, read=False) / max(workload.batch, 1)
     calls = attention_calls(graph)
     cached = max((s.tokens_held(c.kv_tokens) for c, s in zip(calls, layer_specs(graph, calls))), default=kv_len)
     window = cached if cached < kv_len else None

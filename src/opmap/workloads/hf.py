@@ -12,7 +12,8 @@ weights, none allocated, never the real ones), with ``attn_implementation="sdpa"
 has no SDPA attention in transformers (``_supports_sdpa = False``) is built with its eager attention, then:
 attention with sinks (gpt-oss) runs as the engines' one fused kernel with sinks, exactly (opmap.workloads.hf_sinks);
 any other (Gemma-2's logit softcapping) is counted as its eager path computes it (Q K^T over every (query, key)
-pair, softcapping, softmax, P V: separate kernels, the scores through memory). The class is a causal LM where
+pair, softcapping, softmax, P V: separate kernels, the scores through memory). Llama 4's chunked-attention layers
+run as the engines' chunked kernel, exactly (opmap.workloads.hf_chunked). The class is a causal LM where
 transformers has one for the config, the image classifier where the config's ``architectures`` names one, else the
 bare model. The inputs are what the class reads (``main_input_name``): ``input_ids`` of shape (batch, seq), one
 unpadded, unpacked sequence per row, or ``pixel_values`` of shape (batch, num_channels, side, side), the side the
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 
 from opmap.errors import OpmapError
+from opmap.workloads.hf_chunked import install_chunked_attention
 from opmap.workloads.hf_config import (
     ACCEPTED,
     TESTED,
@@ -237,6 +239,8 @@ def build_hf(target: str, batch: int = 1, seq: int | None = None, dtype: str = "
     model = _build(config, target, device, auto, attn)
     if attn == "eager" and install_sink_attention(model):
         attn = "sinks"
+    elif attn == "sdpa" and install_chunked_attention(model):
+        attn = "chunked"
     model.eval()
     notes = [_built_note(mt, cls, target, attn), *((PREFILL_NOTE,) if image is None else ())]
     if ignored:
@@ -294,6 +298,11 @@ def _built_note(mt: str, cls: type, target: str, attn: str) -> str:
     head = f"Hugging Face {mt} built by transformers {_transformers().__version__} from {target}: random weights, "
     if attn == "sdpa":
         return head + "attention as SDPA"
+    if attn == "chunked":
+        return head + ("attention as SDPA; the chunked-attention layers (layer_types chunked_attention, "
+                       "attention_chunk_size tokens) as the chunked kernel engines run (TensorRT-LLM's "
+                       "attention_chunk_size, vLLM's chunked local attention): only the causal pairs inside each "
+                       "token's chunk computed and the chunk's K and V read, exactly transformers' masked SDPA")
     if attn == "sinks":
         return head + (f"attention with sinks ({cls.__name__} has no SDPA attention in transformers) as one fused "
                        "kernel per layer, as engines run it (FlashInfer's and TensorRT-LLM's kernels with sinks, "

@@ -7,9 +7,10 @@ shared experts. Everything else takes the generic reading of the fields transfor
 (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
 ``sliding_window``, ``layer_types``, the expert counts): gpt-oss (its ``layer_types`` alternate a 128-token window
 and full layers; its attention "sinks" are a learned logit per head added to the softmax's denominator, no cached
-token, so no sink tokens are held), Qwen3 and Qwen3-MoE, Llama 4 (its chunked-attention layers counted as full: the
-cache of a chunked layer is not capped here). Fields are read off the config object transformers built
-(a PretrainedConfig: its defaults filled in) or a plain dict of config.json.
+token, so no sink tokens are held), Qwen3 and Qwen3-MoE, Llama 4 (its chunked-attention layers hold a full layer's
+cache here, as TensorRT-LLM keeps it: opmap.workloads.hf_chunked; their attention is priced as the chunked kernel).
+Fields are read off the config object transformers built (a PretrainedConfig: its defaults filled in) or a plain dict
+of config.json.
 
 The checkpoint's quantization (``quantization_config``) is read too: the format its quantized weights are in
 (``quant_method`` mxfp4: gpt-oss's MXFP4 experts; fp8 with ``weight_block_size`` [128, 128]: DeepSeek-V3's block
