@@ -31,10 +31,11 @@ def hand_loglog(s: float, s0: float, t0: float, s1: float, t1: float) -> float:
 
 
 def rising_pair(table: dict, above: int = 0) -> int:
-    """The first index i from ``above`` whose time rises to i + 1 and has no earlier larger time (no noise dip)."""
+    """The first index i from ``above`` whose time rises to i + 1, with no larger size faster than either (no
+    noise bump: the loader reads the least time at a size or any larger one)."""
     us = table["time_us"]
     for i in range(above, len(us) - 1):
-        if us[i] < us[i + 1] and us[i] >= max(us[: i + 1]):
+        if us[i] < us[i + 1] and us[i] <= min(us[i:]) and us[i + 1] <= min(us[i + 1:]):
             return i
     raise AssertionError("no rising pair")
 
@@ -72,12 +73,23 @@ def test_interpolation_is_log_log_between_measured_sizes():
 def test_beyond_the_grid_at_the_largest_size_bandwidth_and_below_at_the_smallest_time():
     t = raw("rtx-pro-6000.comm.json")["tables"]["all_to_all"]["8"]
     hw = get_hardware("rtx-pro-6000")
-    big, t_big = t["message_bytes"][-1], max(t["time_us"]) * 1e-6  # the largest size is the slowest
-    assert t["time_us"][-1] * 1e-6 == t_big
+    big, t_big = t["message_bytes"][-1], t["time_us"][-1] * 1e-6
     assert collective_time(hw, Collective("all_to_all", 4 * big, 8)).seconds == pytest.approx(4 * t_big, rel=1e-12)
     small = t["message_bytes"][0]
     assert collective_time(hw, Collective("all_to_all", small / 8, 8)).seconds == pytest.approx(
-        t["time_us"][0] * 1e-6, rel=1e-12)
+        min(t["time_us"]) * 1e-6, rel=1e-12)
+
+
+def test_a_bump_at_a_small_size_reads_the_least_time_at_larger_sizes():
+    """Four H200s' all-to-all: 11.06 us at 512 B, 6.64 us at 1 KiB in the table (a first call's warm-up): 512 B is
+    priced at the least time at 512 B or larger, and no size is priced faster than a smaller one."""
+    t = raw("h200.comm.json")["tables"]["all_to_all"]["4"]
+    hw = get_hardware("h200")
+    first = collective_time(hw, Collective("all_to_all", t["message_bytes"][0], 4)).seconds
+    assert first == pytest.approx(min(t["time_us"]) * 1e-6, rel=1e-12)
+    assert first < t["time_us"][0] * 1e-6
+    times = [collective_time(hw, Collective("all_to_all", x, 4)).seconds for x in t["message_bytes"]]
+    assert all(a <= b for a, b in zip(times, times[1:], strict=False))
 
 
 def test_pcie_all_gather_reads_the_measured_rate_not_the_link():
@@ -175,7 +187,7 @@ def _grid_time(msg: float) -> float:
     t = raw("h100-sxm.comm.json")["tables"]["all_reduce"]["2"]
     xs = t["message_bytes"]
     i = max(j for j in range(len(xs) - 1) if xs[j] <= msg)
-    us = [max(t["time_us"][: j + 1]) for j in range(len(xs))]  # the loader's running maximum (a dip is noise)
+    us = [min(t["time_us"][j:]) for j in range(len(xs))]  # the least at this size or larger (a bump is noise)
     return hand_loglog(msg, xs[i], us[i] * 1e-6, xs[i + 1], us[i + 1] * 1e-6)
 
 

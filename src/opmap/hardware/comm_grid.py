@@ -12,9 +12,10 @@ log(size) and log(time)::
     t = t0 x (t1 / t0) ^ (log(s / s0) / log(s1 / s0))
 
 below the smallest size the smallest size's time (the latency floor: a smaller message is not faster); above the
-largest size the largest size's bandwidth, t = t_last x s / s_last. The times read are the running maximum over
-increasing sizes (a larger message is never faster; the few dips in the tables, 6.18 us at 256 elements then 5.85
-at 512 on two H100s, are timing noise), so the time is monotone in size. A GPU count the grid does not hold is not
+largest size the largest size's bandwidth, t = t_last x s / s_last. The time read at a size is the least measured
+at that size or any larger one (a smaller message is never slower: the few bumps in the tables, 11.06 us at 512 B
+then 6.64 us at 1 KiB for an all-to-all on four H200s, are timing noise such as a first call's warm-up), so the
+time never falls as the size grows; where the tables dip (15.03 us at 256 KiB, 13.66 at 512 KiB) it stays flat. A GPU count the grid does not hold is not
 priced here (opmap.mapping.collectives keeps its first-principles model for it).
 """
 
@@ -90,11 +91,11 @@ def _table(t: Any, at: str) -> CommTable:
         finite_number(u, f"{at}.time_us[{i}]", lo=0, lo_open=True, hi=1e9, unit="us")
     if any(b <= a for a, b in zip(xs, xs[1:])):
         raise OpmapError(f"{at}.message_bytes must increase")
-    kept, top = [], 0.0
-    for u in us:  # a larger message is never faster: a dip below a smaller size's time is timing noise
-        top = max(top, float(u) * 1e-6)
-        kept.append(top)
-    return CommTable(tuple(float(x) for x in xs), tuple(kept))
+    kept, floor = [], math.inf
+    for u in reversed(us):  # a smaller message is never slower: a time above a larger size's is timing noise
+        floor = min(floor, float(u) * 1e-6)
+        kept.append(floor)
+    return CommTable(tuple(float(x) for x in xs), tuple(reversed(kept)))
 
 
 @lru_cache(maxsize=16)
