@@ -102,18 +102,16 @@ def test_pcie_all_gather_reads_the_measured_rate_not_the_link():
     assert got.detail["algbw_bytes_per_s"] < 0.5 * 64e9 / (7 / 8)
 
 
-def test_unmeasured_count_scales_the_model_by_the_nearest_measured_efficiency():
-    """GB200 is measured on 2 and 4 GPUs of a tray: a group of 8 in the NVL72 domain takes the model's time x
-    (measured / model) at 4 GPUs, same kind and size."""
-    hw, s = get_hardware("gb200"), 2**24
+def test_an_unmeasured_count_keeps_the_model():
+    """GB200 is measured on 2 and 4 GPUs of a tray: a group of 8 or 72 in the NVL72 domain keeps the model."""
+    hw = get_hardware("gb200")
     model = replace(hw, calibration={k: v for k, v in hw.calibration.items() if k != "comm_grid"})
-    t4 = raw("gb200.comm.json")["tables"]["all_to_all"]["4"]
-    measured4 = t4["time_us"][t4["message_bytes"].index(s)] * 1e-6
-    ratio = measured4 / collective_time(model, Collective("all_to_all", s, 4)).seconds
-    got = collective_time(hw, Collective("all_to_all", s, 8))
-    assert got.algorithm == "measured-scaled"
-    assert got.seconds == pytest.approx(ratio * collective_time(model, Collective("all_to_all", s, 8)).seconds,
-                                        rel=1e-12)
+    assert load_comm_grid("gb200.comm.json").table("all_to_all", 8) is None
+    for n in (8, 72):
+        c = Collective("all_to_all", 2**24, n)
+        assert collective_time(hw, c) == collective_time(model, c)
+        assert collective_time(hw, c).algorithm == "direct"
+    assert collective_time(hw, Collective("all_to_all", 2**24, 4)).algorithm == "measured"
 
 
 def test_across_domains_and_devices_without_a_grid_are_priced_as_before():

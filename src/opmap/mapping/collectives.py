@@ -54,16 +54,15 @@ algbw 26 GB/s at 128 MiB against 64 GB/s a direction). Where the catalog device 
 (``[calibration] comm_grid``, opmap.hardware.comm_grid: NCCL's times per kind and GPU count of one node) and the
 group sits inside one domain of the innermost tier at a GPU count the grid holds, the collective takes the
 measured time, interpolated log-log over message size (beyond the largest size at its bandwidth), algorithm
-``measured``; the first-principles time stays in the detail beside it. A GPU count the grid lacks inside the
-domain (16 or 72 on an NVL72, 8 on a GB200 measured at 2 and 4) takes the model's time x (measured / model) at
-the largest measured count below it, same kind and size (algorithm ``measured-scaled``). A group across domains
-and a send / recv keep the model above.
+``measured``; the first-principles time stays in the detail beside it. A GPU count the grid lacks (8, 16 or 72
+on a GB200 NVL72, measured on 2 and 4 GPUs of a tray), a group across domains and a send / recv keep the model
+above, unscaled: an efficiency read at 4 GPUs is not carried to an NVLS all-reduce over 72.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from opmap.errors import OpmapError
@@ -408,7 +407,7 @@ def collective_time(hw: HardwareSpec, c: Collective) -> CollectiveTime:
             cands[f"direct/{p.name}"] = p.base_s + alpha * p.hop_factor + s / (link * p.efficiency)
     key, t = _best(cands)
     algorithm, protocol = key.split("/")
-    measured = _measured(hw, c, f, t)
+    measured = _measured(hw, c, f)
     if measured is not None:
         cands[f"model/{key}"] = t
         (t, algorithm, source), protocol = measured, "measured"
@@ -423,27 +422,18 @@ def collective_time(hw: HardwareSpec, c: Collective) -> CollectiveTime:
     return CollectiveTime(t, algorithm, detail)
 
 
-def _measured(hw: HardwareSpec, c: Collective, f: _Fabric, model_s: float) -> tuple[float, str, str] | None:
-    """Where ``hw`` has a grid for ``c``'s kind and the group is inside one domain of the innermost tier (module
-    docstring): the measured time at its GPU count, or, at a count the grid lacks, the model's time (``model_s``) x
-    measured over model at the largest measured count below it; with the algorithm's name and the source. None
-    elsewhere (no grid, across domains, a send / recv)."""
+def _measured(hw: HardwareSpec, c: Collective, f: _Fabric) -> tuple[float, str, str] | None:
+    """Where ``hw`` has a grid holding ``c``'s kind at its GPU count and the group is inside one domain of the
+    innermost tier (module docstring): the measured time, the algorithm's name and the source. None elsewhere (no
+    grid, a count it lacks, across domains, a send / recv)."""
     name = hw.calibration.get("comm_grid")
     if not name or len(f.levels) != 1 or c.kind == "send_recv":
         return None
     grid = load_comm_grid(name)
-    where = f"{grid.name}: {grid.source}"
     table = grid.table(c.kind, c.group_size)
-    if table is not None:
-        return table.seconds(float(c.message_bytes)), "measured", where
-    below = [n for k, n in grid.tables if k == c.kind and n < c.group_size]
-    if not below:
+    if table is None:
         return None
-    near = replace(c, group_size=max(below))
-    ref = collective_time(hw, near)
-    ratio = ref.seconds / min(v for k, v in ref.detail["candidates_s"].items() if k.startswith("model/"))
-    return model_s * ratio, "measured-scaled", (f"{c.group_size} GPUs not measured: the model's time x {ratio:.3g}, "
-                                                f"measured over model at {near.group_size} GPUs; {where}")
+    return table.seconds(float(c.message_bytes)), "measured", f"{grid.name}: {grid.source}"
 
 
 def collective_roofline(hw: HardwareSpec, c: Collective) -> Roofline:
