@@ -16,7 +16,6 @@ from opmap.mapping.collectives import Collective, bus_factor, collective_rooflin
 from opmap.roofline import Bound
 
 
-
 def model_only(hw):
     """``hw`` without its measured collective grid: these tests check the first-principles model
     (tests/hardware/test_comm_grid.py checks the measured times)."""

@@ -17,7 +17,6 @@ from opmap.mapping.collectives import Collective, collective_time
 from opmap.mapping.layout_collectives import link_for, placement
 
 
-
 def model_only(hw):
     """``hw`` without its measured collective grid: these tests check the first-principles model."""
     return replace(hw, calibration={k: v for k, v in hw.calibration.items() if k != "comm_grid"})

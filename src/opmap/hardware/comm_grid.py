@@ -15,8 +15,9 @@ below the smallest size the smallest size's time (the latency floor: a smaller m
 largest size the largest size's bandwidth, t = t_last x s / s_last. The time read at a size is the least measured
 at that size or any larger one (a smaller message is never slower: the few bumps in the tables, 11.06 us at 512 B
 then 6.64 us at 1 KiB for an all-to-all on four H200s, are timing noise such as a first call's warm-up), so the
-time never falls as the size grows; where the tables dip (15.03 us at 256 KiB, 13.66 at 512 KiB) it stays flat. A GPU count the grid does not hold is not
-priced here (opmap.mapping.collectives keeps its first-principles model for it).
+time never falls as the size grows; where the tables dip (15.03 us at 256 KiB, 13.66 at 512 KiB) it stays flat.
+A GPU count the grid does not hold is not priced here (opmap.mapping.collectives keeps its first-principles model
+for it).
 """
 
 from __future__ import annotations
