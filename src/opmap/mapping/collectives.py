@@ -410,7 +410,7 @@ def collective_time(hw: HardwareSpec, c: Collective) -> CollectiveTime:
     measured = _measured(hw, c, f)
     if measured is not None:
         cands[f"model/{key}"] = t
-        (t, algorithm, source), protocol = measured, "measured"
+        (t, algorithm, source), protocol = measured, "nccl-tests"  # the protocols NCCL chose while timed
     algbw = s / t
     detail = {
         "protocol": protocol, "nodes": f.nodes, "devices_per_node": f.per_node,
