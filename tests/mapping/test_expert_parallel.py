@@ -165,7 +165,8 @@ def test_qwen3_moe_experts_per_device_and_all_to_all(qwen3_moe):
 def test_qwen3_moe_imbalance_slows_only_the_experts(qwen3_moe):
     """A decode step of 8 sequences reads its experts' weights (E / ep a rank whatever the load) and runs padded
     tiles: the imbalance cannot speed anything up, leaves every dense kernel alone, and grows the busiest rank's
-    dispatch (its message x 2)."""
+    dispatch (its message x 2; on H200's measured grid 256 KiB and 512 KiB over four GPUs take the same 13.66 us,
+    NVIDIA's nccl-tests times in opmap.hardware.comm_grid, so the time may stay flat, never fall)."""
     s = Sharder(qwen3_moe)
     even, skew = (s.shard(Parallelism(dp=4, ep=4, ep_imbalance=x)) for x in (1.0, 2.0))
     rows = s.rows
@@ -174,7 +175,9 @@ def test_qwen3_moe_imbalance_slows_only_the_experts(qwen3_moe):
             assert b >= a
         else:
             assert b == a
-    assert skew.exposed_comm_s > even.exposed_comm_s
+    a2a = [[c for c in x.collectives if c.collective.kind == "all_to_all"][0] for x in (even, skew)]
+    assert a2a[1].collective.message_bytes == 2 * a2a[0].collective.message_bytes
+    assert skew.exposed_comm_s >= even.exposed_comm_s
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.hardware.comm_grid import check_comm_grid_name
 from opmap.ops import MatrixFamily, MatrixProblem
 from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
 from opmap.validate import finite_number, shown
@@ -160,6 +161,8 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
         if not isinstance(g, str) or not GRID_NAME.fullmatch(g):
             raise OpmapError(f"{where}.gemm_grid must name a file beside the catalog's TOML files, such as "
                              f"'h100-sxm.gemm.json' (got {shown(g)})")
+    if "comm_grid" in cal:
+        check_comm_grid_name(cal["comm_grid"], where)
     if "view_overhead_s" in cal:
         finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, hi=1, unit="s")
     for i, r in enumerate(cal.get("attention", [])):

@@ -48,6 +48,15 @@ dominates small messages) and NCCL's three protocols, which trade wire efficienc
 
 The protocol constants (base latency per collective, hop latency relative to LL) are NCCL's tuner's; the
 per-hop alpha of each link is the catalog's (``scale_up_latency_s``, ``scale_out_latency_s``).
+
+Measured. Datasheet link rates overstate what collectives reach, most on PCIe (8 x RTX PRO 6000: NCCL all-gather
+algbw 26 GB/s at 128 MiB against 64 GB/s a direction). Where the catalog device carries a measured grid
+(``[calibration] comm_grid``, opmap.hardware.comm_grid: NCCL's times per kind and GPU count of one node) and the
+group sits inside one domain of the innermost tier at a GPU count the grid holds, the collective takes the
+measured time, interpolated log-log over message size (beyond the largest size at its bandwidth), algorithm
+``measured``; the first-principles time stays in the detail beside it. A GPU count the grid lacks (8, 16 or 72
+on a GB200 NVL72, measured on 2 and 4 GPUs of a tray), a group across domains and a send / recv keep the model
+above, unscaled: an efficiency read at 4 GPUs is not carried to an NVLS all-reduce over 72.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from opmap.errors import OpmapError
+from opmap.hardware.comm_grid import load_comm_grid
 from opmap.hardware.interconnect import Interconnect, Tier
 from opmap.hardware.spec import HardwareSpec
 from opmap.roofline import Roofline, roofline
@@ -135,7 +145,8 @@ class Collective:
 
 class CollectiveTime(NamedTuple):
     """``seconds``: predicted time; ``algorithm``: the fastest legal one (``ring``, ``tree``, ``in_switch``,
-    ``hierarchical``, ``direct`` for all-to-all and send / recv, ``none`` for a group of one); ``detail``:
+    ``hierarchical``, ``direct`` for all-to-all and send / recv, ``none`` for a group of one), or ``measured``
+    (read off the device's measured grid: ``detail`` names it, and the model's time as ``model/...``); ``detail``:
     protocol, nodes, bandwidths used (bytes/s, per device, per direction), algbw / busbw and every
     candidate's time."""
 
@@ -396,14 +407,33 @@ def collective_time(hw: HardwareSpec, c: Collective) -> CollectiveTime:
             cands[f"direct/{p.name}"] = p.base_s + alpha * p.hop_factor + s / (link * p.efficiency)
     key, t = _best(cands)
     algorithm, protocol = key.split("/")
+    measured = _measured(hw, c, f)
+    if measured is not None:
+        cands[f"model/{key}"] = t
+        (t, algorithm, source), protocol = measured, "nccl-tests"  # the protocols NCCL chose while timed
     algbw = s / t
     detail = {
         "protocol": protocol, "nodes": f.nodes, "devices_per_node": f.per_node,
         "scale_up_bytes_per_s": f.up_bytes_per_s, "scale_out_bytes_per_s": f.out_bytes_per_s,
         "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * bus_factor(c.kind, n),
         "candidates_s": dict(sorted(cands.items(), key=lambda kv: kv[1])),
+        **({"measured_source": source} if measured is not None else {}),
     }
     return CollectiveTime(t, algorithm, detail)
+
+
+def _measured(hw: HardwareSpec, c: Collective, f: _Fabric) -> tuple[float, str, str] | None:
+    """Where ``hw`` has a grid holding ``c``'s kind at its GPU count and the group is inside one domain of the
+    innermost tier (module docstring): the measured time, the algorithm's name and the source. None elsewhere (no
+    grid, a count it lacks, across domains, a send / recv)."""
+    name = hw.calibration.get("comm_grid")
+    if not name or len(f.levels) != 1 or c.kind == "send_recv":
+        return None
+    grid = load_comm_grid(name)
+    table = grid.table(c.kind, c.group_size)
+    if table is None:
+        return None
+    return table.seconds(float(c.message_bytes)), "measured", f"{grid.name}: {grid.source}"
 
 
 def collective_roofline(hw: HardwareSpec, c: Collective) -> Roofline:
