@@ -117,13 +117,14 @@ from opmap.phases.sharded import shard_analysis  # noqa: E402
 HW = "h200"
 
 
-def decode(model: str, batch: int, kv_len: int, runtime: str = "engine"):
-    """The decode step of ``model`` at ``batch`` sequences and ``kv_len`` cached tokens, bf16, under ``runtime``."""
-    hw = get_hardware(HW)
+def decode(model: str, batch: int, kv_len: int, runtime: str = "engine", hardware: str = HW, dtype: str = "bf16"):
+    """The decode step of ``model`` at ``batch`` sequences and ``kv_len`` cached tokens, ``dtype`` (bf16), under
+    ``runtime`` on ``hardware`` (H200)."""
+    hw = get_hardware(hardware)
     spec = Phase("decode", kv_len, "none", None, None, 0, 1, "adamw").spec(model, batch)
     rt, fusion = RuntimeChoice(runtime).resolve(hw, spec)
     spec = replace(spec, kv_write=rt.kv_write)
-    m = Model(model, "bf16", "meta", "nchw", {}, False, {}, lambda *a, **k: contextlib.nullcontext())
+    m = Model(model, dtype, "meta", "nchw", {}, False, {}, lambda *a, **k: contextlib.nullcontext())
     return m.phase(spec, Shape(batch, None, None), hw, rt, fusion, None, lambda n: "-").analysis
 
 
@@ -160,6 +161,29 @@ def test_qwen3_moe_experts_per_device_and_all_to_all(qwen3_moe):
     assert a2a[0].predicted_s > 3 / 4 * msg / hw.scale_up_bandwidth_bytes_per_s
     # ep over the tp group: every rank holds the tokens, no all-to-all; the TP all-reduce combines
     assert not [x for x in s.shard(tp).collectives if x.collective.kind == "all_to_all"]
+
+
+@pytest.mark.parametrize("dtype, quant", [("nvfp4", 0.5625), ("fp8", 1.0), ("bf16", 2.0)])
+def test_dp_attention_on_pcie_cards_gathers_and_scatters_instead_of_all_to_all(tmp_path, dtype, quant):
+    """DEP8 on eight RTX PRO 6000s (PCIe, no NVLink): no all-to-all kernel runs there, TensorRT-LLM falls back to
+    AllGather + ReduceScatter (communication_factory.py @ 03c36d62): per MoE layer an all-gather of every rank's
+    tokens quantized to the experts' operand format (NVFP4: 0.5 B an element + an E4M3 scale per 16 = 0.5625 B;
+    FP8 1 B; bf16 2 B) and a reduce-scatter of the outputs at bf16; a rank's 8 decoding sequences (the captured
+    batch is one rank's) x hidden 2048 (Qwen3-30B-A3B) from each of the 8 ranks: gathered 8 x 8 x 2048 x quant
+    bytes, scattered 8 x 8 x 2048 x 2, every rank the same (no expert imbalance in the bytes). On an H200
+    (NVSwitch) the same layout keeps its all-to-all."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(shallow(QWEN3_30B_A3B, 2)))
+    h = QWEN3_30B_A3B["hidden_size"]
+    p = Parallelism(dp=8, ep=8, ep_imbalance=1.18, dp_attention=True)
+    pcie = Sharder(decode(str(path), 8, 256, hardware="rtx-pro-6000", dtype=dtype)).shard(p).collectives
+    by = {c.collective.kind: c for c in pcie}
+    assert sorted(by) == ["all_gather", "reduce_scatter"] and all(c.count == 2 for c in pcie)  # 2 MoE layers
+    assert by["all_gather"].collective.message_bytes == pytest.approx(8 * 8 * h * quant, rel=1e-12)
+    assert by["reduce_scatter"].collective.message_bytes == pytest.approx(8 * 8 * h * 2, rel=1e-12)
+    assert {c.collective.group_size for c in pcie} == {8} and {c.link for c in pcie} == {"scale_up"}
+    nvswitch = Sharder(decode(str(path), 8, 256, hardware="h200", dtype=dtype)).shard(p).collectives
+    assert [c.collective.kind for c in nvswitch] == ["all_to_all"]
 
 
 def test_qwen3_moe_imbalance_slows_only_the_experts(qwen3_moe):

@@ -210,12 +210,44 @@ def _cp_ring(lay: _Layout, p: Parallelism, n_blocks: int, attn: tuple[float, flo
                     f_step)
 
 
+def _no_nvlink_all_to_all(hw: HardwareSpec, p: Parallelism) -> bool:
+    """Whether DP attention's EP group, inside one scale-up domain, has no NVLink path between every pair of ranks
+    (PCIe cards; NVLink bridges joining only pairs): the engines' all-to-all kernels need one (TensorRT-LLM's
+    CommunicationFactory tries NVLinkOneSided, NVLinkTwoSided, NCCL-EP and DeepEP, then falls back to AllGather +
+    ReduceScatter; vLLM's default all2all backend is allgather_reducescatter too)."""
+    if not p.dp_attention or p.tp * p.cp * p.ep > (hw.interconnect.domain_size or 1):
+        return False
+    topo = hw.scale_up_topology
+    return topo == "pcie" or (topo == "bridge_pairs" and p.ep > 2)
+
+
+def _ep_all_gather_reduce_scatter(lay: _Layout, p: Parallelism, moe: int) -> None:
+    """DP attention's MoE without an all-to-all path (``_no_nvlink_all_to_all``): each MoE layer all-gathers every
+    rank's tokens after quantizing them to the experts' operand format (post-quant dispatch: NVFP4 0.5625 B an
+    element with its scales, FP8 1 B), runs its experts on all of them, and reduce-scatters the outputs at the
+    activation dtype (TensorRT-LLM tensorrt_llm/_torch/modules/fused_moe/communication/allgather_reducescatter.py
+    and communication_factory.py @ 03c36d62). Every rank receives every token: no expert imbalance in the bytes."""
+    from opmap.precision import format_bytes
+
+    act = lay.sharder.geo.act_bytes / p.cp  # one rank's tokens x hidden at the activation dtype
+    quant = format_bytes(lay.sharder.a.precision.operand_format) / lay.sharder.itemsize
+    span = p.tp * p.cp * p.ep
+    lay.add("all_gather", p.ep * act * min(1.0, quant), p.ep, span, "EP dispatch: all-gather of every rank's tokens",
+            "forward", moe)
+    lay.add("reduce_scatter", p.ep * act, p.ep, span, "EP combine: reduce-scatter of the expert outputs", "forward",
+            moe)
+
+
 def _ep_all_to_all(lay: _Layout, p: Parallelism, n_blocks: int) -> None:
     """EP's dispatch and combine all-to-alls of each MoE layer (forward, and their gradients): each rank's routed
     tokens (tokens x top_k x hidden bytes); the busiest receives ep_imbalance x the mean. ep over the tp group has
-    none (every rank holds the tokens, the TP all-reduce combines): the caller leaves it out."""
-    msg = lay.sharder.roles.routed_bytes / (p.tp if p.sp else 1) / p.cp * p.ep_imbalance
+    none (every rank holds the tokens, the TP all-reduce combines): the caller leaves it out. DP attention on
+    devices without an NVLink all-to-all path gathers and scatters instead (``_ep_all_gather_reduce_scatter``)."""
     moe = min(n_blocks, lay.sharder.moe_layers)
+    if not lay.sharder.training and _no_nvlink_all_to_all(lay.hw, p):
+        _ep_all_gather_reduce_scatter(lay, p, moe)
+        return
+    msg = lay.sharder.roles.routed_bytes / (p.tp if p.sp else 1) / p.cp * p.ep_imbalance
     lay.add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine", "forward", 2 * moe)
     lay.add("all_to_all", msg, p.ep, p.tp * p.cp * p.ep, "EP dispatch and combine (gradients)", "backward",
             2 * moe if lay.sharder.training else 0)

@@ -374,7 +374,7 @@ class Pricer:
         moe = tuple(index[b] for b in s.roles.expert_blocks if b in index)
         blk = [0.0] * n
         for c in sh.collectives if sh is not None else ():  # the EP all-to-alls in the MoE blocks, the rest in each
-            on = moe if c.collective.kind == "all_to_all" and moe else range(n)
+            on = moe if c.purpose.startswith("EP ") and moe else range(n)
             for i in on:
                 blk[i] += c.predicted_s * c.count / len(on)
         pre = post = 0.0
