@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node, TensorMeta
-from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs, end_aligned_pairs
+from opmap.ops import AttentionHeads, MatrixFamily, MatrixProblem, causal_pairs, end_aligned_pairs
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
@@ -80,17 +80,19 @@ def sdpa_cost(node: Node) -> OpCost:
     q, k, v = node.input("query"), node.input("key"), node.input("value")
     if node.packet in BSHD:  # (B, S, H, D)
         b, sq, h, d = q.shape
-        sk, dv = k.shape[1], v.shape[3]
+        sk, dv, hkv = k.shape[1], v.shape[3], k.shape[2]
     else:  # (..., H, S, D); leading dims multiply into the batch
         *lead, h, sq, d = q.shape if len(q.shape) >= 3 else (1, *q.shape)
         b = prod(lead)
         sk, dv = k.shape[-2], v.shape[-1]
+        hkv = k.shape[-3] if len(k.shape) >= 3 else 1
     dense = sq * sk
     causal = is_causal(node) and not any(n in ("attn_mask", "attn_bias", "bias") for n in node.input_names)
     given = None  # pairs counted otherwise than the family says (a window, a mask aligned to the last key)
+    w = node.args.get("window")
+    window = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0
     if causal and node.args.get("causal_align") == "bottom-right":
-        w = node.args.get("window")
-        given = end_aligned_pairs(sq, sk, w if isinstance(w, int) and w > 0 else None)
+        given = end_aligned_pairs(sq, sk, window or None)
         causal = given < dense
     pairs = given if given is not None else causal_pairs(sq, sk) if causal else dense
     per_pair = 2 * d + 2 * dv
@@ -106,4 +108,6 @@ def sdpa_cost(node: Node) -> OpCost:
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
                    problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
                                          int(b * h), int(sq), int(sk), int(d), dropout=drop,
-                                         pairs=given if given is not None and given != causal_pairs(sq, sk) else None))
+                                         pairs=given if given is not None and given != causal_pairs(sq, sk) else None,
+                                         heads=AttentionHeads(int(h), int(hkv) if h % max(hkv, 1) == 0 else int(h),
+                                                              window if given is not None else 0, k.itemsize)))

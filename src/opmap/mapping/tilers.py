@@ -11,7 +11,9 @@ Registered, in the order they are tried:
 - ``gpu_gemm``: GEMM and conv (as implicit GEMM) on a device that lists shared memory per compute unit;
 - ``cpu_blocking``: the same problems on a CPU (cache blocking against L1 / L2 per core and the LLC); a
   calibrated CPU keeps its measured shape curve for the time and shows the blocking beside it;
-- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries).
+- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries); one
+  query per sequence on a device with a measured decode attention grid takes its time from the grid
+  (``TileChoice.measured_s``), the tile shown for its traffic.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
+from opmap.hardware.attention_grid import DecodeTime, HeadConfig
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, best_tiles, cpu_tile_candidates
@@ -35,6 +38,8 @@ class TileChoice:
     compute_s: float | None  # the anchor's matrix time under this tile (None: keep the per-node figure)
     traffic_bytes: float | None  # the anchor's device-memory traffic under this tile (None: keep)
     note: str = ""  # appended to the kernel row's why
+    # the anchor's whole time measured (a device's decode attention grid), launch included: its memory term
+    measured_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,10 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile = cands[0]
+    measured = _decode_grid(c, hw, prec, curves)
+    if measured is not None:
+        return TileChoice(tile, cands[1] if len(cands) > 1 else None, None, tile.traffic_bytes, measured.note,
+                          measured.seconds)
     e = format_bytes(prec.matrix)
     if sq <= DECODE_MAX_Q:
         note = f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits"
@@ -172,3 +181,23 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         note += f"; dropout: {slow:.3g}x the kernel's measured no-dropout time"
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s * slow,
                       max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes, note)
+
+
+def _decode_grid(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> DecodeTime | None:
+    """A one-query fused attention call (decode: one new token per sequence) priced off the device's measured decode
+    attention grid (opmap.hardware.attention_grid), its note saying so; None where the device has no grid, the call
+    is not one query per sequence, its heads are not known, its KV cache is neither 2 nor 1 byte an element (the
+    tables time bf16 and fp8 caches) or no configuration of its head dim (values as wide) was measured. The grid's times are the attention kernel alone: RoPE and the KV-cache write,
+    inside the measured call, were taken out where the tables were extracted (opmap prices them in the QKV
+    projection's epilogue), and the output projection is a GEMM of its own."""
+    p, grid = c.problem, curves.decode_attention
+    if grid is None or p.m != 1 or p.heads is None or p.family.backward or p.heads.kv_itemsize not in (1.0, 2.0) \
+            or not grid.measures(p.k) or c.matrix_flops != 4.0 * p.batch * p.attention_pairs * p.k:
+        return None  # (the last: values as wide as the keys, as the tables time; MLA's are narrower)
+    hd = p.heads
+    want = HeadConfig("fp8" if hd.kv_itemsize == 1.0 else "bf16", hd.heads, hd.kv_heads, p.k, hd.window)
+    t = grid.time_s(want, max(1, p.batch // hd.heads), p.n, hw.memory_rate_bytes_per_s,
+                    prec.matrix_rate_flops_per_s)
+    note = (f"; decode attention from the measured grid {grid.name} ({t.config.label()}, "
+            f"{t.seconds * 1e6:.3g} us{': ' + t.note if t.note else ''}), the tile shown for its traffic")
+    return DecodeTime(t.seconds, t.config, note)
