@@ -19,8 +19,9 @@ head dim, window) the batch axis, the KV-length axis (step + 1) and the latency 
 opmap prices RoPE and the KV-cache write in the QKV projection's epilogue (opmap.mapping.fusion, ``engine``), so
 their bytes come out of each time here (``preprocess_bytes`` at the catalog's achievable memory rate; never more
 than half the time). A point the table leaves out (the largest batches at the longest KV) is filled from its
-nearest measured point's efficiency (measured time over the roofline, ``roofline_s``, a window capping the keys
-attended) times its own roofline, and counted in the file. Kept: head dims 64 and 128, 8 or more query heads (the decoders opmap serves), both KV formats.
+nearest measured point's efficiency (measured time over the roofline, opmap.hardware.attention_grid.roofline_s, a
+window capping the keys attended) times its own roofline, and counted in the file. Kept: head dims 64 and 128, 8 or
+more query heads (the decoders opmap serves), both KV formats.
 
 Run (the wheel is 80 MB, fetched from PyPI once; nothing here runs at opmap run time):
 

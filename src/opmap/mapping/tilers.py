@@ -187,9 +187,10 @@ def _decode_grid(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -
     """A one-query fused attention call (decode: one new token per sequence) priced off the device's measured decode
     attention grid (opmap.hardware.attention_grid), its note saying so; None where the device has no grid, the call
     is not one query per sequence, its heads are not known, its KV cache is neither 2 nor 1 byte an element (the
-    tables time bf16 and fp8 caches) or no configuration of its head dim (values as wide) was measured. The grid's times are the attention kernel alone: RoPE and the KV-cache write,
-    inside the measured call, were taken out where the tables were extracted (opmap prices them in the QKV
-    projection's epilogue), and the output projection is a GEMM of its own."""
+    tables time bf16 and fp8 caches) or no configuration of its head dim (values as wide) was measured. The grid's
+    times are the attention kernel alone: RoPE and the KV-cache write, inside the measured call, were taken out
+    where the tables were extracted (opmap prices them in the QKV projection's epilogue), and the output projection
+    is a GEMM of its own."""
     p, grid = c.problem, curves.decode_attention
     if grid is None or p.m != 1 or p.heads is None or p.family.backward or p.heads.kv_itemsize not in (1.0, 2.0) \
             or not grid.measures(p.k) or c.matrix_flops != 4.0 * p.batch * p.attention_pairs * p.k:
