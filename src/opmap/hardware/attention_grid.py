@@ -121,6 +121,10 @@ class AttentionGrid:
     source: str
     tables: tuple[DecodeTable, ...]
 
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        return tuple(sorted({t.config.head_dim for t in self.tables}))
+
     def measures(self, head_dim: int) -> bool:
         """Whether some configuration was measured at ``head_dim`` (the grid prices no other: MLA's 576-wide latent
         runs another kernel than a 64- or 128-wide head's)."""
