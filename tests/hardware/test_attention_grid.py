@@ -48,7 +48,7 @@ def test_catalog_grid_is_bounded_and_loads(device):
     grid = load_attention_grid(f"{device}.attn.json")
     assert len(grid.tables) == len(r["tables"]) and 100 < len(grid.tables) < 250
     for t in r["tables"]:
-        # the collector's grid: batch 1-2048, KV (cached tokens + the new one) from 2 to 16384-131072, every point filled
+        # the collector's grid: batch 1-2048, KV (cached tokens + the new one) 2 to 16384-131072, every point filled
         assert t["batch"][0] == 1 and t["batch"][-1] == 2048 and t["kv"][0] == 2 and t["kv"][-1] <= 131072
         assert len(t["latency_us"]) == len(t["batch"]) * len(t["kv"]) and min(t["latency_us"]) > 0
     hw = get_hardware(device)
