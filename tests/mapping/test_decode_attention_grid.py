@@ -55,10 +55,11 @@ def hf(tmp_path, cfg: dict) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("device", ("b200", "h200"))
+@pytest.mark.parametrize("device", ("b200", "h200", "gb200"))
 def test_gpt_oss_layers_take_the_measured_time(tmp_path, device):
     """gpt-oss-120b (64 query heads, 8 KV heads x 64): its first layer slides over 128 tokens (the cache holds the
-    window: K of 128 tokens), read off the table measured with window 128; its second attends to all 1024."""
+    window: K of 128 tokens), read off the table measured with window 128; its second attends to all 1024. The
+    GB200's catalog entry lists no compute units (no tile search): the grid prices it all the same, with no tile."""
     kernels, a = attention_kernels(hf(tmp_path, GPT_OSS_120B), device)
     assert [(q, kk) for q, kk, _ in kernels] == [((BATCH, 64, 1, 64), (BATCH, 8, 128, 64)),
                                                  ((BATCH, 64, 1, 64), (BATCH, 8, KV_LEN, 64))]
@@ -67,6 +68,7 @@ def test_gpt_oss_layers_take_the_measured_time(tmp_path, device):
     assert full.predicted_s == pytest.approx(measured_s(device, 64, 8, 64, 0, BATCH, KV_LEN), rel=1e-6)
     assert f"decode attention from the measured grid {device}.attn.json" in full.why
     assert full.bound == "memory"
+    assert (full.tile is None) == (not get_hardware(device).tiled)
     assert f"from the measured grid {device}.attn.json" in a.assumptions.attention_kernel
 
 

@@ -13,7 +13,8 @@ Registered, in the order they are tried:
   calibrated CPU keeps its measured shape curve for the time and shows the blocking beside it;
 - ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries); one
   query per sequence on a device with a measured decode attention grid takes its time from the grid
-  (``TileChoice.measured_s``), the tile shown for its traffic.
+  (``TileChoice.measured_s``), the tile shown for its traffic; on a device with no tile search (its catalog lists
+  no compute units) the grid prices it all the same, with no tile.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from opmap.precision import Precision, format_bytes
 
 @dataclass(frozen=True)
 class TileChoice:
-    tile: Tile
+    tile: Tile | None  # None: a measured time on a device with no tile search (``measured_s``)
     runner_up: Tile | None
     compute_s: float | None  # the anchor's matrix time under this tile (None: keep the per-node figure)
     traffic_bytes: float | None  # the anchor's device-memory traffic under this tile (None: keep)
@@ -71,6 +72,10 @@ def choose_tile(anchor: OpCost, hw: HardwareSpec, prec: Precision, curves: Curve
     for _, applies, fn in TILERS:
         if applies(anchor, hw):
             return fn(anchor, hw, prec, curves)
+    if anchor.problem.family.attention:  # a device with no tile search (no compute units listed): its grid still
+        measured = _decode_grid(anchor, hw, prec, curves)
+        if measured is not None:
+            return TileChoice(None, None, None, None, measured.note, measured.seconds)
     return None
 
 
@@ -141,10 +146,6 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
     except OpmapError as e:
         return NoTile(f"; untiled: {e}")
     tile = cands[0]
-    measured = _decode_grid(c, hw, prec, curves)
-    if measured is not None:
-        return TileChoice(tile, cands[1] if len(cands) > 1 else None, None, tile.traffic_bytes, measured.note,
-                          measured.seconds)
     e = format_bytes(prec.matrix)
     if sq <= DECODE_MAX_Q:
         note = f"; flash-decoding: the KV cache read bounds it, {tile.split_k} splits"
@@ -156,6 +157,10 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
             traffic = tile.traffic_bytes - kv_per_q_head + kv_read
             tile = replace(tile, traffic_bytes=traffic, memory_s=traffic / hw.memory_rate_bytes_per_s)
             note += f", each KV head read once for its {kv_per_q_head / kv_read:.3g} query heads"
+        measured = _decode_grid(c, hw, prec, curves)
+        if measured is not None:
+            return TileChoice(tile, cands[1] if len(cands) > 1 else None, None, tile.traffic_bytes,
+                              note + measured.note + ", the tile shown for its traffic", measured.seconds)
     else:
         kv_reads = (tile.traffic_bytes - 2.0 * bh * sq * d * e) / (2.0 * bh * sk * d * e)
         note = (f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, "
@@ -200,5 +205,5 @@ def _decode_grid(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -
     t = grid.time_s(want, max(1, p.batch // hd.heads), p.n, hw.memory_rate_bytes_per_s,
                     prec.matrix_rate_flops_per_s)
     note = (f"; decode attention from the measured grid {grid.name} ({t.config.label()}, "
-            f"{t.seconds * 1e6:.3g} us{': ' + t.note if t.note else ''}), the tile shown for its traffic")
+            f"{t.seconds * 1e6:.3g} us{': ' + t.note if t.note else ''})")
     return DecodeTime(t.seconds, t.config, note)
