@@ -135,3 +135,14 @@ def test_a_sliding_window_reads_its_measured_window_or_the_capped_length():
     assert w.seconds == pytest.approx(point("b200", ("bf16", 64, 8, 64, 128), 1024, 8192), rel=1e-9)
     capped = grid.time_s(HeadConfig("bf16", 64, 8, 64, 512), 1024, 8192, MEM, MAT)
     assert capped.seconds == pytest.approx(point("b200", ("bf16", 64, 8, 64, 0), 1024, 512), rel=1e-9)
+
+
+def test_a_few_queries_a_sequence_scale_by_their_roofline():
+    """A speculative verify of 3 tokens a sequence (32 / 8 x 128, batch 256, KV 1024): the one-query time x the ratio
+    of their rooflines; memory-bound, so the ratio of their bytes (Q and the output 3 times over, K and V once)."""
+    grid = load_attention_grid("b200.attn.json")
+    got = grid.time_s(HeadConfig("bf16", 32, 8, 128, 0), 256, 1024, MEM, MAT, queries=3)
+    one = point("b200", ("bf16", 32, 8, 128, 0), 256, 1024)
+    per_seq = lambda q: 2 * 8 * 1024 * 128 * 2 + 2 * q * 32 * 128 * 2  # noqa: E731
+    assert got.seconds == pytest.approx(one * per_seq(3) / per_seq(1), rel=1e-9)
+    assert "3 queries a sequence" in got.note

@@ -14,7 +14,9 @@ batch-major. ``AttentionGrid.time_s`` prices a decode attention call from it:
   distance in log2 of the KV heads, the query heads per KV head and the head dim, the head dim weighted double,
   the same KV format and window first) times this configuration's roofline, so a model of its own benefits;
 - a sliding window: a configuration measured with that window at the full KV length, else the window-less one at
-  the window-capped KV length.
+  the window-capped KV length;
+- a few queries a sequence (a speculative step's verify, up to opmap.mapping.tiling.DECODE_MAX_Q): the one-query
+  time's efficiency times the roofline of that many queries (the tables time one).
 
 The roofline (``roofline_s``; a window caps the keys attended): the kernel's bytes (K and V of every attended
 token per KV head, Q read and the
@@ -44,11 +46,12 @@ ACT_BYTES = 2.0  # Q and the output in bf16 (the tables time bf16 activations)
 
 
 def roofline_s(batch: int, kv: int, heads: int, kv_heads: int, head_dim: int, kv_bytes: float,
-               memory_per_s: float, matrix_per_s: float) -> float:
+               memory_per_s: float, matrix_per_s: float, queries: int = 1) -> float:
     """Decode attention's roofline time, seconds (module docstring): K and V of ``kv`` tokens per KV head at
-    ``kv_bytes`` an element plus Q and the output, or 4 b h kv d FLOPs, at the device's rates."""
-    nbytes = batch * (2.0 * kv_heads * kv * head_dim * kv_bytes + 2.0 * heads * head_dim * ACT_BYTES)
-    return max(nbytes / memory_per_s, 4.0 * batch * heads * kv * head_dim / matrix_per_s)
+    ``kv_bytes`` an element plus Q and the output of ``queries`` tokens a sequence, or 4 b q h kv d FLOPs, at the
+    device's rates."""
+    nbytes = batch * (2.0 * kv_heads * kv * head_dim * kv_bytes + 2.0 * queries * heads * head_dim * ACT_BYTES)
+    return max(nbytes / memory_per_s, 4.0 * batch * queries * heads * kv * head_dim / matrix_per_s)
 
 
 @dataclass(frozen=True)
@@ -141,10 +144,12 @@ class AttentionGrid:
             return (c.kv_dtype != want.kv_dtype, c.window != want.window, d, c.heads, c.kv_heads, c.head_dim)
         return min(self.tables, key=dist)
 
-    def time_s(self, want: HeadConfig, batch: int, kv: int, memory_per_s: float, matrix_per_s: float) -> DecodeTime:
+    def time_s(self, want: HeadConfig, batch: int, kv: int, memory_per_s: float, matrix_per_s: float,
+               queries: int = 1) -> DecodeTime:
         """Seconds of one decode attention call of ``want`` at ``batch`` sequences against ``kv`` keys each (the
         window already in ``want``: a measured window is looked up at the full KV length, else the window-less
-        configuration at the window-capped one)."""
+        configuration at the window-capped one); ``queries`` > 1 tokens a sequence (a speculative step's verify):
+        the one-query time's efficiency x the roofline of that many queries."""
         if want.window and not any(t.config.window == want.window for t in self.tables):
             kv = min(kv, want.window)
             want = HeadConfig(want.kv_dtype, want.heads, want.kv_heads, want.head_dim, 0)
@@ -166,6 +171,13 @@ class AttentionGrid:
             wkvb = KV_BYTES.get(want.kv_dtype, kvb)
             s *= roof(want, batch, kv, wkvb) / roof(c, batch, kv, kvb)
             notes.append(f"{want.label()} not measured: the efficiency of {c.label()} x its roofline")
+        if queries > 1:
+            e = KV_BYTES.get(want.kv_dtype, kvb)
+            k = min(kv, want.window) if want.window else kv
+            s *= roofline_s(batch, k, want.heads, want.kv_heads, want.head_dim, e, memory_per_s, matrix_per_s,
+                            queries) / roofline_s(batch, k, want.heads, want.kv_heads, want.head_dim, e,
+                                                  memory_per_s, matrix_per_s)
+            notes.append(f"{queries} queries a sequence: the one-query efficiency x their roofline")
         return DecodeTime(s, c, "; ".join(notes))
 
 

@@ -11,10 +11,10 @@ Registered, in the order they are tried:
 - ``gpu_gemm``: GEMM and conv (as implicit GEMM) on a device that lists shared memory per compute unit;
 - ``cpu_blocking``: the same problems on a CPU (cache blocking against L1 / L2 per core and the LLC); a
   calibrated CPU keeps its measured shape curve for the time and shows the blocking beside it;
-- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries); one
-  query per sequence on a device with a measured decode attention grid takes its time from the grid
-  (``TileChoice.measured_s``), the tile shown for its traffic; on a device with no tile search (its catalog lists
-  no compute units) the grid prices it all the same, with no tile.
+- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries); a
+  decode call (one query per sequence, up to 16: a speculative verify) on a device with a measured decode attention
+  grid takes its time from the grid (``TileChoice.measured_s``), the tile shown for its traffic; on a device with
+  no tile search (its catalog lists no compute units) the grid prices it all the same, with no tile.
 """
 
 from __future__ import annotations
@@ -189,21 +189,22 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
 
 
 def _decode_grid(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> DecodeTime | None:
-    """A one-query fused attention call (decode: one new token per sequence) priced off the device's measured decode
-    attention grid (opmap.hardware.attention_grid), its note saying so; None where the device has no grid, the call
-    is not one query per sequence, its heads are not known, its KV cache is neither 2 nor 1 byte an element (the
-    tables time bf16 and fp8 caches) or no configuration of its head dim (values as wide) was measured. The grid's
-    times are the attention kernel alone: RoPE and the KV-cache write, inside the measured call, were taken out
-    where the tables were extracted (opmap prices them in the QKV projection's epilogue), and the output projection
-    is a GEMM of its own."""
+    """A decode fused attention call (one new token per sequence, or up to DECODE_MAX_Q: a speculative verify) priced
+    off the device's measured decode attention grid (opmap.hardware.attention_grid), its note saying so; None where
+    the device has no grid, the call has more queries a sequence, its heads are not known, its KV cache is neither 2
+    nor 1 byte an element (the tables time bf16 and fp8 caches) or no configuration of its head dim (values as wide)
+    was measured. The grid's times are the attention kernel alone: RoPE and the KV-cache write, inside the measured
+    call, were taken out where the tables were extracted (opmap prices them in the QKV projection's epilogue), and
+    the output projection is a GEMM of its own."""
     p, grid = c.problem, curves.decode_attention
-    if grid is None or p.m != 1 or p.heads is None or p.family.backward or p.heads.kv_itemsize not in (1.0, 2.0) \
-            or not grid.measures(p.k) or c.matrix_flops != 4.0 * p.batch * p.attention_pairs * p.k:
+    if grid is None or p.m > DECODE_MAX_Q or p.heads is None or p.family.backward \
+            or p.heads.kv_itemsize not in (1.0, 2.0) or not grid.measures(p.k) \
+            or c.matrix_flops != 4.0 * p.batch * p.attention_pairs * p.k:
         return None  # (the last: values as wide as the keys, as the tables time; MLA's are narrower)
     hd = p.heads
     want = HeadConfig("fp8" if hd.kv_itemsize == 1.0 else "bf16", hd.heads, hd.kv_heads, p.k, hd.window)
     t = grid.time_s(want, max(1, p.batch // hd.heads), p.n, hw.memory_rate_bytes_per_s,
-                    prec.matrix_rate_flops_per_s)
+                    prec.matrix_rate_flops_per_s, p.m)
     note = (f"; decode attention from the measured grid {grid.name} ({t.config.label()}, "
             f"{t.seconds * 1e6:.3g} us{': ' + t.note if t.note else ''})")
     return DecodeTime(t.seconds, t.config, note)
