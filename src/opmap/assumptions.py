@@ -202,13 +202,13 @@ def attention_dropout_line(hw: HardwareSpec) -> str:
 
 
 def decode_attention_line(hw: HardwareSpec) -> str:
-    """Where decode attention (one query a sequence) is priced off the device's measured grid, in words ("" where
-    the device has none)."""
+    """Where decode attention (1-16 queries a sequence: opmap.mapping.tilers' _decode_grid) is priced off the
+    device's measured grid, in words ("" where the device has none)."""
     grid = hw.curves.decode_attention
     if grid is None:
         return ""
     source = hw.calibration.get("attention_grid_source") or grid.source
-    return (f"; decode attention (one query a sequence, head dims {', '.join(map(str, grid.head_dims))}) from the "
+    return (f"; decode attention (1-16 queries a sequence, head dims {', '.join(map(str, grid.head_dims))}) from the "
             f"measured grid {grid.name} ({len(grid.tables)} head configurations x batch x KV length; another "
             f"configuration at its nearest one's efficiency): {source}")
 
