@@ -201,6 +201,18 @@ def attention_dropout_line(hw: HardwareSpec) -> str:
             + (f" ({row.source})" if row.source else ""))
 
 
+def decode_attention_line(hw: HardwareSpec) -> str:
+    """Where decode attention (1-16 queries a sequence: opmap.mapping.tilers' _decode_grid) is priced off the
+    device's measured grid, in words ("" where the device has none)."""
+    grid = hw.curves.decode_attention
+    if grid is None:
+        return ""
+    source = hw.calibration.get("attention_grid_source") or grid.source
+    return (f"; decode attention (1-16 queries a sequence, head dims {', '.join(map(str, grid.head_dims))}) from the "
+            f"measured grid {grid.name} ({len(grid.tables)} head configurations x batch x KV length; another "
+            f"configuration at its nearest one's efficiency): {source}")
+
+
 def _tiling(hw: HardwareSpec) -> str:
     """The tiling the kernels were mapped with, in words."""
     if hw.device_type == "cpu":
@@ -231,7 +243,8 @@ def build_assumptions(workload: Workload, hw: HardwareSpec, prec: Precision, gra
         datasheet_only=tuple(hw.datasheet_only), launch_overhead_s=hw.fields["launch_overhead_s"],
         transcendental_slots=TRANSCENDENTAL_SLOTS, time_model=time_model_line(hw),
         attention_kernel=(f"{kernel}: fused attention from its measured rows in the catalog (--attention-kernel "
-                          "picks another)" if kernel else "no measured kernel: flash tiles on the device's peaks"),
+                          "picks another)" if kernel else "no measured kernel: flash tiles on the device's peaks")
+        + decode_attention_line(hw),
         attention_dropout=attention_dropout_line(hw) if _drops_scores(graph) else None,
         layer_type_overrides=tuple(f"{p}={t}" for p, t in overrides), workload_notes=tuple(workload.assumptions),
         capture_notes=tuple(graph.notes), torch_version=torch.__version__, opmap_version=__version__,

@@ -194,6 +194,18 @@ class MatrixFamily(StrEnum):
 
 
 @dataclass(frozen=True)
+class AttentionHeads:
+    """What a fused attention call's problem folds into its batch (sequences x query heads): the query heads, the KV
+    heads (grouped-query attention reads each once for its group), the sliding window (0: none) and the bytes per
+    element of its K and V, so a measured per-configuration table (opmap.hardware.attention_grid) can price it."""
+
+    heads: int
+    kv_heads: int
+    window: int = 0
+    kv_itemsize: float = 2.0
+
+
+@dataclass(frozen=True)
 class MatrixProblem:
     """The matrix-engine work of one op, for shape-dependent efficiency and tiling.
 
@@ -202,7 +214,8 @@ class MatrixProblem:
     ``dropout_p`` above 0), which a measured no-dropout curve prices through its kernel's dropout factor
     (opmap.hardware.curves). ``pairs``: attention's unmasked (query, key) pairs per problem where the kernel
     counts them otherwise than ``attention_pairs`` does from the family alone (a sliding window, a causal mask
-    aligned to the last key: ``end_aligned_pairs``); None: m x n, or PyTorch's top-left causal count."""
+    aligned to the last key: ``end_aligned_pairs``); None: m x n, or PyTorch's top-left causal count. ``heads``:
+    fused attention's query and KV heads, window and KV element bytes (``AttentionHeads``)."""
 
     family: MatrixFamily
     batch: int
@@ -211,6 +224,7 @@ class MatrixProblem:
     k: int
     dropout: bool = False
     pairs: int | None = None
+    heads: AttentionHeads | None = None  # fused attention: its heads (None elsewhere, or where not known)
 
     @property
     def attention_pairs(self) -> int:

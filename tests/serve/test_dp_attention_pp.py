@@ -163,14 +163,16 @@ def test_mixtral_weights_and_kv_per_device_halve():
 
 def test_a_request_alone_on_piped_ranks(qwen):
     """Requests 10 s apart on DEP2 PP2: each runs alone on its rank, its TTFT one prefill of its prompt (one
-    microbatch through both stages) and its tokens as a lone rank's piped decode steps price them."""
+    microbatch through both stages, no cheaper than a decode step of one sequence: TableCost._least) and its tokens
+    as a lone rank's piped decode steps price them."""
     c = _dep(qwen(4), 2)
     n = 6
     reqs = Requests(np.arange(n) * 10.0, np.full(n, 256), np.full(n, 32), "poisson")
     group = simulate(reqs, parse_policy("engine"), c)
     alone = simulate(reqs, parse_policy("engine"), replace(c, attention_ranks=1))
     assert np.allclose(group.first_s - group.arrival_s, c.prefill_s(256, 1), rtol=1e-12)
-    assert c.prefill_s(256, 1) == pytest.approx(c._prefill(c.prefill_time_s, 256), rel=1e-12)
+    assert c.prefill_s(256, 1) == pytest.approx(c._least(c._prefill(c.prefill_time_s, 256), 256, c.decode_time_s),
+                                                rel=1e-12)
     assert np.allclose(group.finish_s, alone.finish_s, rtol=1e-12)
 
 

@@ -266,16 +266,14 @@ def test_large_decode_batches_are_priced_compute_bound():
     least 2 x 7.50e9 x b FLOP (its matmul weights: 8.03e9 parameters less the 128256 x 4096 = 0.525e9 of the input
     embedding, a gather), over the achievable fp8 rate 1.4026e15 FLOP/s (catalog, measured): 2 x 7.50e9 x 1024 /
     1.4026e15 = 11.0 ms at 1024 and 43.8 ms at 4096. Priced points now reach 1024 and, past them, the line is
-    compute-bound: the table at 4096 is at least that bound. Drawn only through batches <= 64 (weight-read-bound,
-    nearly flat) and extrapolated, the step at 4096 came out below it."""
+    compute-bound: the table at 4096 is at least that bound, from a point priced there. Drawn only through batches
+    <= 64 (weight-read-bound, nearly flat) and extrapolated, the step at 4096 came out below it (about 21 ms, before
+    decode attention's per-sequence cost came from the H100's measured grid: that cost now steepens the 16-64 line,
+    so the extrapolation no longer shows the gap; the priced 4096 point is what holds the bound)."""
     c = model_table_cost("llama-3-8b", "h100-sxm", "fp8")
-    assert max(c.decode_batch) >= 1024
+    assert max(c.decode_batch) >= 4096
     for b in (1024, 4096):
         assert c.decode_s(b, 0) >= 2 * 7.50e9 * b / 1.4026e15
-    i64 = c.decode_batch.index(64)
-    t16, t64 = c.decode_time_s[i64 - 1][0], c.decode_time_s[i64][0]
-    old = t64 + (4096 - 64) * (t64 - t16) / 48  # the line through batches 16 and 64, extrapolated
-    assert old < 2 * 7.50e9 * 4096 / 1.4026e15
 
 
 def test_a_power_limited_card_is_priced_at_its_sustained_rate_and_still_extrapolated():

@@ -46,7 +46,15 @@ from dataclasses import replace
 
 from opmap.costs.base import OpCost, io_cost, prod, rule
 from opmap.graph import Node, TensorMeta
-from opmap.ops import MatrixFamily, MatrixProblem, causal_pairs, chunked_keys_read, chunked_pairs, end_aligned_pairs
+from opmap.ops import (
+    AttentionHeads,
+    MatrixFamily,
+    MatrixProblem,
+    causal_pairs,
+    chunked_keys_read,
+    chunked_pairs,
+    end_aligned_pairs,
+)
 
 BHSD = ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
@@ -89,11 +97,12 @@ def sdpa_cost(node: Node) -> OpCost:
     q, k, v = node.input("query"), node.input("key"), node.input("value")
     if node.packet in BSHD:  # (B, S, H, D)
         b, sq, h, d = q.shape
-        sk, dv = k.shape[1], v.shape[3]
+        sk, dv, hkv = k.shape[1], v.shape[3], k.shape[2]
     else:  # (..., H, S, D); leading dims multiply into the batch
         *lead, h, sq, d = q.shape if len(q.shape) >= 3 else (1, *q.shape)
         b = prod(lead)
         sk, dv = k.shape[-2], v.shape[-1]
+        hkv = k.shape[-3] if len(k.shape) >= 3 else 1
     dense = sq * sk
     causal = is_causal(node) and not any(n in ("attn_mask", "attn_bias", "bias") for n in node.input_names)
     given = None  # pairs counted otherwise than the family says (a window, a mask aligned to the last key)
@@ -101,14 +110,17 @@ def sdpa_cost(node: Node) -> OpCost:
     chunk = chunk if causal and isinstance(chunk, int) and chunk > 0 else None
     q0 = node.args.get("q_offset")
     q0 = q0 if isinstance(q0, int) else None
+    w = node.args.get("window")
+    window = w if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0
     if chunk is not None:
         given = chunked_pairs(sq, sk, chunk, q0)
         causal = given < dense
     elif causal and node.args.get("causal_align") == "bottom-right":
-        w = node.args.get("window")
-        given = end_aligned_pairs(sq, sk, w if isinstance(w, int) and w > 0 else None)
+        given = end_aligned_pairs(sq, sk, window or None)
         causal = given < dense
     pairs = given if given is not None else causal_pairs(sq, sk) if causal else dense
+    # the KV span a measured decode-attention table is read at: a window's, or the keys a chunked call reads
+    heads_window = chunked_keys_read(sq, sk, chunk, q0) if chunk is not None else window if given is not None else 0
     per_pair = 2 * d + 2 * dv
     matrix = float(b * h * pairs * per_pair)
     skipped = float(b * h * (dense - pairs) * per_pair)
@@ -122,7 +134,9 @@ def sdpa_cost(node: Node) -> OpCost:
                    transcendental_flops=float(b * h * pairs * EXP_PER_SCORE), skipped_flops=skipped,
                    problem=MatrixProblem(MatrixFamily.ATTENTION_CAUSAL if causal else MatrixFamily.ATTENTION,
                                          int(b * h), int(sq), int(sk), int(d), dropout=drop,
-                                         pairs=given if given is not None and given != causal_pairs(sq, sk) else None))
+                                         pairs=given if given is not None and given != causal_pairs(sq, sk) else None,
+                                         heads=AttentionHeads(int(h), int(hkv) if h % max(hkv, 1) == 0 else int(h),
+                                                              heads_window, k.itemsize)))
     if chunk is None:
         return cost
     # a chunked kernel reads K and V only where some query's chunk reaches (the keys before the first query's chunk

@@ -15,6 +15,9 @@ bandwidth over transfer sizes. ``Curves`` turns them into lookups:
   clamped to the grid's edges. A GEMM at least as large in m, n and k as its
   format's measured ceiling (calibrate: one large square GEMM per format, timed interleaved) runs at least at
   that ceiling's rate: the dispatched kernel's sustained rate, not a blend of the smaller shapes around it.
+- ``decode_attention``: a catalog device's measured decode attention times per head configuration
+  (``attention_grid``: a JSON file beside its TOML; opmap.hardware.attention_grid), which price a one-query
+  fused attention call (opmap.mapping.tilers' flash_attention).
 - ``dropout_slowdown(problem)``: how much longer the selected attention kernel runs when it drops scores (a
   training call with ``dropout_p`` above 0) than its measured no-dropout rows say: the ``attention_dropout`` row
   naming that kernel (``{ kernel = "cudnn", factor = 1.03 }``, time with dropout over time without, measured the
@@ -44,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
+from opmap.hardware.attention_grid import GRID_NAME as ATTENTION_GRID_NAME
+from opmap.hardware.attention_grid import AttentionGrid, load_attention_grid
 from opmap.hardware.comm_grid import check_comm_grid_name
 from opmap.ops import MatrixFamily, MatrixProblem
 from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
@@ -163,6 +168,11 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
                              f"'h100-sxm.gemm.json' (got {shown(g)})")
     if "comm_grid" in cal:
         check_comm_grid_name(cal["comm_grid"], where)
+    if "attention_grid" in cal:
+        g = cal["attention_grid"]
+        if not isinstance(g, str) or not ATTENTION_GRID_NAME.fullmatch(g):
+            raise OpmapError(f"{where}.attention_grid must name a file beside the catalog's TOML files, such as "
+                             f"'b200.attn.json' (got {shown(g)})")
     if "view_overhead_s" in cal:
         finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, hi=1, unit="s")
     for i, r in enumerate(cal.get("attention", [])):
@@ -315,6 +325,8 @@ class Curves:
     fresh_page_points: tuple[tuple[float, float], ...] = ()
     # the priced attention kernel's time with dropout over its time without (1: none measured)
     attention_dropout: float = 1.0
+    # measured decode attention times by head configuration (a catalog device's ``attention_grid``), or None
+    decode_attention: AttentionGrid | None = None
 
     @property
     def empty(self) -> bool:
@@ -419,7 +431,8 @@ class Curves:
                       vec.get("transcendental_per_s"), float(cal.get("view_overhead_s", 0.0)),
                       str(cal.get("fingerprint", {}).get("model", "")),
                       {k: float(v) for k, v in cal.get("vector_kinds", {}).items() if v > 0}, tuple(sorted(fresh)),
-                      attention_dropout_factor(cal) or 1.0)
+                      attention_dropout_factor(cal) or 1.0,
+                      load_attention_grid(cal["attention_grid"]) if cal.get("attention_grid") else None)
 
 
 def with_attention_kernel(hw, kernel: str | None):

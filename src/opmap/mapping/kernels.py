@@ -183,7 +183,12 @@ def _map_kernel(k: Kernel, anchor: Node, costs, preds, hw: HardwareSpec, kp: Pre
     measured = isinstance(choice, TileChoice) and choice.compute_s is None  # the time from a measured curve
     exposed = attention_exposed_s(ac, hw, matrix_s, vector_s) if not curves.transcendental_per_s and \
         not measured else 0.0
-    r = roofline(matrix_s, vector_s, traffic / bw + fresh_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
+    memory_s = traffic / bw + fresh_s
+    if measured and choice.measured_s is not None:
+        # the whole kernel measured (decode attention): its time less the launch the roofline adds back, in the
+        # memory term (a decode attention call streams its KV cache), plus the epilogue's bytes
+        memory_s = max(0.0, choice.measured_s - hw.launch_overhead_s) + max(0.0, k.min_bytes - ac.bytes) / bw
+    r = roofline(matrix_s, vector_s, memory_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
                  exposed_s=exposed)
     if not ac.counted:
         r = replace(r, bound=Bound.UNCOUNTED)

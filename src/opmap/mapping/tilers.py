@@ -11,7 +11,10 @@ Registered, in the order they are tried:
 - ``gpu_gemm``: GEMM and conv (as implicit GEMM) on a device that lists shared memory per compute unit;
 - ``cpu_blocking``: the same problems on a CPU (cache blocking against L1 / L2 per core and the LLC); a
   calibrated CPU keeps its measured shape curve for the time and shows the blocking beside it;
-- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries).
+- ``flash_attention``: fused attention on a GPU-like device (flash tiles; flash-decoding at <= 16 queries); a
+  decode call (one query per sequence, up to 16: a speculative verify) on a device with a measured decode attention
+  grid takes its time from the grid (``TileChoice.measured_s``), the tile shown for its traffic; on a device with
+  no tile search (its catalog lists no compute units) the grid prices it all the same, with no tile.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from opmap.costs.base import OpCost
 from opmap.errors import OpmapError
+from opmap.hardware.attention_grid import DecodeTime, HeadConfig
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
 from opmap.mapping.tiling import DECODE_MAX_Q, Tile, attention_candidates, best_tiles, cpu_tile_candidates
@@ -30,11 +34,13 @@ from opmap.precision import Precision, format_bytes
 
 @dataclass(frozen=True)
 class TileChoice:
-    tile: Tile
+    tile: Tile | None  # None: a measured time on a device with no tile search (``measured_s``)
     runner_up: Tile | None
     compute_s: float | None  # the anchor's matrix time under this tile (None: keep the per-node figure)
     traffic_bytes: float | None  # the anchor's device-memory traffic under this tile (None: keep)
     note: str = ""  # appended to the kernel row's why
+    # the anchor's whole time measured (a device's decode attention grid), launch included: its memory term
+    measured_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,10 @@ def choose_tile(anchor: OpCost, hw: HardwareSpec, prec: Precision, curves: Curve
     for _, applies, fn in TILERS:
         if applies(anchor, hw):
             return fn(anchor, hw, prec, curves)
+    if anchor.problem.family.attention:  # a device with no tile search (no compute units listed): its grid still
+        measured = _decode_grid(anchor, hw, prec, curves)
+        if measured is not None:
+            return TileChoice(None, None, None, None, measured.note, measured.seconds)
     return None
 
 
@@ -147,6 +157,10 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
             traffic = tile.traffic_bytes - kv_per_q_head + kv_read
             tile = replace(tile, traffic_bytes=traffic, memory_s=traffic / hw.memory_rate_bytes_per_s)
             note += f", each KV head read once for its {kv_per_q_head / kv_read:.3g} query heads"
+        measured = _decode_grid(c, hw, prec, curves)
+        if measured is not None:
+            return TileChoice(tile, cands[1] if len(cands) > 1 else None, None, tile.traffic_bytes,
+                              note + measured.note + ", the tile shown for its traffic", measured.seconds)
     else:
         kv_reads = (tile.traffic_bytes - 2.0 * bh * sq * d * e) / (2.0 * bh * sk * d * e)
         note = (f"; flash tiling {tile.bm} queries x {tile.bn} keys: K and V read {kv_reads:.3g} times, "
@@ -172,3 +186,25 @@ def flash_attention(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves
         note += f"; dropout: {slow:.3g}x the kernel's measured no-dropout time"
     return TileChoice(tile, cands[1] if len(cands) > 1 else None, reps * tile.compute_s * slow,
                       max(tile.traffic_bytes, c.bytes) if reps > 1.0 else tile.traffic_bytes, note)
+
+
+def _decode_grid(c: OpCost, hw: HardwareSpec, prec: Precision, curves: Curves) -> DecodeTime | None:
+    """A decode fused attention call (one new token per sequence, or up to DECODE_MAX_Q: a speculative verify) priced
+    off the device's measured decode attention grid (opmap.hardware.attention_grid), its note saying so; None where
+    the device has no grid, the call has more queries a sequence, its heads are not known, its KV cache is neither 2
+    nor 1 byte an element (the tables time bf16 and fp8 caches) or no configuration of its head dim (values as wide)
+    was measured. The grid's times are the attention kernel alone: RoPE and the KV-cache write, inside the measured
+    call, were taken out where the tables were extracted (opmap prices them in the QKV projection's epilogue), and
+    the output projection is a GEMM of its own."""
+    p, grid = c.problem, curves.decode_attention
+    if grid is None or p.m > DECODE_MAX_Q or p.heads is None or p.family.backward \
+            or p.heads.kv_itemsize not in (1.0, 2.0) or not grid.measures(p.k) \
+            or c.matrix_flops != 4.0 * p.batch * p.attention_pairs * p.k:
+        return None  # (the last: values as wide as the keys, as the tables time; MLA's are narrower)
+    hd = p.heads
+    want = HeadConfig("fp8" if hd.kv_itemsize == 1.0 else "bf16", hd.heads, hd.kv_heads, p.k, hd.window)
+    t = grid.time_s(want, max(1, p.batch // hd.heads), p.n, hw.memory_rate_bytes_per_s,
+                    prec.matrix_rate_flops_per_s, p.m)
+    note = (f"; decode attention from the measured grid {grid.name} ({t.config.label()}, "
+            f"{t.seconds * 1e6:.3g} us{': ' + t.note if t.note else ''})")
+    return DecodeTime(t.seconds, t.config, note)
