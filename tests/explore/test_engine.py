@@ -6,6 +6,7 @@ import builtins
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,6 +38,27 @@ def _started_at(seconds: float) -> float:
     t = time.monotonic()
     time.sleep(seconds)
     return t
+
+
+def test_the_pool_takes_its_worker_cap_from_the_caller_else_opmap_workers_else_the_cpu_count(monkeypatch):
+    """$OPMAP_WORKERS caps the pool where the caller names no count (the test session sets it to 1: tests/conftest.py);
+    a named count wins; unset, the CPU count; anything but a positive integer is one line naming what is accepted."""
+    from opmap.explore.engine import WORKERS_ENV
+
+    assert WORKERS_ENV == "OPMAP_WORKERS" and os.environ[WORKERS_ENV] == "1"
+    assert LocalEngine().workers_for(8) == 1 and LocalEngine(workers=2).workers_for(8) == 2
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert LocalEngine().workers_for(8) == 3 and LocalEngine().workers_for(2) == 2
+    assert get_engine("local").workers_for(8) == 3 and get_engine("local", 1).workers_for(8) == 1
+    monkeypatch.delenv(WORKERS_ENV)
+    assert LocalEngine().workers_for(10 ** 6) == os.cpu_count()
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(WORKERS_ENV, bad)
+        with pytest.raises(OpmapError, match=rf"OPMAP_WORKERS='{re.escape(bad)}' is not a worker count; accepted: "
+                                             "a positive integer"):
+            LocalEngine()
+    monkeypatch.setenv(WORKERS_ENV, " ")
+    assert LocalEngine().workers_for(10 ** 6) == os.cpu_count()
 
 
 def test_the_costliest_task_is_handed_out_first():
