@@ -6,7 +6,8 @@ session (SESSION), set before opmap or transformers is imported and held by an a
 profile ``--hardware local`` reads (hardware/local.py) and the graph and tune caches (capture/cache.py,
 explore/tune/cache.py), all under $XDG_CACHE_HOME; the run store ($OPMAP_STORE, else under $XDG_DATA_HOME:
 store/db.py). The capture cache stays off in tests (a cached graph must not answer for the code under test);
-tests/capture/test_cache.py turns it on in a temporary folder."""
+tests/capture/test_cache.py turns it on in a temporary folder. The local engine runs tasks inline ($OPMAP_WORKERS 1,
+below)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ import pytest
 
 SESSION = tempfile.mkdtemp(prefix="opmap-tests-")
 OWN = {"XDG_CACHE_HOME": os.path.join(SESSION, "cache"), "XDG_DATA_HOME": os.path.join(SESSION, "data"),
-       "OPMAP_STORE": os.path.join(SESSION, "runs.duckdb"), "OPMAP_GRAPH_CACHE": "0"}
+       "OPMAP_STORE": os.path.join(SESSION, "runs.duckdb"), "OPMAP_GRAPH_CACHE": "0",
+       # fit, sweep and serve --find-capacity run their tasks inline (opmap.explore.engine.WORKERS_ENV): a pool's
+       # spawned interpreters each import torch, 10-40 s of a two-task test on a loaded 2-core host; the pool itself
+       # is tested where it is the subject (tests/explore/test_engine.py names its workers, and
+       # tests/cli/test_stop_cmd.py runs its commands without this variable)
+       "OPMAP_WORKERS": "1"}
 os.environ.update(OWN)
 
 # imported after the environment is set: a module that reads a cache location as it is imported reads the session's

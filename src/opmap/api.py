@@ -213,11 +213,13 @@ class Layout:
 
         mb = spec.microbatch or batch if spec.train else batch
         imb = (self.ep_imbalance or 1.0) if spec.train else imbalance_for(self.ep, self.ep_imbalance)
-        return Parallelism(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, sp=self.sp, vp=self.vp, cp=self.cp,
-                           cp_comm=self.cp_comm, devices=self.devices, microbatch=mb,
-                           global_batch=(spec.global_batch or mb * self.dp) if spec.train else batch * self.dp,
-                           recompute=spec.recompute if spec.train else "none", zero=spec.zero,
-                           ep_imbalance=imb, dp_attention=self.dp_attention)
+        par = Parallelism(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, sp=self.sp, vp=self.vp, cp=self.cp,
+                          cp_comm=self.cp_comm, devices=self.devices, microbatch=mb,
+                          global_batch=(spec.global_batch or mb * self.dp) if spec.train else batch * self.dp,
+                          recompute=spec.recompute if spec.train else "none", zero=spec.zero,
+                          ep_imbalance=imb, dp_attention=self.dp_attention)
+        par.check_phase(spec.train)  # refused here, before the model is built and captured
+        return par
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class Command:
 
     def __init__(self, args: list[str], cwd) -> None:
         env = {**os.environ, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "200"}
+        env.pop("OPMAP_WORKERS", None)  # the pool is what is stopped: the CPU count's workers (tests/conftest.py)
         self.p = subprocess.Popen([sys.executable, "-m", "opmap.cli", *args], cwd=cwd, env=env,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   start_new_session=True)

@@ -6,6 +6,7 @@ import builtins
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,27 @@ def _started_at(seconds: float) -> float:
     return t
 
 
+def test_the_pool_takes_its_worker_cap_from_the_caller_else_opmap_workers_else_the_cpu_count(monkeypatch):
+    """$OPMAP_WORKERS caps the pool where the caller names no count (the test session sets it to 1: tests/conftest.py);
+    a named count wins; unset, the CPU count; anything but a positive integer is one line naming what is accepted."""
+    from opmap.explore.engine import WORKERS_ENV
+
+    assert WORKERS_ENV == "OPMAP_WORKERS" and os.environ[WORKERS_ENV] == "1"
+    assert LocalEngine().workers_for(8) == 1 and LocalEngine(workers=2).workers_for(8) == 2
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert LocalEngine().workers_for(8) == 3 and LocalEngine().workers_for(2) == 2
+    assert get_engine("local").workers_for(8) == 3 and get_engine("local", 1).workers_for(8) == 1
+    monkeypatch.delenv(WORKERS_ENV)
+    assert LocalEngine().workers_for(10 ** 6) == os.cpu_count()
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(WORKERS_ENV, bad)
+        with pytest.raises(OpmapError, match=rf"OPMAP_WORKERS='{re.escape(bad)}' is not a worker count; accepted: "
+                                             "a positive integer"):
+            LocalEngine()
+    monkeypatch.setenv(WORKERS_ENV, " ")
+    assert LocalEngine().workers_for(10 ** 6) == os.cpu_count()
+
+
 def test_the_costliest_task_is_handed_out_first():
     """Two workers, two short tasks listed before a long one: in input order the long task waits for a short one
     to finish (0.6 s) and starts last; handed out by cost it starts before one of the short ones (longest
@@ -63,10 +85,16 @@ def test_fit_hands_out_the_largest_model_on_the_slowest_device_first():
     assert cell_cost(job("configs/model.json", "l4")) == math.inf
 
 
-def test_local_pool_sweep_equals_inline():
-    hw = get_hardware("h100-sxm")
-    inline = sweep(*SWEEP[:1], hw, *SWEEP[1:], workers=1)
-    pooled = sweep(*SWEEP[:1], hw, *SWEEP[1:], workers=2)
+@pytest.fixture(scope="module")
+def pooled_sweep():
+    """SWEEP on the local pool (two workers), run once for the module: the inline run and Ray's are compared with
+    it (each a pool of spawned interpreters importing torch: 15-30 s on a loaded 2-core host)."""
+    return sweep(*SWEEP[:1], get_hardware("h100-sxm"), *SWEEP[1:], workers=2)
+
+
+def test_local_pool_sweep_equals_inline(pooled_sweep):
+    inline = sweep(*SWEEP[:1], get_hardware("h100-sxm"), *SWEEP[1:], workers=1)
+    pooled = pooled_sweep
     assert pooled.points == inline.points and pooled.captures == inline.captures == 8
     assert [(p.seq, p.batch) for p in pooled.points] == [(s, b) for s in (32, 64) for b in (1, 2, 8)]
 
@@ -105,7 +133,7 @@ def test_missing_ray_names_the_extra(monkeypatch):
         get_engine("ray").map(math.sqrt, [1.0, 4.0])
 
 
-def test_ray_local_instance_sweep_equals_local_pool(monkeypatch):
+def test_ray_local_instance_sweep_equals_local_pool(monkeypatch, pooled_sweep):
     """A real local Ray instance (2 CPUs), shut down whatever happens."""
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'opmap[ray]')")
     from opmap.explore.engine import ray_init
@@ -116,7 +144,7 @@ def test_ray_local_instance_sweep_equals_local_pool(monkeypatch):
         ray_init(num_cpus=2)
         assert ray.cluster_resources().get("CPU") == 2
         on_ray = sweep(*SWEEP[:1], hw, *SWEEP[1:], engine="ray")
-        local = sweep(*SWEEP[:1], hw, *SWEEP[1:], engine="local", workers=2)
+        local = pooled_sweep  # engine "local" (the default), two workers
         assert on_ray.points == local.points and on_ray.engine == "ray"
         with pytest.raises(OpmapError, match="unknown engine 'spark'"):  # a task's own error, unwrapped
             get_engine("ray").map(check_engine, ["spark"])

@@ -11,8 +11,10 @@ task reads or writes state another task sets.
 
 - ``local``: ``concurrent.futures.ProcessPoolExecutor`` in a ``spawn`` context: torch in a forked child of a
   threaded parent can deadlock, so workers start from a clean interpreter, and they are this process's own
-  children (a forkserver's workers are the server's, and keep it alive). Workers: min(items, os.cpu_count());
-  with one item or one worker the tasks run inline, in this process. A worker ignores SIGINT (a terminal's
+  children (a forkserver's workers are the server's, and keep it alive). Workers: min(items, the cap), the cap
+  the caller's ``workers``, else $OPMAP_WORKERS (``WORKERS_ENV``: a shared or small machine, or a test suite,
+  where starting a pool of fresh interpreters costs more than the tasks), else os.cpu_count(); with one item or
+  one worker the tasks run inline, in this process. A worker ignores SIGINT (a terminal's
   Ctrl-C reaches the whole process group: the parent decides) and dies with its parent: on Linux the kernel
   kills it when the thread that started it ends (prctl PR_SET_PDEATHSIG, SIGKILL), elsewhere a thread of the
   worker polls its parent once a second. Start a pool from a thread that outlives it (the CLI: the main one).
@@ -47,6 +49,7 @@ RAY_MISSING = "--engine ray needs the ray extra: pip install 'opmap[ray]'"
 Progress = Callable[[str, int, int], None]
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_S = 1.0  # where prctl is not available: how often a worker polls its parent
+WORKERS_ENV = "OPMAP_WORKERS"  # the local pool's worker cap where the caller names none (unset: the CPU count)
 
 
 def check_engine(name: str) -> str:
@@ -70,6 +73,17 @@ def _note(progress: Progress | None, label: Callable[[Any], str] | None, item: A
         progress(label(item) if label else f"{done}/{total} tasks", done, total)
 
 
+def env_workers() -> int | None:
+    """$OPMAP_WORKERS as a worker count (None: unset or empty); one line naming what is accepted otherwise."""
+    v = os.environ.get(WORKERS_ENV, "").strip()
+    if not v:
+        return None
+    if not v.isdigit() or int(v) < 1:
+        raise OpmapError(f"{WORKERS_ENV}={v!r} is not a worker count; accepted: a positive integer (the local "
+                         "pool's workers at most; 1 runs every task inline), or unset (the CPU count)")
+    return int(v)
+
+
 class LocalEngine:
     """A process pool on this machine; inline for one item or one worker. The pool is started by the first
     map that needs it and kept for the next ones (a capacity search maps several rounds) until ``close``."""
@@ -77,7 +91,7 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, workers: int | None = None) -> None:
-        self.workers = workers
+        self.workers = workers if workers is not None else env_workers()
         self._pool = None
         self._pool_workers = 0
 

@@ -119,6 +119,12 @@ class Parallelism:
         """Experts spread over the tensor-parallel group (inference only): ep does not divide dp."""
         return self.ep > 1 and self.dp % self.ep != 0
 
+    def check_phase(self, training: bool) -> None:
+        """A training step refuses experts over the tensor-parallel group (``ep_over_tp``): its ep must divide dp.
+        Known from the options alone, so the command line asks before it captures (opmap.api.Layout.parallelism)."""
+        check(not (training and self.ep_over_tp), f"--ep {self.ep} must divide --dp {self.dp} for training (experts "
+                                                   "spread over data-parallel ranks, as Megatron-core does)")
+
     @property
     def expert_split(self) -> int:
         """The devices an expert's weights (and, balanced, its routed work) divide over: E / ep experts a device,

@@ -382,8 +382,7 @@ class Sharder:
         if p.trivial is False or p.devices > 1:
             p.check(self.geo)
         seq = int(self.a.assumptions.seq or 1)
-        _check(not (self.training and p.ep_over_tp), f"--ep {p.ep} must divide --dp {p.dp} for training (experts "
-                                                     "spread over data-parallel ranks, as Megatron-core does)")
+        p.check_phase(self.training)
         if p.cp > 1:
             _check(self.kv is not None, f"--cp {p.cp} splits attention as a ring of fused attention calls "
                                         "(scaled_dot_product_attention), and this model has none")
