@@ -186,14 +186,21 @@ def test_nesting_at_any_depth_is_a_chunk_or_an_error_never_an_exception():
                 assert all("nested deeper" in c.error for c in (text, usage, error)), depth
 
 
-def _timed_feed(p: SSEParser, raw: bytes, read: int, deadline: float) -> tuple[float, list]:
-    """Feed ``raw`` in reads of ``read`` bytes; (seconds, events); fails once past ``deadline`` (s)."""
-    t0, events = time.perf_counter(), []
-    for i in range(0, len(raw), read):
-        events += p.feed(raw[i:i + read])
-        if (i // read) % 256 == 0 and time.perf_counter() - t0 > deadline:
-            pytest.fail(f"parsing {len(raw) / 1e6:g} MB took over {deadline:.3g} s (read {i / 1e6:.3g} MB)")
-    return time.perf_counter() - t0, events
+def _timed_feed(p: SSEParser, raw: bytes, read: int, deadline: float, tries: int = 1) -> tuple[float, list]:
+    """Feed ``raw`` in reads of ``read`` bytes to ``p`` (then, on a retry, to a fresh parser of its limit);
+    (seconds, events); fails once every one of ``tries`` attempts ran past ``deadline`` (s): a loaded host's stall
+    can slow one attempt, a quadratic parser slows them all."""
+    for attempt in range(tries):
+        q = p if attempt == 0 else SSEParser(max_bytes=p.max_bytes)
+        t0, events, late = time.perf_counter(), [], False
+        for i in range(0, len(raw), read):
+            events += q.feed(raw[i:i + read])
+            if (i // read) % 256 == 0 and time.perf_counter() - t0 > deadline:
+                late = True
+                break
+        if not late:
+            return time.perf_counter() - t0, events
+    pytest.fail(f"parsing {len(raw) / 1e6:g} MB took over {deadline:.3g} s, {tries} times")
 
 
 def test_parsing_is_linear_in_the_bytes_fed():
@@ -208,13 +215,13 @@ def test_parsing_is_linear_in_the_bytes_fed():
 
     p = SSEParser(max_bytes=64 << 20)
     base = min(_timed_feed(SSEParser(max_bytes=64 << 20), line(small), 4096, 30)[0] for _ in range(3))
-    t, events = _timed_feed(p, line(big), 4096, max(40 * base, 0.5))
+    t, events = _timed_feed(p, line(big), 4096, max(40 * base, 0.5), tries=3)
     assert len(events) == 1 and len(events[0].data) == big
     assert t < max(40 * base, 0.5)
     ev = b'data: {"choices": [{"index": 0, "text": " t"}]}\n\n'
     many = ev * (big // 5 // len(ev))
     base = min(_timed_feed(SSEParser(), many[:len(many) // 10], 4096, 30)[0] for _ in range(3))
-    t, events = _timed_feed(SSEParser(), many, 4096, max(40 * base, 1.0))
+    t, events = _timed_feed(SSEParser(), many, 4096, max(40 * base, 1.0), tries=3)
     assert len(events) == len(many) // len(ev) and events[-1].data == ev[6:-2].decode()
 
 
