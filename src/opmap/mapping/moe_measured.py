@@ -143,6 +143,8 @@ def _grouped_measured(k, moe: MeasuredMoe, layer_s: float, note: str):
     time = roofline(t, min(r.vector_s, t), min(r.memory_s, t), r.overhead_s)
     why = (f"{time.bound}: {note}, this grouped GEMM {moe.share:.0%} of the layer (its FLOPs' share): "
            f"{t * 1e6:.3g} us")
+    if "grouped GEMM of " in k.why:  # what the kernel is (opmap.mapping.kernels._grouped), its time now measured
+        why += "; " + "grouped GEMM of " + k.why.split("grouped GEMM of ", 1)[1].split(":")[0]
     return replace(k, time=time, why=why, moe=moe)
 
 
