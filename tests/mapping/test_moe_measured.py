@@ -19,6 +19,7 @@ from opmap.hardware import get_hardware  # noqa: E402
 from opmap.mapping.sharding import Parallelism, Sharder  # noqa: E402
 from opmap.phases.runtime import get_runtime, with_confidence  # noqa: E402
 from opmap.phases.step import analyze_phase, capture_phase  # noqa: E402
+from opmap.report.sheet import assumption_lines  # noqa: E402
 from opmap.workloads.phases import PhaseSpec, check_phase, phase_workload  # noqa: E402
 
 CATALOG = Path(__file__).resolve().parents[2] / "src" / "opmap" / "hardware" / "catalog"
@@ -67,6 +68,7 @@ def test_gpt_oss_moe_layer_is_the_measured_latency(tmp_path, device, dtype):
         assert "measured MoE layer" in k.why and "grouped GEMM of" in k.why
     assert inside and all(k.predicted_s == 0 for k in inside)  # bias adds, combine: inside the measured call
     assert f"{device}.moe.json" in a.assumptions.moe_grid
+    assert any(x.startswith("moe: MoE layers off the measured grid") for x in assumption_lines(a))
     c = with_confidence(a).assumptions.confidence
     assert any(i.name == f"MoE layer time {dtype}" and i.kind == "measured" for i in c.trust.inputs)
 
