@@ -14,7 +14,8 @@ group, each of the GPU's ``experts / ep`` experts receiving ``tokens x topk / ex
 - another shape (a user's own MoE, a layout the table does not hold) takes the measured efficiency of the nearest
   measured one: its latency over ``roofline_s`` (the layer's FLOPs at the format's rate, or its active weights
   and tokens at the memory rate, whichever is longer) at the same tokens per expert, times ``roofline_s`` of the
-  shape asked for; the nearest is the closest in log2 (hidden, inter / tp, experts / ep, topk);
+  shape asked for; the nearest is the same model's (hidden, inter, topk, experts) closest layout where the table
+  holds the model, else the closest in log2 (hidden, inter / tp, experts / ep, topk) (``_nearest``);
 - past the measured token counts, the efficiency at the nearest edge carries over (no extrapolated latency) and
   the note says so.
 """
@@ -124,8 +125,7 @@ class MoeGrid:
         table = self.tables.get(fmt)
         if not table or tokens <= 0:
             return None
-        q = s.key()
-        near = min(table, key=lambda m: (math.dist(q, m.shape.key()), m.shape.tp, m.shape.ep))
+        near = _nearest(table, s)
         m = near.shape
         exact = m == s
         # the same tokens per expert on the measured shape (exact: the same tokens)
@@ -141,6 +141,22 @@ class MoeGrid:
         edge = "" if tc == t else f", the grid's edge at {tc:.4g} tokens ({t:.4g} asked; not extrapolated)"
         what = "this shape" if exact else f"the nearest measured shape ({where})"
         return MoePrice(secs, f"measured MoE efficiency {eff:.3g} x roofline of {what} in {self.name}{edge}", exact)
+
+
+def _model(s: MoeShape) -> tuple[int, int, int, int]:
+    return s.hidden, s.inter, s.topk, s.experts
+
+
+def _nearest(table: tuple[MeasuredShape, ...], s: MoeShape) -> MeasuredShape:
+    """The measured shape that prices ``s``: among the same model's (hidden, inter, topk, experts) where the table
+    has it, else among all, the closest per-device shape (``MoeShape.key``); ties to the closer model, then the
+    smaller layout. A per-device tie between models is real (Llama 4 Scout's 16 experts at ep 1 and Maverick's 128
+    at ep 8 hold 16 experts a GPU) and their kernels are not: the model's own rows come first."""
+    same = [m for m in table if _model(m.shape) == _model(s)]
+    q, qm = s.key(), tuple(math.log2(v) for v in _model(s))
+    return min(same or table, key=lambda m: (math.dist(q, m.shape.key()),
+                                             math.dist(qm, tuple(math.log2(v) for v in _model(m.shape))),
+                                             m.shape.tp, m.shape.ep))
 
 
 def _shape_entry(e, at: str) -> MeasuredShape:
