@@ -125,13 +125,13 @@ def test_a_grid_name_outside_the_catalog_is_refused():
 
 def test_the_models_own_layout_prices_it_before_another_model_of_the_same_per_device_shape():
     """Llama 4 Maverick (hidden 5120, expert width 8192, top 1 of 128) at ep 8 holds 16 experts a GPU, as Scout's 16
-    at ep 1 do; the table's Maverick ep 8 row prices it (at 512 tokens: between its 384 and 1024 points)."""
+    at ep 1 do; the table's Maverick ep 8 row prices it (at 448 tokens: between its 384 and 512 points)."""
     shape = [5120, 8192, 1, 128, 1, 8]
     e = _raw("h200", "fp8", shape)
     i = e["tokens"].index(384)
     l0, l1 = e["latency_us"][i], e["latency_us"][i + 1]
-    assert e["tokens"][i + 1] == 1024
-    want = math.exp(math.log(l0) + (math.log(512) - math.log(384)) / (math.log(1024) - math.log(384))
+    assert e["tokens"][i + 1] == 512
+    want = math.exp(math.log(l0) + (math.log(448) - math.log(384)) / (math.log(512) - math.log(384))
                     * (math.log(l1) - math.log(l0))) * 1e-6
-    p = load_moe_grid("h200.moe.json").layer_s("fp8", MoeShape(*shape), 512, RATES)
+    p = load_moe_grid("h200.moe.json").layer_s("fp8", MoeShape(*shape), 448, RATES)
     assert p.exact and p.seconds == pytest.approx(want, rel=1e-9)
