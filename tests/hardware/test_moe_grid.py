@@ -24,23 +24,24 @@ RATES = Rates(4.5e15, 8e12, 0.53)  # only ratios of roofline_s are used; an exac
 
 
 def _raw(device: str, fmt: str, shape: list[int]) -> dict:
-    """One measured shape of the catalog file, its latencies as opmap reads them: the running maximum over the
-    tokens (a point below one at fewer tokens prices as that one's time; opmap.hardware.moe_grid)."""
+    """One measured shape of the catalog file, its latencies as opmap reads them: the running minimum from the
+    largest token count down (a count runs padded to a larger one at worst; opmap.hardware.moe_grid)."""
     j = json.loads((CATALOG / f"{device}.moe.json").read_text())
     e = next(e for e in j["tables"][fmt]["shapes"] if e["shape"] == shape)
     lat = e["latency_us"]
-    return {**e, "latency_us": [max(lat[: i + 1]) for i in range(len(lat))]}
+    return {**e, "latency_us": [min(lat[i:]) for i in range(len(lat))]}
 
 
 def test_more_tokens_never_run_faster():
     """gpt-oss-120b on a B200 (w4a8-mxfp4, tp 1 ep 1) measures 465.3 us at 1536 tokens and 434.0 at 2048 (the
-    file's values): 2048 tokens price at 1536's."""
+    file's values): 1536 tokens run padded to 2048 at worst, so they price at 2048's."""
     j = json.loads((CATALOG / "b200.moe.json").read_text())
     e = next(e for e in j["tables"]["w4a8-mxfp4"]["shapes"] if e["shape"] == GPT_OSS_120B)
     at = dict(zip(e["tokens"], e["latency_us"]))
     assert at[2048] < at[1536]
-    p = load_moe_grid("b200.moe.json").layer_s("w4a8-mxfp4", MoeShape(*GPT_OSS_120B), 2048, RATES)
-    assert p.seconds == pytest.approx(at[1536] * 1e-6, rel=1e-9)
+    p = load_moe_grid("b200.moe.json").layer_s("w4a8-mxfp4", MoeShape(*GPT_OSS_120B), 1536, RATES)
+    assert p.seconds == pytest.approx(at[2048] * 1e-6, rel=1e-9)
+    assert min(e["latency_us"][e["tokens"].index(2048):]) == at[2048]  # no larger count measures less
 
 
 @pytest.mark.parametrize("device", sorted(DEVICES))

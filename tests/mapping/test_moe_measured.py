@@ -28,10 +28,10 @@ BATCH, KV_LEN = 64, 1024  # 64 decode tokens enter each MoE layer: a count the t
 
 def measured_us(device: str, fmt: str, shape: list[int], tokens: int) -> float:
     """The catalog file's latency at a measured token count (exact) for one shape, as opmap reads it: the running
-    maximum over the tokens (opmap.hardware.moe_grid)."""
+    minimum from the largest count down (opmap.hardware.moe_grid)."""
     j = json.loads((CATALOG / f"{device}.moe.json").read_text())
     e = next(e for e in j["tables"][fmt]["shapes"] if e["shape"] == shape)
-    return max(e["latency_us"][: e["tokens"].index(tokens) + 1])
+    return min(e["latency_us"][e["tokens"].index(tokens):])
 
 
 def decode(tmp_path, cfg: dict, device: str, dtype: str):

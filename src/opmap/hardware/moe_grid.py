@@ -19,10 +19,11 @@ group, each of the GPU's ``experts / ep`` experts receiving ``tokens x topk / ex
 - past the measured token counts, the efficiency at the nearest edge carries over (no extrapolated latency) and
   the note says so.
 
-The latencies are read as their running maximum over the token axis: a measured point below one at fewer tokens
-(gpt-oss-120b on a B200, w4a8-mxfp4: 465 us at 1536 tokens, 434 at 2048, the autotuner's tactic for that count)
-prices as the fewer tokens' time, so a layer with more tokens, or the busiest EP rank's imbalance, never runs
-faster.
+The latencies are read as their running minimum from the largest token count down: a count never costs more than
+a larger count's measured time, since an engine can run it padded to that count (TensorRT-LLM pads decode batches
+to its CUDA-graph sizes). So a point above a later one (gpt-oss-120b on a B200, w4a8-mxfp4, tp 1 ep 1: 465 us at
+1536 tokens, 434 at 2048; ep 2: 599 us at 3072, 441 at 6144, the autotuner's tactic for that count) prices as the
+later one's, and a layer with more tokens, or the busiest EP rank's imbalance, never runs faster.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def _shape_entry(e, at: str) -> MeasuredShape:
         raise OpmapError(f"{at}.tokens must increase (got {shown(toks)})")
     us = [finite_number(v, f"{at}.latency_us[{i}]", lo=0, lo_open=True, hi=1e9, unit="us")
           for i, v in enumerate(lat)]
-    env = [max(us[: i + 1]) for i in range(len(us))]  # more tokens never run faster (module docstring)
+    env = [min(us[i:]) for i in range(len(us))]  # more tokens never run faster (module docstring)
     return MeasuredShape(MoeShape(*dims), tuple(math.log(x) for x in t), tuple(math.log(x) for x in env))
 
 
