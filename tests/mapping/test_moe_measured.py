@@ -105,3 +105,23 @@ def test_a_device_without_a_grid_is_priced_as_before(tmp_path):
     assert all(k.moe is None and "measured MoE" not in k.why for k in grouped)
     assert all(k.predicted_s > 0 for k in inside)
     assert not math.isnan(sum(k.predicted_s for k in grouped))
+
+
+def test_the_zoo_mixtral_moe_layer_is_the_measured_latency():
+    """The zoo's Mixtral 8x7B (a ModuleList of experts: hidden 4096, expert width 14336, top 2 of 8) decoded on the
+    H200 in bf16: each layer's grouped GEMMs (w1, w3 and w2, or w1 and w3 merged) sum to the table's Mixtral
+    latency at 64 tokens."""
+    from test_expert_parallel import decode as zoo_decode  # the decode step of a model at h200, bf16
+
+    from opmap.mapping.fusion import expert_gemm_key
+
+    a = zoo_decode("mixtral-8x7b", BATCH, 256)
+    want = measured_us("h200", "bf16", [4096, 14336, 2, 8, 1, 1], BATCH) * 1e-6
+    layers: dict[str, float] = {}
+    for k in a.kernel_results:
+        if k.kernel.grouped > 1:
+            c = expert_gemm_key(a.graph.nodes[k.kernel.anchor])[0]
+            layers[c] = layers.get(c, 0.0) + k.time.matrix_s
+    assert len(layers) == 32
+    assert all(v == pytest.approx(want, rel=1e-9) for v in layers.values())
+    assert "h200.moe.json" in a.assumptions.moe_grid
