@@ -114,6 +114,7 @@ def price_measured_moe(kernels, nodes, costs, hw, prec, geometry) -> tuple[list,
     members = _members(kernels, nodes, set(layers))
     out = list(kernels)
     notes = set()
+    seen: dict[tuple[float, float], MeasuredMoe] = {}
     for c, idx in layers.items():
         flops = [sum(costs[m].matrix_flops for m in kernels[i].kernel.nodes) for i in idx]
         routed = max(sum(costs[m].problem.m * costs[m].problem.batch for m in kernels[i].kernel.nodes
@@ -123,10 +124,15 @@ def price_measured_moe(kernels, nodes, costs, hw, prec, geometry) -> tuple[list,
         if price is None or not sum(flops):
             continue
         notes.add(price.note.split(" at ")[0] if price.exact else price.note)
+        def measured(share: float) -> MeasuredMoe:  # one per (tokens, share): the layers share their lookups
+            key = (tokens, share)
+            if key not in seen:
+                seen[key] = MeasuredMoe(grid, fmt, shape, tokens, share, rates)
+            return seen[key]
+
         for i, f in zip(idx, flops):
-            out[i] = _grouped_measured(kernels[i], MeasuredMoe(grid, fmt, shape, tokens, f / sum(flops), rates),
-                                       price.seconds, price.note)
-        inside = MeasuredMoe(grid, fmt, shape, tokens, 0.0, rates)
+            out[i] = _grouped_measured(kernels[i], measured(f / sum(flops)), price.seconds, price.note)
+        inside = measured(0.0)
         for j in members.get(c, ()):
             out[j] = _inside_measured(kernels[j], inside, c)
     if not notes:
