@@ -41,6 +41,7 @@ from opmap.mapping.memory import (
     train_formats,
     training_state_bytes,
 )
+from opmap.mapping.moe_measured import price_measured_moe
 from opmap.precision import (
     Precision,
     attention_core_precision,
@@ -428,6 +429,10 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
     kernels = tuple(map_kernels(plan, graph.nodes, costs, preds, hw, prec, curves,
                                 node_prec=precs if mixed else None))
     kernels = cast_formats(kernels, graph.nodes) if fp8 is not None else kernels
+    moe_line = None
+    if not training:  # the measured MoE grids time an inference forward (opmap.mapping.moe_measured)
+        kernels, moe_line = price_measured_moe(kernels, graph.nodes, costs, hw, prec, graph.geometry)
+        kernels = tuple(kernels)
     results = tuple(NodeResult(n, c, p) for n, c, p in zip(graph.nodes, costs, preds))
     assumptions = build_assumptions(workload, hw, prec, graph, overrides, plan.policy, evidence or (
         "reference precision" if reference(dtype) else "unverified: no quality evidence"))
@@ -435,7 +440,7 @@ def analyze_graph(graph: OpGraph, workload: Workload, hw: HardwareSpec, dtype: s
         assumptions, fp8_training=fp8_assumptions(fp8, other) if fp8 is not None else None,
         fp8_inference=FP8_INFERENCE_NOTE.format(what=" and ".join(kept), fmt=dtype) if kept else None,
         dtype_requested=choice.requested if choice.resolved else None,
-        dtype_resolution=choice.reason if choice.resolved else None)
+        dtype_resolution=choice.reason if choice.resolved else None, moe_grid=moe_line)
     return Analysis(workload.name, graph, results, hw, prec, assumptions, plan, kernels, kept_gemms=keep)
 
 

@@ -124,6 +124,8 @@ class Assumptions:
     dtype_requested: str | None = field(default=None, metadata=_SET)
     dtype_resolution: str | None = field(default=None, metadata=_SET)
     tuned: str | None = field(default=None, metadata=_SET)  # opmap.explore.tune.tuned.tuned_analysis
+    # where the MoE layers were priced off the device's measured MoE grid (opmap.mapping.moe_measured)
+    moe_grid: str | None = field(default=None, metadata=_SET)
     runtime: StepRuntime | None = field(default=None, metadata=_SET)  # opmap.phases.runtime.with_runtime
     runtime_line: str | None = field(default=None, metadata=_SET)
     phase: PhaseSpec | None = field(default=None, metadata=_SET)  # opmap.phases.step.analyze_phase

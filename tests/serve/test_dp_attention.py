@@ -65,17 +65,23 @@ def test_each_rank_holds_its_own_kv_pool_and_half_the_experts(qwen):
     assert dpa.attention_ranks == 2 and dpa.layout["dp_attention"] and dpa.layout["attention_ranks"] == 2
 
 
+MEASURED_SPREAD = 1.05  # 49.08 / 47.38 = 1.036: a DEP2 rank's measured MoE layer over one device's at 1 token
+
+
 def test_a_rank_step_is_a_device_step_plus_at_most_its_all_to_all(qwen):
     """At imbalance 1 a rank's kernels are a single device's or less (E / 2 experts: their weights halved, the same
     routed tokens), and its MoE layers add a dispatch and a combine all-to-all each of the rank's tokens x top_k x
-    hidden x 2 bytes between the 2 ranks (NVLink)."""
+    hidden x 2 bytes between the 2 ranks (NVLink). The H100 SXM prices its MoE layers off NVIDIA's measured
+    TensorRT-LLM times (h100-sxm.moe.json), where a DEP2 rank's layer routes and permutes the EP group's 2 b tokens:
+    a little over one device's at b (Qwen3-30B-A3B bf16: 47.38 us at 1 token on one GPU, 49.08 us at 2 tokens at
+    moe_ep 2, the file's values), so the MoE part may exceed one device's by up to MEASURED_SPREAD."""
     dpa, one = qwen
     hw = get_hardware("h100-sxm")
     for b in (1, 16, 256, 4096):
         msg = b * Q["num_experts_per_tok"] * Q["hidden_size"] * 2
         a2a = 2 * 2 * collective_time(hw, Collective("all_to_all", msg, 2, "scale_up")).seconds
         t = dpa.decode_s(b, b * 256)  # a priced point: b sequences of 256 KV tokens on one rank
-        assert a2a < t <= one.decode_s(b, b * 256) + a2a * (1 + 1e-9)
+        assert a2a < t <= one.decode_s(b, b * 256) * MEASURED_SPREAD + a2a * (1 + 1e-9)
 
 
 def _offline(n: int, inp: int, out: int) -> Requests:

@@ -247,7 +247,7 @@ def _render(o: Options, p: Parsed, report: dict, res, cost, store: Path | None, 
 
     pd, tp, pp, replicas = p.pd, o.tp, o.pp, p.replicas
     report["assumptions"] = {"model": o.model, "hardware": o.hardware, "tp": tp, "dtype": o.dtype,
-                             "confidence": _confidence(o, p),
+                             "confidence": _confidence(o, p, cost),
                              **({"dtype_line": choice.header(), **choice.to_dict()} if choice is not None else {}),
                              "replicas": replicas, "disaggregate": f"{pd[0]}:{pd[1]}" if pd else None,
                              "router": o.router, "seed": o.seed, "input_len": p.input_len.spec(),
@@ -271,11 +271,11 @@ def _render(o: Options, p: Parsed, report: dict, res, cost, store: Path | None, 
                store, no_store)
 
 
-def _confidence(o: Options, p: Parsed) -> dict:
+def _confidence(o: Options, p: Parsed, cost=None) -> dict:
     """How far to trust the run's figures (opmap.hardware.trust): the weakest input that priced its steps; a
     service time is the user's own figure."""
     from opmap.hardware import get_hardware
-    from opmap.hardware.trust import Input, Trust, trust
+    from opmap.hardware.trust import Input, Trust, moe_input, trust
 
     if o.service_time is not None:
         given = Input("service time", "assumed", f"--service-time {o.service_time}")
@@ -286,7 +286,10 @@ def _confidence(o: Options, p: Parsed) -> dict:
         published = p.spec.basis.startswith("default")  # a published measurement (spec_defaults.toml), else given
         extra = (Input("speculative acceptance", "measured" if published else "assumed",
                        f"{p.spec.alpha:.4g} per token ({p.spec.basis})"),)
-    t = trust(get_hardware(o.hardware), o.dtype, o.runtime, o.tp * o.pp, extra, stack=p.stack)
+    hw = get_hardware(o.hardware)
+    if getattr(cost, "moe_grid", None):
+        extra = (*extra, moe_input(hw, o.dtype, cost.moe_grid))
+    t = trust(hw, o.dtype, o.runtime, o.tp * o.pp, extra, stack=p.stack)
     return {**t.to_dict(), "line": t.line()}
 
 
@@ -415,4 +418,5 @@ def _pricing_assumptions(cost, tp: int, pp: int, replicas: int) -> dict:
             "layout": {"tp": tp, "pp": pp, "replicas": replicas,
                        **{k: v for k, v in (getattr(cost, "layout", None) or {}).items()
                           if k.startswith("ep") or k in ("dp_attention", "attention_ranks")}},
-            "memory": getattr(cost, "memory", None)}
+            "memory": getattr(cost, "memory", None),
+            **({"moe_grid": cost.moe_grid} if getattr(cost, "moe_grid", None) else {})}

@@ -173,6 +173,10 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
         if not isinstance(g, str) or not ATTENTION_GRID_NAME.fullmatch(g):
             raise OpmapError(f"{where}.attention_grid must name a file beside the catalog's TOML files, such as "
                              f"'b200.attn.json' (got {shown(g)})")
+    if "moe_grid" in cal:
+        from opmap.hardware.moe_grid import check_moe_grid_name
+
+        check_moe_grid_name(cal["moe_grid"], where)
     if "view_overhead_s" in cal:
         finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, hi=1, unit="s")
     for i, r in enumerate(cal.get("attention", [])):

@@ -142,6 +142,12 @@ def _grid_source(hw: HardwareSpec, dtype: str) -> str:
     return f"the measured GEMM grid {name}, {dtype} at every M x N x K point: {hw.calibration.get('source', name)}"
 
 
+def moe_input(hw: HardwareSpec, dtype: str, line: str) -> Input:
+    """The MoE layers' time where it was read off the device's measured MoE grid (opmap.mapping.moe_measured;
+    ``line``: the analysis's assumption naming the grid, the shapes read and the source)."""
+    return Input(f"MoE layer time {dtype}", _kind(hw, "measured"), line)
+
+
 def memory_input(hw: HardwareSpec) -> Input:
     v = hw.fields.get("achievable_memory_bandwidth_bytes_per_s")
     if v is not None and v.value is not None:
@@ -212,6 +218,7 @@ def trust(hw: HardwareSpec, dtype: str, runtime: str = "eager", group: int = 1,
     return Trust(label, weakest, inputs)
 
 
-def confidence(hw: HardwareSpec, dtype: str, runtime: str = "eager", group: int = 1, stack=None) -> Confidence:
+def confidence(hw: HardwareSpec, dtype: str, runtime: str = "eager", group: int = 1, stack=None,
+               extra: tuple[Input, ...] = ()) -> Confidence:
     """``trust`` as the Confidence a result carries."""
-    return Confidence(trust(hw, dtype, runtime, group, stack=stack))
+    return Confidence(trust(hw, dtype, runtime, group, extra, stack=stack))

@@ -9,12 +9,14 @@ launch overhead is not; a K / V projection narrower than tp splits over the KV h
 heads reads each (replicated) KV head whole; a replicated kernel splits over tp under sequence parallelism; with
 cp each rank runs s / cp tokens and reads the weights whole; an expert's weights split over ep (its token work
 x the EP load imbalance); the optimizer's
-update splits over tp x pp (x dp from ZeRO 1).
+update splits over tp x pp (x dp from ZeRO 1). A MoE layer's kernels priced off the device's measured MoE grid
+(opmap.mapping.moe_measured) read the measured layer time at the layout's tokens, tp and ep instead (without cp).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from opmap.mapping.roles import SPLIT_ROLES
 from opmap.mapping.shard_types import Parallelism
@@ -44,6 +46,8 @@ class KernelRow:
     # matrix_flops at the analysis's matrix rate: the token-proportional floor of matrix_s (a skinny GEMM's
     # matrix_s is its padded tiles', flat in the tokens up to a tile); 0: not known (matrix_s is taken as linear)
     matrix_linear_s: float = 0.0
+    # opmap.mapping.moe_measured.MeasuredMoe: a MoE layer's kernel priced off the device's measured MoE grid
+    moe: Any = None
 
 
 def tp_split(role: str, kv_narrow: bool, tp: int, kv_heads: int) -> int:
@@ -59,6 +63,10 @@ def device_time(row: KernelRow, p: Parallelism, kv_heads: int) -> float:
     """``row``'s time on one device under ``p`` (module docstring); ``kv_heads``: the model's KV heads (0: none
     known). Called per kernel per layout (a layout search, serve's pricing): the common case reads four fields."""
     role = row.role
+    if row.moe is not None and p.cp == 1:
+        t = row.moe.device_s(p.tp, p.ep, p.ep_over_tp, p.ep_imbalance if p.ep > 1 else 1.0)
+        if t is not None:
+            return t + row.overhead_s  # one launch a kernel on every device
     if role == "optimizer":
         d = p.tp * p.pp * (p.dp if p.zero >= 1 else 1)
         return row.busy_s / d + row.extra_s / d + row.overhead_s

@@ -39,6 +39,7 @@ class KernelResult:
     format: str
     layout: str
     why: str
+    moe: Any = None  # opmap.mapping.moe_measured.MeasuredMoe: a MoE layer's kernel priced off a measured grid
 
     @property
     def predicted_s(self) -> float:

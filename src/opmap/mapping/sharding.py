@@ -203,7 +203,7 @@ class Sharder:
             rows.append(KernelRow(role, pos, phase_of(anchor), t.matrix_s, t.vector_s, t.memory_s, t.overhead_s, extra,
                                   wfrac, kv_narrow, anchor.op == "aten.scaled_dot_product_attention.default",
                                   mflops, "scaled_dot_product" in anchor.op and phase_of(anchor) == "backward",
-                                  busy, mflops / rate if rate else 0.0))
+                                  busy, mflops / rate if rate else 0.0, k.moe))
         self.rows: list[KernelRow] = rows  # one per kernel, in the analysis's kernel order
         self.L = L  # captured blocks
         self.depth = depth

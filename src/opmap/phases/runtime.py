@@ -135,10 +135,11 @@ def with_confidence(a: Analysis, group: int = 1) -> Analysis:
     """``a`` with how far to trust its figures (opmap.hardware.trust) in its assumptions: the weakest of the matrix
     rate of the format priced, the memory rate, the links a collective group of ``group`` devices crosses and the
     runtime's overheads."""
-    from opmap.hardware.trust import confidence
+    from opmap.hardware.trust import confidence, moe_input
 
     s = a.assumptions
-    c = confidence(a.hardware, s.dtype, s.runtime.name if s.runtime is not None else "eager", group)
+    extra = (moe_input(a.hardware, s.dtype, s.moe_grid),) if s.moe_grid else ()
+    c = confidence(a.hardware, s.dtype, s.runtime.name if s.runtime is not None else "eager", group, extra=extra)
     return replace(a, assumptions=replace(s, confidence=c))
 
 

@@ -145,6 +145,8 @@ def assumption_lines(a: Analysis) -> list[str]:
     lines += [f"fp8: {n}" for n in (s.fp8_training.notes if s.fp8_training is not None else ())]
     if s.fp8_inference:
         lines.append("fp8: " + s.fp8_inference)
+    if s.moe_grid:  # the MoE layers priced off the device's measured MoE grid (opmap.mapping.moe_measured)
+        lines.append("moe: " + s.moe_grid)
     if s.precision_evidence:
         lines.append("precision evidence: " + s.precision_evidence)
     lines += [f"note: {n}" for n in s.workload_notes + s.capture_notes]

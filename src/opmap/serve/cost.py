@@ -107,6 +107,8 @@ class TableCost:
     stage_prefill_time_s: Sequence[float] | None = None
     stage_decode_time_s: Sequence[Sequence[float]] | None = None
     floor: DecodeFloor | None = None
+    # where the model's MoE layers were priced off the device's measured MoE grid (opmap.mapping.moe_measured)
+    moe_grid: str | None = None
     # DP attention: the replica's steps are this many attention ranks' in lockstep, each priced by this table at its
     # own batch (opmap.serve.lockstep), under pp each rank's step its own microbatches through its stages (``_piped``);
     # 1: the replica runs one batch

@@ -216,7 +216,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      layout={"tp": tp, "pp": pp, **({"ep": ep, "ep_imbalance": imb} if ep > 1 else {}), **dpa},
                      kv_dtype=kvd, pp=pp, attention_ranks=ep if dp_attention else 1,
                      stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
-                     stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor)
+                     stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor, moe_grid=pricer.moe_grid)
 
 
 def _check_options(hardware: str, dtype: str, tp: int, pp: int, ep: int, ep_imbalance: float | None,
@@ -317,6 +317,7 @@ class Pricer:
         self.stack, self.why_whole = m.stack()
         self.extrapolate = self.stack is not None
         self.experts = self.top_k = 0
+        self.moe_grid: str | None = None  # where the MoE layers were priced off a measured grid (the analyses')
         self.expert_bytes_per_expert = 0.0
         self._held: float | None = None  # weight bytes the whole model holds at its stored format
         self._kv_per_token = 0.0  # KV bytes per token of the whole model, as captured
@@ -367,6 +368,7 @@ class Pricer:
         """Per position of the captured graph (before the blocks, each block, after them): time under tp (no pp,
         each block with its TP all-reduces) and weight bytes read per device; the weights held."""
 
+        self.moe_grid = self.moe_grid or a.assumptions.moe_grid
         sh = s.shard(self._layout()) if self.tp > 1 or self.dpa else None
         per_k = sh.kernel_s if sh is not None else [k.predicted_s for k in a.kernel_results]
         n = len(s.roles.blocks)
