@@ -23,25 +23,18 @@ nearest measured point's efficiency (measured time over the roofline, opmap.hard
 window capping the keys attended) times its own roofline, and counted in the file. Kept: head dims 64 and 128, 8 or
 more query heads (the decoders opmap serves), both KV formats.
 
-Run (the wheel is 80 MB, fetched from PyPI once; nothing here runs at opmap run time):
-
-    pip download aiconfigurator-core==0.12.0 --no-deps -d /tmp/aic
-    cd /tmp/aic && unzip -q aiconfigurator_core-0.12.0-*.whl -d x
-    PYTHONPATH=src python benchmarks/reference/aiconfigurator_attention.py /tmp/aic/x
+Run: see benchmarks/reference/_aiconfigurator.py (`python benchmarks/reference/aiconfigurator_attention.py /tmp/aic/x`).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import math
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CATALOG = REPO / "src" / "opmap" / "hardware" / "catalog"
-WHEEL = "aiconfigurator-core 0.12.0 (PyPI wheel aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl)"
+from _aiconfigurator import WHEEL, run  # beside this script (its folder is sys.path[0])
+
 VERSION = "1.3.0rc20"
 # opmap device -> aiconfigurator system (the TensorRT-LLM tables of the serving rows they are checked against)
 DEVICES = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "gb200": "gb200"}
@@ -124,17 +117,8 @@ def extract(root: Path, device: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root", type=Path, help="the unpacked wheel")
-    args = ap.parse_args()
-    for device in DEVICES:
-        data = extract(args.root, device)
-        out = CATALOG / f"{device}.attn.json"
-        out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-        filled = sum(t["filled"] for t in data["tables"])
-        print(f"{out.relative_to(REPO)}: {out.stat().st_size / 1e3:.0f} kB; {len(data['tables'])} head "
-              f"configurations, {filled} points filled")
-    return 0
+    return run(__doc__, DEVICES, extract, "attn", lambda d: (f"{len(d['tables'])} head configurations, "
+                   f"{sum(t['filled'] for t in d['tables'])} points filled"))
 
 
 if __name__ == "__main__":

@@ -15,23 +15,15 @@ This script reads the half (2-byte) rows of the newest NCCL version the wheel ho
 bytes (increasing) and the measured time in microseconds. TensorRT-LLM's own custom all-reduce tables (trtllm/
 <version>/custom_allreduce_perf.parquet) are not extracted: opmap prices the NCCL collective every stack can run.
 
-Run (the wheel is 80 MB, fetched from PyPI once; nothing here runs at opmap run time):
-
-    pip download aiconfigurator-core==0.12.0 --no-deps -d /tmp/aic
-    cd /tmp/aic && unzip -q aiconfigurator_core-0.12.0-*.whl -d x
-    PYTHONPATH=src python benchmarks/reference/aiconfigurator_comm.py /tmp/aic/x
+Run: see benchmarks/reference/_aiconfigurator.py (`python benchmarks/reference/aiconfigurator_comm.py /tmp/aic/x`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CATALOG = REPO / "src" / "opmap" / "hardware" / "catalog"
-WHEEL = "aiconfigurator-core 0.12.0 (PyPI wheel aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl)"
+from _aiconfigurator import WHEEL, run  # beside this script (its folder is sys.path[0])
 
 # opmap device -> (aiconfigurator system, NCCL version: the newest in the wheel)
 DEVICES = {
@@ -76,16 +68,8 @@ def extract(root: Path, device: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root", type=Path, help="the unpacked wheel")
-    args = ap.parse_args()
-    for device in DEVICES:
-        data = extract(args.root, device)
-        out = CATALOG / f"{device}.comm.json"
-        out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-        counts = {k: sorted(int(n) for n in t) for k, t in data["tables"].items()}
-        print(f"{out.relative_to(REPO)}: {out.stat().st_size / 1e3:.1f} kB; GPU counts per kind {counts}")
-    return 0
+    return run(__doc__, DEVICES, extract, "comm",
+               lambda d: "GPU counts per kind " + str({k: sorted(int(n) for n in t) for k, t in d["tables"].items()}))
 
 
 if __name__ == "__main__":

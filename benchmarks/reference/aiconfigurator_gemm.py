@@ -8,25 +8,17 @@ they are checked against) and writes ``src/opmap/hardware/catalog/<device>.gemm.
 axes and the latency in microseconds, M-major (then N, then K). Grid points missing from the table are filled from
 their nearest measured neighbours in log2 shape and counted in the file.
 
-Run (the wheel is 80 MB, fetched from PyPI once; nothing here runs at opmap run time):
-
-    pip download aiconfigurator-core==0.12.0 --no-deps -d /tmp/aic
-    cd /tmp/aic && unzip -q aiconfigurator_core-0.12.0-*.whl -d x
-    PYTHONPATH=src python benchmarks/reference/aiconfigurator_gemm.py /tmp/aic/x
+Run: see benchmarks/reference/_aiconfigurator.py (`python benchmarks/reference/aiconfigurator_gemm.py /tmp/aic/x`).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import math
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CATALOG = REPO / "src" / "opmap" / "hardware" / "catalog"
-WHEEL = "aiconfigurator-core 0.12.0 (PyPI wheel aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl)"
+from _aiconfigurator import WHEEL, run  # beside this script (its folder is sys.path[0])
 
 # opmap device -> (aiconfigurator system, framework directory, version, {opmap format: table gemm_dtype})
 DEVICES = {
@@ -143,18 +135,9 @@ def extract(root: Path, device: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root", type=Path, help="the unpacked wheel")
-    args = ap.parse_args()
-    for device in DEVICES:
-        data = extract(args.root, device)
-        out = CATALOG / f"{device}.gemm.json"
-        out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-        sizes = {f: (len(t["m"]), len(t["n"]), len(t["k"]), t["filled"], t["dropped_above_peak"])
-                 for f, t in data["tables"].items()}
-        print(f"{out.relative_to(REPO)}: {out.stat().st_size / 1e3:.0f} kB; (M, N, K, filled, dropped above peak) "
-              f"per format {sizes}")
-    return 0
+    return run(__doc__, DEVICES, extract, "gemm", lambda d: ("(M, N, K, filled, dropped above peak) per format "
+                   + str({f: (len(t["m"]), len(t["n"]), len(t["k"]), t["filled"], t["dropped_above_peak"])
+                          for f, t in d["tables"].items()})))
 
 
 if __name__ == "__main__":

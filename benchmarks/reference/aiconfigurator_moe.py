@@ -20,23 +20,16 @@ twin, a second kernel of the same layer, are left out), the layouts of at most M
 and writes ``src/opmap/hardware/catalog/<device>.moe.json``: per opmap format, a list of measured shapes
 (hidden, inter, topk, experts, tp, ep), each with its num_tokens axis and the latency in microseconds.
 
-Run (the wheel is 80 MB, fetched from PyPI once; nothing here runs at opmap run time):
-
-    pip download aiconfigurator-core==0.12.0 --no-deps -d /tmp/aic
-    cd /tmp/aic && unzip -q aiconfigurator_core-0.12.0-*.whl -d x
-    PYTHONPATH=src python benchmarks/reference/aiconfigurator_moe.py /tmp/aic/x
+Run: see benchmarks/reference/_aiconfigurator.py (`python benchmarks/reference/aiconfigurator_moe.py /tmp/aic/x`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CATALOG = REPO / "src" / "opmap" / "hardware" / "catalog"
-WHEEL = "aiconfigurator-core 0.12.0 (PyPI wheel aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl)"
+from _aiconfigurator import WHEEL, run  # beside this script (its folder is sys.path[0])
+
 VERSION = "1.3.0rc20"  # the GEMM grids' (aiconfigurator_gemm.py)
 # Hopper: the formats TensorRT-LLM's collector runs there (SM90: bfloat16, fp8, fp8_block, w4a16_mxfp4, the last
 # gpt-oss's MXFP4 experts as W4A16 on the Triton backend), opmap's mxfp4 being the weight-only W4A16 fallback on a
@@ -99,16 +92,8 @@ def extract(root: Path, device: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("root", type=Path, help="the unpacked wheel")
-    args = ap.parse_args()
-    for device in DEVICES:
-        data = extract(args.root, device)
-        out = CATALOG / f"{device}.moe.json"
-        out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-        sizes = {f: len(t["shapes"]) for f, t in data["tables"].items()}
-        print(f"{out.relative_to(REPO)}: {out.stat().st_size / 1e3:.0f} kB; measured shapes per format {sizes}")
-    return 0
+    return run(__doc__, DEVICES, extract, "moe",
+               lambda d: "measured shapes per format " + str({f: len(t["shapes"]) for f, t in d["tables"].items()}))
 
 
 if __name__ == "__main__":
