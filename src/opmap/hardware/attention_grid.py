@@ -27,20 +27,17 @@ is longer.
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
+from opmap.hardware.grid_file import CATALOG_DIR, name_pattern, read_tables
 from opmap.validate import finite_number, shown
 
-GRID_DIR = Path(__file__).with_name("catalog")
-GRID_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.attn\.json")
+GRID_DIR = CATALOG_DIR
+GRID_NAME = name_pattern("attn.json")
 KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}  # a table's KV format -> bytes per element
 ACT_BYTES = 2.0  # Q and the output in bf16 (the tables time bf16 activations)
 
@@ -212,18 +209,8 @@ def _table(t: Any, at: str) -> DecodeTable:
 def load_attention_grid(name: str) -> AttentionGrid:
     """A catalog device's measured decode attention grid (module docstring), read once per process. Parsed, never
     executed; one line naming the problem when the file is malformed."""
-    path = GRID_DIR / name
-    if not GRID_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
-        raise OpmapError(f"no attention grid file {name!r} beside the catalog (accepted: a <device>.attn.json there)")
-    text = read_text_bounded(path, LIMIT_JSON_BYTES, "attention grid")
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise OpmapError(f"cannot read attention grid {name}: {e}; expected the JSON benchmarks/reference/"
-                         "aiconfigurator_attention.py writes") from None
-    tables = raw.get("tables") if isinstance(raw, dict) else None
-    if not isinstance(tables, list) or not tables:
-        raise OpmapError(f"attention grid {name}: missing 'tables' (a list of head configurations)")
+    raw, tables = read_tables(GRID_DIR, name, GRID_NAME, "attention grid", "aiconfigurator_attention.py", list,
+                              "a list of head configurations")
     out = tuple(_table(t, f"attention grid {name}: tables[{i}]") for i, t in enumerate(tables))
     seen = set()
     for t in out:

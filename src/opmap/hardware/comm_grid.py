@@ -23,20 +23,17 @@ for it).
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
-from opmap.safeio import read_text_bounded
+from opmap.hardware.grid_file import CATALOG_DIR, name_pattern, read_tables
 from opmap.validate import finite_number, shown
 
-GRID_DIR = Path(__file__).with_name("catalog")  # where a catalog device's comm_grid file lives
-COMM_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.comm\.json")
+GRID_DIR = CATALOG_DIR  # where a catalog device's comm_grid file lives
+COMM_NAME = name_pattern("comm.json")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 LIMIT_BYTES = 1 << 20  # a grid of 4 kinds x 3 GPU counts x 21 sizes is 4 kB; 1 MiB is far past any real one
 MAX_POINTS = 256  # sizes per table (a doubling sweep from 1 B to 2^64 B has 65)
@@ -74,13 +71,6 @@ class CommGrid:
         return self.tables.get((kind, gpus))
 
 
-def check_comm_grid_name(value: Any, where: str) -> None:
-    """Refuse a ``comm_grid`` calibration value that does not name a grid file beside the catalog, in one line."""
-    if not isinstance(value, str) or not COMM_NAME.fullmatch(value):
-        raise OpmapError(f"{where}.comm_grid must name a file beside the catalog's TOML files, such as "
-                         f"'h100-sxm.comm.json' (got {shown(value)})")
-
-
 def _table(t: Any, at: str) -> CommTable:
     if not isinstance(t, dict):
         raise OpmapError(f"{at} must be an object with message_bytes and time_us (got {shown(t)})")
@@ -103,18 +93,8 @@ def _table(t: Any, at: str) -> CommTable:
 def load_comm_grid(name: str) -> CommGrid:
     """A catalog device's measured collective grid (module docstring), read once per process. Parsed, never
     executed; one line naming the problem when the file is missing or malformed."""
-    path = GRID_DIR / name
-    if not COMM_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
-        raise OpmapError(f"no collective grid file {name!r} beside the catalog (accepted: a <device>.comm.json there)")
-    text = read_text_bounded(path, LIMIT_BYTES, "collective grid")
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise OpmapError(f"cannot read collective grid {name}: {e}; expected the JSON benchmarks/reference/"
-                         "aiconfigurator_comm.py writes") from None
-    tables = raw.get("tables") if isinstance(raw, dict) else None
-    if not isinstance(tables, dict) or not tables:
-        raise OpmapError(f"collective grid {name}: missing 'tables' (per collective kind, per GPU count)")
+    raw, tables = read_tables(GRID_DIR, name, COMM_NAME, "collective grid", "aiconfigurator_comm.py", dict,
+                              "per collective kind, per GPU count", LIMIT_BYTES)
     out: dict[tuple[str, int], CommTable] = {}
     for kind, per in tables.items():
         if kind not in KINDS or not isinstance(per, dict):

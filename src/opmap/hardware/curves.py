@@ -38,20 +38,19 @@ A catalog device without a calibration has no curves: the time model uses its da
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from opmap.errors import OpmapError
 from opmap.hardware.attention_grid import GRID_NAME as ATTENTION_GRID_NAME
 from opmap.hardware.attention_grid import AttentionGrid, load_attention_grid
-from opmap.hardware.comm_grid import check_comm_grid_name
+from opmap.hardware.comm_grid import COMM_NAME
+from opmap.hardware.grid_file import CATALOG_DIR, check_grid_name, name_pattern, read_tables
+from opmap.hardware.moe_grid import MOE_GRID_NAME
 from opmap.ops import MatrixFamily, MatrixProblem
-from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
 from opmap.validate import finite_number, shown
 
 NEAREST = 4
@@ -66,8 +65,8 @@ MIN_FLOPS_PER_S = MIN_BYTES_PER_S = 1e6
 # A fused attention kernel's time with dropout over without: published factors are 1.03 to 1.8 (NeMo, Megatron-Core
 # 2024); past 100 the figure is a typo, not a kernel
 MAX_DROPOUT_FACTOR = 100.0
-GRID_DIR = Path(__file__).with_name("catalog")  # where a catalog device's gemm_grid file lives
-GRID_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.gemm\.json")
+GRID_DIR = CATALOG_DIR  # where a catalog device's gemm_grid file lives
+GRID_NAME = name_pattern("gemm.json")
 KERNEL_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 
 
@@ -161,22 +160,12 @@ def check_calibration(cal: dict[str, Any], where: str = "calibration") -> None:
             raise OpmapError(f"{where}.{key} must be a table (got {shown(rates)})")
         for k, v in rates.items():
             finite_number(v, f"{where}.{key}.{k}", lo=0, hi=MAX_FLOPS_PER_S)
-    if "gemm_grid" in cal:
-        g = cal["gemm_grid"]
-        if not isinstance(g, str) or not GRID_NAME.fullmatch(g):
-            raise OpmapError(f"{where}.gemm_grid must name a file beside the catalog's TOML files, such as "
-                             f"'h100-sxm.gemm.json' (got {shown(g)})")
-    if "comm_grid" in cal:
-        check_comm_grid_name(cal["comm_grid"], where)
-    if "attention_grid" in cal:
-        g = cal["attention_grid"]
-        if not isinstance(g, str) or not ATTENTION_GRID_NAME.fullmatch(g):
-            raise OpmapError(f"{where}.attention_grid must name a file beside the catalog's TOML files, such as "
-                             f"'b200.attn.json' (got {shown(g)})")
-    if "moe_grid" in cal:
-        from opmap.hardware.moe_grid import check_moe_grid_name
-
-        check_moe_grid_name(cal["moe_grid"], where)
+    for key, pattern, example in (("gemm_grid", GRID_NAME, "h100-sxm.gemm.json"),
+                                  ("attention_grid", ATTENTION_GRID_NAME, "b200.attn.json"),
+                                  ("moe_grid", MOE_GRID_NAME, "b200.moe.json"),
+                                  ("comm_grid", COMM_NAME, "h100-sxm.comm.json")):
+        if key in cal:
+            check_grid_name(cal[key], key, pattern, example, where)
     if "view_overhead_s" in cal:
         finite_number(cal["view_overhead_s"], f"{where}.view_overhead_s", lo=0, hi=1, unit="s")
     for i, r in enumerate(cal.get("attention", [])):
@@ -277,18 +266,8 @@ def _axis(v: Any, where: str) -> list[int]:
 def load_gemm_grid(name: str) -> dict[str, GridTable]:
     """A catalog device's measured GEMM grid by format (module docstring), read once per process. Parsed, never
     executed; one line naming the problem when the file is malformed."""
-    path = GRID_DIR / name
-    if not GRID_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
-        raise OpmapError(f"no GEMM grid file {name!r} beside the catalog (accepted: a <device>.gemm.json there)")
-    text = read_text_bounded(path, LIMIT_JSON_BYTES, "GEMM grid")  # the checks above can race a swap: again here
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise OpmapError(f"cannot read GEMM grid {name}: {e}; expected the JSON benchmarks/reference/"
-                         "aiconfigurator_gemm.py or aiter_gemm.py writes") from None
-    tables = raw.get("tables") if isinstance(raw, dict) else None
-    if not isinstance(tables, dict) or not tables:
-        raise OpmapError(f"GEMM grid {name}: missing 'tables' (a table per format)")
+    raw, tables = read_tables(GRID_DIR, name, GRID_NAME, "GEMM grid", "aiconfigurator_gemm.py or aiter_gemm.py", dict,
+                              "a table per format")
     out: dict[str, GridTable] = {}
     for fmt, t in tables.items():
         at = f"GEMM grid {name}: tables.{fmt}"

@@ -29,19 +29,16 @@ later one's, and a layer with more tokens, or the busiest EP rank's imbalance, n
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from opmap.errors import OpmapError
-from opmap.safeio import LIMIT_JSON_BYTES, read_text_bounded
+from opmap.hardware.grid_file import CATALOG_DIR, name_pattern, read_tables
 from opmap.validate import finite_number, shown
 
-MOE_GRID_DIR = Path(__file__).with_name("catalog")  # where a catalog device's moe_grid file lives
-MOE_GRID_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*\.moe\.json")
+MOE_GRID_DIR = CATALOG_DIR  # where a catalog device's moe_grid file lives
+MOE_GRID_NAME = name_pattern("moe.json")
 MAX_SHAPES = 4096  # a table per format holds a few hundred measured shapes; more is not a file the extractor wrote
 MAX_TOKENS_AXIS = 256  # the tables measure 27 token counts (1 - 16384)
 
@@ -189,18 +186,8 @@ def _shape_entry(e, at: str) -> MeasuredShape:
 def load_moe_grid(name: str) -> MoeGrid:
     """A catalog device's measured MoE grid (module docstring), read once per process. Parsed, never executed; one
     line naming the problem when the file is malformed."""
-    path = MOE_GRID_DIR / name
-    if not MOE_GRID_NAME.fullmatch(name) or path.is_symlink() or not path.is_file():
-        raise OpmapError(f"no MoE grid file {name!r} beside the catalog (accepted: a <device>.moe.json there)")
-    text = read_text_bounded(path, LIMIT_JSON_BYTES, "MoE grid")
-    try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise OpmapError(f"cannot read MoE grid {name}: {e}; expected the JSON benchmarks/reference/"
-                         "aiconfigurator_moe.py writes") from None
-    tables = raw.get("tables") if isinstance(raw, dict) else None
-    if not isinstance(tables, dict) or not tables:
-        raise OpmapError(f"MoE grid {name}: missing 'tables' (a table per format)")
+    raw, tables = read_tables(MOE_GRID_DIR, name, MOE_GRID_NAME, "MoE grid", "aiconfigurator_moe.py", dict,
+                              "a table per format")
     out: dict[str, tuple[MeasuredShape, ...]] = {}
     for fmt, t in tables.items():
         at = f"MoE grid {name}: tables.{fmt}"
@@ -216,10 +203,3 @@ def load_moe_grid(name: str) -> MoeGrid:
             raise OpmapError(f"MoE grid {name}: alias {alias} -> {target!r} names no table")
         out[alias] = out[target]
     return MoeGrid(name, str(raw.get("source", "")), out)
-
-
-def check_moe_grid_name(value, where: str) -> None:
-    """A ``[calibration]`` moe_grid must name a file beside the catalog's TOML files."""
-    if not isinstance(value, str) or not MOE_GRID_NAME.fullmatch(value):
-        raise OpmapError(f"{where}.moe_grid must name a file beside the catalog's TOML files, such as "
-                         f"'b200.moe.json' (got {shown(value)})")
