@@ -219,34 +219,28 @@ class FunctionRecorder(TorchFunctionMode):
         return out
 
     def _sink_attention(self, query, key, value, sinks, attn_mask=None, scale=None, window=None, dropout_p=0.0):
-        """``sink_attention`` recorded as one SDPA node (its docstring): on meta nothing run, the output laid out
-        (B, Sq, H, Dv) as the engines' kernels write it (tokens, heads, head dim: the transpose back to the
-        hidden states is a view); on a real device the exact computation, its ops not recorded."""
-        t = self.t
-        start = len(t.suppressed_ops)
-        t.suppress += 1
-        try:
-            if query.device.type == "meta":
-                b, h, sq, _ = query.shape
-                out = torch.empty((b, sq, h, value.shape[-1]), dtype=query.dtype, device="meta").transpose(1, 2)
-            else:
-                out = _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p)
-        finally:
-            t.suppress -= 1
-        del t.suppressed_ops[start:]
-        if t.train and torch.is_grad_enabled() and query.device.type == "meta":
-            out = MetaFlashAttention.apply(out, t, query, key, value, None, True, scale, float(dropout_p or 0.0))
-        scalars = {"dropout_p": float(dropout_p or 0.0), "is_causal": True, "scale": scale,
-                   "enable_gqa": query.shape[-3] != key.shape[-3], "causal_align": "bottom-right",
-                   "window": int(window) if window else None}
-        return self._record([("query", query), ("key", key), ("value", value), ("sinks", sinks)], scalars,
-                            "attention with sinks (FlashInfer / TensorRT-LLM sink kernels; computed exactly as SDPA "
-                            "over a zero sink column)", out)
+        """``sink_attention`` recorded as one SDPA node (its docstring; ``_engine_attention``)."""
+        return self._engine_attention(
+            query, key, value, scale, dropout_p,
+            lambda: _sink_column_sdpa(query, key, value, sinks, attn_mask, scale, window, dropout_p),
+            {"window": int(window) if window else None}, [("sinks", sinks)],
+            "attention with sinks (FlashInfer / TensorRT-LLM sink kernels; computed exactly as SDPA over a zero sink "
+            "column)")
 
     def _chunked_attention(self, query, key, value, chunk, q_offset, attn_mask=None, scale=None, dropout_p=0.0):
-        """``chunked_attention`` recorded as one SDPA node (its docstring): on meta nothing run, the output laid out
-        (B, Sq, H, Dv) as the engines' kernels write it; on a real device the exact computation, its ops not
-        recorded."""
+        """``chunked_attention`` recorded as one SDPA node (its docstring; ``_engine_attention``)."""
+        return self._engine_attention(
+            query, key, value, scale, dropout_p,
+            lambda: _chunked_sdpa(query, key, value, chunk, q_offset, attn_mask, scale, dropout_p),
+            {"chunk": int(chunk), "q_offset": int(q_offset)}, [],
+            "chunked local attention (TensorRT-LLM attention_chunk_size, vLLM chunked local attention; computed "
+            "exactly as SDPA under the chunked mask)")
+
+    def _engine_attention(self, query, key, value, scale, dropout_p, exact, extra: dict, inputs: list, why: str):
+        """An engine's causal attention kernel recorded as one SDPA node with ``extra`` scalars (a window, a chunk)
+        and ``inputs`` beside Q, K and V: on meta nothing run, the output laid out (B, Sq, H, Dv) as the engines'
+        kernels write it (tokens, heads, head dim: the transpose back to the hidden states is a view); on a real
+        device ``exact()``, the exact computation, its ops not recorded."""
         t = self.t
         start = len(t.suppressed_ops)
         t.suppress += 1
@@ -255,18 +249,15 @@ class FunctionRecorder(TorchFunctionMode):
                 b, h, sq, _ = query.shape
                 out = torch.empty((b, sq, h, value.shape[-1]), dtype=query.dtype, device="meta").transpose(1, 2)
             else:
-                out = _chunked_sdpa(query, key, value, chunk, q_offset, attn_mask, scale, dropout_p)
+                out = exact()
         finally:
             t.suppress -= 1
         del t.suppressed_ops[start:]
         if t.train and torch.is_grad_enabled() and query.device.type == "meta":
             out = MetaFlashAttention.apply(out, t, query, key, value, None, True, scale, float(dropout_p or 0.0))
         scalars = {"dropout_p": float(dropout_p or 0.0), "is_causal": True, "scale": scale,
-                   "enable_gqa": query.shape[-3] != key.shape[-3], "causal_align": "bottom-right",
-                   "chunk": int(chunk), "q_offset": int(q_offset)}
-        return self._record([("query", query), ("key", key), ("value", value)], scalars,
-                            "chunked local attention (TensorRT-LLM attention_chunk_size, vLLM chunked local "
-                            "attention; computed exactly as SDPA under the chunked mask)", out)
+                   "enable_gqa": query.shape[-3] != key.shape[-3], "causal_align": "bottom-right", **extra}
+        return self._record([("query", query), ("key", key), ("value", value), *inputs], scalars, why, out)
 
     def _record(self, tensors, scalars, backend: str, out):
         t = self.t
