@@ -462,3 +462,30 @@ def test_a_prefill_point_prices_the_lm_head_over_the_last_token(model, tmp_path)
     plain = phase_workload(model, spec, 1, s, "bf16") if m.hf else replace(served, inputs=(served.inputs[0],))
     b = analyze_phase(capture_phase(plain, spec), plain, hw, "bf16", spec).analysis
     assert sum(r.cost.flops for r in b.results) - sum(r.cost.flops for r in a.results) == 2 * (s - 1) * hidden * vocab
+
+
+# -- decode points to the run's longest context (decode_lengths) ------------------------------------------------------
+
+@pytest.mark.parametrize("longest,want", [(None, (256, 1024)), (2000, (256, 1024)), (4096, (256, 1024)),
+                                          (9216, (256, 9216)), (33792, (256, 33792))])
+def test_decode_points_reach_the_longest_context(longest, want):
+    from opmap.serve.model_cost import decode_lengths
+
+    assert decode_lengths(longest) == want
+
+
+def test_a_long_context_decode_is_priced_at_its_own_length_not_extrapolated(tmp_path):
+    """Qwen3-8B (cut to 2 layers) on an H100 SXM, whose decode attention is NVIDIA's measured table (concave in the
+    KV length): a run holding 16,384-token contexts prices each decode batch on the chord from 256 to 16,384 KV
+    tokens a sequence, so the table's step at 16 sequences x 16,384 tokens is the point priced there (the chord is
+    exact at its ends), where the line through 256 and 1024 carried 16x past its last point is dearer."""
+    from hf_family_configs import QWEN3_8B, shallow
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(shallow(QWEN3_8B, 2)))
+    long = model_table_cost(str(path), "h100-sxm", "bf16", max_context=16384)
+    short = model_table_cost(str(path), "h100-sxm", "bf16", max_context=2048)
+    p = _pricer(str(path))
+    at = p.decode(16, 16384).latency_s  # the point with its runtime's per-step time, as the table holds it
+    assert long.decode_s(16, 16 * 16384) == pytest.approx(at, rel=1e-6)
+    assert short.decode_s(16, 16 * 16384) > long.decode_s(16, 16 * 16384)

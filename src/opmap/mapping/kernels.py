@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from opmap.costs.base import OpCost
+from opmap.errors import OpmapError
 from opmap.graph import Node
 from opmap.hardware.curves import Curves
 from opmap.hardware.spec import HardwareSpec
@@ -186,9 +187,10 @@ def _map_kernel(k: Kernel, anchor: Node, costs, preds, hw: HardwareSpec, kp: Pre
         not measured else 0.0
     memory_s = traffic / bw + fresh_s
     if measured and choice.measured_s is not None:
-        # the whole kernel measured (decode attention): its time less the launch the roofline adds back, in the
-        # memory term (a decode attention call streams its KV cache), plus the epilogue's bytes
-        memory_s = max(0.0, choice.measured_s - hw.launch_overhead_s) + max(0.0, k.min_bytes - ac.bytes) / bw
+        # the whole kernel measured (decode attention, timed replayed in a CUDA graph): its time less the in-graph
+        # gap it was timed with, in the memory term (a decode attention call streams its KV cache), plus the
+        # epilogue's bytes; the roofline adds the runtime's own launch back (eager pays its host launch on top)
+        memory_s = max(0.0, choice.measured_s - _graph_gap_s(hw)) + max(0.0, k.min_bytes - ac.bytes) / bw
     r = roofline(matrix_s, vector_s, memory_s, hw.launch_overhead_s, serial_memory_s=fresh_s,
                  exposed_s=exposed)
     if not ac.counted:
@@ -254,3 +256,14 @@ def _why(r: Roofline, tile: Tile | None) -> str:
               f"waves (tile eff {tile.tile_efficiency:.0%}, wave eff {tile.wave_efficiency:.0%}, "
               f"feed eff {tile.feed_efficiency:.0%})")
     return s
+
+
+def _graph_gap_s(hw: HardwareSpec) -> float:
+    """The per-kernel gap inside a replayed graph on ``hw``'s software stack (opmap.hardware.runtimes: what a kernel
+    timed under CUDA graph replay pays beside its work); the device's launch overhead where its stack has none."""
+    from opmap.hardware.runtimes import stack_for
+
+    try:
+        return float(stack_for(hw).values["graph_kernel_gap_s"].value)
+    except (KeyError, TypeError, ValueError, AttributeError, OpmapError):
+        return hw.launch_overhead_s

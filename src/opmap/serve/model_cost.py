@@ -26,7 +26,8 @@ runtime, priced by opmap's phase analyses, and the KV cache its devices hold.
   longest (``prefill_lengths``), capped at the model's context; a step of several
   prompts is priced at its total tokens (attention's quadratic part counted as one long prompt's: an upper bound);
 - decode: batch b against k KV tokens per sequence for b in ``DECODE_BATCHES`` (more for a MoE, whose expert reads
-  are concave in b) and k in ``DECODE_KV``; time is linear in the KV read, so each batch's two points give a line
+  are concave in b) and k in ``DECODE_KV`` (to the run's longest context past 4096 tokens: ``decode_lengths``);
+  time is taken linear in the KV read, so each batch's two points give a line
   in total KV tokens, laid on a common grid, its slope scaled to the KV format (``--kv-dtype``);
 - runtime (opmap.phases.runtime): every point priced on ``rt.apply(hw)`` with the fusion ``rt.fusion``, plus
   ``rt.per_step_s`` once per step;
@@ -75,6 +76,7 @@ PREFILL_SEQS = (128, 512, 2048)
 DECODE_BATCHES = (1, 16, 64, 256, 1024, 4096)
 MOE_DECODE_BATCHES = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)  # distinct experts grow as E (1 - (1 - k/E)^b): concave
 DECODE_KV = (256, 1024)
+LONG_DECODE_KV = 4096  # past this longest context the second decode point is the context itself (decode_lengths)
 KV_GRID = (0, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
 
 
@@ -98,6 +100,18 @@ def prefill_lengths(limit: int | None, longest_prompt: int | None) -> list[int]:
             s *= 4
         seqs.add(top)
     return sorted(seqs)
+
+
+def decode_lengths(longest_context: int | None) -> tuple[int, int]:
+    """The two KV lengths per sequence each decode batch is priced at: ``DECODE_KV``, or for a run whose sequences
+    grow past LONG_DECODE_KV tokens (``longest_context``: prompt + output) the first of them and the longest
+    context itself. Decode attention's time is concave in the KV length where it is measured (opmap.hardware.
+    attention_grid: per-sequence costs make the short-KV slope steeper, an H100 at batch 16 2.25 ns a token below
+    1k against 1.39 at 16k), so a line drawn through 256 and 1024 tokens and carried 32x past its last point prices a
+    32k context's read above what it costs; the chord to the longest context is exact at both ends."""
+    if longest_context is None or longest_context <= LONG_DECODE_KV:
+        return DECODE_KV
+    return DECODE_KV[0], int(longest_context)
 
 
 def kv_dtypes() -> tuple[str, ...]:
@@ -189,7 +203,7 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
         pre.append(pricer.prefill(s))
     if pricer._kv_per_token <= 0:
         raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
-    kvs = sorted({min(k, cap) for k in DECODE_KV})
+    kvs = sorted({min(k, cap) for k in decode_lengths(max_context)})
     if len(kvs) < 2:
         raise OpmapError(f"{model} holds {cap} positions: decode pricing needs two KV lengths")
     batches = MOE_DECODE_BATCHES if pricer.experts else DECODE_BATCHES
