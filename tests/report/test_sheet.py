@@ -61,3 +61,37 @@ def test_si_names_a_figure_that_is_not_finite():
     assert si(float("-inf"), "tok/s") == "not finite (-inf)"
     assert si(float("nan"), "B/s") == "not finite (nan)"
     assert si(38.66e9, "FLOP/s") == "38.7 GFLOP/s" and si(2.5e-6, "s") == "2.5 µs"
+
+
+def test_a_long_table_prints_plain_lines_with_every_row(analysis_of, monkeypatch):
+    """Past RICH_ROWS rows the sheet prints fixed-width lines (a rich Table of R1's 64,936 kernels took minutes):
+    every kernel and operator still gets its line, the header names the columns, and a module name that carries
+    markup or a terminal escape prints as inert text."""
+    import io
+
+    from rich.console import Console
+
+    import opmap.report.sheet as sheet
+
+    a = analysis_of("gpt2", 1, 8)
+    monkeypatch.setattr(sheet, "RICH_ROWS", 3)
+    buf = io.StringIO()
+    sheet.print_report(a, Console(file=buf, width=400), rows=0)
+    text = buf.getvalue()
+    kernels = text[text.index("Kernels ("):text.index("Operators:")].splitlines()
+    assert kernels[1].split()[:3] == ["id", "ops", "module"]
+    assert len(kernels) == 2 + len(a.kernel_results)
+    ops = text[text.index("Operators:"):text.index("Layer types")].splitlines()
+    assert len(ops) == 2 + sum(1 for r in a.results if r.cost.kernel)
+    lm = next(k for k in a.kernel_results if a.results[k.kernel.anchor].node.module == "h.3.attn.c_attn")
+    row = next(x for x in kernels if x.split()[0] == str(lm.kernel.id))
+    assert row.split()[2] == "h.3.attn.c_attn", row
+    # columns line up: every row's id ends where the header's "id" column ends (right-justified)
+    ends = {x.index(x.split()[0]) + len(x.split()[0]) for x in kernels[1:]}
+    assert len(ends) == 1, ends
+
+    buf = io.StringIO()
+    sheet.print_rows(Console(file=buf, width=80), "t", ("id", "module"), {"id"},
+                     [("1", "[bold]x\x1b[31m"), ("22", "y")] * 3)
+    lines = buf.getvalue().splitlines()
+    assert lines[2] == " 1  [bold]x" and lines[3] == "22  y", lines

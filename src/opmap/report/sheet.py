@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from opmap.analyze import Analysis, NodeResult
 from opmap.assumptions import Assumptions
@@ -241,6 +242,37 @@ def collective_table(s) -> Table:
     return t
 
 
+# Past this many rows a rich Table (which measures every cell to lay the table out) takes minutes: DeepSeek-R1's
+# 64,936 kernels and 142,806 operators under --rows 0 took 325 s and 3 GB on a 2-core host. Longer tables print
+# as plain fixed-width lines, one write per row, in a time linear in the rows.
+RICH_ROWS = 2000
+
+
+def print_rows(console: Console, title: str, columns: tuple[str, ...], right: set[str], rows: list[tuple]) -> None:
+    """One table of text cells (each cleaned of controls, never read as markup): a rich Table up to RICH_ROWS
+    rows, else a title line, a header and a line per row, columns padded to their widest cell."""
+    cells = [tuple(clean(c) for c in row) for row in rows]
+    if len(cells) <= RICH_ROWS:
+        t = Table(title=plain(title), title_justify="left")
+        for col in columns:
+            t.add_column(col, overflow="fold", justify="right" if col in right else "left")
+        for row in cells:
+            t.add_row(*map(Text, row))
+        console.print(t)
+        return
+    widths = [max([len(col)] + [len(row[i]) for row in cells]) for i, col in enumerate(columns)]
+
+    def line(row) -> str:
+        return "  ".join(c.rjust(w) if col in right else c.ljust(w)
+                         for c, w, col in zip(row, widths, columns)).rstrip()
+
+    out = console.file
+    out.write(clean(title) + "\n" + line(columns) + "\n")
+    for row in cells:
+        out.write(line(row) + "\n")
+    out.flush()
+
+
 def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
     # analysis.json's blocks the sheet prints, without its node and kernel rows (DeepSeek-R1: 142,806 nodes)
     d = {"totals": a.totals_dict(), "layer_types": a.layer_types_dict(), "uncounted": a.uncounted}
@@ -253,39 +285,33 @@ def print_report(a: Analysis, console: Console, rows: int = 25) -> None:
         ks = sorted(a.kernel_results, key=lambda k: -k.predicted_s)
         kshown = ks if rows <= 0 else ks[:rows]
         f = a.plan.to_dict()
-        kt = Table(title=plain(f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
-                               f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} "
-                               "launches saved (all rows in kernels.csv)"), title_justify="left")
-        for col in ("id", "ops", "module", "class", "tile", "SRAM", "waves", "format", "layout", "bytes",
-                    "traffic", "predicted", "bound", "why"):
-            right = col in ("id", "bytes", "traffic", "predicted")
-            kt.add_column(col, overflow="fold", justify="right" if right else "left")
+        title = (f"Kernels ({f['policy']}): {len(kshown)} of {f['kernels']} by predicted time; "
+                 f"{f['eager_kernels']} eager, {si(f['bytes_saved'], 'B')} and {f['launches_saved']} "
+                 "launches saved (all rows in kernels.csv)")
+        cols = ("id", "ops", "module", "class", "tile", "SRAM", "waves", "format", "layout", "bytes", "traffic",
+                "predicted", "bound", "why")
+        body = []
         for k in kshown:
             tl = k.tile
-            kt.add_row(*map(plain, (
+            body.append((
                 str(k.kernel.id), "+".join(op_label(a.results[i].node.op) for i in k.kernel.nodes),
                 a.results[k.kernel.anchor].node.module or "-", k.kernel.kernel_class, tl.label() if tl else "-",
                 si(tl.sram_bytes, "B") if tl else "-", f"{tl.waves} ({tl.wave_efficiency:.0%})" if tl else "-",
                 k.format, k.layout, si(k.kernel.min_bytes, "B"), si(k.traffic_bytes, "B"), si(k.predicted_s, "s"),
-                k.bound, k.why)))
-        console.print(kt)
+                k.bound, k.why))
+        print_rows(console, title, cols, {"id", "bytes", "traffic", "predicted"}, body)
     if a.sharded is not None:
         console.print(collective_table(a.sharded))
     ranked = sorted((r for r in a.results if r.cost.kernel), key=lambda r: -r.pred.predicted_s)
     shown = ranked if rows <= 0 else ranked[:rows]
     n_kernel_nodes = sum(1 for r in a.results if r.cost.kernel)
-    sheet = Table(title=f"Operators: {len(shown)} of {n_kernel_nodes} by predicted time "
-                        f"({len(a.results) - n_kernel_nodes} views and allocations; all rows in sheet.csv)",
-                  title_justify="left")
-    for col, just in (("id", "right"), ("op", "left"), ("module", "left"), ("layer type", "left"),
-                      ("shapes", "left"), ("FLOPs", "right"), ("bytes", "right"), ("FLOP/B", "right"),
-                      ("predicted", "right"), ("bound", "left")):
-        sheet.add_column(col, justify=just, overflow="fold")
-    for r in shown:
-        sheet.add_row(*map(plain, (str(r.node.id), op_label(r.node.op), r.node.module or "-", r.node.layer_type,
-                                   shapes(r), si(r.cost.flops), si(r.cost.bytes, "B"), f"{r.cost.intensity:.3g}",
-                                   si(r.pred.predicted_s, "s"), r.pred.bound)))
-    console.print(sheet)
+    title = (f"Operators: {len(shown)} of {n_kernel_nodes} by predicted time "
+             f"({len(a.results) - n_kernel_nodes} views and allocations; all rows in sheet.csv)")
+    cols = ("id", "op", "module", "layer type", "shapes", "FLOPs", "bytes", "FLOP/B", "predicted", "bound")
+    body = [(str(r.node.id), op_label(r.node.op), r.node.module or "-", r.node.layer_type, shapes(r),
+             si(r.cost.flops), si(r.cost.bytes, "B"), f"{r.cost.intensity:.3g}", si(r.pred.predicted_s, "s"),
+             r.pred.bound) for r in shown]
+    print_rows(console, title, cols, {"id", "FLOPs", "bytes", "FLOP/B", "predicted"}, body)
 
     lt = Table(title="Layer types", title_justify="left")
     for col in ("layer type", "nodes", "FLOPs", "share", "bytes", "share", "predicted", "share", "bound"):
