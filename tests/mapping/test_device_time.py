@@ -13,7 +13,8 @@ from opmap.mapping.device_time import KernelRow, device_time, tp_split
 from opmap.mapping.roles import SPLIT_ROLES
 from opmap.mapping.sharding import Parallelism
 from opmap.phases.runtime import get_runtime
-from opmap.serve.model_cost import Pricer, Resolved
+from opmap.serve.pricer import Pricer
+from opmap.serve.resolve import Resolved
 from opmap.workloads.phases import PhaseSpec
 
 TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny-llama.json")

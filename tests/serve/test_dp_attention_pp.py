@@ -25,7 +25,8 @@ from opmap.mapping.collectives import Collective, collective_time
 from opmap.mapping.layout_collectives import placement
 from opmap.serve import parse_policy, simulate
 from opmap.serve.arrivals import Requests
-from opmap.serve.model_cost import DECODE_KV, KV_GRID, Pricer, model_table_cost
+from opmap.serve.model_cost import DECODE_KV, KV_GRID, model_table_cost
+from opmap.serve.pricer import Pricer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hf_family_configs import QWEN3_30B_A3B, shallow  # noqa: E402

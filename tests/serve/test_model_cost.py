@@ -18,7 +18,8 @@ from opmap.mapping.memory import ServingMemory, kv_bytes_per_token_per_device
 from opmap.ops import active_experts, expected_experts
 from opmap.phases.runtime import get_runtime
 from opmap.serve.cost import DecodeFloor, TableCost
-from opmap.serve.model_cost import Pricer, Resolved, model_table_cost
+from opmap.serve.model_cost import Resolved, model_table_cost
+from opmap.serve.pricer import Pricer
 
 
 def _pricer(model: str, tp: int = 1, pp: int = 1, runtime: str = "engine") -> Pricer:

@@ -14,8 +14,9 @@ from opmap.geometry import AttentionSpec, ModelGeometry
 from opmap.graph import OpGraph
 from opmap.hardware import get_hardware
 from opmap.phases.runtime import get_runtime
-from opmap.serve import model_cost
-from opmap.serve.model_cost import Pricer, Resolved, model_table_cost
+from opmap.serve import pricer
+from opmap.serve.model_cost import Resolved, model_table_cost
+from opmap.serve.pricer import Pricer
 from opmap.workloads.phases import PhaseSpec
 from opmap.workloads.zoo import Workload
 
@@ -50,9 +51,9 @@ def test_a_cached_pricing_keeps_the_geometry_cut_to_the_layers_captured(tmp_path
     geometry cut to 2 layers, and prices what a fresh capture does (131,072 B per token, as above)."""
     monkeypatch.setenv("OPMAP_GRAPH_CACHE", "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(model_cost, "_ANALYSES", {})
+    monkeypatch.setattr(pricer, "_ANALYSES", {})
     first = model_table_cost("llama-3-8b", "h100-sxm", "bf16")
-    model_cost._ANALYSES.clear()
+    pricer._ANALYSES.clear()
     hw = get_hardware("h100-sxm")
     r = Resolved.build("llama-3-8b", "bf16")
     rt = get_runtime(hw, "engine")
@@ -61,7 +62,7 @@ def test_a_cached_pricing_keeps_the_geometry_cut_to_the_layers_captured(tmp_path
     assert r._built is None  # from the cache
     assert a.graph.geometry.layers == 2 and len(a.graph.geometry.attention) == 2
     assert a.graph.geometry.attention[0] == AttentionSpec("gqa", 32, 8, 128)
-    model_cost._ANALYSES.clear()
+    pricer._ANALYSES.clear()
     assert model_table_cost("llama-3-8b", "h100-sxm", "bf16").to_dict() == first.to_dict()
     assert first.kv_bytes_per_token == 2 * 8 * 128 * 32 * 2
 
