@@ -338,9 +338,9 @@ def test_an_endless_model_list_is_refused_at_its_limit(framing):
 def test_a_stream_of_many_events_keeps_a_bounded_record(monkeypatch):
     """5,000 text events in one answer with the cap on times kept at 1,000: the record holds 1,000 times and counts
     the 4,000 others (a 3-million-event answer used to make a record requests.parquet could not hold)."""
-    import opmap.bench.client as client
+    import opmap.bench.response as response
 
-    monkeypatch.setattr(client, "MAX_TIMES_KEPT", 1000)
+    monkeypatch.setattr(response, "MAX_TIMES_KEPT", 1000)
     with ThreadServer(HostileServer("many", 5000)) as port:
         (r,) = run_load(_url(port), "null", closed(1, out=5000), concurrency=1).records
     assert r.ok and (len(r.token_times_s), r.token_times_dropped, r.events) == (1000, 4000, 5002)

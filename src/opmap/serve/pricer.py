@@ -305,10 +305,10 @@ class Pricer:
             kv_bytes_per_token_per_device,
             runtime_reserve,
         )
-        from opmap.serve.model_cost import kv_dtype_bytes
+        from opmap.precision import format_bytes  # the KV format's bytes per element (model_cost.kv_dtype_bytes)
 
         held, kv_captured = self._held or 0.0, self._kv_per_token
-        per_tok = kv_captured * kv_dtype_bytes(kv_dtype) / self.m.kv_itemsize
+        per_tok = kv_captured * float(format_bytes(kv_dtype)) / self.m.kv_itemsize
         per_dev = kv_bytes_per_token_per_device(per_tok, self.m.layers, self._kv_heads, self.tp, self.pp)
         act = self._inflight * ACTIVATION_TOKENS / self.tp
         reserve = runtime_reserve(act, self.rt.name != "eager")
