@@ -74,9 +74,53 @@ def test_the_alone_bound_is_prefill_plus_one_step_per_later_token():
     assert alone_breaks_slo(_probe(cost, Slo(0.051, 0.0201))) is None
     # a policy that waits for a batch serves a lone request slower than a full one: not judged alone
     assert alone_breaks_slo(_probe(cost, Slo(None, None, 2.589), policy="dynamic:8,100")) is None
-    # a table where a larger step runs faster: alone is not the fastest, nothing is claimed
-    odd = TableCost([1, 4096], [0.05, 0.05], [1, 256], [0, 1e6], [[0.02, 0.02], [0.01, 0.01]])
+    # a table where a batch of 16 steps at half the time of one: the bound is half the time alone (1295 ms)
+    odd = TableCost([1, 4096], [0.05, 0.05], [1, 16, 256], [0, 1e6], [[0.02, 0.02], [0.01, 0.01], [0.03, 0.03]])
     assert alone_breaks_slo(_probe(odd, Slo(None, None, 2.589))) is None
+    assert "at least 0.5 of that" in alone_breaks_slo(_probe(odd, Slo(None, None, 1.29)))
+    # a table extrapolated past its last batch downward (the last rows falling) shows no share at all
+    down = TableCost([1, 4096], [0.05, 0.05], [1, 16, 256], [0, 1e6],
+                     [[0.02, 0.02], [0.03, 0.03], [0.025, 0.025]])
+    assert alone_breaks_slo(_probe(down, Slo(None, None, 0.1))) is None
+
+
+def test_the_bound_asks_the_table_to_grow_only_where_the_request_runs():
+    """A decode table where 16 sequences holding 131,072 KV tokens in all step faster (80 ms) than one sequence
+    holding them (100 ms), as NVIDIA's measured decode attention on the H100 does at long KV (256 sequences
+    slower again, so the table rises past its last batch). A request of 512 +
+    128 tokens holds 512-640 tokens, where 16 sequences take 25.2 ms a step against one's 20.3 ms: no loaded step it
+    meets is cheaper than its step alone, and the bound stands whole. A request whose own KV reaches 100,000 tokens
+    meets cheaper steps (linear between the 16,384 and 131,072 columns: one sequence 30 + 70 (k - 16384) / 114688
+    ms, 16 of them 32 + 48 (k - 16384) / 114688 ms), so the bound is its time alone scaled by the least ratio
+    of the two over its KV range, at its end (100,128 tokens): claimed where that share still breaks the limit."""
+    rows = [[0.020, 0.030, 0.100], [0.025, 0.032, 0.080], [0.040, 0.050, 0.150]]  # 1, 16 and 256 sequences
+    cost = TableCost([1, 4096], [0.05, 0.05], [1, 16, 256], [0, 16384, 131072], rows, kv_capacity_tokens=1_000_000)
+    # one sequence at k tokens: 20 ms + 10 ms x k / 16384; alone: 50 ms for the prompt, then 127 steps at 512..638
+    alone = 0.05 + sum(0.020 + 0.010 * (512 + j) / 16384 for j in range(127))
+    why = alone_breaks_slo(_probe(cost, Slo(None, None, 2.0)))
+    assert why is not None and f"{alone * 1e3:.4g} ms end to end" in why and "at least as long" in why, (why, alone)
+
+    def one(k):
+        return 0.030 + 0.070 * (k - 16384) / 114688
+
+    def many(k):
+        return 0.032 + 0.048 * (k - 16384) / 114688
+
+    r = min(many(k) / one(k) for k in (100_000, 100_128))
+    long_alone = 0.05 + sum(one(100_000 + j) for j in range(127))
+
+    def long(table, p99_s):
+        # a token budget over the prompt: it is prefilled in one step (50 ms), as the short request's is
+        return RateProbe(Arrival("poisson", 1.0), parse_length("100000"), parse_length("128"), 200,
+                         parse_policy("engine:256,131072,16"), table, 1, "round_robin", 0, Slo(None, None, p99_s))
+
+    why = alone_breaks_slo(long(cost, 0.99 * r * long_alone))
+    assert why is not None and f"{long_alone * 1e3:.4g} ms end to end" in why and f"at least {r:.4g} of that" in why
+    assert alone_breaks_slo(long(cost, 1.01 * r * long_alone)) is None  # alone breaks it; r of alone does not
+    # the same long request on a table whose batches never step faster: the bound stands whole
+    up = TableCost([1, 4096], [0.05, 0.05], [1, 16, 256], [0, 16384, 131072],
+                   [rows[0], [0.025, 0.032, 0.110], rows[2]], kv_capacity_tokens=1_000_000)
+    assert "at least as long" in alone_breaks_slo(long(up, 1.01 * r * long_alone))
 
 
 def test_a_configuration_too_slow_alone_is_answered_without_a_search_and_the_same():
