@@ -95,3 +95,8 @@ def test_a_long_table_prints_plain_lines_with_every_row(analysis_of, monkeypatch
                      [("1", "[bold]x\x1b[31m"), ("22", "y")] * 3)
     lines = buf.getvalue().splitlines()
     assert lines[2] == " 1  [bold]x" and lines[3] == "22  y", lines
+    # a cell past PAD_MAX characters runs on in its own row and widens no other: columns stay at most 60 wide
+    buf = io.StringIO()
+    sheet.print_rows(Console(file=buf), "t", ("module", "bound"), set(), [("m" * 100, "a"), ("n", "b")] * 2)
+    lines = buf.getvalue().splitlines()
+    assert lines[2] == "m" * 100 + "  a" and lines[3] == "n" + " " * 59 + "  b", lines

@@ -246,11 +246,12 @@ def collective_table(s) -> Table:
 # 64,936 kernels and 142,806 operators under --rows 0 took 325 s and 3 GB on a 2-core host. Longer tables print
 # as plain fixed-width lines, one write per row, in a time linear in the rows.
 RICH_ROWS = 2000
+PAD_MAX = 60
 
 
 def print_rows(console: Console, title: str, columns: tuple[str, ...], right: set[str], rows: list[tuple]) -> None:
     """One table of text cells (each cleaned of controls, never read as markup): a rich Table up to RICH_ROWS
-    rows, else a title line, a header and a line per row, columns padded to their widest cell."""
+    rows, else a title line, a header and a line per row, columns padded to their widest cell (at most PAD_MAX)."""
     cells = [tuple(clean(c) for c in row) for row in rows]
     if len(cells) <= RICH_ROWS:
         t = Table(title=plain(title), title_justify="left")
@@ -260,7 +261,8 @@ def print_rows(console: Console, title: str, columns: tuple[str, ...], right: se
             t.add_row(*map(Text, row))
         console.print(t)
         return
-    widths = [max([len(col)] + [len(row[i]) for row in cells]) for i, col in enumerate(columns)]
+    # columns padded to their widest cell up to PAD_MAX characters: a longer cell runs on, its row alone shifted
+    widths = [min(PAD_MAX, max([len(col)] + [len(row[i]) for row in cells])) for i, col in enumerate(columns)]
 
     def line(row) -> str:
         return "  ".join(c.rjust(w) if col in right else c.ljust(w)
