@@ -38,7 +38,16 @@ class StepCost(Protocol):
 def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs: int, kv_tokens: int,
             prefix: Sequence[tuple[int, int]] = ()) -> float:
     """One iteration carrying prompt chunks and decodes together (chunked prefill): the weights are read once
-    for all ``prefill_tokens + decode_seqs`` tokens, plus the decodes' reading of their KV cache.
+    for all ``prefill_tokens + decode_seqs`` tokens, and the decodes cost what their own step does beyond those
+    tokens' pass: their attention over n sequences (a decode-attention kernel's time at n sequences holding almost
+    no KV is not 0: NVIDIA's measured B200 table, 64 heads of 64 over 8 KV heads, 2048 sequences, takes 148 us a
+    layer at 2 tokens each) and their logits (every decode token samples one; a prompt's pass computes its last
+    token's only). So the step is the decodes' step t_d(n, K) plus the prompt tokens' marginal pass,
+    P(p + n) - P(n) (P: ``prefill_s``, one pass of that many tokens), and at least one pass of all its tokens plus
+    the decodes' KV read, P(p + n) + t_d(n, K) - t_d(n, 0): the first exceeds the second by t_d(n, 0) - P(n), the
+    decodes' attention at no KV and their logits beyond a prompt's last token. (Until 2026-12-08 the step was the
+    second alone: a gpt-oss-20b B200 step of 2048 decodes at 1500 tokens and 2048 prompt tokens 21.7 ms, where
+    NVIDIA's aiconfigurator-core 0.12.0 prices 28.1 ms from the same measured tables; 26.2 ms now.)
 
     ``prefix``: (tokens already prefilled, tokens in this step) of each chunk that continues a prompt. Such a
     chunk's queries also attend to the prompt's earlier chunks, which ``prefill_s`` of the chunk alone does not
@@ -56,8 +65,10 @@ def mixed_s(cost: StepCost, prefill_tokens: int, prefill_seqs: int, decode_seqs:
     elif prefill_tokens == 0:
         return cost.decode_s(decode_seqs, kv_tokens)
     else:
-        kv_read = max(0.0, cost.decode_s(decode_seqs, kv_tokens) - cost.decode_s(decode_seqs, 0))
-        t = cost.prefill_s(prefill_tokens + decode_seqs, prefill_seqs + decode_seqs) + kv_read
+        whole = cost.prefill_s(prefill_tokens + decode_seqs, prefill_seqs + decode_seqs)
+        dec = cost.decode_s(decode_seqs, kv_tokens)
+        t = max(whole + max(0.0, dec - cost.decode_s(decode_seqs, 0)),
+                dec + max(0.0, whole - cost.prefill_s(decode_seqs, decode_seqs)))
     return prefix_s(cost, prefix, t)
 
 

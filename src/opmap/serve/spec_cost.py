@@ -81,10 +81,12 @@ class SpecCost:
             return prefix_s(self.target, prefix, self.prefill_s(prefill_tokens, prefill_seqs))
         if prefill_tokens == 0:
             return self.decode_s(decode_seqs, kv_tokens)
-        v = self.verify
-        kv_read = max(0.0, v.decode_s(decode_seqs, kv_tokens) - v.decode_s(decode_seqs, 0))
-        t = self.target.prefill_s(prefill_tokens + decode_seqs * (self.spec.k + 1), prefill_seqs + decode_seqs)
-        t += kv_read + self.spec.k * self.draft.decode_s(decode_seqs, kv_tokens)
+        v, n = self.verify, decode_seqs * (self.spec.k + 1)  # the verify pass: K + 1 tokens a decode
+        whole = self.target.prefill_s(prefill_tokens + n, prefill_seqs + decode_seqs)
+        dec = v.decode_s(decode_seqs, kv_tokens)
+        t = max(whole + max(0.0, dec - v.decode_s(decode_seqs, 0)),
+                dec + max(0.0, whole - self.target.prefill_s(n, decode_seqs)))
+        t += self.spec.k * self.draft.decode_s(decode_seqs, kv_tokens)
         return prefix_s(self.target, prefix, t + self.draft.prefill_s(prefill_tokens, prefill_seqs))
 
     def to_dict(self) -> dict:
