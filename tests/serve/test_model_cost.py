@@ -490,3 +490,31 @@ def test_a_long_context_decode_is_priced_at_its_own_length_not_extrapolated(tmp_
     at = p.decode(16, 16384).latency_s  # the point with its runtime's per-step time, as the table holds it
     assert long.decode_s(16, 16 * 16384) == pytest.approx(at, rel=1e-6)
     assert short.decode_s(16, 16 * 16384) > long.decode_s(16, 16 * 16384)
+
+
+def test_weights_with_no_room_are_refused_after_the_first_point():
+    """Llama-3-70B at bf16 on one H100 (80 GiB): its 70,553,706,496 parameters x 2 B = 131.4 GiB of weights leave no
+    KV cache at any runtime reserve, so the refusal comes after the first priced point, not after all of them."""
+    said = []
+    with pytest.raises(OpmapError, match=r"the weights need 131\.4 GiB per device, of 80\.0 GiB x 0\.9"):
+        model_table_cost("llama-3-70b", "h100-sxm", "bf16", 1, progress=said.append)
+    assert said == ["pricing prefill of 128 tokens"], said
+
+
+def test_a_hugging_face_config_with_no_room_is_refused_after_the_first_point(tmp_path):
+    """Qwen3-8B (its published config.json) at bf16: per layer q and o 4096 x 4096, k and v 4096 x 1024, the MLP
+    3 x 4096 x 12,288, four norms (2 x 4096 + 2 x 128); 36 layers, untied embedding and LM head 151,936 x 4096 each,
+    the final norm 4096: 8,190,735,360 parameters, 15.3 GiB at 2 B. On an L4 (24 GiB) at a utilization of 0.5 (12
+    GiB) that leaves no KV cache."""
+    from hf_family_configs import QWEN3_8B
+
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128
+    params = 36 * layer + 2 * 151936 * 4096 + 4096
+    assert params == 8_190_735_360
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_8B))
+    said = []
+    with pytest.raises(OpmapError, match=rf"the weights need {params * 2 / 2**30:.1f} GiB per device, of 24\.0 GiB "
+                                         r"x 0\.5"):
+        model_table_cost(str(path), "l4", "bf16", 1, gpu_memory_utilization=0.5, progress=said.append)
+    assert said == ["pricing prefill of 128 tokens"], said

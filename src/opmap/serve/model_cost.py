@@ -181,6 +181,9 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
     for s in seqs:
         say(f"pricing prefill of {s} tokens")
         pre.append(pricer.prefill(s))
+        if len(pre) == 1:  # the weights held are known from the first point: no room for them, no more points
+            _weights_fit(pricer.memory(kvd, gpu_memory_utilization, memory_of), model, hw.name,
+                         tp, pp, ep, dp_attention, gpu_memory_utilization)
     if pricer._kv_per_token <= 0:
         raise OpmapError(f"{model} has no KV cache in its graph (no causal attention): serve needs a decoder")
     kvs = sorted({min(k, cap) for k in decode_lengths(max_context)})
@@ -211,6 +214,19 @@ def model_table_cost(model: str, hardware: str, dtype: str = "bf16", tp: int = 1
                      kv_dtype=kvd, pp=pp, attention_ranks=ep if dp_attention else 1,
                      stage_prefill_time_s=[p.stage_s for p in pre] if pp > 1 else None,
                      stage_decode_time_s=stage_rows if pp > 1 else None, floor=floor, moe_grid=pricer.moe_grid)
+
+
+def _weights_fit(memory, model: str, device: str, tp: int, pp: int, ep: int, dp_attention: bool,
+                 utilization: float) -> None:
+    """Refuse a layout whose weights alone leave no memory for a KV cache (``memory``: ServingMemory after the
+    first priced point): no runtime reserve the later points find can make room, so the other points are not
+    priced (Llama 4 Scout at bf16 on one B200: 201 GiB of weights; 14 s to the same refusal before)."""
+    if replace(memory, reserve={}).usable_bytes > 0:
+        return
+    where = f"tp {tp} pp {pp}" + (f" with DP attention over {ep} ranks" if dp_attention else "")
+    raise OpmapError(f"{model} does not fit on {device} at {where}: the weights need "
+                     f"{memory.weights_bytes / 2**30:.1f} GiB per device, of {memory.capacity_bytes / 2**30:.1f} GiB "
+                     f"x {utilization:g}; raise --tp or --pp")
 
 
 def _check_options(hardware: str, dtype: str, tp: int, pp: int, ep: int, ep_imbalance: float | None,
